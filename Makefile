@@ -1,0 +1,24 @@
+PYTHON ?= python3
+VENV := .venv
+# The stamp lives in the venv so `make clean` drops both; it re-installs only
+# when pyproject.toml is newer than the last install.
+STAMP := $(VENV)/.install.stamp
+
+.PHONY: test demo clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(VENV)/bin/python
+	$(VENV)/bin/python -m pip install -e '.[test]'
+	touch $@
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest -q tests
+
+demo: $(STAMP)
+	$(VENV)/bin/tuner devices
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,1 @@
+"""Search-space definitions (TOML files shipped as package data)."""

@@ -1,0 +1,1 @@
+"""Operator templates: conv2d, depthwise conv2d, dense (issue 3)."""

@@ -1,0 +1,196 @@
+"""Runtime tests on the real PoCL CPU device (no mocks)."""
+
+import numpy as np
+import pyopencl as cl
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tuner import TunerError, choose_device, list_devices
+from tuner.errors import CompileError
+from tuner.runtime import (BufferPool, TexturePool, alloc, build_program, download, open_device,
+                           upload)
+
+
+@pytest.fixture(scope="module")
+def dev():
+    return open_device("pocl")
+
+
+def test_lists_pocl_cpu_with_images():
+    infos = list_devices()
+    assert [d.index for d in infos] == list(range(len(infos)))
+    pocl = [d for d in infos if d.platform_tag == "pocl" and d.type == "CPU"]
+    assert pocl, infos
+    d = pocl[0]
+    assert d.image_support and d.image2d_max_width > 0 and d.image2d_max_height > 0
+    assert d.max_work_group_size > 0 and all(s > 0 for s in d.max_work_item_sizes)
+    assert d.local_mem_bytes > 0 and d.global_mem_bytes > 0 and d.compute_units > 0
+    assert d.fingerprint.startswith("pocl-cpu-") and d.fingerprint == d.fingerprint.lower()
+    assert set(d.fingerprint_fields()) == {"platform", "device", "driver_version"}
+    assert d.fingerprint == list_devices()[d.index].fingerprint  # stable
+
+
+def test_choose_device_by_index_and_substring():
+    infos = list_devices()
+    assert choose_device(0) == infos[0] and choose_device("0") == infos[0]
+    assert choose_device("POCL").platform_tag == "pocl"
+    assert choose_device("portable computing").platform_tag == "pocl"
+    assert choose_device("cpu").type == "CPU"
+    default = choose_device()
+    assert default.type == "GPU" or not any(d.type == "GPU" for d in infos)
+
+
+@pytest.mark.parametrize("spec", ["nosuch-device", 999])
+def test_choose_device_unknown_lists_devices(spec):
+    with pytest.raises(TunerError) as e:
+        choose_device(spec)
+    msg = str(e.value)
+    assert str(spec) in msg and "[0]" in msg and "Portable Computing Language" in msg
+
+
+def test_global_buffer_round_trip(dev):
+    host = np.random.default_rng(0).standard_normal((3, 5, 7)).astype(np.float32) + 0.5
+    arr = alloc(dev, "global", host.shape, np.float32)
+    assert arr.mem.size == host.nbytes and arr.scope == "global" and arr.physical_shape == (3, 5, 7)
+    upload(dev, arr, host)
+    np.testing.assert_array_equal(download(dev, arr), host)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("scope", ["texture", "texture:weight"])
+def test_texture_round_trip(dev, dtype, scope):
+    host = np.random.default_rng(1).uniform(-100, 100, (9, 13, 4))  # float64: upload casts
+    arr = alloc(dev, scope, (9, 13, 4), dtype)
+    assert isinstance(arr.mem, cl.Image) and arr.mem.width == 13 and arr.mem.height == 9
+    assert arr.dtype == np.dtype(dtype)
+    upload(dev, arr, host)
+    out = download(dev, arr)
+    assert out.shape == (9, 13, 4) and out.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(out, host.astype(dtype))
+    assert np.count_nonzero(out) == out.size
+
+
+def test_texture_limits_and_bad_shapes(dev):
+    limit = dev.info.image2d_max_width
+    with pytest.raises(TunerError, match="image2d max width") as e:
+        alloc(dev, "texture", (16, limit + 1, 4), np.float32)
+    assert str(limit) in str(e.value) and "pocl cpu" in str(e.value)
+    with pytest.raises(TunerError, match="image2d max height"):
+        alloc(dev, "texture", (dev.info.image2d_max_height + 1, 4, 4), np.float32)
+    with pytest.raises(TunerError, match="RGBA"):
+        alloc(dev, "texture", (4, 4, 3), np.float32)
+    with pytest.raises(TunerError, match="float32 or float16"):
+        alloc(dev, "texture", (4, 4, 4), np.int32)
+    for scope in ("local", "private"):
+        with pytest.raises(TunerError, match="cannot be allocated"):
+            alloc(dev, scope, (4,), np.float32)
+    with pytest.raises(TunerError, match="unknown memory scope"):
+        alloc(dev, "constant-ish", (4,), np.float32)
+    arr = alloc(dev, "global", (4,), np.float32)
+    with pytest.raises(TunerError, match="shapes differ"):
+        upload(dev, arr, np.zeros(5, np.float32))
+
+
+def test_texture_pool_reuses_smallest_fit(dev):
+    pool = TexturePool(dev)
+    big = pool.request((8, 16, 4), np.float32)
+    small = pool.request((4, 4, 4), np.float32)
+    assert pool.stats.allocations == 2 and pool.stats.reuses == 0
+    held = pool.stats.bytes_held
+    assert held == (8 * 16 + 4 * 4) * 4 * 4
+    pool.release(big)
+    pool.release(small)
+    # Both fit a 3x4 request; the smaller image is chosen.
+    a = pool.request((3, 4, 4), np.float32)
+    assert a.mem is small.mem and a.physical_shape == (3, 4, 4) and a.alloc_shape == (4, 4, 4)
+    # Only the big one fits 6x10.
+    b = pool.request((6, 10, 4), np.float32)
+    assert b.mem is big.mem and pool.stats.reuses == 2 and pool.stats.allocations == 2
+    assert pool.stats.bytes_held == held and pool.stats.bytes_free == 0
+    # Nothing free fits a larger request, nor a float16 one: new allocations.
+    c = pool.request((8, 32, 4), np.float32)
+    pool.release(a)
+    d = pool.request((2, 2, 4), np.float16)
+    assert c.mem is not big.mem and d.mem is not small.mem and pool.stats.allocations == 4
+    # A reused, larger image still round-trips its physical region.
+    host = np.arange(6 * 10 * 4, dtype=np.float32).reshape(6, 10, 4) + 1
+    upload(dev, b, host)
+    np.testing.assert_array_equal(download(dev, b), host)
+    with pytest.raises(TunerError, match="already released"):
+        pool.release(a)
+    with pytest.raises(TunerError, match="image2d max width"):
+        pool.request((1, dev.info.image2d_max_width + 1, 4), np.float32)
+    pool.clear()
+    assert pool.stats.bytes_free == 0 and pool.in_use == 3
+
+
+def test_buffer_pool(dev):
+    pool = BufferPool(dev)
+    a = pool.request((100,), np.float32)
+    pool.release(a)
+    b = pool.request((10, 5), np.float32)
+    assert b.mem is a.mem and b.physical_shape == (10, 5)
+    host = np.arange(50, dtype=np.float32).reshape(10, 5)
+    upload(dev, b, host)
+    np.testing.assert_array_equal(download(dev, b), host)
+    c = pool.request((101,), np.float32)
+    assert c.mem is not a.mem and pool.stats.allocations == 2 and pool.stats.reuses == 1
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 40), st.integers(1, 40)), min_size=1, max_size=12))
+def test_texture_pool_invariants(dev, ops):
+    pool, live, requests = TexturePool(dev), [], 0
+    for release, h, w in ops:
+        if release and live:
+            pool.release(live.pop(0))
+        else:
+            requests += 1
+            a = pool.request((h, w, 4), np.float32)
+            assert a.alloc_shape[0] >= h and a.alloc_shape[1] >= w
+            assert all(a.mem is not o.mem for o in live)  # never hand out an image twice
+            live.append(a)
+    s = pool.stats
+    assert s.allocations + s.reuses == requests and pool.in_use == len(live)
+    assert s.bytes_held == sum(b.alloc_nbytes for b in pool._free) + sum(b.alloc_nbytes for b in pool._in_use.values())
+    pool.clear()
+
+
+def test_program_cache_and_compile_error(dev):
+    src = "__kernel void k(__global float *x) { x[get_global_id(0)] += 1.0f; }"
+    p1 = build_program(dev, src)
+    assert build_program(dev, src) is p1
+    assert build_program(dev, src, ["-cl-fast-relaxed-math"]) is not p1
+    bad = "__kernel void k(__global float *x) {\n  x[0] = undefined_name;\n}"
+    with pytest.raises(CompileError) as e:
+        build_program(dev, bad)
+    assert isinstance(e.value, TunerError)
+    assert "undefined_name" in e.value.log and "undefined_name" in str(e.value)
+    assert "   2|   x[0] = undefined_name;" in str(e.value)
+
+
+IMAGE_KERNEL = """
+__constant sampler_t smp = CLK_NORMALIZED_COORDS_FALSE | CLK_ADDRESS_CLAMP | CLK_FILTER_NEAREST;
+__kernel void scale(__read_only image2d_t img, __global float4 *out, int width, float s) {
+    int x = get_global_id(0), y = get_global_id(1);
+    out[y * width + x] = read_imagef(img, smp, (int2)(x, y)) * s;
+}
+__kernel void border(__read_only image2d_t img, __global float4 *out) {
+    out[0] = read_imagef(img, smp, (int2)(-1, 0));  /* outside: CLK_ADDRESS_CLAMP border = 0 */
+}
+"""
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_kernel_reads_texture(dev, dtype):
+    h, w = 5, 7
+    host = np.random.default_rng(2).uniform(1, 2, (h, w, 4)).astype(dtype)
+    img = alloc(dev, "texture", (h, w, 4), dtype)
+    upload(dev, img, host)
+    out = alloc(dev, "global", (h, w, 4), np.float32)
+    prg = build_program(dev, IMAGE_KERNEL)
+    cl.Kernel(prg, "scale")(dev.queue, (w, h), None, img.mem, out.mem, np.int32(w), np.float32(3.0))
+    np.testing.assert_allclose(download(dev, out), host.astype(np.float32) * 3.0, rtol=1e-6)
+    cl.Kernel(prg, "border")(dev.queue, (1,), None, img.mem, out.mem)
+    assert np.all(download(dev, out)[0, 0] == 0)

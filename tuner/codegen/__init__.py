@@ -1,0 +1,1 @@
+"""Code generation: lowered kernel IR -> OpenCL C."""

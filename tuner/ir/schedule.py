@@ -1,0 +1,51 @@
+"""Schedule primitives that change the kernel set. ``cache_read`` is texture RFC A0: texture as a
+schedulable scratch memory -- copy a buffer into a texture with a data-shuffle kernel, then let the compute
+kernel read the texture."""
+from __future__ import annotations
+
+from .buffer import Buffer
+from .builder import Builder
+from .functor import ReplaceBuffers
+from .kernel import Kernel, Program, as_program
+from .layouts import default_layout
+
+
+def cache_read(k: "Kernel | Program", buf: Buffer, scope: str = "texture", layout=None) -> Program:
+    """Copy ``buf`` into a new workspace of ``scope`` before the kernels that read it.
+
+    The shuffle kernel binds the first axis to ``group.0``, the second to ``local.0`` and vectorizes the
+    RGBA lane axis, as in the RFC's ``addone`` example."""
+    prog = as_program(k)
+    cached = Buffer(f"{buf.name}_{scope.replace(':', '_')}", buf.shape, buf.dtype, scope, layout)
+    layout = cached.layout or default_layout(cached)
+    lane_axis = _lane_axis(layout, len(buf.shape)) if layout is not None else None
+    b = Builder()
+    _copy_nest(b, buf, cached, lane_axis, axis=0, indices=[], bound=0)
+    shuffle = b.kernel(f"{prog.name}_shuffle_{buf.name}", [buf, cached])
+    swap = ReplaceBuffers({buf: cached})
+    kernels = tuple(kern.replace(params=tuple(cached if p is buf else p for p in kern.params),
+                                 body=swap.visit(kern.body)) for kern in prog.kernels)
+    return prog.replace(kernels=(shuffle, *kernels), workspaces=(*prog.workspaces, cached))
+
+
+def _lane_axis(layout, ndim: int):
+    """The logical axis the layout's innermost (lane) expression reads, if it is a single axis."""
+    from .functor import visit
+    from .expr import Var
+    used = []
+    visit(layout.final[-1], lambda n: used.append(n) if isinstance(n, Var) else None)
+    return layout.initial.index(used[0]) if len(set(used)) == 1 else None
+
+
+def _copy_nest(b, src, dst, lane_axis, axis, indices, bound):
+    if axis == len(src.shape):
+        b.store(dst, tuple(indices), src[tuple(indices)])
+        return
+    extent = src.shape[axis]
+    if axis == lane_axis and extent % 4 == 0:
+        with b.loop("c_o", extent // 4) as co, b.loop("c_i", 4, "vectorized") as ci:
+            _copy_nest(b, src, dst, lane_axis, axis + 1, [*indices, co * 4 + ci], bound)
+        return
+    kind = ("group.0", "local.0")[bound] if bound < 2 and axis != lane_axis else "serial"
+    with b.loop(f"ax{axis}", extent, kind) as v:
+        _copy_nest(b, src, dst, lane_axis, axis + 1, [*indices, v], bound + (kind != "serial"))

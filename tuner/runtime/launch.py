@@ -1,0 +1,121 @@
+"""Run a lowered ``Program`` on a device: allocate each buffer by scope at its physical shape, pack host
+(logical, e.g. NCHW) arrays into it through the buffer's layout, launch the kernels in order on one queue,
+and unpack the outputs. Scratch workspaces (texture RFC A0/T2) come from recycling pools."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..codegen.opencl import program_source
+from ..errors import TunerError
+from ..ir.functor import visit
+from ..ir.kernel import Kernel, Program
+from ..ir.layouts import default_layout
+from ..ir.stmt import BufferStore, Evaluate
+from ..lower import lower
+from .device import Device, open_device
+from .memory import BufferPool, DeviceArray, TexturePool, alloc, download, upload
+from .program import build_program
+
+
+def physical_shape(buf) -> tuple:
+    """The allocation shape of a lowered buffer: ``(height, width, 4)`` for a texture."""
+    shape = tuple(buf.shape)
+    if buf.is_texture and len(shape) == 2:
+        return shape[0], shape[1] // 4, 4
+    return shape
+
+
+def pack(buf, array: np.ndarray) -> np.ndarray:
+    """A logical host array -> the physical array of the lowered ``buf`` (padding zero)."""
+    logical = buf.declared
+    if tuple(array.shape) != tuple(logical.shape):
+        raise TunerError(f"array for {logical.name!r} has shape {list(array.shape)}, expected {list(logical.shape)}")
+    layout = logical.layout or default_layout(logical)
+    flat = layout.pack(array) if layout is not None else np.ascontiguousarray(array)
+    return flat.reshape(physical_shape(buf))
+
+
+def unpack(buf, physical: np.ndarray) -> np.ndarray:
+    logical = buf.declared
+    layout = logical.layout or default_layout(logical)
+    if layout is None:
+        return physical.reshape(logical.shape)
+    return layout.unpack(physical, logical.shape)
+
+
+def written_buffers(kernels) -> set:
+    names = set()
+
+    def take(n):
+        if isinstance(n, BufferStore):
+            names.add(n.buffer.name)
+        elif isinstance(n, Evaluate) and getattr(n.value, "name", "") == "texture2d_store":
+            names.add(n.value.args[0].name)
+    for k in kernels:
+        visit(k.body, take)
+    return names
+
+
+@dataclass
+class Executable:
+    """A lowered program compiled for one device. ``exe(X=x)`` returns the outputs as logical arrays."""
+    program: Program
+    device: Device
+    source: str
+    cl_program: object
+    pools: dict = field(default_factory=dict)
+
+    @property
+    def outputs(self) -> list:
+        written = written_buffers(self.program.kernels)
+        return [b for b in self.program.params if b.name in written]
+
+    def allocate(self, buf) -> DeviceArray:
+        return alloc(self.device, buf.scope, physical_shape(buf), buf.dtype.numpy)
+
+    def _pool(self, buf):
+        if buf.scope not in self.pools:
+            self.pools[buf.scope] = TexturePool(self.device, buf.scope) if buf.is_texture else BufferPool(self.device)
+        return self.pools[buf.scope]
+
+    def launch(self, arrays: dict) -> list:
+        """Enqueue every kernel; ``arrays`` maps param name -> DeviceArray. Returns the profiling events."""
+        scratch = {w.name: self._pool(w).request(physical_shape(w), w.dtype.numpy) for w in self.program.workspaces}
+        try:
+            events = []
+            for k in self.program.kernels:
+                args = [(arrays.get(b.name) or scratch.get(b.name)) for b in k.params]
+                missing = [b.name for b, a in zip(k.params, args) if a is None]
+                if missing:
+                    raise TunerError(f"kernel {k.name}: no array given for {', '.join(missing)}")
+                gsize, lsize = k.launch()
+                fn = getattr(self.cl_program, k.name)
+                events.append(fn(self.device.queue, gsize, lsize, *[a.mem for a in args]))
+            return events
+        finally:
+            self.device.queue.finish()
+            for w in self.program.workspaces:
+                self._pool(w).release(scratch[w.name])
+
+    def __call__(self, **inputs: np.ndarray) -> dict:
+        params = {b.name: b for b in self.program.params}
+        unknown = set(inputs) - set(params)
+        if unknown:
+            raise TunerError(f"unknown inputs {sorted(unknown)}; the program takes {sorted(params)}")
+        arrays = {}
+        for name, b in params.items():
+            arrays[name] = self.allocate(b)
+            if name in inputs:
+                upload(self.device, arrays[name], pack(b, np.asarray(inputs[name])))
+        self.launch(arrays)
+        return {b.name: unpack(b, download(self.device, arrays[b.name])) for b in self.outputs}
+
+
+def build(k: "Kernel | Program", device=None, trace: list | None = None) -> Executable:
+    """Lower, generate OpenCL and compile (cached) for ``device`` (a Device, spec string/index, or None)."""
+    dev = device if isinstance(device, Device) else open_device(device)
+    prog = lower(k, trace=trace)
+    source = program_source(prog)
+    return Executable(prog, dev, source, build_program(dev, source))
