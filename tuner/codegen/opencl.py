@@ -7,7 +7,7 @@ elements; half storage uses ``CL_HALF_FLOAT`` images and ``vload_halfN``/``vstor
 from __future__ import annotations
 
 from ..errors import LoweringError
-from ..ir.arith import const_int_bound
+from ..ir.arith import const_int_bound, simplify
 from ..ir.expr import (Binary, Broadcast, BufferLoad, Call, Cast, Const, Expr, ExtractLane, Ramp, Select, Var)
 from ..ir.kernel import Kernel, Program
 from ..ir.stmt import Allocate, Barrier, BufferStore, Evaluate, For, If, Let, Seq
@@ -31,6 +31,23 @@ def ctype(dtype) -> str:
 
 def storage_type(dtype) -> str:
     return {"float32": "float", "float16": "half", "int32": "int", "bool": "char"}[dtype.base]
+
+
+def scalarize(e: Expr, k: int) -> Expr:
+    """Lane ``k`` of a vector expression, rebuilt from scalars."""
+    if e.lanes == 1:
+        return e
+    if isinstance(e, Ramp):
+        return e.base + e.stride * k
+    if isinstance(e, Broadcast):
+        return e.value
+    if isinstance(e, Binary):
+        return Binary(e.op, scalarize(e.a, k), scalarize(e.b, k))
+    if isinstance(e, Select):
+        return Select(scalarize(e.cond, k), scalarize(e.true_value, k), scalarize(e.false_value, k))
+    if isinstance(e, Cast):
+        return Cast(e.dtype.element, scalarize(e.value, k))
+    return ExtractLane(e, k)
 
 
 class OpenCLCodegen:
@@ -58,6 +75,8 @@ class OpenCLCodegen:
         if isinstance(e, Binary):
             return self._binary(e)
         if isinstance(e, Select):
+            if e.lanes > 1:  # OpenCL's vector ?: wants vector branches
+                e = Select(e.cond, *(Broadcast(v, e.lanes) if v.lanes == 1 else v for v in (e.true_value, e.false_value)))
             return f"{self.expr(e.cond, 12)} ? {self.expr(e.true_value, 12)} : {self.expr(e.false_value, 13)}", 13
         if isinstance(e, Cast):
             if e.lanes == 1:
@@ -66,7 +85,7 @@ class OpenCLCodegen:
         if isinstance(e, Broadcast):
             return f"({ctype(e.dtype)})({self.expr(e.value)})", 0
         if isinstance(e, Ramp):
-            parts = [self.expr(e.base if k == 0 else e.base + e.stride * k) for k in range(e.n)]
+            parts = [self.expr(self._lane_of(e, k)) for k in range(e.n)]
             return f"({ctype(e.dtype)})({', '.join(parts)})", 0
         if isinstance(e, BufferLoad):
             return self._load(e), 0
@@ -124,9 +143,8 @@ class OpenCLCodegen:
         return f"({ctype(e.dtype)})({', '.join(lanes)})"
 
     def _lane_of(self, idx: Expr, k: int) -> Expr:
-        if isinstance(idx, Ramp):
-            return idx.base + idx.stride * k
-        return ExtractLane(idx, k)
+        """Lane ``k`` of a vector index as a scalar expression, so a gather reads ``X[i0], X[i1], ...``."""
+        return simplify(scalarize(idx, k), self.bounds)
 
     # -- statements -------------------------------------------------------------------------------
     def emit(self, text: str, depth: int) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from .buffer import Buffer
 from .builder import Builder
+from .expr import min_, select
 from .functor import ReplaceBuffers
 from .kernel import Kernel, Program, as_program
 from .layouts import default_layout
@@ -20,7 +21,7 @@ def cache_read(k: "Kernel | Program", buf: Buffer, scope: str = "texture", layou
     layout = cached.layout or default_layout(cached)
     lane_axis = _lane_axis(layout, len(buf.shape)) if layout is not None else None
     b = Builder()
-    _copy_nest(b, buf, cached, lane_axis, axis=0, indices=[], bound=0)
+    _copy_nest(b, buf, cached, lane_axis, axis=0, indices=[], bound=0, guard=None)
     shuffle = b.kernel(f"{prog.name}_shuffle_{buf.name}", [buf, cached])
     swap = ReplaceBuffers({buf: cached})
     kernels = tuple(kern.replace(params=tuple(cached if p is buf else p for p in kern.params),
@@ -37,15 +38,29 @@ def _lane_axis(layout, ndim: int):
     return layout.initial.index(used[0]) if len(set(used)) == 1 else None
 
 
-def _copy_nest(b, src, dst, lane_axis, axis, indices, bound):
+def _copy_nest(b, src, dst, lane_axis, axis, indices, bound, guard):
+    """Loops over the logical axes in order; the lane axis splits into an outer loop in place and a
+    vectorized loop of 4 innermost, as a pixel store needs."""
     if axis == len(src.shape):
-        b.store(dst, tuple(indices), src[tuple(indices)])
+        if lane_axis is None:
+            return _copy_store(b, src, dst, indices, None)
+        extent = src.shape[lane_axis]
+        with b.loop("c_i", 4, "vectorized") as ci:
+            full = list(indices)
+            full[lane_axis] = indices[lane_axis] * 4 + ci
+            _copy_store(b, src, dst, full, None if extent % 4 == 0 else (lane_axis, extent))
         return
-    extent = src.shape[axis]
-    if axis == lane_axis and extent % 4 == 0:
-        with b.loop("c_o", extent // 4) as co, b.loop("c_i", 4, "vectorized") as ci:
-            _copy_nest(b, src, dst, lane_axis, axis + 1, [*indices, co * 4 + ci], bound)
-        return
-    kind = ("group.0", "local.0")[bound] if bound < 2 and axis != lane_axis else "serial"
-    with b.loop(f"ax{axis}", extent, kind) as v:
-        _copy_nest(b, src, dst, lane_axis, axis + 1, [*indices, v], bound + (kind != "serial"))
+    extent = src.shape[axis] if axis != lane_axis else -(-src.shape[axis] // 4)
+    kind = ("group.0", "local.0")[bound] if bound < 2 else "serial"
+    with b.loop(f"ax{axis}" if axis != lane_axis else "c_o", extent, kind) as v:
+        _copy_nest(b, src, dst, lane_axis, axis + 1, [*indices, v], bound + (kind != "serial"), guard)
+
+
+def _copy_store(b, src, dst, indices, guard):
+    value = src[tuple(indices)]
+    if guard is not None:  # padding lanes past the tensor's extent are written as zero
+        pos, extent = guard
+        clamped = list(indices)
+        clamped[pos] = min_(indices[pos], extent - 1)
+        value = select(indices[pos] < extent, src[tuple(clamped)], 0.0)
+    b.store(dst, tuple(indices), value)

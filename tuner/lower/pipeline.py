@@ -9,12 +9,14 @@ from .flatten_buffers import flatten_buffers
 from .infer_image_access import infer_image_access
 from .lower_texture_access import lower_texture_access
 from .simplify import simplify
+from .unroll_loops import unroll_loops
 from .vectorize_buffer_access import vectorize_buffer_access
 from .vectorize_loops import vectorize_loops
 
 PASSES: list[Callable[[Kernel], Kernel]] = [
     apply_layout_transforms,  # logical -> transformed indices (RFC 0039), C0/C1 defaults for textures
     vectorize_loops,          # vectorized loop var -> ramp(0, 1, n)
+    unroll_loops,             # short unrolled loops -> straight-line code with constant indices
     simplify,                 # (4*cb + ramp) // 4 -> cb, % 4 -> ramp, using loop bounds
     flatten_buffers,          # axis groups -> physical dims: 1-D buffers, [H, W, 4] textures
     simplify,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import pyopencl as cl
 
 from ..codegen.opencl import program_source
 from ..errors import TunerError
@@ -66,6 +67,7 @@ class Executable:
     source: str
     cl_program: object
     pools: dict = field(default_factory=dict)
+    cl_kernels: dict = field(default_factory=dict)
 
     @property
     def outputs(self) -> list:
@@ -91,7 +93,9 @@ class Executable:
                 if missing:
                     raise TunerError(f"kernel {k.name}: no array given for {', '.join(missing)}")
                 gsize, lsize = k.launch()
-                fn = getattr(self.cl_program, k.name)
+                if k.name not in self.cl_kernels:
+                    self.cl_kernels[k.name] = cl.Kernel(self.cl_program, k.name)
+                fn = self.cl_kernels[k.name]
                 events.append(fn(self.device.queue, gsize, lsize, *[a.mem for a in args]))
             return events
         finally:
