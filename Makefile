@@ -17,7 +17,7 @@ test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q tests
 
 demo: $(STAMP)
-	$(VENV)/bin/tuner devices
+	$(VENV)/bin/tuner demo
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis

@@ -23,8 +23,10 @@ def conv1x1(N, C, O, H, W, scope="texture", dtype="float32"):
         acc = b.allocate("acc", (4,), "float32", "private")
         with b.loop("l", 4, "vectorized") as l:
             b.store(acc, l, 0.0)
-        with b.loop("cb", -(-C // 4)) as cb, b.loop("ci", 4, "unrolled") as ci, b.loop("l", 4, "vectorized") as l:
-            b.store(acc, l, acc[l] + X[n, cb * 4 + ci, h, w] * Wt[ob * 4 + l, cb * 4 + ci, 0, 0])
+        with b.loop("cb", -(-C // 4)) as cb, b.loop("ci", 4, "unrolled") as ci:
+            # padding input lanes are zero, but the weight row past C belongs to the next block: guard it
+            with b.if_(cb * 4 + ci < C), b.loop("l", 4, "vectorized") as l:
+                b.store(acc, l, acc[l] + X[n, cb * 4 + ci, h, w] * Wt[ob * 4 + l, cb * 4 + ci, 0, 0])
         with b.loop("l", 4, "vectorized") as l:
             b.store(Y, (n, ob * 4 + l, h, w), acc[l])
     return b.kernel(f"conv1x1_{scope}", [X, Wt, Y])

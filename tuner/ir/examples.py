@@ -37,4 +37,8 @@ def nhwc_to_nchwc(shape=(2, 6, 5, 8), separator=False) -> Program:
     return Program(k.name, (k,), k.params)
 
 
-EXAMPLES = {"addone": addone, "nhwc_to_nchwc": nhwc_to_nchwc}
+# name -> (program factory, reference: {input name: array} -> {output name: array})
+EXAMPLES = {
+    "addone": (addone, lambda inputs: {"Y": inputs["X"] + 1}),
+    "nhwc_to_nchwc": (nhwc_to_nchwc, lambda inputs: {"B": inputs["A"]}),
+}
