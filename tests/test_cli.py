@@ -56,3 +56,25 @@ def test_usage_errors_exit_2(capsys):
     assert main([]) == 2
     assert "usage:" in capsys.readouterr().err
     assert main(["--version"]) == 0
+
+
+def test_example_show_passes_prints_every_pass_and_the_source(capsys):
+    from tuner.lower import PASSES
+    assert main(["example", "addone", "--show-passes", "--device", "pocl"]) == 0
+    out = capsys.readouterr().out
+    for p in PASSES:
+        assert f"===== addone: {p.__name__} =====" in out
+        assert f"===== addone_shuffle_X: {p.__name__} =====" in out
+    assert "texture2d_load(X_texture" in out and "read_imagef(X_texture, sampler" in out
+    assert "addone on pocl cpu: max abs error 0" in out
+
+
+def test_demo_runs_every_example(capsys):
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    assert "addone" in out and "nhwc_to_nchwc" in out and "max abs error 0" in out
+
+
+def test_unknown_example_exits_2(capsys):
+    assert main(["example", "nope"]) == 2
+    assert "unknown example 'nope'; examples: addone" in capsys.readouterr().err
