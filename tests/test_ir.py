@@ -14,7 +14,7 @@ from tuner.ir.buffer import Buffer, buffer
 from tuner.ir.builder import Builder
 from tuner.ir.dtype import DType, boolean, float16, float32, float32x4, int32
 from tuner.ir.evaluate import evaluate
-from tuner.ir.expr import (Binary, Broadcast, BufferLoad, Call, Cast, Const, ExtractLane, Ramp, Select, Var,
+from tuner.ir.expr import (Binary, Broadcast, BufferLoad, Call, Cast, Const, ExtractLane, Ramp, Var,
                            call, const, max_, min_, select)
 from tuner.ir.functor import substitute, visit
 from tuner.ir.index_map import AXIS_SEPARATOR as SEP
@@ -872,17 +872,23 @@ def test_simplify_divmod_with_bounded_remainder():
     e = simplify((x * 4 - 1) % 4, {x: (0, 9)})
     assert e == Const(3)
     assert simplify(x // 1) is x and simplify(x % 1) == Const(0)
+    # a remainder within one block that is not the first: y in [4, 8) carries 1 into the quotient
+    B = {x: (0, 9), y: (4, 7)}
+    assert simplify((x * 4 + y) // 4, B) == x + 1
+    assert simplify((x * 4 + y) % 4, B) == y - 4
+    B = {x: (0, 9), y: (5, 7)}
+    assert simplify((x * 4 + y - 9) // 4, B) == x - 1 and simplify((x * 4 + y - 9) % 4, B) == y - 5
 
 
-@settings(max_examples=150, deadline=None)
-@given(st.integers(-6, 6), st.integers(-6, 6), st.integers(-10, 10), st.integers(0, 6), st.integers(1, 8),
-       st.sampled_from(["floordiv", "floormod"]))
-def test_simplify_divmod_is_sound(a, b, c, ywidth, k, op):
+@settings(max_examples=300, deadline=None)
+@given(st.integers(-6, 6), st.integers(-6, 6), st.integers(-10, 10), st.integers(-9, 9), st.integers(0, 6),
+       st.integers(1, 8), st.sampled_from(["floordiv", "floormod"]))
+def test_simplify_divmod_is_sound(a, b, c, ylo, ywidth, k, op):
     x, y = Var("x"), Var("y")
     e = Binary(op, x * a + y * b + c, const(k))
-    bounds = {x: (0, 5), y: (0, ywidth)}
+    bounds = {x: (0, 5), y: (ylo, ylo + ywidth)}
     s = simplify(e, bounds)
-    xs, ys = np.meshgrid(np.arange(0, 6), np.arange(0, ywidth + 1))
+    xs, ys = np.meshgrid(np.arange(0, 6), np.arange(ylo, ylo + ywidth + 1))
     assert np.array_equal(np.broadcast_to(evaluate(s, {x: xs, y: ys}), xs.shape),
                           evaluate(e, {x: xs, y: ys}))
 

@@ -61,9 +61,16 @@ class Mutator:
 
 def _rebuild(old, cls, *args):
     fields = [getattr(old, f) for f in old.__dataclass_fields__ if f in _ARGS[cls]]
-    if all(a is b for a, b in zip(args, fields)):
+    if all(_same(a, b) for a, b in zip(args, fields)):
         return old
     return cls(*args)
+
+
+def _same(a, b) -> bool:
+    """Identity, element by element for the tuples (indices, args, stmts) that ``generic`` rebuilds."""
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+    return a is b
 
 
 _ARGS = {

@@ -48,9 +48,10 @@ class _LowerTextures(Simplifier):
         lane_value = lane.value if isinstance(lane, Broadcast) else lane
         if isinstance(lane_value, Const):
             v = ExtractLane(pixel, int(lane_value.value))
-        elif lane.lanes == 1:
-            v = select(lane.equal(0), ExtractLane(pixel, 0), select(lane.equal(1), ExtractLane(pixel, 1),
-                       select(lane.equal(2), ExtractLane(pixel, 2), ExtractLane(pixel, 3))))
+        elif lane_value.lanes == 1:  # one dynamic lane; a broadcast one is read once, then broadcast
+            k = lane_value
+            v = select(k.equal(0), ExtractLane(pixel, 0), select(k.equal(1), ExtractLane(pixel, 1),
+                       select(k.equal(2), ExtractLane(pixel, 2), ExtractLane(pixel, 3))))
         else:
             raise LoweringError(f"texture {buf.name!r}: lane index {lane} is neither the whole pixel "
                                 f"ramp(0, 1, 4) nor one lane")

@@ -18,7 +18,7 @@ class _Vectorize(Mutator):
         def no_loops(n):
             if isinstance(n, For):
                 raise LoweringError(f"vectorized loop {s.var.name} must be innermost; it contains loop {n.var.name}")
-        visit(body, no_loops)
+        visit(s.body, no_loops)  # the body as written: an inner vectorized loop is already gone from ``body``
         return substitute(body, {s.var: Ramp(const(0), const(1), s.extent)})
 
 
