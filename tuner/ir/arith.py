@@ -196,6 +196,11 @@ class Simplifier(Mutator):
         e = e if (a is e.a and b is e.b) else Binary(e.op, a, b)
         if isinstance(a, Const) and isinstance(b, Const):
             return _fold(e)
+        if e.op in ("and", "or"):  # a decided operand: true && x -> x, false && x -> false
+            for known, other in ((a, b), (b, a)):
+                if isinstance(known, Const) and (other.lanes == 1 or bool(known.value) == (e.op == "and")):
+                    return other if bool(known.value) == (e.op == "and") else known
+            return e
         if e.dtype.is_float:
             return e
         if e.op in ("lt", "le", "gt", "ge", "eq", "ne"):

@@ -1,0 +1,49 @@
+"""conv2d_nchw4c: one template, texture and buffer scopes, float32 and float16 storage, fused epilogues,
+checked against NumPy on PoCL with random data."""
+import numpy as np
+import pytest
+
+from tuner.runtime.launch import build
+from tuner.templates.conv2d_nchw4c import Conv2dConfig, Conv2dWorkload, conv2d_nchw4c, reference
+
+BUFFERS = dict(input_scope="buffer", weight_scope="buffer", output_scope="buffer")
+CASES = [
+    ("odd channels, 3x3, bias+relu6, texture", Conv2dWorkload((1, 5, 9, 11), (6, 5, 3, 3), 1, 1, bias=True,
+                                                                activation="relu6"), Conv2dConfig()),
+    ("1x1, batch 2, buffer, 2x4 tile", Conv2dWorkload((2, 8, 8, 8), (8, 8, 1, 1)),
+     Conv2dConfig(tile_oc=2, tile_ow=4, wg_w=2, **BUFFERS)),
+    ("5x5 stride 2 asymmetric pad, residual, half, MACE layouts",
+     Conv2dWorkload((1, 3, 10, 10), (9, 3, 5, 5), 2, (2, 1, 1, 2), residual=True, dtype="float16"),
+     Conv2dConfig(tile_oh=2, tile_oc=2, act_layout="mace_channel_major", weight_layout="mace_conv2d_filter")),
+    ("dilation 2, buffer input, serial window", Conv2dWorkload((1, 4, 12, 12), (4, 4, 3, 3), 1, 2, dilation=2),
+     Conv2dConfig(input_scope="buffer", unroll_rs=False, wg_h=2)),
+    ("7x7 stride 2, relu, texture in / buffer out", Conv2dWorkload((1, 3, 17, 15), (7, 3, 7, 7), 2, 3,
+                                                                     bias=True, activation="relu"),
+     Conv2dConfig(output_scope="buffer", tile_ow=1, wg_w=4)),
+]
+
+
+@pytest.mark.parametrize("name,wl,cfg", CASES, ids=[c[0] for c in CASES])
+def test_conv2d_matches_numpy(device, rng, name, wl, cfg):
+    exe = build(conv2d_nchw4c(wl, cfg), device)
+    x = rng.standard_normal(wl.data).astype(wl.dtype)
+    w = rng.standard_normal(wl.kernel).astype(wl.dtype)
+    inputs = {"X": x, "Wt": w}
+    bias = inputs.setdefault("B", rng.standard_normal(wl.kernel[0]).astype(wl.dtype)) if wl.bias else None
+    res = inputs.setdefault("Res", rng.standard_normal(wl.out_shape).astype(wl.dtype)) if wl.residual else None
+    y = exe(**inputs)["Y"].astype(np.float64)
+    ref = reference(wl, x, w, bias, res)
+    tol = 1e-2 if wl.dtype == "float16" else 1e-4
+    assert y.shape == wl.out_shape
+    assert np.abs(y - ref).max() / np.abs(ref).max() < tol
+    src = exe.source
+    assert ("read_imagef(X" in src) == (cfg.input_scope == "texture")
+    assert ("write_imagef(Y" in src) == (cfg.output_scope == "texture")
+
+
+def test_workload_key_and_flops():
+    wl = Conv2dWorkload((1, 64, 56, 56), (64, 64, 3, 3), 1, 1)
+    assert wl.out_shape == (1, 64, 56, 56) and wl.flops == 2 * 64 * 56 * 56 * 64 * 9
+    assert wl.key()["padding"] == [1, 1, 1, 1] and wl.key()["op"] == "conv2d"
+    with pytest.raises(ValueError, match="groups=1"):
+        Conv2dWorkload((1, 8, 4, 4), (8, 1, 3, 3))
