@@ -7,6 +7,7 @@ pixel (4 output channels) -- the outer product of the texture RFC's Adreno sched
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -135,7 +136,7 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig) -> Kernel:
         with b.loop("cb", C4) as cb, b.loop("r", R, window) as r, b.loop("s", S, window) as s, \
                 b.loop("ci", 4, "unrolled") as ci:
             c = cb * 4 + ci
-            with b.if_(c < C) if C % 4 else _nothing():
+            with b.if_(c < C) if C % 4 else nullcontext():
                 xs = {}
                 for y in range(t_oh):
                     for x in range(t_ow):
@@ -168,14 +169,6 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig) -> Kernel:
                             v = v + Res[n, lanes, oh, ow]
                         b.store(Y, (n, lanes, oh, ow), v)
     return b.kernel("conv2d_nchw4c", params)
-
-
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *a):
-        return False
 
 
 def _clamp(i, n):

@@ -56,7 +56,6 @@ class OpenCLCodegen:
         self.bounds: dict = {}
         self.helpers: set = set()
         self.lines: list[str] = []
-        self.stored = set()
         self.decl = {b.name: b for b in kernel.params}
 
     # -- expressions ------------------------------------------------------------------------------
@@ -117,9 +116,6 @@ class OpenCLCodegen:
             return (q, 0) if op == "floordiv" else (f"{self.expr(e.a, 4)} - {q} * {self.expr(e.b, 2)}", 4)
         prec = _PREC[op]
         return f"{self.expr(e.a, prec)} {_SYM[op]} {self.expr(e.b, prec - 1)}", prec
-
-    def _pointer(self, buf) -> str:
-        return buf.name
 
     def _load(self, e: BufferLoad) -> str:
         buf = e.buffer
