@@ -669,19 +669,25 @@ def test_mace_channel_major_pixel_formula():
     N, C, H, W = 2, 6, 3, 5
     E = _data((N, C, H, W))
     P = layouts.mace_channel_major().pack(E)
-    height, width, _ = P.shape
     # P[i, j] = {E[n, h, w, c] | n = j/H, h = j%H, w = i%W, c = i/W*4 + k}, i the x (column), j the y (row)
-    checked = 0
-    for j in range(height):
-        for i in range(width):
-            for k in range(4):
-                n, h, w, c = j // H, j % H, i % W, i // W * 4 + k
-                expect = E[n, c, h, w] if c < C else 0.0
-                assert P[j, i, k] == expect, (i, j, k)
-                checked += c < C
-    assert checked == E.size
+    _assert_pixels(P, E, lambda i, j, k: (j // H, i // W * 4 + k, j % H, i % W))
     # a sample element: E[1, 5, 2, 3] is at x = (5/4)*W + 3 = 8, y = 1*H + 2 = 5, lane 1
     assert P[5, 8, 1] == E[1, 5, 2, 3]
+
+
+def _assert_pixels(P, E, element):
+    """Every pixel lane of image ``P`` holds ``E[element(x, y, lane)]`` (MACE's formula), or zero where the
+    formula falls into padding; every element of ``E`` is found once."""
+    height, width, _ = P.shape
+    checked = 0
+    for y in range(height):
+        for x in range(width):
+            for k in range(4):
+                idx = element(x, y, k)
+                inside = all(i < n for i, n in zip(idx, E.shape))
+                assert P[y, x, k] == (E[idx] if inside else 0.0), (x, y, k)
+                checked += inside
+    assert checked == E.size
 
 
 def test_mace_conv2d_filter_pixel_formula():
@@ -692,16 +698,7 @@ def test_mace_conv2d_filter_pixel_formula():
     height, width, _ = P.shape
     assert (height, width) == (cdiv(O, 4) * HW, I)
     # P[m, n] = {E[o, i, h, w] | o = n/HW*4 + k, i = m, h = T/W, w = T%W}, T = n%HW; m the x, n the y
-    checked = 0
-    for n in range(height):
-        for m in range(width):
-            for k in range(4):
-                T = n % HW
-                o, i, h, w = n // HW * 4 + k, m, T // W, T % W
-                expect = E[o, i, h, w] if o < O else 0.0
-                assert P[n, m, k] == expect, (m, n, k)
-                checked += o < O
-    assert checked == E.size
+    _assert_pixels(P, E, lambda m, n, k: (n // HW * 4 + k, m, n % HW // W, n % HW % W))
     # E[5, 2, 1, 2]: y = (5/4)*HW + 1*W + 2 = 11, x = 2, lane 1
     assert P[11, 2, 1] == E[5, 2, 1, 2]
 
@@ -711,11 +708,7 @@ def test_mace_depthwise_and_argument_pixel_formulas():
     E = _data((C, 1, H, W), 2)
     P = layouts.mace_depthwise_filter().pack(E)
     # P[m, n] = {E[0, i, h, w] | i = n*4 + k, h = m/W, w = m%W} (MIHW with M = 1; here logical [C, 1, H, W])
-    for n in range(P.shape[0]):
-        for m in range(P.shape[1]):
-            for k in range(4):
-                c = n * 4 + k
-                assert P[n, m, k] == (E[c, 0, m // W, m % W] if c < C else 0.0)
+    _assert_pixels(P, E, lambda m, n, k: (n * 4 + k, 0, m // W, m % W))
     B = _data((9,), 3)
     P = layouts.mace_argument().pack(B)
     # P[i, 0] = {E[w] | w = i*4 + k}
