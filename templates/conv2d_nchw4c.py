@@ -8,14 +8,15 @@ pixel (4 output channels) -- the outer product of the texture RFC's Adreno sched
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
-from tuner.ir.expr import Ramp, as_expr, max_, min_, select
-from tuner.ir.kernel import Kernel
+from tuner.ir.expr import ExtractLane, Ramp, as_expr, max_, min_, select
+from tuner.ir.schedule import cache_read
+from tuner.templates import Template
 
 ACTIVATIONS = ("none", "relu", "relu6")
 
@@ -77,21 +78,25 @@ class Conv2dWorkload:
 
 @dataclass(frozen=True)
 class Conv2dConfig:
+    """One value per knob of ``search_space/conv2d.toml`` (the storage dtype is the workload's)."""
     tile_oc: int = 1  # output-channel blocks of 4 per work-item
-    tile_oh: int = 1
-    tile_ow: int = 2
+    tile_oh: int = 1  # output rows per work-item
+    tile_ow: int = 2  # output columns per work-item
     wg_w: int = 8  # work-group size along output columns
-    wg_h: int = 1
+    wg_h: int = 1  # work-group size along output rows
+    split_c: int = 1  # reduction split: input-channel blocks per step of the channel loop, unrolled
     unroll_rs: bool = True  # unroll the filter window
+    vec_load: int = 4  # input loads: 4 = one vector (pixel) per 4 channels, 1 = one load per channel
     input_scope: str = "texture"
     weight_scope: str = "texture"
     output_scope: str = "texture"
-    act_layout: str = "nchw4c"  # or mace_channel_major
-    weight_layout: str = "oihw4o"  # or mace_conv2d_filter (texture only)
-    extra: dict = field(default_factory=dict, compare=False)
+    act_layout: str = "nchw4c"  # texture convention of activations: nchw4c (C0) or mace_channel_major
+    weight_layout: str = "oihw4o"  # texture convention of weights: oihw4o (C1) or mace_conv2d_filter
+    cache_input: bool = False  # texture RFC A0: copy a buffer input into a texture scratch first
 
 
-def _scope_layout(scope: str, texture_layout: str, buffer_layout: str, weight=False):
+def scope_layout(scope: str, texture_layout: str, buffer_layout: str, weight=False):
+    """(IR scope, layout name) of an operand declared with a user-facing scope ``texture`` or ``buffer``."""
     if scope == "texture":
         return ("texture:weight" if weight else "texture"), texture_layout
     if scope == "buffer":
@@ -99,30 +104,27 @@ def _scope_layout(scope: str, texture_layout: str, buffer_layout: str, weight=Fa
     raise ValueError(f"scope {scope!r}: texture or buffer")
 
 
-def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig) -> Kernel:
+def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
     (N, C, H, W), (O, _, R, S) = wl.data, wl.kernel
     _, _, OH, OW = wl.out_shape
     (sh, sw), (dh, dw), (pt, pl, _, _) = wl.stride, wl.dilation, wl.padding
     C4, OB = -(-C // 4), -(-O // 4)
-    in_scope, in_layout = _scope_layout(cfg.input_scope, cfg.act_layout, "nchw4c_buffer")
-    w_scope, w_layout = _scope_layout(cfg.weight_scope, cfg.weight_layout, "oihw4o_buffer", weight=True)
-    out_scope, out_layout = _scope_layout(cfg.output_scope, cfg.act_layout, "nchw4c_buffer")
+    if C4 % cfg.split_c:
+        raise ValueError(f"split_c={cfg.split_c} does not divide the {C4} input-channel blocks")
+    in_scope, in_layout = scope_layout(cfg.input_scope, cfg.act_layout, "nchw4c_buffer")
+    w_scope, w_layout = scope_layout(cfg.weight_scope, cfg.weight_layout, "oihw4o_buffer", weight=True)
+    out_scope, out_layout = scope_layout(cfg.output_scope, cfg.act_layout, "nchw4c_buffer")
     X = buffer("X", wl.data, wl.dtype, in_scope, in_layout)
     Wt = buffer("Wt", wl.kernel, wl.dtype, w_scope, w_layout)
     Y = buffer("Y", wl.out_shape, wl.dtype, out_scope, out_layout)
-    params = [X, Wt]
-    if wl.bias:
-        B = buffer("B", (O,), wl.dtype, *(("texture:weight", "mace_argument") if cfg.weight_scope == "texture"
-                                           else ("global", "bias4_buffer")))
-        params.append(B)
-    if wl.residual:
-        Res = buffer("Res", wl.out_shape, wl.dtype, out_scope, out_layout)
-        params.append(Res)
-    params.append(Y)
+    B = bias_buffer(O, wl.dtype, cfg.weight_scope) if wl.bias else None
+    Res = buffer("Res", wl.out_shape, wl.dtype, out_scope, out_layout) if wl.residual else None
+    params = [p for p in (X, Wt, B, Res, Y) if p is not None]
 
     t_oc, t_oh, t_ow = cfg.tile_oc, cfg.tile_oh, cfg.tile_ow
     n_ob, n_oh, n_ow = -(-OB // t_oc), -(-OH // t_oh), -(-OW // t_ow)
     g_w, g_h = -(-n_ow // cfg.wg_w), -(-n_oh // cfg.wg_h)
+    vector_input = cfg.vec_load == 4 or in_scope != "global" or cfg.cache_input
     b = Builder()
     with b.loop("nb", N * n_ob, "group.2") as nb, b.loop("gh", g_h, "group.1") as gh, \
             b.loop("th", cfg.wg_h, "local.1") as th, b.loop("gw", g_w, "group.0") as gw, \
@@ -133,45 +135,70 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig) -> Kernel:
         for i in range(t_oc * t_oh * t_ow):
             b.store(acc, i, 0.0)
         window = "unrolled" if cfg.unroll_rs else "serial"
-        with b.loop("cb", C4) as cb, b.loop("r", R, window) as r, b.loop("s", S, window) as s, \
-                b.loop("ci", 4, "unrolled") as ci:
-            c = cb * 4 + ci
-            with b.if_(c < C) if C % 4 else nullcontext():
-                xs = {}
-                for y in range(t_oh):
-                    for x in range(t_ow):
-                        ih = (oh0 + y) * sh - pt + r * dh
-                        iw = (ow0 + x) * sw - pl + s * dw
-                        inside = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-                        xs[y, x] = b.let(f"x{y}_{x}", select(inside, X[n, c, _clamp(ih, H), _clamp(iw, W)], 0.0))
-                for k in range(t_oc):
-                    ob = min_(obb * t_oc + k, OB - 1)  # a partial last tile re-reads the last block
-                    wpix = b.let(f"w{k}", Wt[Ramp(ob * 4, as_expr(1), 4), c, r, s])
-                    for y in range(t_oh):
-                        for x in range(t_ow):
-                            i = (k * t_oh + y) * t_ow + x
-                            b.store(acc, i, acc[i] + xs[y, x] * wpix)
-        for k in range(t_oc):
-            ob = obb * t_oc + k
+        with b.loop("cbo", C4 // cfg.split_c) as cbo, b.loop("cbi", cfg.split_c, "unrolled") as cbi, \
+                b.loop("r", R, window) as r, b.loop("s", S, window) as s:
+            cb = cbo * cfg.split_c + cbi
+            taps = {}
             for y in range(t_oh):
                 for x in range(t_ow):
-                    oh, ow = oh0 + y, ow0 + x
-                    with b.if_((ob < OB) & (oh < OH) & (ow < OW)):
-                        lanes = Ramp(ob * 4, as_expr(1), 4)
-                        v = acc[(k * t_oh + y) * t_ow + x]
-                        if wl.bias:
-                            v = v + B[lanes]
-                        if wl.activation in ("relu", "relu6"):
-                            v = max_(v, 0.0)
-                        if wl.activation == "relu6":
-                            v = min_(v, 6.0)
-                        if wl.residual:
-                            v = v + Res[n, lanes, oh, ow]
-                        b.store(Y, (n, lanes, oh, ow), v)
-    return b.kernel("conv2d_nchw4c", params)
+                    ih = (oh0 + y) * sh - pt + r * dh
+                    iw = (ow0 + x) * sw - pl + s * dw
+                    inside = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+                    taps[y, x] = (inside, clamp(ih, H), clamp(iw, W))
+            xs = {}
+            if vector_input:  # one RGBA pixel (4 input channels) per tap; lanes extracted below
+                for (y, x), (inside, ih, iw) in taps.items():
+                    xs[y, x] = b.let(f"x{y}_{x}", select(inside, X[n, Ramp(cb * 4, as_expr(1), 4), ih, iw], 0.0))
+            for ci in range(4):
+                c = cb * 4 + ci
+                # lanes past C exist only in the last block; their weights do not (OIHW4o pads O, not C)
+                with b.if_(cb < C4 - 1) if ci >= C % 4 > 0 else nullcontext():
+                    if vector_input:
+                        lane = {yx: ExtractLane(v, ci) for yx, v in xs.items()}
+                    else:
+                        lane = {yx: b.let(f"x{yx[0]}_{yx[1]}_{ci}", select(inside, X[n, c, ih, iw], 0.0))
+                                for yx, (inside, ih, iw) in taps.items()}
+                    for k in range(t_oc):
+                        ob = min_(obb * t_oc + k, OB - 1)  # a partial last tile re-reads the last block
+                        wpix = b.let(f"w{k}_{ci}", Wt[Ramp(ob * 4, as_expr(1), 4), c, r, s])
+                        for y in range(t_oh):
+                            for x in range(t_ow):
+                                i = (k * t_oh + y) * t_ow + x
+                                b.store(acc, i, acc[i] + lane[y, x] * wpix)
+        store_tile(b, acc, Y, n, obb, oh0, ow0, (t_oc, t_oh, t_ow), (OB, OH, OW), wl, B, Res)
+    kernel = b.kernel("conv2d_nchw4c", params)
+    return cache_read(kernel, X, "texture", cfg.act_layout) if cfg.cache_input else kernel
 
 
-def _clamp(i, n):
+def bias_buffer(O: int, dtype: str, weight_scope: str):
+    """Bias beside the weights: a 1-D texture (MACE argument image) or a packed float4 buffer."""
+    return buffer("B", (O,), dtype, *(("texture:weight", "mace_argument") if weight_scope == "texture"
+                                       else ("global", "bias4_buffer")))
+
+
+def store_tile(b, acc, Y, n, obb, oh0, ow0, tile, bounds, wl, B=None, Res=None):
+    """The fused epilogue (bias, ReLU/ReLU6, residual add) and a guarded store of every tile pixel."""
+    (t_oc, t_oh, t_ow), (OB, OH, OW) = tile, bounds
+    for k in range(t_oc):
+        ob = obb * t_oc + k
+        for y in range(t_oh):
+            for x in range(t_ow):
+                oh, ow = oh0 + y, ow0 + x
+                with b.if_((ob < OB) & (oh < OH) & (ow < OW)):
+                    lanes = Ramp(ob * 4, as_expr(1), 4)
+                    v = acc[(k * t_oh + y) * t_ow + x]
+                    if B is not None:
+                        v = v + B[lanes]
+                    if wl.activation in ("relu", "relu6"):
+                        v = max_(v, 0.0)
+                    if wl.activation == "relu6":
+                        v = min_(v, 6.0)
+                    if Res is not None:
+                        v = v + Res[n, lanes, oh, ow]
+                    b.store(Y, (n, lanes, oh, ow), v)
+
+
+def clamp(i, n):
     return max_(min_(i, n - 1), 0)
 
 
@@ -196,3 +223,65 @@ def reference(wl: Conv2dWorkload, x, w, bias=None, residual=None) -> np.ndarray:
     if residual is not None:
         out += residual
     return out
+
+
+def random_inputs(wl: Conv2dWorkload, rng) -> dict:
+    """Random normal operands (never zeros) keyed by kernel parameter name."""
+    draw = lambda shape: rng.standard_normal(shape).astype(wl.dtype)  # noqa: E731
+    inputs = {"X": draw(wl.data), "Wt": draw(wl.kernel)}
+    if wl.bias:
+        inputs["B"] = draw(wl.kernel[:1])
+    if wl.residual:
+        inputs["Res"] = draw(wl.out_shape)
+    return inputs
+
+
+def space_vars(wl: Conv2dWorkload) -> dict:
+    (N, C, H, W), (O, _, R, S) = wl.data, wl.kernel
+    _, _, OH, OW = wl.out_shape
+    return dict(N=N, C=C, H=H, W=W, O=O, R=R, S=S, OH=OH, OW=OW, C4=-(-C // 4), OB=-(-O // 4),
+                data=wl.data, kernel=wl.kernel, out=wl.out_shape, bias=wl.bias, residual=wl.residual)
+
+
+def texture_scopes(wl, info, operands) -> str:
+    """``texture`` when the device has images (and half images for float16 storage), every ``(layout,
+    shape)`` operand fits its image2d limits, and it is a GPU (PoCL emulates image reads in software);
+    otherwise ``buffer``."""
+    from tuner.search_space import image_fits
+    ok = (info.image_support and info.type == "GPU" and (wl.dtype == "float32" or info.half_images)
+          and all(image_fits(layout, shape, info) for layout, shape in operands))
+    return "texture" if ok else "buffer"
+
+
+def fit_work_group(n_w: int, n_h: int, info, want_w: int = 16, want_h: int = 4) -> tuple:
+    """A power-of-two work-group no wider than the work (rounded up) and within the device's maximum."""
+    pow2 = lambda n, cap: min(cap, 1 << max(0, (n - 1).bit_length()))  # noqa: E731
+    wg_w = pow2(n_w, min(want_w, info.max_work_item_sizes[0], info.max_work_group_size))
+    wg_h = pow2(n_h, min(want_h, info.max_work_item_sizes[1], info.max_work_group_size // wg_w))
+    return wg_w, wg_h
+
+
+def fallback(wl: Conv2dWorkload, info) -> Conv2dConfig:
+    """A config that is good without tuning: 2 output-channel blocks by 4 columns per work-item where the
+    output is that large, a 16x4 work-group trimmed to the output, textures on GPUs that can hold them."""
+    v = space_vars(wl)
+    scope = texture_scopes(wl, info, [("nchw4c", wl.data), ("nchw4c", wl.out_shape), ("oihw4o", wl.kernel)])
+    tile_oc = 2 if v["OB"] >= 2 else 1
+    tile_ow = 4 if v["OW"] >= 8 else 2 if v["OW"] >= 2 else 1
+    wg_w, wg_h = fit_work_group(-(-v["OW"] // tile_ow), v["OH"], info)
+    return Conv2dConfig(tile_oc=tile_oc, tile_oh=1, tile_ow=tile_ow, wg_w=wg_w, wg_h=wg_h, split_c=1,
+                        unroll_rs=v["R"] * v["S"] <= 9, vec_load=4, input_scope=scope, weight_scope=scope,
+                        output_scope=scope)
+
+
+def _reference(wl: Conv2dWorkload, inputs: dict) -> np.ndarray:
+    return reference(wl, inputs["X"], inputs["Wt"], inputs.get("B"), inputs.get("Res"))
+
+
+VARIABLES = dict(N="batch", C="input channels", H="input height", W="input width", O="output channels",
+                 R="kernel height", S="kernel width", OH="output height", OW="output width",
+                 C4="input-channel blocks of 4", OB="output-channel blocks of 4", data="data shape NCHW",
+                 kernel="kernel shape OIHW", out="output shape NCHW", bias="fused bias",
+                 residual="fused residual add")
+TEMPLATE = Template("conv2d", Conv2dWorkload, Conv2dConfig, conv2d_nchw4c, _reference, random_inputs,
+                    fallback, space_vars, VARIABLES)

@@ -17,6 +17,9 @@ def cache_read(k: "Kernel | Program", buf: Buffer, scope: str = "texture", layou
     The shuffle kernel binds the first axis to ``group.0``, the second to ``local.0`` and vectorizes the
     RGBA lane axis, as in the RFC's ``addone`` example."""
     prog = as_program(k)
+    if isinstance(layout, str):
+        from .layouts import get_layout
+        layout = get_layout(layout)
     cached = Buffer(f"{buf.name}_{scope.replace(':', '_')}", buf.shape, buf.dtype, scope, layout)
     layout = cached.layout or default_layout(cached)
     lane_axis = _lane_axis(layout, len(buf.shape)) if layout is not None else None

@@ -103,7 +103,8 @@ class Executable:
             for w in self.program.workspaces:
                 self._pool(w).release(scratch[w.name])
 
-    def __call__(self, **inputs: np.ndarray) -> dict:
+    def upload_inputs(self, **inputs: np.ndarray) -> dict:
+        """Allocate every param at its physical shape and upload the given logical inputs into it."""
         params = {b.name: b for b in self.program.params}
         unknown = set(inputs) - set(params)
         if unknown:
@@ -113,8 +114,27 @@ class Executable:
             arrays[name] = self.allocate(b)
             if name in inputs:
                 upload(self.device, arrays[name], pack(b, np.asarray(inputs[name])))
-        self.launch(arrays)
+        return arrays
+
+    def time(self, arrays: dict, warmup: int = 1, repeats: int = 5, min_seconds: float = 0.0) -> list:
+        """Seconds per run of the whole program (all kernels, from OpenCL profiling events): ``warmup`` untimed
+        runs, then at least ``repeats`` timed runs and more until ``min_seconds`` of kernel time is spent."""
+        for _ in range(warmup):
+            self.launch(arrays)
+        costs: list = []
+        while len(costs) < repeats or (sum(costs) < min_seconds and len(costs) < 10_000):
+            events = self.launch(arrays)
+            costs.append(sum((e.profile.end - e.profile.start) * 1e-9 for e in events))
+        return costs
+
+    def outputs_of(self, arrays: dict) -> dict:
+        """Download and unpack the outputs from device ``arrays``."""
         return {b.name: unpack(b, download(self.device, arrays[b.name])) for b in self.outputs}
+
+    def __call__(self, **inputs: np.ndarray) -> dict:
+        arrays = self.upload_inputs(**inputs)
+        self.launch(arrays)
+        return self.outputs_of(arrays)
 
 
 def build(k: "Kernel | Program", device=None, trace: list | None = None) -> Executable:

