@@ -6,8 +6,8 @@ conv2d / linear, in one run.
 For every layer of the suite (bench/layers.py) it times the template's fallback config and a few
 hand-picked ones (tiles, work-groups, texture vs buffer scopes), each checked once against the template's
 NumPy reference, and PyTorch fp32 on the CPU with the same fused epilogue (bias, activation, residual).
-Ours: median of the OpenCL profiling-event times (``Executable.time``); PyTorch: median of
-``time.perf_counter`` around single calls after a warm-up, with ``torch.set_num_threads`` equal to the CPUs
+Ours: median of ``--repeats`` OpenCL profiling-event times (``Executable.time``, after one warm-up run);
+PyTorch: median of ``time.perf_counter`` around max(repeats, 10) single calls after 3 warm-up calls, with ``torch.set_num_threads`` equal to the CPUs
 the OpenCL device uses (a CPU device such as PoCL) or to the CPUs of this process (a GPU). GFLOP/s is
 ``workload.flops / median / 1e9``; ratio is ours / PyTorch (above 1: ours is faster).
 
@@ -50,7 +50,7 @@ or, elsewhere, a CPU wheel from PyTorch's own index (the default PyPI wheel pull
 
 CSV_FIELDS = ["model", "layer", "template", "count", "workload", "config_label", "config", "scope", "dtype",
               "median_s", "gflops", "torch_median_s", "torch_gflops", "ratio", "max_rel_err", "ok", "error",
-              "repeats", "torch_threads", "device"]
+              "note", "min_s", "torch_min_s", "repeats", "torch_threads", "device"]
 
 # The module of each template, for loading one directly when the registry cannot import all of them yet.
 TEMPLATE_MODULES = {"conv2d": "conv2d_nchw4c", "depthwise_conv2d": "depthwise_conv2d_nchw4c", "dense": "dense"}
@@ -60,18 +60,21 @@ TEMPLATE_MODULES = {"conv2d": "conv2d_nchw4c", "depthwise_conv2d": "depthwise_co
 
 def load_template(name: str):
     """``get_template(name)``; if the registry fails (a sibling template not written yet), the template's own
-    module. Returns (template or None, error message or None)."""
+    module. Returns (template or None, why not)."""
     try:
         from tuner.templates import get_template
         return get_template(name), None
-    except Exception as e:  # noqa: BLE001 -- any import/registry failure means "not available"
-        first = f"{type(e).__name__}: {e}"
+    except Exception as e:  # noqa: BLE001 -- any import/registry failure means "try the module itself"
+        registry_error = e
     try:
         import importlib
         mod = importlib.import_module(f"tuner.templates.{TEMPLATE_MODULES.get(name, name)}")
         return mod.TEMPLATE, None
     except Exception as e:  # noqa: BLE001
-        return None, f"template {name!r} not available ({first}; {type(e).__name__}: {e})"
+        why = f"template {name!r} not available: {short_error(e)}"
+        if not isinstance(registry_error, ImportError):
+            why += f" (registry: {short_error(registry_error)})"
+        return None, why
 
 
 def make_workload(t, spec: dict):
@@ -103,57 +106,93 @@ def config_label(cfg) -> str:
     """A short label from the tile / work-group knobs present, e.g. ``oc2.ow4.wg16x4.buffer``."""
     names = {f.name for f in dataclasses.fields(cfg)}
     parts = []
-    for knob, short in (("tile_oc", "oc"), ("tile_c", "c"), ("tile_oh", "oh"), ("tile_ow", "ow"),
-                        ("tile_n", "n"), ("tile_k", "k"), ("split_c", "sc"), ("split_k", "sk")):
+    for knob, short in (("tile_oc", "oc"), ("tile_cb", "cb"), ("tile_m", "m"), ("tile_n", "n"), ("tile_oh", "oh"),
+                        ("tile_ow", "ow"), ("split_c", "sc"), ("split_k", "sk"), ("unroll_k", "uk")):
         if knob in names:
             v = getattr(cfg, knob)
-            if knob.startswith("split") and v == 1:
+            if knob.startswith(("split", "unroll")) and v == 1:
                 continue
             parts.append(f"{short}{v}")
     if "wg_w" in names:
         parts.append(f"wg{cfg.wg_w}x{getattr(cfg, 'wg_h', 1)}" if "wg_h" in names else f"wg{cfg.wg_w}")
-    elif "wg" in names:
-        parts.append(f"wg{cfg.wg}")
+    elif "wg_m" in names:
+        parts.append(f"wg{cfg.wg_m}")
     parts.append(scope_of(cfg))
+    shown = {"tile_oc", "tile_cb", "tile_m", "tile_n", "tile_oh", "tile_ow", "split_c", "split_k", "unroll_k", "wg_w",
+             "wg_h", "wg_m"}
+    for f in dataclasses.fields(cfg):  # any other knob away from the config class's default
+        if f.name in shown or f.name.endswith("_scope") or f.default is dataclasses.MISSING:
+            continue
+        v = getattr(cfg, f.name)
+        if v != f.default:
+            parts.append(f"{f.name}={v}")
     return ".".join(str(p) for p in parts)
 
 
 # Hand-picked configs: overrides of the fallback. A variant naming a knob the template's config does not have
-# is skipped, so guesses for templates still being written do no harm. ``scope`` sets every ``*_scope``.
+# is skipped, so guesses for templates still being written do no harm; so is one that breaks the template's
+# search space for this workload and device (e.g. a work-group wider than twice the work). ``scope`` sets
+# every ``*_scope`` knob: "texture", "buffer" or "flip" (the other one of the fallback's, tiles unchanged).
 VARIANTS = {
     "conv2d": [
+        dict(scope="flip"),  # texture vs buffer with the fallback's tiles and work-group
+        dict(input_scope="texture", weight_scope="buffer", output_scope="texture"),  # weights in a buffer
         dict(tile_oc=1, tile_oh=1, tile_ow=2, wg_w=8, wg_h=1),  # the config dataclass's defaults: small tile
-        dict(tile_oc=2, tile_oh=1, tile_ow=4, wg_w=16, wg_h=4, scope="buffer"),
-        dict(tile_oc=2, tile_oh=1, tile_ow=4, wg_w=16, wg_h=4, scope="texture"),
-        dict(tile_oc=4, tile_oh=1, tile_ow=4, wg_w=8, wg_h=2),  # big tile: 16 output channels x 4 columns
+        dict(tile_oc=2, tile_oh=1, tile_ow=4, wg_w=16, wg_h=4),
+        dict(tile_oc=4, tile_oh=1, tile_ow=4, wg_w=8, wg_h=2),  # 16 output channels x 4 columns
         dict(tile_oc=2, tile_oh=2, tile_ow=2, wg_w=8, wg_h=4),  # square spatial tile
-        dict(tile_oc=2, tile_oh=1, tile_ow=4, wg_w=16, wg_h=4, input_scope="texture", weight_scope="buffer",
-             output_scope="texture"),  # activations in images, weights in a buffer
+        dict(split_c=2),  # two input-channel blocks per reduction step
+        dict(scope="texture", act_layout="mace_channel_major", weight_layout="mace_conv2d_filter"),  # MACE images
     ],
     "depthwise_conv2d": [
-        dict(tile_oh=1, tile_ow=2, wg_w=8, wg_h=1),
-        dict(tile_oh=1, tile_ow=4, wg_w=16, wg_h=4),
-        dict(tile_c=2, tile_ow=4),
-        dict(tile_oc=2, tile_ow=4),
-        dict(scope="buffer"),
-        dict(scope="texture"),
+        dict(scope="flip"),
+        dict(scope="texture", weight_layout="oihw4o"),  # OIHW4o instead of MACE's depthwise-filter image
+        dict(tile_cb=1, tile_oh=1, tile_ow=2, wg_w=8, wg_h=1),  # the config dataclass's defaults
+        dict(tile_cb=2, tile_oh=1, tile_ow=4),  # 8 channels x 4 columns
+        dict(tile_cb=1, tile_oh=2, tile_ow=4),
+        dict(tile_cb=1, tile_oh=1, tile_ow=8, wg_w=8, wg_h=4),
     ],
     "dense": [
-        dict(scope="buffer"),
-        dict(scope="texture"),
-        dict(tile_n=1), dict(tile_n=2), dict(tile_n=4),
-        dict(split_k=4), dict(wg=64), dict(wg=256),
+        dict(scope="flip"),
+        dict(weight_pack="4i"),  # weights packed along the reduction: dot products, lanes summed at the end
+        dict(split_k=1),  # the whole reduction in one work-item
+        dict(split_k=8, wg_m=16),
+        dict(tile_m=2),  # 8 outputs per work-item
+        dict(unroll_k=4),
+        dict(wg_m=16), dict(wg_m=64),
     ],
 }
 
 
+def _space(t, wl, info):
+    """The template's search space bound to this workload and device, or None if it has none (yet)."""
+    try:
+        return t.space(wl, info)
+    except Exception:  # noqa: BLE001 -- no TOML yet, or an older Template without the bound space
+        return None
+
+
+def violations(t, space, wl, cfg) -> list:
+    if space is None:
+        return []
+    try:
+        values = t.config_values(wl, cfg) if hasattr(t, "config_values") else dataclasses.asdict(cfg)
+        return space.violations(values)
+    except Exception as e:  # noqa: BLE001
+        return [f"(space check failed: {short_error(e)})"]
+
+
 def configs_for(t, wl, info) -> list:
-    """[(label, config or None, error)]: the fallback first, then the distinct valid variants."""
+    """[(label, config or None, note)]: the fallback first, then the distinct variants inside the space."""
     try:
         fb = t.fallback(wl, info)
     except Exception as e:  # noqa: BLE001
-        return [("fallback", None, f"fallback: {type(e).__name__}: {e}")]
-    out, seen = [("fallback", fb, None)], {fb}
+        return [("fallback", None, f"fallback: {short_error(e)}")]
+    space = _space(t, wl, info)
+    bad = violations(t, space, wl, fb)
+    out = [(f"fallback ({config_label(fb)})", fb, "fallback outside the search space: " + "; ".join(bad)
+            if bad else "")]
+    seen = {fb}
     names = {f.name for f in dataclasses.fields(fb)}
     for v in VARIANTS.get(t.name, []):
         v = dict(v)
@@ -161,11 +200,17 @@ def configs_for(t, wl, info) -> list:
         if not set(v) <= names:
             continue
         cfg = dataclasses.replace(fb, **v)
+        if scope == "flip":
+            cur = scope_of(fb)
+            scope = {"texture": "buffer", "buffer": "texture"}.get(cur)
+            if scope is None:
+                continue
         if scope:
             cfg = with_scope(cfg, scope)
-        if cfg not in seen:
-            seen.add(cfg)
-            out.append((config_label(cfg), cfg, None))
+        if cfg in seen or violations(t, space, wl, cfg):
+            continue
+        seen.add(cfg)
+        out.append((config_label(cfg), cfg, ""))
     return out
 
 
@@ -183,7 +228,7 @@ def short_error(e: BaseException) -> str:
 def run_config(t, wl, cfg, device, inputs, check_t, repeats) -> dict:
     """Build, launch once and check, then time one config. Failures are returned, not raised."""
     from tuner.runtime.launch import build
-    r = {"median_s": None, "max_rel_err": None, "ok": False, "error": ""}
+    r = {"median_s": None, "min_s": None, "max_rel_err": None, "ok": False, "error": ""}
     try:
         exe = build(t.build(wl, cfg), device)
         arrays = exe.upload_inputs(**inputs)
@@ -195,7 +240,7 @@ def run_config(t, wl, cfg, device, inputs, check_t, repeats) -> dict:
         if not r["ok"]:
             r["error"] = f"check failed: max relative error {err:.3g} > tolerance {tol:g}"
         costs = exe.time(arrays, warmup=1, repeats=repeats)
-        r["median_s"] = statistics.median(costs)
+        r["median_s"], r["min_s"] = statistics.median(costs), min(costs)
     except Exception as e:  # noqa: BLE001 -- record build/run failures and go on
         r["ok"] = False
         r["error"] = short_error(e)
@@ -248,7 +293,8 @@ def torch_layer(torch, layer: dict, rng):
     return lambda: epilogue(conv())
 
 
-def time_torch(torch, fn, repeats: int, warmup: int = 3) -> float:
+def time_torch(torch, fn, repeats: int, warmup: int = 3) -> tuple:
+    """(median, min) seconds of single calls."""
     with torch.inference_mode():
         for _ in range(warmup):
             fn()
@@ -257,7 +303,7 @@ def time_torch(torch, fn, repeats: int, warmup: int = 3) -> float:
             t0 = time.perf_counter()
             fn()
             costs.append(time.perf_counter() - t0)
-    return statistics.median(costs)
+    return statistics.median(costs), min(costs)
 
 
 # -------------------------------------------------------------------------------------------------- report
@@ -279,22 +325,26 @@ def summarize(rows: list, layers: list, meta: dict) -> str:
              f"- suite `{meta['suite']}`{meta['filter']}, {meta['repeats']} timed repeats per config "
              f"(median; ours: OpenCL profiling events, PyTorch: perf_counter), {meta['date']}, "
              f"{meta['elapsed_s']:.0f} s in all",
+             f"- load average (1 min) at start {meta['load'][0]:.2f}, at end {meta['load'][1]:.2f} on "
+             f"{meta['ncpu']} CPUs" + (" -- other work was running: timings are noisy, PyTorch's threads most"
+                                       if meta['load'][0] > 0.5 * meta['ncpu'] else ""),
              "- ratio = our GFLOP/s / PyTorch GFLOP/s (above 1: ours is faster); best = fastest config that "
              "passed its check", "",
              "| model | layer | template | x | MFLOP | best config | ours ms | ours GFLOP/s | fallback GFLOP/s "
              "| torch ms | torch GFLOP/s | ratio best | ratio fallback | failed |",
              "| --- | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    best_ratios, fb_ratios, totals = [], [], {}
+    best_ratios, fb_ratios, totals, n_noisy = [], [], {}, 0
     for layer in layers:
         mine = [r for r in rows if r["model"] == layer["model"] and r["layer"] == layer["name"]]
         if not mine:
             continue
         ok = [r for r in mine if r["ok"] and r["median_s"]]
         best = min(ok, key=lambda r: r["median_s"]) if ok else None
-        fb = next((r for r in ok if r["config_label"] == "fallback"), None)
+        fb = next((r for r in ok if r["config_label"].startswith("fallback")), None)
         tm = mine[0]["torch_median_s"]
         flops = mine[0]["_flops"]
-        failed = sum(1 for r in mine if not r["ok"])
+        skipped = all(r["error"].startswith("skipped:") for r in mine)
+        failed = sum(1 for r in mine if not r["ok"] and not r["error"].startswith("skipped:"))
         if best and best["ratio"]:
             best_ratios.append(best["ratio"])
         if fb and fb["ratio"]:
@@ -305,23 +355,39 @@ def summarize(rows: list, layers: list, meta: dict) -> str:
             tot[0] += layer["count"] * best["median_s"]
             tot[1] += layer["count"] * tm
             tot[2] += 1
-        label = best["config_label"] if best else (mine[0]["error"][:60] if failed == len(mine) else "-")
+        noisy = bool(best and best["min_s"] and best["median_s"] > 2 * best["min_s"])
+        noisy |= bool(tm and mine[0]["torch_min_s"] and tm > 2 * mine[0]["torch_min_s"])
+        n_noisy += noisy
+        label = best["config_label"] if best else "(not run: template not available)" if skipped else "(all failed)"
         lines.append(
             f"| {layer['model']} | {layer['name']} | {layer['template']} | {layer['count']} | {flops / 1e6:.1f} "
             f"| {label} | {fmt(best and best['median_s'] * 1e3, '.3f')} | {fmt(best and best['gflops'])} "
             f"| {fmt(fb and fb['gflops'])} | {fmt(tm and tm * 1e3, '.3f')} | {fmt(mine[0]['torch_gflops'])} "
-            f"| {fmt(best and best['ratio'], '.3f')} | {fmt(fb and fb['ratio'], '.3f')} | {failed}/{len(mine)} |")
+            f"| {fmt(best and best['ratio'], '.3f')}{' (noisy)' if noisy else ''} | {fmt(fb and fb['ratio'], '.3f')} "
+            f"| {'-' if skipped else f'{failed}/{len(mine)}'} |")
     g_best, g_fb = geomean(best_ratios), geomean(fb_ratios)
     lines += ["", f"**geometric mean of the ratio, best config: {fmt(g_best, '.3f')}** over {len(best_ratios)} "
               f"layers; fallback config: {fmt(g_fb, '.3f')} over {len(fb_ratios)} layers.", ""]
+    if n_noisy:
+        lines += [f"(noisy): on {n_noisy} layers a median is over twice the minimum of its repeats (ours or "
+                  "PyTorch's, the CSV has both): the CPUs were shared with other work while they ran.", ""]
     for model, (ours, theirs, n, total) in totals.items():
         if n:
             lines.append(f"- {model}: the {n} of {total} layers run here, weighted by count: ours (best) "
                          f"{ours * 1e3:.2f} ms, PyTorch {theirs * 1e3:.2f} ms (ratio {theirs / ours:.3f})")
-    n_fail = sum(1 for r in rows if not r["ok"])
-    if n_fail:
-        lines += ["", f"{n_fail} of {len(rows)} configs failed:", ""]
-        lines += [f"- {r['model']} {r['layer']} `{r['config_label']}`: {r['error']}" for r in rows if not r["ok"]]
+    skipped = [r for r in rows if r["error"].startswith("skipped:")]
+    failed = [r for r in rows if not r["ok"] and r not in skipped]
+    ran = len(rows) - len(skipped)
+    lines += ["", f"{ran - len(failed)} of {ran} configs run passed their check."]
+    if failed:
+        lines += ["", "Failed:", ""]
+        lines += [f"- {r['model']} {r['layer']} `{r['config_label']}`: {r['error']}" for r in failed]
+    if skipped:
+        lines += ["", "Not run (PyTorch only):", ""]
+        lines += [f"- {r['model']} {r['layer']}: {r['error'][len('skipped: '):]}" for r in skipped]
+    notes = [r for r in rows if r.get("note")]
+    if notes:
+        lines += ["", "Notes:", ""] + [f"- {r['model']} {r['layer']} `{r['config_label']}`: {r['note']}" for r in notes]
     return "\n".join(lines) + "\n"
 
 
@@ -431,10 +497,10 @@ def main(argv=None) -> int:
                 cfgs = configs_for(t, wl, info)
             except Exception as e:  # noqa: BLE001
                 terr = f"workload: {short_error(e)}"
-        plans.append((layer, t, wl, cfgs or [("-", None, terr)]))
+        plans.append((layer, t, wl, cfgs or [("-", None, f"skipped: {terr}")]))
 
     progress = Progress(sum(len(c) for *_, c in plans))
-    rows, t_start = [], time.perf_counter()
+    rows, t_start, load0 = [], time.perf_counter(), os.getloadavg()[0]
     rng_torch = np.random.default_rng(args.seed + 1)
     with open(csv_path, "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=CSV_FIELDS, extrasaction="ignore")
@@ -451,21 +517,23 @@ def main(argv=None) -> int:
                         ref_cache["ref"] = _t.reference(w, inp)
                     return ref_cache["ref"]
                 check_t = dataclasses.replace(t, reference=cached_reference)  # one reference per layer
-            for label, cfg, err in cfgs:
+            for label, cfg, note in cfgs:
                 if cfg is None:
-                    r = {"median_s": None, "max_rel_err": None, "ok": False, "error": err or "no config"}
+                    r = {"median_s": None, "min_s": None, "max_rel_err": None, "ok": False,
+                         "error": note or "no config"}
+                    note = ""
                 else:
                     r = run_config(t, wl, cfg, device, inputs, check_t, args.repeats)
-                results.append((label, cfg, r))
+                results.append((label, cfg, r, note))
             # PyTorch after ours, so its OpenMP threads' spin-wait never overlaps our timed kernels
             try:
-                tm = time_torch(torch, torch_layer(torch, layer, rng_torch), max(args.repeats, 5))
+                tm, tmin = time_torch(torch, torch_layer(torch, layer, rng_torch), max(args.repeats, 10))
             except Exception as e:  # noqa: BLE001
-                tm = None
+                tm = tmin = None
                 print(f"warning: PyTorch failed on {layer['model']}.{layer['name']}: {short_error(e)}",
                       file=sys.stderr)
             t_gflops = flops / tm / 1e9 if tm else None
-            for label, cfg, r in results:
+            for label, cfg, r, note in results:
                 gflops = flops / r["median_s"] / 1e9 if r["median_s"] else None
                 row = {
                     "model": layer["model"], "layer": layer["name"], "template": layer["template"],
@@ -476,7 +544,7 @@ def main(argv=None) -> int:
                     "dtype": getattr(wl, "dtype", "float32"),
                     "median_s": r["median_s"], "gflops": gflops, "torch_median_s": tm, "torch_gflops": t_gflops,
                     "ratio": gflops / t_gflops if gflops and t_gflops else None,
-                    "max_rel_err": r["max_rel_err"], "ok": r["ok"], "error": r["error"],
+                    "max_rel_err": r["max_rel_err"], "ok": r["ok"], "error": r["error"], "note": note, "min_s": r["min_s"], "torch_min_s": tmin,
                     "repeats": args.repeats, "torch_threads": threads, "device": device.fingerprint,
                     "_flops": flops,
                 }
@@ -493,7 +561,8 @@ def main(argv=None) -> int:
             "torch": torch.__version__, "torch_threads": threads, "cpu": cpu_name(), "suite": args.suite,
             "filter": f" filtered by `{args.layers}`" if args.layers else "", "repeats": args.repeats,
             "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
-            "elapsed_s": time.perf_counter() - t_start}
+            "elapsed_s": time.perf_counter() - t_start, "load": (load0, os.getloadavg()[0]),
+            "ncpu": os.cpu_count()}
     md = summarize(rows, layers, meta)
     md_path.write_text(md)
     print("\n" + md)

@@ -94,6 +94,8 @@ class OpenCLCodegen:
             if e.name == "texture2d_load":
                 img, x, y = e.args
                 return f"read_imagef({img.name}, sampler, (int2)({self.expr(x)}, {self.expr(y)}))", 0
+            if e.name == "make_vector":
+                return f"({ctype(e.dtype)})({', '.join(self.expr(a) for a in e.args)})", 0
             return f"{e.name}({', '.join(self.expr(a) for a in e.args)})", 0
         raise LoweringError(f"cannot generate OpenCL for {type(e).__name__} {e}")
 

@@ -68,6 +68,17 @@ def mace_argument() -> IndexMap:
     return _named("mace_argument", lambda w: [0, SEP, w // 4, SEP, w % 4])
 
 
+# -- 2-D (dense) operands: rows by columns, packed by 4 along one axis --------------------------------
+def row4() -> IndexMap:
+    """``[A, B]`` packed by 4 along B (the last axis): image rows ``A``, columns ``B/4``."""
+    return _named("row4", lambda a, b: [a, SEP, b // 4, SEP, b % 4])
+
+
+def col4() -> IndexMap:
+    """``[A, B]`` packed by 4 along A: image rows ``A/4``, columns ``B``."""
+    return _named("col4", lambda a, b: [a // 4, SEP, b, SEP, a % 4])
+
+
 # -- packed buffer layouts (1-D after flattening) -------------------------------------------------
 def nchw4c_buffer() -> IndexMap:
     return _named("nchw4c_buffer", lambda n, c, h, w: [n, c // 4, h, w, c % 4])
@@ -77,14 +88,22 @@ def oihw4o_buffer() -> IndexMap:
     return _named("oihw4o_buffer", lambda o, i, h, w: [o // 4, i, h, w, o % 4])
 
 
+def row4_buffer() -> IndexMap:
+    return _named("row4_buffer", lambda a, b: [a, b // 4, b % 4])
+
+
+def col4_buffer() -> IndexMap:
+    return _named("col4_buffer", lambda a, b: [a // 4, b, a % 4])
+
+
 def bias4_buffer() -> IndexMap:
     return _named("bias4_buffer", lambda w: [w // 4, w % 4])
 
 
 LAYOUTS: dict[str, Callable[[], IndexMap]] = {
     f.__name__: f for f in (nchw4c, oihw4o, mace_channel_major, mace_height_major, mace_width_major,
-                            mace_conv2d_filter, mace_depthwise_filter, mace_argument,
-                            nchw4c_buffer, oihw4o_buffer, bias4_buffer)
+                            mace_conv2d_filter, mace_depthwise_filter, mace_argument, row4, col4,
+                            nchw4c_buffer, oihw4o_buffer, row4_buffer, col4_buffer, bias4_buffer)
 }
 
 

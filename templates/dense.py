@@ -1,0 +1,216 @@
+"""Dense (fully connected): ``Y[n, m] = sum_k X[n, k] * Wt[m, k] (+ bias, activation)``, the classifier of a
+model. Inputs and outputs are packed by 4 along their last axis (``row4``: one RGBA pixel holds 4 features);
+weights are packed by 4 along the output axis (``4o``: a pixel holds 4 outputs of one input feature, the
+outer-product form of conv2d 1x1) or along the reduction axis (``4i``: a pixel holds 4 inputs of one output,
+dot products summed across lanes at the end).
+
+At batch 1 a classifier has little parallelism per output, so ``split_k`` work-items of a work-group share
+each output's reduction and combine their partial sums through local memory."""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from tuner.ir.buffer import buffer
+from tuner.ir.builder import Builder
+from tuner.ir.expr import ExtractLane, Ramp, as_expr, call, max_, min_
+from tuner.templates import Template
+from tuner.templates.conv2d_nchw4c import ACTIVATIONS, bias_buffer, texture_scopes
+
+
+@dataclass(frozen=True)
+class DenseWorkload:
+    """Canonical key: data N,K and weight M,K (ONNX Gemm with transB=1), dtype and epilogue."""
+    data: tuple
+    weight: tuple
+    dtype: str = "float32"
+    bias: bool = False
+    activation: str = "none"
+
+    def __post_init__(self):
+        object.__setattr__(self, "data", tuple(int(x) for x in self.data))
+        object.__setattr__(self, "weight", tuple(int(x) for x in self.weight))
+        if len(self.data) != 2 or len(self.weight) != 2 or self.data[1] != self.weight[1]:
+            raise ValueError(f"dense wants data N,K and weight M,K with the same K; got {list(self.data)} and "
+                             f"{list(self.weight)}")
+        if min(self.data + self.weight) < 1:
+            raise ValueError(f"dense shapes must be positive: {list(self.data)}, {list(self.weight)}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation {self.activation!r} not in {ACTIVATIONS}")
+        if self.dtype not in ("float32", "float16"):
+            raise ValueError(f"dtype {self.dtype!r}: float32 or float16 storage")
+
+    @property
+    def out_shape(self) -> tuple:
+        return self.data[0], self.weight[0]
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.data[0] * self.weight[0] * self.data[1]
+
+    def key(self) -> dict:
+        return {"op": "dense", **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}}
+
+
+@dataclass(frozen=True)
+class DenseConfig:
+    """One value per knob of ``search_space/dense.toml``."""
+    tile_m: int = 1  # output blocks of 4 per work-item
+    tile_n: int = 1  # rows (batch) per work-item
+    wg_m: int = 32  # work-group size along output blocks
+    split_k: int = 1  # work-items sharing one reduction (partial sums combined in local memory)
+    unroll_k: int = 1  # reduction steps unrolled
+    vec_load: int = 4  # buffer input loads: float4 per 4 features, or one scalar per feature (4o only)
+    weight_pack: str = "4o"  # weights packed by 4 along outputs (4o) or the reduction (4i)
+    input_scope: str = "texture"
+    weight_scope: str = "texture"
+    output_scope: str = "texture"
+
+
+def _declare(name, shape, dtype, scope, texture_layout, buffer_layout, weight=False):
+    if scope == "texture":
+        return buffer(name, shape, dtype, "texture:weight" if weight else "texture", texture_layout)
+    if scope == "buffer":
+        return buffer(name, shape, dtype, "global", buffer_layout)
+    raise ValueError(f"scope {scope!r}: texture or buffer")
+
+
+def dense(wl: DenseWorkload, cfg: DenseConfig):
+    (N, K), (M, _) = wl.data, wl.weight
+    KB, MB = -(-K // 4), -(-M // 4)
+    w_layout = "col4" if cfg.weight_pack == "4o" else "row4"
+    X = _declare("X", wl.data, wl.dtype, cfg.input_scope, "row4", "row4_buffer")
+    Wt = _declare("Wt", wl.weight, wl.dtype, cfg.weight_scope, w_layout, f"{w_layout}_buffer", weight=True)
+    Y = _declare("Y", wl.out_shape, wl.dtype, cfg.output_scope, "row4", "row4_buffer")
+    B = bias_buffer(M, wl.dtype, cfg.weight_scope) if wl.bias else None
+    params = [p for p in (X, Wt, B, Y) if p is not None]
+
+    t_m, t_n, sk, uk = cfg.tile_m, cfg.tile_n, cfg.split_k, cfg.unroll_k
+    n_mt, n_nt = -(-MB // t_m), -(-N // t_n)
+    steps = -(-KB // sk)  # reduction steps of one work-item
+    ragged = steps * sk != KB or steps % uk != 0
+    tiles = [(t, y) for t in range(t_m) for y in range(t_n)]
+    b = Builder()
+    with b.loop("gn", n_nt, "group.1") as gn, b.loop("tk", sk, "local.1") as tk, \
+            b.loop("gm", -(-n_mt // cfg.wg_m), "group.0") as gm, b.loop("tm", cfg.wg_m, "local.0") as tm:
+        mt, n0 = gm * cfg.wg_m + tm, gn * t_n
+        lanes_acc = 4 if cfg.weight_pack == "4i" else 1  # 4i: one float4 of products per output
+        acc = b.allocate("acc", (len(tiles) * lanes_acc,), "float32x4", "private")
+        for i in range(len(tiles) * lanes_acc):
+            b.store(acc, i, 0.0)
+        with b.loop("jo", -(-steps // uk)) as jo, b.loop("ji", uk, "unrolled") as ji:
+            kb = (jo * uk + ji) * sk + tk  # interleaved: neighbouring work-items read neighbouring blocks
+            with b.if_(kb < KB) if ragged else nullcontext():
+                rows = {y: min_(n0 + y, N - 1) for y in range(t_n)}
+                vector_x = cfg.vec_load == 4 or cfg.input_scope == "texture" or cfg.weight_pack == "4i"
+                xv = {y: b.let(f"x{y}", X[rows[y], Ramp(kb * 4, as_expr(1), 4)]) for y in range(t_n)} \
+                    if vector_x else {}
+                if cfg.weight_pack == "4o":
+                    for ki in range(4):
+                        k = kb * 4 + ki
+                        # lanes past K exist only in the last block; the 4o weights do not pad K
+                        with b.if_(kb < KB - 1) if ki >= K % 4 > 0 else nullcontext():
+                            xs = {y: ExtractLane(xv[y], ki) if vector_x else b.let(f"x{y}_{ki}", X[rows[y], k])
+                                  for y in range(t_n)}
+                            for t in range(t_m):
+                                mb = min_(mt * t_m + t, MB - 1)
+                                w = b.let(f"w{t}_{ki}", Wt[Ramp(mb * 4, as_expr(1), 4), k])
+                                for i, (tt, y) in enumerate(tiles):
+                                    if tt == t:
+                                        b.store(acc, i, acc[i] + xs[y] * w)
+                else:
+                    for t in range(t_m):
+                        for mi in range(4):
+                            m = min_((mt * t_m + t) * 4 + mi, M - 1)  # rows past M are padding lanes
+                            w = b.let(f"w{t}_{mi}", Wt[m, Ramp(kb * 4, as_expr(1), 4)])
+                            for i, (tt, y) in enumerate(tiles):
+                                if tt == t:
+                                    j = i * 4 + mi
+                                    b.store(acc, j, acc[j] + xv[y] * w)
+        if cfg.weight_pack == "4i":  # lane sums: one float4 of 4 outputs per tile entry
+            sums = [call("make_vector", [_hsum(acc[i * 4 + mi]) for mi in range(4)], "float32x4")
+                    for i in range(len(tiles))]
+        else:
+            sums = [acc[i] for i in range(len(tiles))]
+        if sk > 1:
+            part = b.allocate("part", (sk * cfg.wg_m * len(tiles),), "float32x4", "local")
+            for i, v in enumerate(sums):
+                b.store(part, (tk * cfg.wg_m + tm) * len(tiles) + i, v)
+            b.barrier()
+        with b.if_(tk < 1) if sk > 1 else nullcontext():  # one work-item per output stores it
+            for i, (t, y) in enumerate(tiles):
+                v = sums[i]
+                if sk > 1:
+                    v = part[tm * len(tiles) + i]
+                    for j in range(1, sk):
+                        v = v + part[(j * cfg.wg_m + tm) * len(tiles) + i]
+                mb, n = mt * t_m + t, n0 + y
+                with b.if_((mb < MB) & (n < N)):
+                    lanes = Ramp(mb * 4, as_expr(1), 4)
+                    if B is not None:
+                        v = v + B[lanes]
+                    if wl.activation in ("relu", "relu6"):
+                        v = max_(v, 0.0)
+                    if wl.activation == "relu6":
+                        v = min_(v, 6.0)
+                    b.store(Y, (n, lanes), v)
+    return b.kernel("dense", params)
+
+
+def _hsum(v):
+    return ExtractLane(v, 0) + ExtractLane(v, 1) + ExtractLane(v, 2) + ExtractLane(v, 3)
+
+
+def reference(wl: DenseWorkload, x, w, bias=None) -> np.ndarray:
+    out = x.astype(np.float64) @ w.astype(np.float64).T
+    if bias is not None:
+        out += bias.astype(np.float64)[None, :]
+    if wl.activation in ("relu", "relu6"):
+        out = np.maximum(out, 0)
+    if wl.activation == "relu6":
+        out = np.minimum(out, 6)
+    return out
+
+
+def random_inputs(wl: DenseWorkload, rng) -> dict:
+    draw = lambda shape: rng.standard_normal(shape).astype(wl.dtype)  # noqa: E731
+    inputs = {"X": draw(wl.data), "Wt": draw(wl.weight)}
+    if wl.bias:
+        inputs["B"] = draw(wl.weight[:1])
+    return inputs
+
+
+def space_vars(wl: DenseWorkload) -> dict:
+    (N, K), (M, _) = wl.data, wl.weight
+    return dict(N=N, K=K, M=M, KB=-(-K // 4), MB=-(-M // 4), data=wl.data, weight=wl.weight,
+                out=wl.out_shape, bias=wl.bias)
+
+
+VARIABLES = dict(N="rows (batch)", K="input features (reduction)", M="output features",
+                 KB="input-feature blocks of 4", MB="output-feature blocks of 4", data="data shape N,K",
+                 weight="weight shape M,K", out="output shape N,M", bias="fused bias")
+
+
+def fallback(wl: DenseWorkload, info) -> DenseConfig:
+    """4o weights, one output block per work-item; at batch 1 the reduction is split over up to 8
+    work-items so that a classifier fills the device; textures on GPUs that can hold the tensors."""
+    v = space_vars(wl)
+    scope = texture_scopes(wl, info, [("row4", wl.data), ("row4", wl.out_shape), ("col4", wl.weight)])
+    split_k = 1
+    while split_k < 8 and split_k * 2 <= v["KB"] // 8 and v["N"] == 1:
+        split_k *= 2
+    wg_m = 1
+    while wg_m < 64 and wg_m < v["MB"] and wg_m * 2 * split_k <= info.max_work_group_size:
+        wg_m *= 2
+    return DenseConfig(tile_m=1, tile_n=1, wg_m=wg_m, split_k=split_k, unroll_k=1, vec_load=4, weight_pack="4o",
+                       input_scope=scope, weight_scope=scope, output_scope=scope)
+
+
+def _reference(wl, inputs):
+    return reference(wl, inputs["X"], inputs["Wt"], inputs.get("B"))
+
+
+TEMPLATE = Template("dense", DenseWorkload, DenseConfig, dense, _reference, random_inputs, fallback, space_vars,
+                    VARIABLES)

@@ -1,0 +1,207 @@
+"""Depthwise conv2d (channel multiplier 1) over NCHW4c activations: each channel block of 4 (one RGBA pixel)
+is filtered by its own 4-lane weight pixels, elementwise. Weights are logical ``[C, 1, R, S]`` packed by 4
+along C, by the MACE depthwise-filter mapping or OIHW4o's (the same pixels when the multiplier is 1).
+
+With the window unrolled, each work-item loads every input pixel of a filter row once and reuses it for
+all the taps and output columns of its tile that read it (MACE's depthwise schedule)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from tuner.ir.buffer import buffer
+from tuner.ir.builder import Builder
+from tuner.ir.expr import Ramp, as_expr, min_, select
+from tuner.ir.schedule import cache_read
+from tuner.templates import Template
+from tuner.templates.conv2d_nchw4c import (Conv2dWorkload, bias_buffer, clamp, fit_work_group,
+                                           scope_layout, store_tile, texture_scopes)
+
+
+@dataclass(frozen=True)
+class DepthwiseWorkload:
+    """Canonical key of a depthwise convolution: data N,C,H,W and kernel C,1,R,S."""
+    data: tuple
+    kernel: tuple
+    stride: tuple = (1, 1)
+    padding: tuple = (0, 0, 0, 0)
+    dilation: tuple = (1, 1)
+    dtype: str = "float32"
+    bias: bool = False
+    activation: str = "none"
+    residual: bool = False
+
+    def __post_init__(self):
+        # share conv2d's normalisation and checks through an equivalent grouped description
+        if len(tuple(self.data)) != 4 or len(tuple(self.kernel)) != 4:
+            raise ValueError(f"depthwise_conv2d wants data N,C,H,W and kernel C,1,R,S; got {self.data} "
+                             f"and {self.kernel}")
+        data, kernel = tuple(int(x) for x in self.data), tuple(int(x) for x in self.kernel)
+        if kernel[0] != data[1] or kernel[1] != 1:
+            raise ValueError(f"depthwise_conv2d (multiplier 1) wants kernel {data[1]},1,R,S for {data[1]} "
+                             f"channels; got {list(kernel)}")
+        probe = Conv2dWorkload((data[0], 1, *data[2:]), (1, 1, *kernel[2:]), self.stride, self.padding,
+                               self.dilation, dtype=self.dtype, activation=self.activation)
+        for name in ("stride", "padding", "dilation"):
+            object.__setattr__(self, name, getattr(probe, name))
+        object.__setattr__(self, "data", data)
+        object.__setattr__(self, "kernel", kernel)
+
+    @property
+    def out_shape(self) -> tuple:
+        N, C, H, W = self.data
+        _, _, R, S = self.kernel
+        (sh, sw), (dh, dw), (pt, pl, pb, pr) = self.stride, self.dilation, self.padding
+        return N, C, (H + pt + pb - dh * (R - 1) - 1) // sh + 1, (W + pl + pr - dw * (S - 1) - 1) // sw + 1
+
+    @property
+    def flops(self) -> int:
+        N, C, OH, OW = self.out_shape
+        return 2 * N * C * OH * OW * self.kernel[2] * self.kernel[3]
+
+    def key(self) -> dict:
+        return {"op": "depthwise_conv2d",
+                **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}}
+
+
+@dataclass(frozen=True)
+class DepthwiseConfig:
+    """One value per knob of ``search_space/depthwise_conv2d.toml``."""
+    tile_cb: int = 1  # channel blocks of 4 per work-item
+    tile_oh: int = 1
+    tile_ow: int = 2
+    wg_w: int = 8
+    wg_h: int = 1
+    unroll_rs: bool = True  # unrolled window: each input pixel of a filter row is loaded once per tile
+    input_scope: str = "texture"
+    weight_scope: str = "texture"
+    output_scope: str = "texture"
+    act_layout: str = "nchw4c"
+    weight_layout: str = "mace_depthwise_filter"  # or oihw4o
+    cache_input: bool = False
+
+
+def depthwise_conv2d_nchw4c(wl: DepthwiseWorkload, cfg: DepthwiseConfig):
+    (N, C, H, W), (_, _, R, S) = wl.data, wl.kernel
+    _, _, OH, OW = wl.out_shape
+    (sh, sw), (dh, dw), (pt, pl, _, _) = wl.stride, wl.dilation, wl.padding
+    CB = -(-C // 4)
+    in_scope, in_layout = scope_layout(cfg.input_scope, cfg.act_layout, "nchw4c_buffer")
+    w_scope, w_layout = scope_layout(cfg.weight_scope, cfg.weight_layout, "oihw4o_buffer", weight=True)
+    out_scope, out_layout = scope_layout(cfg.output_scope, cfg.act_layout, "nchw4c_buffer")
+    X = buffer("X", wl.data, wl.dtype, in_scope, in_layout)
+    Wt = buffer("Wt", wl.kernel, wl.dtype, w_scope, w_layout)
+    Y = buffer("Y", wl.out_shape, wl.dtype, out_scope, out_layout)
+    B = bias_buffer(C, wl.dtype, cfg.weight_scope) if wl.bias else None
+    Res = buffer("Res", wl.out_shape, wl.dtype, out_scope, out_layout) if wl.residual else None
+    params = [p for p in (X, Wt, B, Res, Y) if p is not None]
+
+    t_cb, t_oh, t_ow = cfg.tile_cb, cfg.tile_oh, cfg.tile_ow
+    n_cb, n_oh, n_ow = -(-CB // t_cb), -(-OH // t_oh), -(-OW // t_ow)
+    b = Builder()
+    with b.loop("nb", N * n_cb, "group.2") as nb, b.loop("gh", -(-n_oh // cfg.wg_h), "group.1") as gh, \
+            b.loop("th", cfg.wg_h, "local.1") as th, b.loop("gw", -(-n_ow // cfg.wg_w), "group.0") as gw, \
+            b.loop("tw", cfg.wg_w, "local.0") as tw:
+        n, cbb = nb // n_cb, nb % n_cb
+        oh0, ow0 = (gh * cfg.wg_h + th) * t_oh, (gw * cfg.wg_w + tw) * t_ow
+        acc = b.allocate("acc", (t_cb * t_oh * t_ow,), "float32x4", "private")
+        for i in range(t_cb * t_oh * t_ow):
+            b.store(acc, i, 0.0)
+
+        def pixel(name, cb, ih, iw):
+            inside = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            return b.let(name, select(inside, X[n, Ramp(cb * 4, as_expr(1), 4), clamp(ih, H), clamp(iw, W)], 0.0))
+
+        with b.loop("r", R, "unrolled" if cfg.unroll_rs else "serial") as r:
+            for k in range(t_cb):
+                cb = min_(cbb * t_cb + k, CB - 1)  # a partial last tile recomputes the last block
+                lanes = Ramp(cb * 4, as_expr(1), 4)
+                for y in range(t_oh):
+                    ih = (oh0 + y) * sh - pt + r * dh
+                    if cfg.unroll_rs:  # the distinct input columns of this row, each loaded once
+                        cols = sorted({x * sw + s * dw for x in range(t_ow) for s in range(S)})
+                        pix = {d: pixel(f"x{k}_{y}_{d}", cb, ih, ow0 * sw - pl + d) for d in cols}
+                        for s in range(S):
+                            w = b.let(f"w{k}_{y}_{s}", Wt[lanes, 0, r, s])
+                            for x in range(t_ow):
+                                i = (k * t_oh + y) * t_ow + x
+                                b.store(acc, i, acc[i] + pix[x * sw + s * dw] * w)
+                    else:
+                        with b.loop("s", S) as s:
+                            w = b.let(f"w{k}_{y}", Wt[lanes, 0, r, s])
+                            for x in range(t_ow):
+                                i = (k * t_oh + y) * t_ow + x
+                                v = pixel(f"x{k}_{y}_{x}", cb, ih, (ow0 + x) * sw - pl + s * dw)
+                                b.store(acc, i, acc[i] + v * w)
+        store_tile(b, acc, Y, n, cbb, oh0, ow0, (t_cb, t_oh, t_ow), (CB, OH, OW), wl, B, Res)
+    kernel = b.kernel("depthwise_conv2d_nchw4c", params)
+    return cache_read(kernel, X, "texture", cfg.act_layout) if cfg.cache_input else kernel
+
+
+def reference(wl: DepthwiseWorkload, x, w, bias=None, residual=None) -> np.ndarray:
+    """NumPy depthwise conv2d in float64."""
+    N, C, H, W = wl.data
+    _, _, R, S = wl.kernel
+    _, _, OH, OW = wl.out_shape
+    (sh, sw), (dh, dw), (pt, pl, pb, pr) = wl.stride, wl.dilation, wl.padding
+    xp = np.zeros((N, C, H + pt + pb, W + pl + pr))
+    xp[:, :, pt:pt + H, pl:pl + W] = x
+    out = np.zeros((N, C, OH, OW))
+    for r in range(R):
+        for s in range(S):
+            patch = xp[:, :, r * dh: r * dh + sh * (OH - 1) + 1: sh, s * dw: s * dw + sw * (OW - 1) + 1: sw]
+            out += patch * w[:, 0, r, s].astype(np.float64)[None, :, None, None]
+    if bias is not None:
+        out += bias.astype(np.float64)[None, :, None, None]
+    if wl.activation in ("relu", "relu6"):
+        out = np.maximum(out, 0)
+    if wl.activation == "relu6":
+        out = np.minimum(out, 6)
+    if residual is not None:
+        out += residual
+    return out
+
+
+def random_inputs(wl: DepthwiseWorkload, rng) -> dict:
+    draw = lambda shape: rng.standard_normal(shape).astype(wl.dtype)  # noqa: E731
+    inputs = {"X": draw(wl.data), "Wt": draw(wl.kernel)}
+    if wl.bias:
+        inputs["B"] = draw(wl.kernel[:1])
+    if wl.residual:
+        inputs["Res"] = draw(wl.out_shape)
+    return inputs
+
+
+def space_vars(wl: DepthwiseWorkload) -> dict:
+    N, C, H, W = wl.data
+    _, _, OH, OW = wl.out_shape
+    return dict(N=N, C=C, H=H, W=W, R=wl.kernel[2], S=wl.kernel[3], OH=OH, OW=OW, CB=-(-C // 4),
+                data=wl.data, kernel=wl.kernel, out=wl.out_shape, bias=wl.bias, residual=wl.residual)
+
+
+VARIABLES = dict(N="batch", C="channels", H="input height", W="input width", R="kernel height",
+                 S="kernel width", OH="output height", OW="output width", CB="channel blocks of 4",
+                 data="data shape NCHW", kernel="kernel shape C,1,R,S", out="output shape NCHW",
+                 bias="fused bias", residual="fused residual add")
+
+
+def fallback(wl: DepthwiseWorkload, info) -> DepthwiseConfig:
+    """One channel block by up to 4 output columns per work-item, window unrolled, a 16x4 work-group
+    trimmed to the output; textures on GPUs that can hold the tensors."""
+    v = space_vars(wl)
+    scope = texture_scopes(wl, info, [("nchw4c", wl.data), ("nchw4c", wl.out_shape),
+                                      ("mace_depthwise_filter", wl.kernel)])
+    tile_ow = 4 if v["OW"] >= 8 else 2 if v["OW"] >= 2 else 1
+    wg_w, wg_h = fit_work_group(-(-v["OW"] // tile_ow), v["OH"], info)
+    return DepthwiseConfig(tile_cb=1, tile_oh=1, tile_ow=tile_ow, wg_w=wg_w, wg_h=wg_h,
+                           unroll_rs=v["R"] * v["S"] <= 25, input_scope=scope, weight_scope=scope,
+                           output_scope=scope)
+
+
+def _reference(wl, inputs):
+    return reference(wl, inputs["X"], inputs["Wt"], inputs.get("B"), inputs.get("Res"))
+
+
+TEMPLATE = Template("depthwise_conv2d", DepthwiseWorkload, DepthwiseConfig, depthwise_conv2d_nchw4c, _reference,
+                    random_inputs, fallback, space_vars, VARIABLES)
