@@ -9,7 +9,9 @@ caller can tell which case a diagnostic belongs to.
 Input: a JSON list of cases, from the file named by argv[1], or stdin when there is no argument (or "-").
 
 * operator case: ``{"template": "conv2d", "workload": {...}, "config": {...}, "label": "..."}``
-  builds ``get_template(name)`` with ``workload(**workload)`` / ``config(**config)``, runs it on random
+  builds ``get_template(name)`` with ``workload(**workload)`` / ``config(**config)`` (or, with
+  ``"sample": {"seed": s, "fixed": {knob: value}}``, a random valid config of the template's search space
+  for the Oclgrind device), runs it on random
   inputs with its output pre-filled with NaN (an element the kernel never writes fails the comparison) and
   compares with the template's NumPy reference.
 * probe case: ``{"probe": {"source": ..., "kernel": ..., "global_size": [...], "local_size": [...] | null,
@@ -17,11 +19,12 @@ Input: a JSON list of cases, from the file named by argv[1], or stdin when there
   every buffer is float32 of ``size`` elements, ``init`` ones are filled with 1.0 from the host, the others
   are left uninitialized.
 
-Output: one JSON line per case on stdout: ``{"index", "label", "kind", "error", "tolerance", "via",
+Output: one JSON line per case on stdout: ``{"index", "label", "kind", "error", "tolerance", "config",
 "source"}`` (``exception`` with a traceback instead when the case raised).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -84,71 +87,24 @@ def _marker(i: int, label: str) -> None:
     os.write(2, f"@@ case {i}: {label}\n".encode())
 
 
-class _Conv2dFallback:
-    """conv2d through ``templates/conv2d_nchw4c.py`` directly, for while the template registry cannot be
-    imported yet (it wants the depthwise and dense modules too). Same interface as ``Template``."""
-    name = "conv2d"
-    output = "Y"
-
-    def __init__(self):
-        from tuner.templates import conv2d_nchw4c as m
-        self.m = m
-        self.workload, self.config = m.Conv2dWorkload, m.Conv2dConfig
-
-    def build(self, wl, cfg):
-        return self.m.conv2d_nchw4c(wl, cfg)
-
-    def random_inputs(self, wl, rng):
-        inputs = {"X": rng.standard_normal(wl.data).astype(wl.dtype),
-                  "Wt": rng.standard_normal(wl.kernel).astype(wl.dtype)}
-        if wl.bias:
-            inputs["B"] = rng.standard_normal(wl.kernel[0]).astype(wl.dtype)
-        if wl.residual:
-            inputs["Res"] = rng.standard_normal(wl.out_shape).astype(wl.dtype)
-        return inputs
-
-    def reference(self, wl, inputs):
-        return self.m.reference(wl, inputs["X"], inputs["Wt"], inputs.get("B"), inputs.get("Res"))
-
-    def tolerance(self, wl):
-        return 1e-2 if wl.dtype == "float16" else 1e-4
-
-    def check(self, wl, outputs, inputs):
-        ref = self.reference(wl, inputs)
-        got = np.asarray(outputs[self.output], dtype=np.float64)
-        if got.shape != ref.shape:
-            raise ValueError(f"conv2d: output shape {got.shape}, reference {ref.shape}")
-        return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
-
-
-def template(name: str):
-    """``(template, via)``: the registry's template; for conv2d while the registry cannot be imported (it
-    imports every template module), the module's ``TEMPLATE``, else the hand-made fallback."""
-    try:
-        from tuner.templates import get_template
-        return get_template(name), "registry"
-    except (ImportError, AttributeError):
-        if name != "conv2d":
-            raise
-    try:
-        from tuner.templates.conv2d_nchw4c import TEMPLATE
-        return TEMPLATE, "module"
-    except ImportError:
-        return _Conv2dFallback(), "fallback"
-
-
 def run_operator(case: dict, device, rng) -> dict:
     from tuner.runtime.launch import build
-    t, via = template(case["template"])
+    from tuner.templates import get_template
+    t = get_template(case["template"])
     wl = t.workload(**case.get("workload", {}))
-    cfg = t.config(**case.get("config", {}))
+    if "sample" in case:  # a random valid config of the search space, drawn for this (Oclgrind) device
+        sample = case["sample"]
+        space = t.space(wl, device, **sample.get("fixed", {}))
+        cfg = t.make_config(space.sample(np.random.default_rng(sample["seed"])))
+    else:
+        cfg = t.config(**case.get("config", {}))
     exe = build(t.build(wl, cfg), device)
     inputs = t.random_inputs(wl, rng)
     ref_shape = np.shape(t.reference(wl, inputs))
     poison = {t.output: np.full(ref_shape, np.nan, dtype=wl.dtype)}  # unwritten outputs stay NaN
     outputs = exe(**inputs, **poison)
     err = t.check(wl, outputs, inputs)
-    return {"error": err, "tolerance": t.tolerance(wl), "via": via, "source": exe.source}
+    return {"error": err, "tolerance": t.tolerance(wl), "config": dataclasses.asdict(cfg), "source": exe.source}
 
 
 def run_probe(probe: dict, device) -> dict:

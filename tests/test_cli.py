@@ -78,3 +78,57 @@ def test_demo_runs_every_example(capsys):
 def test_unknown_example_exits_2(capsys):
     assert main(["example", "nope"]) == 2
     assert "unknown example 'nope'; examples: addone" in capsys.readouterr().err
+
+
+def test_op_check_and_time_every_template(capsys):
+    for argv in (["conv2d", "--data", "1,5,9,8", "--kernel", "6,5,3,3", "--padding", "1", "--bias",
+                  "--activation", "relu6"],
+                 ["depthwise_conv2d", "--data", "2,6,8,8", "--kernel", "6,1,3,3", "--stride", "2",
+                  "--padding", "1,0,1,1", "--dtype", "float16", "--residual"],
+                 ["dense", "--data", "1,37", "--weight", "10,37", "--bias"]):
+        assert main(["op", *argv, "--check", "--time", "--repeats", "2", "-d", "pocl"]) == 0
+        out = capsys.readouterr().out
+        assert "check: max relative error" in out and out.rstrip().endswith("GFLOP/s")
+        assert " ok" in out
+
+
+def test_op_json_config_and_source(capsys):
+    argv = ["op", "conv2d", "--data", "1,8,6,6", "--kernel", "8,8,1,1", "--scope", "texture", "--config",
+            '{"tile_oc": 2, "tile_ow": 2}', "--check", "--json", "--show-source", "-d", "pocl"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "read_imagef(X, sampler" in out
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["config"]["tile_oc"] == 2 and result["config"]["input_scope"] == "texture"
+    assert result["max_rel_error"] < 1e-4 and result["workload"]["op"] == "conv2d"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["op", "conv2d", "--data", "1,8,6,6", "--kernel", "8,8,3,3", "--config", '{"tile_ow": 3}'],
+     "tile_ow: 3 not in [1, 2, 4, 8]"),
+    (["op", "conv2d", "--data", "1,8,6,6", "--kernel", "8,8,3,3", "--config", '{"tile_ow": 8}'],
+     "tile_ow_fits: tile_ow <= OW"),
+    (["op", "conv2d", "--data", "1,8,6,6", "--kernel", "8,8,3,3", "--config", '{"tiles": 8}'],
+     "unknown knob 'tiles'"),
+    (["op", "conv2d", "--data", "1,8,6,6", "--kernel", "8,8,3,3", "--config", "{bad"], "--config is not valid JSON"),
+    (["op", "conv2d", "--data", "1,8,6,6", "--kernel", "8,4,3,3"], "groups=1 with kernel C == data C"),
+    (["op", "conv2d", "--data", "1,8,x,6", "--kernel", "8,8,3,3"], "--data must be comma-separated integers"),
+    (["op", "conv2d", "--data", "1,8,2,2", "--kernel", "8,8,3,3"], "output (1, 8, 0, 0) is empty"),
+    (["op", "depthwise_conv2d", "--data", "1,8,6,6", "--kernel", "8,2,3,3"], "kernel 8,1,R,S"),
+    (["op", "dense", "--data", "1,64"], "dense needs --weight M,K"),
+    (["op", "dense", "--data", "1,64", "--weight", "10,32"], "the same K"),
+    (["space", "conv2d", "--file", "missing.toml"], "no search space"),
+])
+def test_op_and_space_errors_exit_2_naming_the_problem(capsys, argv, message):
+    assert main([*argv, "-d", "pocl"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and "Traceback" not in err
+
+
+def test_space_reports_knobs_constraints_and_size(capsys):
+    assert main(["space", "depthwise_conv2d", "--data", "1,32,56,56", "--kernel", "32,1,3,3", "--padding", "1",
+                 "--scope", "buffer", "-d", "pocl"]) == 0
+    out = capsys.readouterr().out
+    assert "tile_cb" in out and "work_group" in out and "unconstrained size:" in out
+    valid = int(out.rsplit(":", 1)[1].replace(",", ""))
+    assert 0 < valid < int(out.split("unconstrained size:")[1].split()[0].replace(",", ""))

@@ -47,3 +47,35 @@ def test_workload_key_and_flops():
     assert wl.key()["padding"] == [1, 1, 1, 1] and wl.key()["op"] == "conv2d"
     with pytest.raises(ValueError, match="groups=1"):
         Conv2dWorkload((1, 8, 4, 4), (8, 1, 3, 3))
+
+
+def test_one_template_body_yields_texture_and_buffer_source():
+    """The same conv2d_nchw4c definition: texture scopes give image parameters and image reads/writes,
+    buffer scopes vector loads and stores."""
+    from tuner.codegen.opencl import program_source
+    from tuner.lower import lower
+    wl = Conv2dWorkload((1, 8, 6, 6), (8, 8, 3, 3), 1, 1, bias=True)
+    tex = program_source(lower(conv2d_nchw4c(wl, Conv2dConfig())))
+    buf = program_source(lower(conv2d_nchw4c(wl, Conv2dConfig(**BUFFERS))))
+    for name in ("X", "Wt", "B"):
+        assert f"__read_only image2d_t {name}" in tex and f"read_imagef({name}, sampler" in tex
+    assert "__write_only image2d_t Y" in tex and "write_imagef(Y, (int2)(" in tex
+    assert "vload4(" not in tex and "image2d_t" not in buf
+    assert "__global const float* restrict X" in buf or "__global const float* X" in buf
+    assert "vload4(" in buf and "vstore4(" in buf and "read_imagef" not in buf
+
+
+@pytest.mark.parametrize("knobs", [dict(vec_load=1, **BUFFERS), dict(split_c=2, tile_oh=2, wg_h=2),
+                                   dict(input_scope="buffer", cache_input=True, act_layout="mace_channel_major")],
+                         ids=["scalar input loads", "reduction split", "A0 input copy into a texture"])
+def test_conv2d_knobs_change_the_kernel_not_the_result(device, rng, knobs):
+    wl = Conv2dWorkload((2, 8, 7, 6), (6, 8, 3, 3), 1, 1, bias=True, activation="relu")
+    exe = build(conv2d_nchw4c(wl, Conv2dConfig(**knobs)), device)
+    if knobs.get("cache_input"):
+        assert len(exe.program.kernels) == 2 and "write_imagef" in exe.source  # the A0 shuffle kernel
+    if knobs.get("vec_load") == 1:
+        assert ", X)" not in exe.source and "= X[" in exe.source  # scalar loads of X, no vload4(i, X)
+    x, w, bias = (rng.standard_normal(s).astype(np.float32) for s in (wl.data, wl.kernel, (6,)))
+    y = exe(X=x, Wt=w, B=bias)["Y"]
+    ref = reference(wl, x, w, bias)
+    assert np.abs(y - ref).max() / np.abs(ref).max() < 1e-4

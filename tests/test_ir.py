@@ -591,7 +591,7 @@ def test_group_shape():
 
 
 # shapes that are not multiples of 4 in every axis, for each layout's rank
-_ODD_SHAPES = {1: [(7,), (1,), (9,)], 4: [(2, 5, 3, 7), (1, 3, 1, 1), (3, 9, 2, 5)]}
+_ODD_SHAPES = {1: [(7,), (1,), (9,)], 2: [(3, 7), (1, 1), (9, 6)], 4: [(2, 5, 3, 7), (1, 3, 1, 1), (3, 9, 2, 5)]}
 
 
 def _layout_cases():

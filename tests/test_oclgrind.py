@@ -81,7 +81,36 @@ CASES = [
      "template": "conv2d",
      "workload": {"data": (2, 6, 3, 5), "kernel": (5, 6, 1, 1)},
      "config": {"act_layout": "mace_channel_major", "weight_layout": "mace_conv2d_filter", "tile_ow": 2}},
+    {"label": "depthwise texture: C=6 3x3 stride 2 pad 1, bias+relu6, tile_ow=2 over OW=4, tile_cb=2",
+     "template": "depthwise_conv2d",
+     "workload": {"data": (1, 6, 7, 8), "kernel": (6, 1, 3, 3), "stride": 2, "padding": 1, "bias": True,
+                  "activation": "relu6"},
+     "config": {"tile_ow": 2, "tile_cb": 2}},
+    {"label": "depthwise buffer: C=5 5x5 asymmetric pad, residual, serial window, batch 2",
+     "template": "depthwise_conv2d",
+     "workload": {"data": (2, 5, 6, 6), "kernel": (5, 1, 5, 5), "padding": (2, 1, 2, 3), "residual": True},
+     "config": {"unroll_rs": False, "tile_ow": 2, "wg_w": 2, **BUFFERS}},
+    {"label": "dense texture: K=37 M=10 (neither a multiple of 4), bias, 4o weights, split_k=2",
+     "template": "dense",
+     "workload": {"data": (1, 37), "weight": (10, 37), "bias": True},
+     "config": {"weight_pack": "4o", "split_k": 2, "wg_m": 2}},
+    {"label": "dense buffer: N=3 K=30 M=9, relu6, 4i weights, tile_n=2, split_k=4 (local-memory combine)",
+     "template": "dense",
+     "workload": {"data": (3, 30), "weight": (9, 30), "activation": "relu6"},
+     "config": {"weight_pack": "4i", "tile_n": 2, "split_k": 4, "wg_m": 2, **BUFFERS}},
 ]
+
+# Random valid configs drawn from each template's search space (on the Oclgrind device), for texture and
+# buffer scopes: the knob combinations nobody picked by hand.
+SAMPLED_WORKLOADS = {
+    "conv2d": {"data": (1, 5, 6, 7), "kernel": (6, 5, 3, 3), "padding": 1, "bias": True, "activation": "relu"},
+    "depthwise_conv2d": {"data": (1, 7, 6, 5), "kernel": (7, 1, 3, 3), "stride": 2, "padding": 1,
+                         "residual": True},
+    "dense": {"data": (2, 21), "weight": (11, 21), "bias": True},
+}
+CASES += [{"label": f"{name} sampled config, {scope} scopes, seed {seed}", "template": name, "workload": wl,
+           "sample": {"seed": seed, "fixed": {f"{k}_scope": scope for k in ("input", "weight", "output")}}}
+          for name, wl in SAMPLED_WORKLOADS.items() for scope in ("texture", "buffer") for seed in (1, 2)]
 
 # Oclgrind's diagnostics (the first line of each report). Everything else it prints for a kernel carries a
 # "Kernel:" line and is treated as a failure too (UNKNOWN).
@@ -174,6 +203,7 @@ def _describe(row: dict, found: list, limit: int = 3) -> str:
 
 def test_operator_kernels_are_clean_under_oclgrind():
     rows, reports = run_oclgrind(CASES)
+    assert {row["device"] for row in rows} == {"Oclgrind Simulator"}
     problems = []
     for row in rows:
         if "exception" in row:
@@ -216,7 +246,7 @@ def test_oclgrind_detects(probe, expected):
         assert not kinds, f"unexpected Oclgrind reports {kinds}:\n" + "\n\n".join(reports.get(0, []))
     else:
         assert expected in kinds, (f"Oclgrind reported {kinds or 'nothing'}, expected {expected!r}: are its "
-                                     f"checks on?\n" + "\n\n".join(reports.get(0, [])))
+                                   f"checks on?\n" + "\n\n".join(reports.get(0, [])))
 
 
 def test_report_parsing():

@@ -108,6 +108,133 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if worst <= 1e-5 else 1
 
 
+OPS = ("conv2d", "depthwise_conv2d", "dense")
+
+
+def _ints(text: str, what: str) -> tuple:
+    try:
+        return tuple(int(x) for x in str(text).split(","))
+    except ValueError:
+        raise TunerError(f"{what} must be comma-separated integers, e.g. 1,64,56,56; got {text!r}") from None
+
+
+def add_workload_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("template", choices=OPS, help="operator template")
+    p.add_argument("--data", metavar="SHAPE", help="input shape: N,C,H,W (dense: N,K)")
+    p.add_argument("--kernel", metavar="SHAPE", help="conv2d O,C,R,S; depthwise_conv2d C,1,R,S")
+    p.add_argument("--weight", metavar="SHAPE", help="dense weight M,K")
+    p.add_argument("--stride", default="1", metavar="S[,S]")
+    p.add_argument("--padding", default="0", metavar="P[,P[,P,P]]", help="all, (h,w) or (top,left,bottom,right)")
+    p.add_argument("--dilation", default="1", metavar="D[,D]")
+    p.add_argument("--bias", action="store_true", help="fuse a bias add")
+    p.add_argument("--activation", default="none", choices=("none", "relu", "relu6"), help="fused activation")
+    p.add_argument("--residual", action="store_true", help="fuse a residual add of a second NCHW4c tensor")
+    p.add_argument("--dtype", default="float32", choices=("float32", "float16"),
+                   help="storage dtype (accumulation is float32)")
+    p.add_argument("--scope", choices=("texture", "buffer"), help="scope of every operand (default: the "
+                   "fallback's choice for the device)")
+
+
+def workload_from_args(args):
+    from tuner.op import make_workload
+    from tuner.templates import get_template
+    t = get_template(args.template)
+    if args.data is None:
+        raise TunerError(f"{args.template} needs --data ({'N,K' if args.template == 'dense' else 'N,C,H,W'})")
+    fields = dict(data=_ints(args.data, "--data"), dtype=args.dtype, bias=args.bias, activation=args.activation)
+    if args.template == "dense":
+        if args.weight is None:
+            raise TunerError("dense needs --weight M,K")
+        if args.residual or args.kernel:
+            raise TunerError("dense takes --data N,K and --weight M,K (no --kernel or --residual)")
+        fields["weight"] = _ints(args.weight, "--weight")
+    else:
+        if args.kernel is None:
+            raise TunerError(f"{args.template} needs --kernel "
+                             f"({'C,1,R,S' if args.template == 'depthwise_conv2d' else 'O,C,R,S'})")
+        fields.update(kernel=_ints(args.kernel, "--kernel"), stride=_ints(args.stride, "--stride"),
+                      padding=_ints(args.padding, "--padding"), dilation=_ints(args.dilation, "--dilation"),
+                      residual=args.residual)
+        for k in ("stride", "dilation"):
+            fields[k] = fields[k][0] if len(fields[k]) == 1 else fields[k]
+        pad = fields["padding"]
+        if len(pad) not in (1, 2, 4):
+            raise TunerError(f"--padding takes 1, 2 or 4 integers; got {args.padding!r}")
+        fields["padding"] = pad[0] if len(pad) == 1 else pad
+    return t, make_workload(t, **fields)
+
+
+def _scopes(args) -> dict:
+    return {f"{k}_scope": args.scope for k in ("input", "weight", "output")} if args.scope else {}
+
+
+def cmd_space(args: argparse.Namespace) -> int:
+    from tuner.runtime import open_device
+    from tuner.search_space import load_space
+    from tuner.templates import get_template
+    t = get_template(args.template)
+    if args.file:
+        import dataclasses
+        space = load_space(args.file, {f.name for f in dataclasses.fields(t.config)}, set(t.variables))
+    else:
+        space = t.space()
+    print(f"search space {space.template}: {space.path}")
+    for title, table in (("task knobs (fixed per tuning task)", space.task), ("knobs", space.knobs)):
+        print(f"{title}:")
+        for name, choices in table.items():
+            print(f"  {name:<14} {', '.join(json.dumps(c) for c in choices)}")
+    print("constraints:")
+    for c in space.constraints:
+        print(f"  {c.name:<20} {c.text}")
+    print(f"unconstrained size: {space.total:,}")
+    if args.data is not None:
+        t, wl = workload_from_args(args)
+        dev = open_device(args.device)
+        bound = space.bind(t.space_vars(wl), dev.info, {"dtype": wl.dtype, **_scopes(args)})
+        print(f"valid configs for {json.dumps(wl.key())} on {dev.info.label} ({dev.fingerprint}): "
+              f"{bound.size():,}")
+    return 0
+
+
+def _config_overrides(text: str | None) -> dict:
+    if text is None:
+        return {}
+    from pathlib import Path
+    source = Path(text).read_text() if not text.lstrip().startswith("{") and Path(text).exists() else text
+    try:
+        values = json.loads(source)
+    except json.JSONDecodeError as e:
+        raise TunerError(f"--config is not valid JSON ({e}); e.g. --config '{{\"tile_ow\": 4}}'") from None
+    if not isinstance(values, dict):
+        raise TunerError("--config must be a JSON object of knob values, e.g. {\"tile_ow\": 4}")
+    return values
+
+
+def cmd_op(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from tuner.op import make_config, run_op
+    from tuner.runtime import open_device
+    t, wl = workload_from_args(args)
+    dev = open_device(args.device)
+    cfg = make_config(t, wl, dev, _config_overrides(args.config), **_scopes(args))
+    res = run_op(t, wl, cfg, dev, check=args.check, time=args.time, repeats=args.repeats)
+    if args.show_source:
+        print(res.source)
+    if args.json:
+        print(json.dumps(res.to_dict()))
+        return 0 if res.ok else 1
+    print(f"{t.name} {json.dumps(wl.key())}")
+    print(f"config {json.dumps(dataclasses.asdict(cfg))}")
+    print(f"device {dev.info.label} ({dev.info.name}), {dev.fingerprint}; {wl.flops / 1e9:.4g} GFLOP")
+    if args.check:
+        verdict = "ok" if res.ok else "FAILED"
+        print(f"check: max relative error {res.max_rel_error:.3g} (tolerance {res.tolerance:g}) {verdict}")
+    if args.time:
+        print(f"time: median {res.median * 1e3:.4g} ms over {len(res.costs)} runs, {res.gflops:.3g} GFLOP/s")
+    return 0 if res.ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tuner", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"tuner {__version__}")
@@ -124,6 +251,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--show-source", action="store_true", help="print the generated OpenCL")
     add_device_arg(p)
     p.set_defaults(func=cmd_example)
+
+    p = sub.add_parser("space", help="show a template's search space and count its valid configs")
+    add_workload_args(p)
+    p.add_argument("--file", metavar="TOML", help="validate this search-space file instead of the shipped one")
+    add_device_arg(p)
+    p.set_defaults(func=cmd_space)
+
+    p = sub.add_parser("op", help="build, check and time one operator")
+    add_workload_args(p)
+    p.add_argument("--config", metavar="JSON", help="knob values over the fallback config (JSON or a file)")
+    p.add_argument("--check", action="store_true", help="compare with the NumPy reference; exit 1 above tolerance")
+    p.add_argument("--time", action="store_true", help="print the median kernel time and GFLOP/s")
+    p.add_argument("--repeats", type=int, default=10, help="timed runs for --time (default 10)")
+    p.add_argument("--show-source", action="store_true", help="print the generated OpenCL")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    add_device_arg(p)
+    p.set_defaults(func=cmd_op)
 
     p = sub.add_parser("demo", help="run the examples end to end on the default device")
     add_device_arg(p)

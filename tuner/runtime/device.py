@@ -57,6 +57,11 @@ class DeviceInfo:
         return words[0] if words else "cl"
 
     @property
+    def is_simulator(self) -> bool:
+        """Oclgrind: a checking simulator, never a default device."""
+        return "oclgrind" in f"{self.platform} {self.name}".lower()
+
+    @property
     def label(self) -> str:
         """Human label for messages, e.g. "pocl cpu"."""
         return f"{self.platform_tag} {self.type.lower()}"
@@ -164,7 +169,8 @@ def _device_table(infos: list[DeviceInfo]) -> str:
 def choose_device(spec: int | str | None = None) -> DeviceInfo:
     """Pick a device.
 
-    spec None: the first GPU, else PoCL's CPU device, else the first device.
+    spec None: the first GPU (not a simulator such as Oclgrind, which reports itself as a GPU), else PoCL's
+    CPU device, else the first device.
     spec int or digit string: index into list_devices().
     spec other string: first device whose platform/name/type contains it (case-insensitive),
     e.g. "nvidia", "pocl", "cpu".
@@ -173,7 +179,7 @@ def choose_device(spec: int | str | None = None) -> DeviceInfo:
     if not infos:
         raise TunerError("no OpenCL devices found; `pip install pocl-binary-distribution` provides a CPU device")
     if spec is None:
-        return (next((d for d in infos if d.type == "GPU"), None)
+        return (next((d for d in infos if d.type == "GPU" and not d.is_simulator), None)
                 or next((d for d in infos if d.platform_tag == "pocl" and d.type == "CPU"), None)
                 or infos[0])
     if isinstance(spec, int) or (isinstance(spec, str) and spec.strip().isdigit()):

@@ -1,0 +1,81 @@
+"""Property tests: random workloads (odd channel counts, kernel sizes 1-7, stride 1/2, dilation, asymmetric
+padding, batch > 1) with random valid configs drawn from each template's search space, for texture and
+buffer scopes and both storage dtypes, checked against the NumPy reference on the test device (PoCL)."""
+import dataclasses
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from tuner.runtime.launch import build
+from tuner.templates import get_template
+
+# CI runs a fixed, derandomized set; HYPOTHESIS_PROFILE=thorough explores many more.
+settings.register_profile("ci", max_examples=5, deadline=None, derandomize=True,
+                          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+settings.register_profile("thorough", max_examples=60, deadline=None,
+                          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+EPILOGUE = dict(bias=st.booleans(), activation=st.sampled_from(["none", "relu", "relu6"]))
+
+
+@st.composite
+def conv_fields(draw, depthwise=False):
+    k = draw(st.sampled_from([1, 3, 5, 7]))
+    stride, dilation = draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 1, 2]))
+    pad = tuple(draw(st.integers(0, k // 2 + 1)) for _ in range(4))
+    n, c = draw(st.integers(1, 2)), draw(st.integers(1, 11))
+    h, w = draw(st.integers(1, 12)), draw(st.integers(1, 12))
+    assume(h + pad[0] + pad[2] >= dilation * (k - 1) + 1 and w + pad[1] + pad[3] >= dilation * (k - 1) + 1)
+    kernel = (c, 1, k, k) if depthwise else (draw(st.integers(1, 11)), c, k, k)
+    return dict(data=(n, c, h, w), kernel=kernel, stride=stride, padding=pad, dilation=dilation,
+                residual=draw(st.booleans()), **{f: draw(s) for f, s in EPILOGUE.items()})
+
+
+@st.composite
+def dense_fields(draw):
+    return dict(data=(draw(st.integers(1, 3)), k := draw(st.integers(1, 70))), weight=(draw(st.integers(1, 40)), k),
+                **{f: draw(s) for f, s in EPILOGUE.items()})
+
+
+FIELDS = {"conv2d": conv_fields(), "depthwise_conv2d": conv_fields(depthwise=True), "dense": dense_fields()}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("scope", ["texture", "buffer"])
+@pytest.mark.parametrize("name", list(FIELDS))
+def test_random_workload_and_config_match_numpy(device, name, scope, dtype):
+    t = get_template(name)
+
+    @given(fields=FIELDS[name], seed=st.integers(0, 2**32 - 1))
+    def check(fields, seed):
+        wl = t.workload(**fields, dtype=dtype)
+        space = t.space(wl, device, **{f"{k}_scope": scope for k in ("input", "weight", "output")})
+        rng = np.random.default_rng(seed)
+        cfg = t.make_config(space.sample(rng))
+        exe = build(t.build(wl, cfg), device)
+        inputs = t.random_inputs(wl, rng)
+        err = t.check(wl, exe(**inputs), inputs)
+        assert err <= t.tolerance(wl), f"{wl}\n{cfg}\nmax relative error {err:.3g}"
+    check()
+
+
+@pytest.mark.parametrize("kind", ["this device", "a GPU with images"])
+@pytest.mark.parametrize("name", list(FIELDS))
+def test_fallback_is_a_valid_config_of_the_space(device, name, kind):
+    t = get_template(name)
+    info = device.info if kind == "this device" else dataclasses.replace(device.info, type="GPU", image_support=True,
+                                                                         half_images=True)
+
+    @given(fields=FIELDS[name], dtype=st.sampled_from(["float32", "float16"]))
+    @settings(max_examples=40)
+    def check(fields, dtype):
+        wl = t.workload(**fields, dtype=dtype)
+        cfg = t.fallback(wl, info)
+        t.space(wl, info).check(t.config_values(wl, cfg))
+        # PoCL emulates images in software: its fallback uses buffers; a GPU that holds them uses textures
+        assert cfg.input_scope == ("buffer" if kind == "this device" else "texture")
+    check()

@@ -1,0 +1,90 @@
+"""Run one operator: a template, a workload and a config (default: the template's fallback for the device),
+checked against the NumPy reference and timed. ``tuner op`` is a thin layer over ``run_op``."""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from dataclasses import dataclass
+
+import numpy as np
+
+from tuner.errors import TunerError
+from tuner.runtime.device import Device, open_device
+from tuner.runtime.launch import build
+
+
+def make_workload(template, **fields):
+    """``template.workload(**fields)`` with a bad shape or attribute reported as a TunerError."""
+    try:
+        return template.workload(**fields)
+    except (ValueError, TypeError) as e:
+        raise TunerError(f"{template.name} workload: {e}") from None
+
+
+def make_config(template, workload, device, overrides: dict | None = None, **fixed):
+    """The fallback config for ``device`` with ``overrides`` (knob -> value) and ``fixed`` task knobs (scopes)
+    applied, validated against the search space: an invalid value names the knob or the constraint."""
+    info = getattr(device, "info", device)
+    values = template.config_values(workload, template.fallback(workload, info))
+    space = template.space(workload, info)
+    changes = {**fixed, **(overrides or {})}
+    unknown = set(changes) - set(space.choices)
+    if unknown:
+        raise TunerError(f"unknown knob {sorted(unknown)[0]!r} for {template.name}; knobs: "
+                         f"{', '.join(k for k in space.choices if k != 'dtype')}")
+    if "dtype" in changes and changes["dtype"] != workload.dtype:
+        raise TunerError("dtype is the workload's storage dtype: use --dtype, not the config")
+    values.update(changes)
+    space.check(values)
+    return template.make_config(values)
+
+
+@dataclass
+class OpResult:
+    template: str
+    workload: object
+    config: object
+    device: str
+    source: str
+    max_rel_error: float | None = None
+    tolerance: float | None = None
+    costs: list | None = None  # seconds per run
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.costs) if self.costs else None
+
+    @property
+    def gflops(self) -> float | None:
+        return self.workload.flops / self.median / 1e9 if self.costs else None
+
+    @property
+    def ok(self) -> bool:
+        return self.max_rel_error is None or self.max_rel_error <= self.tolerance
+
+    def to_dict(self) -> dict:
+        return {"template": self.template, "workload": self.workload.key(),
+                "config": dataclasses.asdict(self.config), "device": self.device,
+                "max_rel_error": self.max_rel_error, "tolerance": self.tolerance, "costs": self.costs,
+                "median_s": self.median, "gflops": self.gflops}
+
+
+def run_op(template, workload, config=None, device=None, check: bool = True, time: bool = False,
+           repeats: int = 10, seed: int = 0) -> OpResult:
+    """Build ``template`` for ``workload`` with ``config`` (default: fallback), run it on random inputs,
+    compare with the reference (``check``) and time it (``time``: median of ``repeats`` profiled runs)."""
+    dev = device if isinstance(device, Device) else open_device(device)
+    config = config if config is not None else make_config(template, workload, dev)
+    exe = build(template.build(workload, config), dev)
+    result = OpResult(template.name, workload, config, dev.fingerprint, exe.source)
+    if not (check or time):
+        return result
+    inputs = template.random_inputs(workload, np.random.default_rng(seed))
+    arrays = exe.upload_inputs(**inputs)
+    exe.launch(arrays)
+    if check:
+        result.max_rel_error = template.check(workload, exe.outputs_of(arrays), inputs)
+        result.tolerance = template.tolerance(workload)
+    if time:
+        result.costs = exe.time(arrays, warmup=1, repeats=repeats)
+    return result
