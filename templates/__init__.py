@@ -34,13 +34,14 @@ class Template:
     space_vars: Callable  # (workload) -> {name: value} the search space's constraints may use
     variables: dict  # name -> meaning, of what space_vars returns (documents the constraints' vocabulary)
     output: str = "Y"
+    space_file: str | None = None  # search-space name or path when not the template's own name
 
     def space(self, workload=None, device=None, **fixed):
         """The declarative search space (``search_space/<name>.toml``); given a workload and a device
         (DeviceInfo), the bound space of its valid configs, with the storage dtype fixed to the workload's
         and any other knobs given in ``fixed`` (e.g. ``input_scope="texture"``)."""
         from tuner.search_space import load_space
-        space = load_space(self.name, {f.name for f in dataclasses.fields(self.config)}, set(self.variables))
+        space = load_space(self.space_file or self.name, {f.name for f in dataclasses.fields(self.config)}, set(self.variables))
         if workload is None:
             return space
         info = getattr(device, "info", device)
@@ -75,6 +76,15 @@ TEMPLATES: dict = {}
 
 
 def get_template(name: str) -> Template:
+    """A registered template by name, or ``"package.module:ATTRIBUTE"`` for one defined elsewhere (worker
+    processes find user templates this way)."""
+    if ":" in name:
+        import importlib
+        module, _, attr = name.partition(":")
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            raise TunerError(f"cannot load template {name!r}: {e}") from None
     if not TEMPLATES:
         TEMPLATES.update(_registry())
     if name not in TEMPLATES:
