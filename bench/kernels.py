@@ -12,6 +12,8 @@ reference, and PyTorch fp32 on the CPU with the same fused epilogue (bias, activ
 - PyTorch: median of ``time.perf_counter`` around max(repeats, 10) single calls after 3 warm-up calls, with
   ``torch.set_num_threads`` equal to the CPUs the OpenCL device uses (PoCL: every CPU of this process unless
   POCL_MAX_PTHREAD_COUNT says fewer; a GPU: the CPUs of this process), or ``--threads``;
+- PyTorch is timed on one thread too (``torch1_median_s``): on shared CPUs a multi-threaded call stalls
+  whenever one of its threads is descheduled, and the summary marks such layers (noisy);
 - a set of repeats whose median is over 1.5x its minimum (a stall from other work on shared CPUs) is
   measured again, up to 3 sets, and the set with the lowest median is kept;
 - GFLOP/s is ``workload.flops / median / 1e9``; ratio is ours / PyTorch (above 1: ours is faster).
@@ -55,7 +57,7 @@ or, elsewhere, a CPU wheel from PyTorch's own index (the default PyPI wheel pull
 
 CSV_FIELDS = ["model", "layer", "template", "count", "workload", "config_label", "config", "scope", "dtype",
               "median_s", "gflops", "torch_median_s", "torch_gflops", "ratio", "max_rel_err", "ok", "error",
-              "note", "min_s", "torch_min_s", "repeats", "torch_threads", "device"]
+              "note", "min_s", "torch_min_s", "torch1_median_s", "repeats", "torch_threads", "device"]
 
 # The module of each template, for loading one directly when the registry cannot import all of them yet.
 TEMPLATE_MODULES = {"conv2d": "conv2d_nchw4c", "depthwise_conv2d": "depthwise_conv2d_nchw4c", "dense": "dense"}
@@ -349,10 +351,18 @@ def bench_layer(layer, t, wl, cfgs, device, torch, args, rng_torch) -> list:
             r = run_config(t, wl, cfg, device, inputs, check_t, args.repeats)
         results.append((label, cfg, r, note))
     # PyTorch after ours, so that its OpenMP threads' spin-wait never overlaps our timed kernels
+    tm = tmin = tm1 = None
     try:
-        tm, tmin = time_torch(torch, torch_layer(torch, layer, rng_torch), max(args.repeats, 10))
+        fn = torch_layer(torch, layer, rng_torch)
+        tm, tmin = time_torch(torch, fn, max(args.repeats, 10))
+        threads = torch.get_num_threads()
+        if threads > 1:  # one thread as well: far faster than all of them means the CPUs were contended
+            torch.set_num_threads(1)
+            try:
+                tm1, _ = time_torch(torch, fn, max(args.repeats, 10))
+            finally:
+                torch.set_num_threads(threads)
     except Exception as e:  # noqa: BLE001
-        tm = tmin = None
         print(f"warning: PyTorch failed on {layer['model']}.{layer['name']}: {short_error(e)}", file=sys.stderr)
     t_gflops = flops / tm / 1e9 if tm else None
     rows = []
@@ -366,7 +376,7 @@ def bench_layer(layer, t, wl, cfgs, device, torch, args, rng_torch) -> list:
             "median_s": r["median_s"], "gflops": gflops, "torch_median_s": tm, "torch_gflops": t_gflops,
             "ratio": gflops / t_gflops if gflops and t_gflops else None,
             "max_rel_err": r["max_rel_err"], "ok": r["ok"], "error": r["error"], "note": note,
-            "min_s": r["min_s"], "torch_min_s": tmin, "_flops": flops,
+            "min_s": r["min_s"], "torch_min_s": tmin, "torch1_median_s": tm1, "_flops": flops,
         })
     return rows
 
@@ -399,7 +409,7 @@ def summarize(rows: list, layers: list, meta: dict) -> str:
              "| model | layer | template | x | MFLOP | best config | ours ms | ours GFLOP/s | fallback GFLOP/s "
              "| torch ms | torch GFLOP/s | ratio best | ratio fallback | failed |",
              "| --- | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    best_ratios, fb_ratios, totals, n_noisy = [], [], {}, 0
+    best_ratios, fb_ratios, quiet_ratios, totals, n_noisy = [], [], [], {}, 0
     for layer in layers:
         mine = [r for r in rows if r["model"] == layer["model"] and r["layer"] == layer["name"]]
         if not mine:
@@ -411,8 +421,14 @@ def summarize(rows: list, layers: list, meta: dict) -> str:
         flops = mine[0]["_flops"]
         skipped = all(r["error"].startswith("skipped:") for r in mine)
         failed = sum(1 for r in mine if not r["ok"] and not r["error"].startswith("skipped:"))
+        noisy = bool(best and best["min_s"] and best["median_s"] > 2 * best["min_s"])
+        noisy |= bool(tm and mine[0]["torch_min_s"] and tm > 2 * mine[0]["torch_min_s"])
+        noisy |= bool(tm and mine[0]["torch1_median_s"] and tm > 2 * mine[0]["torch1_median_s"])
+        n_noisy += noisy
         if best and best["ratio"]:
             best_ratios.append(best["ratio"])
+            if not noisy:
+                quiet_ratios.append(best["ratio"])
         if fb and fb["ratio"]:
             fb_ratios.append(fb["ratio"])
         tot = totals.setdefault(layer["model"], [0.0, 0.0, 0, 0])
@@ -421,22 +437,24 @@ def summarize(rows: list, layers: list, meta: dict) -> str:
             tot[0] += layer["count"] * best["median_s"]
             tot[1] += layer["count"] * tm
             tot[2] += 1
-        noisy = bool(best and best["min_s"] and best["median_s"] > 2 * best["min_s"])
-        noisy |= bool(tm and mine[0]["torch_min_s"] and tm > 2 * mine[0]["torch_min_s"])
-        n_noisy += noisy
         label = best["config_label"] if best else "(not run: template not available)" if skipped else "(all failed)"
         lines.append(
             f"| {layer['model']} | {layer['name']} | {layer['template']} | {layer['count']} | {flops / 1e6:.1f} "
             f"| {label} | {fmt(best and best['median_s'] * 1e3, '.3f')} | {fmt(best and best['gflops'])} "
             f"| {fmt(fb and fb['gflops'])} | {fmt(tm and tm * 1e3, '.3f')} | {fmt(mine[0]['torch_gflops'])} "
-            f"| {fmt(best and best['ratio'], '.3f')}{' (noisy)' if noisy else ''} | {fmt(fb and fb['ratio'], '.3f')} "
+            f"| {fmt(best and best['ratio'], '.3f')}{' (noisy)' if noisy else ''} "
+            f"| {fmt(fb and fb['ratio'], '.3f')} "
             f"| {'-' if skipped else f'{failed}/{len(mine)}'} |")
     g_best, g_fb = geomean(best_ratios), geomean(fb_ratios)
     lines += ["", f"**geometric mean of the ratio, best config: {fmt(g_best, '.3f')}** over {len(best_ratios)} "
-              f"layers; fallback config: {fmt(g_fb, '.3f')} over {len(fb_ratios)} layers.", ""]
+              f"layers; fallback config: {fmt(g_fb, '.3f')} over {len(fb_ratios)} layers"
+              + (f"; best config on the {len(quiet_ratios)} layers not marked (noisy): "
+                 f"{fmt(geomean(quiet_ratios), '.3f')}." if n_noisy else "."), ""]
     if n_noisy:
         lines += [f"(noisy): on {n_noisy} layers a median is over twice the minimum of its repeats (ours or "
-                  "PyTorch's, the CSV has both): the CPUs were shared with other work while they ran.", ""]
+                  "PyTorch's), or PyTorch on all threads took over twice as long as on one thread (the CSV has "
+                  "`min_s`, `torch_min_s`, `torch1_median_s`): other work shared the CPUs while they ran, "
+                  "and multi-threaded PyTorch stalls whenever one of its threads is descheduled.", ""]
     for model, (ours, theirs, n, total) in totals.items():
         if n:
             lines.append(f"- {model}: the {n} of {total} layers run here, weighted by count: ours (best) "

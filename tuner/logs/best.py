@@ -1,0 +1,128 @@
+"""Pick tuned configs from logs: the fastest successful record per task, AutoTVM's ``ApplyHistoryBest``.
+
+Compiling a model asks ``current_history().pick(...)`` per operator; the history is installed with
+``with apply_history_best("logs/*.jsonl"):`` so that the code building operators needs no log argument.
+An operator nobody tuned still has to run, so a miss returns the template's fallback config and warns once.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from typing import Iterable
+
+from tuner.errors import TunerError
+from tuner.logs.io import load_records
+from tuner.logs.record import Record, canonical_json
+
+_STACK: list["ApplyHistoryBest"] = []
+
+
+class FallbackConfigWarning(UserWarning):
+    """No tuned config for a workload: the template's fallback is used (slower, but correct)."""
+
+
+def best_records(records: Iterable[Record]) -> dict:
+    """``task_key -> Record``: the successful record with the lowest median; failures are never picked,
+    whatever their (partial) timings. Ties go to the earlier record."""
+    best: dict = {}
+    for r in records:
+        if r.ok and (r.task_key not in best or r.median_s < best[r.task_key].median_s):
+            best[r.task_key] = r
+    return best
+
+
+def _workload_key(workload) -> dict:
+    return workload if isinstance(workload, dict) else workload.key()
+
+
+def _workload_obj(template, workload):
+    if not isinstance(workload, dict):
+        return workload
+    return template.workload(**{k: v for k, v in workload.items() if k != "op"})
+
+
+def _scope_changes(scopes: dict) -> dict:
+    return {f"{op}_scope": s for op, s in scopes.items()}
+
+
+def _to_records(log_or_records) -> list[Record]:
+    if isinstance(log_or_records, (str, os.PathLike)):
+        return load_records(log_or_records)
+    records, paths = [], []
+    for item in log_or_records:
+        (records if isinstance(item, Record) else paths).append(item)
+    return records + (load_records(paths) if paths else [])
+
+
+class ApplyHistoryBest:
+    """The best configs of a set of records, queryable per (template, workload, device, scopes).
+
+    Also a context manager: inside ``with``, ``current_history()`` returns it (innermost wins)."""
+
+    def __init__(self, log_or_records):
+        """``log_or_records``: a log path or glob, a list of paths/globs, or Records (mixed is fine)."""
+        self.records = _to_records(log_or_records)
+        self.best = best_records(self.records)
+        # scopes=None picks across scopes: the fastest of the per-scope bests of one workload on one device
+        self._any_scope: dict = {}
+        for r in self.best.values():
+            k = r.task_key[:3]
+            if k not in self._any_scope or r.median_s < self._any_scope[k].median_s:
+                self._any_scope[k] = r
+        self._warned: set = set()
+
+    def query(self, template_name: str, workload, device_fingerprint: str, scopes: dict | None) -> Record | None:
+        """The best record of the task, or None. ``workload``: the key dict (or a workload object);
+        ``scopes=None``: the best over any scopes."""
+        wl = canonical_json(_workload_key(workload))
+        if scopes is None:
+            return self._any_scope.get((device_fingerprint, template_name, wl))
+        return self.best.get((device_fingerprint, template_name, wl, canonical_json(scopes)))
+
+    def pick(self, template, workload, device, scopes: dict | None = None):
+        """The config to build ``workload`` with on ``device`` (Device or DeviceInfo): the best tuned one,
+        else the template's fallback for the device with ``scopes`` applied, warning once per workload."""
+        info = getattr(device, "info", device)
+        record = self.query(template.name, workload, info.fingerprint, scopes)
+        if record is not None:
+            try:
+                return template.config(**record.config)
+            except TypeError as e:  # the template's knobs changed since the log was written
+                raise TunerError(f"tuned {template.name} config from {record.timestamp} (tuner "
+                                 f"{record.tuner_version}) no longer fits the template: {e}; retune") from None
+        key = _workload_key(workload)
+        warn_key = (info.fingerprint, template.name, canonical_json(key))
+        if warn_key not in self._warned:
+            self._warned.add(warn_key)
+            warnings.warn(f"no tuned config for {template.name} {canonical_json(key)} on {info.fingerprint}: "
+                          f"using the fallback config", FallbackConfigWarning, stacklevel=2)
+        cfg = template.fallback(_workload_obj(template, workload), info)
+        return dataclasses.replace(cfg, **_scope_changes(scopes)) if scopes else cfg
+
+    def __len__(self) -> int:
+        return len(self.best)
+
+    def __enter__(self) -> "ApplyHistoryBest":
+        _STACK.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        # remove this one even if an inner context leaked, so the stack cannot keep a stale history
+        for i in range(len(_STACK) - 1, -1, -1):
+            if _STACK[i] is self:
+                del _STACK[i:]
+                break
+
+    def __repr__(self) -> str:
+        return f"ApplyHistoryBest({len(self.records)} records, {len(self.best)} tasks)"
+
+
+def apply_history_best(log_or_records) -> ApplyHistoryBest:
+    """``ApplyHistoryBest(log_or_records)``; use it plainly or as ``with apply_history_best(...) as h:``."""
+    return ApplyHistoryBest(log_or_records)
+
+
+def current_history() -> ApplyHistoryBest | None:
+    """The innermost history entered with ``with``, or None outside any."""
+    return _STACK[-1] if _STACK else None

@@ -1,0 +1,166 @@
+"""Optuna samplers over a constrained search space.
+
+``XGBSampler`` (AutoTVM's XGBoost tuner as an Optuna sampler): random warm-up; then a gradient-boosted
+ranking model (``rank:pairwise``, one query group per workload) on config features predicts which unseen
+configs are fastest; candidates come from random valid configs and mutations of the best measured ones;
+with probability ``epsilon`` a random valid config is measured instead (exploration). Records of other
+workloads of the same template on the same device join the training set as their own groups (transfer),
+so a new workload starts from what others taught. ``ConstrainedRandomSampler`` is uniform random search
+over the valid configs. Neither proposes a config the study has already measured or is measuring."""
+from __future__ import annotations
+
+import numpy as np
+import optuna
+from optuna.distributions import CategoricalDistribution
+from optuna.samplers import BaseSampler
+from optuna.trial import TrialState
+
+from tuner.search.features import features
+
+
+def _key(values: dict, names) -> tuple:
+    return tuple(values[n] for n in names)
+
+
+class _SpaceSampler(BaseSampler):
+    """Shared plumbing: the bound space's knobs as categorical distributions, and the seen configs."""
+
+    def __init__(self, space, seed: int | None = None, seen: set | None = None):
+        self.space = space
+        self.names = list(space.choices)
+        self.rng = np.random.default_rng(seed)
+        self.extra_seen = set(seen or ())  # configs measured outside the study (e.g. found in the log)
+
+    def reseed_rng(self) -> None:
+        self.rng = np.random.default_rng()
+
+    def infer_relative_search_space(self, study, trial):
+        return {n: CategoricalDistribution(c) for n, c in self.space.choices.items()}
+
+    def sample_independent(self, study, trial, param_name, param_distribution):
+        return param_distribution.choices[int(self.rng.integers(len(param_distribution.choices)))]
+
+    def _trials(self, study):
+        return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING,
+                                                        TrialState.WAITING))
+
+    def seen(self, study) -> set:
+        out = set(self.extra_seen)
+        for t in self._trials(study):
+            if all(n in t.params for n in self.names):
+                out.add(_key(t.params, self.names))
+        return out
+
+    def random_unseen(self, seen: set, tries: int = 200) -> dict | None:
+        for _ in range(tries):
+            values = self.space.sample(self.rng)
+            if _key(values, self.names) not in seen:
+                return values
+        return None
+
+
+class ConstrainedRandomSampler(_SpaceSampler):
+    """Uniform-ish random search over valid, not yet measured configs."""
+
+    def sample_relative(self, study, trial, search_space):
+        if not search_space:
+            return {}
+        return self.random_unseen(self.seen(study)) or {}
+
+
+class XGBSampler(_SpaceSampler):
+    def __init__(self, space, template: str, vars: dict, seed: int | None = None, n_warmup: int = 8,
+                 epsilon: float = 0.1, n_random: int = 256, n_mutants: int = 256, transfer: list | None = None,
+                 seen: set | None = None):
+        """``transfer``: ``(vars, values, score)`` of other workloads' successful records, ``score`` their
+        GFLOP/s (normalized per workload here)."""
+        super().__init__(space, seed, seen)
+        self.template, self.vars = template, vars
+        self.n_warmup, self.epsilon, self.n_random, self.n_mutants = n_warmup, epsilon, n_random, n_mutants
+        self.transfer = self._transfer_rows(transfer or [])
+        self.columns: list | None = None
+        self.model_fits = 0
+
+    def _features(self, vars: dict, values: dict) -> dict:
+        return features(self.template, self.space.space, vars, values)
+
+    def _transfer_rows(self, transfer: list) -> list:
+        groups: dict = {}
+        for vars, values, score in transfer:
+            groups.setdefault(tuple(sorted((k, str(v)) for k, v in vars.items())), []).append((vars, values, score))
+        rows = []
+        for gid, items in enumerate(groups.values(), start=1):
+            best = max(s for _, _, s in items) or 1.0
+            try:
+                rows += [(gid, self._features(v, values), s / best) for v, values, s in items]
+            except (KeyError, TypeError, ZeroDivisionError):
+                continue  # a record from another version of the space: not comparable
+        return rows
+
+    def _matrix(self, feats: list) -> np.ndarray:
+        if self.columns is None:
+            self.columns = sorted(feats[0])
+        return np.array([[f.get(c, 0.0) for c in self.columns] for f in feats], dtype=np.float32)
+
+    def _fit(self, own: list):
+        import xgboost as xgb
+        best = max((s for _, s in own), default=0.0) or 1.0
+        rows = self.transfer + [(0, self._features(self.vars, v), s / best) for v, s in own]
+        rows.sort(key=lambda r: r[0])
+        y = np.array([r[2] for r in rows], dtype=np.float32)
+        if len(rows) < 2 or float(y.max()) == float(y.min()):
+            return None
+        data = xgb.DMatrix(self._matrix([r[1] for r in rows]), label=y, qid=np.array([r[0] for r in rows]))
+        params = {"objective": "rank:pairwise", "max_depth": 6, "eta": 0.2, "subsample": 0.9,
+                  "tree_method": "hist", "seed": int(self.rng.integers(2**31)), "nthread": 1}
+        booster = xgb.train(params, data, num_boost_round=80)
+        self.model_fits += 1
+        return lambda X: booster.predict(xgb.DMatrix(X))
+
+    def _candidates(self, own: list, seen: set) -> list:
+        pool: dict = {}
+        for _ in range(self.n_random):
+            values = self.space.sample(self.rng)
+            pool.setdefault(_key(values, self.names), values)
+        explored = [n for n in self.names if len(self.space.choices[n]) > 1]
+        top = [v for v, _ in sorted(own, key=lambda r: -r[1])[:8]]
+        for i in range(self.n_mutants if top and explored else 0):
+            values = dict(top[i % len(top)])
+            for name in self.rng.choice(explored, size=min(len(explored), 1 + int(self.rng.integers(2))),
+                                        replace=False):
+                choices = self.space.choices[name]
+                values[name] = choices[int(self.rng.integers(len(choices)))]
+            k = _key(values, self.names)
+            if k not in pool and not self.space.violations(values):
+                pool[k] = values
+        return [v for k, v in pool.items() if k not in seen]
+
+    def sample_relative(self, study, trial, search_space):
+        if not search_space:
+            return {}
+        seen = self.seen(study)
+        own = [(dict(t.params), float(t.value)) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+               if t.value is not None and all(n in t.params for n in self.names)]
+        warmup = self.n_warmup if len(self.transfer) < 20 else min(self.n_warmup, 2)
+        if len(own) < warmup or self.rng.random() < self.epsilon:
+            return self.random_unseen(seen) or {}
+        model = self._fit(own)
+        if model is None:
+            return self.random_unseen(seen) or {}
+        cands = self._candidates(own, seen)
+        if not cands:
+            return self.random_unseen(seen) or {}
+        scores = model(self._matrix([self._features(self.vars, c) for c in cands]))
+        return cands[int(np.argmax(scores))]
+
+
+def make_sampler(name: str, space, template: str, vars: dict, seed: int | None = None, transfer=None,
+                 seen: set | None = None) -> BaseSampler:
+    if name == "xgb":
+        return XGBSampler(space, template, vars, seed=seed, transfer=transfer, seen=seen)
+    if name == "random":
+        return ConstrainedRandomSampler(space, seed=seed, seen=seen)
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=8, multivariate=True)
+    from tuner.errors import TunerError
+    raise TunerError(f"unknown sampler {name!r}: xgb, tpe or random")

@@ -1,0 +1,206 @@
+"""Tuning one task: a template, a workload and the operands' scopes on one device, as one Optuna study.
+
+The study lives in an Optuna storage (SQLite under ``logs/`` by default, any storage URL accepted), and
+every measurement is appended to a JSONL log before the study hears of it. A re-run of the same task
+resumes the study: configs already in the log are never measured again (they are told to the study from
+the log when a killed run did not get that far), and trials a killed run left running are marked failed.
+
+    result = tune("conv2d", wl, device="pocl", trials=64)   # -> TuneResult(best record, ...)
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import optuna
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState
+
+from tuner import __version__
+from tuner.errors import ErrorCode, TunerError
+from tuner.logs import SCHEMA_VERSION, Record, append_records, load_records
+from tuner.measure import MeasureInput, MeasureOptions, MeasureResult, Measurer
+from tuner.search.samplers import _key, make_sampler
+
+SCOPES = ("input", "weight", "output")
+
+
+@dataclass
+class TuneResult:
+    study_name: str
+    best: Record | None  # the fastest successful record of the task (this run's or an earlier one's)
+    records: list = field(default_factory=list)  # the records this run measured
+    measured: int = 0
+    reused: int = 0  # proposals answered from the log without measuring
+    log: str = ""
+
+
+def study_name(template: str, workload, scopes: dict, fingerprint: str) -> str:
+    task = json.dumps({"template": template, "workload": workload.key(), "scopes": scopes}, sort_keys=True)
+    return f"{template}-{hashlib.sha1(task.encode()).hexdigest()[:12]}-{fingerprint}"
+
+
+def default_log(fingerprint: str) -> str:
+    return f"logs/{fingerprint}.jsonl"
+
+
+def default_storage(log: str) -> str:
+    return f"sqlite:///{Path(log).parent / 'studies.db'}"
+
+
+def _record(t, workload, scopes, cfg, info, res: MeasureResult, trial, sampler, study) -> Record:
+    median = res.median if res.ok else None
+    return Record(version=SCHEMA_VERSION, template=t.name, workload=workload.key(), scopes=dict(scopes),
+                  config=dataclasses.asdict(cfg), device=info.fingerprint, device_name=info.name,
+                  platform=info.platform, driver=info.driver_version, costs=list(res.costs) if res.ok else [],
+                  median_s=median, gflops=workload.flops / median / 1e9 if median else None,
+                  error_code=int(res.error_code), error_name=ErrorCode(res.error_code).name,
+                  error_msg=res.error_msg[:4000], max_rel_error=res.max_rel_error, timestamp=res.timestamp,
+                  duration_s=res.duration_s, tuner_version=__version__, trial=trial, sampler=sampler, study=study)
+
+
+def _score(record: Record) -> float:
+    return float(record.gflops) if record.ok and record.gflops else 0.0
+
+
+def tune(template, workload, device=None, trials: int = 32, log: str | None = None, storage: str | None = None,
+         sampler: str = "xgb", scopes: dict | None = None, seed: int | None = 0, early_stopping: int | None = None,
+         batch: int | None = None, options: MeasureOptions | None = None, progress: bool = True,
+         transfer: bool = True) -> TuneResult:
+    """Measure up to ``trials`` new configs of ``template`` (a registered name, or ``"module:ATTRIBUTE"``)
+    on ``workload`` with ``sampler`` (xgb, tpe or random), stopping early after ``early_stopping``
+    measurements without improvement."""
+    from tuner.runtime.device import DeviceInfo, choose_device
+    from tuner.templates import get_template
+    spec = template if isinstance(template, str) else template.name  # measuring processes look it up again
+    t = get_template(spec)
+    info = device.info if hasattr(device, "info") else device
+    info = info if isinstance(info, DeviceInfo) else choose_device(info)
+    if scopes is None:
+        fb = t.fallback(workload, info)
+        scopes = {k: getattr(fb, f"{k}_scope") for k in SCOPES}
+    bad = set(scopes) - set(SCOPES) or {v for v in scopes.values() if v not in ("texture", "buffer")}
+    if bad:
+        raise TunerError(f"scopes {scopes}: keys input/weight/output, values texture or buffer")
+    space = t.space(workload, info, **{f"{k}_scope": v for k, v in scopes.items()})
+    names = list(space.choices)
+    log = log or default_log(info.fingerprint)
+    storage = storage or default_storage(log)
+    if storage.startswith("sqlite:///"):
+        Path(storage[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    name = study_name(t.name, workload, scopes, info.fingerprint)
+    options = options or MeasureOptions()
+    batch = batch or options.n_parallel
+
+    # what the log already knows: this task's measurements (never repeated), other workloads (transfer)
+    known: dict = {}
+    others = []
+    if Path(log).exists():
+        wkey = json.dumps(workload.key(), sort_keys=True)
+        for r in load_records(log):
+            if r.device != info.fingerprint or r.template != t.name:
+                continue
+            values = {"dtype": r.workload.get("dtype"), **r.config}
+            if json.dumps(r.workload, sort_keys=True) == wkey and r.scopes == scopes:
+                if all(values.get(n) in space.choices[n] for n in names):
+                    k = _key(values, names)
+                    if k not in known or _score(r) > _score(known[k]):
+                        known[k] = r
+            elif r.ok and transfer:
+                try:
+                    others.append((t.space_vars(t.workload(**{k: (tuple(v) if isinstance(v, list) else v)
+                                                             for k, v in r.workload.items() if k != "op"})),
+                                   values, r.gflops))
+                except (TypeError, ValueError):
+                    continue
+    vars = t.space_vars(workload)
+    smp = make_sampler(sampler, space, t.name, vars, seed=seed, transfer=others, seen=set(known))
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name=name, storage=storage, direction="maximize", sampler=smp,
+                                load_if_exists=True)
+    study.set_user_attr("task", {"template": t.name, "workload": workload.key(), "scopes": scopes,
+                                 "device": info.fingerprint})
+    dists = {n: CategoricalDistribution(c) for n, c in space.choices.items()}
+    _recover(study, known, names, dists)
+
+    best = max((r for r in known.values() if r.ok), key=_score, default=None)
+    result = TuneResult(name, best, log=log)
+    since_best = 0
+    bar = _progress(trials, progress, name)
+    try:
+        with Measurer(info, options) as measurer:
+            proposals = 0
+            while result.measured < trials and proposals < 20 * trials + 100:
+                if early_stopping and since_best >= early_stopping:
+                    break
+                todo = []  # (trial, values)
+                while len(todo) < min(batch, trials - result.measured) and proposals < 20 * trials + 100:
+                    proposals += 1
+                    trial = study.ask(dists)
+                    values = {n: trial.params[n] for n in names}
+                    k = _key(values, names)
+                    if k in known:  # measured before (this run or an earlier one): answer from the log
+                        study.tell(trial, _score(known[k]))
+                        result.reused += 1
+                    elif k in {_key(v, names) for _, v in todo}:
+                        study.tell(trial, state=TrialState.FAIL)
+                    else:
+                        todo.append((trial, values))
+                if not todo:
+                    continue
+                cfgs = [t.make_config(v) for _, v in todo]
+                inputs = [MeasureInput(spec, workload, c) for c in cfgs]
+                outs = measurer.measure(inputs)
+                recs = [_record(t, workload, scopes, c, info, res, tr.number, sampler, name)
+                        for (tr, _), c, res in zip(todo, cfgs, outs)]
+                append_records(log, recs)  # the log first: a kill after this loses nothing measured
+                for (tr, values), rec in zip(todo, recs):
+                    tr.set_user_attr("error", rec.error_name)
+                    study.tell(tr, _score(rec))
+                    known[_key(values, names)] = rec
+                    if rec.error_code == ErrorCode.INSTANTIATION:
+                        continue  # rejected before any device work: not a measurement
+                    result.measured += 1
+                    result.records.append(rec)
+                    if rec.ok and (result.best is None or _score(rec) > _score(result.best)):
+                        result.best, since_best = rec, 0
+                    else:
+                        since_best += 1
+                    if bar is not None:
+                        bar.update(1)
+                        bar.set_postfix_str(f"best {_score(result.best):.3g} GFLOP/s" if result.best else "no success yet")
+    finally:
+        if bar is not None:
+            bar.close()
+    return result
+
+
+def _recover(study, known: dict, names: list, dists: dict) -> None:
+    """After a killed run: running trials are marked failed; measurements in the log that the study never
+    heard of are added to it, so the sampler learns from them and never proposes them again."""
+    in_study = set()
+    for tr in study.get_trials(deepcopy=False):
+        if tr.state == TrialState.RUNNING:
+            study._storage.set_trial_state_values(tr._trial_id, TrialState.FAIL)
+        elif tr.state == TrialState.COMPLETE and all(n in tr.params for n in names):
+            in_study.add(_key(tr.params, names))
+    for k, rec in known.items():
+        if k not in in_study:
+            study.add_trial(optuna.trial.create_trial(params=dict(zip(names, k)), distributions=dists,
+                                                      value=_score(rec), user_attrs={"from_log": True}))
+
+
+def _progress(total: int, enabled: bool, name: str):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+    return tqdm(total=total, desc=name.split("-")[0], unit="trial", dynamic_ncols=True)
+
+
+def geomean(values) -> float:
+    values = [v for v in values if v and v > 0]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
