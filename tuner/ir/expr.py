@@ -5,6 +5,7 @@ Python operators build nodes (``i * 4 + j``); ``//`` and ``%`` are floor divisio
 """
 from __future__ import annotations
 
+from functools import cached_property
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence, Union
 
@@ -19,7 +20,7 @@ ExprLike = Union["Expr", int, float]
 class Expr:
     dtype: DType
 
-    @property
+    @cached_property
     def lanes(self) -> int:
         return self.dtype.lanes
 
@@ -88,7 +89,7 @@ class Binary(Expr):
         if self.op not in ARITH + COMPARE + LOGIC:
             raise ValueError(f"unknown binary op {self.op!r}")
 
-    @property
+    @cached_property
     def dtype(self) -> DType:  # type: ignore[override]
         lanes = max(self.a.lanes, self.b.lanes)  # a scalar operand broadcasts, as in OpenCL C
         base = boolean if self.op in COMPARE + LOGIC else self.a.dtype
@@ -103,7 +104,7 @@ class Select(Expr):
     true_value: Expr
     false_value: Expr
 
-    @property
+    @cached_property
     def dtype(self) -> DType:  # type: ignore[override]
         return self.true_value.dtype.with_lanes(max(self.true_value.lanes, self.false_value.lanes, self.cond.lanes))
 
@@ -124,7 +125,7 @@ class Ramp(Expr):
     stride: Expr
     n: int
 
-    @property
+    @cached_property
     def dtype(self) -> DType:  # type: ignore[override]
         return self.base.dtype.with_lanes(self.n)
 
@@ -136,7 +137,7 @@ class Broadcast(Expr):
     value: Expr
     n: int
 
-    @property
+    @cached_property
     def dtype(self) -> DType:  # type: ignore[override]
         return self.value.dtype.with_lanes(self.n)
 
@@ -150,7 +151,7 @@ class BufferLoad(Expr):
     buffer: "Buffer"
     indices: tuple
 
-    @property
+    @cached_property
     def dtype(self) -> DType:  # type: ignore[override]
         lanes = max((i.lanes for i in self.indices), default=1)
         return self.buffer.dtype.compute.with_lanes(lanes * self.buffer.dtype.lanes)
@@ -173,7 +174,7 @@ class ExtractLane(Expr):
     value: Expr
     lane: int
 
-    @property
+    @cached_property
     def dtype(self) -> DType:  # type: ignore[override]
         return self.value.dtype.element
 

@@ -68,6 +68,7 @@ class Executable:
     cl_program: object
     pools: dict = field(default_factory=dict)
     cl_kernels: dict = field(default_factory=dict)
+    launch_shapes: dict = field(default_factory=dict)
 
     @property
     def outputs(self) -> list:
@@ -92,7 +93,9 @@ class Executable:
                 missing = [b.name for b, a in zip(k.params, args) if a is None]
                 if missing:
                     raise TunerError(f"kernel {k.name}: no array given for {', '.join(missing)}")
-                gsize, lsize = k.launch()
+                if k.name not in self.launch_shapes:  # walking the body is slow for big unrolled kernels
+                    self.launch_shapes[k.name] = k.launch()
+                gsize, lsize = self.launch_shapes[k.name]
                 if k.name not in self.cl_kernels:
                     self.cl_kernels[k.name] = cl.Kernel(self.cl_program, k.name)
                 fn = self.cl_kernels[k.name]
