@@ -235,6 +235,41 @@ def cmd_op(args: argparse.Namespace) -> int:
     return 0 if res.ok else 1
 
 
+def cmd_tune_op(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from tuner.measure import MeasureOptions
+    from tuner.runtime.device import choose_device
+    from tuner.search import tune
+    t, wl = workload_from_args(args)
+    info = choose_device(args.device)
+    scopes = {k: args.scope for k in ("input", "weight", "output")} if args.scope else None
+    if args.trials < 1:
+        raise TunerError("--trials must be at least 1")
+    options = MeasureOptions(n_parallel=args.parallel, repeats=args.repeats, build_timeout=args.build_timeout,
+                             run_timeout=args.run_timeout)
+    res = tune(t.name, wl, info, trials=args.trials, log=args.log, storage=args.storage, sampler=args.sampler,
+               scopes=scopes, seed=args.seed, early_stopping=args.early_stopping, options=options,
+               progress=not args.no_progress)
+    print(f"study {res.study_name}: {res.measured} measured, {res.reused} answered from the log ({res.log})")
+    failures: dict = {}
+    for r in res.records:
+        if not r.ok:
+            failures[r.error_name] = failures.get(r.error_name, 0) + 1
+    if failures:
+        print("failures: " + ", ".join(f"{k} {v}" for k, v in sorted(failures.items())))
+    if res.best is None:
+        print("no config succeeded")
+        return 1
+    b = res.best
+    print(f"best: {b.median_s * 1e3:.4g} ms, {b.gflops:.3g} GFLOP/s (max relative error {b.max_rel_error:.2g})")
+    print(f"config {json.dumps(b.config)}")
+    fallback = dataclasses.asdict(t.fallback(wl, info))
+    if fallback == b.config:
+        print("(the fallback config)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tuner", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"tuner {__version__}")
@@ -268,6 +303,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     add_device_arg(p)
     p.set_defaults(func=cmd_op)
+
+    p = sub.add_parser("tune-op", help="tune one operator: an Optuna study with an XGBoost cost model")
+    add_workload_args(p)
+    p.add_argument("--trials", type=int, default=32, help="configs to measure (default 32)")
+    p.add_argument("--sampler", choices=("xgb", "tpe", "random"), default="xgb")
+    p.add_argument("--log", metavar="PATH", help="JSONL log (default logs/<device fingerprint>.jsonl)")
+    p.add_argument("--storage", metavar="URL", help="Optuna storage (default sqlite:///logs/studies.db beside "
+                   "the log); a re-run resumes its study")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--early-stopping", type=int, metavar="N", help="stop after N measurements without improvement")
+    p.add_argument("--parallel", type=int, default=2, help="build processes (default 2)")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per config (default 5)")
+    p.add_argument("--build-timeout", type=float, default=60.0, metavar="S")
+    p.add_argument("--run-timeout", type=float, default=30.0, metavar="S")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_device_arg(p)
+    p.set_defaults(func=cmd_tune_op)
 
     p = sub.add_parser("demo", help="run the examples end to end on the default device")
     add_device_arg(p)

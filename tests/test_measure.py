@@ -1,0 +1,59 @@
+"""Measurement: every error code from a real failing config, in worker processes with timeouts; failures
+are never chosen as best."""
+import os
+from pathlib import Path
+
+import pytest
+
+from tuner.errors import ErrorCode
+from tuner.logs import best_records
+from tuner.measure import MeasureInput, MeasureOptions, Measurer
+from tuner.search.tune import _record
+from tuner.templates import get_template
+
+ROOT = Path(__file__).resolve().parents[1]
+BUFFERS = dict(input_scope="buffer", weight_scope="buffer", output_scope="buffer")
+
+
+@pytest.fixture(autouse=True)
+def _at_repo_root(monkeypatch):
+    monkeypatch.chdir(ROOT)  # worker processes import tests.faulty_templates from here
+
+
+def test_every_error_code_from_a_real_failing_config(device):
+    t = get_template("conv2d")
+    wl = t.workload(data=(1, 8, 6, 6), kernel=(8, 8, 3, 3), padding=1)
+    good = t.config(tile_ow=2, wg_w=2, **BUFFERS)
+    cases = [
+        ("conv2d", good, ErrorCode.NO_ERROR),
+        ("conv2d", t.config(tile_ow=2, wg_w=64, wg_h=8, **BUFFERS), ErrorCode.INSTANTIATION),  # wider than the work
+        ("tests.faulty_templates:NO_WORK_GROUP_LIMIT", t.config(tile_ow=1, wg_w=8192, **BUFFERS), ErrorCode.RUNTIME),
+        ("tests.faulty_templates:COMPILE_ERROR", good, ErrorCode.COMPILE),
+        ("tests.faulty_templates:WRONG_ANSWER", good, ErrorCode.WRONG_ANSWER),
+        ("tests.faulty_templates:RUN_FOREVER", good, ErrorCode.RUN_TIMEOUT),
+        ("tests.faulty_templates:BUILD_FOREVER", good, ErrorCode.BUILD_TIMEOUT),
+        ("tests.faulty_templates:CRASH", good, ErrorCode.UNKNOWN),
+        ("conv2d", t.config(tile_ow=4, wg_w=2, **BUFFERS), ErrorCode.NO_ERROR),  # workers recovered
+    ]
+    options = MeasureOptions(build_timeout=8, run_timeout=5, repeats=2, min_seconds=0, n_parallel=2)
+    with Measurer(device, options) as m:
+        results = m.measure([MeasureInput(name, wl, cfg) for name, cfg, _ in cases])
+    for (name, cfg, expected), res in zip(cases, results):
+        assert res.error_code == expected, f"{name}: {res.error_code.name} {res.error_msg[:300]}"
+        assert res.ok == (expected == ErrorCode.NO_ERROR) and (res.error_msg != "") == (not res.ok)
+    by_code = {e: r for (_, _, e), r in zip(cases, results)}
+    assert "no_such_opencl_builtin" in by_code[ErrorCode.COMPILE].error_msg
+    assert "max relative error" in by_code[ErrorCode.WRONG_ANSWER].error_msg
+    assert "within 5 s" in by_code[ErrorCode.RUN_TIMEOUT].error_msg
+    assert "wg_w_needed" in by_code[ErrorCode.INSTANTIATION].error_msg
+    assert "WORK_GROUP" in by_code[ErrorCode.RUNTIME].error_msg.upper()
+    assert results[0].max_rel_error < 1e-4 and len(results[0].costs) >= 2
+
+    # failures are never the best record, whatever their timings
+    scopes = {"input": "buffer", "weight": "buffer", "output": "buffer"}
+    records = [_record(t, wl, scopes, cfg, device.info, res, i, "test", "s") for i, ((_, cfg, _), res)
+               in enumerate(zip(cases, results))]
+    for r in records[1:-1]:
+        r.median_s, r.gflops = 1e-9, 1e9  # a failure that claims to be fast
+    (best,) = best_records(records).values()
+    assert best.ok and best.error_code == 0 and best.config in (records[0].config, records[-1].config)
