@@ -1,8 +1,27 @@
-"""tuner: an autotuner for OpenCL convolution kernels on 2-D RGBA textures."""
+"""tuner: an autotuner for OpenCL convolution kernels on 2-D RGBA textures.
+
+    import tuner
+    result = tuner.tune("conv2d", wl, device="pocl", trials=64)      # an Optuna study per task
+    with tuner.apply_history_best("logs/pocl-cpu-....jsonl") as h:  # the best logged config per workload
+        cfg = h.pick(tuner.get_template("conv2d"), wl, device)
+"""
 
 __version__ = "0.1.0"
 
 from tuner.errors import TunerError  # noqa: E402
 from tuner.runtime.device import choose_device, list_devices  # noqa: E402
 
-__all__ = ["__version__", "TunerError", "choose_device", "list_devices"]
+# heavier layers (optuna, xgboost) load on first use
+_LAZY = {"tune": "tuner.search", "apply_history_best": "tuner.logs", "load_records": "tuner.logs",
+         "get_template": "tuner.templates", "run_op": "tuner.op", "open_device": "tuner.runtime",
+         "build": "tuner.runtime.launch"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'tuner' has no attribute {name!r}")
+
+
+__all__ = ["__version__", "TunerError", "choose_device", "list_devices", *_LAZY]
