@@ -433,7 +433,7 @@ def summarize(rows: list, layers: list, meta: dict) -> str:
             fb_ratios.append(fb["ratio"])
         tot = totals.setdefault(layer["model"], [0.0, 0.0, 0, 0])
         tot[3] += 1
-        if best and tm:
+        if best and tm and not noisy:
             tot[0] += layer["count"] * best["median_s"]
             tot[1] += layer["count"] * tm
             tot[2] += 1
@@ -457,7 +457,8 @@ def summarize(rows: list, layers: list, meta: dict) -> str:
                   "and multi-threaded PyTorch stalls whenever one of its threads is descheduled.", ""]
     for model, (ours, theirs, n, total) in totals.items():
         if n:
-            lines.append(f"- {model}: the {n} of {total} layers run here, weighted by count: ours (best) "
+            lines.append(f"- {model}: the {n} of its {total} layers run here and not marked (noisy), weighted by "
+                         f"count: ours (best) "
                          f"{ours * 1e3:.2f} ms, PyTorch {theirs * 1e3:.2f} ms (ratio {theirs / ours:.3f})")
     skipped = [r for r in rows if r["error"].startswith("skipped:")]
     failed = [r for r in rows if not r["ok"] and r not in skipped]
