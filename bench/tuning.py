@@ -200,6 +200,29 @@ def summarize(rows: list, n: int, meta: dict) -> str:
               + f"; ratio xgb/random {geomean(ratios['random']):.2f}, xgb/tpe {geomean(ratios['tpe']):.2f}** "
               f"(geometric means of the per-workload ratios; censored medians count as N+1 = {n + 1}). "
               f"Goal: xgb/random <= 0.33 and xgb/tpe < 1."]
+    reached = {s: (sum(int(r["trials_to_95pct"]) <= n for r in rows if r["sampler"] == s),
+                   sum(r["sampler"] == s for r in rows)) for s in samplers}
+    lines += ["", f"Runs that reached {THRESHOLD:.0%} of best ever within N = {n} trials: "
+              + ", ".join(f"{s} {a}/{b}" for s, (a, b) in reached.items()) + "."]
+    # the same metric at lower thresholds (less censored; secondary)
+    lines += ["", "Secondary: the same metric at lower thresholds (geometric mean over workloads of the median "
+              "trials over seeds; censored = N+1):", "",
+              "| threshold | " + " | ".join(samplers) + " | xgb/random | xgb/tpe | censored runs "
+              + "/".join(samplers) + " |", "| ---: | " + " | ".join("---:" for _ in samplers) + " | ---: | ---: | ---: |"]
+    for th in (0.7, 0.8, 0.9, THRESHOLD):
+        meds, cen = {}, {}
+        for s in samplers:
+            ms = []
+            for w in workloads:
+                rs = [r for r in rows if r["workload"] == w and r["sampler"] == s]
+                ks = [trials_to(r["curve"], th * float(r["best_ever"]), n) for r in rs]
+                cen[s] = cen.get(s, 0) + sum(k > n for k in ks)
+                if ks:
+                    ms.append(statistics.median(ks))
+            meds[s] = geomean(ms)
+        ratio = [f"{meds['xgb'] / meds[o]:.2f}" if "xgb" in meds and o in meds else "" for o in ("random", "tpe")]
+        lines.append(f"| {th:.0%} | " + " | ".join(f"{meds[s]:.1f}" for s in samplers) + " | "
+                     + " | ".join(ratio) + " | " + "/".join(str(cen[s]) for s in samplers) + " |")
     # how good each sampler's result is after N trials, and after N/2 (same runs)
     lines += ["", f"Best found as a fraction of best ever, mean over seeds, after N/2 = {n // 2} and N = {n} trials:",
               "", "| workload | " + " | ".join(f"{s} @{n // 2} | {s} @{n}" for s in samplers) + " |",
@@ -236,9 +259,14 @@ def main(argv=None) -> int:
         rows = read_csv(Path(a.summarize))
         n = max(r["trials"] for r in rows)
         finish_rows(rows, n)
-        meta = {"device_name": rows[0]["device"], "fingerprint": Path(a.summarize).stem.split("_", 1)[-1],
-                "date": "from " + a.summarize, "scope": rows[0]["scope"]}
-        print(summarize(rows, n, meta))
+        src = Path(a.summarize)
+        date = datetime.datetime.fromtimestamp(src.stat().st_mtime).strftime("%Y-%m-%d %H:%M") + " (end of the run: the CSV's mtime)"
+        meta = {"device_name": rows[0]["device"], "fingerprint": src.stem.split("_", 1)[-1], "date": date,
+                "scope": rows[0]["scope"], "wall_s": sum(r["wall_s"] for r in rows)}
+        md = summarize(rows, n, meta)
+        src.with_suffix(".md").write_text(md)
+        print(md)
+        print(f"wrote {src.with_suffix('.md')} (wall time = the sum of the runs' tune() calls)")
         return 0
 
     info = choose_device(a.device)
