@@ -202,31 +202,43 @@ def clamp(i, n):
     return max_(min_(i, n - 1), 0)
 
 
-def reference(wl: Conv2dWorkload, x, w, bias=None, residual=None) -> np.ndarray:
-    """NumPy conv2d in float64 (the check for every tuned config)."""
-    (N, C, H, W), (O, _, R, S) = wl.data, wl.kernel
+def padded_windows(wl, x):
+    """``(r, s, patch)`` per filter tap: the float64 zero-padded input pixels that tap reads for every output
+    pixel (shared by the conv2d and depthwise references)."""
+    N, C, H, W = wl.data
+    _, _, R, S = wl.kernel
     _, _, OH, OW = wl.out_shape
     (sh, sw), (dh, dw), (pt, pl, pb, pr) = wl.stride, wl.dilation, wl.padding
     xp = np.zeros((N, C, H + pt + pb, W + pl + pr))
     xp[:, :, pt:pt + H, pl:pl + W] = x
-    out = np.zeros((N, O, OH, OW))
     for r in range(R):
         for s in range(S):
-            patch = xp[:, :, r * dh: r * dh + sh * (OH - 1) + 1: sh, s * dw: s * dw + sw * (OW - 1) + 1: sw]
-            out += np.einsum("nchw,oc->nohw", patch, w[:, :, r, s].astype(np.float64))
+            yield r, s, xp[:, :, r * dh: r * dh + sh * (OH - 1) + 1: sh, s * dw: s * dw + sw * (OW - 1) + 1: sw]
+
+
+def reference_epilogue(wl, out: np.ndarray, bias=None, residual=None) -> np.ndarray:
+    """The fused epilogue in the kernels' order: bias (per channel, axis 1), activation, residual add."""
     if bias is not None:
-        out += bias.astype(np.float64)[None, :, None, None]
+        out = out + bias.astype(np.float64).reshape((1, -1) + (1,) * (out.ndim - 2))
     if wl.activation in ("relu", "relu6"):
         out = np.maximum(out, 0)
     if wl.activation == "relu6":
         out = np.minimum(out, 6)
     if residual is not None:
-        out += residual
+        out = out + residual
     return out
 
 
-def random_inputs(wl: Conv2dWorkload, rng) -> dict:
-    """Random normal operands (never zeros) keyed by kernel parameter name."""
+def reference(wl: Conv2dWorkload, x, w, bias=None, residual=None) -> np.ndarray:
+    """NumPy conv2d in float64 (the check for every tuned config)."""
+    out = np.zeros(wl.out_shape)
+    for r, s, patch in padded_windows(wl, x):
+        out += np.einsum("nchw,oc->nohw", patch, w[:, :, r, s].astype(np.float64))
+    return reference_epilogue(wl, out, bias, residual)
+
+
+def random_inputs(wl, rng) -> dict:
+    """Random normal operands (never zeros) keyed by kernel parameter name; conv2d's and depthwise's."""
     draw = lambda shape: rng.standard_normal(shape).astype(wl.dtype)  # noqa: E731
     inputs = {"X": draw(wl.data), "Wt": draw(wl.kernel)}
     if wl.bias:

@@ -17,7 +17,7 @@ from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
 from tuner.ir.expr import ExtractLane, Ramp, as_expr, call, max_, min_
 from tuner.templates import Template
-from tuner.templates.conv2d_nchw4c import ACTIVATIONS, bias_buffer, texture_scopes
+from tuner.templates.conv2d_nchw4c import ACTIVATIONS, bias_buffer, reference_epilogue, texture_scopes
 
 
 @dataclass(frozen=True)
@@ -164,14 +164,7 @@ def _hsum(v):
 
 
 def reference(wl: DenseWorkload, x, w, bias=None) -> np.ndarray:
-    out = x.astype(np.float64) @ w.astype(np.float64).T
-    if bias is not None:
-        out += bias.astype(np.float64)[None, :]
-    if wl.activation in ("relu", "relu6"):
-        out = np.maximum(out, 0)
-    if wl.activation == "relu6":
-        out = np.minimum(out, 6)
-    return out
+    return reference_epilogue(wl, x.astype(np.float64) @ w.astype(np.float64).T, bias)
 
 
 def random_inputs(wl: DenseWorkload, rng) -> dict:

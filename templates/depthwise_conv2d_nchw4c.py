@@ -15,8 +15,9 @@ from tuner.ir.builder import Builder
 from tuner.ir.expr import Ramp, as_expr, min_, select
 from tuner.ir.schedule import cache_read
 from tuner.templates import Template
-from tuner.templates.conv2d_nchw4c import (Conv2dWorkload, bias_buffer, clamp, fit_work_group,
-                                           scope_layout, store_tile, texture_scopes)
+from tuner.templates.conv2d_nchw4c import (Conv2dWorkload, bias_buffer, clamp, fit_work_group, padded_windows,
+                                           random_inputs, reference_epilogue, scope_layout, store_tile,
+                                           texture_scopes)
 
 
 @dataclass(frozen=True)
@@ -141,36 +142,10 @@ def depthwise_conv2d_nchw4c(wl: DepthwiseWorkload, cfg: DepthwiseConfig):
 
 def reference(wl: DepthwiseWorkload, x, w, bias=None, residual=None) -> np.ndarray:
     """NumPy depthwise conv2d in float64."""
-    N, C, H, W = wl.data
-    _, _, R, S = wl.kernel
-    _, _, OH, OW = wl.out_shape
-    (sh, sw), (dh, dw), (pt, pl, pb, pr) = wl.stride, wl.dilation, wl.padding
-    xp = np.zeros((N, C, H + pt + pb, W + pl + pr))
-    xp[:, :, pt:pt + H, pl:pl + W] = x
-    out = np.zeros((N, C, OH, OW))
-    for r in range(R):
-        for s in range(S):
-            patch = xp[:, :, r * dh: r * dh + sh * (OH - 1) + 1: sh, s * dw: s * dw + sw * (OW - 1) + 1: sw]
-            out += patch * w[:, 0, r, s].astype(np.float64)[None, :, None, None]
-    if bias is not None:
-        out += bias.astype(np.float64)[None, :, None, None]
-    if wl.activation in ("relu", "relu6"):
-        out = np.maximum(out, 0)
-    if wl.activation == "relu6":
-        out = np.minimum(out, 6)
-    if residual is not None:
-        out += residual
-    return out
-
-
-def random_inputs(wl: DepthwiseWorkload, rng) -> dict:
-    draw = lambda shape: rng.standard_normal(shape).astype(wl.dtype)  # noqa: E731
-    inputs = {"X": draw(wl.data), "Wt": draw(wl.kernel)}
-    if wl.bias:
-        inputs["B"] = draw(wl.kernel[:1])
-    if wl.residual:
-        inputs["Res"] = draw(wl.out_shape)
-    return inputs
+    out = np.zeros(wl.out_shape)
+    for r, s, patch in padded_windows(wl, x):
+        out += patch * w[:, 0, r, s].astype(np.float64)[None, :, None, None]
+    return reference_epilogue(wl, out, bias, residual)
 
 
 def space_vars(wl: DepthwiseWorkload) -> dict:

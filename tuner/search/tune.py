@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -200,7 +199,3 @@ def _progress(total: int, enabled: bool, name: str):
     from tqdm.auto import tqdm
     return tqdm(total=total, desc=name.split("-")[0], unit="trial", dynamic_ncols=True)
 
-
-def geomean(values) -> float:
-    values = [v for v in values if v and v > 0]
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
