@@ -177,7 +177,8 @@ def bias_buffer(O: int, dtype: str, weight_scope: str):
 
 
 def store_tile(b, acc, Y, n, obb, oh0, ow0, tile, bounds, wl, B=None, Res=None):
-    """The fused epilogue (bias, ReLU/ReLU6, residual add) and a guarded store of every tile pixel."""
+    """The fused epilogue (bias, residual add, then ReLU/ReLU6: ResNet's ``relu(conv + bn + identity)``) and a
+    guarded store of every tile pixel."""
     (t_oc, t_oh, t_ow), (OB, OH, OW) = tile, bounds
     for k in range(t_oc):
         ob = obb * t_oc + k
@@ -189,12 +190,12 @@ def store_tile(b, acc, Y, n, obb, oh0, ow0, tile, bounds, wl, B=None, Res=None):
                     v = acc[(k * t_oh + y) * t_ow + x]
                     if B is not None:
                         v = v + B[lanes]
+                    if Res is not None:
+                        v = v + Res[n, lanes, oh, ow]
                     if wl.activation in ("relu", "relu6"):
                         v = max_(v, 0.0)
                     if wl.activation == "relu6":
                         v = min_(v, 6.0)
-                    if Res is not None:
-                        v = v + Res[n, lanes, oh, ow]
                     b.store(Y, (n, lanes, oh, ow), v)
 
 
@@ -217,15 +218,15 @@ def padded_windows(wl, x):
 
 
 def reference_epilogue(wl, out: np.ndarray, bias=None, residual=None) -> np.ndarray:
-    """The fused epilogue in the kernels' order: bias (per channel, axis 1), activation, residual add."""
+    """The fused epilogue in the kernels' order: bias (per channel, axis 1), residual add, activation."""
     if bias is not None:
         out = out + bias.astype(np.float64).reshape((1, -1) + (1,) * (out.ndim - 2))
+    if residual is not None:
+        out = out + residual
     if wl.activation in ("relu", "relu6"):
         out = np.maximum(out, 0)
     if wl.activation == "relu6":
         out = np.minimum(out, 6)
-    if residual is not None:
-        out = out + residual
     return out
 
 

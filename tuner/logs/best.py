@@ -72,19 +72,30 @@ class ApplyHistoryBest:
                 self._any_scope[k] = r
         self._warned: set = set()
 
-    def query(self, template_name: str, workload, device_fingerprint: str, scopes: dict | None) -> Record | None:
+    def query(self, template_name: str, workload, device_fingerprint: str, scopes: dict | None,
+              fixed: dict | None = None) -> Record | None:
         """The best record of the task, or None. ``workload``: the key dict (or a workload object);
-        ``scopes=None``: the best over any scopes."""
+        ``scopes=None``: the best over any scopes; ``fixed``: only configs with these knob values."""
         wl = canonical_json(_workload_key(workload))
+        if fixed:
+            best = None
+            for r in self.records:
+                if (r.ok and r.device == device_fingerprint and r.template == template_name
+                        and canonical_json(r.workload) == wl and (scopes is None or r.scopes == scopes)
+                        and all(r.config.get(k) == v for k, v in fixed.items())
+                        and (best is None or r.median_s < best.median_s)):
+                    best = r
+            return best
         if scopes is None:
             return self._any_scope.get((device_fingerprint, template_name, wl))
         return self.best.get((device_fingerprint, template_name, wl, canonical_json(scopes)))
 
-    def pick(self, template, workload, device, scopes: dict | None = None):
+    def pick(self, template, workload, device, scopes: dict | None = None, fixed: dict | None = None):
         """The config to build ``workload`` with on ``device`` (Device or DeviceInfo): the best tuned one,
-        else the template's fallback for the device with ``scopes`` applied, warning once per workload."""
+        else the template's fallback for the device with ``scopes`` (and ``fixed`` knobs) applied, warning
+        once per workload."""
         info = getattr(device, "info", device)
-        record = self.query(template.name, workload, info.fingerprint, scopes)
+        record = self.query(template.name, workload, info.fingerprint, scopes, fixed)
         if record is not None:
             try:
                 return template.config(**record.config)
@@ -98,7 +109,7 @@ class ApplyHistoryBest:
             warnings.warn(f"no tuned config for {template.name} {canonical_json(key)} on {info.fingerprint}: "
                           f"using the fallback config", FallbackConfigWarning, stacklevel=2)
         cfg = template.fallback(_workload_obj(template, workload), info)
-        return dataclasses.replace(cfg, **_scope_changes(scopes)) if scopes else cfg
+        return dataclasses.replace(cfg, **_scope_changes(scopes or {}), **(fixed or {}))
 
     def __len__(self) -> int:
         return len(self.best)

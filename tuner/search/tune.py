@@ -38,8 +38,11 @@ class TuneResult:
     log: str = ""
 
 
-def study_name(template: str, workload, scopes: dict, fingerprint: str) -> str:
-    task = json.dumps({"template": template, "workload": workload.key(), "scopes": scopes}, sort_keys=True)
+def study_name(template: str, workload, scopes: dict, fingerprint: str, fixed: dict | None = None) -> str:
+    task = {"template": template, "workload": workload.key(), "scopes": scopes}
+    if fixed:  # knobs a model pins (its activation layout): a different task from the free one
+        task["fixed"] = fixed
+    task = json.dumps(task, sort_keys=True)
     return f"{template}-{hashlib.sha1(task.encode()).hexdigest()[:12]}-{fingerprint}"
 
 
@@ -69,10 +72,11 @@ def _score(record: Record) -> float:
 def tune(template, workload, device=None, trials: int = 32, log: str | None = None, storage: str | None = None,
          sampler: str = "xgb", scopes: dict | None = None, seed: int | None = 0, early_stopping: int | None = None,
          batch: int | None = None, options: MeasureOptions | None = None, progress: bool = True,
-         transfer: bool = True) -> TuneResult:
+         transfer: bool = True, fixed: dict | None = None) -> TuneResult:
     """Measure up to ``trials`` new configs of ``template`` (a registered name, or ``"module:ATTRIBUTE"``)
     on ``workload`` with ``sampler`` (xgb, tpe or random), stopping early after ``early_stopping``
-    measurements without improvement."""
+    measurements without improvement. ``fixed`` pins knobs (a model pins its activation layout so that the
+    kernel tuned is the kernel deployed)."""
     from tuner.runtime.device import DeviceInfo, choose_device
     from tuner.templates import get_template
     spec = template if isinstance(template, str) else template.name  # measuring processes look it up again
@@ -85,13 +89,14 @@ def tune(template, workload, device=None, trials: int = 32, log: str | None = No
     bad = set(scopes) - set(SCOPES) or {v for v in scopes.values() if v not in ("texture", "buffer")}
     if bad:
         raise TunerError(f"scopes {scopes}: keys input/weight/output, values texture or buffer")
-    space = t.space(workload, info, **{f"{k}_scope": v for k, v in scopes.items()})
+    fixed = dict(fixed or {})
+    space = t.space(workload, info, **fixed, **{f"{k}_scope": v for k, v in scopes.items()})
     names = list(space.choices)
     log = log or default_log(info.fingerprint)
     storage = storage or default_storage(log)
     if storage.startswith("sqlite:///"):
         Path(storage[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
-    name = study_name(t.name, workload, scopes, info.fingerprint)
+    name = study_name(t.name, workload, scopes, info.fingerprint, fixed)
     options = options or MeasureOptions()
     batch = batch or options.n_parallel
 

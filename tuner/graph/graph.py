@@ -1,0 +1,91 @@
+"""The model graph: a list of nodes in topological order over named tensors, with shapes known for every tensor
+and constants (weights) held as NumPy arrays.
+
+The frontend produces it with NCHW operators (``conv2d``, ``batch_norm``, ``relu``, ...); graph passes rewrite it
+(fold BatchNorm, fuse epilogues) and annotate it (layouts, scopes) until every node is one deployed kernel.
+
+Operators and their attributes as the frontend emits them (activations are NCHW, weights OIHW):
+
+| op | inputs | attrs |
+| --- | --- | --- |
+| conv2d | x, w (O, I/groups, R, S), [b (O)] | stride (h, w), padding (top, left, bottom, right), dilation (h, w), groups |
+| dense | x (N, K), w (M, K), [b (M)] | |
+| batch_norm | x, scale, bias, mean, var | epsilon |
+| relu | x | |
+| clip | x | min, max |
+| add | a, b (same shape, or b a constant broadcast over N, H, W) | |
+| global_avg_pool | x | |
+| avg_pool, max_pool | x | kernel (r, s), stride, padding (top, left, bottom, right), count_include_pad (avg) |
+| flatten | x (N, C, H, W) | (always to (N, C*H*W)) |
+| reshape | x | shape (the resolved output shape) |
+| concat | x0, x1, ... | axis (1: channels) |
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class Node:
+    op: str
+    name: str
+    inputs: list
+    outputs: list
+    attrs: dict = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return f"Node({self.op} {self.name}: {self.inputs} -> {self.outputs} {self.attrs})"
+
+
+@dataclass
+class Graph:
+    """``shapes`` maps every tensor name (inputs, intermediates, outputs, params) to its logical shape."""
+    nodes: list
+    inputs: list
+    outputs: list
+    shapes: dict
+    params: dict = field(default_factory=dict)
+    dtype: str = "float32"
+
+    def producer(self, name: str) -> Node | None:
+        for n in self.nodes:
+            if name in n.outputs:
+                return n
+        return None
+
+    def consumers(self, name: str) -> list:
+        return [n for n in self.nodes if name in n.inputs]
+
+    def is_param(self, name: str) -> bool:
+        return name in self.params
+
+    def copy(self) -> "Graph":
+        return Graph([Node(n.op, n.name, list(n.inputs), list(n.outputs), dict(n.attrs)) for n in self.nodes],
+                     list(self.inputs), list(self.outputs), dict(self.shapes), dict(self.params), self.dtype)
+
+    def validate(self) -> "Graph":
+        """Every input of a node is a graph input, a param or an earlier node's output; every tensor has a shape."""
+        known = set(self.inputs) | set(self.params)
+        for n in self.nodes:
+            for t in n.inputs:
+                if t not in known:
+                    raise ValueError(f"node {n.name!r} ({n.op}) reads {t!r} before anything produces it")
+            known.update(n.outputs)
+        missing = [t for t in known | set(self.outputs) if t not in self.shapes]
+        if missing:
+            raise ValueError(f"tensors without a shape: {sorted(missing)}")
+        for t in self.outputs:
+            if t not in known:
+                raise ValueError(f"graph output {t!r} is never produced")
+        for name, value in self.params.items():
+            if tuple(np.shape(value)) != tuple(self.shapes[name]):
+                raise ValueError(f"param {name!r} has shape {np.shape(value)}, graph says {self.shapes[name]}")
+        return self
+
+    def summary(self) -> str:
+        lines = [f"graph: {len(self.nodes)} nodes, inputs {[(i, self.shapes[i]) for i in self.inputs]}"]
+        for n in self.nodes:
+            lines.append(f"  {n.name:<24} {n.op:<16} {[self.shapes[o] for o in n.outputs]}")
+        return "\n".join(lines)
