@@ -1,0 +1,285 @@
+"""ONNX frontend: every supported operator and attribute variant checked against onnxruntime through the NumPy
+reference interpreter (values and every intermediate shape), and every error path."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tuner.errors import TunerError
+from tuner.graph.frontend import SUPPORTED_OPS, from_onnx
+from tuner.graph.reference import OPS, random_inputs, run_graph_numpy
+from tuner.graph import zoo
+from tuner.graph.zoo import TEST_INPUT_SHAPES
+
+MODELS = zoo.test_models()
+
+
+def run_ort(model: onnx.ModelProto, inputs: dict, every_tensor: bool = False) -> dict:
+    """onnxruntime's outputs, or (every_tensor) also every node's first output (the rest, e.g. a Dropout mask,
+    are not float)."""
+    if every_tensor:
+        model = onnx.ModelProto.FromString(model.SerializeToString())
+        declared = {o.name for o in model.graph.output}
+        for node in model.graph.node:
+            if node.op_type != "Constant":
+                if node.output[0] not in declared:
+                    model.graph.output.append(helper.make_tensor_value_info(node.output[0], TensorProto.FLOAT, None))
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, inputs)))
+
+
+def assert_close(actual, expected, tol=1e-5):
+    assert actual.shape == expected.shape
+    scale = max(float(np.abs(expected).max()), 1e-6)
+    assert float(np.abs(actual - expected).max()) <= tol * scale
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_matches_onnxruntime(name):
+    model = MODELS[name]
+    graph = from_onnx(model, TEST_INPUT_SHAPES.get(name))
+    assert graph.outputs == [o.name for o in model.graph.output]
+    inputs = random_inputs(graph, seed=1)
+    ours = run_graph_numpy(graph, inputs, all_tensors=True)
+    theirs = run_ort(model, inputs, every_tensor=True)
+    for t in graph.outputs:
+        assert_close(ours[t], theirs[t])
+    # every intermediate tensor the graph keeps has onnxruntime's shape (and value)
+    compared = [t for n in graph.nodes for t in n.outputs if t in theirs]
+    assert len(compared) == len(graph.nodes)
+    for t in compared:
+        assert graph.shapes[t] == theirs[t].shape, t
+        assert_close(ours[t], theirs[t])
+
+
+def test_test_models_cover_every_operator_and_variant():
+    ops = {n.op_type for m in MODELS.values() for n in m.graph.node}
+    assert ops == set(SUPPORTED_OPS)
+    attrs = {(n.op_type, a.name, helper.get_attribute_value(a)) for m in MODELS.values() for n in m.graph.node
+             for a in n.attribute if a.type in (onnx.AttributeProto.INT, onnx.AttributeProto.STRING)}
+    for variant in [("Conv", "auto_pad", b"SAME_UPPER"), ("Conv", "auto_pad", b"SAME_LOWER"),
+                    ("Conv", "auto_pad", b"VALID"), ("Conv", "group", 6), ("Gemm", "transB", 1),
+                    ("AveragePool", "count_include_pad", 1), ("AveragePool", "count_include_pad", 0),
+                    ("AveragePool", "auto_pad", b"SAME_UPPER"), ("Concat", "axis", -3), ("Flatten", "axis", -1)]:
+        assert variant in attrs, variant
+    clip6 = [n for n in MODELS["clip_attrs"].graph.node]
+    assert [sorted(a.name for a in n.attribute) for n in clip6] == [["max", "min"], ["max"], ["min"]]
+    assert [len(n.input) for n in MODELS["clip"].graph.node if n.op_type == "Clip"] == [3, 3, 2]
+    emitted = {n.op for name, m in MODELS.items() for n in from_onnx(m, TEST_INPUT_SHAPES.get(name)).nodes}
+    assert emitted == set(OPS)
+
+
+def test_auto_pad_resolves_to_asymmetric_padding():
+    pads = [n.attrs["padding"] for n in from_onnx(MODELS["conv_auto_pad"]).nodes]
+    # 10x9 input, k3 s2 SAME_UPPER: total pad 1 (h) and 2 (w) -> the odd one goes at the end
+    assert pads[0] == (0, 1, 1, 1)
+    assert pads[1] == (2, 2, 1, 1)  # k4 s2 SAME_LOWER on 5x5: total 3 -> 2 before, 1 after
+    assert pads[2] == (0, 0, 1, 1) and pads[3] == (1, 1, 0, 0) and pads[4] == (0, 0, 0, 0)
+
+
+def test_gemm_folds_alpha_beta_and_transposes():
+    model = MODELS["gemm"]
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    graph = from_onnx(model)
+    first, second, third, fourth = graph.nodes
+    assert [n.op for n in graph.nodes] == ["dense"] * 4
+    np.testing.assert_allclose(graph.params[first.inputs[1]], 0.5 * inits["B0"].T, rtol=1e-6)
+    np.testing.assert_allclose(graph.params[first.inputs[2]], 2.0 * inits["C0"], rtol=1e-6)
+    np.testing.assert_allclose(graph.params[second.inputs[1]], 1.5 * inits["B1"], rtol=1e-6)
+    assert graph.params[second.inputs[2]].shape == (7,)
+    assert len(third.inputs) == 2
+    assert fourth.inputs[1] == "B3"  # transB=1, alpha=1: the initializer as is
+    np.testing.assert_allclose(graph.params[fourth.inputs[2]], np.full(5, -0.25, np.float32))
+
+
+def test_add_constant_becomes_channel_param_and_activation_comes_first():
+    graph = from_onnx(MODELS["add"])
+    adds = [n for n in graph.nodes if n.op == "add"]
+    assert not graph.is_param(adds[0].inputs[1])  # two activations
+    for n in adds[1:]:
+        assert not graph.is_param(n.inputs[0]) and graph.shapes[n.inputs[1]] == (1, 5, 1, 1)
+    np.testing.assert_array_equal(graph.params[adds[3].inputs[1]], np.full((1, 5, 1, 1), 0.5, np.float32))
+    matmul = from_onnx(MODELS["matmul"])
+    assert [graph_shape for n in matmul.nodes if n.op == "add" for graph_shape in [matmul.shapes[n.inputs[1]]]] == \
+        [(1, 6), (1, 4)]
+
+
+def test_identity_dropout_and_dead_nodes_are_removed():
+    graph = from_onnx(MODELS["identity_dropout"])
+    assert [n.op for n in graph.nodes] == ["relu", "conv2d", "clip"]
+    # the output produced through an Identity keeps its ONNX name: the conv writes it
+    assert graph.outputs == ["output", "clip0"] and graph.producer("output").op == "conv2d"
+    assert graph.nodes[2].attrs == {"min": 0.0, "max": np.inf}
+    reshape = from_onnx(MODELS["reshape"])
+    assert [n.attrs.get("shape") for n in reshape.nodes if n.op == "reshape"] == [(2, 2, 6, 5), (2, 60, 1, 1)]
+    assert not reshape.params  # the shapes (Constant node, initializer) became attrs
+    gap = from_onnx(MODELS["global_avg_pool"])
+    assert [n.op for n in gap.nodes] == ["global_avg_pool", "flatten"] and gap.outputs == ["flatten1"]
+
+
+def test_symbolic_batch_with_input_shapes_and_any_input_size(tmp_path):
+    graph = from_onnx(MODELS["symbolic_batch"], {"input": (3, 3, 8, 8)})
+    assert graph.shapes["input"] == (3, 3, 8, 8) and graph.shapes[graph.outputs[0]] == (3, 5)
+    with pytest.raises(TunerError) as e:
+        from_onnx(MODELS["symbolic_batch"])
+    msg = str(e.value)
+    assert "'input'" in msg and "'N'" in msg and "axis 0" in msg and "input_shapes" in msg and "--input-shape" in msg
+    # a static model converts at another size too; loading from a path
+    path = tmp_path / "m.onnx"
+    onnx.save(MODELS["mixed"], str(path))
+    graph = from_onnx(path, {"input": (2, 3, 40, 24)})
+    assert graph.shapes["conv0"] == (2, 8, 20, 12) and graph.shapes["output"] == (2, 10)
+    assert run_graph_numpy(graph, random_inputs(graph))["output"].shape == (2, 10)
+
+
+def test_input_shapes_and_load_errors(tmp_path):
+    with pytest.raises(TunerError, match=r"'x'.*not inputs.*\['input'\]"):
+        from_onnx(MODELS["mixed"], {"x": (1, 3, 8, 8)})
+    with pytest.raises(TunerError, match="rank 3"):
+        from_onnx(MODELS["mixed"], {"input": (1, 3, 8)})
+    with pytest.raises(TunerError, match="positive ints"):
+        from_onnx(MODELS["mixed"], {"input": (1, 0, 8, 8)})
+    with pytest.raises(TunerError, match="does not exist"):
+        from_onnx(tmp_path / "missing.onnx")
+    (tmp_path / "junk.onnx").write_bytes(b"\xff\xff not a model")
+    with pytest.raises(TunerError, match="cannot read ONNX model"):
+        from_onnx(tmp_path / "junk.onnx")
+
+
+def test_initializers_listed_as_inputs_are_params():
+    """Old exporters (IR < 4) list every initializer among the graph inputs too."""
+    model = onnx.ModelProto.FromString(MODELS["batch_norm"].SerializeToString())
+    model.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                             for t in model.graph.initializer)
+    graph = from_onnx(model)
+    assert graph.inputs == ["input"] and len(graph.params) == 9
+    inputs = random_inputs(graph)
+    assert_close(run_graph_numpy(graph, inputs)["bn1"], run_ort(MODELS["batch_norm"], inputs)["bn1"])
+
+
+def test_non_float_input_is_rejected():
+    x = helper.make_tensor_value_info("input", TensorProto.FLOAT16, [1, 3, 4, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT16, [1, 3, 4, 4])
+    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["input"], ["y"])], "g", [x], [y]))
+    with pytest.raises(TunerError, match=r"'input' has element type FLOAT16; only FLOAT \(float32\)"):
+        from_onnx(model)
+
+
+# -- error paths: one model per unsupported construct --------------------------------------------------------
+
+def _model(nodes, inits=(), shape=(1, 8, 8, 8), opset=13, extra_inputs=()):
+    x = helper.make_tensor_value_info("input", TensorProto.FLOAT, list(shape))
+    y = helper.make_tensor_value_info(nodes[-1].output[0], TensorProto.FLOAT, None)
+    graph = helper.make_graph(nodes, "g", [x, *extra_inputs], [y],
+                              [numpy_helper.from_array(np.asarray(v), k) for k, v in inits])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+W8 = ("w", np.ones((8, 8, 3, 3), np.float32))
+W_G2 = ("w", np.ones((8, 4, 3, 3), np.float32))
+CASES = {
+    "softmax": (_model([helper.make_node("Softmax", ["input"], ["y"], name="probs")]),
+                ["'probs'", "Softmax", "not supported", "Conv"]),
+    "lstm_unnamed": (_model([helper.make_node("Relu", ["input"], ["r"], name="relu"),
+                             helper.make_node("LSTM", ["r", "w", "w"], ["y"])], [W8]),
+                     ["#1", "LSTM", "not supported"]),
+    "conv_group2": (_model([helper.make_node("Conv", ["input", "w"], ["y"], name="gconv", group=2)], [W_G2]),
+                    ["'gconv'", "Conv", "group=2", "8 input channels", "depthwise"]),
+    "maxpool_ceil": (_model([helper.make_node("MaxPool", ["input"], ["y"], name="pool", kernel_shape=[2, 2],
+                                              ceil_mode=1)]), ["'pool'", "MaxPool", "ceil_mode=1", "ceil_mode=0"]),
+    "maxpool_dilations": (_model([helper.make_node("MaxPool", ["input"], ["y"], name="pool", kernel_shape=[2, 2],
+                                                   dilations=[2, 2])]), ["'pool'", "MaxPool", "dilations"]),
+    "maxpool_storage_order": (_model([helper.make_node("MaxPool", ["input"], ["y"], name="pool", kernel_shape=[2, 2],
+                                                       storage_order=1)]), ["MaxPool", "storage_order=1"]),
+    "maxpool_indices": (_model([helper.make_node("MaxPool", ["input"], ["y", "idx"], name="pool",
+                                                 kernel_shape=[2, 2])]), ["MaxPool", "'idx'", "first output"]),
+    "gemm_transA": (_model([helper.make_node("Gemm", ["input", "b"], ["y"], name="fc", transA=1)],
+                           [("b", np.ones((8, 4), np.float32))], shape=(8, 2)), ["'fc'", "Gemm", "transA=1"]),
+    "gemm_row_bias": (_model([helper.make_node("Gemm", ["input", "b", "c"], ["y"], name="fc")],
+                             [("b", np.ones((8, 4), np.float32)), ("c", np.ones((2, 4), np.float32))], shape=(2, 8)),
+                      ["'fc'", "Gemm", "C of shape (2, 4)", "(4,)"]),
+    "matmul_activation_rhs": (_model([helper.make_node("MatMul", ["input", "input"], ["y"], name="mm")],
+                                     shape=(4, 4)), ["'mm'", "MatMul", "computed by the graph", "initializer"]),
+    "conv_weight_input": (_model([helper.make_node("Conv", ["input", "w"], ["y"], name="c")],
+                                 extra_inputs=[helper.make_tensor_value_info("w", TensorProto.FLOAT, [8, 8, 3, 3])]),
+                          ["'c'", "Conv", "weight W 'w' is computed", "initializer or Constant"]),
+    "conv_same_dilated": (_model([helper.make_node("Conv", ["input", "w"], ["y"], name="c", auto_pad="SAME_UPPER",
+                                                   dilations=[2, 2])], [W8]),
+                          ["'c'", "Conv", "auto_pad=SAME_UPPER with dilations=[2, 2]"]),
+    "conv_1d": (_model([helper.make_node("Conv", ["input", "w"], ["y"], name="c")],
+                       [("w", np.ones((4, 8, 3), np.float32))], shape=(1, 8, 8)), ["'c'", "Conv", "(1, 8, 8)", "4-D"]),
+    "conv_unknown_attr": (_model([helper.make_node("Conv", ["input", "w"], ["y"], name="c", foo=1)], [W8]),
+                          ["'c'", "Conv", "attribute 'foo'", "auto_pad"]),
+    "concat_axis2": (_model([helper.make_node("Concat", ["input", "input"], ["y"], name="cat", axis=2)]),
+                     ["'cat'", "Concat", "axis=2", "axis=1"]),
+    "add_broadcast": (_model([helper.make_node("GlobalAveragePool", ["input"], ["g"], name="gap"),
+                              helper.make_node("Add", ["input", "g"], ["y"], name="sum")]),
+                      ["'sum'", "Add", "(1, 8, 8, 8) and (1, 8, 1, 1)"]),
+    "add_spatial_const": (_model([helper.make_node("Add", ["input", "c"], ["y"], name="sum")],
+                                 [("c", np.ones((8, 8), np.float32))]),
+                          ["'sum'", "Add", "shape (8, 8)", "(1, 8, 1, 1)"]),
+    "reshape_allowzero": (_model([helper.make_node("Reshape", ["input", "s"], ["y"], name="rs", allowzero=1)],
+                                 [("s", np.array([0, -1], np.int64))], opset=14), ["'rs'", "Reshape", "allowzero=1"]),
+    "reshape_bad_count": (_model([helper.make_node("Reshape", ["input", "s"], ["y"], name="rs")],
+                                 [("s", np.array([3, -1], np.int64))]), ["'rs'", "Reshape", "[3, -1]"]),
+    "flatten_axis2": (_model([helper.make_node("Flatten", ["input"], ["y"], name="fl", axis=2)]),
+                      ["'fl'", "Flatten", "axis=2", "axis=1"]),
+    "clip_nonconst_bound": (_model([helper.make_node("Clip", ["input", "lo"], ["y"], name="clip")],
+                                   extra_inputs=[helper.make_tensor_value_info("lo", TensorProto.FLOAT, [])]),
+                            ["'clip'", "Clip", "Clip min 'lo' is computed"]),
+    "bn_training": (_model([helper.make_node("BatchNormalization", ["input", "s", "s", "s", "s"], ["y"], name="bn",
+                                             training_mode=1)], [("s", np.ones(8, np.float32))], opset=15),
+                    ["'bn'", "BatchNormalization", "training_mode=1"]),
+    "dropout_training": (_model([helper.make_node("Dropout", ["input", "r", "t"], ["d"], name="drop"),
+                                 helper.make_node("Relu", ["d"], ["y"], name="relu")],
+                                [("r", np.float32(0.5)), ("t", np.array(True))]),
+                         ["'drop'", "Dropout", "training_mode"]),
+    "custom_domain": (_model([helper.make_node("FusedConv", ["input"], ["y"], name="fc", domain="com.microsoft")]),
+                      ["'fc'", "com.microsoft.FusedConv", "custom domain"]),
+    "avgpool_ceil": (_model([helper.make_node("AveragePool", ["input"], ["y"], name="ap", kernel_shape=[3, 3],
+                                              ceil_mode=1)]), ["'ap'", "AveragePool", "ceil_mode=1"]),
+    "pool_too_big": (_model([helper.make_node("MaxPool", ["input"], ["y"], name="mp", kernel_shape=[9, 9])]),
+                     ["'mp'", "MaxPool", "window of 9 over an input of 8"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_errors_name_node_operator_and_value(case):
+    model, expected = CASES[case]
+    with pytest.raises(TunerError) as e:
+        from_onnx(model)
+    msg = str(e.value)
+    assert msg.startswith("ONNX node ") and "supported" in msg
+    for part in expected:
+        assert part in msg, (part, msg)
+
+
+def test_reference_interpreter_checks_its_inputs():
+    graph = from_onnx(MODELS["max_pool"])
+    with pytest.raises(ValueError, match="missing inputs"):
+        run_graph_numpy(graph, {})
+    with pytest.raises(ValueError, match="has shape"):
+        run_graph_numpy(graph, {"input": np.zeros((1, 4, 9, 9), np.float32)})
+    graph.nodes[0].op = "softmax"
+    with pytest.raises(ValueError, match="no reference for op 'softmax'"):
+        run_graph_numpy(graph, random_inputs(graph))
+
+
+def test_reference_max_pool_ignores_padding_and_avg_pool_counts():
+    """Hand-checked values, independent of onnxruntime."""
+    x = -np.arange(1, 5, dtype=np.float32).reshape(1, 1, 2, 2)  # all negative: a zero pad would win a max
+    model = _model([helper.make_node("MaxPool", ["input"], ["y"], kernel_shape=[2, 2], pads=[1, 1, 0, 0])],
+                   shape=(1, 1, 2, 2))
+    out = run_graph_numpy(from_onnx(model), {"input": x})["y"]
+    np.testing.assert_array_equal(out[0, 0], [[-1, -1], [-1, -1]])
+    for cip, corner in ((0, -1.0), (1, -0.25)):
+        model = _model([helper.make_node("AveragePool", ["input"], ["y"], kernel_shape=[2, 2], pads=[1, 1, 0, 0],
+                                         count_include_pad=cip)], shape=(1, 1, 2, 2))
+        out = run_graph_numpy(from_onnx(model), {"input": x})["y"]
+        assert out[0, 0, 0, 0] == corner and out[0, 0, 1, 1] == -2.5

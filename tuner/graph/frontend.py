@@ -1,0 +1,602 @@
+"""ONNX -> :class:`Graph` (NCHW operators, see ``graph.py`` for the op names and attrs).
+
+Shapes come from our own per-operator shape functions starting at the input shapes, so a model converts at any
+input size (``input_shapes`` overrides the model's input dims and is required for symbolic dims). Every
+unsupported operator, attribute or value raises :class:`TunerError` naming the node, the operator, what was
+found and what is supported.
+
+What is emitted, per ONNX operator:
+
+- Conv -> ``conv2d`` (group 1 or depthwise); ``auto_pad`` resolved into explicit ``padding``.
+- Gemm -> ``dense`` with ``w`` (M, K): ``transB=0`` transposes B, ``alpha`` is folded into ``w`` and ``beta`` into
+  ``b`` (new params named ``<B>_w`` / ``<C>_b`` when they differ from the ONNX initializers). MatMul with a
+  constant right operand B (K, M) -> ``dense`` with ``w = B.T`` (param ``<B>_T``) and no bias.
+- BatchNormalization (inference) -> ``batch_norm``; Relu -> ``relu``; Clip -> ``clip`` with float ``min``/``max``
+  (a missing bound is -inf / +inf).
+- Add of two same-shape activations -> ``add(a, b)``. Add of an activation and a constant that varies only along
+  the channel axis (scalar, (C,), (C, 1, 1), (1, C, 1, 1), ...) -> ``add(x, b)`` with ``b`` a param of the
+  activation's broadcast form, (1, C, 1, 1) for NCHW and (1, C) for (N, C): the constant itself when it already
+  has that shape, else a new param ``<const>_<node>``. The activation is always the first input (Add commutes).
+- GlobalAveragePool, AveragePool, MaxPool -> ``global_avg_pool``, ``avg_pool``, ``max_pool``.
+- Flatten (axis 1) -> ``flatten`` on 4-D input (on 2-D input it is a no-op and removed); Reshape -> ``reshape``
+  with the resolved shape; Concat -> ``concat`` (axis 1).
+- Identity and Dropout pass their input through and disappear; Constant nodes and initializers become params
+  (only those a node reads; Reshape shapes and Clip bounds are folded into attrs).
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from tuner.errors import TunerError
+from tuner.graph.graph import Graph, Node
+
+SUPPORTED_OPS = ("Add", "AveragePool", "BatchNormalization", "Clip", "Concat", "Constant", "Conv", "Dropout",
+                 "Flatten", "Gemm", "GlobalAveragePool", "Identity", "MatMul", "MaxPool", "Relu", "Reshape")
+
+
+def from_onnx(model_or_path, input_shapes: dict | None = None) -> Graph:
+    """Convert an ONNX model (a ``ModelProto`` or a path to a ``.onnx`` file) to a validated float32 Graph.
+
+    ``input_shapes`` maps graph input names to shapes and overrides the model's dims (needed for symbolic dims
+    such as a batch ``N``)."""
+    model = _load(model_or_path)
+    return _Converter(model, input_shapes or {}).run()
+
+
+def _load(model_or_path) -> onnx.ModelProto:
+    if isinstance(model_or_path, onnx.ModelProto):
+        return model_or_path
+    if not isinstance(model_or_path, (str, os.PathLike)):
+        raise TunerError(f"from_onnx expects an onnx.ModelProto or a path, got {type(model_or_path).__name__}")
+    try:
+        return onnx.load(os.fspath(model_or_path))
+    except FileNotFoundError:
+        raise TunerError(f"ONNX model {os.fspath(model_or_path)!r} does not exist") from None
+    except Exception as e:  # protobuf raises DecodeError and friends for a file that is not a model
+        raise TunerError(f"cannot read ONNX model {os.fspath(model_or_path)!r}: {e}") from None
+
+
+@dataclass
+class _Ctx:
+    """One ONNX node being converted: its identity for error messages and its parsed attributes."""
+    index: int
+    proto: onnx.NodeProto
+    name: str  # the Graph node name
+    attrs: dict
+
+    @property
+    def op(self) -> str:
+        return self.proto.op_type
+
+    def fail(self, problem: str, supported: str):
+        label = f"{self.proto.name!r} (#{self.index}, {self.op})" if self.proto.name else f"#{self.index} ({self.op})"
+        raise TunerError(f"ONNX node {label}: {problem}; supported: {supported}")
+
+    def check_attrs(self, allowed: tuple):
+        for key in self.attrs:
+            if key not in allowed:
+                self.fail(f"attribute {key!r} is not supported",
+                          f"attributes {', '.join(allowed)}" if allowed else "no attributes")
+
+    def inputs(self) -> list:
+        """Input names with trailing empty (omitted optional) inputs dropped."""
+        names = list(self.proto.input)
+        while names and not names[-1]:
+            names.pop()
+        return names
+
+
+class _Converter:
+    def __init__(self, model: onnx.ModelProto, input_shapes: dict):
+        self.model = model
+        self.g = model.graph
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+        if self.opset is None:
+            raise TunerError("the ONNX model imports no default-domain (ai.onnx) opset")
+        self.consts: dict[str, np.ndarray] = {}
+        self.shapes: dict[str, tuple] = {}
+        self.alias: dict[str, str] = {}  # removed tensor (Identity/Dropout output) -> the tensor it copies
+        self.nodes: list[Node] = []
+        self.params: dict[str, np.ndarray] = {}
+        self.node_names: set = set()
+        self.tensor_names: set = set()
+        for init in self.g.initializer:
+            self.consts[init.name] = numpy_helper.to_array(init)
+        self.inputs = [i.name for i in self.g.input if i.name not in self.consts]
+        self._input_shapes(input_shapes)
+        self.tensor_names.update(self.consts, self.inputs)
+        for node in self.g.node:
+            self.tensor_names.update(t for t in node.output if t)
+
+    # -- inputs -----------------------------------------------------------------------------------------------
+
+    def _input_shapes(self, overrides: dict):
+        unknown = [k for k in overrides if k not in self.inputs]
+        if unknown:
+            raise TunerError(f"input_shapes names {unknown}, which are not inputs of the model; its inputs are "
+                             f"{self.inputs}")
+        for vi in self.g.input:
+            if vi.name in self.consts:
+                continue
+            if not vi.type.HasField("tensor_type"):
+                raise TunerError(f"ONNX input {vi.name!r} is not a tensor; only float32 tensor inputs are supported")
+            tt = vi.type.tensor_type
+            if tt.elem_type != onnx.TensorProto.FLOAT:
+                raise TunerError(f"ONNX input {vi.name!r} has element type "
+                                 f"{onnx.TensorProto.DataType.Name(tt.elem_type)}; only FLOAT (float32) models "
+                                 "are supported")
+            dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tt.shape.dim]
+            if vi.name in overrides:
+                shape = overrides[vi.name]
+                if (not isinstance(shape, (tuple, list)) or not shape
+                        or not all(isinstance(d, (int, np.integer)) and d > 0 for d in shape)):
+                    raise TunerError(f"input_shapes[{vi.name!r}] = {shape!r}: expected a tuple of positive ints")
+                if tt.HasField("shape") and len(shape) != len(dims):
+                    raise TunerError(f"input_shapes[{vi.name!r}] = {tuple(shape)} has rank {len(shape)}, but the "
+                                     f"model's input has rank {len(dims)} (shape {tuple(dims)})")
+                self.shapes[vi.name] = tuple(int(d) for d in shape)
+                continue
+            if not tt.HasField("shape"):
+                raise TunerError(f"ONNX input {vi.name!r} has no shape; pass it with input_shapes="
+                                 f"{{{vi.name!r}: (1, 3, 224, 224)}} (CLI: --input-shape {vi.name}=1,3,224,224)")
+            bad = [(axis, d) for axis, d in enumerate(dims) if not isinstance(d, int) or d <= 0]
+            if bad:
+                axis, d = bad[0]
+                example = ",".join(str(x) if isinstance(x, int) and x > 0 else "1" for x in dims)
+                raise TunerError(f"ONNX input {vi.name!r} has symbolic dimension {d!r} at axis {axis} (shape "
+                                 f"{tuple(dims)}); pass concrete dims with input_shapes={{{vi.name!r}: "
+                                 f"({example.replace(',', ', ')})}} (CLI: --input-shape {vi.name}={example})")
+            self.shapes[vi.name] = tuple(dims)
+
+    # -- conversion -------------------------------------------------------------------------------------------
+
+    def run(self) -> Graph:
+        for index, proto in enumerate(self.g.node):
+            ctx = _Ctx(index, proto, self._node_name(index, proto), _attrs(proto))
+            if proto.domain not in ("", "ai.onnx"):
+                ctx.fail(f"operator {proto.domain}.{proto.op_type} (custom domain) is not supported",
+                         f"ai.onnx operators {', '.join(SUPPORTED_OPS)}")
+            handler = getattr(self, f"_op_{proto.op_type}", None)
+            if handler is None:
+                ctx.fail(f"operator {proto.op_type} is not supported", f"operators {', '.join(SUPPORTED_OPS)}")
+            for t in ctx.inputs():
+                if t and self.resolve(t) not in self.shapes and self.resolve(t) not in self.consts:
+                    ctx.fail(f"input {t!r} is not produced by an earlier node, an input or an initializer",
+                             "models whose nodes are in topological order")
+            handler(ctx)
+        outputs = self._outputs()
+        self._prune(outputs)
+        used = {t for n in self.nodes for t in n.inputs}
+        params = {name: self.params[name] for name in self.params if name in used}
+        shapes = {t: self.shapes[t] for t in self.inputs}
+        shapes.update({name: tuple(v.shape) for name, v in params.items()})
+        for n in self.nodes:
+            shapes.update({t: self.shapes[t] for t in n.outputs})
+        graph = Graph(self.nodes, list(self.inputs), outputs, shapes, params, "float32")
+        try:
+            return graph.validate()
+        except ValueError as e:  # a frontend bug rather than a user error, but say which model part it concerns
+            raise TunerError(f"the converted graph is inconsistent: {e}") from None
+
+    def _node_name(self, index: int, proto) -> str:
+        name = proto.name or f"{proto.op_type}_{index}"
+        if name in self.node_names:
+            name = f"{name}_{index}"
+        self.node_names.add(name)
+        return name
+
+    def resolve(self, name: str) -> str:
+        while name in self.alias:
+            name = self.alias[name]
+        return name
+
+    def _outputs(self) -> list:
+        """Graph outputs; one that an Identity/Dropout copied is given its ONNX name by renaming its producer's
+        output, so the Graph's outputs keep the model's names."""
+        outputs = []
+        for vi in self.g.output:
+            name, src = vi.name, self.resolve(vi.name)
+            if src == name:
+                if name in self.consts or name not in self.shapes:
+                    raise TunerError(f"ONNX output {name!r} is a constant or never computed; nothing to run")
+                outputs.append(name)
+                continue
+            if src in self.inputs or src in self.consts or src in outputs or src in {v.name for v in self.g.output}:
+                raise TunerError(f"ONNX output {name!r} is a copy (Identity/Dropout) of {src!r}, which is an input, "
+                                 "a constant or another output; such pass-through outputs are not supported")
+            for n in self.nodes:
+                n.inputs = [name if t == src else t for t in n.inputs]
+                n.outputs = [name if t == src else t for t in n.outputs]
+            self.shapes[name] = self.shapes[src]
+            for k, v in self.alias.items():
+                if v == src:
+                    self.alias[k] = name
+            outputs.append(name)
+        return outputs
+
+    def _prune(self, outputs: list):
+        """Drop nodes nothing downstream reads (e.g. what only fed a removed Dropout mask)."""
+        live = set(outputs)
+        kept = []
+        for n in reversed(self.nodes):
+            if any(t in live for t in n.outputs):
+                kept.append(n)
+                live.update(n.inputs)
+        self.nodes = kept[::-1]
+
+    # -- helpers for handlers ---------------------------------------------------------------------------------
+
+    def act(self, ctx: _Ctx, name: str, rank: tuple | None = None) -> str:
+        """An activation input (not a constant), optionally of one of the given ranks; returns its resolved name."""
+        src = self.resolve(name)
+        if src in self.consts:
+            ctx.fail(f"input {name!r} is a constant", "computed (activation) tensors for this input")
+        if rank is not None and len(self.shapes[src]) not in rank:
+            ctx.fail(f"input {name!r} has shape {self.shapes[src]}",
+                     " or ".join({4: "a 4-D (N, C, H, W)", 2: "a 2-D (N, K)"}[r] for r in rank) + " input")
+        return src
+
+    def const(self, ctx: _Ctx, name: str, what: str) -> np.ndarray:
+        src = self.resolve(name)
+        if src not in self.consts:
+            ctx.fail(f"{what} {name!r} is computed by the graph", f"{what} given as an initializer or Constant")
+        return self.consts[src]
+
+    def param(self, ctx: _Ctx, name: str, what: str, shape: tuple) -> str:
+        """A constant input used as a param as is; returns its name."""
+        value = self.const(ctx, name, what)
+        if value.dtype.kind != "f":
+            ctx.fail(f"{what} {name!r} has dtype {value.dtype}", "float32 constants")
+        if tuple(value.shape) != tuple(shape):
+            ctx.fail(f"{what} {name!r} has shape {tuple(value.shape)}, expected {tuple(shape)}",
+                     f"{what} of shape {tuple(shape)}")
+        src = self.resolve(name)
+        self.params[src] = np.ascontiguousarray(value, dtype=np.float32)
+        return src
+
+    def new_param(self, base: str, value: np.ndarray) -> str:
+        name, k = base, 1
+        while name in self.tensor_names or name in self.params:
+            name, k = f"{base}_{k}", k + 1
+        self.tensor_names.add(name)
+        self.params[name] = np.ascontiguousarray(value, dtype=np.float32)
+        return name
+
+    def emit(self, ctx: _Ctx, op: str, inputs: list, out_shape: tuple, **attrs):
+        out = ctx.proto.output[0]
+        if any(d <= 0 for d in out_shape):
+            ctx.fail(f"the output shape {out_shape} is empty", "operators whose output has at least one element")
+        self.shapes[out] = tuple(int(d) for d in out_shape)
+        self.nodes.append(Node(op, ctx.name, inputs, [out], attrs))
+
+    def single_output(self, ctx: _Ctx):
+        extra = [t for t in ctx.proto.output[1:] if t]
+        if extra:
+            ctx.fail(f"optional outputs {extra} are requested", "only the first output (inference form)")
+
+    # -- operators --------------------------------------------------------------------------------------------
+
+    def _op_Constant(self, ctx: _Ctx):
+        ctx.check_attrs(("value", "value_float", "value_floats", "value_int", "value_ints"))
+        if len(ctx.attrs) != 1:
+            ctx.fail(f"attributes {sorted(ctx.attrs)}", "exactly one of value, value_float(s), value_int(s)")
+        key, value = next(iter(ctx.attrs.items()))
+        if key == "value":
+            array = numpy_helper.to_array(value)
+        else:
+            array = np.array(value, dtype=np.float32 if key.startswith("value_float") else np.int64)
+        self.consts[ctx.proto.output[0]] = array
+
+    def _op_Identity(self, ctx: _Ctx):
+        ctx.check_attrs(())
+        self.alias[ctx.proto.output[0]] = self.resolve(ctx.proto.input[0])
+
+    def _op_Dropout(self, ctx: _Ctx):
+        ctx.check_attrs(("ratio", "seed", "is_test"))
+        names = ctx.inputs()
+        if len(names) > 2 and names[2]:
+            training = self.const(ctx, names[2], "training_mode")
+            if bool(np.asarray(training).reshape(-1)[0]):
+                ctx.fail("training_mode is true", "inference (training_mode false or absent)")
+        if self.opset < 7 and not ctx.attrs.get("is_test", 0):
+            ctx.fail("is_test=0 (training)", "inference (is_test=1)")
+        mask = [t for t in ctx.proto.output[1:] if t]
+        if mask and (any(mask[0] in n.input for n in self.g.node) or mask[0] in {o.name for o in self.g.output}):
+            ctx.fail(f"its mask output {mask[0]!r} is used", "Dropout as a pass-through (mask unused)")
+        self.alias[ctx.proto.output[0]] = self.resolve(ctx.proto.input[0])
+
+    def _op_Relu(self, ctx: _Ctx):
+        ctx.check_attrs(())
+        x = self.act(ctx, ctx.proto.input[0])
+        self.emit(ctx, "relu", [x], self.shapes[x])
+
+    def _op_Clip(self, ctx: _Ctx):
+        names = ctx.inputs()
+        if self.opset >= 11:
+            ctx.check_attrs(())
+            bounds = []
+            for i, what, default in ((1, "min", -math.inf), (2, "max", math.inf)):
+                if len(names) > i and names[i]:
+                    value = self.const(ctx, names[i], f"Clip {what}")
+                    if value.size != 1:
+                        ctx.fail(f"{what} {names[i]!r} has shape {value.shape}", f"a scalar {what}")
+                    bounds.append(float(value.reshape(-1)[0]))
+                else:
+                    bounds.append(default)
+        else:  # Clip-6: bounds are attributes
+            ctx.check_attrs(("min", "max"))
+            bounds = [float(ctx.attrs.get("min", -math.inf)), float(ctx.attrs.get("max", math.inf))]
+        if bounds[0] > bounds[1]:
+            ctx.fail(f"min {bounds[0]} > max {bounds[1]}", "min <= max")
+        x = self.act(ctx, names[0])
+        self.emit(ctx, "clip", [x], self.shapes[x], min=bounds[0], max=bounds[1])
+
+    def _op_Add(self, ctx: _Ctx):
+        ctx.check_attrs(())
+        names = ctx.inputs()
+        srcs = [self.resolve(t) for t in names]
+        is_const = [s in self.consts for s in srcs]
+        if len(names) != 2:
+            ctx.fail(f"{len(names)} inputs", "2 inputs")
+        if all(is_const):
+            ctx.fail("both inputs are constants", "an activation plus an activation or a constant")
+        if not any(is_const):
+            a, b = srcs
+            if self.shapes[a] != self.shapes[b]:
+                ctx.fail(f"activations of shapes {self.shapes[a]} and {self.shapes[b]} (broadcasting)",
+                         "two activations of the same shape, or an activation plus a per-channel constant")
+            self.emit(ctx, "add", [a, b], self.shapes[a])
+            return
+        x, c = (srcs[1], srcs[0]) if is_const[0] else (srcs[0], srcs[1])
+        shape, value = self.shapes[x], self.consts[c]
+        if value.dtype.kind != "f":
+            ctx.fail(f"constant {c!r} has dtype {value.dtype}", "float32 constants")
+        form = tuple(shape[1] if axis == 1 else 1 for axis in range(len(shape)))  # (1, C, 1, 1) or (1, C)
+        padded = (1,) * (len(shape) - value.ndim) + tuple(value.shape)
+        if (len(shape) < 2 or value.ndim > len(shape)
+                or any(d != 1 and not (axis == 1 and d == shape[1]) for axis, d in enumerate(padded))):
+            ctx.fail(f"constant {c!r} of shape {tuple(value.shape)} added to an activation of shape {shape}",
+                     f"a constant that varies only along channels, broadcastable as {form} (e.g. (C,), "
+                     "(C, 1, 1), (1, C, 1, 1) or a scalar)")
+        b = (self.param(ctx, c, "constant", form) if tuple(value.shape) == form
+             else self.new_param(f"{c}_{ctx.name}", np.broadcast_to(value.reshape(padded), form)))
+        self.emit(ctx, "add", [x, b], shape)
+
+    def _op_BatchNormalization(self, ctx: _Ctx):
+        ctx.check_attrs(("epsilon", "momentum", "spatial", "training_mode", "is_test"))
+        if ctx.attrs.get("training_mode", 0):
+            ctx.fail("training_mode=1", "inference (training_mode=0)")
+        if ctx.attrs.get("spatial", 1) != 1:
+            ctx.fail(f"spatial={ctx.attrs['spatial']}", "spatial=1")
+        self.single_output(ctx)
+        names = ctx.inputs()
+        if len(names) != 5:
+            ctx.fail(f"{len(names)} inputs", "X, scale, B, mean, var")
+        x = self.act(ctx, names[0])
+        if len(self.shapes[x]) < 2:
+            ctx.fail(f"input of shape {self.shapes[x]}", "(N, C, ...) input")
+        c = self.shapes[x][1]
+        ps = [self.param(ctx, t, what, (c,)) for t, what in zip(names[1:], ("scale", "B", "mean", "var"))]
+        self.emit(ctx, "batch_norm", [x, *ps], self.shapes[x], epsilon=float(ctx.attrs.get("epsilon", 1e-5)))
+
+    def _op_Conv(self, ctx: _Ctx):
+        ctx.check_attrs(("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"))
+        names = ctx.inputs()
+        x = self.act(ctx, names[0], rank=(4,))
+        n, c, h, w_in = self.shapes[x]
+        weight = self.const(ctx, names[1], "weight W")
+        if weight.ndim != 4:
+            ctx.fail(f"weight of shape {weight.shape} ({weight.ndim - 2}-D convolution)", "2-D convolution (OIHW)")
+        o, i, r, s = weight.shape
+        if "kernel_shape" in ctx.attrs and tuple(ctx.attrs["kernel_shape"]) != (r, s):
+            ctx.fail(f"kernel_shape={ctx.attrs['kernel_shape']} but the weight is {weight.shape}",
+                     "kernel_shape equal to the weight's spatial dims")
+        group = ctx.attrs.get("group", 1)
+        if group == 1:
+            if i != c:
+                ctx.fail(f"weight {weight.shape} for {c} input channels", f"weights of shape (O, {c}, R, S)")
+        elif not (group == c == o and i == 1):
+            ctx.fail(f"group={group} with {c} input channels and {o} output channels",
+                     "group=1 or depthwise (group == input channels == output channels)")
+        stride, dilation = self.pair(ctx, "strides"), self.pair(ctx, "dilations")
+        pads = self.pads(ctx, (h, w_in), (r, s), stride, dilation)
+        inputs = [x, self.param(ctx, names[1], "weight W", weight.shape)]
+        if len(names) > 2 and names[2]:
+            inputs.append(self.param(ctx, names[2], "bias B", (o,)))
+        oh, ow = (_out_size(ctx, size, k, st, d, pb, pe) for size, k, st, d, pb, pe in
+                  zip((h, w_in), (r, s), stride, dilation, pads[:2], pads[2:]))
+        self.emit(ctx, "conv2d", inputs, (n, o, oh, ow), stride=stride, padding=pads, dilation=dilation,
+                  groups=group)
+
+    def _op_Gemm(self, ctx: _Ctx):
+        ctx.check_attrs(("alpha", "beta", "transA", "transB"))
+        if ctx.attrs.get("transA", 0):
+            ctx.fail("transA=1", "transA=0 (A is the (N, K) activation)")
+        names = ctx.inputs()
+        a = self.act(ctx, names[0], rank=(2,))
+        b = self.const(ctx, names[1], "B")
+        if b.ndim != 2 or b.dtype.kind != "f":
+            ctx.fail(f"B of shape {b.shape} and dtype {b.dtype}", "a 2-D float32 B")
+        alpha, beta = float(ctx.attrs.get("alpha", 1.0)), float(ctx.attrs.get("beta", 1.0))
+        trans_b = ctx.attrs.get("transB", 0)
+        w_value = (b if trans_b else b.T) * alpha
+        m, k = w_value.shape
+        if k != self.shapes[a][1]:
+            ctx.fail(f"A {self.shapes[a]} times B {b.shape} (transB={trans_b}) do not match", "K of A == K of B")
+        w = (self.param(ctx, names[1], "B", b.shape) if trans_b and alpha == 1.0
+             else self.new_param(f"{self.resolve(names[1])}_w", w_value))
+        inputs = [a, w]
+        if len(names) > 2 and names[2] and beta != 0.0:
+            cv = self.const(ctx, names[2], "C")
+            if cv.dtype.kind != "f" or cv.size not in (1, m) or (cv.ndim == 2 and cv.shape[0] != 1) or cv.ndim > 2:
+                ctx.fail(f"C of shape {cv.shape} and dtype {cv.dtype}", f"a float32 bias C of shape ({m},), (1, {m}) "
+                         "or a scalar")
+            if beta == 1.0 and cv.shape == (m,):
+                inputs.append(self.param(ctx, names[2], "C", (m,)))
+            else:
+                inputs.append(self.new_param(f"{self.resolve(names[2])}_b", np.broadcast_to(cv.reshape(-1) * beta,
+                                                                                            (m,))))
+        self.emit(ctx, "dense", inputs, (self.shapes[a][0], m))
+
+    def _op_MatMul(self, ctx: _Ctx):
+        ctx.check_attrs(())
+        names = ctx.inputs()
+        a = self.act(ctx, names[0], rank=(2,))
+        b = self.const(ctx, names[1], "right operand B")
+        if b.ndim != 2 or b.dtype.kind != "f" or b.shape[0] != self.shapes[a][1]:
+            ctx.fail(f"A {self.shapes[a]} times B {b.shape} ({b.dtype})", "a 2-D (N, K) activation times a float32 "
+                     "(K, M) constant")
+        w = self.new_param(f"{self.resolve(names[1])}_T", b.T)
+        self.emit(ctx, "dense", [a, w], (self.shapes[a][0], b.shape[1]))
+
+    def _op_GlobalAveragePool(self, ctx: _Ctx):
+        ctx.check_attrs(())
+        x = self.act(ctx, ctx.proto.input[0], rank=(4,))
+        self.emit(ctx, "global_avg_pool", [x], self.shapes[x][:2] + (1, 1))
+
+    def _op_AveragePool(self, ctx: _Ctx):
+        ctx.check_attrs(("auto_pad", "ceil_mode", "count_include_pad", "dilations", "kernel_shape", "pads",
+                         "strides"))
+        self._pool(ctx, "avg_pool", count_include_pad=int(ctx.attrs.get("count_include_pad", 0)))
+
+    def _op_MaxPool(self, ctx: _Ctx):
+        ctx.check_attrs(("auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads", "storage_order", "strides"))
+        if ctx.attrs.get("storage_order", 0) != 0:
+            ctx.fail(f"storage_order={ctx.attrs['storage_order']}", "storage_order=0")
+        self.single_output(ctx)
+        self._pool(ctx, "max_pool")
+
+    def _pool(self, ctx: _Ctx, op: str, **extra):
+        if ctx.attrs.get("ceil_mode", 0) != 0:
+            ctx.fail(f"ceil_mode={ctx.attrs['ceil_mode']}", "ceil_mode=0")
+        if self.pair(ctx, "dilations") != (1, 1):
+            ctx.fail(f"dilations={ctx.attrs['dilations']}", "dilations=1")
+        x = self.act(ctx, ctx.proto.input[0], rank=(4,))
+        n, c, h, w = self.shapes[x]
+        if "kernel_shape" not in ctx.attrs:
+            ctx.fail("no kernel_shape", "kernel_shape (required)")
+        kernel = self.pair(ctx, "kernel_shape")
+        stride = self.pair(ctx, "strides")
+        pads = self.pads(ctx, (h, w), kernel, stride, (1, 1))
+        if any(p >= k for p, k in zip(pads, kernel + kernel)):
+            ctx.fail(f"pads {pads} not smaller than kernel_shape {kernel}", "pads < kernel_shape")
+        oh, ow = (_out_size(ctx, size, k, st, 1, pb, pe) for size, k, st, pb, pe in
+                  zip((h, w), kernel, stride, pads[:2], pads[2:]))
+        self.emit(ctx, op, [x], (n, c, oh, ow), kernel=kernel, stride=stride, padding=pads, **extra)
+
+    def _op_Flatten(self, ctx: _Ctx):
+        ctx.check_attrs(("axis",))
+        x = self.act(ctx, ctx.proto.input[0])
+        rank = len(self.shapes[x])
+        axis = ctx.attrs.get("axis", 1)
+        axis = axis + rank if axis < 0 else axis
+        if axis != 1 or rank not in (2, 4):
+            ctx.fail(f"axis={ctx.attrs.get('axis', 1)} on a {rank}-D input", "axis=1 on an NCHW or (N, C) input")
+        if rank == 2:  # already (N, C): nothing to do
+            self.alias[ctx.proto.output[0]] = x
+            return
+        n, c, h, w = self.shapes[x]
+        self.emit(ctx, "flatten", [x], (n, c * h * w))
+
+    def _op_Reshape(self, ctx: _Ctx):
+        names = ctx.inputs()
+        if self.opset >= 5:
+            ctx.check_attrs(("allowzero",))
+            target = self.const(ctx, names[1], "shape")
+            if target.dtype.kind not in "iu" or target.ndim != 1:
+                ctx.fail(f"shape of dtype {target.dtype} and rank {target.ndim}", "a 1-D int64 shape")
+        else:  # Reshape-1: the shape is an attribute
+            ctx.check_attrs(("shape", "consumed_inputs"))
+            target = np.array(ctx.attrs.get("shape", []), dtype=np.int64)
+        target = [int(d) for d in target]
+        if ctx.attrs.get("allowzero", 0) and 0 in target:
+            ctx.fail(f"allowzero=1 with shape {target}", "allowzero=0 (0 copies the input dim)")
+        x = self.act(ctx, names[0])
+        shape = self.shapes[x]
+        if target.count(-1) > 1 or any(d < -1 for d in target):
+            ctx.fail(f"shape {target}", "positive dims, 0 (copy the input dim) and at most one -1")
+        out = []
+        for axis, d in enumerate(target):
+            if d == 0:
+                if axis >= len(shape):
+                    ctx.fail(f"shape {target} copies axis {axis} of a {len(shape)}-D input", "0 at existing axes")
+                d = shape[axis]
+            out.append(d)
+        total = math.prod(shape)
+        if -1 in out:
+            known = math.prod(d for d in out if d != -1)
+            if known == 0 or total % known:
+                ctx.fail(f"shape {target} for an input of shape {shape}", "a shape with the same element count")
+            out[out.index(-1)] = total // known
+        if math.prod(out) != total:
+            ctx.fail(f"shape {target} (resolved {tuple(out)}) for an input of shape {shape}",
+                     "a shape with the same element count")
+        self.emit(ctx, "reshape", [x], tuple(out), shape=tuple(out))
+
+    def _op_Concat(self, ctx: _Ctx):
+        ctx.check_attrs(("axis",))
+        names = ctx.inputs()
+        xs = [self.act(ctx, t) for t in names]
+        shapes = [self.shapes[x] for x in xs]
+        rank = len(shapes[0])
+        if "axis" not in ctx.attrs:
+            ctx.fail("no axis", "axis=1 (channels)")
+        axis = ctx.attrs["axis"]
+        if (axis + rank if axis < 0 else axis) != 1:
+            ctx.fail(f"axis={axis} on {rank}-D inputs", "axis=1 (channels; -3 on NCHW)")
+        if any(len(s) != rank or s[:1] + s[2:] != shapes[0][:1] + shapes[0][2:] for s in shapes):
+            ctx.fail(f"inputs of shapes {shapes}", "inputs that differ only in the channel dim")
+        out = (shapes[0][0], sum(s[1] for s in shapes)) + shapes[0][2:]
+        self.emit(ctx, "concat", xs, out, axis=1)
+
+    # -- attribute helpers ------------------------------------------------------------------------------------
+
+    def pair(self, ctx: _Ctx, key: str) -> tuple:
+        value = ctx.attrs.get(key, [1, 1])
+        if len(value) != 2 or any(int(v) < 1 for v in value):
+            ctx.fail(f"{key}={list(value)}", f"2 positive {key} (2-D operators)")
+        return tuple(int(v) for v in value)
+
+    def pads(self, ctx: _Ctx, size: tuple, kernel: tuple, stride: tuple, dilation: tuple) -> tuple:
+        """(top, left, bottom, right) from ``pads`` or ``auto_pad``."""
+        auto_pad = ctx.attrs.get("auto_pad", b"NOTSET")
+        auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)
+        if auto_pad == "NOTSET":
+            pads = ctx.attrs.get("pads", [0, 0, 0, 0])
+            if len(pads) != 4 or any(int(p) < 0 for p in pads):
+                ctx.fail(f"pads={list(pads)}", "4 non-negative pads [top, left, bottom, right]")
+            return tuple(int(p) for p in pads)
+        if any(int(p) for p in ctx.attrs.get("pads", [])):
+            ctx.fail(f"both auto_pad={auto_pad} and pads={list(ctx.attrs['pads'])}", "one of them")
+        if auto_pad == "VALID":
+            return (0, 0, 0, 0)
+        if auto_pad not in ("SAME_UPPER", "SAME_LOWER"):
+            ctx.fail(f"auto_pad={auto_pad!r}", "auto_pad NOTSET, SAME_UPPER, SAME_LOWER or VALID")
+        if dilation != (1, 1):  # onnxruntime rejects it too, so nothing could check our padding
+            ctx.fail(f"auto_pad={auto_pad} with dilations={list(dilation)}",
+                     "SAME_* with dilations 1, or explicit pads")
+        begin, end = [], []
+        for n, k, st, d in zip(size, kernel, stride, dilation):
+            total = max((-(-n // st) - 1) * st + (k - 1) * d + 1 - n, 0)
+            small, big = total // 2, total - total // 2
+            begin.append(small if auto_pad == "SAME_UPPER" else big)
+            end.append(big if auto_pad == "SAME_UPPER" else small)
+        return (*begin, *end)
+
+
+def _out_size(ctx: _Ctx, size: int, kernel: int, stride: int, dilation: int, pad_begin: int, pad_end: int) -> int:
+    span = (kernel - 1) * dilation + 1
+    if size + pad_begin + pad_end < span:
+        ctx.fail(f"a window of {span} over an input of {size} padded by {pad_begin}+{pad_end}",
+                 "inputs at least as large as the (dilated) kernel")
+    return (size + pad_begin + pad_end - span) // stride + 1
+
+
+def _attrs(proto: onnx.NodeProto) -> dict:
+    return {a.name: onnx.helper.get_attribute_value(a) for a in proto.attribute}

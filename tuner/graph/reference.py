@@ -1,0 +1,117 @@
+"""A NumPy interpreter for :class:`Graph`: the reference the frontend (and the compiled model) is checked against.
+
+It evaluates the NCHW operators the frontend emits (``graph.py`` lists them) in float64 and returns float32.
+``OPS`` maps an op name to ``fn(node, *input_arrays) -> array``; graph passes that add ops can register theirs.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tuner.graph.graph import Graph, Node
+
+
+def run_graph_numpy(graph: Graph, inputs: dict, all_tensors: bool = False) -> dict:
+    """Run ``graph`` on ``inputs`` (name -> array of the input's shape); return ``{output name: float32 array}``,
+    or every tensor (inputs, params and intermediates too) when ``all_tensors``."""
+    missing = [t for t in graph.inputs if t not in inputs]
+    if missing:
+        raise ValueError(f"missing inputs {missing}")
+    env = {name: np.asarray(v, dtype=np.float64) for name, v in graph.params.items()}
+    for name in graph.inputs:
+        value = np.asarray(inputs[name], dtype=np.float64)
+        if value.shape != tuple(graph.shapes[name]):
+            raise ValueError(f"input {name!r} has shape {value.shape}, the graph expects {graph.shapes[name]}")
+        env[name] = value
+    for node in graph.nodes:
+        if node.op not in OPS:
+            raise ValueError(f"run_graph_numpy: no reference for op {node.op!r} (node {node.name!r})")
+        out = OPS[node.op](node, *(env[t] for t in node.inputs))
+        if out.shape != tuple(graph.shapes[node.outputs[0]]):
+            raise ValueError(f"node {node.name!r} ({node.op}) computed shape {out.shape}, the graph says "
+                             f"{graph.shapes[node.outputs[0]]}")
+        env[node.outputs[0]] = out
+    names = env if all_tensors else graph.outputs
+    return {t: env[t].astype(np.float32) for t in names}
+
+
+def random_inputs(graph: Graph, seed: int = 0) -> dict:
+    """Standard-normal float32 arrays for every graph input."""
+    rng = np.random.default_rng(seed)
+    return {t: rng.standard_normal(graph.shapes[t]).astype(np.float32) for t in graph.inputs}
+
+
+def _windows(x: np.ndarray, kernel: tuple, stride: tuple, dilation: tuple, padding: tuple, fill: float):
+    """Yield ``((r, s), x_rs)`` for every kernel tap, where ``x_rs[n, c, oh, ow]`` is the padded input the tap
+    reads for output (oh, ow), plus the output size."""
+    top, left, bottom, right = padding
+    xp = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)), constant_values=fill)
+    (r_n, s_n), (sh, sw), (dh, dw) = kernel, stride, dilation
+    oh = (xp.shape[2] - (r_n - 1) * dh - 1) // sh + 1
+    ow = (xp.shape[3] - (s_n - 1) * dw - 1) // sw + 1
+    taps = []
+    for r in range(r_n):
+        for s in range(s_n):
+            taps.append(((r, s), xp[:, :, r * dh: r * dh + (oh - 1) * sh + 1: sh, s * dw: s * dw + (ow - 1) * sw + 1:
+                                    sw]))
+    return taps
+
+
+def conv2d(node: Node, x, w, b=None):
+    a = node.attrs
+    g = a.get("groups", 1)
+    n, c = x.shape[:2]
+    o, cg = w.shape[:2]
+    out = None
+    for (r, s), xs in _windows(x, w.shape[2:], a["stride"], a["dilation"], a["padding"], 0.0):
+        # grouped: x (N, G, C/G, OH, OW) . w (G, O/G, C/G) -> (N, G, O/G, OH, OW)
+        term = np.einsum("ngchw,goc->ngohw", xs.reshape(n, g, cg, *xs.shape[2:]),
+                         w[:, :, r, s].reshape(g, o // g, cg))
+        out = term if out is None else out + term
+    out = out.reshape(n, o, *out.shape[3:])
+    return out if b is None else out + b.reshape(1, -1, 1, 1)
+
+
+def dense(node: Node, x, w, b=None):
+    out = x @ w.T
+    return out if b is None else out + b
+
+
+def _channel(v, ndim):
+    return v.reshape((1, -1) + (1,) * (ndim - 2))
+
+
+def batch_norm(node: Node, x, scale, bias, mean, var):
+    inv = scale / np.sqrt(var + node.attrs["epsilon"])
+    return (x - _channel(mean, x.ndim)) * _channel(inv, x.ndim) + _channel(bias, x.ndim)
+
+
+def avg_pool(node: Node, x):
+    a = node.attrs
+    taps = _windows(x, a["kernel"], a["stride"], (1, 1), a["padding"], 0.0)
+    total = sum(xs for _, xs in taps)
+    if a.get("count_include_pad", 0):
+        return total / (a["kernel"][0] * a["kernel"][1])
+    ones = np.ones((1, 1) + x.shape[2:])
+    count = sum(m for _, m in _windows(ones, a["kernel"], a["stride"], (1, 1), a["padding"], 0.0))
+    return total / count
+
+
+def max_pool(node: Node, x):
+    a = node.attrs
+    return np.max([xs for _, xs in _windows(x, a["kernel"], a["stride"], (1, 1), a["padding"], -np.inf)], axis=0)
+
+
+OPS = {
+    "conv2d": conv2d,
+    "dense": dense,
+    "batch_norm": batch_norm,
+    "relu": lambda node, x: np.maximum(x, 0.0),
+    "clip": lambda node, x: np.clip(x, node.attrs["min"], node.attrs["max"]),
+    "add": lambda node, a, b: a + b,
+    "global_avg_pool": lambda node, x: x.mean(axis=(2, 3), keepdims=True),
+    "avg_pool": avg_pool,
+    "max_pool": max_pool,
+    "flatten": lambda node, x: x.reshape(x.shape[0], -1),
+    "reshape": lambda node, x: x.reshape(node.attrs["shape"]),
+    "concat": lambda node, *xs: np.concatenate(xs, axis=node.attrs["axis"]),
+}
