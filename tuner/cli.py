@@ -93,21 +93,6 @@ def cmd_example(args: argparse.Namespace) -> int:
     return 0 if err <= 1e-5 else 1
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    from tuner.ir.examples import EXAMPLES
-    from tuner.runtime import open_device
-    dev = open_device(args.device)
-    print(f"device: {dev.info.label} ({dev.info.name}), image2d max "
-          f"{dev.info.image2d_max_width}x{dev.info.image2d_max_height}, fingerprint {dev.fingerprint}")
-    worst = 0.0
-    for name in EXAMPLES:
-        err = run_example(name, dev)
-        worst = max(worst, err)
-        print(f"  {name:<16} IR -> passes -> OpenCL -> run: max abs error {err:.3g}")
-    print("see each pass: tuner example addone --show-passes")
-    return 0 if worst <= 1e-5 else 1
-
-
 OPS = ("conv2d", "depthwise_conv2d", "dense")
 
 
@@ -321,9 +306,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_device_arg(p)
     p.set_defaults(func=cmd_tune_op)
 
-    p = sub.add_parser("demo", help="run the examples end to end on the default device")
-    add_device_arg(p)
-    p.set_defaults(func=cmd_demo)
+    from tuner.graph.cli import register as register_model_commands
+    register_model_commands(sub)  # zoo, compile, run, tune, demo
+    from tuner.search.cli import register as register_worker
+    register_worker(sub)  # worker
     return parser
 
 

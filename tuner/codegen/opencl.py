@@ -68,6 +68,8 @@ class OpenCLCodegen:
             return e.name, 0
         if isinstance(e, Const):
             if e.dtype.is_float:
+                if float(e.value) in (float("inf"), float("-inf")):  # OpenCL's INFINITY macro (a float)
+                    return ("-INFINITY", 2) if e.value < 0 else ("INFINITY", 0)
                 v = repr(float(e.value))
                 return (v if ("e" in v or "." in v) else v + ".0") + "f", 0
             return str(int(e.value)), 0

@@ -1,0 +1,204 @@
+"""Model commands: ``tuner zoo``, ``tuner compile``, ``tuner run``, ``tuner tune`` and ``tuner demo``."""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from tuner.errors import TunerError
+
+
+def _model_path(path: str) -> str:
+    if not Path(path).exists():
+        raise TunerError(f"no model file {path!r} (write one with `tuner zoo mobilenet_v2 -o {path}`)")
+    return path
+
+
+def _input_shapes(specs) -> dict | None:
+    """``--input-shape name=1,3,224,224`` (repeatable) -> {name: shape}."""
+    if not specs:
+        return None
+    out = {}
+    for s in specs:
+        name, sep, dims = s.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out[name] = tuple(int(d) for d in dims.split(","))
+        except ValueError:
+            raise TunerError(f"--input-shape {s!r}: write NAME=N,C,H,W, e.g. input=1,3,224,224") from None
+    return out
+
+
+def _add_model_args(p, scope_help: str) -> None:
+    p.add_argument("--scope", choices=("auto", "texture", "buffer"), default="auto", help=scope_help)
+    p.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="storage dtype")
+    p.add_argument("--input-shape", action="append", metavar="NAME=SHAPE", help="override an input's shape")
+    p.add_argument("--device", "-d", metavar="SPEC", help="device index or name substring (default: first GPU, "
+                   "else PoCL CPU)")
+
+
+def cmd_zoo(args) -> int:
+    from .zoo import write_model
+    kwargs = {"input_size": args.input_size} if args.input_size else {}
+    path = write_model(args.name, args.output, **kwargs)
+    print(f"wrote {args.name} to {path}")
+    return 0
+
+
+def cmd_compile(args) -> int:
+    from .compiler import compile_model
+    mod = compile_model(_model_path(args.model), log=args.log, device=args.device, scope=args.scope,
+                        dtype=args.dtype, input_shapes=_input_shapes(args.input_shape), progress=not args.no_progress)
+    mod.save(args.output)
+    tuned = sum(n.tuned for n in mod.spec.nodes)
+    total = sum(n.template is not None for n in mod.spec.nodes)
+    print(f"compiled {args.model} for {mod.device.info.name}: {len(mod.spec.nodes)} kernels, {tuned} of {total} "
+          f"tuned layers from the log -> {args.output}")
+    print(mod.memory_summary())
+    return 0
+
+
+def print_profile(prof: dict, file=sys.stdout) -> None:
+    print(f"{'node':<28} {'op':<17} {'scopes':<20} {'config':<8} {'ms':>8} {'GFLOP/s':>8}", file=file)
+    for r in prof["rows"]:
+        g = f"{r['gflops']:.3g}" if r["gflops"] else "-"
+        cfg = ("tuned" if r["tuned"] else "fallback") if r["template"] else ""
+        print(f"{r['node'][:28]:<28} {r['op']:<17} {r['scopes']:<20} {cfg:<8} {r['median_s'] * 1e3:>8.3f} {g:>8}",
+              file=file)
+    print(f"kernels {prof['kernel_total_s'] * 1e3:.3f} ms, end to end {prof['total_s'] * 1e3:.3f} ms", file=file)
+
+
+def cmd_run(args) -> int:
+    from .module import load_module
+    mod = load_module(args.artifact, device=args.device)
+    shapes = [mod.spec.entries[n].shape for n in mod.spec.inputs]
+    if args.input:
+        try:
+            x = np.load(args.input)
+        except (OSError, ValueError) as e:
+            raise TunerError(f"cannot read --input {args.input!r}: {e}") from None
+        xs = [x]
+    else:  # a fixed random input, so repeated runs compare
+        xs = [np.random.default_rng(0).standard_normal(s).astype(np.float32) for s in shapes]
+    outs = mod.run(xs)
+    if args.output:
+        np.save(args.output, outs[0])
+        print(f"wrote {args.output} {list(outs[0].shape)}")
+    costs = mod.time(args.repeat)
+    print(f"{mod.device.info.name}: median latency {statistics.median(costs) * 1e3:.3f} ms over {args.repeat} runs")
+    if args.profile:
+        prof = mod.profile(args.repeat)
+        print_profile(prof)
+        Path(args.artifact, "profile.json").write_text(json.dumps(prof, indent=1))
+    return 0
+
+
+def cmd_tune(args) -> int:
+    from tuner.measure import MeasureOptions
+
+    from .tuning import describe, tune_model
+    res = tune_model(_model_path(args.model), log=args.log, trials=args.trials, device=args.device,
+                     scope=args.scope, storage=args.storage, sampler=args.sampler, seed=args.seed, dtype=args.dtype,
+                     input_shapes=_input_shapes(args.input_shape), min_trials=args.min_trials,
+                     options=MeasureOptions(n_parallel=args.parallel, repeats=args.repeats),
+                     progress=not args.no_progress)
+    print(f"{len(res.tasks)} tasks, {res.measured} measured now, log {res.log}")
+    for task, budget, measured, best in res.tasks:
+        b = f"{best.gflops:8.3g} GFLOP/s" if best is not None and best.ok else "   (no new best)"
+        print(f"  x{task.count} {describe(task):<60} budget {budget:>3}  new {measured:>3}  {b}")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    """The whole flow, briefly: zoo model -> tune a few trials per task -> compile -> run -> onnxruntime."""
+    import onnxruntime as ort
+
+    from tuner.measure import MeasureOptions
+    from tuner.runtime import open_device
+
+    from .compiler import compile_model
+    from .module import load_module
+    from .tuning import tune_model
+    from .zoo import write_model
+    dev = open_device(args.device)
+    out = Path(args.dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model = write_model(args.model, str(out / f"{args.model}.onnx"), input_size=args.input_size)
+    print(f"device {dev.info.name} ({dev.fingerprint}); model {model} at {args.input_size}x{args.input_size}")
+    log = str(out / "tuning.jsonl")
+    t0 = time.perf_counter()
+    res = tune_model(model, log=log, trials=args.trials, device=dev, scope=args.scope, min_trials=2,
+                     storage=f"sqlite:///{out / 'studies.db'}", options=MeasureOptions(repeats=3), progress=True)
+    print(f"tuned {len(res.tasks)} tasks, {res.measured} measurements in {time.perf_counter() - t0:.0f} s -> {log}")
+    mod = compile_model(model, log=log, device=dev, scope=args.scope, progress=True)
+    mod.save(out / "artifact")
+    mod = load_module(out / "artifact", device=dev)
+    x = np.random.default_rng(0).standard_normal(mod.spec.entries[mod.spec.inputs[0]].shape).astype(np.float32)
+    y, = mod.run([x])
+    sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    ref, = sess.run(None, {sess.get_inputs()[0].name: x})
+    err = float(np.abs(y - ref).max() / max(np.abs(ref).max(), 1e-30))
+    lat = statistics.median(mod.time(10))
+    counts = {}
+    for e in mod.spec.entries.values():
+        counts[e.storage_scope] = counts.get(e.storage_scope, 0) + 1
+    print(f"plan: {', '.join(f'{v} tensors in {k}' for k, v in sorted(counts.items()))}")
+    print(mod.memory_summary())
+    tuned = sum(n.tuned for n in mod.spec.nodes)
+    print(f"{tuned} of {sum(n.template is not None for n in mod.spec.nodes)} layers use tuned configs")
+    print(f"latency {lat * 1e3:.2f} ms (median of 10); max relative error vs onnxruntime {err:.2g}")
+    return 0 if err <= 1e-4 else 1
+
+
+def register(sub) -> None:
+    p = sub.add_parser("zoo", help="write a zoo model (real architecture, random weights) as ONNX")
+    p.add_argument("name", help="mobilenet_v2 or resnet18")
+    p.add_argument("-o", "--output", required=True, metavar="FILE")
+    p.add_argument("--input-size", type=int, default=None, help="input height and width (default 224)")
+    p.set_defaults(func=cmd_zoo)
+
+    p = sub.add_parser("compile", help="compile an ONNX model with tuned configs into an artifact directory")
+    p.add_argument("model", help="ONNX file")
+    p.add_argument("--log", metavar="PATH", help="tuning log(s): a file or glob (default: none, fallback configs)")
+    p.add_argument("-o", "--output", required=True, metavar="DIR")
+    p.add_argument("--no-progress", action="store_true")
+    _add_model_args(p, "texture, buffer, or auto: per layer the scope the log measured faster (default)")
+    p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser("run", help="run a compiled artifact: latency, outputs, per-layer profile")
+    p.add_argument("artifact", metavar="DIR")
+    p.add_argument("--input", metavar="X.npy", help="input array (default: a fixed random one)")
+    p.add_argument("--output", metavar="Y.npy", help="save the first output")
+    p.add_argument("--repeat", type=int, default=20, help="timed runs (default 20)")
+    p.add_argument("--profile", action="store_true", help="per-layer table; also written to DIR/profile.json")
+    p.add_argument("--device", "-d", metavar="SPEC")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("tune", help="tune every kernel of an ONNX model, the budget shared by weight")
+    p.add_argument("model", help="ONNX file")
+    p.add_argument("--log", metavar="PATH", help="JSONL log (default logs/<device fingerprint>.jsonl)")
+    p.add_argument("--trials", type=int, default=200, help="measurements for the whole model (default 200)")
+    p.add_argument("--min-trials", type=int, default=4, help="at least this many per task (default 4)")
+    p.add_argument("--storage", metavar="URL", help="Optuna storage (default sqlite beside the log)")
+    p.add_argument("--sampler", choices=("xgb", "tpe", "random"), default="xgb")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--parallel", type=int, default=2, help="build processes (default 2)")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per config (default 5)")
+    p.add_argument("--no-progress", action="store_true")
+    _add_model_args(p, "texture, buffer, or auto: tune both and the boundaries between them (default)")
+    p.set_defaults(func=cmd_tune)
+
+    p = sub.add_parser("demo", help="zoo model -> tune briefly -> compile -> run -> compare with onnxruntime")
+    p.add_argument("--model", default="mobilenet_v2", choices=("mobilenet_v2", "resnet18"))
+    p.add_argument("--input-size", type=int, default=64)
+    p.add_argument("--trials", type=int, default=60, help="measurements for the whole model (default 60)")
+    p.add_argument("--scope", choices=("auto", "texture", "buffer"), default="auto")
+    p.add_argument("--dir", default="build/demo", help="where the model, log and artifact go")
+    p.add_argument("--device", "-d", metavar="SPEC")
+    p.set_defaults(func=cmd_demo)

@@ -1,0 +1,274 @@
+"""The compiled model as it runs: OpenCL sources, launch shapes, an argument list per kernel, planned storage
+pools per scope and packed parameters. It needs no IR, templates or ONNX file: ``Module.save(dir)`` writes
+``graph.json`` (nodes, and per entry its shape, ``storage_id`` and ``storage_scope``), ``kernels/*.cl`` and
+``params.npz``; ``load_module(dir)`` runs it in a fresh process.
+
+Arguments of a kernel call name what they bind: ``t:<tensor>`` (an activation in its pool), ``p:<key>`` (a
+packed parameter), ``w:<key>`` (a scratch workspace of one kernel, e.g. cache_input's texture)."""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from tuner.errors import TunerError
+
+FORMAT_VERSION = 1
+
+
+@dataclass
+class Call:
+    kernel: str
+    global_size: tuple
+    local_size: tuple
+    args: list
+
+
+@dataclass
+class Node:
+    name: str
+    op: str
+    source: str  # file name under kernels/
+    calls: list
+    flops: int = 0
+    template: str | None = None
+    workload: dict | None = None
+    scopes: dict | None = None
+    config: dict | None = None
+    tuned: bool = False  # the config came from a log (not the fallback)
+
+
+@dataclass
+class Entry:
+    """An activation tensor: logical shape, its physical shape in its scope, and the pool it lives in."""
+    name: str
+    shape: tuple
+    physical_shape: tuple
+    storage_scope: str  # global | texture
+    dtype: str
+    layout: str | None
+    storage_id: int
+
+
+@dataclass
+class Pool:
+    storage_id: int
+    scope: str
+    dtype: str
+    shape: tuple  # (nbytes,) for buffers, (height, width, 4) for textures
+
+
+@dataclass
+class Blob:
+    """A packed parameter or a workspace: where it lives and its physical shape."""
+    key: str
+    scope: str
+    physical_shape: tuple
+    dtype: str
+
+
+@dataclass
+class ModuleSpec:
+    device: dict
+    dtype: str
+    inputs: list  # tensor names (plain row-major buffers)
+    outputs: list
+    nodes: list
+    entries: dict
+    pools: list
+    params: list  # Blobs
+    workspaces: list  # Blobs
+    memory: dict = field(default_factory=dict)  # planned vs one-allocation-per-tensor bytes per scope
+
+    def to_json(self) -> dict:
+        return {"version": FORMAT_VERSION, **asdict(self)}
+
+    @staticmethod
+    def from_json(d: dict) -> "ModuleSpec":
+        if d.get("version") != FORMAT_VERSION:
+            raise TunerError(f"artifact format version {d.get('version')}, this tuner reads {FORMAT_VERSION}; "
+                             f"recompile the model")
+        tup = lambda x: tuple(x) if isinstance(x, list) else x  # noqa: E731
+        nodes = [Node(**{**n, "calls": [Call(c["kernel"], tup(c["global_size"]), tup(c["local_size"]), c["args"])
+                                        for c in n["calls"]]}) for n in d["nodes"]]
+        entries = {k: Entry(**{**e, "shape": tup(e["shape"]), "physical_shape": tup(e["physical_shape"])})
+                   for k, e in d["entries"].items()}
+        pools = [Pool(p["storage_id"], p["scope"], p["dtype"], tup(p["shape"])) for p in d["pools"]]
+        blobs = lambda xs: [Blob(b["key"], b["scope"], tup(b["physical_shape"]), b["dtype"]) for b in xs]  # noqa
+        return ModuleSpec(d["device"], d["dtype"], d["inputs"], d["outputs"], nodes, entries, pools,
+                          blobs(d["params"]), blobs(d["workspaces"]), d.get("memory", {}))
+
+
+class Module:
+    """A model ready to run on one device: ``module.run([x]) -> [y]``."""
+
+    def __init__(self, spec: ModuleSpec, sources: dict, params: dict, device=None):
+        import pyopencl as cl
+
+        from tuner.runtime.device import Device, open_device
+        from tuner.runtime.memory import DeviceArray, alloc, upload
+        from tuner.runtime.program import build_program
+        self.spec, self.sources, self.params = spec, sources, params
+        self.device = device if isinstance(device, Device) else open_device(device)
+        info = self.device.info
+        if spec.device.get("fingerprint") not in (None, info.fingerprint):
+            warnings.warn(f"artifact compiled for {spec.device.get('name')} ({spec.device.get('fingerprint')}), "
+                          f"running on {info.name} ({info.fingerprint}): its configs were chosen for the other device")
+        self.pools = {}
+        for p in spec.pools:
+            self.pools[p.storage_id] = (alloc(self.device, "global", p.shape, np.uint8) if p.scope == "global"
+                                        else alloc(self.device, p.scope, p.shape, np.dtype(p.dtype)))
+        self.arrays = {}
+        for name, e in spec.entries.items():
+            pool = self.pools[e.storage_id]
+            self.arrays[f"t:{name}"] = DeviceArray(e.storage_scope, e.physical_shape, np.dtype(e.dtype), pool.mem,
+                                                   pool.alloc_shape if pool.is_texture else e.physical_shape)
+        for b in spec.params:
+            self.arrays[f"p:{b.key}"] = alloc(self.device, b.scope, b.physical_shape, np.dtype(b.dtype))
+            upload(self.device, self.arrays[f"p:{b.key}"], params[b.key])
+        for b in spec.workspaces:
+            self.arrays[f"w:{b.key}"] = alloc(self.device, b.scope, b.physical_shape, np.dtype(b.dtype))
+        self._programs = {n.source: build_program(self.device, sources[n.source]) for n in spec.nodes}
+        self._launches = []  # (node index, cl.Kernel, global, local, [mem])
+        for i, n in enumerate(spec.nodes):
+            for c in n.calls:
+                k = cl.Kernel(self._programs[n.source], c.kernel)
+                mems = [self.arrays[a].mem for a in c.args]
+                self._launches.append((i, k, tuple(c.global_size), tuple(c.local_size), mems))
+
+    # -- running -----------------------------------------------------------------------------------------
+    def _enqueue(self) -> list:
+        q = self.device.queue
+        return [(i, k(q, g, l, *mems)) for i, k, g, l, mems in self._launches]
+
+    def set_inputs(self, inputs) -> None:
+        from tuner.runtime.memory import upload
+        if isinstance(inputs, np.ndarray):
+            inputs = [inputs]
+        if isinstance(inputs, dict):
+            unknown = set(inputs) - set(self.spec.inputs)
+            if unknown:
+                raise TunerError(f"unknown inputs {sorted(unknown)}; the model takes {self.spec.inputs}")
+            inputs = [inputs.get(n) for n in self.spec.inputs]
+        if len(inputs) != len(self.spec.inputs) or any(x is None for x in inputs):
+            raise TunerError(f"the model takes {len(self.spec.inputs)} inputs {self.spec.inputs}, got {len(inputs)}")
+        for name, x in zip(self.spec.inputs, inputs):
+            e = self.spec.entries[name]
+            x = np.asarray(x)
+            if tuple(x.shape) != tuple(e.shape):
+                raise TunerError(f"input {name!r} has shape {list(x.shape)}; the model was compiled for "
+                                 f"{list(e.shape)} (recompile with --input-shape to change it)")
+            upload(self.device, self.arrays[f"t:{name}"], x.reshape(e.physical_shape))
+
+    def get_outputs(self) -> list:
+        from tuner.runtime.memory import download
+        return [download(self.device, self.arrays[f"t:{n}"]).reshape(self.spec.entries[n].shape).astype(np.float32)
+                for n in self.spec.outputs]
+
+    def run(self, inputs) -> list:
+        """Upload ``inputs`` (a list in the model's input order, a dict by name, or one array), run every
+        kernel on one queue, and return the outputs as float32 NumPy arrays."""
+        self.set_inputs(inputs)
+        self._enqueue()
+        self.device.queue.finish()
+        return self.get_outputs()
+
+    def time(self, repeats: int = 20, warmup: int = 2) -> list:
+        """Seconds per run (wall clock of enqueuing every kernel and waiting; inputs already uploaded)."""
+        for _ in range(warmup):
+            self._enqueue()
+        self.device.queue.finish()
+        costs = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            self._enqueue()
+            self.device.queue.finish()
+            costs.append(time.perf_counter() - t0)
+        return costs
+
+    def profile(self, repeats: int = 10) -> dict:
+        """Per-node kernel time (median over runs, from profiling events) and the whole-run latency."""
+        per_node = [[] for _ in self.spec.nodes]
+        self._enqueue()
+        for _ in range(repeats):
+            events = self._enqueue()
+            self.device.queue.finish()
+            sums: dict = {}
+            for i, e in events:
+                sums[i] = sums.get(i, 0.0) + (e.profile.end - e.profile.start) * 1e-9
+            for i, s in sums.items():
+                per_node[i].append(s)
+        rows = []
+        for n, costs in zip(self.spec.nodes, per_node):
+            med = statistics.median(costs) if costs else 0.0
+            rows.append({"node": n.name, "op": n.op, "template": n.template,
+                         "scopes": ",".join(f"{k[0]}={v}" for k, v in (n.scopes or {}).items()),
+                         "tuned": n.tuned, "median_s": med,
+                         "gflops": n.flops / med / 1e9 if med and n.flops else None})
+        latency = statistics.median(self.time(repeats))
+        info = self.device.info
+        return {"device": info.name, "fingerprint": info.fingerprint, "rows": rows,
+                "kernel_total_s": sum(r["median_s"] for r in rows), "total_s": latency}
+
+    # -- describing and saving -----------------------------------------------------------------------------
+    def memory_summary(self) -> str:
+        lines = [f"{'scope':<8} {'pools':>5} {'planned':>12} {'one per tensor':>15} {'saving':>7}"]
+        for scope, m in self.spec.memory.items():
+            saving = 1 - m["planned"] / m["naive"] if m["naive"] else 0.0
+            lines.append(f"{scope:<8} {m['pools']:>5} {_mb(m['planned']):>12} {_mb(m['naive']):>15} {saving:>6.0%}")
+        return "\n".join(lines)
+
+    def plan_summary(self) -> str:
+        """One line per node: op, scopes, and whether its config was tuned."""
+        lines = []
+        for n in self.spec.nodes:
+            if n.template:
+                sc = "/".join(n.scopes[k] for k in ("input", "weight", "output"))
+                lines.append(f"{n.name:<28} {n.template:<17} {sc:<24} {'tuned' if n.tuned else 'fallback'}")
+        return "\n".join(lines)
+
+    def save(self, path) -> str:
+        d = Path(path)
+        (d / "kernels").mkdir(parents=True, exist_ok=True)
+        for name, src in self.sources.items():
+            (d / "kernels" / name).write_text(src)
+        np.savez(d / "params.npz", **self.params)
+        (d / "graph.json").write_text(json.dumps(self.spec.to_json(), indent=1))
+        return str(d)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
+def load_module(path, device=None) -> Module:
+    """A saved artifact, ready to run (no ONNX file, no templates needed)."""
+    d = Path(path)
+    if not (d / "graph.json").exists():
+        raise TunerError(f"{d} is not a compiled model: no graph.json (make one with `tuner compile MODEL -o {d}`)")
+    spec = ModuleSpec.from_json(json.loads((d / "graph.json").read_text()))
+    sources = {n.source: (d / "kernels" / n.source).read_text() for n in spec.nodes}
+    with np.load(d / "params.npz") as z:
+        params = {k: z[k] for k in z.files}
+    return Module(spec, sources, params, device)
+
+
+def memory_totals(entries: dict, pools: list) -> dict:
+    """Planned pool bytes against one allocation per tensor, per scope family."""
+    out: dict = {}
+    for e in entries.values():
+        fam = "texture" if e.storage_scope.startswith("texture") else "buffer"
+        m = out.setdefault(fam, {"pools": 0, "planned": 0, "naive": 0})
+        m["naive"] += math.prod(e.physical_shape) * np.dtype(e.dtype).itemsize
+    for p in pools:
+        fam = "texture" if p.scope.startswith("texture") else "buffer"
+        m = out.setdefault(fam, {"pools": 0, "planned": 0, "naive": 0})
+        m["pools"] += 1
+        m["planned"] += math.prod(p.shape) * (1 if p.scope == "global" else np.dtype(p.dtype).itemsize)
+    return out

@@ -1,0 +1,145 @@
+"""Graph passes over the frontend's NCHW graph, each a pure function ``Graph -> Graph``:
+
+- ``fold_batch_norm``: a BatchNorm after a convolution scales its weights and shifts its bias; one with no
+  convolution before it becomes a 1x1 depthwise convolution (a per-channel scale and shift).
+- ``fuse_epilogues``: a convolution or dense layer absorbs what follows it when nothing else reads the
+  intermediate tensor: a constant per-channel add (bias), an add of another activation (residual), then ReLU
+  or Clip(0, 6) (ReLU6) -- the kernels' epilogue order. Adds that stay on their own absorb a following
+  activation too.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .graph import Graph, Node
+
+ACTIVATION_OF_CLIP = {(0.0, 6.0): "relu6", (0.0, float("inf")): "relu"}
+
+
+def _fresh(g: Graph, base: str) -> str:
+    name, k = base, 0
+    while name in g.shapes:
+        k += 1
+        name = f"{base}_{k}"
+    return name
+
+
+def _add_param(g: Graph, base: str, value: np.ndarray) -> str:
+    name = _fresh(g, base)
+    g.params[name] = np.ascontiguousarray(value, dtype=np.float32)
+    g.shapes[name] = tuple(value.shape)
+    return name
+
+
+def _only_reader(g: Graph, tensor: str, node: Node) -> bool:
+    """``node`` is the single consumer of ``tensor`` and the tensor is not a model output."""
+    return tensor not in g.outputs and g.consumers(tensor) == [node]
+
+
+def _drop_unused_params(g: Graph) -> Graph:
+    used = {t for n in g.nodes for t in n.inputs}
+    for name in [p for p in g.params if p not in used]:
+        del g.params[name]
+        del g.shapes[name]
+    return g
+
+
+def fold_batch_norm(graph: Graph) -> Graph:
+    g = graph.copy()
+    nodes = []
+    for node in g.nodes:
+        if node.op != "batch_norm":
+            nodes.append(node)
+            continue
+        x, gamma, beta, mean, var = node.inputs
+        scale = g.params[gamma] / np.sqrt(g.params[var].astype(np.float64) + node.attrs.get("epsilon", 1e-5))
+        shift = g.params[beta] - g.params[mean] * scale
+        conv = next((n for n in nodes if x in n.outputs), None)
+        if conv is not None and conv.op == "conv2d" and _only_reader(g, x, node):
+            w = g.params[conv.inputs[1]] * scale.reshape(-1, 1, 1, 1)
+            b = (g.params[conv.inputs[2]] * scale if len(conv.inputs) > 2 else 0.0) + shift
+            conv.inputs = [conv.inputs[0], _add_param(g, f"{conv.name}.w_bn", w),
+                           _add_param(g, f"{conv.name}.b_bn", np.asarray(b))]
+            conv.outputs = list(node.outputs)
+            continue
+        if len(g.shapes[x]) != 4:
+            raise ValueError(f"node {node.name!r} (BatchNormalization) on a {len(g.shapes[x])}-D tensor: only "
+                             f"NCHW inputs are supported")
+        c = g.shapes[x][1]
+        nodes.append(Node("conv2d", node.name, [x, _add_param(g, f"{node.name}.scale", scale.reshape(c, 1, 1, 1)),
+                                                 _add_param(g, f"{node.name}.shift", shift)],
+                          list(node.outputs), {"stride": (1, 1), "padding": (0, 0, 0, 0), "dilation": (1, 1),
+                                               "groups": c}))
+    g.nodes = nodes
+    return _drop_unused_params(g).validate()
+
+
+def _activation(node: Node) -> str | None:
+    if node.op == "relu":
+        return "relu"
+    if node.op == "clip":
+        return ACTIVATION_OF_CLIP.get((float(node.attrs.get("min", -np.inf)), float(node.attrs.get("max", np.inf))))
+    return None
+
+
+def _channel_constant(g: Graph, name: str, channels: int, rank: int) -> np.ndarray | None:
+    """A constant that broadcasts as one value per channel (axis 1) -- shaped (C, 1, 1), (1, C, 1, 1), (C,) on
+    2-D, or a scalar -- as a flat (C,) array, else None."""
+    if name not in g.params:
+        return None
+    v = np.asarray(g.params[name], np.float32)
+    if v.size == 1:
+        return np.full(channels, float(v.reshape(-1)[0]), np.float32)
+    per_channel = (channels,) + (1,) * (rank - 2)  # the trailing dims of (1, C, 1, 1) or (1, C)
+    dims = tuple(d for d in v.shape)
+    while dims and dims[0] == 1 and len(dims) > len(per_channel):
+        dims = dims[1:]
+    return v.reshape(-1) if dims == per_channel else None
+
+
+def fuse_epilogues(graph: Graph) -> Graph:
+    g = graph.copy()
+    order = {n.name: i for i, n in enumerate(g.nodes)}
+    removed: set = set()
+    for node in g.nodes:
+        if node.name in removed or node.op not in ("conv2d", "dense", "add"):
+            continue
+        while True:
+            out = node.outputs[0]
+            readers = g.consumers(out)
+            if out in g.outputs or len(readers) != 1:
+                break
+            nxt = readers[0]
+            act = _activation(nxt)
+            if act is not None and "activation" not in node.attrs:
+                node.attrs["activation"] = act
+            elif nxt.op == "add" and node.op != "add" and "activation" not in node.attrs:
+                other = nxt.inputs[1] if nxt.inputs[0] == out else nxt.inputs[0]
+                shape = g.shapes[out]
+                const = _channel_constant(g, other, shape[1], len(shape))
+                if const is not None:
+                    bias = g.params[node.inputs[2]] if len(node.inputs) > 2 else 0.0
+                    b = _add_param(g, f"{node.name}.b_add", np.asarray(bias + const, np.float32))
+                    node.inputs = node.inputs[:2] + [b]
+                elif (node.op == "conv2d" and "residual" not in node.attrs and other not in g.params
+                      and g.shapes[other] == shape and nxt.inputs.count(out) == 1):
+                    p = g.producer(other)
+                    if p is not None and order[p.name] > order[node.name]:
+                        break  # the other operand is not ready when this convolution runs
+                    node.attrs["residual"] = other
+                else:
+                    break
+            else:
+                break
+            node.outputs = list(nxt.outputs)
+            removed.add(nxt.name)
+            g.nodes = [n for n in g.nodes if n is not nxt]
+    for node in g.nodes:  # the residual is an input like the others (the executor binds inputs by position)
+        if "residual" in node.attrs:
+            node.inputs = node.inputs + [node.attrs["residual"]]
+    return _drop_unused_params(g).validate()
+
+
+def optimize(graph: Graph) -> Graph:
+    """The frontend graph as the kernels will run it: BatchNorm folded, epilogues fused."""
+    return fuse_epilogues(fold_batch_norm(graph))

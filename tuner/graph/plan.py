@@ -1,0 +1,293 @@
+"""From the optimized NCHW graph to the kernels that will run: one ``Step`` per deployed kernel, over tensors
+stored NCHW4c (4-D activations) or packed by 4 along the last axis (2-D), each with a storage scope.
+
+- ``lower_graph``: every node becomes a template step (conv2d, depthwise_conv2d, dense: tuned) or a glue
+  step (elementwise, pool, concat, relayout); the model's inputs and outputs stay plain row-major buffers
+  with relayout steps at the boundaries.
+- ``plan_storage`` (the texture RFC's CollectStorageInfo): a scope per tensor -- texture only where the
+  device has images (half images for float16), the image fits its limits, and the consumers take it;
+  ``scope="auto"`` decides per tuned layer from the log which scope measured faster.
+- ``extract_tasks``: the unique (template, workload, scopes, pinned knobs) that will run, weighted by count
+  and FLOPs -- exactly what the model deploys, so tuning measures the kernels that ship.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tuner.errors import TunerError
+
+from .graph import Graph
+
+TEMPLATE_OPS = ("conv2d", "depthwise_conv2d", "dense")
+# knobs a model pins so that neighbouring kernels agree on the activation layout
+FIXED = {"conv2d": {"act_layout": "nchw4c"}, "depthwise_conv2d": {"act_layout": "nchw4c"}, "dense": {}}
+SCOPE_MODES = ("auto", "texture", "buffer")
+
+
+@dataclass
+class Tensor:
+    name: str
+    shape: tuple
+    kind: str  # "nchw" (NCHW4c), "rows" (2-D packed by 4 along the last axis), "plain" (row-major, host side)
+    scope: str = "buffer"  # texture | buffer
+
+    @property
+    def layout(self) -> str | None:
+        if self.kind == "plain":
+            return None
+        base = "nchw4c" if self.kind == "nchw" else "row4"
+        return base if self.scope == "texture" else f"{base}_buffer"
+
+    @property
+    def texture_layout(self) -> str | None:
+        return {"nchw": "nchw4c", "rows": "row4"}.get(self.kind)
+
+
+@dataclass
+class Step:
+    """One deployed kernel. ``inputs`` maps the kernel's parameter names to tensor or param names."""
+    name: str
+    op: str  # conv2d | depthwise_conv2d | dense | elementwise | pool | concat | relayout
+    inputs: dict
+    output: str
+    attrs: dict = field(default_factory=dict)
+    workload: object = None  # template steps
+    scopes: dict | None = None  # template steps: input/weight/output
+    config: object = None  # template steps, once chosen
+
+    @property
+    def tuned(self) -> bool:
+        return self.op in TEMPLATE_OPS
+
+
+@dataclass
+class Plan:
+    steps: list
+    tensors: dict  # name -> Tensor (activations only)
+    params: dict  # name -> logical float32 array
+    inputs: list
+    outputs: list
+    dtype: str = "float32"
+
+    def scope_counts(self) -> dict:
+        out: dict = {}
+        for t in self.tensors.values():
+            if t.kind != "plain":
+                out[t.scope] = out.get(t.scope, 0) + 1
+        return out
+
+
+def _kind(shape) -> str:
+    if len(shape) == 4:
+        return "nchw"
+    if len(shape) == 2:
+        return "rows"
+    raise TunerError(f"tensors of rank {len(shape)} ({list(shape)}) are not supported between kernels; "
+                     f"activations are NCHW (4-D) or N,K (2-D)")
+
+
+def lower_graph(g: Graph, dtype: str = "float32") -> Plan:
+    """The optimized graph (``passes.optimize``) as steps; ``dtype`` is the storage type (float32/float16)."""
+    from tuner.templates import get_template
+    if dtype not in ("float32", "float16"):
+        raise TunerError(f"storage dtype {dtype!r}: float32 or float16")
+    tensors: dict = {}
+    steps: list = []
+    extra: dict = {}  # params made here (per-channel constants of adds)
+
+    def packed(name: str) -> str:
+        return name if name in g.params else rename.get(name, name)
+
+    rename = {}
+    for x in g.inputs:  # boundary: a plain NCHW (or N,K) host buffer relayouted into the packed form
+        tensors[x] = Tensor(x, tuple(g.shapes[x]), "plain")
+        rename[x] = f"{x}.packed"
+        tensors[rename[x]] = Tensor(rename[x], tuple(g.shapes[x]), _kind(g.shapes[x]))
+        steps.append(Step(f"{x}.pack", "relayout", {"X": x}, rename[x]))
+    out_rename = {y: f"{y}.packed" for y in g.outputs if y not in g.inputs}
+    rename.update(out_rename)
+
+    for node in g.nodes:
+        out = out_rename.get(node.outputs[0], node.outputs[0])
+        shape = tuple(g.shapes[node.outputs[0]])
+        tensors[out] = Tensor(out, shape, _kind(shape))
+        ins = [packed(t) for t in node.inputs]
+        a = node.attrs
+        act = a.get("activation", "none")
+        if node.op in ("conv2d", "dense"):
+            bias = next((t for t in node.inputs[2:] if t in g.params), None)
+            res = a.get("residual")
+            w_shape = tuple(g.shapes[node.inputs[1]])
+            if node.op == "dense":
+                op, fields = "dense", dict(data=tuple(g.shapes[node.inputs[0]]), weight=w_shape)
+            else:
+                groups, c = a.get("groups", 1), g.shapes[node.inputs[0]][1]
+                if groups == 1:
+                    op = "conv2d"
+                elif groups == c == w_shape[0] and w_shape[1] == 1:
+                    op = "depthwise_conv2d"
+                else:
+                    raise TunerError(f"node {node.name!r}: conv2d with groups={groups} on {c} channels; supported "
+                                     f"are groups=1 and depthwise (groups = input = output channels)")
+                fields = dict(data=tuple(g.shapes[node.inputs[0]]), kernel=w_shape, stride=tuple(a["stride"]),
+                              padding=tuple(a["padding"]), dilation=tuple(a["dilation"]), residual=res is not None)
+            wl = get_template(op).workload(**fields, dtype=dtype, bias=bias is not None, activation=act)
+            inputs = {"X": ins[0], "Wt": node.inputs[1]}
+            if bias is not None:
+                inputs["B"] = bias
+            if res is not None:
+                inputs["Res"] = packed(res)
+            steps.append(Step(node.name, op, inputs, out, workload=wl))
+        elif node.op in ("add", "relu", "clip"):
+            acts = [t for t in ins if t not in g.params]
+            const = [t for t in ins if t in g.params]
+            attrs = {"op": node.op, "activation": act}
+            if node.op == "clip":
+                attrs["clip"] = (float(a.get("min", -np.inf)), float(a.get("max", np.inf)))
+            if node.op == "add" and const:  # the frontend's constants broadcast per channel
+                c = shape[1]
+                v = np.broadcast_to(g.params[const[0]], shape)
+                per_channel = v.reshape(shape[0], c, -1)[0, :, 0] if len(shape) == 4 else v[0]
+                if not np.array_equal(np.broadcast_to(per_channel.reshape((1, c) + (1,) * (len(shape) - 2)), shape), v):
+                    raise TunerError(f"node {node.name!r}: add of a constant that is not one value per channel")
+                extra[f"{node.name}.bias"] = np.ascontiguousarray(per_channel, np.float32)
+                inputs = {"X": acts[0], "B": f"{node.name}.bias"}
+                attrs["op"] = "bias_add"
+            elif node.op == "add":
+                inputs = {"X0": acts[0], "X1": acts[1]}
+            else:
+                inputs = {"X": acts[0]}
+            steps.append(Step(node.name, "elementwise", inputs, out, attrs))
+        elif node.op in ("global_avg_pool", "avg_pool", "max_pool"):
+            h, w = g.shapes[node.inputs[0]][2:]
+            attrs = ({"kind": "avg", "kernel": (h, w), "stride": (1, 1), "padding": (0, 0, 0, 0),
+                      "count_include_pad": False} if node.op == "global_avg_pool" else
+                     {"kind": node.op[:3], "kernel": tuple(a["kernel"]), "stride": tuple(a["stride"]),
+                      "padding": tuple(a["padding"]), "count_include_pad": bool(a.get("count_include_pad", False))})
+            steps.append(Step(node.name, "pool", {"X": ins[0]}, out, attrs))
+        elif node.op in ("flatten", "reshape"):
+            steps.append(Step(node.name, "relayout", {"X": ins[0]}, out))
+        elif node.op == "concat":
+            if a.get("axis", 1) not in (1, -3) or len(shape) != 4:
+                raise TunerError(f"node {node.name!r}: concat along axis {a.get('axis')}; only channels (axis 1) of "
+                                 f"NCHW tensors are supported")
+            steps.append(Step(node.name, "concat", {f"X{i}": t for i, t in enumerate(ins)}, out))
+        else:
+            raise TunerError(f"node {node.name!r}: operator {node.op!r} has no kernel; run passes.optimize first "
+                             f"(BatchNorm is folded there)")
+        for t in ins:
+            if t not in g.params and t not in tensors:
+                raise TunerError(f"node {node.name!r} reads {t!r}, which no earlier step produces")
+    for y, packed_y in out_rename.items():
+        tensors[y] = Tensor(y, tuple(g.shapes[y]), "plain")
+        steps.append(Step(f"{y}.unpack", "relayout", {"X": packed_y}, y))
+    return Plan(steps, tensors, {**g.params, **extra}, list(g.inputs), list(g.outputs), dtype)
+
+
+
+def _texture_ok(t: Tensor, info, dtype: str) -> bool:
+    from tuner.search_space import image_fits
+    return (t.kind != "plain" and bool(info.image_support) and (dtype == "float32" or bool(info.half_images))
+            and image_fits(t.texture_layout, t.shape, info))
+
+
+def uniform_scopes(scope: str) -> dict:
+    return {"input": scope, "weight": scope, "output": scope}
+
+
+def _measured(history, step: Step, info, scope: str):
+    rec = history.query(step.op, step.workload, info.fingerprint, uniform_scopes(scope), FIXED[step.op])
+    return rec.median_s if rec is not None else None
+
+
+def _decide(step: Step, info, mode: str, history) -> str:
+    """The scope a tuned layer wants for its activations: forced by the mode, else (auto) the faster of the
+    log's best all-texture and all-buffer records, else the template's own choice for the device."""
+    if mode != "auto":
+        return mode
+    if history is not None:
+        tex, buf = _measured(history, step, info, "texture"), _measured(history, step, info, "buffer")
+        if tex is not None or buf is not None:
+            return "texture" if buf is None or (tex is not None and tex <= buf) else "buffer"
+    from tuner.templates import get_template
+    return get_template(step.op).fallback(step.workload, info).input_scope
+
+
+def _valid_count(step: Step, info, scopes: dict) -> int:
+    from tuner.templates import get_template
+    t = get_template(step.op)
+    return t.space(step.workload, info, **FIXED[step.op], **{f"{k}_scope": v for k, v in scopes.items()}).size()
+
+
+def plan_storage(plan: Plan, info, scope: str = "auto", history=None) -> Plan:
+    """A scope per tensor and per tuned step's operands. ``history``: an ApplyHistoryBest for ``auto``."""
+    if scope not in SCOPE_MODES:
+        raise TunerError(f"scope {scope!r}: one of {', '.join(SCOPE_MODES)}")
+    plan = dataclasses.replace(plan, steps=[dataclasses.replace(s) for s in plan.steps],
+                               tensors={k: dataclasses.replace(t) for k, t in plan.tensors.items()})
+    want = {s.name: _decide(s, info, scope, history) for s in plan.steps if s.tuned}
+    readers: dict = {}
+    for s in plan.steps:
+        for t in s.inputs.values():
+            readers.setdefault(t, []).append(s)
+    for s in plan.steps:  # in order, so a glue step's inputs are decided before its output
+        t = plan.tensors[s.output]
+        if t.kind == "plain":
+            continue
+        if "Res" in s.inputs:  # the kernel reads the residual in its output's scope and layout
+            choice = plan.tensors[s.inputs["Res"]].scope
+        elif s.name in want:
+            choice = want[s.name]
+        else:
+            tuned_readers = [r for r in readers.get(s.output, []) if r.name in want]
+            first_in = next((plan.tensors[x] for x in s.inputs.values() if x in plan.tensors
+                             and plan.tensors[x].kind != "plain"), None)
+            choice = (want[tuned_readers[0].name] if tuned_readers else first_in.scope if first_in is not None
+                      else "buffer" if scope == "buffer" else "texture")
+        t.scope = choice if choice == "buffer" or _texture_ok(t, info, plan.dtype) else "buffer"
+    for s in plan.steps:
+        if not s.tuned:
+            continue
+        io = {"input": plan.tensors[s.inputs["X"]].scope, "output": plan.tensors[s.output].scope}
+        for w in (["texture", "buffer"] if want[s.name] == "texture" else ["buffer"]):
+            if _valid_count(s, info, {**io, "weight": w}):
+                s.scopes = {"input": io["input"], "weight": w, "output": io["output"]}
+                break
+        else:
+            raise TunerError(f"node {s.name!r} ({s.op} {json.dumps(s.workload.key())}): no valid config on "
+                             f"{info.name} with input {io['input']} and output {io['output']}; try --scope buffer")
+    return plan
+
+
+@dataclass(frozen=True)
+class Task:
+    """A unique kernel to tune: what ``tune()`` takes, with how often the model runs it."""
+    template: str
+    workload: object
+    scopes: dict
+    fixed: dict
+    count: int
+    flops: int  # of one occurrence
+
+    @property
+    def weight(self) -> int:
+        return self.count * self.flops
+
+    def key(self) -> str:
+        return json.dumps({"template": self.template, "workload": self.workload.key(), "scopes": self.scopes,
+                           "fixed": self.fixed}, sort_keys=True)
+
+
+def extract_tasks(plan: Plan) -> list:
+    """The unique tuned kernels of a planned model, heaviest (count x FLOPs) first."""
+    found: dict = {}
+    for s in plan.steps:
+        if s.tuned:
+            t = Task(s.op, s.workload, dict(s.scopes), dict(FIXED[s.op]), 1, s.workload.flops)
+            k = t.key()
+            found[k] = dataclasses.replace(found[k], count=found[k].count + 1) if k in found else t
+    return sorted(found.values(), key=lambda t: -t.weight)

@@ -1,0 +1,104 @@
+"""Tune a model: every task of its plan with the tuning engine, the trial budget shared by weight.
+
+With ``scope="auto"`` the tasks of three plans are tuned: all-texture, all-buffer, and then the auto plan the
+log now implies (layers at a scope boundary run mixed-scope kernels, and those must be measured too, since the
+kernels tuned are the kernels deployed). A re-run resumes: what the log already holds counts against each
+task's budget and is never measured again."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from tuner.errors import TunerError
+
+from .plan import Task
+
+
+@dataclass
+class ModelTuneResult:
+    log: str
+    tasks: list = field(default_factory=list)  # (Task, budget, measured now, best Record | None)
+
+    @property
+    def measured(self) -> int:
+        return sum(m for _, _, m, _ in self.tasks)
+
+
+def share_budget(tasks: list, trials: int, min_trials: int = 4) -> list:
+    """Trials per task: ``trials`` shared in proportion to weight (count x FLOPs), at least ``min_trials``."""
+    total = sum(t.weight for t in tasks) or 1
+    return [max(min_trials, round(trials * t.weight / total)) for t in tasks]
+
+
+def _done(log: str, task: Task, fingerprint: str) -> int:
+    """Measurements the log already holds for this exact task (instantiation rejects are not measurements)."""
+    from pathlib import Path
+
+    from tuner.logs import load_records
+    from tuner.logs.record import canonical_json
+    if not Path(log).exists():
+        return 0
+    wl = canonical_json(task.workload.key())
+    return sum(1 for r in load_records(log) if r.device == fingerprint and r.template == task.template
+               and canonical_json(r.workload) == wl and r.scopes == task.scopes and r.error_name != "INSTANTIATION"
+               and all(r.config.get(k) == v for k, v in task.fixed.items()))
+
+
+def tune_model(model, log: str | None = None, trials: int = 200, device=None, scope: str = "auto",
+               storage: str | None = None, sampler: str = "xgb", seed: int | None = 0, dtype: str = "float32",
+               input_shapes: dict | None = None, min_trials: int = 4, options=None, progress: bool = True,
+               early_stopping: int | None = None) -> ModelTuneResult:
+    """Tune every task of ``model`` on ``device`` with about ``trials`` measurements in all."""
+    from tuner.runtime.device import DeviceInfo, choose_device
+    from tuner.search.tune import default_log, tune
+
+    from .compiler import load_graph
+    from .plan import extract_tasks, lower_graph, plan_storage
+    info = getattr(device, "info", device)
+    info = info if isinstance(info, DeviceInfo) else choose_device(info)
+    log = log or default_log(info.fingerprint)
+    if trials < 1:
+        raise TunerError("--trials must be at least 1")
+    plan = lower_graph(load_graph(model, input_shapes), dtype)
+    modes = ["texture", "buffer"] if scope == "auto" else [scope]
+    rounds = [extract_tasks(plan_storage(plan, info, m)) for m in modes]
+    result = ModelTuneResult(log)
+    seen: set = set()
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=trials, desc="model", unit="trial", dynamic_ncols=True)
+
+    def run(tasks: list, budget_trials: int):
+        tasks = [t for t in tasks if t.key() not in seen]
+        for t, budget in zip(tasks, share_budget(tasks, budget_trials, min_trials)):
+            seen.add(t.key())
+            todo = budget - _done(log, t, info.fingerprint)
+            measured, best = 0, None
+            if todo > 0:
+                r = tune(t.template, t.workload, info, trials=todo, log=log, storage=storage, sampler=sampler,
+                         scopes=t.scopes, fixed=t.fixed, seed=seed, options=options, progress=False,
+                         early_stopping=early_stopping)
+                measured, best = r.measured, r.best
+            result.tasks.append((t, budget, measured, best))
+            if bar is not None:
+                bar.total = max(bar.total, bar.n + max(todo, 0))
+                bar.update(max(todo, 0))
+                bar.set_postfix_str(f"{len(result.tasks)} tasks")
+
+    try:
+        per_round = trials // (len(rounds) + (scope == "auto"))
+        for tasks in rounds:
+            run(tasks, per_round)
+        if scope == "auto":  # the mixed-scope kernels the auto plan deploys, now that the log can decide
+            from tuner.logs import apply_history_best
+            run(extract_tasks(plan_storage(plan, info, "auto", apply_history_best(log))),
+                trials - per_round * len(rounds))
+    finally:
+        if bar is not None:
+            bar.close()
+    return result
+
+
+def describe(task: Task) -> str:
+    return f"{task.template} {json.dumps(task.workload.key()['data'])} {'/'.join(task.scopes.values())}"
