@@ -1,0 +1,260 @@
+"""The model's glue kernels (tuner/graph/kernels.py) on the test device against NumPy: texture, buffer and mixed
+scopes, float32 and float16 storage, odd channel counts and batch 2. Inputs are uploaded with NaN in their
+padding lanes (so no output may depend on them) and outputs start as NaN (so every element must be written)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tuner.graph.kernels import (GLUE, concat_kernel, concat_reference, elementwise_kernel, elementwise_reference,
+                                 global_avg_pool_kernel, pool_kernel, pool_out_shape, pool_reference,
+                                 relayout_kernel, relayout_reference)
+from tuner.ir.layouts import default_layout
+from tuner.runtime.launch import build, physical_shape
+from tuner.runtime.memory import download, upload
+
+TOL = {"float32": 1e-5, "float16": 1e-2}
+# (input scopes, output scope): all texture, all buffer, texture in / buffer out, buffer in / texture out
+SCOPES = [("texture", "texture"), ("buffer", "buffer"), ("texture", "buffer"), ("buffer", "texture")]
+# (input scopes, output scope, dtype) for multi-input kernels; "mixed" alternates texture and buffer inputs
+COMBOS = [("texture", "texture", "float32"), ("texture", "texture", "float16"), ("buffer", "buffer", "float32"),
+          ("buffer", "buffer", "float16"), ("texture", "buffer", "float16"), ("mixed", "texture", "float32")]
+
+
+def in_scopes(pattern: str, n: int) -> tuple:
+    return tuple(("texture", "buffer")[i % 2] for i in range(n)) if pattern == "mixed" else (pattern,) * n
+
+
+def _padded(buf, x: np.ndarray, fill: float) -> np.ndarray:
+    """``x`` grown to whole pixels along its packed axis (1, or 0 for a 1-D bias), the new lanes ``fill``."""
+    logical = buf.declared
+    if logical.layout is None and not logical.is_texture:
+        return x
+    axis = 1 if x.ndim > 1 else 0
+    shape = list(x.shape)
+    shape[axis] = -(-shape[axis] // 4) * 4
+    out = np.full(shape, fill, x.dtype)
+    out[tuple(slice(0, s) for s in x.shape)] = x
+    return out
+
+
+def _physical(buf, x: np.ndarray, fill: float) -> np.ndarray:
+    logical = buf.declared
+    layout = logical.layout or default_layout(logical)
+    padded = _padded(buf, x, fill)
+    flat = layout.pack(padded) if layout is not None else padded
+    return flat.reshape(physical_shape(buf))
+
+
+def run(exe, device, inputs: dict, padded_outputs: bool = False) -> dict:
+    """Run ``exe`` with NaN padding lanes in the inputs and NaN-filled outputs; returns the logical outputs
+    (or, with ``padded_outputs``, outputs grown to whole pixels so their padding lanes can be checked)."""
+    arrays = exe.upload_inputs()
+    for b in exe.program.params:
+        dtype = b.dtype.numpy
+        if b.name in inputs:
+            upload(device, arrays[b.name], _physical(b, np.asarray(inputs[b.name], dtype), np.nan))
+        else:
+            upload(device, arrays[b.name], np.full(physical_shape(b), np.nan, dtype))
+    exe.launch(arrays)
+    if not padded_outputs:
+        return exe.outputs_of(arrays)
+    out = {}
+    for b in exe.outputs:
+        logical = b.declared
+        shape = _padded(b, np.zeros(logical.shape), 0).shape
+        out[b.name] = logical.layout.unpack(download(device, arrays[b.name]), shape)
+    return out
+
+
+def rel_error(got, ref) -> float:
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    return float(np.abs(np.asarray(got, np.float64) - ref).max() / max(np.abs(ref).max(), 1e-30))
+
+
+def draw(rng, shape, dtype):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+# -- elementwise ------------------------------------------------------------------------------------------
+ELEMENTWISE = [("add", "none"), ("add", "relu"), ("add", "relu6"), ("add", "clip"), ("bias_add", "none"),
+               ("bias_add", "relu6"), ("relu", "none"), ("relu6", "none"), ("clip", "none")]
+
+
+@pytest.mark.parametrize("pattern,out_scope,dtype", COMBOS)
+@pytest.mark.parametrize("op,activation", ELEMENTWISE)
+def test_elementwise_matches_numpy(device, rng, op, activation, pattern, out_scope, dtype):
+    shape, clip = (2, 7, 3, 5), (-0.5, 0.75)
+    n_in = 1 if op in ("relu", "relu6", "clip") else 2
+    k = elementwise_kernel(shape, op, dtype, in_scopes(pattern, n_in), out_scope, activation, clip,
+                           max_work_group=device.info.max_work_group_size)
+    names = [b.name for b in k.params[:-1]]
+    xs = [draw(rng, shape if name != "B" else shape[1:2], dtype) * 3 for name in names]
+    got = run(build(k, device), device, dict(zip(names, xs)))["Y"]
+    ref = elementwise_reference(op, *xs, activation=activation, clip=clip)
+    assert rel_error(got, ref) <= TOL[dtype]
+    if op in ("relu6", "clip") or activation in ("relu6", "clip"):  # the clamp bites on this data
+        lo, hi = (0, 6) if "relu6" in (op, activation) else clip
+        assert got.min() >= lo and got.max() <= hi and (ref == hi).any()
+
+
+@pytest.mark.parametrize("op", ["add", "bias_add"])
+def test_elementwise_on_2d_rows_with_mixed_operand_scopes(device, rng, op):
+    shape = (2, 13)
+    k = elementwise_kernel(shape, op, "float32", ("texture", "buffer"), "buffer", "relu", max_work_group=8)
+    assert k.params[1].scope == "global"
+    names = [b.name for b in k.params[:-1]]
+    xs = [draw(rng, shape if name != "B" else (13,), "float32") for name in names]
+    got = run(build(k, device), device, dict(zip(names, xs)))["Y"]
+    assert rel_error(got, elementwise_reference(op, *xs, activation="relu")) <= 1e-6
+
+
+# -- pooling ----------------------------------------------------------------------------------------------
+POOLS = [  # shape, kind, kernel, stride, padding, count_include_pad
+    ((1, 5, 14, 13), "max", 3, 2, 1, False),  # MobileNet/ResNet stem max pool, small
+    ((2, 3, 8, 9), "max", 2, 2, 0, False),
+    ((2, 3, 8, 9), "avg", 3, 2, (1, 0, 1, 1), False),
+    ((2, 3, 8, 9), "avg", 3, 2, (1, 0, 1, 1), True),
+    ((1, 7, 6, 7), "avg", 2, 1, (1, 1, 0, 0), False),
+    ((2, 7, 7, 7), "avg", 7, 1, 0, False),  # global average pool, 7x7 window, 1x1 output
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("scopes", SCOPES[:3])
+@pytest.mark.parametrize("case", POOLS, ids=lambda c: f"{c[1]}{c[2]}s{c[3]}p{c[4]}{'i' if c[5] else ''}-{c[0][1]}")
+def test_pool_matches_numpy(device, rng, case, scopes, dtype):
+    shape, kind, kernel, stride, padding, include = case
+    k = pool_kernel(shape, kind, kernel, stride, padding, include, dtype, *scopes,
+                    max_work_group=device.info.max_work_group_size)
+    x = draw(rng, shape, dtype)
+    got = run(build(k, device), device, {"X": x})["Y"]
+    ref = pool_reference(x, kind, kernel, stride, padding, include)
+    assert got.shape == pool_out_shape(shape, kernel, stride, padding)
+    assert rel_error(got, ref) <= TOL[dtype]
+
+
+def test_avg_pool_padding_counts_differ(device, rng):
+    """count_include_pad changes the border divisors (a kernel ignoring it would pass only one of the two)."""
+    shape, x = (1, 4, 5, 5), np.abs(draw(rng, (1, 4, 5, 5), "float32")) + 1
+    outs = [run(build(pool_kernel(shape, "avg", 3, 1, 1, inc, in_scope="buffer", out_scope="buffer"), device),
+                device, {"X": x})["Y"] for inc in (False, True)]
+    np.testing.assert_allclose(outs[0][..., 1:-1, 1:-1], outs[1][..., 1:-1, 1:-1], rtol=1e-6)
+    np.testing.assert_allclose(outs[1][..., 0, 0], outs[0][..., 0, 0] * 4 / 9, rtol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [(2, 5, 7, 7), (1, 3, 1, 1), (1, 6, 3, 10)])
+def test_global_avg_pool_is_the_channel_mean(device, rng, shape):
+    x = draw(rng, shape, "float32")
+    got = run(build(global_avg_pool_kernel(shape, in_scope="texture", out_scope="buffer"), device), device,
+              {"X": x})["Y"]
+    assert got.shape == (*shape[:2], 1, 1)
+    np.testing.assert_allclose(got, x.astype(np.float64).mean(axis=(2, 3), keepdims=True), rtol=1e-5, atol=1e-6)
+
+
+# -- concat -----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("pattern,out_scope,dtype", COMBOS)
+@pytest.mark.parametrize("channels", [(3, 5, 8), (1, 2, 7), (4, 8)])
+def test_concat_matches_numpy(device, rng, channels, pattern, out_scope, dtype):
+    shapes = [(2, c, 3, 4) for c in channels]
+    k = concat_kernel(shapes, dtype, in_scopes(pattern, len(shapes)), out_scope,
+                      max_work_group=device.info.max_work_group_size)
+    xs = [draw(rng, s, dtype) for s in shapes]
+    got = run(build(k, device), device, {f"X{i}": x for i, x in enumerate(xs)}, padded_outputs=True)["Y"]
+    total = sum(channels)
+    assert rel_error(got[:, :total], concat_reference(*xs)) <= TOL[dtype]
+    assert (got[:, total:] == 0).all()  # padding lanes are written zero
+
+
+def test_concat_of_mixed_scopes_and_rows(device, rng):
+    shapes = [(2, 3), (2, 6), (2, 1)]
+    k = concat_kernel(shapes, "float32", ("buffer", "texture", "buffer"), "texture", max_work_group=3)
+    assert k.launch()[1][0] == 2  # a power of two within the device's limit
+    xs = [draw(rng, s, "float32") for s in shapes]
+    got = run(build(k, device), device, {f"X{i}": x for i, x in enumerate(xs)})["Y"]
+    assert rel_error(got, concat_reference(*xs)) == 0
+
+
+# -- relayout ---------------------------------------------------------------------------------------------
+PLAIN, TEX4, BUF4 = ("buffer", None), ("texture", "nchw4c"), ("buffer", "nchw4c_buffer")
+TEXR, BUFR = ("texture", "row4"), ("buffer", "row4_buffer")
+RELAYOUTS = [  # in shape, out shape, (in scope, in layout), (out scope, out layout)
+    ((2, 5, 3, 4), (2, 5, 3, 4), PLAIN, TEX4),  # model input upload
+    ((2, 5, 3, 4), (2, 5, 3, 4), PLAIN, BUF4),
+    ((2, 7, 3, 2), (2, 7, 3, 2), TEX4, PLAIN),  # model output download
+    ((2, 7, 3, 2), (2, 7, 3, 2), BUF4, PLAIN),
+    ((2, 7), (2, 7), PLAIN, TEXR),  # classifier input / output
+    ((2, 7), (2, 7), PLAIN, BUFR),
+    ((2, 7), (2, 7), TEXR, PLAIN),
+    ((2, 7), (2, 7), BUFR, PLAIN),
+    ((2, 5, 3, 3), (2, 5, 3, 3), TEX4, BUF4),  # texture <-> buffer, whole pixels
+    ((2, 5, 3, 3), (2, 5, 3, 3), BUF4, TEX4),
+    ((2, 9), (2, 9), TEXR, BUFR),
+    ((1, 1280, 1, 1), (1, 1280), TEX4, TEXR),  # Flatten after global pooling: whole pixels
+    ((2, 5, 1, 1), (2, 5), TEX4, BUFR),
+    ((2, 5, 1, 1), (2, 5), BUF4, PLAIN),
+    ((2, 3, 3, 2), (2, 18), TEX4, TEXR),  # Flatten of a spatial tensor: lanes gathered
+    ((2, 3, 3, 2), (2, 18), BUF4, BUFR),
+    ((2, 18), (2, 3, 3, 2), TEXR, BUF4),  # Reshape back
+    ((2, 18), (2, 2, 3, 3), BUFR, TEX4),
+    ((2, 5, 3, 3), (2, 45), PLAIN, PLAIN),
+    ((3, 7), (1, 3, 7, 1), PLAIN, TEX4),
+]
+
+
+def _rid(c):
+    return f"{'x'.join(map(str, c[0]))}-{c[2][1] or 'plain'}{c[2][0][0]}-to-{'x'.join(map(str, c[1]))}-" \
+           f"{c[3][1] or 'plain'}{c[3][0][0]}"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("case", RELAYOUTS, ids=_rid)
+def test_relayout_copies_elements_in_logical_order(device, rng, case, dtype):
+    in_shape, out_shape, (in_scope, in_layout), (out_scope, out_layout) = case
+    k = relayout_kernel(in_shape, out_shape, dtype, in_scope, in_layout, out_scope, out_layout,
+                        max_work_group=device.info.max_work_group_size)
+    x = draw(rng, in_shape, dtype)
+    padded = out_layout is not None
+    got = run(build(k, device), device, {"X": x}, padded_outputs=padded)["Y"]
+    if padded:
+        got, pad = got[:, :out_shape[1]], got[:, out_shape[1]:]
+        assert (pad == 0).all()
+    # a copy: exact in either storage type
+    assert np.array_equal(got, relayout_reference(x, out_shape).astype(dtype))
+
+
+def test_relayout_whole_pixel_copy_reads_one_pixel_per_work_item():
+    k = relayout_kernel((1, 1280, 1, 1), (1, 1280), "float16", "texture", "nchw4c", "buffer", "row4_buffer", 256)
+    src = build(k).source
+    assert src.count("read_imagef") == 1 and "vstore_half4" in src
+    assert k.launch() == ((320, 1, 1), (64, 1, 1))
+
+
+# -- bad input --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("make,match", [
+    (lambda: elementwise_kernel((1, 4, 2, 2), "mul"), "elementwise op 'mul'"),
+    (lambda: elementwise_kernel((1, 4, 2, 2), "relu", activation="relu6"), "itself the activation"),
+    (lambda: elementwise_kernel((1, 4, 2, 2), "add", in_scopes=("texture",)), "takes 2 inputs"),
+    (lambda: elementwise_kernel((1, 4, 2, 2), "clip", clip=(1, 0)), "lo <= hi"),
+    (lambda: elementwise_kernel((1, 4, 2), "relu"), "4-D NCHW or 2-D"),
+    (lambda: elementwise_kernel((1, 4, 2, 2), "relu", out_scope="image"), "use 'texture' or 'buffer'"),
+    (lambda: elementwise_kernel((1, 4, 2, 2), "relu", dtype="int8"), "float32, float16"),
+    (lambda: elementwise_kernel((1, 4, 2, 2), "relu", max_work_group=0), "max_work_group"),
+    (lambda: pool_kernel((1, 4, 5, 5), "min", 3), "'max' or 'avg'"),
+    (lambda: pool_kernel((1, 4, 5, 5), "max", 3, 1, (3, 0, 0, 0)), "smaller than the window"),
+    (lambda: pool_kernel((1, 4, 2, 2), "avg", 3), "larger than the padded input"),
+    (lambda: concat_kernel([(1, 4, 2, 2), (1, 4, 3, 2)]), "must agree on every axis but 1"),
+    (lambda: relayout_kernel((1, 4, 2, 2), (1, 15)), "element counts differ"),
+    (lambda: relayout_kernel((1, 4, 2, 2), (1, 16), out_scope="texture", out_layout="nchw4c"), "use layout 'row4'"),
+    (lambda: relayout_kernel((1, 4, 2, 2), (1, 16), in_scope="texture", in_layout=None), "use layout 'nchw4c'"),
+    (lambda: relayout_kernel((2, 8), (1, 2, 8), out_scope="buffer", out_layout="row4_buffer"),
+     "4-D .nchw4c. or 2-D .row4. shape or None"),
+])
+def test_bad_arguments_name_the_problem(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_registry_pairs_kernels_with_references():
+    assert set(GLUE) == {"elementwise", "pool", "concat", "relayout"}
+    assert all(callable(k) and callable(r) for k, r in GLUE.values())
