@@ -2,6 +2,8 @@
 reference interpreter (values and every intermediate shape), and every error path."""
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -244,6 +246,10 @@ CASES = {
                       ["'fc'", "com.microsoft.FusedConv", "custom domain"]),
     "avgpool_ceil": (_model([helper.make_node("AveragePool", ["input"], ["y"], name="ap", kernel_shape=[3, 3],
                                               ceil_mode=1)]), ["'ap'", "AveragePool", "ceil_mode=1"]),
+    "not_topological": (_model([helper.make_node("Relu", ["r"], ["y0"], name="late"),
+                                helper.make_node("Relu", ["input"], ["r"], name="early"),
+                                helper.make_node("Add", ["y0", "r"], ["y"], name="sum")]),
+                        ["'late'", "Relu", "'r' is not produced", "topological order"]),
     "pool_too_big": (_model([helper.make_node("MaxPool", ["input"], ["y"], name="mp", kernel_shape=[9, 9])]),
                      ["'mp'", "MaxPool", "window of 9 over an input of 8"]),
 }
@@ -258,6 +264,12 @@ def test_errors_name_node_operator_and_value(case):
     assert msg.startswith("ONNX node ") and "supported" in msg
     for part in expected:
         assert part in msg, (part, msg)
+
+
+def test_pass_through_output_of_an_input_is_rejected():
+    model = _model([helper.make_node("Identity", ["input"], ["y"], name="copy")])
+    with pytest.raises(TunerError, match="output 'y' is a copy .* of 'input'"):
+        from_onnx(model)
 
 
 def test_reference_interpreter_checks_its_inputs():
@@ -283,3 +295,41 @@ def test_reference_max_pool_ignores_padding_and_avg_pool_counts():
                                          count_include_pad=cip)], shape=(1, 1, 2, 2))
         out = run_graph_numpy(from_onnx(model), {"input": x})["y"]
         assert out[0, 0, 0, 0] == corner and out[0, 0, 1, 1] == -2.5
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the TorchScript exporter announces its retirement
+def test_pytorch_export_converts_and_matches_pytorch():
+    """Real exporter output (TorchScript exporter: Constant-node Clip bounds, node names like '/Conv', opset 17,
+    a symbolic batch dim): converts and matches PyTorch."""
+    torch = pytest.importorskip("torch")
+
+    nn = torch.nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.bn, self.act = nn.Conv2d(3, 8, 3, 2, 1, bias=False), nn.BatchNorm2d(8), nn.ReLU6()
+            self.dw = nn.Conv2d(8, 8, 3, 1, 1, groups=8)
+            self.max, self.avg = nn.MaxPool2d(3, 2, 1), nn.AvgPool2d(2)
+            self.fc, self.drop = nn.Linear(256, 10), nn.Dropout(0.2)
+
+        def forward(self, x):
+            y = self.act(self.bn(self.conv(x)))
+            y = y + self.dw(y)
+            y = torch.cat([self.max(y), self.avg(y)], 1)
+            return self.fc(self.drop(torch.flatten(y, 1)))
+
+    torch.manual_seed(0)
+    net = Net().eval()
+    net.bn.running_mean.uniform_(-0.5, 0.5)
+    net.bn.running_var.uniform_(0.5, 1.5)
+    x = torch.randn(2, 3, 16, 16)
+    buf = io.BytesIO()
+    torch.onnx.export(net, (x,), buf, dynamo=False, do_constant_folding=False, opset_version=17,
+                      input_names=["input"], output_names=["logits"], dynamic_axes={"input": {0: "N"}})
+    graph = from_onnx(onnx.load_from_string(buf.getvalue()), {"input": (2, 3, 16, 16)})
+    assert [n.op for n in graph.nodes] == ["conv2d", "batch_norm", "clip", "conv2d", "add", "max_pool", "avg_pool",
+                                           "concat", "flatten", "dense"]
+    with torch.no_grad():
+        expected = net(x).numpy()
+    assert_close(run_graph_numpy(graph, {"input": x.numpy()})["logits"], expected)
