@@ -278,6 +278,9 @@ def test_reference_interpreter_checks_its_inputs():
         run_graph_numpy(graph, {})
     with pytest.raises(ValueError, match="has shape"):
         run_graph_numpy(graph, {"input": np.zeros((1, 4, 9, 9), np.float32)})
+    graph.nodes[0].attrs["activation"] = "relu"  # e.g. a fused epilogue: refused, not ignored
+    with pytest.raises(ValueError, match=r"attributes \['activation'\] its reference does not implement"):
+        run_graph_numpy(graph, random_inputs(graph))
     graph.nodes[0].op = "softmax"
     with pytest.raises(ValueError, match="no reference for op 'softmax'"):
         run_graph_numpy(graph, random_inputs(graph))

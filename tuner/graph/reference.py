@@ -1,7 +1,9 @@
 """A NumPy interpreter for :class:`Graph`: the reference the frontend (and the compiled model) is checked against.
 
 It evaluates the NCHW operators the frontend emits (``graph.py`` lists them) in float64 and returns float32.
-``OPS`` maps an op name to ``fn(node, *input_arrays) -> array``; graph passes that add ops can register theirs.
+``OPS`` maps an op name to ``fn(node, *input_arrays) -> array``; graph passes that add ops or attributes (fused
+epilogues) register theirs in ``OPS`` and ``ATTRS``: a node with an attribute its reference does not know is an
+error rather than a silently wrong answer.
 """
 from __future__ import annotations
 
@@ -25,6 +27,10 @@ def run_graph_numpy(graph: Graph, inputs: dict, all_tensors: bool = False) -> di
     for node in graph.nodes:
         if node.op not in OPS:
             raise ValueError(f"run_graph_numpy: no reference for op {node.op!r} (node {node.name!r})")
+        unknown = set(node.attrs) - ATTRS.get(node.op, set(node.attrs))
+        if unknown:
+            raise ValueError(f"run_graph_numpy: node {node.name!r} ({node.op}) has attributes {sorted(unknown)} "
+                             "its reference does not implement")
         out = OPS[node.op](node, *(env[t] for t in node.inputs))
         if out.shape != tuple(graph.shapes[node.outputs[0]]):
             raise ValueError(f"node {node.name!r} ({node.op}) computed shape {out.shape}, the graph says "
@@ -114,4 +120,11 @@ OPS = {
     "flatten": lambda node, x: x.reshape(x.shape[0], -1),
     "reshape": lambda node, x: x.reshape(node.attrs["shape"]),
     "concat": lambda node, *xs: np.concatenate(xs, axis=node.attrs["axis"]),
+}
+
+ATTRS = {
+    "conv2d": {"stride", "padding", "dilation", "groups"},
+    "dense": set(), "batch_norm": {"epsilon"}, "relu": set(), "clip": {"min", "max"}, "add": set(),
+    "global_avg_pool": set(), "avg_pool": {"kernel", "stride", "padding", "count_include_pad"},
+    "max_pool": {"kernel", "stride", "padding"}, "flatten": set(), "reshape": {"shape"}, "concat": {"axis"},
 }
