@@ -14,7 +14,7 @@ from tuner.runtime.device import choose_device, list_devices  # noqa: E402
 # heavier layers (optuna, xgboost) load on first use
 _LAZY = {"tune": "tuner.search", "apply_history_best": "tuner.logs", "load_records": "tuner.logs",
          "get_template": "tuner.templates", "run_op": "tuner.op", "open_device": "tuner.runtime",
-         "build": "tuner.runtime.launch"}
+         "build": "tuner.runtime.launch", "load_logs": "tuner.analysis"}
 
 
 def __getattr__(name):
