@@ -109,6 +109,16 @@ def test_elementwise_on_2d_rows_with_mixed_operand_scopes(device, rng, op):
     assert rel_error(got, elementwise_reference(op, *xs, activation="relu")) <= 1e-6
 
 
+@pytest.mark.parametrize("clip", [(0.0, np.inf), (-np.inf, 0.5), (-np.inf, np.inf)])
+def test_clip_with_an_open_side(device, rng, clip):
+    """ONNX Clip with only min or only max: the infinite side is no clamp (and no ``inf`` literal in C)."""
+    shape = (1, 5, 2, 3)
+    x = draw(rng, shape, "float32")
+    got = run(build(elementwise_kernel(shape, "clip", clip=clip, in_scopes="buffer", out_scope="buffer"), device),
+              device, {"X": x})["Y"]
+    np.testing.assert_array_equal(got, np.clip(x, *clip))
+
+
 # -- pooling ----------------------------------------------------------------------------------------------
 POOLS = [  # shape, kind, kernel, stride, padding, count_include_pad
     ((1, 5, 14, 13), "max", 3, 2, 1, False),  # MobileNet/ResNet stem max pool, small

@@ -130,8 +130,10 @@ def _activate(v, activation: str, clip: tuple):
         v = max_(v, 0.0)
     if activation == "relu6":
         v = min_(v, 6.0)
-    if activation == "clip":
-        v = min_(max_(v, float(clip[0])), float(clip[1]))
+    if activation == "clip":  # an infinite bound (ONNX Clip with only min or max) is no clamp
+        lo, hi = float(clip[0]), float(clip[1])
+        v = max_(v, lo) if lo > -np.inf else v
+        v = min_(v, hi) if hi < np.inf else v
     return v
 
 
@@ -165,7 +167,7 @@ def elementwise_kernel(shape, op: str, dtype: str = "float32", in_scopes="textur
     if op in UNARY and activation != "none":
         raise ValueError(f"elementwise op {op!r} is itself the activation; leave activation='none'")
     if (op == "clip" or activation == "clip") and not float(clip[0]) <= float(clip[1]):
-        raise ValueError(f"clip {tuple(clip)}: want (lo, hi) with lo <= hi")
+        raise ValueError(f"clip {tuple(clip)}: want (lo, hi) with lo <= hi (either may be infinite)")
     scopes = _scopes(in_scopes, 1 if op in UNARY else 2, f"elementwise {op}")
     if op == "add":
         inputs = [_packed("X0", shape, dtype, scopes[0]), _packed("X1", shape, dtype, scopes[1])]
