@@ -310,6 +310,8 @@ def build_parser() -> argparse.ArgumentParser:
     register_model_commands(sub)  # zoo, compile, run, tune, demo
     from tuner.search.cli import register as register_worker
     register_worker(sub)  # worker
+    from tuner.analysis.cli import register as register_analysis
+    register_analysis(sub)  # logs, compare, report
     return parser
 
 

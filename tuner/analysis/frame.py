@@ -377,10 +377,9 @@ def read_export(path) -> pd.DataFrame:
     if suffix in (".parquet", ".pq"):
         df = pd.read_parquet(path)
     elif suffix == ".csv":
-        df = pd.read_csv(path, float_precision="round_trip",
-                         dtype={c: "str" for c, kind in FIXED_DTYPES.items() if kind == "str"})
+        df = pd.read_csv(path, dtype={c: "str" for c, kind in FIXED_DTYPES.items() if kind == "str"})
     else:
-        df = pd.read_json(path, orient="records", lines=True, dtype=False, convert_dates=False)
+        df = pd.read_json(path, orient="records", lines=True, dtype=False)
     for c in df.columns:
         if c == "costs":
             df[c] = pd.Series([_costs(v) for v in df[c].tolist()], dtype=object, index=df.index)

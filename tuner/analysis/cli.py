@@ -1,0 +1,226 @@
+"""The ``tuner logs``, ``tuner compare`` and ``tuner report`` commands; ``register(sub)`` adds them to the
+``tuner`` parser (``tuner/cli.py``)."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from tuner.errors import TunerError
+
+FORMATS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".json": "json", ".jsonl": "json"}
+
+
+def format_table(headers: list, rows: list, right: set = frozenset()) -> str:
+    """Plain text columns; ``right``: indices of right-aligned (numeric) columns."""
+    cells = [[str(c) for c in headers]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    fmt = lambda r: "  ".join(c.rjust(w) if i in right else c.ljust(w)  # noqa: E731
+                              for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+    return "\n".join([fmt(cells[0]), fmt(["-" * w for w in widths])] + [fmt(r) for r in cells[1:]])
+
+
+def _missing(x) -> bool:
+    """None, NaN or pandas' NA (pandas itself is imported only by the commands that use it)."""
+    return x is None or (isinstance(x, float) and math.isnan(x)) or type(x).__name__ == "NAType"
+
+
+def _num(x, spec: str) -> str:
+    return "-" if _missing(x) else format(x, spec)
+
+
+def _ms(seconds) -> str:
+    return _num(seconds * 1e3 if seconds is not None else None, ".4g")
+
+
+def _load(paths: list):
+    from tuner.analysis.frame import load_logs
+    df = load_logs(paths)
+    if df.empty:
+        raise TunerError(f"no records in {' '.join(paths)}: a tuning log is written by `tuner tune-op ... "
+                         f"--log FILE` (default logs/<device>.jsonl)")
+    return df
+
+
+def _output(args, text: str) -> None:
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+
+
+def _export(args, df, fmt: str) -> None:
+    from tuner.analysis.frame import _to_text, export_frame
+    if args.output:
+        export_frame(df, args.output, fmt)
+        print(f"wrote {len(df)} rows to {args.output}", file=sys.stderr)
+    elif fmt == "parquet":
+        raise TunerError("--format parquet writes a binary file: give -o FILE.parquet")
+    elif fmt == "csv":
+        _to_text(df).to_csv(sys.stdout, index=False)
+    else:
+        _to_text(df).to_json(sys.stdout, orient="records", lines=True, date_format="iso", date_unit="us")
+
+
+def _format(args, allowed=("table", "csv", "parquet", "json")) -> str:
+    fmt = args.format or (FORMATS.get(Path(args.output).suffix.lower()) if args.output else None) or "table"
+    if fmt not in allowed:
+        raise TunerError(f"--format {fmt} is not available here; choose from {', '.join(allowed)}")
+    return fmt
+
+
+# ------------------------------------------------------------------------------------------------ logs
+
+def summary_table(summary) -> str:
+    fails = [c for c in summary.columns if c.startswith("failed.")]
+    several = summary["device"].nunique() > 1
+    rows = []
+    for _, r in summary.iterrows():
+        failures = ", ".join(f"{c[7:]} {r[c]}" for c in fails if r[c]) or "-"
+        rows.append(([r["device"]] if several else []) + [
+            r["task"], r["trials"], r["ok"], failures, _num(r["best_gflops"], ".4g"), _ms(r["best_median_s"]),
+            _num(r["best_at"], "d"),
+            r["best_config"] or "-"])
+    head = (["device"] if several else []) + ["task", "trials", "ok", "failures", "best GFLOP/s", "best ms",
+                                              "best at", "best config"]
+    k = int(several)
+    return format_table(head, rows, right={k + 1, k + 2, k + 4, k + 5, k + 6})
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from tuner.analysis.compare import select_device
+    from tuner.analysis.summary import best_rows, config_of, summarize
+    df = select_device(_load(args.paths), args.device)
+    fmt = _format(args)
+    if fmt != "table":
+        _export(args, best_rows(df) if args.best else df, fmt)
+        return 0
+    if args.best:
+        best = best_rows(df)
+        text = format_table(["task", "device", "GFLOP/s", "ms", "trial", "config"],
+                            [[r["task"], r["device"], _num(r["gflops"], ".4g"), _ms(r["median_s"]),
+                              _num(r["trial"], "d"),
+                              json.dumps(config_of(r))] for _, r in best.iterrows()], right={2, 3, 4})
+    else:
+        s = summarize(df)
+        text = summary_table(s)
+        devices = df[["device", "device_name"]].drop_duplicates("device")
+        text += (f"\n\n{len(df)} records, {len(s)} tasks, {int(df['ok'].sum())} successful; device"
+                 f"{'s' if len(devices) > 1 else ''}: "
+                 + ", ".join(f"{d} ({n})" for d, n in devices.itertuples(index=False)))
+    _output(args, text + "\n")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------- compare
+
+def compare_table(cmp, totals) -> str:
+    rows = []
+    several = cmp["device"].nunique() > 1
+    for _, r in cmp.iterrows():
+        sides = []
+        for side in ("texture", "buffer"):
+            if r[f"{side}_ok"] == 0:
+                sides.append("not tuned" if r[f"{side}_trials"] == 0 else f"all {r[f'{side}_trials']} failed")
+            else:
+                sides.append(f"{_ms(r[f'{side}_median_s'])} ms, {_num(r[f'{side}_gflops'], '.3g')} GFLOP/s "
+                             f"({r[f'{side}_ok']} ok)")
+        compared = not _missing(r["pick"])
+        rows.append(([r["device"]] if several else []) + [
+            r["workload"], *sides, _num(r["texture_speedup"], ".2f") + ("x" if compared else ""),
+            r["pick"] if compared else "too few trials"])
+    head = (["device"] if several else []) + ["workload", "best texture", "best buffer", "texture speedup",
+                                              "--scope auto"]
+    lines = [format_table(head, rows, right={len(head) - 2})]
+    notes = [f"  {r['workload']}: {r['note']}" for _, r in cmp.iterrows() if r["note"]]
+    if notes:
+        lines += ["", "not compared:"] + notes
+    for _, t in totals.iterrows():
+        if t["compared"] == 0:
+            lines.append(f"\n{t['device']}: no workload has enough successful trials on both sides")
+            continue
+        lines.append(
+            f"\ntotal over {t['compared']} compared workload{'s' if t['compared'] > 1 else ''} of {t['device']} "
+            f"(each unique workload once): texture {_ms(t['texture_s'])} ms, buffer {_ms(t['buffer_s'])} ms, "
+            f"auto {_ms(t['auto_s'])} ms ({t['auto_vs_texture']:.2f}x over all-texture, "
+            f"{t['auto_vs_buffer']:.2f}x over all-buffer; textures picked for {t['texture_picks']})")
+    return "\n".join(lines)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from tuner.analysis.compare import compare, compare_totals
+    df = _load(args.paths)
+    cmp = compare(df, device=args.device, min_trials=args.min_trials)
+    fmt = _format(args)
+    if fmt != "table":
+        _export(args, cmp, fmt)
+        return 0
+    if cmp.empty:
+        raise TunerError("the log has no all-texture or all-buffer tasks to compare; tune both with "
+                         "`tuner tune-op ... --scope texture` and `--scope buffer`")
+    _output(args, compare_table(cmp, compare_totals(cmp)) + "\n")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from tuner.analysis.compare import select_device
+    from tuner.analysis.report import write_report
+    df = select_device(_load(args.paths), args.device)
+    path = write_report(df, args.output, artifact=args.artifact, min_trials=args.min_trials, title=args.title,
+                        sources=args.paths)
+    print(f"wrote {path}")
+    return 0
+
+
+# -------------------------------------------------------------------------------------------- register
+
+def _min_trials(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return n
+
+
+def register(sub) -> None:
+    """Add ``logs``, ``compare`` and ``report`` to the ``tuner`` command's subparsers."""
+    paths_help = "JSONL tuning logs or globs (e.g. 'logs/*.jsonl')"
+    device_help = "only this device of the log: a fingerprint or a substring of it or of the device name"
+
+    p = sub.add_parser("logs", help="summarize tuning logs per task, or export them (CSV, Parquet, JSON)")
+    p.add_argument("paths", nargs="+", metavar="PATH", help=paths_help)
+    p.add_argument("--best", action="store_true", help="only the best record of each task")
+    p.add_argument("--format", choices=("table", "csv", "parquet", "json"),
+                   help="table (default), or an export of every record (with --best: the best ones); "
+                        "default from -o's suffix")
+    p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    p.add_argument("--device", "-d", metavar="SPEC", help=device_help)
+    p.set_defaults(func=cmd_logs)
+
+    p = sub.add_parser("compare", help="best texture config against best buffer config per workload")
+    p.add_argument("paths", nargs="+", metavar="PATH", help=paths_help)
+    p.add_argument("--device", "-d", metavar="SPEC", help=device_help)
+    p.add_argument("--min-trials", type=_min_trials, default=5, metavar="N",
+                   help="successful trials each side needs to be compared (default 5)")
+    p.add_argument("--format", choices=("table", "csv", "json"), help="table (default) or an export")
+    p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("report", help="one self-contained HTML report with figures")
+    p.add_argument("paths", nargs="+", metavar="PATH", help=paths_help)
+    p.add_argument("--artifact", metavar="DIR", help="a compiled model's directory: per-layer latency from "
+                   "DIR/profile.json")
+    p.add_argument("-o", "--output", metavar="FILE", default="report.html", help="default report.html")
+    p.add_argument("--device", "-d", metavar="SPEC", help=device_help)
+    p.add_argument("--min-trials", type=_min_trials, default=5, metavar="N",
+                   help="successful trials each scope needs in the texture/buffer comparison (default 5)")
+    p.add_argument("--title", default="Tuning report")
+    p.set_defaults(func=cmd_report)
