@@ -69,6 +69,38 @@ def _score(record: Record) -> float:
     return float(record.gflops) if record.ok and record.gflops else 0.0
 
 
+def log_knowledge(log: str, t, workload, scopes: dict, fingerprint: str, space, transfer: bool = True):
+    """What a log knows for a task: ``known`` maps each config key of this task to its best record (never
+    measured again); ``others`` holds ``(vars, values, gflops)`` of successful records of other workloads of
+    the template on the device, for the sampler's transfer learning."""
+    known: dict = {}
+    others = []
+    if not Path(log).exists():
+        return known, others
+    names = list(space.choices)
+    wkey = json.dumps(workload.key(), sort_keys=True)
+    for r in load_records(log):
+        if r.device != fingerprint or r.template != t.name:
+            continue
+        values = {"dtype": r.workload.get("dtype"), **r.config}
+        if json.dumps(r.workload, sort_keys=True) == wkey and r.scopes == scopes:
+            if all(values.get(n) in space.choices[n] for n in names):
+                k = _key(values, names)
+                if k not in known or _score(r) > _score(known[k]):
+                    known[k] = r
+        elif r.ok and transfer:
+            try:
+                others.append((t.space_vars(workload_of(t, r.workload)), values, r.gflops))
+            except (TypeError, ValueError):
+                continue
+    return known, others
+
+
+def workload_of(t, key: dict):
+    """A template's workload object from its key (JSON lists back to tuples)."""
+    return t.workload(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in key.items() if k != "op"})
+
+
 def tune(template, workload, device=None, trials: int = 32, log: str | None = None, storage: str | None = None,
          sampler: str = "xgb", scopes: dict | None = None, seed: int | None = 0, early_stopping: int | None = None,
          batch: int | None = None, options: MeasureOptions | None = None, progress: bool = True,
@@ -100,27 +132,7 @@ def tune(template, workload, device=None, trials: int = 32, log: str | None = No
     options = options or MeasureOptions()
     batch = batch or options.n_parallel
 
-    # what the log already knows: this task's measurements (never repeated), other workloads (transfer)
-    known: dict = {}
-    others = []
-    if Path(log).exists():
-        wkey = json.dumps(workload.key(), sort_keys=True)
-        for r in load_records(log):
-            if r.device != info.fingerprint or r.template != t.name:
-                continue
-            values = {"dtype": r.workload.get("dtype"), **r.config}
-            if json.dumps(r.workload, sort_keys=True) == wkey and r.scopes == scopes:
-                if all(values.get(n) in space.choices[n] for n in names):
-                    k = _key(values, names)
-                    if k not in known or _score(r) > _score(known[k]):
-                        known[k] = r
-            elif r.ok and transfer:
-                try:
-                    others.append((t.space_vars(t.workload(**{k: (tuple(v) if isinstance(v, list) else v)
-                                                             for k, v in r.workload.items() if k != "op"})),
-                                   values, r.gflops))
-                except (TypeError, ValueError):
-                    continue
+    known, others = log_knowledge(log, t, workload, scopes, info.fingerprint, space, transfer)
     vars = t.space_vars(workload)
     smp = make_sampler(sampler, space, t.name, vars, seed=seed, transfer=others, seen=set(known))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -164,6 +176,7 @@ def tune(template, workload, device=None, trials: int = 32, log: str | None = No
                 append_records(log, recs)  # the log first: a kill after this loses nothing measured
                 for (tr, values), rec in zip(todo, recs):
                     tr.set_user_attr("error", rec.error_name)
+                    tr.set_user_attr("record", rec.to_dict())  # the study alone can rebuild the log
                     study.tell(tr, _score(rec))
                     known[_key(values, names)] = rec
                     if rec.error_code == ErrorCode.INSTANTIATION:
@@ -195,7 +208,8 @@ def _recover(study, known: dict, names: list, dists: dict) -> None:
     for k, rec in known.items():
         if k not in in_study:
             study.add_trial(optuna.trial.create_trial(params=dict(zip(names, k)), distributions=dists,
-                                                      value=_score(rec), user_attrs={"from_log": True}))
+                                                      value=_score(rec), user_attrs={"from_log": True, "error": rec.error_name,
+                                                                  "record": rec.to_dict()}))
 
 
 def _progress(total: int, enabled: bool, name: str):

@@ -1,0 +1,290 @@
+"""Studies shared by workers on many machines: storages with heartbeats, a claim on each trial so that no
+config is measured twice and no task's budget is overspent, and reaping of the trials of dead workers.
+
+Storages are Optuna's own: a relational database by URL (``postgresql://user:pw@host/db``,
+``sqlite:///file.db``), or a journal file (``journal:PATH``, Optuna's embedded default for several processes
+on one machine). Liveness: a worker heartbeats every trial it holds; in a database that is Optuna's trial
+heartbeat (staleness is judged by the server's clock, so a phone's clock does not matter), in a journal a
+``tuner:beat`` timestamp (one machine, one clock). A stale trial that already carries its measurement (the
+``record`` user attribute) is completed with it, any other is failed: a worker killed with SIGKILL loses
+nothing it measured.
+
+The claim (``claim``), after ``study.ask`` has set a trial's params: hold the trial's heartbeat, write the
+claim, then read the study and decide (``decide``). Every worker writes its claim before it reads, so of two
+claims at least one reader sees the other. A trial yields to any claimed twin (same params) that is lower
+(by trial id) or already going, and to a full budget counted over done trials, lower claims and claims that
+went; it waits while a higher claim it sees has not decided (that one may not have seen it). Two trials of
+one config can then not both go: the higher went without seeing the lower, so the lower saw it, undecided
+(waited) or gone (yielded). Waits only point upwards, so they end. The same argument bounds the budget.
+"""
+from __future__ import annotations
+
+import re
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import optuna
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.samplers import BaseSampler
+from optuna.storages._heartbeat import is_heartbeat_enabled
+from optuna.trial import TrialState
+
+from tuner.errors import TunerError
+
+CLAIM, VERDICT, BEAT = "tuner:claim", "tuner:verdict", "tuner:beat"  # trial system attributes
+GO, YIELD, WAIT = "go", "yield", "wait"
+
+
+def redact(url: str) -> str:
+    """A storage URL without its password, for messages and logs."""
+    return re.sub(r"://([^:/@]+):[^@/]*@", r"://\1:***@", str(url))
+
+
+def journal_path(url: str) -> str | None:
+    """The file of a journal storage URL (``journal:PATH``, or a path ending in .journal or .log)."""
+    if url.startswith("journal:"):
+        return url[len("journal:"):].removeprefix("//")
+    return url if "://" not in url and url.endswith((".journal", ".log")) else None
+
+
+def open_storage(url: str, heartbeat: int | None = 10, grace: int | None = 60):
+    """An Optuna storage for ``url``; ``heartbeat`` seconds between a relational storage's trial heartbeats
+    (None: no heartbeat, e.g. to export), ``grace`` seconds of silence before a trial counts as stale."""
+    if not isinstance(url, str):
+        return url  # already a storage
+    path = journal_path(url)
+    if path is not None:
+        from optuna.storages import JournalStorage
+        from optuna.storages.journal import JournalFileBackend
+        if not path:
+            raise TunerError("storage journal: needs a file, e.g. journal:logs/studies.journal")
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        return JournalStorage(JournalFileBackend(path))
+    if "://" not in url:
+        raise TunerError(f"storage {url!r}: give a database URL (postgresql://user:password@host/db, "
+                         "sqlite:///file.db) or a journal file (journal:PATH)")
+    import sqlalchemy.exc
+    url = with_driver(url)
+    kwargs = {"heartbeat_interval": int(heartbeat), "grace_period": int(grace)} if heartbeat else {}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True}, **kwargs)
+    except ImportError as e:  # e.g. no PostgreSQL driver
+        raise TunerError(f"storage {redact(url)}: {e.__cause__ or e}; for PostgreSQL `pip install "
+                         "psycopg2-binary` (or the pure-Python pg8000)") from None
+    except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise TunerError(f"cannot open storage {redact(url)}: {first}") from None
+
+
+def with_driver(url: str) -> str:
+    """``postgresql://`` with the PostgreSQL driver that is installed (SQLAlchemy assumes psycopg 3; a phone
+    may have only the pure-Python pg8000)."""
+    import importlib.util
+    scheme, sep, rest = url.partition("://")
+    if scheme in ("postgresql", "postgres"):
+        for module in ("psycopg", "psycopg2", "pg8000"):
+            if importlib.util.find_spec(module):
+                return f"postgresql+{module}://{rest}"
+    return url
+
+
+class Heartbeat:
+    """Beats for the trials this worker holds, every ``interval`` seconds, from a daemon thread."""
+
+    def __init__(self, storage, interval: float):
+        self.storage, self.interval = storage, interval
+        self.held: set = set()
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="tuner-heartbeat", daemon=True)
+
+    def __enter__(self) -> "Heartbeat":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stopped.set()
+        self.thread.join()
+
+    def hold(self, trial_id: int) -> None:
+        """Beat now (a death from here on leaves a stale trial) and keep beating until ``release``."""
+        with self.lock:
+            self.held.add(trial_id)
+        self._beat(trial_id)
+
+    def release(self, trial_id: int) -> None:
+        with self.lock:
+            self.held.discard(trial_id)
+
+    def _beat(self, trial_id: int) -> None:
+        try:
+            if is_heartbeat_enabled(self.storage):
+                self.storage.record_heartbeat(trial_id)
+            else:
+                self.storage.set_trial_system_attr(trial_id, BEAT, time.time())
+        except UpdateFinishedTrialError:
+            self.release(trial_id)  # finished (by us or a reaper): nothing left to keep alive
+
+    def _run(self) -> None:
+        while not self.stopped.wait(self.interval):
+            with self.lock:
+                held = list(self.held)
+            for trial_id in held:
+                try:
+                    self._beat(trial_id)
+                except Exception as e:  # noqa: BLE001 -- a transient storage error must not end the heartbeat
+                    warnings.warn(f"heartbeat of trial {trial_id} failed ({e}); retrying", RuntimeWarning)
+
+
+class Announcing(BaseSampler):
+    """A sampler that holds each new trial's heartbeat before sampling it (a model fit takes a while): a
+    worker killed while sampling leaves a trial that goes stale like any other."""
+
+    def __init__(self, inner: BaseSampler, heartbeat: Heartbeat):
+        self.inner, self.heartbeat = inner, heartbeat
+
+    def before_trial(self, study, trial) -> None:
+        self.heartbeat.hold(trial._trial_id)
+        self.inner.before_trial(study, trial)
+
+    def infer_relative_search_space(self, study, trial):
+        return self.inner.infer_relative_search_space(study, trial)
+
+    def sample_relative(self, study, trial, search_space):
+        return self.inner.sample_relative(study, trial, search_space)
+
+    def sample_independent(self, study, trial, param_name, param_distribution):
+        return self.inner.sample_independent(study, trial, param_name, param_distribution)
+
+    def after_trial(self, study, trial, state, values) -> None:
+        self.inner.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self.inner.reseed_rng()
+
+
+def counts(trial) -> bool:
+    """Whether a finished trial spent budget: completed, and a measurement (a config the template rejects
+    before any device work, INSTANTIATION, is not)."""
+    if trial.state != TrialState.COMPLETE:
+        return False
+    record = trial.user_attrs.get("record") or {}
+    return (record.get("error_name") or trial.user_attrs.get("error")) != "INSTANTIATION"
+
+
+def is_claimed(t) -> bool:
+    return t.state == TrialState.RUNNING and CLAIM in t.system_attrs and t.system_attrs.get(VERDICT) != YIELD
+
+
+def decide(trials: list, me, names: list, budget: int | None) -> str:
+    """GO, YIELD or WAIT for the claimed trial ``me`` given a fresh read of the study's ``trials``."""
+    mine = tuple(me.params.get(n) for n in names)
+    done = lower = went = undecided = 0
+    for t in trials:
+        if t._trial_id == me._trial_id:
+            continue
+        twin = tuple(t.params.get(n) for n in names) == mine
+        if t.state == TrialState.COMPLETE:
+            if twin:
+                return YIELD  # measured already
+            done += counts(t)
+        elif is_claimed(t):
+            verdict = t.system_attrs.get(VERDICT)
+            if t._trial_id < me._trial_id or verdict == GO:
+                if twin:
+                    return YIELD  # a lower claim goes first or decides for both; a higher one went
+                lower += t._trial_id < me._trial_id
+                went += t._trial_id > me._trial_id
+            else:
+                if twin:
+                    return WAIT  # a higher claim that may not have seen mine: its verdict decides
+                undecided += 1
+    taken = done + lower + went
+    if budget is not None and taken >= budget:
+        return YIELD
+    if budget is not None and undecided and taken + undecided >= budget:
+        return WAIT
+    return GO
+
+
+def claim(study, trial, names: list, worker: str, budget: int | None = None, wait_s: float = 10.0) -> bool:
+    """Claim ``trial`` (asked, params set, heartbeat held) for ``worker``: True to measure it, False when it
+    yielded (marked FAIL with the reason in ``tuner:verdict``). Giving up after ``wait_s`` is safe."""
+    storage, tid = study._storage, trial._trial_id
+    storage.set_trial_system_attr(tid, CLAIM, worker)
+    deadline = time.monotonic() + wait_s
+    while True:
+        trials = study.get_trials(deepcopy=False)
+        me = next(t for t in trials if t._trial_id == tid)
+        verdict = decide(trials, me, names, budget) if me.state == TrialState.RUNNING else YIELD
+        if verdict == WAIT and time.monotonic() < deadline:
+            time.sleep(0.05)
+            continue
+        if verdict == GO:
+            storage.set_trial_system_attr(tid, VERDICT, GO)
+            return True
+        try:
+            storage.set_trial_system_attr(tid, VERDICT, YIELD)
+            storage.set_trial_state_values(tid, TrialState.FAIL)
+        except UpdateFinishedTrialError:
+            pass  # reaped meanwhile: failed either way
+        return False
+
+
+def reap(study, grace: float, on_completed=None) -> int:
+    """Finish the trials of dead workers: a stale trial carrying its ``record`` is completed with it (and
+    ``on_completed(record dict)`` called, e.g. to append it to this worker's log), any other is failed.
+    Returns how many this call finished (exactly one reaper wins each trial)."""
+    storage = study._storage
+    if is_heartbeat_enabled(storage):
+        stale = storage._get_stale_trial_ids(study._study_id)  # judged by the database server's clock
+    else:
+        now = time.time()
+        stale = [t._trial_id for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                 if now - t.system_attrs.get(BEAT, t.datetime_start.timestamp() if t.datetime_start else now)
+                 > grace]
+    finished = 0
+    for tid in stale:
+        t = storage.get_trial(tid)
+        record = t.user_attrs.get("record")
+        try:
+            storage.set_trial_system_attr(tid, "tuner:reaped", True)  # judged stale (a finished trial takes no attrs)
+            if record is not None:
+                storage.set_trial_state_values(tid, TrialState.COMPLETE, [score_of(record)])
+            else:
+                storage.set_trial_state_values(tid, TrialState.FAIL)
+        except UpdateFinishedTrialError:
+            continue
+        finished += 1
+        if record is not None and on_completed is not None:
+            on_completed(record)
+    return finished
+
+
+def score_of(record: dict) -> float:
+    """A trial's value: GFLOP/s of a successful measurement, 0 for a failure (failures teach the model)."""
+    ok = record.get("error_code") == 0 and record.get("median_s") is not None
+    return float(record["gflops"]) if ok and record.get("gflops") else 0.0
+
+
+def finish(study, trial_id: int, record: dict) -> str:
+    """Tell a measured trial (its ``record`` attribute already set). When a reaper judged this worker dead
+    meanwhile, the trial is COMPLETE with the same record (nothing to do) or FAIL (it was reaped before the
+    record arrived): then the measurement joins the study as a new trial, marked ``late``. Returns the
+    trial's final state name."""
+    storage = study._storage
+    try:
+        storage.set_trial_state_values(trial_id, TrialState.COMPLETE, [score_of(record)])
+        return "COMPLETE"
+    except UpdateFinishedTrialError:
+        t = storage.get_trial(trial_id)
+        if t.state == TrialState.COMPLETE:
+            return "COMPLETE"
+        study.add_trial(optuna.trial.create_trial(params=t.params, distributions=t.distributions,
+                                                  value=score_of(record),
+                                                  user_attrs={**t.user_attrs, "record": record, "late": True}))
+        return "LATE"
