@@ -342,8 +342,8 @@ def render_report(df: pd.DataFrame, artifact=None, min_trials: int = 5, title: s
                            f"{r['median_s'] * 1e3:.4g}", f"{100 * r['median_s'] / profile['total_s']:.1f}%"
                            if profile["total_s"] else "-"]
                           for r in sorted(rows, key=lambda r: -r["median_s"])[:15]], numeric={4, 5}),
-                  f'<p class="note">The 15 slowest of {len(rows)} layers; total {profile["total_s"] * 1e3:.4g} ms '
-                  f'on {_e(profile["device"])}.</p>']
+                  f'<p class="note">{"The 15 slowest" if len(rows) > 15 else "All"} of {len(rows)} layers, slowest '
+                  f'first; total {profile["total_s"] * 1e3:.4g} ms on {_e(profile["device"])}.</p>']
 
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta name=\"viewport\" content=\"width=device-width\"><title>{_e(title)}</title>"
