@@ -26,11 +26,12 @@ from tuner.cli import main
 from tuner.errors import TunerError
 from tuner.logs import load_records
 from tuner.logs.record import canonical_json
+from tuner.measure import MeasureOptions
 from tuner.search import XGBSampler
 from tuner.search.shared import (BEAT, CLAIM, GO, VERDICT, WAIT, YIELD, Heartbeat, claim, decide, open_storage,
                                  reap)
 from tuner.search.worker import (Task, device_study_name, export_study_records, register_tasks,
-                                 registered_tasks)
+                                 registered_tasks, run_worker)
 from tuner.templates import get_template
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,6 +116,7 @@ def test_racing_claims_never_overspend_the_budget(tmp_path):
     assert sum(t.state == TrialState.COMPLETE for t in trials) == 5
 
 
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")
 @pytest.mark.parametrize("kind", ["journal", "sqlite"])
 def test_dead_workers_trials_are_completed_from_their_record_or_failed(tmp_path, kind):
     url = f"journal:{tmp_path / 's.journal'}" if kind == "journal" else f"sqlite:///{tmp_path / 's.db'}"
@@ -203,6 +205,94 @@ def test_worker_cli_errors(tmp_path, capsys, argv, message):
     assert main(["worker", "-d", "pocl", *(a.format(tmp=tmp_path) for a in argv)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and "secret" not in err and "Traceback" not in err
+
+
+class FakeMeasurer:
+    """Stands in for the device: a 'measurement' takes 0.2 s and its speed follows the config."""
+
+    def __init__(self, info, options):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def measure(self, inputs):
+        from tuner.measure import MeasureResult
+        time.sleep(0.2)
+        return [MeasureResult(costs=[1e-3 / (x.config.tile_ow * x.config.tile_oh)], max_rel_error=1e-6,
+                              timestamp=datetime.now().astimezone().isoformat(), duration_s=0.2) for x in inputs]
+
+
+class Interrupted(FakeMeasurer):
+    def measure(self, inputs):
+        raise KeyboardInterrupt
+
+
+def _tasks(trials=10):
+    t = get_template("conv2d")
+    small = t.workload(data=(1, 8, 8, 8), kernel=(8, 8, 3, 3), padding=1)
+    big = t.workload(data=(1, 8, 16, 16), kernel=(8, 8, 3, 3), padding=1)
+    return [Task("conv2d", small, BUFFERS, trials=trials, weight=1.0),
+            Task("conv2d", big, BUFFERS, trials=trials, weight=5.0)]
+
+
+def test_workers_in_threads_share_the_budget_exactly(device, tmp_path, monkeypatch):
+    monkeypatch.setattr("tuner.search.worker.Measurer", FakeMeasurer)
+    url = f"journal:{tmp_path / 's.journal'}"
+    tasks = _tasks(trials=10)
+    register_tasks(url, tasks, "net")
+    results, errors = {}, []
+
+    def work(i):
+        try:
+            results[i] = run_worker(url, device, study_prefix="net", log=str(tmp_path / f"w{i}.jsonl"),
+                                    sampler="random", seed=i, progress=False, heartbeat=1, grace=5, poll=0.05,
+                                    options=MeasureOptions(n_parallel=2))
+        except Exception as e:  # noqa: BLE001 -- reported below
+            errors.append(e)
+
+    pool = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    assert not errors, errors
+    records = load_records(str(tmp_path / "w*.jsonl"))
+    assert len(records) == 20 == sum(s.measured for s in results.values())  # 10 per task, all workers
+    assert sum(s.measured > 0 for s in results.values()) >= 2  # they did share the work
+    by_task = {}
+    for r in records:
+        by_task.setdefault(r.study, []).append(canonical_json(r.config))
+    assert sorted(len(c) for c in by_task.values()) == [10, 10]
+    assert all(len(c) == len(set(c)) for c in by_task.values())  # no config twice in a study
+    for s in results.values():
+        assert all(v["done"] == 10 == v["budget"] and v["best"].ok for v in s.studies.values())
+
+
+def test_a_worker_measures_the_heaviest_task_first_and_stops_at_max_trials(device, tmp_path, monkeypatch):
+    monkeypatch.setattr("tuner.search.worker.Measurer", FakeMeasurer)
+    url = f"journal:{tmp_path / 's.journal'}"
+    small, big = _tasks()
+    s = run_worker(url, device, tasks=[small, big], max_trials=3, log=str(tmp_path / "w.jsonl"), sampler="random",
+                   progress=False, options=MeasureOptions(n_parallel=2))
+    assert s.measured == 3 and {r.workload["data"][2] for r in s.records} == {16}  # the heavier task
+    assert s.studies[device_study_name("tuner", big, device.fingerprint)]["done"] == 3
+    assert s.studies[device_study_name("tuner", small, device.fingerprint)]["done"] == 0
+
+
+def test_an_interrupted_worker_lets_go_of_its_trials_at_once(device, tmp_path, monkeypatch):
+    monkeypatch.setattr("tuner.search.worker.Measurer", Interrupted)
+    url = f"journal:{tmp_path / 's.journal'}"
+    task = _tasks()[0]
+    with pytest.raises(KeyboardInterrupt):
+        run_worker(url, device, tasks=[task], log=str(tmp_path / "w.jsonl"), progress=False, grace=600,
+                   options=MeasureOptions(n_parallel=2))
+    study = optuna.load_study(study_name=device_study_name("tuner", task, device.fingerprint),
+                              storage=open_storage(url))
+    assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.FAIL]  # not RUNNING for 600 s
 
 
 # ---- three worker processes, one killed with SIGKILL mid-run ----

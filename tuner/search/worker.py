@@ -252,6 +252,7 @@ def run_worker(storage, device=None, study_prefix: str | None = None, tasks=None
         if bar is not None:
             stack.callback(bar.close)
         measurer = None
+        stack.callback(_let_go, st, beat)
         while not (max_trials and summary.measured >= max_trials):
             worked, total = False, 0
             for job in (j for j in jobs if not j.finished):
@@ -278,6 +279,19 @@ def run_worker(storage, device=None, study_prefix: str | None = None, tasks=None
     for job in jobs:
         summary.studies[job.name] = {"done": job.state()[0], "budget": job.budget, "best": job.best()}
     return summary
+
+
+def _let_go(storage, beat: Heartbeat) -> None:
+    """On the way out (Ctrl-C, an error): finish the trials still held, as a reaper would, so that the
+    other workers need not wait out the grace period."""
+    with beat.lock:
+        held = list(beat.held)
+    for tid in held:
+        beat.release(tid)
+        with contextlib.suppress(Exception):  # the storage may be what failed; then the grace period does it
+            record = storage.get_trial(tid).user_attrs.get("record")
+            storage.set_trial_state_values(tid, *((TrialState.COMPLETE, [score_of(record)]) if record else
+                                                  (TrialState.FAIL,)))
 
 
 def _claim_batch(job: _Job, n: int, worker: str, beat: Heartbeat, summary: WorkerSummary) -> list:
