@@ -69,12 +69,6 @@ def test_example_show_passes_prints_every_pass_and_the_source(capsys):
     assert "addone on pocl cpu: max abs error 0" in out
 
 
-def test_demo_runs_every_example(capsys):
-    assert main(["demo"]) == 0
-    out = capsys.readouterr().out
-    assert "addone" in out and "nhwc_to_nchwc" in out and "max abs error 0" in out
-
-
 def test_unknown_example_exits_2(capsys):
     assert main(["example", "nope"]) == 2
     assert "unknown example 'nope'; examples: addone" in capsys.readouterr().err

@@ -133,8 +133,9 @@ def cmd_demo(args) -> int:
     print(f"device {dev.info.name} ({dev.fingerprint}); model {model} at {args.input_size}x{args.input_size}")
     log = str(out / "tuning.jsonl")
     t0 = time.perf_counter()
-    res = tune_model(model, log=log, trials=args.trials, device=dev, scope=args.scope, min_trials=2,
-                     storage=f"sqlite:///{out / 'studies.db'}", options=MeasureOptions(repeats=3), progress=True)
+    res = tune_model(model, log=log, trials=args.trials, device=dev, scope=args.scope, min_trials=1,
+                     storage=f"sqlite:///{out / 'studies.db'}", options=MeasureOptions(repeats=3), progress=True,
+                     compare_scopes=False)
     print(f"tuned {len(res.tasks)} tasks, {res.measured} measurements in {time.perf_counter() - t0:.0f} s -> {log}")
     mod = compile_model(model, log=log, device=dev, scope=args.scope, progress=True)
     mod.save(out / "artifact")
@@ -195,9 +196,9 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("demo", help="zoo model -> tune briefly -> compile -> run -> compare with onnxruntime")
-    p.add_argument("--model", default="mobilenet_v2", choices=("mobilenet_v2", "resnet18"))
+    p.add_argument("--model", default="resnet18", choices=("mobilenet_v2", "resnet18"))
     p.add_argument("--input-size", type=int, default=64)
-    p.add_argument("--trials", type=int, default=60, help="measurements for the whole model (default 60)")
+    p.add_argument("--trials", type=int, default=48, help="measurements for the whole model (default 48)")
     p.add_argument("--scope", choices=("auto", "texture", "buffer"), default="auto")
     p.add_argument("--dir", default="build/demo", help="where the model, log and artifact go")
     p.add_argument("--device", "-d", metavar="SPEC")

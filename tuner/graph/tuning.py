@@ -47,8 +47,10 @@ def _done(log: str, task: Task, fingerprint: str) -> int:
 def tune_model(model, log: str | None = None, trials: int = 200, device=None, scope: str = "auto",
                storage: str | None = None, sampler: str = "xgb", seed: int | None = 0, dtype: str = "float32",
                input_shapes: dict | None = None, min_trials: int = 4, options=None, progress: bool = True,
-               early_stopping: int | None = None) -> ModelTuneResult:
-    """Tune every task of ``model`` on ``device`` with about ``trials`` measurements in all."""
+               early_stopping: int | None = None, compare_scopes: bool = True) -> ModelTuneResult:
+    """Tune every task of ``model`` on ``device`` with about ``trials`` measurements in all. With
+    ``scope="auto"`` and ``compare_scopes=False`` only the kernels of the current auto plan are tuned (the
+    log's or the templates' choice per layer), not both scopes of every layer."""
     from tuner.runtime.device import DeviceInfo, choose_device
     from tuner.search.tune import default_log, tune
 
@@ -60,7 +62,7 @@ def tune_model(model, log: str | None = None, trials: int = 200, device=None, sc
     if trials < 1:
         raise TunerError("--trials must be at least 1")
     plan = lower_graph(load_graph(model, input_shapes), dtype)
-    modes = ["texture", "buffer"] if scope == "auto" else [scope]
+    modes = ["texture", "buffer"] if scope == "auto" and compare_scopes else [scope]
     rounds = [extract_tasks(plan_storage(plan, info, m)) for m in modes]
     result = ModelTuneResult(log)
     seen: set = set()
@@ -87,10 +89,16 @@ def tune_model(model, log: str | None = None, trials: int = 200, device=None, sc
                 bar.set_postfix_str(f"{len(result.tasks)} tasks")
 
     try:
-        per_round = trials // (len(rounds) + (scope == "auto"))
+        if scope == "auto" and not compare_scopes:
+            from tuner.logs import apply_history_best
+            from pathlib import Path
+            history = apply_history_best(log) if Path(log).exists() else None
+            rounds = [extract_tasks(plan_storage(plan, info, "auto", history))]
+        both = scope == "auto" and compare_scopes
+        per_round = trials // (len(rounds) + both)
         for tasks in rounds:
             run(tasks, per_round)
-        if scope == "auto":  # the mixed-scope kernels the auto plan deploys, now that the log can decide
+        if both:  # the mixed-scope kernels the auto plan deploys, now that the log can decide
             from tuner.logs import apply_history_best
             run(extract_tasks(plan_storage(plan, info, "auto", apply_history_best(log))),
                 trials - per_round * len(rounds))

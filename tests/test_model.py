@@ -1,0 +1,312 @@
+"""The model pipeline: graph passes, storage planning, task extraction, compile and run against onnxruntime,
+the artifact in a fresh process, tuned logs changing the deployed kernels, and the model CLI."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from tuner.cli import main
+from tuner.graph import zoo
+from tuner.graph.compiler import compile_model, load_graph, model_tasks
+from tuner.graph.frontend import from_onnx
+from tuner.graph.module import load_module
+from tuner.graph.passes import fold_batch_norm, fuse_epilogues, optimize
+from tuner.graph.plan import extract_tasks, lower_graph, plan_storage
+from tuner.graph.reference import OPS, random_inputs, run_graph_numpy
+from tuner.runtime import open_device
+
+TEST_MODELS = zoo.test_models()
+
+
+@pytest.fixture(scope="module")
+def dev():
+    return open_device("pocl")
+
+
+@pytest.fixture(scope="module")
+def small_zoo():
+    return {"mobilenet_v2": zoo.mobilenet_v2(num_classes=10, input_size=32, width=0.5),
+            "resnet18": zoo.resnet18(num_classes=10, input_size=32)}
+
+
+def run_fused(graph, inputs):
+    """The NumPy reference extended with the fused epilogue: op(inputs) + bias, + residual, then activation."""
+    env = {k: np.asarray(v, np.float64) for k, v in {**graph.params, **inputs}.items()}
+    for n in graph.nodes:
+        ins = [t for t in n.inputs if t != n.attrs.get("residual")]
+        out = OPS[n.op](n, *(env[t] for t in ins))
+        if "residual" in n.attrs:
+            out = out + env[n.attrs["residual"]]
+        act = n.attrs.get("activation", "none") if n.op != "clip" else "none"
+        out = np.maximum(out, 0) if act in ("relu", "relu6") else out
+        out = np.minimum(out, 6) if act == "relu6" else out
+        env[n.outputs[0]] = out
+    return {t: env[t] for t in graph.outputs}
+
+
+def ort_run(model, feeds):
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+def rel_err(a, b):
+    return float(np.abs(np.asarray(a, np.float64) - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+# -- graph passes ---------------------------------------------------------------------------------------
+def test_fold_batch_norm_scales_the_convolution_and_keeps_the_result(small_zoo):
+    g = from_onnx(small_zoo["resnet18"])
+    folded = fold_batch_norm(g)
+    assert sum(n.op == "batch_norm" for n in g.nodes) == 20
+    assert not any(n.op == "batch_norm" for n in folded.nodes)
+    assert sum(n.op == "conv2d" for n in folded.nodes) == 20 and all(len(n.inputs) == 3 for n in folded.nodes
+                                                                     if n.op == "conv2d")
+    x = random_inputs(g)
+    assert rel_err(run_graph_numpy(folded, x)["output"], run_graph_numpy(g, x)["output"]) < 1e-5
+
+
+def test_batch_norm_without_a_convolution_becomes_a_depthwise_scale():
+    g = from_onnx(TEST_MODELS["batch_norm"])
+    folded = fold_batch_norm(g)
+    x = random_inputs(g)
+    assert rel_err(run_graph_numpy(folded, x)[g.outputs[0]], run_graph_numpy(g, x)[g.outputs[0]]) < 1e-5
+    standalone = [n for n in folded.nodes if n.op == "conv2d" and n.attrs["groups"] > 1]
+    if not any(n.op == "conv2d" for n in g.nodes):  # the test model is a lone BatchNorm
+        assert standalone and folded.shapes[standalone[0].inputs[1]][1:] == (1, 1, 1)
+
+
+@pytest.mark.parametrize("name, residual_adds, activations", [("resnet18", 8, 17), ("mobilenet_v2", 10, 35)])
+def test_fuse_epilogues_absorbs_bias_residual_and_activation(small_zoo, name, residual_adds, activations):
+    g = from_onnx(small_zoo[name])
+    opt = optimize(g)
+    assert not any(n.op in ("batch_norm", "relu", "clip", "add") for n in opt.nodes)
+    assert sum("residual" in n.attrs for n in opt.nodes) == residual_adds
+    assert sum(n.attrs.get("activation", "none") != "none" for n in opt.nodes) == activations
+    for n in opt.nodes:  # a residual is computed before the convolution that reads it
+        if "residual" in n.attrs:
+            p = opt.producer(n.attrs["residual"])
+            assert p is None or opt.nodes.index(p) < opt.nodes.index(n)
+    x = random_inputs(g)
+    assert rel_err(run_fused(opt, x)["output"], run_graph_numpy(g, x)["output"]) < 1e-5
+
+
+def test_an_add_after_an_activation_is_not_fused_into_the_convolution():
+    from tuner.graph.graph import Graph, Node
+    rng = np.random.default_rng(0)
+    g = Graph([Node("conv2d", "c", ["x", "w"], ["a"], {"stride": (1, 1), "padding": (0, 0, 0, 0),
+                                                      "dilation": (1, 1), "groups": 1}),
+               Node("relu", "r", ["a"], ["b"]), Node("add", "s", ["b", "x"], ["y"])],
+              ["x"], ["y"], {"x": (1, 4, 5, 5), "w": (4, 4, 1, 1), "a": (1, 4, 5, 5), "b": (1, 4, 5, 5),
+                             "y": (1, 4, 5, 5)}, {"w": rng.standard_normal((4, 4, 1, 1)).astype(np.float32)})
+    opt = fuse_epilogues(g)
+    assert [n.op for n in opt.nodes] == ["conv2d", "add"] and opt.nodes[0].attrs == {
+        **g.nodes[0].attrs, "activation": "relu"}
+    x = random_inputs(g)
+    assert rel_err(run_fused(opt, x)["y"], run_graph_numpy(g, x)["y"]) < 1e-6
+
+
+# -- planning ---------------------------------------------------------------------------------------------
+def test_storage_plan_per_scope_mode_and_device_limits(small_zoo, dev):
+    plan = lower_graph(load_graph(small_zoo["mobilenet_v2"]))
+    tex = plan_storage(plan, dev.info, "texture")
+    buf = plan_storage(plan, dev.info, "buffer")
+    packed = [t for t in plan.tensors.values() if t.kind != "plain"]
+    assert all(tex.tensors[t.name].scope == "texture" for t in packed)
+    assert all(buf.tensors[t.name].scope == "buffer" for t in packed)
+    assert all(plan.tensors[t].kind == "plain" for t in plan.inputs + plan.outputs)
+    # auto with no log follows the templates' own choice: buffers on a CPU (PoCL emulates image reads)
+    auto = plan_storage(plan, dev.info, "auto")
+    assert {auto.tensors[t.name].scope for t in packed} == {"buffer"}
+    # a device whose images are 8 pixels wide keeps wider tensors in buffers
+    narrow = dataclasses.replace(dev.info, image2d_max_width=8)
+    lim = plan_storage(plan, narrow, "texture")
+    for t in packed:
+        want = "texture" if (t.shape[3] if t.kind == "nchw" else -(-t.shape[1] // 4)) <= 8 else "buffer"
+        assert lim.tensors[t.name].scope == want, t
+    no_images = dataclasses.replace(dev.info, image_support=False)
+    assert {plan_storage(plan, no_images, "texture").tensors[t.name].scope for t in packed} == {"buffer"}
+
+
+def test_auto_scope_follows_the_log(dev, tmp_path):
+    from tuner.logs import SCHEMA_VERSION, Record, append_records, apply_history_best
+    plan = lower_graph(load_graph(TEST_MODELS["conv_pads"]))
+    step = next(s for s in plan.steps if s.tuned)
+    t = __import__("tuner.templates", fromlist=["get_template"]).get_template(step.op)
+    fb = t.fallback(step.workload, dev.info)
+
+    def rec(scope, median):
+        cfg = dataclasses.replace(fb, input_scope=scope, weight_scope=scope, output_scope=scope)
+        return Record(version=SCHEMA_VERSION, template=t.name, workload=step.workload.key(),
+                      scopes={"input": scope, "weight": scope, "output": scope}, config=dataclasses.asdict(cfg),
+                      device=dev.info.fingerprint, costs=[median], median_s=median, gflops=1.0, error_code=0,
+                      error_name="NO_ERROR")
+    for faster, times in (("texture", (1e-4, 2e-4)), ("buffer", (3e-4, 2e-4))):
+        log = str(tmp_path / f"{faster}.jsonl")
+        append_records(log, [rec("texture", times[0]), rec("buffer", times[1])])
+        planned = plan_storage(plan, dev.info, "auto", apply_history_best(log))
+        assert planned.tensors[step.output].scope == faster
+        s = next(x for x in planned.steps if x.name == step.name)
+        assert s.scopes["output"] == faster
+
+
+def test_extract_tasks_counts_repeated_layers(small_zoo, dev):
+    tasks = model_tasks(small_zoo["resnet18"], dev, scope="buffer")
+    plan = plan_storage(lower_graph(load_graph(small_zoo["resnet18"])), dev.info, "buffer")
+    assert sum(t.count for t in tasks) == sum(s.tuned for s in plan.steps) == 21  # 20 conv + 1 dense
+    assert len(tasks) == 16 and max(t.count for t in tasks) == 2  # blocks 2 of stages 2-4 repeat block 1
+    assert len({t.key() for t in tasks}) == len(tasks)
+    assert [t.weight for t in tasks] == sorted((t.weight for t in tasks), reverse=True)
+    assert all(t.fixed == {"act_layout": "nchw4c"} for t in tasks if t.template != "dense")
+
+
+# -- compile and run ---------------------------------------------------------------------------------------
+def _check_against_ort(model, scope, dev, dtype="float32", tol=1e-4, input_shapes=None):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mod = compile_model(model, device=dev, scope=scope, dtype=dtype, input_shapes=input_shapes)
+    feeds = {n: np.random.default_rng(1).standard_normal(mod.spec.entries[n].shape).astype(np.float32)
+             for n in mod.spec.inputs}
+    outs = mod.run(feeds)
+    refs = ort_run(model, feeds)
+    for o, r in zip(outs, refs):
+        assert o.shape == r.shape
+        assert rel_err(o, r) < tol, (scope, dtype)
+    return mod
+
+
+@pytest.mark.parametrize("name", sorted(TEST_MODELS))
+def test_every_operator_matches_onnxruntime(name, dev):
+    shapes = {"input": (2, 3, 8, 8)} if name == "symbolic_batch" else None
+    for scope in ("texture", "buffer", "auto"):
+        mod = _check_against_ort(TEST_MODELS[name], scope, dev, input_shapes=shapes)
+        scopes = {e.storage_scope for n, e in mod.spec.entries.items() if n not in mod.spec.inputs + mod.spec.outputs}
+        if scope == "texture":
+            assert scopes <= {"texture"} and scopes
+        elif scope == "buffer":
+            assert scopes == {"global"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["mobilenet_v2", "resnet18"])
+@pytest.mark.parametrize("scope", ["texture", "buffer", "auto"])
+def test_zoo_models_match_onnxruntime(small_zoo, dev, name, scope):
+    mod = _check_against_ort(small_zoo[name], scope, dev)
+    mem = mod.spec.memory  # the planner shares storage: less than one allocation per tensor
+    assert all(m["planned"] <= m["naive"] for m in mem.values())
+    assert sum(m["planned"] for m in mem.values()) < 0.6 * sum(m["naive"] for m in mem.values())
+
+
+@pytest.mark.slow
+def test_float16_storage_matches_onnxruntime(small_zoo, dev):
+    _check_against_ort(small_zoo["mobilenet_v2"], "texture", dev, dtype="float16", tol=2e-2)
+
+
+def test_artifact_runs_in_a_fresh_process_from_its_directory(dev, tmp_path):
+    model = TEST_MODELS["mixed"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mod = compile_model(model, device=dev, scope="texture")
+    out = tmp_path / "artifact"
+    mod.save(out)
+    spec = json.loads((out / "graph.json").read_text())
+    assert all({"storage_id", "storage_scope", "shape"} <= set(e) for e in spec["entries"].values())
+    assert {e["storage_scope"] for e in spec["entries"].values()} == {"global", "texture"}
+    assert spec["device"]["fingerprint"] == dev.info.fingerprint and (out / "params.npz").exists()
+    x = np.random.default_rng(3).standard_normal(mod.spec.entries["input"].shape).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    r = subprocess.run([sys.executable, "-m", "tuner", "run", str(out), "--input", str(tmp_path / "x.npy"),
+                        "--output", str(tmp_path / "y.npy"), "--repeat", "3", "--profile", "--device", "pocl"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "median latency" in r.stdout and "end to end" in r.stdout
+    y = np.load(tmp_path / "y.npy")
+    assert rel_err(y, ort_run(model, {"input": x})[0]) < 1e-4
+    prof = json.loads((out / "profile.json").read_text())
+    assert len(prof["rows"]) == len(spec["nodes"]) and prof["total_s"] > 0
+    assert rel_err(load_module(out, dev).run([x])[0], mod.run([x])[0]) == 0
+
+
+@pytest.mark.slow
+def test_tuning_a_model_changes_the_deployed_kernels(dev, tmp_path):
+    from tuner.graph.tuning import tune_model
+    from tuner.logs import apply_history_best
+    from tuner.measure import MeasureOptions
+    model = TEST_MODELS["conv_pads"]
+    path = str(tmp_path / "m.onnx")
+    onnx.save(model, path)
+    log = str(tmp_path / "t.jsonl")
+    opts = MeasureOptions(repeats=2, n_parallel=1)
+    res = tune_model(path, log=log, trials=8, device=dev, scope="buffer", min_trials=8,
+                     storage=f"sqlite:///{tmp_path / 's.db'}", options=opts, progress=False)
+    assert res.tasks and res.measured >= 8
+    again = tune_model(path, log=log, trials=8, device=dev, scope="buffer", min_trials=8,
+                       storage=f"sqlite:///{tmp_path / 's.db'}", options=opts, progress=False)
+    assert again.measured == 0  # resumed: the budget is already spent
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # every layer is tuned: no fallback warning
+        mod = compile_model(path, log=log, device=dev, scope="buffer")
+    hist = apply_history_best(log)
+    for n in mod.spec.nodes:
+        if n.template:
+            best = hist.query(n.template, n.workload, dev.info.fingerprint, n.scopes)
+            assert n.tuned and n.config == best.config
+    untuned = compile_model(path, device=dev, scope="buffer")
+    tuned_cfgs = [n.config for n in mod.spec.nodes if n.template]
+    fallback_cfgs = [n.config for n in untuned.spec.nodes if n.template]
+    assert tuned_cfgs != fallback_cfgs  # 8 measured configs beat (or are) the fallback; here they beat it
+    x = np.random.default_rng(0).standard_normal(mod.spec.entries["input"].shape).astype(np.float32)
+    assert rel_err(mod.run([x])[0], ort_run(model, {"input": x})[0]) < 1e-4
+
+
+# -- CLI ------------------------------------------------------------------------------------------------------
+def test_cli_zoo_compile_run(tmp_path, capsys):
+    path = str(tmp_path / "r.onnx")
+    assert main(["zoo", "resnet18", "-o", path, "--input-size", "32"]) == 0
+    onnx.checker.check_model(path)
+    assert main(["compile", path, "-o", str(tmp_path / "a"), "--scope", "buffer", "--device", "pocl",
+                 "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "0 of 21 tuned layers" in out and "planned" in out
+    assert main(["run", str(tmp_path / "a"), "--repeat", "2", "--device", "pocl"]) == 0
+    assert "median latency" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["zoo", "vgg", "-o", "x.onnx"], "vgg"),
+    (["compile", "missing.onnx", "-o", "out"], "no model file 'missing.onnx'"),
+    (["run", "nowhere"], "is not a compiled model"),
+    (["compile", "m.onnx", "-o", "o", "--input-shape", "input:1,3"], "--input-shape"),
+])
+def test_cli_bad_input_exits_2(tmp_path, monkeypatch, capsys, argv, message):
+    monkeypatch.chdir(tmp_path)
+    onnx.save(TEST_MODELS["relu"] if "relu" in TEST_MODELS else TEST_MODELS["clip"], "m.onnx")
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and message in err and "Traceback" not in err
+
+
+def test_unsupported_operator_is_one_clear_error(tmp_path, capsys):
+    from onnx import TensorProto, helper
+    node = helper.make_node("Softmax", ["input"], ["output"], name="probs")
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 4])],
+                          [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 4])])
+    path = str(tmp_path / "s.onnx")
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), path)
+    assert main(["compile", path, "-o", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "probs" in err and "Softmax" in err
+
+
+@pytest.mark.slow
+def test_demo_runs_the_whole_flow(tmp_path, capsys):
+    assert main(["demo", "--dir", str(tmp_path), "--trials", "16", "--input-size", "32", "--device", "pocl"]) == 0
+    out = capsys.readouterr().out
+    assert "max relative error vs onnxruntime" in out and "layers use tuned configs" in out
