@@ -2,7 +2,8 @@
 machine (PoCL), i.e. how throughput scales when workers cooperate through a storage.
 
     python bench/workers.py [--workers 1,2,4] [--trials 24] [--storage journal|URL] [--out bench/results]
-                            [--device pocl] [--sampler xgb]
+                            [--device pocl] [--sampler xgb] [--note TEXT]
+    python bench/workers.py --summarize bench/results/workers_<fingerprint>.csv   # redo the table
 
 For each worker count k, one after another: a fresh storage (a journal file in a temporary directory, or a
 fresh study prefix in the database at --storage URL) with one registered task (conv2d 16->32 channels, 3x3,
@@ -80,15 +81,27 @@ def _time(stamp: str) -> float:
     return datetime.datetime.fromisoformat(stamp).timestamp()
 
 
-def markdown(rows: list, cores: int, note: str) -> str:
+def _number(v: str):
+    for kind in (int, float):
+        try:
+            return kind(v)
+        except ValueError:
+            pass
+    return v
+
+
+def markdown(rows: list, cores: int, note: str, when: float | None = None) -> str:
     base = next(r for r in rows if r["workers"] == rows[0]["workers"])
     for r in rows:
         r["speedup"] = round(r["trials_per_min"] / base["trials_per_min"], 2)
         r["steady_speedup"] = round(r["steady_per_min"] / base["steady_per_min"], 2)
     lines = [f"# Worker throughput: {rows[0]['device']}", "",
-             f"- {datetime.datetime.now():%Y-%m-%d %H:%M}; {cores} CPU cores; storage: {rows[0]['storage']}; "
+             f"- {datetime.datetime.fromtimestamp(when or time.time()):%Y-%m-%d %H:%M}; {cores} CPU cores; storage: {rows[0]['storage']}; "
              f"sampler {rows[0]['sampler']}; task conv2d {WORKLOAD}, buffers; `tuner worker --parallel 1 "
-             "--repeats 3` per process", f"- {note}", "",
+             "--repeats 3` per process", f"- {note}",
+             "- on PoCL the device *is* the machine's CPU cores: the workers share one device, so more workers "
+             "can only fill the gaps (one worker's build and run phases alternate); the throughput that scales "
+             "with workers is that of separate devices (phones, GPUs), each with its own worker", "",
              "| workers | trials | wall s | trials/min | speedup | steady trials/min | steady speedup | "
              "per worker | yielded claims | configs measured twice | load before/after |",
              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- |"]
@@ -107,7 +120,15 @@ def main() -> None:
     ap.add_argument("--device", default="pocl")
     ap.add_argument("--out", default=str(HERE / "results"))
     ap.add_argument("--note", default="the machine is shared with other users' work: timings are noisy")
+    ap.add_argument("--summarize", metavar="CSV", help="only rewrite the markdown of an earlier run's CSV")
     args = ap.parse_args()
+    if args.summarize:
+        with open(args.summarize) as f:
+            rows = [{k: _number(v) for k, v in r.items()} for r in csv.DictReader(f)]
+        md = markdown(rows, os.cpu_count() or 0, args.note, Path(args.summarize).stat().st_mtime)
+        Path(args.summarize).with_suffix(".md").write_text(md)
+        print(md)
+        return
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-workers-") as tmp:
         for k in (int(x) for x in args.workers.split(",")):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from tuner.errors import TunerError
@@ -61,9 +62,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
     tasks = load_tasks(args.tasks) if args.tasks else None
     options = MeasureOptions(n_parallel=args.parallel, repeats=args.repeats, build_timeout=args.build_timeout,
                              run_timeout=args.run_timeout)
-    s = run_worker(args.storage, device=args.device, study_prefix=args.study_prefix, tasks=tasks,
-                   max_trials=args.max_trials, log=args.log, sampler=args.sampler, seed=args.seed, options=options,
-                   progress=not args.no_progress, heartbeat=args.heartbeat, grace=args.grace)
+    try:
+        s = run_worker(args.storage, device=args.device, study_prefix=args.study_prefix, tasks=tasks,
+                       max_trials=args.max_trials, log=args.log, sampler=args.sampler, seed=args.seed,
+                       options=options, progress=not args.no_progress, heartbeat=args.heartbeat, grace=args.grace)
+    except KeyboardInterrupt:  # the trials it held are finished already (run_worker lets go of them)
+        print("worker interrupted; what it measured is in the study and its log", file=sys.stderr)
+        return 130
     print(f"worker {s.worker} on {s.device}: measured {s.measured}, yielded {s.yielded} claims, finished "
           f"{s.reaped} trials of dead workers (log {s.log})")
     for name, st in s.studies.items():

@@ -184,6 +184,7 @@ class _Job:
         self.study.set_user_attr("task", {"template": self.t.name, "workload": self.workload.key(),
                                           "scopes": self.scopes, "fixed": task.fixed, "device": info.fingerprint})
         self.finished = False
+        self.done = 0  # trials that spent budget, at the last look
         self.yields_in_row = 0
 
     def state(self) -> tuple[int, int]:
@@ -254,13 +255,13 @@ def run_worker(storage, device=None, study_prefix: str | None = None, tasks=None
         measurer = None
         stack.callback(_let_go, st, beat)
         while not (max_trials and summary.measured >= max_trials):
-            worked, total = False, 0
+            worked = False
             for job in (j for j in jobs if not j.finished):
                 reap(job.study, grace, adopted)
-                done, running = job.state()
-                total += done
-                job.finished = done >= job.budget or job.yields_in_row >= 64  # spent, or nothing left to claim
-                room = min(job.budget - done - running, batch, max_trials - summary.measured if max_trials else batch)
+                job.done, running = job.state()
+                job.finished = job.done >= job.budget or job.yields_in_row >= 64  # spent, or nothing to claim
+                room = min(job.budget - job.done - running, batch,
+                           max_trials - summary.measured if max_trials else batch)
                 if job.finished or room <= 0:
                     continue
                 todo = _claim_batch(job, room, worker, beat, summary)
@@ -272,7 +273,7 @@ def run_worker(storage, device=None, study_prefix: str | None = None, tasks=None
             if all(j.finished for j in jobs):
                 break
             if bar is not None:
-                bar.n = sum(j.state()[0] for j in jobs)
+                bar.n = sum(j.done for j in jobs)
                 bar.refresh()
             if not worked:
                 time.sleep(poll)  # the others' trials hold the rest of the budget: wait for them to end
