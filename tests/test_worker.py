@@ -295,6 +295,23 @@ def test_an_interrupted_worker_lets_go_of_its_trials_at_once(device, tmp_path, m
     assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.FAIL]  # not RUNNING for 600 s
 
 
+def test_worker_cli_registers_and_tunes_tasks_from_a_file(device, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("tuner.search.worker.Measurer", FakeMeasurer)
+    task = Task("conv2d", _tasks()[0].workload, BUFFERS, trials=3)
+    (tmp_path / "tasks.json").write_text(json.dumps([task.to_dict()]))
+    argv = ["worker", "--storage", f"journal:{tmp_path / 's.journal'}", "--tasks", str(tmp_path / "tasks.json"),
+            "--study-prefix", "cli", "-d", "pocl", "--log", str(tmp_path / "w.jsonl"), "--no-progress"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "measured 3" in out and f"{device_study_name('cli', task, device.fingerprint)}  3/3 trials  best" in out
+    assert len(load_records(str(tmp_path / "w.jsonl"))) == 3
+    for text, message in (("[", "not valid JSON"), ("[]", "non-empty JSON list"),
+                          ('[{"template": "conv2d", "workload": {}, "budget": 3}]', "unknown task fields")):
+        (tmp_path / "bad.json").write_text(text)
+        assert main([*argv[:3], "--tasks", str(tmp_path / "bad.json"), "-d", "pocl"]) == 2
+        assert message in capsys.readouterr().err
+
+
 # ---- three worker processes, one killed with SIGKILL mid-run ----
 
 def _free_port() -> int:
@@ -340,7 +357,7 @@ def postgres():
         conn.autocommit = True
         conn.cursor().execute("CREATE DATABASE tuner")
         conn.close()
-        yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/tuner"
+        yield f"postgresql://postgres@127.0.0.1:{port}/tuner"  # the installed driver is picked
     finally:
         pg(str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop")
         shutil.rmtree(base, ignore_errors=True)
