@@ -51,6 +51,7 @@ def tune_model(model, log: str | None = None, trials: int = 200, device=None, sc
     """Tune every task of ``model`` on ``device`` with about ``trials`` measurements in all. With
     ``scope="auto"`` and ``compare_scopes=False`` only the kernels of the current auto plan are tuned (the
     log's or the templates' choice per layer), not both scopes of every layer."""
+    from tuner.measure import MeasureOptions, Measurer
     from tuner.runtime.device import DeviceInfo, choose_device
     from tuner.search.tune import default_log, tune
 
@@ -80,7 +81,7 @@ def tune_model(model, log: str | None = None, trials: int = 200, device=None, sc
             if todo > 0:
                 r = tune(t.template, t.workload, info, trials=todo, log=log, storage=storage, sampler=sampler,
                          scopes=t.scopes, fixed=t.fixed, seed=seed, options=options, progress=False,
-                         early_stopping=early_stopping)
+                         early_stopping=early_stopping, measurer=measurer)
                 measured, best = r.measured, r.best
             result.tasks.append((t, budget, measured, best))
             if bar is not None:
@@ -88,10 +89,13 @@ def tune_model(model, log: str | None = None, trials: int = 200, device=None, sc
                 bar.update(max(todo, 0))
                 bar.set_postfix_str(f"{len(result.tasks)} tasks")
 
+    options = options or MeasureOptions()
+    measurer = Measurer(info, options)  # one set of worker processes for every task
     try:
         if scope == "auto" and not compare_scopes:
-            from tuner.logs import apply_history_best
             from pathlib import Path
+
+            from tuner.logs import apply_history_best
             history = apply_history_best(log) if Path(log).exists() else None
             rounds = [extract_tasks(plan_storage(plan, info, "auto", history))]
         both = scope == "auto" and compare_scopes
@@ -103,6 +107,7 @@ def tune_model(model, log: str | None = None, trials: int = 200, device=None, sc
             run(extract_tasks(plan_storage(plan, info, "auto", apply_history_best(log))),
                 trials - per_round * len(rounds))
     finally:
+        measurer.close()
         if bar is not None:
             bar.close()
     return result

@@ -10,6 +10,7 @@ the log when a killed run did not get that far), and trials a killed run left ru
 from __future__ import annotations
 
 import dataclasses
+from contextlib import nullcontext
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -104,11 +105,12 @@ def workload_of(t, key: dict):
 def tune(template, workload, device=None, trials: int = 32, log: str | None = None, storage: str | None = None,
          sampler: str = "xgb", scopes: dict | None = None, seed: int | None = 0, early_stopping: int | None = None,
          batch: int | None = None, options: MeasureOptions | None = None, progress: bool = True,
-         transfer: bool = True, fixed: dict | None = None) -> TuneResult:
+         transfer: bool = True, fixed: dict | None = None, measurer: Measurer | None = None) -> TuneResult:
     """Measure up to ``trials`` new configs of ``template`` (a registered name, or ``"module:ATTRIBUTE"``)
     on ``workload`` with ``sampler`` (xgb, tpe or random), stopping early after ``early_stopping``
     measurements without improvement. ``fixed`` pins knobs (a model pins its activation layout so that the
-    kernel tuned is the kernel deployed)."""
+    kernel tuned is the kernel deployed). ``measurer``: an open Measurer to reuse (a model's tasks share
+    one set of worker processes instead of starting them per task)."""
     from tuner.runtime.device import DeviceInfo, choose_device
     from tuner.templates import get_template
     spec = template if isinstance(template, str) else template.name  # measuring processes look it up again
@@ -148,7 +150,7 @@ def tune(template, workload, device=None, trials: int = 32, log: str | None = No
     since_best = 0
     bar = _progress(trials, progress, name)
     try:
-        with Measurer(info, options) as measurer:
+        with (nullcontext(measurer) if measurer is not None else Measurer(info, options)) as measurer:
             proposals = 0
             while result.measured < trials and proposals < 20 * trials + 100:
                 if early_stopping and since_best >= early_stopping:
