@@ -96,7 +96,8 @@ def markdown(rows: list, cores: int, note: str, when: float | None = None) -> st
         r["speedup"] = round(r["trials_per_min"] / base["trials_per_min"], 2)
         r["steady_speedup"] = round(r["steady_per_min"] / base["steady_per_min"], 2)
     lines = [f"# Worker throughput: {rows[0]['device']}", "",
-             f"- {datetime.datetime.fromtimestamp(when or time.time()):%Y-%m-%d %H:%M}; {cores} CPU cores; storage: {rows[0]['storage']}; "
+             f"- {datetime.datetime.fromtimestamp(when or time.time()):%Y-%m-%d %H:%M}; {cores} CPU cores; "
+             f"storage: {rows[0]['storage']}; "
              f"sampler {rows[0]['sampler']}; task conv2d {WORKLOAD}, buffers; `tuner worker --parallel 1 "
              "--repeats 3` per process", f"- {note}",
              "- on PoCL the device *is* the machine's CPU cores: the workers share one device, so more workers "

@@ -338,7 +338,7 @@ def postgres():
         subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, timeout=600)
         subprocess.run(["apt-get", "install", "-y", "-qq", "postgresql"], check=True, env=env, timeout=900)
     bindir = _pg_bin()
-    base = Path(tempfile.mkdtemp(prefix="tuner-pg-"))
+    base = Path(tempfile.mkdtemp(prefix="tuner-pg-", dir="/tmp" if root else None))  # reachable by postgres
     as_owner = []
     if root:  # postgres refuses to run as root: its own account owns the data
         shutil.chown(base, "postgres", "postgres")
@@ -372,8 +372,9 @@ def _run_three_workers_kill_one(url: str, tmp_path: Path):
     wl = t.workload(data=(1, 8, 8, 8), kernel=(8, 8, 3, 3), padding=1)
     task = Task("conv2d", wl, BUFFERS, trials=12)
     register_tasks(url, [task], "tiny")
-    fingerprint = json.loads(subprocess.run([sys.executable, "-m", "tuner", "devices", "--json", "-d", "pocl"],
-                                            cwd=ROOT, capture_output=True, text=True, check=True).stdout)[0]["fingerprint"]
+    devices = subprocess.run([sys.executable, "-m", "tuner", "devices", "--json", "-d", "pocl"], cwd=ROOT,
+                             capture_output=True, text=True, check=True)
+    fingerprint = json.loads(devices.stdout)[0]["fingerprint"]
     name = device_study_name("tiny", task, fingerprint)
     # another device's study of the same task: workers on PoCL must leave it alone
     elsewhere = optuna.create_study(study_name=device_study_name("tiny", task, "mali-g78-0123abcd"),

@@ -209,9 +209,9 @@ def _recover(study, known: dict, names: list, dists: dict) -> None:
             in_study.add(_key(tr.params, names))
     for k, rec in known.items():
         if k not in in_study:
+            attrs = {"from_log": True, "error": rec.error_name, "record": rec.to_dict()}
             study.add_trial(optuna.trial.create_trial(params=dict(zip(names, k)), distributions=dists,
-                                                      value=_score(rec), user_attrs={"from_log": True, "error": rec.error_name,
-                                                                  "record": rec.to_dict()}))
+                                                      value=_score(rec), user_attrs=attrs))
 
 
 def _progress(total: int, enabled: bool, name: str):
