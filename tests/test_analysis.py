@@ -132,6 +132,32 @@ def test_a_torn_line_takes_the_tolerant_path_with_the_same_frame(tuned, tmp_path
     pd.testing.assert_frame_equal(clean.drop(columns="log"), records_frame(load_records(log)).drop(columns="log"))
 
 
+def test_bad_lines_in_a_long_log_cost_one_chunk_each_and_are_counted(known, tmp_path):
+    from tuner.analysis import frame
+    good = [line for line in open(known[0]) if line.strip()]
+    lines = (good * (2 * frame.CHUNK_LINES // len(good) + 2))[:2 * frame.CHUNK_LINES + 500]
+    newer = json.loads(good[0])
+    newer["version"] = 99
+    lines.insert(2100, '{"version": 1, "template": "conv2d", "work\n')  # torn, in the second chunk
+    lines.insert(10, json.dumps(newer) + "\n")  # a newer schema, in the first
+    mixed = json.loads(good[1])
+    mixed["workload"]["padding"] = 1  # valid for a Record, but another type than every other line's
+    lines.append(json.dumps(mixed) + "\n")
+    log = tmp_path / "long.jsonl"
+    log.write_text("".join(lines))
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        df = load_logs(log)
+        records = load_records(log)
+    messages = [str(x.message) for x in w if issubclass(x.category, TuningLogWarning)]
+    assert messages[0] == messages[1] and "skipped 2 bad lines" in messages[0] and "first at line 11" in messages[0]
+    assert len(df) == len(records) == len(lines) - 2
+    expected = records_frame(records)
+    expected["log"] = str(log)
+    pd.testing.assert_frame_equal(df, expected)
+    assert df["wl.padding"].iloc[-1] == "1" and df["wl.padding"].iloc[0] == "[1, 1, 1, 1]"  # readable as JSON
+
+
 def test_many_files_and_globs_merge_templates(tuned, known, tmp_path, device):
     dense = get_template("dense")
     wl = dense.workload(data=(2, 16), weight=(8, 16), bias=True, activation="relu6")

@@ -84,7 +84,7 @@ def summary_table(summary) -> str:
         rows.append(([r["device"]] if several else []) + [
             r["task"], r["trials"], r["ok"], failures, _num(r["best_gflops"], ".4g"), _ms(r["best_median_s"]),
             _num(r["best_at"], "d"),
-            r["best_config"] or "-"])
+            "-" if _missing(r["best_config"]) else r["best_config"]])
     head = (["device"] if several else []) + ["task", "trials", "ok", "failures", "best GFLOP/s", "best ms",
                                               "best at", "best config"]
     k = int(several)

@@ -24,8 +24,10 @@ Integer columns with gaps are pandas' nullable ``Int64``, flag columns with gaps
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Iterable
 
@@ -35,7 +37,7 @@ import pyarrow.compute  # noqa: F401 -- pa.compute
 import pyarrow.json as pa_json
 
 from tuner.errors import TunerError
-from tuner.logs.io import _read_file, expand_paths
+from tuner.logs.io import TuningLogWarning, expand_paths
 from tuner.logs.record import SCHEMA_VERSION, SCOPE_OPERANDS, Record, canonical_json
 
 # The columns every frame has, in order; wl.* and cfg.* columns are inserted after the SCOPE block.
@@ -117,8 +119,7 @@ def workload_label(template: str, wl: dict) -> str:
         epilogue.append(str(wl["activation"]))
     if epilogue:
         parts.append("+" + "+".join(epilogue))
-    parts += [f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in wl.items()
-              if k not in _KNOWN and not (k == "weight" and "kernel" not in wl)]
+    parts += [f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in wl.items() if k not in _KNOWN]
     return " ".join(parts)
 
 
@@ -146,12 +147,12 @@ _is_str = lambda t: pa.types.is_string(t) or pa.types.is_large_string(t) or pa.t
 _is_num = lambda t: pa.types.is_floating(t) or pa.types.is_integer(t) or pa.types.is_null(t)  # noqa: E731
 
 
-def _clean_table(path: Path) -> pa.Table | None:
-    """The file read by pyarrow, flattened, or None when it is anything but clean (a torn or invalid line,
-    a field of an unexpected type, a newer schema): such a file takes the per-record path, which skips bad
-    lines with a warning. The checks are ``Record.from_dict``'s."""
+def _clean_table(source) -> pa.Table | None:
+    """JSON lines (a path or a file object) read by pyarrow, flattened, or None when they are anything but
+    clean (a torn or invalid line, a field of an unexpected type, a newer schema). The checks are
+    ``Record.from_dict``'s."""
     try:
-        table = pa_json.read_json(path)
+        table = pa_json.read_json(source)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError):
         return None
     schema, names = table.schema, set(table.column_names)
@@ -178,26 +179,38 @@ def _clean_table(path: Path) -> pa.Table | None:
         column = table[struct].combine_chunks()
         for i, f in enumerate(column.type):
             cols[f"{struct}.{f.name}"] = column.field(i)
-    return pa.table(cols)
+    table = pa.table(cols)
+    codes, distinct = _codes(table, "workload.")
+    keys = [canonical_json(d) for d in distinct]
+    return table.append_column("workload_key", pa.array([keys[c] for c in codes], pa.string()))
 
 
 def _records_table(records: list) -> pa.Table:
-    n = len(records)
-    cols = {c: _array([getattr(r, c) for r in records]) for c in _STR + _NUM}
-    cols["costs"] = pa.array([list(r.costs) for r in records], pa.list_(pa.float64())) if n else pa.array([], pa.list_(pa.float64()))
+    # Record.from_dict checks only some fields' types: the others are coerced to their column's type here
+    cols = {c: pa.array([None if (v := getattr(r, c)) is None else str(v) for r in records], pa.string())
+            for c in _STR}
+    cols.update({c: pa.array([v if isinstance(v := getattr(r, c), (int, float)) and not isinstance(v, bool)
+                              else None for r in records]) for c in _NUM})
+    cols["costs"] = pa.array([list(r.costs) for r in records], pa.list_(pa.float64()))
     for struct in _STRUCTS:
         dicts = [getattr(r, struct) for r in records]
         for k in dict.fromkeys(k for d in dicts for k in d):  # every key, in first-seen order
-            cols[f"{struct}.{k}"] = _array([d.get(k) for d in dicts])
+            _put(cols, f"{struct}.{k}", [d.get(k) for d in dicts])
+    # the key is taken from the records themselves: a field of two types is JSON text in its column
+    cols["workload_key"] = pa.array([canonical_json(r.workload) for r in records], pa.string())
     return pa.table(cols)
 
 
-def _array(values: list) -> pa.Array:
+JSON = "#json"  # suffix of a column whose values are JSON text because they have more than one type
+
+
+def _put(cols: dict, name: str, values: list) -> None:
+    """``cols[name]``: the values as an arrow array; when they mix types (an int here, a list there), as
+    JSON text under ``name + JSON``, so that merging tables can decode them again."""
     try:
-        return pa.array(values)
+        cols[name] = pa.array(values)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
-        # one field, two types (an int here, a string there): keep it readable as JSON text
-        return pa.array([None if v is None else json.dumps(v) for v in values], pa.string())
+        cols[name + JSON] = pa.array([None if v is None else json.dumps(v) for v in values], pa.string())
 
 
 def _with_log(table: pa.Table, log: str) -> pa.Table:
@@ -223,17 +236,31 @@ def _column(arr) -> pd.Series:
     return pd.Series(arr.to_pylist(), dtype=object)
 
 
+def _freeze(v):
+    if isinstance(v, list):
+        return tuple(map(_freeze, v))
+    if isinstance(v, dict):
+        return json.dumps(v, sort_keys=True)
+    return v
+
+
 def _codes(table: pa.Table, prefix: str) -> tuple[list, list]:
     """Per row, the index of its distinct value of the ``prefix``-ed fields, and those distinct values as
     dicts (absent fields left out): keys and labels are then computed once per distinct workload."""
     names = [c for c in table.column_names if c.startswith(prefix)]
-    fields = [c[len(prefix):] for c in names]
+    if not names:
+        return [0] * table.num_rows, [{}]
     values = [table[c].to_pylist() for c in names]
-    values = [[tuple(v) if isinstance(v, list) else v for v in col] for col in values]
-    index: dict = {}
-    codes = [index.setdefault(row, len(index)) for row in zip(*values)] if names else [0] * table.num_rows
-    distinct = [{f: list(v) if isinstance(v, tuple) else v for f, v in zip(fields, row) if v is not None}
-                for row in index] if names else [{}]
+    index: dict = {}  # distinct row -> its code
+    firsts, codes = [], []  # code -> the first record with it; record -> its code
+    for i, row in enumerate(zip(*([_freeze(v) for v in col] for col in values))):
+        code = index.get(row)
+        if code is None:
+            code = index[row] = len(firsts)
+            firsts.append(i)
+        codes.append(code)
+    fields = [c[len(prefix):] for c in names]
+    distinct = [{f: col[i] for f, col in zip(fields, values) if col[i] is not None} for i in firsts]
     return codes, distinct
 
 
@@ -241,13 +268,12 @@ def _frame(table: pa.Table) -> pd.DataFrame:
     if table.num_rows == 0:  # no records, no wl./cfg. columns: still the fixed columns with their dtypes
         return pd.DataFrame({c: pd.Series([], dtype=t) for c, t in FIXED_DTYPES.items()})[HEAD + SCOPE + TAIL]
     templates = table["template"].to_pylist()
-    wcodes, wdistinct = _codes(table, "workload.")
-    labels: dict = {}
-    for t, c in zip(templates, wcodes):
-        if (t, c) not in labels:
-            labels[(t, c)] = (canonical_json(wdistinct[c]), workload_label(t, wdistinct[c]))
-    wkeys = [labels[(t, c)][0] for t, c in zip(templates, wcodes)]
-    wlabels = [labels[(t, c)][1] for t, c in zip(templates, wcodes)]
+    wkeys = table["workload_key"].to_pylist()
+    labels: dict = {}  # one label per distinct (template, workload)
+    for t, k in zip(templates, wkeys):
+        if (t, k) not in labels:
+            labels[(t, k)] = workload_label(t, json.loads(k))
+    wlabels = [labels[tk] for tk in zip(templates, wkeys)]
     scodes, sdistinct = _codes(table, "scopes.")
     slabel = [scopes_label(d) for d in sdistinct]
     slabels = [slabel[c] for c in scodes]
@@ -258,12 +284,13 @@ def _frame(table: pa.Table) -> pd.DataFrame:
         "workload_key": pd.Series(wkeys, dtype="str"),
         **{c: _column(table[c]).astype("str") for c in ("template", "device", "device_name", "platform", "driver")},
     }
-    out.update({"wl." + c[9:]: _column(table[c]) for c in table.column_names
+    out.update({"wl." + c[9:].removesuffix(JSON): _column(table[c]) for c in table.column_names
                 if c.startswith("workload.") and c != "workload.op"})
     for op in SCOPE_OPERANDS:
         out[f"scope.{op}"] = pd.Series([sdistinct[c].get(op) for c in scodes], dtype="str")
     out["scopes"] = pd.Series(slabels, dtype="str")
-    out.update({"cfg." + c[7:]: _column(table[c]) for c in table.column_names if c.startswith("config.")})
+    out.update({"cfg." + c[7:].removesuffix(JSON): _column(table[c]) for c in table.column_names
+                if c.startswith("config.")})
     median = _column(table["median_s"]).astype("float64")
     code = _column(table["error_code"]).astype("int64")
     out.update({
@@ -294,6 +321,68 @@ def records_frame(records: Iterable[Record]) -> pd.DataFrame:
     return _frame(_with_log(_records_table(list(records)), ""))
 
 
+CHUNK_LINES = 2000  # lines per pyarrow read when salvaging a file with bad lines
+
+
+def _file_table(path: Path) -> pa.Table:
+    """One log file as a flattened table: in one pyarrow read when the file is clean; otherwise chunk by
+    chunk, so that a torn line costs one chunk's per-line parsing, not the whole file's. Bad lines are
+    skipped with one ``TuningLogWarning`` per file, worded as ``tuner.load_records`` words it."""
+    table = _clean_table(path)
+    if table is not None:
+        return table
+    lines = path.read_bytes().split(b"\n")
+    tables, bad, first_bad = [], 0, None
+    for start in range(0, len(lines), CHUNK_LINES):
+        chunk = lines[start:start + CHUNK_LINES]
+        table = _clean_table(io.BytesIO(b"\n".join(chunk)))
+        if table is not None:
+            tables.append(table)
+            continue
+        records = []
+        for lineno, raw in enumerate(chunk, start + 1):
+            if not raw.strip():
+                continue
+            try:
+                records.append(Record.from_dict(json.loads(raw.decode("utf-8"))))
+            except (ValueError, KeyError, TypeError) as e:  # as tuner.logs.io reads a line
+                bad += 1
+                first_bad = first_bad or (lineno, f"{type(e).__name__}: {e}")
+        tables.append(_records_table(records))
+    if bad:
+        warnings.warn(f"tuning log {path}: skipped {bad} bad line{'s' if bad > 1 else ''} (torn, corrupted or "
+                      f"newer schema), first at line {first_bad[0]} ({first_bad[1]})", TuningLogWarning, stacklevel=3)
+    return _concat_tables(tables)
+
+
+def _concat_tables(tables: list) -> pa.Table:
+    if len(tables) == 1:
+        return tables[0]
+    names = list(dict.fromkeys(n for t in tables for n in t.column_names))
+    bases = list(dict.fromkeys(n.removesuffix(JSON) for n in names))
+    if len(bases) == len(names):  # no field is JSON text in one table and typed in another
+        try:
+            return pa.concat_tables(tables, promote_options="permissive")
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            pass
+    # a field with two types across files or chunks: merge its Python values and type them once
+    cols: dict = {}
+    for base in bases:
+        values = []
+        for t in tables:
+            if base in t.column_names:
+                values += t[base].to_pylist()
+            elif base + JSON in t.column_names:
+                values += [None if v is None else json.loads(v) for v in t[base + JSON].to_pylist()]
+            else:
+                values += [None] * t.num_rows
+        if base == "costs":
+            cols[base] = pa.array(values, pa.list_(pa.float64()))
+        else:
+            _put(cols, base, values)
+    return pa.table(cols)
+
+
 def load_logs(path_or_paths) -> pd.DataFrame:
     """Every record of one or more JSONL tuning logs as a DataFrame, one row per record.
 
@@ -301,17 +390,12 @@ def load_logs(path_or_paths) -> pd.DataFrame:
     glob may match nothing. Torn or corrupted lines are skipped with one ``TuningLogWarning`` per file, as
     ``tuner.load_records`` does. Columns: see ``tuner.analysis.frame``'s docstring.
 
-    A clean file is parsed by pyarrow's multi-threaded JSON reader; a file with a bad line falls back to
-    ``load_records``' tolerant reader."""
-    tables = []
-    for path in expand_paths(path_or_paths):
-        table = _clean_table(path)
-        if table is None:
-            table = _records_table(list(_read_file(path)))
-        tables.append(_with_log(table, str(path)))
+    Files are parsed by pyarrow's multi-threaded JSON reader; the chunks of a file that hold a bad line
+    are parsed line by line instead."""
+    tables = [_with_log(_file_table(path), str(path)) for path in expand_paths(path_or_paths)]
     if not tables:
         return _frame(_with_log(_records_table([]), ""))
-    return _frame(pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0])
+    return _frame(_concat_tables(tables))
 
 
 def as_frame(df_or_records) -> pd.DataFrame:
@@ -386,7 +470,9 @@ def read_export(path) -> pd.DataFrame:
         elif c in FIXED_DTYPES:
             df[c] = _restore_fixed(df[c], FIXED_DTYPES[c])
         elif c.startswith(("wl.", "cfg.")):
-            df[c] = _column(_array([_value(v) for v in df[c].tolist()])).set_axis(df.index)
+            typed: dict = {}
+            _put(typed, c, [_value(v) for v in df[c].tolist()])
+            df[c] = _column(typed.popitem()[1]).set_axis(df.index)
     return df
 
 
