@@ -174,6 +174,7 @@ def test_many_files_and_globs_merge_templates(tuned, known, tmp_path, device):
     with pytest.raises(TunerError, match="no such file"):
         load_logs(tmp_path / "missing.jsonl")
     assert load_logs(str(tmp_path / "nothing*.jsonl")).empty
+    pd.testing.assert_frame_equal(load_logs(tmp_path), load_logs(str(tmp_path / "*.jsonl")))  # a directory
 
 
 def test_workload_labels_tell_workloads_apart():

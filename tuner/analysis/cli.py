@@ -192,7 +192,7 @@ def _min_trials(text: str) -> int:
 
 def register(sub) -> None:
     """Add ``logs``, ``compare`` and ``report`` to the ``tuner`` command's subparsers."""
-    paths_help = "JSONL tuning logs or globs (e.g. 'logs/*.jsonl')"
+    paths_help = "JSONL tuning logs, directories of them, or globs (e.g. logs/ or 'logs/*.jsonl')"
     device_help = "only this device of the log: a fingerprint or a substring of it or of the device name"
 
     p = sub.add_parser("logs", help="summarize tuning logs per task, or export them (CSV, Parquet, JSON)")

@@ -386,13 +386,15 @@ def _concat_tables(tables: list) -> pa.Table:
 def load_logs(path_or_paths) -> pd.DataFrame:
     """Every record of one or more JSONL tuning logs as a DataFrame, one row per record.
 
-    ``path_or_paths``: a path, a glob (``"logs/*.jsonl"``), or a list of them; a named file must exist, a
-    glob may match nothing. Torn or corrupted lines are skipped with one ``TuningLogWarning`` per file, as
+    ``path_or_paths``: a path, a directory (its ``*.jsonl``), a glob (``"logs/*.jsonl"``), or a list of
+    them; a named file must exist, a glob may match nothing. Torn or corrupted lines are skipped with one ``TuningLogWarning`` per file, as
     ``tuner.load_records`` does. Columns: see ``tuner.analysis.frame``'s docstring.
 
     Files are parsed by pyarrow's multi-threaded JSON reader; the chunks of a file that hold a bad line
     are parsed line by line instead."""
-    tables = [_with_log(_file_table(path), str(path)) for path in expand_paths(path_or_paths)]
+    items = [path_or_paths] if isinstance(path_or_paths, (str, os.PathLike)) else list(path_or_paths)
+    items = [os.path.join(p, "*.jsonl") if os.path.isdir(p) else p for p in items]  # a directory: its logs
+    tables = [_with_log(_file_table(path), str(path)) for path in expand_paths(items)]
     if not tables:
         return _frame(_with_log(_records_table([]), ""))
     return _frame(_concat_tables(tables))

@@ -259,6 +259,11 @@ def _table(headers: list, rows: list, numeric: set = frozenset()) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def _knobs(config_json: str) -> str:
+    """A config without its scope knobs, which the task label already shows."""
+    return ", ".join(f"{k}={json.dumps(v)}" for k, v in json.loads(config_json).items() if not k.endswith("_scope"))
+
+
 def _img(fig: Figure | None, alt: str, empty: str) -> str:
     if fig is None:
         return f'<p class="note">{_e(empty)}</p>'
@@ -280,18 +285,6 @@ def render_report(df: pd.DataFrame, artifact=None, min_trials: int = 5, title: s
              + ", ".join(f"{_e(d)} ({_e(n)})" for d, n in devices.itertuples(index=False))
              + f'; generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.</p>']
 
-    fail_cols = [c for c in summary.columns if c.startswith("failed.")]
-    parts += ["<h2>Tasks</h2>", _table(
-        ["device", "task", "trials", "ok", "failures", "best GFLOP/s", "best ms", "best at", "best config"],
-        [[_e(r["device"]), _e(r["task"]), r["trials"], r["ok"],
-          _e(", ".join(f"{c[7:]} {r[c]}" for c in fail_cols if r[c]) or "-"),
-          _fmt(r["best_gflops"], ".4g"), _fmt(r["best_median_s"] * 1e3 if pd.notna(r["best_median_s"]) else None,
-                                               ".4g"),
-          _fmt(r["best_at"], "d"), f"<code>{_e(r['best_config'])}</code>" if pd.notna(r["best_config"]) else "-"]
-         for _, r in summary.iterrows()], numeric={2, 3, 5, 6, 7}),
-        '<p class="note">best at: the measurement (counted from 1, in log order) that found the best config; '
-        "close to the number of trials means the search was still improving.</p>"]
-
     parts += ["<h2>Convergence</h2>",
               _img(convergence_figure(df), "convergence per task and sampler", "no successful measurement yet.")]
 
@@ -299,14 +292,17 @@ def render_report(df: pd.DataFrame, artifact=None, min_trials: int = 5, title: s
               _img(scope_figure(cmp), "texture against buffer per layer",
                    "no task with all operands in textures or all in buffers.")]
     if not cmp.empty:
+        several = cmp["device"].nunique() > 1
         parts.append(_table(
-            ["device", "workload", "texture ms", "texture GFLOP/s", "texture ok", "buffer ms", "buffer GFLOP/s",
-             "buffer ok", "texture speedup", "--scope auto"],
-            [[_e(r["device"]), _e(r["workload"]),
-              _fmt(r["texture_median_s"] * 1e3, ".4g"), _fmt(r["texture_gflops"], ".4g"), r["texture_ok"],
-              _fmt(r["buffer_median_s"] * 1e3, ".4g"), _fmt(r["buffer_gflops"], ".4g"), r["buffer_ok"],
-              _fmt(r["texture_speedup"], ".3f"), _e(r["pick"] if isinstance(r["pick"], str) else r["note"])]
-             for _, r in cmp.iterrows()], numeric={2, 3, 4, 5, 6, 7, 8}))
+            (["device"] if several else []) + ["workload", "texture ms", "texture GFLOP/s", "texture ok",
+                                               "buffer ms", "buffer GFLOP/s", "buffer ok", "texture speedup",
+                                               "--scope auto"],
+            [([_e(r["device"])] if several else []) + [
+                _e(r["workload"]), _fmt(r["texture_median_s"] * 1e3, ".4g"), _fmt(r["texture_gflops"], ".4g"),
+                r["texture_ok"], _fmt(r["buffer_median_s"] * 1e3, ".4g"), _fmt(r["buffer_gflops"], ".4g"),
+                r["buffer_ok"], _fmt(r["texture_speedup"], ".3f"),
+                _e(r["pick"] if isinstance(r["pick"], str) else r["note"])]
+             for _, r in cmp.iterrows()], numeric={i + several for i in range(1, 8)}))
         for _, t in compare_totals(cmp).iterrows():
             if t["compared"]:
                 plural = "s" if t["compared"] > 1 else ""
@@ -344,6 +340,20 @@ def render_report(df: pd.DataFrame, artifact=None, min_trials: int = 5, title: s
                           for r in sorted(rows, key=lambda r: -r["median_s"])[:15]], numeric={4, 5}),
                   f'<p class="note">{"The 15 slowest" if len(rows) > 15 else "All"} of {len(rows)} layers, slowest '
                   f'first; total {profile["total_s"] * 1e3:.4g} ms on {_e(profile["device"])}.</p>']
+
+    # the tasks table last: with many tasks it is long, and the figures summarize it
+    fail_cols = [c for c in summary.columns if c.startswith("failed.")]
+    several = len(devices) > 1
+    parts += ["<h2>Tasks</h2>", _table(
+        (["device"] if several else []) + ["task", "trials", "ok", "failures", "best GFLOP/s", "best ms",
+                                           "best at", "best config (scope knobs are in the task)"],
+        [([_e(r["device"])] if several else []) + [
+            _e(r["task"]), r["trials"], r["ok"], _e(", ".join(f"{c[7:]} {r[c]}" for c in fail_cols if r[c]) or "-"),
+            _fmt(r["best_gflops"], ".4g"), _fmt(r["best_median_s"] * 1e3, ".4g"), _fmt(r["best_at"], "d"),
+            f"<code>{_e(_knobs(r['best_config']))}</code>" if isinstance(r["best_config"], str) else "-"]
+         for _, r in summary.iterrows()], numeric={i + several for i in (1, 2, 4, 5, 6)}),
+        '<p class="note">best at: the measurement (counted from 1, in log order) that found the best config; '
+        "close to the number of trials means the search was still improving.</p>"]
 
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta name=\"viewport\" content=\"width=device-width\"><title>{_e(title)}</title>"
