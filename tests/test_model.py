@@ -21,14 +21,13 @@ from tuner.graph.module import load_module
 from tuner.graph.passes import fold_batch_norm, fuse_epilogues, optimize
 from tuner.graph.plan import extract_tasks, lower_graph, plan_storage
 from tuner.graph.reference import OPS, random_inputs, run_graph_numpy
-from tuner.runtime import open_device
 
 TEST_MODELS = zoo.test_models()
 
 
 @pytest.fixture(scope="module")
-def dev():
-    return open_device("pocl")
+def dev(device):
+    return device  # PoCL, or TUNER_TEST_DEVICE (e.g. nvidia on the GPU machine)
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +123,7 @@ def test_storage_plan_per_scope_mode_and_device_limits(small_zoo, dev):
     assert all(plan.tensors[t].kind == "plain" for t in plan.inputs + plan.outputs)
     # auto with no log follows the templates' own choice: buffers on a CPU (PoCL emulates image reads)
     auto = plan_storage(plan, dev.info, "auto")
-    assert {auto.tensors[t.name].scope for t in packed} == {"buffer"}
+    assert {auto.tensors[t.name].scope for t in packed} == {"texture" if dev.info.type == "GPU" else "buffer"}
     # a device whose images are 8 pixels wide keeps wider tensors in buffers
     narrow = dataclasses.replace(dev.info, image2d_max_width=8)
     lim = plan_storage(plan, narrow, "texture")
@@ -223,7 +222,8 @@ def test_artifact_runs_in_a_fresh_process_from_its_directory(dev, tmp_path):
     x = np.random.default_rng(3).standard_normal(mod.spec.entries["input"].shape).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
     r = subprocess.run([sys.executable, "-m", "tuner", "run", str(out), "--input", str(tmp_path / "x.npy"),
-                        "--output", str(tmp_path / "y.npy"), "--repeat", "3", "--profile", "--device", "pocl"],
+                        "--output", str(tmp_path / "y.npy"), "--repeat", "3", "--profile", "--device",
+                        dev.info.fingerprint],
                        capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "median latency" in r.stdout and "end to end" in r.stdout

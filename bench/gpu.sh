@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# On a GPU machine without internet (issue 7): install the prepared wheels from .whl/ (see README), register
+# NVIDIA's OpenCL driver, then run the given stages, each writing under $OUT:
+#   test    the kernel and model checks of the test suite on the GPU (TUNER_TEST_DEVICE=nvidia)
+#   tune    tune the layer suite (bench/gpu.py tune; resumable, stops starting tasks after $DEADLINE s)
+#   cudnn   time cuDNN / PyTorch eager on the same layers
+#   models  whole-model latency with the tuned log against PyTorch eager
+# usage: OUT=/tmp/out bench/gpu.sh test tune
+set -uo pipefail
+shopt -s expand_aliases
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+if [ ! -d /tmp/site/tuner ]; then  # the wheels, then this checkout as a package (templates/ -> tuner.templates)
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>&1 | tail -3
+  PYTHONPATH=/tmp/site python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site . 2>&1 | tail -3
+fi
+export PYTHONPATH=/tmp/site
+# run outside the checkout: its tuner/ (without tuner.templates) must not shadow the installed package,
+# in this shell or in the measuring processes it starts
+REPO=$PWD; mkdir -p /tmp/gpu_work; cd /tmp/gpu_work
+alias python3="python3 -P"
+mkdir -p /etc/OpenCL/vendors
+[ -f /etc/OpenCL/vendors/nvidia.icd ] || echo /usr/lib/libnvidia-opencl.so.1 > /etc/OpenCL/vendors/nvidia.icd
+for stage in "$@"; do
+  echo "== $stage $(date -u +%H:%M:%S)"
+  case $stage in
+    test)
+      { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -m tuner devices
+        (cd "$REPO/tests" && TUNER_TEST_DEVICE=nvidia python3 -P -m pytest -q -p no:cacheprovider test_conv2d.py \
+          test_codegen.py test_examples.py test_graph_kernels.py test_model.py -m "not slow" -k "not cli" 2>&1 | tail -15)
+      } 2>&1 | tee "$OUT/gpu_tests.txt" ;;
+    tune) python3 "$REPO/bench/gpu.py" tune --out "$OUT" --deadline "${DEADLINE:-400}" --trials "${TRIALS:-16}" \
+            --dtypes "${DTYPES:-float32,float16}" --scopes "${SCOPES:-texture,buffer}" 2>&1 | grep -v "CompilerWarning\|lambda: self._prg" | tee -a "$OUT/gpu_tune.txt"
+          for f in "$OUT"/*.jsonl; do gzip -kf "$f"; done ;;  # files over 16 MiB do not come back
+    cudnn) python3 "$REPO/bench/gpu.py" cudnn --out "$OUT" 2>&1 | tail -5 ;;
+    models) python3 "$REPO/bench/gpu.py" models --out "$OUT" --log "$(ls "$OUT"/*.jsonl "$REPO"/logs/nvidia*.jsonl 2>/dev/null | head -1)" \
+              --dtypes "${DTYPES:-float32,float16}" 2>&1 | tail -12 ;;
+    *) echo "unknown stage $stage"; exit 2 ;;
+  esac
+done
