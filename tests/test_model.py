@@ -310,3 +310,22 @@ def test_demo_runs_the_whole_flow(tmp_path, capsys):
     assert main(["demo", "--dir", str(tmp_path), "--trials", "16", "--input-size", "32", "--device", "pocl"]) == 0
     out = capsys.readouterr().out
     assert "max relative error vs onnxruntime" in out and "layers use tuned configs" in out
+
+
+def test_tune_registers_model_tasks_for_workers_and_logs_exports(tmp_path, capsys):
+    from tuner.search.worker import registered_tasks
+    path = str(tmp_path / "m.onnx")
+    onnx.save(TEST_MODELS["mixed"], path)
+    storage = f"journal:{tmp_path / 'studies.journal'}"
+    assert main(["tune", path, "--storage", storage, "--workers", "0", "--trials", "20", "--device", "pocl"]) == 0
+    out = capsys.readouterr().out
+    prefix = out.split("study prefix ")[1].split()[0]
+    tasks = registered_tasks(storage, prefix)
+    planned = model_tasks(path, "pocl")
+    assert len(tasks) == len(planned) > 0
+    assert sorted(t.template for t in tasks.values()) == sorted(t.template for t in planned)
+    assert sum(t.trials for t in tasks.values()) >= 20
+    assert main(["logs", str(tmp_path / "shared.jsonl"), "--storage", storage, "--study", prefix]) == 2
+    assert "0 records" in capsys.readouterr().err  # nothing measured yet: exported nothing, then no records
+    assert main(["tune", path, "--workers", "0"]) == 2
+    assert "--workers needs --storage" in capsys.readouterr().err

@@ -17,3 +17,21 @@ def test_readme_template_example_runs(capsys):
     (example,) = [b for b in blocks if "get_template(" in b]
     exec(compile(example, "README.md", "exec"), {})
     assert int(capsys.readouterr().out.split()[0]) > 100
+
+
+def test_readme_model_example_runs(capsys):
+    text = (Path(__file__).parent.parent / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    (example,) = [b for b in blocks if "compile_model(" in b]
+    exec(compile(example, "README.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert out.startswith("(1, 10)") and "planned" in out
+
+
+def test_readme_pandas_example_runs_on_the_shipped_log(capsys):
+    text = (Path(__file__).parent.parent / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    (example,) = [b for b in blocks if "load_logs(" in b]
+    exec(compile(example, "README.md", "exec"), {})
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) >= 5 and "gain" in "".join(lines)

@@ -4,6 +4,8 @@
     result = tuner.tune("conv2d", wl, device="pocl", trials=64)      # an Optuna study per task
     with tuner.apply_history_best("logs/pocl-cpu-....jsonl") as h:  # the best logged config per workload
         cfg = h.pick(tuner.get_template("conv2d"), wl, device)
+    tuner.tune_model("model.onnx", log="logs/dev.jsonl", trials=300)  # every kernel of a model
+    module = tuner.compile_model("model.onnx", log="logs/dev.jsonl")  # -> Module; module.run([x])
 """
 
 __version__ = "0.1.0"
@@ -14,7 +16,9 @@ from tuner.runtime.device import choose_device, list_devices  # noqa: E402
 # heavier layers (optuna, xgboost) load on first use
 _LAZY = {"tune": "tuner.search", "apply_history_best": "tuner.logs", "load_records": "tuner.logs",
          "get_template": "tuner.templates", "run_op": "tuner.op", "open_device": "tuner.runtime",
-         "build": "tuner.runtime.launch", "load_logs": "tuner.analysis"}
+         "build": "tuner.runtime.launch", "load_logs": "tuner.analysis",
+         "compile_model": "tuner.graph.compiler", "load_module": "tuner.graph.module",
+         "tune_model": "tuner.graph.tuning", "run_worker": "tuner.search.worker"}
 
 
 def __getattr__(name):

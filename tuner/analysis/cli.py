@@ -94,6 +94,13 @@ def summary_table(summary) -> str:
 def cmd_logs(args: argparse.Namespace) -> int:
     from tuner.analysis.compare import select_device
     from tuner.analysis.summary import best_rows, config_of, summarize
+    if args.storage or args.study:  # shared studies (tuner worker) -> a normal JSONL log, then as usual
+        from tuner.search.worker import export_study_records
+        if not (args.storage and args.study and len(args.paths) == 1):
+            raise TunerError("export shared studies with: tuner logs LOG --storage URL --study PREFIX (one LOG to "
+                             "append to)")
+        n = export_study_records(args.storage, args.study, args.paths[0])
+        print(f"{n} records of {args.study} appended to {args.paths[0]}", file=sys.stderr)
     df = select_device(_load(args.paths), args.device)
     fmt = _format(args)
     if fmt != "table":
@@ -198,6 +205,9 @@ def register(sub) -> None:
     p = sub.add_parser("logs", help="summarize tuning logs per task, or export them (CSV, Parquet, JSON)")
     p.add_argument("paths", nargs="+", metavar="PATH", help=paths_help)
     p.add_argument("--best", action="store_true", help="only the best record of each task")
+    p.add_argument("--storage", metavar="URL", help="first export the shared studies of --study from this storage "
+                   "into PATH (a JSONL log)")
+    p.add_argument("--study", metavar="NAME_OR_PREFIX", help="the study (or study prefix) to export")
     p.add_argument("--format", choices=("table", "csv", "parquet", "json"),
                    help="table (default), or an export of every record (with --best: the best ones); "
                         "default from -o's suffix")

@@ -99,8 +99,40 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _tune_shared(args) -> int:
+    """``--workers N`` with ``--storage``: register the model's tasks in the shared storage; with N > 0 also run
+    N workers here and export the studies into the log."""
+    import subprocess
+
+    from tuner.search.cli import model_worker_tasks
+    from tuner.search.worker import export_study_records, register_tasks
+    if not args.storage:
+        raise TunerError("--workers needs --storage URL (a PostgreSQL URL, or journal:PATH on one machine)")
+    tasks, prefix = model_worker_tasks(_model_path(args.model), args.device, args.trials, args.scope, args.min_trials)
+    register_tasks(args.storage, tasks, prefix)
+    print(f"registered {len(tasks)} tasks of {args.model} under study prefix {prefix}")
+    if args.workers == 0:
+        print(f"on each device: tuner worker --storage URL --study-prefix {prefix}")
+        return 0
+    cmd = [sys.executable, "-m", "tuner", "worker", "--storage", args.storage, "--study-prefix", prefix,
+           "--no-progress", "--parallel", str(args.parallel), "--repeats", str(args.repeats)]
+    if args.device:
+        cmd += ["--device", args.device]
+    procs = [subprocess.Popen(cmd + ["--seed", str(args.seed + i), "--log", f"{args.log or 'logs/worker'}.{i}.jsonl"])
+             for i in range(args.workers)]
+    codes = [p.wait() for p in procs]
+    from tuner.runtime.device import choose_device
+    from tuner.search.tune import default_log
+    log = args.log or default_log(choose_device(args.device).fingerprint)
+    n = export_study_records(args.storage, prefix, log)
+    print(f"{args.workers} workers done (exit codes {codes}); {n} records exported to {log}")
+    return 0 if all(c == 0 for c in codes) else 1
+
+
 def cmd_tune(args) -> int:
     from tuner.measure import MeasureOptions
+    if args.workers is not None:
+        return _tune_shared(args)
 
     from .tuning import describe, tune_model
     res = tune_model(_model_path(args.model), log=args.log, trials=args.trials, device=args.device,
@@ -189,6 +221,8 @@ def register(sub) -> None:
     p.add_argument("--storage", metavar="URL", help="Optuna storage (default sqlite beside the log)")
     p.add_argument("--sampler", choices=("xgb", "tpe", "random"), default="xgb")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, metavar="N", help="with --storage: register the tasks for `tuner worker`s "
+                   "(0: register and return; N: also run N workers here, then export their records to the log)")
     p.add_argument("--parallel", type=int, default=2, help="build processes (default 2)")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per config (default 5)")
     p.add_argument("--no-progress", action="store_true")

@@ -20,6 +20,10 @@ def register(sub) -> None:
                    "sqlite:///file.db, or journal:PATH (a journal file for processes on one machine)")
     p.add_argument("--study-prefix", metavar="P", help="the prefix the tasks were registered under (by `tuner tune "
                    "MODEL --storage URL --workers 0`, or --tasks)")
+    p.add_argument("--model", metavar="ONNX", help="tune this model's tasks (registered under the model's prefix "
+                   "if the host has not done it): the tasks planned for this worker's device")
+    p.add_argument("--trials", type=int, default=200, help="with --model: measurements for the whole model, shared "
+                   "by weight (default 200)")
     p.add_argument("--tasks", metavar="JSON", help="register these tasks under the prefix (default prefix: tuner) "
                    "and tune them: a JSON list of {template, workload, scopes, fixed, trials, weight}")
     p.add_argument("--max-trials", type=int, metavar="N", help="stop after this worker measured N configs "
@@ -53,6 +57,19 @@ def load_tasks(path: str) -> list:
     return [Task.from_dict(d, f"--tasks {path}: task {i}") for i, d in enumerate(data)]
 
 
+def model_worker_tasks(path: str, device, trials: int, scope: str = "auto", min_trials: int = 4) -> tuple:
+    """The tasks of a model as this device plans it (budget shared by weight) and the model's study prefix."""
+    from pathlib import Path
+
+    from tuner.graph.compiler import model_tasks
+    from tuner.graph.tuning import share_budget
+    from tuner.search.worker import Task, model_prefix
+    if not Path(path).exists():
+        raise TunerError(f"no model file {path!r}")
+    planned = model_tasks(path, device, scope=scope)
+    return [Task.of(t, b) for t, b in zip(planned, share_budget(planned, trials, min_trials))], model_prefix(path)
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     from tuner.measure import MeasureOptions
     from tuner.search.worker import run_worker
@@ -60,6 +77,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
         if value < 1:
             raise TunerError(f"{flag} must be at least 1")
     tasks = load_tasks(args.tasks) if args.tasks else None
+    if args.model:
+        if args.tasks:
+            raise TunerError("give --model or --tasks, not both")
+        tasks, prefix = model_worker_tasks(args.model, args.device, args.trials)
+        args.study_prefix = args.study_prefix or prefix
     options = MeasureOptions(n_parallel=args.parallel, repeats=args.repeats, build_timeout=args.build_timeout,
                              run_timeout=args.run_timeout)
     try:
