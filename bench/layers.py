@@ -12,10 +12,10 @@ Batch norm is folded into the convolutions, so every convolution has a bias. Dep
 ``depthwise_conv2d`` template with kernel ``(C, 1, R, S)``; the classifiers use ``dense`` with
 ``{"data": (1, K), "weight": (N, K), "bias": True}``.
 
-Fused epilogues follow the templates' order: bias, then activation, then the residual add. MobileNetV2's
-linear bottleneck (projection + residual, no activation) is exactly that. A ResNet basic block's second
-conv is ``relu(conv + bias + identity)``: the ReLU comes after the add, which the epilogue cannot express,
-so those layers are ``bias + residual`` with ``activation: "none"`` (the ReLU is left to a separate op).
+Fused epilogues follow the templates' order: bias, then the residual add, then the activation. A ResNet
+basic block's second conv is ``relu(conv + bias + identity)``; MobileNetV2's linear bottleneck is a
+projection + residual with no activation. (The exact kernels a compiled zoo model deploys are
+``tuner.graph.compiler.model_tasks``, which bench/gpu.py uses; this hand-written list predates it.)
 
 Identical workloads within a model are listed once; ``count`` says how often the model runs it and
 ``names`` lists the occurrences (``name`` is the short label of the first one). ``SMALL`` is a handful
@@ -61,7 +61,7 @@ def resnet18_ops() -> list:
             ops.append((f"{pre}.conv1", f"{tag}.3x3{s2}") + _conv(cin, cout, hw, 3, stride, 1, "relu"))
             if stride != 1 or cin != cout:
                 ops.append((f"{pre}.downsample", f"{tag}.downsample") + _conv(cin, cout, hw, 1, stride, 0))
-            ops.append((f"{pre}.conv2", f"{tag}.3x3.res") + _conv(cout, cout, out, 3, 1, 1, residual=True))
+            ops.append((f"{pre}.conv2", f"{tag}.3x3.res") + _conv(cout, cout, out, 3, 1, 1, "relu", residual=True))
             cin, hw = cout, out
     ops.append(("fc", "fc") + _dense(512, 1000))
     return ops
