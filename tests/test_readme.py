@@ -28,7 +28,8 @@ def test_readme_model_example_runs(capsys):
     assert out.startswith("(1, 10)") and "planned" in out
 
 
-def test_readme_pandas_example_runs_on_the_shipped_log(capsys):
+def test_readme_pandas_example_runs_on_the_shipped_log(capsys, monkeypatch):
+    monkeypatch.chdir(Path(__file__).parent.parent)  # the example names logs/ relative to the repository
     text = (Path(__file__).parent.parent / "README.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, re.S)
     (example,) = [b for b in blocks if "load_logs(" in b]
