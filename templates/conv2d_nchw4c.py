@@ -111,20 +111,12 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
     C4, OB = -(-C // 4), -(-O // 4)
     if C4 % cfg.split_c:
         raise ValueError(f"split_c={cfg.split_c} does not divide the {C4} input-channel blocks")
-    in_scope, in_layout = scope_layout(cfg.input_scope, cfg.act_layout, "nchw4c_buffer")
-    w_scope, w_layout = scope_layout(cfg.weight_scope, cfg.weight_layout, "oihw4o_buffer", weight=True)
-    out_scope, out_layout = scope_layout(cfg.output_scope, cfg.act_layout, "nchw4c_buffer")
-    X = buffer("X", wl.data, wl.dtype, in_scope, in_layout)
-    Wt = buffer("Wt", wl.kernel, wl.dtype, w_scope, w_layout)
-    Y = buffer("Y", wl.out_shape, wl.dtype, out_scope, out_layout)
-    B = bias_buffer(O, wl.dtype, cfg.weight_scope) if wl.bias else None
-    Res = buffer("Res", wl.out_shape, wl.dtype, out_scope, out_layout) if wl.residual else None
-    params = [p for p in (X, Wt, B, Res, Y) if p is not None]
+    operands = X, Wt, B, Res, Y = declare_operands(wl, cfg, O)
 
     t_oc, t_oh, t_ow = cfg.tile_oc, cfg.tile_oh, cfg.tile_ow
     n_ob, n_oh, n_ow = -(-OB // t_oc), -(-OH // t_oh), -(-OW // t_ow)
     g_w, g_h = -(-n_ow // cfg.wg_w), -(-n_oh // cfg.wg_h)
-    vector_input = cfg.vec_load == 4 or in_scope != "global" or cfg.cache_input
+    vector_input = cfg.vec_load == 4 or X.scope != "global" or cfg.cache_input
     b = Builder()
     with b.loop("nb", N * n_ob, "group.2") as nb, b.loop("gh", g_h, "group.1") as gh, \
             b.loop("th", cfg.wg_h, "local.1") as th, b.loop("gw", g_w, "group.0") as gw, \
@@ -166,8 +158,22 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
                                 i = (k * t_oh + y) * t_ow + x
                                 b.store(acc, i, acc[i] + lane[y, x] * wpix)
         store_tile(b, acc, Y, n, obb, oh0, ow0, (t_oc, t_oh, t_ow), (OB, OH, OW), wl, B, Res)
-    kernel = b.kernel("conv2d_nchw4c", params)
+    kernel = b.kernel("conv2d_nchw4c", [p for p in operands if p is not None])
     return cache_read(kernel, X, "texture", cfg.act_layout) if cfg.cache_input else kernel
+
+
+def declare_operands(wl, cfg, channels: int) -> tuple:
+    """``(X, Wt, B, Res, Y)`` of a convolution in the config's scopes and layouts: activations (``Res`` in the
+    output's scope) by ``act_layout``, weights by ``weight_layout``, ``B`` (``channels`` outputs) and ``Res``
+    None unless the workload fuses them; in kernel argument order."""
+    in_scope, in_layout = scope_layout(cfg.input_scope, cfg.act_layout, "nchw4c_buffer")
+    w_scope, w_layout = scope_layout(cfg.weight_scope, cfg.weight_layout, "oihw4o_buffer", weight=True)
+    out_scope, out_layout = scope_layout(cfg.output_scope, cfg.act_layout, "nchw4c_buffer")
+    return (buffer("X", wl.data, wl.dtype, in_scope, in_layout),
+            buffer("Wt", wl.kernel, wl.dtype, w_scope, w_layout),
+            bias_buffer(channels, wl.dtype, cfg.weight_scope) if wl.bias else None,
+            buffer("Res", wl.out_shape, wl.dtype, out_scope, out_layout) if wl.residual else None,
+            buffer("Y", wl.out_shape, wl.dtype, out_scope, out_layout))
 
 
 def bias_buffer(O: int, dtype: str, weight_scope: str):

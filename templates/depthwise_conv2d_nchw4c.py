@@ -10,13 +10,12 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
 from tuner.ir.expr import Ramp, as_expr, min_, select
 from tuner.ir.schedule import cache_read
 from tuner.templates import Template
-from tuner.templates.conv2d_nchw4c import (Conv2dWorkload, bias_buffer, clamp, fit_work_group, padded_windows,
-                                           random_inputs, reference_epilogue, scope_layout, store_tile,
+from tuner.templates.conv2d_nchw4c import (Conv2dWorkload, clamp, declare_operands, fit_work_group,
+                                           padded_windows, random_inputs, reference_epilogue, store_tile,
                                            texture_scopes)
 
 
@@ -88,15 +87,7 @@ def depthwise_conv2d_nchw4c(wl: DepthwiseWorkload, cfg: DepthwiseConfig):
     _, _, OH, OW = wl.out_shape
     (sh, sw), (dh, dw), (pt, pl, _, _) = wl.stride, wl.dilation, wl.padding
     CB = -(-C // 4)
-    in_scope, in_layout = scope_layout(cfg.input_scope, cfg.act_layout, "nchw4c_buffer")
-    w_scope, w_layout = scope_layout(cfg.weight_scope, cfg.weight_layout, "oihw4o_buffer", weight=True)
-    out_scope, out_layout = scope_layout(cfg.output_scope, cfg.act_layout, "nchw4c_buffer")
-    X = buffer("X", wl.data, wl.dtype, in_scope, in_layout)
-    Wt = buffer("Wt", wl.kernel, wl.dtype, w_scope, w_layout)
-    Y = buffer("Y", wl.out_shape, wl.dtype, out_scope, out_layout)
-    B = bias_buffer(C, wl.dtype, cfg.weight_scope) if wl.bias else None
-    Res = buffer("Res", wl.out_shape, wl.dtype, out_scope, out_layout) if wl.residual else None
-    params = [p for p in (X, Wt, B, Res, Y) if p is not None]
+    operands = X, Wt, B, Res, Y = declare_operands(wl, cfg, C)
 
     t_cb, t_oh, t_ow = cfg.tile_cb, cfg.tile_oh, cfg.tile_ow
     n_cb, n_oh, n_ow = -(-CB // t_cb), -(-OH // t_oh), -(-OW // t_ow)
@@ -136,7 +127,7 @@ def depthwise_conv2d_nchw4c(wl: DepthwiseWorkload, cfg: DepthwiseConfig):
                                 v = pixel(f"x{k}_{y}_{x}", cb, ih, (ow0 + x) * sw - pl + s * dw)
                                 b.store(acc, i, acc[i] + v * w)
         store_tile(b, acc, Y, n, cbb, oh0, ow0, (t_cb, t_oh, t_ow), (CB, OH, OW), wl, B, Res)
-    kernel = b.kernel("depthwise_conv2d_nchw4c", params)
+    kernel = b.kernel("depthwise_conv2d_nchw4c", [p for p in operands if p is not None])
     return cache_read(kernel, X, "texture", cfg.act_layout) if cfg.cache_input else kernel
 
 
