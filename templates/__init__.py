@@ -47,6 +47,15 @@ class Template:
         info = getattr(device, "info", device)
         return space.bind(self.space_vars(workload), info, {"dtype": workload.dtype, **fixed})
 
+    def fallback_with(self, workload, device, **fixed):
+        """The fallback config for ``device`` with ``fixed`` knobs applied (scopes, a model's pinned layout);
+        if that breaks a constraint of the space, a valid config drawn with seed 0 instead."""
+        cfg = dataclasses.replace(self.fallback(workload, getattr(device, "info", device)), **fixed)
+        space = self.space(workload, device, **fixed)
+        if not space.violations(self.config_values(workload, cfg)):
+            return cfg
+        return self.make_config(space.sample(np.random.default_rng(0)))
+
     def make_config(self, values: dict):
         """A config from a search-space assignment (the task knob ``dtype`` belongs to the workload)."""
         return self.config(**{k: v for k, v in values.items() if k != "dtype"})

@@ -25,31 +25,24 @@ def load_graph(model, input_shapes: dict | None = None):
     return optimize(from_onnx(model, input_shapes))
 
 
+def as_history(log):
+    """None, an ApplyHistoryBest, or what ``apply_history_best`` takes (paths, globs, records)."""
+    from tuner.logs import apply_history_best
+    return apply_history_best(log) if log is not None and not hasattr(log, "query") else log
+
+
 def plan_model(model, device=None, scope: str = "auto", log=None, dtype: str = "float32",
                input_shapes: dict | None = None) -> Plan:
-    """The planned steps of a model on ``device`` (a Device, DeviceInfo or spec)."""
-    from tuner.logs import apply_history_best
+    """The planned steps of a model on ``device`` (a Device, DeviceInfo or spec); ``log`` as ``as_history``."""
     from tuner.runtime.device import DeviceInfo, choose_device
     info = getattr(device, "info", device)
     info = info if isinstance(info, DeviceInfo) else choose_device(info)
-    history = apply_history_best(log) if log is not None and not hasattr(log, "query") else log
-    plan = lower_graph(load_graph(model, input_shapes), dtype)
-    return plan_storage(plan, info, scope, history)
+    return plan_storage(lower_graph(load_graph(model, input_shapes), dtype), info, scope, as_history(log))
 
 
 def model_tasks(model, device=None, scope: str = "auto", log=None, dtype: str = "float32",
                 input_shapes: dict | None = None) -> list:
     return extract_tasks(plan_model(model, device, scope, log, dtype, input_shapes))
-
-
-def _valid_fallback(t, wl, info, scopes: dict, fixed: dict):
-    """The template's fallback with the plan's scopes and pinned knobs; if that breaks a constraint (a work
-    group too big for a scope, say), the first valid config of the space."""
-    cfg = dataclasses.replace(t.fallback(wl, info), **{f"{k}_scope": v for k, v in scopes.items()}, **fixed)
-    space = t.space(wl, info, **fixed, **{f"{k}_scope": v for k, v in scopes.items()})
-    if not space.violations(t.config_values(wl, cfg)):
-        return cfg
-    return t.make_config(space.sample(np.random.default_rng(0)))
 
 
 def choose_configs(plan: Plan, info, history=None) -> dict:
@@ -64,10 +57,11 @@ def choose_configs(plan: Plan, info, history=None) -> dict:
         rec = history.query(t.name, s.workload, info.fingerprint, s.scopes, FIXED[s.op]) if history else None
         if rec is not None:
             out[s.name] = (t.config(**rec.config), True)
+        elif history is not None:  # the valid fallback, with apply_history_best's one warning per workload
+            out[s.name] = (history.pick(t, s.workload, info, s.scopes, FIXED[s.op]), False)
         else:
-            if history is not None:
-                history.pick(t, s.workload, info, s.scopes, FIXED[s.op])  # warns once per workload
-            out[s.name] = (_valid_fallback(t, s.workload, info, s.scopes, FIXED[s.op]), False)
+            out[s.name] = (t.fallback_with(s.workload, info, **{f"{k}_scope": v for k, v in s.scopes.items()},
+                                           **FIXED[s.op]), False)
     return out
 
 
@@ -99,7 +93,6 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
                   input_shapes: dict | None = None, progress: bool = False) -> M.Module:
     """Compile an ONNX model (path or ModelProto) for ``device`` with the best configs of ``log`` (path,
     glob, list, or an ApplyHistoryBest); ``scope``: auto (per layer, from the log), texture or buffer."""
-    from tuner.logs import apply_history_best
     from tuner.runtime.device import Device, open_device
     from tuner.runtime.launch import build, pack, physical_shape
     from tuner.templates import get_template
@@ -108,8 +101,8 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
     from .memory import check_plan, plan_memory
     dev = device if isinstance(device, Device) else open_device(device)
     info = dev.info
-    history = apply_history_best(log) if log is not None and not hasattr(log, "query") else log
-    plan = plan_storage(lower_graph(load_graph(model, input_shapes), dtype), info, scope, history)
+    history = as_history(log)
+    plan = plan_model(model, info, scope, history, dtype, input_shapes)
     configs = choose_configs(plan, info, history)
 
     nodes, sources, params, blobs, workspaces = [], {}, {}, [], []
@@ -183,7 +176,7 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
     pools = [M.Pool(p.id, p.scope, p.dtype, tuple(p.shape)) for p in mp.pools]
     spec = M.ModuleSpec({**info.fingerprint_fields(), "fingerprint": info.fingerprint, "name": info.name},
                         dtype, list(plan.inputs), list(plan.outputs), nodes, entries, pools, blobs, workspaces,
-                        M.memory_totals(entries, pools))
+                        mp.totals())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # compiled for this very device
         return M.Module(spec, sources, params, dev)

@@ -172,6 +172,12 @@ class MemoryPlan:
         """One allocation per entry."""
         return sum(e.nbytes for e in self.entries if _matches(e.scope, scope))
 
+    def totals(self) -> dict:
+        """``{"buffer" | "texture": {"pools", "planned", "naive"}}`` for the scope families present."""
+        families = {"texture" if is_texture_scope(e.scope) else "buffer" for e in self.entries}
+        return {f: {"pools": sum(_matches(p.scope, f) for p in self.pools), "planned": self.planned_bytes(f),
+                    "naive": self.naive_bytes(f)} for f in sorted(families)}
+
     def summary(self) -> str:
         """A table of pools, planned and naive bytes per exact scope, and the total."""
         scopes = sorted({p.scope for p in self.pools}, key=lambda s: (is_texture_scope(s), s))

@@ -8,7 +8,6 @@ packed parameter), ``w:<key>`` (a scratch workspace of one kernel, e.g. cache_in
 from __future__ import annotations
 
 import json
-import math
 import statistics
 import time
 import warnings
@@ -257,18 +256,3 @@ def load_module(path, device=None) -> Module:
     with np.load(d / "params.npz") as z:
         params = {k: z[k] for k in z.files}
     return Module(spec, sources, params, device)
-
-
-def memory_totals(entries: dict, pools: list) -> dict:
-    """Planned pool bytes against one allocation per tensor, per scope family."""
-    out: dict = {}
-    for e in entries.values():
-        fam = "texture" if e.storage_scope.startswith("texture") else "buffer"
-        m = out.setdefault(fam, {"pools": 0, "planned": 0, "naive": 0})
-        m["naive"] += math.prod(e.physical_shape) * np.dtype(e.dtype).itemsize
-    for p in pools:
-        fam = "texture" if p.scope.startswith("texture") else "buffer"
-        m = out.setdefault(fam, {"pools": 0, "planned": 0, "naive": 0})
-        m["pools"] += 1
-        m["planned"] += math.prod(p.shape) * (1 if p.scope == "global" else np.dtype(p.dtype).itemsize)
-    return out

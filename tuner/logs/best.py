@@ -6,7 +6,6 @@ An operator nobody tuned still has to run, so a miss returns the template's fall
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import warnings
 from typing import Iterable
@@ -92,8 +91,8 @@ class ApplyHistoryBest:
 
     def pick(self, template, workload, device, scopes: dict | None = None, fixed: dict | None = None):
         """The config to build ``workload`` with on ``device`` (Device or DeviceInfo): the best tuned one,
-        else the template's fallback for the device with ``scopes`` (and ``fixed`` knobs) applied, warning
-        once per workload."""
+        else the template's fallback for the device with ``scopes`` (and ``fixed`` knobs) applied
+        (``Template.fallback_with``: valid for the space), warning once per workload."""
         info = getattr(device, "info", device)
         record = self.query(template.name, workload, info.fingerprint, scopes, fixed)
         if record is not None:
@@ -108,8 +107,8 @@ class ApplyHistoryBest:
             self._warned.add(warn_key)
             warnings.warn(f"no tuned config for {template.name} {canonical_json(key)} on {info.fingerprint}: "
                           f"using the fallback config", FallbackConfigWarning, stacklevel=2)
-        cfg = template.fallback(_workload_obj(template, workload), info)
-        return dataclasses.replace(cfg, **_scope_changes(scopes or {}), **(fixed or {}))
+        return template.fallback_with(_workload_obj(template, workload), info, **_scope_changes(scopes or {}),
+                                      **(fixed or {}))
 
     def __len__(self) -> int:
         return len(self.best)
