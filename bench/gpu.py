@@ -55,7 +55,7 @@ def _task_id(model, task) -> str:
 
 
 def cmd_tune(args) -> int:
-    from tuner.graph.tuning import _done
+    from tuner.graph.tuning import measured, measured_index
     from tuner.measure import MeasureOptions, Measurer
     from tuner.runtime.device import choose_device
     from tuner.search.tune import tune
@@ -67,6 +67,7 @@ def cmd_tune(args) -> int:
     if seed_log.exists() and not Path(log).exists():
         Path(log).write_text(seed_log.read_text())
     rows = suite(info, args.models.split(","), args.dtypes.split(","), args.scopes.split(","), log)
+    index = measured_index(log, info.fingerprint)  # each task is tuned once below, so read the log once
     t0 = time.time()
     # a fixed number of timed runs (GPU events are precise): a few-microsecond kernel would otherwise log
     # thousands of costs per record to fill MeasureOptions' default minimum time
@@ -77,7 +78,7 @@ def cmd_tune(args) -> int:
             if task.key() in seen:
                 continue
             seen.add(task.key())
-            todo = args.trials - _done(log, task, info.fingerprint)
+            todo = args.trials - measured(index, task)
             if todo <= 0:
                 done_tasks += 1
                 continue
@@ -85,7 +86,7 @@ def cmd_tune(args) -> int:
                 print(f"deadline: stopping with {len(seen) - 1} of {len(rows)} tasks visited", flush=True)
                 break
             r = tune(task.template, task.workload, info, trials=todo, log=log,
-                     storage=f"sqlite:////tmp/gpu_studies.db", sampler="xgb", scopes=task.scopes, fixed=task.fixed,
+                     storage="sqlite:////tmp/gpu_studies.db", sampler="xgb", scopes=task.scopes, fixed=task.fixed,
                      seed=0, options=options, progress=False, measurer=measurer)
             done_tasks += 1
             best = f"{r.best.gflops:.1f} GFLOP/s {r.best.median_s * 1e6:.1f} us" if r.best else "no success"
@@ -112,13 +113,10 @@ def _torch_layer(task, dtype: str):
     w = torch.randn(wl.kernel, generator=g).to(dev, tdt)
     b = torch.randn(wl.kernel[0], generator=g).to(dev, tdt)
     groups = wl.data[1] if task.template == "depthwise_conv2d" else 1
-    pt, pl, pb, pr = wl.padding
-    sym = pt == pb and pl == pr
     res = torch.randn(wl.out_shape, generator=g).to(dev, tdt) if wl.residual else None
 
     def conv(bias=None):
-        xi = x if sym else F.pad(x, (pl, pr, pt, pb))
-        return F.conv2d(xi, w, bias, wl.stride, (pt, pl) if sym else 0, wl.dilation, groups)
+        return _conv2d(x, w, bias, wl.stride, wl.padding, wl.dilation, groups)
 
     def full():
         y = conv(b)
@@ -126,6 +124,23 @@ def _torch_layer(task, dtype: str):
             y = y + res
         return _act(y, wl.activation)
     return conv, full
+
+
+def _torch_fp32() -> None:
+    """cuDNN in true fp32 (no TF32), its fastest algorithm per shape."""
+    import torch
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True
+
+
+def _conv2d(x, w, b, stride, padding, dilation, groups):
+    """F.conv2d with (top, left, bottom, right) padding: asymmetric padding as an explicit pad first."""
+    import torch.nn.functional as F
+    pt, pl, pb, pr = padding
+    if (pt, pl) == (pb, pr):
+        return F.conv2d(x, w, b, stride, (pt, pl), dilation, groups)
+    return F.conv2d(F.pad(x, (pl, pr, pt, pb)), w, b, stride, 0, dilation, groups)
 
 
 def _act(y, activation):
@@ -170,9 +185,7 @@ def _kernel_time(fn, repeats: int = 50, warmup: int = 10) -> float:
 def cmd_cudnn(args) -> int:
     import torch
     from tuner.runtime.device import choose_device
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.benchmark = True
+    _torch_fp32()
     info = choose_device(args.device)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -208,10 +221,8 @@ def _torch_graph(graph, dtype: str):
             a = n.attrs
             ins = [P[t] if t in P else env[t] for t in n.inputs if t != a.get("residual")]
             if n.op == "conv2d":
-                pt, pl, pb, pr = a["padding"]
-                xi = ins[0] if (pt, pl) == (pb, pr) else F.pad(ins[0], (pl, pr, pt, pb))
-                y = F.conv2d(xi, ins[1], ins[2] if len(ins) > 2 else None, a["stride"],
-                             (pt, pl) if (pt, pl) == (pb, pr) else 0, a["dilation"], a["groups"])
+                y = _conv2d(ins[0], ins[1], ins[2] if len(ins) > 2 else None, a["stride"], a["padding"],
+                            a["dilation"], a["groups"])
             elif n.op == "dense":
                 y = F.linear(ins[0], ins[1], ins[2] if len(ins) > 2 else None)
             elif n.op == "add":
@@ -243,9 +254,7 @@ def cmd_models(args) -> int:
     from tuner.graph import zoo
     from tuner.graph.compiler import compile_model, load_graph
     from tuner.runtime import open_device
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.benchmark = True
+    _torch_fp32()
     dev = open_device(args.device)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -330,7 +339,7 @@ def cmd_table(args) -> int:
             tex, buf = best.get((t["template"], wl, "texture")), best.get((t["template"], wl, "buffer"))
             ours = min((r.median_s for r in (tex, buf) if r is not None), default=None)
             conv, layer = float(t["cudnn_conv_kernel_s"]), float(t["torch_layer_kernel_s"])
-            conv_ev, layer_ev = float(t["cudnn_conv_s"]), float(t["torch_layer_s"])
+            conv_ev = float(t["cudnn_conv_s"])
             wd = json.loads(t["workload"])
             shape = "x".join(map(str, wd["data"]))
             k = "x".join(map(str, wd.get("kernel", wd.get("weight", []))))

@@ -30,18 +30,27 @@ def share_budget(tasks: list, trials: int, min_trials: int = 4) -> list:
     return [max(min_trials, round(trials * t.weight / total)) for t in tasks]
 
 
-def _done(log: str, task: Task, fingerprint: str) -> int:
-    """Measurements the log already holds for this exact task (instantiation rejects are not measurements)."""
+def measured_index(log: str, fingerprint: str) -> dict:
+    """What a log has measured on one device, read once: ``(template, workload, scopes) -> [config, ...]``
+    (instantiation rejects are not measurements)."""
     from pathlib import Path
 
     from tuner.logs import load_records
     from tuner.logs.record import canonical_json
-    if not Path(log).exists():
-        return 0
-    wl = canonical_json(task.workload.key())
-    return sum(1 for r in load_records(log) if r.device == fingerprint and r.template == task.template
-               and canonical_json(r.workload) == wl and r.scopes == task.scopes and r.error_name != "INSTANTIATION"
-               and all(r.config.get(k) == v for k, v in task.fixed.items()))
+    index: dict = {}
+    if Path(log).exists():
+        for r in load_records(log):
+            if r.device == fingerprint and r.error_name != "INSTANTIATION":
+                key = (r.template, canonical_json(r.workload), canonical_json(r.scopes))
+                index.setdefault(key, []).append(r.config)
+    return index
+
+
+def measured(index: dict, task: Task) -> int:
+    """Measurements of exactly this task (its pinned knobs included) in a ``measured_index``."""
+    from tuner.logs.record import canonical_json
+    configs = index.get((task.template, canonical_json(task.workload.key()), canonical_json(task.scopes)), [])
+    return sum(all(c.get(k) == v for k, v in task.fixed.items()) for c in configs)
 
 
 def tune_model(model, log: str | None = None, trials: int = 200, device=None, scope: str = "auto",
@@ -67,6 +76,8 @@ def tune_model(model, log: str | None = None, trials: int = 200, device=None, sc
     rounds = [extract_tasks(plan_storage(plan, info, m)) for m in modes]
     result = ModelTuneResult(log)
     seen: set = set()
+    # read once: a task's count changes only by its own tune() below, and each task runs once (``seen``)
+    index = measured_index(log, info.fingerprint)
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -76,14 +87,14 @@ def tune_model(model, log: str | None = None, trials: int = 200, device=None, sc
         tasks = [t for t in tasks if t.key() not in seen]
         for t, budget in zip(tasks, share_budget(tasks, budget_trials, min_trials)):
             seen.add(t.key())
-            todo = budget - _done(log, t, info.fingerprint)
-            measured, best = 0, None
+            todo = budget - measured(index, t)
+            new, best = 0, None
             if todo > 0:
                 r = tune(t.template, t.workload, info, trials=todo, log=log, storage=storage, sampler=sampler,
                          scopes=t.scopes, fixed=t.fixed, seed=seed, options=options, progress=False,
                          early_stopping=early_stopping, measurer=measurer)
-                measured, best = r.measured, r.best
-            result.tasks.append((t, budget, measured, best))
+                new, best = r.measured, r.best
+            result.tasks.append((t, budget, new, best))
             if bar is not None:
                 bar.total = max(bar.total, bar.n + max(todo, 0))
                 bar.update(max(todo, 0))
