@@ -80,15 +80,21 @@ def convergence_figure(df: pd.DataFrame) -> Figure | None:
     return fig
 
 
+def _device_panels(device_column: pd.Series, row_inches: float):
+    """One horizontal-bar panel per device, stacked, each as tall as its rows: ``(fig, [(ax, device)])``."""
+    devices = list(dict.fromkeys(device_column))
+    heights = [row_inches * (device_column == d).sum() + 0.9 for d in devices]
+    fig = Figure(figsize=(9, sum(heights) + 0.3), layout="constrained")
+    axes = fig.subplots(len(devices), 1, squeeze=False, height_ratios=heights).ravel()
+    return fig, list(zip(axes, devices))
+
+
 def scope_figure(cmp: pd.DataFrame) -> Figure | None:
     """Best texture against best buffer GFLOP/s per layer; hatched bars: sides with too few trials."""
     if cmp.empty:
         return None
-    devices = list(dict.fromkeys(cmp["device"]))
-    heights = [0.38 * (cmp["device"] == d).sum() + 0.9 for d in devices]
-    fig = Figure(figsize=(9, sum(heights) + 0.3), layout="constrained")
-    axes = fig.subplots(len(devices), 1, squeeze=False, height_ratios=heights).ravel()
-    for ax, device in zip(axes, devices):
+    fig, panels = _device_panels(cmp["device"], 0.38)
+    for ax, device in panels:
         c = cmp[cmp["device"] == device].reset_index(drop=True)
         y = np.arange(len(c))
         for offset, side in ((-0.2, "texture"), (0.2, "buffer")):
@@ -118,11 +124,8 @@ def ceiling_figure(summary: pd.DataFrame) -> Figure | None:
     s = summary[summary["best_gflops"].notna()]
     if s.empty:
         return None
-    devices = list(dict.fromkeys(s["device"]))
-    heights = [0.3 * (s["device"] == d).sum() + 0.9 for d in devices]
-    fig = Figure(figsize=(9, sum(heights) + 0.3), layout="constrained")
-    axes = fig.subplots(len(devices), 1, squeeze=False, height_ratios=heights).ravel()
-    for ax, device in zip(axes, devices):
+    fig, panels = _device_panels(s["device"], 0.3)
+    for ax, device in panels:
         d = s[s["device"] == device].reset_index(drop=True)
         ceiling = d["best_gflops"].max()
         colors = [SCOPE_COLORS.get(sc, SCOPE_COLORS["mixed"]) for sc in d["scopes"]]

@@ -1,7 +1,6 @@
 """Model commands: ``tuner zoo``, ``tuner compile``, ``tuner run``, ``tuner tune`` and ``tuner demo``."""
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -10,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tuner.cli import add_device_arg
 from tuner.errors import TunerError
 
 
@@ -39,8 +39,7 @@ def _add_model_args(p, scope_help: str) -> None:
     p.add_argument("--scope", choices=("auto", "texture", "buffer"), default="auto", help=scope_help)
     p.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="storage dtype")
     p.add_argument("--input-shape", action="append", metavar="NAME=SHAPE", help="override an input's shape")
-    p.add_argument("--device", "-d", metavar="SPEC", help="device index or name substring (default: first GPU, "
-                   "else PoCL CPU)")
+    add_device_arg(p)
 
 
 def cmd_zoo(args) -> int:
@@ -210,7 +209,7 @@ def register(sub) -> None:
     p.add_argument("--output", metavar="Y.npy", help="save the first output")
     p.add_argument("--repeat", type=int, default=20, help="timed runs (default 20)")
     p.add_argument("--profile", action="store_true", help="per-layer table; also written to DIR/profile.json")
-    p.add_argument("--device", "-d", metavar="SPEC")
+    add_device_arg(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("tune", help="tune every kernel of an ONNX model, the budget shared by weight")
@@ -235,5 +234,5 @@ def register(sub) -> None:
     p.add_argument("--trials", type=int, default=48, help="measurements for the whole model (default 48)")
     p.add_argument("--scope", choices=("auto", "texture", "buffer"), default="auto")
     p.add_argument("--dir", default="build/demo", help="where the model, log and artifact go")
-    p.add_argument("--device", "-d", metavar="SPEC")
+    add_device_arg(p)
     p.set_defaults(func=cmd_demo)
