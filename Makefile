@@ -10,7 +10,7 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml | $(VENV)/bin/python
-	$(VENV)/bin/python -m pip install -e '.[test]'
+	$(VENV)/bin/python -m pip install -e '.[test,cpu]'
 	touch $@
 
 test: $(STAMP)

@@ -6,11 +6,17 @@ import pytest
 from tuner.runtime import open_device
 
 
+# TUNER_TEST_DEVICE (a --device spec, e.g. ``nvidia`` on a GPU machine, ``intel`` for Intel's CPU runtime)
+# picks the device of every test: the fixture below, and through $TUNER_DEVICE the API's and the CLI's default
+# (subprocesses included). Unset, the tests run on the default device, which `tuner devices` stars.
+if os.environ.get("TUNER_TEST_DEVICE"):
+    os.environ["TUNER_DEVICE"] = os.environ["TUNER_TEST_DEVICE"]
+
+
 @pytest.fixture(scope="session")
 def device():
-    """PoCL's CPU device (the embedded default), or TUNER_TEST_DEVICE (e.g. ``nvidia`` on a GPU machine);
-    every kernel test runs real OpenCL on it."""
-    return open_device(os.environ.get("TUNER_TEST_DEVICE", "pocl"))
+    """The device under test (see above); every kernel test runs real OpenCL on it."""
+    return open_device(os.environ.get("TUNER_TEST_DEVICE") or None)
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
-"""Runtime tests on the real PoCL CPU device (no mocks)."""
+"""Runtime tests on the real default (or TUNER_TEST_DEVICE) device, no mocks."""
 
+import os
 import numpy as np
 import pyopencl as cl
 import pytest
@@ -14,7 +15,7 @@ from tuner.runtime import (BufferPool, TexturePool, alloc, build_program, downlo
 
 @pytest.fixture(scope="module")
 def dev():
-    return open_device("pocl")
+    return open_device(os.environ.get("TUNER_TEST_DEVICE") or None)
 
 
 def test_lists_pocl_cpu_with_images():
@@ -34,8 +35,8 @@ def test_lists_pocl_cpu_with_images():
 def test_choose_device_by_index_and_substring():
     infos = list_devices()
     assert choose_device(0) == infos[0] and choose_device("0") == infos[0]
-    assert choose_device("POCL").platform_tag == "pocl"
-    assert choose_device("portable computing").platform_tag == "pocl"
+    assert choose_device("POCL", check=False).platform_tag == "pocl"  # listed even where it cannot build
+    assert choose_device("portable computing", check=False).platform_tag == "pocl"
     assert choose_device("cpu").type == "CPU"
     default = choose_device()
     assert default.type == "GPU" or not any(d.type == "GPU" and not d.is_simulator for d in infos)
@@ -76,7 +77,7 @@ def test_texture_limits_and_bad_shapes(dev):
     limit = dev.info.image2d_max_width
     with pytest.raises(TunerError, match="image2d max width") as e:
         alloc(dev, "texture", (16, limit + 1, 4), np.float32)
-    assert str(limit) in str(e.value) and "pocl cpu" in str(e.value)
+    assert str(limit) in str(e.value) and dev.info.label in str(e.value)
     with pytest.raises(TunerError, match="image2d max height"):
         alloc(dev, "texture", (dev.info.image2d_max_height + 1, 4, 4), np.float32)
     with pytest.raises(TunerError, match="RGBA"):

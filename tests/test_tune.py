@@ -56,7 +56,7 @@ def test_tune_then_resume_never_measures_a_config_twice(device, tmp_path):
 def test_resume_after_sigkill_loses_nothing_and_repeats_nothing(tmp_path):
     log = tmp_path / "log.jsonl"
     argv = [sys.executable, "-m", "tuner.cli", "tune-op", "conv2d", "--data", "1,8,8,8", "--kernel", "8,8,3,3",
-            "--padding", "1", "--scope", "buffer", "--repeats", "2", "--log", str(log), "-d", "pocl",
+            "--padding", "1", "--scope", "buffer", "--repeats", "2", "--log", str(log),
             "--no-progress"]
     proc = subprocess.Popen([*argv, "--trials", "40"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 120

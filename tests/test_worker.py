@@ -202,7 +202,7 @@ def test_tasks_register_once_per_identity_and_carry_their_budget(tmp_path):
     (["--storage", "journal:{tmp}/s.journal", "--study-prefix", "p", "--max-trials", "0"], "max_trials"),
 ])
 def test_worker_cli_errors(tmp_path, capsys, argv, message):
-    assert main(["worker", "-d", "pocl", *(a.format(tmp=tmp_path) for a in argv)]) == 2
+    assert main(["worker", *(a.format(tmp=tmp_path) for a in argv)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and "secret" not in err and "Traceback" not in err
 
@@ -300,7 +300,7 @@ def test_worker_cli_registers_and_tunes_tasks_from_a_file(device, tmp_path, monk
     task = Task("conv2d", _tasks()[0].workload, BUFFERS, trials=3)
     (tmp_path / "tasks.json").write_text(json.dumps([task.to_dict()]))
     argv = ["worker", "--storage", f"journal:{tmp_path / 's.journal'}", "--tasks", str(tmp_path / "tasks.json"),
-            "--study-prefix", "cli", "-d", "pocl", "--log", str(tmp_path / "w.jsonl"), "--no-progress"]
+            "--study-prefix", "cli", "--log", str(tmp_path / "w.jsonl"), "--no-progress"]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "measured 3" in out and f"{device_study_name('cli', task, device.fingerprint)}  3/3 trials  best" in out
@@ -308,7 +308,7 @@ def test_worker_cli_registers_and_tunes_tasks_from_a_file(device, tmp_path, monk
     for text, message in (("[", "not valid JSON"), ("[]", "non-empty JSON list"),
                           ('[{"template": "conv2d", "workload": {}, "budget": 3}]', "unknown task fields")):
         (tmp_path / "bad.json").write_text(text)
-        assert main([*argv[:3], "--tasks", str(tmp_path / "bad.json"), "-d", "pocl"]) == 2
+        assert main([*argv[:3], "--tasks", str(tmp_path / "bad.json")]) == 2
         assert message in capsys.readouterr().err
 
 
@@ -372,9 +372,9 @@ def _run_three_workers_kill_one(url: str, tmp_path: Path):
     wl = t.workload(data=(1, 8, 8, 8), kernel=(8, 8, 3, 3), padding=1)
     task = Task("conv2d", wl, BUFFERS, trials=12)
     register_tasks(url, [task], "tiny")
-    devices = subprocess.run([sys.executable, "-m", "tuner", "devices", "--json", "-d", "pocl"], cwd=ROOT,
+    devices = subprocess.run([sys.executable, "-m", "tuner", "devices", "--json"], cwd=ROOT,
                              capture_output=True, text=True, check=True)
-    fingerprint = json.loads(devices.stdout)[0]["fingerprint"]
+    fingerprint = next(d["fingerprint"] for d in json.loads(devices.stdout) if d["default"])
     name = device_study_name("tiny", task, fingerprint)
     # another device's study of the same task: workers on PoCL must leave it alone
     elsewhere = optuna.create_study(study_name=device_study_name("tiny", task, "mali-g78-0123abcd"),
@@ -384,7 +384,7 @@ def _run_three_workers_kill_one(url: str, tmp_path: Path):
 
     logs = [tmp_path / f"worker{i}.jsonl" for i in range(3)]
     procs = [subprocess.Popen([sys.executable, "-m", "tuner", "worker", "--storage", url, "--study-prefix", "tiny",
-                               "-d", "pocl", "--log", str(log), "--repeats", "2", "--parallel", "1",
+                               "--log", str(log), "--repeats", "2", "--parallel", "1",
                                "--heartbeat", "1", "--grace", "4", "--seed", str(i), "--no-progress"],
                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i, log in enumerate(logs)]

@@ -12,13 +12,14 @@ import sys
 
 from tuner import __version__
 from tuner.errors import TunerError
-from tuner.runtime.device import DeviceInfo, choose_device, list_devices
+from tuner.runtime.device import DEVICE_ENV, DeviceInfo, choose_device, list_devices, probe_device
 
 
 def add_device_arg(parser: argparse.ArgumentParser, help: str = "device index or name substring") -> None:
     """The shared --device option; resolve it with choose_device(args.device)."""
     parser.add_argument("--device", "-d", metavar="SPEC", default=None,
-                        help=f"{help} (e.g. 0, pocl, nvidia, cpu; default: first GPU, else PoCL CPU)")
+                        help=f"{help} (e.g. 0, pocl, intel, nvidia, cpu; default: ${DEVICE_ENV}, else the first "
+                        "GPU that can build programs, else a CPU device that can: see `tuner devices`)")
 
 
 def _bytes(n: int) -> str:
@@ -33,11 +34,17 @@ def _yes(b: bool) -> str:
     return "yes" if b else "no"
 
 
+def _status(d: DeviceInfo) -> str:
+    if d.is_simulator:
+        return "simulator"
+    return "ok" if probe_device(d) is None else "no build"
+
+
 def format_device_table(infos: list[DeviceInfo], default_index: int | None) -> str:
-    head = ("", "#", "platform", "device", "type", "images", "image2d max", "max wg", "local mem",
+    head = ("", "#", "platform", "device", "type", "status", "image2d max", "max wg", "local mem",
             "fp16", "half img", "fingerprint")
-    rows = [("*" if d.index == default_index else "", str(d.index), d.platform, d.name, d.type,
-             _yes(d.image_support), f"{d.image2d_max_width}x{d.image2d_max_height}" if d.image_support else "-",
+    rows = [("*" if d.index == default_index else "", str(d.index), d.platform_tag, d.name[:24], d.type,
+             _status(d), f"{d.image2d_max_width}x{d.image2d_max_height}" if d.image_support else "none",
              str(d.max_work_group_size), _bytes(d.local_mem_bytes), _yes(d.fp16), _yes(d.half_images),
              d.fingerprint) for d in infos]
     widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head))]
@@ -45,19 +52,38 @@ def format_device_table(infos: list[DeviceInfo], default_index: int | None) -> s
     return "\n".join(fmt.format(*r).rstrip() for r in (head, *rows))
 
 
+def _default_or_reason() -> tuple[DeviceInfo | None, str | None]:
+    try:
+        return choose_device(None), None
+    except TunerError as e:
+        return None, str(e)
+
+
 def cmd_devices(args: argparse.Namespace) -> int:
     infos = list_devices()
-    default = choose_device(None) if infos else None
-    if args.device is not None:  # show what a --device SPEC resolves to
-        infos = [choose_device(args.device)]
+    default, why_none = _default_or_reason() if infos else (None, None)
+    if args.device is not None:  # the device profile of what a --device SPEC resolves to
+        info = choose_device(args.device, check=False)
+        profile = {**info.to_dict(), "usable": probe_device(info) is None, "unusable_reason": probe_device(info)}
+        if args.json:
+            print(json.dumps(profile, indent=2))
+            return 0
+        infos = [info]
     if args.json:
-        print(json.dumps([{**d.to_dict(), "default": default is not None and d.index == default.index}
+        print(json.dumps([{**d.to_dict(), "default": default is not None and d.index == default.index,
+                           "usable": probe_device(d) is None, "unusable_reason": probe_device(d)}
                           for d in infos], indent=2))
-    elif not infos:
+        return 0
+    if not infos:
         raise TunerError("no OpenCL devices found; `pip install pocl-binary-distribution` provides a CPU device")
-    else:
-        print(format_device_table(infos, default.index if default else None))
-        print("\n* default device (used when --device is not given)")
+    print(format_device_table(infos, default.index if default else None))
+    print("\n* default device (used when --device is not given; set $" + DEVICE_ENV + " to change it)")
+    for d in infos:
+        reason = None if d.is_simulator else probe_device(d)
+        if reason:
+            print(f"[{d.index}] {d.platform} / {d.name} is never the default: it {reason}")
+    if why_none:
+        print(f"no default device: {why_none}", file=sys.stderr)
     return 0
 
 
@@ -327,6 +353,9 @@ def main(argv: list[str] | None = None) -> int:
     except TunerError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: what was measured is in the log already; a re-run resumes
+        print("interrupted; what was measured is saved, run the command again to resume", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

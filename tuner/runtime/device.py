@@ -9,14 +9,26 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import json
+import os
 import re
+import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
-import pyopencl as cl
+from tuner.runtime.icd import register_bundled_runtimes
 
-from tuner.errors import TunerError
+register_bundled_runtimes()  # before pyopencl enumerates platforms: adds Intel's CPU runtime from PyPI
+
+import pyopencl as cl  # noqa: E402
+
+from tuner.errors import TunerError  # noqa: E402
 
 POCL_PLATFORM = "Portable Computing Language"
+# The default device for the CLI and the API: a choose_device spec (index, name substring or fingerprint).
+DEVICE_ENV = "TUNER_DEVICE"
+NO_DEVICE_HINT = ("`pip install pocl-binary-distribution` provides a CPU device; on CPUs its LLVM does not know "
+                  "(e.g. AMD Zen 5) `pip install 'tuner[cpu]'` adds Intel's CPU runtime for OpenCL")
 
 _TYPE_NAMES = (
     (cl.device_type.GPU, "GPU"),
@@ -91,6 +103,31 @@ class DeviceInfo:
         d["fingerprint"] = self.fingerprint
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "DeviceInfo":
+        """The inverse of to_dict (a device profile written by `tuner devices --json`); extra keys are
+        ignored, a missing or mistyped field raises TunerError naming it."""
+        if not isinstance(d, dict):
+            raise TunerError(f"a device profile is a JSON object, got {type(d).__name__}")
+        kwargs = {}
+        for f in dataclasses.fields(cls):
+            if f.name not in d:
+                raise TunerError(f"device profile lacks {f.name!r}; write it with `tuner devices --json --device D`")
+            v = d[f.name]
+            want = {"int": int, "str": str, "bool": bool}.get(str(f.type))
+            if f.name == "max_work_item_sizes":
+                if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+                    raise TunerError(f"device profile field 'max_work_item_sizes' must be a list of integers, got {v!r}")
+                v = tuple(v)
+            elif want is not None and (not isinstance(v, want) or (want is int and isinstance(v, bool))):
+                raise TunerError(f"device profile field {f.name!r} must be {want.__name__}, got {v!r}")
+            kwargs[f.name] = v
+        info = cls(**kwargs)
+        if "fingerprint" in d and d["fingerprint"] != info.fingerprint:
+            raise TunerError(f"device profile fingerprint {d['fingerprint']!r} does not match its fields "
+                             f"({info.fingerprint}); was the file edited?")
+        return info
+
 
 def _type_name(t: int) -> str:
     return next((name for bit, name in _TYPE_NAMES if t & bit), "OTHER")
@@ -146,8 +183,7 @@ def _enumerate() -> tuple[tuple[DeviceInfo, cl.Device], ...]:
     try:
         platforms = cl.get_platforms()
     except cl.Error as e:  # no ICD loader / no platforms at all
-        raise TunerError(f"no OpenCL platform found ({e}); `pip install pocl-binary-distribution` "
-                         "provides a CPU device") from None
+        raise TunerError(f"no OpenCL platform found ({e}); {NO_DEVICE_HINT}") from None
     devs = []
     for p in platforms:
         try:
@@ -162,35 +198,203 @@ def list_devices() -> list[DeviceInfo]:
     return [info for info, _ in _enumerate()]
 
 
+# The probe: a kernel every tuned template needs to build and run (an image read and a buffer write).
+PROBE_SOURCE = """
+__constant sampler_t smp = CLK_NORMALIZED_COORDS_FALSE | CLK_ADDRESS_CLAMP | CLK_FILTER_NEAREST;
+__kernel void probe(__read_only image2d_t img, __global float *out) {
+    int i = get_global_id(0);
+    out[i] = read_imagef(img, smp, (int2)(i, 0)).x * 2.0f + (float)i;
+}
+"""
+PROBE_VERSION = 1
+
+
+def _probe_cache_path() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "tuner" / "probe.json"
+
+
+def _probe_key(info: DeviceInfo) -> str:
+    # The build depends on the device and on the runtimes' own environment (e.g. POCL_EXTRA_BUILD_FLAGS).
+    env = sorted((k, v) for k, v in os.environ.items() if k.startswith(("POCL_", "CL_CONFIG_")))
+    return f"{info.fingerprint}:{PROBE_VERSION}:{hashlib.sha1(repr(env).encode()).hexdigest()[:8]}"
+
+
+def _read_probe_cache() -> dict:
+    try:
+        data = json.loads(_probe_cache_path().read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_probe_cache(key: str, reason: str | None) -> None:
+    path = _probe_cache_path()
+    try:
+        data = {**_read_probe_cache(), key: {"ok": reason is None, "reason": reason}}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only home only costs a probe per process
+
+
+def _run_probe(dev: cl.Device, images: bool) -> None:
+    import numpy as np
+    ctx = cl.Context([dev])
+    queue = cl.CommandQueue(ctx)
+    n = 8
+    src = PROBE_SOURCE if images else PROBE_SOURCE.replace(
+        "__read_only image2d_t img", "__global const float4 *img").replace(
+        "read_imagef(img, smp, (int2)(i, 0))", "img[i]")
+    prog = cl.Program(ctx, src)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # pyopencl's CompilerWarning about non-empty build logs
+            prog.build()
+    except cl.Error as e:
+        try:
+            log = prog.get_build_info(dev, cl.program_build_info.LOG)
+        except cl.Error:
+            log = ""
+        raise _BuildFailed(_first_line(log) if log.strip() else _first_line(str(e)).split(" - ")[0]) from None
+    host = np.arange(4 * n, dtype=np.float32).reshape(1, n, 4)
+    mf = cl.mem_flags
+    if images:
+        fmt = cl.ImageFormat(cl.channel_order.RGBA, cl.channel_type.FLOAT)
+        src_mem = cl.Image(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, fmt, shape=(n, 1), hostbuf=host)
+    else:
+        src_mem = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=host)
+    out = cl.Buffer(ctx, mf.WRITE_ONLY, 4 * n)
+    prog.probe(queue, (n,), None, src_mem, out)
+    got = np.empty(n, np.float32)
+    cl.enqueue_copy(queue, got, out)
+    queue.finish()
+    want = host[0, :, 0] * 2 + np.arange(n)
+    if not np.array_equal(got, want):
+        raise RuntimeError(f"the probe kernel computed {got.tolist()}, expected {want.tolist()}")
+
+
+class _BuildFailed(Exception):
+    pass
+
+
+def _first_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "error" in ln.lower()]
+    return (errors or lines or ["unknown failure"])[0][:200]
+
+
+def probe_device(info: DeviceInfo) -> str | None:
+    """None when `info` builds and runs a small image kernel correctly, else why not (one line).
+
+    The answer is cached per fingerprint (and the runtimes' environment) in ~/.cache/tuner/probe.json,
+    so only a device's first use pays for the build.
+    """
+    return _probe(info)
+
+
+@functools.cache
+def _probe(info: DeviceInfo) -> str | None:
+    key = _probe_key(info)
+    cached = _read_probe_cache().get(key)
+    if isinstance(cached, dict) and "ok" in cached:
+        return None if cached["ok"] else str(cached.get("reason") or "the probe kernel failed")
+    try:
+        _run_probe(_enumerate()[info.index][1], info.image_support)
+        reason = None
+    except _BuildFailed as e:
+        reason = f"cannot build OpenCL programs: {e}"
+    except Exception as e:  # a runtime that misbehaves in any other way is not usable either
+        reason = f"probe failed: {_first_line(str(e)) or type(e).__name__}"
+    _write_probe_cache(key, reason)
+    return reason
+
+
 def _device_table(infos: list[DeviceInfo]) -> str:
     return "\n".join(f"  [{d.index}] {d.platform} / {d.name} ({d.type})" for d in infos) or "  (none)"
 
 
-def choose_device(spec: int | str | None = None) -> DeviceInfo:
-    """Pick a device.
+def _default_order(infos: list[DeviceInfo]) -> list[DeviceInfo]:
+    """Candidates for the default, best first: GPUs, then PoCL's CPU device, then other CPUs, then the rest;
+    never a simulator such as Oclgrind (which reports itself as a GPU)."""
+    def rank(d: DeviceInfo) -> int:
+        return 0 if d.type == "GPU" else 1 if d.platform_tag == "pocl" else 2 if d.type == "CPU" else 3
+    return sorted((d for d in infos if not d.is_simulator), key=lambda d: (rank(d), d.index))
 
-    spec None: the first GPU (not a simulator such as Oclgrind, which reports itself as a GPU), else PoCL's
-    CPU device, else the first device.
-    spec int or digit string: index into list_devices().
-    spec other string: first device whose platform/name/type contains it (case-insensitive),
-    e.g. "nvidia", "pocl", "cpu".
-    """
+
+def default_device() -> DeviceInfo:
+    """The device used when none is named: $TUNER_DEVICE (a choose_device spec) or pyopencl's $PYOPENCL_CTX
+    when set, else the best device that passes :func:`probe_device`."""
     infos = list_devices()
     if not infos:
-        raise TunerError("no OpenCL devices found; `pip install pocl-binary-distribution` provides a CPU device")
+        raise TunerError(f"no OpenCL devices found; {NO_DEVICE_HINT}")
+    for var in (DEVICE_ENV, "PYOPENCL_CTX"):
+        spec = os.environ.get(var, "").strip()
+        if spec:
+            info = _from_env(var, spec, infos)
+            reason = probe_device(info)
+            if reason:
+                raise TunerError(f"${var}={spec} selects {info.platform} / {info.name}, which {reason}; "
+                                 f"unset it or pick another device (`tuner devices` lists them)")
+            return info
+    failed = []
+    for info in _default_order(infos):
+        reason = probe_device(info)
+        if reason is None:
+            return info
+        failed.append(f"  [{info.index}] {info.platform} / {info.name}: {reason}")
+    raise TunerError("no OpenCL device can build programs:\n" + "\n".join(failed or [_device_table(infos)])
+                     + f"\n{NO_DEVICE_HINT}")
+
+
+def _from_env(var: str, spec: str, infos: list[DeviceInfo]) -> DeviceInfo:
+    if var == "PYOPENCL_CTX" and re.fullmatch(r"\d+(:\d+)?", spec):  # pyopencl's "platform[:device]"
+        p, _, d = spec.partition(":")
+        platforms = list(dict.fromkeys(i.platform for i in infos))
+        if int(p) < len(platforms):
+            on = [i for i in infos if i.platform == platforms[int(p)]]
+            if int(d or 0) < len(on):
+                return on[int(d or 0)]
+        raise TunerError(f"${var}={spec} names no OpenCL device; available devices:\n{_device_table(infos)}")
+    try:
+        return choose_device(spec, check=False)
+    except TunerError as e:
+        raise TunerError(f"${var}: {e}") from None
+
+
+def choose_device(spec: int | str | None = None, check: bool = True) -> DeviceInfo:
+    """Pick a device.
+
+    spec None: :func:`default_device` ($TUNER_DEVICE, else the first GPU that can build programs, else
+    PoCL's CPU device if it can, else another CPU device that can).
+    spec int or digit string: index into list_devices().
+    spec other string: first device whose platform/name/type/fingerprint contains it (case-insensitive),
+    e.g. "nvidia", "pocl", "intel", "cpu".
+    check: a named device that fails :func:`probe_device` raises TunerError with the reason.
+    """
     if spec is None:
-        return (next((d for d in infos if d.type == "GPU" and not d.is_simulator), None)
-                or next((d for d in infos if d.platform_tag == "pocl" and d.type == "CPU"), None)
-                or infos[0])
+        return default_device()
+    infos = list_devices()
+    if not infos:
+        raise TunerError(f"no OpenCL devices found; {NO_DEVICE_HINT}")
     if isinstance(spec, int) or (isinstance(spec, str) and spec.strip().isdigit()):
         i = int(spec)
-        if 0 <= i < len(infos):
-            return infos[i]
-        raise TunerError(f"no OpenCL device with index {i}; available devices:\n{_device_table(infos)}")
-    text = str(spec).strip()
-    found = next((d for d in infos if text and d.matches(text)), None)
-    if found is None:
-        raise TunerError(f"no OpenCL device matches {spec!r}; available devices:\n{_device_table(infos)}")
+        if not 0 <= i < len(infos):
+            raise TunerError(f"no OpenCL device with index {i}; available devices:\n{_device_table(infos)}")
+        found = infos[i]
+    else:
+        text = str(spec).strip()
+        matching = [d for d in infos if text and d.matches(text)]
+        if not matching:
+            raise TunerError(f"no OpenCL device matches {spec!r}; available devices:\n{_device_table(infos)}")
+        # "cpu" on a host where PoCL cannot build means the CPU device that can.
+        found = next((d for d in matching if not check or probe_device(d) is None), matching[0])
+    reason = probe_device(found) if check else None
+    if reason:
+        raise TunerError(f"device {spec!r} ({found.platform} / {found.name}) {reason}; "
+                         f"pick another device (`tuner devices` lists them and why)")
     return found
 
 
