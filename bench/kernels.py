@@ -526,8 +526,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--suite", choices=sorted(SUITES), default="small",
                     help="small: 7 layers, a quick check (default); full: all 47 unique layers")
-    ap.add_argument("--device", default=os.environ.get("TUNER_BENCH_DEVICE", "pocl"),
-                    help="OpenCL device: index or name substring as in `tuner devices` (default: pocl)")
+    ap.add_argument("--device", default=os.environ.get("TUNER_BENCH_DEVICE"),
+                    help="OpenCL device: index or name substring as in `tuner devices` (default: the default "
+                    "device, $TUNER_DEVICE)")
     ap.add_argument("--repeats", type=int, default=5, help="timed runs per config and for PyTorch (median)")
     ap.add_argument("--layers", default=None, help="regex over 'model.layer' (e.g. 'resnet18.*3x3')")
     ap.add_argument("--out", default=str(HERE / "results"), help="output folder (default: bench/results)")

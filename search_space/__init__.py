@@ -82,7 +82,7 @@ class SearchSpace:
         choices = {}
         for name, options in self.all_knobs.items():
             if name in fixed:
-                if fixed[name] not in options:
+                if not is_choice(fixed[name], options):
                     raise TunerError(f"{name}={fixed[name]!r} is not a choice of knob {name!r} in {self.path} "
                                      f"(choices: {options})")
                 options = [fixed.pop(name)]
@@ -92,6 +92,11 @@ class SearchSpace:
                              f"{', '.join(self.all_knobs)}")
         fits = lambda layout, shape: image_fits(layout, shape, device)  # noqa: E731
         return BoundSpace(self, choices, {**FUNCTIONS, **vars, "device": device, "image_fits": fits})
+
+
+def is_choice(value, options) -> bool:
+    """``value in options`` with the type too: JSON's ``true`` is not the knob value 1, nor ``4.0`` the 4."""
+    return any(value == o and type(value) is type(o) for o in options)
 
 
 class BoundSpace:
@@ -126,7 +131,7 @@ class BoundSpace:
         for name, options in self.choices.items():
             if name not in values:
                 out.append(f"{name}: missing")
-            elif values[name] not in options:
+            elif not is_choice(values[name], options):
                 out.append(f"{name}: {values[name]!r} not in {options}")
         if out:
             return out

@@ -51,6 +51,14 @@ class Conv2dWorkload:
         set_("padding", p if len(p) == 4 else (p[0], p[1], p[0], p[1]))
         if len(self.data) != 4 or len(self.kernel) != 4:
             raise ValueError(f"conv2d wants data N,C,H,W and kernel O,C,R,S; got {self.data} and {self.kernel}")
+        if min(self.data + self.kernel) < 1:
+            raise ValueError(f"conv2d shapes must be positive: data {list(self.data)}, kernel {list(self.kernel)}")
+        if len(self.stride) != 2 or min(self.stride) < 1:
+            raise ValueError(f"stride must be at least 1, got {list(self.stride)}")
+        if len(self.dilation) != 2 or min(self.dilation) < 1:
+            raise ValueError(f"dilation must be at least 1, got {list(self.dilation)}")
+        if len(self.padding) != 4 or min(self.padding) < 0:
+            raise ValueError(f"padding must be non-negative, got {list(self.padding)}")
         if self.groups != 1 or self.kernel[1] != self.data[1]:
             raise ValueError(f"conv2d_nchw4c is for groups=1 with kernel C == data C ({self.kernel[1]} vs "
                              f"{self.data[1]}); use depthwise_conv2d for depthwise")

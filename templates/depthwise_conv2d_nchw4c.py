@@ -38,6 +38,8 @@ class DepthwiseWorkload:
             raise ValueError(f"depthwise_conv2d wants data N,C,H,W and kernel C,1,R,S; got {self.data} "
                              f"and {self.kernel}")
         data, kernel = tuple(int(x) for x in self.data), tuple(int(x) for x in self.kernel)
+        if min(data + kernel) < 1:
+            raise ValueError(f"depthwise_conv2d shapes must be positive: data {list(data)}, kernel {list(kernel)}")
         if kernel[0] != data[1] or kernel[1] != 1:
             raise ValueError(f"depthwise_conv2d (multiplier 1) wants kernel {data[1]},1,R,S for {data[1]} "
                              f"channels; got {list(kernel)}")

@@ -22,6 +22,17 @@ def add_device_arg(parser: argparse.ArgumentParser, help: str = "device index or
                         "GPU that can build programs, else a CPU device that can: see `tuner devices`)")
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer of at least 1 (``--repeats 0`` would time nothing, ``--parallel 0`` hang)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
+
+
 def _bytes(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
@@ -309,7 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", metavar="JSON", help="knob values over the fallback config (JSON or a file)")
     p.add_argument("--check", action="store_true", help="compare with the NumPy reference; exit 1 above tolerance")
     p.add_argument("--time", action="store_true", help="print the median kernel time and GFLOP/s")
-    p.add_argument("--repeats", type=int, default=10, help="timed runs for --time (default 10)")
+    p.add_argument("--repeats", type=positive_int, default=10, help="timed runs for --time (default 10)")
     p.add_argument("--show-source", action="store_true", help="print the generated OpenCL")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     add_device_arg(p)
@@ -317,15 +328,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("tune-op", help="tune one operator: an Optuna study with an XGBoost cost model")
     add_workload_args(p)
-    p.add_argument("--trials", type=int, default=32, help="configs to measure (default 32)")
+    p.add_argument("--trials", type=positive_int, default=32, help="configs to measure (default 32)")
     p.add_argument("--sampler", choices=("xgb", "tpe", "random"), default="xgb")
     p.add_argument("--log", metavar="PATH", help="JSONL log (default logs/<device fingerprint>.jsonl)")
     p.add_argument("--storage", metavar="URL", help="Optuna storage (default sqlite:///logs/studies.db beside "
                    "the log); a re-run resumes its study")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--early-stopping", type=int, metavar="N", help="stop after N measurements without improvement")
-    p.add_argument("--parallel", type=int, default=2, help="build processes (default 2)")
-    p.add_argument("--repeats", type=int, default=5, help="timed runs per config (default 5)")
+    p.add_argument("--early-stopping", type=positive_int, metavar="N",
+                   help="stop after N measurements without improvement")
+    p.add_argument("--parallel", type=positive_int, default=2, help="build processes (default 2)")
+    p.add_argument("--repeats", type=positive_int, default=5, help="timed runs per config (default 5)")
     p.add_argument("--build-timeout", type=float, default=60.0, metavar="S")
     p.add_argument("--run-timeout", type=float, default=30.0, metavar="S")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
