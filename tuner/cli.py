@@ -355,6 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 2 usage or TunerError)."""
+    from tuner.console import setup_warnings
+    setup_warnings()  # one line per warning, each message once
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pandas as pd
 
@@ -42,6 +43,49 @@ def select_device(df: pd.DataFrame, spec: str | None) -> pd.DataFrame:
     return df[df["device"] == hits["device"].iloc[0]]
 
 
+CPU_REASON = ("CPU OpenCL runtimes emulate image reads in software (no texture units or texture cache), so "
+              "buffers usually win there")
+
+
+def device_type(fingerprint, name: str = "") -> str | None:
+    """``cpu``, ``gpu``, ``accelerator``, ... from a fingerprint such as ``pocl-cpu-1a2b3c4d`` (``<platform>-
+    <type>-<hash>``), else from a ``cpu``/``gpu`` word of the fingerprint or device name; None when neither
+    says."""
+    m = re.fullmatch(r"[a-z0-9]+-(cpu|gpu|accelerator|custom|other)-[0-9a-f]+", str(fingerprint))
+    if m:
+        return m.group(1)
+    words = set(re.findall(r"[a-z0-9]+", f"{fingerprint} {name}".lower()))
+    return next((t for t in ("cpu", "gpu") if t in words), None)
+
+
+def why_texture_lost(row) -> str:
+    """Why buffers won a compared workload (``row``: a row of ``compare``), in a few words; "" where textures
+    won or the workload was not compared. On a CPU: the runtime emulates images; elsewhere: the measured ratio."""
+    if row.get("pick") != "buffer":
+        return ""
+    tex, buf = row["texture_median_s"], row["buffer_median_s"]
+    measured = f"buffer {tex / buf:.2f}x faster ({tex * 1e3:.4g} ms texture, {buf * 1e3:.4g} ms buffer)"
+    if device_type(row["device"], row.get("device_name") or "") == "cpu":
+        return f"CPU device: image reads are emulated in software; {measured}"
+    return f"measured: {measured}"
+
+
+def loss_summary(cmp: pd.DataFrame) -> list[str]:
+    """One line per device where buffers won a compared workload: how often, and why (``why_texture_lost``)."""
+    lines = []
+    for dev, g in cmp.groupby("device", sort=False):
+        lost, compared = g[g["pick"] == "buffer"], int(g["pick"].notna().sum())
+        if lost.empty:
+            continue
+        where = f"textures lost {len(lost)} of {compared} compared workload{'s' if compared > 1 else ''} on {dev}"
+        ratios = lost["texture_median_s"] / lost["buffer_median_s"]
+        if device_type(dev, str(g["device_name"].iloc[0])) == "cpu":
+            lines.append(f"{where}: a CPU; {CPU_REASON}.")
+        else:
+            lines.append(f"{where}: buffers measured {ratios.min():.2f}x to {ratios.max():.2f}x faster there.")
+    return lines
+
+
 def decide(texture_ok: int, texture_s: float | None, buffer_ok: int, buffer_s: float | None,
            min_trials: int) -> tuple[str | None, str]:
     """(the faster scope or None, why not compared): the rule of ``compare`` and ``pick_scopes``."""
@@ -59,7 +103,8 @@ def compare(df, device: str | None = None, min_trials: int = 5) -> pd.DataFrame:
     (``texture_*``, ``buffer_*``): ``trials`` (records), ``ok`` (successful), ``median_s``, ``gflops`` and
     ``config`` (JSON) of its best config (NaN/None when the side has no success); ``texture_speedup`` =
     buffer time / texture time (> 1: textures are faster), ``pick`` (``texture``, ``buffer``, or None when
-    not compared) and ``note`` (why not). ``df``: a frame from ``load_logs``, Records or log paths."""
+    not compared), ``note`` (why not) and ``why`` (why textures lost, see ``why_texture_lost``).
+    ``df``: a frame from ``load_logs``, Records or log paths."""
     if min_trials < 1:
         raise TunerError(f"min_trials must be at least 1, got {min_trials}")
     df = select_device(as_frame(df), device)
@@ -80,10 +125,11 @@ def compare(df, device: str | None = None, min_trials: int = 5) -> pd.DataFrame:
                             min_trials)
         row["texture_speedup"] = row["buffer_median_s"] / row["texture_median_s"] if pick else float("nan")
         row["pick"], row["note"] = pick, note
+        row["why"] = why_texture_lost(row)
         rows.append(row)
     columns = ["device", "device_name", "template", "workload", "workload_key",
                *[f"{side}_{c}" for side in SIDES for c in ("trials", "ok", "median_s", "gflops", "config")],
-               "texture_speedup", "pick", "note"]
+               "texture_speedup", "pick", "note", "why"]
     out = pd.DataFrame(rows, columns=columns)
     for c in ("texture_trials", "texture_ok", "buffer_trials", "buffer_ok"):
         out[c] = out[c].astype("int64")

@@ -27,6 +27,7 @@ import dataclasses
 import io
 import json
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import Iterable
@@ -36,9 +37,9 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401 -- pa.compute
 import pyarrow.json as pa_json
 
-from tuner.errors import TunerError
+from tuner.errors import ErrorCode, TunerError
 from tuner.logs.io import TuningLogWarning, expand_paths
-from tuner.logs.record import SCHEMA_VERSION, SCOPE_OPERANDS, Record, canonical_json
+from tuner.logs.record import SCHEMA_VERSION, SCOPE_OPERANDS, SCOPES, Record, canonical_json
 
 # The columns every frame has, in order; wl.* and cfg.* columns are inserted after the SCOPE block.
 HEAD = ["task", "workload", "workload_key", "template", "device", "device_name", "platform", "driver"]
@@ -147,12 +148,77 @@ _is_str = lambda t: pa.types.is_string(t) or pa.types.is_large_string(t) or pa.t
 _is_num = lambda t: pa.types.is_floating(t) or pa.types.is_integer(t) or pa.types.is_null(t)  # noqa: E731
 
 
+def _all(mask) -> bool:
+    return bool(pa.compute.all(mask, skip_nulls=False).as_py() is not False) if len(mask) else True
+
+
+def _times_ok(column) -> bool:
+    """Every value null or a finite number >= 0 (``validate_record``'s times, GFLOP/s and errors)."""
+    x = column.cast(pa.float64())
+    return _all(pa.compute.or_kleene(pa.compute.is_null(x), pa.compute.and_kleene(pa.compute.is_finite(x),
+                                                                                  pa.compute.greater_equal(x, 0))))
+
+
+def _scalar_type(t, lists: bool = False) -> bool:
+    if lists and (pa.types.is_list(t) or pa.types.is_large_list(t)):
+        return _is_num(t.value_type) or pa.types.is_boolean(t.value_type)
+    return _is_num(t) or _is_str(t) or pa.types.is_boolean(t)
+
+
+def _values_ok(table: pa.Table, raw: bytes) -> bool:
+    """The value checks of ``validate_record`` over a whole table: times, costs, error codes and names, config
+    knobs (flat int/float/str/bool; an explicit null is looked for in ``raw``), workload fields and scopes."""
+    names, pc = set(table.column_names), pa.compute
+    if not all(_times_ok(table[c]) for c in ("median_s", "gflops", "max_rel_error", "duration_s") if c in names):
+        return False
+    if "costs" in names:
+        flat = pc.list_flatten(table["costs"])
+        if flat.null_count or not _times_ok(flat):
+            return False
+    if "trial" in names and not _all(pc.or_kleene(pc.is_null(table["trial"]),
+                                                  pc.greater_equal(table["trial"].cast(pa.float64()), 0))):
+        return False
+    for c in ("template", "device"):
+        if not _all(pc.greater(pc.utf8_length(pc.utf8_trim_whitespace(table[c])), 0)):
+            return False
+    codes = {int(c): c.name for c in ErrorCode}
+    for code in pc.unique(table["error_code"]).to_pylist():
+        if code not in codes:
+            return False
+        if "error_name" in names:
+            these = pc.filter(table["error_name"], pc.equal(table["error_code"], code))
+            if not _all(pc.equal(these, codes[code])):
+                return False
+    workload, config, scopes = (table[c].type for c in _STRUCTS)
+    if not all(f.name and _scalar_type(f.type) and not pa.types.is_null(f.type) for f in config):
+        return False
+    floats = [f.name for f in config if pa.types.is_floating(f.type)]
+    strings = [f.name for f in config if _is_str(f.type)]
+    column = table["config"].combine_chunks()
+    if not all(_times_ok(pc.abs(column.field(f))) for f in floats):  # finite (the sign is free)
+        return False
+    if any("}" in f.name for f in config) or any(pc.any(pc.match_substring(column.field(f), "}")).as_py()
+                                                 for f in strings):
+        return False  # the raw scan below could stop at that brace: let the line reader decide
+    if re.search(rb'"config"\s*:\s*\{[^}]*\bnull\b', raw):
+        return False
+    if not all(_scalar_type(f.type, lists=True) for f in workload):
+        return False
+    if not all(f.name in SCOPE_OPERANDS for f in scopes):
+        return False
+    column = table["scopes"].combine_chunks()
+    return all(_all(pc.or_kleene(pc.is_null(column.field(f.name)), pc.is_in(column.field(f.name),
+                                                                             pa.array(SCOPES))))
+               for f in scopes)
+
+
 def _clean_table(source) -> pa.Table | None:
     """JSON lines (a path or a file object) read by pyarrow, flattened, or None when they are anything but
-    clean (a torn or invalid line, a field of an unexpected type, a newer schema). The checks are
-    ``Record.from_dict``'s."""
+    clean (a torn or invalid line, a field of an unexpected type or value, a newer schema). The checks are
+    ``Record.from_dict``'s (``validate_record``)."""
     try:
-        table = pa_json.read_json(source)
+        raw = source.getvalue() if isinstance(source, io.BytesIO) else Path(source).read_bytes()
+        table = pa_json.read_json(io.BytesIO(raw))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError):
         return None
     schema, names = table.schema, set(table.column_names)
@@ -169,6 +235,8 @@ def _clean_table(source) -> pa.Table | None:
         if not (pa.types.is_list(t) and _is_num(t.value_type)) or table["costs"].null_count:
             return None
     if not 1 <= pa.compute.min(table["version"]).as_py() <= pa.compute.max(table["version"]).as_py() <= SCHEMA_VERSION:
+        return None
+    if not _values_ok(table, raw):
         return None
     n = table.num_rows
     cols = {c: table[c] for c in _STR + _NUM if c in names}
@@ -350,8 +418,9 @@ def _file_table(path: Path) -> pa.Table:
                 first_bad = first_bad or (lineno, f"{type(e).__name__}: {e}")
         tables.append(_records_table(records))
     if bad:
-        warnings.warn(f"tuning log {path}: skipped {bad} bad line{'s' if bad > 1 else ''} (torn, corrupted or "
-                      f"newer schema), first at line {first_bad[0]} ({first_bad[1]})", TuningLogWarning, stacklevel=3)
+        warnings.warn(f"tuning log {path}: skipped {bad} bad line{'s' if bad > 1 else ''} (torn, corrupted, "
+                      f"invalid values or newer schema), first at line {first_bad[0]} ({first_bad[1]})",
+                      TuningLogWarning, stacklevel=3)
     return _concat_tables(tables)
 
 

@@ -15,6 +15,7 @@ import html
 import io
 import json
 import math
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -23,7 +24,7 @@ import pandas as pd
 from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure state
 from matplotlib.patches import Patch
 
-from tuner.analysis.compare import compare, compare_totals
+from tuner.analysis.compare import CPU_REASON, compare, compare_totals, device_type, loss_summary
 from tuner.analysis.summary import summarize
 from tuner.errors import TunerError
 
@@ -168,8 +169,33 @@ def error_figure(df: pd.DataFrame) -> Figure:
     return fig
 
 
-def _scope_kind(scopes: str | None) -> str:
-    return scopes if scopes in ("texture", "buffer") else ("mixed" if scopes else "none")
+_SCOPE_NAMES = {"texture": "texture", "buffer": "buffer", "global": "buffer"}  # global: the IR's buffer scope
+
+
+def _scope_values(scopes) -> list:
+    """The operands' scopes of a profile row: ``texture``, ``i=buffer,w=buffer,o=buffer``, ``texture/buffer/
+    buffer`` or ``{"input": "texture", ...}``."""
+    if isinstance(scopes, dict):
+        return [str(v) for v in scopes.values()]
+    parts = [p.strip() for p in re.split(r"[,/;\s]+", scopes or "") if p.strip()]
+    return [p.split("=", 1)[-1].strip() for p in parts]
+
+
+def _scope_kind(scopes) -> str:
+    """``texture`` when every operand is a texture, ``buffer`` when every one is a buffer, ``none`` for a layer
+    without a tuned kernel, else ``mixed``."""
+    kinds = {_SCOPE_NAMES.get(v.lower(), "mixed") for v in _scope_values(scopes)}
+    if not kinds:
+        return "none"
+    return kinds.pop() if len(kinds) == 1 else "mixed"
+
+
+def _scope_text(scopes) -> str:
+    """The profile table's scopes cell: the kind, with the operands when they are mixed."""
+    kind = _scope_kind(scopes)
+    if kind == "none":
+        return "-"
+    return kind if kind != "mixed" else f"mixed ({'/'.join(_scope_values(scopes))})"
 
 
 def profile_figure(profile: dict) -> Figure:
@@ -223,14 +249,28 @@ def load_profile(artifact) -> dict:
                 raise TunerError(where + f'rows[{i}]["{k}"] must be a string')
         if not _number(r.get("median_s")):
             raise TunerError(where + f'rows[{i}]["median_s"] must be a number of seconds')
-        for k in ("template", "scopes"):
-            if r.get(k) is not None and not isinstance(r[k], str):
-                raise TunerError(where + f'rows[{i}]["{k}"] must be a string or null')
+        if r.get("template") is not None and not isinstance(r["template"], str):
+            raise TunerError(where + f'rows[{i}]["template"] must be a string or null')
+        if r.get("scopes") is not None and not isinstance(r["scopes"], (str, dict)):
+            raise TunerError(where + f'rows[{i}]["scopes"] must be a string such as "texture" or '
+                             '"i=buffer,w=buffer,o=buffer", or null')
     return profile
 
 
 def _number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _profile_notes(profile: dict) -> list[str]:
+    """Why the compiled model's layers are in buffers, where some are and the device is a CPU."""
+    kinds = [_scope_kind(r.get("scopes")) for r in profile["rows"]]
+    tuned = [k for k in kinds if k != "none"]
+    buffers = tuned.count("buffer")
+    fingerprint = profile.get("fingerprint") if isinstance(profile.get("fingerprint"), str) else ""
+    if not buffers or device_type(fingerprint, profile["device"]) != "cpu":
+        return []
+    return [f"{buffers} of {len(tuned)} kernel layers run in buffers: {profile['device']} is a CPU; "
+            f"{CPU_REASON}."]
 
 
 # ---------------------------------------------------------------------------------------------------- html
@@ -299,13 +339,14 @@ def render_report(df: pd.DataFrame, artifact=None, min_trials: int = 5, title: s
         parts.append(_table(
             (["device"] if several else []) + ["workload", "texture ms", "texture GFLOP/s", "texture ok",
                                                "buffer ms", "buffer GFLOP/s", "buffer ok", "texture speedup",
-                                               "--scope auto"],
+                                               "--scope auto", "why textures lost"],
             [([_e(r["device"])] if several else []) + [
                 _e(r["workload"]), _fmt(r["texture_median_s"] * 1e3, ".4g"), _fmt(r["texture_gflops"], ".4g"),
                 r["texture_ok"], _fmt(r["buffer_median_s"] * 1e3, ".4g"), _fmt(r["buffer_gflops"], ".4g"),
                 r["buffer_ok"], _fmt(r["texture_speedup"], ".3f"),
-                _e(r["pick"] if isinstance(r["pick"], str) else r["note"])]
+                _e(r["pick"] if isinstance(r["pick"], str) else r["note"]), _e(r["why"] or "-")]
              for _, r in cmp.iterrows()], numeric={i + several for i in range(1, 8)}))
+        parts += [f"<p>{_e(line)}</p>" for line in loss_summary(cmp)]
         for _, t in compare_totals(cmp).iterrows():
             if t["compared"]:
                 plural = "s" if t["compared"] > 1 else ""
@@ -337,12 +378,13 @@ def render_report(df: pd.DataFrame, artifact=None, min_trials: int = 5, title: s
                   _img(profile_figure(profile) if rows else None, "per-layer latency of the compiled model",
                        "the profile has no rows."),
                   _table(["node", "op", "template", "scopes", "median ms", "share"],
-                         [[_e(r["node"]), _e(r["op"]), _e(r.get("template") or "-"), _e(r.get("scopes") or "-"),
+                         [[_e(r["node"]), _e(r["op"]), _e(r.get("template") or "-"), _e(_scope_text(r.get("scopes"))),
                            f"{r['median_s'] * 1e3:.4g}", f"{100 * r['median_s'] / profile['total_s']:.1f}%"
                            if profile["total_s"] else "-"]
                           for r in sorted(rows, key=lambda r: -r["median_s"])[:15]], numeric={4, 5}),
                   f'<p class="note">{"The 15 slowest" if len(rows) > 15 else "All"} of {len(rows)} layers, slowest '
                   f'first; total {profile["total_s"] * 1e3:.4g} ms on {_e(profile["device"])}.</p>']
+        parts += [f'<p class="note">{_e(line)}</p>' for line in _profile_notes(profile)]
 
     # the tasks table last: with many tasks it is long, and the figures summarize it
     fail_cols = [c for c in summary.columns if c.startswith("failed.")]

@@ -19,6 +19,15 @@ def config_of(row: pd.Series) -> dict:
     return {c[4:]: _python(v) for c, v in row.items() if c.startswith("cfg.") and not pd.isna(v)}
 
 
+def knobs_text(config) -> str:
+    """A config (dict or its JSON) for a table: ``tile_oc=2 wg_w=8 unroll_rs=true``, without the scope knobs
+    (the task label shows the scopes). Exports keep the full JSON."""
+    if isinstance(config, str):
+        config = json.loads(config)
+    return " ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in config.items()
+                    if not k.endswith("_scope"))
+
+
 def best_rows(df: pd.DataFrame) -> pd.DataFrame:
     """The best successful row of each task: the lowest median; ties go to the earlier record, failures are
     never picked (as ``apply_history_best``). Sorted by device and task."""

@@ -89,7 +89,7 @@ def _read_file(path: Path) -> Iterator[Record]:
             yield record
     if bad:
         warnings.warn(f"tuning log {path}: skipped {bad} bad line{'s' if bad > 1 else ''} "
-                      f"(torn, corrupted or newer schema), first at line {first_bad} ({reason})",
+                      f"(torn, corrupted, invalid values or newer schema), first at line {first_bad} ({reason})",
                       TuningLogWarning, stacklevel=2)
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 import tuner
-from tuner.errors import ErrorCode
+from tuner.errors import ErrorCode, TunerError
 
 SCHEMA_VERSION = 1
 
@@ -23,6 +23,125 @@ SCOPE_OPERANDS = ("input", "weight", "output")
 # Fields a line must have to be a record at all; the rest default, so adding an optional field later
 # does not turn old logs into garbage.
 REQUIRED = ("version", "template", "workload", "scopes", "config", "device", "error_code")
+
+
+SCOPES = ("texture", "buffer")
+FIX = "; the line is skipped: re-measure the config, or delete or correct the line"
+
+
+class InvalidRecordError(TunerError, ValueError):
+    """A JSON line that is not a valid record: names the field, what it holds and what it should hold."""
+
+
+class MissingFieldError(InvalidRecordError, KeyError):
+    __str__ = Exception.__str__  # not KeyError's repr of the message
+
+
+class FieldTypeError(InvalidRecordError, TypeError):
+    pass
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _time(x) -> bool:
+    """A finite, non-negative number of seconds (or GFLOP/s, or relative error)."""
+    return _number(x) and math.isfinite(x) and x >= 0
+
+
+def _typed(d: dict, k: str, types: tuple, what: str, optional: bool = False) -> None:
+    v = d.get(k)
+    if (v is None and optional) or (isinstance(v, types) and (bool in types or not isinstance(v, bool))):
+        return
+    raise FieldTypeError(f"record field {k!r} is {type(v).__name__} {_show(v)}, not {what}{FIX}")
+
+
+def _show(v) -> str:
+    text = json.dumps(v) if not isinstance(v, float) or math.isfinite(v) else str(v)
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
+def _check_numbers(d: dict) -> None:
+    for k in ("median_s", "gflops", "max_rel_error"):
+        if d.get(k) is not None and not _time(d[k]):
+            _typed(d, k, (int, float), "a number or null")
+            raise InvalidRecordError(f"record field {k!r} is {_show(d[k])}: it must be a finite number >= 0 or "
+                                     f"null{FIX}")
+    if "duration_s" in d and not _time(d["duration_s"]):
+        _typed(d, "duration_s", (int, float), "a number")
+        raise InvalidRecordError(f"record field 'duration_s' is {_show(d['duration_s'])}: it must be a finite "
+                                 f"number >= 0{FIX}")
+    if "costs" in d:
+        _typed(d, "costs", (list,), "a list of seconds")
+        bad = next((c for c in d["costs"] if not _time(c)), "ok")
+        if bad != "ok":
+            raise InvalidRecordError(f"record field 'costs' holds {_show(bad)}: every cost must be a finite "
+                                     f"number of seconds >= 0{FIX}")
+    if d.get("trial") is not None:
+        _typed(d, "trial", (int,), "an integer or null")
+        if d["trial"] < 0:
+            raise InvalidRecordError(f"record field 'trial' is {d['trial']}: it must be >= 0 or null{FIX}")
+
+
+def _check_error(d: dict) -> None:
+    codes = {int(c): c.name for c in ErrorCode}
+    code = d["error_code"]
+    if code not in codes:
+        raise InvalidRecordError(f"record field 'error_code' is {code}, not a known error code "
+                                 f"({', '.join(f'{c} {n}' for c, n in codes.items())}){FIX}")
+    if "error_name" in d and d["error_name"] != codes[code]:
+        raise InvalidRecordError(f"record field 'error_name' is {_show(d['error_name'])} but error_code {code} is "
+                                 f"{codes[code]}{FIX}")
+
+
+def _check_config(d: dict) -> None:
+    for k, v in d["config"].items():
+        if not k or not isinstance(v, (int, float, str, bool)) or (isinstance(v, float) and not math.isfinite(v)):
+            raise InvalidRecordError(f"record config knob {k!r} is {_show(v)}: a knob value is an integer, a "
+                                     f"finite number, a string or a boolean{FIX}")
+    for k, v in d["workload"].items():
+        if isinstance(v, list) and all(_number(x) or isinstance(x, bool) for x in v):
+            v = None
+        if v is not None and not isinstance(v, (int, float, str, bool)):
+            raise InvalidRecordError(f"record workload field {k!r} is {_show(v)}: a workload field is a number, "
+                                     f"a string, a boolean, null or a list of numbers{FIX}")
+    for k, v in d["scopes"].items():
+        if k not in SCOPE_OPERANDS or v not in SCOPES:
+            raise InvalidRecordError(f"record scopes {_show(d['scopes'])}: each of {', '.join(SCOPE_OPERANDS)} is "
+                                     f"{' or '.join(SCOPES)}{FIX}")
+
+
+def validate_record(d: dict) -> None:
+    """Check one loaded line before it becomes a Record: an object with every required field; versions,
+    types; finite non-negative times, costs and GFLOP/s; a known ``error_code`` that agrees with
+    ``error_name``; a flat config of str -> int/float/str/bool. Raises ``MissingFieldError`` (a KeyError),
+    ``FieldTypeError`` (a TypeError) or ``InvalidRecordError`` (a ValueError), all ``TunerError``s that name
+    the field. Whether the knobs belong to the template's search space is checked where configs are compiled."""
+    if not isinstance(d, dict):
+        raise FieldTypeError(f"a record is a JSON object, not {type(d).__name__}{FIX}")
+    for k in REQUIRED:
+        if k not in d:
+            raise MissingFieldError(f"record without {k!r}{FIX}")
+    for k, types, what in (("version", (int,), "an integer"), ("error_code", (int,), "an integer"),
+                           ("template", (str,), "a string"), ("device", (str,), "a string"),
+                           ("workload", (dict,), "an object"), ("scopes", (dict,), "an object"),
+                           ("config", (dict,), "an object")):
+        _typed(d, k, types, what)
+    if d["version"] < 1 or d["version"] > SCHEMA_VERSION:
+        raise InvalidRecordError(f"record schema version {d['version']}; this tuner reads 1..{SCHEMA_VERSION} "
+                                 f"(a newer tuner wrote it: upgrade tuner to read it)")
+    for k in ("template", "device"):
+        if not d[k].strip():
+            raise InvalidRecordError(f"record field {k!r} is empty{FIX}")
+    for k in ("device_name", "platform", "driver", "error_name", "error_msg", "timestamp", "tuner_version"):
+        if k in d:
+            _typed(d, k, (str,), "a string")
+    for k in ("sampler", "study"):
+        _typed(d, k, (str,), "a string or null", optional=True)
+    _check_numbers(d)
+    _check_error(d)
+    _check_config(d)
 
 
 def canonical_json(obj) -> str:
@@ -104,26 +223,19 @@ class Record:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Record":
-        """Parse a loaded line. Unknown keys are ignored (a newer writer may add fields); a missing required
-        field raises KeyError, a wrong type TypeError, an unreadable version ValueError."""
-        if not isinstance(d, dict):
-            raise TypeError(f"a record is a JSON object, not {type(d).__name__}")
-        for k in REQUIRED:
-            if k not in d:
-                raise KeyError(f"record without {k!r}")
-        for k, types in (("version", int), ("error_code", int), ("template", str), ("device", str),
-                         ("workload", dict), ("scopes", dict), ("config", dict)):
-            if not isinstance(d[k], types) or isinstance(d[k], bool):
-                raise TypeError(f"record field {k!r} is {type(d[k]).__name__}, not {types.__name__}")
-        if d["version"] < 1 or d["version"] > SCHEMA_VERSION:
-            raise ValueError(f"record schema version {d['version']}; this tuner reads 1..{SCHEMA_VERSION}")
-        for k in ("median_s", "gflops", "max_rel_error"):
-            if d.get(k) is not None and (not isinstance(d[k], (int, float)) or isinstance(d[k], bool)):
-                raise TypeError(f"record field {k!r} is {type(d[k]).__name__}, not a number or null")
-        if "costs" in d and not isinstance(d["costs"], list):
-            raise TypeError(f"record field 'costs' is {type(d['costs']).__name__}, not a list")
+        """Parse a loaded line, checked by ``validate_record``. Unknown keys are ignored (a newer writer may add
+        fields); a missing required field raises a KeyError, a wrong type a TypeError, a bad value (a negative
+        time, an unknown error code, a newer schema) a ValueError, each also a ``TunerError``. A line without
+        ``error_name`` takes its error code's name."""
+        validate_record(d)
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        values = {k: v for k, v in d.items() if k in names}
+        values.setdefault("error_name", ErrorCode(d["error_code"]).name)
+        return cls(**values)
+
+    def validate(self) -> None:
+        """Check this record as ``from_dict`` checks a loaded line (``validate_record``)."""
+        validate_record(self.to_dict())
 
     @property
     def ok(self) -> bool:
