@@ -4,11 +4,21 @@ kernels lowered and compiled -> memory planned -> a ``Module`` that runs.
     module = tuner.compile_model("mobilenet_v2.onnx", log="logs/dev.jsonl", scope="auto")
     y, = module.run([x])
     module.save("build/mobilenet_v2")
+
+For a device that is not attached (the log comes from a phone, the compile runs on a laptop), pass its
+profile, the JSON ``tuner devices --json --device D`` prints there: ``compile_model(m, log=L,
+target="phone.json")`` plans, picks configs and generates kernels for it without opening any OpenCL device;
+the kernels are built when the artifact first loads on the phone.
+
+With no ``log``, the history entered with ``with tuner.apply_history_best(log):`` applies (AutoTVM's
+dispatch context).
 """
 from __future__ import annotations
 
 import dataclasses
-import warnings
+import json
+import os
+from pathlib import Path
 
 import numpy as np
 
@@ -26,9 +36,35 @@ def load_graph(model, input_shapes: dict | None = None):
 
 
 def as_history(log):
-    """None, an ApplyHistoryBest, or what ``apply_history_best`` takes (paths, globs, records)."""
-    from tuner.logs import apply_history_best
-    return apply_history_best(log) if log is not None and not hasattr(log, "query") else log
+    """An ApplyHistoryBest, or what ``apply_history_best`` takes (paths, globs, records); None: the history
+    entered with ``with apply_history_best(...)`` (``current_history()``), if any."""
+    from tuner.logs import apply_history_best, current_history
+    if log is None:
+        return current_history()
+    return apply_history_best(log) if not hasattr(log, "query") else log
+
+
+def load_target(target):
+    """A device profile -> DeviceInfo: a DeviceInfo, a dict (``DeviceInfo.to_dict()``), or the path of the
+    JSON file ``tuner devices --json --device D`` writes on that device."""
+    from tuner.runtime.device import DeviceInfo
+    if isinstance(target, DeviceInfo):
+        return target
+    if isinstance(target, (str, os.PathLike)):
+        try:
+            d = json.loads(Path(target).read_text())
+        except OSError as e:
+            raise TunerError(f"cannot read the target profile {str(target)!r}: {e.strerror or e}; write it on the "
+                             f"target with `tuner devices --json --device D > PROFILE.json`") from None
+        except ValueError as e:
+            raise TunerError(f"target profile {str(target)!r} is not JSON ({e})") from None
+        if isinstance(d, list):
+            raise TunerError(f"target profile {str(target)!r} lists {len(d)} devices; write one with "
+                             f"`tuner devices --json --device D`")
+        return DeviceInfo.from_dict(d)
+    if isinstance(target, dict):
+        return DeviceInfo.from_dict(target)
+    raise TunerError(f"target: a DeviceInfo, a profile dict or a profile JSON path, got {type(target).__name__}")
 
 
 def plan_model(model, device=None, scope: str = "auto", log=None, dtype: str = "float32",
@@ -66,41 +102,31 @@ def choose_configs(plan: Plan, info, history=None) -> dict:
 
 
 def _glue_kernel(s: Step, plan: Plan, max_wg: int):
-    from . import kernels as K
-    scope = lambda name: plan.tensors[name].scope  # noqa: E731
-    out = plan.tensors[s.output]
-    acts = [x for k, x in s.inputs.items() if k != "B"]
-    if s.op == "relayout":
-        src = plan.tensors[s.inputs["X"]]
-        return K.relayout_kernel(src.shape, out.shape, plan.dtype, "buffer" if src.kind == "plain" else src.scope,
-                                 src.layout, "buffer" if out.kind == "plain" else out.scope, out.layout, max_wg)
-    if s.op == "elementwise":
-        a = s.attrs
-        in_scopes = [scope(x) for x in acts] + ([scope(acts[0])] if "B" in s.inputs else [])  # B beside X
-        return K.elementwise_kernel(out.shape, a["op"], plan.dtype, in_scopes, out.scope,
-                                    activation=a["activation"], clip=a.get("clip", (0.0, 6.0)), max_work_group=max_wg)
-    if s.op == "pool":
-        a = s.attrs
-        return K.pool_kernel(plan.tensors[acts[0]].shape, a["kind"], a["kernel"], a["stride"], a["padding"],
-                             a["count_include_pad"], plan.dtype, scope(acts[0]), out.scope, max_wg)
-    if s.op == "concat":
-        return K.concat_kernel([plan.tensors[x].shape for x in acts], plan.dtype, [scope(x) for x in acts],
-                               out.scope, max_work_group=max_wg)
-    raise TunerError(f"step {s.name!r}: no kernel for {s.op!r}")
+    from .lowering import glue_builder
+    return glue_builder(s.op, s.name)(s, plan, max_wg)
 
 
 def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str = "float32",
-                  input_shapes: dict | None = None, progress: bool = False) -> M.Module:
+                  input_shapes: dict | None = None, progress: bool = False, target=None) -> M.Module:
     """Compile an ONNX model (path or ModelProto) for ``device`` with the best configs of ``log`` (path,
-    glob, list, or an ApplyHistoryBest); ``scope``: auto (per layer, from the log), texture or buffer."""
+    glob, list, or an ApplyHistoryBest; None: the active ``with apply_history_best(...)``, if any);
+    ``scope``: auto (per layer, from the log), texture or buffer.
+
+    ``target`` (instead of ``device``): a device profile (``load_target``) of a device that need not be
+    attached. Nothing is opened or built here; the Module can be saved, and builds on its first load."""
     from tuner.runtime.device import Device, open_device
-    from tuner.runtime.launch import build, pack, physical_shape
+    from tuner.runtime.launch import generate, pack, physical_shape
     from tuner.templates import get_template
 
     from .memory import Entry as MemEntry
     from .memory import check_plan, plan_memory
-    dev = device if isinstance(device, Device) else open_device(device)
-    info = dev.info
+    if target is not None:
+        if device is not None:
+            raise TunerError("compile for a device or for a target profile, not both")
+        dev, info = None, load_target(target)
+    else:
+        dev = device if isinstance(device, Device) else open_device(device)
+        info = dev.info
     history = as_history(log)
     plan = plan_model(model, info, scope, history, dtype, input_shapes)
     configs = choose_configs(plan, info, history)
@@ -121,8 +147,7 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
         else:
             cfg, tuned = None, False
             kernel = _glue_kernel(s, plan, info.max_work_group_size)
-        exe = build(kernel, dev)
-        prog = exe.program
+        prog, source = generate(kernel)  # built by the Module, on the device (or on the target when it loads)
         binding = {**s.inputs, "Y": s.output}
         refs = {}
         for buf in prog.params:
@@ -154,7 +179,7 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
             g, l = k.launch()
             calls.append(M.Call(k.name, tuple(g), tuple(l), [refs[b.name] for b in k.params]))
         src = f"{i:03d}_{s.name.replace('/', '_').replace(':', '_')}.cl"
-        sources[src] = exe.source
+        sources[src] = source
         nodes.append(M.Node(s.name, s.op, src, calls, s.workload.flops if s.tuned else 0,
                             s.op if s.tuned else None, s.workload.key() if s.tuned else None, s.scopes,
                             dataclasses.asdict(cfg) if cfg is not None else None, tuned))
@@ -174,9 +199,8 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
     for name, e in entries.items():
         e.storage_id = mp.storage_id[name]
     pools = [M.Pool(p.id, p.scope, p.dtype, tuple(p.shape)) for p in mp.pools]
-    spec = M.ModuleSpec({**info.fingerprint_fields(), "fingerprint": info.fingerprint, "name": info.name},
+    spec = M.ModuleSpec({**info.fingerprint_fields(), "fingerprint": info.fingerprint, "name": info.name,
+                         "profile": info.to_dict()},
                         dtype, list(plan.inputs), list(plan.outputs), nodes, entries, pools, blobs, workspaces,
                         mp.totals())
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # compiled for this very device
-        return M.Module(spec, sources, params, dev)
+    return M.Module(spec, sources, params, dev, defer=dev is None, progress=progress)

@@ -4,7 +4,12 @@ pools per scope and packed parameters. It needs no IR, templates or ONNX file: `
 ``params.npz``; ``load_module(dir)`` runs it in a fresh process.
 
 Arguments of a kernel call name what they bind: ``t:<tensor>`` (an activation in its pool), ``p:<key>`` (a
-packed parameter), ``w:<key>`` (a scratch workspace of one kernel, e.g. cache_input's texture)."""
+packed parameter), ``w:<key>`` (a scratch workspace of one kernel, e.g. cache_input's texture).
+
+``graph.json``'s ``device`` records the device the artifact was compiled for, with its whole profile
+(``DeviceInfo.to_dict()``). A module compiled for a target that is not attached is built on its first load
+there; ``load_module`` keeps the built program binaries in ``binaries/<fingerprint>/`` beside the artifact, so
+later starts on that device skip the OpenCL compiler."""
 from __future__ import annotations
 
 import json
@@ -19,6 +24,33 @@ import numpy as np
 from tuner.errors import TunerError
 
 FORMAT_VERSION = 1
+BINARIES = "binaries"  # <artifact>/binaries/<device fingerprint>/<source hash>.bin
+
+
+class TargetMismatchWarning(UserWarning):
+    """An artifact runs on a device with another fingerprint than the one it was compiled for."""
+
+
+_MISMATCH_WARNED: set = set()  # (compiled-for fingerprint, running-on fingerprint): warned once per process
+
+
+def storage_label(scopes) -> str:
+    """``texture`` when every operand is a texture, ``buffer`` when every one is a buffer, else ``mixed``."""
+    kinds = {"texture" if str(s).startswith("texture") else "buffer" for s in scopes}
+    return kinds.pop() if len(kinds) == 1 else "mixed" if kinds else ""
+
+
+def _open_for(compiled_for: dict, device):
+    """The device to run on: ``device`` (a Device or spec), else the attached device with the artifact's
+    fingerprint, else the default device."""
+    from tuner.runtime.device import Device, list_devices, open_device
+    if isinstance(device, Device):
+        return device
+    if device is None and compiled_for.get("fingerprint"):
+        match = next((d for d in list_devices() if d.fingerprint == compiled_for["fingerprint"]), None)
+        if match is not None:
+            return open_device(match)
+    return open_device(device)
 
 
 @dataclass
@@ -105,20 +137,60 @@ class ModuleSpec:
 
 
 class Module:
-    """A model ready to run on one device: ``module.run([x]) -> [y]``."""
+    """A model ready to run on one device: ``module.run([x]) -> [y]``.
 
-    def __init__(self, spec: ModuleSpec, sources: dict, params: dict, device=None):
+    ``defer=True`` (a module compiled for a target profile): nothing is opened or built until ``load()`` or
+    the first run. ``cache_dir``: where program binaries are kept and reused (``load_module``: the artifact's
+    ``binaries/``). ``load_stats`` says how the last load went: seconds, programs built from ``source``, from
+    a cached ``binary``, or found in this process's ``memory``."""
+
+    def __init__(self, spec: ModuleSpec, sources: dict, params: dict, device=None, cache_dir=None,
+                 defer: bool = False, progress: bool = False):
+        self.spec, self.sources, self.params = spec, sources, params
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else None
+        self.device = None
+        self.load_stats: dict = {}
+        if not defer:
+            self.load(device, progress)
+
+    @property
+    def target(self):
+        """The DeviceInfo the artifact was compiled for (None for artifacts that predate profiles)."""
+        from tuner.runtime.device import DeviceInfo
+        profile = self.spec.device.get("profile")
+        return DeviceInfo.from_dict(profile) if profile else None
+
+    def load(self, device=None, progress: bool = False) -> "Module":
+        """Open the device (``device``; by default the attached device the artifact was compiled for, else the
+        default one), allocate the pools, upload the parameters and build every program. Once per module."""
+        if self.device is not None:
+            return self
+        t0 = time.perf_counter()
+        spec, sources, params = self.spec, self.sources, self.params
+        dev = _open_for(spec.device, device)
+        info = dev.info
+        want = spec.device.get("fingerprint")
+        if want not in (None, info.fingerprint) and (want, info.fingerprint) not in _MISMATCH_WARNED:
+            _MISMATCH_WARNED.add((want, info.fingerprint))
+            warnings.warn(f"artifact compiled for {spec.device.get('name')} ({want}), running on {info.name} "
+                          f"({info.fingerprint}): its configs and storage plan were chosen for {want}; recompile "
+                          f"with --device {info.fingerprint} to tune them for this one", TargetMismatchWarning,
+                          stacklevel=3)
+        self.device = dev
+        try:
+            self._load(progress)
+        except BaseException:
+            self.device = None  # nothing half-loaded stays behind: a later call starts over
+            raise
+        self.load_stats["seconds"] = time.perf_counter() - t0
+        return self
+
+    def _load(self, progress: bool) -> None:
         import pyopencl as cl
 
-        from tuner.runtime.device import Device, open_device
         from tuner.runtime.memory import DeviceArray, alloc, upload
         from tuner.runtime.program import build_program
-        self.spec, self.sources, self.params = spec, sources, params
-        self.device = device if isinstance(device, Device) else open_device(device)
-        info = self.device.info
-        if spec.device.get("fingerprint") not in (None, info.fingerprint):
-            warnings.warn(f"artifact compiled for {spec.device.get('name')} ({spec.device.get('fingerprint')}), "
-                          f"running on {info.name} ({info.fingerprint}): its configs were chosen for the other device")
+        spec, sources, params, dev = self.spec, self.sources, self.params, self.device
         self.pools = {}
         for p in spec.pools:
             self.pools[p.storage_id] = (alloc(self.device, "global", p.shape, np.uint8) if p.scope == "global"
@@ -133,21 +205,36 @@ class Module:
             upload(self.device, self.arrays[f"p:{b.key}"], params[b.key])
         for b in spec.workspaces:
             self.arrays[f"w:{b.key}"] = alloc(self.device, b.scope, b.physical_shape, np.dtype(b.dtype))
-        self._programs = {n.source: build_program(self.device, sources[n.source]) for n in spec.nodes}
+        stats: dict = {}
+        names = list(dict.fromkeys(n.source for n in spec.nodes))
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=len(names), desc="build", unit="program", dynamic_ncols=True)
+        self._programs = {}
+        for name in names:
+            self._programs[name] = build_program(dev, sources[name], cache_dir=self.cache_dir, stats=stats)
+            if bar is not None:
+                bar.update(1)
+        if bar is not None:
+            bar.close()
         self._launches = []  # (node index, cl.Kernel, global, local, [mem])
         for i, n in enumerate(spec.nodes):
             for c in n.calls:
                 k = cl.Kernel(self._programs[n.source], c.kernel)
                 mems = [self.arrays[a].mem for a in c.args]
                 self._launches.append((i, k, tuple(c.global_size), tuple(c.local_size), mems))
+        self.load_stats = {"programs": len(names), **{k: stats.get(k, 0) for k in ("source", "binary", "memory")}}
 
     # -- running -----------------------------------------------------------------------------------------
     def _enqueue(self) -> list:
+        self.load()
         q = self.device.queue
         return [(i, k(q, g, l, *mems)) for i, k, g, l, mems in self._launches]
 
     def set_inputs(self, inputs) -> None:
         from tuner.runtime.memory import upload
+        self.load()
         if isinstance(inputs, np.ndarray):
             inputs = [inputs]
         if isinstance(inputs, dict):
@@ -167,6 +254,7 @@ class Module:
 
     def get_outputs(self) -> list:
         from tuner.runtime.memory import download
+        self.load()
         return [download(self.device, self.arrays[f"t:{n}"]).reshape(self.spec.entries[n].shape).astype(np.float32)
                 for n in self.spec.outputs]
 
@@ -180,6 +268,7 @@ class Module:
 
     def time(self, repeats: int = 20, warmup: int = 2) -> list:
         """Seconds per run (wall clock of enqueuing every kernel and waiting; inputs already uploaded)."""
+        self.load()
         for _ in range(warmup):
             self._enqueue()
         self.device.queue.finish()
@@ -194,6 +283,7 @@ class Module:
     def profile(self, repeats: int = 10) -> dict:
         """Per-node kernel time (median over runs, from profiling events) and the whole-run latency."""
         per_node = [[] for _ in self.spec.nodes]
+        self.load()
         self._enqueue()
         for _ in range(repeats):
             events = self._enqueue()
@@ -208,6 +298,7 @@ class Module:
             med = statistics.median(costs) if costs else 0.0
             rows.append({"node": n.name, "op": n.op, "template": n.template,
                          "scopes": ",".join(f"{k[0]}={v}" for k, v in (n.scopes or {}).items()),
+                         "storage": self.node_storage(n),
                          "tuned": n.tuned, "median_s": med,
                          "gflops": n.flops / med / 1e9 if med and n.flops else None})
         latency = statistics.median(self.time(repeats))
@@ -216,6 +307,17 @@ class Module:
                 "kernel_total_s": sum(r["median_s"] for r in rows), "total_s": latency}
 
     # -- describing and saving -----------------------------------------------------------------------------
+    def node_storage(self, node: Node) -> str:
+        """``texture`` / ``buffer`` / ``mixed`` over a node's operands: a tuned layer's input, weight and
+        output scopes; a glue kernel's tensors, parameters and workspaces."""
+        if node.scopes:
+            return storage_label(node.scopes.values())
+        blobs = {f"p:{b.key}": b.scope for b in self.spec.params}
+        blobs.update({f"w:{b.key}": b.scope for b in self.spec.workspaces})
+        scopes = [self.spec.entries[a[2:]].storage_scope if a.startswith("t:") else blobs[a]
+                  for c in node.calls for a in c.args]
+        return storage_label(scopes)
+
     def memory_summary(self) -> str:
         lines = [f"{'scope':<8} {'pools':>5} {'planned':>12} {'one per tensor':>15} {'saving':>7}"]
         for scope, m in self.spec.memory.items():
@@ -246,8 +348,10 @@ def _mb(n: int) -> str:
     return f"{n / 2**20:.2f} MiB"
 
 
-def load_module(path, device=None) -> Module:
-    """A saved artifact, ready to run (no ONNX file, no templates needed)."""
+def load_module(path, device=None, cache: bool = True) -> Module:
+    """A saved artifact, ready to run (no ONNX file, no templates needed). ``device``: a Device or spec; by
+    default the attached device the artifact was compiled for, else the default device (another fingerprint
+    warns once). ``cache``: build from, and keep, program binaries in ``<path>/binaries/``."""
     d = Path(path)
     if not (d / "graph.json").exists():
         raise TunerError(f"{d} is not a compiled model: no graph.json (make one with `tuner compile MODEL -o {d}`)")
@@ -255,4 +359,4 @@ def load_module(path, device=None) -> Module:
     sources = {n.source: (d / "kernels" / n.source).read_text() for n in spec.nodes}
     with np.load(d / "params.npz") as z:
         params = {k: z[k] for k in z.files}
-    return Module(spec, sources, params, device)
+    return Module(spec, sources, params, device, cache_dir=d / BINARIES if cache else None)

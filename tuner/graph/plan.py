@@ -92,7 +92,6 @@ def _kind(shape) -> str:
 
 def lower_graph(g: Graph, dtype: str = "float32") -> Plan:
     """The optimized graph (``passes.optimize``) as steps; ``dtype`` is the storage type (float32/float16)."""
-    from tuner.templates import get_template
     if dtype not in ("float32", "float16"):
         raise TunerError(f"storage dtype {dtype!r}: float32 or float16")
     tensors: dict = {}
@@ -111,74 +110,14 @@ def lower_graph(g: Graph, dtype: str = "float32") -> Plan:
     out_rename = {y: f"{y}.packed" for y in g.outputs if y not in g.inputs}
     rename.update(out_rename)
 
+    from .lowering import LowerCtx, rule_for
+    ctx = LowerCtx(g, dtype, steps, extra, packed)
     for node in g.nodes:
         out = out_rename.get(node.outputs[0], node.outputs[0])
         shape = tuple(g.shapes[node.outputs[0]])
         tensors[out] = Tensor(out, shape, _kind(shape))
         ins = [packed(t) for t in node.inputs]
-        a = node.attrs
-        act = a.get("activation", "none")
-        if node.op in ("conv2d", "dense"):
-            bias = next((t for t in node.inputs[2:] if t in g.params), None)
-            res = a.get("residual")
-            w_shape = tuple(g.shapes[node.inputs[1]])
-            if node.op == "dense":
-                op, fields = "dense", dict(data=tuple(g.shapes[node.inputs[0]]), weight=w_shape)
-            else:
-                groups, c = a.get("groups", 1), g.shapes[node.inputs[0]][1]
-                if groups == 1:
-                    op = "conv2d"
-                elif groups == c == w_shape[0] and w_shape[1] == 1:
-                    op = "depthwise_conv2d"
-                else:
-                    raise TunerError(f"node {node.name!r}: conv2d with groups={groups} on {c} channels; supported "
-                                     f"are groups=1 and depthwise (groups = input = output channels)")
-                fields = dict(data=tuple(g.shapes[node.inputs[0]]), kernel=w_shape, stride=tuple(a["stride"]),
-                              padding=tuple(a["padding"]), dilation=tuple(a["dilation"]), residual=res is not None)
-            wl = get_template(op).workload(**fields, dtype=dtype, bias=bias is not None, activation=act)
-            inputs = {"X": ins[0], "Wt": node.inputs[1]}
-            if bias is not None:
-                inputs["B"] = bias
-            if res is not None:
-                inputs["Res"] = packed(res)
-            steps.append(Step(node.name, op, inputs, out, workload=wl))
-        elif node.op in ("add", "relu", "clip"):
-            acts = [t for t in ins if t not in g.params]
-            const = [t for t in ins if t in g.params]
-            attrs = {"op": node.op, "activation": act}
-            if node.op == "clip":
-                attrs["clip"] = (float(a.get("min", -np.inf)), float(a.get("max", np.inf)))
-            if node.op == "add" and const:  # the frontend's constants broadcast per channel
-                c = shape[1]
-                v = np.broadcast_to(g.params[const[0]], shape)
-                per_channel = v.reshape(shape[0], c, -1)[0, :, 0] if len(shape) == 4 else v[0]
-                if not np.array_equal(np.broadcast_to(per_channel.reshape((1, c) + (1,) * (len(shape) - 2)), shape), v):
-                    raise TunerError(f"node {node.name!r}: add of a constant that is not one value per channel")
-                extra[f"{node.name}.bias"] = np.ascontiguousarray(per_channel, np.float32)
-                inputs = {"X": acts[0], "B": f"{node.name}.bias"}
-                attrs["op"] = "bias_add"
-            elif node.op == "add":
-                inputs = {"X0": acts[0], "X1": acts[1]}
-            else:
-                inputs = {"X": acts[0]}
-            steps.append(Step(node.name, "elementwise", inputs, out, attrs))
-        elif node.op in ("global_avg_pool", "avg_pool", "max_pool"):
-            h, w = g.shapes[node.inputs[0]][2:]
-            attrs = ({"kind": "avg", "kernel": (h, w), "stride": (1, 1), "padding": (0, 0, 0, 0),
-                      "count_include_pad": False} if node.op == "global_avg_pool" else
-                     {"kind": node.op[:3], "kernel": tuple(a["kernel"]), "stride": tuple(a["stride"]),
-                      "padding": tuple(a["padding"]), "count_include_pad": bool(a.get("count_include_pad", False))})
-            steps.append(Step(node.name, "pool", {"X": ins[0]}, out, attrs))
-        elif node.op in ("flatten", "reshape"):
-            steps.append(Step(node.name, "relayout", {"X": ins[0]}, out))
-        elif node.op == "concat":
-            if a.get("axis", 1) not in (1, -3) or len(shape) != 4:
-                raise TunerError(f"node {node.name!r}: concat along axis {a.get('axis')}; only channels (axis 1) of "
-                                 f"NCHW tensors are supported")
-            steps.append(Step(node.name, "concat", {f"X{i}": t for i, t in enumerate(ins)}, out))
-        else:
-            raise TunerError(f"node {node.name!r}: operator {node.op!r} has no kernel; run passes.optimize first "
-                             f"(BatchNorm is folded there)")
+        rule_for(node.op, node.name)(ctx, node, ins, out, shape)
         for t in ins:
             if t not in g.params and t not in tensors:
                 raise TunerError(f"node {node.name!r} reads {t!r}, which no earlier step produces")

@@ -140,9 +140,15 @@ class Executable:
         return self.outputs_of(arrays)
 
 
+def generate(k: "Kernel | Program", trace: list | None = None) -> tuple:
+    """Lower and generate OpenCL: ``(lowered Program, source)``. Needs no device (compiling for a target
+    that is not attached builds nothing; the source is built on the target when it loads)."""
+    prog = lower(k, trace=trace)
+    return prog, program_source(prog)
+
+
 def build(k: "Kernel | Program", device=None, trace: list | None = None) -> Executable:
     """Lower, generate OpenCL and compile (cached) for ``device`` (a Device, spec string/index, or None)."""
     dev = device if isinstance(device, Device) else open_device(device)
-    prog = lower(k, trace=trace)
-    source = program_source(prog)
+    prog, source = generate(k, trace)
     return Executable(prog, dev, source, build_program(dev, source))

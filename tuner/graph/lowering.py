@@ -1,0 +1,204 @@
+"""Per-operator rules, one owner per graph operator: how a graph node becomes a ``Step`` (``plan.lower_graph``)
+and how a glue step becomes an IR kernel (``compiler``). Add an operator by registering its two rules here or in
+a module listed in ``RULE_MODULES``, not by editing the loops that use them.
+
+- ``@lowers("op", ...)``: ``rule(ctx, node, ins, out, shape)`` appends the node's step(s) with ``ctx.add``;
+  ``ins`` are the node's inputs as packed tensor or param names, ``out``/``shape`` its output tensor.
+- ``@glue("step_op")``: ``build(step, plan, max_work_group) -> Kernel`` for a step that is not a tuned template.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from tuner.errors import TunerError
+
+LOWER: dict[str, Callable] = {}
+GLUE: dict[str, Callable] = {}
+# Modules whose import registers more rules (kept separate so operator families stay in their own files).
+RULE_MODULES: list[str] = []
+
+
+def lowers(*ops: str):
+    def deco(fn):
+        for op in ops:
+            LOWER[op] = fn
+        return fn
+    return deco
+
+
+def glue(op: str):
+    def deco(fn):
+        GLUE[op] = fn
+        return fn
+    return deco
+
+
+def load_rules() -> None:
+    for mod in RULE_MODULES:
+        importlib.import_module(mod)
+
+
+@dataclass
+class LowerCtx:
+    """What a rule sees of the graph being lowered."""
+    graph: object  # Graph
+    dtype: str
+    steps: list
+    extra: dict = field(default_factory=dict)  # params made while lowering (name -> array)
+    packed: Callable = lambda name: name  # a graph tensor's name in the plan (inputs/outputs get ".packed")
+
+    def add(self, step) -> None:
+        self.steps.append(step)
+
+    def shape(self, name: str) -> tuple:
+        return tuple(self.graph.shapes[name])
+
+    def is_param(self, name: str) -> bool:
+        return name in self.graph.params
+
+
+def rule_for(op: str, node_name: str) -> Callable:
+    load_rules()
+    rule = LOWER.get(op)
+    if rule is None:
+        raise TunerError(f"node {node_name!r}: operator {op!r} has no kernel; run passes.optimize first "
+                         f"(BatchNorm is folded there); lowered operators: {', '.join(sorted(LOWER))}")
+    return rule
+
+
+def glue_builder(op: str, step_name: str) -> Callable:
+    load_rules()
+    build = GLUE.get(op)
+    if build is None:
+        raise TunerError(f"step {step_name!r}: no kernel for {op!r}")
+    return build
+
+
+# -- tuned templates ------------------------------------------------------------------------------------------
+
+@lowers("conv2d", "dense")
+def lower_template(ctx: LowerCtx, node, ins, out, shape):
+    from tuner.templates import get_template
+
+    from .plan import Step
+    g, a = ctx.graph, node.attrs
+    bias = next((t for t in node.inputs[2:] if t in g.params), None)
+    res = a.get("residual")
+    w_shape = tuple(g.shapes[node.inputs[1]])
+    if node.op == "dense":
+        op, fields = "dense", dict(data=tuple(g.shapes[node.inputs[0]]), weight=w_shape)
+    else:
+        groups, c = a.get("groups", 1), g.shapes[node.inputs[0]][1]
+        if groups == 1:
+            op = "conv2d"
+        elif groups == c == w_shape[0] and w_shape[1] == 1:
+            op = "depthwise_conv2d"
+        else:
+            raise TunerError(f"node {node.name!r}: conv2d with groups={groups} on {c} channels; supported "
+                             f"are groups=1 and depthwise (groups = input = output channels)")
+        fields = dict(data=tuple(g.shapes[node.inputs[0]]), kernel=w_shape, stride=tuple(a["stride"]),
+                      padding=tuple(a["padding"]), dilation=tuple(a["dilation"]), residual=res is not None)
+    wl = get_template(op).workload(**fields, dtype=ctx.dtype, bias=bias is not None,
+                                   activation=a.get("activation", "none"))
+    inputs = {"X": ins[0], "Wt": node.inputs[1]}
+    if bias is not None:
+        inputs["B"] = bias
+    if res is not None:
+        inputs["Res"] = ctx.packed(res)
+    ctx.add(Step(node.name, op, inputs, out, workload=wl))
+
+
+# -- glue: elementwise ----------------------------------------------------------------------------------------
+
+@lowers("add", "relu", "clip")
+def lower_elementwise(ctx: LowerCtx, node, ins, out, shape):
+    from .plan import Step
+    g, a = ctx.graph, node.attrs
+    acts = [t for t in ins if t not in g.params]
+    const = [t for t in ins if t in g.params]
+    attrs = {"op": node.op, "activation": a.get("activation", "none")}
+    if node.op == "clip":
+        attrs["clip"] = (float(a.get("min", -np.inf)), float(a.get("max", np.inf)))
+    if node.op == "add" and const:  # the frontend's constants broadcast per channel
+        c = shape[1]
+        v = np.broadcast_to(g.params[const[0]], shape)
+        per_channel = v.reshape(shape[0], c, -1)[0, :, 0] if len(shape) == 4 else v[0]
+        if not np.array_equal(np.broadcast_to(per_channel.reshape((1, c) + (1,) * (len(shape) - 2)), shape), v):
+            raise TunerError(f"node {node.name!r}: add of a constant that is not one value per channel")
+        ctx.extra[f"{node.name}.bias"] = np.ascontiguousarray(per_channel, np.float32)
+        inputs = {"X": acts[0], "B": f"{node.name}.bias"}
+        attrs["op"] = "bias_add"
+    elif node.op == "add":
+        inputs = {"X0": acts[0], "X1": acts[1]}
+    else:
+        inputs = {"X": acts[0]}
+    ctx.add(Step(node.name, "elementwise", inputs, out, attrs))
+
+
+@glue("elementwise")
+def build_elementwise(s, plan, max_wg):
+    from . import kernels as K
+    out, acts = plan.tensors[s.output], [x for k, x in s.inputs.items() if k != "B"]
+    in_scopes = [plan.tensors[x].scope for x in acts] + ([plan.tensors[acts[0]].scope] if "B" in s.inputs else [])
+    return K.elementwise_kernel(out.shape, s.attrs["op"], plan.dtype, in_scopes, out.scope,
+                                activation=s.attrs["activation"], clip=s.attrs.get("clip", (0.0, 6.0)),
+                                max_work_group=max_wg)
+
+
+# -- glue: pooling --------------------------------------------------------------------------------------------
+
+@lowers("global_avg_pool", "avg_pool", "max_pool")
+def lower_pool(ctx: LowerCtx, node, ins, out, shape):
+    from .plan import Step
+    a = node.attrs
+    h, w = ctx.shape(node.inputs[0])[2:]
+    attrs = ({"kind": "avg", "kernel": (h, w), "stride": (1, 1), "padding": (0, 0, 0, 0),
+              "count_include_pad": False} if node.op == "global_avg_pool" else
+             {"kind": node.op[:3], "kernel": tuple(a["kernel"]), "stride": tuple(a["stride"]),
+              "padding": tuple(a["padding"]), "count_include_pad": bool(a.get("count_include_pad", False))})
+    ctx.add(Step(node.name, "pool", {"X": ins[0]}, out, attrs))
+
+
+@glue("pool")
+def build_pool(s, plan, max_wg):
+    from . import kernels as K
+    a, x, out = s.attrs, plan.tensors[s.inputs["X"]], plan.tensors[s.output]
+    return K.pool_kernel(x.shape, a["kind"], a["kernel"], a["stride"], a["padding"], a["count_include_pad"],
+                         plan.dtype, x.scope, out.scope, max_wg)
+
+
+# -- glue: data movement --------------------------------------------------------------------------------------
+
+@lowers("flatten", "reshape")
+def lower_relayout(ctx: LowerCtx, node, ins, out, shape):
+    from .plan import Step
+    ctx.add(Step(node.name, "relayout", {"X": ins[0]}, out))
+
+
+@glue("relayout")
+def build_relayout(s, plan, max_wg):
+    from . import kernels as K
+    src, out = plan.tensors[s.inputs["X"]], plan.tensors[s.output]
+    return K.relayout_kernel(src.shape, out.shape, plan.dtype, "buffer" if src.kind == "plain" else src.scope,
+                             src.layout, "buffer" if out.kind == "plain" else out.scope, out.layout, max_wg)
+
+
+@lowers("concat")
+def lower_concat(ctx: LowerCtx, node, ins, out, shape):
+    from .plan import Step
+    if node.attrs.get("axis", 1) not in (1, -3) or len(shape) != 4:
+        raise TunerError(f"node {node.name!r}: concat along axis {node.attrs.get('axis')}; only channels (axis 1) "
+                         f"of NCHW tensors are supported")
+    ctx.add(Step(node.name, "concat", {f"X{i}": t for i, t in enumerate(ins)}, out))
+
+
+@glue("concat")
+def build_concat(s, plan, max_wg):
+    from . import kernels as K
+    acts = list(s.inputs.values())
+    return K.concat_kernel([plan.tensors[x].shape for x in acts], plan.dtype, [plan.tensors[x].scope for x in acts],
+                           plan.tensors[s.output].scope, max_work_group=max_wg)
