@@ -3,23 +3,20 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
 
+from tuner.console import ELLIPSIS, format_table, terminal_width
 from tuner.errors import TunerError
 
 FORMATS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".json": "json", ".jsonl": "json"}
 
 
-def format_table(headers: list, rows: list, right: set = frozenset()) -> str:
-    """Plain text columns; ``right``: indices of right-aligned (numeric) columns."""
-    cells = [[str(c) for c in headers]] + [[str(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    fmt = lambda r: "  ".join(c.rjust(w) if i in right else c.ljust(w)  # noqa: E731
-                              for i, (c, w) in enumerate(zip(r, widths))).rstrip()
-    return "\n".join([fmt(cells[0]), fmt(["-" * w for w in widths])] + [fmt(r) for r in cells[1:]])
+def _width(args) -> int | None:
+    """Tables printed to stdout fit the terminal (100 columns when it is not one); a file (-o) gets every
+    character, as do the csv/parquet/json exports."""
+    return None if getattr(args, "output", None) else terminal_width()
 
 
 def _missing(x) -> bool:
@@ -75,7 +72,21 @@ def _format(args, allowed=("table", "csv", "parquet", "json")) -> str:
 
 # ------------------------------------------------------------------------------------------------ logs
 
-def summary_table(summary) -> str:
+NARROW = "(cut to fit {width} columns: the full data with --format csv|json, or -o FILE)"
+
+
+def _fitted(text: str, width: int | None, full_header: list) -> str:
+    """``text`` plus a note when fitting it to ``width`` cut a cell or left a column out."""
+    header = text.split("\n", 1)[0].split()
+    if width is not None and (ELLIPSIS in text or len(header) < len(" ".join(full_header).split())):
+        text += "\n" + NARROW.format(width=width)
+    return text
+
+
+def summary_table(summary, width: int | None = None) -> str:
+    """One line per task; with ``width``: the config cut first, then ``best at`` and the config left out,
+    then the failures and the task label cut."""
+    from tuner.analysis.summary import knobs_text
     fails = [c for c in summary.columns if c.startswith("failed.")]
     several = summary["device"].nunique() > 1
     rows = []
@@ -84,16 +95,32 @@ def summary_table(summary) -> str:
         rows.append(([r["device"]] if several else []) + [
             r["task"], r["trials"], r["ok"], failures, _num(r["best_gflops"], ".4g"), _ms(r["best_median_s"]),
             _num(r["best_at"], "d"),
-            "-" if _missing(r["best_config"]) else r["best_config"]])
-    head = (["device"] if several else []) + ["task", "trials", "ok", "failures", "best GFLOP/s", "best ms",
+            "-" if _missing(r["best_config"]) else knobs_text(r["best_config"])])
+    head = (["device"] if several else []) + ["task", "trials", "ok", "failures", "GFLOP/s", "best ms",
                                               "best at", "best config"]
     k = int(several)
-    return format_table(head, rows, right={k + 1, k + 2, k + 4, k + 5, k + 6})
+    fit = [("shrink", k + 7, 24), ("drop", k + 6), ("shrink", k + 3, 12), ("drop", k + 7),
+           ("shrink", k, 32, "middle")]
+    return _fitted(format_table(head, rows, right={k + 1, k + 2, k + 4, k + 5, k + 6}, width=width, fit=fit),
+                   width, head)
+
+
+def best_table(best, width: int | None = None) -> str:
+    """The best record of each task (``--best``); with ``width``: the config cut first, then the task label."""
+    from tuner.analysis.summary import config_of, knobs_text
+    several = best["device"].nunique() > 1
+    head = (["device"] if several else []) + ["task", "GFLOP/s", "ms", "trial", "config"]
+    rows = [([r["device"]] if several else []) + [r["task"], _num(r["gflops"], ".4g"), _ms(r["median_s"]),
+                                                  _num(r["trial"], "d"), knobs_text(config_of(r))]
+            for _, r in best.iterrows()]
+    k = int(several)
+    fit = [("shrink", k + 4, 24), ("shrink", k + 4, 12), ("shrink", k, 32, "middle"), ("shrink", 0, 12)]
+    return _fitted(format_table(head, rows, right={k + 1, k + 2, k + 3}, width=width, fit=fit), width, head)
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
     from tuner.analysis.compare import select_device
-    from tuner.analysis.summary import best_rows, config_of, summarize
+    from tuner.analysis.summary import best_rows, summarize
     if args.storage or args.study:  # shared studies (tuner worker) -> a normal JSONL log, then as usual
         from tuner.search.worker import export_study_records
         if not (args.storage and args.study and len(args.paths) == 1):
@@ -107,14 +134,10 @@ def cmd_logs(args: argparse.Namespace) -> int:
         _export(args, best_rows(df) if args.best else df, fmt)
         return 0
     if args.best:
-        best = best_rows(df)
-        text = format_table(["task", "device", "GFLOP/s", "ms", "trial", "config"],
-                            [[r["task"], r["device"], _num(r["gflops"], ".4g"), _ms(r["median_s"]),
-                              _num(r["trial"], "d"),
-                              json.dumps(config_of(r))] for _, r in best.iterrows()], right={2, 3, 4})
+        text = best_table(best_rows(df), _width(args))
     else:
         s = summarize(df)
-        text = summary_table(s)
+        text = summary_table(s, _width(args))
         devices = df[["device", "device_name"]].drop_duplicates("device")
         text += (f"\n\n{len(df)} records, {len(s)} tasks, {int(df['ok'].sum())} successful; device"
                  f"{'s' if len(devices) > 1 else ''}: "
@@ -125,24 +148,32 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------------------------- compare
 
-def compare_table(cmp, totals) -> str:
-    rows = []
+def _side(r, side: str, detail: int) -> str:
+    """One side's best: ``0.05 ms, 4.5e+03 GFLOP/s (16 ok)`` at detail 2, without GFLOP/s at 1, ms only at 0."""
+    if r[f"{side}_ok"] == 0:
+        return "not tuned" if r[f"{side}_trials"] == 0 else f"all {r[f'{side}_trials']} failed"
+    gflops = f", {_num(r[f'{side}_gflops'], '.3g')} GFLOP/s" if detail > 1 else ""
+    return f"{_ms(r[f'{side}_median_s'])} ms{gflops}" + (f" ({r[f'{side}_ok']} ok)" if detail else "")
+
+
+def compare_table(cmp, totals, width: int | None = None) -> str:
+    """Best texture against best buffer per workload. With ``width``: the most detail that fits without cutting
+    a workload label, then the labels cut (the exports and the report have every number)."""
+    from tuner.analysis.compare import loss_summary
     several = cmp["device"].nunique() > 1
-    for _, r in cmp.iterrows():
-        sides = []
-        for side in ("texture", "buffer"):
-            if r[f"{side}_ok"] == 0:
-                sides.append("not tuned" if r[f"{side}_trials"] == 0 else f"all {r[f'{side}_trials']} failed")
-            else:
-                sides.append(f"{_ms(r[f'{side}_median_s'])} ms, {_num(r[f'{side}_gflops'], '.3g')} GFLOP/s "
-                             f"({r[f'{side}_ok']} ok)")
-        compared = not _missing(r["pick"])
-        rows.append(([r["device"]] if several else []) + [
-            r["workload"], *sides, _num(r["texture_speedup"], ".2f") + ("x" if compared else ""),
-            r["pick"] if compared else "too few trials"])
     head = (["device"] if several else []) + ["workload", "best texture", "best buffer", "texture speedup",
                                               "--scope auto"]
-    lines = [format_table(head, rows, right={len(head) - 2})]
+    k = int(several)
+    fit = [("shrink", k, 28, "middle"), ("shrink", 0, 12)]
+    for detail in (2, 1, 0):
+        rows = [([r["device"]] if several else []) + [
+            r["workload"], _side(r, "texture", detail), _side(r, "buffer", detail),
+            _num(r["texture_speedup"], ".2f") + ("" if _missing(r["pick"]) else "x"),
+            "too few trials" if _missing(r["pick"]) else r["pick"]] for _, r in cmp.iterrows()]
+        table = format_table(head, rows, right={len(head) - 2}, width=width, fit=fit)
+        if width is None or ELLIPSIS not in table:
+            break
+    lines = [_fitted(table, width, head)]
     notes = [f"  {r['workload']}: {r['note']}" for _, r in cmp.iterrows() if r["note"]]
     if notes:
         lines += ["", "not compared:"] + notes
@@ -155,6 +186,7 @@ def compare_table(cmp, totals) -> str:
             f"(each unique workload once): texture {_ms(t['texture_s'])} ms, buffer {_ms(t['buffer_s'])} ms, "
             f"auto {_ms(t['auto_s'])} ms ({t['auto_vs_texture']:.2f}x over all-texture, "
             f"{t['auto_vs_buffer']:.2f}x over all-buffer; textures picked for {t['texture_picks']})")
+    lines += [f"\n{line}" for line in loss_summary(cmp)]
     return "\n".join(lines)
 
 
@@ -169,7 +201,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if cmp.empty:
         raise TunerError("the log has no all-texture or all-buffer tasks to compare; tune both with "
                          "`tuner tune-op ... --scope texture` and `--scope buffer`")
-    _output(args, compare_table(cmp, compare_totals(cmp)) + "\n")
+    _output(args, compare_table(cmp, compare_totals(cmp), _width(args)) + "\n")
     return 0
 
 
@@ -199,6 +231,7 @@ def _min_trials(text: str) -> int:
 
 def register(sub) -> None:
     """Add ``logs``, ``compare`` and ``report`` to the ``tuner`` command's subparsers."""
+    from tuner.graph.tuning import MIN_TRIALS  # one default for tune, compare and report
     paths_help = "JSONL tuning logs, directories of them, or globs (e.g. logs/ or 'logs/*.jsonl')"
     device_help = "only this device of the log: a fingerprint or a substring of it or of the device name"
 
@@ -218,8 +251,8 @@ def register(sub) -> None:
     p = sub.add_parser("compare", help="best texture config against best buffer config per workload")
     p.add_argument("paths", nargs="+", metavar="PATH", help=paths_help)
     p.add_argument("--device", "-d", metavar="SPEC", help=device_help)
-    p.add_argument("--min-trials", type=_min_trials, default=5, metavar="N",
-                   help="successful trials each side needs to be compared (default 5)")
+    p.add_argument("--min-trials", type=_min_trials, default=MIN_TRIALS, metavar="N",
+                   help=f"successful trials each side needs to be compared (default {MIN_TRIALS}, as `tune`)")
     p.add_argument("--format", choices=("table", "csv", "json"), help="table (default) or an export")
     p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
     p.set_defaults(func=cmd_compare)
@@ -230,7 +263,8 @@ def register(sub) -> None:
                    "DIR/profile.json")
     p.add_argument("-o", "--output", metavar="FILE", default="report.html", help="default report.html")
     p.add_argument("--device", "-d", metavar="SPEC", help=device_help)
-    p.add_argument("--min-trials", type=_min_trials, default=5, metavar="N",
-                   help="successful trials each scope needs in the texture/buffer comparison (default 5)")
+    p.add_argument("--min-trials", type=_min_trials, default=MIN_TRIALS, metavar="N",
+                   help=f"successful trials each scope needs in the texture/buffer comparison (default {MIN_TRIALS}, "
+                        "as `tune`)")
     p.add_argument("--title", default="Tuning report")
     p.set_defaults(func=cmd_report)

@@ -52,30 +52,50 @@ def cmd_zoo(args) -> int:
 
 def cmd_compile(args) -> int:
     from .compiler import compile_model
-    mod = compile_model(_model_path(args.model), log=args.log, device=args.device, scope=args.scope,
-                        dtype=args.dtype, input_shapes=_input_shapes(args.input_shape), progress=not args.no_progress)
+    if args.target and args.device:
+        raise TunerError("--device or --target: compile for an attached device or for a device profile, not both")
+    try:
+        mod = compile_model(_model_path(args.model), log=args.log, device=args.device, scope=args.scope,
+                            dtype=args.dtype, input_shapes=_input_shapes(args.input_shape),
+                            progress=not args.no_progress, target=args.target)
+    except TunerError as e:
+        if args.device and "no OpenCL device matches" in str(e):
+            raise TunerError(f"{e}\nto compile for a device that is not attached, pass its profile: --target "
+                             f"PROFILE.json, written on that device by `tuner devices --json --device D`") from None
+        raise
     mod.save(args.output)
     tuned = sum(n.tuned for n in mod.spec.nodes)
     total = sum(n.template is not None for n in mod.spec.nodes)
-    print(f"compiled {args.model} for {mod.device.info.name}: {len(mod.spec.nodes)} kernels, {tuned} of {total} "
-          f"tuned layers from the log -> {args.output}")
+    where = mod.spec.device
+    print(f"compiled {args.model} for {where['name']} ({where['fingerprint']}): {len(mod.spec.nodes)} kernels, "
+          f"{tuned} of {total} tuned layers from the log -> {args.output}")
+    if mod.device is None:
+        print("nothing built here: the kernels build on the first load on that device (`tuner run DIR`)")
     print(mod.memory_summary())
     return 0
 
 
-def print_profile(prof: dict, file=sys.stdout) -> None:
-    print(f"{'node':<28} {'op':<17} {'scopes':<20} {'config':<8} {'ms':>8} {'GFLOP/s':>8}", file=file)
-    for r in prof["rows"]:
-        g = f"{r['gflops']:.3g}" if r["gflops"] else "-"
-        cfg = ("tuned" if r["tuned"] else "fallback") if r["template"] else ""
-        print(f"{r['node'][:28]:<28} {r['op']:<17} {r['scopes']:<20} {cfg:<8} {r['median_s'] * 1e3:>8.3f} {g:>8}",
-              file=file)
+def print_profile(prof: dict, file=None) -> None:
+    """The per-layer table, every column as wide as its widest cell (text left, numbers right)."""
+    file = file if file is not None else sys.stdout  # looked up now: sys.stdout may have been replaced
+    head = ("node", "op", "storage", "scopes", "config", "ms", "GFLOP/s")
+    rows = [(r["node"], r["op"], r.get("storage", ""), r["scopes"],
+             ("tuned" if r["tuned"] else "fallback") if r["template"] else "", f"{r['median_s'] * 1e3:.3f}",
+             f"{r['gflops']:.3g}" if r["gflops"] else "-") for r in prof["rows"]]
+    widths = [max(len(str(x[i])) for x in (head, *rows)) for i in range(len(head))]
+    right = {5, 6}
+    for x in (head, *rows):
+        print("  ".join(f"{str(c):>{w}}" if i in right else f"{str(c):<{w}}" for i, (c, w) in
+                        enumerate(zip(x, widths))).rstrip(), file=file)
     print(f"kernels {prof['kernel_total_s'] * 1e3:.3f} ms, end to end {prof['total_s'] * 1e3:.3f} ms", file=file)
 
 
 def cmd_run(args) -> int:
     from .module import load_module
     mod = load_module(args.artifact, device=args.device)
+    st = mod.load_stats
+    print(f"loaded {args.artifact} on {mod.device.info.name} ({mod.device.fingerprint}) in {st['seconds']:.3f} s: "
+          f"{st['programs']} programs, {st['binary']} from cached binaries, {st['source']} built from source")
     shapes = [mod.spec.entries[n].shape for n in mod.spec.inputs]
     if args.input:
         try:
@@ -133,17 +153,33 @@ def cmd_tune(args) -> int:
     if args.workers is not None:
         return _tune_shared(args)
 
-    from .tuning import describe, tune_model
+    from .tuning import tune_model
     res = tune_model(_model_path(args.model), log=args.log, trials=args.trials, device=args.device,
                      scope=args.scope, storage=args.storage, sampler=args.sampler, seed=args.seed, dtype=args.dtype,
                      input_shapes=_input_shapes(args.input_shape), min_trials=args.min_trials,
                      options=MeasureOptions(n_parallel=args.parallel, repeats=args.repeats),
-                     progress=not args.no_progress)
-    print(f"{len(res.tasks)} tasks, {res.measured} measured now, log {res.log}")
-    for task, budget, measured, best in res.tasks:
-        b = f"{best.gflops:8.3g} GFLOP/s" if best is not None and best.ok else "   (no new best)"
-        print(f"  x{task.count} {describe(task):<60} budget {budget:>3}  new {measured:>3}  {b}")
-    return 0
+                     progress=not args.no_progress, early_stopping=args.early_stopping,
+                     say=lambda line: print(line, flush=True))
+    _print_tune_summary(res)
+    return 1 if res.failed else 0
+
+
+def _print_tune_summary(res) -> None:
+    """Per task its budget, new measurements and best; then the tasks without a valid measurement (they make
+    `tuner tune` exit 1) and the model's estimated latency, tuned against fallback configs."""
+    from .tuning import describe
+    print(f"{len(res.tasks)} tasks, {res.measured} measured now (planned {res.planned}), log {res.log}")
+    for tr in res.tasks:
+        b = f"{tr.best.gflops:8.3g} GFLOP/s" if tr.best is not None else f"  {tr.failure_text()}"
+        early = "  (stopped early)" if tr.stopped_early else ""
+        print(f"  x{tr.task.count} {describe(tr.task):<44} budget {tr.budget:>3}  new {tr.measured:>3}  {b}{early}")
+    if res.failed:
+        print(f"{len(res.failed)} of {len(res.tasks)} tasks have no valid measurement (exit status 1); see "
+              f"`tuner logs {res.log}` for the error messages:")
+        for tr in res.failed:
+            print(f"  {describe(tr.task)}: {tr.failure_text()}")
+    if res.estimate is not None:
+        print(res.estimate.text())
 
 
 def cmd_demo(args) -> int:
@@ -168,6 +204,7 @@ def cmd_demo(args) -> int:
                      storage=f"sqlite:///{out / 'studies.db'}", options=MeasureOptions(repeats=3), progress=True,
                      compare_scopes=False)
     print(f"tuned {len(res.tasks)} tasks, {res.measured} measurements in {time.perf_counter() - t0:.0f} s -> {log}")
+    print(res.estimate.text())
     mod = compile_model(model, log=log, device=dev, scope=args.scope, progress=True)
     mod.save(out / "artifact")
     mod = load_module(out / "artifact", device=dev)
@@ -199,6 +236,8 @@ def register(sub) -> None:
     p.add_argument("model", help="ONNX file")
     p.add_argument("--log", metavar="PATH", help="tuning log(s): a file or glob (default: none, fallback configs)")
     p.add_argument("-o", "--output", required=True, metavar="DIR")
+    p.add_argument("--target", metavar="PROFILE.json", help="compile for a device that need not be attached: its "
+                   "profile from `tuner devices --json --device D` on it (kernels build on its first load there)")
     p.add_argument("--no-progress", action="store_true")
     _add_model_args(p, "texture, buffer, or auto: per layer the scope the log measured faster (default)")
     p.set_defaults(func=cmd_compile)
@@ -216,7 +255,11 @@ def register(sub) -> None:
     p.add_argument("model", help="ONNX file")
     p.add_argument("--log", metavar="PATH", help="JSONL log (default logs/<device fingerprint>.jsonl)")
     p.add_argument("--trials", type=int, default=200, help="measurements for the whole model (default 200)")
-    p.add_argument("--min-trials", type=int, default=4, help="at least this many per task (default 4)")
+    from .tuning import MIN_TRIALS
+    p.add_argument("--min-trials", type=int, default=MIN_TRIALS, metavar="N",
+                   help=f"at least this many per task (default {MIN_TRIALS}, what `compare` needs per side)")
+    p.add_argument("--early-stopping", type=int, metavar="N", help="each task stops after N measurements without "
+                   "improvement (its unspent budget is not measured)")
     p.add_argument("--storage", metavar="URL", help="Optuna storage (default sqlite beside the log)")
     p.add_argument("--sampler", choices=("xgb", "tpe", "random"), default="xgb")
     p.add_argument("--seed", type=int, default=0)

@@ -105,12 +105,18 @@ def workload_of(t, key: dict):
 def tune(template, workload, device=None, trials: int = 32, log: str | None = None, storage: str | None = None,
          sampler: str = "xgb", scopes: dict | None = None, seed: int | None = 0, early_stopping: int | None = None,
          batch: int | None = None, options: MeasureOptions | None = None, progress: bool = True,
-         transfer: bool = True, fixed: dict | None = None, measurer: Measurer | None = None) -> TuneResult:
+         transfer: bool = True, fixed: dict | None = None, measurer: Measurer | None = None,
+         fallback_first: bool = False) -> TuneResult:
     """Measure up to ``trials`` new configs of ``template`` (a registered name, or ``"module:ATTRIBUTE"``)
     on ``workload`` with ``sampler`` (xgb, tpe or random), stopping early after ``early_stopping``
     measurements without improvement. ``fixed`` pins knobs (a model pins its activation layout so that the
     kernel tuned is the kernel deployed). ``measurer``: an open Measurer to reuse (a model's tasks share
-    one set of worker processes instead of starting them per task)."""
+    one set of worker processes instead of starting them per task). ``fallback_first``: the template's
+    fallback config is the first trial (unless the log has it), so tuned and untuned can be compared.
+
+    Ctrl-C (KeyboardInterrupt) propagates: the trials it cut short are told to the study first (their
+    measurement when the log has it, else failed), so no trial is left running and nothing in the log is
+    measured again by a re-run."""
     from tuner.runtime.device import DeviceInfo, choose_device
     from tuner.templates import get_template
     spec = template if isinstance(template, str) else template.name  # measuring processes look it up again
@@ -144,6 +150,8 @@ def tune(template, workload, device=None, trials: int = 32, log: str | None = No
                                  "device": info.fingerprint})
     dists = {n: CategoricalDistribution(c) for n, c in space.choices.items()}
     _recover(study, known, names, dists)
+    if fallback_first:
+        _enqueue_fallback(study, t, workload, info, scopes, fixed, known, names)
 
     best = max((r for r in known.values() if r.ok), key=_score, default=None)
     result = TuneResult(name, best, log=log)
@@ -151,51 +159,127 @@ def tune(template, workload, device=None, trials: int = 32, log: str | None = No
     bar = _progress(trials, progress, name)
     try:
         with (nullcontext(measurer) if measurer is not None else Measurer(info, options)) as measurer:
+            task = _Task(study, t, spec, workload, scopes, info, names, dists, known, result, measurer, sampler,
+                         bar)
             proposals = 0
             while result.measured < trials and proposals < 20 * trials + 100:
                 if early_stopping and since_best >= early_stopping:
                     break
-                todo = []  # (trial, values)
-                while len(todo) < min(batch, trials - result.measured) and proposals < 20 * trials + 100:
-                    proposals += 1
-                    trial = study.ask(dists)
-                    values = {n: trial.params[n] for n in names}
-                    k = _key(values, names)
-                    if k in known:  # measured before (this run or an earlier one): answer from the log
-                        study.tell(trial, _score(known[k]))
-                        result.reused += 1
-                    elif k in {_key(v, names) for _, v in todo}:
-                        study.tell(trial, state=TrialState.FAIL)
-                    else:
-                        todo.append((trial, values))
-                if not todo:
-                    continue
-                cfgs = [t.make_config(v) for _, v in todo]
-                inputs = [MeasureInput(spec, workload, c) for c in cfgs]
-                outs = measurer.measure(inputs)
-                recs = [_record(t, workload, scopes, c, info, res, tr.number, sampler, name)
-                        for (tr, _), c, res in zip(todo, cfgs, outs)]
-                append_records(log, recs)  # the log first: a kill after this loses nothing measured
-                for (tr, values), rec in zip(todo, recs):
-                    tr.set_user_attr("error", rec.error_name)
-                    tr.set_user_attr("record", rec.to_dict())  # the study alone can rebuild the log
-                    study.tell(tr, _score(rec))
-                    known[_key(values, names)] = rec
-                    if rec.error_code == ErrorCode.INSTANTIATION:
-                        continue  # rejected before any device work: not a measurement
-                    result.measured += 1
-                    result.records.append(rec)
-                    if rec.ok and (result.best is None or _score(rec) > _score(result.best)):
-                        result.best, since_best = rec, 0
-                    else:
-                        since_best += 1
-                    if bar is not None:
-                        bar.update(1)
-                        bar.set_postfix_str(f"best {_score(result.best):.3g} GFLOP/s" if result.best else "no success yet")
+                asked: dict = {}  # trial number -> (trial, record once logged): told before Ctrl-C propagates
+                try:
+                    proposals, since_best = _batch(task, batch, trials, proposals, since_best, asked)
+                except BaseException:
+                    _settle(study, asked, log)
+                    raise
     finally:
         if bar is not None:
             bar.close()
     return result
+
+
+@dataclass
+class _Task:
+    """What one tune() call measures with: its study, template, workload, scopes, device, knobs, the log's
+    knowledge, the result so far, the measurer, the sampler's name and the progress bar."""
+    study: object
+    t: object
+    spec: str
+    workload: object
+    scopes: dict
+    info: object
+    names: list
+    dists: dict
+    known: dict
+    result: TuneResult
+    measurer: Measurer
+    sampler: str
+    bar: object
+
+
+def _batch(task: _Task, batch: int, trials: int, proposals: int, since_best: int, asked: dict) -> tuple:
+    """Ask for up to ``batch`` unmeasured configs, measure them, log them, tell the study; returns the updated
+    ``(proposals, since_best)``. Every trial asked is in ``asked`` until told."""
+    study, t, names, known, result, bar = task.study, task.t, task.names, task.known, task.result, task.bar
+    todo = []  # (trial, values)
+    while len(todo) < min(batch, trials - result.measured) and proposals < 20 * trials + 100:
+        proposals += 1
+        trial = study.ask(task.dists)
+        asked[trial.number] = (trial, None)
+        values = {n: trial.params[n] for n in names}
+        k = _key(values, names)
+        if k in known:  # measured before (this run or an earlier one): answer from the log
+            study.tell(trial, _score(known[k]))
+            result.reused += 1
+        elif k in {_key(v, names) for _, v in todo}:
+            study.tell(trial, state=TrialState.FAIL)
+        else:
+            todo.append((trial, values))
+            continue
+        del asked[trial.number]
+    if not todo:
+        return proposals, since_best
+    cfgs = [t.make_config(v) for _, v in todo]
+    outs = task.measurer.measure([MeasureInput(task.spec, task.workload, c) for c in cfgs])
+    recs = [_record(t, task.workload, task.scopes, c, task.info, res, tr.number, task.sampler, study.study_name)
+            for (tr, _), c, res in zip(todo, cfgs, outs)]
+    for (tr, _), rec in zip(todo, recs):
+        asked[tr.number] = (tr, rec)  # measured: told its value if the log has it when Ctrl-C comes
+    append_records(result.log, recs)  # the log first: a kill after this loses nothing measured
+    for (tr, values), rec in zip(todo, recs):
+        known[_key(values, names)] = rec
+        _tell(study, tr, rec)
+        del asked[tr.number]
+        if rec.error_code == ErrorCode.INSTANTIATION:
+            continue  # rejected before any device work: not a measurement
+        result.measured += 1
+        result.records.append(rec)
+        if rec.ok and (result.best is None or _score(rec) > _score(result.best)):
+            result.best, since_best = rec, 0
+        else:
+            since_best += 1
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix_str(f"best {_score(result.best):.3g} GFLOP/s" if result.best else "no success yet")
+    return proposals, since_best
+
+
+def _tell(study, trial, rec: Record) -> None:
+    trial.set_user_attr("error", rec.error_name)
+    trial.set_user_attr("record", rec.to_dict())  # the study alone can rebuild the log
+    study.tell(trial, _score(rec))
+
+
+def _settle(study, asked: dict, log: str) -> None:
+    """Interrupted: trials whose record is in the log are told their measurement, the others are failed (a
+    re-run proposes those again; the logged ones it answers from the log). Best effort: the storage may be
+    gone, and then the next run's ``_recover`` does it."""
+    logged = set()
+    if any(rec is not None for _, rec in asked.values()) and Path(log).exists():
+        logged = {r.trial for r in load_records(log) if r.study == study.study_name}
+    for trial, rec in asked.values():
+        try:
+            if rec is not None and trial.number in logged:
+                _tell(study, trial, rec)
+            else:
+                study.tell(trial, state=TrialState.FAIL)
+        except Exception:  # noqa: BLE001 - told already, or the storage is unreachable: the next run's _recover
+            pass
+
+
+def _enqueue_fallback(study, t, workload, info, scopes: dict, fixed: dict, known: dict, names: list) -> None:
+    """Make the template's fallback config (what a model runs untuned) the next trial, unless the log has it
+    or it is waiting in the study already (an interrupted run enqueued it)."""
+    cfg = t.fallback_with(workload, info, **fixed, **{f"{k}_scope": v for k, v in scopes.items()})
+    values = t.config_values(workload, cfg)
+    if any(n not in values for n in names):
+        return
+    params = {n: values[n] for n in names}
+    if _key(params, names) in known:
+        return
+    for tr in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        if all(tr.params.get(n) == params[n] for n in names):
+            return
+    study.enqueue_trial(params)
 
 
 def _recover(study, known: dict, names: list, dists: dict) -> None:
