@@ -15,10 +15,11 @@ import numpy as np
 from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
 from tuner.ir.expr import ExtractLane, Ramp, as_expr, max_, min_, select
+from tuner.ir.activations import NAMES as ACTIVATIONS  # noqa: F401  (importers use the name)
+from tuner.ir.activations import apply_ir, apply_numpy, canonical
 from tuner.ir.schedule import cache_read
 from tuner.templates import Template
 
-ACTIVATIONS = ("none", "relu", "relu6")
 
 
 def _pair(v):
@@ -59,11 +60,17 @@ class Conv2dWorkload:
             raise ValueError(f"dilation must be at least 1, got {list(self.dilation)}")
         if len(self.padding) != 4 or min(self.padding) < 0:
             raise ValueError(f"padding must be non-negative, got {list(self.padding)}")
-        if self.groups != 1 or self.kernel[1] != self.data[1]:
-            raise ValueError(f"conv2d_nchw4c is for groups=1 with kernel C == data C ({self.kernel[1]} vs "
-                             f"{self.data[1]}); use depthwise_conv2d for depthwise")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"activation {self.activation!r} not in {ACTIVATIONS}")
+        set_("groups", int(self.groups))
+        C, O, G = self.data[1], self.kernel[0], self.groups
+        if G < 1 or C % G or O % G or self.kernel[1] != C // G:
+            raise ValueError(f"conv2d with groups={G} wants C and O divisible by groups and a kernel of "
+                             f"{C // max(G, 1)} input channels per group; got data C {C}, kernel {list(self.kernel)}")
+        if G > 1 and G == C and self.kernel[1] == 1 and O == C:
+            raise ValueError("a depthwise convolution (groups == C == O): use depthwise_conv2d")
+        if G > 1 and ((C // G) % 4 or (O // G) % 4):
+            raise ValueError(f"grouped conv2d packs each group into whole RGBA pixels: channels per group must be "
+                             f"multiples of 4, got {C // G} in and {O // G} out (groups={G})")
+        set_("activation", canonical(self.activation))  # a ValueError names the supported activations
         if self.dtype not in ("float32", "float16"):
             raise ValueError(f"dtype {self.dtype!r}: float32 or float16 storage")
         if min(self.out_shape) < 1:
@@ -78,7 +85,7 @@ class Conv2dWorkload:
     @property
     def flops(self) -> int:
         N, O, OH, OW = self.out_shape
-        return 2 * N * O * OH * OW * self.data[1] * self.kernel[2] * self.kernel[3]
+        return 2 * N * O * OH * OW * self.kernel[1] * self.kernel[2] * self.kernel[3]
 
     def key(self) -> dict:
         return {"op": "conv2d", **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}}
@@ -117,8 +124,12 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
     _, _, OH, OW = wl.out_shape
     (sh, sw), (dh, dw), (pt, pl, _, _) = wl.stride, wl.dilation, wl.padding
     C4, OB = -(-C // 4), -(-O // 4)
-    if C4 % cfg.split_c:
-        raise ValueError(f"split_c={cfg.split_c} does not divide the {C4} input-channel blocks")
+    G = wl.groups
+    CG4, OBG = (C // G // 4, O // G // 4) if G > 1 else (C4, OB)  # blocks per group (groups pack whole pixels)
+    if CG4 % cfg.split_c:
+        raise ValueError(f"split_c={cfg.split_c} does not divide the {CG4} input-channel blocks (per group)")
+    if G > 1 and OBG % cfg.tile_oc:
+        raise ValueError(f"tile_oc={cfg.tile_oc} does not divide the {OBG} output-channel blocks of a group")
     operands = X, Wt, B, Res, Y = declare_operands(wl, cfg, O)
 
     t_oc, t_oh, t_ow = cfg.tile_oc, cfg.tile_oh, cfg.tile_ow
@@ -130,14 +141,16 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
             b.loop("th", cfg.wg_h, "local.1") as th, b.loop("gw", g_w, "group.0") as gw, \
             b.loop("tw", cfg.wg_w, "local.0") as tw:
         n, obb = nb // n_ob, nb % n_ob
+        grp = (obb * t_oc) // OBG if G > 1 else 0  # a tile's output blocks are all in one group
         oh0, ow0 = (gh * cfg.wg_h + th) * t_oh, (gw * cfg.wg_w + tw) * t_ow
         acc = b.allocate("acc", (t_oc * t_oh * t_ow,), "float32x4", "private")
         for i in range(t_oc * t_oh * t_ow):
             b.store(acc, i, 0.0)
         window = "unrolled" if cfg.unroll_rs else "serial"
-        with b.loop("cbo", C4 // cfg.split_c) as cbo, b.loop("cbi", cfg.split_c, "unrolled") as cbi, \
+        with b.loop("cbo", CG4 // cfg.split_c) as cbo, b.loop("cbi", cfg.split_c, "unrolled") as cbi, \
                 b.loop("r", R, window) as r, b.loop("s", S, window) as s:
-            cb = cbo * cfg.split_c + cbi
+            cbl = cbo * cfg.split_c + cbi  # input block within the group (the weight's channel block)
+            cb = grp * CG4 + cbl if G > 1 else cbl
             taps = {}
             for y in range(t_oh):
                 for x in range(t_ow):
@@ -160,7 +173,7 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
                                 for yx, (inside, ih, iw) in taps.items()}
                     for k in range(t_oc):
                         ob = min_(obb * t_oc + k, OB - 1)  # a partial last tile re-reads the last block
-                        wpix = b.let(f"w{k}_{ci}", Wt[Ramp(ob * 4, as_expr(1), 4), c, r, s])
+                        wpix = b.let(f"w{k}_{ci}", Wt[Ramp(ob * 4, as_expr(1), 4), cbl * 4 + ci, r, s])
                         for y in range(t_oh):
                             for x in range(t_ow):
                                 i = (k * t_oh + y) * t_ow + x
@@ -206,11 +219,7 @@ def store_tile(b, acc, Y, n, obb, oh0, ow0, tile, bounds, wl, B=None, Res=None):
                         v = v + B[lanes]
                     if Res is not None:
                         v = v + Res[n, lanes, oh, ow]
-                    if wl.activation in ("relu", "relu6"):
-                        v = max_(v, 0.0)
-                    if wl.activation == "relu6":
-                        v = min_(v, 6.0)
-                    b.store(Y, (n, lanes, oh, ow), v)
+                    b.store(Y, (n, lanes, oh, ow), apply_ir(wl.activation, v))
 
 
 def clamp(i, n):
@@ -237,18 +246,16 @@ def reference_epilogue(wl, out: np.ndarray, bias=None, residual=None) -> np.ndar
         out = out + bias.astype(np.float64).reshape((1, -1) + (1,) * (out.ndim - 2))
     if residual is not None:
         out = out + residual
-    if wl.activation in ("relu", "relu6"):
-        out = np.maximum(out, 0)
-    if wl.activation == "relu6":
-        out = np.minimum(out, 6)
-    return out
+    return apply_numpy(wl.activation, out)
 
 
 def reference(wl: Conv2dWorkload, x, w, bias=None, residual=None) -> np.ndarray:
     """NumPy conv2d in float64 (the check for every tuned config)."""
     out = np.zeros(wl.out_shape)
-    for r, s, patch in padded_windows(wl, x):
-        out += np.einsum("nchw,oc->nohw", patch, w[:, :, r, s].astype(np.float64))
+    G, (N, O, OH, OW) = wl.groups, wl.out_shape
+    for r, s, patch in padded_windows(wl, x):  # grouped: (N, G, C/G, ...) . (G, O/G, C/G)
+        out += np.einsum("ngchw,goc->ngohw", patch.reshape(N, G, -1, OH, OW),
+                         w[:, :, r, s].astype(np.float64).reshape(G, O // G, -1)).reshape(out.shape)
     return reference_epilogue(wl, out, bias, residual)
 
 
@@ -266,7 +273,9 @@ def random_inputs(wl, rng) -> dict:
 def space_vars(wl: Conv2dWorkload) -> dict:
     (N, C, H, W), (O, _, R, S) = wl.data, wl.kernel
     _, _, OH, OW = wl.out_shape
-    return dict(N=N, C=C, H=H, W=W, O=O, R=R, S=S, OH=OH, OW=OW, C4=-(-C // 4), OB=-(-O // 4),
+    G = wl.groups
+    return dict(N=N, C=C, H=H, W=W, O=O, R=R, S=S, OH=OH, OW=OW, C4=-(-C // 4), OB=-(-O // 4), G=G,
+                CG4=C // G // 4 if G > 1 else -(-C // 4), OBG=O // G // 4 if G > 1 else -(-O // 4),
                 data=wl.data, kernel=wl.kernel, out=wl.out_shape, bias=wl.bias, residual=wl.residual)
 
 
@@ -293,7 +302,7 @@ def fallback(wl: Conv2dWorkload, info) -> Conv2dConfig:
     output is that large, a 16x4 work-group trimmed to the output, textures on GPUs that can hold them."""
     v = space_vars(wl)
     scope = texture_scopes(wl, info, [("nchw4c", wl.data), ("nchw4c", wl.out_shape), ("oihw4o", wl.kernel)])
-    tile_oc = 2 if v["OB"] >= 2 else 1
+    tile_oc = 2 if v["OBG"] >= 2 and (v["G"] == 1 or v["OBG"] % 2 == 0) else 1
     tile_ow = 4 if v["OW"] >= 8 else 2 if v["OW"] >= 2 else 1
     wg_w, wg_h = fit_work_group(-(-v["OW"] // tile_ow), v["OH"], info)
     return Conv2dConfig(tile_oc=tile_oc, tile_oh=1, tile_ow=tile_ow, wg_w=wg_w, wg_h=wg_h, split_c=1,
@@ -307,7 +316,8 @@ def _reference(wl: Conv2dWorkload, inputs: dict) -> np.ndarray:
 
 VARIABLES = dict(N="batch", C="input channels", H="input height", W="input width", O="output channels",
                  R="kernel height", S="kernel width", OH="output height", OW="output width",
-                 C4="input-channel blocks of 4", OB="output-channel blocks of 4", data="data shape NCHW",
+                 C4="input-channel blocks of 4", OB="output-channel blocks of 4", G="groups",
+                 CG4="input-channel blocks per group", OBG="output-channel blocks per group", data="data shape NCHW",
                  kernel="kernel shape OIHW", out="output shape NCHW", bias="fused bias",
                  residual="fused residual add")
 TEMPLATE = Template("conv2d", Conv2dWorkload, Conv2dConfig, conv2d_nchw4c, _reference, random_inputs,

@@ -16,8 +16,9 @@ import numpy as np
 from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
 from tuner.ir.expr import ExtractLane, Ramp, as_expr, call, max_, min_
+from tuner.ir.activations import apply_ir, canonical
 from tuner.templates import Template
-from tuner.templates.conv2d_nchw4c import ACTIVATIONS, bias_buffer, reference_epilogue, texture_scopes
+from tuner.templates.conv2d_nchw4c import bias_buffer, reference_epilogue, texture_scopes
 
 
 @dataclass(frozen=True)
@@ -37,8 +38,7 @@ class DenseWorkload:
                              f"{list(self.weight)}")
         if min(self.data + self.weight) < 1:
             raise ValueError(f"dense shapes must be positive: {list(self.data)}, {list(self.weight)}")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"activation {self.activation!r} not in {ACTIVATIONS}")
+        object.__setattr__(self, "activation", canonical(self.activation))  # ValueError names the choices
         if self.dtype not in ("float32", "float16"):
             raise ValueError(f"dtype {self.dtype!r}: float32 or float16 storage")
 
@@ -151,11 +151,7 @@ def dense(wl: DenseWorkload, cfg: DenseConfig):
                     lanes = Ramp(mb * 4, as_expr(1), 4)
                     if B is not None:
                         v = v + B[lanes]
-                    if wl.activation in ("relu", "relu6"):
-                        v = max_(v, 0.0)
-                    if wl.activation == "relu6":
-                        v = min_(v, 6.0)
-                    b.store(Y, (n, lanes), v)
+                    b.store(Y, (n, lanes), apply_ir(wl.activation, v))
     return b.kernel("dense", params)
 
 

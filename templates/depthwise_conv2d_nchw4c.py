@@ -45,7 +45,7 @@ class DepthwiseWorkload:
                              f"channels; got {list(kernel)}")
         probe = Conv2dWorkload((data[0], 1, *data[2:]), (1, 1, *kernel[2:]), self.stride, self.padding,
                                self.dilation, dtype=self.dtype, activation=self.activation)
-        for name in ("stride", "padding", "dilation"):
+        for name in ("stride", "padding", "dilation", "activation"):
             object.__setattr__(self, name, getattr(probe, name))
         object.__setattr__(self, "data", data)
         object.__setattr__(self, "kernel", kernel)

@@ -33,6 +33,14 @@ def positive_int(text: str) -> int:
     return v
 
 
+def _activation(text: str) -> str:
+    from tuner.ir.activations import canonical
+    try:
+        return canonical(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _bytes(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
@@ -149,7 +157,9 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--padding", default="0", metavar="P[,P[,P,P]]", help="all, (h,w) or (top,left,bottom,right)")
     p.add_argument("--dilation", default="1", metavar="D[,D]")
     p.add_argument("--bias", action="store_true", help="fuse a bias add")
-    p.add_argument("--activation", default="none", choices=("none", "relu", "relu6"), help="fused activation")
+    p.add_argument("--activation", default="none", type=_activation, metavar="ACT",
+                   help="fused activation: none, relu, relu6, hardswish, sigmoid, silu, leaky_relu(0.1), ... "
+                   "(default none)")
     p.add_argument("--residual", action="store_true", help="fuse a residual add of a second NCHW4c tensor")
     p.add_argument("--dtype", default="float32", choices=("float32", "float16"),
                    help="storage dtype (accumulation is float32)")

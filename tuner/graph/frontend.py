@@ -401,9 +401,9 @@ class _Converter:
         if group == 1:
             if i != c:
                 ctx.fail(f"weight {weight.shape} for {c} input channels", f"weights of shape (O, {c}, R, S)")
-        elif not (group == c == o and i == 1):
-            ctx.fail(f"group={group} with {c} input channels and {o} output channels",
-                     "group=1 or depthwise (group == input channels == output channels)")
+        elif group < 1 or c % group or o % group or i != c // group:
+            ctx.fail(f"group={group} with {c} input channels, {o} output channels and weight {weight.shape}",
+                     "groups dividing the input and output channels, with weights (O, C/group, R, S)")
         stride, dilation = self.pair(ctx, "strides"), self.pair(ctx, "dilations")
         pads = self.pads(ctx, (h, w_in), (r, s), stride, dilation)
         inputs = [x, self.param(ctx, names[1], "weight W", weight.shape)]

@@ -88,23 +88,33 @@ def lower_template(ctx: LowerCtx, node, ins, out, shape):
     g, a = ctx.graph, node.attrs
     bias = next((t for t in node.inputs[2:] if t in g.params), None)
     res = a.get("residual")
-    w_shape = tuple(g.shapes[node.inputs[1]])
+    w_name, w_shape = node.inputs[1], tuple(g.shapes[node.inputs[1]])
     if node.op == "dense":
         op, fields = "dense", dict(data=tuple(g.shapes[node.inputs[0]]), weight=w_shape)
     else:
         groups, c = a.get("groups", 1), g.shapes[node.inputs[0]][1]
-        if groups == 1:
-            op = "conv2d"
-        elif groups == c == w_shape[0] and w_shape[1] == 1:
-            op = "depthwise_conv2d"
-        else:
-            raise TunerError(f"node {node.name!r}: conv2d with groups={groups} on {c} channels; supported "
-                             f"are groups=1 and depthwise (groups = input = output channels)")
+        depthwise = groups == c == w_shape[0] and w_shape[1] == 1
+        op = "depthwise_conv2d" if depthwise else "conv2d"
         fields = dict(data=tuple(g.shapes[node.inputs[0]]), kernel=w_shape, stride=tuple(a["stride"]),
                       padding=tuple(a["padding"]), dilation=tuple(a["dilation"]), residual=res is not None)
-    wl = get_template(op).workload(**fields, dtype=ctx.dtype, bias=bias is not None,
-                                   activation=a.get("activation", "none"))
-    inputs = {"X": ins[0], "Wt": node.inputs[1]}
+        if not depthwise and groups > 1:
+            cg, og = c // groups, w_shape[0] // groups
+            if cg % 4 == 0 and og % 4 == 0:  # groups pack into whole RGBA pixels: the grouped template
+                fields["groups"] = groups
+            else:  # exact as one convolution with block-diagonal weights (groups times the FLOPs)
+                w = g.params[w_name]
+                dense = np.zeros((w_shape[0], c) + w_shape[2:], np.float32)
+                for k in range(groups):
+                    dense[k * og:(k + 1) * og, k * cg:(k + 1) * cg] = w[k * og:(k + 1) * og]
+                w_name = f"{node.name}.block_diagonal_w"
+                ctx.extra[w_name] = dense
+                fields["kernel"] = dense.shape
+    try:
+        wl = get_template(op).workload(**fields, dtype=ctx.dtype, bias=bias is not None,
+                                       activation=a.get("activation", "none"))
+    except ValueError as e:
+        raise TunerError(f"node {node.name!r} ({op}): {e}") from None
+    inputs = {"X": ins[0], "Wt": w_name}
     if bias is not None:
         inputs["B"] = bias
     if res is not None:

@@ -192,6 +192,16 @@ def _depthwise(b: _Builder) -> dict:
     return {b.node("Relu", [x]): None}
 
 
+def _grouped(b: _Builder) -> dict:
+    """Grouped convolutions as ResNeXt (groups of 4 channels) and RegNet (groups of 8) use them, with a stride,
+    a bias, a residual add and a ReLU fused."""
+    x = b.input("input", (1, 16, 9, 9))
+    y = b.conv(x, 16, 16, 3, groups=4, bias=True, pads=[1, 1, 1, 1])
+    y = b.node("Relu", [b.node("Add", [y, x])])
+    y = b.conv(y, 16, 32, 3, stride=2, groups=2, pads=[1, 1, 1, 1])
+    return {b.conv(y, 32, 24, 1, groups=4, bias=True): None}
+
+
 def _gemm(b: _Builder) -> dict:
     """alpha/beta folding, transB 0 and 1, C of shape (M,), (1, M), a scalar, and no C."""
     r = b.rng
@@ -324,7 +334,8 @@ def _mixed(b: _Builder) -> dict:
 
 
 _TEST_MODELS = {
-    "conv_pads": _conv_pads, "conv_auto_pad": _conv_auto_pad, "depthwise": _depthwise, "gemm": _gemm,
+    "conv_pads": _conv_pads, "conv_auto_pad": _conv_auto_pad, "depthwise": _depthwise, "grouped": _grouped,
+    "gemm": _gemm,
     "matmul": _matmul, "batch_norm": _batch_norm, "clip": _clip, "clip_attrs": _clip_attrs, "add": _add,
     "global_avg_pool": _global_avg_pool, "avg_pool": _avg_pool, "max_pool": _max_pool, "reshape": _reshape,
     "concat": _concat, "symbolic_batch": _symbolic_batch, "identity_dropout": _identity_dropout, "mixed": _mixed,
