@@ -34,10 +34,9 @@ import onnx
 from onnx import numpy_helper
 
 from tuner.errors import TunerError
+from tuner.graph.frontend_movement import MovementOps
 from tuner.graph.graph import Graph, Node
 
-SUPPORTED_OPS = ("Add", "AveragePool", "BatchNormalization", "Clip", "Concat", "Constant", "Conv", "Dropout",
-                 "Flatten", "Gemm", "GlobalAveragePool", "Identity", "MatMul", "MaxPool", "Relu", "Reshape")
 
 
 def from_onnx(model_or_path, input_shapes: dict | None = None) -> Graph:
@@ -92,7 +91,7 @@ class _Ctx:
         return names
 
 
-class _Converter:
+class _Converter(MovementOps):
     def __init__(self, model: onnx.ModelProto, input_shapes: dict):
         self.model = model
         self.g = model.graph
@@ -600,3 +599,7 @@ def _out_size(ctx: _Ctx, size: int, kernel: int, stride: int, dilation: int, pad
 
 def _attrs(proto: onnx.NodeProto) -> dict:
     return {a.name: onnx.helper.get_attribute_value(a) for a in proto.attribute}
+
+
+# The ONNX operators with a handler (``_op_<Type>`` here or in a mixin), for error messages and the README.
+SUPPORTED_OPS = tuple(sorted(name[4:] for name in dir(_Converter) if name.startswith("_op_")))

@@ -19,7 +19,7 @@ from tuner.errors import TunerError
 LOWER: dict[str, Callable] = {}
 GLUE: dict[str, Callable] = {}
 # Modules whose import registers more rules (kept separate so operator families stay in their own files).
-RULE_MODULES: list[str] = []
+RULE_MODULES: list[str] = ["tuner.graph.lowering_movement"]
 
 
 def lowers(*ops: str):

@@ -128,3 +128,12 @@ ATTRS = {
     "global_avg_pool": set(), "avg_pool": {"kernel", "stride", "padding", "count_include_pad"},
     "max_pool": {"kernel", "stride", "padding"}, "flatten": set(), "reshape": {"shape"}, "concat": {"axis"},
 }
+
+
+def _merge_families() -> None:
+    from . import reference_movement
+    OPS.update(reference_movement.OPS)
+    ATTRS.update(reference_movement.ATTRS)
+
+
+_merge_families()

@@ -344,6 +344,16 @@ _OPSETS = {"clip_attrs": 10}
 TEST_INPUT_SHAPES = {"symbolic_batch": {"input": (2, 3, 8, 8)}}
 
 
+def _merge_families() -> None:
+    from . import zoo_movement
+    _TEST_MODELS.update(zoo_movement.TEST_MODELS)
+    _OPSETS.update(zoo_movement.OPSETS)
+    TEST_INPUT_SHAPES.update(zoo_movement.INPUT_SHAPES)
+
+
+_merge_families()
+
+
 def test_models(seed: int = 0) -> dict:
     """``{name: onnx.ModelProto}``: small graphs, one per operator family plus ``mixed``; every model has one
     input ``input`` (``TEST_INPUT_SHAPES[name]`` gives the input_shapes those with symbolic dims need)."""
