@@ -27,7 +27,7 @@ def test_every_error_code_from_a_real_failing_config(device):
     cases = [
         ("conv2d", good, ErrorCode.NO_ERROR),
         ("conv2d", t.config(tile_ow=2, wg_w=64, wg_h=8, **BUFFERS), ErrorCode.INSTANTIATION),  # wider than the work
-        ("tests.faulty_templates:NO_WORK_GROUP_LIMIT", t.config(tile_ow=1, wg_w=8192, **BUFFERS), ErrorCode.RUNTIME),
+        ("tests.faulty_templates:NO_WORK_GROUP_LIMIT", t.config(tile_ow=1, wg_w=65536, **BUFFERS), ErrorCode.RUNTIME),
         ("tests.faulty_templates:COMPILE_ERROR", good, ErrorCode.COMPILE),
         ("tests.faulty_templates:WRONG_ANSWER", good, ErrorCode.WRONG_ANSWER),
         ("tests.faulty_templates:RUN_FOREVER", good, ErrorCode.RUN_TIMEOUT),
