@@ -6,9 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tuner.graph.kernels import (GLUE, concat_kernel, concat_reference, elementwise_kernel, elementwise_reference,
-                                 global_avg_pool_kernel, pool_kernel, pool_out_shape, pool_reference,
-                                 relayout_kernel, relayout_reference)
+from tuner.graph.kernels import (GLUE, binary_kernel, binary_reference, concat_kernel, concat_reference,
+                                 elementwise_kernel, elementwise_reference, global_avg_pool_kernel, pool_kernel,
+                                 pool_out_shape, pool_reference, reduce_kernel, reduce_reference, relayout_kernel,
+                                 relayout_reference, softmax_kernel, softmax_reference, unary_kernel,
+                                 unary_reference)
 from tuner.ir.layouts import default_layout
 from tuner.runtime.launch import build, physical_shape
 from tuner.runtime.memory import download, upload
@@ -117,6 +119,80 @@ def test_clip_with_an_open_side(device, rng, clip):
     got = run(build(elementwise_kernel(shape, "clip", clip=clip, in_scopes="buffer", out_scope="buffer"), device),
               device, {"X": x})["Y"]
     np.testing.assert_array_equal(got, np.clip(x, *clip))
+
+
+TOL_NEW = {"float32": 1e-5, "float16": 2e-2}
+UNARY_FNS = ["sigmoid", "hardsigmoid(0.1666666716337204)", "hardswish", "tanh", "leaky_relu(0.1)", "elu(0.7)",
+             "silu", "gelu", "erf"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("scopes", SCOPES[:3])
+@pytest.mark.parametrize("fn", UNARY_FNS)
+def test_unary_activation_matches_numpy(device, rng, fn, scopes, dtype):
+    shape = (2, 7, 3, 5) if fn != "gelu" else (3, 10)
+    x = draw(rng, shape, dtype) * 3
+    got = run(build(unary_kernel(shape, fn, dtype, *scopes, max_work_group=device.info.max_work_group_size),
+                    device), device, {"X": x})["Y"]
+    assert rel_error(got, unary_reference(fn, x)) <= TOL_NEW[dtype]
+
+
+BINARY = [  # op, operand shapes (output (2, 7, 3, 5) unless 2-D), activation
+    ("mul", [(2, 7, 3, 5), (2, 7, 1, 1)], "none"),  # squeeze-excitation's channel scale
+    ("mul", [(2, 7, 3, 5), (1, 7, 1, 1)], "hardswish"),
+    ("add", [(2, 7, 1, 1), (2, 7, 3, 5)], "relu"),
+    ("sub", [(7,), (2, 7, 3, 5)], "none"),  # constant - activation
+    ("div", [(2, 7, 3, 5), (2, 7, 1, 1)], "sigmoid"),
+    ("mul", [(2, 7, 3, 5), (2, 7, 3, 5)], "none"),
+    ("prelu", [(2, 7, 3, 5), (7,)], "none"),
+    ("mul", [(2, 13), (13,)], "silu"),
+]
+
+
+@pytest.mark.parametrize("pattern,out_scope,dtype", COMBOS)
+@pytest.mark.parametrize("case", BINARY, ids=lambda c: f"{c[0]}-{len(c[1][0])}-{len(c[1][1])}-{c[2]}")
+def test_binary_broadcast_matches_numpy(device, rng, case, pattern, out_scope, dtype):
+    op, operands, activation = case
+    shape = next(o for o in operands if len(o) > 1 and o[-1] > 1)
+    k = binary_kernel(shape, op, operands, dtype, in_scopes(pattern, 2), out_scope, activation,
+                      max_work_group=device.info.max_work_group_size)
+    xs = [draw(rng, o, dtype) + (3 if op == "div" and k_ == 1 else 0) for k_, o in enumerate(operands)]
+    got = run(build(k, device), device, {"X0": xs[0], "X1": xs[1]})["Y"]
+    assert rel_error(got, binary_reference(op, *xs, activation=activation)) <= TOL_NEW[dtype]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("scopes", SCOPES)
+@pytest.mark.parametrize("kind,keepdims", [("mean", True), ("mean", False), ("max", True), ("max", False)])
+def test_reduce_over_spatial_axes(device, rng, kind, keepdims, scopes, dtype):
+    shape = (2, 7, 4, 5)
+    x = draw(rng, shape, dtype) - (5 if kind == "max" else 0)  # all negative: a zero start would win a max
+    got = run(build(reduce_kernel(shape, kind, keepdims, dtype, *scopes), device), device, {"X": x})["Y"]
+    assert rel_error(got, reduce_reference(x, kind, keepdims)) <= TOL_NEW[dtype]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("scopes", SCOPES[:3])
+@pytest.mark.parametrize("shape", [(2, 7, 3, 4), (3, 10), (1, 8, 2, 2), (2, 3, 1, 1), (1, 1, 2, 3)])
+def test_softmax_over_channels_ignores_padding_lanes(device, rng, shape, scopes, dtype):
+    """The inputs' padding lanes are NaN (run() uploads them so): any leak into the max or sum shows."""
+    x = draw(rng, shape, dtype) * 4
+    got = run(build(softmax_kernel(shape, dtype, *scopes), device), device, {"X": x}, padded_outputs=True)["Y"]
+    assert rel_error(got[:, :shape[1]], softmax_reference(x)) <= TOL_NEW[dtype]
+    assert (got[:, shape[1]:] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("case", [((1, 5, 10, 9), "max", 3, 2, 0, False), ((1, 5, 6, 6), "avg", 3, 2, 1, True),
+                                  ((2, 3, 7, 6), "avg", 2, 2, (0, 1, 0, 1), False)], ids=str)
+def test_pool_ceil_mode(device, rng, case, dtype):
+    shape, kind, kernel, stride, padding, include = case
+    x = draw(rng, shape, dtype)
+    k = pool_kernel(shape, kind, kernel, stride, padding, include, dtype, "buffer", "texture", ceil_mode=True)
+    got = run(build(k, device), device, {"X": x})["Y"]
+    assert got.shape == pool_out_shape(shape, kernel, stride, padding, ceil_mode=True) != \
+        pool_out_shape(shape, kernel, stride, padding)
+    assert rel_error(got, pool_reference(x, kind, kernel, stride, padding, include, ceil_mode=True)) <= TOL_NEW[dtype]
 
 
 # -- pooling ----------------------------------------------------------------------------------------------
@@ -243,6 +319,13 @@ def test_relayout_whole_pixel_copy_reads_one_pixel_per_work_item():
 # -- bad input --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("make,match", [
     (lambda: elementwise_kernel((1, 4, 2, 2), "mul"), "elementwise op 'mul'"),
+    (lambda: elementwise_kernel((1, 4, 2, 2), "add", activation="swish"), "activation 'swish'"),
+    (lambda: unary_kernel((1, 4, 2, 2), "softplus"), "activation 'softplus'"),
+    (lambda: binary_kernel((1, 4, 2, 2), "pow", [(1, 4, 2, 2)] * 2), "binary op 'pow'"),
+    (lambda: binary_kernel((1, 4, 2, 2), "mul", [(1, 4, 2, 2), (1, 1, 2, 2)]), "does not broadcast"),
+    (lambda: binary_kernel((1, 4, 2, 2), "mul", [(4,), (1, 4, 1, 1)]), "neither has that shape"),
+    (lambda: reduce_kernel((1, 4), "mean"), "want 4-D NCHW"),
+    (lambda: reduce_kernel((1, 4, 2, 2), "sum"), "'mean' or 'max'"),
     (lambda: elementwise_kernel((1, 4, 2, 2), "relu", activation="relu6"), "itself the activation"),
     (lambda: elementwise_kernel((1, 4, 2, 2), "add", in_scopes=("texture",)), "takes 2 inputs"),
     (lambda: elementwise_kernel((1, 4, 2, 2), "clip", clip=(1, 0)), "lo <= hi"),
@@ -266,5 +349,5 @@ def test_bad_arguments_name_the_problem(make, match):
 
 
 def test_registry_pairs_kernels_with_references():
-    assert set(GLUE) == {"elementwise", "pool", "concat", "relayout"}
+    assert set(GLUE) == {"elementwise", "pool", "concat", "relayout", "unary", "binary", "reduce", "softmax"}
     assert all(callable(k) and callable(r) for k, r in GLUE.values())

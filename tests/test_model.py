@@ -21,6 +21,7 @@ from tuner.graph.module import load_module
 from tuner.graph.passes import fold_batch_norm, fuse_epilogues, optimize
 from tuner.graph.plan import extract_tasks, lower_graph, plan_storage
 from tuner.graph.reference import OPS, random_inputs, run_graph_numpy
+from tuner.ir.activations import apply_numpy
 
 TEST_MODELS = zoo.test_models()
 
@@ -45,9 +46,7 @@ def run_fused(graph, inputs):
         if "residual" in n.attrs:
             out = out + env[n.attrs["residual"]]
         act = n.attrs.get("activation", "none") if n.op != "clip" else "none"
-        out = np.maximum(out, 0) if act in ("relu", "relu6") else out
-        out = np.minimum(out, 6) if act == "relu6" else out
-        env[n.outputs[0]] = out
+        env[n.outputs[0]] = apply_numpy(act, out)
     return {t: env[t] for t in graph.outputs}
 
 
@@ -295,14 +294,14 @@ def test_cli_bad_input_exits_2(tmp_path, monkeypatch, capsys, argv, message):
 
 def test_unsupported_operator_is_one_clear_error(tmp_path, capsys):
     from onnx import TensorProto, helper
-    node = helper.make_node("Softmax", ["input"], ["output"], name="probs")
+    node = helper.make_node("Hardmax", ["input"], ["output"], name="probs")
     g = helper.make_graph([node], "g", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 4])],
                           [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 4])])
     path = str(tmp_path / "s.onnx")
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), path)
     assert main(["compile", path, "-o", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
-    assert "probs" in err and "Softmax" in err
+    assert "probs" in err and "Hardmax" in err and err.count("error:") == 1
 
 
 @pytest.mark.slow
@@ -329,3 +328,54 @@ def test_tune_registers_model_tasks_for_workers_and_logs_exports(tmp_path, capsy
     assert "0 records" in capsys.readouterr().err  # nothing measured yet: exported nothing, then no records
     assert main(["tune", path, "--workers", "0"]) == 2
     assert "--workers needs --storage" in capsys.readouterr().err
+
+
+# -- mobile models: new activations, squeeze-excitation, fusion ------------------------------------------------
+NEW_OPERATOR_MODELS = ["activations", "binary", "squeeze_excitation", "reduce", "reduce_axes_input", "softmax",
+                       "pool_ceil", "shape_subgraph"]
+
+
+@pytest.mark.parametrize("name", NEW_OPERATOR_MODELS)
+def test_new_operators_in_float16_storage(name, dev):
+    for scope in ("texture", "buffer"):
+        _check_against_ort(TEST_MODELS[name], scope, dev, dtype="float16", tol=2e-2)
+
+
+def test_activation_patterns_fuse_into_the_convolutions():
+    """silu (x * sigmoid(x)), hardswish, the erf GELU both ways and the SE gate's activations end up in the
+    convolutions' epilogues; the channel scale is one binary kernel per squeeze-excitation."""
+    g = from_onnx(TEST_MODELS["squeeze_excitation"])
+    opt = optimize(g)
+    assert [(n.op, n.attrs.get("activation")) for n in opt.nodes] == [
+        ("conv2d", "silu"), ("global_avg_pool", None), ("conv2d", "relu"),
+        ("conv2d", "hardsigmoid(0.1666666716337204)"), ("mul", None), ("conv2d", None), ("reduce_mean", None),
+        ("conv2d", "silu"), ("conv2d", "sigmoid"), ("mul", None), ("conv2d", "gelu"), ("conv2d", "gelu")]
+    x = random_inputs(g)
+    assert rel_err(run_fused(opt, x)[g.outputs[0]], run_graph_numpy(g, x)[g.outputs[0]]) < 1e-5
+
+
+def test_mobilenet_v3_small_fuses_and_plans_its_kernels(dev):
+    model = zoo.mobilenet_v3_small(num_classes=10, input_size=32, width=0.5)
+    g = from_onnx(model)
+    opt = optimize(g)
+    assert {n.op for n in opt.nodes} == {"conv2d", "global_avg_pool", "mul", "flatten", "dense"}
+    acts = [n.attrs.get("activation") for n in opt.nodes if n.op in ("conv2d", "dense")]
+    assert acts.count("hardswish") > 10 and acts.count("relu") > 5 and "hardsigmoid(0.1666666716337204)" in acts
+    assert sum(n.op == "mul" for n in opt.nodes) == 9  # one channel-scale kernel per squeeze-excitation
+    x = random_inputs(g)
+    assert rel_err(run_fused(opt, x)["output"], run_graph_numpy(g, x)["output"]) < 1e-5
+    plan = plan_storage(lower_graph(opt), dev.info, "buffer")
+    scale = [s for s in plan.steps if s.op == "binary"]
+    assert len(scale) == 9 and all(s.attrs["operands"][1][2:] == (1, 1) for s in scale)
+    tasks = extract_tasks(plan)  # what `tuner tune` tunes: every convolution and the classifier
+    assert {t.template for t in tasks} == {"conv2d", "depthwise_conv2d", "dense"}
+    assert sum(t.count for t in tasks) == sum(n.op in ("conv2d", "dense") for n in opt.nodes)
+    assert any(t.workload.activation == "hardswish" for t in tasks)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype, tol", [("float32", 1e-4), ("float16", 2e-2)])
+@pytest.mark.parametrize("scope", ["texture", "buffer"])
+def test_mobilenet_v3_small_matches_onnxruntime(dev, scope, dtype, tol):
+    model = zoo.mobilenet_v3_small(num_classes=10, input_size=32, width=0.5)
+    _check_against_ort(model, scope, dev, dtype=dtype, tol=tol)

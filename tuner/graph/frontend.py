@@ -13,6 +13,17 @@ What is emitted, per ONNX operator:
   constant right operand B (K, M) -> ``dense`` with ``w = B.T`` (param ``<B>_T``) and no bias.
 - BatchNormalization (inference) -> ``batch_norm``; Relu -> ``relu``; Clip -> ``clip`` with float ``min``/``max``
   (a missing bound is -inf / +inf).
+- Constant folding first: a node whose inputs are all constants, or a Shape / Size of a tensor (every shape
+  is static once input shapes are fixed), is evaluated by ``onnx.reference.ReferenceEvaluator``; its outputs
+  join the constants (any dtype), so shape subgraphs (Shape, Gather, Unsqueeze, Concat, Cast, Div, Range,
+  ConstantOfShape, ...) reach Reshape / Resize / Pad handlers as values and never become nodes.
+- Sigmoid, Tanh, HardSigmoid, HardSwish, LeakyRelu, Elu -> ``activation`` with ``fn`` (a spec of
+  tuner.ir.activations); PRelu -> ``prelu`` (per-channel slope) or ``activation`` leaky_relu (one slope);
+  Erf -> ``erf``; ReduceMean / ReduceMax over H, W -> ``reduce_mean`` / ``reduce_max`` (keepdims; axes as
+  attribute or, from opset 18, input); GlobalMaxPool -> ``global_max_pool``; Softmax over channels ->
+  ``softmax``; pools with ``ceil_mode=1`` keep it as an attr.
+- Sub, Mul, Div like Add below, plus an (N or 1, C, 1, 1) activation broadcast over H, W (squeeze-excitation);
+  ``x - c`` -> ``add(x, -c)``, ``x / c`` -> ``mul(x, 1/c)``; ``c - x``, ``c / x`` keep the constant first.
 - Add of two same-shape activations -> ``add(a, b)``. Add of an activation and a constant that varies only along
   the channel axis (scalar, (C,), (C, 1, 1), (1, C, 1, 1), ...) -> ``add(x, b)`` with ``b`` a param of the
   activation's broadcast form, (1, C, 1, 1) for NCHW and (1, C) for (N, C): the constant itself when it already
@@ -161,6 +172,8 @@ class _Converter(MovementOps):
             if proto.domain not in ("", "ai.onnx"):
                 ctx.fail(f"operator {proto.domain}.{proto.op_type} (custom domain) is not supported",
                          f"ai.onnx operators {', '.join(SUPPORTED_OPS)}")
+            if self._fold(ctx):
+                continue
             handler = getattr(self, f"_op_{proto.op_type}", None)
             if handler is None:
                 ctx.fail(f"operator {proto.op_type} is not supported", f"operators {', '.join(SUPPORTED_OPS)}")
@@ -182,6 +195,32 @@ class _Converter(MovementOps):
             return graph.validate()
         except ValueError as e:  # a frontend bug rather than a user error, but say which model part it concerns
             raise TunerError(f"the converted graph is inconsistent: {e}") from None
+
+    def _fold(self, ctx: _Ctx) -> bool:
+        """Constant folding: a node whose inputs are all constants (initializers, Constant nodes, folded nodes),
+        or a Shape / Size of a tensor whose shape is known (every activation's, with the input shapes fixed),
+        is evaluated now by onnx's ReferenceEvaluator; its outputs become constants (``self.consts``, any dtype)
+        so that Resize sizes, Pad pads, Reshape targets computed by shape subgraphs reach handlers as values."""
+        proto = ctx.proto
+        names = [t for t in ctx.inputs() if t]
+        if proto.op_type == "Constant" or not names:
+            return False
+        srcs = [self.resolve(t) for t in names]
+        if proto.op_type in ("Shape", "Size") and srcs[0] not in self.consts and srcs[0] in self.shapes:
+            feeds = {names[0]: np.broadcast_to(np.zeros((), np.float32), self.shapes[srcs[0]])}
+        elif all(s in self.consts for s in srcs):
+            feeds = {t: self.consts[s] for t, s in zip(names, srcs)}
+        else:
+            return False
+        try:
+            values = _evaluate(proto, feeds, self.opset)
+        except Exception as e:  # noqa: BLE001 - the evaluator raises anything; name the node
+            ctx.fail(f"evaluating it on constant inputs failed ({type(e).__name__}: {e})",
+                     "operators onnx.reference evaluates, on constant or static-shape inputs")
+        for t, v in zip(proto.output, values):
+            if t:
+                self.consts[t] = np.asarray(v)
+        return True
 
     def _node_name(self, index: int, proto) -> str:
         name = proto.name or f"{proto.op_type}_{index}"
@@ -337,22 +376,46 @@ class _Converter(MovementOps):
         self.emit(ctx, "clip", [x], self.shapes[x], min=bounds[0], max=bounds[1])
 
     def _op_Add(self, ctx: _Ctx):
+        self._binary(ctx, "add")
+
+    def _op_Sub(self, ctx: _Ctx):
+        self._binary(ctx, "sub")
+
+    def _op_Mul(self, ctx: _Ctx):
+        self._binary(ctx, "mul")
+
+    def _op_Div(self, ctx: _Ctx):
+        self._binary(ctx, "div")
+
+    def _binary(self, ctx: _Ctx, op: str):
+        """Add / Sub / Mul / Div with the broadcasting models use: two activations of one shape, an (N, C, H, W)
+        activation and an (N or 1, C, 1, 1) one (squeeze-excitation's gate), or an activation and a constant that
+        varies only along channels (stored in the activation's broadcast form (1, C, 1, 1) or (1, C)). Add and Mul
+        put the full-size activation first; ``x - c`` becomes ``add(x, -c)`` and ``x / c`` ``mul(x, 1 / c)``."""
         ctx.check_attrs(())
         names = ctx.inputs()
-        srcs = [self.resolve(t) for t in names]
-        is_const = [s in self.consts for s in srcs]
         if len(names) != 2:
             ctx.fail(f"{len(names)} inputs", "2 inputs")
-        if all(is_const):
-            ctx.fail("both inputs are constants", "an activation plus an activation or a constant")
+        srcs = [self.resolve(t) for t in names]
+        is_const = [s in self.consts for s in srcs]
+        commutes = op in ("add", "mul")
         if not any(is_const):
             a, b = srcs
-            if self.shapes[a] != self.shapes[b]:
-                ctx.fail(f"activations of shapes {self.shapes[a]} and {self.shapes[b]} (broadcasting)",
-                         "two activations of the same shape, or an activation plus a per-channel constant")
-            self.emit(ctx, "add", [a, b], self.shapes[a])
-            return
-        x, c = (srcs[1], srcs[0]) if is_const[0] else (srcs[0], srcs[1])
+            sa, sb = self.shapes[a], self.shapes[b]
+            if sa == sb:
+                self.emit(ctx, op, [a, b], sa)
+                return
+            gate = [s for s in (sa, sb) if len(s) == 4 and s[2:] == (1, 1)]
+            full = sb if sa in gate and sb not in gate else sa
+            if (len(sa) == len(sb) == 4 and len(gate) == 1 and gate[0][1] == full[1]
+                    and gate[0][0] in (1, full[0])):
+                self.emit(ctx, op, [b, a] if commutes and sa in gate else [a, b], full)
+                return
+            ctx.fail(f"activations of shapes {sa} and {sb} (broadcasting)",
+                     "two activations of the same shape, an (N, C, H, W) activation with an (N, C, 1, 1) one, or "
+                     "an activation and a per-channel constant")
+        x_first = not is_const[0]
+        x, c = (srcs[0], srcs[1]) if x_first else (srcs[1], srcs[0])
         shape, value = self.shapes[x], self.consts[c]
         if value.dtype.kind != "f":
             ctx.fail(f"constant {c!r} has dtype {value.dtype}", "float32 constants")
@@ -360,12 +423,110 @@ class _Converter(MovementOps):
         padded = (1,) * (len(shape) - value.ndim) + tuple(value.shape)
         if (len(shape) < 2 or value.ndim > len(shape)
                 or any(d != 1 and not (axis == 1 and d == shape[1]) for axis, d in enumerate(padded))):
-            ctx.fail(f"constant {c!r} of shape {tuple(value.shape)} added to an activation of shape {shape}",
+            ctx.fail(f"constant {c!r} of shape {tuple(value.shape)} and an activation of shape {shape}",
                      f"a constant that varies only along channels, broadcastable as {form} (e.g. (C,), "
                      "(C, 1, 1), (1, C, 1, 1) or a scalar)")
-        b = (self.param(ctx, c, "constant", form) if tuple(value.shape) == form
-             else self.new_param(f"{c}_{ctx.name}", np.broadcast_to(value.reshape(padded), form)))
-        self.emit(ctx, "add", [x, b], shape)
+        if x_first and op in ("sub", "div"):
+            value = -value.astype(np.float64) if op == "sub" else 1.0 / value.astype(np.float64)
+            op = "add" if op == "sub" else "mul"
+            b = self.new_param(f"{c}_{ctx.name}", np.broadcast_to(value.reshape(padded), form))
+        else:
+            b = (self.param(ctx, c, "constant", form) if tuple(value.shape) == form
+                 else self.new_param(f"{c}_{ctx.name}", np.broadcast_to(value.reshape(padded), form)))
+        self.emit(ctx, op, [x, b] if x_first or op in ("add", "mul") else [b, x], shape)
+
+    # -- activations ------------------------------------------------------------------------------------------
+
+    def _activation(self, ctx: _Ctx, name: str, *params: float, attrs: tuple = ()):
+        """A unary activation node ``activation`` with ``fn``, the spec string of tuner.ir.activations."""
+        from tuner.ir.activations import spec
+        ctx.check_attrs(attrs)
+        self.single_output(ctx)
+        x = self.act(ctx, ctx.proto.input[0])
+        self.emit(ctx, "activation", [x], self.shapes[x], fn=spec(name, *params))
+
+    def _op_Sigmoid(self, ctx: _Ctx):
+        self._activation(ctx, "sigmoid")
+
+    def _op_Tanh(self, ctx: _Ctx):
+        self._activation(ctx, "tanh")
+
+    def _op_HardSwish(self, ctx: _Ctx):
+        self._activation(ctx, "hardswish")
+
+    def _op_HardSigmoid(self, ctx: _Ctx):
+        self._activation(ctx, "hardsigmoid", float(ctx.attrs.get("alpha", 0.2)), float(ctx.attrs.get("beta", 0.5)),
+                         attrs=("alpha", "beta"))
+
+    def _op_LeakyRelu(self, ctx: _Ctx):
+        self._activation(ctx, "leaky_relu", float(ctx.attrs.get("alpha", 0.01)), attrs=("alpha",))
+
+    def _op_Elu(self, ctx: _Ctx):
+        self._activation(ctx, "elu", float(ctx.attrs.get("alpha", 1.0)), attrs=("alpha",))
+
+    def _op_Erf(self, ctx: _Ctx):
+        ctx.check_attrs(())
+        x = self.act(ctx, ctx.proto.input[0])
+        self.emit(ctx, "erf", [x], self.shapes[x])
+
+    def _op_PRelu(self, ctx: _Ctx):
+        ctx.check_attrs(())
+        names = ctx.inputs()
+        x = self.act(ctx, names[0])
+        slope = self.const(ctx, names[1], "slope")
+        shape = self.shapes[x]
+        if slope.size == 1:
+            self._activation(ctx, "leaky_relu", float(slope.reshape(-1)[0]))
+            return
+        form = tuple(shape[1] if axis == 1 else 1 for axis in range(len(shape)))
+        padded = (1,) * (len(shape) - slope.ndim) + tuple(slope.shape)
+        if slope.ndim > len(shape) or len(shape) < 2 or padded != form:
+            ctx.fail(f"slope of shape {tuple(slope.shape)} for an input of shape {shape}",
+                     f"a scalar or per-channel slope broadcastable as {form}")
+        self.emit(ctx, "prelu", [x, self.new_param(f"{names[1]}_{ctx.name}", slope.reshape(form))], shape)
+
+    # -- reductions and softmax -------------------------------------------------------------------------------
+
+    def _reduce(self, ctx: _Ctx, op: str):
+        names = ctx.inputs()
+        if self.opset >= 18:
+            ctx.check_attrs(("keepdims", "noop_with_empty_axes"))
+            axes = [int(a) for a in self.const(ctx, names[1], "axes").reshape(-1)] if len(names) > 1 else []
+            if not axes and ctx.attrs.get("noop_with_empty_axes", 0):
+                ctx.fail("noop_with_empty_axes=1 with no axes", "a reduction over axes 2 and 3")
+        else:
+            ctx.check_attrs(("axes", "keepdims"))
+            axes = [int(a) for a in ctx.attrs.get("axes", [])]
+        x = self.act(ctx, names[0], rank=(4,))
+        norm = sorted(a + 4 if a < 0 else a for a in axes)
+        if norm != [2, 3]:
+            ctx.fail(f"axes {axes or 'all (none given)'} on a 4-D input", "axes [2, 3] (the spatial H, W)")
+        keepdims = int(ctx.attrs.get("keepdims", 1))
+        n, c = self.shapes[x][:2]
+        self.emit(ctx, op, [x], (n, c, 1, 1) if keepdims else (n, c), keepdims=keepdims)
+
+    def _op_ReduceMean(self, ctx: _Ctx):
+        self._reduce(ctx, "reduce_mean")
+
+    def _op_ReduceMax(self, ctx: _Ctx):
+        self._reduce(ctx, "reduce_max")
+
+    def _op_GlobalMaxPool(self, ctx: _Ctx):
+        ctx.check_attrs(())
+        x = self.act(ctx, ctx.proto.input[0], rank=(4,))
+        self.emit(ctx, "global_max_pool", [x], self.shapes[x][:2] + (1, 1))
+
+    def _op_Softmax(self, ctx: _Ctx):
+        ctx.check_attrs(("axis",))
+        x = self.act(ctx, ctx.proto.input[0], rank=(2, 4))
+        shape = self.shapes[x]
+        axis = int(ctx.attrs.get("axis", -1 if self.opset >= 13 else 1))
+        axis = axis + len(shape) if axis < 0 else axis
+        # before opset 13 Softmax flattens the axes from ``axis`` on: channels only when H = W = 1
+        if axis != 1 or (self.opset < 13 and math.prod(shape[2:]) != 1):
+            ctx.fail(f"axis={ctx.attrs.get('axis', 'default')} on an input of shape {shape} (opset {self.opset})",
+                     "softmax over the channel axis (1) of (N, C) or NCHW (opset >= 13; before, H = W = 1)")
+        self.emit(ctx, "softmax", [x], shape, axis=1)
 
     def _op_BatchNormalization(self, ctx: _Ctx):
         ctx.check_attrs(("epsilon", "momentum", "spatial", "training_mode", "is_test"))
@@ -446,6 +607,8 @@ class _Converter(MovementOps):
     def _op_MatMul(self, ctx: _Ctx):
         ctx.check_attrs(())
         names = ctx.inputs()
+        if self.resolve(names[0]) in self.shapes and len(self.shapes[self.resolve(names[0])]) in (3, 4):
+            return self._matmul_nd(ctx)  # frontend_movement: MatMul on 3-D/4-D activations
         a = self.act(ctx, names[0], rank=(2,))
         b = self.const(ctx, names[1], "right operand B")
         if b.ndim != 2 or b.dtype.kind != "f" or b.shape[0] != self.shapes[a][1]:
@@ -472,8 +635,9 @@ class _Converter(MovementOps):
         self._pool(ctx, "max_pool")
 
     def _pool(self, ctx: _Ctx, op: str, **extra):
-        if ctx.attrs.get("ceil_mode", 0) != 0:
-            ctx.fail(f"ceil_mode={ctx.attrs['ceil_mode']}", "ceil_mode=0")
+        ceil_mode = int(ctx.attrs.get("ceil_mode", 0))
+        if ceil_mode not in (0, 1):
+            ctx.fail(f"ceil_mode={ceil_mode}", "ceil_mode 0 or 1")
         if self.pair(ctx, "dilations") != (1, 1):
             ctx.fail(f"dilations={ctx.attrs['dilations']}", "dilations=1")
         x = self.act(ctx, ctx.proto.input[0], rank=(4,))
@@ -487,6 +651,10 @@ class _Converter(MovementOps):
             ctx.fail(f"pads {pads} not smaller than kernel_shape {kernel}", "pads < kernel_shape")
         oh, ow = (_out_size(ctx, size, k, st, 1, pb, pe) for size, k, st, pb, pe in
                   zip((h, w), kernel, stride, pads[:2], pads[2:]))
+        if ceil_mode:
+            from .kernels import pool_out_shape
+            oh, ow = pool_out_shape((n, c, h, w), kernel, stride, pads, ceil_mode=True)[2:]
+            extra["ceil_mode"] = 1
         self.emit(ctx, op, [x], (n, c, oh, ow), kernel=kernel, stride=stride, padding=pads, **extra)
 
     def _op_Flatten(self, ctx: _Ctx):
@@ -595,6 +763,22 @@ def _out_size(ctx: _Ctx, size: int, kernel: int, stride: int, dilation: int, pad
         ctx.fail(f"a window of {span} over an input of {size} padded by {pad_begin}+{pad_end}",
                  "inputs at least as large as the (dilated) kernel")
     return (size + pad_begin + pad_end - span) // stride + 1
+
+
+def _evaluate(proto: onnx.NodeProto, feeds: dict, opset: int) -> list:
+    """One node run by onnx's ReferenceEvaluator at the model's opset."""
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+    inputs = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(np.asarray(v).dtype), None)
+              for k, v in feeds.items()]
+    outputs = [helper.make_value_info(t, onnx.TypeProto()) for t in proto.output if t]
+    node = onnx.NodeProto()
+    node.CopyFrom(proto)
+    graph = helper.make_graph([node], "fold", inputs, outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    values = ReferenceEvaluator(model).run(None, feeds)
+    it = iter(values)
+    return [next(it) if t else None for t in proto.output]
 
 
 def _attrs(proto: onnx.NodeProto) -> dict:

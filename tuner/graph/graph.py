@@ -13,12 +13,20 @@ Operators and their attributes as the frontend emits them (activations are NCHW,
 | batch_norm | x, scale, bias, mean, var | epsilon |
 | relu | x | |
 | clip | x | min, max |
-| add | a, b (same shape, or b a constant broadcast over N, H, W) | |
-| global_avg_pool | x | |
-| avg_pool, max_pool | x | kernel (r, s), stride, padding (top, left, bottom, right), count_include_pad (avg) |
+| add, sub, mul, div | a, b: same shape; an (N, C, H, W) activation and an (N or 1, C, 1, 1) one (a gate over H, W); or an activation and a per-channel constant param (1, C, 1, 1) / (1, C) (either side for sub, div) | |
+| prelu | x, slope (1, C, 1, 1) or (1, C) | |
+| activation | x | fn: an activation spec of tuner.ir.activations (sigmoid, hardswish, hardsigmoid(a,b), tanh, leaky_relu(a), elu(a), silu, gelu) |
+| erf | x | |
+| reduce_mean, reduce_max | x (N, C, H, W) -> (N, C, 1, 1) or (N, C) | keepdims (always over H, W) |
+| softmax | x (N, C) or NCHW | axis (1: channels) |
+| global_avg_pool, global_max_pool | x | |
+| avg_pool, max_pool | x | kernel (r, s), stride, padding (top, left, bottom, right), count_include_pad (avg), ceil_mode |
 | flatten | x (N, C, H, W) | (always to (N, C*H*W)) |
 | reshape | x | shape (the resolved output shape) |
 | concat | x0, x1, ... | axis (1: channels) |
+
+Passes add ``activation`` (a spec) and ``residual`` attributes to conv2d / dense (and ``activation`` to the binary
+ops) when they fuse an epilogue.
 """
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
-"""The model pipeline's glue kernels, which are not tuned: elementwise add / bias add / ReLU / clip, max and
-average pooling (global average pooling included), channel concat, and relayout (model-boundary packing,
+"""The model pipeline's glue kernels, which are not tuned: elementwise add / bias add / ReLU / clip, unary
+activations (any spec of ``tuner.ir.activations``, and erf), binary add / sub / mul / div / prelu with
+broadcasting (per-channel constants, squeeze-excitation's (N, C, 1, 1) gate over H, W), mean / max over H, W,
+softmax over channels, max and average pooling (global average pooling and ceil mode included), channel
+concat, and relayout (model-boundary packing,
 Flatten/Reshape, texture <-> buffer copies).
 
 Each builder returns an IR ``Kernel`` over LOGICAL tensors, like the templates: 4-D activations are NCHW
@@ -21,6 +24,7 @@ from math import prod
 
 import numpy as np
 
+from tuner.ir.activations import apply_ir, apply_numpy, canonical
 from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
 from tuner.ir.expr import Cast, ExtractLane, Ramp, as_expr, call, max_, min_, select
@@ -125,7 +129,19 @@ def _vector(lanes: list):
     return call("make_vector", lanes, "float32x4")
 
 
+def _check_activation(activation: str) -> None:
+    if activation in ACTIVATIONS:
+        return
+    try:
+        canonical(activation)
+    except ValueError as e:
+        raise ValueError(f"activation {activation!r}: none, clip (with ``clip``) or a spec of "
+                         f"tuner.ir.activations ({e})") from None
+
+
 def _activate(v, activation: str, clip: tuple):
+    if activation not in ACTIVATIONS:  # any spec of tuner.ir.activations: hardswish, sigmoid, leaky_relu(0.1), ...
+        return apply_ir(activation, v)
     if activation in ("relu", "relu6"):
         v = max_(v, 0.0)
     if activation == "relu6":
@@ -138,6 +154,8 @@ def _activate(v, activation: str, clip: tuple):
 
 
 def _np_activate(v: np.ndarray, activation: str, clip: tuple) -> np.ndarray:
+    if activation not in ACTIVATIONS:
+        return apply_numpy(activation, v)
     if activation in ("relu", "relu6"):
         v = np.maximum(v, 0)
     if activation == "relu6":
@@ -162,8 +180,7 @@ def elementwise_kernel(shape, op: str, dtype: str = "float32", in_scopes="textur
     _check_dtype(dtype)
     if op not in ELEMENTWISE_OPS:
         raise ValueError(f"elementwise op {op!r}: one of {', '.join(ELEMENTWISE_OPS)}")
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation {activation!r}: one of {', '.join(ACTIVATIONS)}")
+    _check_activation(activation)
     if op in UNARY and activation != "none":
         raise ValueError(f"elementwise op {op!r} is itself the activation; leave activation='none'")
     if (op == "clip" or activation == "clip") and not float(clip[0]) <= float(clip[1]):
@@ -216,21 +233,39 @@ def _padding(p) -> tuple:
     return p
 
 
-def pool_out_shape(shape, kernel, stride=1, padding=0) -> tuple:
-    """Output NCHW shape of a pool (floor mode, as ONNX's default)."""
+def _pool_size(n: int, k: int, s: int, begin: int, end: int, ceil_mode: bool) -> int:
+    span = n + begin + end - k
+    if not ceil_mode:
+        return span // s + 1
+    out = -(-span // s) + 1
+    return out - 1 if (out - 1) * s >= n + begin else out  # the last window starts inside (ONNX, PyTorch)
+
+
+def pool_out_shape(shape, kernel, stride=1, padding=0, ceil_mode: bool = False) -> tuple:
+    """Output NCHW shape of a pool (floor mode, ONNX's default, or ``ceil_mode``: a last partial window is kept
+    when it starts inside the input or its leading padding)."""
     (N, C, H, W), (R, S), (sh, sw), (pt, pl, pb, pr) = shape, _pair(kernel, "kernel"), _pair(stride, "stride"), \
         _padding(padding)
-    return N, C, (H + pt + pb - R) // sh + 1, (W + pl + pr - S) // sw + 1
+    return N, C, _pool_size(H, R, sh, pt, pb, ceil_mode), _pool_size(W, S, sw, pl, pr, ceil_mode)
+
+
+def pool_ceil_extra(shape, kernel, stride=1, padding=0, ceil_mode: bool = False) -> tuple:
+    """(rows, cols) that ceil mode's last windows reach past the padded input (counted by no average)."""
+    (R, S), (sh, sw), (pt, pl, pb, pr) = _pair(kernel, "kernel"), _pair(stride, "stride"), _padding(padding)
+    _, _, OH, OW = pool_out_shape(shape, (R, S), (sh, sw), (pt, pl, pb, pr), ceil_mode)
+    return (max(0, (OH - 1) * sh + R - (shape[2] + pt + pb)), max(0, (OW - 1) * sw + S - (shape[3] + pl + pr)))
 
 
 def pool_kernel(shape, kind: str, kernel, stride=1, padding=0, count_include_pad: bool = False,
                 dtype: str = "float32", in_scope: str = "texture", out_scope: str = "texture",
-                max_work_group: int = 64):
+                max_work_group: int = 64, ceil_mode: bool = False):
     """Max or average pooling of NCHW ``X`` into ``Y`` (ONNX semantics, floor mode), one output pixel per
     work-item and a loop over the window (serial past 3x3, so 7x7 global pools stay small). Pixels in the
     padding are skipped: max ignores them (as -inf); avg divides by the pixels inside the window, or by the
     whole window with ``count_include_pad``. Global average pooling: ``kind="avg", kernel=(H, W)``.
-    ``padding``: P, (ph, pw) or (top, left, bottom, right); each side must be smaller than the window."""
+    ``padding``: P, (ph, pw) or (top, left, bottom, right); each side must be smaller than the window.
+    ``ceil_mode``: ONNX's ceil_mode=1 output size; the part of a last window past the padded input counts as
+    neither pixel nor padding."""
     shape = _packed_shape(shape, "pool")
     _check_dtype(dtype)
     if len(shape) != 4:
@@ -241,11 +276,12 @@ def pool_kernel(shape, kind: str, kernel, stride=1, padding=0, count_include_pad
         _padding(padding)
     if max(pt, pb) >= R or max(pl, pr) >= S:
         raise ValueError(f"pool padding {[pt, pl, pb, pr]} must be smaller than the window {R}x{S} on each side")
-    out = pool_out_shape(shape, (R, S), (sh, sw), (pt, pl, pb, pr))
+    out = pool_out_shape(shape, (R, S), (sh, sw), (pt, pl, pb, pr), ceil_mode)
+    extra = pool_ceil_extra(shape, (R, S), (sh, sw), (pt, pl, pb, pr), ceil_mode)
     if min(out) < 1:
         raise ValueError(f"pool window {R}x{S} is larger than the padded input {H + pt + pb}x{W + pl + pr}")
     X, Y = _packed("X", shape, dtype, in_scope), _packed("Y", out, dtype, out_scope)
-    padded = max(pt, pl, pb, pr) > 0
+    padded = max(pt, pl, pb, pr, *extra) > 0
     b = Builder()
     with _work_items(b, _grid(out), max_work_group) as (n, cb, oh, ow):
         h0, w0 = b.let("h0", oh * sh - pt), b.let("w0", ow * sw - pl)
@@ -258,7 +294,11 @@ def pool_kernel(shape, kind: str, kernel, stride=1, padding=0, count_include_pad
                 v = X[n, Ramp(cb * 4, as_expr(1), 4), ih, iw]
                 b.store(acc, 0, max_(acc[0], v) if kind == "max" else acc[0] + v)
         v = acc[0]
-        if kind == "avg" and (count_include_pad or not padded):
+        if kind == "avg" and count_include_pad and max(extra) > 0:  # ceil mode: clip to the padded input
+            rows = min_(h0 + R, H + pb) - h0
+            cols = min_(w0 + S, W + pr) - w0
+            v = v / Cast(float32, rows * cols)
+        elif kind == "avg" and (count_include_pad or not padded):
             v = v * (1.0 / (R * S))  # floor mode: every window lies inside the padded input
         elif kind == "avg":
             rows = min_(h0 + R, H) - max_(h0, 0)
@@ -275,18 +315,26 @@ def global_avg_pool_kernel(shape, dtype: str = "float32", in_scope: str = "textu
     return pool_kernel(shape, "avg", shape[2:], 1, 0, False, dtype, in_scope, out_scope, max_work_group)
 
 
-def pool_reference(x, kind: str, kernel, stride=1, padding=0, count_include_pad: bool = False) -> np.ndarray:
-    """NumPy in float64: padding is NaN, skipped by nanmax; avg counts the pixels inside (or the window)."""
+def pool_reference(x, kind: str, kernel, stride=1, padding=0, count_include_pad: bool = False,
+                   ceil_mode: bool = False) -> np.ndarray:
+    """NumPy in float64: padding is NaN, skipped by nanmax; avg counts the pixels inside (or the window clipped
+    to the padded input)."""
     (R, S), (sh, sw), (pt, pl, pb, pr) = _pair(kernel, "kernel"), _pair(stride, "stride"), _padding(padding)
-    N, C, OH, OW = pool_out_shape(x.shape, (R, S), (sh, sw), (pt, pl, pb, pr))
+    N, C, OH, OW = pool_out_shape(x.shape, (R, S), (sh, sw), (pt, pl, pb, pr), ceil_mode)
+    eh, ew = pool_ceil_extra(x.shape, (R, S), (sh, sw), (pt, pl, pb, pr), ceil_mode)
     H, W = x.shape[2:]
-    xp = np.full((N, C, H + pt + pb, W + pl + pr), np.nan)
+    xp = np.full((N, C, H + pt + pb + eh, W + pl + pr + ew), np.nan)
     xp[:, :, pt:pt + H, pl:pl + W] = x
     win = np.lib.stride_tricks.sliding_window_view(xp, (R, S), axis=(2, 3))[:, :, ::sh, ::sw][:, :, :OH, :OW]
     if kind == "max":
         return np.nanmax(win, axis=(4, 5))
     total = np.nansum(win, axis=(4, 5))
-    return total / (R * S) if count_include_pad else total / np.sum(~np.isnan(win), axis=(4, 5))
+    if not count_include_pad:
+        return total / np.sum(~np.isnan(win), axis=(4, 5))
+    inside = np.zeros(xp.shape[2:])
+    inside[:H + pt + pb, :W + pl + pr] = 1
+    count = np.lib.stride_tricks.sliding_window_view(inside, (R, S))[::sh, ::sw][:OH, :OW].sum(axis=(2, 3))
+    return total / count
 
 
 # -- concat -----------------------------------------------------------------------------------------------
@@ -436,9 +484,206 @@ def relayout_reference(x, out_shape) -> np.ndarray:
     return np.asarray(x, np.float64).reshape(tuple(out_shape))
 
 
+# -- unary activations ------------------------------------------------------------------------------------
+def _erf(v):
+    return call("erf", [v], v.dtype)
+
+
+def unary_kernel(shape, fn: str, dtype: str = "float32", in_scope: str = "texture", out_scope: str = "texture",
+                 max_work_group: int = 64):
+    """``Y = fn(X)`` per pixel over a 4-D NCHW or 2-D (N, K) ``shape``; ``fn``: any activation spec of
+    ``tuner.ir.activations`` (``sigmoid``, ``hardswish``, ``leaky_relu(0.1)``, ...) or ``erf``."""
+    shape = _packed_shape(shape, "unary")
+    _check_dtype(dtype)
+    if fn != "erf":
+        canonical(fn)  # ValueError names the activations
+    X, Y = _packed("X", shape, dtype, in_scope), _packed("Y", shape, dtype, out_scope)
+    b = Builder()
+    with _work_items(b, _grid(shape), max_work_group) as idx:
+        pix = _pixel(idx)
+        v = X[pix]
+        b.store(Y, pix, _erf(v) if fn == "erf" else apply_ir(fn, v))
+    return b.kernel("unary_" + ("erf" if fn == "erf" else canonical(fn).split("(")[0]), [X, Y])
+
+
+def unary_reference(fn: str, x) -> np.ndarray:
+    if fn == "erf":
+        from math import erf
+        return np.vectorize(erf, otypes=[np.float64])(np.asarray(x, np.float64))
+    return apply_numpy(fn, x)
+
+
+# -- binary with broadcasting -------------------------------------------------------------------------------
+BINARY_OPS = ("add", "sub", "mul", "div", "prelu")
+
+
+def _operand_kind(shape: tuple, operand: tuple, k: int) -> str:
+    """How operand ``k`` broadcasts to the output ``shape``: ``full`` (same shape), ``channel`` (a (C,) constant,
+    one value per channel) or ``gate`` ((N or 1, C, 1, 1): one value per image and channel, over H and W)."""
+    operand = tuple(int(d) for d in operand)
+    if operand == shape:
+        return "full"
+    if operand == (shape[1],):
+        return "channel"
+    if len(shape) == 4 and len(operand) == 4 and operand[1:] == (shape[1], 1, 1) and operand[0] in (1, shape[0]):
+        return "gate"
+    raise ValueError(f"binary operand X{k} of shape {list(operand)} does not broadcast to {list(shape)}: want the "
+                     f"same shape, ({shape[1]},) per channel, or (N or 1, {shape[1]}, 1, 1) over H and W")
+
+
+def binary_kernel(shape, op: str, operands, dtype: str = "float32", in_scopes="texture", out_scope: str = "texture",
+                  activation: str = "none", max_work_group: int = 64):
+    """``Y = act(X0 op X1)`` over a 4-D NCHW or 2-D (N, K) ``shape`` with ONNX broadcasting of the forms models
+    use: each of ``operands`` (the shapes of ``X0``, ``X1``) is ``shape`` itself, ``(C,)`` (a constant per
+    channel: ``bias4_buffer`` buffer or ``mace_argument`` texture) or ``(N or 1, C, 1, 1)`` (a gate read once
+    per pixel and broadcast over H, W: squeeze-excitation's channel scale). ``op``: add, sub, mul, div, or prelu
+    (``X0`` if positive else ``X0 * X1``). One output pixel per work-item."""
+    shape = _packed_shape(shape, "binary")
+    _check_dtype(dtype)
+    if op not in BINARY_OPS:
+        raise ValueError(f"binary op {op!r}: one of {', '.join(BINARY_OPS)}")
+    _check_activation(activation)
+    operands = [tuple(int(d) for d in o) for o in operands]
+    if len(operands) != 2:
+        raise ValueError(f"binary {op} takes 2 operands, got {len(operands)}")
+    kinds = [_operand_kind(shape, o, k) for k, o in enumerate(operands)]
+    if "full" not in kinds:
+        raise ValueError(f"binary {op}: operands {operands} broadcast to {list(shape)} but neither has that shape")
+    scopes = _scopes(in_scopes, 2, f"binary {op}")
+    xs = []
+    for k, (kind, o, sc) in enumerate(zip(kinds, operands, scopes)):
+        if kind == "channel":
+            xs.append(buffer(f"X{k}", o, dtype, *(("texture:weight", "mace_argument") if sc == "texture"
+                                                  else ("global", "bias4_buffer"))))
+        else:
+            xs.append(_packed(f"X{k}", o, dtype, sc))
+    Y = _packed("Y", shape, dtype, out_scope)
+    b = Builder()
+    with _work_items(b, _grid(shape), max_work_group) as idx:
+        pix = _pixel(idx)
+        vals = []
+        for x, kind, o in zip(xs, kinds, operands):
+            if kind == "full":
+                vals.append(x[pix])
+            elif kind == "channel":
+                vals.append(x[pix[1]])
+            else:
+                vals.append(b.let(f"{x.name}_gate", x[(idx[0] if o[0] > 1 else 0, pix[1], 0, 0)]))
+        a, c = vals
+        v = (a + c if op == "add" else a - c if op == "sub" else a * c if op == "mul" else a / c if op == "div"
+             else max_(a, 0.0) + min_(a, 0.0) * c)
+        b.store(Y, pix, _activate(v, activation, (0.0, 6.0)))
+    return b.kernel(f"{op}_{kinds[0]}_{kinds[1]}", [*xs, Y])
+
+
+def binary_reference(op: str, x0, x1, activation: str = "none") -> np.ndarray:
+    a, c = (np.asarray(x, np.float64) for x in (x0, x1))
+    if c.ndim == 1 and a.ndim > 1:
+        c = c.reshape((1, -1) + (1,) * (a.ndim - 2))
+    if a.ndim == 1 and c.ndim > 1:
+        a = a.reshape((1, -1) + (1,) * (c.ndim - 2))
+    v = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
+         "prelu": lambda p, q: np.where(p > 0, p, p * q)}[op](a, c)
+    return _np_activate(v, activation, (0.0, 6.0))
+
+
+# -- reductions over H, W -------------------------------------------------------------------------------------
+def reduce_kernel(shape, kind: str, keepdims: bool = True, dtype: str = "float32", in_scope: str = "texture",
+                  out_scope: str = "texture", max_work_group: int = 64):
+    """Mean or max of each channel of NCHW ``X`` over H and W into ``Y`` (N, C, 1, 1), or (N, C) without
+    ``keepdims``: one output pixel (4 channels) per work-item and a serial loop over the pixels. Lanes never
+    mix, so the input's padding lanes reach only the output's."""
+    shape = _packed_shape(shape, "reduce")
+    _check_dtype(dtype)
+    if len(shape) != 4:
+        raise ValueError(f"reduce shape {list(shape)}: want 4-D NCHW")
+    if kind not in ("mean", "max"):
+        raise ValueError(f"reduce kind {kind!r}: 'mean' or 'max'")
+    N, C, H, W = shape
+    out = (N, C, 1, 1) if keepdims else (N, C)
+    X, Y = _packed("X", shape, dtype, in_scope), _packed("Y", out, dtype, out_scope)
+    b = Builder()
+    with _work_items(b, (N, -(-C // 4)), max_work_group) as (n, cb):
+        acc = b.allocate("acc", (1,), "float32x4", "private")
+        b.store(acc, 0, LOWEST if kind == "max" else 0.0)
+        with b.loop("h", H, "serial") as h, b.loop("w", W, "serial") as w:
+            v = X[n, Ramp(cb * 4, as_expr(1), 4), h, w]
+            b.store(acc, 0, max_(acc[0], v) if kind == "max" else acc[0] + v)
+        v = acc[0] * (1.0 / (H * W)) if kind == "mean" else acc[0]
+        b.store(Y, (n, Ramp(cb * 4, as_expr(1), 4), *((0, 0) if keepdims else ())), v)
+    return b.kernel(f"reduce_{kind}", [X, Y])
+
+
+def reduce_reference(x, kind: str, keepdims: bool = True) -> np.ndarray:
+    x = np.asarray(x, np.float64)
+    return (x.mean if kind == "mean" else x.max)(axis=(2, 3), keepdims=keepdims)
+
+
+# -- softmax over channels ------------------------------------------------------------------------------------
+def softmax_kernel(shape, dtype: str = "float32", in_scope: str = "texture", out_scope: str = "texture",
+                   max_work_group: int = 64):
+    """Softmax over axis 1 (channels) of NCHW or (N, K) ``X``: one work-item per (n, h, w) position, three
+    passes over its channel blocks (max, sum of exp, write). The padding lanes of the last block are left out
+    of the max and the sum (they hold anything) and written zero."""
+    shape = _packed_shape(shape, "softmax")
+    _check_dtype(dtype)
+    C = shape[1]
+    full, rem = divmod(C, 4)
+    X, Y = _packed("X", shape, dtype, in_scope), _packed("Y", shape, dtype, out_scope)
+    b = Builder()
+    with _work_items(b, (shape[0], *shape[2:]), max_work_group) as idx:
+        def at(cb):
+            return (idx[0], Ramp(as_expr(cb * 4), as_expr(1), 4), *idx[1:])
+
+        def lanes(v, k):
+            return [ExtractLane(v, j) for j in range(k)]
+
+        def hmax(v):
+            return max_(max_(ExtractLane(v, 0), ExtractLane(v, 1)), max_(ExtractLane(v, 2), ExtractLane(v, 3)))
+
+        last = b.let("last", X[at(full)]) if rem else None
+        vmax = b.allocate("vmax", (1,), "float32x4", "private")
+        b.store(vmax, 0, LOWEST)
+        if full:
+            with b.loop("cb", full, "serial") as cb:
+                b.store(vmax, 0, max_(vmax[0], X[at(cb)]))
+        m = hmax(vmax[0])
+        for e in (lanes(last, rem) if rem else []):
+            m = max_(m, e)
+        m = b.let("m", m)
+        vsum = b.allocate("vsum", (1,), "float32x4", "private")
+        b.store(vsum, 0, 0.0)
+        if full:
+            with b.loop("cb", full, "serial") as cb:
+                b.store(vsum, 0, vsum[0] + call("exp", [X[at(cb)] - m], "float32x4"))
+        s = vsum[0]
+        total = (ExtractLane(s, 0) + ExtractLane(s, 1)) + (ExtractLane(s, 2) + ExtractLane(s, 3))
+        if rem:
+            el = b.let("el", call("exp", [last - m], "float32x4"))
+            for j in range(rem):
+                total = total + ExtractLane(el, j)
+        inv = b.let("inv", 1.0 / total)
+        if full:
+            with b.loop("cb", full, "serial") as cb:
+                b.store(Y, at(cb), call("exp", [X[at(cb)] - m], "float32x4") * inv)
+        if rem:
+            b.store(Y, at(full), _vector([ExtractLane(el, j) * inv if j < rem else as_expr(0.0) for j in range(4)]))
+    return b.kernel("softmax", [X, Y])
+
+
+def softmax_reference(x) -> np.ndarray:
+    x = np.asarray(x, np.float64)
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
 GLUE = {
     "elementwise": (elementwise_kernel, elementwise_reference),
     "pool": (pool_kernel, pool_reference),
     "concat": (concat_kernel, concat_reference),
     "relayout": (relayout_kernel, relayout_reference),
+    "unary": (unary_kernel, unary_reference),
+    "binary": (binary_kernel, binary_reference),
+    "reduce": (reduce_kernel, reduce_reference),
+    "softmax": (softmax_kernel, softmax_reference),
 }

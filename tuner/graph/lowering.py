@@ -128,6 +128,8 @@ def lower_template(ctx: LowerCtx, node, ins, out, shape):
 def lower_elementwise(ctx: LowerCtx, node, ins, out, shape):
     from .plan import Step
     g, a = ctx.graph, node.attrs
+    if node.op == "add" and any(t not in g.params and tuple(g.shapes[t]) != tuple(shape) for t in node.inputs):
+        return lower_binary(ctx, node, ins, out, shape)  # a gate broadcast over H, W
     acts = [t for t in ins if t not in g.params]
     const = [t for t in ins if t in g.params]
     attrs = {"op": node.op, "activation": a.get("activation", "none")}
@@ -159,17 +161,93 @@ def build_elementwise(s, plan, max_wg):
                                 max_work_group=max_wg)
 
 
+# -- glue: activations and broadcasting binary ops ------------------------------------------------------------
+
+@lowers("activation", "erf")
+def lower_unary(ctx: LowerCtx, node, ins, out, shape):
+    from .plan import Step
+    ctx.add(Step(node.name, "unary", {"X": ins[0]}, out, {"fn": node.attrs.get("fn", "erf")}))
+
+
+@glue("unary")
+def build_unary(s, plan, max_wg):
+    from . import kernels as K
+    x, out = plan.tensors[s.inputs["X"]], plan.tensors[s.output]
+    return K.unary_kernel(out.shape, s.attrs["fn"], plan.dtype, x.scope, out.scope, max_wg)
+
+
+@lowers("sub", "mul", "div", "prelu")
+def lower_binary(ctx: LowerCtx, node, ins, out, shape):
+    """Either operand may be a per-channel constant ((1, C, 1, 1) / (1, C) param: passed as (C,)) or an
+    (N or 1, C, 1, 1) gate; the step keeps the operands' shapes for the kernel."""
+    from .plan import Step
+    g = ctx.graph
+    inputs, operands = {}, []
+    for k, (t, packed) in enumerate(zip(node.inputs, ins)):
+        if t in g.params:
+            v = np.broadcast_to(np.asarray(g.params[t], np.float32), (1, shape[1]) + (1,) * (len(shape) - 2))
+            name = f"{node.name}.c{k}"
+            ctx.extra[name] = np.ascontiguousarray(v.reshape(-1))
+            inputs[f"X{k}"], operands = name, operands + [(shape[1],)]
+        else:
+            inputs[f"X{k}"], operands = packed, operands + [tuple(g.shapes[t])]
+    ctx.add(Step(node.name, "binary", inputs, out, {"op": node.op, "operands": operands,
+                                                    "activation": node.attrs.get("activation", "none")}))
+
+
+@glue("binary")
+def build_binary(s, plan, max_wg):
+    from . import kernels as K
+    out = plan.tensors[s.output]
+    acts = [plan.tensors[x] for x in s.inputs.values() if x in plan.tensors]
+    scopes = [plan.tensors[x].scope if x in plan.tensors else acts[0].scope for x in s.inputs.values()]
+    return K.binary_kernel(out.shape, s.attrs["op"], s.attrs["operands"], plan.dtype, scopes, out.scope,
+                           s.attrs["activation"], max_wg)
+
+
+# -- glue: reductions and softmax -----------------------------------------------------------------------------
+
+@lowers("reduce_mean", "reduce_max")
+def lower_reduce(ctx: LowerCtx, node, ins, out, shape):
+    from .plan import Step
+    ctx.add(Step(node.name, "reduce", {"X": ins[0]}, out, {"kind": node.op[len("reduce_"):],
+                                                           "keepdims": bool(node.attrs.get("keepdims", 1))}))
+
+
+@glue("reduce")
+def build_reduce(s, plan, max_wg):
+    from . import kernels as K
+    x, out = plan.tensors[s.inputs["X"]], plan.tensors[s.output]
+    return K.reduce_kernel(x.shape, s.attrs["kind"], s.attrs["keepdims"], plan.dtype, x.scope, out.scope, max_wg)
+
+
+@lowers("softmax")
+def lower_softmax(ctx: LowerCtx, node, ins, out, shape):
+    from .plan import Step
+    if node.attrs.get("axis", 1) != 1:
+        raise TunerError(f"node {node.name!r}: softmax over axis {node.attrs.get('axis')}; only channels (axis 1)")
+    ctx.add(Step(node.name, "softmax", {"X": ins[0]}, out))
+
+
+@glue("softmax")
+def build_softmax(s, plan, max_wg):
+    from . import kernels as K
+    x, out = plan.tensors[s.inputs["X"]], plan.tensors[s.output]
+    return K.softmax_kernel(x.shape, plan.dtype, x.scope, out.scope, max_wg)
+
+
 # -- glue: pooling --------------------------------------------------------------------------------------------
 
-@lowers("global_avg_pool", "avg_pool", "max_pool")
+@lowers("global_avg_pool", "global_max_pool", "avg_pool", "max_pool")
 def lower_pool(ctx: LowerCtx, node, ins, out, shape):
     from .plan import Step
     a = node.attrs
     h, w = ctx.shape(node.inputs[0])[2:]
-    attrs = ({"kind": "avg", "kernel": (h, w), "stride": (1, 1), "padding": (0, 0, 0, 0),
-              "count_include_pad": False} if node.op == "global_avg_pool" else
+    attrs = ({"kind": node.op[7:10], "kernel": (h, w), "stride": (1, 1), "padding": (0, 0, 0, 0),
+              "count_include_pad": False} if node.op.startswith("global_") else
              {"kind": node.op[:3], "kernel": tuple(a["kernel"]), "stride": tuple(a["stride"]),
-              "padding": tuple(a["padding"]), "count_include_pad": bool(a.get("count_include_pad", False))})
+              "padding": tuple(a["padding"]), "count_include_pad": bool(a.get("count_include_pad", False)),
+              "ceil_mode": bool(a.get("ceil_mode", 0))})
     ctx.add(Step(node.name, "pool", {"X": ins[0]}, out, attrs))
 
 
@@ -178,7 +256,7 @@ def build_pool(s, plan, max_wg):
     from . import kernels as K
     a, x, out = s.attrs, plan.tensors[s.inputs["X"]], plan.tensors[s.output]
     return K.pool_kernel(x.shape, a["kind"], a["kernel"], a["stride"], a["padding"], a["count_include_pad"],
-                         plan.dtype, x.scope, out.scope, max_wg)
+                         plan.dtype, x.scope, out.scope, max_wg, ceil_mode=a.get("ceil_mode", False))
 
 
 # -- glue: data movement --------------------------------------------------------------------------------------

@@ -1,3 +1,131 @@
 """Lowering and glue-kernel rules of the data-movement and layout operators (registered on import through
-``lowering.RULE_MODULES``)."""
+``lowering.RULE_MODULES``): transpose -> ``permute``, slice, pad, resize, layer_norm, upsample_zeros glue steps.
+``conv_transpose`` and 5-D channel shuffles are rewritten by ``passes_movement`` first."""
 from __future__ import annotations
+
+import numpy as np
+
+from tuner.errors import TunerError
+
+from .lowering import LowerCtx, glue, lowers
+
+
+def _step(*args, **kwargs):
+    from .plan import Step
+    return Step(*args, **kwargs)
+
+
+def _scope(plan, name: str) -> str:
+    t = plan.tensors[name]
+    return "buffer" if t.kind == "plain" else t.scope
+
+
+# -- rules ------------------------------------------------------------------------------------------------
+@lowers("transpose")
+def lower_transpose(ctx: LowerCtx, node, ins, out, shape):
+    perm = tuple(node.attrs["perm"])
+    if perm == tuple(range(len(perm))):
+        ctx.add(_step(node.name, "relayout", {"X": ins[0]}, out))
+        return
+    ctx.add(_step(node.name, "permute", {"X": ins[0]}, out, {"perm": perm}))
+
+
+@lowers("slice")
+def lower_slice(ctx: LowerCtx, node, ins, out, shape):
+    from .kernels_movement import channel_map
+    a = node.attrs
+    if channel_map(a["channels"]) is None:
+        raise TunerError(f"node {node.name!r}: a channel gather {list(a['channels'])[:16]} that is not a slice or a "
+                         f"shuffle ((c % m) * a + (c // m) * b + off) has no kernel")
+    ctx.add(_step(node.name, "slice", {"X": ins[0]}, out, {"channels": tuple(a["channels"]),
+                                                          "rows": tuple(a.get("rows", (0, 1, None))),
+                                                          "cols": tuple(a.get("cols", (0, 1, None)))}))
+
+
+@lowers("pad")
+def lower_pad(ctx: LowerCtx, node, ins, out, shape):
+    a = node.attrs
+    ctx.add(_step(node.name, "pad", {"X": ins[0]}, out, {"pads": tuple(a["pads"]), "mode": a["mode"],
+                                                        "value": float(a.get("value", 0.0))}))
+
+
+@lowers("resize")
+def lower_resize(ctx: LowerCtx, node, ins, out, shape):
+    a = node.attrs
+    ctx.add(_step(node.name, "resize", {"X": ins[0]}, out, {"mode": a["mode"], "coord": a["coord"],
+                                                           "nearest": a["nearest"], "scales": tuple(a["scales"])}))
+
+
+@lowers("upsample_zeros")
+def lower_upsample_zeros(ctx: LowerCtx, node, ins, out, shape):
+    a = node.attrs
+    ctx.add(_step(node.name, "upsample_zeros", {"X": ins[0]}, out, {"stride": tuple(a["stride"]),
+                                                                   "shift": tuple(a["shift"])}))
+
+
+@lowers("layer_norm")
+def lower_layer_norm(ctx: LowerCtx, node, ins, out, shape):
+    if node.attrs.get("axis") != 1 or len(shape) not in (2, 4):
+        raise TunerError(f"node {node.name!r}: layer_norm over axis {node.attrs.get('axis')} of a {len(shape)}-D "
+                         f"tensor; only channels (axis 1) of NCHW or (N, K) tensors have a kernel (run "
+                         f"passes_movement.nhwc_to_nchw)")
+    g = ctx.graph
+    ctx.extra[f"{node.name}.gamma"] = np.asarray(g.params[node.inputs[1]], np.float32).reshape(-1)
+    ctx.extra[f"{node.name}.beta"] = np.asarray(g.params[node.inputs[2]], np.float32).reshape(-1)
+    ctx.add(_step(node.name, "layer_norm", {"X": ins[0], "G": f"{node.name}.gamma", "Bt": f"{node.name}.beta"},
+                  out, {"epsilon": float(node.attrs.get("epsilon", 1e-5))}))
+
+
+@lowers("conv_transpose")
+def lower_conv_transpose(ctx: LowerCtx, node, ins, out, shape):
+    raise TunerError(f"node {node.name!r}: conv_transpose is lowered onto conv2d by "
+                     f"passes_movement.lower_conv_transpose; run passes.optimize first")
+
+
+# -- glue kernels -----------------------------------------------------------------------------------------
+@glue("permute")
+def build_permute(s, plan, max_wg):
+    from . import kernels_movement as KM
+    x = plan.tensors[s.inputs["X"]]
+    return KM.permute_kernel(x.shape, s.attrs["perm"], plan.dtype, _scope(plan, x.name),
+                             _scope(plan, s.output), max_wg)
+
+
+@glue("slice")
+def build_slice(s, plan, max_wg):
+    from . import kernels_movement as KM
+    x, a = plan.tensors[s.inputs["X"]], s.attrs
+    return KM.slice_kernel(x.shape, a["channels"], a["rows"], a["cols"], plan.dtype, _scope(plan, x.name),
+                           _scope(plan, s.output), max_wg)
+
+
+@glue("pad")
+def build_pad(s, plan, max_wg):
+    from . import kernels_movement as KM
+    x, a = plan.tensors[s.inputs["X"]], s.attrs
+    return KM.pad_kernel(x.shape, a["pads"], a["mode"], a["value"], plan.dtype, _scope(plan, x.name),
+                         _scope(plan, s.output), max_wg)
+
+
+@glue("resize")
+def build_resize(s, plan, max_wg):
+    from . import kernels_movement as KM
+    x, a, out = plan.tensors[s.inputs["X"]], s.attrs, plan.tensors[s.output]
+    return KM.resize_kernel(x.shape, out.shape[2:], a["mode"], a["coord"], a["nearest"], a["scales"], plan.dtype,
+                            _scope(plan, x.name), _scope(plan, s.output), max_wg)
+
+
+@glue("upsample_zeros")
+def build_upsample_zeros(s, plan, max_wg):
+    from . import kernels_movement as KM
+    x, a, out = plan.tensors[s.inputs["X"]], s.attrs, plan.tensors[s.output]
+    return KM.upsample_zeros_kernel(x.shape, out.shape[2:], a["stride"], a["shift"], plan.dtype,
+                                    _scope(plan, x.name), _scope(plan, s.output), max_wg)
+
+
+@glue("layer_norm")
+def build_layer_norm(s, plan, max_wg):
+    from . import kernels_movement as KM
+    x = plan.tensors[s.inputs["X"]]
+    return KM.layer_norm_kernel(x.shape, s.attrs["epsilon"], plan.dtype, _scope(plan, x.name),
+                                _scope(plan, s.output), max_wg)

@@ -3,9 +3,11 @@
 - ``fold_batch_norm``: a BatchNorm after a convolution scales its weights and shifts its bias; one with no
   convolution before it becomes a 1x1 depthwise convolution (a per-channel scale and shift).
 - ``fuse_epilogues``: a convolution or dense layer absorbs what follows it when nothing else reads the
-  intermediate tensor: a constant per-channel add (bias), an add of another activation (residual), then ReLU
-  or Clip(0, 6) (ReLU6) -- the kernels' epilogue order. Adds that stay on their own absorb a following
-  activation too.
+  intermediate tensor: a constant per-channel add (bias), an add of another activation (residual), then any
+  activation (relu, clip, and every ``activation`` node's spec: hardswish, sigmoid, silu, gelu, ...) -- the
+  kernels' epilogue order. Binary glue ops (add, sub, mul, div, prelu) that stay on their own absorb a
+  following activation too.
+- ``fuse_patterns``: x * sigmoid(x) -> silu, x * hardsigmoid(x) -> hardswish, the erf GELU -> gelu.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import numpy as np
 from .graph import Graph, Node
 
 ACTIVATION_OF_CLIP = {(0.0, 6.0): "relu6", (0.0, float("inf")): "relu"}
+BINARY_OPS = ("add", "sub", "mul", "div", "prelu")  # glue kernels that apply an activation after themselves
 
 
 def _fresh(g: Graph, base: str) -> str:
@@ -75,11 +78,81 @@ def fold_batch_norm(graph: Graph) -> Graph:
 
 
 def _activation(node: Node) -> str | None:
+    """The activation spec (tuner.ir.activations) a node applies, if it is a unary activation."""
+    from tuner.ir.activations import canonical, spec
     if node.op == "relu":
         return "relu"
     if node.op == "clip":
-        return ACTIVATION_OF_CLIP.get((float(node.attrs.get("min", -np.inf)), float(node.attrs.get("max", np.inf))))
+        lo, hi = float(node.attrs.get("min", -np.inf)), float(node.attrs.get("max", np.inf))
+        return ACTIVATION_OF_CLIP.get((lo, hi)) or spec("clip", lo, hi)
+    if node.op == "activation":
+        return canonical(node.attrs["fn"])
     return None
+
+
+def _scalar_param(g: Graph, name: str) -> float | None:
+    """The value of a param whose elements are all equal, else None."""
+    if name not in g.params:
+        return None
+    v = np.asarray(g.params[name]).reshape(-1)
+    return float(v[0]) if v.size and np.all(v == v[0]) else None
+
+
+def _other(node: Node, name: str) -> str:
+    return node.inputs[1] if node.inputs[0] == name else node.inputs[0]
+
+
+def fuse_patterns(graph: Graph) -> Graph:
+    """Activations exporters spell as several nodes become one ``activation`` node (so that they fuse into the
+    kernel before them): ``x * sigmoid(x)`` -> silu, ``x * hardsigmoid(x)`` (alpha 1/6, beta 0.5) -> hardswish,
+    ``x * 0.5 * (1 + erf(x / sqrt(2)))`` (either association of the 0.5) -> gelu. Only when nothing else reads
+    the intermediate tensors."""
+    from tuner.ir.activations import parse
+    g = graph.copy()
+
+    def sole(t: str):
+        readers = g.consumers(t)
+        return readers[0] if len(readers) == 1 and t not in g.outputs else None
+
+    def replace(dead: list, last: Node, x: str, fn: str):
+        last_index = g.nodes.index(last)
+        g.nodes[last_index] = Node("activation", last.name, [x], list(last.outputs), {"fn": fn})
+        g.nodes = [n for n in g.nodes if all(n is not d for d in dead)]
+
+    for node in list(g.nodes):
+        if not any(n is node for n in g.nodes):
+            continue
+        if node.op == "activation" and parse(node.attrs["fn"])[0] in ("sigmoid", "hardsigmoid"):
+            name, params = parse(node.attrs["fn"])
+            fused = "silu" if name == "sigmoid" else (
+                "hardswish" if abs(params[0] - 1 / 6) < 1e-6 and params[1] == 0.5 else None)
+            x, m = node.inputs[0], sole(node.outputs[0])
+            if fused and m is not None and m.op == "mul" and sorted(m.inputs) == sorted([x, node.outputs[0]]):
+                replace([node], m, x, fused)
+        elif node.op == "erf":
+            div = g.producer(node.inputs[0])
+            if div is None or div.op != "mul" or len(g.consumers(node.inputs[0])) != 1:
+                continue
+            x = div.inputs[0]
+            if x in g.params or abs((_scalar_param(g, div.inputs[1]) or 0) - 2 ** -0.5) > 1e-6:
+                continue
+            add = sole(node.outputs[0])
+            if add is None or add.op != "add" or _scalar_param(g, _other(add, node.outputs[0])) != 1.0:
+                continue
+            m = sole(add.outputs[0])
+            if m is None or m.op != "mul":
+                continue
+            other = _other(m, add.outputs[0])
+            if other == x:  # (x * (1 + erf)) * 0.5
+                half = sole(m.outputs[0])
+                if half is not None and half.op == "mul" and _scalar_param(g, _other(half, m.outputs[0])) == 0.5:
+                    replace([div, node, add, m], half, x, "gelu")
+            else:  # (x * 0.5) * (1 + erf)
+                h = g.producer(other)
+                if (h is not None and h.op == "mul" and x in h.inputs and len(g.consumers(other)) == 1
+                        and _scalar_param(g, _other(h, x)) == 0.5):
+                    replace([div, node, add, h], m, x, "gelu")
+    return _drop_unused_params(g).validate()
 
 
 def _channel_constant(g: Graph, name: str, channels: int, rank: int) -> np.ndarray | None:
@@ -102,7 +175,7 @@ def fuse_epilogues(graph: Graph) -> Graph:
     order = {n.name: i for i, n in enumerate(g.nodes)}
     removed: set = set()
     for node in g.nodes:
-        if node.name in removed or node.op not in ("conv2d", "dense", "add"):
+        if node.name in removed or node.op not in ("conv2d", "dense") + BINARY_OPS:
             continue
         while True:
             out = node.outputs[0]
@@ -113,7 +186,7 @@ def fuse_epilogues(graph: Graph) -> Graph:
             act = _activation(nxt)
             if act is not None and "activation" not in node.attrs:
                 node.attrs["activation"] = act
-            elif nxt.op == "add" and node.op != "add" and "activation" not in node.attrs:
+            elif nxt.op == "add" and node.op in ("conv2d", "dense") and "activation" not in node.attrs:
                 other = nxt.inputs[1] if nxt.inputs[0] == out else nxt.inputs[0]
                 shape = g.shapes[out]
                 const = _channel_constant(g, other, shape[1], len(shape))
@@ -141,5 +214,7 @@ def fuse_epilogues(graph: Graph) -> Graph:
 
 
 def optimize(graph: Graph) -> Graph:
-    """The frontend graph as the kernels will run it: BatchNorm folded, epilogues fused."""
-    return fuse_epilogues(fold_batch_norm(graph))
+    """The frontend graph as the kernels will run it: BatchNorm folded, multi-node activations recognized,
+    epilogues fused."""
+    from .passes_movement import optimize_movement  # layout rewrites first: ConvTranspose -> conv2d, NHWC blocks
+    return fuse_epilogues(fuse_patterns(fold_batch_norm(optimize_movement(graph))))

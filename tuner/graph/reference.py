@@ -91,20 +91,51 @@ def batch_norm(node: Node, x, scale, bias, mean, var):
     return (x - _channel(mean, x.ndim)) * _channel(inv, x.ndim) + _channel(bias, x.ndim)
 
 
+def _pool_padding(node: Node, x) -> tuple:
+    """The padding with ceil mode's extra rows / columns (past the padded input) added at the end."""
+    a = node.attrs
+    if not a.get("ceil_mode", 0):
+        return tuple(a["padding"])
+    from .kernels import pool_ceil_extra
+    eh, ew = pool_ceil_extra(x.shape, a["kernel"], a["stride"], a["padding"], True)
+    t, l, b, r = a["padding"]
+    return (t, l, b + eh, r + ew)
+
+
 def avg_pool(node: Node, x):
     a = node.attrs
-    taps = _windows(x, a["kernel"], a["stride"], (1, 1), a["padding"], 0.0)
+    padding = _pool_padding(node, x)
+    taps = _windows(x, a["kernel"], a["stride"], (1, 1), padding, 0.0)
     total = sum(xs for _, xs in taps)
-    if a.get("count_include_pad", 0):
-        return total / (a["kernel"][0] * a["kernel"][1])
-    ones = np.ones((1, 1) + x.shape[2:])
-    count = sum(m for _, m in _windows(ones, a["kernel"], a["stride"], (1, 1), a["padding"], 0.0))
+    if a.get("count_include_pad", 0):  # the window clipped to the padded input (ceil mode's extra is not padding)
+        t, l, b, r = a["padding"]
+        inside = np.ones((1, 1, x.shape[2] + t + b, x.shape[3] + l + r))
+        extra = (0, 0, padding[2] - b, padding[3] - r)
+    else:
+        inside, extra = np.ones((1, 1) + x.shape[2:]), padding
+    count = sum(m for _, m in _windows(inside, a["kernel"], a["stride"], (1, 1), extra, 0.0))
     return total / count
 
 
 def max_pool(node: Node, x):
     a = node.attrs
-    return np.max([xs for _, xs in _windows(x, a["kernel"], a["stride"], (1, 1), a["padding"], -np.inf)], axis=0)
+    taps = _windows(x, a["kernel"], a["stride"], (1, 1), _pool_padding(node, x), -np.inf)
+    return np.max([xs for _, xs in taps], axis=0)
+
+
+def _erf(x):
+    from math import erf
+    return np.vectorize(erf, otypes=[np.float64])(x)
+
+
+def _activation(node: Node, x):
+    from tuner.ir.activations import apply_numpy
+    return apply_numpy(node.attrs["fn"], x)
+
+
+def _softmax(node: Node, x):
+    e = np.exp(x - x.max(axis=node.attrs["axis"], keepdims=True))
+    return e / e.sum(axis=node.attrs["axis"], keepdims=True)
 
 
 OPS = {
@@ -120,13 +151,26 @@ OPS = {
     "flatten": lambda node, x: x.reshape(x.shape[0], -1),
     "reshape": lambda node, x: x.reshape(node.attrs["shape"]),
     "concat": lambda node, *xs: np.concatenate(xs, axis=node.attrs["axis"]),
+    "sub": lambda node, a, b: a - b,
+    "mul": lambda node, a, b: a * b,
+    "div": lambda node, a, b: a / b,
+    "prelu": lambda node, x, slope: np.where(x > 0, x, x * slope),
+    "activation": _activation,
+    "erf": lambda node, x: _erf(x),
+    "reduce_mean": lambda node, x: x.mean(axis=(2, 3), keepdims=bool(node.attrs["keepdims"])),
+    "reduce_max": lambda node, x: x.max(axis=(2, 3), keepdims=bool(node.attrs["keepdims"])),
+    "global_max_pool": lambda node, x: x.max(axis=(2, 3), keepdims=True),
+    "softmax": _softmax,
 }
 
 ATTRS = {
     "conv2d": {"stride", "padding", "dilation", "groups"},
     "dense": set(), "batch_norm": {"epsilon"}, "relu": set(), "clip": {"min", "max"}, "add": set(),
-    "global_avg_pool": set(), "avg_pool": {"kernel", "stride", "padding", "count_include_pad"},
-    "max_pool": {"kernel", "stride", "padding"}, "flatten": set(), "reshape": {"shape"}, "concat": {"axis"},
+    "global_avg_pool": set(), "avg_pool": {"kernel", "stride", "padding", "count_include_pad", "ceil_mode"},
+    "max_pool": {"kernel", "stride", "padding", "ceil_mode"}, "flatten": set(), "reshape": {"shape"},
+    "concat": {"axis"}, "sub": set(), "mul": set(), "div": set(), "prelu": set(), "activation": {"fn"},
+    "erf": set(), "reduce_mean": {"keepdims"}, "reduce_max": {"keepdims"}, "global_max_pool": set(),
+    "softmax": {"axis"},
 }
 
 

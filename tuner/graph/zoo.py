@@ -1,5 +1,6 @@
 """Models built in code with ``onnx.helper`` (no downloads), with deterministic random weights.
 
+- ``mobilenet_v3_small`` (opset 14: HardSwish, squeeze-excitation with HardSigmoid, Dropout in the classifier).
 - ``mobilenet_v2`` and ``resnet18``: torchvision's architectures (opset 13, ReLU6 as Clip with initializer
   bounds, convs without bias as BatchNorm follows, dropout omitted), input ``input`` (1, 3, S, S), output
   ``output``. ``ZOO`` maps their names to the constructors; ``write_model`` saves one.
@@ -153,7 +154,56 @@ def resnet18(num_classes: int = 1000, input_size: int = 224, seed: int = 0) -> o
     return b.model({"output": [1, num_classes]}, "resnet18")
 
 
-ZOO = {"mobilenet_v2": mobilenet_v2, "resnet18": resnet18}
+# input_c, kernel, expanded_c, out_c, use_se, activation (RE: ReLU, HS: hardswish), stride
+MOBILENET_V3_SMALL_SETTINGS = ((16, 3, 16, 16, True, "RE", 2), (16, 3, 72, 24, False, "RE", 2),
+                               (24, 3, 88, 24, False, "RE", 1), (24, 5, 96, 40, True, "HS", 2),
+                               (40, 5, 240, 40, True, "HS", 1), (40, 5, 240, 40, True, "HS", 1),
+                               (40, 5, 120, 48, True, "HS", 1), (48, 5, 144, 48, True, "HS", 1),
+                               (48, 5, 288, 96, True, "HS", 2), (96, 5, 576, 96, True, "HS", 1),
+                               (96, 5, 576, 96, True, "HS", 1))
+
+
+def mobilenet_v3_small(num_classes: int = 1000, input_size: int = 224, width: float = 1.0,
+                       seed: int = 0) -> onnx.ModelProto:
+    """torchvision's MobileNetV3-Small as its exporter writes it (opset 14): HardSwish and ReLU activations,
+    squeeze-excitation (global average pool -> 1x1 conv -> ReLU -> 1x1 conv -> HardSigmoid(1/6, 1/2) -> Mul
+    of the gate and the block's activation), classifier Linear -> HardSwish -> Dropout -> Linear."""
+    b = _Builder(seed, opset=14)
+
+    def act(x: str, kind: str) -> str:
+        return b.node("HardSwish", [x], "hswish") if kind == "HS" else b.node("Relu", [x], "relu")
+
+    def adjust(c: int) -> int:
+        return _make_divisible(c * width, 8)
+
+    x = b.input("input", (1, 3, input_size, input_size))
+    cin = adjust(16)
+    x = act(b.bn(b.conv(x, 3, cin, 3, stride=2), cin), "HS")
+    for _, k, exp, out, use_se, kind, stride in MOBILENET_V3_SMALL_SETTINGS:
+        exp, out = adjust(exp), adjust(out)
+        y = x
+        if exp != cin:
+            y = act(b.bn(b.conv(y, cin, exp, 1), exp), kind)
+        y = act(b.bn(b.conv(y, exp, exp, k, stride=stride, groups=exp), exp), kind)
+        if use_se:
+            squeeze = _make_divisible(exp // 4, 8)
+            s = b.node("GlobalAveragePool", [y], "se_pool")
+            s = b.node("Relu", [b.conv(s, exp, squeeze, 1, bias=True)], "relu")
+            s = b.node("HardSigmoid", [b.conv(s, squeeze, exp, 1, bias=True)], "hsigmoid", alpha=1 / 6, beta=0.5)
+            y = b.node("Mul", [s, y], "se_scale")
+        y = b.bn(b.conv(y, exp, out, 1), out)
+        x = b.node("Add", [y, x], "add") if stride == 1 and cin == out else y
+        cin = out
+    last_conv, last = 6 * cin, _make_divisible(1024 * width, 8)
+    x = act(b.bn(b.conv(x, cin, last_conv, 1), last_conv), "HS")
+    x = b.node("Flatten", [b.node("GlobalAveragePool", [x], "gap")], "flatten", axis=1)
+    x = b.node("HardSwish", [b.fc(x, last_conv, last)], "hswish")
+    x = b.node("Dropout", [x], "dropout")
+    b.fc(x, last, num_classes, output="output")
+    return b.model({"output": [1, num_classes]}, "mobilenet_v3_small")
+
+
+ZOO = {"mobilenet_v2": mobilenet_v2, "mobilenet_v3_small": mobilenet_v3_small, "resnet18": resnet18}
 
 
 def write_model(name: str, path, **kwargs) -> str:
@@ -333,14 +383,140 @@ def _mixed(b: _Builder) -> dict:
     return {b.fc(x, 16, 10, output="output"): [1, 10]}
 
 
+def _activations(b: _Builder) -> dict:
+    """Every unary activation (opset 14 for HardSwish), after convolutions (fused) and on their own, odd channels;
+    PRelu per channel and with one slope; Erf on its own; Sigmoid on a 2-D (N, K) tensor."""
+    r = b.rng
+    x = b.input("input", (1, 5, 6, 6))
+    x = b.node("HardSwish", [b.conv(x, 5, 7, 3, bias=True)])
+    x = b.node("HardSigmoid", [x], alpha=0.3, beta=0.4)
+    x = b.node("LeakyRelu", [b.conv(x, 7, 5, 1)], alpha=0.2)
+    x = b.node("Elu", [x], alpha=0.7)
+    x = b.node("Tanh", [b.conv(x, 5, 6, 3)])
+    x = b.node("PRelu", [b.conv(x, 6, 6, 1), b.const("slope", r.uniform(0.05, 0.5, (6, 1, 1)))])
+    x = b.node("PRelu", [x, b.const("slope", np.array([0.25], np.float32))])
+    x = b.node("Sigmoid", [b.node("Erf", [x])])
+    y = b.node("Flatten", [b.node("GlobalAveragePool", [b.node("Relu", [x])])], axis=1)
+    return {x: None, b.node("Sigmoid", [b.fc(y, 6, 5)]): None}
+
+
+def _binary(b: _Builder) -> dict:
+    """Sub / Mul / Div with constants on either side (scalar, per channel), two activations, and an (N, C, 1, 1)
+    activation broadcast over H, W on either side (Add, Sub, Div); batch 2, odd channels."""
+    r = b.rng
+    x = b.input("input", (2, 5, 4, 6))
+    x = b.node("Sub", [x, b.const("c", r.normal(0, 1, (5, 1, 1)))])
+    x = b.node("Div", [b.node("Mul", [b.const("c", np.float32(1.5)), x]), b.const("c", np.float32(-2.0))])
+    x = b.node("Sub", [b.const("c", r.normal(0, 1, (1, 5, 1, 1))), x])
+    x = b.node("Div", [b.const("c", np.float32(1.0)), b.node("Add", [b.node("Relu", [x]), b.const("c", 1.0)])])
+    g = b.node("GlobalAveragePool", [x])
+    y = b.node("Mul", [b.conv(x, 5, 5, 3), x])
+    y = b.node("Sub", [y, b.node("Div", [y, b.node("Add", [g, b.const("c", np.float32(2.0))])])])
+    y = b.node("Add", [g, b.node("Sub", [g, y])])
+    return {b.node("Relu", [y]): None}
+
+
+def _squeeze_excitation(b: _Builder) -> dict:
+    """MobileNetV3 / EfficientNet blocks: x * sigmoid(x) (SiLU), squeeze-excitation with a ReLU / SiLU squeeze and
+    a Sigmoid / HardSigmoid gate multiplied in (gate first, as torchvision exports it), and the erf GELU both
+    ways its 0.5 associates."""
+    x = b.input("input", (1, 6, 7, 7))
+    x = b.conv(x, 6, 12, 3, bias=True)
+    x = b.node("Mul", [x, b.node("Sigmoid", [x])])
+    s = b.node("Relu", [b.conv(b.node("GlobalAveragePool", [x]), 12, 4, 1, bias=True)])
+    s = b.node("HardSigmoid", [b.conv(s, 4, 12, 1, bias=True)], alpha=1 / 6, beta=0.5)
+    x = b.node("Mul", [s, x])
+    x = b.conv(x, 12, 9, 1)
+    s = b.conv(b.node("ReduceMean", [x], axes=[2, 3], keepdims=1), 9, 3, 1, bias=True)
+    s = b.node("Mul", [b.node("Sigmoid", [s]), s])
+    x = b.node("Mul", [x, b.node("Sigmoid", [b.conv(s, 3, 9, 1, bias=True)])])
+    x = b.conv(x, 9, 5, 3)
+    e = b.node("Erf", [b.node("Div", [x, b.const("c", np.float32(np.sqrt(2)))])])
+    x = b.node("Mul", [b.node("Mul", [x, b.node("Add", [e, b.const("c", np.float32(1))])]),
+                       b.const("c", np.float32(0.5))])
+    x = b.conv(x, 5, 5, 1)
+    e = b.node("Erf", [b.node("Div", [x, b.const("c", np.float32(np.sqrt(2)))])])
+    return {b.node("Mul", [b.node("Mul", [x, b.const("c", np.float32(0.5))]),
+                           b.node("Add", [b.const("c", np.float32(1)), e])]): None}
+
+
+def _reduce(b: _Builder) -> dict:
+    """ReduceMean / ReduceMax over H, W (axes as attribute, opset 13; negative axes) with keepdims 1 and 0,
+    GlobalMaxPool."""
+    x = b.input("input", (2, 7, 5, 6))
+    m = b.node("ReduceMean", [x], axes=[2, 3], keepdims=0)
+    k = b.node("ReduceMax", [x], axes=[-1, -2])
+    g = b.node("Add", [b.node("GlobalMaxPool", [x]), k])
+    return {m: None, b.node("ReduceMax", [g], axes=[2, 3], keepdims=0): None}
+
+
+def _reduce_axes_input(b: _Builder) -> dict:
+    """Opset 18: the axes of ReduceMean / ReduceMax are an input."""
+    x = b.input("input", (1, 5, 4, 4))
+    y = b.node("ReduceMean", [x, b.const("axes", np.array([2, 3], np.int64))], keepdims=0)
+    return {y: None, b.node("ReduceMax", [x, b.const("axes", np.array([-2, -1], np.int64))]): None}
+
+
+def _softmax(b: _Builder) -> dict:
+    """Softmax over the channels of NCHW (axis 1, odd channels) and of (N, C) (default axis -1)."""
+    x = b.input("input", (2, 7, 3, 4))
+    y = b.node("Softmax", [b.conv(x, 7, 6, 1)], axis=1)
+    z = b.node("Flatten", [b.node("GlobalAveragePool", [x])], axis=1)
+    return {b.node("Softmax", [y], axis=1): None, b.node("Softmax", [b.fc(z, 7, 5)]): None}
+
+
+def _pool_ceil(b: _Builder) -> dict:
+    """ceil_mode=1 as GoogLeNet / SqueezeNet use it: MaxPool 3x3 s2 with a last partial window, AveragePool
+    with count_include_pad 1 and 0 and pads."""
+    x = b.input("input", (1, 5, 10, 9))
+    x = b.node("MaxPool", [x], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)
+    a = b.node("AveragePool", [x], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1,
+               count_include_pad=1)
+    c = b.node("AveragePool", [x], kernel_shape=[2, 2], strides=[2, 2], pads=[0, 1, 0, 1], ceil_mode=1)
+    return {a: None, c: None}
+
+
+def _shape_subgraph(b: _Builder) -> dict:
+    """A shape subgraph folded at conversion: Shape -> Gather / Slice / Squeeze / Unsqueeze / Cast / Div / Floor /
+    Ceil / Mul / Sub / Concat -> a Reshape target; ConstantOfShape, Range and a Reshape of constants -> per-channel
+    constants of a Mul and an Add."""
+    x = b.input("input", (1, 4, 6, 6))
+    s = b.node("Shape", [x])
+    n = b.node("Gather", [s, b.const("i", np.array(0, np.int64))], axis=0)
+    c = b.node("Gather", [s, b.const("i", np.array(1, np.int64))], axis=0)
+    hw = b.node("Slice", [s, b.const("i", np.array([2], np.int64)), b.const("i", np.array([4], np.int64))])
+    h = b.node("Squeeze", [b.node("Slice", [hw, b.const("i", np.array([0], np.int64)),
+                                            b.const("i", np.array([1], np.int64))]),
+                           b.const("i", np.array([0], np.int64))])
+    half = b.node("Cast", [b.node("Floor", [b.node("Div", [b.node("Cast", [h], to=TensorProto.FLOAT),
+                                                          b.const("f", np.float32(2))])])], to=TensorProto.INT64)
+    twice = b.node("Mul", [c, b.const("i", np.array(2, np.int64))])
+    w = b.node("Cast", [b.node("Ceil", [b.node("Cast", [b.node("Gather", [hw, b.const("i", np.array(1, np.int64))],
+                                                                 axis=0)], to=TensorProto.FLOAT)])],
+               to=TensorProto.INT64)
+    w = b.node("Sub", [b.node("Add", [w, b.const("i", np.array(1, np.int64))]), b.const("i", np.array(1, np.int64))])
+    unsq = [b.node("Unsqueeze", [t, b.const("axes", np.array([0], np.int64))]) for t in (n, twice, half, w)]
+    y = b.node("Reshape", [b.node("Relu", [x]), b.node("Concat", unsq, axis=0)])
+    c8 = b.node("Unsqueeze", [twice, b.const("axes", np.array([0], np.int64))])
+    ones = b.node("ConstantOfShape", [c8], value=numpy_helper.from_array(np.array([1.5], np.float32)))
+    scale = b.node("Reshape", [ones, b.const("shape", np.array([-1, 1, 1], np.int64))])
+    ramp = b.node("Cast", [b.node("Range", [b.const("i", np.array(0, np.int64)), twice,
+                                            b.const("i", np.array(1, np.int64))])], to=TensorProto.FLOAT)
+    shift = b.node("Unsqueeze", [ramp, b.const("axes", np.array([1, 2], np.int64))])
+    return {b.node("Add", [b.node("Mul", [y, scale]), shift]): [1, 8, 3, 6]}
+
+
 _TEST_MODELS = {
     "conv_pads": _conv_pads, "conv_auto_pad": _conv_auto_pad, "depthwise": _depthwise, "grouped": _grouped,
     "gemm": _gemm,
     "matmul": _matmul, "batch_norm": _batch_norm, "clip": _clip, "clip_attrs": _clip_attrs, "add": _add,
     "global_avg_pool": _global_avg_pool, "avg_pool": _avg_pool, "max_pool": _max_pool, "reshape": _reshape,
     "concat": _concat, "symbolic_batch": _symbolic_batch, "identity_dropout": _identity_dropout, "mixed": _mixed,
+    "activations": _activations, "binary": _binary, "squeeze_excitation": _squeeze_excitation, "reduce": _reduce,
+    "reduce_axes_input": _reduce_axes_input, "softmax": _softmax, "pool_ceil": _pool_ceil,
+    "shape_subgraph": _shape_subgraph,
 }
-_OPSETS = {"clip_attrs": 10}
+_OPSETS = {"clip_attrs": 10, "activations": 14, "reduce_axes_input": 18}
 TEST_INPUT_SHAPES = {"symbolic_batch": {"input": (2, 3, 8, 8)}}
 
 
