@@ -109,6 +109,10 @@ class _Converter(MovementOps):
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
         if self.opset is None:
             raise TunerError("the ONNX model imports no default-domain (ai.onnx) opset")
+        newest = onnx.defs.onnx_opset_version()
+        if not 1 <= self.opset <= newest:
+            raise TunerError(f"the ONNX model imports ai.onnx opset {self.opset}; this tuner (onnx {onnx.__version__}) "
+                             f"knows opsets 1 to {newest}: export the model with an opset in that range")
         self.consts: dict[str, np.ndarray] = {}
         self.shapes: dict[str, tuple] = {}
         self.alias: dict[str, str] = {}  # removed tensor (Identity/Dropout output) -> the tensor it copies
