@@ -14,12 +14,59 @@ buffer kernels. ``TEMPLATES[name]`` bundles what the tuner needs:
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
 from tuner.errors import TunerError
+
+
+@dataclass(frozen=True)
+class WorkloadArg:
+    """One workload field as a command-line option ``--<name>`` (``tuner op / tune-op / space``): ``kind`` says
+    how its text parses -- ``shape`` (comma-separated integers), ``ints`` (1 or ``lengths`` integers; one stays an
+    int), ``int``, ``flag``, ``activation`` (a fused activation spec), ``dtype`` (the storage dtype)."""
+    name: str
+    kind: str
+    metavar: str = ""
+    help: str = ""
+    required: bool = False
+    lengths: tuple = (1, 2)
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def parse(self, text):
+        """The field's value from the option's text (argparse already parsed flags, activations, dtypes)."""
+        if self.kind not in ("shape", "ints", "int"):
+            return text
+        try:
+            values = tuple(int(x) for x in str(text).split(","))
+        except ValueError:
+            raise TunerError(f"{self.flag} must be comma-separated integers, e.g. 1,64,56,56; got {text!r}") from None
+        if self.kind == "int" or (self.kind == "ints" and len(values) == 1):
+            if len(values) != 1:
+                raise TunerError(f"{self.flag} takes one integer; got {text!r}")
+            return values[0]
+        if self.kind == "ints" and len(values) not in self.lengths:
+            counts = ", ".join(map(str, self.lengths[:-1])) + f" or {self.lengths[-1]}"
+            raise TunerError(f"{self.flag} takes {counts} integers; got {text!r}")
+        return values
+
+
+# the fused epilogue and storage type: every template's workload has these fields
+EPILOGUE_ARGS = (
+    WorkloadArg("bias", "flag", help="fuse a bias add"),
+    WorkloadArg("activation", "activation", "ACT", "fused activation: none, relu, relu6, hardswish, sigmoid, silu, "
+                "leaky_relu(0.1), ... (default none)"),
+    WorkloadArg("dtype", "dtype", help="storage dtype (accumulation is float32)"))
+# a 2-D window's geometry: convolution-like templates share these fields
+WINDOW_ARGS = (
+    WorkloadArg("stride", "ints", "S[,S]"),
+    WorkloadArg("padding", "ints", "P[,P[,P,P]]", "all, (h,w) or (top,left,bottom,right)", lengths=(1, 2, 4)),
+    WorkloadArg("dilation", "ints", "D[,D]"))
 
 
 @dataclass(frozen=True)
@@ -35,6 +82,17 @@ class Template:
     variables: dict  # name -> meaning, of what space_vars returns (documents the constraints' vocabulary)
     output: str = "Y"
     space_file: str | None = None  # search-space name or path when not the template's own name
+    features: Callable | None = None  # (space_vars, knob values) -> {name: number}: what a config implies, for
+    # the cost model (work per work-item, work-group size, bytes read per multiply-add, registers, ...)
+    describe: Callable | None = None  # (workload) -> short text for labels, e.g. "1x64x56x56 k64x3x3 s1 p1"
+    model_knobs: dict = field(default_factory=dict)  # knobs a model pins so that neighbouring kernels agree
+    workload_args: tuple = ()  # WorkloadArg per workload field the command line sets
+
+    def label(self, workload) -> str:
+        """The workload in a few words: the template's ``describe``, else its input shape."""
+        if self.describe is not None:
+            return self.describe(workload)
+        return "x".join(map(str, getattr(workload, "data", ()))) or str(workload)
 
     def space(self, workload=None, device=None, **fixed):
         """The declarative search space (``search_space/<name>.toml``); given a workload and a device
@@ -76,6 +134,23 @@ class Template:
         return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
 
 
+def shape_text(shape) -> str:
+    return "x".join(map(str, shape))
+
+
+def epilogue_text(wl) -> str:
+    """`` +bias +relu +res f16``: what a workload fuses, and its storage type when not float32."""
+    parts = [" +bias" if wl.bias else "", f" +{wl.activation}" if wl.activation != "none" else "",
+             " +res" if getattr(wl, "residual", False) else "", " f16" if wl.dtype == "float16" else ""]
+    return "".join(parts)
+
+
+def window_text(wl) -> str:
+    """`` s1 p1`` (and `` d2``): a 2-D window's stride, padding and dilation, each as one number when uniform."""
+    one = lambda v: str(v[0]) if len(set(v)) == 1 else ",".join(map(str, v))  # noqa: E731
+    return f" s{one(wl.stride)} p{one(wl.padding)}" + (f" d{one(wl.dilation)}" if set(wl.dilation) != {1} else "")
+
+
 def _registry() -> dict:
     from . import conv2d_nchw4c, dense, depthwise_conv2d_nchw4c
     return {t.name: t for t in (conv2d_nchw4c.TEMPLATE, depthwise_conv2d_nchw4c.TEMPLATE, dense.TEMPLATE)}
@@ -94,8 +169,13 @@ def get_template(name: str) -> Template:
             return getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as e:
             raise TunerError(f"cannot load template {name!r}: {e}") from None
-    if not TEMPLATES:
-        TEMPLATES.update(_registry())
-    if name not in TEMPLATES:
+    if name not in templates():
         raise TunerError(f"unknown template {name!r}; templates: {', '.join(TEMPLATES)}")
     return TEMPLATES[name]
+
+
+def templates() -> dict:
+    """The registered templates: name -> Template."""
+    if not TEMPLATES:
+        TEMPLATES.update(_registry())
+    return TEMPLATES

@@ -107,7 +107,7 @@ def test_op_json_config_and_source(capsys):
     (["op", "conv2d", "--data", "1,8,6,6", "--kernel", "8,8,3,3", "--config", '{"tiles": 8}'],
      "unknown knob 'tiles'"),
     (["op", "conv2d", "--data", "1,8,6,6", "--kernel", "8,8,3,3", "--config", "{bad"], "--config is not valid JSON"),
-    (["op", "conv2d", "--data", "1,8,6,6", "--kernel", "8,4,3,3"], "groups=1 with kernel C == data C"),
+    (["op", "conv2d", "--data", "1,8,6,6", "--kernel", "8,4,3,3"], "with groups=1 wants C and O divisible by groups"),
     (["op", "conv2d", "--data", "1,8,x,6", "--kernel", "8,8,3,3"], "--data must be comma-separated integers"),
     (["op", "conv2d", "--data", "1,8,2,2", "--kernel", "8,8,3,3"], "output (1, 8, 0, 0) is empty"),
     (["op", "depthwise_conv2d", "--data", "1,8,6,6", "--kernel", "8,2,3,3"], "kernel 8,1,R,S"),

@@ -16,6 +16,7 @@ from optuna.trial import TrialState
 from tuner.logs import apply_history_best, load_records
 from tuner.measure import MeasureOptions
 from tuner.search import XGBSampler, study_name, tune
+from tuner.search.shared import measured_error
 from tuner.templates import get_template
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,8 +46,10 @@ def test_tune_then_resume_never_measures_a_config_twice(device, tmp_path):
     configs = _configs(load_records(log))
     assert again.measured == 4 and len(configs) == 14 == len(set(configs))
     study = optuna.load_study(study_name=first.study_name, storage=f"sqlite:///{tmp_path / 'studies.db'}")
-    assert sum(tr.state == TrialState.COMPLETE for tr in study.trials) >= 14
-    assert study.user_attrs["task"]["scopes"] == BUFFERS
+    assert sum(measured_error(tr) is not None for tr in study.trials) >= 14  # successes and failures
+    assert all(tr.value > 0 for tr in study.trials if tr.state == TrialState.COMPLETE)  # never a made-up 0
+    assert study.user_attrs["task"]["scopes"] == BUFFERS and study.metric_names == ["GFLOP/s"]
+    assert study.user_attrs["label"] == first.label == "conv2d 1x8x8x8 k8x3x3 s1 p1 [buffer/buffer/buffer]"
     # the log applies: the tuned config is what a compile would use
     with apply_history_best(log) as history:
         assert history.pick(t, wl, device, BUFFERS) == t.config(**again.best.config)

@@ -30,8 +30,7 @@ from tuner.measure import MeasureOptions
 from tuner.search import XGBSampler
 from tuner.search.shared import (BEAT, CLAIM, GO, VERDICT, WAIT, YIELD, Heartbeat, claim, decide, open_storage,
                                  reap)
-from tuner.search.worker import (Task, device_study_name, export_study_records, register_tasks,
-                                 registered_tasks, run_worker)
+from tuner.search.worker import Task, export_study_records, register_tasks, registered_tasks, run_worker
 from tuner.templates import get_template
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -175,13 +174,13 @@ def test_tasks_register_once_per_identity_and_carry_their_budget(tmp_path):
     assert register_tasks(url, [Task("conv2d", wl, BUFFERS, trials=20)], "net") == names[:1]  # same task
     found = registered_tasks(url, "net")
     assert found == {names[0]: Task("conv2d", wl, BUFFERS, trials=20), names[1]: b}
+    assert [t.trials for t in found.values()] == [20, 12] and found[names[1]].weight == 3.0
     assert registered_tasks(url, "other") == {}
-    assert device_study_name("net", a, "pocl-cpu-1") != device_study_name("net", a, "mali-g78-2")
-
-    class PlanTask:  # what the model pipeline hands over (tuner.graph.plan.Task)
-        template, workload, scopes, fixed, weight = "conv2d", wl, BUFFERS, {"act_layout": "nchw4c"}, 5e6
-    task = Task.of(PlanTask(), trials=8)
+    assert a.study_name("pocl-cpu-1", "net") == f"net-{a.hash}-pocl-cpu-1" != a.study_name("mali-g78-2", "net")
+    planned = Task("conv2d", wl, BUFFERS, {"act_layout": "nchw4c"}, count=2)  # what the model pipeline hands over
+    task = planned.budgeted(8)
     assert task.fixed == {"act_layout": "nchw4c"} and task.hash != a.hash and task.trials == 8
+    assert task.weight == 2 * wl.flops and task == planned  # budget and weight are not the identity
     with pytest.raises(TunerError, match="unknown template"):
         register_tasks(url, [Task("conv3d", wl)], "net")
     with pytest.raises(TunerError, match="not a conv2d workload"):
@@ -279,8 +278,8 @@ def test_a_worker_measures_the_heaviest_task_first_and_stops_at_max_trials(devic
     s = run_worker(url, device, tasks=[small, big], max_trials=3, log=str(tmp_path / "w.jsonl"), sampler="random",
                    progress=False, options=MeasureOptions(n_parallel=2))
     assert s.measured == 3 and {r.workload["data"][2] for r in s.records} == {16}  # the heavier task
-    assert s.studies[device_study_name("tuner", big, device.fingerprint)]["done"] == 3
-    assert s.studies[device_study_name("tuner", small, device.fingerprint)]["done"] == 0
+    assert s.studies[big.study_name(device.fingerprint, "tuner")]["done"] == 3
+    assert s.studies[small.study_name(device.fingerprint, "tuner")]["done"] == 0
 
 
 def test_an_interrupted_worker_lets_go_of_its_trials_at_once(device, tmp_path, monkeypatch):
@@ -290,8 +289,7 @@ def test_an_interrupted_worker_lets_go_of_its_trials_at_once(device, tmp_path, m
     with pytest.raises(KeyboardInterrupt):
         run_worker(url, device, tasks=[task], log=str(tmp_path / "w.jsonl"), progress=False, grace=600,
                    options=MeasureOptions(n_parallel=2))
-    study = optuna.load_study(study_name=device_study_name("tuner", task, device.fingerprint),
-                              storage=open_storage(url))
+    study = optuna.load_study(study_name=task.study_name(device.fingerprint, "tuner"), storage=open_storage(url))
     assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.FAIL]  # not RUNNING for 600 s
 
 
@@ -303,7 +301,7 @@ def test_worker_cli_registers_and_tunes_tasks_from_a_file(device, tmp_path, monk
             "--study-prefix", "cli", "--log", str(tmp_path / "w.jsonl"), "--no-progress"]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "measured 3" in out and f"{device_study_name('cli', task, device.fingerprint)}  3/3 trials  best" in out
+    assert "measured 3" in out and f"{task.study_name(device.fingerprint, 'cli')}  3/3 trials  best" in out
     assert len(load_records(str(tmp_path / "w.jsonl"))) == 3
     for text, message in (("[", "not valid JSON"), ("[]", "non-empty JSON list"),
                           ('[{"template": "conv2d", "workload": {}, "budget": 3}]', "unknown task fields")):
@@ -375,9 +373,9 @@ def _run_three_workers_kill_one(url: str, tmp_path: Path):
     devices = subprocess.run([sys.executable, "-m", "tuner", "devices", "--json"], cwd=ROOT,
                              capture_output=True, text=True, check=True)
     fingerprint = next(d["fingerprint"] for d in json.loads(devices.stdout) if d["default"])
-    name = device_study_name("tiny", task, fingerprint)
+    name = task.study_name(fingerprint, "tiny")
     # another device's study of the same task: workers on PoCL must leave it alone
-    elsewhere = optuna.create_study(study_name=device_study_name("tiny", task, "mali-g78-0123abcd"),
+    elsewhere = optuna.create_study(study_name=task.study_name("mali-g78-0123abcd", "tiny"),
                                     storage=open_storage(url), direction="maximize")
     elsewhere.add_trial(optuna.trial.create_trial(params={"x": 1}, distributions={
         "x": CategoricalDistribution([1, 2])}, value=1.0))
@@ -418,7 +416,8 @@ def _run_three_workers_kill_one(url: str, tmp_path: Path):
     assert not any(tr.state == TrialState.RUNNING for tr in trials)
     dead = next(tr for tr in trials if tr._trial_id == held._trial_id)
     assert dead.system_attrs.get("tuner:reaped") and dead.state in (TrialState.FAIL, TrialState.COMPLETE)
-    complete = [tr for tr in trials if tr.state == TrialState.COMPLETE]
+    complete = [tr for tr in trials if "record" in tr.user_attrs]  # successes COMPLETE, failures FAIL
+    assert all(tr.state == (TrialState.COMPLETE if load_record(tr).ok else TrialState.FAIL) for tr in complete)
     in_study = [load_record(tr) for tr in complete]
     measured = [r for r in in_study if r.error_name != "INSTANTIATION"]
     assert len(measured) == 12  # the survivors finished the budget, and no more

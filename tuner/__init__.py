@@ -10,6 +10,26 @@
 
 __version__ = "0.1.0"
 
+
+def _checkout_subpackages() -> None:
+    """``tuner.templates`` and ``tuner.search_space`` live in the top-level folders templates/ and
+    search_space/ (pyproject's package-dir). Python run from a source checkout imports the checkout's
+    tuner/ (not an installed copy), which has neither: then the checkout's root joins ``__path__``, so that
+    they are found in their folders. Only when both folders are there and the subpackages are not otherwise
+    importable (an editable install maps them itself)."""
+    import importlib.util
+    import os
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    names = ("templates", "search_space")
+    if root in __path__ or not all(os.path.isfile(os.path.join(root, n, "__init__.py")) for n in names):
+        return
+    if all(importlib.util.find_spec(f"{__name__}.{n}") is not None for n in names):
+        return
+    __path__.append(root)
+
+
+_checkout_subpackages()
+
 from tuner.errors import TunerError  # noqa: E402
 from tuner.runtime.device import choose_device, list_devices  # noqa: E402
 

@@ -2,6 +2,6 @@
 
 import sys
 
-from tuner.cli import main
+from tuner.cli import run
 
-sys.exit(main())
+run()

@@ -12,33 +12,8 @@ import sys
 
 from tuner import __version__
 from tuner.errors import TunerError
+from tuner.cli_args import activation, add_device_arg, positive_int  # noqa: F401  (importers use the names)
 from tuner.runtime.device import DEVICE_ENV, DeviceInfo, choose_device, list_devices, probe_device
-
-
-def add_device_arg(parser: argparse.ArgumentParser, help: str = "device index or name substring") -> None:
-    """The shared --device option; resolve it with choose_device(args.device)."""
-    parser.add_argument("--device", "-d", metavar="SPEC", default=None,
-                        help=f"{help} (e.g. 0, pocl, intel, nvidia, cpu; default: ${DEVICE_ENV}, else the first "
-                        "GPU that can build programs, else a CPU device that can: see `tuner devices`)")
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer of at least 1 (``--repeats 0`` would time nothing, ``--parallel 0`` hang)."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
-    return v
-
-
-def _activation(text: str) -> str:
-    from tuner.ir.activations import canonical
-    try:
-        return canonical(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _bytes(n: int) -> str:
@@ -138,61 +113,55 @@ def cmd_example(args: argparse.Namespace) -> int:
     return 0 if err <= 1e-5 else 1
 
 
-OPS = ("conv2d", "depthwise_conv2d", "dense")
-
-
-def _ints(text: str, what: str) -> tuple:
-    try:
-        return tuple(int(x) for x in str(text).split(","))
-    except ValueError:
-        raise TunerError(f"{what} must be comma-separated integers, e.g. 1,64,56,56; got {text!r}") from None
+def _workload_args() -> dict:
+    """Every registered template's workload options: flag -> [(template name, WorkloadArg)]."""
+    from tuner.templates import templates
+    out: dict = {}
+    for t in templates().values():
+        for a in t.workload_args:
+            out.setdefault(a.flag, []).append((t.name, a))
+    return out
 
 
 def add_workload_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("template", choices=OPS, help="operator template")
-    p.add_argument("--data", metavar="SHAPE", help="input shape: N,C,H,W (dense: N,K)")
-    p.add_argument("--kernel", metavar="SHAPE", help="conv2d O,C,R,S; depthwise_conv2d C,1,R,S")
-    p.add_argument("--weight", metavar="SHAPE", help="dense weight M,K")
-    p.add_argument("--stride", default="1", metavar="S[,S]")
-    p.add_argument("--padding", default="0", metavar="P[,P[,P,P]]", help="all, (h,w) or (top,left,bottom,right)")
-    p.add_argument("--dilation", default="1", metavar="D[,D]")
-    p.add_argument("--bias", action="store_true", help="fuse a bias add")
-    p.add_argument("--activation", default="none", type=_activation, metavar="ACT",
-                   help="fused activation: none, relu, relu6, hardswish, sigmoid, silu, leaky_relu(0.1), ... "
-                   "(default none)")
-    p.add_argument("--residual", action="store_true", help="fuse a residual add of a second NCHW4c tensor")
-    p.add_argument("--dtype", default="float32", choices=("float32", "float16"),
-                   help="storage dtype (accumulation is float32)")
+    """The template and its workload's fields, as each template declares them (``Template.workload_args``)."""
+    from tuner.templates import templates
+    p.add_argument("template", choices=tuple(templates()), help="operator template")
+    for flag, uses in _workload_args().items():
+        a = uses[0][1]
+        if a.kind == "flag":
+            p.add_argument(flag, action="store_true", help=a.help)
+            continue
+        kinds = {"activation": dict(type=activation), "dtype": dict(choices=("float32", "float16"))}
+        metavars = {}
+        for name, use in uses:  # e.g. --data: conv2d N,C,H,W; dense N,K
+            metavars.setdefault(use.metavar, []).append(name)
+        shapes = "; ".join(f"{', '.join(names)} {m}" for m, names in metavars.items() if m)
+        text = a.help + (f": {shapes}" if a.kind == "shape" else "")
+        p.add_argument(flag, metavar=a.metavar if len(metavars) == 1 else "SHAPE", help=text or None,
+                       **kinds.get(a.kind, {}))
     p.add_argument("--scope", choices=("texture", "buffer"), help="scope of every operand (default: the "
                    "fallback's choice for the device)")
 
 
 def workload_from_args(args):
+    """The template and workload the options describe: the template's fields, each parsed by its kind."""
     from tuner.op import make_workload
     from tuner.templates import get_template
     t = get_template(args.template)
-    if args.data is None:
-        raise TunerError(f"{args.template} needs --data ({'N,K' if args.template == 'dense' else 'N,C,H,W'})")
-    fields = dict(data=_ints(args.data, "--data"), dtype=args.dtype, bias=args.bias, activation=args.activation)
-    if args.template == "dense":
-        if args.weight is None:
-            raise TunerError("dense needs --weight M,K")
-        if args.residual or args.kernel:
-            raise TunerError("dense takes --data N,K and --weight M,K (no --kernel or --residual)")
-        fields["weight"] = _ints(args.weight, "--weight")
-    else:
-        if args.kernel is None:
-            raise TunerError(f"{args.template} needs --kernel "
-                             f"({'C,1,R,S' if args.template == 'depthwise_conv2d' else 'O,C,R,S'})")
-        fields.update(kernel=_ints(args.kernel, "--kernel"), stride=_ints(args.stride, "--stride"),
-                      padding=_ints(args.padding, "--padding"), dilation=_ints(args.dilation, "--dilation"),
-                      residual=args.residual)
-        for k in ("stride", "dilation"):
-            fields[k] = fields[k][0] if len(fields[k]) == 1 else fields[k]
-        pad = fields["padding"]
-        if len(pad) not in (1, 2, 4):
-            raise TunerError(f"--padding takes 1, 2 or 4 integers; got {args.padding!r}")
-        fields["padding"] = pad[0] if len(pad) == 1 else pad
+    mine = {a.flag: a for a in t.workload_args}
+    fields = {}
+    for flag, uses in _workload_args().items():
+        value = getattr(args, uses[0][1].name)
+        if flag not in mine:
+            if value not in (None, False):
+                raise TunerError(f"{t.name} takes no {flag}; its workload options: "
+                                 + ", ".join(f"{f} {a.metavar}".strip() for f, a in mine.items()))
+        elif value is None:
+            if mine[flag].required:
+                raise TunerError(f"{t.name} needs {flag} {mine[flag].metavar}")
+        else:
+            fields[mine[flag].name] = mine[flag].parse(value)
     return t, make_workload(t, **fields)
 
 
@@ -365,8 +334,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 2 usage or TunerError)."""
-    from tuner.console import setup_warnings
-    setup_warnings()  # one line per warning, each message once
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -382,5 +349,12 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The console entry point (`tuner`, `python -m tuner`): warnings on one line each, once; then main()."""
+    from tuner.console import setup_warnings
+    setup_warnings()
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

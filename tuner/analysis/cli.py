@@ -41,10 +41,23 @@ def _load(paths: list):
     return df
 
 
+def _output_ok(path: str) -> None:
+    """Check an output file before any work: its folder is created if missing, and must be writable."""
+    from tuner.cli_args import writable_file
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TunerError(f"cannot create the folder of -o {path!r}: {e.strerror or e}; choose another path") from None
+    writable_file(path, "-o")
+
+
 def _output(args, text: str) -> None:
     if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(text)
+        try:
+            Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.output).write_text(text)
+        except OSError as e:
+            raise TunerError(f"cannot write -o {args.output!r}: {e.strerror or e}; choose another path") from None
         print(f"wrote {args.output}", file=sys.stderr)
     else:
         sys.stdout.write(text)
@@ -53,7 +66,11 @@ def _output(args, text: str) -> None:
 def _export(args, df, fmt: str) -> None:
     from tuner.analysis.frame import _to_text, export_frame
     if args.output:
-        export_frame(df, args.output, fmt)
+        _output_ok(args.output)
+        try:
+            export_frame(df, args.output, fmt)
+        except OSError as e:
+            raise TunerError(f"cannot write -o {args.output!r}: {e.strerror or e}; choose another path") from None
         print(f"wrote {len(df)} rows to {args.output}", file=sys.stderr)
     elif fmt == "parquet":
         raise TunerError("--format parquet writes a binary file: give -o FILE.parquet")
@@ -210,6 +227,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from tuner.analysis.compare import select_device
     from tuner.analysis.report import write_report
+    _output_ok(args.output)
     df = select_device(_load(args.paths), args.device)
     path = write_report(df, args.output, artifact=args.artifact, min_trials=args.min_trials, title=args.title,
                         sources=args.paths)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tuner.cli import add_device_arg
+from tuner.cli_args import add_device_arg, writable_dir, writable_file
 from tuner.errors import TunerError
 
 
@@ -44,7 +45,10 @@ def _add_model_args(p, scope_help: str) -> None:
 
 def cmd_zoo(args) -> int:
     from .zoo import write_model
-    kwargs = {"input_size": args.input_size} if args.input_size else {}
+    if args.input_size is not None and args.input_size < 32:
+        raise TunerError(f"--input-size {args.input_size}: the zoo's networks downsample by 32, so at least 32")
+    writable_file(args.output, "-o")
+    kwargs = {"input_size": args.input_size} if args.input_size is not None else {}
     path = write_model(args.name, args.output, **kwargs)
     print(f"wrote {args.name} to {path}")
     return 0
@@ -54,6 +58,7 @@ def cmd_compile(args) -> int:
     from .compiler import compile_model
     if args.target and args.device:
         raise TunerError("--device or --target: compile for an attached device or for a device profile, not both")
+    writable_dir(args.output, "-o")
     try:
         mod = compile_model(_model_path(args.model), log=args.log, device=args.device, scope=args.scope,
                             dtype=args.dtype, input_shapes=_input_shapes(args.input_shape),
@@ -92,6 +97,9 @@ def print_profile(prof: dict, file=None) -> None:
 
 def cmd_run(args) -> int:
     from .module import load_module
+    if args.repeat < 1:
+        raise TunerError(f"--repeat must be at least 1, got {args.repeat}")
+    out_path = writable_file(args.output, "--output") if args.output else None
     mod = load_module(args.artifact, device=args.device)
     st = mod.load_stats
     print(f"loaded {args.artifact} on {mod.device.info.name} ({mod.device.fingerprint}) in {st['seconds']:.3f} s: "
@@ -99,22 +107,29 @@ def cmd_run(args) -> int:
     shapes = [mod.spec.entries[n].shape for n in mod.spec.inputs]
     if args.input:
         try:
-            x = np.load(args.input)
-        except (OSError, ValueError) as e:
-            raise TunerError(f"cannot read --input {args.input!r}: {e}") from None
+            x = np.load(args.input, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as e:
+            raise TunerError(f"cannot read --input {args.input!r} as a .npy array: {e}") from None
         xs = [x]
     else:  # a fixed random input, so repeated runs compare
         xs = [np.random.default_rng(0).standard_normal(s).astype(np.float32) for s in shapes]
     outs = mod.run(xs)
-    if args.output:
-        np.save(args.output, outs[0])
-        print(f"wrote {args.output} {list(outs[0].shape)}")
+    if out_path is not None:
+        try:
+            with open(out_path, "wb") as fh:  # exactly this name: np.save(path) would append ".npy"
+                np.save(fh, outs[0])
+        except OSError as e:
+            raise TunerError(f"cannot write --output {args.output!r}: {e.strerror}") from None
+        print(f"wrote {out_path} {list(outs[0].shape)}")
     costs = mod.time(args.repeat)
     print(f"{mod.device.info.name}: median latency {statistics.median(costs) * 1e3:.3f} ms over {args.repeat} runs")
     if args.profile:
         prof = mod.profile(args.repeat)
         print_profile(prof)
-        Path(args.artifact, "profile.json").write_text(json.dumps(prof, indent=1))
+        try:
+            Path(args.artifact, "profile.json").write_text(json.dumps(prof, indent=1))
+        except OSError as e:
+            print(f"warning: profile.json not written into {args.artifact} ({e.strerror})", file=sys.stderr)
     return 0
 
 
@@ -123,8 +138,9 @@ def _tune_shared(args) -> int:
     N workers here and export the studies into the log."""
     import subprocess
 
-    from tuner.search.cli import model_worker_tasks
     from tuner.search.worker import export_study_records, register_tasks
+
+    from .tuning import model_worker_tasks
     if not args.storage:
         raise TunerError("--workers needs --storage URL (a PostgreSQL URL, or journal:PATH on one machine)")
     tasks, prefix = model_worker_tasks(_model_path(args.model), args.device, args.trials, args.scope, args.min_trials)

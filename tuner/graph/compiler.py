@@ -23,9 +23,10 @@ from pathlib import Path
 import numpy as np
 
 from tuner.errors import TunerError
+from tuner.logs.record import scope_knobs
 
 from . import module as M
-from .plan import FIXED, Plan, Step, extract_tasks, lower_graph, plan_storage
+from .plan import Plan, Step, extract_tasks, lower_graph, plan_storage
 
 
 def load_graph(model, input_shapes: dict | None = None):
@@ -90,14 +91,13 @@ def choose_configs(plan: Plan, info, history=None) -> dict:
         if not s.tuned:
             continue
         t = get_template(s.op)
-        rec = history.query(t.name, s.workload, info.fingerprint, s.scopes, FIXED[s.op]) if history else None
+        rec = history.query(t.name, s.workload, info.fingerprint, s.scopes, t.model_knobs) if history else None
         if rec is not None:
             out[s.name] = (t.config(**rec.config), True)
         elif history is not None:  # the valid fallback, with apply_history_best's one warning per workload
-            out[s.name] = (history.pick(t, s.workload, info, s.scopes, FIXED[s.op]), False)
+            out[s.name] = (history.pick(t, s.workload, info, s.scopes, t.model_knobs), False)
         else:
-            out[s.name] = (t.fallback_with(s.workload, info, **{f"{k}_scope": v for k, v in s.scopes.items()},
-                                           **FIXED[s.op]), False)
+            out[s.name] = (t.fallback_with(s.workload, info, **scope_knobs(s.scopes), **t.model_knobs), False)
     return out
 
 

@@ -13,8 +13,10 @@ later starts on that device skip the OpenCL compiler."""
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
+import zipfile
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -247,6 +249,10 @@ class Module:
         for name, x in zip(self.spec.inputs, inputs):
             e = self.spec.entries[name]
             x = np.asarray(x)
+            if x.dtype.kind not in "fiub":
+                raise TunerError(f"input {name!r} holds {x.dtype} values; the model takes numbers (float32)")
+            if x.dtype.kind == "f" and not np.all(np.isfinite(x)):
+                warnings.warn(f"input {name!r} holds NaN or infinite values", RuntimeWarning, stacklevel=2)
             if tuple(x.shape) != tuple(e.shape):
                 raise TunerError(f"input {name!r} has shape {list(x.shape)}; the model was compiled for "
                                  f"{list(e.shape)} (recompile with --input-shape to change it)")
@@ -336,11 +342,16 @@ class Module:
 
     def save(self, path) -> str:
         d = Path(path)
-        (d / "kernels").mkdir(parents=True, exist_ok=True)
-        for name, src in self.sources.items():
-            (d / "kernels" / name).write_text(src)
-        np.savez(d / "params.npz", **self.params)
-        (d / "graph.json").write_text(json.dumps(self.spec.to_json(), indent=1))
+        try:
+            (d / "kernels").mkdir(parents=True, exist_ok=True)
+            for name, src in self.sources.items():
+                (d / "kernels" / name).write_text(src)
+            np.savez(d / "params.npz", **self.params)
+            tmp = d / ".graph.json.tmp"  # graph.json last and atomically: its presence means the rest is there
+            tmp.write_text(json.dumps(self.spec.to_json(), indent=1))
+            tmp.replace(d / "graph.json")
+        except OSError as e:
+            raise TunerError(f"cannot write the compiled model to {d}: {e.strerror or e}") from None
         return str(d)
 
 
@@ -353,10 +364,38 @@ def load_module(path, device=None, cache: bool = True) -> Module:
     default the attached device the artifact was compiled for, else the default device (another fingerprint
     warns once). ``cache``: build from, and keep, program binaries in ``<path>/binaries/``."""
     d = Path(path)
-    if not (d / "graph.json").exists():
-        raise TunerError(f"{d} is not a compiled model: no graph.json (make one with `tuner compile MODEL -o {d}`)")
-    spec = ModuleSpec.from_json(json.loads((d / "graph.json").read_text()))
-    sources = {n.source: (d / "kernels" / n.source).read_text() for n in spec.nodes}
-    with np.load(d / "params.npz") as z:
-        params = {k: z[k] for k in z.files}
+    spec, sources, params = _read_artifact(d)
     return Module(spec, sources, params, device, cache_dir=d / BINARIES if cache else None)
+
+
+def _read_artifact(d: Path) -> tuple:
+    """graph.json, kernels/*.cl and params.npz of an artifact, each checked: a missing, truncated or
+    inconsistent file is a TunerError naming it (recompiling the model makes a fresh artifact)."""
+    redo = f"recompile the model (`tuner compile MODEL -o {d}`)"
+    if not d.is_dir() or not (d / "graph.json").is_file():
+        raise TunerError(f"{d} is not a compiled model: no graph.json (make one with `tuner compile MODEL -o {d}`)")
+    try:
+        spec = ModuleSpec.from_json(json.loads((d / "graph.json").read_text()))
+    except TunerError:
+        raise
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise TunerError(f"{d / 'graph.json'} is damaged ({type(e).__name__}: {e}); {redo}") from None
+    sources = {}
+    for n in spec.nodes:
+        f = d / "kernels" / n.source
+        try:
+            sources[n.source] = f.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise TunerError(f"artifact kernel {f} cannot be read ({e.__class__.__name__}); {redo}") from None
+    try:
+        with np.load(d / "params.npz") as z:
+            params = {k: z[k] for k in z.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise TunerError(f"artifact weights {d / 'params.npz'} cannot be read ({e}); {redo}") from None
+    for b in spec.params:
+        if b.key not in params:
+            raise TunerError(f"artifact weights {d / 'params.npz'} lack {b.key!r}; {redo}")
+        if math.prod(params[b.key].shape) != math.prod(b.physical_shape):
+            raise TunerError(f"artifact weights {d / 'params.npz'}: {b.key!r} has shape {list(params[b.key].shape)}, "
+                             f"graph.json wants {list(b.physical_shape)}; {redo}")
+    return spec, sources, params

@@ -19,12 +19,21 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tuner.errors import TunerError
+from tuner.logs.record import scope_knobs
 
 from .graph import Graph
 
-TEMPLATE_OPS = ("conv2d", "depthwise_conv2d", "dense")
-# knobs a model pins so that neighbouring kernels agree on the activation layout
-FIXED = {"conv2d": {"act_layout": "nchw4c"}, "depthwise_conv2d": {"act_layout": "nchw4c"}, "dense": {}}
+
+class _ModelKnobs:
+    """``FIXED[op]``: the knobs a model pins for a template (``Template.model_knobs``) so that neighbouring
+    kernels agree on the activation layout."""
+
+    def __getitem__(self, op: str) -> dict:
+        from tuner.templates import get_template
+        return dict(get_template(op).model_knobs)
+
+
+FIXED = _ModelKnobs()
 SCOPE_MODES = ("auto", "texture", "buffer")
 
 
@@ -61,7 +70,9 @@ class Step:
 
     @property
     def tuned(self) -> bool:
-        return self.op in TEMPLATE_OPS
+        """A template step (tuned), not glue."""
+        from tuner.templates import templates
+        return self.op in templates()
 
 
 @dataclass
@@ -159,7 +170,7 @@ def _decide(step: Step, info, mode: str, history) -> str:
 def _valid_count(step: Step, info, scopes: dict) -> int:
     from tuner.templates import get_template
     t = get_template(step.op)
-    return t.space(step.workload, info, **FIXED[step.op], **{f"{k}_scope": v for k, v in scopes.items()}).size()
+    return t.space(step.workload, info, **FIXED[step.op], **scope_knobs(scopes)).size()
 
 
 def plan_storage(plan: Plan, info, scope: str = "auto", history=None) -> Plan:
@@ -202,31 +213,14 @@ def plan_storage(plan: Plan, info, scope: str = "auto", history=None) -> Plan:
     return plan
 
 
-@dataclass(frozen=True)
-class Task:
-    """A unique kernel to tune: what ``tune()`` takes, with how often the model runs it."""
-    template: str
-    workload: object
-    scopes: dict
-    fixed: dict
-    count: int
-    flops: int  # of one occurrence
-
-    @property
-    def weight(self) -> int:
-        return self.count * self.flops
-
-    def key(self) -> str:
-        return json.dumps({"template": self.template, "workload": self.workload.key(), "scopes": self.scopes,
-                           "fixed": self.fixed}, sort_keys=True)
-
-
 def extract_tasks(plan: Plan) -> list:
-    """The unique tuned kernels of a planned model, heaviest (count x FLOPs) first."""
+    """The unique tuned kernels of a planned model as TuningTasks (their ``count`` in the model carried
+    along, ``weight`` count x FLOPs), heaviest first."""
+    from tuner.search.task import TuningTask
     found: dict = {}
     for s in plan.steps:
         if s.tuned:
-            t = Task(s.op, s.workload, dict(s.scopes), dict(FIXED[s.op]), 1, s.workload.flops)
-            k = t.key()
-            found[k] = dataclasses.replace(found[k], count=found[k].count + 1) if k in found else t
-    return sorted(found.values(), key=lambda t: -t.weight)
+            t = TuningTask(s.op, s.workload, dict(s.scopes), FIXED[s.op])
+            found.setdefault(t.key(), [t, 0])[1] += 1
+    tasks = [dataclasses.replace(t, count=n, weight=None) for t, n in found.values()]
+    return sorted(tasks, key=lambda t: -t.weight)

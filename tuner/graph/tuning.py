@@ -17,8 +17,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from tuner.errors import TunerError
-
-from .plan import Task
+from tuner.logs.io import ensure_writable
+from tuner.search.task import TuningTask as Task
 
 # successful measurements per task: what `tuner tune` measures at least, and what `tuner compare` / `report`
 # need on each side of a texture/buffer comparison
@@ -118,26 +118,22 @@ def share_budget(tasks: list, trials: int, min_trials: int = MIN_TRIALS) -> list
 
 
 def measured_index(log: str, fingerprint: str) -> dict:
-    """What a log has measured on one device, read once: ``(template, workload, scopes) -> [Record, ...]``
+    """What a log has measured on one device, read once: ``Record.task_key`` less the device -> ``[Record, ...]``
     (instantiation rejects are not measurements)."""
     from pathlib import Path
 
     from tuner.logs import load_records
-    from tuner.logs.record import canonical_json
     index: dict = {}
     if Path(log).exists():
         for r in load_records(log):
             if r.device == fingerprint and r.error_name != "INSTANTIATION":
-                key = (r.template, canonical_json(r.workload), canonical_json(r.scopes))
-                index.setdefault(key, []).append(r)
+                index.setdefault(r.task_key[1:], []).append(r)
     return index
 
 
 def task_records(index: dict, task: Task) -> list:
     """The records of exactly this task (its pinned knobs included) in a ``measured_index``."""
-    from tuner.logs.record import canonical_json
-    records = index.get((task.template, canonical_json(task.workload.key()), canonical_json(task.scopes)), [])
-    return [r for r in records if all(r.config.get(k) == v for k, v in task.fixed.items())]
+    return [r for r in index.get(task.record_key("")[1:], []) if task.fits(r)]
 
 
 def measured(index: dict, task: Task) -> int:
@@ -147,10 +143,7 @@ def measured(index: dict, task: Task) -> int:
 
 def fallback_config(task: Task, info) -> dict:
     """The config the model deploys for ``task`` without a log (the template's fallback, valid for the task)."""
-    from tuner.templates import get_template
-    t = get_template(task.template)
-    scopes = {f"{k}_scope": v for k, v in task.scopes.items()}
-    return dataclasses.asdict(t.fallback_with(task.workload, info, **scopes, **task.fixed))
+    return dataclasses.asdict(task.fallback(info))
 
 
 def best_record(records: list):
@@ -251,7 +244,7 @@ def tune_model(model, log: str | None = None, trials: int = 200, device=None, sc
     from .plan import extract_tasks, lower_graph, plan_storage
     info = getattr(device, "info", device)
     info = info if isinstance(info, DeviceInfo) else choose_device(info)
-    log = log or default_log(info.fingerprint)
+    log = str(ensure_writable(log or default_log(info.fingerprint)))  # before any measurement
     for flag, value, least in (("--trials", trials, 1), ("--min-trials", min_trials, 1),
                                ("--early-stopping", early_stopping, 1)):
         if value is not None and value < least:
@@ -351,3 +344,17 @@ def _mixed_round(run: _Run, tasks: list, share: int, min_trials: int, trials: in
 def describe(task: Task) -> str:
     data = "x".join(str(d) for d in task.workload.key()["data"])
     return f"{task.template} {data} {'/'.join(task.scopes.values())}"
+
+
+def model_worker_tasks(path: str, device, trials: int, scope: str = "auto", min_trials: int = 4) -> tuple:
+    """The tasks of a model as ``device`` plans it, each with its share of ``trials`` (by weight), and the
+    model's study prefix: what `tuner tune MODEL --workers N` registers and `tuner worker --model` tunes."""
+    from pathlib import Path
+
+    from tuner.search.worker import model_prefix
+
+    from .compiler import model_tasks
+    if not Path(path).exists():
+        raise TunerError(f"no model file {path!r}")
+    planned = model_tasks(path, device, scope=scope)
+    return [t.budgeted(b) for t, b in zip(planned, share_budget(planned, trials, min_trials))], model_prefix(path)

@@ -12,7 +12,7 @@ from typing import Iterable
 
 from tuner.errors import TunerError
 from tuner.logs.io import load_records
-from tuner.logs.record import Record, canonical_json
+from tuner.logs.record import Record, canonical_json, scope_knobs, task_key
 
 _STACK: list["ApplyHistoryBest"] = []
 
@@ -39,10 +39,6 @@ def _workload_obj(template, workload):
     if not isinstance(workload, dict):
         return workload
     return template.workload(**{k: v for k, v in workload.items() if k != "op"})
-
-
-def _scope_changes(scopes: dict) -> dict:
-    return {f"{op}_scope": s for op, s in scopes.items()}
 
 
 def _to_records(log_or_records) -> list[Record]:
@@ -87,7 +83,7 @@ class ApplyHistoryBest:
             return best
         if scopes is None:
             return self._any_scope.get((device_fingerprint, template_name, wl))
-        return self.best.get((device_fingerprint, template_name, wl, canonical_json(scopes)))
+        return self.best.get(task_key(device_fingerprint, template_name, _workload_key(workload), scopes))
 
     def pick(self, template, workload, device, scopes: dict | None = None, fixed: dict | None = None):
         """The config to build ``workload`` with on ``device`` (Device or DeviceInfo): the best tuned one,
@@ -107,7 +103,7 @@ class ApplyHistoryBest:
             self._warned.add(warn_key)
             warnings.warn(f"no tuned config for {template.name} {canonical_json(key)} on {info.fingerprint}: "
                           f"using the fallback config", FallbackConfigWarning, stacklevel=2)
-        return template.fallback_with(_workload_obj(template, workload), info, **_scope_changes(scopes or {}),
+        return template.fallback_with(_workload_obj(template, workload), info, **scope_knobs(scopes),
                                       **(fixed or {}))
 
     def __len__(self) -> int:

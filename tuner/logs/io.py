@@ -9,11 +9,13 @@ from __future__ import annotations
 import glob
 import json
 import os
+import tempfile
+import time
 import warnings
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 from tuner.errors import TunerError
 from tuner.logs.record import Record
@@ -23,27 +25,94 @@ class TuningLogWarning(UserWarning):
     """Lines of a tuning log were skipped (torn, corrupted or from a newer tuner)."""
 
 
-def append_records(path, records: Iterable[Record] | Record) -> None:
-    """Append one JSON line per record, durably (fsync), under an inter-process file lock: several
-    measuring processes may share one log."""
+LOCK_TIMEOUT_S = 60.0  # a lock held longer than this is a stuck or dead process, not a busy one
+WRITE_RETRIES = 3
+
+
+def _lock(path: Path) -> FileLock:
+    """The log's inter-process lock, created up front so that an uncreatable lock file is an error, not an
+    endless retry."""
+    lock_path = Path(str(path) + ".lock")
+    try:
+        with open(lock_path, "a"):
+            pass
+    except OSError as e:
+        raise TunerError(f"cannot create the lock file {lock_path} of log {path} ({e.strerror or e}); "
+                         "give --log a path in a writable folder") from None
+    return FileLock(str(lock_path), timeout=LOCK_TIMEOUT_S)
+
+
+def ensure_writable(path) -> Path:
+    """Check before any measurement that the log (and its lock) can be written; TunerError if not."""
+    path = Path(path)
+    if path.is_dir():
+        raise TunerError(f"tuning log {path} is a directory; give --log a file path")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "ab"):
+            pass
+    except OSError as e:
+        raise TunerError(f"tuning log {path} cannot be written ({e.strerror or e}); give --log a writable "
+                         "path") from None
+    _lock(path)
+    return path
+
+
+def _write(path: Path, data: bytes) -> None:
+    with open(path, "a+b") as f:
+        f.seek(0, os.SEEK_END)
+        if f.tell() > 0:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":  # a writer died mid-line: end its torn line, keep ours whole
+                data = b"\n" + data
+            f.seek(0, os.SEEK_END)
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def side_files(path: Path) -> list:
+    """Where records go when their log cannot take them: beside it, else in the temp folder."""
+    name = f"{path.name}.rescued-{os.getpid()}.jsonl"
+    return [path.parent / name, Path(tempfile.gettempdir()) / name]
+
+
+def append_records(path, records: Iterable[Record] | Record) -> Path:
+    """Append one JSON line per record, durably (fsync), under an inter-process file lock (with a timeout that
+    names the lock): several measuring processes may share one log. A write that keeps failing (a full disk,
+    the log replaced by a folder) is retried, then the records go to a side file named in one warning, so a
+    measurement is never lost; returns the file written."""
     if isinstance(records, Record):
         records = [records]
     data = "".join(r.to_json() + "\n" for r in records).encode("utf-8")
-    if not data:
-        return
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(path) + ".lock"):
-        with open(path, "a+b") as f:
-            f.seek(0, os.SEEK_END)
-            if f.tell() > 0:
-                f.seek(-1, os.SEEK_END)
-                if f.read(1) != b"\n":  # a writer died mid-line: end its torn line, keep ours whole
-                    data = b"\n" + data
-                f.seek(0, os.SEEK_END)
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+    if not data:
+        return path
+    error = None
+    for attempt in range(WRITE_RETRIES):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with _lock(path):
+                _write(path, data)
+            return path
+        except Timeout:
+            raise TunerError(f"log {path} has been locked by another process for {LOCK_TIMEOUT_S:.0f} s "
+                             f"({path}.lock); if no tuner is running, delete the lock file") from None
+        except (OSError, TunerError) as e:
+            error = e
+            time.sleep(0.05 * (attempt + 1))
+    for rescue in side_files(path):
+        try:
+            _write(rescue, data)
+            break
+        except OSError as e:
+            last = e
+    else:
+        raise TunerError(f"cannot write tuning records to {path} ({error}) nor to {rescue} "
+                         f"({last.strerror or last})") from None
+    warnings.warn(f"cannot write {path} ({getattr(error, 'strerror', None) or error}); {len(records)} records "
+                  f"saved in {rescue} instead (merge it: `cat {rescue} >> {path}`)", TuningLogWarning, stacklevel=2)
+    return rescue
 
 
 def _is_glob(p: str) -> bool:

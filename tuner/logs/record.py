@@ -150,9 +150,22 @@ def canonical_json(obj) -> str:
 
 
 def scopes_of(config) -> dict:
-    """``{"input": ..., "weight": ..., "output": ...}`` from a config object or its dict (``*_scope`` knobs)."""
+    """``{"input": ..., "weight": ..., "output": ...}`` from a config object or its dict (``*_scope`` knobs);
+    ``scope_knobs`` is the other way."""
     values = config if isinstance(config, dict) else dataclasses.asdict(config)
     return {op: values[f"{op}_scope"] for op in SCOPE_OPERANDS if f"{op}_scope" in values}
+
+
+def scope_knobs(scopes: dict | None) -> dict:
+    """The ``*_scope`` knobs of a scopes dict (``{"input": "texture"}`` -> ``{"input_scope": "texture"}``)."""
+    return {f"{op}_scope": s for op, s in (scopes or {}).items()}
+
+
+def task_key(device: str, template: str, workload, scopes: dict) -> tuple:
+    """What one tuning task is in a log (``Record.task_key``): device, template, canonical workload key and
+    scopes. ``workload``: a key dict or a template workload."""
+    key = workload if isinstance(workload, dict) else workload.key()
+    return device, template, canonical_json(key), canonical_json(scopes)
 
 
 def _finite(x):
@@ -244,7 +257,7 @@ class Record:
     @property
     def task_key(self) -> tuple:
         """What one tuning task is: the same workload with other scopes or on another device is another task."""
-        return self.device, self.template, canonical_json(self.workload), canonical_json(self.scopes)
+        return task_key(self.device, self.template, self.workload, self.scopes)
 
     @property
     def workload_key(self) -> tuple:

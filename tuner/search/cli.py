@@ -11,7 +11,7 @@ from tuner.errors import TunerError
 
 
 def register(sub) -> None:
-    from tuner.cli import add_device_arg
+    from tuner.cli_args import add_device_arg
     p = sub.add_parser("worker", help="tune this device for tasks shared through a database (many machines)",
                        description="Tune, on this machine's device, the tasks registered under a study prefix in "
                        "a shared Optuna storage. Workers whose devices share a fingerprint cooperate on one study "
@@ -44,7 +44,7 @@ def register(sub) -> None:
 
 
 def load_tasks(path: str) -> list:
-    from tuner.search.worker import Task
+    from tuner.search.task import TuningTask
     try:
         data = json.loads(Path(path).read_text())
     except OSError as e:
@@ -54,23 +54,11 @@ def load_tasks(path: str) -> list:
     if not isinstance(data, list) or not data:
         raise TunerError(f"--tasks {path}: a non-empty JSON list of tasks, e.g. [{{\"template\": \"conv2d\", "
                          "\"workload\": {...}, \"trials\": 32}]")
-    return [Task.from_dict(d, f"--tasks {path}: task {i}") for i, d in enumerate(data)]
-
-
-def model_worker_tasks(path: str, device, trials: int, scope: str = "auto", min_trials: int = 4) -> tuple:
-    """The tasks of a model as this device plans it (budget shared by weight) and the model's study prefix."""
-    from pathlib import Path
-
-    from tuner.graph.compiler import model_tasks
-    from tuner.graph.tuning import share_budget
-    from tuner.search.worker import Task, model_prefix
-    if not Path(path).exists():
-        raise TunerError(f"no model file {path!r}")
-    planned = model_tasks(path, device, scope=scope)
-    return [Task.of(t, b) for t, b in zip(planned, share_budget(planned, trials, min_trials))], model_prefix(path)
+    return [TuningTask.from_dict(d, f"--tasks {path}: task {i}") for i, d in enumerate(data)]
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from tuner.graph.tuning import model_worker_tasks
     from tuner.measure import MeasureOptions
     from tuner.search.worker import run_worker
     for flag, value in (("--parallel", args.parallel), ("--repeats", args.repeats)):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 
+from tuner.logs.record import SCOPE_OPERANDS
+
 
 def _log2(x) -> float:
     return math.log2(max(float(x), 1.0))
@@ -25,37 +27,19 @@ def knob_features(space, values: dict) -> dict:
     return out
 
 
-def derived_features(template: str, vars: dict, v: dict) -> dict:
-    tex = {f"tex.{k}": float(v.get(f"{k}_scope") == "texture") for k in ("input", "weight", "output")}
-    if template in ("conv2d", "depthwise_conv2d"):
-        oc = v.get("tile_oc", v.get("tile_cb", 1))
-        tile = oc * v["tile_oh"] * v["tile_ow"]
-        blocks = vars["OB"] if template == "conv2d" else vars["CB"]
-        items = vars["N"] * math.ceil(blocks / oc) * math.ceil(vars["OH"] / v["tile_oh"]) * \
-            math.ceil(vars["OW"] / v["tile_ow"])
-        wg = v["wg_w"] * v["wg_h"]
-        # input pixels per tap read by one work-item, against the multiply-adds they feed
-        reads = v["tile_oh"] * v["tile_ow"] + oc * (4 if template == "conv2d" else 1)
-        macs = tile * (16 if template == "conv2d" else 4)
-        f = {"work_per_item": _log2(tile), "wg_size": _log2(wg), "items": _log2(items),
-             "groups": _log2(items / wg), "bytes_per_mac": 16 * reads / macs, "registers": 4 * tile + 4 * reads,
-             "padding_waste": math.ceil(vars["OW"] / v["tile_ow"]) * v["tile_ow"] / vars["OW"]}
-    elif template == "dense":
-        tile = v["tile_m"] * v["tile_n"]
-        items = math.ceil(vars["MB"] / v["tile_m"]) * math.ceil(vars["N"] / v["tile_n"]) * v["split_k"]
-        wg = v["wg_m"] * v["split_k"]
-        reads = v["tile_n"] + v["tile_m"] * 4
-        f = {"work_per_item": _log2(tile), "wg_size": _log2(wg), "items": _log2(items),
-             "groups": _log2(items / wg), "bytes_per_mac": 16 * reads / (16 * tile),
-             "registers": 4 * tile * (4 if v["weight_pack"] == "4i" else 1) + 4 * reads}
-    else:
-        f = {}
-    return {**f, **tex}
+def derived_features(template, vars: dict, v: dict) -> dict:
+    """What the knobs imply (the template's ``features``) and the operands' texture flags. ``template``: a
+    Template or its name."""
+    if isinstance(template, str):
+        from tuner.templates import get_template
+        template = get_template(template)
+    tex = {f"tex.{k}": float(v.get(f"{k}_scope") == "texture") for k in SCOPE_OPERANDS}
+    return {**(template.features(vars, v) if template.features else {}), **tex}
 
 
 def workload_features(vars: dict) -> dict:
     return {f"w.{k}": _log2(x) for k, x in vars.items() if isinstance(x, int) and not isinstance(x, bool)}
 
 
-def features(template: str, space, vars: dict, values: dict) -> dict:
+def features(template, space, vars: dict, values: dict) -> dict:
     return {**knob_features(space, values), **derived_features(template, vars, values), **workload_features(vars)}

@@ -16,6 +16,7 @@ from optuna.samplers import BaseSampler
 from optuna.trial import TrialState
 
 from tuner.search.features import features
+from tuner.search.shared import measured_error
 
 
 def _key(values: dict, names) -> tuple:
@@ -40,14 +41,12 @@ class _SpaceSampler(BaseSampler):
     def sample_independent(self, study, trial, param_name, param_distribution):
         return param_distribution.choices[int(self.rng.integers(len(param_distribution.choices)))]
 
-    def _trials(self, study):
-        return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING,
-                                                        TrialState.WAITING))
-
     def seen(self, study) -> set:
+        """Configs measured (failures included: FAIL trials with their error), being measured or waiting."""
         out = set(self.extra_seen)
-        for t in self._trials(study):
-            if all(n in t.params for n in self.names):
+        for t in study.get_trials(deepcopy=False):
+            if (t.state in (TrialState.RUNNING, TrialState.WAITING) or measured_error(t)) and \
+                    all(n in t.params for n in self.names):
                 out.add(_key(t.params, self.names))
         return out
 
@@ -72,9 +71,12 @@ class XGBSampler(_SpaceSampler):
     def __init__(self, space, template: str, vars: dict, seed: int | None = None, n_warmup: int = 8,
                  epsilon: float = 0.1, n_random: int = 256, n_mutants: int = 256, transfer: list | None = None,
                  seen: set | None = None):
-        """``transfer``: ``(vars, values, score)`` of other workloads' successful records, ``score`` their
-        GFLOP/s (normalized per workload here)."""
+        """``template``: a Template or its name; ``transfer``: ``(vars, values, score)`` of other workloads'
+        successful records, ``score`` their GFLOP/s (normalized per workload here)."""
         super().__init__(space, seed, seen)
+        if isinstance(template, str):
+            from tuner.templates import get_template
+            template = get_template(template)
         self.template, self.vars = template, vars
         self.n_warmup, self.epsilon, self.n_random, self.n_mutants = n_warmup, epsilon, n_random, n_mutants
         self.transfer = self._transfer_rows(transfer or [])
@@ -139,8 +141,9 @@ class XGBSampler(_SpaceSampler):
         if not search_space:
             return {}
         seen = self.seen(study)
-        own = [(dict(t.params), float(t.value)) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-               if t.value is not None and all(n in t.params for n in self.names)]
+        own = [(dict(t.params), float(t.value) if t.state == TrialState.COMPLETE else 0.0)  # failures teach as 0
+               for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
+               if (t.value is not None or measured_error(t)) and all(n in t.params for n in self.names)]
         warmup = self.n_warmup if len(self.transfer) < 20 else min(self.n_warmup, 2)
         if len(own) < warmup or self.rng.random() < self.epsilon:
             return self.random_unseen(seen) or {}
@@ -154,7 +157,7 @@ class XGBSampler(_SpaceSampler):
         return cands[int(np.argmax(scores))]
 
 
-def make_sampler(name: str, space, template: str, vars: dict, seed: int | None = None, transfer=None,
+def make_sampler(name: str, space, template, vars: dict, seed: int | None = None, transfer=None,
                  seen: set | None = None) -> BaseSampler:
     if name == "xgb":
         return XGBSampler(space, template, vars, seed=seed, transfer=transfer, seen=seen)

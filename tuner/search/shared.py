@@ -6,8 +6,8 @@ Storages are Optuna's own: a relational database by URL (``postgresql://user:pw@
 on one machine). Liveness: a worker heartbeats every trial it holds; in a database that is Optuna's trial
 heartbeat (staleness is judged by the server's clock, so a phone's clock does not matter), in a journal a
 ``tuner:beat`` timestamp (one machine, one clock). A stale trial that already carries its measurement (the
-``record`` user attribute) is completed with it, any other is failed: a worker killed with SIGKILL loses
-nothing it measured.
+``record`` user attribute) is finished with it (COMPLETE, or FAIL for a failed measurement), any other is
+failed: a worker killed with SIGKILL loses nothing it measured.
 
 The claim (``claim``), after ``study.ask`` has set a trial's params: hold the trial's heartbeat, write the
 claim, then read the study and decide (``decide``). Every worker writes its claim before it reads, so of two
@@ -167,13 +167,20 @@ class Announcing(BaseSampler):
         self.inner.reseed_rng()
 
 
+def measured_error(trial) -> str | None:
+    """The error name of a finished trial that holds a measurement (``NO_ERROR``: a success, COMPLETE; a failed
+    measurement is FAIL with its ``record`` or ``error`` attribute), None for a trial never measured (a claim
+    that yielded, a trial interrupted or reaped before its measurement)."""
+    if trial.state not in (TrialState.COMPLETE, TrialState.FAIL):
+        return None
+    name = (trial.user_attrs.get("record") or {}).get("error_name") or trial.user_attrs.get("error")
+    return name or ("NO_ERROR" if trial.state == TrialState.COMPLETE else None)
+
+
 def counts(trial) -> bool:
-    """Whether a finished trial spent budget: completed, and a measurement (a config the template rejects
-    before any device work, INSTANTIATION, is not)."""
-    if trial.state != TrialState.COMPLETE:
-        return False
-    record = trial.user_attrs.get("record") or {}
-    return (record.get("error_name") or trial.user_attrs.get("error")) != "INSTANTIATION"
+    """Whether a finished trial spent budget: a measurement, successful or failed (a config the template
+    rejects before any device work, INSTANTIATION, is not)."""
+    return measured_error(trial) not in (None, "INSTANTIATION")
 
 
 def is_claimed(t) -> bool:
@@ -188,7 +195,7 @@ def decide(trials: list, me, names: list, budget: int | None) -> str:
         if t._trial_id == me._trial_id:
             continue
         twin = tuple(t.params.get(n) for n in names) == mine
-        if t.state == TrialState.COMPLETE:
+        if measured_error(t) is not None:
             if twin:
                 return YIELD  # measured already
             done += counts(t)
@@ -236,7 +243,7 @@ def claim(study, trial, names: list, worker: str, budget: int | None = None, wai
 
 
 def reap(study, grace: float, on_completed=None) -> int:
-    """Finish the trials of dead workers: a stale trial carrying its ``record`` is completed with it (and
+    """Finish the trials of dead workers: a stale trial carrying its ``record`` is finished with it (and
     ``on_completed(record dict)`` called, e.g. to append it to this worker's log), any other is failed.
     Returns how many this call finished (exactly one reaper wins each trial)."""
     storage = study._storage
@@ -253,10 +260,7 @@ def reap(study, grace: float, on_completed=None) -> int:
         record = t.user_attrs.get("record")
         try:
             storage.set_trial_system_attr(tid, "tuner:reaped", True)  # judged stale (a finished trial takes no attrs)
-            if record is not None:
-                storage.set_trial_state_values(tid, TrialState.COMPLETE, [score_of(record)])
-            else:
-                storage.set_trial_state_values(tid, TrialState.FAIL)
+            storage.set_trial_state_values(tid, *final_state(record))
         except UpdateFinishedTrialError:
             continue
         finished += 1
@@ -266,25 +270,32 @@ def reap(study, grace: float, on_completed=None) -> int:
 
 
 def score_of(record: dict) -> float:
-    """A trial's value: GFLOP/s of a successful measurement, 0 for a failure (failures teach the model)."""
+    """GFLOP/s of a successful measurement, 0 for a failure (the cost model learns failures as zeros)."""
     ok = record.get("error_code") == 0 and record.get("median_s") is not None
     return float(record["gflops"]) if ok and record.get("gflops") else 0.0
 
 
+def final_state(record: dict | None) -> tuple:
+    """How a trial carrying ``record`` (or none) ends, as ``set_trial_state_values`` arguments: COMPLETE with its
+    GFLOP/s for a success, FAIL for a failed measurement or none (never COMPLETE with a made-up 0)."""
+    return (TrialState.COMPLETE, [score_of(record)]) if record and score_of(record) > 0 else (TrialState.FAIL,)
+
+
 def finish(study, trial_id: int, record: dict) -> str:
     """Tell a measured trial (its ``record`` attribute already set). When a reaper judged this worker dead
-    meanwhile, the trial is COMPLETE with the same record (nothing to do) or FAIL (it was reaped before the
-    record arrived): then the measurement joins the study as a new trial, marked ``late``. Returns the
-    trial's final state name."""
+    meanwhile, the trial holds the same record (nothing to do) or none (it was reaped before the record
+    arrived): then the measurement joins the study as a new trial, marked ``late``. Returns the trial's
+    final state name."""
     storage = study._storage
+    state, *value = final_state(record)
     try:
-        storage.set_trial_state_values(trial_id, TrialState.COMPLETE, [score_of(record)])
-        return "COMPLETE"
+        storage.set_trial_state_values(trial_id, state, *value)
+        return state.name
     except UpdateFinishedTrialError:
         t = storage.get_trial(trial_id)
-        if t.state == TrialState.COMPLETE:
-            return "COMPLETE"
-        study.add_trial(optuna.trial.create_trial(params=t.params, distributions=t.distributions,
-                                                  value=score_of(record),
+        if measured_error(t) is not None:
+            return t.state.name
+        study.add_trial(optuna.trial.create_trial(params=t.params, distributions=t.distributions, state=state,
+                                                  value=value[0][0] if value else None,
                                                   user_attrs={**t.user_attrs, "record": record, "late": True}))
         return "LATE"

@@ -4,15 +4,18 @@ The study lives in an Optuna storage (SQLite under ``logs/`` by default, any sto
 every measurement is appended to a JSONL log before the study hears of it. A re-run of the same task
 resumes the study: configs already in the log are never measured again (they are told to the study from
 the log when a killed run did not get that far), and trials a killed run left running are marked failed.
+A success is a COMPLETE trial valued in GFLOP/s, a failed measurement a FAIL trial (user attribute ``error``).
+
+One evaluation loop (``optimize``) serves ``tune()`` (``LocalStrategy``: ask, answer from the log) and the
+workers (``tuner.search.worker``: the claim protocol): propose -> build and measure -> ``Record.new`` -> log
+-> tell (the ``Evaluator``), with callbacks (progress, early stopping, budgets) hearing every record.
 
     result = tune("conv2d", wl, device="pocl", trials=64)   # -> TuneResult(best record, ...)
 """
 from __future__ import annotations
 
-import dataclasses
-from contextlib import nullcontext
-import hashlib
-import json
+import contextlib
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,13 +23,13 @@ import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
-from tuner import __version__
-from tuner.errors import ErrorCode, TunerError
-from tuner.logs import SCHEMA_VERSION, Record, append_records, load_records
+from tuner.errors import ErrorCode
+from tuner.logs import Record, append_records, load_records
+from tuner.logs.io import ensure_writable
 from tuner.measure import MeasureInput, MeasureOptions, MeasureResult, Measurer
 from tuner.search.samplers import _key, make_sampler
-
-SCOPES = ("input", "weight", "output")
+from tuner.search.shared import measured_error
+from tuner.search.task import TuningTask, log_knowledge
 
 
 @dataclass
@@ -37,14 +40,11 @@ class TuneResult:
     measured: int = 0
     reused: int = 0  # proposals answered from the log without measuring
     log: str = ""
+    label: str = ""  # the task in words: template, workload, scopes
 
 
 def study_name(template: str, workload, scopes: dict, fingerprint: str, fixed: dict | None = None) -> str:
-    task = {"template": template, "workload": workload.key(), "scopes": scopes}
-    if fixed:  # knobs a model pins (its activation layout): a different task from the free one
-        task["fixed"] = fixed
-    task = json.dumps(task, sort_keys=True)
-    return f"{template}-{hashlib.sha1(task.encode()).hexdigest()[:12]}-{fingerprint}"
+    return TuningTask(template, workload, scopes, fixed or {}).study_name(fingerprint)
 
 
 def default_log(fingerprint: str) -> str:
@@ -56,50 +56,230 @@ def default_storage(log: str) -> str:
 
 
 def _record(t, workload, scopes, cfg, info, res: MeasureResult, trial, sampler, study) -> Record:
-    median = res.median if res.ok else None
-    return Record(version=SCHEMA_VERSION, template=t.name, workload=workload.key(), scopes=dict(scopes),
-                  config=dataclasses.asdict(cfg), device=info.fingerprint, device_name=info.name,
-                  platform=info.platform, driver=info.driver_version, costs=list(res.costs) if res.ok else [],
-                  median_s=median, gflops=workload.flops / median / 1e9 if median else None,
-                  error_code=int(res.error_code), error_name=ErrorCode(res.error_code).name,
-                  error_msg=res.error_msg[:4000], max_rel_error=res.max_rel_error, timestamp=res.timestamp,
-                  duration_s=res.duration_s, tuner_version=__version__, trial=trial, sampler=sampler, study=study)
+    """The record of one measurement (``scopes`` are the config's own)."""
+    return Record.new(t.name, workload, cfg, info, costs=res.costs if res.ok else (), error_code=res.error_code,
+                      error_msg=res.error_msg[:4000], max_rel_error=res.max_rel_error, timestamp=res.timestamp,
+                      duration_s=res.duration_s, trial=trial, sampler=sampler, study=study)
 
 
 def _score(record: Record) -> float:
     return float(record.gflops) if record.ok and record.gflops else 0.0
 
 
-def log_knowledge(log: str, t, workload, scopes: dict, fingerprint: str, space, transfer: bool = True):
-    """What a log knows for a task: ``known`` maps each config key of this task to its best record (never
-    measured again); ``others`` holds ``(vars, values, gflops)`` of successful records of other workloads of
-    the template on the device, for the sampler's transfer learning."""
-    known: dict = {}
-    others = []
-    if not Path(log).exists():
-        return known, others
-    names = list(space.choices)
-    wkey = json.dumps(workload.key(), sort_keys=True)
-    for r in load_records(log):
-        if r.device != fingerprint or r.template != t.name:
-            continue
-        values = {"dtype": r.workload.get("dtype"), **r.config}
-        if json.dumps(r.workload, sort_keys=True) == wkey and r.scopes == scopes:
-            if all(values.get(n) in space.choices[n] for n in names):
-                k = _key(values, names)
-                if k not in known or _score(r) > _score(known[k]):
-                    known[k] = r
-        elif r.ok and transfer:
-            try:
-                others.append((t.space_vars(workload_of(t, r.workload)), values, r.gflops))
-            except (TypeError, ValueError):
+@dataclass
+class Session:
+    """One task's study on one device: the bound task, its space and distributions, the study, the log and
+    what the log knows of the task."""
+    task: TuningTask
+    info: object
+    space: object
+    study: object
+    log: str
+    sampler: str
+    known: dict
+    names: list = field(init=False)
+    dists: dict = field(init=False)
+
+    def __post_init__(self):
+        self.names = list(self.space.choices)
+        self.dists = {n: CategoricalDistribution(c) for n, c in self.space.choices.items()}
+
+    def values(self, trial) -> dict:
+        return {n: trial.params[n] for n in self.names}
+
+
+def open_session(task: TuningTask, info, storage, name: str, log: str, sampler: str = "xgb", seed=None,
+                 transfer: bool = True, seen_from_log: bool = True, wrap=None) -> Session:
+    """The task bound to ``info`` (scopes decided), its space, the log's knowledge, the sampler (``wrap``ped,
+    e.g. to announce trials) and the study ``name`` in ``storage`` (created or resumed), its attributes
+    readable in optuna-dashboard: the task, its label and the objective's name."""
+    task = task.bind(info)
+    space = task.space(info)
+    known, others = log_knowledge(log, task, info.fingerprint, space, transfer)
+    t = task.tmpl
+    smp = make_sampler(sampler, space, t, t.space_vars(task.workload), seed=seed, transfer=others,
+                       seen=set(known) if seen_from_log else None)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name=name, storage=storage, direction="maximize",
+                                sampler=wrap(smp) if wrap else smp, load_if_exists=True)
+    study.set_user_attr("task", task.attrs(info.fingerprint))
+    study.set_user_attr("label", task.label)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names(["GFLOP/s"])
+    return Session(task, info, space, study, log, sampler, known)
+
+
+def tell(study, trial, rec: Record, **attrs) -> None:
+    """A measured trial: COMPLETE with its GFLOP/s, or FAIL with the error's name (user attribute ``error``)."""
+    trial.set_user_attr("error", rec.error_name)
+    for k, v in attrs.items():
+        trial.set_user_attr(k, v)
+    if rec.ok:
+        study.tell(trial, _score(rec))
+    else:
+        study.tell(trial, state=TrialState.FAIL)
+
+
+class Evaluator:
+    """Kernel Tuner's CostFunc: builds and measures a strategy's proposals (``[(trial, knob values)]``),
+    records each (``Record.new``), appends the records to the log (first: a kill after this loses nothing
+    measured), then has the strategy tell its study. The Measurer (``open_measurer()``) starts on first use."""
+
+    def __init__(self, info, log: str, open_measurer):
+        self.info, self.log, self.open_measurer = info, log, open_measurer
+        self.measurer = None
+        self.stack = contextlib.ExitStack()
+
+    def __enter__(self) -> "Evaluator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stack.close()
+
+    def __call__(self, strategy, proposals: list) -> list:
+        s = strategy.session
+        t = s.task.tmpl
+        cfgs = [t.make_config(v) for _, v in proposals]
+        if self.measurer is None:
+            self.measurer = self.stack.enter_context(self.open_measurer())
+        outs = self.measurer.measure([MeasureInput(s.task.template, s.task.workload, c) for c in cfgs])
+        recs = [_record(t, s.task.workload, s.task.scopes, c, self.info, res, tr.number, s.sampler,
+                        s.study.study_name) for (tr, _), c, res in zip(proposals, cfgs, outs)]
+        strategy.measured(proposals, recs)
+        append_records(self.log, recs)
+        for (tr, _), rec in zip(proposals, recs):
+            strategy.tell(tr, rec)
+        return recs
+
+
+def optimize(strategies: list, evaluate, room, callbacks=(), idle=None) -> None:
+    """The evaluation loop. Each round the first unfinished strategy that proposes anything (up to ``room()``
+    configs) has its proposals evaluated, and every callback hears each record (``callback(strategy,
+    record)``; a true answer ends the loop after the round). When none proposes: ``idle()`` and again (other
+    workers hold the rest), or without ``idle`` the end. Ends too when every strategy is finished or
+    ``room()`` is 0. Each strategy's ``settle()`` runs on the way out, Ctrl-C included."""
+    try:
+        while True:
+            n = room()
+            live = [s for s in strategies if not s.finished()]
+            if n <= 0 or not live:
+                return
+            for s in live:
+                proposals = s.propose(n)
+                if proposals:
+                    break
+            else:
+                if idle is None:
+                    return
+                idle()
                 continue
-    return known, others
+            stop = False
+            for rec in evaluate(s, proposals):
+                for cb in callbacks:
+                    stop = bool(cb(s, rec)) or stop
+            if stop:
+                return
+    finally:
+        for s in strategies:
+            s.settle()
 
 
-def workload_of(t, key: dict):
-    """A template's workload object from its key (JSON lists back to tuples)."""
-    return t.workload(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in key.items() if k != "op"})
+class LocalStrategy:
+    """``tune()``'s strategy: ask the study; a config the log has is answered from it (not measured), a
+    config proposed twice in one batch is failed. Every trial asked is in ``asked`` until told, so that an
+    interruption tells the study what the log has (``settle``)."""
+
+    def __init__(self, session: Session, result: TuneResult, max_proposals: int):
+        self.session, self.result, self.max_proposals = session, result, max_proposals
+        self.proposals = 0
+        self.asked: dict = {}  # trial number -> (trial, record once measured)
+
+    def finished(self) -> bool:
+        return self.proposals >= self.max_proposals
+
+    def propose(self, n: int) -> list:
+        s, todo = self.session, []
+        while len(todo) < n and self.proposals < self.max_proposals:
+            self.proposals += 1
+            trial = s.study.ask(s.dists)
+            self.asked[trial.number] = (trial, None)
+            values = s.values(trial)
+            k = _key(values, s.names)
+            if k in s.known:  # measured before (this run or an earlier one): answer from the log
+                rec = s.known[k]
+                tell(s.study, trial, rec, from_log=True)
+                self.result.reused += 1
+            elif k in {_key(v, s.names) for _, v in todo}:
+                s.study.tell(trial, state=TrialState.FAIL)
+            else:
+                todo.append((trial, values))
+                continue
+            del self.asked[trial.number]
+        return todo
+
+    def measured(self, proposals: list, recs: list) -> None:
+        for (tr, _), rec in zip(proposals, recs):
+            self.asked[tr.number] = (tr, rec)  # measured: told its value if the log has it when Ctrl-C comes
+
+    def tell(self, trial, rec: Record) -> None:
+        s = self.session
+        s.known[_key(s.values(trial), s.names)] = rec
+        tell(s.study, trial, rec, record=rec.to_dict())  # the study alone can rebuild the log
+        del self.asked[trial.number]
+
+    def settle(self) -> None:
+        """Interrupted: trials whose record is in the log are told their measurement, the others are failed
+        (a re-run proposes those again; the logged ones it answers from the log). Best effort: the storage
+        may be gone, and then the next run's ``_recover`` does it."""
+        study, log, asked = self.session.study, self.session.log, self.asked
+        logged = set()
+        if any(rec is not None for _, rec in asked.values()) and Path(log).exists():
+            logged = {r.trial for r in load_records(log) if r.study == study.study_name}
+        for trial, rec in asked.values():
+            try:
+                if rec is not None and trial.number in logged:
+                    tell(study, trial, rec, record=rec.to_dict())
+                else:
+                    study.tell(trial, state=TrialState.FAIL)
+            except Exception:  # noqa: BLE001 - told already, or the storage is unreachable: the next run's _recover
+                pass
+        asked.clear()
+
+
+class Tally:
+    """Callback: this run's measurements and the best record into the TuneResult, and the progress bar."""
+
+    def __init__(self, result: TuneResult, bar=None):
+        self.result, self.bar = result, bar
+
+    def __call__(self, strategy, rec: Record) -> None:
+        if rec.error_code == ErrorCode.INSTANTIATION:  # rejected before any device work: not a measurement
+            return
+        res = self.result
+        res.measured += 1
+        res.records.append(rec)
+        if rec.ok and (res.best is None or _score(rec) > _score(res.best)):
+            res.best = rec
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix_str(f"best {_score(res.best):.3g} GFLOP/s" if res.best else "no success yet")
+
+
+class EarlyStopping:
+    """Callback: stop after ``patience`` measurements without a new best (counting from the best known)."""
+
+    def __init__(self, patience: int, best: Record | None = None):
+        self.patience, self.best, self.since = patience, _score(best) if best else None, 0
+
+    def __call__(self, strategy, rec: Record) -> bool:
+        if rec.error_code == ErrorCode.INSTANTIATION:
+            return False
+        if rec.ok and (self.best is None or _score(rec) > self.best):
+            self.best, self.since = _score(rec), 0
+        else:
+            self.since += 1
+        return self.since >= self.patience
 
 
 def tune(template, workload, device=None, trials: int = 32, log: str | None = None, storage: str | None = None,
@@ -118,189 +298,74 @@ def tune(template, workload, device=None, trials: int = 32, log: str | None = No
     measurement when the log has it, else failed), so no trial is left running and nothing in the log is
     measured again by a re-run."""
     from tuner.runtime.device import DeviceInfo, choose_device
-    from tuner.templates import get_template
-    spec = template if isinstance(template, str) else template.name  # measuring processes look it up again
-    t = get_template(spec)
     info = device.info if hasattr(device, "info") else device
     info = info if isinstance(info, DeviceInfo) else choose_device(info)
-    if scopes is None:
-        fb = t.fallback(workload, info)
-        scopes = {k: getattr(fb, f"{k}_scope") for k in SCOPES}
-    bad = set(scopes) - set(SCOPES) or {v for v in scopes.values() if v not in ("texture", "buffer")}
-    if bad:
-        raise TunerError(f"scopes {scopes}: keys input/weight/output, values texture or buffer")
-    fixed = dict(fixed or {})
-    space = t.space(workload, info, **fixed, **{f"{k}_scope": v for k, v in scopes.items()})
-    names = list(space.choices)
-    log = log or default_log(info.fingerprint)
+    spec = template if isinstance(template, str) else template.name  # measuring processes look it up again
+    task = TuningTask(spec, workload, scopes, fixed or {}).bind(info)
+    log = str(ensure_writable(log or default_log(info.fingerprint)))  # before any measurement
     storage = storage or default_storage(log)
     if storage.startswith("sqlite:///"):
         Path(storage[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
-    name = study_name(t.name, workload, scopes, info.fingerprint, fixed)
     options = options or MeasureOptions()
-    batch = batch or options.n_parallel
-
-    known, others = log_knowledge(log, t, workload, scopes, info.fingerprint, space, transfer)
-    vars = t.space_vars(workload)
-    smp = make_sampler(sampler, space, t.name, vars, seed=seed, transfer=others, seen=set(known))
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(study_name=name, storage=storage, direction="maximize", sampler=smp,
-                                load_if_exists=True)
-    study.set_user_attr("task", {"template": t.name, "workload": workload.key(), "scopes": scopes,
-                                 "device": info.fingerprint})
-    dists = {n: CategoricalDistribution(c) for n, c in space.choices.items()}
-    _recover(study, known, names, dists)
+    session = open_session(task, info, storage, task.study_name(info.fingerprint), log, sampler, seed, transfer)
+    _recover(session)
     if fallback_first:
-        _enqueue_fallback(study, t, workload, info, scopes, fixed, known, names)
+        _enqueue_fallback(session)
 
-    best = max((r for r in known.values() if r.ok), key=_score, default=None)
-    result = TuneResult(name, best, log=log)
-    since_best = 0
-    bar = _progress(trials, progress, name)
+    best = max((r for r in session.known.values() if r.ok), key=_score, default=None)
+    result = TuneResult(session.study.study_name, best, log=log, label=task.label)
+    bar = _progress(trials, progress, task.label)
+    callbacks = [Tally(result, bar)] + ([EarlyStopping(early_stopping, best)] if early_stopping else [])
+    own = measurer is not None
+    batch = batch or options.n_parallel
     try:
-        with (nullcontext(measurer) if measurer is not None else Measurer(info, options)) as measurer:
-            task = _Task(study, t, spec, workload, scopes, info, names, dists, known, result, measurer, sampler,
-                         bar)
-            proposals = 0
-            while result.measured < trials and proposals < 20 * trials + 100:
-                if early_stopping and since_best >= early_stopping:
-                    break
-                asked: dict = {}  # trial number -> (trial, record once logged): told before Ctrl-C propagates
-                try:
-                    proposals, since_best = _batch(task, batch, trials, proposals, since_best, asked)
-                except BaseException:
-                    _settle(study, asked, log)
-                    raise
+        with Evaluator(info, log, (lambda: contextlib.nullcontext(measurer)) if own else
+                       (lambda: Measurer(info, options))) as evaluate:
+            optimize([LocalStrategy(session, result, 20 * trials + 100)], evaluate,
+                     lambda: min(batch, trials - result.measured), callbacks)
     finally:
         if bar is not None:
             bar.close()
     return result
 
 
-@dataclass
-class _Task:
-    """What one tune() call measures with: its study, template, workload, scopes, device, knobs, the log's
-    knowledge, the result so far, the measurer, the sampler's name and the progress bar."""
-    study: object
-    t: object
-    spec: str
-    workload: object
-    scopes: dict
-    info: object
-    names: list
-    dists: dict
-    known: dict
-    result: TuneResult
-    measurer: Measurer
-    sampler: str
-    bar: object
-
-
-def _batch(task: _Task, batch: int, trials: int, proposals: int, since_best: int, asked: dict) -> tuple:
-    """Ask for up to ``batch`` unmeasured configs, measure them, log them, tell the study; returns the updated
-    ``(proposals, since_best)``. Every trial asked is in ``asked`` until told."""
-    study, t, names, known, result, bar = task.study, task.t, task.names, task.known, task.result, task.bar
-    todo = []  # (trial, values)
-    while len(todo) < min(batch, trials - result.measured) and proposals < 20 * trials + 100:
-        proposals += 1
-        trial = study.ask(task.dists)
-        asked[trial.number] = (trial, None)
-        values = {n: trial.params[n] for n in names}
-        k = _key(values, names)
-        if k in known:  # measured before (this run or an earlier one): answer from the log
-            study.tell(trial, _score(known[k]))
-            result.reused += 1
-        elif k in {_key(v, names) for _, v in todo}:
-            study.tell(trial, state=TrialState.FAIL)
-        else:
-            todo.append((trial, values))
-            continue
-        del asked[trial.number]
-    if not todo:
-        return proposals, since_best
-    cfgs = [t.make_config(v) for _, v in todo]
-    outs = task.measurer.measure([MeasureInput(task.spec, task.workload, c) for c in cfgs])
-    recs = [_record(t, task.workload, task.scopes, c, task.info, res, tr.number, task.sampler, study.study_name)
-            for (tr, _), c, res in zip(todo, cfgs, outs)]
-    for (tr, _), rec in zip(todo, recs):
-        asked[tr.number] = (tr, rec)  # measured: told its value if the log has it when Ctrl-C comes
-    append_records(result.log, recs)  # the log first: a kill after this loses nothing measured
-    for (tr, values), rec in zip(todo, recs):
-        known[_key(values, names)] = rec
-        _tell(study, tr, rec)
-        del asked[tr.number]
-        if rec.error_code == ErrorCode.INSTANTIATION:
-            continue  # rejected before any device work: not a measurement
-        result.measured += 1
-        result.records.append(rec)
-        if rec.ok and (result.best is None or _score(rec) > _score(result.best)):
-            result.best, since_best = rec, 0
-        else:
-            since_best += 1
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix_str(f"best {_score(result.best):.3g} GFLOP/s" if result.best else "no success yet")
-    return proposals, since_best
-
-
-def _tell(study, trial, rec: Record) -> None:
-    trial.set_user_attr("error", rec.error_name)
-    trial.set_user_attr("record", rec.to_dict())  # the study alone can rebuild the log
-    study.tell(trial, _score(rec))
-
-
-def _settle(study, asked: dict, log: str) -> None:
-    """Interrupted: trials whose record is in the log are told their measurement, the others are failed (a
-    re-run proposes those again; the logged ones it answers from the log). Best effort: the storage may be
-    gone, and then the next run's ``_recover`` does it."""
-    logged = set()
-    if any(rec is not None for _, rec in asked.values()) and Path(log).exists():
-        logged = {r.trial for r in load_records(log) if r.study == study.study_name}
-    for trial, rec in asked.values():
-        try:
-            if rec is not None and trial.number in logged:
-                _tell(study, trial, rec)
-            else:
-                study.tell(trial, state=TrialState.FAIL)
-        except Exception:  # noqa: BLE001 - told already, or the storage is unreachable: the next run's _recover
-            pass
-
-
-def _enqueue_fallback(study, t, workload, info, scopes: dict, fixed: dict, known: dict, names: list) -> None:
+def _enqueue_fallback(s: Session) -> None:
     """Make the template's fallback config (what a model runs untuned) the next trial, unless the log has it
     or it is waiting in the study already (an interrupted run enqueued it)."""
-    cfg = t.fallback_with(workload, info, **fixed, **{f"{k}_scope": v for k, v in scopes.items()})
-    values = t.config_values(workload, cfg)
-    if any(n not in values for n in names):
+    values = s.task.tmpl.config_values(s.task.workload, s.task.fallback(s.info))
+    if any(n not in values for n in s.names):
         return
-    params = {n: values[n] for n in names}
-    if _key(params, names) in known:
+    params = {n: values[n] for n in s.names}
+    if _key(params, s.names) in s.known:
         return
-    for tr in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-        if all(tr.params.get(n) == params[n] for n in names):
+    for tr in s.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        if all(tr.params.get(n) == params[n] for n in s.names):
             return
-    study.enqueue_trial(params)
+    s.study.enqueue_trial(params)
 
 
-def _recover(study, known: dict, names: list, dists: dict) -> None:
+def _recover(s: Session) -> None:
     """After a killed run: running trials are marked failed; measurements in the log that the study never
-    heard of are added to it, so the sampler learns from them and never proposes them again."""
+    heard of are added to it (failures as FAIL trials), so the sampler learns from them and never proposes
+    them again."""
     in_study = set()
-    for tr in study.get_trials(deepcopy=False):
+    for tr in s.study.get_trials(deepcopy=False):
         if tr.state == TrialState.RUNNING:
-            study._storage.set_trial_state_values(tr._trial_id, TrialState.FAIL)
-        elif tr.state == TrialState.COMPLETE and all(n in tr.params for n in names):
-            in_study.add(_key(tr.params, names))
-    for k, rec in known.items():
+            s.study._storage.set_trial_state_values(tr._trial_id, TrialState.FAIL)
+        elif (tr.state == TrialState.COMPLETE or measured_error(tr)) and all(n in tr.params for n in s.names):
+            in_study.add(_key(tr.params, s.names))
+    dists = s.dists
+    for k, rec in s.known.items():
         if k not in in_study:
             attrs = {"from_log": True, "error": rec.error_name, "record": rec.to_dict()}
-            study.add_trial(optuna.trial.create_trial(params=dict(zip(names, k)), distributions=dists,
-                                                      value=_score(rec), user_attrs=attrs))
+            state = TrialState.COMPLETE if rec.ok else TrialState.FAIL
+            s.study.add_trial(optuna.trial.create_trial(params=dict(zip(s.names, k)), distributions=dists,
+                                                        value=_score(rec) if rec.ok else None, state=state,
+                                                        user_attrs=attrs))
 
 
-def _progress(total: int, enabled: bool, name: str):
+def _progress(total: int, enabled: bool, desc: str):
     if not enabled:
         return None
     from tqdm.auto import tqdm
-    return tqdm(total=total, desc=name.split("-")[0], unit="trial", dynamic_ncols=True)
-
+    return tqdm(total=total, desc=desc, unit="trial", dynamic_ncols=True)
