@@ -7,6 +7,7 @@ pixel (4 output channels) -- the outer product of the texture RFC's Adreno sched
 """
 from __future__ import annotations
 
+import math
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
@@ -14,11 +15,12 @@ import numpy as np
 
 from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
-from tuner.ir.expr import ExtractLane, Ramp, as_expr, max_, min_, select
+from tuner.ir.dtype import DType
+from tuner.ir.expr import Cast, ExtractLane, Ramp, as_expr, const, max_, min_, select
 from tuner.ir.activations import NAMES as ACTIVATIONS  # noqa: F401  (importers use the name)
 from tuner.ir.activations import apply_ir, apply_numpy, canonical
 from tuner.ir.schedule import cache_read
-from tuner.templates import Template
+from tuner.templates import EPILOGUE_ARGS, WINDOW_ARGS, Template, WorkloadArg, epilogue_text, shape_text, window_text
 
 
 
@@ -108,6 +110,8 @@ class Conv2dConfig:
     act_layout: str = "nchw4c"  # texture convention of activations: nchw4c (C0) or mace_channel_major
     weight_layout: str = "oihw4o"  # texture convention of weights: oihw4o (C1) or mace_conv2d_filter
     cache_input: bool = False  # texture RFC A0: copy a buffer input into a texture scratch first
+    local_input: bool = False  # a work-group stages its input tile (window halo included) in __local memory
+    compute: str = "float32"  # float32; half: half4 loads and products, float32 sums; half_acc: half sums too
 
 
 def scope_layout(scope: str, texture_layout: str, buffer_layout: str, weight=False):
@@ -135,7 +139,8 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
     t_oc, t_oh, t_ow = cfg.tile_oc, cfg.tile_oh, cfg.tile_ow
     n_ob, n_oh, n_ow = -(-OB // t_oc), -(-OH // t_oh), -(-OW // t_ow)
     g_w, g_h = -(-n_ow // cfg.wg_w), -(-n_oh // cfg.wg_h)
-    vector_input = cfg.vec_load == 4 or X.scope != "global" or cfg.cache_input
+    vector_input = cfg.vec_load == 4 or X.scope != "global" or cfg.cache_input or cfg.local_input
+    arith = Arithmetic(cfg.compute, wl.dtype)
     b = Builder()
     with b.loop("nb", N * n_ob, "group.2") as nb, b.loop("gh", g_h, "group.1") as gh, \
             b.loop("th", cfg.wg_h, "local.1") as th, b.loop("gw", g_w, "group.0") as gw, \
@@ -143,44 +148,148 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
         n, obb = nb // n_ob, nb % n_ob
         grp = (obb * t_oc) // OBG if G > 1 else 0  # a tile's output blocks are all in one group
         oh0, ow0 = (gh * cfg.wg_h + th) * t_oh, (gw * cfg.wg_w + tw) * t_ow
-        acc = b.allocate("acc", (t_oc * t_oh * t_ow,), "float32x4", "private")
-        for i in range(t_oc * t_oh * t_ow):
-            b.store(acc, i, 0.0)
+        acc = arith.accumulators(b, t_oc * t_oh * t_ow)
         window = "unrolled" if cfg.unroll_rs else "serial"
-        with b.loop("cbo", CG4 // cfg.split_c) as cbo, b.loop("cbi", cfg.split_c, "unrolled") as cbi, \
-                b.loop("r", R, window) as r, b.loop("s", S, window) as s:
-            cbl = cbo * cfg.split_c + cbi  # input block within the group (the weight's channel block)
-            cb = grp * CG4 + cbl if G > 1 else cbl
-            taps = {}
-            for y in range(t_oh):
-                for x in range(t_ow):
-                    ih = (oh0 + y) * sh - pt + r * dh
-                    iw = (ow0 + x) * sw - pl + s * dw
-                    inside = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-                    taps[y, x] = (inside, clamp(ih, H), clamp(iw, W))
-            xs = {}
-            if vector_input:  # one RGBA pixel (4 input channels) per tap; lanes extracted below
-                for (y, x), (inside, ih, iw) in taps.items():
-                    xs[y, x] = b.let(f"x{y}_{x}", select(inside, X[n, Ramp(cb * 4, as_expr(1), 4), ih, iw], 0.0))
-            for ci in range(4):
-                c = cb * 4 + ci
-                # lanes past C exist only in the last block; their weights do not (OIHW4o pads O, not C)
-                with b.if_(cb < C4 - 1) if ci >= C % 4 > 0 else nullcontext():
-                    if vector_input:
-                        lane = {yx: ExtractLane(v, ci) for yx, v in xs.items()}
-                    else:
-                        lane = {yx: b.let(f"x{yx[0]}_{yx[1]}_{ci}", select(inside, X[n, c, ih, iw], 0.0))
-                                for yx, (inside, ih, iw) in taps.items()}
-                    for k in range(t_oc):
-                        ob = min_(obb * t_oc + k, OB - 1)  # a partial last tile re-reads the last block
-                        wpix = b.let(f"w{k}_{ci}", Wt[Ramp(ob * 4, as_expr(1), 4), cbl * 4 + ci, r, s])
-                        for y in range(t_oh):
-                            for x in range(t_ow):
-                                i = (k * t_oh + y) * t_ow + x
-                                b.store(acc, i, acc[i] + lane[y, x] * wpix)
+        tile = LocalTile(b, cfg, (cfg.split_c, t_oh, t_ow), (sh, sw), (dh, dw), (R, S), arith) \
+            if cfg.local_input else None
+        steps = CG4 // cfg.split_c
+        with b.loop("cbo", steps) as cbo:
+            if tile is not None:  # stage this step's split_c input blocks, halo included, for the work-group
+                if steps > 1:
+                    b.barrier()  # every work-item is done reading the previous step's tile
+                base = grp * CG4 + cbo * cfg.split_c if G > 1 else cbo * cfg.split_c
+                tile.load(lambda k, ih, iw: input_pixel(X, n, base + k, ih, iw, H, W, arith),
+                          (gh * cfg.wg_h * t_oh * sh - pt, gw * cfg.wg_w * t_ow * sw - pl), th * cfg.wg_w + tw)
+            with b.loop("cbi", cfg.split_c, "unrolled") as cbi, b.loop("r", R, window) as r, \
+                    b.loop("s", S, window) as s:
+                conv_step(b, cfg, wl, X, Wt, acc, arith, tile, vector_input, n, grp, obb, oh0, ow0, th, tw,
+                          cbo, cbi, r, s, (C4, CG4, OB, G, H, W))
         store_tile(b, acc, Y, n, obb, oh0, ow0, (t_oc, t_oh, t_ow), (OB, OH, OW), wl, B, Res)
     kernel = b.kernel("conv2d_nchw4c", [p for p in operands if p is not None])
     return cache_read(kernel, X, "texture", cfg.act_layout) if cfg.cache_input else kernel
+
+
+class Arithmetic:
+    """The ``compute`` knob: ``float32`` (half storage read as float), ``half`` (half loads and products,
+    float32 accumulators) or ``half_acc`` (half accumulators too). Half modes need float16 storage and a
+    device with cl_khr_fp16 (the search spaces' ``half_compute`` constraint)."""
+
+    def __init__(self, compute: str, dtype: str):
+        if compute not in ("float32", "half", "half_acc"):
+            raise ValueError(f"compute {compute!r}: float32, half or half_acc")
+        if compute != "float32" and dtype != "float16":
+            raise ValueError(f"compute={compute} needs float16 storage, got {dtype}")
+        self.half = compute != "float32"
+        self.value = "float16x4" if self.half else "float32x4"  # loaded pixels, products, the local tile
+        self.acc = "float16x4" if compute == "half_acc" else "float32x4"
+
+    def load(self, v):
+        """A load of storage (read as float32) in the compute type: half loads are read as half."""
+        return Cast(DType.parse(self.value).with_lanes(v.lanes), v) if self.half else v
+
+    def accumulators(self, b, n: int):
+        acc = b.allocate("acc", (n,), self.acc, "private")
+        for i in range(n):
+            b.store(acc, i, const(0.0, self.acc))
+        return acc
+
+    def mac(self, acc_value, product):
+        """``acc + product``: a half product joins float32 accumulators as float."""
+        if self.half and self.acc == "float32x4":
+            product = Cast(DType("float32", product.lanes), product)
+        return acc_value + product
+
+
+def input_pixel(X, n, cb, ih, iw, H, W, arith):
+    """The RGBA pixel of channel block ``cb`` at input row ``ih``, column ``iw`` (zero in the padding)."""
+    inside = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+    return select(inside, arith.load(X[n, Ramp(cb * 4, as_expr(1), 4), clamp(ih, H), clamp(iw, W)]), 0.0)
+
+
+class LocalTile:
+    """The input a work-group reads in one reduction step -- ``blocks`` channel blocks by the rows and columns
+    its outputs' windows cover (the halo included) -- staged in ``__local`` memory: every work-item loads a
+    strided share of the pixels, then a barrier, then all read their taps from the tile. ``tile``:
+    (channel blocks, tile_oh, tile_ow) of one work-item."""
+
+    def __init__(self, b, cfg, tile, stride, dilation, window, arith):
+        (blocks, t_oh, t_ow), (sh, sw), (dh, dw), (R, S) = tile, stride, dilation, window
+        self.b, self.stride, self.dilation = b, stride, dilation
+        self.blocks, self.t_oh, self.t_ow = blocks, t_oh, t_ow
+        self.rows = (cfg.wg_h * t_oh - 1) * sh + (R - 1) * dh + 1
+        self.cols = (cfg.wg_w * t_ow - 1) * sw + (S - 1) * dw + 1
+        self.pixels = blocks * self.rows * self.cols
+        self.items = cfg.wg_w * cfg.wg_h
+        self.buf = b.allocate("tile", (self.pixels,), arith.value, "local")
+
+    @staticmethod
+    def bytes(cfg, tile, stride, dilation, window, compute="float32") -> int:
+        (blocks, t_oh, t_ow), (sh, sw), (dh, dw), (R, S) = tile, stride, dilation, window
+        rows, cols = (cfg.wg_h * t_oh - 1) * sh + (R - 1) * dh + 1, (cfg.wg_w * t_ow - 1) * sw + (S - 1) * dw + 1
+        return blocks * rows * cols * (16 if compute == "float32" else 8)
+
+    def load(self, pixel, origin, lid):
+        """``pixel(k, ih, iw)``: the value of block ``k`` (of this step) at input row/column; ``origin``: the
+        input row/column of the tile's corner; ``lid``: the work-item's linear id in the work-group."""
+        b, plane = self.b, self.rows * self.cols
+        with b.loop("ld", -(-self.pixels // self.items)) as j:
+            idx = b.let("li", j * self.items + lid)
+            with b.if_(idx < self.pixels) if self.pixels % self.items else nullcontext():
+                k, rem = idx // plane, idx % plane
+                b.store(self.buf, idx, pixel(k, origin[0] + rem // self.cols, origin[1] + rem % self.cols))
+        b.barrier()
+
+    def read(self, k, th, tw, y, x, r, s, extra_col=0):
+        """Block ``k``'s pixel for output (y, x) of work-item (th, tw)'s tile at window tap (r, s), ``extra_col``
+        columns to the right."""
+        (sh, sw), (dh, dw) = self.stride, self.dilation
+        row = (th * self.t_oh + y) * sh + r * dh
+        col = (tw * self.t_ow + x) * sw + s * dw + extra_col
+        return self.buf[(k * self.rows + row) * self.cols + col]
+
+
+def conv_step(b, cfg, wl, X, Wt, acc, arith, tile, vector_input, n, grp, obb, oh0, ow0, th, tw, cbo, cbi, r, s,
+              sizes):
+    """One input-channel block (``cbo * split_c + cbi``) and window tap (r, s) of a work-item's tile: 4 lanes
+    of every input pixel times 4-output weight pixels, accumulated."""
+    C4, CG4, OB, G, H, W = sizes
+    C = wl.data[1]
+    t_oc, t_oh, t_ow = cfg.tile_oc, cfg.tile_oh, cfg.tile_ow
+    (sh, sw), (dh, dw), (pt, pl, _, _) = wl.stride, wl.dilation, wl.padding
+    cbl = cbo * cfg.split_c + cbi  # input block within the group (the weight's channel block)
+    cb = grp * CG4 + cbl if G > 1 else cbl
+    taps = {}
+    for y in range(t_oh):
+        for x in range(t_ow):
+            ih = (oh0 + y) * sh - pt + r * dh
+            iw = (ow0 + x) * sw - pl + s * dw
+            inside = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            taps[y, x] = (inside, clamp(ih, H), clamp(iw, W))
+    xs = {}
+    if tile is not None:
+        for y in range(t_oh):
+            for x in range(t_ow):
+                xs[y, x] = b.let(f"x{y}_{x}", tile.read(cbi, th, tw, y, x, r, s))
+    elif vector_input:  # one RGBA pixel (4 input channels) per tap; lanes extracted below
+        for (y, x), (inside, ih, iw) in taps.items():
+            xs[y, x] = b.let(f"x{y}_{x}", select(inside, arith.load(X[n, Ramp(cb * 4, as_expr(1), 4), ih, iw]),
+                                                0.0))
+    for ci in range(4):
+        c = cb * 4 + ci
+        # lanes past C exist only in the last block; their weights do not (OIHW4o pads O, not C)
+        with b.if_(cb < C4 - 1) if ci >= C % 4 > 0 else nullcontext():
+            if vector_input:
+                lane = {yx: ExtractLane(v, ci) for yx, v in xs.items()}
+            else:
+                lane = {yx: b.let(f"x{yx[0]}_{yx[1]}_{ci}", select(inside, arith.load(X[n, c, ih, iw]), 0.0))
+                        for yx, (inside, ih, iw) in taps.items()}
+            for k in range(t_oc):
+                ob = min_(obb * t_oc + k, OB - 1)  # a partial last tile re-reads the last block
+                wpix = b.let(f"w{k}_{ci}", arith.load(Wt[Ramp(ob * 4, as_expr(1), 4), cbl * 4 + ci, r, s]))
+                for y in range(t_oh):
+                    for x in range(t_ow):
+                        i = (k * t_oh + y) * t_ow + x
+                        b.store(acc, i, arith.mac(acc[i], lane[y, x] * wpix))
 
 
 def declare_operands(wl, cfg, channels: int) -> tuple:
@@ -215,6 +324,8 @@ def store_tile(b, acc, Y, n, obb, oh0, ow0, tile, bounds, wl, B=None, Res=None):
                 with b.if_((ob < OB) & (oh < OH) & (ow < OW)):
                     lanes = Ramp(ob * 4, as_expr(1), 4)
                     v = acc[(k * t_oh + y) * t_ow + x]
+                    if v.dtype.base == "float16":  # half accumulators: the epilogue runs in float
+                        v = Cast(DType("float32", v.lanes), v)
                     if B is not None:
                         v = v + B[lanes]
                     if Res is not None:
@@ -276,7 +387,8 @@ def space_vars(wl: Conv2dWorkload) -> dict:
     G = wl.groups
     return dict(N=N, C=C, H=H, W=W, O=O, R=R, S=S, OH=OH, OW=OW, C4=-(-C // 4), OB=-(-O // 4), G=G,
                 CG4=C // G // 4 if G > 1 else -(-C // 4), OBG=O // G // 4 if G > 1 else -(-O // 4),
-                data=wl.data, kernel=wl.kernel, out=wl.out_shape, bias=wl.bias, residual=wl.residual)
+                data=wl.data, kernel=wl.kernel, out=wl.out_shape, bias=wl.bias, residual=wl.residual,
+                stride=wl.stride, dilation=wl.dilation)
 
 
 def texture_scopes(wl, info, operands) -> str:
@@ -314,11 +426,48 @@ def _reference(wl: Conv2dWorkload, inputs: dict) -> np.ndarray:
     return reference(wl, inputs["X"], inputs["Wt"], inputs.get("B"), inputs.get("Res"))
 
 
+def _log2(x) -> float:
+    return math.log2(max(float(x), 1.0))
+
+
+def window_features(v: dict, k: dict, oc: int, blocks: int, lanes: int) -> dict:
+    """Cost-model features of a window template's config: a work-item computes ``oc`` channel blocks (of
+    ``blocks``) by tile_oh x tile_ow outputs, ``lanes`` multiply-adds per channel block and tap (16 for a
+    full conv: 4 input lanes x 4 output channels; 4 for depthwise)."""
+    tile = oc * k["tile_oh"] * k["tile_ow"]
+    items = v["N"] * math.ceil(blocks / oc) * math.ceil(v["OH"] / k["tile_oh"]) * math.ceil(v["OW"] / k["tile_ow"])
+    wg = k["wg_w"] * k["wg_h"]
+    reads = k["tile_oh"] * k["tile_ow"] + oc * lanes // 4  # input pixels per tap against the weights they meet
+    return {"work_per_item": _log2(tile), "wg_size": _log2(wg), "items": _log2(items), "groups": _log2(items / wg),
+            "bytes_per_mac": 16 * reads / (tile * lanes), "registers": 4 * tile + 4 * reads,
+            "padding_waste": math.ceil(v["OW"] / k["tile_ow"]) * k["tile_ow"] / v["OW"],
+            "local_input": float(k.get("local_input", False)), "half": float(k.get("compute", "float32") != "float32")}
+
+
+def features(v: dict, k: dict) -> dict:
+    return window_features(v, k, k["tile_oc"], v["OB"], 16)
+
+
+def describe(wl: Conv2dWorkload) -> str:
+    """``1x64x56x56 k64x3x3 s1 p1 +relu``"""
+    groups = f" g{wl.groups}" if wl.groups > 1 else ""
+    return f"{shape_text(wl.data)} k{wl.kernel[0]}x{wl.kernel[2]}x{wl.kernel[3]}{groups}{window_text(wl)}" \
+        + epilogue_text(wl)
+
+
+# a model's kernels exchange NCHW4c activations: the layout is pinned, not tuned
+MODEL_KNOBS = {"act_layout": "nchw4c"}
+WORKLOAD_ARGS = (WorkloadArg("data", "shape", "N,C,H,W", "input shape", required=True),
+                 WorkloadArg("kernel", "shape", "O,C,R,S", "weight shape", required=True),
+                 *WINDOW_ARGS, WorkloadArg("groups", "int", "G", "grouped convolution (default 1)"),
+                 *EPILOGUE_ARGS, WorkloadArg("residual", "flag", help="fuse a residual add of a second NCHW4c tensor"))
+
 VARIABLES = dict(N="batch", C="input channels", H="input height", W="input width", O="output channels",
                  R="kernel height", S="kernel width", OH="output height", OW="output width",
                  C4="input-channel blocks of 4", OB="output-channel blocks of 4", G="groups",
                  CG4="input-channel blocks per group", OBG="output-channel blocks per group", data="data shape NCHW",
                  kernel="kernel shape OIHW", out="output shape NCHW", bias="fused bias",
-                 residual="fused residual add")
+                 residual="fused residual add", stride="stride (h, w)", dilation="dilation (h, w)")
 TEMPLATE = Template("conv2d", Conv2dWorkload, Conv2dConfig, conv2d_nchw4c, _reference, random_inputs,
-                    fallback, space_vars, VARIABLES)
+                    fallback, space_vars, VARIABLES, features=features, describe=describe, model_knobs=MODEL_KNOBS,
+                    workload_args=WORKLOAD_ARGS)

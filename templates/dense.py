@@ -9,16 +9,18 @@ each output's reduction and combine their partial sums through local memory."""
 from __future__ import annotations
 
 from contextlib import nullcontext
+import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
-from tuner.ir.expr import ExtractLane, Ramp, as_expr, call, max_, min_
+from tuner.ir.dtype import DType
+from tuner.ir.expr import Cast, ExtractLane, Ramp, as_expr, call, max_, min_
 from tuner.ir.activations import apply_ir, canonical
-from tuner.templates import Template
-from tuner.templates.conv2d_nchw4c import bias_buffer, reference_epilogue, texture_scopes
+from tuner.templates import EPILOGUE_ARGS, Template, WorkloadArg, epilogue_text, shape_text
+from tuner.templates.conv2d_nchw4c import Arithmetic, bias_buffer, reference_epilogue, texture_scopes
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ class DenseConfig:
     unroll_k: int = 1  # reduction steps unrolled
     vec_load: int = 4  # buffer input loads: float4 per 4 features, or one scalar per feature (4o only)
     weight_pack: str = "4o"  # weights packed by 4 along outputs (4o) or the reduction (4i)
+    compute: str = "float32"  # float32; half: half4 loads and products, float32 sums; half_acc: half sums too
     input_scope: str = "texture"
     weight_scope: str = "texture"
     output_scope: str = "texture"
@@ -92,48 +95,48 @@ def dense(wl: DenseWorkload, cfg: DenseConfig):
     steps = -(-KB // sk)  # reduction steps of one work-item
     ragged = steps * sk != KB or steps % uk != 0
     tiles = [(t, y) for t in range(t_m) for y in range(t_n)]
+    arith = Arithmetic(cfg.compute, wl.dtype)
     b = Builder()
     with b.loop("gn", n_nt, "group.1") as gn, b.loop("tk", sk, "local.1") as tk, \
             b.loop("gm", -(-n_mt // cfg.wg_m), "group.0") as gm, b.loop("tm", cfg.wg_m, "local.0") as tm:
         mt, n0 = gm * cfg.wg_m + tm, gn * t_n
         lanes_acc = 4 if cfg.weight_pack == "4i" else 1  # 4i: one float4 of products per output
-        acc = b.allocate("acc", (len(tiles) * lanes_acc,), "float32x4", "private")
-        for i in range(len(tiles) * lanes_acc):
-            b.store(acc, i, 0.0)
+        acc = arith.accumulators(b, len(tiles) * lanes_acc)
         with b.loop("jo", -(-steps // uk)) as jo, b.loop("ji", uk, "unrolled") as ji:
             kb = (jo * uk + ji) * sk + tk  # interleaved: neighbouring work-items read neighbouring blocks
             with b.if_(kb < KB) if ragged else nullcontext():
                 rows = {y: min_(n0 + y, N - 1) for y in range(t_n)}
                 vector_x = cfg.vec_load == 4 or cfg.input_scope == "texture" or cfg.weight_pack == "4i"
-                xv = {y: b.let(f"x{y}", X[rows[y], Ramp(kb * 4, as_expr(1), 4)]) for y in range(t_n)} \
+                xv = {y: b.let(f"x{y}", arith.load(X[rows[y], Ramp(kb * 4, as_expr(1), 4)])) for y in range(t_n)} \
                     if vector_x else {}
                 if cfg.weight_pack == "4o":
                     for ki in range(4):
                         k = kb * 4 + ki
                         # lanes past K exist only in the last block; the 4o weights do not pad K
                         with b.if_(kb < KB - 1) if ki >= K % 4 > 0 else nullcontext():
-                            xs = {y: ExtractLane(xv[y], ki) if vector_x else b.let(f"x{y}_{ki}", X[rows[y], k])
+                            xs = {y: ExtractLane(xv[y], ki) if vector_x else b.let(f"x{y}_{ki}", arith.load(X[rows[y], k]))
                                   for y in range(t_n)}
                             for t in range(t_m):
                                 mb = min_(mt * t_m + t, MB - 1)
-                                w = b.let(f"w{t}_{ki}", Wt[Ramp(mb * 4, as_expr(1), 4), k])
+                                w = b.let(f"w{t}_{ki}", arith.load(Wt[Ramp(mb * 4, as_expr(1), 4), k]))
                                 for i, (tt, y) in enumerate(tiles):
                                     if tt == t:
-                                        b.store(acc, i, acc[i] + xs[y] * w)
+                                        b.store(acc, i, arith.mac(acc[i], xs[y] * w))
                 else:
                     for t in range(t_m):
                         for mi in range(4):
                             m = min_((mt * t_m + t) * 4 + mi, M - 1)  # rows past M are padding lanes
-                            w = b.let(f"w{t}_{mi}", Wt[m, Ramp(kb * 4, as_expr(1), 4)])
+                            w = b.let(f"w{t}_{mi}", arith.load(Wt[m, Ramp(kb * 4, as_expr(1), 4)]))
                             for i, (tt, y) in enumerate(tiles):
                                 if tt == t:
                                     j = i * 4 + mi
-                                    b.store(acc, j, acc[j] + xv[y] * w)
+                                    b.store(acc, j, arith.mac(acc[j], xv[y] * w))
+        total = (lambda i: Cast(DType("float32", 4), acc[i])) if arith.acc != "float32x4" else (lambda i: acc[i])
         if cfg.weight_pack == "4i":  # lane sums: one float4 of 4 outputs per tile entry
-            sums = [call("make_vector", [_hsum(acc[i * 4 + mi]) for mi in range(4)], "float32x4")
+            sums = [call("make_vector", [_hsum(total(i * 4 + mi)) for mi in range(4)], "float32x4")
                     for i in range(len(tiles))]
         else:
-            sums = [acc[i] for i in range(len(tiles))]
+            sums = [total(i) for i in range(len(tiles))]
         if sk > 1:
             part = b.allocate("part", (sk * cfg.wg_m * len(tiles),), "float32x4", "local")
             for i, v in enumerate(sums):
@@ -201,5 +204,25 @@ def _reference(wl, inputs):
     return reference(wl, inputs["X"], inputs["Wt"], inputs.get("B"))
 
 
+def features(v: dict, k: dict) -> dict:
+    """What a config implies for the cost model (see ``conv2d_nchw4c.window_features``)."""
+    log2 = lambda x: math.log2(max(float(x), 1.0))  # noqa: E731
+    tile = k["tile_m"] * k["tile_n"]
+    items = math.ceil(v["MB"] / k["tile_m"]) * math.ceil(v["N"] / k["tile_n"]) * k["split_k"]
+    wg = k["wg_m"] * k["split_k"]
+    reads = k["tile_n"] + k["tile_m"] * 4
+    return {"work_per_item": log2(tile), "wg_size": log2(wg), "items": log2(items), "groups": log2(items / wg),
+            "bytes_per_mac": 16 * reads / (16 * tile),
+            "registers": 4 * tile * (4 if k["weight_pack"] == "4i" else 1) + 4 * reads,
+            "half": float(k.get("compute", "float32") != "float32")}
+
+
+def describe(wl: DenseWorkload) -> str:
+    """``1x256 w100x256 +bias``"""
+    return f"{shape_text(wl.data)} w{shape_text(wl.weight)}{epilogue_text(wl)}"
+
+
+WORKLOAD_ARGS = (WorkloadArg("data", "shape", "N,K", "input shape", required=True),
+                 WorkloadArg("weight", "shape", "M,K", "weight shape", required=True), *EPILOGUE_ARGS)
 TEMPLATE = Template("dense", DenseWorkload, DenseConfig, dense, _reference, random_inputs, fallback, space_vars,
-                    VARIABLES)
+                    VARIABLES, features=features, describe=describe, workload_args=WORKLOAD_ARGS)

@@ -11,12 +11,13 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from tuner.ir.builder import Builder
-from tuner.ir.expr import Ramp, as_expr, min_, select
+from tuner.ir.expr import Ramp, as_expr, min_
 from tuner.ir.schedule import cache_read
-from tuner.templates import Template
-from tuner.templates.conv2d_nchw4c import (Conv2dWorkload, clamp, declare_operands, fit_work_group,
+from tuner.templates import EPILOGUE_ARGS, WINDOW_ARGS, Template, WorkloadArg, epilogue_text, shape_text, window_text
+from tuner.templates.conv2d_nchw4c import (MODEL_KNOBS, Arithmetic, Conv2dWorkload, LocalTile,
+                                           declare_operands, input_pixel, fit_work_group,
                                            padded_windows, random_inputs, reference_epilogue, store_tile,
-                                           texture_scopes)
+                                           texture_scopes, window_features)
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,8 @@ class DepthwiseConfig:
     act_layout: str = "nchw4c"
     weight_layout: str = "mace_depthwise_filter"  # or oihw4o
     cache_input: bool = False
+    local_input: bool = False  # a work-group stages its input tile (window halo included) in __local memory
+    compute: str = "float32"  # float32; half: half4 loads and products, float32 sums; half_acc: half sums too
 
 
 def depthwise_conv2d_nchw4c(wl: DepthwiseWorkload, cfg: DepthwiseConfig):
@@ -93,19 +96,28 @@ def depthwise_conv2d_nchw4c(wl: DepthwiseWorkload, cfg: DepthwiseConfig):
 
     t_cb, t_oh, t_ow = cfg.tile_cb, cfg.tile_oh, cfg.tile_ow
     n_cb, n_oh, n_ow = -(-CB // t_cb), -(-OH // t_oh), -(-OW // t_ow)
+    arith = Arithmetic(cfg.compute, wl.dtype)
     b = Builder()
     with b.loop("nb", N * n_cb, "group.2") as nb, b.loop("gh", -(-n_oh // cfg.wg_h), "group.1") as gh, \
             b.loop("th", cfg.wg_h, "local.1") as th, b.loop("gw", -(-n_ow // cfg.wg_w), "group.0") as gw, \
             b.loop("tw", cfg.wg_w, "local.0") as tw:
         n, cbb = nb // n_cb, nb % n_cb
         oh0, ow0 = (gh * cfg.wg_h + th) * t_oh, (gw * cfg.wg_w + tw) * t_ow
-        acc = b.allocate("acc", (t_cb * t_oh * t_ow,), "float32x4", "private")
-        for i in range(t_cb * t_oh * t_ow):
-            b.store(acc, i, 0.0)
+        acc = arith.accumulators(b, t_cb * t_oh * t_ow)
+        tile = None
+        if cfg.local_input:  # the work-group's t_cb channel blocks, halo included, staged once (one step)
+            tile = LocalTile(b, cfg, (t_cb, t_oh, t_ow), (sh, sw), (dh, dw), (R, S), arith)
+            tile.load(lambda k, ih, iw: input_pixel(X, n, min_(cbb * t_cb + k, CB - 1), ih, iw, H, W, arith),
+                      (gh * cfg.wg_h * t_oh * sh - pt, gw * cfg.wg_w * t_ow * sw - pl), th * cfg.wg_w + tw)
 
         def pixel(name, cb, ih, iw):
-            inside = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-            return b.let(name, select(inside, X[n, Ramp(cb * 4, as_expr(1), 4), clamp(ih, H), clamp(iw, W)], 0.0))
+            return b.let(name, input_pixel(X, n, cb, ih, iw, H, W, arith))
+
+        def tap(name, k, y, x, r, s, cb, ih, iw):
+            """Input pixel of tile entry (k, y, x) at window tap (r, s): from the local tile or the input."""
+            if tile is not None:
+                return b.let(name, tile.read(k, th, tw, y, x, r, s))
+            return pixel(name, cb, ih, iw)
 
         with b.loop("r", R, "unrolled" if cfg.unroll_rs else "serial") as r:
             for k in range(t_cb):
@@ -115,19 +127,21 @@ def depthwise_conv2d_nchw4c(wl: DepthwiseWorkload, cfg: DepthwiseConfig):
                     ih = (oh0 + y) * sh - pt + r * dh
                     if cfg.unroll_rs:  # the distinct input columns of this row, each loaded once
                         cols = sorted({x * sw + s * dw for x in range(t_ow) for s in range(S)})
-                        pix = {d: pixel(f"x{k}_{y}_{d}", cb, ih, ow0 * sw - pl + d) for d in cols}
+                        pix = {d: b.let(f"x{k}_{y}_{d}", tile.read(k, th, tw, y, 0, r, 0, extra_col=d))
+                               if tile is not None else pixel(f"x{k}_{y}_{d}", cb, ih, ow0 * sw - pl + d)
+                               for d in cols}
                         for s in range(S):
-                            w = b.let(f"w{k}_{y}_{s}", Wt[lanes, 0, r, s])
+                            w = b.let(f"w{k}_{y}_{s}", arith.load(Wt[lanes, 0, r, s]))
                             for x in range(t_ow):
                                 i = (k * t_oh + y) * t_ow + x
-                                b.store(acc, i, acc[i] + pix[x * sw + s * dw] * w)
+                                b.store(acc, i, arith.mac(acc[i], pix[x * sw + s * dw] * w))
                     else:
                         with b.loop("s", S) as s:
-                            w = b.let(f"w{k}_{y}", Wt[lanes, 0, r, s])
+                            w = b.let(f"w{k}_{y}", arith.load(Wt[lanes, 0, r, s]))
                             for x in range(t_ow):
                                 i = (k * t_oh + y) * t_ow + x
-                                v = pixel(f"x{k}_{y}_{x}", cb, ih, (ow0 + x) * sw - pl + s * dw)
-                                b.store(acc, i, acc[i] + v * w)
+                                v = tap(f"x{k}_{y}_{x}", k, y, x, r, s, cb, ih, (ow0 + x) * sw - pl + s * dw)
+                                b.store(acc, i, arith.mac(acc[i], v * w))
         store_tile(b, acc, Y, n, cbb, oh0, ow0, (t_cb, t_oh, t_ow), (CB, OH, OW), wl, B, Res)
     kernel = b.kernel("depthwise_conv2d_nchw4c", [p for p in operands if p is not None])
     return cache_read(kernel, X, "texture", cfg.act_layout) if cfg.cache_input else kernel
@@ -145,13 +159,15 @@ def space_vars(wl: DepthwiseWorkload) -> dict:
     N, C, H, W = wl.data
     _, _, OH, OW = wl.out_shape
     return dict(N=N, C=C, H=H, W=W, R=wl.kernel[2], S=wl.kernel[3], OH=OH, OW=OW, CB=-(-C // 4),
-                data=wl.data, kernel=wl.kernel, out=wl.out_shape, bias=wl.bias, residual=wl.residual)
+                data=wl.data, kernel=wl.kernel, out=wl.out_shape, bias=wl.bias, residual=wl.residual,
+                stride=wl.stride, dilation=wl.dilation)
 
 
 VARIABLES = dict(N="batch", C="channels", H="input height", W="input width", R="kernel height",
                  S="kernel width", OH="output height", OW="output width", CB="channel blocks of 4",
                  data="data shape NCHW", kernel="kernel shape C,1,R,S", out="output shape NCHW",
-                 bias="fused bias", residual="fused residual add")
+                 bias="fused bias", residual="fused residual add", stride="stride (h, w)",
+                 dilation="dilation (h, w)")
 
 
 def fallback(wl: DepthwiseWorkload, info) -> DepthwiseConfig:
@@ -171,5 +187,18 @@ def _reference(wl, inputs):
     return reference(wl, inputs["X"], inputs["Wt"], inputs.get("B"), inputs.get("Res"))
 
 
+def features(v: dict, k: dict) -> dict:
+    return window_features(v, k, k["tile_cb"], v["CB"], 4)
+
+
+def describe(wl: DepthwiseWorkload) -> str:
+    """``1x32x56x56 k3x3 s1 p1 +relu6``"""
+    return f"{shape_text(wl.data)} k{wl.kernel[2]}x{wl.kernel[3]}{window_text(wl)}{epilogue_text(wl)}"
+
+
+WORKLOAD_ARGS = (WorkloadArg("data", "shape", "N,C,H,W", "input shape", required=True),
+                 WorkloadArg("kernel", "shape", "C,1,R,S", "weight shape", required=True), *WINDOW_ARGS,
+                 *EPILOGUE_ARGS, WorkloadArg("residual", "flag", help="fuse a residual add of a second NCHW4c tensor"))
 TEMPLATE = Template("depthwise_conv2d", DepthwiseWorkload, DepthwiseConfig, depthwise_conv2d_nchw4c, _reference,
-                    random_inputs, fallback, space_vars, VARIABLES)
+                    random_inputs, fallback, space_vars, VARIABLES, features=features, describe=describe,
+                    model_knobs=MODEL_KNOBS, workload_args=WORKLOAD_ARGS)

@@ -98,6 +98,33 @@ CASES = [
      "template": "dense",
      "workload": {"data": (3, 30), "weight": (9, 30), "activation": "relu6"},
      "config": {"weight_pack": "4i", "tile_n": 2, "split_k": 4, "wg_m": 2, **BUFFERS}},
+    # local_input: the work-group's input tile in __local memory. A missing barrier (a work-item reading a pixel
+    # another one has not stored yet, or overwriting the tile while a neighbour still reads it) is a
+    # read-write data race for Oclgrind; a tile index past the allocation is an out-of-bounds local access.
+    {"label": "conv2d buffer, local tile: C=12 split_c=1 (3 reduction steps, barrier before reload), wg 3x2, "
+              "stride 2, asymmetric pad, tile pixels not a multiple of the work-group, batch 2, residual",
+     "template": "conv2d",
+     "workload": {"data": (2, 12, 9, 8), "kernel": (6, 12, 3, 3), "stride": 2, "padding": (1, 0, 2, 1),
+                  "residual": True},
+     "config": {"local_input": True, "tile_oc": 2, "tile_oh": 2, "tile_ow": 1, "wg_w": 3, "wg_h": 2, **BUFFERS}},
+    {"label": "conv2d texture, local tile: C=10 split_c=1, dilation 2 pad 2, serial window, partial work-group",
+     "template": "conv2d",
+     "workload": {"data": (1, 10, 7, 9), "kernel": (5, 10, 3, 3), "padding": 2, "dilation": 2, "bias": True,
+                  "activation": "relu"},
+     "config": {"local_input": True, "tile_ow": 2, "wg_w": 4, "wg_h": 2, "unroll_rs": False}},
+    {"label": "conv2d float16 buffer, local tile, split_c=2 over C=16 (2 steps), texture weights",
+     "template": "conv2d",
+     "workload": {"data": (1, 16, 6, 6), "kernel": (8, 16, 3, 3), "padding": 1, "dtype": "float16"},
+     "config": {"local_input": True, "split_c": 2, "tile_ow": 2, "wg_w": 2, "wg_h": 2, "input_scope": "buffer",
+                "output_scope": "buffer"}},
+    {"label": "depthwise buffer, local tile: C=9 tile_cb=2 5x5 stride 2 pad 2, wg 2x3, batch 2",
+     "template": "depthwise_conv2d",
+     "workload": {"data": (2, 9, 9, 8), "kernel": (9, 1, 5, 5), "stride": 2, "padding": 2, "bias": True},
+     "config": {"local_input": True, "tile_cb": 2, "tile_ow": 2, "wg_w": 2, "wg_h": 3, **BUFFERS}},
+    {"label": "depthwise texture, local tile: C=6 3x3 pad 1, serial window, residual",
+     "template": "depthwise_conv2d",
+     "workload": {"data": (1, 6, 7, 7), "kernel": (6, 1, 3, 3), "padding": 1, "residual": True},
+     "config": {"local_input": True, "unroll_rs": False, "tile_oh": 2, "wg_w": 4, "wg_h": 2}},
 ]
 
 # Random valid configs drawn from each template's search space (on the Oclgrind device), for texture and
@@ -111,6 +138,10 @@ SAMPLED_WORKLOADS = {
 CASES += [{"label": f"{name} sampled config, {scope} scopes, seed {seed}", "template": name, "workload": wl,
            "sample": {"seed": seed, "fixed": {f"{k}_scope": scope for k in ("input", "weight", "output")}}}
           for name, wl in SAMPLED_WORKLOADS.items() for scope in ("texture", "buffer") for seed in (1, 2)]
+CASES += [{"label": f"{name} sampled config with local_input, {scope} scopes", "template": name, "workload": wl,
+           "sample": {"seed": 3, "fixed": {"local_input": True,
+                                           **{f"{k}_scope": scope for k in ("input", "weight", "output")}}}}
+          for name, wl in SAMPLED_WORKLOADS.items() if name != "dense" for scope in ("texture", "buffer")]
 
 # Oclgrind's diagnostics (the first line of each report). Everything else it prints for a kernel carries a
 # "Kernel:" line and is treated as a failure too (UNKNOWN).
@@ -233,6 +264,14 @@ PROBES = [
      "uninitialized"),
     (_probe("every work-item writes b[0]", "b[0] = a[i] + i;", [{"size": 4}, {"size": 4}], local_size=(4,)),
      "data race"),
+    # the local-tile pattern of local_input without its barrier: each work-item stores one tile pixel and reads
+    # its neighbour's -- the race the barrier prevents; with the barrier it is clean
+    (_probe("local tile read without a barrier",
+            "__local float t[4]; int l = get_local_id(0); t[l] = a[i]; b[i] = t[(l + 1) % 4];",
+            [{"size": 4}, {"size": 4}], local_size=(4,)), "data race"),
+    (_probe("local tile read after a barrier",
+            "__local float t[4]; int l = get_local_id(0); t[l] = a[i]; barrier(CLK_LOCAL_MEM_FENCE); "
+            "b[i] = t[(l + 1) % 4];", [{"size": 4}, {"size": 4}], local_size=(4,)), None),
 ]
 
 

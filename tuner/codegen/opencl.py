@@ -3,6 +3,9 @@
 Images are ``__read_only``/``__write_only image2d_t`` read with ``read_imagef`` through a nearest, unnormalized,
 clamped sampler; buffers are pointers to the scalar storage type with ``vloadN``/``vstoreN`` for vector
 elements; half storage uses ``CL_HALF_FLOAT`` images and ``vload_halfN``/``vstore_halfN`` and is computed in float.
+Half arithmetic is explicit in the IR (expressions of dtype ``float16``): ``half``/``halfN`` in OpenCL, a cast of a
+half load is read as half (``read_imageh``, ``vloadN``/``p[i]`` on a ``half*``), and the program enables
+``cl_khr_fp16``.
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from ..ir.expr import (Binary, Broadcast, BufferLoad, Call, Cast, Const, Expr, E
 from ..ir.kernel import Kernel, Program
 from ..ir.stmt import Allocate, Barrier, BufferStore, Evaluate, For, If, Let, Seq
 
+FP16_PRAGMA = "#pragma OPENCL EXTENSION cl_khr_fp16 : enable"
 SAMPLER = "__constant sampler_t sampler = CLK_NORMALIZED_COORDS_FALSE | CLK_ADDRESS_CLAMP | CLK_FILTER_NEAREST;"
 _HELPERS = {
     "floordiv_i": "inline int floordiv_i(int a, int b) { int q = a / b; return (q * b > a) ? q - 1 : q; }",
@@ -24,8 +28,9 @@ _SYM = {"add": "+", "sub": "-", "mul": "*", "div": "/", "floordiv": "/", "floorm
 
 
 def ctype(dtype) -> str:
-    """The compute type: half storage is computed in float; bool vectors are int vectors in OpenCL."""
-    base = {"float32": "float", "float16": "float", "int32": "int", "bool": "int"}[dtype.base]
+    """The compute type: ``float16`` expressions are half arithmetic (loads of half storage are float32
+    expressions unless cast); bool vectors are int vectors in OpenCL."""
+    base = {"float32": "float", "float16": "half", "int32": "int", "bool": "int"}[dtype.base]
     return base if dtype.lanes == 1 else f"{base}{dtype.lanes}"
 
 
@@ -71,7 +76,8 @@ class OpenCLCodegen:
                 if float(e.value) in (float("inf"), float("-inf")):  # OpenCL's INFINITY macro (a float)
                     return ("-INFINITY", 2) if e.value < 0 else ("INFINITY", 0)
                 v = repr(float(e.value))
-                return (v if ("e" in v or "." in v) else v + ".0") + "f", 0
+                v = (v if ("e" in v or "." in v) else v + ".0") + "f"
+                return (f"(half){v}", 2) if e.dtype.base == "float16" else (v, 0)
             return str(int(e.value)), 0
         if isinstance(e, Binary):
             return self._binary(e)
@@ -80,6 +86,10 @@ class OpenCLCodegen:
                 e = Select(e.cond, *(Broadcast(v, e.lanes) if v.lanes == 1 else v for v in (e.true_value, e.false_value)))
             return f"{self.expr(e.cond, 12)} ? {self.expr(e.true_value, 12)} : {self.expr(e.false_value, 13)}", 13
         if isinstance(e, Cast):
+            if e.dtype.base == "float16" and e.value.dtype.base == "float32":
+                native = self._half_load(e.value)
+                if native is not None:  # a half load read as half: no round trip through float
+                    return native, 0
             if e.lanes == 1:
                 return f"({ctype(e.dtype)}){self.expr(e.value, 2)}", 2
             return f"convert_{ctype(e.dtype)}({self.expr(e.value)})", 0
@@ -121,11 +131,20 @@ class OpenCLCodegen:
         prec = _PREC[op]
         return f"{self.expr(e.a, prec)} {_SYM[op]} {self.expr(e.b, prec - 1)}", prec
 
-    def _load(self, e: BufferLoad) -> str:
+    def _half_load(self, e: Expr):
+        """OpenCL for a load of half storage read as half (cl_khr_fp16), or None when ``e`` is not one."""
+        if isinstance(e, Call) and e.name == "texture2d_load" and e.args[0].dtype.base == "float16":
+            img, x, y = e.args
+            return f"read_imageh({img.name}, sampler, (int2)({self.expr(x)}, {self.expr(y)}))"
+        if isinstance(e, BufferLoad) and e.buffer.dtype.base == "float16" and e.buffer.scope == "global":
+            return self._load(e, native_half=True)
+        return None
+
+    def _load(self, e: BufferLoad, native_half: bool = False) -> str:
         buf = e.buffer
         (idx,) = e.indices
         declared = self.decl.get(buf.name, buf)
-        half = buf.dtype.base == "float16"
+        half = buf.dtype.base == "float16" and not native_half  # native: half* read as half (vloadN, p[i])
         if buf.scope in ("private", "local") and declared.dtype.lanes == buf.dtype.lanes and idx.lanes == 1:
             return f"{buf.name}[{self.expr(idx)}]"
         if buf.dtype.lanes > 1 and idx.lanes == 1:  # an RFC 0012 vector view of a scalar buffer
@@ -136,11 +155,12 @@ class OpenCLCodegen:
         if isinstance(idx, Ramp) and isinstance(idx.stride, Const) and idx.stride.value == 1:
             fn = f"vload_half{idx.n}" if half else f"vload{idx.n}"
             return f"{fn}(0, {buf.name} + {self.expr(idx.base, 4)})"
+        vtype = ctype(e.dtype.with_base("float16") if native_half else e.dtype)
         if isinstance(idx, Broadcast):
-            return f"({ctype(e.dtype)})({self._load(BufferLoad(buf, (idx.value,)))})"
+            return f"({vtype})({self._load(BufferLoad(buf, (idx.value,)), native_half)})"
         # a gather: one element per lane
-        lanes = [self._load(BufferLoad(buf, (self._lane_of(idx, k),))) for k in range(idx.lanes)]
-        return f"({ctype(e.dtype)})({', '.join(lanes)})"
+        lanes = [self._load(BufferLoad(buf, (self._lane_of(idx, k),)), native_half) for k in range(idx.lanes)]
+        return f"({vtype})({', '.join(lanes)})"
 
     def _lane_of(self, idx: Expr, k: int) -> Expr:
         """Lane ``k`` of a vector index as a scalar expression, so a gather reads ``X[i0], X[i1], ...``."""
@@ -262,6 +282,22 @@ class OpenCLCodegen:
         return "\n".join([*helpers, sig, *self.lines, "}"])
 
 
+def uses_half_arithmetic(kernel: Kernel) -> bool:
+    """Whether a kernel computes in half (an expression or a private/local array of dtype float16): its
+    program needs cl_khr_fp16. Half storage alone (read and written as float) does not."""
+    from ..ir.functor import visit
+    found = []
+
+    def look(n):
+        if isinstance(n, Allocate) and n.buffer.dtype.base == "float16":
+            found.append(n)
+        elif isinstance(n, Expr) and not isinstance(n, BufferLoad) and getattr(n, "dtype", None) is not None \
+                and n.dtype.base == "float16":
+            found.append(n)
+    visit(kernel.body, look)
+    return bool(found)
+
+
 def kernel_source(kernel: Kernel) -> str:
     return OpenCLCodegen(kernel).generate()
 
@@ -273,5 +309,6 @@ def program_source(prog: "Program | Kernel") -> str:
     helpers = sorted({line for b in bodies for line in b.splitlines() if line.startswith("inline ")})
     bodies = ["\n".join(l for l in b.splitlines() if not l.startswith("inline ")) for b in bodies]
     uses_images = any(b.is_texture for k in kernels for b in k.params)
-    head = [SAMPLER] if uses_images else []
+    head = [FP16_PRAGMA] if any(uses_half_arithmetic(k) for k in kernels) else []
+    head += [SAMPLER] if uses_images else []
     return "\n\n".join(["\n".join(head + helpers)] + bodies if head or helpers else bodies) + "\n"

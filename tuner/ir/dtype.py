@@ -30,6 +30,9 @@ class DType:
     def with_lanes(self, lanes: int) -> "DType":
         return DType(self.base, lanes)
 
+    def with_base(self, base: str) -> "DType":
+        return DType(base, self.lanes)
+
     @property
     def element(self) -> "DType":
         return DType(self.base, 1)
@@ -44,7 +47,9 @@ class DType:
 
     @property
     def compute(self) -> "DType":
-        """Half storage is computed in float (texture RFC T1: read_imagef on half images returns float)."""
+        """Half storage is read as float (texture RFC T1: read_imagef on half images returns float). Half
+        arithmetic is explicit: an expression of dtype ``float16`` (a ``Cast`` of a load, a ``float16``
+        private/local array) is ``half`` in OpenCL and needs cl_khr_fp16."""
         return DType("float32", self.lanes) if self.base == "float16" else self
 
     @property

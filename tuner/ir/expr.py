@@ -147,14 +147,16 @@ class Broadcast(Expr):
 @dataclass(frozen=True, repr=False)
 class BufferLoad(Expr):
     """A read of ``buffer[indices]``. RFC 0012: an N-lane index into M-lane elements yields N*M lanes;
-    half storage is read as float."""
+    half storage is read as float. Kernel-scoped arrays (``private``, ``local``) hold their dtype as declared
+    (a ``float16x4`` accumulator or tile is ``half4`` arithmetic)."""
     buffer: "Buffer"
     indices: tuple
 
     @cached_property
     def dtype(self) -> DType:  # type: ignore[override]
         lanes = max((i.lanes for i in self.indices), default=1)
-        return self.buffer.dtype.compute.with_lanes(lanes * self.buffer.dtype.lanes)
+        held = self.buffer.dtype if self.buffer.scope in ("private", "local") else self.buffer.dtype.compute
+        return held.with_lanes(lanes * self.buffer.dtype.lanes)
 
     __repr__ = Expr.__str__
 

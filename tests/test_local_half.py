@@ -1,0 +1,144 @@
+"""The ``local_input`` knob (a work-group stages its input tile in ``__local`` memory) and the ``compute`` knob
+(``float32``; ``half``: half loads and products, float32 sums; ``half_acc``: half sums too), checked against
+NumPy with random workloads and random valid configs that have the knob on, in texture and buffer scopes.
+
+Half arithmetic needs cl_khr_fp16: those tests run on Intel's CPU runtime (``-d intel``) and skip with the
+reason when it is not installed. The errors each mode reaches (max relative error against the float64
+reference, random normal inputs; float16 storage alone rounds the output to ~5e-4):
+
+* ``float32`` and ``half`` on float16 storage: ~3e-4 to 5e-4 at any reduction length measured (up to 2304);
+  half products lose nothing that the float16 operands had not lost already.
+* ``half_acc``: ~3e-3 at a reduction of 144, ~6e-3 at 576, ~1.3e-2 at 1152 and 2304. The search spaces allow it
+  only up to a reduction of 576 per accumulator (``half_acc_length``), so the float16 tolerance of 1e-2 holds
+  for every config they allow.
+"""
+import dataclasses
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from test_templates import FIELDS  # noqa: E402  (the shared workload strategies; loads the CI profile)
+from tuner.codegen.opencl import FP16_PRAGMA
+from tuner.runtime import open_device
+from tuner.runtime.launch import build
+from tuner.templates import get_template
+
+SCOPES = ("input", "weight", "output")
+
+
+def _check(device, name, scope, dtype, fixed, fields, seed):
+    t = get_template(name)
+    wl = t.workload(**fields, dtype=dtype)
+    space = t.space(wl, device, **{f"{k}_scope": scope for k in SCOPES}, **fixed)
+    if space.size() == 0:  # e.g. half_acc on a reduction longer than the constraint allows
+        return None
+    rng = np.random.default_rng(seed)
+    cfg = t.make_config(space.sample(rng))
+    for knob, value in fixed.items():
+        assert getattr(cfg, knob) == value
+    exe = build(t.build(wl, cfg), device)
+    inputs = t.random_inputs(wl, rng)
+    err = t.check(wl, exe(**inputs), inputs)
+    assert err <= t.tolerance(wl), f"{wl}\n{cfg}\nmax relative error {err:.3g}"
+    return exe
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("scope", ["texture", "buffer"])
+@pytest.mark.parametrize("name", ["conv2d", "depthwise_conv2d"])
+def test_local_input_matches_numpy(device, name, scope, dtype):
+    @given(fields=FIELDS[name], seed=st.integers(0, 2**32 - 1))
+    def check(fields, seed):
+        exe = _check(device, name, scope, dtype, {"local_input": True}, fields, seed)
+        assert exe is None or ("__local" in exe.source and "barrier(CLK_LOCAL_MEM_FENCE)" in exe.source)
+    check()
+
+
+@pytest.fixture(scope="module")
+def fp16_device():
+    want = os.environ.get("TUNER_TEST_FP16_DEVICE", "intel")
+    try:
+        dev = open_device(want)
+    except Exception as e:  # noqa: BLE001 - any failure to open means: no such device here
+        pytest.skip(f"no cl_khr_fp16 device: cannot open {want!r} ({e})")
+    if not dev.info.fp16:
+        pytest.skip(f"{dev.info.name} does not report cl_khr_fp16: half arithmetic is not testable")
+    return dev
+
+
+@pytest.mark.parametrize("compute", ["half", "half_acc"])
+@pytest.mark.parametrize("scope", ["texture", "buffer"])
+@pytest.mark.parametrize("name", ["conv2d", "depthwise_conv2d", "dense"])
+def test_half_compute_matches_numpy(fp16_device, name, scope, compute):
+    @given(fields=FIELDS[name], seed=st.integers(0, 2**32 - 1), local=st.booleans())
+    def check(fields, seed, local):
+        fixed = {"compute": compute, **({"local_input": local} if name != "dense" else {})}
+        exe = _check(fp16_device, name, scope, "float16", fixed, fields, seed)
+        assert exe is None or (FP16_PRAGMA in exe.source and "half4" in exe.source)
+    check()
+
+
+@pytest.mark.parametrize("name", ["conv2d", "depthwise_conv2d", "dense"])
+def test_half_compute_needs_fp16_and_float16_storage(device, name):
+    t = get_template(name)
+    fields = {"conv2d": dict(data=(1, 8, 6, 6), kernel=(8, 8, 3, 3), padding=1),
+              "depthwise_conv2d": dict(data=(1, 8, 6, 6), kernel=(8, 1, 3, 3), padding=1),
+              "dense": dict(data=(1, 32), weight=(8, 32))}[name]
+    no_fp16 = dataclasses.replace(device.info, fp16=False)
+    with_fp16 = dataclasses.replace(device.info, fp16=True)
+    for dtype, info, allowed in (("float32", with_fp16, False), ("float16", no_fp16, False),
+                                 ("float16", with_fp16, True)):
+        space = t.space(t.workload(**fields, dtype=dtype), info, compute="half", input_scope="buffer",
+                        weight_scope="buffer", output_scope="buffer")
+        assert (space.size() > 0) == allowed, (dtype, info.fp16)
+    with pytest.raises(ValueError, match="float16 storage"):
+        t.build(t.workload(**fields), t.config(compute="half"))
+
+
+def test_half_acc_is_limited_to_short_reductions(device):
+    t = get_template("conv2d")
+    info = dataclasses.replace(device.info, fp16=True)
+    short = t.workload(data=(1, 64, 8, 8), kernel=(8, 64, 3, 3), padding=1, dtype="float16")  # 576
+    long = t.workload(data=(1, 128, 8, 8), kernel=(8, 128, 3, 3), padding=1, dtype="float16")  # 1152
+    bufs = {f"{k}_scope": "buffer" for k in SCOPES}
+    assert t.space(short, info, compute="half_acc", **bufs).size() > 0
+    assert t.space(long, info, compute="half_acc", **bufs).size() == 0
+    assert t.space(long, info, compute="half", **bufs).size() > 0
+
+
+@pytest.mark.parametrize("name", ["conv2d", "depthwise_conv2d"])
+def test_local_tile_must_fit_local_memory(device, name):
+    t = get_template(name)
+    kernel = (64, 64, 7, 7) if name == "conv2d" else (64, 1, 7, 7)
+    wl = t.workload(data=(1, 64, 64, 64), kernel=kernel, padding=3)
+    big = dict(tile_oh=4, tile_ow=8, wg_w=8, wg_h=8, local_input=True, input_scope="buffer",
+               weight_scope="buffer", output_scope="buffer")
+    info = dataclasses.replace(device.info, local_mem_bytes=16384, max_work_group_size=4096,
+                               max_work_item_sizes=(4096, 4096, 4096))
+    space = t.space(wl, info, **big)
+    assert space.size() == 0  # (8*4-1+7) x (8*8-1+7) pixels x 16 B > 16 KiB
+    assert t.space(wl, info, **{**big, "local_input": False}).size() > 0
+
+
+@pytest.mark.parametrize("name", ["conv2d", "depthwise_conv2d", "dense"])
+def test_fallback_keeps_new_knobs_off(device, name):
+    t = get_template(name)
+    fields = {"conv2d": dict(data=(1, 8, 6, 6), kernel=(8, 8, 3, 3), padding=1),
+              "depthwise_conv2d": dict(data=(1, 8, 6, 6), kernel=(8, 1, 3, 3), padding=1),
+              "dense": dict(data=(1, 32), weight=(8, 32))}[name]
+    cfg = t.fallback(t.workload(**fields, dtype="float16"), device.info)
+    assert cfg.compute == "float32" and not getattr(cfg, "local_input", False)
+
+
+def test_features_see_the_new_knobs():
+    t = get_template("conv2d")
+    from tuner.search.features import derived_features
+    wl = t.workload(data=(1, 8, 6, 6), kernel=(8, 8, 3, 3), padding=1, dtype="float16")
+    v = t.space_vars(wl)
+    base = t.config_values(wl, t.config())
+    on = t.config_values(wl, t.config(local_input=True, compute="half"))
+    f0, f1 = derived_features(t, v, base), derived_features(t, v, on)
+    assert (f0["local_input"], f0["half"], f1["local_input"], f1["half"]) == (0.0, 0.0, 1.0, 1.0)
