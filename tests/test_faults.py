@@ -162,3 +162,20 @@ def _try(fn, *args):
     except Exception as e:  # noqa: BLE001
         return e
     return None
+
+
+@pytest.mark.parametrize("storage, message", [
+    ("nosuch://x", "cannot open storage"),
+    ("sqlite:////proc/no/x.db", "cannot"),
+    ("journal:{tmp}", "is a directory"),
+    ("journal:/proc/no/j.log", "cannot be written"),
+    ("no-scheme", "give a database URL"),
+])
+@pytest.mark.parametrize("command", ["tune-op", "worker"])
+def test_bad_storages_are_one_clear_error(tmp_path, capsys, storage, message, command):
+    s = storage.format(tmp=tmp_path)
+    argv = (["tune-op", "conv2d", "--data", "1,4,6,6", "--kernel", "4,4,3,3", "--trials", "1"] if command == "tune-op"
+            else ["worker", "--study-prefix", "x", "--no-progress"])
+    assert main([*argv, "--storage", s, "--log", str(tmp_path / "l.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err, err

@@ -19,6 +19,7 @@ one config can then not both go: the higher went without seeing the lower, so th
 """
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import time
@@ -26,6 +27,7 @@ import warnings
 from pathlib import Path
 
 import optuna
+from filelock import FileLock, Timeout
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.samplers import BaseSampler
 from optuna.storages._heartbeat import is_heartbeat_enabled
@@ -60,24 +62,45 @@ def open_storage(url: str, heartbeat: int | None = 10, grace: int | None = 60):
         from optuna.storages.journal import JournalFileBackend
         if not path:
             raise TunerError("storage journal: needs a file, e.g. journal:logs/studies.journal")
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        return JournalStorage(JournalFileBackend(path))
+        if Path(path).is_dir():
+            raise TunerError(f"storage journal:{path} is a directory; give a file, e.g. journal:{path}/studies.journal")
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "ab"):
+                pass
+            return JournalStorage(JournalFileBackend(path))
+        except OSError as e:
+            raise TunerError(f"storage journal:{path} cannot be written ({e.strerror or e})") from None
     if "://" not in url:
         raise TunerError(f"storage {url!r}: give a database URL (postgresql://user:password@host/db, "
                          "sqlite:///file.db) or a journal file (journal:PATH)")
     import sqlalchemy.exc
     url = with_driver(url)
     kwargs = {"heartbeat_interval": int(heartbeat), "grace_period": int(grace)} if heartbeat else {}
+    engine = {"pool_pre_ping": True}
+    lock = contextlib.nullcontext()
+    if url.startswith("sqlite:///"):
+        db = Path(url[len("sqlite:///"):])
+        try:
+            db.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise TunerError(f"storage {url}: cannot create {db.parent} ({e.strerror or e})") from None
+        engine["connect_args"] = {"timeout": 60}  # several tuners on one file wait for each other's writes
+        # two processes creating a fresh database race on its schema (alembic_version): one at a time
+        lock = FileLock(str(db) + ".lock", timeout=120)
     try:
-        with warnings.catch_warnings():
+        with lock, warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True}, **kwargs)
+            return optuna.storages.RDBStorage(url, engine_kwargs=engine, **kwargs)
     except ImportError as e:  # e.g. no PostgreSQL driver
         raise TunerError(f"storage {redact(url)}: {e.__cause__ or e}; for PostgreSQL `pip install "
                          "psycopg2-binary` (or the pure-Python pg8000)") from None
-    except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError, ValueError) as e:
+    except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError, ValueError, OSError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise TunerError(f"cannot open storage {redact(url)}: {first}") from None
+    except Timeout:
+        raise TunerError(f"storage {url}: its creation lock {url[len('sqlite:///'):]}.lock is held by another "
+                         "process; if none is running, delete it") from None
 
 
 def with_driver(url: str) -> str:

@@ -15,12 +15,15 @@ workers (``tuner.search.worker``: the claim protocol): propose -> build and meas
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import optuna
 from optuna.distributions import CategoricalDistribution
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
 from tuner.errors import ErrorCode
@@ -28,7 +31,7 @@ from tuner.logs import Record, append_records, load_records
 from tuner.logs.io import ensure_writable
 from tuner.measure import MeasureInput, MeasureOptions, MeasureResult, Measurer
 from tuner.search.samplers import _key, make_sampler
-from tuner.search.shared import measured_error
+from tuner.search.shared import measured_error, open_storage
 from tuner.search.task import TuningTask, log_knowledge
 
 
@@ -112,13 +115,16 @@ def open_session(task: TuningTask, info, storage, name: str, log: str, sampler: 
 
 def tell(study, trial, rec: Record, **attrs) -> None:
     """A measured trial: COMPLETE with its GFLOP/s, or FAIL with the error's name (user attribute ``error``)."""
-    trial.set_user_attr("error", rec.error_name)
-    for k, v in attrs.items():
-        trial.set_user_attr(k, v)
-    if rec.ok:
-        study.tell(trial, _score(rec))
-    else:
-        study.tell(trial, state=TrialState.FAIL)
+    try:
+        trial.set_user_attr("error", rec.error_name)
+        for k, v in attrs.items():
+            trial.set_user_attr(k, v)
+        if rec.ok:
+            study.tell(trial, _score(rec))
+        else:
+            study.tell(trial, state=TrialState.FAIL)
+    except UpdateFinishedTrialError:  # another tuner on this study settled it; the log has the record
+        pass
 
 
 class Evaluator:
@@ -203,15 +209,18 @@ class LocalStrategy:
         while len(todo) < n and self.proposals < self.max_proposals:
             self.proposals += 1
             trial = s.study.ask(s.dists)
+            trial.set_user_attr("owner", OWNER)
             self.asked[trial.number] = (trial, None)
             values = s.values(trial)
             k = _key(values, s.names)
-            if k in s.known:  # measured before (this run or an earlier one): answer from the log
+            if k not in s.known:
+                _learn_from_peers(s, k, trial.number)
+            if k in s.known:  # measured before (this run, an earlier one, or a concurrent tuner): from the log
                 rec = s.known[k]
                 tell(s.study, trial, rec, from_log=True)
                 self.result.reused += 1
-            elif k in {_key(v, s.names) for _, v in todo}:
-                s.study.tell(trial, state=TrialState.FAIL)
+            elif k in {_key(v, s.names) for _, v in todo} or _in_flight_elsewhere(s, k, trial.number):
+                s.study.tell(trial, state=TrialState.FAIL)  # a duplicate: measured once, by whoever asked first
             else:
                 todo.append((trial, values))
                 continue
@@ -303,9 +312,7 @@ def tune(template, workload, device=None, trials: int = 32, log: str | None = No
     spec = template if isinstance(template, str) else template.name  # measuring processes look it up again
     task = TuningTask(spec, workload, scopes, fixed or {}).bind(info)
     log = str(ensure_writable(log or default_log(info.fingerprint)))  # before any measurement
-    storage = storage or default_storage(log)
-    if storage.startswith("sqlite:///"):
-        Path(storage[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    storage = open_storage(storage or default_storage(log), heartbeat=None)  # validated, race-free creation
     options = options or MeasureOptions()
     session = open_session(task, info, storage, task.study_name(info.fingerprint), log, sampler, seed, transfer)
     _recover(session)
@@ -351,7 +358,12 @@ def _recover(s: Session) -> None:
     in_study = set()
     for tr in s.study.get_trials(deepcopy=False):
         if tr.state == TrialState.RUNNING:
-            s.study._storage.set_trial_state_values(tr._trial_id, TrialState.FAIL)
+            if _owner_alive(tr):  # another tuner on this study is measuring it
+                continue
+            try:
+                s.study._storage.set_trial_state_values(tr._trial_id, TrialState.FAIL)
+            except UpdateFinishedTrialError:
+                pass
         elif (tr.state == TrialState.COMPLETE or measured_error(tr)) and all(n in tr.params for n in s.names):
             in_study.add(_key(tr.params, s.names))
     dists = s.dists
@@ -362,6 +374,49 @@ def _recover(s: Session) -> None:
             s.study.add_trial(optuna.trial.create_trial(params=dict(zip(s.names, k)), distributions=dists,
                                                         value=_score(rec) if rec.ok else None, state=state,
                                                         user_attrs=attrs))
+
+
+OWNER = f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _owner_alive(trial) -> bool:
+    """Whether the tuner that asked a RUNNING trial still runs (known for tuners on this host)."""
+    owner = trial.user_attrs.get("owner", "")
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    if int(pid) == os.getpid():
+        return False  # our own leftovers (an earlier session of this process) are dead
+    try:
+        os.kill(int(pid), 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def _peer_trials(s, number: int, states) -> list:
+    return [tr for tr in s.study.get_trials(deepcopy=False, states=states) if tr.number != number
+            and all(n in tr.params for n in s.names)]
+
+
+def _in_flight_elsewhere(s, k, number: int) -> bool:
+    """Another tuner on this study is measuring the same config (a RUNNING trial it asked first)."""
+    return any(_key(tr.params, s.names) == k and tr.number < number and _owner_alive(tr)
+               for tr in _peer_trials(s, number, (TrialState.RUNNING,)))
+
+
+def _learn_from_peers(s, k, number: int) -> None:
+    """A config a concurrent tuner measured since this session opened: its record joins ``known``."""
+    for tr in _peer_trials(s, number, (TrialState.COMPLETE, TrialState.FAIL)):
+        d = tr.user_attrs.get("record")
+        if d and _key(tr.params, s.names) == k:
+            try:
+                s.known[k] = Record.from_dict(d)
+            except Exception:  # noqa: BLE001 - a record another version wrote: measure instead
+                continue
+            return
 
 
 def _progress(total: int, enabled: bool, desc: str):
