@@ -179,3 +179,38 @@ def test_bad_storages_are_one_clear_error(tmp_path, capsys, storage, message, co
     assert main([*argv, "--storage", s, "--log", str(tmp_path / "l.jsonl")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err, err
+
+
+def test_a_logged_config_the_space_rejects_is_never_deployed(tmp_path, device):
+    """The fastest record of a layer breaks its template's space (hand-edited): compile uses the next valid
+    record, or the fallback, with a warning; the bad config is never built."""
+    import dataclasses
+    import json
+    import warnings
+
+    from tuner.graph.compiler import compile_model
+    from tuner.graph.zoo import test_models
+    from tuner.logs import Record, append_records
+    from tuner.logs.best import InvalidLoggedConfigWarning
+    from tuner.measure import MeasureResult
+    from tuner.templates import get_template
+
+    model = test_models()["conv_pads"]
+    plain = compile_model(model, device=device, scope="buffer")
+    layers = [n for n in plain.spec.nodes if n.template == "conv2d"]
+    t = get_template("conv2d")
+    n = layers[0]
+    wl = t.workload(**{k: v for k, v in n.workload.items() if k != "op"})
+    good = t.config(**n.config)
+    bad = dataclasses.replace(good, tile_ow=3)  # not a choice of the knob
+    res = MeasureResult(costs=[1e-6, 1e-6])
+    recs = [Record.new("conv2d", wl, bad, device.info, costs=res.costs),
+            Record.new("conv2d", wl, good, device.info, costs=[2e-6, 2e-6])]
+    log = tmp_path / "log.jsonl"
+    append_records(log, recs)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        mod = compile_model(model, log=str(log), device=device, scope="buffer")
+    assert any(issubclass(x.category, InvalidLoggedConfigWarning) and "tile_ow" in str(x.message) for x in w)
+    deployed = next(m for m in mod.spec.nodes if m.name == n.name)
+    assert deployed.config["tile_ow"] != 3 and deployed.config == json.loads(json.dumps(dataclasses.asdict(good)))

@@ -91,7 +91,7 @@ def choose_configs(plan: Plan, info, history=None) -> dict:
         if not s.tuned:
             continue
         t = get_template(s.op)
-        rec = history.query(t.name, s.workload, info.fingerprint, s.scopes, t.model_knobs) if history else None
+        rec = history.best_valid(t, s.workload, info, s.scopes, t.model_knobs) if history else None
         if rec is not None:
             out[s.name] = (t.config(**rec.config), True)
         elif history is not None:  # the valid fallback, with apply_history_best's one warning per workload

@@ -21,6 +21,25 @@ class FallbackConfigWarning(UserWarning):
     """No tuned config for a workload: the template's fallback is used (slower, but correct)."""
 
 
+class InvalidLoggedConfigWarning(UserWarning):
+    """A logged config that the template's space rejects was skipped (never deployed)."""
+
+
+def invalid_config(template, workload, device, config: dict) -> str | None:
+    """None when ``config`` (a record's knob dict) is a valid config of ``template`` for ``workload`` on
+    ``device`` (a DeviceInfo: its capabilities decide constraints such as image limits), else why not."""
+    try:
+        wl = _workload_obj(template, workload)
+        cfg = template.config(**config)
+    except (TypeError, ValueError) as e:
+        return f"its knobs do not fit the template: {e}"
+    try:
+        bad = template.space(wl, device).violations(template.config_values(wl, cfg))
+    except (TunerError, TypeError, ValueError) as e:
+        return str(e)
+    return "; ".join(bad) or None
+
+
 def best_records(records: Iterable[Record]) -> dict:
     """``task_key -> Record``: the successful record with the lowest median; failures are never picked,
     whatever their (partial) timings. Ties go to the earlier record."""
@@ -90,13 +109,9 @@ class ApplyHistoryBest:
         else the template's fallback for the device with ``scopes`` (and ``fixed`` knobs) applied
         (``Template.fallback_with``: valid for the space), warning once per workload."""
         info = getattr(device, "info", device)
-        record = self.query(template.name, workload, info.fingerprint, scopes, fixed)
+        record = self.best_valid(template, workload, info, scopes, fixed)
         if record is not None:
-            try:
-                return template.config(**record.config)
-            except TypeError as e:  # the template's knobs changed since the log was written
-                raise TunerError(f"tuned {template.name} config from {record.timestamp} (tuner "
-                                 f"{record.tuner_version}) no longer fits the template: {e}; retune") from None
+            return template.config(**record.config)
         key = _workload_key(workload)
         warn_key = (info.fingerprint, template.name, canonical_json(key))
         if warn_key not in self._warned:
@@ -105,6 +120,39 @@ class ApplyHistoryBest:
                           f"using the fallback config", FallbackConfigWarning, stacklevel=2)
         return template.fallback_with(_workload_obj(template, workload), info, **scope_knobs(scopes),
                                       **(fixed or {}))
+
+    def best_valid(self, template, workload, device, scopes: dict | None = None,
+                   fixed: dict | None = None) -> Record | None:
+        """``query``'s record if its config is valid for the template's space on ``device`` (a DeviceInfo),
+        else the next fastest valid one of the task, else None. The log is a file users share: a config the
+        space rejects (edited by hand, or from another template version) is never deployed; each one skipped
+        warns once."""
+        info = getattr(device, "info", device)
+        record = self.query(template.name, workload, info.fingerprint, scopes, fixed)
+        if record is None:
+            return None
+        for rec in [record] + self._runners_up(template.name, workload, info.fingerprint, scopes, fixed, record):
+            why = invalid_config(template, workload, info, rec.config)
+            if why is None:
+                return rec
+            self._warn_once(("invalid", rec.timestamp, rec.trial, canonical_json(rec.config)),
+                            f"the log's {template.name} config {canonical_json(rec.config)} for "
+                            f"{canonical_json(_workload_key(workload))} is not valid for the template's space "
+                            f"({why}): skipped", InvalidLoggedConfigWarning)
+        return None
+
+    def _runners_up(self, template_name, workload, fingerprint, scopes, fixed, first) -> list:
+        wl = canonical_json(_workload_key(workload))
+        same = [r for r in self.records if r.ok and r is not first and r.device == fingerprint
+                and r.template == template_name and canonical_json(r.workload) == wl
+                and (scopes is None or r.scopes == scopes)
+                and all(r.config.get(k) == v for k, v in (fixed or {}).items())]
+        return sorted(same, key=lambda r: r.median_s)
+
+    def _warn_once(self, key, message: str, category) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(message, category, stacklevel=3)
 
     def __len__(self) -> int:
         return len(self.best)
