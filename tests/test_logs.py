@@ -178,18 +178,18 @@ def test_best_records_never_picks_failures(conv, wl, device):
 
 def test_apply_history_best_context(tmp_path, conv, wl, device, caught):
     other = other_device(device.info)
-    texture_best = rec(conv, wl, conv.config(tile_ow=4, tile_oc=2), device, 2e-3)
-    buffer_best = rec(conv, wl, conv.config(tile_ow=2, input_scope="buffer"), device, 1e-3)
-    records = [rec(conv, wl, conv.config(tile_ow=1), device, 5e-3), texture_best, buffer_best,
-               rec(conv, wl, conv.config(tile_ow=8), other, 1e-4),  # faster, but another device
-               rec(conv, wl, conv.config(tile_oh=2), device, 1e-5, error=ErrorCode.RUN_TIMEOUT)]
+    texture_best = rec(conv, wl, conv.config(wg_w=1, tile_ow=4, tile_oc=2), device, 2e-3)
+    buffer_best = rec(conv, wl, conv.config(wg_w=1, tile_ow=2, input_scope="buffer"), device, 1e-3)
+    records = [rec(conv, wl, conv.config(wg_w=1, tile_ow=1), device, 5e-3), texture_best, buffer_best,
+               rec(conv, wl, conv.config(wg_w=1, tile_ow=8), other, 1e-4),  # faster, but another device
+               rec(conv, wl, conv.config(wg_w=1, tile_oh=2), device, 1e-5, error=ErrorCode.RUN_TIMEOUT)]
     append_records(tmp_path / "log.jsonl", records)
 
     assert current_history() is None
     with apply_history_best(str(tmp_path / "*.jsonl")) as h:
         assert isinstance(h, ApplyHistoryBest) and current_history() is h and len(h) == 3
         assert h.pick(conv, wl, device) == conv.config(**buffer_best.config)  # any scopes: fastest
-        assert h.pick(conv, wl, device.info, texture_best.scopes) == conv.config(tile_ow=4, tile_oc=2)
+        assert h.pick(conv, wl, device.info, texture_best.scopes) == conv.config(wg_w=1, tile_ow=4, tile_oc=2)
         assert h.query("conv2d", wl.key(), device.fingerprint, buffer_best.scopes) == buffer_best
         assert h.query("conv2d", wl.key(), "pocl-cpu-00000000", buffer_best.scopes) is None
         assert h.query("dense", wl.key(), device.fingerprint, buffer_best.scopes) is None
@@ -198,7 +198,7 @@ def test_apply_history_best_context(tmp_path, conv, wl, device, caught):
             assert current_history() is inner
         assert current_history() is h
         # another device fingerprint is a miss: its (faster) record is never used there either
-        assert h.pick(conv, wl, other) == conv.config(tile_ow=8)
+        assert h.pick(conv, wl, other) == conv.config(wg_w=1, tile_ow=8)
         picked = h.pick(conv, wl, other_device(other))
         assert picked == conv.fallback(wl, device.info) and len(caught) == 1
     assert current_history() is None
