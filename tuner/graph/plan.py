@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -174,9 +175,44 @@ def _valid_count(step: Step, info, scopes: dict) -> int:
 
 
 def plan_storage(plan: Plan, info, scope: str = "auto", history=None) -> Plan:
-    """A scope per tensor and per tuned step's operands. ``history``: an ApplyHistoryBest for ``auto``."""
+    """A scope per tensor and per tuned step's operands. ``history``: an ApplyHistoryBest for ``auto``.
+
+    ``auto`` with a log prices the whole plan, boundaries included: the per-layer choice (each layer's faster
+    uniform scope, with mixed-scope kernels where neighbours disagree), all-texture and all-buffer are each
+    estimated from the log (``estimate_plan``) and the cheapest is taken, so ``auto`` is never estimated
+    slower than the best uniform plan."""
     if scope not in SCOPE_MODES:
         raise TunerError(f"scope {scope!r}: one of {', '.join(SCOPE_MODES)}")
+    per_layer = _plan_storage(plan, info, scope, history)
+    if scope != "auto" or history is None:
+        return per_layer
+    candidates = [per_layer]
+    for uniform in ("texture", "buffer"):
+        try:
+            candidates.append(_plan_storage(plan, info, uniform, history))
+        except TunerError:  # e.g. a layer with no valid all-texture config on this device
+            continue
+    costs = [estimate_plan(c, info, history) for c in candidates]
+    return candidates[min(range(len(candidates)), key=lambda i: (costs[i], i))]
+
+
+def _step_cost(step: Step, info, history) -> float:
+    """The log's best median of the exact deployed task; a kernel the log lacks (a mixed-scope boundary
+    kernel nobody tuned) is priced at the slower of its layer's uniform measurements, and a layer with
+    none at all at +inf (unknown), so a measured plan is preferred."""
+    rec = history.query(step.op, step.workload, info.fingerprint, step.scopes, FIXED[step.op])
+    if rec is not None:
+        return rec.median_s
+    known = [m for m in (_measured(history, step, info, sc) for sc in ("texture", "buffer")) if m is not None]
+    return max(known) if known else math.inf
+
+
+def estimate_plan(plan: Plan, info, history) -> float:
+    """Seconds of the plan's tuned kernels by the log (``_step_cost`` each); glue kernels are not priced."""
+    return sum(_step_cost(s, info, history) for s in plan.steps if s.tuned)
+
+
+def _plan_storage(plan: Plan, info, scope: str, history) -> Plan:
     plan = dataclasses.replace(plan, steps=[dataclasses.replace(s) for s in plan.steps],
                                tensors={k: dataclasses.replace(t) for k, t in plan.tensors.items()})
     want = {s.name: _decide(s, info, scope, history) for s in plan.steps if s.tuned}

@@ -1,0 +1,44 @@
+"""--scope auto prices whole plans from the log, boundaries included: it is never estimated slower than the best
+uniform plan, and a mixed-scope boundary kernel the log lacks is priced at its layer's slower uniform time."""
+import dataclasses
+
+from tuner.graph.compiler import load_graph
+from tuner.graph.plan import estimate_plan, lower_graph, plan_storage
+from tuner.graph.zoo import test_models
+from tuner.logs import SCHEMA_VERSION, Record, apply_history_best
+from tuner.templates import get_template
+
+
+def _records(plan, info, times):
+    """``times[i] = (texture, buffer)`` seconds of tuned layer i, all-texture and all-buffer records."""
+    recs = []
+    for step, (tex, buf) in zip([s for s in plan.steps if s.tuned], times):
+        t = get_template(step.op)
+        fb = t.fallback_with(step.workload, info, **t.model_knobs)
+        for scope, median in (("texture", tex), ("buffer", buf)):
+            cfg = dataclasses.replace(fb, input_scope=scope, weight_scope=scope, output_scope=scope)
+            recs.append(Record(version=SCHEMA_VERSION, template=t.name, workload=step.workload.key(),
+                               scopes={"input": scope, "weight": scope, "output": scope},
+                               config=dataclasses.asdict(cfg), device=info.fingerprint, costs=[median],
+                               median_s=median, gflops=1.0, error_code=0, error_name="NO_ERROR"))
+    return recs
+
+
+def test_auto_takes_the_cheapest_whole_plan(device):
+    info = device.info
+    plan = lower_graph(load_graph(test_models()["conv_pads"]))
+    n = sum(s.tuned for s in plan.steps)
+    assert n == 3
+    # layer 0 is a little faster in texture, the others much faster in buffers: per layer, auto would pay a
+    # texture->buffer boundary kernel after layer 0 (priced at layer 1's slower uniform time, 5e-4)
+    history = apply_history_best(_records(plan, info, [(1e-4, 2e-4), (5e-4, 2e-4), (5e-4, 2e-4)]))
+    auto = plan_storage(plan, info, "auto", history)
+    buffer = plan_storage(plan, info, "buffer", history)
+    assert estimate_plan(auto, info, history) <= estimate_plan(buffer, info, history)
+    assert {s.scopes["output"] for s in auto.steps if s.tuned} == {"buffer"}
+
+    # when texture wins everywhere (and the device has images), auto goes all-texture
+    if info.image_support:
+        history = apply_history_best(_records(plan, info, [(1e-4, 2e-4)] * 3))
+        auto = plan_storage(plan, info, "auto", history)
+        assert {s.scopes["input"] for s in auto.steps if s.tuned} == {"texture"}
