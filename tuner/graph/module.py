@@ -220,19 +220,20 @@ class Module:
                 bar.update(1)
         if bar is not None:
             bar.close()
-        self._launches = []  # (node index, cl.Kernel, global, local, [mem])
+        self._enqueue_kernel = cl.enqueue_nd_range_kernel
+        self._launches = []  # (node index, cl.Kernel with its arguments set, global, local)
         for i, n in enumerate(spec.nodes):
             for c in n.calls:
-                k = cl.Kernel(self._programs[n.source], c.kernel)
-                mems = [self.arrays[a].mem for a in c.args]
-                self._launches.append((i, k, tuple(c.global_size), tuple(c.local_size), mems))
+                k = cl.Kernel(self._programs[n.source], c.kernel)  # one object per launch: its own arguments
+                k.set_args(*[self.arrays[a].mem for a in c.args])  # once: a run only enqueues
+                self._launches.append((i, k, tuple(c.global_size), tuple(c.local_size)))
         self.load_stats = {"programs": len(names), **{k: stats.get(k, 0) for k in ("source", "binary", "memory")}}
 
     # -- running -----------------------------------------------------------------------------------------
     def _enqueue(self) -> list:
         self.load()
-        q = self.device.queue
-        return [(i, k(q, g, l, *mems)) for i, k, g, l, mems in self._launches]
+        q, enqueue = self.device.queue, self._enqueue_kernel
+        return [(i, enqueue(q, k, g, l)) for i, k, g, l in self._launches]
 
     def set_inputs(self, inputs) -> None:
         from tuner.runtime.memory import upload
