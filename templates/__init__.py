@@ -10,6 +10,12 @@ buffer kernels. ``TEMPLATES[name]`` bundles what the tuner needs:
     exe = build(t.build(wl, cfg), device)
     inputs = t.random_inputs(wl, rng)
     y = exe(**inputs)[t.output]                # compare with t.reference(wl, inputs)
+
+A template owns everything template-specific: its search space, cost-model ``features``, command-line
+``workload_args``, the ``model_knobs`` a model pins, and ``lower``, the rule that turns a graph node of its
+``graph_ops`` into its workload and kernel inputs. A template defined elsewhere, named
+``"package.module:ATTRIBUTE"``, is tuned, logged, planned into models and compiled after
+``register_template(t)`` with no edit to this package (tests/user_templates.py is one).
 """
 from __future__ import annotations
 
@@ -87,6 +93,10 @@ class Template:
     describe: Callable | None = None  # (workload) -> short text for labels, e.g. "1x64x56x56 k64x3x3 s1 p1"
     model_knobs: dict = field(default_factory=dict)  # knobs a model pins so that neighbouring kernels agree
     workload_args: tuple = ()  # WorkloadArg per workload field the command line sets
+    graph_ops: tuple = ()  # the graph operators (``Node.op``: "conv2d", "dense") whose nodes ``lower`` may take
+    lower: Callable | None = None  # (LowerCtx, node, ins) -> (workload, {kernel param: tensor or param name},
+    # {new param name: array}), or None when the template does not take this node (another one is asked);
+    # a ValueError names what is wrong with a node it takes (the planner adds the node's name)
 
     def label(self, workload) -> str:
         """The workload in a few words: the template's ``describe``, else its input shape."""
@@ -151,17 +161,35 @@ def window_text(wl) -> str:
     return f" s{one(wl.stride)} p{one(wl.padding)}" + (f" d{one(wl.dilation)}" if set(wl.dilation) != {1} else "")
 
 
+def node_epilogue(ctx, node) -> tuple:
+    """What a graph node fuses, for a template's ``lower``: ``(fields, inputs)`` -- the workload fields every
+    template has (``dtype`` of the plan, ``bias``, ``activation``) and the kernel inputs they bring (``B``: the
+    bias param; ``Res``: the residual's tensor in the plan, when the node adds one: ``node.attrs["residual"]``)."""
+    g, a = ctx.graph, node.attrs
+    bias = next((t for t in node.inputs[2:] if t in g.params), None)
+    fields = dict(dtype=ctx.dtype, bias=bias is not None, activation=a.get("activation", "none"))
+    inputs = {}
+    if bias is not None:
+        inputs["B"] = bias
+    if a.get("residual") is not None:
+        inputs["Res"] = ctx.packed(a["residual"])
+    return fields, inputs
+
+
 def _registry() -> dict:
     from . import conv2d_nchw4c, dense, depthwise_conv2d_nchw4c
     return {t.name: t for t in (conv2d_nchw4c.TEMPLATE, depthwise_conv2d_nchw4c.TEMPLATE, dense.TEMPLATE)}
 
 
 TEMPLATES: dict = {}
+_USER: dict = {}  # name -> Template registered with ``register_template``, in registration order
 
 
 def get_template(name: str) -> Template:
     """A registered template by name, or ``"package.module:ATTRIBUTE"`` for one defined elsewhere (worker
     processes find user templates this way)."""
+    if name in _USER:
+        return _USER[name]
     if ":" in name:
         import importlib
         module, _, attr = name.partition(":")
@@ -175,7 +203,47 @@ def get_template(name: str) -> Template:
 
 
 def templates() -> dict:
-    """The registered templates: name -> Template."""
+    """The registered templates: name -> Template (the built-in ones, then those of ``register_template``)."""
     if not TEMPLATES:
         TEMPLATES.update(_registry())
+        TEMPLATES.update(_USER)
     return TEMPLATES
+
+
+def register_template(template: Template) -> Template:
+    """Make a template defined outside this package part of every model: its steps are tuned
+    (``Step.tuned``), ``extract_tasks`` returns them, and ``lower_graph`` asks its ``lower`` for every node
+    of its ``graph_ops`` before the built-in templates (the latest registered first). Its name must be
+    ``"package.module:ATTRIBUTE"`` naming the template itself, because measuring processes and workers, which
+    start fresh, look it up by name with ``get_template``. Registering a name again replaces the template.
+    Returns the template (usable as ``TEMPLATE = register_template(Template(...))``)."""
+    if not isinstance(template, Template):
+        raise TunerError(f"register_template takes a Template, not {type(template).__name__}")
+    name = template.name
+    module, _, attr = name.partition(":")
+    if not module or not attr:
+        raise TunerError(f"template name {name!r}: a registered template is named \"package.module:ATTRIBUTE\" "
+                         f"(where it is defined), so that measuring processes can import it")
+    if (template.lower is None) != (not template.graph_ops):
+        raise TunerError(f"template {name!r}: graph_ops {tuple(template.graph_ops)} and lower go together")
+    _USER.pop(name, None)
+    if get_template(name) != template:  # imports the module: a process that starts fresh finds the same
+        raise TunerError(f"template {name!r}: {attr} in {module} is not the template being registered; name it "
+                         f"after the attribute that holds it")
+    _USER[name] = template
+    templates()[name] = template
+    return template
+
+
+def unregister_template(template) -> None:
+    """Undo ``register_template`` (a Template or its name); a name never registered is ignored."""
+    name = template if isinstance(template, str) else template.name
+    if _USER.pop(name, None) is not None:
+        TEMPLATES.pop(name, None)
+
+
+def templates_for(graph_op: str) -> list:
+    """The templates whose ``lower`` may take a graph node of ``graph_op``, in the order they are asked:
+    registered ones (latest first), then the built-in ones."""
+    user = [t for t in reversed(_USER.values()) if graph_op in t.graph_ops]
+    return user + [t for n, t in templates().items() if n not in _USER and graph_op in t.graph_ops]

@@ -455,6 +455,42 @@ def describe(wl: Conv2dWorkload) -> str:
         + epilogue_text(wl)
 
 
+def is_depthwise(data: tuple, kernel: tuple, groups: int) -> bool:
+    """One filter per channel (groups == C == O, one input channel per group): depthwise_conv2d's node."""
+    return groups == data[1] == kernel[0] and kernel[1] == 1
+
+
+def window_fields(node) -> dict:
+    """A conv2d graph node's window: stride, padding, dilation."""
+    a = node.attrs
+    return dict(stride=tuple(a["stride"]), padding=tuple(a["padding"]), dilation=tuple(a["dilation"]))
+
+
+def lower(ctx, node, ins):
+    """A conv2d graph node that is not depthwise: the grouped template when the groups pack into whole RGBA
+    pixels (channels per group multiples of 4), else one convolution with block-diagonal weights (exact,
+    groups times the FLOPs)."""
+    from tuner.templates import node_epilogue
+    data, w_name = ctx.shape(node.inputs[0]), node.inputs[1]
+    w_shape, groups = ctx.shape(w_name), node.attrs.get("groups", 1)
+    if is_depthwise(data, w_shape, groups):
+        return None
+    fields, inputs = node_epilogue(ctx, node)
+    extra, c = {}, data[1]
+    if groups > 1:
+        cg, og = c // groups, w_shape[0] // groups
+        if cg % 4 or og % 4:  # block-diagonal weights: one dense convolution
+            w = ctx.graph.params[w_name]
+            full = np.zeros((w_shape[0], c) + w_shape[2:], np.float32)
+            for k in range(groups):
+                full[k * og:(k + 1) * og, k * cg:(k + 1) * cg] = w[k * og:(k + 1) * og]
+            w_name, w_shape, groups = f"{node.name}.block_diagonal_w", full.shape, 1
+            extra[w_name] = full
+    wl = Conv2dWorkload(data=data, kernel=w_shape, groups=groups, residual="Res" in inputs, **window_fields(node),
+                        **fields)
+    return wl, {"X": ins[0], "Wt": w_name, **inputs}, extra
+
+
 # a model's kernels exchange NCHW4c activations: the layout is pinned, not tuned
 MODEL_KNOBS = {"act_layout": "nchw4c"}
 WORKLOAD_ARGS = (WorkloadArg("data", "shape", "N,C,H,W", "input shape", required=True),
@@ -470,4 +506,4 @@ VARIABLES = dict(N="batch", C="input channels", H="input height", W="input width
                  residual="fused residual add", stride="stride (h, w)", dilation="dilation (h, w)")
 TEMPLATE = Template("conv2d", Conv2dWorkload, Conv2dConfig, conv2d_nchw4c, _reference, random_inputs,
                     fallback, space_vars, VARIABLES, features=features, describe=describe, model_knobs=MODEL_KNOBS,
-                    workload_args=WORKLOAD_ARGS)
+                    workload_args=WORKLOAD_ARGS, graph_ops=("conv2d",), lower=lower)

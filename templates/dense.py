@@ -222,7 +222,16 @@ def describe(wl: DenseWorkload) -> str:
     return f"{shape_text(wl.data)} w{shape_text(wl.weight)}{epilogue_text(wl)}"
 
 
+def lower(ctx, node, ins):
+    """A dense graph node: data N,K by weights M,K."""
+    from tuner.templates import node_epilogue
+    fields, inputs = node_epilogue(ctx, node)
+    wl = DenseWorkload(data=ctx.shape(node.inputs[0]), weight=ctx.shape(node.inputs[1]), **fields)
+    return wl, {"X": ins[0], "Wt": node.inputs[1], **inputs}, {}
+
+
 WORKLOAD_ARGS = (WorkloadArg("data", "shape", "N,K", "input shape", required=True),
                  WorkloadArg("weight", "shape", "M,K", "weight shape", required=True), *EPILOGUE_ARGS)
 TEMPLATE = Template("dense", DenseWorkload, DenseConfig, dense, _reference, random_inputs, fallback, space_vars,
-                    VARIABLES, features=features, describe=describe, workload_args=WORKLOAD_ARGS)
+                    VARIABLES, features=features, describe=describe, workload_args=WORKLOAD_ARGS,
+                    graph_ops=("dense",), lower=lower)

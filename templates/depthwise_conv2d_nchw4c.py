@@ -15,7 +15,8 @@ from tuner.ir.expr import Ramp, as_expr, min_
 from tuner.ir.schedule import cache_read
 from tuner.templates import EPILOGUE_ARGS, WINDOW_ARGS, Template, WorkloadArg, epilogue_text, shape_text, window_text
 from tuner.templates.conv2d_nchw4c import (MODEL_KNOBS, Arithmetic, Conv2dWorkload, LocalTile,
-                                           declare_operands, input_pixel, fit_work_group,
+                                           declare_operands, input_pixel, fit_work_group, is_depthwise,
+                                           window_fields,
                                            padded_windows, random_inputs, reference_epilogue, store_tile,
                                            texture_scopes, window_features)
 
@@ -196,9 +197,21 @@ def describe(wl: DepthwiseWorkload) -> str:
     return f"{shape_text(wl.data)} k{wl.kernel[2]}x{wl.kernel[3]}{window_text(wl)}{epilogue_text(wl)}"
 
 
+def lower(ctx, node, ins):
+    """A conv2d graph node with one filter per channel (groups == C == O)."""
+    from tuner.templates import node_epilogue
+    data, w_name = ctx.shape(node.inputs[0]), node.inputs[1]
+    if not is_depthwise(data, ctx.shape(w_name), node.attrs.get("groups", 1)):
+        return None
+    fields, inputs = node_epilogue(ctx, node)
+    wl = DepthwiseWorkload(data=data, kernel=ctx.shape(w_name), residual="Res" in inputs, **window_fields(node),
+                           **fields)
+    return wl, {"X": ins[0], "Wt": w_name, **inputs}, {}
+
+
 WORKLOAD_ARGS = (WorkloadArg("data", "shape", "N,C,H,W", "input shape", required=True),
                  WorkloadArg("kernel", "shape", "C,1,R,S", "weight shape", required=True), *WINDOW_ARGS,
                  *EPILOGUE_ARGS, WorkloadArg("residual", "flag", help="fuse a residual add of a second NCHW4c tensor"))
 TEMPLATE = Template("depthwise_conv2d", DepthwiseWorkload, DepthwiseConfig, depthwise_conv2d_nchw4c, _reference,
                     random_inputs, fallback, space_vars, VARIABLES, features=features, describe=describe,
-                    model_knobs=MODEL_KNOBS, workload_args=WORKLOAD_ARGS)
+                    model_knobs=MODEL_KNOBS, workload_args=WORKLOAD_ARGS, graph_ops=("conv2d",), lower=lower)

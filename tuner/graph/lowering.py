@@ -82,44 +82,26 @@ def glue_builder(op: str, step_name: str) -> Callable:
 
 @lowers("conv2d", "dense")
 def lower_template(ctx: LowerCtx, node, ins, out, shape):
-    from tuner.templates import get_template
+    """The node runs the first template (``templates_for``: registered ones, then the built-in conv2d,
+    depthwise_conv2d and dense) whose ``lower`` takes it; the step's op is that template's name."""
+    from tuner.templates import templates_for
 
     from .plan import Step
-    g, a = ctx.graph, node.attrs
-    bias = next((t for t in node.inputs[2:] if t in g.params), None)
-    res = a.get("residual")
-    w_name, w_shape = node.inputs[1], tuple(g.shapes[node.inputs[1]])
-    if node.op == "dense":
-        op, fields = "dense", dict(data=tuple(g.shapes[node.inputs[0]]), weight=w_shape)
-    else:
-        groups, c = a.get("groups", 1), g.shapes[node.inputs[0]][1]
-        depthwise = groups == c == w_shape[0] and w_shape[1] == 1
-        op = "depthwise_conv2d" if depthwise else "conv2d"
-        fields = dict(data=tuple(g.shapes[node.inputs[0]]), kernel=w_shape, stride=tuple(a["stride"]),
-                      padding=tuple(a["padding"]), dilation=tuple(a["dilation"]), residual=res is not None)
-        if not depthwise and groups > 1:
-            cg, og = c // groups, w_shape[0] // groups
-            if cg % 4 == 0 and og % 4 == 0:  # groups pack into whole RGBA pixels: the grouped template
-                fields["groups"] = groups
-            else:  # exact as one convolution with block-diagonal weights (groups times the FLOPs)
-                w = g.params[w_name]
-                dense = np.zeros((w_shape[0], c) + w_shape[2:], np.float32)
-                for k in range(groups):
-                    dense[k * og:(k + 1) * og, k * cg:(k + 1) * cg] = w[k * og:(k + 1) * og]
-                w_name = f"{node.name}.block_diagonal_w"
-                ctx.extra[w_name] = dense
-                fields["kernel"] = dense.shape
-    try:
-        wl = get_template(op).workload(**fields, dtype=ctx.dtype, bias=bias is not None,
-                                       activation=a.get("activation", "none"))
-    except ValueError as e:
-        raise TunerError(f"node {node.name!r} ({op}): {e}") from None
-    inputs = {"X": ins[0], "Wt": w_name}
-    if bias is not None:
-        inputs["B"] = bias
-    if res is not None:
-        inputs["Res"] = ctx.packed(res)
-    ctx.add(Step(node.name, op, inputs, out, workload=wl))
+    candidates = templates_for(node.op)
+    for t in candidates:
+        try:
+            lowered = t.lower(ctx, node, ins)
+        except ValueError as e:
+            raise TunerError(f"node {node.name!r} ({t.name}): {e}") from None
+        if lowered is not None:
+            wl, inputs, extra = lowered
+            ctx.extra.update(extra)
+            ctx.add(Step(node.name, t.name, dict(inputs), out, workload=wl))
+            return
+    shapes = " by ".join("x".join(map(str, ctx.shape(x))) for x in node.inputs[:2])
+    attrs = {k: v for k, v in node.attrs.items() if k != "residual"}
+    raise TunerError(f"node {node.name!r}: no template takes this {node.op} ({shapes}, {attrs}); templates asked: "
+                     f"{', '.join(t.name for t in candidates) or 'none'}")
 
 
 # -- glue: elementwise ----------------------------------------------------------------------------------------
