@@ -425,7 +425,10 @@ class _Converter(MovementOps):
             ctx.fail(f"constant {c!r} has dtype {value.dtype}", "float32 constants")
         form = tuple(shape[1] if axis == 1 else 1 for axis in range(len(shape)))  # (1, C, 1, 1) or (1, C)
         padded = (1,) * (len(shape) - value.ndim) + tuple(value.shape)
-        if (len(shape) < 2 or value.ndim > len(shape)
+        last = len(shape) == 4 and value.ndim <= 4 and padded[:3] == (1, 1, 1) and padded[3] == shape[3] > 1
+        if last:  # along the last axis of an NHWC block (ConvNeXt's Linear bias, layer scale): the layout pass
+            form = (1, 1, 1, shape[3])  # (passes_movement) moves it onto channels with the block's transposes
+        elif (len(shape) < 2 or value.ndim > len(shape)
                 or any(d != 1 and not (axis == 1 and d == shape[1]) for axis, d in enumerate(padded))):
             ctx.fail(f"constant {c!r} of shape {tuple(value.shape)} and an activation of shape {shape}",
                      f"a constant that varies only along channels, broadcastable as {form} (e.g. (C,), "

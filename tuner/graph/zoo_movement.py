@@ -132,8 +132,31 @@ def _layer_norm(b) -> dict:
     return {f: None, b.node("Transpose", [hw], perm=[0, 2, 3, 1]): None}
 
 
-TEST_MODELS: dict = {"shufflenet": _shufflenet, "slice_split": _slice_split, "pad": _pad,
+def _convnext_block(b) -> dict:
+    """ConvNeXt's block as torchvision exports it: depthwise 7x7, permute to NHWC, LayerNorm over the last axis,
+    Linear (MatMul + a bias Add along the last axis), GELU (the erf pattern), Linear, layer scale (Mul along the
+    last axis), permute back, residual add; 10 channels (not a multiple of 4)."""
+    r = b.rng
+    c = 10
+    x = b.input("input", (1, c, 6, 6))
+    y = b.conv(x, c, c, 7, groups=c, bias=True, pads=[3, 3, 3, 3])
+    t = b.node("Transpose", [y], perm=[0, 2, 3, 1])
+    t = b.node("LayerNormalization", [t, b.const("ln_scale", r.uniform(0.5, 1.5, c)),
+                                      b.const("ln_bias", r.normal(0, 0.2, c))], axis=-1, epsilon=1e-6)
+    t = b.node("Add", [b.node("MatMul", [t, b.const("w1", r.normal(0, 0.3, (c, 4 * c)))]),
+                       b.const("b1", r.normal(0, 0.1, 4 * c))])
+    half = b.node("Mul", [t, b.const("half", np.float32(0.5))])
+    erf = b.node("Erf", [b.node("Div", [t, b.const("sqrt2", np.float32(np.sqrt(2)))])])
+    t = b.node("Mul", [half, b.node("Add", [erf, b.const("one", np.float32(1.0))])])
+    t = b.node("Add", [b.node("MatMul", [t, b.const("w2", r.normal(0, 0.3, (4 * c, c)))]),
+                       b.const("b2", r.normal(0, 0.1, c))])
+    t = b.node("Mul", [t, b.const("gamma", r.uniform(0.5, 1.5, c))])
+    t = b.node("Transpose", [t], perm=[0, 3, 1, 2])
+    return {b.node("Add", [t, x]): None}
+
+
+TEST_MODELS: dict = {"shufflenet": _shufflenet, "convnext_block": _convnext_block, "slice_split": _slice_split, "pad": _pad,
                      "movement_attrs": _movement_attrs, "resize": _resize, "conv_transpose": _conv_transpose,
                      "layer_norm": _layer_norm}
-OPSETS: dict = {"movement_attrs": 9, "slice_split": 11, "layer_norm": 17}
+OPSETS: dict = {"movement_attrs": 9, "slice_split": 11, "layer_norm": 17, "convnext_block": 17}
 INPUT_SHAPES: dict = {}
