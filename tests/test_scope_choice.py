@@ -4,7 +4,7 @@ import dataclasses
 
 from tuner.graph.compiler import load_graph
 from tuner.graph.plan import estimate_plan, lower_graph, plan_storage
-from tuner.graph.zoo import test_models
+from tuner.graph.zoo import test_models as zoo_test_models
 from tuner.logs import SCHEMA_VERSION, Record, apply_history_best
 from tuner.templates import get_template
 
@@ -26,7 +26,7 @@ def _records(plan, info, times):
 
 def test_auto_takes_the_cheapest_whole_plan(device):
     info = device.info
-    plan = lower_graph(load_graph(test_models()["conv_pads"]))
+    plan = lower_graph(load_graph(zoo_test_models()["conv_pads"]))
     n = sum(s.tuned for s in plan.steps)
     assert n == 3
     # layer 0 is a little faster in texture, the others much faster in buffers: per layer, auto would pay a

@@ -133,7 +133,7 @@ def test_full_size_models_convert_and_match_onnxruntime_output():
 def test_models_are_valid_deterministic_and_torchvision_shaped(name):
     model = zoo.ZOO[name](num_classes=10, input_size=32)
     onnx.checker.check_model(model, full_check=True)
-    assert model.opset_import[0].version == 13
+    assert model.opset_import[0].version == (14 if name == "mobilenet_v3_small" else 13)  # HardSwish: opset 14
     assert [i.name for i in model.graph.input] == ["input"] and [o.name for o in model.graph.output] == ["output"]
     dims = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
     assert dims == [1, 3, 32, 32]
@@ -144,7 +144,7 @@ def test_models_are_valid_deterministic_and_torchvision_shaped(name):
     assert all(v.dtype in (np.float32,) for v in inits.values())
     for node in model.graph.node:
         if node.op_type == "Conv":
-            assert len(node.input) == 2
+            assert len(node.input) == 2 or name == "mobilenet_v3_small"  # its squeeze-excitation convs have biases
             w = inits[node.input[1]]
             fan_in = w[0].size
             assert abs(w.std() - np.sqrt(2 / fan_in)) < 0.5 * np.sqrt(2 / fan_in)  # He-normal scale
@@ -161,7 +161,7 @@ def test_write_model(tmp_path):
     model = onnx.load(path)
     onnx.checker.check_model(model)
     assert from_onnx(path).shapes["output"] == (1, 4)
-    with pytest.raises(TunerError, match="unknown model 'vgg16'; the zoo has mobilenet_v2, resnet18"):
+    with pytest.raises(TunerError, match="unknown model 'vgg16'; the zoo has mobilenet_v2, mobilenet_v3_small, resnet18"):
         zoo.write_model("vgg16", tmp_path / "v.onnx")
 
 
