@@ -122,8 +122,8 @@ def test_compile_for_an_unattached_target_then_run_it_there(tmp_path, monkeypatc
         assert rel_err(o, r) < 1e-4
 
 
-def test_cli_compile_with_a_target_profile(tmp_path, monkeypatch, capsys):
-    info, profile = _profile_file(tmp_path, "pocl")
+def test_cli_compile_with_a_target_profile(tmp_path, monkeypatch, capsys, device):
+    info, profile = _profile_file(tmp_path, device.fingerprint)  # the device under test (PoCL, Intel, ...)
     path = str(tmp_path / "m.onnx")
     onnx.save(MODEL, path)
     with monkeypatch.context() as m:
@@ -138,7 +138,7 @@ def test_cli_compile_with_a_target_profile(tmp_path, monkeypatch, capsys):
     bad.write_text(json.dumps({**info.to_dict(), "image_support": "yes"}))
     assert main(["compile", path, "--target", str(bad), "-o", str(tmp_path / "b")]) == 2
     assert "image_support" in capsys.readouterr().err
-    assert main(["run", str(tmp_path / "a"), "--repeat", "2", "--device", "pocl"]) == 0
+    assert main(["run", str(tmp_path / "a"), "--repeat", "2", "--device", device.fingerprint]) == 0
     assert "built from source" in capsys.readouterr().out
 
 
