@@ -47,10 +47,13 @@ def ensure_writable(path) -> Path:
     path = Path(path)
     if path.is_dir():
         raise TunerError(f"tuning log {path} is a directory; give --log a file path")
+    existed = path.exists()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "ab"):
             pass
+        if not existed:
+            path.unlink()  # checked, not created: a run that fails before measuring leaves no empty log
     except OSError as e:
         raise TunerError(f"tuning log {path} cannot be written ({e.strerror or e}); give --log a writable "
                          "path") from None
