@@ -30,7 +30,7 @@ def _fresh(g: Graph, base: str) -> str:
 def _add_param(g: Graph, base: str, value: np.ndarray) -> str:
     name = _fresh(g, base)
     g.params[name] = np.ascontiguousarray(value, dtype=np.float32)
-    g.shapes[name] = tuple(value.shape)
+    g.shapes[name] = tuple(np.shape(value))
     return name
 
 

@@ -19,6 +19,7 @@ import math
 import numpy as np
 
 from .graph import Graph, Node
+from .passes import _add_param, _drop_unused_params, _fresh
 
 # graph ops computed element by element on one activation (their other inputs constants): a transpose commutes
 UNARY_POINTWISE = {"relu", "clip", "gelu", "sigmoid", "tanh", "hard_sigmoid", "hard_swish", "silu", "swish",
@@ -27,26 +28,9 @@ UNARY_POINTWISE = {"relu", "clip", "gelu", "sigmoid", "tanh", "hard_sigmoid", "h
 BINARY_POINTWISE = {"add", "mul", "sub", "div", "max", "min", "pow"}
 
 
-def _fresh(g: Graph, base: str) -> str:
-    name, k = base, 0
-    while name in g.shapes:
-        k += 1
-        name = f"{base}_{k}"
-    return name
-
-
-def _add_param(g: Graph, base: str, value) -> str:
-    name = _fresh(g, base)
-    g.params[name] = np.ascontiguousarray(value, dtype=np.float32)
-    g.shapes[name] = tuple(np.shape(value))
-    return name
-
-
 def _drop_unused(g: Graph) -> Graph:
-    used = {t for n in g.nodes for t in n.inputs}
-    for name in [p for p in g.params if p not in used]:
-        del g.params[name]
-        del g.shapes[name]
+    """``passes._drop_unused_params``, then the shapes of tensors no node produces any more."""
+    _drop_unused_params(g)
     produced = {t for n in g.nodes for t in n.outputs} | set(g.inputs) | set(g.params)
     for name in [t for t in g.shapes if t not in produced]:
         del g.shapes[name]
