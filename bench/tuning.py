@@ -1,27 +1,35 @@
 """Tuning-efficiency benchmark: how many measured trials each sampler (xgb, tpe, random) needs to find a
-config within 95% of the best one ever seen for a workload.
+config within 95% of the best one ever seen for a workload it was never developed on.
 
     python bench/tuning.py [--trials N] [--seeds K] [--workloads REGEX] [--out bench/results] [--device D]
-                           [--samplers xgb,tpe,random] [--scope buffer|texture]
+                           [--samplers xgb,tpe,random,xgb-cold] [--corpus-trials M]
     python bench/tuning.py --summarize bench/results/tuning_<fingerprint>.csv   # redo the tables from a CSV
 
-For every workload, seed and sampler -- run one after another, never in parallel, since timings on a CPU
-device are distorted by concurrent work -- it calls ``tuner.search.tune`` with ``trials=N``, a fresh
-JSONL log and a fresh SQLite study (so no run sees another's measurements), ``transfer=False`` and the same
-``MeasureOptions(repeats=3, min_seconds=0.005, n_parallel=2)`` for every sampler. Runs are interleaved per
-(workload, seed) -- xgb, tpe, random, then the next seed -- so a slow period of the shared machine hits
-all samplers alike.
+Held out: the samplers were developed on the ``DEVELOPMENT`` workloads only; the table is measured on the
+``HELD_OUT`` ones, which were never tuned while the search was developed. What the held-out runs may learn
+from is what a user's device log holds before a new layer comes: the development workloads, each tuned with
+``M`` random configs on this device (the transfer corpus, measured once, ``<out>/tuning_corpus_<fp>.jsonl``).
+Every run starts from a fresh JSONL log holding that corpus and a fresh SQLite study, and calls
+``tuner.search.tune`` with the defaults a user gets (``transfer=True``: xgb learns from the corpus; tpe and
+random cannot) and the same ``MeasureOptions(repeats=3, min_seconds=0.005, n_parallel=2)``. ``xgb-cold`` is
+xgb with ``transfer=False``, to show what transfer adds.
+
+Measurements are memoized per (workload, config) across runs (``<out>/tuning_cache_<fp>.jsonl``), as Kernel
+Tuner's cache files are for comparing strategies: a config is built and timed the first time any run
+proposes it and every later proposal of it gets that measurement. Every sampler thus sees the same timing for
+the same config, and the benchmark costs the distinct configs, not the runs. Runs go one after another.
 
 From each run's records (measurement order; a failed measurement counts as a trial with no GFLOP/s) it
-takes the best-so-far GFLOP/s curve. ``best_ever`` of a workload is the highest GFLOP/s measured by any run of
-any sampler on it. ``trials_to_95pct`` of a run is the first trial whose best-so-far reaches
+takes the best-so-far GFLOP/s curve. ``best_ever`` of a workload is the highest GFLOP/s of any config
+measured on it. ``trials_to_95pct`` of a run is the first trial whose best-so-far reaches
 0.95 * best_ever; a run that never gets there is censored and scored N+1 (shown as ``>N``). The summary
 gives, per workload and sampler, the median over seeds, and the geometric means over workloads of the
 ratios xgb/random and xgb/tpe (per-workload medians; censored medians enter as N+1, which makes a ratio
 whose denominator is censored an upper bound and one whose numerator is censored a lower bound).
 
 Writes ``<out>/tuning_<device fingerprint>.csv`` (one row per run, rewritten after every run so a killed
-benchmark keeps what it measured) and ``<out>/tuning_<device fingerprint>.md`` (also printed).
+benchmark keeps what it measured; a re-run skips the runs it has) and ``<out>/tuning_<device fingerprint>.md``
+(also printed).
 """
 from __future__ import annotations
 
@@ -32,6 +40,7 @@ import json
 import math
 import os
 import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -41,16 +50,30 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-SAMPLERS = ("xgb", "tpe", "random")
+SAMPLERS = ("xgb", "tpe", "random", "xgb-cold")
 THRESHOLD = 0.95
 
-# (name, template, workload arguments): small layers, about 1 s per measured trial on PoCL
-WORKLOADS = [
+# (name, template, workload arguments): small layers, about 1 s per measured config on PoCL
+DEVELOPMENT = [  # the transfer corpus; the search was developed on these
     ("conv3x3.16-32@28", "conv2d", dict(data=(1, 16, 28, 28), kernel=(32, 16, 3, 3), padding=1)),
     ("conv1x1.32-32@14", "conv2d", dict(data=(1, 32, 14, 14), kernel=(32, 32, 1, 1))),
     ("conv3x3s2.16-32@28", "conv2d", dict(data=(1, 16, 28, 28), kernel=(32, 16, 3, 3), stride=2, padding=1)),
+    ("group3x3.g2.16-16@28", "conv2d", dict(data=(1, 16, 28, 28), kernel=(16, 8, 3, 3), padding=1, groups=2)),
     ("dw3x3.32@28", "depthwise_conv2d", dict(data=(1, 32, 28, 28), kernel=(32, 1, 3, 3), padding=1)),
+    ("dw3x3s2.24@28", "depthwise_conv2d", dict(data=(1, 24, 28, 28), kernel=(24, 1, 3, 3), stride=2, padding=1)),
+    ("dense.512-64", "dense", dict(data=(1, 512), weight=(64, 512))),
+    ("dense.128-256", "dense", dict(data=(4, 128), weight=(256, 128))),
 ]
+HELD_OUT = [  # the table's workloads: never tuned while the search was developed
+    ("conv3x3.24-48@20", "conv2d", dict(data=(1, 24, 20, 20), kernel=(48, 24, 3, 3), padding=1)),
+    ("conv1x1.48-24@20", "conv2d", dict(data=(1, 48, 20, 20), kernel=(24, 48, 1, 1))),
+    ("conv3x3s2.24-48@24", "conv2d", dict(data=(1, 24, 24, 24), kernel=(48, 24, 3, 3), stride=2, padding=1)),
+    ("group3x3.g4.32-32@14", "conv2d", dict(data=(1, 32, 14, 14), kernel=(32, 8, 3, 3), padding=1, groups=4)),
+    ("dw5x5.40@20", "depthwise_conv2d", dict(data=(1, 40, 20, 20), kernel=(40, 1, 5, 5), padding=2)),
+    ("dense.256-128", "dense", dict(data=(1, 256), weight=(128, 256))),
+]
+WORKLOADS = HELD_OUT
+SCOPES = {"input": "buffer", "weight": "buffer", "output": "buffer"}
 
 CSV_FIELDS = ["workload", "template", "workload_args", "scope", "sampler", "seed", "trials", "trials_to_95pct",
               "reached", "best_gflops_run", "best_ever", "failed", "wall_s", "s_per_trial", "best_config", "curve",
@@ -60,6 +83,69 @@ CSV_FIELDS = ["workload", "template", "workload_args", "scope", "sampler", "seed
 def options():
     from tuner.measure import MeasureOptions
     return MeasureOptions(repeats=3, min_seconds=0.005, n_parallel=2)
+
+
+class CachedMeasurer:
+    """A Measurer that measures each (template, workload, config) once: later proposals of it, by any run,
+    get the first measurement (kept in a JSONL file, so a killed benchmark keeps them)."""
+
+    def __init__(self, measurer, path: Path):
+        from tuner.logs.record import canonical_json
+        self.measurer, self.path, self.key = measurer, path, canonical_json
+        self.cache = {}
+        if path.exists():
+            for line in path.read_text().splitlines():
+                try:
+                    d = json.loads(line)
+                except ValueError:
+                    continue  # a torn last line
+                self.cache[d["key"]] = d["result"]
+        self.hits = self.misses = 0
+
+    def _key(self, inp) -> str:
+        from tuner.templates import get_template
+        t = get_template(inp.template)
+        return self.key([t.name, inp.workload.key(), t.config_values(inp.workload, inp.config)])
+
+    def measure(self, inputs: list) -> list:
+        import dataclasses
+
+        from tuner.errors import ErrorCode
+        from tuner.measure import MeasureResult
+        keys = [self._key(i) for i in inputs]
+        todo = [(k, i) for k, i in zip(keys, inputs) if k not in self.cache]
+        self.misses += len(todo)
+        self.hits += len(inputs) - len(todo)
+        if todo:
+            fresh = self.measurer.measure([i for _, i in todo])
+            with open(self.path, "a") as f:
+                for (k, _), res in zip(todo, fresh):
+                    d = dataclasses.asdict(res)
+                    d["error_code"] = int(res.error_code)
+                    self.cache[k] = d
+                    f.write(json.dumps({"key": k, "result": d}) + "\n")
+        out = []
+        for k in keys:
+            d = dict(self.cache[k])
+            out.append(MeasureResult(**{**d, "error_code": ErrorCode(d["error_code"])}))
+        return out
+
+
+def corpus(info, out: Path, trials: int, measurer) -> Path:
+    """The transfer corpus: ``trials`` random configs of each development workload on this device, measured
+    once (a re-run tops it up)."""
+    from tuner.search import tune
+    from tuner.templates import get_template
+    path = out / f"tuning_corpus_{info.fingerprint}.jsonl"
+    with tempfile.TemporaryDirectory(prefix="tuning-corpus-") as d:
+        for name, tname, kw in DEVELOPMENT:
+            wl = get_template(tname).workload(**kw)
+            res = tune(tname, wl, device=info, trials=trials, sampler="random", seed=1234, log=str(path),
+                       storage=f"sqlite:///{os.path.join(d, 'study.db')}", transfer=False, progress=False,
+                       scopes=SCOPES, options=options(), measurer=measurer)
+            print(f"corpus {name}: {res.measured} new, best {res.best.gflops if res.best else 0:.2f} GFLOP/s",
+                  flush=True)
+    return path
 
 
 def best_so_far(gflops: list) -> list:
@@ -78,14 +164,17 @@ def trials_to(curve: list, target: float, n: int) -> int:
     return n + 1
 
 
-def run_one(template: str, wl, sampler: str, seed: int, trials: int, scope: str, device) -> dict:
+def run_one(template: str, wl, sampler: str, seed: int, trials: int, device, corpus_log: Path,
+            measurer) -> dict:
     from tuner.search import tune
-    scopes = {k: scope for k in ("input", "weight", "output")}
     with tempfile.TemporaryDirectory(prefix="tuning-bench-") as d:
+        log = os.path.join(d, "log.jsonl")
+        shutil.copyfile(corpus_log, log)  # what the device's log holds before this layer
         start = time.perf_counter()
-        res = tune(template, wl, device=device, trials=trials, sampler=sampler, seed=seed,
-                   log=os.path.join(d, "log.jsonl"), storage=f"sqlite:///{os.path.join(d, 'study.db')}",
-                   transfer=False, progress=False, scopes=scopes, options=options())
+        res = tune(template, wl, device=device, trials=trials, sampler=sampler.removesuffix("-cold"), seed=seed,
+                   log=log, storage=f"sqlite:///{os.path.join(d, 'study.db')}",
+                   transfer=not sampler.endswith("-cold"), progress=False, scopes=SCOPES, options=options(),
+                   measurer=measurer)
         wall = time.perf_counter() - start
     gflops = [r.gflops if r.ok and r.gflops else None for r in res.records]
     best = max((r for r in res.records if r.ok and r.gflops), key=lambda r: r.gflops, default=None)
@@ -159,9 +248,12 @@ def summarize(rows: list, n: int, meta: dict) -> str:
     lines += [f"- device: `{meta['device_name']}`, fingerprint `{meta['fingerprint']}`",
               f"- {meta['date']}; N = {n} measured trials per run, seeds {', '.join(map(str, seeds))} "
               f"({len(seeds)} per workload and sampler), {len(rows)} runs in all, run one after another",
-              f"- scopes: {meta['scope']} for input, weight and output; `tune(..., transfer=False, progress=False)`, "
-              f"a fresh log and SQLite study per run; MeasureOptions(repeats=3, min_seconds=0.005, n_parallel=2) "
-              f"for every sampler",
+              f"- held-out workloads (never tuned while the search was developed); every run starts from a fresh log "
+              f"holding the transfer corpus ({meta.get('corpus', '?')}) and a fresh SQLite study; `tune()` with "
+              f"its defaults (xgb transfers from the corpus; `xgb-cold` is xgb with `transfer=False`), "
+              f"{meta['scope']} scopes, MeasureOptions(repeats=3, min_seconds=0.005, n_parallel=2) for every "
+              f"sampler; each (workload, config) measured once and its measurement shared by every run that "
+              f"proposes it ({meta.get('distinct', '?')} distinct configs measured)",
               f"- metric: trials until the run's best-so-far GFLOP/s reaches {THRESHOLD:.0%} of the workload's best "
               f"ever (the max over all {len(rows) // max(len(workloads), 1)} runs of all samplers); a run that "
               f"never reaches it is censored at N+1 and shown as `>{n}`; cells are the median over seeds, "
@@ -242,28 +334,27 @@ def summarize(rows: list, n: int, meta: dict) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--trials", type=int, default=32, help="measured trials per run (N)")
+    p.add_argument("--trials", type=int, default=64, help="measured trials per run (N)")
     p.add_argument("--seeds", type=int, default=3, help="seeds per workload and sampler: 0 .. K-1")
-    p.add_argument("--workloads", default=".", help="regex over workload names: " +
+    p.add_argument("--workloads", default=".", help="regex over the held-out workload names: " +
                    ", ".join(w[0] for w in WORKLOADS))
     p.add_argument("--samplers", default=",".join(SAMPLERS))
-    p.add_argument("--scope", default="buffer", choices=("buffer", "texture"), help="scope of every operand")
+    p.add_argument("--corpus-trials", type=int, default=24, metavar="M",
+                   help="random configs measured per development workload for the transfer corpus (default 24)")
     p.add_argument("--out", default=str(HERE / "results"))
-    p.add_argument("--device", default="pocl")
+    p.add_argument("--device", default=None, help="default: the default device")
     p.add_argument("--summarize", metavar="CSV", help="only rebuild the markdown from an existing CSV")
     a = p.parse_args(argv)
 
+    from tuner.measure import Measurer
     from tuner.runtime.device import choose_device
     from tuner.templates import get_template
     if a.summarize:
-        rows = read_csv(Path(a.summarize))
+        src = Path(a.summarize)
+        rows = read_csv(src)
         n = max(r["trials"] for r in rows)
         finish_rows(rows, n)
-        src = Path(a.summarize)
-        date = datetime.datetime.fromtimestamp(src.stat().st_mtime).strftime("%Y-%m-%d %H:%M") + " (end of the run: the CSV's mtime)"
-        meta = {"device_name": rows[0]["device"], "fingerprint": src.stem.split("_", 1)[-1], "date": date,
-                "scope": rows[0]["scope"], "wall_s": sum(r["wall_s"] for r in rows)}
-        md = summarize(rows, n, meta)
+        md = summarize(rows, n, meta_of(rows, src, sum(r["wall_s"] for r in rows)))
         src.with_suffix(".md").write_text(md)
         print(md)
         print(f"wrote {src.with_suffix('.md')} (wall time = the sum of the runs' tune() calls)")
@@ -272,50 +363,68 @@ def main(argv=None) -> int:
     info = choose_device(a.device)
     samplers = [s.strip() for s in a.samplers.split(",") if s.strip()]
     workloads = [w for w in WORKLOADS if re.search(a.workloads, w[0])]
-    if not workloads or not samplers:
-        print("error: no workload or sampler selected", file=sys.stderr)
+    if not workloads or not samplers or any(s not in SAMPLERS for s in samplers):
+        print(f"error: no workload selected, or a sampler not in {', '.join(SAMPLERS)}", file=sys.stderr)
         return 2
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     csv_path, md_path = out / f"tuning_{info.fingerprint}.csv", out / f"tuning_{info.fingerprint}.md"
+    rows = read_csv(csv_path) if csv_path.exists() else []
+    have = {(r["workload"], r["sampler"], r["seed"]) for r in rows}
     total = len(workloads) * a.seeds * len(samplers)
-    print(f"device {info.name} ({info.fingerprint}); {len(workloads)} workloads x {a.seeds} seeds x "
-          f"{len(samplers)} samplers = {total} runs of {a.trials} trials; scope {a.scope}", flush=True)
-    rows, start, done = [], time.perf_counter(), 0
-    date = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
-    for name, tname, kw in workloads:
-        t = get_template(tname)
-        wl = t.workload(**kw)
-        for seed in range(a.seeds):
-            for s in samplers:
-                r = run_one(tname, wl, s, seed, a.trials, a.scope, info)
-                done += 1
-                curve = r["curve"]
-                best = curve[-1] if curve else 0.0
-                first_best = next((i for i, v in enumerate(curve, 1) if v >= best), 0) if best else 0
-                rows.append({"workload": name, "template": tname, "workload_args": kw, "scope": a.scope,
-                             "sampler": s, "seed": seed, "trials": r["trials"], "trials_to_95pct": "",
-                             "reached": "", "best_gflops_run": round(best, 4), "best_ever": "",
-                             "failed": r["failed"], "wall_s": round(r["wall_s"], 2),
-                             "s_per_trial": round(r["wall_s"] / max(r["trials"], 1), 3),
-                             "best_config": r["best_config"], "curve": curve,
-                             "gflops": [round(g, 4) if g else None for g in r["gflops"]], "device": info.name})
-                write_csv(csv_path, rows)
-                el = time.perf_counter() - start
-                print(f"[{done:3d}/{total}] {name:20s} {s:6s} seed {seed}: {r['trials']} trials "
-                      f"({r['failed']} failed), best {best:6.2f} GFLOP/s at trial {first_best:2d}, "
-                      f"{r['wall_s']:5.1f} s ({r['wall_s'] / max(r['trials'], 1):.2f} s/trial); "
-                      f"elapsed {el / 60:5.1f} min", flush=True)
-    wall = time.perf_counter() - start
+    print(f"device {info.name} ({info.fingerprint}); {len(workloads)} held-out workloads x {a.seeds} seeds x "
+          f"{len(samplers)} samplers = {total} runs of {a.trials} trials ({len(have)} in {csv_path} already)",
+          flush=True)
+    start, done = time.perf_counter(), 0
+    with Measurer(info, options()) as real:
+        measurer = CachedMeasurer(real, out / f"tuning_cache_{info.fingerprint}.jsonl")
+        corpus_log = corpus(info, out, a.corpus_trials, measurer)
+        for name, tname, kw in workloads:
+            wl = get_template(tname).workload(**kw)
+            for seed in range(a.seeds):
+                for s in samplers:
+                    done += 1
+                    if (name, s, seed) in have:
+                        continue
+                    r = run_one(tname, wl, s, seed, a.trials, info, corpus_log, measurer)
+                    curve = r["curve"]
+                    best = curve[-1] if curve else 0.0
+                    first_best = next((i for i, v in enumerate(curve, 1) if v >= best), 0) if best else 0
+                    rows.append({"workload": name, "template": tname, "workload_args": kw, "scope": "buffer",
+                                 "sampler": s, "seed": seed, "trials": r["trials"], "trials_to_95pct": "",
+                                 "reached": "", "best_gflops_run": round(best, 4), "best_ever": "",
+                                 "failed": r["failed"], "wall_s": round(r["wall_s"], 2),
+                                 "s_per_trial": round(r["wall_s"] / max(r["trials"], 1), 3),
+                                 "best_config": r["best_config"], "curve": curve,
+                                 "gflops": [round(g, 4) if g else None for g in r["gflops"]], "device": info.name})
+                    write_csv(csv_path, rows)
+                    el = time.perf_counter() - start
+                    print(f"[{done:3d}/{total}] {name:20s} {s:8s} seed {seed}: {r['trials']} trials "
+                          f"({r['failed']} failed), best {best:6.2f} GFLOP/s at trial {first_best:2d}, "
+                          f"{r['wall_s']:5.1f} s; cache {measurer.hits} hits / {measurer.misses} measured; "
+                          f"elapsed {el / 60:5.1f} min", flush=True)
     finish_rows(rows, a.trials)
     write_csv(csv_path, rows)
-    md = summarize(rows, a.trials, {"device_name": info.name, "fingerprint": info.fingerprint, "date": date,
-                                    "scope": a.scope, "wall_s": wall})
+    md = summarize(rows, a.trials, meta_of(rows, csv_path, time.perf_counter() - start))
     md_path.write_text(md)
     print()
     print(md)
     print(f"wrote {csv_path} and {md_path}")
     return 0
+
+
+def meta_of(rows: list, csv_path: Path, wall: float) -> dict:
+    cache = csv_path.parent / csv_path.name.replace("tuning_", "tuning_cache_").replace(".csv", ".jsonl")
+    from tuner.errors import ErrorCode
+    distinct = "?"
+    if cache.exists():  # configs built and timed (a config the space rejects costs no device work)
+        lines = [json.loads(x) for x in cache.read_text().splitlines() if x.strip().endswith("}")]
+        distinct = sum(d["result"]["error_code"] != int(ErrorCode.INSTANTIATION) for d in lines)
+    corpus_n = len(DEVELOPMENT)
+    date = datetime.datetime.fromtimestamp(csv_path.stat().st_mtime).strftime("%Y-%m-%d %H:%M")
+    return {"device_name": rows[0]["device"], "fingerprint": csv_path.stem.split("_", 1)[-1], "date": date,
+            "scope": "buffer", "wall_s": wall, "distinct": distinct,
+            "corpus": f"{corpus_n} development workloads: " + ", ".join(w[0] for w in DEVELOPMENT)}
 
 
 if __name__ == "__main__":

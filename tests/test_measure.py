@@ -8,7 +8,7 @@ import pytest
 from tuner.errors import ErrorCode
 from tuner.logs import best_records
 from tuner.measure import MeasureInput, MeasureOptions, Measurer
-from tuner.search.tune import _record
+from tuner.search.loop import record_of as _record
 from tuner.templates import get_template
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -28,8 +28,8 @@ from tuner.logs import load_records
 from tuner.logs.record import canonical_json
 from tuner.measure import MeasureOptions
 from tuner.search import XGBSampler
-from tuner.search.shared import (BEAT, CLAIM, GO, VERDICT, WAIT, YIELD, Heartbeat, claim, decide, open_storage,
-                                 reap)
+from tuner.search.shared import BEAT, CLAIM, GO, VERDICT, WAIT, YIELD, Heartbeat, claim, decide, reap
+from tuner.search.storage import open_storage
 from tuner.search.worker import Task, export_study_records, register_tasks, registered_tasks, run_worker
 from tuner.templates import get_template
 

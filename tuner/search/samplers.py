@@ -1,12 +1,16 @@
 """Optuna samplers over a constrained search space.
 
-``XGBSampler`` (AutoTVM's XGBoost tuner as an Optuna sampler): random warm-up; then a gradient-boosted
-ranking model (``rank:pairwise``, one query group per workload) on config features predicts which unseen
-configs are fastest; candidates come from random valid configs and mutations of the best measured ones;
-with probability ``epsilon`` a random valid config is measured instead (exploration). Records of other
-workloads of the same template on the same device join the training set as their own groups (transfer),
-so a new workload starts from what others taught. ``ConstrainedRandomSampler`` is uniform random search
-over the valid configs. Neither proposes a config the study has already measured or is measuring."""
+``XGBSampler`` (AutoTVM's XGBoost tuner as an Optuna sampler): a gradient-boosted ranking model
+(``rank:pairwise``, one query group per workload) on config features predicts which unseen configs are
+fastest. It transfers by default: successful records of the template's other workloads on this device join
+the training set as their own groups, and records of other devices as groups of lower weight (a weaker
+prior), so with enough of them the model ranks from the first trial and the random warm-up is skipped.
+Candidates are random valid configs, random mutations of the best measured ones and every single-knob
+neighbour of the best three; the share of random exploration (``epsilon``) decays as the run goes on, so a
+run ends in local search around its best configs. One fit ranks the candidates for a whole batch: the
+proposals of one batch (``n_parallel`` builders) are the best distinct configs of that ranking.
+``ConstrainedRandomSampler`` is uniform random search over the valid configs. Neither proposes a config the
+study has already measured or is measuring."""
 from __future__ import annotations
 
 import numpy as np
@@ -70,31 +74,38 @@ class ConstrainedRandomSampler(_SpaceSampler):
 class XGBSampler(_SpaceSampler):
     def __init__(self, space, template: str, vars: dict, seed: int | None = None, n_warmup: int = 8,
                  epsilon: float = 0.1, n_random: int = 256, n_mutants: int = 256, transfer: list | None = None,
-                 seen: set | None = None):
+                 seen: set | None = None, decay: int = 32, other_device_weight: float = 0.25):
         """``template``: a Template or its name; ``transfer``: ``(vars, values, score)`` of other workloads'
-        successful records, ``score`` their GFLOP/s (normalized per workload here)."""
+        successful records (``(vars, values, score, device)`` for another device's: weighted
+        ``other_device_weight``), ``score`` their GFLOP/s (normalized per group here). ``epsilon`` decays to a
+        fifth of itself over ``decay`` measured trials."""
         super().__init__(space, seed, seen)
         if isinstance(template, str):
             from tuner.templates import get_template
             template = get_template(template)
         self.template, self.vars = template, vars
         self.n_warmup, self.epsilon, self.n_random, self.n_mutants = n_warmup, epsilon, n_random, n_mutants
+        self.decay, self.other_device_weight = decay, other_device_weight
         self.transfer = self._transfer_rows(transfer or [])
         self.columns: list | None = None
         self.model_fits = 0
+        self._ranking: tuple | None = None  # (what the fit saw, candidates best first): one fit per batch
 
     def _features(self, vars: dict, values: dict) -> dict:
         return features(self.template, self.space.space, vars, values)
 
     def _transfer_rows(self, transfer: list) -> list:
         groups: dict = {}
-        for vars, values, score in transfer:
-            groups.setdefault(tuple(sorted((k, str(v)) for k, v in vars.items())), []).append((vars, values, score))
+        for item in transfer:
+            vars, values, score, device = (*item, None) if len(item) == 3 else item
+            key = (device, tuple(sorted((k, str(v)) for k, v in vars.items())))
+            groups.setdefault(key, []).append((vars, values, score))
         rows = []
-        for gid, items in enumerate(groups.values(), start=1):
+        for gid, ((device, _), items) in enumerate(groups.items(), start=1):
             best = max(s for _, _, s in items) or 1.0
+            weight = 1.0 if device is None else self.other_device_weight
             try:
-                rows += [(gid, self._features(v, values), s / best) for v, values, s in items]
+                rows += [(gid, self._features(v, values), s / best, weight) for v, values, s in items]
             except (KeyError, TypeError, ZeroDivisionError):
                 continue  # a record from another version of the space: not comparable
         return rows
@@ -107,17 +118,30 @@ class XGBSampler(_SpaceSampler):
     def _fit(self, own: list):
         import xgboost as xgb
         best = max((s for _, s in own), default=0.0) or 1.0
-        rows = self.transfer + [(0, self._features(self.vars, v), s / best) for v, s in own]
+        rows = self.transfer + [(0, self._features(self.vars, v), s / best, 1.0) for v, s in own]
         rows.sort(key=lambda r: r[0])
         y = np.array([r[2] for r in rows], dtype=np.float32)
         if len(rows) < 2 or float(y.max()) == float(y.min()):
             return None
-        data = xgb.DMatrix(self._matrix([r[1] for r in rows]), label=y, qid=np.array([r[0] for r in rows]))
+        qid = np.array([r[0] for r in rows])
+        weights = np.array([w for g, w in dict((r[0], r[3]) for r in rows).items()], dtype=np.float32)
+        data = xgb.DMatrix(self._matrix([r[1] for r in rows]), label=y, qid=qid, weight=weights)
         params = {"objective": "rank:pairwise", "max_depth": 6, "eta": 0.2, "subsample": 0.9,
                   "tree_method": "hist", "seed": int(self.rng.integers(2**31)), "nthread": 1}
         booster = xgb.train(params, data, num_boost_round=80)
         self.model_fits += 1
         return lambda X: booster.predict(xgb.DMatrix(X))
+
+    def neighbours(self, values: dict) -> list:
+        """The valid configs that differ from ``values`` in one knob."""
+        out = []
+        for name, choices in self.space.choices.items():
+            for c in choices:
+                if c != values[name]:
+                    v = {**values, name: c}
+                    if not self.space.violations(v):
+                        out.append(v)
+        return out
 
     def _candidates(self, own: list, seen: set) -> list:
         pool: dict = {}
@@ -125,7 +149,8 @@ class XGBSampler(_SpaceSampler):
             values = self.space.sample(self.rng)
             pool.setdefault(_key(values, self.names), values)
         explored = [n for n in self.names if len(self.space.choices[n]) > 1]
-        top = [v for v, _ in sorted(own, key=lambda r: -r[1])[:8]]
+        ranked = [v for v, _ in sorted(own, key=lambda r: -r[1])]
+        top = ranked[:8]
         for i in range(self.n_mutants if top and explored else 0):
             values = dict(top[i % len(top)])
             for name in self.rng.choice(explored, size=min(len(explored), 1 + int(self.rng.integers(2))),
@@ -135,6 +160,9 @@ class XGBSampler(_SpaceSampler):
             k = _key(values, self.names)
             if k not in pool and not self.space.violations(values):
                 pool[k] = values
+        for best in ranked[:3]:  # local search: every single-knob neighbour of the best three
+            for values in self.neighbours(best):
+                pool.setdefault(_key(values, self.names), values)
         return [v for k, v in pool.items() if k not in seen]
 
     def sample_relative(self, study, trial, search_space):
@@ -144,17 +172,22 @@ class XGBSampler(_SpaceSampler):
         own = [(dict(t.params), float(t.value) if t.state == TrialState.COMPLETE else 0.0)  # failures teach as 0
                for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
                if (t.value is not None or measured_error(t)) and all(n in t.params for n in self.names)]
-        warmup = self.n_warmup if len(self.transfer) < 20 else min(self.n_warmup, 2)
-        if len(own) < warmup or self.rng.random() < self.epsilon:
+        warmup = self.n_warmup if len(self.transfer) < 20 else 0  # the prior ranks from the first trial
+        epsilon = self.epsilon * max(0.2, 1.0 - len(own) / self.decay)
+        if len(own) < warmup or self.rng.random() < epsilon:
             return self.random_unseen(seen) or {}
-        model = self._fit(own)
-        if model is None:
-            return self.random_unseen(seen) or {}
-        cands = self._candidates(own, seen)
-        if not cands:
-            return self.random_unseen(seen) or {}
-        scores = model(self._matrix([self._features(self.vars, c) for c in cands]))
-        return cands[int(np.argmax(scores))]
+        fitted_on = len(own)
+        if self._ranking is None or self._ranking[0] != fitted_on:  # new measurements since the last fit
+            model = self._fit(own)
+            cands = self._candidates(own, seen) if model is not None else []
+            if not cands:
+                return self.random_unseen(seen) or {}
+            scores = model(self._matrix([self._features(self.vars, c) for c in cands]))
+            self._ranking = (fitted_on, [cands[i] for i in np.argsort(-scores, kind="stable")])
+        for values in self._ranking[1]:  # the best of the ranking not yet proposed (by this batch or others)
+            if _key(values, self.names) not in seen:
+                return values
+        return self.random_unseen(seen) or {}
 
 
 def make_sampler(name: str, space, template, vars: dict, seed: int | None = None, transfer=None,

@@ -162,24 +162,41 @@ def as_task(task, where: str = "task") -> TuningTask:
 
 
 def log_knowledge(log: str, task: TuningTask, fingerprint: str, space, transfer: bool = True):
-    """What a log knows for a (bound) task: ``known`` maps each config (its knob values in ``space``'s order) of
-    this task to its best record (never measured again); ``others`` holds ``(vars, values, gflops)`` of
-    successful records of the template's other workloads (or scopes) on the device, for transfer learning."""
+    """What logs know for a (bound) task: ``known`` maps each config (its knob values in ``space``'s order) of
+    this task to its best record in ``log`` (never measured again); ``others`` holds ``(vars, values, gflops)``
+    of successful records of the template's other workloads (or scopes) on the device, and ``(vars, values,
+    gflops, device)`` of the template's records in the other devices' logs beside ``log`` (a weaker prior),
+    for transfer learning."""
     from pathlib import Path
-
-    from tuner.logs import load_records
     known, others = {}, []
     mine, t, names = task.record_key(fingerprint), task.tmpl, list(space.choices)
     score = lambda r: r.gflops if r.ok and r.gflops else 0.0  # noqa: E731
-    for r in load_records(log) if Path(log).exists() else ():
-        values = {"dtype": r.workload.get("dtype"), **r.config}
-        if r.task_key == mine and all(values.get(n) in space.choices[n] for n in names):  # pinned knobs too
-            k = tuple(values[n] for n in names)
-            if k not in known or score(r) > score(known[k]):
-                known[k] = r
-        elif r.task_key[:2] == mine[:2] and r.task_key != mine and r.ok and transfer:
-            try:
-                others.append((t.space_vars(workload_of(t, r.workload)), values, r.gflops))
-            except (TypeError, ValueError):
-                continue
+    logs = [Path(log)] + (sorted(p for p in Path(log).parent.glob("*.jsonl") if p != Path(log)) if transfer else [])
+    for path in logs:
+        for r in _records(path) if path.exists() else ():
+            values = {"dtype": r.workload.get("dtype"), **r.config}
+            if r.task_key == mine and all(values.get(n) in space.choices[n] for n in names):  # pinned knobs too
+                k = tuple(values[n] for n in names)
+                if k not in known or score(r) > score(known[k]):
+                    known[k] = r
+            elif r.template == t.name and r.task_key != mine and r.ok and transfer:
+                try:
+                    vars = t.space_vars(workload_of(t, r.workload))
+                except (TypeError, ValueError):
+                    continue
+                others.append((vars, values, r.gflops) if r.device == fingerprint else
+                              (vars, values, r.gflops, r.device))
     return known, others
+
+
+def _records(path) -> list:
+    """A log's records, read again only when the file changed (a model's tasks each read the device logs)."""
+    from tuner.logs import load_records
+    st = path.stat()
+    key = (str(path.resolve()), st.st_mtime_ns, st.st_size)
+    if _READ.get(key[0], (None,))[0] != key:
+        _READ[key[0]] = (key, load_records(path))
+    return _READ[key[0]][1]
+
+
+_READ: dict = {}

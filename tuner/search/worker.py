@@ -32,10 +32,12 @@ from tuner.logs import Record, append_records, load_records
 from tuner.logs.io import ensure_writable
 from tuner.logs.record import canonical_json
 from tuner.measure import MeasureOptions, Measurer
-from tuner.search.shared import (Announcing, Heartbeat, claim, counts, final_state, finish, is_claimed,
-                                 open_storage, reap, redact, score_of)
+from tuner.search.loop import Evaluator, open_session, optimize, progress_bar
+from tuner.search.shared import (Announcing, Heartbeat, claim, counts, final_state, finish, is_claimed, reap,
+                                 score_of)
+from tuner.search.storage import open_storage, redact
 from tuner.search.task import TuningTask, as_task
-from tuner.search.tune import Evaluator, _progress, default_log, open_session, optimize
+from tuner.search.tune import default_log
 
 TASK_ATTR = "tuner:task"
 Task = TuningTask  # the worker's name for it: a task with its budget (``trials``) and ``weight``
@@ -212,7 +214,7 @@ def run_worker(storage, device=None, study_prefix: str | None = None, tasks=None
                                    seen_from_log=False, wrap=lambda inner: Announcing(inner, beat))
             budget = min(task.trials, session.space.size())
             jobs.append(ClaimStrategy(session, budget, worker, beat, summary, grace, adopted))
-        bar = _progress(sum(j.budget for j in jobs), progress, f"worker {info.fingerprint}")
+        bar = progress_bar(sum(j.budget for j in jobs), progress, f"worker {info.fingerprint}")
         if bar is not None:
             stack.callback(bar.close)
         evaluate = stack.enter_context(Evaluator(info, log, lambda: Measurer(info, options)))
