@@ -47,8 +47,8 @@ def test_identity_is_template_workload_scopes_and_pinned_knobs():
     # the hash of a registered task never changes: shared studies are found by it
     ident = {"template": "conv2d", "workload": wl.key(), "scopes": BUFFERS, "fixed": {}}
     assert a.hash == hashlib.sha1(canonical_json(ident).encode()).hexdigest()[:12]
-    assert a.study_name("pocl-cpu-1") == f"conv2d-{a.hash}-pocl-cpu-1"
-    assert a.study_name("pocl-cpu-1", "net") == f"net-{a.hash}-pocl-cpu-1"
+    assert a.study_name("pocl-cpu-1") == f"conv2d-{a.hash}-pocl-cpu-1 {a.label.split(' ', 1)[1]}"
+    assert a.study_name("pocl-cpu-1", "net").startswith(f"net-{a.hash}-pocl-cpu-1 ")
     assert TuningTask.from_dict(a.to_dict()) == a and a.record_key("fp") == ("fp", "conv2d", canonical_json(wl.key()),
                                                                              canonical_json(BUFFERS))
     with pytest.raises(TunerError, match="scopes"):

@@ -5,7 +5,7 @@ device) and deployed; ``TuningTask`` owns its identity (``key``, ``hash``, study
 
     task = TuningTask("conv2d", wl, {"input": "texture", "weight": "texture", "output": "buffer"})
     task.label        # 'conv2d 1x64x56x56 k64x3x3 s1 p1 +relu [texture/texture/buffer]'
-    task.study_name(info.fingerprint)   # 'conv2d-<hash>-<fingerprint>'
+    task.study_name(info.fingerprint)   # 'conv2d-<hash>-<fingerprint> 1x64x56x56 k64x3x3 s1 p1 [...]'
 """
 from __future__ import annotations
 
@@ -89,9 +89,10 @@ class TuningTask:
         return hashlib.sha1(self.key().encode()).hexdigest()[:12]
 
     def study_name(self, fingerprint: str, prefix: str | None = None) -> str:
-        """The task's study on one device: ``<template>-<hash>-<fingerprint>``, or ``<prefix>-<hash>-...``
-        for the tasks registered under a prefix (shared by workers)."""
-        return f"{prefix or self.tmpl.name}-{self.hash}-{fingerprint}"
+        """The task's study on one device, named so that optuna-dashboard's list reads as the layers:
+        ``<template>-<hash>-<fingerprint> <workload> [<scopes>]``, or ``<prefix>-<hash>-...`` for the tasks
+        registered under a prefix (shared by workers). The hash keeps names unique; the rest is the label."""
+        return f"{prefix or self.tmpl.name}-{self.hash}-{fingerprint} {self.label.split(' ', 1)[1]}"
 
     @property
     def label(self) -> str:
