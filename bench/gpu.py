@@ -7,14 +7,22 @@ tuned configs. Subcommands (bench/gpu.sh runs them on the GPU machine):
 
     python bench/gpu.py tune   --out DIR [--trials 24] [--deadline 540]   # resumable: the log is the state
     python bench/gpu.py cudnn  --out DIR                                   # PyTorch/cuDNN per layer
+    python bench/gpu.py peak   --out DIR                                   # peak FMA rate and copy bandwidth
     python bench/gpu.py models --out DIR --log LOG                         # whole models, ours vs PyTorch eager
-    python bench/gpu.py table  --out DIR                                   # CSVs -> markdown (anywhere)
+                                                                           # and its CUDA-graph replay
+    python bench/gpu.py table  --out DIR --log LOG                         # CSVs -> markdown (anywhere)
+
+``peak`` writes ``gpu_peak.json``: the float32 (and, with cl_khr_fp16, float16) FMA rate and the copy bandwidth
+of the OpenCL device our kernels run on, with torch.matmul (no TF32) and a torch device copy as cross-checks;
+``table`` prices every layer against the roofline bound max(FLOPs / FMA rate, bytes / bandwidth) from it.
 """
 from __future__ import annotations
 
 import argparse
 import csv
 import json
+import math
+import os
 import statistics
 import sys
 import time
@@ -96,12 +104,23 @@ def cmd_tune(args) -> int:
     return 0
 
 
+def _tdev() -> str:
+    """The torch device: "cuda" on the GPU machine; "cpu" only to check these code paths without a GPU."""
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _gpu_name() -> str:
+    import torch
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (no CUDA)"
+
+
 def _torch_layer(task, dtype: str):
     """The layer in PyTorch: conv only (cuDNN) and the eager layer (conv + bias + residual + activation)."""
     import torch
     import torch.nn.functional as F
     wl = task.workload
-    dev, tdt = "cuda", {"float32": torch.float32, "float16": torch.float16}[dtype]
+    dev, tdt = _tdev(), {"float32": torch.float32, "float16": torch.float16}[dtype]
     g = torch.Generator(device="cpu").manual_seed(0)
     x = torch.randn(wl.data, generator=g).to(dev, tdt)
     if task.template == "dense":
@@ -149,8 +168,17 @@ def _act(y, activation):
 
 
 def _cuda_time(fn, repeats: int = 100, warmup: int = 10) -> float:
-    """Median seconds per call from CUDA events."""
+    """Median seconds per call from CUDA events (without CUDA: wall clock, only to check code paths)."""
     import torch
+    if not torch.cuda.is_available():
+        for _ in range(warmup):
+            fn()
+        costs = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            fn()
+            costs.append(time.perf_counter() - t)
+        return statistics.median(costs)
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -180,6 +208,157 @@ def _kernel_time(fn, repeats: int = 50, warmup: int = 10) -> float:
     total_us = sum(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)
                    for e in prof.key_averages())
     return total_us * 1e-6 / repeats
+
+
+# The FMA-rate kernel: each work-item runs n x UNROLL steps of ACC independent float4 (half4) chains
+# x = OP(x, m, c) (OP: `mad` or `fma`) with m, c kernel arguments (nothing to fold), and stores their sum (nothing
+# to drop).
+_FMA_ACC, _FMA_UNROLL = 8, 4
+_FMA_SRC = """
+#ifdef USE_HALF
+#pragma OPENCL EXTENSION cl_khr_fp16 : enable
+#define T4 half4
+#define CONVERT_T4 convert_half4
+#else
+#define T4 float4
+#define CONVERT_T4 convert_float4
+#endif
+#define STEP x0 = OP(x0, m, c); x1 = OP(x1, m, c); x2 = OP(x2, m, c); x3 = OP(x3, m, c); \\
+             x4 = OP(x4, m, c); x5 = OP(x5, m, c); x6 = OP(x6, m, c); x7 = OP(x7, m, c);
+__kernel void fma_peak(__global float *out, const int n, const float a, const float b) {
+    const T4 m = CONVERT_T4((float4)(a)), c = CONVERT_T4((float4)(b));
+    const float s = (float)(get_global_id(0) & 1023) * 1e-4f;
+    T4 x0 = CONVERT_T4((float4)(s, s + 0.01f, s + 0.02f, s + 0.03f)), x1 = x0 + c, x2 = x1 + c, x3 = x2 + c;
+    T4 x4 = x3 + c, x5 = x4 + c, x6 = x5 + c, x7 = x6 + c;
+    for (int i = 0; i < n; ++i) {
+        STEP STEP STEP STEP
+    }
+    const float4 r = convert_float4(((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7)));
+    out[get_global_id(0)] = (r.x + r.y) + (r.z + r.w);
+}
+"""
+
+
+def _cl_fma_rate(dev, dtype: str = "float32", op: str = "fma", items_per_cu: int = 2048, target_s: float = 0.02,
+                 repeats: int = 10) -> dict:
+    """FLOP/s (2 per FMA) of the OpenCL device ``dev`` (a tuner Device: its profiling queue) on the kernel
+    above: enough work-items to fill it, the loop count calibrated to ``target_s`` per launch, the median of
+    ``repeats`` launches from OpenCL profiling events."""
+    import pyopencl as cl
+    opts = [f"-DOP={op}"] + (["-DUSE_HALF"] if dtype == "float16" else [])
+    prg = cl.Program(dev.context, _FMA_SRC).build(options=opts)
+    knl = prg.fma_peak
+    wg = knl.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, dev.cl_device)
+    local = max(1, min(256, dev.info.max_work_group_size, wg))
+    items = max(local, max(1, dev.info.compute_units) * items_per_cu // local * local)
+    out = cl.Buffer(dev.context, cl.mem_flags.WRITE_ONLY, items * 4)
+
+    def launch(n: int) -> float:
+        ev = knl(dev.queue, (items,), (local,), out, np.int32(n), np.float32(0.999), np.float32(0.001))
+        ev.wait()
+        return (ev.profile.end - ev.profile.start) * 1e-9
+
+    n, cap = 16, 1 << 24
+    launch(n)  # the first launch also loads the program
+    for _ in range(12):  # calibrate: grow n until a launch takes half the target (the faster of two launches)
+        t = min(launch(n), launch(n))
+        if t >= target_s / 2 or n >= cap:
+            break
+        n = min(cap, n * max(2, min(1024, int(target_s / max(t, 1e-9)))))
+    launch(n)
+    times = []
+    for _ in range(repeats):
+        times.append(launch(n))
+        if sum(times) > 4 * repeats * target_s:  # launches far slower than calibrated: do not spend minutes
+            break
+    host = np.empty(items, np.float32)
+    cl.enqueue_copy(dev.queue, host, out)
+    flops = items * n * _FMA_UNROLL * _FMA_ACC * 4 * 2
+    return {"flops": flops / statistics.median(times), "median_s": statistics.median(times),
+            "max_flops": flops / min(times), "work_items": items, "local": local, "loop": n,
+            "flop_per_launch": flops, "finite": bool(np.isfinite(host).all())}
+
+
+def _cl_copy_rate(dev, nbytes: int = 1 << 30, repeats: int = 10) -> dict:
+    """Bytes/s (read + write) of clEnqueueCopyBuffer between two ``nbytes`` buffers: median of ``repeats``
+    copies from OpenCL profiling events."""
+    import pyopencl as cl
+    nbytes = int(min(nbytes, dev.info.max_mem_alloc_bytes, dev.info.global_mem_bytes // 4)) // 4096 * 4096
+    src = cl.Buffer(dev.context, cl.mem_flags.READ_WRITE, nbytes)
+    dst = cl.Buffer(dev.context, cl.mem_flags.READ_WRITE, nbytes)
+    cl.enqueue_fill_buffer(dev.queue, src, np.uint32(1), 0, nbytes)
+    cl.enqueue_fill_buffer(dev.queue, dst, np.uint32(0), 0, nbytes)
+    dev.queue.finish()
+    times = []
+    for i in range(repeats + 2):
+        ev = cl.enqueue_copy(dev.queue, dst, src, byte_count=nbytes)
+        ev.wait()
+        if i >= 2:  # two warm-up copies
+            times.append((ev.profile.end - ev.profile.start) * 1e-9)
+    check = np.empty(1024, np.uint32)
+    cl.enqueue_copy(dev.queue, check, dst, src_offset=nbytes - check.nbytes)
+    return {"bytes_per_s": 2 * nbytes / statistics.median(times), "median_s": statistics.median(times),
+            "size_bytes": nbytes, "copied": bool((check == 1).all())}
+
+
+def _torch_rates(matmul_n: int = 8192, copy_bytes: int = 1 << 30, repeats: int = 10) -> dict:
+    """Cross-checks through PyTorch on its device: FLOP/s of an n x n x n torch.matmul in float32 without TF32
+    (and float16, tensor cores, on CUDA), bytes/s (read + write) of a device-to-device copy_ of copy_bytes."""
+    import torch
+    _torch_fp32()
+    dev, res = _tdev(), {}
+    g = torch.Generator(device="cpu").manual_seed(0)
+    for dtype in ("float32", "float16") if dev == "cuda" else ("float32",):
+        tdt = getattr(torch, dtype)
+        a = torch.randn(matmul_n, matmul_n, generator=g).to(dev, tdt)
+        b = torch.randn(matmul_n, matmul_n, generator=g).to(dev, tdt)
+        c = torch.empty(matmul_n, matmul_n, device=dev, dtype=tdt)
+        with torch.no_grad():
+            t = _cuda_time(lambda: torch.matmul(a, b, out=c), repeats=repeats, warmup=3)
+        res[f"torch_matmul_{dtype}_flops"] = 2 * matmul_n ** 3 / t
+    n = max(1, copy_bytes // 4)
+    src = torch.ones(n, device=dev, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    t = _cuda_time(lambda: dst.copy_(src), repeats=repeats, warmup=2)
+    res["torch_copy_bytes_per_s"] = 2 * 4 * n / t
+    res["torch_copy_size_bytes"] = 4 * n
+    res["torch_matmul_n"] = matmul_n
+    res["torch_matmul_allow_tf32"] = bool(torch.backends.cuda.matmul.allow_tf32)
+    if dev == "cuda":
+        torch.cuda.empty_cache()
+    return res
+
+
+def cmd_peak(args) -> int:
+    """gpu_peak.json: the device's peak FMA rate and copy bandwidth, for the roofline bound of ``table``."""
+    from tuner.runtime import open_device
+    dev = open_device(args.device)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    peak = {"opencl_device": dev.info.name, "platform": dev.info.platform, "driver": dev.info.driver_version,
+            "fingerprint": dev.info.fingerprint, "cl_khr_fp16": bool(dev.info.fp16),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "repeats": args.peak_repeats}
+    for dtype in ("float32", "float16") if dev.info.fp16 else ("float32",):
+        for op in ("fma", "mad"):  # the rate is the faster of the two built-ins
+            r = _cl_fma_rate(dev, dtype, op, args.peak_items_per_cu, args.peak_target_ms * 1e-3, args.peak_repeats)
+            peak[f"cl_{op}_{dtype}"] = r
+            print(f"OpenCL {dtype} {op}: {r['flops'] / 1e12:.3f} TFLOP/s {r}", flush=True)
+        peak[f"cl_fma_{dtype}_flops"] = max(peak[f"cl_fma_{dtype}"]["flops"], peak[f"cl_mad_{dtype}"]["flops"])
+    r = _cl_copy_rate(dev, args.copy_mib << 20, args.peak_repeats)
+    peak["cl_copy_bytes_per_s"] = r.pop("bytes_per_s")
+    peak["cl_copy"] = r
+    print(f"OpenCL copy: {peak['cl_copy_bytes_per_s'] / 1e9:.1f} GB/s {r}", flush=True)
+    try:
+        import torch
+        peak.update(gpu=_gpu_name(), torch=torch.__version__, **_torch_rates(args.matmul_n, args.copy_mib << 20,
+                                                                           args.peak_repeats))
+    except Exception as e:  # the OpenCL numbers are the bound; the cross-checks must not lose them
+        peak["torch_error"] = f"{type(e).__name__}: {e}"
+    print(json.dumps({k: v for k, v in peak.items() if not isinstance(v, dict)}), flush=True)
+    tmp = out / "gpu_peak.json.tmp"
+    tmp.write_text(json.dumps(peak, indent=1) + "\n")
+    os.replace(tmp, out / "gpu_peak.json")
+    return 0
 
 
 def cmd_cudnn(args) -> int:
@@ -213,7 +392,7 @@ def _torch_graph(graph, dtype: str):
     import torch
     import torch.nn.functional as F
     tdt = {"float32": torch.float32, "float16": torch.float16}[dtype]
-    P = {k: torch.from_numpy(np.asarray(v, np.float32)).to("cuda", tdt) for k, v in graph.params.items()}
+    P = {k: torch.from_numpy(np.asarray(v, np.float32)).to(_tdev(), tdt) for k, v in graph.params.items()}
 
     def run(x):
         env = {graph.inputs[0]: x}
@@ -248,6 +427,35 @@ def _torch_graph(graph, dtype: str):
     return run
 
 
+def _cuda_graph_time(fn, x, repeats: int = 50):
+    """PyTorch's ``fn(x)`` captured once into a torch.cuda.CUDAGraph (warmed up on a side stream, static input
+    ``x``) and replayed: (median seconds per replay from CUDA events, the replay's output as float32 NumPy,
+    None), or (nan, None, why) where there is no CUDA or the capture fails."""
+    import torch
+    if not torch.cuda.is_available():
+        return math.nan, None, "no CUDA"
+    try:
+        with torch.no_grad():
+            static_x = x.clone()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # cudnn.benchmark picks its algorithms here, not during capture
+                for _ in range(3):
+                    fn(static_x)
+            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # OpenCL may run threads
+                static_y = fn(static_x)
+            seconds = _cuda_time(graph.replay, repeats=repeats)
+            graph.replay()
+            torch.cuda.synchronize()
+            y = static_y.float().cpu().numpy()
+        return seconds, y, None
+    except Exception as e:  # a capture failure must not lose the rest of the models stage
+        return math.nan, None, f"{type(e).__name__}: {e}"
+
+
 def cmd_models(args) -> int:
     import onnxruntime as ort
     import torch
@@ -259,7 +467,7 @@ def cmd_models(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for name in MODELS:
+    for name in args.models.split(","):
         model = getattr(zoo, name)(input_size=224)
         x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
         sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -267,11 +475,16 @@ def cmd_models(args) -> int:
         graph = load_graph(model)
         for dtype in args.dtypes.split(","):
             fn = _torch_graph(graph, dtype)
-            xt = torch.from_numpy(x).to("cuda", {"float32": torch.float32, "float16": torch.float16}[dtype])
+            xt = torch.from_numpy(x).to(_tdev(), {"float32": torch.float32, "float16": torch.float16}[dtype])
             with torch.no_grad():
                 eager = _cuda_time(lambda: fn(xt), repeats=50)
                 y_t = fn(xt).float().cpu().numpy()
-            for scope in ("auto", "texture", "buffer"):
+            graph_s, y_g, why = _cuda_graph_time(fn, xt, repeats=50)
+            graph_err = float(np.abs(y_g - ref).max() / np.abs(ref).max()) if y_g is not None else math.nan
+            print(f"{name} {dtype}: PyTorch eager {eager * 1e3:.3f} ms, CUDA graph replay "
+                  + (f"{graph_s * 1e3:.3f} ms (rel err {graph_err:.1e})" if why is None else f"n/a ({why})"),
+                  flush=True)
+            for scope in args.model_scopes.split(","):
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")
                     mod = compile_model(model, log=args.log, device=dev, scope=scope, dtype=dtype)
@@ -280,12 +493,15 @@ def cmd_models(args) -> int:
                 tuned = sum(n.tuned for n in mod.spec.nodes)
                 layers = sum(n.template is not None for n in mod.spec.nodes)
                 err = float(np.abs(y - ref).max() / np.abs(ref).max())
-                rows.append({"model": name, "dtype": dtype, "scope": scope, "ours_s": statistics.median(costs),
-                             "torch_eager_s": eager, "ratio_torch_over_ours": eager / statistics.median(costs),
+                ours = statistics.median(costs)
+                rows.append({"model": name, "dtype": dtype, "scope": scope, "ours_s": ours,
+                             "torch_eager_s": eager, "ratio_torch_over_ours": eager / ours,
                              "tuned_layers": tuned, "layers": layers, "rel_err_vs_onnxruntime": err,
                              "torch_rel_err": float(np.abs(y_t - ref).max() / np.abs(ref).max()),
-                             "fallback_warnings": len(caught), "gpu": torch.cuda.get_device_name(),
-                             "device": dev.info.name, "driver": dev.info.driver_version})
+                             "fallback_warnings": len(caught), "gpu": _gpu_name(),
+                             "device": dev.info.name, "driver": dev.info.driver_version,
+                             "torch_cuda_graph_s": graph_s, "ratio_torch_graph_over_ours": graph_s / ours,
+                             "torch_graph_rel_err": graph_err, "torch_graph_error": why or ""})
                 print(json.dumps(rows[-1]), flush=True)
                 if scope == "auto" and dtype == "float32":
                     mod.save(out / f"artifact_{name}")
@@ -307,8 +523,75 @@ def _read(path: Path) -> list:
         return list(csv.DictReader(f))
 
 
+def _num(value):
+    """A CSV/JSON cell as a float; None where missing, empty or not finite."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def _layer_traffic(wd: dict) -> tuple:
+    """(FLOPs, compulsory bytes) of one layer from its workload key: 2 x MACs; input + weight + output (+ bias,
+    + residual) tensors in the storage dtype, each read or written once."""
+    size = 2 if wd.get("dtype") == "float16" else 4
+    if wd["op"] == "dense":
+        (n, k), (m, _) = wd["data"], wd["weight"]
+        out = n * m
+        elems = n * k + m * k + out + (m if wd.get("bias") else 0)
+        return 2 * n * m * k, elems * size
+    n, c, h, w = wd["data"]
+    o, ci, r, s = wd["kernel"]
+    (sh, sw), (dh, dw), (pt, pl, pb, pr) = wd["stride"], wd["dilation"], wd["padding"]
+    oh, ow = (h + pt + pb - dh * (r - 1) - 1) // sh + 1, (w + pl + pr - dw * (s - 1) - 1) // sw + 1
+    out = n * o * oh * ow
+    elems = n * c * h * w + o * ci * r * s + out + (o if wd.get("bias") else 0) + (out if wd.get("residual") else 0)
+    return 2 * out * ci * r * s, elems * size
+
+
+def _peak_rates(peak: dict | None, dtype: str) -> tuple:
+    """(FLOP/s, bytes/s) for the bound of a ``dtype`` layer: the OpenCL measurements (float16 layers: the
+    faster of the float32 and float16 FMA rates), else torch's cross-checks; None where unmeasured."""
+    if not peak:
+        return None, None
+    rates = [_num(peak.get("cl_fma_float32_flops"))]
+    if dtype == "float16":
+        rates.append(_num(peak.get("cl_fma_float16_flops")))
+    flops = max((r for r in rates if r), default=None) or _num(peak.get("torch_matmul_float32_flops"))
+    bw = _num(peak.get("cl_copy_bytes_per_s")) or _num(peak.get("torch_copy_bytes_per_s"))
+    return flops, bw
+
+
+def _peak_text(peak: dict | None) -> list:
+    """The markdown sentences on how the bound was measured (n/a without gpu_peak.json)."""
+    if not peak:
+        return ["Roofline bound: n/a (no `gpu_peak.json` in this results directory: run `bench/gpu.sh peak`)."]
+    f = lambda key, unit, scale: (f"{_num(peak.get(key)) / scale:.2f} {unit}" if _num(peak.get(key))  # noqa: E731
+                                  else "n/a")
+    fp16 = (f"; float16 (cl_khr_fp16) {f('cl_fma_float16_flops', 'TFLOP/s', 1e12)}" if peak.get("cl_khr_fp16")
+            else "; the device has no cl_khr_fp16, so float16 layers are priced at the float32 rate")
+    copy_gib = (_num((peak.get("cl_copy") or {}).get("size_bytes")) or 0) / 2 ** 30
+    return [f"Roofline bound per layer = max(FLOPs / P, bytes / B), FLOPs = 2 x MACs, bytes = input + weights + "
+            f"output (+ bias, + residual) in the storage dtype, each moved once. P and B were measured on "
+            f"{peak.get('opencl_device', '?')} ({peak.get('platform', '?')} {peak.get('driver', '')}) on "
+            f"{peak.get('date', '?')} UTC by `bench/gpu.py peak` (`gpu_peak.json`), median of "
+            f"{peak.get('repeats', '?')}: P = {f('cl_fma_float32_flops', 'TFLOP/s', 1e12)} float32 FMA rate of an "
+            f"OpenCL kernel (8 independent float4 chains of `fma` or `mad`, the faster, per work-item, enough "
+            f"work-groups to fill the device, OpenCL profiling events){fp16}; B = {f('cl_copy_bytes_per_s', 'GB/s', 1e9)} from "
+            f"clEnqueueCopyBuffer of {copy_gib:.2f} GiB (read + write counted). Cross-checks in the same job: "
+            f"torch.matmul {peak.get('torch_matmul_n', '?')}^3 float32 without TF32 "
+            f"{f('torch_matmul_float32_flops', 'TFLOP/s', 1e12)} (float16, tensor cores: "
+            f"{f('torch_matmul_float16_flops', 'TFLOP/s', 1e12)}), torch device-to-device copy "
+            f"{f('torch_copy_bytes_per_s', 'GB/s', 1e9)}. `x / bound` is kernel time over the bound (1.0 = at "
+            f"the roofline). The bound uses DRAM bandwidth and CUDA-core FMAs: cuDNN's float16 convolutions use "
+            f"tensor cores, and a layer's tensors can stay in L2 between the repeated timed runs, so a ratio "
+            f"below 1 is possible there."]
+
+
 def cmd_table(args) -> int:
-    """Per layer: tuned texture, tuned buffer, cuDNN conv, PyTorch eager layer, ratios; then whole models."""
+    """Per layer: tuned texture, tuned buffer, cuDNN conv, PyTorch eager layer, ratios, roofline bound; then
+    whole models."""
     from tuner.logs import best_records, load_records
     from tuner.logs.record import canonical_json
     out = Path(args.out)
@@ -320,20 +603,27 @@ def cmd_table(args) -> int:
         k = (r.template, canonical_json(r.workload), scope)
         if k not in best or r.median_s < best[k].median_s:
             best[k] = r
-    trials: dict = {}
-    for r in recs:
-        trials[(r.template, canonical_json(r.workload))] = trials.get((r.template, canonical_json(r.workload)), 0) + 1
-    torch_rows = _read(out / "gpu_cudnn.csv")
-    lines, ratios = [], {}
+    peak = None
+    if (out / "gpu_peak.json").exists():
+        try:
+            peak = json.loads((out / "gpu_peak.json").read_text())
+        except ValueError as e:
+            print(f"ignoring {out / 'gpu_peak.json'}: {e}", file=sys.stderr)
+    torch_rows = _read(out / "gpu_cudnn.csv") if (out / "gpu_cudnn.csv").exists() else []
+    lines, ratios, bounds = [] if torch_rows else ["n/a: no gpu_cudnn.csv here (run `bench/gpu.sh cudnn`)"], {}, {}
+    opt = lambda x, spec: format(x, spec) if x is not None else "n/a"  # noqa: E731
     for dtype in DTYPES:
         rows = [t for t in torch_rows if t["dtype"] == dtype]
         if not rows:
             continue
+        peak_flops, peak_bw = _peak_rates(peak, dtype)
         lines += [f"\n#### {dtype} storage, batch 1: GPU kernel time in microseconds (ours: OpenCL profiling events, "
-                  f"median of 25; PyTorch: CUPTI, mean of 50); ratio > 1: ours faster\n",
+                  f"median of 25; PyTorch: CUPTI, mean of 50); ratio > 1: ours faster; roofline bound in "
+                  f"microseconds, `x / bound` > 1: slower than the bound\n",
                   "| model | layer | count | tuned texture | tuned buffer | cuDNN conv | PyTorch layer (conv+bias+act+res) "
-                  "| cuDNN conv / best ours | PyTorch layer / best ours |",
-                  "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+                  "| cuDNN conv / best ours | PyTorch layer / best ours | roofline bound | best ours / bound "
+                  "| cuDNN conv / bound |",
+                  "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for t in rows:
             wl = canonical_json(json.loads(t["workload"]))
             tex, buf = best.get((t["template"], wl, "texture")), best.get((t["template"], wl, "buffer"))
@@ -341,6 +631,8 @@ def cmd_table(args) -> int:
             conv, layer = float(t["cudnn_conv_kernel_s"]), float(t["torch_layer_kernel_s"])
             conv_ev = float(t["cudnn_conv_s"])
             wd = json.loads(t["workload"])
+            flops, nbytes = _layer_traffic(wd)
+            bound = (max(flops / peak_flops, nbytes / peak_bw) if peak_flops and peak_bw else None)
             shape = "x".join(map(str, wd["data"]))
             k = "x".join(map(str, wd.get("kernel", wd.get("weight", []))))
             extra = "".join(f" +{e}" for e, on in (("res", wd.get("residual")), (wd.get("activation"), wd.get(
@@ -349,28 +641,48 @@ def cmd_table(args) -> int:
             fmt = lambda r: f"{r.median_s * 1e6:.1f}" if r is not None else "-"  # noqa: E731
             if ours:
                 ratios.setdefault((t["model"], dtype), []).append((conv / ours, layer / ours, conv_ev / ours))
+                if bound:
+                    bounds.setdefault((t["model"], dtype), []).append((ours / bound, conv / bound))
             lines.append(f"| {t['model']} | {label} | {t['count']} | {fmt(tex)} | {fmt(buf)} | {conv * 1e6:.1f} "
-                         f"| {layer * 1e6:.1f} | " + (f"{conv / ours:.2f} | {layer / ours:.2f} |" if ours else "- | - |"))
+                         f"| {layer * 1e6:.1f} | " + (f"{conv / ours:.2f} | {layer / ours:.2f} |" if ours else "- | - |")
+                         + f" {opt(bound * 1e6 if bound else None, '.2f')} | "
+                         f"{opt(ours / bound if ours and bound else None, '.2f')} | "
+                         f"{opt(conv / bound if bound else None, '.2f')} |")
     summary = ["| model | dtype | layers | geomean cuDNN conv / ours | geomean PyTorch layer / ours | same, cuDNN timed "
-               "with CUDA events (launch gaps included) |", "| --- | --- | ---: | ---: | ---: | ---: |"]
-    geo = lambda xs: float(np.exp(np.mean(np.log(xs))))  # noqa: E731
+               "with CUDA events (launch gaps included) | geomean best ours / roofline bound | geomean cuDNN conv / "
+               "roofline bound |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    geo = lambda xs: float(np.exp(np.mean(np.log(xs)))) if xs else None  # noqa: E731
+
+    def bound_cells(bs):
+        return f"{opt(geo([a for a, _ in bs]), '.2f')} | {opt(geo([b for _, b in bs]), '.2f')} |"
     for (model, dtype), rs in ratios.items():
         summary.append(f"| {model} | {dtype} | {len(rs)} | {geo([a for a, _, _ in rs]):.3f} | "
-                       f"{geo([b for _, b, _ in rs]):.3f} | {geo([c for _, _, c in rs]):.3f} |")
+                       f"{geo([b for _, b, _ in rs]):.3f} | {geo([c for _, _, c in rs]):.3f} | "
+                       + bound_cells(bounds.get((model, dtype), [])))
     for dtype in DTYPES:
         rs = [r for (m, d), v in ratios.items() if d == dtype for r in v]
+        bs = [b for (m, d), v in bounds.items() if d == dtype for b in v]
         if rs:
             summary.append(f"| both | {dtype} | {len(rs)} | {geo([a for a, _, _ in rs]):.3f} | "
-                           f"{geo([b for _, b, _ in rs]):.3f} | {geo([c for _, _, c in rs]):.3f} |")
+                           f"{geo([b for _, b, _ in rs]):.3f} | {geo([c for _, _, c in rs]):.3f} | " + bound_cells(bs))
     model_lines = []
     if (out / "gpu_models.csv").exists():
-        model_lines = ["| model | dtype | scope | ours ms | PyTorch eager ms | PyTorch / ours | tuned layers | "
-                       "max rel err vs onnxruntime |", "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+        model_lines = ["| model | dtype | scope | ours ms | PyTorch eager ms | PyTorch CUDA graph ms | PyTorch eager / ours "
+                       "| PyTorch CUDA graph / ours | tuned layers | max rel err vs onnxruntime |",
+                       "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for m in _read(out / "gpu_models.csv"):
-            model_lines.append(f"| {m['model']} | {m['dtype']} | {m['scope']} | {float(m['ours_s']) * 1e3:.3f} | "
-                               f"{float(m['torch_eager_s']) * 1e3:.3f} | {float(m['ratio_torch_over_ours']):.3f} | "
+            ours, graph = _num(m["ours_s"]), _num(m.get("torch_cuda_graph_s"))
+            model_lines.append(f"| {m['model']} | {m['dtype']} | {m['scope']} | {ours * 1e3:.3f} | "
+                               f"{float(m['torch_eager_s']) * 1e3:.3f} | {opt(graph * 1e3 if graph else None, '.3f')} "
+                               f"| {float(m['ratio_torch_over_ours']):.3f} | "
+                               f"{opt(graph / ours if graph and ours else None, '.3f')} | "
                                f"{m['tuned_layers']}/{m['layers']} | {float(m['rel_err_vs_onnxruntime']):.1e} |")
-    text = "\n".join(["### Summary", *summary, "", "### Whole models", *model_lines, "", "### Per layer", *lines])
+        model_lines.append("\nBoth PyTorch columns run the same BatchNorm-folded graph, median of 50 timed with CUDA "
+                           "events; the CUDA graph is its forward captured once with torch.cuda.CUDAGraph (warmed "
+                           "up on a side stream, static input) and replayed, which removes PyTorch's per-kernel "
+                           "launch overhead. Ratios > 1: ours faster.")
+    text = "\n".join(["### Summary", *summary, "", *_peak_text(peak), "", "### Whole models", *model_lines, "",
+                      "### Per layer", *lines])
     (out / "gpu_summary.md").write_text(text + "\n")
     print(text)
     return 0
@@ -379,7 +691,7 @@ def cmd_table(args) -> int:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
-    for name in ("tune", "cudnn", "models", "table"):
+    for name in ("tune", "cudnn", "peak", "models", "table"):
         s = sub.add_parser(name)
         s.add_argument("--out", required=True)
         s.add_argument("--device", default="nvidia")
@@ -392,8 +704,15 @@ def main(argv=None) -> int:
         s.add_argument("--models", default=",".join(MODELS))
         s.add_argument("--dtypes", default=",".join(DTYPES))
         s.add_argument("--scopes", default=",".join(SCOPES))
+        s.add_argument("--model-scopes", default="auto,texture,buffer", help="models: the plans compiled")
+        s.add_argument("--copy-mib", type=int, default=1024, help="peak: bytes of each copy, MiB")
+        s.add_argument("--matmul-n", type=int, default=8192, help="peak: torch.matmul cross-check size")
+        s.add_argument("--peak-items-per-cu", type=int, default=2048, help="peak: FMA work-items per compute unit")
+        s.add_argument("--peak-target-ms", type=float, default=20.0, help="peak: time per FMA-kernel launch")
+        s.add_argument("--peak-repeats", type=int, default=10)
     args = p.parse_args(argv)
-    return {"tune": cmd_tune, "cudnn": cmd_cudnn, "models": cmd_models, "table": cmd_table}[args.cmd](args)
+    return {"tune": cmd_tune, "cudnn": cmd_cudnn, "peak": cmd_peak, "models": cmd_models,
+            "table": cmd_table}[args.cmd](args)
 
 
 if __name__ == "__main__":

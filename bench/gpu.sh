@@ -4,7 +4,11 @@
 #   test    the kernel and model checks of the test suite on the GPU (TUNER_TEST_DEVICE=nvidia)
 #   tune    tune the layer suite (bench/gpu.py tune; resumable, stops starting tasks after $DEADLINE s)
 #   cudnn   time cuDNN / PyTorch eager on the same layers
-#   models  whole-model latency with the tuned log against PyTorch eager
+#   peak    the device's float32 FMA rate (OpenCL kernel; torch.matmul without TF32 as a cross-check) and copy
+#           bandwidth (clEnqueueCopyBuffer of 1 GiB; a torch copy as a cross-check) -> gpu_peak.json (~30 s)
+#   models  whole-model latency with the tuned log against PyTorch eager and its CUDA-graph replay
+#   tuning  bench/tuning.py on the GPU: the samplers on the held-out workloads, $JOBS (6) workloads at once
+#   table   gpu_summary.md from the files under $OUT and the log: per layer against cuDNN and the roofline bound
 # usage: OUT=/tmp/out bench/gpu.sh test tune
 set -uo pipefail
 shopt -s expand_aliases
@@ -33,8 +37,16 @@ for stage in "$@"; do
             --dtypes "${DTYPES:-float32,float16}" --scopes "${SCOPES:-texture,buffer}" 2>&1 | grep -v "CompilerWarning\|lambda: self._prg" | tee -a "$OUT/gpu_tune.txt"
           for f in "$OUT"/*.jsonl; do gzip -kf "$f"; done ;;  # files over 16 MiB do not come back
     cudnn) python3 "$REPO/bench/gpu.py" cudnn --out "$OUT" 2>&1 | tail -5 ;;
+    peak) timeout 600 python3 -P "$REPO/bench/gpu.py" peak --out "$OUT" 2>&1 | grep -v "CompilerWarning\|prg.build\|_create_built" \
+            | tee "$OUT/gpu_peak.txt" ;;
     models) python3 "$REPO/bench/gpu.py" models --out "$OUT" --log "$(ls "$OUT"/*.jsonl "$REPO"/logs/nvidia*.jsonl 2>/dev/null | head -1)" \
-              --dtypes "${DTYPES:-float32,float16}" 2>&1 | tail -12 ;;
+              --dtypes "${DTYPES:-float32,float16}" 2>&1 | tail -16 ;;
+    table) python3 "$REPO/bench/gpu.py" table --out "$OUT" --log "$(ls "$OUT"/*.jsonl "$REPO"/logs/nvidia*.jsonl 2>/dev/null | head -1)" \
+             > "$OUT/gpu_table.txt" 2>&1; tail -3 "$OUT/gpu_table.txt"; head -12 "$OUT/gpu_summary.md" ;;
+    tuning) timeout "${TUNING_TIMEOUT:-560}" python3 "$REPO/bench/tuning.py" --device nvidia --out "$OUT" --trials 64 \
+              --seeds 3 --samplers xgb,tpe,random --jobs "${JOBS:-6}" --parallel "${PAR:-2}" 2>&1 \
+              | grep -v "CompilerWarning\|lambda: self._prg\|_create_built\|prg.build" > "$OUT/gpu_tuning.txt"
+            grep -E "^\[|corpus|geometric|wrote" "$OUT/gpu_tuning.txt" | tail -25 ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done

@@ -80,9 +80,12 @@ CSV_FIELDS = ["workload", "template", "workload_args", "scope", "sampler", "seed
               "gflops", "device"]
 
 
+PARALLEL = 2  # build processes (--parallel)
+
+
 def options():
     from tuner.measure import MeasureOptions
-    return MeasureOptions(repeats=3, min_seconds=0.005, n_parallel=2)
+    return MeasureOptions(repeats=3, min_seconds=0.005, n_parallel=PARALLEL, run_timeout=5, build_timeout=30)
 
 
 class CachedMeasurer:
@@ -134,13 +137,19 @@ class CachedMeasurer:
 def corpus(info, out: Path, trials: int, measurer) -> Path:
     """The transfer corpus: ``trials`` random configs of each development workload on this device, measured
     once (a re-run tops it up)."""
+    from tuner.logs import load_records
     from tuner.search import tune
     from tuner.templates import get_template
     path = out / f"tuning_corpus_{info.fingerprint}.jsonl"
     with tempfile.TemporaryDirectory(prefix="tuning-corpus-") as d:
         for name, tname, kw in DEVELOPMENT:
             wl = get_template(tname).workload(**kw)
-            res = tune(tname, wl, device=info, trials=trials, sampler="random", seed=1234, log=str(path),
+            key = json.dumps(wl.key(), sort_keys=True)
+            have = sum(r.template == tname and json.dumps(r.workload, sort_keys=True) == key and r.error_code != 1
+                       for r in (load_records(str(path)) if path.exists() else ()))
+            if have >= trials:
+                continue
+            res = tune(tname, wl, device=info, trials=trials - have, sampler="random", seed=1234, log=str(path),
                        storage=f"sqlite:///{os.path.join(d, 'study.db')}", transfer=False, progress=False,
                        scopes=SCOPES, options=options(), measurer=measurer)
             print(f"corpus {name}: {res.measured} new, best {res.best.gflops if res.best else 0:.2f} GFLOP/s",
@@ -251,9 +260,13 @@ def summarize(rows: list, n: int, meta: dict) -> str:
               f"- held-out workloads (never tuned while the search was developed); every run starts from a fresh log "
               f"holding the transfer corpus ({meta.get('corpus', '?')}) and a fresh SQLite study; `tune()` with "
               f"its defaults (xgb transfers from the corpus; `xgb-cold` is xgb with `transfer=False`), "
-              f"{meta['scope']} scopes, MeasureOptions(repeats=3, min_seconds=0.005, n_parallel=2) for every "
+              f"{meta['scope']} scopes, MeasureOptions(repeats=3, min_seconds=0.005, n_parallel=2, run_timeout=5, "
+              f"build_timeout=30) for every "
               f"sampler; each (workload, config) measured once and its measurement shared by every run that "
               f"proposes it ({meta.get('distinct', '?')} distinct configs measured)",
+              *([f"- the held-out workloads ran in {meta['jobs']} processes at once, each workload's runs one after "
+                 f"another in its process (measurements of concurrent processes share the device)"]
+                if meta.get("jobs", 1) > 1 else []),
               f"- metric: trials until the run's best-so-far GFLOP/s reaches {THRESHOLD:.0%} of the workload's best "
               f"ever (the max over all {len(rows) // max(len(workloads), 1)} runs of all samplers); a run that "
               f"never reaches it is censored at N+1 and shown as `>{n}`; cells are the median over seeds, "
@@ -344,7 +357,13 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=str(HERE / "results"))
     p.add_argument("--device", default=None, help="default: the default device")
     p.add_argument("--summarize", metavar="CSV", help="only rebuild the markdown from an existing CSV")
+    p.add_argument("--parallel", type=int, default=2, help="build processes per measurer (default 2)")
+    p.add_argument("--jobs", type=int, default=1, help="run the held-out workloads in this many processes at "
+                   "once (each its own measurement cache; for a GPU host with many cores), then merge")
+    p.add_argument("--part", help=argparse.SUPPRESS)  # a --jobs child: file-name suffix
     a = p.parse_args(argv)
+    global PARALLEL
+    PARALLEL = a.parallel
 
     from tuner.measure import Measurer
     from tuner.runtime.device import choose_device
@@ -368,7 +387,10 @@ def main(argv=None) -> int:
         return 2
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    csv_path, md_path = out / f"tuning_{info.fingerprint}.csv", out / f"tuning_{info.fingerprint}.md"
+    suffix = f".{a.part}" if a.part else ""
+    csv_path, md_path = out / f"tuning_{info.fingerprint}{suffix}.csv", out / f"tuning_{info.fingerprint}.md"
+    if a.jobs > 1:
+        return run_jobs(a, info, workloads, samplers, out, csv_path, md_path)
     rows = read_csv(csv_path) if csv_path.exists() else []
     have = {(r["workload"], r["sampler"], r["seed"]) for r in rows}
     total = len(workloads) * a.seeds * len(samplers)
@@ -377,11 +399,11 @@ def main(argv=None) -> int:
           flush=True)
     start, done = time.perf_counter(), 0
     with Measurer(info, options()) as real:
-        measurer = CachedMeasurer(real, out / f"tuning_cache_{info.fingerprint}.jsonl")
+        measurer = CachedMeasurer(real, out / f"tuning_cache_{info.fingerprint}{suffix}.jsonl")
         corpus_log = corpus(info, out, a.corpus_trials, measurer)
-        for name, tname, kw in workloads:
-            wl = get_template(tname).workload(**kw)
-            for seed in range(a.seeds):
+        for seed in range(a.seeds):  # seed-major: a benchmark cut short still has every workload
+            for name, tname, kw in workloads:
+                wl = get_template(tname).workload(**kw)
                 for s in samplers:
                     done += 1
                     if (name, s, seed) in have:
@@ -403,6 +425,8 @@ def main(argv=None) -> int:
                           f"({r['failed']} failed), best {best:6.2f} GFLOP/s at trial {first_best:2d}, "
                           f"{r['wall_s']:5.1f} s; cache {measurer.hits} hits / {measurer.misses} measured; "
                           f"elapsed {el / 60:5.1f} min", flush=True)
+    if a.part:
+        return 0  # the parent merges
     finish_rows(rows, a.trials)
     write_csv(csv_path, rows)
     md = summarize(rows, a.trials, meta_of(rows, csv_path, time.perf_counter() - start))
@@ -413,17 +437,49 @@ def main(argv=None) -> int:
     return 0
 
 
-def meta_of(rows: list, csv_path: Path, wall: float) -> dict:
-    cache = csv_path.parent / csv_path.name.replace("tuning_", "tuning_cache_").replace(".csv", ".jsonl")
+def run_jobs(a, info, workloads, samplers, out: Path, csv_path: Path, md_path: Path) -> int:
+    """The corpus here, then one child process per held-out workload, ``a.jobs`` at a time; then the merge."""
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tuner.measure import Measurer
+    start = time.perf_counter()
+    with Measurer(info, options()) as real:
+        corpus(info, out, a.corpus_trials, CachedMeasurer(real, out / f"tuning_cache_{info.fingerprint}.jsonl"))
+
+    def child(w) -> int:
+        part = re.sub(r"[^A-Za-z0-9]+", "_", w[0])
+        cmd = [sys.executable, *([] if sys.flags.safe_path is False else ["-P"]), str(Path(__file__).resolve()),
+               "--trials", str(a.trials), "--seeds", str(a.seeds), "--samplers", ",".join(samplers),
+               "--corpus-trials", str(a.corpus_trials), "--out", str(out), "--device", a.device or info.fingerprint,
+               "--parallel", str(a.parallel), "--workloads", f"^{re.escape(w[0])}$", "--part", part]
+        return subprocess.run(cmd).returncode
+
+    with ThreadPoolExecutor(a.jobs) as pool:
+        codes = list(pool.map(child, workloads))
+    rows = []
+    for part in sorted(out.glob(f"tuning_{info.fingerprint}.*.csv")):
+        rows += read_csv(part)
+    finish_rows(rows, a.trials)
+    write_csv(csv_path, rows)
+    md = summarize(rows, a.trials, meta_of(rows, csv_path, time.perf_counter() - start, jobs=a.jobs))
+    md_path.write_text(md)
+    print(md)
+    print(f"wrote {csv_path} and {md_path}; child exit codes {codes}")
+    return 0 if not any(codes) else 1
+
+
+def meta_of(rows: list, csv_path: Path, wall: float, jobs: int = 1) -> dict:
     from tuner.errors import ErrorCode
-    distinct = "?"
-    if cache.exists():  # configs built and timed (a config the space rejects costs no device work)
+    fp = csv_path.stem.split("_", 1)[-1].split(".")[0]
+    distinct = 0  # configs built and timed (a config the space rejects costs no device work); corpus included
+    for cache in csv_path.parent.glob(f"tuning_cache_{fp}*.jsonl"):
         lines = [json.loads(x) for x in cache.read_text().splitlines() if x.strip().endswith("}")]
-        distinct = sum(d["result"]["error_code"] != int(ErrorCode.INSTANTIATION) for d in lines)
+        distinct += sum(d["result"]["error_code"] != int(ErrorCode.INSTANTIATION) for d in lines)
     corpus_n = len(DEVELOPMENT)
     date = datetime.datetime.fromtimestamp(csv_path.stat().st_mtime).strftime("%Y-%m-%d %H:%M")
-    return {"device_name": rows[0]["device"], "fingerprint": csv_path.stem.split("_", 1)[-1], "date": date,
-            "scope": "buffer", "wall_s": wall, "distinct": distinct,
+    return {"device_name": rows[0]["device"], "fingerprint": fp, "date": date,
+            "scope": "buffer", "wall_s": wall, "distinct": distinct, "jobs": jobs,
             "corpus": f"{corpus_n} development workloads: " + ", ".join(w[0] for w in DEVELOPMENT)}
 
 
