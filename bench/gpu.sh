@@ -43,10 +43,12 @@ for stage in "$@"; do
               --dtypes "${DTYPES:-float32,float16}" 2>&1 | tail -16 ;;
     table) python3 "$REPO/bench/gpu.py" table --out "$OUT" --log "$(ls "$OUT"/*.jsonl "$REPO"/logs/nvidia*.jsonl 2>/dev/null | head -1)" \
              > "$OUT/gpu_table.txt" 2>&1; tail -3 "$OUT/gpu_table.txt"; head -12 "$OUT/gpu_summary.md" ;;
-    tuning) timeout "${TUNING_TIMEOUT:-560}" python3 "$REPO/bench/tuning.py" --device nvidia --out "$OUT" --trials 64 \
-              --seeds 3 --samplers xgb,tpe,random --jobs "${JOBS:-6}" --parallel "${PAR:-2}" 2>&1 \
+    tuning) T=${TUNING_OUT:-/tmp/tuning_out}; mkdir -p "$T"  # many files: they come back as one archive
+            python3 "$REPO/bench/tuning.py" --device nvidia --out "$T" --trials 64 --seeds 3 \
+              --samplers xgb,tpe,random --jobs "${JOBS:-6}" --parallel "${PAR:-2}" --deadline "${DEADLINE:-540}" 2>&1 \
               | grep -v "CompilerWarning\|lambda: self._prg\|_create_built\|prg.build" > "$OUT/gpu_tuning.txt"
-            grep -E "^\[|corpus|geometric|wrote" "$OUT/gpu_tuning.txt" | tail -25 ;;
+            tar -czf "$OUT/tuning.tgz" -C "$T" . ; cp "$T"/*.md "$OUT"/ 2>/dev/null
+            grep -E "^\[|corpus|geometric|wrote|deadline" "$OUT/gpu_tuning.txt" | tail -25 ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done

@@ -360,6 +360,8 @@ def main(argv=None) -> int:
     p.add_argument("--parallel", type=int, default=2, help="build processes per measurer (default 2)")
     p.add_argument("--jobs", type=int, default=1, help="run the held-out workloads in this many processes at "
                    "once (each its own measurement cache; for a GPU host with many cores), then merge")
+    p.add_argument("--deadline", type=float, help="with --jobs: seconds after which the workload processes are "
+                   "stopped and the runs they finished are merged")
     p.add_argument("--part", help=argparse.SUPPRESS)  # a --jobs child: file-name suffix
     a = p.parse_args(argv)
     global PARALLEL
@@ -453,7 +455,12 @@ def run_jobs(a, info, workloads, samplers, out: Path, csv_path: Path, md_path: P
                "--trials", str(a.trials), "--seeds", str(a.seeds), "--samplers", ",".join(samplers),
                "--corpus-trials", str(a.corpus_trials), "--out", str(out), "--device", a.device or info.fingerprint,
                "--parallel", str(a.parallel), "--workloads", f"^{re.escape(w[0])}$", "--part", part]
-        return subprocess.run(cmd).returncode
+        left = None if a.deadline is None else max(1.0, a.deadline - (time.perf_counter() - start))
+        try:
+            return subprocess.run(cmd, timeout=left).returncode
+        except subprocess.TimeoutExpired:
+            print(f"deadline: stopped {w[0]} (its finished runs are kept)", flush=True)
+            return 124
 
     with ThreadPoolExecutor(a.jobs) as pool:
         codes = list(pool.map(child, workloads))

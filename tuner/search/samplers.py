@@ -9,8 +9,8 @@ Candidates are random valid configs, random mutations of the best measured ones 
 neighbour of the best three; the share of random exploration (``epsilon``) decays as the run goes on, so a
 run ends in local search around its best configs. One fit ranks the candidates for a whole batch: the
 proposals of one batch (``n_parallel`` builders) are the best distinct configs of that ranking.
-``ConstrainedRandomSampler`` is uniform random search over the valid configs. Neither proposes a config the
-study has already measured or is measuring."""
+``ConstrainedRandomSampler`` is uniform random search over the valid configs, ``ConstrainedTPESampler`` Optuna's
+TPE restricted to them. None proposes a config the study has already measured or is measuring."""
 from __future__ import annotations
 
 import numpy as np
@@ -190,6 +190,38 @@ class XGBSampler(_SpaceSampler):
         return self.random_unseen(seen) or {}
 
 
+class ConstrainedTPESampler(optuna.samplers.TPESampler):
+    """Optuna's multivariate TPE over the valid configs only: its first ``n_startup_trials`` are random valid
+    configs, and a TPE proposal that breaks a constraint (or was measured) is drawn again, up to ``retries``
+    times, then replaced by a random valid config. Plain TPE learns nothing from configs a space rejects
+    (they are FAIL trials, which it ignores), so on a constrained space it can spend most of its proposals
+    on them."""
+
+    def __init__(self, space, seed: int | None = None, seen: set | None = None, n_startup_trials: int = 8,
+                 retries: int = 32):
+        super().__init__(seed=seed, n_startup_trials=n_startup_trials, multivariate=True)
+        self.valid, self.startup, self.retries = ConstrainedRandomSampler(space, seed, seen), n_startup_trials, retries
+
+    def infer_relative_search_space(self, study, trial):
+        return self.valid.infer_relative_search_space(study, trial)
+
+    def sample_relative(self, study, trial, search_space):
+        if not search_space:
+            return {}
+        v = self.valid
+        seen = v.seen(study)
+        if len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))) >= self.startup:
+            for _ in range(self.retries):
+                params = super().sample_relative(study, trial, search_space)
+                if set(params) == set(v.names) and _key(params, v.names) not in seen and \
+                        not v.space.violations(params):
+                    return params
+        return v.random_unseen(seen) or {}
+
+    def sample_independent(self, study, trial, param_name, param_distribution):
+        return self.valid.sample_independent(study, trial, param_name, param_distribution)
+
+
 def make_sampler(name: str, space, template, vars: dict, seed: int | None = None, transfer=None,
                  seen: set | None = None) -> BaseSampler:
     if name == "xgb":
@@ -197,6 +229,6 @@ def make_sampler(name: str, space, template, vars: dict, seed: int | None = None
     if name == "random":
         return ConstrainedRandomSampler(space, seed=seed, seen=seen)
     if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=8, multivariate=True)
+        return ConstrainedTPESampler(space, seed=seed, seen=seen)
     from tuner.errors import TunerError
     raise TunerError(f"unknown sampler {name!r}: xgb, tpe or random")
