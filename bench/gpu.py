@@ -36,7 +36,7 @@ DTYPES = ("float32", "float16")
 SCOPES = ("texture", "buffer")
 
 
-def suite(info, models=MODELS, dtypes=DTYPES, scopes=SCOPES, log=None) -> list:
+def suite(info, models=MODELS, dtypes=DTYPES, scopes=SCOPES, log=None, alternatives: bool = True) -> list:
     """``[(model, dtype, scope, Task, layer names)]`` in tuning order: float32 first, models in order. Scope
     ``auto``: the plan ``--scope auto`` deploys given ``log`` (its mixed-scope kernels at texture/buffer
     boundaries are tasks of their own)."""
@@ -51,9 +51,10 @@ def suite(info, models=MODELS, dtypes=DTYPES, scopes=SCOPES, log=None) -> list:
             plan0 = lower_graph(load_graph(getattr(zoo, model)(input_size=224)), dtype)
             for scope in scopes:
                 plan = plan_storage(plan0, info, scope, history if scope == "auto" else None)
-                for task in extract_tasks(plan):
-                    names = [s.name for s in plan.steps if s.tuned and s.op == task.template
-                             and s.workload == task.workload and s.scopes == task.scopes]
+                for task in extract_tasks(plan, alternatives=alternatives):  # Winograd of 3x3 s1 convs too
+                    names = [s.name for s in plan.steps if s.tuned and any(
+                        c.op == task.template and c.workload == task.workload and c.scopes == task.scopes
+                        for c in s.candidates())]
                     rows.append((model, dtype, scope, task, names))
     return rows
 
@@ -369,7 +370,7 @@ def cmd_cudnn(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     seen, rows = set(), []
-    for model, dtype, scope, task, names in suite(info):
+    for model, dtype, scope, task, names in suite(info, alternatives=False):  # the layers, once each
         k = (model, dtype, json.dumps(task.workload.key(), sort_keys=True))
         if k in seen:
             continue
@@ -589,6 +590,21 @@ def _peak_text(peak: dict | None) -> list:
             f"below 1 is possible there."]
 
 
+def _best_of_layer(best: dict, row: dict, scope: str):
+    """The fastest record at ``scope`` of the layer in ``row`` over every template that can run it: its own
+    (conv2d, ...) and, for a 3x3 stride-1 conv2d, the Winograd templates (their workload key has no stride,
+    dilation or groups)."""
+    from tuner.logs.record import canonical_json
+    wd = json.loads(row["workload"])
+    keys = [(row["template"], canonical_json(wd))]
+    if row["template"] == "conv2d" and wd.get("kernel", [0, 0, 0, 0])[2:] == [3, 3] and wd.get("stride") == [1, 1] \
+            and wd.get("dilation") == [1, 1] and wd.get("groups", 1) == 1:
+        w = {k: v for k, v in wd.items() if k not in ("stride", "dilation", "groups")}
+        keys += [(m, canonical_json({**w, "op": m})) for m in ("winograd2", "winograd4")]
+    found = [best[(tmpl, wl, scope)] for tmpl, wl in keys if (tmpl, wl, scope) in best]
+    return min(found, key=lambda r: r.median_s, default=None)
+
+
 def cmd_table(args) -> int:
     """Per layer: tuned texture, tuned buffer, cuDNN conv, PyTorch eager layer, ratios, roofline bound; then
     whole models."""
@@ -625,8 +641,7 @@ def cmd_table(args) -> int:
                   "| cuDNN conv / bound |",
                   "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for t in rows:
-            wl = canonical_json(json.loads(t["workload"]))
-            tex, buf = best.get((t["template"], wl, "texture")), best.get((t["template"], wl, "buffer"))
+            tex, buf = (_best_of_layer(best, t, scope) for scope in ("texture", "buffer"))
             ours = min((r.median_s for r in (tex, buf) if r is not None), default=None)
             conv, layer = float(t["cudnn_conv_kernel_s"]), float(t["torch_layer_kernel_s"])
             conv_ev = float(t["cudnn_conv_s"])
@@ -638,7 +653,8 @@ def cmd_table(args) -> int:
             extra = "".join(f" +{e}" for e, on in (("res", wd.get("residual")), (wd.get("activation"), wd.get(
                 "activation", "none") != "none")) if on)
             label = f"{t['template']} {shape} k{k}{' s2' if wd.get('stride') == [2, 2] else ''}{extra}"
-            fmt = lambda r: f"{r.median_s * 1e6:.1f}" if r is not None else "-"  # noqa: E731
+            fmt = lambda r: (f"{r.median_s * 1e6:.1f}" + (f" ({r.template})" if r.template != t["template"] else "")  # noqa: E731
+                             if r is not None else "-")
             if ours:
                 ratios.setdefault((t["model"], dtype), []).append((conv / ours, layer / ours, conv_ev / ours))
                 if bound:

@@ -1,4 +1,4 @@
-"""Operator templates: conv2d, depthwise conv2d, dense.
+"""Operator templates: conv2d, depthwise conv2d, dense, and Winograd conv2d (winograd2, winograd4).
 
 Each template is one loop nest written with the IR builder over logical tensors (NCHW activations, OIHW
 weights); the config's scopes and layouts are buffer declarations, so one definition yields texture and
@@ -177,8 +177,9 @@ def node_epilogue(ctx, node) -> tuple:
 
 
 def _registry() -> dict:
-    from . import conv2d_nchw4c, dense, depthwise_conv2d_nchw4c
-    return {t.name: t for t in (conv2d_nchw4c.TEMPLATE, depthwise_conv2d_nchw4c.TEMPLATE, dense.TEMPLATE)}
+    from . import conv2d_nchw4c, conv2d_winograd, dense, depthwise_conv2d_nchw4c
+    return {t.name: t for t in (conv2d_nchw4c.TEMPLATE, depthwise_conv2d_nchw4c.TEMPLATE, dense.TEMPLATE,
+                                conv2d_winograd.TEMPLATE2, conv2d_winograd.TEMPLATE4)}
 
 
 TEMPLATES: dict = {}

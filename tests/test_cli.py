@@ -81,7 +81,10 @@ def test_op_check_and_time_every_template(capsys):
                   "--activation", "relu6"],
                  ["depthwise_conv2d", "--data", "2,6,8,8", "--kernel", "6,1,3,3", "--stride", "2",
                   "--padding", "1,0,1,1", "--dtype", "float16", "--residual"],
-                 ["dense", "--data", "1,37", "--weight", "10,37", "--bias"]):
+                 ["dense", "--data", "1,37", "--weight", "10,37", "--bias"],
+                 ["winograd2", "--data", "1,5,9,8", "--kernel", "6,5,3,3", "--padding", "1", "--residual"],
+                 ["winograd4", "--data", "2,5,9,7", "--kernel", "6,5,3,3", "--padding", "0,1", "--dtype", "float16",
+                  "--activation", "relu"]):
         assert main(["op", *argv, "--check", "--time", "--repeats", "2"]) == 0
         out = capsys.readouterr().out
         assert "check: max relative error" in out and out.rstrip().endswith("GFLOP/s")
@@ -111,6 +114,8 @@ def test_op_json_config_and_source(capsys):
     (["op", "conv2d", "--data", "1,8,x,6", "--kernel", "8,8,3,3"], "--data must be comma-separated integers"),
     (["op", "conv2d", "--data", "1,8,2,2", "--kernel", "8,8,3,3"], "output (1, 8, 0, 0) is empty"),
     (["op", "depthwise_conv2d", "--data", "1,8,6,6", "--kernel", "8,2,3,3"], "kernel 8,1,R,S"),
+    (["op", "winograd4", "--data", "1,8,6,6", "--kernel", "8,8,5,5"], "winograd4 computes 3x3 convolutions"),
+    (["op", "winograd2", "--data", "1,8,6,6", "--kernel", "8,8,3,3", "--stride", "2"], "winograd2 takes no --stride"),
     (["op", "dense", "--data", "1,64"], "dense needs --weight M,K"),
     (["op", "dense", "--data", "1,64", "--weight", "10,32"], "the same K"),
     (["space", "conv2d", "--file", "missing.toml"], "no search space"),

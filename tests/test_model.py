@@ -156,13 +156,20 @@ def test_auto_scope_follows_the_log(dev, tmp_path):
 
 
 def test_extract_tasks_counts_repeated_layers(small_zoo, dev):
-    tasks = model_tasks(small_zoo["resnet18"], dev, scope="buffer")
     plan = plan_storage(lower_graph(load_graph(small_zoo["resnet18"])), dev.info, "buffer")
+    tasks = extract_tasks(plan, alternatives=False)  # the kernels each node runs without a log
     assert sum(t.count for t in tasks) == sum(s.tuned for s in plan.steps) == 21  # 20 conv + 1 dense
     assert len(tasks) == 16 and max(t.count for t in tasks) == 2  # blocks 2 of stages 2-4 repeat block 1
     assert len({t.key() for t in tasks}) == len(tasks)
     assert [t.weight for t in tasks] == sorted((t.weight for t in tasks), reverse=True)
     assert all(t.fixed == {"act_layout": "nchw4c"} for t in tasks if t.template != "dense")
+    # what tuning measures: every alternative too -- the 13 3x3 stride-1 convolutions (8 distinct) also as
+    # Winograd F(2x2) and F(4x4)
+    every = model_tasks(small_zoo["resnet18"], dev, scope="buffer")
+    assert {t.key() for t in tasks} <= {t.key() for t in every} and len({t.key() for t in every}) == len(every)
+    extra = [t for t in every if t.template.startswith("winograd")]
+    assert len(every) == 16 + len(extra) and len(extra) == 2 * 8 and sum(t.count for t in extra) == 2 * 13
+    assert [t.weight for t in every] == sorted((t.weight for t in every), reverse=True)
 
 
 # -- compile and run ---------------------------------------------------------------------------------------
@@ -368,7 +375,7 @@ def test_mobilenet_v3_small_fuses_and_plans_its_kernels(dev):
     scale = [s for s in plan.steps if s.op == "binary"]
     assert len(scale) == 9 and all(s.attrs["operands"][1][2:] == (1, 1) for s in scale)
     tasks = extract_tasks(plan)  # what `tuner tune` tunes: every convolution and the classifier
-    assert {t.template for t in tasks} == {"conv2d", "depthwise_conv2d", "dense"}
+    assert {t.template for t in tasks} == {"conv2d", "depthwise_conv2d", "dense"}  # no 3x3 stride-1 conv2d
     assert sum(t.count for t in tasks) == sum(n.op in ("conv2d", "dense") for n in opt.nodes)
     assert any(t.workload.activation == "hardswish" for t in tasks)
 

@@ -10,9 +10,11 @@ from tuner.errors import TunerError
 from tuner.search_space import load_space, parse_space
 from tuner.templates import get_template
 
-NAMES = ["conv2d", "depthwise_conv2d", "dense"]
+NAMES = ["conv2d", "depthwise_conv2d", "dense", "winograd2", "winograd4"]
 WORKLOADS = {
     "conv2d": dict(data=(1, 6, 7, 9), kernel=(5, 6, 3, 3), padding=1),
+    "winograd2": dict(data=(1, 6, 7, 9), kernel=(5, 6, 3, 3), padding=1),
+    "winograd4": dict(data=(1, 6, 7, 9), kernel=(5, 6, 3, 3), padding=1),
     "depthwise_conv2d": dict(data=(1, 6, 7, 9), kernel=(6, 1, 3, 3), stride=2, padding=1),
     "dense": dict(data=(1, 30), weight=(9, 30)),
 }
@@ -108,7 +110,7 @@ def test_load_errors_name_the_file(tmp_path):
     bad.write_text("template = 'conv2d'\n[knobs\n")
     with pytest.raises(TunerError, match="mine.toml: not valid TOML"):
         load_space(str(bad))
-    with pytest.raises(TunerError, match="no search space 'conv3d'.*shipped spaces: conv2d, dense, depthwise_conv2d"):
+    with pytest.raises(TunerError, match="no search space 'conv3d'.*shipped spaces: conv2d, conv2d_winograd, dense, depthwise_conv2d"):
         load_space("conv3d")
 
 

@@ -288,16 +288,15 @@ def test_ctrl_c_while_measuring_leaves_no_trial_running_and_a_rerun_repeats_noth
 
 def test_ctrl_c_after_logging_tells_the_study_what_the_log_has(model, tmp_path, fake, monkeypatch):
     fake()
-    import importlib
-    tune_module = importlib.import_module("tuner.search.tune")  # tuner.search.tune is also the function
-    real, calls = tune_module.append_records, []
+    import tuner.search.loop as loop_module  # the evaluation loop appends each batch's records
+    real, calls = loop_module.append_records, []
 
     def append_then_interrupt(path, records):
         real(path, records)
         calls.append(len(records))
         if len(calls) == 2:
             raise KeyboardInterrupt
-    monkeypatch.setattr(tune_module, "append_records", append_then_interrupt)
+    monkeypatch.setattr(loop_module, "append_records", append_then_interrupt)
     storage = f"sqlite:///{tmp_path / 's.db'}"
     with pytest.raises(KeyboardInterrupt):
         tune_model(model, log=str(tmp_path / "t.jsonl"), trials=16, scope="buffer", min_trials=2,

@@ -1,6 +1,7 @@
 """A template from outside the package (tests/user_templates.py: a pointwise conv2d with knobs of its own),
 registered with ``register_template``, is tuned, logged, planned into a model and compiled with no edit to
-tuner/: the model's 1x1 convolution runs it with its tuned config, the 3x3 the built-in conv2d."""
+tuner/: the model's 1x1 convolution runs it with its tuned config, the 3x3 the built-in conv2d (the log measured
+neither conv2d for the 1x1 nor Winograd for the 3x3, the alternatives the plan keeps for those nodes)."""
 from __future__ import annotations
 
 import dataclasses
@@ -49,9 +50,16 @@ def test_registered_template_lowers_the_nodes_it_takes(pointwise, device):
     assert [s.op for s in tuned] == [pointwise.name, "conv2d"]
     assert tuned[0].workload == pointwise.workload((1, 8, 6, 6), (8, 8, 1, 1), bias=True, activation="relu")
     assert set(tuned[0].inputs) == {"X", "Wt", "B"}
-    tasks = extract_tasks(plan_storage(plan, device.info, "buffer"))
+    planned = plan_storage(plan, device.info, "buffer")
+    tasks = extract_tasks(planned, alternatives=False)
     assert sorted(t.template for t in tasks) == sorted([pointwise.name, "conv2d"])
     assert next(t for t in tasks if t.template == pointwise.name).fixed == {}  # it pins no knobs
+    # the built-in templates that take the same nodes are alternatives the log may prefer: conv2d for the 1x1,
+    # Winograd for the 3x3; tuning measures them all
+    assert [[c.op for c in s.candidates()] for s in planned.steps if s.tuned] == [
+        [pointwise.name, "conv2d"], ["conv2d", "winograd2", "winograd4"]]
+    assert sorted(t.template for t in extract_tasks(planned)) == sorted(
+        [pointwise.name, "conv2d", "conv2d", "winograd2", "winograd4"])
     # a 1x1 whose input channels do not fill whole pixels is declined: the built-in conv2d takes it
     odd = lower_graph(load_graph(pointwise_model(channels=6)))
     assert [s.op for s in odd.steps if s.tuned] == ["conv2d", "conv2d"]

@@ -1,4 +1,5 @@
-"""``compile_model``: ONNX -> graph passes -> steps with planned scopes -> configs (tuned log or fallback) ->
+"""``compile_model``: ONNX -> graph passes -> steps with planned scopes -> a template per node (the direct conv2d
+or Winograd: the log's fastest, ``choose_templates``) -> configs (tuned log or fallback) ->
 kernels lowered and compiled -> memory planned -> a ``Module`` that runs.
 
     module = tuner.compile_model("mobilenet_v2.onnx", log="logs/dev.jsonl", scope="auto")
@@ -26,7 +27,7 @@ from tuner.errors import TunerError
 from tuner.logs.record import scope_knobs
 
 from . import module as M
-from .plan import Plan, Step, extract_tasks, lower_graph, plan_storage
+from .plan import Plan, Step, choose_templates, extract_tasks, lower_graph, plan_storage
 
 
 def load_graph(model, input_shapes: dict | None = None):
@@ -128,7 +129,7 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
         dev = device if isinstance(device, Device) else open_device(device)
         info = dev.info
     history = as_history(log)
-    plan = plan_model(model, info, scope, history, dtype, input_shapes)
+    plan = choose_templates(plan_model(model, info, scope, history, dtype, input_shapes), history, info)
     configs = choose_configs(plan, info, history)
 
     nodes, sources, params, blobs, workspaces = [], {}, {}, [], []

@@ -8,6 +8,7 @@ a module listed in ``RULE_MODULES``, not by editing the loops that use them.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import dataclass, field
 from typing import Callable
@@ -82,12 +83,17 @@ def glue_builder(op: str, step_name: str) -> Callable:
 
 @lowers("conv2d", "dense")
 def lower_template(ctx: LowerCtx, node, ins, out, shape):
-    """The node runs the first template (``templates_for``: registered ones, then the built-in conv2d,
-    depthwise_conv2d and dense) whose ``lower`` takes it; the step's op is that template's name."""
+    """The node runs one of the templates (``templates_for``: registered ones, then the built-in conv2d,
+    depthwise_conv2d, dense, winograd2 and winograd4) whose ``lower`` takes it: the first one is the step
+    (its op is that template's name), the others its ``alternatives`` -- a 3x3 stride-1 conv2d can run the
+    direct conv2d or Winograd F(2x2) or F(4x4), and ``plan.choose_templates`` deploys the one the log measured
+    fastest (the first without measurements). Every alternative's new params (e.g. transformed weights) join
+    ``ctx.extra``; the ones of alternatives not chosen are dropped then."""
     from tuner.templates import templates_for
 
     from .plan import Step
     candidates = templates_for(node.op)
+    taken = []
     for t in candidates:
         try:
             lowered = t.lower(ctx, node, ins)
@@ -96,8 +102,10 @@ def lower_template(ctx: LowerCtx, node, ins, out, shape):
         if lowered is not None:
             wl, inputs, extra = lowered
             ctx.extra.update(extra)
-            ctx.add(Step(node.name, t.name, dict(inputs), out, workload=wl))
-            return
+            taken.append(Step(node.name, t.name, dict(inputs), out, workload=wl))
+    if taken:
+        ctx.add(dataclasses.replace(taken[0], alternatives=taken[1:]))
+        return
     shapes = " by ".join("x".join(map(str, ctx.shape(x))) for x in node.inputs[:2])
     attrs = {k: v for k, v in node.attrs.items() if k != "residual"}
     raise TunerError(f"node {node.name!r}: no template takes this {node.op} ({shapes}, {attrs}); templates asked: "

@@ -7,8 +7,12 @@ stored NCHW4c (4-D activations) or packed by 4 along the last axis (2-D), each w
 - ``plan_storage`` (the texture RFC's CollectStorageInfo): a scope per tensor -- texture only where the
   device has images (half images for float16), the image fits its limits, and the consumers take it;
   ``scope="auto"`` decides per tuned layer from the log which scope measured faster.
+- ``choose_templates`` (beside the scope choice): a node that several templates take (a 3x3 stride-1 conv2d:
+  the direct conv2d, Winograd F(2x2) and F(4x4)) runs the one whose best logged record, for the scopes the plan
+  chose, is fastest -- the first (the direct conv2d) when the log has none of them.
 - ``extract_tasks``: the unique (template, workload, scopes, pinned knobs) that will run, weighted by count
-  and FLOPs -- exactly what the model deploys, so tuning measures the kernels that ship.
+  and FLOPs -- exactly what the model may deploy (every alternative of a node until ``choose_templates``
+  picked one), so tuning measures the kernels that ship.
 """
 from __future__ import annotations
 
@@ -68,6 +72,12 @@ class Step:
     workload: object = None  # template steps
     scopes: dict | None = None  # template steps: input/weight/output
     config: object = None  # template steps, once chosen
+    alternatives: list = field(default_factory=list)  # template steps: other templates' Steps for the same node
+    # (same name, inputs but the weights, output), until ``choose_templates`` keeps the fastest
+
+    def candidates(self) -> list:
+        """This step and its alternatives: the kernels that may run the node."""
+        return [self, *self.alternatives]
 
     @property
     def tuned(self) -> bool:
@@ -151,13 +161,17 @@ def uniform_scopes(scope: str) -> dict:
 
 
 def _measured(history, step: Step, info, scope: str):
-    rec = history.query(step.op, step.workload, info.fingerprint, uniform_scopes(scope), FIXED[step.op])
-    return rec.median_s if rec is not None else None
+    """The log's best all-``scope`` median of the node, over its candidate templates; None when none has one."""
+    found = [r.median_s for c in step.candidates()
+             if (r := history.query(c.op, c.workload, info.fingerprint, uniform_scopes(scope), FIXED[c.op]))
+             is not None]
+    return min(found, default=None)
 
 
 def _decide(step: Step, info, mode: str, history) -> str:
     """The scope a tuned layer wants for its activations: forced by the mode, else (auto) the faster of the
-    log's best all-texture and all-buffer records, else the template's own choice for the device."""
+    log's best all-texture and all-buffer records (of any of its candidate templates), else the template's
+    own choice for the device."""
     if mode != "auto":
         return mode
     if history is not None:
@@ -197,12 +211,13 @@ def plan_storage(plan: Plan, info, scope: str = "auto", history=None) -> Plan:
 
 
 def _step_cost(step: Step, info, history) -> float:
-    """The log's best median of the exact deployed task; a kernel the log lacks (a mixed-scope boundary
-    kernel nobody tuned) is priced at the slower of its layer's uniform measurements, and a layer with
-    none at all at +inf (unknown), so a measured plan is preferred."""
-    rec = history.query(step.op, step.workload, info.fingerprint, step.scopes, FIXED[step.op])
-    if rec is not None:
-        return rec.median_s
+    """The log's best median of the exact deployed task (the fastest of the node's candidate templates); a
+    kernel the log lacks (a mixed-scope boundary kernel nobody tuned) is priced at the slower of its layer's
+    uniform measurements, and a layer with none at all at +inf (unknown), so a measured plan is preferred."""
+    exact = [r.median_s for c in step.candidates()
+             if (r := history.query(c.op, c.workload, info.fingerprint, c.scopes, FIXED[c.op])) is not None]
+    if exact:
+        return min(exact)
     known = [m for m in (_measured(history, step, info, sc) for sc in ("texture", "buffer")) if m is not None]
     return max(known) if known else math.inf
 
@@ -213,7 +228,8 @@ def estimate_plan(plan: Plan, info, history) -> float:
 
 
 def _plan_storage(plan: Plan, info, scope: str, history) -> Plan:
-    plan = dataclasses.replace(plan, steps=[dataclasses.replace(s) for s in plan.steps],
+    copy = lambda s: dataclasses.replace(s, alternatives=[dataclasses.replace(a) for a in s.alternatives])  # noqa: E731
+    plan = dataclasses.replace(plan, steps=[copy(s) for s in plan.steps],
                                tensors={k: dataclasses.replace(t) for k, t in plan.tensors.items()})
     want = {s.name: _decide(s, info, scope, history) for s in plan.steps if s.tuned}
     readers: dict = {}
@@ -246,17 +262,59 @@ def _plan_storage(plan: Plan, info, scope: str, history) -> Plan:
         else:
             raise TunerError(f"node {s.name!r} ({s.op} {json.dumps(s.workload.key())}): no valid config on "
                              f"{info.name} with input {io['input']} and output {io['output']}; try --scope buffer")
+        kept = []  # an alternative takes the step's activation scopes, or is no alternative in this plan
+        for a in s.alternatives:
+            for w in dict.fromkeys([s.scopes["weight"], "buffer"]):
+                if _has_valid(a, info, {**io, "weight": w}):
+                    a.scopes = {"input": io["input"], "weight": w, "output": io["output"]}
+                    kept.append(a)
+                    break
+        s.alternatives = kept
     return plan
 
 
-def extract_tasks(plan: Plan) -> list:
+def _has_valid(step: Step, info, scopes: dict) -> bool:
+    from tuner.templates import get_template
+    space = get_template(step.op).space(step.workload, info, **FIXED[step.op], **scope_knobs(scopes))
+    return next(iter(space.configs()), None) is not None
+
+
+def choose_templates(plan: Plan, history, info) -> Plan:
+    """Per node with alternatives (several templates take it), the one to deploy: the candidate whose best
+    valid logged record on ``info``'s device, for the scopes the plan chose, is fastest; the first (the
+    template ``lower_graph`` asks first: the direct conv2d before Winograd) when the log measured none of them,
+    or there is no log. The params only unchosen alternatives read (e.g. Winograd-transformed weights) are
+    dropped, so they are never uploaded. Run it after ``plan_storage``; ``extract_tasks`` after it lists only
+    the chosen kernels."""
+    from tuner.templates import get_template
+    steps = []
+    for s in plan.steps:
+        chosen = s
+        if s.alternatives and history is not None:
+            best = math.inf
+            for c in s.candidates():
+                t = get_template(c.op)
+                rec = history.best_valid(t, c.workload, info, c.scopes, t.model_knobs)
+                if rec is not None and rec.median_s < best:
+                    chosen, best = c, rec.median_s
+        steps.append(dataclasses.replace(chosen, alternatives=[]))
+    used = {x for s in steps for x in s.inputs.values()}
+    dropped = {x for s in plan.steps for a in s.candidates() for x in a.inputs.values()} - used
+    params = {k: v for k, v in plan.params.items() if k not in dropped}
+    return dataclasses.replace(plan, steps=steps, params=params)
+
+
+def extract_tasks(plan: Plan, alternatives: bool = True) -> list:
     """The unique tuned kernels of a planned model as TuningTasks (their ``count`` in the model carried
-    along, ``weight`` count x FLOPs), heaviest first."""
+    along, ``weight`` count x FLOPs), heaviest first: every candidate template of a node (the direct conv2d and
+    Winograd of a 3x3 stride-1 conv2d: tuning measures them all, so that ``choose_templates`` can pick), or
+    with ``alternatives=False`` only the step each node runs now."""
     from tuner.search.task import TuningTask
     found: dict = {}
     for s in plan.steps:
         if s.tuned:
-            t = TuningTask(s.op, s.workload, dict(s.scopes), FIXED[s.op])
-            found.setdefault(t.key(), [t, 0])[1] += 1
+            for c in s.candidates() if alternatives else [s]:
+                t = TuningTask(c.op, c.workload, dict(c.scopes), FIXED[c.op])
+                found.setdefault(t.key(), [t, 0])[1] += 1
     tasks = [dataclasses.replace(t, count=n, weight=None) for t, n in found.values()]
     return sorted(tasks, key=lambda t: -t.weight)

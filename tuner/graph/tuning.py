@@ -2,7 +2,9 @@
 
 With ``scope="auto"`` the tasks of three plans are tuned: all-texture, all-buffer, and then the auto plan the
 log now implies (layers at a scope boundary run mixed-scope kernels, and those must be measured too, since the
-kernels tuned are the kernels deployed). A re-run resumes: what the log already holds counts against each
+kernels tuned are the kernels deployed). A node several templates take (a 3x3 stride-1 conv2d: the direct conv2d,
+Winograd F(2x2) and F(4x4)) has a task per template, so that the plan can deploy the one measured fastest
+(``plan.choose_templates``). A re-run resumes: what the log already holds counts against each
 task's budget and is never measured again.
 
 ``trials`` is the number of measurements in all: it is shared exactly, unless the tasks need more to get
@@ -158,11 +160,12 @@ def summarize_task(tr: TaskResult, index: dict) -> None:
 
 
 def estimate_latency(plan, info, index: dict, deployed_scope: str, history) -> LatencyEstimate:
-    """The deployed plan's tasks at their best medians against the no-log plan's tasks at their fallback
-    configs' medians (both from the log)."""
-    from .plan import extract_tasks, plan_storage
-    tuned = extract_tasks(plan_storage(plan, info, deployed_scope, history))
-    untuned = extract_tasks(plan_storage(plan, info, deployed_scope, None))
+    """The deployed plan's tasks (the templates ``history`` chooses, ``choose_templates``) at their best medians
+    against the no-log plan's tasks (the direct conv2d, not Winograd) at their fallback configs' medians (both
+    from the log)."""
+    from .plan import choose_templates, extract_tasks, plan_storage
+    tuned = extract_tasks(choose_templates(plan_storage(plan, info, deployed_scope, history), history, info))
+    untuned = extract_tasks(choose_templates(plan_storage(plan, info, deployed_scope, None), None, info))
     best = [best_record(task_records(index, t)) for t in tuned]
     fallback = []
     for t in untuned:
@@ -296,7 +299,8 @@ def tune_model(model, log: str | None = None, trials: int = 200, device=None, sc
     for tr in result.tasks:
         summarize_task(tr, index)
     deployed = "auto" if scope == "auto" else scope
-    result.estimate = estimate_latency(plan, info, index, deployed, _history(log) if scope == "auto" else None)
+    # the log decides the scopes only for auto, the template of a node (direct or Winograd) always
+    result.estimate = estimate_latency(plan, info, index, deployed, _history(log))
     return result
 
 

@@ -52,6 +52,14 @@ class Builder:
             self._emit(For(var, int(extent), kind, body))
 
     @contextmanager
+    def block(self):
+        """A statement group whose lets and allocations end with it (it emits no C braces: their names must
+        stay unique). Long straight-line code keeps its let nesting, and so the IR's depth, bounded."""
+        self._scopes.append([])
+        yield
+        self._emit(self._close())
+
+    @contextmanager
     def if_(self, cond: Expr):
         self._scopes.append([])
         yield
