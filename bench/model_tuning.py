@@ -96,11 +96,12 @@ def main(argv=None) -> int:
     work = Path(tempfile.mkdtemp(prefix="model-tuning-"))
     model = write_model(a.model, work / f"{a.model}.onnx", input_size=a.input_size)
     plan = plan_storage(lower_graph(load_graph(model), "float32"), info, "buffer")
-    counts = {t.record_key(info.fingerprint)[1:]: t.count for t in extract_tasks(plan)}
+    counts = {t.record_key(info.fingerprint)[1:]: t.count for t in extract_tasks(plan, alternatives=False)}
     sides = {}
     for name, rev in (("before", a.before), ("after", a.after)):
         root = worktree(rev)
-        log, js = work / f"{name}.jsonl", work / f"{name}.json"
+        (work / name).mkdir()  # a log of its own folder: the other side's log is no sibling to learn from
+        log, js = work / name / "log.jsonl", work / name / "side.json"
         print(f"{name}: {rev} ({root}) tuning {a.model}@{a.input_size}, {len(counts)} kernels, {a.trials} trials ...",
               flush=True)
         env = {**os.environ, "PYTHONPATH": str(root)}

@@ -17,7 +17,8 @@ xgb with ``transfer=False``, to show what transfer adds.
 Measurements are memoized per (workload, config) across runs (``<out>/tuning_cache_<fp>.jsonl``), as Kernel
 Tuner's cache files are for comparing strategies: a config is built and timed the first time any run
 proposes it and every later proposal of it gets that measurement. Every sampler thus sees the same timing for
-the same config, and the benchmark costs the distinct configs, not the runs. Runs go one after another.
+the same config, and the benchmark costs the distinct configs, not the runs. Runs go one after another (with ``--jobs K``, K
+workloads at once, each in its own process with its own cache).
 
 From each run's records (measurement order; a failed measurement counts as a trial with no GFLOP/s) it
 takes the best-so-far GFLOP/s curve. ``best_ever`` of a workload is the highest GFLOP/s of any config
@@ -256,10 +257,11 @@ def summarize(rows: list, n: int, meta: dict) -> str:
     lines = [f"# Tuning efficiency: {meta['device_name']}", ""]
     lines += [f"- device: `{meta['device_name']}`, fingerprint `{meta['fingerprint']}`",
               f"- {meta['date']}; N = {n} measured trials per run, seeds {', '.join(map(str, seeds))} "
-              f"({len(seeds)} per workload and sampler), {len(rows)} runs in all, run one after another",
+              f"({len(seeds)} per workload and sampler), {len(rows)} runs in all"
+              + (", run one after another" if meta.get("jobs", 1) == 1 else ""),
               f"- held-out workloads (never tuned while the search was developed); every run starts from a fresh log "
               f"holding the transfer corpus ({meta.get('corpus', '?')}) and a fresh SQLite study; `tune()` with "
-              f"its defaults (xgb transfers from the corpus; `xgb-cold` is xgb with `transfer=False`), "
+              f"its defaults (xgb transfers from the corpus; `xgb-cold`, where it was run, is xgb with `transfer=False`), "
               f"{meta['scope']} scopes, MeasureOptions(repeats=3, min_seconds=0.005, n_parallel=2, run_timeout=5, "
               f"build_timeout=30) for every "
               f"sampler; each (workload, config) measured once and its measurement shared by every run that "

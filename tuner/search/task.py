@@ -175,6 +175,8 @@ def log_knowledge(log: str, task: TuningTask, fingerprint: str, space, transfer:
     logs = [Path(log)] + (sorted(p for p in Path(log).parent.glob("*.jsonl") if p != Path(log)) if transfer else [])
     for path in logs:
         for r in _records(path) if path.exists() else ():
+            if path != logs[0] and r.device == fingerprint:
+                continue  # another log's records of this device: not this run's to answer from or weigh as its own
             values = {"dtype": r.workload.get("dtype"), **r.config}
             if r.task_key == mine and all(values.get(n) in space.choices[n] for n in names):  # pinned knobs too
                 k = tuple(values[n] for n in names)
