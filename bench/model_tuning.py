@@ -2,7 +2,8 @@
 within 5% of its best known, for the search before and after a change (two git revisions of this repository).
 
     python bench/model_tuning.py --before 97f93fd [--after HEAD] [--model resnet18] [--input-size 32]
-                                 [--trials 96] [--out bench/results]
+                                 [--trials 96] [--device D] [--out bench/results]
+    python bench/model_tuning.py --before-tree DIR --after-tree DIR ...   # checkouts already made (no git)
 
 Each side runs ``tuner.graph.tuning.tune_model`` from its own revision (a ``git worktree`` under /tmp, in a
 fresh process) on the same ONNX model, with a fresh log, the default device, buffer scopes, its default
@@ -43,12 +44,12 @@ def worktree(rev: str) -> Path:
     return path
 
 
-def side(root: str, model: str, log: str, trials: int, out_json: str) -> None:
+def side(root: str, model: str, log: str, trials: int, out_json: str, device=None) -> None:
     """Run in a fresh process whose ``tuner`` is ``root``'s: tune the model, write start/end times."""
     sys.path.insert(0, root)
     from tuner.graph.tuning import tune_model
     start = time.time()
-    res = tune_model(model, log=log, trials=trials, scope="buffer", progress=False, seed=0)
+    res = tune_model(model, log=log, trials=trials, scope="buffer", progress=False, seed=0, device=device)
     Path(out_json).write_text(json.dumps({"start": start, "end": time.time(), "measured": res.measured,
                                           "tuner": str(Path(sys.modules["tuner"].__file__).parent)}))
 
@@ -71,17 +72,23 @@ def when(points: list, target: float):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--before", required=True, help="the revision before (e.g. the commit before a search change)")
+    p.add_argument("--before", help="the revision before (e.g. the commit before a search change)")
     p.add_argument("--after", default="HEAD")
+    p.add_argument("--before-tree", help="instead of --before: a checkout of it (e.g. from `git archive`)")
+    p.add_argument("--after-tree", help="instead of --after: a checkout of it")
+    p.add_argument("--device", help="default: the default device")
     p.add_argument("--model", default="resnet18", help="a zoo model: resnet18, mobilenet_v2, mobilenet_v3_small")
     p.add_argument("--input-size", type=int, default=32)
     p.add_argument("--trials", type=int, default=96, help="measurements for the whole model, each side")
     p.add_argument("--out", default=str(HERE / "results"))
-    p.add_argument("--side", nargs=5, metavar=("ROOT", "MODEL", "LOG", "TRIALS", "JSON"), help=argparse.SUPPRESS)
+    p.add_argument("--side", nargs=6, metavar=("ROOT", "MODEL", "LOG", "TRIALS", "JSON", "DEVICE"),
+                   help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.side:
-        side(a.side[0], a.side[1], a.side[2], int(a.side[3]), a.side[4])
+        side(a.side[0], a.side[1], a.side[2], int(a.side[3]), a.side[4], a.side[5] or None)
         return 0
+    if not (a.before or a.before_tree):
+        p.error("give --before REV or --before-tree DIR")
 
     sys.path.insert(0, str(REPO))
     from tuner.errors import ErrorCode
@@ -90,7 +97,7 @@ def main(argv=None) -> int:
     from tuner.graph.zoo import write_model
     from tuner.logs import load_records
     from tuner.runtime.device import choose_device
-    info = choose_device(None)
+    info = choose_device(a.device)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="model-tuning-"))
@@ -98,15 +105,16 @@ def main(argv=None) -> int:
     plan = plan_storage(lower_graph(load_graph(model), "float32"), info, "buffer")
     counts = {t.record_key(info.fingerprint)[1:]: t.count for t in extract_tasks(plan, alternatives=False)}
     sides = {}
-    for name, rev in (("before", a.before), ("after", a.after)):
-        root = worktree(rev)
+    for name, rev, tree in (("before", a.before, a.before_tree), ("after", a.after, a.after_tree)):
+        root = Path(tree).resolve() if tree else worktree(rev)
+        rev = rev if not tree else f"{rev or name} ({Path(tree).name})"
         (work / name).mkdir()  # a log of its own folder: the other side's log is no sibling to learn from
         log, js = work / name / "log.jsonl", work / name / "side.json"
         print(f"{name}: {rev} ({root}) tuning {a.model}@{a.input_size}, {len(counts)} kernels, {a.trials} trials ...",
               flush=True)
-        env = {**os.environ, "PYTHONPATH": str(root)}
-        subprocess.run([sys.executable, str(HERE / "model_tuning.py"), "--before", "x", "--side", str(root), model,
-                        str(log), str(a.trials), str(js)], check=True, env=env, cwd=root)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])}
+        subprocess.run([sys.executable, str(HERE / "model_tuning.py"), "--side", str(root), model,
+                        str(log), str(a.trials), str(js), a.device or ""], check=True, env=env, cwd=root)
         meta = json.loads(js.read_text())
         assert Path(meta["tuner"]).resolve() == (root / "tuner").resolve(), meta  # it ran that revision's code
         recs = sorted((r for r in load_records(str(log)) if r.error_code != ErrorCode.INSTANTIATION),
