@@ -51,6 +51,7 @@ for stage in "$@"; do
             grep -E "^\[|corpus|geometric|wrote|deadline" "$OUT/gpu_tuning.txt" | tail -25 ;;
     model_tuning)  # BEFORE_TREE / AFTER_TREE: checkouts of the two revisions (`git archive` of each)
       python3 "$REPO/bench/model_tuning.py" --device nvidia --before-tree "$BEFORE_TREE" --after-tree "$AFTER_TREE" \
+        --before "${BEFORE:-}" --after "${AFTER:-}" \
         --model "${MODEL:-resnet18}" --input-size "${SIZE:-224}" --trials "${TRIALS:-96}" --out "$OUT" 2>&1 \
         | grep -v "CompilerWarning\|lambda: self._prg\|_create_built\|prg.build" | tail -20 ;;
     *) echo "unknown stage $stage"; exit 2 ;;

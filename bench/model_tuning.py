@@ -73,7 +73,7 @@ def when(points: list, target: float):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--before", help="the revision before (e.g. the commit before a search change)")
-    p.add_argument("--after", default="HEAD")
+    p.add_argument("--after", help="the revision after (default HEAD)")
     p.add_argument("--before-tree", help="instead of --before: a checkout of it (e.g. from `git archive`)")
     p.add_argument("--after-tree", help="instead of --after: a checkout of it")
     p.add_argument("--device", help="default: the default device")
@@ -106,8 +106,8 @@ def main(argv=None) -> int:
     counts = {t.record_key(info.fingerprint)[1:]: t.count for t in extract_tasks(plan, alternatives=False)}
     sides = {}
     for name, rev, tree in (("before", a.before, a.before_tree), ("after", a.after, a.after_tree)):
-        root = Path(tree).resolve() if tree else worktree(rev)
-        rev = rev if not tree else f"{rev or name} ({Path(tree).name})"
+        root = Path(tree).resolve() if tree else worktree(rev or "HEAD")
+        rev = rev or Path(tree).name
         (work / name).mkdir()  # a log of its own folder: the other side's log is no sibling to learn from
         log, js = work / name / "log.jsonl", work / name / "side.json"
         print(f"{name}: {rev} ({root}) tuning {a.model}@{a.input_size}, {len(counts)} kernels, {a.trials} trials ...",

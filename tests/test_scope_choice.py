@@ -42,3 +42,27 @@ def test_auto_takes_the_cheapest_whole_plan(device):
         history = apply_history_best(_records(plan, info, [(1e-4, 2e-4)] * 3))
         auto = plan_storage(plan, info, "auto", history)
         assert {s.scopes["input"] for s in auto.steps if s.tuned} == {"texture"}
+
+
+def test_auto_compiles_and_times_the_whole_plans_and_keeps_the_fastest(device):
+    """With a log and an attached device, --scope auto runs the per-layer plan and both uniform plans whole
+    and keeps the fastest: never slower than the best uniform plan, whatever the log's kernels predicted."""
+    import numpy as np
+
+    from tuner.graph.compiler import compile_model
+    model = zoo_test_models()["conv_pads"]
+    info = device.info
+    plan = lower_graph(load_graph(model))
+    # a log that makes the per-layer plan mixed (layer 0 texture, the others buffer)
+    history = apply_history_best(_records(plan, info, [(1e-6, 2e-4), (5e-4, 1e-6), (5e-4, 1e-6)]))
+    mod = compile_model(model, log=history, device=device, scope="auto")
+    assert set(mod.plan_times) == {"auto", "texture", "buffer"}
+    assert mod.plan_kept in mod.plan_times
+    assert mod.plan_times[mod.plan_kept] == min(mod.plan_times.values())
+    x = np.random.default_rng(1).standard_normal(mod.spec.entries[mod.spec.inputs[0]].shape).astype(np.float32)
+    ref = compile_model(model, log=history, device=device, scope="buffer").run([x])[0]
+    np.testing.assert_allclose(mod.run([x])[0], ref, rtol=1e-4, atol=1e-5)
+    # asked not to measure (or without a log), auto is the log's per-layer plan, compiled once
+    plain = compile_model(model, log=history, device=device, scope="auto", measure_plans=False)
+    assert not hasattr(plain, "plan_kept")
+    assert not hasattr(compile_model(model, device=device, scope="auto"), "plan_kept")

@@ -76,6 +76,9 @@ def cmd_compile(args) -> int:
           f"{tuned} of {total} tuned layers from the log -> {args.output}")
     if mod.device is None:
         print("nothing built here: the kernels build on the first load on that device (`tuner run DIR`)")
+    if getattr(mod, "plan_kept", None):
+        times = ", ".join(f"{m} {t * 1e3:.3f} ms" for m, t in mod.plan_times.items())
+        print(f"--scope auto: whole plans timed on the device ({times}); kept the {mod.plan_kept} plan")
     print(mod.memory_summary())
     return 0
 

@@ -108,10 +108,16 @@ def _glue_kernel(s: Step, plan: Plan, max_wg: int):
 
 
 def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str = "float32",
-                  input_shapes: dict | None = None, progress: bool = False, target=None) -> M.Module:
+                  input_shapes: dict | None = None, progress: bool = False, target=None,
+                  measure_plans: bool | None = None) -> M.Module:
     """Compile an ONNX model (path or ModelProto) for ``device`` with the best configs of ``log`` (path,
     glob, list, or an ApplyHistoryBest; None: the active ``with apply_history_best(...)``, if any);
     ``scope``: auto (per layer, from the log), texture or buffer.
+
+    ``measure_plans`` (default: with ``scope="auto"``, an attached device and a log): the per-layer plan and
+    both uniform plans are compiled and run whole on the device, and the fastest is kept (``fastest_plan``),
+    so that ``auto`` is never slower than the best uniform plan: the log prices each kernel alone, not the
+    mixed-scope kernels, conversions and glue a plan implies, nor how kernels run back to back.
 
     ``target`` (instead of ``device``): a device profile (``load_target``) of a device that need not be
     attached. Nothing is opened or built here; the Module can be saved, and builds on its first load."""
@@ -129,6 +135,10 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
         dev = device if isinstance(device, Device) else open_device(device)
         info = dev.info
     history = as_history(log)
+    if measure_plans is None:
+        measure_plans = scope == "auto" and dev is not None and history is not None
+    if measure_plans and scope == "auto" and dev is not None:
+        return fastest_plan(model, history, dev, dtype, input_shapes, progress)
     plan = choose_templates(plan_model(model, info, scope, history, dtype, input_shapes), history, info)
     configs = choose_configs(plan, info, history)
 
@@ -205,3 +215,31 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
                         dtype, list(plan.inputs), list(plan.outputs), nodes, entries, pools, blobs, workspaces,
                         mp.totals())
     return M.Module(spec, sources, params, dev, defer=dev is None, progress=progress)
+
+
+def fastest_plan(model, history, device, dtype: str = "float32", input_shapes: dict | None = None,
+                 progress: bool = False, repeats: int = 10) -> M.Module:
+    """The per-layer (``auto``) plan and the all-texture and all-buffer plans compiled for ``device`` and timed
+    whole on random inputs (median of ``repeats`` runs after a warm-up; a plan identical to another is timed
+    once); the fastest module is returned, with ``plan_times`` (mode -> seconds) and ``plan_kept`` set."""
+    import statistics
+    timed, modules = {}, {}
+    for mode in ("auto", "texture", "buffer"):
+        mod = compile_model(model, history, device, mode, dtype, input_shapes, progress, measure_plans=False)
+        same = next((m for m, other in modules.items() if _same_plan(other, mod)), None)
+        if same is not None:
+            timed[mode] = timed[same]
+            continue
+        rng = np.random.default_rng(0)
+        mod.set_inputs([rng.standard_normal(mod.spec.entries[n].shape).astype(np.float32) for n in mod.spec.inputs])
+        timed[mode], modules[mode] = statistics.median(mod.time(repeats)), mod
+    kept = min(modules, key=lambda m: (timed[m], m != "auto"))  # a tie keeps the per-layer plan
+    mod = modules[kept]
+    mod.plan_times, mod.plan_kept = timed, kept
+    return mod
+
+
+def _same_plan(a: M.Module, b: M.Module) -> bool:
+    """Two modules that run the same kernels on the same storage."""
+    sig = lambda m: [(n.name, m.node_storage(n), m.sources.get(n.source)) for n in m.spec.nodes]  # noqa: E731
+    return sig(a) == sig(b)
