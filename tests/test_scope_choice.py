@@ -66,3 +66,25 @@ def test_auto_compiles_and_times_the_whole_plans_and_keeps_the_fastest(device):
     plain = compile_model(model, log=history, device=device, scope="auto", measure_plans=False)
     assert not hasattr(plain, "plan_kept")
     assert not hasattr(compile_model(model, device=device, scope="auto"), "plan_kept")
+
+
+def test_a_measured_candidate_warns_only_when_it_is_kept(device):
+    """The uniform plans timed beside the per-layer plan may run fallback configs; their warnings are the
+    user's business only if that plan is the one kept."""
+    import warnings
+
+    from tuner.graph.compiler import compile_model
+    from tuner.logs.best import FallbackConfigWarning
+    model = zoo_test_models()["conv_pads"]
+    plan = lower_graph(load_graph(model))
+    recs = [r for r in _records(plan, device.info, [(5e-4, 1e-6)] * 3) if r.scopes["input"] == "buffer"]
+    with warnings.catch_warnings(record=True) as direct:  # the all-texture plan alone: untuned, so it warns
+        warnings.simplefilter("always")
+        compile_model(model, log=apply_history_best(list(recs)), device=device, scope="texture")
+    assert any(issubclass(w.category, FallbackConfigWarning) for w in direct) or not device.info.image_support
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mod = compile_model(model, log=apply_history_best(list(recs)), device=device, scope="auto")
+    fallbacks = [w for w in caught if issubclass(w.category, FallbackConfigWarning)]
+    untuned = [n for n in mod.spec.nodes if n.template and not n.tuned]
+    assert bool(fallbacks) == bool(untuned), (mod.plan_kept, [str(w.message)[:80] for w in fallbacks])

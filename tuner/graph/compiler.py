@@ -223,9 +223,13 @@ def fastest_plan(model, history, device, dtype: str = "float32", input_shapes: d
     whole on random inputs (median of ``repeats`` runs after a warm-up; a plan identical to another is timed
     once); the fastest module is returned, with ``plan_times`` (mode -> seconds) and ``plan_kept`` set."""
     import statistics
-    timed, modules = {}, {}
+    import warnings
+    timed, modules, caught = {}, {}, []
     for mode in ("auto", "texture", "buffer"):
-        mod = compile_model(model, history, device, mode, dtype, input_shapes, progress, measure_plans=False)
+        with warnings.catch_warnings(record=True) as notes:  # a candidate's fallbacks matter only if it is kept
+            warnings.simplefilter("always")
+            mod = compile_model(model, history, device, mode, dtype, input_shapes, progress, measure_plans=False)
+        caught += notes
         same = next((m for m, other in modules.items() if _same_plan(other, mod)), None)
         if same is not None:
             timed[mode] = timed[same]
@@ -236,6 +240,16 @@ def fastest_plan(model, history, device, dtype: str = "float32", input_shapes: d
     kept = min(modules, key=lambda m: (timed[m], m != "auto"))  # a tie keeps the per-layer plan
     mod = modules[kept]
     mod.plan_times, mod.plan_kept = timed, kept
+    from tuner.logs.best import FallbackConfigWarning
+    from tuner.logs.record import canonical_json
+    untuned = [canonical_json(n.workload) for n in mod.spec.nodes if n.template and not n.tuned and n.workload]
+    seen = set()
+    for w in caught:  # the kept plan's warnings (a fallback config it deploys), once each
+        text = str(w.message)
+        if text in seen or (issubclass(w.category, FallbackConfigWarning) and not any(k in text for k in untuned)):
+            continue
+        seen.add(text)
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     return mod
 
 
