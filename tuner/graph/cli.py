@@ -76,11 +76,15 @@ def cmd_compile(args) -> int:
           f"{tuned} of {total} tuned layers from the log -> {args.output}")
     if mod.device is None:
         print("nothing built here: the kernels build on the first load on that device (`tuner run DIR`)")
+    _print_plan_choice(mod)
+    print(mod.memory_summary())
+    return 0
+
+
+def _print_plan_choice(mod) -> None:
     if getattr(mod, "plan_kept", None):
         times = ", ".join(f"{m} {t * 1e3:.3f} ms" for m, t in mod.plan_times.items())
         print(f"--scope auto: whole plans timed on the device ({times}); kept the {mod.plan_kept} plan")
-    print(mod.memory_summary())
-    return 0
 
 
 def print_profile(prof: dict, file=None) -> None:
@@ -225,6 +229,7 @@ def cmd_demo(args) -> int:
     print(f"tuned {len(res.tasks)} tasks, {res.measured} measurements in {time.perf_counter() - t0:.0f} s -> {log}")
     print(res.estimate.text())
     mod = compile_model(model, log=log, device=dev, scope=args.scope, progress=True)
+    _print_plan_choice(mod)
     mod.save(out / "artifact")
     mod = load_module(out / "artifact", device=dev)
     x = np.random.default_rng(0).standard_normal(mod.spec.entries[mod.spec.inputs[0]].shape).astype(np.float32)
