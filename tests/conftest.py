@@ -19,6 +19,20 @@ def device():
     return open_device(os.environ.get("TUNER_TEST_DEVICE") or None)
 
 
+@pytest.fixture(scope="session")
+def fp16_device():
+    """A device with cl_khr_fp16 for half arithmetic ($TUNER_TEST_FP16_DEVICE, default Intel's CPU runtime);
+    the test is skipped, with the reason, where there is none."""
+    want = os.environ.get("TUNER_TEST_FP16_DEVICE", "intel")
+    try:
+        dev = open_device(want)
+    except Exception as e:  # noqa: BLE001 - any failure to open means: no such device here
+        pytest.skip(f"no cl_khr_fp16 device: cannot open {want!r} ({e})")
+    if not dev.info.fp16:
+        pytest.skip(f"{dev.info.name} does not report cl_khr_fp16: half arithmetic is not testable")
+    return dev
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)

@@ -13,37 +13,15 @@ reference, random normal inputs; float16 storage alone rounds the output to ~5e-
   for every config they allow.
 """
 import dataclasses
-import os
 
-import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from test_templates import FIELDS  # noqa: E402  (the shared workload strategies; loads the CI profile)
+from test_templates import FIELDS, check_random_config, scopes  # noqa: E402  (shared strategies and check; loads the CI profile)
 from tuner.codegen.opencl import FP16_PRAGMA
-from tuner.runtime import open_device
-from tuner.runtime.launch import build
 from tuner.templates import get_template
 
-SCOPES = ("input", "weight", "output")
-
-
-def _check(device, name, scope, dtype, fixed, fields, seed):
-    t = get_template(name)
-    wl = t.workload(**fields, dtype=dtype)
-    space = t.space(wl, device, **{f"{k}_scope": scope for k in SCOPES}, **fixed)
-    if space.size() == 0:  # e.g. half_acc on a reduction longer than the constraint allows
-        return None
-    rng = np.random.default_rng(seed)
-    cfg = t.make_config(space.sample(rng))
-    for knob, value in fixed.items():
-        assert getattr(cfg, knob) == value
-    exe = build(t.build(wl, cfg), device)
-    inputs = t.random_inputs(wl, rng)
-    err = t.check(wl, exe(**inputs), inputs)
-    assert err <= t.tolerance(wl), f"{wl}\n{cfg}\nmax relative error {err:.3g}"
-    return exe
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -52,21 +30,9 @@ def _check(device, name, scope, dtype, fixed, fields, seed):
 def test_local_input_matches_numpy(device, name, scope, dtype):
     @given(fields=FIELDS[name], seed=st.integers(0, 2**32 - 1))
     def check(fields, seed):
-        exe = _check(device, name, scope, dtype, {"local_input": True}, fields, seed)
+        exe = check_random_config(device, name, fields, dtype, seed, local_input=True, **scopes(scope))
         assert exe is None or ("__local" in exe.source and "barrier(CLK_LOCAL_MEM_FENCE)" in exe.source)
     check()
-
-
-@pytest.fixture(scope="module")
-def fp16_device():
-    want = os.environ.get("TUNER_TEST_FP16_DEVICE", "intel")
-    try:
-        dev = open_device(want)
-    except Exception as e:  # noqa: BLE001 - any failure to open means: no such device here
-        pytest.skip(f"no cl_khr_fp16 device: cannot open {want!r} ({e})")
-    if not dev.info.fp16:
-        pytest.skip(f"{dev.info.name} does not report cl_khr_fp16: half arithmetic is not testable")
-    return dev
 
 
 @pytest.mark.parametrize("compute", ["half", "half_acc"])
@@ -76,7 +42,7 @@ def test_half_compute_matches_numpy(fp16_device, name, scope, compute):
     @given(fields=FIELDS[name], seed=st.integers(0, 2**32 - 1), local=st.booleans())
     def check(fields, seed, local):
         fixed = {"compute": compute, **({"local_input": local} if name != "dense" else {})}
-        exe = _check(fp16_device, name, scope, "float16", fixed, fields, seed)
+        exe = check_random_config(fp16_device, name, fields, "float16", seed, **fixed, **scopes(scope))
         assert exe is None or (FP16_PRAGMA in exe.source and "half4" in exe.source)
     check()
 
@@ -103,7 +69,7 @@ def test_half_acc_is_limited_to_short_reductions(device):
     info = dataclasses.replace(device.info, fp16=True)
     short = t.workload(data=(1, 64, 8, 8), kernel=(8, 64, 3, 3), padding=1, dtype="float16")  # 576
     long = t.workload(data=(1, 128, 8, 8), kernel=(8, 128, 3, 3), padding=1, dtype="float16")  # 1152
-    bufs = {f"{k}_scope": "buffer" for k in SCOPES}
+    bufs = scopes("buffer")
     assert t.space(short, info, compute="half_acc", **bufs).size() > 0
     assert t.space(long, info, compute="half_acc", **bufs).size() == 0
     assert t.space(long, info, compute="half", **bufs).size() > 0

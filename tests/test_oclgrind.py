@@ -232,8 +232,8 @@ def _describe(row: dict, found: list, limit: int = 3) -> str:
     return "\n".join(lines)
 
 
-def test_operator_kernels_are_clean_under_oclgrind():
-    rows, reports = run_oclgrind(CASES)
+def problems_of(rows: list, reports: dict) -> list:
+    """What went wrong in an Oclgrind run of cases: exceptions, memory findings, results out of tolerance."""
     assert {row["device"] for row in rows} == {"Oclgrind Simulator"}
     problems = []
     for row in rows:
@@ -246,6 +246,11 @@ def test_operator_kernels_are_clean_under_oclgrind():
         if not row["error"] <= row["tolerance"]:  # NaN fails too
             problems.append(f"case {row['index']} ({row['label']}): max relative error {row['error']:.3g} "
                             f"> tolerance {row['tolerance']:g}")
+    return problems
+
+
+def test_operator_kernels_are_clean_under_oclgrind():
+    problems = problems_of(*run_oclgrind(CASES))
     assert not problems, "\n\n".join(problems)
 
 

@@ -18,17 +18,16 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from test_templates import check_random_config, scopes  # noqa: E402  (the shared check)
 from tuner.graph import zoo
 from tuner.graph.compiler import compile_model, load_graph
 from tuner.graph.plan import choose_templates, extract_tasks, lower_graph, plan_storage
 from tuner.logs import SCHEMA_VERSION, Record, apply_history_best
-from tuner.runtime import open_device
 from tuner.runtime.launch import build
 from tuner.templates import get_template, templates_for
 from tuner.templates.conv2d_winograd import MATRICES, transform_weights, untransform_weights
 
 NAMES = ["winograd2", "winograd4"]
-SCOPES = ("input", "weight", "output")
 EXAMPLES = 30 if os.environ.get("HYPOTHESIS_PROFILE") == "thorough" else 2
 FEW = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -44,21 +43,6 @@ def winograd_fields(draw):
     assume(h + pad[0] + pad[2] >= 3 and w + pad[1] + pad[3] >= 3)
     return dict(data=(n, c, h, w), kernel=(o, c, 3, 3), padding=pad, bias=draw(st.booleans()),
                 activation=draw(st.sampled_from(["none", "relu", "relu6"])), residual=draw(st.booleans()))
-
-
-def _check(device, name, fields, dtype, seed, **fixed):
-    t = get_template(name)
-    wl = t.workload(**fields, dtype=dtype)
-    space = t.space(wl, device, **fixed)
-    if space.size() == 0:
-        return None
-    rng = np.random.default_rng(seed)
-    cfg = t.make_config(space.sample(rng))
-    exe = build(t.build(wl, cfg), device)
-    inputs = t.random_inputs(wl, rng)
-    err = t.check(wl, exe(**inputs), inputs)
-    assert err <= t.tolerance(wl), f"{wl}\n{cfg}\nmax relative error {err:.3g}"
-    return exe
 
 
 # -- the algorithm -----------------------------------------------------------------------------------------------
@@ -98,20 +82,8 @@ def test_random_workload_and_config_match_numpy(device, name, scope, dtype):
     @FEW
     @given(fields=winograd_fields(), seed=st.integers(0, 2**32 - 1))
     def check(fields, seed):
-        _check(device, name, fields, dtype, seed, **{f"{k}_scope": scope for k in SCOPES})
+        check_random_config(device, name, fields, dtype, seed, **scopes(scope))
     check()
-
-
-@pytest.fixture(scope="module")
-def fp16_device():
-    want = os.environ.get("TUNER_TEST_FP16_DEVICE", "intel")
-    try:
-        dev = open_device(want)
-    except Exception as e:  # noqa: BLE001 - any failure to open means: no such device here
-        pytest.skip(f"no cl_khr_fp16 device: cannot open {want!r} ({e})")
-    if not dev.info.fp16:
-        pytest.skip(f"{dev.info.name} does not report cl_khr_fp16: half arithmetic is not testable")
-    return dev
 
 
 @pytest.mark.parametrize("compute", ["half", "half_acc"])
@@ -120,8 +92,8 @@ def test_half_compute_matches_numpy(fp16_device, scope, compute):
     @settings(FEW, max_examples=1)
     @given(fields=winograd_fields(), seed=st.integers(0, 2**32 - 1))
     def check(fields, seed):
-        exe = _check(fp16_device, "winograd2", fields, "float16", seed, compute=compute,
-                     **{f"{k}_scope": scope for k in SCOPES})
+        exe = check_random_config(fp16_device, "winograd2", fields, "float16", seed, compute=compute,
+                                  **scopes(scope))
         assert exe is not None and "half4" in exe.source
     check()
 
@@ -129,7 +101,7 @@ def test_half_compute_matches_numpy(fp16_device, scope, compute):
 def test_half_arithmetic_is_f2x2_only(device):
     """F(4x4)'s half input transform reaches 2e-2 (past its float16 tolerance): the space leaves it out."""
     info = dataclasses.replace(device.info, fp16=True)
-    bufs = {f"{k}_scope": "buffer" for k in SCOPES}
+    bufs = scopes("buffer")
     fields = dict(data=(1, 8, 8, 8), kernel=(8, 8, 3, 3), padding=1, dtype="float16")
     for name, allowed in (("winograd2", True), ("winograd4", False)):
         t = get_template(name)
@@ -142,7 +114,7 @@ def test_half_arithmetic_is_f2x2_only(device):
 def test_accuracy_against_float64(device):
     """The figures of the module docstring: max error relative to the float64 direct convolution."""
     fields = dict(data=(1, 64, 12, 12), kernel=(16, 64, 3, 3), padding=1)
-    bufs = {f"{k}_scope": "buffer" for k in SCOPES}
+    bufs = scopes("buffer")
     errors = {}
     for name in ("conv2d", *NAMES):
         t = get_template(name)
@@ -173,7 +145,7 @@ def test_fallback_is_a_valid_config_of_the_space(device, kind):
 
 # -- Oclgrind ---------------------------------------------------------------------------------------------------
 
-BUFFERS = {f"{k}_scope": "buffer" for k in SCOPES}
+BUFFERS = scopes("buffer")
 OCLGRIND_CASES = [
     {"label": "winograd2 texture: C=5 O=6, pad 1, OW=7 over tile_t=2 (8 columns), tile_cb=2, wg 2x2, bias+relu6",
      "template": "winograd2",
@@ -191,19 +163,8 @@ OCLGRIND_CASES = [
 
 
 def test_winograd_kernels_are_clean_under_oclgrind():
-    from test_oclgrind import _describe, findings, run_oclgrind
-    rows, reports = run_oclgrind(OCLGRIND_CASES)
-    assert {row["device"] for row in rows} == {"Oclgrind Simulator"}
-    problems = []
-    for row in rows:
-        if "exception" in row:
-            problems.append(f"case {row['index']} ({row['label']}) raised:\n{row['exception']}")
-            continue
-        found = findings(reports.get(row["index"], []), row.get("source", ""))
-        if found:
-            problems.append(_describe(row, found))
-        if not row["error"] <= row["tolerance"]:  # NaN (an output never written) fails too
-            problems.append(f"case {row['index']} ({row['label']}): max relative error {row['error']:.3g}")
+    from test_oclgrind import problems_of, run_oclgrind
+    problems = problems_of(*run_oclgrind(OCLGRIND_CASES))
     assert not problems, "\n\n".join(problems)
 
 
