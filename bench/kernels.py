@@ -478,10 +478,15 @@ def summarize(rows: list, layers: list, meta: dict) -> str:
 
 # ---------------------------------------------------------------------------------------------------- main
 
+def cpu_count() -> int:
+    """The CPUs this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def cpu_count_for(info) -> int:
     """CPUs the OpenCL device computes on: PoCL's pthread driver uses every CPU of the process unless
     POCL_MAX_PTHREAD_COUNT says fewer; for a GPU, the CPUs of this process."""
-    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    n = cpu_count()
     if info.type == "CPU" and info.platform_tag == "pocl" and os.environ.get("POCL_MAX_PTHREAD_COUNT"):
         n = min(n, int(os.environ["POCL_MAX_PTHREAD_COUNT"]))
     return n

@@ -44,9 +44,7 @@ import csv
 import datetime
 import json
 import os
-import platform
 import re
-import statistics
 import subprocess
 import sys
 import time
@@ -66,6 +64,9 @@ CSV_FIELDS = ["model", "variant", "scope", "dtype", "stage", "compiles", "max_re
 
 # -------------------------------------------------------------------------------------------------- helpers
 
+sys.path.insert(0, str(HERE))
+from kernels import cpu_count, cpu_name, steady  # noqa: E402  (bench/kernels.py's timing and host helpers)
+
 def one_line(e: BaseException | str, limit: int = 400) -> str:
     """The first line of an error, with the frontend's long "; supported: ..." list cut off."""
     text = str(e).strip() if not isinstance(e, str) else e.strip()
@@ -80,34 +81,6 @@ def failed_op(error: str) -> str:
     """The operator an error names: the frontend's ``ONNX node 'x' (#12, Resize): ...`` -> ``Resize``."""
     m = re.search(r"\(#\d+, (\w+)\)", error or "") or re.search(r"#\d+ \((\w+)\)", error or "")
     return m.group(1) if m else ""
-
-
-def steady(measure, attempts: int = 3, spread: float = 1.5) -> tuple:
-    """(median, min) of ``measure()``'s list of seconds; a set whose median is over ``spread`` x its minimum
-    is measured again, up to ``attempts`` sets, and the lowest median is kept (as bench/kernels.py)."""
-    best = None
-    for _ in range(attempts):
-        costs = measure()
-        med, low = statistics.median(costs), min(costs)
-        if best is None or med < best[0]:
-            best = (med, low)
-        if med <= spread * low:
-            break
-    return best
-
-
-def cpu_count() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def parse_variants(text: str) -> list:

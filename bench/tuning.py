@@ -138,19 +138,23 @@ class CachedMeasurer:
 def corpus(info, out: Path, trials: int, measurer) -> Path:
     """The transfer corpus: ``trials`` random configs of each development workload on this device, measured
     once (a re-run tops it up)."""
+    from collections import Counter
+
+    from tuner.errors import ErrorCode
     from tuner.logs import load_records
+    from tuner.logs.record import canonical_json
     from tuner.search import tune
     from tuner.templates import get_template
     path = out / f"tuning_corpus_{info.fingerprint}.jsonl"
+    have = Counter(r.workload_key for r in (load_records(str(path)) if path.exists() else ())
+                   if r.error_code != ErrorCode.INSTANTIATION)  # measured configs per workload
     with tempfile.TemporaryDirectory(prefix="tuning-corpus-") as d:
         for name, tname, kw in DEVELOPMENT:
             wl = get_template(tname).workload(**kw)
-            key = json.dumps(wl.key(), sort_keys=True)
-            have = sum(r.template == tname and json.dumps(r.workload, sort_keys=True) == key and r.error_code != 1
-                       for r in (load_records(str(path)) if path.exists() else ()))
-            if have >= trials:
+            n = have[(tname, canonical_json(wl.key()))]
+            if n >= trials:
                 continue
-            res = tune(tname, wl, device=info, trials=trials - have, sampler="random", seed=1234, log=str(path),
+            res = tune(tname, wl, device=info, trials=trials - n, sampler="random", seed=1234, log=str(path),
                        storage=f"sqlite:///{os.path.join(d, 'study.db')}", transfer=False, progress=False,
                        scopes=SCOPES, options=options(), measurer=measurer)
             print(f"corpus {name}: {res.measured} new, best {res.best.gflops if res.best else 0:.2f} GFLOP/s",

@@ -50,8 +50,7 @@ def test_every_error_code_from_a_real_failing_config(device):
     assert results[0].max_rel_error < 1e-4 and len(results[0].costs) >= 2
 
     # failures are never the best record, whatever their timings
-    scopes = {"input": "buffer", "weight": "buffer", "output": "buffer"}
-    records = [_record(t, wl, scopes, cfg, device.info, res, i, "test", "s") for i, ((_, cfg, _), res)
+    records = [_record(t, wl, cfg, device.info, res, i, "test", "s") for i, ((_, cfg, _), res)
                in enumerate(zip(cases, results))]
     for r in records[1:-1]:
         r.median_s, r.gflops = 1e-9, 1e9  # a failure that claims to be fast

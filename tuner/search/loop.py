@@ -23,8 +23,8 @@ from tuner.search.samplers import make_sampler
 from tuner.search.task import TuningTask, log_knowledge
 
 
-def record_of(t, workload, scopes, cfg, info, res: MeasureResult, trial, sampler, study) -> Record:
-    """The record of one measurement (``scopes`` are the config's own)."""
+def record_of(t, workload, cfg, info, res: MeasureResult, trial, sampler, study) -> Record:
+    """The record of one measurement (its scopes are the config's own)."""
     return Record.new(t.name, workload, cfg, info, costs=res.costs if res.ok else (), error_code=res.error_code,
                       error_msg=res.error_msg[:4000], max_rel_error=res.max_rel_error, timestamp=res.timestamp,
                       duration_s=res.duration_s, trial=trial, sampler=sampler, study=study)
@@ -115,7 +115,7 @@ class Evaluator:
         if self.measurer is None:
             self.measurer = self.stack.enter_context(self.open_measurer())
         outs = self.measurer.measure([MeasureInput(s.task.template, s.task.workload, c) for c in cfgs])
-        recs = [record_of(t, s.task.workload, s.task.scopes, c, self.info, res, tr.number, s.sampler,
+        recs = [record_of(t, s.task.workload, c, self.info, res, tr.number, s.sampler,
                         s.study.study_name) for (tr, _), c, res in zip(proposals, cfgs, outs)]
         strategy.measured(proposals, recs)
         append_records(self.log, recs)
