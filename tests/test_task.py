@@ -207,3 +207,29 @@ def test_a_source_checkout_finds_templates_and_search_spaces(tmp_path):
     templates, space, path = r.stdout.splitlines()
     assert Path(templates) == ROOT / "templates" / "__init__.py" and Path(space) == ROOT / "search_space" / "dense.toml"
     assert str(ROOT) in path  # the checkout's root joined tuner.__path__ (no editable finder here)
+
+
+def test_a_sibling_log_that_vanishes_while_it_is_read_is_skipped(tmp_path, monkeypatch):
+    """Another tuner's writability probe (``ensure_writable``) creates and removes its log: a transfer read that
+    lists the folder in between must skip the file, not fail (it failed a threaded worker test in CI)."""
+    import tuner.logs
+    from tuner.search import task as task_mod
+
+    t, ghost = TuningTask("conv2d", _conv(), BUFFERS), tmp_path / "other.jsonl"
+    ghost.write_text("")
+    real = tuner.logs.load_records
+
+    def vanish(path):  # the probe removes the file after it was listed and stat'ed
+        path.unlink()
+        return real(path)
+
+    monkeypatch.setattr(tuner.logs, "load_records", vanish)
+    assert task_mod.log_knowledge(str(tmp_path / "mine.jsonl"), t, "fp", _Space(), True) == ({}, [])
+    monkeypatch.setattr(tuner.logs, "load_records", real)
+    ghost.mkdir()  # there, but not a log: still an error
+    with pytest.raises(TunerError):
+        task_mod._records(ghost)
+
+
+class _Space:
+    choices = {"dtype": ["float32"]}

@@ -174,7 +174,7 @@ def log_knowledge(log: str, task: TuningTask, fingerprint: str, space, transfer:
     score = lambda r: r.gflops if r.ok and r.gflops else 0.0  # noqa: E731
     logs = [Path(log)] + (sorted(p for p in Path(log).parent.glob("*.jsonl") if p != Path(log)) if transfer else [])
     for path in logs:
-        for r in _records(path) if path.exists() else ():
+        for r in _records(path):
             if path != logs[0] and r.device == fingerprint:
                 continue  # another log's records of this device: not this run's to answer from or weigh as its own
             values = {"dtype": r.workload.get("dtype"), **r.config}
@@ -195,10 +195,15 @@ def log_knowledge(log: str, task: TuningTask, fingerprint: str, space, transfer:
 def _records(path) -> list:
     """A log's records, read again only when the file changed (a model's tasks each read the device logs)."""
     from tuner.logs import load_records
-    st = path.stat()
-    key = (str(path.resolve()), st.st_mtime_ns, st.st_size)
-    if _READ.get(key[0], (None,))[0] != key:
-        _READ[key[0]] = (key, load_records(path))
+    try:
+        st = path.stat()
+        key = (str(path.resolve()), st.st_mtime_ns, st.st_size)
+        if _READ.get(key[0], (None,))[0] != key:
+            _READ[key[0]] = (key, load_records(path))
+    except (FileNotFoundError, TunerError):
+        if path.exists():
+            raise
+        return []  # gone since the listing: another tuner's writability probe (ensure_writable) or a removed log
     return _READ[key[0]][1]
 
 
