@@ -302,6 +302,28 @@ def _cl_copy_rate(dev, nbytes: int = 1 << 30, repeats: int = 10) -> dict:
             "size_bytes": nbytes, "copied": bool((check == 1).all())}
 
 
+def _cl_empty_kernel(dev, repeats: int = 100) -> dict:
+    """Seconds an OpenCL profiling event reports for a kernel that does almost nothing (one work-item stores one
+    float): the floor under every kernel time measured the same way; median of ``repeats``."""
+    import pyopencl as cl
+    knl = cl.Program(dev.context, "__kernel void nop(__global float *o) { o[get_global_id(0)] = 1.0f; }").build().nop
+    out = cl.Buffer(dev.context, cl.mem_flags.WRITE_ONLY, 4)
+    times = []
+    for i in range(repeats + 5):
+        ev = knl(dev.queue, (1,), (1,), out)
+        ev.wait()
+        if i >= 5:
+            times.append((ev.profile.end - ev.profile.start) * 1e-9)
+    return {"median_s": statistics.median(times), "min_s": min(times)}
+
+
+def _torch_empty_kernel(repeats: int = 100) -> float:
+    """CUPTI's mean kernel time of a one-element in-place add: the floor under the cuDNN columns."""
+    import torch
+    t = torch.zeros(1, device=_tdev())
+    return _kernel_time(lambda: t.add_(1.0), repeats=repeats)
+
+
 def _torch_rates(matmul_n: int = 8192, copy_bytes: int = 1 << 30, repeats: int = 10) -> dict:
     """Cross-checks through PyTorch on its device: FLOP/s of an n x n x n torch.matmul in float32 without TF32
     (and float16, tensor cores, on CUDA), bytes/s (read + write) of a device-to-device copy_ of copy_bytes."""
@@ -349,10 +371,13 @@ def cmd_peak(args) -> int:
     peak["cl_copy_bytes_per_s"] = r.pop("bytes_per_s")
     peak["cl_copy"] = r
     print(f"OpenCL copy: {peak['cl_copy_bytes_per_s'] / 1e9:.1f} GB/s {r}", flush=True)
+    peak["cl_empty_kernel"] = _cl_empty_kernel(dev)
+    print(f"OpenCL empty kernel (profiling events): {peak['cl_empty_kernel']['median_s'] * 1e6:.2f} us", flush=True)
     try:
         import torch
         peak.update(gpu=_gpu_name(), torch=torch.__version__, **_torch_rates(args.matmul_n, args.copy_mib << 20,
                                                                            args.peak_repeats))
+        peak["torch_empty_kernel_s"] = _torch_empty_kernel()
     except Exception as e:  # the OpenCL numbers are the bound; the cross-checks must not lose them
         peak["torch_error"] = f"{type(e).__name__}: {e}"
     print(json.dumps({k: v for k, v in peak.items() if not isinstance(v, dict)}), flush=True)
@@ -587,7 +612,19 @@ def _peak_text(peak: dict | None) -> list:
             f"{f('torch_copy_bytes_per_s', 'GB/s', 1e9)}. `x / bound` is kernel time over the bound (1.0 = at "
             f"the roofline). The bound uses DRAM bandwidth and CUDA-core FMAs: cuDNN's float16 convolutions use "
             f"tensor cores, and a layer's tensors can stay in L2 between the repeated timed runs, so a ratio "
-            f"below 1 is possible there."]
+            f"below 1 is possible there." + _floor_text(peak)]
+
+
+def _floor_text(peak: dict) -> str:
+    """The two timing methods' floors (an almost empty kernel), when the peak stage measured them."""
+    cl_s = _num((peak.get("cl_empty_kernel") or {}).get("median_s"))
+    torch_s = _num(peak.get("torch_empty_kernel_s"))
+    if not cl_s:
+        return ""
+    torch_part = f"; CUPTI reports {torch_s * 1e6:.2f} us for a one-element torch add" if torch_s else ""
+    return (f" Timing floor: an OpenCL kernel that stores one float takes {cl_s * 1e6:.2f} us by OpenCL "
+            f"profiling events (median of 100){torch_part}. Layers of a few microseconds are compared near these "
+            f"floors; nothing is subtracted.")
 
 
 def _best_of_layer(best: dict, row: dict, scope: str):

@@ -112,6 +112,7 @@ class Conv2dConfig:
     cache_input: bool = False  # texture RFC A0: copy a buffer input into a texture scratch first
     local_input: bool = False  # a work-group stages its input tile (window halo included) in __local memory
     compute: str = "float32"  # float32; half: half4 loads and products, float32 sums; half_acc: half sums too
+    split_k: int = 1  # work-items of a work-group sharing each tile's reduction, partial sums summed in __local
 
 
 def scope_layout(scope: str, texture_layout: str, buffer_layout: str, weight=False):
@@ -141,10 +142,13 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
     g_w, g_h = -(-n_ow // cfg.wg_w), -(-n_oh // cfg.wg_h)
     vector_input = cfg.vec_load == 4 or X.scope != "global" or cfg.cache_input or cfg.local_input
     arith = Arithmetic(cfg.compute, wl.dtype)
+    steps, sk = CG4 // cfg.split_c, cfg.split_k
+    if sk > 1 and cfg.local_input:
+        raise ValueError("split_k > 1 and local_input: the work-items of a split stage different channel blocks")
     b = Builder()
-    with b.loop("nb", N * n_ob, "group.2") as nb, b.loop("gh", g_h, "group.1") as gh, \
-            b.loop("th", cfg.wg_h, "local.1") as th, b.loop("gw", g_w, "group.0") as gw, \
-            b.loop("tw", cfg.wg_w, "local.0") as tw:
+    with b.loop("nb", N * n_ob, "group.2") as nb, b.loop("tk", sk, "local.2") as tk, \
+            b.loop("gh", g_h, "group.1") as gh, b.loop("th", cfg.wg_h, "local.1") as th, \
+            b.loop("gw", g_w, "group.0") as gw, b.loop("tw", cfg.wg_w, "local.0") as tw:
         n, obb = nb // n_ob, nb % n_ob
         grp = (obb * t_oc) // OBG if G > 1 else 0  # a tile's output blocks are all in one group
         oh0, ow0 = (gh * cfg.wg_h + th) * t_oh, (gw * cfg.wg_w + tw) * t_ow
@@ -152,19 +156,24 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
         window = "unrolled" if cfg.unroll_rs else "serial"
         tile = LocalTile(b, cfg, (cfg.split_c, t_oh, t_ow), (sh, sw), (dh, dw), (R, S), arith) \
             if cfg.local_input else None
-        steps = CG4 // cfg.split_c
-        with b.loop("cbo", steps) as cbo:
-            if tile is not None:  # stage this step's split_c input blocks, halo included, for the work-group
-                if steps > 1:
-                    b.barrier()  # every work-item is done reading the previous step's tile
-                base = grp * CG4 + cbo * cfg.split_c if G > 1 else cbo * cfg.split_c
-                tile.load(lambda k, ih, iw: input_pixel(X, n, base + k, ih, iw, H, W, arith),
-                          (gh * cfg.wg_h * t_oh * sh - pt, gw * cfg.wg_w * t_ow * sw - pl), th * cfg.wg_w + tw)
-            with b.loop("cbi", cfg.split_c, "unrolled") as cbi, b.loop("r", R, window) as r, \
-                    b.loop("s", S, window) as s:
-                conv_step(b, cfg, wl, X, Wt, acc, arith, tile, vector_input, n, grp, obb, oh0, ow0, th, tw,
-                          cbo, cbi, r, s, (C4, CG4, OB, G, H, W))
-        store_tile(b, acc, Y, n, obb, oh0, ow0, (t_oc, t_oh, t_ow), (OB, OH, OW), wl, B, Res)
+        with b.loop("cbk", -(-steps // sk)) as cbk:
+            cbo = cbk * sk + tk  # interleaved: the work-items of a split read neighbouring channel blocks
+            with b.if_(cbo < steps) if steps % sk else nullcontext():
+                if tile is not None:  # stage this step's split_c input blocks, halo included, for the work-group
+                    if steps > 1:
+                        b.barrier()  # every work-item is done reading the previous step's tile
+                    base = grp * CG4 + cbo * cfg.split_c if G > 1 else cbo * cfg.split_c
+                    tile.load(lambda k, ih, iw: input_pixel(X, n, base + k, ih, iw, H, W, arith),
+                              (gh * cfg.wg_h * t_oh * sh - pt, gw * cfg.wg_w * t_ow * sw - pl), th * cfg.wg_w + tw)
+                with b.loop("cbi", cfg.split_c, "unrolled") as cbi, b.loop("r", R, window) as r, \
+                        b.loop("s", S, window) as s:
+                    conv_step(b, cfg, wl, X, Wt, acc, arith, tile, vector_input, n, grp, obb, oh0, ow0, th, tw,
+                              cbo, cbi, r, s, (C4, CG4, OB, G, H, W))
+        owner = None
+        if sk > 1:
+            acc, owner = split_sums(b, acc, t_oc * t_oh * t_ow, sk, tk, cfg.wg_w * cfg.wg_h, th * cfg.wg_w + tw,
+                                    arith.acc)
+        store_tile(b, acc, Y, n, obb, oh0, ow0, (t_oc, t_oh, t_ow), (OB, OH, OW), wl, B, Res, owner)
     kernel = b.kernel("conv2d_nchw4c", [p for p in operands if p is not None])
     return cache_read(kernel, X, "texture", cfg.act_layout) if cfg.cache_input else kernel
 
@@ -312,18 +321,41 @@ def bias_buffer(O: int, dtype: str, weight_scope: str):
                                        else ("global", "bias4_buffer")))
 
 
-def store_tile(b, acc, Y, n, obb, oh0, ow0, tile, bounds, wl, B=None, Res=None):
+def split_sums(b, acc, n: int, sk: int, tk, items: int, lid, dtype: str):
+    """The ``sk`` work-items of a split (``tk``: which one) each hold partial sums of the same ``n`` outputs:
+    they write them to ``__local`` memory and output ``i`` is summed and stored by work-item ``i % sk``.
+    ``items``/``lid``: the work-items of one split and this one's id among them. Returns (sums, owner)
+    for ``store_tile``: ``sums[i]`` reads the total, ``owner(i)`` says whether this work-item stores it."""
+    part = b.allocate("part", (sk * items * n,), dtype, "local")
+    for i in range(n):
+        b.store(part, (tk * items + lid) * n + i, acc[i])
+    b.barrier()
+
+    class Sums:
+        def __getitem__(self, i):
+            v = part[lid * n + i]
+            for j in range(1, sk):
+                v = v + part[(j * items + lid) * n + i]
+            return v
+
+    return Sums(), lambda i: tk.equal(i % sk)
+
+
+def store_tile(b, acc, Y, n, obb, oh0, ow0, tile, bounds, wl, B=None, Res=None, owner=None):
     """The fused epilogue (bias, residual add, then ReLU/ReLU6: ResNet's ``relu(conv + bn + identity)``) and a
-    guarded store of every tile pixel."""
+    guarded store of every tile pixel; ``owner(i)``, if given, is the condition under which this work-item
+    stores tile entry ``i`` (a split reduction's sums, see ``split_sums``)."""
     (t_oc, t_oh, t_ow), (OB, OH, OW) = tile, bounds
     for k in range(t_oc):
         ob = obb * t_oc + k
         for y in range(t_oh):
             for x in range(t_ow):
                 oh, ow = oh0 + y, ow0 + x
-                with b.if_((ob < OB) & (oh < OH) & (ow < OW)):
+                i = (k * t_oh + y) * t_ow + x
+                inside = (ob < OB) & (oh < OH) & (ow < OW)
+                with b.if_(inside & owner(i) if owner is not None else inside):
                     lanes = Ramp(ob * 4, as_expr(1), 4)
-                    v = acc[(k * t_oh + y) * t_ow + x]
+                    v = acc[i]
                     if v.dtype.base == "float16":  # half accumulators: the epilogue runs in float
                         v = Cast(DType("float32", v.lanes), v)
                     if B is not None:
@@ -445,7 +477,10 @@ def window_features(v: dict, k: dict, oc: int, blocks: int, lanes: int) -> dict:
 
 
 def features(v: dict, k: dict) -> dict:
-    return window_features(v, k, k["tile_oc"], v["OB"], 16)
+    f = window_features(v, k, k["tile_oc"], v["OB"], 16)
+    split = _log2(k.get("split_k", 1))  # work-items per tile: more of them, each with a shorter reduction
+    return {**f, "items": f["items"] + split, "wg_size": f["wg_size"] + split, "split_k": split,
+            "steps_per_item": _log2(v["CG4"] * v["R"] * v["S"] / k.get("split_k", 1))}
 
 
 def describe(wl: Conv2dWorkload) -> str:

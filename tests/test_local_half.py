@@ -35,6 +35,32 @@ def test_local_input_matches_numpy(device, name, scope, dtype):
     check()
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("scope", ["texture", "buffer"])
+def test_split_k_matches_numpy(device, scope, dtype):
+    """conv2d's ``split_k``: the work-items of a split sum interleaved channel steps, then combine in __local."""
+    @given(fields=FIELDS["conv2d"], seed=st.integers(0, 2**32 - 1), k=st.sampled_from([2, 4, 8]))
+    def check(fields, seed, k):
+        exe = check_random_config(device, "conv2d", fields, dtype, seed, split_k=k, **scopes(scope))
+        assert exe is None or ("__local" in exe.source and "barrier(CLK_LOCAL_MEM_FENCE)" in exe.source)
+    check()
+
+
+def test_split_k_needs_a_step_per_work_item_and_fits_local_memory(device):
+    t = get_template("conv2d")
+    wl = t.workload(data=(1, 16, 8, 8), kernel=(8, 16, 3, 3), padding=1)  # 4 channel blocks
+    bufs = scopes("buffer")
+    assert t.space(wl, device, split_k=4, **bufs).size() > 0
+    assert t.space(wl, device, split_k=8, **bufs).size() == 0  # 4 steps cannot feed 8 work-items
+    assert t.space(wl, device, split_k=2, local_input=True, **bufs).size() == 0
+    small = dataclasses.replace(device.info, local_mem_bytes=1024)  # 2 x (4x2) x 4 entries x 16 B = 1 KiB fits
+    big = dict(split_k=2, wg_w=4, wg_h=2, tile_oc=2, tile_oh=1, tile_ow=2, split_c=1, **bufs)
+    assert t.space(wl, small, **big).size() > 0
+    assert t.space(wl, small, **{**big, "tile_oh": 2}).size() == 0
+    with pytest.raises(ValueError, match="local_input"):
+        t.build(wl, t.config(split_k=2, local_input=True))
+
+
 @pytest.mark.parametrize("compute", ["half", "half_acc"])
 @pytest.mark.parametrize("scope", ["texture", "buffer"])
 @pytest.mark.parametrize("name", ["conv2d", "depthwise_conv2d", "dense"])
@@ -97,6 +123,7 @@ def test_fallback_keeps_new_knobs_off(device, name):
               "dense": dict(data=(1, 32), weight=(8, 32))}[name]
     cfg = t.fallback(t.workload(**fields, dtype="float16"), device.info)
     assert cfg.compute == "float32" and not getattr(cfg, "local_input", False)
+    assert name != "conv2d" or cfg.split_k == 1
 
 
 def test_features_see_the_new_knobs():

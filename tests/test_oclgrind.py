@@ -117,6 +117,17 @@ CASES = [
      "workload": {"data": (1, 16, 6, 6), "kernel": (8, 16, 3, 3), "padding": 1, "dtype": "float16"},
      "config": {"local_input": True, "split_c": 2, "tile_ow": 2, "wg_w": 2, "wg_h": 2, "input_scope": "buffer",
                 "output_scope": "buffer"}},
+    # split_k: the work-items of a split each sum part of the channel steps and combine them in __local memory;
+    # a missing barrier before the sums is a data race, a partials index past the allocation out of bounds.
+    {"label": "conv2d buffer, split_k=4 over C=20 (5 steps: ragged), wg 2x2, tiles 2x1x2, residual, relu",
+     "template": "conv2d",
+     "workload": {"data": (1, 20, 7, 6), "kernel": (8, 20, 3, 3), "padding": 1, "residual": True, "bias": True,
+                  "activation": "relu"},
+     "config": {"split_k": 4, "tile_oc": 2, "tile_ow": 2, "wg_w": 2, "wg_h": 2, **BUFFERS}},
+    {"label": "conv2d texture, split_k=2 grouped g2 C=16, split_c=2, stride 2, batch 2",
+     "template": "conv2d",
+     "workload": {"data": (2, 16, 7, 7), "kernel": (8, 8, 3, 3), "groups": 2, "stride": 2, "padding": 1},
+     "config": {"split_k": 2, "split_c": 1, "tile_oc": 1, "tile_ow": 2, "wg_w": 2, "wg_h": 1}},
     {"label": "depthwise buffer, local tile: C=9 tile_cb=2 5x5 stride 2 pad 2, wg 2x3, batch 2",
      "template": "depthwise_conv2d",
      "workload": {"data": (2, 9, 9, 8), "kernel": (9, 1, 5, 5), "stride": 2, "padding": 2, "bias": True},
@@ -138,6 +149,10 @@ SAMPLED_WORKLOADS = {
 CASES += [{"label": f"{name} sampled config, {scope} scopes, seed {seed}", "template": name, "workload": wl,
            "sample": {"seed": seed, "fixed": {f"{k}_scope": scope for k in ("input", "weight", "output")}}}
           for name, wl in SAMPLED_WORKLOADS.items() for scope in ("texture", "buffer") for seed in (1, 2)]
+CASES += [{"label": f"conv2d sampled config with split_k={k}, {scope} scopes", "template": "conv2d",
+           "workload": {"data": (1, 16, 5, 6), "kernel": (8, 16, 3, 3), "padding": 1, "residual": True},
+           "sample": {"seed": 4, "fixed": {"split_k": k, **{f"{o}_scope": scope for o in ("input", "weight", "output")}}}}
+          for k, scope in ((2, "texture"), (4, "buffer"))]
 CASES += [{"label": f"{name} sampled config with local_input, {scope} scopes", "template": name, "workload": wl,
            "sample": {"seed": 3, "fixed": {"local_input": True,
                                            **{f"{k}_scope": scope for k in ("input", "weight", "output")}}}}

@@ -172,12 +172,14 @@ def log_knowledge(log: str, task: TuningTask, fingerprint: str, space, transfer:
     known, others = {}, []
     mine, t, names = task.record_key(fingerprint), task.tmpl, list(space.choices)
     score = lambda r: r.gflops if r.ok and r.gflops else 0.0  # noqa: E731
+    # a record written before a knob existed ran with its default (the config dataclass's)
+    defaults = {f.name: f.default for f in dataclasses.fields(t.config) if f.default is not dataclasses.MISSING}
     logs = [Path(log)] + (sorted(p for p in Path(log).parent.glob("*.jsonl") if p != Path(log)) if transfer else [])
     for path in logs:
         for r in _records(path):
             if path != logs[0] and r.device == fingerprint:
                 continue  # another log's records of this device: not this run's to answer from or weigh as its own
-            values = {"dtype": r.workload.get("dtype"), **r.config}
+            values = {**defaults, "dtype": r.workload.get("dtype"), **r.config}
             if r.task_key == mine and all(values.get(n) in space.choices[n] for n in names):  # pinned knobs too
                 k = tuple(values[n] for n in names)
                 if k not in known or score(r) > score(known[k]):
