@@ -84,7 +84,7 @@ def cmd_tune(args) -> int:
     done_tasks, seen = 0, set()
     with Measurer(info, options) as measurer:
         for model, dtype, scope, task, names in rows:
-            if task.key() in seen:
+            if task.key() in seen or (args.templates and task.template not in args.templates.split(",")):
                 continue
             seen.add(task.key())
             todo = args.trials - measured(index, task)
@@ -750,6 +750,7 @@ def main(argv=None) -> int:
         s.add_argument("--device", default="nvidia")
         s.add_argument("--log")
         s.add_argument("--trials", type=int, default=24)
+        s.add_argument("--templates", default="", help="tune only these templates (comma-separated; default all)")
         s.add_argument("--deadline", type=float, default=540.0, help="seconds before no new task starts")
         s.add_argument("--parallel", type=int, default=12)
         s.add_argument("--repeats", type=int, default=25)

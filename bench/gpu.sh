@@ -33,7 +33,7 @@ for stage in "$@"; do
         (cd "$REPO/tests" && TUNER_TEST_DEVICE=nvidia python3 -P -m pytest -q -p no:cacheprovider test_conv2d.py \
           test_codegen.py test_examples.py test_graph_kernels.py test_model.py -m "not slow" -k "not cli" 2>&1 | tail -15)
       } 2>&1 | tee "$OUT/gpu_tests.txt" ;;
-    tune) python3 "$REPO/bench/gpu.py" tune --out "$OUT" --deadline "${DEADLINE:-400}" --trials "${TRIALS:-16}" \
+    tune) python3 "$REPO/bench/gpu.py" tune --out "$OUT" --deadline "${DEADLINE:-400}" --trials "${TRIALS:-16}" --templates "${TEMPLATES:-}" \
             --dtypes "${DTYPES:-float32,float16}" --scopes "${SCOPES:-texture,buffer}" 2>&1 | grep -v "CompilerWarning\|lambda: self._prg" | tee -a "$OUT/gpu_tune.txt"
           for f in "$OUT"/*.jsonl; do gzip -kf "$f"; done ;;  # files over 16 MiB do not come back
     cudnn) python3 "$REPO/bench/gpu.py" cudnn --out "$OUT" 2>&1 | tail -5 ;;
