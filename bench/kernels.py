@@ -57,7 +57,8 @@ or, elsewhere, a CPU wheel from PyTorch's own index (the default PyPI wheel pull
 
 CSV_FIELDS = ["model", "layer", "template", "count", "workload", "config_label", "config", "scope", "dtype",
               "median_s", "gflops", "torch_median_s", "torch_gflops", "ratio", "max_rel_err", "ok", "error",
-              "note", "min_s", "torch_min_s", "torch1_median_s", "repeats", "torch_threads", "device"]
+              "note", "min_s", "torch_min_s", "torch1_median_s", "repeats", "torch_threads", "device",
+              "kernel_template"]
 
 # The module of each template, for loading one directly when the registry cannot import all of them yet.
 TEMPLATE_MODULES = {"conv2d": "conv2d_nchw4c", "depthwise_conv2d": "depthwise_conv2d_nchw4c", "dense": "dense"}
@@ -221,6 +222,50 @@ def configs_for(t, wl, info) -> list:
     return out
 
 
+def log_bests(path, fingerprint: str) -> dict:
+    """``(template, canonical workload json) -> Record``: the fastest successful record of each workload on this
+    device in the tuning log at ``path`` (any scopes)."""
+    from tuner.logs import load_records
+    from tuner.logs.record import canonical_json
+    best = {}
+    for r in load_records(path):
+        if r.device != fingerprint or not r.ok or not r.median_s:
+            continue
+        k = (r.template, canonical_json(r.workload))
+        if k not in best or r.median_s < best[k].median_s:
+            best[k] = r
+    return best
+
+
+def winograd_workloads(t, wl) -> list:
+    """``[(template, workload)]`` of the Winograd templates that compute a conv2d workload: a 3x3, stride-1,
+    dilation-1, ungrouped convolution; none for anything else."""
+    if t.name != "conv2d" or wl.kernel[2:] != (3, 3) or wl.stride != (1, 1) or wl.dilation != (1, 1) \
+            or wl.groups != 1:
+        return []
+    out = []
+    for name in ("winograd2", "winograd4"):
+        tw, _ = load_template(name)
+        if tw is not None:
+            out.append((tw, tw.workload(data=wl.data, kernel=wl.kernel, padding=wl.padding, dtype=wl.dtype,
+                                        bias=wl.bias, activation=wl.activation, residual=wl.residual)))
+    return out
+
+
+def tuned_configs(t, wl, bests: dict) -> list:
+    """``[(label, config, note, template, workload)]``: the log's fastest config of the layer's template and,
+    for a 3x3 stride-1 conv2d, of each Winograd template (another kernel for the same layer)."""
+    from tuner.logs.record import canonical_json
+    out = []
+    for tmpl, w in [(t, wl), *winograd_workloads(t, wl)]:
+        r = bests.get((tmpl.name, canonical_json(w.key())))
+        if r is not None:
+            cfg = tmpl.config(**r.config)  # a knob the record predates takes its default
+            label = f"tuned ({config_label(cfg)})" if tmpl is t else f"tuned {tmpl.name} ({config_label(cfg)})"
+            out.append((label, cfg, "", tmpl, w))
+    return out
+
+
 def jsonable(obj):
     if dataclasses.is_dataclass(obj):
         obj = dataclasses.asdict(obj)
@@ -343,13 +388,17 @@ def bench_layer(layer, t, wl, cfgs, device, torch, args, rng_torch) -> list:
                 ref_cache["ref"] = t.reference(w, inp)
             return ref_cache["ref"]
         check_t = dataclasses.replace(t, reference=cached_reference)  # t.check, one reference per layer
-    for label, cfg, note in cfgs:
+    for label, cfg, note, *other in cfgs:
         if cfg is None:
             r = {"median_s": None, "min_s": None, "max_rel_err": None, "ok": False, "error": note or "no config"}
             note = ""
+        elif other:  # another template for the same layer (Winograd): its own inputs and reference
+            tw, ww = other
+            r = run_config(tw, ww, cfg, device, tw.random_inputs(ww, np.random.default_rng(args.seed)), tw,
+                           args.repeats)
         else:
             r = run_config(t, wl, cfg, device, inputs, check_t, args.repeats)
-        results.append((label, cfg, r, note))
+        results.append((label, cfg, r, note, other[0].name if other else layer["template"]))
     # PyTorch after ours, so that its OpenMP threads' spin-wait never overlaps our timed kernels
     tm = tmin = tm1 = None
     try:
@@ -366,10 +415,11 @@ def bench_layer(layer, t, wl, cfgs, device, torch, args, rng_torch) -> list:
         print(f"warning: PyTorch failed on {layer['model']}.{layer['name']}: {short_error(e)}", file=sys.stderr)
     t_gflops = flops / tm / 1e9 if tm else None
     rows = []
-    for label, cfg, r, note in results:
+    for label, cfg, r, note, kernel_template in results:
         gflops = flops / r["median_s"] / 1e9 if r["median_s"] else None
         rows.append({
             "model": layer["model"], "layer": layer["name"], "template": layer["template"], "count": layer["count"],
+            "kernel_template": kernel_template,
             "workload": jsonable(wl.key() if wl is not None and hasattr(wl, "key") else layer["workload"]),
             "config_label": label, "config": jsonable(cfg) if cfg is not None else "",
             "scope": scope_of(cfg) if cfg is not None else "", "dtype": getattr(wl, "dtype", "float32"),
@@ -405,11 +455,14 @@ def summarize(rows: list, layers: list, meta: dict) -> str:
              f"{meta['ncpu']} CPUs" + (" -- other work was running, so timings are noisy (multi-threaded PyTorch most)"
                                        if meta['load'][0] > 0.5 * meta['ncpu'] else ""),
              "- ratio = our GFLOP/s / PyTorch GFLOP/s (above 1: ours is faster); best = fastest config that "
-             "passed its check", "",
+             "passed its check" + (f"; `tuned`: the fastest config of the layer in the log `{meta['log']}` on this "
+                                   "device (and of the Winograd templates for a 3x3 stride-1 conv2d), timed here "
+                                   "again" if meta.get("log") else ""), "",
              "| model | layer | template | x | MFLOP | best config | ours ms | ours GFLOP/s | fallback GFLOP/s "
              "| torch ms | torch GFLOP/s | ratio best | ratio fallback | failed |",
              "| --- | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     best_ratios, fb_ratios, quiet_ratios, totals, n_noisy = [], [], [], {}, 0
+    per_template = {}  # layer template -> [(best ratio, tuned ratio or None, kernel template of the best)]
     for layer in layers:
         mine = [r for r in rows if r["model"] == layer["model"] and r["layer"] == layer["name"]]
         if not mine:
@@ -431,6 +484,10 @@ def summarize(rows: list, layers: list, meta: dict) -> str:
                 quiet_ratios.append(best["ratio"])
         if fb and fb["ratio"]:
             fb_ratios.append(fb["ratio"])
+        if best and best["ratio"]:
+            tuned = [r for r in ok if r["config_label"].startswith("tuned (") and r["ratio"]]
+            per_template.setdefault(layer["template"], []).append(
+                (best["ratio"], tuned[0]["ratio"] if tuned else None, best.get("kernel_template") or layer["template"]))
         tot = totals.setdefault(layer["model"], [0.0, 0.0, 0, 0])
         tot[3] += 1
         if best and tm and not noisy:
@@ -450,6 +507,20 @@ def summarize(rows: list, layers: list, meta: dict) -> str:
               f"layers; fallback config: {fmt(g_fb, '.3f')} over {len(fb_ratios)} layers"
               + (f"; best config on the {len(quiet_ratios)} layers not marked (noisy): "
                  f"{fmt(geomean(quiet_ratios), '.3f')}." if n_noisy else "."), ""]
+    if per_template:
+        lines += ["Per template (a layer's template; its best kernel may be a Winograd template's for a 3x3 "
+                  "stride-1 conv2d):", "",
+                  "| template | layers | geomean ratio, best config | geomean ratio, the log's tuned config "
+                  "(layers with one) | best kernel by template |", "| --- | ---: | ---: | ---: | --- |"]
+        for name, vals in sorted(per_template.items()):
+            tuned = [v[1] for v in vals if v[1]]
+            winners = {}
+            for v in vals:
+                winners[v[2]] = winners.get(v[2], 0) + 1
+            lines.append(f"| {name} | {len(vals)} | {fmt(geomean([v[0] for v in vals]), '.3f')} | "
+                         f"{fmt(geomean(tuned), '.3f')} ({len(tuned)}) | "
+                         + ", ".join(f"{k} {n}" for k, n in sorted(winners.items())) + " |")
+        lines.append("")
     if n_noisy:
         lines += [f"(noisy): on {n_noisy} layers a median is over twice the minimum of its repeats (ours or "
                   "PyTorch's), or PyTorch on all threads took over twice as long as on one thread (the CSV has "
@@ -540,6 +611,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=None,
                     help="PyTorch threads (default: the CPUs the OpenCL device uses)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    ap.add_argument("--log", default=None, help="a tuning log: each layer's fastest logged config on this device "
+                    "is timed too (and, for a 3x3 stride-1 conv2d, the Winograd templates' fastest)")
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error("--repeats must be at least 1")
@@ -581,6 +654,11 @@ def main(argv=None) -> int:
     print(f"device {info.platform} / {info.name} ({device.fingerprint}); PyTorch {torch.__version__} with "
           f"{threads} threads; {len(layers)} layers, {args.repeats} repeats -> {csv_path}", flush=True)
 
+    try:
+        bests = log_bests(args.log, device.fingerprint) if args.log else {}
+    except TunerError as e:
+        print(f"error: --log: {e}", file=sys.stderr)
+        return 2
     plans = []
     for layer in layers:
         t, terr = templates[layer["template"]]
@@ -588,7 +666,7 @@ def main(argv=None) -> int:
         if t is not None:
             try:
                 wl = make_workload(t, layer["workload"])
-                cfgs = configs_for(t, wl, info)
+                cfgs = configs_for(t, wl, info) + tuned_configs(t, wl, bests)
             except Exception as e:  # noqa: BLE001
                 terr = f"workload: {short_error(e)}"
         plans.append((layer, t, wl, cfgs or [("-", None, f"skipped: {terr}")]))
@@ -616,6 +694,7 @@ def main(argv=None) -> int:
     meta = {"device": f"{info.platform} / {info.name}", "fingerprint": device.fingerprint,
             "torch": torch.__version__, "torch_threads": threads, "cpu": cpu_name(), "suite": args.suite,
             "filter": f" filtered by `{args.layers}`" if args.layers else "", "repeats": args.repeats,
+            "log": args.log,
             "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
             "elapsed_s": time.perf_counter() - t_start, "load": (load0, os.getloadavg()[0]),
             "ncpu": os.cpu_count()}
