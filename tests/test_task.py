@@ -233,3 +233,25 @@ def test_a_sibling_log_that_vanishes_while_it_is_read_is_skipped(tmp_path, monke
 
 class _Space:
     choices = {"dtype": ["float32"]}
+
+
+def test_a_record_written_before_a_knob_existed_counts_with_the_knobs_default(device, tmp_path):
+    """conv2d's ``split_k`` is newer than many logs: their records ran with split_k=1 and are still known (never
+    measured again) and still transfer."""
+    from tuner.logs import append_records
+    from tuner.logs.record import Record
+    from tuner.search.task import log_knowledge
+
+    t = TuningTask("conv2d", _conv(), BUFFERS)
+    space = t.space(device)
+    cfg = dataclasses.replace(t.fallback(device), split_k=1)
+    old = Record.new("conv2d", t.workload, {k: v for k, v in dataclasses.asdict(cfg).items() if k != "split_k"},
+                     device, costs=[1e-3])
+    other = TuningTask("conv2d", _conv(padding=0), BUFFERS)
+    old_other = Record.new("conv2d", other.workload, {k: v for k, v in dataclasses.asdict(cfg).items()
+                                                      if k != "split_k"}, device, costs=[1e-3])
+    log = tmp_path / "old.jsonl"
+    append_records(log, [old, old_other])
+    known, others = log_knowledge(str(log), t, device.fingerprint, space)
+    assert [dict(zip(space.choices, k))["split_k"] for k in known] == [1]
+    assert len(others) == 1 and others[0][1]["split_k"] == 1
