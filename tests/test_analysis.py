@@ -170,7 +170,7 @@ def test_many_files_and_globs_merge_templates(tuned, known, tmp_path, device):
     assert d["task"].iloc[0] == "dense 16->8 n2 +bias+relu6 [buffer]"
     assert d["wl.weight"].iloc[0] == (8, 16) and d["wl.kernel"].isna().all()
     assert str(df["cfg.tile_oc"].dtype) == "Int64" and d["cfg.tile_oc"].isna().all()  # a conv2d knob
-    assert (d["cfg.split_k"].notna()).all() and df.loc[df["template"] == "conv2d", "cfg.split_k"].isna().all()
+    assert (d["cfg.weight_pack"].notna()).all() and df.loc[df["template"] == "conv2d", "cfg.weight_pack"].isna().all()
     with pytest.raises(TunerError, match="no such file"):
         load_logs(tmp_path / "missing.jsonl")
     assert load_logs(str(tmp_path / "nothing*.jsonl")).empty

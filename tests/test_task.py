@@ -255,3 +255,22 @@ def test_a_record_written_before_a_knob_existed_counts_with_the_knobs_default(de
     known, others = log_knowledge(str(log), t, device.fingerprint, space)
     assert [dict(zip(space.choices, k))["split_k"] for k in known] == [1]
     assert len(others) == 1 and others[0][1]["split_k"] == 1
+
+
+def test_a_config_another_tuner_just_asked_is_in_flight_before_its_owner_is_set():
+    """Between ``study.ask`` and setting the ``owner`` attribute a peer's RUNNING trial has no owner: a tuner
+    proposing the same config then must treat it as being measured (it measured it twice in CI), while a dead
+    owner's trial is not."""
+    from types import SimpleNamespace
+
+    from tuner.search.tune import _in_flight_elsewhere, _key
+
+    study = optuna.create_study(direction="maximize")
+    dists = {"a": CategoricalDistribution([1])}  # one config: both ask it
+    s = SimpleNamespace(study=study, names=["a"])
+    peer = study.ask(dists)  # asked by a peer, owner not set yet
+    mine = study.ask(dists)
+    k = _key({"a": 1}, s.names)
+    assert _in_flight_elsewhere(s, k, mine.number)
+    peer.set_user_attr("owner", "some-other-host:1")  # a tuner elsewhere is not known to be alive
+    assert not _in_flight_elsewhere(s, k, mine.number)

@@ -253,8 +253,10 @@ def _peer_trials(s, number: int, states) -> list:
 
 
 def _in_flight_elsewhere(s, k, number: int) -> bool:
-    """Another tuner on this study is measuring the same config (a RUNNING trial it asked first)."""
-    return any(_key(tr.params, s.names) == k and tr.number < number and _owner_alive(tr)
+    """Another tuner on this study is measuring the same config (a RUNNING trial it asked first). A RUNNING
+    trial with no owner yet was asked a moment ago: its tuner sets the owner right after ``ask``."""
+    return any(_key(tr.params, s.names) == k and tr.number < number
+               and ("owner" not in tr.user_attrs or _owner_alive(tr))
                for tr in _peer_trials(s, number, (TrialState.RUNNING,)))
 
 
