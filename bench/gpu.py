@@ -632,12 +632,15 @@ def _best_of_layer(best: dict, row: dict, scope: str):
     (conv2d, ...) and, for a 3x3 stride-1 conv2d, the Winograd templates (their workload key has no stride,
     dilation or groups)."""
     from tuner.logs.record import canonical_json
+    from tuner.templates import get_template
     wd = json.loads(row["workload"])
     keys = [(row["template"], canonical_json(wd))]
-    if row["template"] == "conv2d" and wd.get("kernel", [0, 0, 0, 0])[2:] == [3, 3] and wd.get("stride") == [1, 1] \
-            and wd.get("dilation") == [1, 1] and wd.get("groups", 1) == 1:
-        w = {k: v for k, v in wd.items() if k not in ("stride", "dilation", "groups")}
-        keys += [(m, canonical_json({**w, "op": m})) for m in ("winograd2", "winograd4")]
+    if row["template"] == "conv2d":
+        direct = get_template("conv2d").workload(**{k: v for k, v in wd.items() if k != "op"})
+        for m in ("winograd2", "winograd4"):
+            w = get_template(m).workload.of(direct)
+            if w is not None:
+                keys.append((m, canonical_json(w.key())))
     found = [best[(tmpl, wl, scope)] for tmpl, wl in keys if (tmpl, wl, scope) in best]
     return min(found, key=lambda r: r.median_s, default=None)
 

@@ -225,30 +225,25 @@ def configs_for(t, wl, info) -> list:
 def log_bests(path, fingerprint: str) -> dict:
     """``(template, canonical workload json) -> Record``: the fastest successful record of each workload on this
     device in the tuning log at ``path`` (any scopes)."""
-    from tuner.logs import load_records
-    from tuner.logs.record import canonical_json
+    from tuner.logs import best_records, load_records
     best = {}
-    for r in load_records(path):
-        if r.device != fingerprint or not r.ok or not r.median_s:
-            continue
-        k = (r.template, canonical_json(r.workload))
-        if k not in best or r.median_s < best[k].median_s:
-            best[k] = r
+    for r in best_records(r for r in load_records(path) if r.device == fingerprint).values():  # per scopes
+        if r.workload_key not in best or r.median_s < best[r.workload_key].median_s:
+            best[r.workload_key] = r
     return best
 
 
 def winograd_workloads(t, wl) -> list:
-    """``[(template, workload)]`` of the Winograd templates that compute a conv2d workload: a 3x3, stride-1,
-    dilation-1, ungrouped convolution; none for anything else."""
-    if t.name != "conv2d" or wl.kernel[2:] != (3, 3) or wl.stride != (1, 1) or wl.dilation != (1, 1) \
-            or wl.groups != 1:
+    """``[(template, workload)]`` of the Winograd templates that compute a conv2d workload (``WinogradWorkload.of``
+    says which do); none for another template's."""
+    if t.name != "conv2d":
         return []
     out = []
     for name in ("winograd2", "winograd4"):
         tw, _ = load_template(name)
-        if tw is not None:
-            out.append((tw, tw.workload(data=wl.data, kernel=wl.kernel, padding=wl.padding, dtype=wl.dtype,
-                                        bias=wl.bias, activation=wl.activation, residual=wl.residual)))
+        w = tw.workload.of(wl) if tw is not None else None
+        if w is not None:
+            out.append((tw, w))
     return out
 
 

@@ -330,15 +330,13 @@ def split_sums(b, acc, n: int, sk: int, tk, items: int, lid, dtype: str):
     for i in range(n):
         b.store(part, (tk * items + lid) * n + i, acc[i])
     b.barrier()
-
-    class Sums:
-        def __getitem__(self, i):
-            v = part[lid * n + i]
-            for j in range(1, sk):
-                v = v + part[(j * items + lid) * n + i]
-            return v
-
-    return Sums(), lambda i: tk.equal(i % sk)
+    sums = []
+    for i in range(n):
+        v = part[lid * n + i]
+        for j in range(1, sk):
+            v = v + part[(j * items + lid) * n + i]
+        sums.append(v)
+    return sums, lambda i: tk.equal(i % sk)
 
 
 def store_tile(b, acc, Y, n, obb, oh0, ow0, tile, bounds, wl, B=None, Res=None, owner=None):

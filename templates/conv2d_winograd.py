@@ -100,6 +100,12 @@ def untransform_weights(u: np.ndarray, m: int) -> np.ndarray:
     return np.einsum("ru,oiuv,sv->oirs", P, np.asarray(u, np.float64), P)
 
 
+def computes(kernel, stride, dilation, groups) -> bool:
+    """Whether F(m x m, 3x3) computes a convolution with this window: a 3x3 kernel, stride 1, dilation 1,
+    ungrouped."""
+    return tuple(kernel[2:]) == (3, 3) and tuple(stride) == (1, 1) and tuple(dilation) == (1, 1) and groups == 1
+
+
 @dataclass(frozen=True)
 class WinogradWorkload:
     """A 3x3, stride 1, dilation 1, ungrouped convolution computed by F(m x m, 3x3) (``m`` is the class's:
@@ -132,6 +138,15 @@ class WinogradWorkload:
         """The same convolution as the direct template's workload (its reference, its output shape)."""
         return Conv2dWorkload(self.data, self.kernel, padding=self.padding, dtype=self.dtype, bias=self.bias,
                               activation=self.activation, residual=self.residual)
+
+    @classmethod
+    def of(cls, direct: Conv2dWorkload):
+        """The workload of this tile size that computes the direct template's workload ``direct``, or None
+        where Winograd cannot (see ``computes``)."""
+        if not computes(direct.kernel, direct.stride, direct.dilation, direct.groups):
+            return None
+        return cls(data=direct.data, kernel=direct.kernel, padding=direct.padding, dtype=direct.dtype,
+                   bias=direct.bias, activation=direct.activation, residual=direct.residual)
 
     @property
     def transformed_kernel(self) -> tuple:
@@ -365,8 +380,8 @@ def lowers(workload_class):
         a = node.attrs
         data, w_name = ctx.shape(node.inputs[0]), node.inputs[1]
         w_shape, groups = ctx.shape(w_name), a.get("groups", 1)
-        if (w_shape[2:] != (3, 3) or tuple(a["stride"]) != (1, 1) or tuple(a["dilation"]) != (1, 1)
-                or groups != 1 or is_depthwise(data, w_shape, groups) or not ctx.is_param(w_name)):
+        if (not computes(w_shape, a["stride"], a["dilation"], groups) or is_depthwise(data, w_shape, groups)
+                or not ctx.is_param(w_name)):
             return None
         fields, inputs = node_epilogue(ctx, node)
         wl = workload_class(data=data, kernel=w_shape, padding=tuple(a["padding"]), residual="Res" in inputs,
