@@ -413,6 +413,129 @@ def cmd_cudnn(args) -> int:
     return 0
 
 
+def _graph_stream_time(fn, runs: int = 100, repeats: int = 10) -> float:
+    """Seconds per call of ``fn`` inside a CUDA graph of ``runs`` back-to-back calls (captured once, warmed
+    up on a side stream), replayed: median over ``repeats`` replays of CUDA-event time / ``runs``. The same
+    quantity as ``Executable.time_stream`` for ours: a call among many, launch gaps included, host not timed."""
+    import torch
+    if not torch.cuda.is_available():
+        return _cuda_time(fn, repeats=repeats)
+    with torch.no_grad():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # cudnn.benchmark picks its algorithms here, not during capture
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            for _ in range(runs):
+                fn()
+        graph.replay()
+        return _cuda_time(graph.replay, repeats=repeats, warmup=2) / runs
+
+
+def _cl_empty_stream(dev, runs: int = 1000, repeats: int = 5) -> dict:
+    """The one-float kernel of ``_cl_empty_kernel`` enqueued ``runs`` times back to back behind a user event:
+    seconds per launch from the first start to the last end (profiling queue), and by wall clock from
+    releasing the event to ``finish`` on a profiling queue and on a queue without profiling; medians."""
+    import pyopencl as cl
+    knl = cl.Program(dev.context, "__kernel void nop(__global float *o) { o[get_global_id(0)] = 1.0f; }").build().nop
+    out = cl.Buffer(dev.context, cl.mem_flags.WRITE_ONLY, 4)
+    knl.set_args(out)
+    plain = cl.CommandQueue(dev.context)
+    res = {}
+    for name, q in (("profiling", dev.queue), ("plain", plain)):
+        spans, walls = [], []
+        for i in range(repeats + 1):
+            gate, events = cl.UserEvent(dev.context), []
+            for _ in range(runs):
+                events.append(cl.enqueue_nd_range_kernel(q, knl, (1,), (1,), wait_for=None if events else [gate]))
+            t0 = time.perf_counter()
+            gate.set_status(cl.command_execution_status.COMPLETE)
+            q.finish()
+            wall = time.perf_counter() - t0
+            if i:
+                walls.append(wall / runs)
+                if name == "profiling":
+                    spans.append((events[-1].profile.end - events[0].profile.start) * 1e-9 / runs)
+        res[f"{name}_wall_s"] = statistics.median(walls)
+        if spans:
+            res["profiling_span_s"] = statistics.median(spans)
+    return res
+
+
+def cmd_stream(args) -> int:
+    """gpu_stream.csv: per float32 layer, the best logged kernel of each scope timed two ways (one launch by
+    profiling events, as the log; ``runs`` back-to-back launches), and cuDNN's conv and PyTorch's layer in a
+    CUDA graph of as many back-to-back calls; gpu_floor.json: the same for an empty kernel."""
+    import torch
+
+    from tuner.logs import best_records, load_records
+    from tuner.logs.record import canonical_json
+    from tuner.runtime import open_device
+    from tuner.runtime.launch import build as build_executable
+    from tuner.search.task import workload_of
+    from tuner.templates import get_template
+    _torch_fp32()
+    dev = open_device(args.device)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    floor = {"opencl": _cl_empty_stream(dev), "opencl_event_s": _cl_empty_kernel(dev)["median_s"]}
+    t = torch.zeros(1, device=_tdev())
+    floor["torch_graph_stream_s"] = _graph_stream_time(lambda: t.add_(1.0), runs=1000)
+    floor["torch_cupti_s"] = _torch_empty_kernel() if torch.cuda.is_available() else None
+    print("floor", json.dumps(floor), flush=True)
+    (out / "gpu_floor.json").write_text(json.dumps(floor, indent=1) + "\n")
+    best = {}
+    for r in best_records(r for r in load_records(args.log) if r.device == dev.info.fingerprint).values():
+        scope = "texture" if set(r.scopes.values()) == {"texture"} else "buffer" if set(r.scopes.values()) == {
+            "buffer"} else "mixed"
+        k = (r.template, canonical_json(r.workload), scope)
+        if k not in best or r.median_s < best[k].median_s:
+            best[k] = r
+    rows, seen = [], set()
+    for model, dtype, scope, task, names in suite(dev.info, args.models.split(","), args.dtypes.split(","),
+                                                  alternatives=False):
+        wkey = json.dumps(task.workload.key(), sort_keys=True)
+        if (model, dtype, wkey) in seen:
+            continue
+        seen.add((model, dtype, wkey))
+        row = {"model": model, "dtype": dtype, "template": task.template, "workload": wkey, "count": task.count}
+        conv, full = _torch_layer(task, dtype)
+        with torch.no_grad():
+            row["cudnn_conv_stream_s"] = _graph_stream_time(conv, runs=args.runs)
+            row["torch_layer_stream_s"] = _graph_stream_time(full, runs=args.runs)
+        for sc in ("texture", "buffer"):
+            r = _best_of_layer(best, {"template": task.template, "workload": wkey}, sc)
+            if r is None:
+                continue
+            try:
+                tm = get_template(r.template)
+                wl = workload_of(tm, r.workload)
+                exe = build_executable(tm.build(wl, tm.config(**r.config)), dev)
+                inputs = tm.random_inputs(wl, np.random.default_rng(0))
+                arrays = exe.upload_inputs(**inputs)
+                exe.launch(arrays)
+                err = tm.check(wl, exe.outputs_of(arrays), inputs)
+                row[f"{sc}_template"] = r.template
+                row[f"{sc}_log_s"] = r.median_s
+                row[f"{sc}_event_s"] = statistics.median(exe.time(arrays, warmup=2, repeats=25))
+                row[f"{sc}_stream_s"] = statistics.median(exe.time_stream(arrays, runs=args.runs, repeats=5))
+                row[f"{sc}_rel_err"] = err
+            except Exception as e:  # one kernel must not lose the table
+                row[f"{sc}_error"] = f"{type(e).__name__}: {e}"[:300]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        fields = list(dict.fromkeys(k for r in rows for k in r))
+        with open(out / "gpu_stream.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=fields)
+            w.writeheader()
+            w.writerows(rows)
+    return 0
+
+
 def _torch_graph(graph, dtype: str):
     """PyTorch eager over the optimized graph (BatchNorm folded, as we run it): a callable and its input."""
     import torch
@@ -516,11 +639,17 @@ def cmd_models(args) -> int:
                     mod = compile_model(model, log=args.log, device=dev, scope=scope, dtype=dtype)
                 y = mod.run([x])[0]
                 costs = mod.time(50, warmup=5)
+                import pyopencl as cl
+                profiling_queue, dev.queue = dev.queue, cl.CommandQueue(dev.context)  # no profiling timestamps
+                try:
+                    plain = statistics.median(mod.time(50, warmup=5))
+                finally:
+                    dev.queue = profiling_queue
                 tuned = sum(n.tuned for n in mod.spec.nodes)
                 layers = sum(n.template is not None for n in mod.spec.nodes)
                 err = float(np.abs(y - ref).max() / np.abs(ref).max())
                 ours = statistics.median(costs)
-                rows.append({"model": name, "dtype": dtype, "scope": scope, "ours_s": ours,
+                rows.append({"model": name, "dtype": dtype, "scope": scope, "ours_s": ours, "ours_plain_queue_s": plain,
                              "torch_eager_s": eager, "ratio_torch_over_ours": eager / ours,
                              "tuned_layers": tuned, "layers": layers, "rel_err_vs_onnxruntime": err,
                              "torch_rel_err": float(np.abs(y_t - ref).max() / np.abs(ref).max()),
@@ -765,7 +894,7 @@ def _profile_lines(out: Path) -> list:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
-    for name in ("tune", "cudnn", "peak", "models", "table"):
+    for name in ("tune", "cudnn", "peak", "models", "table", "stream"):
         s = sub.add_parser(name)
         s.add_argument("--out", required=True)
         s.add_argument("--device", default="nvidia")
@@ -785,9 +914,10 @@ def main(argv=None) -> int:
         s.add_argument("--peak-items-per-cu", type=int, default=2048, help="peak: FMA work-items per compute unit")
         s.add_argument("--peak-target-ms", type=float, default=20.0, help="peak: time per FMA-kernel launch")
         s.add_argument("--peak-repeats", type=int, default=10)
+        s.add_argument("--runs", type=int, default=100, help="stream: back-to-back launches per timed batch")
     args = p.parse_args(argv)
     return {"tune": cmd_tune, "cudnn": cmd_cudnn, "peak": cmd_peak, "models": cmd_models,
-            "table": cmd_table}[args.cmd](args)
+            "table": cmd_table, "stream": cmd_stream}[args.cmd](args)
 
 
 if __name__ == "__main__":

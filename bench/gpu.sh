@@ -6,6 +6,8 @@
 #   cudnn   time cuDNN / PyTorch eager on the same layers
 #   peak    the device's float32 FMA rate (OpenCL kernel; torch.matmul without TF32 as a cross-check) and copy
 #           bandwidth (clEnqueueCopyBuffer of 1 GiB; a torch copy as a cross-check) -> gpu_peak.json (~30 s)
+#   stream  per layer: the best logged kernels and cuDNN each timed as one of 100 back-to-back launches (ours:
+#           OpenCL events over the batch; cuDNN: a CUDA graph of 100 calls), and the empty-kernel floors
 #   models  whole-model latency with the tuned log against PyTorch eager and its CUDA-graph replay
 #   tuning  bench/tuning.py on the GPU: the samplers on the held-out workloads, $JOBS (6) workloads at once
 #   table   gpu_summary.md from the files under $OUT and the log: per layer against cuDNN and the roofline bound
@@ -39,6 +41,8 @@ for stage in "$@"; do
     cudnn) python3 "$REPO/bench/gpu.py" cudnn --out "$OUT" 2>&1 | tail -5 ;;
     peak) timeout 600 python3 -P "$REPO/bench/gpu.py" peak --out "$OUT" 2>&1 | grep -v "CompilerWarning\|prg.build\|_create_built" \
             | tee "$OUT/gpu_peak.txt" ;;
+    stream) python3 "$REPO/bench/gpu.py" stream --out "$OUT" --log "$(ls "$OUT"/*.jsonl "$REPO"/logs/nvidia*.jsonl 2>/dev/null | head -1)" \
+              --dtypes "${DTYPES:-float32}" 2>&1 | grep -v "CompilerWarning\|lambda: self._prg\|_create_built\|prg.build" | tail -4 ;;
     models) python3 "$REPO/bench/gpu.py" models --out "$OUT" --log "$(ls "$OUT"/*.jsonl "$REPO"/logs/nvidia*.jsonl 2>/dev/null | head -1)" \
               --dtypes "${DTYPES:-float32,float16}" 2>&1 | tail -16 ;;
     table) python3 "$REPO/bench/gpu.py" table --out "$OUT" --log "$(ls "$OUT"/*.jsonl "$REPO"/logs/nvidia*.jsonl 2>/dev/null | head -1)" \

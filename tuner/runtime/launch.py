@@ -83,28 +83,35 @@ class Executable:
             self.pools[buf.scope] = TexturePool(self.device, buf.scope) if buf.is_texture else BufferPool(self.device)
         return self.pools[buf.scope]
 
-    def launch(self, arrays: dict) -> list:
-        """Enqueue every kernel; ``arrays`` maps param name -> DeviceArray. Returns the profiling events."""
+    def _calls(self, arrays: dict, scratch: dict) -> list:
+        """``[(cl.Kernel, global, local, args)]`` of every kernel over ``arrays`` and the ``scratch`` workspaces."""
+        calls = []
+        for k in self.program.kernels:
+            args = [(arrays.get(b.name) or scratch.get(b.name)) for b in k.params]
+            missing = [b.name for b, a in zip(k.params, args) if a is None]
+            if missing:
+                raise TunerError(f"kernel {k.name}: no array given for {', '.join(missing)}")
+            if k.name not in self.launch_shapes:  # walking the body is slow for big unrolled kernels
+                self.launch_shapes[k.name] = k.launch()
+            if k.name not in self.cl_kernels:
+                self.cl_kernels[k.name] = cl.Kernel(self.cl_program, k.name)
+            calls.append((self.cl_kernels[k.name], *self.launch_shapes[k.name], [a.mem for a in args]))
+        return calls
+
+    def _with_scratch(self, arrays: dict, body):
+        """``body(calls)`` with the workspaces requested, then the queue finished and the workspaces released."""
         scratch = {w.name: self._pool(w).request(physical_shape(w), w.dtype.numpy) for w in self.program.workspaces}
         try:
-            events = []
-            for k in self.program.kernels:
-                args = [(arrays.get(b.name) or scratch.get(b.name)) for b in k.params]
-                missing = [b.name for b, a in zip(k.params, args) if a is None]
-                if missing:
-                    raise TunerError(f"kernel {k.name}: no array given for {', '.join(missing)}")
-                if k.name not in self.launch_shapes:  # walking the body is slow for big unrolled kernels
-                    self.launch_shapes[k.name] = k.launch()
-                gsize, lsize = self.launch_shapes[k.name]
-                if k.name not in self.cl_kernels:
-                    self.cl_kernels[k.name] = cl.Kernel(self.cl_program, k.name)
-                fn = self.cl_kernels[k.name]
-                events.append(fn(self.device.queue, gsize, lsize, *[a.mem for a in args]))
-            return events
+            return body(self._calls(arrays, scratch))
         finally:
             self.device.queue.finish()
             for w in self.program.workspaces:
                 self._pool(w).release(scratch[w.name])
+
+    def launch(self, arrays: dict) -> list:
+        """Enqueue every kernel; ``arrays`` maps param name -> DeviceArray. Returns the profiling events."""
+        q = self.device.queue
+        return self._with_scratch(arrays, lambda calls: [fn(q, g, l, *args) for fn, g, l, args in calls])
 
     def upload_inputs(self, **inputs: np.ndarray) -> dict:
         """Allocate every param at its physical shape and upload the given logical inputs into it."""
@@ -129,6 +136,31 @@ class Executable:
             events = self.launch(arrays)
             costs.append(sum((e.profile.end - e.profile.start) * 1e-9 for e in events))
         return costs
+
+    def time_stream(self, arrays: dict, runs: int = 100, repeats: int = 5, warmup: int = 1) -> list:
+        """Seconds per run when ``runs`` runs are enqueued back to back (arguments set once, nothing between
+        them): the span from the first kernel's start to the last one's end over ``runs``, from OpenCL profiling
+        events; one value per each of ``repeats`` such batches. What a run costs inside a longer sequence of
+        kernels (a model), gaps between launches included; unlike ``time``, the per-event profiling overhead of a
+        single short launch is spread over the batch."""
+        q = self.device.queue
+
+        def batches(calls):
+            for fn, _, _, args in calls:
+                fn.set_args(*args)
+            out = []
+            for i in range(warmup + repeats):
+                # every run waits behind a user event until all are enqueued: the host's enqueue rate is not timed
+                gate, events = cl.UserEvent(self.device.context), []
+                for _ in range(runs):
+                    for fn, g, l, _ in calls:
+                        events.append(cl.enqueue_nd_range_kernel(q, fn, g, l, wait_for=None if events else [gate]))
+                gate.set_status(cl.command_execution_status.COMPLETE)
+                q.finish()
+                if i >= warmup:
+                    out.append((events[-1].profile.end - events[0].profile.start) * 1e-9 / runs)
+            return out
+        return self._with_scratch(arrays, batches)
 
     def outputs_of(self, arrays: dict) -> dict:
         """Download and unpack the outputs from device ``arrays``."""
