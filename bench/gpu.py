@@ -59,6 +59,32 @@ def suite(info, models=MODELS, dtypes=DTYPES, scopes=SCOPES, log=None, alternati
     return rows
 
 
+def _by_shortfall(rows: list, log: str, cudnn_csv: str, fingerprint: str) -> list:
+    """The direct-template tasks of the layers where ours is slower than cuDNN by more than 5%, those losing
+    most first: ours (the log's best of any scope and template) over max(cuDNN's CUPTI kernel time, the OpenCL
+    empty-kernel floor in the ``gpu_floor.json`` beside ``cudnn_csv``, when there is one); a layer already at
+    that floor has nothing to gain from more trials."""
+    best = _bests(log, fingerprint)
+    floor_path = Path(cudnn_csv).with_name("gpu_floor.json")
+    floor = json.loads(floor_path.read_text())["opencl_event_s"] if floor_path.exists() else 0.0
+    cudnn = {(t["model"], t["dtype"], t["workload"]): float(t["cudnn_conv_kernel_s"]) for t in _read(Path(cudnn_csv))}
+    ranked = []
+    for row in rows:
+        model, dtype, scope, task, names = row
+        wkey = json.dumps(task.workload.key(), sort_keys=True)
+        if (model, dtype, wkey) not in cudnn:  # a Winograd alternative or a mixed-scope kernel: not ranked
+            continue
+        ours = [r.median_s for sc in SCOPES if (r := _best_of_layer(best, {"template": task.template,
+                                                                             "workload": wkey}, sc))]
+        shortfall = min(ours) / max(cudnn[(model, dtype, wkey)], floor) if ours else math.inf
+        if shortfall > 1.05:
+            ranked.append((shortfall, row))
+    ranked.sort(key=lambda x: -x[0])
+    for shortfall, (model, dtype, scope, task, _) in ranked:
+        print(f"shortfall {shortfall:.2f}: {model} {dtype} {scope} {task.template} {task.workload.key()['data']}")
+    return [row for _, row in ranked]
+
+
 def _task_id(model, task) -> str:
     return f"{model}:{task.key()}"
 
@@ -76,6 +102,8 @@ def cmd_tune(args) -> int:
     if seed_log.exists() and not Path(log).exists():
         Path(log).write_text(seed_log.read_text())
     rows = suite(info, args.models.split(","), args.dtypes.split(","), args.scopes.split(","), log)
+    if args.priority:
+        rows = _by_shortfall(rows, log, args.priority, info.fingerprint)
     index = measured_index(log, info.fingerprint)  # each task is tuned once below, so read the log once
     t0 = time.time()
     # a fixed number of timed runs (GPU events are precise): a few-microsecond kernel would otherwise log
@@ -467,13 +495,12 @@ def _cl_empty_stream(dev, runs: int = 1000, repeats: int = 5) -> dict:
 
 
 def cmd_stream(args) -> int:
-    """gpu_stream.csv: per float32 layer, the best logged kernel of each scope timed two ways (one launch by
-    profiling events, as the log; ``runs`` back-to-back launches), and cuDNN's conv and PyTorch's layer in a
-    CUDA graph of as many back-to-back calls; gpu_floor.json: the same for an empty kernel."""
+    """gpu_stream.csv: per layer, the best logged kernel of each scope checked against the reference and timed
+    two ways (one launch by profiling events, as the log; ``runs`` launches back to back on the run queue,
+    ``Executable.time_stream``), and cuDNN's conv and PyTorch's layer in a CUDA graph of as many back-to-back
+    calls; gpu_floor.json: the same for an empty kernel."""
     import torch
 
-    from tuner.logs import best_records, load_records
-    from tuner.logs.record import canonical_json
     from tuner.runtime import open_device
     from tuner.runtime.launch import build as build_executable
     from tuner.search.task import workload_of
@@ -488,13 +515,7 @@ def cmd_stream(args) -> int:
     floor["torch_cupti_s"] = _torch_empty_kernel() if torch.cuda.is_available() else None
     print("floor", json.dumps(floor), flush=True)
     (out / "gpu_floor.json").write_text(json.dumps(floor, indent=1) + "\n")
-    best = {}
-    for r in best_records(r for r in load_records(args.log) if r.device == dev.info.fingerprint).values():
-        scope = "texture" if set(r.scopes.values()) == {"texture"} else "buffer" if set(r.scopes.values()) == {
-            "buffer"} else "mixed"
-        k = (r.template, canonical_json(r.workload), scope)
-        if k not in best or r.median_s < best[k].median_s:
-            best[k] = r
+    best = _bests(args.log, dev.info.fingerprint)
     rows, seen = [], set()
     for model, dtype, scope, task, names in suite(dev.info, args.models.split(","), args.dtypes.split(","),
                                                   alternatives=False):
@@ -605,6 +626,20 @@ def _cuda_graph_time(fn, x, repeats: int = 50):
         return math.nan, None, f"{type(e).__name__}: {e}"
 
 
+def _profiling_queue_time(mod, repeats: int, warmup: int = 5) -> float:
+    """Median wall seconds of a whole run enqueued on the profiling queue instead of the run queue: what the
+    models stage reported before runs moved off it."""
+    q = mod.device.queue
+    costs = []
+    for i in range(warmup + repeats):
+        t0 = time.perf_counter()
+        mod._enqueue(profiling=True)
+        q.finish()
+        if i >= warmup:
+            costs.append(time.perf_counter() - t0)
+    return statistics.median(costs)
+
+
 def cmd_models(args) -> int:
     import onnxruntime as ort
     import torch
@@ -638,18 +673,14 @@ def cmd_models(args) -> int:
                     warnings.simplefilter("always")
                     mod = compile_model(model, log=args.log, device=dev, scope=scope, dtype=dtype)
                 y = mod.run([x])[0]
-                costs = mod.time(50, warmup=5)
-                import pyopencl as cl
-                profiling_queue, dev.queue = dev.queue, cl.CommandQueue(dev.context)  # no profiling timestamps
-                try:
-                    plain = statistics.median(mod.time(50, warmup=5))
-                finally:
-                    dev.queue = profiling_queue
+                costs = mod.time(50, warmup=5)  # on the device's run queue (no profiling)
+                on_profiling_queue = _profiling_queue_time(mod, 50)
                 tuned = sum(n.tuned for n in mod.spec.nodes)
                 layers = sum(n.template is not None for n in mod.spec.nodes)
                 err = float(np.abs(y - ref).max() / np.abs(ref).max())
                 ours = statistics.median(costs)
-                rows.append({"model": name, "dtype": dtype, "scope": scope, "ours_s": ours, "ours_plain_queue_s": plain,
+                rows.append({"model": name, "dtype": dtype, "scope": scope, "ours_s": ours,
+                             "ours_profiling_queue_s": on_profiling_queue,
                              "torch_eager_s": eager, "ratio_torch_over_ours": eager / ours,
                              "tuned_layers": tuned, "layers": layers, "rel_err_vs_onnxruntime": err,
                              "torch_rel_err": float(np.abs(y_t - ref).max() / np.abs(ref).max()),
@@ -744,6 +775,22 @@ def _peak_text(peak: dict | None) -> list:
             f"below 1 is possible there." + _floor_text(peak)]
 
 
+def _stream_floor_text(floor: dict | None) -> list:
+    """What an almost empty kernel costs each way of timing (``gpu_floor.json`` of the stream stage)."""
+    if not floor:
+        return []
+    cl_f = floor.get("opencl") or {}
+    us = lambda x: f"{x * 1e6:.2f} us" if _num(x) else "n/a"  # noqa: E731
+    return ["", f"Launch floors, measured in the job of the back-to-back columns (a kernel that stores one float; "
+                f"a one-element torch add): OpenCL, one launch by profiling events {us(floor.get('opencl_event_s'))}; "
+                f"1000 launches back to back, per launch: {us(cl_f.get('profiling_span_s'))} by events and "
+                f"{us(cl_f.get('profiling_wall_s'))} by wall clock on a profiling queue, {us(cl_f.get('plain_wall_s'))} "
+                f"by wall clock on a queue without profiling; PyTorch: CUPTI {us(floor.get('torch_cupti_s'))}, a CUDA "
+                f"graph of 1000 adds {us(floor.get('torch_graph_stream_s'))} per add. CUPTI and Nsight Compute do not "
+                f"see kernels launched through NVIDIA's OpenCL, so ours cannot be timed the way cuDNN's CUPTI column "
+                f"is; no floor is subtracted anywhere."]
+
+
 def _floor_text(peak: dict) -> str:
     """The two timing methods' floors (an almost empty kernel), when the peak stage measured them."""
     cl_s = _num((peak.get("cl_empty_kernel") or {}).get("median_s"))
@@ -754,6 +801,21 @@ def _floor_text(peak: dict) -> str:
     return (f" Timing floor: an OpenCL kernel that stores one float takes {cl_s * 1e6:.2f} us by OpenCL "
             f"profiling events (median of 100){torch_part}. Layers of a few microseconds are compared near these "
             f"floors; nothing is subtracted.")
+
+
+def _bests(log, fingerprint: str | None = None) -> dict:
+    """``(template, canonical workload json, "texture" | "buffer" | "mixed") -> Record``: the fastest successful
+    record of each in the log (of one device, or of any)."""
+    from tuner.logs import best_records, load_records
+    from tuner.logs.record import canonical_json
+    best = {}
+    for r in best_records(r for r in load_records(log) if fingerprint in (None, r.device)).values():
+        scope = "texture" if set(r.scopes.values()) == {"texture"} else "buffer" if set(r.scopes.values()) == {
+            "buffer"} else "mixed"
+        k = (r.template, canonical_json(r.workload), scope)
+        if k not in best or r.median_s < best[k].median_s:
+            best[k] = r
+    return best
 
 
 def _best_of_layer(best: dict, row: dict, scope: str):
@@ -777,17 +839,8 @@ def _best_of_layer(best: dict, row: dict, scope: str):
 def cmd_table(args) -> int:
     """Per layer: tuned texture, tuned buffer, cuDNN conv, PyTorch eager layer, ratios, roofline bound; then
     whole models."""
-    from tuner.logs import best_records, load_records
-    from tuner.logs.record import canonical_json
     out = Path(args.out)
-    recs = load_records(args.log)
-    best = {}
-    for r in best_records(recs).values():  # task_key = (device, template, workload, scopes)
-        scope = "texture" if set(r.scopes.values()) == {"texture"} else "buffer" if set(r.scopes.values()) == {
-            "buffer"} else "mixed"
-        k = (r.template, canonical_json(r.workload), scope)
-        if k not in best or r.median_s < best[k].median_s:
-            best[k] = r
+    best = _bests(args.log)
     peak = None
     if (out / "gpu_peak.json").exists():
         try:
@@ -795,6 +848,11 @@ def cmd_table(args) -> int:
         except ValueError as e:
             print(f"ignoring {out / 'gpu_peak.json'}: {e}", file=sys.stderr)
     torch_rows = _read(out / "gpu_cudnn.csv") if (out / "gpu_cudnn.csv").exists() else []
+    # ours re-timed in the job that timed cuDNN, and both timed back to back (``stream``), where it ran
+    stream = {(r["model"], r["dtype"], r["workload"]): r for r in _read(out / "gpu_stream.csv")} if (
+        out / "gpu_stream.csv").exists() else {}
+    floor = json.loads((out / "gpu_floor.json").read_text()) if (out / "gpu_floor.json").exists() else None
+    b2b_lines = []
     lines, ratios, bounds = [] if torch_rows else ["n/a: no gpu_cudnn.csv here (run `bench/gpu.sh cudnn`)"], {}, {}
     opt = lambda x, spec: format(x, spec) if x is not None else "n/a"  # noqa: E731
     for dtype in DTYPES:
@@ -802,16 +860,31 @@ def cmd_table(args) -> int:
         if not rows:
             continue
         peak_flops, peak_bw = _peak_rates(peak, dtype)
+        retimed = any(k[1] == dtype for k in stream)
         lines += [f"\n#### {dtype} storage, batch 1: GPU kernel time in microseconds (ours: OpenCL profiling events, "
-                  f"median of 25; PyTorch: CUPTI, mean of 50); ratio > 1: ours faster; roofline bound in "
+                  f"median of 25, {'re-timed in the job that timed cuDNN' if retimed else 'from the tuning log'}; "
+                  f"PyTorch: CUPTI, mean of 50); ratio > 1: ours faster; roofline bound in "
                   f"microseconds, `x / bound` > 1: slower than the bound\n",
                   "| model | layer | count | tuned texture | tuned buffer | cuDNN conv | PyTorch layer (conv+bias+act+res) "
                   "| cuDNN conv / best ours | PyTorch layer / best ours | roofline bound | best ours / bound "
                   "| cuDNN conv / bound |",
                   "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        if retimed:
+            b2b_lines += [f"\n#### {dtype}: one launch among 100 back to back, microseconds per launch (ours: "
+                          f"`Executable.time_stream`, wall clock on a queue without profiling from releasing a batch "
+                          f"held behind a user event to its end, median of 5 batches; cuDNN: a CUDA graph of 100 "
+                          f"calls, CUDA events, median of 10 replays)\n",
+                          "| model | layer | ours, one launch | ours, back to back | cuDNN conv, CUPTI | cuDNN conv, "
+                          "back to back | cuDNN / ours, one launch | cuDNN / ours, back to back |",
+                          "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for t in rows:
-            tex, buf = (_best_of_layer(best, t, scope) for scope in ("texture", "buffer"))
-            ours = min((r.median_s for r in (tex, buf) if r is not None), default=None)
+            st = stream.get((t["model"], dtype, t["workload"]))
+            if st is not None:  # (seconds, template) of each scope, timed in this job
+                tex, buf = ((_num(st.get(f"{sc}_event_s")), st.get(f"{sc}_template")) for sc in SCOPES)
+            else:
+                tex, buf = ((r.median_s, r.template) if r else (None, None)
+                            for r in (_best_of_layer(best, t, sc) for sc in SCOPES))
+            ours = min((x for x, _ in (tex, buf) if x), default=None)
             conv, layer = float(t["cudnn_conv_kernel_s"]), float(t["torch_layer_kernel_s"])
             conv_ev = float(t["cudnn_conv_s"])
             wd = json.loads(t["workload"])
@@ -822,10 +895,19 @@ def cmd_table(args) -> int:
             extra = "".join(f" +{e}" for e, on in (("res", wd.get("residual")), (wd.get("activation"), wd.get(
                 "activation", "none") != "none")) if on)
             label = f"{t['template']} {shape} k{k}{' s2' if wd.get('stride') == [2, 2] else ''}{extra}"
-            fmt = lambda r: (f"{r.median_s * 1e6:.1f}" + (f" ({r.template})" if r.template != t["template"] else "")  # noqa: E731
-                             if r is not None else "-")
+            fmt = lambda c: (f"{c[0] * 1e6:.1f}" + (f" ({c[1]})" if c[1] != t["template"] else "")  # noqa: E731
+                             if c[0] else "-")
+            ours_b2b = min((x for x in (_num(st.get(f"{sc}_stream_s")) for sc in SCOPES) if x), default=None) \
+                if st else None
+            conv_b2b = _num(st.get("cudnn_conv_stream_s")) if st else None
+            b2b = conv_b2b / ours_b2b if ours_b2b and conv_b2b else None
+            if st is not None:
+                b2b_lines.append(f"| {t['model']} | {label} | {opt(ours * 1e6 if ours else None, '.1f')} | "
+                                 f"{opt(ours_b2b * 1e6 if ours_b2b else None, '.1f')} | {conv * 1e6:.1f} | "
+                                 f"{opt(conv_b2b * 1e6 if conv_b2b else None, '.1f')} | "
+                                 f"{opt(conv / ours if ours else None, '.2f')} | {opt(b2b, '.2f')} |")
             if ours:
-                ratios.setdefault((t["model"], dtype), []).append((conv / ours, layer / ours, conv_ev / ours))
+                ratios.setdefault((t["model"], dtype), []).append((conv / ours, layer / ours, conv_ev / ours, b2b))
                 if bound:
                     bounds.setdefault((t["model"], dtype), []).append((ours / bound, conv / bound))
             lines.append(f"| {t['model']} | {label} | {t['count']} | {fmt(tex)} | {fmt(buf)} | {conv * 1e6:.1f} "
@@ -834,30 +916,33 @@ def cmd_table(args) -> int:
                          f"{opt(ours / bound if ours and bound else None, '.2f')} | "
                          f"{opt(conv / bound if bound else None, '.2f')} |")
     summary = ["| model | dtype | layers | geomean cuDNN conv / ours | geomean PyTorch layer / ours | same, cuDNN timed "
-               "with CUDA events (launch gaps included) | geomean best ours / roofline bound | geomean cuDNN conv / "
-               "roofline bound |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+               "with CUDA events (launch gaps included) | both back to back (100 launches) | geomean best ours / "
+               "roofline bound | geomean cuDNN conv / roofline bound |",
+               "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     geo = lambda xs: float(np.exp(np.mean(np.log(xs)))) if xs else None  # noqa: E731
 
-    def bound_cells(bs):
-        return f"{opt(geo([a for a, _ in bs]), '.2f')} | {opt(geo([b for _, b in bs]), '.2f')} |"
+    def cells(rs, bs):
+        b2b = [r[3] for r in rs if r[3]]
+        return (f"{len(rs)} | " + " | ".join(f"{geo([r[i] for r in rs]):.3f}" for i in range(3))
+                + f" | {opt(geo(b2b), '.3f')}" + (f" ({len(b2b)})" if b2b and len(b2b) < len(rs) else "")
+                + f" | {opt(geo([a for a, _ in bs]), '.2f')} | {opt(geo([b for _, b in bs]), '.2f')} |")
     for (model, dtype), rs in ratios.items():
-        summary.append(f"| {model} | {dtype} | {len(rs)} | {geo([a for a, _, _ in rs]):.3f} | "
-                       f"{geo([b for _, b, _ in rs]):.3f} | {geo([c for _, _, c in rs]):.3f} | "
-                       + bound_cells(bounds.get((model, dtype), [])))
+        summary.append(f"| {model} | {dtype} | " + cells(rs, bounds.get((model, dtype), [])))
     for dtype in DTYPES:
         rs = [r for (m, d), v in ratios.items() if d == dtype for r in v]
         bs = [b for (m, d), v in bounds.items() if d == dtype for b in v]
         if rs:
-            summary.append(f"| both | {dtype} | {len(rs)} | {geo([a for a, _, _ in rs]):.3f} | "
-                           f"{geo([b for _, b, _ in rs]):.3f} | {geo([c for _, _, c in rs]):.3f} | " + bound_cells(bs))
+            summary.append(f"| both | {dtype} | " + cells(rs, bs))
     model_lines = []
     if (out / "gpu_models.csv").exists():
-        model_lines = ["| model | dtype | scope | ours ms | PyTorch eager ms | PyTorch CUDA graph ms | PyTorch eager / ours "
-                       "| PyTorch CUDA graph / ours | tuned layers | max rel err vs onnxruntime |",
-                       "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        model_lines = ["| model | dtype | scope | ours ms | ours on the profiling queue ms | PyTorch eager ms | PyTorch "
+                       "CUDA graph ms | PyTorch eager / ours | PyTorch CUDA graph / ours | tuned layers | max rel err "
+                       "vs onnxruntime |", "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for m in _read(out / "gpu_models.csv"):
             ours, graph = _num(m["ours_s"]), _num(m.get("torch_cuda_graph_s"))
+            prof_q = _num(m.get("ours_profiling_queue_s"))
             model_lines.append(f"| {m['model']} | {m['dtype']} | {m['scope']} | {ours * 1e3:.3f} | "
+                               f"{opt(prof_q * 1e3 if prof_q else None, '.3f')} | "
                                f"{float(m['torch_eager_s']) * 1e3:.3f} | {opt(graph * 1e3 if graph else None, '.3f')} "
                                f"| {float(m['ratio_torch_over_ours']):.3f} | "
                                f"{opt(graph / ours if graph and ours else None, '.3f')} | "
@@ -865,11 +950,15 @@ def cmd_table(args) -> int:
         model_lines.append("\nBoth PyTorch columns run the same BatchNorm-folded graph, median of 50 timed with CUDA "
                            "events; the CUDA graph is its forward captured once with torch.cuda.CUDAGraph (warmed "
                            "up on a side stream, static input) and replayed, which removes PyTorch's per-kernel "
-                           "launch overhead. Ratios > 1: ours faster.")
+                           "launch overhead. Ours: wall clock from enqueuing a run's kernels to its end, median of "
+                           "50, on the device's run queue (no profiling); the profiling-queue column is the same "
+                           "run enqueued on the queue with profiling enabled, as runs were before. Ratios > 1: "
+                           "ours faster.")
     else:
         model_lines = _profile_lines(out)
-    text = "\n".join(["### Summary", *summary, "", *_peak_text(peak), "", "### Whole models", *model_lines, "",
-                      "### Per layer", *lines])
+    text = "\n".join(["### Summary", *summary, "", *_peak_text(peak), *_stream_floor_text(floor), "",
+                      "### Whole models", *model_lines, "", "### Per layer", *lines,
+                      *(["", "### Per layer, back to back", *b2b_lines] if b2b_lines else [])])
     (out / "gpu_summary.md").write_text(text + "\n")
     print(text)
     return 0
@@ -914,6 +1003,8 @@ def main(argv=None) -> int:
         s.add_argument("--peak-items-per-cu", type=int, default=2048, help="peak: FMA work-items per compute unit")
         s.add_argument("--peak-target-ms", type=float, default=20.0, help="peak: time per FMA-kernel launch")
         s.add_argument("--peak-repeats", type=int, default=10)
+        s.add_argument("--priority", help="tune: only the layers slower than cuDNN in this gpu_cudnn.csv, "
+                       "slowest relative to cuDNN first")
         s.add_argument("--runs", type=int, default=100, help="stream: back-to-back launches per timed batch")
     args = p.parse_args(argv)
     return {"tune": cmd_tune, "cudnn": cmd_cudnn, "peak": cmd_peak, "models": cmd_models,

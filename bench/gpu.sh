@@ -2,12 +2,14 @@
 # On a GPU machine without internet (issue 7): install the prepared wheels from .whl/ (see README), register
 # NVIDIA's OpenCL driver, then run the given stages, each writing under $OUT:
 #   test    the kernel and model checks of the test suite on the GPU (TUNER_TEST_DEVICE=nvidia)
-#   tune    tune the layer suite (bench/gpu.py tune; resumable, stops starting tasks after $DEADLINE s)
+#   tune    tune the layer suite (bench/gpu.py tune; resumable, stops starting tasks after $DEADLINE s; with
+#           PRIORITY=path/gpu_cudnn.csv only the layers slower than cuDNN there, the slowest first)
 #   cudnn   time cuDNN / PyTorch eager on the same layers
 #   peak    the device's float32 FMA rate (OpenCL kernel; torch.matmul without TF32 as a cross-check) and copy
 #           bandwidth (clEnqueueCopyBuffer of 1 GiB; a torch copy as a cross-check) -> gpu_peak.json (~30 s)
-#   stream  per layer: the best logged kernels and cuDNN each timed as one of 100 back-to-back launches (ours:
-#           OpenCL events over the batch; cuDNN: a CUDA graph of 100 calls), and the empty-kernel floors
+#   stream  per layer: the best logged kernels re-timed (one launch, profiling events) and, like cuDNN, as one of
+#           100 back-to-back launches (ours: wall clock on a queue without profiling; cuDNN: a CUDA graph of 100
+#           calls); the empty-kernel floors of each way of timing
 #   models  whole-model latency with the tuned log against PyTorch eager and its CUDA-graph replay
 #   tuning  bench/tuning.py on the GPU: the samplers on the held-out workloads, $JOBS (6) workloads at once
 #   table   gpu_summary.md from the files under $OUT and the log: per layer against cuDNN and the roofline bound
@@ -36,6 +38,7 @@ for stage in "$@"; do
           test_codegen.py test_examples.py test_graph_kernels.py test_model.py -m "not slow" -k "not cli" 2>&1 | tail -15)
       } 2>&1 | tee "$OUT/gpu_tests.txt" ;;
     tune) python3 "$REPO/bench/gpu.py" tune --out "$OUT" --deadline "${DEADLINE:-400}" --trials "${TRIALS:-16}" --templates "${TEMPLATES:-}" \
+            ${PRIORITY:+--priority "$REPO/$PRIORITY"} \
             --dtypes "${DTYPES:-float32,float16}" --scopes "${SCOPES:-texture,buffer}" 2>&1 | grep -v "CompilerWarning\|lambda: self._prg" | tee -a "$OUT/gpu_tune.txt"
           for f in "$OUT"/*.jsonl; do gzip -kf "$f"; done ;;  # files over 16 MiB do not come back
     cudnn) python3 "$REPO/bench/gpu.py" cudnn --out "$OUT" 2>&1 | tail -5 ;;

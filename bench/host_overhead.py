@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     mod = tuner.compile_model(model, device=args.device, scope="buffer")
     x = np.random.default_rng(0).standard_normal(mod.spec.entries[mod.spec.inputs[0]].shape).astype(np.float32)
     mod.run([x])
-    q = mod.device.queue
+    q = mod.device.run_queue  # the queue a run enqueues on (Module._enqueue)
     old = [(cl.Kernel(k.program, k.function_name), g, l, [mod.arrays[a].mem for a in c.args])
            for (i, k, g, l), c in zip(mod._launches, [c for n in mod.spec.nodes for c in n.calls])]
 

@@ -196,3 +196,30 @@ def test_kernel_reads_texture(dev, dtype):
     np.testing.assert_allclose(download(dev, out), host.astype(np.float32) * 3.0, rtol=1e-6)
     cl.Kernel(prg, "border")(dev.queue, (1,), None, img.mem, out.mem)
     assert np.all(download(dev, out)[0, 0] == 0)
+
+
+@pytest.mark.parametrize("template", ["conv2d", "winograd2"])
+def test_time_stream_runs_back_to_back_and_leaves_a_correct_output(dev, template):
+    """``Executable.time_stream``: one seconds-per-run value per batch, the workspaces (Winograd's transformed
+    tiles) handed back to their pool, and the output still the reference's after 3 x 4 runs of the batch."""
+    from tuner.runtime.launch import build
+    from tuner.templates import get_template
+    conv = get_template("conv2d")
+    wl = conv.workload(data=(1, 8, 10, 10), kernel=(8, 8, 3, 3), padding=(1, 1, 1, 1), bias=True, activation="relu")
+    t = get_template(template)
+    if template != "conv2d":
+        wl = t.workload.of(wl)
+    exe = build(t.build(wl, t.fallback_with(wl, dev)), dev)
+    inputs = t.random_inputs(wl, np.random.default_rng(1))
+    arrays = exe.upload_inputs(**inputs)
+    costs = exe.time_stream(arrays, runs=4, repeats=3, warmup=1)
+    assert len(costs) == 3 and all(np.isfinite(c) and c > 0 for c in costs), costs
+    assert all(not p._in_use for p in exe.pools.values())  # every workspace released
+    assert t.check(wl, exe.outputs_of(arrays), inputs) < t.tolerance(wl)
+
+
+def test_run_queue_has_no_profiling_and_the_profiling_queue_does(dev):
+    props = cl.command_queue_properties
+    assert dev.queue.properties & props.PROFILING_ENABLE
+    assert not dev.run_queue.properties & props.PROFILING_ENABLE
+    assert dev.run_queue is dev.run_queue and dev.run_queue.context == dev.context

@@ -230,9 +230,10 @@ class Module:
         self.load_stats = {"programs": len(names), **{k: stats.get(k, 0) for k in ("source", "binary", "memory")}}
 
     # -- running -----------------------------------------------------------------------------------------
-    def _enqueue(self) -> list:
+    def _enqueue(self, profiling: bool = False) -> list:
+        """Enqueue every kernel: on the device's run queue, or on its profiling queue to read events."""
         self.load()
-        q, enqueue = self.device.queue, self._enqueue_kernel
+        q, enqueue = (self.device.queue if profiling else self.device.run_queue), self._enqueue_kernel
         return [(i, enqueue(q, k, g, l)) for i, k, g, l in self._launches]
 
     def set_inputs(self, inputs) -> None:
@@ -270,30 +271,33 @@ class Module:
         kernel on one queue, and return the outputs as float32 NumPy arrays."""
         self.set_inputs(inputs)
         self._enqueue()
-        self.device.queue.finish()
+        self.device.run_queue.finish()
         return self.get_outputs()
 
     def time(self, repeats: int = 20, warmup: int = 2) -> list:
-        """Seconds per run (wall clock of enqueuing every kernel and waiting; inputs already uploaded)."""
+        """Seconds per run (wall clock of enqueuing every kernel on the run queue and waiting; inputs already
+        uploaded)."""
         self.load()
+        q = self.device.run_queue
         for _ in range(warmup):
             self._enqueue()
-        self.device.queue.finish()
+        q.finish()
         costs = []
         for _ in range(repeats):
             t0 = time.perf_counter()
             self._enqueue()
-            self.device.queue.finish()
+            q.finish()
             costs.append(time.perf_counter() - t0)
         return costs
 
     def profile(self, repeats: int = 10) -> dict:
-        """Per-node kernel time (median over runs, from profiling events) and the whole-run latency."""
+        """Per-node kernel time (median over runs, from events of the profiling queue) and the whole-run latency
+        (on the run queue, as ``time``)."""
         per_node = [[] for _ in self.spec.nodes]
         self.load()
-        self._enqueue()
+        self._enqueue(profiling=True)
         for _ in range(repeats):
-            events = self._enqueue()
+            events = self._enqueue(profiling=True)
             self.device.queue.finish()
             sums: dict = {}
             for i, e in events:

@@ -3,6 +3,7 @@
 and unpack the outputs. Scratch workspaces (texture RFC A0/T2) come from recycling pools."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -104,7 +105,7 @@ class Executable:
         try:
             return body(self._calls(arrays, scratch))
         finally:
-            self.device.queue.finish()
+            self.device.finish()
             for w in self.program.workspaces:
                 self._pool(w).release(scratch[w.name])
 
@@ -138,27 +139,30 @@ class Executable:
         return costs
 
     def time_stream(self, arrays: dict, runs: int = 100, repeats: int = 5, warmup: int = 1) -> list:
-        """Seconds per run when ``runs`` runs are enqueued back to back (arguments set once, nothing between
-        them): the span from the first kernel's start to the last one's end over ``runs``, from OpenCL profiling
-        events; one value per each of ``repeats`` such batches. What a run costs inside a longer sequence of
-        kernels (a model), gaps between launches included; unlike ``time``, the per-event profiling overhead of a
-        single short launch is spread over the batch."""
-        q = self.device.queue
+        """Seconds per run when ``runs`` runs go back to back on the device's run queue (no profiling, as a model
+        runs; arguments set once): the wall clock from releasing the batch to its end over ``runs``, one value
+        per each of ``repeats`` batches. Every batch waits behind a user event until all of it is enqueued, so
+        the host's enqueue rate is not timed; the gaps between launches are. Unlike ``time`` (one launch, its
+        profiling events), this is what a kernel costs inside a longer sequence of kernels."""
+        q = self.device.run_queue
 
         def batches(calls):
             for fn, _, _, args in calls:
                 fn.set_args(*args)
             out = []
             for i in range(warmup + repeats):
-                # every run waits behind a user event until all are enqueued: the host's enqueue rate is not timed
-                gate, events = cl.UserEvent(self.device.context), []
-                for _ in range(runs):
-                    for fn, g, l, _ in calls:
-                        events.append(cl.enqueue_nd_range_kernel(q, fn, g, l, wait_for=None if events else [gate]))
-                gate.set_status(cl.command_execution_status.COMPLETE)
+                gate, first = cl.UserEvent(self.device.context), True
+                try:
+                    for _ in range(runs):
+                        for fn, g, l, _ in calls:
+                            cl.enqueue_nd_range_kernel(q, fn, g, l, wait_for=[gate] if first else None)
+                            first = False
+                finally:  # released even when an enqueue fails: nothing stays blocked behind it
+                    t0 = time.perf_counter()
+                    gate.set_status(cl.command_execution_status.COMPLETE)
                 q.finish()
                 if i >= warmup:
-                    out.append((events[-1].profile.end - events[0].profile.start) * 1e-9 / runs)
+                    out.append((time.perf_counter() - t0) / runs)
             return out
         return self._with_scratch(arrays, batches)
 
