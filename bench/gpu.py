@@ -494,41 +494,77 @@ def _cl_empty_stream(dev, runs: int = 1000, repeats: int = 5) -> dict:
     return res
 
 
-def cmd_stream(args) -> int:
-    """gpu_stream.csv: per layer, the best logged kernel of each scope checked against the reference and timed
-    two ways (one launch by profiling events, as the log; ``runs`` launches back to back on the run queue,
-    ``Executable.time_stream``), and cuDNN's conv and PyTorch's layer in a CUDA graph of as many back-to-back
-    calls; gpu_floor.json: the same for an empty kernel."""
-    import torch
+def _write_rows(path: Path, rows: list) -> None:
+    """A CSV of dict rows whose keys differ (the union of them, in order of first appearance)."""
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
+        w.writeheader()
+        w.writerows(rows)
 
-    from tuner.runtime import open_device
-    from tuner.runtime.launch import build as build_executable
-    from tuner.search.task import workload_of
-    from tuner.templates import get_template
-    _torch_fp32()
-    dev = open_device(args.device)
+
+def _stream_layers(info, args) -> list:
+    """``[(model, dtype, task, workload json)]``: each layer of the suite once."""
+    rows, seen = [], set()
+    for model, dtype, scope, task, names in suite(info, args.models.split(","), args.dtypes.split(","),
+                                                  alternatives=False):
+        wkey = json.dumps(task.workload.key(), sort_keys=True)
+        if (model, dtype, wkey) not in seen:
+            seen.add((model, dtype, wkey))
+            rows.append((model, dtype, task, wkey))
+    return rows
+
+
+def cmd_stream(args) -> int:
+    """Per layer, the best logged kernel of each scope checked against the reference and timed two ways (one
+    launch by profiling events, as the log; ``runs`` launches back to back on the run queue,
+    ``Executable.time_stream``), and cuDNN's conv and PyTorch's layer in a CUDA graph of as many back-to-back
+    calls; the same for an empty kernel. Each side in its own process, so that neither shares the GPU with the
+    other's context: ``--side ours`` (no torch imported) writes gpu_stream_ours.csv and gpu_floor_ours.json,
+    then ``--side torch`` times PyTorch and merges both into gpu_stream.csv and gpu_floor.json."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    floor = {"opencl": _cl_empty_stream(dev), "opencl_event_s": _cl_empty_kernel(dev)["median_s"]}
+    if args.side == "ours":
+        return _stream_ours(args, out)
+    import torch
+    from tuner.runtime.device import choose_device
+    _torch_fp32()
+    ours = {(r["model"], r["dtype"], r["workload"]): r for r in _read(out / "gpu_stream_ours.csv")} if (
+        out / "gpu_stream_ours.csv").exists() else {}
+    floor_path = out / "gpu_floor_ours.json"
+    floor = json.loads(floor_path.read_text()) if floor_path.exists() else {}
     t = torch.zeros(1, device=_tdev())
     floor["torch_graph_stream_s"] = _graph_stream_time(lambda: t.add_(1.0), runs=1000)
     floor["torch_cupti_s"] = _torch_empty_kernel() if torch.cuda.is_available() else None
-    print("floor", json.dumps(floor), flush=True)
     (out / "gpu_floor.json").write_text(json.dumps(floor, indent=1) + "\n")
-    best = _bests(args.log, dev.info.fingerprint)
-    rows, seen = [], set()
-    for model, dtype, scope, task, names in suite(dev.info, args.models.split(","), args.dtypes.split(","),
-                                                  alternatives=False):
-        wkey = json.dumps(task.workload.key(), sort_keys=True)
-        if (model, dtype, wkey) in seen:
-            continue
-        seen.add((model, dtype, wkey))
+    rows = []
+    for model, dtype, task, wkey in _stream_layers(choose_device(args.device), args):
         row = {"model": model, "dtype": dtype, "template": task.template, "workload": wkey, "count": task.count}
         conv, full = _torch_layer(task, dtype)
         with torch.no_grad():
             row["cudnn_conv_stream_s"] = _graph_stream_time(conv, runs=args.runs)
             row["torch_layer_stream_s"] = _graph_stream_time(full, runs=args.runs)
-        for sc in ("texture", "buffer"):
+        row.update({k: v for k, v in ours.get((model, dtype, wkey), {}).items() if k not in row})
+        rows.append(row)
+        _write_rows(out / "gpu_stream.csv", rows)
+    print(f"{len(rows)} layers timed with PyTorch, {len(ours)} of ours merged into {out / 'gpu_stream.csv'}")
+    return 0
+
+
+def _stream_ours(args, out: Path) -> int:
+    from tuner.runtime import open_device
+    from tuner.runtime.launch import build as build_executable
+    from tuner.search.task import workload_of
+    from tuner.templates import get_template
+    assert "torch" not in sys.modules, "ours is timed in a process without PyTorch's CUDA context"
+    dev = open_device(args.device)
+    floor = {"opencl": _cl_empty_stream(dev), "opencl_event_s": _cl_empty_kernel(dev)["median_s"]}
+    print("floor", json.dumps(floor), flush=True)
+    (out / "gpu_floor_ours.json").write_text(json.dumps(floor, indent=1) + "\n")
+    best = _bests(args.log, dev.info.fingerprint)
+    rows = []
+    for model, dtype, task, wkey in _stream_layers(dev.info, args):
+        row = {"model": model, "dtype": dtype, "workload": wkey}
+        for sc in SCOPES:
             r = _best_of_layer(best, {"template": task.template, "workload": wkey}, sc)
             if r is None:
                 continue
@@ -549,11 +585,7 @@ def cmd_stream(args) -> int:
                 row[f"{sc}_error"] = f"{type(e).__name__}: {e}"[:300]
         rows.append(row)
         print(json.dumps(row), flush=True)
-        fields = list(dict.fromkeys(k for r in rows for k in r))
-        with open(out / "gpu_stream.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=fields)
-            w.writeheader()
-            w.writerows(rows)
+        _write_rows(out / "gpu_stream_ours.csv", rows)
     return 0
 
 
@@ -640,22 +672,32 @@ def _profiling_queue_time(mod, repeats: int, warmup: int = 5) -> float:
     return statistics.median(costs)
 
 
-def cmd_models(args) -> int:
+def _model_input(name: str):
+    """The zoo model at 224x224, a random input and onnxruntime's output for it."""
     import onnxruntime as ort
-    import torch
     from tuner.graph import zoo
-    from tuner.graph.compiler import compile_model, load_graph
-    from tuner.runtime import open_device
-    _torch_fp32()
-    dev = open_device(args.device)
+    model = getattr(zoo, name)(input_size=224)
+    x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return model, x, sess.run(None, {"input": x})[0]
+
+
+def cmd_models(args) -> int:
+    """Whole models, each side in its own process (neither shares the GPU with the other's context):
+    ``--side ours`` (no torch imported) compiles every plan with the log, checks it against onnxruntime and
+    times it -> gpu_models_ours.csv, profile and artifact of the float32 auto plans; then ``--side torch`` times
+    PyTorch eager and its CUDA-graph replay of the same graph and merges both into gpu_models.csv."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.side == "ours":
+        return _models_ours(args, out)
+    import torch
+    from tuner.graph.compiler import load_graph
+    _torch_fp32()
+    ours = _read(out / "gpu_models_ours.csv") if (out / "gpu_models_ours.csv").exists() else []
     rows = []
     for name in args.models.split(","):
-        model = getattr(zoo, name)(input_size=224)
-        x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
-        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-        ref = sess.run(None, {"input": x})[0]
+        model, x, ref = _model_input(name)
         graph = load_graph(model)
         for dtype in args.dtypes.split(","):
             fn = _torch_graph(graph, dtype)
@@ -668,28 +710,42 @@ def cmd_models(args) -> int:
             print(f"{name} {dtype}: PyTorch eager {eager * 1e3:.3f} ms, CUDA graph replay "
                   + (f"{graph_s * 1e3:.3f} ms (rel err {graph_err:.1e})" if why is None else f"n/a ({why})"),
                   flush=True)
+            for o in (o for o in ours if o["model"] == name and o["dtype"] == dtype):
+                t = float(o["ours_s"])
+                rows.append({**o, "torch_eager_s": eager, "ratio_torch_over_ours": eager / t,
+                             "torch_rel_err": float(np.abs(y_t - ref).max() / np.abs(ref).max()), "gpu": _gpu_name(),
+                             "torch_cuda_graph_s": graph_s, "ratio_torch_graph_over_ours": graph_s / t,
+                             "torch_graph_rel_err": graph_err, "torch_graph_error": why or ""})
+                _write(out / "gpu_models.csv", rows)  # after every row: a job cut short keeps what it measured
+    return 0
+
+
+def _models_ours(args, out: Path) -> int:
+    from tuner.graph.compiler import compile_model
+    from tuner.runtime import open_device
+    assert "torch" not in sys.modules, "ours is timed in a process without PyTorch's CUDA context"
+    dev = open_device(args.device)
+    rows = []
+    for name in args.models.split(","):
+        model, x, ref = _model_input(name)
+        for dtype in args.dtypes.split(","):
             for scope in args.model_scopes.split(","):
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")
                     mod = compile_model(model, log=args.log, device=dev, scope=scope, dtype=dtype)
                 y = mod.run([x])[0]
-                costs = mod.time(50, warmup=5)  # on the device's run queue (no profiling)
-                on_profiling_queue = _profiling_queue_time(mod, 50)
-                tuned = sum(n.tuned for n in mod.spec.nodes)
-                layers = sum(n.template is not None for n in mod.spec.nodes)
-                err = float(np.abs(y - ref).max() / np.abs(ref).max())
-                ours = statistics.median(costs)
+                ours = statistics.median(mod.time(50, warmup=5))  # on the device's run queue (no profiling)
                 rows.append({"model": name, "dtype": dtype, "scope": scope, "ours_s": ours,
-                             "ours_profiling_queue_s": on_profiling_queue,
-                             "torch_eager_s": eager, "ratio_torch_over_ours": eager / ours,
-                             "tuned_layers": tuned, "layers": layers, "rel_err_vs_onnxruntime": err,
-                             "torch_rel_err": float(np.abs(y_t - ref).max() / np.abs(ref).max()),
-                             "fallback_warnings": len(caught), "gpu": _gpu_name(),
-                             "device": dev.info.name, "driver": dev.info.driver_version,
-                             "torch_cuda_graph_s": graph_s, "ratio_torch_graph_over_ours": graph_s / ours,
-                             "torch_graph_rel_err": graph_err, "torch_graph_error": why or ""})
+                             "ours_profiling_queue_s": _profiling_queue_time(mod, 50),
+                             "tuned_layers": sum(n.tuned for n in mod.spec.nodes),
+                             "layers": sum(n.template is not None for n in mod.spec.nodes),
+                             "kernels": sum(len(n.calls) for n in mod.spec.nodes),
+                             "storage": ",".join(sorted({mod.node_storage(n) for n in mod.spec.nodes if n.template})),
+                             "rel_err_vs_onnxruntime": float(np.abs(y - ref).max() / np.abs(ref).max()),
+                             "fallback_warnings": len(caught), "device": dev.info.name,
+                             "driver": dev.info.driver_version})
                 print(json.dumps(rows[-1]), flush=True)
-                _write(out / "gpu_models.csv", rows)  # after every row: a job cut short keeps what it measured
+                _write(out / "gpu_models_ours.csv", rows)
                 if scope == "auto" and dtype == "float32":
                     mod.save(out / f"artifact_{name}")
                     prof = mod.profile(20)
@@ -936,8 +992,8 @@ def cmd_table(args) -> int:
     model_lines = []
     if (out / "gpu_models.csv").exists():
         model_lines = ["| model | dtype | scope | ours ms | ours on the profiling queue ms | PyTorch eager ms | PyTorch "
-                       "CUDA graph ms | PyTorch eager / ours | PyTorch CUDA graph / ours | tuned layers | max rel err "
-                       "vs onnxruntime |", "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+                       "CUDA graph ms | PyTorch eager / ours | PyTorch CUDA graph / ours | tuned layers | kernels | max rel err "
+                       "vs onnxruntime |", "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for m in _read(out / "gpu_models.csv"):
             ours, graph = _num(m["ours_s"]), _num(m.get("torch_cuda_graph_s"))
             prof_q = _num(m.get("ours_profiling_queue_s"))
@@ -946,7 +1002,8 @@ def cmd_table(args) -> int:
                                f"{float(m['torch_eager_s']) * 1e3:.3f} | {opt(graph * 1e3 if graph else None, '.3f')} "
                                f"| {float(m['ratio_torch_over_ours']):.3f} | "
                                f"{opt(graph / ours if graph and ours else None, '.3f')} | "
-                               f"{m['tuned_layers']}/{m['layers']} | {float(m['rel_err_vs_onnxruntime']):.1e} |")
+                               f"{m['tuned_layers']}/{m['layers']} | {m.get('kernels') or 'n/a'} | "
+                               f"{float(m['rel_err_vs_onnxruntime']):.1e} |")
         model_lines.append("\nBoth PyTorch columns run the same BatchNorm-folded graph, median of 50 timed with CUDA "
                            "events; the CUDA graph is its forward captured once with torch.cuda.CUDAGraph (warmed "
                            "up on a side stream, static input) and replayed, which removes PyTorch's per-kernel "
@@ -1005,6 +1062,8 @@ def main(argv=None) -> int:
         s.add_argument("--peak-repeats", type=int, default=10)
         s.add_argument("--priority", help="tune: only the layers slower than cuDNN in this gpu_cudnn.csv, "
                        "slowest relative to cuDNN first")
+        s.add_argument("--side", choices=("ours", "torch"), default="torch",
+                       help="stream, models: time our kernels (in a process without torch) or PyTorch's")
         s.add_argument("--runs", type=int, default=100, help="stream: back-to-back launches per timed batch")
     args = p.parse_args(argv)
     return {"tune": cmd_tune, "cudnn": cmd_cudnn, "peak": cmd_peak, "models": cmd_models,

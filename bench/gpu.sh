@@ -44,10 +44,14 @@ for stage in "$@"; do
     cudnn) python3 "$REPO/bench/gpu.py" cudnn --out "$OUT" 2>&1 | tail -5 ;;
     peak) timeout 600 python3 -P "$REPO/bench/gpu.py" peak --out "$OUT" 2>&1 | grep -v "CompilerWarning\|prg.build\|_create_built" \
             | tee "$OUT/gpu_peak.txt" ;;
-    stream) python3 "$REPO/bench/gpu.py" stream --out "$OUT" --log "$(ls "$OUT"/*.jsonl "$REPO"/logs/nvidia*.jsonl 2>/dev/null | head -1)" \
-              --dtypes "${DTYPES:-float32}" 2>&1 | grep -v "CompilerWarning\|lambda: self._prg\|_create_built\|prg.build" | tail -4 ;;
-    models) python3 "$REPO/bench/gpu.py" models --out "$OUT" --log "$(ls "$OUT"/*.jsonl "$REPO"/logs/nvidia*.jsonl 2>/dev/null | head -1)" \
-              --dtypes "${DTYPES:-float32,float16}" 2>&1 | tail -16 ;;
+    stream) for side in ours torch; do  # each side in its own process: neither shares the GPU with the other's context
+              python3 "$REPO/bench/gpu.py" stream --side $side --out "$OUT" --log "$(ls "$OUT"/*.jsonl "$REPO"/logs/nvidia*.jsonl 2>/dev/null | head -1)" \
+                --dtypes "${DTYPES:-float32}" 2>&1 | grep -v "CompilerWarning\|lambda: self._prg\|_create_built\|prg.build" | tail -2
+            done ;;
+    models) for side in ours torch; do
+              python3 "$REPO/bench/gpu.py" models --side $side --out "$OUT" --log "$(ls "$OUT"/*.jsonl "$REPO"/logs/nvidia*.jsonl 2>/dev/null | head -1)" \
+                --dtypes "${DTYPES:-float32,float16}" 2>&1 | grep -v "CompilerWarning\|lambda: self._prg\|_create_built\|prg.build" | tail -8
+            done ;;
     table) python3 "$REPO/bench/gpu.py" table --out "$OUT" --log "$(ls "$OUT"/*.jsonl "$REPO"/logs/nvidia*.jsonl 2>/dev/null | head -1)" \
              > "$OUT/gpu_table.txt" 2>&1; tail -3 "$OUT/gpu_table.txt"; head -12 "$OUT/gpu_summary.md" ;;
     tuning) T=${TUNING_OUT:-/tmp/tuning_out}; mkdir -p "$T"  # many files: they come back as one archive
