@@ -188,6 +188,28 @@ class BoundSpace:
             return memo[key]
         return count(0)
 
+    def exists(self) -> bool:
+        """Whether there is a valid config: the walk of ``size`` that stops at the first one (memoized the same
+        way, so a space with none is not walked config by config either)."""
+        names = list(self.choices)
+        later = [set().union(*(c.knobs for n in names[i:] for c in self._at[n])) for i in range(len(names) + 1)]
+        env, memo = dict(self.env), {}
+
+        def found(i):
+            if i == len(names):
+                return True
+            key = (i, *(env[k] for k in names[:i] if k in later[i]))
+            if key not in memo:
+                memo[key] = False
+                for v in self.choices[names[i]]:
+                    env[names[i]] = v
+                    if self._ok(self._at[names[i]], env) is None and found(i + 1):
+                        memo[key] = True
+                        break
+                env.pop(names[i])
+            return memo[key]
+        return found(0)
+
     def sample(self, rng) -> dict:
         """One valid assignment drawn at random (random choice order, backtracking on constraints)."""
         for values in self._walk(lambda c: [c[i] for i in rng.permutation(len(c))]):

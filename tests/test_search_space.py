@@ -119,3 +119,19 @@ def test_a_constraint_that_breaks_at_evaluation_is_named(device):
     space = parse_space({**BASE, "constraints": {"boom": "a // (N - N) > 0"}}, "t.toml", var_names={"N"})
     with pytest.raises(TunerError, match="constraint 'boom'.*ZeroDivisionError"):
         space.bind({"N": 3}, device.info).size()
+
+
+@pytest.mark.parametrize("name", ["conv2d", "depthwise_conv2d", "dense"])
+def test_exists_agrees_with_size(device, name):
+    """``exists`` (the planner's question: is there any valid config?) stops at the first config, and says no
+    exactly where ``size`` counts none: a work-group limit of 0 leaves none."""
+    import dataclasses
+    t = get_template(name)
+    wl = {"conv2d": lambda: t.workload(data=(1, 6, 9, 9), kernel=(10, 6, 3, 3), padding=(1, 1, 1, 1)),
+          "depthwise_conv2d": lambda: t.workload(data=(1, 6, 9, 9), kernel=(6, 1, 3, 3), padding=(1, 1, 1, 1)),
+          "dense": lambda: t.workload(data=(2, 20), weight=(12, 20))}[name]()
+    bound = t.space(wl, device.info)
+    assert bound.exists() and bound.size() > 0
+    starved = dataclasses.replace(device.info, max_work_group_size=0)
+    none = t.space(wl, starved)
+    assert none.size() == 0 and not none.exists()

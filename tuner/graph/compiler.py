@@ -17,6 +17,7 @@ dispatch context).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from pathlib import Path
@@ -102,6 +103,15 @@ def choose_configs(plan: Plan, info, history=None) -> dict:
     return out
 
 
+@functools.lru_cache(maxsize=256)
+def _tuned_kernel(build, workload, config) -> tuple:
+    """``(lowered Program, OpenCL source)`` of a template's kernel, generated once per (template build,
+    workload, config): ``fastest_plan`` compiles three plans that share most kernels, and lowering is most of
+    a compile."""
+    from tuner.runtime.launch import generate
+    return generate(build(workload, config))
+
+
 def _glue_kernel(s: Step, plan: Plan, max_wg: int):
     from .lowering import glue_builder
     return glue_builder(s.op, s.name)(s, plan, max_wg)
@@ -151,14 +161,16 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
         from tqdm.auto import tqdm
         bar = tqdm(total=len(steps), desc="compile", unit="kernel", dynamic_ncols=True)
     for i, s in enumerate(steps):
+        # generated here, built by the Module on the device (or on the target when it loads)
         if s.tuned:
-            t = get_template(s.op)
             cfg, tuned = configs[s.name]
-            kernel = t.build(s.workload, cfg)
+            try:
+                prog, source = _tuned_kernel(get_template(s.op).build, s.workload, cfg)
+            except TypeError:  # a user template's workload or config that cannot be hashed: not cached
+                prog, source = generate(get_template(s.op).build(s.workload, cfg))
         else:
             cfg, tuned = None, False
-            kernel = _glue_kernel(s, plan, info.max_work_group_size)
-        prog, source = generate(kernel)  # built by the Module, on the device (or on the target when it loads)
+            prog, source = generate(_glue_kernel(s, plan, info.max_work_group_size))
         binding = {**s.inputs, "Y": s.output}
         refs = {}
         for buf in prog.params:

@@ -21,7 +21,6 @@ import json
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
 
 from tuner.errors import TunerError
 from tuner.logs.record import scope_knobs
@@ -182,12 +181,6 @@ def _decide(step: Step, info, mode: str, history) -> str:
     return get_template(step.op).fallback(step.workload, info).input_scope
 
 
-def _valid_count(step: Step, info, scopes: dict) -> int:
-    from tuner.templates import get_template
-    t = get_template(step.op)
-    return t.space(step.workload, info, **FIXED[step.op], **scope_knobs(scopes)).size()
-
-
 def plan_storage(plan: Plan, info, scope: str = "auto", history=None) -> Plan:
     """A scope per tensor and per tuned step's operands. ``history``: an ApplyHistoryBest for ``auto``.
 
@@ -256,7 +249,7 @@ def _plan_storage(plan: Plan, info, scope: str, history) -> Plan:
             continue
         io = {"input": plan.tensors[s.inputs["X"]].scope, "output": plan.tensors[s.output].scope}
         for w in (["texture", "buffer"] if want[s.name] == "texture" else ["buffer"]):
-            if _valid_count(s, info, {**io, "weight": w}):
+            if _has_valid(s, info, {**io, "weight": w}):
                 s.scopes = {"input": io["input"], "weight": w, "output": io["output"]}
                 break
         else:
@@ -275,8 +268,7 @@ def _plan_storage(plan: Plan, info, scope: str, history) -> Plan:
 
 def _has_valid(step: Step, info, scopes: dict) -> bool:
     from tuner.templates import get_template
-    space = get_template(step.op).space(step.workload, info, **FIXED[step.op], **scope_knobs(scopes))
-    return next(iter(space.configs()), None) is not None
+    return get_template(step.op).space(step.workload, info, **FIXED[step.op], **scope_knobs(scopes)).exists()
 
 
 def choose_templates(plan: Plan, history, info) -> Plan:
