@@ -6,9 +6,12 @@ batch 1): exactly the kernels a compiled model deploys, so the committed log mak
 tuned configs. Subcommands (bench/gpu.sh runs them on the GPU machine):
 
     python bench/gpu.py tune   --out DIR [--trials 24] [--deadline 540]   # resumable: the log is the state
+                               [--priority gpu_cudnn.csv]                  # only layers slower than cuDNN
     python bench/gpu.py cudnn  --out DIR                                   # PyTorch/cuDNN per layer
     python bench/gpu.py peak   --out DIR                                   # peak FMA rate and copy bandwidth
-    python bench/gpu.py models --out DIR --log LOG                         # whole models, ours vs PyTorch eager
+    python bench/gpu.py stream --side ours|torch --out DIR --log LOG     # per layer: ours re-timed, and both
+                                                                           # back to back (100 launches)
+    python bench/gpu.py models --side ours|torch --out DIR --log LOG     # whole models, ours vs PyTorch eager
                                                                            # and its CUDA-graph replay
     python bench/gpu.py table  --out DIR --log LOG                         # CSVs -> markdown (anywhere)
 
