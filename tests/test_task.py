@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import sysconfig
+import types
 from pathlib import Path
 
 import optuna
@@ -263,14 +264,52 @@ def test_a_config_another_tuner_just_asked_is_in_flight_before_its_owner_is_set(
     owner's trial is not."""
     from types import SimpleNamespace
 
-    from tuner.search.tune import _in_flight_elsewhere, _key
+    from tuner.search.tune import _key, _peer_state
 
     study = optuna.create_study(direction="maximize")
     dists = {"a": CategoricalDistribution([1])}  # one config: both ask it
-    s = SimpleNamespace(study=study, names=["a"])
+    s = SimpleNamespace(study=study, names=["a"], known={})
     peer = study.ask(dists)  # asked by a peer, owner not set yet
     mine = study.ask(dists)
     k = _key({"a": 1}, s.names)
-    assert _in_flight_elsewhere(s, k, mine.number)
+    assert _peer_state(s, k, mine.number) == "in_flight"
     peer.set_user_attr("owner", "some-other-host:1")  # a tuner elsewhere is not known to be alive
-    assert not _in_flight_elsewhere(s, k, mine.number)
+    assert _peer_state(s, k, mine.number) is None
+
+
+def test_a_peer_still_inside_ask_is_waited_for_and_a_finished_peer_is_learnt_from(device):
+    """``study.ask`` creates the RUNNING trial before it writes the parameters: a peer's trial asked first but
+    showing no config yet is waited for (CI measured a config twice in that window), up to a limit; a peer
+    that finished the config gives its record, read in the same snapshot as the running trials."""
+    import threading
+    import time
+
+    from tuner.logs.record import Record
+    from tuner.search.tune import _key, _peer_state
+
+    dist = CategoricalDistribution([1, 2])
+    study = optuna.create_study(direction="maximize")
+    s = types.SimpleNamespace(study=study, names=["a"], known={})
+    storage, sid = study._storage, study._study_id
+    peer_id = storage.create_new_trial(sid)  # a peer inside ask: RUNNING, parameters not written yet
+    mine = study.ask({"a": dist})
+    k = _key({"a": mine.params["a"]}, s.names)
+    threading.Timer(0.1, storage.set_trial_param, (peer_id, "a", dist.to_internal_repr(mine.params["a"]),
+                                                   dist)).start()
+    t0 = time.monotonic()
+    assert _peer_state(s, k, mine.number, wait_s=5.0) == "in_flight"
+    assert 0.05 < time.monotonic() - t0 < 4.0
+    stuck = storage.create_new_trial(sid)  # a peer killed inside ask: waited for only up to the limit
+    again = study.ask({"a": dist})
+    t0 = time.monotonic()
+    assert _peer_state(s, _key({"a": again.params["a"]}, s.names), again.number, wait_s=0.3) != "known"
+    assert time.monotonic() - t0 < 2.0
+    for number in (stuck, peer_id, mine._trial_id, again._trial_id):
+        storage.set_trial_state_values(number, optuna.trial.TrialState.FAIL)
+    done = study.ask({"a": dist})  # a peer that measured the config: its record is known, nothing to measure
+    rec = Record.new("conv2d", _conv(), {"a": done.params["a"]}, device, costs=[1e-3])
+    done.set_user_attr("record", rec.to_dict())
+    study.tell(done, 1.0)
+    late = study.ask({"a": dist})
+    kl = _key({"a": done.params["a"]}, s.names)
+    assert _peer_state(s, kl, late.number) == "known" and s.known[kl].median_s == rec.median_s

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,13 +80,12 @@ class LocalStrategy:
             self.asked[trial.number] = (trial, None)
             values = s.values(trial)
             k = _key(values, s.names)
-            if k not in s.known:
-                _learn_from_peers(s, k, trial.number)
+            in_flight = k not in s.known and _peer_state(s, k, trial.number) == "in_flight"
             if k in s.known:  # measured before (this run, an earlier one, or a concurrent tuner): from the log
                 rec = s.known[k]
                 tell(s.study, trial, rec, from_log=True)
                 self.result.reused += 1
-            elif k in {_key(v, s.names) for _, v in todo} or _in_flight_elsewhere(s, k, trial.number):
+            elif in_flight or k in {_key(v, s.names) for _, v in todo}:
                 s.study.tell(trial, state=TrialState.FAIL)  # a duplicate: measured once, by whoever asked first
             else:
                 todo.append((trial, values))
@@ -247,26 +247,41 @@ def _owner_alive(trial) -> bool:
         return True
 
 
-def _peer_trials(s, number: int, states) -> list:
-    return [tr for tr in s.study.get_trials(deepcopy=False, states=states) if tr.number != number
-            and all(n in tr.params for n in s.names)]
+def _live(trial) -> bool:
+    """A RUNNING trial whose tuner still runs, or one asked a moment ago (its tuner sets ``owner`` right after
+    ``ask``)."""
+    return "owner" not in trial.user_attrs or _owner_alive(trial)
 
 
-def _in_flight_elsewhere(s, k, number: int) -> bool:
-    """Another tuner on this study is measuring the same config (a RUNNING trial it asked first). A RUNNING
-    trial with no owner yet was asked a moment ago: its tuner sets the owner right after ``ask``."""
-    return any(_key(tr.params, s.names) == k and tr.number < number
-               and ("owner" not in tr.user_attrs or _owner_alive(tr))
-               for tr in _peer_trials(s, number, (TrialState.RUNNING,)))
+def _peer_state(s, k, number: int, wait_s: float = 1.0) -> str | None:
+    """What concurrent tuners on this study did with config ``k``, from one snapshot of its trials: ``"known"``
+    (a peer measured it: its record joins ``s.known``), ``"in_flight"`` (a live peer asked it before trial
+    ``number``: that one measures it) or None (nobody: this trial measures it).
 
-
-def _learn_from_peers(s, k, number: int) -> None:
-    """A config a concurrent tuner measured since this session opened: its record joins ``known``."""
-    for tr in _peer_trials(s, number, (TrialState.COMPLETE, TrialState.FAIL)):
-        d = tr.user_attrs.get("record")
-        if d and _key(tr.params, s.names) == k:
-            try:
-                s.known[k] = Record.from_dict(d)
-            except Exception:  # noqa: BLE001 - a record another version wrote: measure instead
+    ``study.ask`` creates a RUNNING trial first and writes its parameters one by one after, so a peer trial
+    asked before ours may not show its config yet; then the snapshot is taken again, every 10 ms, for up to
+    ``wait_s`` (a tuner killed inside ``ask`` leaves such a trial behind; the next session's ``_recover``
+    fails it). One snapshot for all states: two reads let a peer finish between them unseen."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        pending = in_flight = False
+        for tr in s.study.get_trials(deepcopy=False):
+            if tr.number == number:
                 continue
-            return
+            if not all(n in tr.params for n in s.names):
+                pending |= tr.state == TrialState.RUNNING and tr.number < number and _live(tr)
+                continue
+            if _key(tr.params, s.names) != k:
+                continue
+            if tr.state in (TrialState.COMPLETE, TrialState.FAIL) and tr.user_attrs.get("record"):
+                try:
+                    s.known[k] = Record.from_dict(tr.user_attrs["record"])
+                    return "known"
+                except Exception:  # noqa: BLE001 - a record another version wrote: measure instead
+                    continue
+            in_flight |= tr.state == TrialState.RUNNING and tr.number < number and _live(tr)
+        if in_flight:  # a record, had there been one, wins: nothing to measure then
+            return "in_flight"
+        if not pending or time.monotonic() > deadline:
+            return None
+        time.sleep(0.01)
