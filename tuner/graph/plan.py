@@ -21,7 +21,6 @@ import json
 import math
 from dataclasses import dataclass, field
 
-
 from tuner.errors import TunerError
 from tuner.logs.record import scope_knobs
 

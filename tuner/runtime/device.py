@@ -412,8 +412,8 @@ class Device:
     @property
     def run_queue(self) -> cl.CommandQueue:
         """The queue a model runs on: no profiling timestamps. On NVIDIA's OpenCL (H200, driver 580) a kernel
-        launched behind another costs 10.6 us on a profiling queue and 4.9 us on this one (empty kernel,
-        1000 back to back), which took MobileNetV2 from 0.70 ms to 0.41 ms a run. Copies stay blocking on
+        launched behind another costs 10.6 us on a profiling queue and 5.2 us on this one (empty kernel,
+        1000 back to back), which took MobileNetV2 from 0.686 ms to 0.398 ms a run. Copies stay blocking on
         ``queue``, so a run never sees a half-copied input."""
         if self._run_queue is None:
             self._run_queue = cl.CommandQueue(self.context)
