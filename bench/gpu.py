@@ -452,19 +452,26 @@ def _graph_stream_time(fn, runs: int = 100, repeats: int = 10) -> float:
     if not torch.cuda.is_available():
         return _cuda_time(fn, repeats=repeats)
     with torch.no_grad():
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # cudnn.benchmark picks its algorithms here, not during capture
-            for _ in range(3):
-                fn()
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            for _ in range(runs):
-                fn()
+        graph, _ = _capture(fn, lambda: [fn() for _ in range(runs)])
         graph.replay()
         return _cuda_time(graph.replay, repeats=repeats, warmup=2) / runs
+
+
+def _capture(warm, body):
+    """``(torch.cuda.CUDAGraph of body(), what body returned)``: ``warm()`` runs 3 times on a side stream first,
+    so that cudnn.benchmark picks its algorithms there, not during capture."""
+    import torch
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            warm()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # OpenCL may run threads
+        out = body()
+    return graph, out
 
 
 def _cl_empty_stream(dev, runs: int = 1000, repeats: int = 5) -> dict:
@@ -495,14 +502,6 @@ def _cl_empty_stream(dev, runs: int = 1000, repeats: int = 5) -> dict:
         if spans:
             res["profiling_span_s"] = statistics.median(spans)
     return res
-
-
-def _write_rows(path: Path, rows: list) -> None:
-    """A CSV of dict rows whose keys differ (the union of them, in order of first appearance)."""
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
-        w.writeheader()
-        w.writerows(rows)
 
 
 def _stream_layers(info, args) -> list:
@@ -548,7 +547,7 @@ def cmd_stream(args) -> int:
             row["torch_layer_stream_s"] = _graph_stream_time(full, runs=args.runs)
         row.update({k: v for k, v in ours.get((model, dtype, wkey), {}).items() if k not in row})
         rows.append(row)
-        _write_rows(out / "gpu_stream.csv", rows)
+        _write(out / "gpu_stream.csv", rows)
     print(f"{len(rows)} layers timed with PyTorch, {len(ours)} of ours merged into {out / 'gpu_stream.csv'}")
     return 0
 
@@ -588,7 +587,7 @@ def _stream_ours(args, out: Path) -> int:
                 row[f"{sc}_error"] = f"{type(e).__name__}: {e}"[:300]
         rows.append(row)
         print(json.dumps(row), flush=True)
-        _write_rows(out / "gpu_stream_ours.csv", rows)
+        _write(out / "gpu_stream_ours.csv", rows)
     return 0
 
 
@@ -642,16 +641,7 @@ def _cuda_graph_time(fn, x, repeats: int = 50):
     try:
         with torch.no_grad():
             static_x = x.clone()
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):  # cudnn.benchmark picks its algorithms here, not during capture
-                for _ in range(3):
-                    fn(static_x)
-            torch.cuda.current_stream().wait_stream(side)
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # OpenCL may run threads
-                static_y = fn(static_x)
+            graph, static_y = _capture(lambda: fn(static_x), lambda: fn(static_x))
             seconds = _cuda_time(graph.replay, repeats=repeats)
             graph.replay()
             torch.cuda.synchronize()
@@ -757,8 +747,9 @@ def _models_ours(args, out: Path) -> int:
 
 
 def _write(path: Path, rows: list) -> None:
+    """A CSV of dict rows; the columns are the union of their keys, in order of first appearance."""
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
         w.writeheader()
         w.writerows(rows)
 
@@ -865,13 +856,12 @@ def _floor_text(peak: dict) -> str:
 def _bests(log, fingerprint: str | None = None) -> dict:
     """``(template, canonical workload json, "texture" | "buffer" | "mixed") -> Record``: the fastest successful
     record of each in the log (of one device, or of any)."""
+    from tuner.graph.module import storage_label
     from tuner.logs import best_records, load_records
     from tuner.logs.record import canonical_json
     best = {}
     for r in best_records(r for r in load_records(log) if fingerprint in (None, r.device)).values():
-        scope = "texture" if set(r.scopes.values()) == {"texture"} else "buffer" if set(r.scopes.values()) == {
-            "buffer"} else "mixed"
-        k = (r.template, canonical_json(r.workload), scope)
+        k = (r.template, canonical_json(r.workload), storage_label(r.scopes.values()))
         if k not in best or r.median_s < best[k].median_s:
             best[k] = r
     return best
@@ -882,11 +872,12 @@ def _best_of_layer(best: dict, row: dict, scope: str):
     (conv2d, ...) and, for a 3x3 stride-1 conv2d, the Winograd templates (their workload key has no stride,
     dilation or groups)."""
     from tuner.logs.record import canonical_json
+    from tuner.search.task import workload_of
     from tuner.templates import get_template
     wd = json.loads(row["workload"])
     keys = [(row["template"], canonical_json(wd))]
     if row["template"] == "conv2d":
-        direct = get_template("conv2d").workload(**{k: v for k, v in wd.items() if k != "op"})
+        direct = workload_of(get_template("conv2d"), wd)
         for m in ("winograd2", "winograd4"):
             w = get_template(m).workload.of(direct)
             if w is not None:

@@ -169,6 +169,15 @@ class BoundSpace:
 
     def size(self) -> int:
         """How many valid configs: a depth-first count, memoized on the chosen knobs later constraints read."""
+        return self._count()
+
+    def exists(self) -> bool:
+        """Whether there is a valid config: the count of ``size`` stopped at the first one."""
+        return self._count(enough=1) > 0
+
+    def _count(self, enough: int | None = None) -> int:
+        """Valid configs, counted depth-first and memoized on the chosen knobs later constraints read; with
+        ``enough``, each branch stops counting once it has that many (so does the total)."""
         names = list(self.choices)
         later = [set().union(*(c.knobs for n in names[i:] for c in self._at[n])) for i in range(len(names) + 1)]
         env, memo = dict(self.env), {}
@@ -183,32 +192,12 @@ class BoundSpace:
                     env[names[i]] = v
                     if self._ok(self._at[names[i]], env) is None:
                         total += count(i + 1)
+                        if enough is not None and total >= enough:
+                            break
                 env.pop(names[i])
                 memo[key] = total
             return memo[key]
         return count(0)
-
-    def exists(self) -> bool:
-        """Whether there is a valid config: the walk of ``size`` that stops at the first one (memoized the same
-        way, so a space with none is not walked config by config either)."""
-        names = list(self.choices)
-        later = [set().union(*(c.knobs for n in names[i:] for c in self._at[n])) for i in range(len(names) + 1)]
-        env, memo = dict(self.env), {}
-
-        def found(i):
-            if i == len(names):
-                return True
-            key = (i, *(env[k] for k in names[:i] if k in later[i]))
-            if key not in memo:
-                memo[key] = False
-                for v in self.choices[names[i]]:
-                    env[names[i]] = v
-                    if self._ok(self._at[names[i]], env) is None and found(i + 1):
-                        memo[key] = True
-                        break
-                env.pop(names[i])
-            return memo[key]
-        return found(0)
 
     def sample(self, rng) -> dict:
         """One valid assignment drawn at random (random choice order, backtracking on constraints)."""

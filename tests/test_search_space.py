@@ -125,7 +125,6 @@ def test_a_constraint_that_breaks_at_evaluation_is_named(device):
 def test_exists_agrees_with_size(device, name):
     """``exists`` (the planner's question: is there any valid config?) stops at the first config, and says no
     exactly where ``size`` counts none: a work-group limit of 0 leaves none."""
-    import dataclasses
     t = get_template(name)
     wl = {"conv2d": lambda: t.workload(data=(1, 6, 9, 9), kernel=(10, 6, 3, 3), padding=(1, 1, 1, 1)),
           "depthwise_conv2d": lambda: t.workload(data=(1, 6, 9, 9), kernel=(6, 1, 3, 3), padding=(1, 1, 1, 1)),
