@@ -103,6 +103,28 @@ def test_concurrent_appends(tmp_path):
                                                                            for i in range(200)]
 
 
+PROBER = textwrap.dedent("""
+    import sys, time
+    from tuner.logs.io import ensure_writable
+    path, start = sys.argv[1], float(sys.argv[2])
+    time.sleep(max(0.0, start - time.time()))  # all probers start together
+    for _ in range(300):  # each round: a prober may see the log missing, create it and remove it
+        ensure_writable(path)
+""")
+
+
+def test_concurrent_writability_probes_on_fresh_logs(tmp_path):
+    """Tuners started together on a fresh log each probe it (create, then remove what they created): one must
+    not fail because another removed the probe first (a clean-clone CI run of four tuners did)."""
+    import time
+    path, start = tmp_path / "logs" / "shared.jsonl", time.time() + 3.0
+    procs = [subprocess.Popen([sys.executable, "-c", PROBER, str(path), str(start)], stderr=subprocess.PIPE,
+                              text=True) for _ in range(6)]
+    errs = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 6, "\n".join(errs)[-2000:]
+    assert not path.exists()  # probes leave no empty log behind
+
+
 def test_bad_lines_skipped_with_one_warning(tmp_path, conv, wl, device, caught):
     path = tmp_path / "log.jsonl"
     good = [rec(conv, wl, conv.config(tile_ow=n), device, n * 1e-3) for n in (1, 2, 4)]

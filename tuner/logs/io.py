@@ -47,17 +47,25 @@ def ensure_writable(path) -> Path:
     path = Path(path)
     if path.is_dir():
         raise TunerError(f"tuning log {path} is a directory; give --log a file path")
-    existed = path.exists()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "ab"):
-            pass
-        if not existed:
-            path.unlink()  # checked, not created: a run that fails before measuring leaves no empty log
     except OSError as e:
         raise TunerError(f"tuning log {path} cannot be written ({e.strerror or e}); give --log a writable "
                          "path") from None
-    _lock(path)
+    try:
+        # under the log's lock: tuners started together on a fresh log must not unlink each other's probe
+        with _lock(path):
+            existed = path.exists()
+            with open(path, "ab"):
+                pass
+            if not existed and path.stat().st_size == 0:
+                path.unlink(missing_ok=True)  # checked, not created: a run that fails early leaves no empty log
+    except Timeout:
+        raise TunerError(f"log {path} has been locked by another process for {LOCK_TIMEOUT_S:.0f} s "
+                         f"({path}.lock); if no tuner is running, delete the lock file") from None
+    except OSError as e:
+        raise TunerError(f"tuning log {path} cannot be written ({e.strerror or e}); give --log a writable "
+                         "path") from None
     return path
 
 
