@@ -479,6 +479,8 @@ def _cl_empty_stream(dev, runs: int = 1000, repeats: int = 5) -> dict:
     seconds per launch from the first start to the last end (profiling queue), and by wall clock from
     releasing the event to ``finish`` on a profiling queue and on a queue without profiling; medians."""
     import pyopencl as cl
+
+    from tuner.runtime.stream import gated_batch
     knl = cl.Program(dev.context, "__kernel void nop(__global float *o) { o[get_global_id(0)] = 1.0f; }").build().nop
     out = cl.Buffer(dev.context, cl.mem_flags.WRITE_ONLY, 4)
     knl.set_args(out)
@@ -487,15 +489,9 @@ def _cl_empty_stream(dev, runs: int = 1000, repeats: int = 5) -> dict:
     for name, q in (("profiling", dev.queue), ("plain", plain)):
         spans, walls = [], []
         for i in range(repeats + 1):
-            gate, events = cl.UserEvent(dev.context), []
-            for _ in range(runs):
-                events.append(cl.enqueue_nd_range_kernel(q, knl, (1,), (1,), wait_for=None if events else [gate]))
-            t0 = time.perf_counter()
-            gate.set_status(cl.command_execution_status.COMPLETE)
-            q.finish()
-            wall = time.perf_counter() - t0
+            wall, events = gated_batch(dev.context, q, [(knl, (1,), (1,))], runs)
             if i:
-                walls.append(wall / runs)
+                walls.append(wall)
                 if name == "profiling":
                     spans.append((events[-1].profile.end - events[0].profile.start) * 1e-9 / runs)
         res[f"{name}_wall_s"] = statistics.median(walls)

@@ -218,6 +218,25 @@ def test_time_stream_runs_back_to_back_and_leaves_a_correct_output(dev, template
     assert t.check(wl, exe.outputs_of(arrays), inputs) < t.tolerance(wl)
 
 
+def test_gated_batch_releases_its_gate_when_an_enqueue_fails(dev):
+    """A launch that cannot be enqueued (a work-group larger than the device allows) after one that was: the error reaches the caller, the gate is released, and the launch enqueued before it runs."""
+    from tuner.runtime.stream import gated_batch
+    knl = cl.Program(dev.context, "__kernel void one(__global float *o) { o[get_global_id(0)] = 1.0f; }").build().one
+    out = cl.Buffer(dev.context, cl.mem_flags.READ_WRITE, 16)
+    cl.enqueue_fill_buffer(dev.queue, out, np.float32(0), 0, 16).wait()
+    knl.set_args(out)
+    wall, events = gated_batch(dev.context, dev.run_queue, [(knl, (4,), None)], runs=3)
+    assert wall > 0 and len(events) == 3
+    cl.enqueue_fill_buffer(dev.queue, out, np.float32(0), 0, 16).wait()
+    with pytest.raises(cl.Error):
+        too_big = 2 * dev.cl_device.max_work_group_size
+        gated_batch(dev.context, dev.run_queue, [(knl, (2,), None), (knl, (too_big,), (too_big,))], runs=1)
+    dev.run_queue.finish()  # returns: nothing is left waiting on the gate
+    host = np.empty(4, np.float32)
+    cl.enqueue_copy(dev.queue, host, out).wait()
+    assert host.tolist() == [1.0, 1.0, 0.0, 0.0]
+
+
 def test_run_queue_has_no_profiling_and_the_profiling_queue_does(dev):
     props = cl.command_queue_properties
     assert dev.queue.properties & props.PROFILING_ENABLE

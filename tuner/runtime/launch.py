@@ -3,7 +3,6 @@
 and unpack the outputs. Scratch workspaces (texture RFC A0/T2) come from recycling pools."""
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,6 +18,7 @@ from ..lower import lower
 from .device import Device, open_device
 from .memory import BufferPool, DeviceArray, TexturePool, alloc, download, upload
 from .program import build_program
+from .stream import gated_batch
 
 
 def physical_shape(buf) -> tuple:
@@ -149,21 +149,9 @@ class Executable:
         def batches(calls):
             for fn, _, _, args in calls:
                 fn.set_args(*args)
-            out = []
-            for i in range(warmup + repeats):
-                gate, first = cl.UserEvent(self.device.context), True
-                try:
-                    for _ in range(runs):
-                        for fn, g, l, _ in calls:
-                            cl.enqueue_nd_range_kernel(q, fn, g, l, wait_for=[gate] if first else None)
-                            first = False
-                finally:  # released even when an enqueue fails: nothing stays blocked behind it
-                    t0 = time.perf_counter()
-                    gate.set_status(cl.command_execution_status.COMPLETE)
-                q.finish()
-                if i >= warmup:
-                    out.append((time.perf_counter() - t0) / runs)
-            return out
+            launches = [(fn, g, l) for fn, g, l, _ in calls]
+            walls = [gated_batch(self.device.context, q, launches, runs)[0] for _ in range(warmup + repeats)]
+            return walls[warmup:]
         return self._with_scratch(arrays, batches)
 
     def outputs_of(self, arrays: dict) -> dict:
