@@ -25,6 +25,10 @@ pixel: the 4 lanes are 4 input channels), then, lane by lane, multiplies every V
 weight pixel U[ob, c, u, v] (the direct template's outer product, alpha^2 of them instead of 9) into alpha^2
 accumulators per tile and channel block. At the end Y = A^T M A and the direct template's fused epilogue
 (bias, residual add, activation: ``store_tile``) stores the m x m outputs of each tile, guarded at the edges.
+With ``split_k`` > 1, that many work-items of a work-group share a tile's channel loop (interleaved blocks),
+each transforms its partial sums to Y, and the partial outputs (m^2 of them, not alpha^2: the transform is
+linear) are summed in ``__local`` memory as the direct template's split does: more work-items for layers
+whose tiles alone cannot fill a desktop GPU (256 x 14 x 14 in F(4x4) has 1,024 tile-and-block pairs).
 
 Accuracy (max error relative to the largest magnitude of the float64 direct convolution of the same 3x3
 weights; random normal inputs, 2-3 seeds, C = 8 to 512, PoCL and Intel's CPU runtime alike):
@@ -52,7 +56,8 @@ from tuner.ir.dtype import DType
 from tuner.ir.expr import Cast, ExtractLane, Ramp, as_expr, min_
 from tuner.templates import EPILOGUE_ARGS, Template, WorkloadArg, epilogue_text, shape_text
 from tuner.templates.conv2d_nchw4c import (MODEL_KNOBS, Arithmetic, Conv2dWorkload, declare_operands,
-                                           fit_work_group, input_pixel, is_depthwise, store_tile, texture_scopes)
+                                           fit_work_group, input_pixel, is_depthwise, split_sums, store_tile,
+                                           texture_scopes)
 from tuner.templates.conv2d_nchw4c import reference as direct_reference
 
 # Lavin & Gray (arXiv:1509.09308), section 4.1 (F(2x2,3x3)) and 4.2 (F(4x4,3x3)).
@@ -185,6 +190,7 @@ class WinogradConfig:
     wg_w: int = 8  # work-group size along tile columns
     wg_h: int = 1  # work-group size along tile rows
     split_c: int = 1  # input-channel blocks per (unrolled) step of the channel loop
+    split_k: int = 1  # work-items of a work-group sharing each tile's channel loop, outputs summed in __local
     input_scope: str = "texture"
     weight_scope: str = "texture"
     output_scope: str = "texture"
@@ -219,16 +225,52 @@ def transform_2d(b, name: str, mat, patch: list, store) -> None:
                 store(i, j, linear_combination(mat[j], rows[i]))
 
 
+def channel_step(b, wl, cfg, X, Wt, acc, d, V, arith, n, obb, oh0, ow0, cb_expr) -> None:
+    """One input-channel block ``cb`` of a work-item's tiles: load the alpha x (tile_t*m + 2) input pixels, V =
+    B^T d B per tile, then lane by lane (4 input channels) multiply every V element with the 4-output weight
+    pixel U[ob, c, u, v] into the alpha^2 accumulators of each tile and output-channel block."""
+    m, a = wl.m, wl.alpha
+    BT = MATRICES[m]["BT"]
+    (N, C, H, W), O = wl.data, wl.kernel[0]
+    pt, pl = wl.padding[:2]
+    C4, OB = -(-C // 4), -(-O // 4)
+    t_cb, t_t = cfg.tile_cb, cfg.tile_t
+    cols = t_t * m + 2
+    cb = b.let("cb", cb_expr)
+    ih0, iw0 = b.let("ih0", oh0 - pt), b.let("iw0", ow0 - pl)
+    for i in range(a):
+        for j in range(cols):
+            b.store(d, i * cols + j, input_pixel(X, n, cb, ih0 + i, iw0 + j, H, W, arith))
+    for t in range(t_t):  # V = B^T d B
+        patch = [[d[i * cols + t * m + j] for j in range(a)] for i in range(a)]
+        transform_2d(b, f"r{t}", BT, patch, lambda u, v, x, t=t: b.store(V, (t * a + u) * a + v, x))
+    for ci in range(4):
+        # lanes past C exist only in the last block; their weights do not (OIHW4o pads O, not C)
+        with b.if_(cb < C4 - 1) if ci >= C % 4 > 0 else nullcontext():
+            for k in range(t_cb):
+                ob = min_(obb * t_cb + k, OB - 1)  # a partial last tile re-reads the last block
+                with b.block():
+                    for u in range(a):
+                        for v in range(a):
+                            w = arith.load(Wt[Ramp(ob * 4, as_expr(1), 4), cb * 4 + ci, u, v])
+                            w = b.let(f"w{k}_{ci}_{u}_{v}", w) if t_t > 1 else w
+                            for t in range(t_t):
+                                i = ((k * t_t + t) * a + u) * a + v
+                                x = ExtractLane(V[(t * a + u) * a + v], ci)
+                                b.store(acc, i, arith.mac(acc[i], x * w))
+
+
 def conv2d_winograd(wl: WinogradWorkload, cfg: WinogradConfig):
     m, a = wl.m, wl.alpha
-    BT, AT = MATRICES[m]["BT"], MATRICES[m]["AT"]
+    AT = MATRICES[m]["AT"]
     (N, C, H, W), O = wl.data, wl.kernel[0]
     _, _, OH, OW = wl.out_shape
-    pt, pl = wl.padding[:2]
     C4, OB = -(-C // 4), -(-O // 4)
     TH, TW = -(-OH // m), -(-OW // m)  # tiles
     if C4 % cfg.split_c:
         raise ValueError(f"split_c={cfg.split_c} does not divide the {C4} input-channel blocks")
+    if cfg.split_k > C4 // cfg.split_c:
+        raise ValueError(f"split_k={cfg.split_k} is more than the {C4 // cfg.split_c} channel steps (C4 / split_c)")
     shapes = SimpleNamespace(data=wl.data, kernel=wl.transformed_kernel, out_shape=wl.out_shape, dtype=wl.dtype,
                              bias=wl.bias, residual=wl.residual)
     operands = X, Wt, B, Res, Y = declare_operands(shapes, cfg, O)
@@ -237,10 +279,11 @@ def conv2d_winograd(wl: WinogradWorkload, cfg: WinogradConfig):
     n_ob, n_tw = -(-OB // t_cb), -(-TW // t_t)
     arith = Arithmetic(cfg.compute, wl.dtype)
     cols = t_t * m + 2  # input columns the tiles of a work-item cover
+    steps, sk = C4 // cfg.split_c, cfg.split_k
     b = Builder()
-    with b.loop("nb", N * n_ob, "group.2") as nb, b.loop("gh", -(-TH // cfg.wg_h), "group.1") as gh, \
-            b.loop("th", cfg.wg_h, "local.1") as th, b.loop("gw", -(-n_tw // cfg.wg_w), "group.0") as gw, \
-            b.loop("tw", cfg.wg_w, "local.0") as tw:
+    with b.loop("nb", N * n_ob, "group.2") as nb, b.loop("tk", sk, "local.2") as tk, \
+            b.loop("gh", -(-TH // cfg.wg_h), "group.1") as gh, b.loop("th", cfg.wg_h, "local.1") as th, \
+            b.loop("gw", -(-n_tw // cfg.wg_w), "group.0") as gw, b.loop("tw", cfg.wg_w, "local.0") as tw:
         n, obb = nb // n_ob, nb % n_ob
         oh0, ow0 = (gh * cfg.wg_h + th) * m, (gw * cfg.wg_w + tw) * (t_t * m)
         # private arrays indexed by constants once unrolled (registers): accumulators M[k, t, u, v], the input
@@ -248,29 +291,11 @@ def conv2d_winograd(wl: WinogradWorkload, cfg: WinogradConfig):
         acc = arith.accumulators(b, t_cb * t_t * a * a)
         d = b.allocate("d", (a * cols,), arith.value, "private")
         V = b.allocate("V", (t_t * a * a,), arith.value, "private")
-        with b.loop("cbo", C4 // cfg.split_c) as cbo, b.loop("cbi", cfg.split_c, "unrolled") as cbi:
-            cb = b.let("cb", cbo * cfg.split_c + cbi)
-            ih0, iw0 = b.let("ih0", oh0 - pt), b.let("iw0", ow0 - pl)
-            for i in range(a):
-                for j in range(cols):
-                    b.store(d, i * cols + j, input_pixel(X, n, cb, ih0 + i, iw0 + j, H, W, arith))
-            for t in range(t_t):  # V = B^T d B
-                patch = [[d[i * cols + t * m + j] for j in range(a)] for i in range(a)]
-                transform_2d(b, f"r{t}", BT, patch, lambda u, v, x, t=t: b.store(V, (t * a + u) * a + v, x))
-            for ci in range(4):
-                # lanes past C exist only in the last block; their weights do not (OIHW4o pads O, not C)
-                with b.if_(cb < C4 - 1) if ci >= C % 4 > 0 else nullcontext():
-                    for k in range(t_cb):
-                        ob = min_(obb * t_cb + k, OB - 1)  # a partial last tile re-reads the last block
-                        with b.block():
-                            for u in range(a):
-                                for v in range(a):
-                                    w = arith.load(Wt[Ramp(ob * 4, as_expr(1), 4), cb * 4 + ci, u, v])
-                                    w = b.let(f"w{k}_{ci}_{u}_{v}", w) if t_t > 1 else w
-                                    for t in range(t_t):
-                                        i = ((k * t_t + t) * a + u) * a + v
-                                        x = ExtractLane(V[(t * a + u) * a + v], ci)
-                                        b.store(acc, i, arith.mac(acc[i], x * w))
+        with b.loop("cbk", -(-steps // sk)) as cbk:
+            cbo = cbk * sk + tk if sk > 1 else cbk  # interleaved: a split's work-items read neighbouring blocks
+            with b.if_(cbo < steps) if steps % sk else nullcontext(), \
+                    b.loop("cbi", cfg.split_c, "unrolled") as cbi:
+                channel_step(b, wl, cfg, X, Wt, acc, d, V, arith, n, obb, oh0, ow0, cbo * cfg.split_c + cbi)
         # Y = A^T M A (in float: A's coefficients reach 8), then the direct conv's epilogue and guarded stores
         out = b.allocate("out", (t_cb * m * t_t * m,), "float32x4", "private")
         for k in range(t_cb):
@@ -280,7 +305,11 @@ def conv2d_winograd(wl: WinogradWorkload, cfg: WinogradConfig):
                     M = [[Cast(DType("float32", 4), x) for x in row] for row in M]
                 transform_2d(b, f"y{k}_{t}", AT, M,
                              lambda y, x, v, k=k, t=t: b.store(out, (k * m + y) * (t_t * m) + t * m + x, v))
-        store_tile(b, out, Y, n, obb, oh0, ow0, (t_cb, m, t_t * m), (OB, OH, OW), wl, B, Res)
+        owner = None
+        if sk > 1:  # the output transform is linear: the split's partial outputs are summed after it (m^2 < alpha^2)
+            out, owner = split_sums(b, out, t_cb * m * t_t * m, sk, tk, cfg.wg_w * cfg.wg_h, th * cfg.wg_w + tw,
+                                    "float32x4")
+        store_tile(b, out, Y, n, obb, oh0, ow0, (t_cb, m, t_t * m), (OB, OH, OW), wl, B, Res, owner)
     return b.kernel(f"conv2d_winograd{m}", [p for p in operands if p is not None])
 
 
@@ -351,18 +380,20 @@ def _log2(x) -> float:
 
 def features(v: dict, k: dict) -> dict:
     """Per input-channel block, a work-item loads alpha x (tile_t*m + 2) input pixels and 4*tile_cb*alpha^2
-    weight pixels for 16*tile_cb*tile_t*alpha^2 multiply-adds."""
+    weight pixels for 16*tile_cb*tile_t*alpha^2 multiply-adds; ``split_k`` work-items share a tile's C4
+    blocks."""
     m, a = v["m"], v["alpha"]
-    tiles = k["tile_cb"] * k["tile_t"]
-    items = v["N"] * math.ceil(v["OB"] / k["tile_cb"]) * v["TH"] * math.ceil(v["TW"] / k["tile_t"])
-    wg = k["wg_w"] * k["wg_h"]
+    tiles, sk = k["tile_cb"] * k["tile_t"], k.get("split_k", 1)
+    items = v["N"] * math.ceil(v["OB"] / k["tile_cb"]) * v["TH"] * math.ceil(v["TW"] / k["tile_t"]) * sk
+    wg = k["wg_w"] * k["wg_h"] * sk
     inputs, weights = a * (k["tile_t"] * m + 2), 4 * k["tile_cb"] * a * a
     covered = math.ceil(v["TW"] / k["tile_t"]) * k["tile_t"] * m * v["TH"] * m
     return {"work_per_item": _log2(tiles * m * m), "wg_size": _log2(wg), "items": _log2(items),
             "groups": _log2(items / wg), "bytes_per_mac": 16 * (inputs + weights) / (16 * tiles * a * a),
             "registers": 4 * tiles * a * a + 4 * inputs, "padding_waste": covered / (v["OH"] * v["OW"]),
             "local_input": 0.0, "half": float(k.get("compute", "float32") != "float32"),
-            "transform_per_mac": (inputs + tiles * m * m) / (tiles * a * a)}
+            "transform_per_mac": (inputs + tiles * m * m) / (tiles * a * a), "split_k": _log2(sk),
+            "steps_per_item": _log2(v["C4"] / sk)}
 
 
 def describe(wl: WinogradWorkload) -> str:

@@ -98,6 +98,37 @@ def test_half_compute_matches_numpy(fp16_device, scope, compute):
     check()
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("scope", ["texture", "buffer"])
+@pytest.mark.parametrize("name", NAMES)
+def test_split_k_matches_numpy(device, name, scope, dtype):
+    """``split_k``: the work-items of a split sum interleaved channel blocks, transform their partial sums and
+    combine the m x m outputs in __local memory."""
+    @FEW
+    @given(fields=winograd_fields(), seed=st.integers(0, 2**32 - 1), k=st.sampled_from([2, 4]))
+    def check(fields, seed, k):
+        fields = {**fields, "data": (fields["data"][0], 4 * k + 1, *fields["data"][2:]),  # C4 > k, ragged
+                  "kernel": (fields["kernel"][0], 4 * k + 1, 3, 3)}
+        exe = check_random_config(device, name, fields, dtype, seed, split_k=k, **scopes(scope))
+        assert exe is not None and "__local" in exe.source and "barrier(CLK_LOCAL_MEM_FENCE)" in exe.source
+    check()
+
+
+def test_split_k_needs_a_step_per_work_item_and_fits_local_memory(device):
+    t = get_template("winograd4")
+    wl = t.workload(data=(1, 16, 8, 8), kernel=(8, 16, 3, 3), padding=1)  # 4 channel blocks
+    bufs = scopes("buffer")
+    assert t.space(wl, device, split_k=4, **bufs).size() > 0
+    assert t.space(wl, device, split_k=8, **bufs).size() == 0  # 4 steps cannot feed 8 work-items
+    assert t.space(wl, device, split_k=4, split_c=2, **bufs).size() == 0  # 2 steps of 2 blocks
+    small = dataclasses.replace(device.info, local_mem_bytes=1024)  # 2 x (2x1) x 16 outputs x 16 B = 1 KiB fits
+    fits = dict(split_k=2, wg_w=2, wg_h=1, tile_cb=1, tile_t=1, split_c=1, **bufs)
+    assert t.space(wl, small, **fits).size() > 0
+    assert t.space(wl, small, **{**fits, "tile_cb": 2}).size() == 0
+    with pytest.raises(ValueError, match="split_k=8"):
+        t.build(wl, t.config(split_k=8))
+
+
 def test_half_arithmetic_is_f2x2_only(device):
     """F(4x4)'s half input transform reaches 2e-2 (past its float16 tolerance): the space leaves it out."""
     info = dataclasses.replace(device.info, fp16=True)
@@ -155,6 +186,14 @@ OCLGRIND_CASES = [
      "template": "winograd4",
      "workload": {"data": (2, 6, 5, 7), "kernel": (5, 6, 3, 3), "padding": (1, 0, 1, 1), "residual": True},
      "config": {"split_c": 2, "tile_t": 2, "wg_w": 1, "wg_h": 2, **BUFFERS}},
+    {"label": "winograd4 texture, split_k=2 over C=13 (4 blocks, 2 per work-item), tile_t=2, wg 2x1, residual",
+     "template": "winograd4",
+     "workload": {"data": (1, 13, 6, 9), "kernel": (6, 13, 3, 3), "padding": 1, "residual": True},
+     "config": {"split_k": 2, "tile_t": 2, "wg_w": 2, "wg_h": 1}},
+    {"label": "winograd2 buffer, split_k=4 over C=20 (5 blocks: ragged), tile_cb=2, wg 2x2, bias+relu",
+     "template": "winograd2",
+     "workload": {"data": (2, 20, 5, 6), "kernel": (7, 20, 3, 3), "padding": 1, "bias": True, "activation": "relu"},
+     "config": {"split_k": 4, "tile_cb": 2, "wg_w": 2, "wg_h": 2, **BUFFERS}},
     {"label": "winograd2 float16 buffer in / texture out: C=3, pad 0, OH=5 OW=3, tile_t=2 over 2 tiles, bias",
      "template": "winograd2",
      "workload": {"data": (1, 3, 7, 5), "kernel": (4, 3, 3, 3), "bias": True, "dtype": "float16"},
