@@ -260,7 +260,7 @@ def test_model_runs_winograd_where_the_log_measured_it_faster(device):
     want = _ort(model, x)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the log's configs are fallbacks
-        fast = compile_model(model, log=history, device=device, scope="auto")
+        fast = compile_model(model, log=history, device=device, scope="auto", measure_plans=False)
         plain = compile_model(model, device=device, scope="auto")
     assert [n.template for n in fast.spec.nodes if n.template] == ["winograd4", "winograd2", "conv2d"]
     assert all(n.tuned for n in fast.spec.nodes if n.template)
@@ -272,3 +272,65 @@ def test_model_runs_winograd_where_the_log_measured_it_faster(device):
         got = mod.run([x])[0]
         assert got.shape == want.shape
         assert np.abs(got - want).max() / np.abs(want).max() < 1e-4
+
+
+def _winograd_history(info, model):
+    """The log of the test above: conv0 fastest with F(4x4), conv1 with F(2x2), the 1x1 direct."""
+    convs = [s for s in plan_storage(lower_graph(load_graph(model)), info, "buffer").steps if s.tuned]
+    times = [{"conv2d": 3e-4, "winograd2": 2e-4, "winograd4": 1e-4}, {"conv2d": 3e-4, "winograd2": 2e-4},
+             {"conv2d": 1e-4}]
+    return apply_history_best([_record(c, info, times[i][c.op]) for i, s in enumerate(convs)
+                               for c in s.candidates() if c.op in times[i]])
+
+
+def test_prefer_overrides_the_logs_template_choice(device):
+    info, model = device.info, winograd_model()
+    history = _winograd_history(info, model)
+    plan = plan_storage(lower_graph(load_graph(model)), info, "buffer", history)
+    tuned = lambda p: [s.op for s in p.steps if s.tuned]  # noqa: E731
+    assert tuned(choose_templates(plan, history, info)) == ["winograd4", "winograd2", "conv2d"]
+    assert tuned(choose_templates(plan, history, info, prefer="first")) == ["conv2d"] * 3
+    names = [s.name for s in plan.steps if s.tuned]
+    mixed = choose_templates(plan, history, info, prefer={names[0]: "winograd2", names[2]: "winograd4"})
+    assert tuned(mixed) == ["winograd2", "winograd2", "conv2d"]  # conv1 from the log; no F(4x4) for a 1x1
+    first = choose_templates(plan, history, info, prefer="first")
+    assert not any(".winograd" in p for p in first.params)
+
+
+def test_auto_checks_the_template_choice_inside_the_model(device, monkeypatch):
+    """The log times each kernel alone; ``--scope auto`` also runs the kept plan with the direct conv2d on every
+    node, profiles both inside the model and, where each is faster on some node, a plan taking each node's
+    faster kernel; the fastest whole plan is kept. Per-node times are faked here to make the choice certain."""
+    from tuner.graph import module as M
+    info, model = device.info, winograd_model()
+    history = _winograd_history(info, model)
+    real = M.Module.profile
+
+    def profile(self, repeats=10):  # in the model: F(4x4) wins conv0, the direct conv2d wins conv1
+        out = real(self, repeats=2)
+        fake = {("winograd4", 0): 1e-6, ("conv2d", 0): 2e-6, ("winograd2", 1): 2e-6, ("conv2d", 1): 1e-6}
+        tuned = [r for r in out["rows"] if r["template"]]
+        for i, r in enumerate(tuned[:2]):
+            r["median_s"] = fake[(r["template"], i)]
+        return out
+    monkeypatch.setattr(M.Module, "profile", profile)
+    from tuner.graph import compiler
+    made, compile_real = [], compiler.compile_model
+
+    def compile_model_spy(*args, **kwargs):
+        mod = compile_real(*args, **kwargs)
+        made.append((kwargs.get("prefer"), [n.template for n in mod.spec.nodes if n.template]))
+        return mod
+    monkeypatch.setattr(compiler, "compile_model", compile_model_spy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the log's configs are fallbacks
+        mod = compile_real(model, log=history, device=device, scope="auto")
+    base = mod.plan_kept.split("+")[0]
+    assert {f"{base}+direct", f"{base}+per-node"} <= set(mod.plan_times)
+    assert mod.plan_times[mod.plan_kept] == min(mod.plan_times.values())
+    x = np.random.default_rng(1).standard_normal((1, 6, 9, 7)).astype(np.float32)
+    want = _ort(model, x)
+    assert np.abs(mod.run([x])[0] - want).max() / np.abs(want).max() < 1e-4
+    per_node = [t for prefer, t in made if isinstance(prefer, dict)]
+    assert per_node == [["winograd4", "conv2d", "conv2d"]]
+    assert [t for prefer, t in made if prefer == "first"] == [["conv2d"] * 3]

@@ -119,7 +119,7 @@ def _glue_kernel(s: Step, plan: Plan, max_wg: int):
 
 def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str = "float32",
                   input_shapes: dict | None = None, progress: bool = False, target=None,
-                  measure_plans: bool | None = None) -> M.Module:
+                  measure_plans: bool | None = None, prefer=None) -> M.Module:
     """Compile an ONNX model (path or ModelProto) for ``device`` with the best configs of ``log`` (path,
     glob, list, or an ApplyHistoryBest; None: the active ``with apply_history_best(...)``, if any);
     ``scope``: auto (per layer, from the log), texture or buffer.
@@ -128,6 +128,9 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
     both uniform plans are compiled and run whole on the device, and the fastest is kept (``fastest_plan``),
     so that ``auto`` is never slower than the best uniform plan: the log prices each kernel alone, not the
     mixed-scope kernels, conversions and glue a plan implies, nor how kernels run back to back.
+
+    ``prefer``: which template runs a node several templates take (a 3x3 stride-1 conv2d: direct or Winograd);
+    None: the one the log measured fastest; see ``plan.choose_templates``.
 
     ``target`` (instead of ``device``): a device profile (``load_target``) of a device that need not be
     attached. Nothing is opened or built here; the Module can be saved, and builds on its first load."""
@@ -149,7 +152,7 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
         measure_plans = scope == "auto" and dev is not None and history is not None
     if measure_plans and scope == "auto" and dev is not None:
         return fastest_plan(model, history, dev, dtype, input_shapes, progress)
-    plan = choose_templates(plan_model(model, info, scope, history, dtype, input_shapes), history, info)
+    plan = choose_templates(plan_model(model, info, scope, history, dtype, input_shapes), history, info, prefer)
     configs = choose_configs(plan, info, history)
 
     nodes, sources, params, blobs, workspaces = [], {}, {}, [], []
@@ -233,23 +236,40 @@ def fastest_plan(model, history, device, dtype: str = "float32", input_shapes: d
                  progress: bool = False, repeats: int = 10) -> M.Module:
     """The per-layer (``auto``) plan and the all-texture and all-buffer plans compiled for ``device`` and timed
     whole on random inputs (median of ``repeats`` runs after a warm-up; a plan identical to another is timed
-    once); the fastest module is returned, with ``plan_times`` (mode -> seconds) and ``plan_kept`` set."""
+    once); the fastest module is returned, with ``plan_times`` (plan -> seconds) and ``plan_kept`` set.
+
+    Then the template choice of the kept plan is checked inside the model (``_refine_templates``): the log
+    times each kernel alone, with its weights warm in the cache from the previous run, and a Winograd kernel
+    reads 16/9 (F(2x2)) or 4x (F(4x4)) the direct kernel's weights, which in a model come cold from memory."""
     import statistics
     import warnings
     timed, modules, caught = {}, {}, []
-    for mode in ("auto", "texture", "buffer"):
+
+    def whole(mod) -> float:
+        rng = np.random.default_rng(0)
+        mod.set_inputs([rng.standard_normal(mod.spec.entries[n].shape).astype(np.float32) for n in mod.spec.inputs])
+        return statistics.median(mod.time(repeats))
+
+    def compile_(mode, prefer=None):
         with warnings.catch_warnings(record=True) as notes:  # a candidate's fallbacks matter only if it is kept
             warnings.simplefilter("always")
-            mod = compile_model(model, history, device, mode, dtype, input_shapes, progress, measure_plans=False)
-        caught += notes
+            mod = compile_model(model, history, device, mode, dtype, input_shapes, progress, measure_plans=False,
+                                prefer=prefer)
+        caught.extend(notes)
+        return mod
+
+    for mode in ("auto", "texture", "buffer"):
+        mod = compile_(mode)
         same = next((m for m, other in modules.items() if _same_plan(other, mod)), None)
         if same is not None:
             timed[mode] = timed[same]
             continue
-        rng = np.random.default_rng(0)
-        mod.set_inputs([rng.standard_normal(mod.spec.entries[n].shape).astype(np.float32) for n in mod.spec.inputs])
-        timed[mode], modules[mode] = statistics.median(mod.time(repeats)), mod
+        timed[mode], modules[mode] = whole(mod), mod
     kept = min(modules, key=lambda m: (timed[m], m != "auto"))  # a tie keeps the per-layer plan
+    for name, mod in _refine_templates(modules[kept], kept, compile_, repeats):
+        timed[name], modules[name] = whole(mod), mod
+        if timed[name] < timed[kept]:
+            kept = name
     mod = modules[kept]
     mod.plan_times, mod.plan_kept = timed, kept
     from tuner.logs.best import FallbackConfigWarning
@@ -263,6 +283,24 @@ def fastest_plan(model, history, device, dtype: str = "float32", input_shapes: d
         seen.add(text)
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     return mod
+
+
+def _refine_templates(mod: M.Module, mode: str, compile_, repeats: int) -> list:
+    """``[(plan name, Module)]`` to time against ``mod`` (compiled with ``--scope mode``) where it runs a
+    node's alternative template (Winograd): the same plan with every node's first template (the direct conv2d),
+    named ``<mode>+direct``, and, where the per-node kernel times measured inside the two models (profiling
+    events) favour neither everywhere, the plan taking each node's faster one, ``<mode>+per-node``. Empty when
+    ``mod`` runs no alternative."""
+    first = compile_(mode, prefer="first")
+    if _same_plan(first, mod):
+        return []
+    out = [(f"{mode}+direct", first)]
+    rows = [{r["node"]: r for r in m.profile(repeats)["rows"]} for m in (mod, first)]
+    prefer = {node: min((r[node] for r in rows), key=lambda r: r["median_s"])["template"]
+              for node, r in rows[0].items() if r["template"] != rows[1][node]["template"]}
+    if len(set(prefer.values())) > 1:  # some nodes faster each way: a third plan
+        out.append((f"{mode}+per-node", compile_(mode, prefer=prefer)))
+    return out
 
 
 def _same_plan(a: M.Module, b: M.Module) -> bool:

@@ -270,18 +270,23 @@ def _has_valid(step: Step, info, scopes: dict) -> bool:
     return get_template(step.op).space(step.workload, info, **FIXED[step.op], **scope_knobs(scopes)).exists()
 
 
-def choose_templates(plan: Plan, history, info) -> Plan:
+def choose_templates(plan: Plan, history, info, prefer=None) -> Plan:
     """Per node with alternatives (several templates take it), the one to deploy: the candidate whose best
     valid logged record on ``info``'s device, for the scopes the plan chose, is fastest; the first (the
     template ``lower_graph`` asks first: the direct conv2d before Winograd) when the log measured none of them,
-    or there is no log. The params only unchosen alternatives read (e.g. Winograd-transformed weights) are
-    dropped, so they are never uploaded. Run it after ``plan_storage``; ``extract_tasks`` after it lists only
-    the chosen kernels."""
+    or there is no log. ``prefer`` overrides the log: ``"first"`` deploys every node's first candidate; a dict
+    {node name: template name} deploys that template where it is one of the node's candidates (the choice
+    ``compiler.fastest_plan`` makes from per-node times measured inside the model). The params only unchosen
+    alternatives read (e.g. Winograd-transformed weights) are dropped, so they are never uploaded. Run it after
+    ``plan_storage``; ``extract_tasks`` after it lists only the chosen kernels."""
     from tuner.templates import get_template
     steps = []
     for s in plan.steps:
         chosen = s
-        if s.alternatives and history is not None:
+        wanted = s.op if prefer == "first" else (prefer or {}).get(s.name)
+        if s.alternatives and any(c.op == wanted for c in s.candidates()):
+            chosen = next(c for c in s.candidates() if c.op == wanted)
+        elif s.alternatives and history is not None:
             best = math.inf
             for c in s.candidates():
                 t = get_template(c.op)
