@@ -731,6 +731,10 @@ def _models_ours(args, out: Path) -> int:
                              "kernels": sum(len(n.calls) for n in mod.spec.nodes),
                              "storage": ",".join(sorted({mod.node_storage(n) for n in mod.spec.nodes if n.template})),
                              "rel_err_vs_onnxruntime": float(np.abs(y - ref).max() / np.abs(ref).max()),
+                             "templates": ",".join(sorted({n.template for n in mod.spec.nodes if n.template})),
+                             "plan_kept": getattr(mod, "plan_kept", ""),
+                             "plan_times_ms": ";".join(f"{k}={v * 1e3:.3f}" for k, v in
+                                                       getattr(mod, "plan_times", {}).items()),
                              "fallback_warnings": len(caught), "device": dev.info.name,
                              "driver": dev.info.driver_version})
                 print(json.dumps(rows[-1]), flush=True)
@@ -1027,6 +1031,11 @@ def cmd_table(args) -> int:
                            "50, on the device's run queue (no profiling); the profiling-queue column is the same "
                            "run enqueued on the queue with profiling enabled, as runs were before. Ratios > 1: "
                            "ours faster.")
+        for m in _read(out / "gpu_models.csv"):  # what --scope auto compiled and timed whole before keeping one
+            if m.get("plan_times_ms"):
+                model_lines.append(f"\n{m['model']} {m['dtype']} `--scope auto` timed these whole plans (ms): "
+                                   f"{m['plan_times_ms'].replace(';', ', ').replace('=', ' ')}; kept "
+                                   f"`{m['plan_kept']}` (templates: {m.get('templates', 'n/a')}).")
     else:
         model_lines = _profile_lines(out)
     text = "\n".join(["### Summary", *summary, "", *_peak_text(peak), *_stream_floor_text(floor), "",
