@@ -275,12 +275,16 @@ def test_model_runs_winograd_where_the_log_measured_it_faster(device):
 
 
 def _winograd_history(info, model):
-    """The log of the test above: conv0 fastest with F(4x4), conv1 with F(2x2), the 1x1 direct."""
-    convs = [s for s in plan_storage(lower_graph(load_graph(model)), info, "buffer").steps if s.tuned]
+    """The log of the test above, for either scope: conv0 fastest with F(4x4), conv1 with F(2x2), the 1x1
+    direct (so that whichever plan ``--scope auto`` times fastest runs Winograd)."""
     times = [{"conv2d": 3e-4, "winograd2": 2e-4, "winograd4": 1e-4}, {"conv2d": 3e-4, "winograd2": 2e-4},
              {"conv2d": 1e-4}]
-    return apply_history_best([_record(c, info, times[i][c.op]) for i, s in enumerate(convs)
-                               for c in s.candidates() if c.op in times[i]])
+    records = []
+    for scope in ("buffer", "texture") if info.image_support else ("buffer",):
+        convs = [s for s in plan_storage(lower_graph(load_graph(model)), info, scope).steps if s.tuned]
+        records += [_record(c, info, times[i][c.op]) for i, s in enumerate(convs) for c in s.candidates()
+                    if c.op in times[i]]
+    return apply_history_best(records)
 
 
 def test_prefer_overrides_the_logs_template_choice(device):

@@ -266,11 +266,12 @@ def fastest_plan(model, history, device, dtype: str = "float32", input_shapes: d
             continue
         timed[mode], modules[mode] = whole(mod), mod
     kept = min(modules, key=lambda m: (timed[m], m != "auto"))  # a tie keeps the per-layer plan
-    for name, mod in _refine_templates(modules[kept], kept, compile_, repeats):
-        timed[name], modules[name] = whole(mod), mod
-        if timed[name] < timed[kept]:
-            kept = name
     mod = modules[kept]
+    modules.clear()  # the losers' device memory goes now, before more plans are compiled
+    for name, other in _refine_templates(mod, kept, compile_, repeats):
+        timed[name] = whole(other)
+        if timed[name] < timed[kept]:
+            kept, mod = name, other
     mod.plan_times, mod.plan_kept = timed, kept
     from tuner.logs.best import FallbackConfigWarning
     from tuner.logs.record import canonical_json
