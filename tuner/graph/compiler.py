@@ -297,8 +297,8 @@ def _refine_templates(mod: M.Module, mode: str, compile_, repeats: int) -> list:
         return []
     out = [(f"{mode}+direct", first)]
     rows = [{r["node"]: r for r in m.profile(repeats)["rows"]} for m in (mod, first)]
-    prefer = {node: min((r[node] for r in rows), key=lambda r: r["median_s"])["template"]
-              for node, r in rows[0].items() if r["template"] != rows[1][node]["template"]}
+    prefer = {node: min((r, rows[1][node]), key=lambda x: x["median_s"])["template"]
+              for node, r in rows[0].items() if node in rows[1] and r["template"] != rows[1][node]["template"]}
     if len(set(prefer.values())) > 1:  # some nodes faster each way: a third plan
         out.append((f"{mode}+per-node", compile_(mode, prefer=prefer)))
     return out
