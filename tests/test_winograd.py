@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from test_templates import check_random_config, scopes  # noqa: E402  (the shared check)
+from tuner.errors import TunerError
 from tuner.graph import zoo
 from tuner.graph.compiler import compile_model, load_graph
 from tuner.graph.plan import choose_templates, extract_tasks, lower_graph, plan_storage
@@ -299,6 +300,9 @@ def test_prefer_overrides_the_logs_template_choice(device):
     assert tuned(mixed) == ["winograd2", "winograd2", "conv2d"]  # conv1 from the log; no F(4x4) for a 1x1
     first = choose_templates(plan, history, info, prefer="first")
     assert not any(".winograd" in p for p in first.params)
+    for bad, match in (({"conv0": "winograd9"}, "not registered: winograd9"), ("direct", "give None, 'first'")):
+        with pytest.raises(TunerError, match=match):
+            compile_model(model, log=history, device=device, prefer=bad)
 
 
 def test_auto_checks_the_template_choice_inside_the_model(device, monkeypatch):

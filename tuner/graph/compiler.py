@@ -147,6 +147,7 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
     else:
         dev = device if isinstance(device, Device) else open_device(device)
         info = dev.info
+    _check_prefer(prefer)
     history = as_history(log)
     if measure_plans is None:
         measure_plans = scope == "auto" and dev is not None and history is not None
@@ -230,6 +231,19 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
                         dtype, list(plan.inputs), list(plan.outputs), nodes, entries, pools, blobs, workspaces,
                         mp.totals())
     return M.Module(spec, sources, params, dev, defer=dev is None, progress=progress)
+
+
+def _check_prefer(prefer) -> None:
+    """``prefer`` of ``compile_model``: None, "first", or {node name: registered template name}."""
+    from tuner.templates import templates
+    if prefer is None or prefer == "first":
+        return
+    if not isinstance(prefer, dict):
+        raise TunerError(f"prefer={prefer!r}: give None, 'first' or a dict {{node name: template name}}")
+    unknown = sorted({str(t) for t in prefer.values()} - set(templates()))
+    if unknown:
+        raise TunerError(f"prefer names templates that are not registered: {', '.join(unknown)} "
+                         f"(registered: {', '.join(sorted(templates()))})")
 
 
 def fastest_plan(model, history, device, dtype: str = "float32", input_shapes: dict | None = None,
