@@ -260,9 +260,7 @@ def fastest_plan(model, history, device, dtype: str = "float32", input_shapes: d
     timed, modules, caught = {}, {}, []
 
     def whole(mod) -> float:
-        rng = np.random.default_rng(0)
-        mod.set_inputs([rng.standard_normal(mod.spec.entries[n].shape).astype(np.float32) for n in mod.spec.inputs])
-        return statistics.median(mod.time(repeats))
+        return statistics.median(_random_inputs(mod).time(repeats))
 
     def compile_(mode, prefer=None):
         with warnings.catch_warnings(record=True) as notes:  # a candidate's fallbacks matter only if it is kept
@@ -310,12 +308,19 @@ def _refine_templates(mod: M.Module, mode: str, compile_, repeats: int) -> list:
     if _same_plan(first, mod):
         return []
     out = [(f"{mode}+direct", first)]
-    rows = [{r["node"]: r for r in m.profile(repeats)["rows"]} for m in (mod, first)]
+    rows = [{r["node"]: r for r in _random_inputs(m).profile(repeats)["rows"]} for m in (mod, first)]
     prefer = {node: min((r, rows[1][node]), key=lambda x: x["median_s"])["template"]
               for node, r in rows[0].items() if node in rows[1] and r["template"] != rows[1][node]["template"]}
     if len(set(prefer.values())) > 1:  # some nodes faster each way: a third plan
         out.append((f"{mode}+per-node", compile_(mode, prefer=prefer)))
     return out
+
+
+def _random_inputs(mod: M.Module) -> M.Module:
+    """``mod`` with its inputs set to the same standard-normal draws for every plan compared."""
+    rng = np.random.default_rng(0)
+    mod.set_inputs([rng.standard_normal(mod.spec.entries[n].shape).astype(np.float32) for n in mod.spec.inputs])
+    return mod
 
 
 def _same_plan(a: M.Module, b: M.Module) -> bool:

@@ -42,6 +42,11 @@ def _lock(path: Path) -> FileLock:
     return FileLock(str(lock_path), timeout=LOCK_TIMEOUT_S)
 
 
+def _locked(path: Path) -> TunerError:
+    return TunerError(f"log {path} has been locked by another process for {LOCK_TIMEOUT_S:.0f} s ({path}.lock); "
+                      "if no tuner is running, delete the lock file")
+
+
 def ensure_writable(path) -> Path:
     """Check before any measurement that the log (and its lock) can be written; TunerError if not."""
     path = Path(path)
@@ -49,10 +54,6 @@ def ensure_writable(path) -> Path:
         raise TunerError(f"tuning log {path} is a directory; give --log a file path")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise TunerError(f"tuning log {path} cannot be written ({e.strerror or e}); give --log a writable "
-                         "path") from None
-    try:
         # under the log's lock: tuners started together on a fresh log must not unlink each other's probe
         with _lock(path):
             existed = path.exists()
@@ -61,8 +62,7 @@ def ensure_writable(path) -> Path:
             if not existed and path.stat().st_size == 0:
                 path.unlink(missing_ok=True)  # checked, not created: a run that fails early leaves no empty log
     except Timeout:
-        raise TunerError(f"log {path} has been locked by another process for {LOCK_TIMEOUT_S:.0f} s "
-                         f"({path}.lock); if no tuner is running, delete the lock file") from None
+        raise _locked(path) from None
     except OSError as e:
         raise TunerError(f"tuning log {path} cannot be written ({e.strerror or e}); give --log a writable "
                          "path") from None
@@ -107,8 +107,7 @@ def append_records(path, records: Iterable[Record] | Record) -> Path:
                 _write(path, data)
             return path
         except Timeout:
-            raise TunerError(f"log {path} has been locked by another process for {LOCK_TIMEOUT_S:.0f} s "
-                             f"({path}.lock); if no tuner is running, delete the lock file") from None
+            raise _locked(path) from None
         except (OSError, TunerError) as e:
             error = e
             time.sleep(0.05 * (attempt + 1))
