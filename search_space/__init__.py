@@ -240,7 +240,7 @@ def parse_space(data: dict, path: str, config_fields: set | None = None, var_nam
                 device_attrs: set | None = None) -> SearchSpace:
     """Validate a parsed TOML document. ``config_fields``: the template config's fields (every knob must be
     one, and every field a knob); ``var_names``: the workload variables constraints may read."""
-    from tuner.runtime.device import DeviceInfo
+    from tuner.target import DeviceInfo
     device_attrs = device_attrs or {f.name for f in fields(DeviceInfo)}
     unknown = set(data) - {"template", "doc", "task", "knobs", "constraints"}
     if unknown:

@@ -1,6 +1,6 @@
 """Choosing a device that works: the build probe, $TUNER_DEVICE / $PYOPENCL_CTX, bundled runtimes' ICD
-registration, and device profiles. PoCL's failure on CPUs its LLVM does not know (AMD Zen 5) is reproduced
-with a real PoCL build failure: POCL_EXTRA_BUILD_FLAGS with a CPU no LLVM knows."""
+registration, and device profiles (checked in tuner.target). PoCL's failure on CPUs its LLVM does not know
+(AMD Zen 5) is reproduced with a real PoCL build failure: POCL_EXTRA_BUILD_FLAGS with a CPU no LLVM knows."""
 
 import json
 import os
@@ -117,6 +117,19 @@ def test_device_profile_round_trip_and_validation(device):
         DeviceInfo.from_dict({**d, "fp16": "yes"})
     with pytest.raises(TunerError, match="does not match"):
         DeviceInfo.from_dict({**d, "name": "other"})
+    with pytest.raises(TunerError, match="'max_work_group_size' is 0"):  # ranges are checked before the fingerprint
+        DeviceInfo.from_dict({**d, "max_work_group_size": 0})
+
+
+def test_every_attached_device_passes_the_profile_ranges():
+    """tuner.target's plausible ranges let through what real drivers report (the profile of each device here
+    loads, and DeviceInfo is the same class under its old name)."""
+    from tuner.target import DeviceInfo as TargetInfo
+    from tuner.target import check_profile
+    assert TargetInfo is DeviceInfo
+    for info in list_devices():
+        check_profile(info)
+        assert DeviceInfo.from_dict(json.loads(json.dumps(info.to_dict()))) == info
 
 
 @pytest.mark.slow

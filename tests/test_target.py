@@ -1,6 +1,6 @@
 """Compiling for a device that is not attached (a target profile), program binaries cached beside the
-artifact, the active ``apply_history_best`` context in compile_model, the profile table, and pyopencl's
-CompilerWarning kept out of builds."""
+artifact, the active ``apply_history_best`` context in compile_model, the profile table, pyopencl's
+CompilerWarning kept out of builds, and hostile profiles refused with the field named."""
 from __future__ import annotations
 
 import dataclasses
@@ -302,3 +302,113 @@ def test_builds_do_not_emit_pyopencl_compiler_warnings(device):
     with pytest.raises(Exception) as e:  # the build log still comes with a failure
         P.build_program(device, src.replace("a[0] = 1;", "a[0] = undefined_name;"))
     assert "undefined_name" in e.value.log
+
+
+# -- 6. hostile device profiles --------------------------------------------------------------------------------------
+# A phone GPU's profile, as `tuner devices --json` writes it (no fingerprint: then none is checked).
+PHONE = {"index": 0, "platform": "ARM Platform", "name": "Mali-G78", "type": "GPU", "driver_version": "v1.r32p1",
+         "opencl_version": "OpenCL 3.0 v1.r32p1", "image_support": True, "image2d_max_width": 65536,
+         "image2d_max_height": 65536, "max_work_group_size": 512, "max_work_item_sizes": [512, 512, 512],
+         "local_mem_bytes": 32768, "global_mem_bytes": 7 << 30, "max_mem_alloc_bytes": 1 << 30, "compute_units": 20,
+         "fp16": True, "half_images": True}
+HINT = "tuner devices --json --device D"
+
+# (field named in the error, the profile's changes, what the error shows of the value)
+HOSTILE = [
+    ("max_work_group_size", {"max_work_group_size": 0}, "is 0"),  # was a ZeroDivisionError
+    ("max_work_item_sizes", {"max_work_item_sizes": []}, "[]"),  # was an IndexError
+    ("max_work_item_sizes", {"max_work_item_sizes": [512, 0, 512]}, "[1] = 0"),
+    ("max_work_item_sizes", {"max_work_item_sizes": [512, 512]}, "[512, 512]"),
+    ("image2d_max_width", {"image2d_max_width": 10 ** 12}, "1000000000000"),
+    ("image2d_max_height", {"image2d_max_height": 1e12}, "1000000000000.0"),  # JSON 1e12 is a float
+    ("image2d_max_width", {"image2d_max_width": 0}, "is 0"),  # with image_support true
+    ("image2d_max_height", {"image2d_max_height": -8192}, "-8192"),
+    ("compute_units", {"compute_units": -1}, "-1"),
+    ("global_mem_bytes", {"global_mem_bytes": -1}, "-1"),
+    ("local_mem_bytes", {"local_mem_bytes": -1}, "-1"),
+    ("max_mem_alloc_bytes", {"max_mem_alloc_bytes": 16}, "16"),
+    ("max_mem_alloc_bytes", {"max_mem_alloc_bytes": 8 << 30}, "more than 'global_mem_bytes'"),
+    ("half_images", {"image_support": False, "image2d_max_width": 0, "image2d_max_height": 0}, "image_support"),
+    ("fp16", {"fp16": 1}, "got 1"),
+    ("type", {"type": "QPU"}, "'QPU'"),
+    ("name", {"name": "x" * 100_000}, "xxx..."),
+    ("name", {"name": "Mali\x1b[2J"}, "printable"),
+    ("index", {"index": -1}, "-1"),
+]
+
+
+@pytest.mark.parametrize("field,changes,shown", HOSTILE,
+                         ids=[f"{f}={list(c.values())[0]!r:.20}" for f, c, _ in HOSTILE])
+def test_a_hostile_profile_is_refused_naming_the_field(field, changes, shown, tmp_path, capsys):
+    """Each of these was accepted (or crashed) and planned into an artifact that fails on the device; now the
+    profile, as a dict or as a file given to `tuner compile --target`, is refused naming field, value and fix."""
+    from tuner.errors import TunerError
+    from tuner.target import load_profile
+    bad = {**PHONE, **changes}
+    with pytest.raises(TunerError) as e:
+        load_profile(bad)
+    assert repr(field) in str(e.value) and shown in str(e.value) and HINT in str(e.value), str(e.value)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(bad))
+    model = tmp_path / "m.onnx"
+    onnx.save(MODEL, str(model))
+    assert main(["compile", str(model), "--target", str(path), "-o", str(tmp_path / "a"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: target profile") and str(path) in err and repr(field) in err and HINT in err, err
+    assert len(err) < 1000 and not (tmp_path / "a" / "graph.json").exists()
+
+
+def test_plausible_profiles_load():
+    """The ranges let real devices through: the phone, a CUSTOM device with no local memory, a device without
+    images, and every attached device (test_devices checks those)."""
+    from tuner.target import load_profile
+    assert load_profile(PHONE).name == "Mali-G78"
+    assert load_profile({**PHONE, "type": "CUSTOM", "local_mem_bytes": 0}).local_mem_bytes == 0
+    assert not load_profile({**PHONE, "image_support": False, "half_images": False, "image2d_max_width": 0,
+                             "image2d_max_height": 0}).image_support
+
+
+def _cli(*args, tmp_path, timeout=120):
+    """`python -m tuner ...` in a fresh process, as a user runs it; a hang is a failure after ``timeout``."""
+    import os
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    return subprocess.run([sys.executable, "-m", "tuner", *args], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_target_that_is_not_a_regular_file_is_refused_not_read(tmp_path):
+    """/dev/zero (read forever before), a FIFO with no writer (opened forever before), a directory and a huge
+    file: `tuner compile --target` exits 2 with one line naming the path, no traceback, no hang."""
+    import os
+    model = tmp_path / "m.onnx"
+    onnx.save(MODEL, str(model))
+    fifo = tmp_path / "profile.fifo"
+    os.mkfifo(fifo)
+    (tmp_path / "profile.d").mkdir()
+    huge = tmp_path / "huge.json"
+    huge.write_text(" " * (2 << 20) + json.dumps(PHONE))
+    for target, what in (("/dev/zero", "a character device"), (str(fifo), "a FIFO"), (str(tmp_path / "profile.d"),
+                         "a directory"), (str(huge), "larger than 1 MiB")):
+        r = _cli("compile", str(model), "--target", target, "-o", str(tmp_path / "a"), "--no-progress",
+                 tmp_path=tmp_path)
+        assert r.returncode == 2, (target, r.stdout, r.stderr)
+        assert r.stderr.startswith(f"error: target profile {target!r} is {what}"), r.stderr
+        assert "Traceback" not in r.stderr and HINT in r.stderr, r.stderr
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**PHONE, "max_work_group_size": 0}))
+    r = _cli("compile", str(model), "--target", str(bad), "-o", str(tmp_path / "a"), tmp_path=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "'max_work_group_size' is 0" in r.stderr, r.stderr
+
+
+def test_profile_files_that_are_not_profiles(tmp_path):
+    from tuner.errors import TunerError
+    from tuner.target import load_profile
+    cases = {"deep.json": "[" * 100_000, "binary.json": b"\xff\xfe\x00{", "list.json": json.dumps([PHONE, PHONE]),
+             "number.json": "42"}
+    for name, text in cases.items():
+        p = tmp_path / name
+        p.write_bytes(text if isinstance(text, bytes) else text.encode())
+        with pytest.raises(TunerError, match=re.escape(repr(str(p)))):
+            load_profile(p)
+    with pytest.raises(TunerError, match="'compute_units' is a number too long to print"):  # not int()'s ValueError
+        load_profile({**PHONE, "compute_units": 10 ** 5000})

@@ -31,11 +31,14 @@ def _checkout_subpackages() -> None:
 _checkout_subpackages()
 
 from tuner.errors import TunerError  # noqa: E402
-from tuner.runtime.device import choose_device, list_devices  # noqa: E402
 
-# heavier layers (optuna, xgboost) load on first use
+# Loaded on first use: the heavier layers (optuna, xgboost), and OpenCL. `import tuner` imports no pyopencl
+# and registers no runtime (tuner.runtime.device does both on import), so a compile for a target profile, or
+# a tool that only reads logs, runs where OpenCL is absent or broken (tests/test_imports.py).
 _LAZY = {"tune": "tuner.search", "apply_history_best": "tuner.logs", "load_records": "tuner.logs",
-         "get_template": "tuner.templates", "run_op": "tuner.op", "open_device": "tuner.runtime",
+         "get_template": "tuner.templates", "run_op": "tuner.op", "open_device": "tuner.runtime.device",
+         "choose_device": "tuner.runtime.device", "list_devices": "tuner.runtime.device",
+         "DeviceInfo": "tuner.target", "load_profile": "tuner.target",
          "build": "tuner.runtime.launch", "load_logs": "tuner.analysis",
          "compile_model": "tuner.graph.compiler", "load_module": "tuner.graph.module",
          "tune_model": "tuner.graph.tuning", "run_worker": "tuner.search.worker"}
@@ -48,4 +51,4 @@ def __getattr__(name):
     raise AttributeError(f"module 'tuner' has no attribute {name!r}")
 
 
-__all__ = ["__version__", "TunerError", "choose_device", "list_devices", *_LAZY]
+__all__ = ["__version__", "TunerError", *_LAZY]

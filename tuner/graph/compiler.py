@@ -49,25 +49,9 @@ def as_history(log):
 
 def load_target(target):
     """A device profile -> DeviceInfo: a DeviceInfo, a dict (``DeviceInfo.to_dict()``), or the path of the
-    JSON file ``tuner devices --json --device D`` writes on that device."""
-    from tuner.runtime.device import DeviceInfo
-    if isinstance(target, DeviceInfo):
-        return target
-    if isinstance(target, (str, os.PathLike)):
-        try:
-            d = json.loads(Path(target).read_text())
-        except OSError as e:
-            raise TunerError(f"cannot read the target profile {str(target)!r}: {e.strerror or e}; write it on the "
-                             f"target with `tuner devices --json --device D > PROFILE.json`") from None
-        except ValueError as e:
-            raise TunerError(f"target profile {str(target)!r} is not JSON ({e})") from None
-        if isinstance(d, list):
-            raise TunerError(f"target profile {str(target)!r} lists {len(d)} devices; write one with "
-                             f"`tuner devices --json --device D`")
-        return DeviceInfo.from_dict(d)
-    if isinstance(target, dict):
-        return DeviceInfo.from_dict(target)
-    raise TunerError(f"target: a DeviceInfo, a profile dict or a profile JSON path, got {type(target).__name__}")
+    JSON file ``tuner devices --json --device D`` writes on that device; checked by ``tuner.target``."""
+    from tuner.target import load_profile
+    return load_profile(target)
 
 
 def plan_model(model, device=None, scope: str = "auto", log=None, dtype: str = "float32",

@@ -158,7 +158,7 @@ class Module:
     @property
     def target(self):
         """The DeviceInfo the artifact was compiled for (None for artifacts that predate profiles)."""
-        from tuner.runtime.device import DeviceInfo
+        from tuner.target import DeviceInfo
         profile = self.spec.device.get("profile")
         return DeviceInfo.from_dict(profile) if profile else None
 

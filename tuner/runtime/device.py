@@ -2,18 +2,20 @@
 
 Devices are listed over all pyopencl platforms in a fixed order (platform, then
 device), and that order gives the indices used by `choose_device(spec)`.
+
+Importing this module registers the bundled runtimes (``tuner.runtime.icd``) and imports pyopencl. What a
+device is, as data (:class:`DeviceInfo`, profiles), lives in ``tuner.target``, which imports neither; it is
+re-exported here for code written before it moved.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import json
 import os
 import re
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.runtime.icd import register_bundled_runtimes
@@ -23,8 +25,8 @@ register_bundled_runtimes()  # before pyopencl enumerates platforms: adds Intel'
 import pyopencl as cl  # noqa: E402
 
 from tuner.errors import TunerError  # noqa: E402
+from tuner.target import POCL_PLATFORM, DeviceInfo  # noqa: E402,F401  (re-exported: their home before tuner.target)
 
-POCL_PLATFORM = "Portable Computing Language"
 # The default device for the CLI and the API: a choose_device spec (index, name substring or fingerprint).
 DEVICE_ENV = "TUNER_DEVICE"
 NO_DEVICE_HINT = ("`pip install pocl-binary-distribution` provides a CPU device; on CPUs its LLVM does not know "
@@ -36,97 +38,6 @@ _TYPE_NAMES = (
     (cl.device_type.ACCELERATOR, "ACCELERATOR"),
     (cl.device_type.CUSTOM, "CUSTOM"),
 )
-
-
-@dataclass(frozen=True)
-class DeviceInfo:
-    """What the tuner needs to know about one OpenCL device."""
-
-    index: int
-    platform: str
-    name: str
-    type: str  # "GPU", "CPU", "ACCELERATOR", "CUSTOM" or "OTHER"
-    driver_version: str
-    opencl_version: str
-    image_support: bool
-    image2d_max_width: int
-    image2d_max_height: int
-    max_work_group_size: int
-    max_work_item_sizes: tuple[int, ...]
-    local_mem_bytes: int
-    global_mem_bytes: int
-    max_mem_alloc_bytes: int
-    compute_units: int
-    fp16: bool  # cl_khr_fp16: `half` arithmetic in kernels
-    half_images: bool  # RGBA/HALF_FLOAT image2d readable and writable (read_imagef works without fp16)
-
-    @property
-    def platform_tag(self) -> str:
-        """Short lowercase platform name: "pocl", "nvidia", "intel", ..."""
-        if POCL_PLATFORM.lower() in self.platform.lower():
-            return "pocl"
-        words = re.findall(r"[a-z0-9]+", self.platform.lower())
-        return words[0] if words else "cl"
-
-    @property
-    def is_simulator(self) -> bool:
-        """Oclgrind: a checking simulator, never a default device."""
-        return "oclgrind" in f"{self.platform} {self.name}".lower()
-
-    @property
-    def label(self) -> str:
-        """Human label for messages, e.g. "pocl cpu"."""
-        return f"{self.platform_tag} {self.type.lower()}"
-
-    def fingerprint_fields(self) -> dict[str, str]:
-        """The fields the fingerprint hashes; tuning logs store these next to it."""
-        return {"platform": self.platform, "device": self.name, "driver_version": self.driver_version}
-
-    @property
-    def fingerprint(self) -> str:
-        """Stable id of (platform, device, driver), e.g. "pocl-cpu-1a2b3c4d".
-
-        Not the index: indices change when drivers are added, the fingerprint doesn't.
-        """
-        f = self.fingerprint_fields()
-        digest = hashlib.sha1("\0".join(f[k] for k in sorted(f)).encode()).hexdigest()[:8]
-        return re.sub(r"[^a-z0-9-]+", "-", f"{self.platform_tag}-{self.type.lower()}-{digest}")
-
-    def matches(self, text: str) -> bool:
-        """Case-insensitive substring match against platform, device name, type and fingerprint."""
-        hay = " ".join((self.platform, self.name, self.type, self.platform_tag, self.fingerprint)).lower()
-        return text.lower() in hay
-
-    def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["max_work_item_sizes"] = list(self.max_work_item_sizes)
-        d["fingerprint"] = self.fingerprint
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "DeviceInfo":
-        """The inverse of to_dict (a device profile written by `tuner devices --json`); extra keys are
-        ignored, a missing or mistyped field raises TunerError naming it."""
-        if not isinstance(d, dict):
-            raise TunerError(f"a device profile is a JSON object, got {type(d).__name__}")
-        kwargs = {}
-        for f in dataclasses.fields(cls):
-            if f.name not in d:
-                raise TunerError(f"device profile lacks {f.name!r}; write it with `tuner devices --json --device D`")
-            v = d[f.name]
-            want = {"int": int, "str": str, "bool": bool}.get(str(f.type))
-            if f.name == "max_work_item_sizes":
-                if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
-                    raise TunerError(f"device profile field 'max_work_item_sizes' must be a list of integers, got {v!r}")
-                v = tuple(v)
-            elif want is not None and (not isinstance(v, want) or (want is int and isinstance(v, bool))):
-                raise TunerError(f"device profile field {f.name!r} must be {want.__name__}, got {v!r}")
-            kwargs[f.name] = v
-        info = cls(**kwargs)
-        if "fingerprint" in d and d["fingerprint"] != info.fingerprint:
-            raise TunerError(f"device profile fingerprint {d['fingerprint']!r} does not match its fields "
-                             f"({info.fingerprint}); was the file edited?")
-        return info
 
 
 def _type_name(t: int) -> str:

@@ -1,12 +1,16 @@
 """Run a lowered ``Program`` on a device: allocate each buffer by scope at its physical shape, pack host
 (logical, e.g. NCHW) arrays into it through the buffer's layout, launch the kernels in order on one queue,
-and unpack the outputs. Scratch workspaces (texture RFC A0/T2) come from recycling pools."""
+and unpack the outputs. Scratch workspaces (texture RFC A0/T2) come from recycling pools.
+
+``generate``, ``pack`` and ``physical_shape`` need no device: compiling for a target profile uses them where
+no OpenCL is installed. So pyopencl and the runtime modules that import it load where a device is used, inside
+the functions below, not with this module (tests/test_imports.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pyopencl as cl
 
 from ..codegen.opencl import program_source
 from ..errors import TunerError
@@ -15,10 +19,10 @@ from ..ir.kernel import Kernel, Program
 from ..ir.layouts import default_layout
 from ..ir.stmt import BufferStore, Evaluate
 from ..lower import lower
-from .device import Device, open_device
-from .memory import BufferPool, DeviceArray, TexturePool, alloc, download, upload
-from .program import build_program
-from .stream import gated_batch
+
+if TYPE_CHECKING:
+    from .device import Device
+    from .memory import DeviceArray
 
 
 def physical_shape(buf) -> tuple:
@@ -77,15 +81,18 @@ class Executable:
         return [b for b in self.program.params if b.name in written]
 
     def allocate(self, buf) -> DeviceArray:
+        from .memory import alloc
         return alloc(self.device, buf.scope, physical_shape(buf), buf.dtype.numpy)
 
     def _pool(self, buf):
+        from .memory import BufferPool, TexturePool
         if buf.scope not in self.pools:
             self.pools[buf.scope] = TexturePool(self.device, buf.scope) if buf.is_texture else BufferPool(self.device)
         return self.pools[buf.scope]
 
     def _calls(self, arrays: dict, scratch: dict) -> list:
         """``[(cl.Kernel, global, local, args)]`` of every kernel over ``arrays`` and the ``scratch`` workspaces."""
+        import pyopencl as cl
         calls = []
         for k in self.program.kernels:
             args = [(arrays.get(b.name) or scratch.get(b.name)) for b in k.params]
@@ -116,6 +123,7 @@ class Executable:
 
     def upload_inputs(self, **inputs: np.ndarray) -> dict:
         """Allocate every param at its physical shape and upload the given logical inputs into it."""
+        from .memory import upload
         params = {b.name: b for b in self.program.params}
         unknown = set(inputs) - set(params)
         if unknown:
@@ -144,6 +152,7 @@ class Executable:
         per each of ``repeats`` batches. Every batch waits behind a user event until all of it is enqueued, so
         the host's enqueue rate is not timed; the gaps between launches are. Unlike ``time`` (one launch, its
         profiling events), this is what a kernel costs inside a longer sequence of kernels."""
+        from .stream import gated_batch
         q = self.device.run_queue
 
         def batches(calls):
@@ -156,6 +165,7 @@ class Executable:
 
     def outputs_of(self, arrays: dict) -> dict:
         """Download and unpack the outputs from device ``arrays``."""
+        from .memory import download
         return {b.name: unpack(b, download(self.device, arrays[b.name])) for b in self.outputs}
 
     def __call__(self, **inputs: np.ndarray) -> dict:
@@ -173,6 +183,8 @@ def generate(k: "Kernel | Program", trace: list | None = None) -> tuple:
 
 def build(k: "Kernel | Program", device=None, trace: list | None = None) -> Executable:
     """Lower, generate OpenCL and compile (cached) for ``device`` (a Device, spec string/index, or None)."""
+    from .device import Device, open_device
+    from .program import build_program
     dev = device if isinstance(device, Device) else open_device(device)
     prog, source = generate(k, trace)
     return Executable(prog, dev, source, build_program(dev, source))
