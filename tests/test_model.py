@@ -224,7 +224,7 @@ def test_artifact_runs_in_a_fresh_process_from_its_directory(dev, tmp_path):
     spec = json.loads((out / "graph.json").read_text())
     assert all({"storage_id", "storage_scope", "shape"} <= set(e) for e in spec["entries"].values())
     assert {e["storage_scope"] for e in spec["entries"].values()} == {"global", "texture"}
-    assert spec["device"]["fingerprint"] == dev.info.fingerprint and (out / "params.npz").exists()
+    assert spec["device"]["fingerprint"] == dev.info.fingerprint and (out / "params.bin").exists()
     x = np.random.default_rng(3).standard_normal(mod.spec.entries["input"].shape).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
     r = subprocess.run([sys.executable, "-m", "tuner", "run", str(out), "--input", str(tmp_path / "x.npy"),

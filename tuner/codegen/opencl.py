@@ -253,22 +253,13 @@ class OpenCLCodegen:
 
     # -- the kernel -------------------------------------------------------------------------------
     def params(self) -> list[str]:
-        from ..ir.functor import visit
-        stored = set()
-        visit(self.kernel.body, lambda n: stored.add(n.buffer.name) if isinstance(n, BufferStore) else None)
         out = []
-        for b in self.kernel.params:
-            if b.is_texture:
-                out.append(f"__{self.kernel.access.get(b.name, 'read_only')} image2d_t {b.name}")
-            elif b.scope == "global":
-                if len(b.shape) != 1:
-                    raise LoweringError(f"global buffer {b.name!r} has {len(b.shape)} physical dimensions; "
-                                        f"OpenCL buffers are 1-D: drop AXIS_SEPARATOR from its layout")
-                const = "" if b.name in stored else "const "
-                out.append(f"__global {const}{storage_type(b.dtype)}* restrict {b.name}")
+        for p in kernel_signature(self.kernel):
+            if p["kind"] == "image":
+                out.append(f"__{p['access']}_only image2d_t {p['name']}")
             else:
-                raise LoweringError(f"kernel parameter {b.name!r} has scope {b.scope!r}; parameters are global "
-                                    f"or texture")
+                const = "" if p["access"] == "write" else "const "
+                out.append(f"__global {const}{p['type']}* restrict {p['name']}")
         return out
 
     def generate(self) -> str:
@@ -280,6 +271,30 @@ class OpenCLCodegen:
         sig = f"__kernel {attr}void {k.name}(\n    " + ",\n    ".join(params) + ") {"
         helpers = [_HELPERS[h] for h in sorted(self.helpers)]
         return "\n".join([*helpers, sig, *self.lines, "}"])
+
+
+def kernel_signature(kernel: Kernel) -> list[dict]:
+    """Each parameter of a lowered kernel as its OpenCL declaration states it: ``{"name", "kind": "buffer" |
+    "image", "type": "float" | "half" | None, "access": "read" | "write"}``. The one rule for both the source's
+    parameter list and the artifact's call signatures (docs/artifact.md), so the two cannot disagree."""
+    from ..ir.functor import visit
+    stored = set()
+    visit(kernel.body, lambda n: stored.add(n.buffer.name) if isinstance(n, BufferStore) else None)
+    out = []
+    for b in kernel.params:
+        if b.is_texture:
+            access = "write" if kernel.access.get(b.name, "read_only") == "write_only" else "read"
+            out.append({"name": b.name, "kind": "image", "type": None, "access": access})
+        elif b.scope == "global":
+            if len(b.shape) != 1:
+                raise LoweringError(f"global buffer {b.name!r} has {len(b.shape)} physical dimensions; "
+                                    f"OpenCL buffers are 1-D: drop AXIS_SEPARATOR from its layout")
+            out.append({"name": b.name, "kind": "buffer", "type": storage_type(b.dtype),
+                        "access": "write" if b.name in stored else "read"})
+        else:
+            raise LoweringError(f"kernel parameter {b.name!r} has scope {b.scope!r}; parameters are global "
+                                f"or texture")
+    return out
 
 
 def uses_half_arithmetic(kernel: Kernel) -> bool:

@@ -18,9 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
-import os
-from pathlib import Path
 
 import numpy as np
 
@@ -57,9 +54,11 @@ def load_target(target):
 def plan_model(model, device=None, scope: str = "auto", log=None, dtype: str = "float32",
                input_shapes: dict | None = None) -> Plan:
     """The planned steps of a model on ``device`` (a Device, DeviceInfo or spec); ``log`` as ``as_history``."""
-    from tuner.runtime.device import DeviceInfo, choose_device
+    from tuner.target import DeviceInfo
     info = getattr(device, "info", device)
-    info = info if isinstance(info, DeviceInfo) else choose_device(info)
+    if not isinstance(info, DeviceInfo):
+        from tuner.runtime.device import choose_device
+        info = choose_device(info)
     return plan_storage(lower_graph(load_graph(model, input_shapes), dtype), info, scope, as_history(log))
 
 
@@ -118,7 +117,8 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
 
     ``target`` (instead of ``device``): a device profile (``load_target``) of a device that need not be
     attached. Nothing is opened or built here; the Module can be saved, and builds on its first load."""
-    from tuner.runtime.device import Device, open_device
+    from tuner.artifact import kernel_file
+    from tuner.codegen.opencl import kernel_signature
     from tuner.runtime.launch import generate, pack, physical_shape
     from tuner.templates import get_template
 
@@ -129,6 +129,7 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
             raise TunerError("compile for a device or for a target profile, not both")
         dev, info = None, load_target(target)
     else:
+        from tuner.runtime.device import Device, open_device
         dev = device if isinstance(device, Device) else open_device(device)
         info = dev.info
     _check_prefer(prefer)
@@ -188,8 +189,9 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
         calls = []
         for k in prog.kernels:
             g, l = k.launch()
-            calls.append(M.Call(k.name, tuple(g), tuple(l), [refs[b.name] for b in k.params]))
-        src = f"{i:03d}_{s.name.replace('/', '_').replace(':', '_')}.cl"
+            calls.append(M.Call(k.name, tuple(g), tuple(l), [refs[b.name] for b in k.params],
+                                [M.Param(**p) for p in kernel_signature(k)]))
+        src = kernel_file(i)
         sources[src] = source
         nodes.append(M.Node(s.name, s.op, src, calls, s.workload.flops if s.tuned else 0,
                             s.op if s.tuned else None, s.workload.key() if s.tuned else None, s.scopes,

@@ -1,7 +1,7 @@
 """The compiled model as it runs: OpenCL sources, launch shapes, an argument list per kernel, planned storage
-pools per scope and packed parameters. It needs no IR, templates or ONNX file: ``Module.save(dir)`` writes
-``graph.json`` (nodes, and per entry its shape, ``storage_id`` and ``storage_scope``), ``kernels/*.cl`` and
-``params.npz``; ``load_module(dir)`` runs it in a fresh process.
+pools per scope and packed parameters. It needs no IR, templates or ONNX file: ``Module.save(dir)`` writes the
+artifact of docs/artifact.md (``manifest.json``, ``graph.json``, ``params.bin``, ``kernels/kNNN.cl``;
+``tuner.artifact``); ``load_module(dir)`` verifies it and runs it in a fresh process.
 
 Arguments of a kernel call name what they bind: ``t:<tensor>`` (an activation in its pool), ``p:<key>`` (a
 packed parameter), ``w:<key>`` (a scratch workspace of one kernel, e.g. cache_input's texture).
@@ -12,21 +12,19 @@ there; ``load_module`` keeps the built program binaries in ``binaries/<fingerpri
 later starts on that device skip the OpenCL compiler."""
 from __future__ import annotations
 
-import json
-import math
 import statistics
 import time
-import zipfile
 import warnings
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from tuner.artifact import (BINARIES, VERSION, Blob, Call, Entry, ModuleSpec, Node, Param, Pool,  # noqa: F401
+                            check_spec, read_artifact, write_artifact)
+from tuner.artifact.store import layout_params
 from tuner.errors import TunerError
 
-FORMAT_VERSION = 1
-BINARIES = "binaries"  # <artifact>/binaries/<device fingerprint>/<source hash>.bin
+FORMAT_VERSION = VERSION
 
 
 class TargetMismatchWarning(UserWarning):
@@ -55,89 +53,6 @@ def _open_for(compiled_for: dict, device):
     return open_device(device)
 
 
-@dataclass
-class Call:
-    kernel: str
-    global_size: tuple
-    local_size: tuple
-    args: list
-
-
-@dataclass
-class Node:
-    name: str
-    op: str
-    source: str  # file name under kernels/
-    calls: list
-    flops: int = 0
-    template: str | None = None
-    workload: dict | None = None
-    scopes: dict | None = None
-    config: dict | None = None
-    tuned: bool = False  # the config came from a log (not the fallback)
-
-
-@dataclass
-class Entry:
-    """An activation tensor: logical shape, its physical shape in its scope, and the pool it lives in."""
-    name: str
-    shape: tuple
-    physical_shape: tuple
-    storage_scope: str  # global | texture
-    dtype: str
-    layout: str | None
-    storage_id: int
-
-
-@dataclass
-class Pool:
-    storage_id: int
-    scope: str
-    dtype: str
-    shape: tuple  # (nbytes,) for buffers, (height, width, 4) for textures
-
-
-@dataclass
-class Blob:
-    """A packed parameter or a workspace: where it lives and its physical shape."""
-    key: str
-    scope: str
-    physical_shape: tuple
-    dtype: str
-
-
-@dataclass
-class ModuleSpec:
-    device: dict
-    dtype: str
-    inputs: list  # tensor names (plain row-major buffers)
-    outputs: list
-    nodes: list
-    entries: dict
-    pools: list
-    params: list  # Blobs
-    workspaces: list  # Blobs
-    memory: dict = field(default_factory=dict)  # planned vs one-allocation-per-tensor bytes per scope
-
-    def to_json(self) -> dict:
-        return {"version": FORMAT_VERSION, **asdict(self)}
-
-    @staticmethod
-    def from_json(d: dict) -> "ModuleSpec":
-        if d.get("version") != FORMAT_VERSION:
-            raise TunerError(f"artifact format version {d.get('version')}, this tuner reads {FORMAT_VERSION}; "
-                             f"recompile the model")
-        tup = lambda x: tuple(x) if isinstance(x, list) else x  # noqa: E731
-        nodes = [Node(**{**n, "calls": [Call(c["kernel"], tup(c["global_size"]), tup(c["local_size"]), c["args"])
-                                        for c in n["calls"]]}) for n in d["nodes"]]
-        entries = {k: Entry(**{**e, "shape": tup(e["shape"]), "physical_shape": tup(e["physical_shape"])})
-                   for k, e in d["entries"].items()}
-        pools = [Pool(p["storage_id"], p["scope"], p["dtype"], tup(p["shape"])) for p in d["pools"]]
-        blobs = lambda xs: [Blob(b["key"], b["scope"], tup(b["physical_shape"]), b["dtype"]) for b in xs]  # noqa
-        return ModuleSpec(d["device"], d["dtype"], d["inputs"], d["outputs"], nodes, entries, pools,
-                          blobs(d["params"]), blobs(d["workspaces"]), d.get("memory", {}))
-
-
 class Module:
     """A model ready to run on one device: ``module.run([x]) -> [y]``.
 
@@ -149,6 +64,10 @@ class Module:
     def __init__(self, spec: ModuleSpec, sources: dict, params: dict, device=None, cache_dir=None,
                  defer: bool = False, progress: bool = False):
         self.spec, self.sources, self.params = spec, sources, params
+        if any(b.offset is None for b in spec.params):  # fresh from the compiler: lay params.bin out
+            layout_params(spec)
+        self._params_size = max((b.offset + b.nbytes for b in spec.params), default=0)
+        check_spec(spec, sources, self._params_size)  # the compiler's output obeys the artifact's checks too
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self.device = None
         self.load_stats: dict = {}
@@ -178,6 +97,7 @@ class Module:
                           f"({info.fingerprint}): its configs and storage plan were chosen for {want}; recompile "
                           f"with --device {info.fingerprint} to tune them for this one", TargetMismatchWarning,
                           stacklevel=3)
+        check_spec(spec, sources, self._params_size, info.to_dict())  # launches and images fit this device
         self.device = dev
         try:
             self._load(progress)
@@ -346,18 +266,9 @@ class Module:
         return "\n".join(lines)
 
     def save(self, path) -> str:
-        d = Path(path)
-        try:
-            (d / "kernels").mkdir(parents=True, exist_ok=True)
-            for name, src in self.sources.items():
-                (d / "kernels" / name).write_text(src)
-            np.savez(d / "params.npz", **self.params)
-            tmp = d / ".graph.json.tmp"  # graph.json last and atomically: its presence means the rest is there
-            tmp.write_text(json.dumps(self.spec.to_json(), indent=1))
-            tmp.replace(d / "graph.json")
-        except OSError as e:
-            raise TunerError(f"cannot write the compiled model to {d}: {e.strerror or e}") from None
-        return str(d)
+        """Write the artifact (docs/artifact.md) to ``path``, atomically: an artifact already there is replaced
+        whole, a failed write leaves nothing."""
+        return write_artifact(path, self.spec, self.sources, self.params)
 
 
 def _mb(n: int) -> str:
@@ -365,42 +276,10 @@ def _mb(n: int) -> str:
 
 
 def load_module(path, device=None, cache: bool = True) -> Module:
-    """A saved artifact, ready to run (no ONNX file, no templates needed). ``device``: a Device or spec; by
-    default the attached device the artifact was compiled for, else the default device (another fingerprint
-    warns once). ``cache``: build from, and keep, program binaries in ``<path>/binaries/``."""
+    """A saved artifact, verified (its manifest's hashes and the plan's checks, docs/artifact.md) and ready to
+    run (no ONNX file, no templates needed). ``device``: a Device or spec; by default the attached device the
+    artifact was compiled for, else the default device (another fingerprint warns once). ``cache``: build
+    from, and keep, program binaries in ``<path>/binaries/``."""
     d = Path(path)
-    spec, sources, params = _read_artifact(d)
+    spec, sources, params = read_artifact(d)
     return Module(spec, sources, params, device, cache_dir=d / BINARIES if cache else None)
-
-
-def _read_artifact(d: Path) -> tuple:
-    """graph.json, kernels/*.cl and params.npz of an artifact, each checked: a missing, truncated or
-    inconsistent file is a TunerError naming it (recompiling the model makes a fresh artifact)."""
-    redo = f"recompile the model (`tuner compile MODEL -o {d}`)"
-    if not d.is_dir() or not (d / "graph.json").is_file():
-        raise TunerError(f"{d} is not a compiled model: no graph.json (make one with `tuner compile MODEL -o {d}`)")
-    try:
-        spec = ModuleSpec.from_json(json.loads((d / "graph.json").read_text()))
-    except TunerError:
-        raise
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise TunerError(f"{d / 'graph.json'} is damaged ({type(e).__name__}: {e}); {redo}") from None
-    sources = {}
-    for n in spec.nodes:
-        f = d / "kernels" / n.source
-        try:
-            sources[n.source] = f.read_text()
-        except (OSError, UnicodeDecodeError) as e:
-            raise TunerError(f"artifact kernel {f} cannot be read ({e.__class__.__name__}); {redo}") from None
-    try:
-        with np.load(d / "params.npz") as z:
-            params = {k: z[k] for k in z.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        raise TunerError(f"artifact weights {d / 'params.npz'} cannot be read ({e}); {redo}") from None
-    for b in spec.params:
-        if b.key not in params:
-            raise TunerError(f"artifact weights {d / 'params.npz'} lack {b.key!r}; {redo}")
-        if math.prod(params[b.key].shape) != math.prod(b.physical_shape):
-            raise TunerError(f"artifact weights {d / 'params.npz'}: {b.key!r} has shape {list(params[b.key].shape)}, "
-                             f"graph.json wants {list(b.physical_shape)}; {redo}")
-    return spec, sources, params
