@@ -4,7 +4,7 @@ VENV := .venv
 # when pyproject.toml is newer than the last install.
 STAMP := $(VENV)/.install.stamp
 
-.PHONY: test demo clean
+.PHONY: test demo clean native
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -13,7 +13,12 @@ $(STAMP): pyproject.toml | $(VENV)/bin/python
 	$(VENV)/bin/python -m pip install -e '.[test,cpu]'
 	touch $@
 
-test: $(STAMP)
+# The native runtime (native/, C): build/native/{libtuner_runtime.so,tuner-run,asan/tuner-run}, with the
+# system gcc; the tests of tests/test_native_runtime.py run them.
+native:
+	$(MAKE) -C native
+
+test: $(STAMP) native
 	$(VENV)/bin/python -m pytest -q tests
 
 demo: $(STAMP)
