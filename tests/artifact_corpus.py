@@ -1,0 +1,121 @@
+"""Damaged artifacts every runtime must refuse (docs/artifact.md, "The checks every runtime makes").
+
+``damaged_artifacts(good_dir, tmp_path)`` copies a good artifact (without its ``binaries/``) once per case,
+damages the copy and returns ``[(case, dir, file)]``: the runtime must refuse ``dir`` with a message that
+names ``file``. Used by tests/test_native_runtime.py (tuner-run: exit status 2) and by the Python executor's
+tests. Cases that edit graph.json rewrite the manifest to match, so the damage gets past check 1 and must be
+caught by the check it is aimed at.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import shutil
+from pathlib import Path
+
+
+def _copy(good: Path, dst: Path) -> Path:
+    shutil.copytree(good, dst, ignore=shutil.ignore_patterns("binaries", "profile.json"))
+    return dst
+
+
+def _reseal(d: Path) -> None:
+    """Rewrite manifest.json's size and SHA-256 of every file it lists (after an edit on purpose)."""
+    m = json.loads((d / "manifest.json").read_text())
+    for f in m["files"]:
+        data = (d / f["path"]).read_bytes()
+        f["size"], f["sha256"] = len(data), hashlib.sha256(data).hexdigest()
+    (d / "manifest.json").write_text(json.dumps(m, indent=1))
+
+
+def _edit_graph(d: Path, edit) -> None:
+    g = json.loads((d / "graph.json").read_text())
+    edit(g)
+    (d / "graph.json").write_text(json.dumps(g, indent=1))
+    _reseal(d)
+
+
+def _kernel_files(d: Path) -> list:
+    return sorted(p.name for p in (d / "kernels").glob("k*.cl"))
+
+
+def _largest_operand(g: dict) -> int:
+    shapes = [e["physical_shape"] for e in g["entries"].values()]
+    shapes += [b["physical_shape"] for b in g["params"] + g["workspaces"]]
+    return max(math.prod(s) for s in shapes)
+
+
+def _plant_launch(g: dict) -> None:
+    """The first call's global size far past 16 work-items per element of any operand (still a multiple of its
+    local size)."""
+    call = g["nodes"][0]["calls"][0]
+    local = call["local_size"]
+    groups = 16 * _largest_operand(g) // local[0] + 1
+    call["global_size"] = [local[0] * groups, call["global_size"][1], call["global_size"][2]]
+
+
+def _swap_params(d: Path) -> None:
+    """A params.bin of the same size with other bytes (another model's weights, as a copy mix-up would give)."""
+    data = bytearray((d / "params.bin").read_bytes())
+    half = len(data) // 2
+    data[:half], data[half:2 * half] = data[half:2 * half], data[:half]
+    if len(data) >= 2 and data[:half] == data[half:2 * half]:
+        data[0] ^= 0xFF
+    (d / "params.bin").write_bytes(bytes(data))
+
+
+def _retarget_pool(g: dict) -> None:
+    name = next(iter(g["entries"]))
+    g["entries"][name]["storage_id"] = max(p["storage_id"] for p in g["pools"]) + 1000
+
+
+def damaged_artifacts(good_dir, tmp_path) -> list:
+    """[(case name, damaged artifact dir, file name its refusal must name)] from the good artifact ``good_dir``."""
+    good, root = Path(good_dir), Path(tmp_path) / "damaged"
+    root.mkdir(parents=True, exist_ok=True)
+    kernels = _kernel_files(good)
+    k_trunc, k_missing = kernels[min(1, len(kernels) - 1)], kernels[-1]
+    cases = []
+
+    d = _copy(good, root / "truncated_kernel")
+    src = (d / "kernels" / k_trunc).read_bytes()
+    (d / "kernels" / k_trunc).write_bytes(src[: len(src) // 2])
+    cases.append(("truncated_kernel", d, k_trunc))
+
+    d = _copy(good, root / "swapped_params")
+    _swap_params(d)
+    cases.append(("swapped_params", d, "params.bin"))
+
+    d = _copy(good, root / "edited_graph")
+    _edit_graph(d, _retarget_pool)
+    cases.append(("edited_graph", d, "graph.json"))
+
+    d = _copy(good, root / "missing_kernel")
+    (d / "kernels" / k_missing).unlink()
+    cases.append(("missing_kernel", d, k_missing))
+
+    d = _copy(good, root / "planted_global_size")
+    _edit_graph(d, _plant_launch)
+    cases.append(("planted_global_size", d, "graph.json"))
+
+    d = _copy(good, root / "empty_outputs")
+    _edit_graph(d, lambda g: g.__setitem__("outputs", []))
+    cases.append(("empty_outputs", d, "graph.json"))
+
+    d = _copy(good, root / "missing_manifest")
+    (d / "manifest.json").unlink()
+    cases.append(("missing_manifest", d, "manifest.json"))
+
+    d = _copy(good, root / "unknown_argument")
+    _edit_graph(d, lambda g: g["nodes"][0]["calls"][0]["args"].__setitem__(0, "t:no such tensor"))
+    cases.append(("unknown_argument", d, "graph.json"))
+
+    d = _copy(good, root / "format_version_1")
+    _edit_graph(d, lambda g: g.__setitem__("version", 1))
+    cases.append(("format_version_1", d, "graph.json"))
+
+    d = _copy(good, root / "undefined_kernel")
+    _edit_graph(d, lambda g: g["nodes"][0]["calls"][0].__setitem__("kernel", "not_in_the_source"))
+    cases.append(("undefined_kernel", d, "graph.json"))
+    return cases

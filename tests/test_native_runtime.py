@@ -1,0 +1,235 @@
+"""The native runtime (native/, C): built once per session with the system gcc, run as tuner-run on artifacts
+compiled here, compared with onnxruntime and the Python executor, under AddressSanitizer + UBSan, and against
+the damaged-artifact corpus (tests/artifact_corpus.py)."""
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from artifact_corpus import damaged_artifacts
+
+ROOT = Path(__file__).resolve().parent.parent
+SUPPRESSIONS = ROOT / "native" / "asan" / "lsan.supp"
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None or shutil.which("gcc") is None,
+                                reason="the native runtime is built with make and gcc")
+
+
+@pytest.fixture(scope="session")
+def native():
+    from tuner.native import build
+    return build()
+
+
+@pytest.fixture(scope="session")
+def cl_env():
+    from tuner.native import opencl_env
+    env = opencl_env()
+    env.pop("TUNER_DEVICE", None)
+    return env
+
+
+def _tuner_run(native, cl_env, *args, asan=False, env=None, timeout=600):
+    exe = native["tuner_run_asan" if asan else "tuner_run"]
+    return subprocess.run([exe, *map(str, args)], capture_output=True, text=True, env=env or cl_env,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("onnx")
+    out = {}
+    for name in ("mobilenet_v3_small", "resnet18"):
+        out[name] = d / f"{name}.onnx"
+        subprocess.run([sys.executable, "-m", "tuner", "zoo", name, "-o", str(out[name]), "--input-size", "32"],
+                       check=True, capture_output=True, timeout=300)
+    return out
+
+
+# (model, device, scope, dtype): the artifacts compiled once per module.
+ARTIFACTS = {
+    "mnv3-pocl-texture-f32": ("mobilenet_v3_small", "pocl", "texture", "float32"),
+    "mnv3-intel-buffer-f16": ("mobilenet_v3_small", "intel", "buffer", "float16"),
+    "resnet18-intel-auto-f32": ("resnet18", "intel", "auto", "float32"),
+}
+
+
+@pytest.fixture(scope="module")
+def artifacts(models, tmp_path_factory):
+    import tuner
+    d = tmp_path_factory.mktemp("artifacts")
+    out = {}
+    for key, (model, device, scope, dtype) in ARTIFACTS.items():
+        m = tuner.compile_model(str(models[model]), device=device, scope=scope, dtype=dtype)
+        out[key] = Path(m.save(d / key))
+    return out
+
+
+def _input(artifact: Path) -> np.ndarray:
+    import json
+    g = json.loads((artifact / "graph.json").read_text())
+    shape = g["entries"][g["inputs"][0]]["shape"]
+    return np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+
+
+def _rel(a, b) -> float:
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+def _onnx(model: Path, x: np.ndarray) -> np.ndarray:
+    import onnxruntime as ort
+    s = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    return s.run(None, {s.get_inputs()[0].name: x})[0]
+
+
+@pytest.mark.parametrize("key", list(ARTIFACTS))
+def test_matches_onnxruntime_and_python(native, cl_env, models, artifacts, key, tmp_path):
+    model, device, _, dtype = ARTIFACTS[key]
+    art = artifacts[key]
+    x = _input(art)
+    np.save(tmp_path / "x.npy", x)
+    r = _tuner_run(native, cl_env, art, "--device", device, "--input", tmp_path / "x.npy", "--output",
+                   tmp_path / "y.npy", "--bench", 3, "--warmup", 1)
+    assert r.returncode == 0, r.stderr
+    assert "median latency" in r.stdout
+    y = np.load(tmp_path / "y.npy")
+    want = _onnx(models[model], x)
+    assert y.shape == want.shape and y.dtype == np.float32
+    assert _rel(y, want) < (1e-4 if dtype == "float32" else 1e-2)
+    from tuner.graph.module import load_module
+    py = load_module(art, device=device).run([x])[0]
+    assert _rel(y, py) < (1e-5 if dtype == "float32" else 1e-3)
+    # the second start builds nothing: every program comes from the binary cache
+    r = _tuner_run(native, cl_env, art, "--device", device, "--input", tmp_path / "x.npy", "--bench", 1)
+    assert r.returncode == 0, r.stderr
+    assert " 0 built from source" in r.stdout, r.stdout
+
+
+def test_profile_table(native, cl_env, artifacts):
+    r = _tuner_run(native, cl_env, artifacts["mnv3-pocl-texture-f32"], "--device", "pocl", "--profile", "--bench", 2)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("node "))
+    assert lines[head].split()[:3] == ["node", "op", "storage"]
+    assert lines[-1].startswith("kernels ") and "end to end" in lines[-1]
+    assert len(lines) - head - 2 > 50  # one row per node
+
+
+def test_asan_clean(native, cl_env, artifacts, tmp_path):
+    """One model under AddressSanitizer + UBSan with LeakSanitizer on PoCL (no suppressions needed there), and on
+    Intel's CPU runtime with the leaks inside libintelocl.so suppressed (native/asan/lsan.supp)."""
+    art = artifacts["mnv3-pocl-texture-f32"]
+    x = _input(art)
+    np.save(tmp_path / "x.npy", x)
+    env = dict(cl_env, ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:exitcode=23", UBSAN_OPTIONS="halt_on_error=1")
+    r = _tuner_run(native, cl_env, art, "--device", "pocl", "--input", tmp_path / "x.npy", "--output",
+                   tmp_path / "y.npy", "--bench", 2, "--profile", asan=True, env=env)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "ERROR: AddressSanitizer" not in r.stderr and "runtime error" not in r.stderr
+    env["LSAN_OPTIONS"] = f"suppressions={SUPPRESSIONS}"
+    r = _tuner_run(native, cl_env, art, "--device", "intel", "--input", tmp_path / "x.npy", "--bench", 1, asan=True,
+                   env=env)
+    assert r.returncode == 0, r.stderr[-4000:]
+    # the damaged corpus under ASan too: refusals free what they allocated
+    for case, d, _ in damaged_artifacts(art, tmp_path)[:6]:
+        r = _tuner_run(native, cl_env, d, "--device", "pocl", asan=True, env=env)
+        assert r.returncode == 2, (case, r.stderr[-2000:])
+
+
+def test_damaged_artifacts_refused(native, cl_env, artifacts, tmp_path):
+    cases = damaged_artifacts(artifacts["mnv3-pocl-texture-f32"], tmp_path)
+    assert {"truncated_kernel", "swapped_params", "edited_graph", "missing_kernel", "planted_global_size",
+            "empty_outputs"} <= {c for c, _, _ in cases}
+    for case, d, name in cases:
+        r = _tuner_run(native, cl_env, d, "--device", "pocl")
+        assert r.returncode == 2, (case, r.stdout, r.stderr)
+        assert r.stderr.startswith("error: ") and name in r.stderr, (case, r.stderr)
+        assert r.stdout == "", case  # refused before anything was loaded
+
+
+def _native_only_cases(good: Path, tmp_path: Path) -> list:
+    """Damage the strict JSON reader and the launch checks catch (json.loads would accept the first two)."""
+    from artifact_corpus import _copy, _reseal
+    cases = []
+    for case, text in (("duplicate_key", lambda t: t.replace('{\n "format"', '{\n "dtype": "float32",\n "format"', 1)),
+                       ("nan_literal", lambda t: t.replace('"flops": 0', '"flops": NaN', 1)),
+                       ("trailing_comma", lambda t: t.rstrip().rstrip("}") + ",}"),
+                       ("float_shape", lambda t: t.replace('"shape": [\n    1,', '"shape": [\n    1.0,', 1))):
+        d = _copy(good, tmp_path / case)
+        old = (d / "graph.json").read_text()
+        new = text(old)
+        assert new != old, case
+        (d / "graph.json").write_text(new)
+        _reseal(d)
+        cases.append((case, d))
+    return cases
+
+
+def test_strict_json(native, cl_env, artifacts, tmp_path):
+    for case, d in _native_only_cases(artifacts["mnv3-pocl-texture-f32"], tmp_path):
+        r = _tuner_run(native, cl_env, "--check", d)
+        assert r.returncode == 2 and "graph.json" in r.stderr, (case, r.stderr)
+
+
+def test_cli_errors(native, cl_env, artifacts, tmp_path):
+    art = artifacts["mnv3-pocl-texture-f32"]
+    np.save(tmp_path / "bad.npy", np.zeros((1, 3, 8, 8), np.float32))
+    for args, words in (([], "no artifact"), ([art, "--device", "no-such-device"], "no OpenCL device matches"),
+                        ([art, "--device", "pocl", "--input", tmp_path / "bad.npy"], "has shape [1, 3, 8, 8]"),
+                        ([art, "--bench", "0"], "--bench"), ([tmp_path / "nothing"], "not a compiled model"),
+                        ([art, "--frobnicate"], "unknown option")):
+        r = _tuner_run(native, cl_env, *args)
+        assert r.returncode == 2 and r.stderr.count("error: ") == 1 and words in r.stderr, (args, r.stderr)
+    r = _tuner_run(native, cl_env, "--devices")
+    assert r.returncode == 0 and "pocl-cpu-" in r.stdout
+
+
+def test_device_order_matches_python(native, cl_env):
+    from tuner.runtime.device import list_devices
+    r = _tuner_run(native, cl_env, "--devices")
+    assert r.returncode == 0, r.stderr
+    native_fps = [line.split("\t")[4] for line in r.stdout.splitlines()]
+    assert native_fps == [d.fingerprint for d in list_devices()]
+
+
+def test_half_conversion_matches_numpy(native):
+    lib = ctypes.CDLL(native["library"])
+    lib.tnr_half_to_float.restype = ctypes.c_float
+    lib.tnr_half_to_float.argtypes = [ctypes.c_uint16]
+    halves = np.arange(65536, dtype=np.uint16)
+    got = np.empty(65536, np.float32)
+    lib.tnr_halves_to_floats(halves.ctypes.data_as(ctypes.c_void_p), got.ctypes.data_as(ctypes.c_void_p),
+                             ctypes.c_size_t(65536))
+    want = halves.view(np.float16).astype(np.float32)
+    same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
+    assert same.all()
+    rng = np.random.default_rng(0)
+    pos = want[:0x7C00].astype(np.float64)  # the finite positive halves, ascending
+    mid = ((pos[:-1] + pos[1:]) / 2).astype(np.float32)  # ties: round to even
+    xs = np.concatenate([(rng.standard_normal(200000) * 10.0 ** rng.integers(-9, 6, 200000)).astype(np.float32),
+                         want[np.isfinite(want)], mid, -mid,
+                         np.array([65504, 65519.99, 65520, 1e9, -1e9, 2.0 ** -25, 2.0 ** -24 * 1.5, 0.0, -0.0,
+                                   np.inf, -np.inf], np.float32)]).astype(np.float32)
+    out = np.empty(len(xs), np.uint16)
+    lib.tnr_floats_to_halves(xs.ctypes.data_as(ctypes.c_void_p), out.ctypes.data_as(ctypes.c_void_p),
+                             ctypes.c_size_t(len(xs)))
+    with np.errstate(over="ignore"):
+        ref = xs.astype(np.float16).view(np.uint16)
+    bad = np.flatnonzero(out != ref)
+    assert bad.size == 0, [(float(xs[i]), hex(out[i]), hex(ref[i])) for i in bad[:5]]
+
+
+def test_build_products(native):
+    for key in ("library", "tuner_run", "tuner_run_asan"):
+        assert os.access(native[key], os.X_OK) or key == "library"
+    deps = subprocess.run(["ldd", native["tuner_run"]], capture_output=True, text=True).stdout
+    assert "libOpenCL" not in deps  # loaded with dlopen at run time
+    from tuner.native import native_main
+    assert native_main(["build"]) == 0
