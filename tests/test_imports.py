@@ -209,10 +209,11 @@ def test_the_graph_resolves_relative_and_function_level_imports():
     assert ("tuner.runtime.device", "typing") in launch  # `if TYPE_CHECKING: from .device import Device`
 
 
-# pyopencl is for the code that runs kernels: the runtime, the measuring workers, and (for now) the executor
-# of a compiled model. Planning, templates, logs, search and compiling for a target import none.
+# pyopencl is for the code that runs kernels: the local OpenCL runtime and the measuring workers. The executor
+# of a compiled model runs on any Runtime (tuner.runtime.base); planning, templates, logs, search and compiling
+# for a target import none.
 PYOPENCL_PACKAGES = ("tuner.runtime", "tuner.measure")
-PYOPENCL_MODULES = ("tuner.graph.module",)
+PYOPENCL_MODULES = ()
 
 
 def _may_import_pyopencl(m: str) -> bool:

@@ -129,8 +129,12 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
             raise TunerError("compile for a device or for a target profile, not both")
         dev, info = None, load_target(target)
     else:
-        from tuner.runtime.device import Device, open_device
-        dev = device if isinstance(device, Device) else open_device(device)
+        from tuner.runtime.base import Runtime
+        if isinstance(device, Runtime):  # any device behind the seam: local OpenCL, an agent, ...
+            dev = device
+        else:
+            from tuner.runtime.device import Device, open_device
+            dev = device if isinstance(device, Device) else open_device(device)
         info = dev.info
     _check_prefer(prefer)
     history = as_history(log)

@@ -41,20 +41,24 @@ def storage_label(scopes) -> str:
 
 
 def _open_for(compiled_for: dict, device):
-    """The device to run on: ``device`` (a Device or spec), else the attached device with the artifact's
-    fingerprint, else the default device."""
-    from tuner.runtime.device import Device, list_devices, open_device
-    if isinstance(device, Device):
+    """The Runtime to run on: ``device`` itself when it is a Runtime (any implementation), else a local
+    OpenCL one of ``device`` (a Device or spec), else of the attached device with the artifact's
+    fingerprint, else of the default device."""
+    from tuner.runtime.base import Runtime
+    if isinstance(device, Runtime):
         return device
+    from tuner.runtime.device import list_devices
+    from tuner.runtime.opencl import OpenCLRuntime
     if device is None and compiled_for.get("fingerprint"):
         match = next((d for d in list_devices() if d.fingerprint == compiled_for["fingerprint"]), None)
         if match is not None:
-            return open_device(match)
-    return open_device(device)
+            return OpenCLRuntime(match)
+    return OpenCLRuntime(device)
 
 
 class Module:
-    """A model ready to run on one device: ``module.run([x]) -> [y]``.
+    """A model ready to run on one device: ``module.run([x]) -> [y]``. It runs on any ``Runtime``
+    (``tuner.runtime.base``): ``device`` may be one, or a local OpenCL Device or spec.
 
     ``defer=True`` (a module compiled for a target profile): nothing is opened or built until ``load()`` or
     the first run. ``cache_dir``: where program binaries are kept and reused (``load_module``: the artifact's
@@ -69,7 +73,7 @@ class Module:
         self._params_size = max((b.offset + b.nbytes for b in spec.params), default=0)
         check_spec(spec, sources, self._params_size)  # the compiler's output obeys the artifact's checks too
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
-        self.device = None
+        self.runtime = None
         self.load_stats: dict = {}
         if not defer:
             self.load(device, progress)
@@ -81,15 +85,21 @@ class Module:
         profile = self.spec.device.get("profile")
         return DeviceInfo.from_dict(profile) if profile else None
 
+    @property
+    def device(self):
+        """The local OpenCL Device the module runs on (an OpenCLRuntime's), or its Runtime; None before load."""
+        return getattr(self.runtime, "device", self.runtime)
+
     def load(self, device=None, progress: bool = False) -> "Module":
-        """Open the device (``device``; by default the attached device the artifact was compiled for, else the
-        default one), allocate the pools, upload the parameters and build every program. Once per module."""
-        if self.device is not None:
+        """Open the device (``device``: a Runtime, Device or spec; by default the attached device the artifact
+        was compiled for, else the default one), allocate the pools, upload the parameters and build every
+        program. Once per module."""
+        if self.runtime is not None:
             return self
         t0 = time.perf_counter()
-        spec, sources, params = self.spec, self.sources, self.params
-        dev = _open_for(spec.device, device)
-        info = dev.info
+        spec, sources = self.spec, self.sources
+        rt = _open_for(spec.device, device)
+        info = rt.info
         want = spec.device.get("fingerprint")
         if want not in (None, info.fingerprint) and (want, info.fingerprint) not in _MISMATCH_WARNED:
             _MISMATCH_WARNED.add((want, info.fingerprint))
@@ -98,66 +108,57 @@ class Module:
                           f"with --device {info.fingerprint} to tune them for this one", TargetMismatchWarning,
                           stacklevel=3)
         check_spec(spec, sources, self._params_size, info.to_dict())  # launches and images fit this device
-        self.device = dev
+        self.runtime = rt
         try:
             self._load(progress)
         except BaseException:
-            self.device = None  # nothing half-loaded stays behind: a later call starts over
+            self.runtime = None  # nothing half-loaded stays behind: a later call starts over
             raise
         self.load_stats["seconds"] = time.perf_counter() - t0
         return self
 
     def _load(self, progress: bool) -> None:
-        import pyopencl as cl
-
-        from tuner.runtime.memory import DeviceArray, alloc, upload
-        from tuner.runtime.program import build_program
-        spec, sources, params, dev = self.spec, self.sources, self.params, self.device
-        self.pools = {}
-        for p in spec.pools:
-            self.pools[p.storage_id] = (alloc(self.device, "global", p.shape, np.uint8) if p.scope == "global"
-                                        else alloc(self.device, p.scope, p.shape, np.dtype(p.dtype)))
+        spec, sources, params, rt = self.spec, self.sources, self.params, self.runtime
+        pools = {p.storage_id: rt.alloc(p.scope, p.shape, p.dtype) for p in spec.pools}
         self.arrays = {}
         for name, e in spec.entries.items():
-            pool = self.pools[e.storage_id]
-            self.arrays[f"t:{name}"] = DeviceArray(e.storage_scope, e.physical_shape, np.dtype(e.dtype), pool.mem,
-                                                   pool.alloc_shape if pool.is_texture else e.physical_shape)
+            self.arrays[f"t:{name}"] = rt.view(pools[e.storage_id], e.storage_scope, e.physical_shape, e.dtype)
         for b in spec.params:
-            self.arrays[f"p:{b.key}"] = alloc(self.device, b.scope, b.physical_shape, np.dtype(b.dtype))
-            upload(self.device, self.arrays[f"p:{b.key}"], params[b.key])
+            self.arrays[f"p:{b.key}"] = rt.alloc(b.scope, b.physical_shape, b.dtype)
+            rt.upload(self.arrays[f"p:{b.key}"], params[b.key])
         for b in spec.workspaces:
-            self.arrays[f"w:{b.key}"] = alloc(self.device, b.scope, b.physical_shape, np.dtype(b.dtype))
+            self.arrays[f"w:{b.key}"] = rt.alloc(b.scope, b.physical_shape, b.dtype)
         stats: dict = {}
         names = list(dict.fromkeys(n.source for n in spec.nodes))
         bar = None
         if progress:
             from tqdm.auto import tqdm
             bar = tqdm(total=len(names), desc="build", unit="program", dynamic_ncols=True)
-        self._programs = {}
+        programs = {}
         for name in names:
-            self._programs[name] = build_program(dev, sources[name], cache_dir=self.cache_dir, stats=stats)
+            programs[name] = rt.build(sources[name], cache_dir=self.cache_dir, stats=stats)
             if bar is not None:
                 bar.update(1)
         if bar is not None:
             bar.close()
-        self._enqueue_kernel = cl.enqueue_nd_range_kernel
-        self._launches = []  # (node index, cl.Kernel with its arguments set, global, local)
+        self._nodes_of_launch = []  # node index of each launch
+        self._launches = []  # runtime launch handles, arguments set once: a run only enqueues
         for i, n in enumerate(spec.nodes):
             for c in n.calls:
-                k = cl.Kernel(self._programs[n.source], c.kernel)  # one object per launch: its own arguments
-                k.set_args(*[self.arrays[a].mem for a in c.args])  # once: a run only enqueues
-                self._launches.append((i, k, tuple(c.global_size), tuple(c.local_size)))
+                self._launches.append(rt.prepare(programs[n.source], c.kernel, [self.arrays[a] for a in c.args],
+                                                 c.global_size, c.local_size))
+                self._nodes_of_launch.append(i)
+        rt.finish()  # the parameters are on the device
         self.load_stats = {"programs": len(names), **{k: stats.get(k, 0) for k in ("source", "binary", "memory")}}
 
     # -- running -----------------------------------------------------------------------------------------
     def _enqueue(self, profiling: bool = False) -> list:
-        """Enqueue every kernel: on the device's run queue, or on its profiling queue to read events."""
+        """(OpenCL runtimes) enqueue every kernel on the run queue, or on the profiling queue to read events:
+        ``[(node index, event)]``."""
         self.load()
-        q, enqueue = (self.device.queue if profiling else self.device.run_queue), self._enqueue_kernel
-        return [(i, enqueue(q, k, g, l)) for i, k, g, l in self._launches]
+        return list(zip(self._nodes_of_launch, self.runtime.enqueue(self._launches, profiling=profiling)))
 
     def set_inputs(self, inputs) -> None:
-        from tuner.runtime.memory import upload
         self.load()
         if isinstance(inputs, np.ndarray):
             inputs = [inputs]
@@ -178,35 +179,33 @@ class Module:
             if tuple(x.shape) != tuple(e.shape):
                 raise TunerError(f"input {name!r} has shape {list(x.shape)}; the model was compiled for "
                                  f"{list(e.shape)} (recompile with --input-shape to change it)")
-            upload(self.device, self.arrays[f"t:{name}"], x.reshape(e.physical_shape))
+            self.runtime.upload(self.arrays[f"t:{name}"], x.reshape(e.physical_shape))
 
     def get_outputs(self) -> list:
-        from tuner.runtime.memory import download
         self.load()
-        return [download(self.device, self.arrays[f"t:{n}"]).reshape(self.spec.entries[n].shape).astype(np.float32)
-                for n in self.spec.outputs]
+        return [self.runtime.download(self.arrays[f"t:{n}"]).reshape(self.spec.entries[n].shape)
+                .astype(np.float32) for n in self.spec.outputs]
 
     def run(self, inputs) -> list:
         """Upload ``inputs`` (a list in the model's input order, a dict by name, or one array), run every
         kernel on one queue, and return the outputs as float32 NumPy arrays."""
         self.set_inputs(inputs)
-        self._enqueue()
-        self.device.run_queue.finish()
+        self.runtime.submit(self._launches)
         return self.get_outputs()
 
     def time(self, repeats: int = 20, warmup: int = 2) -> list:
         """Seconds per run (wall clock of enqueuing every kernel on the run queue and waiting; inputs already
         uploaded)."""
         self.load()
-        q = self.device.run_queue
+        rt = self.runtime
         for _ in range(warmup):
-            self._enqueue()
-        q.finish()
+            rt.submit(self._launches)
+        rt.finish()
         costs = []
         for _ in range(repeats):
             t0 = time.perf_counter()
-            self._enqueue()
-            q.finish()
+            rt.submit(self._launches)
+            rt.finish()
             costs.append(time.perf_counter() - t0)
         return costs
 
@@ -215,13 +214,11 @@ class Module:
         (on the run queue, as ``time``)."""
         per_node = [[] for _ in self.spec.nodes]
         self.load()
-        self._enqueue(profiling=True)
+        self.runtime.profile(self._launches)  # warm-up
         for _ in range(repeats):
-            events = self._enqueue(profiling=True)
-            self.device.queue.finish()
             sums: dict = {}
-            for i, e in events:
-                sums[i] = sums.get(i, 0.0) + (e.profile.end - e.profile.start) * 1e-9
+            for i, t in zip(self._nodes_of_launch, self.runtime.profile(self._launches)):
+                sums[i] = sums.get(i, 0.0) + t
             for i, s in sums.items():
                 per_node[i].append(s)
         rows = []
@@ -233,7 +230,7 @@ class Module:
                          "tuned": n.tuned, "median_s": med,
                          "gflops": n.flops / med / 1e9 if med and n.flops else None})
         latency = statistics.median(self.time(repeats))
-        info = self.device.info
+        info = self.runtime.info
         return {"device": info.name, "fingerprint": info.fingerprint, "rows": rows,
                 "kernel_total_s": sum(r["median_s"] for r in rows), "total_s": latency}
 

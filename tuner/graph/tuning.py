@@ -239,14 +239,17 @@ def tune_model(model, log: str | None = None, trials: int = 200, device=None, sc
     (the log's or the templates' choice per layer), not both scopes of every layer. ``early_stopping``: each
     task stops after that many measurements without improvement. Ctrl-C (KeyboardInterrupt) propagates;
     what was measured is in the log, and a re-run resumes without measuring a config again."""
-    from tuner.measure import MeasureOptions, Measurer
-    from tuner.runtime.device import DeviceInfo, choose_device
+    from tuner.measure import MeasureOptions, Runner, open_runner
+    from tuner.runtime.base import Runtime
     from tuner.search.tune import default_log, tune
+    from tuner.target import DeviceInfo
 
     from .compiler import load_graph
     from .plan import extract_tasks, lower_graph, plan_storage
     info = getattr(device, "info", device)
-    info = info if isinstance(info, DeviceInfo) else choose_device(info)
+    if not isinstance(info, DeviceInfo):
+        from tuner.runtime.device import choose_device
+        info = choose_device(info)
     log = str(ensure_writable(log or default_log(info.fingerprint)))  # before any measurement
     for flag, value, least in (("--trials", trials, 1), ("--min-trials", min_trials, 1),
                                ("--early-stopping", early_stopping, 1)):
@@ -281,7 +284,8 @@ def tune_model(model, log: str | None = None, trials: int = 200, device=None, sc
         run.note("; ".join(notes) + f"; measuring {budget}"
                  + (f" ({budget - result.planned} already in the log)" if budget > result.planned else ""))
     options = options or MeasureOptions()
-    measurer = Measurer(info, options)  # one set of worker processes for every task
+    # one runner for every task: the caller's Runner, one over the caller's Runtime, or local worker processes
+    measurer = open_runner(device if isinstance(device, (Runner, Runtime)) else info, options)
     try:
         if progress:
             run.start_bar(result.planned)
@@ -292,7 +296,8 @@ def tune_model(model, log: str | None = None, trials: int = 200, device=None, sc
             _mixed_round(run, extract_tasks(plan_storage(plan, info, "auto", history)), shares[-1], min_trials,
                          trials)
     finally:
-        measurer.close()
+        if measurer is not device:  # a Runner the caller passed stays open for the caller
+            measurer.close()
         if run.bar is not None:
             run.bar.close()
     index = measured_index(log, info.fingerprint)

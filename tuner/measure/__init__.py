@@ -10,6 +10,7 @@ classified by ``tuner.errors.ErrorCode`` with a message.
 """
 from __future__ import annotations
 
+import abc
 import dataclasses
 import statistics
 import time
@@ -62,14 +63,39 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
-class Measurer:
-    """Worker processes bound to one device: ``n_parallel`` builders and one runner."""
+class Runner(abc.ABC):
+    """Measures configs on one device: the tuner reaches a device only through this (``tune(...,
+    device=runner)``, ``tune_model``). ``Measurer`` is the local one (isolated worker processes);
+    ``RuntimeRunner`` (``tuner.measure.runtime_runner``) measures through any ``Runtime``. ``info``: the
+    device's profile, which keys the records and the search space's constraints."""
+
+    info: object  # DeviceInfo
+
+    @abc.abstractmethod
+    def measure(self, inputs: list) -> list:
+        """One ``MeasureResult`` per ``MeasureInput``, in order; a failure is a result, never an exception."""
+
+    def close(self) -> None:
+        """Stop what the runner started."""
+
+    def __enter__(self) -> "Runner":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Measurer(Runner):
+    """Worker processes bound to one local OpenCL device: ``n_parallel`` builders and one runner."""
 
     def __init__(self, device=None, options: MeasureOptions | None = None):
-        from tuner.runtime.device import DeviceInfo, choose_device
+        from tuner.target import DeviceInfo
         self.options = options or MeasureOptions()
         info = device.info if hasattr(device, "info") else device
-        self.info = info if isinstance(info, DeviceInfo) else choose_device(info)
+        if not isinstance(info, DeviceInfo):
+            from tuner.runtime.device import choose_device
+            info = choose_device(info)
+        self.info = info
         spec = str(self.info.index)
         self.builders = [Worker(spec) for _ in range(max(1, self.options.n_parallel))]
         self.runner = Worker(spec)
@@ -77,12 +103,6 @@ class Measurer:
     def close(self) -> None:
         for w in (*self.builders, self.runner):
             w.close()
-
-    def __enter__(self) -> "Measurer":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def _build(self, worker: Worker, inp: MeasureInput) -> MeasureResult:
         start, stamp = time.perf_counter(), _now()
@@ -107,6 +127,18 @@ class Measurer:
             res.costs, res.max_rel_error = payload.get("costs", []), payload.get("max_rel_error")
             res.duration_s += time.perf_counter() - start
         return results
+
+
+def open_runner(device=None, options: MeasureOptions | None = None) -> Runner:
+    """``device`` itself when it is a Runner; a RuntimeRunner over it when it is a Runtime; else a Measurer of
+    the local OpenCL device ``device`` names (a DeviceInfo, Device or spec)."""
+    if isinstance(device, Runner):
+        return device
+    from tuner.runtime.base import Runtime
+    if isinstance(device, Runtime):
+        from tuner.measure.runtime_runner import RuntimeRunner
+        return RuntimeRunner(device, options)
+    return Measurer(device, options)
 
 
 def measure_config(template, workload, config, device=None, options: MeasureOptions | None = None) -> MeasureResult:

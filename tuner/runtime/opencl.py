@@ -1,0 +1,69 @@
+"""``OpenCLRuntime``: the Runtime of a local OpenCL device, through pyopencl (``Device``, ``memory``,
+``program``). Copies and runs share the run queue, an in-order queue without profiling timestamps (see
+``Device.run_queue``): an upload is enqueued without waiting, the kernels after it see its data, and a
+download waits only for what came before it on that queue; no round trip between queues. ``profile``
+enqueues on the profiling queue to read events, after the run queue is drained."""
+from __future__ import annotations
+
+import numpy as np
+import pyopencl as cl
+
+from tuner.runtime.base import Runtime
+from tuner.runtime.device import Device, open_device
+from tuner.errors import TunerError
+from tuner.runtime.memory import DeviceArray, _region, alloc
+from tuner.runtime.program import build_program
+
+
+class OpenCLRuntime(Runtime):
+    """``device``: a Device, or what ``open_device`` takes."""
+
+    def __init__(self, device=None):
+        self.device = device if isinstance(device, Device) else open_device(device)
+        self.info = self.device.info
+
+    def build(self, source, cache_dir=None, stats=None):
+        return build_program(self.device, source, cache_dir=cache_dir, stats=stats)
+
+    def alloc(self, scope, physical_shape, dtype):
+        return alloc(self.device, scope, physical_shape, np.dtype(dtype))
+
+    def view(self, pool, scope, physical_shape, dtype):
+        return DeviceArray(scope, tuple(physical_shape), np.dtype(dtype), pool.mem,
+                           pool.alloc_shape if pool.is_texture else tuple(physical_shape))
+
+    def upload(self, mem, host):
+        host = np.asarray(host)
+        if tuple(host.shape) != mem.physical_shape:
+            raise TunerError(f"upload of shape {tuple(host.shape)} into {mem!r}: shapes differ")
+        data = np.ascontiguousarray(host, dtype=mem.dtype)  # pyopencl's event keeps it alive until copied
+        cl.enqueue_copy(self.device.run_queue, mem.mem, data, is_blocking=False,
+                        **(_region(mem) if mem.is_texture else {}))
+
+    def download(self, mem):
+        out = np.empty(mem.physical_shape, dtype=mem.dtype)
+        cl.enqueue_copy(self.device.run_queue, out, mem.mem, is_blocking=True,
+                        **(_region(mem) if mem.is_texture else {}))
+        return out
+
+    def prepare(self, program, kernel, args, global_size, local_size):
+        k = cl.Kernel(program, kernel)  # one object per launch: its own arguments
+        k.set_args(*[a.mem for a in args])
+        return k, tuple(global_size), tuple(local_size)
+
+    def enqueue(self, launches, profiling: bool = False) -> list:
+        """Enqueue on the run queue (or the profiling queue); the events."""
+        q = self.device.queue if profiling else self.device.run_queue
+        return [cl.enqueue_nd_range_kernel(q, k, g, l) for k, g, l in launches]
+
+    def submit(self, launches):
+        self.enqueue(launches)
+
+    def finish(self):
+        self.device.finish()
+
+    def profile(self, launches):
+        self.device.run_queue.finish()
+        events = self.enqueue(launches, profiling=True)
+        self.device.queue.finish()
+        return [(e.profile.end - e.profile.start) * 1e-9 for e in events]
