@@ -40,6 +40,60 @@ def ceil_div(a: int, b: int) -> int:
 
 
 FUNCTIONS = {"ceil_div": ceil_div, "min": min, "max": max, "len": len, "all": all, "any": any}
+
+# Bounds on what a constraint may compute: a file must not make `tuner space` (or a tuning run) hang or run out
+# of memory on ``10 ** 10 ** 10`` or ``[0] * 10 ** 9``. ``**`` and ``*`` evaluate through the checks below.
+MAX_EXPONENT = 64  # of an integer power
+MAX_INT_BITS = 4096  # of an integer product or power
+MAX_LENGTH = 10_000  # of a repeated string, list or tuple
+
+
+class ConstraintLimit(ValueError):
+    """A constraint computes something too large (see MAX_EXPONENT, MAX_INT_BITS, MAX_LENGTH)."""
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int)  # bool included: True ** 3, True * 'ab'
+
+
+def _bounded_pow(a, b):
+    if _is_int(b) and abs(b) > MAX_EXPONENT:
+        raise ConstraintLimit(f"exponent {b} is out of range (at most {MAX_EXPONENT} in absolute value)")
+    if _is_int(a) and _is_int(b) and b > 0 and abs(a) > 1 and a.bit_length() * b > MAX_INT_BITS:
+        raise ConstraintLimit(f"{a} ** {b} has more than {MAX_INT_BITS} bits")
+    return a ** b
+
+
+def _bounded_mul(a, b):
+    for seq, n in ((a, b), (b, a)):
+        if isinstance(seq, (str, list, tuple)) and _is_int(n) and len(seq) * max(n, 0) > MAX_LENGTH:
+            raise ConstraintLimit(f"repeating a {type(seq).__name__} {n} times makes more than {MAX_LENGTH} items")
+    if _is_int(a) and _is_int(b) and a.bit_length() + b.bit_length() > MAX_INT_BITS:
+        raise ConstraintLimit(f"a product of more than {MAX_INT_BITS} bits")
+    return a * b
+
+
+_BOUNDED = {ast.Pow: "__bounded_pow__", ast.Mult: "__bounded_mul__"}
+EVAL_GLOBALS = {"__builtins__": {}, "__bounded_pow__": _bounded_pow, "__bounded_mul__": _bounded_mul}
+
+
+class _Bound(ast.NodeTransformer):
+    """``a ** b`` -> ``__bounded_pow__(a, b)``, ``a * b`` -> ``__bounded_mul__(a, b)``."""
+
+    def visit_BinOp(self, node):
+        self.generic_visit(node)
+        fn = _BOUNDED.get(type(node.op))
+        if fn is None:
+            return node
+        return ast.copy_location(ast.Call(ast.Name(fn, ast.Load()), [node.left, node.right], []), node)
+
+
+def _why(e: Exception) -> str:
+    return str(e) if isinstance(e, ConstraintLimit) else f"{type(e).__name__}: {e}"
+
+
+def _evaluate(code, env: dict):
+    return eval(code, EVAL_GLOBALS, env)
 _NODES = (ast.Expression, ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.Compare, ast.IfExp, ast.Call, ast.Name,
           ast.Load, ast.Constant, ast.Attribute, ast.Subscript, ast.Tuple, ast.List, ast.And, ast.Or,
           ast.Not, ast.USub, ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.Eq,
@@ -114,11 +168,11 @@ class BoundSpace:
     def _ok(self, constraints, env) -> Constraint | None:
         for c in constraints:
             try:
-                if not eval(c.code, {"__builtins__": {}}, env):
+                if not _evaluate(c.code, env):
                     return c
             except Exception as e:  # noqa: BLE001 - report which constraint broke, not a traceback
                 raise TunerError(f"{self.space.path}: constraint {c.name!r} ({c.text}) failed to evaluate: "
-                                 f"{type(e).__name__}: {e}") from None
+                                 f"{_why(e)}") from None
         return None
 
     def violations(self, values: dict) -> list:
@@ -136,8 +190,7 @@ class BoundSpace:
         if out:
             return out
         env = {**self.env, **values}
-        return [f"{c.name}: {c.text}" for c in self.space.constraints
-                if not eval(c.code, {"__builtins__": {}}, env)]
+        return [f"{c.name}: {c.text}" for c in self.space.constraints if self._ok((c,), env) is not None]
 
     def check(self, values: dict) -> None:
         bad = self.violations(values)
@@ -233,7 +286,18 @@ def _check_expression(path: str, name: str, text, knob_names: set, var_names: se
                 raise TunerError(f"{where}: unknown name {node.id!r} in {text!r}; knobs: "
                                  f"{', '.join(sorted(knob_names))}; workload: {', '.join(sorted(var_names))}")
             used.add(node.id)
-    return compile(tree, f"<{name}>", "eval"), frozenset(used & knob_names)
+    for node in ast.walk(tree):  # a part reading no name (e.g. 10 ** 10 ** 10) is evaluated now, bounded
+        if isinstance(node, ast.BinOp) and not any(isinstance(n, ast.Name) for n in ast.walk(node)):
+            try:
+                _evaluate(compile(_bounded(ast.Expression(node)), f"<{name}>", "eval"), {})
+            except Exception as e:  # noqa: BLE001 - a ZeroDivisionError, TypeError or a limit: name the part
+                raise TunerError(f"{where}: {ast.unparse(node)!r} in {text!r} cannot be evaluated: {_why(e)}") from None
+    return compile(_bounded(tree), f"<{name}>", "eval"), frozenset(used & knob_names)
+
+
+def _bounded(tree):
+    import copy
+    return ast.fix_missing_locations(_Bound().visit(copy.deepcopy(tree)))
 
 
 def parse_space(data: dict, path: str, config_fields: set | None = None, var_names: set | None = None,
@@ -282,15 +346,32 @@ def parse_space(data: dict, path: str, config_fields: set | None = None, var_nam
                        frozenset(var_names))
 
 
-def load_space(name_or_path: str, config_fields: set | None = None, var_names: set | None = None) -> SearchSpace:
-    """Load ``search_space/<name>.toml`` (or a path to a TOML file)."""
+def load_space(name_or_path: str, config_fields: set | None = None, var_names: set | None = None,
+               template=None, is_path: bool = False) -> SearchSpace:
+    """Load ``search_space/<name>.toml`` (or a path to a TOML file; with ``is_path``, any path). ``template``: the
+    name, or names, the file's ``template = "..."`` must say (another template's file is refused, naming it)."""
+    import stat
     path = Path(name_or_path)
-    if path.suffix != ".toml":
+    if path.suffix != ".toml" and not is_path:
         path = HERE / f"{name_or_path}.toml"
-    if not path.exists():
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
         known = ", ".join(p.stem for p in sorted(HERE.glob("*.toml")))
-        raise TunerError(f"no search space {name_or_path!r} ({path}); shipped spaces: {known}")
-    return _load(str(path), frozenset(config_fields or ()) or None, frozenset(var_names or ()))
+        what = "the file does not exist" if is_path or path.suffix == ".toml" else f"no file {path}"
+        raise TunerError(f"no search space {name_or_path!r}: {what}; shipped spaces: {known}") from None
+    except OSError as e:
+        raise TunerError(f"search space {str(path)!r} cannot be read: {e.strerror or e}") from None
+    if not stat.S_ISREG(mode):
+        from tuner.cli_args import file_kind
+        raise TunerError(f"search space {str(path)!r} is {file_kind(mode)}, not a regular file; give a TOML file")
+    space = _load(str(path), frozenset(config_fields or ()) or None, frozenset(var_names or ()))
+    expected = [template] if isinstance(template, str) else sorted(template or ())
+    if expected and space.template not in expected:
+        raise TunerError(f"{path}: template = {space.template!r}, but it was given as the search space of "
+                         f"{' or '.join(map(repr, expected))}; a space file names the template it is for: write "
+                         f"template = {expected[0]!r} if its knobs are that template's")
+    return space
 
 
 @lru_cache(maxsize=None)
@@ -299,4 +380,6 @@ def _load(path: str, config_fields, var_names) -> SearchSpace:
         data = tomllib.loads(Path(path).read_text())
     except tomllib.TOMLDecodeError as e:
         raise TunerError(f"{path}: not valid TOML: {e}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise TunerError(f"{path}: cannot be read as a TOML file ({e})") from None
     return parse_space(data, path, set(config_fields) if config_fields else None, set(var_names))

@@ -12,7 +12,8 @@ import sys
 
 from tuner import __version__
 from tuner.errors import TunerError
-from tuner.cli_args import activation, add_device_arg, positive_int  # noqa: F401  (importers use the names)
+from tuner.cli_args import (activation, add_device_arg, add_measure_args, add_seed_arg,  # noqa: F401
+                            measure_options, positive_int, read_regular_file, Parser)  # (importers use the names)
 from tuner.runtime.device import DEVICE_ENV, DeviceInfo, choose_device, list_devices, probe_device
 
 
@@ -176,7 +177,8 @@ def cmd_space(args: argparse.Namespace) -> int:
     t = get_template(args.template)
     if args.file:
         import dataclasses
-        space = load_space(args.file, {f.name for f in dataclasses.fields(t.config)}, set(t.variables))
+        space = load_space(args.file, {f.name for f in dataclasses.fields(t.config)}, set(t.variables),
+                           template={t.name, t.space().template}, is_path=True)
     else:
         space = t.space()
     print(f"search space {space.template}: {space.path}")
@@ -198,17 +200,34 @@ def cmd_space(args: argparse.Namespace) -> int:
 
 
 def _config_overrides(text: str | None) -> dict:
+    """``--config``: a JSON object of knob values, or the path of a file holding one."""
     if text is None:
         return {}
-    from pathlib import Path
-    source = Path(text).read_text() if not text.lstrip().startswith("{") and Path(text).exists() else text
+    import os
+    example = "e.g. --config '{\"tile_ow\": 4}'"
+    source, where = text, "--config"
+    if not text.lstrip().startswith(("{", "[")):  # a path, unless it is some other JSON value
+        if os.path.lexists(text) or not _is_json(text):
+            hint = f"give a JSON object of knob values ({example}) or the path of a file holding one"
+            if not os.path.lexists(text):
+                raise TunerError(f"cannot read --config file {text!r}: no such file; {hint}")
+            where = f"--config file {text!r}"
+            source = read_regular_file(text, "--config file", hint).decode("utf-8", errors="replace")
     try:
         values = json.loads(source)
-    except json.JSONDecodeError as e:
-        raise TunerError(f"--config is not valid JSON ({e}); e.g. --config '{{\"tile_ow\": 4}}'") from None
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise TunerError(f"{where} is not valid JSON ({e}); {example}") from None
     if not isinstance(values, dict):
-        raise TunerError("--config must be a JSON object of knob values, e.g. {\"tile_ow\": 4}")
+        raise TunerError(f"{where} must be a JSON object of knob values, {example}")
     return values
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 def cmd_op(args: argparse.Namespace) -> int:
@@ -239,16 +258,12 @@ def cmd_op(args: argparse.Namespace) -> int:
 def cmd_tune_op(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from tuner.measure import MeasureOptions
     from tuner.runtime.device import choose_device
     from tuner.search import tune
     t, wl = workload_from_args(args)
     info = choose_device(args.device)
     scopes = {k: args.scope for k in ("input", "weight", "output")} if args.scope else None
-    if args.trials < 1:
-        raise TunerError("--trials must be at least 1")
-    options = MeasureOptions(n_parallel=args.parallel, repeats=args.repeats, build_timeout=args.build_timeout,
-                             run_timeout=args.run_timeout)
+    options = measure_options(args)
     res = tune(t.name, wl, info, trials=args.trials, log=args.log, storage=args.storage, sampler=args.sampler,
                scopes=scopes, seed=args.seed, early_stopping=args.early_stopping, options=options,
                progress=not args.no_progress)
@@ -272,7 +287,7 @@ def cmd_tune_op(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tuner", description=__doc__.splitlines()[0])
+    parser = Parser(prog="tuner", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"tuner {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
@@ -312,13 +327,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log", metavar="PATH", help="JSONL log (default logs/<device fingerprint>.jsonl)")
     p.add_argument("--storage", metavar="URL", help="Optuna storage (default sqlite:///logs/studies.db beside "
                    "the log); a re-run resumes its study")
-    p.add_argument("--seed", type=int, default=0)
+    add_seed_arg(p)
     p.add_argument("--early-stopping", type=positive_int, metavar="N",
                    help="stop after N measurements without improvement")
-    p.add_argument("--parallel", type=positive_int, default=2, help="build processes (default 2)")
-    p.add_argument("--repeats", type=positive_int, default=5, help="timed runs per config (default 5)")
-    p.add_argument("--build-timeout", type=float, default=60.0, metavar="S")
-    p.add_argument("--run-timeout", type=float, default=30.0, metavar="S")
+    add_measure_args(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_device_arg(p)
     p.set_defaults(func=cmd_tune_op)
@@ -349,10 +361,52 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def _writable_folder(path, private: bool = False) -> str | None:
+    """None if ``path`` is (or can be made) a folder this process can write a file in, else why not. ``private``:
+    made readable by this user only, and refused unless this user owns it (a folder under the shared temp dir)."""
+    import os
+    import tempfile
+    from pathlib import Path
+    try:
+        Path(path).mkdir(mode=0o700 if private else 0o777, parents=True, exist_ok=True)
+        if private and hasattr(os, "getuid") and os.stat(path).st_uid != os.getuid():
+            return "owned by another user"
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".tuner-write-check-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
+def ensure_cache_folders() -> None:
+    """PoCL keeps its kernel cache in $POCL_CACHE_DIR, else $XDG_CACHE_HOME/pocl (~/.cache/pocl), and when it
+    cannot create that folder it reports no device at all; pyopencl's program cache ($XDG_CACHE_HOME/pyopencl)
+    then fails on every build. So before any OpenCL platform is enumerated: if the folder cannot be written,
+    point the variable at a private folder under the temp dir (for this process and the measuring processes it
+    starts), with a one-line warning that says which folder and how to choose another."""
+    import os
+    import tempfile
+    import warnings
+    from pathlib import Path
+    fallback = Path(tempfile.gettempdir()) / f"tuner-cache-{os.getuid() if hasattr(os, 'getuid') else 'user'}"
+    home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    for var, folder, instead in (("XDG_CACHE_HOME", home, fallback),
+                                 ("POCL_CACHE_DIR", os.environ.get("POCL_CACHE_DIR"), fallback / "pocl")):
+        why = _writable_folder(folder) if folder else None
+        if why is None or _writable_folder(instead, private=True) is not None:
+            continue
+        os.environ[var] = str(instead)
+        warnings.warn(f"the cache folder {folder} cannot be written ({why}): caching in {instead} instead; set "
+                      f"${var} to a writable folder to choose another", RuntimeWarning, stacklevel=2)
+
+
 def run() -> None:
-    """The console entry point (`tuner`, `python -m tuner`): warnings on one line each, once; then main()."""
+    """The console entry point (`tuner`, `python -m tuner`): warnings on one line each, once; cache folders that
+    can be written (``ensure_cache_folders``); then main()."""
     from tuner.console import setup_warnings
     setup_warnings()
+    ensure_cache_folders()
     sys.exit(main())
 
 

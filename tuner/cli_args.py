@@ -7,6 +7,19 @@ import argparse
 from tuner.runtime.device import DEVICE_ENV
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with the CLI's error line: ``error: --seed must be an integer from 0 to 4294967295, got -1``
+    (exit status 2, like a TunerError), then the command's usage. Subcommand parsers are of this class too."""
+
+    def error(self, message: str):
+        import re
+        m = re.match(r"argument ([^/:\s]+)(?:/[^:\s]+)*: (.*)", message, re.S)
+        if m:  # "argument --seed: must be ..." -> "--seed must be ..."; other messages keep a colon
+            flag, rest = m.groups()
+            message = f"{flag} {rest}" if rest.startswith("must ") else f"{flag}: {rest}"
+        self.exit(2, f"error: {message}\n{self.format_usage()}")
+
+
 def add_device_arg(parser: argparse.ArgumentParser, help: str = "device index or name substring") -> None:
     """The shared --device option; resolve it with choose_device(args.device)."""
     parser.add_argument("--device", "-d", metavar="SPEC", default=None,
@@ -14,15 +27,82 @@ def add_device_arg(parser: argparse.ArgumentParser, help: str = "device index or
                         "GPU that can build programs, else a CPU device that can: see `tuner devices`)")
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer of at least 1 (``--repeats 0`` would time nothing, ``--parallel 0`` hang)."""
+MAX_SEED = 2**32 - 1  # numpy's and Optuna's samplers take seeds below 2**32
+MAX_SECONDS = 7 * 24 * 3600.0  # a timeout of more than a week is a typo (and overflows select() far above)
+
+
+def _integer(text: str) -> int:
     try:
-        v = int(text)
+        return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+
+
+def int_at_least(least: int, why: str = ""):
+    """argparse type factory: an integer of at least ``least``; ``why`` says what a smaller one would do."""
+    def parse(text: str) -> int:
+        v = _integer(text)
+        if v < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, got {v}{why}")
+        return v
+    parse.__name__ = f"integer >= {least}"  # argparse names the type in its 'invalid ... value' message
+    return parse
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer of at least 1 (trials, repeats, build processes, ...: ``--repeats 0`` would
+    time nothing, ``--parallel 0`` measure nothing)."""
+    return int_at_least(1)(text)
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer of at least 0."""
+    return int_at_least(0)(text)
+
+
+def seed(text: str) -> int:
+    """argparse type: a sampler seed, 0 to 2**32 - 1 (what numpy's and Optuna's random generators take)."""
+    v = _integer(text)
+    if not 0 <= v <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"must be an integer from 0 to {MAX_SEED}, got {v}")
     return v
+
+
+def seconds(text: str) -> float:
+    """argparse type: a timeout in seconds, above 0 and at most a week (``inf`` and ``nan`` are refused)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (e.g. 60 or 2.5)") from None
+    if not v > 0 or v > MAX_SECONDS:  # `not v > 0` also catches nan
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0 and at most {MAX_SECONDS:.0f} "
+                                         f"(a week), got {text}")
+    return v
+
+
+def add_seed_arg(parser: argparse.ArgumentParser, default: int | None = 0, help: str | None = None) -> None:
+    """The shared --seed option (0 to 2**32 - 1)."""
+    parser.add_argument("--seed", type=seed, default=default, metavar="N",
+                        help=help or f"sampler seed, 0 to {MAX_SEED} (default {default})")
+
+
+def add_measure_args(parser: argparse.ArgumentParser, parallel_help: str = "build processes (default 2)") -> None:
+    """The shared measurement options of `tune`, `tune-op` and `worker`: --parallel, --repeats, --build-timeout
+    and --run-timeout, each validated where it enters; ``measure_options(args)`` makes the MeasureOptions."""
+    parser.add_argument("--parallel", type=positive_int, default=2, metavar="N", help=parallel_help)
+    parser.add_argument("--repeats", type=positive_int, default=5, metavar="N",
+                        help="timed runs per config (default 5)")
+    parser.add_argument("--build-timeout", type=seconds, default=60.0, metavar="S",
+                        help="seconds to build one config before it counts as failed (default 60)")
+    parser.add_argument("--run-timeout", type=seconds, default=30.0, metavar="S",
+                        help="seconds to run and time one config before it counts as failed (default 30)")
+
+
+def measure_options(args: argparse.Namespace):
+    """The MeasureOptions of the options ``add_measure_args`` added."""
+    from tuner.measure import MeasureOptions
+    return MeasureOptions(n_parallel=args.parallel, repeats=args.repeats, build_timeout=args.build_timeout,
+                          run_timeout=args.run_timeout)
 
 
 def activation(text: str) -> str:
@@ -58,8 +138,10 @@ def writable_file(path: str, flag: str = "-o"):
     return p
 
 
-def writable_dir(path: str, flag: str = "-o"):
-    """An output folder checked before any work: created if missing, and a file can be written in it."""
+def writable_dir(path: str, flag: str = "-o", create: bool = True):
+    """An output folder checked before any work: created if missing, and a file can be written in it. With
+    ``create=False`` nothing is left behind: a missing folder is only checked to be creatable (its nearest
+    existing parent is a folder this process may write), for a command that makes it once its work succeeded."""
     import os
     import tempfile
     from pathlib import Path
@@ -68,6 +150,17 @@ def writable_dir(path: str, flag: str = "-o"):
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise TunerError(f"{flag} {path!r} exists and is not a folder")
+    if not create and not p.is_dir():
+        parent = p.absolute().parent
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        if not parent.is_dir():
+            raise TunerError(f"{flag} {path!r} cannot be created or written ({str(parent)!r} is not a folder); "
+                             "choose another path")
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise TunerError(f"{flag} {path!r} cannot be created or written ({str(parent)!r} is not writable); "
+                             "choose another path")
+        return p
     try:
         p.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=p, prefix=".write-check-")
@@ -77,3 +170,68 @@ def writable_dir(path: str, flag: str = "-o"):
         raise TunerError(f"{flag} {path!r} cannot be created or written ({e.strerror or e}); "
                          "choose another path") from None
     return p
+
+
+_FILE_KINDS = (("S_ISDIR", "a directory"), ("S_ISFIFO", "a FIFO (named pipe)"), ("S_ISCHR", "a character device"),
+               ("S_ISBLK", "a block device"), ("S_ISSOCK", "a socket"))
+
+
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, in words: "a directory", "a FIFO (named pipe)", "a character device", ..."""
+    import stat
+    return next((what for test, what in _FILE_KINDS if getattr(stat, test)(mode)), "a special file")
+
+
+def _file_problem(mode: int) -> str | None:
+    import stat
+    return None if stat.S_ISREG(mode) else f"it is {file_kind(mode)}, not a regular file"
+
+
+def regular_file(path, what: str, hint: str = "", shown: str | None = None):
+    """``path`` as a Path if it names a regular file (symbolic links followed); else a TunerError, ``cannot read
+    WHAT 'PATH': no such file`` or ``...: it is a FIFO (named pipe), not a regular file`` (a FIFO or a device
+    would block or never end when read), then ``; HINT``. ``shown``: the path as the message shows it."""
+    import os
+    from pathlib import Path
+
+    from tuner.errors import TunerError
+    try:
+        problem = _file_problem(os.stat(path).st_mode)
+    except OSError as e:
+        problem = _os_problem(e)
+    if problem:
+        raise TunerError(_cannot_read(path, what, problem, hint, shown))
+    return Path(path)
+
+
+def read_regular_file(path, what: str, hint: str = "", shown: str | None = None) -> bytes:
+    """The bytes of the regular file ``path``. Opened non-blocking and checked on the open descriptor, so a FIFO
+    with no writer, ``/dev/zero`` or a directory is a TunerError naming ``what`` and the path (worded as in
+    ``regular_file``), never a hang."""
+    import os
+
+    from tuner.errors import TunerError
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise TunerError(_cannot_read(path, what, _os_problem(e), hint, shown)) from None
+    try:
+        problem = _file_problem(os.fstat(fd).st_mode)
+        if problem:
+            raise TunerError(_cannot_read(path, what, problem, hint, shown))
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError as e:
+        raise TunerError(_cannot_read(path, what, _os_problem(e), hint, shown)) from None
+    finally:
+        os.close(fd)
+
+
+def _os_problem(e: OSError) -> str:
+    return "no such file" if isinstance(e, FileNotFoundError) else (e.strerror or str(e))
+
+
+def _cannot_read(path, what: str, problem: str, hint: str, shown: str | None) -> str:
+    return f"cannot read {what} {shown if shown is not None else str(path)!r}: {problem}" + (f"; {hint}" if hint else "")

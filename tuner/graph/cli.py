@@ -10,13 +10,16 @@ from pathlib import Path
 
 import numpy as np
 
-from tuner.cli_args import add_device_arg, writable_dir, writable_file
+from tuner.cli_args import (add_device_arg, add_measure_args, add_seed_arg, int_at_least, measure_options,
+                            non_negative_int, positive_int, read_regular_file, regular_file, writable_dir,
+                            writable_file)
 from tuner.errors import TunerError
 
 
 def _model_path(path: str) -> str:
-    if not Path(path).exists():
+    if not os.path.lexists(path):
         raise TunerError(f"no model file {path!r} (write one with `tuner zoo mobilenet_v2 -o {path}`)")
+    regular_file(path, "model", "give an ONNX file")
     return path
 
 
@@ -45,8 +48,6 @@ def _add_model_args(p, scope_help: str) -> None:
 
 def cmd_zoo(args) -> int:
     from .zoo import write_model
-    if args.input_size is not None and args.input_size < 32:
-        raise TunerError(f"--input-size {args.input_size}: the zoo's networks downsample by 32, so at least 32")
     writable_file(args.output, "-o")
     kwargs = {"input_size": args.input_size} if args.input_size is not None else {}
     path = write_model(args.name, args.output, **kwargs)
@@ -58,7 +59,7 @@ def cmd_compile(args) -> int:
     from .compiler import compile_model
     if args.target and args.device:
         raise TunerError("--device or --target: compile for an attached device or for a device profile, not both")
-    writable_dir(args.output, "-o")
+    writable_dir(args.output, "-o", create=False)  # made by save() only once the compile succeeded
     try:
         mod = compile_model(_model_path(args.model), log=args.log, device=args.device, scope=args.scope,
                             dtype=args.dtype, input_shapes=_input_shapes(args.input_shape),
@@ -68,7 +69,10 @@ def cmd_compile(args) -> int:
             raise TunerError(f"{e}\nto compile for a device that is not attached, pass its profile: --target "
                              f"PROFILE.json, written on that device by `tuner devices --json --device D`") from None
         raise
-    mod.save(args.output)
+    try:
+        mod.save(args.output)
+    except OSError as e:
+        raise TunerError(f"cannot write the artifact to -o {args.output!r}: {e.strerror or e}") from None
     tuned = sum(n.tuned for n in mod.spec.nodes)
     total = sum(n.template is not None for n in mod.spec.nodes)
     where = mod.spec.device
@@ -102,32 +106,82 @@ def print_profile(prof: dict, file=None) -> None:
     print(f"kernels {prof['kernel_total_s'] * 1e3:.3f} ms, end to end {prof['total_s'] * 1e3:.3f} ms", file=file)
 
 
+def _run_inputs(specs, names: list) -> dict:
+    """``--input``: ``X.npy`` for a one-input model, else ``NAME=X.npy`` once per model input -> {name: path}."""
+    per_input = f"give one --input NAME=X.npy per model input ({', '.join(names)})"
+    given: dict = {}
+    for s in specs:
+        name, sep, path = s.partition("=")
+        if sep and name in names:
+            pass
+        elif sep and not os.path.lexists(s):
+            raise TunerError(f"--input {s!r}: the model has no input {name!r}; {per_input}")
+        elif len(names) == 1 and len(specs) == 1:
+            name, path = names[0], s
+        elif len(names) == 1:
+            raise TunerError(f"--input is given {len(specs)} times; the model takes one input ({names[0]!r}): give "
+                             "one --input X.npy")
+        else:
+            raise TunerError(f"--input {s!r} does not say which input it is: the model takes {len(names)} inputs; "
+                             f"{per_input}")
+        if name in given:
+            raise TunerError(f"--input {name}=... is given twice; {per_input}")
+        given[name] = path
+    missing = [n for n in names if n not in given]
+    if missing:
+        raise TunerError(f"no --input for {', '.join(map(repr, missing))}; {per_input}")
+    return given
+
+
+def _load_npy(path: str, shown: str | None = None) -> np.ndarray:
+    """An --input array; ``shown``: the option's value as the messages show it (``NAME=X.npy``)."""
+    import io
+    shown = shown if shown is not None else path
+    data = read_regular_file(path, "--input", "give a .npy file written by numpy.save", shown)
+    try:
+        return np.load(io.BytesIO(data), allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        raise TunerError(f"cannot read --input {shown!r} as a .npy array: {e}") from None
+
+
+def _save_npy(path: Path, array: np.ndarray, flag: str) -> None:
+    """``array`` to exactly ``path`` (np.save(path) would append ".npy"), atomically: a temporary file beside
+    it, renamed over it once complete, so a failure leaves no partial or empty file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            np.save(fh, array)
+        os.replace(tmp, path)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise TunerError(f"cannot write {flag} {str(path)!r}: {e.strerror or e}") from None
+
+
 def cmd_run(args) -> int:
     from .module import load_module
-    if args.repeat < 1:
-        raise TunerError(f"--repeat must be at least 1, got {args.repeat}")
     out_path = writable_file(args.output, "--output") if args.output else None
     mod = load_module(args.artifact, device=args.device)
+    if out_path is not None and not mod.spec.outputs:
+        raise TunerError(f"{args.artifact} computes no outputs (its graph lists none): nothing to write to "
+                         f"--output {args.output!r}; recompile a model that has outputs, or leave out --output")
+    names = list(mod.spec.inputs)
+    sources = _run_inputs(args.input, names) if args.input else {}  # checked before anything is built
     st = mod.load_stats
     print(f"loaded {args.artifact} on {mod.device.info.name} ({mod.device.fingerprint}) in {st['seconds']:.3f} s: "
           f"{st['programs']} programs, {st['binary']} from cached binaries, {st['source']} built from source")
-    shapes = [mod.spec.entries[n].shape for n in mod.spec.inputs]
-    if args.input:
-        try:
-            x = np.load(args.input, allow_pickle=False)
-        except (OSError, ValueError, EOFError) as e:
-            raise TunerError(f"cannot read --input {args.input!r} as a .npy array: {e}") from None
-        xs = [x]
+    if sources:
+        xs = {n: _load_npy(p, None if len(names) == 1 else f"{n}={p}") for n, p in sources.items()}
     else:  # a fixed random input, so repeated runs compare
-        xs = [np.random.default_rng(0).standard_normal(s).astype(np.float32) for s in shapes]
+        rng = np.random.default_rng(0)
+        xs = {n: rng.standard_normal(mod.spec.entries[n].shape).astype(np.float32) for n in names}
     outs = mod.run(xs)
     if out_path is not None:
-        try:
-            with open(out_path, "wb") as fh:  # exactly this name: np.save(path) would append ".npy"
-                np.save(fh, outs[0])
-        except OSError as e:
-            raise TunerError(f"cannot write --output {args.output!r}: {e.strerror}") from None
-        print(f"wrote {out_path} {list(outs[0].shape)}")
+        _save_npy(out_path, outs[0], "--output")
+        which = f" (output {mod.spec.outputs[0]!r}, the first of {len(outs)})" if len(outs) > 1 else ""
+        print(f"wrote {out_path} {list(outs[0].shape)}{which}")
     costs = mod.time(args.repeat)
     print(f"{mod.device.info.name}: median latency {statistics.median(costs) * 1e3:.3f} ms over {args.repeat} runs")
     if args.profile:
@@ -157,10 +211,11 @@ def _tune_shared(args) -> int:
         print(f"on each device: tuner worker --storage URL --study-prefix {prefix}")
         return 0
     cmd = [sys.executable, "-m", "tuner", "worker", "--storage", args.storage, "--study-prefix", prefix,
-           "--no-progress", "--parallel", str(args.parallel), "--repeats", str(args.repeats)]
+           "--no-progress", "--parallel", str(args.parallel), "--repeats", str(args.repeats),
+           "--build-timeout", str(args.build_timeout), "--run-timeout", str(args.run_timeout)]
     if args.device:
         cmd += ["--device", args.device]
-    procs = [subprocess.Popen(cmd + ["--seed", str(args.seed + i), "--log", f"{args.log or 'logs/worker'}.{i}.jsonl"])
+    procs = [subprocess.Popen(cmd + ["--seed", str((args.seed + i) % 2**32), "--log", f"{args.log or 'logs/worker'}.{i}.jsonl"])
              for i in range(args.workers)]
     codes = [p.wait() for p in procs]
     from tuner.runtime.device import choose_device
@@ -172,7 +227,6 @@ def _tune_shared(args) -> int:
 
 
 def cmd_tune(args) -> int:
-    from tuner.measure import MeasureOptions
     if args.workers is not None:
         return _tune_shared(args)
 
@@ -180,7 +234,7 @@ def cmd_tune(args) -> int:
     res = tune_model(_model_path(args.model), log=args.log, trials=args.trials, device=args.device,
                      scope=args.scope, storage=args.storage, sampler=args.sampler, seed=args.seed, dtype=args.dtype,
                      input_shapes=_input_shapes(args.input_shape), min_trials=args.min_trials,
-                     options=MeasureOptions(n_parallel=args.parallel, repeats=args.repeats),
+                     options=measure_options(args),
                      progress=not args.no_progress, early_stopping=args.early_stopping,
                      say=lambda line: print(line, flush=True))
     _print_tune_summary(res)
@@ -197,8 +251,10 @@ def _print_tune_summary(res) -> None:
         early = "  (stopped early)" if tr.stopped_early else ""
         print(f"  x{tr.task.count} {describe(tr.task):<44} budget {tr.budget:>3}  new {tr.measured:>3}  {b}{early}")
     if res.failed:
-        print(f"{len(res.failed)} of {len(res.tasks)} tasks have no valid measurement (exit status 1); see "
-              f"`tuner logs {res.log}` for the error messages:")
+        logged = os.path.isfile(res.log) and os.path.getsize(res.log) > 0
+        where = (f"see `tuner logs {res.log}` for the error messages" if logged else
+                 f"nothing was measured, so {res.log} holds no error messages")
+        print(f"{len(res.failed)} of {len(res.tasks)} tasks have no valid measurement (exit status 1); {where}:")
         for tr in res.failed:
             print(f"  {describe(tr.task)}: {tr.failure_text()}")
     if res.estimate is not None:
@@ -249,11 +305,15 @@ def cmd_demo(args) -> int:
     return 0 if err <= 1e-4 else 1
 
 
+ZOO_SIZE = int_at_least(32, " (the zoo's networks downsample by 32)")
+
+
 def register(sub) -> None:
     p = sub.add_parser("zoo", help="write a zoo model (real architecture, random weights) as ONNX")
     p.add_argument("name", help="mobilenet_v2 or resnet18")
     p.add_argument("-o", "--output", required=True, metavar="FILE")
-    p.add_argument("--input-size", type=int, default=None, help="input height and width (default 224)")
+    p.add_argument("--input-size", type=ZOO_SIZE, default=None, help="input height and width, at least 32 "
+                   "(default 224)")
     p.set_defaults(func=cmd_zoo)
 
     p = sub.add_parser("compile", help="compile an ONNX model with tuned configs into an artifact directory")
@@ -268,9 +328,10 @@ def register(sub) -> None:
 
     p = sub.add_parser("run", help="run a compiled artifact: latency, outputs, per-layer profile")
     p.add_argument("artifact", metavar="DIR")
-    p.add_argument("--input", metavar="X.npy", help="input array (default: a fixed random one)")
+    p.add_argument("--input", action="append", metavar="[NAME=]X.npy", help="input array: X.npy for a model of "
+                   "one input, else NAME=X.npy once per input (default: fixed random ones)")
     p.add_argument("--output", metavar="Y.npy", help="save the first output")
-    p.add_argument("--repeat", type=int, default=20, help="timed runs (default 20)")
+    p.add_argument("--repeat", type=positive_int, default=20, help="timed runs (default 20)")
     p.add_argument("--profile", action="store_true", help="per-layer table; also written to DIR/profile.json")
     add_device_arg(p)
     p.set_defaults(func=cmd_run)
@@ -278,27 +339,27 @@ def register(sub) -> None:
     p = sub.add_parser("tune", help="tune every kernel of an ONNX model, the budget shared by weight")
     p.add_argument("model", help="ONNX file")
     p.add_argument("--log", metavar="PATH", help="JSONL log (default logs/<device fingerprint>.jsonl)")
-    p.add_argument("--trials", type=int, default=200, help="measurements for the whole model (default 200)")
+    p.add_argument("--trials", type=positive_int, default=200, help="measurements for the whole model (default 200)")
     from .tuning import MIN_TRIALS
-    p.add_argument("--min-trials", type=int, default=MIN_TRIALS, metavar="N",
+    p.add_argument("--min-trials", type=positive_int, default=MIN_TRIALS, metavar="N",
                    help=f"at least this many per task (default {MIN_TRIALS}, what `compare` needs per side)")
-    p.add_argument("--early-stopping", type=int, metavar="N", help="each task stops after N measurements without "
-                   "improvement (its unspent budget is not measured)")
+    p.add_argument("--early-stopping", type=positive_int, metavar="N", help="each task stops after N measurements "
+                   "without improvement (its unspent budget is not measured)")
     p.add_argument("--storage", metavar="URL", help="Optuna storage (default sqlite beside the log)")
     p.add_argument("--sampler", choices=("xgb", "tpe", "random"), default="xgb")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workers", type=int, metavar="N", help="with --storage: register the tasks for `tuner worker`s "
-                   "(0: register and return; N: also run N workers here, then export their records to the log)")
-    p.add_argument("--parallel", type=int, default=2, help="build processes (default 2)")
-    p.add_argument("--repeats", type=int, default=5, help="timed runs per config (default 5)")
+    add_seed_arg(p, help="sampler seed, 0 to 2**32-1 (default 0; with --workers, worker i gets seed + i)")
+    p.add_argument("--workers", type=non_negative_int, metavar="N", help="with --storage: register the tasks for "
+                   "`tuner worker`s (0: register and return; N: also run N workers here, then export their records "
+                   "to the log)")
+    add_measure_args(p)
     p.add_argument("--no-progress", action="store_true")
     _add_model_args(p, "texture, buffer, or auto: tune both and the boundaries between them (default)")
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("demo", help="zoo model -> tune briefly -> compile -> run -> compare with onnxruntime")
     p.add_argument("--model", default="resnet18", choices=("mobilenet_v2", "resnet18"))
-    p.add_argument("--input-size", type=int, default=64)
-    p.add_argument("--trials", type=int, default=48, help="measurements for the whole model (default 48)")
+    p.add_argument("--input-size", type=ZOO_SIZE, default=64, help="input height and width, at least 32 (default 64)")
+    p.add_argument("--trials", type=positive_int, default=48, help="measurements for the whole model (default 48)")
     p.add_argument("--scope", choices=("auto", "texture", "buffer"), default="auto")
     p.add_argument("--dir", default="build/demo", help="where the model, log and artifact go")
     add_device_arg(p)

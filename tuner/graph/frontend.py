@@ -64,12 +64,33 @@ def _load(model_or_path) -> onnx.ModelProto:
         return model_or_path
     if not isinstance(model_or_path, (str, os.PathLike)):
         raise TunerError(f"from_onnx expects an onnx.ModelProto or a path, got {type(model_or_path).__name__}")
+    import stat
+    path = os.fspath(model_or_path)
     try:
-        return onnx.load(os.fspath(model_or_path))
+        st = os.stat(path)
     except FileNotFoundError:
-        raise TunerError(f"ONNX model {os.fspath(model_or_path)!r} does not exist") from None
+        raise TunerError(f"ONNX model {path!r} does not exist") from None
+    except OSError as e:
+        raise TunerError(f"cannot read ONNX model {path!r}: {e.strerror or e}") from None
+    if not stat.S_ISREG(st.st_mode):  # a FIFO or a device would block or never end
+        from tuner.cli_args import file_kind
+        raise TunerError(f"ONNX model {path!r} is {file_kind(st.st_mode)}, not a regular file")
+    if st.st_size == 0:
+        raise TunerError(f"ONNX model {path!r} is an empty file (0 bytes), not an ONNX model")
+    try:
+        model = onnx.load(path)
+    except FileNotFoundError:
+        raise TunerError(f"ONNX model {path!r} does not exist") from None
     except Exception as e:  # protobuf raises DecodeError and friends for a file that is not a model
-        raise TunerError(f"cannot read ONNX model {os.fspath(model_or_path)!r}: {e}") from None
+        raise TunerError(f"cannot read ONNX model {path!r}: {e}") from None
+    if _not_a_model(model):
+        raise TunerError(f"{path!r} is not an ONNX model: it holds no ir_version, opset import or graph")
+    return model
+
+
+def _not_a_model(model: onnx.ModelProto) -> bool:
+    """Bytes that happen to parse as a protobuf message (or an empty one) give a ModelProto of nothing."""
+    return not model.ir_version and not model.opset_import and not model.HasField("graph")
 
 
 @dataclass
@@ -106,6 +127,8 @@ class _Converter(MovementOps):
     def __init__(self, model: onnx.ModelProto, input_shapes: dict):
         self.model = model
         self.g = model.graph
+        if _not_a_model(model):
+            raise TunerError("the ModelProto is empty: it holds no ir_version, opset import or graph; not an ONNX model")
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
         if self.opset is None:
             raise TunerError("the ONNX model imports no default-domain (ai.onnx) opset")
@@ -125,8 +148,30 @@ class _Converter(MovementOps):
         self.inputs = [i.name for i in self.g.input if i.name not in self.consts]
         self._input_shapes(input_shapes)
         self.tensor_names.update(self.consts, self.inputs)
+        self._check_single_definitions()
         for node in self.g.node:
             self.tensor_names.update(t for t in node.output if t)
+
+    def _check_single_definitions(self):
+        """Every tensor has one definition (static single assignment, as ONNX requires and onnxruntime checks):
+        a graph input, an initializer, or one output of one node."""
+        where: dict = {}
+        for vi in self.g.input:
+            where.setdefault(vi.name, "the graph input")
+        for init in self.g.initializer:
+            if init.name not in where:
+                where[init.name] = "an initializer"
+        for index, node in enumerate(self.g.node):
+            label = (f"node {node.name!r} (#{index}, {node.op_type})" if node.name
+                     else f"node #{index} ({node.op_type})")
+            for t in node.output:
+                if not t:
+                    continue
+                if t in where:
+                    raise TunerError(f"ONNX tensor {t!r} is defined twice: by {where[t]} and by {label}; each "
+                                     "tensor must be the output of exactly one node (or an input or initializer), "
+                                     "so rename one of them")
+                where[t] = label
 
     # -- inputs -----------------------------------------------------------------------------------------------
 
@@ -163,8 +208,11 @@ class _Converter(MovementOps):
             if bad:
                 axis, d = bad[0]
                 example = ",".join(str(x) if isinstance(x, int) and x > 0 else "1" for x in dims)
-                raise TunerError(f"ONNX input {vi.name!r} has symbolic dimension {d!r} at axis {axis} (shape "
-                                 f"{tuple(dims)}); pass concrete dims with input_shapes={{{vi.name!r}: "
+                what = (f"symbolic dimension {d!r}" if not isinstance(d, int) else
+                        "a zero-size dimension (an empty tensor: nothing to compute)" if d == 0 else
+                        f"a negative dimension {d}")
+                raise TunerError(f"ONNX input {vi.name!r} has {what} at axis {axis} (shape "
+                                 f"{tuple(dims)}); pass {'concrete' if what.startswith('sym') else 'positive'} dims with input_shapes={{{vi.name!r}: "
                                  f"({example.replace(',', ', ')})}} (CLI: --input-shape {vi.name}={example})")
             self.shapes[vi.name] = tuple(dims)
 
