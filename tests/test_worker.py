@@ -199,7 +199,7 @@ def test_tasks_register_once_per_identity_and_carry_their_budget(tmp_path):
     (["--storage", "journal:{tmp}/s.journal", "--study-prefix", "p"], "no tasks registered under prefix 'p'"),
     (["--storage", "journal:{tmp}/s.journal", "--tasks", "{tmp}/missing.json"], "--tasks"),
     (["--storage", "journal:{tmp}/s.journal", "--study-prefix", "p", "--grace", "5", "--heartbeat", "5"], "grace"),
-    (["--storage", "journal:{tmp}/s.journal", "--study-prefix", "p", "--max-trials", "0"], "max_trials"),
+    (["--storage", "journal:{tmp}/s.journal", "--study-prefix", "p", "--max-trials", "0"], "--max-trials must be at least 1"),
 ])
 def test_worker_cli_errors(tmp_path, capsys, argv, message):
     assert main(["worker", *(a.format(tmp=tmp_path) for a in argv)]) == 2
