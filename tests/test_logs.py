@@ -83,12 +83,16 @@ def test_record_round_trip(conv, wl, device):
 
 WRITER = textwrap.dedent("""
     import sys
+    from types import SimpleNamespace
     from tuner.logs import Record, append_records
+    from tuner.templates import get_template
     path, w = sys.argv[1], int(sys.argv[2])
-    for i in range(200):
-        append_records(path, [Record(version=1, template="conv2d", workload={"w": w, "i": i},
-                                     scopes={"input": "texture"}, config={"i": i}, device="dev",
-                                     costs=[1e-3] * 100, median_s=1e-3, error_msg="x" * 4000)])
+    conv = get_template("conv2d")
+    wl = conv.workload(data=(1, 8, 8, 8), kernel=(8, 8, 3, 3), padding=1)
+    info = SimpleNamespace(fingerprint="dev", name="dev", platform="p", driver_version="1")
+    for i in range(200):  # long lines (4 KB of message), so that interleaved writes would tear them
+        append_records(path, [Record.new("conv2d", wl, conv.config(), info, costs=[1e-3] * 100, trial=i,
+                                         study=f"w{w}", error_msg="x" * 4000)])
 """)
 
 
@@ -99,8 +103,7 @@ def test_concurrent_appends(tmp_path):
     lines = path.read_text().splitlines()
     assert len(lines) == 800 and all(isinstance(json.loads(line), dict) for line in lines)
     records = load_records(path)
-    assert sorted((r.workload["w"], r.workload["i"]) for r in records) == [(w, i) for w in range(4)
-                                                                           for i in range(200)]
+    assert sorted((int(r.study[1:]), r.trial) for r in records) == [(w, i) for w in range(4) for i in range(200)]
 
 
 PROBER = textwrap.dedent("""
@@ -125,7 +128,7 @@ def test_concurrent_writability_probes_on_fresh_logs(tmp_path):
     assert not path.exists()  # probes leave no empty log behind
 
 
-def test_bad_lines_skipped_with_one_warning(tmp_path, conv, wl, device, caught):
+def test_bad_lines_skipped_with_one_warning_per_kind(tmp_path, conv, wl, device, caught):
     path = tmp_path / "log.jsonl"
     good = [rec(conv, wl, conv.config(tile_ow=n), device, n * 1e-3) for n in (1, 2, 4)]
     newer = {**json.loads(good[0].to_json()), "version": SCHEMA_VERSION + 1}
@@ -139,13 +142,15 @@ def test_bad_lines_skipped_with_one_warning(tmp_path, conv, wl, device, caught):
     with open(path, "a") as f:
         f.write(good[0].to_json()[:57])  # torn by a killed writer
     assert load_records(path) == good[:2] + good[2:]
-    # garbage + newer + not-an-object + torn
-    assert len(caught) == 1
-    msg = str(caught[0].message)
-    assert "skipped 4 bad lines" in msg and "first at line 5" in msg and str(path) in msg
+    # garbage and torn (lines 5 and 9), newer (6), not an object (7): three kinds, three warnings
+    msgs = [str(w.message) for w in caught]
+    assert len(msgs) == 3 and all(str(path) in m for m in msgs)
+    assert "skipped 2 bad lines (torn or not JSON), first at line 5" in msgs[0]
+    assert "skipped 1 bad line (from a newer tuner), first at line 6" in msgs[1]
+    assert "skipped 1 bad line (a field of the wrong type), first at line 7" in msgs[2]
 
 
-def test_truncated_garbage_newer_count_three(tmp_path, conv, wl, device, caught):
+def test_truncated_garbage_newer_are_counted_by_kind(tmp_path, conv, wl, device, caught):
     path = tmp_path / "log.jsonl"
     good = [rec(conv, wl, conv.config(tile_ow=n), device, n * 1e-3) for n in (1, 2)]
     append_records(path, good)
@@ -154,14 +159,15 @@ def test_truncated_garbage_newer_count_three(tmp_path, conv, wl, device, caught)
         f.write(json.dumps({**json.loads(good[0].to_json()), "version": SCHEMA_VERSION + 1}) + "\n")
         f.write(good[1].to_json()[:40])
     assert load_records(path) == good
-    assert len(caught) == 1 and "skipped 3 bad lines" in str(caught[0].message)
-    assert "first at line 3" in str(caught[0].message)
+    expected = ["skipped 2 bad lines (torn or not JSON), first at line 3",
+                "skipped 1 bad line (from a newer tuner), first at line 4"]
+    assert [e in str(w.message) for e, w in zip(expected, caught)] == [True, True] and len(caught) == 2
     # a writer appending after a torn line does not glue its record onto it
     caught.clear()
     extra = rec(conv, wl, conv.config(tile_ow=8), device, 5e-3)
     append_records(path, extra)
     assert load_records(path) == good + [extra]
-    assert len(caught) == 1 and "skipped 3 bad lines" in str(caught[0].message)
+    assert [e in str(w.message) for e, w in zip(expected, caught)] == [True, True] and len(caught) == 2
 
 
 def test_globs_and_lists(tmp_path, conv, wl, device, caught):

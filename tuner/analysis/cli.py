@@ -135,9 +135,34 @@ def best_table(best, width: int | None = None) -> str:
     return _fitted(format_table(head, rows, right={k + 1, k + 2, k + 3}, width=width, fit=fit), width, head)
 
 
+def cmd_merge(args: argparse.Namespace) -> int:
+    """``tuner logs --merge SOURCE... -o LOG``: append the valid records of the sources (the side files a full
+    disk left, ``LOG.rescued-*.jsonl``) that LOG does not hold yet, under LOG's lock; LOG's torn last line is
+    ended first, so no merged record is glued onto it. Safe to run twice: the second run adds nothing."""
+    from tuner.logs.io import merge_records
+    if not args.output:
+        raise TunerError("--merge appends to a log: name it with -o, e.g. tuner logs --merge 'L.jsonl.rescued-*.jsonl' "
+                         "-o L.jsonl")
+    extra = [flag for flag, on in (("--best", args.best), ("--format", args.format), ("--storage", args.storage),
+                                   ("--study", args.study), ("--device", args.device)) if on]
+    if extra:
+        raise TunerError(f"--merge takes source logs and -o LOG only, not {', '.join(extra)}")
+    res = merge_records(args.paths, args.output)
+    if not res.sources:
+        print(f"nothing to merge: {' '.join(args.paths)} matches no log", file=sys.stderr)
+        return 0
+    bad = f"; {res.skipped} bad line{'s' * (res.skipped != 1)} skipped (see the warnings)" if res.skipped else ""
+    print(f"merged {res.added} record{'s' * (res.added != 1)} from {len(res.sources)} file"
+          f"{'s' * (len(res.sources) != 1)} into {res.log} ({res.present} already there{bad}); the merged files "
+          f"can be deleted", file=sys.stderr)
+    return 0
+
+
 def cmd_logs(args: argparse.Namespace) -> int:
     from tuner.analysis.compare import select_device
     from tuner.analysis.summary import best_rows, summarize
+    if args.merge:
+        return cmd_merge(args)
     if args.storage or args.study:  # shared studies (tuner worker) -> a normal JSONL log, then as usual
         from tuner.search.worker import export_study_records
         if not (args.storage and args.study and len(args.paths) == 1):
@@ -262,8 +287,11 @@ def register(sub) -> None:
     p.add_argument("--format", choices=("table", "csv", "parquet", "json"),
                    help="table (default), or an export of every record (with --best: the best ones); "
                         "default from -o's suffix")
-    p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout (with --merge: the log to "
+                   "append to)")
     p.add_argument("--device", "-d", metavar="SPEC", help=device_help)
+    p.add_argument("--merge", action="store_true", help="append the valid records of PATH... (e.g. the side files "
+                   "'LOG.rescued-*.jsonl' a full disk left) that the log -o LOG does not hold yet, under its lock")
     p.set_defaults(func=cmd_logs)
 
     p = sub.add_parser("compare", help="best texture config against best buffer config per workload")

@@ -27,8 +27,6 @@ import dataclasses
 import io
 import json
 import os
-import re
-import warnings
 from pathlib import Path
 from typing import Iterable
 
@@ -37,9 +35,9 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401 -- pa.compute
 import pyarrow.json as pa_json
 
-from tuner.errors import ErrorCode, TunerError
-from tuner.logs.io import TuningLogWarning, expand_paths
-from tuner.logs.record import SCHEMA_VERSION, SCOPE_OPERANDS, SCOPES, Record, canonical_json
+from tuner.errors import TunerError
+from tuner.logs.io import SkippedLines, expand_paths, open_regular
+from tuner.logs.record import SCOPE_OPERANDS, InvalidRecordError, Record, canonical_json, check_line
 
 # The columns every frame has, in order; wl.* and cfg.* columns are inserted after the SCOPE block.
 HEAD = ["task", "workload", "workload_key", "template", "device", "device_name", "platform", "driver"]
@@ -132,8 +130,8 @@ def scopes_label(scopes: dict) -> str:
 
 # ------------------------------------------------------------------------------------- arrow tables
 #
-# Both ways in -- a clean file read by pyarrow's multi-threaded JSON reader, or Records from the tolerant
-# per-line reader -- meet in one arrow table with the record's scalar fields and one column per
+# Both ways in -- checked lines read by pyarrow's multi-threaded JSON reader, or Records where pyarrow reads
+# the lines otherwise than json.loads -- meet in one arrow table with the record's scalar fields and one column per
 # workload/config/scopes field (``workload.data``, ``config.tile_oc``, ...), which ``_frame`` turns into
 # the DataFrame. One conversion keeps both ways' dtypes identical.
 
@@ -148,78 +146,14 @@ _is_str = lambda t: pa.types.is_string(t) or pa.types.is_large_string(t) or pa.t
 _is_num = lambda t: pa.types.is_floating(t) or pa.types.is_integer(t) or pa.types.is_null(t)  # noqa: E731
 
 
-def _all(mask) -> bool:
-    return bool(pa.compute.all(mask, skip_nulls=False).as_py() is not False) if len(mask) else True
-
-
-def _times_ok(column) -> bool:
-    """Every value null or a finite number >= 0 (``validate_record``'s times, GFLOP/s and errors)."""
-    x = column.cast(pa.float64())
-    return _all(pa.compute.or_kleene(pa.compute.is_null(x), pa.compute.and_kleene(pa.compute.is_finite(x),
-                                                                                  pa.compute.greater_equal(x, 0))))
-
-
-def _scalar_type(t, lists: bool = False) -> bool:
-    if lists and (pa.types.is_list(t) or pa.types.is_large_list(t)):
-        return _is_num(t.value_type) or pa.types.is_boolean(t.value_type)
-    return _is_num(t) or _is_str(t) or pa.types.is_boolean(t)
-
-
-def _values_ok(table: pa.Table, raw: bytes) -> bool:
-    """The value checks of ``validate_record`` over a whole table: times, costs, error codes and names, config
-    knobs (flat int/float/str/bool; an explicit null is looked for in ``raw``), workload fields and scopes."""
-    names, pc = set(table.column_names), pa.compute
-    if not all(_times_ok(table[c]) for c in ("median_s", "gflops", "max_rel_error", "duration_s") if c in names):
-        return False
-    if "costs" in names:
-        flat = pc.list_flatten(table["costs"])
-        if flat.null_count or not _times_ok(flat):
-            return False
-    if "trial" in names and not _all(pc.or_kleene(pc.is_null(table["trial"]),
-                                                  pc.greater_equal(table["trial"].cast(pa.float64()), 0))):
-        return False
-    for c in ("template", "device"):
-        if not _all(pc.greater(pc.utf8_length(pc.utf8_trim_whitespace(table[c])), 0)):
-            return False
-    codes = {int(c): c.name for c in ErrorCode}
-    for code in pc.unique(table["error_code"]).to_pylist():
-        if code not in codes:
-            return False
-        if "error_name" in names:
-            these = pc.filter(table["error_name"], pc.equal(table["error_code"], code))
-            if not _all(pc.equal(these, codes[code])):
-                return False
-    workload, config, scopes = (table[c].type for c in _STRUCTS)
-    if not all(f.name and _scalar_type(f.type) and not pa.types.is_null(f.type) for f in config):
-        return False
-    floats = [f.name for f in config if pa.types.is_floating(f.type)]
-    strings = [f.name for f in config if _is_str(f.type)]
-    column = table["config"].combine_chunks()
-    if not all(_times_ok(pc.abs(column.field(f))) for f in floats):  # finite (the sign is free)
-        return False
-    if any("}" in f.name for f in config) or any(pc.any(pc.match_substring(column.field(f), "}")).as_py()
-                                                 for f in strings):
-        return False  # the raw scan below could stop at that brace: let the line reader decide
-    if re.search(rb'"config"\s*:\s*\{[^}]*\bnull\b', raw):
-        return False
-    if not all(_scalar_type(f.type, lists=True) for f in workload):
-        return False
-    if not all(f.name in SCOPE_OPERANDS for f in scopes):
-        return False
-    column = table["scopes"].combine_chunks()
-    return all(_all(pc.or_kleene(pc.is_null(column.field(f.name)), pc.is_in(column.field(f.name),
-                                                                             pa.array(SCOPES))))
-               for f in scopes)
-
-
-def _clean_table(source) -> pa.Table | None:
-    """JSON lines (a path or a file object) read by pyarrow, flattened, or None when they are anything but
-    clean (a torn or invalid line, a field of an unexpected type or value, a newer schema). The checks are
-    ``Record.from_dict``'s (``validate_record``)."""
+def _clean_table(raw: bytes) -> pa.Table | None:
+    """JSON lines already checked by ``validate_record`` (``_file_table``) read by pyarrow and flattened, or
+    None when pyarrow reads them otherwise than json.loads did (a field of two types, a key given twice):
+    then the caller builds the table from Records. The type checks here are about pyarrow's inference, not
+    about the records, which are valid."""
     try:
-        raw = source.getvalue() if isinstance(source, io.BytesIO) else Path(source).read_bytes()
         table = pa_json.read_json(io.BytesIO(raw))
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError):
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
     schema, names = table.schema, set(table.column_names)
     required = {"version": pa.types.is_integer, "error_code": pa.types.is_integer, "template": pa.types.is_string,
@@ -234,10 +168,6 @@ def _clean_table(source) -> pa.Table | None:
         t = schema.field("costs").type
         if not (pa.types.is_list(t) and _is_num(t.value_type)) or table["costs"].null_count:
             return None
-    if not 1 <= pa.compute.min(table["version"]).as_py() <= pa.compute.max(table["version"]).as_py() <= SCHEMA_VERSION:
-        return None
-    if not _values_ok(table, raw):
-        return None
     n = table.num_rows
     cols = {c: table[c] for c in _STR + _NUM if c in names}
     cols.update({c: pa.nulls(n) if _DEFAULTS[c] is None else pa.array([_DEFAULTS[c]] * n)
@@ -389,38 +319,51 @@ def records_frame(records: Iterable[Record]) -> pd.DataFrame:
     return _frame(_with_log(_records_table(list(records)), ""))
 
 
-CHUNK_LINES = 2000  # lines per pyarrow read when salvaging a file with bad lines
+CHUNK_LINES = 2000  # lines per pyarrow read when the whole file is not one table for pyarrow
 
 
 def _file_table(path: Path) -> pa.Table:
-    """One log file as a flattened table: in one pyarrow read when the file is clean; otherwise chunk by
-    chunk, so that a torn line costs one chunk's per-line parsing, not the whole file's. Bad lines are
-    skipped with one ``TuningLogWarning`` per file, worded as ``tuner.load_records`` words it."""
-    table = _clean_table(path)
-    if table is not None:
+    """One log file as a flattened table. Every line is checked as every reader checks it
+    (``tuner.logs.record.check_line``: size and nesting before json.loads, then ``validate_record``), bad
+    lines are skipped with one ``TuningLogWarning`` per kind of problem, worded as ``tuner.load_records``
+    words them; the valid lines are then read by pyarrow's multi-threaded JSON reader, and ``gflops`` and
+    ``error_name`` are the checked ones (recomputed, filled), not the lines' own."""
+    with open_regular(path, "rb") as f:
+        raw = f.read()
+    skipped = SkippedLines(path)
+    good, gflops, names = [], [], []
+    for lineno, line in enumerate(raw.split(b"\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            d = check_line(line)
+        except InvalidRecordError as e:
+            skipped.add(lineno, e)
+            continue
+        good.append(line)
+        gflops.append(d["gflops"])
+        names.append(d["error_name"])
+    skipped.warn(stacklevel=4)
+    table = _lines_table(good)
+    for name, values, kind in (("gflops", gflops, pa.float64()), ("error_name", names, pa.string())):
+        table = table.set_column(table.column_names.index(name), name, pa.array(values, kind))
+    return table
+
+
+def _lines_table(lines: list) -> pa.Table:
+    """Valid lines as one table: in one pyarrow read; failing that, chunk by chunk, a chunk pyarrow cannot
+    read as its lines' values built from their Records instead."""
+    if not lines:
+        return _records_table([])
+    table = _clean_table(b"\n".join(lines))
+    if table is not None and table.num_rows == len(lines):
         return table
-    lines = path.read_bytes().split(b"\n")
-    tables, bad, first_bad = [], 0, None
+    tables = []
     for start in range(0, len(lines), CHUNK_LINES):
         chunk = lines[start:start + CHUNK_LINES]
-        table = _clean_table(io.BytesIO(b"\n".join(chunk)))
-        if table is not None:
-            tables.append(table)
-            continue
-        records = []
-        for lineno, raw in enumerate(chunk, start + 1):
-            if not raw.strip():
-                continue
-            try:
-                records.append(Record.from_dict(json.loads(raw.decode("utf-8"))))
-            except (ValueError, KeyError, TypeError) as e:  # as tuner.logs.io reads a line
-                bad += 1
-                first_bad = first_bad or (lineno, f"{type(e).__name__}: {e}")
-        tables.append(_records_table(records))
-    if bad:
-        warnings.warn(f"tuning log {path}: skipped {bad} bad line{'s' if bad > 1 else ''} (torn, corrupted, "
-                      f"invalid values or newer schema), first at line {first_bad[0]} ({first_bad[1]})",
-                      TuningLogWarning, stacklevel=3)
+        table = _clean_table(b"\n".join(chunk))
+        ok = table is not None and table.num_rows == len(chunk)
+        tables.append(table if ok else _records_table([Record.from_line(x) for x in chunk]))
     return _concat_tables(tables)
 
 
@@ -456,11 +399,12 @@ def load_logs(path_or_paths) -> pd.DataFrame:
     """Every record of one or more JSONL tuning logs as a DataFrame, one row per record.
 
     ``path_or_paths``: a path, a directory (its ``*.jsonl``), a glob (``"logs/*.jsonl"``), or a list of
-    them; a named file must exist, a glob may match nothing. Torn or corrupted lines are skipped with one ``TuningLogWarning`` per file, as
-    ``tuner.load_records`` does. Columns: see ``tuner.analysis.frame``'s docstring.
+    them; a named file must exist (and be a regular file), a glob may match nothing. Every line is checked as
+    every reader checks it (``tuner.logs.record.validate_record``); bad lines are skipped with one
+    ``TuningLogWarning`` per kind of problem and file, as ``tuner.load_records`` does. Columns: see
+    ``tuner.analysis.frame``'s docstring.
 
-    Files are parsed by pyarrow's multi-threaded JSON reader; the chunks of a file that hold a bad line
-    are parsed line by line instead."""
+    The checked lines are then parsed by pyarrow's multi-threaded JSON reader."""
     items = [path_or_paths] if isinstance(path_or_paths, (str, os.PathLike)) else list(path_or_paths)
     items = [os.path.join(p, "*.jsonl") if os.path.isdir(p) else p for p in items]  # a directory: its logs
     tables = [_with_log(_file_table(path), str(path)) for path in expand_paths(items)]
