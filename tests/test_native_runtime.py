@@ -233,3 +233,25 @@ def test_build_products(native):
     assert "libOpenCL" not in deps  # loaded with dlopen at run time
     from tuner.native import native_main
     assert native_main(["build"]) == 0
+
+
+def test_refused_binary_is_rebuilt(native, cl_env, artifacts, tmp_path):
+    """A cached binary the driver refuses (a well-formed cache file holding garbage) is rebuilt from source and
+    rewritten; a cache file that does not check out (truncated) is ignored the same way."""
+    from artifact_corpus import _copy
+    art = _copy(artifacts["mnv3-pocl-texture-f32"], tmp_path / "art")
+    r = _tuner_run(native, cl_env, art, "--device", "pocl", "--bench", 1)
+    assert r.returncode == 0, r.stderr
+    bins = sorted((art / "binaries").glob("*/*.bin"))
+    assert len(bins) > 10
+    import hashlib
+    garbage = b"\x7fELF not a program binary" * 40
+    head = f"tuner-native-clbin 1\n{len(garbage)} {hashlib.sha256(garbage).hexdigest()}\n".encode()
+    bins[0].write_bytes(head + garbage)
+    bins[1].write_bytes(bins[1].read_bytes()[:100])
+    r = _tuner_run(native, cl_env, art, "--device", "pocl", "--bench", 1)
+    assert r.returncode == 0, r.stderr
+    import re
+    cached, built = map(int, re.search(r"(\d+) programs from cached binaries, (\d+) built from source", r.stdout).groups())
+    assert 2 <= built < 10 and cached > 10, r.stdout  # (sources with the same text share one cache file)
+    assert garbage not in bins[0].read_bytes()
