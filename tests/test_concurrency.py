@@ -29,3 +29,35 @@ def test_four_concurrent_tuners_on_a_fresh_directory(tmp_path):
     recs = [r for r in load_records(tmp_path / "logs" / "shared.jsonl") if r.error_name != "INSTANTIATION"]
     counts = collections.Counter(canonical_json(r.config) for r in recs)
     assert recs and max(counts.values()) == 1, [c for c, n in counts.items() if n > 1]
+
+
+@pytest.mark.slow
+def test_two_tuners_started_together_on_an_existing_storage(tmp_path):
+    """The race of a tuner starting while a peer is inside ``study.ask``: the starter's ``_recover`` failed the
+    peer's ownerless trial, and the peer died with UpdateFinishedTrialError (or a config was measured twice).
+    On a storage and study an earlier run left, two tuners start at once: both finish, nothing measured twice,
+    no trial left running."""
+    import optuna
+
+    from tuner.search.storage import open_storage
+
+    argv = [sys.executable, "-m", "tuner", "tune-op", "conv2d", "--data", "1,8,8,8", "--kernel", "8,8,3,3",
+            "--padding", "1", "--scope", "buffer", "--repeats", "2", "--parallel", "1", "--log", "logs/shared.jsonl",
+            "--no-progress"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = dict(cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = subprocess.run([*argv, "--trials", "8", "--seed", "9"], timeout=300, **run)
+    assert first.returncode == 0, first.stderr[-2000:]
+    procs = [subprocess.Popen([*argv, "--trials", "3", "--seed", str(i)], **run) for i in range(2)]
+    results = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, results):
+        assert p.returncode == 0, err[-2000:]
+        assert "Traceback" not in err and "UpdateFinishedTrialError" not in err, err[-2000:]
+        assert ": 3 measured" in out, out
+    recs = [r for r in load_records(tmp_path / "logs" / "shared.jsonl") if r.error_name != "INSTANTIATION"]
+    counts = collections.Counter(canonical_json(r.config) for r in recs)
+    assert len(recs) == 8 + 2 * 3 and max(counts.values()) == 1, [c for c, n in counts.items() if n > 1]
+    storage = open_storage(f"sqlite:///{tmp_path / 'logs' / 'studies.db'}", heartbeat=None)
+    (study,) = optuna.get_all_study_summaries(storage)
+    trials = optuna.load_study(study_name=study.study_name, storage=storage).trials
+    assert not [t.number for t in trials if t.state == optuna.trial.TrialState.RUNNING]

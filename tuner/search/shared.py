@@ -79,15 +79,14 @@ class Heartbeat:
                     warnings.warn(f"heartbeat of trial {trial_id} failed ({e}); retrying", RuntimeWarning)
 
 
-class Announcing(BaseSampler):
-    """A sampler that holds each new trial's heartbeat before sampling it (a model fit takes a while): a
-    worker killed while sampling leaves a trial that goes stale like any other."""
+class Wrapping(BaseSampler):
+    """A sampler that hands every call to ``inner``: a base for samplers that do one thing more when a trial
+    begins (``before_trial``), e.g. stamp it before the inner sampler's model fit (which takes a while)."""
 
-    def __init__(self, inner: BaseSampler, heartbeat: Heartbeat):
-        self.inner, self.heartbeat = inner, heartbeat
+    def __init__(self, inner: BaseSampler):
+        self.inner = inner
 
     def before_trial(self, study, trial) -> None:
-        self.heartbeat.hold(trial._trial_id)
         self.inner.before_trial(study, trial)
 
     def infer_relative_search_space(self, study, trial):
@@ -104,6 +103,19 @@ class Announcing(BaseSampler):
 
     def reseed_rng(self) -> None:
         self.inner.reseed_rng()
+
+
+class Announcing(Wrapping):
+    """A sampler that holds each new trial's heartbeat before sampling it (a model fit takes a while): a
+    worker killed while sampling leaves a trial that goes stale like any other."""
+
+    def __init__(self, inner: BaseSampler, heartbeat: Heartbeat):
+        super().__init__(inner)
+        self.heartbeat = heartbeat
+
+    def before_trial(self, study, trial) -> None:
+        self.heartbeat.hold(trial._trial_id)
+        self.inner.before_trial(study, trial)
 
 
 def measured_error(trial) -> str | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -57,10 +58,7 @@ def open_storage(url: str, heartbeat: int | None = 10, grace: int | None = 60):
     lock = contextlib.nullcontext()
     if url.startswith("sqlite:///"):
         db = Path(url[len("sqlite:///"):])
-        try:
-            db.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise TunerError(f"storage {url}: cannot create {db.parent} ({e.strerror or e})") from None
+        check_sqlite_directory(url, db)
         engine["connect_args"] = {"timeout": 60}  # several tuners on one file wait for each other's writes
         # two processes creating a fresh database race on its schema (alembic_version): one at a time
         lock = FileLock(str(db) + ".lock", timeout=120)
@@ -77,6 +75,20 @@ def open_storage(url: str, heartbeat: int | None = 10, grace: int | None = 60):
     except Timeout:
         raise TunerError(f"storage {url}: its creation lock {url[len('sqlite:///'):]}.lock is held by another "
                          "process; if none is running, delete it") from None
+
+
+def check_sqlite_directory(url: str, db: Path) -> None:
+    """Create the directory of SQLite database ``db`` and check that a file can be written in it, at once:
+    SQLite writes its journal there and ``open_storage`` its creation lock, whose acquire would otherwise
+    retry for two minutes on a directory it cannot write in (``/proc``, a read-only mount) and then blame
+    the lock. TunerError naming the directory and the fix."""
+    try:
+        db.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=db.parent, prefix=f".{db.name}.probe-"):
+            pass
+    except OSError as e:
+        raise TunerError(f"storage {url}: cannot write in {db.parent} ({e.strerror or e}); give a database in "
+                         "a writable directory, e.g. --storage sqlite:///logs/studies.db") from None
 
 
 def with_driver(url: str) -> str:

@@ -18,6 +18,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import optuna
@@ -28,9 +29,9 @@ from tuner.errors import ErrorCode
 from tuner.logs import Record, load_records
 from tuner.logs.io import ensure_writable
 from tuner.measure import MeasureOptions, Measurer
-from tuner.search.loop import EarlyStopping, Evaluator, Session, open_session, optimize, progress_bar, score, tell
+from tuner.search.loop import EarlyStopping, Evaluator, Session, open_session, optimize, progress_bar, score
 from tuner.search.samplers import _key
-from tuner.search.shared import measured_error
+from tuner.search.shared import Wrapping, measured_error
 from tuner.search.storage import open_storage
 from tuner.search.task import TuningTask
 
@@ -75,18 +76,17 @@ class LocalStrategy:
         s, todo = self.session, []
         while len(todo) < n and self.proposals < self.max_proposals:
             self.proposals += 1
-            trial = s.study.ask(s.dists)
-            trial.set_user_attr("owner", OWNER)
+            trial = _ask(s)
             self.asked[trial.number] = (trial, None)
             values = s.values(trial)
             k = _key(values, s.names)
             in_flight = k not in s.known and _peer_state(s, k, trial.number) == "in_flight"
             if k in s.known:  # measured before (this run, an earlier one, or a concurrent tuner): from the log
                 rec = s.known[k]
-                tell(s.study, trial, rec, from_log=True)
+                _tell(s.study, trial, rec, from_log=True)
                 self.result.reused += 1
             elif in_flight or k in {_key(v, s.names) for _, v in todo}:
-                s.study.tell(trial, state=TrialState.FAIL)  # a duplicate: measured once, by whoever asked first
+                _fail(s.study, trial)  # a duplicate: measured once, by whoever asked first
             else:
                 todo.append((trial, values))
                 continue
@@ -100,7 +100,7 @@ class LocalStrategy:
     def tell(self, trial, rec: Record) -> None:
         s = self.session
         s.known[_key(s.values(trial), s.names)] = rec
-        tell(s.study, trial, rec, record=rec.to_dict())  # the study alone can rebuild the log
+        _tell(s.study, trial, rec, record=rec.to_dict())  # the study alone can rebuild the log
         del self.asked[trial.number]
 
     def settle(self) -> None:
@@ -114,9 +114,9 @@ class LocalStrategy:
         for trial, rec in asked.values():
             try:
                 if rec is not None and trial.number in logged:
-                    tell(study, trial, rec, record=rec.to_dict())
+                    _tell(study, trial, rec, record=rec.to_dict())
                 else:
-                    study.tell(trial, state=TrialState.FAIL)
+                    _fail(study, trial)
             except Exception:  # noqa: BLE001 - told already, or the storage is unreachable: the next run's _recover
                 pass
         asked.clear()
@@ -165,7 +165,8 @@ def tune(template, workload, device=None, trials: int = 32, log: str | None = No
     log = str(ensure_writable(log or default_log(info.fingerprint)))  # before any measurement
     storage = open_storage(storage or default_storage(log), heartbeat=None)  # validated, race-free creation
     options = options or MeasureOptions()
-    session = open_session(task, info, storage, task.study_name(info.fingerprint), log, sampler, seed, transfer)
+    session = open_session(task, info, storage, task.study_name(info.fingerprint), log, sampler, seed, transfer,
+                           wrap=Owning)  # each trial names its tuner before it is sampled
     _recover(session)
     if fallback_first:
         _enqueue_fallback(session)
@@ -203,18 +204,14 @@ def _enqueue_fallback(s: Session) -> None:
 
 
 def _recover(s: Session) -> None:
-    """After a killed run: running trials are marked failed; measurements in the log that the study never
-    heard of are added to it (failures as FAIL trials), so the sampler learns from them and never proposes
-    them again."""
+    """After a killed run: running trials no tuner holds any more (``_in_flight``) are marked failed;
+    measurements in the log that the study never heard of are added to it (failures as FAIL trials), so the
+    sampler learns from them and never proposes them again."""
     in_study = set()
     for tr in s.study.get_trials(deepcopy=False):
         if tr.state == TrialState.RUNNING:
-            if _owner_alive(tr):  # another tuner on this study is measuring it
-                continue
-            try:
-                s.study._storage.set_trial_state_values(tr._trial_id, TrialState.FAIL)
-            except UpdateFinishedTrialError:
-                pass
+            if not _in_flight(tr):
+                _fail_abandoned(s.study, tr)
         elif (tr.state == TrialState.COMPLETE or measured_error(tr)) and all(n in tr.params for n in s.names):
             in_study.add(_key(tr.params, s.names))
     dists = s.dists
@@ -227,12 +224,52 @@ def _recover(s: Session) -> None:
                                                         user_attrs=attrs))
 
 
+def _fail_abandoned(study, trial) -> None:
+    try:
+        study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+    except UpdateFinishedTrialError:
+        pass  # another tuner's _recover, or its owner, finished it first
+
+
 OWNER = f"{socket.gethostname()}:{os.getpid()}"
+OWNERLESS_GRACE_S = 60.0  # how long a RUNNING trial without an owner counts as a peer's trial inside ask
 
 
-def _owner_alive(trial) -> bool:
-    """Whether the tuner that asked a RUNNING trial still runs (known for tuners on this host)."""
-    owner = trial.user_attrs.get("owner", "")
+class Owning(Wrapping):
+    """A sampler that names this tuner as the ``owner`` of each trial it begins, before the inner sampler
+    runs (an XGBoost fit takes seconds): a trial is ownerless only between its creation and this call,
+    and a tuner killed while sampling leaves a trial whose owner is known dead."""
+
+    def before_trial(self, study, trial) -> None:
+        study._storage.set_trial_user_attr(trial._trial_id, "owner", OWNER)
+        self.inner.before_trial(study, trial)
+
+
+def _in_flight(trial) -> bool:
+    """Whether a trial is some tuner's, being asked or measured: the one rule by which ``_recover`` fails
+    trials and ``_peer_state`` leaves configs to peers. A trial is in flight until its owner is known dead;
+    no tuner fails a trial another is asking for. ``study.ask`` creates a RUNNING trial before the ``owner``
+    is written (``Owning``), so a trial without one is a peer inside ``ask`` -- unless it has been ownerless
+    for ``OWNERLESS_GRACE_S`` (its tuner was killed inside ``ask``): only then may it be failed."""
+    if trial.state != TrialState.RUNNING:
+        return False
+    owner = trial.user_attrs.get("owner")
+    if owner is None:
+        return _age_s(trial) < OWNERLESS_GRACE_S
+    return _owner_alive(owner)
+
+
+def _age_s(trial) -> float:
+    """Seconds since ``trial`` started, by this machine's clock (Optuna stamps ``datetime_start`` with the
+    asking process's local time; the tuners sharing a study by ``owner`` share a host)."""
+    start = trial.datetime_start
+    return (datetime.now() - start).total_seconds() if start is not None else 0.0
+
+
+def _owner_alive(owner: str) -> bool:
+    """Whether the tuner ``owner`` (host:pid) still runs. Known only for tuners on this host: a tuner on
+    another machine shares studies as a worker (heartbeats, ``tuner.search.shared``), so one named here is
+    a dead host's or container's leftover."""
     host, _, pid = owner.rpartition(":")
     if host != socket.gethostname() or not pid.isdigit():
         return False
@@ -247,21 +284,56 @@ def _owner_alive(trial) -> bool:
         return True
 
 
-def _live(trial) -> bool:
-    """A RUNNING trial whose tuner still runs, or one asked a moment ago (its tuner sets ``owner`` right after
-    ``ask``)."""
-    return "owner" not in trial.user_attrs or _owner_alive(trial)
+def _ask(s: Session, tries: int = 5):
+    """``study.ask``, again when a peer failed the trial while this tuner was inside ``ask`` (it judged this
+    tuner dead: the owner of a trial unknowable from its host, or a sampler slower than the grace period);
+    that trial is the peer's business now, a new one is asked."""
+    for attempt in range(tries):
+        try:
+            return s.study.ask(s.dists)
+        except UpdateFinishedTrialError:
+            if attempt == tries - 1:
+                raise
+
+
+def _tell(study, trial, rec: Record, **attrs) -> None:
+    """A trial this tuner holds, told its record (COMPLETE with its GFLOP/s, or FAIL with the error's name,
+    user attribute ``error``). The record is in the log already, which is the truth: when a peer finished
+    the trial first (it judged this tuner dead), the measurement joins the study as a new trial marked
+    ``late``, so that the sampler and the peers learn it all the same."""
+    state = TrialState.COMPLETE if rec.ok else TrialState.FAIL
+    try:
+        for k, v in {"error": rec.error_name, **attrs}.items():
+            trial.set_user_attr(k, v)
+        study.tell(trial, score(rec) if rec.ok else None, state=state, skip_if_finished=True)
+    except UpdateFinishedTrialError:
+        pass
+    t = study._storage.get_trial(trial._trial_id)
+    if t.state == state and t.user_attrs.get("error") == rec.error_name:
+        return  # told (by us, or failed by a peer after our attributes, which says the same)
+    study.add_trial(optuna.trial.create_trial(
+        params=t.params, distributions=t.distributions, value=score(rec) if rec.ok else None, state=state,
+        user_attrs={**attrs, "error": rec.error_name, "record": rec.to_dict(), "owner": OWNER, "late": True}))
+
+
+def _fail(study, trial) -> None:
+    """A trial this tuner holds and will not measure, failed (a peer may have failed it already)."""
+    try:
+        study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+    except UpdateFinishedTrialError:
+        pass
 
 
 def _peer_state(s, k, number: int, wait_s: float = 1.0) -> str | None:
     """What concurrent tuners on this study did with config ``k``, from one snapshot of its trials: ``"known"``
-    (a peer measured it: its record joins ``s.known``), ``"in_flight"`` (a live peer asked it before trial
-    ``number``: that one measures it) or None (nobody: this trial measures it).
+    (a peer measured it: its record joins ``s.known``), ``"in_flight"`` (a peer's trial in flight, asked
+    before trial ``number``: that one measures it) or None (nobody: this trial measures it).
 
     ``study.ask`` creates a RUNNING trial first and writes its parameters one by one after, so a peer trial
     asked before ours may not show its config yet; then the snapshot is taken again, every 10 ms, for up to
-    ``wait_s`` (a tuner killed inside ``ask`` leaves such a trial behind; the next session's ``_recover``
-    fails it). One snapshot for all states: two reads let a peer finish between them unseen."""
+    ``wait_s`` (a tuner killed inside ``ask`` leaves such a trial behind, in flight for the grace period of
+    ``_in_flight``; then a session's ``_recover`` fails it). One snapshot for all states: two reads let a
+    peer finish between them unseen."""
     deadline = time.monotonic() + wait_s
     while True:
         pending = in_flight = False
@@ -269,7 +341,7 @@ def _peer_state(s, k, number: int, wait_s: float = 1.0) -> str | None:
             if tr.number == number:
                 continue
             if not all(n in tr.params for n in s.names):
-                pending |= tr.state == TrialState.RUNNING and tr.number < number and _live(tr)
+                pending |= tr.number < number and _in_flight(tr)
                 continue
             if _key(tr.params, s.names) != k:
                 continue
@@ -279,7 +351,7 @@ def _peer_state(s, k, number: int, wait_s: float = 1.0) -> str | None:
                     return "known"
                 except Exception:  # noqa: BLE001 - a record another version wrote: measure instead
                     continue
-            in_flight |= tr.state == TrialState.RUNNING and tr.number < number and _live(tr)
+            in_flight |= tr.number < number and _in_flight(tr)
         if in_flight:  # a record, had there been one, wins: nothing to measure then
             return "in_flight"
         if not pending or time.monotonic() > deadline:
