@@ -30,3 +30,8 @@ class ErrorCode(IntEnum):
     BUILD_TIMEOUT = 5
     RUN_TIMEOUT = 6
     UNKNOWN = 7  # anything else, e.g. the measuring process died
+
+
+class DeviceCrashed(TunerError):
+    """The process that ran a request on the device died (a crash in a kernel or the driver); a runtime that
+    isolates its device (the device agent) restarted it."""

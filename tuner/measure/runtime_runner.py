@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from tuner.errors import CompileError, ErrorCode, LoweringError, TunerError
+from tuner.errors import CompileError, DeviceCrashed, ErrorCode, LoweringError, TunerError
 from tuner.measure import MeasureOptions, MeasureResult, Runner, _now
 
 
@@ -54,6 +54,8 @@ class RuntimeRunner(Runner):
             return ErrorCode.COMPILE, str(e)
         except TimeoutError as e:
             return ErrorCode.BUILD_TIMEOUT, str(e)
+        except DeviceCrashed as e:
+            return ErrorCode.UNKNOWN, str(e)
         o = self.options
         rel = None
         try:
@@ -68,6 +70,8 @@ class RuntimeRunner(Runner):
             costs = rt.time(launches, warmup=o.warmup, repeats=o.repeats, min_seconds=o.min_seconds)
         except TimeoutError as e:
             return ErrorCode.RUN_TIMEOUT, {"msg": str(e), "max_rel_error": rel}
+        except DeviceCrashed as e:
+            return ErrorCode.UNKNOWN, {"msg": str(e), "max_rel_error": rel}
         except (TunerError, MemoryError, RuntimeError, OSError) as e:
             return ErrorCode.RUNTIME, {"msg": f"{type(e).__name__}: {e}", "max_rel_error": rel}
         return ErrorCode.NO_ERROR, {"costs": costs, "max_rel_error": rel}

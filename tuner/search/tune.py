@@ -150,16 +150,23 @@ def tune(template, workload, device=None, trials: int = 32, log: str | None = No
     """Measure up to ``trials`` new configs of ``template`` (a registered name, or ``"module:ATTRIBUTE"``)
     on ``workload`` with ``sampler`` (xgb, tpe or random), stopping early after ``early_stopping``
     measurements without improvement. ``fixed`` pins knobs (a model pins its activation layout so that the
-    kernel tuned is the kernel deployed). ``measurer``: an open Measurer to reuse (a model's tasks share
-    one set of worker processes instead of starting them per task). ``fallback_first``: the template's
+    kernel tuned is the kernel deployed). ``device``: a DeviceInfo, Device or spec (measured by local worker
+    processes), or any ``Runner`` or ``Runtime`` (``tuner.measure``, ``tuner.runtime.base``). ``measurer``: an
+    open Runner to reuse (a model's tasks share one set of worker processes instead of starting them per task). ``fallback_first``: the template's
     fallback config is the first trial (unless the log has it), so tuned and untuned can be compared.
 
     Ctrl-C (KeyboardInterrupt) propagates: the trials it cut short are told to the study first (their
     measurement when the log has it, else failed), so no trial is left running and nothing in the log is
     measured again by a re-run."""
-    from tuner.runtime.device import DeviceInfo, choose_device
+    from tuner.measure import Runner, open_runner
+    from tuner.runtime.base import Runtime
+    from tuner.target import DeviceInfo
     info = device.info if hasattr(device, "info") else device
-    info = info if isinstance(info, DeviceInfo) else choose_device(info)
+    if not isinstance(info, DeviceInfo):
+        from tuner.runtime.device import choose_device
+        info = choose_device(info)
+    if measurer is None and isinstance(device, (Runner, Runtime)):
+        measurer = open_runner(device, options)  # any device behind the seam; the caller's to close
     spec = template if isinstance(template, str) else template.name  # measuring processes look it up again
     task = TuningTask(spec, workload, scopes, fixed or {}).bind(info)
     log = str(ensure_writable(log or default_log(info.fingerprint)))  # before any measurement
