@@ -307,7 +307,9 @@ def test_a_peer_still_inside_ask_is_waited_for_and_a_finished_peer_is_learnt_fro
     for number in (stuck, peer_id, mine._trial_id, again._trial_id):
         storage.set_trial_state_values(number, optuna.trial.TrialState.FAIL)
     done = study.ask({"a": dist})  # a peer that measured the config: its record is known, nothing to measure
-    rec = Record.new("conv2d", _conv(), {"a": done.params["a"]}, device, costs=[1e-3])
+    t = get_template("conv2d")  # records are checked against their template's knobs when read back
+    rec = Record.new("conv2d", _conv(), dataclasses.replace(t.config(), tile_oc=done.params["a"]), device,
+                     costs=[1e-3])
     done.set_user_attr("record", rec.to_dict())
     study.tell(done, 1.0)
     late = study.ask({"a": dist})
