@@ -361,6 +361,8 @@ def merge_records(sources, log) -> MergeResult:
     _check_regular(log)
     files = [f for f in expand_paths(sources) if not (log.exists() and os.path.samefile(f, log))]
     result = MergeResult(log, files)
+    if not files:
+        return result  # a glob that matches nothing: the log is not touched
     incoming = []
     for path in files:
         skipped = SkippedLines(path)
