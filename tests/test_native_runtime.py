@@ -255,3 +255,16 @@ def test_refused_binary_is_rebuilt(native, cl_env, artifacts, tmp_path):
     cached, built = map(int, re.search(r"(\d+) programs from cached binaries, (\d+) built from source", r.stdout).groups())
     assert 2 <= built < 10 and cached > 10, r.stdout  # (sources with the same text share one cache file)
     assert garbage not in bins[0].read_bytes()
+
+
+def test_tuner_run_runtime_native(native, artifacts, tmp_path, capsys):
+    """`tuner run --runtime native` runs the artifact through tuner-run: same output as the Python executor."""
+    from tuner.cli import main
+    from tuner.graph.module import load_module
+    art = artifacts["mnv3-pocl-texture-f32"]
+    x = _input(art)
+    np.save(tmp_path / "x.npy", x)
+    assert main(["run", str(art), "--runtime", "native", "--device", "pocl", "--input", f"input={tmp_path / 'x.npy'}",
+                 "--output", str(tmp_path / "y.npy"), "--bench", "2"]) == 0
+    want = load_module(art, device="pocl").run([x])[0]
+    assert _rel(np.load(tmp_path / "y.npy"), want) < 1e-5

@@ -57,6 +57,16 @@ def _default_or_reason() -> tuple[DeviceInfo | None, str | None]:
 def cmd_devices(args: argparse.Namespace) -> int:
     infos = list_devices()
     default, why_none = _default_or_reason() if infos else (None, None)
+    from tuner.runtime.base import Runtime
+    if isinstance(args.device, Runtime):  # a device agent: the profile its HELLO gave
+        info = args.device.info
+        if args.json:
+            print(json.dumps({**info.to_dict(), "usable": True, "unusable_reason": None,
+                              "agent": args.device_spec}, indent=1))
+            return 0
+        print(format_device_table([info], info.index).replace(" ok ", " agent"))
+        print(f"\n* reached through the device agent at {args.device_spec}")
+        return 0
     if args.device is not None:  # the device profile of what a --device SPEC resolves to
         info = choose_device(args.device, check=False)
         profile = {**info.to_dict(), "usable": probe_device(info) is None, "unusable_reason": probe_device(info)}
@@ -108,10 +118,23 @@ def run_example(name: str, device=None, show_passes: bool = False, show_source: 
 
 def cmd_example(args: argparse.Namespace) -> int:
     from tuner.runtime import open_device
+    _local_only(args, "tuner example")
     dev = open_device(args.device)
     err = run_example(args.name, dev, args.show_passes, args.show_source)
     print(f"{args.name} on {dev.info.label}: max abs error {err:.3g}")
     return 0 if err <= 1e-5 else 1
+
+
+def cmd_native(args: argparse.Namespace) -> int:
+    from tuner.native import native_main
+    return native_main(args.rest or ["-h"])
+
+
+def _local_only(args: argparse.Namespace, what: str) -> None:
+    from tuner.runtime.base import Runtime
+    if isinstance(args.device, Runtime):
+        raise TunerError(f"{what} runs on a local OpenCL device, not through a device agent ({args.device_spec}); "
+                         f"`tuner op --check --time` and `tuner tune-op` measure through one")
 
 
 def _workload_args() -> dict:
@@ -171,7 +194,6 @@ def _scopes(args) -> dict:
 
 
 def cmd_space(args: argparse.Namespace) -> int:
-    from tuner.runtime import open_device
     from tuner.search_space import load_space
     from tuner.templates import get_template
     t = get_template(args.template)
@@ -192,9 +214,9 @@ def cmd_space(args: argparse.Namespace) -> int:
     print(f"unconstrained size: {space.total:,}")
     if args.data is not None:
         t, wl = workload_from_args(args)
-        dev = open_device(args.device)
-        bound = space.bind(t.space_vars(wl), dev.info, {"dtype": wl.dtype, **_scopes(args)})
-        print(f"valid configs for {json.dumps(wl.key())} on {dev.info.label} ({dev.fingerprint}): "
+        info = device_info(args.device)
+        bound = space.bind(t.space_vars(wl), info, {"dtype": wl.dtype, **_scopes(args)})
+        print(f"valid configs for {json.dumps(wl.key())} on {info.label} ({info.fingerprint}): "
               f"{bound.size():,}")
     return 0
 
@@ -235,8 +257,9 @@ def cmd_op(args: argparse.Namespace) -> int:
 
     from tuner.op import make_config, run_op
     from tuner.runtime import open_device
+    from tuner.runtime.base import Runtime
     t, wl = workload_from_args(args)
-    dev = open_device(args.device)
+    dev = args.device if isinstance(args.device, Runtime) else open_device(args.device)
     cfg = make_config(t, wl, dev, _config_overrides(args.config), **_scopes(args))
     res = run_op(t, wl, cfg, dev, check=args.check, time=args.time, repeats=args.repeats)
     if args.show_source:
@@ -260,8 +283,9 @@ def cmd_tune_op(args: argparse.Namespace) -> int:
 
     from tuner.runtime.device import choose_device
     from tuner.search import tune
+    from tuner.runtime.base import Runtime
     t, wl = workload_from_args(args)
-    info = choose_device(args.device)
+    info = args.device if isinstance(args.device, Runtime) else choose_device(args.device)
     scopes = {k: args.scope for k in ("input", "weight", "output")} if args.scope else None
     options = measure_options(args)
     res = tune(t.name, wl, info, trials=args.trials, log=args.log, storage=args.storage, sampler=args.sampler,
@@ -335,6 +359,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_device_arg(p)
     p.set_defaults(func=cmd_tune_op)
 
+    p = sub.add_parser("native", add_help=False, help="build the native programs from native/ with the system C "
+                       "compiler: `tuner native build` prints `runtime PATH` and `agent PATH` lines")
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_native)
+
     from tuner.graph.cli import register as register_model_commands
     register_model_commands(sub)  # zoo, compile, run, tune, demo
     from tuner.search.cli import register as register_worker
@@ -351,7 +380,9 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse exits for --help/--version (0) and usage errors (2)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    agent = None
     try:
+        agent = _open_agent(args)
         return args.func(args)
     except TunerError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -359,6 +390,37 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C: what was measured is in the log already; a re-run resumes
         print("interrupted; what was measured is saved, run the command again to resume", file=sys.stderr)
         return 130
+    finally:
+        if agent is not None:
+            agent.close()
+
+
+def _open_agent(args: argparse.Namespace):
+    """``--device exec://...``, ``tcp://...`` or ``adb://...``: connect to the device agent once, before the
+    command runs, and hand the command its Runtime as ``args.device`` (the spec stays in ``args.device_spec``
+    for workers the command starts). Every command then reaches the device through the same seam as a local
+    one. None for a local device."""
+    from tuner.agent.transport import is_agent_spec
+    spec = getattr(args, "device", None)
+    args.device_spec = spec
+    if not is_agent_spec(spec):
+        return None
+    from tuner.agent import open_agent
+    kwargs = {}
+    if getattr(args, "build_timeout", None):
+        kwargs["build_timeout"] = args.build_timeout
+    if getattr(args, "run_timeout", None):
+        kwargs["run_timeout"] = args.run_timeout
+    args.device = open_agent(spec, **kwargs)
+    return args.device
+
+
+def device_info(device):
+    """The DeviceInfo of ``args.device``: an opened Runtime's, or the local device a spec names."""
+    from tuner.runtime.base import Runtime
+    if isinstance(device, Runtime):
+        return device.info
+    return choose_device(device)
 
 
 def _writable_folder(path, private: bool = False) -> str | None:

@@ -73,6 +73,10 @@ def run_op(template, workload, config=None, device=None, check: bool = True, tim
            repeats: int = 10, seed: int = 0) -> OpResult:
     """Build ``template`` for ``workload`` with ``config`` (default: fallback), run it on random inputs,
     compare with the reference (``check``) and time it (``time``: median of ``repeats`` profiled runs)."""
+    from tuner.runtime.base import Runtime
+    if isinstance(device, Runtime):
+        config = config if config is not None else make_config(template, workload, device)
+        return _run_op_on(device, template, workload, config, check, time, repeats, seed)
     dev = device if isinstance(device, Device) else open_device(device)
     config = config if config is not None else make_config(template, workload, dev)
     exe = build(template.build(workload, config), dev)
@@ -87,4 +91,32 @@ def run_op(template, workload, config=None, device=None, check: bool = True, tim
         result.tolerance = template.tolerance(workload)
     if time:
         result.costs = exe.time(arrays, warmup=1, repeats=repeats)
+    return result
+
+
+def _run_op_on(rt, template, workload, config, check: bool, time: bool, repeats: int, seed: int) -> OpResult:
+    """``run_op`` through any Runtime (a device agent): generated and checked here, built, run and timed
+    there."""
+    from tuner.runtime.launch import generate, pack, physical_shape, unpack, written_buffers
+    prog, source = generate(template.build(workload, config))
+    result = OpResult(template.name, workload, config, rt.fingerprint, source)
+    program = rt.build(source)
+    if not (check or time):
+        return result
+    inputs = template.random_inputs(workload, np.random.default_rng(seed))
+    arrays = {}
+    for b in (*prog.params, *prog.workspaces):
+        arrays[b.name] = rt.alloc(b.scope, tuple(physical_shape(b)), b.dtype.numpy)
+        if b.name in inputs:
+            rt.upload(arrays[b.name], pack(b, np.asarray(inputs[b.name])))
+    launches = [rt.prepare(program, k.name, [arrays[p.name] for p in k.params], *k.launch()) for k in prog.kernels]
+    rt.submit(launches)
+    rt.finish()
+    if check:
+        written = written_buffers(prog.kernels)
+        outs = {b.name: unpack(b, rt.download(arrays[b.name])) for b in prog.params if b.name in written}
+        result.max_rel_error = template.check(workload, outs, inputs)
+        result.tolerance = template.tolerance(workload)
+    if time:
+        result.costs = rt.time(launches, warmup=1, repeats=repeats)
     return result

@@ -163,6 +163,8 @@ def _save_npy(path: Path, array: np.ndarray, flag: str) -> None:
 def cmd_run(args) -> int:
     from .module import load_module
     out_path = writable_file(args.output, "--output") if args.output else None
+    if args.runtime == "native":
+        return _run_native(args, out_path)
     mod = load_module(args.artifact, device=args.device)
     if out_path is not None and not mod.spec.outputs:
         raise TunerError(f"{args.artifact} computes no outputs (its graph lists none): nothing to write to "
@@ -194,6 +196,30 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _run_native(args, out_path) -> int:
+    """``tuner run --runtime native``: the artifact run by ``tuner-run`` (native/, no Python in the loop), built
+    first if needed, with this host's OpenCL environment; its output and exit status are the command's."""
+    import subprocess
+
+    from tuner import native
+    from tuner.runtime.base import Runtime
+    if isinstance(args.device, Runtime):
+        raise TunerError(f"--runtime native runs tuner-run on this host; on the phone run it there: adb push the "
+                         f"artifact and build/native/tuner-run for Android, then `tuner-run DIR --bench N` "
+                         f"(--device {args.device_spec} runs the Python executor through the agent)")
+    tool = native.build()["tuner_run"]
+    cmd = [str(tool), str(args.artifact), "--bench", str(args.repeat)]
+    for item in args.input or []:
+        cmd += ["--input", item]
+    if out_path is not None:
+        cmd += ["--output", str(out_path)]
+    if args.profile:
+        cmd.append("--profile")
+    if args.device is not None:
+        cmd += ["--device", str(args.device)]
+    return subprocess.run(cmd, env=native.opencl_env()).returncode
+
+
 def _tune_shared(args) -> int:
     """``--workers N`` with ``--storage``: register the model's tasks in the shared storage; with N > 0 also run
     N workers here and export the studies into the log."""
@@ -213,14 +239,14 @@ def _tune_shared(args) -> int:
     cmd = [sys.executable, "-m", "tuner", "worker", "--storage", args.storage, "--study-prefix", prefix,
            "--no-progress", "--parallel", str(args.parallel), "--repeats", str(args.repeats),
            "--build-timeout", str(args.build_timeout), "--run-timeout", str(args.run_timeout)]
-    if args.device:
-        cmd += ["--device", args.device]
+    if args.device_spec:
+        cmd += ["--device", args.device_spec]
     procs = [subprocess.Popen(cmd + ["--seed", str((args.seed + i) % 2**32), "--log", f"{args.log or 'logs/worker'}.{i}.jsonl"])
              for i in range(args.workers)]
     codes = [p.wait() for p in procs]
-    from tuner.runtime.device import choose_device
+    from tuner.cli import device_info
     from tuner.search.tune import default_log
-    log = args.log or default_log(choose_device(args.device).fingerprint)
+    log = args.log or default_log(device_info(args.device).fingerprint)
     n = export_study_records(args.storage, prefix, log)
     print(f"{args.workers} workers done (exit codes {codes}); {n} records exported to {log}")
     return 0 if all(c == 0 for c in codes) else 1
@@ -267,12 +293,13 @@ def cmd_demo(args) -> int:
 
     from tuner.measure import MeasureOptions
     from tuner.runtime import open_device
+    from tuner.runtime.base import Runtime
 
     from .compiler import compile_model
     from .module import load_module
     from .tuning import tune_model
     from .zoo import write_model
-    dev = open_device(args.device)
+    dev = args.device if isinstance(args.device, Runtime) else open_device(args.device)
     out = Path(args.dir)
     out.mkdir(parents=True, exist_ok=True)
     model = write_model(args.model, str(out / f"{args.model}.onnx"), input_size=args.input_size)
@@ -331,8 +358,10 @@ def register(sub) -> None:
     p.add_argument("--input", action="append", metavar="[NAME=]X.npy", help="input array: X.npy for a model of "
                    "one input, else NAME=X.npy once per input (default: fixed random ones)")
     p.add_argument("--output", metavar="Y.npy", help="save the first output")
-    p.add_argument("--repeat", type=positive_int, default=20, help="timed runs (default 20)")
+    p.add_argument("--repeat", "--bench", type=positive_int, default=20, help="timed runs (default 20)")
     p.add_argument("--profile", action="store_true", help="per-layer table; also written to DIR/profile.json")
+    p.add_argument("--runtime", choices=("python", "native"), default="python", help="python: this executor "
+                   "(default); native: tuner-run, the C runtime (built from native/ on first use)")
     add_device_arg(p)
     p.set_defaults(func=cmd_run)
 

@@ -31,7 +31,7 @@ from tuner.errors import ErrorCode, TunerError
 from tuner.logs import Record, append_records, load_records
 from tuner.logs.io import ensure_writable
 from tuner.logs.record import canonical_json
-from tuner.measure import MeasureOptions, Measurer
+from tuner.measure import MeasureOptions, Measurer, Runner, open_runner
 from tuner.search.loop import Evaluator, open_session, optimize, progress_bar
 from tuner.search.shared import (Announcing, Heartbeat, claim, counts, final_state, finish, is_claimed, reap,
                                  score_of)
@@ -168,7 +168,8 @@ def run_worker(storage, device=None, study_prefix: str | None = None, tasks=None
     task's budget is spent on this device's studies (by all workers) or this worker measured
     ``max_trials``. Heavier tasks first; a worker with nothing to claim waits for the others' trials to end
     (or to go stale after ``grace`` seconds without a heartbeat, checked every ``poll`` seconds)."""
-    from tuner.runtime.device import DeviceInfo, choose_device
+    from tuner.runtime.base import Runtime
+    from tuner.target import DeviceInfo
     if max_trials is not None and max_trials < 1:
         raise TunerError("max_trials must be at least 1")
     if heartbeat < 1 or grace <= heartbeat:
@@ -179,7 +180,9 @@ def run_worker(storage, device=None, study_prefix: str | None = None, tasks=None
                          "`tuner tune MODEL --storage URL --workers 0`) or tasks")
     prefix = check_prefix(study_prefix or "tuner")
     info = device.info if hasattr(device, "info") else device
-    info = info if isinstance(info, DeviceInfo) else choose_device(info)
+    if not isinstance(info, DeviceInfo):
+        from tuner.runtime.device import choose_device
+        info = choose_device(info)
     st = open_storage(storage, heartbeat, grace)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if tasks is not None:
@@ -217,7 +220,9 @@ def run_worker(storage, device=None, study_prefix: str | None = None, tasks=None
         bar = progress_bar(sum(j.budget for j in jobs), progress, f"worker {info.fingerprint}")
         if bar is not None:
             stack.callback(bar.close)
-        evaluate = stack.enter_context(Evaluator(info, log, lambda: Measurer(info, options)))
+        remote = isinstance(device, (Runner, Runtime))  # any device behind the seam, else local processes
+        evaluate = stack.enter_context(Evaluator(info, log, lambda: open_runner(device, options) if remote
+                                                 else Measurer(info, options)))
         stack.callback(_let_go, st, beat)  # first on the way out: the other workers need not wait
         room = lambda: min(batch, max_trials - summary.measured) if max_trials else batch  # noqa: E731
         optimize(jobs, evaluate, room, [tally], idle=lambda: time.sleep(poll))
