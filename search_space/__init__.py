@@ -363,7 +363,7 @@ def load_space(name_or_path: str, config_fields: set | None = None, var_names: s
     except OSError as e:
         raise TunerError(f"search space {str(path)!r} cannot be read: {e.strerror or e}") from None
     if not stat.S_ISREG(mode):
-        from tuner.cli_args import file_kind
+        from tuner.files import file_kind
         raise TunerError(f"search space {str(path)!r} is {file_kind(mode)}, not a regular file; give a TOML file")
     space = _load(str(path), frozenset(config_fields or ()) or None, frozenset(var_names or ()))
     expected = [template] if isinstance(template, str) else sorted(template or ())

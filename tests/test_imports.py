@@ -325,9 +325,6 @@ ALLOWED_MODULE_CYCLES = [
 ]
 ALLOWED_PACKAGE_CYCLES = [
     {"tuner.graph", "tuner.search"},  # graph tunes models through search; search's CLI tunes models
-    # search_space/__init__.py's `from tuner.cli_args import file_kind` (a file-type name for a message) closes
-    # cli_args -> measure -> templates -> search_space -> cli_args; gone once that helper lives below them all
-    {"tuner.cli_args", "tuner.measure", "tuner.search_space", "tuner.templates"},
 ]
 
 

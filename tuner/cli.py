@@ -12,7 +12,7 @@ import sys
 
 from tuner import __version__
 from tuner.errors import TunerError
-from tuner.cli_args import (activation, add_device_arg, add_measure_args, add_seed_arg,  # noqa: F401
+from tuner.cli_args import (activation, add_device_arg, device_info, add_measure_args, add_seed_arg,  # noqa: F401
                             measure_options, positive_int, read_regular_file, Parser)  # (importers use the names)
 from tuner.runtime.device import DEVICE_ENV, DeviceInfo, choose_device, list_devices, probe_device
 
@@ -415,12 +415,6 @@ def _open_agent(args: argparse.Namespace):
     return args.device
 
 
-def device_info(device):
-    """The DeviceInfo of ``args.device``: an opened Runtime's, or the local device a spec names."""
-    from tuner.runtime.base import Runtime
-    if isinstance(device, Runtime):
-        return device.info
-    return choose_device(device)
 
 
 def _writable_folder(path, private: bool = False) -> str | None:

@@ -27,6 +27,16 @@ def add_device_arg(parser: argparse.ArgumentParser, help: str = "device index or
                         "GPU that can build programs, else a CPU device that can: see `tuner devices`)")
 
 
+def device_info(device):
+    """The DeviceInfo of ``args.device``: an opened Runtime's (a device agent), or the local device a spec
+    names."""
+    from tuner.runtime.base import Runtime
+    if isinstance(device, Runtime):
+        return device.info
+    from tuner.runtime.device import choose_device
+    return choose_device(device)
+
+
 MAX_SEED = 2**32 - 1  # numpy's and Optuna's samplers take seeds below 2**32
 MAX_SECONDS = 7 * 24 * 3600.0  # a timeout of more than a week is a typo (and overflows select() far above)
 
@@ -172,66 +182,5 @@ def writable_dir(path: str, flag: str = "-o", create: bool = True):
     return p
 
 
-_FILE_KINDS = (("S_ISDIR", "a directory"), ("S_ISFIFO", "a FIFO (named pipe)"), ("S_ISCHR", "a character device"),
-               ("S_ISBLK", "a block device"), ("S_ISSOCK", "a socket"))
-
-
-def file_kind(mode: int) -> str:
-    """What a non-regular file is, in words: "a directory", "a FIFO (named pipe)", "a character device", ..."""
-    import stat
-    return next((what for test, what in _FILE_KINDS if getattr(stat, test)(mode)), "a special file")
-
-
-def _file_problem(mode: int) -> str | None:
-    import stat
-    return None if stat.S_ISREG(mode) else f"it is {file_kind(mode)}, not a regular file"
-
-
-def regular_file(path, what: str, hint: str = "", shown: str | None = None):
-    """``path`` as a Path if it names a regular file (symbolic links followed); else a TunerError, ``cannot read
-    WHAT 'PATH': no such file`` or ``...: it is a FIFO (named pipe), not a regular file`` (a FIFO or a device
-    would block or never end when read), then ``; HINT``. ``shown``: the path as the message shows it."""
-    import os
-    from pathlib import Path
-
-    from tuner.errors import TunerError
-    try:
-        problem = _file_problem(os.stat(path).st_mode)
-    except OSError as e:
-        problem = _os_problem(e)
-    if problem:
-        raise TunerError(_cannot_read(path, what, problem, hint, shown))
-    return Path(path)
-
-
-def read_regular_file(path, what: str, hint: str = "", shown: str | None = None) -> bytes:
-    """The bytes of the regular file ``path``. Opened non-blocking and checked on the open descriptor, so a FIFO
-    with no writer, ``/dev/zero`` or a directory is a TunerError naming ``what`` and the path (worded as in
-    ``regular_file``), never a hang."""
-    import os
-
-    from tuner.errors import TunerError
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError as e:
-        raise TunerError(_cannot_read(path, what, _os_problem(e), hint, shown)) from None
-    try:
-        problem = _file_problem(os.fstat(fd).st_mode)
-        if problem:
-            raise TunerError(_cannot_read(path, what, problem, hint, shown))
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    except OSError as e:
-        raise TunerError(_cannot_read(path, what, _os_problem(e), hint, shown)) from None
-    finally:
-        os.close(fd)
-
-
-def _os_problem(e: OSError) -> str:
-    return "no such file" if isinstance(e, FileNotFoundError) else (e.strerror or str(e))
-
-
-def _cannot_read(path, what: str, problem: str, hint: str, shown: str | None) -> str:
-    return f"cannot read {what} {shown if shown is not None else str(path)!r}: {problem}" + (f"; {hint}" if hint else "")
+# reading a user's file safely lives in tuner.files (search spaces and the frontend read files too)
+from tuner.files import file_kind, read_regular_file, regular_file  # noqa: E402,F401

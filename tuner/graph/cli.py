@@ -244,7 +244,7 @@ def _tune_shared(args) -> int:
     procs = [subprocess.Popen(cmd + ["--seed", str((args.seed + i) % 2**32), "--log", f"{args.log or 'logs/worker'}.{i}.jsonl"])
              for i in range(args.workers)]
     codes = [p.wait() for p in procs]
-    from tuner.cli import device_info
+    from tuner.cli_args import device_info
     from tuner.search.tune import default_log
     log = args.log or default_log(device_info(args.device).fingerprint)
     n = export_study_records(args.storage, prefix, log)

@@ -122,8 +122,8 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
     from tuner.runtime.launch import generate, pack, physical_shape
     from tuner.templates import get_template
 
-    from .memory import Entry as MemEntry
-    from .memory import check_plan, plan_memory
+    from .memory_plan import Entry as MemEntry
+    from .memory_plan import check_plan, plan_memory
     if target is not None:
         if device is not None:
             raise TunerError("compile for a device or for a target profile, not both")

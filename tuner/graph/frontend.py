@@ -73,7 +73,7 @@ def _load(model_or_path) -> onnx.ModelProto:
     except OSError as e:
         raise TunerError(f"cannot read ONNX model {path!r}: {e.strerror or e}") from None
     if not stat.S_ISREG(st.st_mode):  # a FIFO or a device would block or never end
-        from tuner.cli_args import file_kind
+        from tuner.files import file_kind
         raise TunerError(f"ONNX model {path!r} is {file_kind(st.st_mode)}, not a regular file")
     if st.st_size == 0:
         raise TunerError(f"ONNX model {path!r} is an empty file (0 bytes), not an ONNX model")

@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from tuner.errors import CompileError, DeviceCrashed, ErrorCode, LoweringError, TunerError
-from tuner.measure import MeasureOptions, MeasureResult, Runner, _now
+from tuner.measure.runner import MeasureOptions, MeasureResult, Runner, now as _now
 
 
 class RuntimeRunner(Runner):

@@ -1,4 +1,4 @@
-"""The worker process's side of ``worker.Worker``: ``python -m tuner.measure.serve DEVICE``."""
+"""The worker process's side of ``process.Worker``: ``python -m tuner.measure.serve DEVICE``."""
 from __future__ import annotations
 
 import os

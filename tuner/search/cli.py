@@ -41,7 +41,7 @@ def register(sub) -> None:
 
 
 def load_tasks(path: str) -> list:
-    from tuner.cli_args import read_regular_file
+    from tuner.files import read_regular_file
     from tuner.search.task import TuningTask
     hint = "give a JSON file of a list of tasks"
     try:
