@@ -1,9 +1,11 @@
 """The native runtime (``native/``, C): building it, and the environment its programs need to find OpenCL.
 
 ``build()`` runs ``make -C native`` with the system C compiler and returns the paths it produced:
-``library`` (``build/native/libtuner_runtime.so``), ``tuner_run`` (``build/native/tuner-run``) and
-``tuner_run_asan`` (``build/native/asan/tuner-run``, AddressSanitizer + UBSan). ``native_main(argv)`` is the
-``tuner native build`` command: it prints one ``runtime PATH`` line per product.
+``library`` (``build/native/libtuner_runtime.so``), ``tuner_run`` (``build/native/tuner-run``),
+``tuner_run_asan`` (``build/native/asan/tuner-run``, AddressSanitizer + UBSan), and the device agent
+(docs/agent-protocol.md) ``agent`` (``build/native/tuner-agent``) and ``agent_asan``
+(``build/native/asan/tuner-agent``). ``native_main(argv)`` is the ``tuner native build`` command: it prints
+one ``runtime PATH`` line per runtime product and one ``agent PATH`` line per agent.
 
 ``opencl_env()`` is the environment a native program needs on a host whose OpenCL comes from Python wheels,
 as on this project's machines: there is no system ``libOpenCL``, pyopencl's wheel bundles an ICD loader
@@ -38,12 +40,15 @@ from tuner.errors import TunerError
 ROOT = Path(__file__).resolve().parent.parent
 NATIVE = ROOT / "native"
 BUILD = ROOT / "build" / "native"
-PRODUCTS = {"library": "libtuner_runtime.so", "tuner_run": "tuner-run", "tuner_run_asan": "asan/tuner-run"}
+PRODUCTS = {"library": "libtuner_runtime.so", "tuner_run": "tuner-run", "tuner_run_asan": "asan/tuner-run",
+            "agent": "tuner-agent", "agent_asan": "asan/tuner-agent"}
+AGENTS = ("agent", "agent_asan")  # the device agent (docs/agent-protocol.md); the rest is the runtime
 
 
 def build(target: str = "host", build_dir=None, quiet: bool = True) -> dict:
-    """Build the native runtime for ``target`` (only ``host``: this machine, with its gcc) and return
-    ``{"library": path, "tuner_run": path, "tuner_run_asan": path}``. Incremental (make)."""
+    """Build the native runtime and the device agent for ``target`` (only ``host``: this machine, with its gcc)
+    and return ``{"library": path, "tuner_run": path, "tuner_run_asan": path, "agent": path, "agent_asan":
+    path}``. Incremental (make)."""
     if target != "host":
         raise TunerError(f"native build target {target!r}: only 'host' is supported for now")
     if not (NATIVE / "Makefile").is_file():
@@ -157,15 +162,16 @@ def native_main(argv=None) -> int:
     import argparse
     p = argparse.ArgumentParser(prog="tuner native", description="the native runtime (C): build it, run it")
     sub = p.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("build", help="build build/native/{libtuner_runtime.so,tuner-run,asan/tuner-run}")
+    b = sub.add_parser("build", help="build build/native/{libtuner_runtime.so,tuner-run,tuner-agent} and their "
+                                     "ASan builds under asan/")
     b.add_argument("--target", default="host", help="only 'host' for now")
     b.add_argument("--build-dir", default=None, help="where (default build/native)")
     sub.add_parser("env", help="print the OpenCL environment a native program needs here")
     args = p.parse_args(argv)
     try:
         if args.cmd == "build":
-            for path in build(args.target, args.build_dir).values():
-                print(f"runtime {path}")
+            for key, path in build(args.target, args.build_dir).items():
+                print(f"{'agent' if key in AGENTS else 'runtime'} {path}")
         else:
             env = opencl_env({})
             for k in ("TUNER_OPENCL_LIB", "OCL_ICD_VENDORS", "PYOPENCL_HOME"):

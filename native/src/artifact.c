@@ -234,29 +234,6 @@ fail:
     return rc;
 }
 
-/* Whether a kernel source is text: UTF-8, no NUL (the Python reader decodes it as UTF-8). */
-static int is_text(const unsigned char *p, size_t n) {
-    size_t i = 0;
-    while (i < n) {
-        unsigned c = p[i];
-        size_t len, k;
-        if (c == 0) return 0;
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        len = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
-        if (!len || n - i < len) return 0;
-        for (k = 1; k < len; k++)
-            if ((p[i + k] & 0xC0) != 0x80) return 0;
-        if ((c == 0xE0 && p[i + 1] < 0xA0) || (c == 0xED && p[i + 1] > 0x9F) || (c == 0xF0 && p[i + 1] < 0x90) ||
-            (c == 0xF4 && p[i + 1] > 0x8F))
-            return 0;
-        i += len;
-    }
-    return 1;
-}
-
 /* ------------------------------------------------------------------------------------------------------------
  * check 2: graph.json's fields and types */
 
@@ -1099,7 +1076,7 @@ int tnr_artifact_load(const char *dir, tnr_artifact **out, char *err) {
                           n->source, n->name);
             goto done;
         }
-        if (!is_text((const unsigned char *)a->sources[n->source_index].text, a->sources[n->source_index].len)) {
+        if (!tnr_is_text((const unsigned char *)a->sources[n->source_index].text, a->sources[n->source_index].len)) {
             rc = tnr_fail(err, TNR_E_ARTIFACT, "%s/%s is not text (UTF-8 without NUL); " REDO, a->dir,
                           a->sources[n->source_index].path);
             goto done;

@@ -86,3 +86,25 @@ uint64_t tnr_mul_sat(uint64_t a, uint64_t b) {
     if (a != 0 && b > UINT64_MAX / a) return UINT64_MAX;
     return a * b;
 }
+
+int tnr_is_text(const unsigned char *p, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = p[i];
+        size_t len, k;
+        if (c == 0) return 0;
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        len = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+        if (!len || n - i < len) return 0;
+        for (k = 1; k < len; k++)
+            if ((p[i + k] & 0xC0) != 0x80) return 0;
+        if ((c == 0xE0 && p[i + 1] < 0xA0) || (c == 0xED && p[i + 1] > 0x9F) || (c == 0xF0 && p[i + 1] < 0x90) ||
+            (c == 0xF4 && p[i + 1] > 0x8F))
+            return 0;
+        i += len;
+    }
+    return 1;
+}

@@ -33,4 +33,7 @@ char *tnr_join(const char *dir, const char *name);
 /* a * b, saturating at UINT64_MAX. */
 uint64_t tnr_mul_sat(uint64_t a, uint64_t b);
 
+/* Whether p[n] is text: UTF-8, no NUL (what the Python side decodes as UTF-8). */
+int tnr_is_text(const unsigned char *p, size_t n);
+
 #endif

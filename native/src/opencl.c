@@ -278,9 +278,19 @@ static void fingerprint(tcl_device *d) {
     d->fingerprint[n] = 0;
 }
 
+/* Whether the space-separated list holds word (as Python's `word in text.split()`). */
+static int has_word(const char *list, const char *word) {
+    size_t n = strlen(word);
+    const char *p = list;
+    while ((p = strstr(p, word)) != NULL) {
+        if ((p == list || isspace((unsigned char)p[-1])) && (p[n] == 0 || isspace((unsigned char)p[n]))) return 1;
+        p += n;
+    }
+    return 0;
+}
+
 static void describe(const tcl_api *api, tcl_device *d) {
     cl_device_type t = 0;
-    char ext[8192];
     size_t sizes[3] = {0, 0, 0}, got = 0;
     get_string(api, NULL, d->platform, CL_PLATFORM_NAME, d->platform_name, sizeof d->platform_name);
     get_string(api, d->id, NULL, CL_DEVICE_NAME, d->name, sizeof d->name);
@@ -306,8 +316,8 @@ static void describe(const tcl_api *api, tcl_device *d) {
     d->global_mem_bytes = get_uint(api, d->id, CL_DEVICE_GLOBAL_MEM_SIZE, 8);
     d->max_mem_alloc_bytes = get_uint(api, d->id, CL_DEVICE_MAX_MEM_ALLOC_SIZE, 8);
     d->compute_units = get_uint(api, d->id, CL_DEVICE_MAX_COMPUTE_UNITS, 4);
-    get_string(api, d->id, NULL, CL_DEVICE_EXTENSIONS, ext, sizeof ext);
-    d->fp16 = strstr(ext, "cl_khr_fp16") != NULL;
+    get_string(api, d->id, NULL, CL_DEVICE_EXTENSIONS, d->extensions, sizeof d->extensions);
+    d->fp16 = has_word(d->extensions, "cl_khr_fp16");
     platform_tag(d->platform_name, d->platform_tag, sizeof d->platform_tag);
     fingerprint(d);
 }
@@ -381,6 +391,30 @@ int tcl_is_simulator(const tcl_device *d) {
     return icontains(d->platform_name, "oclgrind") || icontains(d->name, "oclgrind");
 }
 
+static int has_rgba_half(const tcl_api *api, cl_context ctx, cl_mem_flags flags) {
+    cl_uint n = 0, i;
+    cl_image_format *f;
+    int found = 0;
+    if (api->GetSupportedImageFormats(ctx, flags, CL_MEM_OBJECT_IMAGE2D, 0, NULL, &n) != CL_SUCCESS || !n) return 0;
+    f = calloc(n, sizeof *f);
+    if (!f) return 0;
+    if (api->GetSupportedImageFormats(ctx, flags, CL_MEM_OBJECT_IMAGE2D, n, f, NULL) == CL_SUCCESS)
+        for (i = 0; i < n && !found; i++)
+            found = f[i].image_channel_order == CL_RGBA && f[i].image_channel_data_type == CL_HALF_FLOAT;
+    free(f);
+    return found;
+}
+
+int tcl_half_images(const tcl_api *api, const tcl_device *d) {
+    cl_context ctx;
+    char err[TNR_ERRLEN];
+    int ok;
+    if (!d->image_support || tcl_context(api, d, &ctx, err) != TNR_OK) return 0;
+    ok = has_rgba_half(api, ctx, CL_MEM_READ_ONLY) && has_rgba_half(api, ctx, CL_MEM_WRITE_ONLY);
+    api->ReleaseContext(ctx);
+    return ok;
+}
+
 int tcl_device_matches(const tcl_device *d, const char *text) {
     char hay[1024];
     snprintf(hay, sizeof hay, "%s %s %s %s %s", d->platform_name, d->name, d->type, d->platform_tag, d->fingerprint);
@@ -417,7 +451,7 @@ int tcl_queue(const tcl_api *api, cl_context ctx, const tcl_device *d, int profi
 
 /* ---- programs ---- */
 
-static void build_log(const tcl_api *api, cl_program prog, const tcl_device *d, char *out, size_t len) {
+void tcl_build_log(const tcl_api *api, cl_program prog, const tcl_device *d, char *out, size_t len) {
     size_t got = 0;
     out[0] = 0;
     if (api->GetProgramBuildInfo(prog, d->id, CL_PROGRAM_BUILD_LOG, len - 1, out, &got) != CL_SUCCESS) {
@@ -448,7 +482,7 @@ int tcl_build_source(const tcl_api *api, cl_context ctx, const tcl_device *d, co
     }
     rc = api->BuildProgram(*prog, 1, &d->id, options ? options : "", NULL, NULL);
     if (rc != CL_SUCCESS) {
-        build_log(api, *prog, d, log, sizeof log);
+        tcl_build_log(api, *prog, d, log, sizeof log);
         api->ReleaseProgram(*prog);
         *prog = NULL;
         return tnr_fail(err, TNR_E_BUILD, "clBuildProgram failed: %s (%d) on %s; build log:\n%s", tcl_error_name(rc),

@@ -179,11 +179,15 @@ typedef struct tcl_device {
     int image_support, fp16;
     uint64_t image2d_max_width, image2d_max_height, max_work_group_size, max_work_item_sizes[3];
     uint64_t local_mem_bytes, global_mem_bytes, max_mem_alloc_bytes, compute_units;
+    char extensions[8192]; /* CL_DEVICE_EXTENSIONS, stripped (cut at 8 KiB) */
 } tcl_device;
 
 /* Every device of every platform (a platform without devices is skipped). *out is malloc'd. */
 int tcl_list_devices(const tcl_api *api, tcl_device **out, int *n, char *err);
 int tcl_is_simulator(const tcl_device *d);
+/* Whether RGBA / HALF_FLOAT image2d is supported for reading and for writing (the Python side's
+ * DeviceInfo.half_images): 0 without image support; opens a context for the question. */
+int tcl_half_images(const tcl_api *api, const tcl_device *d);
 /* Case-insensitive substring match against platform, name, type, tag and fingerprint. */
 int tcl_device_matches(const tcl_device *d, const char *text);
 
@@ -199,6 +203,8 @@ int tcl_build_source(const tcl_api *api, cl_context ctx, const tcl_device *d, co
 /* Builds from a binary; TNR_E_BUILD when the driver refuses it. */
 int tcl_build_binary(const tcl_api *api, cl_context ctx, const tcl_device *d, const unsigned char *bin, size_t len,
                      const char *options, cl_program *prog, char *err);
+/* The program's build log for d (cut to len - 1 bytes). */
+void tcl_build_log(const tcl_api *api, cl_program prog, const tcl_device *d, char *out, size_t len);
 /* The program's binary for its one device (*bin malloc'd; *len 0 when the driver gives none). */
 int tcl_program_binary(const tcl_api *api, cl_program prog, unsigned char **bin, size_t *len, char *err);
 

@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bincache.h"
 #include "common.h"
 #include "half.h"
 #include "sha256.h"
@@ -47,23 +48,6 @@ const char *tnr_code_name(int code) {
 }
 
 /* ---- devices ---- */
-
-void tnr_binary_cache_key(const tcl_device *d, char *out, size_t len) {
-    char buf[800], hex[65], name[49];
-    size_t a = strlen(d->platform_name), b = strlen(d->name), c = strlen(d->driver_version), i, n = 0;
-    memcpy(buf, d->platform_name, a);
-    buf[a] = 0;
-    memcpy(buf + a + 1, d->name, b);
-    buf[a + 1 + b] = 0;
-    memcpy(buf + a + b + 2, d->driver_version, c);
-    tnr_sha256_hex(buf, a + b + c + 2, hex);
-    for (i = 0; d->name[i] && n < sizeof name - 1; i++) {
-        char ch = d->name[i];
-        name[n++] = isalnum((unsigned char)ch) && (unsigned char)ch < 128 ? ch : '-';
-    }
-    name[n] = 0;
-    snprintf(out, len, "%s-%.16s", n ? name : "device", hex);
-}
 
 static int rank(const tcl_device *d) {
     return strcmp(d->type, "GPU") == 0 ? 0 : strcmp(d->platform_tag, "pocl") == 0 ? 1 : strcmp(d->type, "CPU") == 0 ? 2 : 3;
@@ -150,62 +134,6 @@ int tnr_check(const char *dir, char *err, size_t errlen) {
 
 /* ---- the binary cache ---- */
 
-#define BIN_MAGIC "tuner-native-clbin 1\n"
-
-static int mkdirs(const char *path) {
-    char tmp[4096];
-    size_t i, n = strlen(path);
-    if (n >= sizeof tmp) return -1;
-    memcpy(tmp, path, n + 1);
-    for (i = 1; i <= n; i++)
-        if (tmp[i] == '/' || tmp[i] == 0) {
-            char c = tmp[i];
-            tmp[i] = 0;
-            if (mkdir(tmp, 0777) != 0 && errno != EEXIST) return -1;
-            tmp[i] = c;
-        }
-    return 0;
-}
-
-/* The payload of a cache file, or NULL when it is missing or does not check out. */
-static unsigned char *read_cached(const char *path, size_t *len) {
-    unsigned char *data = NULL, *payload;
-    size_t n = 0, plen, mlen = strlen(BIN_MAGIC);
-    char e[TNR_ERRLEN], hex[65], want[65];
-    unsigned long long declared;
-    const char *nl;
-    if (tnr_read_file(path, (size_t)1 << 31, &data, &n, e) != TNR_OK) return NULL;
-    if (n < mlen || memcmp(data, BIN_MAGIC, mlen) != 0) goto bad;
-    nl = memchr(data + mlen, '\n', n - mlen);
-    if (!nl || sscanf((const char *)data + mlen, "%llu %64s", &declared, want) != 2) goto bad;
-    payload = (unsigned char *)nl + 1;
-    plen = n - (size_t)(payload - data);
-    if (declared != plen || plen == 0) goto bad;
-    tnr_sha256_hex(payload, plen, hex);
-    if (strcmp(hex, want) != 0) goto bad;
-    memmove(data, payload, plen);
-    *len = plen;
-    return data;
-bad:
-    free(data);
-    return NULL;
-}
-
-static void write_cached(const char *dir, const char *path, const unsigned char *bin, size_t len) {
-    char tmp[4200], hex[65], head[128];
-    FILE *f;
-    int ok;
-    if (mkdirs(dir) != 0) return; /* a read-only artifact: no cache */
-    snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
-    f = fopen(tmp, "wb");
-    if (!f) return;
-    tnr_sha256_hex(bin, len, hex);
-    snprintf(head, sizeof head, "%s%zu %s\n", BIN_MAGIC, len, hex);
-    ok = fwrite(head, 1, strlen(head), f) == strlen(head) && fwrite(bin, 1, len, f) == len;
-    ok = fclose(f) == 0 && ok;
-    if (!ok || rename(tmp, path) != 0) unlink(tmp); /* atomic: readers see the old file or the new one */
-}
-
 static int build_program(tnr_runtime *rt, const tnr_source *src, cl_program *prog) {
     char dir[4096], path[4200];
     unsigned char *bin;
@@ -213,7 +141,7 @@ static int build_program(tnr_runtime *rt, const tnr_source *src, cl_program *pro
     int rc;
     snprintf(dir, sizeof dir, "%s/binaries/%s", rt->a->dir, rt->cache_key);
     snprintf(path, sizeof path, "%s/%s.bin", dir, src->sha256);
-    bin = read_cached(path, &len);
+    bin = tnr_bincache_read(path, &len);
     if (bin) {
         rc = tcl_build_binary(&rt->api, rt->ctx, &rt->dev, bin, len, "", prog, rt->err);
         free(bin);
@@ -228,7 +156,7 @@ static int build_program(tnr_runtime *rt, const tnr_source *src, cl_program *pro
         return rc;
     }
     rt->from_source++;
-    if (tcl_program_binary(&rt->api, *prog, &bin, &len, rt->err) == TNR_OK && bin && len) write_cached(dir, path, bin, len);
+    if (tcl_program_binary(&rt->api, *prog, &bin, &len, rt->err) == TNR_OK && bin && len) tnr_bincache_write(dir, path, bin, len);
     free(bin);
     rt->err[0] = 0;
     return TNR_OK;
