@@ -48,6 +48,7 @@ class MeasureOptions:
     n_parallel: int = 2  # build workers
     check: bool = True
     seed: int = 0
+    cooldown_s: float = 0.0  # slept between two measurements (a phone that throttles; RuntimeRunner)
 
 
 def now() -> str:

@@ -6,12 +6,19 @@ half goes through the runtime: build the source, allocate, upload, run once, dow
 (``Runtime.time``: warm-up, repeats and a minimum kernel time, from device timestamps). A device behind a
 link (the device agent) therefore needs no Python, and its records are the same as a local device's.
 
+The host half of the next configs runs in a thread pool (``n_parallel`` threads) while the device measures
+the current one, so the device does not wait for lowering and code generation. ``cooldown_s`` (a
+``MeasureOptions`` field) is slept between two measurements: a phone that throttles when hot measures each
+config from the same temperature.
+
 Nothing here isolates the process from a kernel that hangs or crashes: a local device uses ``Measurer``
 (worker processes); a runtime across a link isolates on its side and raises ``TimeoutError`` for a kernel
-that did not end."""
+that did not end, ``DeviceCrashed`` for one that crashed. A link that is lost (``AgentLinkError``) is not a
+config's failure: it propagates, and a re-run resumes from the log."""
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -19,35 +26,89 @@ from tuner.errors import CompileError, DeviceCrashed, ErrorCode, LoweringError, 
 from tuner.measure.runner import MeasureOptions, MeasureResult, Runner, now as _now
 
 
+def _link_errors() -> tuple:
+    """The exceptions that mean the link to the device is gone (not a config's failure)."""
+    from tuner.agent.protocol import ProtocolError
+    from tuner.agent.transport import AgentLinkError
+    return AgentLinkError, ProtocolError
+
+
 class RuntimeRunner(Runner):
-    """Measures on ``runtime`` in this process, one config after another."""
+    """Measures on ``runtime`` in this process, one config after another on the device, the next configs'
+    host half generated meanwhile. A runtime with ``set_timeouts`` (the device agent) gets the options'
+    build and run timeouts as its deadlines."""
 
     def __init__(self, runtime, options: MeasureOptions | None = None):
         self.runtime, self.options = runtime, options or MeasureOptions()
         self.info = runtime.info
+        set_timeouts = getattr(runtime, "set_timeouts", None)
+        if set_timeouts is not None:
+            set_timeouts(build=self.options.build_timeout, run=self.options.run_timeout)
+        self._pool: ThreadPoolExecutor | None = None
+        self._measured = 0
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
 
     def measure(self, inputs: list) -> list:
+        if not inputs:
+            return []
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max(1, self.options.n_parallel), thread_name_prefix="tuner-generate")
+        cooldown = float(self.options.cooldown_s or 0.0)
+        pending = [self._pool.submit(self._host, inp) for inp in inputs]
         out = []
-        for inp in inputs:
-            start, stamp = time.perf_counter(), _now()
-            code, payload = self._one(inp)
-            payload = payload if isinstance(payload, dict) else {"msg": payload}
-            out.append(MeasureResult(ErrorCode(code), payload.get("msg", ""), payload.get("costs", []),
-                                     payload.get("max_rel_error"), stamp, time.perf_counter() - start))
+        try:
+            for inp, fut in zip(inputs, pending):
+                host = fut.result()
+                start, stamp = time.perf_counter(), _now()
+                if host[0] == "error":
+                    code, payload = host[1]
+                else:
+                    if cooldown > 0 and self._measured:
+                        time.sleep(cooldown)
+                        start = time.perf_counter()
+                    code, payload = self._device(inp, *host[1:])
+                    self._measured += 1
+                payload = payload if isinstance(payload, dict) else {"msg": payload}
+                # the device's time, plus the host half's (which ran meanwhile, in a pool thread)
+                duration = time.perf_counter() - start + (host[-1] if host[0] != "error" else 0.0)
+                out.append(MeasureResult(ErrorCode(code), payload.get("msg", ""), payload.get("costs", []),
+                                         payload.get("max_rel_error"), stamp, duration))
+        finally:
+            for f in pending:
+                f.cancel()
         return out
 
-    def _one(self, inp) -> tuple:
+    # -- the host half (a pool thread) ----------------------------------------------------------------
+    def _host(self, inp) -> tuple:
+        """``("error", (code, msg))``, or ``("ok", template, lowered program, source, inputs, reference,
+        seconds)``."""
         from tuner.measure.jobs import _inputs_and_reference, _instantiate
         from tuner.runtime.launch import generate
-        built, err = _instantiate(inp.template, inp.workload, inp.config, self)
+        t0 = time.perf_counter()
+        try:
+            built, err = _instantiate(inp.template, inp.workload, inp.config, self)
+        except TunerError as e:  # a template that cannot be loaded
+            return "error", (ErrorCode.INSTANTIATION, str(e))
         if err:
-            return err
+            return "error", err
         t, kernel = built
         try:
             prog, source = generate(kernel)
         except LoweringError as e:
-            return ErrorCode.COMPILE, f"lowering: {e}"
-        rt = self.runtime
+            return "error", (ErrorCode.COMPILE, f"lowering: {e}")
+        except (TunerError, ValueError, TypeError) as e:
+            return "error", (ErrorCode.INSTANTIATION, f"{type(e).__name__}: {e}")
+        inputs, ref = _inputs_and_reference(inp.template, inp.workload, self.options.seed)
+        return "ok", t, prog, source, inputs, ref, time.perf_counter() - t0
+
+    # -- the device half (this thread) ---------------------------------------------------------------
+    def _device(self, inp, t, prog, source, inputs, ref, _seconds) -> tuple:
+        rt, o = self.runtime, self.options
+        lost = _link_errors()
         try:
             program = rt.build(source)
         except CompileError as e:
@@ -56,15 +117,17 @@ class RuntimeRunner(Runner):
             return ErrorCode.BUILD_TIMEOUT, str(e)
         except DeviceCrashed as e:
             return ErrorCode.UNKNOWN, str(e)
-        o = self.options
+        except lost:
+            raise
+        except (TunerError, MemoryError, RuntimeError, OSError) as e:
+            return ErrorCode.RUNTIME, f"{type(e).__name__}: {e}"
         rel = None
         try:
-            launches, arrays = self._prepare(prog, program, *_inputs_and_reference(inp.template, inp.workload,
-                                                                                  o.seed)[:1])
+            launches, arrays = self._prepare(prog, program, inputs)
             rt.submit(launches)
             rt.finish()
             if o.check:
-                rel, wrong = self._check(t, inp, prog, arrays)
+                rel, wrong = self._check(t, inp, prog, arrays, ref)
                 if wrong:
                     return ErrorCode.WRONG_ANSWER, {"msg": wrong, "max_rel_error": rel if rel == rel else None}
             costs = rt.time(launches, warmup=o.warmup, repeats=o.repeats, min_seconds=o.min_seconds)
@@ -72,6 +135,8 @@ class RuntimeRunner(Runner):
             return ErrorCode.RUN_TIMEOUT, {"msg": str(e), "max_rel_error": rel}
         except DeviceCrashed as e:
             return ErrorCode.UNKNOWN, {"msg": str(e), "max_rel_error": rel}
+        except lost:
+            raise
         except (TunerError, MemoryError, RuntimeError, OSError) as e:
             return ErrorCode.RUNTIME, {"msg": f"{type(e).__name__}: {e}", "max_rel_error": rel}
         return ErrorCode.NO_ERROR, {"costs": costs, "max_rel_error": rel}
@@ -89,11 +154,9 @@ class RuntimeRunner(Runner):
                     for k in prog.kernels]
         return launches, arrays
 
-    def _check(self, t, inp, prog, arrays) -> tuple:
+    def _check(self, t, inp, prog, arrays, ref) -> tuple:
         """``(max relative error, why it is wrong or "")`` of the template's output against its reference."""
-        from tuner.measure.jobs import _inputs_and_reference
         from tuner.runtime.launch import unpack
-        _, ref = _inputs_and_reference(inp.template, inp.workload, self.options.seed)
         buf = next(b for b in prog.params if b.name == t.output)
         got = np.asarray(unpack(buf, self.runtime.download(arrays[buf.name])), dtype=np.float64)
         if got.shape != ref.shape:
