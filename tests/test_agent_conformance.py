@@ -1,0 +1,194 @@
+"""Conformance of the device agent (docs/agent-protocol.md) with the local backend: the same measurements,
+the same error codes, the same answers. Each test runs on the local Measurer (worker processes on the
+device) and on RuntimeRunner over AgentRuntime (``exec://build/native/tuner-agent``, the agent's ``?device=``
+picking the same device by its ``tuner devices`` index): a good config, a build error, a wrong answer, a kernel
+that never ends, a kernel that crashes its process, and (the agent) its link dropped mid-measurement.
+
+The default device runs in every test; Intel's CPU runtime, where installed, too (marked slow: about 20 s
+more). About 35 s on the default device here."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import signal
+import threading
+import time
+
+import pytest
+
+import tuner
+from tuner.errors import ErrorCode, TunerError
+from tuner.ir.builder import Builder
+from tuner.ir.stmt import seq
+from tuner.measure import MeasureInput, MeasureOptions, Measurer
+from tuner.measure.runtime_runner import RuntimeRunner
+from tuner.templates.conv2d_nchw4c import TEMPLATE as CONV2D
+from tuner.templates.conv2d_nchw4c import conv2d_nchw4c
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None or shutil.which("gcc") is None,
+                                reason="the agent is built with make and gcc")
+
+
+def _wild_store(wl, cfg):
+    """Stores far outside the output (about 2 GiB past it): the kernel's process dies of SIGSEGV."""
+    k = conv2d_nchw4c(wl, cfg)
+    Y = k.params[-1]
+    b = Builder()
+    b.store(Y, (1 << 22, 0, 0, 0), 1.0)
+    return k.replace(body=seq(b.get(), k.body))
+
+
+KERNEL_CRASH = dataclasses.replace(CONV2D, build=_wild_store, space_file="conv2d")
+CRASH = "tests.test_agent_conformance:KERNEL_CRASH"
+COMPILE_ERROR = "tests.faulty_templates:COMPILE_ERROR"
+WRONG_ANSWER = "tests.faulty_templates:WRONG_ANSWER"
+RUN_FOREVER = "tests.faulty_templates:RUN_FOREVER"
+
+OPTIONS = MeasureOptions(build_timeout=120, run_timeout=4, repeats=2, min_seconds=0.001, n_parallel=1)
+WL = CONV2D.workload((1, 4, 6, 6), (4, 4, 3, 3), padding=1)
+
+
+@pytest.fixture(scope="session")
+def agent_path():
+    from tuner.native import build
+    return build()["agent"]
+
+
+def _local_index(which: str):
+    from tuner.runtime.device import choose_device, list_devices
+    if which == "default":
+        return choose_device(None)
+    found = [d for d in list_devices() if which in d.platform.lower() and d.type == "CPU"]
+    if not found:
+        pytest.skip(f"no {which} OpenCL device here")
+    return found[0]
+
+
+BACKENDS = [("local", "default"), ("agent", "default"),
+            pytest.param(("local", "intel"), marks=pytest.mark.slow), pytest.param(("agent", "intel"), marks=pytest.mark.slow)]
+
+
+@pytest.fixture(scope="module", params=BACKENDS, ids=lambda p: "-".join(p))
+def runner(request, agent_path):
+    kind, which = request.param
+    info = _local_index(which)
+    if kind == "local":
+        r = Measurer(info, OPTIONS)
+        r.kind = "local"
+    else:
+        from tuner.agent import AgentRuntime
+        rt = AgentRuntime(f"exec://{agent_path}?device={info.index}")
+        assert rt.info.fingerprint == info.fingerprint  # the agent's profile is the local one
+        r = RuntimeRunner(rt, OPTIONS)
+        r.kind = "agent"
+    yield r
+    r.close()
+    if kind == "agent":
+        r.runtime.close()
+
+
+def _measure(runner, *templates):
+    cfg = CONV2D.fallback(WL, runner.info)
+    return runner.measure([MeasureInput(t, WL, cfg) for t in templates])
+
+
+_good: dict = {}
+
+
+def test_good_config_measured_and_checked(runner):
+    res, = _measure(runner, "conv2d")
+    assert res.ok, res.error_msg
+    assert res.max_rel_error is not None and res.max_rel_error < 1e-4
+    assert len(res.costs) >= OPTIONS.repeats and all(c > 0 for c in res.costs)
+    seen = _good.setdefault(runner.info.fingerprint, {})
+    seen[runner.kind] = res.max_rel_error
+    if len(seen) == 2:  # the same kernel on the same device and inputs both ways: the same output, to the bit
+        assert seen["local"] == seen["agent"], seen
+
+
+def test_build_error_is_compile(runner):
+    res, = _measure(runner, COMPILE_ERROR)
+    assert res.error_code == ErrorCode.COMPILE and "no_such_opencl_builtin" in res.error_msg
+
+
+def test_wrong_answer(runner):
+    res, = _measure(runner, WRONG_ANSWER)
+    assert res.error_code == ErrorCode.WRONG_ANSWER and res.max_rel_error > 1e-4, res.error_msg
+
+
+def test_endless_kernel_times_out_then_the_next_config_measures(runner):
+    start = time.monotonic()
+    endless, good = _measure(runner, RUN_FOREVER, "conv2d")
+    assert endless.error_code == ErrorCode.RUN_TIMEOUT, endless.error_msg
+    assert good.ok, good.error_msg
+    assert time.monotonic() - start < OPTIONS.run_timeout + 60
+
+
+def test_crashing_kernel_is_unknown_then_the_next_config_measures(runner):
+    crash, good = _measure(runner, CRASH, "conv2d")
+    assert crash.error_code == ErrorCode.UNKNOWN, crash.error_msg
+    assert "died" in crash.error_msg or "crash" in crash.error_msg
+    assert good.ok, good.error_msg
+
+
+def test_agent_link_dropped_mid_measurement(agent_path):
+    """kill -9 of the agent during a run: a clean AgentLinkError naming the link, at once (no hang); the
+    executor does not outlive its supervisor."""
+    from tuner.agent import AgentLinkError, AgentRuntime
+    rt = AgentRuntime(f"exec://{agent_path}")
+    runner = RuntimeRunner(rt, dataclasses.replace(OPTIONS, run_timeout=60))
+    pid = rt.link.pid
+    executor = None
+    try:
+        killer = threading.Timer(1.5, os.kill, (pid, signal.SIGKILL))
+        killer.start()
+        start = time.monotonic()
+        with pytest.raises(AgentLinkError) as e:
+            _measure(runner, RUN_FOREVER)
+        assert time.monotonic() - start < 30
+        assert isinstance(e.value, TunerError)
+        assert "exec://" in str(e.value) and "link" in str(e.value) and "signal 9" in str(e.value)
+        executor = rt.hello.get("executor_pid")
+    finally:
+        runner.close()
+        rt.close()
+    # the executor serving HELLO was replaced after nothing; any executor of this agent dies with it
+    deadline = time.monotonic() + 10
+    children = [p for p in os.listdir("/proc") if p.isdigit() and _parent(p) == pid]
+    while children and time.monotonic() < deadline:
+        time.sleep(0.1)
+        children = [p for p in children if os.path.exists(f"/proc/{p}") and _parent(p) == pid]
+    assert not children, f"executors {children} outlived the agent (pid {pid}); HELLO's was {executor}"
+
+
+def _parent(pid: str) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+def test_local_worker_killed_mid_measurement():
+    """The local backend's counterpart: its run worker killed -9 mid-run is a failed config (UNKNOWN), and
+    the runner goes on."""
+    m = Measurer(None, dataclasses.replace(OPTIONS, run_timeout=60))
+    try:
+        def kill():
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                proc = getattr(m.runner, "proc", None)
+                if proc is not None and proc.poll() is None:
+                    time.sleep(3.0)  # inside the endless run by now
+                    os.kill(proc.pid, signal.SIGKILL)
+                    return
+                time.sleep(0.05)
+        t = threading.Thread(target=kill)
+        t.start()
+        endless, good = _measure(m, RUN_FOREVER, "conv2d")
+        t.join()
+        assert endless.error_code == ErrorCode.UNKNOWN, endless.error_msg
+        assert good.ok, good.error_msg
+    finally:
+        m.close()
