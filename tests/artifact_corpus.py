@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 
@@ -118,4 +119,45 @@ def damaged_artifacts(good_dir, tmp_path) -> list:
     d = _copy(good, root / "undefined_kernel")
     _edit_graph(d, lambda g: g["nodes"][0]["calls"][0].__setitem__("kernel", "not_in_the_source"))
     cases.append(("undefined_kernel", d, "graph.json"))
+
+    def edit(case: str, how) -> None:
+        d = _copy(good, root / case)
+        _edit_graph(d, how)
+        cases.append((case, d, "graph.json"))
+
+    def text(case: str, how) -> None:  # graph.json edited as text (what json.loads would accept, or not)
+        d = _copy(good, root / case)
+        old = (d / "graph.json").read_text()
+        new = how(old)
+        assert new != old, case
+        (d / "graph.json").write_text(new)
+        _reseal(d)
+        cases.append((case, d, "graph.json"))
+
+    d = _copy(good, root / "kernel_from_another_node")  # a kernel file replaced by another of the same name
+    (d / "kernels" / kernels[0]).write_bytes((good / "kernels" / kernels[-1]).read_bytes())
+    cases.append(("kernel_from_another_node", d, kernels[0]))
+    d = _copy(good, root / "params_a_fifo")
+    (d / "params.bin").unlink()
+    os.mkfifo(d / "params.bin")
+    cases.append(("params_a_fifo", d, "params.bin"))
+    d = _copy(good, root / "manifest_nested")
+    (d / "manifest.json").write_text("[" * 100000)
+    cases.append(("manifest_nested", d, "manifest.json"))
+    edit("int32_weights", lambda g: g["params"][0].__setitem__("dtype", "int32"))
+    edit("output_edited_to_float16", lambda g: g["entries"][g["outputs"][0]].__setitem__("dtype", "float16"))
+    edit("nodes_reversed", lambda g: g["nodes"].reverse())
+    edit("launch_1x1x1", lambda g: _first_tuned_call(g).__setitem__("global_size", [1, 1, 1]))
+    edit("launch_2d", lambda g: _first_tuned_call(g).__setitem__("global_size", [3, 5]))
+    edit("pool_shrunk", lambda g: g["pools"][0].__setitem__("shape", [16]))
+    edit("kernel_path_escapes", lambda g: g["nodes"][0].__setitem__("source", "../../etc/passwd"))
+    edit("shape_a_string", lambda g: g["pools"][0].__setitem__("shape", "16"))
+    text("duplicate_key", lambda t: t.replace('{\n "format"', '{\n "dtype": "float32",\n "format"', 1))
+    text("nan_literal", lambda t: t.replace('"flops": 0', '"flops": NaN', 1))
+    text("trailing_comma", lambda t: t.rstrip().rstrip("}") + ",}")
+    text("float_in_a_shape", lambda t: t.replace('"shape": [\n    1,', '"shape": [\n    1.0,', 1))
     return cases
+
+
+def _first_tuned_call(g: dict) -> dict:
+    return next(n for n in g["nodes"] if n.get("template"))["calls"][0]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .checks import check_spec
+from .checks import KERNEL_FILE, check_spec
 from .format import FORMAT, PARAM_ALIGN, VERSION, ArtifactError, ModuleSpec
 
 MANIFEST = "manifest.json"
@@ -135,9 +135,21 @@ def _read_capped(path: Path, cap: int, d: Path) -> bytes:
         raise ArtifactError(f"{path} cannot be read ({e.strerror}); {_redo(d)}") from None
 
 
+def _no_duplicates(pairs: list) -> dict:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"key {next(k for k in keys if keys.count(k) > 1)!r} appears twice in one object")
+    return dict(pairs)
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
 def _json(data: bytes, path: Path, d: Path):
+    """Strict JSON (RFC 8259), as the native runtime reads it: no repeated keys, no NaN or Infinity."""
     try:
-        return json.loads(data)
+        return json.loads(data, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
     except (ValueError, RecursionError) as e:
         raise ArtifactError(f"{path} is not valid JSON ({type(e).__name__}: {str(e)[:80]}); {_redo(d)}") from None
 
@@ -188,10 +200,13 @@ def read_artifact(path) -> tuple:
     sizes = verify_manifest(d)
     spec = ModuleSpec.from_json(_json(_read_capped(d / GRAPH, MAX_GRAPH, d), d / GRAPH, d), str(d / GRAPH))
     sources = {}
-    for n in spec.nodes:
+    for i, n in enumerate(spec.nodes):
         rel = f"{KERNELS}/{n.source}"
+        if not KERNEL_FILE.match(n.source):
+            raise ArtifactError(f"{d / GRAPH}: nodes[{i}].source {n.source[:80]!r} is not a kernel file name "
+                                f"(kNNN.cl under kernels/); {_redo(d)}")
         if rel not in sizes:
-            raise ArtifactError(f"{d / rel} (node {n.name!r}) is not in the manifest; {_redo(d)}")
+            raise ArtifactError(f"{d / GRAPH}: nodes[{i}] names {rel}, which manifest.json does not list; {_redo(d)}")
         try:
             sources[n.source] = _read_capped(d / rel, MAX_KERNEL, d).decode()
         except UnicodeDecodeError:
