@@ -271,3 +271,7 @@ def test_an_unwritable_cache_folder_does_not_hide_pocl(tmp_path):
     pocl = [d for d in json.loads(r.stdout) if d["platform"] == "Portable Computing Language"]
     usual = [d for d in json.loads(main_devices) if d["platform"] == "Portable Computing Language"]
     assert pocl and [d["usable"] for d in pocl] == [d["usable"] for d in usual], (pocl, usual)
+    # the library too, not only the command line: the folders are checked where OpenCL is first loaded
+    code = "import tuner; print(sorted({d.platform for d in tuner.list_devices()}))"
+    lib = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert lib.returncode == 0 and "Portable Computing Language" in lib.stdout, lib.stderr

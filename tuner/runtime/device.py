@@ -18,9 +18,11 @@ import re
 import warnings
 from pathlib import Path
 
+from tuner.runtime.cache_folders import ensure_cache_folders
 from tuner.runtime.icd import register_bundled_runtimes
 
 register_bundled_runtimes()  # before pyopencl enumerates platforms: adds Intel's CPU runtime from PyPI
+ensure_cache_folders()  # PoCL reports no device at all when it cannot create its cache folder
 
 import pyopencl as cl  # noqa: E402
 
