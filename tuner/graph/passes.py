@@ -170,8 +170,40 @@ def _channel_constant(g: Graph, name: str, channels: int, rank: int) -> np.ndarr
     return v.reshape(-1) if dims == per_channel else None
 
 
-def fuse_epilogues(graph: Graph) -> Graph:
+def _conv_cost(g: Graph, node: Node) -> tuple:
+    """(multiply-adds, kernel taps) of a conv2d: the order in which residual candidates are preferred."""
+    w = g.shapes.get(node.inputs[1]) or np.shape(g.params.get(node.inputs[1]))
+    out = g.shapes[node.outputs[0]]
+    taps = int(np.prod(w[2:])) if len(w) > 2 else 1
+    return int(np.prod(out)) * int(w[1]) * taps, taps
+
+
+def canonical_residuals(graph: Graph) -> Graph:
+    """Which convolution takes a residual Add must not depend on the order of the Add's operands, nor on the
+    order the exporter listed the two branches in: torchvision lists a ResNet block's operands the other way
+    round from the zoo, the residual then fused into the 1x1 downsample convolution instead of the 3x3 one,
+    and the tasks no longer matched the log. The rule: where both operands of an Add are the only output of
+    a conv2d read by nothing else, the Add fuses into the costlier convolution (more multiply-adds, then the
+    larger kernel; the main branch of a residual block); that convolution is moved after the other (it reads
+    neither's output, so the move is safe), and ``fuse_epilogues`` fuses the Add into it."""
     g = graph.copy()
+    for add in [n for n in g.nodes if n.op == "add" and len(n.inputs) == 2 and n.inputs[0] != n.inputs[1]]:
+        convs = [g.producer(x) for x in add.inputs]
+        if any(c is None or c.op != "conv2d" or len(c.outputs) != 1 or "residual" in c.attrs
+               or len(g.consumers(c.outputs[0])) != 1 or c.outputs[0] in g.outputs for c in convs):
+            continue
+        if g.shapes[add.inputs[0]] != g.shapes[add.inputs[1]]:
+            continue
+        first, second = sorted(convs, key=lambda c: g.nodes.index(c))
+        target = max(convs, key=lambda c: _conv_cost(g, c) + (g.nodes.index(c),))  # a tie: keep the later one
+        if target is first:
+            g.nodes.remove(first)
+            g.nodes.insert(g.nodes.index(second) + 1, first)
+    return g
+
+
+def fuse_epilogues(graph: Graph) -> Graph:
+    g = canonical_residuals(graph)
     order = {n.name: i for i, n in enumerate(g.nodes)}
     removed: set = set()
     for node in g.nodes:
