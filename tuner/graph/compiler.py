@@ -59,7 +59,9 @@ def plan_model(model, device=None, scope: str = "auto", log=None, dtype: str = "
     if not isinstance(info, DeviceInfo):
         from tuner.runtime.device import choose_device
         info = choose_device(info)
-    return plan_storage(lower_graph(load_graph(model, input_shapes), dtype), info, scope, as_history(log))
+    history = as_history(log)
+    history = history.for_device(info) if hasattr(history, "for_device") else history
+    return plan_storage(lower_graph(load_graph(model, input_shapes), dtype), info, scope, history)
 
 
 def model_tasks(model, device=None, scope: str = "auto", log=None, dtype: str = "float32",
@@ -138,6 +140,8 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
         info = dev.info
     _check_prefer(prefer)
     history = as_history(log)
+    if hasattr(history, "for_device"):
+        history = history.for_device(info)  # another driver's records of this device fill what this one lacks
     if measure_plans is None:
         measure_plans = scope == "auto" and dev is not None and history is not None
     if measure_plans and scope == "auto" and dev is not None:

@@ -21,6 +21,10 @@ class FallbackConfigWarning(UserWarning):
     """No tuned config for a workload: the template's fallback is used (slower, but correct)."""
 
 
+class OtherDriverWarning(UserWarning):
+    """Tuned configs of the same device under another driver version apply (none of this driver's records)."""
+
+
 class InvalidLoggedConfigWarning(UserWarning):
     """A logged config that the template's space rejects was skipped (never deployed)."""
 
@@ -85,6 +89,32 @@ class ApplyHistoryBest:
             if k not in self._any_scope or r.median_s < self._any_scope[k].median_s:
                 self._any_scope[k] = r
         self._warned: set = set()
+
+    def for_device(self, info) -> "ApplyHistoryBest":
+        """This history as seen from ``info`` (a DeviceInfo): the fingerprint hashes the driver version, so an
+        over-the-air driver update would drop every tuned config to its fallback. Tuned choices belong to the
+        device model (platform and name); so a task this driver has no record of takes the records of the same
+        device under other drivers, ranked below this driver's own (they only fill what it lacks), with one
+        warning that names the drivers. Program binaries stay keyed by driver (``runtime.program``)."""
+        fp = info.fingerprint
+        mine = {r.task_key[1:] for r in self.records if r.ok and r.device == fp}
+        others = [r for r in self.records if r.ok and r.device != fp and r.platform == info.platform
+                  and r.device_name == info.name and r.task_key[1:] not in mine]
+        if not others:
+            return self
+        import dataclasses
+        drivers = sorted({r.driver or "?" for r in others})
+        tasks = {r.task_key[1:] for r in others}
+        warnings.warn(f"{len(tasks)} tuned task(s) come from records of {info.name} under driver "
+                      f"{', '.join(drivers)}; this one runs driver {info.driver_version or '?'} ({fp}), which has "
+                      f"none of its own for them: re-tune to measure them under this driver",
+                      OtherDriverWarning, stacklevel=2)
+        adopted = [dataclasses.replace(r, device=fp) for r in others]
+        out = ApplyHistoryBest(self.records + adopted)
+        out.adopted = {r.task_key for r in adopted}
+        return out
+
+    adopted: set = frozenset()  # task keys answered by another driver's records (for_device)
 
     def query(self, template_name: str, workload, device_fingerprint: str, scopes: dict | None,
               fixed: dict | None = None) -> Record | None:

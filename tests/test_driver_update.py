@@ -1,0 +1,60 @@
+"""A driver update keeps the tuned configs: records of the same device (platform and name) under another driver
+apply where this driver has none, ranked below its own, and the compile says so."""
+import dataclasses
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import tuner
+from tuner.graph.compiler import model_tasks
+from tuner.logs.best import OtherDriverWarning
+from tuner.logs.record import Record
+
+
+@pytest.fixture
+def conv_model(tmp_path):
+    w = helper.make_tensor("w", TensorProto.FLOAT, [8, 8, 3, 3], np.random.default_rng(0).standard_normal(576)
+                           .astype(np.float32))
+    g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1] * 4)], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])], [w])
+    path = tmp_path / "conv.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return str(path)
+
+
+def _records(model, info, seconds: float) -> list:
+    """A successful record of every task of the model's buffer plan on ``info`` (its fallback config)."""
+    out = []
+    for task in model_tasks(model, info, scope="buffer"):
+        bound = task.bind(info) if hasattr(task, "bind") else task
+        out.append(Record.new(task.template, task.workload, bound.fallback(info), info, costs=[seconds]))
+    return out
+
+
+def test_a_log_of_another_driver_applies_and_says_so(conv_model, device):
+    old = dataclasses.replace(device.info, driver_version="1.0-before-the-update")
+    assert old.fingerprint != device.info.fingerprint
+    with pytest.warns(OtherDriverWarning, match="1.0-before-the-update"):
+        mod = tuner.compile_model(conv_model, log=_records(conv_model, old, 1e-3), target=device.info.to_dict(),
+                                  scope="buffer")
+    assert [n.tuned for n in mod.spec.nodes if n.template] == [True]
+
+
+def test_this_drivers_records_rank_above_another_drivers(conv_model, device):
+    old = dataclasses.replace(device.info, driver_version="1.0-before-the-update")
+    mine, theirs = _records(conv_model, device.info, 5e-3), _records(conv_model, old, 1e-6)  # theirs look faster
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OtherDriverWarning)  # nothing of theirs is used: no warning
+        h = tuner.apply_history_best(mine + theirs).for_device(device.info)
+    r = h.query(mine[0].template, mine[0].workload, device.info.fingerprint, mine[0].scopes)
+    assert r.median_s == pytest.approx(5e-3) and r.driver == device.info.driver_version
+
+
+def test_another_device_never_applies(conv_model, device):
+    other = dataclasses.replace(device.info, name="Another GPU")
+    h = tuner.apply_history_best(_records(conv_model, other, 1e-3))
+    assert h.for_device(device.info) is h
