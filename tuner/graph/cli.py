@@ -6,6 +6,7 @@ import os
 import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -139,9 +140,12 @@ def _load_npy(path: str, shown: str | None = None) -> np.ndarray:
     shown = shown if shown is not None else path
     data = read_regular_file(path, "--input", "give a .npy file written by numpy.save", shown)
     try:
-        return np.load(io.BytesIO(data), allow_pickle=False)
+        x = np.load(io.BytesIO(data), allow_pickle=False)
     except (OSError, ValueError, EOFError) as e:
         raise TunerError(f"cannot read --input {shown!r} as a .npy array: {e}") from None
+    if x.dtype.kind == "f" and not np.all(np.isfinite(x)):  # checked once, where the file enters; never per run
+        warnings.warn(f"--input {shown!r} holds NaN or infinite values", RuntimeWarning, stacklevel=2)
+    return x
 
 
 def _save_npy(path: Path, array: np.ndarray, flag: str) -> None:

@@ -174,8 +174,6 @@ class Module:
             x = np.asarray(x)
             if x.dtype.kind not in "fiub":
                 raise TunerError(f"input {name!r} holds {x.dtype} values; the model takes numbers (float32)")
-            if x.dtype.kind == "f" and not np.all(np.isfinite(x)):
-                warnings.warn(f"input {name!r} holds NaN or infinite values", RuntimeWarning, stacklevel=2)
             if tuple(x.shape) != tuple(e.shape):
                 raise TunerError(f"input {name!r} has shape {list(x.shape)}; the model was compiled for "
                                  f"{list(e.shape)} (recompile with --input-shape to change it)")
