@@ -58,3 +58,25 @@ def test_another_device_never_applies(conv_model, device):
     other = dataclasses.replace(device.info, name="Another GPU")
     h = tuner.apply_history_best(_records(conv_model, other, 1e-3))
     assert h.for_device(device.info) is h
+
+
+def test_an_untuned_layer_takes_the_nearest_tuned_config_and_says_where_from(tmp_path, device):
+    """A layer with no record of its own gets the config of the nearest tuned workload of its template (the
+    same shapes with another epilogue first), checked against the space; the artifact says where it came from."""
+    from tuner.templates import get_template
+    t = get_template("conv2d")
+    info = device.info
+    tuned = t.workload(data=(1, 8, 8, 8), kernel=(8, 8, 3, 3), padding=(1, 1, 1, 1), activation="relu")
+    scopes = {"input": "buffer", "weight": "buffer", "output": "buffer"}
+    from tuner.logs.record import scope_knobs
+    cfg = t.fallback_with(tuned, info, **scope_knobs(scopes), **t.model_knobs)
+    cfg = dataclasses.replace(cfg, tile_oc=1)  # not the fallback's choice: a transfer is visible
+    rec = Record.new("conv2d", tuned, cfg, info, costs=[1e-3])
+    h = tuner.apply_history_best([rec])
+    plain = t.workload(data=(1, 8, 8, 8), kernel=(8, 8, 3, 3), padding=(1, 1, 1, 1))  # no epilogue: untuned
+    got, src = h.transfer(t, plain, info, scopes, t.model_knobs)
+    assert got.tile_oc == 1 and src is rec
+    far = t.workload(data=(1, 64, 32, 32), kernel=(32, 64, 1, 1))
+    moved = h.transfer(t, far, info, scopes, t.model_knobs)
+    from tuner.logs.best import invalid_config
+    assert moved is None or invalid_config(t, far, info, dataclasses.asdict(moved[0])) is None

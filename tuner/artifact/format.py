@@ -49,6 +49,7 @@ class Node:
     scopes: dict | None = None
     config: dict | None = None
     tuned: bool = False  # the config came from a log (not the fallback)
+    config_source: str | None = None  # "tuned", "transferred from <workload>" or "fallback" (tuned layers)
 
 
 @dataclass
@@ -171,7 +172,7 @@ class _Reader:
         return Node(self.str_(self.get(n, "name", p), p + ".name"), self.str_(self.get(n, "op", p), p + ".op"),
                     self.str_(self.get(n, "source", p), p + ".source"), calls, flops,
                     self.opt_str(n.get("template"), p + ".template"), opt_obj("workload"), opt_obj("scopes"),
-                    opt_obj("config"), tuned)
+                    opt_obj("config"), tuned, self.opt_str(n.get("config_source"), p + ".config_source"))
 
     def call(self, c, p) -> Call:
         self.obj(c, p)

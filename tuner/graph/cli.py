@@ -77,8 +77,12 @@ def cmd_compile(args) -> int:
     tuned = sum(n.tuned for n in mod.spec.nodes)
     total = sum(n.template is not None for n in mod.spec.nodes)
     where = mod.spec.device
+    moved = [n for n in mod.spec.nodes if (n.config_source or "").startswith("transferred")]
     print(f"compiled {args.model} for {where['name']} ({where['fingerprint']}): {len(mod.spec.nodes)} kernels, "
-          f"{tuned} of {total} tuned layers from the log -> {args.output}")
+          f"{tuned} of {total} tuned layers from the log"
+          + (f", {len(moved)} with the config of a nearby tuned workload" if moved else "") + f" -> {args.output}")
+    for n in moved:
+        print(f"  {n.name}: {n.config_source}")
     if mod.device is None:
         print("nothing built here: the kernels build on the first load on that device (`tuner run DIR`)")
     _print_plan_choice(mod)

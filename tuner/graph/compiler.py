@@ -69,23 +69,42 @@ def model_tasks(model, device=None, scope: str = "auto", log=None, dtype: str = 
     return extract_tasks(plan_model(model, device, scope, log, dtype, input_shapes))
 
 
-def choose_configs(plan: Plan, info, history=None) -> dict:
-    """``step name -> (config, tuned)``: the log's best for the exact deployed task, else a valid fallback
-    (with one warning per workload from apply_history_best)."""
+def choose_configs(plan: Plan, info, history=None, sources: dict | None = None) -> dict:
+    """``step name -> (config, tuned)``: the log's best for the exact deployed task (``tuned``); else the
+    config of the nearest tuned workload of the same template on the device that is valid for this one
+    (``transferred from ...``: ``ApplyHistoryBest.transfer``); else a valid fallback (with one warning per
+    workload from apply_history_best). ``sources``, if given, gets ``step name -> where its config came
+    from``."""
     from tuner.templates import get_template
-    out = {}
+    out, sources = {}, sources if sources is not None else {}
     for s in plan.steps:
         if not s.tuned:
             continue
         t = get_template(s.op)
         rec = history.best_valid(t, s.workload, info, s.scopes, t.model_knobs) if history else None
+        moved = None if rec is not None or history is None else history.transfer(t, s.workload, info, s.scopes,
+                                                                                t.model_knobs)
         if rec is not None:
-            out[s.name] = (t.config(**rec.config), True)
+            out[s.name], sources[s.name] = (t.config(**rec.config), True), "tuned"
+        elif moved is not None:
+            out[s.name] = (moved[0], False)
+            sources[s.name] = "transferred from " + _workload_label(t, moved[1].workload)
         elif history is not None:  # the valid fallback, with apply_history_best's one warning per workload
-            out[s.name] = (history.pick(t, s.workload, info, s.scopes, t.model_knobs), False)
+            out[s.name], sources[s.name] = (history.pick(t, s.workload, info, s.scopes, t.model_knobs), False), \
+                "fallback"
         else:
             out[s.name] = (t.fallback_with(s.workload, info, **scope_knobs(s.scopes), **t.model_knobs), False)
+            sources[s.name] = "fallback"
     return out
+
+
+def _workload_label(template, key: dict) -> str:
+    """The template's own label of a logged workload key (e.g. ``1x64x56x56 k64x3x3 s1 p1 +relu``)."""
+    try:
+        return template.label(template.workload(**{k: v for k, v in key.items() if k != "op"}))
+    except (TypeError, ValueError):  # a label is for people; a key the template cannot rebuild is shown as is
+        from tuner.logs.record import canonical_json
+        return canonical_json(key)
 
 
 @functools.lru_cache(maxsize=256)
@@ -147,7 +166,8 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
     if measure_plans and scope == "auto" and dev is not None:
         return fastest_plan(model, history, dev, dtype, input_shapes, progress)
     plan = choose_templates(plan_model(model, info, scope, history, dtype, input_shapes), history, info, prefer)
-    configs = choose_configs(plan, info, history)
+    config_sources: dict = {}
+    configs = choose_configs(plan, info, history, config_sources)
 
     nodes, sources, params, blobs, workspaces = [], {}, {}, [], []
     entries: dict = {}
@@ -203,7 +223,8 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
         sources[src] = source
         nodes.append(M.Node(s.name, s.op, src, calls, s.workload.flops if s.tuned else 0,
                             s.op if s.tuned else None, s.workload.key() if s.tuned else None, s.scopes,
-                            dataclasses.asdict(cfg) if cfg is not None else None, tuned))
+                            dataclasses.asdict(cfg) if cfg is not None else None, tuned,
+                            config_sources.get(s.name)))
         if bar is not None:
             bar.update(1)
     if bar is not None:

@@ -252,12 +252,13 @@ class Module:
         return "\n".join(lines)
 
     def plan_summary(self) -> str:
-        """One line per node: op, scopes, and whether its config was tuned."""
+        """One line per node: op, scopes, and where its config came from (tuned, transferred, fallback)."""
         lines = []
         for n in self.spec.nodes:
             if n.template:
                 sc = "/".join(n.scopes[k] for k in ("input", "weight", "output"))
-                lines.append(f"{n.name:<28} {n.template:<17} {sc:<24} {'tuned' if n.tuned else 'fallback'}")
+                src = n.config_source or ("tuned" if n.tuned else "fallback")
+                lines.append(f"{n.name:<28} {n.template:<17} {sc:<24} {src}")
         return "\n".join(lines)
 
     def save(self, path) -> str:

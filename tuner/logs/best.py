@@ -6,6 +6,7 @@ An operator nobody tuned still has to run, so a miss returns the template's fall
 """
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from typing import Iterable
@@ -42,6 +43,32 @@ def invalid_config(template, workload, device, config: dict) -> str | None:
     except (TunerError, TypeError, ValueError) as e:
         return str(e)
     return "; ".join(bad) or None
+
+
+EPILOGUE = ("bias", "activation", "residual")  # workload fields that change what follows the sum, not the loop nest
+
+
+def workload_distance(a: dict, b: dict) -> float:
+    """How far workload key ``b`` is from ``a`` for a config to carry over: 0 for the same shapes with another
+    epilogue; else the summed |log2| ratio of every size (channels, spatial, kernel, ...) plus 4 for each
+    other difference (stride, dilation, groups, dtype)."""
+    d = 0.0
+    for k in set(a) | set(b):
+        if k in EPILOGUE or k == "op":
+            continue
+        x, y = a.get(k), b.get(k)
+        xs = x if isinstance(x, (list, tuple)) else [x]
+        ys = y if isinstance(y, (list, tuple)) else [y]
+        if len(xs) != len(ys):
+            d += 4.0
+            continue
+        for u, v in zip(xs, ys):
+            if isinstance(u, (int, float)) and isinstance(v, (int, float)) and not isinstance(u, bool) \
+                    and k in ("data", "kernel", "weight"):
+                d += abs(math.log2((abs(u) + 1) / (abs(v) + 1)))
+            elif u != v:
+                d += 4.0
+    return d
 
 
 def best_records(records: Iterable[Record]) -> dict:
@@ -169,6 +196,22 @@ class ApplyHistoryBest:
                             f"the log's {template.name} config {canonical_json(rec.config)} for "
                             f"{canonical_json(_workload_key(workload))} is not valid for the template's space "
                             f"({why}): skipped", InvalidLoggedConfigWarning)
+        return None
+
+    def transfer(self, template, workload, device, scopes: dict | None = None, fixed: dict | None = None):
+        """``(config, Record it came from)`` for a task this device has no record of, or None: the configs the
+        device's log holds for the same template, nearest workload first (``workload_distance``: the same
+        shapes with another epilogue are nearest), the first one the template's space accepts for this workload
+        with ``fixed`` applied. Every pick is checked against the space; none is ever invalid."""
+        info = getattr(device, "info", device)
+        key = _workload_key(workload)
+        cands = [r for r in self.best.values() if r.device == info.fingerprint and r.template == template.name
+                 and (scopes is None or r.scopes == scopes)]
+        cands.sort(key=lambda r: (workload_distance(key, r.workload), r.median_s))
+        for r in cands[:64]:
+            cfg = {**r.config, **(fixed or {})}
+            if invalid_config(template, workload, info, cfg) is None:
+                return template.config(**cfg), r
         return None
 
     def _runners_up(self, template_name, workload, fingerprint, scopes, fixed, first) -> list:
