@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_four_concurrent_tuners_on_a_fresh_directory(tmp_path):
     argv = [sys.executable, "-m", "tuner", "tune-op", "conv2d", "--data", "1,8,8,8", "--kernel", "8,8,3,3",
-            "--padding", "1", "--scope", "buffer", "--trials", "10", "--repeats", "2", "--parallel", "1",
+            "--padding", "1", "--scope", "buffer", "--trials", "6", "--repeats", "2", "--parallel", "1",
             "--log", "logs/shared.jsonl", "--no-progress"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     procs = [subprocess.Popen([*argv, "--seed", str(i)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,

@@ -304,7 +304,7 @@ def cmd_tune_op(args: argparse.Namespace) -> int:
     b = res.best
     print(f"best: {b.median_s * 1e3:.4g} ms, {b.gflops:.3g} GFLOP/s (max relative error {b.max_rel_error:.2g})")
     print(f"config {json.dumps(b.config)}")
-    fallback = dataclasses.asdict(t.fallback(wl, info))
+    fallback = dataclasses.asdict(t.fallback(wl, getattr(info, "info", info)))
     if fallback == b.config:
         print("(the fallback config)")
     return 0
@@ -422,7 +422,14 @@ def run() -> None:
     folders are checked where OpenCL is first loaded: tuner.runtime.cache_folders)."""
     from tuner.console import setup_warnings
     setup_warnings()
-    sys.exit(main())
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:  # `tuner ... | head`: the reader left; say nothing more (no traceback)
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 141
+    sys.exit(code)
 
 
 if __name__ == "__main__":
