@@ -6,8 +6,10 @@ half goes through the runtime: build the source, allocate, upload, run once, dow
 (``Runtime.time``: warm-up, repeats and a minimum kernel time, from device timestamps). A device behind a
 link (the device agent) therefore needs no Python, and its records are the same as a local device's.
 
-The host half of the next configs runs in a thread pool (``n_parallel`` threads) while the device measures
-the current one, so the device does not wait for lowering and code generation. ``cooldown_s`` (a
+The host half of the next configs runs in a thread while the device measures the current one, so the device
+does not wait for lowering and code generation. Only one thread works on the IR at a time (``_IR_LOCK``):
+Python 3.11's ``functools.cached_property`` holds one lock per property across all instances, and two threads
+lowering at once deadlock on two of them; the device's round trips (build, run, time) happen outside it. ``cooldown_s`` (a
 ``MeasureOptions`` field) is slept between two measurements: a phone that throttles when hot measures each
 config from the same temperature.
 
@@ -17,13 +19,17 @@ that did not end, ``DeviceCrashed`` for one that crashed. A link that is lost (`
 config's failure: it propagates, and a re-run resumes from the log."""
 from __future__ import annotations
 
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
 
 from tuner.errors import CompileError, DeviceCrashed, ErrorCode, LoweringError, TunerError
 from tuner.measure.runner import MeasureOptions, MeasureResult, Runner, now as _now
+
+
+_IR_LOCK = threading.RLock()  # held while a thread touches IR objects (instantiate, lower, pack, unpack)
 
 
 def _link_errors() -> tuple:
@@ -56,7 +62,7 @@ class RuntimeRunner(Runner):
         if not inputs:
             return []
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max(1, self.options.n_parallel), thread_name_prefix="tuner-generate")
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="tuner-generate")
         cooldown = float(self.options.cooldown_s or 0.0)
         pending = [self._pool.submit(self._host, inp) for inp in inputs]
         out = []
@@ -80,12 +86,17 @@ class RuntimeRunner(Runner):
         finally:
             for f in pending:
                 f.cancel()
+            wait(pending)  # none left touching the IR when the caller goes on (an error included)
         return out
 
     # -- the host half (a pool thread) ----------------------------------------------------------------
     def _host(self, inp) -> tuple:
         """``("error", (code, msg))``, or ``("ok", template, lowered program, source, inputs, reference,
         seconds)``."""
+        with _IR_LOCK:
+            return self._host_locked(inp)
+
+    def _host_locked(self, inp) -> tuple:
         from tuner.measure.jobs import _inputs_and_reference, _instantiate
         from tuner.runtime.launch import generate
         t0 = time.perf_counter()
@@ -123,7 +134,8 @@ class RuntimeRunner(Runner):
             return ErrorCode.RUNTIME, f"{type(e).__name__}: {e}"
         rel = None
         try:
-            launches, arrays = self._prepare(prog, program, inputs)
+            with _IR_LOCK:
+                launches, arrays = self._prepare(prog, program, inputs)
             rt.submit(launches)
             rt.finish()
             if o.check:
@@ -157,8 +169,11 @@ class RuntimeRunner(Runner):
     def _check(self, t, inp, prog, arrays, ref) -> tuple:
         """``(max relative error, why it is wrong or "")`` of the template's output against its reference."""
         from tuner.runtime.launch import unpack
-        buf = next(b for b in prog.params if b.name == t.output)
-        got = np.asarray(unpack(buf, self.runtime.download(arrays[buf.name])), dtype=np.float64)
+        with _IR_LOCK:
+            buf = next(b for b in prog.params if b.name == t.output)
+        raw = self.runtime.download(arrays[buf.name])
+        with _IR_LOCK:
+            got = np.asarray(unpack(buf, raw), dtype=np.float64)
         if got.shape != ref.shape:
             return None, f"output shape {got.shape} vs reference {ref.shape}"
         rel = float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
