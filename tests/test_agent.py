@@ -186,7 +186,7 @@ def _fuzz_body(rnd: random.Random, typ: int, handles: list, device: int) -> byte
         w.u32(rnd.choice((device, 9, (1 << 32) - 1)))
     elif typ == P.BUILD:
         w.str(rnd.choice((KERNEL, "", "__kernel void broken( {", KERNEL.replace("twice", "other")))).str(
-            rnd.choice(("", "-cl-fast-relaxed-math", "-not-an-option")))
+            rnd.choice(("", "-cl-fast-relaxed-math", "-not-an-option"))).u32(rnd.choice((0, 1, 2)))
     elif typ == P.ALLOC:
         w.u32(rnd.choice((0, 1, 2))).u64(rnd.choice((0, 4, 64, 1 << 20, 1 << 62))).u32(num() % 70000).u32(
             num() % 70000).u32(rnd.choice((0, 1, 5)))
@@ -226,7 +226,7 @@ def test_fuzzed_requests_never_crash_the_agent(native, cl_env, tmp_path):
     devices = json.loads(P.Reader(body, "HELLO").str())["devices"]
     pocl = next(i for i, d in enumerate(devices) if d["platform"].startswith("Portable"))
     assert a.call(P.OPEN, P.Writer().u32(pocl).done())[0] == P.OK
-    status, body = a.call(P.BUILD, P.Writer().str(KERNEL).str("").done())
+    status, body = a.call(P.BUILD, P.Writer().str(KERNEL).str("").u32(0).done())
     assert status == P.OK, _msg(body)
     prog = P.Reader(body, "BUILD").u32()
     status, body = a.call(P.ALLOC, P.Writer().u32(0).u64(64).u32(0).u32(0).u32(0).done())
@@ -264,7 +264,7 @@ def test_handles_do_not_survive_a_crash_and_the_device_is_reopened(native, cl_en
     devices = json.loads(P.Reader(body, "HELLO").str())["devices"]
     assert a.call(P.OPEN, P.Writer().u32(_default_index(devices)).done())[0] == P.OK
     endless = "__kernel void spin(__global float *a) { for (;;) { a[0] += 1.0f; } }"
-    status, body = a.call(P.BUILD, P.Writer().str(endless).str("").done())
+    status, body = a.call(P.BUILD, P.Writer().str(endless).str("").u32(0).done())
     assert status == P.OK, _msg(body)
     prog = P.Reader(body, "BUILD").u32()
     mem = P.Reader(a.call(P.ALLOC, P.Writer().u32(0).u64(4).u32(0).u32(0).u32(0).done())[1], "ALLOC").u32()
@@ -279,6 +279,42 @@ def test_handles_do_not_survive_a_crash_and_the_device_is_reopened(native, cl_en
     assert status == P.OK  # the device is open in the new executor
     code, log = a.finish()
     assert code == 0
+
+
+def test_binary_cache_and_a_refused_binary(native, cl_env, tmp_path):
+    """BUILD with flag 1 keeps the binary under WORK/binaries/<device>/<sha256>.bin; the next BUILD of that
+    source comes from it; a binary the driver refuses is deleted and rebuilt from source (and kept again);
+    without the flag nothing is written."""
+    import hashlib
+    import json
+
+    from tuner.agent.runtime import _default_index
+    a = RawAgent(native["agent"], cl_env, tmp_path)
+    devices = json.loads(P.Reader(a.call(P.HELLO, P.Writer().str("").done())[1], "HELLO").str())["devices"]
+    assert a.call(P.OPEN, P.Writer().u32(_default_index(devices)).done())[0] == P.OK
+
+    def build(source, flags):
+        status, body = a.call(P.BUILD, P.Writer().str(source).str("").u32(flags).done())
+        assert status == P.OK, _msg(body)
+        r = P.Reader(body, "BUILD")
+        _prog, _log, seconds, cached = r.u32(), r.str(), r.f64(), r.u32()
+        r.end()
+        assert seconds >= 0
+        return cached
+    assert build(KERNEL.replace("twice", "once"), 0) == 0
+    assert not list(tmp_path.glob("binaries/*/*.bin"))  # no flag, no binary
+    assert build(KERNEL, 1) == 0
+    path, = tmp_path.glob("binaries/*/*.bin")
+    assert path.stem == hashlib.sha256(b"\0" + KERNEL.encode()).hexdigest()
+    assert build(KERNEL, 0) == 1  # a cached binary serves any BUILD
+    garbage = b"\x7fELF not a program binary" * 40
+    path.write_bytes(f"tuner-native-clbin 1\n{len(garbage)} {hashlib.sha256(garbage).hexdigest()}\n".encode() + garbage)
+    assert build(KERNEL, 1) == 0  # refused: built from source
+    assert garbage not in path.read_bytes()  # and kept again
+    assert build(KERNEL, 0) == 1
+    status, body = a.call(P.BUILD, P.Writer().str(KERNEL).str("").u32(4).done())
+    assert status == P.BAD_REQUEST and "flags" in _msg(body)
+    assert a.finish()[0] == 0
 
 
 # -- tcp:// with a token -----------------------------------------------------------------------------------

@@ -391,6 +391,7 @@ static int new_program(executor *ex, cl_program prog, uint32_t *handle, char *ms
 static int do_build(executor *ex, unsigned type, tpr_reader *r, tpr_buf *out, char *msg) {
     size_t slen = 0, olen = 0;
     char *src = tpr_str(r, &slen), *opts = tpr_str(r, &olen);
+    uint32_t flags = tpr_u32(r);
     char dir[4096], path[4400], hex[65], err[TNR_ERRLEN], log[4096];
     tnr_sha256_ctx c;
     unsigned char digest[32], *bin = NULL;
@@ -410,6 +411,11 @@ static int do_build(executor *ex, unsigned type, tpr_reader *r, tpr_buf *out, ch
         free(src);
         free(opts);
         return BAD("BUILD of an empty source");
+    }
+    if (flags & ~(uint32_t)TPR_BUILD_KEEP) {
+        free(src);
+        free(opts);
+        return BAD("BUILD flags %u (1: keep the binary)", flags);
     }
     tnr_sha256_init(&c);
     tnr_sha256_update(&c, opts, olen);
@@ -437,7 +443,9 @@ static int do_build(executor *ex, unsigned type, tpr_reader *r, tpr_buf *out, ch
             free(opts);
             return fail(msg, rc == TNR_E_BUILD ? TPR_COMPILE : TPR_RUNTIME, "%s", err);
         }
-        if (tcl_program_binary(&ex->api, prog, &bin, &blen, err) == TNR_OK && bin && blen)
+        /* the binary only when asked: a driver may compile again to give it (PoCL: as long as the build), and a
+         * tuning run builds each source once */
+        if ((flags & TPR_BUILD_KEEP) && tcl_program_binary(&ex->api, prog, &bin, &blen, err) == TNR_OK && bin && blen)
             tnr_bincache_write(dir, path, bin, blen);
         free(bin);
     }

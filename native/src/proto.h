@@ -17,6 +17,7 @@ enum { TPR_HELLO = 1, TPR_OPEN, TPR_BUILD, TPR_ALLOC, TPR_WRITE, TPR_READ, TPR_F
        TPR_PING, TPR_BYE, TPR_LAST = TPR_BYE };
 enum { TPR_OK = 0, TPR_BAD_REQUEST, TPR_COMPILE, TPR_RUNTIME, TPR_TIMEOUT, TPR_CRASHED, TPR_NO_DEVICE, TPR_AUTH };
 enum { TPR_RUN_ONCE = 0, TPR_RUN_PROFILE = 1, TPR_RUN_TIME = 2 };
+enum { TPR_BUILD_KEEP = 1 }; /* BUILD flags: keep the program's binary in the cache */
 
 typedef struct {
     char magic[4];

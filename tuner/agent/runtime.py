@@ -226,7 +226,10 @@ class AgentRuntime(Runtime):
         return obj
 
     def build(self, source, cache_dir=None, stats=None):
-        r = self._call(P.BUILD, P.Writer().str(source).str("").done(), self.build_timeout, "BUILD")
+        """A program; with ``cache_dir`` (a model's load) the agent also keeps its binary in its work directory
+        (a tuning run, which builds each source once, does not ask: the driver may compile again for it)."""
+        flags = P.BUILD_KEEP if cache_dir is not None else 0
+        r = self._call(P.BUILD, P.Writer().str(source).str("").u32(flags).done(), self.build_timeout, "BUILD")
         pid, _log, _seconds, cached = r.u32(), r.str(), r.f64(), r.u32()
         r.end()
         if stats is not None:
