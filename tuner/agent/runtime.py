@@ -158,11 +158,15 @@ class AgentRuntime(Runtime):
         self.calls[what] = self.calls.get(what, 0) + 1
         self.link.send(b"".join(f.encode() for f in frees) + frame.encode())
         wait = timeout + 15.0  # the agent answers TIMEOUT at the deadline; beyond this the link itself stalled
+        lost = None  # the executor died on a FREE: the request went to a new one, without the handles it names
         for f in frees:
-            rtyp, rrid, _status, _data = self._recv(wait)
+            rtyp, rrid, fstatus, fdata = self._recv(wait)
             if rrid != f.request_id:
                 raise AgentLinkError(f"{self.link.name}: a reply to request {rrid} while waiting for {f.request_id} "
                                      f"(FREE); the link is out of step")
+            if fstatus in (P.TIMEOUT, P.CRASHED) and lost is None:
+                self.epoch += 1
+                lost = P.Reader(fdata, "FREE").str() if fdata else "the executor died"
         rtyp, rrid, status, data = self._recv(wait)
         if rrid != rid or rtyp != typ:
             raise AgentLinkError(f"{self.link.name}: a reply to request {rrid} ({P.NAMES.get(rtyp, rtyp)}) while "
@@ -170,6 +174,9 @@ class AgentRuntime(Runtime):
         r = P.Reader(data, f"{self.link.name} {what}")
         if status == P.OK:
             return r
+        if lost is not None and status not in (P.TIMEOUT, P.CRASHED):
+            raise DeviceCrashed(f"the agent's executor died freeing memory before {what} ({lost}); the agent "
+                                f"starts another on the next request")
         try:
             msg = r.str() if data else ""
         except P.ProtocolError:
