@@ -32,7 +32,7 @@ def is_agent_spec(spec) -> bool:
 
 def parse_spec(spec: str) -> tuple:
     """``(scheme, target, options)``: ``exec://PATH [ARGS]``, ``tcp://HOST:PORT``, ``adb://[SERIAL]``, each
-    with an optional ``?device=N&token=T&timeout=S``."""
+    with an optional ``?device=N&token=T&timeout=S`` (``device``: an index or a name)."""
     scheme, rest = spec.split("://", 1)
     target, _, query = rest.partition("?")
     opts = {k: v[-1] for k, v in parse_qs(query, keep_blank_values=True).items()}
@@ -40,8 +40,16 @@ def parse_spec(spec: str) -> tuple:
     if unknown:
         raise TunerError(f"--device {spec!r}: unknown option {sorted(unknown)[0]!r}; the options are device=N, "
                          f"token=T and timeout=SECONDS")
-    if "device" in opts and not opts["device"].isdigit():
-        raise TunerError(f"--device {spec!r}: device={opts['device']!r} is not a device index")
+    if "device" in opts and not opts["device"].strip():
+        raise TunerError(f"--device {spec!r}: device= needs a device index (as `tuner devices` numbers them on the "
+                         f"agent's machine) or a name")
+    if "timeout" in opts:
+        try:
+            ok = float(opts["timeout"]) > 0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise TunerError(f"--device {spec!r}: timeout={opts['timeout']!r} is not a positive number of seconds")
     if scheme == "exec" and not target.strip():
         raise TunerError("--device exec://PATH needs the agent's path, e.g. exec://build/native/tuner-agent")
     if scheme == "tcp":
