@@ -344,25 +344,28 @@ def _one_config(rt) -> object:
         r.close()
 
 
-def test_cooldown_between_measurements(native):
-    """``MeasureOptions.cooldown_s`` is slept between two measurements on the device (not before the first,
-    not for a config that fails on the host)."""
+def test_cooldown_between_measurements(native, monkeypatch):
+    """``MeasureOptions.cooldown_s`` is slept between two measurements on the device: not before the first,
+    not for a config that fails on the host, and across batches."""
+    import tuner.measure.runtime_runner as RR
+    slept = []
+
+    class Clock:
+        perf_counter = staticmethod(time.perf_counter)
+        sleep = staticmethod(slept.append)
+    monkeypatch.setattr(RR, "time", Clock)
     t = tuner.get_template("conv2d")
     wl = t.workload((1, 4, 6, 6), (4, 4, 3, 3), padding=1)
     with AgentRuntime(f"exec://{native['agent']}") as rt:
         cfg = t.fallback(wl, rt.info)
-        fast = RuntimeRunner(rt, MeasureOptions(repeats=1, min_seconds=0.0, n_parallel=1))
-        start = time.monotonic()
-        fast.measure([MeasureInput("conv2d", wl, cfg)] * 3)
-        base = time.monotonic() - start
-        fast.close()
-        slow = RuntimeRunner(rt, MeasureOptions(repeats=1, min_seconds=0.0, n_parallel=1, cooldown_s=0.5))
-        start = time.monotonic()
-        res = slow.measure([MeasureInput("conv2d", wl, cfg)] * 3)
-        took = time.monotonic() - start
-        slow.close()
-    assert all(r.ok for r in res)
-    assert took >= 1.0 and took - base >= 0.8, (took, base)  # two pauses of 0.5 s
+        runner = RuntimeRunner(rt, MeasureOptions(repeats=1, min_seconds=0.0, n_parallel=1, cooldown_s=0.5))
+        good, bad = MeasureInput("conv2d", wl, cfg), MeasureInput("no.such:TEMPLATE", wl, cfg)
+        first = runner.measure([good, bad, good])
+        assert slept == [0.5]
+        second = runner.measure([good])
+        runner.close()
+    assert [r.ok for r in first + second] == [True, False, True, True]
+    assert slept == [0.5, 0.5]
 
 
 def test_tcp_with_a_token(native, cl_env, tmp_path, monkeypatch):
