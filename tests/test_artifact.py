@@ -138,3 +138,74 @@ def test_kernel_files_never_come_from_node_names(device, tmp_path):
     x = np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype(np.float32)
     y, = load_module(d, device=device).run([x])
     np.testing.assert_allclose(y, np.einsum("oc,nchw->nohw", np.ones((4, 3), np.float32), x), rtol=1e-5, atol=1e-5)
+
+
+def _resealed(d: Path) -> None:
+    from artifact_corpus import _reseal
+    _reseal(d)
+
+
+def test_more_damage_the_python_reader_refuses(built, tmp_path, capsys):
+    """Found by a hostile sweep: a kernel defined only in a comment, a NUL in a source, a kernel file that is a
+    symbolic link, and a call that reads and writes one tensor. (The native reader's parity is tracked in
+    native/README.md.)"""
+    good = built["buffer"]
+    cases = []
+
+    def copy(name):
+        d = tmp_path / name
+        shutil.copytree(good, d, ignore=shutil.ignore_patterns("binaries"))
+        return d
+
+    d = copy("comment_only")
+    k = d / "kernels" / "k000.cl"
+    src = k.read_text()
+    k.write_text("// __kernel void relayout(\n#if 0\n" + src + "\n#endif\n")
+    _resealed(d)
+    cases.append((d, None))  # passes the text checks; the driver's refusal at load is one line
+    d = copy("nul")
+    (d / "kernels" / "k000.cl").write_bytes(b"\0" + (d / "kernels" / "k000.cl").read_bytes())
+    _resealed(d)
+    cases.append((d, "not text"))
+    d = copy("symlink")
+    outside = tmp_path / "k000.cl"
+    shutil.move(d / "kernels" / "k000.cl", outside)
+    (d / "kernels" / "k000.cl").symlink_to(outside)
+    cases.append((d, "symbolic link"))
+    d = copy("alias")
+    g = json.loads((d / "graph.json").read_text())
+    call = next(c for n in g["nodes"] for c in n["calls"] if len(c["args"]) >= 2)
+    w = next(i for i, p in enumerate(call["signature"]) if p["access"] == "write")
+    r = next(i for i, p in enumerate(call["signature"]) if p["access"] == "read" and call["args"][i].startswith("t:"))
+    call["args"][r] = call["args"][w]
+    (d / "graph.json").write_text(json.dumps(g))
+    _resealed(d)
+    cases.append((d, "is written and also passed"))
+    for d, words in cases:
+        if words is not None:
+            with pytest.raises(ArtifactError, match=words):
+                read_artifact(d)
+        assert main(["run", str(d), "--repeat", "1"]) == 2, d.name
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and "Traceback" not in err and "k000.cl" in err or words, (d.name, err)
+
+
+def test_profile_json_that_is_a_link_is_replaced_not_written_through(built, tmp_path, device):
+    d = tmp_path / "a"
+    shutil.copytree(built["buffer"], d)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (d / "profile.json").symlink_to(victim)
+    assert main(["run", str(d), "--repeat", "1", "--profile", "--device", str(device.info.index)]) == 0
+    assert victim.read_text() == "precious" and not (d / "profile.json").is_symlink()
+
+
+@pytest.mark.parametrize("out, words", [("", "-o is empty"), ("mine", "is not a compiled model")])
+def test_compile_refuses_its_output_before_any_work(built, tmp_path, capsys, monkeypatch, out, words):
+    import tuner.graph.compiler as compiler
+    monkeypatch.setattr(compiler, "compile_model", lambda *a, **k: pytest.fail("compiled before checking -o"))
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    monkeypatch.chdir(tmp_path)
+    assert main(["compile", str(built["model"]), "-o", out]) == 2
+    assert words in capsys.readouterr().err

@@ -275,3 +275,10 @@ def test_an_unwritable_cache_folder_does_not_hide_pocl(tmp_path):
     code = "import tuner; print(sorted({d.platform for d in tuner.list_devices()}))"
     lib = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert lib.returncode == 0 and "Portable Computing Language" in lib.stdout, lib.stderr
+
+
+def test_native_help_reaches_its_own_parser(capsys):
+    from tuner.cli import main
+    for flag in ("-h", "--help"):
+        assert main(["native", flag]) == 0 and "build" in capsys.readouterr().out
+    assert main(["native", "--frobnicate"]) == 2

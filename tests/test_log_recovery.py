@@ -155,3 +155,15 @@ def test_merge_needs_a_log_and_takes_nothing_else(tmp_path, capsys):
     assert "not --best" in capsys.readouterr().err
     assert main(["logs", "--merge", str(tmp_path / "none-*.jsonl"), "-o", str(tmp_path / "L.jsonl")]) == 0
     assert "nothing to merge" in capsys.readouterr().err and not list(tmp_path.glob("L.jsonl*"))
+
+
+def test_merge_refuses_a_target_that_is_not_a_log(tmp_path, capsys):
+    """`tuner logs --merge SIDE -o model.onnx` (a slip) must not append records to a model."""
+    from tuner.cli import main
+    victim = tmp_path / "model.onnx"
+    victim.write_bytes(b"\x08\x07\x12\x04onnx not a log")
+    side = tmp_path / "side.jsonl"
+    side.write_text("")
+    before = victim.read_bytes()
+    assert main(["logs", "--merge", str(side), "-o", str(victim)]) == 2
+    assert "is not a tuning log" in capsys.readouterr().err and victim.read_bytes() == before

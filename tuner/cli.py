@@ -375,6 +375,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 2 usage or TunerError)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["native"]:  # its own parser: `tuner native -h`, `tuner native build --target ...`
+        try:
+            return cmd_native(argparse.Namespace(rest=argv[1:]))
+        except SystemExit as e:  # its argparse: --help (0) or a usage error (2)
+            return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -75,8 +75,12 @@ def run_op(template, workload, config=None, device=None, check: bool = True, tim
     compare with the reference (``check``) and time it (``time``: median of ``repeats`` profiled runs)."""
     from tuner.runtime.base import Runtime
     if isinstance(device, Runtime):
+        from tuner.errors import DeviceCrashed
         config = config if config is not None else make_config(template, workload, device)
-        return _run_op_on(device, template, workload, config, check, time, repeats, seed)
+        try:
+            return _run_op_on(device, template, workload, config, check, time, repeats, seed)
+        except (TimeoutError, DeviceCrashed) as e:
+            raise TunerError(f"{template.name} on {device.info.name}: {e}") from None
     dev = device if isinstance(device, Device) else open_device(device)
     config = config if config is not None else make_config(template, workload, dev)
     exe = build(template.build(workload, config), dev)

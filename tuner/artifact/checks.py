@@ -155,7 +155,8 @@ def _arg(spec: ModuleSpec, blobs: dict, ref: str):
 
 
 def defined_kernels(source: str) -> set:
-    """Names of the ``__kernel`` functions a source defines."""
+    """Names of the ``__kernel`` functions a source defines (comments left out)."""
+    source = re.sub(r"/\*.*?\*/|//[^\n]*", " ", source, flags=re.S)
     return set(re.findall(r"__kernel\b[^;{]*?\bvoid\s+([A-Za-z_][A-Za-z0-9_]*)\s*\(", source))
 
 
@@ -196,6 +197,11 @@ def check_calls(spec: ModuleSpec, sources: dict, profile: dict) -> None:
                 if ref.startswith("p:") and prm.access == "write":
                     _fail(f"{cw}: parameter {prm.name!r} writes the constant {ref!r}")
                 largest = max(largest, count)
+            written = [ref for ref, prm in zip(c.args, c.signature) if prm.access == "write"]
+            for ref in written:
+                if c.args.count(ref) > 1:
+                    _fail(f"{cw}: argument {ref!r} is written and also passed as another parameter (a kernel "
+                          f"never reads and writes one tensor)")
             _check_launch(c, cw, largest, max_wg, max_items)
 
 

@@ -84,12 +84,22 @@ def _replaceable(d: Path) -> bool:
     return not names or bool(names & {MANIFEST, GRAPH})
 
 
-def write_artifact(path, spec: ModuleSpec, sources: dict, params: dict) -> str:
-    """Write the artifact to ``path`` atomically (a temporary sibling folder renamed into place). An existing
-    artifact there is replaced whole; any other existing file or non-empty folder is refused."""
+def check_output_dir(path) -> Path:
+    """``path`` as an artifact folder a compile may write: refused at once (before any work) when it is empty,
+    or an existing file or non-empty folder that is not a compiled model (a compile replaces an artifact
+    whole, and never anything else)."""
+    if not str(path).strip():
+        raise ArtifactError("-o is empty: name the folder the compiled model goes to, e.g. -o build/model")
     d = Path(path)
     if not _replaceable(d):
         raise ArtifactError(f"{d} exists and is not a compiled model; choose another -o folder or remove it")
+    return d
+
+
+def write_artifact(path, spec: ModuleSpec, sources: dict, params: dict) -> str:
+    """Write the artifact to ``path`` atomically (a temporary sibling folder renamed into place). An existing
+    artifact there is replaced whole; any other existing file or non-empty folder is refused."""
+    d = check_output_dir(path)
     parent = d.parent
     tmp = None
     try:
@@ -119,9 +129,9 @@ def _redo(d: Path) -> str:
 
 def _read_capped(path: Path, cap: int, d: Path) -> bytes:
     """The bytes of a regular file of at most ``cap`` bytes; anything else (a FIFO, a device, a folder, a
-    bigger file) is refused before it is opened for reading."""
+    symbolic link, a bigger file) is refused before it is opened for reading."""
     try:
-        st = os.stat(path)
+        st = os.lstat(path)
     except OSError as e:
         raise ArtifactError(f"{path} cannot be read ({e.strerror}); {_redo(d)}") from None
     if not stat.S_ISREG(st.st_mode):
@@ -169,11 +179,15 @@ def verify_manifest(d: Path) -> dict:
             raise ArtifactError(f"{d / MANIFEST}: files[{i}] is not a path, size and sha256, or repeats; {_redo(d)}")
         p = d / f["path"]
         try:
-            st = os.stat(p)
+            st = os.lstat(p)
+            if f["path"].startswith(KERNELS + "/") and stat.S_ISLNK(os.lstat(d / KERNELS).st_mode):
+                st = os.lstat(d / KERNELS)
         except OSError:
             raise ArtifactError(f"{p} is missing; {_redo(d)}") from None
         if not stat.S_ISREG(st.st_mode):
-            raise ArtifactError(f"{p} is not a regular file; {_redo(d)}")
+            what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+            raise ArtifactError(f"{p} is {what}{' (or lies under one)' if stat.S_ISLNK(st.st_mode) else ''}; an "
+                                f"artifact holds its own files; {_redo(d)}")
         if st.st_size != f["size"]:
             raise ArtifactError(f"{p} holds {st.st_size} bytes, the manifest says {f['size']}: the file was "
                                 f"truncated or replaced; {_redo(d)}")
@@ -208,9 +222,12 @@ def read_artifact(path) -> tuple:
         if rel not in sizes:
             raise ArtifactError(f"{d / GRAPH}: nodes[{i}] names {rel}, which manifest.json does not list; {_redo(d)}")
         try:
-            sources[n.source] = _read_capped(d / rel, MAX_KERNEL, d).decode()
+            text = _read_capped(d / rel, MAX_KERNEL, d).decode()
         except UnicodeDecodeError:
-            raise ArtifactError(f"{d / rel} is not text; {_redo(d)}") from None
+            text = "\0"
+        if "\0" in text:
+            raise ArtifactError(f"{d / rel} is not text (UTF-8 without NUL); {_redo(d)}")
+        sources[n.source] = text
     try:
         check_spec(spec, sources, sizes[PARAMS])
     except ArtifactError as e:

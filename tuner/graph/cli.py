@@ -60,6 +60,8 @@ def cmd_compile(args) -> int:
     from .compiler import compile_model
     if args.target and args.device:
         raise TunerError("--device or --target: compile for an attached device or for a device profile, not both")
+    from tuner.artifact.store import check_output_dir
+    check_output_dir(args.output)  # before any work: an artifact folder, new or replaced whole
     writable_dir(args.output, "-o", create=False)  # made by save() only once the compile succeeded
     try:
         mod = compile_model(_model_path(args.model), log=args.log, device=args.device, scope=args.scope,
@@ -198,7 +200,11 @@ def cmd_run(args) -> int:
         prof = mod.profile(args.repeat)
         print_profile(prof)
         try:
-            Path(args.artifact, "profile.json").write_text(json.dumps(prof, indent=1))
+            # beside, then renamed over it: a profile.json that is a link is replaced, never written through
+            target = Path(args.artifact, "profile.json")
+            tmp = target.with_name(f".profile.json.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(prof, indent=1))
+            os.replace(tmp, target)
         except OSError as e:
             print(f"warning: profile.json not written into {args.artifact} ({e.strerror})", file=sys.stderr)
     return 0

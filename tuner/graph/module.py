@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tuner.artifact import (BINARIES, VERSION, Blob, Call, Entry, ModuleSpec, Node, Param, Pool,  # noqa: F401
-                            check_spec, read_artifact, write_artifact)
+from tuner.artifact import (BINARIES, VERSION, ArtifactError, Blob, Call, Entry, ModuleSpec, Node, Param,  # noqa: F401
+                            Pool, check_spec, read_artifact, write_artifact)
 from tuner.artifact.store import layout_params
 from tuner.errors import TunerError
 
@@ -145,8 +145,16 @@ class Module:
         self._launches = []  # runtime launch handles, arguments set once: a run only enqueues
         for i, n in enumerate(spec.nodes):
             for c in n.calls:
-                self._launches.append(rt.prepare(programs[n.source], c.kernel, [self.arrays[a] for a in c.args],
-                                                 c.global_size, c.local_size))
+                try:
+                    launch = rt.prepare(programs[n.source], c.kernel, [self.arrays[a] for a in c.args],
+                                        c.global_size, c.local_size)
+                except TunerError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - a driver's refusal (no such kernel, bad arguments)
+                    raise ArtifactError(f"kernels/{n.source}: kernel {c.kernel!r} of node {n.name!r} cannot be "
+                                        f"set up on {rt.info.name} ({type(e).__name__}: {e}); recompile the "
+                                        f"model") from None
+                self._launches.append(launch)
                 self._nodes_of_launch.append(i)
         rt.finish()  # the parameters are on the device
         self.load_stats = {"programs": len(names), **{k: stats.get(k, 0) for k in ("source", "binary", "memory")}}

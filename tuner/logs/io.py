@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import glob
 import hashlib
+import json
 import os
 import shlex
 import stat
@@ -352,6 +353,23 @@ def _identity(record: Record) -> bytes:
     return hashlib.blake2b(record.to_json().encode("utf-8"), digest_size=16).digest()
 
 
+def _check_is_log(log: Path) -> None:
+    """A merge appends only to a tuning log: a new or empty file, or one whose first line is a record. An ONNX
+    model, a CSV or any other file named by mistake as ``-o`` is refused untouched."""
+    if not log.exists() or log.stat().st_size == 0:
+        return
+    with open(log, "rb") as f:
+        first = f.readline(1 << 20)
+    try:
+        rec = json.loads(first)
+        ok = isinstance(rec, dict) and "template" in rec and "config" in rec
+    except (ValueError, RecursionError):
+        ok = False
+    if not ok:
+        raise TunerError(f"{log} is not a tuning log (its first line is not a record): nothing was merged; "
+                         f"give the log the side files came from as -o")
+
+
 def merge_records(sources, log) -> MergeResult:
     """Append to ``log`` the valid records of ``sources`` (paths or globs, e.g. the side files of
     ``append_records``) that it does not hold yet, under the log's lock. The log's torn last line, if any, is
@@ -359,6 +377,7 @@ def merge_records(sources, log) -> MergeResult:
     nothing. Bad source lines are skipped with one warning per kind."""
     log = Path(log)
     _check_regular(log)
+    _check_is_log(log)
     files = [f for f in expand_paths(sources) if not (log.exists() and os.path.samefile(f, log))]
     result = MergeResult(log, files)
     if not files:
