@@ -43,14 +43,25 @@ BUILD = ROOT / "build" / "native"
 PRODUCTS = {"library": "libtuner_runtime.so", "tuner_run": "tuner-run", "tuner_run_asan": "asan/tuner-run",
             "agent": "tuner-agent", "agent_asan": "asan/tuner-agent"}
 AGENTS = ("agent", "agent_asan")  # the device agent (docs/agent-protocol.md); the rest is the runtime
+# The agent's sources (native/Makefile's AGENT_SRCS), for cross builds: C11, libc, libdl, pthread.
+AGENT_SOURCES = ("common.c", "sha256.c", "opencl.c", "bincache.c", "proto.c", "executor.c", "agent.c")
+# target -> (what it is for, zig's target triple; None: the NDK's clang)
+CROSS = {
+    "linux-arm64": ("64-bit Arm Linux with glibc 2.17 or later (boards, Termux-less Linux)", "aarch64-linux-gnu.2.17"),
+    "linux-x86_64": ("x86_64 Linux with glibc 2.17 or later", "x86_64-linux-gnu.2.17"),
+    "android-arm64": ("Android 7 (API 24) or later on arm64-v8a, with the NDK", None),
+}
 
 
-def build(target: str = "host", build_dir=None, quiet: bool = True) -> dict:
-    """Build the native runtime and the device agent for ``target`` (only ``host``: this machine, with its gcc)
-    and return ``{"library": path, "tuner_run": path, "tuner_run_asan": path, "agent": path, "agent_asan":
-    path}``. Incremental (make)."""
+def build(target: str = "host", build_dir=None, quiet: bool = True, ndk=None) -> dict:
+    """Build the native runtime and the device agent for ``target`` and return the paths: for ``host`` (this
+    machine, with its gcc; incremental, make) ``{"library", "tuner_run", "tuner_run_asan", "agent",
+    "agent_asan"}``; for a cross target (:data:`CROSS`) ``{"agent": build/native/<target>/tuner-agent}``, built
+    with ``zig cc`` (``zig`` on PATH or the ``ziglang`` package) or, for ``android-arm64``, the NDK's clang
+    (``ndk``: the NDK's directory, default ``$ANDROID_NDK_HOME``). Push the Android one with
+    ``TUNER_AGENT_ANDROID=PATH`` (adb:// finds build/native/android-arm64/tuner-agent by itself)."""
     if target != "host":
-        raise TunerError(f"native build target {target!r}: only 'host' is supported for now")
+        return _cross_build(target, build_dir, ndk)
     if not (NATIVE / "Makefile").is_file():
         raise TunerError(f"no native sources at {NATIVE} (the native runtime is built from a source checkout)")
     for tool in ("make", os.environ.get("CC", "gcc")):
@@ -69,6 +80,43 @@ def build(target: str = "host", build_dir=None, quiet: bool = True) -> dict:
     if missing:
         raise TunerError(f"native build finished without {', '.join(missing)}")
     return {k: str(p) for k, p in paths.items()}
+
+
+def _zig() -> list | None:
+    if shutil.which("zig"):
+        return ["zig"]
+    if importlib.util.find_spec("ziglang") is not None:
+        return [sys.executable, "-m", "ziglang"]
+    return None
+
+
+def _cross_build(target: str, build_dir, ndk) -> dict:
+    if target not in CROSS:
+        raise TunerError(f"native build target {target!r}: choose host, "
+                         + ", ".join(f"{k} ({v[0]})" for k, v in CROSS.items()))
+    out = (Path(build_dir) if build_dir is not None else BUILD / target)
+    out.mkdir(parents=True, exist_ok=True)
+    exe = out / "tuner-agent"
+    triple = CROSS[target][1]
+    if triple is None:  # Android: bionic needs the NDK's sysroot
+        ndk = ndk or os.environ.get("ANDROID_NDK_HOME") or os.environ.get("ANDROID_NDK_ROOT")
+        clang = sorted(Path(ndk).glob("toolchains/llvm/prebuilt/*/bin/aarch64-linux-android24-clang")) if ndk else []
+        if not clang:
+            raise TunerError(f"native build --target {target}: needs the Android NDK (r21 or later): pass --ndk DIR "
+                             f"or set ANDROID_NDK_HOME" + (f" ({ndk} has no aarch64-linux-android24-clang)" if ndk else ""))
+        cc = [str(clang[0])]
+    else:
+        cc = _zig()
+        if cc is None:
+            raise TunerError(f"native build --target {target}: needs zig (`pip install ziglang`, or zig on PATH)")
+        cc = [*cc, "cc", "-target", triple]
+    cmd = [*cc, "-O2", "-std=c11", "-Wall", "-Wextra", "-Werror", "-Wno-format-truncation",
+           *[str(NATIVE / "src" / f) for f in AGENT_SOURCES], "-o", str(exe), "-ldl", "-lpthread", "-s"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0 or not exe.is_file():
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-30:])
+        raise TunerError(f"native build for {target} failed ({' '.join(cmd[:4])} ...):\n{tail}")
+    return {"agent": str(exe)}
 
 
 def _pyopencl_dir() -> Path | None:
@@ -164,13 +212,14 @@ def native_main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="build build/native/{libtuner_runtime.so,tuner-run,tuner-agent} and their "
                                      "ASan builds under asan/")
-    b.add_argument("--target", default="host", help="only 'host' for now")
+    b.add_argument("--target", default="host", help="host (default), or the agent alone for " + ", ".join(CROSS))
+    b.add_argument("--ndk", default=None, help="the Android NDK's directory (--target android-arm64)")
     b.add_argument("--build-dir", default=None, help="where (default build/native)")
     sub.add_parser("env", help="print the OpenCL environment a native program needs here")
     args = p.parse_args(argv)
     try:
         if args.cmd == "build":
-            for key, path in build(args.target, args.build_dir).items():
+            for key, path in build(args.target, args.build_dir, ndk=args.ndk).items():
                 print(f"{'agent' if key in AGENTS else 'runtime'} {path}")
         else:
             env = opencl_env({})

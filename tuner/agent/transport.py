@@ -281,4 +281,8 @@ def connect(spec: str):
         u = urlsplit(f"tcp://{target}")
         return TcpTransport(u.hostname, u.port), opts
     agent = os.environ.get("TUNER_AGENT_ANDROID")
+    if not agent:  # what `tuner native build --target android-arm64` writes
+        from tuner.native import BUILD
+        built = BUILD / "android-arm64" / "tuner-agent"
+        agent = str(built) if built.is_file() else None
     return AdbTransport(target or None, agent), opts
