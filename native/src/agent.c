@@ -88,20 +88,43 @@ static struct {
 static unsigned char open_body[4];
 static int opened;
 
+/* Executors killed but not yet reaped (one stuck in the driver may take a while to go): reaped later. */
+static pid_t unreaped[64];
+
+static void reap_later(pid_t pid) {
+    size_t i;
+    for (i = 0; i < sizeof unreaped / sizeof unreaped[0]; i++)
+        if (unreaped[i] <= 0) {
+            unreaped[i] = pid;
+            return;
+        }
+    tnr_agent_log("executor %ld could not be reaped", (long)pid);
+}
+
+static void reap_pending(void) {
+    size_t i;
+    int st;
+    for (i = 0; i < sizeof unreaped / sizeof unreaped[0]; i++)
+        if (unreaped[i] > 0 && waitpid(unreaped[i], &st, WNOHANG) != 0) unreaped[i] = 0;
+}
+
+/* Waits up to ms for pid; 1 with *st when it was reaped, 0 when it still runs. Never blocks longer. */
+static int wait_for(pid_t pid, int *st, long long ms) {
+    long long until = now_ms() + ms;
+    pid_t w;
+    while ((w = waitpid(pid, st, WNOHANG)) == 0 && now_ms() < until) usleep(2000);
+    return w != 0;
+}
+
 static void reap(int force) {
     int st;
-    long long until = now_ms() + 2000;
     if (child.fd >= 0) close(child.fd); /* the executor sees the end of its stream and exits */
     child.fd = -1;
     if (child.pid <= 0) return;
     if (force) kill(child.pid, SIGKILL);
-    while (waitpid(child.pid, &st, WNOHANG) == 0) {
-        if (now_ms() > until) {
-            kill(child.pid, SIGKILL);
-            waitpid(child.pid, &st, 0);
-            break;
-        }
-        usleep(2000);
+    if (!wait_for(child.pid, &st, 2000)) {
+        kill(child.pid, SIGKILL);
+        if (!wait_for(child.pid, &st, 1000)) reap_later(child.pid); /* stuck in the kernel: the supervisor goes on */
     }
     child.pid = -1;
 }
@@ -186,15 +209,10 @@ static int read_until(int fd, void *buf, size_t n, long long deadline, int host)
 static void death(char *out, size_t len) {
     int st = 0;
     pid_t pid = child.pid;
-    long long until = now_ms() + 2000;
-    pid_t w;
-    while ((w = waitpid(pid, &st, WNOHANG)) == 0 && now_ms() < until) usleep(2000);
-    if (w == 0) {
+    if (!wait_for(pid, &st, 2000)) {
         kill(pid, SIGKILL);
-        waitpid(pid, &st, 0);
+        if (!wait_for(pid, &st, 1000)) reap_later(pid);
         snprintf(out, len, "it closed its stream and was killed");
-    } else if (w < 0) {
-        snprintf(out, len, "it is gone");
     } else if (WIFSIGNALED(st)) {
         snprintf(out, len, "signal %d (%s)", WTERMSIG(st), signal_name(WTERMSIG(st)));
     } else {
@@ -304,7 +322,9 @@ static void serve(int in, int out, int listen_fd) {
         tpr_header h, rh;
         const char *bad;
         char msg[TNR_ERRLEN];
-        int rc = tpr_read_full(in, head, TPR_HEADER);
+        int rc;
+        reap_pending();
+        rc = tpr_read_full(in, head, TPR_HEADER);
         if (rc == 1) break;
         if (rc != 0) {
             tnr_agent_log("the link ended inside a frame header");
