@@ -156,7 +156,31 @@ def damaged_artifacts(good_dir, tmp_path) -> list:
     text("nan_literal", lambda t: t.replace('"flops": 0', '"flops": NaN', 1))
     text("trailing_comma", lambda t: t.rstrip().rstrip("}") + ",}")
     text("float_in_a_shape", lambda t: t.replace('"shape": [\n    1,', '"shape": [\n    1.0,', 1))
+
+    d = _copy(good, root / "kernel_with_nul")
+    (d / "kernels" / kernels[0]).write_bytes(b"\0" + (d / "kernels" / kernels[0]).read_bytes())
+    _reseal(d)
+    cases.append(("kernel_with_nul", d, kernels[0]))
+    d = _copy(good, root / "kernel_a_symlink")
+    outside = root / f"outside_{kernels[0]}"
+    shutil.move(d / "kernels" / kernels[0], outside)
+    (d / "kernels" / kernels[0]).symlink_to(outside)
+    cases.append(("kernel_a_symlink", d, kernels[0]))
+    edit("written_argument_passed_twice", _alias_a_written_argument)
     return cases
+
+
+def _alias_a_written_argument(g: dict) -> None:
+    """A call that reads the tensor it writes: the written argument also fills a read parameter."""
+    for call in (c for n in g["nodes"] for c in n["calls"]):
+        sig = call["signature"]
+        for w, pw in enumerate(sig):
+            for r, pr in enumerate(sig):
+                if (pw["access"] == "write" and pr["access"] == "read" and call["args"][r].startswith("t:")
+                        and (pr["kind"], pr["type"]) == (pw["kind"], pw["type"])):
+                    call["args"][r] = call["args"][w]  # of the same kind: only the aliasing is wrong
+                    return
+    raise AssertionError("no call with a read and a written tensor of one kind")
 
 
 def _first_tuned_call(g: dict) -> dict:

@@ -42,7 +42,8 @@ AIMED = {
     "launch_1x1x1": "does not divide", "launch_2d": "must be three integers", "pool_shrunk": "holds 16",
     "kernel_path_escapes": "is not a kernel file name", "shape_a_string": "pools[0].shape",
     "duplicate_key": "appears twice", "nan_literal": "NaN is not JSON", "trailing_comma": "is not valid JSON",
-    "float_in_a_shape": "must be an integer",
+    "float_in_a_shape": "must be an integer", "kernel_with_nul": "not text", "kernel_a_symlink": "symbolic link",
+    "written_argument_passed_twice": "is written and also passed",
 }
 
 
@@ -145,10 +146,9 @@ def _resealed(d: Path) -> None:
     _reseal(d)
 
 
-def test_more_damage_the_python_reader_refuses(built, tmp_path, capsys):
-    """Found by a hostile sweep: a kernel defined only in a comment, a NUL in a source, a kernel file that is a
-    symbolic link, and a call that reads and writes one tensor. (The native reader's parity is tracked in
-    native/README.md.)"""
+def test_a_kernel_only_in_a_comment_is_one_line_at_load(built, tmp_path, capsys):
+    """Found by a hostile sweep: a kernel defined only in a comment or under `#if 0` passes the text checks and
+    is refused, in one line naming the file, when the driver cannot set it up."""
     good = built["buffer"]
     cases = []
 
@@ -163,24 +163,6 @@ def test_more_damage_the_python_reader_refuses(built, tmp_path, capsys):
     k.write_text("// __kernel void relayout(\n#if 0\n" + src + "\n#endif\n")
     _resealed(d)
     cases.append((d, None))  # passes the text checks; the driver's refusal at load is one line
-    d = copy("nul")
-    (d / "kernels" / "k000.cl").write_bytes(b"\0" + (d / "kernels" / "k000.cl").read_bytes())
-    _resealed(d)
-    cases.append((d, "not text"))
-    d = copy("symlink")
-    outside = tmp_path / "k000.cl"
-    shutil.move(d / "kernels" / "k000.cl", outside)
-    (d / "kernels" / "k000.cl").symlink_to(outside)
-    cases.append((d, "symbolic link"))
-    d = copy("alias")
-    g = json.loads((d / "graph.json").read_text())
-    call = next(c for n in g["nodes"] for c in n["calls"] if len(c["args"]) >= 2)
-    w = next(i for i, p in enumerate(call["signature"]) if p["access"] == "write")
-    r = next(i for i, p in enumerate(call["signature"]) if p["access"] == "read" and call["args"][i].startswith("t:"))
-    call["args"][r] = call["args"][w]
-    (d / "graph.json").write_text(json.dumps(g))
-    _resealed(d)
-    cases.append((d, "is written and also passed"))
     for d, words in cases:
         if words is not None:
             with pytest.raises(ArtifactError, match=words):

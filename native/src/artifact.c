@@ -75,6 +75,15 @@ static int read_listed(const char *dir, const char *rel, int64_t size, const cha
     int fd;
     snprintf(path, sizeof path, "%s/%s", dir, rel);
     *data = NULL;
+    {   /* an artifact holds its own files: a symbolic link (or one in place of kernels/) is refused */
+        char sub[4096];
+        struct stat lst;
+        snprintf(sub, sizeof sub, "%s/kernels", dir);
+        if ((lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode)) ||
+            (strncmp(rel, "kernels/", 8) == 0 && lstat(sub, &lst) == 0 && S_ISLNK(lst.st_mode)))
+            return tnr_fail(err, TNR_E_ARTIFACT, "%s is a symbolic link (or lies under one); an artifact holds its own "
+                            "files; " REDO, path);
+    }
     fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) {
         if (errno == ENOENT || errno == ENOTDIR)
@@ -950,6 +959,16 @@ static int check_calls(tnr_artifact *a, const tnr_limits *lim, const char *dev, 
                 }
                 if (count > largest) largest = count;
             }
+            if (!limits_only) { /* a written argument is passed once: no kernel reads and writes one tensor */
+                for (k = 0; k < c->nargs; k++) {
+                    int m;
+                    if (!c->args[k].write) continue;
+                    for (m = 0; m < c->nargs; m++)
+                        if (m != k && strcmp(c->args[m].ref, c->args[k].ref) == 0)
+                            return graph_fail(a, err, "%s: argument '%.80s' is written and also passed as another "
+                                              "parameter (a kernel never reads and writes one tensor)", cw, c->args[k].ref);
+                }
+            }
             /* check 9 */
             if (c->global[0] == -1 || c->global[0] < 1 || c->global[1] < 1 || c->global[2] < 1 || c->local[0] < 1 ||
                 c->local[1] < 1 || c->local[2] < 1)
@@ -1069,11 +1088,15 @@ int tnr_artifact_load(const char *dir, tnr_artifact **out, char *err) {
         int s;
         snprintf(rel, sizeof rel, "kernels/%s", n->source);
         n->source_index = -1;
+        if (!kernel_file_ok(n->source)) {
+            rc = graph_fail(a, err, "nodes[%d].source '%.80s' is not a kernel file name (kNNN.cl under kernels/)", i,
+                            n->source);
+            goto done;
+        }
         for (s = 0; s < a->nsources; s++)
             if (strcmp(a->sources[s].path, rel) == 0) n->source_index = s;
         if (n->source_index < 0) {
-            rc = tnr_fail(err, TNR_E_ARTIFACT, "%s/kernels/%.80s (node '%.80s') is not in manifest.json; " REDO, a->dir,
-                          n->source, n->name);
+            rc = graph_fail(a, err, "nodes[%d] names %s, which manifest.json does not list", i, rel);
             goto done;
         }
         if (!tnr_is_text((const unsigned char *)a->sources[n->source_index].text, a->sources[n->source_index].len)) {
