@@ -74,3 +74,12 @@ def test_bad_agent_specs_are_one_line_errors(argv, words, capsys):
 def test_a_local_only_command_says_so(agent, capsys):
     assert main(["example", "addone", "--device", agent]) == 2
     assert "local OpenCL device" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("tail, words", [("?timeout=abc", "not a number of seconds"), ("?timeout=nan", "not a number"),
+                                         ("?timeout=inf", "at most 86400"), ("?timeout=5000000", "at most 86400"),
+                                         (" 'unclosed", "cannot split the command")])
+def test_bad_agent_options_are_one_line_errors(agent, tail, words, capsys):
+    assert main(["devices", "--device", agent + tail]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and words in err and "Traceback" not in err, err

@@ -85,7 +85,7 @@ class AgentRuntime(Runtime):
         self.calls: dict = {}  # requests sent, by message name
         try:
             hello = json.loads(self._call(P.HELLO, P.Writer().str(opts.get("token", os.environ.get(
-                "TUNER_AGENT_TOKEN", ""))).done(), 120.0, "HELLO").str())
+                "TUNER_AGENT_TOKEN", ""))).done(), 15.0, "HELLO").str())  # a silent peer is no agent: ~30 s at most
             if not isinstance(hello, dict):
                 raise P.ProtocolError(f"{self.link.name}: HELLO's reply is not a JSON object")
             self.hello = hello

@@ -45,11 +45,12 @@ def parse_spec(spec: str) -> tuple:
                          f"agent's machine) or a name")
     if "timeout" in opts:
         try:
-            ok = float(opts["timeout"]) > 0
+            ok = 0 < float(opts["timeout"]) <= 86400  # NaN compares false; inf and 1e400 are too many
         except ValueError:
             ok = False
         if not ok:
-            raise TunerError(f"--device {spec!r}: timeout={opts['timeout']!r} is not a positive number of seconds")
+            raise TunerError(f"--device {spec!r}: timeout={opts['timeout']!r} is not a number of seconds above 0 and "
+                             f"at most 86400")
     if scheme == "exec" and not target.strip():
         raise TunerError("--device exec://PATH needs the agent's path, e.g. exec://build/native/tuner-agent")
     if scheme == "tcp":
@@ -96,7 +97,12 @@ class ExecTransport(_Stream):
     """``PATH --stdio [ARGS]`` as a child process; its stderr goes to a log file named in errors."""
 
     def __init__(self, command: str):
-        argv = shlex.split(command)
+        try:
+            argv = shlex.split(command)
+        except ValueError as e:  # an unbalanced quote
+            raise AgentLinkError(f"exec://{command}: cannot split the command ({e}); quote it as a shell would")
+        if not argv:
+            raise AgentLinkError("--device exec://PATH needs the agent's path, e.g. exec://build/native/tuner-agent")
         exe = shutil.which(argv[0]) or argv[0]
         if not os.path.isfile(exe) or not os.access(exe, os.X_OK):
             raise AgentLinkError(f"exec://{command}: no agent program at {argv[0]!r}; build it with "
