@@ -36,3 +36,19 @@ def fp16_device():
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+
+@pytest.fixture(scope="session")
+def native():
+    """The native programs (native/: tuner-run, tuner-agent and their ASan builds), built once per session."""
+    from tuner.native import build
+    return build()
+
+
+@pytest.fixture(scope="session")
+def cl_env():
+    """The environment a native program needs to find OpenCL here; the device is chosen by the test."""
+    from tuner.native import opencl_env
+    env = opencl_env()
+    env.pop("TUNER_DEVICE", None)
+    return env

@@ -35,18 +35,6 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None or shutil.which("gc
                                 reason="the agent is built with make and gcc")
 
 
-@pytest.fixture(scope="session")
-def native():
-    from tuner.native import build
-    return build()
-
-
-@pytest.fixture(scope="session")
-def cl_env():
-    from tuner.native import opencl_env
-    env = opencl_env()
-    env.pop("TUNER_DEVICE", None)
-    return env
 
 
 def _asan_env(cl_env):

@@ -16,9 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def agent():
-    from tuner import native
-    return f"exec://{native.build()['agent']}"
+def agent(native):
+    return f"exec://{native['agent']}"
 
 
 def test_devices_through_the_agent_is_the_local_profile(agent, capsys, device):

@@ -22,18 +22,6 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None or shutil.which("gc
                                 reason="the native runtime is built with make and gcc")
 
 
-@pytest.fixture(scope="session")
-def native():
-    from tuner.native import build
-    return build()
-
-
-@pytest.fixture(scope="session")
-def cl_env():
-    from tuner.native import opencl_env
-    env = opencl_env()
-    env.pop("TUNER_DEVICE", None)
-    return env
 
 
 def _tuner_run(native, cl_env, *args, asan=False, env=None, timeout=600):
