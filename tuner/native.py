@@ -26,13 +26,11 @@ order then matches ``tuner devices``. A ``TUNER_OPENCL_LIB`` already set is left
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from tuner.errors import TunerError
@@ -168,24 +166,13 @@ def _vendor_files() -> list[tuple[str, str]]:
 
 
 def _write_vendors(files: list[tuple[str, str]]) -> Path:
-    numbered = {f"{i:02d}-{name}": text for i, (name, text) in enumerate(files)}
-    digest = hashlib.sha1(repr(sorted(numbered.items())).encode()).hexdigest()[:12]
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    last = None
-    for root in (Path(base) / "tuner" / "native-icd", Path(tempfile.gettempdir()) / f"tuner-native-icd-{os.getuid()}"):
-        target = root / digest
-        try:
-            if all((target / n).is_file() and (target / n).read_text() == t for n, t in numbered.items()):
-                return target
-            target.mkdir(parents=True, exist_ok=True)
-            for name, text in numbered.items():
-                tmp = target / f".{name}.{os.getpid()}"
-                tmp.write_text(text)
-                os.replace(tmp, target / name)  # atomic: a concurrent reader sees old or new, never half
-            return target
-        except OSError as e:
-            last = e
-    raise TunerError(f"cannot write an OpenCL vendors directory for native programs ({last})")
+    """The vendors directory of ``files``, numbered in order (the ICD loader reads them sorted)."""
+    from tuner.runtime.icd import write_dir
+    target = write_dir({f"{i:02d}-{name}": text for i, (name, text) in enumerate(files)})
+    if target is None:
+        raise TunerError("cannot write an OpenCL vendors directory for native programs: neither the cache folder "
+                         "($XDG_CACHE_HOME) nor the temp folder can be written")
+    return target
 
 
 def opencl_env(base: dict | None = None) -> dict:

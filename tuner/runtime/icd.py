@@ -64,8 +64,9 @@ def _cache_root() -> Path:
     return Path(base) / "tuner" / "icd"
 
 
-def _write_dir(files: dict[str, str]) -> Path | None:
-    """A directory holding exactly `files`, named by their hash (so concurrent processes agree)."""
+def write_dir(files: dict[str, str]) -> Path | None:
+    """A directory holding exactly `files` (vendor files), named by their hash (so concurrent processes agree),
+    under the cache folder or else the temp folder; None if neither can be written."""
     digest = hashlib.sha1(repr(sorted(files.items())).encode()).hexdigest()[:12]
     for root in (_cache_root(), Path(tempfile.gettempdir()) / f"tuner-icd-{os.getuid()}"):
         target = root / digest
@@ -101,7 +102,7 @@ def register_bundled_runtimes() -> list[Path]:
         return []
     for lib in added:
         files[f"tuner-{lib.name.split('.so')[0]}.icd"] = f"{lib}\n"
-    target = _write_dir(files)
+    target = write_dir(files)
     if target is None:
         return []
     os.environ[ENV] = str(target)
