@@ -14,13 +14,8 @@
 
 void tnr_binary_cache_key(const tcl_device *d, char *out, size_t len) {
     char buf[800], hex[65], name[49];
-    size_t a = strlen(d->platform_name), b = strlen(d->name), c = strlen(d->driver_version), i, n = 0;
-    memcpy(buf, d->platform_name, a);
-    buf[a] = 0;
-    memcpy(buf + a + 1, d->name, b);
-    buf[a + 1 + b] = 0;
-    memcpy(buf + a + b + 2, d->driver_version, c);
-    tnr_sha256_hex(buf, a + b + c + 2, hex);
+    size_t i, n = 0;
+    tnr_sha256_hex(buf, tnr_join3(buf, sizeof buf, d->platform_name, d->name, d->driver_version), hex);
     for (i = 0; d->name[i] && n < sizeof name - 1; i++) {
         char ch = d->name[i];
         name[n++] = isalnum((unsigned char)ch) && (unsigned char)ch < 128 ? ch : '-';

@@ -108,3 +108,17 @@ int tnr_is_text(const unsigned char *p, size_t n) {
     }
     return 1;
 }
+
+size_t tnr_join3(char *buf, size_t cap, const char *a, const char *b, const char *c) {
+    const char *parts[3] = {a, b, c};
+    size_t n = 0;
+    int k;
+    for (k = 0; k < 3; k++) {
+        size_t len = strlen(parts[k]);
+        if (k && n < cap) buf[n++] = 0;
+        if (len > cap - n) len = cap - n;
+        memcpy(buf + n, parts[k], len);
+        n += len;
+    }
+    return n;
+}

@@ -35,5 +35,7 @@ uint64_t tnr_mul_sat(uint64_t a, uint64_t b);
 
 /* Whether p[n] is text: UTF-8, no NUL (what the Python side decodes as UTF-8). */
 int tnr_is_text(const unsigned char *p, size_t n);
+/* a, b and c joined with NUL bytes between them (as Python's "\0".join) into buf; the length written. */
+size_t tnr_join3(char *buf, size_t cap, const char *a, const char *b, const char *c);
 
 #endif

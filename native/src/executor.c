@@ -298,6 +298,17 @@ static ex_launch *get_launch(executor *ex, uint32_t h) {
 
 /* ---- messages ---- */
 
+/* A JSON text built in j as the reply's str (HELLO, OPEN); j is freed either way. */
+static int reply_json(tpr_buf *j, tpr_buf *out, char *msg) {
+    if (j->oom) {
+        tpr_buf_free(j);
+        return fail(msg, TPR_RUNTIME, "out of memory");
+    }
+    tpr_put_str(out, (const char *)j->p, j->n);
+    tpr_buf_free(j);
+    return TPR_OK;
+}
+
 static int do_hello(executor *ex, unsigned type, tpr_reader *r, tpr_buf *out, char *msg) {
     tpr_buf j = {0};
     char *token = tpr_str(r, NULL);
@@ -336,13 +347,7 @@ static int do_hello(executor *ex, unsigned type, tpr_reader *r, tpr_buf *out, ch
         profile_json(ex, &j, i);
     }
     putf(&j, "]}");
-    if (j.oom) {
-        tpr_buf_free(&j);
-        return fail(msg, TPR_RUNTIME, "out of memory");
-    }
-    tpr_put_str(out, (const char *)j.p, j.n);
-    tpr_buf_free(&j);
-    return TPR_OK;
+    return reply_json(&j, out, msg);
 }
 
 static int do_open(executor *ex, unsigned type, tpr_reader *r, tpr_buf *out, char *msg) {
@@ -367,13 +372,7 @@ static int do_open(executor *ex, unsigned type, tpr_reader *r, tpr_buf *out, cha
         tnr_binary_cache_key(&ex->devs[index], ex->cache_key, sizeof ex->cache_key);
     }
     profile_json(ex, &j, (int)index);
-    if (j.oom) {
-        tpr_buf_free(&j);
-        return fail(msg, TPR_RUNTIME, "out of memory");
-    }
-    tpr_put_str(out, (const char *)j.p, j.n);
-    tpr_buf_free(&j);
-    return TPR_OK;
+    return reply_json(&j, out, msg);
 }
 
 static int new_program(executor *ex, cl_program prog, uint32_t *handle, char *msg) {

@@ -253,14 +253,9 @@ static void fingerprint(tcl_device *d) {
     /* Python: sha1("\0".join(fields[k] for k in sorted(fields))) with keys device, driver_version, platform;
      * then re.sub(r"[^a-z0-9-]+", "-", f"{tag}-{type.lower()}-{digest[:8]}"). */
     char buf[800], hex[41], raw[128], type[16];
-    size_t a = strlen(d->name), b = strlen(d->driver_version), c = strlen(d->platform_name), i, n = 0;
+    size_t i, n = 0;
     int in_bad = 0;
-    memcpy(buf, d->name, a);
-    buf[a] = 0;
-    memcpy(buf + a + 1, d->driver_version, b);
-    buf[a + 1 + b] = 0;
-    memcpy(buf + a + b + 2, d->platform_name, c);
-    tnr_sha1_hex(buf, a + b + c + 2, hex);
+    tnr_sha1_hex(buf, tnr_join3(buf, sizeof buf, d->name, d->driver_version, d->platform_name), hex);
     for (i = 0; d->type[i] && i < sizeof type - 1; i++) type[i] = (char)tolower((unsigned char)d->type[i]);
     type[i] = 0;
     snprintf(raw, sizeof raw, "%s-%s-%.8s", d->platform_tag, type, hex);
