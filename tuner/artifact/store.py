@@ -30,6 +30,7 @@ MANIFEST_PATH = re.compile(r"^(graph\.json|params\.bin|kernels/k[0-9]{3,6}\.cl)$
 MAX_MANIFEST = 1 << 20
 MAX_GRAPH = 64 << 20
 MAX_KERNEL = 16 << 20
+MAX_PARAMS = 1 << 40  # no cap short of memory: the weights are as big as the model
 
 
 def kernel_file(index: int) -> str:
@@ -140,7 +141,7 @@ def _read_capped(path: Path, cap: int, d: Path) -> bytes:
         raise ArtifactError(f"{path} holds {st.st_size} bytes, more than the {cap} an artifact's file may; {_redo(d)}")
     try:
         with open(path, "rb") as f:
-            return f.read(cap + 1)
+            return f.read(st.st_size + 1)  # its size (checked against cap above), not cap: no huge buffer
     except OSError as e:
         raise ArtifactError(f"{path} cannot be read ({e.strerror}); {_redo(d)}") from None
 
@@ -164,18 +165,23 @@ def _json(data: bytes, path: Path, d: Path):
         raise ArtifactError(f"{path} is not valid JSON ({type(e).__name__}: {str(e)[:80]}); {_redo(d)}") from None
 
 
+def _cap(rel: str) -> int:
+    return MAX_GRAPH if rel == GRAPH else MAX_KERNEL if rel.startswith(KERNELS + "/") else MAX_PARAMS
+
+
 def verify_manifest(d: Path) -> dict:
-    """Check 1: ``{path: size}`` of the manifest's files, each present, regular and of its size and SHA-256."""
+    """Check 1: ``{path: bytes}`` of the manifest's files, each present, regular and of its size and SHA-256.
+    Each file is read once: the bytes hashed are the bytes the reader goes on with."""
     m = _json(_read_capped(d / MANIFEST, MAX_MANIFEST, d), d / MANIFEST, d)
     if not isinstance(m, dict) or m.get("format") != FORMAT or m.get("version") != VERSION \
             or not isinstance(m.get("files"), list):
         v = m.get("version") if isinstance(m, dict) else None
         raise ArtifactError(f"{d / MANIFEST}: not a {FORMAT!r} version {VERSION} manifest (version {v!r}); {_redo(d)}")
-    sizes = {}
+    files = {}
     for i, f in enumerate(m["files"]):
         ok = isinstance(f, dict) and isinstance(f.get("path"), str) and MANIFEST_PATH.match(f["path"]) \
             and isinstance(f.get("size"), int) and isinstance(f.get("sha256"), str)
-        if not ok or f["path"] in sizes:
+        if not ok or f["path"] in files:
             raise ArtifactError(f"{d / MANIFEST}: files[{i}] is not a path, size and sha256, or repeats; {_redo(d)}")
         p = d / f["path"]
         try:
@@ -191,14 +197,15 @@ def verify_manifest(d: Path) -> dict:
         if st.st_size != f["size"]:
             raise ArtifactError(f"{p} holds {st.st_size} bytes, the manifest says {f['size']}: the file was "
                                 f"truncated or replaced; {_redo(d)}")
-        if _sha256(p) != f["sha256"]:
+        data = _read_capped(p, _cap(f["path"]), d)
+        if len(data) != f["size"] or hashlib.sha256(data).hexdigest() != f["sha256"]:
             raise ArtifactError(f"{p} does not match its SHA-256 in the manifest: the file was edited or "
                                 f"replaced; {_redo(d)}")
-        sizes[f["path"]] = st.st_size
+        files[f["path"]] = data
     for need in (GRAPH, PARAMS):
-        if need not in sizes:
+        if need not in files:
             raise ArtifactError(f"{d / MANIFEST} does not list {need}; {_redo(d)}")
-    return sizes
+    return files
 
 
 def read_artifact(path) -> tuple:
@@ -211,28 +218,28 @@ def read_artifact(path) -> tuple:
     if not (d / MANIFEST).exists():
         raise ArtifactError(f"{d} has no manifest.json: it was compiled by an older tuner (artifact version 1) "
                             f"or damaged; {_redo(d)}")
-    sizes = verify_manifest(d)
-    spec = ModuleSpec.from_json(_json(_read_capped(d / GRAPH, MAX_GRAPH, d), d / GRAPH, d), str(d / GRAPH))
+    files = verify_manifest(d)
+    spec = ModuleSpec.from_json(_json(files[GRAPH], d / GRAPH, d), str(d / GRAPH))
     sources = {}
     for i, n in enumerate(spec.nodes):
         rel = f"{KERNELS}/{n.source}"
         if not KERNEL_FILE.match(n.source):
             raise ArtifactError(f"{d / GRAPH}: nodes[{i}].source {n.source[:80]!r} is not a kernel file name "
                                 f"(kNNN.cl under kernels/); {_redo(d)}")
-        if rel not in sizes:
+        if rel not in files:
             raise ArtifactError(f"{d / GRAPH}: nodes[{i}] names {rel}, which manifest.json does not list; {_redo(d)}")
         try:
-            text = _read_capped(d / rel, MAX_KERNEL, d).decode()
+            text = files[rel].decode()
         except UnicodeDecodeError:
             text = "\0"
         if "\0" in text:
             raise ArtifactError(f"{d / rel} is not text (UTF-8 without NUL); {_redo(d)}")
         sources[n.source] = text
     try:
-        check_spec(spec, sources, sizes[PARAMS])
+        check_spec(spec, sources, len(files[PARAMS]))
     except ArtifactError as e:
         raise ArtifactError(f"{d}/{e}") from None
-    raw = np.fromfile(d / PARAMS, dtype=np.uint8) if sizes[PARAMS] else np.zeros(0, np.uint8)
+    raw = np.frombuffer(files[PARAMS], dtype=np.uint8)
     params = {b.key: raw[b.offset:b.offset + b.nbytes].view(np.dtype(b.dtype)).reshape(b.physical_shape)
               for b in spec.params}
     return spec, sources, params
