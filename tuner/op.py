@@ -101,19 +101,15 @@ def run_op(template, workload, config=None, device=None, check: bool = True, tim
 def _run_op_on(rt, template, workload, config, check: bool, time: bool, repeats: int, seed: int) -> OpResult:
     """``run_op`` through any Runtime (a device agent): generated and checked here, built, run and timed
     there."""
-    from tuner.runtime.launch import generate, pack, physical_shape, unpack, written_buffers
+    from tuner.measure.runtime_runner import stage
+    from tuner.runtime.launch import generate, unpack, written_buffers
     prog, source = generate(template.build(workload, config))
     result = OpResult(template.name, workload, config, rt.fingerprint, source)
     program = rt.build(source)
     if not (check or time):
         return result
     inputs = template.random_inputs(workload, np.random.default_rng(seed))
-    arrays = {}
-    for b in (*prog.params, *prog.workspaces):
-        arrays[b.name] = rt.alloc(b.scope, tuple(physical_shape(b)), b.dtype.numpy)
-        if b.name in inputs:
-            rt.upload(arrays[b.name], pack(b, np.asarray(inputs[b.name])))
-    launches = [rt.prepare(program, k.name, [arrays[p.name] for p in k.params], *k.launch()) for k in prog.kernels]
+    launches, arrays = stage(rt, prog, program, inputs)
     rt.submit(launches)
     rt.finish()
     if check:

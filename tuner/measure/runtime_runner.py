@@ -39,6 +39,20 @@ def _link_errors() -> tuple:
     return AgentLinkError, ProtocolError
 
 
+def stage(rt, prog, program, inputs: dict) -> tuple:
+    """``(launches, arrays)`` of a lowered program built on ``rt`` (a Runtime) as ``program``: every parameter and
+    workspace allocated at its physical shape, the ``inputs`` (logical arrays by name) packed and uploaded, and
+    one launch per kernel. Used by ``RuntimeRunner`` and by ``run_op`` through a Runtime."""
+    from tuner.runtime.launch import pack, physical_shape
+    arrays = {}
+    for b in (*prog.params, *prog.workspaces):
+        arrays[b.name] = rt.alloc(b.scope, tuple(physical_shape(b)), b.dtype.numpy)
+        if b.name in inputs:
+            rt.upload(arrays[b.name], pack(b, np.asarray(inputs[b.name])))
+    launches = [rt.prepare(program, k.name, [arrays[p.name] for p in k.params], *k.launch()) for k in prog.kernels]
+    return launches, arrays
+
+
 class RuntimeRunner(Runner):
     """Measures on ``runtime`` in this process, one config after another on the device, the next configs'
     host half generated meanwhile. A runtime with ``set_timeouts`` (the device agent) gets the options'
@@ -154,17 +168,7 @@ class RuntimeRunner(Runner):
         return ErrorCode.NO_ERROR, {"costs": costs, "max_rel_error": rel}
 
     def _prepare(self, prog, program, inputs: dict) -> tuple:
-        """Every parameter and workspace allocated at its physical shape, the inputs packed and uploaded, and
-        one launch per kernel."""
-        from tuner.runtime.launch import pack, physical_shape
-        rt, arrays = self.runtime, {}
-        for b in (*prog.params, *prog.workspaces):
-            arrays[b.name] = rt.alloc(b.scope, tuple(physical_shape(b)), b.dtype.numpy)
-            if b.name in inputs:
-                rt.upload(arrays[b.name], pack(b, np.asarray(inputs[b.name])))
-        launches = [rt.prepare(program, k.name, [arrays[p.name] for p in k.params], *k.launch())
-                    for k in prog.kernels]
-        return launches, arrays
+        return stage(self.runtime, prog, program, inputs)
 
     def _check(self, t, inp, prog, arrays, ref) -> tuple:
         """``(max relative error, why it is wrong or "")`` of the template's output against its reference."""
