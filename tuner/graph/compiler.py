@@ -69,14 +69,14 @@ def model_tasks(model, device=None, scope: str = "auto", log=None, dtype: str = 
     return extract_tasks(plan_model(model, device, scope, log, dtype, input_shapes))
 
 
-def choose_configs(plan: Plan, info, history=None, sources: dict | None = None) -> dict:
-    """``step name -> (config, tuned)``: the log's best for the exact deployed task (``tuned``); else the
-    config of the nearest tuned workload of the same template on the device that is valid for this one
-    (``transferred from ...``: ``ApplyHistoryBest.transfer``); else a valid fallback (with one warning per
-    workload from apply_history_best). ``sources``, if given, gets ``step name -> where its config came
-    from``."""
+def choose_configs(plan: Plan, info, history=None) -> dict:
+    """``step name -> (config, source)``, where ``source`` says where the config came from: ``"tuned"`` (the
+    log's best for the exact deployed task); else ``"transferred from <workload>"`` (the config of the nearest
+    tuned workload of the same template on the device that is valid for this one:
+    ``ApplyHistoryBest.transfer``); else ``"fallback"`` (a valid fallback, with one warning per workload from
+    apply_history_best)."""
     from tuner.templates import get_template
-    out, sources = {}, sources if sources is not None else {}
+    out = {}
     for s in plan.steps:
         if not s.tuned:
             continue
@@ -85,16 +85,13 @@ def choose_configs(plan: Plan, info, history=None, sources: dict | None = None) 
         moved = None if rec is not None or history is None else history.transfer(t, s.workload, info, s.scopes,
                                                                                 t.model_knobs)
         if rec is not None:
-            out[s.name], sources[s.name] = (t.config(**rec.config), True), "tuned"
+            out[s.name] = t.config(**rec.config), "tuned"
         elif moved is not None:
-            out[s.name] = (moved[0], False)
-            sources[s.name] = "transferred from " + _workload_label(t, moved[1].workload)
+            out[s.name] = moved[0], "transferred from " + _workload_label(t, moved[1].workload)
         elif history is not None:  # the valid fallback, with apply_history_best's one warning per workload
-            out[s.name], sources[s.name] = (history.pick(t, s.workload, info, s.scopes, t.model_knobs), False), \
-                "fallback"
+            out[s.name] = history.pick(t, s.workload, info, s.scopes, t.model_knobs), "fallback"
         else:
-            out[s.name] = (t.fallback_with(s.workload, info, **scope_knobs(s.scopes), **t.model_knobs), False)
-            sources[s.name] = "fallback"
+            out[s.name] = t.fallback_with(s.workload, info, **scope_knobs(s.scopes), **t.model_knobs), "fallback"
     return out
 
 
@@ -166,8 +163,7 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
     if measure_plans and scope == "auto" and dev is not None:
         return fastest_plan(model, history, dev, dtype, input_shapes, progress)
     plan = choose_templates(plan_model(model, info, scope, history, dtype, input_shapes), history, info, prefer)
-    config_sources: dict = {}
-    configs = choose_configs(plan, info, history, config_sources)
+    configs = choose_configs(plan, info, history)
 
     nodes, sources, params, blobs, workspaces = [], {}, {}, [], []
     entries: dict = {}
@@ -180,13 +176,13 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
     for i, s in enumerate(steps):
         # generated here, built by the Module on the device (or on the target when it loads)
         if s.tuned:
-            cfg, tuned = configs[s.name]
+            cfg, config_source = configs[s.name]
             try:
                 prog, source = _tuned_kernel(get_template(s.op).build, s.workload, cfg)
             except TypeError:  # a user template's workload or config that cannot be hashed: not cached
                 prog, source = generate(get_template(s.op).build(s.workload, cfg))
         else:
-            cfg, tuned = None, False
+            cfg, config_source = None, None
             prog, source = generate(_glue_kernel(s, plan, info.max_work_group_size))
         binding = {**s.inputs, "Y": s.output}
         refs = {}
@@ -223,8 +219,8 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
         sources[src] = source
         nodes.append(M.Node(s.name, s.op, src, calls, s.workload.flops if s.tuned else 0,
                             s.op if s.tuned else None, s.workload.key() if s.tuned else None, s.scopes,
-                            dataclasses.asdict(cfg) if cfg is not None else None, tuned,
-                            config_sources.get(s.name)))
+                            dataclasses.asdict(cfg) if cfg is not None else None, config_source == "tuned",
+                            config_source))
         if bar is not None:
             bar.update(1)
     if bar is not None:
