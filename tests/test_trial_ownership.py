@@ -100,6 +100,36 @@ def test_recover_and_peer_state_judge_by_one_rule(tmp_path):
     assert {n: _state(s, tid) == TrialState.RUNNING for n, tid in ids.items()} == verdicts
 
 
+def test_an_ownerless_trial_is_failed_at_once_when_every_other_asker_is_dead(tmp_path):
+    """A tuner killed inside ``ask`` (the trial created, its owner not yet written) and resumed at once: its
+    trial must not wait out the grace period (CI saw it left RUNNING after the resumed run). Every tuner that
+    asks names itself first (``announce``); an ownerless trial is in flight only while another asker may be
+    asking: alive on this host, or on another host within the grace period."""
+    host = socket.gethostname()
+    for askers, kept in (([f"{host}:{_dead_pid()}"], False), ([f"{host}:{os.getppid()}"], True),
+                         (["some-other-host:1"], True), ([T.OWNER], False)):
+        s = _session(tmp_path / str(len(list(tmp_path.iterdir()))))
+        for a in askers:
+            s.study.set_user_attr(T.ASKER + a, True)
+        young = _running(s)
+        T._recover(s)
+        assert (_state(s, young) == TrialState.RUNNING) is kept, askers
+        assert T._in_flight(s.study._storage.get_trial(young), T._askers(s.study)) is kept
+    s = _session(tmp_path / "remote")
+    s.study.set_user_attr(T.ASKER + "some-other-host:1", True)
+    old = _running(s, started=datetime.now() - timedelta(seconds=T.OWNERLESS_GRACE_S + 5))
+    T._recover(s)
+    assert _state(s, old) == TrialState.FAIL  # a remote asker gets the grace period, no more
+
+
+def test_tune_announces_itself_before_asking(tmp_path):
+    (tmp_path / "older").mkdir()
+    assert T._askers(_session(tmp_path / "older").study) is None  # nobody announced: judged by the grace period
+    s = _session(tmp_path)
+    T.announce(s.study)
+    assert T._askers(s.study) == (T.OWNER,)
+
+
 def _record(a: int, costs=(1e-3,)) -> Record:
     """A measurement of the config this test's knob ``a`` stands for (a whole conv2d config: records are
     checked against their template's knobs when read back)."""

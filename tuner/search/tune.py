@@ -174,6 +174,7 @@ def tune(template, workload, device=None, trials: int = 32, log: str | None = No
     options = options or MeasureOptions()
     session = open_session(task, info, storage, task.study_name(info.fingerprint), log, sampler, seed, transfer,
                            wrap=Owning)  # each trial names its tuner before it is sampled
+    announce(session.study)  # before the first ask: an ownerless trial may be ours from now on
     _recover(session)
     if fallback_first:
         _enqueue_fallback(session)
@@ -215,9 +216,10 @@ def _recover(s: Session) -> None:
     measurements in the log that the study never heard of are added to it (failures as FAIL trials), so the
     sampler learns from them and never proposes them again."""
     in_study = set()
+    askers = _askers(s.study)
     for tr in s.study.get_trials(deepcopy=False):
         if tr.state == TrialState.RUNNING:
-            if not _in_flight(tr):
+            if not _in_flight(tr, askers):
                 _fail_abandoned(s.study, tr)
         elif (tr.state == TrialState.COMPLETE or measured_error(tr)) and all(n in tr.params for n in s.names):
             in_study.add(_key(tr.params, s.names))
@@ -239,7 +241,22 @@ def _fail_abandoned(study, trial) -> None:
 
 
 OWNER = f"{socket.gethostname()}:{os.getpid()}"
-OWNERLESS_GRACE_S = 60.0  # how long a RUNNING trial without an owner counts as a peer's trial inside ask
+OWNERLESS_GRACE_S = 60.0  # how long a RUNNING trial without an owner counts as a remote peer's trial inside ask
+ASKER = "asker:"  # study user attribute prefix: ASKER + owner for every tuner that asks trials in the study
+
+
+def announce(study) -> None:
+    """Name this tuner among the study's askers (a study user attribute) before it asks its first trial, so
+    that an ownerless trial -- ``study.ask`` writes the ``owner`` only after creating the trial -- can be told
+    apart: a live asker's, or one left by an asker killed inside ``ask``."""
+    study.set_user_attr(ASKER + OWNER, True)
+
+
+def _askers(study) -> tuple | None:
+    """The tuners ``announce``d in ``study`` (None for a study no tuner announced itself in: an older
+    version's, judged by the grace period alone)."""
+    found = tuple(k[len(ASKER):] for k in study.user_attrs if k.startswith(ASKER))
+    return found or None
 
 
 class Owning(Wrapping):
@@ -252,18 +269,29 @@ class Owning(Wrapping):
         self.inner.before_trial(study, trial)
 
 
-def _in_flight(trial) -> bool:
+def _in_flight(trial, askers: tuple | None = None) -> bool:
     """Whether a trial is some tuner's, being asked or measured: the one rule by which ``_recover`` fails
     trials and ``_peer_state`` leaves configs to peers. A trial is in flight until its owner is known dead;
-    no tuner fails a trial another is asking for. ``study.ask`` creates a RUNNING trial before the ``owner``
-    is written (``Owning``), so a trial without one is a peer inside ``ask`` -- unless it has been ownerless
-    for ``OWNERLESS_GRACE_S`` (its tuner was killed inside ``ask``): only then may it be failed."""
+    no tuner fails a trial another is asking for.
+
+    ``study.ask`` creates a RUNNING trial before the ``owner`` is written (``Owning``), so a trial without one
+    may be a peer's inside ``ask``: it is in flight while one of the study's other ``askers`` may be asking --
+    one on this host that is alive, or one on another host (unknowable from here) for ``OWNERLESS_GRACE_S``.
+    When every other asker is dead (a tuner killed inside ``ask``, then resumed) it is failed at once. With
+    ``askers`` unknown (None: a study of an older version) the grace period alone decides."""
     if trial.state != TrialState.RUNNING:
         return False
     owner = trial.user_attrs.get("owner")
-    if owner is None:
-        return _age_s(trial) < OWNERLESS_GRACE_S
-    return _owner_alive(owner)
+    if owner is not None:
+        return _owner_alive(owner)
+    young = _age_s(trial) < OWNERLESS_GRACE_S
+    if askers is None:
+        return young
+    return any(a != OWNER and (_owner_alive(a) if _local(a) else young) for a in askers)
+
+
+def _local(owner: str) -> bool:
+    return owner.rpartition(":")[0] == socket.gethostname()
 
 
 def _age_s(trial) -> float:
@@ -338,17 +366,18 @@ def _peer_state(s, k, number: int, wait_s: float = 1.0) -> str | None:
 
     ``study.ask`` creates a RUNNING trial first and writes its parameters one by one after, so a peer trial
     asked before ours may not show its config yet; then the snapshot is taken again, every 10 ms, for up to
-    ``wait_s`` (a tuner killed inside ``ask`` leaves such a trial behind, in flight for the grace period of
-    ``_in_flight``; then a session's ``_recover`` fails it). One snapshot for all states: two reads let a
+    ``wait_s`` (a tuner killed inside ``ask`` leaves such a trial behind, in flight by ``_in_flight`` until
+    its asker is known dead; then a session's ``_recover`` fails it). One snapshot for all states: two reads let a
     peer finish between them unseen."""
     deadline = time.monotonic() + wait_s
     while True:
         pending = in_flight = False
+        askers = _askers(s.study)
         for tr in s.study.get_trials(deepcopy=False):
             if tr.number == number:
                 continue
             if not all(n in tr.params for n in s.names):
-                pending |= tr.number < number and _in_flight(tr)
+                pending |= tr.number < number and _in_flight(tr, askers)
                 continue
             if _key(tr.params, s.names) != k:
                 continue
@@ -358,7 +387,7 @@ def _peer_state(s, k, number: int, wait_s: float = 1.0) -> str | None:
                     return "known"
                 except Exception:  # noqa: BLE001 - a record another version wrote: measure instead
                     continue
-            in_flight |= tr.number < number and _in_flight(tr)
+            in_flight |= tr.number < number and _in_flight(tr, askers)
         if in_flight:  # a record, had there been one, wins: nothing to measure then
             return "in_flight"
         if not pending or time.monotonic() > deadline:
