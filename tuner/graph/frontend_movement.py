@@ -16,7 +16,10 @@ What is emitted (graph ops; ``graph.py`` conventions, shapes exactly onnxruntime
   ``output_padding``, ``groups``).
 - LayerNormalization over the last axis -> ``layer_norm`` (x, scale, bias; ``axis``, ``epsilon``).
 - ``_matmul_nd``: MatMul of a 3-D / 4-D activation by a constant (K, M) -> ``dense`` on that rank (frontend's
-  ``_op_MatMul`` delegates to it for ranks other than 2).
+  ``_op_MatMul`` delegates to it for ranks other than 2); by another activation of the same rank and batch
+  axes (attention's ``Q @ K^T``, ``P @ V``) -> ``matmul`` (``alpha`` 1).
+- Split / Slice of a tensor of rank other than 2 and 4 (the 5-D qkv of attention) -> ``slice_nd`` (``starts``,
+  ``steps``, ``counts`` per axis), a strided view that ``passes_tokens.movement_views`` folds into copies.
 """
 from __future__ import annotations
 
@@ -54,8 +57,14 @@ class MovementOps:
         """``ranges``: axis -> Python range of source indices along it (other axes whole)."""
         shape = self.shapes[x]
         rank = len(shape)
-        if rank not in (2, 4):
-            ctx.fail(f"input of shape {shape}", "a 4-D (N, C, H, W) or 2-D (N, K) input")
+        if rank not in (2, 4):  # tokens, 5-D heads: a strided view (passes_tokens.movement_views folds it)
+            full = [ranges.get(axis, range(d)) for axis, d in enumerate(shape)]
+            if any(len(r) == 0 for r in full):
+                ctx.fail(f"an empty slice of an input of shape {shape}", "non-empty slices")
+            self._emit_to(ctx, out, name, "slice_nd", [x], tuple(len(r) for r in full),
+                          starts=tuple(r.start for r in full), steps=tuple(r.step for r in full),
+                          counts=tuple(len(r) for r in full))
+            return
         if 0 in ranges and list(ranges[0]) != list(range(shape[0])):
             ctx.fail("a slice of the batch axis", "slices along C, H or W")
         if rank == 2 and any(a > 1 for a in ranges):
@@ -325,10 +334,18 @@ class MovementOps:
         ctx.check_attrs(())
         names = ctx.inputs()
         a = self.act(ctx, names[0])
-        b = self.const(ctx, names[1], "right operand B")
         shape = self.shapes[a]
         if len(shape) not in (3, 4):
             ctx.fail(f"input {names[0]!r} has shape {shape}", "a 2-D, 3-D or 4-D activation")
+        if self.resolve(names[1]) not in self.consts:  # attention: activation @ activation, batched
+            b = self.act(ctx, names[1])
+            bs = self.shapes[b]
+            if len(bs) != len(shape) or bs[:-2] != shape[:-2] or bs[-2] != shape[-1]:
+                ctx.fail(f"A {shape} times B {bs}", "activations (..., M, K) and (..., K, N) of one rank with "
+                         "the same batch axes (no broadcasting)")
+            self.emit(ctx, "matmul", [a, b], shape[:-1] + (bs[-1],), alpha=1.0)
+            return
+        b = self.const(ctx, names[1], "right operand B")
         if b.ndim != 2 or b.dtype.kind != "f" or b.shape[0] != shape[-1]:
             ctx.fail(f"A {shape} times B {b.shape} ({b.dtype})", "an activation (..., K) times a float32 (K, M) "
                      "constant")

@@ -416,3 +416,63 @@ GLUE = {
     "upsample_zeros": (upsample_zeros_kernel, upsample_zeros_reference),
     "layer_norm": (layer_norm_kernel, layer_norm_reference),
 }
+
+
+# -- strided copy (attention's reshapes and transposes, passes_tokens) ---------------------------------------
+def _view_of(logical, idx: list) -> list:
+    """Stored (view) indices of logical indices ``idx`` of a tensor of ``logical`` shape (passes_tokens'
+    token layout: (a, b, c) is stored as (a, c, 1, b))."""
+    return [idx[0], idx[2], as_expr(0), idx[1]] if len(logical) == 3 else list(idx)
+
+
+def _logical_of(logical, view_idx: list) -> list:
+    return [view_idx[0], view_idx[3], view_idx[1]] if len(logical) == 3 else list(view_idx)
+
+
+def strided_copy_kernel(src_shape, offset: int, shape, strides, dtype: str = "float32", in_scope: str = "texture",
+                        out_scope: str = "texture", max_work_group: int = 64, out_shape=None):
+    """``Y`` = the strided view (``shape``, element ``i`` at ``offset + sum(i_k * strides[k])``) of ``X``'s
+    row-major elements (logical ``src_shape``), read out in row-major order as ``out_shape`` (default
+    ``shape``); each side stored in its view (``passes_tokens.token_view``: 3-D tensors as (a, c, 1, b), 4-D
+    NCHW4c, 2-D rows packed by 4). One output pixel per work-item, each lane gathered."""
+    from math import prod
+
+    from .kernels import _ravel, _unravel
+    from .passes_tokens import token_view
+    _check_dtype(dtype)
+    src_shape, shape = tuple(int(d) for d in src_shape), tuple(int(d) for d in shape)
+    out_shape = shape if out_shape is None else tuple(int(d) for d in out_shape)
+    if prod(out_shape) != prod(shape) or len(out_shape) not in (2, 3, 4):
+        raise ValueError(f"strided_copy: out_shape {list(out_shape)} for a view of shape {list(shape)}")
+    strides = tuple(int(s) for s in strides)
+    if len(strides) != len(shape) or len(src_shape) not in (2, 3, 4):
+        raise ValueError(f"strided_copy of {list(src_shape)} to {list(shape)} with strides {list(strides)}: "
+                         f"2-D to 4-D tensors, one stride per output axis")
+    last = int(offset) + sum((d - 1) * s for d, s in zip(shape, strides))
+    if min(offset, last) < 0 or max(offset, last) >= prod(src_shape):
+        raise ValueError(f"strided_copy: the view (offset {offset}, strides {list(strides)}, shape {list(shape)}) "
+                         f"leaves the source's {prod(src_shape)} elements")
+    xv, yv = token_view(src_shape), token_view(out_shape)
+    X, Y = _packed("X", xv, dtype, in_scope), _packed("Y", yv, dtype, out_scope)
+    C = yv[1]
+    b = Builder()
+    with _work_items(b, _grid(yv), max_work_group) as idx:
+        lanes = []
+        for j in range(4):
+            e = list(idx)
+            e[1] = min_(idx[1] * 4 + j, C - 1) if C % 4 else idx[1] * 4 + j
+            lo = _logical_of(out_shape, e)
+            if out_shape != shape:
+                lo = _unravel(b.let(f"o{j}", _ravel(lo, out_shape)), shape)
+            flat = as_expr(int(offset))
+            for i, s in zip(lo, strides):
+                if s:
+                    flat = flat + i * s
+            f = b.let(f"f{j}", flat)
+            src = _view_of(src_shape, [b.let(f"s{j}_{k}", v) for k, v in enumerate(_unravel(f, src_shape))])
+            sc = b.let(f"c{j}", src[1])
+            pix = b.let(f"x{j}", X[_pixel([src[0], sc // 4, *src[2:]])])
+            v = _lane(pix, sc % 4)
+            lanes.append(select(idx[1] * 4 + j < C, v, 0.0) if C % 4 and j >= C % 4 else v)
+        b.store(Y, _pixel(idx), _vector(lanes))
+    return b.kernel("strided_copy", [X, Y])

@@ -129,3 +129,31 @@ def build_layer_norm(s, plan, max_wg):
     x = plan.tensors[s.inputs["X"]]
     return KM.layer_norm_kernel(x.shape, s.attrs["epsilon"], plan.dtype, _scope(plan, x.name),
                                 _scope(plan, s.output), max_wg)
+
+
+@lowers("strided_copy")
+def lower_strided_copy(ctx: LowerCtx, node, ins, out, shape):
+    a = node.attrs
+    ctx.add(_step(node.name, "strided_copy", {"X": ins[0]}, out, {"src_shape": tuple(a["src_shape"]),
+                                                                 "offset": int(a["offset"]),
+                                                                 "strides": tuple(a["strides"]),
+                                                                 "shape": tuple(a["shape"]),
+                                                                 "out_shape": tuple(a["out_shape"])}))
+
+
+@glue("strided_copy")
+def build_strided_copy(s, plan, max_wg):
+    from . import kernels_movement as KM
+    a = s.attrs
+    return KM.strided_copy_kernel(a["src_shape"], a["offset"], a["shape"], a["strides"], plan.dtype,
+                                  _scope(plan, s.inputs["X"]), _scope(plan, s.output), max_wg,
+                                  out_shape=a["out_shape"])
+
+
+@lowers("matmul")
+def lower_matmul(ctx: LowerCtx, node, ins, out, shape):
+    if not node.attrs.get("tokens"):
+        raise TunerError(f"node {node.name!r}: matmul of {len(shape)}-D tensors reaches lowering before "
+                         f"passes_tokens.tokens_to_nchw; run passes.optimize first")
+    from .lowering import lower_template
+    lower_template(ctx, node, ins, out, shape)

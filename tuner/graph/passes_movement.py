@@ -236,5 +236,7 @@ def lower_conv_transpose(graph: Graph) -> Graph:
 
 
 def optimize_movement(graph: Graph) -> Graph:
-    """All of the above, in order; ``passes.optimize`` runs it first."""
-    return lower_conv_transpose(nhwc_to_nchw(fuse_channel_shuffle(graph)))
+    """All of the above, in order, after attention's token tensors became 4-D (``passes_tokens``);
+    ``passes.optimize`` runs it first."""
+    from .passes_tokens import optimize_tokens
+    return lower_conv_transpose(nhwc_to_nchw(fuse_channel_shuffle(optimize_tokens(graph))))

@@ -60,11 +60,35 @@ def upsample_zeros(node, x):
     return KM.upsample_zeros_reference(x, a["size"], a["stride"], a["shift"])
 
 
-OPS: dict = {"transpose": transpose, "slice": slice_, "pad": pad, "resize": resize,
+def matmul(node, a, b):
+    """``alpha * a @ b`` over the last two axes; after ``passes_tokens.tokens_to_nchw`` (attribute ``tokens``)
+    every operand is in its token view."""
+    if node.attrs.get("tokens"):
+        lo = lambda v: v[:, :, 0, :].transpose(0, 2, 1)  # noqa: E731 - (B, C, 1, T) -> (B, T, C)
+        y = node.attrs.get("alpha", 1.0) * np.matmul(lo(a), lo(b))
+        return np.ascontiguousarray(y.transpose(0, 2, 1)[:, :, None, :])
+    return node.attrs.get("alpha", 1.0) * np.matmul(a, b)
+
+
+def slice_nd(node, x):
+    a = node.attrs
+    return x[tuple(slice(s, s + k * st if s + k * st >= 0 else None, st)
+                   for s, st, k in zip(a["starts"], a["steps"], a["counts"]))]
+
+
+def strided_copy(node, x):
+    from .passes_tokens import from_view, strided_reference, to_view
+    a = node.attrs
+    y = strided_reference(from_view(x, a["src_shape"]), a["offset"], a["shape"], a["strides"])
+    return to_view(y.reshape(a.get("out_shape", a["shape"])))
+
+
+OPS: dict = {"transpose": transpose, "matmul": matmul, "slice_nd": slice_nd, "slice": slice_, "pad": pad, "resize": resize,
              "conv_transpose": conv_transpose, "layer_norm": layer_norm}
-ATTRS: dict = {"transpose": {"perm"}, "slice": {"channels", "rows", "cols"}, "pad": {"pads", "mode", "value"},
+ATTRS: dict = {"transpose": {"perm"}, "matmul": {"alpha", "tokens"}, "slice_nd": {"starts", "steps", "counts"}, "slice": {"channels", "rows", "cols"}, "pad": {"pads", "mode", "value"},
                "resize": {"mode", "coord", "nearest", "scales", "size"},
                "conv_transpose": {"stride", "padding", "dilation", "output_padding", "groups"},
                "layer_norm": {"axis", "epsilon"}}
-PASS_OPS: dict = {"upsample_zeros": upsample_zeros}
-PASS_ATTRS: dict = {"upsample_zeros": {"size", "stride", "shift"}}
+PASS_OPS: dict = {"upsample_zeros": upsample_zeros, "strided_copy": strided_copy}
+PASS_ATTRS: dict = {"upsample_zeros": {"size", "stride", "shift"},
+                    "strided_copy": {"src_shape", "offset", "strides", "shape", "out_shape"}}

@@ -1,0 +1,44 @@
+"""Small ONNX attention blocks built with onnx.helper (random weights), as timm exports them: NCHW -> tokens,
+LayerNorm, a qkv projection, the 5-D head reshape / transpose / split, scaled ``Q @ K^T``, softmax, ``@ V``, back
+to tokens, a projection, a residual and back to NCHW."""
+import numpy as np, onnx
+from onnx import helper as h, TensorProto as TP, numpy_helper as nh
+
+def attention_model(n=1, c=16, hw=(4, 6), heads=2, seed=0, path=None):
+    """The block on an (n, c, *hw) input with ``heads`` heads of c / heads features; saved to ``path`` if given."""
+    rng = np.random.default_rng(seed)
+    H, W = hw; T = H * W; d = c // heads
+    inits, nodes = [], []
+    def init(name, arr):
+        inits.append(nh.from_array(np.asarray(arr), name)); return name
+    def node(op, ins, outs, **kw):
+        nodes.append(h.make_node(op, ins, outs, name=outs[0], **kw)); return outs[0]
+    x = "input"
+    t = node("Reshape", [x, init("s1", np.array([n, c, T], np.int64))], ["flat"])
+    t = node("Transpose", [t], ["tok"], perm=[0, 2, 1])
+    ln = node("LayerNormalization", [t, init("g", rng.standard_normal(c).astype(np.float32)),
+                                     init("b", rng.standard_normal(c).astype(np.float32))], ["ln"], axis=-1)
+    qkv = node("MatMul", [ln, init("wqkv", rng.standard_normal((c, 3 * c)).astype(np.float32) / 4)], ["qkv"])
+    r5 = node("Reshape", [qkv, init("s5", np.array([n, T, 3, heads, d], np.int64))], ["r5"])
+    tr = node("Transpose", [r5], ["tr5"], perm=[2, 0, 3, 1, 4])
+    nodes.append(h.make_node("Split", [tr, init("sp", np.array([1, 1, 1], np.int64))], ["q5", "k5", "v5"], axis=0, name="split"))
+    q = node("Reshape", ["q5", init("s4", np.array([n, heads, T, d], np.int64))], ["q"])
+    k = node("Reshape", ["k5", "s4"], ["k"])
+    v = node("Reshape", ["v5", "s4"], ["v"])
+    kt = node("Transpose", [k], ["kt"], perm=[0, 1, 3, 2])
+    qs = node("Mul", [q, init("scale", np.array(d ** -0.5, np.float32))], ["qs"])
+    s = node("MatMul", [qs, kt], ["scores"])
+    p = node("Softmax", [s], ["probs"], axis=-1)
+    o = node("MatMul", [p, v], ["attn"])
+    o = node("Transpose", [o], ["attn_t"], perm=[0, 2, 1, 3])
+    o = node("Reshape", [o, init("s3", np.array([n, T, c], np.int64))], ["attn_tok"])
+    o = node("MatMul", [o, init("wp", rng.standard_normal((c, c)).astype(np.float32) / 4)], ["proj"])
+    o = node("Add", [o, t], ["res"])
+    o = node("Transpose", [o], ["back"], perm=[0, 2, 1])
+    o = node("Reshape", [o, init("s6", np.array([n, c, H, W], np.int64))], ["output"])
+    g = h.make_graph(nodes, "attn", [h.make_tensor_value_info("input", TP.FLOAT, [n, c, H, W])],
+                     [h.make_tensor_value_info("output", TP.FLOAT, [n, c, H, W])], initializer=inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)]); m.ir_version = 8
+    onnx.checker.check_model(m)
+    if path: onnx.save(m, path)
+    return m

@@ -1,0 +1,107 @@
+"""Attention blocks (tuner/graph/passes_tokens.py): token tensors as 4-D views, the 5-D head reshapes folded into
+strided copies, activation-by-activation MatMuls; the passes against onnxruntime on the NumPy reference, the
+strided-copy kernel against NumPy on the test device, and whole blocks compiled in both scopes."""
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from attention_models import attention_model
+from test_graph_kernels import SCOPES, TOL, draw, rel_error, run
+from tuner.errors import TunerError
+from tuner.graph import kernels_movement as KM
+from tuner.graph import passes_tokens as PT
+from tuner.graph import reference
+from tuner.graph.frontend import from_onnx
+from tuner.graph.passes_movement import optimize_movement
+from tuner.graph.reference_movement import PASS_ATTRS, PASS_OPS
+from tuner.runtime.launch import build
+
+BLOCKS = [dict(), dict(c=12, hw=(3, 5), heads=3), dict(n=2, c=20, hw=(2, 3), heads=5)]
+
+
+def _input(kw, seed=1):
+    n, c, hw = kw.get("n", 1), kw.get("c", 16), kw.get("hw", (4, 6))
+    return np.random.default_rng(seed).standard_normal((n, c, *hw)).astype(np.float32)
+
+
+@pytest.mark.parametrize("kw", BLOCKS, ids=str)
+def test_token_passes_keep_the_block_onnxruntime_computes(tmp_path, monkeypatch, kw):
+    path = tmp_path / "a.onnx"
+    attention_model(path=str(path), **kw)
+    g = optimize_movement(from_onnx(str(path)))
+    monkeypatch.setattr(reference, "OPS", {**reference.OPS, **PASS_OPS})
+    monkeypatch.setattr(reference, "ATTRS", {**reference.ATTRS, **PASS_ATTRS})
+    x = _input(kw)
+    want = ort.InferenceSession(str(path)).run(None, {"input": x})[0]
+    got = reference.run_graph_numpy(g, {"input": x})["output"]
+    assert rel_error(got, want) <= 1e-5
+    ops = [n.op for n in g.nodes]
+    assert all(len(s) in (1, 2, 4) for t, s in g.shapes.items() if t not in g.params and any(
+        t in n.outputs for n in g.nodes))  # no 3-D or 5-D tensor is left between kernels
+    assert ops.count("matmul") == 2 and "transpose" not in ops and "slice_nd" not in ops
+    assert ops.count("conv2d") == 2  # the qkv and output projections: 1x1 convolutions (tuned)
+    # the q and k scales became the scores' alpha; each of q, k, v is one copy out of the qkv projection
+    mm = [n for n in g.nodes if n.op == "matmul"]
+    assert mm[0].attrs["alpha"] == pytest.approx(8 ** -0.5 if not kw else (kw["c"] // kw["heads"]) ** -0.5)
+    assert ops.count("strided_copy") == 6
+
+
+VIEWS = [  # src logical shape, offset, view shape, strides, out shape
+    ((1, 24, 48), 8, (2, 24, 8), (8, 48, 1), None),  # k of a qkv: heads x tokens x d out of (N, T, 3C)
+    ((2, 24, 8), 0, (1, 24, 2, 8), (0, 8, 192, 1), (1, 24, 16)),  # heads back to tokens: a reshape no stride has
+    ((1, 16, 4, 6), 0, (1, 24, 16), (0, 1, 24), None),  # NCHW -> tokens
+    ((1, 13, 5), 0, (1, 13, 5), (65, 5, 1), (1, 5, 13)),  # odd features, a plain reshape
+    ((3, 10), 2, (3, 4), (10, 2), None),  # 2-D rows, strided
+    ((1, 7, 3), 0, (1, 7, 1, 3), (21, 3, 3, 1), (1, 7, 3, 1)),  # tokens -> 4-D
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("scopes", SCOPES[:3])
+@pytest.mark.parametrize("case", range(len(VIEWS)))
+def test_strided_copy_kernel(device, rng, case, scopes, dtype):
+    src, offset, shape, strides, out = VIEWS[case]
+    k = KM.strided_copy_kernel(src, offset, shape, strides, dtype, *scopes,
+                               max_work_group=device.info.max_work_group_size, out_shape=out)
+    x = draw(rng, src, dtype)
+    want = PT.to_view(PT.strided_reference(x, offset, shape, strides).reshape(out or shape))
+    got = run(build(k, device), device, {"X": PT.to_view(x)}, padded_outputs=True)["Y"]
+    assert rel_error(got[tuple(slice(0, s) for s in want.shape)], want) <= TOL[dtype]
+    c = want.shape[1]
+    if got.shape[1] > c:  # its own padding lanes are zero
+        assert np.all(got[:, c:] == 0)
+
+
+def test_a_view_that_leaves_its_source_is_refused():
+    with pytest.raises(ValueError, match="leaves the source"):
+        KM.strided_copy_kernel((1, 4, 8), 30, (1, 4, 8), (0, 8, 1))
+
+
+@pytest.mark.parametrize("shape,strides,new,expect", [
+    ((2, 3, 4), (12, 4, 1), (6, 4), (4, 1)),  # contiguous: merges
+    ((2, 3, 4), (1, 8, 2), (6, 4), None),  # transposed: no strides express it
+    ((3, 1, 2, 4), (8, 0, 4, 1), (3, 8), (8, 1)),  # a unit axis in between
+    ((4, 6), (6, 1), (2, 2, 3, 2), (12, 6, 2, 1)),  # a split
+])
+def test_reshape_of_a_view_follows_numpy(shape, strides, new, expect):
+    v = PT._View("x", (48,), 0, shape, strides).reshape(new)
+    assert (v is None) == (expect is None)
+    if v is not None:
+        assert v.strides == expect and v.shape == new
+
+
+def test_an_unsupported_op_on_tokens_names_the_node(tmp_path):
+    from onnx import TensorProto, helper
+    x = helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 8, 2, 2])
+    y = helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 8, 2, 2])
+    shape = helper.make_tensor("s", TensorProto.INT64, [3], [1, 8, 4])
+    back = helper.make_tensor("b", TensorProto.INT64, [4], [1, 8, 2, 2])
+    nodes = [helper.make_node("Reshape", ["input", "s"], ["t"], name="tok"),
+             helper.make_node("MaxPool", ["t"], ["p"], name="pool", kernel_shape=[1], pads=[0, 0]),
+             helper.make_node("Reshape", ["p", "b"], ["output"], name="back")]
+    m = helper.make_model(helper.make_graph(nodes, "g", [x], [y], [shape, back]),
+                          opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(TunerError, match="pool"):
+        optimize_movement(from_onnx(m))

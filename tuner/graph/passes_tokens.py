@@ -1,0 +1,313 @@
+"""Graph passes that bring attention blocks -- token tensors, 5-D head reshapes, activation-by-activation
+MatMuls -- onto the 4-D kernels (``Graph -> Graph``), run first by ``passes_movement.optimize_movement``:
+
+- ``fold_matmul_scales``: a multiply by a scalar constant whose only reader is a ``matmul`` (the ``q * scale``
+  and ``k * scale`` of attention) becomes the matmul's ``alpha``.
+- ``attention_ranks``: a 4-D ``matmul`` (batch, heads, M, K) @ (batch, heads, K, N) and a softmax over the
+  last axis of a 4-D tensor run on 3-D tensors (batch * heads, M, K): reshapes around them, which
+  ``movement_views`` folds away.
+- ``movement_views``: chains of ``reshape`` / ``transpose`` / ``slice_nd`` that touch a tensor of rank other
+  than 2 or 4 (tokens, the 5-D ``(B, T, 3, heads, d)`` of a qkv projection) are composed into strided views of
+  the tensor they start from (numpy's rules: a reshape that no strides express materializes first); a view is
+  materialized by one ``strided_copy`` where a computing node reads it, and not at all when it is the whole
+  tensor in order. The qkv reshape, transpose, split and squeeze of attention become one copy per q, k, v.
+- ``tokens_to_nchw``: every 3-D activation (N, T, C) becomes the 4-D tensor (N, C, 1, T) -- its storage is
+  NCHW4c's, packed by 4 along C -- and the 3-D nodes become their 4-D forms: a MatMul by a constant a 1x1
+  ``conv2d`` (tuned), LayerNormalization and Softmax over the last axis ones over channels, biases and scales
+  per-channel params. ``matmul`` and ``strided_copy`` keep their logical shapes in attributes.
+
+The token layout: a 3-D tensor X (a, b, c) is stored as the 4-D V (a, c, 1, b) with V[n, k, 0, t] = X[n, t, k]
+(``token_view``); a 2-D tensor keeps its packed-rows layout and a 4-D one is NCHW.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tuner.errors import TunerError
+
+from .graph import Graph, Node
+from .passes import _add_param, _drop_unused_params, _fresh
+
+MOVEMENT = ("reshape", "transpose", "slice_nd")
+ELEMENTWISE = {"relu", "clip", "activation", "erf", "unary", "add", "sub", "mul", "div", "prelu"}
+
+
+# -- the token layout ----------------------------------------------------------------------------------------
+
+def token_view(shape) -> tuple:
+    """The 4-D shape a tensor of logical ``shape`` is stored as: (a, c, 1, b) for (a, b, c); others as they are."""
+    shape = tuple(int(d) for d in shape)
+    return (shape[0], shape[2], 1, shape[1]) if len(shape) == 3 else shape
+
+
+def to_view(x: np.ndarray) -> np.ndarray:
+    """A logical array in its stored (view) form (``token_view``)."""
+    return np.ascontiguousarray(x.transpose(0, 2, 1)[:, :, None, :]) if x.ndim == 3 else x
+
+
+def from_view(v: np.ndarray, logical) -> np.ndarray:
+    """The logical array of ``logical`` shape from its stored (view) form."""
+    return np.ascontiguousarray(v[:, :, 0, :].transpose(0, 2, 1)) if len(logical) == 3 else v.reshape(logical)
+
+
+def strided_reference(x_logical: np.ndarray, offset: int, shape, strides) -> np.ndarray:
+    """The strided view (in elements of ``x_logical``'s row-major order) as a new array."""
+    flat = np.ascontiguousarray(x_logical).reshape(-1)
+    idx = np.full(tuple(shape), offset, dtype=np.int64)
+    for axis, (d, s) in enumerate(zip(shape, strides)):
+        form = [1] * len(shape)
+        form[axis] = d
+        idx = idx + (np.arange(d, dtype=np.int64) * s).reshape(form)
+    return flat[idx]
+
+
+# -- strided views -------------------------------------------------------------------------------------------
+
+def _row_major(shape) -> tuple:
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= d
+    return tuple(reversed(out))
+
+
+class _View:
+    """``shape`` / ``strides`` / ``offset`` over the row-major elements of ``base`` (of ``base_shape``), read
+    out in row-major order as ``out_shape`` (a reshape no strides express: such a view composes no further)."""
+
+    def __init__(self, base: str, base_shape, offset: int, shape, strides, out_shape=None):
+        self.base, self.base_shape = base, tuple(base_shape)
+        self.offset, self.shape, self.strides = int(offset), tuple(shape), tuple(strides)
+        self.out_shape = tuple(out_shape) if out_shape is not None else self.shape
+
+    @property
+    def composes(self) -> bool:
+        return self.out_shape == self.shape
+
+    def attrs(self) -> dict:
+        """A ``strided_copy``'s attributes."""
+        return {"src_shape": self.base_shape, "offset": self.offset, "strides": self.strides, "shape": self.shape,
+                "out_shape": self.out_shape}
+
+    @classmethod
+    def whole(cls, base: str, shape):
+        return cls(base, shape, 0, shape, _row_major(shape))
+
+    def is_whole(self) -> bool:
+        return (self.offset == 0 and self.shape == self.base_shape == self.out_shape
+                and all(s == r for d, s, r in zip(self.shape, self.strides, _row_major(self.shape)) if d > 1))
+
+    def transpose(self, perm):
+        return _View(self.base, self.base_shape, self.offset, [self.shape[p] for p in perm],
+                     [self.strides[p] for p in perm])
+
+    def slice(self, starts, steps, counts):
+        offset = self.offset + sum(a * s for a, s in zip(starts, self.strides))
+        return _View(self.base, self.base_shape, offset, counts, [s * k for s, k in zip(self.strides, steps)])
+
+    def reshape(self, new):
+        """The view reshaped without a copy, or None when no strides express it (numpy's rule)."""
+        new = tuple(int(d) for d in new)
+        old = [(d, s) for d, s in zip(self.shape, self.strides) if d != 1]
+        dims = [d for d in new if d != 1]
+        strides = [0] * len(dims)
+        oi = ni = 0
+        while ni < len(dims) and oi < len(old):
+            oj, nj = oi + 1, ni + 1
+            np_, op = dims[ni], old[oi][0]
+            while np_ != op:
+                if np_ < op:
+                    np_ *= dims[nj]
+                    nj += 1
+                else:
+                    op *= old[oj][0]
+                    oj += 1
+            if any(old[k][1] != old[k + 1][0] * old[k + 1][1] for k in range(oi, oj - 1)):
+                return None
+            strides[nj - 1] = old[oj - 1][1]
+            for k in range(nj - 1, ni, -1):
+                strides[k - 1] = strides[k] * dims[k]
+            ni, oi = nj, oj
+        it = iter(strides)
+        return _View(self.base, self.base_shape, self.offset, new, [0 if d == 1 else next(it) for d in new])
+
+
+# -- passes --------------------------------------------------------------------------------------------------
+
+def _readers(g: Graph, name: str) -> list:
+    return [n for n in g.nodes if name in n.inputs]
+
+
+def fold_matmul_scales(graph: Graph) -> Graph:
+    g = graph.copy()
+    for mul in list(g.nodes):
+        if mul.op != "mul" or mul.attrs.get("activation", "none") != "none" or mul.outputs[0] in g.outputs:
+            continue
+        consts = [t for t in mul.inputs if t in g.params and np.ptp(np.asarray(g.params[t])) == 0]  # a scalar
+        acts = [t for t in mul.inputs if t not in g.params]
+        readers = _readers(g, mul.outputs[0])
+        if len(consts) != 1 or len(acts) != 1 or len(readers) != 1 or readers[0].op != "matmul":
+            continue
+        mm = readers[0]
+        mm.attrs["alpha"] = float(mm.attrs.get("alpha", 1.0)) * float(np.asarray(g.params[consts[0]]).reshape(-1)[0])
+        mm.inputs = [acts[0] if t == mul.outputs[0] else t for t in mm.inputs]
+        g.nodes = [n for n in g.nodes if n is not mul]
+    return _drop_unused_params(g)
+
+
+def _reshape_node(g: Graph, name: str, x: str, shape, out: str | None = None) -> Node:
+    out = out or _fresh(g, name)
+    g.shapes[out] = tuple(shape)
+    return Node("reshape", name, [x], [out], {"shape": tuple(shape)})
+
+
+def attention_ranks(graph: Graph) -> Graph:
+    g = graph.copy()
+    nodes = []
+    for n in g.nodes:
+        shape = tuple(g.shapes[n.outputs[0]])
+        if n.op == "matmul" and len(shape) == 4:
+            ins = []
+            for k, t in enumerate(n.inputs[:2]):
+                s = g.shapes[t]
+                r = _reshape_node(g, f"{n.name}.in{k}_3d", t, (s[0] * s[1], s[2], s[3]))
+                nodes.append(r)
+                ins.append(r.outputs[0])
+            mid = _fresh(g, f"{n.name}.3d")
+            g.shapes[mid] = (shape[0] * shape[1], shape[2], shape[3])
+            nodes.append(Node("matmul", n.name, ins + n.inputs[2:], [mid], dict(n.attrs)))
+            nodes.append(_reshape_node(g, f"{n.name}.4d", mid, shape, out=n.outputs[0]))
+        elif n.op == "softmax" and len(shape) == 4 and n.attrs.get("axis") in (3, -1):
+            r = _reshape_node(g, f"{n.name}.in_3d", n.inputs[0], (shape[0] * shape[1], shape[2], shape[3]))
+            mid = _fresh(g, f"{n.name}.3d")
+            g.shapes[mid] = g.shapes[r.outputs[0]]
+            nodes += [r, Node("softmax", n.name, [r.outputs[0]], [mid], {**n.attrs, "axis": 2}),
+                      _reshape_node(g, f"{n.name}.4d", mid, shape, out=n.outputs[0])]
+        else:
+            nodes.append(n)
+    g.nodes = nodes
+    return g
+
+
+def _is_movement(g: Graph, n: Node, views: dict) -> bool:
+    if n.op not in MOVEMENT or n.inputs[0] in g.params:
+        return False
+    if n.op == "slice_nd" or n.inputs[0] in views:
+        return True
+    return any(len(g.shapes[t]) not in (2, 4) for t in (n.inputs[0], n.outputs[0]))
+
+
+def movement_views(graph: Graph) -> Graph:
+    g = graph.copy()
+    views: dict = {}  # tensor -> _View of a materialized tensor
+    made: dict = {}  # view tensor -> the tensor that holds it once materialized
+    nodes = []
+
+    def materialize(t: str, as_name: str | None = None) -> str:
+        if t in made:
+            return made[t]
+        v = views[t]
+        if v.is_whole() and as_name is None:
+            made[t] = v.base
+            return v.base
+        out = as_name or t
+        nodes.append(Node("strided_copy", f"{t}.copy", [v.base], [out], v.attrs()))
+        made[t] = out
+        return out
+
+    for n in g.nodes:
+        if _is_movement(g, n, views):
+            x, out = n.inputs[0], n.outputs[0]
+            if x not in views:
+                v = _View.whole(x, g.shapes[x])
+            else:  # one that composes no further is copied out first
+                v = views[x] if views[x].composes else _View.whole(materialize(x), g.shapes[x])
+            a = n.attrs
+            if n.op == "transpose":
+                new = v.transpose(a["perm"])
+            elif n.op == "slice_nd":
+                new = v.slice(a["starts"], a["steps"], a["counts"])
+            else:
+                new = v.reshape(g.shapes[out])
+                if new is None:  # no strides express it: read out in order by the one copy
+                    new = _View(v.base, v.base_shape, v.offset, v.shape, v.strides, out_shape=g.shapes[out])
+            views[out] = new
+            continue
+        n.inputs = [materialize(t) if t in views else t for t in n.inputs]
+        nodes.append(n)
+    for t in g.outputs:  # a model output that is a view of another tensor: copied out under its own name
+        if t in views and made.get(t) != t:
+            made.pop(t, None)
+            materialize(t, as_name=t)
+    g.nodes = nodes
+    return _drop_unused_params(g).validate()
+
+
+def _per_channel(g: Graph, node: Node, p: str, shape) -> str:
+    """A constant operand of a binary op on a 3-D tensor (N, T, C), broadcast over N and T, as (1, C, 1, 1)."""
+    v = np.asarray(g.params[p])
+    c = shape[2]
+    if v.size == 1:
+        return p
+    flat = v.reshape(-1)
+    if v.ndim <= 3 and flat.size == c and (v.ndim < 3 or v.shape[:2] == (1, 1)) and (v.ndim < 2 or v.shape[-2] == 1):
+        return _add_param(g, f"{p}.c1", flat.reshape(1, c, 1, 1).astype(np.float32))
+    raise TunerError(f"node {node.name!r} ({node.op}): a constant of shape {v.shape} with a token tensor of shape "
+                     f"{tuple(shape)}; only scalars and per-channel constants (C,) / (1, 1, C) are supported")
+
+
+def tokens_to_nchw(graph: Graph) -> Graph:
+    g = graph.copy()
+    rank3 = {t for t, s in g.shapes.items() if len(s) == 3 and t not in g.params}
+    if not rank3:
+        return g
+    for t in g.inputs + g.outputs:
+        if t in rank3:
+            raise TunerError(f"model {'input' if t in g.inputs else 'output'} {t!r} has the 3-D shape "
+                             f"{g.shapes[t]}; model inputs and outputs must be 4-D (N, C, H, W) or 2-D (N, K)")
+    logical = {t: tuple(g.shapes[t]) for t in g.shapes}
+    nodes = []
+    for n in g.nodes:
+        touched = [t for t in n.inputs + n.outputs if t in rank3]
+        if not touched:
+            nodes.append(n)
+            continue
+        shape = logical[touched[0]]
+        if n.op == "dense":
+            w = np.asarray(g.params[n.inputs[1]])
+            n = Node("conv2d", n.name, [n.inputs[0], _add_param(g, f"{n.inputs[1]}.1x1", w.reshape(w.shape + (1, 1))),
+                                        *n.inputs[2:]], n.outputs,
+                     {"stride": (1, 1), "padding": (0, 0, 0, 0), "dilation": (1, 1), "groups": 1})
+        elif n.op in ("layer_norm", "softmax"):
+            if n.attrs.get("axis") not in (2, -1):
+                raise TunerError(f"node {n.name!r}: {n.op} over axis {n.attrs.get('axis')} of a token tensor "
+                                 f"{shape}; only the last axis (the features) is supported")
+            n.attrs = {**n.attrs, "axis": 1}
+        elif n.op in ELEMENTWISE:
+            n.inputs = [_per_channel(g, n, t, shape) if t in g.params else t for t in n.inputs]
+            for t in n.inputs:
+                if t not in g.params and t not in rank3:
+                    raise TunerError(f"node {n.name!r} ({n.op}): a token tensor {shape} with {t!r} of shape "
+                                     f"{g.shapes[t]}")
+        elif n.op == "matmul":
+            n.attrs = {**n.attrs, "tokens": True}  # operands and output in their token views
+        # strided_copy: its attributes name the logical shapes on both sides
+        if n.op not in ("conv2d", "layer_norm", "softmax", "matmul", "strided_copy") and n.op not in ELEMENTWISE:
+            raise TunerError(f"node {n.name!r}: operator {n.op} on the token tensor {touched[0]!r} of shape "
+                             f"{shape} has no kernel; token tensors take MatMul, LayerNormalization, Softmax over "
+                             f"the last axis, elementwise ops and reshapes / transposes")
+        nodes.append(n)
+    for t in rank3:
+        g.shapes[t] = token_view(logical[t])
+    g.nodes = nodes
+    return _drop_unused_params(g).validate()
+
+
+def optimize_tokens(graph: Graph) -> Graph:
+    """All of the above, in order."""
+    if not any(n.op in ("matmul", "slice_nd") or any(len(graph.shapes[t]) not in (1, 2, 4) for t in n.outputs)
+               for n in graph.nodes):
+        return graph
+    return tokens_to_nchw(movement_views(attention_ranks(fold_matmul_scales(graph))))
