@@ -4,8 +4,11 @@ to tokens, a projection, a residual and back to NCHW."""
 import numpy as np, onnx
 from onnx import helper as h, TensorProto as TP, numpy_helper as nh
 
-def attention_model(n=1, c=16, hw=(4, 6), heads=2, seed=0, path=None):
-    """The block on an (n, c, *hw) input with ``heads`` heads of c / heads features; saved to ``path`` if given."""
+def attention_model(n=1, c=16, hw=(4, 6), heads=2, seed=0, path=None, scale_after=False, bias=False, pos=False):
+    """The block on an (n, c, *hw) input with ``heads`` heads of c / heads features; saved to ``path`` if given.
+    ``scale_after``: the scores scaled after ``Q @ K^T`` (EfficientFormer), not q before; ``bias``: a constant
+    attention bias (heads, T, T) added to the scores (LeViT, EfficientFormer); ``pos``: a position embedding
+    (1, T, C) added to the tokens (ViTs)."""
     rng = np.random.default_rng(seed)
     H, W = hw; T = H * W; d = c // heads
     inits, nodes = [], []
@@ -16,6 +19,8 @@ def attention_model(n=1, c=16, hw=(4, 6), heads=2, seed=0, path=None):
     x = "input"
     t = node("Reshape", [x, init("s1", np.array([n, c, T], np.int64))], ["flat"])
     t = node("Transpose", [t], ["tok"], perm=[0, 2, 1])
+    if pos:
+        t = node("Add", [t, init("pos", rng.standard_normal((1, T, c)).astype(np.float32))], ["tok_pos"])
     ln = node("LayerNormalization", [t, init("g", rng.standard_normal(c).astype(np.float32)),
                                      init("b", rng.standard_normal(c).astype(np.float32))], ["ln"], axis=-1)
     qkv = node("MatMul", [ln, init("wqkv", rng.standard_normal((c, 3 * c)).astype(np.float32) / 4)], ["qkv"])
@@ -26,8 +31,14 @@ def attention_model(n=1, c=16, hw=(4, 6), heads=2, seed=0, path=None):
     k = node("Reshape", ["k5", "s4"], ["k"])
     v = node("Reshape", ["v5", "s4"], ["v"])
     kt = node("Transpose", [k], ["kt"], perm=[0, 1, 3, 2])
-    qs = node("Mul", [q, init("scale", np.array(d ** -0.5, np.float32))], ["qs"])
-    s = node("MatMul", [qs, kt], ["scores"])
+    if scale_after:
+        s = node("MatMul", [q, kt], ["raw_scores"])
+        s = node("Mul", [s, init("scale", np.array(d ** -0.5, np.float32))], ["scores"])
+    else:
+        qs = node("Mul", [q, init("scale", np.array(d ** -0.5, np.float32))], ["qs"])
+        s = node("MatMul", [qs, kt], ["scores"])
+    if bias:
+        s = node("Add", [s, init("attn_bias", rng.standard_normal((heads, T, T)).astype(np.float32))], ["biased"])
     p = node("Softmax", [s], ["probs"], axis=-1)
     o = node("MatMul", [p, v], ["attn"])
     o = node("Transpose", [o], ["attn_t"], perm=[0, 2, 1, 3])

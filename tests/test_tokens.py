@@ -18,7 +18,8 @@ from tuner.graph.passes_movement import optimize_movement
 from tuner.graph.reference_movement import PASS_ATTRS, PASS_OPS
 from tuner.runtime.launch import build
 
-BLOCKS = [dict(), dict(c=12, hw=(3, 5), heads=3), dict(n=2, c=20, hw=(2, 3), heads=5)]
+BLOCKS = [dict(), dict(c=12, hw=(3, 5), heads=3), dict(n=2, c=20, hw=(2, 3), heads=5),
+          dict(scale_after=True, bias=True, pos=True), dict(n=2, c=8, hw=(3, 3), heads=1, bias=True, pos=True)]
 
 
 def _input(kw, seed=1):
@@ -44,8 +45,9 @@ def test_token_passes_keep_the_block_onnxruntime_computes(tmp_path, monkeypatch,
     assert ops.count("conv2d") == 2  # the qkv and output projections: 1x1 convolutions (tuned)
     # the q and k scales became the scores' alpha; each of q, k, v is one copy out of the qkv projection
     mm = [n for n in g.nodes if n.op == "matmul"]
-    assert mm[0].attrs["alpha"] == pytest.approx(8 ** -0.5 if not kw else (kw["c"] // kw["heads"]) ** -0.5)
-    assert ops.count("strided_copy") == 6
+    assert mm[0].attrs["alpha"] == pytest.approx((kw.get("c", 16) // kw.get("heads", 2)) ** -0.5)
+    assert ops.count("strided_copy") == 6 - (kw.get("heads") == 1)  # one head: heads back to tokens is in order
+    assert ops.count("add") == 1 + bool(kw.get("pos")) + bool(kw.get("bias"))  # the residual, pos, the bias (3-D)
 
 
 VIEWS = [  # src logical shape, offset, view shape, strides, out shape

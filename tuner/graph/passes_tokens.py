@@ -140,19 +140,34 @@ def _readers(g: Graph, name: str) -> list:
     return [n for n in g.nodes if name in n.inputs]
 
 
+def _scalar(g: Graph, t: str) -> bool:
+    return t in g.params and np.ptp(np.asarray(g.params[t])) == 0  # one value, however broadcast
+
+
 def fold_matmul_scales(graph: Graph) -> Graph:
     g = graph.copy()
     for mul in list(g.nodes):
-        if mul.op != "mul" or mul.attrs.get("activation", "none") != "none" or mul.outputs[0] in g.outputs:
+        if mul.op not in ("mul", "div") or mul.attrs.get("activation", "none") != "none":
             continue
-        consts = [t for t in mul.inputs if t in g.params and np.ptp(np.asarray(g.params[t])) == 0]  # a scalar
+        consts = [t for t in mul.inputs if _scalar(g, t)]
         acts = [t for t in mul.inputs if t not in g.params]
-        readers = _readers(g, mul.outputs[0])
-        if len(consts) != 1 or len(acts) != 1 or len(readers) != 1 or readers[0].op != "matmul":
+        if len(consts) != 1 or len(acts) != 1 or (mul.op == "div" and mul.inputs[1] != consts[0]):
             continue
-        mm = readers[0]
-        mm.attrs["alpha"] = float(mm.attrs.get("alpha", 1.0)) * float(np.asarray(g.params[consts[0]]).reshape(-1)[0])
-        mm.inputs = [acts[0] if t == mul.outputs[0] else t for t in mm.inputs]
+        value = float(np.asarray(g.params[consts[0]]).reshape(-1)[0])
+        scale = value if mul.op == "mul" else 1.0 / value
+        readers = _readers(g, mul.outputs[0])
+        producer = g.producer(acts[0])
+        if (mul.outputs[0] not in g.outputs and len(readers) == 1 and readers[0].op == "matmul"
+                and readers[0].inputs[:2].count(mul.outputs[0]) == 1):  # q * scale, k * scale
+            mm = readers[0]
+            mm.inputs = [acts[0] if t == mul.outputs[0] else t for t in mm.inputs]
+        elif (producer is not None and producer.op == "matmul" and acts[0] not in g.outputs
+              and len(_readers(g, acts[0])) == 1):  # (q @ k) * scale
+            mm = producer
+            mm.outputs = list(mul.outputs)
+        else:
+            continue
+        mm.attrs["alpha"] = float(mm.attrs.get("alpha", 1.0)) * scale
         g.nodes = [n for n in g.nodes if n is not mul]
     return _drop_unused_params(g)
 
@@ -163,28 +178,50 @@ def _reshape_node(g: Graph, name: str, x: str, shape, out: str | None = None) ->
     return Node("reshape", name, [x], [out], {"shape": tuple(shape)})
 
 
+def _heads_const(g: Graph, t: str, shape4) -> str | None:
+    """A constant operand of an op on the 4-D (B, heads, M, N) scores as the 3-D (B * heads, M, N) one (an
+    attention bias (heads, M, N) or (1, heads, M, N) broadcast over B), or None when it is not one."""
+    v = np.asarray(g.params[t])
+    if v.size == 1:
+        return t
+    try:
+        full = np.broadcast_to(v, shape4)
+    except ValueError:
+        return None
+    return _add_param(g, f"{t}.3d", np.ascontiguousarray(full.reshape((-1,) + tuple(shape4[2:])), np.float32))
+
+
 def attention_ranks(graph: Graph) -> Graph:
     g = graph.copy()
     nodes = []
+    three = {}  # a 4-D tensor -> the 3-D tensor holding it (reshapes fold away in movement_views)
+
+    def as_3d(t: str, where: str) -> str:
+        if t not in three:
+            s = g.shapes[t]
+            r = _reshape_node(g, where, t, (s[0] * s[1], s[2], s[3]))
+            nodes.append(r)
+            three[t] = r.outputs[0]
+        return three[t]
+
+    def emit_3d(n: Node, ins: list, attrs: dict):
+        shape = tuple(g.shapes[n.outputs[0]])
+        mid = _fresh(g, f"{n.name}.3d")
+        g.shapes[mid] = (shape[0] * shape[1], shape[2], shape[3])
+        nodes.append(Node(n.op, n.name, ins, [mid], attrs))
+        nodes.append(_reshape_node(g, f"{n.name}.4d", mid, shape, out=n.outputs[0]))
+        three[n.outputs[0]] = mid
+
     for n in g.nodes:
         shape = tuple(g.shapes[n.outputs[0]])
         if n.op == "matmul" and len(shape) == 4:
-            ins = []
-            for k, t in enumerate(n.inputs[:2]):
-                s = g.shapes[t]
-                r = _reshape_node(g, f"{n.name}.in{k}_3d", t, (s[0] * s[1], s[2], s[3]))
-                nodes.append(r)
-                ins.append(r.outputs[0])
-            mid = _fresh(g, f"{n.name}.3d")
-            g.shapes[mid] = (shape[0] * shape[1], shape[2], shape[3])
-            nodes.append(Node("matmul", n.name, ins + n.inputs[2:], [mid], dict(n.attrs)))
-            nodes.append(_reshape_node(g, f"{n.name}.4d", mid, shape, out=n.outputs[0]))
+            emit_3d(n, [as_3d(t, f"{n.name}.in{k}_3d") for k, t in enumerate(n.inputs[:2])], dict(n.attrs))
         elif n.op == "softmax" and len(shape) == 4 and n.attrs.get("axis") in (3, -1):
-            r = _reshape_node(g, f"{n.name}.in_3d", n.inputs[0], (shape[0] * shape[1], shape[2], shape[3]))
-            mid = _fresh(g, f"{n.name}.3d")
-            g.shapes[mid] = g.shapes[r.outputs[0]]
-            nodes += [r, Node("softmax", n.name, [r.outputs[0]], [mid], {**n.attrs, "axis": 2}),
-                      _reshape_node(g, f"{n.name}.4d", mid, shape, out=n.outputs[0])]
+            emit_3d(n, [as_3d(n.inputs[0], f"{n.name}.in_3d")], {**n.attrs, "axis": 2})
+        elif (n.op in ("add", "mul", "sub", "div") and len(shape) == 4 and n.attrs.get("activation", "none") == "none"
+              and any(t in three for t in n.inputs)
+              and all(t in three or (t in g.params and _heads_const(g, t, shape)) for t in n.inputs)):
+            emit_3d(n, [three[t] if t in three else _heads_const(g, t, shape) for t in n.inputs], dict(n.attrs))
         else:
             nodes.append(n)
     g.nodes = nodes
@@ -245,17 +282,22 @@ def movement_views(graph: Graph) -> Graph:
     return _drop_unused_params(g).validate()
 
 
-def _per_channel(g: Graph, node: Node, p: str, shape) -> str:
-    """A constant operand of a binary op on a 3-D tensor (N, T, C), broadcast over N and T, as (1, C, 1, 1)."""
-    v = np.asarray(g.params[p])
-    c = shape[2]
+def _token_const(g: Graph, node: Node, p: str, shape) -> str:
+    """A constant operand of a binary op on a 3-D tensor (N, T, C) in the token view: one broadcast over N and
+    T as a per-channel (1, C, 1, 1); one that varies along T (a position embedding, an attention bias) as the
+    whole (N or 1, C, 1, T)."""
+    v = np.asarray(g.params[p], np.float32)
     if v.size == 1:
         return p
-    flat = v.reshape(-1)
-    if v.ndim <= 3 and flat.size == c and (v.ndim < 3 or v.shape[:2] == (1, 1)) and (v.ndim < 2 or v.shape[-2] == 1):
-        return _add_param(g, f"{p}.c1", flat.reshape(1, c, 1, 1).astype(np.float32))
-    raise TunerError(f"node {node.name!r} ({node.op}): a constant of shape {v.shape} with a token tensor of shape "
-                     f"{tuple(shape)}; only scalars and per-channel constants (C,) / (1, 1, C) are supported")
+    try:
+        full = np.broadcast_to(v, shape)
+    except ValueError:
+        raise TunerError(f"node {node.name!r} ({node.op}): a constant of shape {v.shape} does not broadcast to "
+                         f"the token tensor's {tuple(shape)}") from None
+    if np.array_equal(np.broadcast_to(full[:1, :1, :], shape), full):
+        return _add_param(g, f"{p}.c1", np.ascontiguousarray(full[0, 0].reshape(1, -1, 1, 1)))
+    rows = full[:1] if np.array_equal(np.broadcast_to(full[:1], shape), full) else full
+    return _add_param(g, f"{p}.view", to_view(np.ascontiguousarray(rows)))
 
 
 def tokens_to_nchw(graph: Graph) -> Graph:
@@ -286,7 +328,7 @@ def tokens_to_nchw(graph: Graph) -> Graph:
                                  f"{shape}; only the last axis (the features) is supported")
             n.attrs = {**n.attrs, "axis": 1}
         elif n.op in ELEMENTWISE:
-            n.inputs = [_per_channel(g, n, t, shape) if t in g.params else t for t in n.inputs]
+            n.inputs = [_token_const(g, n, t, shape) if t in g.params else t for t in n.inputs]
             for t in n.inputs:
                 if t not in g.params and t not in rank3:
                     raise TunerError(f"node {n.name!r} ({n.op}): a token tensor {shape} with {t!r} of shape "
