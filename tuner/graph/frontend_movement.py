@@ -340,9 +340,10 @@ class MovementOps:
         if self.resolve(names[1]) not in self.consts:  # attention: activation @ activation, batched
             b = self.act(ctx, names[1])
             bs = self.shapes[b]
-            if len(bs) != len(shape) or bs[:-2] != shape[:-2] or bs[-2] != shape[-1]:
+            mqa = len(shape) == 4 and len(bs) == 4 and bs[0] == shape[0] and bs[1] == 1  # one K, V for all heads
+            if len(bs) != len(shape) or (bs[:-2] != shape[:-2] and not mqa) or bs[-2] != shape[-1]:
                 ctx.fail(f"A {shape} times B {bs}", "activations (..., M, K) and (..., K, N) of one rank with "
-                         "the same batch axes (no broadcasting)")
+                         "the same batch axes, or (B, heads, M, K) times (B, 1, K, N)")
             self.emit(ctx, "matmul", [a, b], shape[:-1] + (bs[-1],), alpha=1.0)
             return
         b = self.const(ctx, names[1], "right operand B")

@@ -156,4 +156,20 @@ def lower_matmul(ctx: LowerCtx, node, ins, out, shape):
         raise TunerError(f"node {node.name!r}: matmul of {len(shape)}-D tensors reaches lowering before "
                          f"passes_tokens.tokens_to_nchw; run passes.optimize first")
     from .lowering import lower_template
-    lower_template(ctx, node, ins, out, shape)
+    lower_template(_Logical(ctx, node), node, ins, out, shape)
+
+
+class _Logical:
+    """``ctx`` as a template sees it: the token tensors of a matmul node by their logical (B, T, C) shapes, not
+    their stored (B, C, 1, T) views (``passes_tokens.token_view``); the template stores them so."""
+
+    def __init__(self, ctx: LowerCtx, node):
+        self._ctx = ctx
+        acts = [t for t in node.inputs + node.outputs if t not in ctx.graph.params]
+        self._logical = {t: (s[0], s[3], s[1]) for t in acts for s in [ctx.shape(t)] if len(s) == 4 and s[2] == 1}
+
+    def __getattr__(self, name):
+        return getattr(self._ctx, name)
+
+    def shape(self, name: str) -> tuple:
+        return self._logical.get(name) or self._ctx.shape(name)

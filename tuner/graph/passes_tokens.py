@@ -191,6 +191,29 @@ def _heads_const(g: Graph, t: str, shape4) -> str | None:
     return _add_param(g, f"{t}.3d", np.ascontiguousarray(full.reshape((-1,) + tuple(shape4[2:])), np.float32))
 
 
+def _softmax_last(g: Graph) -> Graph:
+    """A softmax over an axis other than the last of a 3-D tensor, or other than the last or channels of a 4-D
+    one, between transposes that make it the last (CoaT's softmax over the tokens of K); in place."""
+    nodes = []
+    for n in g.nodes:
+        rank = len(g.shapes[n.outputs[0]])
+        axis = n.attrs.get("axis", -1) % rank if n.op == "softmax" else None
+        if axis is None or rank not in (3, 4) or axis == rank - 1 or (rank == 4 and axis == 1):
+            nodes.append(n)
+            continue
+        perm = tuple(a for a in range(rank) if a != axis) + (axis,)
+        inverse = tuple(int(i) for i in np.argsort(perm))
+        t_in = _fresh(g, f"{n.name}.last")
+        g.shapes[t_in] = tuple(g.shapes[n.inputs[0]][p] for p in perm)
+        mid = _fresh(g, f"{n.name}.out_last")
+        g.shapes[mid] = g.shapes[t_in]
+        nodes += [Node("transpose", f"{n.name}.to_last", [n.inputs[0]], [t_in], {"perm": perm}),
+                  Node("softmax", n.name, [t_in], [mid], {**n.attrs, "axis": rank - 1}),
+                  Node("transpose", f"{n.name}.back", [mid], list(n.outputs), {"perm": inverse})]
+    g.nodes = nodes
+    return g
+
+
 def attention_ranks(graph: Graph) -> Graph:
     g = graph.copy()
     nodes = []
@@ -212,9 +235,18 @@ def attention_ranks(graph: Graph) -> Graph:
         nodes.append(_reshape_node(g, f"{n.name}.4d", mid, shape, out=n.outputs[0]))
         three[n.outputs[0]] = mid
 
-    for n in g.nodes:
+    for n in _softmax_last(g).nodes:
         shape = tuple(g.shapes[n.outputs[0]])
-        if n.op == "matmul" and len(shape) == 4:
+        if n.op == "matmul" and len(shape) == 4 and g.shapes[n.inputs[1]][1] == 1 < shape[1]:
+            # one K, V for every head (multi-query attention): the heads join the rows of A
+            a, b = (tuple(g.shapes[t]) for t in n.inputs[:2])
+            ra = _reshape_node(g, f"{n.name}.in0_rows", n.inputs[0], (a[0], a[1] * a[2], a[3]))
+            rb = _reshape_node(g, f"{n.name}.in1_3d", n.inputs[1], (b[0], b[2], b[3]))
+            mid = _fresh(g, f"{n.name}.3d")
+            g.shapes[mid] = (shape[0], shape[1] * shape[2], shape[3])
+            nodes += [ra, rb, Node("matmul", n.name, [ra.outputs[0], rb.outputs[0]], [mid], dict(n.attrs)),
+                      _reshape_node(g, f"{n.name}.4d", mid, shape, out=n.outputs[0])]
+        elif n.op == "matmul" and len(shape) == 4:
             emit_3d(n, [as_3d(t, f"{n.name}.in{k}_3d") for k, t in enumerate(n.inputs[:2])], dict(n.attrs))
         elif n.op == "softmax" and len(shape) == 4 and n.attrs.get("axis") in (3, -1):
             emit_3d(n, [as_3d(n.inputs[0], f"{n.name}.in_3d")], {**n.attrs, "axis": 2})
@@ -300,6 +332,26 @@ def _token_const(g: Graph, node: Node, p: str, shape) -> str:
     return _add_param(g, f"{p}.view", to_view(np.ascontiguousarray(rows)))
 
 
+REDUCE = ("reduce_mean", "reduce_max", "reduce_sum", "reduce_l2")
+
+
+def _token_reduce(g: Graph, n: Node, shape, nodes: list) -> Node:
+    """A reduction of a token tensor (N, T, C) in its view (N, C, 1, T): over T (global pooling of tokens) one
+    over H, W; over C one over channels (then a reshape when the result is 2-D)."""
+    axes, keep = tuple(n.attrs["axes"]), int(n.attrs.get("keepdims", 1))
+    if axes == (1,):
+        return Node(n.op, n.name, n.inputs, n.outputs, {**n.attrs, "axes": (2, 3)})
+    if axes == (2,):
+        if keep:
+            return Node(n.op, n.name, n.inputs, n.outputs, {**n.attrs, "axes": (1,)})
+        mid = _fresh(g, f"{n.name}.kept")
+        g.shapes[mid] = (shape[0], 1, 1, shape[1])
+        nodes.append(Node(n.op, n.name, n.inputs, [mid], {**n.attrs, "axes": (1,), "keepdims": 1}))
+        return Node("reshape", f"{n.name}.2d", [mid], n.outputs, {"shape": tuple(g.shapes[n.outputs[0]])})
+    raise TunerError(f"node {n.name!r}: {n.op} over axes {list(axes)} of a token tensor {tuple(shape)}; "
+                     f"over the tokens (1) or the features (2) only")
+
+
 def tokens_to_nchw(graph: Graph) -> Graph:
     g = graph.copy()
     rank3 = {t for t, s in g.shapes.items() if len(s) == 3 and t not in g.params}
@@ -335,8 +387,11 @@ def tokens_to_nchw(graph: Graph) -> Graph:
                                      f"{g.shapes[t]}")
         elif n.op == "matmul":
             n.attrs = {**n.attrs, "tokens": True}  # operands and output in their token views
+        elif n.op in REDUCE and n.inputs[0] in rank3:
+            n = _token_reduce(g, n, shape, nodes)
         # strided_copy: its attributes name the logical shapes on both sides
-        if n.op not in ("conv2d", "layer_norm", "softmax", "matmul", "strided_copy") and n.op not in ELEMENTWISE:
+        if n.op not in ("conv2d", "layer_norm", "softmax", "matmul", "strided_copy", "reshape") \
+                and n.op not in ELEMENTWISE and n.op not in REDUCE:
             raise TunerError(f"node {n.name!r}: operator {n.op} on the token tensor {touched[0]!r} of shape "
                              f"{shape} has no kernel; token tensors take MatMul, LayerNormalization, Softmax over "
                              f"the last axis, elementwise ops and reshapes / transposes")
