@@ -1,8 +1,10 @@
-"""Operator templates: conv2d, depthwise conv2d, dense, and Winograd conv2d (winograd2, winograd4).
+"""Operator templates: conv2d, depthwise conv2d, dense, Winograd conv2d (winograd2, winograd4) and matmul (a
+batched product of two activations: attention's Q@K^T and P@V).
 
 Each template is one loop nest written with the IR builder over logical tensors (NCHW activations, OIHW
-weights); the config's scopes and layouts are buffer declarations, so one definition yields texture and
-buffer kernels. ``TEMPLATES[name]`` bundles what the tuner needs:
+weights; matmul's 3-D operands as their NCHW storage views (b, c, 1, r)); the config's scopes and layouts are
+buffer declarations, so one definition yields texture and buffer kernels. ``TEMPLATES[name]`` bundles what
+the tuner needs:
 
     t = get_template("conv2d")
     wl = t.workload(data=(1, 64, 56, 56), kernel=(64, 64, 3, 3), padding=1)
@@ -177,9 +179,9 @@ def node_epilogue(ctx, node) -> tuple:
 
 
 def _registry() -> dict:
-    from . import conv2d_nchw4c, conv2d_winograd, dense, depthwise_conv2d_nchw4c
+    from . import conv2d_nchw4c, conv2d_winograd, dense, depthwise_conv2d_nchw4c, matmul
     return {t.name: t for t in (conv2d_nchw4c.TEMPLATE, depthwise_conv2d_nchw4c.TEMPLATE, dense.TEMPLATE,
-                                conv2d_winograd.TEMPLATE2, conv2d_winograd.TEMPLATE4)}
+                                conv2d_winograd.TEMPLATE2, conv2d_winograd.TEMPLATE4, matmul.TEMPLATE)}
 
 
 TEMPLATES: dict = {}

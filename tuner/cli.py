@@ -212,7 +212,7 @@ def cmd_space(args: argparse.Namespace) -> int:
     for c in space.constraints:
         print(f"  {c.name:<20} {c.text}")
     print(f"unconstrained size: {space.total:,}")
-    if args.data is not None:
+    if any(getattr(args, a.name) not in (None, False) for a in t.workload_args):  # a workload given: count
         t, wl = workload_from_args(args)
         info = device_info(args.device)
         bound = space.bind(t.space_vars(wl), info, {"dtype": wl.dtype, **_scopes(args)})
