@@ -5,6 +5,7 @@
 #   tune    tune the layer suite (bench/gpu.py tune; resumable, stops starting tasks after $DEADLINE s; with
 #           PRIORITY=path/gpu_cudnn.csv only the layers slower than cuDNN there, the slowest first)
 #   cudnn   time cuDNN / PyTorch eager on the same layers
+#   matmul  the matmul template tuned on attention shapes against torch.bmm (bench/matmul_gpu.py) -> matmul_gpu.md
 #   peak    the device's float32 FMA rate (OpenCL kernel; torch.matmul without TF32 as a cross-check) and copy
 #           bandwidth (clEnqueueCopyBuffer of 1 GiB; a torch copy as a cross-check) -> gpu_peak.json (~30 s)
 #   stream  per layer: the best logged kernels re-timed (one launch, profiling events) and, like cuDNN, as one of
@@ -42,6 +43,10 @@ for stage in "$@"; do
             --dtypes "${DTYPES:-float32,float16}" --scopes "${SCOPES:-texture,buffer}" 2>&1 | grep -v "CompilerWarning\|lambda: self._prg" | tee -a "$OUT/gpu_tune.txt"
           for f in "$OUT"/*.jsonl; do gzip -kf "$f"; done ;;  # files over 16 MiB do not come back
     cudnn) python3 "$REPO/bench/gpu.py" cudnn --out "$OUT" 2>&1 | tail -5 ;;
+    matmul) python3 "$REPO/bench/matmul_gpu.py" tune --out "$OUT" --deadline "${DEADLINE:-400}" --trials "${TRIALS:-40}" 2>&1 \
+              | grep -v "CompilerWarning\|lambda: self._prg\|_create_built\|prg.build" | tee "$OUT/matmul_tune.txt" | tail -20
+            python3 "$REPO/bench/matmul_gpu.py" torch --out "$OUT" 2>&1 | tail -3
+            python3 "$REPO/bench/matmul_gpu.py" table --out "$OUT" 2>&1 | tail -20 ;;
     peak) timeout 600 python3 -P "$REPO/bench/gpu.py" peak --out "$OUT" 2>&1 | grep -v "CompilerWarning\|prg.build\|_create_built" \
             | tee "$OUT/gpu_peak.txt" ;;
     stream) for side in ours torch; do  # each side in its own process: neither shares the GPU with the other's context

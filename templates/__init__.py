@@ -96,6 +96,9 @@ class Template:
     model_knobs: dict = field(default_factory=dict)  # knobs a model pins so that neighbouring kernels agree
     workload_args: tuple = ()  # WorkloadArg per workload field the command line sets
     graph_ops: tuple = ()  # the graph operators (``Node.op``: "conv2d", "dense") whose nodes ``lower`` may take
+    scope_inputs: dict = field(default_factory=lambda: {"input": "X"})  # scope role -> the kernel input whose
+    # activation's scope the role takes in a model (plan.plan_storage); a role not named (conv2d's weights) is
+    # the template's to choose. matmul: {"input": "A", "weight": "Bm"}, both activations
     lower: Callable | None = None  # (LowerCtx, node, ins) -> (workload, {kernel param: tensor or param name},
     # {new param name: array}), or None when the template does not take this node (another one is asked);
     # a ValueError names what is wrong with a node it takes (the planner adds the node's name)

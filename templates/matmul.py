@@ -473,4 +473,4 @@ WORKLOAD_ARGS = (WorkloadArg("a", "shape", "B,M,K", "A's shape (matmul)", requir
                  WorkloadArg("residual", "flag", help="fuse a residual add of a second NCHW4c tensor"))
 TEMPLATE = Template("matmul", MatmulWorkload, MatmulConfig, matmul, _reference, random_inputs, fallback, space_vars,
                     VARIABLES, features=features, describe=describe, workload_args=WORKLOAD_ARGS,
-                    graph_ops=("matmul",), lower=lower)
+                    graph_ops=("matmul",), lower=lower, scope_inputs={"input": "A", "weight": "Bm"})

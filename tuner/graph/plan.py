@@ -246,8 +246,11 @@ def _plan_storage(plan: Plan, info, scope: str, history) -> Plan:
     for s in plan.steps:
         if not s.tuned:
             continue
-        io = {"input": plan.tensors[s.inputs["X"]].scope, "output": plan.tensors[s.output].scope}
-        for w in (["texture", "buffer"] if want[s.name] == "texture" else ["buffer"]):
+        from tuner.templates import get_template
+        io = {role: plan.tensors[s.inputs[key]].scope for role, key in get_template(s.op).scope_inputs.items()}
+        io["output"] = plan.tensors[s.output].scope
+        free = ["texture", "buffer"] if want[s.name] == "texture" else ["buffer"]
+        for w in ([io["weight"]] if "weight" in io else free):  # an activation's scope is its producer's
             if _has_valid(s, info, {**io, "weight": w}):
                 s.scopes = {"input": io["input"], "weight": w, "output": io["output"]}
                 break
