@@ -64,11 +64,13 @@ def test_matches_onnxruntime(name):
 
 # operators the test models use only inside shape subgraphs, which the frontend folds into constants
 FOLDED_ONLY = {"Shape", "Gather", "Slice", "Squeeze", "Unsqueeze", "Cast", "Floor", "Ceil", "ConstantOfShape",
-               "Range"}
+               "Range", "Where", "CumSum", "Equal", "Mod"}
 
 
 def test_test_models_cover_every_operator_and_variant():
-    ops = {n.op_type for m in MODELS.values() for n in m.graph.node}
+    from test_frontend_ops import models as op_models  # the operators of issue #27, tested there
+    more = op_models()
+    ops = {n.op_type for m in [*MODELS.values(), *more.values()] for n in m.graph.node}
     assert ops - (FOLDED_ONLY - set(SUPPORTED_OPS)) == set(SUPPORTED_OPS)
     attrs = {(n.op_type, a.name, helper.get_attribute_value(a)) for m in MODELS.values() for n in m.graph.node
              for a in n.attribute if a.type in (onnx.AttributeProto.INT, onnx.AttributeProto.STRING)}
@@ -83,6 +85,9 @@ def test_test_models_cover_every_operator_and_variant():
     assert [sorted(a.name for a in n.attribute) for n in clip6] == [["max", "min"], ["max"], ["min"]]
     assert [len(n.input) for n in MODELS["clip"].graph.node if n.op_type == "Clip"] == [3, 3, 2]
     emitted = {n.op for name, m in MODELS.items() for n in from_onnx(m, TEST_INPUT_SHAPES.get(name)).nodes}
+    emitted |= {n.op for m in more.values() for n in from_onnx(m).nodes}
+    from attention_models import attention_model  # attention's matmul and slice_nd (tests/test_tokens.py)
+    emitted |= {n.op for n in from_onnx(attention_model(bias=True, pos=True)).nodes}
     assert emitted == set(OPS)
 
 
@@ -197,14 +202,14 @@ W_G2 = ("w", np.ones((8, 4, 3, 3), np.float32))
 CASES = {
     "hardmax": (_model([helper.make_node("Hardmax", ["input"], ["y"], name="probs")]),
                 ["'probs'", "Hardmax", "not supported", "Conv", "Softmax", "HardSwish"]),
-    "softmax_spatial": (_model([helper.make_node("Softmax", ["input"], ["y"], name="probs")]),
-                        ["'probs'", "Softmax", "axis=default", "channel axis"]),
+    "softmax_spatial": (_model([helper.make_node("Softmax", ["input"], ["y"], name="probs", axis=2)]),
+                        ["'probs'", "Softmax", "axis=2", "channel axis"]),
     "softmax_opset11_flattens": (_model([helper.make_node("Softmax", ["input"], ["y"], name="probs", axis=1)],
                                         opset=11), ["'probs'", "Softmax", "opset 11", "H = W = 1"]),
     "hardsigmoid_unknown_attr": (_model([helper.make_node("HardSigmoid", ["input"], ["y"], name="gate", gamma=2.0)]),
                                  ["'gate'", "HardSigmoid", "attribute 'gamma'", "alpha, beta"]),
-    "reduce_channels": (_model([helper.make_node("ReduceMean", ["input"], ["y"], name="rm", axes=[1])]),
-                        ["'rm'", "ReduceMean", "axes [1]", "axes [2, 3]"]),
+    "reduce_bad_axes": (_model([helper.make_node("ReduceMean", ["input"], ["y"], name="rm", axes=[1, 4])]),
+                        ["'rm'", "ReduceMean", "axes [1, 4] on a 4-D input", "distinct axes in [-4, 3]"]),
     "prelu_spatial_slope": (_model([helper.make_node("PRelu", ["input", "s"], ["y"], name="pr")],
                                    [("s", np.ones((8, 8), np.float32))]), ["'pr'", "PRelu", "slope of shape (8, 8)"]),
     "mul_spatial_activations": (_model([helper.make_node("ReduceMean", ["input"], ["m"], name="rm", axes=[2, 3],
@@ -241,8 +246,9 @@ CASES = {
                        [("w", np.ones((4, 8, 3), np.float32))], shape=(1, 8, 8)), ["'c'", "Conv", "(1, 8, 8)", "4-D"]),
     "conv_unknown_attr": (_model([helper.make_node("Conv", ["input", "w"], ["y"], name="c", foo=1)], [W8]),
                           ["'c'", "Conv", "attribute 'foo'", "auto_pad"]),
-    "concat_axis2": (_model([helper.make_node("Concat", ["input", "input"], ["y"], name="cat", axis=2)]),
-                     ["'cat'", "Concat", "axis=2", "axis=1"]),
+    "concat_mismatch": (_model([helper.make_node("GlobalAveragePool", ["input"], ["g"], name="gap"),
+                                helper.make_node("Concat", ["input", "g"], ["y"], name="cat", axis=1)]),
+                        ["'cat'", "Concat", "(1, 8, 8, 8), (1, 8, 1, 1)", "differ only along axis 1"]),
     "add_broadcast": (_model([helper.make_node("GlobalAveragePool", ["input"], ["g"], name="gap"),
                               helper.make_node("Flatten", ["g"], ["f"], name="flat"),
                               helper.make_node("Add", ["input", "f"], ["y"], name="sum")]),
@@ -254,8 +260,8 @@ CASES = {
                                  [("s", np.array([0, -1], np.int64))], opset=14), ["'rs'", "Reshape", "allowzero=1"]),
     "reshape_bad_count": (_model([helper.make_node("Reshape", ["input", "s"], ["y"], name="rs")],
                                  [("s", np.array([3, -1], np.int64))]), ["'rs'", "Reshape", "[3, -1]"]),
-    "flatten_axis2": (_model([helper.make_node("Flatten", ["input"], ["y"], name="fl", axis=2)]),
-                      ["'fl'", "Flatten", "axis=2", "axis=1"]),
+    "flatten_axis5": (_model([helper.make_node("Flatten", ["input"], ["y"], name="fl", axis=5)]),
+                      ["'fl'", "Flatten", "axis=5 on a 4-D input", "an axis in [-4, 4]"]),
     "clip_nonconst_bound": (_model([helper.make_node("Clip", ["input", "lo"], ["y"], name="clip")],
                                    extra_inputs=[helper.make_tensor_value_info("lo", TensorProto.FLOAT, [])]),
                             ["'clip'", "Clip", "Clip min 'lo' is computed"]),

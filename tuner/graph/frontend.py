@@ -19,9 +19,16 @@ What is emitted, per ONNX operator:
   ConstantOfShape, ...) reach Reshape / Resize / Pad handlers as values and never become nodes.
 - Sigmoid, Tanh, HardSigmoid, HardSwish, LeakyRelu, Elu -> ``activation`` with ``fn`` (a spec of
   tuner.ir.activations); PRelu -> ``prelu`` (per-channel slope) or ``activation`` leaky_relu (one slope);
-  Erf -> ``erf``; ReduceMean / ReduceMax over H, W -> ``reduce_mean`` / ``reduce_max`` (keepdims; axes as
-  attribute or, from opset 18, input); GlobalMaxPool -> ``global_max_pool``; Softmax over channels ->
-  ``softmax``; pools with ``ceil_mode=1`` keep it as an attr.
+  Erf -> ``erf``; Sqrt, Exp, Neg, Abs, Reciprocal and Pow by a constant scalar (2: square, 0.5: sqrt, -1:
+  reciprocal, 1: removed) -> ``unary`` with ``fn``; ReduceMean / ReduceMax / ReduceSum / ReduceL2 over any
+  axes -> ``reduce_mean`` / ``reduce_max`` / ``reduce_sum`` / ``reduce_l2`` (``axes`` normalized, ``keepdims``;
+  axes as attribute or input: ReduceSum from opset 13, the others from 18); GlobalMaxPool ->
+  ``global_max_pool``; Softmax over channels -> ``softmax``; pools with ``ceil_mode=1`` keep it as an attr.
+- InstanceNormalization, GroupNormalization -> ``group_norm`` (scale / bias per channel; per group before opset
+  21, repeated); ``passes.fuse_group_norm`` turns torch's decomposed GroupNorm into one NCHW ``group_norm``.
+- Cast to a float type is the identity on activations (storage is the model's dtype); Unsqueeze, Squeeze
+  (axes as attribute or, from opset 13, input) -> ``reshape``; Expand of an activation read only by Add / Sub /
+  Mul / Div is the identity (they broadcast).
 - Sub, Mul, Div like Add below, plus an (N or 1, C, 1, 1) activation broadcast over H, W (squeeze-excitation);
   ``x - c`` -> ``add(x, -c)``, ``x / c`` -> ``mul(x, 1/c)``; ``c - x``, ``c / x`` keep the constant first.
 - Add of two same-shape activations -> ``add(a, b)``. Add of an activation and a constant that varies only along
@@ -29,8 +36,12 @@ What is emitted, per ONNX operator:
   activation's broadcast form, (1, C, 1, 1) for NCHW and (1, C) for (N, C): the constant itself when it already
   has that shape, else a new param ``<const>_<node>``. The activation is always the first input (Add commutes).
 - GlobalAveragePool, AveragePool, MaxPool -> ``global_avg_pool``, ``avg_pool``, ``max_pool``.
-- Flatten (axis 1) -> ``flatten`` on 4-D input (on 2-D input it is a no-op and removed); Reshape -> ``reshape``
-  with the resolved shape; Concat -> ``concat`` (axis 1).
+- Flatten (axis 1) -> ``flatten`` on 4-D input (on 2-D input it is a no-op and removed), on other axes ->
+  ``reshape``; Reshape -> ``reshape`` with the resolved shape; Concat -> ``concat`` along any axis, constant
+  inputs (a class token) as params.
+- Binary ops on (N, T, C) tokens with a constant along C ((C,), (1, 1, C), a scalar) or a (1, T, C) position
+  embedding keep the constant as a (1, 1, C) / (1, T, C) param; a constant of the activation's whole shape
+  (1, ...) is kept whole; two activations of one rank broadcast as ONNX does.
 - Identity and Dropout pass their input through and disappear; Constant nodes and initializers become params
   (only those a node reads; Reshape shapes and Clip bounds are folded into attrs).
 """
@@ -139,6 +150,7 @@ class _Converter(MovementOps):
         self.consts: dict[str, np.ndarray] = {}
         self.shapes: dict[str, tuple] = {}
         self.alias: dict[str, str] = {}  # removed tensor (Identity/Dropout output) -> the tensor it copies
+        self.expanded: dict[str, tuple] = {}  # an Expand's output (an alias of its input) -> its ONNX shape
         self.nodes: list[Node] = []
         self.params: dict[str, np.ndarray] = {}
         self.node_names: set = set()
@@ -329,7 +341,7 @@ class _Converter(MovementOps):
             ctx.fail(f"input {name!r} is a constant", "computed (activation) tensors for this input")
         if rank is not None and len(self.shapes[src]) not in rank:
             ctx.fail(f"input {name!r} has shape {self.shapes[src]}",
-                     " or ".join({4: "a 4-D (N, C, H, W)", 2: "a 2-D (N, K)"}[r] for r in rank) + " input")
+                     " or ".join({4: "a 4-D (N, C, H, W)", 3: "a 3-D (N, T, C)", 2: "a 2-D (N, K)"}[r] for r in rank) + " input")
         return src
 
     def const(self, ctx: _Ctx, name: str, what: str) -> np.ndarray:
@@ -440,6 +452,18 @@ class _Converter(MovementOps):
         self._binary(ctx, "div")
 
     def _binary(self, ctx: _Ctx, op: str):
+        expanded = [t for t in ctx.inputs() if t in self.expanded]
+        self._binary_node(ctx, op)
+        if expanded:  # an Expand turned identity: the broadcast must give ONNX's shape all the same
+            shapes = [self.expanded.get(t) or self.shapes.get(self.resolve(t)) or self.consts[self.resolve(t)].shape
+                      for t in ctx.inputs()]
+            want = tuple(int(d) for d in np.broadcast_shapes(*[tuple(s) for s in shapes]))
+            if self.shapes[ctx.proto.output[0]] != want:
+                ctx.fail(f"an operand Expanded to {self.expanded[expanded[0]]}, giving {want}, but without the "
+                         f"Expand the result is {self.shapes[ctx.proto.output[0]]}",
+                         "an Expand whose shape the other operand already has")
+
+    def _binary_node(self, ctx: _Ctx, op: str):
         """Add / Sub / Mul / Div with the broadcasting models use: two activations of one shape, an (N, C, H, W)
         activation and an (N or 1, C, 1, 1) one (squeeze-excitation's gate), or an activation and a constant that
         varies only along channels (stored in the activation's broadcast form (1, C, 1, 1) or (1, C)). Add and Mul
@@ -457,15 +481,27 @@ class _Converter(MovementOps):
             if sa == sb:
                 self.emit(ctx, op, [a, b], sa)
                 return
+            scalar = [s for s in (sa, sb) if len(s) == len(sa) == len(sb) and len(s) in (2, 4) and
+                      all(d == 1 for d in s[1:])]
+            full = sb if sa in scalar and sb not in scalar else sa
+            if scalar and full not in scalar and scalar[0][0] in (1, full[0]):
+                # one value per image (ConvNeXt-V2's GRN divides by a mean over channels) broadcast over the rest
+                self.emit(ctx, op, [b, a] if commutes and sa in scalar else [a, b], full)
+                return
             gate = [s for s in (sa, sb) if len(s) == 4 and s[2:] == (1, 1)]
             full = sb if sa in gate and sb not in gate else sa
             if (len(sa) == len(sb) == 4 and len(gate) == 1 and gate[0][1] == full[1]
                     and gate[0][0] in (1, full[0])):
                 self.emit(ctx, op, [b, a] if commutes and sa in gate else [a, b], full)
                 return
+            if len(sa) == len(sb) and all(p == q or 1 in (p, q) for p, q in zip(sa, sb)):
+                # any other broadcast of equal ranks (attention's (N, h, T, 1) normalizers): the reference runs
+                # it, lowering says which forms have a kernel
+                self.emit(ctx, op, [a, b], tuple(max(p, q) for p, q in zip(sa, sb)))
+                return
             ctx.fail(f"activations of shapes {sa} and {sb} (broadcasting)",
-                     "two activations of the same shape, an (N, C, H, W) activation with an (N, C, 1, 1) one, or "
-                     "an activation and a per-channel constant")
+                     "two activations of the same shape, or of one rank broadcasting (an (N, C, H, W) activation "
+                     "with an (N, C, 1, 1) one), or an activation and a per-channel constant")
         x_first = not is_const[0]
         x, c = (srcs[0], srcs[1]) if x_first else (srcs[1], srcs[0])
         shape, value = self.shapes[x], self.consts[c]
@@ -474,8 +510,18 @@ class _Converter(MovementOps):
         form = tuple(shape[1] if axis == 1 else 1 for axis in range(len(shape)))  # (1, C, 1, 1) or (1, C)
         padded = (1,) * (len(shape) - value.ndim) + tuple(value.shape)
         last = len(shape) == 4 and value.ndim <= 4 and padded[:3] == (1, 1, 1) and padded[3] == shape[3] > 1
-        if last:  # along the last axis of an NHWC block (ConvNeXt's Linear bias, layer scale): the layout pass
+        tokens = len(shape) == 3 and value.ndim <= 3 and padded[0] == 1 and padded[1] in (1, shape[1]) \
+            and padded[2] in (1, shape[2])
+        whole = len(shape) >= 3 and value.ndim <= len(shape) and padded[0] == 1 and padded[1:] == tuple(shape[1:])
+        if whole and not tokens:  # a constant of the activation's shape (an attention bias (1, heads, T, T))
+            form = (1,) + tuple(shape[1:])
+        elif last:  # along the last axis of an NHWC block (ConvNeXt's Linear bias, layer scale): the layout pass
             form = (1, 1, 1, shape[3])  # (passes_movement) moves it onto channels with the block's transposes
+        elif tokens:  # (N, T, C) tokens: a bias or scale along C, or a (1, T, C) position embedding, in ONNX's
+            form = (1, padded[1], shape[2])  # orientation; the tokens pass moves it with the activation
+        elif (len(shape) == 4 and value.ndim >= 3 and padded[0] == 1 and padded[1] in (1, shape[1])
+              and padded[2:] == tuple(shape[2:])):  # an attention bias (heads, M, N) on the scores: the
+            form = padded  # tokens pass (passes_tokens.attention_ranks) runs the add on 3-D with the matmul
         elif (len(shape) < 2 or value.ndim > len(shape)
                 or any(d != 1 and not (axis == 1 and d == shape[1]) for axis, d in enumerate(padded))):
             ctx.fail(f"constant {c!r} of shape {tuple(value.shape)} and an activation of shape {shape}",
@@ -524,6 +570,181 @@ class _Converter(MovementOps):
         x = self.act(ctx, ctx.proto.input[0])
         self.emit(ctx, "erf", [x], self.shapes[x])
 
+    def _unary(self, ctx: _Ctx, fn: str):
+        """``unary`` with ``fn`` (kernels.UNARY_FNS: sqrt, exp, neg, abs, reciprocal, square, pow(p))."""
+        ctx.check_attrs(())
+        x = self.act(ctx, ctx.proto.input[0])
+        self.emit(ctx, "unary", [x], self.shapes[x], fn=fn)
+
+    def _op_Sqrt(self, ctx: _Ctx):
+        self._unary(ctx, "sqrt")
+
+    def _op_Exp(self, ctx: _Ctx):
+        self._unary(ctx, "exp")
+
+    def _op_Neg(self, ctx: _Ctx):
+        self._unary(ctx, "neg")
+
+    def _op_Abs(self, ctx: _Ctx):
+        self._unary(ctx, "abs")
+
+    def _op_Reciprocal(self, ctx: _Ctx):
+        self._unary(ctx, "reciprocal")
+
+    def _op_Pow(self, ctx: _Ctx):
+        """An activation to a constant scalar power: 1 is the identity, 2 ``square`` (x * x), 0.5 ``sqrt``,
+        -1 ``reciprocal``, any other ``pow(p)``."""
+        ctx.check_attrs(())
+        names = ctx.inputs()
+        x = self.act(ctx, names[0])
+        e = self.const(ctx, names[1], "exponent Y")
+        if e.size != 1 or e.dtype.kind not in "fiu":
+            ctx.fail(f"exponent of shape {e.shape} and dtype {e.dtype}", "a constant scalar exponent")
+        p = float(np.asarray(e).reshape(-1)[0])
+        if p == 1.0:
+            self.alias[ctx.proto.output[0]] = x
+            return
+        from .kernels import unary_pow_fn
+        fn = {2.0: "square", 0.5: "sqrt", -1.0: "reciprocal"}.get(p) or unary_pow_fn(p)
+        self.emit(ctx, "unary", [x], self.shapes[x], fn=fn)
+
+    # -- casts and shape operators on activations -------------------------------------------------------------
+
+    _FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
+                    onnx.TensorProto.BFLOAT16)
+
+    def _op_Cast(self, ctx: _Ctx):
+        """Between float types an identity on activations (the storage dtype is the model's); a Cast of
+        constants (shape code, integer casts) was folded before this handler."""
+        ctx.check_attrs(("to", "saturate"))
+        x = self.act(ctx, ctx.proto.input[0])
+        to = int(ctx.attrs.get("to", 0))
+        if to not in self._FLOAT_TYPES:
+            ctx.fail(f"a cast of activation {ctx.proto.input[0]!r} to "
+                     f"{onnx.TensorProto.DataType.Name(to) if to in onnx.TensorProto.DataType.values() else to}",
+                     "casts of activations to float types (FLOAT, FLOAT16, DOUBLE, BFLOAT16: an identity), "
+                     "and casts of constants to any type")
+        self.alias[ctx.proto.output[0]] = x
+
+    def _reshape_to(self, ctx: _Ctx, x: str, out: tuple):
+        """``reshape`` of activation ``x`` to ``out`` (the identity when the shape does not change)."""
+        if tuple(out) == tuple(self.shapes[x]):
+            self.alias[ctx.proto.output[0]] = x
+            return
+        self.emit(ctx, "reshape", [x], tuple(out), shape=tuple(out))
+
+    def _axes(self, ctx: _Ctx, names: list, first_input_opset: int) -> list | None:
+        """Unsqueeze / Squeeze axes: the ``axes`` input from ``first_input_opset`` on, else the attribute;
+        None when absent."""
+        if self.opset >= first_input_opset:
+            ctx.check_attrs(())
+            return self._ints(ctx, names[1], "axes") if len(names) > 1 and names[1] else None
+        ctx.check_attrs(("axes",))
+        return [int(a) for a in ctx.attrs["axes"]] if "axes" in ctx.attrs else None
+
+    def _op_Unsqueeze(self, ctx: _Ctx):
+        names = ctx.inputs()
+        axes = self._axes(ctx, names, 13)
+        x = self.act(ctx, names[0])
+        shape = list(self.shapes[x])
+        rank = len(shape) + len(axes or [])
+        norm = sorted({a + rank if a < 0 else a for a in axes or []})
+        if not axes or len(norm) != len(axes) or any(not 0 <= a < rank for a in norm):
+            ctx.fail(f"axes {axes} for a {len(shape)}-D input", f"distinct axes in [-{rank}, {rank - 1}]")
+        for a in norm:
+            shape.insert(a, 1)
+        self._reshape_to(ctx, x, tuple(shape))
+
+    def _op_Squeeze(self, ctx: _Ctx):
+        names = ctx.inputs()
+        axes = self._axes(ctx, names, 13)
+        x = self.act(ctx, names[0])
+        shape = self.shapes[x]
+        rank = len(shape)
+        norm = ({a + rank if a < 0 else a for a in axes} if axes is not None
+                else {a for a, d in enumerate(shape) if d == 1})
+        if any(not 0 <= a < rank or shape[a] != 1 for a in norm) or len(norm) != len(axes if axes is not None
+                                                                                        else norm):
+            ctx.fail(f"axes {axes} for an input of shape {shape}", "distinct axes of extent 1")
+        self._reshape_to(ctx, x, tuple(d for a, d in enumerate(shape) if a not in norm))
+
+    def _op_Expand(self, ctx: _Ctx):
+        """Expand of an activation (of a constant it is folded) read only by Add / Sub / Mul / Div: those
+        broadcast it themselves, so it becomes the identity; each of them checks that its output keeps the
+        expanded shape."""
+        ctx.check_attrs(())
+        names = ctx.inputs()
+        x = self.act(ctx, names[0])
+        target = self._ints(ctx, names[1], "shape")
+        shape = self.shapes[x]
+        try:
+            out = tuple(int(d) for d in np.broadcast_shapes(tuple(shape), tuple(target)))
+        except ValueError:
+            ctx.fail(f"shape {target} for an input of shape {shape}", "a shape the input broadcasts to")
+        if out == tuple(shape):
+            self.alias[ctx.proto.output[0]] = x
+            return
+        y = ctx.proto.output[0]
+        readers = [n for n in self.g.node if y in n.input]
+        if y in {o.name for o in self.g.output} or any(n.op_type not in ("Add", "Sub", "Mul", "Div")
+                                                      for n in readers):
+            ctx.fail(f"Expand of activation {names[0]!r} {shape} to {out} read by "
+                     f"{sorted({n.op_type for n in readers}) or 'the graph outputs'}",
+                     "an Expand read only by Add, Sub, Mul or Div (which broadcast it themselves)")
+        self.alias[y] = x
+        self.expanded[y] = out
+
+    # -- normalizations ---------------------------------------------------------------------------------------
+
+    def _norm_affine(self, ctx: _Ctx, names: list, groups: int, channels: int, per_group: bool) -> list:
+        """scale and bias params (C,) of ``group_norm``: given per channel, or per group (repeated)."""
+        out = []
+        for name, what in zip(names, ("scale", "bias")):
+            v = self.const(ctx, name, what)
+            size = groups if per_group else channels
+            if v.dtype.kind != "f" or v.size != size:
+                ctx.fail(f"{what} {name!r} of shape {v.shape} and dtype {v.dtype}",
+                         f"a float {what} of {size} elements ({'one per group' if per_group else 'one per channel'})")
+            if not per_group and tuple(v.shape) == (channels,):
+                out.append(self.param(ctx, name, what, (channels,)))
+            else:
+                v = np.repeat(v.reshape(-1), channels // groups) if per_group else v.reshape(-1)
+                out.append(self.new_param(f"{self.resolve(name)}_{ctx.name}", v))
+        return out
+
+    def _op_InstanceNormalization(self, ctx: _Ctx):
+        """-> ``group_norm`` with one group per channel (statistics per (n, c) over the other axes); a torch
+        GroupNorm export (Reshape to (N, G, -1), InstanceNormalization, Reshape back) becomes one 4-D
+        ``group_norm`` in ``passes.fuse_group_norm``."""
+        ctx.check_attrs(("epsilon",))
+        names = ctx.inputs()
+        if len(names) != 3:
+            ctx.fail(f"{len(names)} inputs", "input, scale, B")
+        x = self.act(ctx, names[0])
+        shape = self.shapes[x]
+        if len(shape) < 3:
+            ctx.fail(f"input of shape {shape}", "an (N, C, D1, ...) input")
+        c = shape[1]
+        scale, bias = self._norm_affine(ctx, names[1:], c, c, False)
+        self.emit(ctx, "group_norm", [x, scale, bias], shape, groups=c,
+                  epsilon=float(ctx.attrs.get("epsilon", 1e-5)))
+
+    def _op_GroupNormalization(self, ctx: _Ctx):
+        """-> ``group_norm``; scale and bias per group (opset 18, repeated per channel) or per channel (21)."""
+        ctx.check_attrs(("epsilon", "num_groups", "stash_type"))
+        names = ctx.inputs()
+        if len(names) != 3 or "num_groups" not in ctx.attrs:
+            ctx.fail(f"{len(names)} inputs and attributes {sorted(ctx.attrs)}", "X, scale, bias and num_groups")
+        x = self.act(ctx, names[0])
+        shape = self.shapes[x]
+        groups = int(ctx.attrs["num_groups"])
+        if len(shape) < 3 or groups < 1 or shape[1] % groups:
+            ctx.fail(f"num_groups={groups} for an input of shape {shape}",
+                     "an (N, C, D1, ...) input with num_groups dividing C")
+        scale, bias = self._norm_affine(ctx, names[1:], groups, shape[1], self.opset < 21)
+        self.emit(ctx, "group_norm", [x, scale, bias], shape, groups=groups,
+                  epsilon=float(ctx.attrs.get("epsilon", 1e-5)))
+
     def _op_PRelu(self, ctx: _Ctx):
         ctx.check_attrs(())
         names = ctx.inputs()
@@ -542,29 +763,49 @@ class _Converter(MovementOps):
 
     # -- reductions and softmax -------------------------------------------------------------------------------
 
-    def _reduce(self, ctx: _Ctx, op: str):
+    def _reduce(self, ctx: _Ctx, op: str, axes_input_from: int):
+        """ReduceMean / ReduceMax / ReduceSum / ReduceL2 over any axes (an attribute, or from opset
+        ``axes_input_from`` an input) of an activation of any rank -> ``op`` with ``axes`` (sorted, non-negative,
+        in the input's rank) and ``keepdims``; no axes reduce every axis (an identity with
+        ``noop_with_empty_axes``)."""
         names = ctx.inputs()
-        if self.opset >= 18:
+        if self.opset >= axes_input_from:
             ctx.check_attrs(("keepdims", "noop_with_empty_axes"))
-            axes = [int(a) for a in self.const(ctx, names[1], "axes").reshape(-1)] if len(names) > 1 else []
-            if not axes and ctx.attrs.get("noop_with_empty_axes", 0):
-                ctx.fail("noop_with_empty_axes=1 with no axes", "a reduction over axes 2 and 3")
+            axes = self._ints(ctx, names[1], "axes") if len(names) > 1 and names[1] else []
         else:
             ctx.check_attrs(("axes", "keepdims"))
             axes = [int(a) for a in ctx.attrs.get("axes", [])]
-        x = self.act(ctx, names[0], rank=(4,))
-        norm = sorted(a + 4 if a < 0 else a for a in axes)
-        if norm != [2, 3]:
-            ctx.fail(f"axes {axes or 'all (none given)'} on a 4-D input", "axes [2, 3] (the spatial H, W)")
+        x = self.act(ctx, names[0])
+        shape = self.shapes[x]
+        rank = len(shape)
+        if not axes and ctx.attrs.get("noop_with_empty_axes", 0):
+            self.alias[ctx.proto.output[0]] = x  # ONNX: no axes and noop_with_empty_axes=1 is an identity
+            return
+        norm = sorted({a + rank if a < 0 else a for a in axes}) if axes else list(range(rank))
+        if len(norm) != len(axes or norm) or any(not 0 <= a < rank for a in norm):
+            ctx.fail(f"axes {axes} on a {rank}-D input of shape {shape}",
+                     f"distinct axes in [-{rank}, {rank - 1}]")
         keepdims = int(ctx.attrs.get("keepdims", 1))
-        n, c = self.shapes[x][:2]
-        self.emit(ctx, op, [x], (n, c, 1, 1) if keepdims else (n, c), keepdims=keepdims)
+        if keepdims not in (0, 1):
+            ctx.fail(f"keepdims={keepdims}", "keepdims 0 or 1")
+        out = tuple(1 if a in norm else d for a, d in enumerate(shape)) if keepdims else \
+            tuple(d for a, d in enumerate(shape) if a not in norm)
+        if not out:
+            ctx.fail(f"a reduction of every axis of {shape} with keepdims=0 (a 0-D result)",
+                     "keepdims=1, or a reduction that keeps an axis")
+        self.emit(ctx, op, [x], out, axes=tuple(norm), keepdims=keepdims)
 
     def _op_ReduceMean(self, ctx: _Ctx):
-        self._reduce(ctx, "reduce_mean")
+        self._reduce(ctx, "reduce_mean", 18)
 
     def _op_ReduceMax(self, ctx: _Ctx):
-        self._reduce(ctx, "reduce_max")
+        self._reduce(ctx, "reduce_max", 18)
+
+    def _op_ReduceSum(self, ctx: _Ctx):
+        self._reduce(ctx, "reduce_sum", 13)
+
+    def _op_ReduceL2(self, ctx: _Ctx):
+        self._reduce(ctx, "reduce_l2", 18)
 
     def _op_GlobalMaxPool(self, ctx: _Ctx):
         ctx.check_attrs(())
@@ -573,15 +814,17 @@ class _Converter(MovementOps):
 
     def _op_Softmax(self, ctx: _Ctx):
         ctx.check_attrs(("axis",))
-        x = self.act(ctx, ctx.proto.input[0], rank=(2, 4))
+        x = self.act(ctx, ctx.proto.input[0], rank=(2, 3, 4))
         shape = self.shapes[x]
         axis = int(ctx.attrs.get("axis", -1 if self.opset >= 13 else 1))
         axis = axis + len(shape) if axis < 0 else axis
         # before opset 13 Softmax flattens the axes from ``axis`` on: channels only when H = W = 1
-        if axis != 1 or (self.opset < 13 and math.prod(shape[2:]) != 1):
+        last = self.opset >= 13 and axis == len(shape) - 1 and len(shape) > 2  # attention: passes_tokens
+        if not last and (axis != 1 or len(shape) == 3 or (self.opset < 13 and math.prod(shape[2:]) != 1)):
             ctx.fail(f"axis={ctx.attrs.get('axis', 'default')} on an input of shape {shape} (opset {self.opset})",
-                     "softmax over the channel axis (1) of (N, C) or NCHW (opset >= 13; before, H = W = 1)")
-        self.emit(ctx, "softmax", [x], shape, axis=1)
+                     "softmax over the channel axis (1) of (N, C) or NCHW (opset >= 13; before, H = W = 1), or "
+                     "over the last axis of a 3-D or 4-D tensor (opset >= 13)")
+        self.emit(ctx, "softmax", [x], shape, axis=axis)
 
     def _op_BatchNormalization(self, ctx: _Ctx):
         ctx.check_attrs(("epsilon", "momentum", "spatial", "training_mode", "is_test"))
@@ -713,18 +956,21 @@ class _Converter(MovementOps):
         self.emit(ctx, op, [x], (n, c, oh, ow), kernel=kernel, stride=stride, padding=pads, **extra)
 
     def _op_Flatten(self, ctx: _Ctx):
+        """axis 1 of NCHW -> ``flatten``; of (N, C) the identity; any other -> ``reshape`` to
+        (prod(dims before axis), prod(dims from axis))."""
         ctx.check_attrs(("axis",))
         x = self.act(ctx, ctx.proto.input[0])
-        rank = len(self.shapes[x])
-        axis = ctx.attrs.get("axis", 1)
+        shape = self.shapes[x]
+        rank = len(shape)
+        axis = int(ctx.attrs.get("axis", 1))
         axis = axis + rank if axis < 0 else axis
-        if axis != 1 or rank not in (2, 4):
-            ctx.fail(f"axis={ctx.attrs.get('axis', 1)} on a {rank}-D input", "axis=1 on an NCHW or (N, C) input")
-        if rank == 2:  # already (N, C): nothing to do
-            self.alias[ctx.proto.output[0]] = x
+        if not 0 <= axis <= rank:
+            ctx.fail(f"axis={ctx.attrs.get('axis', 1)} on a {rank}-D input", f"an axis in [-{rank}, {rank}]")
+        if axis == 1 and rank == 4:
+            n, c, h, w = shape
+            self.emit(ctx, "flatten", [x], (n, c * h * w))
             return
-        n, c, h, w = self.shapes[x]
-        self.emit(ctx, "flatten", [x], (n, c * h * w))
+        self._reshape_to(ctx, x, (math.prod(shape[:axis]), math.prod(shape[axis:])))
 
     def _op_Reshape(self, ctx: _Ctx):
         names = ctx.inputs()
@@ -762,20 +1008,34 @@ class _Converter(MovementOps):
         self.emit(ctx, "reshape", [x], tuple(out), shape=tuple(out))
 
     def _op_Concat(self, ctx: _Ctx):
+        """-> ``concat`` along any axis; constant inputs (a ViT's class token, ``Expand`` of a (1, 1, C) param)
+        become params, as long as one input is an activation."""
         ctx.check_attrs(("axis",))
         names = ctx.inputs()
-        xs = [self.act(ctx, t) for t in names]
-        shapes = [self.shapes[x] for x in xs]
+        srcs = [self.resolve(t) for t in names]  # not all constants: those were folded
+        shapes = [tuple(self.consts[s].shape) if s in self.consts else self.shapes[s] for s in srcs]
         rank = len(shapes[0])
         if "axis" not in ctx.attrs:
-            ctx.fail("no axis", "axis=1 (channels)")
-        axis = ctx.attrs["axis"]
-        if (axis + rank if axis < 0 else axis) != 1:
-            ctx.fail(f"axis={axis} on {rank}-D inputs", "axis=1 (channels; -3 on NCHW)")
-        if any(len(s) != rank or s[:1] + s[2:] != shapes[0][:1] + shapes[0][2:] for s in shapes):
-            ctx.fail(f"inputs of shapes {shapes}", "inputs that differ only in the channel dim")
-        out = (shapes[0][0], sum(s[1] for s in shapes)) + shapes[0][2:]
-        self.emit(ctx, "concat", xs, out, axis=1)
+            ctx.fail("no axis", "an axis (required)")
+        axis = int(ctx.attrs["axis"])
+        axis = axis + rank if axis < 0 else axis
+        if not 0 <= axis < rank:
+            ctx.fail(f"axis={ctx.attrs['axis']} on {rank}-D inputs", f"an axis in [-{rank}, {rank - 1}]")
+        if any(len(s) != rank or s[:axis] + s[axis + 1:] != shapes[0][:axis] + shapes[0][axis + 1:]
+               for s in shapes):
+            ctx.fail(f"inputs of shapes {shapes}", f"inputs that differ only along axis {axis}")
+        xs = []
+        for t, src in zip(names, srcs):
+            if src not in self.consts:
+                xs.append(src)
+                continue
+            value = self.consts[src]
+            if value.dtype.kind != "f":
+                ctx.fail(f"constant input {t!r} has dtype {value.dtype}", "float constants")
+            xs.append(self.param(ctx, t, "constant input", value.shape) if value.dtype == np.float32
+                      else self.new_param(f"{src}_{ctx.name}", value))
+        out = shapes[0][:axis] + (sum(s[axis] for s in shapes),) + shapes[0][axis + 1:]
+        self.emit(ctx, "concat", xs, out, axis=axis)
 
     # -- attribute helpers ------------------------------------------------------------------------------------
 

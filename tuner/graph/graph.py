@@ -13,17 +13,19 @@ Operators and their attributes as the frontend emits them (activations are NCHW,
 | batch_norm | x, scale, bias, mean, var | epsilon |
 | relu | x | |
 | clip | x | min, max |
-| add, sub, mul, div | a, b: same shape; an (N, C, H, W) activation and an (N or 1, C, 1, 1) one (a gate over H, W); or an activation and a per-channel constant param (1, C, 1, 1) / (1, C) (either side for sub, div) | |
+| add, sub, mul, div | a, b: same shape; two activations of one rank broadcasting (an (N or 1, C, 1, 1) gate over H, W, an (N or 1, 1, 1, 1) value per image have kernels); or an activation and a constant param: per channel (1, C, 1, 1) / (1, C), of the activation's shape (1, ...), or on (N, T, C) tokens (1, 1, C) / (1, T, C) (either side for sub, div) | |
 | prelu | x, slope (1, C, 1, 1) or (1, C) | |
 | activation | x | fn: an activation spec of tuner.ir.activations (sigmoid, hardswish, hardsigmoid(a,b), tanh, leaky_relu(a), elu(a), silu, gelu) |
 | erf | x | |
-| reduce_mean, reduce_max | x (N, C, H, W) -> (N, C, 1, 1) or (N, C) | keepdims (always over H, W) |
+| unary | x | fn: sqrt, exp, neg, abs, reciprocal, square (x * x) or pow(p) (a constant exponent) |
+| reduce_mean, reduce_max, reduce_sum, reduce_l2 | x (any rank) | axes (sorted, non-negative, in x's rank), keepdims (kernels: NCHW over (2, 3), (1,), (1, 2, 3); (N, K) over (1,)) |
+| group_norm | x (N, C, ...), scale (C,), bias (C,) | groups (statistics per (n, group of C/groups channels) over them and the other axes: InstanceNormalization is groups = C), epsilon |
 | softmax | x (N, C) or NCHW | axis (1: channels) |
 | global_avg_pool, global_max_pool | x | |
 | avg_pool, max_pool | x | kernel (r, s), stride, padding (top, left, bottom, right), count_include_pad (avg), ceil_mode |
 | flatten | x (N, C, H, W) | (always to (N, C*H*W)) |
-| reshape | x | shape (the resolved output shape) |
-| concat | x0, x1, ... | axis (1: channels) |
+| reshape | x | shape (the resolved output shape; also Unsqueeze, Squeeze, Flatten on other axes) |
+| concat | x0, x1, ... (constant params among them, e.g. a ViT's class token) | axis (kernel: 1, channels of NCHW) |
 
 Passes add ``activation`` (a spec) and ``residual`` attributes to conv2d / dense (and ``activation`` to the binary
 ops) when they fuse an epilogue.

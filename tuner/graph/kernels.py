@@ -1,6 +1,8 @@
 """The model pipeline's glue kernels, which are not tuned: elementwise add / bias add / ReLU / clip, unary
-activations (any spec of ``tuner.ir.activations``, and erf), binary add / sub / mul / div / prelu with
-broadcasting (per-channel constants, squeeze-excitation's (N, C, 1, 1) gate over H, W), mean / max over H, W,
+activations (any spec of ``tuner.ir.activations``) and math (erf, sqrt, exp, neg, abs, reciprocal, square,
+pow(p)), binary add / sub / mul / div / prelu with broadcasting (per-channel constants, squeeze-excitation's
+(N, C, 1, 1) gate over H, W, a value per image), mean / max / sum / L2 over H, W, over the channels
+or over all three, group normalization (InstanceNorm, GroupNorm; ``group_norm_kernel``, outside ``GLUE``),
 softmax over channels, max and average pooling (global average pooling and ceil mode included), channel
 concat, and relayout (model-boundary packing,
 Flatten/Reshape, texture <-> buffer copies).
@@ -27,7 +29,7 @@ import numpy as np
 from tuner.ir.activations import apply_ir, apply_numpy, canonical
 from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
-from tuner.ir.expr import Cast, ExtractLane, Ramp, as_expr, call, max_, min_, select
+from tuner.ir.expr import Broadcast, Cast, ExtractLane, Ramp, as_expr, call, max_, min_, select
 from tuner.ir.dtype import float32
 from tuner.templates.conv2d_nchw4c import bias_buffer
 
@@ -484,33 +486,78 @@ def relayout_reference(x, out_shape) -> np.ndarray:
     return np.asarray(x, np.float64).reshape(tuple(out_shape))
 
 
-# -- unary activations ------------------------------------------------------------------------------------
-def _erf(v):
-    return call("erf", [v], v.dtype)
+# -- unary activations and math functions ---------------------------------------------------------------
+# math functions of ``unary`` besides the activation specs; ``pow(p)`` (a constant exponent) too
+UNARY_FNS = ("erf", "sqrt", "exp", "neg", "abs", "reciprocal", "square")
+
+
+def unary_pow_fn(p: float) -> str:
+    """The ``unary`` fn of x to the constant power ``p``."""
+    return f"pow({float(p)!r})"
+
+
+def _math_fn(fn: str):
+    """(name, exponent or None) of a math ``unary`` fn, or None for an activation spec."""
+    if fn in UNARY_FNS:
+        return fn, None
+    if fn.startswith("pow(") and fn.endswith(")"):
+        try:
+            return "pow", float(fn[4:-1])
+        except ValueError:
+            pass
+        raise ValueError(f"unary fn {fn!r}: pow takes one number, e.g. pow(3.0)")
+    return None
+
+
+def _unary_ir(fn: str, v):
+    m = _math_fn(fn)
+    if m is None:
+        return apply_ir(fn, v)
+    name, p = m
+    if name == "pow":  # OpenCL pow(gentype, gentype): the exponent broadcast to the vector
+        return call("pow", [v, Broadcast(as_expr(p), v.dtype.lanes) if v.dtype.lanes > 1 else as_expr(p)], v.dtype)
+    if name in ("erf", "sqrt", "exp"):
+        return call(name, [v], v.dtype)
+    return {"neg": lambda: 0.0 - v, "abs": lambda: call("fabs", [v], v.dtype), "reciprocal": lambda: 1.0 / v,
+            "square": lambda: v * v}[name]()
 
 
 def unary_kernel(shape, fn: str, dtype: str = "float32", in_scope: str = "texture", out_scope: str = "texture",
                  max_work_group: int = 64):
     """``Y = fn(X)`` per pixel over a 4-D NCHW or 2-D (N, K) ``shape``; ``fn``: any activation spec of
-    ``tuner.ir.activations`` (``sigmoid``, ``hardswish``, ``leaky_relu(0.1)``, ...) or ``erf``."""
+    ``tuner.ir.activations`` (``sigmoid``, ``hardswish``, ``leaky_relu(0.1)``, ...), a math function of
+    ``UNARY_FNS`` (erf, sqrt, exp, neg, abs, reciprocal, square: x * x) or ``pow(p)`` (a constant exponent;
+    OpenCL's pow, NaN for a negative base and a non-integer exponent, as ONNX)."""
     shape = _packed_shape(shape, "unary")
     _check_dtype(dtype)
-    if fn != "erf":
-        canonical(fn)  # ValueError names the activations
+    m = _math_fn(fn)
+    if m is None:
+        try:
+            canonical(fn)
+        except ValueError as e:
+            raise ValueError(f"unary fn {fn!r}: one of {', '.join(UNARY_FNS)}, pow(p) or an activation ({e})") \
+                from None
     X, Y = _packed("X", shape, dtype, in_scope), _packed("Y", shape, dtype, out_scope)
     b = Builder()
     with _work_items(b, _grid(shape), max_work_group) as idx:
         pix = _pixel(idx)
-        v = X[pix]
-        b.store(Y, pix, _erf(v) if fn == "erf" else apply_ir(fn, v))
-    return b.kernel("unary_" + ("erf" if fn == "erf" else canonical(fn).split("(")[0]), [X, Y])
+        b.store(Y, pix, _unary_ir(fn, X[pix]))
+    return b.kernel("unary_" + (m[0] if m else canonical(fn).split("(")[0]), [X, Y])
 
 
 def unary_reference(fn: str, x) -> np.ndarray:
-    if fn == "erf":
+    x = np.asarray(x, np.float64)
+    m = _math_fn(fn)
+    if m is None:
+        return apply_numpy(fn, x)
+    name, p = m
+    if name == "erf":
         from math import erf
-        return np.vectorize(erf, otypes=[np.float64])(np.asarray(x, np.float64))
-    return apply_numpy(fn, x)
+        return np.vectorize(erf, otypes=[np.float64])(x)
+    with np.errstate(all="ignore"):  # NaN / inf as ONNX gives them
+        return {"sqrt": np.sqrt, "exp": np.exp, "neg": np.negative, "abs": np.abs,
+                "reciprocal": lambda v: 1.0 / v, "square": lambda v: v * v,
+                "pow": lambda v: np.power(v, p)}[name](x)
 
 
 # -- binary with broadcasting -------------------------------------------------------------------------------
@@ -519,7 +566,8 @@ BINARY_OPS = ("add", "sub", "mul", "div", "prelu")
 
 def _operand_kind(shape: tuple, operand: tuple, k: int) -> str:
     """How operand ``k`` broadcasts to the output ``shape``: ``full`` (same shape), ``channel`` (a (C,) constant,
-    one value per channel) or ``gate`` ((N or 1, C, 1, 1): one value per image and channel, over H and W)."""
+    one value per channel), ``gate`` ((N or 1, C, 1, 1): one value per image and channel, over H and W),
+    or ``scalar`` ((N or 1, 1, ...): one value per image)."""
     operand = tuple(int(d) for d in operand)
     if operand == shape:
         return "full"
@@ -527,16 +575,20 @@ def _operand_kind(shape: tuple, operand: tuple, k: int) -> str:
         return "channel"
     if len(shape) == 4 and len(operand) == 4 and operand[1:] == (shape[1], 1, 1) and operand[0] in (1, shape[0]):
         return "gate"
+    if len(operand) == len(shape) and all(d == 1 for d in operand[1:]) and operand[0] in (1, shape[0]):
+        return "scalar"
     raise ValueError(f"binary operand X{k} of shape {list(operand)} does not broadcast to {list(shape)}: want the "
-                     f"same shape, ({shape[1]},) per channel, or (N or 1, {shape[1]}, 1, 1) over H and W")
+                     f"same shape, ({shape[1]},) per channel, (N or 1, {shape[1]}, 1, 1) over H and W, or "
+                     f"(N or 1, {', '.join(['1'] * (len(shape) - 1))}) per image")
 
 
 def binary_kernel(shape, op: str, operands, dtype: str = "float32", in_scopes="texture", out_scope: str = "texture",
                   activation: str = "none", max_work_group: int = 64):
     """``Y = act(X0 op X1)`` over a 4-D NCHW or 2-D (N, K) ``shape`` with ONNX broadcasting of the forms models
     use: each of ``operands`` (the shapes of ``X0``, ``X1``) is ``shape`` itself, ``(C,)`` (a constant per
-    channel: ``bias4_buffer`` buffer or ``mace_argument`` texture) or ``(N or 1, C, 1, 1)`` (a gate read once
-    per pixel and broadcast over H, W: squeeze-excitation's channel scale). ``op``: add, sub, mul, div, or prelu
+    channel: ``bias4_buffer`` buffer or ``mace_argument`` texture), ``(N or 1, C, 1, 1)`` (a gate read once
+    per pixel and broadcast over H, W: squeeze-excitation's channel scale), ``(N or 1, 1, 1, 1)`` / ``(N or 1,
+    1)`` (one value per image broadcast over everything: ConvNeXt-V2's GRN). ``op``: add, sub, mul, div, or prelu
     (``X0`` if positive else ``X0 * X1``). One output pixel per work-item."""
     shape = _packed_shape(shape, "binary")
     _check_dtype(dtype)
@@ -567,8 +619,11 @@ def binary_kernel(shape, op: str, operands, dtype: str = "float32", in_scopes="t
                 vals.append(x[pix])
             elif kind == "channel":
                 vals.append(x[pix[1]])
-            else:
+            elif kind == "gate":
                 vals.append(b.let(f"{x.name}_gate", x[(idx[0] if o[0] > 1 else 0, pix[1], 0, 0)]))
+            else:  # lane 0 of the operand's only pixel (per image), broadcast to the 4 lanes
+                at = (idx[0] if o[0] > 1 else 0, Ramp(as_expr(0), as_expr(1), 4), *((0,) * (len(o) - 2)))
+                vals.append(b.let(f"{x.name}_{kind}", ExtractLane(x[at], 0)))
         a, c = vals
         v = (a + c if op == "add" else a - c if op == "sub" else a * c if op == "mul" else a / c if op == "div"
              else max_(a, 0.0) + min_(a, 0.0) * c)
@@ -578,45 +633,201 @@ def binary_kernel(shape, op: str, operands, dtype: str = "float32", in_scopes="t
 
 def binary_reference(op: str, x0, x1, activation: str = "none") -> np.ndarray:
     a, c = (np.asarray(x, np.float64) for x in (x0, x1))
-    if c.ndim == 1 and a.ndim > 1:
+    if c.ndim == 1 and a.ndim > 1 and c.shape[0] == a.shape[1]:
         c = c.reshape((1, -1) + (1,) * (a.ndim - 2))
-    if a.ndim == 1 and c.ndim > 1:
+    if a.ndim == 1 and c.ndim > 1 and a.shape[0] == c.shape[1]:
         a = a.reshape((1, -1) + (1,) * (c.ndim - 2))
     v = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
          "prelu": lambda p, q: np.where(p > 0, p, p * q)}[op](a, c)
     return _np_activate(v, activation, (0.0, 6.0))
 
 
-# -- reductions over H, W -------------------------------------------------------------------------------------
+# -- reductions ------------------------------------------------------------------------------------------
+REDUCE_KINDS = ("mean", "max", "l2")  # a sum is the mean times the count (``scale``)
+# (rank, axes) -> how the kernel maps it: per-lane over H, W, or across the channels (lanes mixed)
+REDUCE_AXES = {(4, (2, 3)): "spatial", (4, (1,)): "channels", (4, (1, 2, 3)): "channels", (2, (1,)): "channels"}
+
+
+def reduce_out_shape(shape, axes, keepdims: bool) -> tuple:
+    return (tuple(1 if a in axes else d for a, d in enumerate(shape)) if keepdims
+            else tuple(d for a, d in enumerate(shape) if a not in axes))
+
+
+def _hcombine(v, kind: str, lanes: int = 4):
+    """The first ``lanes`` lanes of ``v`` combined into one value (max, or a sum)."""
+    out = ExtractLane(v, 0)
+    for j in range(1, lanes):
+        out = max_(out, ExtractLane(v, j)) if kind == "max" else out + ExtractLane(v, j)
+    return out
+
+
 def reduce_kernel(shape, kind: str, keepdims: bool = True, dtype: str = "float32", in_scope: str = "texture",
-                  out_scope: str = "texture", max_work_group: int = 64):
-    """Mean or max of each channel of NCHW ``X`` over H and W into ``Y`` (N, C, 1, 1), or (N, C) without
-    ``keepdims``: one output pixel (4 channels) per work-item and a serial loop over the pixels. Lanes never
-    mix, so the input's padding lanes reach only the output's."""
+                  out_scope: str = "texture", max_work_group: int = 64, axes=(2, 3), scale: float = 1.0):
+    """``scale`` times the ``kind`` (mean, max, l2: the square root of the sum of squares) of ``X`` over ``axes``
+    (ReduceSum: the mean with ``scale`` = the element count, one multiply by scale / count):
+
+    - NCHW over (2, 3) -> (N, C, 1, 1), or (N, C) without ``keepdims``: one output pixel (4 channels) per
+      work-item and a serial loop over H x W. Lanes never mix, so the input's padding lanes reach only the
+      output's.
+    - NCHW over (1,) -> (N, 1, H, W), over (1, 2, 3) -> (N, 1, 1, 1), (N, K) over (1,) -> (N, 1) (``keepdims``
+      only: the output keeps its rank): one work-item per output element, a serial loop over the channel
+      blocks (and H, W), the last block's padding lanes left out; the output pixel is (value, 0, 0, 0)."""
     shape = _packed_shape(shape, "reduce")
     _check_dtype(dtype)
-    if len(shape) != 4:
-        raise ValueError(f"reduce shape {list(shape)}: want 4-D NCHW")
-    if kind not in ("mean", "max"):
-        raise ValueError(f"reduce kind {kind!r}: 'mean' or 'max'")
-    N, C, H, W = shape
-    out = (N, C, 1, 1) if keepdims else (N, C)
+    if kind not in REDUCE_KINDS:
+        raise ValueError(f"reduce kind {kind!r}: 'mean' or 'max', or 'l2' (a sum: 'mean' with scale = the count)")
+    axes = tuple(sorted(int(a) for a in axes))
+    mode = REDUCE_AXES.get((len(shape), axes))
+    if mode is None or (mode == "channels" and not keepdims):
+        raise ValueError(f"reduce over axes {list(axes)} of a {len(shape)}-D shape {list(shape)} "
+                         f"(keepdims={int(bool(keepdims))}): want 4-D NCHW over [2, 3] (keepdims 0 or 1), NCHW "
+                         f"over [1] or [1, 2, 3], or (N, K) over [1] (keepdims=1)")
+    out = reduce_out_shape(shape, axes, keepdims)
+    count = prod(shape[a] for a in axes)
     X, Y = _packed("X", shape, dtype, in_scope), _packed("Y", out, dtype, out_scope)
+    ident = LOWEST if kind == "max" else 0.0
+
+    def term(v):
+        return v * v if kind == "l2" else v
+
+    def acc_add(acc, v):
+        return max_(acc, v) if kind == "max" else acc + v
+
+    def finish(v):
+        v = v * (float(scale) / count) if kind == "mean" else call("sqrt", [v], v.dtype) if kind == "l2" else v
+        return v * float(scale) if kind != "mean" and scale != 1.0 else v
+
     b = Builder()
-    with _work_items(b, (N, -(-C // 4)), max_work_group) as (n, cb):
+    if mode == "spatial":
+        N, C, H, W = shape
+        with _work_items(b, (N, -(-C // 4)), max_work_group) as (n, cb):
+            acc = b.allocate("acc", (1,), "float32x4", "private")
+            b.store(acc, 0, ident)
+            with b.loop("h", H, "serial") as h, b.loop("w", W, "serial") as w:
+                b.store(acc, 0, acc_add(acc[0], term(X[n, Ramp(cb * 4, as_expr(1), 4), h, w])))
+            b.store(Y, (n, Ramp(cb * 4, as_expr(1), 4), *((0, 0) if keepdims else ())), finish(acc[0]))
+        return b.kernel(f"reduce_{kind}", [X, Y])
+    C = shape[1]
+    full, rem = divmod(C, 4)
+    spatial = 1 in axes and len(shape) == 4 and axes == (1, 2, 3)
+    grid = (shape[0],) if spatial or len(shape) == 2 else (shape[0], *shape[2:])
+    with _work_items(b, grid, max_work_group) as idx:
+        n = idx[0]
         acc = b.allocate("acc", (1,), "float32x4", "private")
-        b.store(acc, 0, LOWEST if kind == "max" else 0.0)
-        with b.loop("h", H, "serial") as h, b.loop("w", W, "serial") as w:
-            v = X[n, Ramp(cb * 4, as_expr(1), 4), h, w]
-            b.store(acc, 0, max_(acc[0], v) if kind == "max" else acc[0] + v)
-        v = acc[0] * (1.0 / (H * W)) if kind == "mean" else acc[0]
-        b.store(Y, (n, Ramp(cb * 4, as_expr(1), 4), *((0, 0) if keepdims else ())), v)
-    return b.kernel(f"reduce_{kind}", [X, Y])
+        b.store(acc, 0, ident)
+
+        def add_pixel(rest):
+            if full:
+                with b.loop("cb", full, "serial") as cb:
+                    b.store(acc, 0, acc_add(acc[0], term(X[(n, Ramp(cb * 4, as_expr(1), 4), *rest)])))
+            if rem:  # the last block: its padding lanes hold anything, so they add the identity
+                last = b.let("last", term(X[(n, Ramp(as_expr(full * 4), as_expr(1), 4), *rest)]))
+                b.store(acc, 0, acc_add(acc[0], _vector([ExtractLane(last, j) if j < rem else as_expr(ident)
+                                                         for j in range(4)])))
+
+        if spatial:
+            with b.loop("h", shape[2], "serial") as h, b.loop("w", shape[3], "serial") as w:
+                add_pixel((h, w))
+        else:
+            add_pixel(tuple(idx[1:]))
+        v = b.let("v", finish(_hcombine(acc[0], kind)))
+        at = (n, Ramp(as_expr(0), as_expr(1), 4), *((0, 0) if spatial else tuple(idx[1:])))
+        b.store(Y, at, _vector([v, as_expr(0.0), as_expr(0.0), as_expr(0.0)]))
+    return b.kernel(f"reduce_{kind}_channels", [X, Y])
 
 
-def reduce_reference(x, kind: str, keepdims: bool = True) -> np.ndarray:
+def reduce_reference(x, kind: str, keepdims: bool = True, axes=(2, 3), scale: float = 1.0) -> np.ndarray:
+    x, axes = np.asarray(x, np.float64), tuple(axes)
+    if kind == "l2":
+        return scale * np.sqrt((x * x).sum(axis=axes, keepdims=keepdims))
+    return scale * {"mean": np.mean, "max": np.max}[kind](x, axis=axes, keepdims=keepdims)
+
+
+# -- group normalization ------------------------------------------------------------------------------------
+def group_norm_kernel(shape, groups: int, epsilon: float, dtype: str = "float32", in_scope: str = "texture",
+                      out_scope: str = "texture", max_work_group: int = 64):
+    """``Y = (X - mean) / sqrt(var + epsilon) * S[c] + B[c]`` over NCHW ``X``, the statistics per (n, group of
+    C / groups channels) over those channels and H x W (InstanceNormalization: groups = C; GroupNorm(1): the
+    whole image). ``S``, ``B``: (C,) per channel (``bias4_buffer`` buffer or ``mace_argument`` texture, as
+    binary's per-channel constants). Three serial passes (mean, variance of the deviations, write) by one
+    work-item per (n, channel block) when groups = C (lanes never mix), else per (n, group) for groups whose
+    channels are whole blocks of 4 (or groups = 1, the last block's padding lanes left out)."""
+    shape = _packed_shape(shape, "group_norm")
+    _check_dtype(dtype)
+    if len(shape) != 4:
+        raise ValueError(f"group_norm shape {list(shape)}: want 4-D NCHW")
+    N, C, H, W = shape
+    if groups < 1 or C % groups:
+        raise ValueError(f"group_norm groups={groups} must divide the {C} channels")
+    per_lane = groups == C
+    cg = C // groups
+    if not per_lane and cg % 4 and groups != 1:
+        raise ValueError(f"group_norm of {C} channels in {groups} groups: groups of {cg} channels; supported are "
+                         "one group per channel, one group, or groups of a multiple of 4 channels")
+    X, Y = _packed("X", shape, dtype, in_scope), _packed("Y", shape, dtype, out_scope)
+    weights = [buffer(name, (C,), dtype, *(("texture:weight", "mace_argument") if in_scope == "texture"
+                                           else ("global", "bias4_buffer"))) for name in ("S", "B")]
+    S, B = weights
+    b = Builder()
+    if per_lane:
+        with _work_items(b, (N, -(-C // 4)), max_work_group) as (n, cb):
+            ch = Ramp(cb * 4, as_expr(1), 4)
+            acc = b.allocate("acc", (1,), "float32x4", "private")
+            b.store(acc, 0, 0.0)
+            with b.loop("h", H, "serial") as h, b.loop("w", W, "serial") as w:
+                b.store(acc, 0, acc[0] + X[n, ch, h, w])
+            mean = b.let("mean", acc[0] * (1.0 / (H * W)))
+            b.store(acc, 0, 0.0)
+            with b.loop("h", H, "serial") as h, b.loop("w", W, "serial") as w:
+                d = b.let("d", X[n, ch, h, w] - mean)
+                b.store(acc, 0, acc[0] + d * d)
+            scale = b.let("scale", call("rsqrt", [acc[0] * (1.0 / (H * W)) + epsilon], "float32x4") * S[ch])
+            shift = b.let("shift", B[ch] - mean * scale)
+            with b.loop("h", H, "serial") as h, b.loop("w", W, "serial") as w:
+                b.store(Y, (n, ch, h, w), X[n, ch, h, w] * scale + shift)
+        return b.kernel("instance_norm", [X, S, B, Y])
+    blocks, rem = -(-cg // 4), (C % 4 if groups == 1 else 0)
+    full = blocks - (1 if rem else 0)
+    count = cg * H * W
+    with _work_items(b, (N, groups), max_work_group) as idx:
+        n, g = idx
+        cb0 = g * (cg // 4) if groups > 1 else as_expr(0)
+        acc = b.allocate("acc", (1,), "float32x4", "private")
+
+        def each(body, masked_body=None):
+            with b.loop("h", H, "serial") as h, b.loop("w", W, "serial") as w:
+                if full:
+                    with b.loop("cb", full, "serial") as cb:
+                        body(Ramp((cb0 + cb) * 4, as_expr(1), 4), h, w)
+                if rem:
+                    (masked_body or body)(Ramp(as_expr(full * 4), as_expr(1), 4), h, w)
+
+        def mask(v):
+            return _vector([ExtractLane(v, j) if j < rem else as_expr(0.0) for j in range(4)])
+
+        b.store(acc, 0, 0.0)
+        each(lambda ch, h, w: b.store(acc, 0, acc[0] + X[n, ch, h, w]),
+             lambda ch, h, w: b.store(acc, 0, acc[0] + mask(X[n, ch, h, w])))
+        mean = b.let("mean", _hcombine(acc[0], "sum") * (1.0 / count))
+        b.store(acc, 0, 0.0)
+
+        def sq(ch, h, w, masked=False):
+            d = b.let("dl" if masked else "d", X[n, ch, h, w] - mean)
+            b.store(acc, 0, acc[0] + (mask(d * d) if masked else d * d))
+
+        each(sq, lambda ch, h, w: sq(ch, h, w, True))
+        rstd = b.let("rstd", call("rsqrt", [_hcombine(acc[0], "sum") * (1.0 / count) + epsilon], "float32"))
+        each(lambda ch, h, w: b.store(Y, (n, ch, h, w), (X[n, ch, h, w] - mean) * (S[ch] * rstd) + B[ch]))
+    return b.kernel("group_norm", [X, S, B, Y])
+
+
+def group_norm_reference(x, scale, bias, groups: int, epsilon: float) -> np.ndarray:
     x = np.asarray(x, np.float64)
-    return (x.mean if kind == "mean" else x.max)(axis=(2, 3), keepdims=keepdims)
+    xg = x.reshape(x.shape[0], groups, -1)
+    mean = xg.mean(axis=2, keepdims=True)
+    var = ((xg - mean) ** 2).mean(axis=2, keepdims=True)
+    y = ((xg - mean) / np.sqrt(var + epsilon)).reshape(x.shape)
+    return y * np.asarray(scale).reshape(1, -1, 1, 1) + np.asarray(bias).reshape(1, -1, 1, 1)
 
 
 # -- softmax over channels ------------------------------------------------------------------------------------

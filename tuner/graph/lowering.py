@@ -130,7 +130,7 @@ def lower_elementwise(ctx: LowerCtx, node, ins, out, shape):
         v = np.broadcast_to(g.params[const[0]], shape)
         per_channel = v.reshape(shape[0], c, -1)[0, :, 0] if len(shape) == 4 else v[0]
         if not np.array_equal(np.broadcast_to(per_channel.reshape((1, c) + (1,) * (len(shape) - 2)), shape), v):
-            raise TunerError(f"node {node.name!r}: add of a constant that is not one value per channel")
+            return lower_binary(ctx, node, ins, out, shape)  # a whole constant tensor: the binary kernel
         ctx.extra[f"{node.name}.bias"] = np.ascontiguousarray(per_channel, np.float32)
         inputs = {"X": acts[0], "B": f"{node.name}.bias"}
         attrs["op"] = "bias_add"
@@ -153,7 +153,7 @@ def build_elementwise(s, plan, max_wg):
 
 # -- glue: activations and broadcasting binary ops ------------------------------------------------------------
 
-@lowers("activation", "erf")
+@lowers("activation", "erf", "unary")
 def lower_unary(ctx: LowerCtx, node, ins, out, shape):
     from .plan import Step
     ctx.add(Step(node.name, "unary", {"X": ins[0]}, out, {"fn": node.attrs.get("fn", "erf")}))
@@ -170,17 +170,34 @@ def build_unary(s, plan, max_wg):
 def lower_binary(ctx: LowerCtx, node, ins, out, shape):
     """Either operand may be a per-channel constant ((1, C, 1, 1) / (1, C) param: passed as (C,)) or an
     (N or 1, C, 1, 1) gate; the step keeps the operands' shapes for the kernel."""
+    from . import kernels as K
     from .plan import Step
     g = ctx.graph
     inputs, operands = {}, []
     for k, (t, packed) in enumerate(zip(node.inputs, ins)):
-        if t in g.params:
+        if t in g.params and len(shape) in (2, 4) and (np.ndim(g.params[t]) > len(shape) or any(
+                d != 1 and not (axis == 1 and d == shape[1]) for axis, d in
+                enumerate((1,) * (len(shape) - np.ndim(g.params[t])) + np.shape(g.params[t])))):
+            try:  # a whole constant tensor (a position embedding, an attention bias): read like an activation
+                v = np.broadcast_to(np.asarray(g.params[t], np.float32), tuple(shape))
+            except ValueError:
+                raise TunerError(f"node {node.name!r} ({node.op}): a constant of shape {np.shape(g.params[t])} "
+                                 f"does not broadcast to the tensor's {tuple(shape)}") from None
+            name = f"{node.name}.full{k}"
+            ctx.extra[name] = np.ascontiguousarray(v)
+            inputs[f"X{k}"], operands = name, operands + [tuple(shape)]
+        elif t in g.params:
             v = np.broadcast_to(np.asarray(g.params[t], np.float32), (1, shape[1]) + (1,) * (len(shape) - 2))
             name = f"{node.name}.c{k}"
             ctx.extra[name] = np.ascontiguousarray(v.reshape(-1))
             inputs[f"X{k}"], operands = name, operands + [(shape[1],)]
         else:
             inputs[f"X{k}"], operands = packed, operands + [tuple(g.shapes[t])]
+    for k, o in enumerate(operands):
+        try:
+            K._operand_kind(tuple(shape), o, k)
+        except ValueError as e:
+            raise TunerError(f"node {node.name!r} ({node.op}): {e}") from None
     ctx.add(Step(node.name, "binary", inputs, out, {"op": node.op, "operands": operands,
                                                     "activation": node.attrs.get("activation", "none")}))
 
@@ -197,18 +214,55 @@ def build_binary(s, plan, max_wg):
 
 # -- glue: reductions and softmax -----------------------------------------------------------------------------
 
-@lowers("reduce_mean", "reduce_max")
+@lowers("reduce_mean", "reduce_max", "reduce_sum", "reduce_l2")
 def lower_reduce(ctx: LowerCtx, node, ins, out, shape):
+    from . import kernels as K
     from .plan import Step
-    ctx.add(Step(node.name, "reduce", {"X": ins[0]}, out, {"kind": node.op[len("reduce_"):],
-                                                           "keepdims": bool(node.attrs.get("keepdims", 1))}))
+    x_shape = ctx.shape(node.inputs[0])
+    axes, keepdims = tuple(node.attrs.get("axes", (2, 3))), bool(node.attrs.get("keepdims", 1))
+    mode = K.REDUCE_AXES.get((len(x_shape), axes))
+    if mode is None or (mode == "channels" and not keepdims):
+        raise TunerError(f"node {node.name!r} ({node.op}): a reduction over axes {list(axes)} of a "
+                         f"{len(x_shape)}-D tensor {x_shape} with keepdims={int(keepdims)} has no kernel; supported "
+                         "are NCHW over [2, 3] (H, W), NCHW over [1] or [1, 2, 3] and (N, K) over [1] (keepdims=1)")
+    kind = node.op[len("reduce_"):]
+    count = int(np.prod([x_shape[a] for a in axes]))
+    ctx.add(Step(node.name, "reduce", {"X": ins[0]}, out, {"kind": "mean" if kind == "sum" else kind,
+                                                           "keepdims": keepdims, "axes": axes,
+                                                           "scale": float(count) if kind == "sum" else 1.0}))
 
 
 @glue("reduce")
 def build_reduce(s, plan, max_wg):
     from . import kernels as K
     x, out = plan.tensors[s.inputs["X"]], plan.tensors[s.output]
-    return K.reduce_kernel(x.shape, s.attrs["kind"], s.attrs["keepdims"], plan.dtype, x.scope, out.scope, max_wg)
+    return K.reduce_kernel(x.shape, s.attrs["kind"], s.attrs["keepdims"], plan.dtype, x.scope, out.scope, max_wg,
+                           axes=s.attrs.get("axes", (2, 3)), scale=s.attrs.get("scale", 1.0))
+
+
+@lowers("group_norm")
+def lower_group_norm(ctx: LowerCtx, node, ins, out, shape):
+    """NCHW only (``passes.fuse_group_norm`` turns torch's Reshape / InstanceNormalization / Reshape into it);
+    scale and bias go to the kernel as (C,) params."""
+    from .plan import Step
+    if len(shape) != 4:
+        raise TunerError(f"node {node.name!r} (group_norm) on a {len(shape)}-D tensor {tuple(shape)}: only NCHW "
+                         "inputs have a kernel (a GroupNorm exported as Reshape(N, G, -1) -> InstanceNormalization "
+                         "-> Reshape back is fused into one when the reshapes are exactly that)")
+    inputs = {"X": ins[0]}
+    for key, t in zip(("S", "B"), node.inputs[1:]):
+        inputs[key] = f"{node.name}.{key.lower()}"
+        ctx.extra[inputs[key]] = np.ascontiguousarray(np.asarray(ctx.graph.params[t], np.float32).reshape(-1))
+    ctx.add(Step(node.name, "group_norm", inputs, out, {"groups": int(node.attrs["groups"]),
+                                                        "epsilon": float(node.attrs["epsilon"])}))
+
+
+@glue("group_norm")
+def build_group_norm(s, plan, max_wg):
+    from . import kernels as K
+    x, out = plan.tensors[s.inputs["X"]], plan.tensors[s.output]
+    return K.group_norm_kernel(x.shape, s.attrs["groups"], s.attrs["epsilon"], plan.dtype, x.scope, out.scope,
+                               max_wg)
 
 
 @lowers("softmax")
@@ -269,8 +323,13 @@ def build_relayout(s, plan, max_wg):
 def lower_concat(ctx: LowerCtx, node, ins, out, shape):
     from .plan import Step
     if node.attrs.get("axis", 1) not in (1, -3) or len(shape) != 4:
-        raise TunerError(f"node {node.name!r}: concat along axis {node.attrs.get('axis')}; only channels (axis 1) "
-                         f"of NCHW tensors are supported")
+        raise TunerError(f"node {node.name!r}: concat along axis {node.attrs.get('axis')} of {len(shape)}-D "
+                         f"tensors; only channels (axis 1) of NCHW tensors are supported")
+    consts = [t for t in node.inputs if ctx.is_param(t)]
+    if consts:
+        raise TunerError(f"node {node.name!r}: concat of constant inputs {consts} on NCHW tensors has no kernel; "
+                         "only computed inputs (constants reach concat on (N, T, C) tokens, which the tokens pass "
+                         "rewrites)")
     ctx.add(Step(node.name, "concat", {f"X{i}": t for i, t in enumerate(ins)}, out))
 
 

@@ -1,12 +1,15 @@
 """Graph passes over the frontend's NCHW graph, each a pure function ``Graph -> Graph``:
 
-- ``fold_batch_norm``: a BatchNorm after a convolution scales its weights and shifts its bias; one with no
-  convolution before it becomes a 1x1 depthwise convolution (a per-channel scale and shift).
+- ``fold_batch_norm``: a BatchNorm after a convolution (or a dense layer, on (N, C)) scales its weights and
+  shifts its bias; one with no convolution before it becomes a 1x1 depthwise convolution (a per-channel scale
+  and shift) on NCHW, a per-channel ``mul`` and ``add`` on other ranks.
 - ``fuse_epilogues``: a convolution or dense layer absorbs what follows it when nothing else reads the
   intermediate tensor: a constant per-channel add (bias), an add of another activation (residual), then any
   activation (relu, clip, and every ``activation`` node's spec: hardswish, sigmoid, silu, gelu, ...) -- the
   kernels' epilogue order. Binary glue ops (add, sub, mul, div, prelu) that stay on their own absorb a
   following activation too.
+- ``fuse_group_norm``: torch's GroupNorm export (Reshape, InstanceNormalization, Reshape) -> one NCHW
+  ``group_norm``; a per-channel affine after it folds into its scale and bias.
 - ``fuse_patterns``: x * sigmoid(x) -> silu, x * hardsigmoid(x) -> hardswish, the erf GELU -> gelu.
 """
 from __future__ import annotations
@@ -65,16 +68,88 @@ def fold_batch_norm(graph: Graph) -> Graph:
                            _add_param(g, f"{conv.name}.b_bn", np.asarray(b))]
             conv.outputs = list(node.outputs)
             continue
-        if len(g.shapes[x]) != 4:
-            raise ValueError(f"node {node.name!r} (BatchNormalization) on a {len(g.shapes[x])}-D tensor: only "
-                             f"NCHW inputs are supported")
+        if conv is not None and conv.op == "dense" and _only_reader(g, x, node) and len(g.shapes[x]) == 2:
+            w = g.params[conv.inputs[1]] * scale.reshape(-1, 1)  # (M, K): one row per output feature
+            b = (g.params[conv.inputs[2]] * scale if len(conv.inputs) > 2 else 0.0) + shift
+            conv.inputs = [conv.inputs[0], _add_param(g, f"{conv.name}.w_bn", w),
+                           _add_param(g, f"{conv.name}.b_bn", np.asarray(b))]
+            conv.outputs = list(node.outputs)
+            continue
+        rank = len(g.shapes[x])
         c = g.shapes[x][1]
+        if rank != 4:  # (N, C) or (N, C, L): a per-channel multiply-add
+            form = (1, c) + (1,) * (rank - 2)
+            mid = _fresh(g, f"{node.name}.scaled")
+            g.shapes[mid] = g.shapes[x]
+            nodes.append(Node("mul", f"{node.name}.scale", [x, _add_param(g, f"{node.name}.scale",
+                                                                           scale.reshape(form))], [mid]))
+            nodes.append(Node("add", node.name, [mid, _add_param(g, f"{node.name}.shift", shift.reshape(form))],
+                              list(node.outputs)))
+            continue
         nodes.append(Node("conv2d", node.name, [x, _add_param(g, f"{node.name}.scale", scale.reshape(c, 1, 1, 1)),
                                                  _add_param(g, f"{node.name}.shift", shift)],
                           list(node.outputs), {"stride": (1, 1), "padding": (0, 0, 0, 0), "dilation": (1, 1),
                                                "groups": c}))
     g.nodes = nodes
     return _drop_unused_params(g).validate()
+
+
+def fuse_group_norm(graph: Graph) -> Graph:
+    """torch's GroupNorm export -- ``reshape`` (N, C, H, W) -> (N, G, C/G*H*W), ``group_norm`` (one group per
+    row, the InstanceNormalization) and ``reshape`` back to (N, C, H, W) -- becomes one NCHW ``group_norm``
+    with G groups (its per-group scale and bias repeated per channel); then a per-channel ``mul`` and ``add``
+    of constants after any NCHW ``group_norm`` (GroupNorm's affine) fold into its scale and bias."""
+    g = graph.copy()
+    for node in list(g.nodes):
+        if node.op != "group_norm" or len(g.shapes[node.inputs[0]]) != 3:
+            continue
+        r1, r2 = g.producer(node.inputs[0]), None
+        readers = g.consumers(node.outputs[0])
+        if len(readers) == 1 and node.outputs[0] not in g.outputs:
+            r2 = readers[0]
+        if r1 is None or r2 is None or r1.op != "reshape" or r2.op != "reshape":
+            continue
+        x = r1.inputs[0]
+        shape = tuple(g.shapes[x])
+        n, groups, _ = g.shapes[node.inputs[0]]
+        if (len(shape) != 4 or tuple(g.shapes[r2.outputs[0]]) != shape or shape[0] != n or shape[1] % groups
+                or not _only_reader(g, r1.outputs[0], node)):
+            continue
+        rep = shape[1] // groups
+        ins = [x] + [_add_param(g, f"{t}.per_channel", np.repeat(np.asarray(g.params[t]).reshape(-1), rep))
+                     for t in node.inputs[1:]]
+        fused = Node("group_norm", node.name, ins, list(r2.outputs), dict(node.attrs, groups=groups))
+        g.nodes = [fused if m is node else m for m in g.nodes if m is not r1 and m is not r2]
+    for node in g.nodes:
+        if node.op != "group_norm" or len(g.shapes[node.outputs[0]]) != 4:
+            continue
+        c = g.shapes[node.outputs[0]][1]
+        while True:
+            out = node.outputs[0]
+            readers = g.consumers(out)
+            if out in g.outputs or len(readers) != 1 or readers[0].op not in ("mul", "add"):
+                break
+            nxt = readers[0]
+            const = _channel_constant(g, _other(nxt, out), c, 4) if nxt.inputs.count(out) == 1 else None
+            if const is None:
+                break
+            scale, bias = (np.asarray(g.params[t], np.float64) for t in node.inputs[1:])
+            if nxt.op == "mul":
+                scale, bias = scale * const, bias * const
+            else:
+                bias = bias + const
+            node.inputs = [node.inputs[0], _add_param(g, f"{node.name}.scale", scale),
+                           _add_param(g, f"{node.name}.bias", bias)]
+            node.outputs = list(nxt.outputs)
+            g.nodes = [m for m in g.nodes if m is not nxt]
+    return _drop_dead_shapes(_drop_unused_params(g)).validate()
+
+
+def _drop_dead_shapes(g: Graph) -> Graph:
+    produced = {t for n in g.nodes for t in n.outputs} | set(g.inputs) | set(g.params)
+    for name in [t for t in g.shapes if t not in produced]:
+        del g.shapes[name]
+    return g
 
 
 def _activation(node: Node) -> str | None:
@@ -249,4 +324,4 @@ def optimize(graph: Graph) -> Graph:
     """The frontend graph as the kernels will run it: BatchNorm folded, multi-node activations recognized,
     epilogues fused."""
     from .passes_movement import optimize_movement  # layout rewrites first: ConvTranspose -> conv2d, NHWC blocks
-    return fuse_epilogues(fuse_patterns(fold_batch_norm(optimize_movement(graph))))
+    return fuse_epilogues(fuse_patterns(fold_batch_norm(optimize_movement(fuse_group_norm(graph)))))

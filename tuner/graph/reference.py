@@ -133,6 +133,30 @@ def _activation(node: Node, x):
     return apply_numpy(node.attrs["fn"], x)
 
 
+def _reduce(kind: str):
+    def run(node: Node, x):
+        axes, keep = tuple(node.attrs.get("axes", (2, 3))), bool(node.attrs["keepdims"])
+        if kind == "l2":
+            return np.sqrt((x * x).sum(axis=axes, keepdims=keep))
+        return {"mean": np.mean, "max": np.max, "sum": np.sum}[kind](x, axis=axes, keepdims=keep)
+    return run
+
+
+def _unary(node: Node, x):
+    from .kernels import unary_reference
+    return unary_reference(node.attrs["fn"], x)
+
+
+def group_norm(node: Node, x, scale, bias):
+    """Statistics per (n, group of C / groups channels) over those channels and every further axis."""
+    g = node.attrs["groups"]
+    xg = x.reshape(x.shape[0], g, -1)
+    mean = xg.mean(axis=2, keepdims=True)
+    var = ((xg - mean) ** 2).mean(axis=2, keepdims=True)
+    y = ((xg - mean) / np.sqrt(var + node.attrs["epsilon"])).reshape(x.shape)
+    return y * _channel(scale, x.ndim) + _channel(bias, x.ndim)
+
+
 def _softmax(node: Node, x):
     e = np.exp(x - x.max(axis=node.attrs["axis"], keepdims=True))
     return e / e.sum(axis=node.attrs["axis"], keepdims=True)
@@ -157,8 +181,12 @@ OPS = {
     "prelu": lambda node, x, slope: np.where(x > 0, x, x * slope),
     "activation": _activation,
     "erf": lambda node, x: _erf(x),
-    "reduce_mean": lambda node, x: x.mean(axis=(2, 3), keepdims=bool(node.attrs["keepdims"])),
-    "reduce_max": lambda node, x: x.max(axis=(2, 3), keepdims=bool(node.attrs["keepdims"])),
+    "reduce_mean": _reduce("mean"),
+    "reduce_max": _reduce("max"),
+    "reduce_sum": _reduce("sum"),
+    "reduce_l2": _reduce("l2"),
+    "unary": _unary,
+    "group_norm": group_norm,
     "global_max_pool": lambda node, x: x.max(axis=(2, 3), keepdims=True),
     "softmax": _softmax,
 }
@@ -169,7 +197,9 @@ ATTRS = {
     "global_avg_pool": set(), "avg_pool": {"kernel", "stride", "padding", "count_include_pad", "ceil_mode"},
     "max_pool": {"kernel", "stride", "padding", "ceil_mode"}, "flatten": set(), "reshape": {"shape"},
     "concat": {"axis"}, "sub": set(), "mul": set(), "div": set(), "prelu": set(), "activation": {"fn"},
-    "erf": set(), "reduce_mean": {"keepdims"}, "reduce_max": {"keepdims"}, "global_max_pool": set(),
+    "erf": set(), "reduce_mean": {"axes", "keepdims"}, "reduce_max": {"axes", "keepdims"},
+    "reduce_sum": {"axes", "keepdims"}, "reduce_l2": {"axes", "keepdims"}, "unary": {"fn"},
+    "group_norm": {"groups", "epsilon"}, "global_max_pool": set(),
     "softmax": {"axis"},
 }
 
