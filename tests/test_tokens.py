@@ -107,3 +107,21 @@ def test_an_unsupported_op_on_tokens_names_the_node(tmp_path):
                           opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(TunerError, match="pool"):
         optimize_movement(from_onnx(m))
+
+
+@pytest.mark.parametrize("kw", [BLOCKS[0], BLOCKS[3], BLOCKS[4]], ids=["plain", "bias-pos", "batch2-1head"])
+@pytest.mark.parametrize("scope,dtype", [("texture", "float32"), ("buffer", "float32"), ("buffer", "float16")])
+def test_attention_blocks_compile_and_match_onnxruntime(tmp_path, device, kw, scope, dtype):
+    """Whole blocks on the device: the matmul template, the strided copies, softmax and layer norm over the
+    features of token views, 1x1 convolutions for the projections, in both scopes."""
+    from tuner.graph.compiler import compile_model
+    path = tmp_path / "a.onnx"
+    attention_model(path=str(path), **kw)
+    mod = compile_model(str(path), device=device, scope=scope, dtype=dtype)
+    x = _input(kw)
+    want = ort.InferenceSession(str(path)).run(None, {"input": x})[0]
+    got = mod.run({"input": x})[0]
+    assert got.shape == want.shape
+    assert rel_error(got, want) <= (1e-4 if dtype == "float32" else 3e-2)
+    ops = [n.op for n in mod.spec.nodes]
+    assert ops.count("matmul") == 2
