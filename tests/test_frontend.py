@@ -202,8 +202,8 @@ W_G2 = ("w", np.ones((8, 4, 3, 3), np.float32))
 CASES = {
     "hardmax": (_model([helper.make_node("Hardmax", ["input"], ["y"], name="probs")]),
                 ["'probs'", "Hardmax", "not supported", "Conv", "Softmax", "HardSwish"]),
-    "softmax_spatial": (_model([helper.make_node("Softmax", ["input"], ["y"], name="probs", axis=2)]),
-                        ["'probs'", "Softmax", "axis=2", "channel axis"]),
+    "softmax_batch": (_model([helper.make_node("Softmax", ["input"], ["y"], name="probs", axis=0)]),
+                      ["'probs'", "Softmax", "axis=0", "channel axis"]),
     "softmax_opset11_flattens": (_model([helper.make_node("Softmax", ["input"], ["y"], name="probs", axis=1)],
                                         opset=11), ["'probs'", "Softmax", "opset 11", "H = W = 1"]),
     "hardsigmoid_unknown_attr": (_model([helper.make_node("HardSigmoid", ["input"], ["y"], name="gate", gamma=2.0)]),

@@ -146,11 +146,13 @@ BINARY = [  # op, operand shapes (output (2, 7, 3, 5) unless 2-D), activation
     ("mul", [(2, 7, 3, 5), (2, 7, 3, 5)], "none"),
     ("prelu", [(2, 7, 3, 5), (7,)], "none"),
     ("mul", [(2, 13), (13,)], "silu"),
+    ("div", [(2, 7, 3, 5), (2, 7, 3, 1)], "none"),  # over W: a linear attention's normalizer
+    ("mul", [(2, 7, 3, 5), (1, 1, 3, 5)], "none"),  # over the channels: MobileViT-v2's context scores
 ]
 
 
 @pytest.mark.parametrize("pattern,out_scope,dtype", COMBOS)
-@pytest.mark.parametrize("case", BINARY, ids=lambda c: f"{c[0]}-{len(c[1][0])}-{len(c[1][1])}-{c[2]}")
+@pytest.mark.parametrize("case", BINARY, ids=lambda c: f"{c[0]}-{'x'.join(map(str, c[1][0]))}-{'x'.join(map(str, c[1][1]))}-{c[2]}")
 def test_binary_broadcast_matches_numpy(device, rng, case, pattern, out_scope, dtype):
     op, operands, activation = case
     shape = next(o for o in operands if len(o) > 1 and o[-1] > 1)
@@ -169,6 +171,18 @@ def test_reduce_over_spatial_axes(device, rng, kind, keepdims, scopes, dtype):
     x = draw(rng, shape, dtype) - (5 if kind == "max" else 0)  # all negative: a zero start would win a max
     got = run(build(reduce_kernel(shape, kind, keepdims, dtype, *scopes), device), device, {"X": x})["Y"]
     assert rel_error(got, reduce_reference(x, kind, keepdims)) <= TOL_NEW[dtype]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("scopes", SCOPES[:3])
+@pytest.mark.parametrize("kind,axes", [("mean", (3,)), ("l2", (3,)), ("max", (2,))])
+def test_reduce_over_one_spatial_axis(device, rng, kind, axes, scopes, dtype):
+    """MobileViT-v2's ReduceSum over the last axis of its (N, C, P, T) patches: the kept axis joins the grid."""
+    shape = (1, 6, 3, 7)
+    x = draw(rng, shape, dtype) - (5 if kind == "max" else 0)
+    got = run(build(reduce_kernel(shape, kind, True, dtype, *scopes, axes=axes), device), device, {"X": x})["Y"]
+    assert got.shape == reduce_reference(x, kind, True, axes).shape
+    assert rel_error(got, reduce_reference(x, kind, True, axes)) <= TOL_NEW[dtype]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -322,7 +336,7 @@ def test_relayout_whole_pixel_copy_reads_one_pixel_per_work_item():
     (lambda: elementwise_kernel((1, 4, 2, 2), "add", activation="swish"), "activation 'swish'"),
     (lambda: unary_kernel((1, 4, 2, 2), "softplus"), "activation 'softplus'"),
     (lambda: binary_kernel((1, 4, 2, 2), "pow", [(1, 4, 2, 2)] * 2), "binary op 'pow'"),
-    (lambda: binary_kernel((1, 4, 2, 2), "mul", [(1, 4, 2, 2), (1, 1, 2, 2)]), "does not broadcast"),
+    (lambda: binary_kernel((1, 4, 2, 2), "mul", [(1, 4, 2, 2), (1, 2, 2, 2)]), "does not broadcast"),
     (lambda: binary_kernel((1, 4, 2, 2), "mul", [(4,), (1, 4, 1, 1)]), "neither has that shape"),
     (lambda: reduce_kernel((1, 4), "mean"), "want 4-D NCHW"),
     (lambda: reduce_kernel((1, 4, 2, 2), "sum"), "'mean' or 'max'"),

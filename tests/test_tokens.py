@@ -125,3 +125,26 @@ def test_attention_blocks_compile_and_match_onnxruntime(tmp_path, device, kw, sc
     assert rel_error(got, want) <= (1e-4 if dtype == "float32" else 3e-2)
     ops = [n.op for n in mod.spec.nodes]
     assert ops.count("matmul") == 2
+
+
+def _softmax_model(axis: int):
+    """NCHW (1, 8, 2, 3) -> (1, 2, 4, 6) -> Softmax(axis) -> back: CoaT's softmax over the tokens of K."""
+    from onnx import TensorProto, helper
+    x = helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 8, 2, 3])
+    y = helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 8, 2, 3])
+    inits = [helper.make_tensor("s4", TensorProto.INT64, [4], [1, 2, 4, 6]),
+             helper.make_tensor("back", TensorProto.INT64, [4], [1, 8, 2, 3])]
+    nodes = [helper.make_node("Reshape", ["input", "s4"], ["r"], name="heads"),
+             helper.make_node("Softmax", ["r"], ["p"], name="probs", axis=axis),
+             helper.make_node("Reshape", ["p", "back"], ["output"], name="out")]
+    return helper.make_model(helper.make_graph(nodes, "g", [x], [y], inits), opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("axis", [2, -1, 1])
+def test_softmax_over_any_axis_of_heads(device, axis):
+    from tuner.graph.compiler import compile_model
+    m = _softmax_model(axis)
+    x = _input({"c": 8, "hw": (2, 3)})
+    want = ort.InferenceSession(m.SerializeToString()).run(None, {"input": x})[0]
+    mod = compile_model(m, device=device, scope="buffer")
+    assert rel_error(mod.run({"input": x})[0], want) <= 1e-5

@@ -819,11 +819,11 @@ class _Converter(MovementOps):
         axis = int(ctx.attrs.get("axis", -1 if self.opset >= 13 else 1))
         axis = axis + len(shape) if axis < 0 else axis
         # before opset 13 Softmax flattens the axes from ``axis`` on: channels only when H = W = 1
-        last = self.opset >= 13 and axis == len(shape) - 1 and len(shape) > 2  # attention: passes_tokens
+        last = self.opset >= 13 and len(shape) > 2 and 0 < axis  # attention, any axis: passes_tokens
         if not last and (axis != 1 or len(shape) == 3 or (self.opset < 13 and math.prod(shape[2:]) != 1)):
             ctx.fail(f"axis={ctx.attrs.get('axis', 'default')} on an input of shape {shape} (opset {self.opset})",
                      "softmax over the channel axis (1) of (N, C) or NCHW (opset >= 13; before, H = W = 1), or "
-                     "over the last axis of a 3-D or 4-D tensor (opset >= 13)")
+                     "over any axis but the batch of a 3-D or 4-D tensor (opset >= 13)")
         self.emit(ctx, "softmax", [x], shape, axis=axis)
 
     def _op_BatchNormalization(self, ctx: _Ctx):

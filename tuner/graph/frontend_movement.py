@@ -124,6 +124,33 @@ class MovementOps:
                                  {axis: range(start, start + size)})
             start += size
 
+    def _op_Gather(self, ctx):
+        """Gather of an activation at constant indices along one axis (a ViT's class token, ``x[:, 0]``): a
+        slice of each index run; a scalar index drops the axis (a reshape). Constant Gathers are folded before."""
+        ctx.check_attrs(("axis",))
+        names = ctx.inputs()
+        x = self.act(ctx, names[0])
+        shape = self.shapes[x]
+        axis = int(ctx.attrs.get("axis", 0))
+        axis = axis + len(shape) if axis < 0 else axis
+        idx = self.const(ctx, names[1], "indices")
+        if idx.dtype.kind not in "iu" or idx.ndim > 1 or not 0 < axis < len(shape):
+            ctx.fail(f"indices of dtype {idx.dtype} and shape {idx.shape} along axis {ctx.attrs.get('axis', 0)} "
+                     f"of a {len(shape)}-D input", "a constant integer index or 1-D run of consecutive indices "
+                     "along an axis other than the batch")
+        flat = [int(i) + shape[axis] if int(i) < 0 else int(i) for i in np.asarray(idx).reshape(-1)]
+        if not flat or any(not 0 <= i < shape[axis] for i in flat) or flat != list(range(flat[0], flat[0] + len(flat))):
+            ctx.fail(f"indices {np.asarray(idx).tolist()} along axis {axis} (extent {shape[axis]})",
+                     "in-range, consecutive, increasing indices")
+        out = ctx.proto.output[0]
+        if idx.ndim == 1:
+            self._slice_node(ctx, x, out, ctx.name, {axis: range(flat[0], flat[0] + len(flat))})
+            return
+        mid = f"{out}.slice"
+        self._slice_node(ctx, x, mid, f"{ctx.name}.slice", {axis: range(flat[0], flat[0] + 1)})
+        dropped = shape[:axis] + shape[axis + 1:]
+        self._emit_to(ctx, out, ctx.name, "reshape", [mid], dropped, shape=dropped)
+
     def _op_Slice(self, ctx):
         names = ctx.inputs()
         if self.opset >= 10:

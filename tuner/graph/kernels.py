@@ -577,9 +577,16 @@ def _operand_kind(shape: tuple, operand: tuple, k: int) -> str:
         return "gate"
     if len(operand) == len(shape) and all(d == 1 for d in operand[1:]) and operand[0] in (1, shape[0]):
         return "scalar"
+    if len(shape) == 4 and len(operand) == 4 and operand[0] in (1, shape[0]):
+        if operand[1:] == (shape[1], shape[2], 1):
+            return "row"
+        if operand[1:] == (1, shape[2], shape[3]):
+            return "plane"
     raise ValueError(f"binary operand X{k} of shape {list(operand)} does not broadcast to {list(shape)}: want the "
-                     f"same shape, ({shape[1]},) per channel, (N or 1, {shape[1]}, 1, 1) over H and W, or "
-                     f"(N or 1, {', '.join(['1'] * (len(shape) - 1))}) per image")
+                     f"same shape, ({shape[1]},) per channel, (N or 1, {shape[1]}, 1, 1) over H and W, "
+                     f"(N or 1, {', '.join(['1'] * (len(shape) - 1))}) per image"
+                     + (f", (N or 1, {shape[1]}, {shape[2]}, 1) over W or (N or 1, 1, {shape[2]}, {shape[3]}) over "
+                        f"channels" if len(shape) == 4 else ""))
 
 
 def binary_kernel(shape, op: str, operands, dtype: str = "float32", in_scopes="texture", out_scope: str = "texture",
@@ -588,7 +595,9 @@ def binary_kernel(shape, op: str, operands, dtype: str = "float32", in_scopes="t
     use: each of ``operands`` (the shapes of ``X0``, ``X1``) is ``shape`` itself, ``(C,)`` (a constant per
     channel: ``bias4_buffer`` buffer or ``mace_argument`` texture), ``(N or 1, C, 1, 1)`` (a gate read once
     per pixel and broadcast over H, W: squeeze-excitation's channel scale), ``(N or 1, 1, 1, 1)`` / ``(N or 1,
-    1)`` (one value per image broadcast over everything: ConvNeXt-V2's GRN). ``op``: add, sub, mul, div, or prelu
+    1)`` (one value per image broadcast over everything: ConvNeXt-V2's GRN), ``(N or 1, C, H, 1)`` (over W: a
+    linear attention's normalizer) or ``(N or 1, 1, H, W)`` (over the channels: MobileViT-v2's context scores).
+    ``op``: add, sub, mul, div, or prelu
     (``X0`` if positive else ``X0 * X1``). One output pixel per work-item."""
     shape = _packed_shape(shape, "binary")
     _check_dtype(dtype)
@@ -621,6 +630,11 @@ def binary_kernel(shape, op: str, operands, dtype: str = "float32", in_scopes="t
                 vals.append(x[pix[1]])
             elif kind == "gate":
                 vals.append(b.let(f"{x.name}_gate", x[(idx[0] if o[0] > 1 else 0, pix[1], 0, 0)]))
+            elif kind == "row":  # one pixel per (n, channel block, h), over W
+                vals.append(b.let(f"{x.name}_row", x[(idx[0] if o[0] > 1 else 0, pix[1], idx[2], 0)]))
+            elif kind == "plane":  # lane 0 of the one channel at (n, h, w), over the channels
+                at = (idx[0] if o[0] > 1 else 0, Ramp(as_expr(0), as_expr(1), 4), idx[2], idx[3])
+                vals.append(b.let(f"{x.name}_plane", ExtractLane(x[at], 0)))
             else:  # lane 0 of the operand's only pixel (per image), broadcast to the 4 lanes
                 at = (idx[0] if o[0] > 1 else 0, Ramp(as_expr(0), as_expr(1), 4), *((0,) * (len(o) - 2)))
                 vals.append(b.let(f"{x.name}_{kind}", ExtractLane(x[at], 0)))
@@ -645,7 +659,8 @@ def binary_reference(op: str, x0, x1, activation: str = "none") -> np.ndarray:
 # -- reductions ------------------------------------------------------------------------------------------
 REDUCE_KINDS = ("mean", "max", "l2")  # a sum is the mean times the count (``scale``)
 # (rank, axes) -> how the kernel maps it: per-lane over H, W, or across the channels (lanes mixed)
-REDUCE_AXES = {(4, (2, 3)): "spatial", (4, (1,)): "channels", (4, (1, 2, 3)): "channels", (2, (1,)): "channels"}
+REDUCE_AXES = {(4, (2, 3)): "spatial", (4, (2,)): "spatial", (4, (3,)): "spatial", (4, (1,)): "channels",
+               (4, (1, 2, 3)): "channels", (2, (1,)): "channels"}
 
 
 def reduce_out_shape(shape, axes, keepdims: bool) -> tuple:
@@ -678,10 +693,10 @@ def reduce_kernel(shape, kind: str, keepdims: bool = True, dtype: str = "float32
         raise ValueError(f"reduce kind {kind!r}: 'mean' or 'max', or 'l2' (a sum: 'mean' with scale = the count)")
     axes = tuple(sorted(int(a) for a in axes))
     mode = REDUCE_AXES.get((len(shape), axes))
-    if mode is None or (mode == "channels" and not keepdims):
+    if mode is None or (mode == "channels" and not keepdims) or (len(axes) == 1 and mode == "spatial" and not keepdims):
         raise ValueError(f"reduce over axes {list(axes)} of a {len(shape)}-D shape {list(shape)} "
-                         f"(keepdims={int(bool(keepdims))}): want 4-D NCHW over [2, 3] (keepdims 0 or 1), NCHW "
-                         f"over [1] or [1, 2, 3], or (N, K) over [1] (keepdims=1)")
+                         f"(keepdims={int(bool(keepdims))}): want 4-D NCHW over [2, 3] (keepdims 0 or 1), over [2] "
+                         f"or [3] (keepdims=1), NCHW over [1] or [1, 2, 3], or (N, K) over [1] (keepdims=1)")
     out = reduce_out_shape(shape, axes, keepdims)
     count = prod(shape[a] for a in axes)
     X, Y = _packed("X", shape, dtype, in_scope), _packed("Y", out, dtype, out_scope)
@@ -698,14 +713,19 @@ def reduce_kernel(shape, kind: str, keepdims: bool = True, dtype: str = "float32
         return v * float(scale) if kind != "mean" and scale != 1.0 else v
 
     b = Builder()
-    if mode == "spatial":
+    if mode == "spatial":  # over H and W, H alone or W alone: the kept spatial axis is part of the grid
         N, C, H, W = shape
-        with _work_items(b, (N, -(-C // 4)), max_work_group) as (n, cb):
+        kept = [(a, d) for a, d in ((2, H), (3, W)) if a not in axes]
+        with _work_items(b, (N, -(-C // 4), *(d for _, d in kept)), max_work_group) as (n, cb, *rest):
             acc = b.allocate("acc", (1,), "float32x4", "private")
             b.store(acc, 0, ident)
-            with b.loop("h", H, "serial") as h, b.loop("w", W, "serial") as w:
+            loops = {a: (rest[0] if (a, d) in kept else None) for a, d in ((2, H), (3, W))}
+            with b.loop("h", H, "serial") if 2 in axes else nullcontext(loops[2]) as h, \
+                    b.loop("w", W, "serial") if 3 in axes else nullcontext(loops[3]) as w:
                 b.store(acc, 0, acc_add(acc[0], term(X[n, Ramp(cb * 4, as_expr(1), 4), h, w])))
-            b.store(Y, (n, Ramp(cb * 4, as_expr(1), 4), *((0, 0) if keepdims else ())), finish(acc[0]))
+            spatial = [0 if a in axes else loops[a] for a in (2, 3)] if keepdims else \
+                [loops[a] for a in (2, 3) if a not in axes]
+            b.store(Y, (n, Ramp(cb * 4, as_expr(1), 4), *spatial), finish(acc[0]))
         return b.kernel(f"reduce_{kind}", [X, Y])
     C = shape[1]
     full, rem = divmod(C, 4)

@@ -476,3 +476,44 @@ def strided_copy_kernel(src_shape, offset: int, shape, strides, dtype: str = "fl
             lanes.append(select(idx[1] * 4 + j < C, v, 0.0) if C % 4 and j >= C % 4 else v)
         b.store(Y, _pixel(idx), _vector(lanes))
     return b.kernel("strided_copy", [X, Y])
+
+
+def concat_view_kernel(shapes, axis: int, dtype: str = "float32", in_scopes="texture", out_scope: str = "texture",
+                       max_work_group: int = 64):
+    """``Y = concat(X0, X1, ..., axis)`` of 2-D to 4-D tensors of logical ``shapes``, each stored in its view
+    (``passes_tokens.token_view``): a ViT's class token joined to its patch tokens along the token axis. One
+    output pixel per work-item, each lane taken from the input whose range along ``axis`` holds it."""
+    from .kernels import _scopes
+    from .passes_tokens import token_view
+    _check_dtype(dtype)
+    shapes = [tuple(int(d) for d in s) for s in shapes]
+    rank = len(shapes[0])
+    if rank not in (2, 3, 4) or not 0 <= axis < rank or any(
+            len(s) != rank or s[:axis] + s[axis + 1:] != shapes[0][:axis] + shapes[0][axis + 1:] for s in shapes):
+        raise ValueError(f"concat_view of {[list(s) for s in shapes]} along axis {axis}: 2-D to 4-D tensors that "
+                         f"differ only along it")
+    out = shapes[0][:axis] + (sum(s[axis] for s in shapes),) + shapes[0][axis + 1:]
+    scopes = _scopes(in_scopes, len(shapes), "concat_view")
+    xs = [_packed(f"X{k}", token_view(s), dtype, sc) for k, (s, sc) in enumerate(zip(shapes, scopes))]
+    yv = token_view(out)
+    Y = _packed("Y", yv, dtype, out_scope)
+    C = yv[1]
+    b = Builder()
+    with _work_items(b, _grid(yv), max_work_group) as idx:
+        lanes = []
+        for j in range(4):
+            e = list(idx)
+            e[1] = min_(idx[1] * 4 + j, C - 1) if C % 4 else idx[1] * 4 + j
+            lo = [b.let(f"l{j}_{k}", v) for k, v in enumerate(_logical_of(out, e))]
+            v, start = None, 0
+            for k, (x, s) in enumerate(zip(xs, shapes)):
+                src = list(lo)
+                src[axis] = min_(max_(lo[axis] - start, 0), s[axis] - 1)
+                sv = _view_of(s, src)
+                sc = b.let(f"c{j}_{k}", sv[1])
+                got = _lane(b.let(f"x{j}_{k}", x[_pixel([sv[0], sc // 4, *sv[2:]])]), sc % 4)
+                v = got if v is None else select(lo[axis] < start, v, got)
+                start += s[axis]
+            lanes.append(select(idx[1] * 4 + j < C, v, 0.0) if C % 4 and j >= C % 4 else v)
+        b.store(Y, _pixel(idx), _vector(lanes))
+    return b.kernel("concat_view", [*xs, Y])

@@ -221,10 +221,11 @@ def lower_reduce(ctx: LowerCtx, node, ins, out, shape):
     x_shape = ctx.shape(node.inputs[0])
     axes, keepdims = tuple(node.attrs.get("axes", (2, 3))), bool(node.attrs.get("keepdims", 1))
     mode = K.REDUCE_AXES.get((len(x_shape), axes))
-    if mode is None or (mode == "channels" and not keepdims):
+    if mode is None or (not keepdims and (mode == "channels" or len(axes) == 1)):
         raise TunerError(f"node {node.name!r} ({node.op}): a reduction over axes {list(axes)} of a "
                          f"{len(x_shape)}-D tensor {x_shape} with keepdims={int(keepdims)} has no kernel; supported "
-                         "are NCHW over [2, 3] (H, W), NCHW over [1] or [1, 2, 3] and (N, K) over [1] (keepdims=1)")
+                         "are NCHW over [2, 3] (H, W), over [2] or [3] (keepdims=1), over [1] or [1, 2, 3] "
+                         "(keepdims=1) and (N, K) over [1] (keepdims=1)")
     kind = node.op[len("reduce_"):]
     count = int(np.prod([x_shape[a] for a in axes]))
     ctx.add(Step(node.name, "reduce", {"X": ins[0]}, out, {"kind": "mean" if kind == "sum" else kind,

@@ -150,6 +150,20 @@ def build_strided_copy(s, plan, max_wg):
                                   out_shape=a["out_shape"])
 
 
+@lowers("concat_view")
+def lower_concat_view(ctx: LowerCtx, node, ins, out, shape):
+    ctx.add(_step(node.name, "concat_view", {f"X{k}": t for k, t in enumerate(ins)}, out,
+                  {"axis": int(node.attrs["axis"]), "shapes": tuple(tuple(s) for s in node.attrs["shapes"])}))
+
+
+@glue("concat_view")
+def build_concat_view(s, plan, max_wg):
+    from . import kernels_movement as KM
+    out = _scope(plan, s.output)
+    scopes = [_scope(plan, x) if x in plan.tensors else out for x in s.inputs.values()]  # a param: as the output
+    return KM.concat_view_kernel(s.attrs["shapes"], s.attrs["axis"], plan.dtype, scopes, out, max_wg)
+
+
 @lowers("matmul")
 def lower_matmul(ctx: LowerCtx, node, ins, out, shape):
     if not node.attrs.get("tokens"):

@@ -389,8 +389,17 @@ def tokens_to_nchw(graph: Graph) -> Graph:
             n.attrs = {**n.attrs, "tokens": True}  # operands and output in their token views
         elif n.op in REDUCE and n.inputs[0] in rank3:
             n = _token_reduce(g, n, shape, nodes)
+        elif n.op == "concat":  # along the tokens (a class token) or the features: the view concat kernel
+            ins = []
+            for t in n.inputs:
+                if t in g.params:
+                    v = np.asarray(g.params[t], np.float32)
+                    t = _add_param(g, f"{t}.view", to_view(np.ascontiguousarray(v)))
+                ins.append(t)
+            n = Node("concat_view", n.name, ins, n.outputs,
+                     {"axis": int(n.attrs["axis"]) % 3, "shapes": tuple(logical[t] for t in n.inputs)})
         # strided_copy: its attributes name the logical shapes on both sides
-        if n.op not in ("conv2d", "layer_norm", "softmax", "matmul", "strided_copy", "reshape") \
+        if n.op not in ("conv2d", "layer_norm", "softmax", "matmul", "strided_copy", "reshape", "concat_view") \
                 and n.op not in ELEMENTWISE and n.op not in REDUCE:
             raise TunerError(f"node {n.name!r}: operator {n.op} on the token tensor {touched[0]!r} of shape "
                              f"{shape} has no kernel; token tensors take MatMul, LayerNormalization, Softmax over "
@@ -404,7 +413,7 @@ def tokens_to_nchw(graph: Graph) -> Graph:
 
 def optimize_tokens(graph: Graph) -> Graph:
     """All of the above, in order."""
-    if not any(n.op in ("matmul", "slice_nd") or any(len(graph.shapes[t]) not in (1, 2, 4) for t in n.outputs)
-               for n in graph.nodes):
-        return graph
+    if not any(n.op in ("matmul", "slice_nd") or (n.op == "softmax" and n.attrs.get("axis") != 1)
+               or any(len(graph.shapes[t]) not in (1, 2, 4) for t in n.outputs) for n in graph.nodes):
+        return graph  # nothing of attention's: a convolution network passes untouched
     return tokens_to_nchw(movement_views(attention_ranks(fold_matmul_scales(graph))))

@@ -83,12 +83,19 @@ def strided_copy(node, x):
     return to_view(y.reshape(a.get("out_shape", a["shape"])))
 
 
+def concat_view(node, *xs):
+    from .passes_tokens import from_view, to_view
+    a = node.attrs
+    return to_view(np.concatenate([from_view(x, s) for x, s in zip(xs, a["shapes"])], axis=a["axis"]))
+
+
 OPS: dict = {"transpose": transpose, "matmul": matmul, "slice_nd": slice_nd, "slice": slice_, "pad": pad, "resize": resize,
              "conv_transpose": conv_transpose, "layer_norm": layer_norm}
 ATTRS: dict = {"transpose": {"perm"}, "matmul": {"alpha", "tokens"}, "slice_nd": {"starts", "steps", "counts"}, "slice": {"channels", "rows", "cols"}, "pad": {"pads", "mode", "value"},
                "resize": {"mode", "coord", "nearest", "scales", "size"},
                "conv_transpose": {"stride", "padding", "dilation", "output_padding", "groups"},
                "layer_norm": {"axis", "epsilon"}}
-PASS_OPS: dict = {"upsample_zeros": upsample_zeros, "strided_copy": strided_copy}
+PASS_OPS: dict = {"upsample_zeros": upsample_zeros, "strided_copy": strided_copy, "concat_view": concat_view}
 PASS_ATTRS: dict = {"upsample_zeros": {"size", "stride", "shift"},
-                    "strided_copy": {"src_shape", "offset", "strides", "shape", "out_shape"}}
+                    "strided_copy": {"src_shape", "offset", "strides", "shape", "out_shape"},
+                    "concat_view": {"axis", "shapes"}}
