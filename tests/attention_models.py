@@ -53,3 +53,38 @@ def attention_model(n=1, c=16, hw=(4, 6), heads=2, seed=0, path=None, scale_afte
     onnx.checker.check_model(m)
     if path: onnx.save(m, path)
     return m
+
+
+def class_token_model(n=1, c=12, hw=(3, 4), seed=0, path=None):
+    """A ViT's ends: NCHW patches -> tokens, a class token (1, 1, C) concatenated in front (``Expand`` of a
+    parameter), a position embedding, LayerNorm, and the class token's features picked out (``Gather`` 0):
+    output (n, c)."""
+    rng = np.random.default_rng(seed)
+    H, W = hw
+    T = H * W
+    inits, nodes = [], []
+
+    def init(name, arr):
+        inits.append(nh.from_array(np.asarray(arr), name))
+        return name
+
+    def node(op, ins, outs, **kw):
+        nodes.append(h.make_node(op, ins, outs, name=outs[0], **kw))
+        return outs[0]
+    t = node("Reshape", ["input", init("s1", np.array([n, c, T], np.int64))], ["flat"])
+    t = node("Transpose", [t], ["tok"], perm=[0, 2, 1])
+    cls = node("Expand", [init("cls", rng.standard_normal((1, 1, c)).astype(np.float32)),
+                          init("es", np.array([n, 1, c], np.int64))], ["cls_n"])
+    t = node("Concat", [cls, t], ["with_cls"], axis=1)
+    t = node("Add", [t, init("pos", rng.standard_normal((1, T + 1, c)).astype(np.float32))], ["pos_added"])
+    t = node("LayerNormalization", [t, init("g", rng.standard_normal(c).astype(np.float32)),
+                                    init("b", rng.standard_normal(c).astype(np.float32))], ["ln"], axis=-1)
+    node("Gather", [t, init("zero", np.array(0, np.int64))], ["output"], axis=1)
+    g = h.make_graph(nodes, "cls", [h.make_tensor_value_info("input", TP.FLOAT, [n, c, H, W])],
+                     [h.make_tensor_value_info("output", TP.FLOAT, [n, c])], initializer=inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    if path:
+        onnx.save(m, path)
+    return m

@@ -148,3 +148,30 @@ def test_softmax_over_any_axis_of_heads(device, axis):
     want = ort.InferenceSession(m.SerializeToString()).run(None, {"input": x})[0]
     mod = compile_model(m, device=device, scope="buffer")
     assert rel_error(mod.run({"input": x})[0], want) <= 1e-5
+
+
+@pytest.mark.parametrize("scope,n", [("texture", 1), ("buffer", 2)])
+def test_a_class_token_joins_and_leaves_the_tokens(tmp_path, device, scope, n):
+    """A ViT's class token: a constant concatenated in front of the tokens (concat_view), a position embedding
+    (a whole constant), and ``Gather`` of token 0 at the end (a strided copy to (N, C))."""
+    from attention_models import class_token_model
+    from tuner.graph.compiler import compile_model
+    path = tmp_path / "cls.onnx"
+    class_token_model(n=n, path=str(path))
+    x = _input({"n": n, "c": 12, "hw": (3, 4)})
+    want = ort.InferenceSession(str(path)).run(None, {"input": x})[0]
+    mod = compile_model(str(path), device=device, scope=scope)
+    assert [n.op for n in mod.spec.nodes].count("concat_view") == 1
+    got = mod.run({"input": x})[0]
+    assert got.shape == want.shape == (n, 12)
+    assert rel_error(got, want) <= 1e-4
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("shapes,axis", [([(1, 1, 6), (1, 5, 6)], 1), ([(2, 3, 5), (2, 3, 3), (2, 3, 1)], 2),
+                                         ([(1, 3, 2, 5), (1, 3, 1, 5)], 2)])
+def test_concat_view_kernel(device, rng, shapes, axis, dtype):
+    k = KM.concat_view_kernel(shapes, axis, dtype, "buffer", "texture")
+    xs = [draw(rng, s, dtype) for s in shapes]
+    got = run(build(k, device), device, {f"X{i}": PT.to_view(x) for i, x in enumerate(xs)})["Y"]
+    assert rel_error(got, PT.to_view(np.concatenate(xs, axis=axis))) <= TOL[dtype]
