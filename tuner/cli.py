@@ -13,6 +13,7 @@ import sys
 from tuner import __version__
 from tuner.errors import TunerError
 from tuner.cli_args import (activation, add_device_arg, device_info, add_measure_args, add_seed_arg,  # noqa: F401
+                            add_transfer_arg,
                             measure_options, positive_int, read_regular_file, Parser)  # (importers use the names)
 from tuner.runtime.device import DEVICE_ENV, DeviceInfo, choose_device, list_devices, probe_device
 
@@ -290,7 +291,7 @@ def cmd_tune_op(args: argparse.Namespace) -> int:
     options = measure_options(args)
     res = tune(t.name, wl, info, trials=args.trials, log=args.log, storage=args.storage, sampler=args.sampler,
                scopes=scopes, seed=args.seed, early_stopping=args.early_stopping, options=options,
-               progress=not args.no_progress)
+               progress=not args.no_progress, transfer_from=args.transfer_from)
     print(f"study {res.study_name}: {res.measured} measured, {res.reused} answered from the log ({res.log})")
     failures: dict = {}
     for r in res.records:
@@ -356,6 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop after N measurements without improvement")
     add_measure_args(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_transfer_arg(p, "seed the study (their best configs of this workload first, their records in the cost "
+                     "model's transfer)")
     add_device_arg(p)
     p.set_defaults(func=cmd_tune_op)
 

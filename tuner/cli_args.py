@@ -184,3 +184,27 @@ def writable_dir(path: str, flag: str = "-o", create: bool = True):
 
 # reading a user's file safely lives in tuner.files (search spaces and the frontend read files too)
 from tuner.files import file_kind, read_regular_file, regular_file  # noqa: E402,F401
+
+
+def transfer_from(text: str) -> list:
+    """argparse type: ``--transfer-from FINGERPRINT[,FINGERPRINT...]`` or ``auto`` (``tuner.logs.best``'s
+    ``parse_transfer_from``: each a device fingerprint, as `tuner devices` and `tuner logs` show them)."""
+    from tuner.errors import TunerError
+    from tuner.logs.best import parse_transfer_from
+    try:
+        found = parse_transfer_from(text)
+    except TunerError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--transfer-from ")) from None
+    if not found:
+        raise argparse.ArgumentTypeError("needs a device fingerprint (e.g. nvidia-gpu-fcae3850) or 'auto'")
+    return found
+
+
+def add_transfer_arg(parser: argparse.ArgumentParser, what: str) -> None:
+    """The shared --transfer-from option of `compile`, `tune` and `tune-op` (``what``: what the records do)."""
+    parser.add_argument("--transfer-from", type=transfer_from, metavar="FINGERPRINT[,...]", default=None,
+                        help=f"sibling devices (fingerprints, or 'auto': every device of this one's family in "
+                        f"the logs) whose tuned records {what}, ranked below this device's own and another "
+                        f"driver's, each config checked against this device's limits; read from the logs, else "
+                        f"from FINGERPRINT.jsonl beside them or in logs/ (default: none; a sibling in the logs "
+                        f"is only pointed out)")

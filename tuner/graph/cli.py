@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from tuner.cli_args import (add_device_arg, add_measure_args, add_seed_arg, int_at_least, measure_options,
-                            non_negative_int, positive_int, read_regular_file, regular_file, writable_dir,
-                            writable_file)
+from tuner.cli_args import (add_device_arg, add_measure_args, add_seed_arg, add_transfer_arg, int_at_least,
+                            measure_options, non_negative_int, positive_int, read_regular_file, regular_file,
+                            writable_dir, writable_file)
 from tuner.errors import TunerError
 
 
@@ -66,7 +66,7 @@ def cmd_compile(args) -> int:
     try:
         mod = compile_model(_model_path(args.model), log=args.log, device=args.device, scope=args.scope,
                             dtype=args.dtype, input_shapes=_input_shapes(args.input_shape),
-                            progress=not args.no_progress, target=args.target)
+                            progress=not args.no_progress, target=args.target, transfer_from=args.transfer_from)
     except TunerError as e:
         if args.device and "no OpenCL device matches" in str(e):
             raise TunerError(f"{e}\nto compile for a device that is not attached, pass its profile: --target "
@@ -76,13 +76,19 @@ def cmd_compile(args) -> int:
         mod.save(args.output)
     except OSError as e:
         raise TunerError(f"cannot write the artifact to -o {args.output!r}: {e.strerror or e}") from None
+    from .compiler import source_counts, source_kind
     tuned = sum(n.tuned for n in mod.spec.nodes)
     total = sum(n.template is not None for n in mod.spec.nodes)
     where = mod.spec.device
-    moved = [n for n in mod.spec.nodes if (n.config_source or "").startswith("transferred")]
+    counts = source_counts(mod.spec.nodes)
+    moved = [n for n in mod.spec.nodes if source_kind(n.config_source) in ("transferred", "predicted")]
+    siblings = sorted({n.config_source.split(" ", 1)[1] for n in mod.spec.nodes
+                       if source_kind(n.config_source) == "sibling"})
+    words = {"sibling": f"from the records of sibling {', '.join(siblings)}", "transferred": "with the config of a nearby tuned "
+             "workload", "predicted": "with a logged config the cost model ranks first", "fallback": "fallback"}
+    rest = "".join(f", {counts[k]} {w}" for k, w in words.items() if counts.get(k))
     print(f"compiled {args.model} for {where['name']} ({where['fingerprint']}): {len(mod.spec.nodes)} kernels, "
-          f"{tuned} of {total} tuned layers from the log"
-          + (f", {len(moved)} with the config of a nearby tuned workload" if moved else "") + f" -> {args.output}")
+          f"{tuned} of {total} tuned layers from the log" + rest + f" -> {args.output}")
     for n in moved:
         print(f"  {n.name}: {n.config_source}")
     if mod.device is None:
@@ -268,6 +274,9 @@ def _tune_shared(args) -> int:
 
 def cmd_tune(args) -> int:
     if args.workers is not None:
+        if args.transfer_from:
+            raise TunerError("--transfer-from is not passed to `tuner worker`s yet: tune without --workers, or "
+                             "leave --transfer-from out")
         return _tune_shared(args)
 
     from .tuning import tune_model
@@ -276,7 +285,7 @@ def cmd_tune(args) -> int:
                      input_shapes=_input_shapes(args.input_shape), min_trials=args.min_trials,
                      options=measure_options(args),
                      progress=not args.no_progress, early_stopping=args.early_stopping,
-                     say=lambda line: print(line, flush=True))
+                     say=lambda line: print(line, flush=True), transfer_from=args.transfer_from)
     _print_tune_summary(res)
     return 1 if res.failed else 0
 
@@ -364,6 +373,7 @@ def register(sub) -> None:
     p.add_argument("--target", metavar="PROFILE.json", help="compile for a device that need not be attached: its "
                    "profile from `tuner devices --json --device D` on it (kernels build on its first load there)")
     p.add_argument("--no-progress", action="store_true")
+    add_transfer_arg(p, "fill the layers this device has no record of")
     _add_model_args(p, "texture, buffer, or auto: per layer the scope the log measured faster (default)")
     p.set_defaults(func=cmd_compile)
 
@@ -396,6 +406,7 @@ def register(sub) -> None:
                    "to the log)")
     add_measure_args(p)
     p.add_argument("--no-progress", action="store_true")
+    add_transfer_arg(p, "seed each task's study (its first trials and the cost model's transfer)")
     _add_model_args(p, "texture, buffer, or auto: tune both and the boundaries between them (default)")
     p.set_defaults(func=cmd_tune)
 

@@ -35,13 +35,28 @@ def load_graph(model, input_shapes: dict | None = None):
     return optimize(from_onnx(model, input_shapes))
 
 
-def as_history(log):
+def as_history(log, transfer_from=None):
     """An ApplyHistoryBest, or what ``apply_history_best`` takes (paths, globs, records); None: the history
-    entered with ``with apply_history_best(...)`` (``current_history()``), if any."""
+    entered with ``with apply_history_best(...)`` (``current_history()``), if any -- or, with ``transfer_from``
+    named, an empty one, so that the siblings' logs (``logs/<fingerprint>.jsonl``) are read."""
     from tuner.logs import apply_history_best, current_history
     if log is None:
-        return current_history()
-    return apply_history_best(log) if not hasattr(log, "query") else log
+        found = current_history()
+        if found is None and transfer_from:
+            return apply_history_best([], transfer_from)
+        return found
+    return apply_history_best(log, transfer_from) if not hasattr(log, "query") else log
+
+
+def device_history(history, info, transfer_from=None):
+    """``history`` as seen from the device ``info`` (``ApplyHistoryBest.for_device``: another driver's records,
+    then the named siblings', fill what this device lacks); a history without ``for_device`` as is."""
+    if hasattr(history, "for_device"):
+        return history.for_device(info, transfer_from)
+    if transfer_from:
+        raise TunerError("transfer_from needs a log read by apply_history_best (this history cannot say which "
+                         "records are a sibling device's)")
+    return history
 
 
 def load_target(target):
@@ -52,46 +67,87 @@ def load_target(target):
 
 
 def plan_model(model, device=None, scope: str = "auto", log=None, dtype: str = "float32",
-               input_shapes: dict | None = None) -> Plan:
-    """The planned steps of a model on ``device`` (a Device, DeviceInfo or spec); ``log`` as ``as_history``."""
+               input_shapes: dict | None = None, transfer_from=None) -> Plan:
+    """The planned steps of a model on ``device`` (a Device, DeviceInfo or spec); ``log`` as ``as_history``;
+    ``transfer_from`` as ``compile_model``'s."""
     from tuner.target import DeviceInfo
     info = getattr(device, "info", device)
     if not isinstance(info, DeviceInfo):
         from tuner.runtime.device import choose_device
         info = choose_device(info)
-    history = as_history(log)
-    history = history.for_device(info) if hasattr(history, "for_device") else history
+    history = device_history(as_history(log, transfer_from), info, transfer_from)
     return plan_storage(lower_graph(load_graph(model, input_shapes), dtype), info, scope, history)
 
 
 def model_tasks(model, device=None, scope: str = "auto", log=None, dtype: str = "float32",
-                input_shapes: dict | None = None) -> list:
-    return extract_tasks(plan_model(model, device, scope, log, dtype, input_shapes))
+                input_shapes: dict | None = None, transfer_from=None) -> list:
+    return extract_tasks(plan_model(model, device, scope, log, dtype, input_shapes, transfer_from))
 
 
 def choose_configs(plan: Plan, info, history=None) -> dict:
-    """``step name -> (config, source)``, where ``source`` says where the config came from: ``"tuned"`` (the
-    log's best for the exact deployed task); else ``"transferred from <workload>"`` (the config of the nearest
-    tuned workload of the same template on the device that is valid for this one:
-    ``ApplyHistoryBest.transfer``); else ``"fallback"`` (a valid fallback, with one warning per workload from
-    apply_history_best)."""
+    """``step name -> (config, source)``, where ``source`` says where the config came from:
+
+    - ``"tuned"``: the log's best for the exact deployed task (another driver's of this device included:
+      ``ApplyHistoryBest.for_device``);
+    - ``"sibling <fingerprint>"``: the best valid record of the exact task on a sibling device named by
+      ``transfer_from`` (``for_device``), checked against this device's space;
+    - ``"transferred from <workload>[ on <fingerprint>]"``: the config of the same shapes with another epilogue,
+      or of the nearest tuned workload when no cost model can be trained (``ApplyHistoryBest.suggest``);
+    - ``"predicted: config of <workload>[ on <fingerprint>]"``: the logged config the template's cost model
+      ranks first for this workload, among those valid for it;
+    - ``"fallback"``: a valid fallback, with one warning per workload from apply_history_best."""
     from tuner.templates import get_template
     out = {}
+    origin = getattr(history, "origin", {})
     for s in plan.steps:
         if not s.tuned:
             continue
         t = get_template(s.op)
         rec = history.best_valid(t, s.workload, info, s.scopes, t.model_knobs) if history else None
-        moved = None if rec is not None or history is None else history.transfer(t, s.workload, info, s.scopes,
-                                                                                t.model_knobs)
+        pick = None if rec is not None or history is None else _suggest(history, t, s, info)
         if rec is not None:
-            out[s.name] = t.config(**rec.config), "tuned"
-        elif moved is not None:
-            out[s.name] = moved[0], "transferred from " + _workload_label(t, moved[1].workload)
+            sib = origin.get(rec.task_key)
+            out[s.name] = t.config(**rec.config), "tuned" if sib is None else f"sibling {sib}"
+        elif pick is not None:
+            where = _workload_label(t, pick.record.workload) + (f" on {pick.origin}" if pick.origin else "")
+            out[s.name] = pick.config, ("predicted: config of " if pick.how == "predicted" else
+                                        "transferred from ") + where
         elif history is not None:  # the valid fallback, with apply_history_best's one warning per workload
             out[s.name] = history.pick(t, s.workload, info, s.scopes, t.model_knobs), "fallback"
         else:
             out[s.name] = t.fallback_with(s.workload, info, **scope_knobs(s.scopes), **t.model_knobs), "fallback"
+    return out
+
+
+def _suggest(history, template, step: Step, info):
+    """``history.suggest``'s Pick (a history of another kind answers with ``transfer``: no origin)."""
+    if hasattr(history, "suggest"):
+        return history.suggest(template, step.workload, info, step.scopes, template.model_knobs)
+    moved = history.transfer(template, step.workload, info, step.scopes, template.model_knobs)
+    if moved is None:
+        return None
+    from tuner.logs.best import Pick
+    return Pick(moved[0], moved[1], "transferred")
+
+
+CONFIG_SOURCES = ("tuned", "sibling", "transferred", "predicted", "fallback")
+
+
+def source_kind(config_source: str | None) -> str | None:
+    """The kind of a layer's ``config_source`` (one of ``CONFIG_SOURCES``), or None for glue."""
+    if not config_source:
+        return None
+    head = config_source.split(" ", 1)[0].rstrip(":")
+    return head if head in CONFIG_SOURCES else config_source
+
+
+def source_counts(nodes) -> dict:
+    """``kind -> layers`` over a module's nodes (``source_kind`` of each tuned layer's config_source)."""
+    out: dict = {}
+    for n in nodes:
+        k = source_kind(getattr(n, "config_source", None))
+        if k is not None:
+            out[k] = out.get(k, 0) + 1
     return out
 
 
@@ -120,7 +176,7 @@ def _glue_kernel(s: Step, plan: Plan, max_wg: int):
 
 def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str = "float32",
                   input_shapes: dict | None = None, progress: bool = False, target=None,
-                  measure_plans: bool | None = None, prefer=None) -> M.Module:
+                  measure_plans: bool | None = None, prefer=None, transfer_from=None) -> M.Module:
     """Compile an ONNX model (path or ModelProto) for ``device`` with the best configs of ``log`` (path,
     glob, list, or an ApplyHistoryBest; None: the active ``with apply_history_best(...)``, if any);
     ``scope``: auto (per layer, from the log), texture or buffer.
@@ -134,7 +190,13 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
     None: the one the log measured fastest; see ``plan.choose_templates``.
 
     ``target`` (instead of ``device``): a device profile (``load_target``) of a device that need not be
-    attached. Nothing is opened or built here; the Module can be saved, and builds on its first load."""
+    attached. Nothing is opened or built here; the Module can be saved, and builds on its first load.
+
+    ``transfer_from``: fingerprints of sibling devices (a list, a comma-separated string, or ``"auto"`` for
+    every device of this one's family the logs hold) whose records fill the layers this device has none of,
+    ranked below this device's own and another driver's, each config checked against this device's space;
+    their layers say ``sibling <fingerprint>`` (``choose_configs``). A sibling's records the logs lack are read
+    from ``<fingerprint>.jsonl`` beside the logs or in ``logs/``. Unnamed, a sibling's records never apply."""
     from tuner.artifact import kernel_file
     from tuner.codegen.opencl import kernel_signature
     from tuner.runtime.launch import generate, pack, physical_shape
@@ -155,9 +217,8 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
             dev = device if isinstance(device, Device) else open_device(device)
         info = dev.info
     _check_prefer(prefer)
-    history = as_history(log)
-    if hasattr(history, "for_device"):
-        history = history.for_device(info)  # another driver's records of this device fill what this one lacks
+    # another driver's records of this device, then the named siblings', fill what this one lacks
+    history = device_history(as_history(log, transfer_from), info, transfer_from)
     if measure_plans is None:
         measure_plans = scope == "auto" and dev is not None and history is not None
     if measure_plans and scope == "auto" and dev is not None:

@@ -232,13 +232,18 @@ class _Run:
 def tune_model(model, log: str | None = None, trials: int = 200, device=None, scope: str = "auto",
                storage: str | None = None, sampler: str = "xgb", seed: int | None = 0, dtype: str = "float32",
                input_shapes: dict | None = None, min_trials: int = MIN_TRIALS, options=None, progress: bool = True,
-               early_stopping: int | None = None, compare_scopes: bool = True, say=None) -> ModelTuneResult:
+               early_stopping: int | None = None, compare_scopes: bool = True, say=None,
+               transfer_from=None) -> ModelTuneResult:
     """Tune every task of ``model`` on ``device`` with ``trials`` measurements in all (more only when the
     tasks need ``min_trials`` each: then ``say``, e.g. ``print``, hears why before anything is measured).
     With ``scope="auto"`` and ``compare_scopes=False`` only the kernels of the current auto plan are tuned
     (the log's or the templates' choice per layer), not both scopes of every layer. ``early_stopping``: each
     task stops after that many measurements without improvement. Ctrl-C (KeyboardInterrupt) propagates;
-    what was measured is in the log, and a re-run resumes without measuring a config again."""
+    what was measured is in the log, and a re-run resumes without measuring a config again.
+
+    ``transfer_from``: sibling devices' fingerprints (or ``"auto"``): their records seed every task's study
+    (``tune``'s ``transfer_from``: their best valid configs of the task first, their records in the cost
+    model's transfer as this device's), and fill what the log lacks where the log decides the plan."""
     from tuner.measure import MeasureOptions, Runner, open_runner
     from tuner.runtime.base import Runtime
     from tuner.search.tune import default_log, tune
@@ -259,7 +264,7 @@ def tune_model(model, log: str | None = None, trials: int = 200, device=None, sc
     both = scope == "auto" and compare_scopes
     history = None
     if scope == "auto" and not compare_scopes:
-        history = _history(log)
+        history = _history(log, info, transfer_from)
         rounds = [("", extract_tasks(plan_storage(plan, info, "auto", history)))]
     else:
         rounds = [(f"{m} plan: " if both else "", extract_tasks(plan_storage(plan, info, m)))
@@ -273,7 +278,7 @@ def tune_model(model, log: str | None = None, trials: int = 200, device=None, sc
     def tune_task(task: Task, todo: int) -> int:
         r = tune(task.template, task.workload, info, trials=todo, log=log, storage=storage, sampler=sampler,
                  scopes=task.scopes, fixed=task.fixed, seed=seed, options=options, progress=False,
-                 early_stopping=early_stopping, measurer=measurer, fallback_first=True)
+                 early_stopping=early_stopping, measurer=measurer, fallback_first=True, transfer_from=transfer_from)
         return r.measured
 
     run = _Run(result, index, say, tune_task)
@@ -292,7 +297,7 @@ def tune_model(model, log: str | None = None, trials: int = 200, device=None, sc
         for task, budget, todo in planned:
             run.tune(task, budget, todo)
         if both:  # the mixed-scope kernels the auto plan deploys, now that the log can decide
-            history = _history(log)
+            history = _history(log, info, transfer_from)
             _mixed_round(run, extract_tasks(plan_storage(plan, info, "auto", history)), shares[-1], min_trials,
                          trials)
     finally:
@@ -309,10 +314,16 @@ def tune_model(model, log: str | None = None, trials: int = 200, device=None, sc
     return result
 
 
-def _history(log: str):
+def _history(log: str, info=None, transfer_from=None):
+    """The log's history (None without a log); with ``transfer_from``, as ``info`` sees it with the named
+    siblings' records filling what the log lacks (``ApplyHistoryBest.for_device``)."""
     from pathlib import Path
 
     from tuner.logs import apply_history_best
+    if transfer_from and info is not None:
+        history = apply_history_best([log] if Path(log).exists() else [], transfer_from)
+        history.paths = [log]  # a sibling's log is looked for beside it
+        return history.for_device(info)
     return apply_history_best(log) if Path(log).exists() else None
 
 

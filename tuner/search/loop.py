@@ -45,6 +45,7 @@ class Session:
     log: str
     sampler: str
     known: dict
+    seeds: list = field(default_factory=list)  # knob values to measure first: a named sibling's best of the task
     names: list = field(init=False)
     dists: dict = field(init=False)
 
@@ -57,16 +58,23 @@ class Session:
 
 
 def open_session(task: TuningTask, info, storage, name: str, log: str, sampler: str = "xgb", seed=None,
-                 transfer: bool = True, seen_from_log: bool = True, wrap=None) -> Session:
+                 transfer: bool = True, seen_from_log: bool = True, wrap=None, transfer_from=None) -> Session:
     """The task bound to ``info`` (scopes decided), its space, the log's knowledge, the sampler (``wrap``ped,
     e.g. to announce trials) and the study ``name`` in ``storage`` (created or resumed), its attributes
-    readable in optuna-dashboard: the task, its label and the objective's name."""
+    readable in optuna-dashboard: the task, its label and the objective's name. ``transfer_from``: sibling
+    devices (``sibling_knowledge``) whose records weigh in the sampler's transfer as this device's do, and
+    whose best valid configs of this very task are the session's ``seeds``."""
     task = task.bind(info)
     space = task.space(info)
     known, others = log_knowledge(log, task, info.fingerprint, space, transfer)
     t = task.tmpl
+    seeds, weights = [], None
+    if transfer_from:
+        rows, seeds, siblings = sibling_knowledge(log, task, info, space, transfer_from, known)
+        others = [o for o in others if len(o) == 3 or o[3] not in siblings] + rows
+        weights = {d: SIBLING_WEIGHT for d in siblings}
     smp = make_sampler(sampler, space, t, t.space_vars(task.workload), seed=seed, transfer=others,
-                       seen=set(known) if seen_from_log else None)
+                       seen=set(known) if seen_from_log else None, device_weights=weights)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(study_name=name, storage=storage, direction="maximize",
                                 sampler=wrap(smp) if wrap else smp, load_if_exists=True)
@@ -75,7 +83,77 @@ def open_session(task: TuningTask, info, storage, name: str, log: str, sampler: 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study.set_metric_names(["GFLOP/s"])
-    return Session(task, info, space, study, log, sampler, known)
+    return Session(task, info, space, study, log, sampler, known, seeds)
+
+
+SIBLING_WEIGHT = 1.0  # a named sibling's records in the sampler's transfer: as this device's (others: 0.25)
+SEEDS = 3  # a named sibling's best configs of the task measured first
+
+
+def sibling_knowledge(log: str, task: TuningTask, info, space, names, known: dict) -> tuple:
+    """``(rows, seeds, siblings)`` for tuning ``task`` (bound) on ``info`` with the sibling devices ``names``
+    (fingerprints, or ``"auto"``: the devices of ``info``'s family, ``tuner.logs.best.device_family``):
+    their records are read from the logs beside ``log`` and from ``<fingerprint>.jsonl`` there or in logs/
+    (a name found nowhere is a TunerError). ``rows``: ``(vars, values, gflops, device)`` of their successful
+    records of the template, for the sampler; ``seeds``: knob values of their fastest records of this very
+    task that this device's space accepts and the log has not measured (up to ``SEEDS``)."""
+    import dataclasses as dc
+    from pathlib import Path
+
+    from tuner.errors import TunerError
+    from tuner.logs.best import AUTO, device_family, parse_transfer_from, sibling_logs
+    from tuner.search.task import _records, workload_of
+    names = parse_transfer_from(names)
+    fp = info.fingerprint
+    wanted = [n for n in names if n not in (AUTO, fp)]
+    folder = Path(log).parent
+    paths = sorted(folder.glob("*.jsonl")) + sibling_logs(wanted, [log])
+    records, seen_paths = [], set()
+    for path in paths:
+        if path.resolve() not in seen_paths:
+            seen_paths.add(path.resolve())
+            records += [r for r in _records(path) if r.device != fp]
+    family = device_family(info.platform, info.type, info.name)
+    devices = {r.device: r for r in records}
+    siblings = [n for n in wanted if n in devices]
+    if AUTO in names:
+        siblings += [d for d, r in devices.items() if d not in siblings and r.device_name != info.name
+                     and device_family(r.platform, d.split("-")[1] if d.count("-") >= 2 else "", r.device_name)
+                     == family]
+    missing = [n for n in wanted if n not in devices]
+    if missing:
+        raise TunerError(f"--transfer-from {', '.join(missing)}: no records of that device in the logs in "
+                         f"{folder}/ nor in logs/{missing[0]}.jsonl; put its log beside --log, or name a fingerprint "
+                         f"those logs hold ({', '.join(sorted(devices)) or 'none'})")
+    t, names_ = task.tmpl, list(space.choices)
+    defaults = {f.name: f.default for f in dc.fields(t.config) if f.default is not dc.MISSING}
+    rows, exact = [], []
+    mine = task.record_key(fp)[1:]
+    for r in records:
+        if r.device not in siblings or r.template != t.name or not r.ok:
+            continue
+        values = {**defaults, "dtype": r.workload.get("dtype"), **r.config}
+        try:
+            rows.append((t.space_vars(workload_of(t, r.workload)), values, r.gflops, r.device))
+        except (TypeError, ValueError):
+            continue
+        if r.task_key[1:] == mine and task.fits(r):
+            exact.append((siblings.index(r.device), r.median_s, r))
+    seeds = []
+    for _, _, r in sorted(exact, key=lambda x: x[:2]):
+        try:
+            cfg = t.config(**{**r.config, **task.knobs})
+            values = t.config_values(task.workload, cfg)
+            params = {n: values[n] for n in names_}
+        except (TypeError, ValueError, KeyError):
+            continue
+        key = tuple(params[n] for n in names_)
+        if key in known or params in seeds or space.violations(params):
+            continue  # measured here already, or beyond this device's limits
+        seeds.append(params)
+        if len(seeds) >= SEEDS:
+            break
+    return rows, seeds, siblings
 
 
 def tell(study, trial, rec: Record, **attrs) -> None:

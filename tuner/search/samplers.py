@@ -74,11 +74,12 @@ class ConstrainedRandomSampler(_SpaceSampler):
 class XGBSampler(_SpaceSampler):
     def __init__(self, space, template: str, vars: dict, seed: int | None = None, n_warmup: int = 8,
                  epsilon: float = 0.1, n_random: int = 256, n_mutants: int = 256, transfer: list | None = None,
-                 seen: set | None = None, decay: int = 32, other_device_weight: float = 0.25):
+                 seen: set | None = None, decay: int = 32, other_device_weight: float = 0.25,
+                 device_weights: dict | None = None):
         """``template``: a Template or its name; ``transfer``: ``(vars, values, score)`` of other workloads'
         successful records (``(vars, values, score, device)`` for another device's: weighted
-        ``other_device_weight``), ``score`` their GFLOP/s (normalized per group here). ``epsilon`` decays to a
-        fifth of itself over ``decay`` measured trials."""
+        ``other_device_weight``, or ``device_weights[device]``: a named sibling's), ``score`` their GFLOP/s
+        (normalized per group here). ``epsilon`` decays to a fifth of itself over ``decay`` measured trials."""
         super().__init__(space, seed, seen)
         if isinstance(template, str):
             from tuner.templates import get_template
@@ -86,6 +87,7 @@ class XGBSampler(_SpaceSampler):
         self.template, self.vars = template, vars
         self.n_warmup, self.epsilon, self.n_random, self.n_mutants = n_warmup, epsilon, n_random, n_mutants
         self.decay, self.other_device_weight = decay, other_device_weight
+        self.device_weights = dict(device_weights or {})
         self.transfer = self._transfer_rows(transfer or [])
         self.columns: list | None = None
         self.model_fits = 0
@@ -103,7 +105,7 @@ class XGBSampler(_SpaceSampler):
         rows = []
         for gid, ((device, _), items) in enumerate(groups.items(), start=1):
             best = max(s for _, _, s in items) or 1.0
-            weight = 1.0 if device is None else self.other_device_weight
+            weight = 1.0 if device is None else self.device_weights.get(device, self.other_device_weight)
             try:
                 rows += [(gid, self._features(v, values), s / best, weight) for v, values, s in items]
             except (KeyError, TypeError, ZeroDivisionError):
@@ -223,12 +225,95 @@ class ConstrainedTPESampler(optuna.samplers.TPESampler):
 
 
 def make_sampler(name: str, space, template, vars: dict, seed: int | None = None, transfer=None,
-                 seen: set | None = None) -> BaseSampler:
+                 seen: set | None = None, device_weights: dict | None = None) -> BaseSampler:
     if name == "xgb":
-        return XGBSampler(space, template, vars, seed=seed, transfer=transfer, seen=seen)
+        return XGBSampler(space, template, vars, seed=seed, transfer=transfer, seen=seen,
+                          device_weights=device_weights)
     if name == "random":
         return ConstrainedRandomSampler(space, seed=seed, seen=seen)
     if name == "tpe":
         return ConstrainedTPESampler(space, seed=seed, seen=seen)
     from tuner.errors import TunerError
     raise TunerError(f"unknown sampler {name!r}: xgb, tpe or random")
+
+
+class CostModel:
+    """The XGBoost ranking model of a template's configs, trained on logged records (``rank:pairwise``, one
+    query group per device, workload and scopes; each group's GFLOP/s normalized to its best), for picking a
+    config for a workload nobody tuned (``ApplyHistoryBest.suggest``). Features are the sampler's
+    (``tuner.search.features``): knobs, what they imply, and the workload's sizes, so the model predicts for
+    a workload it has not seen."""
+
+    MIN_RECORDS = 16  # successful records, in groups of at least two different scores, to train at all
+    SIBLING_WEIGHT = 0.5  # a named sibling device's records, beside this device's (weight 1)
+    GROUP_CAP = 48  # records per group used (its best first): bounds the fit on a log of thousands
+    ROUNDS = 40
+
+    def __init__(self, booster, columns: list, space, defaults: dict):
+        self.booster, self.columns, self.space, self.defaults = booster, columns, space, defaults
+        self._vars: dict = {}
+
+    @staticmethod
+    def _values(defaults: dict, config: dict, dtype) -> dict:
+        return {**defaults, "dtype": dtype, **config}
+
+    @classmethod
+    def fit(cls, template, weighted: list) -> "CostModel | None":
+        """A model of ``template`` trained on ``[(Record, weight)]`` (successful records), or None when they
+        are too few (``MIN_RECORDS``) or teach no order (every group's scores equal)."""
+        import dataclasses
+
+        from tuner.logs.record import canonical_json
+        groups: dict = {}
+        for r, w in weighted:
+            if r.ok and r.gflops:
+                groups.setdefault((r.device, canonical_json(r.workload), canonical_json(r.scopes)), []).append((r, w))
+        groups = {k: sorted(v, key=lambda x: -x[0].gflops)[:cls.GROUP_CAP] for k, v in groups.items()
+                  if len(v) >= 2 and len({x[0].gflops for x in v}) > 1}
+        if sum(len(v) for v in groups.values()) < cls.MIN_RECORDS:
+            return None
+        space = template.space()
+        defaults = {f.name: f.default for f in dataclasses.fields(template.config)
+                    if f.default is not dataclasses.MISSING}
+        rows, qid, y, weights = [], [], [], []
+        for gid, items in enumerate(groups.values()):
+            try:
+                vars = template.space_vars(_workload_of(template, items[0][0].workload))
+                feats = [features(template, space, vars, cls._values(defaults, r.config, r.workload.get("dtype")))
+                         for r, _ in items]
+            except (KeyError, TypeError, ValueError, ZeroDivisionError):
+                continue  # a record of another version of the space: not comparable
+            best = items[0][0].gflops
+            rows += feats
+            qid += [gid] * len(items)
+            y += [r.gflops / best for r, _ in items]
+            weights.append(items[0][1])
+        if len(rows) < cls.MIN_RECORDS:
+            return None
+        import xgboost as xgb
+        columns = sorted(rows[0])
+        X = np.array([[f.get(c, 0.0) for c in columns] for f in rows], dtype=np.float32)
+        data = xgb.DMatrix(X, label=np.array(y, dtype=np.float32), qid=np.array(qid),
+                           weight=np.array(weights, dtype=np.float32))
+        params = {"objective": "rank:pairwise", "max_depth": 6, "eta": 0.2, "subsample": 0.9, "tree_method": "hist",
+                  "seed": 0, "nthread": 1}  # threads only contend here (OpenMP spins on a busy host)
+        return cls(xgb.train(params, data, num_boost_round=cls.ROUNDS), columns, space, defaults)
+
+    def predict(self, template, workload, configs: list) -> np.ndarray:
+        """Scores of ``configs`` (knob dicts) for ``workload`` (a template workload): higher is faster."""
+        vars = template.space_vars(workload)
+        feats = []
+        for c in configs:
+            try:
+                feats.append(features(template, self.space, vars, self._values(self.defaults, c, workload.dtype
+                                                                               if hasattr(workload, "dtype") else None)))
+            except (KeyError, TypeError, ValueError, ZeroDivisionError):
+                feats.append(None)
+        X = np.array([[f.get(k, 0.0) for k in self.columns] if f is not None else [0.0] * len(self.columns)
+                      for f in feats], dtype=np.float32)
+        scores = self.booster.inplace_predict(X) if len(X) else np.zeros(0, np.float32)
+        return np.where([f is None for f in feats], -np.inf, scores)
+
+
+def _workload_of(template, key: dict):
+    return template.workload(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in key.items() if k != "op"})

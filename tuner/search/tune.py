@@ -146,7 +146,7 @@ def tune(template, workload, device=None, trials: int = 32, log: str | None = No
          sampler: str = "xgb", scopes: dict | None = None, seed: int | None = 0, early_stopping: int | None = None,
          batch: int | None = None, options: MeasureOptions | None = None, progress: bool = True,
          transfer: bool = True, fixed: dict | None = None, measurer: Measurer | None = None,
-         fallback_first: bool = False) -> TuneResult:
+         fallback_first: bool = False, transfer_from=None) -> TuneResult:
     """Measure up to ``trials`` new configs of ``template`` (a registered name, or ``"module:ATTRIBUTE"``)
     on ``workload`` with ``sampler`` (xgb, tpe or random), stopping early after ``early_stopping``
     measurements without improvement. ``fixed`` pins knobs (a model pins its activation layout so that the
@@ -154,6 +154,9 @@ def tune(template, workload, device=None, trials: int = 32, log: str | None = No
     processes), or any ``Runner`` or ``Runtime`` (``tuner.measure``, ``tuner.runtime.base``). ``measurer``: an
     open Runner to reuse (a model's tasks share one set of worker processes instead of starting them per task). ``fallback_first``: the template's
     fallback config is the first trial (unless the log has it), so tuned and untuned can be compared.
+    ``transfer_from``: sibling devices' fingerprints (or ``"auto"``) whose records of the template weigh in the
+    cost model's transfer as this device's own, and whose best configs of this task that this device's space
+    accepts are measured first (``loop.sibling_knowledge``).
 
     Ctrl-C (KeyboardInterrupt) propagates: the trials it cut short are told to the study first (their
     measurement when the log has it, else failed), so no trial is left running and nothing in the log is
@@ -173,11 +176,12 @@ def tune(template, workload, device=None, trials: int = 32, log: str | None = No
     storage = open_storage(storage or default_storage(log), heartbeat=None)  # validated, race-free creation
     options = options or MeasureOptions()
     session = open_session(task, info, storage, task.study_name(info.fingerprint), log, sampler, seed, transfer,
-                           wrap=Owning)  # each trial names its tuner before it is sampled
+                           wrap=Owning, transfer_from=transfer_from)  # each trial names its tuner before it is sampled
     announce(session.study)  # before the first ask: an ownerless trial may be ours from now on
     _recover(session)
     if fallback_first:
         _enqueue_fallback(session)
+    _enqueue_seeds(session)
 
     best = max((r for r in session.known.values() if r.ok), key=score, default=None)
     result = TuneResult(session.study.study_name, best, log=log, label=task.label)
@@ -209,6 +213,16 @@ def _enqueue_fallback(s: Session) -> None:
         if all(tr.params.get(n) == params[n] for n in s.names):
             return
     s.study.enqueue_trial(params)
+
+
+def _enqueue_seeds(s: Session) -> None:
+    """The session's seeds (a named sibling's best configs of the task, valid here) as the next trials, each
+    unless the log has it or it waits in the study already (an interrupted run enqueued it)."""
+    waiting = [tr.params for tr in s.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
+    for params in s.seeds:
+        if _key(params, s.names) not in s.known and not any(
+                all(w.get(n) == params[n] for n in s.names) for w in waiting):
+            s.study.enqueue_trial(params)
 
 
 def _recover(s: Session) -> None:
