@@ -1,0 +1,209 @@
+"""Configs that travel to a sibling device (issue 26): a log recorded on device A applies on device B only when
+A is named (``transfer_from``), says so, and every pick is valid in B's space; a task B has records of never
+takes A's; an untuned task takes the logged config the cost model ranks first."""
+import dataclasses
+import json
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import tuner
+from tuner.cli import main
+from tuner.graph.compiler import model_tasks
+from tuner.logs.best import (FallbackConfigWarning, SiblingConfigWarning, SiblingDeviceHint, device_family,
+                             invalid_config)
+from tuner.logs.record import Record, scope_knobs
+from tuner.templates import get_template
+
+BUFFER = {"input": "buffer", "weight": "buffer", "output": "buffer"}
+
+
+@pytest.fixture
+def conv_model(tmp_path):
+    w = helper.make_tensor("w", TensorProto.FLOAT, [8, 8, 3, 3], np.random.default_rng(0).standard_normal(576)
+                           .astype(np.float32))
+    g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1] * 4)], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 32, 32])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 32, 32])], [w])
+    path = tmp_path / "conv.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return str(path)
+
+
+@pytest.fixture
+def pair(device):
+    """Devices A (where the log was tuned) and B (this device): the same family, B with a smaller work-group
+    limit, so that some of A's configs are invalid on B."""
+    a = dataclasses.replace(device.info, name="Family X200", max_work_group_size=1024)
+    b = dataclasses.replace(device.info, name="Family X100", max_work_group_size=64)
+    assert device_family(a.platform, a.type, a.name) == device_family(b.platform, b.type, b.name)
+    return a, b
+
+
+def _task(model, info):
+    """The direct conv2d's task (the one deployed when the log has no Winograd record)."""
+    return next(t for t in model_tasks(model, info, scope="buffer") if t.template == "conv2d")
+
+
+def _config(task, info, **knobs):
+    cfg = task.tmpl.fallback_with(task.workload, info, **task.knobs)
+    return dataclasses.replace(cfg, **knobs)
+
+
+def _sources(mod) -> list:
+    return [n.config_source for n in mod.spec.nodes if n.template]
+
+
+def _compile(model, records, b, **kw):
+    return tuner.compile_model(model, log=records, target=b.to_dict(), scope="buffer", **kw)
+
+
+def test_a_sibling_log_applies_only_when_named_and_says_so(conv_model, pair):
+    a, b = pair
+    task = _task(conv_model, b)
+    records = [Record.new(task.template, task.workload, _config(task, a, tile_oc=1, tile_ow=2), a, costs=[1e-4])]
+    with pytest.warns(SiblingDeviceHint, match=f"--transfer-from {a.fingerprint}"):
+        with pytest.warns(FallbackConfigWarning):
+            plain = _compile(conv_model, records, b)
+    assert _sources(plain) == ["fallback"]
+    with pytest.warns(SiblingConfigWarning, match=a.fingerprint):
+        mod = _compile(conv_model, records, b, transfer_from=[a.fingerprint])
+    assert _sources(mod) == [f"sibling {a.fingerprint}"]
+    node = next(n for n in mod.spec.nodes if n.template)
+    assert node.config["tile_ow"] == 2 and not node.tuned  # A's config, not counted as tuned here
+    with pytest.warns(SiblingConfigWarning):  # "auto": every device of B's family in the logs
+        assert _sources(_compile(conv_model, records, b, transfer_from="auto")) == [f"sibling {a.fingerprint}"]
+
+
+def test_a_siblings_picks_are_valid_here_even_when_its_best_is_not(conv_model, pair):
+    a, b = pair
+    task = _task(conv_model, b)
+    t = task.tmpl
+    best = _config(task, a, tile_oc=1, tile_oh=1, tile_ow=1, wg_w=16, wg_h=8, split_k=1)  # 128 work-items
+    slower = _config(task, a, tile_oc=1, tile_oh=1, tile_ow=2, wg_w=4, wg_h=4, split_k=1)
+    for cfg in (best, slower):
+        assert invalid_config(t, task.workload, a, dataclasses.asdict(cfg)) is None
+    assert "work_group" in invalid_config(t, task.workload, b, dataclasses.asdict(best))
+    records = [Record.new(task.template, task.workload, best, a, costs=[1e-5]),
+               Record.new(task.template, task.workload, slower, a, costs=[1e-3])]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SiblingConfigWarning)
+        warnings.simplefilter("error", FallbackConfigWarning)
+        mod = _compile(conv_model, records, b, transfer_from=[a.fingerprint])
+    node = next(n for n in mod.spec.nodes if n.template)
+    assert node.config_source == f"sibling {a.fingerprint}"
+    assert node.config == dataclasses.asdict(slower)
+    assert invalid_config(t, task.workload, b, node.config) is None
+    # only A's invalid config: nothing of A's is deployed, the layer falls back, valid
+    with pytest.warns(FallbackConfigWarning), pytest.warns(SiblingConfigWarning):
+        mod = _compile(conv_model, records[:1], b, transfer_from=[a.fingerprint])
+    node = next(n for n in mod.spec.nodes if n.template)
+    assert node.config_source == "fallback" and invalid_config(t, task.workload, b, node.config) is None
+
+
+def test_a_task_with_records_here_never_takes_a_siblings(conv_model, pair):
+    a, b = pair
+    task = _task(conv_model, b)
+    mine = Record.new(task.template, task.workload, _config(task, b, tile_ow=1), b, costs=[5e-3])
+    theirs = Record.new(task.template, task.workload, _config(task, a, tile_ow=2), a, costs=[1e-6])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SiblingConfigWarning)  # nothing of A's fills anything: no warning
+        mod = _compile(conv_model, [mine, theirs], b, transfer_from=[a.fingerprint])
+    node = next(n for n in mod.spec.nodes if n.template)
+    assert node.config_source == "tuned" and node.config == mine.config
+
+
+def _synthetic_records(t, info, workloads, n, seed=0):
+    """``n`` random valid configs per workload, timed by a rule the cost model can learn: a bigger tile
+    (tile_oc x tile_ow) is faster."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for wl in workloads:
+        space = t.space(wl, info, **t.model_knobs, **scope_knobs(BUFFER))
+        for _ in range(n):
+            cfg = t.make_config(space.sample(rng))
+            s = 1e-3 / (cfg.tile_oc * cfg.tile_ow) * (1 + 0.01 * rng.random())
+            out.append(Record.new(t.name, wl, cfg, info, costs=[s]))
+    return out
+
+
+def test_the_cost_model_ranks_the_candidates(device):
+    """With enough records the candidates are ranked by the model (the pick is the valid candidate it scores
+    highest); with too few, the nearest workload's config is taken as before."""
+    t, info = get_template("conv2d"), device.info
+    tuned = [t.workload(data=(1, 16, 32, 32), kernel=(16, 16, 3, 3), padding=(1, 1, 1, 1)),
+             t.workload(data=(1, 32, 16, 16), kernel=(32, 32, 3, 3), padding=(1, 1, 1, 1))]
+    target = t.workload(data=(1, 16, 16, 16), kernel=(32, 16, 3, 3), padding=(1, 1, 1, 1))
+    h = tuner.apply_history_best(_synthetic_records(t, info, tuned, 24))
+    pick = h.suggest(t, target, info, BUFFER, t.model_knobs)
+    assert pick.how == "predicted"
+    assert invalid_config(t, target, info, dataclasses.asdict(pick.config)) is None
+    tasks = sorted((r for r in h.best.values()), key=lambda r: r.median_s)
+    cands = [c for c, _ in h._candidates(t, tasks, t.model_knobs, 96)
+             if invalid_config(t, target, info, c) is None]
+    scores = h.cost_model(t, info.fingerprint).predict(t, target, cands)
+    assert dataclasses.asdict(pick.config) == cands[int(np.argmax(scores))]
+    size = lambda c: c["tile_oc"] * c["tile_ow"]  # noqa: E731
+    assert size(dataclasses.asdict(pick.config)) == max(size(c) for c in cands)  # it learned the rule
+
+    few = tuner.apply_history_best(_synthetic_records(t, info, tuned[:1], 3))
+    pick = few.suggest(t, target, info, BUFFER, t.model_knobs)
+    assert pick.how == "transferred" and pick.record.workload == tuned[0].key()
+
+
+def test_sibling_records_seed_tuning(tmp_path, conv_model, pair, device):
+    """A named sibling's records of the task become the study's first trials, only those valid here (B's
+    smaller work-group limit rejects A's best); and ``tune(..., transfer_from=[A])`` on this device measures
+    A's fastest config of the task first."""
+    from tuner.search.loop import sibling_knowledge
+    from tuner.search.tune import tune
+    a, b = pair
+    task = _task(conv_model, b).bind(b)
+    best = _config(task, a, tile_oc=1, tile_oh=1, tile_ow=1, wg_w=16, wg_h=8, split_k=1)  # 128 > B's 64
+    good = _config(task, a, tile_oc=1, tile_oh=1, tile_ow=2, wg_w=4, wg_h=4, split_k=1)
+    records = [Record.new(task.template, task.workload, best, a, costs=[1e-5]),
+               Record.new(task.template, task.workload, good, a, costs=[1e-3])]
+    (tmp_path / f"{a.fingerprint}.jsonl").write_text("".join(r.to_json() + "\n" for r in records))
+    log = str(tmp_path / "here.jsonl")
+    space = task.space(b)
+    rows, seeds, siblings = sibling_knowledge(log, task, b, space, [a.fingerprint], {})
+    assert siblings == [a.fingerprint] and len(rows) == 2
+    values = task.tmpl.config_values(task.workload, good)
+    assert seeds == [{n: values[n] for n in space.choices}]
+
+    here = device.info  # measured for real: A as a sibling of this device, its fastest config first
+    a2 = dataclasses.replace(here, name=here.name + " sibling")
+    task = _task(conv_model, here)
+    rec = Record.new(task.template, task.workload, _config(task, a2, tile_ow=2, wg_w=4, wg_h=4), a2, costs=[1e-3])
+    (tmp_path / f"{a2.fingerprint}.jsonl").write_text(rec.to_json() + "\n")
+    res = tune(task.template, task.workload, device, trials=1, log=log, scopes=task.scopes, fixed=task.fixed,
+               progress=False, transfer_from=[a2.fingerprint])
+    assert res.measured == 1 and res.records[0].config == rec.config
+
+
+def test_the_flag_names_what_is_wrong(tmp_path, conv_model, pair, capsys):
+    a, b = pair
+    task = _task(conv_model, b)
+    log = tmp_path / "a.jsonl"
+    log.write_text(Record.new(task.template, task.workload, _config(task, a), a, costs=[1e-3]).to_json() + "\n")
+    profile = tmp_path / "b.json"
+    profile.write_text(json.dumps(b.to_dict()))
+    base = ["compile", conv_model, "--log", str(log), "--target", str(profile), "--scope", "buffer",
+            "--no-progress", "-o", str(tmp_path / "out")]
+    assert main(base + ["--transfer-from", "Not A Fingerprint!"]) == 2
+    err = capsys.readouterr().err
+    assert "--transfer-from" in err and "not a device fingerprint" in err and "Traceback" not in err
+    assert main(base + ["--transfer-from", "nvidia-gpu-00000000"]) == 2
+    err = capsys.readouterr().err
+    assert "no records of that device" in err and a.fingerprint in err and "Traceback" not in err
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(base + ["--transfer-from", a.fingerprint]) == 0
+    out = capsys.readouterr().out
+    assert f"1 from the records of sibling {a.fingerprint}" in out
+    from tuner.artifact import read_artifact
+    nodes = [n for n in read_artifact(tmp_path / "out")[0].nodes if n.template]
+    assert [n.config_source for n in nodes] == [f"sibling {a.fingerprint}"]
