@@ -101,11 +101,14 @@ def test_an_unsupported_op_on_tokens_names_the_node(tmp_path):
     shape = helper.make_tensor("s", TensorProto.INT64, [3], [1, 8, 4])
     back = helper.make_tensor("b", TensorProto.INT64, [4], [1, 8, 2, 2])
     nodes = [helper.make_node("Reshape", ["input", "s"], ["t"], name="tok"),
-             helper.make_node("MaxPool", ["t"], ["p"], name="pool", kernel_shape=[1], pads=[0, 0]),
-             helper.make_node("Reshape", ["p", "b"], ["output"], name="back")]
-    m = helper.make_model(helper.make_graph(nodes, "g", [x], [y], [shape, back]),
-                          opset_imports=[helper.make_opsetid("", 17)])
-    with pytest.raises(TunerError, match="pool"):
+             helper.make_node("ReduceMean", ["t", "axes"], ["p"], name="pool", keepdims=1),
+             helper.make_node("Reshape", ["p", "b1"], ["p4"], name="four"),
+             helper.make_node("Add", ["input", "p4"], ["output"], name="back")]
+    b1 = helper.make_tensor("b1", TensorProto.INT64, [4], [1, 1, 1, 1])
+    axes = helper.make_tensor("axes", TensorProto.INT64, [2], [1, 2])
+    m = helper.make_model(helper.make_graph(nodes, "g", [x], [y], [shape, back, axes, b1]),
+                          opset_imports=[helper.make_opsetid("", 18)])
+    with pytest.raises(TunerError, match="'pool'.*axes"):
         optimize_movement(from_onnx(m))
 
 

@@ -453,6 +453,8 @@ class _Converter(MovementOps):
 
     def _binary(self, ctx: _Ctx, op: str):
         expanded = [t for t in ctx.inputs() if t in self.expanded]
+        if self._binary_high_rank(ctx, op):
+            return
         self._binary_node(ctx, op)
         if expanded:  # an Expand turned identity: the broadcast must give ONNX's shape all the same
             shapes = [self.expanded.get(t) or self.shapes.get(self.resolve(t)) or self.consts[self.resolve(t)].shape
@@ -462,6 +464,36 @@ class _Converter(MovementOps):
                 ctx.fail(f"an operand Expanded to {self.expanded[expanded[0]]}, giving {want}, but without the "
                          f"Expand the result is {self.shapes[ctx.proto.output[0]]}",
                          "an Expand whose shape the other operand already has")
+
+    def _binary_high_rank(self, ctx: _Ctx, op: str) -> bool:
+        """A binary op on activations of 5 or more axes (Swin's window mask, Twins' window biases): on the 3-D
+        (prod(leading axes), M, N) between reshapes that ``passes_tokens`` folds, a constant broadcast to the
+        activation's whole shape first (the token pass keeps only what varies). False: not such an op."""
+        names = ctx.inputs()
+        srcs = [self.resolve(t) for t in names]
+        acts = [s for s in srcs if s not in self.consts]
+        if len(names) != 2 or not acts or max(len(self.shapes[a]) for a in acts) < 5:
+            return False
+        shape = tuple(int(d) for d in np.broadcast_shapes(*[self.shapes[s] if s in self.shapes
+                                                            else self.consts[s].shape for s in srcs]))
+        if any(self.shapes[a] != shape for a in acts):
+            ctx.fail(f"activations of shapes {[self.shapes[a] for a in acts]} broadcast to {shape}",
+                     "activations of 5 or more axes of one shape (constants may broadcast)")
+        rows = (math.prod(shape[:-2]), shape[-2], shape[-1])
+        out, ins = ctx.proto.output[0], []
+        for k, s in enumerate(srcs):
+            if s in self.consts:
+                v = self.consts[s]
+                if v.dtype.kind != "f":
+                    ctx.fail(f"constant {names[k]!r} has dtype {v.dtype}", "float32 constants")
+                ins.append(self.new_param(f"{s}_{ctx.name}_rows",
+                                          np.ascontiguousarray(np.broadcast_to(v.astype(np.float32), shape)).reshape(rows)))
+            else:
+                self._emit_to(ctx, f"{out}.in{k}", f"{ctx.name}.in{k}", "reshape", [s], rows, shape=rows)
+                ins.append(f"{out}.in{k}")
+        self._emit_to(ctx, f"{out}.rows", ctx.name, op, ins, rows)  # operand order kept, as written
+        self._emit_to(ctx, out, f"{ctx.name}.back", "reshape", [f"{out}.rows"], shape, shape=shape)
+        return True
 
     def _binary_node(self, ctx: _Ctx, op: str):
         """Add / Sub / Mul / Div with the broadcasting models use: two activations of one shape, an (N, C, H, W)
@@ -814,7 +846,7 @@ class _Converter(MovementOps):
 
     def _op_Softmax(self, ctx: _Ctx):
         ctx.check_attrs(("axis",))
-        x = self.act(ctx, ctx.proto.input[0], rank=(2, 3, 4))
+        x = self.act(ctx, ctx.proto.input[0])
         shape = self.shapes[x]
         axis = int(ctx.attrs.get("axis", -1 if self.opset >= 13 else 1))
         axis = axis + len(shape) if axis < 0 else axis
@@ -823,7 +855,7 @@ class _Converter(MovementOps):
         if not last and (axis != 1 or len(shape) == 3 or (self.opset < 13 and math.prod(shape[2:]) != 1)):
             ctx.fail(f"axis={ctx.attrs.get('axis', 'default')} on an input of shape {shape} (opset {self.opset})",
                      "softmax over the channel axis (1) of (N, C) or NCHW (opset >= 13; before, H = W = 1), or "
-                     "over any axis but the batch of a 3-D or 4-D tensor (opset >= 13)")
+                     "over any axis but the batch of a tensor of 3 or more axes (opset >= 13)")
         self.emit(ctx, "softmax", [x], shape, axis=axis)
 
     def _op_BatchNormalization(self, ctx: _Ctx):
@@ -905,8 +937,8 @@ class _Converter(MovementOps):
     def _op_MatMul(self, ctx: _Ctx):
         ctx.check_attrs(())
         names = ctx.inputs()
-        if self.resolve(names[0]) in self.shapes and len(self.shapes[self.resolve(names[0])]) in (3, 4):
-            return self._matmul_nd(ctx)  # frontend_movement: MatMul on 3-D/4-D activations
+        if self.resolve(names[0]) in self.shapes and len(self.shapes[self.resolve(names[0])]) >= 3:
+            return self._matmul_nd(ctx)  # frontend_movement: MatMul on activations of 3 or more axes
         a = self.act(ctx, names[0], rank=(2,))
         b = self.const(ctx, names[1], "right operand B")
         if b.ndim != 2 or b.dtype.kind != "f" or b.shape[0] != self.shapes[a][1]:
@@ -933,6 +965,9 @@ class _Converter(MovementOps):
         self._pool(ctx, "max_pool")
 
     def _pool(self, ctx: _Ctx, op: str, **extra):
+        x = self.resolve(ctx.proto.input[0])
+        if x in self.shapes and len(self.shapes[x]) == 3:
+            return self._pool_1d(ctx, op, **extra)
         ceil_mode = int(ctx.attrs.get("ceil_mode", 0))
         if ceil_mode not in (0, 1):
             ctx.fail(f"ceil_mode={ceil_mode}", "ceil_mode 0 or 1")
@@ -954,6 +989,30 @@ class _Converter(MovementOps):
             oh, ow = pool_out_shape((n, c, h, w), kernel, stride, pads, ceil_mode=True)[2:]
             extra["ceil_mode"] = 1
         self.emit(ctx, op, [x], (n, c, oh, ow), kernel=kernel, stride=stride, padding=pads, **extra)
+
+    def _pool_1d(self, ctx: _Ctx, op: str, **extra):
+        """A 1-D pool over L of an (N, C, L) tensor (Next-ViT's spatial reduction) as the 2-D pool of (N, C, 1, L)
+        between reshapes (``passes_tokens.movement_views`` folds them into copies)."""
+        x = self.act(ctx, ctx.proto.input[0])
+        n, c, length = self.shapes[x]
+        one = lambda key, default: [int(v) for v in ctx.attrs.get(key, default)]  # noqa: E731
+        kernel, stride, dil = one("kernel_shape", []), one("strides", [1]), one("dilations", [1])
+        pads = one("pads", [0, 0])
+        auto_pad = ctx.attrs.get("auto_pad", b"NOTSET")
+        if (len(kernel) != 1 or len(stride) != 1 or dil != [1] or len(pads) != 2 or min(pads) < 0
+                or (auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)) != "NOTSET"
+                or int(ctx.attrs.get("ceil_mode", 0))):
+            ctx.fail(f"a 1-D pool with kernel_shape {kernel}, strides {stride}, pads {pads}, dilations {dil}",
+                     "one kernel size, stride and pad pair, dilation 1, explicit pads, ceil_mode 0")
+        if max(pads) >= kernel[0]:
+            ctx.fail(f"pads {pads} not smaller than kernel_shape {kernel}", "pads < kernel_shape")
+        out_len = _out_size(ctx, length, kernel[0], stride[0], 1, pads[0], pads[1])
+        name, out = ctx.name, ctx.proto.output[0]
+        self._emit_to(ctx, f"{out}.2d_in", f"{name}.to_2d", "reshape", [x], (n, c, 1, length),
+                      shape=(n, c, 1, length))
+        self._emit_to(ctx, f"{out}.2d", name, op, [f"{out}.2d_in"], (n, c, 1, out_len), kernel=(1, kernel[0]),
+                      stride=(1, stride[0]), padding=(0, pads[0], 0, pads[1]), **extra)
+        self._emit_to(ctx, out, f"{name}.to_1d", "reshape", [f"{out}.2d"], (n, c, out_len), shape=(n, c, out_len))
 
     def _op_Flatten(self, ctx: _Ctx):
         """axis 1 of NCHW -> ``flatten``; of (N, C) the identity; any other -> ``reshape`` to

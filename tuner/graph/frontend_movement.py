@@ -134,7 +134,8 @@ class MovementOps:
         axis = int(ctx.attrs.get("axis", 0))
         axis = axis + len(shape) if axis < 0 else axis
         idx = self.const(ctx, names[1], "indices")
-        if idx.dtype.kind not in "iu" or idx.ndim > 1 or not 0 < axis < len(shape):
+        batch_ok = len(shape) not in (2, 4)  # a 5-D qkv's leading axis is no batch (CaiT's unbind)
+        if idx.dtype.kind not in "iu" or idx.ndim > 1 or not (0 < axis < len(shape) or (axis == 0 and batch_ok)):
             ctx.fail(f"indices of dtype {idx.dtype} and shape {idx.shape} along axis {ctx.attrs.get('axis', 0)} "
                      f"of a {len(shape)}-D input", "a constant integer index or 1-D run of consecutive indices "
                      "along an axis other than the batch")
@@ -150,6 +151,20 @@ class MovementOps:
         self._slice_node(ctx, x, mid, f"{ctx.name}.slice", {axis: range(flat[0], flat[0] + 1)})
         dropped = shape[:axis] + shape[axis + 1:]
         self._emit_to(ctx, out, ctx.name, "reshape", [mid], dropped, shape=dropped)
+
+    def _op_Tile(self, ctx):
+        """Tile of an activation that repeats only axes of extent 1 (GC ViT's global query over its windows): a
+        broadcast view (``expand_nd``, stride 0), copied out where a kernel reads it."""
+        ctx.check_attrs(())
+        names = ctx.inputs()
+        x = self.act(ctx, names[0])
+        shape = self.shapes[x]
+        reps = self._ints(ctx, names[1], "repeats")
+        if len(reps) != len(shape) or min(reps) < 1 or any(r > 1 and d != 1 for r, d in zip(reps, shape)):
+            ctx.fail(f"repeats {reps} of an input of shape {shape}", "repeats of axes of extent 1 only (a "
+                     "broadcast), one per axis")
+        out = tuple(d * r for d, r in zip(shape, reps))
+        self.emit(ctx, "expand_nd", [x], out, shape=out)
 
     def _op_Slice(self, ctx):
         names = ctx.inputs()
@@ -362,7 +377,7 @@ class MovementOps:
         names = ctx.inputs()
         a = self.act(ctx, names[0])
         shape = self.shapes[a]
-        if len(shape) not in (3, 4):
+        if len(shape) < 3:
             ctx.fail(f"input {names[0]!r} has shape {shape}", "a 2-D, 3-D or 4-D activation")
         if self.resolve(names[1]) not in self.consts:  # attention: activation @ activation, batched
             b = self.act(ctx, names[1])
@@ -374,6 +389,15 @@ class MovementOps:
             self.emit(ctx, "matmul", [a, b], shape[:-1] + (bs[-1],), alpha=1.0)
             return
         b = self.const(ctx, names[1], "right operand B")
+        if len(shape) > 4 and b.ndim == 2 and b.shape[0] == shape[-1]:  # Twins' windows: (..., K) as 3-D rows
+            rows = (1, math.prod(shape[:-1]), shape[-1])
+            out = ctx.proto.output[0]
+            self._emit_to(ctx, f"{out}.rows", f"{ctx.name}.rows", "reshape", [a], rows, shape=rows)
+            w = self.new_param(f"{self.resolve(names[1])}_T", b.T)
+            self._emit_to(ctx, f"{out}.dense", ctx.name, "dense", [f"{out}.rows", w], rows[:2] + (b.shape[1],))
+            full = shape[:-1] + (b.shape[1],)
+            self._emit_to(ctx, out, f"{ctx.name}.back", "reshape", [f"{out}.dense"], full, shape=full)
+            return
         if b.ndim != 2 or b.dtype.kind != "f" or b.shape[0] != shape[-1]:
             ctx.fail(f"A {shape} times B {b.shape} ({b.dtype})", "an activation (..., K) times a float32 (K, M) "
                      "constant")

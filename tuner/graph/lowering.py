@@ -323,14 +323,15 @@ def build_relayout(s, plan, max_wg):
 @lowers("concat")
 def lower_concat(ctx: LowerCtx, node, ins, out, shape):
     from .plan import Step
-    if node.attrs.get("axis", 1) not in (1, -3) or len(shape) != 4:
-        raise TunerError(f"node {node.name!r}: concat along axis {node.attrs.get('axis')} of {len(shape)}-D "
-                         f"tensors; only channels (axis 1) of NCHW tensors are supported")
     consts = [t for t in node.inputs if ctx.is_param(t)]
-    if consts:
-        raise TunerError(f"node {node.name!r}: concat of constant inputs {consts} on NCHW tensors has no kernel; "
-                         "only computed inputs (constants reach concat on (N, T, C) tokens, which the tokens pass "
-                         "rewrites)")
+    if node.attrs.get("axis", 1) not in (1, -3) or len(shape) != 4 or consts:  # H, W (Swin's roll), 2-D, params
+        axis = int(node.attrs.get("axis", 1)) % len(shape)
+        if axis == 0:
+            raise TunerError(f"node {node.name!r}: concat along the batch axis has no kernel; concatenate along "
+                             f"channels, H or W")
+        ctx.add(Step(node.name, "concat_view", {f"X{i}": t for i, t in enumerate(ins)}, out,
+                     {"axis": axis, "shapes": tuple(ctx.shape(t) for t in node.inputs)}))
+        return
     ctx.add(Step(node.name, "concat", {f"X{i}": t for i, t in enumerate(ins)}, out))
 
 

@@ -102,13 +102,18 @@ TO_NCHW, TO_NHWC = (0, 3, 1, 2), (0, 2, 3, 1)
 
 
 def _wrap_nchw(graph: Graph) -> Graph:
-    """LayerNorm over the last axis / dense on a 4-D tensor -> transpose to NCHW, the NCHW op, transpose back."""
+    """LayerNorm over the last axis / dense on a 4-D tensor -> transpose to NCHW, the NCHW op, transpose back; a
+    reduction over (H, W) of an NHWC tensor without keepdims -> transpose to NCHW, the reduction over (2, 3)."""
     g = graph.copy()
     nodes = []
     for n in g.nodes:
         x = n.inputs[0] if n.inputs else None
         shape = tuple(g.shapes[x]) if x is not None else ()
-        if len(shape) == 4 and ((n.op == "layer_norm" and n.attrs.get("axis") == 3) or n.op == "dense"):
+        if (len(shape) == 4 and n.op.startswith("reduce_") and tuple(n.attrs.get("axes", ())) == (1, 2)
+                and not n.attrs.get("keepdims", 1)):  # a global pool of an NHWC tensor (Swin's head)
+            t1 = _transpose(g, f"{n.name}.to_nchw", x, TO_NCHW)
+            nodes += [t1, Node(n.op, n.name, [t1.outputs[0]], list(n.outputs), {**n.attrs, "axes": (2, 3)})]
+        elif len(shape) == 4 and ((n.op == "layer_norm" and n.attrs.get("axis") == 3) or n.op == "dense"):
             t1 = _transpose(g, f"{n.name}.to_nchw", x, TO_NCHW)
             mid = _fresh(g, f"{n.name}.nchw")
             if n.op == "layer_norm":

@@ -30,7 +30,7 @@ from tuner.errors import TunerError
 from .graph import Graph, Node
 from .passes import _add_param, _drop_unused_params, _fresh
 
-MOVEMENT = ("reshape", "transpose", "slice_nd")
+MOVEMENT = ("reshape", "transpose", "slice_nd", "expand_nd")
 ELEMENTWISE = {"relu", "clip", "activation", "erf", "unary", "add", "sub", "mul", "div", "prelu"}
 
 
@@ -102,6 +102,11 @@ class _View:
     def transpose(self, perm):
         return _View(self.base, self.base_shape, self.offset, [self.shape[p] for p in perm],
                      [self.strides[p] for p in perm])
+
+    def expand(self, shape):
+        """Axes of extent 1 broadcast to ``shape`` (stride 0)."""
+        return _View(self.base, self.base_shape, self.offset, shape,
+                     [0 if d != n else s for d, n, s in zip(shape, self.shape, self.strides)])
 
     def slice(self, starts, steps, counts):
         offset = self.offset + sum(a * s for a, s in zip(starts, self.strides))
@@ -188,17 +193,17 @@ def _heads_const(g: Graph, t: str, shape4) -> str | None:
         full = np.broadcast_to(v, shape4)
     except ValueError:
         return None
-    return _add_param(g, f"{t}.3d", np.ascontiguousarray(full.reshape((-1,) + tuple(shape4[2:])), np.float32))
+    return _add_param(g, f"{t}.3d", np.ascontiguousarray(full.reshape((-1,) + tuple(shape4[-2:])), np.float32))
 
 
 def _softmax_last(g: Graph) -> Graph:
-    """A softmax over an axis other than the last of a 3-D tensor, or other than the last or channels of a 4-D
-    one, between transposes that make it the last (CoaT's softmax over the tokens of K); in place."""
+    """A softmax over an axis other than the last of a 3-D or 5-D+ tensor, or other than the last or channels
+    of a 4-D one, between transposes that make it the last (CoaT's softmax over the tokens of K); in place."""
     nodes = []
     for n in g.nodes:
         rank = len(g.shapes[n.outputs[0]])
         axis = n.attrs.get("axis", -1) % rank if n.op == "softmax" else None
-        if axis is None or rank not in (3, 4) or axis == rank - 1 or (rank == 4 and axis == 1):
+        if axis is None or rank < 3 or axis == rank - 1 or (rank == 4 and axis == 1):
             nodes.append(n)
             continue
         perm = tuple(a for a in range(rank) if a != axis) + (axis,)
@@ -222,7 +227,7 @@ def attention_ranks(graph: Graph) -> Graph:
     def as_3d(t: str, where: str) -> str:
         if t not in three:
             s = g.shapes[t]
-            r = _reshape_node(g, where, t, (s[0] * s[1], s[2], s[3]))
+            r = _reshape_node(g, where, t, (math.prod(s[:-2]), s[-2], s[-1]))
             nodes.append(r)
             three[t] = r.outputs[0]
         return three[t]
@@ -230,7 +235,7 @@ def attention_ranks(graph: Graph) -> Graph:
     def emit_3d(n: Node, ins: list, attrs: dict):
         shape = tuple(g.shapes[n.outputs[0]])
         mid = _fresh(g, f"{n.name}.3d")
-        g.shapes[mid] = (shape[0] * shape[1], shape[2], shape[3])
+        g.shapes[mid] = (math.prod(shape[:-2]), shape[-2], shape[-1])
         nodes.append(Node(n.op, n.name, ins, [mid], attrs))
         nodes.append(_reshape_node(g, f"{n.name}.4d", mid, shape, out=n.outputs[0]))
         three[n.outputs[0]] = mid
@@ -246,11 +251,11 @@ def attention_ranks(graph: Graph) -> Graph:
             g.shapes[mid] = (shape[0], shape[1] * shape[2], shape[3])
             nodes += [ra, rb, Node("matmul", n.name, [ra.outputs[0], rb.outputs[0]], [mid], dict(n.attrs)),
                       _reshape_node(g, f"{n.name}.4d", mid, shape, out=n.outputs[0])]
-        elif n.op == "matmul" and len(shape) == 4:
+        elif n.op == "matmul" and len(shape) >= 4:  # (batch, heads[, windows], M, K): the leading axes merged
             emit_3d(n, [as_3d(t, f"{n.name}.in{k}_3d") for k, t in enumerate(n.inputs[:2])], dict(n.attrs))
-        elif n.op == "softmax" and len(shape) == 4 and n.attrs.get("axis") in (3, -1):
+        elif n.op == "softmax" and len(shape) >= 4 and n.attrs.get("axis") % len(shape) == len(shape) - 1:
             emit_3d(n, [as_3d(n.inputs[0], f"{n.name}.in_3d")], {**n.attrs, "axis": 2})
-        elif (n.op in ("add", "mul", "sub", "div") and len(shape) == 4 and n.attrs.get("activation", "none") == "none"
+        elif (n.op in ("add", "mul", "sub", "div") and len(shape) >= 4 and n.attrs.get("activation", "none") == "none"
               and any(t in three for t in n.inputs)
               and all(t in three or (t in g.params and _heads_const(g, t, shape)) for t in n.inputs)):
             emit_3d(n, [three[t] if t in three else _heads_const(g, t, shape) for t in n.inputs], dict(n.attrs))
@@ -260,10 +265,16 @@ def attention_ranks(graph: Graph) -> Graph:
     return g
 
 
+def _rows(shape) -> tuple:
+    """A shape of at most 3 axes with the same row-major order: the leading axes merged."""
+    shape = tuple(shape)
+    return shape if len(shape) <= 3 else (math.prod(shape[:-2]), *shape[-2:])
+
+
 def _is_movement(g: Graph, n: Node, views: dict) -> bool:
     if n.op not in MOVEMENT or n.inputs[0] in g.params:
         return False
-    if n.op == "slice_nd" or n.inputs[0] in views:
+    if n.op in ("slice_nd", "expand_nd") or n.inputs[0] in views:
         return True
     return any(len(g.shapes[t]) not in (2, 4) for t in (n.inputs[0], n.outputs[0]))
 
@@ -286,18 +297,33 @@ def movement_views(graph: Graph) -> Graph:
         made[t] = out
         return out
 
+    def rows_of(t: str) -> str:
+        """The view copied out in order into a tensor of at most 3 axes (its own shape may have 6: Twins'
+        windows), which any reshape of it then views without a copy."""
+        v = views[t]
+        key = f"{t}.rows"
+        if key not in made:
+            g.shapes[key] = _rows(v.out_shape)
+            attrs = {**v.attrs(), "out_shape": g.shapes[key]}
+            nodes.append(Node("strided_copy", f"{t}.copy", [v.base], [key], attrs))
+            made[key] = key
+        return made[key]
+
     for n in g.nodes:
         if _is_movement(g, n, views):
             x, out = n.inputs[0], n.outputs[0]
             if x not in views:
                 v = _View.whole(x, g.shapes[x])
             else:  # one that composes no further is copied out first
-                v = views[x] if views[x].composes else _View.whole(materialize(x), g.shapes[x])
+                v = views[x] if views[x].composes else _View.whole(rows_of(x), _rows(g.shapes[x])).reshape(
+                    g.shapes[x])
             a = n.attrs
             if n.op == "transpose":
                 new = v.transpose(a["perm"])
             elif n.op == "slice_nd":
                 new = v.slice(a["starts"], a["steps"], a["counts"])
+            elif n.op == "expand_nd":
+                new = v.expand(a["shape"])
             else:
                 new = v.reshape(g.shapes[out])
                 if new is None:  # no strides express it: read out in order by the one copy
@@ -387,6 +413,16 @@ def tokens_to_nchw(graph: Graph) -> Graph:
                                      f"{g.shapes[t]}")
         elif n.op == "matmul":
             n.attrs = {**n.attrs, "tokens": True}  # operands and output in their token views
+        elif n.op == "batch_norm":  # over axis 1 of an (N, C, L) tensor (Next-ViT): a scale and shift along T
+            scale, bias, mean, var = (np.asarray(g.params[t], np.float64) for t in n.inputs[1:5])
+            k = scale / np.sqrt(var + float(n.attrs.get("epsilon", 1e-5)))
+            mid = _fresh(g, f"{n.name}.scaled")
+            logical[mid] = shape
+            rank3.add(mid)
+            s_p = _add_param(g, f"{n.name}.k", k.reshape(1, -1, 1).astype(np.float32))
+            b_p = _add_param(g, f"{n.name}.b", (bias - mean * k).reshape(1, -1, 1).astype(np.float32))
+            nodes.append(Node("mul", f"{n.name}.mul", [n.inputs[0], _token_const(g, n, s_p, shape)], [mid]))
+            n = Node("add", n.name, [mid, _token_const(g, n, b_p, shape)], n.outputs)
         elif n.op in REDUCE and n.inputs[0] in rank3:
             n = _token_reduce(g, n, shape, nodes)
         elif n.op == "concat":  # along the tokens (a class token) or the features: the view concat kernel
@@ -413,7 +449,7 @@ def tokens_to_nchw(graph: Graph) -> Graph:
 
 def optimize_tokens(graph: Graph) -> Graph:
     """All of the above, in order."""
-    if not any(n.op in ("matmul", "slice_nd") or (n.op == "softmax" and n.attrs.get("axis") != 1)
+    if not any(n.op in ("matmul", "slice_nd", "expand_nd") or (n.op == "softmax" and n.attrs.get("axis") != 1)
                or any(len(graph.shapes[t]) not in (1, 2, 4) for t in n.outputs) for n in graph.nodes):
         return graph  # nothing of attention's: a convolution network passes untouched
     return tokens_to_nchw(movement_views(attention_ranks(fold_matmul_scales(graph))))

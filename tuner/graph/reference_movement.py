@@ -89,9 +89,11 @@ def concat_view(node, *xs):
     return to_view(np.concatenate([from_view(x, s) for x, s in zip(xs, a["shapes"])], axis=a["axis"]))
 
 
-OPS: dict = {"transpose": transpose, "matmul": matmul, "slice_nd": slice_nd, "slice": slice_, "pad": pad, "resize": resize,
+OPS: dict = {"transpose": transpose, "matmul": matmul, "slice_nd": slice_nd,
+             "expand_nd": lambda node, x: np.broadcast_to(x, node.attrs["shape"]).copy(), "slice": slice_, "pad": pad, "resize": resize,
              "conv_transpose": conv_transpose, "layer_norm": layer_norm}
-ATTRS: dict = {"transpose": {"perm"}, "matmul": {"alpha", "tokens"}, "slice_nd": {"starts", "steps", "counts"}, "slice": {"channels", "rows", "cols"}, "pad": {"pads", "mode", "value"},
+ATTRS: dict = {"transpose": {"perm"}, "matmul": {"alpha", "tokens"}, "slice_nd": {"starts", "steps", "counts"},
+               "expand_nd": {"shape"}, "slice": {"channels", "rows", "cols"}, "pad": {"pads", "mode", "value"},
                "resize": {"mode", "coord", "nearest", "scales", "size"},
                "conv_transpose": {"stride", "padding", "dilation", "output_padding", "groups"},
                "layer_norm": {"axis", "epsilon"}}
