@@ -178,3 +178,66 @@ def test_concat_view_kernel(device, rng, shapes, axis, dtype):
     xs = [draw(rng, s, dtype) for s in shapes]
     got = run(build(k, device), device, {f"X{i}": PT.to_view(x) for i, x in enumerate(xs)})["Y"]
     assert rel_error(got, PT.to_view(np.concatenate(xs, axis=axis))) <= TOL[dtype]
+
+
+def _graph_model(nodes, inits, in_shape, out_shape, opset=17):
+    from onnx import TensorProto, helper, numpy_helper
+    x = helper.make_tensor_value_info("input", TensorProto.FLOAT, list(in_shape))
+    y = helper.make_tensor_value_info("output", TensorProto.FLOAT, list(out_shape))
+    tensors = [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()]
+    return helper.make_model(helper.make_graph(nodes, "g", [x], [y], tensors),
+                             opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _shape(*dims):
+    return np.array(dims, np.int64)
+
+
+def _n(op, ins, out, **kw):
+    from onnx import helper
+    return helper.make_node(op, ins, [out], name=out, **kw)
+
+
+_R = np.random.default_rng(3)
+SHAPES_OF_ATTENTION = {  # name -> (model, input shape): each a pattern a held-out architecture exported
+    "pool_1d": (_graph_model([_n("Reshape", ["input", "s"], "ncl"),  # Next-ViT's spatial reduction
+                              _n("AveragePool", ["ncl"], "p", kernel_shape=[2], strides=[2]),
+                              _n("Reshape", ["p", "back"], "output")],
+                             {"s": _shape(1, 6, 8), "back": _shape(1, 6, 2, 2)}, (1, 6, 2, 4), (1, 6, 2, 2)),
+                (1, 6, 2, 4)),
+    "batch_norm_ncl": (_graph_model([_n("Reshape", ["input", "s"], "ncl"),
+                                     _n("BatchNormalization", ["ncl", "g", "b", "m", "v"], "bn"),
+                                     _n("Reshape", ["bn", "back"], "output")],
+                                    {"s": _shape(1, 6, 8), "back": _shape(1, 6, 2, 4),
+                                     **{k: (_R.random(6) + 0.5).astype(np.float32) for k in "gbmv"}},
+                                    (1, 6, 2, 4), (1, 6, 2, 4)), (1, 6, 2, 4)),
+    "tile_broadcast": (_graph_model([_n("Reshape", ["input", "s"], "q"),  # GC ViT's global query
+                                     _n("Tile", ["q", "reps"], "t"),
+                                     _n("Reshape", ["t", "back"], "output")],
+                                    {"s": _shape(1, 1, 6, 4), "reps": _shape(1, 3, 1, 1), "back": _shape(1, 6, 3, 4)},
+                                    (1, 6, 2, 2), (1, 6, 3, 4)), (1, 6, 2, 2)),
+    "mask_5d": (_graph_model([_n("Reshape", ["input", "s"], "w"),  # Swin's shifted-window mask
+                              _n("Add", ["w", "mask"], "m"),
+                              _n("Reshape", ["m", "back"], "output")],
+                             {"s": _shape(1, 2, 3, 4, 4), "mask": _R.standard_normal((1, 2, 1, 4, 4)).astype(np.float32),
+                              "back": _shape(1, 6, 4, 4)}, (1, 6, 4, 4), (1, 6, 4, 4)), (1, 6, 4, 4)),
+    "roll_concat_h": (_graph_model([_n("Transpose", ["input"], "nhwc", perm=[0, 2, 3, 1]),  # Swin's torch.roll
+                                    _n("Slice", ["nhwc", "st", "en", "ax"], "a"),
+                                    _n("Slice", ["nhwc", "st2", "en2", "ax"], "b"),
+                                    _n("Concat", ["a", "b"], "r", axis=1),
+                                    _n("ReduceMean", ["r"], "output", axes=[1, 2], keepdims=0)],
+                                   {"st": _shape(2), "en": _shape(5), "st2": _shape(0), "en2": _shape(2),
+                                    "ax": _shape(1)}, (1, 6, 5, 3), (1, 6), opset=17), (1, 6, 5, 3)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES_OF_ATTENTION))
+def test_shapes_of_held_out_attention_models_compile_and_match(device, name):
+    from tuner.graph.compiler import compile_model
+    m, shape = SHAPES_OF_ATTENTION[name]
+    x = np.random.default_rng(2).standard_normal(shape).astype(np.float32)
+    want = ort.InferenceSession(m.SerializeToString()).run(None, {"input": x})[0]
+    mod = compile_model(m, device=device, scope="buffer")
+    got = mod.run({"input": x})[0]
+    assert got.shape == want.shape
+    assert rel_error(got, want) <= 1e-5
