@@ -6,6 +6,7 @@
 #           PRIORITY=path/gpu_cudnn.csv only the layers slower than cuDNN there, the slowest first)
 #   cudnn   time cuDNN / PyTorch eager on the same layers
 #   matmul  the matmul template tuned on attention shapes against torch.bmm (bench/matmul_gpu.py) -> matmul_gpu.md
+#   transfer  the committed H200 log on this GPU, as is and with --transfer-from (issue 26) -> transfer_from_h100.txt
 #   peak    the device's float32 FMA rate (OpenCL kernel; torch.matmul without TF32 as a cross-check) and copy
 #           bandwidth (clEnqueueCopyBuffer of 1 GiB; a torch copy as a cross-check) -> gpu_peak.json (~30 s)
 #   stream  per layer: the best logged kernels re-timed (one launch, profiling events) and, like cuDNN, as one of
@@ -43,6 +44,16 @@ for stage in "$@"; do
             --dtypes "${DTYPES:-float32,float16}" --scopes "${SCOPES:-texture,buffer}" 2>&1 | grep -v "CompilerWarning\|lambda: self._prg" | tee -a "$OUT/gpu_tune.txt"
           for f in "$OUT"/*.jsonl; do gzip -kf "$f"; done ;;  # files over 16 MiB do not come back
     cudnn) python3 "$REPO/bench/gpu.py" cudnn --out "$OUT" 2>&1 | tail -5 ;;
+    transfer) S=${SIZE:-224}; LOG="$REPO/logs/nvidia-gpu-fcae3850.jsonl"  # the H200's log on this GPU (issue 26)
+            for m in resnet18 mobilenet_v2 mobilenet_v3_small; do
+              python3 -m tuner zoo $m -o /tmp/tf_$m.onnx --input-size $S >/dev/null || break
+              for v in log-as-is transfer-from; do
+                python3 -m tuner compile /tmp/tf_$m.onnx --device nvidia --log "$LOG" \
+                  $([ $v = transfer-from ] && echo --transfer-from nvidia-gpu-fcae3850) --no-progress -o /tmp/tf_${m}_$v 2>&1 \
+                  | grep -E "^compiled|layers use|sibling|plans timed" | head -4
+                for r in 1 2 3; do echo "$m $v round $r: $(python3 -m tuner run /tmp/tf_${m}_$v --device nvidia --bench 50 2>/dev/null | tail -1)"; done
+              done
+            done 2>&1 | tee "$OUT/transfer_from_h100.txt" ;;
     matmul) python3 "$REPO/bench/matmul_gpu.py" tune --out "$OUT" --deadline "${DEADLINE:-400}" --trials "${TRIALS:-40}" 2>&1 \
               | grep -v "CompilerWarning\|lambda: self._prg\|_create_built\|prg.build" | tee "$OUT/matmul_tune.txt" | tail -20
             python3 "$REPO/bench/matmul_gpu.py" torch --out "$OUT" 2>&1 | tail -3
