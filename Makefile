@@ -18,8 +18,11 @@ $(STAMP): pyproject.toml | $(VENV)/bin/python
 native:
 	$(MAKE) -C native
 
+# The suite runs in TEST_WORKERS processes (pytest-xdist; auto: one per CPU, 0: in this process); tests of one
+# xdist_group share a worker (tests/conftest.py says what a test must do to be safe in parallel).
+TEST_WORKERS ?= auto
 test: $(STAMP) native
-	$(VENV)/bin/python -m pytest -q tests
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests
 
 demo: $(STAMP)
 	$(VENV)/bin/tuner demo

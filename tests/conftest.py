@@ -1,4 +1,7 @@
+import ast
+import functools
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -40,9 +43,14 @@ def rng():
 
 @pytest.fixture(scope="session")
 def native():
-    """The native programs (native/: tuner-run, tuner-agent and their ASan builds), built once per session."""
-    from tuner.native import build
-    return build()
+    """The native programs (native/: tuner-run, tuner-agent and their ASan builds), built once per session.
+    Under pytest-xdist every worker asks; a file lock keeps two `make`s out of build/native at once."""
+    from filelock import FileLock
+
+    from tuner.native import BUILD, build
+    BUILD.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(BUILD.parent / "native-build.lock")):
+        return build()
 
 
 @pytest.fixture(scope="session")
@@ -52,3 +60,85 @@ def cl_env():
     env = opencl_env()
     env.pop("TUNER_DEVICE", None)
     return env
+
+
+# ------------------------------------------------------------------------------------------ running in parallel
+# `make test` runs the suite with pytest-xdist (`-n auto --dist loadgroup`, see the Makefile): each test goes to
+# whichever worker process is free, except tests of one xdist_group, which run one after another in one worker.
+# A test must therefore not depend on another test's state, nor on being alone on the machine: files in
+# tmp_path, free ports (port 0), processes found by their parent (not by name), caches in ~/.cache that are
+# safe to share (PoCL's, pyopencl's and tuner's own write atomically).
+#
+# A file whose module-scoped fixtures are expensive (compiled artifacts, a tuning run, a browser) groups its
+# tests, ``pytestmark = pytest.mark.xdist_group("name")``, so that one worker builds them instead of every one.
+
+
+def pytest_collection_modifyitems(config, items):
+    """The slow end-to-end tests first: with tests handed to workers in collection order, a minute-long test
+    that starts last leaves the other worker idle at the end (the list is stable otherwise)."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@functools.cache
+def _xdist_groups(path: Path) -> dict:
+    """``{"": module's group, "test_x" or "TestX": its group}`` from the xdist_group marks written in a test
+    file: a module-level ``pytestmark`` (a mark or a list of them) and decorators of its tests and classes."""
+    try:
+        tree = ast.parse(path.read_text())
+    except (OSError, SyntaxError, ValueError):
+        return {}
+
+    def group(node) -> str | None:
+        for call in ast.walk(node):
+            if isinstance(call, ast.Call) and getattr(call.func, "attr", None) == "xdist_group":
+                args = [*call.args, *(k.value for k in call.keywords if k.arg == "name")]
+                return str(args[0].value) if args and isinstance(args[0], ast.Constant) else "default"
+        return None
+
+    out = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "pytestmark" for t in node.targets):
+            out[""] = group(node.value)
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            out[node.name] = next(filter(None, map(group, node.decorator_list)), None)
+    return {k: v for k, v in out.items() if v}
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup`` that honours xdist_group marks under pytest 9: pytest-xdist 3.8 tags a marked test
+    by rewriting ``item._nodeid``, which pytest 9 no longer reads, so every marked test went its own way. The
+    controller has only node ids, so the marks are read from the test files' source instead."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class FileMarkedGroups(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)  # a group xdist itself put in the node id (older pytest)
+            if scope != nodeid:
+                return scope
+            path, _, rest = nodeid.partition("::")
+            groups = _xdist_groups(config.rootpath / path)
+            name = rest.split("::")[0].split("[")[0]
+            found = groups.get(name) or groups.get("")
+            return f"xdist_group:{found}" if found else nodeid
+
+    return FileMarkedGroups(config, log)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """pytest-xdist's controller, before it starts a worker: the worker inherits the C environment, where
+    readline (which pytest imports) has set COLUMNS and LINES to 80x24; hand it what the user set instead."""
+    node.workerinput["tuner_terminal_env"] = {k: os.environ.get(k) for k in ("COLUMNS", "LINES")}
+
+
+def pytest_configure(config):
+    wanted = getattr(config, "workerinput", {}).get("tuner_terminal_env")
+    if wanted is not None:  # an xdist worker: tables are as wide as the user's terminal says, not readline's 80
+        for k, v in wanted.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

@@ -23,6 +23,8 @@ from tuner.templates import get_template
 
 SCOPES = ("input", "weight", "output")
 
+pytestmark = pytest.mark.xdist_group("analysis")  # one worker runs the tuning of `tuned` (tests/conftest.py)
+
 
 # ---------------------------------------------------------------------------------------------- fixtures
 

@@ -15,6 +15,8 @@ from tuner.graph.zoo import write_model
 
 from artifact_corpus import damaged_artifacts
 
+pytestmark = pytest.mark.xdist_group("artifact")  # one worker compiles the artifacts (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, device):

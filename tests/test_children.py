@@ -10,7 +10,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _serve_processes() -> list:
+def _serve_processes(parent: int) -> list:
+    """The measurement workers started by ``parent`` (only its own: under pytest-xdist another test's tuner may
+    be measuring at the same time, and its workers must not count here)."""
     out = []
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
@@ -18,13 +20,12 @@ def _serve_processes() -> list:
                 cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode()
             except OSError:
                 continue
-            if "tuner.measure.serve" in cmd:
+            if "tuner.measure.serve" in cmd and _parent(int(d.name)) == parent:
                 out.append(int(d.name))
     return out
 
 
 def test_workers_exit_within_a_second_of_a_killed_tuner(tmp_path):
-    before = set(_serve_processes())
     p = subprocess.Popen([sys.executable, "-m", "tuner", "tune-op", "conv2d", "--data", "1,16,24,24", "--kernel",
                           "16,16,3,3", "--padding", "1", "--trials", "200", "--log", str(tmp_path / "l.jsonl"),
                           "--storage", f"sqlite:///{tmp_path / 's.db'}", "--no-progress", "--repeats", "50"],
@@ -34,7 +35,7 @@ def test_workers_exit_within_a_second_of_a_killed_tuner(tmp_path):
     workers = []
     while time.time() < deadline and not workers:
         time.sleep(0.5)
-        workers = [w for w in _serve_processes() if w not in before]
+        workers = _serve_processes(p.pid)
     assert workers, "no measurement worker started"
     time.sleep(1.0)  # let them get busy
     p.send_signal(signal.SIGKILL)
@@ -44,6 +45,13 @@ def test_workers_exit_within_a_second_of_a_killed_tuner(tmp_path):
         time.sleep(0.05)
     alive = [w for w in workers if Path(f"/proc/{w}").exists() and "Z" not in _state(w)]
     assert not alive and time.time() - t0 < 2.0, (alive, time.time() - t0)
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _state(pid: int) -> str:

@@ -18,8 +18,9 @@ from artifact_corpus import damaged_artifacts
 ROOT = Path(__file__).resolve().parent.parent
 SUPPRESSIONS = ROOT / "native" / "asan" / "lsan.supp"
 
-pytestmark = pytest.mark.skipif(shutil.which("make") is None or shutil.which("gcc") is None,
-                                reason="the native runtime is built with make and gcc")
+pytestmark = [pytest.mark.skipif(shutil.which("make") is None or shutil.which("gcc") is None,
+                                 reason="the native runtime is built with make and gcc"),
+              pytest.mark.xdist_group("native_runtime")]  # one worker compiles the artifacts (tests/conftest.py)
 
 
 

@@ -25,7 +25,8 @@ import pytest
 
 from tuner.analysis import load_logs, write_report
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow,
+              pytest.mark.xdist_group("browser")]  # one Chromium (and one apt-get when missing), tests/conftest.py
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",

@@ -362,6 +362,18 @@ def postgres():
         shutil.rmtree(base, ignore_errors=True)
 
 
+def _wait_stopped(pid: int, timeout: float = 10.0) -> None:
+    """Until ``pid`` is in the stopped state (T) that a SIGSTOP puts it in: the signal is delivered asynchronously."""
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t"):
+                return
+        except OSError:
+            return  # gone: the caller sees it exit
+        time.sleep(0.005)
+
+
 def _identity(r) -> tuple:
     return (*r.task_key, canonical_json(r.config), r.timestamp)
 
@@ -389,17 +401,23 @@ def _run_three_workers_kill_one(url: str, tmp_path: Path):
              for i, log in enumerate(logs)]
     victim = procs[0]
     try:
-        # kill the first worker once it has logged a measurement and holds a claimed trial (mid-measurement)
+        # kill the first worker once it has logged a measurement and holds a claimed trial (mid-measurement). It
+        # is stopped (SIGSTOP) while the study is read: a worker still running could finish the trial seen as held
+        # before the kill lands (a measurement takes about a second, and a loaded machine stretches the gap).
         deadline, held = time.time() + 240, None
         while time.time() < deadline and held is None and victim.poll() is None:
             time.sleep(0.1)
             if logs[0].exists() and logs[0].read_text().strip():
+                os.kill(victim.pid, signal.SIGSTOP)
+                _wait_stopped(victim.pid)
                 try:
                     study = optuna.load_study(study_name=name, storage=open_storage(url))
+                    held = next((tr for tr in study.get_trials(states=(TrialState.RUNNING,))
+                                 if tr.system_attrs.get(CLAIM, "").split(":")[1:2] == [str(victim.pid)]), None)
                 except KeyError:
-                    continue
-                held = next((tr for tr in study.get_trials(states=(TrialState.RUNNING,))
-                             if tr.system_attrs.get(CLAIM, "").split(":")[1:2] == [str(victim.pid)]), None)
+                    pass
+                if held is None:  # between two trials: let it claim the next one
+                    os.kill(victim.pid, signal.SIGCONT)
         assert held is not None, "worker 0 never held a trial after measuring one"
         os.kill(victim.pid, signal.SIGKILL)
         assert victim.wait(30) == -signal.SIGKILL
