@@ -232,8 +232,10 @@ def register_template(template: Template) -> Template:
                          f"(where it is defined), so that measuring processes can import it")
     if (template.lower is None) != (not template.graph_ops):
         raise TunerError(f"template {name!r}: graph_ops {tuple(template.graph_ops)} and lower go together")
-    _USER.pop(name, None)
+    old = _USER.pop(name, None)  # so that get_template imports the module rather than answering from _USER
     if get_template(name) != template:  # imports the module: a process that starts fresh finds the same
+        if old is not None:
+            _USER[name] = old  # a refused re-registration leaves the registered template as it was
         raise TunerError(f"template {name!r}: {attr} in {module} is not the template being registered; name it "
                          f"after the attribute that holds it")
     _USER[name] = template

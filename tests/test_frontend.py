@@ -68,8 +68,11 @@ FOLDED_ONLY = {"Shape", "Gather", "Slice", "Squeeze", "Unsqueeze", "Cast", "Floo
 
 
 def test_test_models_cover_every_operator_and_variant():
+    from attention_models import class_token_model
     from test_frontend_ops import models as op_models  # the operators of issue #27, tested there
-    more = op_models()
+    from test_tokens import SHAPES_OF_ATTENTION  # attention's shapes of other architectures (Tile, 1-D pools)
+    more = {**op_models(), "class_token": class_token_model(),
+            **{name: m for name, (m, _) in SHAPES_OF_ATTENTION.items()}}
     ops = {n.op_type for m in [*MODELS.values(), *more.values()] for n in m.graph.node}
     assert ops - (FOLDED_ONLY - set(SUPPORTED_OPS)) == set(SUPPORTED_OPS)
     attrs = {(n.op_type, a.name, helper.get_attribute_value(a)) for m in MODELS.values() for n in m.graph.node

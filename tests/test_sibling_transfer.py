@@ -16,6 +16,7 @@ from tuner.graph.compiler import model_tasks
 from tuner.logs.best import (FallbackConfigWarning, SiblingConfigWarning, SiblingDeviceHint, device_family,
                              invalid_config)
 from tuner.logs.record import Record, scope_knobs
+from tuner.search.samplers import CostModel
 from tuner.templates import get_template
 
 BUFFER = {"input": "buffer", "weight": "buffer", "output": "buffer"}
@@ -138,19 +139,19 @@ def test_the_cost_model_ranks_the_candidates(device):
              t.workload(data=(1, 32, 16, 16), kernel=(32, 32, 3, 3), padding=(1, 1, 1, 1))]
     target = t.workload(data=(1, 16, 16, 16), kernel=(32, 16, 3, 3), padding=(1, 1, 1, 1))
     h = tuner.apply_history_best(_synthetic_records(t, info, tuned, 24))
-    pick = h.suggest(t, target, info, BUFFER, t.model_knobs)
+    pick = h.suggest(t, target, info, BUFFER, t.model_knobs, fit=CostModel.fit)
     assert pick.how == "predicted"
     assert invalid_config(t, target, info, dataclasses.asdict(pick.config)) is None
     tasks = sorted((r for r in h.best.values()), key=lambda r: r.median_s)
     cands = [c for c, _ in h._candidates(t, tasks, t.model_knobs, 96)
              if invalid_config(t, target, info, c) is None]
-    scores = h.cost_model(t, info.fingerprint).predict(t, target, cands)
+    scores = h.cost_model(t, info.fingerprint, CostModel.fit).predict(t, target, cands)
     assert dataclasses.asdict(pick.config) == cands[int(np.argmax(scores))]
     size = lambda c: c["tile_oc"] * c["tile_ow"]  # noqa: E731
     assert size(dataclasses.asdict(pick.config)) == max(size(c) for c in cands)  # it learned the rule
 
     few = tuner.apply_history_best(_synthetic_records(t, info, tuned[:1], 3))
-    pick = few.suggest(t, target, info, BUFFER, t.model_knobs)
+    pick = few.suggest(t, target, info, BUFFER, t.model_knobs, fit=CostModel.fit)
     assert pick.how == "transferred" and pick.record.workload == tuned[0].key()
 
 

@@ -122,7 +122,8 @@ def choose_configs(plan: Plan, info, history=None) -> dict:
 def _suggest(history, template, step: Step, info):
     """``history.suggest``'s Pick (a history of another kind answers with ``transfer``: no origin)."""
     if hasattr(history, "suggest"):
-        return history.suggest(template, step.workload, info, step.scopes, template.model_knobs)
+        from tuner.search.samplers import CostModel  # the ranking model: search code, handed to the log's history
+        return history.suggest(template, step.workload, info, step.scopes, template.model_knobs, fit=CostModel.fit)
     moved = history.transfer(template, step.workload, info, step.scopes, template.model_knobs)
     if moved is None:
         return None

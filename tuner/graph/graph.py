@@ -99,3 +99,31 @@ class Graph:
         for n in self.nodes:
             lines.append(f"  {n.name:<24} {n.op:<16} {[self.shapes[o] for o in n.outputs]}")
         return "\n".join(lines)
+
+
+# -- editing helpers of the graph passes (passes.py, passes_movement.py, passes_tokens.py) ---------------------
+
+def fresh_name(g: Graph, base: str) -> str:
+    """``base``, or ``base_<k>`` for the first k that names no tensor of ``g`` yet."""
+    name, k = base, 0
+    while name in g.shapes:
+        k += 1
+        name = f"{base}_{k}"
+    return name
+
+
+def add_param(g: Graph, base: str, value: np.ndarray) -> str:
+    """A new float32 param of ``g`` holding ``value``, under a fresh name from ``base``; returns the name."""
+    name = fresh_name(g, base)
+    g.params[name] = np.ascontiguousarray(value, dtype=np.float32)
+    g.shapes[name] = tuple(np.shape(value))
+    return name
+
+
+def drop_unused_params(g: Graph) -> Graph:
+    """``g`` without the params no node reads (in place)."""
+    used = {t for n in g.nodes for t in n.inputs}
+    for name in [p for p in g.params if p not in used]:
+        del g.params[name]
+        del g.shapes[name]
+    return g

@@ -17,37 +17,15 @@ from __future__ import annotations
 import numpy as np
 
 from .graph import Graph, Node
+from .graph import add_param as _add_param, drop_unused_params as _drop_unused_params, fresh_name as _fresh
 
 ACTIVATION_OF_CLIP = {(0.0, 6.0): "relu6", (0.0, float("inf")): "relu"}
 BINARY_OPS = ("add", "sub", "mul", "div", "prelu")  # glue kernels that apply an activation after themselves
 
 
-def _fresh(g: Graph, base: str) -> str:
-    name, k = base, 0
-    while name in g.shapes:
-        k += 1
-        name = f"{base}_{k}"
-    return name
-
-
-def _add_param(g: Graph, base: str, value: np.ndarray) -> str:
-    name = _fresh(g, base)
-    g.params[name] = np.ascontiguousarray(value, dtype=np.float32)
-    g.shapes[name] = tuple(np.shape(value))
-    return name
-
-
 def _only_reader(g: Graph, tensor: str, node: Node) -> bool:
     """``node`` is the single consumer of ``tensor`` and the tensor is not a model output."""
     return tensor not in g.outputs and g.consumers(tensor) == [node]
-
-
-def _drop_unused_params(g: Graph) -> Graph:
-    used = {t for n in g.nodes for t in n.inputs}
-    for name in [p for p in g.params if p not in used]:
-        del g.params[name]
-        del g.shapes[name]
-    return g
 
 
 def fold_batch_norm(graph: Graph) -> Graph:

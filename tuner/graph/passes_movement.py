@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 from .graph import Graph, Node
-from .passes import _add_param, _drop_unused_params, _fresh
+from .graph import add_param as _add_param, drop_unused_params as _drop_unused_params, fresh_name as _fresh
 
 # graph ops computed element by element on one activation (their other inputs constants): a transpose commutes
 UNARY_POINTWISE = {"relu", "clip", "gelu", "sigmoid", "tanh", "hard_sigmoid", "hard_swish", "silu", "swish",
@@ -29,7 +29,7 @@ BINARY_POINTWISE = {"add", "mul", "sub", "div", "max", "min", "pow"}
 
 
 def _drop_unused(g: Graph) -> Graph:
-    """``passes._drop_unused_params``, then the shapes of tensors no node produces any more."""
+    """``graph.drop_unused_params``, then the shapes of tensors no node produces any more."""
     _drop_unused_params(g)
     produced = {t for n in g.nodes for t in n.outputs} | set(g.inputs) | set(g.params)
     for name in [t for t in g.shapes if t not in produced]:
@@ -241,7 +241,7 @@ def lower_conv_transpose(graph: Graph) -> Graph:
 
 
 def optimize_movement(graph: Graph) -> Graph:
-    """All of the above, in order, after attention's token tensors became 4-D (``passes_tokens``);
-    ``passes.optimize`` runs it first."""
+    """All of the above, in order (attention's token tensors made 4-D by ``passes_tokens`` once channel
+    shuffles are single gathers); ``passes.optimize`` runs it first."""
     from .passes_tokens import optimize_tokens
-    return lower_conv_transpose(nhwc_to_nchw(fuse_channel_shuffle(optimize_tokens(graph))))
+    return lower_conv_transpose(nhwc_to_nchw(optimize_tokens(fuse_channel_shuffle(graph))))

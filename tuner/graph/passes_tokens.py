@@ -28,7 +28,7 @@ import numpy as np
 from tuner.errors import TunerError
 
 from .graph import Graph, Node
-from .passes import _add_param, _drop_unused_params, _fresh
+from .graph import add_param as _add_param, drop_unused_params as _drop_unused_params, fresh_name as _fresh
 
 MOVEMENT = ("reshape", "transpose", "slice_nd", "expand_nd")
 ELEMENTWISE = {"relu", "clip", "activation", "erf", "unary", "add", "sub", "mul", "div", "prelu"}

@@ -26,6 +26,9 @@ class FallbackConfigWarning(UserWarning):
     """No tuned config for a workload: the template's fallback is used (slower, but correct)."""
 
 
+SIBLING_WEIGHT = 0.5  # a named sibling device's records in a cost model, beside this device's (weight 1)
+
+
 class OtherDriverWarning(UserWarning):
     """Tuned configs of the same device under another driver version apply (none of this driver's records)."""
 
@@ -356,14 +359,15 @@ class ApplyHistoryBest:
 
     rejected_sibling: int = 0  # sibling configs this device's space rejected (best_valid), never deployed
 
-    def transfer(self, template, workload, device, scopes: dict | None = None, fixed: dict | None = None):
+    def transfer(self, template, workload, device, scopes: dict | None = None, fixed: dict | None = None,
+                 fit=None):
         """``(config, Record it came from)`` for a task this device has no record of, or None: ``suggest``'s
         pick (every pick is checked against the template's space; none is ever invalid)."""
-        pick = self.suggest(template, workload, device, scopes, fixed)
+        pick = self.suggest(template, workload, device, scopes, fixed, fit=fit)
         return None if pick is None else (pick.config, pick.record)
 
     def suggest(self, template, workload, device, scopes: dict | None = None, fixed: dict | None = None,
-                limit: int = 96) -> Pick | None:
+                limit: int = 96, fit=None) -> Pick | None:
         """A config for a task this device (and its named siblings, ``for_device``) has no record of, or None.
 
         1. The same shapes with another epilogue (``workload_distance`` 0: the same loop nest), fastest first.
@@ -371,7 +375,10 @@ class ApplyHistoryBest:
            siblings, and the runners-up of each (up to ``limit``, nearest workloads first) -- ranked by the
            template's cost model (``tuner.search.samplers.CostModel``: XGBoost trained on this device's and
            the siblings' records of the template, predicting for this workload): ``how="predicted"``.
-        3. With too few records to train one, the nearest workload's config (``how="transferred"``).
+        3. With too few records to train one, or no ``fit`` given, the nearest workload's config
+           (``how="transferred"``).
+        ``fit``: ``(template, [(Record, weight)]) -> model or None``, the cost model's trainer
+        (``tuner.search.samplers.CostModel.fit``; the caller passes it: logs depend on no search code).
         The first candidate in that order that the template's space accepts for this workload on this device,
         with ``fixed`` applied, is the pick."""
         info = getattr(device, "info", device)
@@ -386,7 +393,7 @@ class ApplyHistoryBest:
             cfg = {**r.config, **(fixed or {})}
             if invalid_config(template, workload, info, cfg) is None:
                 return Pick(template.config(**cfg), r, "transferred", self.origin.get(r.task_key))
-        model = self.cost_model(template, fp)
+        model = self.cost_model(template, fp, fit) if fit is not None else None
         if model is not None:
             cands = self._candidates(template, tasks, fixed, limit)
             if cands:
@@ -428,18 +435,16 @@ class ApplyHistoryBest:
                 break
         return out[:limit]
 
-    def cost_model(self, template, fingerprint: str):
-        """The template's cost model on ``fingerprint``, trained once on first need from the successful records
+    def cost_model(self, template, fingerprint: str, fit):
+        """``fit``: the trainer (see ``suggest``). The template's cost model on ``fingerprint``, trained once on first need from the successful records
         of the template on this device (the other drivers' adopted ones included) and on the named siblings
         (their records as logged, at ``SIBLING_WEIGHT``); None when too few records to train one."""
         key = (template.name, fingerprint)
         if key not in self._models:
-            from tuner.search.samplers import CostModel
             own = [r for r in self.records if r.ok and r.template == template.name and r.device == fingerprint
                    and r.task_key not in self.origin]
             sib = [r for r in self.sibling_records if r.ok and r.template == template.name]
-            self._models[key] = CostModel.fit(template, [(r, 1.0) for r in own]
-                                              + [(r, CostModel.SIBLING_WEIGHT) for r in sib])
+            self._models[key] = fit(template, [(r, 1.0) for r in own] + [(r, SIBLING_WEIGHT) for r in sib])
         return self._models[key]
 
     def _runners_up(self, template_name, workload, fingerprint, scopes, fixed, first) -> list:

@@ -19,6 +19,7 @@ from optuna.distributions import CategoricalDistribution
 from optuna.samplers import BaseSampler
 from optuna.trial import TrialState
 
+from tuner.logs.best import SIBLING_WEIGHT
 from tuner.search.features import features
 from tuner.search.shared import measured_error
 
@@ -245,7 +246,7 @@ class CostModel:
     a workload it has not seen."""
 
     MIN_RECORDS = 16  # successful records, in groups of at least two different scores, to train at all
-    SIBLING_WEIGHT = 0.5  # a named sibling device's records, beside this device's (weight 1)
+    SIBLING_WEIGHT = SIBLING_WEIGHT  # a named sibling device's records, beside this device's (weight 1)
     GROUP_CAP = 48  # records per group used (its best first): bounds the fit on a log of thousands
     ROUNDS = 40
 
