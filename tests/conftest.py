@@ -142,3 +142,22 @@ def pytest_configure(config):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@pytest.fixture
+def conv3x3_onnx(tmp_path):
+    """``make(size) -> path``: an ONNX model of one 3x3 convolution, 8 -> 8 channels with seeded weights, on a
+    (1, 8, size, size) input (the tests of config transfer compile it against logs of several devices)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    def make(size: int) -> str:
+        w = helper.make_tensor("w", TensorProto.FLOAT, [8, 8, 3, 3],
+                               np.random.default_rng(0).standard_normal(576).astype(np.float32))
+        g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1] * 4)], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, size, size])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, size, size])], [w])
+        path = tmp_path / f"conv{size}.onnx"
+        onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+        return str(path)
+    return make

@@ -3,10 +3,7 @@ apply where this driver has none, ranked below its own, and the compile says so.
 import dataclasses
 import warnings
 
-import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper
 
 import tuner
 from tuner.graph.compiler import model_tasks
@@ -15,15 +12,8 @@ from tuner.logs.record import Record
 
 
 @pytest.fixture
-def conv_model(tmp_path):
-    w = helper.make_tensor("w", TensorProto.FLOAT, [8, 8, 3, 3], np.random.default_rng(0).standard_normal(576)
-                           .astype(np.float32))
-    g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1] * 4)], "g",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 8])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])], [w])
-    path = tmp_path / "conv.onnx"
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
-    return str(path)
+def conv_model(conv3x3_onnx):
+    return conv3x3_onnx(8)
 
 
 def _records(model, info, seconds: float) -> list:

@@ -6,9 +6,7 @@ import json
 import warnings
 
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper
 
 import tuner
 from tuner.cli import main
@@ -23,15 +21,8 @@ BUFFER = {"input": "buffer", "weight": "buffer", "output": "buffer"}
 
 
 @pytest.fixture
-def conv_model(tmp_path):
-    w = helper.make_tensor("w", TensorProto.FLOAT, [8, 8, 3, 3], np.random.default_rng(0).standard_normal(576)
-                           .astype(np.float32))
-    g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1] * 4)], "g",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 32, 32])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 32, 32])], [w])
-    path = tmp_path / "conv.onnx"
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
-    return str(path)
+def conv_model(conv3x3_onnx):
+    return conv3x3_onnx(32)
 
 
 @pytest.fixture

@@ -16,8 +16,6 @@ into its own output padding lanes.
 """
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import numpy as np
 
 from tuner.ir.buffer import buffer
@@ -47,6 +45,40 @@ def _zero_padding_lanes(b: Builder, v, cb, C: int, name: str = "v"):
     pix = b.let(name, v)
     return _vector([ExtractLane(pix, j) if j < C % 4 else select(cb * 4 + j < C, ExtractLane(pix, j), 0.0)
                     for j in range(4)])
+
+
+def _view_of(logical, idx: list) -> list:
+    """Stored (view) indices of logical indices ``idx`` of a tensor of ``logical`` shape (passes_tokens'
+    token layout: (a, b, c) is stored as (a, c, 1, b))."""
+    return [idx[0], idx[2], as_expr(0), idx[1]] if len(logical) == 3 else list(idx)
+
+
+def _logical_of(logical, view_idx: list) -> list:
+    return [view_idx[0], view_idx[3], view_idx[1]] if len(logical) == 3 else list(view_idx)
+
+
+def _read_view(b: Builder, X, logical, idx: list, name: str):
+    """The element at logical indices ``idx`` of ``X`` (a tensor of ``logical`` shape stored in its view): its
+    pixel read once, the lane picked."""
+    src = _view_of(logical, idx)
+    sc = b.let(f"c{name}", src[1])
+    return _lane(b.let(f"x{name}", X[_pixel([src[0], sc // 4, *src[2:]])]), sc % 4)
+
+
+def _gather_view(b: Builder, Y, out_logical, max_work_group: int, value) -> None:
+    """One pixel of ``Y`` (logical ``out_logical``, stored in its view) per work-item, each lane
+    ``value(j, logical indices)`` -- padding lanes read a real element and are written zero."""
+    from .passes_tokens import token_view
+    yv = token_view(out_logical)
+    C = yv[1]
+    with _work_items(b, _grid(yv), max_work_group) as idx:
+        lanes = []
+        for j in range(4):
+            e = list(idx)
+            e[1] = min_(idx[1] * 4 + j, C - 1) if C % 4 else idx[1] * 4 + j
+            v = value(j, _logical_of(out_logical, e))
+            lanes.append(select(idx[1] * 4 + j < C, v, 0.0) if C % 4 and j >= C % 4 else v)
+        b.store(Y, _pixel(idx), _vector(lanes))
 
 
 def _block(x, n, cb, rest):
@@ -149,27 +181,19 @@ def permute_kernel(in_shape, perm, dtype: str = "float32", in_scope: str = "text
         raise ValueError(f"permute perm {list(perm)} for a {len(in_shape)}-D input")
     out = tuple(in_shape[p] for p in perm)
     X, Y = _packed("X", in_shape, dtype, in_scope), _packed("Y", out, dtype, out_scope)
-    C = out[1]
     b = Builder()
-    with _work_items(b, _grid(out), max_work_group) as idx:
-        if perm[1] == 1:  # channels stay: whole pixels
-            src = [None] * len(perm)
-            for k, p in enumerate(perm):
-                src[p] = idx[k]
-            b.store(Y, _pixel(idx), _zero_padding_lanes(b, X[_pixel(src)], idx[1], C))
-        else:
-            lanes = []
-            for j in range(4):
-                e = list(idx)
-                e[1] = min_(idx[1] * 4 + j, C - 1) if C % 4 else idx[1] * 4 + j
-                src = [None] * len(perm)
-                for k, p in enumerate(perm):
-                    src[p] = e[k]
-                sc = b.let(f"c{j}", src[1])
-                pix = b.let(f"x{j}", X[_pixel([src[0], sc // 4, *src[2:]])])
-                v = _lane(pix, sc % 4)
-                lanes.append(select(idx[1] * 4 + j < C, v, 0.0) if C % 4 and j >= C % 4 else v)
-            b.store(Y, _pixel(idx), _vector(lanes))
+
+    def source(e):
+        src = [None] * len(perm)
+        for k, p in enumerate(perm):
+            src[p] = e[k]
+        return src
+
+    if perm[1] == 1:  # channels stay: whole pixels
+        with _work_items(b, _grid(out), max_work_group) as idx:
+            b.store(Y, _pixel(idx), _zero_padding_lanes(b, X[_pixel(source(idx))], idx[1], out[1]))
+    else:
+        _gather_view(b, Y, out, max_work_group, lambda j, e: _read_view(b, X, in_shape, source(e), str(j)))
     return b.kernel("permute", [X, Y])
 
 
@@ -419,16 +443,6 @@ GLUE = {
 
 
 # -- strided copy (attention's reshapes and transposes, passes_tokens) ---------------------------------------
-def _view_of(logical, idx: list) -> list:
-    """Stored (view) indices of logical indices ``idx`` of a tensor of ``logical`` shape (passes_tokens'
-    token layout: (a, b, c) is stored as (a, c, 1, b))."""
-    return [idx[0], idx[2], as_expr(0), idx[1]] if len(logical) == 3 else list(idx)
-
-
-def _logical_of(logical, view_idx: list) -> list:
-    return [view_idx[0], view_idx[3], view_idx[1]] if len(logical) == 3 else list(view_idx)
-
-
 def strided_copy_kernel(src_shape, offset: int, shape, strides, dtype: str = "float32", in_scope: str = "texture",
                         out_scope: str = "texture", max_work_group: int = 64, out_shape=None):
     """``Y`` = the strided view (``shape``, element ``i`` at ``offset + sum(i_k * strides[k])``) of ``X``'s
@@ -452,29 +466,21 @@ def strided_copy_kernel(src_shape, offset: int, shape, strides, dtype: str = "fl
     if min(offset, last) < 0 or max(offset, last) >= prod(src_shape):
         raise ValueError(f"strided_copy: the view (offset {offset}, strides {list(strides)}, shape {list(shape)}) "
                          f"leaves the source's {prod(src_shape)} elements")
-    xv, yv = token_view(src_shape), token_view(out_shape)
-    X, Y = _packed("X", xv, dtype, in_scope), _packed("Y", yv, dtype, out_scope)
-    C = yv[1]
+    X, Y = _packed("X", token_view(src_shape), dtype, in_scope), _packed("Y", token_view(out_shape), dtype, out_scope)
     b = Builder()
-    with _work_items(b, _grid(yv), max_work_group) as idx:
-        lanes = []
-        for j in range(4):
-            e = list(idx)
-            e[1] = min_(idx[1] * 4 + j, C - 1) if C % 4 else idx[1] * 4 + j
-            lo = _logical_of(out_shape, e)
-            if out_shape != shape:
-                lo = _unravel(b.let(f"o{j}", _ravel(lo, out_shape)), shape)
-            flat = as_expr(int(offset))
-            for i, s in zip(lo, strides):
-                if s:
-                    flat = flat + i * s
-            f = b.let(f"f{j}", flat)
-            src = _view_of(src_shape, [b.let(f"s{j}_{k}", v) for k, v in enumerate(_unravel(f, src_shape))])
-            sc = b.let(f"c{j}", src[1])
-            pix = b.let(f"x{j}", X[_pixel([src[0], sc // 4, *src[2:]])])
-            v = _lane(pix, sc % 4)
-            lanes.append(select(idx[1] * 4 + j < C, v, 0.0) if C % 4 and j >= C % 4 else v)
-        b.store(Y, _pixel(idx), _vector(lanes))
+
+    def value(j, lo):
+        if out_shape != shape:
+            lo = _unravel(b.let(f"o{j}", _ravel(lo, out_shape)), shape)
+        flat = as_expr(int(offset))
+        for i, s in zip(lo, strides):
+            if s:
+                flat = flat + i * s
+        f = b.let(f"f{j}", flat)
+        return _read_view(b, X, src_shape, [b.let(f"s{j}_{k}", v) for k, v in enumerate(_unravel(f, src_shape))],
+                          str(j))
+
+    _gather_view(b, Y, out_shape, max_work_group, value)
     return b.kernel("strided_copy", [X, Y])
 
 
@@ -495,25 +501,19 @@ def concat_view_kernel(shapes, axis: int, dtype: str = "float32", in_scopes="tex
     out = shapes[0][:axis] + (sum(s[axis] for s in shapes),) + shapes[0][axis + 1:]
     scopes = _scopes(in_scopes, len(shapes), "concat_view")
     xs = [_packed(f"X{k}", token_view(s), dtype, sc) for k, (s, sc) in enumerate(zip(shapes, scopes))]
-    yv = token_view(out)
-    Y = _packed("Y", yv, dtype, out_scope)
-    C = yv[1]
+    Y = _packed("Y", token_view(out), dtype, out_scope)
     b = Builder()
-    with _work_items(b, _grid(yv), max_work_group) as idx:
-        lanes = []
-        for j in range(4):
-            e = list(idx)
-            e[1] = min_(idx[1] * 4 + j, C - 1) if C % 4 else idx[1] * 4 + j
-            lo = [b.let(f"l{j}_{k}", v) for k, v in enumerate(_logical_of(out, e))]
-            v, start = None, 0
-            for k, (x, s) in enumerate(zip(xs, shapes)):
-                src = list(lo)
-                src[axis] = min_(max_(lo[axis] - start, 0), s[axis] - 1)
-                sv = _view_of(s, src)
-                sc = b.let(f"c{j}_{k}", sv[1])
-                got = _lane(b.let(f"x{j}_{k}", x[_pixel([sv[0], sc // 4, *sv[2:]])]), sc % 4)
-                v = got if v is None else select(lo[axis] < start, v, got)
-                start += s[axis]
-            lanes.append(select(idx[1] * 4 + j < C, v, 0.0) if C % 4 and j >= C % 4 else v)
-        b.store(Y, _pixel(idx), _vector(lanes))
+
+    def value(j, lo):
+        lo = [b.let(f"l{j}_{k}", v) for k, v in enumerate(lo)]
+        v, start = None, 0
+        for k, (x, s) in enumerate(zip(xs, shapes)):
+            src = list(lo)
+            src[axis] = min_(max_(lo[axis] - start, 0), s[axis] - 1)
+            got = _read_view(b, x, s, src, f"{j}_{k}")
+            v = got if v is None else select(lo[axis] < start, v, got)
+            start += s[axis]
+        return v
+
+    _gather_view(b, Y, out, max_work_group, value)
     return b.kernel("concat_view", [*xs, Y])

@@ -179,8 +179,9 @@ class _Logical:
 
     def __init__(self, ctx: LowerCtx, node):
         self._ctx = ctx
+        from .passes_tokens import token_logical
         acts = [t for t in node.inputs + node.outputs if t not in ctx.graph.params]
-        self._logical = {t: (s[0], s[3], s[1]) for t in acts for s in [ctx.shape(t)] if len(s) == 4 and s[2] == 1}
+        self._logical = {t: token_logical(s) for t in acts for s in [ctx.shape(t)] if len(s) == 4 and s[2] == 1}
 
     def __getattr__(self, name):
         return getattr(self._ctx, name)

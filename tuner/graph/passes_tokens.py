@@ -42,6 +42,12 @@ def token_view(shape) -> tuple:
     return (shape[0], shape[2], 1, shape[1]) if len(shape) == 3 else shape
 
 
+def token_logical(view) -> tuple:
+    """The logical (a, b, c) of a token tensor stored as the view (a, c, 1, b): ``token_view``'s inverse."""
+    a, c, _, b = (int(d) for d in view)
+    return a, b, c
+
+
 def to_view(x: np.ndarray) -> np.ndarray:
     """A logical array in its stored (view) form (``token_view``)."""
     return np.ascontiguousarray(x.transpose(0, 2, 1)[:, :, None, :]) if x.ndim == 3 else x
@@ -141,10 +147,6 @@ class _View:
 
 # -- passes --------------------------------------------------------------------------------------------------
 
-def _readers(g: Graph, name: str) -> list:
-    return [n for n in g.nodes if name in n.inputs]
-
-
 def _scalar(g: Graph, t: str) -> bool:
     return t in g.params and np.ptp(np.asarray(g.params[t])) == 0  # one value, however broadcast
 
@@ -160,14 +162,14 @@ def fold_matmul_scales(graph: Graph) -> Graph:
             continue
         value = float(np.asarray(g.params[consts[0]]).reshape(-1)[0])
         scale = value if mul.op == "mul" else 1.0 / value
-        readers = _readers(g, mul.outputs[0])
+        readers = g.consumers(mul.outputs[0])
         producer = g.producer(acts[0])
         if (mul.outputs[0] not in g.outputs and len(readers) == 1 and readers[0].op == "matmul"
                 and readers[0].inputs[:2].count(mul.outputs[0]) == 1):  # q * scale, k * scale
             mm = readers[0]
             mm.inputs = [acts[0] if t == mul.outputs[0] else t for t in mm.inputs]
         elif (producer is not None and producer.op == "matmul" and acts[0] not in g.outputs
-              and len(_readers(g, acts[0])) == 1):  # (q @ k) * scale
+              and len(g.consumers(acts[0])) == 1):  # (q @ k) * scale
             mm = producer
             mm.outputs = list(mul.outputs)
         else:
@@ -257,8 +259,9 @@ def attention_ranks(graph: Graph) -> Graph:
             emit_3d(n, [as_3d(n.inputs[0], f"{n.name}.in_3d")], {**n.attrs, "axis": 2})
         elif (n.op in ("add", "mul", "sub", "div") and len(shape) >= 4 and n.attrs.get("activation", "none") == "none"
               and any(t in three for t in n.inputs)
-              and all(t in three or (t in g.params and _heads_const(g, t, shape)) for t in n.inputs)):
-            emit_3d(n, [three[t] if t in three else _heads_const(g, t, shape) for t in n.inputs], dict(n.attrs))
+              and all(t in three or t in g.params for t in n.inputs)
+              and None not in (ins := [three.get(t) or _heads_const(g, t, shape) for t in n.inputs])):
+            emit_3d(n, ins, dict(n.attrs))
         else:
             nodes.append(n)
     g.nodes = nodes
