@@ -34,11 +34,11 @@ class RecordingRuntime(Runtime):
     def view(self, pool, scope, physical_shape, dtype):
         return self._do("view", pool, scope, physical_shape, dtype)
 
-    def upload(self, mem, host):
-        return self._do("upload", mem, host)
+    def upload(self, mem, host, staged=False):
+        return self._do("upload", mem, host, staged=staged)
 
-    def download(self, mem):
-        return self._do("download", mem)
+    def download(self, mem, staged=False):
+        return self._do("download", mem, staged=staged)
 
     def prepare(self, program, kernel, args, global_size, local_size):
         return self._do("prepare", program, kernel, args, global_size, local_size)

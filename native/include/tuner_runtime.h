@@ -71,6 +71,9 @@ const char *tnr_device_name(const tnr_runtime *rt);
 const char *tnr_device_fingerprint(const tnr_runtime *rt);
 /* How the programs were built: from source, from a cached binary. */
 void tnr_build_stats(const tnr_runtime *rt, int *from_source, int *from_binary);
+/* How many inputs and outputs are staged in pinned host memory (CL_MEM_ALLOC_HOST_PTR, mapped once), so that their
+ * copies move at the bus's speed; the others are staged in ordinary memory. TUNER_RUN_PINNED=0 turns pinning off. */
+int tnr_pinned_stages(const tnr_runtime *rt);
 
 /* Copy input i (n float32 values, row-major, n = product of its shape); it is written to the device by
  * every tnr_run. */

@@ -68,6 +68,8 @@ static const struct {
     REQ(WaitForEvents, clWaitForEvents),
     REQ(GetEventProfilingInfo, clGetEventProfilingInfo),
     REQ(ReleaseEvent, clReleaseEvent),
+    OPT(EnqueueMapBuffer, clEnqueueMapBuffer),
+    OPT(EnqueueUnmapMemObject, clEnqueueUnmapMemObject),
 };
 
 static int try_load(tcl_api *api, const char *path, char *why, size_t whylen) {
@@ -541,6 +543,34 @@ int tcl_buffer(const tcl_api *api, cl_context ctx, size_t bytes, cl_mem *mem, ch
                         (int)rc);
     }
     return TNR_OK;
+}
+
+int tcl_pinned(const tcl_api *api, cl_context ctx, cl_command_queue q, size_t bytes, cl_mem *mem, void **ptr) {
+    cl_int rc = CL_SUCCESS;
+    *mem = NULL;
+    *ptr = NULL;
+    if (!api->EnqueueMapBuffer || !api->EnqueueUnmapMemObject || bytes == 0) return TNR_OK;
+    *mem = api->CreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_ALLOC_HOST_PTR, bytes, NULL, &rc);
+    if (!*mem || rc != CL_SUCCESS) {
+        *mem = NULL;
+        return TNR_OK;
+    }
+    *ptr = api->EnqueueMapBuffer(q, *mem, CL_TRUE, CL_MAP_READ | CL_MAP_WRITE, 0, bytes, 0, NULL, NULL, &rc);
+    if (!*ptr || rc != CL_SUCCESS) {
+        api->ReleaseMemObject(*mem);
+        *mem = NULL;
+        *ptr = NULL;
+    }
+    return TNR_OK;
+}
+
+void tcl_pinned_free(const tcl_api *api, cl_command_queue q, cl_mem mem, void *ptr) {
+    if (!mem) return;
+    if (ptr) {
+        api->EnqueueUnmapMemObject(q, mem, ptr, 0, NULL, NULL);
+        api->Finish(q);
+    }
+    api->ReleaseMemObject(mem);
 }
 
 int tcl_image(const tcl_api *api, cl_context ctx, size_t w, size_t h, int half, cl_mem *mem, char *err) {

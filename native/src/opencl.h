@@ -86,7 +86,10 @@ typedef struct {
 #define CL_MEM_READ_WRITE (1u << 0)
 #define CL_MEM_WRITE_ONLY (1u << 1)
 #define CL_MEM_READ_ONLY (1u << 2)
+#define CL_MEM_ALLOC_HOST_PTR (1u << 4)
 #define CL_MEM_COPY_HOST_PTR (1u << 5)
+#define CL_MAP_READ (1u << 0)
+#define CL_MAP_WRITE (1u << 1)
 #define CL_RGBA 0x10B5
 #define CL_HALF_FLOAT 0x10DD
 #define CL_FLOAT 0x10DE
@@ -158,6 +161,9 @@ typedef struct tcl_api {
     cl_int (*WaitForEvents)(cl_uint, const cl_event *);
     cl_int (*GetEventProfilingInfo)(cl_event, cl_profiling_info, size_t, void *, size_t *);
     cl_int (*ReleaseEvent)(cl_event);
+    void *(*EnqueueMapBuffer)(cl_command_queue, cl_mem, cl_bool, cl_bitfield, size_t, size_t, cl_uint,
+                              const cl_event *, cl_event *, cl_int *); /* optional: pinned staging */
+    cl_int (*EnqueueUnmapMemObject)(cl_command_queue, cl_mem, void *, cl_uint, const cl_event *, cl_event *);
 } tcl_api;
 
 /* The library search list, in order: $TUNER_OPENCL_LIB, libOpenCL.so.1, libOpenCL.so, then Android's vendor
@@ -211,6 +217,11 @@ int tcl_program_binary(const tcl_api *api, cl_program prog, unsigned char **bin,
 /* ---- memory ---- */
 int tcl_buffer(const tcl_api *api, cl_context ctx, size_t bytes, cl_mem *mem, char *err);
 /* An RGBA image2d of w x h pixels, channel type CL_FLOAT (half = 0) or CL_HALF_FLOAT (half = 1). */
+/* Host memory for staging copies that the driver moves at the bus's speed: a CL_MEM_ALLOC_HOST_PTR buffer (pinned
+ * where the driver pins it), mapped once for reading and writing and kept mapped. *ptr is NULL (and TNR_OK is
+ * returned) where the driver offers none; the caller then stages in ordinary memory. Free with tcl_pinned_free. */
+int tcl_pinned(const tcl_api *api, cl_context ctx, cl_command_queue q, size_t bytes, cl_mem *mem, void **ptr);
+void tcl_pinned_free(const tcl_api *api, cl_command_queue q, cl_mem mem, void *ptr);
 int tcl_image(const tcl_api *api, cl_context ctx, size_t w, size_t h, int half, cl_mem *mem, char *err);
 int tcl_write_buffer(const tcl_api *api, cl_command_queue q, cl_mem mem, int blocking, size_t offset, size_t bytes,
                      const void *src, char *err);

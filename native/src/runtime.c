@@ -29,6 +29,8 @@ struct tnr_runtime {
     int *call_node;
     size_t (*global)[3], (*local)[3];
     void **in_stage, **out_stage; /* device-format bytes of each input and output */
+    cl_mem *in_pin, *out_pin;      /* the mapped buffers behind them where the driver pins host memory, else NULL */
+    int pinned;                    /* how many of the stages are pinned */
     int *in_set;
     int ran;
     int from_source, from_binary;
@@ -169,6 +171,21 @@ static int alloc_blob(tnr_runtime *rt, const tnr_blob *b, cl_mem *mem) {
     return tcl_buffer(&rt->api, rt->ctx, (size_t)(b->elems * tnr_dtype_size(b->dtype)), mem, rt->err);
 }
 
+/* Staging memory for one input or output: pinned where the driver offers it (the copies then move at the bus's
+ * speed, with no bounce through a driver buffer), unless TUNER_RUN_PINNED=0; else ordinary memory. */
+static int stage(tnr_runtime *rt, const tnr_entry *e, cl_mem *pin, void **host) {
+    size_t bytes = (size_t)e->elems * tnr_dtype_size(e->dtype);
+    const char *env = getenv("TUNER_RUN_PINNED");
+    if (!(env && strcmp(env, "0") == 0)) tcl_pinned(&rt->api, rt->ctx, rt->q, bytes, pin, host);
+    if (*host) {
+        memset(*host, 0, bytes);
+        rt->pinned++;
+        return TNR_OK;
+    }
+    if (!(*host = calloc(bytes ? bytes : 1, 1))) return tnr_fail(rt->err, TNR_E_NOMEM, "out of memory");
+    return TNR_OK;
+}
+
 static int setup(tnr_runtime *rt, const char *spec) {
     tnr_artifact *a = rt->a;
     tcl_device *devs = NULL;
@@ -274,20 +291,17 @@ static int setup(tnr_runtime *rt, const char *spec) {
         }
     }
     /* staging for inputs and outputs */
-    rt->in_stage = calloc((size_t)a->ninputs, sizeof(void *));
-    rt->in_set = calloc((size_t)a->ninputs, sizeof(int));
-    rt->out_stage = calloc((size_t)a->noutputs, sizeof(void *));
-    if (!rt->in_stage || !rt->in_set || !rt->out_stage) return tnr_fail(rt->err, TNR_E_NOMEM, "out of memory");
-    for (i = 0; i < a->ninputs; i++) {
-        const tnr_entry *e = &a->entries[a->inputs[i]];
-        if (!(rt->in_stage[i] = calloc((size_t)e->elems, tnr_dtype_size(e->dtype))))
-            return tnr_fail(rt->err, TNR_E_NOMEM, "out of memory");
-    }
-    for (i = 0; i < a->noutputs; i++) {
-        const tnr_entry *e = &a->entries[a->outputs[i]];
-        if (!(rt->out_stage[i] = calloc((size_t)e->elems, tnr_dtype_size(e->dtype))))
-            return tnr_fail(rt->err, TNR_E_NOMEM, "out of memory");
-    }
+    rt->in_stage = calloc((size_t)a->ninputs + 1, sizeof(void *));
+    rt->in_pin = calloc((size_t)a->ninputs + 1, sizeof(cl_mem));
+    rt->in_set = calloc((size_t)a->ninputs + 1, sizeof(int));
+    rt->out_stage = calloc((size_t)a->noutputs + 1, sizeof(void *));
+    rt->out_pin = calloc((size_t)a->noutputs + 1, sizeof(cl_mem));
+    if (!rt->in_stage || !rt->in_pin || !rt->in_set || !rt->out_stage || !rt->out_pin)
+        return tnr_fail(rt->err, TNR_E_NOMEM, "out of memory");
+    for (i = 0; i < a->ninputs; i++)
+        if ((rc = stage(rt, &a->entries[a->inputs[i]], &rt->in_pin[i], &rt->in_stage[i]))) return rc;
+    for (i = 0; i < a->noutputs; i++)
+        if ((rc = stage(rt, &a->entries[a->outputs[i]], &rt->out_pin[i], &rt->out_stage[i]))) return rc;
     /* the params are on the device: their host copy is no longer needed */
     if ((rc = tcl_finish(&rt->api, rt->q, rt->err))) return rc;
     free(a->params_bin);
@@ -320,6 +334,16 @@ void tnr_close(tnr_runtime *rt) {
     if (!rt) return;
     if (rt->q) rt->api.Finish(rt->q);
     if (rt->pq) rt->api.Finish(rt->pq);
+    /* the pinned stages are unmapped on the run queue: before it goes */
+    for (i = 0; rt->in_stage && i < rt->a->ninputs; i++) {
+        if (rt->in_pin && rt->in_pin[i]) tcl_pinned_free(&rt->api, rt->q, rt->in_pin[i], rt->in_stage[i]);
+        else free(rt->in_stage[i]);
+    }
+    for (i = 0; rt->out_stage && i < rt->a->noutputs; i++) {
+        if (rt->out_pin && rt->out_pin[i]) tcl_pinned_free(&rt->api, rt->q, rt->out_pin[i], rt->out_stage[i]);
+        else free(rt->out_stage[i]);
+    }
+    free(rt->in_stage), free(rt->in_set), free(rt->out_stage), free(rt->in_pin), free(rt->out_pin);
     for (i = 0; rt->kernels && i < rt->ncalls; i++)
         if (rt->kernels[i]) rt->api.ReleaseKernel(rt->kernels[i]);
     for (i = 0; rt->programs && i < rt->a->nsources; i++)
@@ -333,9 +357,6 @@ void tnr_close(tnr_runtime *rt) {
     if (rt->pq) rt->api.ReleaseCommandQueue(rt->pq);
     if (rt->q) rt->api.ReleaseCommandQueue(rt->q);
     if (rt->ctx) rt->api.ReleaseContext(rt->ctx);
-    for (i = 0; rt->in_stage && i < rt->a->ninputs; i++) free(rt->in_stage[i]);
-    for (i = 0; rt->out_stage && i < rt->a->noutputs; i++) free(rt->out_stage[i]);
-    free(rt->in_stage), free(rt->in_set), free(rt->out_stage);
     free(rt->kernels), free(rt->call_node), free(rt->global), free(rt->local);
     free(rt->programs), free(rt->pools), free(rt->params), free(rt->workspaces);
     /* The OpenCL library stays loaded: drivers keep threads and atexit handlers that must not outlive their code. */
@@ -367,6 +388,7 @@ int tnr_output_shape(const tnr_runtime *rt, int i, int64_t *dims) {
 const char *tnr_dtype(const tnr_runtime *rt) { return rt && rt->a->dtype == TNR_F16 ? "float16" : "float32"; }
 const char *tnr_device_name(const tnr_runtime *rt) { return rt ? rt->device_label : ""; }
 const char *tnr_device_fingerprint(const tnr_runtime *rt) { return rt ? rt->dev.fingerprint : ""; }
+int tnr_pinned_stages(const tnr_runtime *rt) { return rt ? rt->pinned : 0; }
 void tnr_build_stats(const tnr_runtime *rt, int *from_source, int *from_binary) {
     if (from_source) *from_source = rt ? rt->from_source : 0;
     if (from_binary) *from_binary = rt ? rt->from_binary : 0;

@@ -135,8 +135,9 @@ static int run_main(int argc, char **argv) {
     {
         int from_source = 0, from_binary = 0;
         tnr_build_stats(rt, &from_source, &from_binary);
-        printf("loaded %s on %s (%s): %d programs from cached binaries, %d built from source\n", artifact,
-               tnr_device_name(rt), tnr_device_fingerprint(rt), from_binary, from_source);
+        printf("loaded %s on %s (%s): %d programs from cached binaries, %d built from source; %d of %d inputs and "
+               "outputs staged in pinned memory\n", artifact, tnr_device_name(rt), tnr_device_fingerprint(rt),
+               from_binary, from_source, tnr_pinned_stages(rt), tnr_num_inputs(rt) + tnr_num_outputs(rt));
     }
     /* inputs */
     {

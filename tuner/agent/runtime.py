@@ -276,7 +276,7 @@ class AgentRuntime(Runtime):
     def _region(self, mem: Mem) -> tuple:
         return (mem.physical_shape[1], mem.physical_shape[0]) if mem.is_texture else (0, 0)
 
-    def upload(self, mem, host):
+    def upload(self, mem, host, staged: bool = False):
         self._check(mem)
         host = np.asarray(host)
         if tuple(host.shape) != mem.physical_shape:
@@ -287,7 +287,7 @@ class AgentRuntime(Runtime):
         self._call(P.WRITE, P.Writer().u32(mem.id).u32(w).u32(h).bytes(memoryview(data).cast("B")).done(), timeout,
                    "WRITE").end()
 
-    def download(self, mem):
+    def download(self, mem, staged: bool = False):
         self._check(mem)
         w, h = self._region(mem)
         n = math.prod(mem.physical_shape) * mem.dtype.itemsize

@@ -185,11 +185,11 @@ class Module:
             if tuple(x.shape) != tuple(e.shape):
                 raise TunerError(f"input {name!r} has shape {list(x.shape)}; the model was compiled for "
                                  f"{list(e.shape)} (recompile with --input-shape to change it)")
-            self.runtime.upload(self.arrays[f"t:{name}"], x.reshape(e.physical_shape))
+            self.runtime.upload(self.arrays[f"t:{name}"], x.reshape(e.physical_shape), staged=True)
 
     def get_outputs(self) -> list:
         self.load()
-        return [self.runtime.download(self.arrays[f"t:{n}"]).reshape(self.spec.entries[n].shape)
+        return [self.runtime.download(self.arrays[f"t:{n}"], staged=True).reshape(self.spec.entries[n].shape)
                 .astype(np.float32) for n in self.spec.outputs]
 
     def run(self, inputs) -> list:

@@ -42,13 +42,15 @@ class Runtime(abc.ABC):
         """A memory handle for a tensor that lives at the start of ``pool`` (an ``alloc`` of the same kind)."""
 
     @abc.abstractmethod
-    def upload(self, mem, host: np.ndarray) -> None:
+    def upload(self, mem, host: np.ndarray, staged: bool = False) -> None:
         """Copy ``host`` (the handle's physical shape, cast to its dtype) to the device, ordered before any
-        launch submitted after it."""
+        launch submitted after it. ``staged``: the handle is copied again and again (a model's input or output),
+        so a runtime may keep a staging copy in pinned host memory for it."""
 
     @abc.abstractmethod
-    def download(self, mem) -> np.ndarray:
-        """The handle's contents, physical shape and dtype, after every launch submitted before."""
+    def download(self, mem, staged: bool = False) -> np.ndarray:
+        """The handle's contents, physical shape and dtype, after every launch submitted before. ``staged``: as
+        for ``upload``."""
 
     @abc.abstractmethod
     def prepare(self, program, kernel: str, args: list, global_size: tuple, local_size: tuple):
