@@ -7,6 +7,12 @@
 #   cudnn   time cuDNN / PyTorch eager on the same layers
 #   matmul  the matmul template tuned on attention shapes against torch.bmm (bench/matmul_gpu.py) -> matmul_gpu.md
 #   transfer  the committed H200 log on this GPU, as is and with --transfer-from (issue 26) -> transfer_from_h100.txt
+#   agent   the device agent's conformance suite against the local backend on this GPU (issue 24), then
+#           bench/agent.py (trials per minute and kernel times, agent against local); MNN's build (for peers)
+#           runs in the background during the suite and is waited for before the timed part
+#   peers   whole models with transfers (issue 25): native runtime with pinned staging and without, the Python
+#           executor (and bench/_trees/old's, if prepared), MNN's OpenCL backend, PyTorch (bench/runtimes_gpu.py
+#           all, the H200 log relabeled for this GPU; MNN's source and wheel in .mnn/, carried)
 #   peak    the device's float32 FMA rate (OpenCL kernel; torch.matmul without TF32 as a cross-check) and copy
 #           bandwidth (clEnqueueCopyBuffer of 1 GiB; a torch copy as a cross-check) -> gpu_peak.json (~30 s)
 #   stream  per layer: the best logged kernels re-timed (one launch, profiling events) and, like cuDNN, as one of
@@ -43,6 +49,26 @@ for stage in "$@"; do
             ${PRIORITY:+--priority "$REPO/$PRIORITY"} \
             --dtypes "${DTYPES:-float32,float16}" --scopes "${SCOPES:-texture,buffer}" 2>&1 | grep -v "CompilerWarning\|lambda: self._prg" | tee -a "$OUT/gpu_tune.txt"
           for f in "$OUT"/*.jsonl; do gzip -kf "$f"; done ;;  # files over 16 MiB do not come back
+    agent)  # tests import the installed tuner: its native/ is the checkout's
+      ln -sfn "$REPO/native" /tmp/site/native
+      MNN_PID=
+      if [ -f "$REPO/.mnn/mnn-src.tgz" ] && [ ! -x /tmp/mnn_build/b/benchmark.out ]; then
+        python3 "$REPO/bench/runtimes_gpu.py" mnn-build --out "$OUT" --work /tmp/mnn_work \
+          --mnn-src "$REPO/.mnn/mnn-src.tgz" > "$OUT/mnn_build.txt" 2>&1 &
+        MNN_PID=$!
+      fi
+      { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+        (cd "$REPO/tests" && TUNER_TEST_DEVICE=nvidia python3 -P -m pytest -q -p no:cacheprovider \
+          test_agent_conformance.py -rs 2>&1 | grep -v "CompilerWarning\|lambda: self._prg" | tail -25)
+      } 2>&1 | tee "$OUT/agent_conformance_nvidia.txt"
+      [ -n "$MNN_PID" ] && { wait "$MNN_PID"; tail -3 "$OUT/mnn_build.txt"; }  # the timing below runs alone
+      python3 "$REPO/bench/agent.py" --device nvidia --out "$OUT" 2>&1 \
+        | grep -v "CompilerWarning\|lambda: self._prg\|_create_built\|prg.build" | tail -20 ;;
+    peers) python3 "$REPO/bench/runtimes_gpu.py" all --out "$OUT" --new-tree "$REPO/bench/_trees/new" \
+             $([ -d "$REPO/bench/_trees/old/tuner" ] && echo --old-tree "$REPO/bench/_trees/old") \
+             --only-variants "${VARIANTS:-relabeled}" --mnn-src "$REPO/.mnn/mnn-src.tgz" \
+             --mnn-wheel "$(ls "$REPO"/.mnn/mnn-*.whl | head -1)" --deadline "${DEADLINE:-540}" ${RESUME:+--resume} 2>&1 \
+             | grep -v "CompilerWarning\|lambda: self._prg\|_create_built\|prg.build" | tail -40 ;;
     cudnn) python3 "$REPO/bench/gpu.py" cudnn --out "$OUT" 2>&1 | tail -5 ;;
     transfer) S=${SIZE:-224}; LOG="$REPO/logs/nvidia-gpu-fcae3850.jsonl"  # the H200's log on this GPU (issue 26)
             for m in resnet18 mobilenet_v2 mobilenet_v3_small; do

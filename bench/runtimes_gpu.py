@@ -489,6 +489,18 @@ def _native_runs(job: Job, meta: dict, variants: list, exe: Path, env: dict) -> 
                 if y.exists():
                     row["rel_err_vs_onnxruntime"] = _rel_err(np.load(y), ref)
             row["run_s"] = _median(row["rounds_s"])
+            # the same runs with the inputs and outputs staged in ordinary memory (TUNER_RUN_PINNED=0)
+            row["unpinned_rounds_s"] = []
+            for r in range(a.rounds if row["rounds_s"] else 0):
+                if job.left() < 20:
+                    break
+                rc, text = job.sh([exe, art, "--device", a.device, "--input", job.work / "x.npy", "--bench", a.repeats,
+                                   "--warmup", a.warmup], env={**env, "TUNER_RUN_PINNED": "0"}, quiet=True)
+                m = re.search(r"median latency ([0-9.]+) ms", text)
+                if rc or not m:
+                    break
+                row["unpinned_rounds_s"].append(float(m.group(1)) * 1e-3)
+            row["run_unpinned_s"] = _median(row["unpinned_rounds_s"])
             py = next((o for o in ours if (o["variant"], o["model"]) == (variant, name)), {})
             if row["run_s"] and py.get("kernels_only_s"):
                 row["over_python_kernels_only"] = row["run_s"] / py["kernels_only_s"]
@@ -496,6 +508,124 @@ def _native_runs(job: Job, meta: dict, variants: list, exe: Path, env: dict) -> 
             rows.append(row)
             _save_json(job.work / "native.json", rows)
     return [r for r in rows if r["variant"] in {v for v, _ in variants}]
+
+
+def _mnn_build(job: Job, meta: dict):
+    """benchmark.out, built from ``--mnn-src`` into ``--mnn-build`` unless it is there; None if it cannot be."""
+    a = job.args
+    build = Path(a.mnn_build)
+    exe = build / "b" / "benchmark.out"
+    if exe.exists():
+        return exe
+    if not (a.mnn_src and Path(a.mnn_src).exists()):
+        meta["mnn_error"] = f"no MNN source tarball at {a.mnn_src}"
+        return None
+    (build / "src").mkdir(parents=True, exist_ok=True)
+    job.sh(["tar", "xzf", a.mnn_src, "-C", build / "src"], quiet=True)
+    gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+    t0 = time.time()
+    rc, text = job.sh(["cmake", "-S", build / "src", "-B", build / "b", *gen, "-DCMAKE_BUILD_TYPE=Release",
+                       "-DMNN_OPENCL=ON", "-DMNN_BUILD_BENCHMARK=ON", "-DMNN_BUILD_TOOLS=OFF",
+                       "-DMNN_BUILD_PROTOBUFFER=OFF", "-DMNN_SEP_BUILD=OFF", "-DMNN_KLEIDIAI=OFF"], quiet=True)
+    if not rc:
+        rc, text = job.sh(["cmake", "--build", build / "b", "--target", "benchmark.out", "-j",
+                           str(os.cpu_count() or 4)], quiet=True)
+    meta["mnn_build_s"] = time.time() - t0
+    if rc or not exe.exists():
+        meta["mnn_error"] = "build failed: " + text[-1500:]
+        job.say(meta["mnn_error"])
+        return None
+    job.say(f"MNN built in {meta['mnn_build_s']:.0f} s: {exe}")
+    return exe
+
+
+def cmd_mnn_build(args) -> int:
+    """Build MNN's benchmark.out alone (a job may start it in the background before the timed stages)."""
+    job = Job(args)
+    meta: dict = {}
+    exe = _mnn_build(job, meta)
+    _save_json(job.out / "mnn_build.json", {k: v for k, v in meta.items()})
+    return 0 if exe else 1
+
+
+def _mnn(job: Job, meta: dict) -> list:
+    """MNN's OpenCL backend on the same models: built from source (``--mnn-src``, a tarball of alibaba/MNN's
+    tree; ``-DMNN_OPENCL=ON``, the benchmark target) into ``--mnn-build`` (kept between calls), each exported
+    ONNX file converted by the ``MNN`` wheel's ``mnnconvert`` (``--mnn-wheel``), then ``benchmark.out DIR
+    repeats warmup 3 MODE 1`` (forward type 3: OpenCL; MODE: the GPU mode bits, tuning 4 wide / 2 heavy, memory
+    64 buffer / 128 image; precision 1: float32). Its times include the input upload and the output download;
+    it prints the mean (and min, max) of its runs, not a median. Each mode once, then the best mode's mean
+    ``rounds`` times in all."""
+    a = job.args
+    rows = _load_json(job.work / "mnn.json", [])
+    build = Path(a.mnn_build)
+    exe = _mnn_build(job, meta)
+    if exe is None:
+        return rows
+    site = build / "site"
+    if not (site / "MNN").exists():
+        job.sh([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", site, a.mnn_wheel],
+               quiet=True)
+    # MNN dlopens libOpenCL.so (no .so.1): a folder with that name for the system's ICD loader
+    libdir = build / "lib"
+    libdir.mkdir(exist_ok=True)
+    rc, text = job.sh(["sh", "-c", "ldconfig -p | awk '/libOpenCL\\.so\\.1/ {print $NF; exit}'"], quiet=True)
+    if text.strip() and not (libdir / "libOpenCL.so").exists():
+        os.symlink(text.strip().splitlines()[0], libdir / "libOpenCL.so")
+    env = {**os.environ, "LD_LIBRARY_PATH": os.pathsep.join([str(libdir), os.environ.get("LD_LIBRARY_PATH", "")])}
+    meta["mnn_opencl"] = str(libdir / "libOpenCL.so") + " -> " + text.strip()
+    modes = [int(m) for m in a.mnn_modes.split(",")]
+    for name in a.models.split(","):
+        onnx_path = job.work / "models" / f"{name}.onnx"
+        if not onnx_path.exists() or any(r["model"] == name for r in rows):
+            continue
+        d = build / "models" / name
+        d.mkdir(parents=True, exist_ok=True)
+        model = d / f"{name}.mnn"
+        row = {"model": name, "modes": {}, "rounds_mean_s": []}
+        if not model.exists():
+            code = ("import sys; sys.argv = ['mnnconvert', '-f', 'ONNX', '--modelFile', sys.argv[1], '--MNNModel', "
+                    "sys.argv[2], '--bizCode', 'bench']; from MNN.tools.mnnconvert import main; main()")
+            rc, text = job.sh([sys.executable, "-c", code, onnx_path, model],
+                              env={**os.environ, "PYTHONPATH": str(site)}, quiet=True)
+            if rc or not model.exists():
+                row["error"] = "mnnconvert: " + text[-400:]
+                rows.append(row)
+                _save_json(job.work / "mnn.json", rows)
+                continue
+
+        def bench(mode: int):
+            rc, text = job.sh([exe, d, a.repeats, a.warmup, 3, mode, 1], env=env, quiet=True,
+                              timeout=min(240.0, job.left()))
+            m = re.search(r"max =\s*([0-9.]+) ms\s+min =\s*([0-9.]+) ms\s+avg =\s*([0-9.]+) ms", text)
+            if rc or not m:
+                return None, text[-300:]
+            return {"max_s": float(m.group(1)) * 1e-3, "min_s": float(m.group(2)) * 1e-3,
+                    "mean_s": float(m.group(3)) * 1e-3}, None
+        for mode in modes:
+            if job.left() < 30:
+                row["note"] = "deadline: fewer modes"
+                break
+            got, err = bench(mode)
+            row["modes"][str(mode)] = got or {"error": err}
+        ok = {m: v for m, v in row["modes"].items() if "mean_s" in v}
+        if ok:
+            best = min(ok, key=lambda m: ok[m]["mean_s"])
+            row["best_mode"] = int(best)
+            row["rounds_mean_s"] = [ok[best]["mean_s"]]
+            for _ in range(a.rounds - 1):
+                if job.left() < 30:
+                    break
+                got, _ = bench(int(best))
+                if got:
+                    row["rounds_mean_s"].append(got["mean_s"])
+            row["run_s"] = _median(row["rounds_mean_s"])
+        else:
+            row["error"] = "; ".join(f"mode {m}: {v.get('error')}" for m, v in row["modes"].items())[:600]
+        job.say(f"mnn {name}: " + json.dumps(row))
+        rows.append(row)
+        _save_json(job.work / "mnn.json", rows)
+    return rows
 
 
 def cmd_all(args) -> int:
@@ -526,6 +656,8 @@ def cmd_all(args) -> int:
         job.say(f"the log is of {first.get('device')} ({first.get('device_name')}, driver {first.get('driver')}); "
                 f"this device is {info['fingerprint']}: variant 'relabeled' = {rel}")
         variants.append(("relabeled", str(rel)))
+    if a.only_variants:
+        variants = [v for v in variants if v[0] in a.only_variants.split(",")] or variants[:1]  # the log's own GPU
     meta["variants"] = variants
     _save_json(job.out / "runtimes_gpu.json", {"meta": meta})
 
@@ -535,7 +667,8 @@ def cmd_all(args) -> int:
                   "ours_new": _load_json(job.work / "ours_new.json", []),
                   "ours_old": _load_json(job.work / "ours_old.json", []),
                   "native": _load_json(job.work / "native.json", []),
-                  "torch": _load_json(job.work / "torch.json", [])}
+                  "torch": _load_json(job.work / "torch.json", []),
+                  "mnn": _load_json(job.work / "mnn.json", [])}
         _save_json(job.out / "runtimes_gpu.json", result)
         write_tables(result, job.out)
 
@@ -571,6 +704,12 @@ def cmd_all(args) -> int:
             else:
                 skipped.append("torch")
             flush()
+        if i == 0 and a.mnn_src:
+            if job.left() > 60:
+                _mnn(job, meta)
+            else:
+                skipped.append("mnn")
+            flush()
         if a.old_tree and not done("ours_old", name):
             if job.left() > 60:
                 job.child("ours", a.old_tree, "--tree", "old", "--variants", one)
@@ -596,6 +735,7 @@ def _ratio(a, b) -> str:
 def table_rows(result: dict) -> list:
     rows = []
     torch_by = {t["model"]: t for t in result.get("torch", [])}
+    mnn_by = {m["model"]: m for m in result.get("mnn", [])}
     for o in result.get("ours_new", []):
         key = (o["variant"], o["model"])
         nat = next((n for n in result.get("native", []) if (n["variant"], n["model"]) == key), {})
@@ -622,6 +762,10 @@ def table_rows(result: dict) -> list:
             "graph_io_over_native_run": (t["graph_io_s"] / nat["run_s"]) if t.get("graph_io_s") and nat.get("run_s") else None,
             "rel_err_py": o.get("rel_err_vs_onnxruntime"), "rel_err_native": nat.get("rel_err_vs_onnxruntime"),
             "rel_err_old": old.get("rel_err_vs_onnxruntime"), "rel_err_torch_graph": t.get("graph_rel_err"),
+            "native_run_unpinned_s": nat.get("run_unpinned_s"),
+            "mnn_run_s": mnn_by.get(o["model"], {}).get("run_s"), "mnn_mode": mnn_by.get(o["model"], {}).get("best_mode"),
+            "mnn_over_native_run": (mnn_by[o["model"]]["run_s"] / nat["run_s"])
+            if mnn_by.get(o["model"], {}).get("run_s") and nat.get("run_s") else None,
             "errors": "; ".join(f"{k}: {d['error']}" for k, d in (("ours", o), ("native", nat), ("old", old), ("torch", t))
                                 if d.get("error"))})
     return rows
@@ -654,6 +798,14 @@ def write_tables(result: dict, out: Path) -> None:
             f"{_ms(r['torch_eager_s'])} ({_ms(r['torch_eager_io_s'])}) | {_ms(r['torch_graph_s'])} "
             f"({_ms(r['torch_graph_io_s'])}) | {_ratio(r['torch_graph_s'], r['py_kernels_only_s'])} | "
             f"{_ratio(r['torch_graph_io_s'], r['native_run_s'])} |")
+    lines += ["", "Transfers and the peer that includes them (MNN's benchmark.out prints the mean of its runs, ours "
+              "the median; MNN's mode: the best of the GPU modes tried, tuning bits | memory bits).", "",
+              "| model | log | native run, pinned staging | native run, TUNER_RUN_PINNED=0 | Python run | MNN OpenCL "
+              "(+transfers) | MNN mode | MNN / native |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['variant']} | {_ms(r['native_run_s'])} | {_ms(r['native_run_unpinned_s'])} | "
+                     f"{_ms(r['py_run_s'])} | {_ms(r['mnn_run_s'])} | {r['mnn_mode'] or '–'} | "
+                     f"{_ratio(r['mnn_run_s'], r['native_run_s'])} |")
     lines += ["", "| model | log | plan kept (new / old) | kernels | kernel sum: Python profile / native profile "
               "| rel. err. vs onnxruntime: Python / native / old / PyTorch replay | errors |",
               "| --- | --- | --- | ---: | ---: | --- | --- |"]
@@ -676,7 +828,7 @@ def cmd_table(args) -> int:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
-    for name in ("all", "export", "ours", "torch", "table", "prepare"):
+    for name in ("all", "export", "ours", "torch", "table", "prepare", "mnn-build"):
         s = sub.add_parser(name)
         s.add_argument("--out", default="/tmp/runtimes_gpu_out")
         s.add_argument("--work", default="/tmp/runtimes_gpu_work")
@@ -695,11 +847,16 @@ def main(argv=None) -> int:
         s.add_argument("--save", action="store_true")
         s.add_argument("--resume", action="store_true",
                        help="all: keep WORK's results and run only the stages that lack some model")
+        s.add_argument("--only-variants", default="", help="all: only these log variants (log, relabeled)")
+        s.add_argument("--mnn-src", default=None, help="all: a tarball of MNN's source: measure MNN's OpenCL backend")
+        s.add_argument("--mnn-wheel", default=None, help="all: the MNN wheel (its mnnconvert converts the models)")
+        s.add_argument("--mnn-build", default="/tmp/mnn_build", help="all: MNN's build folder (kept between calls)")
+        s.add_argument("--mnn-modes", default="68,132,66,130", help="all: MNN GPU modes to try (tuning | memory bits)")
         s.add_argument("--new", default="HEAD", help="prepare: the revision of bench/_trees/new")
         s.add_argument("--old", default=None, help="prepare: the revision of bench/_trees/old")
     args = p.parse_args(argv)
     return {"all": cmd_all, "export": cmd_export, "ours": cmd_ours, "torch": cmd_torch, "table": cmd_table,
-            "prepare": cmd_prepare}[args.cmd](args)
+            "prepare": cmd_prepare, "mnn-build": cmd_mnn_build}[args.cmd](args)
 
 
 if __name__ == "__main__":
