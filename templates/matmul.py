@@ -105,6 +105,9 @@ class MatmulWorkload:
             raise ValueError(f"matmul alpha must be a number (the scale of the product), got {self.alpha!r}") from None
         if not math.isfinite(alpha):
             raise ValueError(f"matmul alpha must be finite, got {self.alpha!r}")
+        if abs(alpha) > float(np.finfo(np.float32).max):  # the kernel's float literal would be infinite
+            raise ValueError(f"matmul alpha must be a float32 (at most {float(np.finfo(np.float32).max):.4g} in "
+                             f"magnitude), got {self.alpha!r}")
         set_("alpha", alpha)
         set_("activation", canonical(self.activation))  # ValueError names the choices
         if self.dtype not in ("float32", "float16"):

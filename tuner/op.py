@@ -3,6 +3,7 @@ checked against the NumPy reference and timed. ``tuner op`` is a thin layer over
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from dataclasses import dataclass
 
@@ -69,6 +70,30 @@ class OpResult:
                 "median_s": self.median, "gflops": self.gflops}
 
 
+def _shown(workload) -> str:
+    import json
+    return json.dumps(workload.key(), separators=(",", ":"))
+
+
+def _check_fits(template, workload, program, info) -> None:
+    """Every buffer the operator's run allocates within the device's limits, checked before its random inputs
+    and reference are made on the host (a huge workload gave a NumPy MemoryError traceback there)."""
+    from tuner.ir.kernel import as_program
+    prog = as_program(program)
+    for b in (*prog.params, *prog.workspaces):
+        shape = tuple(int(s) for s in b.shape)
+        if b.scope.startswith("texture"):
+            if len(shape) == 3 and (shape[1] > info.image2d_max_width or shape[0] > info.image2d_max_height):
+                raise TunerError(f"{template.name} {_shown(workload)}: {b.name!r} is a texture of {shape[1]} x "
+                                 f"{shape[0]} pixels, past this device's image2d limit of {info.image2d_max_width} x "
+                                 f"{info.image2d_max_height} ({info.name}): give smaller shapes, or --scope buffer")
+            continue
+        nbytes = math.prod(shape) * b.dtype.bytes
+        if nbytes > info.max_mem_alloc_bytes:
+            raise TunerError(f"{template.name} {_shown(workload)}: {b.name!r} needs a buffer of {nbytes} bytes; this "
+                             f"device ({info.name}) allocates at most {info.max_mem_alloc_bytes}: give smaller shapes")
+
+
 def run_op(template, workload, config=None, device=None, check: bool = True, time: bool = False,
            repeats: int = 10, seed: int = 0) -> OpResult:
     """Build ``template`` for ``workload`` with ``config`` (default: fallback), run it on random inputs,
@@ -83,7 +108,10 @@ def run_op(template, workload, config=None, device=None, check: bool = True, tim
             raise TunerError(f"{template.name} on {device.info.name}: {e}") from None
     dev = device if isinstance(device, Device) else open_device(device)
     config = config if config is not None else make_config(template, workload, dev)
-    exe = build(template.build(workload, config), dev)
+    program = template.build(workload, config)
+    if check or time:
+        _check_fits(template, workload, program, dev.info)
+    exe = build(program, dev)
     result = OpResult(template.name, workload, config, dev.fingerprint, exe.source)
     if not (check or time):
         return result
@@ -108,6 +136,7 @@ def _run_op_on(rt, template, workload, config, check: bool, time: bool, repeats:
     program = rt.build(source)
     if not (check or time):
         return result
+    _check_fits(template, workload, prog, rt.info)
     inputs = template.random_inputs(workload, np.random.default_rng(seed))
     launches, arrays = stage(rt, prog, program, inputs)
     rt.submit(launches)

@@ -849,6 +849,9 @@ class _Converter(MovementOps):
         x = self.act(ctx, ctx.proto.input[0])
         shape = self.shapes[x]
         axis = int(ctx.attrs.get("axis", -1 if self.opset >= 13 else 1))
+        if not -len(shape) <= axis < len(shape):  # ONNX refuses it; never normalized into another axis
+            ctx.fail(f"axis={axis} on a {len(shape)}-D input of shape {shape}",
+                     f"an axis in [-{len(shape)}, {len(shape) - 1}]")
         axis = axis + len(shape) if axis < 0 else axis
         # before opset 13 Softmax flattens the axes from ``axis`` on: channels only when H = W = 1
         last = self.opset >= 13 and len(shape) > 2 and 0 < axis  # attention, any axis: passes_tokens

@@ -224,6 +224,7 @@ class ApplyHistoryBest:
         names = parse_transfer_from(transfer_from) or self.transfer_from
         if self.device == fp and (not names or tuple(names) == self.named):
             return self
+        siblings = self._siblings(info, names)  # first: it adds the records of siblings' logs found beside
         records = self.records
         mine = {r.task_key[1:] for r in records if r.ok and r.device == fp}
         others = [r for r in records if r.ok and r.device != fp and r.platform == info.platform
@@ -237,7 +238,7 @@ class ApplyHistoryBest:
                           OtherDriverWarning, stacklevel=2)
         adopted = [dataclasses.replace(r, device=fp) for r in others]
         filled = mine | {r.task_key[1:] for r in others}
-        siblings, sibling_records, origin, taken = self._siblings(info, names), [], {}, []
+        sibling_records, origin, taken = [], {}, []
         for sib in siblings:
             theirs = [r for r in records if r.device == sib]
             sibling_records += theirs

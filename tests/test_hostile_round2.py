@@ -1,0 +1,78 @@
+"""The second hostile sweep of issue #23 (bench/hostile_sweep.py, bench/notes/hostile-sweep.md): each case a
+traceback, hang, silent wrong result or loss found there, now a clean ``error:`` (exit 2) or handled."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tuner.errors import TunerError
+from tuner.graph.frontend import from_onnx
+
+
+def _tokens_model(nodes, inits=(), opset=17, shape=(1, 8, 2, 3)):
+    """input (N,C,H,W) -> tokens 'tok' (N,T,C) -> nodes."""
+    n, c, hh, ww = shape
+    x = helper.make_tensor_value_info("input", TensorProto.FLOAT, list(shape))
+    out = helper.make_tensor_value_info(nodes[-1].output[0], TensorProto.FLOAT, None)
+    pre = [helper.make_node("Reshape", ["input", "s_tok"], ["flat"], name="flat"),
+           helper.make_node("Transpose", ["flat"], ["tok"], perm=[0, 2, 1], name="tok")]
+    inits = [("s_tok", np.array([n, c, hh * ww], np.int64)), *inits]
+    g = helper.make_graph(pre + list(nodes), "g", [x], [out],
+                          [numpy_helper.from_array(np.asarray(v), k) for k, v in inits])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+
+
+@pytest.mark.parametrize("axis", [3, 4, 7, -4])
+def test_softmax_axis_past_the_rank_is_refused(axis):
+    """Softmax axis=4 on a 3-D or 4-D tensor (onnxruntime refuses it) compiled, over some other axis."""
+    m = _tokens_model([helper.make_node("Softmax", ["tok"], ["y"], axis=axis, name="sm")])
+    with pytest.raises(TunerError, match=r"axis=-?\d on a 3-D input.*an axis in \[-3, 2\]"):
+        from_onnx(m)
+
+
+def test_matmul_alpha_past_float32_is_refused(capsys):
+    """--alpha 1e39 is finite in Python but infinite as the kernel's float: every output was inf and the
+    check failed with exit 1 and no error line."""
+    from tuner.cli import main
+    assert main(["op", "matmul", "--a", "2,8,12", "--b", "2,12,16", "--alpha", "1e39", "--check"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "alpha must be a float32" in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["op", "matmul", "--a", "1,1000000,1000000", "--b", "1,1000000,1000000", "--check"],
+    ["op", "conv2d", "--data", "1,100000,1000,1000", "--kernel", "4,100000,3,3", "--scope", "buffer", "--time"],
+])
+def test_op_past_the_device_allocation_is_refused_before_the_host_inputs(capsys, argv):
+    """A workload whose buffers no device can hold: the random inputs were made on the host first, a NumPy
+    MemoryError traceback (7 TiB)."""
+    from tuner.cli import main
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "allocates at most" in err and "give smaller shapes" in err
+
+
+def test_a_sibling_log_found_in_logs_is_applied(tmp_path, monkeypatch, device, conv3x3_onnx, capsys):
+    """`compile --transfer-from FP` with FP's records only in logs/FP.jsonl (no --log): the log was found and
+    read, but its records were never applied (for_device took the records before the sibling's were added):
+    every layer fell back, with no word about the sibling."""
+    import dataclasses
+    import warnings
+
+    from tuner.cli import main
+    from tuner.graph.compiler import model_tasks
+    from tuner.logs.record import Record
+    model = conv3x3_onnx(16)
+    sib = dataclasses.replace(device.info, name=device.info.name + " sibling")
+    task = next(t for t in model_tasks(model, device.info, scope="buffer") if t.template == "conv2d")
+    cfg = task.tmpl.fallback_with(task.workload, device.info, **task.knobs)
+    (tmp_path / "logs").mkdir()
+    rec = Record.new(task.template, task.workload, cfg, sib, costs=[1e-4])
+    (tmp_path / "logs" / f"{sib.fingerprint}.jsonl").write_text(rec.to_json() + "\n")
+    monkeypatch.chdir(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["compile", model, "-o", str(tmp_path / "out"), "--scope", "buffer", "--no-progress",
+                     "--transfer-from", sib.fingerprint, "--device", device.fingerprint]) == 0
+    assert f"1 from the records of sibling {sib.fingerprint}" in capsys.readouterr().out
