@@ -5,7 +5,12 @@ picking the same device by its ``tuner devices`` index): a good config, a build 
 that never ends, a kernel that crashes its process, and (the agent) its link dropped mid-measurement.
 
 The default device runs in every test; Intel's CPU runtime, where installed, too (marked slow: about 20 s
-more). About 35 s on the default device here."""
+more). About 35 s on the default device here.
+
+``TUNER_TEST_AGENT`` names another agent as exec:// takes it (``PATH [ARGS][?device=N]``: ``--stdio`` goes after
+PATH), e.g. ``native/cross/arm64-agent``, the arm64 agent under qemu-aarch64 (native/cross/qemu-arm64.sh): then
+the agent-side tests run on that agent and its own default device, and the local-backend ones are skipped (its
+device is not one of this machine's, so there is no local twin to compare with)."""
 from __future__ import annotations
 
 import dataclasses
@@ -45,12 +50,22 @@ COMPILE_ERROR = "tests.faulty_templates:COMPILE_ERROR"
 WRONG_ANSWER = "tests.faulty_templates:WRONG_ANSWER"
 RUN_FOREVER = "tests.faulty_templates:RUN_FOREVER"
 
-OPTIONS = MeasureOptions(build_timeout=120, run_timeout=4, repeats=2, min_seconds=0.001, n_parallel=1)
+# TUNER_TEST_RUN_TIMEOUT: a slower run deadline, for an agent under emulation (qemu: PoCL's LLVM specializes each
+# kernel on its first run, which takes seconds there)
+OPTIONS = MeasureOptions(build_timeout=120, run_timeout=float(os.environ.get("TUNER_TEST_RUN_TIMEOUT") or 4),
+                         repeats=2, min_seconds=0.001, n_parallel=1)
 WL = CONV2D.workload((1, 4, 6, 6), (4, 4, 3, 3), padding=1)
+
+
+EXTERNAL_AGENT = os.environ.get("TUNER_TEST_AGENT", "").strip()
+external_only = pytest.mark.skipif(bool(EXTERNAL_AGENT), reason="TUNER_TEST_AGENT: the agent side only")
 
 
 @pytest.fixture(scope="session")
 def agent_path():
+    """The agent as exec:// takes it: TUNER_TEST_AGENT, else this machine's build."""
+    if EXTERNAL_AGENT:
+        return EXTERNAL_AGENT
     from tuner.native import build
     return build()["agent"]
 
@@ -65,21 +80,22 @@ def _local_index(which: str):
     return found[0]
 
 
-BACKENDS = [("local", "default"), ("agent", "default"),
-            pytest.param(("local", "intel"), marks=pytest.mark.slow), pytest.param(("agent", "intel"), marks=pytest.mark.slow)]
+BACKENDS = [pytest.param(("local", "default"), marks=external_only), ("agent", "default"),
+            pytest.param(("local", "intel"), marks=[pytest.mark.slow, external_only]),
+            pytest.param(("agent", "intel"), marks=[pytest.mark.slow, external_only])]
 
 
 @pytest.fixture(scope="module", params=BACKENDS, ids=lambda p: "-".join(p))
 def runner(request, agent_path):
     kind, which = request.param
-    info = _local_index(which)
+    info = None if EXTERNAL_AGENT else _local_index(which)
     if kind == "local":
         r = Measurer(info, OPTIONS)
         r.kind = "local"
     else:
         from tuner.agent import AgentRuntime
-        rt = AgentRuntime(f"exec://{agent_path}?device={info.index}")
-        assert rt.info.fingerprint == info.fingerprint  # the agent's profile is the local one
+        rt = AgentRuntime(f"exec://{agent_path}" if info is None else f"exec://{agent_path}?device={info.index}")
+        assert info is None or rt.info.fingerprint == info.fingerprint  # the agent's profile is the local one
         r = RuntimeRunner(rt, OPTIONS)
         r.kind = "agent"
     yield r
@@ -170,6 +186,7 @@ def _parent(pid: str) -> int:
         return -1
 
 
+@external_only
 def test_local_worker_killed_mid_measurement():
     """The local backend's counterpart: its run worker killed -9 mid-run is a failed config (UNKNOWN), and
     the runner goes on."""

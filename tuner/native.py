@@ -4,8 +4,11 @@
 ``library`` (``build/native/libtuner_runtime.so``), ``tuner_run`` (``build/native/tuner-run``),
 ``tuner_run_asan`` (``build/native/asan/tuner-run``, AddressSanitizer + UBSan), and the device agent
 (docs/agent-protocol.md) ``agent`` (``build/native/tuner-agent``) and ``agent_asan``
-(``build/native/asan/tuner-agent``). ``native_main(argv)`` is the ``tuner native build`` command: it prints
-one ``runtime PATH`` line per runtime product and one ``agent PATH`` line per agent.
+(``build/native/asan/tuner-agent``). ``build(target)`` for a cross target (:data:`CROSS`) builds
+``libtuner_runtime.so``, ``tuner-run`` and ``tuner-agent`` into ``build/native/<target>/`` with a cross compiler
+(zig, Debian's ``aarch64-linux-gnu-gcc``, or the Android NDK's clang). ``native_main(argv)`` is the ``tuner
+native build`` command: it prints one ``runtime PATH`` line per runtime product and one ``agent PATH`` line per
+agent.
 
 ``opencl_env()`` is the environment a native program needs on a host whose OpenCL comes from Python wheels,
 as on this project's machines: there is no system ``libOpenCL``, pyopencl's wheel bundles an ICD loader
@@ -41,7 +44,11 @@ BUILD = ROOT / "build" / "native"
 PRODUCTS = {"library": "libtuner_runtime.so", "tuner_run": "tuner-run", "tuner_run_asan": "asan/tuner-run",
             "agent": "tuner-agent", "agent_asan": "asan/tuner-agent"}
 AGENTS = ("agent", "agent_asan")  # the device agent (docs/agent-protocol.md); the rest is the runtime
-# The agent's sources (native/Makefile's AGENT_SRCS), for cross builds: C11, libc, libdl, pthread.
+# For cross builds, native/Makefile's source lists (tests check they match): the runtime library (LIB_SRCS),
+# tuner-run (the CLI's file plus those) and the agent (AGENT_SRCS). C11; libc, libm, libdl, pthread.
+RUNTIME_SOURCES = ("common.c", "sha256.c", "json.c", "half.c", "npy.c", "opencl.c", "bincache.c", "artifact.c",
+                   "runtime.c")
+CLI_SOURCE = "tuner_run.c"
 AGENT_SOURCES = ("common.c", "sha256.c", "opencl.c", "bincache.c", "proto.c", "executor.c", "agent.c")
 # target -> (what it is for, zig's target triple; None: the NDK's clang)
 CROSS = {
@@ -49,17 +56,23 @@ CROSS = {
     "linux-x86_64": ("x86_64 Linux with glibc 2.17 or later", "x86_64-linux-gnu.2.17"),
     "android-arm64": ("Android 7 (API 24) or later on arm64-v8a, with the NDK", None),
 }
+# target -> Debian's cross gcc, used where zig is not (its programs need the build machine's glibc or later:
+# 2.36 on bookworm) and the Debian package that has it
+GCC_CROSS = {"linux-arm64": ("aarch64-linux-gnu-gcc", "gcc-aarch64-linux-gnu")}
+CROSS_CFLAGS = ("-O2", "-std=c11", "-Wall", "-Wextra", "-Werror", "-Wno-format-truncation", "-fPIC")
 
 
-def build(target: str = "host", build_dir=None, quiet: bool = True, ndk=None) -> dict:
+def build(target: str = "host", build_dir=None, quiet: bool = True, ndk=None, compiler=None) -> dict:
     """Build the native runtime and the device agent for ``target`` and return the paths: for ``host`` (this
     machine, with its gcc; incremental, make) ``{"library", "tuner_run", "tuner_run_asan", "agent",
-    "agent_asan"}``; for a cross target (:data:`CROSS`) ``{"agent": build/native/<target>/tuner-agent}``, built
-    with ``zig cc`` (``zig`` on PATH or the ``ziglang`` package) or, for ``android-arm64``, the NDK's clang
-    (``ndk``: the NDK's directory, default ``$ANDROID_NDK_HOME``). Push the Android one with
-    ``TUNER_AGENT_ANDROID=PATH`` (adb:// finds build/native/android-arm64/tuner-agent by itself)."""
+    "agent_asan"}``; for a cross target (:data:`CROSS`) ``{"library", "tuner_run", "agent"}`` in
+    build/native/<target>/ (no ASan builds), built with ``zig cc`` (``zig`` on PATH or the ``ziglang``
+    package), else for ``linux-arm64`` Debian's ``aarch64-linux-gnu-gcc``, or for ``android-arm64`` the NDK's
+    clang (``ndk``: the NDK's directory, default ``$ANDROID_NDK_HOME``). ``compiler`` (``"zig"`` or ``"gcc"``)
+    picks one of the first two. Push the Android agent with ``TUNER_AGENT_ANDROID=PATH`` (adb:// finds
+    build/native/android-arm64/tuner-agent by itself)."""
     if target != "host":
-        return _cross_build(target, build_dir, ndk)
+        return _cross_build(target, build_dir, ndk, compiler)
     if not (NATIVE / "Makefile").is_file():
         raise TunerError(f"no native sources at {NATIVE} (the native runtime is built from a source checkout)")
     for tool in ("make", os.environ.get("CC", "gcc")):
@@ -88,13 +101,8 @@ def _zig() -> list | None:
     return None
 
 
-def _cross_build(target: str, build_dir, ndk) -> dict:
-    if target not in CROSS:
-        raise TunerError(f"native build target {target!r}: choose host, "
-                         + ", ".join(f"{k} ({v[0]})" for k, v in CROSS.items()))
-    out = (Path(build_dir) if build_dir is not None else BUILD / target)
-    out.mkdir(parents=True, exist_ok=True)
-    exe = out / "tuner-agent"
+def _cross_cc(target: str, ndk, compiler) -> list:
+    """The compiler command (a list) for ``target``, or a one-line TunerError naming what to install."""
     triple = CROSS[target][1]
     if triple is None:  # Android: bionic needs the NDK's sysroot
         ndk = ndk or os.environ.get("ANDROID_NDK_HOME") or os.environ.get("ANDROID_NDK_ROOT")
@@ -102,19 +110,66 @@ def _cross_build(target: str, build_dir, ndk) -> dict:
         if not clang:
             raise TunerError(f"native build --target {target}: needs the Android NDK (r21 or later): pass --ndk DIR "
                              f"or set ANDROID_NDK_HOME" + (f" ({ndk} has no aarch64-linux-android24-clang)" if ndk else ""))
-        cc = [str(clang[0])]
-    else:
-        cc = _zig()
-        if cc is None:
+        return [str(clang[0])]
+    if compiler not in (None, "zig", "gcc"):
+        raise TunerError(f"native build --target {target}: compiler {compiler!r}: choose zig or gcc")
+    gcc, package = GCC_CROSS.get(target, (None, None))
+    if compiler != "gcc":
+        zig = _zig()
+        if zig is not None:
+            return [*zig, "cc", "-target", triple]
+        if compiler == "zig" or gcc is None:
             raise TunerError(f"native build --target {target}: needs zig (`pip install ziglang`, or zig on PATH)")
-        cc = [*cc, "cc", "-target", triple]
-    cmd = [*cc, "-O2", "-std=c11", "-Wall", "-Wextra", "-Werror", "-Wno-format-truncation",
-           *[str(NATIVE / "src" / f) for f in AGENT_SOURCES], "-o", str(exe), "-ldl", "-lpthread", "-s"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0 or not exe.is_file():
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-30:])
-        raise TunerError(f"native build for {target} failed ({' '.join(cmd[:4])} ...):\n{tail}")
-    return {"agent": str(exe)}
+    elif gcc is None:
+        raise TunerError(f"native build --target {target}: builds with zig only (`pip install ziglang`, or zig on "
+                         f"PATH); gcc cross builds are for {', '.join(GCC_CROSS)}")
+    if shutil.which(gcc):
+        return [gcc]
+    raise TunerError(f"native build --target {target}: needs " + ("" if compiler == "gcc" else "zig (`pip install "
+                     "ziglang`, or zig on PATH) or ") + f"{gcc} on PATH (`apt-get install {package}`)")
+
+
+def _cross_build(target: str, build_dir, ndk, compiler=None) -> dict:
+    """The runtime library, tuner-run and the agent for ``target``: each source compiled once (-fPIC) into
+    ``obj/``, then linked three ways, stripped."""
+    if target not in CROSS:
+        raise TunerError(f"native build target {target!r}: choose host, "
+                         + ", ".join(f"{k} ({v[0]})" for k, v in CROSS.items()))
+    cc = _cross_cc(target, ndk, compiler)
+    out = (Path(build_dir) if build_dir is not None else BUILD / target)
+    obj = out / "obj"
+    obj.mkdir(parents=True, exist_ok=True)
+    # bionic has pthread in libc and no libpthread
+    libs = ["-ldl", "-lm"] if target.startswith("android") else ["-ldl", "-lm", "-lpthread"]
+    sources = sorted({*RUNTIME_SOURCES, CLI_SOURCE, *AGENT_SOURCES})
+
+    def run(cmd, what):
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-30:])
+            raise TunerError(f"native build for {target} failed at {what} ({' '.join(cmd[:4])} ...):\n{tail}")
+
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+        for f in [pool.submit(run, [*cc, *CROSS_CFLAGS, "-c", str(NATIVE / "src" / s), "-o", str(obj / f"{s[:-2]}.o")],
+                              s) for s in sources]:
+            f.result()
+
+    def o(names):
+        return [str(obj / f"{s[:-2]}.o") for s in names]
+
+    products = {
+        "library": (out / PRODUCTS["library"], ["-shared", "-Wl,-soname,libtuner_runtime.so", "-Wl,--no-undefined",
+                                                *o(RUNTIME_SOURCES)]),
+        "tuner_run": (out / PRODUCTS["tuner_run"], o((CLI_SOURCE, *RUNTIME_SOURCES))),
+        "agent": (out / PRODUCTS["agent"], o(AGENT_SOURCES)),
+    }
+    for path, args in products.values():
+        path.unlink(missing_ok=True)
+        run([*cc, *args, "-o", str(path), *libs, "-s"], path.name)
+        if not path.is_file():
+            raise TunerError(f"native build for {target} finished without {path}")
+    return {k: str(path) for k, (path, _) in products.items()}
 
 
 def _pyopencl_dir() -> Path | None:
@@ -199,14 +254,18 @@ def native_main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="build build/native/{libtuner_runtime.so,tuner-run,tuner-agent} and their "
                                      "ASan builds under asan/")
-    b.add_argument("--target", default="host", help="host (default), or the agent alone for " + ", ".join(CROSS))
+    b.add_argument("--target", default="host", help="host (default), or a cross build (runtime and agent, in "
+                                                     "build/native/TARGET) for " + ", ".join(CROSS))
+    b.add_argument("--compiler", choices=("zig", "gcc"), default=None,
+                   help="for a Linux cross target: zig (the default where present) or Debian's cross gcc ("
+                        + ", ".join(v[0] for v in GCC_CROSS.values()) + ")")
     b.add_argument("--ndk", default=None, help="the Android NDK's directory (--target android-arm64)")
     b.add_argument("--build-dir", default=None, help="where (default build/native)")
     sub.add_parser("env", help="print the OpenCL environment a native program needs here")
     args = p.parse_args(argv)
     try:
         if args.cmd == "build":
-            for key, path in build(args.target, args.build_dir, ndk=args.ndk).items():
+            for key, path in build(args.target, args.build_dir, ndk=args.ndk, compiler=args.compiler).items():
                 print(f"{'agent' if key in AGENTS else 'runtime'} {path}")
         else:
             env = opencl_env({})
