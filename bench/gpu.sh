@@ -58,16 +58,18 @@ for stage in "$@"; do
         MNN_PID=$!
       fi
       { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-        (cd "$REPO/tests" && TUNER_TEST_DEVICE=nvidia python3 -P -m pytest -q -p no:cacheprovider \
-          test_agent_conformance.py -rs 2>&1 | grep -v "CompilerWarning\|lambda: self._prg" | tail -25)
+        # the repository on the path after the installed package: the faulty templates are tests.faulty_templates
+        (cd "$REPO/tests" && PYTHONPATH=/tmp/site:$REPO TUNER_TEST_DEVICE=nvidia python3 -P -m pytest -q \
+          -p no:cacheprovider test_agent_conformance.py -rs 2>&1 | grep -v "CompilerWarning\|lambda: self._prg" \
+          > "$OUT/agent_conformance_full.txt"; tail -25 "$OUT/agent_conformance_full.txt")
       } 2>&1 | tee "$OUT/agent_conformance_nvidia.txt"
       [ -n "$MNN_PID" ] && { wait "$MNN_PID"; tail -3 "$OUT/mnn_build.txt"; }  # the timing below runs alone
-      python3 "$REPO/bench/agent.py" --device nvidia --out "$OUT" 2>&1 \
+      [ "${AGENT_BENCH:-1}" = 0 ] || python3 "$REPO/bench/agent.py" --device nvidia --out "$OUT" 2>&1 \
         | grep -v "CompilerWarning\|lambda: self._prg\|_create_built\|prg.build" | tail -20 ;;
     peers) python3 "$REPO/bench/runtimes_gpu.py" all --out "$OUT" --new-tree "$REPO/bench/_trees/new" \
              $([ -d "$REPO/bench/_trees/old/tuner" ] && echo --old-tree "$REPO/bench/_trees/old") \
              --only-variants "${VARIANTS:-relabeled}" --mnn-src "$REPO/.mnn/mnn-src.tgz" \
-             --mnn-wheel "$(ls "$REPO"/.mnn/mnn-*.whl | head -1)" --deadline "${DEADLINE:-540}" ${RESUME:+--resume} 2>&1 \
+             --mnn-wheel "$(ls "$REPO"/.mnn/mnn-*.whl | head -1)" --mnn-modes "${MNN_MODES:-68,132,66,130}" --deadline "${DEADLINE:-540}" ${RESUME:+--resume} 2>&1 \
              | grep -v "CompilerWarning\|lambda: self._prg\|_create_built\|prg.build" | tail -40 ;;
     cudnn) python3 "$REPO/bench/gpu.py" cudnn --out "$OUT" 2>&1 | tail -5 ;;
     transfer) S=${SIZE:-224}; LOG="$REPO/logs/nvidia-gpu-fcae3850.jsonl"  # the H200's log on this GPU (issue 26)

@@ -577,8 +577,9 @@ def _mnn(job: Job, meta: dict) -> list:
     modes = [int(m) for m in a.mnn_modes.split(",")]
     for name in a.models.split(","):
         onnx_path = job.work / "models" / f"{name}.onnx"
-        if not onnx_path.exists() or any(r["model"] == name for r in rows):
+        if not onnx_path.exists() or any(r["model"] == name and not r.get("error") for r in rows):
             continue
+        rows = [r for r in rows if r["model"] != name]  # an earlier try that failed (a deadline) is tried again
         d = build / "models" / name
         d.mkdir(parents=True, exist_ok=True)
         model = d / f"{name}.mnn"

@@ -105,7 +105,10 @@ def runner(request, agent_path):
 
 
 def _measure(runner, *templates):
-    cfg = CONV2D.fallback(WL, runner.info)
+    # buffer scopes on every device: the faulty kernels store single floats, which a texture cannot take (a GPU's
+    # fallback config keeps its operands in textures; lowering then refuses the faulty kernel as COMPILE)
+    cfg = dataclasses.replace(CONV2D.fallback(WL, runner.info), input_scope="buffer", weight_scope="buffer",
+                              output_scope="buffer")
     return runner.measure([MeasureInput(t, WL, cfg) for t in templates])
 
 
@@ -142,9 +145,12 @@ def test_endless_kernel_times_out_then_the_next_config_measures(runner):
 
 
 def test_crashing_kernel_is_unknown_then_the_next_config_measures(runner):
+    """A CPU device's process dies of SIGSEGV; a GPU's driver reports the fault and loses the queue (NVIDIA:
+    CL_INVALID_COMMAND_QUEUE). Either way the config is UNKNOWN and the next one runs in a fresh process that opens
+    the device again (on NVIDIA the next config failed too, on both backends, before they started afresh)."""
     crash, good = _measure(runner, CRASH, "conv2d")
     assert crash.error_code == ErrorCode.UNKNOWN, crash.error_msg
-    assert "died" in crash.error_msg or "crash" in crash.error_msg
+    assert any(w in crash.error_msg for w in ("died", "crash", "device faulted")), crash.error_msg
     assert good.ok, good.error_msg
 
 

@@ -56,3 +56,32 @@ def test_every_error_code_from_a_real_failing_config(device):
         r.median_s, r.gflops = 1e-9, 1e9  # a failure that claims to be fast
     (best,) = best_records(records).values()
     assert best.ok and best.error_code == 0 and best.config in (records[0].config, records[-1].config)
+
+
+def test_a_worker_whose_device_faulted_is_replaced(monkeypatch):
+    """A run that leaves the device unusable (a GPU's queue lost to a kernel's wild access; see
+    tuner.measure.jobs._faulted) answers with ``restart``: the worker process is ended and the next call starts
+    a fresh one, which opens the device again. The flag does not reach the caller. (On NVIDIA's OpenCL the
+    config after such a fault failed too before this; the conformance suite checks it there.)"""
+    import sys
+
+    from tuner.measure import process
+
+    script = ("import pickle, sys\n"
+              "msg = pickle.load(sys.stdin.buffer)\n"
+              "pickle.dump((7, {'msg': 'the device faulted', 'restart': msg[1][0]}), sys.stdout.buffer)\n"
+              "sys.stdout.buffer.flush()\n"
+              "pickle.load(sys.stdin.buffer)\n")  # then waits, as a worker does
+
+    def start(self):
+        self.proc = process.subprocess.Popen([sys.executable, "-c", script], stdin=process.subprocess.PIPE,
+                                             stdout=process.subprocess.PIPE)
+    monkeypatch.setattr(process.Worker, "_start", start)
+    w = process.Worker("0")
+    try:
+        code, payload = w.call("run", (True,), 30, ErrorCode.RUN_TIMEOUT)
+        assert (code, payload) == (7, {"msg": "the device faulted"}) and w.proc is None  # ended, flag removed
+        code, payload = w.call("run", (False,), 30, ErrorCode.RUN_TIMEOUT)  # a fresh process answers
+        assert code == 7 and w.proc is not None and w.proc.poll() is None  # no restart asked: it is kept
+    finally:
+        w.kill()

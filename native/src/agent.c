@@ -406,6 +406,7 @@ static void serve(int in, int out, int listen_fd) {
                 opened = 1;
             }
             rc = tpr_send(out, h.type, h.rid, rh.word, rbody, (size_t)rh.len);
+            if (rh.word == TPR_CRASHED) reap(0); /* the executor's device faulted: it exits; the next request starts another */
         } else {
             rc = tpr_send_error(out, h.type, h.rid, (unsigned)rc, msg);
         }

@@ -58,6 +58,7 @@ typedef struct {
     ex_prog *progs;
     ex_launch *launches;
     uint32_t nmem, nprog, nlaunch, capmem, capprog, caplaunch;
+    int lost; /* the device faulted: reply, then exit (the supervisor starts another executor) */
 } executor;
 
 static int fail(char *msg, int status, const char *fmt, ...)
@@ -701,13 +702,25 @@ static int enqueue_all(executor *ex, ex_launch **ls, uint32_t n, cl_event *event
     return TPR_OK;
 }
 
+/* Waits for a run's launches. clFinish failing after launches means the device faulted (a kernel's wild access:
+ * NVIDIA loses the queue, CL_INVALID_COMMAND_QUEUE; others say CL_OUT_OF_RESOURCES) and the context is no longer
+ * usable, as when a CPU device's kernel kills its process: the executor answers CRASHED and exits after the reply;
+ * the supervisor starts another, which opens the device afresh. */
+static int finish_run(executor *ex, char *msg) {
+    char err[TNR_ERRLEN];
+    if (tcl_finish(&ex->api, ex->q, err) == TNR_OK) return TPR_OK;
+    ex->lost = 1;
+    return fail(msg, TPR_CRASHED, "the device faulted during the run (%s): the executor exits and the next request "
+                "opens the device again; every handle is gone", err);
+}
+
 /* One timed round: the launches' summed device seconds (or each one's, into each). */
 static int timed_round(executor *ex, ex_launch **ls, uint32_t n, cl_event *events, double *sum, double *each, char *msg) {
     char err[TNR_ERRLEN];
     uint32_t i;
     int rc = enqueue_all(ex, ls, n, events, msg);
     if (rc != TPR_OK) return rc;
-    if (tcl_finish(&ex->api, ex->q, err) != TNR_OK) rc = fail(msg, TPR_RUNTIME, "%s", err);
+    rc = finish_run(ex, msg);
     *sum = 0;
     for (i = 0; i < n; i++) {
         double s = 0;
@@ -725,7 +738,6 @@ static int do_run(executor *ex, unsigned type, tpr_reader *r, tpr_buf *out, char
     cl_event *events = NULL;
     double min_s = 0, sum = 0, *costs = NULL, *each = NULL;
     size_t capcost = 0;
-    char err[TNR_ERRLEN];
     int status = TPR_OK;
     (void)type;
     if (!r->bad && (n < 1 || n > MAX_LAUNCHES || (uint64_t)n * 4 > (uint64_t)(r->n - r->i)))
@@ -769,8 +781,7 @@ static int do_run(executor *ex, unsigned type, tpr_reader *r, tpr_buf *out, char
             }
     }
     if (mode == TPR_RUN_ONCE) {
-        if ((status = enqueue_all(ex, ls, n, NULL, msg)) == TPR_OK && tcl_finish(&ex->api, ex->q, err) != TNR_OK)
-            status = fail(msg, TPR_RUNTIME, "%s", err);
+        if ((status = enqueue_all(ex, ls, n, NULL, msg)) == TPR_OK) status = finish_run(ex, msg);
         goto out;
     }
     if (mode == TPR_RUN_PROFILE) {
@@ -790,10 +801,7 @@ static int do_run(executor *ex, unsigned type, tpr_reader *r, tpr_buf *out, char
     }
     for (i = 0; i < warmup; i++) {
         if ((status = enqueue_all(ex, ls, n, NULL, msg)) != TPR_OK) goto out;
-        if (tcl_finish(&ex->api, ex->q, err) != TNR_OK) {
-            status = fail(msg, TPR_RUNTIME, "%s", err);
-            goto out;
-        }
+        if ((status = finish_run(ex, msg)) != TPR_OK) goto out;
     }
     {
         double total = 0;
@@ -875,7 +883,7 @@ void tnr_agent_executor(int fd) {
         tpr_buf_free(&out);
         free(body);
         body = NULL;
-        if (rc != 0) break;
+        if (rc != 0 || ex.lost) break;
     }
     free(body);
     shutdown_executor(&ex);

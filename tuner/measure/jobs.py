@@ -9,6 +9,18 @@ import numpy as np
 from tuner.errors import CompileError, ErrorCode, LoweringError, TunerError
 
 
+def _faulted(dev) -> bool:
+    """After an OpenCL error: is the device's queue still usable? A kernel's wild access on a GPU loses the
+    queue (NVIDIA: CL_INVALID_COMMAND_QUEUE on every later call) as a CPU device's kills the process; an error at
+    enqueue (too many resources for a launch) leaves it working."""
+    import pyopencl as cl
+    try:
+        dev.queue.finish()
+        return False
+    except cl.Error:
+        return True
+
+
 @lru_cache(maxsize=None)
 def _device(spec: str):
     from tuner.runtime.device import open_device
@@ -89,5 +101,9 @@ def run(spec: str, template, workload, config, warmup: int, repeats: int, min_se
                 return ErrorCode.WRONG_ANSWER, {"msg": shape, "max_rel_error": rel if rel == rel else None}
         costs = exe.time(arrays, warmup=warmup, repeats=repeats, min_seconds=min_seconds)
     except (cl.Error, cl.RuntimeError, TunerError, MemoryError) as e:
+        if isinstance(e, cl.Error) and _faulted(dev):  # "restart": process.Worker starts a fresh process next
+            return ErrorCode.UNKNOWN, {"msg": f"the device faulted during the run ({type(e).__name__}: {e}): the run "
+                                              f"worker exits and the next config opens the device again",
+                                       "max_rel_error": rel, "restart": True}
         return ErrorCode.RUNTIME, {"msg": f"{type(e).__name__}: {e}", "max_rel_error": rel}
     return ErrorCode.NO_ERROR, {"costs": costs, "max_rel_error": rel}

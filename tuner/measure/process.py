@@ -34,7 +34,11 @@ class Worker:
             if not ready:
                 self.kill()
                 return timeout_code, f"{job} did not finish within {timeout:g} s (worker killed)"
-            return pickle.load(self.proc.stdout)
+            result = pickle.load(self.proc.stdout)
+            if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict) \
+                    and result[1].pop("restart", False):
+                self.kill()  # its device is unusable (a fault): the next call starts a fresh process
+            return result
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError, pickle.UnpicklingError):
             code = self.proc.poll() if self.proc is not None else None
             if code is None and self.proc is not None:
