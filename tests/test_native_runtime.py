@@ -257,3 +257,29 @@ def test_tuner_run_runtime_native(native, artifacts, tmp_path, capsys):
                  "--output", str(tmp_path / "y.npy"), "--bench", "2"]) == 0
     want = load_module(art, device="pocl").run([x])[0]
     assert _rel(np.load(tmp_path / "y.npy"), want) < 1e-5
+
+
+def _jni_include() -> Path | None:
+    homes = [os.environ.get("JAVA_HOME", "")] + sorted(str(p) for p in Path("/usr/lib/jvm").glob("*"))
+    for home in homes:
+        if home and (Path(home) / "include" / "jni.h").is_file():
+            return Path(home) / "include"
+    return None
+
+
+def test_jni_example_builds(native, tmp_path):
+    """The JNI snippet of docs/android-app.md (native/examples/jni/tuner_jni.c) compiles warning-free against a
+    JDK's jni.h and links against the runtime library, exporting the three methods the Java class declares."""
+    inc = _jni_include()
+    if inc is None:
+        pytest.skip("no JDK headers (jni.h) here")
+    lib = Path(native["library"])
+    out = tmp_path / "libtuner_jni.so"
+    r = subprocess.run(["gcc", "-std=c11", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
+                        f"-I{inc}", f"-I{inc / 'linux'}", f"-I{ROOT / 'native' / 'include'}",
+                        str(ROOT / "native" / "examples" / "jni" / "tuner_jni.c"), f"-L{lib.parent}",
+                        "-ltuner_runtime", "-o", str(out)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    syms = subprocess.run(["nm", "-D", "--defined-only", str(out)], capture_output=True, text=True).stdout
+    for name in ("open", "run", "close"):
+        assert f"Java_com_example_tuner_TunedModel_{name}" in syms
