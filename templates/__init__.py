@@ -22,6 +22,7 @@ A template owns everything template-specific: its search space, cost-model ``fea
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -92,7 +93,8 @@ class Template:
     space_file: str | None = None  # search-space name or path when not the template's own name
     features: Callable | None = None  # (space_vars, knob values) -> {name: number}: what a config implies, for
     # the cost model (work per work-item, work-group size, bytes read per multiply-add, registers, ...)
-    describe: Callable | None = None  # (workload) -> short text for labels, e.g. "1x64x56x56 k64x3x3 s1 p1"
+    describe: Callable | None = None  # (workload) -> short text for labels where the generic label of the
+    # workload's fields (workload_label: "64->64 3x3 p1 @56x56 +relu") does not read well (matmul)
     model_knobs: dict = field(default_factory=dict)  # knobs a model pins so that neighbouring kernels agree
     workload_args: tuple = ()  # WorkloadArg per workload field the command line sets
     graph_ops: tuple = ()  # the graph operators (``Node.op``: "conv2d", "dense") whose nodes ``lower`` may take
@@ -104,10 +106,19 @@ class Template:
     # a ValueError names what is wrong with a node it takes (the planner adds the node's name)
 
     def label(self, workload) -> str:
-        """The workload in a few words: the template's ``describe``, else its input shape."""
+        """The workload in a few words (``64->128 3x3 s2 p1 @56x56 +bias+relu``): the template's ``describe``,
+        else the generic label of its fields (``workload_label``). The one label of a workload, in task names,
+        compile summaries, ``tuner logs`` and reports."""
         if self.describe is not None:
             return self.describe(workload)
-        return "x".join(map(str, getattr(workload, "data", ()))) or str(workload)
+        return workload_label(self.name, workload.key()).split(" ", 1)[-1]
+
+    def key_label(self, key: dict) -> str:
+        """``label`` of a logged workload key; a key this template cannot rebuild gets the generic label."""
+        try:
+            return self.label(self.workload(**{k: v for k, v in key.items() if k != "op"}))
+        except (TypeError, ValueError):
+            return workload_label(self.name, key).split(" ", 1)[-1]
 
     def space(self, workload=None, device=None, **fixed):
         """The declarative search space (``search_space/<name>.toml``); given a workload and a device
@@ -160,10 +171,75 @@ def epilogue_text(wl) -> str:
     return "".join(parts)
 
 
-def window_text(wl) -> str:
-    """`` s1 p1`` (and `` d2``): a 2-D window's stride, padding and dilation, each as one number when uniform."""
-    one = lambda v: str(v[0]) if len(set(v)) == 1 else ",".join(map(str, v))  # noqa: E731
-    return f" s{one(wl.stride)} p{one(wl.padding)}" + (f" d{one(wl.dilation)}" if set(wl.dilation) != {1} else "")
+
+# ---- the one workload label: tasks, compile summaries, logs, reports ----
+
+def _dims(xs) -> str:
+    return "x".join(str(x) for x in xs)
+
+
+def _pair(p, default) -> str | None:
+    """``s2`` for (2, 2), ``s(2,1)`` for (2, 1), None for the default."""
+    p = tuple(p) if isinstance(p, (list, tuple)) else (p, p)
+    if all(v == default for v in p):
+        return None
+    return str(p[0]) if len(set(p)) == 1 else "(" + ",".join(map(str, p)) + ")"
+
+
+def _padding(p) -> str | None:
+    p = tuple(p) if isinstance(p, (list, tuple)) else (p,) * 4
+    if not any(p):
+        return None
+    if len(set(p)) == 1:
+        return str(p[0])
+    if len(p) == 4 and p[:2] == p[2:]:
+        return f"({p[0]},{p[1]})"  # symmetric: height, width
+    return "(" + ",".join(map(str, p)) + ")"
+
+
+_KNOWN = {"op", "data", "kernel", "weight", "stride", "padding", "dilation", "groups", "dtype", "bias",
+          "activation", "residual"}
+
+
+def workload_label(template: str, wl: dict) -> str:
+    """A short readable workload name that still tells workloads apart, defaults left out:
+    ``conv2d 64->128 3x3 s2 p1 @56x56``, ``depthwise_conv2d 32 3x3 p1 @112x112 +bias+relu6``,
+    ``dense 512->1000``. Fields this function does not know are appended as ``name=value``."""
+    parts = [template]
+    data = wl.get("data")
+    if "kernel" in wl and data and len(data) == 4 and len(wl["kernel"]) == 4:
+        n, c, h, w = data
+        o, _, r, s = wl["kernel"]
+        parts.append(str(c) if template.startswith("depthwise") and o == c else f"{c}->{o}")
+        parts.append(f"{r}x{s}")
+        for prefix, key, default in (("s", "stride", 1), ("d", "dilation", 1)):
+            v = _pair(wl.get(key, default), default)
+            if v:
+                parts.append(prefix + v)
+        pad = _padding(wl.get("padding", 0))
+        if pad:
+            parts.append("p" + pad)
+        if wl.get("groups", 1) != 1:
+            parts.append(f"g{wl['groups']}")
+        parts.append(f"@{h}x{w}")
+    elif "weight" in wl and data and len(data) == 2:
+        n, k = data
+        parts.append(f"{k}->{wl['weight'][0]}")
+    else:
+        n = None
+        if data is not None:
+            parts.append(_dims(data))
+    if n not in (None, 1):
+        parts.append(f"n{n}")
+    if wl.get("dtype", "float32") != "float32":
+        parts.append(str(wl["dtype"]).replace("float", "fp"))
+    epilogue = [e for e, on in (("bias", wl.get("bias")), ("res", wl.get("residual"))) if on]
+    if wl.get("activation", "none") not in ("none", None):
+        epilogue.append(str(wl["activation"]))
+    if epilogue:
+        parts.append("+" + "+".join(epilogue))
+    parts += [f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in wl.items() if k not in _KNOWN]
+    return " ".join(parts)
 
 
 def node_epilogue(ctx, node) -> tuple:

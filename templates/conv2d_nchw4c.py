@@ -20,7 +20,7 @@ from tuner.ir.expr import Cast, ExtractLane, Ramp, as_expr, const, max_, min_, s
 from tuner.ir.activations import NAMES as ACTIVATIONS  # noqa: F401  (importers use the name)
 from tuner.ir.activations import apply_ir, apply_numpy, canonical
 from tuner.ir.schedule import cache_read
-from tuner.templates import EPILOGUE_ARGS, WINDOW_ARGS, Template, WorkloadArg, epilogue_text, shape_text, window_text
+from tuner.templates import EPILOGUE_ARGS, WINDOW_ARGS, Template, WorkloadArg
 
 
 
@@ -481,11 +481,6 @@ def features(v: dict, k: dict) -> dict:
             "steps_per_item": _log2(v["CG4"] * v["R"] * v["S"] / k.get("split_k", 1))}
 
 
-def describe(wl: Conv2dWorkload) -> str:
-    """``1x64x56x56 k64x3x3 s1 p1 +relu``"""
-    groups = f" g{wl.groups}" if wl.groups > 1 else ""
-    return f"{shape_text(wl.data)} k{wl.kernel[0]}x{wl.kernel[2]}x{wl.kernel[3]}{groups}{window_text(wl)}" \
-        + epilogue_text(wl)
 
 
 def is_depthwise(data: tuple, kernel: tuple, groups: int) -> bool:
@@ -538,5 +533,5 @@ VARIABLES = dict(N="batch", C="input channels", H="input height", W="input width
                  kernel="kernel shape OIHW", out="output shape NCHW", bias="fused bias",
                  residual="fused residual add", stride="stride (h, w)", dilation="dilation (h, w)")
 TEMPLATE = Template("conv2d", Conv2dWorkload, Conv2dConfig, conv2d_nchw4c, _reference, random_inputs,
-                    fallback, space_vars, VARIABLES, features=features, describe=describe, model_knobs=MODEL_KNOBS,
+                    fallback, space_vars, VARIABLES, features=features, model_knobs=MODEL_KNOBS,
                     workload_args=WORKLOAD_ARGS, graph_ops=("conv2d",), lower=lower)

@@ -54,7 +54,7 @@ import numpy as np
 from tuner.ir.builder import Builder
 from tuner.ir.dtype import DType
 from tuner.ir.expr import Cast, ExtractLane, Ramp, as_expr, min_
-from tuner.templates import EPILOGUE_ARGS, Template, WorkloadArg, epilogue_text, shape_text
+from tuner.templates import EPILOGUE_ARGS, Template, WorkloadArg
 from tuner.templates.conv2d_nchw4c import (MODEL_KNOBS, Arithmetic, Conv2dWorkload, declare_operands,
                                            fit_work_group, input_pixel, is_depthwise, split_sums, store_tile,
                                            texture_scopes)
@@ -396,11 +396,6 @@ def features(v: dict, k: dict) -> dict:
             "steps_per_item": _log2(v["C4"] / sk)}
 
 
-def describe(wl: WinogradWorkload) -> str:
-    """``1x64x56x56 k64x3x3 F(4x4) p1 +relu``"""
-    one = lambda v: str(v[0]) if len(set(v)) == 1 else ",".join(map(str, v))  # noqa: E731
-    return (f"{shape_text(wl.data)} k{wl.kernel[0]}x3x3 F({wl.m}x{wl.m}) p{one(wl.padding)}"
-            + epilogue_text(wl))
 
 
 def lowers(workload_class):
@@ -442,7 +437,7 @@ WORKLOAD_ARGS = (WorkloadArg("data", "shape", "N,C,H,W", "input shape", required
 def _template(workload_class) -> WinogradTemplate:
     return WinogradTemplate(f"winograd{workload_class.m}", workload_class, WinogradConfig, conv2d_winograd,
                             _reference, random_inputs, fallback, space_vars, VARIABLES,
-                            space_file="conv2d_winograd", features=features, describe=describe,
+                            space_file="conv2d_winograd", features=features,
                             model_knobs=MODEL_KNOBS, workload_args=WORKLOAD_ARGS, graph_ops=("conv2d",),
                             lower=lowers(workload_class))
 

@@ -19,7 +19,7 @@ from tuner.ir.builder import Builder
 from tuner.ir.dtype import DType
 from tuner.ir.expr import Cast, ExtractLane, Ramp, as_expr, call, max_, min_
 from tuner.ir.activations import apply_ir, canonical
-from tuner.templates import EPILOGUE_ARGS, Template, WorkloadArg, epilogue_text, shape_text
+from tuner.templates import EPILOGUE_ARGS, Template, WorkloadArg
 from tuner.templates.conv2d_nchw4c import Arithmetic, bias_buffer, reference_epilogue, texture_scopes
 
 
@@ -217,9 +217,6 @@ def features(v: dict, k: dict) -> dict:
             "half": float(k.get("compute", "float32") != "float32")}
 
 
-def describe(wl: DenseWorkload) -> str:
-    """``1x256 w100x256 +bias``"""
-    return f"{shape_text(wl.data)} w{shape_text(wl.weight)}{epilogue_text(wl)}"
 
 
 def lower(ctx, node, ins):
@@ -233,5 +230,5 @@ def lower(ctx, node, ins):
 WORKLOAD_ARGS = (WorkloadArg("data", "shape", "N,K", "input shape", required=True),
                  WorkloadArg("weight", "shape", "M,K", "weight shape", required=True), *EPILOGUE_ARGS)
 TEMPLATE = Template("dense", DenseWorkload, DenseConfig, dense, _reference, random_inputs, fallback, space_vars,
-                    VARIABLES, features=features, describe=describe, workload_args=WORKLOAD_ARGS,
+                    VARIABLES, features=features, workload_args=WORKLOAD_ARGS,
                     graph_ops=("dense",), lower=lower)

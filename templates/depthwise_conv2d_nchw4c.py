@@ -13,7 +13,7 @@ import numpy as np
 from tuner.ir.builder import Builder
 from tuner.ir.expr import Ramp, as_expr, min_
 from tuner.ir.schedule import cache_read
-from tuner.templates import EPILOGUE_ARGS, WINDOW_ARGS, Template, WorkloadArg, epilogue_text, shape_text, window_text
+from tuner.templates import EPILOGUE_ARGS, WINDOW_ARGS, Template, WorkloadArg
 from tuner.templates.conv2d_nchw4c import (MODEL_KNOBS, Arithmetic, Conv2dWorkload, LocalTile,
                                            declare_operands, input_pixel, fit_work_group, is_depthwise,
                                            window_fields,
@@ -192,9 +192,6 @@ def features(v: dict, k: dict) -> dict:
     return window_features(v, k, k["tile_cb"], v["CB"], 4)
 
 
-def describe(wl: DepthwiseWorkload) -> str:
-    """``1x32x56x56 k3x3 s1 p1 +relu6``"""
-    return f"{shape_text(wl.data)} k{wl.kernel[2]}x{wl.kernel[3]}{window_text(wl)}{epilogue_text(wl)}"
 
 
 def lower(ctx, node, ins):
@@ -213,5 +210,5 @@ WORKLOAD_ARGS = (WorkloadArg("data", "shape", "N,C,H,W", "input shape", required
                  WorkloadArg("kernel", "shape", "C,1,R,S", "weight shape", required=True), *WINDOW_ARGS,
                  *EPILOGUE_ARGS, WorkloadArg("residual", "flag", help="fuse a residual add of a second NCHW4c tensor"))
 TEMPLATE = Template("depthwise_conv2d", DepthwiseWorkload, DepthwiseConfig, depthwise_conv2d_nchw4c, _reference,
-                    random_inputs, fallback, space_vars, VARIABLES, features=features, describe=describe,
+                    random_inputs, fallback, space_vars, VARIABLES, features=features,
                     model_knobs=MODEL_KNOBS, workload_args=WORKLOAD_ARGS, graph_ops=("conv2d",), lower=lower)

@@ -59,14 +59,18 @@ def test_identity_is_template_workload_scopes_and_pinned_knobs():
 
 
 def test_labels_say_what_the_task_is():
+    """One label per workload: the task's is the one `tuner logs` and the reports show (analysis.workload_label)."""
+    from tuner.analysis import workload_label
+    conv = _conv(data=(1, 64, 56, 56), kernel=(64, 64, 3, 3), activation="relu")
+    assert TuningTask("conv2d", conv).label == workload_label("conv2d", conv.key()) + " [fallback scopes]"
     dense, dw = get_template("dense"), get_template("depthwise_conv2d")
     assert TuningTask("conv2d", _conv(data=(1, 64, 56, 56), kernel=(64, 64, 3, 3), activation="relu"),
                       {"input": "texture", "weight": "texture", "output": "buffer"}).label == \
-        "conv2d 1x64x56x56 k64x3x3 s1 p1 +relu [texture/texture/buffer]"
+        "conv2d 64->64 3x3 p1 @56x56 +relu [texture/texture/buffer]"
     assert TuningTask("dense", dense.workload(data=(1, 256), weight=(100, 256), bias=True), BUFFERS).label == \
-        "dense 1x256 w100x256 +bias [buffer/buffer/buffer]"
+        "dense 256->100 +bias [buffer/buffer/buffer]"
     wl = dw.workload(data=(1, 32, 56, 56), kernel=(32, 1, 3, 3), stride=2, padding=(0, 0, 1, 1), dtype="float16")
-    assert TuningTask("depthwise_conv2d", wl).label == "depthwise_conv2d 1x32x56x56 k3x3 s2 p0,0,1,1 f16 [fallback scopes]"
+    assert TuningTask("depthwise_conv2d", wl).label == "depthwise_conv2d 32 3x3 s2 p(0,0,1,1) @56x56 fp16 [fallback scopes]"
 
 
 def test_knobs_and_scopes_convert_one_way_and_back(device):

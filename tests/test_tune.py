@@ -49,7 +49,7 @@ def test_tune_then_resume_never_measures_a_config_twice(device, tmp_path):
     assert sum(measured_error(tr) is not None for tr in study.trials) >= 14  # successes and failures
     assert all(tr.value > 0 for tr in study.trials if tr.state == TrialState.COMPLETE)  # never a made-up 0
     assert study.user_attrs["task"]["scopes"] == BUFFERS and study.metric_names == ["GFLOP/s"]
-    assert study.user_attrs["label"] == first.label == "conv2d 1x8x8x8 k8x3x3 s1 p1 [buffer/buffer/buffer]"
+    assert study.user_attrs["label"] == first.label == "conv2d 8->8 3x3 p1 @8x8 [buffer/buffer/buffer]"
     # the log applies: the tuned config is what a compile would use
     with apply_history_best(log) as history:
         assert history.pick(t, wl, device, BUFFERS) == t.config(**again.best.config)

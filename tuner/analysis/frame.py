@@ -54,72 +54,14 @@ FIXED_DTYPES = {**{c: "str" for c in HEAD + SCOPE}, "ok": "bool", "median_s": "f
 
 # ----------------------------------------------------------------------------------------------- labels
 
-def _dims(xs) -> str:
-    return "x".join(str(x) for x in xs)
-
-
-def _pair(p, default) -> str | None:
-    """``s2`` for (2, 2), ``s(2,1)`` for (2, 1), None for the default."""
-    p = tuple(p) if isinstance(p, (list, tuple)) else (p, p)
-    if all(v == default for v in p):
-        return None
-    return str(p[0]) if len(set(p)) == 1 else "(" + ",".join(map(str, p)) + ")"
-
-
-def _padding(p) -> str | None:
-    p = tuple(p) if isinstance(p, (list, tuple)) else (p,) * 4
-    if not any(p):
-        return None
-    if len(set(p)) == 1:
-        return str(p[0])
-    if len(p) == 4 and p[:2] == p[2:]:
-        return f"({p[0]},{p[1]})"  # symmetric: height, width
-    return "(" + ",".join(map(str, p)) + ")"
-
-
-_KNOWN = {"op", "data", "kernel", "weight", "stride", "padding", "dilation", "groups", "dtype", "bias",
-          "activation", "residual"}
-
-
 def workload_label(template: str, wl: dict) -> str:
-    """A short readable workload name that still tells workloads apart, defaults left out:
-    ``conv2d 64->128 3x3 s2 p1 @56x56``, ``depthwise_conv2d 32 3x3 p1 @112x112 +bias+relu6``,
-    ``dense 512->1000``. Fields this function does not know are appended as ``name=value``."""
-    parts = [template]
-    data = wl.get("data")
-    if "kernel" in wl and data and len(data) == 4 and len(wl["kernel"]) == 4:
-        n, c, h, w = data
-        o, _, r, s = wl["kernel"]
-        parts.append(str(c) if template.startswith("depthwise") and o == c else f"{c}->{o}")
-        parts.append(f"{r}x{s}")
-        for prefix, key, default in (("s", "stride", 1), ("d", "dilation", 1)):
-            v = _pair(wl.get(key, default), default)
-            if v:
-                parts.append(prefix + v)
-        pad = _padding(wl.get("padding", 0))
-        if pad:
-            parts.append("p" + pad)
-        if wl.get("groups", 1) != 1:
-            parts.append(f"g{wl['groups']}")
-        parts.append(f"@{h}x{w}")
-    elif "weight" in wl and data and len(data) == 2:
-        n, k = data
-        parts.append(f"{k}->{wl['weight'][0]}")
-    else:
-        n = None
-        if data is not None:
-            parts.append(_dims(data))
-    if n not in (None, 1):
-        parts.append(f"n{n}")
-    if wl.get("dtype", "float32") != "float32":
-        parts.append(str(wl["dtype"]).replace("float", "fp"))
-    epilogue = [e for e, on in (("bias", wl.get("bias")), ("res", wl.get("residual"))) if on]
-    if wl.get("activation", "none") not in ("none", None):
-        epilogue.append(str(wl["activation"]))
-    if epilogue:
-        parts.append("+" + "+".join(epilogue))
-    parts += [f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in wl.items() if k not in _KNOWN]
-    return " ".join(parts)
+    """A logged workload in a few words, named by its template: ``conv2d 64->128 3x3 s2 p1 @56x56``. The label
+    is the template's (``Template.key_label``); a template not registered here gets the generic label of the
+    key's fields."""
+    from tuner.templates import templates
+    from tuner.templates import workload_label as generic
+    t = templates().get(template)
+    return f"{template} {t.key_label(wl)}" if t is not None else generic(template, wl)
 
 
 def scopes_label(scopes: dict) -> str:

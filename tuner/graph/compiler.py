@@ -109,7 +109,7 @@ def choose_configs(plan: Plan, info, history=None) -> dict:
             sib = origin.get(rec.task_key)
             out[s.name] = t.config(**rec.config), "tuned" if sib is None else f"sibling {sib}"
         elif pick is not None:
-            where = _workload_label(t, pick.record.workload) + (f" on {pick.origin}" if pick.origin else "")
+            where = t.key_label(pick.record.workload) + (f" on {pick.origin}" if pick.origin else "")
             out[s.name] = pick.config, ("predicted: config of " if pick.how == "predicted" else
                                         "transferred from ") + where
         elif history is not None:  # the valid fallback, with apply_history_best's one warning per workload
@@ -150,15 +150,6 @@ def source_counts(nodes) -> dict:
         if k is not None:
             out[k] = out.get(k, 0) + 1
     return out
-
-
-def _workload_label(template, key: dict) -> str:
-    """The template's own label of a logged workload key (e.g. ``1x64x56x56 k64x3x3 s1 p1 +relu``)."""
-    try:
-        return template.label(template.workload(**{k: v for k, v in key.items() if k != "op"}))
-    except (TypeError, ValueError):  # a label is for people; a key the template cannot rebuild is shown as is
-        from tuner.logs.record import canonical_json
-        return canonical_json(key)
 
 
 @functools.lru_cache(maxsize=256)

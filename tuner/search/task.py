@@ -4,8 +4,8 @@ device) and deployed; ``TuningTask`` owns its identity (``key``, ``hash``, study
 ``label`` and its knobs, for model planning, ``tune()``, the workers and the logs alike.
 
     task = TuningTask("conv2d", wl, {"input": "texture", "weight": "texture", "output": "buffer"})
-    task.label        # 'conv2d 1x64x56x56 k64x3x3 s1 p1 +relu [texture/texture/buffer]'
-    task.study_name(info.fingerprint)   # 'conv2d-<hash>-<fingerprint> 1x64x56x56 k64x3x3 s1 p1 [...]'
+    task.label        # 'conv2d 64->64 3x3 p1 @56x56 +relu [texture/texture/buffer]'
+    task.study_name(info.fingerprint)   # 'conv2d-<hash>-<fingerprint> 64->64 3x3 p1 @56x56 [...]'
 """
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ class TuningTask:
 
     @property
     def label(self) -> str:
-        """``conv2d 1x64x56x56 k64x3x3 s1 p1 +relu [texture/texture/buffer]``"""
+        """``conv2d 64->64 3x3 p1 @56x56 +relu [texture/texture/buffer]``"""
         scopes = "/".join(self.scopes.get(k, "?") for k in SCOPE_OPERANDS) if self.scopes else "fallback scopes"
         fixed = "".join(f" {k}={v}" for k, v in self.fixed.items())
         return f"{self.tmpl.name} {self.tmpl.label(self.workload)} [{scopes}]{fixed}"
