@@ -76,3 +76,50 @@ def test_a_sibling_log_found_in_logs_is_applied(tmp_path, monkeypatch, device, c
         assert main(["compile", model, "-o", str(tmp_path / "out"), "--scope", "buffer", "--no-progress",
                      "--transfer-from", sib.fingerprint, "--device", device.fingerprint]) == 0
     assert f"1 from the records of sibling {sib.fingerprint}" in capsys.readouterr().out
+
+
+@pytest.fixture
+def conv_artifact(tmp_path, conv3x3_onnx, device):
+    import warnings
+
+    import tuner
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tuner.compile_model(conv3x3_onnx(8), device=device, scope="buffer").save(tmp_path / "art")
+    return tmp_path / "art"
+
+
+def test_run_input_npz_and_trailing_bytes_are_refused(tmp_path, conv_artifact, device, capsys):
+    """An .npz given as --input gave an AttributeError traceback; a .npy with bytes after its array (two arrays
+    saved into one file) ran on the first one, silently."""
+    from tuner.cli import main
+    x = np.ones((1, 8, 8, 8), np.float32)
+    np.savez(tmp_path / "x.npz", x=x)
+    with open(tmp_path / "two.npy", "wb") as f:
+        np.save(f, x)
+        np.save(f, 2 * x)
+    for name, message in (("x.npz", "is a .npz archive (arrays: x)"), ("two.npy", "bytes after its array")):
+        assert main(["run", str(conv_artifact), "--input", str(tmp_path / name), "--repeat", "1",
+                     "--device", device.fingerprint]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("encode", [lambda t: ("\ufeff" + t).encode("utf-8"), lambda t: t.encode("utf-16")])
+def test_graph_json_in_utf16_or_with_a_bom_is_refused_as_by_tuner_run(conv_artifact, encode):
+    """json.loads(bytes) takes UTF-16 and a byte order mark; tuner-run (and RFC 8259) do not: the Python
+    executor ran an artifact the native runtime refuses."""
+    import hashlib
+    import json
+
+    from tuner.artifact import read_artifact
+    from tuner.artifact.store import ArtifactError
+    g = conv_artifact / "graph.json"
+    g.write_bytes(encode(g.read_text()))
+    m = json.loads((conv_artifact / "manifest.json").read_text())
+    for f in m["files"]:
+        data = (conv_artifact / f["path"]).read_bytes()
+        f["size"], f["sha256"] = len(data), hashlib.sha256(data).hexdigest()
+    (conv_artifact / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ArtifactError, match="graph.json is not valid JSON"):
+        read_artifact(conv_artifact)

@@ -160,7 +160,13 @@ def _no_constant(name: str):
 def _json(data: bytes, path: Path, d: Path):
     """Strict JSON (RFC 8259), as the native runtime reads it: no repeated keys, no NaN or Infinity."""
     try:
-        return json.loads(data, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+        # UTF-8 with no byte order mark (RFC 8259, and tuner-run): json.loads(bytes) would also take UTF-16/32
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+        if text.startswith("\ufeff"):
+            raise ValueError("it starts with a byte order mark; JSON is UTF-8 without one")
+        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    except UnicodeDecodeError as e:
+        raise ArtifactError(f"{path} is not valid JSON (not UTF-8: {str(e)[:80]}); {_redo(d)}") from None
     except (ValueError, RecursionError) as e:
         raise ArtifactError(f"{path} is not valid JSON ({type(e).__name__}: {str(e)[:80]}); {_redo(d)}") from None
 

@@ -151,10 +151,18 @@ def _load_npy(path: str, shown: str | None = None) -> np.ndarray:
     import io
     shown = shown if shown is not None else path
     data = read_regular_file(path, "--input", "give a .npy file written by numpy.save", shown)
+    f = io.BytesIO(data)
     try:
-        x = np.load(io.BytesIO(data), allow_pickle=False)
+        x = np.load(f, allow_pickle=False)
     except (OSError, ValueError, EOFError) as e:
         raise TunerError(f"cannot read --input {shown!r} as a .npy array: {e}") from None
+    if not isinstance(x, np.ndarray):  # a .npz archive loads as an NpzFile of several arrays
+        names = ", ".join(getattr(x, "files", [])) or "none"
+        raise TunerError(f"--input {shown!r} is a .npz archive (arrays: {names}), not one .npy array; save the "
+                         f"input with numpy.save (e.g. numpy.save('x.npy', numpy.load({path!r})['{names.split(', ')[0]}']))")
+    if f.tell() != len(data):  # np.load reads one array and ignores the rest: two arrays saved into one file
+        raise TunerError(f"--input {shown!r} holds {len(data) - f.tell()} bytes after its array (two arrays saved "
+                         f"into one file, or a damaged one); save only the input array with numpy.save")
     if x.dtype.kind == "f" and not np.all(np.isfinite(x)):  # checked once, where the file enters; never per run
         warnings.warn(f"--input {shown!r} holds NaN or infinite values", RuntimeWarning, stacklevel=2)
     return x
