@@ -199,3 +199,17 @@ def test_the_flag_names_what_is_wrong(tmp_path, conv_model, pair, capsys):
     from tuner.artifact import read_artifact
     nodes = [n for n in read_artifact(tmp_path / "out")[0].nodes if n.template]
     assert [n.config_source for n in nodes] == [f"sibling {a.fingerprint}"]
+
+
+def test_a_worker_seeds_its_studies_from_a_named_sibling(tmp_path, conv_model, device):
+    """`tuner worker --transfer-from A` (``run_worker(transfer_from=...)``): the sibling's config of a task is
+    the first this worker measures, as with ``tune``."""
+    from tuner.search.worker import run_worker
+    here = device.info
+    a2 = dataclasses.replace(here, name=here.name + " sibling")
+    task = dataclasses.replace(_task(conv_model, here), trials=1)
+    rec = Record.new(task.template, task.workload, _config(task, a2, tile_ow=2, wg_w=4, wg_h=4), a2, costs=[1e-3])
+    (tmp_path / f"{a2.fingerprint}.jsonl").write_text(rec.to_json() + "\n")
+    s = run_worker(f"journal:{tmp_path / 'studies.journal'}", device=device, tasks=[task],
+                   log=str(tmp_path / "here.jsonl"), max_trials=1, progress=False, transfer_from=[a2.fingerprint])
+    assert s.measured == 1 and s.records[0].config == rec.config

@@ -201,7 +201,7 @@ def transfer_from(text: str) -> list:
 
 
 def add_transfer_arg(parser: argparse.ArgumentParser, what: str) -> None:
-    """The shared --transfer-from option of `compile`, `tune` and `tune-op` (``what``: what the records do)."""
+    """The shared --transfer-from option of `compile`, `tune`, `tune-op` and `worker` (``what``: what the records do)."""
     parser.add_argument("--transfer-from", type=transfer_from, metavar="FINGERPRINT[,...]", default=None,
                         help=f"sibling devices (fingerprints, or 'auto': every device of this one's family in "
                         f"the logs) whose tuned records {what}, ranked below this device's own and another "

@@ -10,7 +10,7 @@ from tuner.errors import TunerError
 
 
 def register(sub) -> None:
-    from tuner.cli_args import add_device_arg, add_measure_args, add_seed_arg, positive_int
+    from tuner.cli_args import add_device_arg, add_measure_args, add_seed_arg, add_transfer_arg, positive_int
     p = sub.add_parser("worker", help="tune this device for tasks shared through a database (many machines)",
                        description="Tune, on this machine's device, the tasks registered under a study prefix in "
                        "a shared Optuna storage. Workers whose devices share a fingerprint cooperate on one study "
@@ -36,6 +36,7 @@ def register(sub) -> None:
     p.add_argument("--grace", type=positive_int, default=60, metavar="S", help="seconds without a heartbeat after which "
                    "another worker finishes a trial (its worker died; default 60)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_transfer_arg(p, "seed each task's study on this worker (its first trials and the cost model's transfer)")
     add_device_arg(p)
     p.set_defaults(func=cmd_worker)
 
@@ -71,7 +72,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     try:
         s = run_worker(args.storage, device=args.device, study_prefix=args.study_prefix, tasks=tasks,
                        max_trials=args.max_trials, log=args.log, sampler=args.sampler, seed=args.seed,
-                       options=options, progress=not args.no_progress, heartbeat=args.heartbeat, grace=args.grace)
+                       options=options, progress=not args.no_progress, heartbeat=args.heartbeat, grace=args.grace,
+                       transfer_from=args.transfer_from)
     except KeyboardInterrupt:  # the trials it held are finished already (run_worker lets go of them)
         print("worker interrupted; what it measured is in the study and its log", file=sys.stderr)
         return 130

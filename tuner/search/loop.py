@@ -19,7 +19,7 @@ from optuna.trial import TrialState
 from tuner.errors import ErrorCode
 from tuner.logs import Record, append_records
 from tuner.measure import MeasureInput, MeasureResult
-from tuner.search.samplers import make_sampler
+from tuner.search.samplers import _key, make_sampler
 from tuner.search.task import TuningTask, log_knowledge
 
 
@@ -84,6 +84,17 @@ def open_session(task: TuningTask, info, storage, name: str, log: str, sampler: 
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study.set_metric_names(["GFLOP/s"])
     return Session(task, info, space, study, log, sampler, known, seeds)
+
+
+def enqueue_seeds(s: Session) -> None:
+    """The session's seeds (a named sibling's best configs of the task, valid here) as the next trials, each
+    unless the log has it or it waits in the study already (an interrupted run enqueued it): ``tune`` and
+    ``run_worker`` ask them first."""
+    waiting = [tr.params for tr in s.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
+    for params in s.seeds:
+        if _key(params, s.names) not in s.known and not any(
+                all(w.get(n) == params[n] for n in s.names) for w in waiting):
+            s.study.enqueue_trial(params)
 
 
 SIBLING_WEIGHT = 1.0  # a named sibling's records in the sampler's transfer: as this device's (others: 0.25)

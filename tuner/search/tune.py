@@ -29,7 +29,8 @@ from tuner.errors import ErrorCode
 from tuner.logs import Record, load_records
 from tuner.logs.io import ensure_writable
 from tuner.measure import MeasureOptions, Measurer
-from tuner.search.loop import EarlyStopping, Evaluator, Session, open_session, optimize, progress_bar, score
+from tuner.search.loop import (EarlyStopping, Evaluator, Session, enqueue_seeds, open_session, optimize,
+                               progress_bar, score)
 from tuner.search.samplers import _key
 from tuner.search.shared import Wrapping, measured_error
 from tuner.search.storage import open_storage
@@ -181,7 +182,7 @@ def tune(template, workload, device=None, trials: int = 32, log: str | None = No
     _recover(session)
     if fallback_first:
         _enqueue_fallback(session)
-    _enqueue_seeds(session)
+    enqueue_seeds(session)
 
     best = max((r for r in session.known.values() if r.ok), key=score, default=None)
     result = TuneResult(session.study.study_name, best, log=log, label=task.label)
@@ -213,16 +214,6 @@ def _enqueue_fallback(s: Session) -> None:
         if all(tr.params.get(n) == params[n] for n in s.names):
             return
     s.study.enqueue_trial(params)
-
-
-def _enqueue_seeds(s: Session) -> None:
-    """The session's seeds (a named sibling's best configs of the task, valid here) as the next trials, each
-    unless the log has it or it waits in the study already (an interrupted run enqueued it)."""
-    waiting = [tr.params for tr in s.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
-    for params in s.seeds:
-        if _key(params, s.names) not in s.known and not any(
-                all(w.get(n) == params[n] for n in s.names) for w in waiting):
-            s.study.enqueue_trial(params)
 
 
 def _recover(s: Session) -> None:
