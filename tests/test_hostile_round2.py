@@ -123,3 +123,29 @@ def test_graph_json_in_utf16_or_with_a_bom_is_refused_as_by_tuner_run(conv_artif
     (conv_artifact / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(ArtifactError, match="graph.json is not valid JSON"):
         read_artifact(conv_artifact)
+
+
+
+
+def test_merge_refuses_a_source_that_is_no_log_and_says_when_the_source_is_the_log(tmp_path, monkeypatch, capsys):
+    """`logs --merge m.onnx -o L.jsonl` merged 0 records, skipped its lines and said "the merged files can be
+    deleted" (the model); `--merge L.jsonl -o L.jsonl` said L.jsonl "matches no log"."""
+    from tuner.cli import main
+    monkeypatch.chdir(tmp_path)
+    rec = ('{"version":1,"template":"conv2d","workload":{"op":"conv2d","data":[1,8,8,8],"kernel":[8,8,3,3],'
+           '"stride":[1,1],"padding":[1,1,1,1],"dilation":[1,1],"groups":1,"dtype":"float32","bias":false,'
+           '"activation":"none","residual":false},"scopes":{"input":"buffer","weight":"buffer","output":"buffer"},'
+           '"config":{"tile_oc":1,"tile_oh":1,"tile_ow":1,"wg_w":4,"wg_h":4,"split_c":1,"unroll_rs":false,'
+           '"vec_load":1,"input_scope":"buffer","weight_scope":"buffer","output_scope":"buffer",'
+           '"act_layout":"nchw4c","weight_layout":"oihw4o","cache_input":false},"device":"pocl-cpu-e66d8a71",'
+           '"device_name":"x","platform":"y","driver":"z","costs":[0.001]}')
+    (tmp_path / "L.jsonl").write_text(rec + "\n")
+    (tmp_path / "m.onnx").write_bytes(bytes(range(256)) * 8)
+    before = (tmp_path / "L.jsonl").read_bytes()
+    assert main(["logs", "--merge", "m.onnx", "-o", "L.jsonl"]) == 2
+    err = capsys.readouterr().err
+    assert "m.onnx holds no tuning record" in err and "can be deleted" not in err
+    assert (tmp_path / "L.jsonl").read_bytes() == before
+    assert main(["logs", "--merge", "L.jsonl", "-o", "L.jsonl"]) == 0
+    assert "is the log -o L.jsonl itself" in capsys.readouterr().err
+    assert (tmp_path / "L.jsonl").read_bytes() == before

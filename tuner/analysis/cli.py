@@ -149,12 +149,15 @@ def cmd_merge(args: argparse.Namespace) -> int:
         raise TunerError(f"--merge takes source logs and -o LOG only, not {', '.join(extra)}")
     res = merge_records(args.paths, args.output)
     if not res.sources:
-        print(f"nothing to merge: {' '.join(args.paths)} matches no log", file=sys.stderr)
+        why = f"is the log -o {args.output} itself" if res.itself else "matches no log"
+        print(f"nothing to merge: {' '.join(args.paths)} {why}", file=sys.stderr)
         return 0
     bad = f"; {res.skipped} bad line{'s' * (res.skipped != 1)} skipped (see the warnings)" if res.skipped else ""
+    after = ("the merged files can be deleted" if not res.skipped else
+             "the merged files still hold the bad lines: read them before deleting the files")
     print(f"merged {res.added} record{'s' * (res.added != 1)} from {len(res.sources)} file"
-          f"{'s' * (len(res.sources) != 1)} into {res.log} ({res.present} already there{bad}); the merged files "
-          f"can be deleted", file=sys.stderr)
+          f"{'s' * (len(res.sources) != 1)} into {res.log} ({res.present} already there{bad}); {after}",
+          file=sys.stderr)
     return 0
 
 

@@ -345,6 +345,7 @@ class MergeResult:
     added: int = 0  # records appended to the log
     present: int = 0  # records the log (or an earlier source) already held
     skipped: int = 0  # bad lines of the sources, each warned about by kind
+    itself: bool = False  # a source was the log itself (left out)
 
 
 def _identity(record: Record) -> bytes:
@@ -378,15 +379,20 @@ def merge_records(sources, log) -> MergeResult:
     log = Path(log)
     _check_regular(log)
     _check_is_log(log)
-    files = [f for f in expand_paths(sources) if not (log.exists() and os.path.samefile(f, log))]
-    result = MergeResult(log, files)
+    named = expand_paths(sources)
+    files = [f for f in named if not (log.exists() and os.path.samefile(f, log))]
+    result = MergeResult(log, files, itself=len(files) < len(named))
     if not files:
         return result  # a glob that matches nothing: the log is not touched
     incoming = []
     for path in files:
         skipped = SkippedLines(path)
-        incoming += list(read_log(path, skipped))
+        got = list(read_log(path, skipped))
         skipped.warn(stacklevel=3)
+        if not got and skipped.count:  # an ONNX model, a CSV...: refused, so it is never called merged
+            raise TunerError(f"{path} holds no tuning record ({skipped.count} bad line"
+                             f"{'s' * (skipped.count != 1)}): it is not a tuning log; nothing was merged")
+        incoming += got
         result.skipped += skipped.count
     try:
         log.parent.mkdir(parents=True, exist_ok=True)
