@@ -115,7 +115,7 @@ check() {
     echo "== (a) agent conformance: TUNER_TEST_AGENT=$TUNER_TEST_AGENT TUNER_TEST_RUN_TIMEOUT=$TUNER_TEST_RUN_TIMEOUT" \
          "pytest tests/test_agent_conformance.py"
     t=$(now)
-    "$PY" -m pytest -q -p no:xdist -p no:cacheprovider -rs tests/test_agent_conformance.py; a_rc=$?
+    "$PY" -m pytest -q -p no:xdist -p no:cacheprovider -rps tests/test_agent_conformance.py; a_rc=$?
     echo "(a) exit status $a_rc, $(since "$t")"
 
     echo; echo "== (b) tuner devices --device $AGENT_SPEC"
@@ -183,12 +183,15 @@ EOF
 
 versions() {
     echo "date: $(date -u '+%Y-%m-%d %H:%M:%S UTC'); host: $(uname -srm), Debian $(cat /etc/debian_version);" \
-         "$(nproc) cores; commit $(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null)$(cd "$ROOT" && git diff --quiet HEAD -- native tuner tests 2>/dev/null || echo ' (with local changes)')"
+         "$(nproc) cores; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+    local changed
+    changed=$(cd "$ROOT" && git diff --name-only HEAD -- native/src native/include tuner/agent tuner/native.py tests/test_agent_conformance.py 2>/dev/null | paste -sd' ')
+    echo "commit $(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null)${changed:+, with uncommitted changes to $changed}"
     echo "qemu: $(qemu-aarch64 --version | head -1)"
     local cc
     cc=$(cd "$ROOT" && "$PY" -c 'from tuner.native import _cross_cc; print(" ".join(_cross_cc("linux-arm64", None, None)))')
     echo "compiler: $cc: $($cc --version 2>&1 | head -1)"
-    echo "PoCL (unpacked): $(for d in "$Q"/debs/*.deb; do dpkg-deb -f "$d" Package Version | paste -sd' '; done | paste -sd',')"
+    echo "PoCL (unpacked): $(for d in "$Q"/debs/*.deb; do dpkg-deb -W --showformat='${Package}:${Architecture} ${Version}\n' "$d"; done | paste -sd',' | sed 's/,/, /g')"
     echo "packages: $(dpkg-query -W -f='${Package}:${Architecture} ${Version}\n' $HOST_PKGS $ARM64_PKGS 2>/dev/null | paste -sd',' | sed 's/,/, /g')"
     echo "python: $("$PY" -c 'import sys, pytest, onnxruntime, numpy; print(sys.version.split()[0], "pytest", pytest.__version__, "onnxruntime", onnxruntime.__version__, "numpy", numpy.__version__)')"
     for f in "$ROOT"/build/native/linux-arm64/{tuner-agent,tuner-run,libtuner_runtime.so}; do
