@@ -149,3 +149,26 @@ def test_merge_refuses_a_source_that_is_no_log_and_says_when_the_source_is_the_l
     assert main(["logs", "--merge", "L.jsonl", "-o", "L.jsonl"]) == 0
     assert "is the log -o L.jsonl itself" in capsys.readouterr().err
     assert (tmp_path / "L.jsonl").read_bytes() == before
+
+
+@pytest.mark.parametrize("spec", ["tcp://[::1", "tcp://[::1:7390", "tcp://[x]]:1"])
+def test_tcp_spec_with_a_broken_ipv6_bracket_is_a_clean_error(capsys, spec):
+    """urlsplit raised ValueError ("Invalid IPv6 URL") outside the try: a traceback."""
+    from tuner.cli import main
+    assert main(["devices", "--json", f"--device={spec}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "write tcp://HOST:PORT" in err
+
+
+@pytest.mark.parametrize("weight", ["NaN", "Infinity", "-1", "0", '"heavy"', "true"])
+def test_worker_tasks_weight_must_be_positive_and_finite(tmp_path, monkeypatch, capsys, weight):
+    """A --tasks file's weight NaN was taken (the budget shared out by NaN) and tuned; a string gave a
+    ValueError traceback."""
+    from tuner.cli import main
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.json").write_text('[{"template":"conv2d","workload":{"op":"conv2d","data":[1,4,6,6],'
+                                     '"kernel":[4,4,3,3]},"trials":1,"weight":' + weight + "}]")
+    assert main(["worker", "--storage", f"sqlite:///{tmp_path / 'w.db'}", "--tasks", "t.json", "--max-trials", "1",
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "weight must be a positive finite number" in err

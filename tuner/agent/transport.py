@@ -54,8 +54,8 @@ def parse_spec(spec: str) -> tuple:
     if scheme == "exec" and not target.strip():
         raise TunerError("--device exec://PATH needs the agent's path, e.g. exec://build/native/tuner-agent")
     if scheme == "tcp":
-        u = urlsplit(f"tcp://{target}")
         try:
+            u = urlsplit(f"tcp://{target}")  # raises ValueError itself on an unclosed '[' (IPv6)
             if not u.hostname or u.port is None:
                 raise ValueError
         except ValueError:

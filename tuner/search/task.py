@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import numbers
 from dataclasses import dataclass, field
 
 from tuner.errors import TunerError
@@ -61,7 +62,11 @@ class TuningTask:
         set_("fixed", dict(self.fixed or {}))
         if not isinstance(self.trials, int) or isinstance(self.trials, bool) or self.trials < 1:
             raise TunerError(f"task {self.template}: trials must be a positive integer, not {self.trials!r}")
-        set_("weight", float(self.count * self.workload.flops if self.weight is None else self.weight))
+        w = self.weight
+        if w is not None and (isinstance(w, bool) or not isinstance(w, numbers.Real) or not 0 < w < float("inf")):
+            raise TunerError(f"task {self.template}: weight must be a positive finite number (its share of the "
+                             f"budget), not {w!r}")  # NaN and inf were taken, and shared the budget out as NaN
+        set_("weight", float(self.count * self.workload.flops if w is None else w))
 
     # -- identity ------------------------------------------------------------------------------------------
     @property
