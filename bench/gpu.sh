@@ -13,6 +13,7 @@
 #   peers   whole models with transfers (issue 25): native runtime with pinned staging and without, the Python
 #           executor (and bench/_trees/old's, if prepared), MNN's OpenCL backend, PyTorch (bench/runtimes_gpu.py
 #           all, the H200 log relabeled for this GPU; MNN's source and wheel in .mnn/, carried)
+#   fallback  untuned models (every layer's fallback config) with bench/_trees/old's fallbacks against new's
 #   peak    the device's float32 FMA rate (OpenCL kernel; torch.matmul without TF32 as a cross-check) and copy
 #           bandwidth (clEnqueueCopyBuffer of 1 GiB; a torch copy as a cross-check) -> gpu_peak.json (~30 s)
 #   stream  per layer: the best logged kernels re-timed (one launch, profiling events) and, like cuDNN, as one of
@@ -71,6 +72,18 @@ for stage in "$@"; do
              --only-variants "${VARIANTS:-relabeled}" --mnn-src "$REPO/.mnn/mnn-src.tgz" \
              --mnn-wheel "$(ls "$REPO"/.mnn/mnn-*.whl | head -1)" --mnn-modes "${MNN_MODES:-68,132,66,130}" --deadline "${DEADLINE:-540}" ${RESUME:+--resume} 2>&1 \
              | grep -v "CompilerWarning\|lambda: self._prg\|_create_built\|prg.build" | tail -40 ;;
+    fallback)  # untuned models (an empty log: every layer's fallback config), bench/_trees/old against new (issue 26)
+      : > /tmp/empty.jsonl
+      for m in resnet18 mobilenet_v2 mobilenet_v3_small; do
+        python3 -m tuner zoo $m -o /tmp/fb_$m.onnx --input-size "${SIZE:-224}" >/dev/null || break
+        for tree in old new; do
+          PYTHONPATH="$REPO/bench/_trees/$tree:/tmp/site" python3 -m tuner compile /tmp/fb_$m.onnx --device nvidia \
+            --log /tmp/empty.jsonl --scope "${SCOPE:-texture}" --no-progress -o /tmp/fb_${m}_$tree 2>&1 | grep -E "^compiled|error" | head -2
+        done
+        for r in 1 2; do for tree in old new; do  # alternating: the same conditions for both
+          echo "$m $tree round $r: $(PYTHONPATH="$REPO/bench/_trees/$tree:/tmp/site" python3 -m tuner run /tmp/fb_${m}_$tree --device nvidia --bench 50 2>/dev/null | tail -1)"
+        done; done
+      done 2>&1 | tee "$OUT/fallback_h100.txt" ;;
     cudnn) python3 "$REPO/bench/gpu.py" cudnn --out "$OUT" 2>&1 | tail -5 ;;
     transfer) S=${SIZE:-224}; LOG="$REPO/logs/nvidia-gpu-fcae3850.jsonl"  # the H200's log on this GPU (issue 26)
             for m in resnet18 mobilenet_v2 mobilenet_v3_small; do
