@@ -172,3 +172,11 @@ def test_worker_tasks_weight_must_be_positive_and_finite(tmp_path, monkeypatch, 
                  "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "weight must be a positive finite number" in err
+
+
+def test_native_subcommand_errors_are_the_cli_error_line(capsys):
+    """`tuner native env --bogus` said argparse's `tuner native: error: ...`; now the CLI's `error:` line."""
+    from tuner.cli import main
+    assert main(["native", "env", "--bogus"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: unrecognized arguments: --bogus") and "Traceback" not in err
