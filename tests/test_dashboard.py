@@ -57,7 +57,7 @@ def test_dashboard_shows_layers_objective_and_failures(device, tmp_path):
     assert [s["study_name"] for s in studies] == [res.study_name]
     summary = studies[0]
     # the list reads as the layer: template, workload, scopes (the hash keeps names unique)
-    assert summary["study_name"].startswith("dense-") and "1x64" in summary["study_name"]
+    assert summary["study_name"].startswith("dense-") and "64->32" in summary["study_name"]
     assert "[buffer/buffer/buffer]" in summary["study_name"]
     assert {"key": "label", "value": res.label} in summary["user_attrs"]
 
