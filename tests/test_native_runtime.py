@@ -135,9 +135,10 @@ def test_profile_table(native, cl_env, artifacts):
     assert len(lines) - head - 2 > 50  # one row per node
 
 
-def test_asan_clean(native, cl_env, artifacts, tmp_path):
+def test_asan_clean(native, cl_env, models, artifacts, tmp_path):
     """One model under AddressSanitizer + UBSan with LeakSanitizer on PoCL (no suppressions needed there), and on
-    Intel's CPU runtime with the leaks inside libintelocl.so suppressed (native/asan/lsan.supp)."""
+    Intel's CPU runtime with the leaks inside libintelocl.so suppressed (native/asan/lsan.supp); then float16
+    storage and a second model, their outputs checked against onnxruntime."""
     art = artifacts["mnv3-pocl-texture-f32"]
     x = _input(art)
     np.save(tmp_path / "x.npy", x)
@@ -150,6 +151,15 @@ def test_asan_clean(native, cl_env, artifacts, tmp_path):
     r = _tuner_run(native, cl_env, art, "--device", "intel", "--input", tmp_path / "x.npy", "--bench", 1, asan=True,
                    env=env)
     assert r.returncode == 0, r.stderr[-4000:]
+    for key in ("mnv3-intel-buffer-f16", "resnet18-intel-auto-f32"):
+        model, device, _, dtype = ARTIFACTS[key]
+        x = _input(artifacts[key])
+        np.save(tmp_path / "x.npy", x)
+        r = _tuner_run(native, cl_env, artifacts[key], "--device", device, "--input", tmp_path / "x.npy", "--output",
+                       tmp_path / "y.npy", "--bench", 1, asan=True, env=env)
+        assert r.returncode == 0, (key, r.stderr[-4000:])
+        assert "ERROR: AddressSanitizer" not in r.stderr and "runtime error" not in r.stderr, key
+        assert _rel(np.load(tmp_path / "y.npy"), _onnx(models[model], x)) < (1e-4 if dtype == "float32" else 1e-2), key
     # the damaged corpus under ASan too: refusals free what they allocated
     for case, d, _ in damaged_artifacts(art, tmp_path)[:6]:
         r = _tuner_run(native, cl_env, d, "--device", "pocl", asan=True, env=env)
