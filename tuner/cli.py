@@ -14,7 +14,8 @@ from tuner import __version__
 from tuner.errors import TunerError
 from tuner.cli_args import (activation, add_device_arg, device_info, add_measure_args, add_seed_arg,  # noqa: F401
                             add_transfer_arg,
-                            measure_options, positive_int, read_regular_file, Parser)  # (importers use the names)
+                            measure_options, positive_int, read_regular_file)  # (importers use the names)
+from tuner.cli_parser import Parser
 from tuner.runtime.device import DEVICE_ENV, DeviceInfo, choose_device, list_devices, probe_device
 
 

@@ -7,19 +7,6 @@ import argparse
 from tuner.runtime.device import DEVICE_ENV
 
 
-class Parser(argparse.ArgumentParser):
-    """argparse with the CLI's error line: ``error: --seed must be an integer from 0 to 4294967295, got -1``
-    (exit status 2, like a TunerError), then the command's usage. Subcommand parsers are of this class too."""
-
-    def error(self, message: str):
-        import re
-        m = re.match(r"argument ([^/:\s]+)(?:/[^:\s]+)*: (.*)", message, re.S)
-        if m:  # "argument --seed: must be ..." -> "--seed must be ..."; other messages keep a colon
-            flag, rest = m.groups()
-            message = f"{flag} {rest}" if rest.startswith("must ") else f"{flag}: {rest}"
-        self.exit(2, f"error: {message}\n{self.format_usage()}")
-
-
 def add_device_arg(parser: argparse.ArgumentParser, help: str = "device index or name substring") -> None:
     """The shared --device option; resolve it with choose_device(args.device)."""
     parser.add_argument("--device", "-d", metavar="SPEC", default=None,

@@ -249,7 +249,7 @@ def opencl_env(base: dict | None = None) -> dict:
 def native_main(argv=None) -> int:
     """``tuner native build [--target host] [--build-dir DIR]``: build and print ``runtime PATH`` lines;
     ``tuner native env``: print the environment (``NAME=VALUE``) a native program needs for OpenCL here."""
-    from tuner.cli_args import Parser  # the CLI's error line: `error: ...`, exit status 2
+    from tuner.cli_parser import Parser  # the CLI's error line: `error: ...`, exit status 2
     p = Parser(prog="tuner native", description="the native runtime (C): build it, run it")
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="build build/native/{libtuner_runtime.so,tuner-run,tuner-agent} and their "
