@@ -368,7 +368,7 @@ def worker(args) -> int:
         except Exception as e:  # noqa: BLE001
             for row in rows.values():
                 emit({**row, **common, "stage": stage, "error": one_line(e)})
-            del mod
+            mod = None  # release a module that failed to load (a failed compile bound none: `del` would raise)
             continue
 
         if "python" in rows:
