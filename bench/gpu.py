@@ -93,7 +93,7 @@ def _task_id(model, task) -> str:
 
 
 def cmd_tune(args) -> int:
-    from tuner.graph.tuning import measured, measured_index
+    from tuner.logs.index import LogIndex
     from tuner.measure import MeasureOptions, Measurer
     from tuner.runtime.device import choose_device
     from tuner.search.tune import tune
@@ -107,7 +107,7 @@ def cmd_tune(args) -> int:
     rows = suite(info, args.models.split(","), args.dtypes.split(","), args.scopes.split(","), log)
     if args.priority:
         rows = _by_shortfall(rows, log, args.priority, info.fingerprint)
-    index = measured_index(log, info.fingerprint)  # each task is tuned once below, so read the log once
+    index = LogIndex.of_log(log).on(info.fingerprint)  # each task is tuned once below, so read the log once
     t0 = time.time()
     # a fixed number of timed runs (GPU events are precise): a few-microsecond kernel would otherwise log
     # thousands of costs per record to fill MeasureOptions' default minimum time
@@ -118,7 +118,7 @@ def cmd_tune(args) -> int:
             if task.key() in seen or (args.templates and task.template not in args.templates.split(",")):
                 continue
             seen.add(task.key())
-            todo = args.trials - measured(index, task)
+            todo = args.trials - index.count(task)
             if todo <= 0:
                 done_tasks += 1
                 continue

@@ -252,3 +252,33 @@ def test_miss_falls_back_and_warns_once_per_workload(conv, wl, device, caught):
     dwl = dense.workload(data=(1, 16), weight=(8, 16))
     assert h.pick(dense, dwl, device) == dense.fallback(dwl, device.info)
     assert len(caught) == 3 and "dense" in str(caught[2].message)
+
+
+def test_the_log_index_matches_a_task_by_key_and_pinned_knobs_and_follows_the_file(conv, wl, device, tmp_path):
+    """``LogIndex``, the one index every reader of a log asks: a task's records are those of its key with its
+    pinned knobs; ``measured`` leaves the template's refusals out; ``best`` never picks a failure; ``of_log``
+    reads the file again once it changed."""
+    from tuner.logs.index import LogIndex
+    from tuner.search.task import TuningTask
+    scopes = {"input": "buffer", "weight": "buffer", "output": "buffer"}
+    task = TuningTask("conv2d", wl, scopes, fixed={"tile_oc": 2})
+    cfg = lambda **k: conv.config(input_scope="buffer", weight_scope="buffer", output_scope="buffer", **k)  # noqa: E731
+    fast_other = rec(conv, wl, cfg(tile_oc=1), device, 1e-4)  # faster, but not the pinned knob
+    slow, fast = rec(conv, wl, cfg(tile_oc=2, tile_ow=1), device, 3e-3), rec(conv, wl, cfg(tile_oc=2, tile_ow=2), device, 2e-3)
+    failed = rec(conv, wl, cfg(tile_oc=2, tile_ow=4), device, 1e-5, error=ErrorCode.RUNTIME)  # timings, but failed
+    refused = rec(conv, wl, cfg(tile_oc=2, tile_ow=8), device, error=ErrorCode.INSTANTIATION)
+    log = tmp_path / "dev.jsonl"
+    append_records(log, [fast_other, slow, failed, refused])
+    index = LogIndex.of_log(log)
+    key = task.record_key(device.fingerprint)
+    assert index.task(key, task.fixed) == [slow, failed, refused]
+    assert index.task(key, task.fixed, measured=True) == [slow, failed]
+    assert index.best(key, task.fixed) == slow and index.best(key) == fast_other
+    assert index.on(device.fingerprint).count(task) == 2 and index.on("other-fp").count(task) == 0
+    assert LogIndex.of_log(log) is index  # unchanged file: the same index
+    append_records(log, [fast])
+    again = LogIndex.of_log(log)
+    assert again is not index and again.best(key, task.fixed) == fast and again.ranked(key, task.fixed) == [fast, slow]
+    assert again.best_any_scope(device.fingerprint, "conv2d", wl) == fast_other
+    assert best_records(again.records) == again.bests() == {key: fast_other}
+    assert LogIndex.of_log(tmp_path / "none.jsonl").records == []

@@ -217,23 +217,23 @@ def test_a_source_checkout_finds_templates_and_search_spaces(tmp_path):
 def test_a_sibling_log_that_vanishes_while_it_is_read_is_skipped(tmp_path, monkeypatch):
     """Another tuner's writability probe (``ensure_writable``) creates and removes its log: a transfer read that
     lists the folder in between must skip the file, not fail (it failed a threaded worker test in CI)."""
-    import tuner.logs
+    import tuner.logs.index as index_mod
     from tuner.search import task as task_mod
 
     t, ghost = TuningTask("conv2d", _conv(), BUFFERS), tmp_path / "other.jsonl"
     ghost.write_text("")
-    real = tuner.logs.load_records
+    real = index_mod.load_records
 
     def vanish(path):  # the probe removes the file after it was listed and stat'ed
         path.unlink()
         return real(path)
 
-    monkeypatch.setattr(tuner.logs, "load_records", vanish)
+    monkeypatch.setattr(index_mod, "load_records", vanish)
     assert task_mod.log_knowledge(str(tmp_path / "mine.jsonl"), t, "fp", _Space(), True) == ({}, [])
-    monkeypatch.setattr(tuner.logs, "load_records", real)
+    monkeypatch.setattr(index_mod, "load_records", real)
     ghost.mkdir()  # there, but not a log: still an error
     with pytest.raises(TunerError):
-        task_mod._records(ghost)
+        index_mod.LogIndex.of_log(ghost)
 
 
 class _Space:

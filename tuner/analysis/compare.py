@@ -16,6 +16,7 @@ import pandas as pd
 from tuner.analysis.frame import as_frame
 from tuner.analysis.summary import config_of
 from tuner.errors import TunerError
+from tuner.logs.index import LogIndex
 from tuner.logs.io import load_records
 from tuner.logs.record import SCOPE_OPERANDS, Record, canonical_json
 
@@ -188,13 +189,12 @@ def pick_scopes(df_or_records, template: str, workload_key, device, min_trials: 
         if not all(isinstance(r, Record) for r in records):
             records = load_records(records)  # paths and globs
         stats = {side: [0, None] for side in SIDES}
-        for r in records:
-            if r.ok and r.device == fp and r.template == template and canonical_json(r.workload) == key:
-                scopes = {r.scopes.get(op) for op in SCOPE_OPERANDS}
-                side = scopes.pop() if len(scopes) == 1 else None
-                if side in stats:
-                    s = stats[side]
-                    s[0] += 1
-                    s[1] = r.median_s if s[1] is None else min(s[1], r.median_s)
+        for r in LogIndex(records).workload(fp, template, json.loads(key)):
+            scopes = {r.scopes.get(op) for op in SCOPE_OPERANDS}
+            side = scopes.pop() if len(scopes) == 1 else None
+            if side in stats:
+                s = stats[side]
+                s[0] += 1
+                s[1] = r.median_s if s[1] is None else min(s[1], r.median_s)
     (tn, ts), (bn, bs) = stats["texture"], stats["buffer"]
     return decide(tn, ts, bn, bs, min_trials)[0]

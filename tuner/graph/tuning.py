@@ -19,6 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from tuner.errors import TunerError
+from tuner.logs.index import DeviceLog, LogIndex
 from tuner.logs.io import ensure_writable
 from tuner.search.task import TuningTask as Task
 
@@ -119,30 +120,6 @@ def share_budget(tasks: list, trials: int, min_trials: int = MIN_TRIALS) -> list
     return budgets
 
 
-def measured_index(log: str, fingerprint: str) -> dict:
-    """What a log has measured on one device, read once: ``Record.task_key`` less the device -> ``[Record, ...]``
-    (instantiation rejects are not measurements)."""
-    from pathlib import Path
-
-    from tuner.logs import load_records
-    index: dict = {}
-    if Path(log).exists():
-        for r in load_records(log):
-            if r.device == fingerprint and r.error_name != "INSTANTIATION":
-                index.setdefault(r.task_key[1:], []).append(r)
-    return index
-
-
-def task_records(index: dict, task: Task) -> list:
-    """The records of exactly this task (its pinned knobs included) in a ``measured_index``."""
-    return [r for r in index.get(task.record_key("")[1:], []) if task.fits(r)]
-
-
-def measured(index: dict, task: Task) -> int:
-    """Measurements of exactly this task (its pinned knobs included) in a ``measured_index``."""
-    return len(task_records(index, task))
-
-
 def fallback_config(task: Task, info) -> dict:
     """The config the model deploys for ``task`` without a log (the template's fallback, valid for the task)."""
     return dataclasses.asdict(task.fallback(info))
@@ -152,25 +129,25 @@ def best_record(records: list):
     return min((r for r in records if r.ok), key=lambda r: r.median_s, default=None)
 
 
-def summarize_task(tr: TaskResult, index: dict) -> None:
+def summarize_task(tr: TaskResult, index: DeviceLog) -> None:
     """Fill ``tr``'s best record and failure counts from the log's records of its task."""
-    records = task_records(index, tr.task)
+    records = index.of(tr.task)
     tr.best, tr.records = best_record(records), len(records)
     tr.failures = dict(Counter(r.error_name for r in records if not r.ok))
 
 
-def estimate_latency(plan, info, index: dict, deployed_scope: str, history) -> LatencyEstimate:
+def estimate_latency(plan, info, index: DeviceLog, deployed_scope: str, history) -> LatencyEstimate:
     """The deployed plan's tasks (the templates ``history`` chooses, ``choose_templates``) at their best medians
     against the no-log plan's tasks (the direct conv2d, not Winograd) at their fallback configs' medians (both
     from the log)."""
     from .plan import choose_templates, extract_tasks, plan_storage
     tuned = extract_tasks(choose_templates(plan_storage(plan, info, deployed_scope, history), history, info))
     untuned = extract_tasks(choose_templates(plan_storage(plan, info, deployed_scope, None), None, info))
-    best = [best_record(task_records(index, t)) for t in tuned]
+    best = [best_record(index.of(t)) for t in tuned]
     fallback = []
     for t in untuned:
         cfg = fallback_config(t, info)
-        fallback.append(best_record([r for r in task_records(index, t) if r.config == cfg]))
+        fallback.append(best_record([r for r in index.of(t) if r.config == cfg]))
     return LatencyEstimate(
         tuned_s=sum(t.count * r.median_s for t, r in zip(tuned, best) if r is not None),
         fallback_s=sum(t.count * r.median_s for t, r in zip(untuned, fallback) if r is not None),
@@ -189,7 +166,7 @@ def overrun_note(label: str, tasks: int, min_trials: int, share: int, trials: in
 class _Run:
     """One tune_model run: the tasks tuned so far, the honest progress bar, the notes."""
 
-    def __init__(self, result: ModelTuneResult, index: dict, say, tune_task):
+    def __init__(self, result: ModelTuneResult, index: DeviceLog, say, tune_task):
         self.result, self.index, self.say, self.tune_task = result, index, say, tune_task
         self.by_key: dict = {}
         self.bar = None
@@ -270,7 +247,7 @@ def tune_model(model, log: str | None = None, trials: int = 200, device=None, sc
         rounds = [(f"{m} plan: " if both else "", extract_tasks(plan_storage(plan, info, m)))
                   for m in (["texture", "buffer"] if both else [scope])]
     shares = split(trials, len(rounds) + both)
-    index = measured_index(log, info.fingerprint)  # read once: each task is tuned once (or topped up, below)
+    index = LogIndex.of_log(log).on(info.fingerprint)  # each task is tuned once (or topped up, below)
     result = ModelTuneResult(log)
     planned = _plan_rounds(rounds, shares, index, min_trials)
     result.planned = sum(todo for _, _, todo in planned) + (shares[-1] if both else 0)
@@ -305,7 +282,7 @@ def tune_model(model, log: str | None = None, trials: int = 200, device=None, sc
             measurer.close()
         if run.bar is not None:
             run.bar.close()
-    index = measured_index(log, info.fingerprint)
+    index = LogIndex.of_log(log).on(info.fingerprint)  # with this run's records
     for tr in result.tasks:
         summarize_task(tr, index)
     deployed = "auto" if scope == "auto" else scope
@@ -327,13 +304,13 @@ def _history(log: str, info=None, transfer_from=None):
     return apply_history_best(log) if Path(log).exists() else None
 
 
-def _plan_rounds(rounds: list, shares: list, index: dict, min_trials: int) -> list:
+def _plan_rounds(rounds: list, shares: list, index: DeviceLog, min_trials: int) -> list:
     """``[(task, budget, todo)]`` for the rounds known up front, each task once (its first round's)."""
     seen, out = set(), []
     for (_, tasks), share in zip(rounds, shares):
         tasks = [t for t in tasks if t.key() not in seen]
         seen.update(t.key() for t in tasks)
-        out += [(t, b, max(0, b - measured(index, t))) for t, b in zip(tasks, share_budget(tasks, share, min_trials))]
+        out += [(t, b, max(0, b - index.count(t))) for t, b in zip(tasks, share_budget(tasks, share, min_trials))]
     return out
 
 
@@ -346,12 +323,12 @@ def _mixed_round(run: _Run, tasks: list, share: int, min_trials: int, trials: in
             run.retotal(-share)
         for t, b in zip(tasks, share_budget(tasks, share, 0)):
             tr = run.by_key[t.key()]  # what the log had, and this run measured, counts (a re-run resumes)
-            todo = max(0, tr.budget + b - measured(run.index, t) - tr.measured)
+            todo = max(0, tr.budget + b - run.index.count(t) - tr.measured)
             run.retotal(todo - b)
             run.tune(t, b, todo)
         return
     budgets = share_budget(new, share, min_trials)
-    todo = [max(0, b - measured(run.index, t)) for t, b in zip(new, budgets)]
+    todo = [max(0, b - run.index.count(t)) for t, b in zip(new, budgets)]
     extra = sum(todo) - share
     if sum(budgets) > share:
         run.note(overrun_note("mixed-scope kernels of the auto plan: ", len(new), min_trials, share, trials)

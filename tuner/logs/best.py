@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Iterable
 
 from tuner.errors import TunerError
+from tuner.logs.index import LogIndex, holds
 from tuner.logs.io import load_records
 from tuner.logs.record import Record, canonical_json, scope_knobs, task_key
 
@@ -119,12 +120,8 @@ def workload_distance(a: dict, b: dict) -> float:
 
 def best_records(records: Iterable[Record]) -> dict:
     """``task_key -> Record``: the successful record with the lowest median; failures are never picked,
-    whatever their (partial) timings. Ties go to the earlier record."""
-    best: dict = {}
-    for r in records:
-        if r.ok and (r.task_key not in best or r.median_s < best[r.task_key].median_s):
-            best[r.task_key] = r
-    return best
+    whatever their (partial) timings. Ties go to the earlier record (``LogIndex.bests``)."""
+    return LogIndex(records).bests()
 
 
 def _workload_key(workload) -> dict:
@@ -189,15 +186,14 @@ class ApplyHistoryBest:
         self.records = _to_records(log_or_records)
         self.paths = _paths_of(log_or_records)  # where sibling logs are looked for (``sibling_logs``)
         self.transfer_from = parse_transfer_from(transfer_from)
-        self.best = best_records(self.records)
-        # scopes=None picks across scopes: the fastest of the per-scope bests of one workload on one device
-        self._any_scope: dict = {}
-        for r in self.best.values():
-            k = r.task_key[:3]
-            if k not in self._any_scope or r.median_s < self._any_scope[k].median_s:
-                self._any_scope[k] = r
+        self.index = LogIndex(self.records)
         self._warned: set = set()
         self._models: dict = {}  # template name -> CostModel or None (trained once, on first need)
+
+    @property
+    def best(self) -> dict:
+        """``task_key -> Record``: the fastest successful record of every task (``LogIndex.bests``)."""
+        return self.index.bests()
 
     adopted: set = frozenset()  # task keys answered by another driver's records (for_device)
     origin: dict = {}  # task key -> the sibling fingerprint whose records answer it (for_device)
@@ -281,7 +277,7 @@ class ApplyHistoryBest:
         if missing:
             extra = load_records(sibling_logs(missing, self.paths)) if sibling_logs(missing, self.paths) else []
             self.records = self.records + [r for r in extra if r.device in missing]
-            self._workloads = self._tops = None
+            self.index = LogIndex(self.records)
             for r in extra:
                 logged.setdefault(r.device, r)
         still = [n for n in wanted if n not in logged]
@@ -306,17 +302,14 @@ class ApplyHistoryBest:
               fixed: dict | None = None) -> Record | None:
         """The best record of the task, or None. ``workload``: the key dict (or a workload object);
         ``scopes=None``: the best over any scopes; ``fixed``: only configs with these knob values."""
-        wl = canonical_json(_workload_key(workload))
         if fixed:
-            best = None
-            for r in self._of_workload(device_fingerprint, template_name, wl):
-                if ((scopes is None or r.scopes == scopes) and all(r.config.get(k) == v for k, v in fixed.items())
-                        and (best is None or r.median_s < best.median_s)):
-                    best = r
-            return best
+            return self.index.best(task_key(device_fingerprint, template_name, _workload_key(workload), scopes),
+                                   fixed) if scopes is not None else min(
+                (r for r in self.index.workload(device_fingerprint, template_name, workload) if holds(r, fixed)),
+                key=lambda r: r.median_s, default=None)
         if scopes is None:
-            return self._any_scope.get((device_fingerprint, template_name, wl))
-        return self.best.get(task_key(device_fingerprint, template_name, _workload_key(workload), scopes))
+            return self.index.best_any_scope(device_fingerprint, template_name, workload)
+        return self.index.best(task_key(device_fingerprint, template_name, _workload_key(workload), scopes))
 
     def pick(self, template, workload, device, scopes: dict | None = None, fixed: dict | None = None):
         """The config to build ``workload`` with on ``device`` (Device or DeviceInfo): the best tuned one,
@@ -415,17 +408,9 @@ class ApplyHistoryBest:
     def _candidates(self, template, tasks: list, fixed: dict | None, limit: int) -> list:
         """``[(config dict, Record)]``: the best config and the runners-up of each task in ``tasks`` (nearest
         first), ``fixed`` applied, each config once, at most ``limit``."""
-        if self._tops is None:  # task key -> its successful records, fastest first (built once)
-            self._tops = {}
-            for r in self.records:
-                if r.ok:
-                    self._tops.setdefault(r.task_key, []).append(r)
-            for v in self._tops.values():
-                v.sort(key=lambda x: x.median_s)
         out, seen = [], set()
         for t in tasks:
-            fits = [r for r in self._tops.get(t.task_key, [t])
-                    if all(r.config.get(k) == v for k, v in (fixed or {}).items())]
+            fits = self.index.ranked(t.task_key, fixed)
             for r in fits[:1 + self.RUNNERS_UP]:
                 cfg = {**r.config, **(fixed or {})}
                 k = canonical_json(cfg)
@@ -442,31 +427,16 @@ class ApplyHistoryBest:
         (their records as logged, at ``SIBLING_WEIGHT``); None when too few records to train one."""
         key = (template.name, fingerprint)
         if key not in self._models:
-            own = [r for r in self.records if r.ok and r.template == template.name and r.device == fingerprint
+            own = [r for r in self.index.template(template.name) if r.device == fingerprint
                    and r.task_key not in self.origin]
             sib = [r for r in self.sibling_records if r.ok and r.template == template.name]
             self._models[key] = fit(template, [(r, 1.0) for r in own] + [(r, SIBLING_WEIGHT) for r in sib])
         return self._models[key]
 
     def _runners_up(self, template_name, workload, fingerprint, scopes, fixed, first) -> list:
-        wl = canonical_json(_workload_key(workload))
-        same = [r for r in self._of_workload(fingerprint, template_name, wl) if r is not first
-                and (scopes is None or r.scopes == scopes)
-                and all(r.config.get(k) == v for k, v in (fixed or {}).items())]
+        same = [r for r in self.index.workload(fingerprint, template_name, workload) if r is not first
+                and (scopes is None or r.scopes == scopes) and holds(r, fixed)]
         return sorted(same, key=lambda r: r.median_s)
-
-    def _of_workload(self, fingerprint: str, template_name: str, workload_json: str) -> list:
-        """The successful records of one workload of a template on a device (an index built on first use: a
-        model's planning asks per layer and scope, and a log holds thousands of records)."""
-        if self._workloads is None:
-            self._workloads = {}
-            for r in self.records:
-                if r.ok:
-                    self._workloads.setdefault((r.device, r.template, canonical_json(r.workload)), []).append(r)
-        return self._workloads.get((fingerprint, template_name, workload_json), [])
-
-    _workloads: dict | None = None
-    _tops: dict | None = None
 
     def _warn_once(self, key, message: str, category) -> None:
         if key not in self._warned:

@@ -113,7 +113,8 @@ def sibling_knowledge(log: str, task: TuningTask, info, space, names, known: dic
 
     from tuner.errors import TunerError
     from tuner.logs.best import AUTO, device_family, parse_transfer_from, sibling_logs
-    from tuner.search.task import _records, workload_of
+    from tuner.logs.index import LogIndex
+    from tuner.search.task import workload_of
     names = parse_transfer_from(names)
     fp = info.fingerprint
     wanted = [n for n in names if n not in (AUTO, fp)]
@@ -123,7 +124,7 @@ def sibling_knowledge(log: str, task: TuningTask, info, space, names, known: dic
     for path in paths:
         if path.resolve() not in seen_paths:
             seen_paths.add(path.resolve())
-            records += [r for r in _records(path) if r.device != fp]
+            records += [r for r in LogIndex.of_log(path).records if r.device != fp]
     family = device_family(info.platform, info.type, info.name)
     devices = {r.device: r for r in records}
     siblings = [n for n in wanted if n in devices]

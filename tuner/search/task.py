@@ -13,8 +13,10 @@ import dataclasses
 import hashlib
 import numbers
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from tuner.errors import TunerError
+from tuner.logs.index import LogIndex, holds
 from tuner.logs.record import SCOPE_OPERANDS, SCOPES, canonical_json, scope_knobs, task_key
 
 IDENTITY = ("template", "workload", "scopes", "fixed")
@@ -112,7 +114,7 @@ class TuningTask:
 
     def fits(self, record) -> bool:
         """Whether a record of the same template, workload and scopes has this task's pinned knobs."""
-        return all(record.config.get(k) == v for k, v in self.fixed.items())
+        return holds(record, self.fixed)
 
     def attrs(self, fingerprint: str) -> dict:
         """What a study says about its task (user attribute ``task``)."""
@@ -173,7 +175,6 @@ def log_knowledge(log: str, task: TuningTask, fingerprint: str, space, transfer:
     of successful records of the template's other workloads (or scopes) on the device, and ``(vars, values,
     gflops, device)`` of the template's records in the other devices' logs beside ``log`` (a weaker prior),
     for transfer learning."""
-    from pathlib import Path
     known, others = {}, []
     mine, t, names = task.record_key(fingerprint), task.tmpl, list(space.choices)
     score = lambda r: r.gflops if r.ok and r.gflops else 0.0  # noqa: E731
@@ -181,37 +182,21 @@ def log_knowledge(log: str, task: TuningTask, fingerprint: str, space, transfer:
     defaults = {f.name: f.default for f in dataclasses.fields(t.config) if f.default is not dataclasses.MISSING}
     logs = [Path(log)] + (sorted(p for p in Path(log).parent.glob("*.jsonl") if p != Path(log)) if transfer else [])
     for path in logs:
-        for r in _records(path):
-            if path != logs[0] and r.device == fingerprint:
-                continue  # another log's records of this device: not this run's to answer from or weigh as its own
+        index = LogIndex.of_log(path)
+        theirs = path != logs[0]  # another log's records of this device: not this run's to answer from or weigh
+        for r in index.task(mine) if not theirs else ():
             values = {**defaults, "dtype": r.workload.get("dtype"), **r.config}
-            if r.task_key == mine and all(values.get(n) in space.choices[n] for n in names):  # pinned knobs too
+            if all(values.get(n) in space.choices[n] for n in names):  # pinned knobs too
                 k = tuple(values[n] for n in names)
                 if k not in known or score(r) > score(known[k]):
                     known[k] = r
-            elif r.template == t.name and r.task_key != mine and r.ok and transfer:
-                try:
-                    vars = t.space_vars(workload_of(t, r.workload))
-                except (TypeError, ValueError):
-                    continue
-                others.append((vars, values, r.gflops) if r.device == fingerprint else
-                              (vars, values, r.gflops, r.device))
+        for r in index.template(t.name) if transfer else ():
+            if r.task_key == mine or (theirs and r.device == fingerprint):
+                continue
+            try:
+                vars = t.space_vars(workload_of(t, r.workload))
+            except (TypeError, ValueError):
+                continue
+            values = {**defaults, "dtype": r.workload.get("dtype"), **r.config}
+            others.append((vars, values, r.gflops) if r.device == fingerprint else (vars, values, r.gflops, r.device))
     return known, others
-
-
-def _records(path) -> list:
-    """A log's records, read again only when the file changed (a model's tasks each read the device logs)."""
-    from tuner.logs import load_records
-    try:
-        st = path.stat()
-        key = (str(path.resolve()), st.st_mtime_ns, st.st_size)
-        if _READ.get(key[0], (None,))[0] != key:
-            _READ[key[0]] = (key, load_records(path))
-    except (FileNotFoundError, TunerError):
-        if path.exists():
-            raise
-        return []  # gone since the listing: another tuner's writability probe (ensure_writable) or a removed log
-    return _READ[key[0]][1]
-
-
-_READ: dict = {}
