@@ -1,7 +1,7 @@
 """Tune the layer suite of ResNet-18 and MobileNetV2 on a GPU through OpenCL, and time cuDNN (PyTorch) on the
 same layers and whole models in the same run.
 
-The layer suite is the models' own tasks (``tuner.graph.compiler.model_tasks`` of the zoo models at 224x224,
+The layer suite is the models' own tasks (``tuner.compile.compiler.model_tasks`` of the zoo models at 224x224,
 batch 1): exactly the kernels a compiled model deploys, so the committed log makes ``tuner compile`` pick
 tuned configs. Subcommands (bench/gpu.sh runs them on the GPU machine):
 
@@ -43,9 +43,9 @@ def suite(info, models=MODELS, dtypes=DTYPES, scopes=SCOPES, log=None, alternati
     """``[(model, dtype, scope, Task, layer names)]`` in tuning order: float32 first, models in order. Scope
     ``auto``: the plan ``--scope auto`` deploys given ``log`` (its mixed-scope kernels at texture/buffer
     boundaries are tasks of their own)."""
-    from tuner.graph import zoo
-    from tuner.graph.compiler import load_graph
-    from tuner.graph.plan import extract_tasks, lower_graph, plan_storage
+    from tuner.zoo import models as zoo
+    from tuner.compile.compiler import load_graph
+    from tuner.plan.lower import extract_tasks, lower_graph, plan_storage
     from tuner.logs import apply_history_best
     history = apply_history_best(log) if log and Path(log).exists() else None
     rows = []
@@ -551,7 +551,7 @@ def cmd_stream(args) -> int:
 def _stream_ours(args, out: Path) -> int:
     from tuner.runtime import open_device
     from tuner.runtime.launch import build as build_executable
-    from tuner.search.task import workload_of
+    from tuner.task import workload_of
     from tuner.templates import get_template
     assert "torch" not in sys.modules, "ours is timed in a process without PyTorch's CUDA context"
     dev = open_device(args.device)
@@ -664,7 +664,7 @@ def _profiling_queue_time(mod, repeats: int, warmup: int = 5) -> float:
 def _model_input(name: str):
     """The zoo model at 224x224, a random input and onnxruntime's output for it."""
     import onnxruntime as ort
-    from tuner.graph import zoo
+    from tuner.zoo import models as zoo
     model = getattr(zoo, name)(input_size=224)
     x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -681,7 +681,7 @@ def cmd_models(args) -> int:
     if args.side == "ours":
         return _models_ours(args, out)
     import torch
-    from tuner.graph.compiler import load_graph
+    from tuner.compile.compiler import load_graph
     _torch_fp32()
     ours = _read(out / "gpu_models_ours.csv") if (out / "gpu_models_ours.csv").exists() else []
     rows = []
@@ -710,7 +710,7 @@ def cmd_models(args) -> int:
 
 
 def _models_ours(args, out: Path) -> int:
-    from tuner.graph.compiler import compile_model
+    from tuner.compile.compiler import compile_model
     from tuner.runtime import open_device
     assert "torch" not in sys.modules, "ours is timed in a process without PyTorch's CUDA context"
     dev = open_device(args.device)
@@ -856,7 +856,7 @@ def _floor_text(peak: dict) -> str:
 def _bests(log, fingerprint: str | None = None) -> dict:
     """``(template, canonical workload json, "texture" | "buffer" | "mixed") -> Record``: the fastest successful
     record of each in the log (of one device, or of any)."""
-    from tuner.graph.module import storage_label
+    from tuner.runtime.module import storage_label
     from tuner.logs import best_records, load_records
     from tuner.logs.record import canonical_json
     best = {}
@@ -872,7 +872,7 @@ def _best_of_layer(best: dict, row: dict, scope: str):
     (conv2d, ...) and, for a 3x3 stride-1 conv2d, the Winograd templates (their workload key has no stride,
     dilation or groups)."""
     from tuner.logs.record import canonical_json
-    from tuner.search.task import workload_of
+    from tuner.task import workload_of
     from tuner.templates import get_template
     wd = json.loads(row["workload"])
     keys = [(row["template"], canonical_json(wd))]

@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     import pyopencl as cl
 
     import tuner
-    from tuner.graph import zoo
+    from tuner.zoo import models as zoo
     model = zoo.ZOO[args.model](input_size=args.input_size)
     mod = tuner.compile_model(model, device=args.device, scope="buffer")
     x = np.random.default_rng(0).standard_normal(mod.spec.entries[mod.spec.inputs[0]].shape).astype(np.float32)

@@ -15,7 +15,7 @@ Batch norm is folded into the convolutions, so every convolution has a bias. Dep
 Fused epilogues follow the templates' order: bias, then the residual add, then the activation. A ResNet
 basic block's second conv is ``relu(conv + bias + identity)``; MobileNetV2's linear bottleneck is a
 projection + residual with no activation. (The exact kernels a compiled zoo model deploys are
-``tuner.graph.compiler.model_tasks``, which bench/gpu.py uses; this hand-written list predates it.)
+``tuner.compile.compiler.model_tasks``, which bench/gpu.py uses; this hand-written list predates it.)
 
 Identical workloads within a model are listed once; ``count`` says how often the model runs it and
 ``names`` lists the occurrences (``name`` is the short label of the first one). ``SMALL`` is a handful

@@ -9,7 +9,7 @@ The models come from ``bench/export_torchvision.py`` (torchvision architectures,
 separate torch virtualenv; the project itself never needs torch). For every ``*.onnx`` in the folder:
 
 - **operators**: the ONNX operators the model uses, and those the frontend has no handler for
-  (``tuner.graph.frontend.SUPPORTED_OPS``; column "no handler"), so one row shows what may be missing, not
+  (``tuner.frontend.onnx.SUPPORTED_OPS``; column "no handler"), so one row shows what may be missing, not
   only the first failure; an operator of a shape subgraph folded to constants (Shape, Gather) needs none;
 - **frontend**: ``load_graph`` (ONNX -> graph, passes) once; when it fails every variant records that error;
 - **variants** (``--variants``, default ``texture,buffer,auto,buffer:float16``: [native:]scope[:dtype], dtype
@@ -249,7 +249,7 @@ def worker(args) -> int:
         emit({**info, "error": f"onnx: {one_line(e)}"})
         return 0
     try:
-        from tuner.graph.frontend import SUPPORTED_OPS
+        from tuner.frontend.onnx import SUPPORTED_OPS
         info["unsupported_ops"] = [o for o in ops if o not in SUPPORTED_OPS]
     except Exception as e:  # noqa: BLE001 -- the frontend being edited: every variant will say so
         info["unsupported_ops"] = None
@@ -295,7 +295,7 @@ def worker(args) -> int:
     dev = None
     if frontend_error is None:
         try:
-            from tuner.graph.compiler import load_graph
+            from tuner.compile.compiler import load_graph
             load_graph(path)
         except Exception as e:  # noqa: BLE001
             frontend_error = one_line(e)

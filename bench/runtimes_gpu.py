@@ -196,7 +196,7 @@ def _digest(mod) -> str:
 
 def cmd_ours(args) -> int:
     import tuner
-    from tuner.graph.compiler import compile_model
+    from tuner.compile.compiler import compile_model
     assert "torch" not in sys.modules, "ours is timed in a process without PyTorch's CUDA context"
     work = Path(args.work)
     x = np.load(work / "x.npy")
@@ -287,7 +287,7 @@ def cmd_torch(args) -> int:
     import torch
     sys.path.insert(0, str(BENCH))
     import gpu as G
-    from tuner.graph.compiler import load_graph
+    from tuner.compile.compiler import load_graph
     G._torch_fp32()
     dev = G._tdev()
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)

@@ -457,7 +457,7 @@ def test_mobilenet_v3_small_through_the_agent_survives_a_kill(native, tmp_path):
     measured twice). Then compile_model and run through the agent match onnxruntime."""
     import onnxruntime as ort
 
-    from tuner.graph.zoo import write_model
+    from tuner.zoo.models import write_model
     from tuner.logs import load_records
     model = write_model("mobilenet_v3_small", tmp_path / "m.onnx", input_size=32, num_classes=10)
     log, storage = tmp_path / "mnv3.jsonl", f"journal:{tmp_path / 'studies.journal'}"

@@ -10,8 +10,8 @@ import pytest
 import tuner
 from tuner.artifact import ArtifactError, read_artifact
 from tuner.cli import main
-from tuner.graph.module import load_module
-from tuner.graph.zoo import write_model
+from tuner.runtime.module import load_module
+from tuner.zoo.models import write_model
 
 from artifact_corpus import damaged_artifacts
 
@@ -186,7 +186,7 @@ def test_profile_json_that_is_a_link_is_replaced_not_written_through(built, tmp_
 
 @pytest.mark.parametrize("out, words", [("", "-o is empty"), ("mine", "is not a compiled model")])
 def test_compile_refuses_its_output_before_any_work(built, tmp_path, capsys, monkeypatch, out, words):
-    import tuner.graph.compiler as compiler
+    import tuner.compile.compiler as compiler
     monkeypatch.setattr(compiler, "compile_model", lambda *a, **k: pytest.fail("compiled before checking -o"))
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("mine")

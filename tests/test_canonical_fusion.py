@@ -8,7 +8,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from tuner.graph.compiler import model_tasks
+from tuner.compile.compiler import model_tasks
 
 
 def _block(tmp_path, add_order: tuple, downsample_first: bool):

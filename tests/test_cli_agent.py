@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tuner.cli import main
-from tuner.graph.zoo import write_model
+from tuner.zoo.models import write_model
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper
 
 from tuner.cli import main
 from tuner.errors import TunerError
-from tuner.graph.frontend import from_onnx
+from tuner.frontend.onnx import from_onnx
 
 ROOT = Path(__file__).resolve().parents[1]
 CONV = ["conv2d", "--data", "1,4,6,6", "--kernel", "4,4,3,3"]
@@ -235,7 +235,7 @@ def test_run_says_which_inputs_are_wrong(two_inputs, tmp_path, capsys, inputs, m
 
 def test_run_refuses_to_write_the_outputs_of_a_model_without_outputs(two_inputs, tmp_path, capsys, monkeypatch):
     """A model whose outputs list is empty left a 0-byte --output file behind (IndexError after opening it)."""
-    import tuner.graph.module as module
+    import tuner.runtime.module as module
     real = module.load_module
 
     def no_outputs(*args, **kwargs):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import tuner
-from tuner.graph.zoo import write_model
+from tuner.zoo.models import write_model
 from tuner.logs import load_records
 from tuner.errors import ErrorCode
 from tuner.measure import MeasureInput, Runner

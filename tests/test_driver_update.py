@@ -6,7 +6,7 @@ import warnings
 import pytest
 
 import tuner
-from tuner.graph.compiler import model_tasks
+from tuner.compile.compiler import model_tasks
 from tuner.logs.best import OtherDriverWarning
 from tuner.logs.record import Record
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tuner.cli import main
-from tuner.graph.zoo import write_model
+from tuner.zoo.models import write_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -99,7 +99,7 @@ def test_no_traceback_in_a_fresh_process(artifact, tmp_path):
 
 def test_an_onnx_opset_from_the_future_is_refused(tmp_path, capsys):
     import onnx
-    from tuner.graph.zoo import test_models
+    from tuner.zoo.models import test_models
     model = test_models()["add"]
     model.opset_import[0].version = 99  # onnxruntime refuses it too
     path = tmp_path / "m.onnx"
@@ -188,8 +188,8 @@ def test_a_logged_config_the_space_rejects_is_never_deployed(tmp_path, device):
     import json
     import warnings
 
-    from tuner.graph.compiler import compile_model
-    from tuner.graph.zoo import test_models
+    from tuner.compile.compiler import compile_model
+    from tuner.zoo.models import test_models
     from tuner.logs import Record, append_records
     from tuner.logs.best import InvalidLoggedConfigWarning
     from tuner.measure import MeasureResult

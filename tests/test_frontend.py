@@ -11,10 +11,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tuner.errors import TunerError
-from tuner.graph.frontend import SUPPORTED_OPS, from_onnx
+from tuner.frontend.onnx import SUPPORTED_OPS, from_onnx
 from tuner.graph.reference import OPS, random_inputs, run_graph_numpy
-from tuner.graph import zoo
-from tuner.graph.zoo import TEST_INPUT_SHAPES
+from tuner.zoo import models as zoo
+from tuner.zoo.models import TEST_INPUT_SHAPES
 
 MODELS = zoo.test_models()
 

@@ -16,8 +16,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tuner.errors import TunerError
-from tuner.graph.compiler import compile_model
-from tuner.graph.frontend import from_onnx
+from tuner.compile.compiler import compile_model
+from tuner.frontend.onnx import from_onnx
 from tuner.graph.passes import optimize
 from tuner.graph.reference import random_inputs, run_graph_numpy
 

@@ -1,4 +1,4 @@
-"""The model's glue kernels (tuner/graph/kernels.py) on the test device against NumPy: texture, buffer and mixed
+"""The model's glue kernels (tuner/ops/kernels.py) on the test device against NumPy: texture, buffer and mixed
 scopes, float32 and float16 storage, odd channel counts and batch 2. Inputs are uploaded with NaN in their
 padding lanes (so no output may depend on them) and outputs start as NaN (so every element must be written)."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tuner.graph.kernels import (GLUE, binary_kernel, binary_reference, concat_kernel, concat_reference,
+from tuner.ops.kernels import (GLUE, binary_kernel, binary_reference, concat_kernel, concat_reference,
                                  elementwise_kernel, elementwise_reference, global_avg_pool_kernel, pool_kernel,
                                  pool_out_shape, pool_reference, reduce_kernel, reduce_reference, relayout_kernel,
                                  relayout_reference, softmax_kernel, softmax_reference, unary_kernel,

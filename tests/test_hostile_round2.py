@@ -7,7 +7,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tuner.errors import TunerError
-from tuner.graph.frontend import from_onnx
+from tuner.frontend.onnx import from_onnx
 
 
 def _tokens_model(nodes, inits=(), opset=17, shape=(1, 8, 2, 3)):
@@ -61,7 +61,7 @@ def test_a_sibling_log_found_in_logs_is_applied(tmp_path, monkeypatch, device, c
     import warnings
 
     from tuner.cli import main
-    from tuner.graph.compiler import model_tasks
+    from tuner.compile.compiler import model_tasks
     from tuner.logs.record import Record
     model = conv3x3_onnx(16)
     sib = dataclasses.replace(device.info, name=device.info.name + " sibling")

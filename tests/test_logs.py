@@ -259,7 +259,7 @@ def test_the_log_index_matches_a_task_by_key_and_pinned_knobs_and_follows_the_fi
     pinned knobs; ``measured`` leaves the template's refusals out; ``best`` never picks a failure; ``of_log``
     reads the file again once it changed."""
     from tuner.logs.index import LogIndex
-    from tuner.search.task import TuningTask
+    from tuner.task import TuningTask
     scopes = {"input": "buffer", "weight": "buffer", "output": "buffer"}
     task = TuningTask("conv2d", wl, scopes, fixed={"tile_oc": 2})
     cfg = lambda **k: conv.config(input_scope="buffer", weight_scope="buffer", output_scope="buffer", **k)  # noqa: E731

@@ -219,7 +219,7 @@ def test_fallback_runs_an_attention_product(device):
 
 
 def _ctx(shapes, params=(), dtype="float32"):
-    from tuner.graph.lowering import LowerCtx
+    from tuner.plan.rules import LowerCtx
     graph = SimpleNamespace(shapes=dict(shapes), params={p: np.arange(math.prod(shapes[p]), dtype=np.float32)
                                                           .reshape(shapes[p]) for p in params})
     return LowerCtx(graph, dtype, [], packed=lambda name: f"{name}.packed" if name == "x" else name)
@@ -227,7 +227,7 @@ def _ctx(shapes, params=(), dtype="float32"):
 
 def test_graph_node_lowers_to_the_template():
     """A node of op "matmul": inputs [a, b, (bias), (residual)], attrs trans_b, alpha, activation, residual."""
-    from tuner.graph.lowering import lower_template
+    from tuner.plan.rules import lower_template
     assert T in templates_for("matmul") and T.graph_ops == ("matmul",)
     ctx = _ctx({"q": (2, 10, 8), "k": (2, 12, 8), "bias": (1, 12), "r": (2, 10, 12)}, params=["bias"])
     node = SimpleNamespace(name="attn", op="matmul", inputs=["q", "k", "bias", "r"],
@@ -253,7 +253,7 @@ def test_graph_node_lowers_to_the_template():
      r"residual 'r' has shape \[1, 5, 4\]; the output is \[1, 4, 5\]"),
 ])
 def test_graph_node_errors_name_the_problem(shapes, params, inputs, attrs, match):
-    from tuner.graph.lowering import lower_template
+    from tuner.plan.rules import lower_template
     ctx = _ctx(shapes, params)
     node = SimpleNamespace(name="mm", op="matmul", inputs=inputs, attrs=attrs)
     with pytest.raises(TunerError, match=f"node 'mm' \\(matmul\\): .*{match}"):

@@ -14,12 +14,12 @@ import onnxruntime as ort
 import pytest
 
 from tuner.cli import main
-from tuner.graph import zoo
-from tuner.graph.compiler import compile_model, load_graph, model_tasks
-from tuner.graph.frontend import from_onnx
-from tuner.graph.module import load_module
+from tuner.zoo import models as zoo
+from tuner.compile.compiler import compile_model, load_graph, model_tasks
+from tuner.frontend.onnx import from_onnx
+from tuner.runtime.module import load_module
 from tuner.graph.passes import fold_batch_norm, fuse_epilogues, optimize
-from tuner.graph.plan import extract_tasks, lower_graph, plan_storage
+from tuner.plan.lower import extract_tasks, lower_graph, plan_storage
 from tuner.graph.reference import OPS, random_inputs, run_graph_numpy
 from tuner.ir.activations import apply_numpy
 
@@ -242,7 +242,7 @@ def test_artifact_runs_in_a_fresh_process_from_its_directory(dev, tmp_path):
 
 @pytest.mark.slow
 def test_tuning_a_model_changes_the_deployed_kernels(dev, tmp_path):
-    from tuner.graph.tuning import tune_model
+    from tuner.compile.tuning import tune_model
     from tuner.logs import apply_history_best
     from tuner.measure import MeasureOptions
     model = TEST_MODELS["conv_pads"]

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import tuner.native as native
+from tuner.cli.native import native_main
 from tuner.errors import TunerError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,7 +89,7 @@ def _elf_machine(path: Path) -> tuple:
 def test_cross_build_for_arm64_linux(tmp_path, capsys, compiler):
     """`tuner native build --target linux-arm64` prints two runtime lines and an agent line; all three are
     64-bit AArch64 ELF files, the library a shared object with the C API, the programs with an interpreter."""
-    assert native.native_main(["build", "--target", "linux-arm64", "--compiler", compiler,
+    assert native_main(["build", "--target", "linux-arm64", "--compiler", compiler,
                                "--build-dir", str(tmp_path)]) == 0
     lines = capsys.readouterr().out.split("\n")
     printed = [tuple(x.split(" ", 1)) for x in lines if x]

@@ -93,7 +93,7 @@ def test_matches_onnxruntime_and_python(native, cl_env, models, artifacts, key, 
     want = _onnx(models[model], x)
     assert y.shape == want.shape and y.dtype == np.float32
     assert _rel(y, want) < (1e-4 if dtype == "float32" else 1e-2)
-    from tuner.graph.module import load_module
+    from tuner.runtime.module import load_module
     py = load_module(art, device=device).run([x])[0]
     assert _rel(y, py) < (1e-5 if dtype == "float32" else 1e-3)
     # the second start builds nothing: every program comes from the binary cache
@@ -230,7 +230,7 @@ def test_build_products(native):
         assert os.access(native[key], os.X_OK) or key == "library"
     deps = subprocess.run(["ldd", native["tuner_run"]], capture_output=True, text=True).stdout
     assert "libOpenCL" not in deps  # loaded with dlopen at run time
-    from tuner.native import native_main
+    from tuner.cli.native import native_main
     assert native_main(["build"]) == 0
 
 
@@ -259,7 +259,7 @@ def test_refused_binary_is_rebuilt(native, cl_env, artifacts, tmp_path):
 def test_tuner_run_runtime_native(native, artifacts, tmp_path, capsys):
     """`tuner run --runtime native` runs the artifact through tuner-run: same output as the Python executor."""
     from tuner.cli import main
-    from tuner.graph.module import load_module
+    from tuner.runtime.module import load_module
     art = artifacts["mnv3-pocl-texture-f32"]
     x = _input(art)
     np.save(tmp_path / "x.npy", x)

@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tuner.graph import kernels_movement as KM
+from tuner.ops import kernels_movement as KM
 from tuner.runtime.launch import build
 
 from test_graph_kernels import SCOPES, TOL, draw, rel_error, run
@@ -102,8 +102,8 @@ def test_layer_norm_kernel(device, rng, shape, scopes, dtype):
 
 
 # -- frontend, passes, whole models ---------------------------------------------------------------------------
-from tuner.graph import zoo, zoo_movement  # noqa: E402
-from tuner.graph.frontend import from_onnx  # noqa: E402
+from tuner.zoo import models as zoo, movement as zoo_movement  # noqa: E402
+from tuner.frontend.onnx import from_onnx  # noqa: E402
 from tuner.graph.passes_movement import optimize_movement  # noqa: E402
 from tuner.graph.reference import random_inputs, run_graph_numpy  # noqa: E402
 from tuner.graph.reference_movement import PASS_ATTRS, PASS_OPS  # noqa: E402
@@ -158,7 +158,7 @@ def test_channel_shuffle_is_one_gather_and_nhwc_layer_norm_has_no_transpose(with
 @pytest.mark.parametrize("scope,dtype", [("texture", "float32"), ("buffer", "float32"), ("texture", "float16"),
                                          ("buffer", "float16"), ("auto", "float32")])
 def test_movement_models_compile_and_match_onnxruntime(name, scope, dtype, with_pass, device):
-    from tuner.graph.compiler import compile_model
+    from tuner.compile.compiler import compile_model
     model = MODELS[name]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -193,8 +193,8 @@ def _convnext_block(c: int = 6, hidden: int = 10):
 
 def test_convnext_block_runs_in_nchw(with_pass, device, monkeypatch):
     """Needs frontend._op_MatMul to delegate ranks 3/4 to MovementOps._matmul_nd (patched in here if not yet)."""
-    from tuner.graph import frontend
-    from tuner.graph.compiler import compile_model, load_graph
+    from tuner.frontend import onnx as frontend
+    from tuner.compile.compiler import compile_model, load_graph
     model = _convnext_block()
     try:
         from_onnx(model)

@@ -2,9 +2,9 @@
 uniform plan, and a mixed-scope boundary kernel the log lacks is priced at its layer's slower uniform time."""
 import dataclasses
 
-from tuner.graph.compiler import load_graph
-from tuner.graph.plan import estimate_plan, lower_graph, plan_storage
-from tuner.graph.zoo import test_models as zoo_test_models
+from tuner.compile.compiler import load_graph
+from tuner.plan.lower import estimate_plan, lower_graph, plan_storage
+from tuner.zoo.models import test_models as zoo_test_models
 from tuner.logs import SCHEMA_VERSION, Record, apply_history_best
 from tuner.templates import get_template
 
@@ -49,7 +49,7 @@ def test_auto_compiles_and_times_the_whole_plans_and_keeps_the_fastest(device):
     and keeps the fastest: never slower than the best uniform plan, whatever the log's kernels predicted."""
     import numpy as np
 
-    from tuner.graph.compiler import compile_model
+    from tuner.compile.compiler import compile_model
     model = zoo_test_models()["conv_pads"]
     info = device.info
     plan = lower_graph(load_graph(model))
@@ -73,7 +73,7 @@ def test_a_measured_candidate_warns_only_when_it_is_kept(device):
     user's business only if that plan is the one kept."""
     import warnings
 
-    from tuner.graph.compiler import compile_model
+    from tuner.compile.compiler import compile_model
     from tuner.logs.best import FallbackConfigWarning
     model = zoo_test_models()["conv_pads"]
     plan = lower_graph(load_graph(model))

@@ -10,7 +10,7 @@ import pytest
 
 import tuner
 from tuner.cli import main
-from tuner.graph.compiler import model_tasks
+from tuner.compile.compiler import model_tasks
 from tuner.logs.best import (FallbackConfigWarning, SiblingConfigWarning, SiblingDeviceHint, device_family,
                              invalid_config)
 from tuner.logs.record import Record, scope_knobs

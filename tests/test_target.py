@@ -18,11 +18,11 @@ import onnx
 import pytest
 
 from tuner.cli import main
-from tuner.graph import module as M
-from tuner.graph import zoo
-from tuner.graph.compiler import compile_model
-from tuner.graph.module import TargetMismatchWarning, load_module
-from tuner.graph.plan import FIXED
+from tuner.runtime import module as M
+from tuner.zoo import models as zoo
+from tuner.compile.compiler import compile_model
+from tuner.runtime.module import TargetMismatchWarning, load_module
+from tuner.plan.types import FIXED
 from tuner.runtime import device as D
 from tuner.runtime import program as P
 from tuner.runtime.device import choose_device, open_device
@@ -184,7 +184,7 @@ def test_a_rejected_or_corrupt_binary_is_rebuilt_from_source(tmp_path, device):
 LOAD_SCRIPT = textwrap.dedent("""
     import json, sys, time
     t0 = time.perf_counter()
-    from tuner.graph.module import load_module
+    from tuner.runtime.module import load_module
     mod = load_module(sys.argv[1], sys.argv[2])
     t1 = time.perf_counter()
     x = [__import__("numpy").zeros(mod.spec.entries[n].shape, "float32") for n in mod.spec.inputs]
@@ -271,7 +271,7 @@ def test_profile_table_is_aligned_and_labels_storage(device, tmp_path, capsys):
     long = dict(prof["rows"][1], node="a/very/long/node/name/that/is/wider/than/the/column",
                 scopes="i=texture,w=texture,o=texture", storage="texture")
     prof = {**prof, "rows": prof["rows"] + [long]}
-    from tuner.graph.cli import print_profile
+    from tuner.cli.model import print_profile
     buf = io.StringIO()
     print_profile(prof, file=buf)
     table = buf.getvalue()

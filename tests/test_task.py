@@ -24,7 +24,7 @@ from tuner.measure import MeasureResult, Measurer
 from tuner.search import ConstrainedRandomSampler, XGBSampler, tune
 from tuner.search.features import derived_features
 from tuner.search.shared import final_state, measured_error
-from tuner.search.task import TuningTask
+from tuner.task import TuningTask
 from tuner.templates import get_template
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -162,7 +162,7 @@ def test_samplers_count_measured_failures_as_seen(device):
 
 # -- layers and packaging ------------------------------------------------------------------------------------------
 
-CLI_MODULES = {"tuner.cli", "tuner.graph.cli", "tuner.search.cli", "tuner.analysis.cli"}
+CLI_MODULES = {"tuner.cli", "tuner.cli.model", "tuner.cli.search", "tuner.cli.analysis"}
 
 
 def _imports(path: Path, package: str) -> set:
@@ -218,7 +218,7 @@ def test_a_sibling_log_that_vanishes_while_it_is_read_is_skipped(tmp_path, monke
     """Another tuner's writability probe (``ensure_writable``) creates and removes its log: a transfer read that
     lists the folder in between must skip the file, not fail (it failed a threaded worker test in CI)."""
     import tuner.logs.index as index_mod
-    from tuner.search import task as task_mod
+    import tuner.task as task_mod
 
     t, ghost = TuningTask("conv2d", _conv(), BUFFERS), tmp_path / "other.jsonl"
     ghost.write_text("")
@@ -245,7 +245,7 @@ def test_a_record_written_before_a_knob_existed_counts_with_the_knobs_default(de
     measured again) and still transfer."""
     from tuner.logs import append_records
     from tuner.logs.record import Record
-    from tuner.search.task import log_knowledge
+    from tuner.task import log_knowledge
 
     t = TuningTask("conv2d", _conv(), BUFFERS)
     space = t.space(device)

@@ -10,10 +10,11 @@ import pytest
 from attention_models import attention_model
 from test_graph_kernels import SCOPES, TOL, draw, rel_error, run
 from tuner.errors import TunerError
-from tuner.graph import kernels_movement as KM
+from tuner.ops import kernels_movement as KM
 from tuner.graph import passes_tokens as PT
+from tuner.ops import token_views as TV
 from tuner.graph import reference
-from tuner.graph.frontend import from_onnx
+from tuner.frontend.onnx import from_onnx
 from tuner.graph.passes_movement import optimize_movement
 from tuner.graph.reference_movement import PASS_ATTRS, PASS_OPS
 from tuner.runtime.launch import build
@@ -68,8 +69,8 @@ def test_strided_copy_kernel(device, rng, case, scopes, dtype):
     k = KM.strided_copy_kernel(src, offset, shape, strides, dtype, *scopes,
                                max_work_group=device.info.max_work_group_size, out_shape=out)
     x = draw(rng, src, dtype)
-    want = PT.to_view(PT.strided_reference(x, offset, shape, strides).reshape(out or shape))
-    got = run(build(k, device), device, {"X": PT.to_view(x)}, padded_outputs=True)["Y"]
+    want = TV.to_view(TV.strided_reference(x, offset, shape, strides).reshape(out or shape))
+    got = run(build(k, device), device, {"X": TV.to_view(x)}, padded_outputs=True)["Y"]
     assert rel_error(got[tuple(slice(0, s) for s in want.shape)], want) <= TOL[dtype]
     c = want.shape[1]
     if got.shape[1] > c:  # its own padding lanes are zero
@@ -117,7 +118,7 @@ def test_an_unsupported_op_on_tokens_names_the_node(tmp_path):
 def test_attention_blocks_compile_and_match_onnxruntime(tmp_path, device, kw, scope, dtype):
     """Whole blocks on the device: the matmul template, the strided copies, softmax and layer norm over the
     features of token views, 1x1 convolutions for the projections, in both scopes."""
-    from tuner.graph.compiler import compile_model
+    from tuner.compile.compiler import compile_model
     path = tmp_path / "a.onnx"
     attention_model(path=str(path), **kw)
     mod = compile_model(str(path), device=device, scope=scope, dtype=dtype)
@@ -145,7 +146,7 @@ def _softmax_model(axis: int):
 
 @pytest.mark.parametrize("axis", [2, -1, 1])
 def test_softmax_over_any_axis_of_heads(device, axis):
-    from tuner.graph.compiler import compile_model
+    from tuner.compile.compiler import compile_model
     m = _softmax_model(axis)
     x = _input({"c": 8, "hw": (2, 3)})
     want = ort.InferenceSession(m.SerializeToString()).run(None, {"input": x})[0]
@@ -158,7 +159,7 @@ def test_a_class_token_joins_and_leaves_the_tokens(tmp_path, device, scope, n):
     """A ViT's class token: a constant concatenated in front of the tokens (concat_view), a position embedding
     (a whole constant), and ``Gather`` of token 0 at the end (a strided copy to (N, C))."""
     from attention_models import class_token_model
-    from tuner.graph.compiler import compile_model
+    from tuner.compile.compiler import compile_model
     path = tmp_path / "cls.onnx"
     class_token_model(n=n, path=str(path))
     x = _input({"n": n, "c": 12, "hw": (3, 4)})
@@ -176,8 +177,8 @@ def test_a_class_token_joins_and_leaves_the_tokens(tmp_path, device, scope, n):
 def test_concat_view_kernel(device, rng, shapes, axis, dtype):
     k = KM.concat_view_kernel(shapes, axis, dtype, "buffer", "texture")
     xs = [draw(rng, s, dtype) for s in shapes]
-    got = run(build(k, device), device, {f"X{i}": PT.to_view(x) for i, x in enumerate(xs)})["Y"]
-    assert rel_error(got, PT.to_view(np.concatenate(xs, axis=axis))) <= TOL[dtype]
+    got = run(build(k, device), device, {f"X{i}": TV.to_view(x) for i, x in enumerate(xs)})["Y"]
+    assert rel_error(got, TV.to_view(np.concatenate(xs, axis=axis))) <= TOL[dtype]
 
 
 def _graph_model(nodes, inits, in_shape, out_shape, opset=17):
@@ -233,7 +234,7 @@ SHAPES_OF_ATTENTION = {  # name -> (model, input shape): each a pattern a held-o
 
 @pytest.mark.parametrize("name", sorted(SHAPES_OF_ATTENTION))
 def test_shapes_of_held_out_attention_models_compile_and_match(device, name):
-    from tuner.graph.compiler import compile_model
+    from tuner.compile.compiler import compile_model
     m, shape = SHAPES_OF_ATTENTION[name]
     x = np.random.default_rng(2).standard_normal(shape).astype(np.float32)
     want = ort.InferenceSession(m.SerializeToString()).run(None, {"input": x})[0]

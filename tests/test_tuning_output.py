@@ -23,8 +23,8 @@ from optuna.trial import TrialState
 
 from tuner.cli import build_parser, main
 from tuner.errors import ErrorCode
-from tuner.graph import zoo
-from tuner.graph.tuning import MIN_TRIALS, fallback_config, share_budget, tune_model
+from tuner.zoo import models as zoo
+from tuner.compile.tuning import MIN_TRIALS, fallback_config, share_budget, tune_model
 from tuner.logs import load_records
 from tuner.measure import MeasureResult, Measurer
 
@@ -200,7 +200,7 @@ def test_summary_ends_with_the_estimated_latency_against_the_fallback(model, tmp
     res_first = {}
     for r in _measured(tmp_path / "t.jsonl"):
         res_first.setdefault((r.template, json.dumps(r.workload, sort_keys=True)), r)
-    from tuner.graph.compiler import model_tasks
+    from tuner.compile.compiler import model_tasks
     for task in model_tasks(model, device, scope="buffer"):
         first = res_first[(task.template, json.dumps(task.workload.key(), sort_keys=True))]
         assert first.config == fallback_config(task, device.info)  # the fallback is each task's first trial

@@ -14,9 +14,9 @@ import pytest
 
 import tuner
 from tuner.errors import TunerError
-from tuner.graph import zoo
-from tuner.graph.compiler import compile_model, load_graph, plan_model
-from tuner.graph.plan import extract_tasks, lower_graph, plan_storage
+from tuner.zoo import models as zoo
+from tuner.compile.compiler import compile_model, load_graph, plan_model
+from tuner.plan.lower import extract_tasks, lower_graph, plan_storage
 from tuner.templates import Template, get_template, register_template, templates, templates_for, unregister_template
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 
 from test_templates import check_random_config, scopes  # noqa: E402  (the shared check)
 from tuner.errors import TunerError
-from tuner.graph import zoo
-from tuner.graph.compiler import compile_model, load_graph
-from tuner.graph.plan import choose_templates, extract_tasks, lower_graph, plan_storage
+from tuner.zoo import models as zoo
+from tuner.compile.compiler import compile_model, load_graph
+from tuner.plan.lower import choose_templates, extract_tasks, lower_graph, plan_storage
 from tuner.logs import SCHEMA_VERSION, Record, apply_history_best
 from tuner.runtime.launch import build
 from tuner.templates import get_template, templates_for
@@ -309,7 +309,7 @@ def test_auto_checks_the_template_choice_inside_the_model(device, monkeypatch):
     """The log times each kernel alone; ``--scope auto`` also runs the kept plan with the direct conv2d on every
     node, profiles both inside the model and, where each is faster on some node, a plan taking each node's
     faster kernel; the fastest whole plan is kept. Per-node times are faked here to make the choice certain."""
-    from tuner.graph import module as M
+    from tuner.runtime import module as M
     info, model = device.info, winograd_model()
     history = _winograd_history(info, model)
     real = M.Module.profile
@@ -322,7 +322,7 @@ def test_auto_checks_the_template_choice_inside_the_model(device, monkeypatch):
             r["median_s"] = fake[(r["template"], i)]
         return out
     monkeypatch.setattr(M.Module, "profile", profile)
-    from tuner.graph import compiler
+    from tuner.compile import compiler
     made, compile_real = [], compiler.compile_model
 
     def compile_model_spy(*args, **kwargs):

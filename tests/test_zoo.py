@@ -12,8 +12,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tuner.errors import TunerError
-from tuner.graph import zoo
-from tuner.graph.frontend import from_onnx
+from tuner.zoo import models as zoo
+from tuner.frontend.onnx import from_onnx
 from tuner.graph.reference import random_inputs, run_graph_numpy
 
 

@@ -40,8 +40,8 @@ _LAZY = {"tune": "tuner.search", "apply_history_best": "tuner.logs", "load_recor
          "choose_device": "tuner.runtime.device", "list_devices": "tuner.runtime.device",
          "DeviceInfo": "tuner.target", "load_profile": "tuner.target",
          "build": "tuner.runtime.launch", "load_logs": "tuner.analysis",
-         "compile_model": "tuner.graph.compiler", "load_module": "tuner.graph.module",
-         "tune_model": "tuner.graph.tuning", "run_worker": "tuner.search.worker"}
+         "compile_model": "tuner.compile.compiler", "load_module": "tuner.runtime.module",
+         "tune_model": "tuner.compile.tuning", "run_worker": "tuner.search.worker"}
 
 
 def __getattr__(name):

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .graph import Graph, Node
-from .graph import add_param as _add_param, drop_unused_params as _drop_unused_params, fresh_name as _fresh
+from tuner.graph.graph import Graph, Node
+from tuner.graph.graph import add_param as _add_param, drop_unused_params as _drop_unused_params, fresh_name as _fresh
 
 ACTIVATION_OF_CLIP = {(0.0, 6.0): "relu6", (0.0, float("inf")): "relu"}
 BINARY_OPS = ("add", "sub", "mul", "div", "prelu")  # glue kernels that apply an activation after themselves
@@ -301,5 +301,5 @@ def fuse_epilogues(graph: Graph) -> Graph:
 def optimize(graph: Graph) -> Graph:
     """The frontend graph as the kernels will run it: BatchNorm folded, multi-node activations recognized,
     epilogues fused."""
-    from .passes_movement import optimize_movement  # layout rewrites first: ConvTranspose -> conv2d, NHWC blocks
+    from tuner.graph.passes_movement import optimize_movement  # layout rewrites first: ConvTranspose -> conv2d, NHWC blocks
     return fuse_epilogues(fuse_patterns(fold_batch_norm(optimize_movement(fuse_group_norm(graph)))))

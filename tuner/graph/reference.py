@@ -96,7 +96,7 @@ def _pool_padding(node: Node, x) -> tuple:
     a = node.attrs
     if not a.get("ceil_mode", 0):
         return tuple(a["padding"])
-    from .kernels import pool_ceil_extra
+    from tuner.ops.kernels import pool_ceil_extra
     eh, ew = pool_ceil_extra(x.shape, a["kernel"], a["stride"], a["padding"], True)
     t, l, b, r = a["padding"]
     return (t, l, b + eh, r + ew)
@@ -143,7 +143,7 @@ def _reduce(kind: str):
 
 
 def _unary(node: Node, x):
-    from .kernels import unary_reference
+    from tuner.ops.kernels import unary_reference
     return unary_reference(node.attrs["fn"], x)
 
 
@@ -205,7 +205,7 @@ ATTRS = {
 
 
 def _merge_families() -> None:
-    from . import reference_movement
+    import tuner.graph.reference_movement as reference_movement
     OPS.update(reference_movement.OPS)
     ATTRS.update(reference_movement.ATTRS)
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import kernels_movement as KM
+import tuner.ops.kernels_movement as KM
+from tuner.ops.token_views import from_view, strided_reference, to_view
 
 
 def transpose(node, x):
@@ -77,14 +78,12 @@ def slice_nd(node, x):
 
 
 def strided_copy(node, x):
-    from .passes_tokens import from_view, strided_reference, to_view
     a = node.attrs
     y = strided_reference(from_view(x, a["src_shape"]), a["offset"], a["shape"], a["strides"])
     return to_view(y.reshape(a.get("out_shape", a["shape"])))
 
 
 def concat_view(node, *xs):
-    from .passes_tokens import from_view, to_view
     a = node.attrs
     return to_view(np.concatenate([from_view(x, s) for x, s in zip(xs, a["shapes"])], axis=a["axis"]))
 

@@ -4,9 +4,9 @@ A task's records are those with its ``Record.task_key`` (device, template, canon
 config holds the task's pinned knobs (``fixed``). Each reader asks this index, built once per set of records:
 - compiling and planning (``ApplyHistoryBest``: the best record per task, per workload over any scopes, the
   records of one workload, the runners-up);
-- tuning (``tuner.search.task.log_knowledge``: what a study already knows, and the template's other records
+- tuning (``tuner.task.log_knowledge``: what a study already knows, and the template's other records
   for the sampler's transfer);
-- model tuning (``tuner.graph.tuning``: what each task has measured, against its budget; the summaries);
+- model tuning (``tuner.compile.tuning``: what each task has measured, against its budget; the summaries);
 - analysis reads the same records as a pandas frame (``tuner.analysis.frame``), grouped by the same key.
 
     index = LogIndex.of_log("logs/dev.jsonl")         # read again only when the file changed

@@ -1,7 +1,7 @@
 """The device seam: what an executor asks of a device to run a compiled model (docs/artifact.md).
 
 A ``Runtime`` builds OpenCL C sources, allocates buffers and RGBA images, copies to and from them, prepares
-kernel launches with their arguments set once, and runs them in order. ``tuner.graph.module.Module`` runs an
+kernel launches with their arguments set once, and runs them in order. ``tuner.runtime.module.Module`` runs an
 artifact on any Runtime. ``tuner.runtime.opencl.OpenCLRuntime`` is the local pyopencl one; a runtime that
 reaches a device another way (a device agent over a link, a native library) implements the same methods,
 and nothing under ``tuner/`` changes for it.

@@ -1,7 +1,7 @@
 """Search: one Optuna study per task, driven by an XGBoost cost-model sampler (or TPE / random); workers
 on many machines share tasks and studies through one storage (``tuner.search.worker``)."""
 from tuner.search.samplers import ConstrainedRandomSampler, XGBSampler, make_sampler
-from tuner.search.task import TuningTask
+from tuner.task import TuningTask
 from tuner.search.tune import TuneResult, study_name, tune
 from tuner.search.worker import (Task, WorkerSummary, export_study_records, model_prefix, register_tasks,
                                  registered_tasks, run_worker)

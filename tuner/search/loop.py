@@ -20,7 +20,7 @@ from tuner.errors import ErrorCode
 from tuner.logs import Record, append_records
 from tuner.measure import MeasureInput, MeasureResult
 from tuner.search.samplers import _key, make_sampler
-from tuner.search.task import TuningTask, log_knowledge
+from tuner.task import TuningTask, log_knowledge
 
 
 def record_of(t, workload, cfg, info, res: MeasureResult, trial, sampler, study) -> Record:
@@ -114,7 +114,7 @@ def sibling_knowledge(log: str, task: TuningTask, info, space, names, known: dic
     from tuner.errors import TunerError
     from tuner.logs.best import AUTO, device_family, parse_transfer_from, sibling_logs
     from tuner.logs.index import LogIndex
-    from tuner.search.task import workload_of
+    from tuner.task import workload_of
     names = parse_transfer_from(names)
     fp = info.fingerprint
     wanted = [n for n in names if n not in (AUTO, fp)]

@@ -34,7 +34,7 @@ from tuner.search.loop import (EarlyStopping, Evaluator, Session, enqueue_seeds,
 from tuner.search.samplers import _key
 from tuner.search.shared import Wrapping, measured_error
 from tuner.search.storage import open_storage
-from tuner.search.task import TuningTask
+from tuner.task import TuningTask
 
 
 @dataclass

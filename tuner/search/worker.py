@@ -36,7 +36,7 @@ from tuner.search.loop import Evaluator, enqueue_seeds, open_session, optimize, 
 from tuner.search.shared import (Announcing, Heartbeat, claim, counts, final_state, finish, is_claimed, reap,
                                  score_of)
 from tuner.search.storage import open_storage, redact
-from tuner.search.task import TuningTask, as_task
+from tuner.task import TuningTask, as_task
 from tuner.search.tune import default_log
 
 TASK_ATTR = "tuner:task"

@@ -10,7 +10,7 @@ from tuner.errors import TunerError
 
 
 def register(sub) -> None:
-    from tuner.cli_args import add_device_arg, add_measure_args, add_seed_arg, add_transfer_arg, positive_int
+    from tuner.cli.args import add_device_arg, add_measure_args, add_seed_arg, add_transfer_arg, positive_int
     p = sub.add_parser("worker", help="tune this device for tasks shared through a database (many machines)",
                        description="Tune, on this machine's device, the tasks registered under a study prefix in "
                        "a shared Optuna storage. Workers whose devices share a fingerprint cooperate on one study "
@@ -43,7 +43,7 @@ def register(sub) -> None:
 
 def load_tasks(path: str) -> list:
     from tuner.files import read_regular_file
-    from tuner.search.task import TuningTask
+    from tuner.task import TuningTask
     hint = "give a JSON file of a list of tasks"
     try:
         data = json.loads(read_regular_file(path, "--tasks file", hint).decode("utf-8", errors="replace"))
@@ -56,8 +56,8 @@ def load_tasks(path: str) -> list:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from tuner.cli_args import measure_options
-    from tuner.graph.tuning import model_worker_tasks
+    from tuner.cli.args import measure_options
+    from tuner.compile.tuning import model_worker_tasks
     from tuner.search.worker import run_worker
     if args.grace <= args.heartbeat:
         raise TunerError(f"--grace {args.grace} must be longer than --heartbeat {args.heartbeat}: a worker is taken "

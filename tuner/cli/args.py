@@ -1,5 +1,5 @@
-"""Argument helpers shared by the command-line modules (``tuner.cli``, ``tuner.graph.cli``, ``tuner.search.cli``,
-``tuner.analysis.cli``). It imports no command-line module, so each of them can import it."""
+"""Argument helpers shared by the command-line modules (``tuner.cli``, ``tuner.cli.model``, ``tuner.cli.search``,
+``tuner.cli.analysis``). It imports no command-line module, so each of them can import it."""
 from __future__ import annotations
 
 import argparse

@@ -1,5 +1,5 @@
 """The ``tuner logs``, ``tuner compare`` and ``tuner report`` commands; ``register(sub)`` adds them to the
-``tuner`` parser (``tuner/cli.py``)."""
+``tuner`` parser (``tuner/cli/__init__.py``)."""
 from __future__ import annotations
 
 import argparse
@@ -43,7 +43,7 @@ def _load(paths: list):
 
 def _output_ok(path: str) -> None:
     """Check an output file before any work: its folder is created if missing, and must be writable."""
-    from tuner.cli_args import writable_file
+    from tuner.cli.args import writable_file
     try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -277,7 +277,7 @@ def _min_trials(text: str) -> int:
 
 def register(sub) -> None:
     """Add ``logs``, ``compare`` and ``report`` to the ``tuner`` command's subparsers."""
-    from tuner.graph.tuning import MIN_TRIALS  # one default for tune, compare and report
+    from tuner.compile.tuning import MIN_TRIALS  # one default for tune, compare and report
     paths_help = "JSONL tuning logs, directories of them, or globs (e.g. logs/ or 'logs/*.jsonl')"
     device_help = "only this device of the log: a fingerprint or a substring of it or of the device name"
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from tuner.errors import TunerError
 from tuner.logs.index import DeviceLog, LogIndex
 from tuner.logs.io import ensure_writable
-from tuner.search.task import TuningTask as Task
+from tuner.task import TuningTask as Task
 
 # successful measurements per task: what `tuner tune` measures at least, and what `tuner compare` / `report`
 # need on each side of a texture/buffer comparison
@@ -140,7 +140,7 @@ def estimate_latency(plan, info, index: DeviceLog, deployed_scope: str, history)
     """The deployed plan's tasks (the templates ``history`` chooses, ``choose_templates``) at their best medians
     against the no-log plan's tasks (the direct conv2d, not Winograd) at their fallback configs' medians (both
     from the log)."""
-    from .plan import choose_templates, extract_tasks, plan_storage
+    from tuner.plan.lower import choose_templates, extract_tasks, plan_storage
     tuned = extract_tasks(choose_templates(plan_storage(plan, info, deployed_scope, history), history, info))
     untuned = extract_tasks(choose_templates(plan_storage(plan, info, deployed_scope, None), None, info))
     best = [best_record(index.of(t)) for t in tuned]
@@ -226,8 +226,8 @@ def tune_model(model, log: str | None = None, trials: int = 200, device=None, sc
     from tuner.search.tune import default_log, tune
     from tuner.target import DeviceInfo
 
-    from .compiler import load_graph
-    from .plan import extract_tasks, lower_graph, plan_storage
+    from tuner.compile.compiler import load_graph
+    from tuner.plan.lower import extract_tasks, lower_graph, plan_storage
     info = getattr(device, "info", device)
     if not isinstance(info, DeviceInfo):
         from tuner.runtime.device import choose_device
@@ -350,7 +350,7 @@ def model_worker_tasks(path: str, device, trials: int, scope: str = "auto", min_
 
     from tuner.search.worker import model_prefix
 
-    from .compiler import model_tasks
+    from tuner.compile.compiler import model_tasks
     if not Path(path).exists():
         raise TunerError(f"no model file {path!r}")
     planned = model_tasks(path, device, scope=scope)

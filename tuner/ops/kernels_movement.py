@@ -23,7 +23,8 @@ from tuner.ir.builder import Builder
 from tuner.ir.dtype import float32, int32
 from tuner.ir.expr import Cast, ExtractLane, as_expr, call, max_, min_, select
 
-from .kernels import _check_dtype, _grid, _packed, _packed_shape, _pixel, _vector, _work_items
+from tuner.ops.token_views import token_view
+from tuner.ops.kernels import _check_dtype, _grid, _packed, _packed_shape, _pixel, _vector, _work_items
 
 PAD_MODES = ("constant", "reflect", "edge")
 RESIZE_MODES = ("nearest", "linear")
@@ -48,7 +49,7 @@ def _zero_padding_lanes(b: Builder, v, cb, C: int, name: str = "v"):
 
 
 def _view_of(logical, idx: list) -> list:
-    """Stored (view) indices of logical indices ``idx`` of a tensor of ``logical`` shape (passes_tokens'
+    """Stored (view) indices of logical indices ``idx`` of a tensor of ``logical`` shape (token_views'
     token layout: (a, b, c) is stored as (a, c, 1, b))."""
     return [idx[0], idx[2], as_expr(0), idx[1]] if len(logical) == 3 else list(idx)
 
@@ -68,7 +69,6 @@ def _read_view(b: Builder, X, logical, idx: list, name: str):
 def _gather_view(b: Builder, Y, out_logical, max_work_group: int, value) -> None:
     """One pixel of ``Y`` (logical ``out_logical``, stored in its view) per work-item, each lane
     ``value(j, logical indices)`` -- padding lanes read a real element and are written zero."""
-    from .passes_tokens import token_view
     yv = token_view(out_logical)
     C = yv[1]
     with _work_items(b, _grid(yv), max_work_group) as idx:
@@ -447,12 +447,11 @@ def strided_copy_kernel(src_shape, offset: int, shape, strides, dtype: str = "fl
                         out_scope: str = "texture", max_work_group: int = 64, out_shape=None):
     """``Y`` = the strided view (``shape``, element ``i`` at ``offset + sum(i_k * strides[k])``) of ``X``'s
     row-major elements (logical ``src_shape``), read out in row-major order as ``out_shape`` (default
-    ``shape``); each side stored in its view (``passes_tokens.token_view``: 3-D tensors as (a, c, 1, b), 4-D
+    ``shape``); each side stored in its view (``token_views.token_view``: 3-D tensors as (a, c, 1, b), 4-D
     NCHW4c, 2-D rows packed by 4). One output pixel per work-item, each lane gathered."""
     from math import prod
 
-    from .kernels import _ravel, _unravel
-    from .passes_tokens import token_view
+    from tuner.ops.kernels import _ravel, _unravel
     _check_dtype(dtype)
     src_shape, shape = tuple(int(d) for d in src_shape), tuple(int(d) for d in shape)
     out_shape = shape if out_shape is None else tuple(int(d) for d in out_shape)
@@ -487,10 +486,9 @@ def strided_copy_kernel(src_shape, offset: int, shape, strides, dtype: str = "fl
 def concat_view_kernel(shapes, axis: int, dtype: str = "float32", in_scopes="texture", out_scope: str = "texture",
                        max_work_group: int = 64):
     """``Y = concat(X0, X1, ..., axis)`` of 2-D to 4-D tensors of logical ``shapes``, each stored in its view
-    (``passes_tokens.token_view``): a ViT's class token joined to its patch tokens along the token axis. One
+    (``token_views.token_view``): a ViT's class token joined to its patch tokens along the token axis. One
     output pixel per work-item, each lane taken from the input whose range along ``axis`` holds it."""
-    from .kernels import _scopes
-    from .passes_tokens import token_view
+    from tuner.ops.kernels import _scopes
     _check_dtype(dtype)
     shapes = [tuple(int(d) for d in s) for s in shapes]
     rank = len(shapes[0])

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tuner.cli_args import (add_device_arg, add_measure_args, add_seed_arg, add_transfer_arg, int_at_least,
+from tuner.cli.args import (add_device_arg, add_measure_args, add_seed_arg, add_transfer_arg, int_at_least,
                             measure_options, non_negative_int, positive_int, read_regular_file, regular_file,
                             writable_dir, writable_file)
 from tuner.errors import TunerError
@@ -48,7 +48,7 @@ def _add_model_args(p, scope_help: str) -> None:
 
 
 def cmd_zoo(args) -> int:
-    from .zoo import write_model
+    from tuner.zoo.models import write_model
     writable_file(args.output, "-o")
     kwargs = {"input_size": args.input_size} if args.input_size is not None else {}
     path = write_model(args.name, args.output, **kwargs)
@@ -57,7 +57,7 @@ def cmd_zoo(args) -> int:
 
 
 def cmd_compile(args) -> int:
-    from .compiler import compile_model
+    from tuner.compile.compiler import compile_model
     if args.target and args.device:
         raise TunerError("--device or --target: compile for an attached device or for a device profile, not both")
     from tuner.artifact.store import check_output_dir
@@ -76,7 +76,7 @@ def cmd_compile(args) -> int:
         mod.save(args.output)
     except OSError as e:
         raise TunerError(f"cannot write the artifact to -o {args.output!r}: {e.strerror or e}") from None
-    from .compiler import source_counts, source_kind
+    from tuner.compile.compiler import source_counts, source_kind
     tuned = sum(n.tuned for n in mod.spec.nodes)
     total = sum(n.template is not None for n in mod.spec.nodes)
     where = mod.spec.device
@@ -185,7 +185,7 @@ def _save_npy(path: Path, array: np.ndarray, flag: str) -> None:
 
 
 def cmd_run(args) -> int:
-    from .module import load_module
+    from tuner.runtime.module import load_module
     out_path = writable_file(args.output, "--output") if args.output else None
     if args.runtime == "native":
         return _run_native(args, out_path)
@@ -255,7 +255,7 @@ def _tune_shared(args) -> int:
 
     from tuner.search.worker import export_study_records, register_tasks
 
-    from .tuning import model_worker_tasks
+    from tuner.compile.tuning import model_worker_tasks
     if not args.storage:
         raise TunerError("--workers needs --storage URL (a PostgreSQL URL, or journal:PATH on one machine)")
     tasks, prefix = model_worker_tasks(_model_path(args.model), args.device, args.trials, args.scope, args.min_trials)
@@ -272,7 +272,7 @@ def _tune_shared(args) -> int:
     procs = [subprocess.Popen(cmd + ["--seed", str((args.seed + i) % 2**32), "--log", f"{args.log or 'logs/worker'}.{i}.jsonl"])
              for i in range(args.workers)]
     codes = [p.wait() for p in procs]
-    from tuner.cli_args import device_info
+    from tuner.cli.args import device_info
     from tuner.search.tune import default_log
     log = args.log or default_log(device_info(args.device).fingerprint)
     n = export_study_records(args.storage, prefix, log)
@@ -287,7 +287,7 @@ def cmd_tune(args) -> int:
                              "leave --transfer-from out")
         return _tune_shared(args)
 
-    from .tuning import tune_model
+    from tuner.compile.tuning import tune_model
     res = tune_model(_model_path(args.model), log=args.log, trials=args.trials, device=args.device,
                      scope=args.scope, storage=args.storage, sampler=args.sampler, seed=args.seed, dtype=args.dtype,
                      input_shapes=_input_shapes(args.input_shape), min_trials=args.min_trials,
@@ -301,7 +301,7 @@ def cmd_tune(args) -> int:
 def _print_tune_summary(res) -> None:
     """Per task its budget, new measurements and best; then the tasks without a valid measurement (they make
     `tuner tune` exit 1) and the model's estimated latency, tuned against fallback configs."""
-    from .tuning import describe
+    from tuner.compile.tuning import describe
     print(f"{len(res.tasks)} tasks, {res.measured} measured now (planned {res.planned}), log {res.log}")
     for tr in res.tasks:
         b = f"{tr.best.gflops:8.3g} GFLOP/s" if tr.best is not None else f"  {tr.failure_text()}"
@@ -326,10 +326,10 @@ def cmd_demo(args) -> int:
     from tuner.runtime import open_device
     from tuner.runtime.base import Runtime
 
-    from .compiler import compile_model
-    from .module import load_module
-    from .tuning import tune_model
-    from .zoo import write_model
+    from tuner.compile.compiler import compile_model
+    from tuner.runtime.module import load_module
+    from tuner.compile.tuning import tune_model
+    from tuner.zoo.models import write_model
     dev = args.device if isinstance(args.device, Runtime) else open_device(args.device)
     out = Path(args.dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -401,7 +401,7 @@ def register(sub) -> None:
     p.add_argument("model", help="ONNX file")
     p.add_argument("--log", metavar="PATH", help="JSONL log (default logs/<device fingerprint>.jsonl)")
     p.add_argument("--trials", type=positive_int, default=200, help="measurements for the whole model (default 200)")
-    from .tuning import MIN_TRIALS
+    from tuner.compile.tuning import MIN_TRIALS
     p.add_argument("--min-trials", type=positive_int, default=MIN_TRIALS, metavar="N",
                    help=f"at least this many per task (default {MIN_TRIALS}, what `compare` needs per side)")
     p.add_argument("--early-stopping", type=positive_int, metavar="N", help="each task stops after N measurements "

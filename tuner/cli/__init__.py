@@ -12,10 +12,10 @@ import sys
 
 from tuner import __version__
 from tuner.errors import TunerError
-from tuner.cli_args import (activation, add_device_arg, device_info, add_measure_args, add_seed_arg,  # noqa: F401
+from tuner.cli.args import (activation, add_device_arg, device_info, add_measure_args, add_seed_arg,  # noqa: F401
                             add_transfer_arg,
                             measure_options, positive_int, read_regular_file)  # (importers use the names)
-from tuner.cli_parser import Parser
+from tuner.cli.parser import Parser
 from tuner.runtime.device import DEVICE_ENV, DeviceInfo, choose_device, list_devices, probe_device
 
 
@@ -128,7 +128,7 @@ def cmd_example(args: argparse.Namespace) -> int:
 
 
 def cmd_native(args: argparse.Namespace) -> int:
-    from tuner.native import native_main
+    from tuner.cli.native import native_main
     return native_main(args.rest or ["-h"])
 
 
@@ -368,11 +368,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_native)
 
-    from tuner.graph.cli import register as register_model_commands
+    from tuner.cli.model import register as register_model_commands
     register_model_commands(sub)  # zoo, compile, run, tune, demo
-    from tuner.search.cli import register as register_worker
+    from tuner.cli.search import register as register_worker
     register_worker(sub)  # worker
-    from tuner.analysis.cli import register as register_analysis
+    from tuner.cli.analysis import register as register_analysis
     register_analysis(sub)  # logs, compare, report
     return parser
 

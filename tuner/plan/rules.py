@@ -15,12 +15,14 @@ from typing import Callable
 
 import numpy as np
 
+import tuner.ops.kernels as K
 from tuner.errors import TunerError
+from tuner.plan.types import Step
 
 LOWER: dict[str, Callable] = {}
 GLUE: dict[str, Callable] = {}
 # Modules whose import registers more rules (kept separate so operator families stay in their own files).
-RULE_MODULES: list[str] = ["tuner.graph.lowering_movement"]
+RULE_MODULES: list[str] = ["tuner.plan.rules_movement"]
 
 
 def lowers(*ops: str):
@@ -91,7 +93,6 @@ def lower_template(ctx: LowerCtx, node, ins, out, shape):
     ``ctx.extra``; the ones of alternatives not chosen are dropped then."""
     from tuner.templates import templates_for
 
-    from .plan import Step
     candidates = templates_for(node.op)
     taken = []
     for t in candidates:
@@ -116,7 +117,6 @@ def lower_template(ctx: LowerCtx, node, ins, out, shape):
 
 @lowers("add", "relu", "clip")
 def lower_elementwise(ctx: LowerCtx, node, ins, out, shape):
-    from .plan import Step
     g, a = ctx.graph, node.attrs
     if node.op == "add" and any(t not in g.params and tuple(g.shapes[t]) != tuple(shape) for t in node.inputs):
         return lower_binary(ctx, node, ins, out, shape)  # a gate broadcast over H, W
@@ -143,7 +143,6 @@ def lower_elementwise(ctx: LowerCtx, node, ins, out, shape):
 
 @glue("elementwise")
 def build_elementwise(s, plan, max_wg):
-    from . import kernels as K
     out, acts = plan.tensors[s.output], [x for k, x in s.inputs.items() if k != "B"]
     in_scopes = [plan.tensors[x].scope for x in acts] + ([plan.tensors[acts[0]].scope] if "B" in s.inputs else [])
     return K.elementwise_kernel(out.shape, s.attrs["op"], plan.dtype, in_scopes, out.scope,
@@ -155,13 +154,11 @@ def build_elementwise(s, plan, max_wg):
 
 @lowers("activation", "erf", "unary")
 def lower_unary(ctx: LowerCtx, node, ins, out, shape):
-    from .plan import Step
     ctx.add(Step(node.name, "unary", {"X": ins[0]}, out, {"fn": node.attrs.get("fn", "erf")}))
 
 
 @glue("unary")
 def build_unary(s, plan, max_wg):
-    from . import kernels as K
     x, out = plan.tensors[s.inputs["X"]], plan.tensors[s.output]
     return K.unary_kernel(out.shape, s.attrs["fn"], plan.dtype, x.scope, out.scope, max_wg)
 
@@ -170,8 +167,6 @@ def build_unary(s, plan, max_wg):
 def lower_binary(ctx: LowerCtx, node, ins, out, shape):
     """Either operand may be a per-channel constant ((1, C, 1, 1) / (1, C) param: passed as (C,)) or an
     (N or 1, C, 1, 1) gate; the step keeps the operands' shapes for the kernel."""
-    from . import kernels as K
-    from .plan import Step
     g = ctx.graph
     inputs, operands = {}, []
     for k, (t, packed) in enumerate(zip(node.inputs, ins)):
@@ -204,7 +199,6 @@ def lower_binary(ctx: LowerCtx, node, ins, out, shape):
 
 @glue("binary")
 def build_binary(s, plan, max_wg):
-    from . import kernels as K
     out = plan.tensors[s.output]
     acts = [plan.tensors[x] for x in s.inputs.values() if x in plan.tensors]
     scopes = [plan.tensors[x].scope if x in plan.tensors else acts[0].scope for x in s.inputs.values()]
@@ -216,8 +210,6 @@ def build_binary(s, plan, max_wg):
 
 @lowers("reduce_mean", "reduce_max", "reduce_sum", "reduce_l2")
 def lower_reduce(ctx: LowerCtx, node, ins, out, shape):
-    from . import kernels as K
-    from .plan import Step
     x_shape = ctx.shape(node.inputs[0])
     axes, keepdims = tuple(node.attrs.get("axes", (2, 3))), bool(node.attrs.get("keepdims", 1))
     mode = K.REDUCE_AXES.get((len(x_shape), axes))
@@ -235,7 +227,6 @@ def lower_reduce(ctx: LowerCtx, node, ins, out, shape):
 
 @glue("reduce")
 def build_reduce(s, plan, max_wg):
-    from . import kernels as K
     x, out = plan.tensors[s.inputs["X"]], plan.tensors[s.output]
     return K.reduce_kernel(x.shape, s.attrs["kind"], s.attrs["keepdims"], plan.dtype, x.scope, out.scope, max_wg,
                            axes=s.attrs.get("axes", (2, 3)), scale=s.attrs.get("scale", 1.0))
@@ -245,7 +236,6 @@ def build_reduce(s, plan, max_wg):
 def lower_group_norm(ctx: LowerCtx, node, ins, out, shape):
     """NCHW only (``passes.fuse_group_norm`` turns torch's Reshape / InstanceNormalization / Reshape into it);
     scale and bias go to the kernel as (C,) params."""
-    from .plan import Step
     if len(shape) != 4:
         raise TunerError(f"node {node.name!r} (group_norm) on a {len(shape)}-D tensor {tuple(shape)}: only NCHW "
                          "inputs have a kernel (a GroupNorm exported as Reshape(N, G, -1) -> InstanceNormalization "
@@ -260,7 +250,6 @@ def lower_group_norm(ctx: LowerCtx, node, ins, out, shape):
 
 @glue("group_norm")
 def build_group_norm(s, plan, max_wg):
-    from . import kernels as K
     x, out = plan.tensors[s.inputs["X"]], plan.tensors[s.output]
     return K.group_norm_kernel(x.shape, s.attrs["groups"], s.attrs["epsilon"], plan.dtype, x.scope, out.scope,
                                max_wg)
@@ -268,7 +257,6 @@ def build_group_norm(s, plan, max_wg):
 
 @lowers("softmax")
 def lower_softmax(ctx: LowerCtx, node, ins, out, shape):
-    from .plan import Step
     if node.attrs.get("axis", 1) != 1:
         raise TunerError(f"node {node.name!r}: softmax over axis {node.attrs.get('axis')}; only channels (axis 1)")
     ctx.add(Step(node.name, "softmax", {"X": ins[0]}, out))
@@ -276,7 +264,6 @@ def lower_softmax(ctx: LowerCtx, node, ins, out, shape):
 
 @glue("softmax")
 def build_softmax(s, plan, max_wg):
-    from . import kernels as K
     x, out = plan.tensors[s.inputs["X"]], plan.tensors[s.output]
     return K.softmax_kernel(x.shape, plan.dtype, x.scope, out.scope, max_wg)
 
@@ -285,7 +272,6 @@ def build_softmax(s, plan, max_wg):
 
 @lowers("global_avg_pool", "global_max_pool", "avg_pool", "max_pool")
 def lower_pool(ctx: LowerCtx, node, ins, out, shape):
-    from .plan import Step
     a = node.attrs
     h, w = ctx.shape(node.inputs[0])[2:]
     attrs = ({"kind": node.op[7:10], "kernel": (h, w), "stride": (1, 1), "padding": (0, 0, 0, 0),
@@ -298,7 +284,6 @@ def lower_pool(ctx: LowerCtx, node, ins, out, shape):
 
 @glue("pool")
 def build_pool(s, plan, max_wg):
-    from . import kernels as K
     a, x, out = s.attrs, plan.tensors[s.inputs["X"]], plan.tensors[s.output]
     return K.pool_kernel(x.shape, a["kind"], a["kernel"], a["stride"], a["padding"], a["count_include_pad"],
                          plan.dtype, x.scope, out.scope, max_wg, ceil_mode=a.get("ceil_mode", False))
@@ -308,13 +293,11 @@ def build_pool(s, plan, max_wg):
 
 @lowers("flatten", "reshape")
 def lower_relayout(ctx: LowerCtx, node, ins, out, shape):
-    from .plan import Step
     ctx.add(Step(node.name, "relayout", {"X": ins[0]}, out))
 
 
 @glue("relayout")
 def build_relayout(s, plan, max_wg):
-    from . import kernels as K
     src, out = plan.tensors[s.inputs["X"]], plan.tensors[s.output]
     return K.relayout_kernel(src.shape, out.shape, plan.dtype, "buffer" if src.kind == "plain" else src.scope,
                              src.layout, "buffer" if out.kind == "plain" else out.scope, out.layout, max_wg)
@@ -322,7 +305,6 @@ def build_relayout(s, plan, max_wg):
 
 @lowers("concat")
 def lower_concat(ctx: LowerCtx, node, ins, out, shape):
-    from .plan import Step
     consts = [t for t in node.inputs if ctx.is_param(t)]
     if node.attrs.get("axis", 1) not in (1, -3) or len(shape) != 4 or consts:  # H, W (Swin's roll), 2-D, params
         axis = int(node.attrs.get("axis", 1)) % len(shape)
@@ -337,7 +319,6 @@ def lower_concat(ctx: LowerCtx, node, ins, out, shape):
 
 @glue("concat")
 def build_concat(s, plan, max_wg):
-    from . import kernels as K
     acts = list(s.inputs.values())
     return K.concat_kernel([plan.tensors[x].shape for x in acts], plan.dtype, [plan.tensors[x].scope for x in acts],
                            plan.tensors[s.output].scope, max_work_group=max_wg)

@@ -1,6 +1,6 @@
 """The command line's parser class: argparse with the CLI's error line. A module of its own, importing nothing of
 the tuner, so that any command's parser can use it: ``tuner.cli``'s and ``tuner native``'s (``tuner.native``,
-which must not import the measuring code behind ``tuner.cli_args``)."""
+which must not import the measuring code behind ``tuner.cli.args``)."""
 from __future__ import annotations
 
 import argparse

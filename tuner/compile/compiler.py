@@ -24,14 +24,15 @@ import numpy as np
 from tuner.errors import TunerError
 from tuner.logs.record import scope_knobs
 
-from . import module as M
-from .plan import Plan, Step, choose_templates, extract_tasks, lower_graph, plan_storage
+import tuner.runtime.module as M
+from tuner.plan.lower import choose_templates, extract_tasks, lower_graph, plan_storage
+from tuner.plan.types import Plan, Step
 
 
 def load_graph(model, input_shapes: dict | None = None):
     """An ONNX ModelProto or path -> the optimized graph (BatchNorm folded, epilogues fused)."""
-    from .frontend import from_onnx
-    from .passes import optimize
+    from tuner.frontend.onnx import from_onnx
+    from tuner.graph.passes import optimize
     return optimize(from_onnx(model, input_shapes))
 
 
@@ -162,7 +163,7 @@ def _tuned_kernel(build, workload, config) -> tuple:
 
 
 def _glue_kernel(s: Step, plan: Plan, max_wg: int):
-    from .lowering import glue_builder
+    from tuner.plan.rules import glue_builder
     return glue_builder(s.op, s.name)(s, plan, max_wg)
 
 
@@ -194,8 +195,8 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
     from tuner.runtime.launch import generate, pack, physical_shape
     from tuner.templates import get_template
 
-    from .memory_plan import Entry as MemEntry
-    from .memory_plan import check_plan, plan_memory
+    from tuner.plan.memory import Entry as MemEntry
+    from tuner.plan.memory import check_plan, plan_memory
     if target is not None:
         if device is not None:
             raise TunerError("compile for a device or for a target profile, not both")

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import numpy as np
 
+import tuner.ops.kernels_movement as KM
 from tuner.errors import TunerError
+from tuner.ops.kernels_movement import channel_map
+from tuner.ops.token_views import token_logical
 
-from .lowering import LowerCtx, glue, lowers
+from tuner.plan.rules import LowerCtx, glue, lower_template, lowers
+from tuner.plan.types import Step
 
 
 def _step(*args, **kwargs):
-    from .plan import Step
     return Step(*args, **kwargs)
 
 
@@ -32,7 +35,6 @@ def lower_transpose(ctx: LowerCtx, node, ins, out, shape):
 
 @lowers("slice")
 def lower_slice(ctx: LowerCtx, node, ins, out, shape):
-    from .kernels_movement import channel_map
     a = node.attrs
     if channel_map(a["channels"]) is None:
         raise TunerError(f"node {node.name!r}: a channel gather {list(a['channels'])[:16]} that is not a slice or a "
@@ -85,7 +87,6 @@ def lower_conv_transpose(ctx: LowerCtx, node, ins, out, shape):
 # -- glue kernels -----------------------------------------------------------------------------------------
 @glue("permute")
 def build_permute(s, plan, max_wg):
-    from . import kernels_movement as KM
     x = plan.tensors[s.inputs["X"]]
     return KM.permute_kernel(x.shape, s.attrs["perm"], plan.dtype, _scope(plan, x.name),
                              _scope(plan, s.output), max_wg)
@@ -93,7 +94,6 @@ def build_permute(s, plan, max_wg):
 
 @glue("slice")
 def build_slice(s, plan, max_wg):
-    from . import kernels_movement as KM
     x, a = plan.tensors[s.inputs["X"]], s.attrs
     return KM.slice_kernel(x.shape, a["channels"], a["rows"], a["cols"], plan.dtype, _scope(plan, x.name),
                            _scope(plan, s.output), max_wg)
@@ -101,7 +101,6 @@ def build_slice(s, plan, max_wg):
 
 @glue("pad")
 def build_pad(s, plan, max_wg):
-    from . import kernels_movement as KM
     x, a = plan.tensors[s.inputs["X"]], s.attrs
     return KM.pad_kernel(x.shape, a["pads"], a["mode"], a["value"], plan.dtype, _scope(plan, x.name),
                          _scope(plan, s.output), max_wg)
@@ -109,7 +108,6 @@ def build_pad(s, plan, max_wg):
 
 @glue("resize")
 def build_resize(s, plan, max_wg):
-    from . import kernels_movement as KM
     x, a, out = plan.tensors[s.inputs["X"]], s.attrs, plan.tensors[s.output]
     return KM.resize_kernel(x.shape, out.shape[2:], a["mode"], a["coord"], a["nearest"], a["scales"], plan.dtype,
                             _scope(plan, x.name), _scope(plan, s.output), max_wg)
@@ -117,7 +115,6 @@ def build_resize(s, plan, max_wg):
 
 @glue("upsample_zeros")
 def build_upsample_zeros(s, plan, max_wg):
-    from . import kernels_movement as KM
     x, a, out = plan.tensors[s.inputs["X"]], s.attrs, plan.tensors[s.output]
     return KM.upsample_zeros_kernel(x.shape, out.shape[2:], a["stride"], a["shift"], plan.dtype,
                                     _scope(plan, x.name), _scope(plan, s.output), max_wg)
@@ -125,7 +122,6 @@ def build_upsample_zeros(s, plan, max_wg):
 
 @glue("layer_norm")
 def build_layer_norm(s, plan, max_wg):
-    from . import kernels_movement as KM
     x = plan.tensors[s.inputs["X"]]
     return KM.layer_norm_kernel(x.shape, s.attrs["epsilon"], plan.dtype, _scope(plan, x.name),
                                 _scope(plan, s.output), max_wg)
@@ -143,7 +139,6 @@ def lower_strided_copy(ctx: LowerCtx, node, ins, out, shape):
 
 @glue("strided_copy")
 def build_strided_copy(s, plan, max_wg):
-    from . import kernels_movement as KM
     a = s.attrs
     return KM.strided_copy_kernel(a["src_shape"], a["offset"], a["shape"], a["strides"], plan.dtype,
                                   _scope(plan, s.inputs["X"]), _scope(plan, s.output), max_wg,
@@ -158,7 +153,6 @@ def lower_concat_view(ctx: LowerCtx, node, ins, out, shape):
 
 @glue("concat_view")
 def build_concat_view(s, plan, max_wg):
-    from . import kernels_movement as KM
     out = _scope(plan, s.output)
     scopes = [_scope(plan, x) if x in plan.tensors else out for x in s.inputs.values()]  # a param: as the output
     return KM.concat_view_kernel(s.attrs["shapes"], s.attrs["axis"], plan.dtype, scopes, out, max_wg)
@@ -169,7 +163,6 @@ def lower_matmul(ctx: LowerCtx, node, ins, out, shape):
     if not node.attrs.get("tokens"):
         raise TunerError(f"node {node.name!r}: matmul of {len(shape)}-D tensors reaches lowering before "
                          f"passes_tokens.tokens_to_nchw; run passes.optimize first")
-    from .lowering import lower_template
     lower_template(_Logical(ctx, node), node, ins, out, shape)
 
 
@@ -179,7 +172,6 @@ class _Logical:
 
     def __init__(self, ctx: LowerCtx, node):
         self._ctx = ctx
-        from .passes_tokens import token_logical
         acts = [t for t in node.inputs + node.outputs if t not in ctx.graph.params]
         self._logical = {t: token_logical(s) for t in acts for s in [ctx.shape(t)] if len(s) == 4 and s[2] == 1}
 

@@ -58,7 +58,7 @@ class _Builder:
                                   [helper.make_tensor_value_info(o, TensorProto.FLOAT, shape)
                                    for o, shape in outputs.items()], self.inits)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)],
-                                  ir_version=IR_VERSION, producer_name="tuner.graph.zoo")
+                                  ir_version=IR_VERSION, producer_name="tuner.zoo.models")
         # the checker wants every output's shape: ONNX's own inference fills in those left unknown
         model = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
         del model.graph.value_info[:]  # keep only what an exporter must write; the frontend computes the rest
@@ -521,7 +521,7 @@ TEST_INPUT_SHAPES = {"symbolic_batch": {"input": (2, 3, 8, 8)}}
 
 
 def _merge_families() -> None:
-    from . import zoo_movement
+    import tuner.zoo.movement as zoo_movement
     _TEST_MODELS.update(zoo_movement.TEST_MODELS)
     _OPSETS.update(zoo_movement.OPSETS)
     TEST_INPUT_SHAPES.update(zoo_movement.INPUT_SHAPES)
