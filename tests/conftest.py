@@ -36,6 +36,21 @@ def fp16_device():
     return dev
 
 
+@functools.cache
+def building_cpu(*prefer: str) -> str:
+    """The first device spec of ``prefer`` (default: PoCL, then Intel's CPU runtime) that builds OpenCL programs
+    here. PoCL 3.0's LLVM 14 does not know every CPU (on AMD Zen 5 it cannot build: `tuner devices` says why),
+    so a test that wants a second CPU runtime beside the default device names it through this."""
+    from tuner.runtime.device import choose_device, probe_device
+    for spec in prefer or ("pocl", "intel"):
+        try:
+            if probe_device(choose_device(spec, check=False)) is None:
+                return spec
+        except Exception:  # noqa: BLE001 - not installed here: try the next
+            continue
+    pytest.skip(f"none of {', '.join(prefer or ('pocl', 'intel'))} builds OpenCL programs here")
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
