@@ -7,7 +7,7 @@ import math
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from tuner.plan.memory import Entry, MemoryPlan, Pool, check_plan, live_ranges, plan_memory
+from tuner.plan.allocation import Entry, MemoryPlan, Pool, check_plan, live_ranges, plan_memory
 
 
 def tex(name, h, w, first, last, dtype="float32", scope="texture"):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import tuner.native as native
-from tuner.cli.native import native_main
+from tuner.cli.programs import native_main
 from tuner.errors import TunerError
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -234,7 +234,7 @@ def test_build_products(native):
         assert os.access(native[key], os.X_OK) or key == "library"
     deps = subprocess.run(["ldd", native["tuner_run"]], capture_output=True, text=True).stdout
     assert "libOpenCL" not in deps  # loaded with dlopen at run time
-    from tuner.cli.native import native_main
+    from tuner.cli.programs import native_main
     assert native_main(["build"]) == 0
 
 

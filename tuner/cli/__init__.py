@@ -128,7 +128,7 @@ def cmd_example(args: argparse.Namespace) -> int:
 
 
 def cmd_native(args: argparse.Namespace) -> int:
-    from tuner.cli.native import native_main
+    from tuner.cli.programs import native_main
     return native_main(args.rest or ["-h"])
 
 

@@ -195,8 +195,8 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
     from tuner.runtime.launch import generate, pack, physical_shape
     from tuner.templates import get_template
 
-    from tuner.plan.memory import Entry as MemEntry
-    from tuner.plan.memory import check_plan, plan_memory
+    from tuner.plan.allocation import Entry as MemEntry
+    from tuner.plan.allocation import check_plan, plan_memory
     if target is not None:
         if device is not None:
             raise TunerError("compile for a device or for a target profile, not both")
