@@ -10,7 +10,8 @@ from tuner.ir.examples import addone, nhwc_to_nchwc
 from tuner.ir.kernel import Program
 from tuner.ir.schedule import cache_read
 from tuner.runtime import download
-from tuner.runtime.launch import build, pack
+from tuner.runtime.launch import build
+from tuner.codegen.packing import pack
 
 
 def test_addone_lowers_to_shuffle_and_compute_kernels(device, rng):

@@ -18,7 +18,8 @@ import pytest
 
 from tuner.errors import TunerError
 from tuner.op import make_config
-from tuner.runtime.launch import build, pack
+from tuner.runtime.launch import build
+from tuner.codegen.packing import pack
 from tuner.runtime.memory import download, upload
 from tuner.templates import get_template, templates_for
 from tuner.templates.matmul import MatmulConfig, MatmulWorkload, from_storage, storage_shape, to_storage

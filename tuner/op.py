@@ -130,7 +130,8 @@ def _run_op_on(rt, template, workload, config, check: bool, time: bool, repeats:
     """``run_op`` through any Runtime (a device agent): generated and checked here, built, run and timed
     there."""
     from tuner.measure.runtime_runner import stage
-    from tuner.runtime.launch import generate, unpack, written_buffers
+    from tuner.codegen.generate import generate, written_buffers
+    from tuner.codegen.packing import unpack
     prog, source = generate(template.build(workload, config))
     result = OpResult(template.name, workload, config, rt.fingerprint, source)
     program = rt.build(source)

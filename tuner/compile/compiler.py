@@ -158,7 +158,7 @@ def _tuned_kernel(build, workload, config) -> tuple:
     """``(lowered Program, OpenCL source)`` of a template's kernel, generated once per (template build,
     workload, config): ``fastest_plan`` compiles three plans that share most kernels, and lowering is most of
     a compile."""
-    from tuner.runtime.launch import generate
+    from tuner.codegen.generate import generate
     return generate(build(workload, config))
 
 
@@ -192,7 +192,8 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
     from ``<fingerprint>.jsonl`` beside the logs or in ``logs/``. Unnamed, a sibling's records never apply."""
     from tuner.artifact import kernel_file
     from tuner.codegen.opencl import kernel_signature
-    from tuner.runtime.launch import generate, pack, physical_shape
+    from tuner.codegen.generate import generate
+    from tuner.codegen.packing import pack, physical_shape
     from tuner.templates import get_template
 
     from tuner.plan.allocation import Entry as MemEntry

@@ -43,7 +43,7 @@ def stage(rt, prog, program, inputs: dict) -> tuple:
     """``(launches, arrays)`` of a lowered program built on ``rt`` (a Runtime) as ``program``: every parameter and
     workspace allocated at its physical shape, the ``inputs`` (logical arrays by name) packed and uploaded, and
     one launch per kernel. Used by ``RuntimeRunner`` and by ``run_op`` through a Runtime."""
-    from tuner.runtime.launch import pack, physical_shape
+    from tuner.codegen.packing import pack, physical_shape
     arrays = {}
     for b in (*prog.params, *prog.workspaces):
         arrays[b.name] = rt.alloc(b.scope, tuple(physical_shape(b)), b.dtype.numpy)
@@ -112,7 +112,7 @@ class RuntimeRunner(Runner):
 
     def _host_locked(self, inp) -> tuple:
         from tuner.measure.jobs import _inputs_and_reference, _instantiate
-        from tuner.runtime.launch import generate
+        from tuner.codegen.generate import generate
         t0 = time.perf_counter()
         try:
             built, err = _instantiate(inp.template, inp.workload, inp.config, self)
@@ -172,7 +172,7 @@ class RuntimeRunner(Runner):
 
     def _check(self, t, inp, prog, arrays, ref) -> tuple:
         """``(max relative error, why it is wrong or "")`` of the template's output against its reference."""
-        from tuner.runtime.launch import unpack
+        from tuner.codegen.packing import unpack
         with _IR_LOCK:
             buf = next(b for b in prog.params if b.name == t.output)
         raw = self.runtime.download(arrays[buf.name])

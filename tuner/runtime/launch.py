@@ -2,9 +2,9 @@
 (logical, e.g. NCHW) arrays into it through the buffer's layout, launch the kernels in order on one queue,
 and unpack the outputs. Scratch workspaces (texture RFC A0/T2) come from recycling pools.
 
-``generate``, ``pack`` and ``physical_shape`` need no device: compiling for a target profile uses them where
-no OpenCL is installed. So pyopencl and the runtime modules that import it load where a device is used, inside
-the functions below, not with this module (tests/test_imports.py)."""
+Generating the source and packing host arrays need no device (``tuner.codegen``: compiling for a target profile
+uses them where no OpenCL is installed). pyopencl and the runtime modules that import it load where a device is
+used, inside the functions below, not with this module (tests/test_imports.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -12,56 +12,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..codegen.opencl import program_source
-from ..errors import TunerError
-from ..ir.functor import visit
-from ..ir.kernel import Kernel, Program
-from ..ir.layouts import default_layout
-from ..ir.stmt import BufferStore, Evaluate
-from ..lower import lower
+from tuner.codegen.generate import generate, written_buffers
+from tuner.codegen.packing import pack, physical_shape, unpack
+from tuner.errors import TunerError
+from tuner.ir.kernel import Kernel, Program
 
 if TYPE_CHECKING:
     from .device import Device
     from .memory import DeviceArray
-
-
-def physical_shape(buf) -> tuple:
-    """The allocation shape of a lowered buffer: ``(height, width, 4)`` for a texture."""
-    shape = tuple(buf.shape)
-    if buf.is_texture and len(shape) == 2:
-        return shape[0], shape[1] // 4, 4
-    return shape
-
-
-def pack(buf, array: np.ndarray) -> np.ndarray:
-    """A logical host array -> the physical array of the lowered ``buf`` (padding zero)."""
-    logical = buf.declared
-    if tuple(array.shape) != tuple(logical.shape):
-        raise TunerError(f"array for {logical.name!r} has shape {list(array.shape)}, expected {list(logical.shape)}")
-    layout = logical.layout or default_layout(logical)
-    flat = layout.pack(array) if layout is not None else np.ascontiguousarray(array)
-    return flat.reshape(physical_shape(buf))
-
-
-def unpack(buf, physical: np.ndarray) -> np.ndarray:
-    logical = buf.declared
-    layout = logical.layout or default_layout(logical)
-    if layout is None:
-        return physical.reshape(logical.shape)
-    return layout.unpack(physical, logical.shape)
-
-
-def written_buffers(kernels) -> set:
-    names = set()
-
-    def take(n):
-        if isinstance(n, BufferStore):
-            names.add(n.buffer.name)
-        elif isinstance(n, Evaluate) and getattr(n.value, "name", "") == "texture2d_store":
-            names.add(n.value.args[0].name)
-    for k in kernels:
-        visit(k.body, take)
-    return names
 
 
 @dataclass
@@ -172,13 +130,6 @@ class Executable:
         arrays = self.upload_inputs(**inputs)
         self.launch(arrays)
         return self.outputs_of(arrays)
-
-
-def generate(k: "Kernel | Program", trace: list | None = None) -> tuple:
-    """Lower and generate OpenCL: ``(lowered Program, source)``. Needs no device (compiling for a target
-    that is not attached builds nothing; the source is built on the target when it loads)."""
-    prog = lower(k, trace=trace)
-    return prog, program_source(prog)
 
 
 def build(k: "Kernel | Program", device=None, trace: list | None = None) -> Executable:
