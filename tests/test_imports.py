@@ -201,9 +201,11 @@ def _where(name: str, line: int) -> str:
 
 def test_the_graph_resolves_relative_and_function_level_imports():
     found = {(t, w) for t, w, _ in IMPORTS["tuner.compile.compiler"]}
-    assert ("tuner.runtime.module", "module") in found  # `from . import module as M`
-    assert ("tuner.plan.lower", "module") in found  # `from .plan import Plan, ...`
-    assert ("tuner.target", "function") in found  # load_target's `from tuner.target import load_profile`
+    assert ("tuner.runtime.module", "module") in found  # `import tuner.runtime.module as M`
+    assert ("tuner.plan.lower", "module") in found  # `from tuner.plan.lower import choose_templates, ...`
+    assert ("tuner.runtime.device", "function") in found  # plan_model's `from tuner.runtime.device import ...`
+    agent = {(t, w) for t, w, _ in IMPORTS["tuner.agent.runtime"]}
+    assert ("tuner.agent.protocol", "module") in agent  # `from .protocol import ...`
     launch = {(t, w) for t, w, _ in IMPORTS["tuner.runtime.launch"]}
     assert ("pyopencl", "function") in launch and ("pyopencl", "module") not in launch
     assert ("tuner.runtime.device", "typing") in launch  # `if TYPE_CHECKING: from .device import Device`

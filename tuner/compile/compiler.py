@@ -13,26 +13,56 @@ the kernels are built when the artifact first loads on the phone.
 
 With no ``log``, the history entered with ``with tuner.apply_history_best(log):`` applies (AutoTVM's
 dispatch context).
+
+The pipeline, one named step per hand-off, each a type (``compile_model`` runs them in this order; every step but
+the last two needs no device):
+
+    load_graph         model (ONNX path or ModelProto) -> Graph (frontend, then the graph passes)
+    plan_graph         Graph -> Plan: steps, storage scopes, one template per node
+    choose_configs     Plan -> {step: (config, where it came from)}: the log, transfer, the fallback
+    generate_kernels   Plan + configs -> [StepKernel]: each step lowered and emitted as OpenCL C
+    bind_operands      [StepKernel] -> Bound: weights packed, tensors' entries and live ranges, the launches
+    allocate           Bound -> MemoryPlan: which tensors share a device allocation
+    assemble           -> ModuleSpec: the artifact's graph (docs/artifact.md), with its sources and weights
+    Module             the artifact on a runtime (built now on an attached device, or where it loads)
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import statistics
+import warnings
 
 import numpy as np
 
 from tuner.errors import TunerError
-from tuner.logs.record import scope_knobs
+from tuner.logs import apply_history_best, current_history
+from tuner.logs.best import FallbackConfigWarning, Pick
+from tuner.logs.record import canonical_json, scope_knobs
 
 import tuner.runtime.module as M
+from tuner.artifact import kernel_file
+from tuner.codegen.generate import generate
+from tuner.codegen.opencl import kernel_signature
+from tuner.codegen.packing import pack, physical_shape
+from tuner.frontend.onnx import from_onnx
+from tuner.graph.graph import Graph
+from tuner.graph.passes import optimize
+from tuner.plan.allocation import Entry as MemEntry
+from tuner.plan.allocation import MemoryPlan, check_plan, plan_memory
+from tuner.plan.rules import glue_builder
 from tuner.plan.lower import choose_templates, extract_tasks, lower_graph, plan_storage
 from tuner.plan.types import Plan, Step
+from tuner.runtime.base import Runtime
+from tuner.target import DeviceInfo, load_profile
+from tuner.templates import get_template, templates
 
 
-def load_graph(model, input_shapes: dict | None = None):
-    """An ONNX ModelProto or path -> the optimized graph (BatchNorm folded, epilogues fused)."""
-    from tuner.frontend.onnx import from_onnx
-    from tuner.graph.passes import optimize
+def load_graph(model, input_shapes: dict | None = None) -> Graph:
+    """An ONNX ModelProto or path -> the optimized graph (BatchNorm folded, epilogues fused); a Graph is taken
+    as already loaded (``fastest_plan`` plans one graph several ways, parsing the model once)."""
+    if isinstance(model, Graph):
+        return model
     return optimize(from_onnx(model, input_shapes))
 
 
@@ -40,7 +70,6 @@ def as_history(log, transfer_from=None):
     """An ApplyHistoryBest, or what ``apply_history_best`` takes (paths, globs, records); None: the history
     entered with ``with apply_history_best(...)`` (``current_history()``), if any -- or, with ``transfer_from``
     named, an empty one, so that the siblings' logs (``logs/<fingerprint>.jsonl``) are read."""
-    from tuner.logs import apply_history_best, current_history
     if log is None:
         found = current_history()
         if found is None and transfer_from:
@@ -63,7 +92,6 @@ def device_history(history, info, transfer_from=None):
 def load_target(target):
     """A device profile -> DeviceInfo: a DeviceInfo, a dict (``DeviceInfo.to_dict()``), or the path of the
     JSON file ``tuner devices --json --device D`` writes on that device; checked by ``tuner.target``."""
-    from tuner.target import load_profile
     return load_profile(target)
 
 
@@ -71,13 +99,18 @@ def plan_model(model, device=None, scope: str = "auto", log=None, dtype: str = "
                input_shapes: dict | None = None, transfer_from=None) -> Plan:
     """The planned steps of a model on ``device`` (a Device, DeviceInfo or spec); ``log`` as ``as_history``;
     ``transfer_from`` as ``compile_model``'s."""
-    from tuner.target import DeviceInfo
     info = getattr(device, "info", device)
     if not isinstance(info, DeviceInfo):
         from tuner.runtime.device import choose_device
         info = choose_device(info)
     history = device_history(as_history(log, transfer_from), info, transfer_from)
     return plan_storage(lower_graph(load_graph(model, input_shapes), dtype), info, scope, history)
+
+
+def plan_graph(graph: Graph, info, scope: str, history, dtype: str = "float32", prefer=None) -> Plan:
+    """The graph as the steps that will run on ``info``: lowered to steps (``lower_graph``), a storage scope per
+    tensor (``plan_storage``), and one template per node (``choose_templates``)."""
+    return choose_templates(plan_storage(lower_graph(graph, dtype), info, scope, history), history, info, prefer)
 
 
 def model_tasks(model, device=None, scope: str = "auto", log=None, dtype: str = "float32",
@@ -97,7 +130,6 @@ def choose_configs(plan: Plan, info, history=None) -> dict:
     - ``"predicted: config of <workload>[ on <fingerprint>]"``: the logged config the template's cost model
       ranks first for this workload, among those valid for it;
     - ``"fallback"``: a valid fallback, with one warning per workload from apply_history_best."""
-    from tuner.templates import get_template
     out = {}
     origin = getattr(history, "origin", {})
     for s in plan.steps:
@@ -128,7 +160,6 @@ def _suggest(history, template, step: Step, info):
     moved = history.transfer(template, step.workload, info, step.scopes, template.model_knobs)
     if moved is None:
         return None
-    from tuner.logs.best import Pick
     return Pick(moved[0], moved[1], "transferred")
 
 
@@ -158,12 +189,10 @@ def _tuned_kernel(build, workload, config) -> tuple:
     """``(lowered Program, OpenCL source)`` of a template's kernel, generated once per (template build,
     workload, config): ``fastest_plan`` compiles three plans that share most kernels, and lowering is most of
     a compile."""
-    from tuner.codegen.generate import generate
     return generate(build(workload, config))
 
 
 def _glue_kernel(s: Step, plan: Plan, max_wg: int):
-    from tuner.plan.rules import glue_builder
     return glue_builder(s.op, s.name)(s, plan, max_wg)
 
 
@@ -190,55 +219,109 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
     ranked below this device's own and another driver's, each config checked against this device's space;
     their layers say ``sibling <fingerprint>`` (``choose_configs``). A sibling's records the logs lack are read
     from ``<fingerprint>.jsonl`` beside the logs or in ``logs/``. Unnamed, a sibling's records never apply."""
-    from tuner.artifact import kernel_file
-    from tuner.codegen.opencl import kernel_signature
-    from tuner.codegen.generate import generate
-    from tuner.codegen.packing import pack, physical_shape
-    from tuner.templates import get_template
-
-    from tuner.plan.allocation import Entry as MemEntry
-    from tuner.plan.allocation import check_plan, plan_memory
-    if target is not None:
-        if device is not None:
-            raise TunerError("compile for a device or for a target profile, not both")
-        dev, info = None, load_target(target)
-    else:
-        from tuner.runtime.base import Runtime
-        if isinstance(device, Runtime):  # any device behind the seam: local OpenCL, an agent, ...
-            dev = device
-        else:
-            from tuner.runtime.device import Device, open_device
-            dev = device if isinstance(device, Device) else open_device(device)
-        info = dev.info
+    dev, info = _open(device, target)
     _check_prefer(prefer)
     # another driver's records of this device, then the named siblings', fill what this one lacks
     history = device_history(as_history(log, transfer_from), info, transfer_from)
+    graph = load_graph(model, input_shapes)
     if measure_plans is None:
         measure_plans = scope == "auto" and dev is not None and history is not None
     if measure_plans and scope == "auto" and dev is not None:
-        return fastest_plan(model, history, dev, dtype, input_shapes, progress)
-    plan = choose_templates(plan_model(model, info, scope, history, dtype, input_shapes), history, info, prefer)
-    configs = choose_configs(plan, info, history)
+        return fastest_plan(graph, history, dev, dtype, progress=progress)
+    plan = plan_graph(graph, info, scope, history, dtype, prefer)
+    return module_of(compile_plan(plan, info, history, progress), dev, progress)
 
-    nodes, sources, params, blobs, workspaces = [], {}, {}, [], []
-    entries: dict = {}
-    uses: dict = {}  # tensor -> [first step, last step]
-    steps = plan.steps
+
+def _open(device, target) -> tuple:
+    """``(runtime or None, DeviceInfo)``: the device to compile for, or a target profile's (nothing opened)."""
+    if target is not None:
+        if device is not None:
+            raise TunerError("compile for a device or for a target profile, not both")
+        return None, load_target(target)
+    if isinstance(device, Runtime):  # any device behind the seam: local OpenCL, an agent, ...
+        return device, device.info
+    from tuner.runtime.device import Device, open_device
+    dev = device if isinstance(device, Device) else open_device(device)
+    return dev, dev.info
+
+
+@dataclasses.dataclass
+class Compiled:
+    """A compiled plan before any device: the artifact's graph, kernel sources and packed weights."""
+    spec: M.ModuleSpec
+    sources: dict  # kernels/kNNN.cl -> OpenCL C
+    params: dict  # weight key -> packed array
+
+
+def module_of(compiled: Compiled, dev, progress: bool = False) -> M.Module:
+    """The artifact on ``dev`` (its programs built now), or deferred to its first load (``dev`` None)."""
+    return M.Module(compiled.spec, compiled.sources, compiled.params, dev, defer=dev is None, progress=progress)
+
+
+def compile_plan(plan: Plan, info, history=None, progress: bool = False) -> Compiled:
+    """The steps after planning, in order, with no device."""
+    configs = choose_configs(plan, info, history)
+    kernels = generate_kernels(plan, configs, info, progress)
+    bound = bind_operands(plan, kernels)
+    memory = allocate(plan, bound)
+    return assemble(plan, info, bound, memory)
+
+
+@dataclasses.dataclass
+class StepKernel:
+    """One step's generated code: the lowered program and its OpenCL source; for a tuned step its config and
+    where that came from (``choose_configs``)."""
+    step: Step
+    program: object
+    source: str
+    config: object = None
+    config_source: str | None = None
+
+
+def generate_kernels(plan: Plan, configs: dict, info, progress: bool = False) -> list:
+    """``[StepKernel]``, one per step: a template's kernel with its config, or the step's glue kernel."""
+    out = []
     bar = None
     if progress:
         from tqdm.auto import tqdm
-        bar = tqdm(total=len(steps), desc="compile", unit="kernel", dynamic_ncols=True)
-    for i, s in enumerate(steps):
-        # generated here, built by the Module on the device (or on the target when it loads)
+        bar = tqdm(total=len(plan.steps), desc="compile", unit="kernel", dynamic_ncols=True)
+    for s in plan.steps:
         if s.tuned:
             cfg, config_source = configs[s.name]
             try:
                 prog, source = _tuned_kernel(get_template(s.op).build, s.workload, cfg)
             except TypeError:  # a user template's workload or config that cannot be hashed: not cached
                 prog, source = generate(get_template(s.op).build(s.workload, cfg))
+            out.append(StepKernel(s, prog, source, cfg, config_source))
         else:
-            cfg, config_source = None, None
-            prog, source = generate(_glue_kernel(s, plan, info.max_work_group_size))
+            out.append(StepKernel(s, *generate(_glue_kernel(s, plan, info.max_work_group_size))))
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    return out
+
+
+@dataclasses.dataclass
+class Bound:
+    """The kernels bound to the plan's tensors and weights: the artifact's nodes (launches and arguments), the
+    kernel sources by file, the weights packed by the layouts the configs chose, the tensors' entries and each
+    tensor's live range ``[first step, last step]``."""
+    nodes: list
+    sources: dict
+    params: dict
+    blobs: list
+    workspaces: list
+    entries: dict
+    uses: dict
+
+
+def bind_operands(plan: Plan, kernels: list) -> Bound:
+    """Each kernel parameter bound to a weight (packed here, once), a tensor (an entry, with its live range) or a
+    workspace; each kernel's launches with their argument references (``p:``, ``t:``, ``w:``)."""
+    b = Bound([], {}, {}, [], [], {}, {})
+    for i, k in enumerate(kernels):
+        s, prog = k.step, k.program
         binding = {**s.inputs, "Y": s.output}
         refs = {}
         for buf in prog.params:
@@ -248,60 +331,66 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
             phys = tuple(physical_shape(buf))
             if name in plan.params:  # a weight: packed once, here, by the layout the config chose
                 key = f"{s.name}.{buf.name}"
-                params[key] = pack(buf, np.asarray(plan.params[name], np.float32)).astype(buf.dtype.numpy)
-                blobs.append(M.Blob(key, buf.scope, phys, np.dtype(buf.dtype.numpy).name))
+                b.params[key] = pack(buf, np.asarray(plan.params[name], np.float32)).astype(buf.dtype.numpy)
+                b.blobs.append(M.Blob(key, buf.scope, phys, np.dtype(buf.dtype.numpy).name))
                 refs[buf.name] = f"p:{key}"
                 continue
             t_ = plan.tensors[name]
             e = M.Entry(name, tuple(t_.shape), phys, buf.scope, np.dtype(buf.dtype.numpy).name, t_.layout, -1)
-            if name in entries and (entries[name].physical_shape, entries[name].storage_scope) != (phys, buf.scope):
+            if name in b.entries and (b.entries[name].physical_shape, b.entries[name].storage_scope) != (phys, buf.scope):
                 raise TunerError(f"tensor {name!r}: step {s.name!r} sees it as {buf.scope} {phys}, an earlier step "
-                                 f"as {entries[name].storage_scope} {entries[name].physical_shape}")
-            entries.setdefault(name, e)
-            u = uses.setdefault(name, [i, i])
+                                 f"as {b.entries[name].storage_scope} {b.entries[name].physical_shape}")
+            b.entries.setdefault(name, e)
+            u = b.uses.setdefault(name, [i, i])
             u[1] = i
             refs[buf.name] = f"t:{name}"
         for w in prog.workspaces:
             key = f"{s.name}.{w.name}"
-            workspaces.append(M.Blob(key, w.scope, tuple(physical_shape(w)), np.dtype(w.dtype.numpy).name))
+            b.workspaces.append(M.Blob(key, w.scope, tuple(physical_shape(w)), np.dtype(w.dtype.numpy).name))
             refs[w.name] = f"w:{key}"
         calls = []
-        for k in prog.kernels:
-            g, l = k.launch()
-            calls.append(M.Call(k.name, tuple(g), tuple(l), [refs[b.name] for b in k.params],
-                                [M.Param(**p) for p in kernel_signature(k)]))
+        for kern in prog.kernels:
+            g, l = kern.launch()
+            calls.append(M.Call(kern.name, tuple(g), tuple(l), [refs[p.name] for p in kern.params],
+                                [M.Param(**p) for p in kernel_signature(kern)]))
         src = kernel_file(i)
-        sources[src] = source
-        nodes.append(M.Node(s.name, s.op, src, calls, s.workload.flops if s.tuned else 0,
-                            s.op if s.tuned else None, s.workload.key() if s.tuned else None, s.scopes,
-                            dataclasses.asdict(cfg) if cfg is not None else None, config_source == "tuned",
-                            config_source))
-        if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
-    n = len(steps)
+        b.sources[src] = k.source
+        b.nodes.append(M.Node(s.name, s.op, src, calls, s.workload.flops if s.tuned else 0,
+                              s.op if s.tuned else None, s.workload.key() if s.tuned else None, s.scopes,
+                              dataclasses.asdict(k.config) if k.config is not None else None,
+                              k.config_source == "tuned", k.config_source))
+    n = len(kernels)
     for x in plan.inputs:
-        uses[x][0] = 0
+        b.uses[x][0] = 0
     for y in plan.outputs:
-        uses[y][1] = n  # outputs are read after the last step: never reused
-    mem_entries = [MemEntry(name, e.storage_scope, e.dtype, e.physical_shape, *uses[name])
-                   for name, e in entries.items()]
+        b.uses[y][1] = n  # outputs are read after the last step: never reused
+    return b
+
+
+def allocate(plan: Plan, bound: Bound) -> MemoryPlan:
+    """The memory plan of the bound tensors (``tuner.plan.allocation``), checked; each entry gets its storage."""
+    mem_entries = [MemEntry(name, e.storage_scope, e.dtype, e.physical_shape, *bound.uses[name])
+                   for name, e in bound.entries.items()]
     mp = plan_memory(mem_entries)
     check_plan(mem_entries, mp)
-    for name, e in entries.items():
+    for name, e in bound.entries.items():
         e.storage_id = mp.storage_id[name]
-    pools = [M.Pool(p.id, p.scope, p.dtype, tuple(p.shape)) for p in mp.pools]
+    return mp
+
+
+def assemble(plan: Plan, info, bound: Bound, memory: MemoryPlan) -> Compiled:
+    """The artifact's graph (``ModuleSpec``: the device it was compiled for, the nodes, the entries, the pools)
+    with the kernel sources and the packed weights."""
+    pools = [M.Pool(p.id, p.scope, p.dtype, tuple(p.shape)) for p in memory.pools]
     spec = M.ModuleSpec({**info.fingerprint_fields(), "fingerprint": info.fingerprint, "name": info.name,
                          "profile": info.to_dict()},
-                        dtype, list(plan.inputs), list(plan.outputs), nodes, entries, pools, blobs, workspaces,
-                        mp.totals())
-    return M.Module(spec, sources, params, dev, defer=dev is None, progress=progress)
+                        plan.dtype, list(plan.inputs), list(plan.outputs), bound.nodes, bound.entries, pools,
+                        bound.blobs, bound.workspaces, memory.totals())
+    return Compiled(spec, bound.sources, bound.params)
 
 
 def _check_prefer(prefer) -> None:
     """``prefer`` of ``compile_model``: None, "first", or {node name: registered template name}."""
-    from tuner.templates import templates
     if prefer is None or prefer == "first":
         return
     if not isinstance(prefer, dict):
@@ -321,9 +410,8 @@ def fastest_plan(model, history, device, dtype: str = "float32", input_shapes: d
     Then the template choice of the kept plan is checked inside the model (``_refine_templates``): the log
     times each kernel alone, with its weights warm in the cache from the previous run, and a Winograd kernel
     reads 16/9 (F(2x2)) or 4x (F(4x4)) the direct kernel's weights, which in a model come cold from memory."""
-    import statistics
-    import warnings
     timed, modules, caught = {}, {}, []
+    graph = load_graph(model, input_shapes)  # parsed once, planned several ways
 
     def whole(mod) -> float:
         return statistics.median(_random_inputs(mod).time(repeats))
@@ -331,8 +419,8 @@ def fastest_plan(model, history, device, dtype: str = "float32", input_shapes: d
     def compile_(mode, prefer=None):
         with warnings.catch_warnings(record=True) as notes:  # a candidate's fallbacks matter only if it is kept
             warnings.simplefilter("always")
-            mod = compile_model(model, history, device, mode, dtype, input_shapes, progress, measure_plans=False,
-                                prefer=prefer)
+            mod = module_of(compile_plan(plan_graph(graph, device.info, mode, history, dtype, prefer), device.info,
+                                         history, progress), device, progress)
         caught.extend(notes)
         return mod
 
@@ -351,8 +439,6 @@ def fastest_plan(model, history, device, dtype: str = "float32", input_shapes: d
         if timed[name] < timed[kept]:
             kept, mod = name, other
     mod.plan_times, mod.plan_kept = timed, kept
-    from tuner.logs.best import FallbackConfigWarning
-    from tuner.logs.record import canonical_json
     untuned = [canonical_json(n.workload) for n in mod.spec.nodes if n.template and not n.tuned and n.workload]
     seen = set()
     for w in caught:  # the kept plan's warnings (a fallback config it deploys), once each
