@@ -54,11 +54,11 @@ import numpy as np
 from tuner.ir.builder import Builder
 from tuner.ir.dtype import DType
 from tuner.ir.expr import Cast, ExtractLane, Ramp, as_expr, min_
-from tuner.templates import EPILOGUE_ARGS, Template, WorkloadArg
-from tuner.templates.conv2d_nchw4c import (MODEL_KNOBS, Arithmetic, Conv2dWorkload, declare_operands,
+from tuner.templates.common import EPILOGUE_ARGS, Template, WorkloadArg, node_epilogue
+from tuner.templates.common import (MODEL_KNOBS, Arithmetic, Conv2dWorkload, declare_operands,
                                            fit_work_group, input_pixel, is_depthwise, split_sums, store_tile,
                                            texture_scopes)
-from tuner.templates.conv2d_nchw4c import reference as direct_reference
+from tuner.templates.common import reference as direct_reference
 
 # Lavin & Gray (arXiv:1509.09308), section 4.1 (F(2x2,3x3)) and 4.2 (F(4x4,3x3)).
 MATRICES = {
@@ -402,7 +402,6 @@ def lowers(workload_class):
     """``lower`` of one tile size: a conv2d graph node with a 3x3 kernel, stride 1, dilation 1, groups 1 (not
     depthwise); its weights, transformed, become a new param ``<weight>.winograd<m>``."""
     def lower(ctx, node, ins):
-        from tuner.templates import node_epilogue
         a = node.attrs
         data, w_name = ctx.shape(node.inputs[0]), node.inputs[1]
         w_shape, groups = ctx.shape(w_name), a.get("groups", 1)

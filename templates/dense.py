@@ -19,8 +19,8 @@ from tuner.ir.builder import Builder
 from tuner.ir.dtype import DType
 from tuner.ir.expr import Cast, ExtractLane, Ramp, as_expr, call, max_, min_
 from tuner.ir.activations import apply_ir, canonical
-from tuner.templates import EPILOGUE_ARGS, Template, WorkloadArg
-from tuner.templates.conv2d_nchw4c import Arithmetic, bias_buffer, reference_epilogue, texture_scopes
+from tuner.templates.common import EPILOGUE_ARGS, Template, WorkloadArg, node_epilogue
+from tuner.templates.common import Arithmetic, bias_buffer, reference_epilogue, texture_scopes
 
 
 @dataclass(frozen=True)
@@ -221,7 +221,6 @@ def features(v: dict, k: dict) -> dict:
 
 def lower(ctx, node, ins):
     """A dense graph node: data N,K by weights M,K."""
-    from tuner.templates import node_epilogue
     fields, inputs = node_epilogue(ctx, node)
     wl = DenseWorkload(data=ctx.shape(node.inputs[0]), weight=ctx.shape(node.inputs[1]), **fields)
     return wl, {"X": ins[0], "Wt": node.inputs[1], **inputs}, {}

@@ -13,8 +13,8 @@ import numpy as np
 from tuner.ir.builder import Builder
 from tuner.ir.expr import Ramp, as_expr, min_
 from tuner.ir.schedule import cache_read
-from tuner.templates import EPILOGUE_ARGS, WINDOW_ARGS, Template, WorkloadArg
-from tuner.templates.conv2d_nchw4c import (MODEL_KNOBS, Arithmetic, Conv2dWorkload, LocalTile,
+from tuner.templates.common import EPILOGUE_ARGS, WINDOW_ARGS, Template, WorkloadArg, node_epilogue
+from tuner.templates.common import (MODEL_KNOBS, Arithmetic, Conv2dWorkload, LocalTile,
                                            declare_operands, input_pixel, fit_work_group, is_depthwise,
                                            window_fields,
                                            padded_windows, random_inputs, reference_epilogue, store_tile,
@@ -196,7 +196,6 @@ def features(v: dict, k: dict) -> dict:
 
 def lower(ctx, node, ins):
     """A conv2d graph node with one filter per channel (groups == C == O)."""
-    from tuner.templates import node_epilogue
     data, w_name = ctx.shape(node.inputs[0]), node.inputs[1]
     if not is_depthwise(data, ctx.shape(w_name), node.attrs.get("groups", 1)):
         return None

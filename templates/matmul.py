@@ -37,8 +37,8 @@ from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
 from tuner.ir.dtype import DType
 from tuner.ir.expr import Cast, ExtractLane, Ramp, as_expr, call, min_, select
-from tuner.templates import EPILOGUE_ARGS, Template, WorkloadArg, epilogue_text, shape_text
-from tuner.templates.conv2d_nchw4c import (Arithmetic, bias_buffer, fit_work_group, scope_layout, split_sums,
+from tuner.templates.common import EPILOGUE_ARGS, Template, WorkloadArg, epilogue_text, shape_text
+from tuner.templates.common import (Arithmetic, bias_buffer, fit_work_group, scope_layout, split_sums,
                                            texture_scopes)
 
 

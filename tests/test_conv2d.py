@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from tuner.runtime.launch import build
-from tuner.templates.conv2d_nchw4c import Conv2dConfig, Conv2dWorkload, conv2d_nchw4c, reference
+from tuner.templates.common import Conv2dWorkload, reference
+from tuner.templates.conv2d_nchw4c import Conv2dConfig, conv2d_nchw4c
 
 BUFFERS = dict(input_scope="buffer", weight_scope="buffer", output_scope="buffer")
 CASES = [

@@ -323,16 +323,17 @@ def test_auto_checks_the_template_choice_inside_the_model(device, monkeypatch):
         return out
     monkeypatch.setattr(M.Module, "profile", profile)
     from tuner.compile import compiler
-    made, compile_real = [], compiler.compile_model
+    made, plan_real = [], compiler.plan_graph
 
-    def compile_model_spy(*args, **kwargs):
-        mod = compile_real(*args, **kwargs)
-        made.append((kwargs.get("prefer"), [n.template for n in mod.spec.nodes if n.template]))
-        return mod
-    monkeypatch.setattr(compiler, "compile_model", compile_model_spy)
+    def plan_graph_spy(*args, **kwargs):  # every plan fastest_plan compiles, with the template choice asked
+        plan = plan_real(*args, **kwargs)
+        prefer = kwargs.get("prefer", args[5] if len(args) > 5 else None)
+        made.append((prefer, [s.op for s in plan.steps if s.tuned]))
+        return plan
+    monkeypatch.setattr(compiler, "plan_graph", plan_graph_spy)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the log's configs are fallbacks
-        mod = compile_real(model, log=history, device=device, scope="auto")
+        mod = compiler.compile_model(model, log=history, device=device, scope="auto")
     base = mod.plan_kept.split("+")[0]
     assert {f"{base}+direct", f"{base}+per-node"} <= set(mod.plan_times)
     assert mod.plan_times[mod.plan_kept] == min(mod.plan_times.values())

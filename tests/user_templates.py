@@ -15,8 +15,8 @@ from tuner.ir.activations import canonical
 from tuner.ir.builder import Builder
 from tuner.ir.expr import ExtractLane, Ramp, as_expr, const, min_
 from tuner.templates import EPILOGUE_ARGS, Template, WorkloadArg, node_epilogue
-from tuner.templates.conv2d_nchw4c import (declare_operands, fit_work_group, random_inputs, reference_epilogue,
-                                           store_tile)
+from tuner.templates.common import (declare_operands, fit_work_group, random_inputs, reference_epilogue,
+                                    store_tile)
 
 NAME = "tests.user_templates:POINTWISE"
 

@@ -31,7 +31,7 @@ from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
 from tuner.ir.expr import Broadcast, Cast, ExtractLane, Ramp, as_expr, call, max_, min_, select
 from tuner.ir.dtype import float32
-from tuner.templates.conv2d_nchw4c import bias_buffer
+from tuner.templates.common import bias_buffer
 
 DTYPES = ("float32", "float16")
 SCOPES = ("texture", "buffer")
