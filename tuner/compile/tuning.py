@@ -14,13 +14,19 @@ template's fallback config first, so the result can put the tuned configs agains
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections import Counter
 from dataclasses import dataclass, field
 
+from tuner.compile.compiler import load_graph, model_tasks
 from tuner.errors import TunerError
+from tuner.logs import apply_history_best
 from tuner.logs.index import DeviceLog, LogIndex
 from tuner.logs.io import ensure_writable
+from tuner.plan.lower import choose_templates, extract_tasks, lower_graph, plan_storage
+from tuner.runtime.base import Runtime
+from tuner.search.tune import default_log, tune
+from tuner.search.worker import model_prefix
+from tuner.target import DeviceInfo
 from tuner.task import TuningTask as Task
 
 # successful measurements per task: what `tuner tune` measures at least, and what `tuner compare` / `report`
@@ -140,7 +146,6 @@ def estimate_latency(plan, info, index: DeviceLog, deployed_scope: str, history)
     """The deployed plan's tasks (the templates ``history`` chooses, ``choose_templates``) at their best medians
     against the no-log plan's tasks (the direct conv2d, not Winograd) at their fallback configs' medians (both
     from the log)."""
-    from tuner.plan.lower import choose_templates, extract_tasks, plan_storage
     tuned = extract_tasks(choose_templates(plan_storage(plan, info, deployed_scope, history), history, info))
     untuned = extract_tasks(choose_templates(plan_storage(plan, info, deployed_scope, None), None, info))
     best = [best_record(index.of(t)) for t in tuned]
@@ -222,12 +227,7 @@ def tune_model(model, log: str | None = None, trials: int = 200, device=None, sc
     (``tune``'s ``transfer_from``: their best valid configs of the task first, their records in the cost
     model's transfer as this device's), and fill what the log lacks where the log decides the plan."""
     from tuner.measure import MeasureOptions, Runner, open_runner
-    from tuner.runtime.base import Runtime
-    from tuner.search.tune import default_log, tune
-    from tuner.target import DeviceInfo
 
-    from tuner.compile.compiler import load_graph
-    from tuner.plan.lower import extract_tasks, lower_graph, plan_storage
     info = getattr(device, "info", device)
     if not isinstance(info, DeviceInfo):
         from tuner.runtime.device import choose_device
@@ -296,7 +296,6 @@ def _history(log: str, info=None, transfer_from=None):
     siblings' records filling what the log lacks (``ApplyHistoryBest.for_device``)."""
     from pathlib import Path
 
-    from tuner.logs import apply_history_best
     if transfer_from and info is not None:
         history = apply_history_best([log] if Path(log).exists() else [], transfer_from)
         history.paths = [log]  # a sibling's log is looked for beside it
@@ -348,9 +347,7 @@ def model_worker_tasks(path: str, device, trials: int, scope: str = "auto", min_
     model's study prefix: what `tuner tune MODEL --workers N` registers and `tuner worker --model` tunes."""
     from pathlib import Path
 
-    from tuner.search.worker import model_prefix
 
-    from tuner.compile.compiler import model_tasks
     if not Path(path).exists():
         raise TunerError(f"no model file {path!r}")
     planned = model_tasks(path, device, scope=scope)

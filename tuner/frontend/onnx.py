@@ -58,6 +58,8 @@ from onnx import numpy_helper
 from tuner.errors import TunerError
 from tuner.frontend.onnx_movement import MovementOps
 from tuner.graph.graph import Graph, Node
+from tuner.ir.activations import spec
+from tuner.ops.kernels import pool_out_shape, unary_pow_fn
 
 
 
@@ -572,7 +574,6 @@ class _Converter(MovementOps):
 
     def _activation(self, ctx: _Ctx, name: str, *params: float, attrs: tuple = ()):
         """A unary activation node ``activation`` with ``fn``, the spec string of tuner.ir.activations."""
-        from tuner.ir.activations import spec
         ctx.check_attrs(attrs)
         self.single_output(ctx)
         x = self.act(ctx, ctx.proto.input[0])
@@ -636,7 +637,6 @@ class _Converter(MovementOps):
         if p == 1.0:
             self.alias[ctx.proto.output[0]] = x
             return
-        from tuner.ops.kernels import unary_pow_fn
         fn = {2.0: "square", 0.5: "sqrt", -1.0: "reciprocal"}.get(p) or unary_pow_fn(p)
         self.emit(ctx, "unary", [x], self.shapes[x], fn=fn)
 
@@ -988,7 +988,6 @@ class _Converter(MovementOps):
         oh, ow = (_out_size(ctx, size, k, st, 1, pb, pe) for size, k, st, pb, pe in
                   zip((h, w), kernel, stride, pads[:2], pads[2:]))
         if ceil_mode:
-            from tuner.ops.kernels import pool_out_shape
             oh, ow = pool_out_shape((n, c, h, w), kernel, stride, pads, ceil_mode=True)[2:]
             extra["ceil_mode"] = 1
         self.emit(ctx, op, [x], (n, c, oh, ow), kernel=kernel, stride=stride, padding=pads, **extra)

@@ -18,6 +18,8 @@ import numpy as np
 
 from tuner.graph.graph import Graph, Node
 from tuner.graph.graph import add_param as _add_param, drop_unused_params as _drop_unused_params, fresh_name as _fresh
+from tuner.ir.activations import canonical, parse, spec
+from tuner.graph.passes_movement import optimize_movement  # layout rewrites first: ConvTranspose -> conv2d, NHWC blocks
 
 ACTIVATION_OF_CLIP = {(0.0, 6.0): "relu6", (0.0, float("inf")): "relu"}
 BINARY_OPS = ("add", "sub", "mul", "div", "prelu")  # glue kernels that apply an activation after themselves
@@ -132,7 +134,6 @@ def _drop_dead_shapes(g: Graph) -> Graph:
 
 def _activation(node: Node) -> str | None:
     """The activation spec (tuner.ir.activations) a node applies, if it is a unary activation."""
-    from tuner.ir.activations import canonical, spec
     if node.op == "relu":
         return "relu"
     if node.op == "clip":
@@ -160,7 +161,6 @@ def fuse_patterns(graph: Graph) -> Graph:
     kernel before them): ``x * sigmoid(x)`` -> silu, ``x * hardsigmoid(x)`` (alpha 1/6, beta 0.5) -> hardswish,
     ``x * 0.5 * (1 + erf(x / sqrt(2)))`` (either association of the 0.5) -> gelu. Only when nothing else reads
     the intermediate tensors."""
-    from tuner.ir.activations import parse
     g = graph.copy()
 
     def sole(t: str):
@@ -301,5 +301,4 @@ def fuse_epilogues(graph: Graph) -> Graph:
 def optimize(graph: Graph) -> Graph:
     """The frontend graph as the kernels will run it: BatchNorm folded, multi-node activations recognized,
     epilogues fused."""
-    from tuner.graph.passes_movement import optimize_movement  # layout rewrites first: ConvTranspose -> conv2d, NHWC blocks
     return fuse_epilogues(fuse_patterns(fold_batch_norm(optimize_movement(fuse_group_norm(graph)))))

@@ -20,6 +20,7 @@ import numpy as np
 
 from tuner.graph.graph import Graph, Node
 from tuner.graph.graph import add_param as _add_param, drop_unused_params as _drop_unused_params, fresh_name as _fresh
+from tuner.graph.passes_tokens import optimize_tokens
 
 # graph ops computed element by element on one activation (their other inputs constants): a transpose commutes
 UNARY_POINTWISE = {"relu", "clip", "gelu", "sigmoid", "tanh", "hard_sigmoid", "hard_swish", "silu", "swish",
@@ -243,5 +244,4 @@ def lower_conv_transpose(graph: Graph) -> Graph:
 def optimize_movement(graph: Graph) -> Graph:
     """All of the above, in order (attention's token tensors made 4-D by ``passes_tokens`` once channel
     shuffles are single gathers); ``passes.optimize`` runs it first."""
-    from tuner.graph.passes_tokens import optimize_tokens
     return lower_conv_transpose(nhwc_to_nchw(optimize_tokens(fuse_channel_shuffle(graph))))

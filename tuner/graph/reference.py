@@ -10,6 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from tuner.graph.graph import Graph, Node
+from tuner.ops.kernels import pool_ceil_extra, unary_reference
+from tuner.ir.activations import apply_numpy
+import tuner.graph.reference_movement as reference_movement
 
 
 def run_graph_numpy(graph: Graph, inputs: dict, all_tensors: bool = False) -> dict:
@@ -96,7 +99,6 @@ def _pool_padding(node: Node, x) -> tuple:
     a = node.attrs
     if not a.get("ceil_mode", 0):
         return tuple(a["padding"])
-    from tuner.ops.kernels import pool_ceil_extra
     eh, ew = pool_ceil_extra(x.shape, a["kernel"], a["stride"], a["padding"], True)
     t, l, b, r = a["padding"]
     return (t, l, b + eh, r + ew)
@@ -129,7 +131,6 @@ def _erf(x):
 
 
 def _activation(node: Node, x):
-    from tuner.ir.activations import apply_numpy
     return apply_numpy(node.attrs["fn"], x)
 
 
@@ -143,7 +144,6 @@ def _reduce(kind: str):
 
 
 def _unary(node: Node, x):
-    from tuner.ops.kernels import unary_reference
     return unary_reference(node.attrs["fn"], x)
 
 
@@ -205,7 +205,6 @@ ATTRS = {
 
 
 def _merge_families() -> None:
-    import tuner.graph.reference_movement as reference_movement
     OPS.update(reference_movement.OPS)
     ATTRS.update(reference_movement.ATTRS)
 

@@ -24,7 +24,8 @@ from tuner.ir.dtype import float32, int32
 from tuner.ir.expr import Cast, ExtractLane, as_expr, call, max_, min_, select
 
 from tuner.ops.token_views import token_view
-from tuner.ops.kernels import _check_dtype, _grid, _packed, _packed_shape, _pixel, _vector, _work_items
+from tuner.ops.kernels import (_check_dtype, _grid, _packed, _packed_shape, _pixel, _ravel, _scopes, _unravel, _vector,
+                               _work_items)
 
 PAD_MODES = ("constant", "reflect", "edge")
 RESIZE_MODES = ("nearest", "linear")
@@ -451,7 +452,6 @@ def strided_copy_kernel(src_shape, offset: int, shape, strides, dtype: str = "fl
     NCHW4c, 2-D rows packed by 4). One output pixel per work-item, each lane gathered."""
     from math import prod
 
-    from tuner.ops.kernels import _ravel, _unravel
     _check_dtype(dtype)
     src_shape, shape = tuple(int(d) for d in src_shape), tuple(int(d) for d in shape)
     out_shape = shape if out_shape is None else tuple(int(d) for d in out_shape)
@@ -488,7 +488,6 @@ def concat_view_kernel(shapes, axis: int, dtype: str = "float32", in_scopes="tex
     """``Y = concat(X0, X1, ..., axis)`` of 2-D to 4-D tensors of logical ``shapes``, each stored in its view
     (``token_views.token_view``): a ViT's class token joined to its patch tokens along the token axis. One
     output pixel per work-item, each lane taken from the input whose range along ``axis`` holds it."""
-    from tuner.ops.kernels import _scopes
     _check_dtype(dtype)
     shapes = [tuple(int(d) for d in s) for s in shapes]
     rank = len(shapes[0])

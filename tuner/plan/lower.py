@@ -26,6 +26,9 @@ from tuner.logs.record import scope_knobs
 from tuner.graph.graph import Graph
 from tuner.task import TuningTask
 from tuner.plan.types import FIXED, SCOPE_MODES, Plan, Step, Tensor
+from tuner.plan.rules import LowerCtx, rule_for
+from tuner.search_space import image_fits
+from tuner.templates import get_template
 
 
 def _kind(shape) -> str:
@@ -57,7 +60,6 @@ def lower_graph(g: Graph, dtype: str = "float32") -> Plan:
     out_rename = {y: f"{y}.packed" for y in g.outputs if y not in g.inputs}
     rename.update(out_rename)
 
-    from tuner.plan.rules import LowerCtx, rule_for
     ctx = LowerCtx(g, dtype, steps, extra, packed)
     for node in g.nodes:
         out = out_rename.get(node.outputs[0], node.outputs[0])
@@ -76,7 +78,6 @@ def lower_graph(g: Graph, dtype: str = "float32") -> Plan:
 
 
 def _texture_ok(t: Tensor, info, dtype: str) -> bool:
-    from tuner.search_space import image_fits
     return (t.kind != "plain" and bool(info.image_support) and (dtype == "float32" or bool(info.half_images))
             and image_fits(t.texture_layout, t.shape, info))
 
@@ -103,7 +104,6 @@ def _decide(step: Step, info, mode: str, history) -> str:
         tex, buf = _measured(history, step, info, "texture"), _measured(history, step, info, "buffer")
         if tex is not None or buf is not None:
             return "texture" if buf is None or (tex is not None and tex <= buf) else "buffer"
-    from tuner.templates import get_template
     return get_template(step.op).fallback(step.workload, info).input_scope
 
 
@@ -173,7 +173,6 @@ def _plan_storage(plan: Plan, info, scope: str, history) -> Plan:
     for s in plan.steps:
         if not s.tuned:
             continue
-        from tuner.templates import get_template
         io = {role: plan.tensors[s.inputs[key]].scope for role, key in get_template(s.op).scope_inputs.items()}
         io["output"] = plan.tensors[s.output].scope
         free = ["texture", "buffer"] if want[s.name] == "texture" else ["buffer"]
@@ -196,7 +195,6 @@ def _plan_storage(plan: Plan, info, scope: str, history) -> Plan:
 
 
 def _has_valid(step: Step, info, scopes: dict) -> bool:
-    from tuner.templates import get_template
     return get_template(step.op).space(step.workload, info, **FIXED[step.op], **scope_knobs(scopes)).exists()
 
 
@@ -209,7 +207,6 @@ def choose_templates(plan: Plan, history, info, prefer=None) -> Plan:
     ``compiler.fastest_plan`` makes from per-node times measured inside the model). The params only unchosen
     alternatives read (e.g. Winograd-transformed weights) are dropped, so they are never uploaded. Run it after
     ``plan_storage``; ``extract_tasks`` after it lists only the chosen kernels."""
-    from tuner.templates import get_template
     steps = []
     for s in plan.steps:
         chosen = s

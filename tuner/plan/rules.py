@@ -18,6 +18,7 @@ import numpy as np
 import tuner.ops.kernels as K
 from tuner.errors import TunerError
 from tuner.plan.types import Step
+from tuner.templates import templates_for
 
 LOWER: dict[str, Callable] = {}
 GLUE: dict[str, Callable] = {}
@@ -91,7 +92,6 @@ def lower_template(ctx: LowerCtx, node, ins, out, shape):
     direct conv2d or Winograd F(2x2) or F(4x4), and ``plan.choose_templates`` deploys the one the log measured
     fastest (the first without measurements). Every alternative's new params (e.g. transformed weights) join
     ``ctx.extra``; the ones of alternatives not chosen are dropped then."""
-    from tuner.templates import templates_for
 
     candidates = templates_for(node.op)
     taken = []

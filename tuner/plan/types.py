@@ -5,6 +5,7 @@ lowering rules (``rules``), which both build on them."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from tuner.templates import get_template, templates
 
 
 class _ModelKnobs:
@@ -12,7 +13,6 @@ class _ModelKnobs:
     kernels agree on the activation layout."""
 
     def __getitem__(self, op: str) -> dict:
-        from tuner.templates import get_template
         return dict(get_template(op).model_knobs)
 
 
@@ -60,7 +60,6 @@ class Step:
     @property
     def tuned(self) -> bool:
         """A template step (tuned), not glue."""
-        from tuner.templates import templates
         return self.op in templates()
 
 
