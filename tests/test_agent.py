@@ -21,6 +21,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import building_cpu
+
+
+def _cpu_index(devices: list) -> int:
+    """The agent's index of a CPU runtime that builds here (PoCL, else Intel's: ``building_cpu``)."""
+    cpu = "Portable" if building_cpu() == "pocl" else "Intel"
+    return next(i for i, d in enumerate(devices) if d["platform"].startswith(cpu))
+
 import tuner
 from tuner.agent import AgentLinkError, AgentRuntime
 from tuner.agent import protocol as P
@@ -212,7 +220,7 @@ def test_fuzzed_requests_never_crash_the_agent(native, cl_env, tmp_path):
     assert status == P.OK, _msg(body)
     import json
     devices = json.loads(P.Reader(body, "HELLO").str())["devices"]
-    pocl = next(i for i, d in enumerate(devices) if d["platform"].startswith("Portable"))
+    pocl = _cpu_index(devices)
     assert a.call(P.OPEN, P.Writer().u32(pocl).done())[0] == P.OK
     status, body = a.call(P.BUILD, P.Writer().str(KERNEL).str("").u32(0).done())
     assert status == P.OK, _msg(body)
@@ -246,11 +254,10 @@ def test_handles_do_not_survive_a_crash_and_the_device_is_reopened(native, cl_en
     next request runs in a new executor on the same device (OPEN replayed)."""
     import json
 
-    from tuner.agent.runtime import _default_index
     a = RawAgent(native["agent"], cl_env, tmp_path)
     status, body = a.call(P.HELLO, P.Writer().str("").done())
     devices = json.loads(P.Reader(body, "HELLO").str())["devices"]
-    assert a.call(P.OPEN, P.Writer().u32(_default_index(devices)).done())[0] == P.OK
+    assert a.call(P.OPEN, P.Writer().u32(_cpu_index(devices)).done())[0] == P.OK
     endless = "__kernel void spin(__global float *a) { for (;;) { a[0] += 1.0f; } }"
     status, body = a.call(P.BUILD, P.Writer().str(endless).str("").u32(0).done())
     assert status == P.OK, _msg(body)
@@ -276,10 +283,9 @@ def test_binary_cache_and_a_refused_binary(native, cl_env, tmp_path):
     import hashlib
     import json
 
-    from tuner.agent.runtime import _default_index
     a = RawAgent(native["agent"], cl_env, tmp_path)
     devices = json.loads(P.Reader(a.call(P.HELLO, P.Writer().str("").done())[1], "HELLO").str())["devices"]
-    assert a.call(P.OPEN, P.Writer().u32(_default_index(devices)).done())[0] == P.OK
+    assert a.call(P.OPEN, P.Writer().u32(_cpu_index(devices)).done())[0] == P.OK
 
     def build(source, flags):
         status, body = a.call(P.BUILD, P.Writer().str(source).str("").u32(flags).done())
@@ -504,3 +510,23 @@ def test_mobilenet_v3_small_through_the_agent_survives_a_kill(native, tmp_path):
         y, = mod.run([x])
     want = ort.InferenceSession(model).run(None, {"input": x})[0]
     assert np.abs(y - want).max() <= 1e-4 * max(1.0, float(np.abs(want).max()))
+
+
+def test_the_default_device_is_one_that_builds(native, monkeypatch):
+    """Without ``?device=``, the agent's device is picked as a local default is: in rank order, the first that
+    builds a small kernel, with one warning naming the devices passed over. PoCL is made to fail its builds
+    here (as PoCL 3.0 does on AMD Zen 5), so the pick is Intel's CPU runtime."""
+    from tuner.runtime.device import choose_device, probe_device
+    try:
+        intel = choose_device("intel", check=False)
+    except TunerError:
+        pytest.skip("no Intel CPU runtime here: nothing to fall back to")
+    if probe_device(intel) is not None:
+        pytest.skip("Intel's CPU runtime does not build here")
+    monkeypatch.setenv("POCL_EXTRA_BUILD_FLAGS", "-mcpu=no-such-cpu")
+    monkeypatch.setenv("POCL_KERNEL_CACHE", "0")
+    with pytest.warns(UserWarning, match=r"default device is intel.*pocl.*cannot build OpenCL programs"):
+        with AgentRuntime(f"exec://{native['agent']}") as rt:
+            assert rt.info.platform_tag == "intel"
+            res = _one_config(rt)
+            assert res.ok, res.error_msg

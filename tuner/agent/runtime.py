@@ -15,6 +15,7 @@ import json
 import math
 import os
 import threading
+import warnings
 import weakref
 from dataclasses import dataclass, field
 
@@ -55,15 +56,17 @@ class Handle:
     refs: tuple = field(default=(), repr=False)
 
 
-def _default_index(devices: list) -> int:
+def _rank(d: dict) -> tuple:
     """As ``tuner.runtime.device.default_device`` ranks local devices: a GPU, else PoCL, else another CPU,
     never a simulator unless it is all there is."""
-    def rank(d):
-        sim = "oclgrind" in f"{d.get('platform', '')} {d.get('name', '')}".lower()
-        kind = 0 if d.get("type") == "GPU" else 1 if "portable computing language" in str(d.get("platform", "")).lower() \
-            else 2 if d.get("type") == "CPU" else 3
-        return (sim, kind)
-    return min(range(len(devices)), key=lambda i: (rank(devices[i]), i))
+    sim = "oclgrind" in f"{d.get('platform', '')} {d.get('name', '')}".lower()
+    kind = 0 if d.get("type") == "GPU" else 1 if "portable computing language" in str(d.get("platform", "")).lower() \
+        else 2 if d.get("type") == "CPU" else 3
+    return (sim, kind)
+
+
+# what the default device must build (``AgentRuntime._open_default``), as the local probe asks of a device
+PROBE_KERNEL = "__kernel void probe(__global float *x) { x[get_global_id(0)] *= 2.0f; }\n"
 
 
 class AgentRuntime(Runtime):
@@ -94,18 +97,47 @@ class AgentRuntime(Runtime):
                 why = hello.get("opencl_error") or hello.get("opencl_library") or "no OpenCL library"
                 raise TunerError(f"{self.link.name}: the agent found no OpenCL device ({why}); on Android set "
                                  f"TUNER_OPENCL_LIB for the agent to the vendor's libOpenCL.so")
-            index = self._pick(opts.get("device"), devices)
-            r = self._call(P.OPEN, P.Writer().u32(index).done(), 120.0, "OPEN")
-            self.info = _profile(r.str(), self.link.name)
-            r.end()
+            want = opts.get("device")
+            if want is None or want == "":
+                index = self._open_default(devices)
+            else:
+                index = self._pick(want, devices)
+                self._open(index)
         except BaseException:
             self.link.close()
             raise
         self.device_index = index
 
+    def _open(self, index: int) -> None:
+        r = self._call(P.OPEN, P.Writer().u32(index).done(), 120.0, "OPEN")
+        self.info = _profile(r.str(), self.link.name)
+        r.end()
+
+    def _open_default(self, devices: list) -> int:
+        """The agent's default device, as ``tuner.runtime.device`` picks a local one: in ``_rank``'s
+        order, the first that builds a small kernel (PoCL 3.0 cannot compile for every CPU: on AMD Zen 5 its
+        LLVM 14 fails, and a device that builds nothing is no default). None builds: the first, whose build
+        errors then say why."""
+        order = sorted(range(len(devices)), key=lambda i: (_rank(devices[i]), i))
+        refused = []
+        for index in order:
+            self._open(index)
+            try:
+                self._call(P.BUILD, P.Writer().str(PROBE_KERNEL).str("").u32(0).done(), self.build_timeout, "BUILD")
+            except CompileError as e:
+                refused.append(f"{self.info.label}: {str(e).splitlines()[-1].strip() if str(e).strip() else e}")
+                continue
+            finally:
+                self._call(P.RESET, b"", 60.0, "RESET").end()
+            if refused:
+                warnings.warn(f"{self.link.name}: the agent's default device is {self.info.label}; "
+                              + "; ".join(refused) + " (cannot build OpenCL programs); pick one with ?device=N",
+                              stacklevel=3)
+            return index
+        self._open(order[0])
+        return order[0]
+
     def _pick(self, want, devices: list) -> int:
-        if want is None or want == "":
-            return _default_index(devices)
         if str(want).isdigit():
             i = int(want)
             if i >= len(devices):
