@@ -127,3 +127,10 @@ def drop_unused_params(g: Graph) -> Graph:
         del g.params[name]
         del g.shapes[name]
     return g
+
+
+def run_passes(graph: "Graph", passes) -> "Graph":
+    """``graph`` through each of ``passes`` (``Graph -> Graph`` functions) in order: a pipeline is a list."""
+    for p in passes:
+        graph = p(graph)
+    return graph

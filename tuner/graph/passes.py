@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tuner.graph.graph import Graph, Node
+from tuner.graph.graph import Graph, Node, run_passes
 from tuner.graph.graph import add_param as _add_param, drop_unused_params as _drop_unused_params, fresh_name as _fresh
 from tuner.ir.activations import canonical, parse, spec
 from tuner.graph.passes_movement import optimize_movement  # layout rewrites first: ConvTranspose -> conv2d, NHWC blocks
@@ -301,4 +301,10 @@ def fuse_epilogues(graph: Graph) -> Graph:
 def optimize(graph: Graph) -> Graph:
     """The frontend graph as the kernels will run it: BatchNorm folded, multi-node activations recognized,
     epilogues fused."""
-    return fuse_epilogues(fuse_patterns(fold_batch_norm(optimize_movement(fuse_group_norm(graph)))))
+    return run_passes(graph, PIPELINE)
+
+
+# The graph passes in the order they run, each ``Graph -> Graph``: GroupNorm recognized; the layout rewrites
+# (channel shuffles, attention's token tensors, NHWC blocks, ConvTranspose -> conv2d: ``passes_movement``); then
+# BatchNorm folded into convolutions, multi-node activations recognized, and epilogues fused.
+PIPELINE = (fuse_group_norm, optimize_movement, fold_batch_norm, fuse_patterns, fuse_epilogues)

@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from tuner.graph.graph import Graph, Node
+from tuner.graph.graph import Graph, Node, run_passes
 from tuner.graph.graph import add_param as _add_param, drop_unused_params as _drop_unused_params, fresh_name as _fresh
 from tuner.graph.passes_tokens import optimize_tokens
 
@@ -244,4 +244,7 @@ def lower_conv_transpose(graph: Graph) -> Graph:
 def optimize_movement(graph: Graph) -> Graph:
     """All of the above, in order (attention's token tensors made 4-D by ``passes_tokens`` once channel
     shuffles are single gathers); ``passes.optimize`` runs it first."""
-    return lower_conv_transpose(nhwc_to_nchw(optimize_tokens(fuse_channel_shuffle(graph))))
+    return run_passes(graph, MOVEMENT_PASSES)
+
+
+MOVEMENT_PASSES = (fuse_channel_shuffle, optimize_tokens, nhwc_to_nchw, lower_conv_transpose)  # in this order

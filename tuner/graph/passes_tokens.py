@@ -28,7 +28,7 @@ import numpy as np
 from tuner.errors import TunerError
 from tuner.ops.token_views import to_view, token_view
 
-from tuner.graph.graph import Graph, Node
+from tuner.graph.graph import Graph, Node, run_passes
 from tuner.graph.graph import add_param as _add_param, drop_unused_params as _drop_unused_params, fresh_name as _fresh
 
 MOVEMENT = ("reshape", "transpose", "slice_nd", "expand_nd")
@@ -421,4 +421,7 @@ def optimize_tokens(graph: Graph) -> Graph:
     if not any(n.op in ("matmul", "slice_nd", "expand_nd") or (n.op == "softmax" and n.attrs.get("axis") != 1)
                or any(len(graph.shapes[t]) not in (1, 2, 4) for t in n.outputs) for n in graph.nodes):
         return graph  # nothing of attention's: a convolution network passes untouched
-    return tokens_to_nchw(movement_views(attention_ranks(fold_matmul_scales(graph))))
+    return run_passes(graph, TOKEN_PASSES)
+
+
+TOKEN_PASSES = (fold_matmul_scales, attention_ranks, movement_views, tokens_to_nchw)  # in this order
