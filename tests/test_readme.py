@@ -1,4 +1,4 @@
-"""The README's Python example runs as written (on the default device)."""
+"""The README's Python examples (and docs/tuning.md's) run as written (on the default device)."""
 import re
 from pathlib import Path
 
@@ -28,9 +28,9 @@ def test_readme_model_example_runs(capsys):
     assert out.startswith("(1, 10)") and "planned" in out
 
 
-def test_readme_pandas_example_runs_on_the_shipped_log(capsys, monkeypatch):
+def test_tuning_docs_pandas_example_runs_on_the_shipped_log(capsys, monkeypatch):
     monkeypatch.chdir(Path(__file__).parent.parent)  # the example names logs/ relative to the repository
-    text = (Path(__file__).parent.parent / "README.md").read_text()
+    text = (Path(__file__).parent.parent / "docs" / "tuning.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, re.S)
     (example,) = [b for b in blocks if "load_logs(" in b]
     exec(compile(example, "README.md", "exec"), {})
