@@ -142,3 +142,14 @@ def test_demo_runs_where_pocl_cannot_build(tmp_path):
               env=BROKEN_POCL, tmp_path=tmp_path, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "pocl-cpu-" not in r.stdout.splitlines()[0]  # "device ... (intel-cpu-...)"
+
+
+@pytest.mark.skipif(not bundled_libraries(), reason="Intel's CPU runtime (tuner[cpu]) is not installed")
+def test_the_bundled_runtime_is_found_from_the_package_metadata_too(tmp_path, monkeypatch):
+    """Outside a venv's lib/ (a user or system install, or Python run with -S) the library is found through the
+    package's file list: the library itself, not the gdb helper's bytecode beside it, which also starts with
+    libintelocl.so (it was registered as an OpenCL vendor library, and Intel's runtime went missing)."""
+    import sys
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))  # no lib/libintelocl.so here
+    (lib,) = bundled_libraries()
+    assert lib.name.startswith("libintelocl.so") and not lib.name.endswith((".py", ".pyc")) and lib.is_file()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import sys
 import tempfile
 from importlib import metadata
@@ -40,7 +41,10 @@ def bundled_libraries() -> list[Path]:
             files = metadata.distribution(dist).files or []
         except metadata.PackageNotFoundError:
             continue
-        libs = sorted(f for f in files if f.name.startswith(prefix))
+        # the library itself (libintelocl.so, or .so.N): not a file that merely starts so, such as the
+        # package's gdb helper's bytecode (__pycache__/libintelocl.so-gdb.cpython-311.pyc)
+        libs = sorted((f for f in files if re.fullmatch(re.escape(prefix) + r"(\.\d+)*", f.name)),
+                      key=lambda f: (f.name != prefix, str(f)))
         if libs:
             found.append(Path(libs[0].locate()).resolve())
     return [p for p in found if p.is_file()]
