@@ -10,8 +10,9 @@
 # starts it if it is not running, waits up to $WAIT (540) s, prints progress and copies the results to $OUT.
 # PHASE: tune (export, then tune the remaining tasks until $TUNE_DEADLINE s) or measure (export, finish the
 # tuning within $TUNE_DEADLINE s, then `peers.py run` untuned and tuned, every side in the same run).
-# Carried beside the tree: $P/whl/*.whl (cp312 wheels), $P/mnn/{mnn-src.tgz,MNN-*.whl}, $P/tunelogs/part*.jsonl
+# Carried beside the tree: $P/whl/*.whl (cp312 wheels), $P/mnn/{mnn-src.tgz,MNN-*.whl}, $P/tunelogs/part*.jsonl.gz
 # (an earlier machine's tuning, restored before anything is tuned). P is the tree's parent folder.
+# SKIP_TUNE=1: measure with the tuning restored from $P/tunelogs only.
 set -uo pipefail
 T=$(cd "$(dirname "$0")/.." && pwd); P=$(dirname "$T")
 W=${W:-/tmp/pj}; mkdir -p "$W"
@@ -30,9 +31,11 @@ setup() {
     lib=$(ldconfig -p | awk '/libnvidia-opencl\.so\.1/ {print $NF; exit}')
     echo "${lib:-/usr/lib/libnvidia-opencl.so.1}" > /etc/OpenCL/vendors/nvidia.icd
   fi
-  mkdir -p "$W/tune"
-  cp -n "$P"/tunelogs/part*.jsonl "$W/tune/" 2>/dev/null; cp -n "$P"/tunelogs/*.db "$W/tune/" 2>/dev/null
-  [ -f "$T/logs/$SIB.jsonl" ] || gunzip -k "$T/logs/$SIB.jsonl.gz"
+  mkdir -p "$W/tune" "$W/sib"
+  for f in "$P"/tunelogs/part*.jsonl.gz; do [ -f "$f" ] && gunzip -c "$f" > "$W/tune/$(basename "$f" .gz)"; done
+  # the carried tree is replaced at every call: the H200's log is unpacked outside it
+  if [ -f "$T/logs/$SIB.jsonl.gz" ]; then gunzip -c "$T/logs/$SIB.jsonl.gz" > "$W/sib/$SIB.jsonl"; else cp "$T/logs/$SIB.jsonl" "$W/sib/"; fi
+  cp "$W/sib/$SIB.jsonl" "$W/tune/"  # where the tuned compile's glob and the history look for the sibling
   { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; python3 -P -m tuner devices; } \
     > "$W/devices.txt" 2>&1
   touch "$W/setup.ok"
@@ -51,17 +54,19 @@ pipeline() {
   fi
   echo "== export $(date -u +%T)"
   python3 -P "$T/bench/runtimes_gpu.py" export --work "$W/work" --models "$MODELS" --input-size 224 2>&1 | tail -6
-  echo "== tune $(date -u +%T)"
-  python3 -P "$T/bench/peers.py" tune --device nvidia --models "$MODELS" --work "$W/work" --out "$W/res" \
-    --tune-log-dir "$W/tune" --transfer-from $SIB --sibling-logs "$T/logs/$SIB.jsonl" --trials "$TRIALS" \
-    --deadline "${TUNE_DEADLINE:-1200}" 2>&1 | tail -5
-  tail -3 "$W"/tune/part*.txt
+  if [ "${SKIP_TUNE:-0}" = 0 ]; then
+    echo "== tune $(date -u +%T)"
+    python3 -P "$T/bench/peers.py" tune --device nvidia --models "$MODELS" --work "$W/work" --out "$W/res" \
+      --tune-log-dir "$W/tune" --transfer-from $SIB --sibling-logs "$W/sib/$SIB.jsonl" --trials "$TRIALS" \
+      --deadline "${TUNE_DEADLINE:-1200}" 2>&1 | tail -5
+    tail -3 "$W"/tune/part*.txt
+  fi
   if [ "$phase" = measure ]; then
     [ -n "${MNN_PID:-}" ] && { wait "$MNN_PID"; tail -2 "$W/mnn_build.txt"; }
     for tag in untuned tuned; do
       [ -f "$W/$tag.ok" ] && continue
       echo "== run $tag $(date -u +%T)"
-      if [ $tag = untuned ]; then LOG="$T/logs/$SIB.jsonl"; SIDES=native,python,mnn,ort,torch
+      if [ $tag = untuned ]; then LOG="$W/sib/$SIB.jsonl"; SIDES=native,python,mnn,ort,torch
       else LOG="$W/tune/*.jsonl"; SIDES=native,mnn,torch; fi
       python3 -P "$T/bench/peers.py" run --device nvidia --models "$MODELS" --input-size 224 --work "$W/work" \
         --out "$W/res" --tag $tag --log "$LOG" --transfer-from $SIB --sides $SIDES --rounds "${ROUNDS:-3}" \
@@ -76,7 +81,7 @@ pipeline() {
 }
 
 collect() {
-  cat "$W"/tune/part*.jsonl > "$OUT/h100_tuning.jsonl" 2>/dev/null
+  cat "$W"/tune/part*.jsonl 2>/dev/null | gzip > "$OUT/h100_tuning.jsonl.gz"
   cp "$W"/res/peers.{json,md,csv} "$W"/res/tune_tasks.json "$OUT/" 2>/dev/null
   tar -czf "$OUT/logs.tgz" -C "$W" pipeline.log devices.txt $(cd "$W" && ls tune/*.txt tune/*.db res/peers.log mnn_build.txt 2>/dev/null) 2>/dev/null
   ls -la "$OUT"
