@@ -506,7 +506,7 @@ def cmd_table(args) -> int:
 
 # -- tuning the remaining tasks ------------------------------------------------------------------------------------
 def remaining_tasks(models: list, work: Path, device: str, own_logs: list, sibling_logs: list,
-                    transfer_from: str, trials: int) -> tuple:
+                    transfer_from: str, trials: int, scope: str = "auto") -> tuple:
     """Every model's tasks as the auto plan deploys them with this device's logs and the siblings' records
     (one task per node, no alternatives), unique over the models; ``todo``: those with no record of a sibling
     and fewer than ``trials`` on this device."""
@@ -528,7 +528,8 @@ def remaining_tasks(models: list, work: Path, device: str, own_logs: list, sibli
     seen, out = {}, []
     for name in models:
         plan = lower_graph(load_graph(str(work / "models" / f"{name}.onnx")), "float32")
-        for t in extract_tasks(plan_storage(plan, info, "auto", history), alternatives=False):
+        for t in extract_tasks(plan_storage(plan, info, scope, history if scope == "auto" else None),
+                               alternatives=False):
             key = t.record_key("")
             if key in seen:
                 seen[key]["models"].append(name)
@@ -559,13 +560,14 @@ def cmd_tune(args) -> int:
             sib_logs.append(str(dest))
         own_logs = [str(p) for p in sorted(logdir.glob("part*.jsonl"))] or [str(logdir / "part0.jsonl")]
         info, allt, todo = remaining_tasks(args.models.split(","), work, args.device, own_logs, sib_logs,
-                                           args.transfer_from, args.trials)
+                                           args.transfer_from, args.trials, args.scope)
         desc = [{"template": r["task"].template, "workload": str(r["task"].workload.key()), "scopes": r["task"].scopes,
                  "models": r["models"], "own": r["own"], "sibling": r["sibling"], "weight": r["task"].weight,
                  "todo": r in todo} for r in allt]
         per_model = {m: {"tasks": sum(m in r["models"] for r in allt), "todo": sum(m in r["models"] for r in todo)}
                      for m in args.models.split(",")}
-        _save(Path(args.out) / "tune_tasks.json", {"device": info.fingerprint, "per_model": per_model,
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        _save(Path(args.out) / f"tune_tasks_{args.scope}.json", {"device": info.fingerprint, "per_model": per_model,
                                                    "tasks": desc, "todo": len(todo), "trials": args.trials})
         print(f"tune: {len(allt)} tasks in {args.models} ({json.dumps(per_model)}); {len(todo)} remaining (no "
               f"record of {args.transfer_from}, fewer than {args.trials} here); at most {args.trials} trials each; "

@@ -76,13 +76,28 @@ pipeline() {
       touch "$W/$tag.ok"
     done
   fi
+  if [ "$phase" = retune ]; then  # a plan the first pass did not tune: e.g. MobileNetV3-Large's buffer plan
+    echo "== retune $(date -u +%T)"
+    python3 -P "$T/bench/peers.py" tune --device nvidia --models "$TUNE_MODELS" --scope "$TUNE_SCOPE" --work "$W/work" \
+      --out "$W/res" --tune-log-dir "$W/tune" --transfer-from $SIB --sibling-logs "$W/sib/$SIB.jsonl" \
+      --trials "$TRIALS" --deadline "${TUNE_DEADLINE:-600}" 2>&1 | tail -3
+    tail -2 "$W"/tune/part*.txt
+    [ -x /tmp/mnn_build/b/benchmark.out ] || python3 -P "$T/bench/runtimes_gpu.py" mnn-build --out "$W/mnnb" \
+      --work /tmp/mnn_bw --mnn-src "$P/mnn/mnn-src.tgz" --mnn-build /tmp/mnn_build > "$W/mnn_build.txt" 2>&1
+    echo "== run tuned2 $(date -u +%T)"
+    python3 -P "$T/bench/peers.py" run --device nvidia --models "$MODELS" --input-size 224 --work "$W/work" \
+      --out "$W/res" --tag tuned2 --log "$W/tune/*.jsonl" --transfer-from $SIB --sides native,mnn,torch --rounds 3 \
+      --repeats 50 --warmup 10 --mnn-src "$P/mnn/mnn-src.tgz" --mnn-wheel "$(ls "$P"/mnn/*.whl | head -1)" \
+      --mnn-build /tmp/mnn_build --mnn-modes "${MNN_MODES:-132,68,130}" --mnn-timeout 120 2>&1 \
+      | grep -E "^\[.*(ours )|^\|" | cut -c1-300
+  fi
   echo "== done $(date -u +%T)"
   touch "$W/done.$phase"
 }
 
 collect() {
   cat "$W"/tune/part*.jsonl 2>/dev/null | gzip > "$OUT/h100_tuning.jsonl.gz"
-  cp "$W"/res/peers.{json,md,csv} "$W"/res/tune_tasks.json "$OUT/" 2>/dev/null
+  cp "$W"/res/peers.{json,md,csv} "$W"/res/tune_tasks*.json "$OUT/" 2>/dev/null
   tar -czf "$OUT/logs.tgz" -C "$W" pipeline.log devices.txt $(cd "$W" && ls tune/*.txt tune/*.db res/peers.log mnn_build.txt 2>/dev/null) 2>/dev/null
   ls -la "$OUT"
 }
