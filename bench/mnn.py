@@ -140,7 +140,8 @@ def opencl_env(sh, build_dir, loader: str | None = None, vendor_file: str | None
         shutil.rmtree(vend, ignore_errors=True)
         vend.mkdir()
         shutil.copy(vendor_file, vend / Path(vendor_file).name)
-        env.update({"OCL_ICD_VENDORS": str(vend), "MNN_OPENCL_ANY_DEVICE": "1"})
+        # PYOPENCL_HOME: pyopencl's bundled loader crashes (SIGSEGV) without it (tuner.native.opencl_env)
+        env.update({"OCL_ICD_VENDORS": str(vend), "PYOPENCL_HOME": str(vend), "MNN_OPENCL_ANY_DEVICE": "1"})
         env.pop("OCL_ICD_FILENAMES", None)
         how += f"; OCL_ICD_VENDORS={vend} ({Path(vendor_file).read_text().strip()}); MNN_OPENCL_ANY_DEVICE=1"
     return env, how
@@ -158,6 +159,7 @@ def bench(sh, exe, model_dir, repeats: int, warmup: int, mode: int, env: dict, t
         return {"error": f"MNN found no OpenCL device and ran backend {fb.group(1)} (CPU) instead", "seconds": wall}
     m = re.search(r"max =\s*([0-9.]+) ms\s+min =\s*([0-9.]+) ms\s+avg =\s*([0-9.]+) ms", text)
     if rc or not m:
-        return {"error": f"exit {rc}: " + text.strip()[-300:], "seconds": wall}
+        crash = " (the OpenCL runtime's compiler crashed: 'PLEASE submit a bug report')" if "PLEASE submit" in text else ""
+        return {"error": f"exit {rc}{crash}: " + text.strip()[-300:], "seconds": wall}
     return {"max_s": float(m.group(1)) * 1e-3, "min_s": float(m.group(2)) * 1e-3, "mean_s": float(m.group(3)) * 1e-3,
             "seconds": wall}
