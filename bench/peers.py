@@ -312,7 +312,7 @@ def prepare_mnn(job: Job, meta: dict, models: list) -> dict:
     meta["mnn_opencl"] = how
     dirs = {}
     for name in models:
-        d = Path(a.mnn_build) / "models" / name
+        d = Path(a.mnn_build) / "models" / f"{name}-{a.input_size}"  # a converted model is kept: one per size
         e = mnn.convert(job.sh, job.work / "models" / f"{name}.onnx", d / f"{name}.mnn", site)
         if e:
             meta.setdefault("mnn_convert_errors", {})[name] = e

@@ -559,7 +559,7 @@ def _mnn(job: Job, meta: dict) -> list:
         if not onnx_path.exists() or any(r["model"] == name and not r.get("error") for r in rows):
             continue
         rows = [r for r in rows if r["model"] != name]  # an earlier try that failed (a deadline) is tried again
-        d = build / "models" / name
+        d = build / "models" / f"{name}-{a.input_size}"  # a converted model is kept: one per size
         row = {"model": name, "modes": {}, "rounds_mean_s": []}
         err = err or mnn.convert(job.sh, onnx_path, d / f"{name}.mnn", site)
         if err:
