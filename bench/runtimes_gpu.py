@@ -63,6 +63,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+import mnn  # noqa: E402  (bench/mnn.py: MNN's build, conversion and runs, shared with bench/peers.py)
 ZOO = ("resnet18", "mobilenet_v2")
 TORCHVISION = ("mobilenet_v3_large",)
 MODELS = ZOO + TORCHVISION
@@ -148,14 +150,14 @@ def cmd_export(args) -> int:
         path = work / "models" / f"{name}.onnx"
         t0 = time.perf_counter()
         try:
-            if name in ZOO:  # the CLI, as a user writes the model
+            if name in ZOO or not (name in TORCHVISION or name.startswith("tv_")):  # the zoo's, by the CLI
                 subprocess.run([sys.executable, "-P", "-m", "tuner", "zoo", name, "-o", str(path),
                                 "--input-size", str(size)], check=True)
-            elif name in TORCHVISION:
+            elif name in TORCHVISION or name.startswith("tv_"):  # tv_NAME: torchvision's NAME (bench/peers.py)
                 import torch
                 sys.path.insert(0, str(BENCH))
                 import export_torchvision as tv
-                model = tv.build(name, 0)
+                model = tv.build(name[3:] if name.startswith("tv_") else name, 0)
                 tv.calibrate_batch_norm(model, size, 2, 0)
                 xt = torch.from_numpy(x)
                 with torch.no_grad():
@@ -172,7 +174,7 @@ def cmd_export(args) -> int:
             np.save(work / f"ref_{name}.npy", ref)
             done[name] = {"ok": True, "seconds": time.perf_counter() - t0, "output_shape": list(ref.shape),
                           "max_abs_output": float(np.abs(ref).max())}
-            if name in TORCHVISION:
+            if name in TORCHVISION or name.startswith("tv_"):
                 done[name]["torch_cpu_vs_onnxruntime"] = _rel_err(y_torch, ref)
         except Exception as e:  # a model that cannot be exported is reported, never the end of the job
             done[name] = {"ok": False, "error": f"{type(e).__name__}: {e}"[:500]}
@@ -269,8 +271,15 @@ def cmd_ours(args) -> int:
 
 # -- torch (a process without OpenCL) ------------------------------------------------------------------------
 def _fuse_bn(model):
-    """Every Conv2d directly followed by a BatchNorm2d in a Sequential folded into one Conv2d (eval mode)."""
+    """Every Conv2d followed by its BatchNorm2d folded into one Conv2d (eval mode): torch.fx's fuse where the
+    module traces (ResNet's blocks keep their BatchNorm outside any Sequential), else every Conv2d directly
+    followed by a BatchNorm2d in a Sequential."""
     import torch
+    try:
+        from torch.fx.experimental.optimization import fuse
+        return fuse(model.eval())
+    except Exception:  # a module fx cannot trace: the Sequential pairs below
+        pass
     from torch.nn.utils.fusion import fuse_conv_bn_eval
     for m in model.modules():
         if isinstance(m, torch.nn.Sequential):
@@ -511,31 +520,12 @@ def _native_runs(job: Job, meta: dict, variants: list, exe: Path, env: dict) -> 
 
 
 def _mnn_build(job: Job, meta: dict):
-    """benchmark.out, built from ``--mnn-src`` into ``--mnn-build`` unless it is there; None if it cannot be."""
-    a = job.args
-    build = Path(a.mnn_build)
-    exe = build / "b" / "benchmark.out"
-    if exe.exists():
-        return exe
-    if not (a.mnn_src and Path(a.mnn_src).exists()):
-        meta["mnn_error"] = f"no MNN source tarball at {a.mnn_src}"
-        return None
-    (build / "src").mkdir(parents=True, exist_ok=True)
-    job.sh(["tar", "xzf", a.mnn_src, "-C", build / "src"], quiet=True)
-    gen = ["-G", "Ninja"] if shutil.which("ninja") else []
-    t0 = time.time()
-    rc, text = job.sh(["cmake", "-S", build / "src", "-B", build / "b", *gen, "-DCMAKE_BUILD_TYPE=Release",
-                       "-DMNN_OPENCL=ON", "-DMNN_BUILD_BENCHMARK=ON", "-DMNN_BUILD_TOOLS=OFF",
-                       "-DMNN_BUILD_PROTOBUFFER=OFF", "-DMNN_SEP_BUILD=OFF", "-DMNN_KLEIDIAI=OFF"], quiet=True)
-    if not rc:
-        rc, text = job.sh(["cmake", "--build", build / "b", "--target", "benchmark.out", "-j",
-                           str(os.cpu_count() or 4)], quiet=True)
-    meta["mnn_build_s"] = time.time() - t0
-    if rc or not exe.exists():
-        meta["mnn_error"] = "build failed: " + text[-1500:]
-        job.say(meta["mnn_error"])
-        return None
-    job.say(f"MNN built in {meta['mnn_build_s']:.0f} s: {exe}")
+    """benchmark.out, built from ``--mnn-src`` into ``--mnn-build`` unless it is there (bench/mnn.py)."""
+    exe = mnn.build(job.sh, job.args.mnn_src, job.args.mnn_build, meta=meta)
+    if exe is None:
+        job.say(meta.get("mnn_error", "MNN: no benchmark.out"))
+    elif "mnn_build_s" in meta:
+        job.say(f"MNN built in {meta['mnn_build_s']:.0f} s: {exe}")
     return exe
 
 
@@ -549,13 +539,11 @@ def cmd_mnn_build(args) -> int:
 
 
 def _mnn(job: Job, meta: dict) -> list:
-    """MNN's OpenCL backend on the same models: built from source (``--mnn-src``, a tarball of alibaba/MNN's
-    tree; ``-DMNN_OPENCL=ON``, the benchmark target) into ``--mnn-build`` (kept between calls), each exported
-    ONNX file converted by the ``MNN`` wheel's ``mnnconvert`` (``--mnn-wheel``), then ``benchmark.out DIR
-    repeats warmup 3 MODE 1`` (forward type 3: OpenCL; MODE: the GPU mode bits, tuning 4 wide / 2 heavy, memory
-    64 buffer / 128 image; precision 1: float32). Its times include the input upload and the output download;
-    it prints the mean (and min, max) of its runs, not a median. Each mode once, then the best mode's mean
-    ``rounds`` times in all."""
+    """MNN's OpenCL backend on the same models (bench/mnn.py: built from ``--mnn-src`` into ``--mnn-build``,
+    kept between calls; each exported ONNX file converted by the ``MNN`` wheel's mnnconvert; ``benchmark.out
+    DIR repeats warmup 3 MODE 1``). Its times include the input upload and the output download; it prints the
+    mean (and min, max) of its runs, not a median. Each mode once, then the best mode's mean ``rounds`` times
+    in all."""
     a = job.args
     rows = _load_json(job.work / "mnn.json", [])
     build = Path(a.mnn_build)
@@ -563,46 +551,26 @@ def _mnn(job: Job, meta: dict) -> list:
     if exe is None:
         return rows
     site = build / "site"
-    if not (site / "MNN").exists():
-        job.sh([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", site, a.mnn_wheel],
-               quiet=True)
-    # MNN dlopens libOpenCL.so (no .so.1): a folder with that name for the system's ICD loader
-    libdir = build / "lib"
-    libdir.mkdir(exist_ok=True)
-    rc, text = job.sh(["sh", "-c", "ldconfig -p | awk '/libOpenCL\\.so\\.1/ {print $NF; exit}'"], quiet=True)
-    if text.strip() and not (libdir / "libOpenCL.so").exists():
-        os.symlink(text.strip().splitlines()[0], libdir / "libOpenCL.so")
-    env = {**os.environ, "LD_LIBRARY_PATH": os.pathsep.join([str(libdir), os.environ.get("LD_LIBRARY_PATH", "")])}
-    meta["mnn_opencl"] = str(libdir / "libOpenCL.so") + " -> " + text.strip()
+    err = mnn.install_converter(job.sh, a.mnn_wheel, site)
+    env, meta["mnn_opencl"] = mnn.opencl_env(job.sh, build)
     modes = [int(m) for m in a.mnn_modes.split(",")]
     for name in a.models.split(","):
         onnx_path = job.work / "models" / f"{name}.onnx"
         if not onnx_path.exists() or any(r["model"] == name and not r.get("error") for r in rows):
             continue
         rows = [r for r in rows if r["model"] != name]  # an earlier try that failed (a deadline) is tried again
-        d = build / "models" / name
-        d.mkdir(parents=True, exist_ok=True)
-        model = d / f"{name}.mnn"
+        d = build / "models" / f"{name}-{a.input_size}"  # a converted model is kept: one per size
         row = {"model": name, "modes": {}, "rounds_mean_s": []}
-        if not model.exists():
-            code = ("import sys; sys.argv = ['mnnconvert', '-f', 'ONNX', '--modelFile', sys.argv[1], '--MNNModel', "
-                    "sys.argv[2], '--bizCode', 'bench']; from MNN.tools.mnnconvert import main; main()")
-            rc, text = job.sh([sys.executable, "-c", code, onnx_path, model],
-                              env={**os.environ, "PYTHONPATH": str(site)}, quiet=True)
-            if rc or not model.exists():
-                row["error"] = "mnnconvert: " + text[-400:]
-                rows.append(row)
-                _save_json(job.work / "mnn.json", rows)
-                continue
+        err = err or mnn.convert(job.sh, onnx_path, d / f"{name}.mnn", site)
+        if err:
+            row["error"] = err
+            rows.append(row)
+            _save_json(job.work / "mnn.json", rows)
+            continue
 
         def bench(mode: int):
-            rc, text = job.sh([exe, d, a.repeats, a.warmup, 3, mode, 1], env=env, quiet=True,
-                              timeout=min(240.0, job.left()))
-            m = re.search(r"max =\s*([0-9.]+) ms\s+min =\s*([0-9.]+) ms\s+avg =\s*([0-9.]+) ms", text)
-            if rc or not m:
-                return None, text[-300:]
-            return {"max_s": float(m.group(1)) * 1e-3, "min_s": float(m.group(2)) * 1e-3,
-                    "mean_s": float(m.group(3)) * 1e-3}, None
+            got = mnn.bench(job.sh, exe, d, a.repeats, a.warmup, mode, env, timeout=min(240.0, job.left()))
+            return (None, got["error"]) if "error" in got else (got, None)
         for mode in modes:
             if job.left() < 30:
                 row["note"] = "deadline: fewer modes"
