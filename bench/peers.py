@@ -510,21 +510,16 @@ def remaining_tasks(models: list, work: Path, device: str, own_logs: list, sibli
     """Every model's tasks as the auto plan deploys them with this device's logs and the siblings' records
     (one task per node, no alternatives), unique over the models; ``todo``: those with no record of a sibling
     and fewer than ``trials`` on this device."""
-    from tuner.graph.compiler import load_graph
-    from tuner.graph.plan import extract_tasks, lower_graph, plan_storage
-    from tuner.graph.tuning import _history, measured, measured_index
+    from tuner.compile.compiler import load_graph
+    from tuner.compile.tuning import _history
+    from tuner.logs.index import LogIndex
+    from tuner.plan.lower import extract_tasks, lower_graph, plan_storage
     from tuner.runtime.device import choose_device
     info = choose_device(device)
     siblings = [s for s in transfer_from.split(",") if s]
     history = _history(own_logs[0], info, siblings)  # own_logs[0]'s folder holds the siblings' logs too
-    own, sib = {}, {}
-    for p in own_logs:
-        for k, v in measured_index(p, info.fingerprint).items():
-            own.setdefault(k, []).extend(v)
-    for fp in siblings:
-        for p in sibling_logs:
-            for k, v in measured_index(p, fp).items():
-                sib.setdefault(k, []).extend(v)
+    own = [LogIndex.of_log(p).on(info.fingerprint) for p in own_logs]
+    sib = [LogIndex.of_log(p).on(fp) for fp in siblings for p in sibling_logs]
     seen, out = {}, []
     for name in models:
         plan = lower_graph(load_graph(str(work / "models" / f"{name}.onnx")), "float32")
@@ -534,7 +529,8 @@ def remaining_tasks(models: list, work: Path, device: str, own_logs: list, sibli
             if key in seen:
                 seen[key]["models"].append(name)
                 continue
-            row = {"task": t, "models": [name], "own": measured(own, t), "sibling": measured(sib, t)}
+            row = {"task": t, "models": [name], "own": sum(d.count(t) for d in own),
+                   "sibling": sum(d.count(t) for d in sib)}
             seen[key] = row
             out.append(row)
     todo = [r for r in out if r["sibling"] == 0 and r["own"] < trials]
