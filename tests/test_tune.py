@@ -116,3 +116,27 @@ def test_study_names_key_the_task():
     assert name != study_name("conv2d", b, BUFFERS, "pocl-cpu-1")
     assert name != study_name("conv2d", a, {**BUFFERS, "input": "texture"}, "pocl-cpu-1")
     assert name != study_name("conv2d", a, BUFFERS, "nvidia-gpu-2")
+
+
+def test_a_small_space_all_in_the_log_stops_proposing():
+    """A task whose every valid config is in the log stops proposing once ``REPEATS`` proposals in a row measured
+    nothing new, instead of asking its whole proposal budget (20 x trials + 100) of the study, each answered from
+    the log (a 12-config task spent 160 s so on an H100; a 9-config one here, re-run with TPE, 380 proposals in
+    78 s). The space is counted only then, and only once."""
+    from types import SimpleNamespace
+
+    from tuner.search.tune import LocalStrategy, TuneResult
+    counted = []
+
+    class Space:
+        def size(self):
+            counted.append(1)
+            return 9
+    session = SimpleNamespace(space=Space(), known={i: None for i in range(8)})
+    s = LocalStrategy(session, TuneResult.__new__(TuneResult), max_proposals=280)
+    s.repeats = LocalStrategy.REPEATS - 1
+    assert not s.finished() and not counted  # measuring new configs: the space is never counted
+    s.repeats = LocalStrategy.REPEATS
+    assert not s.finished() and len(counted) == 1  # one config of 9 is not in the log yet
+    session.known[8] = None
+    assert s.finished() and s.exhausted() and len(counted) == 1  # all 9 known: done, counted once

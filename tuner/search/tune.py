@@ -65,17 +65,32 @@ class LocalStrategy:
     config proposed twice in one batch is failed. Every trial asked is in ``asked`` until told, so that an
     interruption tells the study what the log has (``settle``)."""
 
+    REPEATS = 20  # proposals in a row that measure nothing new before asking whether the space is exhausted
+
     def __init__(self, session: Session, result: TuneResult, max_proposals: int):
         self.session, self.result, self.max_proposals = session, result, max_proposals
         self.proposals = 0
         self.asked: dict = {}  # trial number -> (trial, record once measured)
+        self.repeats = 0  # proposals in a row answered from the log or failed as duplicates
+        self._size: int | None = None  # the space's valid configs, counted once when first needed
 
     def finished(self) -> bool:
-        return self.proposals >= self.max_proposals
+        return self.proposals >= self.max_proposals or self.exhausted()
+
+    def exhausted(self) -> bool:
+        """Every valid config of the space is in the log (measured, or refused by the template): nothing is
+        left to propose. Asked only after ``REPEATS`` proposals in a row measured nothing new, so a large space
+        is never counted; a small one re-run would otherwise ask its full budget of proposals, each answered
+        from the log (a 12-config task spent 160 s so on an H100)."""
+        if self.repeats < self.REPEATS:
+            return False
+        if self._size is None:
+            self._size = self.session.space.size()
+        return len(self.session.known) >= self._size
 
     def propose(self, n: int) -> list:
         s, todo = self.session, []
-        while len(todo) < n and self.proposals < self.max_proposals:
+        while len(todo) < n and self.proposals < self.max_proposals and not self.exhausted():
             self.proposals += 1
             trial = _ask(s)
             self.asked[trial.number] = (trial, None)
@@ -90,7 +105,9 @@ class LocalStrategy:
                 _fail(s.study, trial)  # a duplicate: measured once, by whoever asked first
             else:
                 todo.append((trial, values))
+                self.repeats = 0
                 continue
+            self.repeats += 1
             del self.asked[trial.number]
         return todo
 
