@@ -78,7 +78,7 @@ SCOPES = {"input": "buffer", "weight": "buffer", "output": "buffer"}
 
 CSV_FIELDS = ["workload", "template", "workload_args", "scope", "sampler", "seed", "trials", "trials_to_95pct",
               "reached", "best_gflops_run", "best_ever", "failed", "wall_s", "s_per_trial", "best_config", "curve",
-              "gflops", "device"]
+              "gflops", "keys", "device"]
 
 
 PARALLEL = 2  # build processes (--parallel)
@@ -107,9 +107,7 @@ class CachedMeasurer:
         self.hits = self.misses = 0
 
     def _key(self, inp) -> str:
-        from tuner.templates import get_template
-        t = get_template(inp.template)
-        return self.key([t.name, inp.workload.key(), t.config_values(inp.workload, inp.config)])
+        return cache_key(inp.template, inp.workload, inp.config)
 
     def measure(self, inputs: list) -> list:
         import dataclasses
@@ -133,6 +131,20 @@ class CachedMeasurer:
             d = dict(self.cache[k])
             out.append(MeasureResult(**{**d, "error_code": ErrorCode(d["error_code"])}))
         return out
+
+
+def cache_key(template, workload, config) -> str:
+    """The measurement cache's key of a (template, workload, config): canonical JSON."""
+    from tuner.logs.record import canonical_json
+    from tuner.templates import get_template
+    t = get_template(template)
+    return canonical_json([t.name, workload.key(), t.config_values(workload, config)])
+
+
+def short_key(key: str) -> str:
+    """A config's cache key, short (the CSV's per-trial ``keys``; the re-timing file's ``id``)."""
+    import hashlib
+    return hashlib.sha1(key.encode()).hexdigest()[:16]
 
 
 def corpus(info, out: Path, trials: int, measurer) -> Path:
@@ -181,6 +193,7 @@ def trials_to(curve: list, target: float, n: int) -> int:
 def run_one(template: str, wl, sampler: str, seed: int, trials: int, device, corpus_log: Path,
             measurer) -> dict:
     from tuner.search import tune
+    from tuner.templates import get_template
     with tempfile.TemporaryDirectory(prefix="tuning-bench-") as d:
         log = os.path.join(d, "log.jsonl")
         shutil.copyfile(corpus_log, log)  # what the device's log holds before this layer
@@ -191,10 +204,12 @@ def run_one(template: str, wl, sampler: str, seed: int, trials: int, device, cor
                    measurer=measurer)
         wall = time.perf_counter() - start
     gflops = [r.gflops if r.ok and r.gflops else None for r in res.records]
+    t = get_template(template)
+    keys = [short_key(cache_key(template, wl, t.config(**r.config))) for r in res.records]
     best = max((r for r in res.records if r.ok and r.gflops), key=lambda r: r.gflops, default=None)
     cfg = {k: v for k, v in best.config.items() if not k.endswith("_scope")} if best else None
     return {"gflops": gflops, "best_config": cfg, "curve": best_so_far(gflops), "wall_s": wall, "trials": len(res.records),
-            "failed": sum(g is None for g in gflops)}
+            "keys": keys, "failed": sum(g is None for g in gflops)}
 
 
 def finish_rows(rows: list, n: int) -> None:
@@ -218,7 +233,7 @@ def write_csv(path: Path, rows: list) -> None:
         w.writeheader()
         for r in rows:
             out = dict(r)
-            for k in ("curve", "gflops", "workload_args", "best_config"):
+            for k in ("curve", "gflops", "workload_args", "best_config", "keys"):
                 if not isinstance(out[k], str):
                     out[k] = json.dumps(out[k])
             w.writerow(out)
@@ -231,6 +246,7 @@ def read_csv(path: Path) -> list:
     for r in rows:
         r["curve"] = json.loads(r["curve"])
         r["gflops"] = json.loads(r["gflops"])
+        r["keys"] = json.loads(r.get("keys") or "null")  # None in a CSV written before the column
         for k in ("seed", "trials", "failed"):
             r[k] = int(r[k])
         for k in ("best_gflops_run", "wall_s", "s_per_trial"):
@@ -426,7 +442,8 @@ def main(argv=None) -> int:
                                  "failed": r["failed"], "wall_s": round(r["wall_s"], 2),
                                  "s_per_trial": round(r["wall_s"] / max(r["trials"], 1), 3),
                                  "best_config": r["best_config"], "curve": curve,
-                                 "gflops": [round(g, 4) if g else None for g in r["gflops"]], "device": info.name})
+                                 "gflops": [round(g, 4) if g else None for g in r["gflops"]], "keys": r["keys"],
+                                 "device": info.name})
                     write_csv(csv_path, rows)
                     el = time.perf_counter() - start
                     print(f"[{done:3d}/{total}] {name:20s} {s:8s} seed {seed}: {r['trials']} trials "
