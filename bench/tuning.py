@@ -2,7 +2,7 @@
 config within 95% of the best one ever seen for a workload it was never developed on.
 
     python bench/tuning.py [--trials N] [--seeds K] [--workloads REGEX] [--out bench/results] [--device D]
-                           [--samplers xgb,tpe,random,xgb-cold,xgb-static] [--corpus-trials M] [--retimes R]
+                           [--samplers xgb,tpe,random,xgb-cold] [--corpus-trials M] [--retimes R]
     python bench/tuning.py --summarize bench/results/tuning_<fingerprint>.csv   # redo the tables from a CSV
 
 Held out: the samplers were developed on the ``DEVELOPMENT`` workloads only; the table is measured on the
@@ -12,8 +12,7 @@ from is what a user's device log holds before a new layer comes: the development
 Every run starts from a fresh JSONL log holding that corpus and a fresh SQLite study, and calls
 ``tuner.search.tune`` with the defaults a user gets (``transfer=True``: xgb learns from the corpus; tpe and
 random cannot) and the same ``MeasureOptions(repeats=3, min_seconds=0.005, n_parallel=2)``. ``xgb-cold`` is
-xgb with ``transfer=False``, to show what transfer adds; ``xgb-static`` is xgb with the transfer rows at full
-weight throughout (``XGBSampler.agreement`` off: the sampler before 2026-11-26).
+xgb with ``transfer=False``, to show what transfer adds.
 
 Measurements are memoized per (workload, config) across runs (``<out>/tuning_cache_<fp>.jsonl``), as Kernel
 Tuner's cache files are for comparing strategies: a config is built and timed the first time any run
@@ -52,7 +51,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-SAMPLERS = ("xgb", "tpe", "random", "xgb-cold", "xgb-static")
+SAMPLERS = ("xgb", "tpe", "random", "xgb-cold")
 THRESHOLD = 0.95
 
 # (name, template, workload arguments): small layers, about 1 s per measured config on PoCL
@@ -199,17 +198,10 @@ def run_one(template: str, wl, sampler: str, seed: int, trials: int, device, cor
         log = os.path.join(d, "log.jsonl")
         shutil.copyfile(corpus_log, log)  # what the device's log holds before this layer
         start = time.perf_counter()
-        from tuner.search.samplers import XGBSampler
-        agree_min = XGBSampler.AGREE_MIN
-        if sampler == "xgb-static":  # the transfer rows at full weight throughout (before 2026-11-26)
-            XGBSampler.AGREE_MIN = 1 << 30
-        try:
-            res = tune(template, wl, device=device, trials=trials, sampler=sampler.split("-")[0], seed=seed,
-                       log=log, storage=f"sqlite:///{os.path.join(d, 'study.db')}",
-                       transfer=not sampler.endswith("-cold"), progress=False, scopes=SCOPES, options=options(),
-                       measurer=measurer)
-        finally:
-            XGBSampler.AGREE_MIN = agree_min
+        res = tune(template, wl, device=device, trials=trials, sampler=sampler.removesuffix("-cold"), seed=seed,
+                   log=log, storage=f"sqlite:///{os.path.join(d, 'study.db')}",
+                   transfer=not sampler.endswith("-cold"), progress=False, scopes=SCOPES, options=options(),
+                   measurer=measurer)
         wall = time.perf_counter() - start
     gflops = [r.gflops if r.ok and r.gflops else None for r in res.records]
     t = get_template(template)
@@ -388,7 +380,7 @@ def summarize(rows: list, n: int, meta: dict) -> str:
                  f"another in its process (measurements of concurrent processes share the device)"]
                 if meta.get("jobs", 1) > 1 else []),
               *([f"- noise: every config within {1 - RETIME_WINDOW:.0%} of its workload's best estimate was timed "
-                 f"{meta['retimes']} more times after the runs (in rounds, each timing every contender once), its "
+                 f"{meta['retimes']:g} more times after the runs (in rounds, each timing every contender once), its "
                  f"estimate the median of those re-timings (its first measurement left out), again until no config "
                  f"within {1 - RETIME_WINDOW:.0%} of the best estimate lacked them ({meta['retimed']} configs "
                  f"re-timed); `best ever` is the best estimate and every trial counts at its config's estimate; "

@@ -28,15 +28,6 @@ def _key(values: dict, names) -> tuple:
     return tuple(values[n] for n in names)
 
 
-def _spearman(a, b) -> float:
-    """Spearman's rank correlation (average ranks for ties); 0 where either side is constant."""
-    from scipy.stats import rankdata
-    ra, rb = rankdata(a), rankdata(b)
-    if ra.std() == 0 or rb.std() == 0:
-        return 0.0
-    return float(np.corrcoef(ra, rb)[0, 1])
-
-
 class _SpaceSampler(BaseSampler):
     """Shared plumbing: the bound space's knobs as categorical distributions, and the seen configs."""
 
@@ -101,8 +92,6 @@ class XGBSampler(_SpaceSampler):
         self.transfer = self._transfer_rows(transfer or [])
         self.columns: list | None = None
         self.model_fits = 0
-        self._prior = None  # the model of the transfer rows alone (fitted once), to check them against the run
-        self.transfer_weight = 1.0  # what the transfer rows weigh now (``agreement``)
         self._ranking: tuple | None = None  # (what the fit saw, candidates best first): one fit per batch
 
     def _features(self, vars: dict, values: dict) -> dict:
@@ -129,40 +118,11 @@ class XGBSampler(_SpaceSampler):
             self.columns = sorted(feats[0])
         return np.array([[f.get(c, 0.0) for c in self.columns] for f in feats], dtype=np.float32)
 
-    AGREE_MIN = 8  # own measurements before the transfer rows are checked against them
-    AGREE_GAP = 1.2  # pairs of them that far apart (20%) are the evidence; closer ones may be timing noise
-    AGREE_PAIRS = 5  # fewer such pairs: no verdict (the rows keep their weight)
-    AGREE_FULL = 0.5  # the concordance from which the rows keep their full weight
-
-    def agreement(self, own: list) -> float:
-        """How much the transfer rows weigh, from how well they predict this run: among the run's measured
-        configs (failures as 0), the pairs whose GFLOP/s differ by ``AGREE_GAP`` or more, and of those the
-        concordance (ordered alike minus ordered unlike, over all) of the transfer-only model's scores, mapped
-        to [0, 1] (full weight from ``AGREE_FULL``, none at 0 or below). 1 before ``AGREE_MIN`` measurements or
-        with fewer than ``AGREE_PAIRS`` such pairs. Pairs, not a rank correlation over all the run's configs:
-        a good prior's picks are all fast and close, where ranking them is noise, and a correlation over them
-        says little. Another device class can make a template's records a misleading prior (on a CPU, the
-        records of 3x3 layers rank a 1x1 layer's configs no better than chance); the run then learns from its
-        own measurements alone."""
-        if not self.transfer or len(own) < self.AGREE_MIN:
-            return 1.0
-        y = np.array([s for _, s in own], dtype=np.float64)
-        apart = y[:, None] > self.AGREE_GAP * y[None, :] + 1e-12  # [i, j]: i clearly faster than j
-        if int(apart.sum()) < self.AGREE_PAIRS:
-            return 1.0
-        if self._prior is None:
-            self._prior = self._train(self.transfer) or False
-        if not self._prior:
-            return 1.0
-        p = self._prior(self._matrix([self._features(self.vars, v) for v, _ in own]))
-        sign = np.sign(p[:, None] - p[None, :])[apart]
-        concordance = float(sign.sum()) / len(sign)
-        return float(np.clip(concordance / self.AGREE_FULL, 0.0, 1.0))
-
-    def _train(self, rows: list):
-        """A ranking model of ``[(group, features, score, weight)]`` (None when they teach no order)."""
+    def _fit(self, own: list):
         import xgboost as xgb
-        rows = sorted((r for r in rows if r[3] > 0), key=lambda r: r[0])
+        best = max((s for _, s in own), default=0.0) or 1.0
+        rows = self.transfer + [(0, self._features(self.vars, v), s / best, 1.0) for v, s in own]
+        rows.sort(key=lambda r: r[0])
         y = np.array([r[2] for r in rows], dtype=np.float32)
         if len(rows) < 2 or float(y.max()) == float(y.min()):
             return None
@@ -172,16 +132,8 @@ class XGBSampler(_SpaceSampler):
         params = {"objective": "rank:pairwise", "max_depth": 6, "eta": 0.2, "subsample": 0.9,
                   "tree_method": "hist", "seed": int(self.rng.integers(2**31)), "nthread": 1}
         booster = xgb.train(params, data, num_boost_round=80)
+        self.model_fits += 1
         return lambda X: booster.predict(xgb.DMatrix(X))
-
-    def _fit(self, own: list):
-        best = max((s for _, s in own), default=0.0) or 1.0
-        self.transfer_weight = self.agreement(own)
-        transfer = [(g, f, s, w * self.transfer_weight) for g, f, s, w in self.transfer]
-        model = self._train(transfer + [(0, self._features(self.vars, v), s / best, 1.0) for v, s in own])
-        if model is not None:
-            self.model_fits += 1
-        return model
 
     def neighbours(self, values: dict) -> list:
         """The valid configs that differ from ``values`` in one knob."""
