@@ -216,18 +216,43 @@ RETIMES = 5  # independent re-timings of each contender for the best (--retimes)
 RETIME_WINDOW = 0.9  # contenders: configs whose estimate is within 10% of the workload's best estimate
 
 
+def retimed_estimate(lines: list, level: dict) -> float:
+    """A re-timed config's GFLOP/s from its re-timing lines: the median of its ratios to the reference config
+    timed in the same round, times the reference's median over all rounds (``level[ref]``), so that rounds
+    taken under another load (on a 2-core host one core more or less halves a kernel's time) compare; a line
+    without a reference counts at its own GFLOP/s. Failed timings are left out; none left: 0."""
+    vals = []
+    for d in lines:
+        g, ref, gr = d.get("gflops"), d.get("ref"), d.get("ref_gflops")
+        if not g:
+            continue
+        if ref is None:
+            vals.append(g)
+        elif gr and level.get(ref):
+            vals.append(g / gr * level[ref])
+    return statistics.median(vals) if vals else 0.0
+
+
+def ref_levels(retimed: dict) -> dict:
+    """Each reference config's median GFLOP/s over every round it was timed in."""
+    seen: dict = {}
+    for lines in retimed.values():
+        for d in lines:
+            if d.get("ref") is not None and d.get("ref_gflops") and d.get("round") is not None:
+                seen.setdefault(d["ref"], {})[d["round"]] = d["ref_gflops"]
+    return {ref: statistics.median(rounds.values()) for ref, rounds in seen.items()}
+
+
 def estimates(rows: list, retimed: dict) -> dict:
-    """``{workload: {config id: GFLOP/s}}`` of every config the runs measured: the median of its re-timings
-    where it has them (``retimed[id]``: a list, failures as None), else the runs' one measurement."""
+    """``{workload: {config id: GFLOP/s}}`` of every config the runs measured: its re-timed estimate where it
+    has re-timings (``retimed[id]``: the re-timing file's lines; ``retimed_estimate``), else the runs' one
+    measurement."""
     out: dict = {}
+    level = ref_levels(retimed)
     for r in rows:
         est = out.setdefault(r["workload"], {})
         for k, g in zip(r.get("keys") or (), r["gflops"]):
-            if k in retimed:
-                ok = [x for x in retimed[k] if x]
-                est[k] = statistics.median(ok) if ok else 0.0
-            else:
-                est[k] = g or 0.0
+            est[k] = retimed_estimate(retimed[k], level) if k in retimed else (g or 0.0)
     return out
 
 
@@ -238,6 +263,8 @@ def contenders(est: dict, retimed: dict, times: int, window: float = RETIME_WIND
 
 
 def load_retimes(path: Path) -> dict:
+    """The re-timing file: ``{config id: [line, ...]}``, a line ``{"id", "gflops", "ref", "ref_gflops",
+    "round"}`` (``gflops`` alone in a file written before the reference)."""
     out: dict = {}
     if path.exists():
         for line in path.read_text().splitlines():
@@ -245,19 +272,21 @@ def load_retimes(path: Path) -> dict:
                 d = json.loads(line)
             except ValueError:
                 continue  # a torn last line
-            out.setdefault(d["id"], []).append(d["gflops"])
+            out.setdefault(d["id"], []).append(d)
     return out
 
 
 def retime(rows: list, cache: dict, path: Path, measurer, times: int = RETIMES,
            window: float = RETIME_WINDOW) -> dict:
     """Noise decides "95% of the best" on a loaded CPU, so the contenders are timed again: every config
-    within ``window`` of its workload's best estimate is measured ``times`` more times, in rounds (each round
-    measures every contender once, so that a burst of load hits them all alike), and its estimate becomes the
-    median of those re-timings (its first measurement, which made it a contender, left out: that is the
-    winner's curse). Repeats until no config is within ``window`` of the (new) best without its re-timings.
-    ``cache``: the measurement cache's ``{full key: result}`` (to rebuild the configs); ``path``: the
-    re-timings file (``{"id", "gflops"}`` per line, appended, so a re-run continues)."""
+    within ``window`` of its workload's best estimate is measured ``times`` more times, in rounds, each round
+    one batch holding every contender once and the workload's reference config (its best at the first
+    re-timing, kept in the file), and its estimate becomes the median of its ratios to the reference of the
+    same round times the reference's median (``retimed_estimate``): the first measurement, which made it a
+    contender, is left out (the winner's curse), and a burst of load, or a core given back, between rounds
+    or between passes scales a contender and its reference alike. Repeats until no config is within
+    ``window`` of the (new) best without its re-timings. ``cache``: the measurement cache's ``{full key:
+    result}`` (to rebuild the configs); ``path``: the re-timing file (appended, so a re-run continues)."""
     from tuner.measure import MeasureInput
     from tuner.search.task import workload_of
     from tuner.templates import get_template
@@ -265,28 +294,47 @@ def retime(rows: list, cache: dict, path: Path, measurer, times: int = RETIMES,
     for full in cache:
         tname, wkey, values = json.loads(full)
         inputs[short_key(full)] = (tname, wkey, values)
+    workload_of_id = {k: r["workload"] for r in rows for k in (r.get("keys") or ())}
     retimed = load_retimes(path)
+    refs = {}  # workload -> its reference config id
+    for k, lines in retimed.items():
+        for d in lines:
+            if d.get("ref") is not None and k in workload_of_id:
+                refs.setdefault(workload_of_id[k], d["ref"])
+    next_round = 1 + max((d.get("round", 0) for lines in retimed.values() for d in lines), default=0)
+
+    def make_input(k):
+        tname, wkey, values = inputs[k]
+        t = get_template(tname)
+        return MeasureInput(tname, workload_of(t, wkey), t.make_config(values))
+
     while True:
-        todo = [k for est in estimates(rows, retimed).values() for k in contenders(est, retimed, times, window)
-                if k in inputs]
+        est = estimates(rows, retimed)
+        todo = [k for w, e in est.items() for k in contenders(e, retimed, times, window) if k in inputs]
         if not todo:
             return retimed
+        for k in todo:  # a workload's first contender, its best estimate then, is its reference
+            w = workload_of_id[k]
+            if w not in refs:
+                refs[w] = max((c for c in todo if workload_of_id[c] == w), key=lambda c: est[w][c])
         need = max(times - len(retimed.get(k, ())) for k in todo)
         print(f"re-timing {len(todo)} contenders, {need} rounds", flush=True)
         for _ in range(need):
             batch = [k for k in todo if len(retimed.get(k, ())) < times]
-            ins = []
-            for k in batch:
-                tname, wkey, values = inputs[k]
-                t = get_template(tname)
-                wl = workload_of(t, wkey)
-                ins.append(MeasureInput(tname, wl, t.make_config(values)))
-            res = measurer.measure(ins)
+            ref_ids = sorted({refs[workload_of_id[k]] for k in batch} - set(batch))
+            ids = batch + ref_ids
+            res = measurer.measure([make_input(k) for k in ids])
+            got = {}
+            for k, r in zip(ids, res):
+                flops = workload_of(get_template(inputs[k][0]), inputs[k][1]).flops
+                got[k] = flops / statistics.median(r.costs) / 1e9 if r.ok and r.costs else None
             with open(path, "a") as f:
-                for k, inp, r in zip(batch, ins, res):
-                    g = inp.workload.flops / statistics.median(r.costs) / 1e9 if r.ok and r.costs else None
-                    retimed.setdefault(k, []).append(g)
-                    f.write(json.dumps({"id": k, "gflops": g}) + "\n")
+                for k in batch:
+                    ref = refs[workload_of_id[k]]
+                    d = {"id": k, "gflops": got[k], "ref": ref, "ref_gflops": got[ref], "round": next_round}
+                    retimed.setdefault(k, []).append(d)
+                    f.write(json.dumps(d) + "\n")
+            next_round += 1
 
 
 def finish_rows(rows: list, n: int, retimed: dict | None = None) -> None:
@@ -380,8 +428,10 @@ def summarize(rows: list, n: int, meta: dict) -> str:
                  f"another in its process (measurements of concurrent processes share the device)"]
                 if meta.get("jobs", 1) > 1 else []),
               *([f"- noise: every config within {1 - RETIME_WINDOW:.0%} of its workload's best estimate was timed "
-                 f"{meta['retimes']:g} more times after the runs (in rounds, each timing every contender once), its "
-                 f"estimate the median of those re-timings (its first measurement left out), again until no config "
+                 f"{meta['retimes']:g} more times after the runs, in rounds, each round one batch timing every contender "
+                 f"once and the workload's reference config (its best at the first re-timing); a contender's "
+                 f"estimate is the median of its ratios to the reference of the same round times the reference's "
+                 f"median (its first measurement left out), again until no config "
                  f"within {1 - RETIME_WINDOW:.0%} of the best estimate lacked them ({meta['retimed']} configs "
                  f"re-timed); `best ever` is the best estimate and every trial counts at its config's estimate; "
                  f"`best once` is the best single measurement"] if meta.get("retimed") else []),
