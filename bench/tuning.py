@@ -28,6 +28,14 @@ gives, per workload and sampler, the median over seeds, and the geometric means 
 ratios xgb/random and xgb/tpe (per-workload medians; censored medians enter as N+1, which makes a ratio
 whose denominator is censored an upper bound and one whose numerator is censored a lower bound).
 
+Noise decides "95% of the best" on a loaded CPU (one timing there can be twice another of the same config),
+so after the runs the contenders are re-timed (``--retimes R``, default 5; ``retime``): every config within
+10% of its workload's best estimate is timed R more times, in rounds with the workload's reference config,
+and judged by the median of its ratios to the reference, until no config within 10% of the best estimate
+lacks its re-timings (``<out>/tuning_retime_<fp>.jsonl``). ``best_ever`` is then the best estimate and each
+trial counts at its config's estimate (the CSV's ``curve_retimed``); each trial's config id is the CSV's
+``keys``. ``--retimes 0`` judges by the runs' one timing, as before 2026-11-26.
+
 Writes ``<out>/tuning_<device fingerprint>.csv`` (one row per run, rewritten after every run so a killed
 benchmark keeps what it measured; a re-run skips the runs it has) and ``<out>/tuning_<device fingerprint>.md``
 (also printed).
