@@ -1,0 +1,120 @@
+"""bench/tuning.py's noise-aware "95% of the best": the contenders for a workload's best are timed again, and
+a lucky outlier measured once no longer sets a bar that no run can reach. No device work: a fake measurer."""
+import importlib.util
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from tuner.logs.record import canonical_json
+from tuner.measure import MeasureResult
+from tuner.templates import get_template
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tuning():
+    spec = importlib.util.spec_from_file_location("bench_tuning", ROOT / "bench" / "tuning.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _row(tuning, sampler, keys, gflops):
+    return {"workload": "w", "sampler": sampler, "seed": 0, "keys": keys, "gflops": gflops,
+            "curve": tuning.best_so_far(gflops), "best_gflops_run": max(g or 0 for g in gflops)}
+
+
+def test_a_lucky_outlier_no_longer_sets_the_bar(tuning):
+    # config "a" measured once at 100 GFLOP/s (a lucky outlier: its re-timings say 60); "b" is really 70
+    a = _row(tuning, "x", ["a", "c"], [100.0, 40.0])
+    b = _row(tuning, "y", ["c", "d", "b"], [40.0, 50.0, 70.0])
+    rows = [a, b]
+    tuning.finish_rows(rows, 3)  # one measurement each: b never reaches 95% of the outlier
+    assert a["best_ever"] == 100.0 and a["trials_to_95pct"] == 1 and b["trials_to_95pct"] == 4
+    retimed = {"a": [{"gflops": g} for g in (61.0, 59.0, 60.0)], "b": [{"gflops": g} for g in (70.0, 71.0, 69.0)]}
+    tuning.finish_rows(rows, 3, retimed)
+    assert a["best_ever"] == 70.0
+    assert b["trials_to_95pct"] == 3  # b's run found the best at its third trial
+    assert a["trials_to_95pct"] == 4  # a's run never measured a config within 95% of 70: censored
+    assert a["curve_retimed"] == [60.0, 60.0] and a["curve"] == [100.0, 100.0]
+
+
+def test_contenders_are_those_within_the_window_not_yet_retimed(tuning):
+    est = {"a": 100.0, "b": 91.0, "c": 89.0}
+    assert sorted(tuning.contenders(est, {}, 3)) == ["a", "b"]
+    assert tuning.contenders(est, {"a": [{}, {}, {}]}, 3) == ["b"]
+    assert tuning.contenders({"a": 0.0}, {}, 3) == []
+
+
+class FakeMeasurer:
+    """Times each config at its 'true' GFLOP/s times the host's current speed (``speed(call number)``: 1, or
+    2 while the other core is free); counts what it measured."""
+
+    def __init__(self, truth: dict, speed=lambda n: 1.0):
+        self.truth, self.speed, self.calls, self.n = truth, speed, [], 0
+
+    def measure(self, inputs):
+        out = []
+        for inp in inputs:
+            self.calls.append(inp.config.tile_m)
+            g = self.truth[inp.config.tile_m] * self.speed(self.n)
+            out.append(MeasureResult(costs=[inp.workload.flops / (g * 1e9)] * 3))
+        self.n += 1
+        return out
+
+
+def _setup(tuning, device, once: dict, truth: dict):
+    t = get_template("dense")
+    wl = t.workload(data=(1, 64), weight=(32, 64))
+    space = t.space(wl, device, input_scope="buffer", weight_scope="buffer", output_scope="buffer")
+    fallback = t.config_values(wl, t.fallback_with(wl, device, input_scope="buffer", weight_scope="buffer",
+                                                   output_scope="buffer"))
+    tiles = sorted(space.choices["tile_m"])[:3]
+    assert len(tiles) == 3
+    keys = {m: canonical_json(["dense", wl.key(), {**fallback, "tile_m": m}]) for m in tiles}
+    ids = {m: tuning.short_key(keys[m]) for m in tiles}
+    rows = [_row(tuning, "x", [ids[m] for m in tiles], [once[i] for i in range(3)])]
+    truth = {m: truth[i] for i, m in enumerate(tiles)}
+    return tiles, {keys[m]: {} for m in tiles}, ids, rows, truth
+
+
+def test_retime_follows_the_best_down_to_the_next_contenders(tuning, tmp_path, device):
+    """The outlier's re-timings drop the best estimate, which brings configs once outside the window into
+    it: they are re-timed in turn (with the reference, the first pass's best, in every round), and the
+    file keeps every re-timing for a re-run."""
+    tiles, cache, ids, rows, truth = _setup(tuning, device, [100.0, 80.0, 50.0], [60.0, 78.0, 52.0])
+    meas = FakeMeasurer(truth)
+    path = tmp_path / "retime.jsonl"
+    retimed = tuning.retime(rows, cache, path, meas, times=3, window=0.9)
+    # first tiles[0] (the only one within 90% of 100), then tiles[1] with tiles[0] as its reference
+    assert meas.calls == [tiles[0]] * 3 + [tiles[1], tiles[0]] * 3
+    assert set(retimed) == {ids[tiles[0]], ids[tiles[1]]}
+    level = tuning.ref_levels(retimed)
+    assert level == {ids[tiles[0]]: pytest.approx(60.0)}
+    assert tuning.retimed_estimate(retimed[ids[tiles[1]]], level) == pytest.approx(78.0)
+    assert tuning.load_retimes(path) == retimed
+    assert len(path.read_text().splitlines()) == 6 and json.loads(path.read_text().splitlines()[0])["id"]
+    tuning.finish_rows(rows, 3, retimed)
+    assert rows[0]["best_ever"] == pytest.approx(78.0) and rows[0]["trials_to_95pct"] == 2
+    meas.calls.clear()
+    assert tuning.retime(rows, cache, path, meas, times=3, window=0.9) == retimed
+    assert meas.calls == []  # a re-run re-times nothing it has
+
+
+def test_a_core_given_back_between_passes_does_not_crown_the_later_contender(tuning, tmp_path, device):
+    """The first pass runs on a loaded host, the second after the other core came free (every kernel twice as
+    fast). Judged by its own GFLOP/s, the config re-timed second would look 1.6x the first; judged against
+    the reference timed in the same rounds, it is what it is: 0.8 of the first."""
+    tiles, cache, ids, rows, truth = _setup(tuning, device, [100.0, 80.0, 50.0], [50.0, 40.0, 30.0])
+    meas = FakeMeasurer(truth, speed=lambda n: 1.0 if n < 3 else 2.0)
+    retimed = tuning.retime(rows, cache, tmp_path / "retime.jsonl", meas, times=3, window=0.9)
+    assert set(retimed) == {ids[tiles[0]], ids[tiles[1]]}  # 50 first, so 80 (once) was within 90% of it
+    assert [d["gflops"] for d in retimed[ids[tiles[1]]]] == [pytest.approx(80.0)] * 3  # the faster host's
+    est = tuning.estimates(rows, retimed)["w"]
+    assert est[ids[tiles[0]]] == pytest.approx(75.0)  # the reference at its median over both passes
+    assert est[ids[tiles[1]]] / est[ids[tiles[0]]] == pytest.approx(0.8)
+    tuning.finish_rows(rows, 3, retimed)
+    assert rows[0]["trials_to_95pct"] == 1  # the run's first config is the best
