@@ -42,7 +42,6 @@ import csv
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
 import time
@@ -53,70 +52,14 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
+import harness  # noqa: E402
 import mnn  # noqa: E402
 
-NOISE = re.compile(r"CompilerWarning|lambda: self\._prg|_create_built|prg\.build|warn\(text, CompilerWarning\)")
 SIDES = ("native", "python", "mnn", "ort", "torch")
 
 
-def _median(xs):
-    xs = [x for x in xs if isinstance(x, (int, float)) and x == x]
-    return statistics.median(xs) if xs else None
-
-
-def _rel_err(y, ref) -> float:
-    y, ref = np.asarray(y, np.float64).reshape(-1), np.asarray(ref, np.float64).reshape(-1)
-    return float(np.abs(y - ref).max() / max(np.abs(ref).max(), 1e-30))
-
-
-def _save(path: Path, obj) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=str) + "\n")
-    os.replace(tmp, path)
-
-
-def _load(path: Path, default):
-    return json.loads(path.read_text()) if path.exists() else default
-
-
-class Job:
-    def __init__(self, args):
-        self.args, self.t0 = args, time.time()
-        self.out, self.work = Path(args.out), Path(args.work)
-        self.out.mkdir(parents=True, exist_ok=True)
-        self.work.mkdir(parents=True, exist_ok=True)
-        self.logf = open(self.out / "peers.log", "a")
-
-    def left(self) -> float:
-        return self.args.deadline - (time.time() - self.t0)
-
-    def say(self, text: str) -> None:
-        line = f"[{time.strftime('%H:%M:%S', time.gmtime())} {time.time() - self.t0:6.1f}s] {text}"
-        print(line, flush=True)
-        self.logf.write(line + "\n")
-        self.logf.flush()
-
-    def sh(self, cmd, env=None, timeout=None, quiet=False) -> tuple:
-        timeout = max(5.0, min(timeout or self.left(), self.left()))
-        self.say("$ " + " ".join(map(str, cmd)))
-        try:
-            p = subprocess.run(list(map(str, cmd)), env=env, capture_output=True, text=True, timeout=timeout)
-            rc, text = p.returncode, p.stdout + p.stderr
-        except subprocess.TimeoutExpired as e:
-            rc = 124
-            text = "".join(x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
-                           for x in (e.stdout, e.stderr)) + f"\n(timed out after {timeout:.0f} s)"
-        except OSError as e:
-            rc, text = 127, f"{type(e).__name__}: {e}"
-        lines = [ln for ln in text.splitlines() if ln.strip() and not NOISE.search(ln)]
-        self.logf.write("\n".join(lines[-60:]) + "\n")
-        self.logf.flush()
-        if not quiet:
-            for ln in lines[-15:]:
-                print("   " + ln[:300], flush=True)
-        if rc:
-            self.say(f"exit status {rc}")
-        return rc, text
+class Job(harness.Job):
+    LOG, LOG_TAIL, SHOW, WIDTH, CLOCK = "peers.log", 60, 15, 300, True
 
 
 def tuner_cmd() -> list:
@@ -134,12 +77,12 @@ def device_info(job: Job) -> dict:
 def export(job: Job) -> dict:
     """The ONNX files, x.npy and onnxruntime's reference outputs under WORK (bench/runtimes_gpu.py export)."""
     a = job.args
-    have = _load(job.work / "export.json", {})
+    have = harness.load_json(job.work / "export.json", {})
     todo = [m for m in a.models.split(",") if not have.get(m, {}).get("ok")]
     if todo or not (job.work / "x.npy").exists():
         job.sh([sys.executable, "-P", BENCH / "runtimes_gpu.py", "export", "--work", job.work, "--models",
                 ",".join(todo or a.models.split(",")), "--input-size", a.input_size], timeout=1800)
-    return _load(job.work / "export.json", {})
+    return harness.load_json(job.work / "export.json", {})
 
 
 def compile_ours(job: Job, name: str) -> dict:
@@ -168,34 +111,32 @@ def _ms_from(text: str):
     return float(m.group(1)) * 1e-3 if m else None
 
 
-def run_native(job: Job, name: str, st: dict, first: bool) -> dict:
-    a = job.args
-    y = job.work / f"y_native_{a.tag}_{name}.npy"
-    cmd = [st["native_exe"], st["ours"][name]["artifact"], "--device", a.device, "--input", job.work / "x.npy",
-           "--bench", a.repeats, "--warmup", a.warmup] + (["--output", y] if first else [])
-    rc, text = job.sh(cmd, env=st["native_env"], quiet=True, timeout=600)
+def _run_ours(job: Job, name: str, side: str, cmd: list, first: bool, what: str, env=None) -> dict:
+    """One timed run of our artifact (``cmd`` prints the median; ``--output`` on the first round, whose output is
+    checked against onnxruntime's)."""
+    y = job.work / f"y_{side}_{job.args.tag}_{name}.npy"
+    rc, text = job.sh(cmd + (["--output", y] if first else []), env=env, quiet=True, timeout=600)
     s = _ms_from(text)
     if rc or s is None:
-        return {"error": f"tuner-run exit {rc}: {text.strip()[-300:]}"}
+        return {"error": f"{what} exit {rc}: {text.strip()[-300:]}"}
     got = {"s": s}
     if first and y.exists():
-        got["rel_err"] = _rel_err(np.load(y), np.load(job.work / f"ref_{name}.npy"))
+        got["rel_err"] = harness.rel_err(np.load(y), np.load(job.work / f"ref_{name}.npy"))
     return got
+
+
+def run_native(job: Job, name: str, st: dict, first: bool) -> dict:
+    a = job.args
+    cmd = [st["native_exe"], st["ours"][name]["artifact"], "--device", a.device, "--input", job.work / "x.npy",
+           "--bench", a.repeats, "--warmup", a.warmup]
+    return _run_ours(job, name, "native", cmd, first, "tuner-run", env=st["native_env"])
 
 
 def run_python(job: Job, name: str, st: dict, first: bool) -> dict:
     a = job.args
-    y = job.work / f"y_python_{a.tag}_{name}.npy"
     cmd = [*tuner_cmd(), "run", st["ours"][name]["artifact"], "--device", a.device, "--input", job.work / "x.npy",
-           "--bench", a.repeats] + (["--output", y] if first else [])
-    rc, text = job.sh(cmd, quiet=True, timeout=600)
-    s = _ms_from(text)
-    if rc or s is None:
-        return {"error": f"tuner run exit {rc}: {text.strip()[-300:]}"}
-    got = {"s": s}
-    if first and y.exists():
-        got["rel_err"] = _rel_err(np.load(y), np.load(job.work / f"ref_{name}.npy"))
-    return got
+           "--bench", a.repeats]
+    return _run_ours(job, name, "python", cmd, first, "tuner run")
 
 
 def run_mnn(job: Job, name: str, st: dict, first: bool) -> dict:
@@ -233,17 +174,11 @@ def cmd_ort_one(args) -> int:
         else ["CPUExecutionProvider"]
     sess = ort.InferenceSession(str(work / "models" / f"{name}.onnx"), providers=prov)
     inp = sess.get_inputs()[0].name
-    y = None
-    for _ in range(args.warmup):
-        y = sess.run(None, {inp: x})[0]
-    costs = []
-    for _ in range(args.repeats):
-        t0 = time.perf_counter()
-        y = sess.run(None, {inp: x})[0]
-        costs.append(time.perf_counter() - t0)
-    print("ORT " + json.dumps({"s": statistics.median(costs), "provider": sess.get_providers()[0],
+    out = []
+    s = harness.wall(lambda: out.append(sess.run(None, {inp: x})[0]), args.repeats, args.warmup)
+    print("ORT " + json.dumps({"s": s, "provider": sess.get_providers()[0],
                                "ort": ort.__version__, "threads_default": os.cpu_count(),
-                               "rel_err": _rel_err(y, np.load(work / f"ref_{name}.npy"))}))
+                               "rel_err": harness.rel_err(out[-1], np.load(work / f"ref_{name}.npy"))}))
     return 0
 
 
@@ -326,7 +261,7 @@ def cmd_run(args) -> int:
     job = Job(args)
     a = args
     path = job.out / "peers.json"
-    result = _load(path, {"runs": {}})
+    result = harness.load_json(path, {"runs": {}})
     meta = {"started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "device_spec": a.device,
             "models": a.models, "input_size": a.input_size, "repeats": a.repeats, "warmup": a.warmup,
             "rounds": a.rounds, "log": a.log, "transfer_from": a.transfer_from, "sides": a.sides,
@@ -339,7 +274,7 @@ def cmd_run(args) -> int:
 
     def flush():
         meta["loadavg_now"] = os.getloadavg()
-        _save(path, result)
+        harness.save_json(path, result)
         write_tables(result, job.out)
     flush()
     exported = export(job)
@@ -382,7 +317,7 @@ def cmd_run(args) -> int:
     if "torch" in sides and "nvidia" in a.device.lower():
         job.sh([sys.executable, "-P", BENCH / "runtimes_gpu.py", "torch", "--work", job.work, "--models",
                 ",".join(models), "--repeats", a.repeats, "--warmup", a.warmup, "--rounds", a.rounds], timeout=900)
-        for t in _load(job.work / "torch.json", []):
+        for t in harness.load_json(job.work / "torch.json", []):
             if t["model"] in run["models"]:
                 run["models"][t["model"]]["torch"] = t
     meta["finished_after_s"] = time.time() - job.t0
@@ -402,7 +337,7 @@ def summarize(cell: dict) -> dict:
         for r in rounds:
             for mode, v in r["modes"].items():
                 per.setdefault(mode, []).append(v.get("mean_s"))
-        med = {m: _median(v) for m, v in per.items()}
+        med = {m: harness.median(v) for m, v in per.items()}
         ok = {m: v for m, v in med.items() if v}
         errs = {m: next((r["modes"][m].get("error") for r in rounds if r["modes"].get(m, {}).get("error")), None)
                 for m in per}
@@ -413,8 +348,8 @@ def summarize(cell: dict) -> dict:
     rel = next((r["rel_err"] for r in rounds if "rel_err" in r), None)
     prov = next((r.get("provider") for r in rounds if r.get("provider")), None)
     err = cell.get("error") or next((r["error"] for r in rounds if r.get("error")), None)
-    return {"s": _median(vals), "n": sum(v is not None for v in vals), "rounds_s": vals, "rel_err": rel,
-            "provider": prov, "error": err if _median(vals) is None else None}
+    return {"s": harness.median(vals), "n": sum(v is not None for v in vals), "rounds_s": vals, "rel_err": rel,
+            "provider": prov, "error": err if harness.median(vals) is None else None}
 
 
 def table_rows(result: dict) -> list:
@@ -449,10 +384,6 @@ def table_rows(result: dict) -> list:
     return rows
 
 
-def _ms(s):
-    return f"{s * 1e3:.3f}" if isinstance(s, (int, float)) and s == s else "–"
-
-
 def _x(r):
     return f"**{r:.2f}**" if isinstance(r, float) else "–"
 
@@ -481,15 +412,15 @@ def write_tables(result: dict, out: Path) -> None:
             mode = f" ({r['mnn_mode']}: {mnn.mode_name(int(r['mnn_mode']))})" if r["mnn_mode"] else ""
             says = (r["compile_says"] or "").split("tuned layers from the log")
             layers = ("tuned from the log" + says[1]) if len(says) > 1 else "–"
-            lines.append(f"| {r['model']} | {_ms(r['native_s'])} | {_ms(r['python_s'])} | {_ms(r['mnn_s'])}{mode} | "
-                         f"{_x(r['mnn_over_native'])} | {_ms(r['ort_s'])}{' (' + r['ort_provider'].replace('ExecutionProvider', '') + ')' if r['ort_provider'] else ''} | "
-                         f"{_x(r['ort_over_native'])} | {_ms(r['torch_graph_s'])} ({_ms(r['torch_graph_io_s'])}) | "
+            lines.append(f"| {r['model']} | {harness.ms(r['native_s'])} | {harness.ms(r['python_s'])} | {harness.ms(r['mnn_s'])}{mode} | "
+                         f"{_x(r['mnn_over_native'])} | {harness.ms(r['ort_s'])}{' (' + r['ort_provider'].replace('ExecutionProvider', '') + ')' if r['ort_provider'] else ''} | "
+                         f"{_x(r['ort_over_native'])} | {harness.ms(r['torch_graph_s'])} ({harness.ms(r['torch_graph_io_s'])}) | "
                          f"{_x(r['graph_io_over_native'])} | {(says[0].split(': ')[-1] + layers) if r['compile_says'] else '–'} |")
         lines += ["", "| model | MNN modes (ms) | rel. err. vs onnxruntime CPU: native / Python / ORT | errors |",
                   "| --- | --- | --- | --- |"]
         for r in (r for r in rows if r["tag"] == tag):
             modes = json.loads(r["mnn_modes_s"]) if r["mnn_modes_s"] else {}
-            ms = ", ".join(f"{m} {mnn.mode_name(int(m))}: {_ms(v)}" for m, v in modes.items())
+            ms = ", ".join(f"{m} {mnn.mode_name(int(m))}: {harness.ms(v)}" for m, v in modes.items())
             e = lambda v: f"{v:.1e}" if isinstance(v, float) else "–"  # noqa: E731
             lines.append(f"| {r['model']} | {ms or '–'} | {e(r['native_rel_err'])} / {e(r['python_rel_err'])} / "
                          f"{e(r['ort_rel_err'])} | {(r['errors'] or '')[:400]} |")
@@ -563,7 +494,7 @@ def cmd_tune(args) -> int:
         per_model = {m: {"tasks": sum(m in r["models"] for r in allt), "todo": sum(m in r["models"] for r in todo)}
                      for m in args.models.split(",")}
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        _save(Path(args.out) / f"tune_tasks_{args.scope}.json", {"device": info.fingerprint, "per_model": per_model,
+        harness.save_json(Path(args.out) / f"tune_tasks_{args.scope}.json", {"device": info.fingerprint, "per_model": per_model,
                                                    "tasks": desc, "todo": len(todo), "trials": args.trials})
         print(f"tune: {len(allt)} tasks in {args.models} ({json.dumps(per_model)}); {len(todo)} remaining (no "
               f"record of {args.transfer_from}, fewer than {args.trials} here); at most {args.trials} trials each; "

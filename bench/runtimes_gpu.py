@@ -48,7 +48,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import os
 import re
 import shutil
@@ -64,50 +63,11 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
+import harness  # noqa: E402  (bench/harness.py: the job, its shell and log, medians; shared with bench/peers.py)
 import mnn  # noqa: E402  (bench/mnn.py: MNN's build, conversion and runs, shared with bench/peers.py)
 ZOO = ("resnet18", "mobilenet_v2")
 TORCHVISION = ("mobilenet_v3_large",)
 MODELS = ZOO + TORCHVISION
-NOISE = re.compile(r"CompilerWarning|lambda: self\._prg|_create_built|prg\.build|warn\(text, CompilerWarning\)")
-
-
-# -- helpers -------------------------------------------------------------------------------------------------
-def _median(xs):
-    xs = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
-    return statistics.median(xs) if xs else None
-
-
-def _rel_err(y, ref) -> float:
-    y, ref = np.asarray(y, np.float64).reshape(-1), np.asarray(ref, np.float64).reshape(-1)
-    return float(np.abs(y - ref).max() / max(np.abs(ref).max(), 1e-30))
-
-
-def _save_json(path: Path, obj) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=str) + "\n")
-    os.replace(tmp, path)
-
-
-def _load_json(path: Path, default):
-    return json.loads(path.read_text()) if path.exists() else default
-
-
-def _wall(fn, repeats: int, warmup: int, sync=None) -> float:
-    """Median wall seconds of ``fn(); sync()`` over ``repeats`` calls after ``warmup`` untimed ones."""
-    for _ in range(warmup):
-        fn()
-    if sync:
-        sync()
-    costs = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        if sync:
-            sync()
-        costs.append(time.perf_counter() - t0)
-    return statistics.median(costs)
-
-
 def _variants(spec: str) -> list:
     """``name=path,name=path`` -> [(name, path)]."""
     return [tuple(v.split("=", 1)) for v in spec.split(",") if v]
@@ -145,7 +105,7 @@ def cmd_export(args) -> int:
     size = args.input_size
     x = np.random.default_rng(0).standard_normal((1, 3, size, size)).astype(np.float32)
     np.save(work / "x.npy", x)
-    done = _load_json(work / "export.json", {})
+    done = harness.load_json(work / "export.json", {})
     for name in args.models.split(","):
         path = work / "models" / f"{name}.onnx"
         t0 = time.perf_counter()
@@ -175,11 +135,11 @@ def cmd_export(args) -> int:
             done[name] = {"ok": True, "seconds": time.perf_counter() - t0, "output_shape": list(ref.shape),
                           "max_abs_output": float(np.abs(ref).max())}
             if name in TORCHVISION or name.startswith("tv_"):
-                done[name]["torch_cpu_vs_onnxruntime"] = _rel_err(y_torch, ref)
+                done[name]["torch_cpu_vs_onnxruntime"] = harness.rel_err(y_torch, ref)
         except Exception as e:  # a model that cannot be exported is reported, never the end of the job
             done[name] = {"ok": False, "error": f"{type(e).__name__}: {e}"[:500]}
         print(f"export {name}: {json.dumps(done[name])}", flush=True)
-        _save_json(work / "export.json", done)
+        harness.save_json(work / "export.json", done)
     return 0
 
 
@@ -203,7 +163,7 @@ def cmd_ours(args) -> int:
     work = Path(args.work)
     x = np.load(work / "x.npy")
     out_path = work / f"ours_{args.tree}.json"
-    rows = _load_json(out_path, [])
+    rows = harness.load_json(out_path, [])
     tree_commit = (Path(tuner.__file__).resolve().parents[1] / "COMMIT")
     commit = tree_commit.read_text().strip() if tree_commit.exists() else ""
     for variant, log in _variants(args.variants):
@@ -242,7 +202,7 @@ def cmd_ours(args) -> int:
                     "warnings": len(msgs), "warning_kinds": dict(list(kinds.items())[:6]),
                     "plan_digest": _digest(mod)})
                 y = mod.run([x])[0]
-                row["rel_err_vs_onnxruntime"] = _rel_err(y, ref)
+                row["rel_err_vs_onnxruntime"] = harness.rel_err(y, ref)
                 if args.save:
                     art = work / f"art_{args.tree}_{variant}_{name}"
                     mod.save(art)
@@ -250,7 +210,7 @@ def cmd_ours(args) -> int:
                 kern, run = [], []
                 for _ in range(args.rounds):
                     kern.append(statistics.median(mod.time(args.repeats, warmup=args.warmup)))
-                    run.append(_wall(lambda: mod.run([x]), args.repeats, args.warmup))
+                    run.append(harness.wall(lambda: mod.run([x]), args.repeats, args.warmup))
                 row.update({"kernels_only_rounds_s": kern, "run_rounds_s": run,
                             "kernels_only_s": statistics.median(kern), "run_s": statistics.median(run)})
                 try:
@@ -265,7 +225,7 @@ def cmd_ours(args) -> int:
                                          "kernel_sum_s", "rel_err_vs_onnxruntime", "warnings", "warning_kinds",
                                          "plan_digest", "error")}, default=str), flush=True)
             rows = [r for r in rows if (r["variant"], r["model"]) != (variant, name)] + [row]
-            _save_json(out_path, rows)
+            harness.save_json(out_path, rows)
     return 0
 
 
@@ -321,11 +281,11 @@ def cmd_torch(args) -> int:
             x_host = torch.from_numpy(x)  # pageable, as NumPy's memory is for ours
             x_dev = x_host.to(dev)
             with torch.no_grad():
-                row["eager_rel_err"] = _rel_err(fn(x_dev).float().cpu().numpy(), ref)
+                row["eager_rel_err"] = harness.rel_err(fn(x_dev).float().cpu().numpy(), ref)
                 eager, eager_io = [], []
                 for _ in range(args.rounds):
-                    eager.append(_wall(lambda: fn(x_dev), args.repeats, args.warmup, sync))
-                    eager_io.append(_wall(lambda: fn(x_host.to(dev)).cpu(), args.repeats, args.warmup, sync))
+                    eager.append(harness.wall(lambda: fn(x_dev), args.repeats, args.warmup, sync))
+                    eager_io.append(harness.wall(lambda: fn(x_host.to(dev)).cpu(), args.repeats, args.warmup, sync))
                 row.update({"eager_rounds_s": eager, "eager_io_rounds_s": eager_io,
                             "eager_s": statistics.median(eager), "eager_io_s": statistics.median(eager_io)})
                 if dev == "cuda":
@@ -333,7 +293,7 @@ def cmd_torch(args) -> int:
                     graph, static_y = G._capture(lambda: fn(static_x), lambda: fn(static_x))
                     graph.replay()
                     sync()
-                    row["graph_rel_err"] = _rel_err(static_y.float().cpu().numpy(), ref)
+                    row["graph_rel_err"] = harness.rel_err(static_y.float().cpu().numpy(), ref)
 
                     def replay_io():
                         static_x.copy_(x_host)
@@ -341,8 +301,8 @@ def cmd_torch(args) -> int:
                         return static_y.cpu()
                     gr, gr_io = [], []
                     for _ in range(args.rounds):
-                        gr.append(_wall(graph.replay, args.repeats, args.warmup, sync))
-                        gr_io.append(_wall(replay_io, args.repeats, args.warmup, sync))
+                        gr.append(harness.wall(graph.replay, args.repeats, args.warmup, sync))
+                        gr_io.append(harness.wall(replay_io, args.repeats, args.warmup, sync))
                     row.update({"graph_rounds_s": gr, "graph_io_rounds_s": gr_io,
                                 "graph_s": statistics.median(gr), "graph_io_s": statistics.median(gr_io),
                                 "graph_event_s": G._cuda_time(graph.replay, repeats=args.repeats)})
@@ -351,29 +311,18 @@ def cmd_torch(args) -> int:
         print(f"torch {name}: " + json.dumps({k: v for k, v in row.items() if not k.endswith("rounds_s")},
                                              default=str), flush=True)
         rows.append(row)
-        _save_json(work / "torch.json", rows)
+        harness.save_json(work / "torch.json", rows)
     return 0
 
 
 # -- the job ---------------------------------------------------------------------------------------------------
-class Job:
+class Job(harness.Job):
+    LOG = "runtimes_gpu.log"
+
     def __init__(self, args):
-        self.args, self.t0 = args, time.time()
-        self.out, self.work = Path(args.out), Path(args.work)
-        self.out.mkdir(parents=True, exist_ok=True)
         if not args.resume and args.cmd == "all":
-            shutil.rmtree(self.work, ignore_errors=True)
-        self.work.mkdir(parents=True, exist_ok=True)
-        self.logf = open(self.out / "runtimes_gpu.log", "a")
-
-    def left(self) -> float:
-        return self.args.deadline - (time.time() - self.t0)
-
-    def say(self, text: str) -> None:
-        line = f"[{time.time() - self.t0:6.1f}s] {text}"
-        print(line, flush=True)
-        self.logf.write(line + "\n")
-        self.logf.flush()
+            shutil.rmtree(Path(args.work), ignore_errors=True)
+        super().__init__(args)
 
     def env(self, tree) -> dict:
         env = dict(os.environ)
@@ -381,30 +330,6 @@ class Job:
                                             [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
         env["PYTHONUNBUFFERED"] = "1"
         return env
-
-    def sh(self, cmd: list, env=None, timeout=None, quiet=False) -> tuple:
-        """Run ``cmd``; its output goes to the log (and the console unless quiet); (rc, output)."""
-        timeout = max(5.0, min(timeout or self.left(), self.left()))
-        self.say("$ " + " ".join(map(str, cmd)))
-        try:
-            p = subprocess.run(list(map(str, cmd)), env=env, capture_output=True, text=True, timeout=timeout)
-            rc, text = p.returncode, p.stdout + p.stderr
-        except subprocess.TimeoutExpired as e:
-            rc = 124
-            text = ((e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")) + \
-                   ((e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")) + \
-                   f"\n(timed out after {timeout:.0f} s)"
-        except OSError as e:  # a program that is not there
-            rc, text = 127, f"{type(e).__name__}: {e}"
-        lines = [ln for ln in text.splitlines() if not NOISE.search(ln) and ln.strip()]
-        self.logf.write("\n".join(lines) + "\n")
-        self.logf.flush()
-        if not quiet:
-            for ln in lines[-40:]:
-                print("   " + ln[:400], flush=True)
-        if rc:
-            self.say(f"exit status {rc}")
-        return rc, text
 
     def child(self, sub: str, tree, *extra) -> int:
         a = self.args
@@ -467,8 +392,8 @@ def _native(job: Job, meta: dict, variants: list) -> list:
 
 def _native_runs(job: Job, meta: dict, variants: list, exe: Path, env: dict) -> list:
     a = job.args
-    rows = _load_json(job.work / "native.json", [])
-    ours = _load_json(job.work / "ours_new.json", [])
+    rows = harness.load_json(job.work / "native.json", [])
+    ours = harness.load_json(job.work / "ours_new.json", [])
     for variant, _ in variants:
         for name in a.models.split(","):
             art = job.work / f"art_new_{variant}_{name}"
@@ -496,8 +421,8 @@ def _native_runs(job: Job, meta: dict, variants: list, exe: Path, env: dict) -> 
                 if ld and r == 0:
                     row["loaded"] = ld.group(0)
                 if y.exists():
-                    row["rel_err_vs_onnxruntime"] = _rel_err(np.load(y), ref)
-            row["run_s"] = _median(row["rounds_s"])
+                    row["rel_err_vs_onnxruntime"] = harness.rel_err(np.load(y), ref)
+            row["run_s"] = harness.median(row["rounds_s"])
             # the same runs with the inputs and outputs staged in ordinary memory (TUNER_RUN_PINNED=0)
             row["unpinned_rounds_s"] = []
             for r in range(a.rounds if row["rounds_s"] else 0):
@@ -509,13 +434,13 @@ def _native_runs(job: Job, meta: dict, variants: list, exe: Path, env: dict) -> 
                 if rc or not m:
                     break
                 row["unpinned_rounds_s"].append(float(m.group(1)) * 1e-3)
-            row["run_unpinned_s"] = _median(row["unpinned_rounds_s"])
+            row["run_unpinned_s"] = harness.median(row["unpinned_rounds_s"])
             py = next((o for o in ours if (o["variant"], o["model"]) == (variant, name)), {})
             if row["run_s"] and py.get("kernels_only_s"):
                 row["over_python_kernels_only"] = row["run_s"] / py["kernels_only_s"]
             job.say(f"native {variant} {name}: " + json.dumps({k: v for k, v in row.items() if k != "artifact"}))
             rows.append(row)
-            _save_json(job.work / "native.json", rows)
+            harness.save_json(job.work / "native.json", rows)
     return [r for r in rows if r["variant"] in {v for v, _ in variants}]
 
 
@@ -534,7 +459,7 @@ def cmd_mnn_build(args) -> int:
     job = Job(args)
     meta: dict = {}
     exe = _mnn_build(job, meta)
-    _save_json(job.out / "mnn_build.json", {k: v for k, v in meta.items()})
+    harness.save_json(job.out / "mnn_build.json", {k: v for k, v in meta.items()})
     return 0 if exe else 1
 
 
@@ -545,7 +470,7 @@ def _mnn(job: Job, meta: dict) -> list:
     mean (and min, max) of its runs, not a median. Each mode once, then the best mode's mean ``rounds`` times
     in all."""
     a = job.args
-    rows = _load_json(job.work / "mnn.json", [])
+    rows = harness.load_json(job.work / "mnn.json", [])
     build = Path(a.mnn_build)
     exe = _mnn_build(job, meta)
     if exe is None:
@@ -565,7 +490,7 @@ def _mnn(job: Job, meta: dict) -> list:
         if err:
             row["error"] = err
             rows.append(row)
-            _save_json(job.work / "mnn.json", rows)
+            harness.save_json(job.work / "mnn.json", rows)
             continue
 
         def bench(mode: int):
@@ -588,12 +513,12 @@ def _mnn(job: Job, meta: dict) -> list:
                 got, _ = bench(int(best))
                 if got:
                     row["rounds_mean_s"].append(got["mean_s"])
-            row["run_s"] = _median(row["rounds_mean_s"])
+            row["run_s"] = harness.median(row["rounds_mean_s"])
         else:
             row["error"] = "; ".join(f"mode {m}: {v.get('error')}" for m, v in row["modes"].items())[:600]
         job.say(f"mnn {name}: " + json.dumps(row))
         rows.append(row)
-        _save_json(job.work / "mnn.json", rows)
+        harness.save_json(job.work / "mnn.json", rows)
     return rows
 
 
@@ -628,17 +553,17 @@ def cmd_all(args) -> int:
     if a.only_variants:
         variants = [v for v in variants if v[0] in a.only_variants.split(",")] or variants[:1]  # the log's own GPU
     meta["variants"] = variants
-    _save_json(job.out / "runtimes_gpu.json", {"meta": meta})
+    harness.save_json(job.out / "runtimes_gpu.json", {"meta": meta})
 
     def flush() -> None:  # after every stage: a job cut short keeps what it measured
         result = {"meta": {k: v for k, v in meta.items() if not k.startswith("_")},
-                  "export": _load_json(job.work / "export.json", {}),
-                  "ours_new": _load_json(job.work / "ours_new.json", []),
-                  "ours_old": _load_json(job.work / "ours_old.json", []),
-                  "native": _load_json(job.work / "native.json", []),
-                  "torch": _load_json(job.work / "torch.json", []),
-                  "mnn": _load_json(job.work / "mnn.json", [])}
-        _save_json(job.out / "runtimes_gpu.json", result)
+                  "export": harness.load_json(job.work / "export.json", {}),
+                  "ours_new": harness.load_json(job.work / "ours_new.json", []),
+                  "ours_old": harness.load_json(job.work / "ours_old.json", []),
+                  "native": harness.load_json(job.work / "native.json", []),
+                  "torch": harness.load_json(job.work / "torch.json", []),
+                  "mnn": harness.load_json(job.work / "mnn.json", [])}
+        harness.save_json(job.out / "runtimes_gpu.json", result)
         write_tables(result, job.out)
 
     models = a.models.split(",")
@@ -648,10 +573,10 @@ def cmd_all(args) -> int:
         if not a.resume:
             return False
         if stage == "export":
-            return all(name in _load_json(job.work / "export.json", {}) for name in models)
-        rows = _load_json(job.work / f"{stage}.json", [])
+            return all(name in harness.load_json(job.work / "export.json", {}) for name in models)
+        rows = harness.load_json(job.work / f"{stage}.json", [])
         have = {r["model"] for r in rows if r.get("variant", variant) == variant and not r.get("error")}
-        ok = {n for n, e in _load_json(job.work / "export.json", {}).items() if e.get("ok")}
+        ok = {n for n, e in harness.load_json(job.work / "export.json", {}).items() if e.get("ok")}
         return ok <= have
     if not done("export"):
         job.child("export", a.new_tree)
@@ -693,10 +618,6 @@ def cmd_all(args) -> int:
 
 
 # -- tables ----------------------------------------------------------------------------------------------------
-def _ms(s) -> str:
-    return f"{s * 1e3:.3f}" if isinstance(s, (int, float)) and s == s else "–"
-
-
 def _ratio(a, b) -> str:
     return f"{a / b:.2f}" if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else "–"
 
@@ -761,19 +682,19 @@ def write_tables(result: dict, out: Path) -> None:
     for r in rows:
         lines.append(
             f"| {r['model']} | {r['variant']} | {r['tuned']} | "
-            f"{_ms(r['py_kernels_only_s'])} | {_ms(r['py_run_s'])} | {_ms(r['native_run_s'])} | "
-            f"{_ratio(r['native_run_s'], r['py_kernels_only_s'])} | {_ms(r['old_py_kernels_only_s'])} | "
-            f"{_ms(r['old_py_run_s'])} | {'–' if r['same_plan_old_new'] is None else 'yes' if r['same_plan_old_new'] else 'no'} | "
-            f"{_ms(r['torch_eager_s'])} ({_ms(r['torch_eager_io_s'])}) | {_ms(r['torch_graph_s'])} "
-            f"({_ms(r['torch_graph_io_s'])}) | {_ratio(r['torch_graph_s'], r['py_kernels_only_s'])} | "
+            f"{harness.ms(r['py_kernels_only_s'])} | {harness.ms(r['py_run_s'])} | {harness.ms(r['native_run_s'])} | "
+            f"{_ratio(r['native_run_s'], r['py_kernels_only_s'])} | {harness.ms(r['old_py_kernels_only_s'])} | "
+            f"{harness.ms(r['old_py_run_s'])} | {'–' if r['same_plan_old_new'] is None else 'yes' if r['same_plan_old_new'] else 'no'} | "
+            f"{harness.ms(r['torch_eager_s'])} ({harness.ms(r['torch_eager_io_s'])}) | {harness.ms(r['torch_graph_s'])} "
+            f"({harness.ms(r['torch_graph_io_s'])}) | {_ratio(r['torch_graph_s'], r['py_kernels_only_s'])} | "
             f"{_ratio(r['torch_graph_io_s'], r['native_run_s'])} |")
     lines += ["", "Transfers and the peer that includes them (MNN's benchmark.out prints the mean of its runs, ours "
               "the median; MNN's mode: the best of the GPU modes tried, tuning bits | memory bits).", "",
               "| model | log | native run, pinned staging | native run, TUNER_RUN_PINNED=0 | Python run | MNN OpenCL "
               "(+transfers) | MNN mode | MNN / native |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['variant']} | {_ms(r['native_run_s'])} | {_ms(r['native_run_unpinned_s'])} | "
-                     f"{_ms(r['py_run_s'])} | {_ms(r['mnn_run_s'])} | {r['mnn_mode'] or '–'} | "
+        lines.append(f"| {r['model']} | {r['variant']} | {harness.ms(r['native_run_s'])} | {harness.ms(r['native_run_unpinned_s'])} | "
+                     f"{harness.ms(r['py_run_s'])} | {harness.ms(r['mnn_run_s'])} | {r['mnn_mode'] or '–'} | "
                      f"{_ratio(r['mnn_run_s'], r['native_run_s'])} |")
     lines += ["", "| model | log | plan kept (new / old) | kernels | kernel sum: Python profile / native profile "
               "| rel. err. vs onnxruntime: Python / native / old / PyTorch replay | errors |",
@@ -781,7 +702,7 @@ def write_tables(result: dict, out: Path) -> None:
     for r in rows:
         e = lambda v: f"{v:.1e}" if isinstance(v, float) else "–"  # noqa: E731
         lines.append(f"| {r['model']} | {r['variant']} | {r['plan_kept'] or '–'} / {r['old_plan_kept'] or '–'} | "
-                     f"{r['kernels']} | {_ms(r['py_kernel_sum_s'])} / {_ms(r['native_kernel_sum_s'])} | "
+                     f"{r['kernels']} | {harness.ms(r['py_kernel_sum_s'])} / {harness.ms(r['native_kernel_sum_s'])} | "
                      f"{e(r['rel_err_py'])} / {e(r['rel_err_native'])} / {e(r['rel_err_old'])} / "
                      f"{e(r['rel_err_torch_graph'])} | {r['errors'] or ''} |")
     (out / "runtimes_gpu.md").write_text("\n".join(lines) + "\n")

@@ -1,0 +1,110 @@
+"""What the whole-model benchmarks share (``bench/runtimes_gpu.py``, ``bench/peers.py``): a job with a deadline,
+a log file and a shell that keeps the compiler noise out of it; medians that skip missing values; relative
+errors; JSON state written atomically."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+
+NOISE = re.compile(r"CompilerWarning|lambda: self\._prg|_create_built|prg\.build|warn\(text, CompilerWarning\)")
+
+
+def median(xs):
+    """The median of the numbers of ``xs`` (None, NaN and anything else left out), or None."""
+    xs = [x for x in xs if isinstance(x, (int, float)) and x == x]
+    return statistics.median(xs) if xs else None
+
+
+def rel_err(y, ref) -> float:
+    y, ref = np.asarray(y, np.float64).reshape(-1), np.asarray(ref, np.float64).reshape(-1)
+    return float(np.abs(y - ref).max() / max(np.abs(ref).max(), 1e-30))
+
+
+def wall(fn, repeats: int, warmup: int, sync=None) -> float:
+    """Median wall seconds of ``fn(); sync()`` over ``repeats`` calls after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    if sync:
+        sync()
+    costs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        if sync:
+            sync()
+        costs.append(time.perf_counter() - t0)
+    return statistics.median(costs)
+
+
+def ms(s) -> str:
+    """Seconds as milliseconds for a table, "–" when there is no number."""
+    return f"{s * 1e3:.3f}" if isinstance(s, (int, float)) and s == s else "–"
+
+
+def save_json(path: Path, obj) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def load_json(path: Path, default):
+    return json.loads(path.read_text()) if path.exists() else default
+
+
+class Job:
+    """``args.out`` and ``args.work`` made, ``args.deadline`` seconds from now, a log ``out/LOG``. Subclasses
+    set how much of a command's output the log keeps (``LOG_TAIL`` lines, None: all) and the console shows
+    (``SHOW`` lines of at most ``WIDTH`` characters), and whether a line says the time of day (``CLOCK``)."""
+    LOG = "job.log"
+    LOG_TAIL: int | None = None
+    SHOW, WIDTH = 40, 400
+    CLOCK = False
+
+    def __init__(self, args):
+        self.args, self.t0 = args, time.time()
+        self.out, self.work = Path(args.out), Path(args.work)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.logf = open(self.out / self.LOG, "a")
+
+    def left(self) -> float:
+        return self.args.deadline - (time.time() - self.t0)
+
+    def say(self, text: str) -> None:
+        clock = f"{time.strftime('%H:%M:%S', time.gmtime())} " if self.CLOCK else ""
+        line = f"[{clock}{time.time() - self.t0:6.1f}s] {text}"
+        print(line, flush=True)
+        self.logf.write(line + "\n")
+        self.logf.flush()
+
+    def sh(self, cmd, env=None, timeout=None, quiet=False) -> tuple:
+        """Run ``cmd`` within the deadline; its output goes to the log (and the console unless quiet);
+        ``(rc, output)``: 124 when it ran out of time, 127 when there is no such program."""
+        timeout = max(5.0, min(timeout or self.left(), self.left()))
+        self.say("$ " + " ".join(map(str, cmd)))
+        try:
+            p = subprocess.run(list(map(str, cmd)), env=env, capture_output=True, text=True, timeout=timeout)
+            rc, text = p.returncode, p.stdout + p.stderr
+        except subprocess.TimeoutExpired as e:
+            rc = 124
+            text = "".join(x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
+                           for x in (e.stdout, e.stderr)) + f"\n(timed out after {timeout:.0f} s)"
+        except OSError as e:  # a program that is not there
+            rc, text = 127, f"{type(e).__name__}: {e}"
+        lines = [ln for ln in text.splitlines() if ln.strip() and not NOISE.search(ln)]
+        kept = lines if self.LOG_TAIL is None else lines[-self.LOG_TAIL:]
+        self.logf.write("\n".join(kept) + "\n")
+        self.logf.flush()
+        if not quiet:
+            for ln in lines[-self.SHOW:]:
+                print("   " + ln[:self.WIDTH], flush=True)
+        if rc:
+            self.say(f"exit status {rc}")
+        return rc, text
