@@ -97,6 +97,18 @@ def options():
     return MeasureOptions(repeats=3, min_seconds=0.005, n_parallel=PARALLEL, run_timeout=5, build_timeout=30)
 
 
+def json_lines(path: Path):
+    """The JSON objects of a JSON-lines file this script appends to (none if there is no file); a line that does
+    not parse (the torn last line of a killed run) is skipped."""
+    if not path.exists():
+        return
+    for line in path.read_text().splitlines():
+        try:
+            yield json.loads(line)
+        except ValueError:
+            continue
+
+
 class CachedMeasurer:
     """A Measurer that measures each (template, workload, config) once: later proposals of it, by any run,
     get the first measurement (kept in a JSONL file, so a killed benchmark keeps them)."""
@@ -105,13 +117,8 @@ class CachedMeasurer:
         from tuner.logs.record import canonical_json
         self.measurer, self.path, self.key = measurer, path, canonical_json
         self.cache = {}
-        if path.exists():
-            for line in path.read_text().splitlines():
-                try:
-                    d = json.loads(line)
-                except ValueError:
-                    continue  # a torn last line
-                self.cache[d["key"]] = d["result"]
+        for d in json_lines(path):
+            self.cache[d["key"]] = d["result"]
         self.hits = self.misses = 0
 
     def _key(self, inp) -> str:
@@ -279,13 +286,8 @@ def load_retimes(path: Path) -> dict:
     """The re-timing file: ``{config id: [line, ...]}``, a line ``{"id", "gflops", "ref", "ref_gflops",
     "round"}`` (``gflops`` alone in a file written before the reference)."""
     out: dict = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                d = json.loads(line)
-            except ValueError:
-                continue  # a torn last line
-            out.setdefault(d["id"], []).append(d)
+    for d in json_lines(path):
+        out.setdefault(d["id"], []).append(d)
     return out
 
 
