@@ -302,14 +302,12 @@ class ApplyHistoryBest:
               fixed: dict | None = None) -> Record | None:
         """The best record of the task, or None. ``workload``: the key dict (or a workload object);
         ``scopes=None``: the best over any scopes; ``fixed``: only configs with these knob values."""
-        if fixed:
-            return self.index.best(task_key(device_fingerprint, template_name, _workload_key(workload), scopes),
-                                   fixed) if scopes is not None else min(
-                (r for r in self.index.workload(device_fingerprint, template_name, workload) if holds(r, fixed)),
-                key=lambda r: r.median_s, default=None)
         if scopes is None:
-            return self.index.best_any_scope(device_fingerprint, template_name, workload)
-        return self.index.best(task_key(device_fingerprint, template_name, _workload_key(workload), scopes))
+            if not fixed:
+                return self.index.best_any_scope(device_fingerprint, template_name, workload)
+            return min((r for r in self.index.workload(device_fingerprint, template_name, workload) if holds(r, fixed)),
+                       key=lambda r: r.median_s, default=None)
+        return self.index.best(task_key(device_fingerprint, template_name, _workload_key(workload), scopes), fixed)
 
     def pick(self, template, workload, device, scopes: dict | None = None, fixed: dict | None = None):
         """The config to build ``workload`` with on ``device`` (Device or DeviceInfo): the best tuned one,

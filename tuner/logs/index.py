@@ -48,17 +48,17 @@ class LogIndex:
         self._best: dict = {}  # task_key -> the ok Record with the lowest median (ties: the earlier)
         self._any_scope: dict = {}  # (device, template, workload json) -> the best of its tasks' bests
         for r in self.records:
-            self._tasks.setdefault(r.task_key, []).append(r)
+            k = r.task_key  # computed (two canonical JSON dumps), so once per record
+            self._tasks.setdefault(k, []).append(r)
             if not r.ok:
                 continue
-            self._workloads.setdefault(r.task_key[:3], []).append(r)
+            self._workloads.setdefault(k[:3], []).append(r)
             self._templates.setdefault(r.template, []).append(r)
-            if r.task_key not in self._best or r.median_s < self._best[r.task_key].median_s:
-                self._best[r.task_key] = r
-        for r in self._best.values():
-            k = r.task_key[:3]
-            if k not in self._any_scope or r.median_s < self._any_scope[k].median_s:
-                self._any_scope[k] = r
+            if k not in self._best or r.median_s < self._best[k].median_s:
+                self._best[k] = r
+        for k, r in self._best.items():
+            if k[:3] not in self._any_scope or r.median_s < self._any_scope[k[:3]].median_s:
+                self._any_scope[k[:3]] = r
         self._ranked: dict = {}  # task_key -> its ok records, fastest first (built on first ask)
 
     # -- one task ------------------------------------------------------------------------------------------
@@ -72,7 +72,8 @@ class LogIndex:
         """The task's fastest successful record (with the pinned knobs ``fixed``), or None."""
         if not fixed:
             return self._best.get(key)
-        return self.ranked(key, fixed)[0] if self.ranked(key, fixed) else None
+        ranked = self.ranked(key, fixed)
+        return ranked[0] if ranked else None
 
     def ranked(self, key: tuple, fixed: dict | None = None) -> list:
         """The task's successful records (with the pinned knobs ``fixed``), fastest first (ties: log order)."""
