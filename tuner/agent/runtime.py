@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tuner.errors import CompileError, DeviceCrashed, TunerError
-from tuner.runtime.base import Runtime
+from tuner.runtime.base import Runtime, probe_source
 from tuner.target import DeviceInfo
 
 from . import protocol as P
@@ -64,9 +64,6 @@ def _rank(d: dict) -> tuple:
         else 2 if d.get("type") == "CPU" else 3
     return (sim, kind)
 
-
-# what the default device must build (``AgentRuntime._open_default``), as the local probe asks of a device
-PROBE_KERNEL = "__kernel void probe(__global float *x) { x[get_global_id(0)] *= 2.0f; }\n"
 
 
 class AgentRuntime(Runtime):
@@ -114,16 +111,17 @@ class AgentRuntime(Runtime):
         r.end()
 
     def _open_default(self, devices: list) -> int:
-        """The agent's default device, as ``tuner.runtime.device`` picks a local one: in ``_rank``'s
-        order, the first that builds a small kernel (PoCL 3.0 cannot compile for every CPU: on AMD Zen 5 its
-        LLVM 14 fails, and a device that builds nothing is no default). None builds: the first, whose build
-        errors then say why."""
+        """The agent's default device, as ``tuner.runtime.device`` picks a local one: in ``_rank``'s order, the
+        first that builds the probe (``tuner.runtime.base.probe_source``). PoCL 3.0 cannot compile for every CPU
+        (on AMD Zen 5 its LLVM 14 fails), and a device that builds nothing is no default. None builds: the
+        first, whose build errors then say why."""
         order = sorted(range(len(devices)), key=lambda i: (_rank(devices[i]), i))
         refused = []
         for index in order:
             self._open(index)
             try:
-                self._call(P.BUILD, P.Writer().str(PROBE_KERNEL).str("").u32(0).done(), self.build_timeout, "BUILD")
+                source = probe_source(self.info.image_support)
+                self._call(P.BUILD, P.Writer().str(source).str("").u32(0).done(), self.build_timeout, "BUILD")
             except CompileError as e:
                 refused.append(f"{self.info.label}: {str(e).splitlines()[-1].strip() if str(e).strip() else e}")
                 continue

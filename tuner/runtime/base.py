@@ -81,3 +81,23 @@ class Runtime(abc.ABC):
 
     def close(self) -> None:
         """Release the device (a no-op where nothing is held)."""
+
+
+# The probe: a kernel every tuned template needs to build and run (an image read and a buffer write). A device
+# is a default only if it builds it: the local one (``tuner.runtime.device``, which also runs it) and an agent's
+# (``tuner.agent.runtime``, which builds it on the agent's device).
+PROBE_SOURCE = """
+__constant sampler_t smp = CLK_NORMALIZED_COORDS_FALSE | CLK_ADDRESS_CLAMP | CLK_FILTER_NEAREST;
+__kernel void probe(__read_only image2d_t img, __global float *out) {
+    int i = get_global_id(0);
+    out[i] = read_imagef(img, smp, (int2)(i, 0)).x * 2.0f + (float)i;
+}
+"""
+
+
+def probe_source(images: bool) -> str:
+    """The probe's source; on a device without images it reads a buffer instead."""
+    if images:
+        return PROBE_SOURCE
+    return PROBE_SOURCE.replace("__read_only image2d_t img", "__global const float4 *img").replace(
+        "read_imagef(img, smp, (int2)(i, 0))", "img[i]")

@@ -27,6 +27,7 @@ ensure_cache_folders()  # PoCL reports no device at all when it cannot create it
 import pyopencl as cl  # noqa: E402
 
 from tuner.errors import TunerError  # noqa: E402
+from tuner.runtime.base import probe_source  # noqa: E402
 from tuner.target import POCL_PLATFORM, DeviceInfo  # noqa: E402,F401  (re-exported: their home before tuner.target)
 
 # The default device for the CLI and the API: a choose_device spec (index, name substring or fingerprint).
@@ -111,15 +112,7 @@ def list_devices() -> list[DeviceInfo]:
     return [info for info, _ in _enumerate()]
 
 
-# The probe: a kernel every tuned template needs to build and run (an image read and a buffer write).
-PROBE_SOURCE = """
-__constant sampler_t smp = CLK_NORMALIZED_COORDS_FALSE | CLK_ADDRESS_CLAMP | CLK_FILTER_NEAREST;
-__kernel void probe(__read_only image2d_t img, __global float *out) {
-    int i = get_global_id(0);
-    out[i] = read_imagef(img, smp, (int2)(i, 0)).x * 2.0f + (float)i;
-}
-"""
-PROBE_VERSION = 1
+PROBE_VERSION = 1  # of the probe (tuner.runtime.base.probe_source): its answers are cached under it
 
 
 def _probe_cache_path() -> Path:
@@ -158,10 +151,7 @@ def _run_probe(dev: cl.Device, images: bool) -> None:
     ctx = cl.Context([dev])
     queue = cl.CommandQueue(ctx)
     n = 8
-    src = PROBE_SOURCE if images else PROBE_SOURCE.replace(
-        "__read_only image2d_t img", "__global const float4 *img").replace(
-        "read_imagef(img, smp, (int2)(i, 0))", "img[i]")
-    prog = cl.Program(ctx, src)
+    prog = cl.Program(ctx, probe_source(images))
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # pyopencl's CompilerWarning about non-empty build logs
