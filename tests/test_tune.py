@@ -132,11 +132,16 @@ def test_a_small_space_all_in_the_log_stops_proposing():
         def size(self):
             counted.append(1)
             return 9
-    session = SimpleNamespace(space=Space(), known={i: None for i in range(8)})
+
+        def violations(self, params):
+            return ["too big"] if params["x"] >= 9 else []
+    session = SimpleNamespace(space=Space(), names=["x"], known={(i,): None for i in range(8)})
     s = LocalStrategy(session, TuneResult.__new__(TuneResult), max_proposals=280)
     s.repeats = LocalStrategy.REPEATS - 1
     assert not s.finished() and not counted  # measuring new configs: the space is never counted
     s.repeats = LocalStrategy.REPEATS
     assert not s.finished() and len(counted) == 1  # one config of 9 is not in the log yet
-    session.known[8] = None
+    session.known[(9,)] = None  # a logged config the constraints reject now: not one of the 9
+    assert not s.finished() and len(counted) == 1
+    session.known[(8,)] = None
     assert s.finished() and s.exhausted() and len(counted) == 1  # all 9 known: done, counted once

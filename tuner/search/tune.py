@@ -84,9 +84,13 @@ class LocalStrategy:
         from the log (a 12-config task spent 160 s so on an H100)."""
         if self.repeats < self.REPEATS:
             return False
+        s = self.session
         if self._size is None:
-            self._size = self.session.space.size()
-        return len(self.session.known) >= self._size
+            self._size = s.space.size()
+        if len(s.known) < self._size:
+            return False
+        # the log may hold configs of this space's choices that its constraints reject now (an older version)
+        return sum(not s.space.violations(dict(zip(s.names, k))) for k in s.known) >= self._size
 
     def propose(self, n: int) -> list:
         s, todo = self.session, []
