@@ -265,12 +265,15 @@ class AdbTransport(TcpTransport):
         if self.port:
             subprocess.run([*self.adb, "forward", "--remove", f"tcp:{self.port}"], capture_output=True, timeout=30)
         if self.server.poll() is None:
-            self.server.terminate()
-            try:
+            try:  # --once: with the connection closed the agent ends by itself once it has released the device
                 self.server.wait(timeout=5)
             except subprocess.TimeoutExpired:
-                self.server.kill()
-                self.server.wait()
+                self.server.terminate()
+                try:
+                    self.server.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    self.server.kill()
+                    self.server.wait()
         self.log.close()
 
     def close(self) -> None:
