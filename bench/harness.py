@@ -43,6 +43,12 @@ def wall(fn, repeats: int, warmup: int, sync=None) -> float:
     return statistics.median(costs)
 
 
+def latency_s(text: str) -> float | None:
+    """Seconds from the "median latency X ms" line that ``tuner-run --bench`` and ``tuner run --bench`` print."""
+    m = re.search(r"median latency ([0-9.]+) ms", text)
+    return float(m.group(1)) * 1e-3 if m else None
+
+
 def ms(s) -> str:
     """Seconds as milliseconds for a table, "–" when there is no number."""
     return f"{s * 1e3:.3f}" if isinstance(s, (int, float)) and s == s else "–"
@@ -83,6 +89,15 @@ class Job:
         print(line, flush=True)
         self.logf.write(line + "\n")
         self.logf.flush()
+
+    def device_info(self, tuner: list, env=None) -> dict:
+        """``tuner devices --json --device D`` (``tuner``: the command that runs the tuner) as a dict, or
+        ``{"error": ...}`` naming the command when it printed no device."""
+        rc, text = self.sh([*tuner, "devices", "--json", "--device", self.args.device], env=env, quiet=True)
+        try:
+            return json.loads(text[text.index("{"):text.rindex("}") + 1])
+        except ValueError:
+            return {"error": f"`tuner devices --json --device {self.args.device}` gave no device: {text[-400:]}"}
 
     def sh(self, cmd, env=None, timeout=None, quiet=False) -> tuple:
         """Run ``cmd`` within the deadline; its output goes to the log (and the console unless quiet);

@@ -66,14 +66,6 @@ def tuner_cmd() -> list:
     return [sys.executable, "-P", "-m", "tuner"] if sys.flags.safe_path else [sys.executable, "-m", "tuner"]
 
 
-def device_info(job: Job) -> dict:
-    rc, text = job.sh([*tuner_cmd(), "devices", "--json", "--device", job.args.device], quiet=True)
-    try:
-        return json.loads(text[text.index("{"):text.rindex("}") + 1])
-    except ValueError:
-        return {"error": f"`tuner devices --json --device {job.args.device}` gave no device: {text[-400:]}"}
-
-
 def export(job: Job) -> dict:
     """The ONNX files, x.npy and onnxruntime's reference outputs under WORK (bench/runtimes_gpu.py export)."""
     a = job.args
@@ -106,17 +98,12 @@ def compile_ours(job: Job, name: str) -> dict:
     return row
 
 
-def _ms_from(text: str):
-    m = re.search(r"median latency ([0-9.]+) ms", text)
-    return float(m.group(1)) * 1e-3 if m else None
-
-
 def _run_ours(job: Job, name: str, side: str, cmd: list, first: bool, what: str, env=None) -> dict:
     """One timed run of our artifact (``cmd`` prints the median; ``--output`` on the first round, whose output is
     checked against onnxruntime's)."""
     y = job.work / f"y_{side}_{job.args.tag}_{name}.npy"
     rc, text = job.sh(cmd + (["--output", y] if first else []), env=env, quiet=True, timeout=600)
-    s = _ms_from(text)
+    s = harness.latency_s(text)
     if rc or s is None:
         return {"error": f"{what} exit {rc}: {text.strip()[-300:]}"}
     got = {"s": s}
@@ -266,7 +253,7 @@ def cmd_run(args) -> int:
             "models": a.models, "input_size": a.input_size, "repeats": a.repeats, "warmup": a.warmup,
             "rounds": a.rounds, "log": a.log, "transfer_from": a.transfer_from, "sides": a.sides,
             "mnn_modes": a.mnn_modes, "host_cpus": os.cpu_count(), "loadavg_start": os.getloadavg()}
-    info = device_info(job)
+    info = job.device_info(tuner_cmd())
     meta["device"] = {k: info.get(k) for k in ("name", "platform", "driver_version", "fingerprint", "error")}
     job.say("device " + json.dumps(meta["device"]))
     run = {"meta": meta, "models": {}}

@@ -339,15 +339,6 @@ class Job(harness.Job):
         return self.sh(cmd, env=self.env(tree))[0]
 
 
-def _device_info(job: Job) -> dict:
-    rc, text = job.sh([sys.executable, "-P", "-m", "tuner", "devices", "--json", "--device", job.args.device],
-                      env=job.env(job.args.new_tree), quiet=True)
-    try:
-        return json.loads(text[text.index("{"):text.rindex("}") + 1])
-    except ValueError:
-        return {"error": text[-500:]}
-
-
 def _relabel(log: str, info: dict, dest: Path) -> dict:
     """The log's records with ``info``'s fingerprint, name, platform and driver; (counts of records)."""
     n, fps = 0, {}
@@ -409,11 +400,11 @@ def _native_runs(job: Job, meta: dict, variants: list, exe: Path, env: dict) -> 
                 cmd = [exe, art, "--device", a.device, "--input", job.work / "x.npy", "--output", y,
                        "--bench", a.repeats, "--warmup", a.warmup] + (["--profile"] if r == 0 else [])
                 rc, text = job.sh(cmd, env=env, quiet=r > 0)
-                m = re.search(r"median latency ([0-9.]+) ms", text)
-                if rc or not m:
+                s = harness.latency_s(text)
+                if rc or s is None:
                     row["error"] = text.strip()[-500:]
                     break
-                row["rounds_s"].append(float(m.group(1)) * 1e-3)
+                row["rounds_s"].append(s)
                 k = re.search(r"kernels ([0-9.]+) ms, end to end ([0-9.]+) ms", text)
                 if k:
                     row["kernel_sum_s"] = float(k.group(1)) * 1e-3
@@ -430,10 +421,10 @@ def _native_runs(job: Job, meta: dict, variants: list, exe: Path, env: dict) -> 
                     break
                 rc, text = job.sh([exe, art, "--device", a.device, "--input", job.work / "x.npy", "--bench", a.repeats,
                                    "--warmup", a.warmup], env={**env, "TUNER_RUN_PINNED": "0"}, quiet=True)
-                m = re.search(r"median latency ([0-9.]+) ms", text)
-                if rc or not m:
+                s = harness.latency_s(text)
+                if rc or s is None:
                     break
-                row["unpinned_rounds_s"].append(float(m.group(1)) * 1e-3)
+                row["unpinned_rounds_s"].append(s)
             row["run_unpinned_s"] = harness.median(row["unpinned_rounds_s"])
             py = next((o for o in ours if (o["variant"], o["model"]) == (variant, name)), {})
             if row["run_s"] and py.get("kernels_only_s"):
@@ -537,7 +528,7 @@ def cmd_all(args) -> int:
     rc, text = job.sh(["sh", "-c", "ldconfig -p | grep -i -E 'libOpenCL|libnvidia-opencl' ; cat /etc/OpenCL/vendors/*.icd"],
                       quiet=True)
     meta["opencl_libs"] = text.strip()
-    info = _device_info(job)
+    info = job.device_info([sys.executable, "-P", "-m", "tuner"], env=job.env(job.args.new_tree))
     meta["device"] = {k: info.get(k) for k in ("name", "platform", "driver_version", "fingerprint", "error")}
     job.say("device " + json.dumps(meta["device"]))
     with open(a.log) as f:
