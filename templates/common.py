@@ -527,6 +527,15 @@ def texture_scopes(wl, info, operands) -> str:
     return "texture" if ok else "buffer"
 
 
+GPU_ITEMS_PER_UNIT = 1024  # work-items a GPU's compute unit keeps in flight: what a fallback config aims to fill
+
+
+def gpu_fill_target(info) -> int:
+    """Work-items a fallback config aims for on ``info``: ``GPU_ITEMS_PER_UNIT`` per compute unit on a GPU, 0
+    elsewhere (a CPU device's fallback does not shrink its tiles to fill it)."""
+    return info.compute_units * GPU_ITEMS_PER_UNIT if info.type == "GPU" else 0
+
+
 def fit_work_group(n_w: int, n_h: int, info, want_w: int = 16, want_h: int = 4) -> tuple:
     """A power-of-two work-group no wider than the work (rounded up) and within the device's maximum."""
     pow2 = lambda n, cap: min(cap, 1 << max(0, (n - 1).bit_length()))  # noqa: E731

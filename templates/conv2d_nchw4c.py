@@ -16,9 +16,9 @@ from tuner.ir.builder import Builder
 from tuner.ir.expr import ExtractLane, Ramp, as_expr, min_, select
 from tuner.ir.schedule import cache_read
 from tuner.templates.common import (EPILOGUE_ARGS, MODEL_KNOBS, WINDOW_ARGS, Arithmetic, Conv2dWorkload, LocalTile,
-                                    Template, WorkloadArg, _log2, clamp, declare_operands, fit_work_group, input_pixel,
-                                    is_depthwise, node_epilogue, random_inputs, reference, split_sums, store_tile,
-                                    texture_scopes, window_features, window_fields)
+                                    Template, WorkloadArg, _log2, clamp, declare_operands, fit_work_group,
+                                    gpu_fill_target, input_pixel, is_depthwise, node_epilogue, random_inputs, reference,
+                                    split_sums, store_tile, texture_scopes, window_features, window_fields)
 
 
 @dataclass(frozen=True)
@@ -151,13 +151,10 @@ def space_vars(wl: Conv2dWorkload) -> dict:
                 stride=wl.stride, dilation=wl.dilation)
 
 
-GPU_ITEMS_PER_UNIT = 1024  # work-items a GPU's compute unit keeps in flight, for the fallback's occupancy
-
-
 def fallback(wl: Conv2dWorkload, info) -> Conv2dConfig:
     """A config that is good without tuning: 2 output-channel blocks by 4 columns per work-item where the
     output is that large, a 16x4 work-group trimmed to the output, textures on GPUs that can hold them. On a
-    GPU the work must also fill the device (``GPU_ITEMS_PER_UNIT`` work-items per compute unit): a layer with
+    GPU the work must also fill the device (``gpu_fill_target``: work-items per compute unit): a layer with
     too few output tiles takes smaller tiles, then splits each tile's reduction over up to 32 work-items
     (``split_k``) -- the shape of every best config the H200's log holds for small late layers."""
     v = space_vars(wl)
@@ -165,13 +162,12 @@ def fallback(wl: Conv2dWorkload, info) -> Conv2dConfig:
     tile_oc = 2 if v["OBG"] >= 2 and (v["G"] == 1 or v["OBG"] % 2 == 0) else 1
     tile_ow = 4 if v["OW"] >= 8 else 2 if v["OW"] >= 2 else 1
     items = lambda oc, ow: v["N"] * -(-v["OB"] // oc) * v["OH"] * -(-v["OW"] // ow)  # noqa: E731
-    gpu = info.type == "GPU"
-    target = info.compute_units * GPU_ITEMS_PER_UNIT
-    while gpu and items(tile_oc, tile_ow) < target and (tile_ow > 1 or tile_oc > 1):
+    target = gpu_fill_target(info)
+    while items(tile_oc, tile_ow) < target and (tile_ow > 1 or tile_oc > 1):
         tile_ow, tile_oc = (tile_ow // 2, tile_oc) if tile_ow > 1 else (tile_ow, 1)
     wg_w, wg_h = fit_work_group(-(-v["OW"] // tile_ow), v["OH"], info)
     split_k = 1
-    while gpu and items(tile_oc, tile_ow) * split_k < target and split_k < 32:
+    while items(tile_oc, tile_ow) * split_k < target and split_k < 32:
         k = split_k * 2  # the space's limits: channel steps, work-group size, __local partial sums
         if k > v["CG4"] or k > info.max_work_item_sizes[2] or wg_w * wg_h * k > info.max_work_group_size \
                 or k * wg_w * wg_h * tile_oc * tile_ow * 16 > info.local_mem_bytes:

@@ -20,7 +20,7 @@ from tuner.ir.dtype import DType
 from tuner.ir.expr import Cast, ExtractLane, Ramp, as_expr, call, max_, min_
 from tuner.ir.activations import apply_ir, canonical
 from tuner.templates.common import EPILOGUE_ARGS, Template, WorkloadArg, node_epilogue
-from tuner.templates.common import Arithmetic, bias_buffer, reference_epilogue, texture_scopes
+from tuner.templates.common import Arithmetic, bias_buffer, gpu_fill_target, reference_epilogue, texture_scopes
 
 
 @dataclass(frozen=True)
@@ -186,15 +186,22 @@ VARIABLES = dict(N="rows (batch)", K="input features (reduction)", M="output fea
 
 
 def fallback(wl: DenseWorkload, info) -> DenseConfig:
-    """4o weights, one output block per work-item; at batch 1 the reduction is split over up to 8
-    work-items so that a classifier fills the device; textures on GPUs that can hold the tensors."""
+    """4o weights, one output block per work-item; at batch 1 the reduction is split over up to 8 work-items
+    (16 on a GPU the 8 would not fill, ``gpu_fill_target``) so that a classifier fills the device, and the
+    work-group along the outputs is as wide as 64 while a GPU still gets a work-group per compute unit --
+    every best dense config in the H100's and H200's logs splits 16 ways in work-groups of one output block;
+    textures on GPUs that can hold the tensors."""
     v = space_vars(wl)
     scope = texture_scopes(wl, info, [("row4", wl.data), ("row4", wl.out_shape), ("col4", wl.weight)])
+    target = gpu_fill_target(info)
     split_k = 1
-    while split_k < 8 and split_k * 2 <= v["KB"] // 8 and v["N"] == 1:
+    while v["N"] == 1 and split_k * 2 <= v["KB"] // 8 and split_k * 2 <= info.max_work_item_sizes[1] and \
+            (split_k < 8 or (split_k < 16 and v["MB"] * split_k < target)):
         split_k *= 2
     wg_m = 1
-    while wg_m < 64 and wg_m < v["MB"] and wg_m * 2 * split_k <= info.max_work_group_size:
+    while wg_m < 64 and wg_m < v["MB"] and wg_m * 2 * split_k <= info.max_work_group_size \
+            and wg_m * 2 * split_k * 16 <= info.local_mem_bytes \
+            and (not target or -(-v["MB"] // (wg_m * 2)) >= info.compute_units):
         wg_m *= 2
     return DenseConfig(tile_m=1, tile_n=1, wg_m=wg_m, split_k=split_k, unroll_k=1, vec_load=4, weight_pack="4o",
                        input_scope=scope, weight_scope=scope, output_scope=scope)

@@ -15,7 +15,8 @@ from tuner.ir.expr import Ramp, as_expr, min_
 from tuner.ir.schedule import cache_read
 from tuner.templates.common import EPILOGUE_ARGS, WINDOW_ARGS, Template, WorkloadArg, node_epilogue
 from tuner.templates.common import (MODEL_KNOBS, Arithmetic, Conv2dWorkload, LocalTile,
-                                           declare_operands, input_pixel, fit_work_group, is_depthwise,
+                                           declare_operands, input_pixel, fit_work_group, gpu_fill_target,
+                                           is_depthwise,
                                            window_fields,
                                            padded_windows, random_inputs, reference_epilogue, store_tile,
                                            texture_scopes, window_features)
@@ -173,15 +174,23 @@ VARIABLES = dict(N="batch", C="channels", H="input height", W="input width", R="
 
 def fallback(wl: DepthwiseWorkload, info) -> DepthwiseConfig:
     """One channel block by up to 4 output columns per work-item, window unrolled, a 16x4 work-group
-    trimmed to the output; textures on GPUs that can hold the tensors."""
+    trimmed to the output; textures on GPUs that can hold the tensors. On a GPU the work must also fill the
+    device (``gpu_fill_target``): a layer with fewer output tiles than that takes narrower tiles, down to one
+    column per work-item -- the shape of nearly every best depthwise config in the H100's and H200's logs."""
     v = space_vars(wl)
     scope = texture_scopes(wl, info, [("nchw4c", wl.data), ("nchw4c", wl.out_shape),
                                       ("mace_depthwise_filter", wl.kernel)])
     tile_ow = 4 if v["OW"] >= 8 else 2 if v["OW"] >= 2 else 1
+    target = gpu_fill_target(info)
+    while tile_ow > 1 and v["N"] * v["CB"] * v["OH"] * -(-v["OW"] // tile_ow) < target:
+        tile_ow //= 2
     wg_w, wg_h = fit_work_group(-(-v["OW"] // tile_ow), v["OH"], info)
+    (sh, sw), (dh, dw) = wl.stride, wl.dilation  # a GPU stages the work-group's input tile in __local memory
+    tile_px = ((wg_h - 1) * sh + (v["R"] - 1) * dh + 1) * ((wg_w * tile_ow - 1) * sw + (v["S"] - 1) * dw + 1)
+    local = bool(target) and wl.stride == (1, 1) and wg_w * wg_h > 1 and tile_px * 16 <= info.local_mem_bytes
     return DepthwiseConfig(tile_cb=1, tile_oh=1, tile_ow=tile_ow, wg_w=wg_w, wg_h=wg_h,
                            unroll_rs=v["R"] * v["S"] <= 25, input_scope=scope, weight_scope=scope,
-                           output_scope=scope)
+                           output_scope=scope, local_input=local)
 
 
 def _reference(wl, inputs):
