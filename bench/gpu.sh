@@ -13,7 +13,9 @@
 #   peers   whole models with transfers (issue 25): native runtime with pinned staging and without, the Python
 #           executor (and bench/_trees/old's, if prepared), MNN's OpenCL backend, PyTorch (bench/runtimes_gpu.py
 #           all, the H200 log relabeled for this GPU; MNN's source and wheel in .mnn/, carried)
-#   fallback  untuned models (every layer's fallback config) with bench/_trees/old's fallbacks against new's
+#   fallback  untuned models (every layer's fallback config) with each of bench/_trees/{$TREES}'s fallbacks
+#           (default: old new; the zoo's $FB_ZOO and torchvision's $FB_TV, exported here; $ROUNDS rounds)
+#   fallback_layers  the same, per layer: each tree's fallback configs' kernel time (bench/fallbacks.py)
 #   peak    the device's float32 FMA rate (OpenCL kernel; torch.matmul without TF32 as a cross-check) and copy
 #           bandwidth (clEnqueueCopyBuffer of 1 GiB; a torch copy as a cross-check) -> gpu_peak.json (~30 s)
 #   stream  per layer: the best logged kernels re-timed (one launch, profiling events) and, like cuDNN, as one of
@@ -72,18 +74,36 @@ for stage in "$@"; do
              --only-variants "${VARIANTS:-relabeled}" --mnn-src "$REPO/.mnn/mnn-src.tgz" \
              --mnn-wheel "$(ls "$REPO"/.mnn/mnn-*.whl | head -1)" --mnn-modes "${MNN_MODES:-68,132,66,130}" --deadline "${DEADLINE:-540}" ${RESUME:+--resume} 2>&1 \
              | grep -v "CompilerWarning\|lambda: self._prg\|_create_built\|prg.build" | tail -40 ;;
-    fallback)  # untuned models (an empty log: every layer's fallback config), bench/_trees/old against new (issue 26)
-      : > /tmp/empty.jsonl
-      for m in resnet18 mobilenet_v2 mobilenet_v3_small; do
-        python3 -m tuner zoo $m -o /tmp/fb_$m.onnx --input-size "${SIZE:-224}" >/dev/null || break
-        for tree in old new; do
-          PYTHONPATH="$REPO/bench/_trees/$tree:/tmp/site" python3 -m tuner compile /tmp/fb_$m.onnx --device nvidia \
+    fallback)  # untuned models (an empty log: every layer's fallback config), bench/_trees/{$TREES} alternately (issue 26)
+      : > /tmp/empty.jsonl; mkdir -p /tmp/fbw/models
+      for m in ${FB_ZOO-resnet18 mobilenet_v2 mobilenet_v3_small}; do python3 -m tuner zoo $m -o /tmp/fbw/models/$m.onnx \
+        --input-size "${SIZE:-224}" >/dev/null; done
+      [ -n "${FB_TV-tv_mobilenet_v3_large,tv_efficientnet_b0}" ] && python3 "$REPO/bench/runtimes_gpu.py" export --work /tmp/fbw \
+        --models "${FB_TV-tv_mobilenet_v3_large,tv_efficientnet_b0}" --input-size "${SIZE:-224}" 2>&1 | tail -2
+      for f in /tmp/fbw/models/*.onnx; do m=$(basename "$f" .onnx)
+        for tree in ${TREES:-old new}; do
+          PYTHONPATH="$REPO/bench/_trees/$tree:/tmp/site" python3 -m tuner compile "$f" --device nvidia \
             --log /tmp/empty.jsonl --scope "${SCOPE:-texture}" --no-progress -o /tmp/fb_${m}_$tree 2>&1 | grep -E "^compiled|error" | head -2
         done
-        for r in 1 2; do for tree in old new; do  # alternating: the same conditions for both
+        for r in $(seq "${ROUNDS:-3}"); do for tree in ${TREES:-old new}; do  # alternating: the same conditions for each
           echo "$m $tree round $r: $(PYTHONPATH="$REPO/bench/_trees/$tree:/tmp/site" python3 -m tuner run /tmp/fb_${m}_$tree --device nvidia --bench 50 2>/dev/null | tail -1)"
         done; done
       done 2>&1 | tee "$OUT/fallback_h100.txt" ;;
+    fallback_layers)  # the same models' fallback configs per layer under each of bench/_trees/{$TREES}: kernel time (bench/fallbacks.py)
+      mkdir -p /tmp/fbw/models
+      for m in ${FB_ZOO-resnet18 mobilenet_v2 mobilenet_v3_small}; do [ -f /tmp/fbw/models/$m.onnx ] || python3 -m tuner zoo $m \
+        -o /tmp/fbw/models/$m.onnx --input-size "${SIZE:-224}" >/dev/null; done
+      [ -n "${FB_TV-tv_mobilenet_v3_large,tv_efficientnet_b0}" ] && python3 "$REPO/bench/runtimes_gpu.py" export --work /tmp/fbw \
+        --models "${FB_TV-tv_mobilenet_v3_large,tv_efficientnet_b0}" --input-size "${SIZE:-224}" 2>&1 | tail -2
+      pairs=""
+      for tree in ${TREES:-old new}; do
+        PYTHONPATH="$REPO/bench/_trees/$tree:/tmp/site" python3 "$REPO/bench/fallbacks.py" configs --models /tmp/fbw/models/*.onnx \
+          --device nvidia --scope "${SCOPE:-texture}" --out "$OUT/fallback_configs_$tree.jsonl" 2>&1 | tail -1
+        pairs="$pairs $tree=$OUT/fallback_configs_$tree.jsonl"
+      done
+      PYTHONPATH="$REPO/bench/_trees/$(echo ${TREES:-old new} | awk '{print $NF}'):/tmp/site" python3 "$REPO/bench/fallbacks.py" measure \
+        --configs $pairs --device nvidia --rounds "${ROUNDS:-3}" --out "$OUT" 2>&1 | grep -v "CompilerWarning\|prg.build\|_create_built" \
+        | tee "$OUT/fallback_layers.txt" | tail -30 ;;
     cudnn) python3 "$REPO/bench/gpu.py" cudnn --out "$OUT" 2>&1 | tail -5 ;;
     transfer) S=${SIZE:-224}; LOG="$REPO/logs/nvidia-gpu-fcae3850.jsonl"  # the H200's log on this GPU (issue 26)
             for m in resnet18 mobilenet_v2 mobilenet_v3_small; do
