@@ -145,3 +145,44 @@ def test_a_small_space_all_in_the_log_stops_proposing():
     assert not s.finished() and len(counted) == 1
     session.known[(8,)] = None
     assert s.finished() and s.exhausted() and len(counted) == 1  # all 9 known: done, counted once
+
+
+def test_a_tiny_space_sends_no_refused_config_to_the_device_and_stops(tmp_path):
+    """A task with fewer valid configs than its trials (EfficientNet-B0's squeeze-excite 1x1 conv2d on a
+    [1,4,1,1] input: 12) used to send 472 refused proposals to the device, 0.75 s each on an H100 (bench/notes/
+    peers.md): once every valid config was seen, the sampler fell back to Optuna's independent draws, whose
+    rejects went to the measurer one by one and reset the count that ends an exhausted space. Now the strategy
+    refuses them itself and the run ends after ``REPEATS`` such proposals."""
+    from tuner.measure import MeasureResult, Runner
+    from tuner.search.tune import LocalStrategy
+    from tuner.target import load_profile
+    from tuner.logs.record import scope_knobs
+    info = load_profile({"index": 0, "platform": "P", "name": "CPU", "type": "CPU", "driver_version": "1",
+                         "opencl_version": "OpenCL 3.0", "image_support": False, "image2d_max_width": 0,
+                         "image2d_max_height": 0, "max_work_group_size": 1024,
+                         "max_work_item_sizes": [1024, 1024, 1024], "local_mem_bytes": 32768,
+                         "global_mem_bytes": 1 << 30, "max_mem_alloc_bytes": 1 << 28, "compute_units": 2,
+                         "fp16": False, "half_images": False})
+    t = get_template("dense")
+    wl = t.workload(data=(1, 4), weight=(4, 4))
+    space = t.space(wl, info, **scope_knobs(BUFFERS))
+    valid = space.size()
+    assert 1 < valid < 16
+
+    class Device(Runner):
+        def __init__(self):
+            self.info, self.seen = info, []
+
+        def measure(self, inputs):
+            self.seen += [t.config_values(wl, i.config) for i in inputs]
+            return [MeasureResult(costs=[1e-4, 1e-4]) for _ in inputs]
+    device = Device()
+    for sampler in ("xgb", "random"):
+        log = str(tmp_path / f"{sampler}.jsonl")
+        res = tune("dense", wl, info, trials=16, log=log, sampler=sampler, scopes=BUFFERS, measurer=device,
+                   progress=False, storage=f"sqlite:///{tmp_path / sampler}.db")
+        assert res.measured == valid and len(load_records(log)) == valid  # every valid config, no reject logged
+        study = optuna.load_study(study_name=res.study_name, storage=f"sqlite:///{tmp_path / sampler}.db")
+        assert len(study.trials) <= valid + 2 * LocalStrategy.REPEATS  # not 20 x 16 + 100 proposals
+    assert all(not space.violations({k: v[k] for k in space.choices}) for v in device.seen)
+    assert len(device.seen) == 2 * valid

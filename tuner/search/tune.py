@@ -62,6 +62,7 @@ def default_storage(log: str) -> str:
 
 class LocalStrategy:
     """``tune()``'s strategy: ask the study; a config the log has is answered from it (not measured), a
+    config the space's constraints refuse is failed as ``INSTANTIATION`` here (not sent to the device), a
     config proposed twice in one batch is failed. Every trial asked is in ``asked`` until told, so that an
     interruption tells the study what the log has (``settle``)."""
 
@@ -77,34 +78,40 @@ class LocalStrategy:
     def finished(self) -> bool:
         return self.proposals >= self.max_proposals or self.exhausted()
 
-    def exhausted(self) -> bool:
+    def exhausted(self, pending=()) -> bool:
         """Every valid config of the space is in the log (measured, or refused by the template): nothing is
         left to propose. Asked only after ``REPEATS`` proposals in a row measured nothing new, so a large space
         is never counted; a small one re-run would otherwise ask its full budget of proposals, each answered
-        from the log (a 12-config task spent 160 s so on an H100)."""
+        from the log (a 12-config task spent 160 s so on an H100). ``pending``: the keys of configs proposed
+        for measurement in this batch, which count as known."""
         if self.repeats < self.REPEATS:
             return False
         s = self.session
         if self._size is None:
             self._size = s.space.size()
-        if len(s.known) < self._size:
+        known = set(s.known).union(pending)
+        if len(known) < self._size:
             return False
         # the log may hold configs of this space's choices that its constraints reject now (an older version)
-        return sum(not s.space.violations(dict(zip(s.names, k))) for k in s.known) >= self._size
+        return sum(not s.space.violations(dict(zip(s.names, k))) for k in known) >= self._size
 
     def propose(self, n: int) -> list:
         s, todo = self.session, []
-        while len(todo) < n and self.proposals < self.max_proposals and not self.exhausted():
+        while len(todo) < n and self.proposals < self.max_proposals and \
+                not self.exhausted([_key(v, s.names) for _, v in todo]):
             self.proposals += 1
             trial = _ask(s)
             self.asked[trial.number] = (trial, None)
             values = s.values(trial)
             k = _key(values, s.names)
-            in_flight = k not in s.known and _peer_state(s, k, trial.number) == "in_flight"
+            rejected = k not in s.known and bool(s.space.violations(values))
+            in_flight = k not in s.known and not rejected and _peer_state(s, k, trial.number) == "in_flight"
             if k in s.known:  # measured before (this run, an earlier one, or a concurrent tuner): from the log
                 rec = s.known[k]
                 _tell(s.study, trial, rec, from_log=True)
                 self.result.reused += 1
+            elif rejected:  # the space's constraints refuse it: no device work, no log line
+                _reject(s.study, trial)
             elif in_flight or k in {_key(v, s.names) for _, v in todo}:
                 _fail(s.study, trial)  # a duplicate: measured once, by whoever asked first
             else:
@@ -375,6 +382,17 @@ def _tell(study, trial, rec: Record, **attrs) -> None:
     study.add_trial(optuna.trial.create_trial(
         params=t.params, distributions=t.distributions, value=score(rec) if rec.ok else None, state=state,
         user_attrs={**attrs, "error": rec.error_name, "record": rec.to_dict(), "owner": OWNER, "late": True}))
+
+
+def _reject(study, trial) -> None:
+    """A trial whose config the search space's constraints refuse, failed as ``INSTANTIATION`` without measuring
+    it (the samplers draw valid configs; one that finds none left unseen falls back to Optuna's independent
+    draws, which the constraints mostly refuse), so that the samplers count it as seen."""
+    try:
+        trial.set_user_attr("error", ErrorCode.INSTANTIATION.name)
+        study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+    except UpdateFinishedTrialError:
+        pass
 
 
 def _fail(study, trial) -> None:
