@@ -133,3 +133,9 @@ def test_space_reports_knobs_constraints_and_size(capsys):
     assert "tile_cb" in out and "work_group" in out and "unconstrained size:" in out
     valid = int(out.rsplit(":", 1)[1].replace(",", ""))
     assert 0 < valid < int(out.split("unconstrained size:")[1].split()[0].replace(",", ""))
+
+
+def test_zoo_help_names_every_zoo_model():
+    from tuner.cli.model import ZOO_NAMES
+    from tuner.zoo.models import ZOO
+    assert sorted(ZOO_NAMES.replace(" or ", ", ").split(", ")) == sorted(ZOO)

@@ -364,11 +364,12 @@ def cmd_demo(args) -> int:
 
 
 ZOO_SIZE = int_at_least(32, " (the zoo's networks downsample by 32)")
+ZOO_NAMES = "mobilenet_v2, mobilenet_v3_small or resnet18"  # tuner.zoo.models.ZOO's (not imported: start-up time)
 
 
 def register(sub) -> None:
     p = sub.add_parser("zoo", help="write a zoo model (real architecture, random weights) as ONNX")
-    p.add_argument("name", help="mobilenet_v2 or resnet18")
+    p.add_argument("name", help=ZOO_NAMES)
     p.add_argument("-o", "--output", required=True, metavar="FILE")
     p.add_argument("--input-size", type=ZOO_SIZE, default=None, help="input height and width, at least 32 "
                    "(default 224)")
