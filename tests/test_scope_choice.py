@@ -3,7 +3,7 @@ uniform plan, and a mixed-scope boundary kernel the log lacks is priced at its l
 import dataclasses
 
 from tuner.compile.compiler import load_graph
-from tuner.plan.lower import TUNED_SWITCHES, estimate_plan, lower_graph, plan_storage
+from tuner.plan.lower import estimate_plan, lower_graph, plan_storage
 from tuner.zoo.models import test_models as zoo_test_models
 from tuner.logs import SCHEMA_VERSION, Record, apply_history_best
 from tuner.templates import get_template
@@ -56,7 +56,7 @@ def test_auto_compiles_and_times_the_whole_plans_and_keeps_the_fastest(device):
     # a log that makes the per-layer plan mixed (layer 0 texture, the others buffer)
     history = apply_history_best(_records(plan, info, [(1e-6, 2e-4), (5e-4, 1e-6), (5e-4, 1e-6)]))
     mod = compile_model(model, log=history, device=device, scope="auto")
-    assert set(mod.plan_times) == {"auto", "texture", "buffer", "tuned-switches"}
+    assert set(mod.plan_times) == {"auto", "texture", "buffer"}
     assert mod.plan_kept in mod.plan_times
     assert mod.plan_times[mod.plan_kept] == min(mod.plan_times.values())
     x = np.random.default_rng(1).standard_normal(mod.spec.entries[mod.spec.inputs[0]].shape).astype(np.float32)
@@ -88,34 +88,3 @@ def test_a_measured_candidate_warns_only_when_it_is_kept(device):
     fallbacks = [w for w in caught if issubclass(w.category, FallbackConfigWarning)]
     untuned = [n for n in mod.spec.nodes if n.template and not n.tuned]
     assert bool(fallbacks) == bool(untuned), (mod.plan_kept, [str(w.message)[:80] for w in fallbacks])
-
-
-def _mixed(step, info, inp, out, median):
-    t = get_template(step.op)
-    cfg = dataclasses.replace(t.fallback_with(step.workload, info, **t.model_knobs), input_scope=inp,
-                              weight_scope="buffer", output_scope=out)
-    return Record(version=SCHEMA_VERSION, template=t.name, workload=step.workload.key(),
-                  scopes={"input": inp, "weight": "buffer", "output": out}, config=dataclasses.asdict(cfg),
-                  device=info.fingerprint, costs=[median], median_s=median, gflops=1.0, error_code=0,
-                  error_name="NO_ERROR")
-
-
-def test_the_tuned_switches_plan_changes_scope_only_at_a_measured_kernel(device):
-    """``tuned-switches`` (one of the plans --scope auto times): where two layers' wishes differ, the per-layer plan
-    deploys a mixed-scope kernel whatever the log knows of it; this plan switches there only if the log measured
-    that kernel, and otherwise stays in the scope the activation arrives in."""
-    info = dataclasses.replace(device.info, type="GPU", image_support=True, half_images=True,
-                               image2d_max_width=16384, image2d_max_height=16384)
-    plan = lower_graph(load_graph(zoo_test_models()["conv_pads"]))
-    tuned = [s for s in plan.steps if s.tuned]
-    # layer 0 much faster in texture, layers 1 and 2 a little faster in buffers: per layer, a switch after layer 0
-    times = [(1e-6, 5e-4), (2e-4, 1.9e-4), (2e-4, 1.9e-4)]
-    outputs = lambda p: [s.scopes["output"] for s in p.steps if s.tuned]  # noqa: E731
-    history = apply_history_best(_records(plan, info, times))
-    assert outputs(plan_storage(plan, info, "auto", history)) == ["texture", "buffer", "buffer"]
-    assert outputs(plan_storage(plan, info, TUNED_SWITCHES, history)) == ["texture"] * 3  # the switch: unmeasured
-    # measured, and faster than staying in texture: the switch happens there
-    history = apply_history_best(_records(plan, info, times) + [_mixed(tuned[1], info, "texture", "buffer", 1e-4)])
-    switched = plan_storage(plan, info, TUNED_SWITCHES, history)
-    assert outputs(switched) == ["texture", "buffer", "buffer"]
-    assert [s.scopes["input"] for s in switched.steps if s.tuned] == ["texture", "texture", "buffer"]

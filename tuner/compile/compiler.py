@@ -51,7 +51,7 @@ import tuner.graph.passes as passes
 from tuner.plan.allocation import Entry as MemEntry
 from tuner.plan.allocation import MemoryPlan, check_plan, plan_memory
 from tuner.plan.rules import glue_builder
-from tuner.plan.lower import TUNED_SWITCHES, choose_templates, extract_tasks, lower_graph, plan_storage
+from tuner.plan.lower import choose_templates, extract_tasks, lower_graph, plan_storage
 from tuner.plan.types import Plan, Step
 from tuner.runtime.base import Runtime
 from tuner.target import DeviceInfo, load_profile
@@ -403,8 +403,7 @@ def _check_prefer(prefer) -> None:
 
 def fastest_plan(model, history, device, dtype: str = "float32", input_shapes: dict | None = None,
                  progress: bool = False, repeats: int = 10) -> M.Module:
-    """The per-layer (``auto``) plan, the per-layer plan that switches scope only at kernels the log measured
-    (``tuned-switches``, ``lower._tuned_switch``), and the all-texture and all-buffer plans compiled for ``device`` and timed
+    """The per-layer (``auto``) plan and the all-texture and all-buffer plans compiled for ``device`` and timed
     whole on random inputs (median of ``repeats`` runs after a warm-up; a plan identical to another is timed
     once); the fastest module is returned, with ``plan_times`` (plan -> seconds) and ``plan_kept`` set.
 
@@ -425,9 +424,7 @@ def fastest_plan(model, history, device, dtype: str = "float32", input_shapes: d
         caught.extend(notes)
         return mod
 
-    for mode in ("auto", "texture", "buffer", TUNED_SWITCHES):
-        if mode == TUNED_SWITCHES and history is None:
-            continue
+    for mode in ("auto", "texture", "buffer"):
         mod = compile_(mode)
         same = next((m for m, other in modules.items() if _same_plan(other, mod)), None)
         if same is not None:

@@ -114,8 +114,6 @@ def plan_storage(plan: Plan, info, scope: str = "auto", history=None) -> Plan:
     uniform scope, with mixed-scope kernels where neighbours disagree), all-texture and all-buffer are each
     estimated from the log (``estimate_plan``) and the cheapest is taken, so ``auto`` is never estimated
     slower than the best uniform plan."""
-    if scope == TUNED_SWITCHES:
-        return _plan_storage(plan, info, "auto", history, tuned_switches=True)
     if scope not in SCOPE_MODES:
         raise TunerError(f"scope {scope!r}: one of {', '.join(SCOPE_MODES)}")
     per_layer = _plan_storage(plan, info, scope, history)
@@ -129,26 +127,6 @@ def plan_storage(plan: Plan, info, scope: str = "auto", history=None) -> Plan:
             continue
     costs = [estimate_plan(c, info, history) for c in candidates]
     return candidates[min(range(len(candidates)), key=lambda i: (costs[i], i))]
-
-
-TUNED_SWITCHES = "tuned-switches"  # a plan ``compiler.fastest_plan`` also times: see ``_tuned_switch``
-
-
-def _tuned_switch(step: Step, info, history, input_scope: str, want: str) -> str:
-    """The output scope of a tuned step whose activation arrives in ``input_scope``: of the two, the one whose
-    kernel (that input, that output, any weight scope, any candidate template) the log measured fastest; the
-    layer's own wish ``want`` when the log measured neither. The per-layer plan switches scope wherever two
-    layers' wishes differ, with a mixed-scope kernel that may never have been tuned (on an H100 an
-    EfficientNet-B0 plan with 8 such kernels ran 1.232 ms, the plan of the same log before 1.150 ms); this
-    one switches only where the switching kernel was measured."""
-    cost = {}
-    for out in (want, "texture" if want == "buffer" else "buffer"):
-        found = [r.median_s for c in step.candidates() for w in ("texture", "buffer")
-                 if (r := history.query(c.op, c.workload, info.fingerprint,
-                                        {"input": input_scope, "weight": w, "output": out}, FIXED[c.op])) is not None]
-        if found:
-            cost[out] = min(found)
-    return min(cost, key=cost.get) if cost else want
 
 
 def _step_cost(step: Step, info, history) -> float:
@@ -168,7 +146,7 @@ def estimate_plan(plan: Plan, info, history) -> float:
     return sum(_step_cost(s, info, history) for s in plan.steps if s.tuned)
 
 
-def _plan_storage(plan: Plan, info, scope: str, history, tuned_switches: bool = False) -> Plan:
+def _plan_storage(plan: Plan, info, scope: str, history) -> Plan:
     copy = lambda s: dataclasses.replace(s, alternatives=[dataclasses.replace(a) for a in s.alternatives])  # noqa: E731
     plan = dataclasses.replace(plan, steps=[copy(s) for s in plan.steps],
                                tensors={k: dataclasses.replace(t) for k, t in plan.tensors.items()})
@@ -183,9 +161,6 @@ def _plan_storage(plan: Plan, info, scope: str, history, tuned_switches: bool = 
             continue
         if "Res" in s.inputs:  # the kernel reads the residual in its output's scope and layout
             choice = plan.tensors[s.inputs["Res"]].scope
-        elif s.name in want and tuned_switches and history is not None:
-            key = get_template(s.op).scope_inputs["input"]
-            choice = _tuned_switch(s, info, history, plan.tensors[s.inputs[key]].scope, want[s.name])
         elif s.name in want:
             choice = want[s.name]
         else:
