@@ -15,6 +15,7 @@
 #           all, the H200 log relabeled for this GPU; MNN's source and wheel in .mnn/, carried)
 #   fallback  untuned models (every layer's fallback config) with each of bench/_trees/{$TREES}'s fallbacks
 #           (default: old new; the zoo's $FB_ZOO and torchvision's $FB_TV, exported here; $ROUNDS rounds)
+#   plans   --scope auto with the committed H100 log, bench/_trees/{$TREES}: plans timed, kept plans run alternately
 #   fallback_layers  the same, per layer: each tree's fallback configs' kernel time (bench/fallbacks.py)
 #   peak    the device's float32 FMA rate (OpenCL kernel; torch.matmul without TF32 as a cross-check) and copy
 #           bandwidth (clEnqueueCopyBuffer of 1 GiB; a torch copy as a cross-check) -> gpu_peak.json (~30 s)
@@ -104,6 +105,20 @@ for stage in "$@"; do
       PYTHONPATH="$REPO/bench/_trees/$(echo ${TREES:-old new} | awk '{print $NF}'):/tmp/site" python3 "$REPO/bench/fallbacks.py" measure \
         --configs $pairs --device nvidia --rounds "${ROUNDS:-3}" --out "$OUT" 2>&1 | grep -v "CompilerWarning\|prg.build\|_create_built" \
         | tee "$OUT/fallback_layers.txt" | tail -30 ;;
+    plans)  # --scope auto with the committed H100 log under bench/_trees/{$TREES}: the plans timed, then the kept plans run alternately
+      mkdir -p /tmp/plw
+      python3 "$REPO/bench/runtimes_gpu.py" export --work /tmp/plw --models "${PL_MODELS:-tv_efficientnet_b0,tv_mobilenet_v3_large}" \
+        --input-size 224 2>&1 | tail -2
+      for f in /tmp/plw/models/*.onnx; do m=$(basename "$f" .onnx)
+        for tree in ${TREES:-old new}; do
+          echo "$m $tree: $(PYTHONPATH="$REPO/bench/_trees/$tree:/tmp/site" python3 -m tuner compile "$f" --device nvidia \
+            --log "$REPO/logs/nvidia-gpu-*.jsonl" --transfer-from nvidia-gpu-fcae3850 --scope auto --no-progress \
+            -o /tmp/pl_${m}_$tree 2>&1 | grep -E "^--scope auto|^compiled" | tr '\n' ' ')"
+        done
+        for r in $(seq "${ROUNDS:-5}"); do for tree in ${TREES:-old new}; do
+          echo "$m $tree round $r: $(PYTHONPATH="$REPO/bench/_trees/$tree:/tmp/site" python3 -m tuner run /tmp/pl_${m}_$tree --device nvidia --bench 100 2>/dev/null | tail -1)"
+        done; done
+      done 2>&1 | tee "$OUT/plans_h100.txt" ;;
     cudnn) python3 "$REPO/bench/gpu.py" cudnn --out "$OUT" 2>&1 | tail -5 ;;
     transfer) S=${SIZE:-224}; LOG="$REPO/logs/nvidia-gpu-fcae3850.jsonl"  # the H200's log on this GPU (issue 26)
             for m in resnet18 mobilenet_v2 mobilenet_v3_small; do
