@@ -38,9 +38,9 @@ def cmd_configs(args) -> int:
 
     from tuner.compile.compiler import plan_model
     from tuner.plan.lower import extract_tasks
-    if args.device and args.device.endswith(".json"):  # a device profile: the configs without the device
+    if args.target:  # a device profile: the configs without the device
         from tuner.target import load_profile
-        info = load_profile(args.device)
+        info = load_profile(args.target)
     else:
         from tuner.runtime.device import choose_device
         info = choose_device(args.device)
@@ -65,6 +65,7 @@ def cmd_configs(args) -> int:
 def cmd_measure(args) -> int:
     from tuner.measure import MeasureInput, MeasureOptions, Measurer
     from tuner.runtime.device import choose_device
+    from tuner.task import workload_of
     from tuner.templates import get_template
     info = choose_device(args.device)
     trees = [s.split("=", 1) for s in args.configs]
@@ -77,8 +78,7 @@ def cmd_measure(args) -> int:
     for (model, label), by_tree in rows.items():
         for tree, d in by_tree.items():
             t = get_template(d["template"])
-            wl = t.workload(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in d["workload"].items()
-                               if k != "op"})
+            wl = workload_of(t, d["workload"])
             k = json.dumps([d["template"], d["workload"], d["config"]], sort_keys=True)
             keys[(model, label, tree)] = k
             inputs.setdefault(k, MeasureInput(d["template"], wl, t.config(**d["config"])))
@@ -148,7 +148,9 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("configs", help="this tree's fallback config of every task of the models")
     c.add_argument("--models", nargs="+", required=True)
-    c.add_argument("--device", default=None, help="a device spec or a device profile (.json)")
+    c.add_argument("--device", default=None)
+    c.add_argument("--target", metavar="PROFILE.json", help="a device profile instead of a device, as `tuner "
+                   "compile --target`")
     c.add_argument("--scope", default="texture")
     c.add_argument("--out", required=True)
     m = sub.add_parser("measure", help="time every tree's configs, alternating")

@@ -14,7 +14,7 @@
 #           executor (and bench/_trees/old's, if prepared), MNN's OpenCL backend, PyTorch (bench/runtimes_gpu.py
 #           all, the H200 log relabeled for this GPU; MNN's source and wheel in .mnn/, carried)
 #   fallback  untuned models (every layer's fallback config) with each of bench/_trees/{$TREES}'s fallbacks
-#           (default: old new; the zoo's $FB_ZOO and torchvision's $FB_TV, exported here; $ROUNDS rounds)
+#           (default: old new; $FB_MODELS, the zoo's and torchvision's (tv_NAME), exported here; $ROUNDS rounds)
 #   plans   --scope auto with the committed H100 log, bench/_trees/{$TREES}: plans timed, kept plans run alternately
 #   fallback_layers  the same, per layer: each tree's fallback configs' kernel time (bench/fallbacks.py)
 #   peak    the device's float32 FMA rate (OpenCL kernel; torch.matmul without TF32 as a cross-check) and copy
@@ -41,6 +41,10 @@ REPO=$PWD; mkdir -p /tmp/gpu_work; cd /tmp/gpu_work
 alias python3="python3 -P"
 mkdir -p /etc/OpenCL/vendors
 [ -f /etc/OpenCL/vendors/nvidia.icd ] || echo /usr/lib/libnvidia-opencl.so.1 > /etc/OpenCL/vendors/nvidia.icd
+FB_MODELS=${FB_MODELS:-resnet18,mobilenet_v2,mobilenet_v3_small,tv_mobilenet_v3_large,tv_efficientnet_b0}
+export_models() {  # DIR LIST: the zoo's and torchvision's (tv_NAME) models as ONNX under DIR/models
+  python3 "$REPO/bench/runtimes_gpu.py" export --work "$1" --models "$2" --input-size "${SIZE:-224}" 2>&1 | tail -2
+}
 for stage in "$@"; do
   echo "== $stage $(date -u +%H:%M:%S)"
   case $stage in
@@ -76,11 +80,7 @@ for stage in "$@"; do
              --mnn-wheel "$(ls "$REPO"/.mnn/mnn-*.whl | head -1)" --mnn-modes "${MNN_MODES:-68,132,66,130}" --deadline "${DEADLINE:-540}" ${RESUME:+--resume} 2>&1 \
              | grep -v "CompilerWarning\|lambda: self._prg\|_create_built\|prg.build" | tail -40 ;;
     fallback)  # untuned models (an empty log: every layer's fallback config), bench/_trees/{$TREES} alternately (issue 26)
-      : > /tmp/empty.jsonl; mkdir -p /tmp/fbw/models
-      for m in ${FB_ZOO-resnet18 mobilenet_v2 mobilenet_v3_small}; do python3 -m tuner zoo $m -o /tmp/fbw/models/$m.onnx \
-        --input-size "${SIZE:-224}" >/dev/null; done
-      [ -n "${FB_TV-tv_mobilenet_v3_large,tv_efficientnet_b0}" ] && python3 "$REPO/bench/runtimes_gpu.py" export --work /tmp/fbw \
-        --models "${FB_TV-tv_mobilenet_v3_large,tv_efficientnet_b0}" --input-size "${SIZE:-224}" 2>&1 | tail -2
+      : > /tmp/empty.jsonl; export_models /tmp/fbw "$FB_MODELS"
       for f in /tmp/fbw/models/*.onnx; do m=$(basename "$f" .onnx)
         for tree in ${TREES:-old new}; do
           PYTHONPATH="$REPO/bench/_trees/$tree:/tmp/site" python3 -m tuner compile "$f" --device nvidia \
@@ -91,11 +91,7 @@ for stage in "$@"; do
         done; done
       done 2>&1 | tee "$OUT/fallback_h100.txt" ;;
     fallback_layers)  # the same models' fallback configs per layer under each of bench/_trees/{$TREES}: kernel time (bench/fallbacks.py)
-      mkdir -p /tmp/fbw/models
-      for m in ${FB_ZOO-resnet18 mobilenet_v2 mobilenet_v3_small}; do [ -f /tmp/fbw/models/$m.onnx ] || python3 -m tuner zoo $m \
-        -o /tmp/fbw/models/$m.onnx --input-size "${SIZE:-224}" >/dev/null; done
-      [ -n "${FB_TV-tv_mobilenet_v3_large,tv_efficientnet_b0}" ] && python3 "$REPO/bench/runtimes_gpu.py" export --work /tmp/fbw \
-        --models "${FB_TV-tv_mobilenet_v3_large,tv_efficientnet_b0}" --input-size "${SIZE:-224}" 2>&1 | tail -2
+      export_models /tmp/fbw "$FB_MODELS"
       pairs=""
       for tree in ${TREES:-old new}; do
         PYTHONPATH="$REPO/bench/_trees/$tree:/tmp/site" python3 "$REPO/bench/fallbacks.py" configs --models /tmp/fbw/models/*.onnx \
@@ -106,9 +102,7 @@ for stage in "$@"; do
         --configs $pairs --device nvidia --rounds "${ROUNDS:-3}" --out "$OUT" 2>&1 | grep -v "CompilerWarning\|prg.build\|_create_built" \
         | tee "$OUT/fallback_layers.txt" | tail -30 ;;
     plans)  # --scope auto with the committed H100 log under bench/_trees/{$TREES}: the plans timed, then the kept plans run alternately
-      mkdir -p /tmp/plw
-      python3 "$REPO/bench/runtimes_gpu.py" export --work /tmp/plw --models "${PL_MODELS:-tv_efficientnet_b0,tv_mobilenet_v3_large}" \
-        --input-size 224 2>&1 | tail -2
+      export_models /tmp/plw "${PL_MODELS:-tv_efficientnet_b0,tv_mobilenet_v3_large}"
       for f in /tmp/plw/models/*.onnx; do m=$(basename "$f" .onnx)
         for tree in ${TREES:-old new}; do
           echo "$m $tree: $(PYTHONPATH="$REPO/bench/_trees/$tree:/tmp/site" python3 -m tuner compile "$f" --device nvidia \

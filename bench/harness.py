@@ -54,6 +54,11 @@ def ms(s) -> str:
     return f"{s * 1e3:.3f}" if isinstance(s, (int, float)) and s == s else "–"
 
 
+def sci(v) -> str:
+    """A relative error for a table (``1.2e-06``), "–" when there is none."""
+    return f"{v:.1e}" if isinstance(v, float) else "–"
+
+
 def save_json(path: Path, obj) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(obj, indent=1, default=str) + "\n")

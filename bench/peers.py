@@ -408,7 +408,7 @@ def write_tables(result: dict, out: Path) -> None:
         for r in (r for r in rows if r["tag"] == tag):
             modes = json.loads(r["mnn_modes_s"]) if r["mnn_modes_s"] else {}
             ms = ", ".join(f"{m} {mnn.mode_name(int(m))}: {harness.ms(v)}" for m, v in modes.items())
-            e = lambda v: f"{v:.1e}" if isinstance(v, float) else "–"  # noqa: E731
+            e = harness.sci
             lines.append(f"| {r['model']} | {ms or '–'} | {e(r['native_rel_err'])} / {e(r['python_rel_err'])} / "
                          f"{e(r['ort_rel_err'])} | {(r['errors'] or '')[:400]} |")
         lines.append("")

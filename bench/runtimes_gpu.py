@@ -691,7 +691,7 @@ def write_tables(result: dict, out: Path) -> None:
               "| rel. err. vs onnxruntime: Python / native / old / PyTorch replay | errors |",
               "| --- | --- | --- | ---: | ---: | --- | --- |"]
     for r in rows:
-        e = lambda v: f"{v:.1e}" if isinstance(v, float) else "–"  # noqa: E731
+        e = harness.sci
         lines.append(f"| {r['model']} | {r['variant']} | {r['plan_kept'] or '–'} / {r['old_plan_kept'] or '–'} | "
                      f"{r['kernels']} | {harness.ms(r['py_kernel_sum_s'])} / {harness.ms(r['native_kernel_sum_s'])} | "
                      f"{e(r['rel_err_py'])} / {e(r['rel_err_native'])} / {e(r['rel_err_old'])} / "

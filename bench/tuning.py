@@ -156,11 +156,6 @@ def cache_key(template, workload, config) -> str:
     return canonical_json([t.name, workload.key(), t.config_values(workload, config)])
 
 
-def workload_of(t, key: dict):
-    """A template's workload from its key (JSON lists back to tuples)."""
-    return t.workload(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in key.items() if k != "op"})
-
-
 def short_key(key: str) -> str:
     """A config's cache key, short (the CSV's per-trial ``keys``; the re-timing file's ``id``)."""
     import hashlib
@@ -303,6 +298,7 @@ def retime(rows: list, cache: dict, path: Path, measurer, times: int = RETIMES,
     ``window`` of the (new) best without its re-timings. ``cache``: the measurement cache's ``{full key:
     result}`` (to rebuild the configs); ``path``: the re-timing file (appended, so a re-run continues)."""
     from tuner.measure import MeasureInput
+    from tuner.task import workload_of
     from tuner.templates import get_template
     inputs = {}
     for full in cache:

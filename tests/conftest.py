@@ -36,6 +36,18 @@ def fp16_device():
     return dev
 
 
+def profile(**changes):
+    """A checked device profile (``tuner.target.load_profile``) for tests that plan, pick configs or tune without a
+    device: a large GPU by default (132 compute units, images, 48 KiB of local memory), ``changes`` over it."""
+    from tuner.target import load_profile
+    base = {"index": 0, "platform": "P", "name": "GPU", "type": "GPU", "driver_version": "1",
+            "opencl_version": "OpenCL 3.0", "image_support": True, "image2d_max_width": 65536,
+            "image2d_max_height": 65536, "max_work_group_size": 1024, "max_work_item_sizes": [1024, 1024, 64],
+            "local_mem_bytes": 49152, "global_mem_bytes": 80 << 30, "max_mem_alloc_bytes": 20 << 30,
+            "compute_units": 132, "fp16": True, "half_images": True}
+    return load_profile({**base, **changes})
+
+
 @functools.cache
 def building_cpu(*prefer: str) -> str:
     """The first device spec of ``prefer`` (default: PoCL, then Intel's CPU runtime) that builds OpenCL programs

@@ -8,19 +8,13 @@ import math
 
 import pytest
 
-from tuner.target import load_profile
+from conftest import profile
 from tuner.templates import get_template
 from tuner.templates.common import GPU_ITEMS_PER_UNIT, gpu_fill_target
 
-BASE = {"index": 0, "platform": "P", "type": "GPU", "driver_version": "1", "opencl_version": "OpenCL 3.0",
-        "image_support": True, "image2d_max_width": 65536, "image2d_max_height": 65536, "max_work_group_size": 1024,
-        "max_work_item_sizes": [1024, 1024, 64], "local_mem_bytes": 49152, "global_mem_bytes": 80 << 30,
-        "max_mem_alloc_bytes": 20 << 30, "fp16": True, "half_images": True}
-BIG = load_profile({**BASE, "name": "H100-like", "compute_units": 132})
-PHONE = load_profile({**BASE, "name": "Adreno-like", "compute_units": 2, "max_work_group_size": 1024,
-                      "local_mem_bytes": 32768})
-CPU = load_profile({**BASE, "name": "CPU", "type": "CPU", "compute_units": 2, "image_support": False,
-                    "half_images": False})
+BIG = profile(name="H100-like")
+PHONE = profile(name="Adreno-like", compute_units=2, local_mem_bytes=32768)
+CPU = profile(name="CPU", type="CPU", compute_units=2, image_support=False, half_images=False)
 
 DEPTHWISE = [((1, 32, 112, 112), 3, 1), ((1, 144, 56, 56), 3, 2), ((1, 672, 14, 14), 5, 1), ((1, 960, 7, 7), 5, 1),
              ((1, 240, 2, 2), 5, 1)]

@@ -155,14 +155,11 @@ def test_a_tiny_space_sends_no_refused_config_to_the_device_and_stops(tmp_path):
     refuses them itself and the run ends after ``REPEATS`` such proposals."""
     from tuner.measure import MeasureResult, Runner
     from tuner.search.tune import LocalStrategy
-    from tuner.target import load_profile
+    from conftest import profile
     from tuner.logs.record import scope_knobs
-    info = load_profile({"index": 0, "platform": "P", "name": "CPU", "type": "CPU", "driver_version": "1",
-                         "opencl_version": "OpenCL 3.0", "image_support": False, "image2d_max_width": 0,
-                         "image2d_max_height": 0, "max_work_group_size": 1024,
-                         "max_work_item_sizes": [1024, 1024, 1024], "local_mem_bytes": 32768,
-                         "global_mem_bytes": 1 << 30, "max_mem_alloc_bytes": 1 << 28, "compute_units": 2,
-                         "fp16": False, "half_images": False})
+    info = profile(name="CPU", type="CPU", compute_units=2, image_support=False, half_images=False,
+                   image2d_max_width=0, image2d_max_height=0, max_work_item_sizes=[1024, 1024, 1024],
+                   local_mem_bytes=32768, fp16=False)
     t = get_template("dense")
     wl = t.workload(data=(1, 4), weight=(4, 4))
     space = t.space(wl, info, **scope_knobs(BUFFERS))

@@ -428,8 +428,8 @@ def fastest_plan(model, history, device, dtype: str = "float32", input_shapes: d
         caught.extend(notes)
         return mod
 
-    alias = {}
-    for mode in ("auto", "texture", "buffer"):
+    alias, plans = {}, ("auto", "texture", "buffer")
+    for mode in plans:
         mod = compile_(mode)
         same = next((m for m, other in modules.items() if _same_plan(other, mod)), None)
         if same is not None:
@@ -442,7 +442,7 @@ def fastest_plan(model, history, device, dtype: str = "float32", input_shapes: d
     for r in range(PLAN_ROUNDS):
         for m in (list(modules) if r % 2 == 0 else list(modules)[::-1]):
             samples[m].append(whole(modules[m]))
-    for mode in ("auto", "texture", "buffer"):
+    for mode in plans:
         timed[mode] = statistics.median(samples[alias.get(mode, mode)])
     kept = min(modules, key=lambda m: (timed[m], m != "auto"))  # a tie keeps the per-layer plan
     mod = modules[kept]

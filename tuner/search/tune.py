@@ -96,9 +96,8 @@ class LocalStrategy:
         return sum(not s.space.violations(dict(zip(s.names, k))) for k in known) >= self._size
 
     def propose(self, n: int) -> list:
-        s, todo = self.session, []
-        while len(todo) < n and self.proposals < self.max_proposals and \
-                not self.exhausted([_key(v, s.names) for _, v in todo]):
+        s, todo, pending = self.session, [], set()  # pending: the keys of ``todo``
+        while len(todo) < n and self.proposals < self.max_proposals and not self.exhausted(pending):
             self.proposals += 1
             trial = _ask(s)
             self.asked[trial.number] = (trial, None)
@@ -112,10 +111,11 @@ class LocalStrategy:
                 self.result.reused += 1
             elif rejected:  # the space's constraints refuse it: no device work, no log line
                 _reject(s.study, trial)
-            elif in_flight or k in {_key(v, s.names) for _, v in todo}:
+            elif in_flight or k in pending:
                 _fail(s.study, trial)  # a duplicate: measured once, by whoever asked first
             else:
                 todo.append((trial, values))
+                pending.add(k)
                 self.repeats = 0
                 continue
             self.repeats += 1
@@ -390,9 +390,9 @@ def _reject(study, trial) -> None:
     draws, which the constraints mostly refuse), so that the samplers count it as seen."""
     try:
         trial.set_user_attr("error", ErrorCode.INSTANTIATION.name)
-        study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
     except UpdateFinishedTrialError:
-        pass
+        return  # a peer failed it first
+    _fail(study, trial)
 
 
 def _fail(study, trial) -> None:
