@@ -357,10 +357,12 @@ def finish_rows(rows: list, n: int, retimed: dict | None = None) -> None:
         best[r["workload"]] = max(best.get(r["workload"], 0.0), float(r["best_gflops_run"] or 0.0))
     for r in rows:
         if retimed and r.get("keys"):
-            r["curve_retimed"] = best_so_far([est[r["workload"]][k] for k in r["keys"]])
+            r["values"] = [est[r["workload"]][k] for k in r["keys"]]  # not in the CSV: rebuilt from it
+            r["curve_retimed"] = best_so_far(r["values"])
             be = max(est[r["workload"]].values())
         else:
             r["curve_retimed"] = None
+            r.pop("values", None)
             be = best[r["workload"]]
         r["best_ever"] = round(be, 4)
         k = trials_to(eval_curve(r), THRESHOLD * be, n) if be > 0 else n + 1
@@ -379,7 +381,7 @@ def write_csv(path: Path, rows: list) -> None:
         w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
         w.writeheader()
         for r in rows:
-            out = dict(r)
+            out = {k: r.get(k) for k in CSV_FIELDS}
             for k in ("curve", "gflops", "workload_args", "best_config", "keys", "curve_retimed"):
                 if not isinstance(out.get(k), str):
                     out[k] = json.dumps(out.get(k))
@@ -487,6 +489,7 @@ def summarize(rows: list, n: int, meta: dict) -> str:
               + f"; ratio xgb/random {geomean(ratios['random']):.2f}, xgb/tpe {geomean(ratios['tpe']):.2f}** "
               f"(geometric means of the per-workload ratios; censored medians count as N+1 = {n + 1}). "
               f"Goal: xgb/random <= {meta.get('goal', 0.33)} and xgb/tpe < 1."]
+    lines += random_by_hit_rate(rows, workloads, med, n)
     reached = {s: (sum(int(r["trials_to_95pct"]) <= n for r in rows if r["sampler"] == s),
                    sum(r["sampler"] == s for r in rows)) for s in samplers}
     lines += ["", f"Runs that reached {THRESHOLD:.0%} of best ever within N = {n} trials: "
@@ -527,6 +530,66 @@ def summarize(rows: list, n: int, meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def hit_rate_median(hits: int, draws: int) -> tuple:
+    """Random search's median trials to its first hit when a draw hits with probability p = hits / draws (the
+    geometric distribution: the least k with 1 - (1 - p)^k >= 1/2), with the same median at the ends of p's
+    exact 95% interval (Clopper-Pearson): ``(estimate, low, high)``; no hit: ``(inf, low, inf)``."""
+    from scipy.stats import binomtest
+
+    def median(p: float) -> float:
+        return math.inf if p <= 0 else 1.0 if p >= 1 else float(math.ceil(math.log(0.5) / math.log1p(-p)))
+
+    ci = binomtest(hits, draws).proportion_ci(confidence_level=0.95, method="exact")
+    return median(hits / draws), median(ci.high), median(ci.low)
+
+
+def random_by_hit_rate(rows: list, workloads: list, med: dict, n: int) -> list:
+    """Random search's median trials to 95% from its hit rate instead of its runs, which N censors: a random
+    run's draws do not depend on its measurements, so every draw of every random run (seeds pooled) is one
+    trial of the same chance p of landing at or above 95% of the best ever (each trial counted at its
+    config's estimate, as the curves count it); the median trials to the first hit follow (``hit_rate_median``).
+    The ratio puts xgb's median (the runs above) over it."""
+    if not any(r["sampler"] == "random" for r in rows) or not any(r["sampler"] == "xgb" for r in rows):
+        return []
+    out = ["", f"Random search from its hit rate (uncensored by N): every trial of every random run pooled, a hit "
+           f"is a trial at or above {THRESHOLD:.0%} of best ever; random's median trials to {THRESHOLD:.0%} is "
+           f"the geometric distribution's median at the hit rate (95% interval from the rate's exact interval); "
+           f"xgb is its median above (`>N`: censored, the ratio then a lower bound):", "",
+           "| workload | random draws | hits | random's median trials (95% interval) | xgb | xgb/random |",
+           "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    known, undecided = [], []  # ratios exact or bounded above; workloads where it is not known
+    for w in workloads:
+        if (w, "xgb") not in med:
+            continue
+        rs = [r for r in rows if r["workload"] == w and r["sampler"] == "random"]
+        be = max(float(r["best_ever"]) for r in rows if r["workload"] == w)
+        vals = [v for r in rs for v in trial_values(r)]
+        hits = sum(v >= THRESHOLD * be for v in vals)
+        m, lo, hi = hit_rate_median(hits, len(vals))
+        x = med[w, "xgb"]
+        if x > n:  # xgb censored: its median is above N, the ratio unknown above
+            txt = f">={x / m:.2f}" if hits else "?"
+            undecided.append(w)
+        elif hits:
+            known.append(x / m)
+            txt = f"{x / m:.2f}"
+        else:  # random's median is above lo (95%)
+            known.append(x / lo)
+            txt = f"<={x / lo:.2f}"
+        cell = f"{m:.0f} ({lo:.0f} to {hi:.0f})" if hits else f">{lo:.0f}"
+        out.append(f"| {w} | {len(vals)} | {hits} | {cell} | {fmt_trials(x, n)} | {txt} |")
+    out += ["", f"**xgb/random from the hit rate: {geomean(known):.2f}** (geometric mean over the {len(known)} "
+            f"workloads where the ratio is known or bounded above"
+            + (f"; not known where xgb's median is censored: {', '.join(undecided)}" if undecided else "") + ")."]
+    return out
+
+
+def trial_values(r: dict) -> list:
+    """Each trial's GFLOP/s as the metric counts it: its config's estimate where ``finish_rows`` re-timed
+    (``r["values"]``), else its one measurement."""
+    return r.get("values") or [g or 0.0 for g in r["gflops"]]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--trials", type=int, default=64, help="measured trials per run (N)")
@@ -546,7 +609,7 @@ def main(argv=None) -> int:
                    "stopped and the runs they finished are merged")
     p.add_argument("--retimes", type=int, default=RETIMES, metavar="R",
                    help=f"after the runs, time every contender for a workload's best (within "
-                   f"{1 - RETIME_WINDOW:.0%} of it) R more times and judge by the medians (default {RETIMES}; "
+                   f"{1 - RETIME_WINDOW:.0%}% of it) R more times and judge by the medians (default {RETIMES}; "
                    f"0: the runs' one measurement decides)")
     p.add_argument("--part", help=argparse.SUPPRESS)  # a --jobs child: file-name suffix
     a = p.parse_args(argv)

@@ -118,3 +118,39 @@ def test_a_core_given_back_between_passes_does_not_crown_the_later_contender(tun
     assert est[ids[tiles[1]]] / est[ids[tiles[0]]] == pytest.approx(0.8)
     tuning.finish_rows(rows, 3, retimed)
     assert rows[0]["trials_to_95pct"] == 1  # the run's first config is the best
+
+
+def test_random_search_median_from_its_hit_rate(tuning):
+    # p = 1/2: half the runs hit at the first draw
+    assert tuning.hit_rate_median(50, 100)[0] == 1.0
+    # p = 1/100: the least k with 1 - 0.99^k >= 1/2 is 69; the interval holds it and widens with fewer draws
+    m, lo, hi = tuning.hit_rate_median(10, 1000)
+    assert m == 69.0 and lo < 69 < hi
+    m2, lo2, hi2 = tuning.hit_rate_median(1, 100)
+    assert m2 == 69.0 and lo2 < lo and hi2 > hi
+    # no hit in 288 draws: random's median is above the bound at p's 95% upper limit, and unknown above
+    m, lo, hi = tuning.hit_rate_median(0, 288)
+    assert m == hi == float("inf") and 40 < lo < 70
+
+
+def test_the_hit_rate_table_counts_each_trial_at_its_estimate_and_names_undecided_ratios(tuning):
+    # random draws 3 configs per run: only "hit" reaches 95% of the best, and only once re-timed
+    rnd = [_row(tuning, "random", ["lo", "hit", "mid"], [10.0, 50.0, 20.0]) | {"workload": w}
+           for w in ("w", "v")]
+    xgb = [_row(tuning, "xgb", ["hit"], [50.0]), _row(tuning, "xgb", ["mid"], [20.0]) | {"workload": "v"}]
+    best = _row(tuning, "tpe", ["top"], [100.0])
+    best_v = dict(best, workload="v")
+    rows = rnd + xgb + [best, best_v]
+    retimed = {"hit": [{"gflops": 96.0}] * 5, "top": [{"gflops": 100.0}] * 5}
+    tuning.finish_rows(rows, 3, retimed)
+    med = {("w", "xgb"): 1.0, ("v", "xgb"): 4.0}  # on v xgb never reached 95%: censored at N + 1
+    lines = "\n".join(tuning.random_by_hit_rate(rows, ["w", "v"], med, 3))
+    # w: 1 hit in 3 random draws -> p = 1/3, median 2 trials; xgb's 1 is half of it
+    assert "| w | 3 | 1 | 2 (" in lines and "| 1 | 0.50 |" in lines
+    # v's random also hits ("hit" is the same config), but xgb is censored: a lower bound, kept out of the mean
+    assert "| v | 3 | 1 |" in lines and ">=2.00" in lines
+    assert "from the hit rate: 0.50** (geometric mean over the 1 workloads" in lines and "censored: v" in lines
+    # without the re-timing "hit" (50 < 95) misses: no hit, random's median only bounded below
+    tuning.finish_rows(rows, 3)
+    lines = "\n".join(tuning.random_by_hit_rate(rows, ["w", "v"], {("w", "xgb"): 1.0, ("v", "xgb"): 4.0}, 3))
+    assert "| w | 3 | 0 | >" in lines and "| 1 | <=" in lines
