@@ -16,6 +16,7 @@
 #   fallback  untuned models (every layer's fallback config) with each of bench/_trees/{$TREES}'s fallbacks
 #           (default: old new; $FB_MODELS, the zoo's and torchvision's (tv_NAME), exported here; $ROUNDS rounds)
 #   plans   --scope auto with the committed H100 log, bench/_trees/{$TREES}: plans timed, kept plans run alternately
+#   plan_noise  the timing that picks --scope auto's plan: in one process, alone, native, and compile's own (issue 26)
 #   fallback_layers  the same, per layer: each tree's fallback configs' kernel time (bench/fallbacks.py)
 #   peak    the device's float32 FMA rate (OpenCL kernel; torch.matmul without TF32 as a cross-check) and copy
 #           bandwidth (clEnqueueCopyBuffer of 1 GiB; a torch copy as a cross-check) -> gpu_peak.json (~30 s)
@@ -113,6 +114,21 @@ for stage in "$@"; do
           echo "$m $tree round $r: $(PYTHONPATH="$REPO/bench/_trees/$tree:/tmp/site" python3 -m tuner run /tmp/pl_${m}_$tree --device nvidia --bench 100 2>/dev/null | tail -1)"
         done; done
       done 2>&1 | tee "$OUT/plans_h100.txt" ;;
+    plan_noise)  # how steady the timing is that picks --scope auto's plan (bench/plan_noise.py): $PL_MODELS, $PROCS processes
+      export_models /tmp/pn "${PL_MODELS:-tv_efficientnet_b0}"
+      make -C "$REPO/native" BUILD=/tmp/pn/native -j8 cli >/dev/null 2>&1 || echo "native build failed"
+      for f in /tmp/pn/models/*.onnx; do m=$(basename "$f" .onnx); W=/tmp/pn/$m; PN="python3 $REPO/bench/plan_noise.py"
+        $PN compile "$f" --out "$W" --log "$REPO/logs/nvidia-gpu-*.jsonl" --transfer-from nvidia-gpu-fcae3850 2>&1 | grep -v Warning
+        for i in $(seq "${PROCS:-6}"); do
+          $PN together "$W" >/dev/null; for p in auto texture buffer; do $PN alone "$W" --plan $p >/dev/null; done
+        done
+        $PN native "$W" --exe /tmp/pn/native/tuner-run --rounds "${PROCS:-6}" >/dev/null
+        for i in 1 2 3; do  # what compile itself times and keeps, in fresh processes
+          echo "compile $i: $(python3 -m tuner compile "$f" --device nvidia --log "$REPO/logs/nvidia-gpu-*.jsonl" \
+            --transfer-from nvidia-gpu-fcae3850 --scope auto --no-progress -o "$W/compiled_$i" 2>&1 | grep -o "whole plans timed.*")"
+        done | tee "$W/compiles.txt"
+        $PN table "$W"; mkdir -p "$OUT/plan_noise/$m"; cp "$W/times.jsonl" "$W/plan_noise.md" "$W/compiles.txt" "$OUT/plan_noise/$m/"
+      done 2>&1 | tee "$OUT/plan_noise.txt" ;;
     cudnn) python3 "$REPO/bench/gpu.py" cudnn --out "$OUT" 2>&1 | tail -5 ;;
     transfer) S=${SIZE:-224}; LOG="$REPO/logs/nvidia-gpu-fcae3850.jsonl"  # the H200's log on this GPU (issue 26)
             for m in resnet18 mobilenet_v2 mobilenet_v3_small; do
