@@ -42,7 +42,7 @@ def _append(d: Path, row: dict) -> None:
 
 
 def cmd_compile(a) -> int:
-    from tuner.compile import compile_model
+    from tuner.compile.compiler import compile_model
     d = Path(a.out)
     d.mkdir(parents=True, exist_ok=True)
     for plan in PLANS:
