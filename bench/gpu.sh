@@ -120,7 +120,7 @@ for stage in "$@"; do
       for f in /tmp/pn/models/*.onnx; do m=$(basename "$f" .onnx); W=/tmp/pn/$m; PN="python3 $REPO/bench/plan_noise.py"
         $PN compile "$f" --out "$W" --log "$REPO/logs/nvidia-gpu-*.jsonl" --transfer-from nvidia-gpu-fcae3850 2>&1 | grep -v Warning
         for i in $(seq "${PROCS:-6}"); do
-          $PN together "$W" >/dev/null; for p in auto texture buffer; do $PN alone "$W" --plan $p >/dev/null; done
+          $PN together "$W" >/dev/null; $PN kernels "$W" --repeats 20 >/dev/null; for p in auto texture buffer; do $PN alone "$W" --plan $p >/dev/null; done
         done
         $PN native "$W" --exe /tmp/pn/native/tuner-run --rounds "${PROCS:-6}" >/dev/null
         for i in 1 2 3; do  # what compile itself times and keeps, in fresh processes

@@ -9,9 +9,10 @@ texture plan timed 1.406 ms in one compile process and 3.866 ms in the next.)
 2. ``together DIR``: one process loads all three (Python executor) and times them in ``--rounds`` alternating
    rounds (``Module.time``: kernels only, inputs on the device), as ``fastest_plan`` does.
 3. ``alone DIR --plan P``: one process loads only plan P and times it the same way.
-4. ``native DIR --exe tuner-run``: each plan in its own ``tuner-run --bench`` process (whole runs with
+4. ``kernels DIR``: as ``together``, each plan's time the sum of its kernels' profiling-event times.
+5. ``native DIR --exe tuner-run``: each plan in its own ``tuner-run --bench`` process (whole runs with
    transfers), ``--rounds`` processes each, the plans alternating.
-5. ``table DIR``: per way of timing, each plan's median, the spread within a process (max/min of its rounds)
+6. ``table DIR``: per way of timing, each plan's median, the spread within a process (max/min of its rounds)
    and between processes (max/min of the processes' medians), and how often each plan came out fastest.
 
 Every step appends its JSON lines to ``DIR/times.jsonl``; ``table`` writes ``DIR/plan_noise.md``.
@@ -75,6 +76,19 @@ def cmd_time(a, plans) -> int:
     return 0
 
 
+def cmd_kernels(a) -> int:
+    """As ``together``, but each round a plan's time is the sum of its kernels' times from profiling events
+    (``Module.profile``: device time, no host enqueue cost)."""
+    d = Path(a.dir)
+    mods = {p: _load(d, p, a.device) for p in PLANS}
+    rounds = {p: [] for p in PLANS}
+    for r in range(a.rounds):
+        for p in (PLANS if r % 2 == 0 else PLANS[::-1]):
+            rounds[p].append(mods[p].profile(a.repeats)["kernel_total_s"])
+    _append(d, {"way": "kernels", "pid": os.getpid(), "rounds_s": rounds})
+    return 0
+
+
 def cmd_native(a) -> int:
     d = Path(a.dir)
     from tuner.native import opencl_env
@@ -99,16 +113,17 @@ def cmd_table(a) -> int:
     rows = [json.loads(x) for x in (d / "times.jsonl").read_text().splitlines() if x.strip()]
     lines = [f"# Timing the candidate plans: {d.name}", "",
              "Milliseconds. `together`: one process holding all three plans, alternating rounds (what `fastest_plan` "
-             "does); `alone`: a process holding one plan; `native`: one `tuner-run --bench` process per time (whole "
+             "does); `alone`: a process holding one plan; `kernels`: as together, the sum of the kernels' profiling-event "
+             "times; `native`: one `tuner-run --bench` process per time (whole "
              "runs, transfers included). Within: max/min of one process's rounds (the median over processes); "
              "between: max/min of the processes' medians.", "",
              "| way | plan | processes | median | within | between | fastest in |", "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
-    for way in ("together", "alone", "native"):
+    for way in ("together", "alone", "kernels", "native"):
         rs = [r for r in rows if r["way"] == way]
         if not rs:
             continue
         wins = {}
-        for r in rs if way == "together" else []:
+        for r in rs if way in ("together", "kernels") else []:
             meds = {p: statistics.median(v) for p, v in r["rounds_s"].items()}
             best = min(meds, key=meds.get)
             wins[best] = wins.get(best, 0) + 1
@@ -144,7 +159,7 @@ def main(argv=None) -> int:
     c.add_argument("--out", required=True)
     c.add_argument("--log")
     c.add_argument("--transfer-from")
-    for name in ("together", "alone", "native", "table"):
+    for name in ("together", "alone", "kernels", "native", "table"):
         s = sub.add_parser(name)
         s.add_argument("dir")
         s.add_argument("--rounds", type=int, default=6)
@@ -162,6 +177,8 @@ def main(argv=None) -> int:
         return cmd_time(a, list(PLANS))
     if a.cmd == "alone":
         return cmd_time(a, [a.plan])
+    if a.cmd == "kernels":
+        return cmd_kernels(a)
     if a.cmd == "native":
         return cmd_native(a)
     return cmd_table(a)
