@@ -17,6 +17,7 @@
 #           (default: old new; $FB_MODELS, the zoo's and torchvision's (tv_NAME), exported here; $ROUNDS rounds)
 #   plans   --scope auto with the committed H100 log, bench/_trees/{$TREES}: plans timed, kept plans run alternately
 #   plan_noise  the timing that picks --scope auto's plan: in one process, alone, native, and compile's own (issue 26)
+#   plan_timer  compile --scope auto with --plan-timer native and python (3 processes each), the kept plans run natively
 #   fallback_layers  the same, per layer: each tree's fallback configs' kernel time (bench/fallbacks.py)
 #   peak    the device's float32 FMA rate (OpenCL kernel; torch.matmul without TF32 as a cross-check) and copy
 #           bandwidth (clEnqueueCopyBuffer of 1 GiB; a torch copy as a cross-check) -> gpu_peak.json (~30 s)
@@ -129,6 +130,20 @@ for stage in "$@"; do
         done | tee "$W/compiles.txt"
         $PN table "$W"; mkdir -p "$OUT/plan_noise/$m"; cp "$W/times.jsonl" "$W/plan_noise.md" "$W/compiles.txt" "$OUT/plan_noise/$m/"
       done 2>&1 | tee "$OUT/plan_noise.txt" ;;
+    plan_timer)  # compile --scope auto with --plan-timer native and python, 3 processes each; then the kept plans run by tuner-run
+      export_models /tmp/pt "${PL_MODELS:-tv_efficientnet_b0,tv_mobilenet_v3_large}"
+      ln -sfn "$REPO/native" /tmp/site/native  # the installed package has no native sources; tuner-run builds from these
+      for f in /tmp/pt/models/*.onnx; do m=$(basename "$f" .onnx)
+        for i in 1 2 3; do for t in native python; do
+          s=$(date +%s.%N)
+          line=$(python3 -m tuner compile "$f" --device nvidia --log "$REPO/logs/nvidia-gpu-*.jsonl" --transfer-from nvidia-gpu-fcae3850 \
+            --plan-timer $t --no-progress -o /tmp/pt/${m}_${t}_$i 2>&1 | grep -E "whole plans timed|rror" | head -3)
+          echo "$m --plan-timer $t, compile $i ($(echo "$(date +%s.%N) - $s" | bc | cut -c1-5) s): $line"
+        done; done
+        for r in 1 2 3; do for t in native python; do
+          echo "$m kept by $t, tuner-run round $r: $(python3 -m tuner run /tmp/pt/${m}_${t}_1 --device nvidia --runtime native --bench 100 2>&1 | tail -1)"
+        done; done
+      done 2>&1 | tee "$OUT/plan_timer.txt" ;;
     cudnn) python3 "$REPO/bench/gpu.py" cudnn --out "$OUT" 2>&1 | tail -5 ;;
     transfer) S=${SIZE:-224}; LOG="$REPO/logs/nvidia-gpu-fcae3850.jsonl"  # the H200's log on this GPU (issue 26)
             for m in resnet18 mobilenet_v2 mobilenet_v3_small; do

@@ -114,3 +114,35 @@ def test_the_plans_are_timed_in_alternating_rounds_so_a_slow_spell_does_not_deci
     assert [calls.count(c) for c in dict.fromkeys(calls)] == [C.PLAN_ROUNDS] * plans
     assert calls[plans - 1] == calls[plans]  # the second round runs them the other way round
     assert mod.plan_kept == "auto" and mod.plan_times["auto"] == 1e-3  # the slow first timing did not decide
+
+
+def test_the_plans_can_be_timed_by_the_native_runtime(device, native, tmp_path):
+    """``plan_timer="native"`` times each candidate plan with tuner-run in fresh processes (the runtime a
+    deployed artifact runs in) instead of this process's executor; the kept plan is still the fastest, and runs
+    as the uniform plan does."""
+    import numpy as np
+
+    from tuner.compile.compiler import compile_model
+    model = zoo_test_models()["conv_pads"]
+    plan = lower_graph(load_graph(model))
+    history = apply_history_best(_records(plan, device.info, [(1e-6, 2e-4), (5e-4, 1e-6), (5e-4, 1e-6)]))
+    mod = compile_model(model, log=history, device=device, scope="auto", plan_timer="native")
+    assert mod.plan_timer == "native" and set(mod.plan_times) >= {"auto", "texture", "buffer"}
+    assert all(t > 0 for t in mod.plan_times.values())
+    assert mod.plan_times[mod.plan_kept] == min(mod.plan_times.values())
+    x = np.random.default_rng(1).standard_normal(mod.spec.entries[mod.spec.inputs[0]].shape).astype(np.float32)
+    ref = compile_model(model, log=history, device=device, scope="buffer").run([x])[0]
+    np.testing.assert_allclose(mod.run([x])[0], ref, rtol=1e-4, atol=1e-5)
+    assert compile_model(model, log=history, device=device, scope="auto").plan_timer == "python"
+
+
+def test_a_plan_timer_where_nothing_is_timed_is_an_error(device):
+    import pytest
+
+    from tuner.compile.compiler import compile_model
+    from tuner.errors import TunerError
+    model = zoo_test_models()["conv_pads"]
+    with pytest.raises(TunerError, match="--plan-timer native times the candidate plans of --scope auto"):
+        compile_model(model, device=device, scope="texture", plan_timer="native")
+    with pytest.raises(TunerError, match="plan_timer='gpu': give one of python, native"):
+        compile_model(model, device=device, scope="auto", plan_timer="gpu")

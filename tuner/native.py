@@ -244,3 +244,22 @@ def opencl_env(base: dict | None = None) -> dict:
     env["OCL_ICD_VENDORS"] = str(vendors)
     env["PYOPENCL_HOME"] = str(vendors)  # the loader needs it set; vendors/.libs does not exist
     return env
+
+
+def bench_artifact(path, device: str, repeats: int = 20, warmup: int = 2, exe=None, timeout: float = 600) -> float:
+    """Median seconds of a whole run (inputs written, kernels, outputs read) of the artifact at ``path``, timed
+    by ``tuner-run --bench`` in a fresh process on ``device`` (a spec tuner-run takes, e.g. the fingerprint).
+    The program binaries are cached in the artifact, so only the first call builds them. ``exe``: tuner-run
+    (default: ``build()``'s, made now if it is not built yet)."""
+    import re
+    exe = Path(exe) if exe else Path(build()["tuner_run"])  # incremental: built on first use
+    cmd = [str(exe), str(path), "--device", device, "--bench", str(repeats), "--warmup", str(warmup)]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, env=opencl_env(), timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise TunerError(f"tuner-run {path} ran over {timeout:.0f} s") from None
+    m = re.search(r"median latency ([0-9.]+) ms", out.stdout)
+    if out.returncode or not m:
+        raise TunerError(f"tuner-run {path} failed (exit {out.returncode}): "
+                         f"{(out.stderr or out.stdout).strip()[-400:]}")
+    return float(m.group(1)) * 1e-3

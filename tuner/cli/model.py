@@ -66,7 +66,8 @@ def cmd_compile(args) -> int:
     try:
         mod = compile_model(_model_path(args.model), log=args.log, device=args.device, scope=args.scope,
                             dtype=args.dtype, input_shapes=_input_shapes(args.input_shape),
-                            progress=not args.no_progress, target=args.target, transfer_from=args.transfer_from)
+                            progress=not args.no_progress, target=args.target, transfer_from=args.transfer_from,
+                            plan_timer=args.plan_timer)
     except TunerError as e:
         if args.device and "no OpenCL device matches" in str(e):
             raise TunerError(f"{e}\nto compile for a device that is not attached, pass its profile: --target "
@@ -101,7 +102,8 @@ def cmd_compile(args) -> int:
 def _print_plan_choice(mod) -> None:
     if getattr(mod, "plan_kept", None):
         times = ", ".join(f"{m} {t * 1e3:.3f} ms" for m, t in mod.plan_times.items())
-        print(f"--scope auto: whole plans timed on the device ({times}); kept the {mod.plan_kept} plan")
+        by = " by tuner-run" if getattr(mod, "plan_timer", "python") == "native" else ""
+        print(f"--scope auto: whole plans timed on the device{by} ({times}); kept the {mod.plan_kept} plan")
 
 
 def print_profile(prof: dict, file=None) -> None:
@@ -383,6 +385,9 @@ def register(sub) -> None:
                    "profile from `tuner devices --json --device D` on it (kernels build on its first load there)")
     p.add_argument("--no-progress", action="store_true")
     add_transfer_arg(p, "fill the layers this device has no record of")
+    p.add_argument("--plan-timer", choices=("python", "native"), default="python", help="with --scope auto, what "
+                   "times the candidate plans: python, this executor (default), or native, tuner-run (the C runtime, "
+                   "built from native/ on first use): time them with the runtime that will run the artifact")
     _add_model_args(p, "texture, buffer, or auto: per layer the scope the log measured faster (default)")
     p.set_defaults(func=cmd_compile)
 

@@ -30,8 +30,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import statistics
+import tempfile
 import warnings
+from pathlib import Path
 
 import numpy as np
 
@@ -40,6 +43,7 @@ from tuner.logs import apply_history_best, current_history
 from tuner.logs.best import FallbackConfigWarning, Pick
 from tuner.logs.record import canonical_json, scope_knobs
 
+import tuner.native as native
 import tuner.runtime.module as M
 from tuner.artifact import kernel_file
 from tuner.codegen.generate import generate
@@ -198,7 +202,8 @@ def _glue_kernel(s: Step, plan: Plan, max_wg: int):
 
 def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str = "float32",
                   input_shapes: dict | None = None, progress: bool = False, target=None,
-                  measure_plans: bool | None = None, prefer=None, transfer_from=None) -> M.Module:
+                  measure_plans: bool | None = None, prefer=None, transfer_from=None,
+                  plan_timer: str = "python") -> M.Module:
     """Compile an ONNX model (path or ModelProto) for ``device`` with the best configs of ``log`` (path,
     glob, list, or an ApplyHistoryBest; None: the active ``with apply_history_best(...)``, if any);
     ``scope``: auto (per layer, from the log), texture or buffer.
@@ -207,6 +212,8 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
     both uniform plans are compiled and run whole on the device, and the fastest is kept (``fastest_plan``),
     so that ``auto`` is never slower than the best uniform plan: the log prices each kernel alone, not the
     mixed-scope kernels, conversions and glue a plan implies, nor how kernels run back to back.
+    ``plan_timer``: what times them, ``python`` (this process's executor) or ``native`` (``tuner-run``, the
+    runtime a deployed artifact runs in; ``fastest_plan`` says why they can disagree).
 
     ``prefer``: which template runs a node several templates take (a 3x3 stride-1 conv2d: direct or Winograd);
     None: the one the log measured fastest; see ``plan.choose_templates``.
@@ -221,13 +228,19 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
     from ``<fingerprint>.jsonl`` beside the logs or in ``logs/``. Unnamed, a sibling's records never apply."""
     dev, info = _open(device, target)
     _check_prefer(prefer)
+    if plan_timer not in PLAN_TIMERS:
+        raise TunerError(f"plan_timer={plan_timer!r}: give one of {', '.join(PLAN_TIMERS)}")
+    if plan_timer != "python" and (scope != "auto" or dev is None):
+        raise TunerError(f"--plan-timer {plan_timer} times the candidate plans of --scope auto on an attached device; "
+                         f"with " + (f"--scope {scope}" if scope != "auto" else "--target") + " nothing is timed: "
+                         f"leave --plan-timer out")
     # another driver's records of this device, then the named siblings', fill what this one lacks
     history = device_history(as_history(log, transfer_from), info, transfer_from)
     graph = load_graph(model, input_shapes)
     if measure_plans is None:
         measure_plans = scope == "auto" and dev is not None and history is not None
     if measure_plans and scope == "auto" and dev is not None:
-        return fastest_plan(graph, history, dev, dtype, progress=progress)
+        return fastest_plan(graph, history, dev, dtype, progress=progress, timer=plan_timer)
     plan = plan_graph(graph, info, scope, history, dtype, prefer)
     return module_of(compile_plan(plan, info, history, progress), dev, progress)
 
@@ -404,21 +417,45 @@ def _check_prefer(prefer) -> None:
 PLAN_ROUNDS = 3  # alternating rounds in which fastest_plan times its candidate plans
 
 
+PLAN_TIMERS = ("python", "native")  # what times the candidate plans (compile_model's plan_timer)
+
+
 def fastest_plan(model, history, device, dtype: str = "float32", input_shapes: dict | None = None,
-                 progress: bool = False, repeats: int = 10) -> M.Module:
+                 progress: bool = False, repeats: int = 10, timer: str = "python") -> M.Module:
     """The per-layer (``auto``) plan and the all-texture and all-buffer plans compiled for ``device`` and timed
-    whole on random inputs (median of ``repeats`` runs after a warm-up, in ``PLAN_ROUNDS`` alternating rounds,
-    the median of the rounds; a plan identical to another is timed once); the fastest module is returned, with
-    ``plan_times`` (plan -> seconds) and ``plan_kept`` set.
+    whole (median of ``repeats`` runs after a warm-up, in ``PLAN_ROUNDS`` alternating rounds, the median of the
+    rounds; a plan identical to another is timed once); the fastest module is returned, with ``plan_times``
+    (plan -> seconds), ``plan_kept`` and ``plan_timer`` set.
+
+    ``timer``: ``python``, this process's executor (``Module.time``: kernels only, on random inputs), or
+    ``native``, the native runtime (``tuner-run --bench`` on each plan saved as an artifact, a fresh process per
+    timing: whole runs with transfers). They can disagree: the Python executor enqueues each kernel from Python
+    (about 10 us a kernel), so on a fast GPU it times the host as much as the device. On an H100,
+    EfficientNet-B0's texture plan ran 1.162 ms and the per-layer plan 1.246 in tuner-run (6 of 6 processes),
+    while the Python executor timed them 1.640 and 1.507 (``bench/plan_noise.py``). Time with the runtime that
+    will run the artifact.
 
     Then the template choice of the kept plan is checked inside the model (``_refine_templates``): the log
     times each kernel alone, with its weights warm in the cache from the previous run, and a Winograd kernel
     reads 16/9 (F(2x2)) or 4x (F(4x4)) the direct kernel's weights, which in a model come cold from memory."""
+    if timer not in PLAN_TIMERS:
+        raise TunerError(f"plan_timer={timer!r}: give one of {', '.join(PLAN_TIMERS)}")
+    if timer == "native" and not getattr(device, "runs_here", not isinstance(device, Runtime)):
+        raise TunerError(f"--plan-timer native times the plans with tuner-run on this machine, and "
+                         f"{device.info.name} is not an OpenCL device here: use --plan-timer python")
     timed, modules, caught = {}, {}, []
     graph = load_graph(model, input_shapes)  # parsed once, planned several ways
+    saved = tempfile.TemporaryDirectory(prefix="tuner-plans-") if timer == "native" else None
 
     def whole(mod) -> float:
-        return statistics.median(_random_inputs(mod).time(repeats))
+        if saved is None:
+            return statistics.median(_random_inputs(mod).time(repeats))
+        path = getattr(mod, "_timed_as", None)
+        if path is None:
+            path = mod._timed_as = Path(saved.name) / f"plan{len(os.listdir(saved.name))}"
+            mod.save(path)
+            native.bench_artifact(path, device.info.fingerprint, repeats=1, warmup=0)  # builds its binaries
+        return native.bench_artifact(path, device.info.fingerprint, repeats=repeats)
 
     def compile_(mode, prefer=None):
         with warnings.catch_warnings(record=True) as notes:  # a candidate's fallbacks matter only if it is kept
@@ -451,7 +488,9 @@ def fastest_plan(model, history, device, dtype: str = "float32", input_shapes: d
         timed[name] = whole(other)
         if timed[name] < timed[kept]:
             kept, mod = name, other
-    mod.plan_times, mod.plan_kept = timed, kept
+    mod.plan_times, mod.plan_kept, mod.plan_timer = timed, kept, timer
+    if saved is not None:
+        saved.cleanup()
     untuned = [canonical_json(n.workload) for n in mod.spec.nodes if n.template and not n.tuned and n.workload]
     seen = set()
     for w in caught:  # the kept plan's warnings (a fallback config it deploys), once each

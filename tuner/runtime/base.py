@@ -21,6 +21,7 @@ class Runtime(abc.ABC):
     """One opened device. ``info``: its profile (the fields ``tuner devices --json`` prints)."""
 
     info: DeviceInfo
+    runs_here = False  # the device is this machine's own: a native program here (tuner-run) can open it
 
     @property
     def fingerprint(self) -> str:

@@ -23,6 +23,8 @@ from tuner.runtime.program import build_program
 class OpenCLRuntime(Runtime):
     """``device``: a Device, or what ``open_device`` takes."""
 
+    runs_here = True
+
     def __init__(self, device=None):
         self.device = device if isinstance(device, Device) else open_device(device)
         self.info = self.device.info
