@@ -135,10 +135,10 @@ for stage in "$@"; do
       ln -sfn "$REPO/native" /tmp/site/native  # the installed package has no native sources; tuner-run builds from these
       for f in /tmp/pt/models/*.onnx; do m=$(basename "$f" .onnx)
         for i in 1 2 3; do for t in native python; do
-          s=$(date +%s.%N)
+          s=$SECONDS
           line=$(python3 -m tuner compile "$f" --device nvidia --log "$REPO/logs/nvidia-gpu-*.jsonl" --transfer-from nvidia-gpu-fcae3850 \
             --plan-timer $t --no-progress -o /tmp/pt/${m}_${t}_$i 2>&1 | grep -E "whole plans timed|rror" | head -3)
-          echo "$m --plan-timer $t, compile $i ($(echo "$(date +%s.%N) - $s" | bc | cut -c1-5) s): $line"
+          echo "$m --plan-timer $t, compile $i ($((SECONDS - s)) s): $line"
         done; done
         for r in 1 2 3; do for t in native python; do
           echo "$m kept by $t, tuner-run round $r: $(python3 -m tuner run /tmp/pt/${m}_${t}_1 --device nvidia --runtime native --bench 100 2>&1 | tail -1)"
