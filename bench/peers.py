@@ -86,6 +86,8 @@ def compile_ours(job: Job, name: str) -> dict:
         cmd += ["--log", a.log]
     if a.transfer_from:
         cmd += ["--transfer-from", a.transfer_from]
+    if a.scope == "auto" and getattr(a, "plan_timer", "python") != "python":
+        cmd += ["--plan-timer", a.plan_timer]
     t0 = time.time()
     rc, text = job.sh(cmd, timeout=900)
     row = {"artifact": str(art), "compile_s": time.time() - t0}
@@ -555,6 +557,9 @@ def main(argv=None) -> int:
         s.add_argument("--log", default=None, help="run: tuning log(s), a file or glob, for `tuner compile`")
         s.add_argument("--transfer-from", default="", help="sibling fingerprints (compile and tune)")
         s.add_argument("--scope", default="auto")
+        s.add_argument("--plan-timer", choices=("python", "native"), default="python",
+                       help="run: with --scope auto, `tuner compile --plan-timer` (native: the plans timed by tuner-run, "
+                       "the side these runs measure; python, the default, as the committed results were made)")
         s.add_argument("--tag", default="run", help="run: the name of this run's rows (untuned, tuned, ...)")
         s.add_argument("--sides", default="native,python,mnn,ort,torch")
         s.add_argument("--deadline", type=float, default=3600.0, help="seconds; later measurements are skipped")
