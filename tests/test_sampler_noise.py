@@ -153,4 +153,4 @@ def test_the_hit_rate_table_counts_each_trial_at_its_estimate_and_names_undecide
     # without the re-timing "hit" (50 < 95) misses: no hit, random's median only bounded below
     tuning.finish_rows(rows, 3)
     lines = "\n".join(tuning.random_by_hit_rate(rows, ["w", "v"], {("w", "xgb"): 1.0, ("v", "xgb"): 4.0}, 3))
-    assert "| w | 3 | 0 | >" in lines and "| 1 | <=" in lines
+    assert "| w | 3 | 0 | >" in lines and "| 1 | <=" in lines and "from the hit rate: <=" in lines

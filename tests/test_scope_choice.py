@@ -116,20 +116,33 @@ def test_the_plans_are_timed_in_alternating_rounds_so_a_slow_spell_does_not_deci
     assert mod.plan_kept == "auto" and mod.plan_times["auto"] == 1e-3  # the slow first timing did not decide
 
 
-def test_the_plans_can_be_timed_by_the_native_runtime(device, native, tmp_path):
+def test_the_plans_can_be_timed_by_the_native_runtime(device, native, monkeypatch):
     """``plan_timer="native"`` times each candidate plan with tuner-run in fresh processes (the runtime a
     deployed artifact runs in) instead of this process's executor; the kept plan is still the fastest, and runs
     as the uniform plan does."""
     import numpy as np
 
+    import tuner.compile.compiler as C
+    import tuner.native
     from tuner.compile.compiler import compile_model
     model = zoo_test_models()["conv_pads"]
     plan = lower_graph(load_graph(model))
     history = apply_history_best(_records(plan, device.info, [(1e-6, 2e-4), (5e-4, 1e-6), (5e-4, 1e-6)]))
+    real, calls, python_timings = tuner.native.bench_artifact, [], []
+    monkeypatch.setattr(tuner.native, "bench_artifact", lambda path, *a, **k: calls.append((path, k)) or real(path, *a, **k))
+    monkeypatch.setattr(C.M.Module, "time", lambda self, *a, **k: python_timings.append(1) or [1e-3])
     mod = compile_model(model, log=history, device=device, scope="auto", plan_timer="native")
     assert mod.plan_timer == "native" and set(mod.plan_times) >= {"auto", "texture", "buffer"}
+    assert not python_timings  # no candidate timed by this process's executor
+    artifacts = list(dict.fromkeys(p for p, _ in calls))
+    builds = [p for p, k in calls if k.get("repeats") == 1]
+    assert sorted(builds) == sorted(artifacts)  # each artifact: one untimed run that builds its binaries ...
+    timed = [p for p, k in calls if k.get("repeats") != 1]
+    assert len(artifacts) >= 2 and all(timed.count(p) >= C.PLAN_ROUNDS for p in artifacts[:2])  # every round
+    assert not any(p.exists() for p in artifacts)  # ... and the saved plans are gone afterwards
     assert all(t > 0 for t in mod.plan_times.values())
     assert mod.plan_times[mod.plan_kept] == min(mod.plan_times.values())
+    monkeypatch.undo()
     x = np.random.default_rng(1).standard_normal(mod.spec.entries[mod.spec.inputs[0]].shape).astype(np.float32)
     ref = compile_model(model, log=history, device=device, scope="buffer").run([x])[0]
     np.testing.assert_allclose(mod.run([x])[0], ref, rtol=1e-4, atol=1e-5)
@@ -146,3 +159,5 @@ def test_a_plan_timer_where_nothing_is_timed_is_an_error(device):
         compile_model(model, device=device, scope="texture", plan_timer="native")
     with pytest.raises(TunerError, match="plan_timer='gpu': give one of python, native"):
         compile_model(model, device=device, scope="auto", plan_timer="gpu")
+    with pytest.raises(TunerError, match="no log holds records for this device, so --scope auto times no plans"):
+        compile_model(model, device=device, scope="auto", plan_timer="native")

@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import statistics
 import tempfile
 import warnings
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -239,6 +239,9 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
     graph = load_graph(model, input_shapes)
     if measure_plans is None:
         measure_plans = scope == "auto" and dev is not None and history is not None
+    if plan_timer != "python" and not (measure_plans and history is not None):
+        raise TunerError(f"--plan-timer {plan_timer}: no log holds records for this device, so --scope auto times "
+                         f"no plans: pass --log, or leave --plan-timer out")
     if measure_plans and scope == "auto" and dev is not None:
         return fastest_plan(graph, history, dev, dtype, progress=progress, timer=plan_timer)
     plan = plan_graph(graph, info, scope, history, dtype, prefer)
@@ -442,20 +445,32 @@ def fastest_plan(model, history, device, dtype: str = "float32", input_shapes: d
         raise TunerError(f"plan_timer={timer!r}: give one of {', '.join(PLAN_TIMERS)}")
     if timer == "native" and not getattr(device, "runs_here", not isinstance(device, Runtime)):
         raise TunerError(f"--plan-timer native times the plans with tuner-run on this machine, and "
-                         f"{device.info.name} is not an OpenCL device here: use --plan-timer python")
+                         f"{device.info.name} is reached through an agent: run the compile on the device's host, "
+                         f"or use --plan-timer python")
+    if timer == "native":
+        exe = native.build()["tuner_run"]  # before any plan is compiled: a missing toolchain fails now
+        paths = weakref.WeakKeyDictionary()  # module -> its artifact; a loser's device memory still goes
+        with tempfile.TemporaryDirectory(prefix="tuner-plans-") as saved:
+            return _fastest_plan(model, history, device, dtype, input_shapes, progress, repeats, timer,
+                                 lambda mod: _native_time(mod, paths, Path(saved), device, exe, repeats))
+    return _fastest_plan(model, history, device, dtype, input_shapes, progress, repeats, timer,
+                         lambda mod: statistics.median(_random_inputs(mod).time(repeats)))
+
+
+def _native_time(mod, paths: dict, saved: Path, device, exe, repeats: int) -> float:
+    """``mod``'s whole-run median by tuner-run: saved as an artifact under ``saved`` on first use (``paths``:
+    module -> its artifact), its binaries built by an untimed run. tuner-run takes the first device of the
+    fingerprint: of two identical cards, the first."""
+    if mod not in paths:
+        paths[mod] = saved / f"plan{len(list(saved.iterdir()))}"
+        mod.save(paths[mod])
+        native.bench_artifact(paths[mod], device.info.fingerprint, repeats=1, warmup=0, exe=exe)
+    return native.bench_artifact(paths[mod], device.info.fingerprint, repeats=repeats, exe=exe)
+
+
+def _fastest_plan(model, history, device, dtype, input_shapes, progress, repeats, timer, whole) -> M.Module:
     timed, modules, caught = {}, {}, []
     graph = load_graph(model, input_shapes)  # parsed once, planned several ways
-    saved = tempfile.TemporaryDirectory(prefix="tuner-plans-") if timer == "native" else None
-
-    def whole(mod) -> float:
-        if saved is None:
-            return statistics.median(_random_inputs(mod).time(repeats))
-        path = getattr(mod, "_timed_as", None)
-        if path is None:
-            path = mod._timed_as = Path(saved.name) / f"plan{len(os.listdir(saved.name))}"
-            mod.save(path)
-            native.bench_artifact(path, device.info.fingerprint, repeats=1, warmup=0)  # builds its binaries
-        return native.bench_artifact(path, device.info.fingerprint, repeats=repeats)
 
     def compile_(mode, prefer=None):
         with warnings.catch_warnings(record=True) as notes:  # a candidate's fallbacks matter only if it is kept
@@ -489,8 +504,6 @@ def fastest_plan(model, history, device, dtype: str = "float32", input_shapes: d
         if timed[name] < timed[kept]:
             kept, mod = name, other
     mod.plan_times, mod.plan_kept, mod.plan_timer = timed, kept, timer
-    if saved is not None:
-        saved.cleanup()
     untuned = [canonical_json(n.workload) for n in mod.spec.nodes if n.template and not n.tuned and n.workload]
     seen = set()
     for w in caught:  # the kept plan's warnings (a fallback config it deploys), once each
