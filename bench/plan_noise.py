@@ -23,15 +23,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import harness  # noqa: E402
 
 PLANS = ("auto", "texture", "buffer")
 
@@ -69,13 +66,20 @@ def _load(d: Path, plan: str, device):
     return mod
 
 
+def _in_rounds(plans: list, rounds: int, measure) -> dict:
+    """``{plan: [measure(plan, round) per round]}``, the plans in alternating order round by round (as
+    ``fastest_plan``)."""
+    out = {p: [] for p in plans}
+    for r in range(rounds):
+        for p in (plans if r % 2 == 0 else plans[::-1]):
+            out[p].append(measure(p, r))
+    return out
+
+
 def cmd_time(a, plans) -> int:
     d = Path(a.dir)
     mods = {p: _load(d, p, a.device) for p in plans}
-    rounds = {p: [] for p in plans}
-    for r in range(a.rounds):
-        for p in (plans if r % 2 == 0 else plans[::-1]):
-            rounds[p].append(statistics.median(mods[p].time(a.repeats)))
+    rounds = _in_rounds(plans, a.rounds, lambda p, _: statistics.median(mods[p].time(a.repeats)))
     _append(d, {"way": "together" if len(plans) > 1 else "alone", "pid": os.getpid(), "rounds_s": rounds})
     return 0
 
@@ -85,30 +89,23 @@ def cmd_kernels(a) -> int:
     (``Module.profile``: device time, no host enqueue cost)."""
     d = Path(a.dir)
     mods = {p: _load(d, p, a.device) for p in PLANS}
-    rounds = {p: [] for p in PLANS}
-    for r in range(a.rounds):
-        for p in (PLANS if r % 2 == 0 else PLANS[::-1]):
-            rounds[p].append(mods[p].profile(a.repeats)["kernel_total_s"])
+    rounds = _in_rounds(list(PLANS), a.rounds, lambda p, _: mods[p].profile(a.repeats)["kernel_total_s"])
     _append(d, {"way": "kernels", "pid": os.getpid(), "rounds_s": rounds})
     return 0
 
 
 def cmd_native(a) -> int:
+    """Each timing one ``tuner-run --bench`` process (``tuner.native.bench_artifact``: its fixed pseudo-random
+    input, this host's OpenCL environment), a JSON line per timing."""
+    from tuner.native import bench_artifact
     d = Path(a.dir)
-    from tuner.native import opencl_env
-    env = dict(os.environ)
-    probe = subprocess.run([a.exe, "--devices"], capture_output=True, text=True, env=env)
-    if probe.returncode or a.device.lower() not in probe.stdout.lower():
-        env = opencl_env(env)
-    for r in range(a.rounds):
-        for p in (PLANS if r % 2 == 0 else PLANS[::-1]):
-            out = subprocess.run([a.exe, d / p, "--device", a.device, "--input", d / "x.npy", "--bench",
-                                  str(a.repeats), "--warmup", "5"], capture_output=True, text=True, env=env)
-            s = harness.latency_s(out.stdout + out.stderr)
-            if s is None:
-                print(f"tuner-run {p}: {(out.stdout + out.stderr)[-400:]}", file=sys.stderr)
-                return 1
-            _append(d, {"way": "native", "round": f"{os.getpid()}.{r}", "rounds_s": {p: [s]}})
+
+    def one(plan: str, r: int) -> float:
+        s = bench_artifact(d / plan, a.device, repeats=a.repeats, warmup=5, exe=a.exe)
+        _append(d, {"way": "native", "round": f"{os.getpid()}.{r}", "rounds_s": {plan: [s]}})
+        return s
+
+    _in_rounds(list(PLANS), a.rounds, one)
     return 0
 
 
