@@ -102,7 +102,7 @@ def cmd_compile(args) -> int:
 def _print_plan_choice(mod) -> None:
     if getattr(mod, "plan_kept", None):
         times = ", ".join(f"{m} {t * 1e3:.3f} ms" for m, t in mod.plan_times.items())
-        by = " by tuner-run" if getattr(mod, "plan_timer", "python") == "native" else ""
+        by = " by tuner-run" if mod.plan_timer == "native" else ""
         print(f"--scope auto: whole plans timed on the device{by} ({times}); kept the {mod.plan_kept} plan")
 
 
