@@ -81,7 +81,14 @@ HELD_OUT = [  # the table's workloads: never tuned while the search was develope
     ("dw5x5.40@20", "depthwise_conv2d", dict(data=(1, 40, 20, 20), kernel=(40, 1, 5, 5), padding=2)),
     ("dense.256-128", "dense", dict(data=(1, 256), weight=(128, 256))),
 ]
-WORKLOADS = HELD_OUT
+HELD_OUT_2 = [  # a second held-out set, first measured 2026-11-26 to check a change made after reading HELD_OUT's
+    # measurements (the cost model's launch_waste feature): no run had seen these before
+    ("conv3x3.32-32@16", "conv2d", dict(data=(1, 32, 16, 16), kernel=(32, 32, 3, 3), padding=1)),
+    ("conv1x1.24-64@18", "conv2d", dict(data=(1, 24, 18, 18), kernel=(64, 24, 1, 1))),
+    ("dw3x3.48@18", "depthwise_conv2d", dict(data=(1, 48, 18, 18), kernel=(48, 1, 3, 3), padding=1)),
+    ("dense.384-96", "dense", dict(data=(1, 384), weight=(96, 384))),
+]
+WORKLOADS = HELD_OUT + HELD_OUT_2
 SCOPES = {"input": "buffer", "weight": "buffer", "output": "buffer"}
 
 CSV_FIELDS = ["workload", "template", "workload_args", "scope", "sampler", "seed", "trials", "trials_to_95pct",

@@ -92,6 +92,15 @@ def test_model_knobs_features_and_workload_options_live_on_the_templates(device)
     f = derived_features(conv, conv.space_vars(wl), values)
     assert {"work_per_item", "bytes_per_mac", "registers", "tex.input"} <= set(f)
     assert derived_features("conv2d", conv.space_vars(wl), values) == f
+    # the grid rounds each axis up to whole work-groups: a 32-wide group over a 20-wide row launches 32 columns
+    # (1.6 per useful one), over the 5 tiles of 4 columns it launches 32 (6.4); a group that fits wastes none
+    wide = get_template("conv2d").workload(data=(1, 24, 20, 20), kernel=(48, 24, 3, 3), padding=1)
+    vars = conv.space_vars(wide)
+    cfg = lambda **k: conv.config_values(wide, dataclasses.replace(conv.fallback(wide, device.info), **k))  # noqa: E731
+    waste = lambda **k: derived_features(conv, vars, cfg(**k))["launch_waste"]  # noqa: E731
+    assert waste(tile_ow=1, wg_w=32, wg_h=2) == pytest.approx(1.6)
+    assert waste(tile_ow=4, wg_w=32, wg_h=2) == pytest.approx(6.4)
+    assert waste(tile_ow=4, wg_w=1, wg_h=4) == pytest.approx(1.0)
     args = build_parser().parse_args(["op", "conv2d", "--data", "1,8,6,6", "--kernel", "8,4,3,3", "--groups", "2",
                                       "--activation", "leaky_relu(0.2)"])
     t, wl = workload_from_args(args)
