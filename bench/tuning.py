@@ -6,7 +6,8 @@ config within 95% of the best one ever seen for a workload it was never develope
     python bench/tuning.py --summarize bench/results/tuning_<fingerprint>.csv   # redo the tables from a CSV
 
 Held out: the samplers were developed on the ``DEVELOPMENT`` workloads only; the table is measured on the
-``HELD_OUT`` ones, which were never tuned while the search was developed. What the held-out runs may learn
+``HELD_OUT`` ones, which were never tuned while the search was developed (``HELD_OUT_2``: a second set, first
+run after a change that reading ``HELD_OUT``'s measurements had suggested). What the held-out runs may learn
 from is what a user's device log holds before a new layer comes: the development workloads, each tuned with
 ``M`` random configs on this device (the transfer corpus, measured once, ``<out>/tuning_corpus_<fp>.jsonl``).
 Every run starts from a fresh JSONL log holding that corpus and a fresh SQLite study, and calls
