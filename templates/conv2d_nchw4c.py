@@ -156,7 +156,11 @@ def fallback(wl: Conv2dWorkload, info) -> Conv2dConfig:
     output is that large, a 16x4 work-group trimmed to the output, textures on GPUs that can hold them. On a
     GPU the work must also fill the device (``gpu_fill_target``: work-items per compute unit): a layer with
     too few output tiles takes smaller tiles, then splits each tile's reduction over up to 32 work-items
-    (``split_k``) -- the shape of every best config the H200's log holds for small late layers."""
+    (``split_k``) -- the shape of every best config the H200's log holds for small late layers. On a CPU, whose
+    OpenCL compilers vectorize across the work-items of dimension 0, one column per work-item (4 channel blocks
+    where the groups allow) in a work-group up to 32 columns wide: the region of every best config of the tuning
+    benchmark's convolutions on Intel's CPU runtime, and 0.47x the kernel time of the 4-column fallback on
+    ResNet-18 at 224 (``bench/fallbacks.py``, 2026-11-26)."""
     v = space_vars(wl)
     scope = texture_scopes(wl, info, [("nchw4c", wl.data), ("nchw4c", wl.out_shape), ("oihw4o", wl.kernel)])
     tile_oc = 2 if v["OBG"] >= 2 and (v["G"] == 1 or v["OBG"] % 2 == 0) else 1
@@ -165,7 +169,12 @@ def fallback(wl: Conv2dWorkload, info) -> Conv2dConfig:
     target = gpu_fill_target(info)
     while items(tile_oc, tile_ow) < target and (tile_ow > 1 or tile_oc > 1):
         tile_ow, tile_oc = (tile_ow // 2, tile_oc) if tile_ow > 1 else (tile_ow, 1)
-    wg_w, wg_h = fit_work_group(-(-v["OW"] // tile_ow), v["OH"], info)
+    if info.type == "CPU":  # CPU compilers vectorize across the work-items of dimension 0: one column each
+        tile_oc = 4 if v["OBG"] >= 4 and (v["G"] == 1 or v["OBG"] % 4 == 0) else tile_oc
+        tile_ow = 1
+        wg_w, wg_h = fit_work_group(v["OW"], v["OH"], info, want_w=32, want_h=2)
+    else:
+        wg_w, wg_h = fit_work_group(-(-v["OW"] // tile_ow), v["OH"], info)
     split_k = 1
     while items(tile_oc, tile_ow) * split_k < target and split_k < 32:
         k = split_k * 2  # the space's limits: channel steps, work-group size, __local partial sums
