@@ -93,7 +93,7 @@ def test_op_check_and_time_every_template(capsys):
 
 def test_op_json_config_and_source(capsys):
     argv = ["op", "conv2d", "--data", "1,8,6,6", "--kernel", "8,8,1,1", "--scope", "texture", "--config",
-            '{"tile_oc": 2, "tile_ow": 2}', "--check", "--json", "--show-source"]
+            '{"tile_oc": 2, "tile_ow": 2, "wg_w": 2}', "--check", "--json", "--show-source"]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "read_imagef(X, sampler" in out

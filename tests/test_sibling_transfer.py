@@ -56,7 +56,7 @@ def _compile(model, records, b, **kw):
 def test_a_sibling_log_applies_only_when_named_and_says_so(conv_model, pair):
     a, b = pair
     task = _task(conv_model, b)
-    records = [Record.new(task.template, task.workload, _config(task, a, tile_oc=1, tile_ow=2), a, costs=[1e-4])]
+    records = [Record.new(task.template, task.workload, _config(task, a, tile_oc=1, tile_ow=2, wg_w=4), a, costs=[1e-4])]
     with pytest.warns(SiblingDeviceHint, match=f"--transfer-from {a.fingerprint}"):
         with pytest.warns(FallbackConfigWarning):
             plain = _compile(conv_model, records, b)
@@ -100,7 +100,7 @@ def test_a_task_with_records_here_never_takes_a_siblings(conv_model, pair):
     a, b = pair
     task = _task(conv_model, b)
     mine = Record.new(task.template, task.workload, _config(task, b, tile_ow=1), b, costs=[5e-3])
-    theirs = Record.new(task.template, task.workload, _config(task, a, tile_ow=2), a, costs=[1e-6])
+    theirs = Record.new(task.template, task.workload, _config(task, a, tile_ow=2, wg_w=4), a, costs=[1e-6])
     with warnings.catch_warnings():
         warnings.simplefilter("error", SiblingConfigWarning)  # nothing of A's fills anything: no warning
         mod = _compile(conv_model, [mine, theirs], b, transfer_from=[a.fingerprint])
