@@ -553,17 +553,17 @@ def window_features(v: dict, k: dict, oc: int, blocks: int, lanes: int) -> dict:
     ``blocks``) by tile_oh x tile_ow outputs, ``lanes`` multiply-adds per channel block and tap (16 for a
     full conv: 4 input lanes x 4 output channels; 4 for depthwise)."""
     tile = oc * k["tile_oh"] * k["tile_ow"]
-    items = v["N"] * math.ceil(blocks / oc) * math.ceil(v["OH"] / k["tile_oh"]) * math.ceil(v["OW"] / k["tile_ow"])
+    n_ow, n_oh = math.ceil(v["OW"] / k["tile_ow"]), math.ceil(v["OH"] / k["tile_oh"])  # tiles along a row, a column
+    items = v["N"] * math.ceil(blocks / oc) * n_oh * n_ow
     wg = k["wg_w"] * k["wg_h"]
     reads = k["tile_oh"] * k["tile_ow"] + oc * lanes // 4  # input pixels per tap against the weights they meet
-    n_ow, n_oh = math.ceil(v["OW"] / k["tile_ow"]), math.ceil(v["OH"] / k["tile_oh"])
     # work-items launched per useful one: the grid rounds each axis up to whole work-groups (a 32-wide group
     # over 5 tiles of a row launches 32)
     launch = math.ceil(n_ow / k["wg_w"]) * k["wg_w"] * math.ceil(n_oh / k["wg_h"]) * k["wg_h"] / (n_ow * n_oh)
     return {"work_per_item": _log2(tile), "wg_size": _log2(wg), "items": _log2(items), "groups": _log2(items / wg),
             "launch_waste": launch,
             "bytes_per_mac": 16 * reads / (tile * lanes), "registers": 4 * tile + 4 * reads,
-            "padding_waste": math.ceil(v["OW"] / k["tile_ow"]) * k["tile_ow"] / v["OW"],
+            "padding_waste": n_ow * k["tile_ow"] / v["OW"],
             "local_input": float(k.get("local_input", False)), "half": float(k.get("compute", "float32") != "float32")}
 
 

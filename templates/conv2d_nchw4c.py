@@ -163,18 +163,15 @@ def fallback(wl: Conv2dWorkload, info) -> Conv2dConfig:
     ResNet-18 at 224 (``bench/fallbacks.py``, 2026-11-26)."""
     v = space_vars(wl)
     scope = texture_scopes(wl, info, [("nchw4c", wl.data), ("nchw4c", wl.out_shape), ("oihw4o", wl.kernel)])
-    tile_oc = 2 if v["OBG"] >= 2 and (v["G"] == 1 or v["OBG"] % 2 == 0) else 1
-    tile_ow = 4 if v["OW"] >= 8 else 2 if v["OW"] >= 2 else 1
+    cpu = info.type == "CPU"  # CPU compilers vectorize across the work-items of dimension 0: one column each
+    fits = lambda oc: v["OBG"] >= oc and (v["G"] == 1 or v["OBG"] % oc == 0)  # noqa: E731
+    tile_oc = next(oc for oc in ((4, 2) if cpu else (2,)) + (1,) if oc == 1 or fits(oc))
+    tile_ow = 1 if cpu else 4 if v["OW"] >= 8 else 2 if v["OW"] >= 2 else 1
     items = lambda oc, ow: v["N"] * -(-v["OB"] // oc) * v["OH"] * -(-v["OW"] // ow)  # noqa: E731
     target = gpu_fill_target(info)
     while items(tile_oc, tile_ow) < target and (tile_ow > 1 or tile_oc > 1):
         tile_ow, tile_oc = (tile_ow // 2, tile_oc) if tile_ow > 1 else (tile_ow, 1)
-    if info.type == "CPU":  # CPU compilers vectorize across the work-items of dimension 0: one column each
-        tile_oc = 4 if v["OBG"] >= 4 and (v["G"] == 1 or v["OBG"] % 4 == 0) else tile_oc
-        tile_ow = 1
-        wg_w, wg_h = fit_work_group(v["OW"], v["OH"], info, want_w=32, want_h=2)
-    else:
-        wg_w, wg_h = fit_work_group(-(-v["OW"] // tile_ow), v["OH"], info)
+    wg_w, wg_h = fit_work_group(-(-v["OW"] // tile_ow), v["OH"], info, *((32, 2) if cpu else ()))
     split_k = 1
     while items(tile_oc, tile_ow) * split_k < target and split_k < 32:
         k = split_k * 2  # the space's limits: channel steps, work-group size, __local partial sums

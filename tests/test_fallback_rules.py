@@ -1,7 +1,8 @@
 """The fallback rules that shape an untuned layer for a GPU (``templates/common.gpu_fill_target``): on a large GPU
 the fallback of a convolution, a depthwise or a dense layer gives the device the work-items it keeps in flight,
 the way every best config of the H100's and H200's logs does; on a phone GPU of few compute units, and on a CPU,
-it keeps its wider tiles (a CPU's convolution takes one column per work-item in a wide work-group instead). Each pick is a valid config of the template's space. No device: device profiles."""
+it keeps its wider tiles (a CPU's convolution takes one column per work-item in a wide work-group instead). Each
+pick is a valid config of the template's space. No device: device profiles."""
 from __future__ import annotations
 
 import math
@@ -82,9 +83,9 @@ def test_conv2d_fallback_fills_a_big_gpu_and_leaves_a_cpu_alone():
     assert cpu.split_k == 1
 
 
-@pytest.mark.parametrize("data,kernel,groups", [((1, 64, 56, 56), (64, 64, 3, 3), 1), ((1, 24, 20, 20), (48, 24, 3, 3), 1),
-                                                 ((1, 512, 7, 7), (512, 512, 3, 3), 1), ((1, 32, 14, 14), (32, 8, 3, 3), 4),
-                                                 ((1, 8, 9, 9), (4, 8, 1, 1), 1)])
+@pytest.mark.parametrize("data,kernel,groups", [
+    ((1, 64, 56, 56), (64, 64, 3, 3), 1), ((1, 24, 20, 20), (48, 24, 3, 3), 1), ((1, 512, 7, 7), (512, 512, 3, 3), 1),
+    ((1, 32, 14, 14), (32, 8, 3, 3), 4), ((1, 8, 9, 9), (4, 8, 1, 1), 1)])
 def test_conv2d_fallback_on_a_cpu_is_one_column_per_work_item_in_a_wide_group(data, kernel, groups):
     """CPU compilers vectorize across the work-items of dimension 0 (2026-11-26, Intel's CPU runtime: this rule's
     fallbacks take 0.47x the old ones' kernel time on ResNet-18 at 224, bench/notes/config-transfer.md)."""

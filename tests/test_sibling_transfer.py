@@ -56,7 +56,8 @@ def _compile(model, records, b, **kw):
 def test_a_sibling_log_applies_only_when_named_and_says_so(conv_model, pair):
     a, b = pair
     task = _task(conv_model, b)
-    records = [Record.new(task.template, task.workload, _config(task, a, tile_oc=1, tile_ow=2, wg_w=4), a, costs=[1e-4])]
+    cfg = _config(task, a, tile_oc=1, tile_ow=2, wg_w=4)
+    records = [Record.new(task.template, task.workload, cfg, a, costs=[1e-4])]
     with pytest.warns(SiblingDeviceHint, match=f"--transfer-from {a.fingerprint}"):
         with pytest.warns(FallbackConfigWarning):
             plain = _compile(conv_model, records, b)
