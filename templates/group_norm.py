@@ -1,0 +1,231 @@
+"""Group normalization, InstanceNormalization included: ``Y = (X - mean) / sqrt(var + epsilon) * S[c] + B[c]``
+over NCHW ``X``, the statistics per (image, group of C / groups channels) over those channels and H x W
+(InstanceNorm: groups = C; GroupNorm(1): the whole image).
+
+A unit is one group of one image -- or, with groups = C, one block of 4 channels, whose lanes are 4
+independent groups. Its texels: every (channel block of the group, h, w). Supported are groups = C, groups = 1
+(the last block's padding lanes left out) and groups of a multiple of 4 channels.
+
+Statistics in one read, numerically shifted: each work-item sums ``d = x - K`` and ``d * d``, with ``K`` the
+unit's first element, so the variance ``sum(d^2)/n - (sum(d)/n)^2`` does not cancel the way raw sums do when
+the mean is large. Schedule (``templates/reduction.py``): L work-items per unit meet in a local-memory tree and
+then normalize their own texels in the same kernel (a second read of X); with a split into T chunks the first
+kernel writes each chunk's two sums and a second kernel, over the same chunks, combines the T partials of its
+unit and normalizes its chunk."""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from tuner.ir.buffer import buffer
+from tuner.ir.builder import Builder
+from tuner.ir.expr import Broadcast, ExtractLane, Ramp, as_expr, call, max_, select
+from tuner.ir.kernel import Program
+from tuner.templates.common import Template, WorkloadArg, texture_scopes
+from tuner.templates.reduction import Schedule, ceil_div, fallback_schedule, schedule_features
+from tuner.templates.spatial_reduce import ReduceConfig, _packed, _unravel
+
+
+@dataclass(frozen=True)
+class GroupNormWorkload:
+    """Canonical key: the NCHW input, the group count and epsilon."""
+    data: tuple
+    groups: int
+    epsilon: float = 1e-5
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        object.__setattr__(self, "data", tuple(int(x) for x in self.data))
+        object.__setattr__(self, "groups", int(self.groups))
+        object.__setattr__(self, "epsilon", float(self.epsilon))
+        if len(self.data) != 4 or min(self.data) < 1:
+            raise ValueError(f"group_norm data {list(self.data)}: want a positive 4-D NCHW shape")
+        C = self.data[1]
+        if self.groups < 1 or C % self.groups:
+            raise ValueError(f"group_norm groups={self.groups} must divide the {C} channels")
+        cg = C // self.groups
+        if self.groups not in (1, C) and cg % 4:
+            raise ValueError(f"group_norm of {C} channels in {self.groups} groups: groups of {cg} channels; "
+                             f"supported are one group per channel, one group, or groups of a multiple of 4 "
+                             f"channels")
+        if self.dtype not in ("float32", "float16"):
+            raise ValueError(f"dtype {self.dtype!r}: float32 or float16 storage")
+
+    @property
+    def out_shape(self) -> tuple:
+        return self.data
+
+    @property
+    def flops(self) -> int:
+        return 4 * int(np.prod(self.data))
+
+    def key(self) -> dict:
+        return {"op": "group_norm", **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}}
+
+
+def _units(wl) -> tuple:
+    """(unit grid, texel grid of a unit, per_lane)."""
+    N, C, H, W = wl.data
+    if wl.groups == C:
+        return (N, ceil_div(C, 4)), (1, H, W), True
+    blocks = ceil_div(C, 4) if wl.groups == 1 else C // wl.groups // 4
+    return (N, wl.groups), (blocks, H, W), False
+
+
+def _hsum(v):
+    return (ExtractLane(v, 0) + ExtractLane(v, 1)) + (ExtractLane(v, 2) + ExtractLane(v, 3))
+
+
+def group_norm(wl: GroupNormWorkload, cfg: ReduceConfig):
+    N, C, H, W = wl.data
+    units, texels, per_lane = _units(wl)
+    U, E = int(np.prod(units)), int(np.prod(texels))
+    count = E if per_lane else (C // wl.groups) * H * W  # elements of a group
+    rem = C % 4 if wl.groups == 1 else 0  # the last block's real lanes, groups = 1 only
+    sched = Schedule(U, E, cfg)
+    T = cfg.split
+    X = _packed("X", wl.data, wl.dtype, cfg.input_scope)
+    Y = _packed("Y", wl.data, wl.dtype, cfg.output_scope)
+    S, B = (buffer(name, (C,), wl.dtype, *(("texture:weight", "mace_argument") if cfg.weight_scope == "texture"
+                                            else ("global", "bias4_buffer"))) for name in ("S", "B"))
+    part = buffer("part", (U * T * 2, 4), "float32", "global") if T > 1 else None
+    vec = Ramp(as_expr(0), as_expr(1), 4)
+
+    def at(b, u, e):
+        """The unit's texel ``e``: (n, channel lanes, h, w) and the block index."""
+        n, ub = _unravel(b, u, units, "u")
+        cbi, h, w = _unravel(b, e, texels, "t")
+        cb = ub if per_lane else (ub * texels[0] + cbi if wl.groups > 1 else cbi)
+        return (n, Ramp(cb * 4, as_expr(1), 4), h, w), cb
+
+    def shift(b, u):
+        n, ub = _unravel(b, u, units, "s")
+        first = X[n, Ramp((ub if per_lane else ub * texels[0] if wl.groups > 1 else as_expr(0)) * 4,
+                          as_expr(1), 4), 0, 0]
+        return b.let("K", first if per_lane else Broadcast(ExtractLane(first, 0), 4))
+
+    def deviation(b, u, e, K):
+        idx, cb = at(b, u, e)
+        d = b.let("d", X[idx] - K)
+        if rem:  # the padding lanes of the last block add nothing
+            keep = select(cb < ceil_div(C, 4) - 1, as_expr(1.0), as_expr(0.0))
+            d = b.let("dm", d * call("make_vector", [as_expr(1.0) if j < rem else keep for j in range(4)],
+                                     "float32x4"))
+        return d
+
+    def normalize(b, u, c, lid, K, s, q):
+        """The statistics from the sums ``s``, ``q`` of d and d^2, then this work-item's texels written."""
+        if not per_lane:
+            s, q = Broadcast(_hsum(s), 4), Broadcast(_hsum(q), 4)
+        m = b.let("m", s * (1.0 / count))
+        mean = b.let("mean", K + m)
+        rstd = b.let("rstd", call("rsqrt", [max_(q * (1.0 / count) - m * m, 0.0) + wl.epsilon], "float32x4"))
+        with sched.elements(b, c, lid) as e:
+            idx, _ = at(b, u, e)
+            b.store(Y, idx, (X[idx] - mean) * (rstd * S[idx[1]]) + B[idx[1]])
+
+    b = Builder()
+    with sched.items(b) as (u, c, lid, p):
+        K = shift(b, u)
+        acc = b.allocate("acc", (2,), "float32x4", "private")
+        b.store(acc, 0, 0.0)
+        b.store(acc, 1, 0.0)
+        with sched.elements(b, c, lid) as e:
+            d = deviation(b, u, e, K)
+            b.store(acc, 0, acc[0] + d)
+            b.store(acc, 1, acc[1] + d * d)
+        s, q = sched.tree(b, [acc[0], acc[1]], lambda x, y: x + y, lid, p)
+        if T == 1:
+            with b.if_(sched.valid) if sched.valid is not None else nullcontext():
+                normalize(b, u, c, lid, K, s, q)
+        else:
+            cond = sched.is_writer(lid)
+            with b.if_(cond) if cond is not None else nullcontext():
+                b.store(part, ((u * T + c) * 2, vec), s)
+                b.store(part, ((u * T + c) * 2 + 1, vec), q)
+    name = "instance_norm" if per_lane else "group_norm"
+    if T == 1:
+        return b.kernel(name, [X, S, B, Y])
+    first = b.kernel(f"{name}_stats", [X, part])
+    b = Builder()  # every chunk again: its unit's T partials combined, its texels normalized
+    with sched.items(b) as (u, c, lid, p):
+        K = shift(b, u)
+        acc = b.allocate("acc", (2,), "float32x4", "private")
+        b.store(acc, 0, 0.0)
+        b.store(acc, 1, 0.0)
+        with b.loop("t", T, "serial") as t:
+            b.store(acc, 0, acc[0] + part[(u * T + t) * 2, vec])
+            b.store(acc, 1, acc[1] + part[(u * T + t) * 2 + 1, vec])
+        with b.if_(sched.valid) if sched.valid is not None else nullcontext():
+            normalize(b, u, c, lid, K, acc[0], acc[1])
+    second = b.kernel(f"{name}_apply", [X, S, B, part, Y])
+    return Program(name, (first, second), (X, S, B, Y), (part,))
+
+
+def reference(wl: GroupNormWorkload, inputs: dict) -> np.ndarray:
+    x = np.asarray(inputs["X"], np.float64)
+    xg = x.reshape(x.shape[0], wl.groups, -1)
+    mean = xg.mean(axis=2, keepdims=True)
+    var = ((xg - mean) ** 2).mean(axis=2, keepdims=True)
+    y = ((xg - mean) / np.sqrt(var + wl.epsilon)).reshape(x.shape)
+    return y * np.asarray(inputs["S"], np.float64).reshape(1, -1, 1, 1) + \
+        np.asarray(inputs["B"], np.float64).reshape(1, -1, 1, 1)
+
+
+def random_inputs(wl: GroupNormWorkload, rng) -> dict:
+    """X with a mean far from zero (what the shifted sums are for), S and B of both signs."""
+    C = wl.data[1]
+    return {"X": (rng.standard_normal(wl.data) * 2.0 + 3.0).astype(wl.dtype),
+            "S": rng.standard_normal(C).astype(wl.dtype), "B": rng.standard_normal(C).astype(wl.dtype)}
+
+
+def space_vars(wl: GroupNormWorkload) -> dict:
+    units, texels, _ = _units(wl)
+    return dict(U=int(np.prod(units)), E=int(np.prod(texels)), data=wl.data, C=wl.data[1], groups=wl.groups)
+
+
+VARIABLES = dict(U="units: (image, group) pairs, or (image, block of 4 channels) when groups = C",
+                 E="texels per unit", data="input shape N,C,H,W", C="channels", groups="groups")
+
+
+def fallback(wl: GroupNormWorkload, info) -> ReduceConfig:
+    v = space_vars(wl)
+    scope = texture_scopes(wl, info, [("nchw4c", wl.data)])
+    return ReduceConfig(**fallback_schedule(v["U"], v["E"], info), input_scope=scope, weight_scope=scope,
+                        output_scope=scope)
+
+
+def features(v: dict, k: dict) -> dict:
+    return schedule_features(v["U"], v["E"], k)
+
+
+def describe(wl: GroupNormWorkload) -> str:
+    N, C, H, W = wl.data
+    kind = "instance" if wl.groups == C else f"{wl.groups} groups"
+    return f"{kind} {N}x{C}x{H}x{W}"
+
+
+def lower(ctx, node, ins):
+    """A group_norm node (``passes.fuse_group_norm`` turns torch's Reshape / InstanceNormalization / Reshape
+    into one) of an NCHW tensor; scale and bias go to the kernel as (C,) params."""
+    shape = ctx.shape(node.inputs[0])
+    if len(shape) != 4:
+        raise ValueError(f"group_norm on a {len(shape)}-D tensor {tuple(shape)}: only NCHW inputs have a kernel (a "
+                         f"GroupNorm exported as Reshape(N, G, -1) -> InstanceNormalization -> Reshape back is fused "
+                         f"into one when the reshapes are exactly that)")
+    wl = GroupNormWorkload(shape, int(node.attrs["groups"]), float(node.attrs["epsilon"]), ctx.dtype)
+    inputs, extra = {"X": ins[0]}, {}
+    for key, t in zip(("S", "B"), node.inputs[1:]):
+        inputs[key] = f"{node.name}.{key.lower()}"
+        extra[inputs[key]] = np.ascontiguousarray(np.asarray(ctx.graph.params[t], np.float32).reshape(-1))
+    return wl, inputs, extra
+
+
+WORKLOAD_ARGS = (WorkloadArg("data", "shape", "N,C,H,W", "input shape", required=True),
+                 WorkloadArg("groups", "int", "G", "channel groups (C: InstanceNorm)", required=True),
+                 WorkloadArg("dtype", "dtype", help="storage dtype (accumulation is float32)"))
+TEMPLATE = Template("group_norm", GroupNormWorkload, ReduceConfig, group_norm, reference, random_inputs, fallback,
+                    space_vars, VARIABLES, features=features, describe=describe, workload_args=WORKLOAD_ARGS,
+                    graph_ops=("group_norm",), lower=lower)
