@@ -26,6 +26,9 @@
 #           calls); the empty-kernel floors of each way of timing
 #   models  whole-model latency with the tuned log against PyTorch eager and its CUDA-graph replay
 #   tuning  bench/tuning.py on the GPU: the samplers on the held-out workloads, $JOBS (6) workloads at once
+#   glue    bench/glue.py (issue 35): $GLUE_MODELS exported by torch with PyTorch's CUDA-graph replay timed, then
+#           compiled with the committed logs and --transfer-from auto, checked and profiled under each of
+#           bench/_trees/{$TREES} (compute, reduction and glue kernel time, launches) -> glue_<device>.csv/.md
 #   table   gpu_summary.md from the files under $OUT and the log: per layer against cuDNN and the roofline bound
 # usage: OUT=/tmp/out bench/gpu.sh test tune
 set -uo pipefail
@@ -76,6 +79,13 @@ for stage in "$@"; do
       [ -n "$MNN_PID" ] && { wait "$MNN_PID"; tail -3 "$OUT/mnn_build.txt"; }  # the timing below runs alone
       [ "${AGENT_BENCH:-1}" = 0 ] || python3 "$REPO/bench/agent.py" --device nvidia --out "$OUT" 2>&1 \
         | grep -v "CompilerWarning\|lambda: self._prg\|_create_built\|prg.build" | tail -20 ;;
+    glue)
+      python3 "$REPO/bench/glue.py" export --work /tmp/gw --cuda ${GLUE_MODELS:+--models "$GLUE_MODELS"} 2>&1 | grep -v Warning | tail -12
+      for tree in ${TREES:-old new}; do
+        PYTHONPATH="$REPO/bench/_trees/$tree:/tmp/site" python3 "$REPO/bench/glue.py" ours --work /tmp/gw --tree "$tree" \
+          --device nvidia --log "$REPO/logs/*.jsonl" ${GLUE_MODELS:+--models "$GLUE_MODELS"} 2>&1 | grep -v "Warning\|warn(" | tail -12
+      done
+      python3 "$REPO/bench/glue.py" table --work /tmp/gw --out "$OUT" 2>&1 | tail -20 ;;
     peers) python3 "$REPO/bench/runtimes_gpu.py" all --out "$OUT" --new-tree "$REPO/bench/_trees/new" \
              $([ -d "$REPO/bench/_trees/old/tuner" ] && echo --old-tree "$REPO/bench/_trees/old") \
              --only-variants "${VARIANTS:-relabeled}" --mnn-src "$REPO/.mnn/mnn-src.tgz" \

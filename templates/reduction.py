@@ -110,7 +110,7 @@ def fallback_schedule(units: int, elements: int, info) -> dict:
     """``wg_reduce``, ``units_per_wg`` and ``split`` that are good without tuning, from the device's
     capabilities: on a GPU, about ``GPU_ITEMS_PER_TEXELS`` texels per work-item in work-groups of up to 256
     (TFLite's Adreno size; the TVM Adreno rule gives 25-49 elements a thread), split while the units fill fewer
-    than two work-groups per compute unit; on a CPU (whose compilers vectorize across work-items and pay for
+    than two work-groups per compute unit and a work-item keeps a quarter of that; on a CPU (whose compilers vectorize across work-items and pay for
     barriers) fewer, longer work-items. Never more than ``MAX_TEXELS_PER_ITEM`` texels per work-item."""
     gpu = info.type == "GPU"
     cap = min(256 if gpu else 64, info.max_work_group_size, info.max_work_item_sizes[0])
@@ -118,7 +118,7 @@ def fallback_schedule(units: int, elements: int, info) -> dict:
     L = min(cap, _pow2_floor(max(1, elements // per_item)))
     T = 1
     want_groups = 2 * info.compute_units
-    while (units * T < want_groups and ceil_div(elements, 2 * T * L) >= per_item // 2 and T < 64) or \
+    while (units * T < want_groups and ceil_div(elements, 2 * T * L) >= per_item // 4 and T < 64) or \
             ceil_div(ceil_div(elements, T), L) > MAX_TEXELS_PER_ITEM:
         T *= 2
     P = 1

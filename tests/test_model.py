@@ -158,11 +158,13 @@ def test_auto_scope_follows_the_log(dev, tmp_path):
 def test_extract_tasks_counts_repeated_layers(small_zoo, dev):
     plan = plan_storage(lower_graph(load_graph(small_zoo["resnet18"])), dev.info, "buffer")
     tasks = extract_tasks(plan, alternatives=False)  # the kernels each node runs without a log
-    assert sum(t.count for t in tasks) == sum(s.tuned for s in plan.steps) == 21  # 20 conv + 1 dense
-    assert len(tasks) == 16 and max(t.count for t in tasks) == 2  # blocks 2 of stages 2-4 repeat block 1
+    # 20 conv + 1 dense + the global average pool (spatial_reduce)
+    assert sum(t.count for t in tasks) == sum(s.tuned for s in plan.steps) == 22
+    assert len(tasks) == 17 and max(t.count for t in tasks) == 2  # blocks 2 of stages 2-4 repeat block 1
+    assert [t.template for t in tasks].count("spatial_reduce") == 1
     assert len({t.key() for t in tasks}) == len(tasks)
     assert [t.weight for t in tasks] == sorted((t.weight for t in tasks), reverse=True)
-    assert all(t.fixed == {"act_layout": "nchw4c"} for t in tasks if t.template != "dense")
+    assert all(t.fixed == {"act_layout": "nchw4c"} for t in tasks if t.template not in ("dense", "spatial_reduce"))
     # what tuning measures: every alternative too -- the 13 3x3 stride-1 convolutions (8 distinct) also as
     # Winograd F(2x2) and F(4x4)
     every = model_tasks(small_zoo["resnet18"], dev, scope="buffer")

@@ -2,8 +2,7 @@
 activations (any spec of ``tuner.ir.activations``) and math (erf, sqrt, exp, neg, abs, reciprocal, square,
 pow(p)), binary add / sub / mul / div / prelu with broadcasting (per-channel constants, squeeze-excitation's
 (N, C, 1, 1) gate over H, W, a value per image), mean / max / sum / L2 over H, W, over the channels
-or over all three, group normalization (InstanceNorm, GroupNorm; ``group_norm_kernel``, outside ``GLUE``),
-softmax over channels, max and average pooling (global average pooling and ceil mode included), channel
+or over all three (the reductions over H, W of a model run the ``spatial_reduce`` template), softmax over channels, max and average pooling (global average pooling and ceil mode included), channel
 concat, and relayout (model-boundary packing,
 Flatten/Reshape, texture <-> buffer copies).
 
@@ -761,93 +760,6 @@ def reduce_reference(x, kind: str, keepdims: bool = True, axes=(2, 3), scale: fl
     if kind == "l2":
         return scale * np.sqrt((x * x).sum(axis=axes, keepdims=keepdims))
     return scale * {"mean": np.mean, "max": np.max}[kind](x, axis=axes, keepdims=keepdims)
-
-
-# -- group normalization ------------------------------------------------------------------------------------
-def group_norm_kernel(shape, groups: int, epsilon: float, dtype: str = "float32", in_scope: str = "texture",
-                      out_scope: str = "texture", max_work_group: int = 64):
-    """``Y = (X - mean) / sqrt(var + epsilon) * S[c] + B[c]`` over NCHW ``X``, the statistics per (n, group of
-    C / groups channels) over those channels and H x W (InstanceNormalization: groups = C; GroupNorm(1): the
-    whole image). ``S``, ``B``: (C,) per channel (``bias4_buffer`` buffer or ``mace_argument`` texture, as
-    binary's per-channel constants). Three serial passes (mean, variance of the deviations, write) by one
-    work-item per (n, channel block) when groups = C (lanes never mix), else per (n, group) for groups whose
-    channels are whole blocks of 4 (or groups = 1, the last block's padding lanes left out)."""
-    shape = _packed_shape(shape, "group_norm")
-    _check_dtype(dtype)
-    if len(shape) != 4:
-        raise ValueError(f"group_norm shape {list(shape)}: want 4-D NCHW")
-    N, C, H, W = shape
-    if groups < 1 or C % groups:
-        raise ValueError(f"group_norm groups={groups} must divide the {C} channels")
-    per_lane = groups == C
-    cg = C // groups
-    if not per_lane and cg % 4 and groups != 1:
-        raise ValueError(f"group_norm of {C} channels in {groups} groups: groups of {cg} channels; supported are "
-                         "one group per channel, one group, or groups of a multiple of 4 channels")
-    X, Y = _packed("X", shape, dtype, in_scope), _packed("Y", shape, dtype, out_scope)
-    weights = [buffer(name, (C,), dtype, *(("texture:weight", "mace_argument") if in_scope == "texture"
-                                           else ("global", "bias4_buffer"))) for name in ("S", "B")]
-    S, B = weights
-    b = Builder()
-    if per_lane:
-        with _work_items(b, (N, -(-C // 4)), max_work_group) as (n, cb):
-            ch = Ramp(cb * 4, as_expr(1), 4)
-            acc = b.allocate("acc", (1,), "float32x4", "private")
-            b.store(acc, 0, 0.0)
-            with b.loop("h", H, "serial") as h, b.loop("w", W, "serial") as w:
-                b.store(acc, 0, acc[0] + X[n, ch, h, w])
-            mean = b.let("mean", acc[0] * (1.0 / (H * W)))
-            b.store(acc, 0, 0.0)
-            with b.loop("h", H, "serial") as h, b.loop("w", W, "serial") as w:
-                d = b.let("d", X[n, ch, h, w] - mean)
-                b.store(acc, 0, acc[0] + d * d)
-            scale = b.let("scale", call("rsqrt", [acc[0] * (1.0 / (H * W)) + epsilon], "float32x4") * S[ch])
-            shift = b.let("shift", B[ch] - mean * scale)
-            with b.loop("h", H, "serial") as h, b.loop("w", W, "serial") as w:
-                b.store(Y, (n, ch, h, w), X[n, ch, h, w] * scale + shift)
-        return b.kernel("instance_norm", [X, S, B, Y])
-    blocks, rem = -(-cg // 4), (C % 4 if groups == 1 else 0)
-    full = blocks - (1 if rem else 0)
-    count = cg * H * W
-    with _work_items(b, (N, groups), max_work_group) as idx:
-        n, g = idx
-        cb0 = g * (cg // 4) if groups > 1 else as_expr(0)
-        acc = b.allocate("acc", (1,), "float32x4", "private")
-
-        def each(body, masked_body=None):
-            with b.loop("h", H, "serial") as h, b.loop("w", W, "serial") as w:
-                if full:
-                    with b.loop("cb", full, "serial") as cb:
-                        body(Ramp((cb0 + cb) * 4, as_expr(1), 4), h, w)
-                if rem:
-                    (masked_body or body)(Ramp(as_expr(full * 4), as_expr(1), 4), h, w)
-
-        def mask(v):
-            return _vector([ExtractLane(v, j) if j < rem else as_expr(0.0) for j in range(4)])
-
-        b.store(acc, 0, 0.0)
-        each(lambda ch, h, w: b.store(acc, 0, acc[0] + X[n, ch, h, w]),
-             lambda ch, h, w: b.store(acc, 0, acc[0] + mask(X[n, ch, h, w])))
-        mean = b.let("mean", _hcombine(acc[0], "sum") * (1.0 / count))
-        b.store(acc, 0, 0.0)
-
-        def sq(ch, h, w, masked=False):
-            d = b.let("dl" if masked else "d", X[n, ch, h, w] - mean)
-            b.store(acc, 0, acc[0] + (mask(d * d) if masked else d * d))
-
-        each(sq, lambda ch, h, w: sq(ch, h, w, True))
-        rstd = b.let("rstd", call("rsqrt", [_hcombine(acc[0], "sum") * (1.0 / count) + epsilon], "float32"))
-        each(lambda ch, h, w: b.store(Y, (n, ch, h, w), (X[n, ch, h, w] - mean) * (S[ch] * rstd) + B[ch]))
-    return b.kernel("group_norm", [X, S, B, Y])
-
-
-def group_norm_reference(x, scale, bias, groups: int, epsilon: float) -> np.ndarray:
-    x = np.asarray(x, np.float64)
-    xg = x.reshape(x.shape[0], groups, -1)
-    mean = xg.mean(axis=2, keepdims=True)
-    var = ((xg - mean) ** 2).mean(axis=2, keepdims=True)
-    y = ((xg - mean) / np.sqrt(var + epsilon)).reshape(x.shape)
-    return y * np.asarray(scale).reshape(1, -1, 1, 1) + np.asarray(bias).reshape(1, -1, 1, 1)
 
 
 # -- softmax over channels ------------------------------------------------------------------------------------

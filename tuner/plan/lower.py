@@ -132,13 +132,14 @@ def plan_storage(plan: Plan, info, scope: str = "auto", history=None) -> Plan:
 def _step_cost(step: Step, info, history) -> float:
     """The log's best median of the exact deployed task (the fastest of the node's candidate templates); a
     kernel the log lacks (a mixed-scope boundary kernel nobody tuned) is priced at the slower of its layer's
-    uniform measurements, and a layer with none at all at +inf (unknown), so a measured plan is preferred."""
+    uniform measurements. A layer the log has no record of in either scope is unknown alike in every candidate
+    plan: 0, so that the layers measured decide (with +inf every plan would tie)."""
     exact = [r.median_s for c in step.candidates()
              if (r := history.query(c.op, c.workload, info.fingerprint, c.scopes, FIXED[c.op])) is not None]
     if exact:
         return min(exact)
     known = [m for m in (_measured(history, step, info, sc) for sc in ("texture", "buffer")) if m is not None]
-    return max(known) if known else math.inf
+    return max(known) if known else 0.0
 
 
 def estimate_plan(plan: Plan, info, history) -> float:

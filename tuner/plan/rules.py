@@ -84,18 +84,15 @@ def glue_builder(op: str, step_name: str) -> Callable:
 
 # -- tuned templates ------------------------------------------------------------------------------------------
 
-@lowers("conv2d", "dense")
-def lower_template(ctx: LowerCtx, node, ins, out, shape):
-    """The node runs one of the templates (``templates_for``: registered ones, then the built-in conv2d,
-    depthwise_conv2d, dense, winograd2 and winograd4) whose ``lower`` takes it: the first one is the step
-    (its op is that template's name), the others its ``alternatives`` -- a 3x3 stride-1 conv2d can run the
-    direct conv2d or Winograd F(2x2) or F(4x4), and ``plan.choose_templates`` deploys the one the log measured
-    fastest (the first without measurements). Every alternative's new params (e.g. transformed weights) join
-    ``ctx.extra``; the ones of alternatives not chosen are dropped then."""
-
-    candidates = templates_for(node.op)
+def template_step(ctx: LowerCtx, node, ins, out) -> bool:
+    """Append the node's template step when a template takes it (``templates_for``: registered ones, then the
+    built-in ones): the first one is the step (its op is that template's name), the others its
+    ``alternatives`` -- a 3x3 stride-1 conv2d can run the direct conv2d or Winograd F(2x2) or F(4x4), and
+    ``plan.choose_templates`` deploys the one the log measured fastest (the first without measurements). Every
+    alternative's new params (e.g. transformed weights) join ``ctx.extra``; the ones of alternatives not
+    chosen are dropped then. False when no template takes the node."""
     taken = []
-    for t in candidates:
+    for t in templates_for(node.op):
         try:
             lowered = t.lower(ctx, node, ins)
         except ValueError as e:
@@ -106,11 +103,19 @@ def lower_template(ctx: LowerCtx, node, ins, out, shape):
             taken.append(Step(node.name, t.name, dict(inputs), out, workload=wl))
     if taken:
         ctx.add(dataclasses.replace(taken[0], alternatives=taken[1:]))
+    return bool(taken)
+
+
+@lowers("conv2d", "dense", "group_norm")
+def lower_template(ctx: LowerCtx, node, ins, out, shape):
+    """The node runs one of the templates whose ``lower`` takes it (``template_step``); no other kernel runs
+    these operators."""
+    if template_step(ctx, node, ins, out):
         return
     shapes = " by ".join("x".join(map(str, ctx.shape(x))) for x in node.inputs[:2])
     attrs = {k: v for k, v in node.attrs.items() if k != "residual"}
     raise TunerError(f"node {node.name!r}: no template takes this {node.op} ({shapes}, {attrs}); templates asked: "
-                     f"{', '.join(t.name for t in candidates) or 'none'}")
+                     f"{', '.join(t.name for t in templates_for(node.op)) or 'none'}")
 
 
 # -- glue: elementwise ----------------------------------------------------------------------------------------
@@ -210,6 +215,9 @@ def build_binary(s, plan, max_wg):
 
 @lowers("reduce_mean", "reduce_max", "reduce_sum", "reduce_l2")
 def lower_reduce(ctx: LowerCtx, node, ins, out, shape):
+    """A reduction over H, W (or one of them) runs the ``spatial_reduce`` template; over the channels, glue."""
+    if template_step(ctx, node, ins, out):
+        return
     x_shape = ctx.shape(node.inputs[0])
     axes, keepdims = tuple(node.attrs.get("axes", (2, 3))), bool(node.attrs.get("keepdims", 1))
     mode = K.REDUCE_AXES.get((len(x_shape), axes))
@@ -232,29 +240,6 @@ def build_reduce(s, plan, max_wg):
                            axes=s.attrs.get("axes", (2, 3)), scale=s.attrs.get("scale", 1.0))
 
 
-@lowers("group_norm")
-def lower_group_norm(ctx: LowerCtx, node, ins, out, shape):
-    """NCHW only (``passes.fuse_group_norm`` turns torch's Reshape / InstanceNormalization / Reshape into it);
-    scale and bias go to the kernel as (C,) params."""
-    if len(shape) != 4:
-        raise TunerError(f"node {node.name!r} (group_norm) on a {len(shape)}-D tensor {tuple(shape)}: only NCHW "
-                         "inputs have a kernel (a GroupNorm exported as Reshape(N, G, -1) -> InstanceNormalization "
-                         "-> Reshape back is fused into one when the reshapes are exactly that)")
-    inputs = {"X": ins[0]}
-    for key, t in zip(("S", "B"), node.inputs[1:]):
-        inputs[key] = f"{node.name}.{key.lower()}"
-        ctx.extra[inputs[key]] = np.ascontiguousarray(np.asarray(ctx.graph.params[t], np.float32).reshape(-1))
-    ctx.add(Step(node.name, "group_norm", inputs, out, {"groups": int(node.attrs["groups"]),
-                                                        "epsilon": float(node.attrs["epsilon"])}))
-
-
-@glue("group_norm")
-def build_group_norm(s, plan, max_wg):
-    x, out = plan.tensors[s.inputs["X"]], plan.tensors[s.output]
-    return K.group_norm_kernel(x.shape, s.attrs["groups"], s.attrs["epsilon"], plan.dtype, x.scope, out.scope,
-                               max_wg)
-
-
 @lowers("softmax")
 def lower_softmax(ctx: LowerCtx, node, ins, out, shape):
     if node.attrs.get("axis", 1) != 1:
@@ -272,6 +257,10 @@ def build_softmax(s, plan, max_wg):
 
 @lowers("global_avg_pool", "global_max_pool", "avg_pool", "max_pool")
 def lower_pool(ctx: LowerCtx, node, ins, out, shape):
+    """Global pools (and a pool whose one window is the whole input) run the ``spatial_reduce`` template;
+    windowed pools, glue."""
+    if template_step(ctx, node, ins, out):
+        return
     a = node.attrs
     h, w = ctx.shape(node.inputs[0])[2:]
     attrs = ({"kind": node.op[7:10], "kernel": (h, w), "stride": (1, 1), "padding": (0, 0, 0, 0),

@@ -1,0 +1,277 @@
+"""Where a model's kernel time goes (issue 35): compute layers (the conv2d, depthwise, dense, Winograd and matmul
+templates), reductions (the spatial_reduce and group_norm templates) and glue (every other kernel), per model
+and device, beside a peer measured in the same run: PyTorch's CUDA-graph replay on a GPU, onnxruntime on a CPU.
+
+    python bench/glue.py export --work W [--models a,b] [--cuda]     # torch: ONNX files, inputs, references,
+                                                                     #   and (--cuda) PyTorch's replay times
+    python bench/glue.py ours --work W --tree NAME --device nvidia   # compile, check, profile: W/ours_NAME.json
+    python bench/glue.py table --work W --out DIR                    # glue_<device>.csv and .md
+
+``ours`` runs with whichever tree is first on PYTHONPATH (``bench/runtimes_gpu.py prepare`` makes snapshots under
+bench/_trees/), so that two trees are measured by the same job on the same device: ``--tree`` only names the
+rows. Each model is compiled with ``--scope auto``, the given logs and ``--transfer-from auto`` (as
+``tuner compile``), checked against onnxruntime's output (max error relative to its largest magnitude), then
+profiled (``Module.profile``: per-node kernel time, medians of ``--repeats`` runs from profiling events) and
+timed end to end (``Module.time``: the median of ``--repeats`` runs of the whole model on the run queue,
+inputs uploaded before). ``bench/gpu.sh glue`` is the GPU job.
+
+Models (random weights, BatchNorm statistics calibrated on two random batches, exported by torch's TorchScript
+exporter, opset 17): torchvision's EfficientNet-B0, MobileNetV3-Large, ShuffleNetV2 x1.0 and RegNetY-400MF
+(squeeze-excite pools), and three written here: ``poolformer_s12`` (PoolFormer-S12: GroupNorm(1) before
+every token mixer and MLP, at 224), ``style_in`` (the Johnson et al. style-transfer net: reflection padding,
+InstanceNorm, residual blocks, nearest upsampling, at 128x128) and ``gn32_resnet`` (ResNet-18 with
+GroupNorm(32) in place of BatchNorm, at 224).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import glob
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+COMPUTE = ("conv2d", "depthwise_conv2d", "dense", "winograd2", "winograd4", "matmul")
+REDUCTIONS = ("spatial_reduce", "group_norm")
+MODELS = ("tv_efficientnet_b0", "tv_mobilenet_v3_large", "tv_shufflenet_v2_x1_0", "tv_regnet_y_400mf",
+          "poolformer_s12", "style_in", "gn32_resnet")
+
+
+# -- torch side -----------------------------------------------------------------------------------------------
+def _poolformer_s12(nn):
+    """PoolFormer-S12 (Yu et al. 2022): stages of (GroupNorm(1), avg-pool mixer minus identity, GroupNorm(1),
+    1x1-conv MLP) with layer scale, patch embeddings by strided convolutions; GELU."""
+    import torch
+
+    class Block(nn.Module):
+        def __init__(self, c):
+            super().__init__()
+            self.n1, self.n2 = nn.GroupNorm(1, c), nn.GroupNorm(1, c)
+            self.pool = nn.AvgPool2d(3, 1, 1, count_include_pad=False)
+            self.mlp = nn.Sequential(nn.Conv2d(c, 4 * c, 1), nn.GELU(), nn.Conv2d(4 * c, c, 1))
+            self.s1, self.s2 = (nn.Parameter(torch.full((1, c, 1, 1), 0.5)) for _ in range(2))
+
+        def forward(self, x):
+            y = self.n1(x)
+            x = x + self.s1 * (self.pool(y) - y)
+            return x + self.s2 * self.mlp(self.n2(x))
+
+    dims, depths = (64, 128, 320, 512), (2, 2, 6, 2)
+    layers = [nn.Conv2d(3, dims[0], 7, 4, 2)]
+    for i, (c, d) in enumerate(zip(dims, depths)):
+        if i:
+            layers.append(nn.Conv2d(dims[i - 1], c, 3, 2, 1))
+        layers += [Block(c) for _ in range(d)]
+    layers += [nn.GroupNorm(1, dims[-1]), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(dims[-1], 1000)]
+    return nn.Sequential(*layers)
+
+
+def _style_in(nn):
+    """The Johnson et al. (2016) transformer net as in PyTorch's examples: reflection-padded convolutions with
+    InstanceNorm(affine) and ReLU, five residual blocks, nearest-upsampling convolutions."""
+    def conv(i, o, k, s=1, up=False):
+        layers = [nn.Upsample(scale_factor=2, mode="nearest")] if up else []
+        return layers + [nn.ReflectionPad2d(k // 2), nn.Conv2d(i, o, k, s)]
+
+    def cin(i, o, k, s=1, up=False):
+        return conv(i, o, k, s, up) + [nn.InstanceNorm2d(o, affine=True), nn.ReLU()]
+
+    class Res(nn.Module):
+        def __init__(self, c):
+            super().__init__()
+            self.body = nn.Sequential(*cin(c, c, 3), *conv(c, c, 3), nn.InstanceNorm2d(c, affine=True))
+
+        def forward(self, x):
+            return x + self.body(x)
+
+    return nn.Sequential(*cin(3, 32, 9), *cin(32, 64, 3, 2), *cin(64, 128, 3, 2), *[Res(128) for _ in range(5)],
+                         *cin(128, 64, 3, up=True), *cin(64, 32, 3, up=True), *conv(32, 3, 9))
+
+
+def _build(name: str):
+    import torch
+    from torch import nn
+    if name.startswith("tv_"):
+        import torchvision
+        return getattr(torchvision.models, name[3:])(weights=None), 224
+    if name == "gn32_resnet":
+        import torchvision
+        return torchvision.models.resnet18(weights=None, norm_layer=lambda c: nn.GroupNorm(32, c)), 224
+    torch.manual_seed(0)
+    return {"poolformer_s12": lambda: (_poolformer_s12(nn), 224), "style_in": lambda: (_style_in(nn), 128)}[name]()
+
+
+def cmd_export(args) -> int:
+    import torch
+    work = Path(args.work)
+    (work / "models").mkdir(parents=True, exist_ok=True)
+    out = json.loads((work / "torch.json").read_text()) if (work / "torch.json").exists() else {}
+    for name in args.models.split(","):
+        torch.manual_seed(0)
+        model, size = _build(name)
+        x = torch.from_numpy(np.random.default_rng(0).standard_normal((1, 3, size, size)).astype(np.float32))
+        model.train()
+        with torch.no_grad():  # BatchNorm statistics of random batches, so that activations keep their scale
+            for _ in range(2):
+                model(torch.randn(4, 3, size, size))
+        model.eval()
+        path = work / "models" / f"{name}.onnx"
+        torch.onnx.export(model, (x,), str(path), opset_version=17, dynamo=False, input_names=["x"])
+        np.save(work / "models" / f"{name}.x.npy", x.numpy())
+        row = {"size": size}
+        if args.cuda and torch.cuda.is_available():
+            row["torch_graph_s"] = _torch_graph_time(model, x, args.repeats)
+        out[name] = row
+        print(f"{name}: exported at {size}x{size}" + (f", torch graph {row['torch_graph_s'] * 1e3:.3f} ms"
+                                                       if "torch_graph_s" in row else ""), flush=True)
+        (work / "torch.json").write_text(json.dumps(out, indent=1))
+    return 0
+
+
+def _torch_graph_time(model, x, repeats: int) -> float:
+    """The median of ``repeats`` replays of a CUDA graph of one forward pass (cuDNN, TF32 off), each timed by
+    CUDA events around the replay."""
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True
+    m, xc = model.cuda(), x.cuda()
+    s = torch.cuda.Stream()
+    with torch.no_grad(), torch.cuda.stream(s):
+        for _ in range(5):
+            m(xc)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(g):
+        m(xc)
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    m.cpu()
+    return statistics.median(times)
+
+
+# -- ours ----------------------------------------------------------------------------------------------------
+def _category(row) -> str:
+    t = row.get("template") or ""
+    return "compute" if t in COMPUTE else "reduction" if t in REDUCTIONS else "glue"
+
+
+def cmd_ours(args) -> int:
+    import warnings
+
+    import onnxruntime as ort
+    from tuner.compile.compiler import compile_model
+    work = Path(args.work)
+    path = work / f"ours_{args.tree}.json"
+    out = json.loads(path.read_text()) if path.exists() else {}
+    logs = sorted(p for pattern in args.log.split(",") for p in glob.glob(pattern)) if args.log else None
+    for name in args.models.split(","):
+        onnx_path = work / "models" / f"{name}.onnx"
+        if not onnx_path.exists():
+            print(f"{name}: no {onnx_path}", flush=True)
+            continue
+        x = np.load(work / "models" / f"{name}.x.npy")
+        sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+        t0 = time.perf_counter()
+        ref = sess.run(None, {sess.get_inputs()[0].name: x})[0]
+        ort_s = [time.perf_counter() - t0]
+        for _ in range(min(args.repeats, 10)):
+            t0 = time.perf_counter()
+            sess.run(None, {sess.get_inputs()[0].name: x})
+            ort_s.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            mod = compile_model(str(onnx_path), log=logs, device=args.device, scope="auto",
+                                transfer_from="auto" if logs else None)
+        compile_s = time.perf_counter() - t0
+        got = mod.run([x])[0]
+        err = float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
+        prof = mod.profile(args.repeats)
+        rows = prof["rows"]
+        by = {c: [r for r in rows if _category(r) == c] for c in ("compute", "reduction", "glue")}
+        launches = sum(len(n.calls) for n in mod.spec.nodes)
+        out[name] = {"device": prof["device"], "fingerprint": prof["fingerprint"], "max_rel_err": err,
+                     "compile_s": compile_s, "latency_s": statistics.median(mod.time(args.repeats)),
+                     "kernel_total_s": prof["kernel_total_s"], "launches": launches,
+                     "onnxruntime_cpu_s": statistics.median(ort_s),
+                     **{f"{c}_s": sum(r["median_s"] for r in rs) for c, rs in by.items()},
+                     **{f"{c}_nodes": len(rs) for c, rs in by.items()},
+                     "worst": sorted(((r["median_s"], r["op"], r.get("template") or "") for r in rows
+                                      if _category(r) != "compute"), reverse=True)[:3]}
+        r = out[name]
+        print(f"{name} [{args.tree}]: err {err:.1e}, latency {r['latency_s'] * 1e3:.3f} ms, kernels "
+              f"{r['kernel_total_s'] * 1e3:.3f} ms (compute {r['compute_s'] * 1e3:.3f}, reduction "
+              f"{r['reduction_s'] * 1e3:.3f}, glue {r['glue_s'] * 1e3:.3f}), {launches} launches for "
+              f"{r['compute_nodes']} compute layers", flush=True)
+        path.write_text(json.dumps(out, indent=1))
+        del mod
+    return 0
+
+
+# -- table ---------------------------------------------------------------------------------------------------
+def cmd_table(args) -> int:
+    work, dest = Path(args.work), Path(args.out)
+    dest.mkdir(parents=True, exist_ok=True)
+    torch_t = json.loads((work / "torch.json").read_text()) if (work / "torch.json").exists() else {}
+    trees = sorted(work.glob("ours_*.json"))
+    rows = []
+    for f in trees:
+        tree = f.stem[len("ours_"):]
+        for name, r in json.loads(f.read_text()).items():
+            peer = torch_t.get(name, {}).get("torch_graph_s")
+            rows.append({"model": name, "tree": tree, "device": r["device"], "max_rel_err": f"{r['max_rel_err']:.1e}",
+                         "latency_ms": r["latency_s"] * 1e3, "kernels_ms": r["kernel_total_s"] * 1e3,
+                         "compute_ms": r["compute_s"] * 1e3, "reduction_ms": r["reduction_s"] * 1e3,
+                         "glue_ms": r["glue_s"] * 1e3,
+                         "non_compute_share": (r["reduction_s"] + r["glue_s"]) / max(r["kernel_total_s"], 1e-12),
+                         "launches": r["launches"], "compute_layers": r["compute_nodes"],
+                         "launches_per_compute": r["launches"] / max(r["compute_nodes"], 1),
+                         "peer": "torch_cuda_graph" if peer else "onnxruntime_cpu",
+                         "peer_ms": (peer or r["onnxruntime_cpu_s"]) * 1e3,
+                         "speedup_vs_peer": (peer or r["onnxruntime_cpu_s"]) / r["latency_s"],
+                         "worst_non_compute": "; ".join(f"{op}{'/' + t if t else ''} {s * 1e3:.3f}" for s, op, t in r["worst"])})
+    if not rows:
+        print(f"no ours_*.json under {work}")
+        return 2
+    device = rows[0]["device"].replace(" ", "_")
+    fields = list(rows[0])
+    with open(dest / f"glue_{device}.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows)
+    fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)  # noqa: E731
+    lines = ["| " + " | ".join(fields) + " |", "|" + "---|" * len(fields)]
+    lines += ["| " + " | ".join(fmt(r[k]) for k in fields) + " |" for r in sorted(rows, key=lambda r: (r["model"], r["tree"]))]
+    (dest / f"glue_{device}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("cmd", choices=("export", "ours", "table"))
+    p.add_argument("--work", required=True)
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--cuda", action="store_true", help="export: time PyTorch's CUDA-graph replay too")
+    p.add_argument("--tree", default="new", help="ours: the name of this tree's rows")
+    p.add_argument("--device", default=None)
+    p.add_argument("--log", default="logs/*.jsonl", help="ours: comma-separated globs of logs ('' for none)")
+    p.add_argument("--repeats", type=int, default=50)
+    p.add_argument("--out", default=str(HERE / "results" / "glue"))
+    args = p.parse_args(argv)
+    return {"export": cmd_export, "ours": cmd_ours, "table": cmd_table}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
