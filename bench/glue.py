@@ -5,6 +5,7 @@ and device, beside a peer measured in the same run: PyTorch's CUDA-graph replay 
     python bench/glue.py export --work W [--models a,b] [--cuda]     # torch: ONNX files, inputs, references,
                                                                      #   and (--cuda) PyTorch's replay times
     python bench/glue.py ours --work W --tree NAME --device nvidia   # compile, check, profile: W/ours_NAME.json
+    python bench/glue.py tune --work W --device nvidia --out-log L   # the models' reduction tasks tuned into L
     python bench/glue.py table --work W --out DIR                    # glue_<device>.csv and .md
 
 ``ours`` runs with whichever tree is first on PYTHONPATH (``bench/runtimes_gpu.py prepare`` makes snapshots under
@@ -219,6 +220,36 @@ def cmd_ours(args) -> int:
     return 0
 
 
+def cmd_tune(args) -> int:
+    """Every reduction task (``REDUCTIONS``) of the models' plans, tuned with ``--trials`` measurements each (the
+    fallback config first), the slowest-looking first, until ``--deadline`` seconds have passed."""
+    from tuner.compile.compiler import model_tasks
+    from tuner.runtime.device import open_device
+    from tuner.search.tune import tune
+    dev = open_device(args.device)
+    logs = sorted(p for pattern in args.log.split(",") for p in glob.glob(pattern)) if args.log else None
+    tasks, seen = [], set()
+    for name in args.models.split(","):
+        onnx_path = Path(args.work) / "models" / f"{name}.onnx"
+        if onnx_path.exists():
+            for t in model_tasks(str(onnx_path), dev, scope="auto", log=logs):
+                if t.template in REDUCTIONS and t.key() not in seen:
+                    seen.add(t.key())
+                    tasks.append(t)
+    tasks.sort(key=lambda t: -t.workload.flops * t.count)
+    start = time.perf_counter()
+    print(f"{len(tasks)} reduction tasks", flush=True)
+    for i, t in enumerate(tasks):
+        if time.perf_counter() - start > args.deadline:
+            print(f"deadline: {len(tasks) - i} tasks not tuned", flush=True)
+            break
+        r = tune(t.template, t.workload, dev, trials=args.trials, log=args.out_log, scopes=t.scopes, fixed=t.fixed,
+                 fallback_first=True, progress=False)
+        print(f"[{i + 1}/{len(tasks)}] {t.template} {t.label}: best {r.best.median_s * 1e6:.1f} us"
+              if r.best else f"[{i + 1}/{len(tasks)}] {t.label}: no valid config", flush=True)
+    return 0
+
+
 # -- table ---------------------------------------------------------------------------------------------------
 def cmd_table(args) -> int:
     work, dest = Path(args.work), Path(args.out)
@@ -260,7 +291,7 @@ def cmd_table(args) -> int:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("cmd", choices=("export", "ours", "table"))
+    p.add_argument("cmd", choices=("export", "ours", "tune", "table"))
     p.add_argument("--work", required=True)
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--cuda", action="store_true", help="export: time PyTorch's CUDA-graph replay too")
@@ -268,9 +299,12 @@ def main(argv=None) -> int:
     p.add_argument("--device", default=None)
     p.add_argument("--log", default="logs/*.jsonl", help="ours: comma-separated globs of logs ('' for none)")
     p.add_argument("--repeats", type=int, default=50)
+    p.add_argument("--trials", type=int, default=24, help="tune: measurements per task")
+    p.add_argument("--deadline", type=float, default=400, help="tune: start no task after this many seconds")
+    p.add_argument("--out-log", default=None, help="tune: the log the records go to (default: the device's)")
     p.add_argument("--out", default=str(HERE / "results" / "glue"))
     args = p.parse_args(argv)
-    return {"export": cmd_export, "ours": cmd_ours, "table": cmd_table}[args.cmd](args)
+    return {"export": cmd_export, "ours": cmd_ours, "tune": cmd_tune, "table": cmd_table}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@
 #   glue    bench/glue.py (issue 35): $GLUE_MODELS exported by torch with PyTorch's CUDA-graph replay timed, then
 #           compiled with the committed logs and --transfer-from auto, checked and profiled under each of
 #           bench/_trees/{$TREES} (compute, reduction and glue kernel time, launches) -> glue_<device>.csv/.md
+#   glue_tune  the same models exported, then their reduction tasks tuned ($TRIALS each, 24; until $DEADLINE s)
+#           into $OUT/glue_tuned.jsonl, to append to the device's log under logs/
 #   table   gpu_summary.md from the files under $OUT and the log: per layer against cuDNN and the roofline bound
 # usage: OUT=/tmp/out bench/gpu.sh test tune
 set -uo pipefail
@@ -86,6 +88,11 @@ for stage in "$@"; do
           --device nvidia --log "$REPO/logs/*.jsonl" ${GLUE_MODELS:+--models "$GLUE_MODELS"} 2>&1 | grep -v "Warning\|warn(" | tail -12
       done
       python3 "$REPO/bench/glue.py" table --work /tmp/gw --out "$OUT" 2>&1 | tail -20 ;;
+    glue_tune)
+      python3 "$REPO/bench/glue.py" export --work /tmp/gw ${GLUE_MODELS:+--models "$GLUE_MODELS"} 2>&1 | grep "exported"
+      python3 "$REPO/bench/glue.py" tune --work /tmp/gw --device nvidia --log "$REPO/logs/*.jsonl" --trials "${TRIALS:-24}" \
+        --deadline "${DEADLINE:-400}" --out-log "$OUT/glue_tuned.jsonl" ${GLUE_MODELS:+--models "$GLUE_MODELS"} 2>&1 \
+        | grep -v "Warning\|warn(" | tail -40 ;;
     peers) python3 "$REPO/bench/runtimes_gpu.py" all --out "$OUT" --new-tree "$REPO/bench/_trees/new" \
              $([ -d "$REPO/bench/_trees/old/tuner" ] && echo --old-tree "$REPO/bench/_trees/old") \
              --only-variants "${VARIANTS:-relabeled}" --mnn-src "$REPO/.mnn/mnn-src.tgz" \
