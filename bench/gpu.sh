@@ -28,7 +28,7 @@
 #   tuning  bench/tuning.py on the GPU: the samplers on the held-out workloads, $JOBS (6) workloads at once
 #   glue    bench/glue.py (issue 35): $GLUE_MODELS exported by torch with PyTorch's CUDA-graph replay timed, then
 #           compiled with the committed logs and --transfer-from auto, checked and profiled under each of
-#           bench/_trees/{$TREES} (compute, reduction and glue kernel time, launches) -> glue_<device>.csv/.md
+#           bench/_trees/{$TREES} (compute, reduction and glue kernel time, launches; $GLUE_LOGS: more logs) -> glue_<device>.csv/.md
 #   glue_tune  the same models exported, then their reduction tasks tuned ($TRIALS each, 24; until $DEADLINE s)
 #           into $OUT/glue_tuned.jsonl, to append to the device's log under logs/
 #   table   gpu_summary.md from the files under $OUT and the log: per layer against cuDNN and the roofline bound
@@ -85,7 +85,8 @@ for stage in "$@"; do
       python3 "$REPO/bench/glue.py" export --work /tmp/gw --cuda ${GLUE_MODELS:+--models "$GLUE_MODELS"} 2>&1 | grep -v Warning | tail -12
       for tree in ${TREES:-old new}; do
         PYTHONPATH="$REPO/bench/_trees/$tree:/tmp/site" python3 "$REPO/bench/glue.py" ours --work /tmp/gw --tree "$tree" \
-          --device nvidia --log "$REPO/logs/*.jsonl" ${GLUE_MODELS:+--models "$GLUE_MODELS"} 2>&1 | grep -v "Warning\|warn(" | tail -12
+          --device nvidia --log "$REPO/logs/*.jsonl${GLUE_LOGS:+,$GLUE_LOGS}" ${GLUE_MODELS:+--models "$GLUE_MODELS"} 2>&1 \
+          | grep -v "Warning\|warn(\|siblings =" | tail -12
       done
       python3 "$REPO/bench/glue.py" table --work /tmp/gw --out "$OUT" 2>&1 | tail -20 ;;
     glue_tune)
