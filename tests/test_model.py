@@ -170,7 +170,7 @@ def test_extract_tasks_counts_repeated_layers(small_zoo, dev):
     every = model_tasks(small_zoo["resnet18"], dev, scope="buffer")
     assert {t.key() for t in tasks} <= {t.key() for t in every} and len({t.key() for t in every}) == len(every)
     extra = [t for t in every if t.template.startswith("winograd")]
-    assert len(every) == 16 + len(extra) and len(extra) == 2 * 8 and sum(t.count for t in extra) == 2 * 13
+    assert len(every) == 17 + len(extra) and len(extra) == 2 * 8 and sum(t.count for t in extra) == 2 * 13
     assert [t.weight for t in every] == sorted((t.weight for t in every), reverse=True)
 
 
@@ -287,7 +287,7 @@ def test_cli_zoo_compile_run(tmp_path, capsys):
     assert main(["compile", path, "-o", str(tmp_path / "a"), "--scope", "buffer",
                  "--no-progress"]) == 0
     out = capsys.readouterr().out
-    assert "0 of 21 tuned layers" in out and "planned" in out
+    assert "0 of 22 tuned layers" in out and "planned" in out
     assert main(["run", str(tmp_path / "a"), "--repeat", "2"]) == 0
     assert "median latency" in capsys.readouterr().out
 
@@ -381,9 +381,10 @@ def test_mobilenet_v3_small_fuses_and_plans_its_kernels(dev):
     plan = plan_storage(lower_graph(opt), dev.info, "buffer")
     scale = [s for s in plan.steps if s.op == "binary"]
     assert len(scale) == 9 and all(s.attrs["operands"][1][2:] == (1, 1) for s in scale)
-    tasks = extract_tasks(plan)  # what `tuner tune` tunes: every convolution and the classifier
-    assert {t.template for t in tasks} == {"conv2d", "depthwise_conv2d", "dense"}  # no 3x3 stride-1 conv2d
-    assert sum(t.count for t in tasks) == sum(n.op in ("conv2d", "dense") for n in opt.nodes)
+    tasks = extract_tasks(plan)  # what `tuner tune` tunes: every convolution, the classifier and the pools
+    # no 3x3 stride-1 conv2d; the squeeze-excitation and final global pools run the spatial_reduce template
+    assert {t.template for t in tasks} == {"conv2d", "depthwise_conv2d", "dense", "spatial_reduce"}
+    assert sum(t.count for t in tasks) == sum(n.op in ("conv2d", "dense", "global_avg_pool") for n in opt.nodes)
     assert any(t.workload.activation == "hardswish" for t in tasks)
 
 

@@ -33,7 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    """The zoo's small mixed model: 4 tuned tasks (conv2d 3->8, depthwise, conv2d 1x1, dense)."""
+    """The zoo's small mixed model: 5 tuned tasks (conv2d 3->8, depthwise, conv2d 1x1, the global average pool
+    (spatial_reduce), dense)."""
     path = tmp_path_factory.mktemp("model") / "m.onnx"
     onnx.save(zoo.test_models()["mixed"], path)
     return str(path)
@@ -93,7 +94,7 @@ def test_a_task_without_a_valid_measurement_is_named_and_exits_1(model, tmp_path
     fake(fail={"dense"})
     assert _tune(model, tmp_path, "--trials", "8", "--min-trials", "3") == 1
     out = capsys.readouterr().out
-    assert "1 of 4 tasks have no valid measurement" in out
+    assert "1 of 5 tasks have no valid measurement" in out
     assert "dense 1x16 buffer/buffer/buffer: 3 of 3 failed: COMPILE x3" in out
     assert "conv2d 1x3x16x16 buffer/buffer/buffer: " not in out  # the tasks that worked are not listed as failed
 
@@ -168,9 +169,9 @@ def test_more_than_trials_is_said_up_front_and_measured(model, tmp_path, fake, m
     assert main(["tune", model, "--log", str(tmp_path / "t.jsonl"), "--storage", f"sqlite:///{tmp_path / 's.db'}",
                  "--scope", "buffer", "--sampler", "random", "--trials", "6", "--min-trials", "3"]) == 0
     first = capsys.readouterr().out.splitlines()[0]
-    assert first == "4 tasks x --min-trials 3 = 12 > --trials 6; measuring 12"
+    assert first == "5 tasks x --min-trials 3 = 15 > --trials 6; measuring 15"
     bar, = RecordingBar.made
-    assert bar.first_total == bar.n == 12 == len(_measured(tmp_path / "t.jsonl"))
+    assert bar.first_total == bar.n == 15 == len(_measured(tmp_path / "t.jsonl"))
 
 
 def test_auto_scope_spends_exactly_trials_over_its_rounds(model, tmp_path, fake, monkeypatch):
@@ -192,10 +193,10 @@ def test_auto_scope_spends_exactly_trials_over_its_rounds(model, tmp_path, fake,
 
 def test_summary_ends_with_the_estimated_latency_against_the_fallback(model, tmp_path, fake, capsys, device):
     fake()
-    assert _tune(model, tmp_path, "--trials", "8", "--min-trials", "2") == 0
+    assert _tune(model, tmp_path, "--trials", "10", "--min-trials", "2") == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
-    # 4 tasks, each run once: fallback 2 ms each (measured first), tuned 1 ms each
-    assert last.startswith("estimated latency") and "4 ms with the tuned configs vs 8 ms with the fallback" in last
+    # 5 tasks, each run once: fallback 2 ms each (measured first), tuned 1 ms each
+    assert last.startswith("estimated latency") and "5 ms with the tuned configs vs 10 ms with the fallback" in last
     assert "(2.00x)" in last and "partial" not in last
     res_first = {}
     for r in _measured(tmp_path / "t.jsonl"):
@@ -208,10 +209,10 @@ def test_summary_ends_with_the_estimated_latency_against_the_fallback(model, tmp
 
 def test_an_estimate_missing_a_task_says_it_is_partial(model, tmp_path, fake, capsys):
     fake(fail={"dense"})
-    assert _tune(model, tmp_path, "--trials", "8", "--min-trials", "2") == 1
+    assert _tune(model, tmp_path, "--trials", "10", "--min-trials", "2") == 1
     last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert "3 ms with the tuned configs vs 6 ms with the fallback" in last
-    assert "partial: 1 of 4 tasks have no successful measurement, 1 of 4 tasks have no measurement of their " \
+    assert "4 ms with the tuned configs vs 8 ms with the fallback" in last
+    assert "partial: 1 of 5 tasks have no successful measurement, 1 of 5 tasks have no measurement of their " \
            "fallback config" in last
 
 
@@ -236,11 +237,11 @@ def test_early_stopping_stops_each_task_and_shrinks_the_total(model, tmp_path, f
                  "--scope", "buffer", "--sampler", "random", "--trials", "40", "--min-trials", "6",
                  "--early-stopping", "2", "--parallel", "1"]) == 0
     out = capsys.readouterr().out
-    assert out.count("(stopped early)") == 4
+    assert out.count("(stopped early)") == 5
     per_task = collections.Counter(r.study for r in _measured(tmp_path / "t.jsonl"))
-    assert sorted(per_task.values()) == [3, 3, 3, 3]
+    assert sorted(per_task.values()) == [3, 3, 3, 3, 3]
     bar, = RecordingBar.made
-    assert bar.first_total == 40 and bar.total == bar.n == 12
+    assert bar.first_total == 40 and bar.total == bar.n == 15
 
 
 def test_tune_rejects_a_bad_early_stopping(model, capsys):
