@@ -41,7 +41,23 @@ def dense_fields(draw):
                 **{f: draw(s) for f, s in EPILOGUE.items()})
 
 
-FIELDS = {"conv2d": conv_fields(), "depthwise_conv2d": conv_fields(depthwise=True), "dense": dense_fields()}
+@st.composite
+def spatial_reduce_fields(draw):
+    axes = draw(st.sampled_from([(2, 3), (2,), (3,)]))
+    return dict(data=(draw(st.integers(1, 2)), draw(st.integers(1, 11)), draw(st.integers(1, 20)),
+                      draw(st.integers(1, 20))), kind=draw(st.sampled_from(["mean", "max", "l2"])), axes=axes,
+                keepdims=draw(st.booleans()) if axes == (2, 3) else True, scale=draw(st.sampled_from([1.0, 3.0])))
+
+
+@st.composite
+def group_norm_fields(draw):
+    c, groups = draw(st.sampled_from([(5, 5), (6, 1), (3, 1), (8, 2), (12, 3), (16, 4), (7, 7)]))
+    return dict(data=(draw(st.integers(1, 2)), c, draw(st.integers(1, 16)), draw(st.integers(1, 16))), groups=groups,
+                epsilon=draw(st.sampled_from([1e-5, 1e-3])))
+
+
+FIELDS = {"conv2d": conv_fields(), "depthwise_conv2d": conv_fields(depthwise=True), "dense": dense_fields(),
+          "spatial_reduce": spatial_reduce_fields(), "group_norm": group_norm_fields()}
 
 
 def scopes(scope: str) -> dict:

@@ -1,0 +1,91 @@
+"""The reduction templates (templates/reduction.py's schedule; spatial_reduce, group_norm): the split and the
+work-group tree against NumPy on long reductions, float32 statistics of data far from zero, the bound on the
+texels a work-item reads (fallbacks on GPU profiles and the spaces), and models whose pools and norms become
+tuning tasks. Random workloads and configs of both templates are in test_templates.py."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+from tuner.runtime.launch import build
+from tuner.templates import get_template
+from tuner.templates.reduction import MAX_TEXELS_PER_ITEM, ceil_div
+
+
+def _gpu(info, **kw):
+    """A GPU profile over the test device's (H100-like unless ``kw`` says otherwise)."""
+    base = dict(type="GPU", image_support=True, half_images=True, compute_units=132, max_work_group_size=1024,
+                max_work_item_sizes=(1024, 1024, 64), local_mem_bytes=48 * 1024)
+    return dataclasses.replace(info, **{**base, **kw})
+
+
+def _run(device, name, fields, cfg, inputs=None, seed=0):
+    t = get_template(name)
+    wl = t.workload(**fields)
+    cfg = t.config(**cfg)
+    assert not t.space(wl, device).violations(t.config_values(wl, cfg))
+    inputs = inputs or t.random_inputs(wl, np.random.default_rng(seed))
+    return t.check(wl, build(t.build(wl, cfg), device)(**inputs), inputs)
+
+
+SCOPES = [dict(input_scope=s, weight_scope=s, output_scope=s) for s in ("buffer", "texture")]
+
+
+@pytest.mark.parametrize("scopes", SCOPES, ids=["buffer", "texture"])
+@pytest.mark.parametrize("sched", [dict(wg_reduce=32, units_per_wg=1, split=8), dict(wg_reduce=8, units_per_wg=2, split=1),
+                                   dict(wg_reduce=64, units_per_wg=2, split=4)])
+def test_long_reductions_split_and_tree_match_numpy(device, sched, scopes):
+    assert _run(device, "group_norm", dict(data=(2, 12, 40, 36), groups=1), {**sched, **scopes}) < 1e-4
+    assert _run(device, "group_norm", dict(data=(2, 8, 30, 30), groups=8), {**sched, **scopes}) < 1e-4
+    assert _run(device, "spatial_reduce", dict(data=(1, 8, 48, 40), kind="mean"), {**sched, **scopes}) < 1e-4
+    assert _run(device, "spatial_reduce", dict(data=(1, 8, 48, 40), kind="max"), {**sched, **scopes}) < 1e-4
+
+
+def test_group_norm_statistics_of_data_far_from_zero(device):
+    """Raw float32 sums of x and x^2 over 38,400 values of mean 1000 and deviation 0.1 cancel to noise; the
+    shifted sums keep the normalized output within 1e-4 of NumPy's float64."""
+    t = get_template("group_norm")
+    wl = t.workload(data=(1, 16, 40, 60), groups=1)
+    rng = np.random.default_rng(1)
+    x = (1000.0 + 0.1 * rng.standard_normal(wl.data)).astype(np.float32)
+    inputs = {"X": x, "S": rng.standard_normal(16).astype(np.float32), "B": rng.standard_normal(16).astype(np.float32)}
+    for sched in (dict(wg_reduce=64, units_per_wg=1, split=8), dict(wg_reduce=16, units_per_wg=1, split=1)):
+        assert _run(device, "group_norm", dict(data=wl.data, groups=1), {**sched, **SCOPES[0]}, inputs) < 1e-4
+
+
+# the issue's worst readers: InstanceNorm at 128x128 (65,544 elements a work-item), GroupNorm(1) of 64x56x56
+# (25,728) and a squeeze-excite pool of 112x112 (12,544)
+BIG = [("group_norm", dict(data=(1, 32, 128, 128), groups=32)), ("group_norm", dict(data=(1, 64, 56, 56), groups=1)),
+       ("group_norm", dict(data=(1, 320, 14, 14), groups=1)), ("spatial_reduce", dict(data=(1, 32, 112, 112))),
+       ("spatial_reduce", dict(data=(1, 1152, 7, 7))), ("group_norm", dict(data=(1, 512, 64, 64), groups=1))]
+
+
+@pytest.mark.parametrize("profile", [{}, dict(compute_units=4, max_work_group_size=512, max_work_item_sizes=(512, 512, 512),
+                                              local_mem_bytes=32 * 1024)], ids=["h100-like", "phone-like"])
+@pytest.mark.parametrize("name, fields", BIG)
+def test_fallbacks_read_a_bounded_share_and_fill_the_gpu(device, name, fields, profile):
+    t = get_template(name)
+    info = _gpu(device.info, **profile)
+    wl = t.workload(**fields)
+    cfg = t.fallback(wl, info)
+    t.space(wl, info).check(t.config_values(wl, cfg))
+    v = t.space_vars(wl)
+    texels = ceil_div(ceil_div(v["E"], cfg.split), cfg.wg_reduce)
+    assert texels * 4 <= 4096 and texels <= MAX_TEXELS_PER_ITEM
+    groups = ceil_div(v["U"], cfg.units_per_wg) * cfg.split
+    assert groups * cfg.wg_reduce * cfg.units_per_wg >= min(v["U"] * v["E"] // 64, 2 * info.compute_units * 64)
+    assert cfg.input_scope == "texture"
+
+
+@pytest.mark.parametrize("name, fields", BIG[:2])
+def test_the_space_refuses_a_work_item_over_the_whole_image(device, name, fields):
+    t = get_template(name)
+    wl = t.workload(**fields)
+    serial = t.config(wg_reduce=1, units_per_wg=1, split=1, input_scope="buffer", weight_scope="buffer",
+                      output_scope="buffer")
+    assert [v.split(":")[0] for v in t.space(wl, device).violations(t.config_values(wl, serial))] == ["bounded"]
+
+
+def test_group_norm_of_groups_that_split_a_block_is_refused_by_name():
+    with pytest.raises(ValueError, match="groups of 2 channels"):
+        get_template("group_norm").workload(data=(1, 64, 8, 8), groups=32)
