@@ -41,6 +41,10 @@ def models(tmp_path_factory):
         out[name] = d / f"{name}.onnx"
         subprocess.run([sys.executable, "-m", "tuner", "zoo", name, "-o", str(out[name]), "--input-size", "32"],
                        check=True, capture_output=True, timeout=300)
+    import onnx
+    from tuner.zoo.models import test_models
+    out["norms"] = d / "norms.onnx"  # the reduction templates' split programs: two kernels and a workspace
+    onnx.save(test_models()["norms"], out["norms"])
     return out
 
 
@@ -50,6 +54,7 @@ ARTIFACTS = {
     "mnv3-cpu-texture-f32": ("mobilenet_v3_small", CPU, "texture", "float32"),  # PoCL where it builds
     "mnv3-intel-buffer-f16": ("mobilenet_v3_small", "intel", "buffer", "float16"),
     "resnet18-intel-auto-f32": ("resnet18", "intel", "auto", "float32"),
+    "norms-cpu-buffer-f32": ("norms", CPU, "buffer", "float32"),
 }
 
 

@@ -316,6 +316,24 @@ def _global_avg_pool(b: _Builder) -> dict:
     return {b.node("Flatten", [x], axis=-1): None}
 
 
+def _norms(b: _Builder) -> dict:
+    """InstanceNormalization and GroupNormalization (1 group, and groups of 4 channels) over 48x48 maps, long
+    enough that the reduction templates' fallbacks split them (a statistics and an apply kernel), then a
+    global average pool."""
+    r = b.rng
+    x = b.input("input", (1, 3, 48, 48))
+    x = b.conv(x, 3, 8, 3)
+    x = b.node("InstanceNormalization", [x, b.const("s", r.normal(1, 0.2, 8)), b.const("b", r.normal(0, 0.2, 8))],
+               epsilon=1e-5)
+    x = b.node("Relu", [x])
+    x = b.node("GroupNormalization", [x, b.const("s", r.normal(1, 0.2, 8)), b.const("b", r.normal(0, 0.2, 8))],
+               num_groups=1, epsilon=1e-5)
+    x = b.conv(x, 8, 16, 1)
+    x = b.node("GroupNormalization", [x, b.const("s", r.normal(1, 0.2, 16)), b.const("b", r.normal(0, 0.2, 16))],
+               num_groups=4, epsilon=1e-5)
+    return {b.node("GlobalAveragePool", [x]): (1, 16, 1, 1)}  # ONNX infers no shape through GroupNormalization
+
+
 def _avg_pool(b: _Builder) -> dict:
     """count_include_pad 1 and 0 with asymmetric pads, strides, SAME_UPPER, a non-square window."""
     x = b.input("input", (1, 3, 9, 8))
@@ -514,9 +532,9 @@ _TEST_MODELS = {
     "concat": _concat, "symbolic_batch": _symbolic_batch, "identity_dropout": _identity_dropout, "mixed": _mixed,
     "activations": _activations, "binary": _binary, "squeeze_excitation": _squeeze_excitation, "reduce": _reduce,
     "reduce_axes_input": _reduce_axes_input, "softmax": _softmax, "pool_ceil": _pool_ceil,
-    "shape_subgraph": _shape_subgraph,
+    "shape_subgraph": _shape_subgraph, "norms": _norms,
 }
-_OPSETS = {"clip_attrs": 10, "activations": 14, "reduce_axes_input": 18}
+_OPSETS = {"clip_attrs": 10, "activations": 14, "reduce_axes_input": 18, "norms": 21}
 TEST_INPUT_SHAPES = {"symbolic_batch": {"input": (2, 3, 8, 8)}}
 
 
