@@ -2,9 +2,10 @@
 activations (any spec of ``tuner.ir.activations``) and math (erf, sqrt, exp, neg, abs, reciprocal, square,
 pow(p)), binary add / sub / mul / div / prelu with broadcasting (per-channel constants, squeeze-excitation's
 (N, C, 1, 1) gate over H, W, a value per image), mean / max / sum / L2 over H, W, over the channels
-or over all three (the reductions over H, W of a model run the ``spatial_reduce`` template), softmax over channels, max and average pooling (global average pooling and ceil mode included), channel
-concat, and relayout (model-boundary packing,
-Flatten/Reshape, texture <-> buffer copies).
+or over all three (a model's reductions over H, W run the ``spatial_reduce`` template, its group norms the
+``group_norm`` template), softmax over channels, max and average pooling (global average pooling and ceil
+mode included), channel concat, and relayout (model-boundary packing, Flatten/Reshape, texture <-> buffer
+copies).
 
 Each builder returns an IR ``Kernel`` over LOGICAL tensors, like the templates: 4-D activations are NCHW
 stored as a ``texture`` with layout ``nchw4c`` or a ``global`` buffer with ``nchw4c_buffer``; 2-D (N, K)
