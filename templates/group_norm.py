@@ -24,8 +24,8 @@ from tuner.ir.builder import Builder
 from tuner.ir.expr import Broadcast, ExtractLane, Ramp, as_expr, call, max_, select
 from tuner.ir.kernel import Program
 from tuner.templates.common import Template, WorkloadArg, texture_scopes
-from tuner.templates.reduction import Schedule, ceil_div, fallback_schedule, schedule_features
-from tuner.templates.spatial_reduce import ReduceConfig, _packed, _unravel
+from tuner.templates.reduction import ReduceConfig, Schedule, ceil_div, fallback_config, features
+from tuner.templates.spatial_reduce import _packed, _unravel
 
 
 @dataclass(frozen=True)
@@ -191,14 +191,7 @@ VARIABLES = dict(U="units: (image, group) pairs, or (image, block of 4 channels)
 
 
 def fallback(wl: GroupNormWorkload, info) -> ReduceConfig:
-    v = space_vars(wl)
-    scope = texture_scopes(wl, info, [("nchw4c", wl.data)])
-    return ReduceConfig(**fallback_schedule(v["U"], v["E"], info), input_scope=scope, weight_scope=scope,
-                        output_scope=scope)
-
-
-def features(v: dict, k: dict) -> dict:
-    return schedule_features(v["U"], v["E"], k)
+    return fallback_config(space_vars(wl), info, texture_scopes(wl, info, [("nchw4c", wl.data)]))
 
 
 def describe(wl: GroupNormWorkload) -> str:

@@ -22,12 +22,24 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 
 from tuner.ir.builder import Builder
 from tuner.ir.expr import as_expr, min_
 
 MAX_TEXELS_PER_ITEM = 1024  # 4096 elements: no work-item of a reduction reads more of one unit
 GPU_ITEMS_PER_TEXELS = 16  # a GPU fallback gives each work-item about this many texels before it splits
+
+
+@dataclass(frozen=True)
+class ReduceConfig:
+    """One value per knob of ``search_space/spatial_reduce.toml`` and ``group_norm.toml``."""
+    wg_reduce: int = 64  # L: work-items sharing one unit (local-memory tree)
+    units_per_wg: int = 1  # P: units side by side in a work-group
+    split: int = 1  # T: work-groups sharing one unit (a second kernel combines their partials)
+    input_scope: str = "texture"
+    weight_scope: str = "texture"
+    output_scope: str = "texture"
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -129,10 +141,17 @@ def fallback_schedule(units: int, elements: int, info) -> dict:
     return {"wg_reduce": L, "units_per_wg": P, "split": T}
 
 
-def schedule_features(units: int, elements: int, k: dict) -> dict:
-    """What a schedule implies, for the cost model: texels per work-item, work-group size, work-groups,
-    launched work-items, tree depth and whether a second kernel combines the chunks."""
+def fallback_config(v: dict, info, scope: str) -> ReduceConfig:
+    """A template's fallback: ``fallback_schedule`` of its space variables U and E, every operand in ``scope``."""
+    return ReduceConfig(**fallback_schedule(v["U"], v["E"], info), input_scope=scope, weight_scope=scope,
+                        output_scope=scope)
+
+
+def features(v: dict, k: dict) -> dict:
+    """What a schedule implies, for the cost model (``v``: the space variables U and E; ``k``: the knobs):
+    texels per work-item, work-group size, work-groups, launched work-items, tree depth and the split."""
     log2 = lambda x: math.log2(max(float(x), 1.0))  # noqa: E731
+    units, elements = v["U"], v["E"]
     L, P, T = k["wg_reduce"], k["units_per_wg"], k["split"]
     per_item = ceil_div(ceil_div(elements, T), L)
     groups = ceil_div(units, P) * T

@@ -18,7 +18,7 @@ from tuner.ir.builder import Builder
 from tuner.ir.expr import Ramp, as_expr, call, max_
 from tuner.ir.kernel import Program
 from tuner.templates.common import Template, WorkloadArg, texture_scopes
-from tuner.templates.reduction import Schedule, ceil_div, fallback_schedule, schedule_features
+from tuner.templates.reduction import ReduceConfig, Schedule, ceil_div, fallback_config, features
 
 KINDS = ("mean", "max", "l2")
 AXES = ((2, 3), (2,), (3,))
@@ -66,17 +66,6 @@ class SpatialReduceWorkload:
     def key(self) -> dict:
         return {"op": "spatial_reduce", **{k: list(v) if isinstance(v, tuple) else v
                                            for k, v in asdict(self).items()}}
-
-
-@dataclass(frozen=True)
-class ReduceConfig:
-    """One value per knob of ``search_space/spatial_reduce.toml`` (and ``group_norm.toml``)."""
-    wg_reduce: int = 64  # L: work-items sharing one unit (local-memory tree)
-    units_per_wg: int = 1  # P: units side by side in a work-group
-    split: int = 1  # T: work-groups sharing one unit (a second kernel combines their partials)
-    input_scope: str = "texture"
-    weight_scope: str = "texture"
-    output_scope: str = "texture"
 
 
 def _packed(name, shape, dtype, scope):
@@ -185,13 +174,7 @@ VARIABLES = dict(U="units: output pixels (4 channels each)", E="texels reduced p
 
 def fallback(wl: SpatialReduceWorkload, info) -> ReduceConfig:
     v = space_vars(wl)
-    scope = texture_scopes(wl, info, [("nchw4c", wl.data), (v["out_layout"], wl.out_shape)])
-    return ReduceConfig(**fallback_schedule(v["U"], v["E"], info), input_scope=scope, weight_scope=scope,
-                        output_scope=scope)
-
-
-def features(v: dict, k: dict) -> dict:
-    return schedule_features(v["U"], v["E"], k)
+    return fallback_config(v, info, texture_scopes(wl, info, [("nchw4c", wl.data), (v["out_layout"], wl.out_shape)]))
 
 
 def describe(wl: SpatialReduceWorkload) -> str:
