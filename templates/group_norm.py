@@ -3,8 +3,9 @@ over NCHW ``X``, the statistics per (image, group of C / groups channels) over t
 (InstanceNorm: groups = C; GroupNorm(1): the whole image).
 
 A unit is one group of one image -- or, with groups = C, one block of 4 channels, whose lanes are 4
-independent groups. Its texels: every (channel block of the group, h, w). Supported are groups = C, groups = 1
-(the last block's padding lanes left out) and groups of a multiple of 4 channels.
+independent groups. Its texels: every (channel block of the group, h, w); with groups = 1 the last block's
+padding lanes are left out. Any group count that divides C: groups whose channels share a block of 4
+(GroupNorm(32) of 64 channels) take ``_group_norm_mixed``'s three kernels.
 
 Statistics in one read, numerically shifted: each work-item sums ``d = x - K`` and ``d * d``, with ``K`` the
 unit's first element, so the variance ``sum(d^2)/n - (sum(d)/n)^2`` does not cancel the way raw sums do when
@@ -21,7 +22,7 @@ import numpy as np
 
 from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
-from tuner.ir.expr import Broadcast, ExtractLane, Ramp, as_expr, call, max_, select
+from tuner.ir.expr import Broadcast, ExtractLane, Ramp, as_expr, call, max_, min_, select
 from tuner.ir.kernel import Program
 from tuner.templates.common import Template, WorkloadArg, texture_scopes
 from tuner.templates.reduction import ReduceConfig, Schedule, ceil_div, fallback_config, features
@@ -45,11 +46,6 @@ class GroupNormWorkload:
         C = self.data[1]
         if self.groups < 1 or C % self.groups:
             raise ValueError(f"group_norm groups={self.groups} must divide the {C} channels")
-        cg = C // self.groups
-        if self.groups not in (1, C) and cg % 4:
-            raise ValueError(f"group_norm of {C} channels in {self.groups} groups: groups of {cg} channels; "
-                             f"supported are one group per channel, one group, or groups of a multiple of 4 "
-                             f"channels")
         if self.dtype not in ("float32", "float16"):
             raise ValueError(f"dtype {self.dtype!r}: float32 or float16 storage")
 
@@ -65,13 +61,24 @@ class GroupNormWorkload:
         return {"op": "group_norm", **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}}
 
 
+def _mixed(wl) -> bool:
+    """Groups that share a block of 4 channels (GroupNorm(32) of 64 channels: 2 a group)."""
+    C, G = wl.data[1], wl.groups
+    return G not in (1, C) and (C // G) % 4 != 0
+
+
 def _units(wl) -> tuple:
     """(unit grid, texel grid of a unit, per_lane)."""
     N, C, H, W = wl.data
-    if wl.groups == C:
+    G = wl.groups
+    if G == C:
         return (N, ceil_div(C, 4)), (1, H, W), True
-    blocks = ceil_div(C, 4) if wl.groups == 1 else C // wl.groups // 4
-    return (N, wl.groups), (blocks, H, W), False
+    cg = C // G
+    if _mixed(wl):  # the most blocks a group touches
+        blocks = max(((g + 1) * cg - 1) // 4 - g * cg // 4 + 1 for g in range(G))
+    else:
+        blocks = ceil_div(C, 4) if G == 1 else cg // 4
+    return (N, G), (blocks, H, W), False
 
 
 def _hsum(v):
@@ -79,6 +86,8 @@ def _hsum(v):
 
 
 def group_norm(wl: GroupNormWorkload, cfg: ReduceConfig):
+    if _mixed(wl):
+        return _group_norm_mixed(wl, cfg)
     N, C, H, W = wl.data
     units, texels, per_lane = _units(wl)
     U, E = int(np.prod(units)), int(np.prod(texels))
@@ -86,10 +95,7 @@ def group_norm(wl: GroupNormWorkload, cfg: ReduceConfig):
     rem = C % 4 if wl.groups == 1 else 0  # the last block's real lanes, groups = 1 only
     sched = Schedule(U, E, cfg)
     T = cfg.split
-    X = _packed("X", wl.data, wl.dtype, cfg.input_scope)
-    Y = _packed("Y", wl.data, wl.dtype, cfg.output_scope)
-    S, B = (buffer(name, (C,), wl.dtype, *(("texture:weight", "mace_argument") if cfg.weight_scope == "texture"
-                                            else ("global", "bias4_buffer"))) for name in ("S", "B"))
+    X, S, B, Y = _operands(wl, cfg)
     part = buffer("part", (U * T * 2, 4), "float32", "global") if T > 1 else None
     vec = Ramp(as_expr(0), as_expr(1), 4)
 
@@ -162,6 +168,95 @@ def group_norm(wl: GroupNormWorkload, cfg: ReduceConfig):
             normalize(b, u, c, lid, K, acc[0], acc[1])
     second = b.kernel(f"{name}_apply", [X, S, B, part, Y])
     return Program(name, (first, second), (X, S, B, Y), (part,))
+
+
+def _operands(wl, cfg) -> tuple:
+    C = wl.data[1]
+    S, B = (buffer(name, (C,), wl.dtype, *(("texture:weight", "mace_argument") if cfg.weight_scope == "texture"
+                                            else ("global", "bias4_buffer"))) for name in ("S", "B"))
+    return _packed("X", wl.data, wl.dtype, cfg.input_scope), S, B, _packed("Y", wl.data, wl.dtype, cfg.output_scope)
+
+
+def _group_norm_mixed(wl: GroupNormWorkload, cfg: ReduceConfig) -> Program:
+    """Groups that share blocks: a unit (image, group) reads the blocks its channels touch, its lanes outside
+    the group masked; its chunks' sums go to a workspace, a second kernel (one work-item per unit) turns them
+    into the group's mean and 1/std, and a third, one work-item per pixel, normalizes each lane with its own
+    group's statistics (a pixel may hold two groups, so no unit can write it alone)."""
+    N, C, H, W = wl.data
+    G, cg, CB = wl.groups, C // wl.groups, ceil_div(C, 4)
+    units, texels, _ = _units(wl)
+    U, E, T = N * G, int(np.prod(texels)), cfg.split
+    sched = Schedule(U, E, cfg)
+    X, S, B, Y = _operands(wl, cfg)
+    part = buffer("part", (U * T * 2, 4), "float32", "global")
+    stats = buffer("stats", (U, 4), "float32", "global")  # (mean, 1/std, 0, 0) per unit
+    vec = Ramp(as_expr(0), as_expr(1), 4)
+
+    def shift(b, u):
+        """The unit's image, first channel, and the value of that channel at (0, 0): the sums' shift."""
+        n, g = _unravel(b, u, units, "u")
+        c0 = b.let("c0", g * cg)
+        first = b.let("first", X[n, Ramp((c0 // 4) * 4, as_expr(1), 4), 0, 0])
+        j0 = b.let("j0", c0 % 4)
+        K = select(j0 < 1, ExtractLane(first, 0), select(j0 < 2, ExtractLane(first, 1),
+                                                          select(j0 < 3, ExtractLane(first, 2), ExtractLane(first, 3))))
+        return n, c0, b.let("K", K)
+
+    b = Builder()
+    with sched.items(b) as (u, c, lid, p):
+        n, c0, K = shift(b, u)
+        acc = b.allocate("acc", (2,), "float32x4", "private")
+        b.store(acc, 0, 0.0)
+        b.store(acc, 1, 0.0)
+        with sched.elements(b, c, lid) as e:
+            cbi, h, w = _unravel(b, e, texels, "t")
+            cb = b.let("cb", c0 // 4 + cbi)
+            x = X[n, Ramp(min_(cb, CB - 1) * 4, as_expr(1), 4), h, w]
+            keep = call("make_vector", [select((cb * 4 + j >= c0) & (cb * 4 + j < c0 + cg), as_expr(1.0), as_expr(0.0))
+                                        for j in range(4)], "float32x4")
+            d = b.let("d", (x - K) * keep)
+            b.store(acc, 0, acc[0] + d)
+            b.store(acc, 1, acc[1] + d * d)
+        s, q = sched.tree(b, [acc[0], acc[1]], lambda x, y: x + y, lid, p)
+        cond = sched.is_writer(lid)
+        with b.if_(cond) if cond is not None else nullcontext():
+            b.store(part, ((u * T + c) * 2, vec), s)
+            b.store(part, ((u * T + c) * 2 + 1, vec), q)
+    first = b.kernel("group_norm_stats", [X, part])
+
+    count = cg * H * W
+    b = Builder()
+    local = min(64, 1 << max(0, (U - 1).bit_length()))
+    with b.loop("gr", ceil_div(U, local), "group.0") as gr, b.loop("l", local, "local.0") as lid:
+        u = b.let("u", gr * local + lid)
+        with b.if_(u < U) if ceil_div(U, local) * local != U else nullcontext():
+            _, _, K = shift(b, u)
+            acc = b.allocate("acc", (2,), "float32x4", "private")
+            b.store(acc, 0, 0.0)
+            b.store(acc, 1, 0.0)
+            with b.loop("t", T, "serial") as t:
+                b.store(acc, 0, acc[0] + part[(u * T + t) * 2, vec])
+                b.store(acc, 1, acc[1] + part[(u * T + t) * 2 + 1, vec])
+            m = b.let("m", _hsum(acc[0]) * (1.0 / count))
+            var = max_(_hsum(acc[1]) * (1.0 / count) - m * m, 0.0)
+            b.store(stats, (u, vec), call("make_vector", [K + m, call("rsqrt", [var + wl.epsilon], "float32"),
+                                                          as_expr(0.0), as_expr(0.0)], "float32x4"))
+    second = b.kernel("group_norm_finalize", [X, part, stats])
+
+    b = Builder()
+    pixels = N * CB * H * W
+    local = min(64, 1 << max(0, (pixels - 1).bit_length()))
+    with b.loop("gr", ceil_div(pixels, local), "group.0") as gr, b.loop("l", local, "local.0") as lid:
+        i = b.let("i", gr * local + lid)
+        with b.if_(i < pixels) if ceil_div(pixels, local) * local != pixels else nullcontext():
+            n, cb, h, w = _unravel(b, i, (N, CB, H, W), "x")
+            ch = Ramp(cb * 4, as_expr(1), 4)
+            st = [b.let(f"st{j}", stats[n * G + min_(cb * 4 + j, C - 1) // cg, vec]) for j in range(4)]
+            mean = call("make_vector", [ExtractLane(v, 0) for v in st], "float32x4")
+            rstd = call("make_vector", [ExtractLane(v, 1) for v in st], "float32x4")
+            b.store(Y, (n, ch, h, w), (X[n, ch, h, w] - mean) * (rstd * S[ch]) + B[ch])
+    third = b.kernel("group_norm_apply", [X, S, B, stats, Y])
+    return Program("group_norm", (first, second, third), (X, S, B, Y), (part, stats))
 
 
 def reference(wl: GroupNormWorkload, inputs: dict) -> np.ndarray:

@@ -86,6 +86,9 @@ def test_the_space_refuses_a_work_item_over_the_whole_image(device, name, fields
     assert [v.split(":")[0] for v in t.space(wl, device).violations(t.config_values(wl, serial))] == ["bounded"]
 
 
-def test_group_norm_of_groups_that_split_a_block_is_refused_by_name():
-    with pytest.raises(ValueError, match="groups of 2 channels"):
-        get_template("group_norm").workload(data=(1, 64, 8, 8), groups=32)
+@pytest.mark.parametrize("scopes", SCOPES, ids=["buffer", "texture"])
+@pytest.mark.parametrize("data, groups", [((1, 64, 9, 7), 32), ((2, 30, 6, 5), 10), ((1, 18, 5, 8), 6)])
+def test_groups_that_share_a_block_match_numpy(device, data, groups, scopes):
+    """GroupNorm(32) of 64 channels (2 a group), groups of 3: a pixel holds lanes of two groups."""
+    for sched in (dict(wg_reduce=8, units_per_wg=2, split=1), dict(wg_reduce=4, units_per_wg=1, split=4)):
+        assert _run(device, "group_norm", dict(data=data, groups=groups), {**sched, **scopes}) < 1e-4

@@ -161,3 +161,22 @@ def test_a_plan_timer_where_nothing_is_timed_is_an_error(device):
         compile_model(model, device=device, scope="auto", plan_timer="gpu")
     with pytest.raises(TunerError, match="no log holds records for this device, so --scope auto times no plans"):
         compile_model(model, device=device, scope="auto", plan_timer="native")
+
+
+def test_configs_nobody_measured_here_are_timed_against_the_fallbacks(device):
+    """A plan whose layers take configs from other workloads' records (transferred, predicted) or a sibling's is
+    timed beside the same plan on this device's fallback configs, and the faster is kept (issue 35: on an H100,
+    EfficientNet-B0 with only the H200's log ran 1.69 ms against 1.21 ms with no log)."""
+    import tuner.compile.compiler as C
+    from tuner.compile.compiler import source_kind
+    model = zoo_test_models()["conv_pads"]
+    other = lower_graph(load_graph(zoo_test_models()["conv_auto_pad"]))  # other shapes: configs to transfer
+    history = apply_history_best(_records(other, device.info, [(2e-4, 1e-4)] * sum(s.tuned for s in other.steps)))
+    untested = lambda mod: any(source_kind(n.config_source) in ("sibling", "transferred", "predicted")  # noqa: E731
+                               for n in mod.spec.nodes)
+    for fallback_faster in (True, False):
+        whole = lambda mod: (2.0 if untested(mod) else 1.0) if fallback_faster else (1.0 if untested(mod) else 2.0)  # noqa: E731
+        mod = C._fastest_plan(model, history, device, "float32", None, False, 1, "python", whole)
+        assert mod.plan_kept.endswith("+fallback") == fallback_faster, mod.plan_times
+        assert untested(mod) != fallback_faster
+        assert mod.plan_times[mod.plan_kept] == min(mod.plan_times.values())

@@ -51,7 +51,8 @@ def spatial_reduce_fields(draw):
 
 @st.composite
 def group_norm_fields(draw):
-    c, groups = draw(st.sampled_from([(5, 5), (6, 1), (3, 1), (8, 2), (12, 3), (16, 4), (7, 7)]))
+    c, groups = draw(st.sampled_from([(5, 5), (6, 1), (3, 1), (8, 2), (12, 3), (16, 4), (7, 7), (8, 4), (9, 3),
+                                      (10, 5)]))
     return dict(data=(draw(st.integers(1, 2)), c, draw(st.integers(1, 16)), draw(st.integers(1, 16))), groups=groups,
                 epsilon=draw(st.sampled_from([1e-5, 1e-3])))
 

@@ -317,9 +317,9 @@ def _global_avg_pool(b: _Builder) -> dict:
 
 
 def _norms(b: _Builder) -> dict:
-    """InstanceNormalization and GroupNormalization (1 group, and groups of 4 channels) over 48x48 maps, long
-    enough that the reduction templates' fallbacks split them (a statistics and an apply kernel), then a
-    global average pool."""
+    """InstanceNormalization and GroupNormalization (1 group, groups of 4 channels, groups of 2 that share
+    blocks) over 48x48 maps, long enough that the reduction templates' fallbacks split them (a statistics and
+    an apply kernel), then a global average pool."""
     r = b.rng
     x = b.input("input", (1, 3, 48, 48))
     x = b.conv(x, 3, 8, 3)
@@ -331,6 +331,8 @@ def _norms(b: _Builder) -> dict:
     x = b.conv(x, 8, 16, 1)
     x = b.node("GroupNormalization", [x, b.const("s", r.normal(1, 0.2, 16)), b.const("b", r.normal(0, 0.2, 16))],
                num_groups=4, epsilon=1e-5)
+    x = b.node("GroupNormalization", [x, b.const("s", r.normal(1, 0.2, 16)), b.const("b", r.normal(0, 0.2, 16))],
+               num_groups=8, epsilon=1e-5)  # 2 channels a group: groups share blocks
     return {b.node("GlobalAveragePool", [x]): (1, 16, 1, 1)}  # ONNX infers no shape through GroupNormalization
 
 
