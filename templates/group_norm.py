@@ -101,8 +101,8 @@ def group_norm(wl: GroupNormWorkload, cfg: ReduceConfig):
 
     def at(b, u, e):
         """The unit's texel ``e``: (n, channel lanes, h, w) and the block index."""
-        n, ub = _unravel(b, u, units, "u")
-        cbi, h, w = _unravel(b, e, texels, "t")
+        n, ub = _unravel(b, u, units, sched.tag("u"))
+        cbi, h, w = _unravel(b, e, texels, sched.tag("t"))
         cb = ub if per_lane else (ub * texels[0] + cbi if wl.groups > 1 else cbi)
         return (n, Ramp(cb * 4, as_expr(1), 4), h, w), cb
 

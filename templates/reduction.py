@@ -77,7 +77,9 @@ class Schedule:
     @contextmanager
     def elements(self, b: Builder, c, lid):
         """This work-item's texels of chunk ``c``: yields ``e`` in [0, E) (guarded where the chunk or the last
-        step is ragged)."""
+        step is ragged). ``pass_no`` counts the passes of a kernel: with one texel a work-item there is neither
+        loop nor guard, so two passes' lets share a C scope and must take names of their own (``tag``)."""
+        self.pass_no = getattr(self, "pass_no", 0) + 1
         with b.loop("k", self.steps, "serial") if self.steps > 1 else nullcontext(as_expr(0)) as k:
             j = k * self.L + lid if self.L > 1 else k
             e = b.let("e", c * self.chunk + j if self.T > 1 else j)
@@ -89,6 +91,10 @@ class Schedule:
             cond = conds[0] if len(conds) == 1 else (conds[0] & conds[1]) if conds else None
             with b.if_(cond) if cond is not None else nullcontext():
                 yield e
+
+    def tag(self, prefix: str) -> str:
+        """A let-name prefix of this pass over the texels."""
+        return f"{prefix}{getattr(self, 'pass_no', 0)}_"
 
     def tree(self, b: Builder, values: list, combine, lid, p, name: str = "red") -> list:
         """Each value (a float4 per work-item) combined over the L work-items of its unit: a binary tree in
@@ -118,20 +124,21 @@ class Schedule:
         return cond
 
 
-def fallback_schedule(units: int, elements: int, info) -> dict:
+def fallback_schedule(units: int, elements: int, info, max_split: int = 64) -> dict:
     """``wg_reduce``, ``units_per_wg`` and ``split`` that are good without tuning, from the device's
     capabilities: on a GPU, about ``GPU_ITEMS_PER_TEXELS`` texels per work-item in work-groups of up to 256
     (TFLite's Adreno size; the TVM Adreno rule gives 25-49 elements a thread), split while the units fill fewer
     than two work-groups per compute unit and a work-item keeps a quarter of that; on a CPU (whose compilers vectorize across work-items and pay for
-    barriers) fewer, longer work-items. Never more than ``MAX_TEXELS_PER_ITEM`` texels per work-item."""
+    barriers) fewer, longer work-items. Never more than ``MAX_TEXELS_PER_ITEM`` texels per work-item; never a
+    split above ``max_split``."""
     gpu = info.type == "GPU"
     cap = min(256 if gpu else 64, info.max_work_group_size, info.max_work_item_sizes[0])
     per_item = GPU_ITEMS_PER_TEXELS if gpu else 64
     L = min(cap, _pow2_floor(max(1, elements // per_item)))
     T = 1
     want_groups = 2 * info.compute_units
-    while (units * T < want_groups and ceil_div(elements, 2 * T * L) >= per_item // 4 and T < 64) or \
-            ceil_div(ceil_div(elements, T), L) > MAX_TEXELS_PER_ITEM:
+    while T < max_split and ((units * T < want_groups and ceil_div(elements, 2 * T * L) >= per_item // 4) or
+                             ceil_div(ceil_div(elements, T), L) > MAX_TEXELS_PER_ITEM):
         T *= 2
     P = 1
     max_p = min(info.max_work_item_sizes[1], info.max_work_group_size // L)

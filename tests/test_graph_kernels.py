@@ -9,7 +9,7 @@ import pytest
 from tuner.ops.kernels import (GLUE, binary_kernel, binary_reference, concat_kernel, concat_reference,
                                  elementwise_kernel, elementwise_reference, global_avg_pool_kernel, pool_kernel,
                                  pool_out_shape, pool_reference, reduce_kernel, reduce_reference, relayout_kernel,
-                                 relayout_reference, softmax_kernel, softmax_reference, unary_kernel,
+                                 relayout_reference, unary_kernel,
                                  unary_reference)
 from tuner.ir.layouts import default_layout
 from tuner.runtime.launch import build
@@ -190,9 +190,16 @@ def test_reduce_over_one_spatial_axis(device, rng, kind, axes, scopes, dtype):
 @pytest.mark.parametrize("scopes", SCOPES[:3])
 @pytest.mark.parametrize("shape", [(2, 7, 3, 4), (3, 10), (1, 8, 2, 2), (2, 3, 1, 1), (1, 1, 2, 3)])
 def test_softmax_over_channels_ignores_padding_lanes(device, rng, shape, scopes, dtype):
-    """The inputs' padding lanes are NaN (run() uploads them so): any leak into the max or sum shows."""
+    """The inputs' padding lanes are NaN (run() uploads them so): any leak into the max or sum shows. The
+    softmax template (templates/channel_reduce.py), two work-items a row where the row has two blocks."""
+    from tuner.templates import get_template
+    t = get_template("softmax")
+    wl = t.workload(data=shape, dtype=dtype)
+    cfg = t.config(wg_reduce=2 if shape[1] > 4 else 1, units_per_wg=2, split=1, input_scope=scopes[0],
+                   weight_scope=scopes[0], output_scope=scopes[1])
     x = draw(rng, shape, dtype) * 4
-    got = run(build(softmax_kernel(shape, dtype, *scopes), device), device, {"X": x}, padded_outputs=True)["Y"]
+    got = run(build(t.build(wl, cfg), device), device, {"X": x}, padded_outputs=True)["Y"]
+    softmax_reference = lambda x: t.reference(wl, {"X": x})  # noqa: E731
     assert rel_error(got[:, :shape[1]], softmax_reference(x)) <= TOL_NEW[dtype]
     assert (got[:, shape[1]:] == 0).all()
 
@@ -364,5 +371,5 @@ def test_bad_arguments_name_the_problem(make, match):
 
 
 def test_registry_pairs_kernels_with_references():
-    assert set(GLUE) == {"elementwise", "pool", "concat", "relayout", "unary", "binary", "reduce", "softmax"}
+    assert set(GLUE) == {"elementwise", "pool", "concat", "relayout", "unary", "binary", "reduce"}
     assert all(callable(k) and callable(r) for k, r in GLUE.values())

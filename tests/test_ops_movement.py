@@ -95,10 +95,15 @@ def test_upsample_zeros_kernel(device, rng, out_hw, stride, shift, scopes, dtype
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("scopes", SCOPES[:3])
 @pytest.mark.parametrize("shape", [(2, 7, 3, 4), (1, 8, 2, 2), (3, 13)])
-def test_layer_norm_kernel(device, rng, shape, scopes, dtype):
-    k = KM.layer_norm_kernel(shape, 1e-5, dtype, *scopes)
+def test_layer_norm_template_writes_zero_padding_lanes(device, rng, shape, scopes, dtype):
+    """The layer_norm template (templates/channel_reduce.py) with NaN input padding lanes."""
+    from tuner.templates import get_template
+    t = get_template("layer_norm")
+    wl = t.workload(data=shape, epsilon=1e-5, dtype=dtype)
+    k = t.build(wl, t.config(wg_reduce=2, units_per_wg=2, split=1, input_scope=scopes[0], weight_scope=scopes[0],
+                             output_scope=scopes[1]))
     x, g, bt = draw(rng, shape, dtype) * 2 + 1, draw(rng, shape[1:2], dtype), draw(rng, shape[1:2], dtype)
-    _check(device, k, {"X": x, "G": g, "Bt": bt}, KM.layer_norm_reference(x, g, bt, 1e-5), dtype)
+    _check(device, k, {"X": x, "G": g, "Bt": bt}, t.reference(wl, {"X": x, "G": g, "Bt": bt}), dtype)
 
 
 # -- frontend, passes, whole models ---------------------------------------------------------------------------

@@ -57,7 +57,9 @@ def test_group_norm_statistics_of_data_far_from_zero(device):
 # (25,728) and a squeeze-excite pool of 112x112 (12,544)
 BIG = [("group_norm", dict(data=(1, 32, 128, 128), groups=32)), ("group_norm", dict(data=(1, 64, 56, 56), groups=1)),
        ("group_norm", dict(data=(1, 320, 14, 14), groups=1)), ("spatial_reduce", dict(data=(1, 32, 112, 112))),
-       ("spatial_reduce", dict(data=(1, 1152, 7, 7))), ("group_norm", dict(data=(1, 512, 64, 64), groups=1))]
+       ("spatial_reduce", dict(data=(1, 1152, 7, 7))), ("group_norm", dict(data=(1, 512, 64, 64), groups=1)),
+       ("group_norm", dict(data=(1, 64, 56, 56), groups=32)),
+       ("softmax", dict(data=(3136, 3136))), ("layer_norm", dict(data=(1, 768, 1, 196)))]  # attention rows, tokens
 
 
 @pytest.mark.parametrize("profile", [{}, dict(compute_units=4, max_work_group_size=512, max_work_item_sizes=(512, 512, 512),

@@ -57,8 +57,16 @@ def group_norm_fields(draw):
                 epsilon=draw(st.sampled_from([1e-5, 1e-3])))
 
 
+@st.composite
+def row_fields(draw, epsilon=False):
+    data = draw(st.sampled_from([(draw(st.integers(1, 2)), draw(st.integers(1, 40)), draw(st.integers(1, 5)),
+                                  draw(st.integers(1, 5))), (draw(st.integers(1, 9)), draw(st.integers(1, 70)))]))
+    return dict(data=data, **({"epsilon": draw(st.sampled_from([1e-5, 1e-6]))} if epsilon else {}))
+
+
 FIELDS = {"conv2d": conv_fields(), "depthwise_conv2d": conv_fields(depthwise=True), "dense": dense_fields(),
-          "spatial_reduce": spatial_reduce_fields(), "group_norm": group_norm_fields()}
+          "spatial_reduce": spatial_reduce_fields(), "group_norm": group_norm_fields(),
+          "layer_norm": row_fields(epsilon=True), "softmax": row_fields()}
 
 
 def scopes(scope: str) -> dict:

@@ -3,9 +3,9 @@ activations (any spec of ``tuner.ir.activations``) and math (erf, sqrt, exp, neg
 pow(p)), binary add / sub / mul / div / prelu with broadcasting (per-channel constants, squeeze-excitation's
 (N, C, 1, 1) gate over H, W, a value per image), mean / max / sum / L2 over H, W, over the channels
 or over all three (a model's reductions over H, W run the ``spatial_reduce`` template, its group norms the
-``group_norm`` template), softmax over channels, max and average pooling (global average pooling and ceil
-mode included), channel concat, and relayout (model-boundary packing, Flatten/Reshape, texture <-> buffer
-copies).
+``group_norm`` template, its softmax and layer norms ``channel_reduce``'s), max and average pooling (global
+average pooling and ceil mode included), channel concat, and relayout (model-boundary packing,
+Flatten/Reshape, texture <-> buffer copies).
 
 Each builder returns an IR ``Kernel`` over LOGICAL tensors, like the templates: 4-D activations are NCHW
 stored as a ``texture`` with layout ``nchw4c`` or a ``global`` buffer with ``nchw4c_buffer``; 2-D (N, K)
@@ -763,64 +763,6 @@ def reduce_reference(x, kind: str, keepdims: bool = True, axes=(2, 3), scale: fl
     return scale * {"mean": np.mean, "max": np.max}[kind](x, axis=axes, keepdims=keepdims)
 
 
-# -- softmax over channels ------------------------------------------------------------------------------------
-def softmax_kernel(shape, dtype: str = "float32", in_scope: str = "texture", out_scope: str = "texture",
-                   max_work_group: int = 64):
-    """Softmax over axis 1 (channels) of NCHW or (N, K) ``X``: one work-item per (n, h, w) position, three
-    passes over its channel blocks (max, sum of exp, write). The padding lanes of the last block are left out
-    of the max and the sum (they hold anything) and written zero."""
-    shape = _packed_shape(shape, "softmax")
-    _check_dtype(dtype)
-    C = shape[1]
-    full, rem = divmod(C, 4)
-    X, Y = _packed("X", shape, dtype, in_scope), _packed("Y", shape, dtype, out_scope)
-    b = Builder()
-    with _work_items(b, (shape[0], *shape[2:]), max_work_group) as idx:
-        def at(cb):
-            return (idx[0], Ramp(as_expr(cb * 4), as_expr(1), 4), *idx[1:])
-
-        def lanes(v, k):
-            return [ExtractLane(v, j) for j in range(k)]
-
-        def hmax(v):
-            return max_(max_(ExtractLane(v, 0), ExtractLane(v, 1)), max_(ExtractLane(v, 2), ExtractLane(v, 3)))
-
-        last = b.let("last", X[at(full)]) if rem else None
-        vmax = b.allocate("vmax", (1,), "float32x4", "private")
-        b.store(vmax, 0, LOWEST)
-        if full:
-            with b.loop("cb", full, "serial") as cb:
-                b.store(vmax, 0, max_(vmax[0], X[at(cb)]))
-        m = hmax(vmax[0])
-        for e in (lanes(last, rem) if rem else []):
-            m = max_(m, e)
-        m = b.let("m", m)
-        vsum = b.allocate("vsum", (1,), "float32x4", "private")
-        b.store(vsum, 0, 0.0)
-        if full:
-            with b.loop("cb", full, "serial") as cb:
-                b.store(vsum, 0, vsum[0] + call("exp", [X[at(cb)] - m], "float32x4"))
-        s = vsum[0]
-        total = (ExtractLane(s, 0) + ExtractLane(s, 1)) + (ExtractLane(s, 2) + ExtractLane(s, 3))
-        if rem:
-            el = b.let("el", call("exp", [last - m], "float32x4"))
-            for j in range(rem):
-                total = total + ExtractLane(el, j)
-        inv = b.let("inv", 1.0 / total)
-        if full:
-            with b.loop("cb", full, "serial") as cb:
-                b.store(Y, at(cb), call("exp", [X[at(cb)] - m], "float32x4") * inv)
-        if rem:
-            b.store(Y, at(full), _vector([ExtractLane(el, j) * inv if j < rem else as_expr(0.0) for j in range(4)]))
-    return b.kernel("softmax", [X, Y])
-
-
-def softmax_reference(x) -> np.ndarray:
-    x = np.asarray(x, np.float64)
-    e = np.exp(x - x.max(axis=1, keepdims=True))
-    return e / e.sum(axis=1, keepdims=True)
-
-
 GLUE = {
     "elementwise": (elementwise_kernel, elementwise_reference),
     "pool": (pool_kernel, pool_reference),
@@ -829,5 +771,4 @@ GLUE = {
     "unary": (unary_kernel, unary_reference),
     "binary": (binary_kernel, binary_reference),
     "reduce": (reduce_kernel, reduce_reference),
-    "softmax": (softmax_kernel, softmax_reference),
 }

@@ -9,7 +9,6 @@ by 4 along axis 1: ``nchw4c`` / ``row4`` textures or their ``_buffer`` forms; on
 - ``pad_kernel``: constant / reflect / edge padding of H and W.
 - ``resize_kernel``: nearest and (bi)linear resize of H and W with onnxruntime's coordinate transforms.
 - ``upsample_zeros_kernel``: zero insertion (and cropping) for ConvTranspose lowered onto conv2d.
-- ``layer_norm_kernel``: LayerNormalization over axis 1 (channels of NCHW, features of (N, K)).
 
 Padding lanes (channels past C) of inputs are never read into a valid output lane; every kernel writes zeros
 into its own output padding lanes.
@@ -18,7 +17,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
 from tuner.ir.dtype import float32, int32
 from tuner.ir.expr import Cast, ExtractLane, as_expr, call, max_, min_, select
@@ -384,62 +382,12 @@ def upsample_zeros_reference(x, out_hw, stride, shift=(0, 0)) -> np.ndarray:
     return full[:, :, th:th + out_hw[0], tw:tw + out_hw[1]]
 
 
-# -- layer norm -------------------------------------------------------------------------------------------
-def layer_norm_kernel(shape, epsilon: float = 1e-5, dtype: str = "float32", in_scope: str = "texture",
-                      out_scope: str = "texture", max_work_group: int = 64):
-    """``Y = (X - mean) / sqrt(var + eps) * G + Bt`` over axis 1 of a 4-D NCHW (channels, per pixel) or 2-D
-    (N, K) ``X``; ``G``/``Bt`` (C,) packed float4 buffers. One work-item per (n, h, w), three passes over the
-    channel blocks (mean, variance, output) in float32; padding lanes are masked out."""
-    shape = _packed_shape(shape, "layer_norm")
-    _check_dtype(dtype)
-    C = shape[1]
-    nb = -(-C // 4)
-    X, Y = _packed("X", shape, dtype, in_scope), _packed("Y", shape, dtype, out_scope)
-    G = buffer("G", (C,), dtype, "global", "bias4_buffer")
-    Bt = buffer("Bt", (C,), dtype, "global", "bias4_buffer")
-    grid = (shape[0], *shape[2:])
-    b = Builder()
-    with _work_items(b, grid, max_work_group) as idx:
-        n, rest = idx[0], idx[1:]
-        acc = b.allocate("acc", (1,), "float32x4", "private")
-
-        def masked(cb, v, name):
-            return _zero_padding_lanes(b, v, cb, C, name)
-
-        b.store(acc, 0, 0.0)
-        with b.loop("cb", nb, "serial") as cb:
-            b.store(acc, 0, acc[0] + masked(cb, X[_pixel([n, cb, *rest])], "x"))
-        s = b.let("sum", acc[0])
-        mean = b.let("mean", (ExtractLane(s, 0) + ExtractLane(s, 1) + ExtractLane(s, 2) + ExtractLane(s, 3))
-                     * (1.0 / C))
-        b.store(acc, 0, 0.0)
-        with b.loop("cb2", nb, "serial") as cb:
-            d = b.let("d", masked(cb, X[_pixel([n, cb, *rest])] - mean, "dm"))
-            b.store(acc, 0, acc[0] + d * d)
-        s2 = b.let("sq", acc[0])
-        var = (ExtractLane(s2, 0) + ExtractLane(s2, 1) + ExtractLane(s2, 2) + ExtractLane(s2, 3)) * (1.0 / C)
-        rstd = b.let("rstd", 1.0 / call("sqrt", [var + float(epsilon)], "float32"))
-        with b.loop("cb3", nb, "serial") as cb:
-            v = (X[_pixel([n, cb, *rest])] - mean) * rstd * G[_pixel([0, cb])[1]] + Bt[_pixel([0, cb])[1]]
-            b.store(Y, _pixel([n, cb, *rest]), masked(cb, v, "y"))
-    return b.kernel("layer_norm", [X, G, Bt, Y])
-
-
-def layer_norm_reference(x, g, bt, epsilon: float = 1e-5) -> np.ndarray:
-    x = np.asarray(x, np.float64)
-    mean = x.mean(axis=1, keepdims=True)
-    var = ((x - mean) ** 2).mean(axis=1, keepdims=True)
-    form = (1, -1) + (1,) * (x.ndim - 2)
-    return (x - mean) / np.sqrt(var + epsilon) * np.reshape(g, form) + np.reshape(bt, form)
-
-
 GLUE = {
     "slice": (slice_kernel, slice_reference),
     "permute": (permute_kernel, permute_reference),
     "pad": (pad_kernel, pad_reference),
     "resize": (resize_kernel, resize_reference),
     "upsample_zeros": (upsample_zeros_kernel, upsample_zeros_reference),
-    "layer_norm": (layer_norm_kernel, layer_norm_reference),
 }
 
 

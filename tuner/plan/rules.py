@@ -106,7 +106,7 @@ def template_step(ctx: LowerCtx, node, ins, out) -> bool:
     return bool(taken)
 
 
-@lowers("conv2d", "dense", "group_norm")
+@lowers("conv2d", "dense", "group_norm", "layer_norm", "softmax")
 def lower_template(ctx: LowerCtx, node, ins, out, shape):
     """The node runs one of the templates whose ``lower`` takes it (``template_step``); no other kernel runs
     these operators."""
@@ -211,7 +211,7 @@ def build_binary(s, plan, max_wg):
                            s.attrs["activation"], max_wg)
 
 
-# -- glue: reductions and softmax -----------------------------------------------------------------------------
+# -- glue: reductions over the channels -----------------------------------------------------------------------------
 
 @lowers("reduce_mean", "reduce_max", "reduce_sum", "reduce_l2")
 def lower_reduce(ctx: LowerCtx, node, ins, out, shape):
@@ -238,19 +238,6 @@ def build_reduce(s, plan, max_wg):
     x, out = plan.tensors[s.inputs["X"]], plan.tensors[s.output]
     return K.reduce_kernel(x.shape, s.attrs["kind"], s.attrs["keepdims"], plan.dtype, x.scope, out.scope, max_wg,
                            axes=s.attrs.get("axes", (2, 3)), scale=s.attrs.get("scale", 1.0))
-
-
-@lowers("softmax")
-def lower_softmax(ctx: LowerCtx, node, ins, out, shape):
-    if node.attrs.get("axis", 1) != 1:
-        raise TunerError(f"node {node.name!r}: softmax over axis {node.attrs.get('axis')}; only channels (axis 1)")
-    ctx.add(Step(node.name, "softmax", {"X": ins[0]}, out))
-
-
-@glue("softmax")
-def build_softmax(s, plan, max_wg):
-    x, out = plan.tensors[s.inputs["X"]], plan.tensors[s.output]
-    return K.softmax_kernel(x.shape, plan.dtype, x.scope, out.scope, max_wg)
 
 
 # -- glue: pooling --------------------------------------------------------------------------------------------

@@ -1,9 +1,9 @@
 """Lowering and glue-kernel rules of the data-movement and layout operators (registered on import through
-``lowering.RULE_MODULES``): transpose -> ``permute``, slice, pad, resize, layer_norm, upsample_zeros glue steps.
+``lowering.RULE_MODULES``): transpose -> ``permute``, slice, pad, resize, upsample_zeros glue steps
+(LayerNormalization runs the ``layer_norm`` template).
 ``conv_transpose`` and 5-D channel shuffles are rewritten by ``passes_movement`` first."""
 from __future__ import annotations
 
-import numpy as np
 
 import tuner.ops.kernels_movement as KM
 from tuner.errors import TunerError
@@ -65,19 +65,6 @@ def lower_upsample_zeros(ctx: LowerCtx, node, ins, out, shape):
                                                                    "shift": tuple(a["shift"])}))
 
 
-@lowers("layer_norm")
-def lower_layer_norm(ctx: LowerCtx, node, ins, out, shape):
-    if node.attrs.get("axis") != 1 or len(shape) not in (2, 4):
-        raise TunerError(f"node {node.name!r}: layer_norm over axis {node.attrs.get('axis')} of a {len(shape)}-D "
-                         f"tensor; only channels (axis 1) of NCHW or (N, K) tensors have a kernel (run "
-                         f"passes_movement.nhwc_to_nchw)")
-    g = ctx.graph
-    ctx.extra[f"{node.name}.gamma"] = np.asarray(g.params[node.inputs[1]], np.float32).reshape(-1)
-    ctx.extra[f"{node.name}.beta"] = np.asarray(g.params[node.inputs[2]], np.float32).reshape(-1)
-    ctx.add(_step(node.name, "layer_norm", {"X": ins[0], "G": f"{node.name}.gamma", "Bt": f"{node.name}.beta"},
-                  out, {"epsilon": float(node.attrs.get("epsilon", 1e-5))}))
-
-
 @lowers("conv_transpose")
 def lower_conv_transpose(ctx: LowerCtx, node, ins, out, shape):
     raise TunerError(f"node {node.name!r}: conv_transpose is lowered onto conv2d by "
@@ -119,12 +106,6 @@ def build_upsample_zeros(s, plan, max_wg):
     return KM.upsample_zeros_kernel(x.shape, out.shape[2:], a["stride"], a["shift"], plan.dtype,
                                     _scope(plan, x.name), _scope(plan, s.output), max_wg)
 
-
-@glue("layer_norm")
-def build_layer_norm(s, plan, max_wg):
-    x = plan.tensors[s.inputs["X"]]
-    return KM.layer_norm_kernel(x.shape, s.attrs["epsilon"], plan.dtype, _scope(plan, x.name),
-                                _scope(plan, s.output), max_wg)
 
 
 @lowers("strided_copy")
