@@ -67,3 +67,51 @@ def _os_problem(e: OSError) -> str:
 
 def _cannot_read(path, what: str, problem: str, hint: str, shown: str | None) -> str:
     return f"cannot read {what} {shown if shown is not None else str(path)!r}: {problem}" + (f"; {hint}" if hint else "")
+
+
+def write_file(path, write, what: str):
+    """Write a file a user names through ``write(binary file object)``, never replacing what is not ours to
+    replace: a regular file (or a new path) is written to a temporary file beside it and renamed over it once
+    complete, so a failure leaves no partial file; a device, FIFO or socket (``/dev/null``, a pipe) is written
+    through, in place -- renaming over it would break it for every other process; a symbolic link is refused
+    (name its target). A TunerError names ``what`` and the path. Returns the path as a Path."""
+    import os
+    import stat
+    from pathlib import Path
+
+    from tuner.errors import TunerError
+    path = Path(path)
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as e:
+        raise TunerError(f"cannot write {what} {str(path)!r}: {e.strerror or e}") from None
+    if mode is not None and stat.S_ISLNK(mode):
+        raise TunerError(f"cannot write {what} {str(path)!r}: it is a symbolic link (to {os.readlink(path)!r}); "
+                         f"give the path of the file itself")
+    if mode is not None and stat.S_ISDIR(mode):
+        raise TunerError(f"cannot write {what} {str(path)!r}: it is a directory; give a file path")
+    try:
+        if mode is not None and not stat.S_ISREG(mode):  # a device, FIFO or socket: through, never replaced
+            import io
+            buf = io.BytesIO()  # written whole first: a writer may seek, which a pipe cannot
+            write(buf)
+            with open(path, "wb") as fh:
+                fh.write(buf.getvalue())
+            return path
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
+            with os.fdopen(fd, "wb") as fh:
+                write(fh)
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+    except OSError as e:
+        raise TunerError(f"cannot write {what} {str(path)!r}: {e.strerror or e}") from None
+    return path

@@ -15,6 +15,7 @@ from tuner.cli.args import (add_device_arg, add_measure_args, add_seed_arg, add_
                             measure_options, non_negative_int, positive_int, read_regular_file, regular_file,
                             writable_dir, writable_file)
 from tuner.errors import TunerError
+from tuner.files import write_file
 
 
 def _model_path(path: str) -> str:
@@ -154,6 +155,19 @@ def _load_npy(path: str, shown: str | None = None) -> np.ndarray:
     shown = shown if shown is not None else path
     data = read_regular_file(path, "--input", "give a .npy file written by numpy.save", shown)
     f = io.BytesIO(data)
+    if data[:6] == b"\x93NUMPY":  # the header's shape against the bytes the file holds, before any allocation
+        try:
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, _, dtype = read(f)
+        except (OSError, ValueError, EOFError) as e:
+            raise TunerError(f"cannot read --input {shown!r} as a .npy array: {e}") from None
+        need = int(np.prod(shape, dtype=object)) * dtype.itemsize
+        if need > len(data) - f.tell():
+            raise TunerError(f"--input {shown!r}: its header says shape {tuple(shape)} of {dtype} ({need} bytes), but "
+                             f"the file holds {len(data) - f.tell()} bytes after the header; a damaged or truncated "
+                             f"file: save the input again with numpy.save")
+        f.seek(0)
     try:
         x = np.load(f, allow_pickle=False)
     except (OSError, ValueError, EOFError) as e:
@@ -171,19 +185,9 @@ def _load_npy(path: str, shown: str | None = None) -> np.ndarray:
 
 
 def _save_npy(path: Path, array: np.ndarray, flag: str) -> None:
-    """``array`` to exactly ``path`` (np.save(path) would append ".npy"), atomically: a temporary file beside
-    it, renamed over it once complete, so a failure leaves no partial or empty file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as fh:
-            np.save(fh, array)
-        os.replace(tmp, path)
-    except OSError as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise TunerError(f"cannot write {flag} {str(path)!r}: {e.strerror or e}") from None
+    """``array`` to exactly ``path`` (np.save(path) would append ".npy") by ``files.write_file``: atomically
+    for a regular file, through a device or FIFO (``/dev/null``), never over a symbolic link."""
+    write_file(path, lambda fh: np.save(fh, array), flag)
 
 
 def cmd_run(args) -> int:
