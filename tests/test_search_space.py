@@ -111,7 +111,8 @@ def test_load_errors_name_the_file(tmp_path):
     bad.write_text("template = 'conv2d'\n[knobs\n")
     with pytest.raises(TunerError, match="mine.toml: not valid TOML"):
         load_space(str(bad))
-    with pytest.raises(TunerError, match="no search space 'conv3d'.*shipped spaces: conv2d, conv2d_winograd, dense, depthwise_conv2d"):
+    with pytest.raises(TunerError, match="no search space 'conv3d'.*shipped spaces: channel_reduce, conv2d, conv2d_winograd, dense, "
+                                         "depthwise_conv2d, group_norm, matmul, spatial_reduce"):
         load_space("conv3d")
 
 
