@@ -386,6 +386,31 @@ def test_tcp_with_a_token(native, cl_env, tmp_path, monkeypatch):
     assert r.returncode == 2 and "--token" in r.stderr
 
 
+@pytest.mark.parametrize("spec", ["127.0.0.1:99999", "127.0.0.1:65536", "127.0.0.1:7x", "127.0.0.1:-1"])
+def test_listen_refuses_a_port_out_of_range(native, cl_env, spec):
+    """Issue 36: 127.0.0.1:99999 listened on 34463 (the port wrapped)."""
+    r = subprocess.run([native["agent"], "--listen", spec, "--once"], capture_output=True, text=True, env=cl_env,
+                       timeout=30)
+    assert r.returncode == 2 and "the port must be a number from 1 to 65535" in r.stderr
+
+
+def test_listen_without_a_token_checks_the_resolved_address(native, cl_env):
+    """The loopback test is on the address the host resolves to, not its spelling: this machine's own
+    non-loopback address (any numeric one) needs a token, as 0.0.0.0 does."""
+    import socket
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("192.0.2.1", 9))  # no packet is sent: the route picks the local address
+            own = s.getsockname()[0]
+    except OSError:
+        pytest.skip("this machine has no non-loopback IPv4 route (the 0.0.0.0 case above still runs)")
+    if own.startswith("127."):
+        pytest.skip("the only route is loopback here")
+    r = subprocess.run([native["agent"], "--listen", f"{own}:0", "--once"], capture_output=True, text=True,
+                       env=cl_env, timeout=30)
+    assert r.returncode == 2 and "resolves to a non-loopback address" in r.stderr
+
+
 # -- adb:// against a stand-in adb -------------------------------------------------------------------------
 
 FAKE_ADB = r'''#!PYTHON

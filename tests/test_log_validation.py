@@ -77,6 +77,7 @@ BAD = {  # name -> (fields replaced in a good record, the kind of problem the wa
     "scopes disagree with config": ({"scopes": {"input": "texture", "weight": "buffer", "output": "buffer"}},
                                     "a config its template rejects"),
     "median 0 in a success": ({"median_s": 0, "costs": [0, 0, 0]}, "an invalid value"),
+    "a success with no time": ({"median_s": None, "costs": []}, "an invalid value"),  # issue 36
     "median outside its costs": ({"median_s": 1e-6}, "an invalid value"),
     "median of a day and more": ({"median_s": 1e6, "costs": [1e6]}, "an invalid value"),
     "trial 10**30": ({"trial": 10 ** 30}, "an invalid value"),

@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -429,8 +430,17 @@ static int usage(const char *why) {
     return 2;
 }
 
-static int is_loopback(const char *host) {
-    return !strcmp(host, "localhost") || !strncmp(host, "127.", 4) || !strcmp(host, "::1") || !strcmp(host, "[::1]");
+/* Whether the resolved address is a loopback one (127.0.0.0/8, ::1, or ::ffff:127.x.y.z): decided on the socket
+ * address getaddrinfo gives, never on the host's spelling ("127.attacker.example" or a "localhost" that
+ * /etc/hosts maps elsewhere is not loopback). */
+static int is_loopback_addr(const struct sockaddr *sa) {
+    if (sa->sa_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr) >> 24) == 127;
+    if (sa->sa_family == AF_INET6) {
+        const struct in6_addr *a6 = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+        return IN6_IS_ADDR_LOOPBACK(a6) || (IN6_IS_ADDR_V4MAPPED(a6) && a6->s6_addr[12] == 127);
+    }
+    return 0;
 }
 
 static int listen_on(const char *spec) {
@@ -449,18 +459,35 @@ static int listen_on(const char *spec) {
         host[strlen(host) - 1] = 0;
     }
     port = colon + 1;
-    if (!is_loopback(host) && !token) {
-        fprintf(stderr, "error: --listen %s is reachable from other machines: pass --token T (or set "
-                        "TUNER_AGENT_TOKEN) and give the tuner the same token\n", spec);
-        return -1;
+    {   /* decimal digits only, 0 (any free port) to 65535: "99999" would wrap to another port */
+        const char *c;
+        long v = 0;
+        for (c = port; *c; c++) {
+            if (*c < '0' || *c > '9' || (v = v * 10 + (*c - '0')) > 65535) {
+                fprintf(stderr, "error: --listen %s: the port must be a number from 1 to 65535 (0: any free port)\n",
+                        spec);
+                return -1;
+            }
+        }
     }
     memset(&hints, 0, sizeof hints);
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
     if ((rc = getaddrinfo(host, port, &hints, &ai)) != 0) {
         fprintf(stderr, "error: --listen %s: %s\n", spec, gai_strerror(rc));
         return -1;
+    }
+    if (!token) {  /* without a token, every address the host resolves to must be loopback */
+        for (a = ai; a; a = a->ai_next) {
+            if (!is_loopback_addr(a->ai_addr)) {
+                fprintf(stderr, "error: --listen %s is reachable from other machines (%s resolves to a "
+                                "non-loopback address): pass --token T (or set TUNER_AGENT_TOKEN) and give the tuner "
+                                "the same token\n", spec, host);
+                freeaddrinfo(ai);
+                return -1;
+            }
+        }
     }
     for (a = ai; a; a = a->ai_next) {
         fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);

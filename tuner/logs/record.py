@@ -235,8 +235,11 @@ def _check_success(d: dict) -> None:
     """A success's timing is what its best is chosen by: a median a kernel can take (not 0, which made a
     0 ms, 0 GFLOP/s best), positive costs, and the median among them."""
     median, costs = d.get("median_s"), d.get("costs") or []
-    if d["error_code"] != ErrorCode.NO_ERROR or median is None:
+    if d["error_code"] != ErrorCode.NO_ERROR:
         return
+    if median is None:  # listed among the failures as "NO_ERROR" before: a success is a measured time
+        raise InvalidRecordError(f"record field 'median_s' is null in a success (error_code 0): a success has a "
+                                 f"measured time{FIX}")
     if not MIN_SECONDS <= median <= MAX_SECONDS:
         raise InvalidRecordError(f"record field 'median_s' is {_show(median)} in a success: a measured time is "
                                  f"from {MIN_SECONDS:g} to {MAX_SECONDS:g} s{FIX}")
