@@ -167,7 +167,18 @@ def damaged_artifacts(good_dir, tmp_path) -> list:
     (d / "kernels" / kernels[0]).symlink_to(outside)
     cases.append(("kernel_a_symlink", d, kernels[0]))
     edit("written_argument_passed_twice", _alias_a_written_argument)
+    if _input_pool_reused(json.loads((good / "graph.json").read_text())):  # a buffer plan: pools are shared
+        edit("output_overwritten", lambda g: g.__setitem__("outputs", [g["inputs"][0]]))
     return cases
+
+
+def _input_pool_reused(g: dict) -> bool:
+    """Whether a kernel writes another tensor into the input's pool. Then naming the input as the output
+    (issue 36) made both runtimes return data that is not that tensor."""
+    x = g["inputs"][0]
+    pool = g["entries"][x]["storage_id"]
+    return any(a.startswith("t:") and a[2:] != x and g["entries"][a[2:]]["storage_id"] == pool
+               for n in g["nodes"] for c in n["calls"] for a in c["args"])
 
 
 def _alias_a_written_argument(g: dict) -> None:

@@ -64,6 +64,16 @@ def test_every_damaged_artifact_is_refused_naming_the_file(built, tmp_path, caps
         assert not out.exists()
 
 
+def test_an_output_whose_pool_a_later_kernel_reuses_is_refused(built, tmp_path, capsys):
+    """Issue 36: the buffer plan shares the input's pool with later tensors; ``outputs`` edited to name the
+    input (manifest resealed) returned another tensor's data. Check 10 now refuses it in both runtimes (the C
+    side: test_native_runtime)."""
+    d = next(d for c, d, _ in damaged_artifacts(built["buffer"], tmp_path) if c == "output_overwritten")
+    with pytest.raises(ArtifactError, match="is overwritten"):
+        read_artifact(d)
+    assert main(["run", str(d), "--repeat", "1"]) == 2 and "is overwritten" in capsys.readouterr().err
+
+
 def test_planted_launch_is_refused_before_any_enqueue(built, tmp_path, monkeypatch):
     import pyopencl as cl
     d = next(d for c, d, _ in damaged_artifacts(built["buffer"], tmp_path) if c == "planted_global_size")

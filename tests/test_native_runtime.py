@@ -186,6 +186,14 @@ def test_damaged_artifacts_refused(native, cl_env, artifacts, tmp_path):
         assert r.stdout == "", case  # refused before anything was loaded
 
 
+def test_an_output_whose_pool_a_later_kernel_reuses_is_refused(native, cl_env, artifacts, tmp_path):
+    """Issue 36: ``outputs`` edited to name the input, whose pool a later kernel writes (a buffer plan), and the
+    manifest resealed: check 10 refuses it instead of returning another tensor's data."""
+    d = next(d for c, d, _ in damaged_artifacts(artifacts["norms-cpu-buffer-f32"], tmp_path) if c == "output_overwritten")
+    r = _tuner_run(native, cl_env, d, "--device", CPU)
+    assert r.returncode == 2 and "is overwritten" in r.stderr and r.stdout == "", r.stderr
+
+
 def test_cli_errors(native, cl_env, artifacts, tmp_path):
     art = artifacts["mnv3-cpu-texture-f32"]
     np.save(tmp_path / "bad.npy", np.zeros((1, 3, 8, 8), np.float32))

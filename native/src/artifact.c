@@ -1001,13 +1001,19 @@ static int check_calls(tnr_artifact *a, const tnr_limits *lim, const char *dev, 
 
 static int check_order(tnr_artifact *a, char *err) {
     unsigned char *ew = calloc((size_t)a->nentries + 1, 1), *ww = calloc((size_t)a->nworkspaces + 1, 1);
+    int *last = malloc(sizeof(int) * ((size_t)a->npools + 1)); /* pool -> the entry written last into it */
     int i, j, k, rc = 0;
-    if (!ew || !ww) {
+    if (!ew || !ww || !last) {
         free(ew);
         free(ww);
+        free(last);
         return tnr_fail(err, TNR_E_NOMEM, "out of memory");
     }
-    for (i = 0; i < a->ninputs; i++) ew[a->inputs[i]] = 1;
+    for (i = 0; i < a->npools; i++) last[i] = -1;
+    for (i = 0; i < a->ninputs; i++) {
+        ew[a->inputs[i]] = 1;
+        last[a->entries[a->inputs[i]].pool] = a->inputs[i];
+    }
     for (i = 0; i < a->nnodes && !rc; i++)
         for (j = 0; j < a->nodes[i].ncalls && !rc; j++) {
             const tnr_call *c = &a->nodes[i].calls[j];
@@ -1020,15 +1026,25 @@ static int check_order(tnr_artifact *a, char *err) {
             }
             for (k = 0; k < c->nargs && !rc; k++) {
                 const tnr_arg *arg = &c->args[k];
-                if (arg->write && arg->kind == TNR_ARG_ENTRY) ew[arg->index] = 1;
+                if (arg->write && arg->kind == TNR_ARG_ENTRY) {
+                    ew[arg->index] = 1;
+                    last[a->entries[arg->index].pool] = arg->index;
+                }
                 if (arg->write && arg->kind == TNR_ARG_WORKSPACE) ww[arg->index] = 1;
             }
         }
-    for (i = 0; i < a->noutputs && !rc; i++)
+    for (i = 0; i < a->noutputs && !rc; i++) {
+        const tnr_entry *y = &a->entries[a->outputs[i]];
         if (!ew[a->outputs[i]])
-            rc = graph_fail(a, err, "output '%.80s' is never written", a->entries[a->outputs[i]].name);
+            rc = graph_fail(a, err, "output '%.80s' is never written", y->name);
+        else if (last[y->pool] != a->outputs[i])  /* a later call wrote another entry into the output's pool */
+            rc = graph_fail(a, err, "output '%.80s' is overwritten: '%.80s' is written into its pool (storage_id "
+                            "%lld) after the output's last write", y->name, a->entries[last[y->pool]].name,
+                            (long long)y->storage_id);
+    }
     free(ew);
     free(ww);
+    free(last);
     return rc;
 }
 

@@ -221,17 +221,28 @@ def _check_launch(c, where: str, largest: int, max_wg: int, max_items: list) -> 
 
 
 def check_order(spec: ModuleSpec) -> None:
-    """Check 10: in run order, nothing is read before it is written; every output is written."""
+    """Check 10: in run order, nothing is read before it is written; every output is written, and still holds
+    its value at the end: no later call writes another entry of its pool."""
     written = set(f"t:{x}" for x in spec.inputs) | {f"p:{b.key}" for b in spec.params}
+    last = {spec.entries[x].storage_id: (x, "the upload") for x in spec.inputs}  # pool -> (last entry written, where)
     for i, n in enumerate(spec.nodes):
         for j, c in enumerate(n.calls):
             for ref, prm in zip(c.args, c.signature):
                 if prm.access == "read" and ref not in written:
                     _fail(f"nodes[{i}] ({n.name!r}).calls[{j}] reads {ref!r} before any call writes it")
-            written.update(ref for ref, prm in zip(c.args, c.signature) if prm.access == "write")
+            for ref, prm in zip(c.args, c.signature):
+                if prm.access == "write":
+                    written.add(ref)
+                    if ref.startswith("t:") and ref[2:] in spec.entries:
+                        last[spec.entries[ref[2:]].storage_id] = (ref[2:], f"nodes[{i}] ({n.name!r}).calls[{j}]")
     missing = [y for y in spec.outputs if f"t:{y}" not in written]
     if missing:
         _fail(f"outputs {missing} are never written")
+    for y in spec.outputs:
+        z, where = last.get(spec.entries[y].storage_id, (y, ""))
+        if z != y:
+            _fail(f"output {y!r} is overwritten: {where} writes {z!r} into its pool (storage_id "
+                  f"{spec.entries[y].storage_id}) after the output's last write")
 
 
 def check_spec(spec: ModuleSpec, sources: dict, params_size: int, profile: dict | None = None) -> None:
