@@ -19,10 +19,11 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from tuner.ir.activations import apply_ir, apply_numpy, canonical
 from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
 from tuner.ir.expr import Broadcast, ExtractLane, Ramp, as_expr, call, max_, select
-from tuner.templates.common import Template, WorkloadArg, texture_scopes
+from tuner.templates.common import EPILOGUE_ARGS, Template, WorkloadArg, texture_scopes
 from tuner.templates.reduction import ReduceConfig, Schedule, ceil_div, fallback_schedule, features
 from tuner.templates.spatial_reduce import LOWEST, _packed, _unravel
 
@@ -33,10 +34,12 @@ class LayerNormWorkload:
     data: tuple
     epsilon: float = 1e-5
     dtype: str = "float32"
+    activation: str = "none"  # fused after the affine
 
     def __post_init__(self):
         _check(self, "layer_norm")
         object.__setattr__(self, "epsilon", float(self.epsilon))
+        object.__setattr__(self, "activation", canonical(self.activation))
 
     @property
     def out_shape(self) -> tuple:
@@ -138,7 +141,8 @@ def layer_norm(wl: LayerNormWorkload, cfg: ReduceConfig):
         with b.if_(sched.valid) if sched.valid is not None else nullcontext():
             with sched.elements(b, c, lid) as e:
                 idx = r.at(b, u, e)
-                b.store(r.Y, idx, r.mask(e, (X[idx] - mean) * (rstd * G[idx[1]]) + Bt[idx[1]], 0.0))
+                b.store(r.Y, idx, r.mask(e, apply_ir(wl.activation, (X[idx] - mean) * (rstd * G[idx[1]]) + Bt[idx[1]]),
+                                         0.0))
     return b.kernel("layer_norm", [X, G, Bt, r.Y])
 
 
@@ -170,7 +174,8 @@ def _ln_reference(wl, inputs: dict) -> np.ndarray:
     mean = x.mean(axis=1, keepdims=True)
     var = ((x - mean) ** 2).mean(axis=1, keepdims=True)
     form = (1, -1) + (1,) * (x.ndim - 2)
-    return (x - mean) / np.sqrt(var + wl.epsilon) * np.reshape(inputs["G"], form) + np.reshape(inputs["Bt"], form)
+    return apply_numpy(wl.activation, (x - mean) / np.sqrt(var + wl.epsilon) * np.reshape(inputs["G"], form) +
+                       np.reshape(inputs["Bt"], form))
 
 
 def _softmax_reference(wl, inputs: dict) -> np.ndarray:
@@ -207,7 +212,8 @@ def fallback(wl, info) -> ReduceConfig:
 
 
 def _describe(what):
-    return lambda wl: f"{what} over {wl.data[1]} of {'x'.join(map(str, wl.data))}"
+    return lambda wl: (f"{what} over {wl.data[1]} of {'x'.join(map(str, wl.data))}"
+                       + (f" +{wl.activation}" if getattr(wl, "activation", "none") != "none" else ""))
 
 
 def _lower(make):
@@ -225,7 +231,7 @@ def _lower_ln(ctx, node, ins, shape):
     g = ctx.graph
     extra = {f"{node.name}.gamma": np.asarray(g.params[node.inputs[1]], np.float32).reshape(-1),
              f"{node.name}.beta": np.asarray(g.params[node.inputs[2]], np.float32).reshape(-1)}
-    wl = LayerNormWorkload(shape, float(node.attrs.get("epsilon", 1e-5)), ctx.dtype)
+    wl = LayerNormWorkload(shape, float(node.attrs.get("epsilon", 1e-5)), ctx.dtype, node.attrs.get("activation", "none"))
     return wl, {"X": ins[0], "G": f"{node.name}.gamma", "Bt": f"{node.name}.beta"}, extra
 
 
@@ -235,9 +241,10 @@ def _lower_softmax(ctx, node, ins, shape):
 
 ARGS = (WorkloadArg("data", "shape", "N,C,H,W", "input shape (axis 1 reduced; or N,K)", required=True),
         WorkloadArg("dtype", "dtype", help="storage dtype (accumulation is float32)"))
+LN_ARGS = ARGS + tuple(a for a in EPILOGUE_ARGS if a.name == "activation")
 LAYER_NORM = Template("layer_norm", LayerNormWorkload, ReduceConfig, layer_norm, _ln_reference, _ln_inputs, fallback,
                       space_vars, VARIABLES, space_file="channel_reduce", features=features,
-                      describe=_describe("layer norm"), workload_args=ARGS, graph_ops=("layer_norm",),
+                      describe=_describe("layer norm"), workload_args=LN_ARGS, graph_ops=("layer_norm",),
                       lower=_lower(_lower_ln))
 SOFTMAX = Template("softmax", SoftmaxWorkload, ReduceConfig, softmax, _softmax_reference, _softmax_inputs, fallback,
                    space_vars, VARIABLES, space_file="channel_reduce", features=features,

@@ -20,11 +20,12 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from tuner.ir.activations import apply_ir, apply_numpy, canonical
 from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
 from tuner.ir.expr import Broadcast, ExtractLane, Ramp, as_expr, call, max_, min_, select
 from tuner.ir.kernel import Program
-from tuner.templates.common import Template, WorkloadArg, texture_scopes
+from tuner.templates.common import EPILOGUE_ARGS, Template, WorkloadArg, texture_scopes
 from tuner.templates.reduction import ReduceConfig, Schedule, ceil_div, fallback_config, features
 from tuner.templates.spatial_reduce import _packed, _unravel
 
@@ -36,9 +37,11 @@ class GroupNormWorkload:
     groups: int
     epsilon: float = 1e-5
     dtype: str = "float32"
+    activation: str = "none"  # fused after the affine (InstanceNorm -> ReLU, GroupNorm -> SiLU)
 
     def __post_init__(self):
         object.__setattr__(self, "data", tuple(int(x) for x in self.data))
+        object.__setattr__(self, "activation", canonical(self.activation))
         object.__setattr__(self, "groups", int(self.groups))
         object.__setattr__(self, "epsilon", float(self.epsilon))
         if len(self.data) != 4 or min(self.data) < 1:
@@ -130,7 +133,7 @@ def group_norm(wl: GroupNormWorkload, cfg: ReduceConfig):
         rstd = b.let("rstd", call("rsqrt", [max_(q * (1.0 / count) - m * m, 0.0) + wl.epsilon], "float32x4"))
         with sched.elements(b, c, lid) as e:
             idx, _ = at(b, u, e)
-            b.store(Y, idx, (X[idx] - mean) * (rstd * S[idx[1]]) + B[idx[1]])
+            b.store(Y, idx, apply_ir(wl.activation, (X[idx] - mean) * (rstd * S[idx[1]]) + B[idx[1]]))
 
     b = Builder()
     with sched.items(b) as (u, c, lid, p):
@@ -254,7 +257,7 @@ def _group_norm_mixed(wl: GroupNormWorkload, cfg: ReduceConfig) -> Program:
             st = [b.let(f"st{j}", stats[n * G + min_(cb * 4 + j, C - 1) // cg, vec]) for j in range(4)]
             mean = call("make_vector", [ExtractLane(v, 0) for v in st], "float32x4")
             rstd = call("make_vector", [ExtractLane(v, 1) for v in st], "float32x4")
-            b.store(Y, (n, ch, h, w), (X[n, ch, h, w] - mean) * (rstd * S[ch]) + B[ch])
+            b.store(Y, (n, ch, h, w), apply_ir(wl.activation, (X[n, ch, h, w] - mean) * (rstd * S[ch]) + B[ch]))
     third = b.kernel("group_norm_apply", [X, S, B, stats, Y])
     return Program("group_norm", (first, second, third), (X, S, B, Y), (part, stats))
 
@@ -265,8 +268,8 @@ def reference(wl: GroupNormWorkload, inputs: dict) -> np.ndarray:
     mean = xg.mean(axis=2, keepdims=True)
     var = ((xg - mean) ** 2).mean(axis=2, keepdims=True)
     y = ((xg - mean) / np.sqrt(var + wl.epsilon)).reshape(x.shape)
-    return y * np.asarray(inputs["S"], np.float64).reshape(1, -1, 1, 1) + \
-        np.asarray(inputs["B"], np.float64).reshape(1, -1, 1, 1)
+    return apply_numpy(wl.activation, y * np.asarray(inputs["S"], np.float64).reshape(1, -1, 1, 1) +
+                       np.asarray(inputs["B"], np.float64).reshape(1, -1, 1, 1))
 
 
 def random_inputs(wl: GroupNormWorkload, rng) -> dict:
@@ -292,7 +295,7 @@ def fallback(wl: GroupNormWorkload, info) -> ReduceConfig:
 def describe(wl: GroupNormWorkload) -> str:
     N, C, H, W = wl.data
     kind = "instance" if wl.groups == C else f"{wl.groups} groups"
-    return f"{kind} {N}x{C}x{H}x{W}"
+    return f"{kind} {N}x{C}x{H}x{W}" + (f" +{wl.activation}" if wl.activation != "none" else "")
 
 
 def lower(ctx, node, ins):
@@ -303,7 +306,8 @@ def lower(ctx, node, ins):
         raise ValueError(f"group_norm on a {len(shape)}-D tensor {tuple(shape)}: only NCHW inputs have a kernel (a "
                          f"GroupNorm exported as Reshape(N, G, -1) -> InstanceNormalization -> Reshape back is fused "
                          f"into one when the reshapes are exactly that)")
-    wl = GroupNormWorkload(shape, int(node.attrs["groups"]), float(node.attrs["epsilon"]), ctx.dtype)
+    wl = GroupNormWorkload(shape, int(node.attrs["groups"]), float(node.attrs["epsilon"]), ctx.dtype,
+                           node.attrs.get("activation", "none"))
     inputs, extra = {"X": ins[0]}, {}
     for key, t in zip(("S", "B"), node.inputs[1:]):
         inputs[key] = f"{node.name}.{key.lower()}"
@@ -313,7 +317,7 @@ def lower(ctx, node, ins):
 
 WORKLOAD_ARGS = (WorkloadArg("data", "shape", "N,C,H,W", "input shape", required=True),
                  WorkloadArg("groups", "int", "G", "channel groups (C: InstanceNorm)", required=True),
-                 WorkloadArg("dtype", "dtype", help="storage dtype (accumulation is float32)"))
+                 *(a for a in EPILOGUE_ARGS if a.name in ("activation", "dtype")))
 TEMPLATE = Template("group_norm", GroupNormWorkload, ReduceConfig, group_norm, reference, random_inputs, fallback,
                     space_vars, VARIABLES, features=features, describe=describe, workload_args=WORKLOAD_ARGS,
                     graph_ops=("group_norm",), lower=lower)

@@ -54,14 +54,15 @@ def group_norm_fields(draw):
     c, groups = draw(st.sampled_from([(5, 5), (6, 1), (3, 1), (8, 2), (12, 3), (16, 4), (7, 7), (8, 4), (9, 3),
                                       (10, 5)]))
     return dict(data=(draw(st.integers(1, 2)), c, draw(st.integers(1, 16)), draw(st.integers(1, 16))), groups=groups,
-                epsilon=draw(st.sampled_from([1e-5, 1e-3])))
+                epsilon=draw(st.sampled_from([1e-5, 1e-3])), activation=draw(st.sampled_from(["none", "relu", "silu"])))
 
 
 @st.composite
 def row_fields(draw, epsilon=False):
     data = draw(st.sampled_from([(draw(st.integers(1, 2)), draw(st.integers(1, 40)), draw(st.integers(1, 5)),
                                   draw(st.integers(1, 5))), (draw(st.integers(1, 9)), draw(st.integers(1, 70)))]))
-    return dict(data=data, **({"epsilon": draw(st.sampled_from([1e-5, 1e-6]))} if epsilon else {}))
+    return dict(data=data, **({"epsilon": draw(st.sampled_from([1e-5, 1e-6])),
+                               "activation": draw(st.sampled_from(["none", "gelu", "relu"]))} if epsilon else {}))
 
 
 FIELDS = {"conv2d": conv_fields(), "depthwise_conv2d": conv_fields(depthwise=True), "dense": dense_fields(),

@@ -260,7 +260,7 @@ def fuse_epilogues(graph: Graph) -> Graph:
     order = {n.name: i for i, n in enumerate(g.nodes)}
     removed: set = set()
     for node in g.nodes:
-        if node.name in removed or node.op not in ("conv2d", "dense") + BINARY_OPS:
+        if node.name in removed or node.op not in ("conv2d", "dense", "group_norm", "layer_norm") + BINARY_OPS:
             continue
         while True:
             out = node.outputs[0]
