@@ -84,6 +84,18 @@ def _units(wl) -> tuple:
     return (N, G), (blocks, H, W), False
 
 
+def _sum_partials(b, part, u, T: int):
+    """A private (sum d, sum d^2) pair of float4s: unit ``u``'s T chunk partials in the workspace ``part``."""
+    vec = Ramp(as_expr(0), as_expr(1), 4)
+    acc = b.allocate("acc", (2,), "float32x4", "private")
+    b.store(acc, 0, 0.0)
+    b.store(acc, 1, 0.0)
+    with b.loop("t", T, "serial") as t:
+        b.store(acc, 0, acc[0] + part[(u * T + t) * 2, vec])
+        b.store(acc, 1, acc[1] + part[(u * T + t) * 2 + 1, vec])
+    return acc
+
+
 def _hsum(v):
     return (ExtractLane(v, 0) + ExtractLane(v, 1)) + (ExtractLane(v, 2) + ExtractLane(v, 3))
 
@@ -161,12 +173,7 @@ def group_norm(wl: GroupNormWorkload, cfg: ReduceConfig):
     b = Builder()  # every chunk again: its unit's T partials combined, its texels normalized
     with sched.items(b) as (u, c, lid, p):
         K = shift(b, u)
-        acc = b.allocate("acc", (2,), "float32x4", "private")
-        b.store(acc, 0, 0.0)
-        b.store(acc, 1, 0.0)
-        with b.loop("t", T, "serial") as t:
-            b.store(acc, 0, acc[0] + part[(u * T + t) * 2, vec])
-            b.store(acc, 1, acc[1] + part[(u * T + t) * 2 + 1, vec])
+        acc = _sum_partials(b, part, u, T)
         with b.if_(sched.valid) if sched.valid is not None else nullcontext():
             normalize(b, u, c, lid, K, acc[0], acc[1])
     second = b.kernel(f"{name}_apply", [X, S, B, part, Y])
@@ -234,12 +241,7 @@ def _group_norm_mixed(wl: GroupNormWorkload, cfg: ReduceConfig) -> Program:
         u = b.let("u", gr * local + lid)
         with b.if_(u < U) if ceil_div(U, local) * local != U else nullcontext():
             _, _, K = shift(b, u)
-            acc = b.allocate("acc", (2,), "float32x4", "private")
-            b.store(acc, 0, 0.0)
-            b.store(acc, 1, 0.0)
-            with b.loop("t", T, "serial") as t:
-                b.store(acc, 0, acc[0] + part[(u * T + t) * 2, vec])
-                b.store(acc, 1, acc[1] + part[(u * T + t) * 2 + 1, vec])
+            acc = _sum_partials(b, part, u, T)
             m = b.let("m", _hsum(acc[0]) * (1.0 / count))
             var = max_(_hsum(acc[1]) * (1.0 / count) - m * m, 0.0)
             b.store(stats, (u, vec), call("make_vector", [K + m, call("rsqrt", [var + wl.epsilon], "float32"),
