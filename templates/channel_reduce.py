@@ -24,8 +24,8 @@ from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
 from tuner.ir.expr import Broadcast, ExtractLane, Ramp, as_expr, call, max_, select
 from tuner.templates.common import EPILOGUE_ARGS, Template, WorkloadArg, texture_scopes
-from tuner.templates.reduction import ReduceConfig, Schedule, ceil_div, fallback_schedule, features
-from tuner.templates.spatial_reduce import LOWEST, _packed, _unravel
+from tuner.templates.reduction import (LOWEST, ReduceConfig, Schedule, ceil_div, fallback_config, features, hsum,
+                                       packed, unravel)
 
 
 @dataclass(frozen=True)
@@ -87,10 +87,6 @@ def _rows(wl) -> tuple:
     return (wl.data[0], *wl.data[2:]), ceil_div(wl.data[1], 4)
 
 
-def _hsum(v):
-    return (ExtractLane(v, 0) + ExtractLane(v, 1)) + (ExtractLane(v, 2) + ExtractLane(v, 3))
-
-
 def _hmax(v):
     return max_(max_(ExtractLane(v, 0), ExtractLane(v, 1)), max_(ExtractLane(v, 2), ExtractLane(v, 3)))
 
@@ -102,11 +98,11 @@ class _Row:
         self.wl, self.C = wl, wl.data[1]
         self.units, self.E = _rows(wl)
         self.sched = Schedule(int(np.prod(self.units)), self.E, cfg)
-        self.X = _packed("X", wl.data, wl.dtype, cfg.input_scope)
-        self.Y = _packed("Y", wl.data, wl.dtype, cfg.output_scope)
+        self.X = packed("X", wl.data, wl.dtype, cfg.input_scope)
+        self.Y = packed("Y", wl.data, wl.dtype, cfg.output_scope)
 
     def at(self, b, u, e):
-        n, *rest = _unravel(b, u, self.units, self.sched.tag("u"))
+        n, *rest = unravel(b, u, self.units, self.sched.tag("u"))
         return (n, Ramp(e * 4, as_expr(1), 4), *rest)
 
     def mask(self, e, v, fill: float):
@@ -135,9 +131,9 @@ def layer_norm(wl: LayerNormWorkload, cfg: ReduceConfig):
             b.store(acc, 0, acc[0] + d)
             b.store(acc, 1, acc[1] + d * d)
         s, q = sched.tree(b, [acc[0], acc[1]], lambda x, y: x + y, lid, p)
-        m = b.let("m", _hsum(s) * (1.0 / r.C))
+        m = b.let("m", hsum(s) * (1.0 / r.C))
         mean = b.let("mean", K + m)
-        rstd = b.let("rstd", call("rsqrt", [max_(_hsum(q) * (1.0 / r.C) - m * m, 0.0) + wl.epsilon], "float32"))
+        rstd = b.let("rstd", call("rsqrt", [max_(hsum(q) * (1.0 / r.C) - m * m, 0.0) + wl.epsilon], "float32"))
         with b.if_(sched.valid) if sched.valid is not None else nullcontext():
             with sched.elements(b, c, lid) as e:
                 idx = r.at(b, u, e)
@@ -161,7 +157,7 @@ def softmax(wl: SoftmaxWorkload, cfg: ReduceConfig):
         with sched.elements(b, c, lid) as e:
             b.store(acc, 0, acc[0] + r.mask(e, call("exp", [X[r.at(b, u, e)] - m], "float32x4"), 0.0))
         vsum, = sched.tree(b, [acc[0]], lambda x, y: x + y, lid, p, name="sm")
-        inv = b.let("inv", 1.0 / _hsum(vsum))
+        inv = b.let("inv", 1.0 / hsum(vsum))
         with b.if_(sched.valid) if sched.valid is not None else nullcontext():
             with sched.elements(b, c, lid) as e:
                 idx = r.at(b, u, e)
@@ -206,9 +202,7 @@ VARIABLES = dict(U="rows: positions (n, h, w), or rows n of (N, K)", E="channel 
 
 def fallback(wl, info) -> ReduceConfig:
     v = space_vars(wl)
-    scope = texture_scopes(wl, info, [(v["layout"], wl.data)])
-    return ReduceConfig(**fallback_schedule(v["U"], v["E"], info, max_split=1), input_scope=scope,
-                        weight_scope=scope, output_scope=scope)
+    return fallback_config(v, info, texture_scopes(wl, info, [(v["layout"], wl.data)]), max_split=1)
 
 
 def _describe(what):

@@ -26,8 +26,8 @@ from tuner.ir.builder import Builder
 from tuner.ir.expr import Broadcast, ExtractLane, Ramp, as_expr, call, max_, min_, select
 from tuner.ir.kernel import Program
 from tuner.templates.common import EPILOGUE_ARGS, Template, WorkloadArg, texture_scopes
-from tuner.templates.reduction import ReduceConfig, Schedule, ceil_div, fallback_config, features
-from tuner.templates.spatial_reduce import _packed, _unravel
+from tuner.templates.reduction import (ReduceConfig, Schedule, ceil_div, each_index, fallback_config, features, hsum,
+                                       packed, unravel)
 
 
 @dataclass(frozen=True)
@@ -96,10 +96,6 @@ def _sum_partials(b, part, u, T: int):
     return acc
 
 
-def _hsum(v):
-    return (ExtractLane(v, 0) + ExtractLane(v, 1)) + (ExtractLane(v, 2) + ExtractLane(v, 3))
-
-
 def group_norm(wl: GroupNormWorkload, cfg: ReduceConfig):
     if _mixed(wl):
         return _group_norm_mixed(wl, cfg)
@@ -116,13 +112,13 @@ def group_norm(wl: GroupNormWorkload, cfg: ReduceConfig):
 
     def at(b, u, e):
         """The unit's texel ``e``: (n, channel lanes, h, w) and the block index."""
-        n, ub = _unravel(b, u, units, sched.tag("u"))
-        cbi, h, w = _unravel(b, e, texels, sched.tag("t"))
+        n, ub = unravel(b, u, units, sched.tag("u"))
+        cbi, h, w = unravel(b, e, texels, sched.tag("t"))
         cb = ub if per_lane else (ub * texels[0] + cbi if wl.groups > 1 else cbi)
         return (n, Ramp(cb * 4, as_expr(1), 4), h, w), cb
 
     def shift(b, u):
-        n, ub = _unravel(b, u, units, "s")
+        n, ub = unravel(b, u, units, "s")
         first = X[n, Ramp((ub if per_lane else ub * texels[0] if wl.groups > 1 else as_expr(0)) * 4,
                           as_expr(1), 4), 0, 0]
         return b.let("K", first if per_lane else Broadcast(ExtractLane(first, 0), 4))
@@ -139,7 +135,7 @@ def group_norm(wl: GroupNormWorkload, cfg: ReduceConfig):
     def normalize(b, u, c, lid, K, s, q):
         """The statistics from the sums ``s``, ``q`` of d and d^2, then this work-item's texels written."""
         if not per_lane:
-            s, q = Broadcast(_hsum(s), 4), Broadcast(_hsum(q), 4)
+            s, q = Broadcast(hsum(s), 4), Broadcast(hsum(q), 4)
         m = b.let("m", s * (1.0 / count))
         mean = b.let("mean", K + m)
         rstd = b.let("rstd", call("rsqrt", [max_(q * (1.0 / count) - m * m, 0.0) + wl.epsilon], "float32x4"))
@@ -184,7 +180,7 @@ def _operands(wl, cfg) -> tuple:
     C = wl.data[1]
     S, B = (buffer(name, (C,), wl.dtype, *(("texture:weight", "mace_argument") if cfg.weight_scope == "texture"
                                             else ("global", "bias4_buffer"))) for name in ("S", "B"))
-    return _packed("X", wl.data, wl.dtype, cfg.input_scope), S, B, _packed("Y", wl.data, wl.dtype, cfg.output_scope)
+    return packed("X", wl.data, wl.dtype, cfg.input_scope), S, B, packed("Y", wl.data, wl.dtype, cfg.output_scope)
 
 
 def _group_norm_mixed(wl: GroupNormWorkload, cfg: ReduceConfig) -> Program:
@@ -204,7 +200,7 @@ def _group_norm_mixed(wl: GroupNormWorkload, cfg: ReduceConfig) -> Program:
 
     def shift(b, u):
         """The unit's image, first channel, and the value of that channel at (0, 0): the sums' shift."""
-        n, g = _unravel(b, u, units, "u")
+        n, g = unravel(b, u, units, "u")
         c0 = b.let("c0", g * cg)
         first = b.let("first", X[n, Ramp((c0 // 4) * 4, as_expr(1), 4), 0, 0])
         j0 = b.let("j0", c0 % 4)
@@ -219,7 +215,7 @@ def _group_norm_mixed(wl: GroupNormWorkload, cfg: ReduceConfig) -> Program:
         b.store(acc, 0, 0.0)
         b.store(acc, 1, 0.0)
         with sched.elements(b, c, lid) as e:
-            cbi, h, w = _unravel(b, e, texels, "t")
+            cbi, h, w = unravel(b, e, texels, "t")
             cb = b.let("cb", c0 // 4 + cbi)
             x = X[n, Ramp(min_(cb, CB - 1) * 4, as_expr(1), 4), h, w]
             keep = call("make_vector", [select((cb * 4 + j >= c0) & (cb * 4 + j < c0 + cg), as_expr(1.0), as_expr(0.0))
@@ -236,30 +232,24 @@ def _group_norm_mixed(wl: GroupNormWorkload, cfg: ReduceConfig) -> Program:
 
     count = cg * H * W
     b = Builder()
-    local = min(64, 1 << max(0, (U - 1).bit_length()))
-    with b.loop("gr", ceil_div(U, local), "group.0") as gr, b.loop("l", local, "local.0") as lid:
-        u = b.let("u", gr * local + lid)
-        with b.if_(u < U) if ceil_div(U, local) * local != U else nullcontext():
-            _, _, K = shift(b, u)
-            acc = _sum_partials(b, part, u, T)
-            m = b.let("m", _hsum(acc[0]) * (1.0 / count))
-            var = max_(_hsum(acc[1]) * (1.0 / count) - m * m, 0.0)
-            b.store(stats, (u, vec), call("make_vector", [K + m, call("rsqrt", [var + wl.epsilon], "float32"),
-                                                          as_expr(0.0), as_expr(0.0)], "float32x4"))
+    with each_index(b, U, "u") as u:
+        _, _, K = shift(b, u)
+        acc = _sum_partials(b, part, u, T)
+        m = b.let("m", hsum(acc[0]) * (1.0 / count))
+        var = max_(hsum(acc[1]) * (1.0 / count) - m * m, 0.0)
+        b.store(stats, (u, vec), call("make_vector", [K + m, call("rsqrt", [var + wl.epsilon], "float32"),
+                                                      as_expr(0.0), as_expr(0.0)], "float32x4"))
     second = b.kernel("group_norm_finalize", [X, part, stats])
 
     b = Builder()
     pixels = N * CB * H * W
-    local = min(64, 1 << max(0, (pixels - 1).bit_length()))
-    with b.loop("gr", ceil_div(pixels, local), "group.0") as gr, b.loop("l", local, "local.0") as lid:
-        i = b.let("i", gr * local + lid)
-        with b.if_(i < pixels) if ceil_div(pixels, local) * local != pixels else nullcontext():
-            n, cb, h, w = _unravel(b, i, (N, CB, H, W), "x")
-            ch = Ramp(cb * 4, as_expr(1), 4)
-            st = [b.let(f"st{j}", stats[n * G + min_(cb * 4 + j, C - 1) // cg, vec]) for j in range(4)]
-            mean = call("make_vector", [ExtractLane(v, 0) for v in st], "float32x4")
-            rstd = call("make_vector", [ExtractLane(v, 1) for v in st], "float32x4")
-            b.store(Y, (n, ch, h, w), apply_ir(wl.activation, (X[n, ch, h, w] - mean) * (rstd * S[ch]) + B[ch]))
+    with each_index(b, pixels, "i") as i:
+        n, cb, h, w = unravel(b, i, (N, CB, H, W), "x")
+        ch = Ramp(cb * 4, as_expr(1), 4)
+        st = [b.let(f"st{j}", stats[n * G + min_(cb * 4 + j, C - 1) // cg, vec]) for j in range(4)]
+        mean = call("make_vector", [ExtractLane(v, 0) for v in st], "float32x4")
+        rstd = call("make_vector", [ExtractLane(v, 1) for v in st], "float32x4")
+        b.store(Y, (n, ch, h, w), apply_ir(wl.activation, (X[n, ch, h, w] - mean) * (rstd * S[ch]) + B[ch]))
     third = b.kernel("group_norm_apply", [X, S, B, stats, Y])
     return Program("group_norm", (first, second, third), (X, S, B, Y), (part, stats))
 

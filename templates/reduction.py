@@ -1,9 +1,11 @@
 """The parallel schedule the reduction templates share (``spatial_reduce``: global pools and ReduceMean / Max /
-Sum / L2 over H, W; ``group_norm``: GroupNorm and InstanceNorm).
+Sum / L2 over H, W; ``group_norm``: GroupNorm and InstanceNorm; ``channel_reduce``: layer_norm and softmax over
+the channels), and the helpers they all use: packed operands, index unravelling, lane sums, and the one
+work-item per index launch of their combining kernels.
 
 A reduction template has ``U`` independent *units* (an output pixel of a pool: 4 channels of one image; a
 group of a norm), each over ``E`` texels (RGBA pixels, 4 lanes) of its input. The schedule has three knobs,
-the template space of ``search_space/spatial_reduce.toml`` and ``group_norm.toml``:
+the template space of ``search_space/spatial_reduce.toml``, ``group_norm.toml`` and ``channel_reduce.toml``:
 
 - ``wg_reduce`` (L): work-items of a work-group that share one unit. Each reads every L-th texel of the unit's
   chunk (neighbouring work-items read neighbouring texels, W fastest); their partial results meet in a binary
@@ -24,11 +26,15 @@ import math
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
+import numpy as np
+
+from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
-from tuner.ir.expr import as_expr, min_
+from tuner.ir.expr import ExtractLane, as_expr, min_
 
 MAX_TEXELS_PER_ITEM = 1024  # 4096 elements: no work-item of a reduction reads more of one unit
 GPU_ITEMS_PER_TEXELS = 16  # a GPU fallback gives each work-item about this many texels before it splits
+LOWEST = -3.4028234663852886e38  # -FLT_MAX: the max identity
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,43 @@ def ceil_div(a: int, b: int) -> int:
 
 def _pow2_floor(n: int) -> int:
     return 1 << (max(1, int(n)).bit_length() - 1)
+
+
+def packed(name: str, shape: tuple, dtype: str, scope: str):
+    """An activation operand packed by 4 along axis 1: an ``nchw4c`` / ``row4`` texture or its packed buffer."""
+    layouts = {4: ("nchw4c", "nchw4c_buffer"), 2: ("row4", "row4_buffer")}[len(shape)]
+    if scope not in ("texture", "buffer"):
+        raise ValueError(f"{name} scope {scope!r}: texture or buffer")
+    return buffer(name, shape, dtype, *(("texture", layouts[0]) if scope == "texture" else ("global", layouts[1])))
+
+
+def unravel(b: Builder, i, shape: tuple, prefix: str) -> list:
+    """Row-major indices of ``i`` over ``shape`` (lets named ``prefix<k>``; extent-1 axes are 0)."""
+    out, stride = [], int(np.prod(shape))
+    for k, extent in enumerate(shape):
+        stride //= extent
+        if extent == 1:
+            out.append(as_expr(0))
+            continue
+        v = i // stride if stride > 1 else i
+        out.append(b.let(f"{prefix}{k}", v % extent if stride * extent < np.prod(shape) else v))
+    return out
+
+
+def hsum(v):
+    """The 4 lanes of ``v`` summed pairwise."""
+    return (ExtractLane(v, 0) + ExtractLane(v, 1)) + (ExtractLane(v, 2) + ExtractLane(v, 3))
+
+
+@contextmanager
+def each_index(b: Builder, n: int, name: str):
+    """One work-item per index of [0, n) on a 1-D range in work-groups of up to 64 (a combining or applying
+    kernel beside a schedule's): yields the index (a let named ``name``), guarded where the last group is partial."""
+    local = min(64, 1 << max(0, (n - 1).bit_length()))
+    with b.loop("gr", ceil_div(n, local), "group.0") as gr, b.loop("l", local, "local.0") as lid:
+        i = b.let(name, gr * local + lid)
+        with b.if_(i < n) if ceil_div(n, local) * local != n else nullcontext():
+            yield i
 
 
 class Schedule:
@@ -128,8 +171,8 @@ def fallback_schedule(units: int, elements: int, info, max_split: int = 64) -> d
     """``wg_reduce``, ``units_per_wg`` and ``split`` that are good without tuning, from the device's
     capabilities: on a GPU, about ``GPU_ITEMS_PER_TEXELS`` texels per work-item in work-groups of up to 256
     (TFLite's Adreno size; the TVM Adreno rule gives 25-49 elements a thread), split while the units fill fewer
-    than two work-groups per compute unit and a work-item keeps a quarter of that; on a CPU (whose compilers vectorize across work-items and pay for
-    barriers) fewer, longer work-items. Never more than ``MAX_TEXELS_PER_ITEM`` texels per work-item; never a
+    than two work-groups per compute unit and a work-item keeps a quarter of that; on a CPU (whose compilers
+    vectorize across work-items and pay for barriers) fewer, longer work-items. Never more than ``MAX_TEXELS_PER_ITEM`` texels per work-item; never a
     split above ``max_split``."""
     gpu = info.type == "GPU"
     cap = min(256 if gpu else 64, info.max_work_group_size, info.max_work_item_sizes[0])
@@ -148,9 +191,9 @@ def fallback_schedule(units: int, elements: int, info, max_split: int = 64) -> d
     return {"wg_reduce": L, "units_per_wg": P, "split": T}
 
 
-def fallback_config(v: dict, info, scope: str) -> ReduceConfig:
+def fallback_config(v: dict, info, scope: str, max_split: int = 64) -> ReduceConfig:
     """A template's fallback: ``fallback_schedule`` of its space variables U and E, every operand in ``scope``."""
-    return ReduceConfig(**fallback_schedule(v["U"], v["E"], info), input_scope=scope, weight_scope=scope,
+    return ReduceConfig(**fallback_schedule(v["U"], v["E"], info, max_split), input_scope=scope, weight_scope=scope,
                         output_scope=scope)
 
 

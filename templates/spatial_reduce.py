@@ -18,11 +18,11 @@ from tuner.ir.builder import Builder
 from tuner.ir.expr import Ramp, as_expr, call, max_
 from tuner.ir.kernel import Program
 from tuner.templates.common import Template, WorkloadArg, texture_scopes
-from tuner.templates.reduction import ReduceConfig, Schedule, ceil_div, fallback_config, features
+from tuner.templates.reduction import (LOWEST, ReduceConfig, Schedule, ceil_div, each_index, fallback_config,
+                                       features, packed, unravel)
 
 KINDS = ("mean", "max", "l2")
 AXES = ((2, 3), (2,), (3,))
-LOWEST = -3.4028234663852886e38  # -FLT_MAX: the max identity
 
 
 @dataclass(frozen=True)
@@ -68,13 +68,6 @@ class SpatialReduceWorkload:
                                            for k, v in asdict(self).items()}}
 
 
-def _packed(name, shape, dtype, scope):
-    layouts = {4: ("nchw4c", "nchw4c_buffer"), 2: ("row4", "row4_buffer")}[len(shape)]
-    if scope not in ("texture", "buffer"):
-        raise ValueError(f"{name} scope {scope!r}: texture or buffer")
-    return buffer(name, shape, dtype, *(("texture", layouts[0]) if scope == "texture" else ("global", layouts[1])))
-
-
 def _grid(wl) -> tuple:
     """(unit grid, reduced extents): units over (N, C blocks, kept H, kept W), texels over (reduced H, W)."""
     N, C, H, W = wl.data
@@ -82,25 +75,12 @@ def _grid(wl) -> tuple:
     return kept, (H if 2 in wl.axes else 1, W if 3 in wl.axes else 1)
 
 
-def _unravel(b, i, shape, prefix):
-    """Row-major indices of ``i`` over ``shape`` (lets named ``prefix<k>``; extent-1 axes are 0)."""
-    out, stride = [], int(np.prod(shape))
-    for k, extent in enumerate(shape):
-        stride //= extent
-        if extent == 1:
-            out.append(as_expr(0))
-            continue
-        v = i // stride if stride > 1 else i
-        out.append(b.let(f"{prefix}{k}", v % extent if stride * extent < np.prod(shape) else v))
-    return out
-
-
 def spatial_reduce(wl: SpatialReduceWorkload, cfg: ReduceConfig):
     units, reduced = _grid(wl)
     U, E = int(np.prod(units)), int(np.prod(reduced))
     sched = Schedule(U, E, cfg)
-    X = _packed("X", wl.data, wl.dtype, cfg.input_scope)
-    Y = _packed("Y", wl.out_shape, wl.dtype, cfg.output_scope)
+    X = packed("X", wl.data, wl.dtype, cfg.input_scope)
+    Y = packed("Y", wl.out_shape, wl.dtype, cfg.output_scope)
     mx = wl.kind == "max"
     ident = LOWEST if mx else 0.0
     combine = (lambda a, v: max_(a, v)) if mx else (lambda a, v: a + v)
@@ -112,7 +92,7 @@ def spatial_reduce(wl: SpatialReduceWorkload, cfg: ReduceConfig):
         return v * wl.scale if wl.scale != 1.0 else v
 
     def store(b, u, v):
-        n, cb, hk, wk = _unravel(b, u, units, "o")
+        n, cb, hk, wk = unravel(b, u, units, "o")
         lanes = Ramp(cb * 4, as_expr(1), 4)
         b.store(Y, (n, lanes) if not wl.keepdims else (n, lanes, hk, wk), finish(v))
 
@@ -122,9 +102,9 @@ def spatial_reduce(wl: SpatialReduceWorkload, cfg: ReduceConfig):
     with sched.items(b) as (u, c, lid, p):
         acc = b.allocate("acc", (1,), "float32x4", "private")
         b.store(acc, 0, ident)
-        n, cb, hk, wk = _unravel(b, u, units, "u")
+        n, cb, hk, wk = unravel(b, u, units, "u")
         with sched.elements(b, c, lid) as e:
-            hr, wr = _unravel(b, e, reduced, "r")
+            hr, wr = unravel(b, e, reduced, "r")
             x = X[n, Ramp(cb * 4, as_expr(1), 4), hr if 2 in wl.axes else hk, wr if 3 in wl.axes else wk]
             b.store(acc, 0, combine(acc[0], x * x if wl.kind == "l2" else x))
         total, = sched.tree(b, [acc[0]], combine, lid, p)
@@ -138,15 +118,12 @@ def spatial_reduce(wl: SpatialReduceWorkload, cfg: ReduceConfig):
     if T == 1:
         return first
     b = Builder()  # the chunks' partials of a unit combined by one work-item
-    local = min(64, 1 << max(0, (U - 1).bit_length()))
-    with b.loop("g", ceil_div(U, local), "group.0") as g, b.loop("l", local, "local.0") as lid:
-        u = b.let("u", g * local + lid)
-        with b.if_(u < U) if ceil_div(U, local) * local != U else nullcontext():
-            acc = b.allocate("acc", (1,), "float32x4", "private")
-            b.store(acc, 0, ident)
-            with b.loop("t", T, "serial") as t:
-                b.store(acc, 0, combine(acc[0], part[u * T + t, Ramp(as_expr(0), as_expr(1), 4)]))
-            store(b, u, acc[0])
+    with each_index(b, U, "u") as u:
+        acc = b.allocate("acc", (1,), "float32x4", "private")
+        b.store(acc, 0, ident)
+        with b.loop("t", T, "serial") as t:
+            b.store(acc, 0, combine(acc[0], part[u * T + t, Ramp(as_expr(0), as_expr(1), 4)]))
+        store(b, u, acc[0])
     second = b.kernel("spatial_reduce_combine", [part, Y])
     return Program("spatial_reduce", (first, second), (X, Y), (part,))
 
