@@ -499,14 +499,9 @@ def _fastest_plan(model, history, device, dtype, input_shapes, progress, repeats
             alias[mode] = same
             continue
         modules[mode] = mod
-    # PLAN_ROUNDS rounds, the plans alternating, each plan's time the median of its rounds: a slow spell of the
-    # device (on an H100 one plan timed 3.866 ms in one process and 1.406 ms in the next) hits every plan alike
-    samples = {m: [] for m in modules}
-    for r in range(PLAN_ROUNDS):
-        for m in (list(modules) if r % 2 == 0 else list(modules)[::-1]):
-            samples[m].append(whole(modules[m]))
+    medians = _alternating(whole, modules)
     for mode in plans:
-        timed[mode] = statistics.median(samples[alias.get(mode, mode)])
+        timed[mode] = medians[alias.get(mode, mode)]
     kept = min(modules, key=lambda m: (timed[m], m != "auto"))  # a tie keeps the per-layer plan
     mod = modules[kept]
     modules.clear()  # the losers' device memory goes now, before more plans are compiled
@@ -521,11 +516,7 @@ def _fastest_plan(model, history, device, dtype, input_shapes, progress, repeats
         other = compile_(mode, prefer="first" if kept.endswith("+direct") else None, untested="fallback")
         if not _same_plan(other, mod):
             name = f"{kept}+fallback"
-            pair = [[], []]
-            for r in range(PLAN_ROUNDS):  # alternating, as the plans above
-                for i in ((0, 1) if r % 2 == 0 else (1, 0)):
-                    pair[i].append(whole((mod, other)[i]))
-            timed[kept], timed[name] = statistics.median(pair[0]), statistics.median(pair[1])
+            timed.update(_alternating(whole, {kept: mod, name: other}))
             if timed[name] < timed[kept]:
                 kept, mod = name, other
     mod.plan_times, mod.plan_kept, mod.plan_timer = timed, kept, timer
@@ -538,6 +529,17 @@ def _fastest_plan(model, history, device, dtype, input_shapes, progress, repeats
         seen.add(text)
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     return mod
+
+
+def _alternating(whole, modules: dict) -> dict:
+    """``name -> seconds`` of each module by ``whole``: ``PLAN_ROUNDS`` rounds, the modules alternating, each one's
+    time the median of its rounds -- a slow spell of the device (on an H100 one plan timed 3.866 ms in one
+    process and 1.406 ms in the next) hits every plan alike."""
+    samples = {m: [] for m in modules}
+    for r in range(PLAN_ROUNDS):
+        for m in (list(modules) if r % 2 == 0 else list(modules)[::-1]):
+            samples[m].append(whole(modules[m]))
+    return {m: statistics.median(v) for m, v in samples.items()}
 
 
 def _refine_templates(mod: M.Module, mode: str, compile_, repeats: int) -> list:

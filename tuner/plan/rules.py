@@ -211,7 +211,7 @@ def build_binary(s, plan, max_wg):
                            s.attrs["activation"], max_wg)
 
 
-# -- glue: reductions over the channels -----------------------------------------------------------------------------
+# -- glue: reductions over the channels -----------------------------------------------------------------------
 
 @lowers("reduce_mean", "reduce_max", "reduce_sum", "reduce_l2")
 def lower_reduce(ctx: LowerCtx, node, ins, out, shape):
