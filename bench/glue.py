@@ -162,6 +162,11 @@ def _torch_graph_time(model, x, repeats: int) -> float:
 
 
 # -- ours ----------------------------------------------------------------------------------------------------
+def _logs(spec: str):
+    """The log files of ``--log``'s comma-separated globs; None for ''."""
+    return sorted(p for pattern in spec.split(",") for p in glob.glob(pattern)) if spec else None
+
+
 def _category(row) -> str:
     t = row.get("template") or ""
     return "compute" if t in COMPUTE else "reduction" if t in REDUCTIONS else "glue"
@@ -176,7 +181,7 @@ def cmd_ours(args) -> int:
     work = Path(args.work)
     path = work / f"ours_{args.tree}.json"
     out = json.loads(path.read_text()) if path.exists() else {}
-    logs = sorted(p for pattern in args.log.split(",") for p in glob.glob(pattern)) if args.log else None
+    logs = _logs(args.log)
     for name in args.models.split(","):
         onnx_path = work / "models" / f"{name}.onnx"
         if not onnx_path.exists():
@@ -232,7 +237,7 @@ def cmd_tune(args) -> int:
     from tuner.runtime.device import open_device
     from tuner.search.tune import tune
     dev = open_device(args.device)
-    logs = sorted(p for pattern in args.log.split(",") for p in glob.glob(pattern)) if args.log else None
+    logs = _logs(args.log)
     tasks, seen = [], set()
     for name in args.models.split(","):
         onnx_path = Path(args.work) / "models" / f"{name}.onnx"
