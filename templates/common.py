@@ -158,7 +158,8 @@ def shape_text(shape) -> str:
 def epilogue_text(wl) -> str:
     """`` +bias +relu +res f16``: what a workload fuses, and its storage type when not float32."""
     parts = [" +bias" if wl.bias else "", f" +{wl.activation}" if wl.activation != "none" else "",
-             " +res" if getattr(wl, "residual", False) else "", " f16" if wl.dtype == "float16" else ""]
+             " +res" if getattr(wl, "residual", False) else "", " +scale" if getattr(wl, "in_scale", False) else "",
+             " f16" if wl.dtype == "float16" else ""]
     return "".join(parts)
 
 
@@ -189,7 +190,7 @@ def _padding(p) -> str | None:
 
 
 _KNOWN = {"op", "data", "kernel", "weight", "stride", "padding", "dilation", "groups", "dtype", "bias",
-          "activation", "residual"}
+          "activation", "residual", "in_scale"}
 
 
 def workload_label(template: str, wl: dict) -> str:
@@ -224,7 +225,8 @@ def workload_label(template: str, wl: dict) -> str:
         parts.append(f"n{n}")
     if wl.get("dtype", "float32") != "float32":
         parts.append(str(wl["dtype"]).replace("float", "fp"))
-    epilogue = [e for e, on in (("bias", wl.get("bias")), ("res", wl.get("residual"))) if on]
+    epilogue = [e for e, on in (("bias", wl.get("bias")), ("res", wl.get("residual")), ("scale", wl.get("in_scale")))
+                if on]
     if wl.get("activation", "none") not in ("none", None):
         epilogue.append(str(wl["activation"]))
     if epilogue:
@@ -245,6 +247,8 @@ def node_epilogue(ctx, node) -> tuple:
         inputs["B"] = bias
     if a.get("residual") is not None:
         inputs["Res"] = ctx.packed(a["residual"])
+    if a.get("in_scale") is not None:  # only the templates whose ``lower`` takes ``in_scale`` read it
+        inputs["S"] = ctx.packed(a["in_scale"])
     return fields, inputs
 
 
@@ -268,6 +272,7 @@ class Conv2dWorkload:
     bias: bool = False
     activation: str = "none"
     residual: bool = False
+    in_scale: bool = False  # the input read times a per-(n, channel) gate S (N, C, 1, 1): squeeze-excite's x * s
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
@@ -316,7 +321,10 @@ class Conv2dWorkload:
         return 2 * N * O * OH * OW * self.kernel[1] * self.kernel[2] * self.kernel[3]
 
     def key(self) -> dict:
-        return {"op": "conv2d", **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}}
+        """The log's key; ``in_scale`` only when set, so the keys (and records) of every other convolution stay
+        as they were before the field existed."""
+        return {"op": "conv2d", **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()
+                                   if k != "in_scale" or v}}
 
 
 def scope_layout(scope: str, texture_layout: str, buffer_layout: str, weight=False):
@@ -421,6 +429,15 @@ def declare_operands(wl, cfg, channels: int) -> tuple:
             buffer("Y", wl.out_shape, wl.dtype, out_scope, out_layout))
 
 
+def scale_operand(wl, cfg):
+    """``S``, the per-(n, channel) gate an ``in_scale`` workload multiplies its input by (N, C, 1, 1), in the
+    input's scope and layout; None without ``in_scale``."""
+    if not getattr(wl, "in_scale", False):
+        return None
+    return buffer("S", (wl.data[0], wl.data[1], 1, 1), wl.dtype,
+                  *scope_layout(cfg.input_scope, cfg.act_layout, "nchw4c_buffer"))
+
+
 def bias_buffer(O: int, dtype: str, weight_scope: str):
     """Bias beside the weights: a 1-D texture (MACE argument image) or a packed float4 buffer."""
     return buffer("B", (O,), dtype, *(("texture:weight", "mace_argument") if weight_scope == "texture"
@@ -496,8 +513,10 @@ def reference_epilogue(wl, out: np.ndarray, bias=None, residual=None) -> np.ndar
     return apply_numpy(wl.activation, out)
 
 
-def reference(wl: Conv2dWorkload, x, w, bias=None, residual=None) -> np.ndarray:
-    """NumPy conv2d in float64 (the check for every tuned config)."""
+def reference(wl: Conv2dWorkload, x, w, bias=None, residual=None, scale=None) -> np.ndarray:
+    """NumPy conv2d in float64 (the check for every tuned config); ``scale`` (N, C, 1, 1): the input's gate."""
+    if scale is not None:
+        x = x.astype(np.float64) * scale
     out = np.zeros(wl.out_shape)
     G, (N, O, OH, OW) = wl.groups, wl.out_shape
     for r, s, patch in padded_windows(wl, x):  # grouped: (N, G, C/G, ...) . (G, O/G, C/G)
@@ -514,6 +533,8 @@ def random_inputs(wl, rng) -> dict:
         inputs["B"] = draw(wl.kernel[:1])
     if wl.residual:
         inputs["Res"] = draw(wl.out_shape)
+    if getattr(wl, "in_scale", False):
+        inputs["S"] = draw((wl.data[0], wl.data[1], 1, 1))
     return inputs
 
 

@@ -80,3 +80,34 @@ def test_conv2d_knobs_change_the_kernel_not_the_result(device, rng, knobs):
     y = exe(X=x, Wt=w, B=bias)["Y"]
     ref = reference(wl, x, w, bias)
     assert np.abs(y - ref).max() / np.abs(ref).max() < 1e-4
+
+
+GATED = Conv2dWorkload((2, 7, 6, 5), (8, 7, 1, 1), bias=True, activation="relu", in_scale=True)
+
+
+@pytest.mark.parametrize("knobs", [
+    dict(), dict(**BUFFERS), dict(**BUFFERS, vec_load=1), dict(local_input=True, wg_w=2, wg_h=2),
+    dict(split_k=2, wg_w=2), dict(input_scope="buffer", cache_input=True), dict(tile_oc=2, tile_ow=3, **BUFFERS)],
+    ids=["texture", "buffer", "scalar loads", "local tile", "split_k", "cached input", "tiles"])
+def test_gated_input_is_read_times_its_channel_gate(device, rng, knobs):
+    """``in_scale``: squeeze-excite's x * s[n, c] applied as the input is read, by every input path (vector and
+    scalar loads, the __local tile, the texture cache), odd channels and a batch of 2 (a gate per image)."""
+    from tuner.templates.common import random_inputs
+    inputs = random_inputs(GATED, rng)
+    assert inputs["S"].shape == (2, 7, 1, 1)
+    y = build(conv2d_nchw4c(GATED, Conv2dConfig(**knobs)), device)(**inputs)["Y"].astype(np.float64)
+    ref = reference(GATED, inputs["X"], inputs["Wt"], inputs["B"], None, inputs["S"])
+    assert np.abs(y - ref).max() / np.abs(ref).max() < 1e-4
+    plain = reference(GATED, inputs["X"], inputs["Wt"], inputs["B"])
+    assert np.abs(plain - ref).max() / np.abs(ref).max() > 0.1  # the gate changes the answer
+
+
+def test_gate_is_in_the_key_only_when_set():
+    """Records logged before ``in_scale`` existed keep matching: the field is in the key only when set; a gated
+    convolution borrows the config of the same shapes (an epilogue field: distance 0)."""
+    from tuner.logs.best import workload_distance
+    from tuner.templates.common import workload_label
+    plain, gated = Conv2dWorkload((1, 8, 4, 4), (8, 8, 1, 1)), Conv2dWorkload((1, 8, 4, 4), (8, 8, 1, 1), in_scale=True)
+    assert "in_scale" not in plain.key() and gated.key()["in_scale"] is True
+    assert workload_distance(plain.key(), gated.key()) == 0
+    assert workload_label("conv2d", gated.key()).endswith("+scale")

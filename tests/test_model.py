@@ -38,11 +38,14 @@ def small_zoo():
 
 
 def run_fused(graph, inputs):
-    """The NumPy reference extended with the fused epilogue: op(inputs) + bias, + residual, then activation."""
+    """The NumPy reference extended with the fused prologue and epilogue: the input times its gate (``in_scale``),
+    op(inputs) + bias, + residual, then activation."""
     env = {k: np.asarray(v, np.float64) for k, v in {**graph.params, **inputs}.items()}
     for n in graph.nodes:
-        ins = [t for t in n.inputs if t != n.attrs.get("residual")]
-        out = OPS[n.op](n, *(env[t] for t in ins))
+        ins = [env[t] for t in n.inputs if t not in (n.attrs.get("residual"), n.attrs.get("in_scale"))]
+        if "in_scale" in n.attrs:
+            ins[0] = ins[0] * env[n.attrs["in_scale"]]
+        out = OPS[n.op](n, *ins)
         if "residual" in n.attrs:
             out = out + env[n.attrs["residual"]]
         act = n.attrs.get("activation", "none") if n.op != "clip" else "none"
@@ -357,13 +360,14 @@ def test_new_operators_in_float16_storage(name, dev):
 
 def test_activation_patterns_fuse_into_the_convolutions():
     """silu (x * sigmoid(x)), hardswish, the erf GELU both ways and the SE gate's activations end up in the
-    convolutions' epilogues; the channel scale is one binary kernel per squeeze-excitation."""
+    convolutions' epilogues; the channel scale is read by the convolution after it (``in_scale``): no kernel."""
     g = from_onnx(TEST_MODELS["squeeze_excitation"])
     opt = optimize(g)
-    assert [(n.op, n.attrs.get("activation")) for n in opt.nodes] == [
-        ("conv2d", "silu"), ("global_avg_pool", None), ("conv2d", "relu"),
-        ("conv2d", "hardsigmoid(0.1666666716337204)"), ("mul", None), ("conv2d", None), ("reduce_mean", None),
-        ("conv2d", "silu"), ("conv2d", "sigmoid"), ("mul", None), ("conv2d", "gelu"), ("conv2d", "gelu")]
+    assert [(n.op, n.attrs.get("activation"), n.attrs.get("in_scale")) for n in opt.nodes] == [
+        ("conv2d", "silu", None), ("global_avg_pool", None, None), ("conv2d", "relu", None),
+        ("conv2d", "hardsigmoid(0.1666666716337204)", None), ("conv2d", None, "hardsigmoid0"),
+        ("reduce_mean", None, None), ("conv2d", "silu", None), ("conv2d", "sigmoid", None),
+        ("conv2d", "gelu", "sigmoid2"), ("conv2d", "gelu", None)]
     x = random_inputs(g)
     assert rel_err(run_fused(opt, x)[g.outputs[0]], run_graph_numpy(g, x)[g.outputs[0]]) < 1e-5
 
@@ -372,15 +376,18 @@ def test_mobilenet_v3_small_fuses_and_plans_its_kernels(dev):
     model = zoo.mobilenet_v3_small(num_classes=10, input_size=32, width=0.5)
     g = from_onnx(model)
     opt = optimize(g)
-    assert {n.op for n in opt.nodes} == {"conv2d", "global_avg_pool", "mul", "flatten", "dense"}
+    assert {n.op for n in opt.nodes} == {"conv2d", "global_avg_pool", "flatten", "dense"}
     acts = [n.attrs.get("activation") for n in opt.nodes if n.op in ("conv2d", "dense")]
     assert acts.count("hardswish") > 10 and acts.count("relu") > 5 and "hardsigmoid(0.1666666716337204)" in acts
-    assert sum(n.op == "mul" for n in opt.nodes) == 9  # one channel-scale kernel per squeeze-excitation
+    gated = [n for n in opt.nodes if "in_scale" in n.attrs]  # every squeeze-excitation's scale: read, not run
+    assert len(gated) == 9 and all(n.attrs["groups"] == 1 and n.inputs[-1] == n.attrs["in_scale"] for n in gated)
     x = random_inputs(g)
     assert rel_err(run_fused(opt, x)["output"], run_graph_numpy(g, x)["output"]) < 1e-5
     plan = plan_storage(lower_graph(opt), dev.info, "buffer")
-    scale = [s for s in plan.steps if s.op == "binary"]
-    assert len(scale) == 9 and all(s.attrs["operands"][1][2:] == (1, 1) for s in scale)
+    assert not [s for s in plan.steps if s.op == "binary"]
+    scaled = [s for s in plan.steps if "S" in s.inputs]
+    assert len(scaled) == 9 and all(s.workload.in_scale and plan.tensors[s.inputs["S"]].shape[2:] == (1, 1)
+                                    for s in scaled)
     tasks = extract_tasks(plan)  # what `tuner tune` tunes: every convolution, the classifier and the pools
     # no 3x3 stride-1 conv2d; the squeeze-excitation and final global pools run the spatial_reduce template
     assert {t.template for t in tasks} == {"conv2d", "depthwise_conv2d", "dense", "spatial_reduce"}
