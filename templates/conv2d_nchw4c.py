@@ -18,7 +18,8 @@ from tuner.ir.schedule import cache_read
 from tuner.templates.common import (EPILOGUE_ARGS, MODEL_KNOBS, WINDOW_ARGS, Arithmetic, Conv2dWorkload, LocalTile,
                                     Template, WorkloadArg, _log2, clamp, declare_operands, fit_work_group,
                                     gpu_fill_target, input_pixel, is_depthwise, node_epilogue, random_inputs, reference,
-                                    scale_operand, split_sums, store_tile, texture_scopes, window_features, window_fields)
+                                    scale_operand, split_sums, store_tile, texture_scopes, window_features,
+                                    window_fields)
 
 
 @dataclass(frozen=True)
