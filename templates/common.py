@@ -20,6 +20,7 @@ from tuner.ir.activations import apply_ir, apply_numpy, canonical
 from tuner.ir.buffer import buffer
 from tuner.ir.dtype import DType
 from tuner.ir.expr import Cast, Ramp, as_expr, const, max_, min_, select
+from tuner.ir.layouts import check_out_view
 
 
 @dataclass(frozen=True)
@@ -273,6 +274,8 @@ class Conv2dWorkload:
     activation: str = "none"
     residual: bool = False
     in_scale: bool = False  # the input read times a per-(n, channel) gate S (N, C, 1, 1): squeeze-excite's x * s
+    out_view: tuple = ()  # (offset, channels): write channels [offset, offset + O) of a larger output (a concat's);
+    # not in the key: the loop nest is the same, a record of the workload without it applies
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
@@ -308,6 +311,7 @@ class Conv2dWorkload:
             raise ValueError(f"dtype {self.dtype!r}: float32 or float16 storage")
         if min(self.out_shape) < 1:
             raise ValueError(f"conv2d output {self.out_shape} is empty: kernel larger than padded input")
+        set_("out_view", check_out_view(self.out_view, O))
 
     @property
     def out_shape(self) -> tuple:
@@ -324,7 +328,13 @@ class Conv2dWorkload:
         """The log's key; ``in_scale`` only when set, so the keys (and records) of every other convolution stay
         as they were before the field existed."""
         return {"op": "conv2d", **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()
-                                   if k != "in_scale" or v}}
+                                   if (k != "in_scale" or v) and k != "out_view"}}
+
+    @property
+    def stored_shape(self) -> tuple:
+        """The output tensor the kernel writes into: ``out_shape``, or the concat's that ``out_view`` names."""
+        N, _, OH, OW = self.out_shape
+        return (N, self.out_view[1], OH, OW) if self.out_view else self.out_shape
 
 
 def scope_layout(scope: str, texture_layout: str, buffer_layout: str, weight=False):
@@ -426,7 +436,7 @@ def declare_operands(wl, cfg, channels: int) -> tuple:
             buffer("Wt", wl.kernel, wl.dtype, w_scope, w_layout),
             bias_buffer(channels, wl.dtype, cfg.weight_scope) if wl.bias else None,
             buffer("Res", wl.out_shape, wl.dtype, out_scope, out_layout) if wl.residual else None,
-            buffer("Y", wl.out_shape, wl.dtype, out_scope, out_layout))
+            buffer("Y", getattr(wl, "stored_shape", wl.out_shape), wl.dtype, out_scope, out_layout))
 
 
 def scale_operand(wl, cfg):
@@ -465,8 +475,10 @@ def split_sums(b, acc, n: int, sk: int, tk, items: int, lid, dtype: str):
 def store_tile(b, acc, Y, n, obb, oh0, ow0, tile, bounds, wl, B=None, Res=None, owner=None):
     """The fused epilogue (bias, residual add, then ReLU/ReLU6: ResNet's ``relu(conv + bn + identity)``) and a
     guarded store of every tile pixel; ``owner(i)``, if given, is the condition under which this work-item
-    stores tile entry ``i`` (a split reduction's sums, see ``split_sums``)."""
+    stores tile entry ``i`` (a split reduction's sums, see ``split_sums``). A workload's ``out_view`` shifts the
+    stores by its channel offset."""
     (t_oc, t_oh, t_ow), (OB, OH, OW) = tile, bounds
+    shift = wl.out_view[0] if getattr(wl, "out_view", ()) else 0
     for k in range(t_oc):
         ob = obb * t_oc + k
         for y in range(t_oh):
@@ -483,7 +495,8 @@ def store_tile(b, acc, Y, n, obb, oh0, ow0, tile, bounds, wl, B=None, Res=None, 
                         v = v + B[lanes]
                     if Res is not None:
                         v = v + Res[n, lanes, oh, ow]
-                    b.store(Y, (n, lanes, oh, ow), apply_ir(wl.activation, v))
+                    b.store(Y, (n, Ramp(ob * 4 + shift, as_expr(1), 4) if shift else lanes, oh, ow),
+                            apply_ir(wl.activation, v))
 
 
 def clamp(i, n):

@@ -111,3 +111,19 @@ def test_gate_is_in_the_key_only_when_set():
     assert "in_scale" not in plain.key() and gated.key()["in_scale"] is True
     assert workload_distance(plain.key(), gated.key()) == 0
     assert workload_label("conv2d", gated.key()).endswith("+scale")
+
+
+@pytest.mark.parametrize("knobs", [dict(), dict(**BUFFERS, tile_oc=2)], ids=["texture", "buffer"])
+def test_out_view_writes_its_channels_of_a_larger_tensor(device, rng, knobs):
+    """``out_view`` (offset, total): the kernel's 6 outputs land at channels 8..14 of a 14-channel tensor (a
+    concat's last part) and the key is the plain workload's, so its records apply."""
+    wl = Conv2dWorkload((1, 5, 6, 7), (6, 5, 3, 3), 1, 1, bias=True, activation="relu", out_view=(8, 14))
+    assert wl.stored_shape == (1, 14, 6, 7) and wl.key() == Conv2dWorkload((1, 5, 6, 7), (6, 5, 3, 3), 1, 1, bias=True,
+                                                                          activation="relu").key()
+    x, w, bias = (rng.standard_normal(s).astype(np.float32) for s in (wl.data, wl.kernel, (6,)))
+    y = build(conv2d_nchw4c(wl, Conv2dConfig(**knobs)), device)(X=x, Wt=w, B=bias)["Y"]
+    assert y.shape == (1, 14, 6, 7)
+    ref = reference(wl, x, w, bias)
+    assert np.abs(y[:, 8:] - ref).max() / np.abs(ref).max() < 1e-4
+    with pytest.raises(ValueError, match="multiple of 4"):
+        Conv2dWorkload((1, 5, 6, 7), (6, 5, 3, 3), out_view=(6, 12))

@@ -149,7 +149,10 @@ def test_channel_shuffle_is_one_gather_and_nhwc_layer_norm_has_no_transpose(with
     opt = optimize_movement(from_onnx(MODELS["shufflenet"]))
     assert not any(n.op in ("reshape", "transpose") for n in opt.nodes)
     shuffles = [n for n in opt.nodes if n.op == "slice" and len(n.attrs["channels"]) == 14]
-    assert len(shuffles) == 2 and shuffles[0].attrs["channels"][:4] == (0, 7, 1, 8)
+    assert len(shuffles) == 1 and shuffles[0].attrs["channels"][:4] == (0, 7, 1, 8)  # the model's output
+    # the first shuffle is read only by the split: each half gathers from the concat, through both
+    halves = [n.attrs["channels"] for n in opt.nodes if n.op == "slice" and n.inputs == ["concat0"]]
+    assert halves == [(0, 7, 1, 8, 2, 9, 3), (10, 4, 11, 5, 12, 6, 13)]
     ln = optimize_movement(from_onnx(MODELS["layer_norm"]))
     ops = [n.op for n in ln.nodes]
     assert ops[:2] == ["layer_norm", "relu"]  # the NHWC permutes cancelled around LayerNorm and ReLU
@@ -246,3 +249,21 @@ def test_errors_name_the_node():
         with pytest.raises(TunerError) as e:
             from_onnx(m)
         assert all(p in str(e.value) for p in parts), (parts, str(e.value))
+
+
+def test_shufflenet_units_write_their_concats_in_place(with_pass, device):
+    """Halves of 8 channels: the gather of the passed-through half and the branch's last convolution write the
+    concat's tensor and no concat kernel runs; halves of 6 share an RGBA pixel, so those concats stay copies, and
+    the plan says why. The shuffles and the splits' second halves run no kernel (composed gathers, gathers read
+    through the next convolution's weights)."""
+    from tuner.compile.compiler import plan_graph, load_graph
+    from tuner.plan.views import write_views
+    plan = write_views(plan_graph(load_graph(MODELS["shufflenet_units"]), device.info, "texture", None))
+    ops = [s.op for s in plan.steps]
+    assert ops.count("concat") == 2 and ops.count("slice") == 5 and len(ops) == 22
+    fused = [v for v in plan.views if "no kernel" in v]
+    copies = [v for v in plan.views if "copy" in v]
+    assert len(fused) == 2 and len(copies) == 2 and all("share an RGBA pixel" in v for v in copies)
+    views = [s for s in plan.steps if s.attrs.get("out_view") or getattr(s.workload, "out_view", ())]
+    assert sorted(s.op for s in views) == ["conv2d", "conv2d", "slice", "slice"]
+    assert all(s.output in {t for t in plan.tensors} for s in views)

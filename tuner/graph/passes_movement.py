@@ -9,6 +9,11 @@ epilogue fusion (so a BatchNorm / bias / ReLU after a ConvTranspose folds into i
   sink through pointwise ops (activations, adds / muls of constants, whose constants are permuted) and
   cancel against their inverses: ConvNeXt's ``permute(0, 2, 3, 1) -> LayerNorm -> Linear -> GELU -> Linear ->
   scale -> permute(0, 3, 1, 2)`` runs in NCHW with no transpose left.
+- ``compose_gathers``: a channel gather of a channel gather reads the first one's input (ShuffleNet's shuffle,
+  then split: one gather per half, and the shuffle runs no kernel).
+- ``fold_gathers_into_convs`` (run last, by ``passes.optimize``): a channel gather read only by convolutions
+  (groups 1) becomes their weights' column order -- the convolutions read the gather's input, with zero weights on
+  the channels it leaves out, when those are at most as many as it keeps (ShuffleNet's split halves).
 - ``lower_conv_transpose``: ``conv_transpose`` -> zero insertion (``upsample_zeros``, only when the stride is
   > 1 or the pads crop) + a stride-1 ``conv2d`` with the flipped, transposed weights (tunable).
 """
@@ -241,10 +246,67 @@ def lower_conv_transpose(graph: Graph) -> Graph:
     return _drop_unused(g).validate()
 
 
+# -- channel gathers ------------------------------------------------------------------------------------------
+def _channel_gather(g: Graph, n: Node) -> tuple | None:
+    """The channel index of a ``slice`` that gathers channels of a 4-D tensor and keeps every row and column."""
+    if n.op != "slice" or len(g.shapes[n.inputs[0]]) != 4:
+        return None
+    shape = g.shapes[n.inputs[0]]
+    for key, extent in (("rows", shape[2]), ("cols", shape[3])):
+        start, step, count = n.attrs.get(key, (0, 1, None))
+        if (start, step) != (0, 1) or count not in (None, extent):
+            return None
+    return tuple(int(c) for c in n.attrs["channels"])
+
+
+def compose_gathers(graph: Graph) -> Graph:
+    from tuner.ops.kernels_movement import channel_map  # the forms the gather kernel reads
+    g = graph.copy()
+    for n in g.nodes:
+        index = _channel_gather(g, n)
+        src = g.producer(n.inputs[0]) if index is not None else None
+        first = _channel_gather(g, src) if src is not None else None
+        if first is None:
+            continue
+        composed = tuple(first[c] for c in index)
+        if channel_map(composed) is not None:
+            n.inputs, n.attrs = [src.inputs[0]], {**n.attrs, "channels": composed}
+    read = {t for n in g.nodes for t in n.inputs} | set(g.outputs)
+    while True:  # gathers nobody reads any more (a shuffle whose readers all read through it)
+        dead = [n for n in g.nodes if n.op == "slice" and not read & set(n.outputs)]
+        if not dead:
+            break
+        g.nodes = [n for n in g.nodes if n not in dead]
+        read = {t for n in g.nodes for t in n.inputs} | set(g.outputs)
+    return _drop_unused(g).validate()
+
+
+def fold_gathers_into_convs(graph: Graph) -> Graph:
+    g = graph.copy()
+    for n in list(g.nodes):
+        index, out = _channel_gather(g, n), n.outputs[0]
+        readers = g.consumers(out)
+        if index is None or out in g.outputs or not readers:
+            continue
+        src = n.inputs[0]
+        if len(index) * 2 < g.shapes[src][1] or not all(
+                r.op == "conv2d" and r.attrs.get("groups", 1) == 1 and "in_scale" not in r.attrs
+                and r.inputs[0] == out and out not in r.inputs[1:] and r.inputs[1] in g.params for r in readers):
+            continue
+        for r in readers:
+            w = g.params[r.inputs[1]]
+            full = np.zeros((w.shape[0], g.shapes[src][1]) + w.shape[2:], np.float32)
+            np.add.at(full, (slice(None), list(index)), w)  # input channel k of the gather is channel index[k]
+            r.inputs = [src, _add_param(g, f"{r.name}.w_gathered", full)] + r.inputs[2:]
+        g.nodes = [m for m in g.nodes if m is not n]
+    return _drop_unused(g).validate()
+
+
 def optimize_movement(graph: Graph) -> Graph:
     """All of the above, in order (attention's token tensors made 4-D by ``passes_tokens`` once channel
     shuffles are single gathers); ``passes.optimize`` runs it first."""
     return run_passes(graph, MOVEMENT_PASSES)
 
 
-MOVEMENT_PASSES = (fuse_channel_shuffle, optimize_tokens, nhwc_to_nchw, lower_conv_transpose)  # in this order
+MOVEMENT_PASSES = (fuse_channel_shuffle, compose_gathers, optimize_tokens, nhwc_to_nchw,  # in this order
+                   lower_conv_transpose)
