@@ -172,6 +172,17 @@ def _category(row) -> str:
     return "compute" if t in COMPUTE else "reduction" if t in REDUCTIONS else "glue"
 
 
+def _by_op(rows) -> list:
+    """``[[kernel, count, seconds]]`` of profile rows grouped by template or glue op, the most time first."""
+    out: dict = {}
+    for r in rows:
+        k = r.get("template") or r["op"]
+        out.setdefault(k, [k, 0, 0.0])
+        out[k][1] += 1
+        out[k][2] += r["median_s"]
+    return sorted(out.values(), key=lambda v: -v[2])
+
+
 def cmd_ours(args) -> int:
     import warnings
 
@@ -219,7 +230,8 @@ def cmd_ours(args) -> int:
                      **{f"{c}_s": sum(r["median_s"] for r in rs) for c, rs in by.items()},
                      **{f"{c}_nodes": len(rs) for c, rs in by.items()},
                      "worst": sorted(((r["median_s"], r["op"], r.get("template") or "") for r in rows
-                                      if _category(r) != "compute"), reverse=True)[:3]}
+                                      if _category(r) != "compute"), reverse=True)[:3],
+                     "non_compute_by_op": _by_op(r for r in rows if _category(r) != "compute")}
         r = out[name]
         print(f"{name} [{args.tree}]: err {err:.1e}, latency {r['latency_s'] * 1e3:.3f} ms, kernels "
               f"{r['kernel_total_s'] * 1e3:.3f} ms (compute {r['compute_s'] * 1e3:.3f}, reduction "
@@ -281,7 +293,8 @@ def cmd_table(args) -> int:
                          "peer": "torch_cuda_graph" if peer else "onnxruntime_cpu",
                          "peer_ms": (peer or r["onnxruntime_cpu_s"]) * 1e3,
                          "speedup_vs_peer": (peer or r["onnxruntime_cpu_s"]) / r["latency_s"],
-                         "worst_non_compute": "; ".join(f"{op}{'/' + t if t else ''} {s * 1e3:.3f}" for s, op, t in r["worst"])})
+                         "worst_non_compute": "; ".join(f"{op}{'/' + t if t else ''} {s * 1e3:.3f}" for s, op, t in r["worst"]),
+                         "non_compute_by_op": "; ".join(f"{k} {n}x {t * 1e3:.3f}" for k, n, t in r.get("non_compute_by_op", []))})
     if not rows:
         print(f"no ours_*.json under {work}")
         return 2
