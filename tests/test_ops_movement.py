@@ -252,18 +252,38 @@ def test_errors_name_the_node():
 
 
 def test_shufflenet_units_write_their_concats_in_place(with_pass, device):
-    """Halves of 8 channels: the gather of the passed-through half and the branch's last convolution write the
-    concat's tensor and no concat kernel runs; halves of 6 share an RGBA pixel, so those concats stay copies, and
-    the plan says why. The shuffles and the splits' second halves run no kernel (composed gathers, gathers read
-    through the next convolution's weights)."""
+    """Every concat of ShuffleNetV2's units is written in place by the gather of the passed-through half and the
+    branches' last convolutions: halves of 6 channels are padded to whole RGBA pixels first (zero filters, a
+    gather continued). The shuffles and the splits' second halves run no kernel: composed gathers, gathers read
+    through the next convolutions' weights, and the stride-2 unit's depthwise convolution runs on the concat's
+    order with the gather moved after it (and folded into the 1x1 convolution there)."""
     from tuner.compile.compiler import plan_graph, load_graph
     from tuner.plan.views import write_views
-    plan = write_views(plan_graph(load_graph(MODELS["shufflenet_units"]), device.info, "texture", None))
+    g = load_graph(MODELS["shufflenet_units"])
+    concats = [n for n in g.nodes if n.op == "concat"]
+    assert [g.shapes[n.outputs[0]][1] for n in concats] == [14, 14, 16, 16, 16]  # 6 + 6 stored as 8 + 6
+    plan = write_views(plan_graph(g, device.info, "texture", None))
     ops = [s.op for s in plan.steps]
-    assert ops.count("concat") == 2 and ops.count("slice") == 5 and len(ops) == 22
-    fused = [v for v in plan.views if "no kernel" in v]
-    copies = [v for v in plan.views if "copy" in v]
-    assert len(fused) == 2 and len(copies) == 2 and all("share an RGBA pixel" in v for v in copies)
+    compute = sum(op in ("conv2d", "depthwise_conv2d") for op in ops)
+    assert compute == 17 and "concat" not in ops and len(ops) == compute + 7  # 5 gathers and 2 relayouts
+    assert len(plan.views) == 5 and all("no kernel" in v for v in plan.views)
     views = [s for s in plan.steps if s.attrs.get("out_view") or getattr(s.workload, "out_view", ())]
-    assert sorted(s.op for s in views) == ["conv2d", "conv2d", "slice", "slice"]
-    assert all(s.output in {t for t in plan.tensors} for s in views)
+    assert sorted(s.op for s in views) == ["conv2d"] * 6 + ["slice"] * 4
+    dw = next(n for n in g.nodes if n.op == "conv2d" and n.attrs["stride"] == (2, 2) and n.attrs["groups"] == 14)
+    assert g.shapes[dw.inputs[0]][1] == 14  # the depthwise reads the padded concat itself
+
+
+def test_concats_that_stay_copies_say_why(with_pass, device):
+    """A part read by another kernel too, one that shares an RGBA pixel with the next part, one whose producer
+    writes no offset (a pooling kernel): the concat stays one copy kernel, and the plan says why."""
+    from tuner.compile.compiler import plan_graph, load_graph
+    from tuner.plan.views import write_views
+    from tuner.zoo.models import test_models
+    why = []
+    for name in ("concat", "mixed"):
+        plan = write_views(plan_graph(load_graph(test_models()[name]), device.info, "texture", None))
+        assert [s.op for s in plan.steps].count("concat") == len(plan.views)
+        why += plan.views
+    assert all("a copy kernel" in v for v in why)
+    for reason in ("read by another kernel too", "share an RGBA pixel", "(pool) writes no offset"):
+        assert any(reason in v for v in why), reason

@@ -22,7 +22,7 @@ import numpy as np
 from tuner.graph.graph import Graph, Node, run_passes
 from tuner.graph.graph import add_param as _add_param, drop_unused_params as _drop_unused_params, fresh_name as _fresh
 from tuner.ir.activations import canonical, parse, spec
-from tuner.graph.passes_movement import fold_gathers_into_convs  # last: gathers read through the convolutions' weights
+from tuner.graph.passes_movement import fold_gathers_into_convs, pad_concat_parts  # last: gathers read by convolutions
 from tuner.graph.passes_movement import optimize_movement  # layout rewrites first: ConvTranspose -> conv2d, NHWC blocks
 
 ACTIVATION_OF_CLIP = {(0.0, 6.0): "relu6", (0.0, float("inf")): "relu"}
@@ -348,4 +348,4 @@ def optimize(graph: Graph) -> Graph:
 # BatchNorm folded into convolutions, multi-node activations recognized, epilogues fused, squeeze-excite gates and
 # channel gathers read by the convolutions after them.
 PIPELINE = (fuse_group_norm, optimize_movement, fold_batch_norm, fuse_patterns, fuse_epilogues, fuse_input_gates,
-            fold_gathers_into_convs)
+            pad_concat_parts, fold_gathers_into_convs)

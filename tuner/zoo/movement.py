@@ -46,13 +46,23 @@ def _unit(b, x: str, c: int, h: int, w: int) -> str:
     return _shuffle(b, b.node("Concat", [first, y], axis=1), 1, c, 2, h, w)
 
 
+def _down_unit(b, x: str, c: int, half: int, h: int, w: int) -> str:
+    """A stride-2 ShuffleNetV2 unit: both branches read the whole input (depthwise 3x3 s2 then 1x1; 1x1, depthwise
+    3x3 s2, 1x1), Concat, channel shuffle of 2 groups."""
+    a = b.node("Relu", [b.bn(b.conv(b.bn(b.conv(x, c, c, 3, stride=2, groups=c), c), c, half, 1), half)])
+    y = b.node("Relu", [b.bn(b.conv(x, c, half, 1), half)])
+    y = b.node("Relu", [b.bn(b.conv(b.bn(b.conv(y, half, half, 3, stride=2, groups=half), half), half, half, 1),
+                             half)])
+    return _shuffle(b, b.node("Concat", [a, y], axis=1), 1, 2 * half, 2, (h + 1) // 2, (w + 1) // 2)
+
+
 def _shufflenet_units(b) -> dict:
-    """Four stride-1 units whose splits are read only inside the model: two on 12 channels (halves of 6, not
-    whole RGBA pixels), a 1x1 convolution to 16, two on 16 (halves of 8)."""
+    """ShuffleNetV2's units with splits read only inside the model: two stride-1 units on 12 channels (halves of
+    6, not whole RGBA pixels), a stride-2 unit to 16 (its shuffled input read by a depthwise and a 1x1
+    convolution), two stride-1 units on 16 (halves of 8)."""
     x = b.input("input", (1, 12, 6, 5))
-    x = _unit(b, _unit(b, x, 12, 6, 5), 12, 6, 5)
-    x = b.node("Relu", [b.bn(b.conv(x, 12, 16, 1), 16)])
-    return {_unit(b, _unit(b, x, 16, 6, 5), 16, 6, 5): None}
+    x = _down_unit(b, _unit(b, _unit(b, x, 12, 6, 5), 12, 6, 5), 12, 8, 6, 5)
+    return {_unit(b, _unit(b, x, 16, 3, 3), 16, 3, 3): None}
 
 
 def _slice_split(b) -> dict:
