@@ -287,3 +287,13 @@ def test_concats_that_stay_copies_say_why(with_pass, device):
     assert all("a copy kernel" in v for v in why)
     for reason in ("read by another kernel too", "share an RGBA pixel", "(pool) writes no offset"):
         assert any(reason in v for v in why), reason
+
+
+def test_convnext_block_runs_four_kernels(with_pass):
+    """torchvision's ConvNeXt block: the GELU is recognized before the transposes sink (its erf pattern reads its
+    input twice), so both NHWC permutes cancel; the layer scale folds into the second Linear's filters, which
+    then takes the residual add: depthwise, LayerNorm, 1x1 + GELU, 1x1 + scale + residual."""
+    from tuner.graph.passes import optimize
+    opt = optimize(from_onnx(MODELS["convnext_block"]))
+    assert [(n.op, n.attrs.get("activation"), "residual" in n.attrs) for n in opt.nodes] == [
+        ("conv2d", None, False), ("layer_norm", None, False), ("conv2d", "gelu", False), ("conv2d", None, True)]

@@ -1,0 +1,124 @@
+#define _POSIX_C_SOURCE 200809L
+#include "common.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int tnr_fail(char *err, int code, const char *fmt, ...) {
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, TNR_ERRLEN, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+void tnr_prefix(char *err, const char *fmt, ...) {
+    char head[TNR_ERRLEN], old[TNR_ERRLEN];
+    va_list ap;
+    if (!err) return;
+    va_start(ap, fmt);
+    vsnprintf(head, sizeof head, fmt, ap);
+    va_end(ap);
+    snprintf(old, sizeof old, "%s", err);
+    snprintf(err, TNR_ERRLEN, "%s: %s", head, old);
+}
+
+int tnr_read_file(const char *path, size_t max, unsigned char **data, size_t *len, char *err) {
+    struct stat st;
+    unsigned char *buf;
+    size_t got = 0;
+    /* O_NONBLOCK: opening a FIFO must not hang; fstat then refuses it as not a regular file. */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    *data = NULL;
+    *len = 0;
+    if (fd < 0)
+        return tnr_fail(err, TNR_E_IO, "%s: %s", path, errno == ENOENT ? "missing" : strerror(errno));
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return tnr_fail(err, TNR_E_IO, "%s: not a regular file", path);
+    }
+    if ((uint64_t)st.st_size > (uint64_t)max) {
+        close(fd);
+        return tnr_fail(err, TNR_E_IO, "%s: %lld bytes, more than the limit of %zu", path,
+                        (long long)st.st_size, max);
+    }
+    buf = malloc((size_t)st.st_size + 1);
+    if (!buf) {
+        close(fd);
+        return tnr_fail(err, TNR_E_NOMEM, "%s: out of memory reading %lld bytes", path, (long long)st.st_size);
+    }
+    while (got < (size_t)st.st_size) {
+        ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
+        if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+        if (r <= 0) {
+            int e = errno;
+            free(buf);
+            close(fd);
+            return tnr_fail(err, TNR_E_IO, "%s: read failed (%s)", path, r == 0 ? "file shrank" : strerror(e));
+        }
+        got += (size_t)r;
+    }
+    close(fd);
+    buf[got] = 0;
+    *data = buf;
+    *len = got;
+    return TNR_OK;
+}
+
+char *tnr_join(const char *dir, const char *name) {
+    size_t a = strlen(dir), b = strlen(name);
+    char *s = malloc(a + b + 2);
+    if (!s) return NULL;
+    memcpy(s, dir, a);
+    s[a] = '/';
+    memcpy(s + a + 1, name, b + 1);
+    return s;
+}
+
+uint64_t tnr_mul_sat(uint64_t a, uint64_t b) {
+    if (a != 0 && b > UINT64_MAX / a) return UINT64_MAX;
+    return a * b;
+}
+
+int tnr_is_text(const unsigned char *p, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = p[i];
+        size_t len, k;
+        if (c == 0) return 0;
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        len = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+        if (!len || n - i < len) return 0;
+        for (k = 1; k < len; k++)
+            if ((p[i + k] & 0xC0) != 0x80) return 0;
+        if ((c == 0xE0 && p[i + 1] < 0xA0) || (c == 0xED && p[i + 1] > 0x9F) || (c == 0xF0 && p[i + 1] < 0x90) ||
+            (c == 0xF4 && p[i + 1] > 0x8F))
+            return 0;
+        i += len;
+    }
+    return 1;
+}
+
+size_t tnr_join3(char *buf, size_t cap, const char *a, const char *b, const char *c) {
+    const char *parts[3] = {a, b, c};
+    size_t n = 0;
+    int k;
+    for (k = 0; k < 3; k++) {
+        size_t len = strlen(parts[k]);
+        if (k && n < cap) buf[n++] = 0;
+        if (len > cap - n) len = cap - n;
+        memcpy(buf + n, parts[k], len);
+        n += len;
+    }
+    return n;
+}

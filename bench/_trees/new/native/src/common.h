@@ -1,0 +1,41 @@
+/* Shared helpers of the native runtime: error codes and formatted error messages. */
+#ifndef TNR_COMMON_H
+#define TNR_COMMON_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../include/tuner_runtime.h"
+
+#define TNR_ERRLEN 2048
+
+/* Writes a message into err (TNR_ERRLEN bytes) and returns code. */
+int tnr_fail(char *err, int code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+/* Prepends "prefix: " to the message already in err. */
+void tnr_prefix(char *err, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+/* Reads a whole file (at most max bytes; larger is an error). *data is NUL-terminated, caller frees. */
+int tnr_read_file(const char *path, size_t max, unsigned char **data, size_t *len, char *err);
+
+/* Joins dir and name with '/', into a malloc'd string (NULL when out of memory). */
+char *tnr_join(const char *dir, const char *name);
+
+/* a * b, saturating at UINT64_MAX. */
+uint64_t tnr_mul_sat(uint64_t a, uint64_t b);
+
+/* Whether p[n] is text: UTF-8, no NUL (what the Python side decodes as UTF-8). */
+int tnr_is_text(const unsigned char *p, size_t n);
+/* a, b and c joined with NUL bytes between them (as Python's "\0".join) into buf; the length written. */
+size_t tnr_join3(char *buf, size_t cap, const char *a, const char *b, const char *c);
+
+#endif

@@ -1,0 +1,292 @@
+/* tuner-run: run a compiled-model artifact with the native runtime.
+ *
+ *   tuner-run ARTIFACT [--device SPEC] [--input X.npy | --input NAME=X.npy ...] [--output Y.npy]
+ *             [--bench N] [--warmup W] [--profile]
+ *   tuner-run --devices            list the OpenCL devices
+ *   tuner-run --check ARTIFACT     make the artifact's checks only (no OpenCL)
+ *
+ * Errors: "error: <message>" on stderr, exit status 2. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../include/tuner_runtime.h"
+#include "npy.h"
+
+#define MAX_INPUTS 64
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: tuner-run ARTIFACT [--device SPEC] [--input X.npy | --input NAME=X.npy ...] [--output Y.npy]\n"
+               "                 [--bench N] [--warmup W] [--profile]\n"
+               "       tuner-run --devices\n"
+               "       tuner-run --check ARTIFACT\n"
+               "\n"
+               "  --device SPEC   index, or a substring of platform/name/type/fingerprint (default: $TUNER_DEVICE, else the\n"
+               "                  device the artifact was compiled for, else the first GPU, PoCL, CPU)\n"
+               "  --input         a .npy of float32/float16 per model input (default: a fixed pseudo-random input)\n"
+               "  --output        write the first output as a float32 .npy\n"
+               "  --bench N       timed whole runs (inputs written, kernels, outputs read; default 10)\n"
+               "  --warmup W      untimed runs first (default 2)\n"
+               "  --profile       per-node kernel times from OpenCL profiling events\n");
+}
+
+static int fail(const char *fmt, const char *a, const char *b) {
+    fprintf(stderr, "error: ");
+    fprintf(stderr, fmt, a, b);
+    fprintf(stderr, "\n");
+    return 2;
+}
+
+static int parse_int(const char *s, int lo, int *out) {
+    char *e;
+    long v;
+    if (!s || !*s) return 0;
+    v = strtol(s, &e, 10);
+    if (*e || v < lo || v > 1000000) return 0;
+    *out = (int)v;
+    return 1;
+}
+
+static int cmp_double(const void *x, const void *y) {
+    double a = *(const double *)x, b = *(const double *)y;
+    return a < b ? -1 : a > b;
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* A fixed pseudo-random input in [-1, 1) (xorshift), so repeated runs compare. */
+static void fill(float *x, size_t n, unsigned seed) {
+    uint32_t s = 2463534242u ^ seed;
+    size_t i;
+    for (i = 0; i < n; i++) {
+        s ^= s << 13, s ^= s >> 17, s ^= s << 5;
+        x[i] = (float)((double)(s >> 8) / (double)(1u << 24) * 2.0 - 1.0);
+    }
+}
+
+static void shape_text(const int64_t *d, int n, char *out, size_t len) {
+    size_t used = 0;
+    int i;
+    used += (size_t)snprintf(out, len, "[");
+    for (i = 0; i < n && used < len; i++) used += (size_t)snprintf(out + used, len - used, "%s%lld", i ? ", " : "", (long long)d[i]);
+    if (used < len) snprintf(out + used, len - used, "]");
+}
+
+static int run_main(int argc, char **argv) {
+    const char *artifact = NULL, *device = NULL, *output = NULL, *inputs[MAX_INPUTS];
+    int ninputs = 0, bench = 10, warmup = 2, profile = 0, i, rc, nin, nout;
+    tnr_runtime *rt = NULL;
+    double *times = NULL;
+    for (i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--devices")) {
+            char list[8192], err[2048];
+            if (tnr_list_devices(list, sizeof list, err, sizeof err) != TNR_OK) return fail("%s%s", err, "");
+            fputs(list, stdout);
+            return 0;
+        } else if (!strcmp(a, "--check")) {
+            char err[2048];
+            if (!v) return fail("--check needs an artifact folder%s%s", "", "");
+            if (tnr_check(v, err, sizeof err) != TNR_OK) return fail("%s%s", err, "");
+            printf("%s: ok\n", v);
+            return 0;
+        } else if (!strcmp(a, "--device") || !strcmp(a, "--input") || !strcmp(a, "--output") || !strcmp(a, "--bench") ||
+                   !strcmp(a, "--warmup")) {
+            if (!v) return fail("%s needs a value%s", a, "");
+            i++;
+            if (!strcmp(a, "--device")) device = v;
+            else if (!strcmp(a, "--output")) output = v;
+            else if (!strcmp(a, "--input")) {
+                if (ninputs == MAX_INPUTS) return fail("more than 64 --input%s%s", "", "");
+                inputs[ninputs++] = v;
+            } else if (!strcmp(a, "--bench") && !parse_int(v, 1, &bench))
+                return fail("--bench %s: a positive integer expected%s", v, "");
+            else if (!strcmp(a, "--warmup") && !parse_int(v, 0, &warmup))
+                return fail("--warmup %s: a non-negative integer expected%s", v, "");
+        } else if (!strcmp(a, "--profile")) {
+            profile = 1;
+        } else if (a[0] == '-' && a[1]) {
+            usage(stderr);
+            return fail("unknown option %s%s", a, "");
+        } else if (!artifact) {
+            artifact = a;
+        } else {
+            return fail("one artifact expected, got %s and %s", artifact, a);
+        }
+    }
+    if (!artifact) {
+        usage(stderr);
+        return fail("no artifact given%s%s", "", "");
+    }
+    if (!device || !*device) device = getenv("TUNER_DEVICE");
+    rc = tnr_open(artifact, device, &rt);
+    if (rc != TNR_OK) return fail("%s%s", tnr_open_error(), "");
+    nin = tnr_num_inputs(rt);
+    nout = tnr_num_outputs(rt);
+    {
+        int from_source = 0, from_binary = 0;
+        tnr_build_stats(rt, &from_source, &from_binary);
+        printf("loaded %s on %s (%s): %d programs from cached binaries, %d built from source; %d of %d inputs and "
+               "outputs staged in pinned memory\n", artifact, tnr_device_name(rt), tnr_device_fingerprint(rt),
+               from_binary, from_source, tnr_pinned_stages(rt), tnr_num_inputs(rt) + tnr_num_outputs(rt));
+    }
+    /* inputs */
+    {
+        const char *given[MAX_INPUTS] = {0};
+        int k;
+        if (nin > MAX_INPUTS) {
+            tnr_close(rt);
+            return fail("the model takes more than 64 inputs%s%s", "", "");
+        }
+        for (i = 0; i < ninputs; i++) {
+            const char *eq = strchr(inputs[i], '=');
+            int which = -1;
+            if (eq)
+                for (k = 0; k < nin; k++) {
+                    const char *name = tnr_input_name(rt, k);
+                    if (strlen(name) == (size_t)(eq - inputs[i]) && !strncmp(name, inputs[i], (size_t)(eq - inputs[i]))) which = k;
+                }
+            if (which >= 0) {
+                given[which] = eq + 1;
+            } else if (nin == 1 && ninputs == 1) {
+                given[0] = inputs[i];
+            } else {
+                tnr_close(rt);
+                return fail("--input %s does not say which input it is: give one --input NAME=X.npy per model input%s",
+                            inputs[i], "");
+            }
+        }
+        for (k = 0; k < nin; k++) {
+            int64_t dims[TNR_MAX_DIMS];
+            int nd = tnr_input_shape(rt, k, dims), d;
+            size_t n = 1;
+            for (d = 0; d < nd; d++) n *= (size_t)dims[d];
+            if (given[k]) {
+                tnr_npy x;
+                char err[2048], want[256], got[256];
+                int same;
+                if (tnr_npy_read(given[k], &x, err) != TNR_OK) {
+                    tnr_close(rt);
+                    return fail("--input %s%s", err, "");
+                }
+                same = x.ndim == nd;
+                for (d = 0; same && d < nd; d++) same = x.shape[d] == dims[d];
+                if (!same) {
+                    shape_text(dims, nd, want, sizeof want);
+                    shape_text(x.shape, x.ndim, got, sizeof got);
+                    snprintf(err, sizeof err, "--input %s has shape %s; input '%s' of the model is %s", given[k], got,
+                             tnr_input_name(rt, k), want);
+                    tnr_npy_free(&x);
+                    tnr_close(rt);
+                    return fail("%s%s", err, "");
+                }
+                rc = tnr_set_input(rt, k, x.data, x.count);
+                tnr_npy_free(&x);
+            } else {
+                float *x = malloc(n * sizeof *x);
+                if (!x) {
+                    tnr_close(rt);
+                    return fail("out of memory%s%s", "", "");
+                }
+                fill(x, n, (unsigned)k);
+                rc = tnr_set_input(rt, k, x, n);
+                free(x);
+            }
+            if (rc) {
+                const char *m = tnr_last_error(rt);
+                fprintf(stderr, "error: %s\n", m);
+                tnr_close(rt);
+                return 2;
+            }
+        }
+    }
+    if ((rc = tnr_run(rt)) != TNR_OK) goto runtime_error;
+    if (output) {
+        int64_t dims[TNR_MAX_DIMS];
+        int nd = tnr_output_shape(rt, 0, dims), d;
+        size_t n = 1;
+        float *y;
+        char err[2048], shape[256];
+        for (d = 0; d < nd; d++) n *= (size_t)dims[d];
+        y = malloc(n * sizeof *y);
+        if (!y) {
+            tnr_close(rt);
+            return fail("out of memory%s%s", "", "");
+        }
+        if ((rc = tnr_get_output(rt, 0, y, n)) != TNR_OK) {
+            free(y);
+            goto runtime_error;
+        }
+        if (tnr_npy_write(output, y, dims, nd, err) != TNR_OK) {
+            free(y);
+            tnr_close(rt);
+            return fail("--output %s%s", err, "");
+        }
+        free(y);
+        shape_text(dims, nd, shape, sizeof shape);
+        if (nout > 1) printf("wrote %s %s (output '%s', the first of %d)\n", output, shape, tnr_output_name(rt, 0), nout);
+        else printf("wrote %s %s\n", output, shape);
+    }
+    times = malloc((size_t)bench * sizeof *times);
+    if (!times) {
+        tnr_close(rt);
+        return fail("out of memory%s%s", "", "");
+    }
+    if ((rc = tnr_time(rt, warmup, bench, times)) != TNR_OK) goto runtime_error;
+    {
+        double lat = median(times, bench);
+        printf("%s: median latency %.3f ms over %d runs\n", tnr_device_name(rt), lat * 1e3, bench);
+        if (profile) {
+            int nn = tnr_num_nodes(rt), k;
+            double *ns = calloc((size_t)nn + 1, sizeof *ns), total = 0;
+            int w0 = 4, w1 = 2, w2 = 7, w3 = 8;
+            if (!ns) {
+                free(times);
+                tnr_close(rt);
+                return fail("out of memory%s%s", "", "");
+            }
+            if ((rc = tnr_profile(rt, bench, ns)) != TNR_OK) {
+                free(ns);
+                goto runtime_error;
+            }
+            for (k = 0; k < nn; k++) {
+                int l0 = (int)strlen(tnr_node_name(rt, k)), l1 = (int)strlen(tnr_node_op(rt, k)),
+                    l2 = (int)strlen(tnr_node_storage(rt, k)), l3 = (int)strlen(tnr_node_template(rt, k));
+                w0 = l0 > w0 ? l0 : w0, w1 = l1 > w1 ? l1 : w1, w2 = l2 > w2 ? l2 : w2, w3 = l3 > w3 ? l3 : w3;
+            }
+            printf("%-*s  %-*s  %-*s  %-*s  %-8s  %9s  %9s\n", w0, "node", w1, "op", w2, "storage", w3, "template", "config",
+                   "ms", "GFLOP/s");
+            for (k = 0; k < nn; k++) {
+                char gf[32] = "-";
+                double fl = tnr_node_flops(rt, k);
+                const char *tpl = tnr_node_template(rt, k);
+                if (fl > 0 && ns[k] > 0) snprintf(gf, sizeof gf, "%.3g", fl / ns[k] / 1e9);
+                printf("%-*s  %-*s  %-*s  %-*s  %-8s  %9.3f  %9s\n", w0, tnr_node_name(rt, k), w1, tnr_node_op(rt, k), w2,
+                       tnr_node_storage(rt, k), w3, tpl, *tpl ? (tnr_node_tuned(rt, k) ? "tuned" : "fallback") : "",
+                       ns[k] * 1e3, gf);
+                total += ns[k];
+            }
+            printf("kernels %.3f ms, end to end %.3f ms\n", total * 1e3, lat * 1e3);
+            free(ns);
+        }
+    }
+    free(times);
+    tnr_close(rt);
+    return 0;
+runtime_error:
+    fprintf(stderr, "error: %s\n", tnr_last_error(rt));
+    free(times);
+    tnr_close(rt);
+    return 2;
+}
+
+int main(int argc, char **argv) { return run_main(argc, argv); }

@@ -1,0 +1,222 @@
+"""Depthwise conv2d (channel multiplier 1) over NCHW4c activations: each channel block of 4 (one RGBA pixel)
+is filtered by its own 4-lane weight pixels, elementwise. Weights are logical ``[C, 1, R, S]`` packed by 4
+along C, by the MACE depthwise-filter mapping or OIHW4o's (the same pixels when the multiplier is 1).
+
+With the window unrolled, each work-item loads every input pixel of a filter row once and reuses it for
+all the taps and output columns of its tile that read it (MACE's depthwise schedule)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from tuner.ir.builder import Builder
+from tuner.ir.expr import Ramp, as_expr, min_
+from tuner.ir.schedule import cache_read
+from tuner.templates.common import EPILOGUE_ARGS, WINDOW_ARGS, Template, WorkloadArg, node_epilogue
+from tuner.templates.common import (MODEL_KNOBS, Arithmetic, Conv2dWorkload, LocalTile,
+                                           declare_operands, input_pixel, fit_work_group, gpu_fill_target,
+                                           is_depthwise,
+                                           window_fields,
+                                           padded_windows, random_inputs, reference_epilogue, store_tile,
+                                           texture_scopes, window_features)
+
+
+@dataclass(frozen=True)
+class DepthwiseWorkload:
+    """Canonical key of a depthwise convolution: data N,C,H,W and kernel C,1,R,S."""
+    data: tuple
+    kernel: tuple
+    stride: tuple = (1, 1)
+    padding: tuple = (0, 0, 0, 0)
+    dilation: tuple = (1, 1)
+    dtype: str = "float32"
+    bias: bool = False
+    activation: str = "none"
+    residual: bool = False
+
+    def __post_init__(self):
+        # share conv2d's normalisation and checks through an equivalent grouped description
+        if len(tuple(self.data)) != 4 or len(tuple(self.kernel)) != 4:
+            raise ValueError(f"depthwise_conv2d wants data N,C,H,W and kernel C,1,R,S; got {self.data} "
+                             f"and {self.kernel}")
+        data, kernel = tuple(int(x) for x in self.data), tuple(int(x) for x in self.kernel)
+        if min(data + kernel) < 1:
+            raise ValueError(f"depthwise_conv2d shapes must be positive: data {list(data)}, kernel {list(kernel)}")
+        if kernel[0] != data[1] or kernel[1] != 1:
+            raise ValueError(f"depthwise_conv2d (multiplier 1) wants kernel {data[1]},1,R,S for {data[1]} "
+                             f"channels; got {list(kernel)}")
+        probe = Conv2dWorkload((data[0], 1, *data[2:]), (1, 1, *kernel[2:]), self.stride, self.padding,
+                               self.dilation, dtype=self.dtype, activation=self.activation)
+        for name in ("stride", "padding", "dilation", "activation"):
+            object.__setattr__(self, name, getattr(probe, name))
+        object.__setattr__(self, "data", data)
+        object.__setattr__(self, "kernel", kernel)
+
+    @property
+    def out_shape(self) -> tuple:
+        N, C, H, W = self.data
+        _, _, R, S = self.kernel
+        (sh, sw), (dh, dw), (pt, pl, pb, pr) = self.stride, self.dilation, self.padding
+        return N, C, (H + pt + pb - dh * (R - 1) - 1) // sh + 1, (W + pl + pr - dw * (S - 1) - 1) // sw + 1
+
+    @property
+    def flops(self) -> int:
+        N, C, OH, OW = self.out_shape
+        return 2 * N * C * OH * OW * self.kernel[2] * self.kernel[3]
+
+    def key(self) -> dict:
+        return {"op": "depthwise_conv2d",
+                **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}}
+
+
+@dataclass(frozen=True)
+class DepthwiseConfig:
+    """One value per knob of ``search_space/depthwise_conv2d.toml``."""
+    tile_cb: int = 1  # channel blocks of 4 per work-item
+    tile_oh: int = 1
+    tile_ow: int = 2
+    wg_w: int = 8
+    wg_h: int = 1
+    unroll_rs: bool = True  # unrolled window: each input pixel of a filter row is loaded once per tile
+    input_scope: str = "texture"
+    weight_scope: str = "texture"
+    output_scope: str = "texture"
+    act_layout: str = "nchw4c"
+    weight_layout: str = "mace_depthwise_filter"  # or oihw4o
+    cache_input: bool = False
+    local_input: bool = False  # a work-group stages its input tile (window halo included) in __local memory
+    compute: str = "float32"  # float32; half: half4 loads and products, float32 sums; half_acc: half sums too
+
+
+def depthwise_conv2d_nchw4c(wl: DepthwiseWorkload, cfg: DepthwiseConfig):
+    (N, C, H, W), (_, _, R, S) = wl.data, wl.kernel
+    _, _, OH, OW = wl.out_shape
+    (sh, sw), (dh, dw), (pt, pl, _, _) = wl.stride, wl.dilation, wl.padding
+    CB = -(-C // 4)
+    operands = X, Wt, B, Res, Y = declare_operands(wl, cfg, C)
+
+    t_cb, t_oh, t_ow = cfg.tile_cb, cfg.tile_oh, cfg.tile_ow
+    n_cb, n_oh, n_ow = -(-CB // t_cb), -(-OH // t_oh), -(-OW // t_ow)
+    arith = Arithmetic(cfg.compute, wl.dtype)
+    b = Builder()
+    with b.loop("nb", N * n_cb, "group.2") as nb, b.loop("gh", -(-n_oh // cfg.wg_h), "group.1") as gh, \
+            b.loop("th", cfg.wg_h, "local.1") as th, b.loop("gw", -(-n_ow // cfg.wg_w), "group.0") as gw, \
+            b.loop("tw", cfg.wg_w, "local.0") as tw:
+        n, cbb = nb // n_cb, nb % n_cb
+        oh0, ow0 = (gh * cfg.wg_h + th) * t_oh, (gw * cfg.wg_w + tw) * t_ow
+        acc = arith.accumulators(b, t_cb * t_oh * t_ow)
+        tile = None
+        if cfg.local_input:  # the work-group's t_cb channel blocks, halo included, staged once (one step)
+            tile = LocalTile(b, cfg, (t_cb, t_oh, t_ow), (sh, sw), (dh, dw), (R, S), arith)
+            tile.load(lambda k, ih, iw: input_pixel(X, n, min_(cbb * t_cb + k, CB - 1), ih, iw, H, W, arith),
+                      (gh * cfg.wg_h * t_oh * sh - pt, gw * cfg.wg_w * t_ow * sw - pl), th * cfg.wg_w + tw)
+
+        def pixel(name, cb, ih, iw):
+            return b.let(name, input_pixel(X, n, cb, ih, iw, H, W, arith))
+
+        def tap(name, k, y, x, r, s, cb, ih, iw):
+            """Input pixel of tile entry (k, y, x) at window tap (r, s): from the local tile or the input."""
+            if tile is not None:
+                return b.let(name, tile.read(k, th, tw, y, x, r, s))
+            return pixel(name, cb, ih, iw)
+
+        with b.loop("r", R, "unrolled" if cfg.unroll_rs else "serial") as r:
+            for k in range(t_cb):
+                cb = min_(cbb * t_cb + k, CB - 1)  # a partial last tile recomputes the last block
+                lanes = Ramp(cb * 4, as_expr(1), 4)
+                for y in range(t_oh):
+                    ih = (oh0 + y) * sh - pt + r * dh
+                    if cfg.unroll_rs:  # the distinct input columns of this row, each loaded once
+                        cols = sorted({x * sw + s * dw for x in range(t_ow) for s in range(S)})
+                        pix = {d: b.let(f"x{k}_{y}_{d}", tile.read(k, th, tw, y, 0, r, 0, extra_col=d))
+                               if tile is not None else pixel(f"x{k}_{y}_{d}", cb, ih, ow0 * sw - pl + d)
+                               for d in cols}
+                        for s in range(S):
+                            w = b.let(f"w{k}_{y}_{s}", arith.load(Wt[lanes, 0, r, s]))
+                            for x in range(t_ow):
+                                i = (k * t_oh + y) * t_ow + x
+                                b.store(acc, i, arith.mac(acc[i], pix[x * sw + s * dw] * w))
+                    else:
+                        with b.loop("s", S) as s:
+                            w = b.let(f"w{k}_{y}", arith.load(Wt[lanes, 0, r, s]))
+                            for x in range(t_ow):
+                                i = (k * t_oh + y) * t_ow + x
+                                v = tap(f"x{k}_{y}_{x}", k, y, x, r, s, cb, ih, (ow0 + x) * sw - pl + s * dw)
+                                b.store(acc, i, arith.mac(acc[i], v * w))
+        store_tile(b, acc, Y, n, cbb, oh0, ow0, (t_cb, t_oh, t_ow), (CB, OH, OW), wl, B, Res)
+    kernel = b.kernel("depthwise_conv2d_nchw4c", [p for p in operands if p is not None])
+    return cache_read(kernel, X, "texture", cfg.act_layout) if cfg.cache_input else kernel
+
+
+def reference(wl: DepthwiseWorkload, x, w, bias=None, residual=None) -> np.ndarray:
+    """NumPy depthwise conv2d in float64."""
+    out = np.zeros(wl.out_shape)
+    for r, s, patch in padded_windows(wl, x):
+        out += patch * w[:, 0, r, s].astype(np.float64)[None, :, None, None]
+    return reference_epilogue(wl, out, bias, residual)
+
+
+def space_vars(wl: DepthwiseWorkload) -> dict:
+    N, C, H, W = wl.data
+    _, _, OH, OW = wl.out_shape
+    return dict(N=N, C=C, H=H, W=W, R=wl.kernel[2], S=wl.kernel[3], OH=OH, OW=OW, CB=-(-C // 4),
+                data=wl.data, kernel=wl.kernel, out=wl.out_shape, bias=wl.bias, residual=wl.residual,
+                stride=wl.stride, dilation=wl.dilation)
+
+
+VARIABLES = dict(N="batch", C="channels", H="input height", W="input width", R="kernel height",
+                 S="kernel width", OH="output height", OW="output width", CB="channel blocks of 4",
+                 data="data shape NCHW", kernel="kernel shape C,1,R,S", out="output shape NCHW",
+                 bias="fused bias", residual="fused residual add", stride="stride (h, w)",
+                 dilation="dilation (h, w)")
+
+
+def fallback(wl: DepthwiseWorkload, info) -> DepthwiseConfig:
+    """One channel block by up to 4 output columns per work-item, window unrolled, a 16x4 work-group
+    trimmed to the output; textures on GPUs that can hold the tensors. On a GPU the work must also fill the
+    device (``gpu_fill_target``): a layer with fewer output tiles than that takes narrower tiles, down to one
+    column per work-item -- the shape of nearly every best depthwise config in the H100's and H200's logs."""
+    v = space_vars(wl)
+    scope = texture_scopes(wl, info, [("nchw4c", wl.data), ("nchw4c", wl.out_shape),
+                                      ("mace_depthwise_filter", wl.kernel)])
+    tile_ow = 4 if v["OW"] >= 8 else 2 if v["OW"] >= 2 else 1
+    target = gpu_fill_target(info)
+    while tile_ow > 1 and v["N"] * v["CB"] * v["OH"] * -(-v["OW"] // tile_ow) < target:
+        tile_ow //= 2
+    wg_w, wg_h = fit_work_group(-(-v["OW"] // tile_ow), v["OH"], info)
+    (sh, sw), (dh, dw) = wl.stride, wl.dilation  # a GPU stages the work-group's input tile in __local memory
+    tile_px = ((wg_h - 1) * sh + (v["R"] - 1) * dh + 1) * ((wg_w * tile_ow - 1) * sw + (v["S"] - 1) * dw + 1)
+    local = bool(target) and wl.stride == (1, 1) and wg_w * wg_h > 1 and tile_px * 16 <= info.local_mem_bytes
+    return DepthwiseConfig(tile_cb=1, tile_oh=1, tile_ow=tile_ow, wg_w=wg_w, wg_h=wg_h,
+                           unroll_rs=v["R"] * v["S"] <= 25, input_scope=scope, weight_scope=scope,
+                           output_scope=scope, local_input=local)
+
+
+def _reference(wl, inputs):
+    return reference(wl, inputs["X"], inputs["Wt"], inputs.get("B"), inputs.get("Res"))
+
+
+def features(v: dict, k: dict) -> dict:
+    return window_features(v, k, k["tile_cb"], v["CB"], 4)
+
+
+
+
+def lower(ctx, node, ins):
+    """A conv2d graph node with one filter per channel (groups == C == O)."""
+    data, w_name = ctx.shape(node.inputs[0]), node.inputs[1]
+    if not is_depthwise(data, ctx.shape(w_name), node.attrs.get("groups", 1)) or "in_scale" in node.attrs:
+        return None
+    fields, inputs = node_epilogue(ctx, node)
+    wl = DepthwiseWorkload(data=data, kernel=ctx.shape(w_name), residual="Res" in inputs, **window_fields(node),
+                           **fields)
+    return wl, {"X": ins[0], "Wt": w_name, **inputs}, {}
+
+
+WORKLOAD_ARGS = (WorkloadArg("data", "shape", "N,C,H,W", "input shape", required=True),
+                 WorkloadArg("kernel", "shape", "C,1,R,S", "weight shape", required=True), *WINDOW_ARGS,
+                 *EPILOGUE_ARGS, WorkloadArg("residual", "flag", help="fuse a residual add of a second NCHW4c tensor"))
+TEMPLATE = Template("depthwise_conv2d", DepthwiseWorkload, DepthwiseConfig, depthwise_conv2d_nchw4c, _reference,
+                    random_inputs, fallback, space_vars, VARIABLES, features=features,
+                    model_knobs=MODEL_KNOBS, workload_args=WORKLOAD_ARGS, graph_ops=("conv2d",), lower=lower)

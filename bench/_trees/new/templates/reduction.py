@@ -1,0 +1,210 @@
+"""The parallel schedule the reduction templates share (``spatial_reduce``: global pools and ReduceMean / Max /
+Sum / L2 over H, W; ``group_norm``: GroupNorm and InstanceNorm; ``channel_reduce``: layer_norm and softmax over
+the channels), and the helpers they all use: packed operands, index unravelling, lane sums, and the one
+work-item per index launch of their combining kernels.
+
+A reduction template has ``U`` independent *units* (an output pixel of a pool: 4 channels of one image; a
+group of a norm), each over ``E`` texels (RGBA pixels, 4 lanes) of its input. The schedule has three knobs,
+the template space of ``search_space/spatial_reduce.toml``, ``group_norm.toml`` and ``channel_reduce.toml``:
+
+- ``wg_reduce`` (L): work-items of a work-group that share one unit. Each reads every L-th texel of the unit's
+  chunk (neighbouring work-items read neighbouring texels, W fastest); their partial results meet in a binary
+  tree in local memory (a barrier per level). L = 1 is the serial loop of one work-item per unit.
+- ``units_per_wg`` (P): units side by side in a work-group (local axis 1), so that short reductions (a 7x7
+  squeeze-excite pool) still fill a work-group.
+- ``split`` (T): work-groups sharing one unit, each over a chunk of ceil(E / T) texels, for units too few to
+  fill the device (GroupNorm(1) of one image is one unit). Their partial results go to a workspace buffer and
+  a second kernel combines them.
+
+No work-item reads more than ``MAX_TEXELS_PER_ITEM`` texels of the unit: the spaces hold that as a constraint,
+so neither a fallback nor a tuned config loops over a whole image in one work-item (the peers' schedules:
+shared/notes/glue.md (a)). Accumulation is float32, as everywhere.
+"""
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+
+import numpy as np
+
+from tuner.ir.buffer import buffer
+from tuner.ir.builder import Builder
+from tuner.ir.expr import ExtractLane, as_expr, min_
+
+MAX_TEXELS_PER_ITEM = 1024  # 4096 elements: no work-item of a reduction reads more of one unit
+GPU_ITEMS_PER_TEXELS = 16  # a GPU fallback gives each work-item about this many texels before it splits
+LOWEST = -3.4028234663852886e38  # -FLT_MAX: the max identity
+
+
+@dataclass(frozen=True)
+class ReduceConfig:
+    """One value per knob of ``search_space/spatial_reduce.toml`` and ``group_norm.toml``."""
+    wg_reduce: int = 64  # L: work-items sharing one unit (local-memory tree)
+    units_per_wg: int = 1  # P: units side by side in a work-group
+    split: int = 1  # T: work-groups sharing one unit (a second kernel combines their partials)
+    input_scope: str = "texture"
+    weight_scope: str = "texture"
+    output_scope: str = "texture"
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pow2_floor(n: int) -> int:
+    return 1 << (max(1, int(n)).bit_length() - 1)
+
+
+def packed(name: str, shape: tuple, dtype: str, scope: str):
+    """An activation operand packed by 4 along axis 1: an ``nchw4c`` / ``row4`` texture or its packed buffer."""
+    layouts = {4: ("nchw4c", "nchw4c_buffer"), 2: ("row4", "row4_buffer")}[len(shape)]
+    if scope not in ("texture", "buffer"):
+        raise ValueError(f"{name} scope {scope!r}: texture or buffer")
+    return buffer(name, shape, dtype, *(("texture", layouts[0]) if scope == "texture" else ("global", layouts[1])))
+
+
+def unravel(b: Builder, i, shape: tuple, prefix: str) -> list:
+    """Row-major indices of ``i`` over ``shape`` (lets named ``prefix<k>``; extent-1 axes are 0)."""
+    out, stride = [], int(np.prod(shape))
+    for k, extent in enumerate(shape):
+        stride //= extent
+        if extent == 1:
+            out.append(as_expr(0))
+            continue
+        v = i // stride if stride > 1 else i
+        out.append(b.let(f"{prefix}{k}", v % extent if stride * extent < np.prod(shape) else v))
+    return out
+
+
+def hsum(v):
+    """The 4 lanes of ``v`` summed pairwise."""
+    return (ExtractLane(v, 0) + ExtractLane(v, 1)) + (ExtractLane(v, 2) + ExtractLane(v, 3))
+
+
+@contextmanager
+def each_index(b: Builder, n: int, name: str):
+    """One work-item per index of [0, n) on a 1-D range in work-groups of up to 64 (a combining or applying
+    kernel beside a schedule's): yields the index (a let named ``name``), guarded where the last group is partial."""
+    local = min(64, 1 << max(0, (n - 1).bit_length()))
+    with b.loop("gr", ceil_div(n, local), "group.0") as gr, b.loop("l", local, "local.0") as lid:
+        i = b.let(name, gr * local + lid)
+        with b.if_(i < n) if ceil_div(n, local) * local != n else nullcontext():
+            yield i
+
+
+class Schedule:
+    """The launch of one reduction kernel: ``ceil(U / P) * T`` work-groups of ``L x P`` work-items."""
+
+    def __init__(self, units: int, elements: int, cfg):
+        self.U, self.E = int(units), int(elements)
+        self.L, self.P, self.T = cfg.wg_reduce, cfg.units_per_wg, cfg.split
+        self.chunk = ceil_div(self.E, self.T)  # texels of one work-group's chunk
+        self.steps = ceil_div(self.chunk, self.L)  # texels one work-item reads
+
+    @contextmanager
+    def items(self, b: Builder):
+        """The work-items: yields ``(u, c, lid, p)``: the unit (clamped to the last one, so that every work-item
+        reaches every barrier; ``valid`` says whether it is a real one), the chunk, the index among the L
+        sharing the unit, the unit's slot in the work-group."""
+        groups = ceil_div(self.U, self.P) * self.T
+        with b.loop("g", groups, "group.0") as g, b.loop("p", self.P, "local.1") as p, \
+                b.loop("lid", self.L, "local.0") as lid:
+            ug = g // self.T if self.T > 1 else g
+            self.c = g % self.T if self.T > 1 else as_expr(0)
+            raw = ug * self.P + p if self.P > 1 else ug
+            self.valid = raw < self.U if ceil_div(self.U, self.P) * self.P != self.U else None
+            u = b.let("u", min_(raw, self.U - 1) if self.valid is not None else raw)
+            yield u, self.c, lid, p
+
+    @contextmanager
+    def elements(self, b: Builder, c, lid):
+        """This work-item's texels of chunk ``c``: yields ``e`` in [0, E) (guarded where the chunk or the last
+        step is ragged). ``pass_no`` counts the passes of a kernel: with one texel a work-item there is neither
+        loop nor guard, so two passes' lets share a C scope and must take names of their own (``tag``)."""
+        self.pass_no = getattr(self, "pass_no", 0) + 1
+        with b.loop("k", self.steps, "serial") if self.steps > 1 else nullcontext(as_expr(0)) as k:
+            j = k * self.L + lid if self.L > 1 else k
+            e = b.let("e", c * self.chunk + j if self.T > 1 else j)
+            conds = []
+            if self.steps * self.L != self.chunk:
+                conds.append(j < self.chunk)
+            if self.chunk * self.T != self.E:
+                conds.append(e < self.E)
+            cond = conds[0] if len(conds) == 1 else (conds[0] & conds[1]) if conds else None
+            with b.if_(cond) if cond is not None else nullcontext():
+                yield e
+
+    def tag(self, prefix: str) -> str:
+        """A let-name prefix of this pass over the texels."""
+        return f"{prefix}{getattr(self, 'pass_no', 0)}_"
+
+    def tree(self, b: Builder, values: list, combine, lid, p, name: str = "red") -> list:
+        """Each value (a float4 per work-item) combined over the L work-items of its unit: a binary tree in
+        local memory; the result is readable by all of them. With L = 1 the values themselves."""
+        if self.L == 1:
+            return list(values)
+        slot = p * self.L + lid if self.P > 1 else lid
+        base = p * self.L if self.P > 1 else as_expr(0)
+        bufs = [b.allocate(f"{name}{i}", (self.L * self.P,), "float32x4", "local") for i in range(len(values))]
+        for buf, v in zip(bufs, values):
+            b.store(buf, slot, v)
+        s = self.L // 2
+        while s >= 1:
+            b.barrier()
+            with b.if_(lid < s):
+                for buf in bufs:
+                    b.store(buf, slot, combine(buf[slot], buf[slot + s]))
+            s //= 2
+        b.barrier()
+        return [buf[base] for buf in bufs]
+
+    def is_writer(self, lid):
+        """The condition under which a work-item writes its unit's result: the first of the L, of a real unit."""
+        cond = lid < 1 if self.L > 1 else None
+        if self.valid is not None:
+            cond = self.valid if cond is None else cond & self.valid
+        return cond
+
+
+def fallback_schedule(units: int, elements: int, info, max_split: int = 64) -> dict:
+    """``wg_reduce``, ``units_per_wg`` and ``split`` that are good without tuning, from the device's
+    capabilities: on a GPU, about ``GPU_ITEMS_PER_TEXELS`` texels per work-item in work-groups of up to 256
+    (TFLite's Adreno size; the TVM Adreno rule gives 25-49 elements a thread), split while the units fill fewer
+    than two work-groups per compute unit and a work-item keeps a quarter of that; on a CPU (whose compilers
+    vectorize across work-items and pay for barriers) fewer, longer work-items. Never more than ``MAX_TEXELS_PER_ITEM`` texels per work-item; never a
+    split above ``max_split``."""
+    gpu = info.type == "GPU"
+    cap = min(256 if gpu else 64, info.max_work_group_size, info.max_work_item_sizes[0])
+    per_item = GPU_ITEMS_PER_TEXELS if gpu else 64
+    L = min(cap, _pow2_floor(max(1, elements // per_item)))
+    T = 1
+    want_groups = 2 * info.compute_units
+    while T < max_split and ((units * T < want_groups and ceil_div(elements, 2 * T * L) >= per_item // 4) or
+                             ceil_div(ceil_div(elements, T), L) > MAX_TEXELS_PER_ITEM):
+        T *= 2
+    P = 1
+    max_p = min(info.max_work_item_sizes[1], info.max_work_group_size // L)
+    while P * 2 <= max_p and L * P * 2 <= (64 if L < 64 else L) and P * 2 <= units and \
+            L * P * 2 * 32 <= info.local_mem_bytes:
+        P *= 2
+    return {"wg_reduce": L, "units_per_wg": P, "split": T}
+
+
+def fallback_config(v: dict, info, scope: str, max_split: int = 64) -> ReduceConfig:
+    """A template's fallback: ``fallback_schedule`` of its space variables U and E, every operand in ``scope``."""
+    return ReduceConfig(**fallback_schedule(v["U"], v["E"], info, max_split), input_scope=scope, weight_scope=scope,
+                        output_scope=scope)
+
+
+def features(v: dict, k: dict) -> dict:
+    """What a schedule implies, for the cost model (``v``: the space variables U and E; ``k``: the knobs):
+    texels per work-item, work-group size, work-groups, launched work-items, tree depth and the split."""
+    log2 = lambda x: math.log2(max(float(x), 1.0))  # noqa: E731
+    units, elements = v["U"], v["E"]
+    L, P, T = k["wg_reduce"], k["units_per_wg"], k["split"]
+    per_item = ceil_div(ceil_div(elements, T), L)
+    groups = ceil_div(units, P) * T
+    return {"work_per_item": log2(per_item), "wg_size": log2(L * P), "groups": log2(groups),
+            "items": log2(groups * L * P), "tree_depth": log2(L), "split": log2(T),
+            "launch_waste": ceil_div(units, P) * P * T * L * per_item / max(units * elements, 1)}

@@ -1,0 +1,196 @@
+"""Spatial reduction: global average / max pooling and ReduceMean / ReduceMax / ReduceSum / ReduceL2 of NCHW over
+(H, W), H alone or W alone -- ``scale`` times the mean, the max or the L2 norm (the square root of the sum of
+squares) of each channel. ReduceSum is the mean with ``scale`` = the element count.
+
+A unit is one output pixel: 4 channels of one image (and of the kept spatial position when one axis is kept);
+its texels are the reduced positions. Lanes never mix, so the input's padding lanes reach only the output's.
+The schedule (``templates/reduction.py``): L work-items per unit meet in a local-memory tree, P units per
+work-group, and a split into T chunks whose partial results a second kernel combines."""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from tuner.ir.buffer import buffer
+from tuner.ir.builder import Builder
+from tuner.ir.expr import Ramp, as_expr, call, max_
+from tuner.ir.kernel import Program
+from tuner.templates.common import Template, WorkloadArg, texture_scopes
+from tuner.templates.reduction import (LOWEST, ReduceConfig, Schedule, ceil_div, each_index, fallback_config,
+                                       features, packed, unravel)
+
+KINDS = ("mean", "max", "l2")
+AXES = ((2, 3), (2,), (3,))
+
+
+@dataclass(frozen=True)
+class SpatialReduceWorkload:
+    """Canonical key: the NCHW input, the reduction, its axes and whether the output keeps rank 4."""
+    data: tuple
+    kind: str = "mean"
+    axes: tuple = (2, 3)
+    keepdims: bool = True
+    scale: float = 1.0
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        object.__setattr__(self, "data", tuple(int(x) for x in self.data))
+        object.__setattr__(self, "axes", tuple(sorted(int(a) for a in self.axes)))
+        object.__setattr__(self, "keepdims", bool(self.keepdims))
+        object.__setattr__(self, "scale", float(self.scale))
+        if len(self.data) != 4 or min(self.data) < 1:
+            raise ValueError(f"spatial_reduce data {list(self.data)}: want a positive 4-D NCHW shape")
+        if self.kind not in KINDS:
+            raise ValueError(f"spatial_reduce kind {self.kind!r}: one of {', '.join(KINDS)} (a sum is the mean "
+                             f"with scale = the count)")
+        if self.axes not in AXES:
+            raise ValueError(f"spatial_reduce axes {list(self.axes)}: [2, 3], [2] or [3] (H and W, H, or W)")
+        if not self.keepdims and self.axes != (2, 3):
+            raise ValueError("spatial_reduce over one spatial axis keeps the rank (keepdims=1)")
+        if self.dtype not in ("float32", "float16"):
+            raise ValueError(f"dtype {self.dtype!r}: float32 or float16 storage")
+
+    @property
+    def out_shape(self) -> tuple:
+        N, C, H, W = self.data
+        if not self.keepdims:
+            return (N, C)
+        return (N, C, 1 if 2 in self.axes else H, 1 if 3 in self.axes else W)
+
+    @property
+    def flops(self) -> int:
+        return int(np.prod(self.data))
+
+    def key(self) -> dict:
+        return {"op": "spatial_reduce", **{k: list(v) if isinstance(v, tuple) else v
+                                           for k, v in asdict(self).items()}}
+
+
+def _grid(wl) -> tuple:
+    """(unit grid, reduced extents): units over (N, C blocks, kept H, kept W), texels over (reduced H, W)."""
+    N, C, H, W = wl.data
+    kept = (N, ceil_div(C, 4), 1 if 2 in wl.axes else H, 1 if 3 in wl.axes else W)
+    return kept, (H if 2 in wl.axes else 1, W if 3 in wl.axes else 1)
+
+
+def spatial_reduce(wl: SpatialReduceWorkload, cfg: ReduceConfig):
+    units, reduced = _grid(wl)
+    U, E = int(np.prod(units)), int(np.prod(reduced))
+    sched = Schedule(U, E, cfg)
+    X = packed("X", wl.data, wl.dtype, cfg.input_scope)
+    Y = packed("Y", wl.out_shape, wl.dtype, cfg.output_scope)
+    mx = wl.kind == "max"
+    ident = LOWEST if mx else 0.0
+    combine = (lambda a, v: max_(a, v)) if mx else (lambda a, v: a + v)
+
+    def finish(v):
+        if wl.kind == "mean":
+            return v * (wl.scale / E)
+        v = call("sqrt", [v], "float32x4") if wl.kind == "l2" else v
+        return v * wl.scale if wl.scale != 1.0 else v
+
+    def store(b, u, v):
+        n, cb, hk, wk = unravel(b, u, units, "o")
+        lanes = Ramp(cb * 4, as_expr(1), 4)
+        b.store(Y, (n, lanes) if not wl.keepdims else (n, lanes, hk, wk), finish(v))
+
+    T = cfg.split
+    part = buffer("part", (U * T, 4), "float32", "global") if T > 1 else None
+    b = Builder()
+    with sched.items(b) as (u, c, lid, p):
+        acc = b.allocate("acc", (1,), "float32x4", "private")
+        b.store(acc, 0, ident)
+        n, cb, hk, wk = unravel(b, u, units, "u")
+        with sched.elements(b, c, lid) as e:
+            hr, wr = unravel(b, e, reduced, "r")
+            x = X[n, Ramp(cb * 4, as_expr(1), 4), hr if 2 in wl.axes else hk, wr if 3 in wl.axes else wk]
+            b.store(acc, 0, combine(acc[0], x * x if wl.kind == "l2" else x))
+        total, = sched.tree(b, [acc[0]], combine, lid, p)
+        cond = sched.is_writer(lid)
+        with b.if_(cond) if cond is not None else nullcontext():
+            if T > 1:
+                b.store(part, (u * T + c, Ramp(as_expr(0), as_expr(1), 4)), total)
+            else:
+                store(b, u, total)
+    first = b.kernel("spatial_reduce" if T == 1 else "spatial_reduce_partial", [X, part or Y])
+    if T == 1:
+        return first
+    b = Builder()  # the chunks' partials of a unit combined by one work-item
+    with each_index(b, U, "u") as u:
+        acc = b.allocate("acc", (1,), "float32x4", "private")
+        b.store(acc, 0, ident)
+        with b.loop("t", T, "serial") as t:
+            b.store(acc, 0, combine(acc[0], part[u * T + t, Ramp(as_expr(0), as_expr(1), 4)]))
+        store(b, u, acc[0])
+    second = b.kernel("spatial_reduce_combine", [part, Y])
+    return Program("spatial_reduce", (first, second), (X, Y), (part,))
+
+
+def reference(wl: SpatialReduceWorkload, inputs: dict) -> np.ndarray:
+    x = np.asarray(inputs["X"], np.float64)
+    if wl.kind == "l2":
+        return wl.scale * np.sqrt((x * x).sum(axis=wl.axes, keepdims=wl.keepdims))
+    return wl.scale * {"mean": np.mean, "max": np.max}[wl.kind](x, axis=wl.axes, keepdims=wl.keepdims)
+
+
+def random_inputs(wl: SpatialReduceWorkload, rng) -> dict:
+    return {"X": rng.standard_normal(wl.data).astype(wl.dtype)}
+
+
+def space_vars(wl: SpatialReduceWorkload) -> dict:
+    units, reduced = _grid(wl)
+    return dict(U=int(np.prod(units)), E=int(np.prod(reduced)), data=wl.data, out=wl.out_shape,
+                out_layout="nchw4c" if len(wl.out_shape) == 4 else "row4")
+
+
+VARIABLES = dict(U="units: output pixels (4 channels each)", E="texels reduced per unit",
+                 data="input shape N,C,H,W", out="output shape", out_layout="the output's texture layout")
+
+
+def fallback(wl: SpatialReduceWorkload, info) -> ReduceConfig:
+    v = space_vars(wl)
+    return fallback_config(v, info, texture_scopes(wl, info, [("nchw4c", wl.data), (v["out_layout"], wl.out_shape)]))
+
+
+def describe(wl: SpatialReduceWorkload) -> str:
+    N, C, H, W = wl.data
+    axes = {(2, 3): "HW", (2,): "H", (3,): "W"}[wl.axes]
+    scale = f" x{wl.scale:g}" if wl.scale != 1.0 else ""
+    return f"{wl.kind}{scale} over {axes} {N}x{C}x{H}x{W}" + ("" if wl.keepdims else " -> 2-D")
+
+
+def lower(ctx, node, ins):
+    """Global pools, pools whose one window covers the whole unpadded input, and ReduceMean / Max / Sum / L2
+    over (2, 3), (2,) or (3,) of an NCHW tensor; None for every other pool or reduction (they stay glue)."""
+    shape = ctx.shape(node.inputs[0])
+    if len(shape) != 4:
+        return None
+    a = node.attrs
+    if node.op in ("global_avg_pool", "global_max_pool"):
+        wl = SpatialReduceWorkload(shape, "mean" if "avg" in node.op else "max", (2, 3), True, dtype=ctx.dtype)
+    elif node.op in ("avg_pool", "max_pool"):
+        if tuple(a["kernel"]) != tuple(shape[2:]) or any(a["padding"]) or a.get("ceil_mode", 0):
+            return None
+        wl = SpatialReduceWorkload(shape, "mean" if node.op == "avg_pool" else "max", (2, 3), True, dtype=ctx.dtype)
+    else:  # reduce_mean / reduce_max / reduce_sum / reduce_l2
+        axes = tuple(sorted(int(x) for x in a.get("axes", (2, 3))))
+        keep = bool(a.get("keepdims", 1))
+        if axes not in AXES or (not keep and axes != (2, 3)):
+            return None
+        kind = node.op[len("reduce_"):]
+        count = int(np.prod([shape[x] for x in axes]))
+        wl = SpatialReduceWorkload(shape, "mean" if kind == "sum" else kind, axes, keep,
+                                   float(count) if kind == "sum" else 1.0, ctx.dtype)
+    return wl, {"X": ins[0]}, {}
+
+
+WORKLOAD_ARGS = (WorkloadArg("data", "shape", "N,C,H,W", "input shape", required=True),
+                 WorkloadArg("kind", "choice", "KIND", "mean, max or l2 (default mean)"),
+                 WorkloadArg("dtype", "dtype", help="storage dtype (accumulation is float32)"))
+TEMPLATE = Template("spatial_reduce", SpatialReduceWorkload, ReduceConfig, spatial_reduce, reference,
+                    random_inputs, fallback, space_vars, VARIABLES, features=features, describe=describe,
+                    workload_args=WORKLOAD_ARGS,
+                    graph_ops=("global_avg_pool", "global_max_pool", "avg_pool", "max_pool", "reduce_mean",
+                               "reduce_max", "reduce_sum", "reduce_l2"), lower=lower)

@@ -1,0 +1,7 @@
+"""`python -m tuner` runs the CLI."""
+
+import sys
+
+from tuner.cli import run
+
+run()

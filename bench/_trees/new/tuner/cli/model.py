@@ -1,0 +1,438 @@
+"""Model commands: ``tuner zoo``, ``tuner compile``, ``tuner run``, ``tuner tune`` and ``tuner demo``."""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from tuner.cli.args import (add_device_arg, add_measure_args, add_seed_arg, add_transfer_arg, int_at_least,
+                            measure_options, non_negative_int, positive_int, read_regular_file, regular_file,
+                            writable_dir, writable_file)
+from tuner.errors import TunerError
+from tuner.files import write_file
+
+
+def _model_path(path: str) -> str:
+    if not os.path.lexists(path):
+        raise TunerError(f"no model file {path!r} (write one with `tuner zoo mobilenet_v2 -o {path}`)")
+    regular_file(path, "model", "give an ONNX file")
+    return path
+
+
+def _input_shapes(specs) -> dict | None:
+    """``--input-shape name=1,3,224,224`` (repeatable) -> {name: shape}."""
+    if not specs:
+        return None
+    out = {}
+    for s in specs:
+        name, sep, dims = s.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out[name] = tuple(int(d) for d in dims.split(","))
+        except ValueError:
+            raise TunerError(f"--input-shape {s!r}: write NAME=N,C,H,W, e.g. input=1,3,224,224") from None
+    return out
+
+
+def _add_model_args(p, scope_help: str) -> None:
+    p.add_argument("--scope", choices=("auto", "texture", "buffer"), default="auto", help=scope_help)
+    p.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="storage dtype")
+    p.add_argument("--input-shape", action="append", metavar="NAME=SHAPE", help="override an input's shape")
+    add_device_arg(p)
+
+
+def cmd_zoo(args) -> int:
+    from tuner.zoo.models import write_model
+    writable_file(args.output, "-o")
+    kwargs = {"input_size": args.input_size} if args.input_size is not None else {}
+    path = write_model(args.name, args.output, **kwargs)
+    print(f"wrote {args.name} to {path}")
+    return 0
+
+
+def cmd_compile(args) -> int:
+    from tuner.compile.compiler import compile_model
+    if args.target and args.device:
+        raise TunerError("--device or --target: compile for an attached device or for a device profile, not both")
+    from tuner.artifact.store import check_output_dir
+    check_output_dir(args.output)  # before any work: an artifact folder, new or replaced whole
+    writable_dir(args.output, "-o", create=False)  # made by save() only once the compile succeeded
+    try:
+        mod = compile_model(_model_path(args.model), log=args.log, device=args.device, scope=args.scope,
+                            dtype=args.dtype, input_shapes=_input_shapes(args.input_shape),
+                            progress=not args.no_progress, target=args.target, transfer_from=args.transfer_from,
+                            plan_timer=args.plan_timer)
+    except TunerError as e:
+        if args.device and "no OpenCL device matches" in str(e):
+            raise TunerError(f"{e}\nto compile for a device that is not attached, pass its profile: --target "
+                             f"PROFILE.json, written on that device by `tuner devices --json --device D`") from None
+        raise
+    try:
+        mod.save(args.output)
+    except OSError as e:
+        raise TunerError(f"cannot write the artifact to -o {args.output!r}: {e.strerror or e}") from None
+    from tuner.compile.compiler import source_counts, source_kind
+    tuned = sum(n.tuned for n in mod.spec.nodes)
+    total = sum(n.template is not None for n in mod.spec.nodes)
+    where = mod.spec.device
+    counts = source_counts(mod.spec.nodes)
+    moved = [n for n in mod.spec.nodes if source_kind(n.config_source) in ("transferred", "predicted")]
+    siblings = sorted({n.config_source.split(" ", 1)[1] for n in mod.spec.nodes
+                       if source_kind(n.config_source) == "sibling"})
+    words = {"sibling": f"from the records of sibling {', '.join(siblings)}", "transferred": "with the config of a nearby tuned "
+             "workload", "predicted": "with a logged config the cost model ranks first", "fallback": "fallback"}
+    rest = "".join(f", {counts[k]} {w}" for k, w in words.items() if counts.get(k))
+    print(f"compiled {args.model} for {where['name']} ({where['fingerprint']}): {len(mod.spec.nodes)} kernels, "
+          f"{tuned} of {total} tuned layers from the log" + rest + f" -> {args.output}")
+    for n in moved:
+        print(f"  {n.name}: {n.config_source}")
+    if mod.device is None:
+        print("nothing built here: the kernels build on the first load on that device (`tuner run DIR`)")
+    _print_plan_choice(mod)
+    print(mod.memory_summary())
+    return 0
+
+
+def _print_plan_choice(mod) -> None:
+    if getattr(mod, "plan_kept", None):
+        times = ", ".join(f"{m} {t * 1e3:.3f} ms" for m, t in mod.plan_times.items())
+        by = " by tuner-run" if mod.plan_timer == "native" else ""
+        print(f"--scope auto: whole plans timed on the device{by} ({times}); kept the {mod.plan_kept} plan")
+
+
+def print_profile(prof: dict, file=None) -> None:
+    """The per-layer table, every column as wide as its widest cell (text left, numbers right)."""
+    file = file if file is not None else sys.stdout  # looked up now: sys.stdout may have been replaced
+    head = ("node", "op", "storage", "scopes", "config", "ms", "GFLOP/s")
+    rows = [(r["node"], r["op"], r.get("storage", ""), r["scopes"],
+             ("tuned" if r["tuned"] else "fallback") if r["template"] else "", f"{r['median_s'] * 1e3:.3f}",
+             f"{r['gflops']:.3g}" if r["gflops"] else "-") for r in prof["rows"]]
+    widths = [max(len(str(x[i])) for x in (head, *rows)) for i in range(len(head))]
+    right = {5, 6}
+    for x in (head, *rows):
+        print("  ".join(f"{str(c):>{w}}" if i in right else f"{str(c):<{w}}" for i, (c, w) in
+                        enumerate(zip(x, widths))).rstrip(), file=file)
+    print(f"kernels {prof['kernel_total_s'] * 1e3:.3f} ms, end to end {prof['total_s'] * 1e3:.3f} ms", file=file)
+
+
+def _run_inputs(specs, names: list) -> dict:
+    """``--input``: ``X.npy`` for a one-input model, else ``NAME=X.npy`` once per model input -> {name: path}."""
+    per_input = f"give one --input NAME=X.npy per model input ({', '.join(names)})"
+    given: dict = {}
+    for s in specs:
+        name, sep, path = s.partition("=")
+        if sep and name in names:
+            pass
+        elif sep and not os.path.lexists(s):
+            raise TunerError(f"--input {s!r}: the model has no input {name!r}; {per_input}")
+        elif len(names) == 1 and len(specs) == 1:
+            name, path = names[0], s
+        elif len(names) == 1:
+            raise TunerError(f"--input is given {len(specs)} times; the model takes one input ({names[0]!r}): give "
+                             "one --input X.npy")
+        else:
+            raise TunerError(f"--input {s!r} does not say which input it is: the model takes {len(names)} inputs; "
+                             f"{per_input}")
+        if name in given:
+            raise TunerError(f"--input {name}=... is given twice; {per_input}")
+        given[name] = path
+    missing = [n for n in names if n not in given]
+    if missing:
+        raise TunerError(f"no --input for {', '.join(map(repr, missing))}; {per_input}")
+    return given
+
+
+def _load_npy(path: str, shown: str | None = None) -> np.ndarray:
+    """An --input array; ``shown``: the option's value as the messages show it (``NAME=X.npy``)."""
+    import io
+    shown = shown if shown is not None else path
+    data = read_regular_file(path, "--input", "give a .npy file written by numpy.save", shown)
+    f = io.BytesIO(data)
+    if data[:6] == b"\x93NUMPY":  # the header's shape against the bytes the file holds, before any allocation
+        try:
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, _, dtype = read(f)
+        except (OSError, ValueError, EOFError) as e:
+            raise TunerError(f"cannot read --input {shown!r} as a .npy array: {e}") from None
+        need = int(np.prod(shape, dtype=object)) * dtype.itemsize
+        if need > len(data) - f.tell():
+            raise TunerError(f"--input {shown!r}: its header says shape {tuple(shape)} of {dtype} ({need} bytes), but "
+                             f"the file holds {len(data) - f.tell()} bytes after the header; a damaged or truncated "
+                             f"file: save the input again with numpy.save")
+        f.seek(0)
+    try:
+        x = np.load(f, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        raise TunerError(f"cannot read --input {shown!r} as a .npy array: {e}") from None
+    if not isinstance(x, np.ndarray):  # a .npz archive loads as an NpzFile of several arrays
+        names = ", ".join(getattr(x, "files", [])) or "none"
+        raise TunerError(f"--input {shown!r} is a .npz archive (arrays: {names}), not one .npy array; save the "
+                         f"input with numpy.save (e.g. numpy.save('x.npy', numpy.load({path!r})['{names.split(', ')[0]}']))")
+    if f.tell() != len(data):  # np.load reads one array and ignores the rest: two arrays saved into one file
+        raise TunerError(f"--input {shown!r} holds {len(data) - f.tell()} bytes after its array (two arrays saved "
+                         f"into one file, or a damaged one); save only the input array with numpy.save")
+    if x.dtype.kind == "f" and not np.all(np.isfinite(x)):  # checked once, where the file enters; never per run
+        warnings.warn(f"--input {shown!r} holds NaN or infinite values", RuntimeWarning, stacklevel=2)
+    return x
+
+
+def _save_npy(path: Path, array: np.ndarray, flag: str) -> None:
+    """``array`` to exactly ``path`` (np.save(path) would append ".npy") by ``files.write_file``: atomically
+    for a regular file, through a device or FIFO (``/dev/null``), never over a symbolic link."""
+    write_file(path, lambda fh: np.save(fh, array), flag)
+
+
+def cmd_run(args) -> int:
+    from tuner.runtime.module import load_module
+    out_path = writable_file(args.output, "--output") if args.output else None
+    if args.runtime == "native":
+        return _run_native(args, out_path)
+    mod = load_module(args.artifact, device=args.device)
+    if out_path is not None and not mod.spec.outputs:
+        raise TunerError(f"{args.artifact} computes no outputs (its graph lists none): nothing to write to "
+                         f"--output {args.output!r}; recompile a model that has outputs, or leave out --output")
+    names = list(mod.spec.inputs)
+    sources = _run_inputs(args.input, names) if args.input else {}  # checked before anything is built
+    st = mod.load_stats
+    print(f"loaded {args.artifact} on {mod.device.info.name} ({mod.device.fingerprint}) in {st['seconds']:.3f} s: "
+          f"{st['programs']} programs, {st['binary']} from cached binaries, {st['source']} built from source")
+    if sources:
+        xs = {n: _load_npy(p, None if len(names) == 1 else f"{n}={p}") for n, p in sources.items()}
+    else:  # a fixed random input, so repeated runs compare
+        rng = np.random.default_rng(0)
+        xs = {n: rng.standard_normal(mod.spec.entries[n].shape).astype(np.float32) for n in names}
+    outs = mod.run(xs)
+    if out_path is not None:
+        _save_npy(out_path, outs[0], "--output")
+        which = f" (output {mod.spec.outputs[0]!r}, the first of {len(outs)})" if len(outs) > 1 else ""
+        print(f"wrote {out_path} {list(outs[0].shape)}{which}")
+    costs = mod.time(args.repeat)
+    print(f"{mod.device.info.name}: median latency {statistics.median(costs) * 1e3:.3f} ms over {args.repeat} runs")
+    if args.profile:
+        prof = mod.profile(args.repeat)
+        print_profile(prof)
+        try:
+            # beside, then renamed over it: a profile.json that is a link is replaced, never written through
+            target = Path(args.artifact, "profile.json")
+            tmp = target.with_name(f".profile.json.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(prof, indent=1))
+            os.replace(tmp, target)
+        except OSError as e:
+            print(f"warning: profile.json not written into {args.artifact} ({e.strerror})", file=sys.stderr)
+    return 0
+
+
+def _run_native(args, out_path) -> int:
+    """``tuner run --runtime native``: the artifact run by ``tuner-run`` (native/, no Python in the loop), built
+    first if needed, with this host's OpenCL environment; its output and exit status are the command's."""
+    import subprocess
+
+    from tuner import native
+    from tuner.runtime.base import Runtime
+    if isinstance(args.device, Runtime):
+        raise TunerError(f"--runtime native runs tuner-run on this host; on the phone run it there: adb push the "
+                         f"artifact and build/native/tuner-run for Android, then `tuner-run DIR --bench N` "
+                         f"(--device {args.device_spec} runs the Python executor through the agent)")
+    tool = native.build()["tuner_run"]
+    cmd = [str(tool), str(args.artifact), "--bench", str(args.repeat)]
+    for item in args.input or []:
+        cmd += ["--input", item]
+    if out_path is not None:
+        cmd += ["--output", str(out_path)]
+    if args.profile:
+        cmd.append("--profile")
+    if args.device is not None:
+        cmd += ["--device", str(args.device)]
+    return subprocess.run(cmd, env=native.opencl_env()).returncode
+
+
+def _tune_shared(args) -> int:
+    """``--workers N`` with ``--storage``: register the model's tasks in the shared storage; with N > 0 also run
+    N workers here and export the studies into the log."""
+    import subprocess
+
+    from tuner.search.worker import export_study_records, register_tasks
+
+    from tuner.compile.tuning import model_worker_tasks
+    if not args.storage:
+        raise TunerError("--workers needs --storage URL (a PostgreSQL URL, or journal:PATH on one machine)")
+    tasks, prefix = model_worker_tasks(_model_path(args.model), args.device, args.trials, args.scope, args.min_trials)
+    register_tasks(args.storage, tasks, prefix)
+    print(f"registered {len(tasks)} tasks of {args.model} under study prefix {prefix}")
+    if args.workers == 0:
+        print(f"on each device: tuner worker --storage URL --study-prefix {prefix}")
+        return 0
+    cmd = [sys.executable, "-m", "tuner", "worker", "--storage", args.storage, "--study-prefix", prefix,
+           "--no-progress", "--parallel", str(args.parallel), "--repeats", str(args.repeats),
+           "--build-timeout", str(args.build_timeout), "--run-timeout", str(args.run_timeout)]
+    if args.device_spec:
+        cmd += ["--device", args.device_spec]
+    procs = [subprocess.Popen(cmd + ["--seed", str((args.seed + i) % 2**32), "--log", f"{args.log or 'logs/worker'}.{i}.jsonl"])
+             for i in range(args.workers)]
+    codes = [p.wait() for p in procs]
+    from tuner.cli.args import device_info
+    from tuner.search.tune import default_log
+    log = args.log or default_log(device_info(args.device).fingerprint)
+    n = export_study_records(args.storage, prefix, log)
+    print(f"{args.workers} workers done (exit codes {codes}); {n} records exported to {log}")
+    return 0 if all(c == 0 for c in codes) else 1
+
+
+def cmd_tune(args) -> int:
+    if args.workers is not None:
+        if args.transfer_from:
+            raise TunerError("--transfer-from is not passed to `tuner worker`s yet: tune without --workers, or "
+                             "leave --transfer-from out")
+        return _tune_shared(args)
+
+    from tuner.compile.tuning import tune_model
+    res = tune_model(_model_path(args.model), log=args.log, trials=args.trials, device=args.device,
+                     scope=args.scope, storage=args.storage, sampler=args.sampler, seed=args.seed, dtype=args.dtype,
+                     input_shapes=_input_shapes(args.input_shape), min_trials=args.min_trials,
+                     options=measure_options(args),
+                     progress=not args.no_progress, early_stopping=args.early_stopping,
+                     say=lambda line: print(line, flush=True), transfer_from=args.transfer_from)
+    _print_tune_summary(res)
+    return 1 if res.failed else 0
+
+
+def _print_tune_summary(res) -> None:
+    """Per task its budget, new measurements and best; then the tasks without a valid measurement (they make
+    `tuner tune` exit 1) and the model's estimated latency, tuned against fallback configs."""
+    from tuner.compile.tuning import describe
+    print(f"{len(res.tasks)} tasks, {res.measured} measured now (planned {res.planned}), log {res.log}")
+    for tr in res.tasks:
+        b = f"{tr.best.gflops:8.3g} GFLOP/s" if tr.best is not None else f"  {tr.failure_text()}"
+        early = "  (stopped early)" if tr.stopped_early else ""
+        print(f"  x{tr.task.count} {describe(tr.task):<44} budget {tr.budget:>3}  new {tr.measured:>3}  {b}{early}")
+    if res.failed:
+        logged = os.path.isfile(res.log) and os.path.getsize(res.log) > 0
+        where = (f"see `tuner logs {res.log}` for the error messages" if logged else
+                 f"nothing was measured, so {res.log} holds no error messages")
+        print(f"{len(res.failed)} of {len(res.tasks)} tasks have no valid measurement (exit status 1); {where}:")
+        for tr in res.failed:
+            print(f"  {describe(tr.task)}: {tr.failure_text()}")
+    if res.estimate is not None:
+        print(res.estimate.text())
+
+
+def cmd_demo(args) -> int:
+    """The whole flow, briefly: zoo model -> tune a few trials per task -> compile -> run -> onnxruntime."""
+    import onnxruntime as ort
+
+    from tuner.measure import MeasureOptions
+    from tuner.runtime import open_device
+    from tuner.runtime.base import Runtime
+
+    from tuner.compile.compiler import compile_model
+    from tuner.runtime.module import load_module
+    from tuner.compile.tuning import tune_model
+    from tuner.zoo.models import write_model
+    dev = args.device if isinstance(args.device, Runtime) else open_device(args.device)
+    out = Path(args.dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model = write_model(args.model, str(out / f"{args.model}.onnx"), input_size=args.input_size)
+    print(f"device {dev.info.name} ({dev.fingerprint}); model {model} at {args.input_size}x{args.input_size}")
+    log = str(out / "tuning.jsonl")
+    t0 = time.perf_counter()
+    res = tune_model(model, log=log, trials=args.trials, device=dev, scope=args.scope, min_trials=1,
+                     storage=f"sqlite:///{out / 'studies.db'}", options=MeasureOptions(repeats=3), progress=True,
+                     compare_scopes=False)
+    print(f"tuned {len(res.tasks)} tasks, {res.measured} measurements in {time.perf_counter() - t0:.0f} s -> {log}")
+    print(res.estimate.text())
+    mod = compile_model(model, log=log, device=dev, scope=args.scope, progress=True)
+    _print_plan_choice(mod)
+    mod.save(out / "artifact")
+    mod = load_module(out / "artifact", device=dev)
+    x = np.random.default_rng(0).standard_normal(mod.spec.entries[mod.spec.inputs[0]].shape).astype(np.float32)
+    y, = mod.run([x])
+    sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    ref, = sess.run(None, {sess.get_inputs()[0].name: x})
+    err = float(np.abs(y - ref).max() / max(np.abs(ref).max(), 1e-30))
+    lat = statistics.median(mod.time(10))
+    counts = {}
+    for e in mod.spec.entries.values():
+        counts[e.storage_scope] = counts.get(e.storage_scope, 0) + 1
+    print(f"plan: {', '.join(f'{v} tensors in {k}' for k, v in sorted(counts.items()))}")
+    print(mod.memory_summary())
+    tuned = sum(n.tuned for n in mod.spec.nodes)
+    print(f"{tuned} of {sum(n.template is not None for n in mod.spec.nodes)} layers use tuned configs")
+    print(f"latency {lat * 1e3:.2f} ms (median of 10); max relative error vs onnxruntime {err:.2g}")
+    return 0 if err <= 1e-4 else 1
+
+
+ZOO_SIZE = int_at_least(32, " (the zoo's networks downsample by 32)")
+ZOO_NAMES = "mobilenet_v2, mobilenet_v3_small or resnet18"  # tuner.zoo.models.ZOO's (not imported: start-up time)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("zoo", help="write a zoo model (real architecture, random weights) as ONNX")
+    p.add_argument("name", help=ZOO_NAMES)
+    p.add_argument("-o", "--output", required=True, metavar="FILE")
+    p.add_argument("--input-size", type=ZOO_SIZE, default=None, help="input height and width, at least 32 "
+                   "(default 224)")
+    p.set_defaults(func=cmd_zoo)
+
+    p = sub.add_parser("compile", help="compile an ONNX model with tuned configs into an artifact directory")
+    p.add_argument("model", help="ONNX file")
+    p.add_argument("--log", metavar="PATH", help="tuning log(s): a file or glob (default: none, fallback configs)")
+    p.add_argument("-o", "--output", required=True, metavar="DIR")
+    p.add_argument("--target", metavar="PROFILE.json", help="compile for a device that need not be attached: its "
+                   "profile from `tuner devices --json --device D` on it (kernels build on its first load there)")
+    p.add_argument("--no-progress", action="store_true")
+    add_transfer_arg(p, "fill the layers this device has no record of")
+    p.add_argument("--plan-timer", choices=("python", "native"), default="python", help="with --scope auto, what "
+                   "times the candidate plans: python, this executor (default), or native, tuner-run (the C runtime, "
+                   "built from native/ on first use): time them with the runtime that will run the artifact")
+    _add_model_args(p, "texture, buffer, or auto: per layer the scope the log measured faster (default)")
+    p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser("run", help="run a compiled artifact: latency, outputs, per-layer profile")
+    p.add_argument("artifact", metavar="DIR")
+    p.add_argument("--input", action="append", metavar="[NAME=]X.npy", help="input array: X.npy for a model of "
+                   "one input, else NAME=X.npy once per input (default: fixed random ones)")
+    p.add_argument("--output", metavar="Y.npy", help="save the first output")
+    p.add_argument("--repeat", "--bench", type=positive_int, default=20, help="timed runs (default 20)")
+    p.add_argument("--profile", action="store_true", help="per-layer table; also written to DIR/profile.json")
+    p.add_argument("--runtime", choices=("python", "native"), default="python", help="python: this executor "
+                   "(default); native: tuner-run, the C runtime (built from native/ on first use)")
+    add_device_arg(p)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("tune", help="tune every kernel of an ONNX model, the budget shared by weight")
+    p.add_argument("model", help="ONNX file")
+    p.add_argument("--log", metavar="PATH", help="JSONL log (default logs/<device fingerprint>.jsonl)")
+    p.add_argument("--trials", type=positive_int, default=200, help="measurements for the whole model (default 200)")
+    from tuner.compile.tuning import MIN_TRIALS
+    p.add_argument("--min-trials", type=positive_int, default=MIN_TRIALS, metavar="N",
+                   help=f"at least this many per task (default {MIN_TRIALS}, what `compare` needs per side)")
+    p.add_argument("--early-stopping", type=positive_int, metavar="N", help="each task stops after N measurements "
+                   "without improvement (its unspent budget is not measured)")
+    p.add_argument("--storage", metavar="URL", help="Optuna storage (default sqlite beside the log)")
+    p.add_argument("--sampler", choices=("xgb", "tpe", "random"), default="xgb")
+    add_seed_arg(p, help="sampler seed, 0 to 2**32-1 (default 0; with --workers, worker i gets seed + i)")
+    p.add_argument("--workers", type=non_negative_int, metavar="N", help="with --storage: register the tasks for "
+                   "`tuner worker`s (0: register and return; N: also run N workers here, then export their records "
+                   "to the log)")
+    add_measure_args(p)
+    p.add_argument("--no-progress", action="store_true")
+    add_transfer_arg(p, "seed each task's study (its first trials and the cost model's transfer)")
+    _add_model_args(p, "texture, buffer, or auto: tune both and the boundaries between them (default)")
+    p.set_defaults(func=cmd_tune)
+
+    p = sub.add_parser("demo", help="zoo model -> tune briefly -> compile -> run -> compare with onnxruntime")
+    p.add_argument("--model", default="resnet18", choices=("mobilenet_v2", "resnet18"))
+    p.add_argument("--input-size", type=ZOO_SIZE, default=64, help="input height and width, at least 32 (default 64)")
+    p.add_argument("--trials", type=positive_int, default=48, help="measurements for the whole model (default 48)")
+    p.add_argument("--scope", choices=("auto", "texture", "buffer"), default="auto")
+    p.add_argument("--dir", default="build/demo", help="where the model, log and artifact go")
+    add_device_arg(p)
+    p.set_defaults(func=cmd_demo)

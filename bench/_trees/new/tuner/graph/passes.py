@@ -1,0 +1,351 @@
+"""Graph passes over the frontend's NCHW graph, each a pure function ``Graph -> Graph``:
+
+- ``fold_batch_norm``: a BatchNorm after a convolution (or a dense layer, on (N, C)) scales its weights and
+  shifts its bias; one with no convolution before it becomes a 1x1 depthwise convolution (a per-channel scale
+  and shift) on NCHW, a per-channel ``mul`` and ``add`` on other ranks.
+- ``fuse_epilogues``: a convolution or dense layer absorbs what follows it when nothing else reads the
+  intermediate tensor: a constant per-channel add (bias), an add of another activation (residual), then any
+  activation (relu, clip, and every ``activation`` node's spec: hardswish, sigmoid, silu, gelu, ...) -- the
+  kernels' epilogue order. Binary glue ops (add, sub, mul, div, prelu) that stay on their own absorb a
+  following activation too.
+- ``fuse_input_gates``: squeeze-excite's ``x * s`` -- a ``mul`` of an (N, C, H, W) activation by an (N, C, 1, 1)
+  one whose only reader is a (not depthwise) convolution -- becomes that convolution's ``in_scale``: it reads x
+  times s as it loads its input, and the product is never stored.
+- ``fuse_group_norm``: torch's GroupNorm export (Reshape, InstanceNormalization, Reshape) -> one NCHW
+  ``group_norm``; a per-channel affine after it folds into its scale and bias.
+- ``fuse_patterns``: x * sigmoid(x) -> silu, x * hardsigmoid(x) -> hardswish, the erf GELU -> gelu.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tuner.graph.graph import Graph, Node, run_passes
+from tuner.graph.graph import add_param as _add_param, drop_unused_params as _drop_unused_params, fresh_name as _fresh
+from tuner.ir.activations import canonical, parse, spec
+from tuner.graph.passes_movement import fold_gathers_into_convs, pad_concat_parts  # last: gathers read by convolutions
+from tuner.graph.passes_movement import optimize_movement  # layout rewrites first: ConvTranspose -> conv2d, NHWC blocks
+
+ACTIVATION_OF_CLIP = {(0.0, 6.0): "relu6", (0.0, float("inf")): "relu"}
+BINARY_OPS = ("add", "sub", "mul", "div", "prelu")  # glue kernels that apply an activation after themselves
+
+
+def _only_reader(g: Graph, tensor: str, node: Node) -> bool:
+    """``node`` is the single consumer of ``tensor`` and the tensor is not a model output."""
+    return tensor not in g.outputs and g.consumers(tensor) == [node]
+
+
+def fold_batch_norm(graph: Graph) -> Graph:
+    g = graph.copy()
+    nodes = []
+    for node in g.nodes:
+        if node.op != "batch_norm":
+            nodes.append(node)
+            continue
+        x, gamma, beta, mean, var = node.inputs
+        scale = g.params[gamma] / np.sqrt(g.params[var].astype(np.float64) + node.attrs.get("epsilon", 1e-5))
+        shift = g.params[beta] - g.params[mean] * scale
+        conv = next((n for n in nodes if x in n.outputs), None)
+        if conv is not None and conv.op == "conv2d" and _only_reader(g, x, node):
+            w = g.params[conv.inputs[1]] * scale.reshape(-1, 1, 1, 1)
+            b = (g.params[conv.inputs[2]] * scale if len(conv.inputs) > 2 else 0.0) + shift
+            conv.inputs = [conv.inputs[0], _add_param(g, f"{conv.name}.w_bn", w),
+                           _add_param(g, f"{conv.name}.b_bn", np.asarray(b))]
+            conv.outputs = list(node.outputs)
+            continue
+        if conv is not None and conv.op == "dense" and _only_reader(g, x, node) and len(g.shapes[x]) == 2:
+            w = g.params[conv.inputs[1]] * scale.reshape(-1, 1)  # (M, K): one row per output feature
+            b = (g.params[conv.inputs[2]] * scale if len(conv.inputs) > 2 else 0.0) + shift
+            conv.inputs = [conv.inputs[0], _add_param(g, f"{conv.name}.w_bn", w),
+                           _add_param(g, f"{conv.name}.b_bn", np.asarray(b))]
+            conv.outputs = list(node.outputs)
+            continue
+        rank = len(g.shapes[x])
+        c = g.shapes[x][1]
+        if rank != 4:  # (N, C) or (N, C, L): a per-channel multiply-add
+            form = (1, c) + (1,) * (rank - 2)
+            mid = _fresh(g, f"{node.name}.scaled")
+            g.shapes[mid] = g.shapes[x]
+            nodes.append(Node("mul", f"{node.name}.scale", [x, _add_param(g, f"{node.name}.scale",
+                                                                           scale.reshape(form))], [mid]))
+            nodes.append(Node("add", node.name, [mid, _add_param(g, f"{node.name}.shift", shift.reshape(form))],
+                              list(node.outputs)))
+            continue
+        nodes.append(Node("conv2d", node.name, [x, _add_param(g, f"{node.name}.scale", scale.reshape(c, 1, 1, 1)),
+                                                 _add_param(g, f"{node.name}.shift", shift)],
+                          list(node.outputs), {"stride": (1, 1), "padding": (0, 0, 0, 0), "dilation": (1, 1),
+                                               "groups": c}))
+    g.nodes = nodes
+    return _drop_unused_params(g).validate()
+
+
+def fuse_group_norm(graph: Graph) -> Graph:
+    """torch's GroupNorm export -- ``reshape`` (N, C, H, W) -> (N, G, C/G*H*W), ``group_norm`` (one group per
+    row, the InstanceNormalization) and ``reshape`` back to (N, C, H, W) -- becomes one NCHW ``group_norm``
+    with G groups (its per-group scale and bias repeated per channel); then a per-channel ``mul`` and ``add``
+    of constants after any NCHW ``group_norm`` (GroupNorm's affine) fold into its scale and bias."""
+    g = graph.copy()
+    for node in list(g.nodes):
+        if node.op != "group_norm" or len(g.shapes[node.inputs[0]]) != 3:
+            continue
+        r1, r2 = g.producer(node.inputs[0]), None
+        readers = g.consumers(node.outputs[0])
+        if len(readers) == 1 and node.outputs[0] not in g.outputs:
+            r2 = readers[0]
+        if r1 is None or r2 is None or r1.op != "reshape" or r2.op != "reshape":
+            continue
+        x = r1.inputs[0]
+        shape = tuple(g.shapes[x])
+        n, groups, _ = g.shapes[node.inputs[0]]
+        if (len(shape) != 4 or tuple(g.shapes[r2.outputs[0]]) != shape or shape[0] != n or shape[1] % groups
+                or not _only_reader(g, r1.outputs[0], node)):
+            continue
+        rep = shape[1] // groups
+        ins = [x] + [_add_param(g, f"{t}.per_channel", np.repeat(np.asarray(g.params[t]).reshape(-1), rep))
+                     for t in node.inputs[1:]]
+        fused = Node("group_norm", node.name, ins, list(r2.outputs), dict(node.attrs, groups=groups))
+        g.nodes = [fused if m is node else m for m in g.nodes if m is not r1 and m is not r2]
+    for node in g.nodes:
+        if node.op != "group_norm" or len(g.shapes[node.outputs[0]]) != 4:
+            continue
+        c = g.shapes[node.outputs[0]][1]
+        while True:
+            out = node.outputs[0]
+            readers = g.consumers(out)
+            if out in g.outputs or len(readers) != 1 or readers[0].op not in ("mul", "add"):
+                break
+            nxt = readers[0]
+            const = _channel_constant(g, _other(nxt, out), c, 4) if nxt.inputs.count(out) == 1 else None
+            if const is None:
+                break
+            scale, bias = (np.asarray(g.params[t], np.float64) for t in node.inputs[1:])
+            if nxt.op == "mul":
+                scale, bias = scale * const, bias * const
+            else:
+                bias = bias + const
+            node.inputs = [node.inputs[0], _add_param(g, f"{node.name}.scale", scale),
+                           _add_param(g, f"{node.name}.bias", bias)]
+            node.outputs = list(nxt.outputs)
+            g.nodes = [m for m in g.nodes if m is not nxt]
+    return _drop_dead_shapes(_drop_unused_params(g)).validate()
+
+
+def _drop_dead_shapes(g: Graph) -> Graph:
+    produced = {t for n in g.nodes for t in n.outputs} | set(g.inputs) | set(g.params)
+    for name in [t for t in g.shapes if t not in produced]:
+        del g.shapes[name]
+    return g
+
+
+def _activation(node: Node) -> str | None:
+    """The activation spec (tuner.ir.activations) a node applies, if it is a unary activation."""
+    if node.op == "relu":
+        return "relu"
+    if node.op == "clip":
+        lo, hi = float(node.attrs.get("min", -np.inf)), float(node.attrs.get("max", np.inf))
+        return ACTIVATION_OF_CLIP.get((lo, hi)) or spec("clip", lo, hi)
+    if node.op == "activation":
+        return canonical(node.attrs["fn"])
+    return None
+
+
+def _scalar_param(g: Graph, name: str) -> float | None:
+    """The value of a param whose elements are all equal, else None."""
+    if name not in g.params:
+        return None
+    v = np.asarray(g.params[name]).reshape(-1)
+    return float(v[0]) if v.size and np.all(v == v[0]) else None
+
+
+def _other(node: Node, name: str) -> str:
+    return node.inputs[1] if node.inputs[0] == name else node.inputs[0]
+
+
+def fuse_patterns(graph: Graph) -> Graph:
+    """Activations exporters spell as several nodes become one ``activation`` node (so that they fuse into the
+    kernel before them): ``x * sigmoid(x)`` -> silu, ``x * hardsigmoid(x)`` (alpha 1/6, beta 0.5) -> hardswish,
+    ``x * 0.5 * (1 + erf(x / sqrt(2)))`` (either association of the 0.5) -> gelu. Only when nothing else reads
+    the intermediate tensors."""
+    g = graph.copy()
+
+    def sole(t: str):
+        readers = g.consumers(t)
+        return readers[0] if len(readers) == 1 and t not in g.outputs else None
+
+    def replace(dead: list, last: Node, x: str, fn: str):
+        last_index = g.nodes.index(last)
+        g.nodes[last_index] = Node("activation", last.name, [x], list(last.outputs), {"fn": fn})
+        g.nodes = [n for n in g.nodes if all(n is not d for d in dead)]
+
+    for node in list(g.nodes):
+        if not any(n is node for n in g.nodes):
+            continue
+        if node.op == "activation" and parse(node.attrs["fn"])[0] in ("sigmoid", "hardsigmoid"):
+            name, params = parse(node.attrs["fn"])
+            fused = "silu" if name == "sigmoid" else (
+                "hardswish" if abs(params[0] - 1 / 6) < 1e-6 and params[1] == 0.5 else None)
+            x, m = node.inputs[0], sole(node.outputs[0])
+            if fused and m is not None and m.op == "mul" and sorted(m.inputs) == sorted([x, node.outputs[0]]):
+                replace([node], m, x, fused)
+        elif node.op == "erf":
+            div = g.producer(node.inputs[0])
+            if div is None or div.op != "mul" or len(g.consumers(node.inputs[0])) != 1:
+                continue
+            x = div.inputs[0]
+            if x in g.params or abs((_scalar_param(g, div.inputs[1]) or 0) - 2 ** -0.5) > 1e-6:
+                continue
+            add = sole(node.outputs[0])
+            if add is None or add.op != "add" or _scalar_param(g, _other(add, node.outputs[0])) != 1.0:
+                continue
+            m = sole(add.outputs[0])
+            if m is None or m.op != "mul":
+                continue
+            other = _other(m, add.outputs[0])
+            if other == x:  # (x * (1 + erf)) * 0.5
+                half = sole(m.outputs[0])
+                if half is not None and half.op == "mul" and _scalar_param(g, _other(half, m.outputs[0])) == 0.5:
+                    replace([div, node, add, m], half, x, "gelu")
+            else:  # (x * 0.5) * (1 + erf)
+                h = g.producer(other)
+                if (h is not None and h.op == "mul" and x in h.inputs and len(g.consumers(other)) == 1
+                        and _scalar_param(g, _other(h, x)) == 0.5):
+                    replace([div, node, add, h], m, x, "gelu")
+    return _drop_unused_params(g).validate()
+
+
+def _channel_constant(g: Graph, name: str, channels: int, rank: int) -> np.ndarray | None:
+    """A constant that broadcasts as one value per channel (axis 1) -- shaped (C, 1, 1), (1, C, 1, 1), (C,) on
+    2-D, or a scalar -- as a flat (C,) array, else None."""
+    if name not in g.params:
+        return None
+    v = np.asarray(g.params[name], np.float32)
+    if v.size == 1:
+        return np.full(channels, float(v.reshape(-1)[0]), np.float32)
+    per_channel = (channels,) + (1,) * (rank - 2)  # the trailing dims of (1, C, 1, 1) or (1, C)
+    dims = tuple(d for d in v.shape)
+    while dims and dims[0] == 1 and len(dims) > len(per_channel):
+        dims = dims[1:]
+    return v.reshape(-1) if dims == per_channel else None
+
+
+def _conv_cost(g: Graph, node: Node) -> tuple:
+    """(multiply-adds, kernel taps) of a conv2d: the order in which residual candidates are preferred."""
+    w = g.shapes.get(node.inputs[1]) or np.shape(g.params.get(node.inputs[1]))
+    out = g.shapes[node.outputs[0]]
+    taps = int(np.prod(w[2:])) if len(w) > 2 else 1
+    return int(np.prod(out)) * int(w[1]) * taps, taps
+
+
+def canonical_residuals(graph: Graph) -> Graph:
+    """Which convolution takes a residual Add must not depend on the order of the Add's operands, nor on the
+    order the exporter listed the two branches in: torchvision lists a ResNet block's operands the other way
+    round from the zoo, the residual then fused into the 1x1 downsample convolution instead of the 3x3 one,
+    and the tasks no longer matched the log. The rule: where both operands of an Add are the only output of
+    a conv2d read by nothing else, the Add fuses into the costlier convolution (more multiply-adds, then the
+    larger kernel; the main branch of a residual block); that convolution is moved after the other (it reads
+    neither's output, so the move is safe), and ``fuse_epilogues`` fuses the Add into it."""
+    g = graph.copy()
+    for add in [n for n in g.nodes if n.op == "add" and len(n.inputs) == 2 and n.inputs[0] != n.inputs[1]]:
+        convs = [g.producer(x) for x in add.inputs]
+        if any(c is None or c.op != "conv2d" or len(c.outputs) != 1 or "residual" in c.attrs
+               or len(g.consumers(c.outputs[0])) != 1 or c.outputs[0] in g.outputs for c in convs):
+            continue
+        if g.shapes[add.inputs[0]] != g.shapes[add.inputs[1]]:
+            continue
+        first, second = sorted(convs, key=lambda c: g.nodes.index(c))
+        target = max(convs, key=lambda c: _conv_cost(g, c) + (g.nodes.index(c),))  # a tie: keep the later one
+        if target is first:
+            g.nodes.remove(first)
+            g.nodes.insert(g.nodes.index(second) + 1, first)
+    return g
+
+
+def fuse_epilogues(graph: Graph) -> Graph:
+    g = canonical_residuals(graph)
+    order = {n.name: i for i, n in enumerate(g.nodes)}
+    removed: set = set()
+    for node in g.nodes:
+        if node.name in removed or node.op not in ("conv2d", "dense", "group_norm", "layer_norm") + BINARY_OPS:
+            continue
+        while True:
+            out = node.outputs[0]
+            readers = g.consumers(out)
+            if out in g.outputs or len(readers) != 1:
+                break
+            nxt = readers[0]
+            act = _activation(nxt)
+            if act is not None and "activation" not in node.attrs:
+                node.attrs["activation"] = act
+            elif nxt.op == "add" and node.op in ("conv2d", "dense") and "activation" not in node.attrs:
+                other = nxt.inputs[1] if nxt.inputs[0] == out else nxt.inputs[0]
+                shape = g.shapes[out]
+                const = _channel_constant(g, other, shape[1], len(shape))
+                if const is not None:
+                    bias = g.params[node.inputs[2]] if len(node.inputs) > 2 else 0.0
+                    b = _add_param(g, f"{node.name}.b_add", np.asarray(bias + const, np.float32))
+                    node.inputs = node.inputs[:2] + [b]
+                elif (node.op == "conv2d" and "residual" not in node.attrs and other not in g.params
+                      and g.shapes[other] == shape and nxt.inputs.count(out) == 1):
+                    p = g.producer(other)
+                    if p is not None and order[p.name] > order[node.name]:
+                        break  # the other operand is not ready when this convolution runs
+                    node.attrs["residual"] = other
+                else:
+                    break
+            else:
+                break
+            node.outputs = list(nxt.outputs)
+            removed.add(nxt.name)
+            g.nodes = [n for n in g.nodes if n is not nxt]
+    for node in g.nodes:  # the residual is an input like the others (the executor binds inputs by position)
+        if "residual" in node.attrs:
+            node.inputs = node.inputs + [node.attrs["residual"]]
+    return _drop_unused_params(g).validate()
+
+
+def _gate_operands(g: Graph, node: Node):
+    """``(x, s)`` of a ``mul`` of an (N, C, H, W) activation by an (N, C, 1, 1) activation, else None."""
+    if node.op != "mul" or len(node.inputs) != 2 or "activation" in node.attrs \
+            or any(t in g.params for t in node.inputs):
+        return None
+    order = {t: i for i, n in enumerate(g.nodes) for t in n.outputs}
+    # where both are (N, C, 1, 1), the gate is the one computed later (from the other: a pool, then a squeeze)
+    for x, s in sorted((node.inputs, node.inputs[::-1]), key=lambda xs: -order.get(xs[1], -1)):
+        xs, ss = tuple(g.shapes[x]), tuple(g.shapes[s])
+        # the planner gives the gate its input's storage, decided first: the gate must be computed after it
+        if len(xs) == 4 and ss == (xs[0], xs[1], 1, 1) and order.get(x, -1) < order.get(s, -1):
+            return x, s
+    return None
+
+
+def fuse_input_gates(graph: Graph) -> Graph:
+    g = graph.copy()
+    for node in list(g.nodes):
+        operands = _gate_operands(g, node)
+        out = node.outputs[0]
+        if operands is None or out in g.outputs or len(g.consumers(out)) != 1:
+            continue
+        conv = g.consumers(out)[0]
+        if conv.op != "conv2d" or conv.inputs[0] != out or out in conv.inputs[1:] or "in_scale" in conv.attrs:
+            continue
+        c, w = g.shapes[out][1], g.shapes[conv.inputs[1]]
+        if conv.attrs.get("groups", 1) == c == w[0] and w[1] == 1:
+            continue  # depthwise: its template reads no gate
+        x, s = operands
+        conv.inputs = [x] + conv.inputs[1:] + [s]  # after the residual: inputs bind by position, the gate last
+        conv.attrs["in_scale"] = s
+        g.nodes = [n for n in g.nodes if n is not node]
+    return g.validate()
+
+
+def optimize(graph: Graph) -> Graph:
+    """The frontend graph as the kernels will run it: BatchNorm folded, multi-node activations recognized,
+    epilogues fused."""
+    return run_passes(graph, PIPELINE)
+
+
+# The graph passes in the order they run, each ``Graph -> Graph``: GroupNorm recognized; the layout rewrites
+# (channel shuffles, attention's token tensors, NHWC blocks, ConvTranspose -> conv2d: ``passes_movement``); then
+# BatchNorm folded into convolutions, multi-node activations recognized, epilogues fused, squeeze-excite gates and
+# channel gathers read by the convolutions after them.
+PIPELINE = (fuse_group_norm, optimize_movement, fold_batch_norm, fuse_patterns, fuse_epilogues, fuse_input_gates,
+            pad_concat_parts, fold_gathers_into_convs)

@@ -1,0 +1,420 @@
+"""Graph passes of the data-movement and layout operators (``Graph -> Graph``), run before BatchNorm folding and
+epilogue fusion (so a BatchNorm / bias / ReLU after a ConvTranspose folds into its convolution):
+
+- ``fuse_channel_shuffle``: ShuffleNet's ``Reshape(N, g, C/g, H, W) -> Transpose(0, 2, 1, 3, 4) -> Reshape(N, C,
+  H, W)`` (any reshape / transpose / reshape that only permutes channels) becomes one ``slice`` (a channel
+  gather): no 5-D tensor reaches the plan.
+- ``nhwc_to_nchw``: a LayerNormalization over the last axis of a 4-D tensor and a MatMul (``dense``) on a 4-D
+  tensor are wrapped in transposes to NCHW (``layer_norm`` over channels, a 1x1 ``conv2d``); then transposes
+  sink through pointwise ops (activations, adds / muls of constants, whose constants are permuted) and
+  cancel against their inverses: ConvNeXt's ``permute(0, 2, 3, 1) -> LayerNorm -> Linear -> GELU -> Linear ->
+  scale -> permute(0, 3, 1, 2)`` runs in NCHW with no transpose left.
+- ``compose_gathers``: a channel gather of a channel gather reads the first one's input (ShuffleNet's shuffle,
+  then split: one gather per half, and the shuffle runs no kernel).
+- ``pad_concat_parts`` then ``fold_gathers_into_convs`` (run last, by ``passes.optimize``): a concat read only by
+  channel gathers gets parts of whole RGBA pixels (zero filters in the producing convolution, or a gather
+  continued; the readers skip the padding), so that every part can be written in place (``plan.views``). A
+  channel gather read by a depthwise convolution moves after it (the filters to the channels they read); one read
+  only by convolutions (groups 1) becomes their weights' column order -- they read the gather's input, with zero
+  weights on the channels it leaves out, when that at most doubles the RGBA pixels they read (ShuffleNet's split
+  halves).
+- ``lower_conv_transpose``: ``conv_transpose`` -> zero insertion (``upsample_zeros``, only when the stride is
+  > 1 or the pads crop) + a stride-1 ``conv2d`` with the flipped, transposed weights (tunable).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tuner.graph.graph import Graph, Node, run_passes
+from tuner.graph.graph import add_param as _add_param, drop_unused_params as _drop_unused_params, fresh_name as _fresh
+from tuner.graph.passes_tokens import optimize_tokens
+
+# graph ops computed element by element on one activation (their other inputs constants): a transpose commutes
+UNARY_POINTWISE = {"relu", "clip", "gelu", "sigmoid", "tanh", "hard_sigmoid", "hard_swish", "silu", "swish",
+                   "leaky_relu", "elu", "erf", "exp", "neg", "abs", "sqrt", "reciprocal", "softplus", "mish",
+                   "activation", "unary"}
+BINARY_POINTWISE = {"add", "mul", "sub", "div", "max", "min", "pow"}
+
+
+def _drop_unused(g: Graph) -> Graph:
+    """``graph.drop_unused_params``, then the shapes of tensors no node produces any more."""
+    _drop_unused_params(g)
+    produced = {t for n in g.nodes for t in n.outputs} | set(g.inputs) | set(g.params)
+    for name in [t for t in g.shapes if t not in produced]:
+        del g.shapes[name]
+    return g
+
+
+def _sole_reader(g: Graph, tensor: str):
+    """The single node reading ``tensor`` (once), if the tensor is not a model output; else None."""
+    if tensor in g.outputs:
+        return None
+    readers = g.consumers(tensor)
+    return readers[0] if len(readers) == 1 and readers[0].inputs.count(tensor) == 1 else None
+
+
+# -- channel shuffle --------------------------------------------------------------------------------------
+def _shuffle_index(g: Graph, r1: Node, t: Node, r2: Node):
+    """The channel gather index of reshape -> transpose -> reshape, or None if it is not a channel permutation
+    of a 4-D tensor."""
+    src, mid = tuple(g.shapes[r1.inputs[0]]), tuple(g.shapes[r1.outputs[0]])
+    out = tuple(g.shapes[r2.outputs[0]])
+    if len(src) != 4 or src != out or len(mid) < 4:
+        return None
+    perm = tuple(t.attrs["perm"])
+    k = len(mid)
+    # batch first and H, W last, unchanged; the middle axes split C
+    if mid[0] != src[0] or mid[-2:] != src[2:] or perm[0] != 0 or perm[-2:] != (k - 2, k - 1):
+        return None
+    if math.prod(mid[1:-2]) != src[1]:
+        return None
+    inner = [p - 1 for p in perm[1:-2]]
+    return tuple(int(i) for i in np.arange(src[1]).reshape(mid[1:-2]).transpose(inner).reshape(-1))
+
+
+def fuse_channel_shuffle(graph: Graph) -> Graph:
+    g = graph.copy()
+    changed = True
+    while changed:
+        changed = False
+        for r1 in g.nodes:
+            if r1.op != "reshape":
+                continue
+            t = _sole_reader(g, r1.outputs[0])
+            if t is None or t.op != "transpose":
+                continue
+            r2 = _sole_reader(g, t.outputs[0])
+            if r2 is None or r2.op not in ("reshape", "flatten"):
+                continue
+            index = _shuffle_index(g, r1, t, r2)
+            if index is None:
+                continue
+            shape = g.shapes[r2.outputs[0]]
+            new = Node("slice", r2.name, [r1.inputs[0]], list(r2.outputs),
+                       {"channels": index, "rows": (0, 1, shape[2]), "cols": (0, 1, shape[3])})
+            g.nodes = [new if n is r2 else n for n in g.nodes if n is not r1 and n is not t]
+            changed = True
+            break
+    return _drop_unused(g).validate()
+
+
+# -- NHWC blocks ------------------------------------------------------------------------------------------
+def _transpose(g: Graph, name: str, x: str, perm: tuple, out: str | None = None) -> Node:
+    shape = g.shapes[x]
+    out = out or _fresh(g, f"{name}.out")
+    g.shapes[out] = tuple(shape[p] for p in perm)
+    return Node("transpose", name, [x], [out], {"perm": tuple(perm)})
+
+
+TO_NCHW, TO_NHWC = (0, 3, 1, 2), (0, 2, 3, 1)
+
+
+def _wrap_nchw(graph: Graph) -> Graph:
+    """LayerNorm over the last axis / dense on a 4-D tensor -> transpose to NCHW, the NCHW op, transpose back; a
+    reduction over (H, W) of an NHWC tensor without keepdims -> transpose to NCHW, the reduction over (2, 3)."""
+    g = graph.copy()
+    nodes = []
+    for n in g.nodes:
+        x = n.inputs[0] if n.inputs else None
+        shape = tuple(g.shapes[x]) if x is not None else ()
+        if (len(shape) == 4 and n.op.startswith("reduce_") and tuple(n.attrs.get("axes", ())) == (1, 2)
+                and not n.attrs.get("keepdims", 1)):  # a global pool of an NHWC tensor (Swin's head)
+            t1 = _transpose(g, f"{n.name}.to_nchw", x, TO_NCHW)
+            nodes += [t1, Node(n.op, n.name, [t1.outputs[0]], list(n.outputs), {**n.attrs, "axes": (2, 3)})]
+        elif len(shape) == 4 and ((n.op == "layer_norm" and n.attrs.get("axis") == 3) or n.op == "dense"):
+            t1 = _transpose(g, f"{n.name}.to_nchw", x, TO_NCHW)
+            mid = _fresh(g, f"{n.name}.nchw")
+            if n.op == "layer_norm":
+                g.shapes[mid] = g.shapes[t1.outputs[0]]
+                op = Node("layer_norm", n.name, [t1.outputs[0], *n.inputs[1:]], [mid], {**n.attrs, "axis": 1})
+            else:
+                w = g.params[n.inputs[1]]
+                ins = [t1.outputs[0], _add_param(g, f"{n.inputs[1]}.1x1", w.reshape(w.shape + (1, 1)))]
+                ins += n.inputs[2:]
+                nn, _, h, wd = g.shapes[t1.outputs[0]]
+                g.shapes[mid] = (nn, w.shape[0], h, wd)
+                op = Node("conv2d", n.name, ins, [mid], {"stride": (1, 1), "padding": (0, 0, 0, 0),
+                                                         "dilation": (1, 1), "groups": 1})
+            back = Node("transpose", f"{n.name}.to_nhwc", [mid], list(n.outputs), {"perm": TO_NHWC})
+            nodes += [t1, op, back]
+        else:
+            nodes.append(n)
+    g.nodes = nodes
+    return _drop_unused(g)
+
+
+def _rename_input(g: Graph, old: str, new: str):
+    for n in g.nodes:
+        n.inputs = [new if t == old else t for t in n.inputs]
+        if n.attrs.get("residual") == old:
+            n.attrs["residual"] = new
+
+
+def _pointwise_params(g: Graph, u: Node, act: str) -> bool:
+    others = [t for t in u.inputs if t != act]
+    if u.op in UNARY_POINTWISE:
+        return all(t in g.params and np.size(g.params[t]) == 1 for t in others)
+    if u.op in BINARY_POINTWISE:
+        return len(u.inputs) == 2 and len(others) == 1 and others[0] in g.params
+    return False
+
+
+def sink_transposes(graph: Graph) -> Graph:
+    """Move 4-D transposes below pointwise ops, merge consecutive ones and drop identities."""
+    g = graph.copy()
+    for _ in range(10 * len(g.nodes) + 10):
+        changed = False
+        for t in g.nodes:
+            if t.op != "transpose" or len(g.shapes[t.inputs[0]]) != 4:
+                continue
+            perm = tuple(t.attrs["perm"])
+            if perm == (0, 1, 2, 3) and t.outputs[0] not in g.outputs:
+                _rename_input(g, t.outputs[0], t.inputs[0])
+                g.nodes = [n for n in g.nodes if n is not t]
+                changed = True
+                break
+            u = _sole_reader(g, t.outputs[0])
+            if u is None:
+                continue
+            if u.op == "transpose":
+                u.attrs["perm"] = tuple(perm[p] for p in u.attrs["perm"])
+                u.inputs = [t.inputs[0]]
+                g.nodes = [n for n in g.nodes if n is not t]
+                changed = True
+                break
+            if _pointwise_params(g, u, t.outputs[0]):
+                inv = tuple(int(i) for i in np.argsort(perm))
+                ins = []
+                for x in u.inputs:
+                    if x == t.outputs[0]:
+                        ins.append(t.inputs[0])
+                    elif np.size(g.params[x]) == 1:
+                        ins.append(x)
+                    else:
+                        v = np.asarray(g.params[x])
+                        v = v.reshape((1,) * (4 - v.ndim) + v.shape).transpose(inv)
+                        ins.append(_add_param(g, f"{x}.nchw", v))
+                mid = _fresh(g, f"{u.outputs[0]}.nchw")
+                g.shapes[mid] = tuple(g.shapes[u.outputs[0]][i] for i in inv)
+                new_u = Node(u.op, u.name, ins, [mid], dict(u.attrs))
+                new_t = Node("transpose", t.name, [mid], list(u.outputs), {"perm": perm})
+                g.nodes = [x for n in g.nodes if n is not t for x in ((new_u, new_t) if n is u else (n,))]
+                changed = True
+                break
+        if not changed:
+            break
+    return _drop_unused(g)
+
+
+def nhwc_to_nchw(graph: Graph) -> Graph:
+    return sink_transposes(_wrap_nchw(graph)).validate()
+
+
+# -- ConvTranspose ----------------------------------------------------------------------------------------
+def lower_conv_transpose(graph: Graph) -> Graph:
+    g = graph.copy()
+    nodes = []
+    for n in g.nodes:
+        if n.op != "conv_transpose":
+            nodes.append(n)
+            continue
+        a = n.attrs
+        x, w_name = n.inputs[:2]
+        w = np.asarray(g.params[w_name])
+        c, og, r, s = w.shape
+        groups = a.get("groups", 1)
+        # conv weight (O, C/groups, R, S): per group transposed, spatially flipped
+        wc = w.reshape(groups, c // groups, og, r, s).transpose(0, 2, 1, 3, 4)[..., ::-1, ::-1]
+        wc = wc.reshape(groups * og, c // groups, r, s)
+        (sh, sw), (dh, dw), (pt, pl, pb, pr), (oph, opw) = a["stride"], a["dilation"], a["padding"], \
+            a.get("output_padding", (0, 0))
+        _, _, h, wd = g.shapes[x]
+        begin = (dh * (r - 1) - pt, dw * (s - 1) - pl)
+        end = (dh * (r - 1) - pb + oph, dw * (s - 1) - pr + opw)
+        shift = tuple(max(-v, 0) for v in begin)
+        crop = tuple(max(-v, 0) for v in end)
+        size = ((h - 1) * sh + 1 - shift[0] - crop[0], (wd - 1) * sw + 1 - shift[1] - crop[1])
+        src = x
+        if (sh, sw) != (1, 1) or any(shift) or any(crop):
+            src = _fresh(g, f"{n.name}.upsampled")
+            g.shapes[src] = (g.shapes[x][0], c, *size)
+            nodes.append(Node("upsample_zeros", f"{n.name}.upsample", [x], [src],
+                              {"size": size, "stride": (sh, sw), "shift": shift}))
+        pads = (max(begin[0], 0), max(begin[1], 0), max(end[0], 0), max(end[1], 0))
+        nodes.append(Node("conv2d", n.name, [src, _add_param(g, f"{w_name}.conv", wc), *n.inputs[2:]],
+                          list(n.outputs), {"stride": (1, 1), "padding": pads, "dilation": (dh, dw),
+                                            "groups": groups}))
+    g.nodes = nodes
+    return _drop_unused(g).validate()
+
+
+# -- channel gathers ------------------------------------------------------------------------------------------
+def _channel_gather(g: Graph, n: Node) -> tuple | None:
+    """The channel index of a ``slice`` that gathers channels of a 4-D tensor and keeps every row and column."""
+    if n.op != "slice" or len(g.shapes[n.inputs[0]]) != 4:
+        return None
+    shape = g.shapes[n.inputs[0]]
+    for key, extent in (("rows", shape[2]), ("cols", shape[3])):
+        start, step, count = n.attrs.get(key, (0, 1, None))
+        if (start, step) != (0, 1) or count not in (None, extent):
+            return None
+    return tuple(int(c) for c in n.attrs["channels"])
+
+
+def compose_gathers(graph: Graph) -> Graph:
+    from tuner.ops.kernels_movement import channel_map  # the forms the gather kernel reads
+    g = graph.copy()
+    for n in g.nodes:
+        index = _channel_gather(g, n)
+        src = g.producer(n.inputs[0]) if index is not None else None
+        first = _channel_gather(g, src) if src is not None else None
+        if first is None:
+            continue
+        composed = tuple(first[c] for c in index)
+        if channel_map(composed) is not None:
+            n.inputs, n.attrs = [src.inputs[0]], {**n.attrs, "channels": composed}
+    read = {t for n in g.nodes for t in n.inputs} | set(g.outputs)
+    while True:  # gathers nobody reads any more (a shuffle whose readers all read through it)
+        dead = [n for n in g.nodes if n.op == "slice" and not read & set(n.outputs)]
+        if not dead:
+            break
+        g.nodes = [n for n in g.nodes if n not in dead]
+        read = {t for n in g.nodes for t in n.inputs} | set(g.outputs)
+    return _drop_unused(g).validate()
+
+
+def _is_depthwise(g: Graph, n: Node) -> bool:
+    w = g.shapes[n.inputs[1]]
+    return (n.op == "conv2d" and n.attrs.get("groups", 1) == g.shapes[n.inputs[0]][1] == w[0] and w[1] == 1
+            and all(t in g.params for t in n.inputs[1:]) and "in_scale" not in n.attrs and "residual" not in n.attrs)
+
+
+def _through_depthwise(g: Graph, gather: Node, index: tuple, dw: Node) -> None:
+    """``dw(gather(x))`` -> ``gather(dw'(x))``: the depthwise convolution runs on every channel of x, its filters
+    moved to the channels they read (zero filters on the channels the gather leaves out), and the same gather
+    after it, for the readers of its output to fold in turn."""
+    src, c = gather.inputs[0], g.shapes[gather.inputs[0]][1]
+    mid = _fresh(g, f"{dw.name}.source_order")
+    n_, _, h, w = g.shapes[dw.outputs[0]]
+    g.shapes[mid] = (n_, c, h, w)
+    ins = [src]
+    for p in dw.inputs[1:]:  # weights (C, 1, R, S), then the bias (C,)
+        v = g.params[p]
+        moved = np.zeros((c,) + v.shape[1:], np.float32)
+        moved[list(index)] = v
+        ins.append(_add_param(g, f"{p}.source_order", moved))
+    after = Node("slice", f"{dw.name}.order", [mid], list(dw.outputs),
+                 {"channels": index, "rows": (0, 1, h), "cols": (0, 1, w)})
+    dw.inputs, dw.outputs, dw.attrs = ins, [mid], {**dw.attrs, "groups": c}
+    g.nodes.insert(g.nodes.index(dw) + 1, after)
+
+
+def fold_gathers_into_convs(graph: Graph) -> Graph:
+    g = graph.copy()
+    changed = True
+    while changed:
+        changed = False
+        for n in list(g.nodes):
+            index, out = _channel_gather(g, n), n.outputs[0]
+            if index is None or out in g.outputs or not g.consumers(out):
+                continue
+            src = n.inputs[0]
+            if len(set(index)) == len(index):  # no channel twice: depthwise readers run on the source's order
+                for r in g.consumers(out):
+                    if _is_depthwise(g, r) and r.inputs[0] == out and r.inputs.count(out) == 1:
+                        _through_depthwise(g, n, index, r)
+                        changed = True
+            readers = g.consumers(out)
+            if not readers or -(-g.shapes[src][1] // 4) > 2 * -(-len(index) // 4) or not all(  # pixels read
+                    r.op == "conv2d" and r.attrs.get("groups", 1) == 1 and "in_scale" not in r.attrs
+                    and r.inputs[0] == out and out not in r.inputs[1:] and r.inputs[1] in g.params for r in readers):
+                continue
+            for r in readers:
+                w = g.params[r.inputs[1]]
+                full = np.zeros((w.shape[0], g.shapes[src][1]) + w.shape[2:], np.float32)
+                np.add.at(full, (slice(None), list(index)), w)  # input channel k of the gather is channel index[k]
+                r.inputs = [src, _add_param(g, f"{r.name}.w_gathered", full)] + r.inputs[2:]
+            g.nodes = [m for m in g.nodes if m is not n]
+            changed = True
+    return _drop_unused(g).validate()
+
+
+def _extended(index: tuple, count: int, limit: int) -> tuple | None:
+    """``index`` continued to ``count`` entries by its own form ((c % m) * a + (c // m) * b + off), if every
+    entry stays below ``limit``; else None."""
+    from tuner.ops.kernels_movement import channel_map
+    m, a, b, off = channel_map(index)
+    more = tuple((c % m) * a + (c // m) * b + off for c in range(len(index), count))
+    return index + more if all(0 <= v < limit for v in more) else None
+
+
+def _pad_part(g: Graph, part: str, to: int) -> bool:
+    """The producer of ``part`` (a groups-1 convolution or a channel gather, read only by the concat) makes
+    ``to`` channels: zero filters, or its gather continued; False when it cannot."""
+    p = g.producer(part)
+    if p is None or part in g.outputs or len(g.consumers(part)) != 1:
+        return False
+    n_, c, h, w = g.shapes[part]
+    index = _channel_gather(g, p)
+    if index is not None:
+        longer = _extended(index, to, g.shapes[p.inputs[0]][1])
+        if longer is None:
+            return False
+        p.attrs = {**p.attrs, "channels": longer}
+    elif (p.op == "conv2d" and p.attrs.get("groups", 1) == 1 and "residual" not in p.attrs
+          and all(t in g.params for t in p.inputs[1:])):
+        ins = [p.inputs[0]]
+        for t in p.inputs[1:]:  # weights (O, C, R, S), then the bias (O,): zero rows for the new channels
+            v = g.params[t]
+            ins.append(_add_param(g, f"{t}.padded", np.concatenate([v, np.zeros((to - c,) + v.shape[1:])])))
+        ins += [t for t in p.inputs[len(ins):]]
+        p.inputs = ins
+    else:
+        return False
+    g.shapes[part] = (n_, to, h, w)
+    return True
+
+
+def pad_concat_parts(graph: Graph) -> Graph:
+    """A channel concat read only by channel gathers, whose parts but the last do not fill whole RGBA pixels:
+    each such part is made a multiple of 4 channels by its producer (a groups-1 convolution's zero filters, a
+    gather continued), and the gathers skip the padding -- so that ``plan.views`` can write every part in place.
+    ShuffleNetV2 x1.0's first stage concatenates halves of 58 channels."""
+    from tuner.ops.kernels_movement import channel_map
+    g = graph.copy()
+    for n in list(g.nodes):
+        shape = g.shapes[n.outputs[0]]
+        if n.op != "concat" or len(shape) != 4 or n.attrs.get("axis", 1) not in (1, -3) or n.outputs[0] in g.outputs:
+            continue
+        sizes = [g.shapes[t][1] for t in n.inputs]
+        if all(c % 4 == 0 for c in sizes[:-1]) or len(set(n.inputs)) != len(n.inputs):
+            continue
+        readers = g.consumers(n.outputs[0])
+        if not readers or not all(_channel_gather(g, r) is not None for r in readers):
+            continue
+        padded = [-(-c // 4) * 4 for c in sizes[:-1]] + sizes[-1:]
+        new_at = [sum(padded[:i]) + k for i, c in enumerate(sizes) for k in range(c)]  # old channel -> new
+        remapped = [tuple(new_at[k] for k in _channel_gather(g, r)) for r in readers]
+        if any(channel_map(ix) is None for ix in remapped):
+            continue
+        saved = {t: (g.producer(t).attrs, g.producer(t).inputs, g.shapes[t]) for t in n.inputs if g.producer(t)}
+        if not all(_pad_part(g, t, to) if to != c else True for t, c, to in zip(n.inputs, sizes, padded)):
+            for t, (attrs, ins, shp) in saved.items():  # one part could not: leave the concat as it was
+                g.producer(t).attrs, g.producer(t).inputs, g.shapes[t] = attrs, ins, shp
+            continue
+        g.shapes[n.outputs[0]] = (shape[0], sum(padded), shape[2], shape[3])
+        for r, ix in zip(readers, remapped):
+            r.attrs = {**r.attrs, "channels": ix}
+    return _drop_unused(g).validate()
+
+
+def optimize_movement(graph: Graph) -> Graph:
+    """All of the above, in order (attention's token tensors made 4-D by ``passes_tokens`` once channel
+    shuffles are single gathers); ``passes.optimize`` runs it first."""
+    return run_passes(graph, MOVEMENT_PASSES)
+
+
+MOVEMENT_PASSES = (fuse_channel_shuffle, compose_gathers, optimize_tokens, nhwc_to_nchw,  # in this order
+                   lower_conv_transpose)

@@ -1,0 +1,427 @@
+"""Graph passes that bring attention blocks -- token tensors, 5-D head reshapes, activation-by-activation
+MatMuls -- onto the 4-D kernels (``Graph -> Graph``), run first by ``passes_movement.optimize_movement``:
+
+- ``fold_matmul_scales``: a multiply by a scalar constant whose only reader is a ``matmul`` (the ``q * scale``
+  and ``k * scale`` of attention) becomes the matmul's ``alpha``.
+- ``attention_ranks``: a 4-D ``matmul`` (batch, heads, M, K) @ (batch, heads, K, N) and a softmax over the
+  last axis of a 4-D tensor run on 3-D tensors (batch * heads, M, K): reshapes around them, which
+  ``movement_views`` folds away.
+- ``movement_views``: chains of ``reshape`` / ``transpose`` / ``slice_nd`` that touch a tensor of rank other
+  than 2 or 4 (tokens, the 5-D ``(B, T, 3, heads, d)`` of a qkv projection) are composed into strided views of
+  the tensor they start from (numpy's rules: a reshape that no strides express materializes first); a view is
+  materialized by one ``strided_copy`` where a computing node reads it, and not at all when it is the whole
+  tensor in order. The qkv reshape, transpose, split and squeeze of attention become one copy per q, k, v.
+- ``tokens_to_nchw``: every 3-D activation (N, T, C) becomes the 4-D tensor (N, C, 1, T) -- its storage is
+  NCHW4c's, packed by 4 along C -- and the 3-D nodes become their 4-D forms: a MatMul by a constant a 1x1
+  ``conv2d`` (tuned), LayerNormalization and Softmax over the last axis ones over channels, biases and scales
+  per-channel params. ``matmul`` and ``strided_copy`` keep their logical shapes in attributes.
+
+The token layout: a 3-D tensor X (a, b, c) is stored as the 4-D V (a, c, 1, b) with V[n, k, 0, t] = X[n, t, k]
+(``token_view``); a 2-D tensor keeps its packed-rows layout and a 4-D one is NCHW.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tuner.errors import TunerError
+from tuner.ops.token_views import to_view, token_view
+
+from tuner.graph.graph import Graph, Node, run_passes
+from tuner.graph.graph import add_param as _add_param, drop_unused_params as _drop_unused_params, fresh_name as _fresh
+
+MOVEMENT = ("reshape", "transpose", "slice_nd", "expand_nd")
+ELEMENTWISE = {"relu", "clip", "activation", "erf", "unary", "add", "sub", "mul", "div", "prelu"}
+
+
+# -- strided views -------------------------------------------------------------------------------------------
+
+def _row_major(shape) -> tuple:
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= d
+    return tuple(reversed(out))
+
+
+class _View:
+    """``shape`` / ``strides`` / ``offset`` over the row-major elements of ``base`` (of ``base_shape``), read
+    out in row-major order as ``out_shape`` (a reshape no strides express: such a view composes no further)."""
+
+    def __init__(self, base: str, base_shape, offset: int, shape, strides, out_shape=None):
+        self.base, self.base_shape = base, tuple(base_shape)
+        self.offset, self.shape, self.strides = int(offset), tuple(shape), tuple(strides)
+        self.out_shape = tuple(out_shape) if out_shape is not None else self.shape
+
+    @property
+    def composes(self) -> bool:
+        return self.out_shape == self.shape
+
+    def attrs(self) -> dict:
+        """A ``strided_copy``'s attributes."""
+        return {"src_shape": self.base_shape, "offset": self.offset, "strides": self.strides, "shape": self.shape,
+                "out_shape": self.out_shape}
+
+    @classmethod
+    def whole(cls, base: str, shape):
+        return cls(base, shape, 0, shape, _row_major(shape))
+
+    def is_whole(self) -> bool:
+        return (self.offset == 0 and self.shape == self.base_shape == self.out_shape
+                and all(s == r for d, s, r in zip(self.shape, self.strides, _row_major(self.shape)) if d > 1))
+
+    def transpose(self, perm):
+        return _View(self.base, self.base_shape, self.offset, [self.shape[p] for p in perm],
+                     [self.strides[p] for p in perm])
+
+    def expand(self, shape):
+        """Axes of extent 1 broadcast to ``shape`` (stride 0)."""
+        return _View(self.base, self.base_shape, self.offset, shape,
+                     [0 if d != n else s for d, n, s in zip(shape, self.shape, self.strides)])
+
+    def slice(self, starts, steps, counts):
+        offset = self.offset + sum(a * s for a, s in zip(starts, self.strides))
+        return _View(self.base, self.base_shape, offset, counts, [s * k for s, k in zip(self.strides, steps)])
+
+    def reshape(self, new):
+        """The view reshaped without a copy, or None when no strides express it (numpy's rule)."""
+        new = tuple(int(d) for d in new)
+        old = [(d, s) for d, s in zip(self.shape, self.strides) if d != 1]
+        dims = [d for d in new if d != 1]
+        strides = [0] * len(dims)
+        oi = ni = 0
+        while ni < len(dims) and oi < len(old):
+            oj, nj = oi + 1, ni + 1
+            np_, op = dims[ni], old[oi][0]
+            while np_ != op:
+                if np_ < op:
+                    np_ *= dims[nj]
+                    nj += 1
+                else:
+                    op *= old[oj][0]
+                    oj += 1
+            if any(old[k][1] != old[k + 1][0] * old[k + 1][1] for k in range(oi, oj - 1)):
+                return None
+            strides[nj - 1] = old[oj - 1][1]
+            for k in range(nj - 1, ni, -1):
+                strides[k - 1] = strides[k] * dims[k]
+            ni, oi = nj, oj
+        it = iter(strides)
+        return _View(self.base, self.base_shape, self.offset, new, [0 if d == 1 else next(it) for d in new])
+
+
+# -- passes --------------------------------------------------------------------------------------------------
+
+def _scalar(g: Graph, t: str) -> bool:
+    return t in g.params and np.ptp(np.asarray(g.params[t])) == 0  # one value, however broadcast
+
+
+def fold_matmul_scales(graph: Graph) -> Graph:
+    g = graph.copy()
+    for mul in list(g.nodes):
+        if mul.op not in ("mul", "div") or mul.attrs.get("activation", "none") != "none":
+            continue
+        consts = [t for t in mul.inputs if _scalar(g, t)]
+        acts = [t for t in mul.inputs if t not in g.params]
+        if len(consts) != 1 or len(acts) != 1 or (mul.op == "div" and mul.inputs[1] != consts[0]):
+            continue
+        value = float(np.asarray(g.params[consts[0]]).reshape(-1)[0])
+        scale = value if mul.op == "mul" else 1.0 / value
+        readers = g.consumers(mul.outputs[0])
+        producer = g.producer(acts[0])
+        if (mul.outputs[0] not in g.outputs and len(readers) == 1 and readers[0].op == "matmul"
+                and readers[0].inputs[:2].count(mul.outputs[0]) == 1):  # q * scale, k * scale
+            mm = readers[0]
+            mm.inputs = [acts[0] if t == mul.outputs[0] else t for t in mm.inputs]
+        elif (producer is not None and producer.op == "matmul" and acts[0] not in g.outputs
+              and len(g.consumers(acts[0])) == 1):  # (q @ k) * scale
+            mm = producer
+            mm.outputs = list(mul.outputs)
+        else:
+            continue
+        mm.attrs["alpha"] = float(mm.attrs.get("alpha", 1.0)) * scale
+        g.nodes = [n for n in g.nodes if n is not mul]
+    return _drop_unused_params(g)
+
+
+def _reshape_node(g: Graph, name: str, x: str, shape, out: str | None = None) -> Node:
+    out = out or _fresh(g, name)
+    g.shapes[out] = tuple(shape)
+    return Node("reshape", name, [x], [out], {"shape": tuple(shape)})
+
+
+def _heads_const(g: Graph, t: str, shape4) -> str | None:
+    """A constant operand of an op on the 4-D (B, heads, M, N) scores as the 3-D (B * heads, M, N) one (an
+    attention bias (heads, M, N) or (1, heads, M, N) broadcast over B), or None when it is not one."""
+    v = np.asarray(g.params[t])
+    if v.size == 1:
+        return t
+    try:
+        full = np.broadcast_to(v, shape4)
+    except ValueError:
+        return None
+    return _add_param(g, f"{t}.3d", np.ascontiguousarray(full.reshape((-1,) + tuple(shape4[-2:])), np.float32))
+
+
+def _softmax_last(g: Graph) -> Graph:
+    """A softmax over an axis other than the last of a 3-D or 5-D+ tensor, or other than the last or channels
+    of a 4-D one, between transposes that make it the last (CoaT's softmax over the tokens of K); in place."""
+    nodes = []
+    for n in g.nodes:
+        rank = len(g.shapes[n.outputs[0]])
+        axis = n.attrs.get("axis", -1) % rank if n.op == "softmax" else None
+        if axis is None or rank < 3 or axis == rank - 1 or (rank == 4 and axis == 1):
+            nodes.append(n)
+            continue
+        perm = tuple(a for a in range(rank) if a != axis) + (axis,)
+        inverse = tuple(int(i) for i in np.argsort(perm))
+        t_in = _fresh(g, f"{n.name}.last")
+        g.shapes[t_in] = tuple(g.shapes[n.inputs[0]][p] for p in perm)
+        mid = _fresh(g, f"{n.name}.out_last")
+        g.shapes[mid] = g.shapes[t_in]
+        nodes += [Node("transpose", f"{n.name}.to_last", [n.inputs[0]], [t_in], {"perm": perm}),
+                  Node("softmax", n.name, [t_in], [mid], {**n.attrs, "axis": rank - 1}),
+                  Node("transpose", f"{n.name}.back", [mid], list(n.outputs), {"perm": inverse})]
+    g.nodes = nodes
+    return g
+
+
+def attention_ranks(graph: Graph) -> Graph:
+    g = graph.copy()
+    nodes = []
+    three = {}  # a 4-D tensor -> the 3-D tensor holding it (reshapes fold away in movement_views)
+
+    def as_3d(t: str, where: str) -> str:
+        if t not in three:
+            s = g.shapes[t]
+            r = _reshape_node(g, where, t, (math.prod(s[:-2]), s[-2], s[-1]))
+            nodes.append(r)
+            three[t] = r.outputs[0]
+        return three[t]
+
+    def emit_3d(n: Node, ins: list, attrs: dict):
+        shape = tuple(g.shapes[n.outputs[0]])
+        mid = _fresh(g, f"{n.name}.3d")
+        g.shapes[mid] = (math.prod(shape[:-2]), shape[-2], shape[-1])
+        nodes.append(Node(n.op, n.name, ins, [mid], attrs))
+        nodes.append(_reshape_node(g, f"{n.name}.4d", mid, shape, out=n.outputs[0]))
+        three[n.outputs[0]] = mid
+
+    for n in _softmax_last(g).nodes:
+        shape = tuple(g.shapes[n.outputs[0]])
+        if n.op == "matmul" and len(shape) == 4 and g.shapes[n.inputs[1]][1] == 1 < shape[1]:
+            # one K, V for every head (multi-query attention): the heads join the rows of A
+            a, b = (tuple(g.shapes[t]) for t in n.inputs[:2])
+            ra = _reshape_node(g, f"{n.name}.in0_rows", n.inputs[0], (a[0], a[1] * a[2], a[3]))
+            rb = _reshape_node(g, f"{n.name}.in1_3d", n.inputs[1], (b[0], b[2], b[3]))
+            mid = _fresh(g, f"{n.name}.3d")
+            g.shapes[mid] = (shape[0], shape[1] * shape[2], shape[3])
+            nodes += [ra, rb, Node("matmul", n.name, [ra.outputs[0], rb.outputs[0]], [mid], dict(n.attrs)),
+                      _reshape_node(g, f"{n.name}.4d", mid, shape, out=n.outputs[0])]
+        elif n.op == "matmul" and len(shape) >= 4:  # (batch, heads[, windows], M, K): the leading axes merged
+            emit_3d(n, [as_3d(t, f"{n.name}.in{k}_3d") for k, t in enumerate(n.inputs[:2])], dict(n.attrs))
+        elif n.op == "softmax" and len(shape) >= 4 and n.attrs.get("axis") % len(shape) == len(shape) - 1:
+            emit_3d(n, [as_3d(n.inputs[0], f"{n.name}.in_3d")], {**n.attrs, "axis": 2})
+        elif (n.op in ("add", "mul", "sub", "div") and len(shape) >= 4 and n.attrs.get("activation", "none") == "none"
+              and any(t in three for t in n.inputs)
+              and all(t in three or t in g.params for t in n.inputs)
+              and None not in (ins := [three.get(t) or _heads_const(g, t, shape) for t in n.inputs])):
+            emit_3d(n, ins, dict(n.attrs))
+        else:
+            nodes.append(n)
+    g.nodes = nodes
+    return g
+
+
+def _rows(shape) -> tuple:
+    """A shape of at most 3 axes with the same row-major order: the leading axes merged."""
+    shape = tuple(shape)
+    return shape if len(shape) <= 3 else (math.prod(shape[:-2]), *shape[-2:])
+
+
+def _is_movement(g: Graph, n: Node, views: dict) -> bool:
+    if n.op not in MOVEMENT or n.inputs[0] in g.params:
+        return False
+    if n.op in ("slice_nd", "expand_nd") or n.inputs[0] in views:
+        return True
+    return any(len(g.shapes[t]) not in (2, 4) for t in (n.inputs[0], n.outputs[0]))
+
+
+def movement_views(graph: Graph) -> Graph:
+    g = graph.copy()
+    views: dict = {}  # tensor -> _View of a materialized tensor
+    made: dict = {}  # view tensor -> the tensor that holds it once materialized
+    nodes = []
+
+    def materialize(t: str, as_name: str | None = None) -> str:
+        if t in made:
+            return made[t]
+        v = views[t]
+        if v.is_whole() and as_name is None:
+            made[t] = v.base
+            return v.base
+        out = as_name or t
+        nodes.append(Node("strided_copy", f"{t}.copy", [v.base], [out], v.attrs()))
+        made[t] = out
+        return out
+
+    def rows_of(t: str) -> str:
+        """The view copied out in order into a tensor of at most 3 axes (its own shape may have 6: Twins'
+        windows), which any reshape of it then views without a copy."""
+        v = views[t]
+        key = f"{t}.rows"
+        if key not in made:
+            g.shapes[key] = _rows(v.out_shape)
+            attrs = {**v.attrs(), "out_shape": g.shapes[key]}
+            nodes.append(Node("strided_copy", f"{t}.copy", [v.base], [key], attrs))
+            made[key] = key
+        return made[key]
+
+    for n in g.nodes:
+        if _is_movement(g, n, views):
+            x, out = n.inputs[0], n.outputs[0]
+            if x not in views:
+                v = _View.whole(x, g.shapes[x])
+            else:  # one that composes no further is copied out first
+                v = views[x] if views[x].composes else _View.whole(rows_of(x), _rows(g.shapes[x])).reshape(
+                    g.shapes[x])
+            a = n.attrs
+            if n.op == "transpose":
+                new = v.transpose(a["perm"])
+            elif n.op == "slice_nd":
+                new = v.slice(a["starts"], a["steps"], a["counts"])
+            elif n.op == "expand_nd":
+                new = v.expand(a["shape"])
+            else:
+                new = v.reshape(g.shapes[out])
+                if new is None:  # no strides express it: read out in order by the one copy
+                    new = _View(v.base, v.base_shape, v.offset, v.shape, v.strides, out_shape=g.shapes[out])
+            views[out] = new
+            continue
+        n.inputs = [materialize(t) if t in views else t for t in n.inputs]
+        nodes.append(n)
+    for t in g.outputs:  # a model output that is a view of another tensor: copied out under its own name
+        if t in views and made.get(t) != t:
+            made.pop(t, None)
+            materialize(t, as_name=t)
+    g.nodes = nodes
+    return _drop_unused_params(g).validate()
+
+
+def _token_const(g: Graph, node: Node, p: str, shape) -> str:
+    """A constant operand of a binary op on a 3-D tensor (N, T, C) in the token view: one broadcast over N and
+    T as a per-channel (1, C, 1, 1); one that varies along T (a position embedding, an attention bias) as the
+    whole (N or 1, C, 1, T)."""
+    v = np.asarray(g.params[p], np.float32)
+    if v.size == 1:
+        return p
+    try:
+        full = np.broadcast_to(v, shape)
+    except ValueError:
+        raise TunerError(f"node {node.name!r} ({node.op}): a constant of shape {v.shape} does not broadcast to "
+                         f"the token tensor's {tuple(shape)}") from None
+    if np.array_equal(np.broadcast_to(full[:1, :1, :], shape), full):
+        return _add_param(g, f"{p}.c1", np.ascontiguousarray(full[0, 0].reshape(1, -1, 1, 1)))
+    rows = full[:1] if np.array_equal(np.broadcast_to(full[:1], shape), full) else full
+    return _add_param(g, f"{p}.view", to_view(np.ascontiguousarray(rows)))
+
+
+REDUCE = ("reduce_mean", "reduce_max", "reduce_sum", "reduce_l2")
+
+
+def _token_reduce(g: Graph, n: Node, shape, nodes: list) -> Node:
+    """A reduction of a token tensor (N, T, C) in its view (N, C, 1, T): over T (global pooling of tokens) one
+    over H, W; over C one over channels (then a reshape when the result is 2-D)."""
+    axes, keep = tuple(n.attrs["axes"]), int(n.attrs.get("keepdims", 1))
+    if axes == (1,):
+        return Node(n.op, n.name, n.inputs, n.outputs, {**n.attrs, "axes": (2, 3)})
+    if axes == (2,):
+        if keep:
+            return Node(n.op, n.name, n.inputs, n.outputs, {**n.attrs, "axes": (1,)})
+        mid = _fresh(g, f"{n.name}.kept")
+        g.shapes[mid] = (shape[0], 1, 1, shape[1])
+        nodes.append(Node(n.op, n.name, n.inputs, [mid], {**n.attrs, "axes": (1,), "keepdims": 1}))
+        return Node("reshape", f"{n.name}.2d", [mid], n.outputs, {"shape": tuple(g.shapes[n.outputs[0]])})
+    raise TunerError(f"node {n.name!r}: {n.op} over axes {list(axes)} of a token tensor {tuple(shape)}; "
+                     f"over the tokens (1) or the features (2) only")
+
+
+def tokens_to_nchw(graph: Graph) -> Graph:
+    g = graph.copy()
+    rank3 = {t for t, s in g.shapes.items() if len(s) == 3 and t not in g.params}
+    if not rank3:
+        return g
+    for t in g.inputs + g.outputs:
+        if t in rank3:
+            raise TunerError(f"model {'input' if t in g.inputs else 'output'} {t!r} has the 3-D shape "
+                             f"{g.shapes[t]}; model inputs and outputs must be 4-D (N, C, H, W) or 2-D (N, K)")
+    logical = {t: tuple(g.shapes[t]) for t in g.shapes}
+    nodes = []
+    for n in g.nodes:
+        touched = [t for t in n.inputs + n.outputs if t in rank3]
+        if not touched:
+            nodes.append(n)
+            continue
+        shape = logical[touched[0]]
+        if n.op == "dense":
+            w = np.asarray(g.params[n.inputs[1]])
+            n = Node("conv2d", n.name, [n.inputs[0], _add_param(g, f"{n.inputs[1]}.1x1", w.reshape(w.shape + (1, 1))),
+                                        *n.inputs[2:]], n.outputs,
+                     {"stride": (1, 1), "padding": (0, 0, 0, 0), "dilation": (1, 1), "groups": 1})
+        elif n.op in ("layer_norm", "softmax"):
+            if n.attrs.get("axis") not in (2, -1):
+                raise TunerError(f"node {n.name!r}: {n.op} over axis {n.attrs.get('axis')} of a token tensor "
+                                 f"{shape}; only the last axis (the features) is supported")
+            n.attrs = {**n.attrs, "axis": 1}
+        elif n.op in ELEMENTWISE:
+            n.inputs = [_token_const(g, n, t, shape) if t in g.params else t for t in n.inputs]
+            for t in n.inputs:
+                if t not in g.params and t not in rank3:
+                    raise TunerError(f"node {n.name!r} ({n.op}): a token tensor {shape} with {t!r} of shape "
+                                     f"{g.shapes[t]}")
+        elif n.op == "matmul":
+            n.attrs = {**n.attrs, "tokens": True}  # operands and output in their token views
+        elif n.op == "batch_norm":  # over axis 1 of an (N, C, L) tensor (Next-ViT): a scale and shift along T
+            scale, bias, mean, var = (np.asarray(g.params[t], np.float64) for t in n.inputs[1:5])
+            k = scale / np.sqrt(var + float(n.attrs.get("epsilon", 1e-5)))
+            mid = _fresh(g, f"{n.name}.scaled")
+            logical[mid] = shape
+            rank3.add(mid)
+            s_p = _add_param(g, f"{n.name}.k", k.reshape(1, -1, 1).astype(np.float32))
+            b_p = _add_param(g, f"{n.name}.b", (bias - mean * k).reshape(1, -1, 1).astype(np.float32))
+            nodes.append(Node("mul", f"{n.name}.mul", [n.inputs[0], _token_const(g, n, s_p, shape)], [mid]))
+            n = Node("add", n.name, [mid, _token_const(g, n, b_p, shape)], n.outputs)
+        elif n.op in REDUCE and n.inputs[0] in rank3:
+            n = _token_reduce(g, n, shape, nodes)
+        elif n.op == "concat":  # along the tokens (a class token) or the features: the view concat kernel
+            ins = []
+            for t in n.inputs:
+                if t in g.params:
+                    v = np.asarray(g.params[t], np.float32)
+                    t = _add_param(g, f"{t}.view", to_view(np.ascontiguousarray(v)))
+                ins.append(t)
+            n = Node("concat_view", n.name, ins, n.outputs,
+                     {"axis": int(n.attrs["axis"]) % 3, "shapes": tuple(logical[t] for t in n.inputs)})
+        # strided_copy: its attributes name the logical shapes on both sides
+        if n.op not in ("conv2d", "layer_norm", "softmax", "matmul", "strided_copy", "reshape", "concat_view") \
+                and n.op not in ELEMENTWISE and n.op not in REDUCE:
+            raise TunerError(f"node {n.name!r}: operator {n.op} on the token tensor {touched[0]!r} of shape "
+                             f"{shape} has no kernel; token tensors take MatMul, LayerNormalization, Softmax over "
+                             f"the last axis, elementwise ops and reshapes / transposes")
+        nodes.append(n)
+    for t in rank3:
+        g.shapes[t] = token_view(logical[t])
+    g.nodes = nodes
+    return _drop_unused_params(g).validate()
+
+
+def optimize_tokens(graph: Graph) -> Graph:
+    """All of the above, in order."""
+    if not any(n.op in ("matmul", "slice_nd", "expand_nd") or (n.op == "softmax" and n.attrs.get("axis") != 1)
+               or any(len(graph.shapes[t]) not in (1, 2, 4) for t in n.outputs) for n in graph.nodes):
+        return graph  # nothing of attention's: a convolution network passes untouched
+    return run_passes(graph, TOKEN_PASSES)
+
+
+TOKEN_PASSES = (fold_matmul_scales, attention_ranks, movement_views, tokens_to_nchw)  # in this order

@@ -1,0 +1,212 @@
+"""A NumPy interpreter for :class:`Graph`: the reference the frontend (and the compiled model) is checked against.
+
+It evaluates the NCHW operators the frontend emits (``graph.py`` lists them) in float64 and returns float32.
+``OPS`` maps an op name to ``fn(node, *input_arrays) -> array``; graph passes that add ops or attributes (fused
+epilogues) register theirs in ``OPS`` and ``ATTRS``: a node with an attribute its reference does not know is an
+error rather than a silently wrong answer.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tuner.graph.graph import Graph, Node
+from tuner.ops.kernels import pool_ceil_extra, unary_reference
+from tuner.ir.activations import apply_numpy
+import tuner.graph.reference_movement as reference_movement
+
+
+def run_graph_numpy(graph: Graph, inputs: dict, all_tensors: bool = False) -> dict:
+    """Run ``graph`` on ``inputs`` (name -> array of the input's shape); return ``{output name: float32 array}``,
+    or every tensor (inputs, params and intermediates too) when ``all_tensors``."""
+    missing = [t for t in graph.inputs if t not in inputs]
+    if missing:
+        raise ValueError(f"missing inputs {missing}")
+    env = {name: np.asarray(v, dtype=np.float64) for name, v in graph.params.items()}
+    for name in graph.inputs:
+        value = np.asarray(inputs[name], dtype=np.float64)
+        if value.shape != tuple(graph.shapes[name]):
+            raise ValueError(f"input {name!r} has shape {value.shape}, the graph expects {graph.shapes[name]}")
+        env[name] = value
+    for node in graph.nodes:
+        if node.op not in OPS:
+            raise ValueError(f"run_graph_numpy: no reference for op {node.op!r} (node {node.name!r})")
+        unknown = set(node.attrs) - ATTRS.get(node.op, set(node.attrs))
+        if unknown:
+            raise ValueError(f"run_graph_numpy: node {node.name!r} ({node.op}) has attributes {sorted(unknown)} "
+                             "its reference does not implement")
+        out = OPS[node.op](node, *(env[t] for t in node.inputs))
+        if out.shape != tuple(graph.shapes[node.outputs[0]]):
+            raise ValueError(f"node {node.name!r} ({node.op}) computed shape {out.shape}, the graph says "
+                             f"{graph.shapes[node.outputs[0]]}")
+        env[node.outputs[0]] = out
+    names = env if all_tensors else graph.outputs
+    return {t: env[t].astype(np.float32) for t in names}
+
+
+def random_inputs(graph: Graph, seed: int = 0) -> dict:
+    """Standard-normal float32 arrays for every graph input."""
+    rng = np.random.default_rng(seed)
+    return {t: rng.standard_normal(graph.shapes[t]).astype(np.float32) for t in graph.inputs}
+
+
+def _windows(x: np.ndarray, kernel: tuple, stride: tuple, dilation: tuple, padding: tuple, fill: float):
+    """Yield ``((r, s), x_rs)`` for every kernel tap, where ``x_rs[n, c, oh, ow]`` is the padded input the tap
+    reads for output (oh, ow), plus the output size."""
+    top, left, bottom, right = padding
+    xp = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)), constant_values=fill)
+    (r_n, s_n), (sh, sw), (dh, dw) = kernel, stride, dilation
+    oh = (xp.shape[2] - (r_n - 1) * dh - 1) // sh + 1
+    ow = (xp.shape[3] - (s_n - 1) * dw - 1) // sw + 1
+    taps = []
+    for r in range(r_n):
+        for s in range(s_n):
+            taps.append(((r, s), xp[:, :, r * dh: r * dh + (oh - 1) * sh + 1: sh, s * dw: s * dw + (ow - 1) * sw + 1:
+                                    sw]))
+    return taps
+
+
+def conv2d(node: Node, x, w, b=None):
+    a = node.attrs
+    g = a.get("groups", 1)
+    n, c = x.shape[:2]
+    o, cg = w.shape[:2]
+    out = None
+    for (r, s), xs in _windows(x, w.shape[2:], a["stride"], a["dilation"], a["padding"], 0.0):
+        # grouped: x (N, G, C/G, OH, OW) . w (G, O/G, C/G) -> (N, G, O/G, OH, OW)
+        term = np.einsum("ngchw,goc->ngohw", xs.reshape(n, g, cg, *xs.shape[2:]),
+                         w[:, :, r, s].reshape(g, o // g, cg))
+        out = term if out is None else out + term
+    out = out.reshape(n, o, *out.shape[3:])
+    return out if b is None else out + b.reshape(1, -1, 1, 1)
+
+
+def dense(node: Node, x, w, b=None):
+    out = x @ w.T
+    return out if b is None else out + b
+
+
+def _channel(v, ndim):
+    return v.reshape((1, -1) + (1,) * (ndim - 2))
+
+
+def batch_norm(node: Node, x, scale, bias, mean, var):
+    inv = scale / np.sqrt(var + node.attrs["epsilon"])
+    return (x - _channel(mean, x.ndim)) * _channel(inv, x.ndim) + _channel(bias, x.ndim)
+
+
+def _pool_padding(node: Node, x) -> tuple:
+    """The padding with ceil mode's extra rows / columns (past the padded input) added at the end."""
+    a = node.attrs
+    if not a.get("ceil_mode", 0):
+        return tuple(a["padding"])
+    eh, ew = pool_ceil_extra(x.shape, a["kernel"], a["stride"], a["padding"], True)
+    t, l, b, r = a["padding"]
+    return (t, l, b + eh, r + ew)
+
+
+def avg_pool(node: Node, x):
+    a = node.attrs
+    padding = _pool_padding(node, x)
+    taps = _windows(x, a["kernel"], a["stride"], (1, 1), padding, 0.0)
+    total = sum(xs for _, xs in taps)
+    if a.get("count_include_pad", 0):  # the window clipped to the padded input (ceil mode's extra is not padding)
+        t, l, b, r = a["padding"]
+        inside = np.ones((1, 1, x.shape[2] + t + b, x.shape[3] + l + r))
+        extra = (0, 0, padding[2] - b, padding[3] - r)
+    else:
+        inside, extra = np.ones((1, 1) + x.shape[2:]), padding
+    count = sum(m for _, m in _windows(inside, a["kernel"], a["stride"], (1, 1), extra, 0.0))
+    return total / count
+
+
+def max_pool(node: Node, x):
+    a = node.attrs
+    taps = _windows(x, a["kernel"], a["stride"], (1, 1), _pool_padding(node, x), -np.inf)
+    return np.max([xs for _, xs in taps], axis=0)
+
+
+def _erf(x):
+    from math import erf
+    return np.vectorize(erf, otypes=[np.float64])(x)
+
+
+def _activation(node: Node, x):
+    return apply_numpy(node.attrs["fn"], x)
+
+
+def _reduce(kind: str):
+    def run(node: Node, x):
+        axes, keep = tuple(node.attrs.get("axes", (2, 3))), bool(node.attrs["keepdims"])
+        if kind == "l2":
+            return np.sqrt((x * x).sum(axis=axes, keepdims=keep))
+        return {"mean": np.mean, "max": np.max, "sum": np.sum}[kind](x, axis=axes, keepdims=keep)
+    return run
+
+
+def _unary(node: Node, x):
+    return unary_reference(node.attrs["fn"], x)
+
+
+def group_norm(node: Node, x, scale, bias):
+    """Statistics per (n, group of C / groups channels) over those channels and every further axis."""
+    g = node.attrs["groups"]
+    xg = x.reshape(x.shape[0], g, -1)
+    mean = xg.mean(axis=2, keepdims=True)
+    var = ((xg - mean) ** 2).mean(axis=2, keepdims=True)
+    y = ((xg - mean) / np.sqrt(var + node.attrs["epsilon"])).reshape(x.shape)
+    return y * _channel(scale, x.ndim) + _channel(bias, x.ndim)
+
+
+def _softmax(node: Node, x):
+    e = np.exp(x - x.max(axis=node.attrs["axis"], keepdims=True))
+    return e / e.sum(axis=node.attrs["axis"], keepdims=True)
+
+
+OPS = {
+    "conv2d": conv2d,
+    "dense": dense,
+    "batch_norm": batch_norm,
+    "relu": lambda node, x: np.maximum(x, 0.0),
+    "clip": lambda node, x: np.clip(x, node.attrs["min"], node.attrs["max"]),
+    "add": lambda node, a, b: a + b,
+    "global_avg_pool": lambda node, x: x.mean(axis=(2, 3), keepdims=True),
+    "avg_pool": avg_pool,
+    "max_pool": max_pool,
+    "flatten": lambda node, x: x.reshape(x.shape[0], -1),
+    "reshape": lambda node, x: x.reshape(node.attrs["shape"]),
+    "concat": lambda node, *xs: np.concatenate(xs, axis=node.attrs["axis"]),
+    "sub": lambda node, a, b: a - b,
+    "mul": lambda node, a, b: a * b,
+    "div": lambda node, a, b: a / b,
+    "prelu": lambda node, x, slope: np.where(x > 0, x, x * slope),
+    "activation": _activation,
+    "erf": lambda node, x: _erf(x),
+    "reduce_mean": _reduce("mean"),
+    "reduce_max": _reduce("max"),
+    "reduce_sum": _reduce("sum"),
+    "reduce_l2": _reduce("l2"),
+    "unary": _unary,
+    "group_norm": group_norm,
+    "global_max_pool": lambda node, x: x.max(axis=(2, 3), keepdims=True),
+    "softmax": _softmax,
+}
+
+ATTRS = {
+    "conv2d": {"stride", "padding", "dilation", "groups"},
+    "dense": set(), "batch_norm": {"epsilon"}, "relu": set(), "clip": {"min", "max"}, "add": set(),
+    "global_avg_pool": set(), "avg_pool": {"kernel", "stride", "padding", "count_include_pad", "ceil_mode"},
+    "max_pool": {"kernel", "stride", "padding", "ceil_mode"}, "flatten": set(), "reshape": {"shape"},
+    "concat": {"axis"}, "sub": set(), "mul": set(), "div": set(), "prelu": set(), "activation": {"fn"},
+    "erf": set(), "reduce_mean": {"axes", "keepdims"}, "reduce_max": {"axes", "keepdims"},
+    "reduce_sum": {"axes", "keepdims"}, "reduce_l2": {"axes", "keepdims"}, "unary": {"fn"},
+    "group_norm": {"groups", "epsilon"}, "global_max_pool": set(),
+    "softmax": {"axis"},
+}
+
+
+def _merge_families() -> None:
+    OPS.update(reference_movement.OPS)
+    ATTRS.update(reference_movement.ATTRS)
+
+
+_merge_families()

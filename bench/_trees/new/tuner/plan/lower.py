@@ -1,0 +1,246 @@
+"""From the optimized NCHW graph to the kernels that will run: one ``Step`` per deployed kernel, over tensors
+stored NCHW4c (4-D activations) or packed by 4 along the last axis (2-D), each with a storage scope.
+
+- ``lower_graph``: every node becomes a template step (conv2d, depthwise_conv2d, dense: tuned) or a glue
+  step (elementwise, pool, concat, relayout); the model's inputs and outputs stay plain row-major buffers
+  with relayout steps at the boundaries.
+- ``plan_storage`` (the texture RFC's CollectStorageInfo): a scope per tensor -- texture only where the
+  device has images (half images for float16), the image fits its limits, and the consumers take it;
+  ``scope="auto"`` decides per tuned layer from the log which scope measured faster.
+- ``choose_templates`` (beside the scope choice): a node that several templates take (a 3x3 stride-1 conv2d:
+  the direct conv2d, Winograd F(2x2) and F(4x4)) runs the one whose best logged record, for the scopes the plan
+  chose, is fastest -- the first (the direct conv2d) when the log has none of them.
+- ``extract_tasks``: the unique (template, workload, scopes, pinned knobs) that will run, weighted by count
+  and FLOPs -- exactly what the model may deploy (every alternative of a node until ``choose_templates``
+  picked one), so tuning measures the kernels that ship.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+from tuner.errors import TunerError
+from tuner.logs.record import scope_knobs
+
+from tuner.graph.graph import Graph
+from tuner.task import TuningTask
+from tuner.plan.types import FIXED, SCOPE_MODES, Plan, Step, Tensor
+from tuner.plan.rules import LowerCtx, rule_for
+from tuner.search_space import image_fits
+from tuner.templates import get_template
+
+
+def _kind(shape) -> str:
+    if len(shape) == 4:
+        return "nchw"
+    if len(shape) == 2:
+        return "rows"
+    raise TunerError(f"tensors of rank {len(shape)} ({list(shape)}) are not supported between kernels; "
+                     f"activations are NCHW (4-D) or N,K (2-D)")
+
+
+def lower_graph(g: Graph, dtype: str = "float32") -> Plan:
+    """The optimized graph (``passes.optimize``) as steps; ``dtype`` is the storage type (float32/float16)."""
+    if dtype not in ("float32", "float16"):
+        raise TunerError(f"storage dtype {dtype!r}: float32 or float16")
+    tensors: dict = {}
+    steps: list = []
+    extra: dict = {}  # params made here (per-channel constants of adds)
+
+    def packed(name: str) -> str:
+        return name if name in g.params else rename.get(name, name)
+
+    rename = {}
+    for x in g.inputs:  # boundary: a plain NCHW (or N,K) host buffer relayouted into the packed form
+        tensors[x] = Tensor(x, tuple(g.shapes[x]), "plain")
+        rename[x] = f"{x}.packed"
+        tensors[rename[x]] = Tensor(rename[x], tuple(g.shapes[x]), _kind(g.shapes[x]))
+        steps.append(Step(f"{x}.pack", "relayout", {"X": x}, rename[x]))
+    out_rename = {y: f"{y}.packed" for y in g.outputs if y not in g.inputs}
+    rename.update(out_rename)
+
+    ctx = LowerCtx(g, dtype, steps, extra, packed)
+    for node in g.nodes:
+        out = out_rename.get(node.outputs[0], node.outputs[0])
+        shape = tuple(g.shapes[node.outputs[0]])
+        tensors[out] = Tensor(out, shape, _kind(shape))
+        ins = [packed(t) for t in node.inputs]
+        rule_for(node.op, node.name)(ctx, node, ins, out, shape)
+        for t in ins:
+            if t not in g.params and t not in tensors:
+                raise TunerError(f"node {node.name!r} reads {t!r}, which no earlier step produces")
+    for y, packed_y in out_rename.items():
+        tensors[y] = Tensor(y, tuple(g.shapes[y]), "plain")
+        steps.append(Step(f"{y}.unpack", "relayout", {"X": packed_y}, y))
+    return Plan(steps, tensors, {**g.params, **extra}, list(g.inputs), list(g.outputs), dtype)
+
+
+
+def _texture_ok(t: Tensor, info, dtype: str) -> bool:
+    return (t.kind != "plain" and bool(info.image_support) and (dtype == "float32" or bool(info.half_images))
+            and image_fits(t.texture_layout, t.shape, info))
+
+
+def uniform_scopes(scope: str) -> dict:
+    return {"input": scope, "weight": scope, "output": scope}
+
+
+def _measured(history, step: Step, info, scope: str):
+    """The log's best all-``scope`` median of the node, over its candidate templates; None when none has one."""
+    found = [r.median_s for c in step.candidates()
+             if (r := history.query(c.op, c.workload, info.fingerprint, uniform_scopes(scope), FIXED[c.op]))
+             is not None]
+    return min(found, default=None)
+
+
+def _decide(step: Step, info, mode: str, history) -> str:
+    """The scope a tuned layer wants for its activations: forced by the mode, else (auto) the faster of the
+    log's best all-texture and all-buffer records (of any of its candidate templates), else the template's
+    own choice for the device."""
+    if mode != "auto":
+        return mode
+    if history is not None:
+        tex, buf = _measured(history, step, info, "texture"), _measured(history, step, info, "buffer")
+        if tex is not None or buf is not None:
+            return "texture" if buf is None or (tex is not None and tex <= buf) else "buffer"
+    return get_template(step.op).fallback(step.workload, info).input_scope
+
+
+def plan_storage(plan: Plan, info, scope: str = "auto", history=None) -> Plan:
+    """A scope per tensor and per tuned step's operands. ``history``: an ApplyHistoryBest for ``auto``.
+
+    ``auto`` with a log prices the whole plan, boundaries included: the per-layer choice (each layer's faster
+    uniform scope, with mixed-scope kernels where neighbours disagree), all-texture and all-buffer are each
+    estimated from the log (``estimate_plan``) and the cheapest is taken, so ``auto`` is never estimated
+    slower than the best uniform plan."""
+    if scope not in SCOPE_MODES:
+        raise TunerError(f"scope {scope!r}: one of {', '.join(SCOPE_MODES)}")
+    per_layer = _plan_storage(plan, info, scope, history)
+    if scope != "auto" or history is None:
+        return per_layer
+    candidates = [per_layer]
+    for uniform in ("texture", "buffer"):
+        try:
+            candidates.append(_plan_storage(plan, info, uniform, history))
+        except TunerError:  # e.g. a layer with no valid all-texture config on this device
+            continue
+    costs = [estimate_plan(c, info, history) for c in candidates]
+    return candidates[min(range(len(candidates)), key=lambda i: (costs[i], i))]
+
+
+def _step_cost(step: Step, info, history) -> float:
+    """The log's best median of the exact deployed task (the fastest of the node's candidate templates); a
+    kernel the log lacks (a mixed-scope boundary kernel nobody tuned) is priced at the slower of its layer's
+    uniform measurements. A layer the log has no record of in either scope is unknown alike in every candidate
+    plan: 0, so that the layers measured decide (with +inf every plan would tie)."""
+    exact = [r.median_s for c in step.candidates()
+             if (r := history.query(c.op, c.workload, info.fingerprint, c.scopes, FIXED[c.op])) is not None]
+    if exact:
+        return min(exact)
+    known = [m for m in (_measured(history, step, info, sc) for sc in ("texture", "buffer")) if m is not None]
+    return max(known) if known else 0.0
+
+
+def estimate_plan(plan: Plan, info, history) -> float:
+    """Seconds of the plan's tuned kernels by the log (``_step_cost`` each); glue kernels are not priced."""
+    return sum(_step_cost(s, info, history) for s in plan.steps if s.tuned)
+
+
+def _plan_storage(plan: Plan, info, scope: str, history) -> Plan:
+    copy = lambda s: dataclasses.replace(s, alternatives=[dataclasses.replace(a) for a in s.alternatives])  # noqa: E731
+    plan = dataclasses.replace(plan, steps=[copy(s) for s in plan.steps],
+                               tensors={k: dataclasses.replace(t) for k, t in plan.tensors.items()})
+    want = {s.name: _decide(s, info, scope, history) for s in plan.steps if s.tuned}
+    readers: dict = {}
+    for s in plan.steps:
+        for t in s.inputs.values():
+            readers.setdefault(t, []).append(s)
+    for s in plan.steps:  # in order, so a glue step's inputs are decided before its output
+        t = plan.tensors[s.output]
+        if t.kind == "plain":
+            continue
+        gated = [r for r in readers.get(s.output, []) if r.inputs.get("S") == s.output]
+        if "Res" in s.inputs:  # the kernel reads the residual in its output's scope and layout
+            choice = plan.tensors[s.inputs["Res"]].scope
+        elif gated:  # a convolution reads its input's gate in the input's scope (decided: it is computed first)
+            choice = plan.tensors[gated[0].inputs["X"]].scope
+        elif s.name in want:
+            choice = want[s.name]
+        else:
+            tuned_readers = [r for r in readers.get(s.output, []) if r.name in want]
+            first_in = next((plan.tensors[x] for x in s.inputs.values() if x in plan.tensors
+                             and plan.tensors[x].kind != "plain"), None)
+            choice = (want[tuned_readers[0].name] if tuned_readers else first_in.scope if first_in is not None
+                      else "buffer" if scope == "buffer" else "texture")
+        t.scope = choice if choice == "buffer" or _texture_ok(t, info, plan.dtype) else "buffer"
+    for s in plan.steps:
+        if not s.tuned:
+            continue
+        io = {role: plan.tensors[s.inputs[key]].scope for role, key in get_template(s.op).scope_inputs.items()}
+        io["output"] = plan.tensors[s.output].scope
+        free = ["texture", "buffer"] if want[s.name] == "texture" else ["buffer"]
+        for w in ([io["weight"]] if "weight" in io else free):  # an activation's scope is its producer's
+            if _has_valid(s, info, {**io, "weight": w}):
+                s.scopes = {"input": io["input"], "weight": w, "output": io["output"]}
+                break
+        else:
+            raise TunerError(f"node {s.name!r} ({s.op} {json.dumps(s.workload.key())}): no valid config on "
+                             f"{info.name} with input {io['input']} and output {io['output']}; try --scope buffer")
+        kept = []  # an alternative takes the step's activation scopes, or is no alternative in this plan
+        for a in s.alternatives:
+            for w in dict.fromkeys([s.scopes["weight"], "buffer"]):
+                if _has_valid(a, info, {**io, "weight": w}):
+                    a.scopes = {"input": io["input"], "weight": w, "output": io["output"]}
+                    kept.append(a)
+                    break
+        s.alternatives = kept
+    return plan
+
+
+def _has_valid(step: Step, info, scopes: dict) -> bool:
+    return get_template(step.op).space(step.workload, info, **FIXED[step.op], **scope_knobs(scopes)).exists()
+
+
+def choose_templates(plan: Plan, history, info, prefer=None) -> Plan:
+    """Per node with alternatives (several templates take it), the one to deploy: the candidate whose best
+    valid logged record on ``info``'s device, for the scopes the plan chose, is fastest; the first (the
+    template ``lower_graph`` asks first: the direct conv2d before Winograd) when the log measured none of them,
+    or there is no log. ``prefer`` overrides the log: ``"first"`` deploys every node's first candidate; a dict
+    {node name: template name} deploys that template where it is one of the node's candidates (the choice
+    ``compiler.fastest_plan`` makes from per-node times measured inside the model). The params only unchosen
+    alternatives read (e.g. Winograd-transformed weights) are dropped, so they are never uploaded. Run it after
+    ``plan_storage``; ``extract_tasks`` after it lists only the chosen kernels."""
+    steps = []
+    for s in plan.steps:
+        chosen = s
+        wanted = s.op if prefer == "first" else (prefer or {}).get(s.name)
+        if s.alternatives and any(c.op == wanted for c in s.candidates()):
+            chosen = next(c for c in s.candidates() if c.op == wanted)
+        elif s.alternatives and history is not None:
+            best = math.inf
+            for c in s.candidates():
+                t = get_template(c.op)
+                rec = history.best_valid(t, c.workload, info, c.scopes, t.model_knobs)
+                if rec is not None and rec.median_s < best:
+                    chosen, best = c, rec.median_s
+        steps.append(dataclasses.replace(chosen, alternatives=[]))
+    used = {x for s in steps for x in s.inputs.values()}
+    dropped = {x for s in plan.steps for a in s.candidates() for x in a.inputs.values()} - used
+    params = {k: v for k, v in plan.params.items() if k not in dropped}
+    return dataclasses.replace(plan, steps=steps, params=params)
+
+
+def extract_tasks(plan: Plan, alternatives: bool = True) -> list:
+    """The unique tuned kernels of a planned model as TuningTasks (their ``count`` in the model carried
+    along, ``weight`` count x FLOPs), heaviest first: every candidate template of a node (the direct conv2d and
+    Winograd of a 3x3 stride-1 conv2d: tuning measures them all, so that ``choose_templates`` can pick), or
+    with ``alternatives=False`` only the step each node runs now."""
+    found: dict = {}
+    for s in plan.steps:
+        if s.tuned:
+            for c in s.candidates() if alternatives else [s]:
+                t = TuningTask(c.op, c.workload, dict(c.scopes), FIXED[c.op])
+                found.setdefault(t.key(), [t, 0])[1] += 1
+    tasks = [dataclasses.replace(t, count=n, weight=None) for t, n in found.values()]
+    return sorted(tasks, key=lambda t: -t.weight)

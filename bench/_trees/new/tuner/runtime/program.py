@@ -1,0 +1,162 @@
+"""Building OpenCL programs, with an in-memory cache and an optional on-disk binary cache.
+
+The cache key is (source, options, device fingerprint). Programs belong to a context, so the
+cache is kept per opened Device: two Devices on the same hardware never share a Program.
+pyopencl's own on-disk binary cache still applies underneath.
+
+``build_program(..., cache_dir=DIR)`` also keeps the built binary (CL_PROGRAM_BINARIES) in
+``DIR/<device fingerprint>/<hash of source and options>.bin`` (an artifact's ``binaries/``), so a later
+process builds from it instead of compiling the source; a binary the driver rejects, or a file that does
+not check out (header, length, hash), is rebuilt from source and rewritten.
+
+pyopencl's CompilerWarning ("Non-empty compiler output encountered") is suppressed around builds: the
+build log of a failed build is in the CompileError.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import warnings
+import weakref
+from collections.abc import Iterable
+from pathlib import Path
+
+import pyopencl as cl
+
+from tuner.errors import CompileError
+from tuner.runtime.device import Device
+
+_CACHE: weakref.WeakKeyDictionary[Device, dict[tuple, cl.Program]] = weakref.WeakKeyDictionary()
+SOURCE_LINES_IN_ERRORS = 30
+
+
+def _options(options: str | Iterable[str]) -> tuple[str, ...]:
+    return tuple(options.split()) if isinstance(options, str) else tuple(str(o) for o in options)
+
+
+def _numbered(source: str, limit: int) -> str:
+    lines = source.splitlines()
+    text = "\n".join(f"{i + 1:4d}| {line}" for i, line in enumerate(lines[:limit]))
+    return text + (f"\n     ... ({len(lines) - limit} more lines)" if len(lines) > limit else "")
+
+
+BINARY_MAGIC = b"tuner-clbin 1\n"
+
+
+def source_hash(source: str, options: str | Iterable[str] = ()) -> str:
+    """The binary cache's key for a program: sha256 of its source and build options."""
+    return hashlib.sha256("\0".join((source, *_options(options))).encode()).hexdigest()[:32]
+
+
+def binary_path(cache_dir, fingerprint: str, source: str, options: str | Iterable[str] = ()) -> Path:
+    return Path(cache_dir) / fingerprint / f"{source_hash(source, options)}.bin"
+
+
+def _read_binary(path: Path, fingerprint: str, key: str) -> bytes | None:
+    """The payload of a cache file, or None when it is missing or does not check out."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    if not data.startswith(BINARY_MAGIC):
+        return None
+    header, sep, payload = data[len(BINARY_MAGIC):].partition(b"\n")
+    try:
+        h = json.loads(header)
+    except ValueError:
+        return None
+    ok = (sep and isinstance(h, dict) and h.get("fingerprint") == fingerprint and h.get("source") == key
+          and h.get("length") == len(payload) and h.get("sha256") == hashlib.sha256(payload).hexdigest())
+    return payload if ok else None
+
+
+def _write_binary(path: Path, fingerprint: str, key: str, payload: bytes) -> bool:
+    header = json.dumps({"fingerprint": fingerprint, "source": key, "length": len(payload),
+                         "sha256": hashlib.sha256(payload).hexdigest()}).encode()
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(BINARY_MAGIC + header + b"\n" + payload)
+        os.replace(tmp, path)  # atomic: a concurrent reader sees the old file or the new one
+        return True
+    except OSError:  # a read-only artifact: run without the cache
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        return False
+
+
+def _save_binary(program: cl.Program, path: Path, fingerprint: str) -> None:
+    try:
+        payload = program.binaries[0]
+    except cl.Error:  # a driver that does not hand out binaries: no cache, every start builds
+        return
+    if payload:
+        _write_binary(path, fingerprint, path.stem, payload)
+
+
+def _from_binary(device: Device, payload: bytes, opts: tuple) -> cl.Program | None:
+    try:
+        program = cl.Program(device.context, [device.cl_device], [payload])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", cl.CompilerWarning)
+            program.build(options=list(opts), devices=[device.cl_device])
+        return program
+    except cl.Error:  # rejected (another driver build, a corrupt file): build from source instead
+        return None
+
+
+def build_program(device: Device, source: str, options: str | Iterable[str] = (), cache_dir=None,
+                  stats: dict | None = None) -> cl.Program:
+    """Build `source` for `device` (or return the cached build). Build failures raise CompileError.
+
+    ``cache_dir``: keep and reuse the program binary there (see the module docstring). ``stats``: counts
+    ``binary`` (built from a cached binary), ``source`` (compiled) and ``memory`` (in-memory hits)."""
+    opts = _options(options)
+    key = (source, opts, device.fingerprint)
+    per_device = _CACHE.setdefault(device, {})
+    count = (lambda k: stats.__setitem__(k, stats.get(k, 0) + 1)) if stats is not None else (lambda k: None)
+    path = binary_path(cache_dir, device.fingerprint, source, opts) if cache_dir is not None else None
+    if key in per_device:
+        count("memory")
+        if path is not None and not path.exists():
+            _save_binary(per_device[key], path, device.fingerprint)
+        return per_device[key]
+    if path is not None:
+        payload = _read_binary(path, device.fingerprint, path.stem)
+        program = _from_binary(device, payload, opts) if payload is not None else None
+        if program is not None:
+            count("binary")
+            per_device[key] = program
+            return program
+    program = cl.Program(device.context, source)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", cl.CompilerWarning)
+            program.build(options=list(opts), devices=[device.cl_device])
+    except cl.Error as e:
+        try:
+            log = program.get_build_info(device.cl_device, cl.program_build_info.LOG).strip()
+        except cl.Error:
+            log = ""
+        log = log or str(e)  # pyopencl's message embeds the log when it could not be queried
+        raise CompileError(
+            f"OpenCL build failed on {device.info.label} ({device.info.name}), options {list(opts)}:\n"
+            f"{log}\n--- source ---\n{_numbered(source, SOURCE_LINES_IN_ERRORS)}",
+            log=log, source=source, options=opts) from None
+    count("source")
+    if path is not None:
+        _save_binary(program, path, device.fingerprint)
+    per_device[key] = program
+    return program
+
+
+def clear_program_cache(device: Device | None = None) -> None:
+    """Forget cached programs for `device`, or for all devices."""
+    if device is None:
+        _CACHE.clear()
+    else:
+        _CACHE.pop(device, None)

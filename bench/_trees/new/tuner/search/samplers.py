@@ -1,0 +1,320 @@
+"""Optuna samplers over a constrained search space.
+
+``XGBSampler`` (AutoTVM's XGBoost tuner as an Optuna sampler): a gradient-boosted ranking model
+(``rank:pairwise``, one query group per workload) on config features predicts which unseen configs are
+fastest. It transfers by default: successful records of the template's other workloads on this device join
+the training set as their own groups, and records of other devices as groups of lower weight (a weaker
+prior), so with enough of them the model ranks from the first trial and the random warm-up is skipped.
+Candidates are random valid configs, random mutations of the best measured ones and every single-knob
+neighbour of the best three; the share of random exploration (``epsilon``) decays as the run goes on, so a
+run ends in local search around its best configs. One fit ranks the candidates for a whole batch: the
+proposals of one batch (``n_parallel`` builders) are the best distinct configs of that ranking.
+``ConstrainedRandomSampler`` is uniform random search over the valid configs, ``ConstrainedTPESampler`` Optuna's
+TPE restricted to them. None proposes a config the study has already measured or is measuring."""
+from __future__ import annotations
+
+import numpy as np
+import optuna
+from optuna.distributions import CategoricalDistribution
+from optuna.samplers import BaseSampler
+from optuna.trial import TrialState
+
+from tuner.logs.best import SIBLING_WEIGHT
+from tuner.search.features import features
+from tuner.search.shared import measured_error
+
+
+def _key(values: dict, names) -> tuple:
+    return tuple(values[n] for n in names)
+
+
+class _SpaceSampler(BaseSampler):
+    """Shared plumbing: the bound space's knobs as categorical distributions, and the seen configs."""
+
+    def __init__(self, space, seed: int | None = None, seen: set | None = None):
+        self.space = space
+        self.names = list(space.choices)
+        self.rng = np.random.default_rng(seed)
+        self.extra_seen = set(seen or ())  # configs measured outside the study (e.g. found in the log)
+
+    def reseed_rng(self) -> None:
+        self.rng = np.random.default_rng()
+
+    def infer_relative_search_space(self, study, trial):
+        return {n: CategoricalDistribution(c) for n, c in self.space.choices.items()}
+
+    def sample_independent(self, study, trial, param_name, param_distribution):
+        return param_distribution.choices[int(self.rng.integers(len(param_distribution.choices)))]
+
+    def seen(self, study) -> set:
+        """Configs measured (failures included: FAIL trials with their error), being measured or waiting."""
+        out = set(self.extra_seen)
+        for t in study.get_trials(deepcopy=False):
+            if (t.state in (TrialState.RUNNING, TrialState.WAITING) or measured_error(t)) and \
+                    all(n in t.params for n in self.names):
+                out.add(_key(t.params, self.names))
+        return out
+
+    def random_unseen(self, seen: set, tries: int = 200) -> dict | None:
+        for _ in range(tries):
+            values = self.space.sample(self.rng)
+            if _key(values, self.names) not in seen:
+                return values
+        return None
+
+
+class ConstrainedRandomSampler(_SpaceSampler):
+    """Uniform-ish random search over valid, not yet measured configs."""
+
+    def sample_relative(self, study, trial, search_space):
+        if not search_space:
+            return {}
+        return self.random_unseen(self.seen(study)) or {}
+
+
+class XGBSampler(_SpaceSampler):
+    def __init__(self, space, template: str, vars: dict, seed: int | None = None, n_warmup: int = 8,
+                 epsilon: float = 0.1, n_random: int = 256, n_mutants: int = 256, transfer: list | None = None,
+                 seen: set | None = None, decay: int = 32, other_device_weight: float = 0.25,
+                 device_weights: dict | None = None):
+        """``template``: a Template or its name; ``transfer``: ``(vars, values, score)`` of other workloads'
+        successful records (``(vars, values, score, device)`` for another device's: weighted
+        ``other_device_weight``, or ``device_weights[device]``: a named sibling's), ``score`` their GFLOP/s
+        (normalized per group here). ``epsilon`` decays to a fifth of itself over ``decay`` measured trials."""
+        super().__init__(space, seed, seen)
+        if isinstance(template, str):
+            from tuner.templates import get_template
+            template = get_template(template)
+        self.template, self.vars = template, vars
+        self.n_warmup, self.epsilon, self.n_random, self.n_mutants = n_warmup, epsilon, n_random, n_mutants
+        self.decay, self.other_device_weight = decay, other_device_weight
+        self.device_weights = dict(device_weights or {})
+        self.transfer = self._transfer_rows(transfer or [])
+        self.columns: list | None = None
+        self.model_fits = 0
+        self._ranking: tuple | None = None  # (what the fit saw, candidates best first): one fit per batch
+
+    def _features(self, vars: dict, values: dict) -> dict:
+        return features(self.template, self.space.space, vars, values)
+
+    def _transfer_rows(self, transfer: list) -> list:
+        groups: dict = {}
+        for item in transfer:
+            vars, values, score, device = (*item, None) if len(item) == 3 else item
+            key = (device, tuple(sorted((k, str(v)) for k, v in vars.items())))
+            groups.setdefault(key, []).append((vars, values, score))
+        rows = []
+        for gid, ((device, _), items) in enumerate(groups.items(), start=1):
+            best = max(s for _, _, s in items) or 1.0
+            weight = 1.0 if device is None else self.device_weights.get(device, self.other_device_weight)
+            try:
+                rows += [(gid, self._features(v, values), s / best, weight) for v, values, s in items]
+            except (KeyError, TypeError, ZeroDivisionError):
+                continue  # a record from another version of the space: not comparable
+        return rows
+
+    def _matrix(self, feats: list) -> np.ndarray:
+        if self.columns is None:
+            self.columns = sorted(feats[0])
+        return np.array([[f.get(c, 0.0) for c in self.columns] for f in feats], dtype=np.float32)
+
+    def _fit(self, own: list):
+        import xgboost as xgb
+        best = max((s for _, s in own), default=0.0) or 1.0
+        rows = self.transfer + [(0, self._features(self.vars, v), s / best, 1.0) for v, s in own]
+        rows.sort(key=lambda r: r[0])
+        y = np.array([r[2] for r in rows], dtype=np.float32)
+        if len(rows) < 2 or float(y.max()) == float(y.min()):
+            return None
+        qid = np.array([r[0] for r in rows])
+        weights = np.array([w for g, w in dict((r[0], r[3]) for r in rows).items()], dtype=np.float32)
+        data = xgb.DMatrix(self._matrix([r[1] for r in rows]), label=y, qid=qid, weight=weights)
+        params = {"objective": "rank:pairwise", "max_depth": 6, "eta": 0.2, "subsample": 0.9,
+                  "tree_method": "hist", "seed": int(self.rng.integers(2**31)), "nthread": 1}
+        booster = xgb.train(params, data, num_boost_round=80)
+        self.model_fits += 1
+        return lambda X: booster.predict(xgb.DMatrix(X))
+
+    def neighbours(self, values: dict) -> list:
+        """The valid configs that differ from ``values`` in one knob."""
+        out = []
+        for name, choices in self.space.choices.items():
+            for c in choices:
+                if c != values[name]:
+                    v = {**values, name: c}
+                    if not self.space.violations(v):
+                        out.append(v)
+        return out
+
+    def _candidates(self, own: list, seen: set) -> list:
+        pool: dict = {}
+        for _ in range(self.n_random):
+            values = self.space.sample(self.rng)
+            pool.setdefault(_key(values, self.names), values)
+        explored = [n for n in self.names if len(self.space.choices[n]) > 1]
+        ranked = [v for v, _ in sorted(own, key=lambda r: -r[1])]
+        top = ranked[:8]
+        for i in range(self.n_mutants if top and explored else 0):
+            values = dict(top[i % len(top)])
+            for name in self.rng.choice(explored, size=min(len(explored), 1 + int(self.rng.integers(2))),
+                                        replace=False):
+                choices = self.space.choices[name]
+                values[name] = choices[int(self.rng.integers(len(choices)))]
+            k = _key(values, self.names)
+            if k not in pool and not self.space.violations(values):
+                pool[k] = values
+        for best in ranked[:3]:  # local search: every single-knob neighbour of the best three
+            for values in self.neighbours(best):
+                pool.setdefault(_key(values, self.names), values)
+        return [v for k, v in pool.items() if k not in seen]
+
+    def sample_relative(self, study, trial, search_space):
+        if not search_space:
+            return {}
+        seen = self.seen(study)
+        own = [(dict(t.params), float(t.value) if t.state == TrialState.COMPLETE else 0.0)  # failures teach as 0
+               for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
+               if (t.value is not None or measured_error(t)) and all(n in t.params for n in self.names)]
+        warmup = self.n_warmup if len(self.transfer) < 20 else 0  # the prior ranks from the first trial
+        epsilon = self.epsilon * max(0.2, 1.0 - len(own) / self.decay)
+        if len(own) < warmup or self.rng.random() < epsilon:
+            return self.random_unseen(seen) or {}
+        fitted_on = len(own)
+        if self._ranking is None or self._ranking[0] != fitted_on:  # new measurements since the last fit
+            model = self._fit(own)
+            cands = self._candidates(own, seen) if model is not None else []
+            if not cands:
+                return self.random_unseen(seen) or {}
+            scores = model(self._matrix([self._features(self.vars, c) for c in cands]))
+            self._ranking = (fitted_on, [cands[i] for i in np.argsort(-scores, kind="stable")])
+        for values in self._ranking[1]:  # the best of the ranking not yet proposed (by this batch or others)
+            if _key(values, self.names) not in seen:
+                return values
+        return self.random_unseen(seen) or {}
+
+
+class ConstrainedTPESampler(optuna.samplers.TPESampler):
+    """Optuna's multivariate TPE over the valid configs only: its first ``n_startup_trials`` are random valid
+    configs, and a TPE proposal that breaks a constraint (or was measured) is drawn again, up to ``retries``
+    times, then replaced by a random valid config. Plain TPE learns nothing from configs a space rejects
+    (they are FAIL trials, which it ignores), so on a constrained space it can spend most of its proposals
+    on them."""
+
+    def __init__(self, space, seed: int | None = None, seen: set | None = None, n_startup_trials: int = 8,
+                 retries: int = 32):
+        super().__init__(seed=seed, n_startup_trials=n_startup_trials, multivariate=True)
+        self.valid, self.startup, self.retries = ConstrainedRandomSampler(space, seed, seen), n_startup_trials, retries
+
+    def infer_relative_search_space(self, study, trial):
+        return self.valid.infer_relative_search_space(study, trial)
+
+    def sample_relative(self, study, trial, search_space):
+        if not search_space:
+            return {}
+        v = self.valid
+        seen = v.seen(study)
+        if len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))) >= self.startup:
+            for _ in range(self.retries):
+                params = super().sample_relative(study, trial, search_space)
+                if set(params) == set(v.names) and _key(params, v.names) not in seen and \
+                        not v.space.violations(params):
+                    return params
+        return v.random_unseen(seen) or {}
+
+    def sample_independent(self, study, trial, param_name, param_distribution):
+        return self.valid.sample_independent(study, trial, param_name, param_distribution)
+
+
+def make_sampler(name: str, space, template, vars: dict, seed: int | None = None, transfer=None,
+                 seen: set | None = None, device_weights: dict | None = None) -> BaseSampler:
+    if name == "xgb":
+        return XGBSampler(space, template, vars, seed=seed, transfer=transfer, seen=seen,
+                          device_weights=device_weights)
+    if name == "random":
+        return ConstrainedRandomSampler(space, seed=seed, seen=seen)
+    if name == "tpe":
+        return ConstrainedTPESampler(space, seed=seed, seen=seen)
+    from tuner.errors import TunerError
+    raise TunerError(f"unknown sampler {name!r}: xgb, tpe or random")
+
+
+class CostModel:
+    """The XGBoost ranking model of a template's configs, trained on logged records (``rank:pairwise``, one
+    query group per device, workload and scopes; each group's GFLOP/s normalized to its best), for picking a
+    config for a workload nobody tuned (``ApplyHistoryBest.suggest``). Features are the sampler's
+    (``tuner.search.features``): knobs, what they imply, and the workload's sizes, so the model predicts for
+    a workload it has not seen."""
+
+    MIN_RECORDS = 16  # successful records, in groups of at least two different scores, to train at all
+    SIBLING_WEIGHT = SIBLING_WEIGHT  # a named sibling device's records, beside this device's (weight 1)
+    GROUP_CAP = 48  # records per group used (its best first): bounds the fit on a log of thousands
+    ROUNDS = 40
+
+    def __init__(self, booster, columns: list, space, defaults: dict):
+        self.booster, self.columns, self.space, self.defaults = booster, columns, space, defaults
+        self._vars: dict = {}
+
+    @staticmethod
+    def _values(defaults: dict, config: dict, dtype) -> dict:
+        return {**defaults, "dtype": dtype, **config}
+
+    @classmethod
+    def fit(cls, template, weighted: list) -> "CostModel | None":
+        """A model of ``template`` trained on ``[(Record, weight)]`` (successful records), or None when they
+        are too few (``MIN_RECORDS``) or teach no order (every group's scores equal)."""
+        import dataclasses
+
+        from tuner.logs.record import canonical_json
+        groups: dict = {}
+        for r, w in weighted:
+            if r.ok and r.gflops:
+                groups.setdefault((r.device, canonical_json(r.workload), canonical_json(r.scopes)), []).append((r, w))
+        groups = {k: sorted(v, key=lambda x: -x[0].gflops)[:cls.GROUP_CAP] for k, v in groups.items()
+                  if len(v) >= 2 and len({x[0].gflops for x in v}) > 1}
+        if sum(len(v) for v in groups.values()) < cls.MIN_RECORDS:
+            return None
+        space = template.space()
+        defaults = {f.name: f.default for f in dataclasses.fields(template.config)
+                    if f.default is not dataclasses.MISSING}
+        rows, qid, y, weights = [], [], [], []
+        for gid, items in enumerate(groups.values()):
+            try:
+                vars = template.space_vars(_workload_of(template, items[0][0].workload))
+                feats = [features(template, space, vars, cls._values(defaults, r.config, r.workload.get("dtype")))
+                         for r, _ in items]
+            except (KeyError, TypeError, ValueError, ZeroDivisionError):
+                continue  # a record of another version of the space: not comparable
+            best = items[0][0].gflops
+            rows += feats
+            qid += [gid] * len(items)
+            y += [r.gflops / best for r, _ in items]
+            weights.append(items[0][1])
+        if len(rows) < cls.MIN_RECORDS:
+            return None
+        import xgboost as xgb
+        columns = sorted(rows[0])
+        X = np.array([[f.get(c, 0.0) for c in columns] for f in rows], dtype=np.float32)
+        data = xgb.DMatrix(X, label=np.array(y, dtype=np.float32), qid=np.array(qid),
+                           weight=np.array(weights, dtype=np.float32))
+        params = {"objective": "rank:pairwise", "max_depth": 6, "eta": 0.2, "subsample": 0.9, "tree_method": "hist",
+                  "seed": 0, "nthread": 1}  # threads only contend here (OpenMP spins on a busy host)
+        return cls(xgb.train(params, data, num_boost_round=cls.ROUNDS), columns, space, defaults)
+
+    def predict(self, template, workload, configs: list) -> np.ndarray:
+        """Scores of ``configs`` (knob dicts) for ``workload`` (a template workload): higher is faster."""
+        vars = template.space_vars(workload)
+        feats = []
+        for c in configs:
+            try:
+                feats.append(features(template, self.space, vars, self._values(self.defaults, c, workload.dtype
+                                                                               if hasattr(workload, "dtype") else None)))
+            except (KeyError, TypeError, ValueError, ZeroDivisionError):
+                feats.append(None)
+        X = np.array([[f.get(k, 0.0) for k in self.columns] if f is not None else [0.0] * len(self.columns)
+                      for f in feats], dtype=np.float32)
+        scores = self.booster.inplace_predict(X) if len(X) else np.zeros(0, np.float32)
+        return np.where([f is None for f in feats], -np.inf, scores)
+
+
+def _workload_of(template, key: dict):
+    return template.workload(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in key.items() if k != "op"})

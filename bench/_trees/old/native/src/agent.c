@@ -1,0 +1,581 @@
+/* tuner-agent: the device side of docs/agent-protocol.md.
+ *
+ *   tuner-agent --stdio [--work-dir DIR]                     frames on stdin/stdout, the log on stderr
+ *   tuner-agent --listen HOST:PORT [--token T] [--once] [--work-dir DIR]   TCP, one connection at a time
+ *                                                           (--once: exit when the first connection ends)
+ *   tuner-agent --version
+ *
+ * This file is the supervisor: it never loads OpenCL. It reads each frame, checks its header, answers PING and
+ * BYE and checks HELLO's token itself, and forwards everything else to the executor child (executor.c) over a
+ * socketpair, waiting at most the frame's deadline for the reply. A child that does not answer in time is
+ * killed (TIMEOUT); one that dies is reported with its signal (CRASHED). The next request forks a new child,
+ * which first re-opens the device the host had opened. */
+#define _GNU_SOURCE
+#include "agent.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#if defined(__linux__)
+#include <sys/prctl.h>
+#endif
+
+#include "common.h"
+#include "proto.h"
+
+static char work_dir[4096];
+static const char *token; /* NULL: none required */
+
+const char *tnr_agent_work_dir(void) { return work_dir; }
+
+void tnr_agent_log(const char *fmt, ...) {
+    char line[TNR_ERRLEN + 64];
+    int n;
+    va_list ap;
+    n = snprintf(line, sizeof line, "tuner-agent[%ld]: ", (long)getpid());
+    va_start(ap, fmt);
+    vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+    va_end(ap);
+    strcat(line, "\n");
+    if (write(2, line, strlen(line)) < 0) { /* nothing to do: the log is best effort */
+    }
+}
+
+static long long now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+static const char *signal_name(int sig) {
+    switch (sig) {
+    case SIGSEGV: return "SIGSEGV";
+    case SIGBUS: return "SIGBUS";
+    case SIGILL: return "SIGILL";
+    case SIGFPE: return "SIGFPE";
+    case SIGABRT: return "SIGABRT";
+    case SIGKILL: return "SIGKILL";
+    case SIGTERM: return "SIGTERM";
+    case SIGPIPE: return "SIGPIPE";
+    case SIGTRAP: return "SIGTRAP";
+    case SIGSYS: return "SIGSYS";
+    default: return "a signal";
+    }
+}
+
+/* ---- the executor child ---- */
+
+static struct {
+    pid_t pid;
+    int fd;
+} child = {-1, -1};
+
+/* The body of the last OPEN that succeeded on this connection: a new child replays it. */
+static unsigned char open_body[4];
+static int opened;
+
+/* Executors killed but not yet reaped (one stuck in the driver may take a while to go): reaped later. */
+static pid_t unreaped[64];
+
+static void reap_later(pid_t pid) {
+    size_t i;
+    for (i = 0; i < sizeof unreaped / sizeof unreaped[0]; i++)
+        if (unreaped[i] <= 0) {
+            unreaped[i] = pid;
+            return;
+        }
+    tnr_agent_log("executor %ld could not be reaped", (long)pid);
+}
+
+static void reap_pending(void) {
+    size_t i;
+    int st;
+    for (i = 0; i < sizeof unreaped / sizeof unreaped[0]; i++)
+        if (unreaped[i] > 0 && waitpid(unreaped[i], &st, WNOHANG) != 0) unreaped[i] = 0;
+}
+
+/* Waits up to ms for pid; 1 with *st when it was reaped, 0 when it still runs. Never blocks longer. */
+static int wait_for(pid_t pid, int *st, long long ms) {
+    long long until = now_ms() + ms;
+    pid_t w;
+    while ((w = waitpid(pid, st, WNOHANG)) == 0 && now_ms() < until) usleep(2000);
+    return w != 0;
+}
+
+static void reap(int force) {
+    int st;
+    if (child.fd >= 0) close(child.fd); /* the executor sees the end of its stream and exits */
+    child.fd = -1;
+    if (child.pid <= 0) return;
+    if (force) kill(child.pid, SIGKILL);
+    if (!wait_for(child.pid, &st, 2000)) {
+        kill(child.pid, SIGKILL);
+        if (!wait_for(child.pid, &st, 1000)) reap_later(child.pid); /* stuck in the kernel: the supervisor goes on */
+    }
+    child.pid = -1;
+}
+
+static int spawn(int host_in, int host_out, int listen_fd, char *msg) {
+    int sv[2];
+    pid_t parent = getpid(), pid;
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+        return snprintf(msg, TNR_ERRLEN, "socketpair: %s", strerror(errno)), -1;
+    pid = fork();
+    if (pid < 0) {
+        close(sv[0]);
+        close(sv[1]);
+        return snprintf(msg, TNR_ERRLEN, "fork: %s", strerror(errno)), -1;
+    }
+    if (pid == 0) {
+        int nul;
+        close(sv[0]);
+#if defined(__linux__)
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* a supervisor killed with -9 takes its executor along */
+#endif
+        if (getppid() != parent) _exit(0);
+        /* the host's link is the supervisor's alone; a driver that prints goes to the log, not into frames */
+        nul = open("/dev/null", O_RDONLY);
+        if (nul >= 0) {
+            dup2(nul, 0);
+            if (nul > 2) close(nul);
+        }
+        dup2(2, 1);
+        if (host_in > 2) close(host_in);
+        if (host_out > 2 && host_out != host_in) close(host_out);
+        if (listen_fd > 2) close(listen_fd);
+        signal(SIGPIPE, SIG_IGN);
+        tnr_agent_executor(sv[1]);
+        close(sv[1]);
+        exit(0);
+    }
+    close(sv[1]);
+    child.pid = pid;
+    child.fd = sv[0];
+    return 0;
+}
+
+/* Reads n bytes from fd before deadline (ms since the monotonic epoch; 0 none), watching host for its end.
+ * 0 done, 1 the stream ended, 2 the deadline passed, 3 the host's link ended, -1 error. */
+static int read_until(int fd, void *buf, size_t n, long long deadline, int host) {
+    size_t got = 0;
+    while (got < n) {
+        struct pollfd p[2];
+        int np = 1, timeout = -1, rc;
+        ssize_t r;
+        p[0].fd = fd;
+        p[0].events = POLLIN;
+        p[0].revents = 0;
+        if (host >= 0) {
+            p[1].fd = host;
+            p[1].events = POLLRDHUP;
+            p[1].revents = 0;
+            np = 2;
+        }
+        if (deadline) {
+            long long left = deadline - now_ms();
+            if (left <= 0) return 2;
+            timeout = left > 1000000000LL ? 1000000000 : (int)left;
+        }
+        rc = poll(p, (nfds_t)np, timeout);
+        if (rc < 0 && errno == EINTR) continue;
+        if (rc < 0) return -1;
+        if (rc == 0) return 2;
+        if (np == 2 && (p[1].revents & (POLLHUP | POLLERR | POLLRDHUP)) && !(p[0].revents & POLLIN)) return 3;
+        if (!(p[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        r = read(fd, (char *)buf + got, n - got);
+        if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+        if (r < 0) return -1;
+        if (r == 0) return 1;
+        got += (size_t)r;
+    }
+    return 0;
+}
+
+/* Why the child is gone, after its stream ended: "signal 11 (SIGSEGV)" or "exit status 3". */
+static void death(char *out, size_t len) {
+    int st = 0;
+    pid_t pid = child.pid;
+    if (!wait_for(pid, &st, 2000)) {
+        kill(pid, SIGKILL);
+        if (!wait_for(pid, &st, 1000)) reap_later(pid);
+        snprintf(out, len, "it closed its stream and was killed");
+    } else if (WIFSIGNALED(st)) {
+        snprintf(out, len, "signal %d (%s)", WTERMSIG(st), signal_name(WTERMSIG(st)));
+    } else {
+        snprintf(out, len, "exit status %d", WEXITSTATUS(st));
+    }
+    if (child.fd >= 0) close(child.fd);
+    child.fd = -1;
+    child.pid = -1;
+}
+
+/* Forwards one frame to the child and reads its reply. 0 with *rh and *rbody (malloc'd); else a status
+ * (TIMEOUT, CRASHED, RUNTIME) with msg; -3 when the host's link ended meanwhile. */
+static int relay(unsigned type, uint32_t rid, uint32_t deadline_ms, const unsigned char *body, size_t len,
+                 int host, tpr_header *rh, unsigned char **rbody, char *msg) {
+    unsigned char head[TPR_HEADER];
+    long long deadline = deadline_ms ? now_ms() + deadline_ms : 0;
+    char why[128];
+    pid_t pid = child.pid;
+    int rc;
+    *rbody = NULL;
+    if (tpr_send(child.fd, type, rid, deadline_ms, body, len) != 0) {
+        death(why, sizeof why);
+        snprintf(msg, TNR_ERRLEN, "the executor (pid %ld) died before %s: %s; every handle is gone", (long)pid,
+                 tpr_type_name(type), why);
+        return TPR_CRASHED;
+    }
+    rc = read_until(child.fd, head, TPR_HEADER, deadline, host);
+    if (rc == 0) {
+        const char *bad;
+        tpr_unpack_header(head, rh);
+        bad = tpr_header_problem(rh);
+        if (bad || rh->rid != rid || rh->type != type) {
+            reap(1);
+            snprintf(msg, TNR_ERRLEN, "the executor replied with a broken frame (%s); it was killed, every handle is gone",
+                     bad ? bad : "another request's id or type");
+            return TPR_CRASHED;
+        }
+        *rbody = malloc(rh->len ? (size_t)rh->len : 1);
+        if (!*rbody) {
+            reap(1);
+            snprintf(msg, TNR_ERRLEN, "out of memory for a reply of %llu bytes; the executor was killed",
+                     (unsigned long long)rh->len);
+            return TPR_RUNTIME;
+        }
+        rc = read_until(child.fd, *rbody, (size_t)rh->len, deadline, host);
+        if (rc == 0) return 0;
+        free(*rbody);
+        *rbody = NULL;
+    }
+    if (rc == 2) {
+        reap(1);
+        snprintf(msg, TNR_ERRLEN, "%s did not finish within %u ms: the executor (pid %ld) was killed; every handle is gone",
+                 tpr_type_name(type), deadline_ms, (long)pid);
+        tnr_agent_log("%s", msg);
+        return TPR_TIMEOUT;
+    }
+    if (rc == 3) {
+        reap(1);
+        return -3;
+    }
+    death(why, sizeof why);
+    snprintf(msg, TNR_ERRLEN, "the executor (pid %ld) died during %s: %s; every handle is gone", (long)pid,
+             tpr_type_name(type), why);
+    tnr_agent_log("%s", msg);
+    return TPR_CRASHED;
+}
+
+/* A running child that has the device open, or a status and msg. */
+static int ensure_child(unsigned type, int host_in, int host_out, int listen_fd, int host, char *msg) {
+    tpr_header rh;
+    unsigned char *rbody = NULL;
+    int rc;
+    if (child.pid > 0) return TPR_OK;
+    if (spawn(host_in, host_out, listen_fd, msg) != 0) return TPR_RUNTIME;
+    if (!opened || type == TPR_OPEN || type == TPR_HELLO) return TPR_OK;
+    rc = relay(TPR_OPEN, 0, 120000, open_body, sizeof open_body, host, &rh, &rbody, msg);
+    if (rc == 0 && rh.word != TPR_OK) {
+        tpr_reader r;
+        char *m;
+        tpr_reader_init(&r, rbody, (size_t)rh.len);
+        m = tpr_str(&r, NULL);
+        snprintf(msg, TNR_ERRLEN, "the restarted executor cannot open the device again: %s", m ? m : "");
+        free(m);
+        rc = (int)rh.word;
+    } else if (rc > 0) {
+        char tmp[TNR_ERRLEN];
+        snprintf(tmp, sizeof tmp, "%s", msg);
+        snprintf(msg, TNR_ERRLEN, "re-opening the device in a new executor: %s", tmp);
+    }
+    free(rbody);
+    return rc;
+}
+
+static int token_ok(const char *got) {
+    size_t a = strlen(got), b = strlen(token), i;
+    unsigned diff = a != b;
+    for (i = 0; i < a && i < b; i++) diff |= (unsigned)(got[i] ^ token[i]);
+    return diff == 0;
+}
+
+/* Serves one connection until BYE or its end. */
+static void serve(int in, int out, int listen_fd) {
+    int authed = token == NULL;
+    opened = 0;
+    for (;;) {
+        unsigned char head[TPR_HEADER], *body = NULL, *rbody = NULL;
+        tpr_header h, rh;
+        const char *bad;
+        char msg[TNR_ERRLEN];
+        int rc;
+        reap_pending();
+        rc = tpr_read_full(in, head, TPR_HEADER);
+        if (rc == 1) break;
+        if (rc != 0) {
+            tnr_agent_log("the link ended inside a frame header");
+            break;
+        }
+        tpr_unpack_header(head, &h);
+        if ((bad = tpr_header_problem(&h)) != NULL) {
+            tnr_agent_log("refused a frame: %s; closing the link", bad);
+            tpr_send_error(out, h.type, h.rid, TPR_BAD_REQUEST, bad);
+            break;
+        }
+        body = malloc(h.len ? (size_t)h.len : 1);
+        if (!body) {
+            snprintf(msg, sizeof msg, "out of memory for a body of %llu bytes; closing the link", (unsigned long long)h.len);
+            tnr_agent_log("%s", msg);
+            tpr_send_error(out, h.type, h.rid, TPR_RUNTIME, msg);
+            break;
+        }
+        if (tpr_read_full(in, body, (size_t)h.len) != 0) {
+            tnr_agent_log("the link ended inside the body of %s (%llu bytes announced)", tpr_type_name(h.type),
+                          (unsigned long long)h.len);
+            free(body);
+            break;
+        }
+        if (h.type < 1 || h.type > TPR_LAST) {
+            snprintf(msg, sizeof msg, "unknown message type %u", h.type);
+            rc = tpr_send_error(out, h.type, h.rid, TPR_BAD_REQUEST, msg);
+            free(body);
+            if (rc) break;
+            continue;
+        }
+        if (!authed && h.type != TPR_HELLO) {
+            tpr_send_error(out, h.type, h.rid, TPR_AUTH, "this agent requires a token: send HELLO with it first");
+            free(body);
+            break;
+        }
+        if (h.type == TPR_HELLO || h.type == TPR_PING || h.type == TPR_BYE || h.type == TPR_OPEN) {
+            tpr_reader r;
+            char *tok = NULL;
+            tpr_reader_init(&r, body, (size_t)h.len);
+            if (h.type == TPR_HELLO) tok = tpr_str(&r, NULL);
+            if (h.type == TPR_OPEN) tpr_u32(&r);
+            if (!tpr_end(&r)) {
+                snprintf(msg, sizeof msg, "%s body: %s", tpr_type_name(h.type), r.why);
+                free(tok);
+                free(body);
+                if (tpr_send_error(out, h.type, h.rid, TPR_BAD_REQUEST, msg)) break;
+                continue;
+            }
+            if (h.type == TPR_HELLO && token) {
+                int ok = token_ok(tok);
+                free(tok);
+                if (!ok) {
+                    tnr_agent_log("HELLO with a wrong token: closing the link");
+                    tpr_send_error(out, h.type, h.rid, TPR_AUTH, "wrong token: the agent closes the link");
+                    free(body);
+                    break;
+                }
+                authed = 1;
+            } else {
+                free(tok);
+            }
+            if (h.type == TPR_PING || h.type == TPR_BYE) {
+                free(body);
+                if (tpr_send(out, h.type, h.rid, TPR_OK, NULL, 0) || h.type == TPR_BYE) break;
+                continue;
+            }
+        }
+        rc = ensure_child(h.type, in, out, listen_fd, in, msg);
+        if (rc == TPR_OK) rc = relay(h.type, h.rid, h.word, body, (size_t)h.len, in, &rh, &rbody, msg);
+        if (rc == -3) {
+            tnr_agent_log("the link ended while the executor worked on %s", tpr_type_name(h.type));
+            free(body);
+            break;
+        }
+        if (rc == 0) {
+            if (h.type == TPR_OPEN && rh.word == TPR_OK) {
+                memcpy(open_body, body, sizeof open_body);
+                opened = 1;
+            }
+            rc = tpr_send(out, h.type, h.rid, rh.word, rbody, (size_t)rh.len);
+            if (rh.word == TPR_CRASHED) reap(0); /* the executor's device faulted: it exits; the next request starts another */
+        } else {
+            rc = tpr_send_error(out, h.type, h.rid, (unsigned)rc, msg);
+        }
+        free(rbody);
+        free(body);
+        if (rc) break;
+    }
+    reap(0);
+}
+
+/* ---- main ---- */
+
+static int usage(const char *why) {
+    if (why) fprintf(stderr, "error: %s\n", why);
+    fprintf(stderr,
+            "usage: tuner-agent --stdio [--work-dir DIR]\n"
+            "       tuner-agent --listen HOST:PORT [--token T] [--once] [--work-dir DIR]\n"
+            "       tuner-agent --version\n"
+            "The device agent of the tuner (docs/agent-protocol.md). OpenCL: $TUNER_OPENCL_LIB, else the system's.\n");
+    return 2;
+}
+
+/* Whether the resolved address is a loopback one (127.0.0.0/8, ::1, or ::ffff:127.x.y.z): decided on the socket
+ * address getaddrinfo gives, never on the host's spelling ("127.attacker.example" or a "localhost" that
+ * /etc/hosts maps elsewhere is not loopback). */
+static int is_loopback_addr(const struct sockaddr *sa) {
+    if (sa->sa_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr) >> 24) == 127;
+    if (sa->sa_family == AF_INET6) {
+        const struct in6_addr *a6 = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+        return IN6_IS_ADDR_LOOPBACK(a6) || (IN6_IS_ADDR_V4MAPPED(a6) && a6->s6_addr[12] == 127);
+    }
+    return 0;
+}
+
+static int listen_on(const char *spec) {
+    char host[256];
+    const char *colon = strrchr(spec, ':'), *port;
+    struct addrinfo hints, *ai = NULL, *a;
+    int fd = -1, one = 1, rc;
+    if (!colon || colon == spec || !colon[1] || (size_t)(colon - spec) >= sizeof host) {
+        fprintf(stderr, "error: --listen %s: write HOST:PORT, e.g. 127.0.0.1:7390\n", spec);
+        return -1;
+    }
+    memcpy(host, spec, (size_t)(colon - spec));
+    host[colon - spec] = 0;
+    if (host[0] == '[' && host[strlen(host) - 1] == ']') {
+        memmove(host, host + 1, strlen(host));
+        host[strlen(host) - 1] = 0;
+    }
+    port = colon + 1;
+    {   /* decimal digits only, 0 (any free port) to 65535: "99999" would wrap to another port */
+        const char *c;
+        long v = 0;
+        for (c = port; *c; c++) {
+            if (*c < '0' || *c > '9' || (v = v * 10 + (*c - '0')) > 65535) {
+                fprintf(stderr, "error: --listen %s: the port must be a number from 1 to 65535 (0: any free port)\n",
+                        spec);
+                return -1;
+            }
+        }
+    }
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    if ((rc = getaddrinfo(host, port, &hints, &ai)) != 0) {
+        fprintf(stderr, "error: --listen %s: %s\n", spec, gai_strerror(rc));
+        return -1;
+    }
+    if (!token) {  /* without a token, every address the host resolves to must be loopback */
+        for (a = ai; a; a = a->ai_next) {
+            if (!is_loopback_addr(a->ai_addr)) {
+                fprintf(stderr, "error: --listen %s is reachable from other machines (%s resolves to a "
+                                "non-loopback address): pass --token T (or set TUNER_AGENT_TOKEN) and give the tuner "
+                                "the same token\n", spec, host);
+                freeaddrinfo(ai);
+                return -1;
+            }
+        }
+    }
+    for (a = ai; a; a = a->ai_next) {
+        fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0) continue;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 4) == 0) break;
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(ai);
+    if (fd < 0) {
+        fprintf(stderr, "error: --listen %s: cannot listen there (%s)\n", spec, strerror(errno));
+        return -1;
+    }
+    {
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        char h[256] = "?", p[32] = "?";
+        if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0)
+            getnameinfo((struct sockaddr *)&ss, sl, h, sizeof h, p, sizeof p, NI_NUMERICHOST | NI_NUMERICSERV);
+        tnr_agent_log("listening on %s:%s%s", h, p, token ? " (a token is required)" : "");
+    }
+    return fd;
+}
+
+static void default_work_dir(void) {
+#if defined(__ANDROID__)
+    snprintf(work_dir, sizeof work_dir, "/data/local/tmp/tuner");
+#else
+    const char *tmp = getenv("TMPDIR");
+    snprintf(work_dir, sizeof work_dir, "%s/tuner-agent", tmp && *tmp ? tmp : "/tmp");
+#endif
+}
+
+int main(int argc, char **argv) {
+    const char *listen_spec = NULL;
+    int stdio = 0, once = 0, i;
+    default_work_dir();
+    token = getenv("TUNER_AGENT_TOKEN");
+    if (token && !*token) token = NULL;
+    for (i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--version")) {
+            printf("tuner-agent %s (protocol %d)\n", TNR_AGENT_VERSION, TPR_VERSION);
+            return 0;
+        } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(NULL);
+            return 0;
+        } else if (!strcmp(a, "--stdio")) {
+            stdio = 1;
+        } else if (!strcmp(a, "--once")) {
+            once = 1;
+        } else if (!strcmp(a, "--listen") && i + 1 < argc) {
+            listen_spec = argv[++i];
+        } else if (!strcmp(a, "--token") && i + 1 < argc) {
+            token = argv[++i];
+            if (!*token) return usage("--token must not be empty");
+        } else if (!strcmp(a, "--work-dir") && i + 1 < argc) {
+            if (strlen(argv[i + 1]) >= sizeof work_dir - 64) return usage("--work-dir: the path is too long");
+            snprintf(work_dir, sizeof work_dir, "%s", argv[++i]);
+        } else {
+            char why[300];
+            snprintf(why, sizeof why, "unknown or incomplete argument '%.200s'", a);
+            return usage(why);
+        }
+    }
+    if (stdio == !!listen_spec) return usage("give one of --stdio and --listen HOST:PORT");
+    signal(SIGPIPE, SIG_IGN);
+    if (stdio) {
+        serve(0, 1, -1);
+        return 0;
+    }
+    {
+        int lfd = listen_on(listen_spec);
+        if (lfd < 0) return 2;
+        for (;;) {
+            int c = accept(lfd, NULL, NULL), one = 1;
+            if (c < 0) {
+                if (errno == EINTR || errno == ECONNABORTED) continue;
+                tnr_agent_log("accept: %s", strerror(errno));
+                return 1;
+            }
+            setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+            tnr_agent_log("a connection");
+            serve(c, c, lfd);
+            close(c);
+            tnr_agent_log("the connection ended");
+            if (once) return 0;
+        }
+    }
+}

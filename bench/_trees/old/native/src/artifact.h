@@ -1,0 +1,102 @@
+/* Reading and checking a compiled-model artifact (docs/artifact.md, format version 2): every one of the 10
+ * checks, in the order tuner/artifact/checks.py makes them, each failure a message naming the file (and the
+ * field). Nothing here touches OpenCL. */
+#ifndef TNR_ARTIFACT_H
+#define TNR_ARTIFACT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "json.h"
+
+#define TNR_DIMS 8
+enum { TNR_F32 = 0, TNR_F16 = 1, TNR_U8 = 2 };
+enum { TNR_ARG_ENTRY = 0, TNR_ARG_PARAM = 1, TNR_ARG_WORKSPACE = 2 };
+
+typedef struct {
+    const char *name;
+    int ndim, nphys;
+    int64_t shape[TNR_DIMS], phys[TNR_DIMS];
+    int texture, dtype;
+    int64_t storage_id;
+    int pool;       /* index into pools */
+    uint64_t elems; /* product of phys */
+} tnr_entry;
+
+typedef struct {
+    int64_t id;
+    int texture, dtype, nshape;
+    int64_t shape[TNR_DIMS];
+} tnr_pool;
+
+typedef struct {
+    const char *key;
+    int texture, dtype, nphys;
+    int64_t phys[TNR_DIMS];
+    uint64_t elems;
+    int64_t offset, nbytes; /* params only */
+} tnr_blob;
+
+typedef struct {
+    const char *ref; /* "t:NAME" */
+    int kind, index; /* TNR_ARG_*, index into entries / params / workspaces */
+    const char *pname;
+    int image, write;
+    const char *type; /* "float", "half" or NULL */
+} tnr_arg;
+
+typedef struct {
+    const char *kernel;
+    int64_t global[3], local[3];
+    int nargs;
+    tnr_arg *args;
+} tnr_call;
+
+typedef struct {
+    const char *name, *op, *source, *template_name;
+    double flops;
+    int tuned;
+    int source_index; /* into sources */
+    int ncalls;
+    tnr_call *calls;
+} tnr_node;
+
+typedef struct {
+    char path[32]; /* "kernels/k000.cl" */
+    char *text;    /* NUL-terminated */
+    size_t len;
+    char sha256[65];
+} tnr_source;
+
+typedef struct {
+    uint64_t image2d_max_width, image2d_max_height, max_work_group_size, max_work_item_sizes[3];
+    uint64_t max_mem_alloc_bytes;
+} tnr_limits;
+
+typedef struct tnr_artifact {
+    char *dir;
+    tj_doc *graph_doc;
+    int dtype;
+    const char *dev_platform, *dev_name, *dev_driver, *dev_fingerprint; /* may be NULL */
+    tnr_limits limits; /* the profile graph.json records (absent values: no limit) */
+    int nentries, npools, nparams, nworkspaces, ninputs, noutputs, nnodes, nsources;
+    tnr_entry *entries;
+    tnr_pool *pools;
+    tnr_blob *params, *workspaces;
+    int *inputs, *outputs; /* entry indices */
+    tnr_node *nodes;
+    tnr_source *sources;
+    unsigned char *params_bin;
+    size_t params_size;
+    /* lookup tables: indices sorted by name */
+    int *entry_sorted, *param_sorted, *ws_sorted;
+} tnr_artifact;
+
+/* Reads dir and makes checks 1 to 10 against the profile graph.json records. */
+int tnr_artifact_load(const char *dir, tnr_artifact **out, char *err);
+/* Checks 4 and 9 again against another device's limits (the one it is about to run on). */
+int tnr_artifact_check_limits(const tnr_artifact *a, const tnr_limits *lim, const char *device_name, char *err);
+void tnr_artifact_free(tnr_artifact *a);
+size_t tnr_dtype_size(int dtype);
+
+#endif

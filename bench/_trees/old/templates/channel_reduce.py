@@ -1,0 +1,246 @@
+"""Reductions over the channels of each position: ``layer_norm`` (LayerNormalization over axis 1 of NCHW or of
+(N, K): a transformer's tokens) and ``softmax`` (over axis 1: attention's rows, once the token passes put the
+reduced axis there).
+
+A unit is one position (n, h, w) -- or one row n of (N, K) -- and its texels are the channel blocks. The
+schedule is ``templates/reduction.py``'s without the split (a row is at most a few thousand channels): L
+work-items share a row through the local-memory tree, P rows sit side by side in a work-group (L = 1, P = 64 is
+one work-item per row, the old glue kernel's shape). The padding lanes of the last block are left out of the
+statistics and written as zero.
+
+- layer_norm: one read of shifted sums (d = x - the row's first element), then each work-item writes its
+  blocks ``(x - mean) / sqrt(var + epsilon) * G[c] + Bt[c]``.
+- softmax: the row's max (tree), the sum of exp(x - max) (tree), then exp(x - max) / sum written.
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from tuner.ir.activations import apply_ir, apply_numpy, canonical
+from tuner.ir.buffer import buffer
+from tuner.ir.builder import Builder
+from tuner.ir.expr import Broadcast, ExtractLane, Ramp, as_expr, call, max_, select
+from tuner.templates.common import EPILOGUE_ARGS, Template, WorkloadArg, texture_scopes
+from tuner.templates.reduction import (LOWEST, ReduceConfig, Schedule, ceil_div, fallback_config, features, hsum,
+                                       packed, unravel)
+
+
+@dataclass(frozen=True)
+class LayerNormWorkload:
+    """Canonical key: the NCHW or (N, K) input (normalized over axis 1) and epsilon."""
+    data: tuple
+    epsilon: float = 1e-5
+    dtype: str = "float32"
+    activation: str = "none"  # fused after the affine
+
+    def __post_init__(self):
+        _check(self, "layer_norm")
+        object.__setattr__(self, "epsilon", float(self.epsilon))
+        object.__setattr__(self, "activation", canonical(self.activation))
+
+    @property
+    def out_shape(self) -> tuple:
+        return self.data
+
+    @property
+    def flops(self) -> int:
+        return 4 * int(np.prod(self.data))
+
+    def key(self) -> dict:
+        return {"op": "layer_norm", **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}}
+
+
+@dataclass(frozen=True)
+class SoftmaxWorkload:
+    """Canonical key: the NCHW or (N, K) input (softmax over axis 1)."""
+    data: tuple
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        _check(self, "softmax")
+
+    @property
+    def out_shape(self) -> tuple:
+        return self.data
+
+    @property
+    def flops(self) -> int:
+        return 3 * int(np.prod(self.data))
+
+    def key(self) -> dict:
+        return {"op": "softmax", **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}}
+
+
+def _check(wl, what: str) -> None:
+    object.__setattr__(wl, "data", tuple(int(x) for x in wl.data))
+    if len(wl.data) not in (2, 4) or min(wl.data) < 1:
+        raise ValueError(f"{what} data {list(wl.data)}: want a positive 4-D NCHW or 2-D (N, K) shape (axis 1 reduced)")
+    if wl.dtype not in ("float32", "float16"):
+        raise ValueError(f"dtype {wl.dtype!r}: float32 or float16 storage")
+
+
+def _rows(wl) -> tuple:
+    """(unit grid: the positions, texels per unit: the channel blocks)."""
+    return (wl.data[0], *wl.data[2:]), ceil_div(wl.data[1], 4)
+
+
+def _hmax(v):
+    return max_(max_(ExtractLane(v, 0), ExtractLane(v, 1)), max_(ExtractLane(v, 2), ExtractLane(v, 3)))
+
+
+class _Row:
+    """What both templates do with one row: its operands, texel addresses and the padding-lane mask."""
+
+    def __init__(self, wl, cfg):
+        self.wl, self.C = wl, wl.data[1]
+        self.units, self.E = _rows(wl)
+        self.sched = Schedule(int(np.prod(self.units)), self.E, cfg)
+        self.X = packed("X", wl.data, wl.dtype, cfg.input_scope)
+        self.Y = packed("Y", wl.data, wl.dtype, cfg.output_scope)
+
+    def at(self, b, u, e):
+        n, *rest = unravel(b, u, self.units, self.sched.tag("u"))
+        return (n, Ramp(e * 4, as_expr(1), 4), *rest)
+
+    def mask(self, e, v, fill: float):
+        """``v`` (block ``e``'s pixel) with the lanes past C set to ``fill``."""
+        rem = self.C % 4
+        if not rem:
+            return v
+        last = e < self.E - 1
+        return call("make_vector", [ExtractLane(v, j) if j < rem else select(last, ExtractLane(v, j), as_expr(fill))
+                                    for j in range(4)], "float32x4")
+
+
+def layer_norm(wl: LayerNormWorkload, cfg: ReduceConfig):
+    r = _Row(wl, cfg)
+    G, Bt = (buffer(name, (r.C,), wl.dtype, *(("texture:weight", "mace_argument") if cfg.weight_scope == "texture"
+                                               else ("global", "bias4_buffer"))) for name in ("G", "Bt"))
+    sched, X = r.sched, r.X
+    b = Builder()
+    with sched.items(b) as (u, c, lid, p):
+        K = b.let("K", Broadcast(ExtractLane(X[r.at(b, u, as_expr(0))], 0), 4))
+        acc = b.allocate("acc", (2,), "float32x4", "private")
+        b.store(acc, 0, 0.0)
+        b.store(acc, 1, 0.0)
+        with sched.elements(b, c, lid) as e:
+            d = b.let("d", r.mask(e, X[r.at(b, u, e)] - K, 0.0))
+            b.store(acc, 0, acc[0] + d)
+            b.store(acc, 1, acc[1] + d * d)
+        s, q = sched.tree(b, [acc[0], acc[1]], lambda x, y: x + y, lid, p)
+        m = b.let("m", hsum(s) * (1.0 / r.C))
+        mean = b.let("mean", K + m)
+        rstd = b.let("rstd", call("rsqrt", [max_(hsum(q) * (1.0 / r.C) - m * m, 0.0) + wl.epsilon], "float32"))
+        with b.if_(sched.valid) if sched.valid is not None else nullcontext():
+            with sched.elements(b, c, lid) as e:
+                idx = r.at(b, u, e)
+                b.store(r.Y, idx, r.mask(e, apply_ir(wl.activation, (X[idx] - mean) * (rstd * G[idx[1]]) + Bt[idx[1]]),
+                                         0.0))
+    return b.kernel("layer_norm", [X, G, Bt, r.Y])
+
+
+def softmax(wl: SoftmaxWorkload, cfg: ReduceConfig):
+    r = _Row(wl, cfg)
+    sched, X = r.sched, r.X
+    b = Builder()
+    with sched.items(b) as (u, c, lid, p):
+        acc = b.allocate("acc", (1,), "float32x4", "private")
+        b.store(acc, 0, LOWEST)
+        with sched.elements(b, c, lid) as e:
+            b.store(acc, 0, max_(acc[0], r.mask(e, X[r.at(b, u, e)], LOWEST)))
+        vmax, = sched.tree(b, [acc[0]], max_, lid, p, name="mx")
+        m = b.let("rowmax", _hmax(vmax))
+        b.store(acc, 0, 0.0)
+        with sched.elements(b, c, lid) as e:
+            b.store(acc, 0, acc[0] + r.mask(e, call("exp", [X[r.at(b, u, e)] - m], "float32x4"), 0.0))
+        vsum, = sched.tree(b, [acc[0]], lambda x, y: x + y, lid, p, name="sm")
+        inv = b.let("inv", 1.0 / hsum(vsum))
+        with b.if_(sched.valid) if sched.valid is not None else nullcontext():
+            with sched.elements(b, c, lid) as e:
+                idx = r.at(b, u, e)
+                b.store(r.Y, idx, r.mask(e, call("exp", [X[idx] - m], "float32x4") * inv, 0.0))
+    return b.kernel("softmax", [X, r.Y])
+
+
+def _ln_reference(wl, inputs: dict) -> np.ndarray:
+    x = np.asarray(inputs["X"], np.float64)
+    mean = x.mean(axis=1, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=1, keepdims=True)
+    form = (1, -1) + (1,) * (x.ndim - 2)
+    return apply_numpy(wl.activation, (x - mean) / np.sqrt(var + wl.epsilon) * np.reshape(inputs["G"], form) +
+                       np.reshape(inputs["Bt"], form))
+
+
+def _softmax_reference(wl, inputs: dict) -> np.ndarray:
+    x = np.asarray(inputs["X"], np.float64)
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def _ln_inputs(wl, rng) -> dict:
+    C = wl.data[1]
+    return {"X": (rng.standard_normal(wl.data) * 2.0 + 3.0).astype(wl.dtype),
+            "G": rng.standard_normal(C).astype(wl.dtype), "Bt": rng.standard_normal(C).astype(wl.dtype)}
+
+
+def _softmax_inputs(wl, rng) -> dict:
+    return {"X": (rng.standard_normal(wl.data) * 3.0).astype(wl.dtype)}
+
+
+def space_vars(wl) -> dict:
+    units, E = _rows(wl)
+    return dict(U=int(np.prod(units)), E=E, data=wl.data, C=wl.data[1],
+                layout="nchw4c" if len(wl.data) == 4 else "row4")
+
+
+VARIABLES = dict(U="rows: positions (n, h, w), or rows n of (N, K)", E="channel blocks of 4 per row",
+                 data="input shape", C="channels (the reduced axis)", layout="the texture layout of X and Y")
+
+
+def fallback(wl, info) -> ReduceConfig:
+    v = space_vars(wl)
+    return fallback_config(v, info, texture_scopes(wl, info, [(v["layout"], wl.data)]), max_split=1)
+
+
+def _describe(what):
+    return lambda wl: (f"{what} over {wl.data[1]} of {'x'.join(map(str, wl.data))}"
+                       + (f" +{wl.activation}" if getattr(wl, "activation", "none") != "none" else ""))
+
+
+def _lower(make):
+    def lower(ctx, node, ins):
+        """The node over axis 1 of an NCHW or (N, K) tensor (the token and NHWC passes put it there)."""
+        shape = ctx.shape(node.inputs[0])
+        if node.attrs.get("axis", 1) != 1 or len(shape) not in (2, 4):
+            raise ValueError(f"{node.op} over axis {node.attrs.get('axis')} of a {len(shape)}-D tensor; only axis 1 of "
+                             f"NCHW or (N, K) tensors has a kernel (the token passes move the axis there)")
+        return make(ctx, node, ins, shape)
+    return lower
+
+
+def _lower_ln(ctx, node, ins, shape):
+    g = ctx.graph
+    extra = {f"{node.name}.gamma": np.asarray(g.params[node.inputs[1]], np.float32).reshape(-1),
+             f"{node.name}.beta": np.asarray(g.params[node.inputs[2]], np.float32).reshape(-1)}
+    wl = LayerNormWorkload(shape, float(node.attrs.get("epsilon", 1e-5)), ctx.dtype, node.attrs.get("activation", "none"))
+    return wl, {"X": ins[0], "G": f"{node.name}.gamma", "Bt": f"{node.name}.beta"}, extra
+
+
+def _lower_softmax(ctx, node, ins, shape):
+    return SoftmaxWorkload(shape, ctx.dtype), {"X": ins[0]}, {}
+
+
+ARGS = (WorkloadArg("data", "shape", "N,C,H,W", "input shape (axis 1 reduced; or N,K)", required=True),
+        WorkloadArg("dtype", "dtype", help="storage dtype (accumulation is float32)"))
+LN_ARGS = ARGS + tuple(a for a in EPILOGUE_ARGS if a.name == "activation")
+LAYER_NORM = Template("layer_norm", LayerNormWorkload, ReduceConfig, layer_norm, _ln_reference, _ln_inputs, fallback,
+                      space_vars, VARIABLES, space_file="channel_reduce", features=features,
+                      describe=_describe("layer norm"), workload_args=LN_ARGS, graph_ops=("layer_norm",),
+                      lower=_lower(_lower_ln))
+SOFTMAX = Template("softmax", SoftmaxWorkload, ReduceConfig, softmax, _softmax_reference, _softmax_inputs, fallback,
+                   space_vars, VARIABLES, space_file="channel_reduce", features=features,
+                   describe=_describe("softmax"), workload_args=ARGS, graph_ops=("softmax",),
+                   lower=_lower(_lower_softmax))

@@ -1,0 +1,582 @@
+"""What the templates share: the ``Template`` record and its workload arguments (``WorkloadArg``), workload
+labels, the epilogue a graph node fuses (``node_epilogue``), and the convolution family's building blocks --
+its workload (``Conv2dWorkload``), NumPy reference and random inputs, the operands' declarations by scope,
+arithmetic in the storage type, the local-memory input tile, split-K sums, the tile store, work-group fitting
+and the window features of the cost model. conv2d, depthwise conv2d, Winograd, dense, matmul and the glue
+kernels build on these; the registry (``tuner.templates``) imports the templates, which import only this."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from tuner.errors import TunerError
+from tuner.ir.activations import apply_ir, apply_numpy, canonical
+from tuner.ir.buffer import buffer
+from tuner.ir.dtype import DType
+from tuner.ir.expr import Cast, Ramp, as_expr, const, max_, min_, select
+
+
+@dataclass(frozen=True)
+class WorkloadArg:
+    """One workload field as a command-line option ``--<name>`` (``tuner op / tune-op / space``): ``kind`` says
+    how its text parses -- ``shape`` (comma-separated integers), ``ints`` (1 or ``lengths`` integers; one stays an
+    int), ``int``, ``flag``, ``activation`` (a fused activation spec), ``dtype`` (the storage dtype)."""
+    name: str
+    kind: str
+    metavar: str = ""
+    help: str = ""
+    required: bool = False
+    lengths: tuple = (1, 2)
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def parse(self, text):
+        """The field's value from the option's text (argparse already parsed flags, activations, dtypes)."""
+        if self.kind not in ("shape", "ints", "int"):
+            return text
+        try:
+            values = tuple(int(x) for x in str(text).split(","))
+        except ValueError:
+            raise TunerError(f"{self.flag} must be comma-separated integers, e.g. 1,64,56,56; got {text!r}") from None
+        if self.kind == "int" or (self.kind == "ints" and len(values) == 1):
+            if len(values) != 1:
+                raise TunerError(f"{self.flag} takes one integer; got {text!r}")
+            return values[0]
+        if self.kind == "ints" and len(values) not in self.lengths:
+            counts = ", ".join(map(str, self.lengths[:-1])) + f" or {self.lengths[-1]}"
+            raise TunerError(f"{self.flag} takes {counts} integers; got {text!r}")
+        return values
+
+
+# the fused epilogue and storage type: every template's workload has these fields
+EPILOGUE_ARGS = (
+    WorkloadArg("bias", "flag", help="fuse a bias add"),
+    WorkloadArg("activation", "activation", "ACT", "fused activation: none, relu, relu6, hardswish, sigmoid, silu, "
+                "leaky_relu(0.1), ... (default none)"),
+    WorkloadArg("dtype", "dtype", help="storage dtype (accumulation is float32)"))
+# a 2-D window's geometry: convolution-like templates share these fields
+WINDOW_ARGS = (
+    WorkloadArg("stride", "ints", "S[,S]"),
+    WorkloadArg("padding", "ints", "P[,P[,P,P]]", "all, (h,w) or (top,left,bottom,right)", lengths=(1, 2, 4)),
+    WorkloadArg("dilation", "ints", "D[,D]"))
+
+
+@dataclass(frozen=True)
+class Template:
+    name: str
+    workload: type  # frozen dataclass: the canonical key (``.key()``, ``.flops``, ``.out_shape``)
+    config: type  # frozen dataclass: one value per knob of the search space
+    build: Callable  # (workload, config) -> Kernel | Program
+    reference: Callable  # (workload, inputs: dict) -> float64 ndarray of the output
+    random_inputs: Callable  # (workload, rng) -> {param name: array} (random, never zeros)
+    fallback: Callable  # (workload, DeviceInfo) -> config
+    space_vars: Callable  # (workload) -> {name: value} the search space's constraints may use
+    variables: dict  # name -> meaning, of what space_vars returns (documents the constraints' vocabulary)
+    output: str = "Y"
+    space_file: str | None = None  # search-space name or path when not the template's own name
+    features: Callable | None = None  # (space_vars, knob values) -> {name: number}: what a config implies, for
+    # the cost model (work per work-item, work-group size, bytes read per multiply-add, registers, ...)
+    describe: Callable | None = None  # (workload) -> short text for labels where the generic label of the
+    # workload's fields (workload_label: "64->64 3x3 p1 @56x56 +relu") does not read well (matmul)
+    model_knobs: dict = field(default_factory=dict)  # knobs a model pins so that neighbouring kernels agree
+    workload_args: tuple = ()  # WorkloadArg per workload field the command line sets
+    graph_ops: tuple = ()  # the graph operators (``Node.op``: "conv2d", "dense") whose nodes ``lower`` may take
+    scope_inputs: dict = field(default_factory=lambda: {"input": "X"})  # scope role -> the kernel input whose
+    # activation's scope the role takes in a model (plan.plan_storage); a role not named (conv2d's weights) is
+    # the template's to choose. matmul: {"input": "A", "weight": "Bm"}, both activations
+    lower: Callable | None = None  # (LowerCtx, node, ins) -> (workload, {kernel param: tensor or param name},
+    # {new param name: array}), or None when the template does not take this node (another one is asked);
+    # a ValueError names what is wrong with a node it takes (the planner adds the node's name)
+
+    def label(self, workload) -> str:
+        """The workload in a few words (``64->128 3x3 s2 p1 @56x56 +bias+relu``): the template's ``describe``,
+        else the generic label of its fields (``workload_label``). The one label of a workload, in task names,
+        compile summaries, ``tuner logs`` and reports."""
+        if self.describe is not None:
+            return self.describe(workload)
+        return workload_label(self.name, workload.key()).split(" ", 1)[-1]
+
+    def key_label(self, key: dict) -> str:
+        """``label`` of a logged workload key; a key this template cannot rebuild gets the generic label."""
+        try:
+            return self.label(self.workload(**{k: v for k, v in key.items() if k != "op"}))
+        except (TypeError, ValueError):
+            return workload_label(self.name, key).split(" ", 1)[-1]
+
+    def space(self, workload=None, device=None, **fixed):
+        """The declarative search space (``search_space/<name>.toml``); given a workload and a device
+        (DeviceInfo), the bound space of its valid configs, with the storage dtype fixed to the workload's
+        and any other knobs given in ``fixed`` (e.g. ``input_scope="texture"``)."""
+        from tuner.search_space import load_space
+        space = load_space(self.space_file or self.name, {f.name for f in dataclasses.fields(self.config)}, set(self.variables))
+        if workload is None:
+            return space
+        info = getattr(device, "info", device)
+        return space.bind(self.space_vars(workload), info, {"dtype": workload.dtype, **fixed})
+
+    def fallback_with(self, workload, device, **fixed):
+        """The fallback config for ``device`` with ``fixed`` knobs applied (scopes, a model's pinned layout);
+        if that breaks a constraint of the space, a valid config drawn with seed 0 instead."""
+        cfg = dataclasses.replace(self.fallback(workload, getattr(device, "info", device)), **fixed)
+        space = self.space(workload, device, **fixed)
+        if not space.violations(self.config_values(workload, cfg)):
+            return cfg
+        return self.make_config(space.sample(np.random.default_rng(0)))
+
+    def make_config(self, values: dict):
+        """A config from a search-space assignment (the task knob ``dtype`` belongs to the workload)."""
+        return self.config(**{k: v for k, v in values.items() if k != "dtype"})
+
+    def config_values(self, workload, config) -> dict:
+        return {"dtype": workload.dtype, **dataclasses.asdict(config)}
+
+    def tolerance(self, workload) -> float:
+        """Max relative error accepted against the reference: float32 1e-4, float16 storage 1e-2."""
+        return 1e-2 if workload.dtype == "float16" else 1e-4
+
+    def check(self, workload, outputs: dict, inputs: dict) -> float:
+        """Max error relative to the reference's largest magnitude."""
+        ref = self.reference(workload, inputs)
+        got = np.asarray(outputs[self.output], dtype=np.float64)
+        if got.shape != ref.shape:
+            raise TunerError(f"{self.name}: output shape {got.shape}, reference {ref.shape}")
+        return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
+
+
+def shape_text(shape) -> str:
+    return "x".join(map(str, shape))
+
+
+def epilogue_text(wl) -> str:
+    """`` +bias +relu +res f16``: what a workload fuses, and its storage type when not float32."""
+    parts = [" +bias" if wl.bias else "", f" +{wl.activation}" if wl.activation != "none" else "",
+             " +res" if getattr(wl, "residual", False) else "", " f16" if wl.dtype == "float16" else ""]
+    return "".join(parts)
+
+
+
+# ---- the one workload label: tasks, compile summaries, logs, reports ----
+
+def _dims(xs) -> str:
+    return "x".join(str(x) for x in xs)
+
+
+def _pair(p, default) -> str | None:
+    """``s2`` for (2, 2), ``s(2,1)`` for (2, 1), None for the default."""
+    p = tuple(p) if isinstance(p, (list, tuple)) else (p, p)
+    if all(v == default for v in p):
+        return None
+    return str(p[0]) if len(set(p)) == 1 else "(" + ",".join(map(str, p)) + ")"
+
+
+def _padding(p) -> str | None:
+    p = tuple(p) if isinstance(p, (list, tuple)) else (p,) * 4
+    if not any(p):
+        return None
+    if len(set(p)) == 1:
+        return str(p[0])
+    if len(p) == 4 and p[:2] == p[2:]:
+        return f"({p[0]},{p[1]})"  # symmetric: height, width
+    return "(" + ",".join(map(str, p)) + ")"
+
+
+_KNOWN = {"op", "data", "kernel", "weight", "stride", "padding", "dilation", "groups", "dtype", "bias",
+          "activation", "residual"}
+
+
+def workload_label(template: str, wl: dict) -> str:
+    """A short readable workload name that still tells workloads apart, defaults left out:
+    ``conv2d 64->128 3x3 s2 p1 @56x56``, ``depthwise_conv2d 32 3x3 p1 @112x112 +bias+relu6``,
+    ``dense 512->1000``. Fields this function does not know are appended as ``name=value``."""
+    parts = [template]
+    data = wl.get("data")
+    if "kernel" in wl and data and len(data) == 4 and len(wl["kernel"]) == 4:
+        n, c, h, w = data
+        o, _, r, s = wl["kernel"]
+        parts.append(str(c) if template.startswith("depthwise") and o == c else f"{c}->{o}")
+        parts.append(f"{r}x{s}")
+        for prefix, key, default in (("s", "stride", 1), ("d", "dilation", 1)):
+            v = _pair(wl.get(key, default), default)
+            if v:
+                parts.append(prefix + v)
+        pad = _padding(wl.get("padding", 0))
+        if pad:
+            parts.append("p" + pad)
+        if wl.get("groups", 1) != 1:
+            parts.append(f"g{wl['groups']}")
+        parts.append(f"@{h}x{w}")
+    elif "weight" in wl and data and len(data) == 2:
+        n, k = data
+        parts.append(f"{k}->{wl['weight'][0]}")
+    else:
+        n = None
+        if data is not None:
+            parts.append(_dims(data))
+    if n not in (None, 1):
+        parts.append(f"n{n}")
+    if wl.get("dtype", "float32") != "float32":
+        parts.append(str(wl["dtype"]).replace("float", "fp"))
+    epilogue = [e for e, on in (("bias", wl.get("bias")), ("res", wl.get("residual"))) if on]
+    if wl.get("activation", "none") not in ("none", None):
+        epilogue.append(str(wl["activation"]))
+    if epilogue:
+        parts.append("+" + "+".join(epilogue))
+    parts += [f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in wl.items() if k not in _KNOWN]
+    return " ".join(parts)
+
+
+def node_epilogue(ctx, node) -> tuple:
+    """What a graph node fuses, for a template's ``lower``: ``(fields, inputs)`` -- the workload fields every
+    template has (``dtype`` of the plan, ``bias``, ``activation``) and the kernel inputs they bring (``B``: the
+    bias param; ``Res``: the residual's tensor in the plan, when the node adds one: ``node.attrs["residual"]``)."""
+    g, a = ctx.graph, node.attrs
+    bias = next((t for t in node.inputs[2:] if t in g.params), None)
+    fields = dict(dtype=ctx.dtype, bias=bias is not None, activation=a.get("activation", "none"))
+    inputs = {}
+    if bias is not None:
+        inputs["B"] = bias
+    if a.get("residual") is not None:
+        inputs["Res"] = ctx.packed(a["residual"])
+    return fields, inputs
+
+
+# -- the convolution family --------------------------------------------------------------------------------
+
+def _as_pair(v):
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+@dataclass(frozen=True)
+class Conv2dWorkload:
+    """The canonical key of one convolution: shapes, stride, padding (top, left, bottom, right), dilation,
+    groups, storage dtype and fused epilogue."""
+    data: tuple  # N, C, H, W
+    kernel: tuple  # O, C/groups, R, S
+    stride: tuple = (1, 1)
+    padding: tuple = (0, 0, 0, 0)
+    dilation: tuple = (1, 1)
+    groups: int = 1
+    dtype: str = "float32"
+    bias: bool = False
+    activation: str = "none"
+    residual: bool = False
+
+    def __post_init__(self):
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
+        set_("data", tuple(int(x) for x in self.data))
+        set_("kernel", tuple(int(x) for x in self.kernel))
+        set_("stride", _as_pair(self.stride))
+        set_("dilation", _as_pair(self.dilation))
+        p = self.padding
+        p = (p, p, p, p) if isinstance(p, int) else tuple(p)
+        set_("padding", p if len(p) == 4 else (p[0], p[1], p[0], p[1]))
+        if len(self.data) != 4 or len(self.kernel) != 4:
+            raise ValueError(f"conv2d wants data N,C,H,W and kernel O,C,R,S; got {self.data} and {self.kernel}")
+        if min(self.data + self.kernel) < 1:
+            raise ValueError(f"conv2d shapes must be positive: data {list(self.data)}, kernel {list(self.kernel)}")
+        if len(self.stride) != 2 or min(self.stride) < 1:
+            raise ValueError(f"stride must be at least 1, got {list(self.stride)}")
+        if len(self.dilation) != 2 or min(self.dilation) < 1:
+            raise ValueError(f"dilation must be at least 1, got {list(self.dilation)}")
+        if len(self.padding) != 4 or min(self.padding) < 0:
+            raise ValueError(f"padding must be non-negative, got {list(self.padding)}")
+        set_("groups", int(self.groups))
+        C, O, G = self.data[1], self.kernel[0], self.groups
+        if G < 1 or C % G or O % G or self.kernel[1] != C // G:
+            raise ValueError(f"conv2d with groups={G} wants C and O divisible by groups and a kernel of "
+                             f"{C // max(G, 1)} input channels per group; got data C {C}, kernel {list(self.kernel)}")
+        if G > 1 and G == C and self.kernel[1] == 1 and O == C:
+            raise ValueError("a depthwise convolution (groups == C == O): use depthwise_conv2d")
+        if G > 1 and ((C // G) % 4 or (O // G) % 4):
+            raise ValueError(f"grouped conv2d packs each group into whole RGBA pixels: channels per group must be "
+                             f"multiples of 4, got {C // G} in and {O // G} out (groups={G})")
+        set_("activation", canonical(self.activation))  # a ValueError names the supported activations
+        if self.dtype not in ("float32", "float16"):
+            raise ValueError(f"dtype {self.dtype!r}: float32 or float16 storage")
+        if min(self.out_shape) < 1:
+            raise ValueError(f"conv2d output {self.out_shape} is empty: kernel larger than padded input")
+
+    @property
+    def out_shape(self) -> tuple:
+        (N, C, H, W), (O, _, R, S) = self.data, self.kernel
+        (sh, sw), (dh, dw), (pt, pl, pb, pr) = self.stride, self.dilation, self.padding
+        return N, O, (H + pt + pb - dh * (R - 1) - 1) // sh + 1, (W + pl + pr - dw * (S - 1) - 1) // sw + 1
+
+    @property
+    def flops(self) -> int:
+        N, O, OH, OW = self.out_shape
+        return 2 * N * O * OH * OW * self.kernel[1] * self.kernel[2] * self.kernel[3]
+
+    def key(self) -> dict:
+        return {"op": "conv2d", **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}}
+
+
+def scope_layout(scope: str, texture_layout: str, buffer_layout: str, weight=False):
+    """(IR scope, layout name) of an operand declared with a user-facing scope ``texture`` or ``buffer``."""
+    if scope == "texture":
+        return ("texture:weight" if weight else "texture"), texture_layout
+    if scope == "buffer":
+        return "global", buffer_layout
+    raise ValueError(f"scope {scope!r}: texture or buffer")
+
+
+class Arithmetic:
+    """The ``compute`` knob: ``float32`` (half storage read as float), ``half`` (half loads and products,
+    float32 accumulators) or ``half_acc`` (half accumulators too). Half modes need float16 storage and a
+    device with cl_khr_fp16 (the search spaces' ``half_compute`` constraint)."""
+
+    def __init__(self, compute: str, dtype: str):
+        if compute not in ("float32", "half", "half_acc"):
+            raise ValueError(f"compute {compute!r}: float32, half or half_acc")
+        if compute != "float32" and dtype != "float16":
+            raise ValueError(f"compute={compute} needs float16 storage, got {dtype}")
+        self.half = compute != "float32"
+        self.value = "float16x4" if self.half else "float32x4"  # loaded pixels, products, the local tile
+        self.acc = "float16x4" if compute == "half_acc" else "float32x4"
+
+    def load(self, v):
+        """A load of storage (read as float32) in the compute type: half loads are read as half."""
+        return Cast(DType.parse(self.value).with_lanes(v.lanes), v) if self.half else v
+
+    def accumulators(self, b, n: int):
+        acc = b.allocate("acc", (n,), self.acc, "private")
+        for i in range(n):
+            b.store(acc, i, const(0.0, self.acc))
+        return acc
+
+    def mac(self, acc_value, product):
+        """``acc + product``: a half product joins float32 accumulators as float."""
+        if self.half and self.acc == "float32x4":
+            product = Cast(DType("float32", product.lanes), product)
+        return acc_value + product
+
+
+def input_pixel(X, n, cb, ih, iw, H, W, arith):
+    """The RGBA pixel of channel block ``cb`` at input row ``ih``, column ``iw`` (zero in the padding)."""
+    inside = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+    return select(inside, arith.load(X[n, Ramp(cb * 4, as_expr(1), 4), clamp(ih, H), clamp(iw, W)]), 0.0)
+
+
+class LocalTile:
+    """The input a work-group reads in one reduction step -- ``blocks`` channel blocks by the rows and columns
+    its outputs' windows cover (the halo included) -- staged in ``__local`` memory: every work-item loads a
+    strided share of the pixels, then a barrier, then all read their taps from the tile. ``tile``:
+    (channel blocks, tile_oh, tile_ow) of one work-item."""
+
+    def __init__(self, b, cfg, tile, stride, dilation, window, arith):
+        (blocks, t_oh, t_ow), (sh, sw), (dh, dw), (R, S) = tile, stride, dilation, window
+        self.b, self.stride, self.dilation = b, stride, dilation
+        self.blocks, self.t_oh, self.t_ow = blocks, t_oh, t_ow
+        self.rows = (cfg.wg_h * t_oh - 1) * sh + (R - 1) * dh + 1
+        self.cols = (cfg.wg_w * t_ow - 1) * sw + (S - 1) * dw + 1
+        self.pixels = blocks * self.rows * self.cols
+        self.items = cfg.wg_w * cfg.wg_h
+        self.buf = b.allocate("tile", (self.pixels,), arith.value, "local")
+
+    @staticmethod
+    def bytes(cfg, tile, stride, dilation, window, compute="float32") -> int:
+        (blocks, t_oh, t_ow), (sh, sw), (dh, dw), (R, S) = tile, stride, dilation, window
+        rows, cols = (cfg.wg_h * t_oh - 1) * sh + (R - 1) * dh + 1, (cfg.wg_w * t_ow - 1) * sw + (S - 1) * dw + 1
+        return blocks * rows * cols * (16 if compute == "float32" else 8)
+
+    def load(self, pixel, origin, lid):
+        """``pixel(k, ih, iw)``: the value of block ``k`` (of this step) at input row/column; ``origin``: the
+        input row/column of the tile's corner; ``lid``: the work-item's linear id in the work-group."""
+        b, plane = self.b, self.rows * self.cols
+        with b.loop("ld", -(-self.pixels // self.items)) as j:
+            idx = b.let("li", j * self.items + lid)
+            with b.if_(idx < self.pixels) if self.pixels % self.items else nullcontext():
+                k, rem = idx // plane, idx % plane
+                b.store(self.buf, idx, pixel(k, origin[0] + rem // self.cols, origin[1] + rem % self.cols))
+        b.barrier()
+
+    def read(self, k, th, tw, y, x, r, s, extra_col=0):
+        """Block ``k``'s pixel for output (y, x) of work-item (th, tw)'s tile at window tap (r, s), ``extra_col``
+        columns to the right."""
+        (sh, sw), (dh, dw) = self.stride, self.dilation
+        row = (th * self.t_oh + y) * sh + r * dh
+        col = (tw * self.t_ow + x) * sw + s * dw + extra_col
+        return self.buf[(k * self.rows + row) * self.cols + col]
+
+
+def declare_operands(wl, cfg, channels: int) -> tuple:
+    """``(X, Wt, B, Res, Y)`` of a convolution in the config's scopes and layouts: activations (``Res`` in the
+    output's scope) by ``act_layout``, weights by ``weight_layout``, ``B`` (``channels`` outputs) and ``Res``
+    None unless the workload fuses them; in kernel argument order."""
+    in_scope, in_layout = scope_layout(cfg.input_scope, cfg.act_layout, "nchw4c_buffer")
+    w_scope, w_layout = scope_layout(cfg.weight_scope, cfg.weight_layout, "oihw4o_buffer", weight=True)
+    out_scope, out_layout = scope_layout(cfg.output_scope, cfg.act_layout, "nchw4c_buffer")
+    return (buffer("X", wl.data, wl.dtype, in_scope, in_layout),
+            buffer("Wt", wl.kernel, wl.dtype, w_scope, w_layout),
+            bias_buffer(channels, wl.dtype, cfg.weight_scope) if wl.bias else None,
+            buffer("Res", wl.out_shape, wl.dtype, out_scope, out_layout) if wl.residual else None,
+            buffer("Y", wl.out_shape, wl.dtype, out_scope, out_layout))
+
+
+def bias_buffer(O: int, dtype: str, weight_scope: str):
+    """Bias beside the weights: a 1-D texture (MACE argument image) or a packed float4 buffer."""
+    return buffer("B", (O,), dtype, *(("texture:weight", "mace_argument") if weight_scope == "texture"
+                                       else ("global", "bias4_buffer")))
+
+
+def split_sums(b, acc, n: int, sk: int, tk, items: int, lid, dtype: str):
+    """The ``sk`` work-items of a split (``tk``: which one) each hold partial sums of the same ``n`` outputs:
+    they write them to ``__local`` memory and output ``i`` is summed and stored by work-item ``i % sk``.
+    ``items``/``lid``: the work-items of one split and this one's id among them. Returns (sums, owner)
+    for ``store_tile``: ``sums[i]`` reads the total, ``owner(i)`` says whether this work-item stores it."""
+    part = b.allocate("part", (sk * items * n,), dtype, "local")
+    for i in range(n):
+        b.store(part, (tk * items + lid) * n + i, acc[i])
+    b.barrier()
+    sums = []
+    for i in range(n):
+        v = part[lid * n + i]
+        for j in range(1, sk):
+            v = v + part[(j * items + lid) * n + i]
+        sums.append(v)
+    return sums, lambda i: tk.equal(i % sk)
+
+
+def store_tile(b, acc, Y, n, obb, oh0, ow0, tile, bounds, wl, B=None, Res=None, owner=None):
+    """The fused epilogue (bias, residual add, then ReLU/ReLU6: ResNet's ``relu(conv + bn + identity)``) and a
+    guarded store of every tile pixel; ``owner(i)``, if given, is the condition under which this work-item
+    stores tile entry ``i`` (a split reduction's sums, see ``split_sums``)."""
+    (t_oc, t_oh, t_ow), (OB, OH, OW) = tile, bounds
+    for k in range(t_oc):
+        ob = obb * t_oc + k
+        for y in range(t_oh):
+            for x in range(t_ow):
+                oh, ow = oh0 + y, ow0 + x
+                i = (k * t_oh + y) * t_ow + x
+                inside = (ob < OB) & (oh < OH) & (ow < OW)
+                with b.if_(inside & owner(i) if owner is not None else inside):
+                    lanes = Ramp(ob * 4, as_expr(1), 4)
+                    v = acc[i]
+                    if v.dtype.base == "float16":  # half accumulators: the epilogue runs in float
+                        v = Cast(DType("float32", v.lanes), v)
+                    if B is not None:
+                        v = v + B[lanes]
+                    if Res is not None:
+                        v = v + Res[n, lanes, oh, ow]
+                    b.store(Y, (n, lanes, oh, ow), apply_ir(wl.activation, v))
+
+
+def clamp(i, n):
+    return max_(min_(i, n - 1), 0)
+
+
+def padded_windows(wl, x):
+    """``(r, s, patch)`` per filter tap: the float64 zero-padded input pixels that tap reads for every output
+    pixel (shared by the conv2d and depthwise references)."""
+    N, C, H, W = wl.data
+    _, _, R, S = wl.kernel
+    _, _, OH, OW = wl.out_shape
+    (sh, sw), (dh, dw), (pt, pl, pb, pr) = wl.stride, wl.dilation, wl.padding
+    xp = np.zeros((N, C, H + pt + pb, W + pl + pr))
+    xp[:, :, pt:pt + H, pl:pl + W] = x
+    for r in range(R):
+        for s in range(S):
+            yield r, s, xp[:, :, r * dh: r * dh + sh * (OH - 1) + 1: sh, s * dw: s * dw + sw * (OW - 1) + 1: sw]
+
+
+def reference_epilogue(wl, out: np.ndarray, bias=None, residual=None) -> np.ndarray:
+    """The fused epilogue in the kernels' order: bias (per channel, axis 1), residual add, activation."""
+    if bias is not None:
+        out = out + bias.astype(np.float64).reshape((1, -1) + (1,) * (out.ndim - 2))
+    if residual is not None:
+        out = out + residual
+    return apply_numpy(wl.activation, out)
+
+
+def reference(wl: Conv2dWorkload, x, w, bias=None, residual=None) -> np.ndarray:
+    """NumPy conv2d in float64 (the check for every tuned config)."""
+    out = np.zeros(wl.out_shape)
+    G, (N, O, OH, OW) = wl.groups, wl.out_shape
+    for r, s, patch in padded_windows(wl, x):  # grouped: (N, G, C/G, ...) . (G, O/G, C/G)
+        out += np.einsum("ngchw,goc->ngohw", patch.reshape(N, G, -1, OH, OW),
+                         w[:, :, r, s].astype(np.float64).reshape(G, O // G, -1)).reshape(out.shape)
+    return reference_epilogue(wl, out, bias, residual)
+
+
+def random_inputs(wl, rng) -> dict:
+    """Random normal operands (never zeros) keyed by kernel parameter name; conv2d's and depthwise's."""
+    draw = lambda shape: rng.standard_normal(shape).astype(wl.dtype)  # noqa: E731
+    inputs = {"X": draw(wl.data), "Wt": draw(wl.kernel)}
+    if wl.bias:
+        inputs["B"] = draw(wl.kernel[:1])
+    if wl.residual:
+        inputs["Res"] = draw(wl.out_shape)
+    return inputs
+
+
+def texture_scopes(wl, info, operands) -> str:
+    """``texture`` when the device has images (and half images for float16 storage), every ``(layout,
+    shape)`` operand fits its image2d limits, and it is a GPU (PoCL emulates image reads in software);
+    otherwise ``buffer``."""
+    from tuner.search_space import image_fits
+    ok = (info.image_support and info.type == "GPU" and (wl.dtype == "float32" or info.half_images)
+          and all(image_fits(layout, shape, info) for layout, shape in operands))
+    return "texture" if ok else "buffer"
+
+
+GPU_ITEMS_PER_UNIT = 1024  # work-items a GPU's compute unit keeps in flight: what a fallback config aims to fill
+
+
+def gpu_fill_target(info) -> int:
+    """Work-items a fallback config aims for on ``info``: ``GPU_ITEMS_PER_UNIT`` per compute unit on a GPU, 0
+    elsewhere (a CPU device's fallback does not shrink its tiles to fill it)."""
+    return info.compute_units * GPU_ITEMS_PER_UNIT if info.type == "GPU" else 0
+
+
+def fit_work_group(n_w: int, n_h: int, info, want_w: int = 16, want_h: int = 4) -> tuple:
+    """A power-of-two work-group no wider than the work (rounded up) and within the device's maximum."""
+    pow2 = lambda n, cap: min(cap, 1 << max(0, (n - 1).bit_length()))  # noqa: E731
+    wg_w = pow2(n_w, min(want_w, info.max_work_item_sizes[0], info.max_work_group_size))
+    wg_h = pow2(n_h, min(want_h, info.max_work_item_sizes[1], info.max_work_group_size // wg_w))
+    return wg_w, wg_h
+
+
+def _log2(x) -> float:
+    return math.log2(max(float(x), 1.0))
+
+
+def window_features(v: dict, k: dict, oc: int, blocks: int, lanes: int) -> dict:
+    """Cost-model features of a window template's config: a work-item computes ``oc`` channel blocks (of
+    ``blocks``) by tile_oh x tile_ow outputs, ``lanes`` multiply-adds per channel block and tap (16 for a
+    full conv: 4 input lanes x 4 output channels; 4 for depthwise)."""
+    tile = oc * k["tile_oh"] * k["tile_ow"]
+    n_ow, n_oh = math.ceil(v["OW"] / k["tile_ow"]), math.ceil(v["OH"] / k["tile_oh"])  # tiles along a row, a column
+    items = v["N"] * math.ceil(blocks / oc) * n_oh * n_ow
+    wg = k["wg_w"] * k["wg_h"]
+    reads = k["tile_oh"] * k["tile_ow"] + oc * lanes // 4  # input pixels per tap against the weights they meet
+    # work-items launched per useful one: the grid rounds each axis up to whole work-groups (a 32-wide group
+    # over 5 tiles of a row launches 32)
+    launch = math.ceil(n_ow / k["wg_w"]) * k["wg_w"] * math.ceil(n_oh / k["wg_h"]) * k["wg_h"] / (n_ow * n_oh)
+    return {"work_per_item": _log2(tile), "wg_size": _log2(wg), "items": _log2(items), "groups": _log2(items / wg),
+            "launch_waste": launch,
+            "bytes_per_mac": 16 * reads / (tile * lanes), "registers": 4 * tile + 4 * reads,
+            "padding_waste": n_ow * k["tile_ow"] / v["OW"],
+            "local_input": float(k.get("local_input", False)), "half": float(k.get("compute", "float32") != "float32")}
+
+
+def is_depthwise(data: tuple, kernel: tuple, groups: int) -> bool:
+    """One filter per channel (groups == C == O, one input channel per group): depthwise_conv2d's node."""
+    return groups == data[1] == kernel[0] and kernel[1] == 1
+
+
+def window_fields(node) -> dict:
+    """A conv2d graph node's window: stride, padding, dilation."""
+    a = node.attrs
+    return dict(stride=tuple(a["stride"]), padding=tuple(a["padding"]), dilation=tuple(a["dilation"]))
+
+
+# a model's kernels exchange NCHW4c activations: the layout is pinned, not tuned
+MODEL_KNOBS = {"act_layout": "nchw4c"}

@@ -1,0 +1,235 @@
+"""conv2d over NCHW4c activations and OIHW4o weights, written once; scopes and layouts are declarations.
+
+Each work-item computes a tile of ``tile_oc`` output-channel blocks (4 channels each, one RGBA pixel) by
+``tile_oh`` rows by ``tile_ow`` columns. The reduction walks input-channel blocks, then the filter window,
+then the 4 lanes of a block unrolled: one input lane (a single-lane read, broadcast) times one weight
+pixel (4 output channels) -- the outer product of the texture RFC's Adreno schedules.
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import numpy as np
+
+from tuner.ir.builder import Builder
+from tuner.ir.expr import ExtractLane, Ramp, as_expr, min_, select
+from tuner.ir.schedule import cache_read
+from tuner.templates.common import (EPILOGUE_ARGS, MODEL_KNOBS, WINDOW_ARGS, Arithmetic, Conv2dWorkload, LocalTile,
+                                    Template, WorkloadArg, _log2, clamp, declare_operands, fit_work_group,
+                                    gpu_fill_target, input_pixel, is_depthwise, node_epilogue, random_inputs, reference,
+                                    split_sums, store_tile, texture_scopes, window_features, window_fields)
+
+
+@dataclass(frozen=True)
+class Conv2dConfig:
+    """One value per knob of ``search_space/conv2d.toml`` (the storage dtype is the workload's)."""
+    tile_oc: int = 1  # output-channel blocks of 4 per work-item
+    tile_oh: int = 1  # output rows per work-item
+    tile_ow: int = 2  # output columns per work-item
+    wg_w: int = 8  # work-group size along output columns
+    wg_h: int = 1  # work-group size along output rows
+    split_c: int = 1  # reduction split: input-channel blocks per step of the channel loop, unrolled
+    unroll_rs: bool = True  # unroll the filter window
+    vec_load: int = 4  # input loads: 4 = one vector (pixel) per 4 channels, 1 = one load per channel
+    input_scope: str = "texture"
+    weight_scope: str = "texture"
+    output_scope: str = "texture"
+    act_layout: str = "nchw4c"  # texture convention of activations: nchw4c (C0) or mace_channel_major
+    weight_layout: str = "oihw4o"  # texture convention of weights: oihw4o (C1) or mace_conv2d_filter
+    cache_input: bool = False  # texture RFC A0: copy a buffer input into a texture scratch first
+    local_input: bool = False  # a work-group stages its input tile (window halo included) in __local memory
+    compute: str = "float32"  # float32; half: half4 loads and products, float32 sums; half_acc: half sums too
+    split_k: int = 1  # work-items of a work-group sharing each tile's reduction, partial sums summed in __local
+
+
+def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
+    (N, C, H, W), (O, _, R, S) = wl.data, wl.kernel
+    _, _, OH, OW = wl.out_shape
+    (sh, sw), (dh, dw), (pt, pl, _, _) = wl.stride, wl.dilation, wl.padding
+    C4, OB = -(-C // 4), -(-O // 4)
+    G = wl.groups
+    CG4, OBG = (C // G // 4, O // G // 4) if G > 1 else (C4, OB)  # blocks per group (groups pack whole pixels)
+    if CG4 % cfg.split_c:
+        raise ValueError(f"split_c={cfg.split_c} does not divide the {CG4} input-channel blocks (per group)")
+    if G > 1 and OBG % cfg.tile_oc:
+        raise ValueError(f"tile_oc={cfg.tile_oc} does not divide the {OBG} output-channel blocks of a group")
+    operands = X, Wt, B, Res, Y = declare_operands(wl, cfg, O)
+
+    t_oc, t_oh, t_ow = cfg.tile_oc, cfg.tile_oh, cfg.tile_ow
+    n_ob, n_oh, n_ow = -(-OB // t_oc), -(-OH // t_oh), -(-OW // t_ow)
+    g_w, g_h = -(-n_ow // cfg.wg_w), -(-n_oh // cfg.wg_h)
+    vector_input = cfg.vec_load == 4 or X.scope != "global" or cfg.cache_input or cfg.local_input
+    arith = Arithmetic(cfg.compute, wl.dtype)
+    steps, sk = CG4 // cfg.split_c, cfg.split_k
+    if sk > 1 and cfg.local_input:
+        raise ValueError("split_k > 1 and local_input: the work-items of a split stage different channel blocks")
+    b = Builder()
+    with b.loop("nb", N * n_ob, "group.2") as nb, b.loop("tk", sk, "local.2") as tk, \
+            b.loop("gh", g_h, "group.1") as gh, b.loop("th", cfg.wg_h, "local.1") as th, \
+            b.loop("gw", g_w, "group.0") as gw, b.loop("tw", cfg.wg_w, "local.0") as tw:
+        n, obb = nb // n_ob, nb % n_ob
+        grp = (obb * t_oc) // OBG if G > 1 else 0  # a tile's output blocks are all in one group
+        oh0, ow0 = (gh * cfg.wg_h + th) * t_oh, (gw * cfg.wg_w + tw) * t_ow
+        acc = arith.accumulators(b, t_oc * t_oh * t_ow)
+        window = "unrolled" if cfg.unroll_rs else "serial"
+        tile = LocalTile(b, cfg, (cfg.split_c, t_oh, t_ow), (sh, sw), (dh, dw), (R, S), arith) \
+            if cfg.local_input else None
+        with b.loop("cbk", -(-steps // sk)) as cbk:
+            cbo = cbk * sk + tk  # interleaved: the work-items of a split read neighbouring channel blocks
+            with b.if_(cbo < steps) if steps % sk else nullcontext():
+                if tile is not None:  # stage this step's split_c input blocks, halo included, for the work-group
+                    if steps > 1:
+                        b.barrier()  # every work-item is done reading the previous step's tile
+                    base = grp * CG4 + cbo * cfg.split_c if G > 1 else cbo * cfg.split_c
+                    tile.load(lambda k, ih, iw: input_pixel(X, n, base + k, ih, iw, H, W, arith),
+                              (gh * cfg.wg_h * t_oh * sh - pt, gw * cfg.wg_w * t_ow * sw - pl), th * cfg.wg_w + tw)
+                with b.loop("cbi", cfg.split_c, "unrolled") as cbi, b.loop("r", R, window) as r, \
+                        b.loop("s", S, window) as s:
+                    conv_step(b, cfg, wl, X, Wt, acc, arith, tile, vector_input, n, grp, obb, oh0, ow0, th, tw,
+                              cbo, cbi, r, s, (C4, CG4, OB, G, H, W))
+        owner = None
+        if sk > 1:
+            acc, owner = split_sums(b, acc, t_oc * t_oh * t_ow, sk, tk, cfg.wg_w * cfg.wg_h, th * cfg.wg_w + tw,
+                                    arith.acc)
+        store_tile(b, acc, Y, n, obb, oh0, ow0, (t_oc, t_oh, t_ow), (OB, OH, OW), wl, B, Res, owner)
+    kernel = b.kernel("conv2d_nchw4c", [p for p in operands if p is not None])
+    return cache_read(kernel, X, "texture", cfg.act_layout) if cfg.cache_input else kernel
+
+
+def conv_step(b, cfg, wl, X, Wt, acc, arith, tile, vector_input, n, grp, obb, oh0, ow0, th, tw, cbo, cbi, r, s,
+              sizes):
+    """One input-channel block (``cbo * split_c + cbi``) and window tap (r, s) of a work-item's tile: 4 lanes
+    of every input pixel times 4-output weight pixels, accumulated."""
+    C4, CG4, OB, G, H, W = sizes
+    C = wl.data[1]
+    t_oc, t_oh, t_ow = cfg.tile_oc, cfg.tile_oh, cfg.tile_ow
+    (sh, sw), (dh, dw), (pt, pl, _, _) = wl.stride, wl.dilation, wl.padding
+    cbl = cbo * cfg.split_c + cbi  # input block within the group (the weight's channel block)
+    cb = grp * CG4 + cbl if G > 1 else cbl
+    taps = {}
+    for y in range(t_oh):
+        for x in range(t_ow):
+            ih = (oh0 + y) * sh - pt + r * dh
+            iw = (ow0 + x) * sw - pl + s * dw
+            inside = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            taps[y, x] = (inside, clamp(ih, H), clamp(iw, W))
+    xs = {}
+    if tile is not None:
+        for y in range(t_oh):
+            for x in range(t_ow):
+                xs[y, x] = b.let(f"x{y}_{x}", tile.read(cbi, th, tw, y, x, r, s))
+    elif vector_input:  # one RGBA pixel (4 input channels) per tap; lanes extracted below
+        for (y, x), (inside, ih, iw) in taps.items():
+            xs[y, x] = b.let(f"x{y}_{x}", select(inside, arith.load(X[n, Ramp(cb * 4, as_expr(1), 4), ih, iw]),
+                                                0.0))
+    for ci in range(4):
+        c = cb * 4 + ci
+        # lanes past C exist only in the last block; their weights do not (OIHW4o pads O, not C)
+        with b.if_(cb < C4 - 1) if ci >= C % 4 > 0 else nullcontext():
+            if vector_input:
+                lane = {yx: ExtractLane(v, ci) for yx, v in xs.items()}
+            else:
+                lane = {yx: b.let(f"x{yx[0]}_{yx[1]}_{ci}", select(inside, arith.load(X[n, c, ih, iw]), 0.0))
+                        for yx, (inside, ih, iw) in taps.items()}
+            for k in range(t_oc):
+                ob = min_(obb * t_oc + k, OB - 1)  # a partial last tile re-reads the last block
+                wpix = b.let(f"w{k}_{ci}", arith.load(Wt[Ramp(ob * 4, as_expr(1), 4), cbl * 4 + ci, r, s]))
+                for y in range(t_oh):
+                    for x in range(t_ow):
+                        i = (k * t_oh + y) * t_ow + x
+                        b.store(acc, i, arith.mac(acc[i], lane[y, x] * wpix))
+
+
+def space_vars(wl: Conv2dWorkload) -> dict:
+    (N, C, H, W), (O, _, R, S) = wl.data, wl.kernel
+    _, _, OH, OW = wl.out_shape
+    G = wl.groups
+    return dict(N=N, C=C, H=H, W=W, O=O, R=R, S=S, OH=OH, OW=OW, C4=-(-C // 4), OB=-(-O // 4), G=G,
+                CG4=C // G // 4 if G > 1 else -(-C // 4), OBG=O // G // 4 if G > 1 else -(-O // 4),
+                data=wl.data, kernel=wl.kernel, out=wl.out_shape, bias=wl.bias, residual=wl.residual,
+                stride=wl.stride, dilation=wl.dilation)
+
+
+def fallback(wl: Conv2dWorkload, info) -> Conv2dConfig:
+    """A config that is good without tuning: 2 output-channel blocks by 4 columns per work-item where the
+    output is that large, a 16x4 work-group trimmed to the output, textures on GPUs that can hold them. On a
+    GPU the work must also fill the device (``gpu_fill_target``: work-items per compute unit): a layer with
+    too few output tiles takes smaller tiles, then splits each tile's reduction over up to 32 work-items
+    (``split_k``) -- the shape of every best config the H200's log holds for small late layers. On a CPU, whose
+    OpenCL compilers vectorize across the work-items of dimension 0, one column per work-item (4 channel blocks
+    where the groups allow) in a work-group up to 32 columns wide: the region of every best config of the tuning
+    benchmark's convolutions on Intel's CPU runtime, and 0.47x the kernel time of the 4-column fallback on
+    ResNet-18 at 224 (``bench/fallbacks.py``, 2026-11-26)."""
+    v = space_vars(wl)
+    scope = texture_scopes(wl, info, [("nchw4c", wl.data), ("nchw4c", wl.out_shape), ("oihw4o", wl.kernel)])
+    cpu = info.type == "CPU"  # CPU compilers vectorize across the work-items of dimension 0: one column each
+    fits = lambda oc: v["OBG"] >= oc and (v["G"] == 1 or v["OBG"] % oc == 0)  # noqa: E731
+    tile_oc = next(oc for oc in ((4, 2) if cpu else (2,)) + (1,) if oc == 1 or fits(oc))
+    tile_ow = 1 if cpu else 4 if v["OW"] >= 8 else 2 if v["OW"] >= 2 else 1
+    items = lambda oc, ow: v["N"] * -(-v["OB"] // oc) * v["OH"] * -(-v["OW"] // ow)  # noqa: E731
+    target = gpu_fill_target(info)
+    while items(tile_oc, tile_ow) < target and (tile_ow > 1 or tile_oc > 1):
+        tile_ow, tile_oc = (tile_ow // 2, tile_oc) if tile_ow > 1 else (tile_ow, 1)
+    wg_w, wg_h = fit_work_group(-(-v["OW"] // tile_ow), v["OH"], info, *((32, 2) if cpu else ()))
+    split_k = 1
+    while items(tile_oc, tile_ow) * split_k < target and split_k < 32:
+        k = split_k * 2  # the space's limits: channel steps, work-group size, __local partial sums
+        if k > v["CG4"] or k > info.max_work_item_sizes[2] or wg_w * wg_h * k > info.max_work_group_size \
+                or k * wg_w * wg_h * tile_oc * tile_ow * 16 > info.local_mem_bytes:
+            break
+        split_k = k
+    return Conv2dConfig(tile_oc=tile_oc, tile_oh=1, tile_ow=tile_ow, wg_w=wg_w, wg_h=wg_h, split_c=1,
+                        unroll_rs=v["R"] * v["S"] <= 9, vec_load=4, input_scope=scope, weight_scope=scope,
+                        output_scope=scope, split_k=split_k)
+
+
+def _reference(wl: Conv2dWorkload, inputs: dict) -> np.ndarray:
+    return reference(wl, inputs["X"], inputs["Wt"], inputs.get("B"), inputs.get("Res"))
+
+
+def features(v: dict, k: dict) -> dict:
+    f = window_features(v, k, k["tile_oc"], v["OB"], 16)
+    split = _log2(k.get("split_k", 1))  # work-items per tile: more of them, each with a shorter reduction
+    return {**f, "items": f["items"] + split, "wg_size": f["wg_size"] + split, "split_k": split,
+            "steps_per_item": _log2(v["CG4"] * v["R"] * v["S"] / k.get("split_k", 1))}
+
+
+def lower(ctx, node, ins):
+    """A conv2d graph node that is not depthwise: the grouped template when the groups pack into whole RGBA
+    pixels (channels per group multiples of 4), else one convolution with block-diagonal weights (exact,
+    groups times the FLOPs)."""
+    data, w_name = ctx.shape(node.inputs[0]), node.inputs[1]
+    w_shape, groups = ctx.shape(w_name), node.attrs.get("groups", 1)
+    if is_depthwise(data, w_shape, groups):
+        return None
+    fields, inputs = node_epilogue(ctx, node)
+    extra, c = {}, data[1]
+    if groups > 1:
+        cg, og = c // groups, w_shape[0] // groups
+        if cg % 4 or og % 4:  # block-diagonal weights: one dense convolution
+            w = ctx.graph.params[w_name]
+            full = np.zeros((w_shape[0], c) + w_shape[2:], np.float32)
+            for k in range(groups):
+                full[k * og:(k + 1) * og, k * cg:(k + 1) * cg] = w[k * og:(k + 1) * og]
+            w_name, w_shape, groups = f"{node.name}.block_diagonal_w", full.shape, 1
+            extra[w_name] = full
+    wl = Conv2dWorkload(data=data, kernel=w_shape, groups=groups, residual="Res" in inputs, **window_fields(node),
+                        **fields)
+    return wl, {"X": ins[0], "Wt": w_name, **inputs}, extra
+
+
+WORKLOAD_ARGS = (WorkloadArg("data", "shape", "N,C,H,W", "input shape", required=True),
+                 WorkloadArg("kernel", "shape", "O,C,R,S", "weight shape", required=True),
+                 *WINDOW_ARGS, WorkloadArg("groups", "int", "G", "grouped convolution (default 1)"),
+                 *EPILOGUE_ARGS, WorkloadArg("residual", "flag", help="fuse a residual add of a second NCHW4c tensor"))
+
+VARIABLES = dict(N="batch", C="input channels", H="input height", W="input width", O="output channels",
+                 R="kernel height", S="kernel width", OH="output height", OW="output width",
+                 C4="input-channel blocks of 4", OB="output-channel blocks of 4", G="groups",
+                 CG4="input-channel blocks per group", OBG="output-channel blocks per group", data="data shape NCHW",
+                 kernel="kernel shape OIHW", out="output shape NCHW", bias="fused bias",
+                 residual="fused residual add", stride="stride (h, w)", dilation="dilation (h, w)")
+TEMPLATE = Template("conv2d", Conv2dWorkload, Conv2dConfig, conv2d_nchw4c, _reference, random_inputs,
+                    fallback, space_vars, VARIABLES, features=features, model_knobs=MODEL_KNOBS,
+                    workload_args=WORKLOAD_ARGS, graph_ops=("conv2d",), lower=lower)

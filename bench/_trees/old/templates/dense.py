@@ -1,0 +1,240 @@
+"""Dense (fully connected): ``Y[n, m] = sum_k X[n, k] * Wt[m, k] (+ bias, activation)``, the classifier of a
+model. Inputs and outputs are packed by 4 along their last axis (``row4``: one RGBA pixel holds 4 features);
+weights are packed by 4 along the output axis (``4o``: a pixel holds 4 outputs of one input feature, the
+outer-product form of conv2d 1x1) or along the reduction axis (``4i``: a pixel holds 4 inputs of one output,
+dot products summed across lanes at the end).
+
+At batch 1 a classifier has little parallelism per output, so ``split_k`` work-items of a work-group share
+each output's reduction and combine their partial sums through local memory."""
+from __future__ import annotations
+
+from contextlib import nullcontext
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from tuner.ir.buffer import buffer
+from tuner.ir.builder import Builder
+from tuner.ir.dtype import DType
+from tuner.ir.expr import Cast, ExtractLane, Ramp, as_expr, call, max_, min_
+from tuner.ir.activations import apply_ir, canonical
+from tuner.templates.common import EPILOGUE_ARGS, Template, WorkloadArg, node_epilogue
+from tuner.templates.common import Arithmetic, bias_buffer, gpu_fill_target, reference_epilogue, texture_scopes
+
+
+@dataclass(frozen=True)
+class DenseWorkload:
+    """Canonical key: data N,K and weight M,K (ONNX Gemm with transB=1), dtype and epilogue."""
+    data: tuple
+    weight: tuple
+    dtype: str = "float32"
+    bias: bool = False
+    activation: str = "none"
+
+    def __post_init__(self):
+        object.__setattr__(self, "data", tuple(int(x) for x in self.data))
+        object.__setattr__(self, "weight", tuple(int(x) for x in self.weight))
+        if len(self.data) != 2 or len(self.weight) != 2 or self.data[1] != self.weight[1]:
+            raise ValueError(f"dense wants data N,K and weight M,K with the same K; got {list(self.data)} and "
+                             f"{list(self.weight)}")
+        if min(self.data + self.weight) < 1:
+            raise ValueError(f"dense shapes must be positive: {list(self.data)}, {list(self.weight)}")
+        object.__setattr__(self, "activation", canonical(self.activation))  # ValueError names the choices
+        if self.dtype not in ("float32", "float16"):
+            raise ValueError(f"dtype {self.dtype!r}: float32 or float16 storage")
+
+    @property
+    def out_shape(self) -> tuple:
+        return self.data[0], self.weight[0]
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.data[0] * self.weight[0] * self.data[1]
+
+    def key(self) -> dict:
+        return {"op": "dense", **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}}
+
+
+@dataclass(frozen=True)
+class DenseConfig:
+    """One value per knob of ``search_space/dense.toml``."""
+    tile_m: int = 1  # output blocks of 4 per work-item
+    tile_n: int = 1  # rows (batch) per work-item
+    wg_m: int = 32  # work-group size along output blocks
+    split_k: int = 1  # work-items sharing one reduction (partial sums combined in local memory)
+    unroll_k: int = 1  # reduction steps unrolled
+    vec_load: int = 4  # buffer input loads: float4 per 4 features, or one scalar per feature (4o only)
+    weight_pack: str = "4o"  # weights packed by 4 along outputs (4o) or the reduction (4i)
+    compute: str = "float32"  # float32; half: half4 loads and products, float32 sums; half_acc: half sums too
+    input_scope: str = "texture"
+    weight_scope: str = "texture"
+    output_scope: str = "texture"
+
+
+def _declare(name, shape, dtype, scope, texture_layout, buffer_layout, weight=False):
+    if scope == "texture":
+        return buffer(name, shape, dtype, "texture:weight" if weight else "texture", texture_layout)
+    if scope == "buffer":
+        return buffer(name, shape, dtype, "global", buffer_layout)
+    raise ValueError(f"scope {scope!r}: texture or buffer")
+
+
+def dense(wl: DenseWorkload, cfg: DenseConfig):
+    (N, K), (M, _) = wl.data, wl.weight
+    KB, MB = -(-K // 4), -(-M // 4)
+    w_layout = "col4" if cfg.weight_pack == "4o" else "row4"
+    X = _declare("X", wl.data, wl.dtype, cfg.input_scope, "row4", "row4_buffer")
+    Wt = _declare("Wt", wl.weight, wl.dtype, cfg.weight_scope, w_layout, f"{w_layout}_buffer", weight=True)
+    Y = _declare("Y", wl.out_shape, wl.dtype, cfg.output_scope, "row4", "row4_buffer")
+    B = bias_buffer(M, wl.dtype, cfg.weight_scope) if wl.bias else None
+    params = [p for p in (X, Wt, B, Y) if p is not None]
+
+    t_m, t_n, sk, uk = cfg.tile_m, cfg.tile_n, cfg.split_k, cfg.unroll_k
+    n_mt, n_nt = -(-MB // t_m), -(-N // t_n)
+    steps = -(-KB // sk)  # reduction steps of one work-item
+    ragged = steps * sk != KB or steps % uk != 0
+    tiles = [(t, y) for t in range(t_m) for y in range(t_n)]
+    arith = Arithmetic(cfg.compute, wl.dtype)
+    b = Builder()
+    with b.loop("gn", n_nt, "group.1") as gn, b.loop("tk", sk, "local.1") as tk, \
+            b.loop("gm", -(-n_mt // cfg.wg_m), "group.0") as gm, b.loop("tm", cfg.wg_m, "local.0") as tm:
+        mt, n0 = gm * cfg.wg_m + tm, gn * t_n
+        lanes_acc = 4 if cfg.weight_pack == "4i" else 1  # 4i: one float4 of products per output
+        acc = arith.accumulators(b, len(tiles) * lanes_acc)
+        with b.loop("jo", -(-steps // uk)) as jo, b.loop("ji", uk, "unrolled") as ji:
+            kb = (jo * uk + ji) * sk + tk  # interleaved: neighbouring work-items read neighbouring blocks
+            with b.if_(kb < KB) if ragged else nullcontext():
+                rows = {y: min_(n0 + y, N - 1) for y in range(t_n)}
+                vector_x = cfg.vec_load == 4 or cfg.input_scope == "texture" or cfg.weight_pack == "4i"
+                xv = {y: b.let(f"x{y}", arith.load(X[rows[y], Ramp(kb * 4, as_expr(1), 4)])) for y in range(t_n)} \
+                    if vector_x else {}
+                if cfg.weight_pack == "4o":
+                    for ki in range(4):
+                        k = kb * 4 + ki
+                        # lanes past K exist only in the last block; the 4o weights do not pad K
+                        with b.if_(kb < KB - 1) if ki >= K % 4 > 0 else nullcontext():
+                            xs = {y: ExtractLane(xv[y], ki) if vector_x else b.let(f"x{y}_{ki}", arith.load(X[rows[y], k]))
+                                  for y in range(t_n)}
+                            for t in range(t_m):
+                                mb = min_(mt * t_m + t, MB - 1)
+                                w = b.let(f"w{t}_{ki}", arith.load(Wt[Ramp(mb * 4, as_expr(1), 4), k]))
+                                for i, (tt, y) in enumerate(tiles):
+                                    if tt == t:
+                                        b.store(acc, i, arith.mac(acc[i], xs[y] * w))
+                else:
+                    for t in range(t_m):
+                        for mi in range(4):
+                            m = min_((mt * t_m + t) * 4 + mi, M - 1)  # rows past M are padding lanes
+                            w = b.let(f"w{t}_{mi}", arith.load(Wt[m, Ramp(kb * 4, as_expr(1), 4)]))
+                            for i, (tt, y) in enumerate(tiles):
+                                if tt == t:
+                                    j = i * 4 + mi
+                                    b.store(acc, j, arith.mac(acc[j], xv[y] * w))
+        total = (lambda i: Cast(DType("float32", 4), acc[i])) if arith.acc != "float32x4" else (lambda i: acc[i])
+        if cfg.weight_pack == "4i":  # lane sums: one float4 of 4 outputs per tile entry
+            sums = [call("make_vector", [_hsum(total(i * 4 + mi)) for mi in range(4)], "float32x4")
+                    for i in range(len(tiles))]
+        else:
+            sums = [total(i) for i in range(len(tiles))]
+        if sk > 1:
+            part = b.allocate("part", (sk * cfg.wg_m * len(tiles),), "float32x4", "local")
+            for i, v in enumerate(sums):
+                b.store(part, (tk * cfg.wg_m + tm) * len(tiles) + i, v)
+            b.barrier()
+        with b.if_(tk < 1) if sk > 1 else nullcontext():  # one work-item per output stores it
+            for i, (t, y) in enumerate(tiles):
+                v = sums[i]
+                if sk > 1:
+                    v = part[tm * len(tiles) + i]
+                    for j in range(1, sk):
+                        v = v + part[(j * cfg.wg_m + tm) * len(tiles) + i]
+                mb, n = mt * t_m + t, n0 + y
+                with b.if_((mb < MB) & (n < N)):
+                    lanes = Ramp(mb * 4, as_expr(1), 4)
+                    if B is not None:
+                        v = v + B[lanes]
+                    b.store(Y, (n, lanes), apply_ir(wl.activation, v))
+    return b.kernel("dense", params)
+
+
+def _hsum(v):
+    return ExtractLane(v, 0) + ExtractLane(v, 1) + ExtractLane(v, 2) + ExtractLane(v, 3)
+
+
+def reference(wl: DenseWorkload, x, w, bias=None) -> np.ndarray:
+    return reference_epilogue(wl, x.astype(np.float64) @ w.astype(np.float64).T, bias)
+
+
+def random_inputs(wl: DenseWorkload, rng) -> dict:
+    draw = lambda shape: rng.standard_normal(shape).astype(wl.dtype)  # noqa: E731
+    inputs = {"X": draw(wl.data), "Wt": draw(wl.weight)}
+    if wl.bias:
+        inputs["B"] = draw(wl.weight[:1])
+    return inputs
+
+
+def space_vars(wl: DenseWorkload) -> dict:
+    (N, K), (M, _) = wl.data, wl.weight
+    return dict(N=N, K=K, M=M, KB=-(-K // 4), MB=-(-M // 4), data=wl.data, weight=wl.weight,
+                out=wl.out_shape, bias=wl.bias)
+
+
+VARIABLES = dict(N="rows (batch)", K="input features (reduction)", M="output features",
+                 KB="input-feature blocks of 4", MB="output-feature blocks of 4", data="data shape N,K",
+                 weight="weight shape M,K", out="output shape N,M", bias="fused bias")
+
+
+def fallback(wl: DenseWorkload, info) -> DenseConfig:
+    """4o weights, one output block per work-item; at batch 1 the reduction is split over up to 8 work-items
+    (16 on a GPU the 8 would not fill, ``gpu_fill_target``) so that a classifier fills the device, and the
+    work-group along the outputs is as wide as 64 while a GPU still gets a work-group per compute unit --
+    every best dense config in the H100's and H200's logs splits 16 ways in work-groups of one output block;
+    textures on GPUs that can hold the tensors."""
+    v = space_vars(wl)
+    scope = texture_scopes(wl, info, [("row4", wl.data), ("row4", wl.out_shape), ("col4", wl.weight)])
+    target = gpu_fill_target(info)
+    split_k = 1
+    while v["N"] == 1 and split_k * 2 <= v["KB"] // 8 and split_k * 2 <= info.max_work_item_sizes[1] and \
+            (split_k < 8 or (split_k < 16 and v["MB"] * split_k < target)):
+        split_k *= 2
+    wg_m = 1
+    while wg_m < 64 and wg_m < v["MB"] and wg_m * 2 * split_k <= info.max_work_group_size \
+            and wg_m * 2 * split_k * 16 <= info.local_mem_bytes \
+            and (not target or -(-v["MB"] // (wg_m * 2)) >= info.compute_units):
+        wg_m *= 2
+    return DenseConfig(tile_m=1, tile_n=1, wg_m=wg_m, split_k=split_k, unroll_k=1, vec_load=4, weight_pack="4o",
+                       input_scope=scope, weight_scope=scope, output_scope=scope)
+
+
+def _reference(wl, inputs):
+    return reference(wl, inputs["X"], inputs["Wt"], inputs.get("B"))
+
+
+def features(v: dict, k: dict) -> dict:
+    """What a config implies for the cost model (see ``conv2d_nchw4c.window_features``)."""
+    log2 = lambda x: math.log2(max(float(x), 1.0))  # noqa: E731
+    tile = k["tile_m"] * k["tile_n"]
+    items = math.ceil(v["MB"] / k["tile_m"]) * math.ceil(v["N"] / k["tile_n"]) * k["split_k"]
+    wg = k["wg_m"] * k["split_k"]
+    reads = k["tile_n"] + k["tile_m"] * 4
+    return {"work_per_item": log2(tile), "wg_size": log2(wg), "items": log2(items), "groups": log2(items / wg),
+            "bytes_per_mac": 16 * reads / (16 * tile),
+            "registers": 4 * tile * (4 if k["weight_pack"] == "4i" else 1) + 4 * reads,
+            "half": float(k.get("compute", "float32") != "float32")}
+
+
+
+
+def lower(ctx, node, ins):
+    """A dense graph node: data N,K by weights M,K."""
+    fields, inputs = node_epilogue(ctx, node)
+    wl = DenseWorkload(data=ctx.shape(node.inputs[0]), weight=ctx.shape(node.inputs[1]), **fields)
+    return wl, {"X": ins[0], "Wt": node.inputs[1], **inputs}, {}
+
+
+WORKLOAD_ARGS = (WorkloadArg("data", "shape", "N,K", "input shape", required=True),
+                 WorkloadArg("weight", "shape", "M,K", "weight shape", required=True), *EPILOGUE_ARGS)
+TEMPLATE = Template("dense", DenseWorkload, DenseConfig, dense, _reference, random_inputs, fallback, space_vars,
+                    VARIABLES, features=features, workload_args=WORKLOAD_ARGS,
+                    graph_ops=("dense",), lower=lower)

@@ -1,0 +1,573 @@
+"""``compile_model``: ONNX -> graph passes -> steps with planned scopes -> a template per node (the direct conv2d
+or Winograd: the log's fastest, ``choose_templates``) -> configs (tuned log or fallback) ->
+kernels lowered and compiled -> memory planned -> a ``Module`` that runs.
+
+    module = tuner.compile_model("mobilenet_v2.onnx", log="logs/dev.jsonl", scope="auto")
+    y, = module.run([x])
+    module.save("build/mobilenet_v2")
+
+For a device that is not attached (the log comes from a phone, the compile runs on a laptop), pass its
+profile, the JSON ``tuner devices --json --device D`` prints there: ``compile_model(m, log=L,
+target="phone.json")`` plans, picks configs and generates kernels for it without opening any OpenCL device;
+the kernels are built when the artifact first loads on the phone.
+
+With no ``log``, the history entered with ``with tuner.apply_history_best(log):`` applies (AutoTVM's
+dispatch context).
+
+The pipeline, one named step per hand-off, each a type (``compile_model`` runs them in this order; every step but
+the last two needs no device):
+
+    load_graph         model (ONNX path or ModelProto) -> Graph (frontend, then the graph passes)
+    plan_graph         Graph -> Plan: steps, storage scopes, one template per node
+    choose_configs     Plan -> {step: (config, where it came from)}: the log, transfer, the fallback
+    generate_kernels   Plan + configs -> [StepKernel]: each step lowered and emitted as OpenCL C
+    bind_operands      [StepKernel] -> Bound: weights packed, tensors' entries and live ranges, the launches
+    allocate           Bound -> MemoryPlan: which tensors share a device allocation
+    assemble           -> ModuleSpec: the artifact's graph (docs/artifact.md), with its sources and weights
+    Module             the artifact on a runtime (built now on an attached device, or where it loads)
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import statistics
+import tempfile
+import warnings
+import weakref
+from pathlib import Path
+
+import numpy as np
+
+from tuner.errors import TunerError
+from tuner.logs import apply_history_best, current_history
+from tuner.logs.best import FallbackConfigWarning, Pick
+from tuner.logs.record import canonical_json, scope_knobs
+
+import tuner.native as native
+import tuner.runtime.module as M
+from tuner.artifact import kernel_file
+from tuner.codegen.generate import generate
+from tuner.codegen.opencl import kernel_signature
+from tuner.codegen.packing import pack, physical_shape
+from tuner.frontend.onnx import from_onnx
+from tuner.graph.graph import Graph
+import tuner.graph.passes as passes
+from tuner.plan.allocation import Entry as MemEntry
+from tuner.plan.allocation import MemoryPlan, check_plan, plan_memory
+from tuner.plan.rules import glue_builder
+from tuner.plan.lower import choose_templates, extract_tasks, lower_graph, plan_storage
+from tuner.plan.types import Plan, Step
+from tuner.runtime.base import Runtime
+from tuner.target import DeviceInfo, load_profile
+from tuner.templates import get_template, templates
+
+
+def load_graph(model, input_shapes: dict | None = None) -> Graph:
+    """An ONNX ModelProto or path -> the optimized graph (BatchNorm folded, epilogues fused); a Graph is taken
+    as already loaded (``fastest_plan`` plans one graph several ways, parsing the model once)."""
+    if isinstance(model, Graph):
+        return model
+    return passes.optimize(from_onnx(model, input_shapes))  # looked up at call time: tests wrap it
+
+
+def as_history(log, transfer_from=None):
+    """An ApplyHistoryBest, or what ``apply_history_best`` takes (paths, globs, records); None: the history
+    entered with ``with apply_history_best(...)`` (``current_history()``), if any -- or, with ``transfer_from``
+    named, an empty one, so that the siblings' logs (``logs/<fingerprint>.jsonl``) are read."""
+    if log is None:
+        found = current_history()
+        if found is None and transfer_from:
+            return apply_history_best([], transfer_from)
+        return found
+    return apply_history_best(log, transfer_from) if not hasattr(log, "query") else log
+
+
+def device_history(history, info, transfer_from=None):
+    """``history`` as seen from the device ``info`` (``ApplyHistoryBest.for_device``: another driver's records,
+    then the named siblings', fill what this device lacks); a history without ``for_device`` as is."""
+    if hasattr(history, "for_device"):
+        return history.for_device(info, transfer_from)
+    if transfer_from:
+        raise TunerError("transfer_from needs a log read by apply_history_best (this history cannot say which "
+                         "records are a sibling device's)")
+    return history
+
+
+def load_target(target):
+    """A device profile -> DeviceInfo: a DeviceInfo, a dict (``DeviceInfo.to_dict()``), or the path of the
+    JSON file ``tuner devices --json --device D`` writes on that device; checked by ``tuner.target``."""
+    return load_profile(target)
+
+
+def plan_model(model, device=None, scope: str = "auto", log=None, dtype: str = "float32",
+               input_shapes: dict | None = None, transfer_from=None) -> Plan:
+    """The planned steps of a model on ``device`` (a Device, DeviceInfo or spec); ``log`` as ``as_history``;
+    ``transfer_from`` as ``compile_model``'s."""
+    info = getattr(device, "info", device)
+    if not isinstance(info, DeviceInfo):
+        from tuner.runtime.device import choose_device
+        info = choose_device(info)
+    history = device_history(as_history(log, transfer_from), info, transfer_from)
+    return plan_storage(lower_graph(load_graph(model, input_shapes), dtype), info, scope, history)
+
+
+def plan_graph(graph: Graph, info, scope: str, history, dtype: str = "float32", prefer=None) -> Plan:
+    """The graph as the steps that will run on ``info``: lowered to steps (``lower_graph``), a storage scope per
+    tensor (``plan_storage``), and one template per node (``choose_templates``)."""
+    return choose_templates(plan_storage(lower_graph(graph, dtype), info, scope, history), history, info, prefer)
+
+
+def model_tasks(model, device=None, scope: str = "auto", log=None, dtype: str = "float32",
+                input_shapes: dict | None = None, transfer_from=None) -> list:
+    return extract_tasks(plan_model(model, device, scope, log, dtype, input_shapes, transfer_from))
+
+
+UNTESTED = ("history", "fallback")  # where a layer not measured on this device takes its config (choose_configs)
+
+
+def choose_configs(plan: Plan, info, history=None, untested: str = "history") -> dict:
+    """``step name -> (config, source)``, where ``source`` says where the config came from:
+
+    - ``"tuned"``: the log's best for the exact deployed task (another driver's of this device included:
+      ``ApplyHistoryBest.for_device``);
+    - ``"sibling <fingerprint>"``: the best valid record of the exact task on a sibling device named by
+      ``transfer_from`` (``for_device``), checked against this device's space;
+    - ``"transferred from <workload>[ on <fingerprint>]"``: the config of the same shapes with another epilogue,
+      or of the nearest tuned workload when no cost model can be trained (``ApplyHistoryBest.suggest``);
+    - ``"predicted: config of <workload>[ on <fingerprint>]"``: the logged config the template's cost model
+      ranks first for this workload, among those valid for it;
+    - ``"fallback"``: a valid fallback, with one warning per workload from apply_history_best.
+
+    ``untested="fallback"``: every layer without a record of this device (a sibling's, transferred or predicted
+    config) takes this device's fallback instead -- the plan ``fastest_plan`` times beside the other, so that a
+    compile never keeps configs nobody measured here when the fallbacks run faster."""
+    if untested not in UNTESTED:
+        raise TunerError(f"untested={untested!r}: one of {', '.join(UNTESTED)}")
+    out = {}
+    origin = getattr(history, "origin", {})
+    for s in plan.steps:
+        if not s.tuned:
+            continue
+        t = get_template(s.op)
+        rec = history.best_valid(t, s.workload, info, s.scopes, t.model_knobs) if history else None
+        pick = None if rec is not None or history is None else _suggest(history, t, s, info)
+        if rec is not None:
+            sib = origin.get(rec.task_key)
+            out[s.name] = t.config(**rec.config), "tuned" if sib is None else f"sibling {sib}"
+        elif pick is not None:
+            where = t.key_label(pick.record.workload) + (f" on {pick.origin}" if pick.origin else "")
+            out[s.name] = pick.config, ("predicted: config of " if pick.how == "predicted" else
+                                        "transferred from ") + where
+        elif history is not None:  # the valid fallback, with apply_history_best's one warning per workload
+            out[s.name] = history.pick(t, s.workload, info, s.scopes, t.model_knobs), "fallback"
+        else:
+            out[s.name] = t.fallback_with(s.workload, info, **scope_knobs(s.scopes), **t.model_knobs), "fallback"
+        if untested == "fallback" and source_kind(out[s.name][1]) not in ("tuned", "fallback"):
+            out[s.name] = t.fallback_with(s.workload, info, **scope_knobs(s.scopes), **t.model_knobs), "fallback"
+    return out
+
+
+def _suggest(history, template, step: Step, info):
+    """``history.suggest``'s Pick (a history of another kind answers with ``transfer``: no origin)."""
+    if hasattr(history, "suggest"):
+        from tuner.search.samplers import CostModel  # the ranking model: search code, handed to the log's history
+        return history.suggest(template, step.workload, info, step.scopes, template.model_knobs, fit=CostModel.fit)
+    moved = history.transfer(template, step.workload, info, step.scopes, template.model_knobs)
+    if moved is None:
+        return None
+    return Pick(moved[0], moved[1], "transferred")
+
+
+CONFIG_SOURCES = ("tuned", "sibling", "transferred", "predicted", "fallback")
+
+
+def source_kind(config_source: str | None) -> str | None:
+    """The kind of a layer's ``config_source`` (one of ``CONFIG_SOURCES``), or None for glue."""
+    if not config_source:
+        return None
+    head = config_source.split(" ", 1)[0].rstrip(":")
+    return head if head in CONFIG_SOURCES else config_source
+
+
+def source_counts(nodes) -> dict:
+    """``kind -> layers`` over a module's nodes (``source_kind`` of each tuned layer's config_source)."""
+    out: dict = {}
+    for n in nodes:
+        k = source_kind(getattr(n, "config_source", None))
+        if k is not None:
+            out[k] = out.get(k, 0) + 1
+    return out
+
+
+@functools.lru_cache(maxsize=256)
+def _tuned_kernel(build, workload, config) -> tuple:
+    """``(lowered Program, OpenCL source)`` of a template's kernel, generated once per (template build,
+    workload, config): ``fastest_plan`` compiles three plans that share most kernels, and lowering is most of
+    a compile."""
+    return generate(build(workload, config))
+
+
+def _glue_kernel(s: Step, plan: Plan, max_wg: int):
+    return glue_builder(s.op, s.name)(s, plan, max_wg)
+
+
+def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str = "float32",
+                  input_shapes: dict | None = None, progress: bool = False, target=None,
+                  measure_plans: bool | None = None, prefer=None, transfer_from=None,
+                  plan_timer: str = "python") -> M.Module:
+    """Compile an ONNX model (path or ModelProto) for ``device`` with the best configs of ``log`` (path,
+    glob, list, or an ApplyHistoryBest; None: the active ``with apply_history_best(...)``, if any);
+    ``scope``: auto (per layer, from the log), texture or buffer.
+
+    ``measure_plans`` (default: with ``scope="auto"``, an attached device and a log): the per-layer plan and
+    both uniform plans are compiled and run whole on the device, and the fastest is kept (``fastest_plan``),
+    so that ``auto`` is never slower than the best uniform plan: the log prices each kernel alone, not the
+    mixed-scope kernels, conversions and glue a plan implies, nor how kernels run back to back.
+    ``plan_timer``: what times them, ``python`` (this process's executor) or ``native`` (``tuner-run``, the
+    runtime a deployed artifact runs in; ``fastest_plan`` says why they can disagree).
+
+    ``prefer``: which template runs a node several templates take (a 3x3 stride-1 conv2d: direct or Winograd);
+    None: the one the log measured fastest; see ``plan.choose_templates``.
+
+    ``target`` (instead of ``device``): a device profile (``load_target``) of a device that need not be
+    attached. Nothing is opened or built here; the Module can be saved, and builds on its first load.
+
+    ``transfer_from``: fingerprints of sibling devices (a list, a comma-separated string, or ``"auto"`` for
+    every device of this one's family the logs hold) whose records fill the layers this device has none of,
+    ranked below this device's own and another driver's, each config checked against this device's space;
+    their layers say ``sibling <fingerprint>`` (``choose_configs``). A sibling's records the logs lack are read
+    from ``<fingerprint>.jsonl`` beside the logs or in ``logs/``. Unnamed, a sibling's records never apply."""
+    dev, info = _open(device, target)
+    _check_prefer(prefer)
+    if plan_timer not in PLAN_TIMERS:
+        raise TunerError(f"plan_timer={plan_timer!r}: give one of {', '.join(PLAN_TIMERS)}")
+    if plan_timer != "python" and (scope != "auto" or dev is None):
+        raise TunerError(f"--plan-timer {plan_timer} times the candidate plans of --scope auto on an attached device; "
+                         f"with " + (f"--scope {scope}" if scope != "auto" else "--target") + " nothing is timed: "
+                         f"leave --plan-timer out")
+    # another driver's records of this device, then the named siblings', fill what this one lacks
+    history = device_history(as_history(log, transfer_from), info, transfer_from)
+    graph = load_graph(model, input_shapes)
+    if measure_plans is None:
+        measure_plans = scope == "auto" and dev is not None and history is not None
+    if plan_timer != "python" and not (measure_plans and history is not None):
+        raise TunerError(f"--plan-timer {plan_timer}: no log holds records for this device, so --scope auto times "
+                         f"no plans: pass --log, or leave --plan-timer out")
+    if measure_plans and scope == "auto" and dev is not None:
+        return fastest_plan(graph, history, dev, dtype, progress=progress, timer=plan_timer)
+    plan = plan_graph(graph, info, scope, history, dtype, prefer)
+    return module_of(compile_plan(plan, info, history, progress), dev, progress)
+
+
+def _open(device, target) -> tuple:
+    """``(runtime or None, DeviceInfo)``: the device to compile for, or a target profile's (nothing opened)."""
+    if target is not None:
+        if device is not None:
+            raise TunerError("compile for a device or for a target profile, not both")
+        return None, load_target(target)
+    if isinstance(device, Runtime):  # any device behind the seam: local OpenCL, an agent, ...
+        return device, device.info
+    from tuner.runtime.device import Device, open_device
+    dev = device if isinstance(device, Device) else open_device(device)
+    return dev, dev.info
+
+
+@dataclasses.dataclass
+class Compiled:
+    """A compiled plan before any device: the artifact's graph, kernel sources and packed weights."""
+    spec: M.ModuleSpec
+    sources: dict  # kernels/kNNN.cl -> OpenCL C
+    params: dict  # weight key -> packed array
+
+
+def module_of(compiled: Compiled, dev, progress: bool = False) -> M.Module:
+    """The artifact on ``dev`` (its programs built now), or deferred to its first load (``dev`` None)."""
+    return M.Module(compiled.spec, compiled.sources, compiled.params, dev, defer=dev is None, progress=progress)
+
+
+def compile_plan(plan: Plan, info, history=None, progress: bool = False, untested: str = "history") -> Compiled:
+    """The steps after planning, in order, with no device (``untested``: see ``choose_configs``)."""
+    configs = choose_configs(plan, info, history, untested)
+    kernels = generate_kernels(plan, configs, info, progress)
+    bound = bind_operands(plan, kernels)
+    memory = allocate(plan, bound)
+    return assemble(plan, info, bound, memory)
+
+
+@dataclasses.dataclass
+class StepKernel:
+    """One step's generated code: the lowered program and its OpenCL source; for a tuned step its config and
+    where that came from (``choose_configs``)."""
+    step: Step
+    program: object
+    source: str
+    config: object = None
+    config_source: str | None = None
+
+
+def generate_kernels(plan: Plan, configs: dict, info, progress: bool = False) -> list:
+    """``[StepKernel]``, one per step: a template's kernel with its config, or the step's glue kernel."""
+    out = []
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=len(plan.steps), desc="compile", unit="kernel", dynamic_ncols=True)
+    for s in plan.steps:
+        if s.tuned:
+            cfg, config_source = configs[s.name]
+            try:
+                prog, source = _tuned_kernel(get_template(s.op).build, s.workload, cfg)
+            except TypeError:  # a user template's workload or config that cannot be hashed: not cached
+                prog, source = generate(get_template(s.op).build(s.workload, cfg))
+            out.append(StepKernel(s, prog, source, cfg, config_source))
+        else:
+            out.append(StepKernel(s, *generate(_glue_kernel(s, plan, info.max_work_group_size))))
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    return out
+
+
+@dataclasses.dataclass
+class Bound:
+    """The kernels bound to the plan's tensors and weights: the artifact's nodes (launches and arguments), the
+    kernel sources by file, the weights packed by the layouts the configs chose, the tensors' entries and each
+    tensor's live range ``[first step, last step]``."""
+    nodes: list
+    sources: dict
+    params: dict
+    blobs: list
+    workspaces: list
+    entries: dict
+    uses: dict
+
+
+def bind_operands(plan: Plan, kernels: list) -> Bound:
+    """Each kernel parameter bound to a weight (packed here, once), a tensor (an entry, with its live range) or a
+    workspace; each kernel's launches with their argument references (``p:``, ``t:``, ``w:``)."""
+    b = Bound([], {}, {}, [], [], {}, {})
+    for i, k in enumerate(kernels):
+        s, prog = k.step, k.program
+        binding = {**s.inputs, "Y": s.output}
+        refs = {}
+        for buf in prog.params:
+            name = binding.get(buf.name)
+            if name is None:
+                raise TunerError(f"step {s.name!r}: kernel parameter {buf.name!r} is not bound")
+            phys = tuple(physical_shape(buf))
+            if name in plan.params:  # a weight: packed once, here, by the layout the config chose
+                key = f"{s.name}.{buf.name}"
+                b.params[key] = pack(buf, np.asarray(plan.params[name], np.float32)).astype(buf.dtype.numpy)
+                b.blobs.append(M.Blob(key, buf.scope, phys, np.dtype(buf.dtype.numpy).name))
+                refs[buf.name] = f"p:{key}"
+                continue
+            t_ = plan.tensors[name]
+            e = M.Entry(name, tuple(t_.shape), phys, buf.scope, np.dtype(buf.dtype.numpy).name, t_.layout, -1)
+            if name in b.entries and (b.entries[name].physical_shape, b.entries[name].storage_scope) != (phys, buf.scope):
+                raise TunerError(f"tensor {name!r}: step {s.name!r} sees it as {buf.scope} {phys}, an earlier step "
+                                 f"as {b.entries[name].storage_scope} {b.entries[name].physical_shape}")
+            b.entries.setdefault(name, e)
+            u = b.uses.setdefault(name, [i, i])
+            u[1] = i
+            refs[buf.name] = f"t:{name}"
+        for w in prog.workspaces:
+            key = f"{s.name}.{w.name}"
+            b.workspaces.append(M.Blob(key, w.scope, tuple(physical_shape(w)), np.dtype(w.dtype.numpy).name))
+            refs[w.name] = f"w:{key}"
+        calls = []
+        for kern in prog.kernels:
+            g, l = kern.launch()
+            calls.append(M.Call(kern.name, tuple(g), tuple(l), [refs[p.name] for p in kern.params],
+                                [M.Param(**p) for p in kernel_signature(kern)]))
+        src = kernel_file(i)
+        b.sources[src] = k.source
+        b.nodes.append(M.Node(s.name, s.op, src, calls, s.workload.flops if s.tuned else 0,
+                              s.op if s.tuned else None, s.workload.key() if s.tuned else None, s.scopes,
+                              dataclasses.asdict(k.config) if k.config is not None else None,
+                              k.config_source == "tuned", k.config_source))
+    n = len(kernels)
+    for x in plan.inputs:
+        b.uses[x][0] = 0
+    for y in plan.outputs:
+        b.uses[y][1] = n  # outputs are read after the last step: never reused
+    return b
+
+
+def allocate(plan: Plan, bound: Bound) -> MemoryPlan:
+    """The memory plan of the bound tensors (``tuner.plan.allocation``), checked; each entry gets its storage."""
+    mem_entries = [MemEntry(name, e.storage_scope, e.dtype, e.physical_shape, *bound.uses[name])
+                   for name, e in bound.entries.items()]
+    mp = plan_memory(mem_entries)
+    check_plan(mem_entries, mp)
+    for name, e in bound.entries.items():
+        e.storage_id = mp.storage_id[name]
+    return mp
+
+
+def assemble(plan: Plan, info, bound: Bound, memory: MemoryPlan) -> Compiled:
+    """The artifact's graph (``ModuleSpec``: the device it was compiled for, the nodes, the entries, the pools)
+    with the kernel sources and the packed weights."""
+    pools = [M.Pool(p.id, p.scope, p.dtype, tuple(p.shape)) for p in memory.pools]
+    spec = M.ModuleSpec({**info.fingerprint_fields(), "fingerprint": info.fingerprint, "name": info.name,
+                         "profile": info.to_dict()},
+                        plan.dtype, list(plan.inputs), list(plan.outputs), bound.nodes, bound.entries, pools,
+                        bound.blobs, bound.workspaces, memory.totals())
+    return Compiled(spec, bound.sources, bound.params)
+
+
+def _check_prefer(prefer) -> None:
+    """``prefer`` of ``compile_model``: None, "first", or {node name: registered template name}."""
+    if prefer is None or prefer == "first":
+        return
+    if not isinstance(prefer, dict):
+        raise TunerError(f"prefer={prefer!r}: give None, 'first' or a dict {{node name: template name}}")
+    unknown = sorted({str(t) for t in prefer.values()} - set(templates()))
+    if unknown:
+        raise TunerError(f"prefer names templates that are not registered: {', '.join(unknown)} "
+                         f"(registered: {', '.join(sorted(templates()))})")
+
+
+PLAN_ROUNDS = 3  # alternating rounds in which fastest_plan times its candidate plans
+
+
+PLAN_TIMERS = ("python", "native")  # what times the candidate plans (compile_model's plan_timer)
+
+
+def fastest_plan(model, history, device, dtype: str = "float32", input_shapes: dict | None = None,
+                 progress: bool = False, repeats: int = 10, timer: str = "python") -> M.Module:
+    """The per-layer (``auto``) plan and the all-texture and all-buffer plans compiled for ``device`` and timed
+    whole (median of ``repeats`` runs after a warm-up, in ``PLAN_ROUNDS`` alternating rounds, the median of the
+    rounds; a plan identical to another is timed once); the fastest module is returned, with ``plan_times``
+    (plan -> seconds), ``plan_kept`` and ``plan_timer`` set.
+
+    ``timer``: ``python``, this process's executor (``Module.time``: kernels only, on random inputs), or
+    ``native``, the native runtime (``tuner-run --bench`` on each plan saved as an artifact, a fresh process per
+    timing: whole runs with transfers). They can disagree: the Python executor enqueues each kernel from Python
+    (about 10 us a kernel), so on a fast GPU it times the host as much as the device. On an H100,
+    EfficientNet-B0's texture plan ran 1.162 ms and the per-layer plan 1.246 in tuner-run (6 of 6 processes),
+    while the Python executor timed them 1.640 and 1.507 (``bench/plan_noise.py``). Time with the runtime that
+    will run the artifact.
+
+    Then the template choice of the kept plan is checked inside the model (``_refine_templates``): the log
+    times each kernel alone, with its weights warm in the cache from the previous run, and a Winograd kernel
+    reads 16/9 (F(2x2)) or 4x (F(4x4)) the direct kernel's weights, which in a model come cold from memory."""
+    if timer not in PLAN_TIMERS:
+        raise TunerError(f"plan_timer={timer!r}: give one of {', '.join(PLAN_TIMERS)}")
+    if timer == "native" and not getattr(device, "runs_here", not isinstance(device, Runtime)):
+        raise TunerError(f"--plan-timer native times the plans with tuner-run on this machine, and "
+                         f"{device.info.name} is reached through an agent: run the compile on the device's host, "
+                         f"or use --plan-timer python")
+    if timer == "native":
+        exe = native.build()["tuner_run"]  # before any plan is compiled: a missing toolchain fails now
+        paths = weakref.WeakKeyDictionary()  # module -> its artifact; a loser's device memory still goes
+        with tempfile.TemporaryDirectory(prefix="tuner-plans-") as saved:
+            return _fastest_plan(model, history, device, dtype, input_shapes, progress, repeats, timer,
+                                 lambda mod: _native_time(mod, paths, Path(saved), device, exe, repeats))
+    return _fastest_plan(model, history, device, dtype, input_shapes, progress, repeats, timer,
+                         lambda mod: statistics.median(_random_inputs(mod).time(repeats)))
+
+
+def _native_time(mod, paths: dict, saved: Path, device, exe, repeats: int) -> float:
+    """``mod``'s whole-run median by tuner-run: saved as an artifact under ``saved`` on first use (``paths``:
+    module -> its artifact), its binaries built by an untimed run. tuner-run takes the first device of the
+    fingerprint: of two identical cards, the first."""
+    if mod not in paths:
+        paths[mod] = saved / f"plan{len(list(saved.iterdir()))}"
+        mod.save(paths[mod])
+        native.bench_artifact(paths[mod], device.info.fingerprint, repeats=1, warmup=0, exe=exe)
+    return native.bench_artifact(paths[mod], device.info.fingerprint, repeats=repeats, exe=exe)
+
+
+def _fastest_plan(model, history, device, dtype, input_shapes, progress, repeats, timer, whole) -> M.Module:
+    timed, modules, caught = {}, {}, []
+    graph = load_graph(model, input_shapes)  # parsed once, planned several ways
+
+    def compile_(mode, prefer=None, untested="history"):
+        with warnings.catch_warnings(record=True) as notes:  # a candidate's fallbacks matter only if it is kept
+            warnings.simplefilter("always")
+            mod = module_of(compile_plan(plan_graph(graph, device.info, mode, history, dtype, prefer), device.info,
+                                         history, progress, untested), device, progress)
+        caught.extend(notes)
+        return mod
+
+    alias, plans = {}, ("auto", "texture", "buffer")
+    for mode in plans:
+        mod = compile_(mode)
+        same = next((m for m, other in modules.items() if _same_plan(other, mod)), None)
+        if same is not None:
+            alias[mode] = same
+            continue
+        modules[mode] = mod
+    medians = _alternating(whole, modules)
+    for mode in plans:
+        timed[mode] = medians[alias.get(mode, mode)]
+    kept = min(modules, key=lambda m: (timed[m], m != "auto"))  # a tie keeps the per-layer plan
+    mod = modules[kept]
+    modules.clear()  # the losers' device memory goes now, before more plans are compiled
+    for name, other in _refine_templates(mod, kept, compile_, repeats):
+        timed[name] = whole(other)
+        if timed[name] < timed[kept]:
+            kept, mod = name, other
+    if any(source_kind(n.config_source) in ("sibling", "transferred", "predicted") for n in mod.spec.nodes):
+        # configs nobody measured on this device: the same plan with this device's fallbacks is a candidate too
+        # (on an H100, EfficientNet-B0 with only the H200's log ran 1.69 ms, with no log at all 1.21 ms)
+        mode = kept.split("+")[0]
+        other = compile_(mode, prefer="first" if kept.endswith("+direct") else None, untested="fallback")
+        if not _same_plan(other, mod):
+            name = f"{kept}+fallback"
+            timed.update(_alternating(whole, {kept: mod, name: other}))
+            if timed[name] < timed[kept]:
+                kept, mod = name, other
+    mod.plan_times, mod.plan_kept, mod.plan_timer = timed, kept, timer
+    untuned = [canonical_json(n.workload) for n in mod.spec.nodes if n.template and not n.tuned and n.workload]
+    seen = set()
+    for w in caught:  # the kept plan's warnings (a fallback config it deploys), once each
+        text = str(w.message)
+        if text in seen or (issubclass(w.category, FallbackConfigWarning) and not any(k in text for k in untuned)):
+            continue
+        seen.add(text)
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return mod
+
+
+def _alternating(whole, modules: dict) -> dict:
+    """``name -> seconds`` of each module by ``whole``: ``PLAN_ROUNDS`` rounds, the modules alternating, each one's
+    time the median of its rounds -- a slow spell of the device (on an H100 one plan timed 3.866 ms in one
+    process and 1.406 ms in the next) hits every plan alike."""
+    samples = {m: [] for m in modules}
+    for r in range(PLAN_ROUNDS):
+        for m in (list(modules) if r % 2 == 0 else list(modules)[::-1]):
+            samples[m].append(whole(modules[m]))
+    return {m: statistics.median(v) for m, v in samples.items()}
+
+
+def _refine_templates(mod: M.Module, mode: str, compile_, repeats: int) -> list:
+    """``[(plan name, Module)]`` to time against ``mod`` (compiled with ``--scope mode``) where it runs a
+    node's alternative template (Winograd): the same plan with every node's first template (the direct conv2d),
+    named ``<mode>+direct``, and, where the per-node kernel times measured inside the two models (profiling
+    events) favour neither everywhere, the plan taking each node's faster one, ``<mode>+per-node``. Empty when
+    ``mod`` runs no alternative."""
+    first = compile_(mode, prefer="first")
+    if _same_plan(first, mod):
+        return []
+    out = [(f"{mode}+direct", first)]
+    rows = [{r["node"]: r for r in _random_inputs(m).profile(repeats)["rows"]} for m in (mod, first)]
+    prefer = {node: min((r, rows[1][node]), key=lambda x: x["median_s"])["template"]
+              for node, r in rows[0].items() if node in rows[1] and r["template"] != rows[1][node]["template"]}
+    if len(set(prefer.values())) > 1:  # some nodes faster each way: a third plan
+        out.append((f"{mode}+per-node", compile_(mode, prefer=prefer)))
+    return out
+
+
+def _random_inputs(mod: M.Module) -> M.Module:
+    """``mod`` with its inputs set to the same standard-normal draws for every plan compared."""
+    rng = np.random.default_rng(0)
+    mod.set_inputs([rng.standard_normal(mod.spec.entries[n].shape).astype(np.float32) for n in mod.spec.inputs])
+    return mod
+
+
+def _same_plan(a: M.Module, b: M.Module) -> bool:
+    """Two modules that run the same kernels on the same storage."""
+    sig = lambda m: [(n.name, m.node_storage(n), m.sources.get(n.source)) for n in m.spec.nodes]  # noqa: E731
+    return sig(a) == sig(b)

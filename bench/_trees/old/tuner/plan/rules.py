@@ -1,0 +1,300 @@
+"""Per-operator rules, one owner per graph operator: how a graph node becomes a ``Step`` (``plan.lower_graph``)
+and how a glue step becomes an IR kernel (``compiler``). Add an operator by registering its two rules here or in
+a module listed in ``RULE_MODULES``, not by editing the loops that use them.
+
+- ``@lowers("op", ...)``: ``rule(ctx, node, ins, out, shape)`` appends the node's step(s) with ``ctx.add``;
+  ``ins`` are the node's inputs as packed tensor or param names, ``out``/``shape`` its output tensor.
+- ``@glue("step_op")``: ``build(step, plan, max_work_group) -> Kernel`` for a step that is not a tuned template.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+import tuner.ops.kernels as K
+from tuner.errors import TunerError
+from tuner.plan.types import Step
+from tuner.templates import templates_for
+
+LOWER: dict[str, Callable] = {}
+GLUE: dict[str, Callable] = {}
+# Modules whose import registers more rules (kept separate so operator families stay in their own files).
+RULE_MODULES: list[str] = ["tuner.plan.rules_movement"]
+
+
+def lowers(*ops: str):
+    def deco(fn):
+        for op in ops:
+            LOWER[op] = fn
+        return fn
+    return deco
+
+
+def glue(op: str):
+    def deco(fn):
+        GLUE[op] = fn
+        return fn
+    return deco
+
+
+def load_rules() -> None:
+    for mod in RULE_MODULES:
+        importlib.import_module(mod)
+
+
+@dataclass
+class LowerCtx:
+    """What a rule sees of the graph being lowered."""
+    graph: object  # Graph
+    dtype: str
+    steps: list
+    extra: dict = field(default_factory=dict)  # params made while lowering (name -> array)
+    packed: Callable = lambda name: name  # a graph tensor's name in the plan (inputs/outputs get ".packed")
+
+    def add(self, step) -> None:
+        self.steps.append(step)
+
+    def shape(self, name: str) -> tuple:
+        return tuple(self.graph.shapes[name])
+
+    def is_param(self, name: str) -> bool:
+        return name in self.graph.params
+
+
+def rule_for(op: str, node_name: str) -> Callable:
+    load_rules()
+    rule = LOWER.get(op)
+    if rule is None:
+        raise TunerError(f"node {node_name!r}: operator {op!r} has no kernel; run passes.optimize first "
+                         f"(BatchNorm is folded there); lowered operators: {', '.join(sorted(LOWER))}")
+    return rule
+
+
+def glue_builder(op: str, step_name: str) -> Callable:
+    load_rules()
+    build = GLUE.get(op)
+    if build is None:
+        raise TunerError(f"step {step_name!r}: no kernel for {op!r}")
+    return build
+
+
+# -- tuned templates ------------------------------------------------------------------------------------------
+
+def template_step(ctx: LowerCtx, node, ins, out) -> bool:
+    """Append the node's template step when a template takes it (``templates_for``: registered ones, then the
+    built-in ones): the first one is the step (its op is that template's name), the others its
+    ``alternatives`` -- a 3x3 stride-1 conv2d can run the direct conv2d or Winograd F(2x2) or F(4x4), and
+    ``plan.choose_templates`` deploys the one the log measured fastest (the first without measurements). Every
+    alternative's new params (e.g. transformed weights) join ``ctx.extra``; the ones of alternatives not
+    chosen are dropped then. False when no template takes the node."""
+    taken = []
+    for t in templates_for(node.op):
+        try:
+            lowered = t.lower(ctx, node, ins)
+        except ValueError as e:
+            raise TunerError(f"node {node.name!r} ({t.name}): {e}") from None
+        if lowered is not None:
+            wl, inputs, extra = lowered
+            ctx.extra.update(extra)
+            taken.append(Step(node.name, t.name, dict(inputs), out, workload=wl))
+    if taken:
+        ctx.add(dataclasses.replace(taken[0], alternatives=taken[1:]))
+    return bool(taken)
+
+
+@lowers("conv2d", "dense", "group_norm", "layer_norm", "softmax")
+def lower_template(ctx: LowerCtx, node, ins, out, shape):
+    """The node runs one of the templates whose ``lower`` takes it (``template_step``); no other kernel runs
+    these operators."""
+    if template_step(ctx, node, ins, out):
+        return
+    shapes = " by ".join("x".join(map(str, ctx.shape(x))) for x in node.inputs[:2])
+    attrs = {k: v for k, v in node.attrs.items() if k != "residual"}
+    raise TunerError(f"node {node.name!r}: no template takes this {node.op} ({shapes}, {attrs}); templates asked: "
+                     f"{', '.join(t.name for t in templates_for(node.op)) or 'none'}")
+
+
+# -- glue: elementwise ----------------------------------------------------------------------------------------
+
+@lowers("add", "relu", "clip")
+def lower_elementwise(ctx: LowerCtx, node, ins, out, shape):
+    g, a = ctx.graph, node.attrs
+    if node.op == "add" and any(t not in g.params and tuple(g.shapes[t]) != tuple(shape) for t in node.inputs):
+        return lower_binary(ctx, node, ins, out, shape)  # a gate broadcast over H, W
+    acts = [t for t in ins if t not in g.params]
+    const = [t for t in ins if t in g.params]
+    attrs = {"op": node.op, "activation": a.get("activation", "none")}
+    if node.op == "clip":
+        attrs["clip"] = (float(a.get("min", -np.inf)), float(a.get("max", np.inf)))
+    if node.op == "add" and const:  # the frontend's constants broadcast per channel
+        c = shape[1]
+        v = np.broadcast_to(g.params[const[0]], shape)
+        per_channel = v.reshape(shape[0], c, -1)[0, :, 0] if len(shape) == 4 else v[0]
+        if not np.array_equal(np.broadcast_to(per_channel.reshape((1, c) + (1,) * (len(shape) - 2)), shape), v):
+            return lower_binary(ctx, node, ins, out, shape)  # a whole constant tensor: the binary kernel
+        ctx.extra[f"{node.name}.bias"] = np.ascontiguousarray(per_channel, np.float32)
+        inputs = {"X": acts[0], "B": f"{node.name}.bias"}
+        attrs["op"] = "bias_add"
+    elif node.op == "add":
+        inputs = {"X0": acts[0], "X1": acts[1]}
+    else:
+        inputs = {"X": acts[0]}
+    ctx.add(Step(node.name, "elementwise", inputs, out, attrs))
+
+
+@glue("elementwise")
+def build_elementwise(s, plan, max_wg):
+    out, acts = plan.tensors[s.output], [x for k, x in s.inputs.items() if k != "B"]
+    in_scopes = [plan.tensors[x].scope for x in acts] + ([plan.tensors[acts[0]].scope] if "B" in s.inputs else [])
+    return K.elementwise_kernel(out.shape, s.attrs["op"], plan.dtype, in_scopes, out.scope,
+                                activation=s.attrs["activation"], clip=s.attrs.get("clip", (0.0, 6.0)),
+                                max_work_group=max_wg)
+
+
+# -- glue: activations and broadcasting binary ops ------------------------------------------------------------
+
+@lowers("activation", "erf", "unary")
+def lower_unary(ctx: LowerCtx, node, ins, out, shape):
+    ctx.add(Step(node.name, "unary", {"X": ins[0]}, out, {"fn": node.attrs.get("fn", "erf")}))
+
+
+@glue("unary")
+def build_unary(s, plan, max_wg):
+    x, out = plan.tensors[s.inputs["X"]], plan.tensors[s.output]
+    return K.unary_kernel(out.shape, s.attrs["fn"], plan.dtype, x.scope, out.scope, max_wg)
+
+
+@lowers("sub", "mul", "div", "prelu")
+def lower_binary(ctx: LowerCtx, node, ins, out, shape):
+    """Either operand may be a per-channel constant ((1, C, 1, 1) / (1, C) param: passed as (C,)) or an
+    (N or 1, C, 1, 1) gate; the step keeps the operands' shapes for the kernel."""
+    g = ctx.graph
+    inputs, operands = {}, []
+    for k, (t, packed) in enumerate(zip(node.inputs, ins)):
+        if t in g.params and len(shape) in (2, 4) and (np.ndim(g.params[t]) > len(shape) or any(
+                d != 1 and not (axis == 1 and d == shape[1]) for axis, d in
+                enumerate((1,) * (len(shape) - np.ndim(g.params[t])) + np.shape(g.params[t])))):
+            try:  # a whole constant tensor (a position embedding, an attention bias): read like an activation
+                v = np.broadcast_to(np.asarray(g.params[t], np.float32), tuple(shape))
+            except ValueError:
+                raise TunerError(f"node {node.name!r} ({node.op}): a constant of shape {np.shape(g.params[t])} "
+                                 f"does not broadcast to the tensor's {tuple(shape)}") from None
+            name = f"{node.name}.full{k}"
+            ctx.extra[name] = np.ascontiguousarray(v)
+            inputs[f"X{k}"], operands = name, operands + [tuple(shape)]
+        elif t in g.params:
+            v = np.broadcast_to(np.asarray(g.params[t], np.float32), (1, shape[1]) + (1,) * (len(shape) - 2))
+            name = f"{node.name}.c{k}"
+            ctx.extra[name] = np.ascontiguousarray(v.reshape(-1))
+            inputs[f"X{k}"], operands = name, operands + [(shape[1],)]
+        else:
+            inputs[f"X{k}"], operands = packed, operands + [tuple(g.shapes[t])]
+    for k, o in enumerate(operands):
+        try:
+            K._operand_kind(tuple(shape), o, k)
+        except ValueError as e:
+            raise TunerError(f"node {node.name!r} ({node.op}): {e}") from None
+    ctx.add(Step(node.name, "binary", inputs, out, {"op": node.op, "operands": operands,
+                                                    "activation": node.attrs.get("activation", "none")}))
+
+
+@glue("binary")
+def build_binary(s, plan, max_wg):
+    out = plan.tensors[s.output]
+    acts = [plan.tensors[x] for x in s.inputs.values() if x in plan.tensors]
+    scopes = [plan.tensors[x].scope if x in plan.tensors else acts[0].scope for x in s.inputs.values()]
+    return K.binary_kernel(out.shape, s.attrs["op"], s.attrs["operands"], plan.dtype, scopes, out.scope,
+                           s.attrs["activation"], max_wg)
+
+
+# -- glue: reductions over the channels -----------------------------------------------------------------------
+
+@lowers("reduce_mean", "reduce_max", "reduce_sum", "reduce_l2")
+def lower_reduce(ctx: LowerCtx, node, ins, out, shape):
+    """A reduction over H, W (or one of them) runs the ``spatial_reduce`` template; over the channels, glue."""
+    if template_step(ctx, node, ins, out):
+        return
+    x_shape = ctx.shape(node.inputs[0])
+    axes, keepdims = tuple(node.attrs.get("axes", (2, 3))), bool(node.attrs.get("keepdims", 1))
+    mode = K.REDUCE_AXES.get((len(x_shape), axes))
+    if mode is None or (not keepdims and (mode == "channels" or len(axes) == 1)):
+        raise TunerError(f"node {node.name!r} ({node.op}): a reduction over axes {list(axes)} of a "
+                         f"{len(x_shape)}-D tensor {x_shape} with keepdims={int(keepdims)} has no kernel; supported "
+                         "are NCHW over [2, 3] (H, W), over [2] or [3] (keepdims=1), over [1] or [1, 2, 3] "
+                         "(keepdims=1) and (N, K) over [1] (keepdims=1)")
+    kind = node.op[len("reduce_"):]
+    count = int(np.prod([x_shape[a] for a in axes]))
+    ctx.add(Step(node.name, "reduce", {"X": ins[0]}, out, {"kind": "mean" if kind == "sum" else kind,
+                                                           "keepdims": keepdims, "axes": axes,
+                                                           "scale": float(count) if kind == "sum" else 1.0}))
+
+
+@glue("reduce")
+def build_reduce(s, plan, max_wg):
+    x, out = plan.tensors[s.inputs["X"]], plan.tensors[s.output]
+    return K.reduce_kernel(x.shape, s.attrs["kind"], s.attrs["keepdims"], plan.dtype, x.scope, out.scope, max_wg,
+                           axes=s.attrs.get("axes", (2, 3)), scale=s.attrs.get("scale", 1.0))
+
+
+# -- glue: pooling --------------------------------------------------------------------------------------------
+
+@lowers("global_avg_pool", "global_max_pool", "avg_pool", "max_pool")
+def lower_pool(ctx: LowerCtx, node, ins, out, shape):
+    """Global pools (and a pool whose one window is the whole input) run the ``spatial_reduce`` template;
+    windowed pools, glue."""
+    if template_step(ctx, node, ins, out):
+        return
+    a = node.attrs
+    h, w = ctx.shape(node.inputs[0])[2:]
+    attrs = ({"kind": node.op[7:10], "kernel": (h, w), "stride": (1, 1), "padding": (0, 0, 0, 0),
+              "count_include_pad": False} if node.op.startswith("global_") else
+             {"kind": node.op[:3], "kernel": tuple(a["kernel"]), "stride": tuple(a["stride"]),
+              "padding": tuple(a["padding"]), "count_include_pad": bool(a.get("count_include_pad", False)),
+              "ceil_mode": bool(a.get("ceil_mode", 0))})
+    ctx.add(Step(node.name, "pool", {"X": ins[0]}, out, attrs))
+
+
+@glue("pool")
+def build_pool(s, plan, max_wg):
+    a, x, out = s.attrs, plan.tensors[s.inputs["X"]], plan.tensors[s.output]
+    return K.pool_kernel(x.shape, a["kind"], a["kernel"], a["stride"], a["padding"], a["count_include_pad"],
+                         plan.dtype, x.scope, out.scope, max_wg, ceil_mode=a.get("ceil_mode", False))
+
+
+# -- glue: data movement --------------------------------------------------------------------------------------
+
+@lowers("flatten", "reshape")
+def lower_relayout(ctx: LowerCtx, node, ins, out, shape):
+    ctx.add(Step(node.name, "relayout", {"X": ins[0]}, out))
+
+
+@glue("relayout")
+def build_relayout(s, plan, max_wg):
+    src, out = plan.tensors[s.inputs["X"]], plan.tensors[s.output]
+    return K.relayout_kernel(src.shape, out.shape, plan.dtype, "buffer" if src.kind == "plain" else src.scope,
+                             src.layout, "buffer" if out.kind == "plain" else out.scope, out.layout, max_wg)
+
+
+@lowers("concat")
+def lower_concat(ctx: LowerCtx, node, ins, out, shape):
+    consts = [t for t in node.inputs if ctx.is_param(t)]
+    if node.attrs.get("axis", 1) not in (1, -3) or len(shape) != 4 or consts:  # H, W (Swin's roll), 2-D, params
+        axis = int(node.attrs.get("axis", 1)) % len(shape)
+        if axis == 0:
+            raise TunerError(f"node {node.name!r}: concat along the batch axis has no kernel; concatenate along "
+                             f"channels, H or W")
+        ctx.add(Step(node.name, "concat_view", {f"X{i}": t for i, t in enumerate(ins)}, out,
+                     {"axis": axis, "shapes": tuple(ctx.shape(t) for t in node.inputs)}))
+        return
+    ctx.add(Step(node.name, "concat", {f"X{i}": t for i, t in enumerate(ins)}, out))
+
+
+@glue("concat")
+def build_concat(s, plan, max_wg):
+    acts = list(s.inputs.values())
+    return K.concat_kernel([plan.tensors[x].shape for x in acts], plan.dtype, [plan.tensors[x].scope for x in acts],
+                           plan.tensors[s.output].scope, max_work_group=max_wg)

@@ -1,0 +1,80 @@
+"""The plan's types, the hand-off from planning to code generation: ``Tensor`` (an activation: its shape, its
+kind, NCHW4c or row-packed or plain, and its storage scope), ``Step`` (one deployed kernel) and ``Plan`` (the
+steps in order, the tensors and the parameters). They import nothing of the planner (``lower``) or of the
+lowering rules (``rules``), which both build on them."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from tuner.templates import get_template, templates
+
+
+class _ModelKnobs:
+    """``FIXED[op]``: the knobs a model pins for a template (``Template.model_knobs``) so that neighbouring
+    kernels agree on the activation layout."""
+
+    def __getitem__(self, op: str) -> dict:
+        return dict(get_template(op).model_knobs)
+
+
+FIXED = _ModelKnobs()
+SCOPE_MODES = ("auto", "texture", "buffer")
+
+
+@dataclass
+class Tensor:
+    name: str
+    shape: tuple
+    kind: str  # "nchw" (NCHW4c), "rows" (2-D packed by 4 along the last axis), "plain" (row-major, host side)
+    scope: str = "buffer"  # texture | buffer
+
+    @property
+    def layout(self) -> str | None:
+        if self.kind == "plain":
+            return None
+        base = "nchw4c" if self.kind == "nchw" else "row4"
+        return base if self.scope == "texture" else f"{base}_buffer"
+
+    @property
+    def texture_layout(self) -> str | None:
+        return {"nchw": "nchw4c", "rows": "row4"}.get(self.kind)
+
+
+@dataclass
+class Step:
+    """One deployed kernel. ``inputs`` maps the kernel's parameter names to tensor or param names."""
+    name: str
+    op: str  # conv2d | depthwise_conv2d | dense | elementwise | pool | concat | relayout
+    inputs: dict
+    output: str
+    attrs: dict = field(default_factory=dict)
+    workload: object = None  # template steps
+    scopes: dict | None = None  # template steps: input/weight/output
+    config: object = None  # template steps, once chosen
+    alternatives: list = field(default_factory=list)  # template steps: other templates' Steps for the same node
+    # (same name, inputs but the weights, output), until ``choose_templates`` keeps the fastest
+
+    def candidates(self) -> list:
+        """This step and its alternatives: the kernels that may run the node."""
+        return [self, *self.alternatives]
+
+    @property
+    def tuned(self) -> bool:
+        """A template step (tuned), not glue."""
+        return self.op in templates()
+
+
+@dataclass
+class Plan:
+    steps: list
+    tensors: dict  # name -> Tensor (activations only)
+    params: dict  # name -> logical float32 array
+    inputs: list
+    outputs: list
+    dtype: str = "float32"
+
+    def scope_counts(self) -> dict:
+        out: dict = {}
+        for t in self.tensors.values():
+            if t.kind != "plain":
+                out[t.scope] = out.get(t.scope, 0) + 1
+        return out

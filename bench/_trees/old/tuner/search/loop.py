@@ -1,0 +1,269 @@
+"""The evaluation loop, shared by ``tune()`` (``tuner.search.tune.LocalStrategy``) and the workers
+(``tuner.search.worker.ClaimStrategy``): propose -> build and measure -> ``Record.new`` -> log -> tell, with
+callbacks (progress, early stopping, budgets) hearing every record -- AutoTVM's ``Tuner.tune`` loop with Kernel
+Tuner's ``CostFunc`` as the ``Evaluator``.
+
+A strategy has ``finished()``, ``propose(n) -> [(trial, knob values)]``, ``measured(proposals, records)`` (the
+records exist, before the log has them), ``tell(trial, record)`` and ``settle()`` (on the way out)."""
+from __future__ import annotations
+
+import contextlib
+import warnings
+from dataclasses import dataclass, field
+
+import optuna
+from optuna.distributions import CategoricalDistribution
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.trial import TrialState
+
+from tuner.errors import ErrorCode
+from tuner.logs import Record, append_records
+from tuner.measure import MeasureInput, MeasureResult
+from tuner.search.samplers import _key, make_sampler
+from tuner.task import TuningTask, log_knowledge
+
+
+def record_of(t, workload, cfg, info, res: MeasureResult, trial, sampler, study) -> Record:
+    """The record of one measurement (its scopes are the config's own)."""
+    return Record.new(t.name, workload, cfg, info, costs=res.costs if res.ok else (), error_code=res.error_code,
+                      error_msg=res.error_msg[:4000], max_rel_error=res.max_rel_error, timestamp=res.timestamp,
+                      duration_s=res.duration_s, trial=trial, sampler=sampler, study=study)
+
+
+def score(record: Record) -> float:
+    return float(record.gflops) if record.ok and record.gflops else 0.0
+
+
+@dataclass
+class Session:
+    """One task's study on one device: the bound task, its space and distributions, the study, the log and
+    what the log knows of the task."""
+    task: TuningTask
+    info: object
+    space: object
+    study: object
+    log: str
+    sampler: str
+    known: dict
+    seeds: list = field(default_factory=list)  # knob values to measure first: a named sibling's best of the task
+    names: list = field(init=False)
+    dists: dict = field(init=False)
+
+    def __post_init__(self):
+        self.names = list(self.space.choices)
+        self.dists = {n: CategoricalDistribution(c) for n, c in self.space.choices.items()}
+
+    def values(self, trial) -> dict:
+        return {n: trial.params[n] for n in self.names}
+
+
+def open_session(task: TuningTask, info, storage, name: str, log: str, sampler: str = "xgb", seed=None,
+                 transfer: bool = True, seen_from_log: bool = True, wrap=None, transfer_from=None) -> Session:
+    """The task bound to ``info`` (scopes decided), its space, the log's knowledge, the sampler (``wrap``ped,
+    e.g. to announce trials) and the study ``name`` in ``storage`` (created or resumed), its attributes
+    readable in optuna-dashboard: the task, its label and the objective's name. ``transfer_from``: sibling
+    devices (``sibling_knowledge``) whose records weigh in the sampler's transfer as this device's do, and
+    whose best valid configs of this very task are the session's ``seeds``."""
+    task = task.bind(info)
+    space = task.space(info)
+    known, others = log_knowledge(log, task, info.fingerprint, space, transfer)
+    t = task.tmpl
+    seeds, weights = [], None
+    if transfer_from:
+        rows, seeds, siblings = sibling_knowledge(log, task, info, space, transfer_from, known)
+        others = [o for o in others if len(o) == 3 or o[3] not in siblings] + rows
+        weights = {d: SIBLING_WEIGHT for d in siblings}
+    smp = make_sampler(sampler, space, t, t.space_vars(task.workload), seed=seed, transfer=others,
+                       seen=set(known) if seen_from_log else None, device_weights=weights)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name=name, storage=storage, direction="maximize",
+                                sampler=wrap(smp) if wrap else smp, load_if_exists=True)
+    study.set_user_attr("task", task.attrs(info.fingerprint))
+    study.set_user_attr("label", task.label)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names(["GFLOP/s"])
+    return Session(task, info, space, study, log, sampler, known, seeds)
+
+
+def enqueue_seeds(s: Session) -> None:
+    """The session's seeds (a named sibling's best configs of the task, valid here) as the next trials, each
+    unless the log has it or it waits in the study already (an interrupted run enqueued it): ``tune`` and
+    ``run_worker`` ask them first."""
+    waiting = [tr.params for tr in s.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
+    for params in s.seeds:
+        if _key(params, s.names) not in s.known and not any(
+                all(w.get(n) == params[n] for n in s.names) for w in waiting):
+            s.study.enqueue_trial(params)
+
+
+SIBLING_WEIGHT = 1.0  # a named sibling's records in the sampler's transfer: as this device's (others: 0.25)
+SEEDS = 3  # a named sibling's best configs of the task measured first
+
+
+def sibling_knowledge(log: str, task: TuningTask, info, space, names, known: dict) -> tuple:
+    """``(rows, seeds, siblings)`` for tuning ``task`` (bound) on ``info`` with the sibling devices ``names``
+    (fingerprints, or ``"auto"``: the devices of ``info``'s family, ``tuner.logs.best.device_family``):
+    their records are read from the logs beside ``log`` and from ``<fingerprint>.jsonl`` there or in logs/
+    (a name found nowhere is a TunerError). ``rows``: ``(vars, values, gflops, device)`` of their successful
+    records of the template, for the sampler; ``seeds``: knob values of their fastest records of this very
+    task that this device's space accepts and the log has not measured (up to ``SEEDS``)."""
+    import dataclasses as dc
+    from pathlib import Path
+
+    from tuner.errors import TunerError
+    from tuner.logs.best import AUTO, device_family, parse_transfer_from, sibling_logs
+    from tuner.logs.index import LogIndex
+    from tuner.task import workload_of
+    names = parse_transfer_from(names)
+    fp = info.fingerprint
+    wanted = [n for n in names if n not in (AUTO, fp)]
+    folder = Path(log).parent
+    paths = sorted(folder.glob("*.jsonl")) + sibling_logs(wanted, [log])
+    records, seen_paths = [], set()
+    for path in paths:
+        if path.resolve() not in seen_paths:
+            seen_paths.add(path.resolve())
+            records += [r for r in LogIndex.of_log(path).records if r.device != fp]
+    family = device_family(info.platform, info.type, info.name)
+    devices = {r.device: r for r in records}
+    siblings = [n for n in wanted if n in devices]
+    if AUTO in names:
+        siblings += [d for d, r in devices.items() if d not in siblings and r.device_name != info.name
+                     and device_family(r.platform, d.split("-")[1] if d.count("-") >= 2 else "", r.device_name)
+                     == family]
+    missing = [n for n in wanted if n not in devices]
+    if missing:
+        raise TunerError(f"--transfer-from {', '.join(missing)}: no records of that device in the logs in "
+                         f"{folder}/ nor in logs/{missing[0]}.jsonl; put its log beside --log, or name a fingerprint "
+                         f"those logs hold ({', '.join(sorted(devices)) or 'none'})")
+    t, names_ = task.tmpl, list(space.choices)
+    defaults = {f.name: f.default for f in dc.fields(t.config) if f.default is not dc.MISSING}
+    rows, exact = [], []
+    mine = task.record_key(fp)[1:]
+    for r in records:
+        if r.device not in siblings or r.template != t.name or not r.ok:
+            continue
+        values = {**defaults, "dtype": r.workload.get("dtype"), **r.config}
+        try:
+            rows.append((t.space_vars(workload_of(t, r.workload)), values, r.gflops, r.device))
+        except (TypeError, ValueError):
+            continue
+        if r.task_key[1:] == mine and task.fits(r):
+            exact.append((siblings.index(r.device), r.median_s, r))
+    seeds = []
+    for _, _, r in sorted(exact, key=lambda x: x[:2]):
+        try:
+            cfg = t.config(**{**r.config, **task.knobs})
+            values = t.config_values(task.workload, cfg)
+            params = {n: values[n] for n in names_}
+        except (TypeError, ValueError, KeyError):
+            continue
+        key = tuple(params[n] for n in names_)
+        if key in known or params in seeds or space.violations(params):
+            continue  # measured here already, or beyond this device's limits
+        seeds.append(params)
+        if len(seeds) >= SEEDS:
+            break
+    return rows, seeds, siblings
+
+
+def tell(study, trial, rec: Record, **attrs) -> None:
+    """A measured trial: COMPLETE with its GFLOP/s, or FAIL with the error's name (user attribute ``error``)."""
+    try:
+        trial.set_user_attr("error", rec.error_name)
+        for k, v in attrs.items():
+            trial.set_user_attr(k, v)
+        if rec.ok:
+            study.tell(trial, score(rec))
+        else:
+            study.tell(trial, state=TrialState.FAIL)
+    except UpdateFinishedTrialError:  # another tuner on this study settled it; the log has the record
+        pass
+
+
+class Evaluator:
+    """Kernel Tuner's CostFunc: builds and measures a strategy's proposals (``[(trial, knob values)]``),
+    records each (``Record.new``), appends the records to the log (first: a kill after this loses nothing
+    measured), then has the strategy tell its study. The Measurer (``open_measurer()``) starts on first use."""
+
+    def __init__(self, info, log: str, open_measurer):
+        self.info, self.log, self.open_measurer = info, log, open_measurer
+        self.measurer = None
+        self.stack = contextlib.ExitStack()
+
+    def __enter__(self) -> "Evaluator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stack.close()
+
+    def __call__(self, strategy, proposals: list) -> list:
+        s = strategy.session
+        t = s.task.tmpl
+        cfgs = [t.make_config(v) for _, v in proposals]
+        if self.measurer is None:
+            self.measurer = self.stack.enter_context(self.open_measurer())
+        outs = self.measurer.measure([MeasureInput(s.task.template, s.task.workload, c) for c in cfgs])
+        recs = [record_of(t, s.task.workload, c, self.info, res, tr.number, s.sampler,
+                        s.study.study_name) for (tr, _), c, res in zip(proposals, cfgs, outs)]
+        strategy.measured(proposals, recs)
+        append_records(self.log, recs)
+        for (tr, _), rec in zip(proposals, recs):
+            strategy.tell(tr, rec)
+        return recs
+
+
+def optimize(strategies: list, evaluate, room, callbacks=(), idle=None) -> None:
+    """The evaluation loop. Each round the first unfinished strategy that proposes anything (up to ``room()``
+    configs) has its proposals evaluated, and every callback hears each record (``callback(strategy,
+    record)``; a true answer ends the loop after the round). When none proposes: ``idle()`` and again (other
+    workers hold the rest), or without ``idle`` the end. Ends too when every strategy is finished or
+    ``room()`` is 0. Each strategy's ``settle()`` runs on the way out, Ctrl-C included."""
+    try:
+        while True:
+            n = room()
+            live = [s for s in strategies if not s.finished()]
+            if n <= 0 or not live:
+                return
+            for s in live:
+                proposals = s.propose(n)
+                if proposals:
+                    break
+            else:
+                if idle is None:
+                    return
+                idle()
+                continue
+            stop = False
+            for rec in evaluate(s, proposals):
+                for cb in callbacks:
+                    stop = bool(cb(s, rec)) or stop
+            if stop:
+                return
+    finally:
+        for s in strategies:
+            s.settle()
+
+
+class EarlyStopping:
+    """Callback: stop after ``patience`` measurements without a new best (counting from the best known)."""
+
+    def __init__(self, patience: int, best: Record | None = None):
+        self.patience, self.best, self.since = patience, score(best) if best else None, 0
+
+    def __call__(self, strategy, rec: Record) -> bool:
+        if rec.error_code == ErrorCode.INSTANTIATION:
+            return False
+        if rec.ok and (self.best is None or score(rec) > self.best):
+            self.best, self.since = score(rec), 0
+        else:
+            self.since += 1
+        return self.since >= self.patience
+
+
+def progress_bar(total: int, enabled: bool, desc: str):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+    return tqdm(total=total, desc=desc, unit="trial", dynamic_ncols=True)
