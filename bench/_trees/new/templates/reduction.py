@@ -171,17 +171,20 @@ def fallback_schedule(units: int, elements: int, info, max_split: int = 64) -> d
     """``wg_reduce``, ``units_per_wg`` and ``split`` that are good without tuning, from the device's
     capabilities: on a GPU, about ``GPU_ITEMS_PER_TEXELS`` texels per work-item in work-groups of up to 256
     (TFLite's Adreno size; the TVM Adreno rule gives 25-49 elements a thread), split while the units fill fewer
-    than two work-groups per compute unit and a work-item keeps a quarter of that; on a CPU (whose compilers
-    vectorize across work-items and pay for barriers) fewer, longer work-items. Never more than ``MAX_TEXELS_PER_ITEM`` texels per work-item; never a
-    split above ``max_split``."""
+    than two work-groups per compute unit and a work-item keeps a quarter of that -- only units too long for one
+    work-group of the largest size (a squeeze-excite pool of 7x7 to 56x56 is one launch, not two); on a CPU
+    (whose compilers vectorize across work-items and pay for barriers) fewer, longer work-items. Never more than
+    ``MAX_TEXELS_PER_ITEM`` texels per work-item; never a split above ``max_split``."""
     gpu = info.type == "GPU"
     cap = min(256 if gpu else 64, info.max_work_group_size, info.max_work_item_sizes[0])
     per_item = GPU_ITEMS_PER_TEXELS if gpu else 64
     L = min(cap, _pow2_floor(max(1, elements // per_item)))
     T = 1
     want_groups = 2 * info.compute_units
-    while T < max_split and ((units * T < want_groups and ceil_div(elements, 2 * T * L) >= per_item // 4) or
-                             ceil_div(ceil_div(elements, T), L) > MAX_TEXELS_PER_ITEM):
+    fill = L == cap  # a unit that a work-group of the largest size covers at per_item..2 per_item texels a work-item
+    # is not split to fill the device: a second launch costs more than the few work-groups it adds save
+    while T < max_split and ((fill and units * T < want_groups and ceil_div(elements, 2 * T * L) >= per_item // 4)
+                             or ceil_div(ceil_div(elements, T), L) > MAX_TEXELS_PER_ITEM):
         T *= 2
     P = 1
     max_p = min(info.max_work_item_sizes[1], info.max_work_group_size // L)

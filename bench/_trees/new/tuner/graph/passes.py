@@ -4,7 +4,8 @@
   shifts its bias; one with no convolution before it becomes a 1x1 depthwise convolution (a per-channel scale
   and shift) on NCHW, a per-channel ``mul`` and ``add`` on other ranks.
 - ``fuse_epilogues``: a convolution or dense layer absorbs what follows it when nothing else reads the
-  intermediate tensor: a constant per-channel add (bias), an add of another activation (residual), then any
+  intermediate tensor: a constant per-channel multiply (a layer scale: its filters and bias scaled) or add (bias),
+  an add of another activation (residual), then any
   activation (relu, clip, and every ``activation`` node's spec: hardswish, sigmoid, silu, gelu, ...) -- the
   kernels' epilogue order. Binary glue ops (add, sub, mul, div, prelu) that stay on their own absorb a
   following activation too.
@@ -275,6 +276,16 @@ def fuse_epilogues(graph: Graph) -> Graph:
             act = _activation(nxt)
             if act is not None and "activation" not in node.attrs:
                 node.attrs["activation"] = act
+            elif (nxt.op == "mul" and node.op in ("conv2d", "dense") and "activation" not in node.attrs
+                  and "residual" not in node.attrs and node.inputs[1] in g.params
+                  and (scale := _channel_constant(g, nxt.inputs[1] if nxt.inputs[0] == out else nxt.inputs[0],
+                                                  g.shapes[out][1], len(g.shapes[out]))) is not None):
+                w = g.params[node.inputs[1]]  # a layer scale: the filters and the bias scaled per output channel
+                ins = [node.inputs[0],
+                       _add_param(g, f"{node.name}.w_scaled", w * scale.reshape((-1,) + (1,) * (w.ndim - 1)))]
+                if len(node.inputs) > 2:
+                    ins.append(_add_param(g, f"{node.name}.b_scaled", g.params[node.inputs[2]] * scale))
+                node.inputs = ins
             elif nxt.op == "add" and node.op in ("conv2d", "dense") and "activation" not in node.attrs:
                 other = nxt.inputs[1] if nxt.inputs[0] == out else nxt.inputs[0]
                 shape = g.shapes[out]
@@ -343,9 +354,10 @@ def optimize(graph: Graph) -> Graph:
     return run_passes(graph, PIPELINE)
 
 
-# The graph passes in the order they run, each ``Graph -> Graph``: GroupNorm recognized; the layout rewrites
-# (channel shuffles, attention's token tensors, NHWC blocks, ConvTranspose -> conv2d: ``passes_movement``); then
-# BatchNorm folded into convolutions, multi-node activations recognized, epilogues fused, squeeze-excite gates and
-# channel gathers read by the convolutions after them.
-PIPELINE = (fuse_group_norm, optimize_movement, fold_batch_norm, fuse_patterns, fuse_epilogues, fuse_input_gates,
-            pad_concat_parts, fold_gathers_into_convs)
+# The graph passes in the order they run, each ``Graph -> Graph``: GroupNorm and multi-node activations recognized
+# (a GELU's erf pattern reads its input twice, which would stop a transpose from sinking through it); the layout
+# rewrites (channel shuffles, attention's token tensors, NHWC blocks, ConvTranspose -> conv2d:
+# ``passes_movement``); then BatchNorm folded into convolutions, the activations the rewrites exposed recognized,
+# epilogues fused, squeeze-excite gates and channel gathers read by the convolutions after them.
+PIPELINE = (fuse_group_norm, fuse_patterns, optimize_movement, fold_batch_norm, fuse_patterns, fuse_epilogues,
+            fuse_input_gates, pad_concat_parts, fold_gathers_into_convs)

@@ -286,6 +286,8 @@ def compose_gathers(graph: Graph) -> Graph:
 
 
 def _is_depthwise(g: Graph, n: Node) -> bool:
+    if n.op != "conv2d":
+        return False
     w = g.shapes[n.inputs[1]]
     return (n.op == "conv2d" and n.attrs.get("groups", 1) == g.shapes[n.inputs[0]][1] == w[0] and w[1] == 1
             and all(t in g.params for t in n.inputs[1:]) and "in_scale" not in n.attrs and "residual" not in n.attrs)

@@ -9,6 +9,15 @@ epilogue fusion (so a BatchNorm / bias / ReLU after a ConvTranspose folds into i
   sink through pointwise ops (activations, adds / muls of constants, whose constants are permuted) and
   cancel against their inverses: ConvNeXt's ``permute(0, 2, 3, 1) -> LayerNorm -> Linear -> GELU -> Linear ->
   scale -> permute(0, 3, 1, 2)`` runs in NCHW with no transpose left.
+- ``compose_gathers``: a channel gather of a channel gather reads the first one's input (ShuffleNet's shuffle,
+  then split: one gather per half, and the shuffle runs no kernel).
+- ``pad_concat_parts`` then ``fold_gathers_into_convs`` (run last, by ``passes.optimize``): a concat read only by
+  channel gathers gets parts of whole RGBA pixels (zero filters in the producing convolution, or a gather
+  continued; the readers skip the padding), so that every part can be written in place (``plan.views``). A
+  channel gather read by a depthwise convolution moves after it (the filters to the channels they read); one read
+  only by convolutions (groups 1) becomes their weights' column order -- they read the gather's input, with zero
+  weights on the channels it leaves out, when that at most doubles the RGBA pixels they read (ShuffleNet's split
+  halves).
 - ``lower_conv_transpose``: ``conv_transpose`` -> zero insertion (``upsample_zeros``, only when the stride is
   > 1 or the pads crop) + a stride-1 ``conv2d`` with the flipped, transposed weights (tunable).
 """
@@ -241,10 +250,171 @@ def lower_conv_transpose(graph: Graph) -> Graph:
     return _drop_unused(g).validate()
 
 
+# -- channel gathers ------------------------------------------------------------------------------------------
+def _channel_gather(g: Graph, n: Node) -> tuple | None:
+    """The channel index of a ``slice`` that gathers channels of a 4-D tensor and keeps every row and column."""
+    if n.op != "slice" or len(g.shapes[n.inputs[0]]) != 4:
+        return None
+    shape = g.shapes[n.inputs[0]]
+    for key, extent in (("rows", shape[2]), ("cols", shape[3])):
+        start, step, count = n.attrs.get(key, (0, 1, None))
+        if (start, step) != (0, 1) or count not in (None, extent):
+            return None
+    return tuple(int(c) for c in n.attrs["channels"])
+
+
+def compose_gathers(graph: Graph) -> Graph:
+    from tuner.ops.kernels_movement import channel_map  # the forms the gather kernel reads
+    g = graph.copy()
+    for n in g.nodes:
+        index = _channel_gather(g, n)
+        src = g.producer(n.inputs[0]) if index is not None else None
+        first = _channel_gather(g, src) if src is not None else None
+        if first is None:
+            continue
+        composed = tuple(first[c] for c in index)
+        if channel_map(composed) is not None:
+            n.inputs, n.attrs = [src.inputs[0]], {**n.attrs, "channels": composed}
+    read = {t for n in g.nodes for t in n.inputs} | set(g.outputs)
+    while True:  # gathers nobody reads any more (a shuffle whose readers all read through it)
+        dead = [n for n in g.nodes if n.op == "slice" and not read & set(n.outputs)]
+        if not dead:
+            break
+        g.nodes = [n for n in g.nodes if n not in dead]
+        read = {t for n in g.nodes for t in n.inputs} | set(g.outputs)
+    return _drop_unused(g).validate()
+
+
+def _is_depthwise(g: Graph, n: Node) -> bool:
+    w = g.shapes[n.inputs[1]]
+    return (n.op == "conv2d" and n.attrs.get("groups", 1) == g.shapes[n.inputs[0]][1] == w[0] and w[1] == 1
+            and all(t in g.params for t in n.inputs[1:]) and "in_scale" not in n.attrs and "residual" not in n.attrs)
+
+
+def _through_depthwise(g: Graph, gather: Node, index: tuple, dw: Node) -> None:
+    """``dw(gather(x))`` -> ``gather(dw'(x))``: the depthwise convolution runs on every channel of x, its filters
+    moved to the channels they read (zero filters on the channels the gather leaves out), and the same gather
+    after it, for the readers of its output to fold in turn."""
+    src, c = gather.inputs[0], g.shapes[gather.inputs[0]][1]
+    mid = _fresh(g, f"{dw.name}.source_order")
+    n_, _, h, w = g.shapes[dw.outputs[0]]
+    g.shapes[mid] = (n_, c, h, w)
+    ins = [src]
+    for p in dw.inputs[1:]:  # weights (C, 1, R, S), then the bias (C,)
+        v = g.params[p]
+        moved = np.zeros((c,) + v.shape[1:], np.float32)
+        moved[list(index)] = v
+        ins.append(_add_param(g, f"{p}.source_order", moved))
+    after = Node("slice", f"{dw.name}.order", [mid], list(dw.outputs),
+                 {"channels": index, "rows": (0, 1, h), "cols": (0, 1, w)})
+    dw.inputs, dw.outputs, dw.attrs = ins, [mid], {**dw.attrs, "groups": c}
+    g.nodes.insert(g.nodes.index(dw) + 1, after)
+
+
+def fold_gathers_into_convs(graph: Graph) -> Graph:
+    g = graph.copy()
+    changed = True
+    while changed:
+        changed = False
+        for n in list(g.nodes):
+            index, out = _channel_gather(g, n), n.outputs[0]
+            if index is None or out in g.outputs or not g.consumers(out):
+                continue
+            src = n.inputs[0]
+            if len(set(index)) == len(index):  # no channel twice: depthwise readers run on the source's order
+                for r in g.consumers(out):
+                    if _is_depthwise(g, r) and r.inputs[0] == out and r.inputs.count(out) == 1:
+                        _through_depthwise(g, n, index, r)
+                        changed = True
+            readers = g.consumers(out)
+            if not readers or -(-g.shapes[src][1] // 4) > 2 * -(-len(index) // 4) or not all(  # pixels read
+                    r.op == "conv2d" and r.attrs.get("groups", 1) == 1 and "in_scale" not in r.attrs
+                    and r.inputs[0] == out and out not in r.inputs[1:] and r.inputs[1] in g.params for r in readers):
+                continue
+            for r in readers:
+                w = g.params[r.inputs[1]]
+                full = np.zeros((w.shape[0], g.shapes[src][1]) + w.shape[2:], np.float32)
+                np.add.at(full, (slice(None), list(index)), w)  # input channel k of the gather is channel index[k]
+                r.inputs = [src, _add_param(g, f"{r.name}.w_gathered", full)] + r.inputs[2:]
+            g.nodes = [m for m in g.nodes if m is not n]
+            changed = True
+    return _drop_unused(g).validate()
+
+
+def _extended(index: tuple, count: int, limit: int) -> tuple | None:
+    """``index`` continued to ``count`` entries by its own form ((c % m) * a + (c // m) * b + off), if every
+    entry stays below ``limit``; else None."""
+    from tuner.ops.kernels_movement import channel_map
+    m, a, b, off = channel_map(index)
+    more = tuple((c % m) * a + (c // m) * b + off for c in range(len(index), count))
+    return index + more if all(0 <= v < limit for v in more) else None
+
+
+def _pad_part(g: Graph, part: str, to: int) -> bool:
+    """The producer of ``part`` (a groups-1 convolution or a channel gather, read only by the concat) makes
+    ``to`` channels: zero filters, or its gather continued; False when it cannot."""
+    p = g.producer(part)
+    if p is None or part in g.outputs or len(g.consumers(part)) != 1:
+        return False
+    n_, c, h, w = g.shapes[part]
+    index = _channel_gather(g, p)
+    if index is not None:
+        longer = _extended(index, to, g.shapes[p.inputs[0]][1])
+        if longer is None:
+            return False
+        p.attrs = {**p.attrs, "channels": longer}
+    elif (p.op == "conv2d" and p.attrs.get("groups", 1) == 1 and "residual" not in p.attrs
+          and all(t in g.params for t in p.inputs[1:])):
+        ins = [p.inputs[0]]
+        for t in p.inputs[1:]:  # weights (O, C, R, S), then the bias (O,): zero rows for the new channels
+            v = g.params[t]
+            ins.append(_add_param(g, f"{t}.padded", np.concatenate([v, np.zeros((to - c,) + v.shape[1:])])))
+        ins += [t for t in p.inputs[len(ins):]]
+        p.inputs = ins
+    else:
+        return False
+    g.shapes[part] = (n_, to, h, w)
+    return True
+
+
+def pad_concat_parts(graph: Graph) -> Graph:
+    """A channel concat read only by channel gathers, whose parts but the last do not fill whole RGBA pixels:
+    each such part is made a multiple of 4 channels by its producer (a groups-1 convolution's zero filters, a
+    gather continued), and the gathers skip the padding -- so that ``plan.views`` can write every part in place.
+    ShuffleNetV2 x1.0's first stage concatenates halves of 58 channels."""
+    from tuner.ops.kernels_movement import channel_map
+    g = graph.copy()
+    for n in list(g.nodes):
+        shape = g.shapes[n.outputs[0]]
+        if n.op != "concat" or len(shape) != 4 or n.attrs.get("axis", 1) not in (1, -3) or n.outputs[0] in g.outputs:
+            continue
+        sizes = [g.shapes[t][1] for t in n.inputs]
+        if all(c % 4 == 0 for c in sizes[:-1]) or len(set(n.inputs)) != len(n.inputs):
+            continue
+        readers = g.consumers(n.outputs[0])
+        if not readers or not all(_channel_gather(g, r) is not None for r in readers):
+            continue
+        padded = [-(-c // 4) * 4 for c in sizes[:-1]] + sizes[-1:]
+        new_at = [sum(padded[:i]) + k for i, c in enumerate(sizes) for k in range(c)]  # old channel -> new
+        remapped = [tuple(new_at[k] for k in _channel_gather(g, r)) for r in readers]
+        if any(channel_map(ix) is None for ix in remapped):
+            continue
+        saved = {t: (g.producer(t).attrs, g.producer(t).inputs, g.shapes[t]) for t in n.inputs if g.producer(t)}
+        if not all(_pad_part(g, t, to) if to != c else True for t, c, to in zip(n.inputs, sizes, padded)):
+            for t, (attrs, ins, shp) in saved.items():  # one part could not: leave the concat as it was
+                g.producer(t).attrs, g.producer(t).inputs, g.shapes[t] = attrs, ins, shp
+            continue
+        g.shapes[n.outputs[0]] = (shape[0], sum(padded), shape[2], shape[3])
+        for r, ix in zip(readers, remapped):
+            r.attrs = {**r.attrs, "channels": ix}
+    return _drop_unused(g).validate()
+
+
 def optimize_movement(graph: Graph) -> Graph:
     """All of the above, in order (attention's token tensors made 4-D by ``passes_tokens`` once channel
     shuffles are single gathers); ``passes.optimize`` runs it first."""
     return run_passes(graph, MOVEMENT_PASSES)
 
 
-MOVEMENT_PASSES = (fuse_channel_shuffle, optimize_tokens, nhwc_to_nchw, lower_conv_transpose)  # in this order
+MOVEMENT_PASSES = (fuse_channel_shuffle, compose_gathers, optimize_tokens, nhwc_to_nchw,  # in this order
+                   lower_conv_transpose)
