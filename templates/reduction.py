@@ -183,8 +183,9 @@ def fallback_schedule(units: int, elements: int, info, max_split: int = 64, fill
     L = min(cap, _pow2_floor(max(1, elements // per_item)))
     T = 1
     want_groups = 2 * info.compute_units
-    fill = fill_short or L == cap  # a unit that a work-group of the largest size covers at per_item..2 per_item texels a work-item
-    # is not split to fill the device: a second launch costs more than the few work-groups it adds save
+    # a unit that a work-group of the largest size covers at per_item..2 per_item texels a work-item is not split to
+    # fill the device (unless fill_short): a second launch costs more than the few work-groups it adds save
+    fill = fill_short or L == cap
     while T < max_split and ((fill and units * T < want_groups and ceil_div(elements, 2 * T * L) >= per_item // 4)
                              or ceil_div(ceil_div(elements, T), L) > MAX_TEXELS_PER_ITEM):
         T *= 2
