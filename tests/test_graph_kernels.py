@@ -373,3 +373,19 @@ def test_bad_arguments_name_the_problem(make, match):
 def test_registry_pairs_kernels_with_references():
     assert set(GLUE) == {"elementwise", "pool", "concat", "relayout", "unary", "binary", "reduce"}
     assert all(callable(k) and callable(r) for k, r in GLUE.values())
+
+
+@pytest.mark.parametrize("pattern,out_scope,dtype", COMBOS)
+def test_binary_epilogue_scale_then_residual(device, rng, pattern, out_scope, dtype):
+    """``act((X0 op X1) * S + R)``: PoolFormer's token mixer ``x + ls * (pool(y) - y)`` as one kernel, the
+    residual stored in its own scope."""
+    shape = (2, 7, 3, 5)
+    k = binary_kernel(shape, "sub", [shape, shape], dtype, in_scopes(pattern, 2), out_scope, "relu",
+                      max_work_group=device.info.max_work_group_size, scale=True,
+                      residual_scope=in_scopes(pattern, 2)[1])
+    x0, x1, res = (draw(rng, shape, dtype) for _ in range(3))
+    s = draw(rng, (7,), dtype)
+    got = run(build(k, device), device, {"X0": x0, "X1": x1, "S": s, "R": res})["Y"]
+    want = binary_reference("sub", x0, x1, "relu", scale=s, residual=res)
+    assert rel_error(got, want) <= TOL_NEW[dtype]
+    assert rel_error(got, binary_reference("sub", x0, x1, "relu")) > 0.1  # the epilogue changes the answer

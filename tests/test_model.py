@@ -42,10 +42,13 @@ def run_fused(graph, inputs):
     op(inputs) + bias, + residual, then activation."""
     env = {k: np.asarray(v, np.float64) for k, v in {**graph.params, **inputs}.items()}
     for n in graph.nodes:
-        ins = [env[t] for t in n.inputs if t not in (n.attrs.get("residual"), n.attrs.get("in_scale"))]
+        ins = [env[t] for t in n.inputs if t not in (n.attrs.get("residual"), n.attrs.get("in_scale"),
+                                                     n.attrs.get("scale"))]
         if "in_scale" in n.attrs:
             ins[0] = ins[0] * env[n.attrs["in_scale"]]
         out = OPS[n.op](n, *ins)
+        if "scale" in n.attrs:
+            out = out * env[n.attrs["scale"]].reshape((1, -1) + (1,) * (out.ndim - 2))
         if "residual" in n.attrs:
             out = out + env[n.attrs["residual"]]
         act = n.attrs.get("activation", "none") if n.op != "clip" else "none"
@@ -370,6 +373,21 @@ def test_activation_patterns_fuse_into_the_convolutions():
         ("conv2d", "gelu", "sigmoid2"), ("conv2d", "gelu", None)]
     x = random_inputs(g)
     assert rel_err(run_fused(opt, x)[g.outputs[0]], run_graph_numpy(g, x)[g.outputs[0]]) < 1e-5
+
+
+def test_poolformer_block_runs_its_glue_as_two_kernels(dev):
+    """PoolFormer's block: the token mixer x + ls1 * (pool(y) - y) is one binary kernel (scale and residual fused
+    into the sub), the MLP's layer scale folds into its second convolution, which takes the residual: GroupNorm,
+    pool, sub, GroupNorm, 1x1 + ReLU, 1x1 + residual."""
+    g = from_onnx(TEST_MODELS["poolformer_block"])
+    opt = optimize(g)
+    assert [n.op for n in opt.nodes] == ["group_norm", "avg_pool", "sub", "group_norm", "conv2d", "conv2d"]
+    sub = opt.nodes[2]
+    assert "scale" in sub.attrs and sub.attrs["residual"] == "input" and "residual" in opt.nodes[5].attrs
+    x = random_inputs(g)
+    assert rel_err(run_fused(opt, x)[g.outputs[0]], run_graph_numpy(g, x)[g.outputs[0]]) < 1e-5
+    for scope in ("texture", "buffer"):
+        _check_against_ort(TEST_MODELS["poolformer_block"], scope, dev)
 
 
 def test_mobilenet_v3_small_fuses_and_plans_its_kernels(dev):

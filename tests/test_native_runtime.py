@@ -47,6 +47,8 @@ def models(tmp_path_factory):
     onnx.save(test_models()["norms"], out["norms"])
     out["shufflenet_units"] = d / "shufflenet_units.onnx"  # concats written in place, gathers in the weights
     onnx.save(test_models()["shufflenet_units"], out["shufflenet_units"])
+    out["poolformer_block"] = d / "poolformer_block.onnx"  # a binary kernel with a scale and a residual
+    onnx.save(test_models()["poolformer_block"], out["poolformer_block"])
     return out
 
 
@@ -58,6 +60,7 @@ ARTIFACTS = {
     "resnet18-intel-auto-f32": ("resnet18", "intel", "auto", "float32"),
     "norms-cpu-buffer-f32": ("norms", CPU, "buffer", "float32"),
     "shufflenet-cpu-texture-f32": ("shufflenet_units", CPU, "texture", "float32"),
+    "poolformer-cpu-buffer-f32": ("poolformer_block", CPU, "buffer", "float32"),
 }
 
 
@@ -163,7 +166,8 @@ def test_asan_clean(native, cl_env, models, artifacts, tmp_path):
     r = _tuner_run(native, cl_env, art, "--device", "intel", "--input", tmp_path / "x.npy", "--bench", 1, asan=True,
                    env=env)
     assert r.returncode == 0, r.stderr[-4000:]
-    for key in ("mnv3-intel-buffer-f16", "resnet18-intel-auto-f32", "shufflenet-cpu-texture-f32"):
+    for key in ("mnv3-intel-buffer-f16", "resnet18-intel-auto-f32", "shufflenet-cpu-texture-f32",
+                "poolformer-cpu-buffer-f32"):
         model, device, _, dtype = ARTIFACTS[key]
         x = _input(artifacts[key])
         np.save(tmp_path / "x.npy", x)

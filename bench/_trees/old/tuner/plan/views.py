@@ -1,0 +1,87 @@
+"""Concats as write views (``write_views``, ``Plan -> Plan``, run by ``compiler.compile_plan`` before code
+generation): where every part of a channel concat is written by a kernel that can write at a channel offset -- a
+``conv2d`` template step or a ``slice`` (channel gather) -- and read by nothing else, each of those kernels writes
+its part straight into the concat's tensor and the concat kernel does not run. ShuffleNetV2's units become their
+gather of the passed-through half and their branch's convolutions, writing one tensor.
+
+A part keeps its copy when it does not start an RGBA pixel (an offset that is not a multiple of 4: two kernels
+would write one pixel), when another kernel reads it too, when it is a model input or output, when its storage
+differs from the concat's, or when its producer cannot write at an offset; then the whole concat stays one kernel.
+``Plan.views`` says, per concat, which it fused and why the rest are copies."""
+from __future__ import annotations
+
+import dataclasses
+
+from tuner.plan.types import Plan, Step
+
+VIEW_WRITERS = ("conv2d", "slice")  # the step ops whose kernels take an ``out_view``
+
+
+def _parts(step: Step) -> list:
+    """The concat's inputs in order (``X0``, ``X1``, ...)."""
+    return [step.inputs[f"X{i}"] for i in range(len(step.inputs))]
+
+
+def _why_not(plan: Plan, concat: Step, part: str, offset: int, last: bool, producer: Step | None,
+             readers: dict) -> str | None:
+    """Why ``part`` (at channel ``offset`` of the concat) cannot be written in place; None if it can."""
+    t, out = plan.tensors[part], plan.tensors[concat.output]
+    if producer is None or part in plan.inputs:
+        return "a model input"
+    if part in plan.outputs:
+        return "a model output"
+    if readers.get(part, 0) != 1:
+        return "read by another kernel too"
+    if producer.op not in VIEW_WRITERS or producer.alternatives or producer.attrs.get("out_view") \
+            or getattr(producer.workload, "out_view", ()):
+        return f"its producer ({producer.op}) writes no offset"
+    if (t.kind, t.scope) != (out.kind, out.scope) or len(t.shape) != 4:
+        return f"stored as {t.scope} {t.kind}, the concat as {out.scope} {out.kind}"
+    if offset % 4 or (not last and t.shape[1] % 4):
+        return f"channels {offset}..{offset + t.shape[1]} share an RGBA pixel with another part"
+    return None
+
+
+def write_views(plan: Plan) -> Plan:
+    producer = {s.output: s for s in plan.steps}
+    readers: dict = {}
+    for s in plan.steps:
+        for x in set(s.inputs.values()):
+            readers[x] = readers.get(x, 0) + 1
+    moved: dict = {}  # producer name -> (concat output, offset, total)
+    dropped, notes = set(), []
+    for s in plan.steps:
+        if s.op != "concat" or plan.tensors[s.output].kind != "nchw":
+            continue
+        parts, total = _parts(s), plan.tensors[s.output].shape[1]
+        offsets = [sum(plan.tensors[p].shape[1] for p in parts[:i]) for i in range(len(parts))]
+        why = [_why_not(plan, s, p, o, i == len(parts) - 1, producer.get(p), readers)
+               for i, (p, o) in enumerate(zip(parts, offsets))]
+        if len(set(parts)) != len(parts):
+            why = ["the same tensor twice"] * len(parts)
+        if any(why):
+            notes.append(f"{s.name}: a copy kernel: " + "; ".join(f"{p} ({w})" for p, w in zip(parts, why) if w))
+            continue
+        for p, o in zip(parts, offsets):
+            moved[producer[p].name] = (s.output, o, total)
+        dropped.add(s.name)
+        notes.append(f"{s.name}: no kernel; written in place by " +
+                     ", ".join(f"{producer[p].name} (channels {o}..{o + plan.tensors[p].shape[1]})"
+                               for p, o in zip(parts, offsets)))
+    if not dropped:
+        return dataclasses.replace(plan, views=notes)
+    steps, gone = [], set()
+    for s in plan.steps:
+        if s.name in dropped:
+            continue
+        if s.name in moved:
+            out, offset, total = moved[s.name]
+            gone.add(s.output)
+            if s.tuned:
+                s = dataclasses.replace(s, output=out, workload=dataclasses.replace(s.workload,
+                                                                                    out_view=(offset, total)))
+            else:
+                s = dataclasses.replace(s, output=out, attrs={**s.attrs, "out_view": (offset, total)})
+        steps.append(s)
+    tensors = {k: v for k, v in plan.tensors.items() if k not in gone}
+    return dataclasses.replace(plan, steps=steps, tensors=tensors, views=notes)
