@@ -281,7 +281,7 @@ VARIABLES = dict(U="units: (image, group) pairs, or (image, block of 4 channels)
 
 
 def fallback(wl: GroupNormWorkload, info) -> ReduceConfig:
-    return fallback_config(space_vars(wl), info, texture_scopes(wl, info, [("nchw4c", wl.data)]))
+    return fallback_config(space_vars(wl), info, texture_scopes(wl, info, [("nchw4c", wl.data)]), fill_short=True)
 
 
 def describe(wl: GroupNormWorkload) -> str:

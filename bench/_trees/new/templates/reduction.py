@@ -167,12 +167,14 @@ class Schedule:
         return cond
 
 
-def fallback_schedule(units: int, elements: int, info, max_split: int = 64) -> dict:
+def fallback_schedule(units: int, elements: int, info, max_split: int = 64, fill_short: bool = False) -> dict:
     """``wg_reduce``, ``units_per_wg`` and ``split`` that are good without tuning, from the device's
     capabilities: on a GPU, about ``GPU_ITEMS_PER_TEXELS`` texels per work-item in work-groups of up to 256
     (TFLite's Adreno size; the TVM Adreno rule gives 25-49 elements a thread), split while the units fill fewer
     than two work-groups per compute unit and a work-item keeps a quarter of that -- only units too long for one
-    work-group of the largest size (a squeeze-excite pool of 7x7 to 56x56 is one launch, not two); on a CPU
+    work-group of the largest size (a squeeze-excite pool of 7x7 to 56x56 is one launch, not two), unless
+    ``fill_short`` (a norm, which writes every element again: GroupNorm(32) of ResNet-18 ran 20% slower on an
+    H200 with its short groups unsplit); on a CPU
     (whose compilers vectorize across work-items and pay for barriers) fewer, longer work-items. Never more than
     ``MAX_TEXELS_PER_ITEM`` texels per work-item; never a split above ``max_split``."""
     gpu = info.type == "GPU"
@@ -181,8 +183,9 @@ def fallback_schedule(units: int, elements: int, info, max_split: int = 64) -> d
     L = min(cap, _pow2_floor(max(1, elements // per_item)))
     T = 1
     want_groups = 2 * info.compute_units
-    fill = L == cap  # a unit that a work-group of the largest size covers at per_item..2 per_item texels a work-item
-    # is not split to fill the device: a second launch costs more than the few work-groups it adds save
+    # a unit that a work-group of the largest size covers at per_item..2 per_item texels a work-item is not split to
+    # fill the device (unless fill_short): a second launch costs more than the few work-groups it adds save
+    fill = fill_short or L == cap
     while T < max_split and ((fill and units * T < want_groups and ceil_div(elements, 2 * T * L) >= per_item // 4)
                              or ceil_div(ceil_div(elements, T), L) > MAX_TEXELS_PER_ITEM):
         T *= 2
@@ -194,10 +197,10 @@ def fallback_schedule(units: int, elements: int, info, max_split: int = 64) -> d
     return {"wg_reduce": L, "units_per_wg": P, "split": T}
 
 
-def fallback_config(v: dict, info, scope: str, max_split: int = 64) -> ReduceConfig:
+def fallback_config(v: dict, info, scope: str, max_split: int = 64, fill_short: bool = False) -> ReduceConfig:
     """A template's fallback: ``fallback_schedule`` of its space variables U and E, every operand in ``scope``."""
-    return ReduceConfig(**fallback_schedule(v["U"], v["E"], info, max_split), input_scope=scope, weight_scope=scope,
-                        output_scope=scope)
+    return ReduceConfig(**fallback_schedule(v["U"], v["E"], info, max_split, fill_short), input_scope=scope,
+                        weight_scope=scope, output_scope=scope)
 
 
 def features(v: dict, k: dict) -> dict:

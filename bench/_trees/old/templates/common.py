@@ -20,7 +20,6 @@ from tuner.ir.activations import apply_ir, apply_numpy, canonical
 from tuner.ir.buffer import buffer
 from tuner.ir.dtype import DType
 from tuner.ir.expr import Cast, Ramp, as_expr, const, max_, min_, select
-from tuner.ir.layouts import check_out_view
 
 
 @dataclass(frozen=True)
@@ -159,8 +158,7 @@ def shape_text(shape) -> str:
 def epilogue_text(wl) -> str:
     """`` +bias +relu +res f16``: what a workload fuses, and its storage type when not float32."""
     parts = [" +bias" if wl.bias else "", f" +{wl.activation}" if wl.activation != "none" else "",
-             " +res" if getattr(wl, "residual", False) else "", " +scale" if getattr(wl, "in_scale", False) else "",
-             " f16" if wl.dtype == "float16" else ""]
+             " +res" if getattr(wl, "residual", False) else "", " f16" if wl.dtype == "float16" else ""]
     return "".join(parts)
 
 
@@ -191,7 +189,7 @@ def _padding(p) -> str | None:
 
 
 _KNOWN = {"op", "data", "kernel", "weight", "stride", "padding", "dilation", "groups", "dtype", "bias",
-          "activation", "residual", "in_scale"}
+          "activation", "residual"}
 
 
 def workload_label(template: str, wl: dict) -> str:
@@ -226,8 +224,7 @@ def workload_label(template: str, wl: dict) -> str:
         parts.append(f"n{n}")
     if wl.get("dtype", "float32") != "float32":
         parts.append(str(wl["dtype"]).replace("float", "fp"))
-    epilogue = [e for e, on in (("bias", wl.get("bias")), ("res", wl.get("residual")), ("scale", wl.get("in_scale")))
-                if on]
+    epilogue = [e for e, on in (("bias", wl.get("bias")), ("res", wl.get("residual"))) if on]
     if wl.get("activation", "none") not in ("none", None):
         epilogue.append(str(wl["activation"]))
     if epilogue:
@@ -248,8 +245,6 @@ def node_epilogue(ctx, node) -> tuple:
         inputs["B"] = bias
     if a.get("residual") is not None:
         inputs["Res"] = ctx.packed(a["residual"])
-    if a.get("in_scale") is not None:  # only the templates whose ``lower`` takes ``in_scale`` read it
-        inputs["S"] = ctx.packed(a["in_scale"])
     return fields, inputs
 
 
@@ -273,9 +268,6 @@ class Conv2dWorkload:
     bias: bool = False
     activation: str = "none"
     residual: bool = False
-    in_scale: bool = False  # the input read times a per-(n, channel) gate S (N, C, 1, 1): squeeze-excite's x * s
-    out_view: tuple = ()  # (offset, channels): write channels [offset, offset + O) of a larger output (a concat's);
-    # not in the key: the loop nest is the same, a record of the workload without it applies
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
@@ -311,7 +303,6 @@ class Conv2dWorkload:
             raise ValueError(f"dtype {self.dtype!r}: float32 or float16 storage")
         if min(self.out_shape) < 1:
             raise ValueError(f"conv2d output {self.out_shape} is empty: kernel larger than padded input")
-        set_("out_view", check_out_view(self.out_view, O))
 
     @property
     def out_shape(self) -> tuple:
@@ -325,16 +316,7 @@ class Conv2dWorkload:
         return 2 * N * O * OH * OW * self.kernel[1] * self.kernel[2] * self.kernel[3]
 
     def key(self) -> dict:
-        """The log's key; ``in_scale`` only when set, so the keys (and records) of every other convolution stay
-        as they were before the field existed."""
-        return {"op": "conv2d", **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()
-                                   if (k != "in_scale" or v) and k != "out_view"}}
-
-    @property
-    def stored_shape(self) -> tuple:
-        """The output tensor the kernel writes into: ``out_shape``, or the concat's that ``out_view`` names."""
-        N, _, OH, OW = self.out_shape
-        return (N, self.out_view[1], OH, OW) if self.out_view else self.out_shape
+        return {"op": "conv2d", **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}}
 
 
 def scope_layout(scope: str, texture_layout: str, buffer_layout: str, weight=False):
@@ -436,16 +418,7 @@ def declare_operands(wl, cfg, channels: int) -> tuple:
             buffer("Wt", wl.kernel, wl.dtype, w_scope, w_layout),
             bias_buffer(channels, wl.dtype, cfg.weight_scope) if wl.bias else None,
             buffer("Res", wl.out_shape, wl.dtype, out_scope, out_layout) if wl.residual else None,
-            buffer("Y", getattr(wl, "stored_shape", wl.out_shape), wl.dtype, out_scope, out_layout))
-
-
-def scale_operand(wl, cfg):
-    """``S``, the per-(n, channel) gate an ``in_scale`` workload multiplies its input by (N, C, 1, 1), in the
-    input's scope and layout; None without ``in_scale``."""
-    if not getattr(wl, "in_scale", False):
-        return None
-    return buffer("S", (wl.data[0], wl.data[1], 1, 1), wl.dtype,
-                  *scope_layout(cfg.input_scope, cfg.act_layout, "nchw4c_buffer"))
+            buffer("Y", wl.out_shape, wl.dtype, out_scope, out_layout))
 
 
 def bias_buffer(O: int, dtype: str, weight_scope: str):
@@ -475,10 +448,8 @@ def split_sums(b, acc, n: int, sk: int, tk, items: int, lid, dtype: str):
 def store_tile(b, acc, Y, n, obb, oh0, ow0, tile, bounds, wl, B=None, Res=None, owner=None):
     """The fused epilogue (bias, residual add, then ReLU/ReLU6: ResNet's ``relu(conv + bn + identity)``) and a
     guarded store of every tile pixel; ``owner(i)``, if given, is the condition under which this work-item
-    stores tile entry ``i`` (a split reduction's sums, see ``split_sums``). A workload's ``out_view`` shifts the
-    stores by its channel offset."""
+    stores tile entry ``i`` (a split reduction's sums, see ``split_sums``)."""
     (t_oc, t_oh, t_ow), (OB, OH, OW) = tile, bounds
-    shift = wl.out_view[0] if getattr(wl, "out_view", ()) else 0
     for k in range(t_oc):
         ob = obb * t_oc + k
         for y in range(t_oh):
@@ -495,8 +466,7 @@ def store_tile(b, acc, Y, n, obb, oh0, ow0, tile, bounds, wl, B=None, Res=None, 
                         v = v + B[lanes]
                     if Res is not None:
                         v = v + Res[n, lanes, oh, ow]
-                    b.store(Y, (n, Ramp(ob * 4 + shift, as_expr(1), 4) if shift else lanes, oh, ow),
-                            apply_ir(wl.activation, v))
+                    b.store(Y, (n, lanes, oh, ow), apply_ir(wl.activation, v))
 
 
 def clamp(i, n):
@@ -526,10 +496,8 @@ def reference_epilogue(wl, out: np.ndarray, bias=None, residual=None) -> np.ndar
     return apply_numpy(wl.activation, out)
 
 
-def reference(wl: Conv2dWorkload, x, w, bias=None, residual=None, scale=None) -> np.ndarray:
-    """NumPy conv2d in float64 (the check for every tuned config); ``scale`` (N, C, 1, 1): the input's gate."""
-    if scale is not None:
-        x = x.astype(np.float64) * scale
+def reference(wl: Conv2dWorkload, x, w, bias=None, residual=None) -> np.ndarray:
+    """NumPy conv2d in float64 (the check for every tuned config)."""
     out = np.zeros(wl.out_shape)
     G, (N, O, OH, OW) = wl.groups, wl.out_shape
     for r, s, patch in padded_windows(wl, x):  # grouped: (N, G, C/G, ...) . (G, O/G, C/G)
@@ -546,8 +514,6 @@ def random_inputs(wl, rng) -> dict:
         inputs["B"] = draw(wl.kernel[:1])
     if wl.residual:
         inputs["Res"] = draw(wl.out_shape)
-    if getattr(wl, "in_scale", False):
-        inputs["S"] = draw((wl.data[0], wl.data[1], 1, 1))
     return inputs
 
 

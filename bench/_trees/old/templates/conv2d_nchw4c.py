@@ -18,8 +18,7 @@ from tuner.ir.schedule import cache_read
 from tuner.templates.common import (EPILOGUE_ARGS, MODEL_KNOBS, WINDOW_ARGS, Arithmetic, Conv2dWorkload, LocalTile,
                                     Template, WorkloadArg, _log2, clamp, declare_operands, fit_work_group,
                                     gpu_fill_target, input_pixel, is_depthwise, node_epilogue, random_inputs, reference,
-                                    scale_operand, split_sums, store_tile, texture_scopes, window_features,
-                                    window_fields)
+                                    split_sums, store_tile, texture_scopes, window_features, window_fields)
 
 
 @dataclass(frozen=True)
@@ -55,9 +54,7 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
         raise ValueError(f"split_c={cfg.split_c} does not divide the {CG4} input-channel blocks (per group)")
     if G > 1 and OBG % cfg.tile_oc:
         raise ValueError(f"tile_oc={cfg.tile_oc} does not divide the {OBG} output-channel blocks of a group")
-    X, Wt, B, Res, Y = declare_operands(wl, cfg, O)
-    Sc = scale_operand(wl, cfg)  # squeeze-excite's gate, applied to every input pixel as it is read
-    operands = (X, Sc, Wt, B, Res, Y)
+    operands = X, Wt, B, Res, Y = declare_operands(wl, cfg, O)
 
     t_oc, t_oh, t_ow = cfg.tile_oc, cfg.tile_oh, cfg.tile_ow
     n_ob, n_oh, n_ow = -(-OB // t_oc), -(-OH // t_oh), -(-OW // t_ow)
@@ -85,13 +82,12 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
                     if steps > 1:
                         b.barrier()  # every work-item is done reading the previous step's tile
                     base = grp * CG4 + cbo * cfg.split_c if G > 1 else cbo * cfg.split_c
-                    tile.load(lambda k, ih, iw: gated(input_pixel(X, n, base + k, ih, iw, H, W, arith), Sc, n,
-                                                      base + k, arith),
+                    tile.load(lambda k, ih, iw: input_pixel(X, n, base + k, ih, iw, H, W, arith),
                               (gh * cfg.wg_h * t_oh * sh - pt, gw * cfg.wg_w * t_ow * sw - pl), th * cfg.wg_w + tw)
                 with b.loop("cbi", cfg.split_c, "unrolled") as cbi, b.loop("r", R, window) as r, \
                         b.loop("s", S, window) as s:
-                    conv_step(b, cfg, wl, (X, Sc), Wt, acc, arith, tile, vector_input, n, grp, obb, oh0, ow0, th,
-                              tw, cbo, cbi, r, s, (C4, CG4, OB, G, H, W))
+                    conv_step(b, cfg, wl, X, Wt, acc, arith, tile, vector_input, n, grp, obb, oh0, ow0, th, tw,
+                              cbo, cbi, r, s, (C4, CG4, OB, G, H, W))
         owner = None
         if sk > 1:
             acc, owner = split_sums(b, acc, t_oc * t_oh * t_ow, sk, tk, cfg.wg_w * cfg.wg_h, th * cfg.wg_w + tw,
@@ -101,16 +97,11 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
     return cache_read(kernel, X, "texture", cfg.act_layout) if cfg.cache_input else kernel
 
 
-def gated(pixel, Sc, n, cb, arith):
-    """An input pixel of channel block ``cb`` times its gate pixel ``Sc[n, cb]`` (as is without ``Sc``)."""
-    return pixel if Sc is None else pixel * arith.load(Sc[n, Ramp(cb * 4, as_expr(1), 4), 0, 0])
-
-
-def conv_step(b, cfg, wl, inputs, Wt, acc, arith, tile, vector_input, n, grp, obb, oh0, ow0, th, tw, cbo, cbi, r,
-              s, sizes):
+def conv_step(b, cfg, wl, X, Wt, acc, arith, tile, vector_input, n, grp, obb, oh0, ow0, th, tw, cbo, cbi, r, s,
+              sizes):
     """One input-channel block (``cbo * split_c + cbi``) and window tap (r, s) of a work-item's tile: 4 lanes
-    of every input pixel times 4-output weight pixels, accumulated. ``inputs``: (X, the gate Sc or None)."""
-    (X, Sc), (C4, CG4, OB, G, H, W) = inputs, sizes
+    of every input pixel times 4-output weight pixels, accumulated."""
+    C4, CG4, OB, G, H, W = sizes
     C = wl.data[1]
     t_oc, t_oh, t_ow = cfg.tile_oc, cfg.tile_oh, cfg.tile_ow
     (sh, sw), (dh, dw), (pt, pl, _, _) = wl.stride, wl.dilation, wl.padding
@@ -130,8 +121,8 @@ def conv_step(b, cfg, wl, inputs, Wt, acc, arith, tile, vector_input, n, grp, ob
                 xs[y, x] = b.let(f"x{y}_{x}", tile.read(cbi, th, tw, y, x, r, s))
     elif vector_input:  # one RGBA pixel (4 input channels) per tap; lanes extracted below
         for (y, x), (inside, ih, iw) in taps.items():
-            xs[y, x] = b.let(f"x{y}_{x}", gated(select(inside, arith.load(X[n, Ramp(cb * 4, as_expr(1), 4), ih, iw]),
-                                                       0.0), Sc, n, cb, arith))
+            xs[y, x] = b.let(f"x{y}_{x}", select(inside, arith.load(X[n, Ramp(cb * 4, as_expr(1), 4), ih, iw]),
+                                                0.0))
     for ci in range(4):
         c = cb * 4 + ci
         # lanes past C exist only in the last block; their weights do not (OIHW4o pads O, not C)
@@ -139,8 +130,7 @@ def conv_step(b, cfg, wl, inputs, Wt, acc, arith, tile, vector_input, n, grp, ob
             if vector_input:
                 lane = {yx: ExtractLane(v, ci) for yx, v in xs.items()}
             else:
-                gate = (lambda v: v) if Sc is None else (lambda v: v * arith.load(Sc[n, c, 0, 0]))  # noqa: E731
-                lane = {yx: b.let(f"x{yx[0]}_{yx[1]}_{ci}", gate(select(inside, arith.load(X[n, c, ih, iw]), 0.0)))
+                lane = {yx: b.let(f"x{yx[0]}_{yx[1]}_{ci}", select(inside, arith.load(X[n, c, ih, iw]), 0.0))
                         for yx, (inside, ih, iw) in taps.items()}
             for k in range(t_oc):
                 ob = min_(obb * t_oc + k, OB - 1)  # a partial last tile re-reads the last block
@@ -195,7 +185,7 @@ def fallback(wl: Conv2dWorkload, info) -> Conv2dConfig:
 
 
 def _reference(wl: Conv2dWorkload, inputs: dict) -> np.ndarray:
-    return reference(wl, inputs["X"], inputs["Wt"], inputs.get("B"), inputs.get("Res"), inputs.get("S"))
+    return reference(wl, inputs["X"], inputs["Wt"], inputs.get("B"), inputs.get("Res"))
 
 
 def features(v: dict, k: dict) -> dict:
@@ -224,17 +214,15 @@ def lower(ctx, node, ins):
                 full[k * og:(k + 1) * og, k * cg:(k + 1) * cg] = w[k * og:(k + 1) * og]
             w_name, w_shape, groups = f"{node.name}.block_diagonal_w", full.shape, 1
             extra[w_name] = full
-    wl = Conv2dWorkload(data=data, kernel=w_shape, groups=groups, residual="Res" in inputs, in_scale="S" in inputs,
-                        **window_fields(node), **fields)
+    wl = Conv2dWorkload(data=data, kernel=w_shape, groups=groups, residual="Res" in inputs, **window_fields(node),
+                        **fields)
     return wl, {"X": ins[0], "Wt": w_name, **inputs}, extra
 
 
 WORKLOAD_ARGS = (WorkloadArg("data", "shape", "N,C,H,W", "input shape", required=True),
                  WorkloadArg("kernel", "shape", "O,C,R,S", "weight shape", required=True),
                  *WINDOW_ARGS, WorkloadArg("groups", "int", "G", "grouped convolution (default 1)"),
-                 *EPILOGUE_ARGS, WorkloadArg("residual", "flag", help="fuse a residual add of a second NCHW4c tensor"),
-                 WorkloadArg("in_scale", "flag", help="multiply the input by a per-(n, channel) gate S of shape "
-                             "N,C,1,1 as it is read (squeeze-excite)"))
+                 *EPILOGUE_ARGS, WorkloadArg("residual", "flag", help="fuse a residual add of a second NCHW4c tensor"))
 
 VARIABLES = dict(N="batch", C="input channels", H="input height", W="input width", O="output channels",
                  R="kernel height", S="kernel width", OH="output height", OW="output width",

@@ -206,7 +206,7 @@ def features(v: dict, k: dict) -> dict:
 def lower(ctx, node, ins):
     """A conv2d graph node with one filter per channel (groups == C == O)."""
     data, w_name = ctx.shape(node.inputs[0]), node.inputs[1]
-    if not is_depthwise(data, ctx.shape(w_name), node.attrs.get("groups", 1)) or "in_scale" in node.attrs:
+    if not is_depthwise(data, ctx.shape(w_name), node.attrs.get("groups", 1)):
         return None
     fields, inputs = node_epilogue(ctx, node)
     wl = DepthwiseWorkload(data=data, kernel=ctx.shape(w_name), residual="Res" in inputs, **window_fields(node),

@@ -8,7 +8,8 @@
   an add of another activation (residual), then any
   activation (relu, clip, and every ``activation`` node's spec: hardswish, sigmoid, silu, gelu, ...) -- the
   kernels' epilogue order. Binary glue ops (add, sub, mul, div, prelu) that stay on their own absorb a
-  following activation too.
+  following per-channel constant multiply (``scale``), an add of another activation (``residual``) and an
+  activation, in that order: PoolFormer's ``x + ls * (pool(y) - y)`` is one kernel.
 - ``fuse_input_gates``: squeeze-excite's ``x * s`` -- a ``mul`` of an (N, C, H, W) activation by an (N, C, 1, 1)
   one whose only reader is a (not depthwise) convolution -- becomes that convolution's ``in_scale``: it reads x
   times s as it loads its input, and the product is never stored.
@@ -260,6 +261,30 @@ def canonical_residuals(graph: Graph) -> Graph:
     return g
 
 
+def _binary_epilogue(g: Graph, node: Node, nxt: Node, out: str, order: dict) -> bool:
+    """A binary glue op (no activation yet) absorbs a following multiply by a per-channel constant (``scale``, a
+    layer scale), then an add of another activation of its shape (``residual``); True if it took ``nxt``."""
+    if nxt.op not in ("mul", "add") or len(nxt.inputs) != 2 or "activation" in node.attrs \
+            or "residual" in node.attrs or nxt.inputs.count(out) != 1 \
+            or len(g.shapes[out]) not in (2, 4) or node.op == "add" or any(t in g.params for t in node.inputs[:2]):
+        return False  # an add, or an op with a constant operand, may lower to the elementwise kernel: no epilogue
+    other = nxt.inputs[1] if nxt.inputs[0] == out else nxt.inputs[0]
+    shape = g.shapes[out]
+    if nxt.op == "mul" and "scale" not in node.attrs:
+        scale = _channel_constant(g, other, shape[1], len(shape))
+        if scale is None:
+            return False
+        node.attrs["scale"] = _add_param(g, f"{node.name}.scale", scale)
+        return True
+    if nxt.op == "add" and other not in g.params and tuple(g.shapes[other]) == tuple(shape):
+        p = g.producer(other)
+        if p is not None and order[p.name] > order[node.name]:
+            return False  # the other operand is not ready when this op runs
+        node.attrs["residual"] = other
+        return True
+    return False
+
+
 def fuse_epilogues(graph: Graph) -> Graph:
     g = canonical_residuals(graph)
     order = {n.name: i for i, n in enumerate(g.nodes)}
@@ -286,6 +311,8 @@ def fuse_epilogues(graph: Graph) -> Graph:
                 if len(node.inputs) > 2:
                     ins.append(_add_param(g, f"{node.name}.b_scaled", g.params[node.inputs[2]] * scale))
                 node.inputs = ins
+            elif node.op in BINARY_OPS and _binary_epilogue(g, node, nxt, out, order):
+                pass
             elif nxt.op == "add" and node.op in ("conv2d", "dense") and "activation" not in node.attrs:
                 other = nxt.inputs[1] if nxt.inputs[0] == out else nxt.inputs[0]
                 shape = g.shapes[out]
@@ -308,6 +335,8 @@ def fuse_epilogues(graph: Graph) -> Graph:
             removed.add(nxt.name)
             g.nodes = [n for n in g.nodes if n is not nxt]
     for node in g.nodes:  # the residual is an input like the others (the executor binds inputs by position)
+        if "scale" in node.attrs:
+            node.inputs = node.inputs + [node.attrs["scale"]]
         if "residual" in node.attrs:
             node.inputs = node.inputs + [node.attrs["residual"]]
     return _drop_unused_params(g).validate()

@@ -590,7 +590,8 @@ def _operand_kind(shape: tuple, operand: tuple, k: int) -> str:
 
 
 def binary_kernel(shape, op: str, operands, dtype: str = "float32", in_scopes="texture", out_scope: str = "texture",
-                  activation: str = "none", max_work_group: int = 64):
+                  activation: str = "none", max_work_group: int = 64, scale: bool = False,
+                  residual_scope: str | None = None):
     """``Y = act(X0 op X1)`` over a 4-D NCHW or 2-D (N, K) ``shape`` with ONNX broadcasting of the forms models
     use: each of ``operands`` (the shapes of ``X0``, ``X1``) is ``shape`` itself, ``(C,)`` (a constant per
     channel: ``bias4_buffer`` buffer or ``mace_argument`` texture), ``(N or 1, C, 1, 1)`` (a gate read once
@@ -598,7 +599,9 @@ def binary_kernel(shape, op: str, operands, dtype: str = "float32", in_scopes="t
     1)`` (one value per image broadcast over everything: ConvNeXt-V2's GRN), ``(N or 1, C, H, 1)`` (over W: a
     linear attention's normalizer) or ``(N or 1, 1, H, W)`` (over the channels: MobileViT-v2's context scores).
     ``op``: add, sub, mul, div, or prelu
-    (``X0`` if positive else ``X0 * X1``). One output pixel per work-item."""
+    (``X0`` if positive else ``X0 * X1``). One output pixel per work-item. The fused epilogue, in this order:
+    ``scale`` (times ``S``, a constant per channel: a layer scale), ``residual_scope`` (plus ``R``, a tensor of
+    ``shape`` stored in that scope), then the activation: PoolFormer's ``x + ls * (pool(y) - y)`` is one kernel."""
     shape = _packed_shape(shape, "binary")
     _check_dtype(dtype)
     if op not in BINARY_OPS:
@@ -618,6 +621,10 @@ def binary_kernel(shape, op: str, operands, dtype: str = "float32", in_scopes="t
                                                   else ("global", "bias4_buffer"))))
         else:
             xs.append(_packed(f"X{k}", o, dtype, sc))
+    channel = lambda name, sc: buffer(name, (shape[1],), dtype, *(("texture:weight", "mace_argument")  # noqa: E731
+                                                                   if sc == "texture" else ("global", "bias4_buffer")))
+    S = channel("S", scopes[0]) if scale else None
+    R = _packed("R", shape, dtype, residual_scope) if residual_scope else None
     Y = _packed("Y", shape, dtype, out_scope)
     b = Builder()
     with _work_items(b, _grid(shape), max_work_group) as idx:
@@ -641,11 +648,15 @@ def binary_kernel(shape, op: str, operands, dtype: str = "float32", in_scopes="t
         a, c = vals
         v = (a + c if op == "add" else a - c if op == "sub" else a * c if op == "mul" else a / c if op == "div"
              else max_(a, 0.0) + min_(a, 0.0) * c)
+        if S is not None:
+            v = v * S[pix[1]]
+        if R is not None:
+            v = v + R[pix]
         b.store(Y, pix, _activate(v, activation, (0.0, 6.0)))
-    return b.kernel(f"{op}_{kinds[0]}_{kinds[1]}", [*xs, Y])
+    return b.kernel(f"{op}_{kinds[0]}_{kinds[1]}", [*xs, *(p for p in (S, R) if p is not None), Y])
 
 
-def binary_reference(op: str, x0, x1, activation: str = "none") -> np.ndarray:
+def binary_reference(op: str, x0, x1, activation: str = "none", scale=None, residual=None) -> np.ndarray:
     a, c = (np.asarray(x, np.float64) for x in (x0, x1))
     if c.ndim == 1 and a.ndim > 1 and c.shape[0] == a.shape[1]:
         c = c.reshape((1, -1) + (1,) * (a.ndim - 2))
@@ -653,6 +664,10 @@ def binary_reference(op: str, x0, x1, activation: str = "none") -> np.ndarray:
         a = a.reshape((1, -1) + (1,) * (c.ndim - 2))
     v = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
          "prelu": lambda p, q: np.where(p > 0, p, p * q)}[op](a, c)
+    if scale is not None:
+        v = v * np.asarray(scale, np.float64).reshape((1, -1) + (1,) * (v.ndim - 2))
+    if residual is not None:
+        v = v + residual
     return _np_activate(v, activation, (0.0, 6.0))
 
 

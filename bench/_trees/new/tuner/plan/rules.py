@@ -174,7 +174,7 @@ def lower_binary(ctx: LowerCtx, node, ins, out, shape):
     (N or 1, C, 1, 1) gate; the step keeps the operands' shapes for the kernel."""
     g = ctx.graph
     inputs, operands = {}, []
-    for k, (t, packed) in enumerate(zip(node.inputs, ins)):
+    for k, (t, packed) in enumerate(zip(node.inputs[:2], ins[:2])):  # then the fused scale and residual
         if t in g.params and len(shape) in (2, 4) and (np.ndim(g.params[t]) > len(shape) or any(
                 d != 1 and not (axis == 1 and d == shape[1]) for axis, d in
                 enumerate((1,) * (len(shape) - np.ndim(g.params[t])) + np.shape(g.params[t])))):
@@ -198,17 +198,26 @@ def lower_binary(ctx: LowerCtx, node, ins, out, shape):
             K._operand_kind(tuple(shape), o, k)
         except ValueError as e:
             raise TunerError(f"node {node.name!r} ({node.op}): {e}") from None
+    if node.attrs.get("scale") is not None:  # the fused layer scale, a (C,) param like a channel operand
+        name = f"{node.name}.scale"
+        ctx.extra[name] = np.ascontiguousarray(np.asarray(g.params[node.attrs["scale"]], np.float32).reshape(-1))
+        inputs["S"] = name
+    if node.attrs.get("residual") is not None:
+        inputs["R"] = ctx.packed(node.attrs["residual"])
     ctx.add(Step(node.name, "binary", inputs, out, {"op": node.op, "operands": operands,
-                                                    "activation": node.attrs.get("activation", "none")}))
+                                                    "activation": node.attrs.get("activation", "none"),
+                                                    "scale": "S" in inputs, "residual": "R" in inputs}))
 
 
 @glue("binary")
 def build_binary(s, plan, max_wg):
     out = plan.tensors[s.output]
-    acts = [plan.tensors[x] for x in s.inputs.values() if x in plan.tensors]
-    scopes = [plan.tensors[x].scope if x in plan.tensors else acts[0].scope for x in s.inputs.values()]
+    xs = [s.inputs[f"X{k}"] for k in range(2)]
+    acts = [plan.tensors[x] for x in xs if x in plan.tensors]
+    scopes = [plan.tensors[x].scope if x in plan.tensors else acts[0].scope for x in xs]
+    res = plan.tensors[s.inputs["R"]].scope if s.attrs.get("residual") else None
     return K.binary_kernel(out.shape, s.attrs["op"], s.attrs["operands"], plan.dtype, scopes, out.scope,
-                           s.attrs["activation"], max_wg)
+                           s.attrs["activation"], max_wg, s.attrs.get("scale", False), res)
 
 
 # -- glue: reductions over the channels -----------------------------------------------------------------------

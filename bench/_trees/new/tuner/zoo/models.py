@@ -336,6 +336,22 @@ def _norms(b: _Builder) -> dict:
     return {b.node("GlobalAveragePool", [x]): (1, 16, 1, 1)}  # ONNX infers no shape through GroupNormalization
 
 
+def _poolformer_block(b: _Builder) -> dict:
+    """PoolFormer's block (timm): GroupNorm(1), the pooling token mixer x + ls1 * (pool(y) - y), GroupNorm(1), the
+    1x1 MLP, x + ls2 * mlp(z); 6 channels (not whole RGBA pixels)."""
+    r = b.rng
+    c = 6
+    x = b.input("input", (1, c, 7, 6))
+    gn = lambda t: b.node("GroupNormalization", [t, b.const("s", r.normal(1, 0.2, c)),  # noqa: E731
+                                                  b.const("b", r.normal(0, 0.2, c))], num_groups=1, epsilon=1e-5)
+    ls = lambda: b.const("ls", r.uniform(0.5, 1.5, (c, 1, 1)))  # noqa: E731
+    y = gn(x)
+    p = b.node("AveragePool", [y], kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1], count_include_pad=0)
+    x = b.node("Add", [x, b.node("Mul", [ls(), b.node("Sub", [p, y])])])
+    h = b.node("Relu", [b.conv(gn(x), c, 4 * c, 1, bias=True)])
+    return {b.node("Add", [x, b.node("Mul", [b.conv(h, 4 * c, c, 1, bias=True), ls()])]): (1, c, 7, 6)}
+
+
 def _avg_pool(b: _Builder) -> dict:
     """count_include_pad 1 and 0 with asymmetric pads, strides, SAME_UPPER, a non-square window."""
     x = b.input("input", (1, 3, 9, 8))
@@ -534,9 +550,9 @@ _TEST_MODELS = {
     "concat": _concat, "symbolic_batch": _symbolic_batch, "identity_dropout": _identity_dropout, "mixed": _mixed,
     "activations": _activations, "binary": _binary, "squeeze_excitation": _squeeze_excitation, "reduce": _reduce,
     "reduce_axes_input": _reduce_axes_input, "softmax": _softmax, "pool_ceil": _pool_ceil,
-    "shape_subgraph": _shape_subgraph, "norms": _norms,
+    "shape_subgraph": _shape_subgraph, "norms": _norms, "poolformer_block": _poolformer_block,
 }
-_OPSETS = {"clip_attrs": 10, "activations": 14, "reduce_axes_input": 18, "norms": 21}
+_OPSETS = {"clip_attrs": 10, "activations": 14, "reduce_axes_input": 18, "norms": 21, "poolformer_block": 21}
 TEST_INPUT_SHAPES = {"symbolic_batch": {"input": (2, 3, 8, 8)}}
 
 

@@ -57,7 +57,6 @@ from tuner.plan.allocation import MemoryPlan, check_plan, plan_memory
 from tuner.plan.rules import glue_builder
 from tuner.plan.lower import choose_templates, extract_tasks, lower_graph, plan_storage
 from tuner.plan.types import Plan, Step
-from tuner.plan.views import write_views
 from tuner.runtime.base import Runtime
 from tuner.target import DeviceInfo, load_profile
 from tuner.templates import get_template, templates
@@ -287,10 +286,8 @@ def module_of(compiled: Compiled, dev, progress: bool = False) -> M.Module:
 
 
 def compile_plan(plan: Plan, info, history=None, progress: bool = False, untested: str = "history") -> Compiled:
-    """The steps after planning, in order, with no device (``untested``: see ``choose_configs``); concats whose
-    parts can be written in place are (``write_views``)."""
+    """The steps after planning, in order, with no device (``untested``: see ``choose_configs``)."""
     configs = choose_configs(plan, info, history, untested)
-    plan = write_views(plan)
     kernels = generate_kernels(plan, configs, info, progress)
     bound = bind_operands(plan, kernels)
     memory = allocate(plan, bound)

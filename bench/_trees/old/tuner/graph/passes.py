@@ -8,9 +8,6 @@
   activation (relu, clip, and every ``activation`` node's spec: hardswish, sigmoid, silu, gelu, ...) -- the
   kernels' epilogue order. Binary glue ops (add, sub, mul, div, prelu) that stay on their own absorb a
   following activation too.
-- ``fuse_input_gates``: squeeze-excite's ``x * s`` -- a ``mul`` of an (N, C, H, W) activation by an (N, C, 1, 1)
-  one whose only reader is a (not depthwise) convolution -- becomes that convolution's ``in_scale``: it reads x
-  times s as it loads its input, and the product is never stored.
 - ``fuse_group_norm``: torch's GroupNorm export (Reshape, InstanceNormalization, Reshape) -> one NCHW
   ``group_norm``; a per-channel affine after it folds into its scale and bias.
 - ``fuse_patterns``: x * sigmoid(x) -> silu, x * hardsigmoid(x) -> hardswish, the erf GELU -> gelu.
@@ -22,7 +19,6 @@ import numpy as np
 from tuner.graph.graph import Graph, Node, run_passes
 from tuner.graph.graph import add_param as _add_param, drop_unused_params as _drop_unused_params, fresh_name as _fresh
 from tuner.ir.activations import canonical, parse, spec
-from tuner.graph.passes_movement import fold_gathers_into_convs, pad_concat_parts  # last: gathers read by convolutions
 from tuner.graph.passes_movement import optimize_movement  # layout rewrites first: ConvTranspose -> conv2d, NHWC blocks
 
 ACTIVATION_OF_CLIP = {(0.0, 6.0): "relu6", (0.0, float("inf")): "relu"}
@@ -302,41 +298,6 @@ def fuse_epilogues(graph: Graph) -> Graph:
     return _drop_unused_params(g).validate()
 
 
-def _gate_operands(g: Graph, node: Node):
-    """``(x, s)`` of a ``mul`` of an (N, C, H, W) activation by an (N, C, 1, 1) activation, else None."""
-    if node.op != "mul" or len(node.inputs) != 2 or "activation" in node.attrs \
-            or any(t in g.params for t in node.inputs):
-        return None
-    order = {t: i for i, n in enumerate(g.nodes) for t in n.outputs}
-    # where both are (N, C, 1, 1), the gate is the one computed later (from the other: a pool, then a squeeze)
-    for x, s in sorted((node.inputs, node.inputs[::-1]), key=lambda xs: -order.get(xs[1], -1)):
-        xs, ss = tuple(g.shapes[x]), tuple(g.shapes[s])
-        # the planner gives the gate its input's storage, decided first: the gate must be computed after it
-        if len(xs) == 4 and ss == (xs[0], xs[1], 1, 1) and order.get(x, -1) < order.get(s, -1):
-            return x, s
-    return None
-
-
-def fuse_input_gates(graph: Graph) -> Graph:
-    g = graph.copy()
-    for node in list(g.nodes):
-        operands = _gate_operands(g, node)
-        out = node.outputs[0]
-        if operands is None or out in g.outputs or len(g.consumers(out)) != 1:
-            continue
-        conv = g.consumers(out)[0]
-        if conv.op != "conv2d" or conv.inputs[0] != out or out in conv.inputs[1:] or "in_scale" in conv.attrs:
-            continue
-        c, w = g.shapes[out][1], g.shapes[conv.inputs[1]]
-        if conv.attrs.get("groups", 1) == c == w[0] and w[1] == 1:
-            continue  # depthwise: its template reads no gate
-        x, s = operands
-        conv.inputs = [x] + conv.inputs[1:] + [s]  # after the residual: inputs bind by position, the gate last
-        conv.attrs["in_scale"] = s
-        g.nodes = [n for n in g.nodes if n is not node]
-    return g.validate()
-
-
 def optimize(graph: Graph) -> Graph:
     """The frontend graph as the kernels will run it: BatchNorm folded, multi-node activations recognized,
     epilogues fused."""
@@ -345,7 +306,5 @@ def optimize(graph: Graph) -> Graph:
 
 # The graph passes in the order they run, each ``Graph -> Graph``: GroupNorm recognized; the layout rewrites
 # (channel shuffles, attention's token tensors, NHWC blocks, ConvTranspose -> conv2d: ``passes_movement``); then
-# BatchNorm folded into convolutions, multi-node activations recognized, epilogues fused, squeeze-excite gates and
-# channel gathers read by the convolutions after them.
-PIPELINE = (fuse_group_norm, optimize_movement, fold_batch_norm, fuse_patterns, fuse_epilogues, fuse_input_gates,
-            pad_concat_parts, fold_gathers_into_convs)
+# BatchNorm folded into convolutions, multi-node activations recognized, and epilogues fused.
+PIPELINE = (fuse_group_norm, optimize_movement, fold_batch_norm, fuse_patterns, fuse_epilogues)

@@ -126,13 +126,3 @@ def default_layout(buf: Buffer) -> IndexMap | None:
     if rank == 1:
         return mace_argument()
     return None
-
-
-def check_out_view(view, channels: int) -> tuple:
-    """``()`` or ``(offset, total)``: a kernel's ``channels`` outputs written at channel ``offset`` of a tensor of
-    ``total`` channels. The offset starts an RGBA pixel, so the kernel writes only whole pixels of its own."""
-    view = tuple(int(v) for v in view or ())
-    if view and (len(view) != 2 or view[0] % 4 or view[0] < 0 or view[0] + channels > view[1]):
-        raise ValueError(f"out_view {list(view)}: (offset, total) with the offset a multiple of 4 and "
-                         f"offset + {channels} channels within the total")
-    return view

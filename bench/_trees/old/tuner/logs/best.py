@@ -92,8 +92,7 @@ def invalid_config(template, workload, device, config: dict) -> str | None:
     return "; ".join(bad) or None
 
 
-EPILOGUE = ("bias", "activation", "residual", "in_scale")  # workload fields that change what surrounds the sum, not
-# the loop nest
+EPILOGUE = ("bias", "activation", "residual")  # workload fields that change what follows the sum, not the loop nest
 
 
 def workload_distance(a: dict, b: dict) -> float:

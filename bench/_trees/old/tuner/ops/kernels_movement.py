@@ -21,7 +21,6 @@ from tuner.ir.builder import Builder
 from tuner.ir.dtype import float32, int32
 from tuner.ir.expr import Cast, ExtractLane, as_expr, call, max_, min_, select
 
-from tuner.ir.layouts import check_out_view
 from tuner.ops.token_views import token_view
 from tuner.ops.kernels import (_check_dtype, _grid, _packed, _packed_shape, _pixel, _ravel, _scopes, _unravel, _vector,
                                _work_items)
@@ -109,12 +108,11 @@ def slice_out_shape(in_shape, channels, rows=(0, 1, None), cols=(0, 1, None)) ->
 
 
 def slice_kernel(in_shape, channels, rows=(0, 1, None), cols=(0, 1, None), dtype: str = "float32",
-                 in_scope: str = "texture", out_scope: str = "texture", max_work_group: int = 64, out_view=()):
+                 in_scope: str = "texture", out_scope: str = "texture", max_work_group: int = 64):
     """``Y[n, k, h, w] = X[n, channels[k], r0 + h * rs, c0 + w * cs]`` with ``rows = (r0, rs, OH)`` and
     ``cols = (c0, cs, OW)`` (None: the input's extent; 2-D inputs: channels only). Contiguous channels
     (``channels[k] = off + k``) read at most two whole pixels per output pixel; other maps read one pixel per
-    lane. ``out_view`` ``(offset, total)``: Y is a tensor of ``total`` channels, written from channel ``offset``
-    (a multiple of 4; a concat's part, ``tuner.plan.views``)."""
+    lane."""
     in_shape = _packed_shape(in_shape, "slice")
     _check_dtype(dtype)
     out = slice_out_shape(in_shape, channels, rows, cols)
@@ -131,16 +129,11 @@ def slice_kernel(in_shape, channels, rows=(0, 1, None), cols=(0, 1, None), dtype
             count = extent if count is None else count
             if not (0 <= start < extent and 0 <= start + (count - 1) * step < extent and step != 0):
                 raise ValueError(f"slice {what} {(start, step, count)} outside an extent of {extent}")
-    view = check_out_view(out_view, Cout)
-    if view and rank != 4:
-        raise ValueError("slice out_view: a 4-D output only")
-    stored = (out[0], view[1], *out[2:]) if view else out
-    X, Y = _packed("X", in_shape, dtype, in_scope), _packed("Y", stored, dtype, out_scope)
+    X, Y = _packed("X", in_shape, dtype, in_scope), _packed("Y", out, dtype, out_scope)
     last = -(-C // 4) - 1
     b = Builder()
     with _work_items(b, _grid(out), max_work_group) as idx:
         n, cb = idx[0], idx[1]
-        at = _pixel([n, cb + view[0] // 4, *idx[2:]]) if view else _pixel(idx)  # where the pixel is stored
         rest = []
         if rank == 4:
             rest = [rows[0] + idx[2] * rows[1] if rows[:2] != (0, 1) else idx[2],
@@ -153,7 +146,7 @@ def slice_kernel(in_shape, channels, rows=(0, 1, None), cols=(0, 1, None), dtype
             else:
                 lo = b.let("lo", _block(X, n, min_(cb + q + 1, last), rest))
                 v = _vector([ExtractLane(hi, j + s) if j + s < 4 else ExtractLane(lo, j + s - 4) for j in range(4)])
-            b.store(Y, at, _zero_padding_lanes(b, v, cb, Cout))
+            b.store(Y, _pixel(idx), _zero_padding_lanes(b, v, cb, Cout))
         else:
             lanes = []
             for j in range(4):
@@ -162,7 +155,7 @@ def slice_kernel(in_shape, channels, rows=(0, 1, None), cols=(0, 1, None), dtype
                 pix = b.let(f"x{j}", _block(X, n, src // 4, rest))
                 v = _lane(pix, src % 4)
                 lanes.append(select(cb * 4 + j < Cout, v, 0.0) if Cout % 4 and j >= Cout % 4 else v)
-            b.store(Y, at, _vector(lanes))
+            b.store(Y, _pixel(idx), _vector(lanes))
     return b.kernel("slice", [X, Y])
 
 

@@ -160,11 +160,8 @@ def _plan_storage(plan: Plan, info, scope: str, history) -> Plan:
         t = plan.tensors[s.output]
         if t.kind == "plain":
             continue
-        gated = [r for r in readers.get(s.output, []) if r.inputs.get("S") == s.output]
         if "Res" in s.inputs:  # the kernel reads the residual in its output's scope and layout
             choice = plan.tensors[s.inputs["Res"]].scope
-        elif gated:  # a convolution reads its input's gate in the input's scope (decided: it is computed first)
-            choice = plan.tensors[gated[0].inputs["X"]].scope
         elif s.name in want:
             choice = want[s.name]
         else:

@@ -83,7 +83,7 @@ def build_permute(s, plan, max_wg):
 def build_slice(s, plan, max_wg):
     x, a = plan.tensors[s.inputs["X"]], s.attrs
     return KM.slice_kernel(x.shape, a["channels"], a["rows"], a["cols"], plan.dtype, _scope(plan, x.name),
-                           _scope(plan, s.output), max_wg, a.get("out_view", ()))
+                           _scope(plan, s.output), max_wg)
 
 
 @glue("pad")

@@ -71,7 +71,6 @@ class Plan:
     inputs: list
     outputs: list
     dtype: str = "float32"
-    views: list = field(default_factory=list)  # per concat: the kernels that write it in place, or why it is a copy
 
     def scope_counts(self) -> dict:
         out: dict = {}

@@ -33,38 +33,6 @@ def _shufflenet(b) -> dict:
     return {out: None, second: None}
 
 
-def _unit(b, x: str, c: int, h: int, w: int) -> str:
-    """A stride-1 ShuffleNetV2 unit on c channels: halves (two Slices: a Split's second output would have to be a
-    model output, see above), the branch on the second (1x1, depthwise
-    3x3, 1x1 with BatchNorms and ReLUs), Concat with the first half, channel shuffle of 2 groups."""
-    half = c // 2
-    first, second = (b.node("Slice", [x, b.const("starts", np.array([lo], np.int64)),
-                                      b.const("ends", np.array([lo + half], np.int64)),
-                                      b.const("axes", np.array([1], np.int64))]) for lo in (0, half))
-    y = b.node("Relu", [b.bn(b.conv(second, half, half, 1), half)])
-    y = b.node("Relu", [b.bn(b.conv(b.bn(b.conv(y, half, half, 3, groups=half), half), half, half, 1), half)])
-    return _shuffle(b, b.node("Concat", [first, y], axis=1), 1, c, 2, h, w)
-
-
-def _down_unit(b, x: str, c: int, half: int, h: int, w: int) -> str:
-    """A stride-2 ShuffleNetV2 unit: both branches read the whole input (depthwise 3x3 s2 then 1x1; 1x1, depthwise
-    3x3 s2, 1x1), Concat, channel shuffle of 2 groups."""
-    a = b.node("Relu", [b.bn(b.conv(b.bn(b.conv(x, c, c, 3, stride=2, groups=c), c), c, half, 1), half)])
-    y = b.node("Relu", [b.bn(b.conv(x, c, half, 1), half)])
-    y = b.node("Relu", [b.bn(b.conv(b.bn(b.conv(y, half, half, 3, stride=2, groups=half), half), half, half, 1),
-                             half)])
-    return _shuffle(b, b.node("Concat", [a, y], axis=1), 1, 2 * half, 2, (h + 1) // 2, (w + 1) // 2)
-
-
-def _shufflenet_units(b) -> dict:
-    """ShuffleNetV2's units with splits read only inside the model: two stride-1 units on 12 channels (halves of
-    6, not whole RGBA pixels), a stride-2 unit to 16 (its shuffled input read by a depthwise and a 1x1
-    convolution), two stride-1 units on 16 (halves of 8)."""
-    x = b.input("input", (1, 12, 6, 5))
-    x = _down_unit(b, _unit(b, _unit(b, x, 12, 6, 5), 12, 6, 5), 12, 8, 6, 5)
-    return {_unit(b, _unit(b, x, 16, 3, 3), 16, 3, 3): None}
-
-
 def _slice_split(b) -> dict:
     """Slice on channels (step 2, negative start), on H/W (negative ends, step 2), on 2-D features; Split
     into 3 uneven parts by attribute on H (opset 11: split is an attribute) and an even Split on channels."""
@@ -187,7 +155,7 @@ def _convnext_block(b) -> dict:
     return {b.node("Add", [t, x]): None}
 
 
-TEST_MODELS: dict = {"shufflenet": _shufflenet, "shufflenet_units": _shufflenet_units, "convnext_block": _convnext_block, "slice_split": _slice_split, "pad": _pad,
+TEST_MODELS: dict = {"shufflenet": _shufflenet, "convnext_block": _convnext_block, "slice_split": _slice_split, "pad": _pad,
                      "movement_attrs": _movement_attrs, "resize": _resize, "conv_transpose": _conv_transpose,
                      "layer_norm": _layer_norm}
 OPSETS: dict = {"movement_attrs": 9, "slice_split": 11, "layer_norm": 17, "convnext_block": 17}
