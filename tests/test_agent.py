@@ -555,3 +555,61 @@ def test_the_default_device_is_one_that_builds(native, monkeypatch):
             assert rt.info.platform_tag == "intel"
             res = _one_config(rt)
             assert res.ok, res.error_msg
+
+
+# -- before the token is proved (issue 36) ---------------------------------------------------------------------
+
+def test_an_idle_connection_is_dropped_and_the_owner_served(native, cl_env, tmp_path, monkeypatch):
+    """A client that connects and sends nothing held a token agent for as long as it liked (the owner's
+    ``tuner devices`` failed after 31.6 s). Now it has the handshake deadline to prove the token, then the link
+    is closed and the next connection is served."""
+    monkeypatch.delenv("TUNER_AGENT_TOKEN", raising=False)
+    proc, port = _listen(native["agent"], cl_env, tmp_path, "--token", "s3cret", "--handshake-timeout", "1")
+    try:
+        idle = socket.create_connection(("127.0.0.1", port), timeout=30)
+        t0 = time.monotonic()
+        with AgentRuntime(f"tcp://127.0.0.1:{port}?token=s3cret") as rt:  # queued behind the idle one
+            rt.ping()
+        assert time.monotonic() - t0 < 15
+        idle.settimeout(10)
+        assert idle.recv(1) == b""  # closed by the agent, nothing sent
+        idle.close()
+        assert "no HELLO with the token within 1000 ms" in (tmp_path / "listen.log").read_text()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_large_frame_before_hello_is_refused_unread(native, cl_env, tmp_path, monkeypatch):
+    """An unauthenticated client that announced a 1 GiB body grew the supervisor to 961 MiB. Before HELLO a body
+    is at most 64 KiB: the announcement is refused (AUTH) and the link closed, nothing allocated or read."""
+    monkeypatch.delenv("TUNER_AGENT_TOKEN", raising=False)
+    proc, port = _listen(native["agent"], cl_env, tmp_path, "--token", "s3cret")
+    try:
+        s = socket.create_connection(("127.0.0.1", port), timeout=30)
+        s.sendall(P.HEADER.pack(P.MAGIC, P.VERSION, P.HELLO, 1, 20_000, 1 << 30))
+        s.settimeout(20)
+        head = b""
+        while len(head) < P.HEADER.size:
+            chunk = s.recv(P.HEADER.size - len(head))
+            assert chunk, "closed without an answer"
+            head += chunk
+        typ, rid, status, n = P.parse_header(head)
+        body = b""
+        while len(body) < n:
+            body += s.recv(n - len(body))
+        assert (typ, rid, status) == (P.HELLO, 1, P.AUTH) and "at most 65536 bytes" in _msg(body)
+        assert s.recv(1) == b""
+        s.close()
+        with AgentRuntime(f"tcp://127.0.0.1:{port}?token=s3cret") as rt:  # the owner is served next
+            rt.ping()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "x", "5000"])
+def test_handshake_timeout_is_checked(native, cl_env, value):
+    r = subprocess.run([native["agent"], "--listen", "127.0.0.1:0", "--handshake-timeout", value],
+                       capture_output=True, text=True, env=cl_env, timeout=30)
+    assert r.returncode == 2 and "--handshake-timeout takes seconds" in r.stderr

@@ -3,6 +3,8 @@
  *   tuner-agent --stdio [--work-dir DIR]                     frames on stdin/stdout, the log on stderr
  *   tuner-agent --listen HOST:PORT [--token T] [--once] [--work-dir DIR]   TCP, one connection at a time
  *                                                           (--once: exit when the first connection ends)
+ *               [--handshake-timeout S]   with a token: a connection proves it within S seconds (5), in frames
+ *                                         of at most 64 KiB, or is closed
  *   tuner-agent --version
  *
  * This file is the supervisor: it never loads OpenCL. It reads each frame, checks its header, answers PING and
@@ -40,6 +42,10 @@
 
 static char work_dir[4096];
 static const char *token; /* NULL: none required */
+/* Before HELLO has proved the token: each frame at most this many bytes of body, and HELLO within
+ * handshake_ms of the connection (an idle or slow client is dropped, and the next connection served). */
+#define PREAUTH_MAX_BODY 65536u
+static long long handshake_ms = 5000;
 
 const char *tnr_agent_work_dir(void) { return work_dir; }
 
@@ -315,8 +321,18 @@ static int token_ok(const char *got) {
 }
 
 /* Serves one connection until BYE or its end. */
+/* Reads n bytes of a frame: before authentication by hello_by (read_until's codes), after it as it comes
+ * (tpr_read_full's: 0, 1 the stream ended at the start, -1). */
+static int read_frame_part(int in, void *buf, size_t n, int authed, long long hello_by) {
+    int rc;
+    if (authed) return tpr_read_full(in, buf, n);
+    rc = read_until(in, buf, n, hello_by, -1);
+    return rc == 0 ? 0 : rc == 1 ? 1 : rc == 2 ? 2 : -1;
+}
+
 static void serve(int in, int out, int listen_fd) {
     int authed = token == NULL;
+    long long hello_by = authed ? 0 : now_ms() + handshake_ms;
     opened = 0;
     for (;;) {
         unsigned char head[TPR_HEADER], *body = NULL, *rbody = NULL;
@@ -325,7 +341,11 @@ static void serve(int in, int out, int listen_fd) {
         char msg[TNR_ERRLEN];
         int rc;
         reap_pending();
-        rc = tpr_read_full(in, head, TPR_HEADER);
+        rc = read_frame_part(in, head, TPR_HEADER, authed, hello_by);
+        if (rc == 2) {
+            tnr_agent_log("no HELLO with the token within %lld ms of the connection: closing the link", handshake_ms);
+            break;
+        }
         if (rc == 1) break;
         if (rc != 0) {
             tnr_agent_log("the link ended inside a frame header");
@@ -337,6 +357,13 @@ static void serve(int in, int out, int listen_fd) {
             tpr_send_error(out, h.type, h.rid, TPR_BAD_REQUEST, bad);
             break;
         }
+        if (!authed && h.len > PREAUTH_MAX_BODY) { /* never allocated: the token is not proved yet */
+            snprintf(msg, sizeof msg, "a frame before HELLO proved the token carries at most %u bytes, not %llu; "
+                     "closing the link", PREAUTH_MAX_BODY, (unsigned long long)h.len);
+            tnr_agent_log("%s", msg);
+            tpr_send_error(out, h.type, h.rid, TPR_AUTH, msg);
+            break;
+        }
         body = malloc(h.len ? (size_t)h.len : 1);
         if (!body) {
             snprintf(msg, sizeof msg, "out of memory for a body of %llu bytes; closing the link", (unsigned long long)h.len);
@@ -344,9 +371,13 @@ static void serve(int in, int out, int listen_fd) {
             tpr_send_error(out, h.type, h.rid, TPR_RUNTIME, msg);
             break;
         }
-        if (tpr_read_full(in, body, (size_t)h.len) != 0) {
-            tnr_agent_log("the link ended inside the body of %s (%llu bytes announced)", tpr_type_name(h.type),
-                          (unsigned long long)h.len);
+        if ((rc = read_frame_part(in, body, (size_t)h.len, authed, hello_by)) != 0) {
+            if (rc == 2)
+                tnr_agent_log("no HELLO with the token within %lld ms of the connection: closing the link",
+                              handshake_ms);
+            else
+                tnr_agent_log("the link ended inside the body of %s (%llu bytes announced)", tpr_type_name(h.type),
+                              (unsigned long long)h.len);
             free(body);
             break;
         }
@@ -424,7 +455,7 @@ static int usage(const char *why) {
     if (why) fprintf(stderr, "error: %s\n", why);
     fprintf(stderr,
             "usage: tuner-agent --stdio [--work-dir DIR]\n"
-            "       tuner-agent --listen HOST:PORT [--token T] [--once] [--work-dir DIR]\n"
+            "       tuner-agent --listen HOST:PORT [--token T] [--once] [--work-dir DIR] [--handshake-timeout S]\n"
             "       tuner-agent --version\n"
             "The device agent of the tuner (docs/agent-protocol.md). OpenCL: $TUNER_OPENCL_LIB, else the system's.\n");
     return 2;
@@ -542,6 +573,12 @@ int main(int argc, char **argv) {
             once = 1;
         } else if (!strcmp(a, "--listen") && i + 1 < argc) {
             listen_spec = argv[++i];
+        } else if (!strcmp(a, "--handshake-timeout") && i + 1 < argc) {
+            char *end = NULL;
+            double sec = strtod(argv[++i], &end);
+            if (!end || *end || end == argv[i] || !(sec >= 0.1 && sec <= 3600))
+                return usage("--handshake-timeout takes seconds, from 0.1 to 3600");
+            handshake_ms = (long long)(sec * 1000);
         } else if (!strcmp(a, "--token") && i + 1 < argc) {
             token = argv[++i];
             if (!*token) return usage("--token must not be empty");
