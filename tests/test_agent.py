@@ -479,6 +479,58 @@ def test_adb_through_a_stand_in(native, cl_env, tmp_path, monkeypatch):
         AgentRuntime("adb://")
 
 
+def test_adb_a_stranger_that_connects_first_gets_nothing(native, cl_env, tmp_path, monkeypatch):
+    """adb:// raced: between `adb forward` and the tuner's connect, another local client connected first, sent
+    HELLO and OPEN, and read the agent's answers. Now the agent starts with a token made for this launch: the
+    stranger's HELLO is refused (AUTH, no device names), its connection does not end the --once agent, and the
+    tuner, connecting next, is served."""
+    adb = tmp_path / "adb"
+    adb.write_text(FAKE_ADB.replace("#!PYTHON", f"#!{sys.executable}"))
+    adb.chmod(0o755)
+    phone = tmp_path / "phone"
+    phone.mkdir()
+    port = _free_port()
+    for k, v in (("ADB", str(adb)), ("FAKE_PHONE_ROOT", str(phone)), ("TUNER_AGENT_ANDROID", native["agent"]),
+                 ("TUNER_AGENT_PORT", str(port))):
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("TUNER_AGENT_TOKEN", raising=False)
+    for k in ("TUNER_OPENCL_LIB", "OCL_ICD_VENDORS", "PYOPENCL_HOME"):
+        if k in cl_env:
+            monkeypatch.setenv(k, cl_env[k])
+    got = {}
+
+    def stranger():
+        end = time.monotonic() + 60
+        while time.monotonic() < end:
+            try:
+                s = socket.create_connection(("127.0.0.1", port), timeout=0.2)
+            except OSError:
+                time.sleep(0.005)
+                continue
+            with s:
+                s.settimeout(20)
+                s.sendall(P.Frame(P.HELLO, 1, 20_000, P.Writer().str("").done()).encode())
+                data = b""
+                while chunk := s.recv(65536):
+                    data += chunk
+                got["reply"] = data
+            return
+
+    t = threading.Thread(target=stranger)
+    t.start()
+    time.sleep(0.05)  # the stranger is polling before the agent listens
+    rt = AgentRuntime("adb://emulator-5554")
+    t.join(60)
+    try:
+        res = _one_config(rt)
+        assert res.ok, res.error_msg
+    finally:
+        rt.close()
+    typ, rid, status, n = P.parse_header(got["reply"][:P.HEADER.size])
+    assert (typ, status) == (P.HELLO, P.AUTH) and b"devices" not in got["reply"]
+    assert any("--token " in x for x in (phone / "adb.log").read_text().splitlines())
+
+
 # -- MobileNetV3-Small end to end ----------------------------------------------------------------------------
 
 @pytest.mark.slow

@@ -2,7 +2,8 @@
  *
  *   tuner-agent --stdio [--work-dir DIR]                     frames on stdin/stdout, the log on stderr
  *   tuner-agent --listen HOST:PORT [--token T] [--once] [--work-dir DIR]   TCP, one connection at a time
- *                                                           (--once: exit when the first connection ends)
+ *                                                           (--once: exit when the first connection that
+ *                                                           proved the token ends)
  *               [--handshake-timeout S]   with a token: a connection proves it within S seconds (5), in frames
  *                                         of at most 64 KiB, or is closed
  *   tuner-agent --version
@@ -320,7 +321,6 @@ static int token_ok(const char *got) {
     return diff == 0;
 }
 
-/* Serves one connection until BYE or its end. */
 /* Reads n bytes of a frame: before authentication by hello_by (read_until's codes), after it as it comes
  * (tpr_read_full's: 0, 1 the stream ended at the start, -1). */
 static int read_frame_part(int in, void *buf, size_t n, int authed, long long hello_by) {
@@ -330,7 +330,8 @@ static int read_frame_part(int in, void *buf, size_t n, int authed, long long he
     return rc == 0 ? 0 : rc == 1 ? 1 : rc == 2 ? 2 : -1;
 }
 
-static void serve(int in, int out, int listen_fd) {
+/* Serves one connection until BYE or its end; whether it was authenticated (always, without a token). */
+static int serve(int in, int out, int listen_fd) {
     int authed = token == NULL;
     long long hello_by = authed ? 0 : now_ms() + handshake_ms;
     opened = 0;
@@ -447,6 +448,7 @@ static void serve(int in, int out, int listen_fd) {
         if (rc) break;
     }
     reap(0);
+    return authed;
 }
 
 /* ---- main ---- */
@@ -601,7 +603,7 @@ int main(int argc, char **argv) {
         int lfd = listen_on(listen_spec);
         if (lfd < 0) return 2;
         for (;;) {
-            int c = accept(lfd, NULL, NULL), one = 1;
+            int c = accept(lfd, NULL, NULL), one = 1, authed;
             if (c < 0) {
                 if (errno == EINTR || errno == ECONNABORTED) continue;
                 tnr_agent_log("accept: %s", strerror(errno));
@@ -609,10 +611,10 @@ int main(int argc, char **argv) {
             }
             setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
             tnr_agent_log("a connection");
-            serve(c, c, lfd);
+            authed = serve(c, c, lfd);
             close(c);
-            tnr_agent_log("the connection ended");
-            if (once) return 0;
+            tnr_agent_log("the connection ended%s", authed ? "" : " before it proved the token");
+            if (once && authed) return 0; /* --once: the owner's connection, not a stranger's that came first */
         }
     }
 }

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import selectors
+import secrets
 import shlex
 import shutil
 import socket
@@ -232,11 +233,15 @@ class AdbTransport(TcpTransport):
         _run([*adb, "push", agent, f"{ANDROID_DIR}/tuner-agent"], where, timeout=300)
         _run([*adb, "shell", f"chmod 755 {ANDROID_DIR}/tuner-agent"], where)
         remote = agent_port()
-        # --once: the agent exits when this connection ends, so that no agent outlives its tuner on the phone
+        # --once: the agent exits when this connection ends, so that no agent outlives its tuner on the phone.
+        # A token made for this launch: every app on the phone reaches the forwarded loopback port, and one that
+        # connects first gets nothing (and does not end the agent) without it.
+        self.token = secrets.token_urlsafe(24)
         self.log = tempfile.NamedTemporaryFile(prefix="tuner-agent-adb-", suffix=".log", delete=False)
         self.server = subprocess.Popen([*adb, "shell", f"{ANDROID_DIR}/tuner-agent --listen 127.0.0.1:{remote} "
-                                        f"--once --work-dir {ANDROID_DIR}"], stdin=subprocess.DEVNULL,
-                                       stdout=self.log, stderr=self.log, start_new_session=True)
+                                        f"--once --token {self.token} --work-dir {ANDROID_DIR}"],
+                                       stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log,
+                                       start_new_session=True)
         self.adb, self.port = adb, None
         try:
             out = _run([*adb, "forward", "tcp:0", f"tcp:{remote}"], where).strip()
@@ -294,4 +299,5 @@ def connect(spec: str):
         from tuner.native import BUILD
         built = BUILD / "android-arm64" / "tuner-agent"
         agent = str(built) if built.is_file() else None
-    return AdbTransport(target or None, agent), opts
+    link = AdbTransport(target or None, agent)
+    return link, {**opts, "token": link.token}  # the token it started the agent with

@@ -1,7 +1,0 @@
-"""`python -m tuner` runs the CLI."""
-
-import sys
-
-from tuner.cli import run
-
-run()

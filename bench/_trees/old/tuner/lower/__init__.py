@@ -1,2 +1,0 @@
-"""Lowering passes: each a pure function ``Kernel -> Kernel``, listed in order in ``pipeline.py``."""
-from .pipeline import PASSES, lower  # noqa: F401
