@@ -317,3 +317,48 @@ def test_jni_example_builds(native, tmp_path):
     syms = subprocess.run(["nm", "-D", "--defined-only", str(out)], capture_output=True, text=True).stdout
     for name in ("open", "run", "close"):
         assert f"Java_com_example_tuner_TunedModel_{name}" in syms
+
+
+def test_signed_artifacts_verify_in_both_runtimes(native, cl_env, models, artifacts, tmp_path, capsys):
+    """`tuner compile --sign KEY` writes an HMAC-SHA256 of manifest.json; `tuner run --verify KEY` and `tuner-run
+    --verify KEY` refuse an unsigned artifact, another key, and weights rescaled with the manifest resealed (which
+    pass every check without --verify: a hash proves integrity, the key proves who made it)."""
+    import json
+
+    from artifact_corpus import _reseal
+    from tuner.cli import main
+    key, other = tmp_path / "key", tmp_path / "other"
+    key.write_bytes(os.urandom(32))
+    other.write_bytes(os.urandom(32))
+    art = tmp_path / "signed"
+    assert main(["compile", str(models["poolformer_block"]), "-o", str(art), "--device", CPU, "--scope", "buffer",
+                 "--sign", str(key), "--no-progress"]) == 0
+    assert "(signed)" in capsys.readouterr().out
+    assert (art / "signature").read_text().startswith("hmac-sha256:")
+
+    def both(k, where, expect):
+        code = main(["run", str(where), "--device", CPU, "--verify", str(k), "--repeat", "1"])
+        err = capsys.readouterr().err
+        r = _tuner_run(native, cl_env, where, "--device", CPU, "--verify", k, "--bench", "1")
+        if expect is None:
+            assert code == 0 and r.returncode == 0, (err, r.stderr)
+        else:
+            assert code == 2 and expect in err, err
+            assert r.returncode != 0 and expect in r.stderr, r.stderr
+
+    both(key, art, None)
+    both(other, art, "does not match")
+    unsigned = artifacts["norms-cpu-buffer-f32"]
+    both(key, unsigned, "is not signed")
+    short = tmp_path / "short"
+    short.write_bytes(b"0123")
+    both(short, art, "under 16 bytes")
+    # rescaled weights, manifest resealed: the checks pass, the signature does not
+    bad = tmp_path / "rescaled"
+    shutil.copytree(art, bad, ignore=shutil.ignore_patterns("binaries"))
+    blob = next(p for p in json.loads((bad / "manifest.json").read_text())["files"] if p["path"].startswith("params"))
+    w = np.fromfile(bad / blob["path"], np.float32)
+    (w * 2).astype(np.float32).tofile(bad / blob["path"])
+    _reseal(bad)
+    assert _tuner_run(native, cl_env, "--check", bad).returncode == 0
+    both(key, bad, "changed after it was signed")

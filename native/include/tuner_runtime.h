@@ -53,6 +53,12 @@ const char *tnr_code_name(int code);
  * err: a buffer of errlen bytes for the message. */
 int tnr_check(const char *dir, char *err, size_t errlen);
 
+/* Check an artifact's signature (`tuner compile --sign KEYFILE`): <dir>/signature must be the line
+ * "hmac-sha256:<hex>" of HMAC-SHA256(key file's bytes, manifest.json). TNR_E_ARTIFACT when the artifact is not
+ * signed or the signature does not match; TNR_E_IO when the key file cannot be read or holds under 16 bytes. Call it
+ * before tnr_open: a valid signature vouches for every file manifest.json lists (not for binaries/). */
+int tnr_verify_signature(const char *dir, const char *key_file, char *err, size_t errlen);
+
 /* Devices, as `tuner devices` lists them (one line each: index, platform, name, type, fingerprint).
  * Writes at most len bytes into out (NUL-terminated). */
 int tnr_list_devices(char *out, size_t len, char *err, size_t errlen);

@@ -134,6 +134,81 @@ int tnr_check(const char *dir, char *err, size_t errlen) {
     return rc;
 }
 
+/* Reads at most max bytes of path into a malloc'd buffer: 0, or -1 (errno set; ERANGE when larger). */
+static int slurp(const char *path, size_t max, unsigned char **data, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    unsigned char *buf;
+    size_t n = 0, cap = 4096;
+    if (!f) return -1;
+    buf = malloc(cap);
+    while (buf) {
+        size_t r;
+        if (n == cap) {
+            unsigned char *more = cap >= max + 1 ? NULL : realloc(buf, cap * 2 > max + 1 ? max + 1 : cap * 2);
+            if (!more) break;
+            buf = more;
+            cap = cap * 2 > max + 1 ? max + 1 : cap * 2;
+        }
+        r = fread(buf + n, 1, cap - n, f);
+        n += r;
+        if (r == 0) break;
+    }
+    fclose(f);
+    if (!buf) {
+        errno = ENOMEM;
+        return -1;
+    }
+    if (n > max) {
+        free(buf);
+        errno = ERANGE;
+        return -1;
+    }
+    *data = buf;
+    *len = n;
+    return 0;
+}
+
+int tnr_verify_signature(const char *dir, const char *key_file, char *err, size_t errlen) {
+    char path[4200], want[12 + 2 * 32 + 1], e[TNR_ERRLEN];
+    unsigned char *key = NULL, *manifest = NULL, *sig = NULL, mac[32];
+    size_t keylen = 0, mlen = 0, slen = 0, i;
+    unsigned diff = 0;
+    int rc = TNR_OK;
+    if (!dir || !key_file) return TNR_E_ARG;
+    if (slurp(key_file, 1 << 20, &key, &keylen) != 0 || keylen < 16) {
+        rc = tnr_fail(e, TNR_E_IO, "--verify %s: %s", key_file,
+                      key ? "the key holds under 16 bytes (head -c 32 /dev/urandom > KEY makes one)" : strerror(errno));
+        goto done;
+    }
+    snprintf(path, sizeof path, "%s/manifest.json", dir);
+    if (slurp(path, (size_t)64 << 20, &manifest, &mlen) != 0) {
+        rc = tnr_fail(e, TNR_E_ARTIFACT, "%s: no manifest.json to verify (%s)", dir, strerror(errno));
+        goto done;
+    }
+    snprintf(path, sizeof path, "%s/signature", dir);
+    if (slurp(path, 4096, &sig, &slen) != 0) {
+        rc = tnr_fail(e, TNR_E_ARTIFACT, "%s is not signed (no signature file): sign it with `tuner compile --sign KEY`, "
+                      "or run it without --verify", dir);
+        goto done;
+    }
+    tnr_hmac_sha256(key, keylen, manifest, mlen, mac);
+    memcpy(want, "hmac-sha256:", 12);
+    for (i = 0; i < 32; i++) snprintf(want + 12 + 2 * i, 3, "%02x", mac[i]);
+    while (slen && (sig[slen - 1] == '\n' || sig[slen - 1] == '\r' || sig[slen - 1] == ' ')) slen--;
+    if (slen != 12 + 64) diff = 1;
+    for (i = 0; i < 12 + 64; i++) diff |= (unsigned)((i < slen ? sig[i] : 0) ^ (unsigned char)want[i]);
+    if (diff)
+        rc = tnr_fail(e, TNR_E_ARTIFACT, "%s: the signature does not match manifest.json under this key: the artifact "
+                      "was changed after it was signed, or signed with another key", dir);
+done:
+    if (key) memset(key, 0, keylen);
+    free(key);
+    free(manifest);
+    free(sig);
+    if (rc && err && errlen) snprintf(err, errlen, "%s", e);
+    return rc;
+}
+
 /* ---- the binary cache ---- */
 
 static int build_program(tnr_runtime *rt, const tnr_source *src, cl_program *prog) {

@@ -139,3 +139,27 @@ void tnr_sha1_hex(const void *data, size_t n, char hex[41]) {
     }
     to_hex(d, 20, hex);
 }
+
+void tnr_hmac_sha256(const void *key, size_t keylen, const void *data, size_t n, unsigned char out[32]) {
+    unsigned char k[64], pad[64], inner[32];
+    tnr_sha256_ctx c;
+    size_t i;
+    memset(k, 0, sizeof k);
+    if (keylen > 64) {
+        tnr_sha256_init(&c);
+        tnr_sha256_update(&c, key, keylen);
+        tnr_sha256_final(&c, k);
+    } else if (keylen) {
+        memcpy(k, key, keylen);
+    }
+    for (i = 0; i < 64; i++) pad[i] = (unsigned char)(k[i] ^ 0x36);
+    tnr_sha256_init(&c);
+    tnr_sha256_update(&c, pad, 64);
+    tnr_sha256_update(&c, data, n);
+    tnr_sha256_final(&c, inner);
+    for (i = 0; i < 64; i++) pad[i] = (unsigned char)(k[i] ^ 0x5c);
+    tnr_sha256_init(&c);
+    tnr_sha256_update(&c, pad, 64);
+    tnr_sha256_update(&c, inner, 32);
+    tnr_sha256_final(&c, out);
+}

@@ -17,6 +17,8 @@ void tnr_sha256_update(tnr_sha256_ctx *c, const void *data, size_t n);
 void tnr_sha256_final(tnr_sha256_ctx *c, unsigned char out[32]);
 /* Lowercase hex digest of data: hex[65]. */
 void tnr_sha256_hex(const void *data, size_t n, char hex[65]);
+/* HMAC-SHA256 (RFC 2104) of data under key: out[32]. */
+void tnr_hmac_sha256(const void *key, size_t keylen, const void *data, size_t n, unsigned char out[32]);
 /* SHA-1 lowercase hex digest: hex[41]. */
 void tnr_sha1_hex(const void *data, size_t n, char hex[41]);
 

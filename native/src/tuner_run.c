@@ -19,7 +19,7 @@
 
 static void usage(FILE *f) {
     fprintf(f, "usage: tuner-run ARTIFACT [--device SPEC] [--input X.npy | --input NAME=X.npy ...] [--output Y.npy]\n"
-               "                 [--bench N] [--warmup W] [--profile]\n"
+               "                 [--bench N] [--warmup W] [--profile] [--verify KEYFILE]\n"
                "       tuner-run --devices\n"
                "       tuner-run --check ARTIFACT\n"
                "\n"
@@ -29,7 +29,8 @@ static void usage(FILE *f) {
                "  --output        write the first output as a float32 .npy\n"
                "  --bench N       timed whole runs (inputs written, kernels, outputs read; default 10)\n"
                "  --warmup W      untimed runs first (default 2)\n"
-               "  --profile       per-node kernel times from OpenCL profiling events\n");
+               "  --profile       per-node kernel times from OpenCL profiling events\n"
+               "  --verify KEY    refuse the artifact unless it is signed with this key file (tuner compile --sign)\n");
 }
 
 static int fail(const char *fmt, const char *a, const char *b) {
@@ -78,7 +79,7 @@ static void shape_text(const int64_t *d, int n, char *out, size_t len) {
 }
 
 static int run_main(int argc, char **argv) {
-    const char *artifact = NULL, *device = NULL, *output = NULL, *inputs[MAX_INPUTS];
+    const char *artifact = NULL, *device = NULL, *output = NULL, *verify = NULL, *inputs[MAX_INPUTS];
     int ninputs = 0, bench = 10, warmup = 2, profile = 0, i, rc, nin, nout;
     tnr_runtime *rt = NULL;
     double *times = NULL;
@@ -100,10 +101,11 @@ static int run_main(int argc, char **argv) {
             printf("%s: ok\n", v);
             return 0;
         } else if (!strcmp(a, "--device") || !strcmp(a, "--input") || !strcmp(a, "--output") || !strcmp(a, "--bench") ||
-                   !strcmp(a, "--warmup")) {
+                   !strcmp(a, "--warmup") || !strcmp(a, "--verify")) {
             if (!v) return fail("%s needs a value%s", a, "");
             i++;
             if (!strcmp(a, "--device")) device = v;
+            else if (!strcmp(a, "--verify")) verify = v;
             else if (!strcmp(a, "--output")) output = v;
             else if (!strcmp(a, "--input")) {
                 if (ninputs == MAX_INPUTS) return fail("more than 64 --input%s%s", "", "");
@@ -128,6 +130,10 @@ static int run_main(int argc, char **argv) {
         return fail("no artifact given%s%s", "", "");
     }
     if (!device || !*device) device = getenv("TUNER_DEVICE");
+    if (verify) {
+        char err[2048];
+        if (tnr_verify_signature(artifact, verify, err, sizeof err) != TNR_OK) return fail("%s%s", err, "");
+    }
     rc = tnr_open(artifact, device, &rt);
     if (rc != TNR_OK) return fail("%s%s", tnr_open_error(), "");
     nin = tnr_num_inputs(rt);

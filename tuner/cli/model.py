@@ -64,6 +64,8 @@ def cmd_compile(args) -> int:
     from tuner.artifact.store import check_output_dir
     check_output_dir(args.output)  # before any work: an artifact folder, new or replaced whole
     writable_dir(args.output, "-o", create=False)  # made by save() only once the compile succeeded
+    from tuner.artifact.signing import read_key, sign
+    key = read_key(args.sign, "--sign") if args.sign else None
     try:
         mod = compile_model(_model_path(args.model), log=args.log, device=args.device, scope=args.scope,
                             dtype=args.dtype, input_shapes=_input_shapes(args.input_shape),
@@ -76,6 +78,8 @@ def cmd_compile(args) -> int:
         raise
     try:
         mod.save(args.output)
+        if key is not None:
+            sign(args.output, key)
     except OSError as e:
         raise TunerError(f"cannot write the artifact to -o {args.output!r}: {e.strerror or e}") from None
     from tuner.compile.compiler import source_counts, source_kind
@@ -90,7 +94,8 @@ def cmd_compile(args) -> int:
              "workload", "predicted": "with a logged config the cost model ranks first", "fallback": "fallback"}
     rest = "".join(f", {counts[k]} {w}" for k, w in words.items() if counts.get(k))
     print(f"compiled {args.model} for {where['name']} ({where['fingerprint']}): {len(mod.spec.nodes)} kernels, "
-          f"{tuned} of {total} tuned layers from the log" + rest + f" -> {args.output}")
+          f"{tuned} of {total} tuned layers from the log" + rest + f" -> {args.output}"
+          + (" (signed)" if key is not None else ""))
     for n in moved:
         print(f"  {n.name}: {n.config_source}")
     if mod.device is None:
@@ -193,6 +198,9 @@ def _save_npy(path: Path, array: np.ndarray, flag: str) -> None:
 def cmd_run(args) -> int:
     from tuner.runtime.module import load_module
     out_path = writable_file(args.output, "--output") if args.output else None
+    if args.verify:  # before anything of the artifact is read or built
+        from tuner.artifact.signing import read_key, verify
+        verify(args.artifact, read_key(args.verify, "--verify"))
     if args.runtime == "native":
         return _run_native(args, out_path)
     mod = load_module(args.artifact, device=args.device)
@@ -249,6 +257,8 @@ def _run_native(args, out_path) -> int:
         cmd += ["--output", str(out_path)]
     if args.profile:
         cmd.append("--profile")
+    if args.verify:
+        cmd += ["--verify", str(args.verify)]
     if args.device is not None:
         cmd += ["--device", str(args.device)]
     return subprocess.run(cmd, env=native.opencl_env()).returncode
@@ -392,6 +402,8 @@ def register(sub) -> None:
     p.add_argument("--plan-timer", choices=("python", "native"), default="python", help="with --scope auto, what "
                    "times the candidate plans: python, this executor (default), or native, tuner-run (the C runtime, "
                    "built from native/ on first use): time them with the runtime that will run the artifact")
+    p.add_argument("--sign", metavar="KEYFILE", help="sign the artifact: an HMAC-SHA256 of its manifest under "
+                   "the key file's bytes (at least 16), checked by `tuner run --verify` and `tuner-run --verify`")
     _add_model_args(p, "texture, buffer, or auto: per layer the scope the log measured faster (default)")
     p.set_defaults(func=cmd_compile)
 
@@ -404,6 +416,8 @@ def register(sub) -> None:
     p.add_argument("--profile", action="store_true", help="per-layer table; also written to DIR/profile.json")
     p.add_argument("--runtime", choices=("python", "native"), default="python", help="python: this executor "
                    "(default); native: tuner-run, the C runtime (built from native/ on first use)")
+    p.add_argument("--verify", metavar="KEYFILE", help="refuse an artifact that is not signed with this key "
+                   "(`tuner compile --sign KEYFILE`)")
     add_device_arg(p)
     p.set_defaults(func=cmd_run)
 
