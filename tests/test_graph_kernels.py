@@ -389,3 +389,18 @@ def test_binary_epilogue_scale_then_residual(device, rng, pattern, out_scope, dt
     want = binary_reference("sub", x0, x1, "relu", scale=s, residual=res)
     assert rel_error(got, want) <= TOL_NEW[dtype]
     assert rel_error(got, binary_reference("sub", x0, x1, "relu")) > 0.1  # the epilogue changes the answer
+
+
+@pytest.mark.parametrize("pattern,out_scope,dtype", COMBOS)
+def test_pool_epilogue_is_poolformers_token_mixer(device, rng, pattern, out_scope, dtype):
+    """``(pool(X) - P) * S + R`` in the pooling kernel: PoolFormer's ``x + ls * (pool(y) - y)`` with P = y."""
+    shape = (2, 7, 5, 6)
+    sc = in_scopes(pattern, 2)
+    k = pool_kernel(shape, "avg", 3, 1, 1, False, dtype, sc[0], out_scope, device.info.max_work_group_size,
+                    post=("sub", sc[0]), scale=True, residual_scope=sc[1])
+    y, res = draw(rng, shape, dtype), draw(rng, shape, dtype)
+    s = draw(rng, (7,), dtype)
+    got = run(build(k, device), device, {"X": y, "P": y, "S": s, "R": res})["Y"]
+    yy = np.asarray(y, np.float64)
+    want = (pool_reference(yy, "avg", 3, 1, 1) - yy) * np.asarray(s, np.float64).reshape(1, -1, 1, 1) + res
+    assert rel_error(got, want) <= TOL_NEW[dtype]

@@ -42,11 +42,13 @@ def run_fused(graph, inputs):
     op(inputs) + bias, + residual, then activation."""
     env = {k: np.asarray(v, np.float64) for k, v in {**graph.params, **inputs}.items()}
     for n in graph.nodes:
-        ins = [env[t] for t in n.inputs if t not in (n.attrs.get("residual"), n.attrs.get("in_scale"),
-                                                     n.attrs.get("scale"))]
+        fused = sum(k in n.attrs for k in ("post", "scale", "residual", "in_scale"))  # appended last, in turn
+        ins = [env[t] for t in n.inputs[:len(n.inputs) - fused]]
         if "in_scale" in n.attrs:
             ins[0] = ins[0] * env[n.attrs["in_scale"]]
         out = OPS[n.op](n, *ins)
+        if "post" in n.attrs:
+            out = OPS[n.attrs["post_op"]](n, out, env[n.attrs["post"]])
         if "scale" in n.attrs:
             out = out * env[n.attrs["scale"]].reshape((1, -1) + (1,) * (out.ndim - 2))
         if "residual" in n.attrs:
@@ -375,15 +377,16 @@ def test_activation_patterns_fuse_into_the_convolutions():
     assert rel_err(run_fused(opt, x)[g.outputs[0]], run_graph_numpy(g, x)[g.outputs[0]]) < 1e-5
 
 
-def test_poolformer_block_runs_its_glue_as_two_kernels(dev):
-    """PoolFormer's block: the token mixer x + ls1 * (pool(y) - y) is one binary kernel (scale and residual fused
-    into the sub), the MLP's layer scale folds into its second convolution, which takes the residual: GroupNorm,
-    pool, sub, GroupNorm, 1x1 + ReLU, 1x1 + residual."""
+def test_poolformer_block_runs_its_glue_as_one_kernel(dev):
+    """PoolFormer's block: the token mixer x + ls1 * (pool(y) - y) is one pooling kernel (the sub, the scale and
+    the residual fused into it), the MLP's layer scale folds into its second convolution, which takes the
+    residual: GroupNorm, pool, GroupNorm, 1x1 + ReLU, 1x1 + residual."""
     g = from_onnx(TEST_MODELS["poolformer_block"])
     opt = optimize(g)
-    assert [n.op for n in opt.nodes] == ["group_norm", "avg_pool", "sub", "group_norm", "conv2d", "conv2d"]
-    sub = opt.nodes[2]
-    assert "scale" in sub.attrs and sub.attrs["residual"] == "input" and "residual" in opt.nodes[5].attrs
+    assert [n.op for n in opt.nodes] == ["group_norm", "avg_pool", "group_norm", "conv2d", "conv2d"]
+    pool = opt.nodes[1]
+    assert (pool.attrs["post_op"], pool.attrs["post"]) == ("sub", opt.nodes[0].outputs[0])
+    assert "scale" in pool.attrs and pool.attrs["residual"] == "input" and "residual" in opt.nodes[4].attrs
     x = random_inputs(g)
     assert rel_err(run_fused(opt, x)[g.outputs[0]], run_graph_numpy(g, x)[g.outputs[0]]) < 1e-5
     for scope in ("texture", "buffer"):

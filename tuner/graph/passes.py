@@ -9,7 +9,8 @@
   activation (relu, clip, and every ``activation`` node's spec: hardswish, sigmoid, silu, gelu, ...) -- the
   kernels' epilogue order. Binary glue ops (add, sub, mul, div, prelu) that stay on their own absorb a
   following per-channel constant multiply (``scale``), an add of another activation (``residual``) and an
-  activation, in that order: PoolFormer's ``x + ls * (pool(y) - y)`` is one kernel.
+  activation, in that order; a windowed pool that keeps its size takes a binary op with another activation first
+  (``post``): PoolFormer's ``x + ls * (pool(y) - y)`` is one kernel.
 - ``fuse_input_gates``: squeeze-excite's ``x * s`` -- a ``mul`` of an (N, C, H, W) activation by an (N, C, 1, 1)
   one whose only reader is a (not depthwise) convolution -- becomes that convolution's ``in_scale``: it reads x
   times s as it loads its input, and the product is never stored.
@@ -285,12 +286,35 @@ def _binary_epilogue(g: Graph, node: Node, nxt: Node, out: str, order: dict) -> 
     return False
 
 
+POOLS = ("avg_pool", "max_pool")  # windowed pools: glue kernels that take a binary op, a scale and a residual
+
+
+def _pool_epilogue(g: Graph, node: Node, nxt: Node, out: str, order: dict) -> bool:
+    """A pool that keeps its input's size (stride 1, padded: not one a reduction template runs) absorbs a
+    following binary op with another activation of its shape (``post``), then ``_binary_epilogue``'s scale and
+    residual; True if it took ``nxt``."""
+    if "post" in node.attrs:
+        return _binary_epilogue(g, node, nxt, out, order)
+    shape = tuple(g.shapes[out])
+    if (nxt.op not in ("add", "sub", "mul", "div") or len(nxt.inputs) != 2 or nxt.inputs.count(out) != 1
+            or shape != tuple(g.shapes[node.inputs[0]]) or shape[2:] == (1, 1) or "activation" in nxt.attrs):
+        return False
+    other = nxt.inputs[1] if nxt.inputs[0] == out else nxt.inputs[0]
+    if other in g.params or tuple(g.shapes[other]) != shape or (nxt.inputs[0] != out and nxt.op in ("sub", "div")):
+        return False
+    p = g.producer(other)
+    if p is not None and order[p.name] > order[node.name]:
+        return False
+    node.attrs["post"], node.attrs["post_op"] = other, nxt.op
+    return True
+
+
 def fuse_epilogues(graph: Graph) -> Graph:
     g = canonical_residuals(graph)
     order = {n.name: i for i, n in enumerate(g.nodes)}
     removed: set = set()
     for node in g.nodes:
-        if node.name in removed or node.op not in ("conv2d", "dense", "group_norm", "layer_norm") + BINARY_OPS:
+        if node.name in removed or node.op not in ("conv2d", "dense", "group_norm", "layer_norm") + BINARY_OPS + POOLS:
             continue
         while True:
             out = node.outputs[0]
@@ -299,7 +323,10 @@ def fuse_epilogues(graph: Graph) -> Graph:
                 break
             nxt = readers[0]
             act = _activation(nxt)
-            if act is not None and "activation" not in node.attrs:
+            if node.op in POOLS:
+                if not _pool_epilogue(g, node, nxt, out, order):
+                    break
+            elif act is not None and "activation" not in node.attrs:
                 node.attrs["activation"] = act
             elif (nxt.op == "mul" and node.op in ("conv2d", "dense") and "activation" not in node.attrs
                   and "residual" not in node.attrs and node.inputs[1] in g.params
@@ -335,6 +362,8 @@ def fuse_epilogues(graph: Graph) -> Graph:
             removed.add(nxt.name)
             g.nodes = [n for n in g.nodes if n is not nxt]
     for node in g.nodes:  # the residual is an input like the others (the executor binds inputs by position)
+        if "post" in node.attrs:
+            node.inputs = node.inputs + [node.attrs["post"]]
         if "scale" in node.attrs:
             node.inputs = node.inputs + [node.attrs["scale"]]
         if "residual" in node.attrs:

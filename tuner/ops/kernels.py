@@ -260,14 +260,17 @@ def pool_ceil_extra(shape, kernel, stride=1, padding=0, ceil_mode: bool = False)
 
 def pool_kernel(shape, kind: str, kernel, stride=1, padding=0, count_include_pad: bool = False,
                 dtype: str = "float32", in_scope: str = "texture", out_scope: str = "texture",
-                max_work_group: int = 64, ceil_mode: bool = False):
+                max_work_group: int = 64, ceil_mode: bool = False, post=None, scale: bool = False,
+                residual_scope: str | None = None):
     """Max or average pooling of NCHW ``X`` into ``Y`` (ONNX semantics, floor mode), one output pixel per
     work-item and a loop over the window (serial past 3x3, so 7x7 global pools stay small). Pixels in the
     padding are skipped: max ignores them (as -inf); avg divides by the pixels inside the window, or by the
     whole window with ``count_include_pad``. Global average pooling: ``kind="avg", kernel=(H, W)``.
     ``padding``: P, (ph, pw) or (top, left, bottom, right); each side must be smaller than the window.
     ``ceil_mode``: ONNX's ceil_mode=1 output size; the part of a last window past the padded input counts as
-    neither pixel nor padding."""
+    neither pixel nor padding. The fused epilogue, in order: ``post`` ``(op, scope)``, the pooled value ``op``
+    (add, sub, mul, div) ``P``, a tensor of the output's shape; ``scale``, times ``S`` per channel; ``residual_scope``,
+    plus ``R``: PoolFormer's token mixer ``x + ls * (pool(y) - y)`` in one kernel."""
     shape = _packed_shape(shape, "pool")
     _check_dtype(dtype)
     if len(shape) != 4:
@@ -283,6 +286,12 @@ def pool_kernel(shape, kind: str, kernel, stride=1, padding=0, count_include_pad
     if min(out) < 1:
         raise ValueError(f"pool window {R}x{S} is larger than the padded input {H + pt + pb}x{W + pl + pr}")
     X, Y = _packed("X", shape, dtype, in_scope), _packed("Y", out, dtype, out_scope)
+    if post is not None and post[0] not in ("add", "sub", "mul", "div"):
+        raise ValueError(f"pool post op {post[0]!r}: add, sub, mul or div")
+    P = _packed("P", out, dtype, post[1]) if post is not None else None
+    Sc = buffer("S", (C,), dtype, *(("texture:weight", "mace_argument") if in_scope == "texture"
+                                    else ("global", "bias4_buffer"))) if scale else None
+    Res = _packed("R", out, dtype, residual_scope) if residual_scope else None
     padded = max(pt, pl, pb, pr, *extra) > 0
     b = Builder()
     with _work_items(b, _grid(out), max_work_group) as (n, cb, oh, ow):
@@ -306,8 +315,16 @@ def pool_kernel(shape, kind: str, kernel, stride=1, padding=0, count_include_pad
             rows = min_(h0 + R, H) - max_(h0, 0)
             cols = min_(w0 + S, W) - max_(w0, 0)
             v = v / Cast(float32, rows * cols)
-        b.store(Y, (n, Ramp(cb * 4, as_expr(1), 4), oh, ow), v)
-    return b.kernel(f"{kind}_pool", [X, Y])
+        pix = (n, Ramp(cb * 4, as_expr(1), 4), oh, ow)
+        if P is not None:
+            p = P[pix]
+            v = v + p if post[0] == "add" else v - p if post[0] == "sub" else v * p if post[0] == "mul" else v / p
+        if Sc is not None:
+            v = v * Sc[pix[1]]
+        if Res is not None:
+            v = v + Res[pix]
+        b.store(Y, pix, v)
+    return b.kernel(f"{kind}_pool", [X, *(q for q in (P, Sc, Res) if q is not None), Y])
 
 
 def global_avg_pool_kernel(shape, dtype: str = "float32", in_scope: str = "texture", out_scope: str = "texture",

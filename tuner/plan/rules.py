@@ -264,14 +264,26 @@ def lower_pool(ctx: LowerCtx, node, ins, out, shape):
              {"kind": node.op[:3], "kernel": tuple(a["kernel"]), "stride": tuple(a["stride"]),
               "padding": tuple(a["padding"]), "count_include_pad": bool(a.get("count_include_pad", False)),
               "ceil_mode": bool(a.get("ceil_mode", 0))})
-    ctx.add(Step(node.name, "pool", {"X": ins[0]}, out, attrs))
+    inputs = {"X": ins[0]}
+    if a.get("post") is not None:  # the fused epilogue (passes.fuse_epilogues): a binary op, a scale, a residual
+        inputs["P"], attrs["post_op"] = ctx.packed(a["post"]), a["post_op"]
+    if a.get("scale") is not None:
+        name = f"{node.name}.scale"
+        ctx.extra[name] = np.ascontiguousarray(np.asarray(ctx.graph.params[a["scale"]], np.float32).reshape(-1))
+        inputs["S"] = name
+    if a.get("residual") is not None:
+        inputs["R"] = ctx.packed(a["residual"])
+    ctx.add(Step(node.name, "pool", inputs, out, attrs))
 
 
 @glue("pool")
 def build_pool(s, plan, max_wg):
     a, x, out = s.attrs, plan.tensors[s.inputs["X"]], plan.tensors[s.output]
+    post = (a["post_op"], plan.tensors[s.inputs["P"]].scope) if "P" in s.inputs else None
+    res = plan.tensors[s.inputs["R"]].scope if "R" in s.inputs else None
     return K.pool_kernel(x.shape, a["kind"], a["kernel"], a["stride"], a["padding"], a["count_include_pad"],
-                         plan.dtype, x.scope, out.scope, max_wg, ceil_mode=a.get("ceil_mode", False))
+                         plan.dtype, x.scope, out.scope, max_wg, ceil_mode=a.get("ceil_mode", False), post=post,
+                         scale="S" in s.inputs, residual_scope=res)
 
 
 # -- glue: data movement --------------------------------------------------------------------------------------
