@@ -302,12 +302,44 @@ def test_binary_cache_and_a_refused_binary(native, cl_env, tmp_path):
     assert path.stem == hashlib.sha256(b"\0" + KERNEL.encode()).hexdigest()
     assert build(KERNEL, 0) == 1  # a cached binary serves any BUILD
     garbage = b"\x7fELF not a program binary" * 40
-    path.write_bytes(f"tuner-native-clbin 1\n{len(garbage)} {hashlib.sha256(garbage).hexdigest()}\n".encode() + garbage)
+    path.write_bytes(f"tuner-native-clbin 2\n{len(garbage)} {hashlib.sha256(garbage).hexdigest()} "
+                     f"{path.parent.name}/{path.stem}\n".encode() + garbage)
     assert build(KERNEL, 1) == 0  # refused: built from source
     assert garbage not in path.read_bytes()  # and kept again
     assert build(KERNEL, 0) == 1
     status, body = a.call(P.BUILD, P.Writer().str(KERNEL).str("").u32(4).done())
     assert status == P.BAD_REQUEST and "flags" in _msg(body)
+    assert a.finish()[0] == 0
+
+
+def test_a_link_planted_in_the_work_folder_is_not_followed(native, cl_env, tmp_path):
+    """A symbolic link planted at the name under which a BUILD writes its binary (WORK/binaries/<device>/
+    <sha256>.bin.<executor pid>.tmp) was followed, and the file it points to overwritten. The cache now writes
+    only new files of its own (O_EXCL, O_NOFOLLOW): the link is left alone, the build still answers, and the
+    cache folders are 0700."""
+    import hashlib
+    import json
+
+    a = RawAgent(native["agent"], cl_env, tmp_path)
+    hello = json.loads(P.Reader(a.call(P.HELLO, P.Writer().str("").done())[1], "HELLO").str())
+    assert a.call(P.OPEN, P.Writer().u32(_cpu_index(hello["devices"])).done())[0] == P.OK
+
+    def build(source):
+        status, body = a.call(P.BUILD, P.Writer().str(source).str("").u32(1).done())
+        assert status == P.OK, _msg(body)
+        return body
+
+    build(KERNEL.replace("twice", "once"))  # makes the device's cache folder
+    folder, = (tmp_path / "binaries").iterdir()
+    assert folder.stat().st_mode & 0o077 == 0 and (tmp_path / "binaries").stat().st_mode & 0o077 == 0
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    name = hashlib.sha256(b"\0" + KERNEL.encode()).hexdigest()
+    planted = folder / f"{name}.bin.{hello['executor_pid']}.tmp"
+    planted.symlink_to(victim)
+    build(KERNEL)
+    assert victim.read_text() == "precious" and planted.is_symlink()
+    assert not (folder / f"{name}.bin").exists()  # nothing cached this time
     assert a.finish()[0] == 0
 
 

@@ -269,7 +269,8 @@ def test_refused_binary_is_rebuilt(native, cl_env, artifacts, tmp_path):
     assert len(bins) > 10
     import hashlib
     garbage = b"\x7fELF not a program binary" * 40
-    head = f"tuner-native-clbin 1\n{len(garbage)} {hashlib.sha256(garbage).hexdigest()}\n".encode()
+    tag = f"{bins[0].parent.name}/{bins[0].stem}"  # the program the file is for
+    head = f"tuner-native-clbin 2\n{len(garbage)} {hashlib.sha256(garbage).hexdigest()} {tag}\n".encode()
     bins[0].write_bytes(head + garbage)
     bins[1].write_bytes(bins[1].read_bytes()[:100])
     r = _tuner_run(native, cl_env, art, "--device", CPU, "--bench", 1)
@@ -278,6 +279,31 @@ def test_refused_binary_is_rebuilt(native, cl_env, artifacts, tmp_path):
     cached, built = map(int, re.search(r"(\d+) programs from cached binaries, (\d+) built from source", r.stdout).groups())
     assert 2 <= built < 10 and cached > 10, r.stdout  # (sources with the same text share one cache file)
     assert garbage not in bins[0].read_bytes()
+
+
+def test_a_binary_planted_under_another_programs_name_is_refused(native, cl_env, models, artifacts, tmp_path):
+    """A cached binary of one kernel saved under another kernel's name was loaded: the kernel computed what the
+    planted binary computes. Each cache file now names its program (the device folder and the source's hash), so
+    the copy is refused and rebuilt from source, and the output is right; files that others can write are not
+    read either."""
+    import re
+    from artifact_corpus import _copy
+    art = _copy(artifacts["shufflenet-cpu-texture-f32"], tmp_path / "art")
+    x = _input(art)
+    np.save(tmp_path / "x.npy", x)
+    assert _tuner_run(native, cl_env, art, "--device", CPU, "--bench", 1).returncode == 0
+    bins = sorted((art / "binaries").glob("*/*.bin"))
+    assert len(bins) > 4 and all(p.stat().st_mode & 0o077 == 0 for p in bins)
+    assert (art / "binaries").stat().st_mode & 0o077 == 0  # folders 0700, files 0600
+    for dst in bins[1:]:  # every program's cache file holds the first program's binary
+        shutil.copyfile(bins[0], dst)
+    bins[0].chmod(0o666)  # and the first one is writable by anyone
+    r = _tuner_run(native, cl_env, art, "--device", CPU, "--input", tmp_path / "x.npy", "--output",
+                   tmp_path / "y.npy", "--bench", 1)
+    assert r.returncode == 0, r.stderr
+    cached, built = map(int, re.search(r"(\d+) programs from cached binaries, (\d+) built from source", r.stdout).groups())
+    assert built == len(bins), r.stdout  # each file rebuilt once (programs of the same text then share it)
+    assert _rel(np.load(tmp_path / "y.npy"), _onnx(models["shufflenet_units"], x)) < 1e-4
 
 
 def test_tuner_run_runtime_native(native, artifacts, tmp_path, capsys):

@@ -264,3 +264,32 @@ def test_model_inputs_and_outputs_staged_in_pinned_memory(conv3x3_onnx, scope, m
         assert m.runtime.pinned_stages() == (len(staged) if pinned == "1" else 0)  # x and y may share a pool
         outs[pinned] = y1
     assert np.array_equal(outs["1"], outs["0"])
+
+
+def test_binary_cache_folders_are_private_and_links_are_not_followed(dev, tmp_path):
+    """The on-disk program cache (an artifact's binaries/): folders 0700, files written as new files of our own
+    (a link planted at the temporary name is left alone, its target untouched), and nothing read from a file or
+    folder someone else can write."""
+    import tuner.runtime.program as program
+    cache = tmp_path / "bins"
+    src = "__kernel void k%d(__global float *x) { x[get_global_id(0)] += %d.0f; }"
+    build_program(dev, src % (1, 1), cache_dir=cache)
+    path = program.binary_path(cache, dev.fingerprint, src % (1, 1))
+    assert path.is_file() and path.stat().st_mode & 0o077 == 0 and path.parent.stat().st_mode & 0o077 == 0
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    other = program.binary_path(cache, dev.fingerprint, src % (2, 2))
+    planted = other.with_name(f".{other.name}.{os.getpid()}.tmp")
+    planted.symlink_to(victim)
+    build_program(dev, src % (2, 2), cache_dir=cache)
+    assert victim.read_text() == "precious" and planted.is_symlink() and not other.exists()
+    path.chmod(0o666)  # writable by anyone: proves nothing, so it is rebuilt from source
+    program._CACHE.pop(dev, None)
+    stats: dict = {}
+    build_program(dev, src % (1, 1), cache_dir=cache, stats=stats)
+    assert stats == {"source": 1}
+    path.chmod(0o600)
+    program._CACHE.pop(dev, None)
+    stats = {}
+    build_program(dev, src % (1, 1), cache_dir=cache, stats=stats)
+    assert stats == {"binary": 1}

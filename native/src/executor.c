@@ -392,7 +392,7 @@ static int do_build(executor *ex, unsigned type, tpr_reader *r, tpr_buf *out, ch
     size_t slen = 0, olen = 0;
     char *src = tpr_str(r, &slen), *opts = tpr_str(r, &olen);
     uint32_t flags = tpr_u32(r);
-    char dir[4096], path[4400], hex[65], err[TNR_ERRLEN], log[4096];
+    char dir[4096], path[4400], hex[65], tag[300], err[TNR_ERRLEN], log[4096];
     tnr_sha256_ctx c;
     unsigned char digest[32], *bin = NULL;
     size_t blen = 0;
@@ -425,7 +425,8 @@ static int do_build(executor *ex, unsigned type, tpr_reader *r, tpr_buf *out, ch
     for (i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", digest[i]);
     snprintf(dir, sizeof dir, "%s/binaries/%s", tnr_agent_work_dir(), ex->cache_key);
     snprintf(path, sizeof path, "%s/%s.bin", dir, hex);
-    bin = tnr_bincache_read(path, &blen);
+    snprintf(tag, sizeof tag, "%s/%s", ex->cache_key, hex);
+    bin = tnr_bincache_read(dir, path, tag, &blen);
     if (bin) {
         if (tcl_build_binary(&ex->api, ex->ctx, &ex->devs[ex->open], bin, blen, opts, &prog, err) == TNR_OK) {
             cached = 1;
@@ -446,7 +447,7 @@ static int do_build(executor *ex, unsigned type, tpr_reader *r, tpr_buf *out, ch
         /* the binary only when asked: a driver may compile again to give it (PoCL: as long as the build), and a
          * tuning run builds each source once */
         if ((flags & TPR_BUILD_KEEP) && tcl_program_binary(&ex->api, prog, &bin, &blen, err) == TNR_OK && bin && blen)
-            tnr_bincache_write(dir, path, bin, blen);
+            tnr_bincache_write(dir, path, tag, bin, blen);
         free(bin);
     }
     free(src);

@@ -212,13 +212,14 @@ done:
 /* ---- the binary cache ---- */
 
 static int build_program(tnr_runtime *rt, const tnr_source *src, cl_program *prog) {
-    char dir[4096], path[4200];
+    char dir[4096], path[4200], tag[300];
     unsigned char *bin;
     size_t len = 0;
     int rc;
     snprintf(dir, sizeof dir, "%s/binaries/%s", rt->a->dir, rt->cache_key);
     snprintf(path, sizeof path, "%s/%s.bin", dir, src->sha256);
-    bin = tnr_bincache_read(path, &len);
+    snprintf(tag, sizeof tag, "%s/%s", rt->cache_key, src->sha256);
+    bin = tnr_bincache_read(dir, path, tag, &len);
     if (bin) {
         rc = tcl_build_binary(&rt->api, rt->ctx, &rt->dev, bin, len, "", prog, rt->err);
         free(bin);
@@ -233,7 +234,7 @@ static int build_program(tnr_runtime *rt, const tnr_source *src, cl_program *pro
         return rc;
     }
     rt->from_source++;
-    if (tcl_program_binary(&rt->api, *prog, &bin, &len, rt->err) == TNR_OK && bin && len) tnr_bincache_write(dir, path, bin, len);
+    if (tcl_program_binary(&rt->api, *prog, &bin, &len, rt->err) == TNR_OK && bin && len) tnr_bincache_write(dir, path, tag, bin, len);
     free(bin);
     rt->err[0] = 0;
     return TNR_OK;

@@ -7,7 +7,9 @@ pyopencl's own on-disk binary cache still applies underneath.
 ``build_program(..., cache_dir=DIR)`` also keeps the built binary (CL_PROGRAM_BINARIES) in
 ``DIR/<device fingerprint>/<hash of source and options>.bin`` (an artifact's ``binaries/``), so a later
 process builds from it instead of compiling the source; a binary the driver rejects, or a file that does
-not check out (header, length, hash), is rebuilt from source and rewritten.
+not check out (header, length, hash, the program and device it names), is rebuilt from source and rewritten.
+Folders are made 0700 and files written as new files of our own (O_EXCL, O_NOFOLLOW, 0600); nothing is read
+from a folder or file that someone else can write, or through a link.
 
 pyopencl's CompilerWarning ("Non-empty compiler output encountered") is suppressed around builds: the
 build log of a failed build is in the CompileError.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import warnings
 import weakref
 from collections.abc import Iterable
@@ -54,12 +57,34 @@ def binary_path(cache_dir, fingerprint: str, source: str, options: str | Iterabl
     return Path(cache_dir) / fingerprint / f"{source_hash(source, options)}.bin"
 
 
-def _read_binary(path: Path, fingerprint: str, key: str) -> bytes | None:
-    """The payload of a cache file, or None when it is missing or does not check out."""
+def _private(folder: Path) -> bool:
+    """A cache folder only this user can change: not a link, ours, writable by nobody else."""
     try:
-        data = path.read_bytes()
+        st = os.lstat(folder)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
+def _read_binary(path: Path, fingerprint: str, key: str) -> bytes | None:
+    """The payload of a cache file, or None when it is missing, does not check out, or lies where someone else
+    can write (its folder, the folder above, or the file itself: then it proves nothing)."""
+    if not (_private(path.parent) and _private(path.parent.parent)):
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     if not data.startswith(BINARY_MAGIC):
         return None
     header, sep, payload = data[len(BINARY_MAGIC):].partition(b"\n")
@@ -77,11 +102,19 @@ def _write_binary(path: Path, fingerprint: str, key: str, payload: bytes) -> boo
                          "sha256": hashlib.sha256(payload).hexdigest()}).encode()
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_bytes(BINARY_MAGIC + header + b"\n" + payload)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not (_private(path.parent) and _private(path.parent.parent)):
+            return False  # a folder someone else can change: no cache
+        # a new file of our own: a link or a file planted at this name is never followed or reused
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError:  # a read-only artifact, or the name taken: run without the cache
+        return False
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(BINARY_MAGIC + header + b"\n" + payload)
         os.replace(tmp, path)  # atomic: a concurrent reader sees the old file or the new one
         return True
-    except OSError:  # a read-only artifact: run without the cache
+    except OSError:
         try:
             tmp.unlink()
         except OSError:
