@@ -167,9 +167,31 @@ def damaged_artifacts(good_dir, tmp_path) -> list:
     (d / "kernels" / kernels[0]).symlink_to(outside)
     cases.append(("kernel_a_symlink", d, kernels[0]))
     edit("written_argument_passed_twice", _alias_a_written_argument)
+    d = _copy(good, root / "param_shrunk")  # issue 36: a weight blob shrunk, params.bin cut to match, resealed
+    _shrink_last_param(d)
+    cases.append(("param_shrunk", d, "graph.json"))
     if _input_pool_reused(json.loads((good / "graph.json").read_text())):  # a buffer plan: pools are shared
         edit("output_overwritten", lambda g: g.__setitem__("outputs", [g["inputs"][0]]))
     return cases
+
+
+def _shrink_last_param(d: Path) -> None:
+    """The weight blob stored last, halved in graph.json and params.bin alike, the manifest resealed: every size
+    agrees with every other, only the kernel that reads it was generated for more (a read past its end)."""
+    g = json.loads((d / "graph.json").read_text())
+    b = max(g["params"], key=lambda p: p["offset"])
+    phys = b["physical_shape"]
+    if len(phys) == 1:
+        b["physical_shape"] = [max(1, phys[0] // 2)]
+    elif phys[0] > 1:
+        b["physical_shape"] = [phys[0] // 2, *phys[1:]]
+    else:
+        b["physical_shape"] = [phys[0], max(1, phys[1] // 2), *phys[2:]]
+    b["nbytes"] = b["nbytes"] * math.prod(b["physical_shape"]) // math.prod(phys)
+    (d / "graph.json").write_text(json.dumps(g, indent=1))
+    with open(d / "params.bin", "r+b") as f:
+        f.truncate(b["offset"] + b["nbytes"])
+    _reseal(d)
 
 
 def _input_pool_reused(g: dict) -> bool:

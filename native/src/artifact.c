@@ -154,7 +154,7 @@ static int verify_manifest(tnr_artifact *a, listed **out, int *nout, unsigned ch
     {
         struct stat st;
         if (stat(path, &st) != 0)
-            return tnr_fail(err, TNR_E_ARTIFACT, "%s is missing: %s is not a version 2 artifact (compile the model "
+            return tnr_fail(err, TNR_E_ARTIFACT, "%s is missing: %s is not a version 3 artifact (compile the model "
                             "with `tuner compile MODEL -o %s`)", path, a->dir, a->dir);
         if (S_ISREG(st.st_mode) && (uint64_t)st.st_size > MAX_MANIFEST)
             return tnr_fail(err, TNR_E_ARTIFACT, "%s holds %lld bytes, more than 1 MiB; " REDO, path,
@@ -170,11 +170,11 @@ static int verify_manifest(tnr_artifact *a, listed **out, int *nout, unsigned ch
     ver = tnr_json_get(m, "version");
     files = tnr_json_get(m, "files");
     if (!fmt || fmt->type != TJ_STRING || strcmp(fmt->s, "tuner-artifact") != 0 || !ver || ver->type != TJ_NUMBER ||
-        !ver->is_int || ver->i != 2 || !files || files->type != TJ_ARRAY) {
+        !ver->is_int || ver->i != 3 || !files || files->type != TJ_ARRAY) {
         char v[32] = "none";
         if (ver && ver->type == TJ_NUMBER) snprintf(v, sizeof v, "%g", ver->d);
         tnr_json_free(doc);
-        return tnr_fail(err, TNR_E_ARTIFACT, "%s: not a 'tuner-artifact' version 2 manifest (version %s); " REDO, path, v);
+        return tnr_fail(err, TNR_E_ARTIFACT, "%s: not a 'tuner-artifact' version 3 manifest (version %s); " REDO, path, v);
     }
     l = calloc(files->len ? files->len : 1, sizeof *l);
     if (!l) {
@@ -438,9 +438,9 @@ static int read_graph(tnr_artifact *a, tj_value *g, raw_strings *raw, char *err)
     fmt = tnr_json_get(g, "format");
     ver = tnr_json_get(g, "version");
     if (!fmt || fmt->type != TJ_STRING || strcmp(fmt->s, "tuner-artifact") != 0 || !ver || ver->type != TJ_NUMBER ||
-        !ver->is_int || ver->i != 2) {
+        !ver->is_int || ver->i != 3) {
         char b1[96], b2[96];
-        return graph_fail(a, err, "artifact format %s version %s; this runtime reads 'tuner-artifact' version 2",
+        return graph_fail(a, err, "artifact format %s version %s; this runtime reads 'tuner-artifact' version 3",
                           shown(fmt, b1, sizeof b1), shown(ver, b2, sizeof b2));
     }
     dev = get(&r, g, "device", "", &rc);
@@ -523,6 +523,15 @@ static int read_graph(tnr_artifact *a, tj_value *g, raw_strings *raw, char *err)
                     return graph_fail(a, err, "%s.access must be 'read' or 'write', got %s", sp,
                                       shown(tnr_json_get(s, "access"), b, sizeof b));
                 if ((rc = get_str(&r, s, "name", sp, &name)) || (rc = get_opt_str(&r, s, "type", sp, &type))) return rc;
+                {
+                    int64_t ext[TNR_DIMS];
+                    int ne = 0, m, small = 0;
+                    if ((rc = get_ints(&r, s, "extent", sp, ext, &ne))) return rc;
+                    for (m = 0; m < ne; m++) small |= ext[m] < 1;
+                    if (ne != (strcmp(kind, "buffer") ? 3 : 1) || small)
+                        return graph_fail(a, err, "%s.extent must be [elements] for a buffer, [height, width, 4] for "
+                                          "an image", sp);
+                }
             }
             if ((rc = get_str(&r, c, "kernel", cp, &call->kernel)) || (rc = get_ints(&r, c, "global_size", cp, gs, &ng)) ||
                 (rc = get_ints(&r, c, "local_size", cp, ls, &nl)))
@@ -560,6 +569,11 @@ static int read_graph(tnr_artifact *a, tj_value *g, raw_strings *raw, char *err)
                     call->args[k].write = strcmp(tnr_json_get(s, "access")->s, "write") == 0;
                     x = tnr_json_get(s, "type");
                     call->args[k].type = x && x->type == TJ_STRING ? x->s : NULL;
+                    x = tnr_json_get(s, "extent");
+                    {
+                        size_t m;
+                        for (m = 0; m < 3; m++) call->args[k].extent[m] = m < x->len ? (int64_t)x->items[m]->i : 0;
+                    }
                 }
             }
             if (args->len != sig->len) {
@@ -909,6 +923,7 @@ static int check_calls(tnr_artifact *a, const tnr_limits *lim, const char *dev, 
         for (j = 0; j < n->ncalls; j++) {
             tnr_call *c = &n->calls[j];
             uint64_t largest = 1, wg, items, bound;
+            const tnr_arg *small = NULL; /* the first argument smaller than its parameter addresses */
             char cw[260];
             snprintf(cw, sizeof cw, "%s.calls[%d]", where, j);
             if (!limits_only) {
@@ -921,7 +936,8 @@ static int check_calls(tnr_artifact *a, const tnr_limits *lim, const char *dev, 
             }
             for (k = 0; k < c->nargs; k++) {
                 tnr_arg *arg = &c->args[k];
-                int texture, dtype;
+                int texture, dtype, nphys;
+                const int64_t *phys;
                 uint64_t count;
                 if (!limits_only) {
                     const char *ref = arg->ref;
@@ -942,9 +958,11 @@ static int check_calls(tnr_artifact *a, const tnr_limits *lim, const char *dev, 
                 if (arg->kind == TNR_ARG_ENTRY) {
                     const tnr_entry *e = &a->entries[arg->index];
                     texture = e->texture, dtype = e->dtype, count = e->elems;
+                    nphys = e->nphys, phys = e->phys;
                 } else {
                     const tnr_blob *b = arg->kind == TNR_ARG_PARAM ? &a->params[arg->index] : &a->workspaces[arg->index];
                     texture = b->texture, dtype = b->dtype, count = b->elems;
+                    nphys = b->nphys, phys = b->phys;
                 }
                 if (!limits_only) {
                     const char *want_type = dtype == TNR_F16 ? "half" : "float";
@@ -956,6 +974,11 @@ static int check_calls(tnr_artifact *a, const tnr_limits *lim, const char *dev, 
                                           arg->type ? arg->type : "None", arg->ref, dtype == TNR_F16 ? "float16" : "float32");
                     if (arg->kind == TNR_ARG_PARAM && arg->write)
                         return graph_fail(a, err, "%s: parameter '%.80s' writes the constant '%.80s'", cw, arg->pname, arg->ref);
+                    /* the size its code addresses, as generated: a smaller argument would be read or written past
+                     * (reported after the aliasing check below, as the Python runtime does) */
+                    if (arg->image ? (nphys != 3 || phys[0] < arg->extent[0] || phys[1] < arg->extent[1])
+                                   : count < (uint64_t)arg->extent[0])
+                        small = small ? small : arg;
                 }
                 if (count > largest) largest = count;
             }
@@ -968,6 +991,9 @@ static int check_calls(tnr_artifact *a, const tnr_limits *lim, const char *dev, 
                             return graph_fail(a, err, "%s: argument '%.80s' is written and also passed as another "
                                               "parameter (a kernel never reads and writes one tensor)", cw, c->args[k].ref);
                 }
+                if (small)
+                    return graph_fail(a, err, "%s: argument '%.80s' is smaller than parameter '%.80s' addresses: the "
+                                      "artifact was edited", cw, small->ref, small->pname);
             }
             /* check 9 */
             if (c->global[0] == -1 || c->global[0] < 1 || c->global[1] < 1 || c->global[2] < 1 || c->local[0] < 1 ||

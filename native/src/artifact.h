@@ -43,6 +43,7 @@ typedef struct {
     const char *pname;
     int image, write;
     const char *type; /* "float", "half" or NULL */
+    int64_t extent[3]; /* what the kernel addresses: elements of a buffer; height, width, 4 of an image */
 } tnr_arg;
 
 typedef struct {

@@ -149,9 +149,17 @@ def _arg(spec: ModuleSpec, blobs: dict, ref: str):
     kind, _, key = ref.partition(":")
     if kind == "t" and key in spec.entries:
         e = spec.entries[key]
-        return e.storage_scope, e.dtype, math.prod(e.physical_shape)
+        return e.storage_scope, e.dtype, math.prod(e.physical_shape), tuple(e.physical_shape)
     b = blobs.get(ref)
-    return (b.scope, b.dtype, math.prod(b.physical_shape)) if b is not None else None
+    return (b.scope, b.dtype, math.prod(b.physical_shape), tuple(b.physical_shape)) if b is not None else None
+
+
+def _holds(phys: tuple, count: int, prm) -> bool:
+    """Whether an argument of physical shape ``phys`` (``count`` elements) holds what the parameter's code
+    addresses: its extent's elements for a buffer, its height and width for an image."""
+    if prm.kind == "buffer":
+        return count >= prm.extent[0]
+    return len(phys) == 3 and phys[0] >= prm.extent[0] and phys[1] >= prm.extent[1]
 
 
 def defined_kernels(source: str) -> set:
@@ -161,7 +169,8 @@ def defined_kernels(source: str) -> set:
 
 
 def check_calls(spec: ModuleSpec, sources: dict, profile: dict) -> None:
-    """Checks 8 (calls name what exists, with matching kinds and types) and 9 (launch sizes)."""
+    """Checks 8 (calls name what exists, with matching kinds, types and sizes: no argument smaller than its
+    parameter's code addresses) and 9 (launch sizes)."""
     blobs = {f"p:{b.key}": b for b in spec.params}
     blobs.update({f"w:{b.key}": b for b in spec.workspaces})
     max_wg = limit(profile, "max_work_group_size")
@@ -189,7 +198,7 @@ def check_calls(spec: ModuleSpec, sources: dict, profile: dict) -> None:
                 a = _arg(spec, blobs, ref)
                 if a is None:
                     _fail(f"{cw}: argument {ref!r} names no entry, param or workspace")
-                scope, dtype, count = a
+                scope, dtype, count, phys = a
                 if (prm.kind == "image") != is_texture(scope):
                     _fail(f"{cw}: parameter {prm.name!r} is an {prm.kind}, argument {ref!r} a {scope} tensor")
                 if prm.kind == "buffer" and prm.type != {"float32": "float", "float16": "half"}[dtype]:
@@ -202,6 +211,11 @@ def check_calls(spec: ModuleSpec, sources: dict, profile: dict) -> None:
                 if c.args.count(ref) > 1:
                     _fail(f"{cw}: argument {ref!r} is written and also passed as another parameter (a kernel "
                           f"never reads and writes one tensor)")
+            for ref, prm in zip(c.args, c.signature):  # the size each parameter's code addresses, as generated
+                _, _, count, phys = _arg(spec, blobs, ref)
+                if not _holds(phys, count, prm):
+                    _fail(f"{cw}: argument {ref!r} ({list(phys)}) is smaller than parameter {prm.name!r} addresses "
+                          f"({list(prm.extent)}): the artifact was edited")
             _check_launch(c, cw, largest, max_wg, max_items)
 
 

@@ -1,4 +1,4 @@
-"""The artifact's data types (docs/artifact.md, format version 2) and their strict JSON form.
+"""The artifact's data types (docs/artifact.md, format version 3) and their strict JSON form.
 
 ``ModuleSpec.from_json`` checks every field's presence and type (check 2 of the doc) and names the field that
 is wrong, ``graph.json: nodes[3].calls[0].global_size``: a runtime never meets a value of an unexpected type
@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from tuner.errors import TunerError
 
 FORMAT = "tuner-artifact"
-VERSION = 2
+VERSION = 3
 PARAM_ALIGN = 64  # bytes: every param starts at a multiple of it in params.bin
 
 
@@ -21,11 +21,12 @@ class ArtifactError(TunerError):
 @dataclass
 class Param:
     """One kernel parameter as the source declares it: ``kind`` buffer or image, ``type`` the buffer element
-    (float, half; None for images) and ``access`` read or write."""
+    (float, half; None for images), ``access`` read or write, and ``extent``, the size its code addresses."""
     name: str
     kind: str
     type: str | None
     access: str
+    extent: tuple = ()  # what the kernel addresses: (elements,) of a buffer, (height, width, 4) of an image
 
 
 @dataclass
@@ -191,8 +192,11 @@ class _Reader:
             self.fail(p + ".kind", "'buffer' or 'image'", kind)
         if access not in ("read", "write"):
             self.fail(p + ".access", "'read' or 'write'", access)
+        extent = self.ints(self.get(s, "extent", p), p + ".extent")
+        if len(extent) != (1 if kind == "buffer" else 3) or min(extent) < 1:
+            self.fail(p + ".extent", "[elements] for a buffer, [height, width, 4] for an image", list(extent))
         return Param(self.str_(self.get(s, "name", p), p + ".name"), kind, self.opt_str(s.get("type"), p + ".type"),
-                     access)
+                     access, extent)
 
     def entry(self, e, p) -> Entry:
         self.obj(e, p)

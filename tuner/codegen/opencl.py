@@ -275,22 +275,26 @@ class OpenCLCodegen:
 
 def kernel_signature(kernel: Kernel) -> list[dict]:
     """Each parameter of a lowered kernel as its OpenCL declaration states it: ``{"name", "kind": "buffer" |
-    "image", "type": "float" | "half" | None, "access": "read" | "write"}``. The one rule for both the source's
-    parameter list and the artifact's call signatures (docs/artifact.md), so the two cannot disagree."""
+    "image", "type": "float" | "half" | None, "access": "read" | "write", "extent"}``, where ``extent`` is what the
+    generated code addresses: ``[elements]`` of a buffer, ``[height, width, 4]`` of an image (a runtime refuses a
+    smaller argument). The one rule for both the source's parameter list and the artifact's call signatures
+    (docs/artifact.md), so the two cannot disagree."""
     from ..ir.functor import visit
+    from .packing import physical_shape
     stored = set()
     visit(kernel.body, lambda n: stored.add(n.buffer.name) if isinstance(n, BufferStore) else None)
     out = []
     for b in kernel.params:
         if b.is_texture:
             access = "write" if kernel.access.get(b.name, "read_only") == "write_only" else "read"
-            out.append({"name": b.name, "kind": "image", "type": None, "access": access})
+            out.append({"name": b.name, "kind": "image", "type": None, "access": access,
+                        "extent": [int(x) for x in physical_shape(b)]})
         elif b.scope == "global":
             if len(b.shape) != 1:
                 raise LoweringError(f"global buffer {b.name!r} has {len(b.shape)} physical dimensions; "
                                     f"OpenCL buffers are 1-D: drop AXIS_SEPARATOR from its layout")
             out.append({"name": b.name, "kind": "buffer", "type": storage_type(b.dtype),
-                        "access": "write" if b.name in stored else "read"})
+                        "access": "write" if b.name in stored else "read", "extent": [int(b.shape[0])]})
         else:
             raise LoweringError(f"kernel parameter {b.name!r} has scope {b.scope!r}; parameters are global "
                                 f"or texture")
