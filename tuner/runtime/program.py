@@ -102,7 +102,9 @@ def _write_binary(path: Path, fingerprint: str, key: str, payload: bytes) -> boo
                          "sha256": hashlib.sha256(payload).hexdigest()}).encode()
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        missing = [p for p in (path.parent, *path.parent.parents) if not p.exists()]
+        for folder in reversed(missing):  # every new level 0700 (mkdir's parents=True gives them the umask's)
+            folder.mkdir(mode=0o700, exist_ok=True)
         if not (_private(path.parent) and _private(path.parent.parent)):
             return False  # a folder someone else can change: no cache
         # a new file of our own: a link or a file planted at this name is never followed or reused
