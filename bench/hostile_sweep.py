@@ -682,8 +682,9 @@ def _register_cli():
     def first_call(g):
         return g["nodes"][[bool(n.get("calls")) for n in g["nodes"]].index(True)]["calls"][0]
     damaged("graph_nested", graph_text(lambda t: "[" * 100000 + "]" * 100000))
-    damaged("graph_1e400", graph_text(lambda t: t.replace('"version": 2', '"version": 1e400', 1)
-                                      .replace('"version":2', '"version":1e400', 1)))
+    from tuner.artifact.format import VERSION  # the format's version now: the case replaces that number
+    damaged("graph_1e400", graph_text(lambda t: t.replace(f'"version": {VERSION}', '"version": 1e400', 1)
+                                      .replace(f'"version":{VERSION}', '"version":1e400', 1)))
     damaged("graph_dup_keys", graph_text(lambda t: t.replace("{", '{"nodes": [], ', 1)))
     damaged("graph_nan", graph_json(lambda g: g.__setitem__("pools", [dict(p, shape=[float("nan")]) for p in g["pools"]])))
     damaged("graph_bom", graph_text(lambda t: "\ufeff" + t))
