@@ -421,14 +421,25 @@ def test_tcp_with_a_token(native, cl_env, tmp_path, monkeypatch):
 @pytest.mark.parametrize("spec", ["127.0.0.1:99999", "127.0.0.1:65536", "127.0.0.1:7x", "127.0.0.1:-1"])
 def test_listen_refuses_a_port_out_of_range(native, cl_env, spec):
     """Issue 36: 127.0.0.1:99999 listened on 34463 (the port wrapped)."""
-    r = subprocess.run([native["agent"], "--listen", spec, "--once"], capture_output=True, text=True, env=cl_env,
-                       timeout=30)
+    r = subprocess.run([native["agent"], "--listen", spec, "--once", "--token", "t"], capture_output=True, text=True,
+                       env=cl_env, timeout=30)
     assert r.returncode == 2 and "the port must be a number from 1 to 65535" in r.stderr
 
 
+def test_listen_requires_a_token_on_loopback_too(native, cl_env, monkeypatch):
+    """Issue 36: a loopback agent had no token, and any local process (on a phone, any app) could open it and
+    BUILD a source that #includes a file its build log then quotes. Every --listen now requires a token."""
+    env = {k: v for k, v in cl_env.items() if k != "TUNER_AGENT_TOKEN"}
+    for spec in ("127.0.0.1:0", "localhost:0"):
+        r = subprocess.run([native["agent"], "--listen", spec, "--once"], capture_output=True, text=True, env=env,
+                           timeout=30)
+        assert r.returncode == 2 and "needs a token" in r.stderr and "every local process" in r.stderr, r.stderr
+
+
 def test_listen_without_a_token_checks_the_resolved_address(native, cl_env):
-    """The loopback test is on the address the host resolves to, not its spelling: this machine's own
-    non-loopback address (any numeric one) needs a token, as 0.0.0.0 does."""
+    """Without a token, the refusal says who could reach the port, judged on the address the host resolves to,
+    not its spelling: this machine's own non-loopback address (any numeric one) is reachable from other
+    machines, as 0.0.0.0 is."""
     import socket
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:

@@ -1,7 +1,7 @@
 /* tuner-agent: the device side of docs/agent-protocol.md.
  *
  *   tuner-agent --stdio [--work-dir DIR]                     frames on stdin/stdout, the log on stderr
- *   tuner-agent --listen HOST:PORT [--token T] [--once] [--work-dir DIR]   TCP, one connection at a time
+ *   tuner-agent --listen HOST:PORT --token T [--once] [--work-dir DIR]   TCP, one connection at a time
  *                                                           (--once: exit when the first connection that
  *                                                           proved the token ends)
  *               [--handshake-timeout S]   with a token: a connection proves it within S seconds (5), in frames
@@ -457,7 +457,7 @@ static int usage(const char *why) {
     if (why) fprintf(stderr, "error: %s\n", why);
     fprintf(stderr,
             "usage: tuner-agent --stdio [--work-dir DIR]\n"
-            "       tuner-agent --listen HOST:PORT [--token T] [--once] [--work-dir DIR] [--handshake-timeout S]\n"
+            "       tuner-agent --listen HOST:PORT --token T [--once] [--work-dir DIR] [--handshake-timeout S]\n"
             "       tuner-agent --version\n"
             "The device agent of the tuner (docs/agent-protocol.md). OpenCL: $TUNER_OPENCL_LIB, else the system's.\n");
     return 2;
@@ -511,7 +511,7 @@ static int listen_on(const char *spec) {
         fprintf(stderr, "error: --listen %s: %s\n", spec, gai_strerror(rc));
         return -1;
     }
-    if (!token) {  /* without a token, every address the host resolves to must be loopback */
+    if (!token) {  /* every listening agent requires a token: say who could reach this one without it */
         for (a = ai; a; a = a->ai_next) {
             if (!is_loopback_addr(a->ai_addr)) {
                 fprintf(stderr, "error: --listen %s is reachable from other machines (%s resolves to a "
@@ -521,6 +521,11 @@ static int listen_on(const char *spec) {
                 return -1;
             }
         }
+        fprintf(stderr, "error: --listen %s needs a token: every local process (on a phone, every app) reaches a "
+                        "loopback port; pass --token T (or set TUNER_AGENT_TOKEN) and give the tuner the same token "
+                        "(tcp://HOST:PORT?token=T); adb:// makes one by itself\n", spec);
+        freeaddrinfo(ai);
+        return -1;
     }
     for (a = ai; a; a = a->ai_next) {
         fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
