@@ -3,6 +3,7 @@ replaced by a rename (``files.write_file``), and an --input .npy whose header cl
 is refused before anything is allocated."""
 import os
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -83,3 +84,23 @@ def test_tuner_run_output_to_dev_null_and_a_huge_npy_header(tmp_path, capsys):
     assert main(["run", str(art), "--input", str(bad), "--repeat", "1"]) == 2
     err = capsys.readouterr().err
     assert "header says shape (1099511627776,)" in err and "Traceback" not in err
+
+
+def test_every_writer_refuses_a_link_and_writes_through_a_device(tmp_path, capsys):
+    """The same rule for every file a command writes (issue 36): `tuner zoo -o`, `tuner logs -o` and `tuner
+    report -o` refuse a symbolic link (its target untouched) and leave /dev/null a device."""
+    import stat
+
+    from tuner.cli import main
+    target = tmp_path / "precious"
+    target.write_bytes(b"keep")
+    link = tmp_path / "out"
+    link.symlink_to(target)
+    log = min(Path(__file__).resolve().parents[1].glob("logs/*.jsonl"), key=lambda p: p.stat().st_size)
+    for argv in (["zoo", "resnet18", "--input-size", "32"], ["logs", str(log)], ["report", str(log)]):
+        capsys.readouterr()
+        assert main([*argv, "-o", str(link)]) == 2, argv
+        assert "symbolic link" in capsys.readouterr().err, argv
+        assert target.read_bytes() == b"keep" and link.is_symlink()
+    assert main(["zoo", "resnet18", "--input-size", "32", "-o", "/dev/null"]) == 0
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)

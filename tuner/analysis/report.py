@@ -408,9 +408,10 @@ def render_report(df: pd.DataFrame, artifact=None, min_trials: int = 5, title: s
 
 def write_report(df: pd.DataFrame, path, artifact=None, min_trials: int = 5, title: str = "Tuning report",
                  sources=()) -> Path:
-    """Render the report and write it to ``path``; returns the path."""
+    """Render the report and write it to ``path`` (``files.write_file``: a link refused, a device written
+    through, a file replaced whole); returns the path."""
+    from tuner.files import write_file
     text = render_report(df, artifact=artifact, min_trials=min_trials, title=title, sources=sources)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-    return path
+    return write_file(path, lambda f: f.write(text.encode("utf-8")), "the report")

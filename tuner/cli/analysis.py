@@ -53,11 +53,12 @@ def _output_ok(path: str) -> None:
 
 def _output(args, text: str) -> None:
     if args.output:
+        from tuner.files import write_file
         try:
             Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.output).write_text(text)
         except OSError as e:
             raise TunerError(f"cannot write -o {args.output!r}: {e.strerror or e}; choose another path") from None
+        write_file(args.output, lambda f: f.write(text.encode()), "-o")
         print(f"wrote {args.output}", file=sys.stderr)
     else:
         sys.stdout.write(text)
