@@ -708,3 +708,18 @@ def test_handshake_timeout_is_checked(native, cl_env, value):
     r = subprocess.run([native["agent"], "--listen", "127.0.0.1:0", "--handshake-timeout", value],
                        capture_output=True, text=True, env=cl_env, timeout=30)
     assert r.returncode == 2 and "--handshake-timeout takes seconds" in r.stderr
+
+
+def test_exec_starts_its_agent_with_a_token_of_its_own(native, monkeypatch):
+    """exec:// (issue 36: every agent link authenticated) starts its agent with a token made for the launch, in
+    the agent's environment, and proves it in HELLO; a token in the spec is used instead."""
+    monkeypatch.delenv("TUNER_AGENT_TOKEN", raising=False)
+    tokens = []
+    for spec in (f"exec://{native['agent']}", f"exec://{native['agent']}?token=mine"):
+        with AgentRuntime(spec) as rt:
+            rt.ping()
+            env = Path(f"/proc/{rt.link.pid}/environ").read_bytes().split(b"\0")
+            token = next(e for e in env if e.startswith(b"TUNER_AGENT_TOKEN="))[len("TUNER_AGENT_TOKEN="):]
+            assert token == rt.link.token.encode() and len(token) >= 24 or token == b"mine"
+            tokens.append(token)
+    assert tokens[1] == b"mine"

@@ -95,9 +95,11 @@ class _Stream:
 
 
 class ExecTransport(_Stream):
-    """``PATH --stdio [ARGS]`` as a child process; its stderr goes to a log file named in errors."""
+    """``PATH --stdio [ARGS]`` as a child process; its stderr goes to a log file named in errors. It runs with a
+    token made for this launch (``TUNER_AGENT_TOKEN`` in its environment, or ``token`` when the spec gives one),
+    which the host's HELLO then proves: no agent link goes unauthenticated, pipes included."""
 
-    def __init__(self, command: str):
+    def __init__(self, command: str, token: str | None = None):
         try:
             argv = shlex.split(command)
         except ValueError as e:  # an unbalanced quote
@@ -110,12 +112,15 @@ class ExecTransport(_Stream):
                                  f"`tuner native build` (it prints `agent PATH`)")
         self.log = tempfile.NamedTemporaryFile(prefix="tuner-agent-", suffix=".log", delete=False)
         self.name = f"agent exec://{command} (its log: {self.log.name})"
+        self.token = token or secrets.token_urlsafe(24)
         from tuner.native import opencl_env
         try:
             # OpenCL from the Python wheels here (tuner.native.opencl_env) unless TUNER_OPENCL_LIB says where;
             # a session of its own: Ctrl-C reaches the tuner, which ends the agent by closing its stdin
             self.proc = subprocess.Popen([exe, "--stdio", *argv[1:]], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=self.log, bufsize=0, env=opencl_env(), start_new_session=True)
+                                         stderr=self.log, bufsize=0,
+                                         env={**opencl_env(), "TUNER_AGENT_TOKEN": self.token},
+                                         start_new_session=True)
         except OSError as e:
             raise AgentLinkError(f"exec://{command}: cannot start the agent: {e.strerror or e}") from None
         self.pid = self.proc.pid
@@ -290,7 +295,8 @@ def connect(spec: str):
     """A transport for an agent spec, and its options."""
     scheme, target, opts = parse_spec(spec)
     if scheme == "exec":
-        return ExecTransport(target), opts
+        link = ExecTransport(target, opts.get("token"))
+        return link, {**opts, "token": link.token}
     if scheme == "tcp":
         u = urlsplit(f"tcp://{target}")
         return TcpTransport(u.hostname, u.port), opts
