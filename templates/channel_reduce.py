@@ -15,7 +15,7 @@ statistics and written as zero.
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -24,13 +24,14 @@ from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
 from tuner.ir.expr import Broadcast, ExtractLane, Ramp, as_expr, call, max_, select
 from tuner.templates.common import EPILOGUE_ARGS, Template, WorkloadArg, texture_scopes
-from tuner.templates.reduction import (LOWEST, ReduceConfig, Schedule, ceil_div, fallback_config, features, hsum,
-                                       packed, unravel)
+from tuner.templates.reduction import (LOWEST, ReduceConfig, SameShapeWorkload, Schedule, ceil_div, fallback_config,
+                                       features, hsum, packed, unravel)
 
 
 @dataclass(frozen=True)
-class LayerNormWorkload:
+class LayerNormWorkload(SameShapeWorkload):
     """Canonical key: the NCHW or (N, K) input (normalized over axis 1) and epsilon."""
+    OP, FLOPS = "layer_norm", 4
     data: tuple
     epsilon: float = 1e-5
     dtype: str = "float32"
@@ -41,37 +42,16 @@ class LayerNormWorkload:
         object.__setattr__(self, "epsilon", float(self.epsilon))
         object.__setattr__(self, "activation", canonical(self.activation))
 
-    @property
-    def out_shape(self) -> tuple:
-        return self.data
-
-    @property
-    def flops(self) -> int:
-        return 4 * int(np.prod(self.data))
-
-    def key(self) -> dict:
-        return {"op": "layer_norm", **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}}
-
 
 @dataclass(frozen=True)
-class SoftmaxWorkload:
+class SoftmaxWorkload(SameShapeWorkload):
     """Canonical key: the NCHW or (N, K) input (softmax over axis 1)."""
+    OP, FLOPS = "softmax", 3
     data: tuple
     dtype: str = "float32"
 
     def __post_init__(self):
         _check(self, "softmax")
-
-    @property
-    def out_shape(self) -> tuple:
-        return self.data
-
-    @property
-    def flops(self) -> int:
-        return 3 * int(np.prod(self.data))
-
-    def key(self) -> dict:
-        return {"op": "softmax", **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}}
 
 
 def _check(wl, what: str) -> None:

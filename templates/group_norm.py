@@ -16,7 +16,7 @@ unit and normalizes its chunk."""
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -26,13 +26,14 @@ from tuner.ir.builder import Builder
 from tuner.ir.expr import Broadcast, ExtractLane, Ramp, as_expr, call, max_, min_, select
 from tuner.ir.kernel import Program
 from tuner.templates.common import EPILOGUE_ARGS, Template, WorkloadArg, texture_scopes
-from tuner.templates.reduction import (ReduceConfig, Schedule, ceil_div, each_index, fallback_config, features, hsum,
-                                       packed, unravel)
+from tuner.templates.reduction import (ReduceConfig, SameShapeWorkload, Schedule, ceil_div, each_index, fallback_config,
+                                       features, hsum, packed, unravel)
 
 
 @dataclass(frozen=True)
-class GroupNormWorkload:
+class GroupNormWorkload(SameShapeWorkload):
     """Canonical key: the NCHW input, the group count and epsilon."""
+    OP, FLOPS = "group_norm", 4
     data: tuple
     groups: int
     epsilon: float = 1e-5
@@ -51,17 +52,6 @@ class GroupNormWorkload:
             raise ValueError(f"group_norm groups={self.groups} must divide the {C} channels")
         if self.dtype not in ("float32", "float16"):
             raise ValueError(f"dtype {self.dtype!r}: float32 or float16 storage")
-
-    @property
-    def out_shape(self) -> tuple:
-        return self.data
-
-    @property
-    def flops(self) -> int:
-        return 4 * int(np.prod(self.data))
-
-    def key(self) -> dict:
-        return {"op": "group_norm", **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}}
 
 
 def _mixed(wl) -> bool:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -46,6 +46,24 @@ class ReduceConfig:
     input_scope: str = "texture"
     weight_scope: str = "texture"
     output_scope: str = "texture"
+
+
+class SameShapeWorkload:
+    """What a normalization's workload (a frozen dataclass whose output has its input's shape, ``data``) shares:
+    ``out_shape``, ``flops`` (``FLOPS`` per element) and the log key (``OP``)."""
+    OP = ""
+    FLOPS = 1
+
+    @property
+    def out_shape(self) -> tuple:
+        return self.data
+
+    @property
+    def flops(self) -> int:
+        return self.FLOPS * int(np.prod(self.data))
+
+    def key(self) -> dict:
+        return {"op": self.OP, **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}}
 
 
 def ceil_div(a: int, b: int) -> int:
