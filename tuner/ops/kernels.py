@@ -61,6 +61,20 @@ def _packed_shape(shape, what: str) -> tuple:
     return shape
 
 
+def _per_channel(name: str, channels: int, dtype: str, scope: str):
+    """A constant with one value per channel, beside an operand in ``scope``: a 1-D texture (MACE argument image)
+    or a packed float4 buffer."""
+    return buffer(name, (channels,), dtype, *(("texture:weight", "mace_argument") if scope == "texture"
+                                              else ("global", "bias4_buffer")))
+
+
+def _epilogue(v, pix, S=None, R=None):
+    """A fused glue epilogue on the value of output pixel ``pix``: times the per-channel ``S``, plus ``R``."""
+    if S is not None:
+        v = v * S[pix[1]]
+    return v + R[pix] if R is not None else v
+
+
 def _packed(name: str, shape: tuple, dtype: str, scope: str):
     """An activation operand packed by 4 along axis 1: nchw4c / row4 texture or their packed buffers."""
     _check_scope(scope, name)
@@ -289,8 +303,7 @@ def pool_kernel(shape, kind: str, kernel, stride=1, padding=0, count_include_pad
     if post is not None and post[0] not in ("add", "sub", "mul", "div"):
         raise ValueError(f"pool post op {post[0]!r}: add, sub, mul or div")
     P = _packed("P", out, dtype, post[1]) if post is not None else None
-    Sc = buffer("S", (C,), dtype, *(("texture:weight", "mace_argument") if in_scope == "texture"
-                                    else ("global", "bias4_buffer"))) if scale else None
+    Sc = _per_channel("S", C, dtype, in_scope) if scale else None
     Res = _packed("R", out, dtype, residual_scope) if residual_scope else None
     padded = max(pt, pl, pb, pr, *extra) > 0
     b = Builder()
@@ -319,11 +332,7 @@ def pool_kernel(shape, kind: str, kernel, stride=1, padding=0, count_include_pad
         if P is not None:
             p = P[pix]
             v = v + p if post[0] == "add" else v - p if post[0] == "sub" else v * p if post[0] == "mul" else v / p
-        if Sc is not None:
-            v = v * Sc[pix[1]]
-        if Res is not None:
-            v = v + Res[pix]
-        b.store(Y, pix, v)
+        b.store(Y, pix, _epilogue(v, pix, Sc, Res))
     return b.kernel(f"{kind}_pool", [X, *(q for q in (P, Sc, Res) if q is not None), Y])
 
 
@@ -633,14 +642,8 @@ def binary_kernel(shape, op: str, operands, dtype: str = "float32", in_scopes="t
     scopes = _scopes(in_scopes, 2, f"binary {op}")
     xs = []
     for k, (kind, o, sc) in enumerate(zip(kinds, operands, scopes)):
-        if kind == "channel":
-            xs.append(buffer(f"X{k}", o, dtype, *(("texture:weight", "mace_argument") if sc == "texture"
-                                                  else ("global", "bias4_buffer"))))
-        else:
-            xs.append(_packed(f"X{k}", o, dtype, sc))
-    channel = lambda name, sc: buffer(name, (shape[1],), dtype, *(("texture:weight", "mace_argument")  # noqa: E731
-                                                                   if sc == "texture" else ("global", "bias4_buffer")))
-    S = channel("S", scopes[0]) if scale else None
+        xs.append(_per_channel(f"X{k}", o[0], dtype, sc) if kind == "channel" else _packed(f"X{k}", o, dtype, sc))
+    S = _per_channel("S", shape[1], dtype, scopes[0]) if scale else None
     R = _packed("R", shape, dtype, residual_scope) if residual_scope else None
     Y = _packed("Y", shape, dtype, out_scope)
     b = Builder()
@@ -665,11 +668,7 @@ def binary_kernel(shape, op: str, operands, dtype: str = "float32", in_scopes="t
         a, c = vals
         v = (a + c if op == "add" else a - c if op == "sub" else a * c if op == "mul" else a / c if op == "div"
              else max_(a, 0.0) + min_(a, 0.0) * c)
-        if S is not None:
-            v = v * S[pix[1]]
-        if R is not None:
-            v = v + R[pix]
-        b.store(Y, pix, _activate(v, activation, (0.0, 6.0)))
+        b.store(Y, pix, _activate(_epilogue(v, pix, S, R), activation, (0.0, 6.0)))
     return b.kernel(f"{op}_{kinds[0]}_{kinds[1]}", [*xs, *(p for p in (S, R) if p is not None), Y])
 
 

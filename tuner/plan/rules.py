@@ -168,6 +168,18 @@ def build_unary(s, plan, max_wg):
     return K.unary_kernel(out.shape, s.attrs["fn"], plan.dtype, x.scope, out.scope, max_wg)
 
 
+def _fused_epilogue(ctx: LowerCtx, node, inputs: dict) -> None:
+    """A glue node's fused epilogue (``passes.fuse_epilogues``) as kernel inputs: ``S``, its layer scale as a
+    (C,) param, and ``R``, its residual."""
+    if node.attrs.get("scale") is not None:
+        name = f"{node.name}.scale"
+        scale = np.asarray(ctx.graph.params[node.attrs["scale"]], np.float32)
+        ctx.extra[name] = np.ascontiguousarray(scale.reshape(-1))
+        inputs["S"] = name
+    if node.attrs.get("residual") is not None:
+        inputs["R"] = ctx.packed(node.attrs["residual"])
+
+
 @lowers("sub", "mul", "div", "prelu")
 def lower_binary(ctx: LowerCtx, node, ins, out, shape):
     """Either operand may be a per-channel constant ((1, C, 1, 1) / (1, C) param: passed as (C,)) or an
@@ -198,12 +210,7 @@ def lower_binary(ctx: LowerCtx, node, ins, out, shape):
             K._operand_kind(tuple(shape), o, k)
         except ValueError as e:
             raise TunerError(f"node {node.name!r} ({node.op}): {e}") from None
-    if node.attrs.get("scale") is not None:  # the fused layer scale, a (C,) param like a channel operand
-        name = f"{node.name}.scale"
-        ctx.extra[name] = np.ascontiguousarray(np.asarray(g.params[node.attrs["scale"]], np.float32).reshape(-1))
-        inputs["S"] = name
-    if node.attrs.get("residual") is not None:
-        inputs["R"] = ctx.packed(node.attrs["residual"])
+    _fused_epilogue(ctx, node, inputs)
     ctx.add(Step(node.name, "binary", inputs, out, {"op": node.op, "operands": operands,
                                                     "activation": node.attrs.get("activation", "none"),
                                                     "scale": "S" in inputs, "residual": "R" in inputs}))
@@ -267,12 +274,7 @@ def lower_pool(ctx: LowerCtx, node, ins, out, shape):
     inputs = {"X": ins[0]}
     if a.get("post") is not None:  # the fused epilogue (passes.fuse_epilogues): a binary op, a scale, a residual
         inputs["P"], attrs["post_op"] = ctx.packed(a["post"]), a["post_op"]
-    if a.get("scale") is not None:
-        name = f"{node.name}.scale"
-        ctx.extra[name] = np.ascontiguousarray(np.asarray(ctx.graph.params[a["scale"]], np.float32).reshape(-1))
-        inputs["S"] = name
-    if a.get("residual") is not None:
-        inputs["R"] = ctx.packed(a["residual"])
+    _fused_epilogue(ctx, node, inputs)
     ctx.add(Step(node.name, "pool", inputs, out, attrs))
 
 
