@@ -372,6 +372,15 @@ class _Converter(MovementOps):
         self.params[name] = np.ascontiguousarray(value, dtype=np.float32)
         return name
 
+    def new_tensor(self, base: str, shape) -> str:
+        """A fresh activation name (an intermediate a handler emits several nodes through) of ``shape``."""
+        name, k = base, 1
+        while name in self.tensor_names or name in self.params or name in self.shapes:
+            name, k = f"{base}_{k}", k + 1
+        self.tensor_names.add(name)
+        self.shapes[name] = tuple(int(d) for d in shape)
+        return name
+
     def emit(self, ctx: _Ctx, op: str, inputs: list, out_shape: tuple, **attrs):
         out = ctx.proto.output[0]
         if any(d <= 0 for d in out_shape):

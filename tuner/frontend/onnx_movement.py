@@ -14,6 +14,8 @@ What is emitted (graph ops; ``graph.py`` conventions, shapes exactly onnxruntime
 - Resize (opset 10+) / Upsample -> ``resize`` (``mode``, ``coord``, ``nearest``, ``scales`` (sh, sw), ``size``).
 - ConvTranspose -> ``conv_transpose`` (x, w (C, O/group, R, S), [b]; ``stride``, ``padding``, ``dilation``,
   ``output_padding``, ``groups``).
+- DepthToSpace (DCR, CRD) -> ``depth_to_space`` (``block`` (b, b), ``mode``); SpaceToDepth -> a 6-D reshape,
+  transpose and reshape, one strided copy after ``passes_tokens.movement_views``.
 - LayerNormalization over the last axis -> ``layer_norm`` (x, scale, bias; ``axis``, ``epsilon``).
 - ``_matmul_nd``: MatMul of a 3-D / 4-D activation by a constant (K, M) -> ``dense`` on that rank (frontend's
   ``_op_MatMul`` delegates to it for ranks other than 2); by another activation of the same rank and batch
@@ -290,6 +292,46 @@ class MovementOps:
             oh, ow = int(math.floor(h * float(s[2]))), int(math.floor(w * float(s[3])))
         self.emit(ctx, "resize", [x], (n, c, oh, ow), mode=mode, coord=coord, nearest=nearest, scales=sc,
                   size=(oh, ow))
+
+    # -- DepthToSpace / SpaceToDepth --------------------------------------------------------------------------
+
+    def _block(self, ctx, x: str) -> int:
+        ctx.check_attrs(("blocksize", "mode"))
+        if "blocksize" not in ctx.attrs:
+            ctx.fail("no blocksize", "a blocksize attribute")
+        b = int(ctx.attrs["blocksize"])
+        if b < 1:
+            ctx.fail(f"blocksize={b}", "a blocksize of 1 or more")
+        if len(self.shapes[x]) != 4:
+            ctx.fail(f"a {len(self.shapes[x])}-D input", "a 4-D (N, C, H, W) input")
+        return b
+
+    def _op_DepthToSpace(self, ctx):
+        x = self.act(ctx, ctx.proto.input[0])
+        b = self._block(ctx, x)
+        mode = _decode(ctx.attrs.get("mode", "DCR"))
+        n, c, h, w = self.shapes[x]
+        if mode not in ("DCR", "CRD"):
+            ctx.fail(f"mode={mode!r}", "mode DCR or CRD")
+        if c % (b * b):
+            ctx.fail(f"{c} channels with blocksize {b}", "channels divisible by blocksize**2")
+        self.emit(ctx, "depth_to_space", [x], (n, c // (b * b), h * b, w * b), block=(b, b), mode=mode)
+
+    def _op_SpaceToDepth(self, ctx):
+        """-> the (N, C, H/b, b, W/b, b) reshape, its transpose (0, 3, 5, 1, 2, 4) and the reshape back to 4-D:
+        ``passes_tokens.movement_views`` folds the three into one strided copy."""
+        x = self.act(ctx, ctx.proto.input[0])
+        b = self._block(ctx, x)
+        n, c, h, w = self.shapes[x]
+        if h % b or w % b:
+            ctx.fail(f"a {h}x{w} input with blocksize {b}", "height and width divisible by blocksize")
+        six = (n, c, h // b, b, w // b, b)
+        moved = (n, b, b, c, h // b, w // b)
+        split, perm = self.new_tensor(f"{ctx.name}.blocks", six), self.new_tensor(f"{ctx.name}.moved", moved)
+        self.nodes.append(Node("reshape", f"{ctx.name}.blocks", [x], [split], {"shape": six}))
+        self.nodes.append(Node("transpose", f"{ctx.name}.moved", [split], [perm], {"perm": (0, 3, 5, 1, 2, 4)}))
+        out = (n, c * b * b, h // b, w // b)
+        self.emit(ctx, "reshape", [perm], out, shape=out)
 
     # -- ConvTranspose ----------------------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ Operators and their attributes as the frontend emits them (activations are NCHW,
 | flatten | x (N, C, H, W) | (always to (N, C*H*W)) |
 | reshape | x | shape (the resolved output shape; also Unsqueeze, Squeeze, Flatten on other axes) |
 | concat | x0, x1, ... (constant params among them, e.g. a ViT's class token) | axis (kernel: 1, channels of NCHW) |
+| depth_to_space | x (N, C*bh*bw, H, W) | block (bh, bw), mode (DCR, CRD), [crop (top, left), size (OH, OW)]: the output (N, C, OH, OW) is a window of the (H*bh, W*bw) rearrangement |
 
 Passes add ``activation`` (a spec) and ``residual`` attributes to conv2d / dense (and ``activation`` to the binary
 ops) when they fuse an epilogue.
@@ -58,6 +59,9 @@ class Graph:
     shapes: dict
     params: dict = field(default_factory=dict)
     dtype: str = "float32"
+    # a model input or output whose rank the kernels do not take (not 2 or 4) -> the model's own shape; the graph
+    # holds it in a 4-D or 2-D shape of the same row-major elements (``passes_io.model_io_ranks``)
+    io_shapes: dict = field(default_factory=dict)
 
     def producer(self, name: str) -> Node | None:
         for n in self.nodes:
@@ -73,7 +77,8 @@ class Graph:
 
     def copy(self) -> "Graph":
         return Graph([Node(n.op, n.name, list(n.inputs), list(n.outputs), dict(n.attrs)) for n in self.nodes],
-                     list(self.inputs), list(self.outputs), dict(self.shapes), dict(self.params), self.dtype)
+                     list(self.inputs), list(self.outputs), dict(self.shapes), dict(self.params), self.dtype,
+                     dict(self.io_shapes))
 
     def validate(self) -> "Graph":
         """Every input of a node is a graph input, a param or an earlier node's output; every tensor has a shape."""

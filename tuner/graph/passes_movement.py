@@ -18,8 +18,9 @@ epilogue fusion (so a BatchNorm / bias / ReLU after a ConvTranspose folds into i
   only by convolutions (groups 1) becomes their weights' column order -- they read the gather's input, with zero
   weights on the channels it leaves out, when that at most doubles the RGBA pixels they read (ShuffleNet's split
   halves).
-- ``lower_conv_transpose``: ``conv_transpose`` -> zero insertion (``upsample_zeros``, only when the stride is
-  > 1 or the pads crop) + a stride-1 ``conv2d`` with the flipped, transposed weights (tunable).
+- ``lower_conv_transpose`` and ``hoist_channelwise`` (``passes_conv_transpose``): ``conv_transpose`` -> its
+  phases, one stacked ``conv2d`` and a ``depth_to_space``, with the per-channel ops after it moved into the
+  convolution's reach; or zero insertion and a stride-1 ``conv2d``.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import numpy as np
 
 from tuner.graph.graph import Graph, Node, run_passes
 from tuner.graph.graph import add_param as _add_param, drop_unused_params as _drop_unused_params, fresh_name as _fresh
+from tuner.graph.passes_conv_transpose import hoist_channelwise, lower_conv_transpose
 from tuner.graph.passes_tokens import optimize_tokens
 
 # graph ops computed element by element on one activation (their other inputs constants): a transpose commutes
@@ -212,44 +214,6 @@ def nhwc_to_nchw(graph: Graph) -> Graph:
     return sink_transposes(_wrap_nchw(graph)).validate()
 
 
-# -- ConvTranspose ----------------------------------------------------------------------------------------
-def lower_conv_transpose(graph: Graph) -> Graph:
-    g = graph.copy()
-    nodes = []
-    for n in g.nodes:
-        if n.op != "conv_transpose":
-            nodes.append(n)
-            continue
-        a = n.attrs
-        x, w_name = n.inputs[:2]
-        w = np.asarray(g.params[w_name])
-        c, og, r, s = w.shape
-        groups = a.get("groups", 1)
-        # conv weight (O, C/groups, R, S): per group transposed, spatially flipped
-        wc = w.reshape(groups, c // groups, og, r, s).transpose(0, 2, 1, 3, 4)[..., ::-1, ::-1]
-        wc = wc.reshape(groups * og, c // groups, r, s)
-        (sh, sw), (dh, dw), (pt, pl, pb, pr), (oph, opw) = a["stride"], a["dilation"], a["padding"], \
-            a.get("output_padding", (0, 0))
-        _, _, h, wd = g.shapes[x]
-        begin = (dh * (r - 1) - pt, dw * (s - 1) - pl)
-        end = (dh * (r - 1) - pb + oph, dw * (s - 1) - pr + opw)
-        shift = tuple(max(-v, 0) for v in begin)
-        crop = tuple(max(-v, 0) for v in end)
-        size = ((h - 1) * sh + 1 - shift[0] - crop[0], (wd - 1) * sw + 1 - shift[1] - crop[1])
-        src = x
-        if (sh, sw) != (1, 1) or any(shift) or any(crop):
-            src = _fresh(g, f"{n.name}.upsampled")
-            g.shapes[src] = (g.shapes[x][0], c, *size)
-            nodes.append(Node("upsample_zeros", f"{n.name}.upsample", [x], [src],
-                              {"size": size, "stride": (sh, sw), "shift": shift}))
-        pads = (max(begin[0], 0), max(begin[1], 0), max(end[0], 0), max(end[1], 0))
-        nodes.append(Node("conv2d", n.name, [src, _add_param(g, f"{w_name}.conv", wc), *n.inputs[2:]],
-                          list(n.outputs), {"stride": (1, 1), "padding": pads, "dilation": (dh, dw),
-                                            "groups": groups}))
-    g.nodes = nodes
-    return _drop_unused(g).validate()
-
-
 # -- channel gathers ------------------------------------------------------------------------------------------
 def _channel_gather(g: Graph, n: Node) -> tuple | None:
     """The channel index of a ``slice`` that gathers channels of a 4-D tensor and keeps every row and column."""
@@ -419,4 +383,4 @@ def optimize_movement(graph: Graph) -> Graph:
 
 
 MOVEMENT_PASSES = (fuse_channel_shuffle, compose_gathers, optimize_tokens, nhwc_to_nchw,  # in this order
-                   lower_conv_transpose)
+                   lower_conv_transpose, hoist_channelwise)

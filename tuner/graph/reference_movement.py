@@ -47,6 +47,11 @@ def conv_transpose(node, x, w, b=None):
     return out if b is None else out + b.reshape(1, -1, 1, 1)
 
 
+def depth_to_space(node, x):
+    a = node.attrs
+    return KM.depth_to_space_reference(x, a["block"], a["mode"], a.get("crop", (0, 0)), a.get("size"))
+
+
 def layer_norm(node, x, g, bt):
     axis = node.attrs["axis"]
     mean = x.mean(axis=axis, keepdims=True)
@@ -90,12 +95,12 @@ def concat_view(node, *xs):
 
 OPS: dict = {"transpose": transpose, "matmul": matmul, "slice_nd": slice_nd,
              "expand_nd": lambda node, x: np.broadcast_to(x, node.attrs["shape"]).copy(), "slice": slice_, "pad": pad, "resize": resize,
-             "conv_transpose": conv_transpose, "layer_norm": layer_norm}
+             "conv_transpose": conv_transpose, "layer_norm": layer_norm, "depth_to_space": depth_to_space}
 ATTRS: dict = {"transpose": {"perm"}, "matmul": {"alpha", "tokens"}, "slice_nd": {"starts", "steps", "counts"},
                "expand_nd": {"shape"}, "slice": {"channels", "rows", "cols"}, "pad": {"pads", "mode", "value"},
                "resize": {"mode", "coord", "nearest", "scales", "size"},
                "conv_transpose": {"stride", "padding", "dilation", "output_padding", "groups"},
-               "layer_norm": {"axis", "epsilon"}}
+               "layer_norm": {"axis", "epsilon"}, "depth_to_space": {"block", "mode", "crop", "size"}}
 PASS_OPS: dict = {"upsample_zeros": upsample_zeros, "strided_copy": strided_copy, "concat_view": concat_view}
 PASS_ATTRS: dict = {"upsample_zeros": {"size", "stride", "shift"},
                     "strided_copy": {"src_shape", "offset", "strides", "shape", "out_shape"},

@@ -8,7 +8,9 @@ by 4 along axis 1: ``nchw4c`` / ``row4`` textures or their ``_buffer`` forms; on
 - ``permute_kernel``: any permutation of a 4-D tensor's axes (or (1, 0) of a 2-D one): Transpose left over.
 - ``pad_kernel``: constant / reflect / edge padding of H and W.
 - ``resize_kernel``: nearest and (bi)linear resize of H and W with onnxruntime's coordinate transforms.
-- ``upsample_zeros_kernel``: zero insertion (and cropping) for ConvTranspose lowered onto conv2d.
+- ``upsample_zeros_kernel``: zero insertion (and cropping) for a ConvTranspose with dilation lowered onto conv2d.
+- ``depth_to_space_kernel``: DepthToSpace (DCR / CRD, any block, a window): PixelShuffle, and the interleave of
+  a strided ConvTranspose's phases.
 
 Padding lanes (channels past C) of inputs are never read into a valid output lane; every kernel writes zeros
 into its own output padding lanes.
@@ -389,12 +391,78 @@ def upsample_zeros_reference(x, out_hw, stride, shift=(0, 0)) -> np.ndarray:
     return full[:, :, th:th + out_hw[0], tw:tw + out_hw[1]]
 
 
+# -- depth to space (PixelShuffle, ConvTranspose's phases) --------------------------------------------------
+D2S_MODES = ("DCR", "CRD")
+
+
+def _d2s_channel(mode: str, c, phase, C: int, blocks: int):
+    """The input channel that holds output channel ``c`` at block position ``phase`` (= py * bw + px)."""
+    return phase * C + c if mode == "DCR" else c * blocks + phase
+
+
+def depth_to_space_kernel(in_shape, block, mode: str = "DCR", crop=(0, 0), size=None, dtype: str = "float32",
+                          in_scope: str = "texture", out_scope: str = "texture", max_work_group: int = 64):
+    """ONNX DepthToSpace with a block of ``(bh, bw)`` and a window: ``Y[n, c, y, x] = Z[n, c, y + top, x + left]``
+    where ``Z`` (N, C, H * bh, W * bw) is the rearranged input, ``Z[n, c, qy * bh + py, qx * bw + px] =
+    X[n, k, qy, qx]`` with ``k = (py * bw + px) * C + c`` (``DCR``) or ``c * bh * bw + py * bw + px`` (``CRD``).
+    ``size`` (OH, OW): the window (default: all of Z). One output pixel per work-item; in DCR with C a multiple of
+    4 it is one whole input pixel, otherwise each lane is gathered."""
+    in_shape = _packed_shape(in_shape, "depth_to_space")
+    _check_dtype(dtype)
+    if mode not in D2S_MODES:
+        raise ValueError(f"depth_to_space mode {mode!r}: one of {D2S_MODES}")
+    N, K, H, W = in_shape
+    bh, bw = (int(v) for v in block)
+    blocks = bh * bw
+    if bh < 1 or bw < 1 or K % blocks:
+        raise ValueError(f"depth_to_space of {K} channels in blocks of {bh}x{bw}: the channels must divide")
+    C = K // blocks
+    top, left = (int(v) for v in crop)
+    oh, ow = (H * bh - top, W * bw - left) if size is None else (int(v) for v in size)
+    if top < 0 or left < 0 or oh < 1 or ow < 1 or top + oh > H * bh or left + ow > W * bw:
+        raise ValueError(f"depth_to_space window {(top, left)} + {(oh, ow)} outside {(H * bh, W * bw)}")
+    out = (N, C, oh, ow)
+    X, Y = _packed("X", in_shape, dtype, in_scope), _packed("Y", out, dtype, out_scope)
+    b = Builder()
+    with _work_items(b, _grid(out), max_work_group) as (n, cb, y, x):
+        zy, zx = b.let("zy", y + top), b.let("zx", x + left)
+        qy, qx = b.let("qy", zy // bh), b.let("qx", zx // bw)
+        phase = b.let("phase", (zy % bh) * bw + zx % bw)
+        if mode == "DCR" and C % 4 == 0:  # the pixel's 4 channels are one pixel of the input
+            b.store(Y, _pixel([n, cb, y, x]), X[_pixel([n, phase * (C // 4) + cb, qy, qx])])
+        else:
+            lanes = []
+            for j in range(4):
+                c = min_(cb * 4 + j, C - 1) if C % 4 else cb * 4 + j
+                src = b.let(f"k{j}", _d2s_channel(mode, c, phase, C, blocks))
+                v = _lane(b.let(f"x{j}", X[_pixel([n, src // 4, qy, qx])]), src % 4)
+                lanes.append(select(cb * 4 + j < C, v, 0.0) if C % 4 and j >= C % 4 else v)
+            b.store(Y, _pixel([n, cb, y, x]), _vector(lanes))
+    return b.kernel("depth_to_space", [X, Y])
+
+
+def depth_to_space_reference(x, block, mode: str = "DCR", crop=(0, 0), size=None) -> np.ndarray:
+    x = np.asarray(x, np.float64)
+    N, K, H, W = x.shape
+    bh, bw = block
+    C = K // (bh * bw)
+    if mode == "DCR":
+        z = x.reshape(N, bh, bw, C, H, W).transpose(0, 3, 4, 1, 5, 2)
+    else:
+        z = x.reshape(N, C, bh, bw, H, W).transpose(0, 1, 4, 2, 5, 3)
+    z = z.reshape(N, C, H * bh, W * bw)
+    top, left = crop
+    oh, ow = (H * bh - top, W * bw - left) if size is None else size
+    return z[:, :, top:top + oh, left:left + ow]
+
+
 GLUE = {
     "slice": (slice_kernel, slice_reference),
     "permute": (permute_kernel, permute_reference),
     "pad": (pad_kernel, pad_reference),
     "resize": (resize_kernel, resize_reference),
     "upsample_zeros": (upsample_zeros_kernel, upsample_zeros_reference),
+    "depth_to_space": (depth_to_space_kernel, depth_to_space_reference),
 }
 
 

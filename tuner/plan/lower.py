@@ -53,7 +53,7 @@ def lower_graph(g: Graph, dtype: str = "float32") -> Plan:
 
     rename = {}
     for x in g.inputs:  # boundary: a plain NCHW (or N,K) host buffer relayouted into the packed form
-        tensors[x] = Tensor(x, tuple(g.shapes[x]), "plain")
+        tensors[x] = Tensor(x, tuple(g.io_shapes.get(x, g.shapes[x])), "plain")  # the model's own shape
         rename[x] = f"{x}.packed"
         tensors[rename[x]] = Tensor(rename[x], tuple(g.shapes[x]), _kind(g.shapes[x]))
         steps.append(Step(f"{x}.pack", "relayout", {"X": x}, rename[x]))
@@ -71,7 +71,7 @@ def lower_graph(g: Graph, dtype: str = "float32") -> Plan:
             if t not in g.params and t not in tensors:
                 raise TunerError(f"node {node.name!r} reads {t!r}, which no earlier step produces")
     for y, packed_y in out_rename.items():
-        tensors[y] = Tensor(y, tuple(g.shapes[y]), "plain")
+        tensors[y] = Tensor(y, tuple(g.io_shapes.get(y, g.shapes[y])), "plain")
         steps.append(Step(f"{y}.unpack", "relayout", {"X": packed_y}, y))
     return Plan(steps, tensors, {**g.params, **extra}, list(g.inputs), list(g.outputs), dtype)
 

@@ -298,7 +298,11 @@ def lower_relayout(ctx: LowerCtx, node, ins, out, shape):
 @glue("relayout")
 def build_relayout(s, plan, max_wg):
     src, out = plan.tensors[s.inputs["X"]], plan.tensors[s.output]
-    return K.relayout_kernel(src.shape, out.shape, plan.dtype, "buffer" if src.kind == "plain" else src.scope,
+    # a plain host buffer is its row-major elements: read or written in the packed side's shape (a model input or
+    # output in its own shape of another rank, ``passes_io``), no index arithmetic between the two
+    in_shape = out.shape if src.kind == "plain" and out.kind != "plain" else src.shape
+    out_shape = src.shape if out.kind == "plain" and src.kind != "plain" else out.shape
+    return K.relayout_kernel(in_shape, out_shape, plan.dtype, "buffer" if src.kind == "plain" else src.scope,
                              src.layout, "buffer" if out.kind == "plain" else out.scope, out.layout, max_wg)
 
 

@@ -1,5 +1,5 @@
 """Lowering and glue-kernel rules of the data-movement and layout operators (registered on import through
-``lowering.RULE_MODULES``): transpose -> ``permute``, slice, pad, resize, upsample_zeros glue steps
+``lowering.RULE_MODULES``): transpose -> ``permute``, slice, pad, resize, upsample_zeros, depth_to_space glue steps
 (LayerNormalization runs the ``layer_norm`` template).
 ``conv_transpose`` and 5-D channel shuffles are rewritten by ``passes_movement`` first."""
 from __future__ import annotations
@@ -106,6 +106,21 @@ def build_upsample_zeros(s, plan, max_wg):
     return KM.upsample_zeros_kernel(x.shape, out.shape[2:], a["stride"], a["shift"], plan.dtype,
                                     _scope(plan, x.name), _scope(plan, s.output), max_wg)
 
+
+
+@lowers("depth_to_space")
+def lower_depth_to_space(ctx: LowerCtx, node, ins, out, shape):
+    a = node.attrs
+    ctx.add(_step(node.name, "depth_to_space", {"X": ins[0]}, out,
+                  {"block": tuple(a["block"]), "mode": a["mode"], "crop": tuple(a.get("crop", (0, 0))),
+                   "size": tuple(shape[2:])}))
+
+
+@glue("depth_to_space")
+def build_depth_to_space(s, plan, max_wg):
+    a = s.attrs
+    return KM.depth_to_space_kernel(plan.tensors[s.inputs["X"]].shape, a["block"], a["mode"], a["crop"], a["size"],
+                                    plan.dtype, _scope(plan, s.inputs["X"]), _scope(plan, s.output), max_wg)
 
 
 @lowers("strided_copy")

@@ -1,0 +1,53 @@
+"""``model_io_ranks``: model inputs and outputs of any rank, on kernels that take 4-D (NCHW) and 2-D (N, K) tensors.
+
+A model's input or output of rank other than 2 or 4 -- a detector's boxes-by-classes (N, anchors, classes), a
+5-D YOLO grid, a 1-D vector -- keeps its name and its row-major elements, but the graph holds it in the 4-D or
+2-D shape ``kernel_shape`` gives (the same elements in the same order), and a ``reshape`` node joins that form
+to the model's tensor, which the movement passes then fold into views (``passes_tokens.movement_views``). The
+model's own shape is kept in ``Graph.io_shapes``: the plan's host buffers have it (``plan.lower``), so both
+runtimes take and return arrays in the model's shape.
+"""
+from __future__ import annotations
+
+import math
+
+from tuner.graph.graph import Graph, Node, fresh_name
+
+
+def kernel_shape(shape) -> tuple:
+    """The 4-D or 2-D shape that holds a tensor of ``shape`` with the same row-major elements: a scalar and a
+    vector are one row (1, K); rank 3 and up (s0, s1, ..., sk) are (s0, s1, s2 * ... * s(k-1), sk), whose
+    NCHW4c texture has s0 * s1/4 * (the middle) rows and sk columns."""
+    shape = tuple(int(d) for d in shape)
+    if len(shape) in (2, 4):
+        return shape
+    if len(shape) <= 1:
+        return (1, math.prod(shape))
+    return (shape[0], shape[1], math.prod(shape[2:-1]), shape[-1])
+
+
+def model_io_ranks(graph: Graph) -> Graph:
+    """Each model input and output of rank other than 2 or 4 in its ``kernel_shape``, joined to the graph by a
+    reshape; its own shape in ``io_shapes``."""
+    odd = [t for t in dict.fromkeys(graph.inputs + graph.outputs) if len(graph.shapes[t]) not in (2, 4)]
+    if not odd:
+        return graph
+    g = graph.copy()
+    head, tail = [], []
+    for t in odd:
+        model_shape = tuple(g.shapes[t])
+        inner = fresh_name(g, f"{t}.nd")
+        g.shapes[inner] = model_shape
+        g.shapes[t] = kernel_shape(model_shape)
+        g.io_shapes[t] = model_shape
+        for n in g.nodes:  # every node of the model now reads and writes the model-rank tensor under its new name
+            n.inputs = [inner if x == t else x for x in n.inputs]
+            n.outputs = [inner if y == t else y for y in n.outputs]
+        if t in g.inputs:
+            head.append(Node("reshape", f"{t}.from_kernel_shape", [t], [inner], {"shape": model_shape}))
+        if t in g.outputs:
+            src = inner if t not in g.inputs else t  # an input returned as an output: its 4-D form is the output
+            if src != t:
+                tail.append(Node("reshape", f"{t}.to_kernel_shape", [src], [t], {"shape": g.shapes[t]}))
+    g.nodes = head + g.nodes + tail
+    return g.validate()
