@@ -57,6 +57,7 @@ from onnx import numpy_helper
 
 from tuner.errors import TunerError
 from tuner.frontend.onnx_movement import MovementOps
+from tuner.frontend.postprocess import find_cut
 from tuner.graph.graph import Graph, Node
 from tuner.ir.activations import spec
 from tuner.ops.kernels import pool_out_shape, unary_pow_fn
@@ -165,6 +166,7 @@ class _Converter(MovementOps):
         self._check_single_definitions()
         for node in self.g.node:
             self.tensor_names.update(t for t in node.output if t)
+        self.cut = find_cut(self.g)  # the post-processing (NMS, TopK, ...): left to the caller
 
     def _check_single_definitions(self):
         """Every tensor has one definition (static single assignment, as ONNX requires and onnxruntime checks):
@@ -234,6 +236,8 @@ class _Converter(MovementOps):
 
     def run(self) -> Graph:
         for index, proto in enumerate(self.g.node):
+            if index in self.cut.nodes:
+                continue
             ctx = _Ctx(index, proto, self._node_name(index, proto), _attrs(proto))
             if proto.domain not in ("", "ai.onnx"):
                 ctx.fail(f"operator {proto.domain}.{proto.op_type} (custom domain) is not supported",
@@ -247,7 +251,16 @@ class _Converter(MovementOps):
                 if t and self.resolve(t) not in self.shapes and self.resolve(t) not in self.consts:
                     ctx.fail(f"input {t!r} is not produced by an earlier node, an input or an initializer",
                              "models whose nodes are in topological order")
-            handler(ctx)
+            try:
+                handler(ctx)
+            except TunerError as e:
+                if index not in self.cut.feeders:
+                    raise
+                raise TunerError(f"{e}; node {ctx.name!r} ({proto.op_type}) only feeds the post-processing ("
+                                 + ", ".join(f"{op} {n!r}" for n, op in self.cut.first) + "), so where the model "
+                                 "stops is ambiguous: export the model without its post-processing "
+                                 "(NonMaxSuppression, TopK, box decoding), ending at the head's boxes and scores") \
+                    from None
         outputs = self._outputs()
         self._prune(outputs)
         used = {t for n in self.nodes for t in n.inputs}
@@ -304,14 +317,17 @@ class _Converter(MovementOps):
         """Graph outputs; one that an Identity/Dropout copied is given its ONNX name by renaming its producer's
         output, so the Graph's outputs keep the model's names."""
         outputs = []
-        for vi in self.g.output:
-            name, src = vi.name, self.resolve(vi.name)
+        names = [vi.name for vi in self.g.output if vi.name not in self.cut.made]
+        if self.cut:
+            names += self._cut_outputs(names)
+        for name in names:
+            src = self.resolve(name)
             if src == name:
                 if name in self.consts or name not in self.shapes:
                     raise TunerError(f"ONNX output {name!r} is a constant or never computed; nothing to run")
                 outputs.append(name)
                 continue
-            if src in self.inputs or src in self.consts or src in outputs or src in {v.name for v in self.g.output}:
+            if src in self.inputs or src in self.consts or src in outputs or src in names:
                 raise TunerError(f"ONNX output {name!r} is a copy (Identity/Dropout) of {src!r}, which is an input, "
                                  "a constant or another output; such pass-through outputs are not supported")
             for n in self.nodes:
@@ -323,6 +339,30 @@ class _Converter(MovementOps):
                     self.alias[k] = name
             outputs.append(name)
         return outputs
+
+    def _cut_outputs(self, names: list) -> list:
+        """The activations the post-processing reads, as outputs (inputs and constants it reads the caller has);
+        one it reads that the kernels cannot return (an integer tensor) makes the cut ambiguous: refused."""
+        import warnings
+        out = []
+        for t in self.cut.reads:
+            src = self.resolve(t)
+            if src in self.inputs or src in self.consts or t in names or t in out:
+                continue
+            if src not in self.shapes:
+                reader = next(n for i, n in enumerate(self.g.node) if i in self.cut.nodes and t in n.input)
+                raise TunerError(f"node {reader.name or reader.op_type!r} ({reader.op_type}) of the post-processing "
+                                 f"reads {t!r}, which the compiled graph cannot return (not a float activation it "
+                                 f"computes), so where the model stops is ambiguous; export the model without its "
+                                 f"post-processing (NonMaxSuppression, TopK, box decoding), ending at the head's "
+                                 f"boxes and scores")
+            out.append(t)
+        if not out and not names:
+            raise TunerError("every output of the model is made by its post-processing ("
+                             + ", ".join(f"{op} {n!r}" for n, op in self.cut.first) + ") from inputs or constants "
+                             "only: there is nothing to compile")
+        warnings.warn(self.cut.describe(out), stacklevel=4)
+        return out
 
     def _prune(self, outputs: list):
         """Drop nodes nothing downstream reads (e.g. what only fed a removed Dropout mask)."""
