@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     from tuner.measure import MeasureInput, MeasureOptions, Measurer
     from tuner.measure.runtime_runner import RuntimeRunner
     from tuner.native import build
-    from tuner.runtime.device import choose_device
+    from tuner.runtime.opencl.device import choose_device
 
     info = choose_device(args.device)
     agent = build()["agent"]

@@ -42,7 +42,7 @@ def cmd_configs(args) -> int:
         from tuner.target import load_profile
         info = load_profile(args.target)
     else:
-        from tuner.runtime.device import choose_device
+        from tuner.runtime.opencl.device import choose_device
         info = choose_device(args.device)
     out = open(args.out, "w")
     with tempfile.TemporaryDirectory() as d:
@@ -64,7 +64,7 @@ def cmd_configs(args) -> int:
 
 def cmd_measure(args) -> int:
     from tuner.measure import MeasureInput, MeasureOptions, Measurer
-    from tuner.runtime.device import choose_device
+    from tuner.runtime.opencl.device import choose_device
     from tuner.task import workload_of
     from tuner.templates import get_template
     info = choose_device(args.device)

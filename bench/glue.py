@@ -258,7 +258,7 @@ def cmd_tune(args) -> int:
     """Every reduction task (``REDUCTIONS``) of the models' plans, tuned with ``--trials`` measurements each (the
     fallback config first), the slowest-looking first, until ``--deadline`` seconds have passed."""
     from tuner.compile.compiler import model_tasks
-    from tuner.runtime.device import open_device
+    from tuner.runtime.opencl.device import open_device
     from tuner.search.tune import tune
     dev = open_device(args.device)
     logs = _logs(args.log)

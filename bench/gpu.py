@@ -95,7 +95,7 @@ def _task_id(model, task) -> str:
 def cmd_tune(args) -> int:
     from tuner.logs.index import LogIndex
     from tuner.measure import MeasureOptions, Measurer
-    from tuner.runtime.device import choose_device
+    from tuner.runtime.opencl.device import choose_device
     from tuner.search.tune import tune
     info = choose_device(args.device)
     out = Path(args.out)
@@ -385,7 +385,7 @@ def _torch_rates(matmul_n: int = 8192, copy_bytes: int = 1 << 30, repeats: int =
 
 def cmd_peak(args) -> int:
     """gpu_peak.json: the device's peak FMA rate and copy bandwidth, for the roofline bound of ``table``."""
-    from tuner.runtime import open_device
+    from tuner.runtime.opencl import open_device
     dev = open_device(args.device)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -420,7 +420,7 @@ def cmd_peak(args) -> int:
 
 def cmd_cudnn(args) -> int:
     import torch
-    from tuner.runtime.device import choose_device
+    from tuner.runtime.opencl.device import choose_device
     _torch_fp32()
     info = choose_device(args.device)
     out = Path(args.out)
@@ -480,7 +480,7 @@ def _cl_empty_stream(dev, runs: int = 1000, repeats: int = 5) -> dict:
     releasing the event to ``finish`` on a profiling queue and on a queue without profiling; medians."""
     import pyopencl as cl
 
-    from tuner.runtime.stream import gated_batch
+    from tuner.runtime.opencl.stream import gated_batch
     knl = cl.Program(dev.context, "__kernel void nop(__global float *o) { o[get_global_id(0)] = 1.0f; }").build().nop
     out = cl.Buffer(dev.context, cl.mem_flags.WRITE_ONLY, 4)
     knl.set_args(out)
@@ -524,7 +524,7 @@ def cmd_stream(args) -> int:
     if args.side == "ours":
         return _stream_ours(args, out)
     import torch
-    from tuner.runtime.device import choose_device
+    from tuner.runtime.opencl.device import choose_device
     _torch_fp32()
     ours = {(r["model"], r["dtype"], r["workload"]): r for r in _read(out / "gpu_stream_ours.csv")} if (
         out / "gpu_stream_ours.csv").exists() else {}
@@ -549,8 +549,8 @@ def cmd_stream(args) -> int:
 
 
 def _stream_ours(args, out: Path) -> int:
-    from tuner.runtime import open_device
-    from tuner.runtime.launch import build as build_executable
+    from tuner.runtime.opencl import open_device
+    from tuner.runtime.opencl.launch import build as build_executable
     from tuner.task import workload_of
     from tuner.templates import get_template
     assert "torch" not in sys.modules, "ours is timed in a process without PyTorch's CUDA context"
@@ -711,7 +711,7 @@ def cmd_models(args) -> int:
 
 def _models_ours(args, out: Path) -> int:
     from tuner.compile.compiler import compile_model
-    from tuner.runtime import open_device
+    from tuner.runtime.opencl import open_device
     assert "torch" not in sys.modules, "ours is timed in a process without PyTorch's CUDA context"
     dev = open_device(args.device)
     rows = []

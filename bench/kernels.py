@@ -290,7 +290,7 @@ def steady(measure, attempts: int = 3, spread: float = 1.5) -> tuple:
 
 def run_config(t, wl, cfg, device, inputs, check_t, repeats) -> dict:
     """Build, launch once and check, then time one config. Failures are returned, not raised."""
-    from tuner.runtime.launch import build
+    from tuner.runtime.opencl.launch import build
     r = {"median_s": None, "min_s": None, "max_rel_err": None, "ok": False, "error": ""}
     try:
         exe = build(t.build(wl, cfg), device)
@@ -619,7 +619,7 @@ def main(argv=None) -> int:
         return 2
 
     from tuner.errors import TunerError
-    from tuner.runtime import open_device
+    from tuner.runtime.opencl import open_device
     try:
         device = open_device(args.device)
     except TunerError as e:

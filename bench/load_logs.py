@@ -63,7 +63,7 @@ def generate(path: Path, n: int, seed: int = 0) -> None:
 
     from tuner.errors import ErrorCode
     from tuner.logs.record import Record
-    from tuner.runtime.device import choose_device
+    from tuner.runtime.opencl.device import choose_device
     from tuner.templates import get_template
 
     rng = np.random.default_rng(seed)

@@ -2,8 +2,8 @@
 import dataclasses, statistics, sys, json
 import numpy as np
 from tuner.templates import get_template
-from tuner.runtime import open_device
-from tuner.runtime.launch import build
+from tuner.runtime.opencl import open_device
+from tuner.runtime.opencl.launch import build
 dev = open_device(sys.argv[1])
 repeats = int(sys.argv[2]) if len(sys.argv) > 2 else 15
 LAYERS = [

@@ -44,7 +44,7 @@ def _workload(a, b, alpha):
 
 def cmd_tune(args) -> int:
     from tuner.measure import MeasureOptions, Measurer
-    from tuner.runtime.device import choose_device
+    from tuner.runtime.opencl.device import choose_device
     from tuner.search.tune import tune
     info = choose_device(args.device)
     out = Path(args.out)

@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     from tuner.plan.lower import extract_tasks, lower_graph, plan_storage
     from tuner.zoo.models import write_model
     from tuner.logs import load_records
-    from tuner.runtime.device import choose_device
+    from tuner.runtime.opencl.device import choose_device
     info = choose_device(a.device)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -301,7 +301,7 @@ def worker(args) -> int:
             frontend_error = one_line(e)
     if frontend_error is None:
         try:
-            from tuner.runtime import open_device
+            from tuner.runtime.opencl import open_device
             dev = open_device(args.device)
         except Exception as e:  # noqa: BLE001
             frontend_error = f"device: {one_line(e)}"
@@ -689,7 +689,7 @@ def zoo_models(names: list, size: int, folder: Path) -> list:
 
 def run(args, variants: list) -> int:
     from tuner.errors import TunerError
-    from tuner.runtime import open_device
+    from tuner.runtime.opencl import open_device
     try:
         device = open_device(args.device)
     except TunerError as e:

@@ -434,7 +434,7 @@ def remaining_tasks(models: list, work: Path, device: str, own_logs: list, sibli
     from tuner.compile.tuning import _history
     from tuner.logs.index import LogIndex
     from tuner.plan.lower import extract_tasks, lower_graph, plan_storage
-    from tuner.runtime.device import choose_device
+    from tuner.runtime.opencl.device import choose_device
     info = choose_device(device)
     siblings = [s for s in transfer_from.split(",") if s]
     history = _history(own_logs[0], info, siblings)  # own_logs[0]'s folder holds the siblings' logs too
@@ -504,7 +504,7 @@ def cmd_tune(args) -> int:
         print(f"tune: workers exited {rcs} after {time.time() - t0:.0f} s", flush=True)
         return max(rcs) if rcs else 0
     from tuner.measure import MeasureOptions, open_runner
-    from tuner.runtime.device import choose_device
+    from tuner.runtime.opencl.device import choose_device
     from tuner.search.tune import tune
     info = choose_device(args.device)
     with open(logdir / f"todo{args.part}.pkl", "rb") as f:

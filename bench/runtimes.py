@@ -48,7 +48,7 @@ def main(argv=None) -> int:
         ap.error("--devices takes exactly two device specs, e.g. pocl,intel")
 
     from tuner.errors import TunerError
-    from tuner.runtime.device import choose_device
+    from tuner.runtime.opencl.device import choose_device
     infos = []
     for spec in specs:
         try:

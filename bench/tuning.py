@@ -629,7 +629,7 @@ def main(argv=None) -> int:
     PARALLEL = a.parallel
 
     from tuner.measure import Measurer
-    from tuner.runtime.device import choose_device
+    from tuner.runtime.opencl.device import choose_device
     from tuner.templates import get_template
     if a.summarize:
         src = Path(a.summarize)

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tuner.runtime import open_device
+from tuner.runtime.opencl import open_device
 
 
 # TUNER_TEST_DEVICE (a --device spec, e.g. ``nvidia`` on a GPU machine, ``intel`` for Intel's CPU runtime)
@@ -53,7 +53,7 @@ def building_cpu(*prefer: str) -> str:
     """The first device spec of ``prefer`` (default: PoCL, then Intel's CPU runtime) that builds OpenCL programs
     here. PoCL 3.0's LLVM 14 does not know every CPU (on AMD Zen 5 it cannot build: `tuner devices` says why),
     so a test that wants a second CPU runtime beside the default device names it through this."""
-    from tuner.runtime.device import choose_device, probe_device
+    from tuner.runtime.opencl.device import choose_device, probe_device
     for spec in prefer or ("pocl", "intel"):
         try:
             if probe_device(choose_device(spec, check=False)) is None:

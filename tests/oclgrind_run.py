@@ -88,7 +88,7 @@ def _marker(i: int, label: str) -> None:
 
 
 def run_operator(case: dict, device, rng) -> dict:
-    from tuner.runtime.launch import build
+    from tuner.runtime.opencl.launch import build
     from tuner.templates import get_template
     t = get_template(case["template"])
     wl = t.workload(**case.get("workload", {}))
@@ -129,7 +129,7 @@ def run_probe(probe: dict, device) -> dict:
 def main(argv: list) -> int:
     text = Path(argv[1]).read_text() if len(argv) > 1 and argv[1] != "-" else sys.stdin.read()
     cases = json.loads(text)
-    from tuner.runtime import open_device
+    from tuner.runtime.opencl import open_device
     device = open_device(os.environ.get("TUNER_TEST_DEVICE", "oclgrind"))
     rng = np.random.default_rng(0)
     for i, case in enumerate(cases):

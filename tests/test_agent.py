@@ -636,7 +636,7 @@ def test_the_default_device_is_one_that_builds(native, monkeypatch):
     """Without ``?device=``, the agent's device is picked as a local default is: in rank order, the first that
     builds a small kernel, with one warning naming the devices passed over. PoCL is made to fail its builds
     here (as PoCL 3.0 does on AMD Zen 5), so the pick is Intel's CPU runtime."""
-    from tuner.runtime.device import choose_device, probe_device
+    from tuner.runtime.opencl.device import choose_device, probe_device
     try:
         intel = choose_device("intel", check=False)
     except TunerError:

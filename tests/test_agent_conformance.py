@@ -71,7 +71,7 @@ def agent_path():
 
 
 def _local_index(which: str):
-    from tuner.runtime.device import choose_device, list_devices
+    from tuner.runtime.opencl.device import choose_device, list_devices
     if which == "default":
         return choose_device(None)
     found = [d for d in list_devices() if which in d.platform.lower() and d.type == "CPU"]

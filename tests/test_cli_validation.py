@@ -259,7 +259,7 @@ def test_an_unwritable_cache_folder_does_not_hide_pocl(tmp_path):
     (tmp_path / "tmp").mkdir()
     env = {**os.environ, "XDG_CACHE_HOME": str(blocker / "cache"), "TMPDIR": str(tmp_path / "tmp"),
            "PYTHONPATH": str(ROOT)}
-    from tuner.runtime.device import list_devices
+    from tuner.runtime.opencl.device import list_devices
     if not any(d.platform == "Portable Computing Language" for d in list_devices()):
         pytest.skip("no PoCL device here")
     r = subprocess.run([sys.executable, "-m", "tuner", "devices", "--json"], capture_output=True, text=True,

@@ -7,7 +7,7 @@ from tuner.errors import LoweringError
 from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
 from tuner.lower import lower
-from tuner.runtime.launch import build
+from tuner.runtime.opencl.launch import build
 
 
 def conv1x1(N, C, O, H, W, scope="texture", dtype="float32"):

@@ -3,7 +3,7 @@ checked against NumPy on PoCL with random data."""
 import numpy as np
 import pytest
 
-from tuner.runtime.launch import build
+from tuner.runtime.opencl.launch import build
 from tuner.templates.common import Conv2dWorkload, reference
 from tuner.templates.conv2d_nchw4c import Conv2dConfig, conv2d_nchw4c
 

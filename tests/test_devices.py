@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from tuner import TunerError
-from tuner.runtime import device as devmod
-from tuner.runtime.device import DeviceInfo, choose_device, list_devices, probe_device
-from tuner.runtime.icd import bundled_libraries
+from tuner.runtime.opencl import device as devmod
+from tuner.runtime.opencl.device import DeviceInfo, choose_device, list_devices, probe_device
+from tuner.runtime.opencl.icd import bundled_libraries
 
 ROOT = Path(__file__).resolve().parents[1]
 BROKEN_POCL = {"POCL_EXTRA_BUILD_FLAGS": "-mcpu=no-such-cpu", "POCL_KERNEL_CACHE": "0"}
@@ -96,7 +96,7 @@ def test_bundled_runtime_registered_beside_existing_vendors(tmp_path):
     vendors = tmp_path / "vendors"
     vendors.mkdir()
     (vendors / "other.icd").write_text("/opt/other/libOther.so\n")
-    code = ("import os, tuner.runtime.device as d; v = os.environ['OCL_ICD_VENDORS']; "
+    code = ("import os, tuner.runtime.opencl.device as d; v = os.environ['OCL_ICD_VENDORS']; "
             "print(v); print(sorted(os.listdir(v))); print([x.platform_tag for x in d.list_devices()])")
     e = {**os.environ, "OCL_ICD_VENDORS": str(vendors), "XDG_CACHE_HOME": str(tmp_path / "c"),
          "PYTHONPATH": str(ROOT)}

@@ -9,8 +9,8 @@ from tuner.ir.builder import Builder
 from tuner.ir.examples import addone, nhwc_to_nchwc
 from tuner.ir.kernel import Program
 from tuner.ir.schedule import cache_read
-from tuner.runtime import download
-from tuner.runtime.launch import build
+from tuner.runtime.opencl import download
+from tuner.runtime.opencl.launch import build
 from tuner.codegen.packing import pack
 
 
@@ -51,7 +51,7 @@ def test_rfc0039_nhwc_to_nchwc_physical_layout(device, rng, separator):
     assert B.shape == expected_shape
     a = rng.standard_normal((N, H, W, C)).astype(np.float32)
     arrays = {b.name: exe.allocate(b) for b in exe.program.params}
-    from tuner.runtime import upload
+    from tuner.runtime.opencl import upload
     upload(device, arrays["A"], pack(exe.program.params[0], a))
     exe.launch(arrays)
     physical = download(device, arrays["B"])
@@ -84,7 +84,7 @@ def test_round_trip_through_image_is_exact(device, rng, name):
     exe = build(prog, device)
     x = (rng.standard_normal(shape) + 3).astype(np.float32)
     arrays = {b.name: exe.allocate(b) for b in exe.program.params}
-    from tuner.runtime import upload
+    from tuner.runtime.opencl import upload
     upload(device, arrays["X"], pack(exe.program.params[0], x))
     exe.launch(arrays)
     image = download(device, arrays[T.name])

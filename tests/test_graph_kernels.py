@@ -12,9 +12,9 @@ from tuner.ops.kernels import (GLUE, binary_kernel, binary_reference, concat_ker
                                  relayout_reference, unary_kernel,
                                  unary_reference)
 from tuner.ir.layouts import default_layout
-from tuner.runtime.launch import build
+from tuner.runtime.opencl.launch import build
 from tuner.codegen.packing import physical_shape
-from tuner.runtime.memory import download, upload
+from tuner.runtime.opencl.memory import download, upload
 
 TOL = {"float32": 1e-5, "float16": 1e-2}
 # (input scopes, output scope): all texture, all buffer, texture in / buffer out, buffer in / texture out

@@ -75,10 +75,11 @@ def test_import_tuner_loads_no_opencl(tmp_path):
 
 
 def test_lazy_names_still_resolve(tmp_path):
-    """The names `tuner` and `tuner.runtime` load on first use are all there (and the OpenCL ones do load it)."""
+    """The names `tuner`, `tuner.runtime` and `tuner.runtime.opencl` load on first use are all there (and the
+    OpenCL ones do load it)."""
     code = textwrap.dedent("""
-        import sys, tuner, tuner.runtime
-        for mod in (tuner, tuner.runtime):
+        import sys, tuner, tuner.runtime, tuner.runtime.opencl
+        for mod in (tuner, tuner.runtime, tuner.runtime.opencl):
             missing = [n for n in mod.__all__ if not callable(getattr(mod, n, None)) and n != "__version__"]
             assert not missing, (mod.__name__, missing)
         assert "pyopencl" in sys.modules
@@ -203,29 +204,85 @@ def test_the_graph_resolves_relative_and_function_level_imports():
     found = {(t, w) for t, w, _ in IMPORTS["tuner.compile.compiler"]}
     assert ("tuner.runtime.module", "module") in found  # `import tuner.runtime.module as M`
     assert ("tuner.plan.lower", "module") in found  # `from tuner.plan.lower import choose_templates, ...`
-    assert ("tuner.runtime.device", "function") in found  # plan_model's `from tuner.runtime.device import ...`
+    assert ("tuner.runtime.opencl.device", "function") in found  # plan_model's `from tuner.runtime.opencl.device ...`
     agent = {(t, w) for t, w, _ in IMPORTS["tuner.agent.runtime"]}
     assert ("tuner.agent.protocol", "module") in agent  # `from .protocol import ...`
-    launch = {(t, w) for t, w, _ in IMPORTS["tuner.runtime.launch"]}
+    launch = {(t, w) for t, w, _ in IMPORTS["tuner.runtime.opencl.launch"]}
     assert ("pyopencl", "function") in launch and ("pyopencl", "module") not in launch
-    assert ("tuner.runtime.device", "typing") in launch  # `if TYPE_CHECKING: from .device import Device`
+    assert ("tuner.runtime.opencl.device", "typing") in launch  # `if TYPE_CHECKING: from .device import Device`
 
 
-# pyopencl is for the code that runs kernels: the local OpenCL runtime and the measuring workers. The executor
-# of a compiled model runs on any Runtime (tuner.runtime.base); planning, templates, logs, search and compiling
-# for a target import none.
-PYOPENCL_PACKAGES = ("tuner.runtime", "tuner.measure")
-PYOPENCL_MODULES = ()
+# pyopencl is for the code that runs kernels: the local OpenCL backend (tuner/runtime/opencl/) and the measuring
+# workers (tuner/measure/). The executor of a compiled model runs on any Runtime (tuner.runtime.base); choosing a
+# device, planning, templates, logs, search and compiling for a target import none.
+PYOPENCL_FOLDERS = ("tuner/runtime/opencl/", "tuner/measure/")
 
 
-def _may_import_pyopencl(m: str) -> bool:
-    return m in PYOPENCL_MODULES or any(m == p or m.startswith(p + ".") for p in PYOPENCL_PACKAGES)
+def _pyopencl_imports(path: Path) -> list[int]:
+    """The lines of ``path`` that import pyopencl or a submodule of it, at any depth (inside functions, classes,
+    ``if`` and ``try`` blocks): ``import pyopencl``, ``from pyopencl... import``, and
+    ``importlib.import_module("pyopencl")`` or ``__import__("pyopencl")`` with the name written out."""
+    def ours(name) -> bool:
+        return isinstance(name, str) and name.split(".")[0] == "pyopencl"
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found = any(ours(a.name) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            found = not node.level and ours(node.module)
+        elif isinstance(node, ast.Call):
+            fn = node.func
+            name = fn.attr if isinstance(fn, ast.Attribute) else fn.id if isinstance(fn, ast.Name) else ""
+            found = name in ("import_module", "__import__") and bool(node.args) and isinstance(
+                node.args[0], ast.Constant) and ours(node.args[0].value)
+        else:
+            continue
+        if found:
+            lines.append(node.lineno)
+    return sorted(lines)
 
 
-def test_pyopencl_is_imported_only_where_kernels_run():
-    wrong = [f"{_where(m, line)} ({where})" for m, imps in IMPORTS.items() for t, where, line in imps
-             if t.split(".")[0] == "pyopencl" and not _may_import_pyopencl(m)]
-    assert not wrong, "pyopencl imported outside the runtime: " + ", ".join(wrong)
+def test_pyopencl_is_imported_only_in_the_opencl_backend_and_the_measuring_workers():
+    """Every file of the package is read with ``ast``: one that imports pyopencl outside tuner/runtime/opencl/ and
+    tuner/measure/ fails the test, named with its lines."""
+    wrong, seen = [], 0
+    for base, _ in SOURCES:
+        for path in sorted(base.rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            lines = _pyopencl_imports(path)
+            seen += bool(lines)
+            if lines and not rel.startswith(PYOPENCL_FOLDERS):
+                wrong.append(f"{rel}:{','.join(map(str, lines))}")
+    assert not wrong, ("pyopencl imported outside " + " and ".join(PYOPENCL_FOLDERS) + " (move the code that needs "
+                       "it into the OpenCL backend, or ask a Runtime): " + ", ".join(wrong))
+    assert seen >= 2  # the scan finds the imports that are there (the backend's, the workers')
+
+
+def test_the_pyopencl_scan_finds_imports_at_any_depth(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text(textwrap.dedent("""
+        import os, pyopencl as cl
+        def f():
+            if True:
+                from pyopencl.array import Array
+        class C:
+            def g(self):
+                import importlib
+                return importlib.import_module("pyopencl.tools"), __import__("pyopencl")
+        from . import pyopencl_like
+        import pyopencl_not
+    """))
+    assert _pyopencl_imports(f) == [2, 5, 9, 9]
+
+
+def test_the_runtime_does_not_depend_on_its_opencl_backend():
+    """tuner.runtime's interface, executor and device choice import nothing of tuner.runtime.opencl (the backend
+    depends on them, not the other way), but for the executor's default: a local OpenCL device when it is given
+    no Runtime (``module._open_for``, at call time)."""
+    found = [(m, t, where) for m, imps in IMPORTS.items() for t, where, _ in imps
+             if (m == "tuner.runtime" or m.startswith("tuner.runtime.")) and not m.startswith("tuner.runtime.opencl")
+             and (t == "tuner.runtime.opencl" or t.startswith("tuner.runtime.opencl."))]
+    assert {(m, where) for m, _, where in found} <= {("tuner.runtime.module", "function")}, found
 
 
 def _loaded_on_import(start: str) -> set[str]:
@@ -249,12 +306,13 @@ def _loaded_on_import(start: str) -> set[str]:
     return out | seen
 
 
-@pytest.mark.parametrize("start", ["tuner", "tuner.target", "tuner.runtime", "tuner.runtime.launch",
+@pytest.mark.parametrize("start", ["tuner", "tuner.target", "tuner.runtime", "tuner.runtime.choice",
+                                   "tuner.runtime.opencl", "tuner.runtime.opencl.launch",
                                    "tuner.compile.compiler", "tuner.runtime.module", "tuner.templates"])
 def test_modules_that_need_no_device_import_no_opencl(start):
-    """Importing these runs no pyopencl import and no ICD registration (tuner.runtime.icd)."""
+    """Importing these runs no pyopencl import and no ICD registration (tuner.runtime.opencl.icd)."""
     loaded = _loaded_on_import(start)
-    assert not {"pyopencl", "tuner.runtime.icd", "tuner.runtime.device"} & loaded, sorted(loaded)
+    assert not {"pyopencl", "tuner.runtime.opencl.icd", "tuner.runtime.opencl.device"} & loaded, sorted(loaded)
 
 
 def _strongly_connected(edges: dict[str, set[str]]) -> list[set[str]]:

@@ -18,9 +18,9 @@ import pytest
 
 from tuner.errors import TunerError
 from tuner.op import make_config
-from tuner.runtime.launch import build
+from tuner.runtime.opencl.launch import build
 from tuner.codegen.packing import pack
-from tuner.runtime.memory import download, upload
+from tuner.runtime.opencl.memory import download, upload
 from tuner.templates import get_template, templates_for
 from tuner.templates.matmul import MatmulConfig, MatmulWorkload, from_storage, storage_shape, to_storage
 

@@ -215,7 +215,7 @@ def test_cli_errors(native, cl_env, artifacts, tmp_path):
 
 
 def test_device_order_matches_python(native, cl_env):
-    from tuner.runtime.device import list_devices
+    from tuner.runtime.opencl.device import list_devices
     r = _tuner_run(native, cl_env, "--devices")
     assert r.returncode == 0, r.stderr
     native_fps = [line.split("\t")[4] for line in r.stdout.splitlines()]

@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tuner.ops import kernels_movement as KM
-from tuner.runtime.launch import build
+from tuner.runtime.opencl.launch import build
 
 from test_graph_kernels import SCOPES, TOL, draw, rel_error, run
 

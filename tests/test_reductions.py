@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from tuner.runtime.launch import build
+from tuner.runtime.opencl.launch import build
 from tuner.templates import get_template
 from tuner.templates.reduction import MAX_TEXELS_PER_ITEM, ceil_div
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from tuner import TunerError, choose_device, list_devices
 from tuner.errors import CompileError
-from tuner.runtime import (BufferPool, TexturePool, alloc, build_program, download, open_device,
+from tuner.runtime.opencl import (BufferPool, TexturePool, alloc, build_program, download, open_device,
                            upload)
 
 
@@ -202,7 +202,7 @@ def test_kernel_reads_texture(dev, dtype):
 def test_time_stream_runs_back_to_back_and_leaves_a_correct_output(dev, template):
     """``Executable.time_stream``: one seconds-per-run value per batch, the workspaces (Winograd's transformed
     tiles) handed back to their pool, and the output still the reference's after 3 x 4 runs of the batch."""
-    from tuner.runtime.launch import build
+    from tuner.runtime.opencl.launch import build
     from tuner.templates import get_template
     conv = get_template("conv2d")
     wl = conv.workload(data=(1, 8, 10, 10), kernel=(8, 8, 3, 3), padding=(1, 1, 1, 1), bias=True, activation="relu")
@@ -220,7 +220,7 @@ def test_time_stream_runs_back_to_back_and_leaves_a_correct_output(dev, template
 
 def test_gated_batch_releases_its_gate_when_an_enqueue_fails(dev):
     """A launch that cannot be enqueued (a work-group larger than the device allows) after one that was: the error reaches the caller, the gate is released, and the launch enqueued before it runs."""
-    from tuner.runtime.stream import gated_batch
+    from tuner.runtime.opencl.stream import gated_batch
     knl = cl.Program(dev.context, "__kernel void one(__global float *o) { o[get_global_id(0)] = 1.0f; }").build().one
     out = cl.Buffer(dev.context, cl.mem_flags.READ_WRITE, 16)
     cl.enqueue_fill_buffer(dev.queue, out, np.float32(0), 0, 16).wait()
@@ -270,7 +270,7 @@ def test_binary_cache_folders_are_private_and_links_are_not_followed(dev, tmp_pa
     """The on-disk program cache (an artifact's binaries/): folders 0700, files written as new files of our own
     (a link planted at the temporary name is left alone, its target untouched), and nothing read from a file or
     folder someone else can write."""
-    import tuner.runtime.program as program
+    import tuner.runtime.opencl.program as program
     cache = tmp_path / "bins"
     src = "__kernel void k%d(__global float *x) { x[get_global_id(0)] += %d.0f; }"
     build_program(dev, src % (1, 1), cache_dir=cache)

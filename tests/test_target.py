@@ -23,9 +23,9 @@ from tuner.zoo import models as zoo
 from tuner.compile.compiler import compile_model
 from tuner.runtime.module import TargetMismatchWarning, load_module
 from tuner.plan.types import FIXED
-from tuner.runtime import device as D
-from tuner.runtime import program as P
-from tuner.runtime.device import choose_device, open_device
+from tuner.runtime.opencl import device as D
+from tuner.runtime.opencl import program as P
+from tuner.runtime.opencl.device import choose_device, open_device
 
 from test_model import ort_run, rel_err
 
@@ -212,7 +212,7 @@ def test_resnet18_second_start_on_a_cpu_is_faster(tmp_path):
     the second start builds from our binaries."""
     from conftest import building_cpu
 
-    from tuner.runtime.device import choose_device
+    from tuner.runtime.opencl.device import choose_device
     info = choose_device(building_cpu())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

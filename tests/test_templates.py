@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from tuner.runtime.launch import build
+from tuner.runtime.opencl.launch import build
 from tuner.templates import get_template
 
 # CI runs a fixed, derandomized set; HYPOTHESIS_PROFILE=thorough explores many more.

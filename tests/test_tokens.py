@@ -17,7 +17,7 @@ from tuner.graph import reference
 from tuner.frontend.onnx import from_onnx
 from tuner.graph.passes_movement import optimize_movement
 from tuner.graph.reference_movement import PASS_ATTRS, PASS_OPS
-from tuner.runtime.launch import build
+from tuner.runtime.opencl.launch import build
 
 BLOCKS = [dict(), dict(c=12, hw=(3, 5), heads=3), dict(n=2, c=20, hw=(2, 3), heads=5),
           dict(scale_after=True, bias=True, pos=True), dict(n=2, c=8, hw=(3, 3), heads=1, bias=True, pos=True)]

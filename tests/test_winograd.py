@@ -24,7 +24,7 @@ from tuner.zoo import models as zoo
 from tuner.compile.compiler import compile_model, load_graph
 from tuner.plan.lower import choose_templates, extract_tasks, lower_graph, plan_storage
 from tuner.logs import SCHEMA_VERSION, Record, apply_history_best
-from tuner.runtime.launch import build
+from tuner.runtime.opencl.launch import build
 from tuner.templates import get_template, templates_for
 from tuner.templates.conv2d_winograd import MATRICES, transform_weights, untransform_weights
 

@@ -33,13 +33,13 @@ _checkout_subpackages()
 from tuner.errors import TunerError  # noqa: E402
 
 # Loaded on first use: the heavier layers (optuna, xgboost), and OpenCL. `import tuner` imports no pyopencl
-# and registers no runtime (tuner.runtime.device does both on import), so a compile for a target profile, or
+# and registers no runtime (tuner.runtime.opencl.device does both on import), so a compile for a target profile, or
 # a tool that only reads logs, runs where OpenCL is absent or broken (tests/test_imports.py).
 _LAZY = {"tune": "tuner.search", "apply_history_best": "tuner.logs", "load_records": "tuner.logs",
-         "get_template": "tuner.templates", "run_op": "tuner.op", "open_device": "tuner.runtime.device",
-         "choose_device": "tuner.runtime.device", "list_devices": "tuner.runtime.device",
+         "get_template": "tuner.templates", "run_op": "tuner.op", "open_device": "tuner.runtime.opencl.device",
+         "choose_device": "tuner.runtime.opencl.device", "list_devices": "tuner.runtime.opencl.device",
          "DeviceInfo": "tuner.target", "load_profile": "tuner.target",
-         "build": "tuner.runtime.launch", "load_logs": "tuner.analysis",
+         "build": "tuner.runtime.opencl.launch", "load_logs": "tuner.analysis",
          "compile_model": "tuner.compile.compiler", "load_module": "tuner.runtime.module",
          "tune_model": "tuner.compile.tuning", "run_worker": "tuner.search.worker"}
 

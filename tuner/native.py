@@ -193,7 +193,7 @@ def bundled_loader() -> Path | None:
 
 def _vendor_files() -> list[tuple[str, str]]:
     """(name, text) of the vendor files, in the order the Python side's loader meets their platforms."""
-    from tuner.runtime import icd
+    from tuner.runtime.opencl import icd
     files = []
     where = os.environ.get(icd.ENV, "")
     base = Path(where) if where else icd.SYSTEM_VENDORS
@@ -222,7 +222,7 @@ def _vendor_files() -> list[tuple[str, str]]:
 
 def _write_vendors(files: list[tuple[str, str]]) -> Path:
     """The vendors directory of ``files``, numbered in order (the ICD loader reads them sorted)."""
-    from tuner.runtime.icd import write_dir
+    from tuner.runtime.opencl.icd import write_dir
     target = write_dir({f"{i:02d}-{name}": text for i, (name, text) in enumerate(files)})
     if target is None:
         raise TunerError("cannot write an OpenCL vendors directory for native programs: neither the cache folder "

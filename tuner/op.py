@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from tuner.errors import TunerError
-from tuner.runtime.device import Device, open_device
-from tuner.runtime.launch import build
+from tuner.runtime.opencl.device import Device, open_device
+from tuner.runtime.opencl.launch import build
 
 
 def make_workload(template, **fields):

@@ -2,7 +2,7 @@
 
 A profile is what ``tuner devices --json --device D`` prints on a device; ``compile_model(m, target=...)``
 plans and generates kernels for that device on a machine where it is not attached. So this module imports no
-OpenCL: no pyopencl, no ICD registration (``tuner.runtime.device`` does both, and re-exports
+OpenCL: no pyopencl, no ICD registration (``tuner.runtime.opencl.device`` does both, and re-exports
 :class:`DeviceInfo` from here).
 
 A profile is input from a file: every limit is checked against the range real devices report
@@ -206,7 +206,7 @@ def check_profile(info: DeviceInfo) -> None:
     """TunerError naming the first field of ``info`` outside :data:`LIMITS` (or an inconsistent pair: images
     limits without images, an allocation larger than the memory), its value and how to get a right one.
 
-    Checked for profiles (files, dicts, DeviceInfo targets), not for the devices ``tuner.runtime.device``
+    Checked for profiles (files, dicts, DeviceInfo targets), not for the devices ``tuner.runtime.opencl.device``
     lists: what the driver reports there is what the device is."""
     _check_strings(info)
     _check_limit("index", info.index)

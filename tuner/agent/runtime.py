@@ -57,8 +57,8 @@ class Handle:
 
 
 def _rank(d: dict) -> tuple:
-    """As ``tuner.runtime.device.default_device`` ranks local devices: a GPU, else PoCL, else another CPU,
-    never a simulator unless it is all there is."""
+    """As ``tuner.runtime.choice.default_order`` ranks local devices: a GPU, else PoCL, else another CPU, never a
+    simulator unless it is all there is."""
     sim = "oclgrind" in f"{d.get('platform', '')} {d.get('name', '')}".lower()
     kind = 0 if d.get("type") == "GPU" else 1 if "portable computing language" in str(d.get("platform", "")).lower() \
         else 2 if d.get("type") == "CPU" else 3
@@ -111,7 +111,7 @@ class AgentRuntime(Runtime):
         r.end()
 
     def _open_default(self, devices: list) -> int:
-        """The agent's default device, as ``tuner.runtime.device`` picks a local one: in ``_rank``'s order, the
+        """The agent's default device, as ``tuner.runtime.choice`` picks a local one: in ``_rank``'s order, the
         first that builds the probe (``tuner.runtime.base.probe_source``). PoCL 3.0 cannot compile for every CPU
         (on AMD Zen 5 its LLVM 14 fails), and a device that builds nothing is no default. None builds: the
         first, whose build errors then say why."""

@@ -16,7 +16,8 @@ from tuner.cli.args import (activation, add_device_arg, device_info, add_measure
                             add_transfer_arg,
                             measure_options, positive_int, read_regular_file)  # (importers use the names)
 from tuner.cli.parser import Parser
-from tuner.runtime.device import DEVICE_ENV, DeviceInfo, choose_device, list_devices, probe_device
+from tuner.runtime.choice import DEVICE_ENV
+from tuner.runtime.opencl.device import DeviceInfo, choose_device, list_devices, probe_device
 
 
 def _bytes(n: int) -> str:
@@ -99,7 +100,7 @@ def run_example(name: str, device=None, show_passes: bool = False, show_source: 
     import numpy as np
 
     from tuner.ir.examples import EXAMPLES
-    from tuner.runtime.launch import build
+    from tuner.runtime.opencl.launch import build
     if name not in EXAMPLES:
         raise TunerError(f"unknown example {name!r}; examples: {', '.join(EXAMPLES)}")
     factory, reference = EXAMPLES[name]
@@ -119,7 +120,7 @@ def run_example(name: str, device=None, show_passes: bool = False, show_source: 
 
 
 def cmd_example(args: argparse.Namespace) -> int:
-    from tuner.runtime import open_device
+    from tuner.runtime.opencl import open_device
     _local_only(args, "tuner example")
     dev = open_device(args.device)
     err = run_example(args.name, dev, args.show_passes, args.show_source)
@@ -258,7 +259,7 @@ def cmd_op(args: argparse.Namespace) -> int:
     import dataclasses
 
     from tuner.op import make_config, run_op
-    from tuner.runtime import open_device
+    from tuner.runtime.opencl import open_device
     from tuner.runtime.base import Runtime
     t, wl = workload_from_args(args)
     dev = args.device if isinstance(args.device, Runtime) else open_device(args.device)
@@ -283,7 +284,7 @@ def cmd_op(args: argparse.Namespace) -> int:
 def cmd_tune_op(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from tuner.runtime.device import choose_device
+    from tuner.runtime.opencl.device import choose_device
     from tuner.search import tune
     from tuner.runtime.base import Runtime
     t, wl = workload_from_args(args)
@@ -429,7 +430,7 @@ def _open_agent(args: argparse.Namespace):
 
 def run() -> None:
     """The console entry point (`tuner`, `python -m tuner`): warnings on one line each, once; then main() (cache
-    folders are checked where OpenCL is first loaded: tuner.runtime.cache_folders)."""
+    folders are checked where OpenCL is first loaded: tuner.runtime.opencl.cache_folders)."""
     from tuner.console import setup_warnings
     setup_warnings()
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from tuner.runtime.device import DEVICE_ENV
+from tuner.runtime.choice import DEVICE_ENV
 
 
 def add_device_arg(parser: argparse.ArgumentParser, help: str = "device index or name substring") -> None:
@@ -20,7 +20,7 @@ def device_info(device):
     from tuner.runtime.base import Runtime
     if isinstance(device, Runtime):
         return device.info
-    from tuner.runtime.device import choose_device
+    from tuner.runtime.opencl.device import choose_device
     return choose_device(device)
 
 

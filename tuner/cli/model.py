@@ -339,7 +339,7 @@ def cmd_demo(args) -> int:
     import onnxruntime as ort
 
     from tuner.measure import MeasureOptions
-    from tuner.runtime import open_device
+    from tuner.runtime.opencl import open_device
     from tuner.runtime.base import Runtime
 
     from tuner.compile.compiler import compile_model

@@ -106,7 +106,7 @@ def plan_model(model, device=None, scope: str = "auto", log=None, dtype: str = "
     ``transfer_from`` as ``compile_model``'s."""
     info = getattr(device, "info", device)
     if not isinstance(info, DeviceInfo):
-        from tuner.runtime.device import choose_device
+        from tuner.runtime.opencl.device import choose_device
         info = choose_device(info)
     history = device_history(as_history(log, transfer_from), info, transfer_from)
     return plan_storage(lower_graph(load_graph(model, input_shapes), dtype), info, scope, history)
@@ -268,7 +268,7 @@ def _open(device, target) -> tuple:
         return None, load_target(target)
     if isinstance(device, Runtime):  # any device behind the seam: local OpenCL, an agent, ...
         return device, device.info
-    from tuner.runtime.device import Device, open_device
+    from tuner.runtime.opencl.device import Device, open_device
     dev = device if isinstance(device, Device) else open_device(device)
     return dev, dev.info
 

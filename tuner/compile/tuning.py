@@ -230,7 +230,7 @@ def tune_model(model, log: str | None = None, trials: int = 200, device=None, sc
 
     info = getattr(device, "info", device)
     if not isinstance(info, DeviceInfo):
-        from tuner.runtime.device import choose_device
+        from tuner.runtime.opencl.device import choose_device
         info = choose_device(info)
     log = str(ensure_writable(log or default_log(info.fingerprint)))  # before any measurement
     for flag, value, least in (("--trials", trials, 1), ("--min-trials", min_trials, 1),

@@ -23,7 +23,7 @@ def _faulted(dev) -> bool:
 
 @lru_cache(maxsize=None)
 def _device(spec: str):
-    from tuner.runtime.device import open_device
+    from tuner.runtime.opencl.device import open_device
     return open_device(spec)
 
 
@@ -47,7 +47,7 @@ def _instantiate(template, workload, config, device):
 def build(spec: str, template, workload, config):
     from tuner.codegen.opencl import program_source
     from tuner.lower import lower
-    from tuner.runtime.program import build_program
+    from tuner.runtime.opencl.program import build_program
     dev = _device(spec)
     built, err = _instantiate(template, workload, config, dev)
     if err:
@@ -76,7 +76,7 @@ def run(spec: str, template, workload, config, warmup: int, repeats: int, min_se
         seed: int):
     import pyopencl as cl
 
-    from tuner.runtime.launch import build as build_executable
+    from tuner.runtime.opencl.launch import build as build_executable
     dev = _device(spec)
     built, err = _instantiate(template, workload, config, dev)
     if err:

@@ -19,7 +19,7 @@ class Measurer(Runner):
         self.options = options or MeasureOptions()
         info = device.info if hasattr(device, "info") else device
         if not isinstance(info, DeviceInfo):
-            from tuner.runtime.device import choose_device
+            from tuner.runtime.opencl.device import choose_device
             info = choose_device(info)
         self.info = info
         spec = str(self.info.index)

@@ -1,18 +1,19 @@
-"""Runtime: OpenCL devices, memory allocation by scope, program builds.
+"""Runtime: a compiled model running on a device.
 
-The names below load on first use (PEP 562): importing one submodule, ``tuner.runtime.icd`` say, or the
-package for ``tuner.runtime.device``'s sake, does not import all of them; the package alone, and its
-``DeviceInfo`` (from ``tuner.target``), import no pyopencl.
+``base``: the device seam, the ``Runtime`` interface an executor asks of a device. ``module``: the executor
+(``Module``, ``load_module``), which runs an artifact on any Runtime. ``choice``: which device a spec names, and
+the default, over a list of profiles. None of them imports OpenCL. The local OpenCL backend, through pyopencl, is
+the package ``tuner.runtime.opencl``; a device agent's runtime is ``tuner.agent``. Both depend on this package's
+interface; it depends on neither, except that ``Module`` opens a local OpenCL device when given no Runtime.
+
+The names below load on first use (PEP 562): the package alone, and its ``DeviceInfo`` (from ``tuner.target``),
+import no pyopencl.
 """
 
 _LAZY = {
     "DeviceInfo": "tuner.target",  # plain data: no pyopencl
-    "Device": "tuner.runtime.device", "choose_device": "tuner.runtime.device",
-    "list_devices": "tuner.runtime.device", "open_device": "tuner.runtime.device",
-    "BufferPool": "tuner.runtime.memory", "DeviceArray": "tuner.runtime.memory", "PoolStats": "tuner.runtime.memory",
-    "TexturePool": "tuner.runtime.memory", "alloc": "tuner.runtime.memory", "download": "tuner.runtime.memory",
-    "upload": "tuner.runtime.memory",
-    "build_program": "tuner.runtime.program", "clear_program_cache": "tuner.runtime.program",
+    "Runtime": "tuner.runtime.base",
+    "Module": "tuner.runtime.module", "load_module": "tuner.runtime.module",
 }
 
 

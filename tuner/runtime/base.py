@@ -85,8 +85,8 @@ class Runtime(abc.ABC):
 
 
 # The probe: a kernel every tuned template needs to build and run (an image read and a buffer write). A device
-# is a default only if it builds it: the local one (``tuner.runtime.device``, which also runs it) and an agent's
-# (``tuner.agent.runtime``, which builds it on the agent's device).
+# is a default only if it builds it: the local one (``tuner.runtime.opencl.device``, which also runs it) and an
+# agent's (``tuner.agent.runtime``, which builds it on the agent's device).
 PROBE_SOURCE = """
 __constant sampler_t smp = CLK_NORMALIZED_COORDS_FALSE | CLK_ADDRESS_CLAMP | CLK_FILTER_NEAREST;
 __kernel void probe(__read_only image2d_t img, __global float *out) {

@@ -47,8 +47,8 @@ def _open_for(compiled_for: dict, device):
     from tuner.runtime.base import Runtime
     if isinstance(device, Runtime):
         return device
-    from tuner.runtime.device import list_devices
-    from tuner.runtime.opencl import OpenCLRuntime
+    from tuner.runtime.opencl.device import list_devices
+    from tuner.runtime.opencl.runtime import OpenCLRuntime
     if device is None and compiled_for.get("fingerprint"):
         match = next((d for d in list_devices() if d.fingerprint == compiled_for["fingerprint"]), None)
         if match is not None:

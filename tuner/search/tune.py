@@ -195,7 +195,7 @@ def tune(template, workload, device=None, trials: int = 32, log: str | None = No
     from tuner.target import DeviceInfo
     info = device.info if hasattr(device, "info") else device
     if not isinstance(info, DeviceInfo):
-        from tuner.runtime.device import choose_device
+        from tuner.runtime.opencl.device import choose_device
         info = choose_device(info)
     if measurer is None and isinstance(device, (Runner, Runtime)):
         measurer = open_runner(device, options)  # any device behind the seam; the caller's to close

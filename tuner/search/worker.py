@@ -183,7 +183,7 @@ def run_worker(storage, device=None, study_prefix: str | None = None, tasks=None
     prefix = check_prefix(study_prefix or "tuner")
     info = device.info if hasattr(device, "info") else device
     if not isinstance(info, DeviceInfo):
-        from tuner.runtime.device import choose_device
+        from tuner.runtime.opencl.device import choose_device
         info = choose_device(info)
     st = open_storage(storage, heartbeat, grace)
     optuna.logging.set_verbosity(optuna.logging.WARNING)

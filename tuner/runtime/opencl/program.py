@@ -29,7 +29,7 @@ from pathlib import Path
 import pyopencl as cl
 
 from tuner.errors import CompileError
-from tuner.runtime.device import Device
+from tuner.runtime.opencl.device import Device
 
 _CACHE: weakref.WeakKeyDictionary[Device, dict[tuple, cl.Program]] = weakref.WeakKeyDictionary()
 SOURCE_LINES_IN_ERRORS = 30

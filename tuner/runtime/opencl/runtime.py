@@ -14,10 +14,10 @@ import numpy as np
 import pyopencl as cl
 
 from tuner.runtime.base import Runtime
-from tuner.runtime.device import Device, open_device
+from tuner.runtime.opencl.device import Device, open_device
 from tuner.errors import TunerError
-from tuner.runtime.memory import DeviceArray, _region, alloc
-from tuner.runtime.program import build_program
+from tuner.runtime.opencl.memory import DeviceArray, _region, alloc
+from tuner.runtime.opencl.program import build_program
 
 
 class OpenCLRuntime(Runtime):

@@ -1,5 +1,5 @@
-"""Cache folders the OpenCL runtimes need, checked before the first OpenCL call (``tuner.runtime.device`` calls
-``ensure_cache_folders`` on import, next to ``register_bundled_runtimes``)."""
+"""Cache folders the OpenCL runtimes need, checked before the first OpenCL call (``tuner.runtime.opencl.device``
+calls ``ensure_cache_folders`` on import, next to ``register_bundled_runtimes``)."""
 from __future__ import annotations
 
 

@@ -7,8 +7,8 @@ so nothing finds it. pyopencl's ICD loader reads the vendor files of one directo
 set, else ``/etc/OpenCL/vendors`` (plus the PoCL and Oclgrind of its own ``.libs``), and ignores
 ``OCL_ICD_FILENAMES``. So :func:`register_bundled_runtimes` writes a directory holding a copy of every vendor
 file the loader would have read anyway plus one line per bundled runtime, and points ``OCL_ICD_VENDORS`` at
-it. It must run before the first ``clGetPlatformIDs`` of the process (``tuner.runtime.device`` calls it on
-import); child processes inherit the variable.
+it. It must run before the first ``clGetPlatformIDs`` of the process (``tuner.runtime.opencl.device`` calls it
+on import); child processes inherit the variable.
 
 Set ``TUNER_BUNDLED_ICD=0`` to leave the loader's configuration alone.
 """

@@ -1,9 +1,10 @@
-"""OpenCL device discovery and selection.
+"""This machine's OpenCL devices, through pyopencl: listing them, probing them, and opening one (``Device``).
 
-Devices are listed over all pyopencl platforms in a fixed order (platform, then
-device), and that order gives the indices used by `choose_device(spec)`.
+Devices are listed over all pyopencl platforms in a fixed order (platform, then device), and that order gives the
+indices used by ``choose_device(spec)``; which device a spec names, and the default, are ``tuner.runtime.choice``'s
+rules over that list and this module's probe.
 
-Importing this module registers the bundled runtimes (``tuner.runtime.icd``) and imports pyopencl. What a
+Importing this module registers the bundled runtimes (``tuner.runtime.opencl.icd``) and imports pyopencl. What a
 device is, as data (:class:`DeviceInfo`, profiles), lives in ``tuner.target``, which imports neither; it is
 re-exported here for code written before it moved.
 """
@@ -14,12 +15,11 @@ import functools
 import hashlib
 import json
 import os
-import re
 import warnings
 from pathlib import Path
 
-from tuner.runtime.cache_folders import ensure_cache_folders
-from tuner.runtime.icd import register_bundled_runtimes
+from tuner.runtime.opencl.cache_folders import ensure_cache_folders
+from tuner.runtime.opencl.icd import register_bundled_runtimes
 
 register_bundled_runtimes()  # before pyopencl enumerates platforms: adds Intel's CPU runtime from PyPI
 ensure_cache_folders()  # PoCL reports no device at all when it cannot create its cache folder
@@ -27,11 +27,11 @@ ensure_cache_folders()  # PoCL reports no device at all when it cannot create it
 import pyopencl as cl  # noqa: E402
 
 from tuner.errors import TunerError  # noqa: E402
+from tuner.runtime import choice  # noqa: E402
 from tuner.runtime.base import probe_source  # noqa: E402
+from tuner.runtime.choice import DEVICE_ENV  # noqa: E402,F401  (re-exported: the CLI's --device help names it)
 from tuner.target import POCL_PLATFORM, DeviceInfo  # noqa: E402,F401  (re-exported: their home before tuner.target)
 
-# The default device for the CLI and the API: a choose_device spec (index, name substring or fingerprint).
-DEVICE_ENV = "TUNER_DEVICE"
 NO_DEVICE_HINT = ("`pip install pocl-binary-distribution` provides a CPU device; on CPUs its LLVM does not know "
                   "(e.g. AMD Zen 5) `pip install 'tuner[cpu]'` adds Intel's CPU runtime for OpenCL")
 
@@ -215,56 +215,13 @@ def _probe(info: DeviceInfo) -> str | None:
     return reason
 
 
-def _device_table(infos: list[DeviceInfo]) -> str:
-    return "\n".join(f"  [{d.index}] {d.platform} / {d.name} ({d.type})" for d in infos) or "  (none)"
-
-
-def _default_order(infos: list[DeviceInfo]) -> list[DeviceInfo]:
-    """Candidates for the default, best first: GPUs, then PoCL's CPU device, then other CPUs, then the rest;
-    never a simulator such as Oclgrind (which reports itself as a GPU)."""
-    def rank(d: DeviceInfo) -> int:
-        return 0 if d.type == "GPU" else 1 if d.platform_tag == "pocl" else 2 if d.type == "CPU" else 3
-    return sorted((d for d in infos if not d.is_simulator), key=lambda d: (rank(d), d.index))
-
-
 def default_device() -> DeviceInfo:
     """The device used when none is named: $TUNER_DEVICE (a choose_device spec) or pyopencl's $PYOPENCL_CTX
-    when set, else the best device that passes :func:`probe_device`."""
+    when set, else the best device that passes :func:`probe_device` (``tuner.runtime.choice.pick_default``)."""
     infos = list_devices()
     if not infos:
         raise TunerError(f"no OpenCL devices found; {NO_DEVICE_HINT}")
-    for var in (DEVICE_ENV, "PYOPENCL_CTX"):
-        spec = os.environ.get(var, "").strip()
-        if spec:
-            info = _from_env(var, spec, infos)
-            reason = probe_device(info)
-            if reason:
-                raise TunerError(f"${var}={spec} selects {info.platform} / {info.name}, which {reason}; "
-                                 f"unset it or pick another device (`tuner devices` lists them)")
-            return info
-    failed = []
-    for info in _default_order(infos):
-        reason = probe_device(info)
-        if reason is None:
-            return info
-        failed.append(f"  [{info.index}] {info.platform} / {info.name}: {reason}")
-    raise TunerError("no OpenCL device can build programs:\n" + "\n".join(failed or [_device_table(infos)])
-                     + f"\n{NO_DEVICE_HINT}")
-
-
-def _from_env(var: str, spec: str, infos: list[DeviceInfo]) -> DeviceInfo:
-    if var == "PYOPENCL_CTX" and re.fullmatch(r"\d+(:\d+)?", spec):  # pyopencl's "platform[:device]"
-        p, _, d = spec.partition(":")
-        platforms = list(dict.fromkeys(i.platform for i in infos))
-        if int(p) < len(platforms):
-            on = [i for i in infos if i.platform == platforms[int(p)]]
-            if int(d or 0) < len(on):
-                return on[int(d or 0)]
-        raise TunerError(f"${var}={spec} names no OpenCL device; available devices:\n{_device_table(infos)}")
-    try:
-        return choose_device(spec, check=False)
-    except TunerError as e:
-        raise TunerError(f"${var}: {e}") from None
+    return choice.pick_default(infos, probe_device, hint=NO_DEVICE_HINT)
 
 
 def choose_device(spec: int | str | None = None, check: bool = True) -> DeviceInfo:
@@ -282,23 +239,7 @@ def choose_device(spec: int | str | None = None, check: bool = True) -> DeviceIn
     infos = list_devices()
     if not infos:
         raise TunerError(f"no OpenCL devices found; {NO_DEVICE_HINT}")
-    if isinstance(spec, int) or (isinstance(spec, str) and spec.strip().isdigit()):
-        i = int(spec)
-        if not 0 <= i < len(infos):
-            raise TunerError(f"no OpenCL device with index {i}; available devices:\n{_device_table(infos)}")
-        found = infos[i]
-    else:
-        text = str(spec).strip()
-        matching = [d for d in infos if text and d.matches(text)]
-        if not matching:
-            raise TunerError(f"no OpenCL device matches {spec!r}; available devices:\n{_device_table(infos)}")
-        # "cpu" on a host where PoCL cannot build means the CPU device that can.
-        found = next((d for d in matching if not check or probe_device(d) is None), matching[0])
-    reason = probe_device(found) if check else None
-    if reason:
-        raise TunerError(f"device {spec!r} ({found.platform} / {found.name}) {reason}; "
-                         f"pick another device (`tuner devices` lists them and why)")
-    return found
+    return choice.pick(spec, infos, probe_device, check)
 
 
 class Device:

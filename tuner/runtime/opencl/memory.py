@@ -16,7 +16,7 @@ import numpy as np
 import pyopencl as cl
 
 from tuner.errors import TunerError
-from tuner.runtime.device import Device
+from tuner.runtime.opencl.device import Device
 
 # pyopencl >= 2024 deprecates calling Image() directly; older releases lack create_image.
 _create_image = getattr(cl, "create_image", cl.Image)
