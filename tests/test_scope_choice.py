@@ -159,8 +159,26 @@ def test_a_plan_timer_where_nothing_is_timed_is_an_error(device):
         compile_model(model, device=device, scope="texture", plan_timer="native")
     with pytest.raises(TunerError, match="plan_timer='gpu': give one of python, native"):
         compile_model(model, device=device, scope="auto", plan_timer="gpu")
-    with pytest.raises(TunerError, match="no log holds records for this device, so --scope auto times no plans"):
-        compile_model(model, device=device, scope="auto", plan_timer="native")
+    with pytest.raises(TunerError, match="plan_timer='native' with measure_plans=False: nothing is timed"):
+        history = apply_history_best(_records(lower_graph(load_graph(model)), device.info, [(1e-4, 1e-4)] * 3))
+        compile_model(model, log=history, device=device, scope="auto", plan_timer="native", measure_plans=False)
+
+
+def test_a_plan_timer_with_no_log_compiles_and_warns(device, monkeypatch):
+    """A first compile has no log: --plan-timer native compiles as the default timer does (nothing timed, the
+    per-layer plan on fallback configs), with a warning that says so; tuner-run is neither built nor run."""
+    import pytest
+
+    import tuner.native
+    from tuner.compile.compiler import compile_model
+    monkeypatch.setattr(tuner.native, "build", lambda *a, **k: pytest.fail("nothing to time: nothing to build"))
+    model = zoo_test_models()["conv_pads"]
+    with pytest.warns(RuntimeWarning, match="--plan-timer native: no log holds records for this device, so --scope "
+                                            "auto timed no plans"):
+        mod = compile_model(model, device=device, scope="auto", plan_timer="native")
+    assert not getattr(mod, "plan_kept", None) and not getattr(mod, "plan_times", None)
+    ref = compile_model(model, device=device, scope="auto")
+    assert mod.spec == ref.spec and mod.sources == ref.sources
 
 
 def test_configs_nobody_measured_here_are_timed_against_the_fallbacks(device):

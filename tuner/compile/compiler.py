@@ -251,9 +251,14 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
     graph = load_graph(model, input_shapes)
     if measure_plans is None:
         measure_plans = scope == "auto" and dev is not None and history is not None
-    if plan_timer != "python" and not (measure_plans and history is not None):
-        raise TunerError(f"--plan-timer {plan_timer}: no log holds records for this device, so --scope auto times "
-                         f"no plans: pass --log, or leave --plan-timer out")
+    if plan_timer != "python" and not measure_plans:
+        if history is not None:  # measure_plans=False, asked for
+            raise TunerError(f"plan_timer={plan_timer!r} with measure_plans=False: nothing is timed; leave "
+                             f"plan_timer out")
+        # a first compile, before any tuning: compiled as with the default timer, which times nothing either
+        warnings.warn(f"--plan-timer {plan_timer}: no log holds records for this device, so --scope auto timed no "
+                      f"plans (the per-layer plan is kept, on fallback configs); pass --log to time them",
+                      RuntimeWarning, stacklevel=2)
     if measure_plans and scope == "auto" and dev is not None:
         return fastest_plan(graph, history, dev, dtype, progress=progress, timer=plan_timer)
     plan = plan_graph(graph, info, scope, history, dtype, prefer)
