@@ -1,14 +1,21 @@
 """The native runtime (``native/``, C): building it, and the environment its programs need to find OpenCL.
 
-``build()`` runs ``make -C native`` with the system C compiler and returns the paths it produced:
-``library`` (``build/native/libtuner_runtime.so``), ``tuner_run`` (``build/native/tuner-run``),
-``tuner_run_asan`` (``build/native/asan/tuner-run``, AddressSanitizer + UBSan), and the device agent
-(docs/agent-protocol.md) ``agent`` (``build/native/tuner-agent``) and ``agent_asan``
-(``build/native/asan/tuner-agent``). ``build(target)`` for a cross target (:data:`CROSS`) builds
-``libtuner_runtime.so``, ``tuner-run`` and ``tuner-agent`` into ``build/native/<target>/`` with a cross compiler
+``build()`` runs ``make -C native`` with the system C compiler and returns the paths it produced, in
+:func:`default_build_dir` (below, ``BUILD``): ``library`` (``BUILD/libtuner_runtime.so``), ``tuner_run``
+(``BUILD/tuner-run``), ``tuner_run_asan`` (``BUILD/asan/tuner-run``, AddressSanitizer + UBSan), and the device
+agent (docs/agent-protocol.md) ``agent`` (``BUILD/tuner-agent``) and ``agent_asan``
+(``BUILD/asan/tuner-agent``). ``build(target)`` for a cross target (:data:`CROSS`) builds
+``libtuner_runtime.so``, ``tuner-run`` and ``tuner-agent`` into ``BUILD/<target>/`` with a cross compiler
 (zig, Debian's ``aarch64-linux-gnu-gcc``, or the Android NDK's clang). ``native_main(argv)`` is the ``tuner
 native build`` command: it prints one ``runtime PATH`` line per runtime product and one ``agent PATH`` line per
 agent.
+
+The sources (:data:`NATIVE`) are a source checkout's ``native/``, or in an installed tuner the copy its wheel
+carries as package data (``tuner/native_src``: the Makefile, ``src/``, ``include/``, ``examples/``, ``asan/``).
+``BUILD`` is a checkout's ``build/native`` when this user can write there (what ``make -C native`` builds), else
+a folder of the user's cache: ``$XDG_CACHE_HOME/tuner/native/<version>-<hash of the sources>`` (default
+``~/.cache``), one per source tree, so installs of other versions never share objects; where the cache cannot be
+written, the same under the temp folder, in a folder of this user's own.
 
 ``opencl_env()`` is the environment a native program needs on a host whose OpenCL comes from Python wheels,
 as on this project's machines: there is no system ``libOpenCL``, pyopencl's wheel bundles an ICD loader
@@ -29,18 +36,23 @@ order then matches ``tuner devices``. A ``TUNER_OPENCL_LIB`` already set is left
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib.util
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from tuner.errors import TunerError
 
-ROOT = Path(__file__).resolve().parent.parent
-NATIVE = ROOT / "native"
-BUILD = ROOT / "build" / "native"
+PACKAGE = Path(__file__).resolve().parent
+ROOT = PACKAGE.parent  # a source checkout's root; site-packages in an installed tuner
+INSTALLED = PACKAGE / "native_src"  # native/ as the wheel carries it (pyproject.toml's package data)
+NATIVE = next((d for d in (INSTALLED, ROOT / "native") if (d / "Makefile").is_file()), INSTALLED)
+CHECKOUT = NATIVE == ROOT / "native"  # built from a source checkout (an editable install, or PYTHONPATH)
 PRODUCTS = {"library": "libtuner_runtime.so", "tuner_run": "tuner-run", "tuner_run_asan": "asan/tuner-run",
             "agent": "tuner-agent", "agent_asan": "asan/tuner-agent"}
 AGENTS = ("agent", "agent_asan")  # the device agent (docs/agent-protocol.md); the rest is the runtime
@@ -62,23 +74,94 @@ GCC_CROSS = {"linux-arm64": ("aarch64-linux-gnu-gcc", "gcc-aarch64-linux-gnu")}
 CROSS_CFLAGS = ("-O2", "-std=c11", "-Wall", "-Wextra", "-Werror", "-Wno-format-truncation", "-fPIC")
 
 
+def _writable(path: Path) -> bool:
+    """Whether this user can make ``path`` (a folder) or write in it: its nearest existing folder is writable."""
+    for p in (path, *path.parents):
+        if p.exists():
+            return p.is_dir() and os.access(p, os.W_OK | os.X_OK)
+    return False
+
+
+@functools.cache
+def _source_hash() -> str:
+    """SHA-256 (hex) of what the build reads: the Makefile, ``src/`` and ``include/``, by path and content."""
+    h = hashlib.sha256()
+    files = [NATIVE / "Makefile", *sorted((NATIVE / "src").glob("*")), *sorted((NATIVE / "include").glob("*"))]
+    for f in files:
+        if f.is_file():
+            h.update(f"{f.relative_to(NATIVE).as_posix()}\0{f.stat().st_size}\0".encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def _make_folders(path: Path) -> None:
+    """``path`` and the folders above it that do not exist yet, each new one 0700 (under a umask of 002 a
+    folder ``mkdir -p`` makes is group-writable)."""
+    for p in reversed([p for p in (path, *path.parents) if not p.exists()]):
+        p.mkdir(mode=0o700, exist_ok=True)
+
+
+def _own_folder(path: Path) -> bool:
+    """``path`` made (``_make_folders``) and a folder of this user's that this user can write in."""
+    try:
+        _make_folders(path)
+        st = path.stat()
+    except OSError:
+        return False
+    mine = not hasattr(os, "getuid") or st.st_uid == os.getuid()
+    return mine and os.access(path, os.W_OK | os.X_OK)
+
+
+def default_build_dir() -> Path:
+    """Where ``build()`` puts the host's programs (a cross target's in ``<target>/`` below; see the module
+    docstring): a source checkout's ``build/native`` when this user can write there, else
+    ``$XDG_CACHE_HOME/tuner/native/<version>-<hash of the sources>`` (``~/.cache``), else the same under the
+    temp folder's ``tuner-cache-<uid>`` (where the OpenCL drivers' cache folders fall back to as well).
+    Nothing is made here, except a fallback folder's levels to check that they are this user's own."""
+    if CHECKOUT and _writable(ROOT / "build" / "native"):
+        return ROOT / "build" / "native"
+    from tuner import __version__
+    key = Path("tuner", "native", f"{__version__}-{_source_hash()[:12]}")
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / key
+    if _writable(cache):
+        return cache
+    uid = os.getuid() if hasattr(os, "getuid") else "user"
+    fallback = Path(tempfile.gettempdir()) / f"tuner-cache-{uid}" / key
+    if _own_folder(fallback):
+        return fallback
+    raise TunerError(f"no folder to build the native runtime in: neither {cache} nor {fallback} can be written "
+                     f"(pass --build-dir DIR, or set $XDG_CACHE_HOME to a writable folder)")
+
+
+def __getattr__(name):
+    if name == "BUILD":  # once a constant (the checkout's build/native); now where this install builds
+        return default_build_dir()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def build(target: str = "host", build_dir=None, quiet: bool = True, ndk=None, compiler=None) -> dict:
     """Build the native runtime and the device agent for ``target`` and return the paths: for ``host`` (this
     machine, with its gcc; incremental, make) ``{"library", "tuner_run", "tuner_run_asan", "agent",
     "agent_asan"}``; for a cross target (:data:`CROSS`) ``{"library", "tuner_run", "agent"}`` in
-    build/native/<target>/ (no ASan builds), built with ``zig cc`` (``zig`` on PATH or the ``ziglang``
+    ``default_build_dir()/<target>/`` (no ASan builds), built with ``zig cc`` (``zig`` on PATH or the ``ziglang``
     package), else for ``linux-arm64`` Debian's ``aarch64-linux-gnu-gcc``, or for ``android-arm64`` the NDK's
     clang (``ndk``: the NDK's directory, default ``$ANDROID_NDK_HOME``). ``compiler`` (``"zig"`` or ``"gcc"``)
-    picks one of the first two. Push the Android agent with ``TUNER_AGENT_ANDROID=PATH`` (adb:// finds
-    build/native/android-arm64/tuner-agent by itself)."""
+    picks one of the first two. ``build_dir``: where, instead of :func:`default_build_dir` (and its
+    ``<target>/``). Push the Android agent with ``TUNER_AGENT_ANDROID=PATH`` (adb:// finds
+    ``default_build_dir()/android-arm64/tuner-agent`` by itself)."""
     if target != "host":
         return _cross_build(target, build_dir, ndk, compiler)
-    if not (NATIVE / "Makefile").is_file():
-        raise TunerError(f"no native sources at {NATIVE} (the native runtime is built from a source checkout)")
+    _check_sources()
     for tool in ("make", os.environ.get("CC", "gcc")):
         if shutil.which(tool) is None:
             raise TunerError(f"building the native runtime needs {tool!r} on PATH")
-    out = Path(build_dir) if build_dir is not None else BUILD
+    # make runs in NATIVE: a relative --build-dir is the caller's, so it is made absolute here
+    out = Path(build_dir).resolve() if build_dir is not None else default_build_dir()
+    if build_dir is None and out != ROOT / "build" / "native":
+        try:
+            _make_folders(out)  # a cache folder: this user's alone
+        except OSError as e:
+            raise TunerError(f"cannot make the native build folder {out}: {e.strerror or e}") from None
     cmd = ["make", "-C", str(NATIVE), f"BUILD={out}", f"-j{min(4, os.cpu_count() or 1)}"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -91,6 +174,12 @@ def build(target: str = "host", build_dir=None, quiet: bool = True, ndk=None, co
     if missing:
         raise TunerError(f"native build finished without {', '.join(missing)}")
     return {k: str(p) for k, p in paths.items()}
+
+
+def _check_sources() -> None:
+    if not (NATIVE / "Makefile").is_file() or not (NATIVE / "src").is_dir():
+        raise TunerError(f"no native sources at {NATIVE}: this tuner was installed without them (the wheel carries "
+                         f"them as tuner/native_src; a source checkout has native/)")
 
 
 def _zig() -> list | None:
@@ -135,8 +224,9 @@ def _cross_build(target: str, build_dir, ndk, compiler=None) -> dict:
     if target not in CROSS:
         raise TunerError(f"native build target {target!r}: choose host, "
                          + ", ".join(f"{k} ({v[0]})" for k, v in CROSS.items()))
+    _check_sources()
     cc = _cross_cc(target, ndk, compiler)
-    out = (Path(build_dir) if build_dir is not None else BUILD / target)
+    out = (Path(build_dir) if build_dir is not None else default_build_dir() / target)
     obj = out / "obj"
     obj.mkdir(parents=True, exist_ok=True)
     # bionic has pthread in libc and no libpthread
@@ -173,10 +263,14 @@ def _cross_build(target: str, build_dir, ndk, compiler=None) -> dict:
 
 
 def _pyopencl_dir() -> Path | None:
-    spec = importlib.util.find_spec("pyopencl")  # found, not imported: importing it initializes the loader
-    if spec is None or not spec.origin:
+    """pyopencl's package folder, found and not imported: importing it initializes the ICD loader, and tuner
+    imports it only where it runs OpenCL itself."""
+    try:
+        spec = importlib.util.find_spec("pyopencl")  # a top-level name: nothing is imported to find it
+    except (ImportError, ValueError):
         return None
-    return Path(spec.origin).resolve().parent
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    return Path(folders[0]).resolve() if folders else None
 
 
 def bundled_loader() -> Path | None:

@@ -302,8 +302,8 @@ def connect(spec: str):
         return TcpTransport(u.hostname, u.port), opts
     agent = os.environ.get("TUNER_AGENT_ANDROID")
     if not agent:  # what `tuner native build --target android-arm64` writes
-        from tuner.native import BUILD
-        built = BUILD / "android-arm64" / "tuner-agent"
+        from tuner.native import default_build_dir
+        built = default_build_dir() / "android-arm64" / "tuner-agent"
         agent = str(built) if built.is_file() else None
     link = AdbTransport(target or None, agent)
     return link, {**opts, "token": link.token}  # the token it started the agent with

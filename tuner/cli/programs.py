@@ -14,15 +14,18 @@ def native_main(argv=None) -> int:
     ``tuner native env``: print the environment (``NAME=VALUE``) a native program needs for OpenCL here."""
     p = Parser(prog="tuner native", description="the native runtime (C): build it, run it")
     sub = p.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("build", help="build build/native/{libtuner_runtime.so,tuner-run,tuner-agent} and their "
-                                     "ASan builds under asan/")
+    b = sub.add_parser("build", help="build libtuner_runtime.so, tuner-run, tuner-agent and their ASan builds "
+                                     "under asan/, in build/native of a source checkout, else in "
+                                     "~/.cache/tuner/native/VERSION-HASH (the sources: native/, or those the "
+                                     "installed package carries)")
     b.add_argument("--target", default="host", help="host (default), or a cross build (runtime and agent, in "
-                                                     "build/native/TARGET) for " + ", ".join(native.CROSS))
+                                                     "TARGET/ of the build folder) for " + ", ".join(native.CROSS))
     b.add_argument("--compiler", choices=("zig", "gcc"), default=None,
                    help="for a Linux cross target: zig (the default where present) or Debian's cross gcc ("
                         + ", ".join(v[0] for v in native.GCC_CROSS.values()) + ")")
     b.add_argument("--ndk", default=None, help="the Android NDK's directory (--target android-arm64)")
-    b.add_argument("--build-dir", default=None, help="where (default build/native)")
+    b.add_argument("--build-dir", default=None, help="where (default: build/native in a source checkout this user "
+                                                      "can write, else ~/.cache/tuner/native/VERSION-HASH)")
     sub.add_parser("env", help="print the OpenCL environment a native program needs here")
     args = p.parse_args(argv)
     try:
