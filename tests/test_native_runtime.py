@@ -388,3 +388,63 @@ def test_signed_artifacts_verify_in_both_runtimes(native, cl_env, models, artifa
     _reseal(bad)
     assert _tuner_run(native, cl_env, "--check", bad).returncode == 0
     both(key, bad, "changed after it was signed")
+
+
+@pytest.fixture
+def conv_artifact(conv3x3_onnx, tmp_path):
+    """A one-convolution artifact for PoCL (or the CPU runtime that builds here), fallback configs."""
+    import warnings
+
+    import tuner
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # FallbackConfigWarning
+        return Path(tuner.compile_model(conv3x3_onnx(8), device=CPU, scope="buffer").save(tmp_path / "conv"))
+
+
+def _default_opencl_paths() -> list:
+    """tcl_default_paths of native/src/opencl.c, in order."""
+    src = (ROOT / "native" / "src" / "opencl.c").read_text()
+    return re.findall(r'"([^"]+)"', src.split("tcl_default_paths[] = {", 1)[1].split("NULL}", 1)[0])
+
+
+def test_no_opencl_library_names_what_was_tried_and_the_fix(native, conv_artifact, tmp_path):
+    """Issue 39: on a host whose OpenCL comes from Python wheels, tuner-run started without `tuner native env`
+    found no library and said so in Android's paths only. One error, exit status 2: every path tried with
+    dlopen's reason, TUNER_OPENCL_LIB, and the line that sets it up."""
+    import ctypes
+    try:
+        ctypes.CDLL("libOpenCL.so.1")
+        pytest.skip("a system OpenCL loader is installed: tuner-run finds it without TUNER_OPENCL_LIB")
+    except OSError:
+        pass
+    paths = _default_opencl_paths()
+    assert paths[0] == "libOpenCL.so.1" and "/system/lib/libOpenCL.so" in paths
+    missing = tmp_path / "no" / "libOpenCL.so.1"
+    base = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    for env, first in ((base, "$TUNER_OPENCL_LIB: not set"),
+                       ({**base, "TUNER_OPENCL_LIB": str(missing)}, f"$TUNER_OPENCL_LIB={missing}: cannot open")):
+        for args, asan in (([conv_artifact, "--bench", 1], False), (["--devices"], False),
+                           ([conv_artifact, "--bench", 1], True)):
+            r = _tuner_run(native, None, *args, env=env, asan=asan)
+            err = r.stderr
+            assert r.returncode == 2 and r.stdout == "" and err.count("error: ") == 1, (args, err)
+            assert err.startswith("error: no OpenCL library could be loaded; tried:\n  " + first), err
+            for path in paths:
+                assert f"\n  {path}: cannot open shared object file" in err, (path, err)
+            assert err.rstrip().endswith("""eval "$(tuner native env | sed 's/^/export /')\"""") and \
+                "set TUNER_OPENCL_LIB to" in err, err
+            assert "ERROR: AddressSanitizer" not in err
+
+
+def test_the_agent_without_opencl_names_what_was_tried(native, tmp_path):
+    """The agent shares the loader: `exec://` with a TUNER_OPENCL_LIB that names nothing reports one error with
+    the paths tried and the fix, not the Android hint (an agent built for Android gives its own)."""
+    missing = tmp_path / "libOpenCL.so.1"
+    r = subprocess.run([sys.executable, "-m", "tuner", "devices", "--device", f"exec://{native['agent']}"],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                       env={**os.environ, "TUNER_OPENCL_LIB": str(missing)})
+    err = r.stderr
+    assert r.returncode == 2 and err.count("error: ") == 1 and "Traceback" not in err, err
+    assert "the agent found no OpenCL device: no OpenCL library could be loaded; tried:" in err, err
+    assert f"$TUNER_OPENCL_LIB={missing}: cannot open shared object file" in err and "tuner native env" in err
+    assert "on Android set" not in err

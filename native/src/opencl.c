@@ -72,19 +72,25 @@ static const struct {
     OPT(EnqueueUnmapMemObject, clEnqueueUnmapMemObject),
 };
 
+/* dlerror() names the file first ("PATH: cannot open shared object file: ..."); the path is listed already. */
+static const char *without_path(const char *msg, const char *path) {
+    size_t n = strlen(path);
+    return strncmp(msg, path, n) == 0 && msg[n] == ':' && msg[n + 1] == ' ' ? msg + n + 2 : msg;
+}
+
 static int try_load(tcl_api *api, const char *path, char *why, size_t whylen) {
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     size_t i;
     if (!h) {
         const char *e = dlerror();
-        snprintf(why, whylen, "%s", e ? e : "dlopen failed");
+        snprintf(why, whylen, "%s", e ? without_path(e, path) : "dlopen failed");
         return 0;
     }
     memset(api, 0, sizeof *api);
     for (i = 0; i < sizeof SYMBOLS / sizeof SYMBOLS[0]; i++) {
         void *f = dlsym(h, SYMBOLS[i].symbol);
         if (!f && SYMBOLS[i].required) {
-            snprintf(why, whylen, "%s: no %s (an ICD driver must be loaded through an ICD loader)", path,
+            snprintf(why, whylen, "loaded, but it has no %s (an ICD driver must be loaded through an ICD loader)",
                      SYMBOLS[i].symbol);
             dlclose(h);
             return 0;
@@ -93,12 +99,12 @@ static int try_load(tcl_api *api, const char *path, char *why, size_t whylen) {
         memcpy((char *)api + SYMBOLS[i].offset, &f, sizeof f);
     }
     if (!api->CreateCommandQueue && !api->CreateCommandQueueWithProperties) {
-        snprintf(why, whylen, "%s: no clCreateCommandQueue", path);
+        snprintf(why, whylen, "loaded, but it has no clCreateCommandQueue");
         dlclose(h);
         return 0;
     }
     if (!api->CreateImage && !api->CreateImage2D) {
-        snprintf(why, whylen, "%s: no clCreateImage", path);
+        snprintf(why, whylen, "loaded, but it has no clCreateImage");
         dlclose(h);
         return 0;
     }
@@ -107,23 +113,51 @@ static int try_load(tcl_api *api, const char *path, char *why, size_t whylen) {
     return 1;
 }
 
+/* The fix, last in the message (a reader that keeps only the tail of an error still shows it). */
+#ifdef __ANDROID__
+static const char LOAD_HINT[] =
+    "\nset TUNER_OPENCL_LIB to the vendor's OpenCL library (find it with: ls /vendor/lib64 /system/vendor/lib64 "
+    "| grep -i -e opencl -e mali)";
+#else
+static const char LOAD_HINT[] =
+    "\nset TUNER_OPENCL_LIB to the OpenCL ICD loader (libOpenCL.so.1) or a vendor's libOpenCL.so; where OpenCL comes "
+    "from Python wheels (pyopencl, tuner[cpu]), this sets it and the drivers' list (OCL_ICD_VENDORS):\n"
+    "  eval \"$(tuner native env | sed 's/^/export /')\"";
+#endif
+
+/* Appends "\n  LABEL: WHY" to list (cap bytes) while it fits with room to spare for "\n  ..." (then written once). */
+static void add_tried(char *list, size_t cap, size_t *used, int *cut, const char *label, const char *why) {
+    int n;
+    if (*cut) return;
+    n = snprintf(list + *used, cap - *used, "\n  %s: %s", label, why);
+    if (n >= 0 && *used + (size_t)n + 7 <= cap) {
+        *used += (size_t)n;
+        return;
+    }
+    snprintf(list + *used, cap - *used, "\n  ...");
+    *cut = 1;
+}
+
 int tcl_load(tcl_api *api, char *err) {
-    char tried[TNR_ERRLEN] = "", why[512];
+    static const char head[] = "no OpenCL library could be loaded; tried:";
+    char tried[TNR_ERRLEN] = "", why[512], label[600];
     const char *over = getenv("TUNER_OPENCL_LIB");
-    int i;
-    size_t used = 0;
+    /* room for the head and the hint: every path tried is listed, the fix is never cut off */
+    size_t cap = TNR_ERRLEN - sizeof head - sizeof LOAD_HINT, used = 0;
+    int i, cut = 0;
     if (over && *over) {
         if (try_load(api, over, why, sizeof why)) return TNR_OK;
-        used += (size_t)snprintf(tried + used, sizeof tried - used, "\n  $TUNER_OPENCL_LIB=%s: %s", over, why);
+        snprintf(label, sizeof label, "$TUNER_OPENCL_LIB=%s", over);
+        add_tried(tried, cap, &used, &cut, label, why);
+    } else {
+        add_tried(tried, cap, &used, &cut, "$TUNER_OPENCL_LIB", over ? "set but empty" : "not set");
     }
     for (i = 0; tcl_default_paths[i]; i++) {
         if (try_load(api, tcl_default_paths[i], why, sizeof why)) return TNR_OK;
-        if (used < sizeof tried)
-            used += (size_t)snprintf(tried + used, sizeof tried - used, "\n  %s: %s", tcl_default_paths[i], why);
+        add_tried(tried, cap, &used, &cut, tcl_default_paths[i], why);
     }
     memset(api, 0, sizeof *api);
-    return tnr_fail(err, TNR_E_OPENCL, "no OpenCL library could be loaded (set TUNER_OPENCL_LIB to one); tried:%s",
-                    tried);
+    return tnr_fail(err, TNR_E_OPENCL, "%s%s%s", head, tried, LOAD_HINT);
 }
 
 void tcl_unload(tcl_api *api) {

@@ -167,7 +167,8 @@ typedef struct tcl_api {
 } tcl_api;
 
 /* The library search list, in order: $TUNER_OPENCL_LIB, libOpenCL.so.1, libOpenCL.so, then Android's vendor
- * paths. Loads the first that defines clGetPlatformIDs and every required entry point. */
+ * paths. Loads the first that defines clGetPlatformIDs and every required entry point; else err lists every
+ * path tried with dlopen's reason, then how to set TUNER_OPENCL_LIB (`tuner native env`). */
 extern const char *const tcl_default_paths[];
 int tcl_load(tcl_api *api, char *err);
 void tcl_unload(tcl_api *api);

@@ -92,6 +92,8 @@ class AgentRuntime(Runtime):
             devices = hello.get("devices") or []
             if not devices:
                 why = hello.get("opencl_error") or hello.get("opencl_library") or "no OpenCL library"
+                if "TUNER_OPENCL_LIB" in why:  # the loader's error: every path it tried, and the fix
+                    raise TunerError(f"{self.link.name}: the agent found no OpenCL device: {why}")
                 raise TunerError(f"{self.link.name}: the agent found no OpenCL device ({why}); on Android set "
                                  f"TUNER_OPENCL_LIB for the agent to the vendor's libOpenCL.so")
             want = opts.get("device")
