@@ -167,6 +167,9 @@ def damaged_artifacts(good_dir, tmp_path) -> list:
     (d / "kernels" / kernels[0]).symlink_to(outside)
     cases.append(("kernel_a_symlink", d, kernels[0]))
     edit("written_argument_passed_twice", _alias_a_written_argument)
+    # a terminal escape in a string tuner-run --profile prints (config_source: known kinds, printable, bounded)
+    edit("config_source_escape", lambda g: next(n for n in g["nodes"] if n.get("template")).__setitem__(
+        "config_source", "tuned\x1b]0;owned\x07"))
     d = _copy(good, root / "param_shrunk")  # issue 36: a weight blob shrunk, params.bin cut to match, resealed
     _shrink_last_param(d)
     cases.append(("param_shrunk", d, "graph.json"))

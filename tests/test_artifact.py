@@ -46,7 +46,7 @@ AIMED = {
     "duplicate_key": "appears twice", "nan_literal": "NaN is not JSON", "trailing_comma": "is not valid JSON",
     "float_in_a_shape": "must be an integer", "kernel_with_nul": "not text", "kernel_a_symlink": "symbolic link",
     "written_argument_passed_twice": "is written and also passed",
-    "param_shrunk": "is smaller than parameter",
+    "param_shrunk": "is smaller than parameter", "config_source_escape": "config_source must be",
 }
 
 

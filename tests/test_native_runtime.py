@@ -390,6 +390,47 @@ def test_signed_artifacts_verify_in_both_runtimes(native, cl_env, models, artifa
     both(key, bad, "changed after it was signed")
 
 
+def test_profile_prints_the_config_source_the_artifact_records(native, cl_env, conv3x3_onnx, device, tmp_path,
+                                                               capsys):
+    """Issue 39: a layer whose config came from a sibling GPU's records is not labelled "fallback": both
+    runtimes' --profile print config_source as the artifact records it."""
+    import dataclasses
+    import json
+    import warnings
+
+    import tuner
+    from tuner.cli import main
+    from tuner.compile.compiler import model_tasks
+    from tuner.logs.record import Record
+    model = conv3x3_onnx(16)
+    a = dataclasses.replace(device.info, name="Family X200", max_work_group_size=1024)
+    b = dataclasses.replace(device.info, name="Family X100", max_work_group_size=64)
+    task = next(t for t in model_tasks(model, b, scope="buffer") if t.template == "conv2d")
+    cfg = task.tmpl.fallback_with(task.workload, b, **task.knobs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # SiblingConfigWarning: said here on purpose
+        mod = tuner.compile_model(model, log=[Record.new(task.template, task.workload, cfg, a, costs=[1e-4])],
+                                  target=b.to_dict(), scope="buffer", transfer_from=[a.fingerprint])
+    want = f"sibling {a.fingerprint}"
+    assert [n.config_source for n in mod.spec.nodes if n.template] == [want]
+    art = Path(mod.save(tmp_path / "art"))
+    r = _tuner_run(native, cl_env, art, "--device", CPU, "--profile", "--bench", 1)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    head = next(line for line in lines if line.startswith("node "))
+    assert head.split()[-1] == "config" and "fallback" not in r.stdout
+    row = next(line for line in lines if line.startswith("conv "))
+    assert row.endswith("  " + want), row
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # TargetMismatchWarning: compiled for b, run here
+        assert main(["run", str(art), "--device", CPU, "--profile", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert any(line.startswith("conv ") and line.endswith("  " + want) for line in out.splitlines()), out
+    assert "fallback" not in out
+    assert [r["config_source"] for r in json.loads((art / "profile.json").read_text())["rows"]
+            if r["template"]] == [want]
+
+
 @pytest.fixture
 def conv_artifact(conv3x3_onnx, tmp_path):
     """A one-convolution artifact for PoCL (or the CPU runtime that builds here), fallback configs."""

@@ -251,6 +251,8 @@ def _columns_aligned(table: str, cells: list, right: set) -> None:
     for line, row in zip(lines[1:], cells):
         assert len(row) == len(cols)
         for (start, end), value in zip(cols, row):
+            if value == "" and start >= len(line):  # a glue kernel's config, the last column: the line ends
+                continue
             if right and (start, end) in [cols[k] for k in right]:
                 assert line[:end].endswith(value) and (end == len(line) or line[end] == " "), (line, value)
             else:
@@ -278,9 +280,10 @@ def test_profile_table_is_aligned_and_labels_storage(device, tmp_path, capsys):
     print_profile(prof, file=buf)
     table = buf.getvalue()
     assert "a/very/long/node/name/that/is/wider/than/the/column" in table and " storage " in table
-    cells = [(r["node"], r["op"], r["storage"], r["scopes"], ("tuned" if r["tuned"] else "fallback") if r["template"]
-              else "", f"{r['median_s'] * 1e3:.3f}", f"{r['gflops']:.3g}" if r["gflops"] else "-") for r in prof["rows"]]
-    _columns_aligned(table, cells, right={5, 6})
+    cells = [(r["node"], r["op"], r["storage"], r["scopes"], f"{r['median_s'] * 1e3:.3f}",
+              f"{r['gflops']:.3g}" if r["gflops"] else "-",
+              ("tuned" if r["tuned"] else "fallback") if r["template"] else "") for r in prof["rows"]]
+    _columns_aligned(table, cells, right={4, 5})
 
 
 def test_run_profile_writes_storage_labels(tmp_path, device, capsys):

@@ -98,8 +98,14 @@ const char *tnr_node_name(const tnr_runtime *rt, int i);
 const char *tnr_node_op(const tnr_runtime *rt, int i);
 const char *tnr_node_template(const tnr_runtime *rt, int i); /* "" for a glue kernel */
 double tnr_node_flops(const tnr_runtime *rt, int i);
-/* 1 when the node's config came from a tuning log, 0 for a fallback or a glue kernel. */
+/* 1 when the node's config is the log's best for its exact task on this device (config source "tuned"), 0 for
+ * any other source or a glue kernel. */
 int tnr_node_tuned(const tnr_runtime *rt, int i);
+/* Where a tuned layer's config came from, as the artifact records it (`config_source`, checked on load): "tuned",
+ * "sibling <fingerprint>" (a named sibling device's record), "transferred from <workload>" (a nearby tuned
+ * workload's), "predicted: config of <workload>" (the cost model's pick) or "fallback"; "tuned" or "fallback"
+ * from the tuned flag where the artifact records none; "" for a glue kernel. */
+const char *tnr_node_config_source(const tnr_runtime *rt, int i);
 /* "texture", "buffer" or "mixed": the storage of the node's kernel arguments. */
 const char *tnr_node_storage(const tnr_runtime *rt, int i);
 /* Per-node kernel time from OpenCL profiling events (a queue with profiling, used only here): the median

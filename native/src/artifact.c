@@ -251,10 +251,43 @@ typedef struct {
     char *err;
 } rd;
 
+int tnr_config_source_ok(const char *s) {
+    static const char *const exact[] = {"tuned", "fallback"};
+    static const char *const prefix[] = {"sibling ", "transferred from ", "predicted: config of "};
+    const unsigned char *c;
+    size_t n, k;
+    if (!s) return 0;
+    n = strlen(s);
+    if (n > TNR_CONFIG_SOURCE_MAX) return 0;
+    /* shown on a terminal: no control characters (C0, DEL, and C1 as UTF-8 encodes them) */
+    for (c = (const unsigned char *)s; *c; c++)
+        if (*c < 0x20 || *c == 0x7f || (*c == 0xc2 && c[1] >= 0x80 && c[1] <= 0x9f)) return 0;
+    for (k = 0; k < sizeof exact / sizeof exact[0]; k++)
+        if (!strcmp(s, exact[k])) return 1;
+    for (k = 0; k < sizeof prefix / sizeof prefix[0]; k++) {
+        size_t m = strlen(prefix[k]);
+        if (n > m && !strncmp(s, prefix[k], m)) return 1;
+    }
+    return 0;
+}
+
 static const char *shown(const tj_value *v, char *buf, size_t n) {
     if (!v) return "nothing";
     switch (v->type) {
-    case TJ_STRING: snprintf(buf, n, "'%.50s%s'", v->s, v->len > 50 ? "..." : ""); break;
+    case TJ_STRING: {
+        /* 50 bytes at most, control characters as \xNN (C1 ones as UTF-8 encodes them): a message goes to a terminal */
+        const unsigned char *c = (const unsigned char *)v->s;
+        size_t used = 0, k;
+        used += (size_t)snprintf(buf, n, "'");
+        for (k = 0; k < v->len && k < 50 && used + 8 < n; k++) {
+            if (c[k] < 0x20 || c[k] == 0x7f || (c[k] == 0xc2 && k + 1 < v->len && c[k + 1] >= 0x80 && c[k + 1] <= 0x9f))
+                used += (size_t)snprintf(buf + used, n - used, "\\x%02x", c[k] == 0xc2 ? c[++k] : c[k]);
+            else
+                buf[used++] = (char)c[k];
+        }
+        snprintf(buf + used, n - used, "%s'", k < v->len ? "..." : "");
+        break;
+    }
     case TJ_NUMBER:
         if (v->is_int) snprintf(buf, n, "%lld", (long long)v->i);
         else snprintf(buf, n, "%g", v->d);
@@ -597,8 +630,16 @@ static int read_graph(tnr_artifact *a, tj_value *g, raw_strings *raw, char *err)
         if ((rc = get_str(&r, n, "name", p, &node->name)) || (rc = get_str(&r, n, "op", p, &node->op)) ||
             (rc = get_str(&r, n, "source", p, &node->source)) ||
             (rc = get_opt_str(&r, n, "template", p, &node->template_name)) || (rc = get_opt_obj(&r, n, "workload", p)) ||
-            (rc = get_opt_obj(&r, n, "scopes", p)) || (rc = get_opt_obj(&r, n, "config", p)))
+            (rc = get_opt_obj(&r, n, "scopes", p)) || (rc = get_opt_obj(&r, n, "config", p)) ||
+            (rc = get_opt_str(&r, n, "config_source", p, &node->config_source)))
             return rc;
+        if (node->config_source && !tnr_config_source_ok(node->config_source)) {
+            char b[96];
+            return graph_fail(a, err, "%s.config_source must be tuned, fallback, 'sibling <fingerprint>', "
+                              "'transferred from <workload>' or 'predicted: config of <workload>' (printable, at most "
+                              "%d bytes), got %s", p, TNR_CONFIG_SOURCE_MAX,
+                              shown(tnr_json_get(n, "config_source"), b, sizeof b));
+        }
     }
     /* entries */
     v = get(&r, g, "entries", "", &rc);

@@ -55,6 +55,7 @@ typedef struct {
 
 typedef struct {
     const char *name, *op, *source, *template_name;
+    const char *config_source; /* where a tuned layer's config came from (see tnr_config_source_ok), or NULL */
     double flops;
     int tuned;
     int source_index; /* into sources */
@@ -99,5 +100,10 @@ int tnr_artifact_load(const char *dir, tnr_artifact **out, char *err);
 int tnr_artifact_check_limits(const tnr_artifact *a, const tnr_limits *lim, const char *device_name, char *err);
 void tnr_artifact_free(tnr_artifact *a);
 size_t tnr_dtype_size(int dtype);
+/* Whether s is a config_source the compiler writes: "tuned", "fallback", or "sibling <fingerprint>",
+ * "transferred from <workload>", "predicted: config of <workload>" (tuner/compile/compiler.py CONFIG_SOURCES),
+ * at most TNR_CONFIG_SOURCE_MAX bytes, no control characters. */
+#define TNR_CONFIG_SOURCE_MAX 512
+int tnr_config_source_ok(const char *s);
 
 #endif

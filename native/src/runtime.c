@@ -479,6 +479,14 @@ double tnr_node_flops(const tnr_runtime *rt, int i) { return rt && i >= 0 && i <
 
 int tnr_node_tuned(const tnr_runtime *rt, int i) { return rt && i >= 0 && i < rt->a->nnodes ? rt->a->nodes[i].tuned : 0; }
 
+const char *tnr_node_config_source(const tnr_runtime *rt, int i) {
+    const tnr_node *n;
+    if (!rt || i < 0 || i >= rt->a->nnodes) return NULL;
+    n = &rt->a->nodes[i];
+    if (!n->template_name) return "";
+    return n->config_source ? n->config_source : n->tuned ? "tuned" : "fallback";
+}
+
 const char *tnr_node_storage(const tnr_runtime *rt, int i) {
     int j, k, tex = 0, buf = 0;
     if (!rt || i < 0 || i >= rt->a->nnodes) return NULL;

@@ -269,16 +269,16 @@ static int run_main(int argc, char **argv) {
                     l2 = (int)strlen(tnr_node_storage(rt, k)), l3 = (int)strlen(tnr_node_template(rt, k));
                 w0 = l0 > w0 ? l0 : w0, w1 = l1 > w1 ? l1 : w1, w2 = l2 > w2 ? l2 : w2, w3 = l3 > w3 ? l3 : w3;
             }
-            printf("%-*s  %-*s  %-*s  %-*s  %-8s  %9s  %9s\n", w0, "node", w1, "op", w2, "storage", w3, "template", "config",
-                   "ms", "GFLOP/s");
+            /* config last: where the config came from, as the artifact records it ("transferred from <workload>") */
+            printf("%-*s  %-*s  %-*s  %-*s  %9s  %9s  %s\n", w0, "node", w1, "op", w2, "storage", w3, "template", "ms",
+                   "GFLOP/s", "config");
             for (k = 0; k < nn; k++) {
                 char gf[32] = "-";
                 double fl = tnr_node_flops(rt, k);
-                const char *tpl = tnr_node_template(rt, k);
+                const char *src = tnr_node_config_source(rt, k); /* "" for a glue kernel */
                 if (fl > 0 && ns[k] > 0) snprintf(gf, sizeof gf, "%.3g", fl / ns[k] / 1e9);
-                printf("%-*s  %-*s  %-*s  %-*s  %-8s  %9.3f  %9s\n", w0, tnr_node_name(rt, k), w1, tnr_node_op(rt, k), w2,
-                       tnr_node_storage(rt, k), w3, tpl, *tpl ? (tnr_node_tuned(rt, k) ? "tuned" : "fallback") : "",
-                       ns[k] * 1e3, gf);
+                printf("%-*s  %-*s  %-*s  %-*s  %9.3f  %9s%s%s\n", w0, tnr_node_name(rt, k), w1, tnr_node_op(rt, k), w2,
+                       tnr_node_storage(rt, k), w3, tnr_node_template(rt, k), ns[k] * 1e3, gf, *src ? "  " : "", src);
                 total += ns[k];
             }
             printf("kernels %.3f ms, end to end %.3f ms\n", total * 1e3, lat * 1e3);

@@ -12,10 +12,24 @@ from tuner.errors import TunerError
 FORMAT = "tuner-artifact"
 VERSION = 3
 PARAM_ALIGN = 64  # bytes: every param starts at a multiple of it in params.bin
+# a tuned layer's config_source (tuner.compile.compiler.CONFIG_SOURCES): one of these, or one of these and a name
+CONFIG_SOURCE_EXACT = ("tuned", "fallback")
+CONFIG_SOURCE_PREFIXES = ("sibling ", "transferred from ", "predicted: config of ")
+CONFIG_SOURCE_MAX = 512  # bytes of UTF-8 (native/src/artifact.h TNR_CONFIG_SOURCE_MAX)
 
 
 class ArtifactError(TunerError):
     """A damaged or inconsistent artifact: the message names the file (and field) and how to get a good one."""
+
+
+def config_source_ok(s: str) -> bool:
+    """Whether ``s`` is a config_source the compiler writes: ``tuned``, ``fallback``, or ``sibling``,
+    ``transferred from`` or ``predicted: config of`` and a name; at most CONFIG_SOURCE_MAX bytes, and no control
+    character (it is printed on terminals: an artifact is untrusted input). tuner-run checks the same."""
+    if len(s.encode("utf-8", "surrogatepass")) > CONFIG_SOURCE_MAX or any(
+            ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in s):
+        return False
+    return s in CONFIG_SOURCE_EXACT or any(s.startswith(p) and len(s) > len(p) for p in CONFIG_SOURCE_PREFIXES)
 
 
 @dataclass
@@ -49,8 +63,10 @@ class Node:
     workload: dict | None = None
     scopes: dict | None = None
     config: dict | None = None
-    tuned: bool = False  # the config came from a log (not the fallback)
-    config_source: str | None = None  # "tuned", "transferred from <workload>" or "fallback" (tuned layers)
+    tuned: bool = False  # the config is the log's best for this exact task on this device
+    # tuned layers: "tuned", "sibling <fingerprint>", "transferred from <workload>", "predicted: config of
+    # <workload>" or "fallback" (config_source_ok)
+    config_source: str | None = None
 
 
 @dataclass
@@ -170,10 +186,14 @@ class _Reader:
         if not isinstance(tuned, bool):
             self.fail(p + ".tuned", "true or false", tuned)
         opt_obj = lambda k: None if n.get(k) is None else self.obj(n[k], f"{p}.{k}")  # noqa: E731
+        source = self.opt_str(n.get("config_source"), p + ".config_source")
+        if source is not None and not config_source_ok(source):
+            self.fail(p + ".config_source", "tuned, fallback, 'sibling <fingerprint>', 'transferred from <workload>' "
+                      f"or 'predicted: config of <workload>' (printable, at most {CONFIG_SOURCE_MAX} bytes)", source)
         return Node(self.str_(self.get(n, "name", p), p + ".name"), self.str_(self.get(n, "op", p), p + ".op"),
                     self.str_(self.get(n, "source", p), p + ".source"), calls, flops,
                     self.opt_str(n.get("template"), p + ".template"), opt_obj("workload"), opt_obj("scopes"),
-                    opt_obj("config"), tuned, self.opt_str(n.get("config_source"), p + ".config_source"))
+                    opt_obj("config"), tuned, source)
 
     def call(self, c, p) -> Call:
         self.obj(c, p)

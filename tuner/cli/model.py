@@ -112,15 +112,25 @@ def _print_plan_choice(mod) -> None:
         print(f"--scope auto: whole plans timed on the device{by} ({times}); kept the {mod.plan_kept} plan")
 
 
+def config_source_of(node) -> str | None:
+    """Where a tuned layer's config came from, as the artifact records it (``config_source``: tuned, sibling
+    <fingerprint>, transferred from <workload>, predicted: config of <workload>, fallback); None for glue."""
+    if not node.template:
+        return None
+    return node.config_source or ("tuned" if node.tuned else "fallback")
+
+
 def print_profile(prof: dict, file=None) -> None:
-    """The per-layer table, every column as wide as its widest cell (text left, numbers right)."""
+    """The per-layer table, every column as wide as its widest cell (text left, numbers right); last, where each
+    tuned layer's config came from (a row's ``config_source``, as ``tuner-run --profile`` prints it)."""
     file = file if file is not None else sys.stdout  # looked up now: sys.stdout may have been replaced
-    head = ("node", "op", "storage", "scopes", "config", "ms", "GFLOP/s")
-    rows = [(r["node"], r["op"], r.get("storage", ""), r["scopes"],
-             ("tuned" if r["tuned"] else "fallback") if r["template"] else "", f"{r['median_s'] * 1e3:.3f}",
-             f"{r['gflops']:.3g}" if r["gflops"] else "-") for r in prof["rows"]]
+    head = ("node", "op", "storage", "scopes", "ms", "GFLOP/s", "config")
+    rows = [(r["node"], r["op"], r.get("storage", ""), r["scopes"], f"{r['median_s'] * 1e3:.3f}",
+             f"{r['gflops']:.3g}" if r["gflops"] else "-",
+             r.get("config_source") or (("tuned" if r["tuned"] else "fallback") if r["template"] else ""))
+            for r in prof["rows"]]
     widths = [max(len(str(x[i])) for x in (head, *rows)) for i in range(len(head))]
-    right = {5, 6}
+    right = {4, 5}
     for x in (head, *rows):
         print("  ".join(f"{str(c):>{w}}" if i in right else f"{str(c):<{w}}" for i, (c, w) in
                         enumerate(zip(x, widths))).rstrip(), file=file)
@@ -226,6 +236,9 @@ def cmd_run(args) -> int:
     print(f"{mod.device.info.name}: median latency {statistics.median(costs) * 1e3:.3f} ms over {args.repeat} runs")
     if args.profile:
         prof = mod.profile(args.repeat)
+        nodes = {n.name: n for n in mod.spec.nodes}
+        for row in prof["rows"]:  # in the table and profile.json: where each tuned layer's config came from
+            row.setdefault("config_source", config_source_of(nodes[row["node"]]))
         print_profile(prof)
         try:
             # beside, then renamed over it: a profile.json that is a link is replaced, never written through
