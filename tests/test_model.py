@@ -331,6 +331,26 @@ def test_demo_runs_the_whole_flow(tmp_path, capsys):
     assert main(["demo", "--dir", str(tmp_path), "--trials", "16", "--input-size", "32"]) == 0
     out = capsys.readouterr().out
     assert "max relative error vs onnxruntime" in out and "layers use tuned configs" in out
+    assert "onnxruntime (CPU) latency " in out and "x its speed (ours " in out
+
+
+def test_demo_prints_onnxruntimes_latency_and_the_ratio(tmp_path):
+    """Issue 39: the demo reports onnxruntime's latency on the same input beside ours, and the ratio."""
+    import re
+
+    from tuner.cli.model import onnxruntime_comparison
+    path = str(tmp_path / "m.onnx")
+    onnx.save(TEST_MODELS["mixed"], path)
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    x = sess.get_inputs()[0]
+    feed = {x.name: np.zeros([d if isinstance(d, int) else 1 for d in x.shape], np.float32)}
+    pattern = (r"onnxruntime \(CPU\) latency ([0-9.]+) ms \(median of 3, same input\); ours vs onnxruntime: "
+               r"([0-9.]+)x its speed \(ours (faster|slower)\)")
+    for ours, word in ((1e-7, "faster"), (1e3, "slower")):  # seconds of ours: far below, far above
+        line = onnxruntime_comparison(sess, feed, ours, 3)
+        m = re.fullmatch(pattern, line)
+        assert m and m.group(3) == word and float(m.group(1)) > 0, line
+        assert float(m.group(2)) == pytest.approx(float(m.group(1)) * 1e-3 / ours, rel=0.2, abs=0.006), line
 
 
 def test_tune_registers_model_tasks_for_workers_and_logs_exports(tmp_path, capsys):
