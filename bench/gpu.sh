@@ -31,6 +31,8 @@
 #           bench/_trees/{$TREES} (compute, reduction and glue kernel time, launches; $GLUE_LOGS: more logs) -> glue_<device>.csv/.md
 #   glue_tune  the same models exported, then their reduction tasks tuned ($TRIALS each, 24; until $DEADLINE s)
 #           into $OUT/glue_tuned.jsonl, to append to the device's log under logs/
+#   conv_transpose  bench/conv_transpose.py: ConvTranspose layers as phases against zero insertion, each tuned with
+#           $TRIALS (24) measurements -> conv_transpose_<device>.csv/.md (issue 38)
 #   table   gpu_summary.md from the files under $OUT and the log: per layer against cuDNN and the roofline bound
 # usage: OUT=/tmp/out bench/gpu.sh test tune
 set -uo pipefail
@@ -89,6 +91,9 @@ for stage in "$@"; do
           | grep -v "Warning\|warn(\|siblings =" | tail -12
       done
       python3 "$REPO/bench/glue.py" table --work /tmp/gw --out "$OUT" 2>&1 | tail -20 ;;
+    conv_transpose)
+      python3 "$REPO/bench/conv_transpose.py" --device nvidia --trials "${TRIALS:-24}" --out "$OUT" 2>&1 \
+        | grep -v "Warning\|warn(" | tail -20 ;;
     glue_tune)
       python3 "$REPO/bench/glue.py" export --work /tmp/gw ${GLUE_MODELS:+--models "$GLUE_MODELS"} 2>&1 | grep "exported"
       python3 "$REPO/bench/glue.py" tune --work /tmp/gw --device nvidia --log "$REPO/logs/*.jsonl" --trials "${TRIALS:-24}" \

@@ -4,6 +4,7 @@ in the model's own shape, every output against onnxruntime, in texture, buffer a
 and TopK stay with the caller, who gets what they read."""
 from __future__ import annotations
 
+import os
 import warnings
 
 import numpy as np
@@ -159,3 +160,32 @@ def test_an_ambiguous_cut_is_refused_naming_the_node():
     with pytest.raises(TunerError, match=r"node 'boxes_i' \(Cast\) only feeds the post-processing "
                                          r"\(NonMaxSuppression 'selected', TopK 'top_values'\).*ambiguous"):
         from_onnx(_detector(post_reads_an_integer=True))
+
+
+def test_cli_writes_every_output_in_the_models_shape(device, tmp_path, capsys):
+    import onnx
+
+    from tuner.cli import main
+    onnx.save(MODELS["grid_5d_1d"], tmp_path / "m.onnx")
+    dev = ["--device", os.environ["TUNER_TEST_DEVICE"]] if os.environ.get("TUNER_TEST_DEVICE") else []
+    assert main(["compile", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "art"), *dev]) == 0
+    x = RNG.standard_normal((1, 8, 6, 5)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    want = _ort(MODELS["grid_5d_1d"], {"input": x})
+    assert main(["run", str(tmp_path / "art"), "--input", str(tmp_path / "x.npy"), "--outputs", str(tmp_path / "all"),
+                 "--output", f"flat={tmp_path / 'flat.npy'}", "--repeat", "1"]) == 0
+    said = capsys.readouterr().out
+    assert f"wrote {tmp_path / 'flat.npy'} [360] (output 'flat', 2 of 3)" in said
+    for name, ref in want.items():
+        got = np.load(tmp_path / "all" / f"{name}.npy") if name != "flat" else np.load(tmp_path / "flat.npy")
+        assert got.shape == ref.shape and np.abs(got - ref).max() <= 1e-4 * np.abs(ref).max(), name
+    assert not (tmp_path / "all" / "flat.npy").exists()  # named on its own: written there only
+    assert main(["run", str(tmp_path / "art"), "--output", "nope=y.npy", "--output", "y2.npy", "--repeat", "1"]) == 2
+    assert "the model has no output 'nope'; its outputs are grid, flat, map" in capsys.readouterr().err
+
+
+def test_output_file_names_hold_no_folder():
+    from tuner.cli.model import output_file_name
+    assert output_file_name("scores") == "scores.npy"
+    assert output_file_name("../x/y:z") == "_._x_y_z.npy"
+    assert output_file_name(".hidden") == "_hidden.npy"

@@ -106,6 +106,30 @@ def test_layer_norm_template_writes_zero_padding_lanes(device, rng, shape, scope
     _check(device, k, {"X": x, "G": g, "Bt": bt}, t.reference(wl, {"X": x, "G": g, "Bt": bt}), dtype)
 
 
+D2S = [((1, 12, 3, 4), (2, 2), "DCR", (0, 0), None),  # 3 channels: each lane gathered
+       ((2, 32, 3, 2), (2, 2), "DCR", (1, 0), (4, 3)),  # 8 channels: whole pixels, a window
+       ((1, 18, 4, 3), (3, 2), "CRD", (2, 1), (9, 4)),  # a 3x2 block, CRD, a window
+       ((1, 16, 2, 2), (2, 2), "CRD", (0, 0), None)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("scopes", SCOPES[:3])
+@pytest.mark.parametrize("case", range(len(D2S)))
+def test_depth_to_space_kernel(device, rng, case, scopes, dtype):
+    shape, block, mode, crop, size = D2S[case]
+    k = KM.depth_to_space_kernel(shape, block, mode, crop, size, dtype, *scopes)
+    x = draw(rng, shape, dtype)
+    _check(device, k, {"X": x}, KM.depth_to_space_reference(x, block, mode, crop, size), dtype)
+
+
+def test_depth_to_space_reference_is_onnx_depth_to_space():
+    from onnx.reference.ops.op_depth_to_space import DepthToSpace
+    x = np.random.default_rng(0).standard_normal((2, 36, 3, 4)).astype(np.float32)
+    for mode in ("DCR", "CRD"):
+        want = DepthToSpace.eval(x, blocksize=3, mode=mode)
+        assert np.array_equal(KM.depth_to_space_reference(x, (3, 3), mode).astype(np.float32), want)
+
+
 # -- frontend, passes, whole models ---------------------------------------------------------------------------
 from tuner.zoo import models as zoo, movement as zoo_movement  # noqa: E402
 from tuner.frontend.onnx import from_onnx  # noqa: E402
@@ -158,8 +182,12 @@ def test_channel_shuffle_is_one_gather_and_nhwc_layer_norm_has_no_transpose(with
     assert ops[:2] == ["layer_norm", "relu"]  # the NHWC permutes cancelled around LayerNorm and ReLU
     assert ops.count("transpose") == 1  # the output's (0, 1, 3, 2) then (0, 2, 3, 1), merged into one
     assert [n.attrs["axis"] for n in ln.nodes if n.op == "layer_norm"] == [1, 1]
-    ct = optimize_movement(from_onnx(MODELS["conv_transpose"]))
-    assert [n.op for n in ct.nodes].count("upsample_zeros") == 4  # every one has a stride > 1
+    ct = [n.op for n in optimize_movement(from_onnx(MODELS["conv_transpose"])).nodes]
+    # the strided ones of dilation 1 are their phases, one stacked convolution and an interleave each; the BatchNorm
+    # and ReLU after the first moved before its interleave (into the convolution's epilogue later); the dilated one
+    # keeps zero insertion
+    assert ct.count("depth_to_space") == 3 and ct.count("upsample_zeros") == 1
+    assert ct[:3] == ["conv2d", "batch_norm", "relu"] and ct[3] == "depth_to_space"
 
 
 @pytest.mark.parametrize("name", MOVEMENT)

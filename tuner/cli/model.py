@@ -164,6 +164,42 @@ def _run_inputs(specs, names: list) -> dict:
     return given
 
 
+def output_file_name(name: str) -> str:
+    """The file ``--outputs DIR`` writes a model output to: its name with characters other than letters, digits,
+    ``.``, ``_`` and ``-`` made ``_`` (a name holds no folder, never starts with a dot), then ``.npy``."""
+    safe = "".join(ch if ch.isascii() and (ch.isalnum() or ch in "._-") else "_" for ch in name)
+    return ("_" + safe[1:] if safe.startswith(".") else safe or "_") + ".npy"
+
+
+def _run_outputs(specs, outputs_dir, names: list) -> dict:
+    """``--output Y.npy`` (the first output), ``--output NAME=Y.npy`` (that output; repeatable) and ``--outputs
+    DIR`` (every output, DIR/NAME.npy) -> {output name: Path}, each checked writable before anything runs."""
+    from tuner.cli.args import writable_dir
+    given: dict = {}
+    for s in specs or []:
+        name, sep, path = s.partition("=")
+        if not (sep and name in names):
+            if sep and not os.path.lexists(s) and len(specs) > 1:
+                raise TunerError(f"--output {s!r}: the model has no output {name!r}; its outputs are "
+                                 f"{', '.join(names)}")
+            if len(specs) > 1:
+                raise TunerError(f"--output {s!r} does not say which output it is; with several --output give "
+                                 f"NAME=Y.npy for each (outputs: {', '.join(names)}), or --outputs DIR for all")
+            name, path = names[0], s
+        if name in given:
+            raise TunerError(f"--output {name}=... is given twice")
+        given[name] = writable_file(path, "--output")
+    if outputs_dir is not None:
+        folder = writable_dir(outputs_dir, "--outputs")
+        files = {n: folder / output_file_name(n) for n in names}
+        if len(set(files.values())) < len(files):
+            raise TunerError(f"--outputs {outputs_dir!r}: output names {names} map to the same file name; save them "
+                             "one by one with --output NAME=Y.npy")
+        for n, f in files.items():
+            given.setdefault(n, writable_file(str(f), "--outputs"))
+    return given
+
+
 def _load_npy(path: str, shown: str | None = None) -> np.ndarray:
     """An --input array; ``shown``: the option's value as the messages show it (``NAME=X.npy``)."""
     import io
@@ -207,16 +243,18 @@ def _save_npy(path: Path, array: np.ndarray, flag: str) -> None:
 
 def cmd_run(args) -> int:
     from tuner.runtime.module import load_module
-    out_path = writable_file(args.output, "--output") if args.output else None
+    if args.output and len(args.output) == 1 and "=" not in args.output[0]:  # checked before anything is read
+        writable_file(args.output[0], "--output")
     if args.verify:  # before anything of the artifact is read or built
         from tuner.artifact.signing import read_key, verify
         verify(args.artifact, read_key(args.verify, "--verify"))
     if args.runtime == "native":
-        return _run_native(args, out_path)
+        return _run_native(args)
     mod = load_module(args.artifact, device=args.device)
-    if out_path is not None and not mod.spec.outputs:
+    if (args.output or args.outputs) and not mod.spec.outputs:
         raise TunerError(f"{args.artifact} computes no outputs (its graph lists none): nothing to write to "
-                         f"--output {args.output!r}; recompile a model that has outputs, or leave out --output")
+                         f"--output; recompile a model that has outputs, or leave out --output")
+    writes = _run_outputs(args.output, args.outputs, list(mod.spec.outputs))
     names = list(mod.spec.inputs)
     sources = _run_inputs(args.input, names) if args.input else {}  # checked before anything is built
     st = mod.load_stats
@@ -227,11 +265,11 @@ def cmd_run(args) -> int:
     else:  # a fixed random input, so repeated runs compare
         rng = np.random.default_rng(0)
         xs = {n: rng.standard_normal(mod.spec.entries[n].shape).astype(np.float32) for n in names}
-    outs = mod.run(xs)
-    if out_path is not None:
-        _save_npy(out_path, outs[0], "--output")
-        which = f" (output {mod.spec.outputs[0]!r}, the first of {len(outs)})" if len(outs) > 1 else ""
-        print(f"wrote {out_path} {list(outs[0].shape)}{which}")
+    outs = dict(zip(mod.spec.outputs, mod.run(xs)))
+    for name, path in writes.items():  # each output in the model's own shape
+        _save_npy(path, outs[name], "--output")
+        which = f" (output {name!r}, {list(outs).index(name) + 1} of {len(outs)})" if len(outs) > 1 else ""
+        print(f"wrote {path} {list(outs[name].shape)}{which}")
     costs = mod.time(args.repeat)
     print(f"{mod.device.info.name}: median latency {statistics.median(costs) * 1e3:.3f} ms over {args.repeat} runs")
     if args.profile:
@@ -251,7 +289,7 @@ def cmd_run(args) -> int:
     return 0
 
 
-def _run_native(args, out_path) -> int:
+def _run_native(args) -> int:
     """``tuner run --runtime native``: the artifact run by ``tuner-run`` (native/, no Python in the loop), built
     first if needed, with this host's OpenCL environment; its output and exit status are the command's."""
     import subprocess
@@ -266,8 +304,10 @@ def _run_native(args, out_path) -> int:
     cmd = [str(tool), str(args.artifact), "--bench", str(args.repeat)]
     for item in args.input or []:
         cmd += ["--input", item]
-    if out_path is not None:
-        cmd += ["--output", str(out_path)]
+    for item in args.output or []:
+        cmd += ["--output", item]
+    if args.outputs is not None:
+        cmd += ["--outputs", args.outputs]
     if args.profile:
         cmd.append("--profile")
     if args.verify:
@@ -445,7 +485,9 @@ def register(sub) -> None:
     p.add_argument("artifact", metavar="DIR")
     p.add_argument("--input", action="append", metavar="[NAME=]X.npy", help="input array: X.npy for a model of "
                    "one input, else NAME=X.npy once per input (default: fixed random ones)")
-    p.add_argument("--output", metavar="Y.npy", help="save the first output")
+    p.add_argument("--output", action="append", metavar="[NAME=]Y.npy", help="save an output, in the model's "
+                   "shape: Y.npy the first, NAME=Y.npy that one (repeat for several)")
+    p.add_argument("--outputs", metavar="DIR", help="save every output as DIR/NAME.npy")
     p.add_argument("--repeat", "--bench", type=positive_int, default=20, help="timed runs (default 20)")
     p.add_argument("--profile", action="store_true", help="per-layer table; also written to DIR/profile.json")
     p.add_argument("--runtime", choices=("python", "native"), default="python", help="python: this executor "
