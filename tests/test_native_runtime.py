@@ -489,3 +489,30 @@ def test_the_agent_without_opencl_names_what_was_tried(native, tmp_path):
     assert "the agent found no OpenCL device: no OpenCL library could be loaded; tried:" in err, err
     assert f"$TUNER_OPENCL_LIB={missing}: cannot open shared object file" in err and "tuner native env" in err
     assert "on Android set" not in err
+
+
+def test_every_output_in_the_models_shape(native, cl_env, device, tmp_path):
+    """A detection head's 3-D boxes and scores, a 5-D grid and a 1-D vector: tuner-run writes each output in the
+    model's own shape (--outputs DIR, --output NAME=Y.npy), the head under ASan too, equal to onnxruntime's."""
+    import tuner
+    from test_model_io import MODELS, _ort
+    for name in ("ssd_head", "grid_5d_1d"):
+        model = MODELS[name]
+        art = Path(tuner.compile_model(model, device=CPU, scope="texture").save(tmp_path / name))
+        x = np.random.default_rng(2).standard_normal((1, 8, *((8, 8) if name == "ssd_head" else (6, 5))))
+        np.save(tmp_path / "x.npy", x.astype(np.float32))
+        want = _ort(model, {"input": x.astype(np.float32)})
+        first = next(iter(want))
+        for asan in (False, True) if name == "ssd_head" else (False,):
+            out = tmp_path / f"{name}_{asan}"
+            env = dict(cl_env, ASAN_OPTIONS="detect_leaks=1:exitcode=23", LSAN_OPTIONS=f"suppressions={SUPPRESSIONS}")
+            r = _tuner_run(native, cl_env, art, "--device", CPU, "--input", tmp_path / "x.npy", "--outputs", out,
+                           "--output", f"{first}={tmp_path / 'first.npy'}", "--bench", 1, asan=asan, env=env)
+            assert r.returncode == 0, r.stderr[-3000:]
+            assert f"wrote {tmp_path / 'first.npy'} {list(want[first].shape)} (output '{first}', 1 of {len(want)})" \
+                in r.stdout
+            for t, ref in want.items():
+                got = np.load(tmp_path / "first.npy" if t == first else out / f"{t}.npy")
+                assert got.shape == ref.shape and _rel(got, ref) < 1e-4, (name, t)
+    r = _tuner_run(native, cl_env, art, "--device", CPU, "--output", "a.npy", "--output", "b.npy", "--bench", 1)
+    assert r.returncode == 2 and "--output a.npy does not name an output of the model" in r.stderr

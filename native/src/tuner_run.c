@@ -1,7 +1,7 @@
 /* tuner-run: run a compiled-model artifact with the native runtime.
  *
- *   tuner-run ARTIFACT [--device SPEC] [--input X.npy | --input NAME=X.npy ...] [--output Y.npy]
- *             [--bench N] [--warmup W] [--profile]
+ *   tuner-run ARTIFACT [--device SPEC] [--input X.npy | --input NAME=X.npy ...]
+ *             [--output Y.npy | --output NAME=Y.npy ...] [--outputs DIR] [--bench N] [--warmup W] [--profile]
  *   tuner-run --devices            list the OpenCL devices
  *   tuner-run --check ARTIFACT     make the artifact's checks only (no OpenCL)
  *
@@ -10,15 +10,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../include/tuner_runtime.h"
 #include "npy.h"
 
 #define MAX_INPUTS 64
+#define MAX_OUTPUTS 64
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: tuner-run ARTIFACT [--device SPEC] [--input X.npy | --input NAME=X.npy ...] [--output Y.npy]\n"
+    fprintf(f, "usage: tuner-run ARTIFACT [--device SPEC] [--input X.npy | --input NAME=X.npy ...]\n"
+               "                 [--output Y.npy | --output NAME=Y.npy ...] [--outputs DIR]\n"
                "                 [--bench N] [--warmup W] [--profile] [--verify KEYFILE]\n"
                "       tuner-run --devices\n"
                "       tuner-run --check ARTIFACT\n"
@@ -26,7 +30,9 @@ static void usage(FILE *f) {
                "  --device SPEC   index, or a substring of platform/name/type/fingerprint (default: $TUNER_DEVICE, else the\n"
                "                  device the artifact was compiled for, else the first GPU, PoCL, CPU)\n"
                "  --input         a .npy of float32/float16 per model input (default: a fixed pseudo-random input)\n"
-               "  --output        write the first output as a float32 .npy\n"
+               "  --output        write an output as a float32 .npy in the model's shape: Y.npy the first,\n"
+               "                  NAME=Y.npy that one (repeat for several)\n"
+               "  --outputs DIR   write every output as DIR/NAME.npy (characters other than A-Za-z0-9._- as _)\n"
                "  --bench N       timed whole runs (inputs written, kernels, outputs read; default 10)\n"
                "  --warmup W      untimed runs first (default 2)\n"
                "  --profile       per-node kernel times from OpenCL profiling events\n"
@@ -70,6 +76,19 @@ static void fill(float *x, size_t n, unsigned seed) {
     }
 }
 
+/* The file name --outputs gives output `name`: A-Za-z0-9._- kept, anything else '_', no leading dot, ".npy". */
+static void output_file(const char *dir, const char *name, char *out, size_t len) {
+    size_t used = (size_t)snprintf(out, len, "%s/", dir), i;
+    for (i = 0; name[i] && used + 5 < len; i++) {
+        char c = name[i];
+        int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' ||
+                 (c == '.' && i > 0);
+        out[used++] = ok ? c : '_';
+    }
+    if (!name[0] && used + 5 < len) out[used++] = '_';
+    snprintf(out + used, len - used, ".npy");
+}
+
 static void shape_text(const int64_t *d, int n, char *out, size_t len) {
     size_t used = 0;
     int i;
@@ -79,8 +98,9 @@ static void shape_text(const int64_t *d, int n, char *out, size_t len) {
 }
 
 static int run_main(int argc, char **argv) {
-    const char *artifact = NULL, *device = NULL, *output = NULL, *verify = NULL, *inputs[MAX_INPUTS];
-    int ninputs = 0, bench = 10, warmup = 2, profile = 0, i, rc, nin, nout;
+    const char *artifact = NULL, *device = NULL, *outputs_dir = NULL, *verify = NULL, *inputs[MAX_INPUTS],
+               *outputs[MAX_OUTPUTS];
+    int ninputs = 0, noutputs = 0, bench = 10, warmup = 2, profile = 0, i, rc, nin, nout;
     tnr_runtime *rt = NULL;
     double *times = NULL;
     for (i = 1; i < argc; i++) {
@@ -101,12 +121,16 @@ static int run_main(int argc, char **argv) {
             printf("%s: ok\n", v);
             return 0;
         } else if (!strcmp(a, "--device") || !strcmp(a, "--input") || !strcmp(a, "--output") || !strcmp(a, "--bench") ||
-                   !strcmp(a, "--warmup") || !strcmp(a, "--verify")) {
+                   !strcmp(a, "--warmup") || !strcmp(a, "--verify") || !strcmp(a, "--outputs")) {
             if (!v) return fail("%s needs a value%s", a, "");
             i++;
             if (!strcmp(a, "--device")) device = v;
             else if (!strcmp(a, "--verify")) verify = v;
-            else if (!strcmp(a, "--output")) output = v;
+            else if (!strcmp(a, "--outputs")) outputs_dir = v;
+            else if (!strcmp(a, "--output")) {
+                if (noutputs == MAX_OUTPUTS) return fail("more than 64 --output%s%s", "", "");
+                outputs[noutputs++] = v;
+            }
             else if (!strcmp(a, "--input")) {
                 if (ninputs == MAX_INPUTS) return fail("more than 64 --input%s%s", "", "");
                 inputs[ninputs++] = v;
@@ -216,31 +240,86 @@ static int run_main(int argc, char **argv) {
         }
     }
     if ((rc = tnr_run(rt)) != TNR_OK) goto runtime_error;
-    if (output) {
-        int64_t dims[TNR_MAX_DIMS];
-        int nd = tnr_output_shape(rt, 0, dims), d;
-        size_t n = 1;
-        float *y;
-        char err[2048], shape[256];
-        for (d = 0; d < nd; d++) n *= (size_t)dims[d];
-        y = malloc(n * sizeof *y);
-        if (!y) {
+    if (noutputs || outputs_dir) {
+        /* each output in the model's own shape: --output Y.npy (the first), --output NAME=Y.npy, --outputs DIR */
+        static char paths[MAX_OUTPUTS][4096];
+        const char *where[MAX_OUTPUTS] = {0};
+        int k;
+        if (nout > MAX_OUTPUTS) {
             tnr_close(rt);
-            return fail("out of memory%s%s", "", "");
+            return fail("the model has more than 64 outputs%s%s", "", "");
         }
-        if ((rc = tnr_get_output(rt, 0, y, n)) != TNR_OK) {
+        for (i = 0; i < noutputs; i++) {
+            const char *eq = strchr(outputs[i], '=');
+            int which = -1;
+            if (eq)
+                for (k = 0; k < nout; k++) {
+                    const char *name = tnr_output_name(rt, k);
+                    if (strlen(name) == (size_t)(eq - outputs[i]) && !strncmp(name, outputs[i], (size_t)(eq - outputs[i]))) which = k;
+                }
+            if (which < 0 && noutputs == 1 && nout > 0) which = 0, eq = NULL;
+            if (which < 0) {
+                tnr_close(rt);
+                return fail("--output %s does not name an output of the model: with several --output give NAME=Y.npy "
+                            "for each (or --outputs DIR for all)%s", outputs[i], "");
+            }
+            if (where[which]) {
+                tnr_close(rt);
+                return fail("--output names output '%s' twice%s", tnr_output_name(rt, which), "");
+            }
+            where[which] = eq ? eq + 1 : outputs[i];
+        }
+        if (outputs_dir) {
+            struct stat st;
+            if (mkdir(outputs_dir, 0777) != 0 && errno != EEXIST) {
+                tnr_close(rt);
+                return fail("--outputs %s: cannot create the folder (%s)", outputs_dir, strerror(errno));
+            }
+            if (stat(outputs_dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+                tnr_close(rt);
+                return fail("--outputs %s is not a folder%s", outputs_dir, "");
+            }
+            for (k = 0; k < nout; k++)
+                if (!where[k]) {
+                    int j;
+                    output_file(outputs_dir, tnr_output_name(rt, k), paths[k], sizeof paths[k]);
+                    for (j = 0; j < k; j++)
+                        if (where[j] == paths[j] && !strcmp(paths[j], paths[k])) {
+                            tnr_close(rt);
+                            return fail("--outputs: two outputs map to the file %s; save them one by one with --output "
+                                        "NAME=Y.npy%s", paths[k], "");
+                        }
+                    where[k] = paths[k];
+                }
+        }
+        for (k = 0; k < nout; k++) {
+            int64_t dims[TNR_MAX_DIMS];
+            int nd, d;
+            size_t n = 1;
+            float *y;
+            char err[2048], shape[256];
+            if (!where[k]) continue;
+            nd = tnr_output_shape(rt, k, dims);
+            for (d = 0; d < nd; d++) n *= (size_t)dims[d];
+            y = malloc(n * sizeof *y);
+            if (!y) {
+                tnr_close(rt);
+                return fail("out of memory%s%s", "", "");
+            }
+            if ((rc = tnr_get_output(rt, k, y, n)) != TNR_OK) {
+                free(y);
+                goto runtime_error;
+            }
+            if (tnr_npy_write(where[k], y, dims, nd, err) != TNR_OK) {
+                free(y);
+                tnr_close(rt);
+                return fail("--output %s%s", err, "");
+            }
             free(y);
-            goto runtime_error;
+            shape_text(dims, nd, shape, sizeof shape);
+            if (nout > 1) printf("wrote %s %s (output '%s', %d of %d)\n", where[k], shape, tnr_output_name(rt, k), k + 1, nout);
+            else printf("wrote %s %s\n", where[k], shape);
         }
-        if (tnr_npy_write(output, y, dims, nd, err) != TNR_OK) {
-            free(y);
-            tnr_close(rt);
-            return fail("--output %s%s", err, "");
-        }
-        free(y);
-        shape_text(dims, nd, shape, sizeof shape);
-        if (nout > 1) printf("wrote %s %s (output '%s', the first of %d)\n", output, shape, tnr_output_name(rt, 0), nout);
-        else printf("wrote %s %s\n", output, shape);
     }
     times = malloc((size_t)bench * sizeof *times);
     if (!times) {
