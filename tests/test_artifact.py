@@ -204,3 +204,79 @@ def test_compile_refuses_its_output_before_any_work(built, tmp_path, capsys, mon
     monkeypatch.chdir(tmp_path)
     assert main(["compile", str(built["model"]), "-o", out]) == 2
     assert words in capsys.readouterr().err
+
+
+# -- a device's failure names the node, its kernel file and the launch (issue 39) ---------------------------------
+def _planted_local_size(good: Path, dst: Path) -> tuple:
+    """A copy of ``good`` whose first tuned call with a work-group of more than one item runs with local size
+    [1, 1, 1], the manifest resealed: it divides the global size and fits every device, so every check of the
+    artifact passes, but the kernel's reqd_work_group_size says otherwise and the driver refuses the launch.
+    ``(dir, node name, its kernel file, the call's global size)``."""
+    from artifact_corpus import _copy, _edit_graph
+    d = _copy(good, dst)
+    g = json.loads((d / "graph.json").read_text())
+    node = next(n for n in g["nodes"] if n.get("template") and n["calls"][0]["local_size"] != [1, 1, 1])
+
+    def plant(g):
+        next(n for n in g["nodes"] if n["name"] == node["name"])["calls"][0]["local_size"] = [1, 1, 1]
+    _edit_graph(d, plant)
+    return d, node["name"], node["source"], node["calls"][0]["global_size"]
+
+
+def test_a_launch_the_device_refuses_is_an_error_naming_the_node(built, tmp_path):
+    import subprocess
+    import sys
+
+    from tuner.errors import DeviceError
+    d, name, source, global_size = _planted_local_size(built["buffer"], tmp_path / "local_size_planted")
+    read_artifact(d)  # every check passes: only the driver knows the kernel's required work-group size
+    with pytest.raises(DeviceError) as e:
+        load_module(d).run([np.zeros((1, 3, 32, 32), np.float32)])
+    msg = str(e.value)
+    assert msg.startswith(f"node {name!r} (kernels/{source}), ") and f"global size {global_size}" in msg, msg
+    assert "local size [1, 1, 1]" in msg and "clEnqueueNDRangeKernel" in msg, msg
+    r = subprocess.run([sys.executable, "-m", "tuner", "run", str(d), "--repeat", "1"], capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    err = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
+    assert len(err) == 1 and f"node {name!r} (kernels/{source})" in err[0], r.stderr
+
+
+def _failing_at_wait(device, index: int, foreign: bool = False):
+    """A local OpenCL runtime whose device fails while it runs the ``index``-th launch of a submit: the next wait
+    raises what the runtime raises for a driver's late failure (a DeviceError that carries the launch), or,
+    ``foreign``, an exception of a runtime's own that carries nothing."""
+    from tuner.errors import DeviceError
+    from tuner.runtime.opencl import OpenCLRuntime
+
+    class FailingAtWait(OpenCLRuntime):
+        blamed = None
+
+        def submit(self, launches):
+            super().submit(launches)
+            self.blamed = launches[index]
+
+        def finish(self):
+            super().finish()
+            if self.blamed is not None:
+                if foreign:
+                    raise RuntimeError("CL_OUT_OF_RESOURCES")
+                raise DeviceError(f"waiting for the device on {self.info.name}: clFinish failed: OUT_OF_RESOURCES",
+                                  self.blamed)
+    return FailingAtWait(device)
+
+
+def test_a_launch_that_fails_on_the_device_is_named_at_the_wait(built, device):
+    from tuner.errors import DeviceError
+    spec = read_artifact(built["buffer"])[0]
+    calls = [(n, c) for n in spec.nodes for c in n.calls]
+    node, call = calls[len(calls) // 2]
+    mod = load_module(built["buffer"], device=_failing_at_wait(device, len(calls) // 2))
+    with pytest.raises(DeviceError) as e:
+        mod.time(1, warmup=0)
+    assert str(e.value).startswith(f"node {node.name!r} (kernels/{node.source}), kernel {call.kernel!r} with "
+                                   f"global size {list(call.global_size)} and local size "
+                                   f"{list(call.local_size)}: waiting for the device"), str(e.value)
+    mod = load_module(built["buffer"], device=_failing_at_wait(device, 0, foreign=True))
+    with pytest.raises(DeviceError, match=rf"a run of its {len(calls)} launches .*RuntimeError: CL_OUT_OF_RES"):
+        mod.time(1, warmup=0)

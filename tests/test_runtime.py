@@ -244,6 +244,44 @@ def test_run_queue_has_no_profiling_and_the_profiling_queue_does(dev):
     assert dev.run_queue is dev.run_queue and dev.run_queue.context == dev.context
 
 
+def test_opencl_runtime_errors_are_device_errors_that_name_the_launch(dev, monkeypatch):
+    """OpenCLRuntime turns pyopencl's errors into DeviceErrors (tuner.errors): a launch refused at enqueue
+    carries its handle, and so does one that fails while the device runs it, found at the next wait by its
+    event's error status (here user events stand for the driver's)."""
+    from tuner.errors import DeviceError
+    from tuner.runtime.opencl import OpenCLRuntime
+    rt = OpenCLRuntime(dev)
+    knl = rt.build("__kernel __attribute__((reqd_work_group_size(2, 1, 1))) void two(__global float *o) "
+                   "{ o[get_global_id(0)] = 1.0f; }")
+    out = rt.alloc("global", (4,), np.float32)
+    good = rt.prepare(knl, "two", [out], (4, 1, 1), (2, 1, 1))
+    refused = rt.prepare(knl, "two", [out], (4, 1, 1), (1, 1, 1))  # its reqd_work_group_size says (2, 1, 1)
+    with pytest.raises(DeviceError, match="the launch was refused on .*INVALID_WORK_GROUP_SIZE") as e:
+        rt.submit([good, refused])
+    assert e.value.launch is refused
+    rt.finish()
+    assert rt.download(out).tolist() == [1.0] * 4  # the launch before the refused one ran
+    with pytest.raises(DeviceError, match="setting up kernel 'three'"):
+        rt.prepare(knl, "three", [out], (4, 1, 1), (2, 1, 1))
+
+    done, failed = cl.UserEvent(dev.context), cl.UserEvent(dev.context)
+    done.set_status(cl.command_execution_status.COMPLETE)
+    failed.set_status(-5)  # CL_OUT_OF_RESOURCES, as a kernel that faulted reports it
+    events = iter([done, failed])
+    monkeypatch.setattr(cl, "enqueue_nd_range_kernel", lambda *a: next(events))
+    rt.submit([good, refused])
+
+    def finish():
+        raise cl.RuntimeError("clFinish failed: OUT_OF_RESOURCES")
+    monkeypatch.setattr(rt.device, "finish", finish)
+    with pytest.raises(DeviceError, match="a launch failed while the device ran it") as e:
+        rt.finish()
+    assert e.value.launch is refused
+    with pytest.raises(DeviceError) as e:  # nothing submitted since that wait: no launch to blame
+        rt.finish()
+    assert e.value.launch is None
+
+
 @pytest.mark.parametrize("scope", ["texture", "buffer"])
 def test_model_inputs_and_outputs_staged_in_pinned_memory(conv3x3_onnx, scope, monkeypatch):
     """A model's inputs and outputs go through staging arrays in pinned host memory (one per pool and shape, reused

@@ -20,6 +20,16 @@ class LoweringError(TunerError):
     both read and written by one kernel, ..."""
 
 
+class DeviceError(TunerError):
+    """The device refused or failed a request: an allocation, a copy, a build, a launch, a wait. ``launch``: the
+    launch handle (``Runtime.prepare``'s) it concerns, where the runtime can tell; an executor that knows what the
+    launch runs names it (``tuner.runtime.module``: the node, its kernel file, the global and local sizes)."""
+
+    def __init__(self, message: str, launch=None):
+        super().__init__(message)
+        self.launch = launch
+
+
 class ErrorCode(IntEnum):
     """Why a measurement failed (0: it did not). Stored in every record as ``error_code`` and ``error_name``."""
     NO_ERROR = 0

@@ -7,6 +7,8 @@ reaches a device another way (a device agent over a link, a native library) impl
 and nothing under ``tuner/`` changes for it.
 
 Handles (programs, memory, launches) are opaque to the executor: it only passes back what a method returned.
+A device's failure raises a ``TunerError``: ``CompileError`` for a build, else a ``DeviceError`` that carries the
+launch handle it concerns where the runtime can tell, so the executor can name the node and its kernel file.
 This module imports no OpenCL."""
 from __future__ import annotations
 

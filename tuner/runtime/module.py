@@ -9,7 +9,11 @@ packed parameter), ``w:<key>`` (a scratch workspace of one kernel, e.g. cache_in
 ``graph.json``'s ``device`` records the device the artifact was compiled for, with its whole profile
 (``DeviceInfo.to_dict()``). A module compiled for a target that is not attached is built on its first load
 there; ``load_module`` keeps the built program binaries in ``binaries/<fingerprint>/`` beside the artifact, so
-later starts on that device skip the OpenCL compiler."""
+later starts on that device skip the OpenCL compiler.
+
+A device's failure while a module loads or runs (an allocation, a copy, a build, a launch refused or failed, a
+wait) is a ``TunerError`` that names the node, its kernel file and the launch (kernel, global and local sizes), as
+``tuner-run`` names them: ``tuner run`` prints it as one ``error:`` line and exits 2."""
 from __future__ import annotations
 
 import statistics
@@ -22,7 +26,7 @@ import numpy as np
 from tuner.artifact import (BINARIES, VERSION, ArtifactError, Blob, Call, Entry, ModuleSpec, Node, Param,  # noqa: F401
                             Pool, check_spec, read_artifact, write_artifact)
 from tuner.artifact.store import layout_params
-from tuner.errors import TunerError
+from tuner.errors import CompileError, DeviceError, TunerError
 
 FORMAT_VERSION = VERSION
 
@@ -117,17 +121,72 @@ class Module:
         self.load_stats["seconds"] = time.perf_counter() - t0
         return self
 
+    # -- naming what failed on the device ----------------------------------------------------------------------
+    def _launch_text(self, node_index: int, call: Call) -> str:
+        n = self.spec.nodes[node_index]
+        return (f"node {n.name!r} (kernels/{n.source}), kernel {call.kernel!r} with global size "
+                f"{list(call.global_size)} and local size {list(call.local_size)}")
+
+    def _culprit(self, launch=None, arg: str | None = None, source: str | None = None) -> str:
+        """What a failure concerns: the launch a runtime blamed (one of ``_launches``), else the first call that
+        binds ``arg`` or runs a kernel of ``source``, else the whole run."""
+        i = next((i for i, h in enumerate(getattr(self, "_launches", ())) if h is launch), None) \
+            if launch is not None else None
+        if i is None:
+            i = next((j for j, (k, c) in enumerate(self._calls)
+                      if (arg is not None and arg in c.args) or self.spec.nodes[k].source == source), None)
+        if i is None:
+            return f"a run of its {len(self._calls)} launches (the device did not say which failed)"
+        return self._launch_text(*self._calls[i]) + (f", argument {arg!r}" if arg is not None else "")
+
+    def _on_device(self, fn, *args, arg: str | None = None, **kwargs):
+        """``fn(*args, **kwargs)``, a method of the runtime. A device's failure (a ``DeviceError``, or anything
+        but a TunerError that a runtime lets through) becomes a DeviceError naming the node, its kernel file and
+        the launch: the launch the runtime blamed, else the first that binds ``arg``."""
+        try:
+            return fn(*args, **kwargs)
+        except DeviceError as e:
+            raise DeviceError(f"{self._culprit(e.launch, arg)}: {e}", e.launch) from None
+        except TunerError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a runtime's own exception type: still the device's failure
+            raise DeviceError(f"{self._culprit(None, arg)}: {type(e).__name__}: {e}") from None
+
+    def _build(self, name: str, stats: dict):
+        """The program of ``kernels/<name>``; a failed build names the file and a node that runs it."""
+        rt = self.runtime
+        try:
+            return rt.build(self.sources[name], cache_dir=self.cache_dir, stats=stats)
+        except CompileError as e:
+            raise CompileError(f"{self._culprit(source=name)}: {e}", log=e.log, source=e.source,
+                               options=e.options) from None
+        except DeviceError as e:
+            raise DeviceError(f"{self._culprit(source=name)}: {e}") from None
+        except TunerError:
+            raise
+        except Exception as e:  # noqa: BLE001 - as _on_device
+            raise DeviceError(f"{self._culprit(source=name)}: {type(e).__name__}: {e}") from None
+
+    # -- loading -------------------------------------------------------------------------------------------
     def _load(self, progress: bool) -> None:
         spec, sources, params, rt = self.spec, self.sources, self.params, self.runtime
-        pools = {p.storage_id: rt.alloc(p.scope, p.shape, p.dtype) for p in spec.pools}
+        self._calls = [(i, c) for i, n in enumerate(spec.nodes) for c in n.calls]  # (node index, call) per launch
+        pools = {}
+        for p in spec.pools:
+            users = [f"t:{name}" for name, e in spec.entries.items() if e.storage_id == p.storage_id]
+            arg = next((a for _, c in self._calls for a in c.args if a in users), None)
+            pools[p.storage_id] = self._on_device(rt.alloc, p.scope, p.shape, p.dtype, arg=arg)
         self.arrays = {}
         for name, e in spec.entries.items():
-            self.arrays[f"t:{name}"] = rt.view(pools[e.storage_id], e.storage_scope, e.physical_shape, e.dtype)
+            self.arrays[f"t:{name}"] = self._on_device(rt.view, pools[e.storage_id], e.storage_scope,
+                                                       e.physical_shape, e.dtype, arg=f"t:{name}")
         for b in spec.params:
-            self.arrays[f"p:{b.key}"] = rt.alloc(b.scope, b.physical_shape, b.dtype)
-            rt.upload(self.arrays[f"p:{b.key}"], params[b.key])
+            key = f"p:{b.key}"
+            self.arrays[key] = self._on_device(rt.alloc, b.scope, b.physical_shape, b.dtype, arg=key)
+            self._on_device(rt.upload, self.arrays[key], params[b.key], arg=key)
         for b in spec.workspaces:
-            self.arrays[f"w:{b.key}"] = rt.alloc(b.scope, b.physical_shape, b.dtype)
+            key = f"w:{b.key}"
+            self.arrays[key] = self._on_device(rt.alloc, b.scope, b.physical_shape, b.dtype, arg=key)
         stats: dict = {}
         names = list(dict.fromkeys(n.source for n in spec.nodes))
         bar = None
@@ -136,27 +195,28 @@ class Module:
             bar = tqdm(total=len(names), desc="build", unit="program", dynamic_ncols=True)
         programs = {}
         for name in names:
-            programs[name] = rt.build(sources[name], cache_dir=self.cache_dir, stats=stats)
+            programs[name] = self._build(name, stats)
             if bar is not None:
                 bar.update(1)
         if bar is not None:
             bar.close()
-        self._nodes_of_launch = []  # node index of each launch
+        self._nodes_of_launch = [i for i, _ in self._calls]  # node index of each launch
         self._launches = []  # runtime launch handles, arguments set once: a run only enqueues
-        for i, n in enumerate(spec.nodes):
-            for c in n.calls:
-                try:
-                    launch = rt.prepare(programs[n.source], c.kernel, [self.arrays[a] for a in c.args],
-                                        c.global_size, c.local_size)
-                except TunerError:
+        for i, c in self._calls:
+            n = spec.nodes[i]
+            try:
+                launch = rt.prepare(programs[n.source], c.kernel, [self.arrays[a] for a in c.args],
+                                    c.global_size, c.local_size)
+            except TunerError as e:
+                if not isinstance(e, DeviceError):
                     raise
-                except Exception as e:  # noqa: BLE001 - a driver's refusal (no such kernel, bad arguments)
-                    raise ArtifactError(f"kernels/{n.source}: kernel {c.kernel!r} of node {n.name!r} cannot be "
-                                        f"set up on {rt.info.name} ({type(e).__name__}: {e}); recompile the "
-                                        f"model") from None
-                self._launches.append(launch)
-                self._nodes_of_launch.append(i)
-        rt.finish()  # the parameters are on the device
+                raise ArtifactError(f"{self._launch_text(i, c)}: cannot be set up ({e}); recompile the model") \
+                    from None
+            except Exception as e:  # noqa: BLE001 - a driver's refusal (no such kernel, bad arguments)
+                raise ArtifactError(f"{self._launch_text(i, c)}: cannot be set up on {rt.info.name} "
+                                    f"({type(e).__name__}: {e}); recompile the model") from None
+            self._launches.append(launch)
+        self._on_device(rt.finish)  # the parameters are on the device
         self.load_stats = {"programs": len(names), **{k: stats.get(k, 0) for k in ("source", "binary", "memory")}}
 
     # -- running -----------------------------------------------------------------------------------------
@@ -164,7 +224,8 @@ class Module:
         """(OpenCL runtimes) enqueue every kernel on the run queue, or on the profiling queue to read events:
         ``[(node index, event)]``."""
         self.load()
-        return list(zip(self._nodes_of_launch, self.runtime.enqueue(self._launches, profiling=profiling)))
+        return list(zip(self._nodes_of_launch, self._on_device(self.runtime.enqueue, self._launches,
+                                                               profiling=profiling)))
 
     def set_inputs(self, inputs) -> None:
         self.load()
@@ -185,33 +246,34 @@ class Module:
             if tuple(x.shape) != tuple(e.shape):
                 raise TunerError(f"input {name!r} has shape {list(x.shape)}; the model was compiled for "
                                  f"{list(e.shape)} (recompile with --input-shape to change it)")
-            self.runtime.upload(self.arrays[f"t:{name}"], x.reshape(e.physical_shape), staged=True)
+            self._on_device(self.runtime.upload, self.arrays[f"t:{name}"], x.reshape(e.physical_shape), staged=True,
+                            arg=f"t:{name}")
 
     def get_outputs(self) -> list:
         self.load()
-        return [self.runtime.download(self.arrays[f"t:{n}"], staged=True).reshape(self.spec.entries[n].shape)
-                .astype(np.float32) for n in self.spec.outputs]
+        return [self._on_device(self.runtime.download, self.arrays[f"t:{n}"], staged=True, arg=f"t:{n}")
+                .reshape(self.spec.entries[n].shape).astype(np.float32) for n in self.spec.outputs]
 
     def run(self, inputs) -> list:
         """Upload ``inputs`` (a list in the model's input order, a dict by name, or one array), run every
         kernel on one queue, and return the outputs as float32 NumPy arrays."""
         self.set_inputs(inputs)
-        self.runtime.submit(self._launches)
+        self._on_device(self.runtime.submit, self._launches)
         return self.get_outputs()
 
     def time(self, repeats: int = 20, warmup: int = 2) -> list:
         """Seconds per run (wall clock of enqueuing every kernel on the run queue and waiting; inputs already
         uploaded)."""
         self.load()
-        rt = self.runtime
+        rt, run = self.runtime, self._on_device
         for _ in range(warmup):
-            rt.submit(self._launches)
-        rt.finish()
+            run(rt.submit, self._launches)
+        run(rt.finish)
         costs = []
         for _ in range(repeats):
             t0 = time.perf_counter()
-            rt.submit(self._launches)
-            rt.finish()
+            run(rt.submit, self._launches)
+            run(rt.finish)
             costs.append(time.perf_counter() - t0)
         return costs
 
@@ -220,10 +282,10 @@ class Module:
         (on the run queue, as ``time``)."""
         per_node = [[] for _ in self.spec.nodes]
         self.load()
-        self.runtime.profile(self._launches)  # warm-up
+        self._on_device(self.runtime.profile, self._launches)  # warm-up
         for _ in range(repeats):
             sums: dict = {}
-            for i, t in zip(self._nodes_of_launch, self.runtime.profile(self._launches)):
+            for i, t in zip(self._nodes_of_launch, self._on_device(self.runtime.profile, self._launches)):
                 sums[i] = sums.get(i, 0.0) + t
             for i, s in sums.items():
                 per_node[i].append(s)
