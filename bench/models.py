@@ -18,9 +18,9 @@ separate torch virtualenv; the project itself never needs torch). For every ``*.
   a match when it is at most ``--rtol`` (1e-4; ``--rtol16`` 1e-2 for float16 storage);
 - **native variants** (``native:scope[:dtype]``): the same compiled module (one compile per scope and dtype,
   whichever runtimes ask for it) saved as an artifact (``Module.save``, docs/artifact.md) and run by the native
-  runtime, ``build/native/tuner-run ART --device D --input x.npy --output y.npy --bench N --warmup 2`` in a
+  runtime, ``build/native/tuner-run ART --device D --input x.npy --outputs DIR --bench N --warmup 2`` in a
   subprocess (``tuner.native.opencl_env()``'s environment; the program is built with ``make -C native`` and
-  copied aside first, so a rebuild during the run cannot change it); ``y.npy`` is compared with onnxruntime
+  copied aside first, so a rebuild during the run cannot change it); every output is compared with onnxruntime
   with the same tolerances, and with the Python executor's output of the same module (``py_rel_diff``). Its
   latency is tuner-run's median (a whole run: inputs written, every kernel, outputs read, one wait), against
   the Python executor's whole run of the same module (``Module.run``: inputs uploaded, kernels, outputs
@@ -158,12 +158,15 @@ def sanitizer_report(stderr: str) -> str:
 
 
 def run_native(exe: str, art: Path, inputs: dict, device: str, repeats: int, env: dict, timeout: float,
-               asan: bool = False) -> dict:
-    """Run the artifact ``art`` with tuner-run: one --input NAME=X.npy per model input, the first output read
-    back; raises on a failed run (the error is tuner-run's own message, or the sanitizer's report)."""
+               asan: bool = False, outputs: list = ("output",)) -> dict:
+    """Run the artifact ``art`` with tuner-run: one --input NAME=X.npy per model input, every output read back
+    (``--outputs DIR``, in the order of ``outputs``: the artifact's names); raises on a failed run (the error is
+    tuner-run's own message, or the sanitizer's report)."""
     import numpy as np
+
+    from tuner.cli.model import output_file_name
     work = art.parent
-    cmd = [exe, str(art), "--device", device, "--output", str(work / "y.npy"), "--bench", str(repeats),
+    cmd = [exe, str(art), "--device", device, "--outputs", str(work / "ys"), "--bench", str(repeats),
            "--warmup", "2"]
     for k, (name, x) in enumerate(inputs.items()):
         path = work / f"x{k}.npy"
@@ -188,7 +191,7 @@ def run_native(exe: str, art: Path, inputs: dict, device: str, repeats: int, env
     m = NATIVE_LOADED.search(proc.stdout)
     if m:
         out["programs_built"] = int(m.group(2))
-    out["y"] = np.load(work / "y.npy")
+    out["y"] = [np.load(work / "ys" / output_file_name(name)) for name in outputs]
     return out
 
 
@@ -322,14 +325,20 @@ def worker(args) -> int:
             continue
         stage, common, mod, y_py = "compile", {}, None, None
         tol = args.rtol16 if dtype == "float16" else args.rtol
-        r = np.asarray(ref[0], np.float32)
+        r = [np.asarray(x, np.float32) for x in ref]  # every output, in the model's order
 
-        def rel_err(y, want) -> float:
-            y = np.asarray(y, np.float32)
-            if y.shape != want.shape:
-                raise ValueError(f"output shape {list(y.shape)}, onnxruntime's {list(want.shape)}")
-            err = float(np.abs(y - want).max() / max(float(np.abs(want).max()), 1e-30))
-            return err if np.isfinite(err) else float("inf")
+        def rel_err(ys, wants) -> float:
+            """The largest relative error over the outputs (each in the model's own shape)."""
+            if len(ys) != len(wants):
+                raise ValueError(f"{len(ys)} outputs, onnxruntime's {len(wants)}")
+            worst = 0.0
+            for y, want in zip(ys, wants):
+                y = np.asarray(y, np.float32)
+                if y.shape != want.shape:
+                    raise ValueError(f"output shape {list(y.shape)}, onnxruntime's {list(want.shape)}")
+                err = float(np.abs(y - want).max() / max(float(np.abs(want).max()), 1e-30))
+                worst = max(worst, err if np.isfinite(err) else float("inf"))
+            return worst
 
         def mismatch(err: float) -> str:
             text = f"max relative error {err:.3g} > {tol:g}"
@@ -374,7 +383,7 @@ def worker(args) -> int:
         if "python" in rows:
             row, stage = {**rows["python"], **common}, "run"
             try:
-                y_py = np.asarray(mod.run(inputs)[0], np.float32)
+                y_py = [np.asarray(y, np.float32) for y in mod.run(inputs)]
                 err = row["max_rel_err"] = rel_err(y_py, r)
                 row["match"] = err <= tol
                 stage = "time"
@@ -405,13 +414,13 @@ def worker(args) -> int:
                     (art / "binaries").symlink_to(shared, target_is_directory=True)
                 stage = "native"
                 res = run_native(args.tuner_run, art, xs, args.device, args.repeats, native["env"],
-                                 timeout=args.timeout, asan=args.asan)
+                                 timeout=args.timeout, asan=args.asan, outputs=list(mod.spec.outputs))
                 row.update({k: v for k, v in res.items() if k != "y"})
                 err = row["max_rel_err"] = rel_err(res["y"], r)
                 row["match"] = err <= tol
                 stage = "python"
                 if y_py is None:
-                    y_py = np.asarray(mod.run(inputs)[0], np.float32)
+                    y_py = [np.asarray(y, np.float32) for y in mod.run(inputs)]
                 row["py_rel_diff"] = rel_err(res["y"], y_py)
                 stage = "time"  # the Python executor's whole run of the same module, as tuner-run times it
 

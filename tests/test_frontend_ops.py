@@ -379,3 +379,11 @@ def models() -> dict:
             "reductions17": _reductions(17), "reductions18": _reductions(18), "norms": _norms(),
             "partial_group_norm": _partial_group_norm(), "batch_norm_features": _batch_norm_features(),
             "grn": _grn(), "expand": _expand(), "tokens": _tokens()}
+
+
+def test_a_whole_image_reduction_runs_in_two_parallel_steps():
+    """ReduceMean over (C, H, W): over (H, W) by the spatial_reduce template, then over the channels of (N, C, 1, 1);
+    no work-item loops over the image."""
+    g = optimize(from_onnx(_reductions(17)))
+    chw = [(n.op, n.attrs["axes"], g.shapes[n.inputs[0]]) for n in g.nodes if n.name.startswith("mean_chw")]
+    assert chw == [("reduce_mean", (2, 3), (2, 7, 5, 3)), ("reduce_mean", (1, 2, 3), (2, 7, 1, 1))]

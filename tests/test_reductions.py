@@ -94,3 +94,36 @@ def test_groups_that_share_a_block_match_numpy(device, data, groups, scopes):
     """GroupNorm(32) of 64 channels (2 a group), groups of 3: a pixel holds lanes of two groups."""
     for sched in (dict(wg_reduce=8, units_per_wg=2, split=1), dict(wg_reduce=4, units_per_wg=1, split=4)):
         assert _run(device, "group_norm", dict(data=data, groups=groups), {**sched, **scopes}) < 1e-4
+
+
+COMPUTE = {"conv2d", "conv2d_winograd", "depthwise_conv2d", "dense", "matmul"}
+BOUNDED_MODELS = ["norms", "reduce", "reduce_axes_input", "squeeze_excitation", "global_avg_pool", "softmax",
+                  "poolformer_block", "mixed", "avg_pool", "max_pool", "pool_ceil", "shufflenet_units",
+                  "layer_norm", "convnext_block", "resize", "conv_transpose"]
+
+
+@pytest.mark.parametrize("name", BOUNDED_MODELS)
+def test_no_kernel_outside_the_compute_templates_reads_more_than_4096_elements_a_work_item(device, name):
+    """Issue 35's bound, on the models compiled for a GPU profile: no kernel but a convolution's, a dense layer's or
+    a matmul's reads more than 4096 elements per launched work-item. A reduction template's config keeps its own
+    bound (the space's ``bounded`` constraint: at most 1,024 texels a work-item); a glue kernel's read arguments
+    hold at most 4096 elements per work-item it launches."""
+    import warnings
+
+    from tuner.compile.compiler import compile_model
+    from tuner.zoo.models import test_models
+    info = _gpu(device.info)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mod = compile_model(test_models()[name], target=info)
+    glue = {}
+    for n in mod.spec.nodes:
+        if n.template in COMPUTE:
+            continue
+        if n.template:
+            t = get_template(n.template)
+            wl = t.workload(**{k: tuple(v) if isinstance(v, list) else v for k, v in n.workload.items() if k != "op"})
+            assert not t.space(wl, info).violations(t.config_values(wl, t.config(**n.config))), (n.name, n.config)
+        else:
+            glue[n.name, n.op] = max(c.reads_per_work_item() for c in n.calls)
+    assert max(glue.values()) <= 4 * MAX_TEXELS_PER_ITEM, sorted(glue.items(), key=lambda kv: -kv[1])[:3]

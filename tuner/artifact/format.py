@@ -5,6 +5,8 @@ is wrong, ``graph.json: nodes[3].calls[0].global_size``: a runtime never meets a
 further on."""
 from __future__ import annotations
 
+import math
+
 from dataclasses import asdict, dataclass, field
 
 from tuner.errors import TunerError
@@ -50,6 +52,12 @@ class Call:
     local_size: tuple
     args: list
     signature: list = field(default_factory=list)  # Params, one per arg
+
+    def reads_per_work_item(self) -> float:
+        """The elements the call's read arguments hold (their ``extent``s: an image's texels times 4) over the
+        work-items it launches: how much each work-item reads on average -- a serial loop shows as a large one."""
+        read = sum(math.prod(p.extent) for p in self.signature if p.access == "read" and p.extent)
+        return read / max(math.prod(self.global_size), 1)
 
 
 @dataclass

@@ -16,6 +16,8 @@
   times s as it loads its input, and the product is never stored.
 - ``fuse_group_norm``: torch's GroupNorm export (Reshape, InstanceNormalization, Reshape) -> one NCHW
   ``group_norm``; a per-channel affine after it folds into its scale and bias.
+- ``split_whole_reductions``: a ReduceMean / Max / Sum / L2 over (C, H, W) of an image runs over (H, W), then the
+  channels: no work-item loops over a whole image.
 - ``fuse_patterns``: x * sigmoid(x) -> silu, x * hardsigmoid(x) -> hardswish, the erf GELU -> gelu.
 """
 from __future__ import annotations
@@ -80,6 +82,30 @@ def fold_batch_norm(graph: Graph) -> Graph:
                                                "groups": c}))
     g.nodes = nodes
     return _drop_unused_params(g).validate()
+
+
+REDUCTIONS = ("reduce_mean", "reduce_max", "reduce_sum", "reduce_l2")
+
+
+def split_whole_reductions(graph: Graph) -> Graph:
+    """A reduction of a 4-D tensor over (C, H, W) -- one value per image, which one work-item would loop over --
+    in two: over (H, W) (the ``spatial_reduce`` template, a parallel schedule) then over the channels (C / 4 pixels
+    a work-item). Mean, max, sum and L2 all compose so (an L2 of per-channel L2s is the L2 of the whole)."""
+    if not any(n.op in REDUCTIONS for n in graph.nodes):
+        return graph
+    g = graph.copy()
+    nodes = []
+    for n in g.nodes:
+        shape = g.shapes[n.inputs[0]] if n.op in REDUCTIONS else ()
+        if n.op in REDUCTIONS and len(shape) == 4 and tuple(n.attrs.get("axes", ())) == (1, 2, 3) and \
+                int(n.attrs.get("keepdims", 1)) and shape[2] * shape[3] > 1:
+            mid = _fresh(g, f"{n.outputs[0]}.per_channel")
+            g.shapes[mid] = (shape[0], shape[1], 1, 1)
+            nodes.append(Node(n.op, f"{n.name}.spatial", [n.inputs[0]], [mid], {**n.attrs, "axes": (2, 3)}))
+            n = Node(n.op, n.name, [mid], list(n.outputs), {**n.attrs, "axes": (1, 2, 3)})
+        nodes.append(n)
+    g.nodes = nodes
+    return g.validate()
 
 
 def fuse_group_norm(graph: Graph) -> Graph:
@@ -417,7 +443,8 @@ def optimize(graph: Graph) -> Graph:
 # 2-D forms; GroupNorm and multi-node activations recognized
 # (a GELU's erf pattern reads its input twice, which would stop a transpose from sinking through it); the layout
 # rewrites (channel shuffles, attention's token tensors, NHWC blocks, ConvTranspose -> conv2d:
-# ``passes_movement``); then BatchNorm folded into convolutions, the activations the rewrites exposed recognized,
-# epilogues fused, squeeze-excite gates and channel gathers read by the convolutions after them.
-PIPELINE = (model_io_ranks, fuse_group_norm, fuse_patterns, optimize_movement, fold_batch_norm, fuse_patterns, fuse_epilogues,
-            fuse_input_gates, pad_concat_parts, fold_gathers_into_convs)
+# ``passes_movement``); whole-image reductions in two parallel steps; then BatchNorm folded into convolutions, the
+# activations the rewrites exposed recognized, epilogues fused, squeeze-excite gates and channel gathers read by the
+# convolutions after them.
+PIPELINE = (model_io_ranks, fuse_group_norm, fuse_patterns, optimize_movement, split_whole_reductions, fold_batch_norm,
+            fuse_patterns, fuse_epilogues, fuse_input_gates, pad_concat_parts, fold_gathers_into_convs)
