@@ -20,7 +20,7 @@ written, the same under the temp folder, in a folder of this user's own.
 ``opencl_env()`` is the environment a native program needs on a host whose OpenCL comes from Python wheels,
 as on this project's machines: there is no system ``libOpenCL``, pyopencl's wheel bundles an ICD loader
 (``pyopencl/.libs/libOpenCL-*.so*``) with PoCL and Oclgrind, and ``intel-opencl-rt`` adds Intel's CPU
-runtime (``tuner.runtime.icd``). That loader
+runtime (``tuner.runtime.opencl.icd``). That loader
 
 - crashes in ``__initClIcd`` unless ``PYOPENCL_HOME`` is set (it appends ``/.libs`` to it and reads the
   ``.icd`` files there, whose library names are relative and only resolve inside a Python process that has
