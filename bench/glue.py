@@ -183,6 +183,15 @@ def _by_op(rows) -> list:
     return sorted(out.values(), key=lambda v: -v[2])
 
 
+def _glue_reads(spec):
+    """The most elements a glue kernel (no template) reads per launched work-item: its read arguments' elements
+    over its work-items (issue 35's bound is 4096; the reduction templates keep theirs in their spaces)."""
+    calls = [c for n in spec.nodes if not n.template for c in n.calls]
+    if calls and not hasattr(calls[0], "reads_per_work_item"):  # a tree from before Call.reads_per_work_item
+        return float("nan")
+    return max((c.reads_per_work_item() for c in calls), default=0.0)
+
+
 def cmd_ours(args) -> int:
     import warnings
 
@@ -231,7 +240,8 @@ def cmd_ours(args) -> int:
                      **{f"{c}_nodes": len(rs) for c, rs in by.items()},
                      "worst": sorted(((r["median_s"], r["op"], r.get("template") or "") for r in rows
                                       if _category(r) != "compute"), reverse=True)[:3],
-                     "non_compute_by_op": _by_op(r for r in rows if _category(r) != "compute")}
+                     "non_compute_by_op": _by_op(r for r in rows if _category(r) != "compute"),
+                     "glue_reads_per_item": _glue_reads(mod.spec)}
         try:  # the C runtime's whole-run median (tuner-run --bench): the deployed path, without Python's enqueue
             import tempfile
             import tuner.native as native
@@ -308,6 +318,7 @@ def cmd_table(args) -> int:
                          "native_latency_ms": r.get("native_latency_s", float("nan")) * 1e3,
                          "native_speedup_vs_peer": (peer or r["onnxruntime_cpu_s"]) / r.get("native_latency_s",
                                                                                            float("nan")),
+                         "glue_reads_per_item": r.get("glue_reads_per_item", float("nan")),
                          "worst_non_compute": "; ".join(f"{op}{'/' + t if t else ''} {s * 1e3:.3f}" for s, op, t in r["worst"]),
                          "non_compute_by_op": "; ".join(f"{k} {n}x {t * 1e3:.3f}" for k, n, t in r.get("non_compute_by_op", []))})
     if not rows:

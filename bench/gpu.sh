@@ -31,6 +31,8 @@
 #           bench/_trees/{$TREES} (compute, reduction and glue kernel time, launches; $GLUE_LOGS: more logs) -> glue_<device>.csv/.md
 #   glue_tune  the same models exported, then their reduction tasks tuned ($TRIALS each, 24; until $DEADLINE s)
 #           into $OUT/glue_tuned.jsonl, to append to the device's log under logs/
+#   tasks   the tasks set (bench/export_tasks.py: detectors, segmenters, super-resolution, pose, U-Net, style) exported
+#           at $SIZE (224), then bench/models.py on the GPU (auto scope, Python and native) -> models_*tasks*.csv/.md
 #   conv_transpose  bench/conv_transpose.py: ConvTranspose layers as phases against zero insertion, each tuned with
 #           $TRIALS (24) measurements -> conv_transpose_<device>.csv/.md (issue 38)
 #   table   gpu_summary.md from the files under $OUT and the log: per layer against cuDNN and the roofline bound
@@ -91,6 +93,10 @@ for stage in "$@"; do
           | grep -v "Warning\|warn(\|siblings =" | tail -12
       done
       python3 "$REPO/bench/glue.py" table --work /tmp/gw --out "$OUT" 2>&1 | tail -20 ;;
+    tasks)
+      python3 "$REPO/bench/export_tasks.py" --out /tmp/task_models --input-size "${SIZE:-224}" 2>&1 | grep -v Warn | tail -12
+      python3 "$REPO/bench/models.py" --models-dir /tmp/task_models --device nvidia --variants auto,native:auto \
+        --repeats 20 --tag tasks --log "$REPO/logs/nvidia-gpu-d4a6eca0.jsonl" --out "$OUT" 2>&1 | tail -16 ;;
     conv_transpose)
       python3 "$REPO/bench/conv_transpose.py" --device nvidia --trials "${TRIALS:-24}" --out "$OUT" 2>&1 \
         | grep -v "Warning\|warn(" | tail -20 ;;
