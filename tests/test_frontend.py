@@ -20,17 +20,18 @@ MODELS = zoo.test_models()
 
 
 def run_ort(model: onnx.ModelProto, inputs: dict, every_tensor: bool = False) -> dict:
-    """onnxruntime's outputs, or (every_tensor) also every node's first output (the rest, e.g. a Dropout mask,
-    are not float)."""
+    """onnxruntime's outputs, or (every_tensor) also every float output of every node (a Split's every part; not
+    a Dropout mask or a shape subgraph's int64 tensors)."""
     if every_tensor:
         model = onnx.ModelProto.FromString(model.SerializeToString())
         declared = {o.name for o in model.graph.output}
         inferred = onnx.shape_inference.infer_shapes(model).graph.value_info
         not_float = {vi.name for vi in inferred if vi.type.tensor_type.elem_type != TensorProto.FLOAT}
         for node in model.graph.node:
-            if node.op_type != "Constant" and node.output[0] not in not_float:  # shape subgraphs are int64
-                if node.output[0] not in declared:
-                    model.graph.output.append(helper.make_tensor_value_info(node.output[0], TensorProto.FLOAT, None))
+            for t in node.output if node.op_type != "Constant" else ():
+                if t and t not in not_float and t not in declared:
+                    declared.add(t)
+                    model.graph.output.append(helper.make_tensor_value_info(t, TensorProto.FLOAT, None))
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
