@@ -129,7 +129,15 @@ def test_full_size_models_convert_and_match_onnxruntime_output():
         assert np.abs(actual - expected).max() <= 1e-4 * np.abs(expected).max()
 
 
-@pytest.mark.parametrize("name", sorted(zoo.ZOO))
+CLASSIFIERS = ("mobilenet_v2", "mobilenet_v3_small", "resnet18")  # the task models: tests/test_task_models.py
+
+
+def test_the_zoo_is_the_classifiers_and_the_task_models():
+    from tuner.zoo import tasks
+    assert sorted(zoo.ZOO) == sorted([*CLASSIFIERS, *tasks.ZOO])
+
+
+@pytest.mark.parametrize("name", CLASSIFIERS)
 def test_models_are_valid_deterministic_and_torchvision_shaped(name):
     model = zoo.ZOO[name](num_classes=10, input_size=32)
     onnx.checker.check_model(model, full_check=True)
@@ -161,7 +169,9 @@ def test_write_model(tmp_path):
     model = onnx.load(path)
     onnx.checker.check_model(model)
     assert from_onnx(path).shapes["output"] == (1, 4)
-    with pytest.raises(TunerError, match="unknown model 'vgg16'; the zoo has mobilenet_v2, mobilenet_v3_small, resnet18"):
+    with pytest.raises(TunerError, match="unknown model 'vgg16'; the zoo has mobilenet_v2, mobilenet_v3_small, pose, "
+                       "resnet18, segmentation, sr_conv_transpose, sr_pixel_shuffle, ssdlite, style_transfer, unet, "
+                       "yolo$"):
         zoo.write_model("vgg16", tmp_path / "v.onnx")
 
 

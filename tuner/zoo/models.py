@@ -562,6 +562,11 @@ def _merge_families() -> None:
     _TEST_MODELS.update(zoo_movement.TEST_MODELS)
     _OPSETS.update(zoo_movement.OPSETS)
     TEST_INPUT_SHAPES.update(zoo_movement.INPUT_SHAPES)
+    import tuner.zoo.tasks as zoo_tasks  # the per-task models: small versions tested, full sizes in the zoo
+    _TEST_MODELS.update(zoo_tasks.TEST_MODELS)
+    _OPSETS.update(zoo_tasks.OPSETS)
+    TEST_INPUT_SHAPES.update(zoo_tasks.INPUT_SHAPES)
+    ZOO.update(zoo_tasks.ZOO)
 
 
 _merge_families()
