@@ -74,6 +74,20 @@ def _models():
          _node("Conv", ["image", "cw"], "conv")],
         [("mw", _w(6, 7)), ("cw", _w(4, 3, 1, 1))], [("tokens", (1, 10, 6)), ("image", (1, 3, 4, 4))],
         [("feat", f), ("conv", f)])
+    # a classifier's logits squeezed to a vector (the model's only output of another rank), and a vector input
+    out["vector_in_out"] = _model(
+        [_node("Conv", ["input", "w"], "c", pads=[1, 1, 1, 1]), _node("GlobalAveragePool", ["c"], "p"),
+         _node("Flatten", ["p"], "f"), _node("Gemm", ["f", "gw"], "g", transB=1),
+         _node("Squeeze", ["g", "axis0"], "logits"), _node("Unsqueeze", ["bias", "axis0"], "b2"),
+         _node("Gemm", ["b2", "gw2"], "from_vector", transB=1)],
+        [("w", _w(6, 3, 3, 3)), ("gw", _w(10, 6)), ("gw2", _w(5, 7)), ("axis0", np.array([0], np.int64))],
+        [("input", (1, 3, 8, 8)), ("bias", (7,))], [("logits", f), ("from_vector", f)])
+    # YOLOv5's head: the grid (1, anchors, 5 + K, H, W) permuted to (1, anchors, H, W, 5 + K), then its sigmoid
+    out["yolov5_grid"] = _model(
+        [_node("Conv", ["input", "w"], "c", pads=[1, 1, 1, 1]), _node("Reshape", ["c", "s5"], "g5"),
+         _node("Transpose", ["g5"], "t5", perm=[0, 1, 3, 4, 2]), _node("Sigmoid", ["t5"], "grid")],
+        [("w", _w(21, 8, 3, 3)), ("s5", np.array([1, 3, 7, 6, 5], np.int64))], [("input", (1, 8, 6, 5))],
+        [("grid", f)])
     return out
 
 
@@ -180,12 +194,44 @@ def test_cli_writes_every_output_in_the_models_shape(device, tmp_path, capsys):
         got = np.load(tmp_path / "all" / f"{name}.npy") if name != "flat" else np.load(tmp_path / "flat.npy")
         assert got.shape == ref.shape and np.abs(got - ref).max() <= 1e-4 * np.abs(ref).max(), name
     assert not (tmp_path / "all" / "flat.npy").exists()  # named on its own: written there only
-    assert main(["run", str(tmp_path / "art"), "--output", "nope=y.npy", "--output", "y2.npy", "--repeat", "1"]) == 2
-    assert "the model has no output 'nope'; its outputs are grid, flat, map" in capsys.readouterr().err
+    for argv in (["--output", "nope=y.npy", "--output", "y2.npy"], ["--output", "nope=y.npy"]):
+        assert main(["run", str(tmp_path / "art"), *argv, "--repeat", "1"]) == 2
+        assert "the model has no output 'nope'; its outputs are grid, flat, map" in capsys.readouterr().err
+    assert main(["run", str(tmp_path / "art"), "--output", str(tmp_path / ("L" * 300 + ".npy")), "--repeat", "1"]) == 2
+    assert "cannot be written (File name too long)" in capsys.readouterr().err
+
+
+OUTPUT_FILE_NAMES = {"scores": "scores.npy", "../x/y:z": "_._x_y_z.npy", ".hidden": "_hidden.npy", "": "_.npy",
+                     "é": "__.npy", "日本": "______.npy", "L" * 300: "L" * 200 + ".npy"}
 
 
 def test_output_file_names_hold_no_folder():
+    """Per UTF-8 byte, as tuner-run names them (test_native_runtime checks the C side on the same names)."""
     from tuner.cli.model import output_file_name
-    assert output_file_name("scores") == "scores.npy"
-    assert output_file_name("../x/y:z") == "_._x_y_z.npy"
-    assert output_file_name(".hidden") == "_hidden.npy"
+    for name, file in OUTPUT_FILE_NAMES.items():
+        assert output_file_name(name) == file, name
+
+
+def test_a_cut_read_through_identity_is_the_output_it_copies(device):
+    """NMS reads Identity(boxes) while boxes is a model output itself: the compiled model returns boxes once, and the
+    compile says the copy is that output (it was refused as a pass-through output)."""
+    nodes, inits = _ssd_head()
+    nodes += [_node("Identity", ["boxes"], "boxes_copy"), _node("Transpose", ["scores"], "scores_t", perm=[0, 2, 1]),
+              _node("NonMaxSuppression", ["boxes_copy", "scores_t", "max_out", "iou", "thr"], "selected")]
+    inits += [("max_out", np.array([5], np.int64)), ("iou", np.array([0.5], np.float32)),
+              ("thr", np.array([0.1], np.float32))]
+    model = _model(nodes, inits, [("input", (1, 8, 8, 8))], [("boxes", TensorProto.FLOAT),
+                                                              ("selected", TensorProto.INT64)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mod = compile_model(model, device=device, scope="buffer")
+    said = next(str(w.message) for w in caught if "post-processing" in str(w.message))
+    assert mod.spec.outputs == ["boxes", "scores_t"]
+    assert "'boxes_copy' (compiled output 'boxes')" in said and "'iou' (a constant of the model)" in said
+
+
+def test_an_output_of_more_than_8_dimensions_is_refused_at_compile_time():
+    model = _model([_node("Reshape", ["input", "s9"], "y")], [("s9", np.array([1] * 7 + [2, 3], np.int64))],
+                   [("input", (1, 6, 1, 1))], [("y", TensorProto.FLOAT)])
+    with pytest.raises(TunerError, match=r"model output 'y' has rank 9 .* at most 8 dimensions"):
+        optimize(from_onnx(model))

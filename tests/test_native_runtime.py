@@ -516,3 +516,27 @@ def test_every_output_in_the_models_shape(native, cl_env, device, tmp_path):
                 assert got.shape == ref.shape and _rel(got, ref) < 1e-4, (name, t)
     r = _tuner_run(native, cl_env, art, "--device", CPU, "--output", "a.npy", "--output", "b.npy", "--bench", 1)
     assert r.returncode == 2 and "--output a.npy does not name an output of the model" in r.stderr
+
+
+def test_outputs_files_are_named_as_the_python_side_names_them(native, cl_env, tmp_path):
+    """tuner-run --outputs and tuner run --outputs give each output the same file (per UTF-8 byte, 200 at most),
+    and an output name with a control character reaches the terminal escaped."""
+    import tuner
+    from test_model_io import OUTPUT_FILE_NAMES, _model, _node, _w
+    from tuner.cli.model import output_file_name
+    names = [n for n in OUTPUT_FILE_NAMES if n] + ["red\x1b[31m"]
+    nodes = [_node("Conv", ["input", "w"], "c", pads=[1, 1, 1, 1])]
+    nodes += [_node("Mul", ["c", f"k{i}"], name) for i, name in enumerate(names)]
+    inits = [("w", _w(4, 3, 3, 3))] + [(f"k{i}", np.float32(i + 1)) for i in range(len(names))]
+    from onnx import TensorProto
+    model = _model(nodes, inits, [("input", (1, 3, 5, 5))], [(n, TensorProto.FLOAT) for n in names])
+    art = Path(tuner.compile_model(model, device=CPU, scope="buffer").save(tmp_path / "a"))
+    r = _tuner_run(native, cl_env, art, "--device", CPU, "--outputs", tmp_path / "deep" / "er", "--bench", 1)
+    assert r.returncode == 0, r.stderr
+    assert "\x1b" not in r.stdout and "(output 'red\\x1b[31m'" in r.stdout
+    first = np.load(tmp_path / "deep" / "er" / output_file_name(names[0]))
+    for i, name in enumerate(names):
+        got = np.load(tmp_path / "deep" / "er" / output_file_name(name))
+        assert np.allclose(got, first * (i + 1), rtol=1e-6), name
+    r = _tuner_run(native, cl_env, art, "--device", CPU, "--output", "typo=y.npy", "--bench", 1)
+    assert r.returncode == 2 and "--output typo=y.npy: the model has no output of that name" in r.stderr

@@ -276,16 +276,8 @@ static const char *shown(const tj_value *v, char *buf, size_t n) {
     switch (v->type) {
     case TJ_STRING: {
         /* 50 bytes at most, control characters as \xNN (C1 ones as UTF-8 encodes them): a message goes to a terminal */
-        const unsigned char *c = (const unsigned char *)v->s;
-        size_t used = 0, k;
-        used += (size_t)snprintf(buf, n, "'");
-        for (k = 0; k < v->len && k < 50 && used + 8 < n; k++) {
-            if (c[k] < 0x20 || c[k] == 0x7f || (c[k] == 0xc2 && k + 1 < v->len && c[k + 1] >= 0x80 && c[k + 1] <= 0x9f))
-                used += (size_t)snprintf(buf + used, n - used, "\\x%02x", c[k] == 0xc2 ? c[++k] : c[k]);
-            else
-                buf[used++] = (char)c[k];
-        }
-        snprintf(buf + used, n - used, "%s'", k < v->len ? "..." : "");
+        char text[256];
+        snprintf(buf, n, "'%s'", tnr_printable(v->s, v->len, 50, text, sizeof text));
         break;
     }
     case TJ_NUMBER:

@@ -122,3 +122,17 @@ size_t tnr_join3(char *buf, size_t cap, const char *a, const char *b, const char
     }
     return n;
 }
+
+const char *tnr_printable(const char *s, size_t len, size_t max, char *buf, size_t n) {
+    const unsigned char *c = (const unsigned char *)s;
+    size_t used = 0, k;
+    if (!n) return buf;
+    for (k = 0; k < len && k < max && used + 8 < n; k++) {
+        if (c[k] < 0x20 || c[k] == 0x7f || (c[k] == 0xc2 && k + 1 < len && c[k + 1] >= 0x80 && c[k + 1] <= 0x9f))
+            used += (size_t)snprintf(buf + used, n - used, "\\x%02x", c[k] == 0xc2 ? c[++k] : c[k]);
+        else
+            buf[used++] = (char)c[k];
+    }
+    snprintf(buf + used, n - used, "%s", k < len ? "..." : "");
+    return buf;
+}

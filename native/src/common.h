@@ -30,6 +30,10 @@ int tnr_read_file(const char *path, size_t max, unsigned char **data, size_t *le
 /* Joins dir and name with '/', into a malloc'd string (NULL when out of memory). */
 char *tnr_join(const char *dir, const char *name);
 
+/* At most max bytes of s[0..len) into buf (n bytes, NUL-terminated) for a terminal: control characters (C0, DEL,
+ * and C1 as UTF-8 encodes them) as \xNN; "..." when cut. Returns buf. */
+const char *tnr_printable(const char *s, size_t len, size_t max, char *buf, size_t n);
+
 /* a * b, saturating at UINT64_MAX. */
 uint64_t tnr_mul_sat(uint64_t a, uint64_t b);
 

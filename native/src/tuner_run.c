@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "../include/tuner_runtime.h"
+#include "common.h"
 #include "npy.h"
 
 #define MAX_INPUTS 64
@@ -76,17 +77,36 @@ static void fill(float *x, size_t n, unsigned seed) {
     }
 }
 
-/* The file name --outputs gives output `name`: A-Za-z0-9._- kept, anything else '_', no leading dot, ".npy". */
-static void output_file(const char *dir, const char *name, char *out, size_t len) {
+/* The file --outputs writes output `name` to, as tuner/cli/model.py's output_file_name names it: the name's first
+ * 200 bytes, each byte other than A-Za-z0-9._- (or a leading '.') as '_', then ".npy". 0 when dir is too long. */
+static int output_file(const char *dir, const char *name, char *out, size_t len) {
     size_t used = (size_t)snprintf(out, len, "%s/", dir), i;
-    for (i = 0; name[i] && used + 5 < len; i++) {
+    if (used + 200 + 5 >= len) return 0;
+    for (i = 0; name[i] && i < 200; i++) {
         char c = name[i];
         int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' ||
                  (c == '.' && i > 0);
         out[used++] = ok ? c : '_';
     }
-    if (!name[0] && used + 5 < len) out[used++] = '_';
+    if (!name[0]) out[used++] = '_';
     snprintf(out + used, len - used, ".npy");
+    return 1;
+}
+
+/* mkdir -p: dir and the folders above it that are missing. */
+static int make_dirs(const char *dir) {
+    char path[4096];
+    size_t k, n = strlen(dir);
+    if (n >= sizeof path) return errno = ENAMETOOLONG, -1;
+    memcpy(path, dir, n + 1);
+    for (k = 1; k <= n; k++)
+        if (path[k] == '/' || path[k] == 0) {
+            char c = path[k];
+            path[k] = 0;
+            if (mkdir(path, 0777) != 0 && errno != EEXIST) return -1;
+            path[k] = c;
+        }
+    return 0;
 }
 
 static void shape_text(const int64_t *d, int n, char *out, size_t len) {
@@ -257,21 +277,28 @@ static int run_main(int argc, char **argv) {
                     const char *name = tnr_output_name(rt, k);
                     if (strlen(name) == (size_t)(eq - outputs[i]) && !strncmp(name, outputs[i], (size_t)(eq - outputs[i]))) which = k;
                 }
-            if (which < 0 && noutputs == 1 && nout > 0) which = 0, eq = NULL;
+            if (which < 0 && !eq && noutputs == 1 && nout > 0) which = 0;
             if (which < 0) {
+                char shown[600];
+                tnr_printable(outputs[i], strlen(outputs[i]), 300, shown, sizeof shown);
                 tnr_close(rt);
-                return fail("--output %s does not name an output of the model: with several --output give NAME=Y.npy "
-                            "for each (or --outputs DIR for all)%s", outputs[i], "");
+                return fail(eq ? "--output %s: the model has no output of that name (a path with '=' in it: give it as "
+                                 "NAME=PATH)%s"
+                               : "--output %s does not name an output of the model: with several --output give "
+                                 "NAME=Y.npy for each (or --outputs DIR for all)%s", shown, "");
             }
             if (where[which]) {
+                char shown[600];
                 tnr_close(rt);
-                return fail("--output names output '%s' twice%s", tnr_output_name(rt, which), "");
+                return fail("--output names output '%s' twice%s",
+                            tnr_printable(tnr_output_name(rt, which), strlen(tnr_output_name(rt, which)), 300, shown,
+                                          sizeof shown), "");
             }
             where[which] = eq ? eq + 1 : outputs[i];
         }
         if (outputs_dir) {
             struct stat st;
-            if (mkdir(outputs_dir, 0777) != 0 && errno != EEXIST) {
+            if (make_dirs(outputs_dir) != 0) {
                 tnr_close(rt);
                 return fail("--outputs %s: cannot create the folder (%s)", outputs_dir, strerror(errno));
             }
@@ -282,9 +309,12 @@ static int run_main(int argc, char **argv) {
             for (k = 0; k < nout; k++)
                 if (!where[k]) {
                     int j;
-                    output_file(outputs_dir, tnr_output_name(rt, k), paths[k], sizeof paths[k]);
-                    for (j = 0; j < k; j++)
-                        if (where[j] == paths[j] && !strcmp(paths[j], paths[k])) {
+                    if (!output_file(outputs_dir, tnr_output_name(rt, k), paths[k], sizeof paths[k])) {
+                        tnr_close(rt);
+                        return fail("--outputs %s: the folder's path is too long%s", outputs_dir, "");
+                    }
+                    for (j = 0; j < nout; j++)
+                        if (j != k && where[j] && !strcmp(where[j], paths[k])) {
                             tnr_close(rt);
                             return fail("--outputs: two outputs map to the file %s; save them one by one with --output "
                                         "NAME=Y.npy%s", paths[k], "");
@@ -317,8 +347,14 @@ static int run_main(int argc, char **argv) {
             }
             free(y);
             shape_text(dims, nd, shape, sizeof shape);
-            if (nout > 1) printf("wrote %s %s (output '%s', %d of %d)\n", where[k], shape, tnr_output_name(rt, k), k + 1, nout);
-            else printf("wrote %s %s\n", where[k], shape);
+            if (nout > 1) {
+                char shown[600];
+                printf("wrote %s %s (output '%s', %d of %d)\n", where[k], shape,
+                       tnr_printable(tnr_output_name(rt, k), strlen(tnr_output_name(rt, k)), 300, shown, sizeof shown),
+                       k + 1, nout);
+            } else {
+                printf("wrote %s %s\n", where[k], shape);
+            }
         }
     }
     times = malloc((size_t)bench * sizeof *times);

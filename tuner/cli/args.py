@@ -119,13 +119,13 @@ def writable_file(path: str, flag: str = "-o"):
 
     from tuner.errors import TunerError
     p = Path(path)
-    if p.is_dir():
-        raise TunerError(f"{flag} {path!r} is a directory; give a file path")
-    existed = p.exists()
     try:
+        if p.is_dir():
+            raise TunerError(f"{flag} {path!r} is a directory; give a file path")
+        existed = p.exists()
         with open(p, "ab"):
             pass
-    except OSError as e:
+    except OSError as e:  # a name too long, a folder that is not one, no permission
         raise TunerError(f"{flag} {path!r} cannot be written ({e.strerror or e}); choose another path") from None
     if not existed:
         try:

@@ -164,11 +164,17 @@ def _run_inputs(specs, names: list) -> dict:
     return given
 
 
+OUTPUT_NAME_BYTES = 200  # a file name's bytes taken from an output's name (file systems allow 255)
+
+
 def output_file_name(name: str) -> str:
-    """The file ``--outputs DIR`` writes a model output to: its name with characters other than letters, digits,
-    ``.``, ``_`` and ``-`` made ``_`` (a name holds no folder, never starts with a dot), then ``.npy``."""
-    safe = "".join(ch if ch.isascii() and (ch.isalnum() or ch in "._-") else "_" for ch in name)
-    return ("_" + safe[1:] if safe.startswith(".") else safe or "_") + ".npy"
+    """The file ``--outputs DIR`` writes a model output to, as ``tuner-run --outputs`` names it: the name's first
+    200 UTF-8 bytes, each byte other than an ASCII letter, digit, ``.``, ``_`` or ``-`` made ``_`` (a name holds no
+    folder, and no leading dot), then ``.npy``."""
+    raw = name.encode("utf-8", "surrogateescape")[:OUTPUT_NAME_BYTES]
+    safe = "".join(chr(b) if chr(b).isascii() and (chr(b).isalnum() or chr(b) in "._-") and (b != 0x2E or i) else "_"
+                   for i, b in enumerate(raw))
+    return (safe or "_") + ".npy"
 
 
 def _run_outputs(specs, outputs_dir, names: list) -> dict:
@@ -179,9 +185,9 @@ def _run_outputs(specs, outputs_dir, names: list) -> dict:
     for s in specs or []:
         name, sep, path = s.partition("=")
         if not (sep and name in names):
-            if sep and not os.path.lexists(s) and len(specs) > 1:
+            if sep:
                 raise TunerError(f"--output {s!r}: the model has no output {name!r}; its outputs are "
-                                 f"{', '.join(names)}")
+                                 f"{', '.join(names)} (a path with '=' in it: give it as NAME=PATH)")
             if len(specs) > 1:
                 raise TunerError(f"--output {s!r} does not say which output it is; with several --output give "
                                  f"NAME=Y.npy for each (outputs: {', '.join(names)}), or --outputs DIR for all")
@@ -454,7 +460,8 @@ def onnxruntime_comparison(sess, feed: dict, ours_s: float, runs: int) -> str:
 
 
 ZOO_SIZE = int_at_least(32, " (the zoo's networks downsample by 32)")
-ZOO_NAMES = "mobilenet_v2, mobilenet_v3_small or resnet18"  # tuner.zoo.models.ZOO's (not imported: start-up time)
+ZOO_NAMES = ("mobilenet_v2, mobilenet_v3_small, pose, resnet18, segmentation, sr_conv_transpose, sr_pixel_shuffle, "
+             "ssdlite, style_transfer, unet or yolo")  # tuner.zoo.models.ZOO's (not imported: start-up time)
 
 
 def register(sub) -> None:

@@ -341,13 +341,19 @@ class _Converter(MovementOps):
         return outputs
 
     def _cut_outputs(self, names: list) -> list:
-        """The activations the post-processing reads, as outputs (inputs and constants it reads the caller has);
-        one it reads that the kernels cannot return (an integer tensor) makes the cut ambiguous: refused."""
+        """The activations the post-processing reads, as outputs (the inputs and constants it reads the caller has;
+        a copy of one, through Identity, is that one); one it reads that the kernels cannot return (an integer
+        tensor) makes the cut ambiguous: refused."""
         import warnings
-        out = []
+        out, given = [], {self.resolve(n): n for n in names}  # resolved tensor -> the output that returns it
+        origins = []
         for t in self.cut.reads:
             src = self.resolve(t)
-            if src in self.inputs or src in self.consts or t in names or t in out:
+            if src in self.inputs:
+                origins.append((t, "a model input"))
+                continue
+            if src in self.consts:
+                origins.append((t, "a constant of the model" if t in self.consts else "a constant the compile folded"))
                 continue
             if src not in self.shapes:
                 reader = next(n for i, n in enumerate(self.g.node) if i in self.cut.nodes and t in n.input)
@@ -356,12 +362,15 @@ class _Converter(MovementOps):
                                  f"computes), so where the model stops is ambiguous; export the model without its "
                                  f"post-processing (NonMaxSuppression, TopK, box decoding), ending at the head's "
                                  f"boxes and scores")
-            out.append(t)
+            if src not in given:
+                given[src] = t
+                out.append(t)
+            origins.append((t, "compiled output" + (f" {given[src]!r}" if given[src] != t else "")))
         if not out and not names:
             raise TunerError("every output of the model is made by its post-processing ("
                              + ", ".join(f"{op} {n!r}" for n, op in self.cut.first) + ") from inputs or constants "
                              "only: there is nothing to compile")
-        warnings.warn(self.cut.describe(out), stacklevel=4)
+        warnings.warn(self.cut.describe(out, origins), stacklevel=4)
         return out
 
     def _prune(self, outputs: list):

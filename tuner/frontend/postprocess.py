@@ -28,12 +28,16 @@ class Cut:
     def __bool__(self) -> bool:
         return bool(self.nodes)
 
-    def describe(self, outputs: list) -> str:
+    def describe(self, outputs: list, origins: list) -> str:
+        """What the compile says: where it cut, why, the outputs it added and, per tensor the post-processing
+        reads, where the caller finds it (``origins``: (tensor, where))."""
         starts = ", ".join(f"{op} {name!r}" for name, op in self.first)
         made = f" to make the model's {', '.join(repr(t) for t in self.made)}" if self.made else ""
+        added = f"; compiled outputs added: {', '.join(repr(t) for t in outputs)}" if outputs else ""
+        reads = "; ".join(f"{t!r} ({where})" for t, where in origins)
         return (f"compiled up to the post-processing: {len(self.nodes)} node(s) from {starts} on stay outside (their "
-                f"outputs are data-dependent in shape or integer indices); the caller post-processes the compiled "
-                f"outputs {', '.join(repr(t) for t in outputs)}{made}")
+                f"outputs are data-dependent in shape or integer indices){added}; the caller post-processes{made} "
+                f"from {reads}")
 
 
 def find_cut(graph) -> Cut:

@@ -419,7 +419,7 @@ def tokens_to_nchw(graph: Graph) -> Graph:
 def optimize_tokens(graph: Graph) -> Graph:
     """All of the above, in order."""
     if not any(n.op in ("matmul", "slice_nd", "expand_nd") or (n.op == "softmax" and n.attrs.get("axis") != 1)
-               or any(len(graph.shapes[t]) not in (1, 2, 4) for t in n.outputs) for n in graph.nodes):
+               or any(len(graph.shapes[t]) not in (2, 4) for t in n.outputs) for n in graph.nodes):
         return graph  # nothing of attention's: a convolution network passes untouched
     return run_passes(graph, TOKEN_PASSES)
 
