@@ -77,6 +77,30 @@ def layer_time(mod, repeats: int) -> tuple:
     return sum(r["median_s"] for r in rows), len(rows), "+".join(r["op"] for r in rows)
 
 
+def write_tables(rows, names, out, label, dev_name, args) -> str:
+    """The CSV and the markdown table of the layers measured so far (written after each layer)."""
+    with open(out / f"conv_transpose_{label}.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    lines = [f"# ConvTranspose: phases vs zero insertion on {dev_name}", "",
+             f"Median of {args.rounds} profiles x {args.repeats} runs of the layer's kernels (bias + ReLU fused); "
+             f"each lowering tuned with {args.trials} measurements (`bench/conv_transpose.py`).", "",
+             "| layer | shape | zeros tuned (ms) | phases tuned (ms) | speedup tuned | zeros fallback | phases "
+             "fallback | speedup fallback | kernels (phases) |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    by = {(r["layer"], r["lowering"], r["configs"]): r for r in rows}
+    for name in names:
+        z, p = by[name, "zeros", "tuned"], by[name, "phases", "tuned"]
+        zf, pf = by[name, "zeros", "fallback"], by[name, "phases", "fallback"]
+        lines.append(f"| {name} | {z['shape']} | {z['ms']:.4f} | {p['ms']:.4f} | **{z['ms'] / p['ms']:.2f}** | "
+                     f"{zf['ms']:.4f} | {pf['ms']:.4f} | {zf['ms'] / pf['ms']:.2f} | {p['kernels']} |")
+    ratios = [by[n, "zeros", "tuned"]["ms"] / by[n, "phases", "tuned"]["ms"] for n in names]
+    lines += ["", f"Geometric mean speedup (tuned): {float(np.exp(np.mean(np.log(ratios)))):.2f}x; "
+              f"max relative error against zero insertion {max(r['max_rel_err'] for r in rows):.1e}."]
+    (out / f"conv_transpose_{label}.md").write_text("\n".join(lines) + "\n")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default=None)
@@ -130,26 +154,8 @@ def main(argv=None) -> int:
                          "ms": statistics.median(times[kind, configs]) * 1e3, "launches": mod.launches,
                          "kernels": mod.ops, "max_rel_err": err})
         print("  " + "  ".join(f"{r['lowering']}/{r['configs']} {r['ms']:.4f} ms" for r in rows[-4:]), flush=True)
-    with open(out / f"conv_transpose_{label}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    lines = [f"# ConvTranspose: phases vs zero insertion on {dev.info.name}", "",
-             f"Median of {args.rounds} profiles x {args.repeats} runs of the layer's kernels (bias + ReLU fused); "
-             f"each lowering tuned with {args.trials} measurements (`bench/conv_transpose.py`).", "",
-             "| layer | shape | zeros tuned (ms) | phases tuned (ms) | speedup tuned | zeros fallback | phases "
-             "fallback | speedup fallback | kernels (phases) |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
-    by = {(r["layer"], r["lowering"], r["configs"]): r for r in rows}
-    for name in names:
-        z, p = by[name, "zeros", "tuned"], by[name, "phases", "tuned"]
-        zf, pf = by[name, "zeros", "fallback"], by[name, "phases", "fallback"]
-        lines.append(f"| {name} | {z['shape']} | {z['ms']:.4f} | {p['ms']:.4f} | **{z['ms'] / p['ms']:.2f}** | "
-                     f"{zf['ms']:.4f} | {pf['ms']:.4f} | {zf['ms'] / pf['ms']:.2f} | {p['kernels']} |")
-    ratios = [by[n, "zeros", "tuned"]["ms"] / by[n, "phases", "tuned"]["ms"] for n in names]
-    lines += ["", f"Geometric mean speedup (tuned): {float(np.exp(np.mean(np.log(ratios)))):.2f}x; "
-              f"max relative error against zero insertion {max(r['max_rel_err'] for r in rows):.1e}."]
-    (out / f"conv_transpose_{label}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+        text = write_tables(rows, names[:names.index(name) + 1], out, label, dev.info.name, args)
+    print(text)
     return 0
 
 

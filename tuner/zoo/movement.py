@@ -148,6 +148,15 @@ def _conv_transpose(b) -> dict:
     return {y: None, z: None, w: None}
 
 
+def _space_to_depth(b) -> dict:
+    """SpaceToDepth (a Focus-style stem: the image's 2x2 blocks as channels), a 1x1 convolution, then DepthToSpace
+    back in DCR and CRD modes; 3 channels, so no block of 4 is whole."""
+    x = b.input("input", (1, 3, 8, 6))
+    y = b.conv(b.node("SpaceToDepth", [x], blocksize=2), 12, 12, 1)
+    return {b.node("DepthToSpace", [y], blocksize=2, mode="DCR"): None,
+            b.node("Relu", [b.node("DepthToSpace", [y], blocksize=2, mode="CRD")]): None}
+
+
 def _layer_norm(b) -> dict:
     """LayerNormalization over channels written the NHWC way (permute, LayerNorm over the last axis, a ReLU
     between, permute back) and over the features of a flattened (N, K) tensor; a transpose that stays."""
@@ -189,6 +198,6 @@ def _convnext_block(b) -> dict:
 
 TEST_MODELS: dict = {"shufflenet": _shufflenet, "shufflenet_units": _shufflenet_units, "convnext_block": _convnext_block, "slice_split": _slice_split, "pad": _pad,
                      "movement_attrs": _movement_attrs, "resize": _resize, "conv_transpose": _conv_transpose,
-                     "layer_norm": _layer_norm}
+                     "layer_norm": _layer_norm, "space_to_depth": _space_to_depth}
 OPSETS: dict = {"movement_attrs": 9, "slice_split": 11, "layer_norm": 17, "convnext_block": 17}
 INPUT_SHAPES: dict = {}
