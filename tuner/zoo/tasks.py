@@ -26,6 +26,8 @@ import functools
 
 import numpy as np
 
+from tuner.zoo.builder import MOBILENET_V2_SETTINGS, _Builder, _make_divisible
+
 OPSET = 17  # what PyTorch 2's exporter writes by default
 
 
@@ -40,7 +42,6 @@ def _ch(c: float, width: float, minimum: int = 4) -> int:
 
 
 def _build(name: str, body, seed: int, **kwargs):
-    from tuner.zoo.models import _Builder  # here: models imports this module at its end
     b = _Builder(seed, OPSET)
     return b.model(body(b, **kwargs), name)
 
@@ -194,7 +195,6 @@ def _ssdlite(b, num_classes: int, input_size, width: float, settings, last: int,
     the second the last 1x1 conv (stride 32), then ``extras`` blocks (1x1 to half + ReLU6, depthwise 3x3 s2 +
     ReLU6, 1x1 + ReLU6, each with BN); every level has a box and a class head (``_head_3d``), concatenated over
     the levels on axis 1; Softmax over the classes."""
-    from tuner.zoo.models import _make_divisible
     h, w = _hw(input_size)
     x = b.input("input", (1, 3, h, w))
     c = _make_divisible(32 * width)
@@ -228,7 +228,6 @@ def _ssdlite(b, num_classes: int, input_size, width: float, settings, last: int,
 def ssdlite(num_classes: int = 91, input_size=320, width: float = 1.0, seed: int = 0):
     """SSDLite320 on MobileNetV2 (torchvision's SSDLite sizes: 320x320, 91 COCO classes, 6 anchors a location,
     extra levels of 512, 256, 256 and 128 channels: 3,234 anchors)."""
-    from tuner.zoo.models import MOBILENET_V2_SETTINGS
     return _build("ssdlite", _ssdlite, seed, num_classes=num_classes, input_size=input_size, width=width,
                   settings=MOBILENET_V2_SETTINGS, last=1280, extras=(512, 256, 256, 128), anchors=6)
 
