@@ -17,11 +17,18 @@ _LAZY = {
 }
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        import importlib
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def lazy_attributes(module: str, table: dict):
+    """A package's module-level ``__getattr__``: ``table`` maps each name to the module that defines it, imported
+    on the name's first use (so importing the package imports none of them)."""
+    def __getattr__(name):
+        if name in table:
+            import importlib
+            return getattr(importlib.import_module(table[name]), name)
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    return __getattr__
+
+
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__ = list(_LAZY)

@@ -10,6 +10,7 @@ done before the first OpenCL call; they import no pyopencl (``tuner.native`` use
 
 The names below load on first use (PEP 562): importing the package, or ``icd`` alone, imports no pyopencl.
 """
+from tuner.runtime import lazy_attributes
 
 _LAZY = {
     "OpenCLRuntime": "tuner.runtime.opencl.runtime",
@@ -25,11 +26,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        import importlib
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__ = list(_LAZY)
