@@ -57,7 +57,7 @@ from onnx import numpy_helper
 
 from tuner.errors import TunerError
 from tuner.frontend.onnx_movement import MovementOps
-from tuner.frontend.postprocess import find_cut
+from tuner.frontend.postprocess import EXPORT_HINT, find_cut
 from tuner.graph.graph import Graph, Node
 from tuner.ir.activations import spec
 from tuner.ops.kernels import pool_out_shape, unary_pow_fn
@@ -256,10 +256,8 @@ class _Converter(MovementOps):
             except TunerError as e:
                 if index not in self.cut.feeders:
                     raise
-                raise TunerError(f"{e}; node {ctx.name!r} ({proto.op_type}) only feeds the post-processing ("
-                                 + ", ".join(f"{op} {n!r}" for n, op in self.cut.first) + "), so where the model "
-                                 "stops is ambiguous: export the model without its post-processing "
-                                 "(NonMaxSuppression, TopK, box decoding), ending at the head's boxes and scores") \
+                raise TunerError(f"{e}; node {ctx.name!r} ({proto.op_type}) only feeds the post-processing "
+                                 f"({self.cut.starts()}), so where the model stops is ambiguous: {EXPORT_HINT}") \
                     from None
         outputs = self._outputs()
         self._prune(outputs)
@@ -359,17 +357,14 @@ class _Converter(MovementOps):
                 reader = next(n for i, n in enumerate(self.g.node) if i in self.cut.nodes and t in n.input)
                 raise TunerError(f"node {reader.name or reader.op_type!r} ({reader.op_type}) of the post-processing "
                                  f"reads {t!r}, which the compiled graph cannot return (not a float activation it "
-                                 f"computes), so where the model stops is ambiguous; export the model without its "
-                                 f"post-processing (NonMaxSuppression, TopK, box decoding), ending at the head's "
-                                 f"boxes and scores")
+                                 f"computes), so where the model stops is ambiguous; {EXPORT_HINT}")
             if src not in given:
                 given[src] = t
                 out.append(t)
             origins.append((t, "compiled output" + (f" {given[src]!r}" if given[src] != t else "")))
         if not out and not names:
-            raise TunerError("every output of the model is made by its post-processing ("
-                             + ", ".join(f"{op} {n!r}" for n, op in self.cut.first) + ") from inputs or constants "
-                             "only: there is nothing to compile")
+            raise TunerError(f"every output of the model is made by its post-processing ({self.cut.starts()}) from "
+                             "inputs or constants only: there is nothing to compile")
         warnings.warn(self.cut.describe(out, origins), stacklevel=4)
         return out
 
@@ -413,20 +408,22 @@ class _Converter(MovementOps):
         self.params[src] = np.ascontiguousarray(value, dtype=np.float32)
         return src
 
-    def new_param(self, base: str, value: np.ndarray) -> str:
+    def _fresh(self, base: str) -> str:
+        """``base``, or ``base_<k>`` for the first k that names nothing yet; taken."""
         name, k = base, 1
-        while name in self.tensor_names or name in self.params:
+        while name in self.tensor_names or name in self.params or name in self.shapes:
             name, k = f"{base}_{k}", k + 1
         self.tensor_names.add(name)
+        return name
+
+    def new_param(self, base: str, value: np.ndarray) -> str:
+        name = self._fresh(base)
         self.params[name] = np.ascontiguousarray(value, dtype=np.float32)
         return name
 
     def new_tensor(self, base: str, shape) -> str:
         """A fresh activation name (an intermediate a handler emits several nodes through) of ``shape``."""
-        name, k = base, 1
-        while name in self.tensor_names or name in self.params or name in self.shapes:
-            name, k = f"{base}_{k}", k + 1
-        self.tensor_names.add(name)
+        name = self._fresh(base)
         self.shapes[name] = tuple(int(d) for d in shape)
         return name
 

@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 
 # ops whose outputs are data-dependent in shape or integer indices: the post-processing of a detector or segmenter
 POSTPROCESS_OPS = ("NonMaxSuppression", "TopK", "NonZero", "ArgMax", "ArgMin", "Unique", "Compress", "RoiAlign")
+# what a refused (ambiguous) cut tells the user to do
+EXPORT_HINT = ("export the model without its post-processing (NonMaxSuppression, TopK, box decoding), ending at the "
+               "head's boxes and scores")
 
 
 @dataclass
@@ -28,10 +31,14 @@ class Cut:
     def __bool__(self) -> bool:
         return bool(self.nodes)
 
+    def starts(self) -> str:
+        """The post-processing ops the cut starts at, as messages name them: ``NonMaxSuppression 'nms', ...``."""
+        return ", ".join(f"{op} {name!r}" for name, op in self.first)
+
     def describe(self, outputs: list, origins: list) -> str:
         """What the compile says: where it cut, why, the outputs it added and, per tensor the post-processing
         reads, where the caller finds it (``origins``: (tensor, where))."""
-        starts = ", ".join(f"{op} {name!r}" for name, op in self.first)
+        starts = self.starts()
         made = f" to make the model's {', '.join(repr(t) for t in self.made)}" if self.made else ""
         added = f"; compiled outputs added: {', '.join(repr(t) for t in outputs)}" if outputs else ""
         reads = "; ".join(f"{t!r} ({where})" for t, where in origins)

@@ -75,8 +75,7 @@ def _phases(g: Graph, n: Node, nodes: list) -> bool:
     inputs = [x, _add_param(g, f"{w_name}.phases", _phase_weights(w, groups, (sh, sw), (th, tw), dcr))]
     if len(n.inputs) > 2:
         bias = np.asarray(g.params[n.inputs[2]], np.float32).reshape(-1)
-        inputs.append(_add_param(g, f"{n.inputs[2]}.phases", np.tile(bias, sh * sw) if dcr else
-                                 np.repeat(bias, sh * sw)))
+        inputs.append(_add_param(g, f"{n.inputs[2]}.phases", _per_phase(bias, sh * sw, "DCR" if dcr else "CRD")))
     stacked = _fresh(g, f"{n.name}.phases")
     g.shapes[stacked] = (batch, o * sh * sw, zh, zw)
     nodes.append(Node("conv2d", f"{n.name}.phases", inputs, [stacked],
@@ -134,6 +133,12 @@ CHANNELWISE_UNARY = ("relu", "clip", "activation")
 CHANNELWISE_CONST = ("add", "mul", "sub", "div", "prelu")
 
 
+def _per_phase(flat: np.ndarray, blocks: int, mode: str) -> np.ndarray:
+    """A per-channel vector on the stacked channels of ``blocks`` phases, in ``mode``'s channel order: DCR
+    (phase-major) repeats the whole vector, CRD (channel-major) each value."""
+    return np.tile(flat, blocks) if mode == "DCR" else np.repeat(flat, blocks)
+
+
 def _stacked(v: np.ndarray, c: int, blocks: int, mode: str):
     """A per-channel constant of ``c`` channels on the ``c * blocks`` stacked ones, in its own rank; None when
     it is not per channel."""
@@ -142,8 +147,7 @@ def _stacked(v: np.ndarray, c: int, blocks: int, mode: str):
         return v
     if v.size != c or v.ndim not in (1, 3, 4) or v.shape[-3 if v.ndim >= 3 else 0] != c:
         return None
-    flat = v.reshape(-1)
-    out = np.tile(flat, blocks) if mode == "DCR" else np.repeat(flat, blocks)
+    out = _per_phase(v.reshape(-1), blocks, mode)
     return out.reshape(v.shape[:-3] + (c * blocks, 1, 1) if v.ndim >= 3 else (c * blocks,))
 
 

@@ -53,12 +53,10 @@ def model_io_ranks(graph: Graph) -> Graph:
         for n in g.nodes:  # every node of the model now reads and writes the model-rank tensor under its new name
             n.inputs = [inner if x == t else x for x in n.inputs]
             n.outputs = [inner if y == t else y for y in n.outputs]
-        if t in g.inputs:
+        if t in g.inputs:  # (an input that is an output too: its kernel form is that output)
             head.append(Node("reshape", f"{t}.from_kernel_shape", [t], [inner], {"shape": model_shape}))
-        if t in g.outputs:
-            src = inner if t not in g.inputs else t  # an input returned as an output: its 4-D form is the output
-            if src != t:
-                tail.append(Node("reshape", f"{t}.to_kernel_shape", [src], [t], {"shape": g.shapes[t]}))
+        else:
+            tail.append(Node("reshape", f"{t}.to_kernel_shape", [inner], [t], {"shape": g.shapes[t]}))
     g.nodes = head + g.nodes + tail
     return g.validate()
 
