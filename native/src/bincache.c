@@ -27,21 +27,6 @@ void tnr_binary_cache_key(const tcl_device *d, char *out, size_t len) {
 
 #define BIN_MAGIC "tuner-native-clbin 2\n"
 
-int tnr_mkdirs(const char *path) {
-    char tmp[4096];
-    size_t i, n = strlen(path);
-    if (n >= sizeof tmp) return -1;
-    memcpy(tmp, path, n + 1);
-    for (i = 1; i <= n; i++)
-        if (tmp[i] == '/' || tmp[i] == 0) {
-            char c = tmp[i];
-            tmp[i] = 0;
-            if (mkdir(tmp, 0700) != 0 && errno != EEXIST) return -1;
-            tmp[i] = c;
-        }
-    return 0;
-}
-
 /* A folder of the cache that only this user can change: not a link, ours, writable by nobody else. */
 static int private_dir(const char *path) {
     struct stat st;
@@ -113,7 +98,7 @@ void tnr_bincache_write(const char *dir, const char *path, const char *tag, cons
     char tmp[4200], hex[65], head[512];
     size_t hl;
     int fd, ok;
-    if (tnr_mkdirs(dir) != 0 || !private_cache(dir)) return; /* read-only, or not ours alone: no cache */
+    if (tnr_mkdirs(dir, 0700) != 0 || !private_cache(dir)) return; /* read-only, or not ours alone: no cache */
     snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
     /* a new file of our own: a link or a file planted at this name is never followed or reused */
     fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);

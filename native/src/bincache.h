@@ -14,8 +14,6 @@
 
 /* The binary cache's folder name for a device: its name and a hash of platform, name and driver version. */
 void tnr_binary_cache_key(const tcl_device *d, char *out, size_t len);
-/* mkdir -p, new folders 0700; 0 or -1 (errno set). */
-int tnr_mkdirs(const char *path);
 /* The payload of the cache file at path in dir (malloc'd), or NULL when it is missing, does not check out, is not
  * tagged tag, or lies where someone else can write. */
 unsigned char *tnr_bincache_read(const char *dir, const char *path, const char *tag, size_t *len);

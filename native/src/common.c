@@ -136,3 +136,18 @@ const char *tnr_printable(const char *s, size_t len, size_t max, char *buf, size
     snprintf(buf + used, n - used, "%s", k < len ? "..." : "");
     return buf;
 }
+
+int tnr_mkdirs(const char *path, unsigned mode) {
+    char tmp[4096];
+    size_t i, n = strlen(path);
+    if (n >= sizeof tmp) return errno = ENAMETOOLONG, -1;
+    memcpy(tmp, path, n + 1);
+    for (i = 1; i <= n; i++)
+        if (tmp[i] == '/' || tmp[i] == 0) {
+            char c = tmp[i];
+            tmp[i] = 0;
+            if (mkdir(tmp, (mode_t)mode) != 0 && errno != EEXIST) return -1;
+            tmp[i] = c;
+        }
+    return 0;
+}

@@ -34,6 +34,10 @@ char *tnr_join(const char *dir, const char *name);
  * and C1 as UTF-8 encodes them) as \xNN; "..." when cut. Returns buf. */
 const char *tnr_printable(const char *s, size_t len, size_t max, char *buf, size_t n);
 
+/* mkdir -p: path and the folders above it that are missing, new ones with mode (before the umask); 0 or -1 (errno
+ * set, ENAMETOOLONG for a path of 4096 bytes or more). */
+int tnr_mkdirs(const char *path, unsigned mode);
+
 /* a * b, saturating at UINT64_MAX. */
 uint64_t tnr_mul_sat(uint64_t a, uint64_t b);
 

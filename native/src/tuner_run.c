@@ -93,20 +93,13 @@ static int output_file(const char *dir, const char *name, char *out, size_t len)
     return 1;
 }
 
-/* mkdir -p: dir and the folders above it that are missing. */
-static int make_dirs(const char *dir) {
-    char path[4096];
-    size_t k, n = strlen(dir);
-    if (n >= sizeof path) return errno = ENAMETOOLONG, -1;
-    memcpy(path, dir, n + 1);
-    for (k = 1; k <= n; k++)
-        if (path[k] == '/' || path[k] == 0) {
-            char c = path[k];
-            path[k] = 0;
-            if (mkdir(path, 0777) != 0 && errno != EEXIST) return -1;
-            path[k] = c;
-        }
-    return 0;
+/* The index of the input or output (name_of) that a NAME=PATH argument names, or -1 (no '=', or no such name). */
+static int named(const tnr_runtime *rt, const char *arg, int count, const char *(*name_of)(const tnr_runtime *, int)) {
+    const char *eq = strchr(arg, '=');
+    int k;
+    for (k = 0; eq && k < count; k++)
+        if (strlen(name_of(rt, k)) == (size_t)(eq - arg) && !strncmp(name_of(rt, k), arg, (size_t)(eq - arg))) return k;
+    return -1;
 }
 
 static void shape_text(const int64_t *d, int n, char *out, size_t len) {
@@ -199,12 +192,7 @@ static int run_main(int argc, char **argv) {
         }
         for (i = 0; i < ninputs; i++) {
             const char *eq = strchr(inputs[i], '=');
-            int which = -1;
-            if (eq)
-                for (k = 0; k < nin; k++) {
-                    const char *name = tnr_input_name(rt, k);
-                    if (strlen(name) == (size_t)(eq - inputs[i]) && !strncmp(name, inputs[i], (size_t)(eq - inputs[i]))) which = k;
-                }
+            int which = named(rt, inputs[i], nin, tnr_input_name);
             if (which >= 0) {
                 given[which] = eq + 1;
             } else if (nin == 1 && ninputs == 1) {
@@ -271,12 +259,7 @@ static int run_main(int argc, char **argv) {
         }
         for (i = 0; i < noutputs; i++) {
             const char *eq = strchr(outputs[i], '=');
-            int which = -1;
-            if (eq)
-                for (k = 0; k < nout; k++) {
-                    const char *name = tnr_output_name(rt, k);
-                    if (strlen(name) == (size_t)(eq - outputs[i]) && !strncmp(name, outputs[i], (size_t)(eq - outputs[i]))) which = k;
-                }
+            int which = named(rt, outputs[i], nout, tnr_output_name);
             if (which < 0 && !eq && noutputs == 1 && nout > 0) which = 0;
             if (which < 0) {
                 char shown[600];
@@ -298,7 +281,7 @@ static int run_main(int argc, char **argv) {
         }
         if (outputs_dir) {
             struct stat st;
-            if (make_dirs(outputs_dir) != 0) {
+            if (tnr_mkdirs(outputs_dir, 0777) != 0) {
                 tnr_close(rt);
                 return fail("--outputs %s: cannot create the folder (%s)", outputs_dir, strerror(errno));
             }
