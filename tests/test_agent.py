@@ -551,6 +551,8 @@ def test_adb_a_stranger_that_connects_first_gets_nothing(native, cl_env, tmp_pat
                 time.sleep(0.005)
                 continue
             with s:
+                if s.getsockname() == s.getpeername():  # reached itself (TCP simultaneous open): not the agent
+                    continue
                 s.settimeout(20)
                 s.sendall(P.Frame(P.HELLO, 1, 20_000, P.Writer().str("").done()).encode())
                 data = b""
@@ -723,3 +725,19 @@ def test_exec_starts_its_agent_with_a_token_of_its_own(native, monkeypatch):
             assert token == rt.link.token.encode() and len(token) >= 24 or token == b"mine"
             tokens.append(token)
     assert tokens[1] == b"mine"
+
+
+def test_tcp_link_that_reached_itself_is_no_agent(monkeypatch):
+    """With nothing listening on a local port of the ephemeral range, a connect can pick that very port as its
+    own and succeed against itself (TCP simultaneous open). The link says nothing listens instead of sending the
+    agent's frames to itself and waiting for answers."""
+    from tuner.agent import transport
+
+    def self_connected(address, timeout=None):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        s.connect(("127.0.0.1", s.getsockname()[1]))
+        return s
+    monkeypatch.setattr(transport.socket, "create_connection", self_connected)
+    with pytest.raises(AgentLinkError, match="nothing listens there yet"):
+        transport.TcpTransport("127.0.0.1", 1)

@@ -174,6 +174,12 @@ class TcpTransport(_Stream):
         except OSError as e:
             raise AgentLinkError(f"{self.name}: cannot connect ({e.strerror or e}); start it there with "
                                  f"`tuner-agent --listen {host}:{port}`") from None
+        if self.sock.getsockname() == self.sock.getpeername():
+            # TCP's simultaneous open: with nothing listening yet on a local port in the ephemeral range, the
+            # connect can pick that very port as its own and reach itself; no agent answers such a link
+            self.sock.close()
+            raise AgentLinkError(f"{self.name}: cannot connect (nothing listens there yet); start it there with "
+                                 f"`tuner-agent --listen {host}:{port}`")
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock.settimeout(None)
         self.sel = selectors.DefaultSelector()
