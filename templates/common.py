@@ -34,6 +34,7 @@ class WorkloadArg:
     help: str = ""
     required: bool = False
     lengths: tuple = (1, 2)
+    choices: tuple = ()  # a ``str`` field's allowed values
 
     @property
     def flag(self) -> str:
@@ -68,6 +69,9 @@ WINDOW_ARGS = (
     WorkloadArg("stride", "ints", "S[,S]"),
     WorkloadArg("padding", "ints", "P[,P[,P,P]]", "all, (h,w) or (top,left,bottom,right)", lengths=(1, 2, 4)),
     WorkloadArg("dilation", "ints", "D[,D]"))
+PAD_MODES = ("zeros", "reflect", "edge")  # what a convolution's padding reads (``Conv2dWorkload.pad_mode``)
+PAD_MODE_ARG = WorkloadArg("pad_mode", "str", "MODE", "what the padding reads (default zeros)",
+                           choices=PAD_MODES)
 
 
 @dataclass(frozen=True)
@@ -274,6 +278,8 @@ class Conv2dWorkload:
     activation: str = "none"
     residual: bool = False
     in_scale: bool = False  # the input read times a per-(n, channel) gate S (N, C, 1, 1): squeeze-excite's x * s
+    pad_mode: str = "zeros"  # what the padding reads: zeros, or the input reflected or its edge repeated (a
+    # reflection or edge Pad before the convolution, read in place: no kernel runs for it)
     out_view: tuple = ()  # (offset, channels): write channels [offset, offset + O) of a larger output (a concat's);
     # not in the key: the loop nest is the same, a record of the workload without it applies
 
@@ -312,6 +318,12 @@ class Conv2dWorkload:
         if min(self.out_shape) < 1:
             raise ValueError(f"conv2d output {self.out_shape} is empty: kernel larger than padded input")
         set_("out_view", check_out_view(self.out_view, O))
+        if self.pad_mode not in PAD_MODES:
+            raise ValueError(f"pad_mode {self.pad_mode!r}: one of {', '.join(PAD_MODES)}")
+        pt, pl, pb, pr = self.padding
+        if self.pad_mode == "reflect" and (max(pt, pb) >= self.data[2] or max(pl, pr) >= self.data[3]):
+            raise ValueError(f"pad_mode reflect with padding {list(self.padding)} on a {self.data[2]}x{self.data[3]} "
+                             f"input: a reflection pad must be smaller than the input")
 
     @property
     def out_shape(self) -> tuple:
@@ -325,10 +337,11 @@ class Conv2dWorkload:
         return 2 * N * O * OH * OW * self.kernel[1] * self.kernel[2] * self.kernel[3]
 
     def key(self) -> dict:
-        """The log's key; ``in_scale`` only when set, so the keys (and records) of every other convolution stay
-        as they were before the field existed."""
+        """The log's key; ``in_scale`` and ``pad_mode`` only when set, so the keys (and records) of every other
+        convolution stay as they were before the fields existed."""
         return {"op": "conv2d", **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()
-                                   if (k != "in_scale" or v) and k != "out_view"}}
+                                   if (k != "in_scale" or v) and (k != "pad_mode" or v != "zeros")
+                                   and k != "out_view"}}
 
     @property
     def stored_shape(self) -> tuple:
@@ -377,10 +390,31 @@ class Arithmetic:
         return acc_value + product
 
 
-def input_pixel(X, n, cb, ih, iw, H, W, arith):
-    """The RGBA pixel of channel block ``cb`` at input row ``ih``, column ``iw`` (zero in the padding)."""
-    inside = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-    return select(inside, arith.load(X[n, Ramp(cb * 4, as_expr(1), 4), clamp(ih, H), clamp(iw, W)]), 0.0)
+def padded_index(i, n, pad_mode: str = "zeros"):
+    """``(inside, index)`` of input row or column ``i`` (in [-pad, n + pad)) of an axis of ``n``: with zeros, whether
+    it is inside and a clamped index to read there; reflected (``reflect``: -1 reads 1, n reads n - 2) or
+    clamped (``edge``) every position reads the input, and ``inside`` is None."""
+    if pad_mode == "zeros":
+        return (i >= 0) & (i < n), clamp(i, n)
+    if pad_mode == "edge":
+        return None, clamp(i, n)
+    # clamped too: a partial tile's rows past the padded input (their outputs are not stored) must read in bounds
+    return None, clamp(select(i < 0, -i, select(i > n - 1, (n - 1) * 2 - i, i)), n)
+
+
+def padded_tap(ih, iw, H, W, pad_mode: str = "zeros"):
+    """``(inside, row, column)`` of an input tap: ``inside`` None where every tap reads the input."""
+    inside_h, ih = padded_index(ih, H, pad_mode)
+    inside_w, iw = padded_index(iw, W, pad_mode)
+    return (None if inside_h is None else inside_h & inside_w), ih, iw
+
+
+def input_pixel(X, n, cb, ih, iw, H, W, arith, pad_mode: str = "zeros"):
+    """The RGBA pixel of channel block ``cb`` at input row ``ih``, column ``iw`` (zero in the padding, or what
+    ``pad_mode`` reads there)."""
+    inside, ih, iw = padded_tap(ih, iw, H, W, pad_mode)
+    pixel = arith.load(X[n, Ramp(cb * 4, as_expr(1), 4), ih, iw])
+    return pixel if inside is None else select(inside, pixel, 0.0)
 
 
 class LocalTile:
@@ -504,14 +538,13 @@ def clamp(i, n):
 
 
 def padded_windows(wl, x):
-    """``(r, s, patch)`` per filter tap: the float64 zero-padded input pixels that tap reads for every output
-    pixel (shared by the conv2d and depthwise references)."""
-    N, C, H, W = wl.data
+    """``(r, s, patch)`` per filter tap: the float64 padded input pixels (zeros, or ``pad_mode``'s) that tap
+    reads for every output pixel (shared by the conv2d and depthwise references)."""
     _, _, R, S = wl.kernel
     _, _, OH, OW = wl.out_shape
     (sh, sw), (dh, dw), (pt, pl, pb, pr) = wl.stride, wl.dilation, wl.padding
-    xp = np.zeros((N, C, H + pt + pb, W + pl + pr))
-    xp[:, :, pt:pt + H, pl:pl + W] = x
+    mode = {"zeros": "constant"}.get(getattr(wl, "pad_mode", "zeros"), getattr(wl, "pad_mode", "zeros"))
+    xp = np.pad(np.asarray(x, np.float64), ((0, 0), (0, 0), (pt, pb), (pl, pr)), mode=mode)
     for r in range(R):
         for s in range(S):
             yield r, s, xp[:, :, r * dh: r * dh + sh * (OH - 1) + 1: sh, s * dw: s * dw + sw * (OW - 1) + 1: sw]

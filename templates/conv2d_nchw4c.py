@@ -15,11 +15,11 @@ import numpy as np
 from tuner.ir.builder import Builder
 from tuner.ir.expr import ExtractLane, Ramp, as_expr, min_, select
 from tuner.ir.schedule import cache_read
-from tuner.templates.common import (EPILOGUE_ARGS, MODEL_KNOBS, WINDOW_ARGS, Arithmetic, Conv2dWorkload, LocalTile,
-                                    Template, WorkloadArg, _log2, clamp, declare_operands, fit_work_group,
-                                    gpu_fill_target, input_pixel, is_depthwise, node_epilogue, random_inputs, reference,
-                                    scale_operand, split_sums, store_tile, texture_scopes, window_features,
-                                    window_fields)
+from tuner.templates.common import (EPILOGUE_ARGS, MODEL_KNOBS, PAD_MODE_ARG, WINDOW_ARGS, Arithmetic,
+                                    Conv2dWorkload, LocalTile, Template, WorkloadArg, _log2, declare_operands,
+                                    fit_work_group, gpu_fill_target, input_pixel, is_depthwise, node_epilogue, padded_tap,
+                                    random_inputs, reference, scale_operand, split_sums, store_tile, texture_scopes,
+                                    window_features, window_fields)
 
 
 @dataclass(frozen=True)
@@ -85,8 +85,8 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
                     if steps > 1:
                         b.barrier()  # every work-item is done reading the previous step's tile
                     base = grp * CG4 + cbo * cfg.split_c if G > 1 else cbo * cfg.split_c
-                    tile.load(lambda k, ih, iw: gated(input_pixel(X, n, base + k, ih, iw, H, W, arith), Sc, n,
-                                                      base + k, arith),
+                    tile.load(lambda k, ih, iw: gated(input_pixel(X, n, base + k, ih, iw, H, W, arith, wl.pad_mode), Sc,
+                                                      n, base + k, arith),
                               (gh * cfg.wg_h * t_oh * sh - pt, gw * cfg.wg_w * t_ow * sw - pl), th * cfg.wg_w + tw)
                 with b.loop("cbi", cfg.split_c, "unrolled") as cbi, b.loop("r", R, window) as r, \
                         b.loop("s", S, window) as s:
@@ -121,8 +121,7 @@ def conv_step(b, cfg, wl, inputs, Wt, acc, arith, tile, vector_input, n, grp, ob
         for x in range(t_ow):
             ih = (oh0 + y) * sh - pt + r * dh
             iw = (ow0 + x) * sw - pl + s * dw
-            inside = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-            taps[y, x] = (inside, clamp(ih, H), clamp(iw, W))
+            taps[y, x] = padded_tap(ih, iw, H, W, wl.pad_mode)  # inside None: the padding reads the input
     xs = {}
     if tile is not None:
         for y in range(t_oh):
@@ -130,8 +129,8 @@ def conv_step(b, cfg, wl, inputs, Wt, acc, arith, tile, vector_input, n, grp, ob
                 xs[y, x] = b.let(f"x{y}_{x}", tile.read(cbi, th, tw, y, x, r, s))
     elif vector_input:  # one RGBA pixel (4 input channels) per tap; lanes extracted below
         for (y, x), (inside, ih, iw) in taps.items():
-            xs[y, x] = b.let(f"x{y}_{x}", gated(select(inside, arith.load(X[n, Ramp(cb * 4, as_expr(1), 4), ih, iw]),
-                                                       0.0), Sc, n, cb, arith))
+            xs[y, x] = b.let(f"x{y}_{x}", gated(padded(inside, arith.load(X[n, Ramp(cb * 4, as_expr(1), 4), ih, iw])),
+                                                Sc, n, cb, arith))
     for ci in range(4):
         c = cb * 4 + ci
         # lanes past C exist only in the last block; their weights do not (OIHW4o pads O, not C)
@@ -140,7 +139,7 @@ def conv_step(b, cfg, wl, inputs, Wt, acc, arith, tile, vector_input, n, grp, ob
                 lane = {yx: ExtractLane(v, ci) for yx, v in xs.items()}
             else:
                 gate = (lambda v: v) if Sc is None else (lambda v: v * arith.load(Sc[n, c, 0, 0]))  # noqa: E731
-                lane = {yx: b.let(f"x{yx[0]}_{yx[1]}_{ci}", gate(select(inside, arith.load(X[n, c, ih, iw]), 0.0)))
+                lane = {yx: b.let(f"x{yx[0]}_{yx[1]}_{ci}", gate(padded(inside, arith.load(X[n, c, ih, iw]))))
                         for yx, (inside, ih, iw) in taps.items()}
             for k in range(t_oc):
                 ob = min_(obb * t_oc + k, OB - 1)  # a partial last tile re-reads the last block
@@ -149,6 +148,11 @@ def conv_step(b, cfg, wl, inputs, Wt, acc, arith, tile, vector_input, n, grp, ob
                     for x in range(t_ow):
                         i = (k * t_oh + y) * t_ow + x
                         b.store(acc, i, arith.mac(acc[i], lane[y, x] * wpix))
+
+
+def padded(inside, value):
+    """``value`` where the tap is inside the input, else zero; as is where the padding reads the input."""
+    return value if inside is None else select(inside, value, 0.0)
 
 
 def space_vars(wl: Conv2dWorkload) -> dict:
@@ -225,7 +229,7 @@ def lower(ctx, node, ins):
             w_name, w_shape, groups = f"{node.name}.block_diagonal_w", full.shape, 1
             extra[w_name] = full
     wl = Conv2dWorkload(data=data, kernel=w_shape, groups=groups, residual="Res" in inputs, in_scale="S" in inputs,
-                        **window_fields(node), **fields)
+                        pad_mode=node.attrs.get("pad_mode", "zeros"), **window_fields(node), **fields)
     return wl, {"X": ins[0], "Wt": w_name, **inputs}, extra
 
 
@@ -234,7 +238,8 @@ WORKLOAD_ARGS = (WorkloadArg("data", "shape", "N,C,H,W", "input shape", required
                  *WINDOW_ARGS, WorkloadArg("groups", "int", "G", "grouped convolution (default 1)"),
                  *EPILOGUE_ARGS, WorkloadArg("residual", "flag", help="fuse a residual add of a second NCHW4c tensor"),
                  WorkloadArg("in_scale", "flag", help="multiply the input by a per-(n, channel) gate S of shape "
-                             "N,C,1,1 as it is read (squeeze-excite)"))
+                             "N,C,1,1 as it is read (squeeze-excite)"),
+                 PAD_MODE_ARG)
 
 VARIABLES = dict(N="batch", C="input channels", H="input height", W="input width", O="output channels",
                  R="kernel height", S="kernel width", OH="output height", OW="output width",

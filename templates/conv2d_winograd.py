@@ -55,7 +55,7 @@ from tuner.ir.builder import Builder
 from tuner.ir.dtype import DType
 from tuner.ir.expr import Cast, ExtractLane, Ramp, as_expr, min_
 from tuner.templates.common import EPILOGUE_ARGS, Template, WorkloadArg, node_epilogue
-from tuner.templates.common import (MODEL_KNOBS, Arithmetic, Conv2dWorkload, declare_operands,
+from tuner.templates.common import (MODEL_KNOBS, PAD_MODE_ARG, Arithmetic, Conv2dWorkload, declare_operands,
                                            fit_work_group, input_pixel, is_depthwise, split_sums, store_tile,
                                            texture_scopes)
 from tuner.templates.common import reference as direct_reference
@@ -123,12 +123,14 @@ class WinogradWorkload:
     bias: bool = False
     activation: str = "none"
     residual: bool = False
+    pad_mode: str = "zeros"  # as Conv2dWorkload's: a reflection or edge Pad read in place
 
     def __post_init__(self):
         if self.m not in MATRICES:
             raise ValueError("use Winograd2Workload or Winograd4Workload")
         direct = Conv2dWorkload(self.data, self.kernel, padding=self.padding, dtype=self.dtype, bias=self.bias,
-                                activation=self.activation, residual=self.residual)  # shared checks
+                                activation=self.activation, residual=self.residual,
+                                pad_mode=self.pad_mode)  # shared checks
         if direct.kernel[2:] != (3, 3):
             raise ValueError(f"winograd{self.m} computes 3x3 convolutions; got kernel {list(direct.kernel)}")
         for name in ("data", "kernel", "padding", "activation"):
@@ -142,7 +144,7 @@ class WinogradWorkload:
     def direct(self) -> Conv2dWorkload:
         """The same convolution as the direct template's workload (its reference, its output shape)."""
         return Conv2dWorkload(self.data, self.kernel, padding=self.padding, dtype=self.dtype, bias=self.bias,
-                              activation=self.activation, residual=self.residual)
+                              activation=self.activation, residual=self.residual, pad_mode=self.pad_mode)
 
     @classmethod
     def of(cls, direct: Conv2dWorkload):
@@ -151,7 +153,7 @@ class WinogradWorkload:
         if not computes(direct.kernel, direct.stride, direct.dilation, direct.groups):
             return None
         return cls(data=direct.data, kernel=direct.kernel, padding=direct.padding, dtype=direct.dtype,
-                   bias=direct.bias, activation=direct.activation, residual=direct.residual)
+                   bias=direct.bias, activation=direct.activation, residual=direct.residual, pad_mode=direct.pad_mode)
 
     @property
     def transformed_kernel(self) -> tuple:
@@ -168,8 +170,9 @@ class WinogradWorkload:
         return self.direct.flops
 
     def key(self) -> dict:
+        """The log's key; ``pad_mode`` only when not zeros (the keys of every other layer as before it)."""
         return {"op": f"winograd{self.m}", **{k: list(v) if isinstance(v, tuple) else v
-                                              for k, v in asdict(self).items()}}
+                                              for k, v in asdict(self).items() if k != "pad_mode" or v != "zeros"}}
 
 
 @dataclass(frozen=True)
@@ -240,7 +243,7 @@ def channel_step(b, wl, cfg, X, Wt, acc, d, V, arith, n, obb, oh0, ow0, cb_expr)
     ih0, iw0 = b.let("ih0", oh0 - pt), b.let("iw0", ow0 - pl)
     for i in range(a):
         for j in range(cols):
-            b.store(d, i * cols + j, input_pixel(X, n, cb, ih0 + i, iw0 + j, H, W, arith))
+            b.store(d, i * cols + j, input_pixel(X, n, cb, ih0 + i, iw0 + j, H, W, arith, wl.pad_mode))
     for t in range(t_t):  # V = B^T d B
         patch = [[d[i * cols + t * m + j] for j in range(a)] for i in range(a)]
         transform_2d(b, f"r{t}", BT, patch, lambda u, v, x, t=t: b.store(V, (t * a + u) * a + v, x))
@@ -410,7 +413,7 @@ def lowers(workload_class):
             return None
         fields, inputs = node_epilogue(ctx, node)
         wl = workload_class(data=data, kernel=w_shape, padding=tuple(a["padding"]), residual="Res" in inputs,
-                            **fields)
+                            pad_mode=a.get("pad_mode", "zeros"), **fields)
         u_name = f"{w_name}.winograd{wl.m}"
         extra = {u_name: transform_weights(ctx.graph.params[w_name], wl.m, np.float32)}
         return wl, {"X": ins[0], "Wt": u_name, **inputs}, extra
@@ -430,7 +433,8 @@ WORKLOAD_ARGS = (WorkloadArg("data", "shape", "N,C,H,W", "input shape", required
                  WorkloadArg("kernel", "shape", "O,C,R,S", "weight shape", required=True),
                  WorkloadArg("padding", "ints", "P[,P[,P,P]]", "all, (h,w) or (top,left,bottom,right)",
                              lengths=(1, 2, 4)),
-                 *EPILOGUE_ARGS, WorkloadArg("residual", "flag", help="fuse a residual add of a second NCHW4c tensor"))
+                 *EPILOGUE_ARGS, WorkloadArg("residual", "flag", help="fuse a residual add of a second NCHW4c tensor"),
+                 PAD_MODE_ARG)
 
 
 def _template(workload_class) -> WinogradTemplate:

@@ -201,13 +201,13 @@ def features(v: dict, k: dict) -> dict:
     return window_features(v, k, k["tile_cb"], v["CB"], 4)
 
 
-
-
 def lower(ctx, node, ins):
     """A conv2d graph node with one filter per channel (groups == C == O)."""
     data, w_name = ctx.shape(node.inputs[0]), node.inputs[1]
     if not is_depthwise(data, ctx.shape(w_name), node.attrs.get("groups", 1)) or "in_scale" in node.attrs:
         return None
+    if node.attrs.get("pad_mode", "zeros") != "zeros":  # passes.fold_pads leaves a depthwise layer's Pad a kernel
+        raise ValueError(f"pad_mode {node.attrs['pad_mode']!r}: the depthwise template pads with zeros only")
     fields, inputs = node_epilogue(ctx, node)
     wl = DepthwiseWorkload(data=data, kernel=ctx.shape(w_name), residual="Res" in inputs, **window_fields(node),
                            **fields)

@@ -127,3 +127,37 @@ def test_out_view_writes_its_channels_of_a_larger_tensor(device, rng, knobs):
     assert np.abs(y[:, 8:] - ref).max() / np.abs(ref).max() < 1e-4
     with pytest.raises(ValueError, match="multiple of 4"):
         Conv2dWorkload((1, 5, 6, 7), (6, 5, 3, 3), out_view=(6, 12))
+
+
+REFLECTED = Conv2dWorkload((1, 6, 7, 9), (8, 6, 3, 3), 1, (1, 2, 2, 1), bias=True, pad_mode="reflect")
+
+
+@pytest.mark.parametrize("pad_mode", ["reflect", "edge"])
+@pytest.mark.parametrize("knobs", [
+    dict(), dict(**BUFFERS, vec_load=1), dict(local_input=True, wg_w=2, wg_h=2), dict(tile_oh=3, tile_ow=4, wg_w=2),
+    dict(input_scope="buffer", cache_input=True), dict(split_k=2, wg_w=2)],
+    ids=["texture", "scalar loads", "local tile", "partial tiles", "cached input", "split_k"])
+def test_padding_reads_the_input_reflected_or_at_its_edge(device, rng, pad_mode, knobs):
+    """``pad_mode``: a reflection (or edge) Pad before the convolution read in place: every input path (vector and
+    scalar loads, the __local tile with its halo, the texture cache) reads the reflected pixel; tiles past the
+    output (3 rows of 8, 4 columns of 10) read in bounds. Uneven pads (1, 2, 2, 1)."""
+    from dataclasses import replace
+    wl = replace(REFLECTED, pad_mode=pad_mode)
+    x, w, bias = (rng.standard_normal(s).astype(np.float32) for s in (wl.data, wl.kernel, (8,)))
+    y = build(conv2d_nchw4c(wl, Conv2dConfig(**knobs)), device)(X=x, Wt=w, B=bias)["Y"].astype(np.float64)
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 2), (2, 1)), mode=pad_mode)
+    ref = reference(Conv2dWorkload(xp.shape, wl.kernel, bias=True), xp, w, bias)  # the Pad, then no padding
+    assert y.shape == ref.shape and np.abs(y - ref).max() / np.abs(ref).max() < 1e-4
+    zeros = reference(replace(wl, pad_mode="zeros"), x, w, bias)
+    assert np.abs(zeros - ref).max() / np.abs(ref).max() > 0.05  # the border differs from zero padding
+
+
+def test_pad_mode_is_in_the_key_only_when_not_zeros():
+    from tuner.logs.best import workload_distance
+    assert "pad_mode" not in Conv2dWorkload((1, 8, 4, 4), (8, 8, 3, 3), 1, 1).key()
+    assert REFLECTED.key()["pad_mode"] == "reflect"
+    assert workload_distance(REFLECTED.key(), {**REFLECTED.key(), "pad_mode": "zeros"}) == 0  # same loop nest
+    with pytest.raises(ValueError, match="smaller than the input"):
+        Conv2dWorkload((1, 4, 3, 8), (4, 4, 3, 3), 1, (3, 1, 3, 1), pad_mode="reflect")
+    with pytest.raises(ValueError, match="pad_mode 'wrap'"):
+        Conv2dWorkload((1, 4, 8, 8), (4, 4, 3, 3), 1, 1, pad_mode="wrap")

@@ -49,6 +49,8 @@ def models(tmp_path_factory):
     onnx.save(test_models()["shufflenet_units"], out["shufflenet_units"])
     out["poolformer_block"] = d / "poolformer_block.onnx"  # a binary kernel with a scale and a residual
     onnx.save(test_models()["poolformer_block"], out["poolformer_block"])
+    out["pads_into_convs"] = d / "pads_into_convs.onnx"  # reflection and edge Pads read in place by convolutions
+    onnx.save(test_models()["pads_into_convs"], out["pads_into_convs"])
     return out
 
 
@@ -61,6 +63,7 @@ ARTIFACTS = {
     "norms-cpu-buffer-f32": ("norms", CPU, "buffer", "float32"),
     "shufflenet-cpu-texture-f32": ("shufflenet_units", CPU, "texture", "float32"),
     "poolformer-cpu-buffer-f32": ("poolformer_block", CPU, "buffer", "float32"),
+    "pads-cpu-texture-f32": ("pads_into_convs", CPU, "texture", "float32"),
 }
 
 

@@ -325,3 +325,17 @@ def test_convnext_block_runs_four_kernels(with_pass):
     opt = optimize(from_onnx(MODELS["convnext_block"]))
     assert [(n.op, n.attrs.get("activation"), "residual" in n.attrs) for n in opt.nodes] == [
         ("conv2d", None, False), ("layer_norm", None, False), ("conv2d", "gelu", False), ("conv2d", None, True)]
+
+
+def test_pads_read_by_convolutions_run_no_kernel():
+    """passes.fold_pads: the reflection, edge and zero Pads before convolutions become their padding (a
+    reflection read by two convolutions too); a reflection before a depthwise layer, a non-zero constant and a
+    reflection before a convolution with its own padding stay kernels."""
+    from tuner.graph.passes import optimize
+    g = optimize(from_onnx(MODELS["pads_into_convs"]))
+    convs = [n for n in g.nodes if n.op == "conv2d"]
+    assert [n.attrs.get("pad_mode", "zeros") for n in convs[:5]] == ["reflect", "reflect", "reflect", "edge", "zeros"]
+    assert [tuple(n.attrs["padding"]) for n in convs[:5]] == [(1, 1, 1, 1), (2, 1, 1, 2), (2, 1, 1, 2), (0, 2, 1, 0),
+                                                             (2, 1, 1, 3)]
+    assert [(n.attrs["mode"], n.outputs[0] in (c.inputs[0] for c in convs)) for n in g.nodes if n.op == "pad"] == \
+        [("reflect", True), ("constant", True), ("reflect", True)]

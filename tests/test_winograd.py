@@ -343,3 +343,22 @@ def test_auto_checks_the_template_choice_inside_the_model(device, monkeypatch):
     per_node = [t for prefer, t in made if isinstance(prefer, dict)]
     assert per_node == [["winograd4", "conv2d", "conv2d"]]
     assert [t for prefer, t in made if prefer == "first"] == [["conv2d"] * 3]
+
+
+@pytest.mark.parametrize("pad_mode", ["reflect", "edge"])
+@pytest.mark.parametrize("name", NAMES)
+def test_reflected_or_edge_padding_matches_numpy(device, name, pad_mode):
+    """``pad_mode``: a style-transfer net's ReflectionPad2d(1) before a 3x3 convolution, read in place by the
+    Winograd tiles too (tiles past the output read in bounds); random configs in both scopes, against the
+    template's reference, which is checked against an explicit np.pad."""
+    fields = dict(data=(1, 5, 7, 10), kernel=(6, 5, 3, 3), padding=(1, 1, 1, 1), bias=True, pad_mode=pad_mode)
+    for seed, scope in ((0, "texture"), (1, "buffer"), (2, "texture")):
+        check_random_config(device, name, fields, "float32", seed, **scopes(scope))
+    t, rng = get_template(name), np.random.default_rng(0)
+    wl = t.workload(**fields)
+    inputs = t.random_inputs(wl, rng)
+    xp = np.pad(inputs["X"].astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)), mode=pad_mode)
+    plain = dataclasses.replace(wl.direct, data=xp.shape, padding=(0, 0, 0, 0), pad_mode="zeros")
+    from tuner.templates.common import reference
+    ref = reference(plain, xp, untransform_weights(inputs["Wt"], wl.m), inputs["B"])
+    assert np.allclose(t.reference(wl, inputs), ref, rtol=1e-6, atol=1e-6)

@@ -166,7 +166,7 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
         shapes = "; ".join(f"{', '.join(names)} {m}" for m, names in metavars.items() if m)
         text = a.help + (f": {shapes}" if a.kind == "shape" else "")
         p.add_argument(flag, metavar=a.metavar if len(metavars) == 1 else "SHAPE", help=text or None,
-                       **kinds.get(a.kind, {}))
+                       **kinds.get(a.kind, dict(choices=a.choices) if a.choices else {}))
     p.add_argument("--scope", choices=("texture", "buffer"), help="scope of every operand (default: the "
                    "fallback's choice for the device)")
 

@@ -19,6 +19,9 @@
 - ``split_whole_reductions``: a ReduceMean / Max / Sum / L2 over (C, H, W) of an image runs over (H, W), then the
   channels: no work-item loops over a whole image.
 - ``fuse_patterns``: x * sigmoid(x) -> silu, x * hardsigmoid(x) -> hardswish, the erf GELU -> gelu.
+- ``fold_pads``: a Pad read only by convolutions runs no kernel: zeros add to each convolution's padding; a
+  reflection or edge Pad becomes the padding of convolutions that pad nothing themselves (``pad_mode``: the
+  conv2d and Winograd templates read the reflected or edge pixel in place; a depthwise layer keeps its Pad).
 """
 from __future__ import annotations
 
@@ -433,6 +436,39 @@ def fuse_input_gates(graph: Graph) -> Graph:
     return g.validate()
 
 
+def _pad_readers(g: Graph, node: Node):
+    """The convolutions that read a Pad's output as their input (every reader must), else None."""
+    out = node.outputs[0]
+    readers = g.consumers(out)
+    if out in g.outputs or not readers or any(r.op != "conv2d" or r.inputs[0] != out or out in r.inputs[1:]
+                                              or r.attrs.get("pad_mode", "zeros") != "zeros" for r in readers):
+        return None
+    return readers
+
+
+def fold_pads(graph: Graph) -> Graph:
+    g = graph.copy()
+    for node in list(g.nodes):
+        if node.op != "pad" or (readers := _pad_readers(g, node)) is None:
+            continue
+        mode, pads = node.attrs["mode"], tuple(node.attrs["pads"])
+        if mode == "constant":
+            if node.attrs.get("value", 0.0) != 0.0:
+                continue
+        else:
+            c = g.shapes[node.inputs[0]][1]
+            if any(any(r.attrs["padding"]) or r.attrs.get("groups", 1) == c == g.shapes[r.inputs[1]][0]
+                   for r in readers):
+                continue  # a padding of its own past the reflection; or depthwise: zeros only
+        for r in readers:
+            r.inputs = [node.inputs[0]] + r.inputs[1:]
+            r.attrs["padding"] = tuple(p + q for p, q in zip(r.attrs["padding"], pads))
+            if mode != "constant":
+                r.attrs["pad_mode"] = mode
+        g.nodes = [n for n in g.nodes if n is not node]
+    return g.validate()
+
+
 def optimize(graph: Graph) -> Graph:
     """The frontend graph as the kernels will run it: BatchNorm folded, multi-node activations recognized,
     epilogues fused."""
@@ -444,7 +480,8 @@ def optimize(graph: Graph) -> Graph:
 # (a GELU's erf pattern reads its input twice, which would stop a transpose from sinking through it); the layout
 # rewrites (channel shuffles, attention's token tensors, NHWC blocks, ConvTranspose -> conv2d:
 # ``passes_movement``); whole-image reductions in two parallel steps; then BatchNorm folded into convolutions, the
-# activations the rewrites exposed recognized, epilogues fused, squeeze-excite gates and channel gathers read by the
-# convolutions after them.
+# activations the rewrites exposed recognized, epilogues fused, squeeze-excite gates, Pads and channel gathers read by
+# the convolutions after them.
 PIPELINE = (model_io_ranks, pointwise_ranks, fuse_group_norm, fuse_patterns, optimize_movement, split_whole_reductions,
-            fold_batch_norm, fuse_patterns, fuse_epilogues, fuse_input_gates, pad_concat_parts, fold_gathers_into_convs)
+            fold_batch_norm, fuse_patterns, fuse_epilogues, fuse_input_gates, fold_pads, pad_concat_parts,
+            fold_gathers_into_convs)

@@ -49,11 +49,13 @@ def random_inputs(graph: Graph, seed: int = 0) -> dict:
     return {t: rng.standard_normal(graph.shapes[t]).astype(np.float32) for t in graph.inputs}
 
 
-def _windows(x: np.ndarray, kernel: tuple, stride: tuple, dilation: tuple, padding: tuple, fill: float):
+def _windows(x: np.ndarray, kernel: tuple, stride: tuple, dilation: tuple, padding: tuple, fill: float,
+             pad_mode: str = "zeros"):
     """Yield ``((r, s), x_rs)`` for every kernel tap, where ``x_rs[n, c, oh, ow]`` is the padded input the tap
-    reads for output (oh, ow), plus the output size."""
+    reads for output (oh, ow) -- padded with ``fill``, or reflected or repeated at its edge (``pad_mode``)."""
     top, left, bottom, right = padding
-    xp = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)), constant_values=fill)
+    widths = ((0, 0), (0, 0), (top, bottom), (left, right))
+    xp = np.pad(x, widths, constant_values=fill) if pad_mode == "zeros" else np.pad(x, widths, mode=pad_mode)
     (r_n, s_n), (sh, sw), (dh, dw) = kernel, stride, dilation
     oh = (xp.shape[2] - (r_n - 1) * dh - 1) // sh + 1
     ow = (xp.shape[3] - (s_n - 1) * dw - 1) // sw + 1
@@ -71,7 +73,8 @@ def conv2d(node: Node, x, w, b=None):
     n, c = x.shape[:2]
     o, cg = w.shape[:2]
     out = None
-    for (r, s), xs in _windows(x, w.shape[2:], a["stride"], a["dilation"], a["padding"], 0.0):
+    for (r, s), xs in _windows(x, w.shape[2:], a["stride"], a["dilation"], a["padding"], 0.0,
+                               a.get("pad_mode", "zeros")):
         # grouped: x (N, G, C/G, OH, OW) . w (G, O/G, C/G) -> (N, G, O/G, OH, OW)
         term = np.einsum("ngchw,goc->ngohw", xs.reshape(n, g, cg, *xs.shape[2:]),
                          w[:, :, r, s].reshape(g, o // g, cg))

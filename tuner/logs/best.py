@@ -92,8 +92,8 @@ def invalid_config(template, workload, device, config: dict) -> str | None:
     return "; ".join(bad) or None
 
 
-EPILOGUE = ("bias", "activation", "residual", "in_scale")  # workload fields that change what surrounds the sum, not
-# the loop nest
+# workload fields that change what surrounds the sum (or what the padding reads), not the loop nest
+EPILOGUE = ("bias", "activation", "residual", "in_scale", "pad_mode")
 
 
 def workload_distance(a: dict, b: dict) -> float:

@@ -98,6 +98,28 @@ def _pad(b) -> dict:
     return {b.node("Pad", [p, b.const("pads", np.array([0, 0, 0, 1, 0, 0, 3, 2], np.int64))], mode="edge"): None}
 
 
+def _pads_into_convs(b) -> dict:
+    """Pads read by convolutions (``passes.fold_pads``): a reflection Pad before a 3x3 convolution (the style
+    net's), another read by two convolutions (one strided), an edge Pad, a zero Pad added to a convolution's own
+    padding; kept as kernels: a reflection before a depthwise layer, a non-zero constant, a reflection before a
+    convolution that pads too."""
+    x = b.input("input", (1, 6, 9, 10))
+    t = b.relu6(b.conv(b.node("Pad", [x, b.const("pads", np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64))],
+                              mode="reflect"), 6, 8, 3, pads=[0, 0, 0, 0], bias=True))
+    p = b.node("Pad", [t, b.const("pads", np.array([0, 0, 2, 1, 0, 0, 1, 2], np.int64))], mode="reflect")
+    a, s2 = b.conv(p, 8, 8, 3, pads=[0, 0, 0, 0]), b.conv(p, 8, 8, (2, 3), stride=2, pads=[0, 0, 0, 0])
+    e = b.conv(b.node("Pad", [a, b.const("pads", np.array([0, 0, 0, 2, 0, 0, 1, 0], np.int64))], mode="edge"),
+               8, 4, 3, pads=[0, 0, 0, 0])
+    z = b.conv(b.node("Pad", [e, b.const("pads", np.array([0, 0, 1, 0, 0, 0, 0, 2], np.int64))]), 4, 4, 3)
+    dw = b.conv(b.node("Pad", [z, b.const("pads", np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64))], mode="reflect"),
+                4, 4, 3, groups=4, pads=[0, 0, 0, 0])
+    v = b.conv(b.node("Pad", [dw, b.const("pads", np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64)),
+                              b.const("value", np.float32(0.25))]), 4, 4, 3, pads=[0, 0, 0, 0])
+    own = b.conv(b.node("Pad", [v, b.const("pads", np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64))], mode="reflect"),
+                 4, 4, 3)
+    return {own: None, s2: None}
+
+
 def _movement_attrs(b) -> dict:
     """Opset 9: Pad-2 (pads attribute), Slice-1 (attributes), Upsample (scales input)."""
     x = b.input("input", (1, 3, 6, 6))
@@ -197,6 +219,7 @@ def _convnext_block(b) -> dict:
 
 
 TEST_MODELS: dict = {"shufflenet": _shufflenet, "shufflenet_units": _shufflenet_units, "convnext_block": _convnext_block, "slice_split": _slice_split, "pad": _pad,
+                     "pads_into_convs": _pads_into_convs,
                      "movement_attrs": _movement_attrs, "resize": _resize, "conv_transpose": _conv_transpose,
                      "layer_norm": _layer_norm, "space_to_depth": _space_to_depth}
 OPSETS: dict = {"movement_attrs": 9, "slice_split": 11, "layer_norm": 17, "convnext_block": 17}
