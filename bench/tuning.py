@@ -60,7 +60,21 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-SAMPLERS = ("xgb", "tpe", "random", "xgb-cold")
+SAMPLERS = ("xgb", "tpe", "random", "xgb-cold", "xgb-none", "xgb-bonus", "xgb-old")
+STOCK = {"fallback_first": False, "device_region": False}  # the baselines: Optuna's TPE and random search as such
+# name -> (tune()'s sampler, transfer, more tune() arguments). xgb: tune()'s defaults (the fallback and the device
+# class's region measured first, a model-free TPE share, the transfer weighed by its rank correlation here);
+# xgb-cold: the same without transfer; xgb-none / xgb-bonus: no model-free share / an ensemble's uncertainty
+# bonus instead; xgb-old: the xgb of 2026-11-26 (model only, transfer at full weight, no fallback or region).
+VARIANTS = {
+    "xgb": ("xgb", True, {}),
+    "xgb-cold": ("xgb", False, {}),
+    "tpe": ("tpe", False, STOCK),
+    "random": ("random", False, STOCK),
+    "xgb-none": ("xgb", True, {"sampler_options": {"explore": "none"}}),
+    "xgb-bonus": ("xgb", True, {"sampler_options": {"explore": "bonus"}}),
+    "xgb-old": ("xgb", True, {"sampler_options": {"explore": "none", "weigh_transfer": False}, **STOCK}),
+}
 THRESHOLD = 0.95
 
 # (name, template, workload arguments): small layers, about 1 s per measured config on PoCL
@@ -82,6 +96,14 @@ HELD_OUT = [  # the table's workloads: never tuned while the search was develope
     ("dw5x5.40@20", "depthwise_conv2d", dict(data=(1, 40, 20, 20), kernel=(40, 1, 5, 5), padding=2)),
     ("dense.256-128", "dense", dict(data=(1, 256), weight=(128, 256))),
 ]
+REPORT = [  # 2026-11-27 (issue 37): the set reported for the search of issue 37, which was developed on HELD_OUT and
+    # HELD_OUT_2 (their measurements and caches); defined before any of it was measured
+    ("conv3x3.40-40@12", "conv2d", dict(data=(1, 40, 12, 12), kernel=(40, 40, 3, 3), padding=1)),
+    ("conv1x1.64-32@14", "conv2d", dict(data=(1, 64, 14, 14), kernel=(32, 64, 1, 1))),
+    ("conv3x3s2.32-64@16", "conv2d", dict(data=(1, 32, 16, 16), kernel=(64, 32, 3, 3), stride=2, padding=1)),
+    ("dw3x3s2.64@20", "depthwise_conv2d", dict(data=(1, 64, 20, 20), kernel=(64, 1, 3, 3), stride=2, padding=1)),
+    ("dense.192-160", "dense", dict(data=(1, 192), weight=(160, 192))),
+]
 HELD_OUT_2 = [  # a second held-out set, first measured 2026-11-26 to check a change made after reading HELD_OUT's
     # measurements (the cost model's launch_waste feature): no run had seen these before
     ("conv3x3.32-32@16", "conv2d", dict(data=(1, 32, 16, 16), kernel=(32, 32, 3, 3), padding=1)),
@@ -89,12 +111,12 @@ HELD_OUT_2 = [  # a second held-out set, first measured 2026-11-26 to check a ch
     ("dw3x3.48@18", "depthwise_conv2d", dict(data=(1, 48, 18, 18), kernel=(48, 1, 3, 3), padding=1)),
     ("dense.384-96", "dense", dict(data=(1, 384), weight=(96, 384))),
 ]
-WORKLOADS = HELD_OUT + HELD_OUT_2
+WORKLOADS = HELD_OUT + HELD_OUT_2 + REPORT
 SCOPES = {"input": "buffer", "weight": "buffer", "output": "buffer"}
 
 CSV_FIELDS = ["workload", "template", "workload_args", "scope", "sampler", "seed", "trials", "trials_to_95pct",
               "reached", "best_gflops_run", "best_ever", "failed", "wall_s", "s_per_trial", "best_config", "curve",
-              "gflops", "keys", "curve_retimed", "device"]
+              "gflops", "keys", "curve_retimed", "device", "search"]
 
 
 PARALLEL = 2  # build processes (--parallel)
@@ -170,9 +192,9 @@ def short_key(key: str) -> str:
     return hashlib.sha1(key.encode()).hexdigest()[:16]
 
 
-def corpus(info, out: Path, trials: int, measurer) -> Path:
+def corpus(info, out: Path, trials: int, measurer, late=lambda: False) -> Path | None:
     """The transfer corpus: ``trials`` random configs of each development workload on this device, measured
-    once (a re-run tops it up)."""
+    once (a re-run tops it up), in chunks of ``CORPUS_CHUNK``; None when ``late()`` stopped it first."""
     from collections import Counter
 
     from tuner.errors import ErrorCode
@@ -187,14 +209,22 @@ def corpus(info, out: Path, trials: int, measurer) -> Path:
         for name, tname, kw in DEVELOPMENT:
             wl = get_template(tname).workload(**kw)
             n = have[(tname, canonical_json(wl.key()))]
-            if n >= trials:
-                continue
-            res = tune(tname, wl, device=info, trials=trials - n, sampler="random", seed=1234, log=str(path),
-                       storage=f"sqlite:///{os.path.join(d, 'study.db')}", transfer=False, progress=False,
-                       scopes=SCOPES, options=options(), measurer=measurer)
-            print(f"corpus {name}: {res.measured} new, best {res.best.gflops if res.best else 0:.2f} GFLOP/s",
-                  flush=True)
+            while n < trials:
+                if late():
+                    return None
+                res = tune(tname, wl, device=info, trials=min(CORPUS_CHUNK, trials - n), sampler="random",
+                           seed=1234, log=str(path), storage=f"sqlite:///{os.path.join(d, 'study.db')}",
+                           transfer=False, progress=False, scopes=SCOPES, options=options(), measurer=measurer,
+                           **STOCK)
+                n += res.measured
+                print(f"corpus {name}: {res.measured} new ({n} of {trials}), best "
+                      f"{res.best.gflops if res.best else 0:.2f} GFLOP/s", flush=True)
+                if not res.measured:
+                    break  # the space has no more valid configs
     return path
+
+
+CORPUS_CHUNK = 8  # corpus configs measured between two looks at the deadline
 
 
 def best_so_far(gflops: list) -> list:
@@ -215,24 +245,32 @@ def trials_to(curve: list, target: float, n: int) -> int:
 
 def run_one(template: str, wl, sampler: str, seed: int, trials: int, device, corpus_log: Path,
             measurer) -> dict:
+    import optuna
+
     from tuner.search import tune
     from tuner.templates import get_template
+    name, transfer, more = VARIANTS[sampler]
     with tempfile.TemporaryDirectory(prefix="tuning-bench-") as d:
         log = os.path.join(d, "log.jsonl")
         shutil.copyfile(corpus_log, log)  # what the device's log holds before this layer
         start = time.perf_counter()
-        res = tune(template, wl, device=device, trials=trials, sampler=sampler.removesuffix("-cold"), seed=seed,
-                   log=log, storage=f"sqlite:///{os.path.join(d, 'study.db')}",
-                   transfer=not sampler.endswith("-cold"), progress=False, scopes=SCOPES, options=options(),
-                   measurer=measurer)
+        storage = f"sqlite:///{os.path.join(d, 'study.db')}"
+        res = tune(template, wl, device=device, trials=trials, sampler=name, seed=seed, log=log, storage=storage,
+                   transfer=transfer, progress=False, scopes=SCOPES, options=options(), measurer=measurer, **more)
         wall = time.perf_counter() - start
+        notes = {tr.number: tr.user_attrs.get("search") or {"by": tr.user_attrs.get("start") or
+                                                            ("enqueued" if tr.system_attrs.get("fixed_params") else "")}
+                 for tr in optuna.load_study(study_name=res.study_name, storage=storage).trials}
     gflops = [r.gflops if r.ok and r.gflops else None for r in res.records]
     t = get_template(template)
     keys = [short_key(cache_key(template, wl, t.config(**r.config))) for r in res.records]
     best = max((r for r in res.records if r.ok and r.gflops), key=lambda r: r.gflops, default=None)
     cfg = {k: v for k, v in best.config.items() if not k.endswith("_scope")} if best else None
+    by = [notes.get(r.trial, {}).get("by") or "random" for r in res.records]  # who proposed each measured trial
+    last = next((notes[r.trial] for r in reversed(res.records) if "transfer_weight" in notes.get(r.trial, {})), {})
+    search = {"by": by, "transfer_weight": last.get("transfer_weight"), "share": last.get("share")}
     return {"gflops": gflops, "best_config": cfg, "curve": best_so_far(gflops), "wall_s": wall, "trials": len(res.records),
-            "keys": keys, "failed": sum(g is None for g in gflops)}
+            "keys": keys, "failed": sum(g is None for g in gflops), "search": search}
 
 
 RETIMES = 5  # independent re-timings of each contender for the best (--retimes)
@@ -295,7 +333,7 @@ def load_retimes(path: Path) -> dict:
 
 
 def retime(rows: list, cache: dict, path: Path, measurer, times: int = RETIMES,
-           window: float = RETIME_WINDOW) -> dict:
+           window: float = RETIME_WINDOW, late=lambda: False) -> dict | None:
     """Noise decides "95% of the best" on a loaded CPU, so the contenders are timed again: every config
     within ``window`` of its workload's best estimate is measured ``times`` more times, in rounds, each round
     one batch holding every contender once and the workload's reference config (its best at the first
@@ -304,7 +342,8 @@ def retime(rows: list, cache: dict, path: Path, measurer, times: int = RETIMES,
     contender, is left out (the winner's curse), and a burst of load, or a core given back, between rounds
     or between passes scales a contender and its reference alike. Repeats until no config is within
     ``window`` of the (new) best without its re-timings. ``cache``: the measurement cache's ``{full key:
-    result}`` (to rebuild the configs); ``path``: the re-timing file (appended, so a re-run continues)."""
+    result}`` (to rebuild the configs); ``path``: the re-timing file (appended, so a re-run continues).
+    None when ``late()`` said stop before the last round (a re-run continues from the file)."""
     from tuner.measure import MeasureInput
     from tuner.task import workload_of
     from tuner.templates import get_template
@@ -338,6 +377,8 @@ def retime(rows: list, cache: dict, path: Path, measurer, times: int = RETIMES,
         need = max(times - len(retimed.get(k, ())) for k in todo)
         print(f"re-timing {len(todo)} contenders, {need} rounds", flush=True)
         for _ in range(need):
+            if late():
+                return None
             batch = [k for k in todo if len(retimed.get(k, ())) < times]
             ref_ids = sorted({refs[workload_of_id[k]] for k in batch} - set(batch))
             ids = batch + ref_ids
@@ -390,7 +431,7 @@ def write_csv(path: Path, rows: list) -> None:
         w.writeheader()
         for r in rows:
             out = {k: r.get(k) for k in CSV_FIELDS}
-            for k in ("curve", "gflops", "workload_args", "best_config", "keys", "curve_retimed"):
+            for k in ("curve", "gflops", "workload_args", "best_config", "keys", "curve_retimed", "search"):
                 if not isinstance(out.get(k), str):
                     out[k] = json.dumps(out.get(k))
             w.writerow(out)
@@ -405,6 +446,7 @@ def read_csv(path: Path) -> list:
         r["gflops"] = json.loads(r["gflops"])
         r["keys"] = json.loads(r.get("keys") or "null")  # None in a CSV written before the column
         r["curve_retimed"] = json.loads(r.get("curve_retimed") or "null")
+        r["search"] = json.loads(r.get("search") or "null")
         for k in ("seed", "trials", "failed"):
             r[k] = int(r[k])
         for k in ("best_gflops_run", "wall_s", "s_per_trial"):
@@ -617,14 +659,20 @@ def main(argv=None) -> int:
     p.add_argument("--parallel", type=int, default=2, help="build processes per measurer (default 2)")
     p.add_argument("--jobs", type=int, default=1, help="run the held-out workloads in this many processes at "
                    "once (each its own measurement cache; for a GPU host with many cores), then merge")
-    p.add_argument("--deadline", type=float, help="with --jobs: seconds after which the workload processes are "
-                   "stopped and the runs they finished are merged")
+    p.add_argument("--deadline", type=float, help="seconds after which no corpus chunk, run or re-timing round "
+                   "starts (with --jobs: the workload processes are stopped then, and a run cut short is lost); "
+                   f"work left makes the exit status {UNFINISHED}, and the same command with the same --out goes on "
+                   "from there")
     p.add_argument("--retimes", type=int, default=RETIMES, metavar="R",
                    help=f"after the runs, time every contender for a workload's best (within "
                    f"{1 - RETIME_WINDOW:.0%}% of it) R more times and judge by the medians (default {RETIMES}; "
                    f"0: the runs' one measurement decides)")
     p.add_argument("--part", help=argparse.SUPPRESS)  # a --jobs child: file-name suffix
     a = p.parse_args(argv)
+    begun = time.perf_counter()
+
+    def late() -> bool:
+        return a.deadline is not None and time.perf_counter() - begun > a.deadline
     global PARALLEL
     PARALLEL = a.parallel
 
@@ -654,7 +702,7 @@ def main(argv=None) -> int:
     suffix = f".{a.part}" if a.part else ""
     csv_path, md_path = out / f"tuning_{info.fingerprint}{suffix}.csv", out / f"tuning_{info.fingerprint}.md"
     if a.jobs > 1:
-        return run_jobs(a, info, workloads, samplers, out, csv_path, md_path)
+        return run_jobs(a, info, workloads, samplers, out, csv_path, md_path, late)
     rows = read_csv(csv_path) if csv_path.exists() else []
     have = {(r["workload"], r["sampler"], r["seed"]) for r in rows}
     total = len(workloads) * a.seeds * len(samplers)
@@ -664,7 +712,10 @@ def main(argv=None) -> int:
     start, done = time.perf_counter(), 0
     with Measurer(info, options()) as real:
         measurer = CachedMeasurer(real, out / f"tuning_cache_{info.fingerprint}{suffix}.jsonl")
-        corpus_log = corpus(info, out, a.corpus_trials, measurer)
+        corpus_log = out / f"tuning_corpus_{info.fingerprint}.jsonl" if a.part else \
+            corpus(info, out, a.corpus_trials, measurer, late)  # a --jobs child: its parent measured it
+        if corpus_log is None:
+            return unfinished("the transfer corpus")
         for seed in range(a.seeds):  # seed-major: a benchmark cut short still has every workload
             for name, tname, kw in workloads:
                 wl = get_template(tname).workload(**kw)
@@ -672,6 +723,8 @@ def main(argv=None) -> int:
                     done += 1
                     if (name, s, seed) in have:
                         continue
+                    if late():
+                        return unfinished(f"{total - len(rows)} runs")
                     r = run_one(tname, wl, s, seed, a.trials, info, corpus_log, measurer)
                     curve = r["curve"]
                     best = curve[-1] if curve else 0.0
@@ -683,7 +736,7 @@ def main(argv=None) -> int:
                                  "s_per_trial": round(r["wall_s"] / max(r["trials"], 1), 3),
                                  "best_config": r["best_config"], "curve": curve,
                                  "gflops": [round(g, 4) if g else None for g in r["gflops"]], "keys": r["keys"],
-                                 "device": info.name})
+                                 "device": info.name, "search": r["search"]})
                     write_csv(csv_path, rows)
                     el = time.perf_counter() - start
                     print(f"[{done:3d}/{total}] {name:20s} {s:8s} seed {seed}: {r['trials']} trials "
@@ -692,7 +745,10 @@ def main(argv=None) -> int:
                           f"elapsed {el / 60:5.1f} min", flush=True)
         retimed = None
         if a.retimes and not a.part:
-            retimed = retime(rows, measurer.cache, out / f"tuning_retime_{info.fingerprint}.jsonl", real, a.retimes)
+            retimed = retime(rows, measurer.cache, out / f"tuning_retime_{info.fingerprint}.jsonl", real, a.retimes,
+                             late=late)
+            if retimed is None:
+                return unfinished("the re-timing of the contenders")
     if a.part:
         return 0  # the parent merges
     finish_rows(rows, a.trials, retimed)
@@ -705,7 +761,17 @@ def main(argv=None) -> int:
     return 0
 
 
-def run_jobs(a, info, workloads, samplers, out: Path, csv_path: Path, md_path: Path) -> int:
+CHILD_GRACE_S = 30  # how long past the deadline a --jobs child may finish the run it is in before it is stopped
+UNFINISHED = 3  # the exit status of a benchmark stopped by --deadline with work left
+
+
+def unfinished(what: str) -> int:
+    print(f"deadline: not finished ({what} left); run the same command again, with the same --out, to go on",
+          flush=True)
+    return UNFINISHED
+
+
+def run_jobs(a, info, workloads, samplers, out: Path, csv_path: Path, md_path: Path, late) -> int:
     """The corpus here, then one child process per held-out workload, ``a.jobs`` at a time; then the merge."""
     import subprocess
     from concurrent.futures import ThreadPoolExecutor
@@ -713,7 +779,9 @@ def run_jobs(a, info, workloads, samplers, out: Path, csv_path: Path, md_path: P
     from tuner.measure import Measurer
     start = time.perf_counter()
     with Measurer(info, options()) as real:
-        corpus(info, out, a.corpus_trials, CachedMeasurer(real, out / f"tuning_cache_{info.fingerprint}.jsonl"))
+        if corpus(info, out, a.corpus_trials, CachedMeasurer(real, out / f"tuning_cache_{info.fingerprint}.jsonl"),
+                  late) is None:
+            return unfinished("the transfer corpus")
 
     def child(w) -> int:
         part = re.sub(r"[^A-Za-z0-9]+", "_", w[0])
@@ -721,15 +789,21 @@ def run_jobs(a, info, workloads, samplers, out: Path, csv_path: Path, md_path: P
                "--trials", str(a.trials), "--seeds", str(a.seeds), "--samplers", ",".join(samplers),
                "--corpus-trials", str(a.corpus_trials), "--out", str(out), "--device", a.device or info.fingerprint,
                "--parallel", str(a.parallel), "--workloads", f"^{re.escape(w[0])}$", "--part", part]
-        left = None if a.deadline is None else max(1.0, a.deadline - (time.perf_counter() - start))
+        left = None if a.deadline is None else a.deadline - (time.perf_counter() - start)
+        if left is not None and left < 1:
+            return UNFINISHED
+        if left is not None:  # the child starts no run after its deadline; a run it is in is stopped here
+            cmd += ["--deadline", str(left)]
         try:
-            return subprocess.run(cmd, timeout=left).returncode
+            return subprocess.run(cmd, timeout=None if left is None else left + CHILD_GRACE_S).returncode
         except subprocess.TimeoutExpired:
             print(f"deadline: stopped {w[0]} (its finished runs are kept)", flush=True)
-            return 124
+            return UNFINISHED
 
     with ThreadPoolExecutor(a.jobs) as pool:
         codes = list(pool.map(child, workloads))
+    if UNFINISHED in codes:
+        return unfinished(f"the runs of {sum(c == UNFINISHED for c in codes)} workloads")
     rows = []
     for part in sorted(out.glob(f"tuning_{info.fingerprint}.*.csv")):
         rows += read_csv(part)
@@ -739,7 +813,10 @@ def run_jobs(a, info, workloads, samplers, out: Path, csv_path: Path, md_path: P
         for path in out.glob(f"tuning_cache_{info.fingerprint}*.jsonl"):
             cache.update(CachedMeasurer(None, path).cache)
         with Measurer(info, options()) as real:
-            retimed = retime(rows, cache, out / f"tuning_retime_{info.fingerprint}.jsonl", real, a.retimes)
+            retimed = retime(rows, cache, out / f"tuning_retime_{info.fingerprint}.jsonl", real, a.retimes,
+                             late=late)
+        if retimed is None:
+            return unfinished("the re-timing of the contenders")
     finish_rows(rows, a.trials, retimed)
     write_csv(csv_path, rows)
     md = summarize(rows, a.trials, meta_of(rows, csv_path, time.perf_counter() - start, jobs=a.jobs))

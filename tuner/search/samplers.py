@@ -13,6 +13,8 @@ proposals of one batch (``n_parallel`` builders) are the best distinct configs o
 TPE restricted to them. None proposes a config the study has already measured or is measuring."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import optuna
 from optuna.distributions import CategoricalDistribution
@@ -72,27 +74,87 @@ class ConstrainedRandomSampler(_SpaceSampler):
         return self.random_unseen(self.seen(study)) or {}
 
 
+def rank_correlation(a, b) -> float:
+    """Spearman's rho of two sequences (average ranks for ties); 0 where either is constant or shorter than 3."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if len(a) < 3 or len(a) != len(b):
+        return 0.0
+
+    def ranks(x):
+        order = np.argsort(x, kind="stable")
+        r = np.empty(len(x))
+        r[order] = np.arange(len(x), dtype=np.float64)
+        for v in np.unique(x):  # ties share their average rank
+            tie = x == v
+            if tie.sum() > 1:
+                r[tie] = r[tie].mean()
+        return r
+    ra, rb = ranks(a), ranks(b)
+    if ra.std() == 0 or rb.std() == 0:
+        return 0.0
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def trust(rho: float, n: int, reference: float) -> float:
+    """How far to trust a predictor whose rank correlation with ``n`` noisy measurements is ``rho``: the upper
+    end of rho's one-standard-error interval (Fisher's z, SE 1/sqrt(n-3)) over ``reference``, clipped to
+    [0, 1]. A predictor is trusted fully until the measurements show it is worse than ``reference``; one no
+    better than chance loses its weight slowly (0.55 at n = 24, 0.40 at 48 for reference 0.3), one that
+    predicts the wrong way fast. Single timings on a loaded CPU scatter by up to 2x, and a weight taken
+    from rho itself judged a helpful prior as chance after 8 trials (bench/notes/tuning.md)."""
+    if n < 4:
+        return 1.0
+    z = math.atanh(max(-0.999, min(0.999, rho))) + 1.0 / math.sqrt(n - 3)
+    return max(0.0, min(1.0, math.tanh(z) / reference))
+
+
 class XGBSampler(_SpaceSampler):
     def __init__(self, space, template: str, vars: dict, seed: int | None = None, n_warmup: int = 8,
                  epsilon: float = 0.1, n_random: int = 256, n_mutants: int = 256, transfer: list | None = None,
                  seen: set | None = None, decay: int = 32, other_device_weight: float = 0.25,
-                 device_weights: dict | None = None):
+                 device_weights: dict | None = None, explore: str = "tpe", share: tuple = (0.1, 0.5),
+                 fresh: int = 12, weigh_transfer: bool = True, transfer_reference: float = 0.3,
+                 ensemble: int = 4, kappa: float = 1.0):
         """``template``: a Template or its name; ``transfer``: ``(vars, values, score)`` of other workloads'
         successful records (``(vars, values, score, device)`` for another device's: weighted
         ``other_device_weight``, or ``device_weights[device]``: a named sibling's), ``score`` their GFLOP/s
-        (normalized per group here). ``epsilon`` decays to a fifth of itself over ``decay`` measured trials."""
+        (normalized per group here). ``epsilon`` decays to a fifth of itself over ``decay`` measured trials.
+
+        ``explore``: what the model cannot veto. ``"tpe"``: a share of proposals is Optuna's multivariate TPE
+        over the valid configs (the density of this study's good configs, model-free); the share runs from
+        ``share[1]`` down to ``share[0]`` as the model's rank correlation on the ``fresh`` latest measurements
+        (a model fitted without them) rises from 0 to 1. ``"bonus"``: ``ensemble`` models on bootstrap
+        samples rank the candidates by their mean score plus ``kappa`` standard deviations. ``"none"``: the
+        model ranks every proposal but the ``epsilon`` share of random ones.
+
+        ``weigh_transfer``: the transfer rows' weight is ``trust`` of the transfer-only model's rank correlation
+        with this study's measurements (``transfer_reference``: the correlation trusted fully), from 1 down
+        to 0, re-judged at every fit."""
         super().__init__(space, seed, seen)
         if isinstance(template, str):
             from tuner.templates import get_template
             template = get_template(template)
+        if explore not in EXPLORE:
+            from tuner.errors import TunerError
+            raise TunerError(f"XGBSampler explore={explore!r}: one of {', '.join(EXPLORE)}")
         self.template, self.vars = template, vars
         self.n_warmup, self.epsilon, self.n_random, self.n_mutants = n_warmup, epsilon, n_random, n_mutants
         self.decay, self.other_device_weight = decay, other_device_weight
         self.device_weights = dict(device_weights or {})
+        self.explore, self.share_range, self.fresh = explore, tuple(share), fresh
+        self.weigh_transfer, self.transfer_reference = weigh_transfer, transfer_reference
+        self.ensemble, self.kappa = ensemble, kappa
         self.transfer = self._transfer_rows(transfer or [])
         self.columns: list | None = None
         self.model_fits = 0
         self._ranking: tuple | None = None  # (what the fit saw, candidates best first): one fit per batch
+        self._tpe = ConstrainedTPESampler(space, seed, seen) if explore == "tpe" else None
+        self._prior = None  # the transfer-only model, fitted once
+        self.transfer_weight = 1.0  # the transfer rows' weight now (``weigh_transfer``)
+        self.share = sum(self.share_range) / 2  # the model-free share now (``explore="tpe"``)
+        self.fresh_rho: float | None = None
+        self._judged_at = self._fresh_at = -1
+        self.trace: list = []  # (measured trials, transfer weight, share, fresh rho) at each judgement
 
     def _features(self, vars: dict, values: dict) -> dict:
         return features(self.template, self.space.space, vars, values)
@@ -118,22 +180,80 @@ class XGBSampler(_SpaceSampler):
             self.columns = sorted(feats[0])
         return np.array([[f.get(c, 0.0) for c in self.columns] for f in feats], dtype=np.float32)
 
-    def _fit(self, own: list):
+    def _train(self, rows: list, seed: int, subsample: float = 0.9, colsample: float = 1.0):
+        """A ranking booster on ``rows`` ``(group, features, score, weight)``, or None when they teach no order."""
         import xgboost as xgb
-        best = max((s for _, s in own), default=0.0) or 1.0
-        rows = self.transfer + [(0, self._features(self.vars, v), s / best, 1.0) for v, s in own]
-        rows.sort(key=lambda r: r[0])
+        rows = sorted(rows, key=lambda r: r[0])
         y = np.array([r[2] for r in rows], dtype=np.float32)
         if len(rows) < 2 or float(y.max()) == float(y.min()):
             return None
         qid = np.array([r[0] for r in rows])
         weights = np.array([w for g, w in dict((r[0], r[3]) for r in rows).items()], dtype=np.float32)
         data = xgb.DMatrix(self._matrix([r[1] for r in rows]), label=y, qid=qid, weight=weights)
-        params = {"objective": "rank:pairwise", "max_depth": 6, "eta": 0.2, "subsample": 0.9,
-                  "tree_method": "hist", "seed": int(self.rng.integers(2**31)), "nthread": 1}
+        params = {"objective": "rank:pairwise", "max_depth": 6, "eta": 0.2, "subsample": subsample,
+                  "colsample_bytree": colsample, "tree_method": "hist", "seed": seed, "nthread": 1}
         booster = xgb.train(params, data, num_boost_round=80)
         self.model_fits += 1
-        return lambda X: booster.predict(xgb.DMatrix(X))
+        return booster
+
+    def _own_rows(self, own: list) -> list:
+        best = max((s for _, s in own), default=0.0) or 1.0
+        return [(0, self._features(self.vars, v), s / best, 1.0) for v, s in own]
+
+    def _transfer_weighted(self) -> list:
+        w = self.transfer_weight
+        return [] if w <= 0 else [(g, f, s, wt * w) for g, f, s, wt in self.transfer]
+
+    def _fit(self, own: list):
+        import xgboost as xgb
+        rows = self._transfer_weighted() + self._own_rows(own)
+        if self.explore != "bonus":
+            booster = self._train(rows, int(self.rng.integers(2**31)))
+            return None if booster is None else (lambda X: booster.predict(xgb.DMatrix(X)))
+        boosters = []
+        for _ in range(self.ensemble):  # bootstrap: each model sees a resample of the rows
+            pick = self.rng.integers(len(rows), size=len(rows))
+            b = self._train([rows[i] for i in pick], int(self.rng.integers(2**31)), 0.8, 0.8)
+            if b is not None:
+                boosters.append(b)
+        if not boosters:
+            return None
+        kappa = self.kappa
+
+        def score(X):
+            d = xgb.DMatrix(X)
+            preds = np.array([b.predict(d) for b in boosters])  # each model's scale is its own: standardize
+            preds = (preds - preds.mean(axis=1, keepdims=True)) / (preds.std(axis=1, keepdims=True) + 1e-9)
+            return preds.mean(axis=0) + kappa * preds.std(axis=0)
+        return score
+
+    def _judge(self, own: list) -> None:
+        """Re-weigh the transfer (its model's rank correlation with this study's measurements) and the model-free
+        share (the model's rank correlation on the ``fresh`` latest measurements, fitted without them)."""
+        n = len(own)
+        if n == self._judged_at:
+            return
+        self._judged_at = n
+        scores = [s for _, s in own]
+        if self.weigh_transfer and self.transfer and n >= 4:
+            if self._prior is None:
+                self._prior = self._train(self.transfer, 0) or False
+            if self._prior:
+                import xgboost as xgb
+                pred = self._prior.predict(xgb.DMatrix(self._matrix([self._features(self.vars, v) for v, _ in own])))
+                self.transfer_weight = trust(rank_correlation(pred, scores), n, self.transfer_reference)
+        if self.explore == "tpe" and n >= self.fresh + 4 and n - self._fresh_at >= 2:
+            self._fresh_at = n
+            import xgboost as xgb
+            old, new = own[:-self.fresh], own[-self.fresh:]
+            booster = self._train(self._transfer_weighted() + self._own_rows(old), int(self.rng.integers(2**31)))
+            if booster is not None:
+                pred = booster.predict(xgb.DMatrix(self._matrix([self._features(self.vars, v) for v, _ in new])))
+                self.fresh_rho = rank_correlation(pred, [s for _, s in new])
+                lo, hi = self.share_range
+                self.share = hi - (hi - lo) * max(0.0, self.fresh_rho)
+        self.trace.append((n, round(self.transfer_weight, 3), round(self.share, 3),
+                           None if self.fresh_rho is None else round(self.fresh_rho, 3)))
 
     def neighbours(self, values: dict) -> list:
         """The valid configs that differ from ``values`` in one knob."""
@@ -168,17 +288,36 @@ class XGBSampler(_SpaceSampler):
                 pool.setdefault(_key(values, self.names), values)
         return [v for k, v in pool.items() if k not in seen]
 
+    def _note(self, study, trial, by: str) -> None:
+        """The trial's user attribute ``search``: who proposed it (``model`` or ``tpe``; a trial without it was
+        random, enqueued or another sampler's) and the transfer weight and model-free share then."""
+        note = {"by": by, "transfer_weight": round(self.transfer_weight, 3), "share": round(self.share, 3)}
+        try:
+            study._storage.set_trial_user_attr(trial._trial_id, "search", note)
+        except Exception:  # noqa: BLE001 - a trial finished by a peer meanwhile: the note is only for reading
+            pass
+
+    def _own(self, study) -> list:
+        return [(dict(t.params), float(t.value) if t.state == TrialState.COMPLETE else 0.0)  # failures teach as 0
+                for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
+                if (t.value is not None or measured_error(t)) and all(n in t.params for n in self.names)]
+
     def sample_relative(self, study, trial, search_space):
         if not search_space:
             return {}
         seen = self.seen(study)
-        own = [(dict(t.params), float(t.value) if t.state == TrialState.COMPLETE else 0.0)  # failures teach as 0
-               for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
-               if (t.value is not None or measured_error(t)) and all(n in t.params for n in self.names)]
+        own = self._own(study)
         warmup = self.n_warmup if len(self.transfer) < 20 else 0  # the prior ranks from the first trial
         epsilon = self.epsilon * max(0.2, 1.0 - len(own) / self.decay)
         if len(own) < warmup or self.rng.random() < epsilon:
             return self.random_unseen(seen) or {}
+        self._judge(own)
+        if self._tpe is not None and self.rng.random() < self.share:  # model-free: the density of good configs
+            values = self._tpe.sample_relative(study, trial, search_space)
+            if values:
+                self._note(study, trial, "tpe")
+                return values
+        self._note(study, trial, "model")
         fitted_on = len(own)
         if self._ranking is None or self._ranking[0] != fitted_on:  # new measurements since the last fit
             model = self._fit(own)
@@ -191,6 +330,9 @@ class XGBSampler(_SpaceSampler):
             if _key(values, self.names) not in seen:
                 return values
         return self.random_unseen(seen) or {}
+
+
+EXPLORE = ("tpe", "bonus", "none")
 
 
 class ConstrainedTPESampler(optuna.samplers.TPESampler):
@@ -226,15 +368,21 @@ class ConstrainedTPESampler(optuna.samplers.TPESampler):
 
 
 def make_sampler(name: str, space, template, vars: dict, seed: int | None = None, transfer=None,
-                 seen: set | None = None, device_weights: dict | None = None) -> BaseSampler:
+                 seen: set | None = None, device_weights: dict | None = None, options: dict | None = None) -> BaseSampler:
+    """The sampler ``name`` (xgb, tpe or random); ``options``: keyword arguments of XGBSampler (xgb only)."""
+    from tuner.errors import TunerError
+    if options and name != "xgb":
+        raise TunerError(f"sampler options {sorted(options)} are XGBSampler's; sampler {name!r} takes none")
     if name == "xgb":
-        return XGBSampler(space, template, vars, seed=seed, transfer=transfer, seen=seen,
-                          device_weights=device_weights)
+        try:
+            return XGBSampler(space, template, vars, seed=seed, transfer=transfer, seen=seen,
+                              device_weights=device_weights, **(options or {}))
+        except TypeError as e:
+            raise TunerError(f"xgb sampler options {sorted(options or {})}: {e}") from None
     if name == "random":
         return ConstrainedRandomSampler(space, seed=seed, seen=seen)
     if name == "tpe":
         return ConstrainedTPESampler(space, seed=seed, seen=seen)
-    from tuner.errors import TunerError
     raise TunerError(f"unknown sampler {name!r}: xgb, tpe or random")
 
 

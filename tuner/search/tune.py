@@ -175,14 +175,19 @@ def tune(template, workload, device=None, trials: int = 32, log: str | None = No
          sampler: str = "xgb", scopes: dict | None = None, seed: int | None = 0, early_stopping: int | None = None,
          batch: int | None = None, options: MeasureOptions | None = None, progress: bool = True,
          transfer: bool = True, fixed: dict | None = None, measurer: Measurer | None = None,
-         fallback_first: bool = False, transfer_from=None) -> TuneResult:
+         fallback_first: bool = True, transfer_from=None, device_region: bool = True,
+         sampler_options: dict | None = None) -> TuneResult:
     """Measure up to ``trials`` new configs of ``template`` (a registered name, or ``"module:ATTRIBUTE"``)
     on ``workload`` with ``sampler`` (xgb, tpe or random), stopping early after ``early_stopping``
     measurements without improvement. ``fixed`` pins knobs (a model pins its activation layout so that the
     kernel tuned is the kernel deployed). ``device``: a DeviceInfo, Device or spec (measured by local worker
     processes), or any ``Runner`` or ``Runtime`` (``tuner.measure``, ``tuner.runtime.base``). ``measurer``: an
     open Runner to reuse (a model's tasks share one set of worker processes instead of starting them per task). ``fallback_first``: the template's
-    fallback config is the first trial (unless the log has it), so tuned and untuned can be compared.
+    fallback config is the first trial (unless the log has it), so tuned and untuned can be compared and the
+    search starts from what the task runs untuned. ``device_region``: then ``REGION_SEEDS`` configs of the
+    device class's default region (``tuner.search.regions``: a CPU's wide work-groups, a GPU's occupancy) are
+    measured, when the log holds nothing of the task yet; the sampler learns from them as from any trial.
+    ``sampler_options``: keyword arguments of the xgb sampler (``XGBSampler``: its exploration, transfer weighting).
     ``transfer_from``: sibling devices' fingerprints (or ``"auto"``) whose records of the template weigh in the
     cost model's transfer as this device's own, and whose best configs of this task that this device's space
     accepts are measured first (``loop.sibling_knowledge``).
@@ -205,12 +210,16 @@ def tune(template, workload, device=None, trials: int = 32, log: str | None = No
     storage = open_storage(storage or default_storage(log), heartbeat=None)  # validated, race-free creation
     options = options or MeasureOptions()
     session = open_session(task, info, storage, task.study_name(info.fingerprint), log, sampler, seed, transfer,
-                           wrap=Owning, transfer_from=transfer_from)  # each trial names its tuner before it is sampled
+                           wrap=Owning, transfer_from=transfer_from,
+                           sampler_options=sampler_options)  # each trial names its tuner before it is sampled
     announce(session.study)  # before the first ask: an ownerless trial may be ours from now on
+    fresh = not session.known  # nothing of this task in the log: the device's region is worth measuring
     _recover(session)
+    enqueue_seeds(session)  # a named sibling's best configs of this very task first: the strongest evidence
     if fallback_first:
         _enqueue_fallback(session)
-    enqueue_seeds(session)
+    if device_region and fresh:
+        _enqueue_region(session, seed)
 
     best = max((r for r in session.known.values() if r.ok), key=score, default=None)
     result = TuneResult(session.study.study_name, best, log=log, label=task.label)
@@ -242,6 +251,21 @@ def _enqueue_fallback(s: Session) -> None:
         if all(tr.params.get(n) == params[n] for n in s.names):
             return
     s.study.enqueue_trial(params)
+
+
+def _enqueue_region(s: Session, seed) -> None:
+    """Enqueue ``REGION_SEEDS`` configs of the device class's default region (``tuner.search.regions``) that the
+    log does not hold and no waiting trial holds (a resumed run enqueued them), drawn with ``seed``."""
+    from tuner.search.regions import REGION_SEEDS, region_configs, region_of
+    region = region_of(s.info.type, s.task.tmpl.name)
+    if not region:
+        return
+    waiting = s.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    if any(tr.user_attrs.get("start") == "region" for tr in waiting):
+        return  # an interrupted run enqueued them already
+    exclude = set(s.known) | {_key(tr.params, s.names) for tr in waiting if all(n in tr.params for n in s.names)}
+    for params in region_configs(s.space, region, REGION_SEEDS, seed, exclude=exclude):
+        s.study.enqueue_trial(params, user_attrs={"start": "region"})
 
 
 def _recover(s: Session) -> None:

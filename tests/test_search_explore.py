@@ -1,0 +1,184 @@
+"""The xgb sampler's exploration and transfer weighting (issue 37), on synthetic objectives without a device: the
+transfer's weight follows how well the corpus ranks this task's measurements, the model-free share follows how
+well the model ranks fresh ones, and tune() measures the fallback and the device class's region first."""
+import math
+
+import numpy as np
+import optuna
+import pytest
+from optuna.distributions import CategoricalDistribution
+
+from conftest import profile
+from tuner.errors import TunerError
+from tuner.logs import load_records
+from tuner.measure import MeasureResult
+from tuner.measure.runner import Runner
+from tuner.search import XGBSampler, make_sampler, tune
+from tuner.search.regions import REGION_SEEDS, region_configs, region_of
+from tuner.search.samplers import rank_correlation, trust
+from tuner.templates import get_template
+
+BUFFERS = {"input": "buffer", "weight": "buffer", "output": "buffer"}
+CPU = profile(name="CPU", type="CPU", compute_units=2, image_support=False, half_images=False, image2d_max_width=0,
+              image2d_max_height=0, max_work_item_sizes=[1024, 1024, 1024], local_mem_bytes=32768, fp16=False)
+T = get_template("conv2d")
+WL = T.workload(data=(1, 16, 16, 16), kernel=(16, 16, 3, 3), padding=1)
+OTHERS = [T.workload(data=(1, 8, 12, 12), kernel=(16, 8, 3, 3), padding=1),
+          T.workload(data=(1, 16, 10, 10), kernel=(8, 16, 1, 1))]
+
+
+def space_of(wl):
+    from tuner.logs.record import scope_knobs
+    return T.space(wl, CPU, **scope_knobs(BUFFERS))
+
+
+def smooth(v: dict) -> float:
+    """A synthetic GFLOP/s: wide work-groups over one column each are fast, the rest by tile and split."""
+    wide = v["wg_w"] >= 16 and v["tile_ow"] == 1
+    return 10.0 * (3.0 if wide else 1.0) * (1 + 0.3 * math.log2(v["tile_oc"])) / (1 + 0.2 * math.log2(v["split_c"]))
+
+
+def noise(v: dict) -> float:
+    """A GFLOP/s no model can learn: a hash of the config."""
+    return 1.0 + (hash(tuple(sorted((k, str(x)) for k, x in v.items()))) % 1000) / 100.0
+
+
+def corpus(score, n: int = 24) -> list:
+    """``(vars, values, GFLOP/s)`` of ``n`` random configs of each other workload, scored by ``score``."""
+    rng = np.random.default_rng(7)
+    rows = []
+    for wl in OTHERS:
+        sp = space_of(wl)
+        for _ in range(n):
+            v = sp.sample(rng)
+            rows.append((T.space_vars(wl), v, score(v)))
+    return rows
+
+
+def drive(sampler, objective, trials: int) -> optuna.Study:
+    """``trials`` proposals of ``sampler`` told ``objective``'s value, one at a time."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    dists = {n: CategoricalDistribution(c) for n, c in sampler.space.choices.items()}
+    for _ in range(trials):
+        tr = study.ask(dists)
+        study.tell(tr, objective(tr.params))
+    return study
+
+
+def xgb(transfer=None, seed=0, **kw) -> XGBSampler:
+    return XGBSampler(space_of(WL), "conv2d", T.space_vars(WL), seed=seed, transfer=transfer, **kw)
+
+
+def test_rank_correlation_and_trust():
+    assert rank_correlation([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert rank_correlation([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert rank_correlation([1, 1, 2, 2], [0, 0, 5, 5]) == pytest.approx(1.0)  # ties share their rank
+    assert rank_correlation([1, 1, 1], [1, 2, 3]) == 0.0 and rank_correlation([1, 2], [1, 2]) == 0.0
+    assert trust(-1.0, 3, 0.3) == 1.0  # too few measurements to judge
+    assert trust(0.5, 24, 0.3) == 1.0  # as good as the reference: full weight
+    assert trust(-0.3, 24, 0.3) == 0.0  # the wrong way: none
+    chance = [trust(0.0, n, 0.3) for n in (8, 24, 48)]
+    assert chance == sorted(chance, reverse=True) and chance[0] == 1.0 and 0.3 < chance[2] < 0.6  # slowly
+
+
+def test_a_misleading_corpus_loses_its_weight_and_a_helpful_one_keeps_it():
+    bad = xgb(corpus(lambda v: 1.0 / smooth(v)))  # the corpus ranks the other way round
+    drive(bad, smooth, 24)
+    good = xgb(corpus(smooth))
+    drive(good, smooth, 24)
+    assert bad.transfer_weight == 0.0 and good.transfer_weight == 1.0
+    fixed = xgb(corpus(lambda v: 1.0 / smooth(v)), weigh_transfer=False)
+    drive(fixed, smooth, 24)
+    assert fixed.transfer_weight == 1.0  # weighing off: the corpus counts in full
+
+
+def test_the_model_free_share_follows_the_models_rank_correlation_on_fresh_measurements():
+    lo, hi = 0.1, 0.5
+    learnable = xgb(share=(lo, hi))
+    study = drive(learnable, smooth, 40)
+    unlearnable = xgb(share=(lo, hi))
+    drive(unlearnable, noise, 40)
+    assert learnable.fresh_rho > 0.5 and unlearnable.fresh_rho < 0.3
+    assert lo <= learnable.share < unlearnable.share <= hi
+    by = [tr.user_attrs.get("search", {}).get("by") for tr in study.trials]
+    assert "tpe" in by and "model" in by  # both kinds of proposal, each noted on its trial
+    none = xgb(explore="none")
+    none_study = drive(none, smooth, 24)
+    assert {tr.user_attrs.get("search", {}).get("by") for tr in none_study.trials} <= {None, "model"}
+
+
+def test_model_free_proposals_find_the_region_a_misleading_corpus_hides():
+    """With the corpus at full weight saying wide work-groups are slow, a model-only search (the xgb of
+    2026-11-26) measures few wide configs; the model-free share measures them and finds the best region."""
+    misleading = corpus(lambda v: 1.0 / smooth(v))
+    wide = lambda study: sum(tr.params["wg_w"] >= 16 and tr.params["tile_ow"] == 1 for tr in study.trials)  # noqa: E731
+    old = [wide(drive(xgb(misleading, seed=s, explore="none", weigh_transfer=False), smooth, 32)) for s in (0, 1)]
+    new = [wide(drive(xgb(misleading, seed=s), smooth, 32)) for s in (0, 1)]
+    assert sum(new) > sum(old) + 4, (old, new)
+
+
+def test_sampler_options_are_checked():
+    with pytest.raises(TunerError, match="explore='bogus': one of tpe, bonus, none"):
+        xgb(explore="bogus")
+    with pytest.raises(TunerError, match="XGBSampler's; sampler 'tpe' takes none"):
+        make_sampler("tpe", space_of(WL), "conv2d", T.space_vars(WL), options={"explore": "none"})
+    with pytest.raises(TunerError, match="xgb sampler options"):
+        make_sampler("xgb", space_of(WL), "conv2d", T.space_vars(WL), options={"nope": 1})
+
+
+def test_an_uncertainty_bonus_ranks_with_an_ensemble():
+    s = xgb(corpus(smooth), explore="bonus", ensemble=3)
+    study = drive(s, smooth, 12)
+    assert s.model_fits >= 3 * 2  # three models a fit
+    assert max(tr.value for tr in study.trials) == max(smooth(v) for v in [tr.params for tr in study.trials])
+
+
+def test_region_configs_lie_in_the_region_and_the_space():
+    sp = space_of(WL)
+    region = region_of("CPU", "conv2d")
+    assert region and region_of("cpu", "conv2d") == region and region_of("CPU", "nope") == {}
+    got = region_configs(sp, region, 5, seed=0)
+    assert len(got) == 5 and len({tuple(v.values()) for v in got}) == 5
+    assert all(not sp.violations(v) and all(v[k] in vals for k, vals in region.items()) for v in got)
+    assert region_configs(sp, region, 5, seed=0) == got  # seeded
+    key = tuple(got[0][n] for n in sp.choices)
+    assert all(tuple(v[n] for n in sp.choices) != key for v in region_configs(sp, region, 5, seed=0, exclude={key}))
+    assert region_configs(sp, {"no_such_knob": [1]}, 3, seed=0) == []
+
+
+class Synthetic(Runner):
+    """A device without a device: each config takes the time ``smooth`` says."""
+
+    def __init__(self):
+        self.info, self.seen = CPU, []
+
+    def measure(self, inputs):
+        out = []
+        for i in inputs:
+            v = T.config_values(WL, i.config)
+            self.seen.append(v)
+            out.append(MeasureResult(costs=[WL.flops / (smooth(v) * 1e9)] * 2))
+        return out
+
+
+def test_tune_measures_the_fallback_then_the_device_region_first(tmp_path):
+    dev = Synthetic()
+    log = str(tmp_path / "log.jsonl")
+    res = tune("conv2d", WL, CPU, trials=6, log=log, scopes=BUFFERS, measurer=dev, progress=False, seed=3,
+               storage=f"sqlite:///{tmp_path / 'a.db'}")
+    assert res.measured == 6
+    names = list(space_of(WL).choices)
+    fallback = T.config_values(WL, T.fallback_with(WL, CPU, **{f"{k}_scope": v for k, v in BUFFERS.items()}))
+    first = [r.config for r in load_records(log)][:1 + REGION_SEEDS]
+    assert {k: first[0][k] for k in names if k in first[0]} == {k: fallback[k] for k in names if k in first[0]}
+    region = region_of("CPU", "conv2d")
+    assert all(all(c[k] in vals for k, vals in region.items()) for c in first[1:])
+    again = tune("conv2d", WL, CPU, trials=2, log=log, scopes=BUFFERS, measurer=dev, progress=False, seed=3,
+                 storage=f"sqlite:///{tmp_path / 'a.db'}")  # the log knows the task: no region again
+    assert again.measured == 2 and len(dev.seen) == 8
+    plain = tune("conv2d", WL, CPU, trials=3, log=str(tmp_path / "b.jsonl"), scopes=BUFFERS, measurer=Synthetic(),
+                 progress=False, seed=3, storage=f"sqlite:///{tmp_path / 'b.db'}", fallback_first=False,
+                 device_region=False, sampler="random")
+    assert [r.config for r in load_records(str(tmp_path / "b.jsonl"))][0] != first[0]
+    assert plain.measured == 3

@@ -1,0 +1,64 @@
+"""Where a device class's fast configs usually lie, as data: per device type (``DeviceInfo.type``) and template,
+the knob values of the region a search measures first, beside the template's fallback config (``tune(...,
+device_region=True)``). The region's configs are ordinary trials: the sampler learns from their measurements
+as from any other, so a region that is wrong for a device costs its few trials and steers nothing after.
+
+Why these regions:
+- CPU, conv2d: OpenCL CPU compilers vectorize across the work-items of dimension 0, so the best config of
+  every convolution of the tuning benchmark on Intel's CPU runtime (both held-out sets, 5 layers) is one output
+  column per work-item in a work-group 16 or 32 wide; narrower groups top out at 0.64 to 0.75 of it on three
+  of them, and a cost model trained on the corpus learns "wide is slow" from the many wide configs that waste
+  work-items (bench/notes/tuning.md, 2026-11-26, night). Depthwise and dense layers' best configs there are
+  narrow: no CPU region for them.
+- GPU: occupancy, the shapes of the best configs in the committed H100 log (logs/nvidia-gpu-d4a6eca0.jsonl):
+  convolutions split each tile's reduction over work-items (split_k >= 4 in 75 of 91 best configs; 8 or 16 wide
+  by 1 or 4 rows with split_k 4 to 16 in 23), depthwise layers run 8 or 16 by 2 or 4 work-groups (21 of 36),
+  dense layers split the reduction 8 or 16 ways (3 of 3).
+
+A template or device type without an entry has no region (the fallback alone is measured first)."""
+from __future__ import annotations
+
+import numpy as np
+
+REGIONS: dict = {
+    "CPU": {
+        "conv2d": {"tile_ow": [1], "wg_w": [16, 32]},
+    },
+    "GPU": {
+        "conv2d": {"wg_w": [8, 16], "wg_h": [1, 4], "split_k": [4, 8, 16]},
+        "depthwise_conv2d": {"wg_w": [8, 16], "wg_h": [2, 4]},
+        "dense": {"split_k": [8, 16]},
+    },
+}
+REGION_SEEDS = 2  # configs drawn from the region and measured first, after the fallback
+
+
+def region_of(device_type: str, template: str) -> dict:
+    """The region's knob values for a device type and template (empty: none)."""
+    return dict(REGIONS.get(str(device_type).upper(), {}).get(template, {}))
+
+
+def region_configs(space, region: dict, count: int, seed, exclude=(), tries: int = 400) -> list:
+    """Up to ``count`` distinct valid configs of ``space`` (a bound space) whose knobs named in ``region`` take
+    one of its values: random valid configs with those knobs redrawn from the region, kept where the space's
+    constraints accept them. ``exclude``: config keys (tuples in the space's knob order) to skip. A region
+    naming a knob the space does not have, or values the knob does not offer, is ignored for that knob."""
+    names = list(space.choices)
+    region = {k: [v for v in vals if v in space.choices[k]] for k, vals in region.items() if k in space.choices}
+    region = {k: v for k, v in region.items() if v}
+    if not region or count <= 0:
+        return []
+    rng = np.random.default_rng(seed)
+    out, keys = [], set(exclude)
+    for _ in range(tries):
+        values = space.sample(rng)
+        for k, vals in region.items():
+            values[k] = vals[int(rng.integers(len(vals)))]
+        key = tuple(values[n] for n in names)
+        if key in keys or space.violations(values):
+            continue
+        keys.add(key)
+        out.append(values)
+        if len(out) >= count:
+            break
+    return out
