@@ -282,6 +282,9 @@ class Conv2dWorkload:
     # reflection or edge Pad before the convolution, read in place: no kernel runs for it)
     out_view: tuple = ()  # (offset, channels): write channels [offset, offset + O) of a larger output (a concat's);
     # not in the key: the loop nest is the same, a record of the workload without it applies
+    side_copy: tuple = ()  # (source shape, channels, offset, source scope): the same launch also writes the channel
+    # gather ``channels`` of a source tensor (same N, H, W as the output) at channel ``offset`` of the output -- a
+    # concat's other part (ShuffleNetV2's passed-through half, ``plan.views``); not in the key either
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
@@ -318,6 +321,21 @@ class Conv2dWorkload:
         if min(self.out_shape) < 1:
             raise ValueError(f"conv2d output {self.out_shape} is empty: kernel larger than padded input")
         set_("out_view", check_out_view(self.out_view, O))
+        if self.side_copy:
+            src, channels, offset, scope = self.side_copy
+            src, channels, offset = tuple(int(x) for x in src), tuple(int(c) for c in channels), int(offset)
+            set_("side_copy", (src, channels, offset, scope))
+            total, own = self.stored_shape[1], self.out_view[0] if self.out_view else 0
+            nhw = (self.out_shape[0], *self.out_shape[2:])
+            if len(src) != 4 or (src[0], *src[2:]) != nhw or not channels or min(channels) < 0 \
+                    or max(channels) >= src[1] or scope not in ("texture", "buffer"):
+                raise ValueError(f"side_copy: a gather of channels 0..{src[1] - 1} of a {scope} texture or buffer "
+                                 f"of this output's (N, H, W) {nhw}; got {list(src)} and channels "
+                                 f"{min(channels, default=None)}..{max(channels, default=None)}")
+            if offset % 4 or offset < 0 or offset + len(channels) > total or (offset < own + O
+                                                                             and own < offset + len(channels)):
+                raise ValueError(f"side_copy at channel {offset}: a multiple of 4 with its {len(channels)} channels "
+                                 f"inside the {total} stored and outside this layer's own {own}..{own + O}")
         if self.pad_mode not in PAD_MODES:
             raise ValueError(f"pad_mode {self.pad_mode!r}: one of {', '.join(PAD_MODES)}")
         pt, pl, pb, pr = self.padding
@@ -341,7 +359,7 @@ class Conv2dWorkload:
         convolution stay as they were before the fields existed."""
         return {"op": "conv2d", **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()
                                    if (k != "in_scale" or v) and (k != "pad_mode" or v != "zeros")
-                                   and k != "out_view"}}
+                                   and k not in ("out_view", "side_copy")}}
 
     @property
     def stored_shape(self) -> tuple:

@@ -12,14 +12,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
 from tuner.ir.expr import ExtractLane, Ramp, as_expr, min_, select
 from tuner.ir.schedule import cache_read
+from tuner.ops.kernels_movement import gather_pixel
 from tuner.templates.common import (EPILOGUE_ARGS, MODEL_KNOBS, PAD_MODE_ARG, WINDOW_ARGS, Arithmetic,
                                     Conv2dWorkload, LocalTile, Template, WorkloadArg, _log2, declare_operands,
-                                    fit_work_group, gpu_fill_target, input_pixel, is_depthwise, node_epilogue, padded_tap,
-                                    random_inputs, reference, scale_operand, split_sums, store_tile, texture_scopes,
-                                    window_features, window_fields)
+                                    fit_work_group, gpu_fill_target, input_pixel, is_depthwise, node_epilogue,
+                                    padded_tap, random_inputs, reference, scale_operand, scope_layout, split_sums,
+                                    store_tile, texture_scopes, window_features, window_fields)
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,9 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
         raise ValueError(f"tile_oc={cfg.tile_oc} does not divide the {OBG} output-channel blocks of a group")
     X, Wt, B, Res, Y = declare_operands(wl, cfg, O)
     Sc = scale_operand(wl, cfg)  # squeeze-excite's gate, applied to every input pixel as it is read
-    operands = (X, Sc, Wt, B, Res, Y)
+    Xs = buffer("Xs", wl.side_copy[0], wl.dtype, *scope_layout(wl.side_copy[3], cfg.act_layout, "nchw4c_buffer")) \
+        if wl.side_copy else None  # the source of the concat's other part this launch writes too
+    operands = (X, Sc, Wt, B, Res, Y, Xs)
 
     t_oc, t_oh, t_ow = cfg.tile_oc, cfg.tile_oh, cfg.tile_ow
     n_ob, n_oh, n_ow = -(-OB // t_oc), -(-OH // t_oh), -(-OW // t_ow)
@@ -97,8 +101,31 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
             acc, owner = split_sums(b, acc, t_oc * t_oh * t_ow, sk, tk, cfg.wg_w * cfg.wg_h, th * cfg.wg_w + tw,
                                     arith.acc)
         store_tile(b, acc, Y, n, obb, oh0, ow0, (t_oc, t_oh, t_ow), (OB, OH, OW), wl, B, Res, owner)
+        if Xs is not None:
+            side_copy(b, wl, Xs, Y, n, obb, n_ob, oh0, ow0, (t_oh, t_ow), tk if sk > 1 else None)
     kernel = b.kernel("conv2d_nchw4c", [p for p in operands if p is not None])
     return cache_read(kernel, X, "texture", cfg.act_layout) if cfg.cache_input else kernel
+
+
+def side_copy(b, wl, Xs, Y, n, obb, n_ob, oh0, ow0, tile, tk):
+    """``side_copy``: the work-items of output-block tile ``obb`` (of ``n_ob``) also copy the source's gathered
+    pixels ``obb``, ``obb + n_ob``, ... at their tile's positions (the first work-item of a split only): a concat's
+    other part written by the same launch, not a kernel of its own."""
+    src, channels, offset, _ = wl.side_copy
+    _, _, OH, OW = wl.out_shape
+    blocks = -(-len(channels) // 4)
+    with b.loop("sc", -(-blocks // n_ob)) as sc:
+        cb = obb + sc * n_ob
+        mine = (cb < blocks) if blocks % n_ob else None
+        if tk is not None:
+            mine = tk.equal(0) if mine is None else mine & tk.equal(0)
+        with b.if_(mine) if mine is not None else nullcontext():
+            for y in range(tile[0]):
+                for x in range(tile[1]):
+                    oh, ow = oh0 + y, ow0 + x
+                    with b.if_((oh < OH) & (ow < OW)):
+                        b.store(Y, (n, Ramp(cb * 4 + offset, as_expr(1), 4), oh, ow),
+                                gather_pixel(b, Xs, src[1], n, cb, [oh, ow], channels, f"s{y}_{x}"))
 
 
 def gated(pixel, Sc, n, cb, arith):

@@ -161,3 +161,28 @@ def test_pad_mode_is_in_the_key_only_when_not_zeros():
         Conv2dWorkload((1, 4, 3, 8), (4, 4, 3, 3), 1, (3, 1, 3, 1), pad_mode="reflect")
     with pytest.raises(ValueError, match="pad_mode 'wrap'"):
         Conv2dWorkload((1, 4, 8, 8), (4, 4, 3, 3), 1, 1, pad_mode="wrap")
+
+
+@pytest.mark.parametrize("knobs", [dict(), dict(**BUFFERS, tile_oc=2, tile_ow=3), dict(split_k=2, wg_w=2),
+                                   dict(tile_oc=3, tile_oh=2)],
+                         ids=["texture", "buffer tiles", "split_k", "more blocks than tiles"])
+def test_side_copy_writes_a_gather_of_another_tensor_in_the_same_launch(device, rng, knobs):
+    """``side_copy``: the convolution writes channels 12..20 of a 20-channel concat, and the same launch writes
+    channels 0..10 from a ShuffleNet-style interleaved gather (0, 6, 1, 7, ...) of a 12-channel source: the concat's
+    other part, no kernel of its own. Work-items of every output tile copy their share; a split's first only."""
+    src = (1, 12, 5, 7)
+    channels = tuple(c for k in range(5) for c in (k, 6 + k))
+    wl = Conv2dWorkload((1, 6, 5, 7), (8, 6, 3, 3), 1, 1, bias=True, out_view=(12, 20),
+                        side_copy=(src, channels, 0, "buffer" if knobs.get("input_scope") == "buffer" else "texture"))
+    assert wl.key() == Conv2dWorkload((1, 6, 5, 7), (8, 6, 3, 3), 1, 1, bias=True).key()
+    x, w, bias, xs = (rng.standard_normal(s).astype(np.float32) for s in (wl.data, wl.kernel, (8,), src))
+    y = build(conv2d_nchw4c(wl, Conv2dConfig(**knobs)), device)(X=x, Wt=w, B=bias, Xs=xs)["Y"]
+    assert y.shape == (1, 20, 5, 7)
+    assert np.array_equal(y[:, :10], xs[:, list(channels)])
+    ref = reference(wl, x, w, bias)
+    assert np.abs(y[:, 12:] - ref).max() / np.abs(ref).max() < 1e-4
+    with pytest.raises(ValueError, match="outside this layer's own"):
+        Conv2dWorkload((1, 6, 5, 7), (8, 6, 3, 3), 1, 1, out_view=(12, 20), side_copy=(src, channels, 8, "texture"))
+    with pytest.raises(ValueError, match="\\(N, H, W\\)"):
+        Conv2dWorkload((1, 6, 5, 7), (8, 6, 3, 3), 1, 1, out_view=(12, 20), side_copy=((1, 12, 5, 6), channels, 0,
+                                                                                      "texture"))

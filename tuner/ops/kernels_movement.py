@@ -123,10 +123,8 @@ def slice_kernel(in_shape, channels, rows=(0, 1, None), cols=(0, 1, None), dtype
     C, Cout = in_shape[1], out[1]
     if min(channels) < 0 or max(channels) >= C:
         raise ValueError(f"slice channels {list(channels)[:8]}...: out of range for {C} channels")
-    fit = channel_map(channels)
-    if fit is None:
+    if channel_map(channels) is None:
         raise ValueError(f"slice channels {list(channels)}: not of the form (c % m) * a + (c // m) * b + off")
-    m, a, bb, off = fit
     rank = len(in_shape)
     if rank == 4:
         for (start, step, count), extent, what in ((rows, in_shape[2], "rows"), (cols, in_shape[3], "cols")):
@@ -138,7 +136,6 @@ def slice_kernel(in_shape, channels, rows=(0, 1, None), cols=(0, 1, None), dtype
         raise ValueError("slice out_view: a 4-D output only")
     stored = (out[0], view[1], *out[2:]) if view else out
     X, Y = _packed("X", in_shape, dtype, in_scope), _packed("Y", stored, dtype, out_scope)
-    last = -(-C // 4) - 1
     b = Builder()
     with _work_items(b, _grid(out), max_work_group) as idx:
         n, cb = idx[0], idx[1]
@@ -147,25 +144,32 @@ def slice_kernel(in_shape, channels, rows=(0, 1, None), cols=(0, 1, None), dtype
         if rank == 4:
             rest = [rows[0] + idx[2] * rows[1] if rows[:2] != (0, 1) else idx[2],
                     cols[0] + idx[3] * cols[1] if cols[:2] != (0, 1) else idx[3]]
-        if a == 1 and m >= Cout:  # contiguous channels: a lane shift of at most two whole pixels
-            q, s = divmod(off, 4)
-            hi = b.let("hi", _block(X, n, cb + q, rest))
-            if s == 0:
-                v = hi
-            else:
-                lo = b.let("lo", _block(X, n, min_(cb + q + 1, last), rest))
-                v = _vector([ExtractLane(hi, j + s) if j + s < 4 else ExtractLane(lo, j + s - 4) for j in range(4)])
-            b.store(Y, at, _zero_padding_lanes(b, v, cb, Cout))
-        else:
-            lanes = []
-            for j in range(4):
-                c = min_(cb * 4 + j, Cout - 1) if Cout % 4 else cb * 4 + j
-                src = b.let(f"c{j}", c * a + off if m >= Cout else (c % m) * a + (c // m) * bb + off)
-                pix = b.let(f"x{j}", _block(X, n, src // 4, rest))
-                v = _lane(pix, src % 4)
-                lanes.append(select(cb * 4 + j < Cout, v, 0.0) if Cout % 4 and j >= Cout % 4 else v)
-            b.store(Y, at, _vector(lanes))
+        b.store(Y, at, gather_pixel(b, X, C, n, cb, rest, channels))
     return b.kernel("slice", [X, Y])
+
+
+def gather_pixel(b: Builder, X, C: int, n, cb, rest: list, channels, name: str = ""):
+    """Output pixel ``cb`` of the channel gather ``channels`` of ``X`` (``C`` channels) at batch ``n`` and spatial
+    indices ``rest``: contiguous channels (``channels[k] = off + k``) read at most two whole pixels, other maps one
+    pixel per lane; lanes past the gather's end are zero. ``name`` prefixes the lets (a kernel that gathers more
+    than once)."""
+    m, a, bb, off = channel_map(channels)
+    Cout, last = len(channels), -(-C // 4) - 1
+    if a == 1 and m >= Cout:  # contiguous channels: a lane shift of at most two whole pixels
+        q, s = divmod(off, 4)
+        hi = b.let(f"{name}hi", _block(X, n, cb + q, rest))
+        if s == 0:
+            return _zero_padding_lanes(b, hi, cb, Cout, f"{name}v")
+        lo = b.let(f"{name}lo", _block(X, n, min_(cb + q + 1, last), rest))
+        v = _vector([ExtractLane(hi, j + s) if j + s < 4 else ExtractLane(lo, j + s - 4) for j in range(4)])
+        return _zero_padding_lanes(b, v, cb, Cout, f"{name}v")
+    lanes = []
+    for j in range(4):
+        c = min_(cb * 4 + j, Cout - 1) if Cout % 4 else cb * 4 + j
+        src = b.let(f"{name}c{j}", c * a + off if m >= Cout else (c % m) * a + (c // m) * bb + off)
+        v = _lane(b.let(f"{name}x{j}", _block(X, n, src // 4, rest)), src % 4)
+        lanes.append(select(cb * 4 + j < Cout, v, 0.0) if Cout % 4 and j >= Cout % 4 else v)
+    return _vector(lanes)
 
 
 def slice_reference(x, channels, rows=(0, 1, None), cols=(0, 1, None)) -> np.ndarray:

@@ -7,7 +7,12 @@ gather of the passed-through half and their branch's convolutions, writing one t
 A part keeps its copy when it does not start an RGBA pixel (an offset that is not a multiple of 4: two kernels
 would write one pixel), when another kernel reads it too, when it is a model input or output, when its storage
 differs from the concat's, or when its producer cannot write at an offset; then the whole concat stays one kernel.
-``Plan.views`` says, per concat, which it fused and why the rest are copies."""
+``Plan.views`` says, per concat, which it fused and why the rest are copies.
+
+A gather part whose concat a convolution also writes in place then runs in the convolution's launch
+(``side_copy``): the convolution's work-items copy its pixels too, so ShuffleNetV2's stride-1 units launch only
+their branch's convolutions. This needs a plain channel gather (no window) of a tensor of the convolution's N, H
+and W that exists before the convolution runs."""
 from __future__ import annotations
 
 import dataclasses
@@ -42,6 +47,33 @@ def _why_not(plan: Plan, concat: Step, part: str, offset: int, last: bool, produ
     return None
 
 
+def _side_copies(plan: Plan, parts: list, offsets: list, producer: dict, taken: set) -> dict:
+    """``{conv step name: (gather step, offset)}``: the concat's gather parts that its convolution parts copy in
+    their own launch (one each; a convolution in ``taken`` already has one)."""
+    order = {s.name: i for i, s in enumerate(plan.steps)}
+    convs = [producer[p] for p in parts if producer[p].op == "conv2d" and producer[p].tuned]
+    out = {}
+    for p, o in zip(parts, offsets):
+        g = producer[p]
+        if g.op != "slice":
+            continue
+        src = plan.tensors[g.inputs["X"]]
+        if len(src.shape) != 4 or any(tuple(g.attrs.get(k, (0, 1, None)))[:2] != (0, 1) or
+                                      g.attrs.get(k, (0, 1, None))[2] not in (None, src.shape[a])
+                                      for k, a in (("rows", 2), ("cols", 3))):
+            continue  # a window of rows or columns
+        before = producer.get(src.name)
+        for c in convs:
+            nhw = (c.workload.out_shape[0], *c.workload.out_shape[2:])
+            if c.name in taken or src.kind != "nchw" or (src.shape[0], *src.shape[2:]) != nhw \
+                    or (before is not None and order[before.name] > order[c.name]):
+                continue
+            out[c.name] = (g, o)
+            taken.add(c.name)
+            break
+    return out
+
+
 def write_views(plan: Plan) -> Plan:
     producer = {s.output: s for s in plan.steps}
     readers: dict = {}
@@ -49,6 +81,7 @@ def write_views(plan: Plan) -> Plan:
         for x in set(s.inputs.values()):
             readers[x] = readers.get(x, 0) + 1
     moved: dict = {}  # producer name -> (concat output, offset, total)
+    side: dict = {}  # convolution name -> (the gather step it runs too, the gather's offset)
     dropped, notes = set(), []
     for s in plan.steps:
         if s.op != "concat" or plan.tensors[s.output].kind != "nchw":
@@ -65,9 +98,13 @@ def write_views(plan: Plan) -> Plan:
         for p, o in zip(parts, offsets):
             moved[producer[p].name] = (s.output, o, total)
         dropped.add(s.name)
+        copies = _side_copies(plan, parts, offsets, producer, set(side))
+        side.update(copies)
+        dropped.update(g.name for g, _ in copies.values())
         notes.append(f"{s.name}: no kernel; written in place by " +
                      ", ".join(f"{producer[p].name} (channels {o}..{o + plan.tensors[p].shape[1]})"
-                               for p, o in zip(parts, offsets)))
+                               for p, o in zip(parts, offsets)) +
+                     "".join(f"; {c} runs {g.name}'s gather in its own launch" for c, (g, _) in copies.items()))
     if not dropped:
         return dataclasses.replace(plan, views=notes)
     steps, gone = [], set()
@@ -77,7 +114,13 @@ def write_views(plan: Plan) -> Plan:
         if s.name in moved:
             out, offset, total = moved[s.name]
             gone.add(s.output)
-            if s.tuned:
+            if s.tuned and s.name in side:
+                g, at = side[s.name]
+                src = plan.tensors[g.inputs["X"]]
+                s = dataclasses.replace(s, output=out, inputs={**s.inputs, "Xs": src.name},
+                                        workload=dataclasses.replace(s.workload, out_view=(offset, total), side_copy=(
+                                            src.shape, tuple(g.attrs["channels"]), at, src.scope)))
+            elif s.tuned:
                 s = dataclasses.replace(s, output=out, workload=dataclasses.replace(s.workload,
                                                                                     out_view=(offset, total)))
             else:
