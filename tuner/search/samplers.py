@@ -4,11 +4,14 @@
 (``rank:pairwise``, one query group per workload) on config features predicts which unseen configs are
 fastest. It transfers by default: successful records of the template's other workloads on this device join
 the training set as their own groups, and records of other devices as groups of lower weight (a weaker
-prior), so with enough of them the model ranks from the first trial and the random warm-up is skipped.
-Candidates are random valid configs, random mutations of the best measured ones and every single-knob
-neighbour of the best three; the share of random exploration (``epsilon``) decays as the run goes on, so a
-run ends in local search around its best configs. One fit ranks the candidates for a whole batch: the
-proposals of one batch (``n_parallel`` builders) are the best distinct configs of that ranking.
+prior), so with enough of them the model ranks from the first trial and the random warm-up is skipped. The
+transfer knows when it misleads: its rows' weight follows the rank correlation of a transfer-only model with
+this task's measurements (``trust``), from 1 down to 0. Candidates are random valid configs, random mutations
+of the best measured ones and every single-knob neighbour of the best three; the share of random exploration
+(``epsilon``) decays as the run goes on, so a run ends in local search around its best configs. One fit ranks
+the candidates for a whole batch: the proposals of one batch (``n_parallel`` builders) are the best distinct
+configs of that ranking. What the model cannot veto (``explore``): a share of proposals is model-free, TPE's
+density of this study's good configs, larger while the model ranks its fresh measurements poorly.
 ``ConstrainedRandomSampler`` is uniform random search over the valid configs, ``ConstrainedTPESampler`` Optuna's
 TPE restricted to them. None proposes a config the study has already measured or is measuring."""
 from __future__ import annotations
