@@ -102,7 +102,7 @@ def trust(rho: float, n: int, reference: float) -> float:
     """How far to trust a predictor whose rank correlation with ``n`` noisy measurements is ``rho``: the upper
     end of rho's one-standard-error interval (Fisher's z, SE 1/sqrt(n-3)) over ``reference``, clipped to
     [0, 1]. A predictor is trusted fully until the measurements show it is worse than ``reference``; one no
-    better than chance loses its weight slowly (0.55 at n = 24, 0.40 at 48 for reference 0.3), one that
+    better than chance loses its weight slowly (0.72 at n = 24, 0.49 at 48 for reference 0.3), one that
     predicts the wrong way fast. Single timings on a loaded CPU scatter by up to 2x, and a weight taken
     from rho itself judged a helpful prior as chance after 8 trials (bench/notes/tuning.md)."""
     if n < 4:
