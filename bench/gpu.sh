@@ -203,14 +203,14 @@ for stage in "$@"; do
              > "$OUT/gpu_table.txt" 2>&1; tail -3 "$OUT/gpu_table.txt"; head -12 "$OUT/gpu_summary.md" ;;
     tuning) # bench/tuning.py on the report set (issue 37), resumable across calls: the output folder comes back
             # as $OUT/tuning.tgz; copy it into the checkout and pass TUNING_FROM=<its path in the checkout> to go on
-            # (a warm machine's /tmp/tuning_out is kept too). Stops starting work after $DEADLINE s (480); until the
+            # (a warm machine's /tmp/tuning_out is kept too). Stops starting work after $DEADLINE s (420); until the
             # benchmark is done it says "deadline: not finished" and the stage is run again
             T=${TUNING_OUT:-/tmp/tuning_out}; mkdir -p "$T"  # many files: they come back as one archive
             if [ -n "${TUNING_FROM:-}" ]; then tar -xzf "$REPO/$TUNING_FROM" -C "$T" || exit 1; fi
             python3 "$REPO/bench/tuning.py" --device nvidia --out "$T" --trials "${TRIALS:-48}" --seeds "${SEEDS:-3}" \
               --samplers "${SAMPLERS:-xgb,tpe,random,xgb-cold}" --corpus-trials "${CORPUS:-16}" \
               --workloads "${WORKLOADS:-^(conv3x3.40-40@12|conv1x1.64-32@14|conv3x3s2.32-64@16|dw3x3s2.64@20|dense.192-160)\$}" \
-              --jobs "${JOBS:-5}" --parallel "${PAR:-2}" --deadline "${DEADLINE:-480}" 2>&1 \
+              --jobs "${JOBS:-5}" --parallel "${PAR:-2}" --deadline "${DEADLINE:-420}" 2>&1 \
               | grep -v "CompilerWarning\|lambda: self._prg\|_create_built\|prg.build" > "$OUT/gpu_tuning.txt"
             tar -czf "$OUT/tuning.tgz" -C "$T" . ; cp "$T"/*.md "$OUT"/ 2>/dev/null
             grep -E "^\[|corpus|geometric|wrote|deadline" "$OUT/gpu_tuning.txt" | tail -25 ;;
