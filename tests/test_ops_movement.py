@@ -143,12 +143,9 @@ MOVEMENT = sorted(zoo_movement.TEST_MODELS)
 
 @pytest.fixture
 def with_pass(monkeypatch):
-    """passes.optimize with passes_movement.optimize_movement first (idempotent if already wired in), and the
-    reference interpreter knowing the ops only the pass creates."""
-    import tuner.graph.passes as P
+    """The reference interpreter knowing the ops only the movement passes create (``passes.optimize`` runs
+    ``optimize_movement`` first: running it twice is not idempotent on attention's token tensors)."""
     from tuner.graph import reference
-    orig = P.optimize
-    monkeypatch.setattr(P, "optimize", lambda g: orig(optimize_movement(g)))
     monkeypatch.setattr(reference, "OPS", {**reference.OPS, **PASS_OPS})
     monkeypatch.setattr(reference, "ATTRS", {**reference.ATTRS, **PASS_ATTRS})
 
@@ -344,3 +341,22 @@ def test_pads_read_by_convolutions_run_no_kernel():
                                                              (2, 1, 1, 3)]
     assert [(n.attrs["mode"], n.outputs[0] in (c.inputs[0] for c in convs)) for n in g.nodes if n.op == "pad"] == \
         [("reflect", True), ("constant", True), ("reflect", True)]
+
+
+def test_head_slices_read_by_token_copies_run_no_kernel(with_pass):
+    """passes_movement.compose_gathers_into_copies: the q and k slices of a convolution's channels, reshaped
+    into tokens, become copies reading the convolution's output at the slices' offsets (strides rescaled per
+    image: batch 2); a slice whose reshape mixes images and channels keeps its kernel. Values: against the
+    graph before the pass."""
+    from tuner.graph.passes import optimize
+    g0 = from_onnx(MODELS["heads_to_tokens"])
+    g = optimize(g0)
+    slices = [n for n in g.nodes if n.op == "slice"]
+    assert [n.attrs["channels"] for n in slices] == [tuple(range(8, 16))]
+    copies = [n for n in g.nodes if n.op == "strided_copy" and n.inputs[0] == "conv0"]
+    assert sorted(n.attrs["offset"] for n in copies) == [0, 48] and all(n.attrs["src_shape"] == (2, 16, 3, 4)
+                                                                       for n in copies)
+    x = random_inputs(g0)
+    want, got = run_graph_numpy(g0, x), run_graph_numpy(g, x)
+    for t in g0.outputs:
+        assert rel_error(got[t], want[t].astype(np.float64)) < 1e-5

@@ -18,6 +18,9 @@ epilogue fusion (so a BatchNorm / bias / ReLU after a ConvTranspose folds into i
   only by convolutions (groups 1) becomes their weights' column order -- they read the gather's input, with zero
   weights on the channels it leaves out, when that at most doubles the RGBA pixels they read (ShuffleNet's split
   halves).
+- ``compose_gathers_into_copies`` (run last too): a contiguous channel slice read only by strided copies (the
+  heads of an attention split, then reshaped into tokens) runs no kernel: each copy reads the slice's input at
+  the slice's channel offset, its strides rescaled per image.
 - ``lower_conv_transpose`` and ``hoist_channelwise`` (``passes_conv_transpose``): ``conv_transpose`` -> its
   phases, one stacked ``conv2d`` and a ``depth_to_space``, with the per-channel ops after it moved into the
   convolution's reach; or zero insertion and a stride-1 ``conv2d``.
@@ -247,6 +250,45 @@ def compose_gathers(graph: Graph) -> Graph:
         g.nodes = [n for n in g.nodes if n not in dead]
         read = {t for n in g.nodes for t in n.inputs} | set(g.outputs)
     return _drop_unused(g).validate()
+
+
+def _copy_through_slice(copy: Node, in_shape: tuple, first: int) -> dict | None:
+    """The attributes of strided copy ``copy`` reading, instead of a slice of channels ``first``, ``first + 1``, ...
+    of a 4-D tensor of ``in_shape``, that tensor itself; None where the copy's dimensions cross images in a way
+    that no strides express."""
+    a = copy.attrs
+    src = tuple(a["src_shape"])
+    if len(src) != 4 or src[0] != in_shape[0] or src[2:] != in_shape[2:]:
+        return None
+    image, image_in = math.prod(src[1:]), math.prod(in_shape[1:])
+    strides, span = [], a["offset"] % image
+    for st, e in zip(a["strides"], a["shape"]):
+        if st % image == 0:  # across images
+            strides.append(st // image * image_in)
+        else:  # within one image: the slice's channels are contiguous there
+            strides.append(st)
+            span += (e - 1) * st
+    if span >= image:
+        return None
+    offset = a["offset"] // image * image_in + a["offset"] % image + first * math.prod(in_shape[2:])
+    return {**a, "src_shape": tuple(in_shape), "strides": tuple(strides), "offset": offset}
+
+
+def compose_gathers_into_copies(graph: Graph) -> Graph:
+    g = graph.copy()
+    for n in list(g.nodes):
+        index, out = _channel_gather(g, n), n.outputs[0]
+        readers = g.consumers(out)
+        if index is None or out in g.outputs or not readers or index != tuple(range(index[0], index[0] + len(index))) \
+                or any(r.op != "strided_copy" for r in readers):
+            continue
+        attrs = [_copy_through_slice(r, tuple(g.shapes[n.inputs[0]]), index[0]) for r in readers]
+        if any(x is None for x in attrs):
+            continue
+        for r, x in zip(readers, attrs):
+            r.inputs, r.attrs = [n.inputs[0]], x
+        g.nodes = [m for m in g.nodes if m is not n]
+    return g.validate()
 
 
 def _is_depthwise(g: Graph, n: Node) -> bool:

@@ -120,6 +120,22 @@ def _pads_into_convs(b) -> dict:
     return {own: None, s2: None}
 
 
+def _heads_to_tokens(b) -> dict:
+    """EfficientViT's attention heads: a convolution's channels sliced into q and k, each reshaped into tokens and
+    multiplied (``passes_movement.compose_gathers_into_copies``: the slices run no kernel, the copies read the
+    convolution's output); a slice whose reshape merges the batch with the channels keeps its kernel."""
+    x = b.input("input", (2, 6, 3, 4))
+    c = b.conv(x, 6, 16, 1, bias=True)
+    part = lambda lo, hi: b.node("Slice", [c, b.const("starts", np.array([lo], np.int64)),  # noqa: E731
+                                         b.const("ends", np.array([hi], np.int64)), b.const("axes", np.array([1], np.int64))])
+    tokens = lambda t, shape: b.node("Reshape", [t, b.const("shape", np.array(shape, np.int64))])  # noqa: E731
+    q = b.node("Transpose", [tokens(part(0, 4), [2, 4, 12])], perm=[0, 2, 1])
+    k = tokens(part(4, 8), [2, 4, 12])
+    merged = tokens(part(8, 16), [4, 4, 12])  # images and channels mixed: no strides over the whole output
+    return {tokens(b.node("MatMul", [q, k]), [2, 144]): None,
+            tokens(b.node("MatMul", [merged, b.const("w", b.rng.standard_normal((12, 5)))]), [16, 5]): None}
+
+
 def _movement_attrs(b) -> dict:
     """Opset 9: Pad-2 (pads attribute), Slice-1 (attributes), Upsample (scales input)."""
     x = b.input("input", (1, 3, 6, 6))
@@ -220,6 +236,7 @@ def _convnext_block(b) -> dict:
 
 TEST_MODELS: dict = {"shufflenet": _shufflenet, "shufflenet_units": _shufflenet_units, "convnext_block": _convnext_block, "slice_split": _slice_split, "pad": _pad,
                      "pads_into_convs": _pads_into_convs,
+                     "heads_to_tokens": _heads_to_tokens,
                      "movement_attrs": _movement_attrs, "resize": _resize, "conv_transpose": _conv_transpose,
                      "layer_norm": _layer_norm, "space_to_depth": _space_to_depth}
 OPSETS: dict = {"movement_attrs": 9, "slice_split": 11, "layer_norm": 17, "convnext_block": 17}
