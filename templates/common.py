@@ -70,7 +70,7 @@ WINDOW_ARGS = (
     WorkloadArg("padding", "ints", "P[,P[,P,P]]", "all, (h,w) or (top,left,bottom,right)", lengths=(1, 2, 4)),
     WorkloadArg("dilation", "ints", "D[,D]"))
 PAD_MODES = ("zeros", "reflect", "edge")  # what a convolution's padding reads (``Conv2dWorkload.pad_mode``)
-PAD_MODE_ARG = WorkloadArg("pad_mode", "str", "MODE", "what the padding reads (default zeros)",
+PAD_MODE_ARG = WorkloadArg("pad_mode", "str", "MODE", "what the padding reads: zeros (default), reflect or edge",
                            choices=PAD_MODES)
 
 
