@@ -127,7 +127,8 @@ def _heads_to_tokens(b) -> dict:
     x = b.input("input", (2, 6, 3, 4))
     c = b.conv(x, 6, 16, 1, bias=True)
     part = lambda lo, hi: b.node("Slice", [c, b.const("starts", np.array([lo], np.int64)),  # noqa: E731
-                                         b.const("ends", np.array([hi], np.int64)), b.const("axes", np.array([1], np.int64))])
+                                         b.const("ends", np.array([hi], np.int64)),
+                                         b.const("axes", np.array([1], np.int64))])
     tokens = lambda t, shape: b.node("Reshape", [t, b.const("shape", np.array(shape, np.int64))])  # noqa: E731
     q = b.node("Transpose", [tokens(part(0, 4), [2, 4, 12])], perm=[0, 2, 1])
     k = tokens(part(4, 8), [2, 4, 12])
