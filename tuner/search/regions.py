@@ -1,7 +1,10 @@
 """Where a device class's fast configs usually lie, as data: per device type (``DeviceInfo.type``) and template,
 the knob values of the region a search measures first, beside the template's fallback config (``tune(...,
 device_region=True)``). The region's configs are ordinary trials: the sampler learns from their measurements
-as from any other, so a region that is wrong for a device costs its few trials and steers nothing after.
+as from any other. They do steer: when they are the best of the first trials, the model's local search and the
+xgb sampler's TPE share (the density of the good configs) start around them, and on a layer whose best configs
+lie elsewhere the search can stay near them (the report set's 12x12 conv3x3 on Intel's CPU runtime, whose best
+configs are narrow: bench/notes/tuning.md, 2026-11-27).
 
 Why these regions:
 - CPU, conv2d: OpenCL CPU compilers vectorize across the work-items of dimension 0, so the best config of

@@ -186,7 +186,8 @@ def tune(template, workload, device=None, trials: int = 32, log: str | None = No
     fallback config is the first trial (unless the log has it), so tuned and untuned can be compared and the
     search starts from what the task runs untuned. ``device_region``: then ``REGION_SEEDS`` configs of the
     device class's default region (``tuner.search.regions``: a CPU's wide work-groups, a GPU's occupancy) are
-    measured, when the log holds nothing of the task yet; the sampler learns from them as from any trial.
+    measured, when the log holds nothing of the task yet; the sampler learns from them as from any trial (and
+    starts around them when they are the best of the first trials).
     ``sampler_options``: keyword arguments of the xgb sampler (``XGBSampler``: its exploration, transfer weighting).
     ``transfer_from``: sibling devices' fingerprints (or ``"auto"``) whose records of the template weigh in the
     cost model's transfer as this device's own, and whose best configs of this task that this device's space
