@@ -15,8 +15,8 @@ import numpy as np
 from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
 from tuner.ir.expr import ExtractLane, Ramp, as_expr, min_, select
+from tuner.ir.gather import gather_pixel
 from tuner.ir.schedule import cache_read
-from tuner.ops.kernels_movement import gather_pixel
 from tuner.templates.common import (EPILOGUE_ARGS, MODEL_KNOBS, PAD_MODE_ARG, WINDOW_ARGS, Arithmetic,
                                     Conv2dWorkload, LocalTile, Template, WorkloadArg, _log2, declare_operands,
                                     fit_work_group, gpu_fill_target, input_pixel, is_depthwise, node_epilogue,

@@ -231,7 +231,7 @@ def _channel_gather(g: Graph, n: Node) -> tuple | None:
 
 
 def compose_gathers(graph: Graph) -> Graph:
-    from tuner.ops.kernels_movement import channel_map  # the forms the gather kernel reads
+    from tuner.ir.gather import channel_map  # the forms the gather kernel reads
     g = graph.copy()
     for n in g.nodes:
         index = _channel_gather(g, n)
@@ -352,7 +352,7 @@ def fold_gathers_into_convs(graph: Graph) -> Graph:
 def _extended(index: tuple, count: int, limit: int) -> tuple | None:
     """``index`` continued to ``count`` entries by its own form ((c % m) * a + (c // m) * b + off), if every
     entry stays below ``limit``; else None."""
-    from tuner.ops.kernels_movement import channel_map
+    from tuner.ir.gather import channel_map
     m, a, b, off = channel_map(index)
     more = tuple((c % m) * a + (c // m) * b + off for c in range(len(index), count))
     return index + more if all(0 <= v < limit for v in more) else None
@@ -390,7 +390,7 @@ def pad_concat_parts(graph: Graph) -> Graph:
     each such part is made a multiple of 4 channels by its producer (a groups-1 convolution's zero filters, a
     gather continued), and the gathers skip the padding -- so that ``plan.views`` can write every part in place.
     ShuffleNetV2 x1.0's first stage concatenates halves of 58 channels."""
-    from tuner.ops.kernels_movement import channel_map
+    from tuner.ir.gather import channel_map
     g = graph.copy()
     for n in list(g.nodes):
         shape = g.shapes[n.outputs[0]]

@@ -21,8 +21,9 @@ import numpy as np
 
 from tuner.ir.builder import Builder
 from tuner.ir.dtype import float32, int32
-from tuner.ir.expr import Cast, ExtractLane, as_expr, call, max_, min_, select
+from tuner.ir.expr import Cast, as_expr, call, max_, min_, select
 
+from tuner.ir.gather import channel_map, gather_pixel, lane as _lane, zero_padding_lanes as _zero_padding_lanes
 from tuner.ir.layouts import check_out_view
 from tuner.ops.token_views import token_view
 from tuner.ops.kernels import (_check_dtype, _grid, _packed, _packed_shape, _pixel, _ravel, _scopes, _unravel, _vector,
@@ -35,21 +36,6 @@ NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 
 
 # -- helpers ----------------------------------------------------------------------------------------------
-def _lane(pix, lane):
-    """Lane ``lane`` (an int expression in 0..3) of the 4-lane value ``pix``."""
-    return select(lane.equal(0), ExtractLane(pix, 0), select(lane.equal(1), ExtractLane(pix, 1),
-                  select(lane.equal(2), ExtractLane(pix, 2), ExtractLane(pix, 3))))
-
-
-def _zero_padding_lanes(b: Builder, v, cb, C: int, name: str = "v"):
-    """``v`` (a whole pixel of block ``cb``) with the lanes past channel ``C`` set to zero."""
-    if C % 4 == 0:
-        return v
-    pix = b.let(name, v)
-    return _vector([ExtractLane(pix, j) if j < C % 4 else select(cb * 4 + j < C, ExtractLane(pix, j), 0.0)
-                    for j in range(4)])
-
-
 def _view_of(logical, idx: list) -> list:
     """Stored (view) indices of logical indices ``idx`` of a tensor of ``logical`` shape (token_views'
     token layout: (a, b, c) is stored as (a, c, 1, b))."""
@@ -83,25 +69,7 @@ def _gather_view(b: Builder, Y, out_logical, max_work_group: int, value) -> None
         b.store(Y, _pixel(idx), _vector(lanes))
 
 
-def _block(x, n, cb, rest):
-    return x[_pixel([n, cb, *rest])]
-
-
 # -- slice / channel gather -------------------------------------------------------------------------------
-def channel_map(index) -> tuple | None:
-    """``(m, a, b, off)`` with ``index[c] == (c % m) * a + (c // m) * b + off`` for every c, or None."""
-    idx = np.asarray(index, np.int64).reshape(-1)
-    n = len(idx)
-    c = np.arange(n)
-    for m in [n] + [k for k in range(1, n) if n % k == 0] + [k for k in range(1, n) if n % k]:
-        off = int(idx[0])
-        a = int(idx[1] - idx[0]) if m > 1 and n > 1 else 0
-        b = int(idx[m] - idx[0]) if n > m else 0
-        if np.array_equal((c % m) * a + (c // m) * b + off, idx):
-            return m, a, b, off
-    return None
-
-
 def slice_out_shape(in_shape, channels, rows=(0, 1, None), cols=(0, 1, None)) -> tuple:
     in_shape = _packed_shape(in_shape, "slice")
     if len(in_shape) == 2:
@@ -146,30 +114,6 @@ def slice_kernel(in_shape, channels, rows=(0, 1, None), cols=(0, 1, None), dtype
                     cols[0] + idx[3] * cols[1] if cols[:2] != (0, 1) else idx[3]]
         b.store(Y, at, gather_pixel(b, X, C, n, cb, rest, channels))
     return b.kernel("slice", [X, Y])
-
-
-def gather_pixel(b: Builder, X, C: int, n, cb, rest: list, channels, name: str = ""):
-    """Output pixel ``cb`` of the channel gather ``channels`` of ``X`` (``C`` channels) at batch ``n`` and spatial
-    indices ``rest``: contiguous channels (``channels[k] = off + k``) read at most two whole pixels, other maps one
-    pixel per lane; lanes past the gather's end are zero. ``name`` prefixes the lets (a kernel that gathers more
-    than once)."""
-    m, a, bb, off = channel_map(channels)
-    Cout, last = len(channels), -(-C // 4) - 1
-    if a == 1 and m >= Cout:  # contiguous channels: a lane shift of at most two whole pixels
-        q, s = divmod(off, 4)
-        hi = b.let(f"{name}hi", _block(X, n, cb + q, rest))
-        if s == 0:
-            return _zero_padding_lanes(b, hi, cb, Cout, f"{name}v")
-        lo = b.let(f"{name}lo", _block(X, n, min_(cb + q + 1, last), rest))
-        v = _vector([ExtractLane(hi, j + s) if j + s < 4 else ExtractLane(lo, j + s - 4) for j in range(4)])
-        return _zero_padding_lanes(b, v, cb, Cout, f"{name}v")
-    lanes = []
-    for j in range(4):
-        c = min_(cb * 4 + j, Cout - 1) if Cout % 4 else cb * 4 + j
-        src = b.let(f"{name}c{j}", c * a + off if m >= Cout else (c % m) * a + (c // m) * bb + off)
-        v = _lane(b.let(f"{name}x{j}", _block(X, n, src // 4, rest)), src % 4)
-        lanes.append(select(cb * 4 + j < Cout, v, 0.0) if Cout % 4 and j >= Cout % 4 else v)
-    return _vector(lanes)
 
 
 def slice_reference(x, channels, rows=(0, 1, None), cols=(0, 1, None)) -> np.ndarray:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import tuner.ops.kernels_movement as KM
 from tuner.errors import TunerError
-from tuner.ops.kernels_movement import channel_map
+from tuner.ir.gather import channel_map
 from tuner.ops.token_views import token_logical
 
 from tuner.plan.rules import LowerCtx, glue, lower_template, lowers
