@@ -1,6 +1,7 @@
 """The xgb sampler's exploration and transfer weighting (issue 37), on synthetic objectives without a device: the
 transfer's weight follows how well the corpus ranks this task's measurements, the model-free share follows how
 well the model ranks fresh ones, and tune() measures the fallback and the device class's region first."""
+import hashlib
 import math
 
 import numpy as np
@@ -39,8 +40,9 @@ def smooth(v: dict) -> float:
 
 
 def noise(v: dict) -> float:
-    """A GFLOP/s no model can learn: a hash of the config."""
-    return 1.0 + (hash(tuple(sorted((k, str(x)) for k, x in v.items()))) % 1000) / 100.0
+    """A GFLOP/s no model can learn: a hash of the config (sha1: the same in every process)."""
+    digest = hashlib.sha1(repr(sorted((k, str(x)) for k, x in v.items())).encode()).hexdigest()
+    return 1.0 + int(digest[:8], 16) % 1000 / 100.0
 
 
 def corpus(score, n: int = 24) -> list:
