@@ -561,7 +561,8 @@ def padded_windows(wl, x):
     _, _, R, S = wl.kernel
     _, _, OH, OW = wl.out_shape
     (sh, sw), (dh, dw), (pt, pl, pb, pr) = wl.stride, wl.dilation, wl.padding
-    mode = {"zeros": "constant"}.get(getattr(wl, "pad_mode", "zeros"), getattr(wl, "pad_mode", "zeros"))
+    mode = getattr(wl, "pad_mode", "zeros")  # a depthwise workload pads with zeros only
+    mode = "constant" if mode == "zeros" else mode
     xp = np.pad(np.asarray(x, np.float64), ((0, 0), (0, 0), (pt, pb), (pl, pr)), mode=mode)
     for r in range(R):
         for s in range(S):

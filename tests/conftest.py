@@ -1,5 +1,6 @@
 import ast
 import functools
+import importlib.util
 import os
 from pathlib import Path
 
@@ -190,3 +191,13 @@ def conv3x3_onnx(tmp_path):
         onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
         return str(path)
     return make
+
+
+@pytest.fixture(scope="module")
+def tuning():
+    """bench/tuning.py as a module (a script, not a package module), once per test module."""
+    spec = importlib.util.spec_from_file_location("bench_tuning", Path(__file__).resolve().parents[1] / "bench"
+                                                  / "tuning.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

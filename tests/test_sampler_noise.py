@@ -1,9 +1,6 @@
 """bench/tuning.py's noise-aware "95% of the best": the contenders for a workload's best are timed again, and
 a lucky outlier measured once no longer sets a bar that no run can reach. No device work: a fake measurer."""
-import importlib.util
 import json
-import statistics
-from pathlib import Path
 
 import pytest
 
@@ -11,15 +8,7 @@ from tuner.logs.record import canonical_json
 from tuner.measure import MeasureResult
 from tuner.templates import get_template
 
-ROOT = Path(__file__).resolve().parents[1]
 
-
-@pytest.fixture(scope="module")
-def tuning():
-    spec = importlib.util.spec_from_file_location("bench_tuning", ROOT / "bench" / "tuning.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _row(tuning, sampler, keys, gflops):

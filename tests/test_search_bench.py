@@ -1,8 +1,6 @@
 """bench/tuning.py for issue 37 without a device: a deadline stops every stage with work left (exit status 3) and
 the same command goes on from its files; the issue's per-workload checks; the proxy over measured tables."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
@@ -10,17 +8,9 @@ from conftest import profile
 from tuner.measure import MeasureResult
 from tuner.templates import get_template
 
-ROOT = Path(__file__).resolve().parents[1]
 CPU = profile(name="CPU", type="CPU", compute_units=2, image_support=False, half_images=False, image2d_max_width=0,
               image2d_max_height=0, max_work_item_sizes=[1024, 1024, 1024], local_mem_bytes=32768, fp16=False)
 
-
-@pytest.fixture(scope="module")
-def tuning():
-    spec = importlib.util.spec_from_file_location("bench_tuning_37", ROOT / "bench" / "tuning.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 class Counting:
