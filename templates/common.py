@@ -427,12 +427,16 @@ def padded_tap(ih, iw, H, W, pad_mode: str = "zeros"):
     return (None if inside_h is None else inside_h & inside_w), ih, iw
 
 
+def padded(inside, value):
+    """``value`` where the tap is inside the input, else zero; as is where the padding reads the input."""
+    return value if inside is None else select(inside, value, 0.0)
+
+
 def input_pixel(X, n, cb, ih, iw, H, W, arith, pad_mode: str = "zeros"):
     """The RGBA pixel of channel block ``cb`` at input row ``ih``, column ``iw`` (zero in the padding, or what
     ``pad_mode`` reads there)."""
     inside, ih, iw = padded_tap(ih, iw, H, W, pad_mode)
-    pixel = arith.load(X[n, Ramp(cb * 4, as_expr(1), 4), ih, iw])
-    return pixel if inside is None else select(inside, pixel, 0.0)
+    return padded(inside, arith.load(X[n, Ramp(cb * 4, as_expr(1), 4), ih, iw]))
 
 
 class LocalTile:

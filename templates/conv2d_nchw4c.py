@@ -14,14 +14,14 @@ import numpy as np
 
 from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
-from tuner.ir.expr import ExtractLane, Ramp, as_expr, min_, select
+from tuner.ir.expr import ExtractLane, Ramp, as_expr, min_
 from tuner.ir.gather import gather_pixel
 from tuner.ir.schedule import cache_read
 from tuner.templates.common import (EPILOGUE_ARGS, MODEL_KNOBS, PAD_MODE_ARG, WINDOW_ARGS, Arithmetic,
                                     Conv2dWorkload, LocalTile, Template, WorkloadArg, _log2, declare_operands,
                                     fit_work_group, gpu_fill_target, input_pixel, is_depthwise, node_epilogue,
-                                    padded_tap, random_inputs, reference, scale_operand, scope_layout, split_sums,
-                                    store_tile, texture_scopes, window_features, window_fields)
+                                    padded, padded_tap, random_inputs, reference, scale_operand, scope_layout,
+                                    split_sums, store_tile, texture_scopes, window_features, window_fields)
 
 
 @dataclass(frozen=True)
@@ -175,11 +175,6 @@ def conv_step(b, cfg, wl, inputs, Wt, acc, arith, tile, vector_input, n, grp, ob
                     for x in range(t_ow):
                         i = (k * t_oh + y) * t_ow + x
                         b.store(acc, i, arith.mac(acc[i], lane[y, x] * wpix))
-
-
-def padded(inside, value):
-    """``value`` where the tap is inside the input, else zero; as is where the padding reads the input."""
-    return value if inside is None else select(inside, value, 0.0)
 
 
 def space_vars(wl: Conv2dWorkload) -> dict:

@@ -13,9 +13,14 @@ def make_vector(lanes: list):
     return call("make_vector", lanes, "float32x4")
 
 
+def pixel_index(idx) -> tuple:
+    """Logical indices of a whole pixel at grid point ``idx``: the 4 lanes of block ``idx[1]``."""
+    return (idx[0], Ramp(idx[1] * 4, as_expr(1), 4), *idx[2:])
+
+
 def pixel_block(x, n, cb, rest):
     """The whole pixel of channel block ``cb`` of ``x`` at batch ``n`` and spatial indices ``rest``."""
-    return x[(n, Ramp(cb * 4, as_expr(1), 4), *rest)]
+    return x[pixel_index([n, cb, *rest])]
 
 
 def lane(pix, which):

@@ -31,6 +31,7 @@ from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
 from tuner.ir.expr import Broadcast, Cast, ExtractLane, Ramp, as_expr, call, max_, min_, select
 from tuner.ir.dtype import float32
+from tuner.ir.gather import make_vector as _vector, pixel_index as _pixel
 from tuner.templates.common import bias_buffer
 
 DTYPES = ("float32", "float16")
@@ -97,11 +98,6 @@ def _grid(shape: tuple) -> tuple:
     return (shape[0], -(-shape[1] // 4), *shape[2:])
 
 
-def _pixel(idx) -> tuple:
-    """Logical indices of a whole pixel at grid point ``idx``: the 4 lanes of block ``idx[1]``."""
-    return (idx[0], Ramp(idx[1] * 4, as_expr(1), 4), *idx[2:])
-
-
 def _local_size(total: int, max_work_group: int) -> int:
     if isinstance(max_work_group, bool) or not isinstance(max_work_group, int) or max_work_group < 1:
         raise ValueError(f"max_work_group {max_work_group!r}: the device's work-group limit, a positive int")
@@ -139,10 +135,6 @@ def _work_items(b: Builder, grid: tuple, max_work_group: int):
         with b.if_(p < total) if groups * local != total else nullcontext():
             yield [b.let(f"i{k}", e) if extent > 1 else e
                    for k, (e, extent) in enumerate(zip(_unravel(p, grid), grid))]
-
-
-def _vector(lanes: list):
-    return call("make_vector", lanes, "float32x4")
 
 
 def _check_activation(activation: str) -> None:
