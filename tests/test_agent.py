@@ -540,9 +540,24 @@ def test_adb_a_stranger_that_connects_first_gets_nothing(native, cl_env, tmp_pat
     for k in ("TUNER_OPENCL_LIB", "OCL_ICD_VENDORS", "PYOPENCL_HOME"):
         if k in cl_env:
             monkeypatch.setenv(k, cl_env[k])
-    got = {}
+    got, served = {}, threading.Event()
+    # the stranger connects first, as the test says: the tuner's connect waits until the stranger has its answer
+    # (else, under load, the tuner may win the race and the stranger waits in the backlog for the whole session)
+    from tuner.agent import transport
+    connect = transport.TcpTransport.__init__
+
+    def after_the_stranger(self, *args, **kwargs):
+        served.wait(60)
+        connect(self, *args, **kwargs)
+    monkeypatch.setattr(transport.TcpTransport, "__init__", after_the_stranger)
 
     def stranger():
+        try:
+            knock()
+        finally:
+            served.set()
+
+    def knock():
         end = time.monotonic() + 60
         while time.monotonic() < end:
             try:
