@@ -21,11 +21,25 @@ its work-group's neighbours (neighbouring work-items read and write neighbouring
 work-items share each tile's reduction (partial sums combined in local memory); ``local_a`` / ``local_b``
 stage the work-group's tile of A / B for each ``unroll_k * split_k`` reduction blocks in local memory.
 
+Views (``a_view``, ``b_view``, ``y_view``; not in the key: the loop nest is the same, a record of the plain
+workload applies): an operand read, or the output written, in place inside another tensor instead of its own
+storage -- attention's q, k and v as channel slices of a projection's NCHW output, its heads' outputs written back
+as NCHW (``passes_tokens.matmul_views``), so no strided copy runs before or after the product. A view is
+``(src, groups, c_off, c_group, r_off)``: the operand's element (b, r, c) (its storage pixel (b, c // 4, 0, r)) is
+element ``(b // groups, c_off + (b % groups) * c_group + c, p // W, p % W)`` of the 4-D tensor stored as ``src``
+(N, C, H, W), with ``p = r_off + r``: the heads of a batch as channel groups, the rows as pixels of any H x W.
+Channel offsets are multiples of 4, so a pixel of the operand is a pixel of the source.
+
+``addend`` (in the key when set): a constant of the output's shape added with the bias, before the activation
+(an attention bias): ``shared`` one (M, N) for every batch, ``batched`` one per batch; stored as ``C`` (1 or B,
+N, 1, M) in a global buffer.
+
 Scope knobs: ``input_scope`` is A's, ``weight_scope`` is B's (and the bias's), ``output_scope`` is Y's and the
 residual's (the task, log and plan machinery names a template's operands input/weight/output;
 ``MatmulConfig.a_scope`` / ``b_scope`` read the first two under their own names)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
@@ -70,6 +84,10 @@ class MatmulWorkload:
     bias: bool = False
     activation: str = "none"
     residual: bool = False
+    addend: str = "none"  # a constant (1 or B, M, N) added before the activation: none, shared or batched
+    a_view: tuple = ()  # (src, groups, c_off, c_group, r_off): A read in place (module docstring); not in the key
+    b_view: tuple = ()  # ... B (as given: B,K,N, or B,N,K with trans_b)
+    y_view: tuple = ()  # ... Y written in place: the view fills its tensor (every element once)
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
@@ -112,6 +130,10 @@ class MatmulWorkload:
         set_("activation", canonical(self.activation))  # ValueError names the choices
         if self.dtype not in ("float32", "float16"):
             raise ValueError(f"dtype {self.dtype!r}: float32 or float16 storage")
+        if self.addend not in ADDENDS:
+            raise ValueError(f"matmul addend {self.addend!r}: one of {', '.join(ADDENDS)}")
+        for name, shape in (("a_view", self.a), ("b_view", self.b), ("y_view", self.out_shape)):
+            set_(name, check_view(getattr(self, name), shape, name, write=name == "y_view"))
 
     @property
     def batch(self) -> int:
@@ -138,7 +160,83 @@ class MatmulWorkload:
         return 2 * self.batch * self.M * self.N * self.K
 
     def key(self) -> dict:
-        return {"op": "matmul", **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}}
+        """The log's key: no views (a record of the plain workload applies), ``addend`` only when set (the keys
+        of every other matmul stay as they were before the field existed)."""
+        return {"op": "matmul", **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()
+                                   if k not in VIEWS and (k != "addend" or v != "none")}}
+
+    def plain(self) -> "MatmulWorkload":
+        """The workload without its views: what a record of its key measured."""
+        return dataclasses.replace(self, **{k: () for k in VIEWS})
+
+
+ADDENDS = ("none", "shared", "batched")
+VIEWS = ("a_view", "b_view", "y_view")
+
+
+def check_view(view, shape, name: str = "view", write: bool = False) -> tuple:
+    """``()`` or ``(src, groups, c_off, c_group, r_off)`` checked against the operand's 3-D ``shape``
+    (b, r, c): every element it names lies in ``src``, channel offsets start pixels, and a written view fills its
+    tensor with whole pixels of its own (no two work-items write one pixel)."""
+    if not view:
+        return ()
+    try:
+        src, groups, c_off, c_group, r_off = view
+        src, (groups, c_off, c_group, r_off) = tuple(int(d) for d in src), (int(x) for x in view[1:])
+    except (TypeError, ValueError):
+        raise ValueError(f"matmul {name} {view!r}: (source shape N,C,H,W, groups, channel offset, channel step per "
+                         f"group, row offset)") from None
+    (nb, rows, cols), g = shape, max(groups, 1)
+    last_c = c_off + (g - 1) * c_group + cols
+    problems = []
+    if len(src) != 4 or min(src) < 1 or groups < 1 or min(c_off, c_group, r_off) < 0:
+        problems.append("a 4-D source, groups >= 1 and offsets >= 0")
+    elif nb % groups or nb // groups > src[0]:
+        problems.append(f"batch {nb} in {groups} groups over the source's {src[0]} images")
+    elif c_off % 4 or c_group % 4:
+        problems.append(f"channel offsets {c_off} + g * {c_group} that start pixels (multiples of 4)")
+    elif last_c > src[1]:
+        problems.append(f"channels up to {last_c} within the source's {src[1]}")
+    elif r_off + rows > src[2] * src[3]:
+        problems.append(f"rows {r_off}..{r_off + rows} within the source's {src[2]}x{src[3]} pixels")
+    elif write and (nb * rows * cols != math.prod(src) or (groups > 1 and c_group < cols)
+                    or (cols % 4 and (groups > 1 or last_c != src[1]))):
+        problems.append(f"an output that fills its {list(src)} tensor once, with whole pixels of its own")
+    if problems:
+        raise ValueError(f"matmul {name} {list(view)} for a {list(shape)} operand: wants {problems[0]}")
+    return src, groups, c_off, c_group, r_off
+
+
+def view_index(view, n, c, r, lanes: int = 4) -> tuple:
+    """The index of the operand's element (n, c, r) -- with ``lanes`` 4, the pixel of channels c..c+3 -- in its
+    own storage (b, c, 1, r) or, through ``view``, in the source's."""
+    h, w = 0, r
+    if view:
+        src, groups, c_off, c_group, r_off = view
+        if groups > 1:
+            n, c = n // groups, c + (n % groups) * c_group
+        c = c + c_off if c_off else c
+        p = r + r_off if r_off else r
+        h, w = (p // src[3], p % src[3]) if src[2] > 1 else (0, p)
+    return n, (Ramp(c, as_expr(1), 4) if lanes == 4 else c), h, w
+
+
+def view_gather(view, src: np.ndarray, shape) -> np.ndarray:
+    """The operand (b, r, c) of ``shape`` read through ``view`` from its source's 4-D array."""
+    _, groups, c_off, c_group, r_off = view
+    b, r, c = np.ix_(*(np.arange(d) for d in shape))
+    p = r + r_off
+    return np.asarray(src)[b // groups, c_off + (b % groups) * c_group + c, p // src.shape[3], p % src.shape[3]]
+
+
+def view_scatter(view, y: np.ndarray) -> np.ndarray:
+    """The source-shaped array that the operand ``y`` (b, r, c) written through ``view`` fills."""
+    src, groups, c_off, c_group, r_off = view
+    out = np.zeros(src, y.dtype)
+    b, r, c = np.ix_(*(np.arange(d) for d in y.shape))
+    p = r + r_off
+    out[b // groups, c_off + (b % groups) * c_group + c, p // src[3], p % src[3]] = y
+    return out
 
 
 @dataclass(frozen=True)
@@ -168,9 +266,11 @@ class MatmulConfig:
 
 
 def declare_operands(wl: MatmulWorkload, cfg: MatmulConfig) -> tuple:
-    """``(A, Bm, B, Res, Y)``: the 4-D storage views in the config's scopes (bias ``B`` and ``Res`` None unless
-    fused), in kernel argument order."""
-    views = {"A": storage_shape(wl.a), "Bm": storage_shape(wl.b), "Y": storage_shape(wl.out_shape)}
+    """``(A, Bm, B, Res, C, Y)``: the 4-D storage views in the config's scopes (a view's source where the operand
+    has one; bias ``B``, ``Res`` and the addend ``C`` None unless fused), in kernel argument order."""
+    views = {"A": wl.a_view[0] if wl.a_view else storage_shape(wl.a),
+             "Bm": wl.b_view[0] if wl.b_view else storage_shape(wl.b),
+             "Y": wl.y_view[0] if wl.y_view else storage_shape(wl.out_shape)}
     for knob in ("input_scope", "weight_scope", "output_scope"):
         if getattr(cfg, knob) not in ("texture", "buffer"):
             raise ValueError(f"matmul {knob}={getattr(cfg, knob)!r}: texture or buffer")
@@ -180,8 +280,14 @@ def declare_operands(wl: MatmulWorkload, cfg: MatmulConfig) -> tuple:
     return (buffer("A", views["A"], wl.dtype, a_scope, a_layout),
             buffer("Bm", views["Bm"], wl.dtype, b_scope, b_layout),
             bias_buffer(wl.N, wl.dtype, cfg.weight_scope) if wl.bias else None,
-            buffer("Res", views["Y"], wl.dtype, y_scope, y_layout) if wl.residual else None,
+            buffer("Res", storage_shape(wl.out_shape), wl.dtype, y_scope, y_layout) if wl.residual else None,
+            buffer("C", addend_shape(wl), wl.dtype, "global", "nchw4c_buffer") if wl.addend != "none" else None,
             buffer("Y", views["Y"], wl.dtype, y_scope, y_layout))
+
+
+def addend_shape(wl: MatmulWorkload) -> tuple:
+    """The addend's storage view: (1 or B, N, 1, M)."""
+    return (wl.batch if wl.addend == "batched" else 1, wl.N, 1, wl.M)
 
 
 def _check_config(wl: MatmulWorkload, cfg: MatmulConfig) -> None:
@@ -215,7 +321,7 @@ def matmul(wl: MatmulWorkload, cfg: MatmulConfig):
     _check_config(wl, cfg)
     BATCH, M, K, N = wl.batch, wl.M, wl.K, wl.N
     KB, NB = -(-K // 4), -(-N // 4)
-    A, Bm, Bias, Res, Y = operands = declare_operands(wl, cfg)
+    A, Bm, Bias, Res, Cst, Y = operands = declare_operands(wl, cfg)
     t_m, t_n, sk, uk, wg_m, wg_n = cfg.tile_m, cfg.tile_n, cfg.split_k, cfg.unroll_k, cfg.wg_m, cfg.wg_n
     trans = wl.trans_b
     chunk = uk * sk  # reduction blocks a work-group covers per step of the outer loop
@@ -238,14 +344,14 @@ def matmul(wl: MatmulWorkload, cfg: MatmulConfig):
         b_tile = b.allocate("b_tile", (chunk * 4 * cols_g,), arith.value, "local") if cfg.local_b else None
 
         def a_pixel(kb, m, name):
-            v = arith.load(A[n, Ramp(kb * 4, as_expr(1), 4), 0, m])
+            v = arith.load(A[view_index(wl.a_view, n, kb * 4, m)])
             return _masked(b, v, kb, K, name) if trans else v  # outer products skip A's padding lanes instead
 
         def b_pixel(kb_or_k, nb_or_n, name):
             """trans_b: the pixel of block ``kb`` at column n; else the pixel of blocks ``nb`` at row k."""
             if trans:
-                return _masked(b, arith.load(Bm[n, Ramp(kb_or_k * 4, as_expr(1), 4), 0, nb_or_n]), kb_or_k, K, name)
-            return arith.load(Bm[n, Ramp(nb_or_n * 4, as_expr(1), 4), 0, kb_or_k])
+                return _masked(b, arith.load(Bm[view_index(wl.b_view, n, kb_or_k * 4, nb_or_n)]), kb_or_k, K, name)
+            return arith.load(Bm[view_index(wl.b_view, n, nb_or_n * 4, kb_or_k)])
 
         with b.loop("jo", outer) as jo:
             kb0 = jo * chunk
@@ -291,7 +397,8 @@ def matmul(wl: MatmulWorkload, cfg: MatmulConfig):
                                 if vector_a:
                                     xs = {i: ExtractLane(xa[i], ki) for i in range(t_m)}
                                 else:
-                                    xs = {i: b.let(f"a{i}_{ki}", arith.load(A[n, kb * 4 + ki, 0, rows[i]]))
+                                    xs = {i: b.let(f"a{i}_{ki}", arith.load(
+                                        A[view_index(wl.a_view, n, kb * 4 + ki, rows[i], lanes=1)]))
                                           for i in range(t_m)}
                                 for j in range(t_n):
                                     src = b_tile[(kk * 4 + ki) * cols_g + j * wg_n + tn] if b_tile is not None else \
@@ -319,6 +426,8 @@ def matmul(wl: MatmulWorkload, cfg: MatmulConfig):
                     v = v * wl.alpha
                 if Bias is not None:
                     v = v + Bias[lanes]
+                if Cst is not None:
+                    v = v + Cst[n if wl.addend == "batched" else 0, lanes, 0, m]
                 v = apply_ir(wl.activation, v)
                 if Res is not None:
                     v = v + Res[n, lanes, 0, m]
@@ -327,7 +436,7 @@ def matmul(wl: MatmulWorkload, cfg: MatmulConfig):
                     v = call("make_vector", [ExtractLane(y, ln) if ln < N % 4 else
                                              select(nb * 4 + ln < N, ExtractLane(y, ln), 0.0) for ln in range(4)],
                              "float32x4")
-                b.store(Y, (n, lanes, 0, m), v)
+                b.store(Y, view_index(wl.y_view, n, nb * 4, m), v)
     return b.kernel("matmul", [p for p in operands if p is not None])
 
 
@@ -339,46 +448,64 @@ def _stage(b, tile, pixels: int, items: int, lid, name: str, pixel) -> None:
             b.store(tile, i, pixel(i))
 
 
-def reference(wl: MatmulWorkload, a, bm, bias=None, residual=None) -> np.ndarray:
-    """NumPy in float64 on the 3-D arrays: ``act(alpha * a @ b + bias) + residual`` of shape (B, M, N)."""
+def reference(wl: MatmulWorkload, a, bm, bias=None, residual=None, addend=None) -> np.ndarray:
+    """NumPy in float64 on the 3-D arrays: ``act(alpha * a @ b + bias + addend) + residual`` of shape (B, M, N)
+    (``addend`` (1 or B, M, N))."""
     bm = np.asarray(bm, np.float64)
     out = np.asarray(a, np.float64) @ (bm.transpose(0, 2, 1) if wl.trans_b else bm) * wl.alpha
     if bias is not None:
         out = out + np.asarray(bias, np.float64).reshape(1, 1, -1)
+    if addend is not None:
+        out = out + np.asarray(addend, np.float64)
     out = apply_numpy(wl.activation, out)
     if residual is not None:
         out = out + np.asarray(residual, np.float64)
     return out
 
 
+def _operand(view, arr, shape) -> np.ndarray:
+    """A 3-D operand from its kernel parameter's array: its storage view, or its view's source."""
+    return view_gather(view, arr, shape) if view else from_storage(arr)
+
+
 def _reference(wl: MatmulWorkload, inputs: dict) -> np.ndarray:
-    """The reference on the kernel's parameters (4-D storage views), as the output's view."""
-    res = inputs.get("Res")
-    return to_storage(reference(wl, from_storage(inputs["A"]), from_storage(inputs["Bm"]), inputs.get("B"),
-                                None if res is None else from_storage(res)))
+    """The reference on the kernel's parameters (4-D storage views, or views' sources), as the output's view (or
+    the tensor its view fills)."""
+    res, cst = inputs.get("Res"), inputs.get("C")
+    y = reference(wl, _operand(wl.a_view, inputs["A"], wl.a), _operand(wl.b_view, inputs["Bm"], wl.b),
+                  inputs.get("B"), None if res is None else from_storage(res),
+                  None if cst is None else from_storage(cst))
+    return view_scatter(wl.y_view, y) if wl.y_view else to_storage(y)
 
 
 def random_inputs(wl: MatmulWorkload, rng) -> dict:
-    """Random normal operands keyed by kernel parameter, as the storage views the parameters take."""
+    """Random normal operands keyed by kernel parameter, as the storage views the parameters take (a view's
+    whole source where the operand has one)."""
     draw = lambda shape: rng.standard_normal(shape).astype(wl.dtype)  # noqa: E731
-    inputs = {"A": to_storage(draw(wl.a)), "Bm": to_storage(draw(wl.b))}
+    inputs = {"A": draw(wl.a_view[0]) if wl.a_view else to_storage(draw(wl.a)),
+              "Bm": draw(wl.b_view[0]) if wl.b_view else to_storage(draw(wl.b))}
     if wl.bias:
         inputs["B"] = draw((wl.N,))
     if wl.residual:
         inputs["Res"] = to_storage(draw(wl.out_shape))
+    if wl.addend != "none":
+        inputs["C"] = draw(addend_shape(wl))
     return inputs
 
 
 def space_vars(wl: MatmulWorkload) -> dict:
     return dict(batch=wl.batch, M=wl.M, K=wl.K, N=wl.N, KB=-(-wl.K // 4), NB=-(-wl.N // 4), trans_b=wl.trans_b,
-                a_view=storage_shape(wl.a), b_view=storage_shape(wl.b), out_view=storage_shape(wl.out_shape),
-                bias=wl.bias, residual=wl.residual)
+                a_view=wl.a_view[0] if wl.a_view else storage_shape(wl.a),
+                b_view=wl.b_view[0] if wl.b_view else storage_shape(wl.b),
+                out_view=wl.y_view[0] if wl.y_view else storage_shape(wl.out_shape), bias=wl.bias,
+                residual=wl.residual)
 
 
 VARIABLES = dict(batch="batch B", M="rows of A and Y", K="reduction length", N="columns of Y",
                  KB="reduction blocks of 4", NB="output-column blocks of 4", trans_b="B given as B,N,K",
-                 a_view="A's storage view (B, K, 1, M), NCHW", b_view="B's storage view (B, N, 1, K), or (B, K, 1, N) "
-                 "with trans_b", out_view="Y's storage view (B, N, 1, M)", bias="fused bias",
+                 a_view="A's storage view (B, K, 1, M), NCHW, or the tensor its view reads",
+                 b_view="B's storage view (B, N, 1, K), or (B, K, 1, N) with trans_b, or the tensor its view reads",
+                 out_view="Y's storage view (B, N, 1, M), or the tensor its view writes", bias="fused bias",
                  residual="fused residual add")
 
 
@@ -422,15 +549,22 @@ def features(v: dict, k: dict) -> dict:
 def describe(wl: MatmulWorkload) -> str:
     """``2x64x32 @ 2x64x32^T *0.125 +bias``"""
     alpha = f" *{wl.alpha:g}" if wl.alpha != 1.0 else ""
-    return f"{shape_text(wl.a)} @ {shape_text(wl.b)}{'^T' if wl.trans_b else ''}{alpha}{epilogue_text(wl)}"
+    addend = f" +{wl.addend} addend" if wl.addend != "none" else ""
+    return f"{shape_text(wl.a)} @ {shape_text(wl.b)}{'^T' if wl.trans_b else ''}{alpha}{addend}{epilogue_text(wl)}"
 
 
 def lower(ctx, node, ins):
     """A matmul graph node: inputs [a, b, (bias), (residual)], attrs trans_b, alpha, activation and residual
     (true when the last input is the residual; a tensor name is taken too). The bias is a constant of N values
-    (a (1, N)-like constant is reshaped to (N,))."""
+    (a (1, N)-like constant is reshaped to (N,)). Attr ``addend``: a constant input (1 or B, N, 1, M) added before
+    the activation. Attrs ``a_view`` / ``b_view`` / ``y_view`` (``passes_tokens.matmul_views``): the operand is
+    read (the output written) through that view of the input (output) tensor, whose 3-D shape is then attr
+    ``a`` / ``b`` (the output's follows)."""
     a = node.attrs
     rest, res = list(node.inputs[2:]), a.get("residual", False)
+    addend = a.get("addend")
+    if addend is not None:
+        rest = [x for x in rest if x != addend]
     res_name = None
     if isinstance(res, str):
         res_name = res
@@ -442,9 +576,17 @@ def lower(ctx, node, ins):
         res_name = rest.pop()
     if len(rest) > 1:
         raise ValueError(f"matmul takes inputs [a, b, (bias), (residual)]; got {len(node.inputs)}: {list(node.inputs)}")
-    wl = MatmulWorkload(a=ctx.shape(node.inputs[0]), b=ctx.shape(node.inputs[1]), trans_b=a.get("trans_b", False),
-                        dtype=ctx.dtype, alpha=a.get("alpha", 1.0), bias=bool(rest),
-                        activation=a.get("activation", "none"), residual=res_name is not None)
+    shape_a = tuple(a["a"]) if a.get("a_view") else ctx.shape(node.inputs[0])
+    shape_b = tuple(a["b"]) if a.get("b_view") else ctx.shape(node.inputs[1])
+    kind = "none"
+    if addend is not None:
+        if not ctx.is_param(addend):
+            raise ValueError(f"the addend {addend!r} must be a constant (it is a tensor computed by the graph)")
+        kind = "shared" if tuple(ctx.shape(addend))[0] == 1 else "batched"
+    wl = MatmulWorkload(a=shape_a, b=shape_b, trans_b=a.get("trans_b", False), dtype=ctx.dtype,
+                        alpha=a.get("alpha", 1.0), bias=bool(rest), activation=a.get("activation", "none"),
+                        residual=res_name is not None, addend=kind, a_view=a.get("a_view", ()),
+                        b_view=a.get("b_view", ()), y_view=a.get("y_view", ()))
     inputs, extra = {"A": ins[0], "Bm": ins[1]}, {}
     if rest:
         bias = rest[0]
@@ -465,6 +607,12 @@ def lower(ctx, node, ins):
         if shape != wl.out_shape:
             raise ValueError(f"the residual {res_name!r} has shape {list(shape)}; the output is {list(wl.out_shape)}")
         inputs["Res"] = ctx.packed(res_name)
+    if addend is not None:
+        shape = tuple(np.shape(ctx.graph.params[addend]))
+        if shape != addend_shape(wl):
+            raise ValueError(f"the addend {addend!r} has shape {list(shape)}; it must be the output's storage view "
+                             f"{list(addend_shape(wl))} (1 or B, N, 1, M)")
+        inputs["C"] = addend
     return wl, inputs, extra
 
 
@@ -473,7 +621,9 @@ WORKLOAD_ARGS = (WorkloadArg("a", "shape", "B,M,K", "A's shape (matmul)", requir
                  WorkloadArg("trans_b", "flag", help="matmul: B is given as B,N,K (Q @ K^T)"),
                  WorkloadArg("alpha", "float", "X", "matmul: scale of the product (default 1)"),
                  *EPILOGUE_ARGS,
-                 WorkloadArg("residual", "flag", help="fuse a residual add of a second NCHW4c tensor"))
+                 WorkloadArg("residual", "flag", help="fuse a residual add of a second NCHW4c tensor"),
+                 WorkloadArg("addend", "str", "KIND", "matmul: add a constant of the output's shape before the "
+                             "activation: shared (one for every batch) or batched (default none)", choices=ADDENDS))
 TEMPLATE = Template("matmul", MatmulWorkload, MatmulConfig, matmul, _reference, random_inputs, fallback, space_vars,
                     VARIABLES, features=features, describe=describe, workload_args=WORKLOAD_ARGS,
                     graph_ops=("matmul",), lower=lower, scope_inputs={"input": "A", "weight": "Bm"})

@@ -92,6 +92,55 @@ def test_matches_numpy_with_poisoned_padding(device, label, fields, knobs):
     assert_matches(device, wl, cfg)
 
 
+
+# (src, groups, c_off, c_group, r_off): operand element (b, r, c) is src[b // groups, c_off + b % groups * c_group +
+# c, (r_off + r) // W, (r_off + r) % W] -- attention's q, k, v as slices of an NCHW projection, heads as channels
+VIEW_CASES = [
+    ("A: channels 8..15 of an NCHW tensor, its 3x5 pixels the rows, texture",
+     dict(a=(2, 15, 8), b=(2, 8, 7), a_view=((2, 24, 3, 5), 1, 8, 0, 0)), dict(tile_m=2, wg_m=4, **TEX)),
+    ("B^T: 4 heads as channel groups of one token tensor, a batched addend, split_k and B staged, buffer",
+     dict(a=(4, 6, 8), b=(4, 6, 8), trans_b=True, b_view=((1, 32, 1, 6), 4, 0, 8, 0), addend="batched"),
+     dict(tile_m=2, wg_m=2, split_k=2, local_b=True, **BUF)),
+    ("Y written as NCHW (rows -> 3x5 pixels), a shared addend and a bias, texture",
+     dict(a=(2, 15, 6), b=(2, 6, 8), y_view=((2, 8, 3, 5), 1, 0, 0, 0), addend="shared", bias=True),
+     dict(tile_m=4, tile_n=2, wg_m=4, **TEX)),
+    ("A from rows 2..6 at channel 4, B (K, N) from NCHW, scalar A loads, buffer",
+     dict(a=(2, 5, 15), b=(2, 15, 12), a_view=((2, 20, 1, 7), 1, 4, 0, 2), b_view=((2, 12, 3, 5), 1, 0, 0, 0)),
+     dict(tile_m=1, wg_m=4, vec_load=1, **BUF)),
+    ("Y as 4 heads' channel groups of one NCHW tensor, relu, A staged, texture",
+     dict(a=(4, 6, 5), b=(4, 5, 8), y_view=((1, 32, 2, 3), 4, 0, 8, 0), activation="relu"),
+     dict(tile_m=2, wg_m=2, wg_n=2, local_a=True, **TEX)),
+    ("Y of N=5 filling a 5-channel NCHW tensor (its padding lanes), buffer",
+     dict(a=(2, 6, 7), b=(2, 7, 5), y_view=((2, 5, 2, 3), 1, 0, 0, 0)), dict(wg_m=2, **BUF)),
+]
+
+
+@pytest.mark.parametrize("label,fields,knobs", VIEW_CASES, ids=[c[0].split(":")[0] for c in VIEW_CASES])
+def test_views_and_addend_match_numpy(device, label, fields, knobs):
+    """Operands read and the output written through views, against NumPy gathering (scattering) them."""
+    wl = MatmulWorkload(**fields)
+    assert_matches(device, wl, dataclasses.replace(MatmulConfig(), **knobs))
+    assert wl.key() == {**wl.plain().key(), **({"addend": wl.addend} if wl.addend != "none" else {})}
+
+
+def test_views_stay_out_of_the_key_and_are_checked():
+    plain = MatmulWorkload(a=(2, 15, 8), b=(2, 8, 7))
+    viewed = dataclasses.replace(plain, a_view=((2, 24, 3, 5), 1, 8, 0, 0), y_view=((2, 7, 3, 5), 1, 0, 0, 0))
+    assert viewed.key() == plain.key() and viewed.plain() == plain and viewed != plain
+    assert T.space_vars(viewed)["a_view"] == (2, 24, 3, 5)  # what the kernel binds: the source
+    bad = [(dict(a_view=((2, 24, 3, 5), 1, 6, 0, 0)), "multiples of 4"),
+           (dict(a_view=((2, 12, 3, 5), 1, 8, 0, 0)), "channels up to 16 within the source's 12"),
+           (dict(a_view=((2, 24, 3, 4), 1, 8, 0, 0)), r"rows 0..15 within the source's 3x4"),
+           (dict(a_view=((1, 24, 3, 5), 1, 8, 0, 0)), "batch 2 in 1 groups"),
+           (dict(y_view=((2, 8, 3, 5), 1, 0, 0, 0)), "fills its"),
+           (dict(a_view=(1, 2)), "source shape N,C,H,W")]
+    for fields, match in bad:
+        with pytest.raises(ValueError, match=match):
+            dataclasses.replace(plain, **fields)
+    with pytest.raises(ValueError, match="addend 'some'"):
+        MatmulWorkload(a=(1, 2, 3), b=(1, 3, 4), addend="some")
+
+
 def test_half_arithmetic(fp16_device):
     """compute=half / half_acc (cl_khr_fp16): half products, float or half sums."""
     wl = MatmulWorkload(a=(1, 6, 13), b=(1, 6, 13), trans_b=True, dtype="float16", bias=True)
