@@ -10,7 +10,10 @@
   kernels' epilogue order. Binary glue ops (add, sub, mul, div, prelu) that stay on their own absorb a
   following per-channel constant multiply (``scale``), an add of another activation (``residual``) and an
   activation, in that order; a windowed pool that keeps its size takes a binary op with another activation first
-  (``post``): PoolFormer's ``x + ls * (pool(y) - y)`` is one kernel.
+  (``post``): PoolFormer's ``x + ls * (pool(y) - y)`` is one kernel. A ``matmul`` of token tensors absorbs, in its
+  template's order, a scalar multiply (``alpha``), adds of constants -- one per output column (a bias) or a whole
+  one (``addend``: an attention bias before the softmax) --, an activation and an add of another activation
+  (``residual``).
 - ``fuse_input_gates``: squeeze-excite's ``x * s`` -- a ``mul`` of an (N, C, H, W) activation by an (N, C, 1, 1)
   one whose only reader is a (not depthwise) convolution -- becomes that convolution's ``in_scale``: it reads x
   times s as it loads its input, and the product is never stored.
@@ -34,6 +37,7 @@ from tuner.graph.passes_movement import fold_gathers_into_convs, pad_concat_part
 from tuner.graph.passes_movement import compose_gathers_into_copies
 from tuner.graph.passes_io import model_io_ranks, pointwise_ranks  # first: tensors of any rank
 from tuner.graph.passes_movement import optimize_movement  # layout rewrites first: ConvTranspose -> conv2d, NHWC blocks
+from tuner.graph.passes_conv_transpose import crd_to_dcr  # after epilogue fusion: a PixelShuffle's conv2d in DCR order
 
 ACTIVATION_OF_CLIP = {(0.0, 6.0): "relu6", (0.0, float("inf")): "relu"}
 BINARY_OPS = ("add", "sub", "mul", "div", "prelu")  # glue kernels that apply an activation after themselves
@@ -340,12 +344,64 @@ def _pool_epilogue(g: Graph, node: Node, nxt: Node, out: str, order: dict) -> bo
     return True
 
 
+def _matmul_epilogue(g: Graph, node: Node, nxt: Node, out: str, order: dict) -> bool:
+    """A token ``matmul`` (output (B, N, 1, M), its storage view) absorbs ``nxt`` where the template's epilogue
+    order -- alpha, bias and addend, activation, residual -- allows; True if it took it."""
+    a, shape = node.attrs, tuple(g.shapes[out])
+    if not a.get("tokens") or len(nxt.inputs) > 2 or nxt.inputs.count(out) != 1 or "residual" in a:
+        return False
+    act = _activation(nxt)
+    if act is not None:
+        if "activation" in a:
+            return False
+        a["activation"] = act
+        return True
+    other = _other(nxt, out) if len(nxt.inputs) == 2 else None
+    if nxt.op == "mul" and (scale := _scalar_param(g, other)) is not None and "activation" not in a \
+            and len(node.inputs) == 2 and "addend" not in a:
+        a["alpha"] = float(a.get("alpha", 1.0)) * scale
+        return True
+    if nxt.op != "add" or other is None:
+        return False
+    if other in g.params:
+        if "activation" in a:
+            return False
+        per_column = _channel_constant(g, other, shape[1], 4)
+        if per_column is not None:
+            bias = [t for t in node.inputs[2:] if t != a.get("addend")]
+            old = np.asarray(g.params[bias[0]], np.float32).reshape(-1) if bias else 0.0
+            new = _add_param(g, f"{node.name}.bias", old + per_column)
+            node.inputs = node.inputs[:2] + [new] + [t for t in node.inputs[2:] if t not in bias]
+            return True
+        try:
+            full = np.broadcast_to(np.asarray(g.params[other], np.float32), shape)
+        except ValueError:
+            return False
+        if np.array_equal(np.broadcast_to(full[:1], shape), full):
+            full = full[:1]
+        if "addend" in a:
+            old = np.asarray(g.params[a["addend"]], np.float32)
+            full = old + full if old.shape[0] >= full.shape[0] else full + old
+            node.inputs = [t for t in node.inputs if t != a["addend"]]
+        a["addend"] = _add_param(g, f"{node.name}.addend", full)
+        node.inputs = node.inputs + [a["addend"]]
+        return True
+    if tuple(g.shapes[other]) != shape:
+        return False
+    p = g.producer(other)
+    if p is not None and order[p.name] > order[node.name]:
+        return False  # the other operand is not ready when the product runs
+    a["residual"] = other
+    return True
+
+
 def fuse_epilogues(graph: Graph) -> Graph:
     g = canonical_residuals(graph)
     order = {n.name: i for i, n in enumerate(g.nodes)}
     removed: set = set()
     for node in g.nodes:
-        if node.name in removed or node.op not in ("conv2d", "dense", "group_norm", "layer_norm") + BINARY_OPS + POOLS:
+        if node.name in removed or node.op not in ("conv2d", "dense", "group_norm", "layer_norm", "matmul") + \
+                BINARY_OPS + POOLS:
             continue
         while True:
             out = node.outputs[0]
@@ -354,7 +410,10 @@ def fuse_epilogues(graph: Graph) -> Graph:
                 break
             nxt = readers[0]
             act = _activation(nxt)
-            if node.op in POOLS:
+            if node.op == "matmul":
+                if not _matmul_epilogue(g, node, nxt, out, order):
+                    break
+            elif node.op in POOLS:
                 if not _pool_epilogue(g, node, nxt, out, order):
                     break
             elif act is not None and "activation" not in node.attrs:
@@ -481,8 +540,9 @@ def optimize(graph: Graph) -> Graph:
 # (a GELU's erf pattern reads its input twice, which would stop a transpose from sinking through it); the layout
 # rewrites (channel shuffles, attention's token tensors, NHWC blocks, ConvTranspose -> conv2d:
 # ``passes_movement``); whole-image reductions in two parallel steps; then BatchNorm folded into convolutions, the
-# activations the rewrites exposed recognized, epilogues fused, squeeze-excite gates, Pads and channel gathers read by
-# the convolutions after them.
+# activations the rewrites exposed recognized, epilogues fused, a PixelShuffle's convolution put in DCR order (its
+# bias and epilogue folded in first: only its weights and bias permute), squeeze-excite gates, Pads and channel
+# gathers read by the convolutions after them.
 PIPELINE = (model_io_ranks, pointwise_ranks, fuse_group_norm, fuse_patterns, optimize_movement, split_whole_reductions,
-            fold_batch_norm, fuse_patterns, fuse_epilogues, fuse_input_gates, fold_pads, pad_concat_parts,
+            fold_batch_norm, fuse_patterns, fuse_epilogues, crd_to_dcr, fuse_input_gates, fold_pads, pad_concat_parts,
             fold_gathers_into_convs, compose_gathers_into_copies)

@@ -1,6 +1,8 @@
 """Graph passes of the data-movement and layout operators (``Graph -> Graph``), run before BatchNorm folding and
 epilogue fusion (so a BatchNorm / bias / ReLU after a ConvTranspose folds into its convolution):
 
+- ``drop_identity_reshapes``: a reshape to its input's own shape (EfficientViT's ``feat.view(B, -1, H, W)``) runs
+  no kernel: its readers read its input.
 - ``fuse_channel_shuffle``: ShuffleNet's ``Reshape(N, g, C/g, H, W) -> Transpose(0, 2, 1, 3, 4) -> Reshape(N, C,
   H, W)`` (any reshape / transpose / reshape that only permutes channels) becomes one ``slice`` (a channel
   gather): no 5-D tensor reaches the plan.
@@ -58,6 +60,16 @@ def _sole_reader(g: Graph, tensor: str):
         return None
     readers = g.consumers(tensor)
     return readers[0] if len(readers) == 1 and readers[0].inputs.count(tensor) == 1 else None
+
+
+def drop_identity_reshapes(graph: Graph) -> Graph:
+    g = graph.copy()
+    for n in list(g.nodes):
+        if n.op in ("reshape", "flatten") and n.inputs[0] not in g.params and n.outputs[0] not in g.outputs \
+                and tuple(g.shapes[n.inputs[0]]) == tuple(g.shapes[n.outputs[0]]):
+            _rename_input(g, n.outputs[0], n.inputs[0])
+            g.nodes = [m for m in g.nodes if m is not n]
+    return _drop_unused(g).validate()
 
 
 # -- channel shuffle --------------------------------------------------------------------------------------
@@ -335,7 +347,11 @@ def fold_gathers_into_convs(graph: Graph) -> Graph:
                         _through_depthwise(g, n, index, r)
                         changed = True
             readers = g.consumers(out)
-            if not readers or -(-g.shapes[src][1] // 4) > 2 * -(-len(index) // 4) or not all(  # pixels read
+            if not readers:  # every reader was depthwise and now reads the source: the gather runs no kernel
+                g.nodes = [m for m in g.nodes if m is not n]
+                changed = True
+                continue
+            if -(-g.shapes[src][1] // 4) > 2 * -(-len(index) // 4) or not all(  # pixels read
                     r.op == "conv2d" and r.attrs.get("groups", 1) == 1 and "in_scale" not in r.attrs
                     and r.inputs[0] == out and out not in r.inputs[1:] and r.inputs[1] in g.params for r in readers):
                 continue
@@ -424,5 +440,5 @@ def optimize_movement(graph: Graph) -> Graph:
     return run_passes(graph, MOVEMENT_PASSES)
 
 
-MOVEMENT_PASSES = (fuse_channel_shuffle, compose_gathers, optimize_tokens, nhwc_to_nchw,  # in this order
+MOVEMENT_PASSES = (drop_identity_reshapes, fuse_channel_shuffle, compose_gathers, optimize_tokens, nhwc_to_nchw,  # in this order
                    lower_conv_transpose, hoist_channelwise)

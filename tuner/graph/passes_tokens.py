@@ -2,7 +2,8 @@
 MatMuls -- onto the 4-D kernels (``Graph -> Graph``), run first by ``passes_movement.optimize_movement``:
 
 - ``fold_matmul_scales``: a multiply by a scalar constant whose only reader is a ``matmul`` (the ``q * scale``
-  and ``k * scale`` of attention) becomes the matmul's ``alpha``.
+  and ``k * scale`` of attention), also through reshapes and transposes (EfficientViT's ``q * scale`` before
+  ``q.transpose``), becomes the matmul's ``alpha``.
 - ``attention_ranks``: a 4-D ``matmul`` (batch, heads, M, K) @ (batch, heads, K, N) and a softmax over the
   last axis of a 4-D tensor run on 3-D tensors (batch * heads, M, K): reshapes around them, which
   ``movement_views`` folds away.
@@ -117,6 +118,22 @@ def _scalar(g: Graph, t: str) -> bool:
     return t in g.params and np.ptp(np.asarray(g.params[t])) == 0  # one value, however broadcast
 
 
+def _through_movement(g: Graph, t: str):
+    """``(matmul, tensor)``: the matmul that alone reads ``t`` through a chain of single-reader reshapes /
+    transposes / slices (a scale commutes with them), and the tensor it reads; None when there is none."""
+    while t not in g.outputs:
+        readers = g.consumers(t)
+        if len(readers) != 1 or readers[0].inputs.count(t) != 1:
+            return None
+        r = readers[0]
+        if r.op == "matmul":
+            return (r, t) if r.inputs[:2].count(t) == 1 and t in r.inputs[:2] else None
+        if r.op not in MOVEMENT or r.inputs[0] != t:
+            return None
+        t = r.outputs[0]
+    return None
+
+
 def fold_matmul_scales(graph: Graph) -> Graph:
     g = graph.copy()
     for mul in list(g.nodes):
@@ -128,12 +145,14 @@ def fold_matmul_scales(graph: Graph) -> Graph:
             continue
         value = float(np.asarray(g.params[consts[0]]).reshape(-1)[0])
         scale = value if mul.op == "mul" else 1.0 / value
-        readers = g.consumers(mul.outputs[0])
         producer = g.producer(acts[0])
-        if (mul.outputs[0] not in g.outputs and len(readers) == 1 and readers[0].op == "matmul"
-                and readers[0].inputs[:2].count(mul.outputs[0]) == 1):  # q * scale, k * scale
-            mm = readers[0]
-            mm.inputs = [acts[0] if t == mul.outputs[0] else t for t in mm.inputs]
+        same = tuple(g.shapes[acts[0]]) == tuple(g.shapes[mul.outputs[0]])  # the constant broadcasts no axis
+        reader = _through_movement(g, mul.outputs[0]) if same else None
+        if reader is not None:  # q * scale, k * scale (then moved: its reader reads the unscaled tensor)
+            mm = reader[0]
+            for n in g.nodes:
+                if mul.outputs[0] in n.inputs:
+                    n.inputs = [acts[0] if t == mul.outputs[0] else t for t in n.inputs]
         elif (producer is not None and producer.op == "matmul" and acts[0] not in g.outputs
               and len(g.consumers(acts[0])) == 1):  # (q @ k) * scale
             mm = producer
