@@ -7,8 +7,10 @@ kernels build on these; the registry (``tuner.templates``) imports the templates
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
+import operator
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Callable
@@ -19,7 +21,7 @@ from tuner.errors import TunerError
 from tuner.ir.activations import apply_ir, apply_numpy, canonical
 from tuner.ir.buffer import buffer
 from tuner.ir.dtype import DType
-from tuner.ir.expr import Cast, Ramp, as_expr, const, max_, min_, select
+from tuner.ir.expr import Cast, ExtractLane, Ramp, as_expr, call, const, max_, min_, select
 from tuner.ir.layouts import check_out_view
 
 
@@ -285,6 +287,9 @@ class Conv2dWorkload:
     side_copy: tuple = ()  # (source shape, channels, offset, source scope): the same launch also writes the channel
     # gather ``channels`` of a source tensor (same N, H, W as the output) at channel ``offset`` of the output -- a
     # concat's other part (ShuffleNetV2's passed-through half, ``plan.views``); not in the key either
+    shuffle_view: tuple = ()  # (bh, bw, top, left, out_h, out_w): write the DCR depth_to_space of the output -- its
+    # bh * bw phases interleaved, the window of out_h x out_w from (top, left) -- instead of the output (a phase
+    # convolution's or a PixelShuffle's interleave, ``plan.views``); not in the key either
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
@@ -320,7 +325,12 @@ class Conv2dWorkload:
             raise ValueError(f"dtype {self.dtype!r}: float32 or float16 storage")
         if min(self.out_shape) < 1:
             raise ValueError(f"conv2d output {self.out_shape} is empty: kernel larger than padded input")
-        set_("out_view", check_out_view(self.out_view, O))
+        if self.shuffle_view:
+            set_("shuffle_view", self._checked_shuffle_view())
+        set_("out_view", check_out_view(self.out_view, self.written_channels))
+        if self.side_copy and self.shuffle_view:
+            raise ValueError("side_copy with shuffle_view: the copy is written at the convolution's own pixels, which "
+                             "the interleave moves")
         if self.side_copy:
             src, channels, offset, scope = self.side_copy
             src, channels, offset = tuple(int(x) for x in src), tuple(int(c) for c in channels), int(offset)
@@ -359,13 +369,40 @@ class Conv2dWorkload:
         convolution stay as they were before the fields existed."""
         return {"op": "conv2d", **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()
                                    if (k != "in_scale" or v) and (k != "pad_mode" or v != "zeros")
-                                   and k not in ("out_view", "side_copy")}}
+                                   and k not in ("out_view", "side_copy", "shuffle_view")}}
+
+    @property
+    def written_channels(self) -> int:
+        """The channels the kernel writes: its outputs, or a phase's under ``shuffle_view``."""
+        return self.kernel[0] // (self.shuffle_view[0] * self.shuffle_view[1]) if self.shuffle_view else self.kernel[0]
 
     @property
     def stored_shape(self) -> tuple:
-        """The output tensor the kernel writes into: ``out_shape``, or the concat's that ``out_view`` names."""
+        """The output tensor the kernel writes into: ``out_shape``, the interleave's that ``shuffle_view`` names,
+        and within either the concat's that ``out_view`` names."""
         N, _, OH, OW = self.out_shape
-        return (N, self.out_view[1], OH, OW) if self.out_view else self.out_shape
+        if self.shuffle_view:
+            OH, OW = self.shuffle_view[4:]
+        return N, self.out_view[1] if self.out_view else self.written_channels, OH, OW
+
+    def _checked_shuffle_view(self) -> tuple:
+        """``shuffle_view`` as six ints, or a ValueError naming what is wrong: the channels divide into the phases,
+        each output pixel's channels are in one RGBA pixel of the convolution's (a phase's channels a multiple of 4,
+        or 1 or 2: whole pixels written, no two work-items share one), and the window is inside the interleave."""
+        view = tuple(int(v) for v in self.shuffle_view)
+        if len(view) != 6:
+            raise ValueError(f"shuffle_view {list(view)}: (bh, bw, top, left, out_h, out_w)")
+        (bh, bw, top, left, oh, ow), (_, O, H, W) = view, self.out_shape
+        if bh < 1 or bw < 1 or O % (bh * bw):
+            raise ValueError(f"shuffle_view: {O} output channels do not divide into {bh}x{bw} phases")
+        c = O // (bh * bw)
+        if c % 4 and 4 % c:
+            raise ValueError(f"shuffle_view: {c} channels a phase are not whole RGBA pixels (a multiple of 4, or 1 "
+                             f"or 2): an output pixel's channels would span two pixels of the convolution's")
+        if min(top, left) < 0 or min(oh, ow) < 1 or top + oh > H * bh or left + ow > W * bw:
+            raise ValueError(f"shuffle_view window {oh}x{ow} at ({top}, {left}) outside the {H * bh}x{W * bw} "
+                             f"interleave of the {H}x{W} output")
+        return view
 
 
 def scope_layout(scope: str, texture_layout: str, buffer_layout: str, weight=False):
@@ -532,9 +569,11 @@ def store_tile(b, acc, Y, n, obb, oh0, ow0, tile, bounds, wl, B=None, Res=None, 
     """The fused epilogue (bias, residual add, then ReLU/ReLU6: ResNet's ``relu(conv + bn + identity)``) and a
     guarded store of every tile pixel; ``owner(i)``, if given, is the condition under which this work-item
     stores tile entry ``i`` (a split reduction's sums, see ``split_sums``). A workload's ``out_view`` shifts the
-    stores by its channel offset."""
+    stores by its channel offset; its ``shuffle_view`` moves each pixel to its place in the interleave
+    (``shuffle_store``)."""
     (t_oc, t_oh, t_ow), (OB, OH, OW) = tile, bounds
     shift = wl.out_view[0] if getattr(wl, "out_view", ()) else 0
+    shuffle = getattr(wl, "shuffle_view", ())
     for k in range(t_oc):
         ob = obb * t_oc + k
         for y in range(t_oh):
@@ -551,8 +590,37 @@ def store_tile(b, acc, Y, n, obb, oh0, ow0, tile, bounds, wl, B=None, Res=None, 
                         v = v + B[lanes]
                     if Res is not None:
                         v = v + Res[n, lanes, oh, ow]
-                    b.store(Y, (n, Ramp(ob * 4 + shift, as_expr(1), 4) if shift else lanes, oh, ow),
-                            apply_ir(wl.activation, v))
+                    if shuffle:
+                        shuffle_store(b, Y, apply_ir(wl.activation, v), n, ob, oh, ow, (OH, OW), wl, shift, f"sv{i}")
+                    else:
+                        b.store(Y, (n, Ramp(ob * 4 + shift, as_expr(1), 4) if shift else lanes, oh, ow),
+                                apply_ir(wl.activation, v))
+
+
+def shuffle_store(b, Y, v, n, ob, oh, ow, bounds, wl, shift: int, name: str):
+    """Pixel ``v`` of output block ``ob`` at (``oh``, ``ow``) of the convolution's (``bounds``: OH, OW), stored where
+    ``shuffle_view``'s DCR interleave puts it: channel ``k`` is phase ``k // c`` (``c`` channels a phase), row
+    ``oh * bh + phase // bw - top``, column ``ow * bw + phase % bw - left``, if inside the window. With ``c`` a
+    multiple of 4 the block is one phase's (whole pixel); with 1 or 2, the block holds ``4 // c`` phases, each the
+    first lanes of its own output pixel (the rest zero). Guards only what can fall outside."""
+    (bh, bw, top, left, out_h, out_w), (OH, OW) = wl.shuffle_view, bounds
+    blocks, c = bh * bw, wl.written_channels
+    if c % 4 == 0:
+        phase, cb = (ob // (c // 4), ob % (c // 4)) if c > 4 else (ob, 0)
+        stores = [(phase, Ramp(as_expr(cb * 4 + shift), as_expr(1), 4), v, None)]
+    else:
+        per, pix = 4 // c, b.let(name, v)
+        stores = [(ob * per + q, Ramp(as_expr(shift), as_expr(1), 4),
+                   call("make_vector", [ExtractLane(pix, q * c + j) if j < c else const(0.0) for j in range(4)],
+                        "float32x4"), ob * per + q < blocks if blocks % per else None) for q in range(per)]
+    for phase, lanes, value, valid in stores:
+        py, px = (phase // bw, phase % bw) if bw > 1 else (phase, 0)
+        y, x = oh * bh + py - top, ow * bw + px - left
+        conds = [valid, y >= 0 if top else None, y < out_h if OH * bh - top > out_h else None,
+                 x >= 0 if left else None, x < out_w if OW * bw - left > out_w else None]
+        conds = [cond for cond in conds if cond is not None]
+        with b.if_(functools.reduce(operator.and_, conds)) if conds else nullcontext():
+            b.store(Y, (n, lanes, y, x), value)
 
 
 def clamp(i, n):
@@ -583,7 +651,8 @@ def reference_epilogue(wl, out: np.ndarray, bias=None, residual=None) -> np.ndar
 
 
 def reference(wl: Conv2dWorkload, x, w, bias=None, residual=None, scale=None) -> np.ndarray:
-    """NumPy conv2d in float64 (the check for every tuned config); ``scale`` (N, C, 1, 1): the input's gate."""
+    """NumPy conv2d in float64 (the check for every tuned config); ``scale`` (N, C, 1, 1): the input's gate; a
+    ``shuffle_view`` gives the interleave it writes (``out_view`` is not applied: the layer's own channels)."""
     if scale is not None:
         x = x.astype(np.float64) * scale
     out = np.zeros(wl.out_shape)
@@ -591,7 +660,16 @@ def reference(wl: Conv2dWorkload, x, w, bias=None, residual=None, scale=None) ->
     for r, s, patch in padded_windows(wl, x):  # grouped: (N, G, C/G, ...) . (G, O/G, C/G)
         out += np.einsum("ngchw,goc->ngohw", patch.reshape(N, G, -1, OH, OW),
                          w[:, :, r, s].astype(np.float64).reshape(G, O // G, -1)).reshape(out.shape)
-    return reference_epilogue(wl, out, bias, residual)
+    return shuffled(wl, reference_epilogue(wl, out, bias, residual))
+
+
+def shuffled(wl, out: np.ndarray) -> np.ndarray:
+    """``out`` (the convolution's output) as its ``shuffle_view`` stores it: the DCR depth_to_space, cropped."""
+    if not getattr(wl, "shuffle_view", ()):
+        return out
+    (bh, bw, top, left, oh, ow), (N, K, H, W) = wl.shuffle_view, out.shape
+    z = out.reshape(N, bh, bw, K // (bh * bw), H, W).transpose(0, 3, 4, 1, 5, 2).reshape(N, -1, H * bh, W * bw)
+    return z[:, :, top:top + oh, left:left + ow]
 
 
 def random_inputs(wl, rng) -> dict:

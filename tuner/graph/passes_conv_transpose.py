@@ -12,6 +12,10 @@
 - ``hoist_channelwise``: a per-channel op after a ``depth_to_space`` (BatchNorm, an activation, a per-channel
   constant add / mul / sub / div, PReLU) runs before it instead, on the stacked channels (its constants
   repeated per phase), so that ``fold_batch_norm`` and ``fuse_epilogues`` put it in the convolution's epilogue.
+- ``crd_to_dcr`` (run by ``passes.optimize`` after epilogue fusion): a CRD ``depth_to_space`` (PyTorch's
+  PixelShuffle) of a groups=1 ``conv2d`` that nothing else reads becomes DCR, the convolution's output channels
+  (weight rows, bias) permuted to phase-major order: the interleave then reads whole RGBA pixels, and the
+  convolution can write it itself (``plan.views``).
 """
 from __future__ import annotations
 
@@ -200,4 +204,41 @@ def hoist_channelwise(graph: Graph) -> Graph:
             del g.shapes[mid]
             changed = True
             break
+    return _drop_unused(g).validate()
+
+
+# -- PixelShuffle's channel order ---------------------------------------------------------------------------------
+def _dcr_order(c: int, blocks: int) -> np.ndarray:
+    """The CRD channel (``c * blocks + phase``) at each DCR position (``phase * c + channel``)."""
+    return np.arange(c * blocks).reshape(c, blocks).T.reshape(-1)
+
+
+def _permutable(g: Graph, d2s: Node):
+    """The convolution whose output channels can be put in DCR order for ``d2s`` (CRD), else None: a groups=1
+    ``conv2d`` with constant weights (and bias), read only by ``d2s``, that adds no residual (another tensor's
+    channels would need the same order)."""
+    src = d2s.inputs[0]
+    conv = g.producer(src)
+    if d2s.attrs["mode"] != "CRD" or conv is None or conv.op != "conv2d" or src in g.outputs \
+            or g.consumers(src) != [d2s] or conv.attrs.get("groups", 1) != 1 or conv.attrs.get("residual") \
+            or conv.inputs[1] not in g.params:
+        return None
+    return conv
+
+
+def crd_to_dcr(graph: Graph) -> Graph:
+    """Every CRD ``depth_to_space`` whose convolution can be permuted (``_permutable``) as a DCR one."""
+    if not any(n.op == "depth_to_space" and n.attrs["mode"] == "CRD" for n in graph.nodes):
+        return graph
+    g = graph.copy()
+    for d2s in [n for n in g.nodes if n.op == "depth_to_space"]:
+        conv = _permutable(g, d2s)
+        if conv is None:
+            continue
+        bh, bw = d2s.attrs["block"]
+        order = _dcr_order(g.shapes[d2s.outputs[0]][1], bh * bw)
+        # the weights and the bias (the first param after them); an input gate reads input channels: as it is
+        conv.inputs = [_add_param(g, f"{t}.dcr", np.asarray(g.params[t])[order]) if i == 1 or (i == 2 and t in g.params)
+                       else t for i, t in enumerate(conv.inputs)]
+        d2s.attrs = {**d2s.attrs, "mode": "DCR"}
     return _drop_unused(g).validate()

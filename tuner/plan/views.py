@@ -1,5 +1,15 @@
-"""Concats as write views (``write_views``, ``Plan -> Plan``, run by ``compiler.compile_plan`` before code
-generation): where every part of a channel concat is written by a kernel that can write at a channel offset -- a
+"""Concats and interleaves as write views (``write_views``, ``Plan -> Plan``, run by ``compiler.compile_plan`` before
+code generation).
+
+A DCR ``depth_to_space`` (a ConvTranspose's phases, or a PixelShuffle the graph passes turned into DCR order) whose
+input a ``conv2d`` template step writes and nothing else reads runs no kernel: the convolution stores each output
+pixel at its place in the interleave, cropped (``Conv2dWorkload.shuffle_view``; the loop nest and the tuned config
+are the plain convolution's). It stays a kernel when a phase's channels are not whole RGBA pixels (not a multiple
+of 4, nor 1 or 2), when another kernel reads its input, when that is a model input or output, when the two
+tensors' storage differs, or when the producer is not a direct conv2d (Winograd, depthwise, glue) or already writes
+a view. Interleaves are decided first, so that the convolution that writes one can also write it into a concat.
+
+Concats: where every part of a channel concat is written by a kernel that can write at a channel offset -- a
 ``conv2d`` template step or a ``slice`` (channel gather) -- and read by nothing else, each of those kernels writes
 its part straight into the concat's tensor and the concat kernel does not run. ShuffleNetV2's units become their
 gather of the passed-through half and their branch's convolutions, writing one tensor.
@@ -20,6 +30,92 @@ import dataclasses
 from tuner.plan.types import Plan, Step
 
 VIEW_WRITERS = ("conv2d", "slice")  # the step ops whose kernels take an ``out_view``
+SHUFFLE_WRITERS = ("conv2d",)  # the template steps whose workloads take a ``shuffle_view``
+
+
+def _readers(plan: Plan) -> dict:
+    """Tensor name -> how many steps read it."""
+    readers: dict = {}
+    for s in plan.steps:
+        for x in set(s.inputs.values()):
+            readers[x] = readers.get(x, 0) + 1
+    return readers
+
+
+def _writes_view(step: Step) -> bool:
+    """Whether ``step`` already writes into another tensor (a concat's channels, or an interleave)."""
+    return bool(step.attrs.get("out_view") or any(getattr(step.workload, k, ()) for k in
+                                                    ("out_view", "side_copy", "shuffle_view")))
+
+
+def _shuffle_why_not(plan: Plan, d2s: Step, producer: Step | None, readers: dict) -> str | None:
+    """Why ``d2s``'s input cannot be written as its interleave by its producer; None if it can."""
+    src = d2s.inputs["X"]
+    t, out = plan.tensors[src], plan.tensors[d2s.output]
+    if producer is None or src in plan.inputs:
+        return "a model input"
+    if src in plan.outputs:
+        return "a model output"
+    if readers.get(src, 0) != 1:
+        return "read by another kernel too"
+    if d2s.attrs["mode"] != "DCR":
+        return "CRD order (a grouped convolution's, or a producer the graph passes could not permute)"
+    if producer.op not in SHUFFLE_WRITERS or producer.alternatives:
+        return f"its producer ({producer.op}) writes no interleave"
+    if _writes_view(producer):
+        return f"its producer ({producer.name}) already writes a view"
+    if (t.kind, t.scope) != (out.kind, out.scope) or t.kind != "nchw":
+        return f"stored as {t.scope} {t.kind}, the interleave as {out.scope} {out.kind}"
+    c = out.shape[1]
+    if c % 4 and 4 % c:
+        return f"{c} channels a phase: an output pixel's channels would span two RGBA pixels of the convolution's"
+    return None
+
+
+def _shuffle_view(d2s: Step, out_shape: tuple) -> tuple:
+    """The ``shuffle_view`` of a ``depth_to_space`` step: (bh, bw, top, left, out_h, out_w)."""
+    a = d2s.attrs
+    return (*a["block"], *a.get("crop", (0, 0)), *out_shape[2:])
+
+
+def shuffle_views(plan: Plan) -> Plan:
+    """Each DCR ``depth_to_space`` whose producing convolution can write it (``_shuffle_why_not``) dropped, the
+    convolution writing its output; ``Plan.views`` gains a note per interleave."""
+    producer, readers = {s.output: s for s in plan.steps}, _readers(plan)
+    fused, notes = {}, []  # convolution name -> the depth_to_space step it writes
+    for s in plan.steps:
+        if s.op != "depth_to_space":
+            continue
+        src = s.inputs["X"]
+        p = producer.get(src)
+        why = _shuffle_why_not(plan, s, p, readers)
+        if why is None:
+            try:
+                dataclasses.replace(p.workload, shuffle_view=_shuffle_view(s, plan.tensors[s.output].shape))
+            except ValueError as e:  # what the workload refuses that the checks above missed
+                why = str(e)
+        if why:
+            notes.append(f"{s.name}: a kernel: {src} ({why})")
+            continue
+        fused[p.name] = s
+        a = s.attrs
+        notes.append(f"{s.name}: no kernel; {p.name} writes the interleave (block {a['block'][0]}x{a['block'][1]}"
+                     + (f", crop {tuple(a['crop'])}" if any(a.get("crop", (0, 0))) else "") + ")")
+    if not fused:
+        return dataclasses.replace(plan, views=plan.views + notes)
+    dropped = {d.name for d in fused.values()}
+    steps = []
+    for s in plan.steps:
+        if s.name in dropped:
+            continue
+        if s.name in fused:
+            d = fused[s.name]
+            s = dataclasses.replace(s, output=d.output, workload=dataclasses.replace(
+                s.workload, shuffle_view=_shuffle_view(d, plan.tensors[d.output].shape)))
+        steps.append(s)
+    gone = {d.inputs["X"] for d in fused.values()}
+    tensors = {k: v for k, v in plan.tensors.items() if k not in gone}
+    return dataclasses.replace(plan, steps=steps, tensors=tensors, views=plan.views + notes)
 
 
 def _parts(step: Step) -> list:
@@ -65,7 +161,7 @@ def _side_copies(plan: Plan, parts: list, offsets: list, producer: dict, taken: 
         before = producer.get(src.name)
         for c in convs:
             nhw = (c.workload.out_shape[0], *c.workload.out_shape[2:])
-            if c.name in taken or src.kind != "nchw" or (src.shape[0], *src.shape[2:]) != nhw \
+            if c.name in taken or c.workload.shuffle_view or src.kind != "nchw" or (src.shape[0], *src.shape[2:]) != nhw \
                     or (before is not None and order[before.name] > order[c.name]):
                 continue
             out[c.name] = (g, o)
@@ -75,11 +171,14 @@ def _side_copies(plan: Plan, parts: list, offsets: list, producer: dict, taken: 
 
 
 def write_views(plan: Plan) -> Plan:
-    producer = {s.output: s for s in plan.steps}
-    readers: dict = {}
-    for s in plan.steps:
-        for x in set(s.inputs.values()):
-            readers[x] = readers.get(x, 0) + 1
+    """Interleaves (``shuffle_views``), then concats (``concat_views``) written in place."""
+    return concat_views(shuffle_views(dataclasses.replace(plan, views=[])))
+
+
+def concat_views(plan: Plan) -> Plan:
+    """Each concat whose parts can all be written in place (``_why_not``) dropped, its parts' producers writing
+    its channels (and a gather part in a convolution's launch: ``_side_copies``); a note per concat."""
+    producer, readers = {s.output: s for s in plan.steps}, _readers(plan)
     moved: dict = {}  # producer name -> (concat output, offset, total)
     side: dict = {}  # convolution name -> (the gather step it runs too, the gather's offset)
     dropped, notes = set(), []
@@ -105,6 +204,7 @@ def write_views(plan: Plan) -> Plan:
                      ", ".join(f"{producer[p].name} (channels {o}..{o + plan.tensors[p].shape[1]})"
                                for p, o in zip(parts, offsets)) +
                      "".join(f"; {c} runs {g.name}'s gather in its own launch" for c, (g, _) in copies.items()))
+    notes = plan.views + notes
     if not dropped:
         return dataclasses.replace(plan, views=notes)
     steps, gone = [], set()
