@@ -35,6 +35,7 @@ from tuner.graph.graph import add_param as _add_param, drop_unused_params as _dr
 from tuner.ir.activations import canonical, parse, spec
 from tuner.graph.passes_movement import fold_gathers_into_convs, pad_concat_parts  # last: gathers read by convolutions
 from tuner.graph.passes_movement import compose_gathers_into_copies
+from tuner.graph.passes_tokens import matmul_views  # last: copies around matmuls read and written in place
 from tuner.graph.passes_io import model_io_ranks, pointwise_ranks  # first: tensors of any rank
 from tuner.graph.passes_movement import optimize_movement  # layout rewrites first: ConvTranspose -> conv2d, NHWC blocks
 from tuner.graph.passes_conv_transpose import crd_to_dcr  # after epilogue fusion: a PixelShuffle's conv2d in DCR order
@@ -545,4 +546,4 @@ def optimize(graph: Graph) -> Graph:
 # gathers read by the convolutions after them.
 PIPELINE = (model_io_ranks, pointwise_ranks, fuse_group_norm, fuse_patterns, optimize_movement, split_whole_reductions,
             fold_batch_norm, fuse_patterns, fuse_epilogues, crd_to_dcr, fuse_input_gates, fold_pads, pad_concat_parts,
-            fold_gathers_into_convs, compose_gathers_into_copies)
+            fold_gathers_into_convs, compose_gathers_into_copies, matmul_views)

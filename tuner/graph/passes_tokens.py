@@ -27,7 +27,8 @@ import math
 import numpy as np
 
 from tuner.errors import TunerError
-from tuner.ops.token_views import to_view, token_view
+from tuner.ops.token_views import (affine_form, fit_view, strided_reference, to_view, token_logical,
+                                     token_view)
 
 from tuner.graph.graph import Graph, Node, run_passes
 from tuner.graph.graph import add_param as _add_param, drop_unused_params as _drop_unused_params, fresh_name as _fresh
@@ -444,3 +445,184 @@ def optimize_tokens(graph: Graph) -> Graph:
 
 
 TOKEN_PASSES = (fold_matmul_scales, attention_ranks, movement_views, tokens_to_nchw)  # in this order
+
+
+# -- matmuls reading and writing in place (run last, by ``passes.optimize``) ------------------------------------
+
+class _Operand:
+    """A matmul operand as elements of a stored tensor: ``idx[b, r, c]`` is the row-major index into ``source``
+    (of logical shape ``logical``) of element (b, r, c) of the operand as the math has it (A (B, M, K), B (B, K,
+    N), Y (B, M, N)); ``copy`` is the strided copy that makes it now, which runs no more when the operand is read
+    in place; ``origin`` the tensor the node reads now, which holds the operand unless ``flipped`` (transposed)."""
+
+    def __init__(self, source: str, logical, idx: np.ndarray, copy: Node | None = None, origin: str | None = None,
+                 flipped: bool = False):
+        self.source, self.logical, self.idx, self.copy = source, tuple(logical), idx, copy
+        self.origin, self.flipped = origin or source, flipped
+
+    def t(self) -> "_Operand":
+        return _Operand(self.source, self.logical, self.idx.transpose(0, 2, 1), self.copy, self.origin,
+                        not self.flipped)
+
+
+def _copy_index(copy: Node) -> np.ndarray:
+    """Row-major indices into the copy's source of its output's elements, in the output's logical shape."""
+    a = copy.attrs
+    ar = np.arange(math.prod(a["src_shape"]), dtype=np.int64).reshape(a["src_shape"])
+    return strided_reference(ar, a["offset"], a["shape"], a["strides"]).reshape(a["out_shape"])
+
+
+def _operand(g: Graph, t: str, mm: Node) -> _Operand:
+    """Input ``t`` of ``mm``: the copy's source where a strided copy read by ``mm`` alone makes it."""
+    p = g.producer(t)
+    logical = token_logical(g.shapes[t])
+    if p is not None and p.op == "strided_copy" and t not in g.outputs and g.consumers(t) == [mm] \
+            and mm.inputs.count(t) == 1 and len(p.attrs["src_shape"]) in (3, 4) \
+            and tuple(p.attrs["out_shape"]) == logical:
+        return _Operand(p.inputs[0], p.attrs["src_shape"], _copy_index(p), p, t)
+    return _Operand(t, logical, np.arange(math.prod(logical), dtype=np.int64).reshape(logical))
+
+
+def _destination(g: Graph, mm: Node, shape) -> _Operand | None:
+    """Where the product Y (``shape``) is wanted: the tensor of the strided copy that alone reads it and holds
+    every element once (``idx``: each element of Y's index into it), else None."""
+    y = mm.outputs[0]
+    readers = g.consumers(y)
+    if y in g.outputs or len(readers) != 1 or readers[0].op != "strided_copy" or len(readers[0].attrs["out_shape"]) \
+            not in (3, 4) or readers[0].outputs[0] in g.outputs:
+        return None
+    z = readers[0]
+    idx = _copy_index(z).reshape(-1)
+    if idx.size != math.prod(shape) or len(np.unique(idx)) != idx.size:
+        return None
+    where = np.empty(idx.size, np.int64)
+    where[idx] = np.arange(idx.size)
+    return _Operand(z.outputs[0], z.attrs["out_shape"], where.reshape(shape), z)
+
+
+def _placed(op: _Operand, write: bool, shape) -> tuple | None:
+    """The view that reads (writes) ``op`` in place, ``()`` for its source's own storage, or None."""
+    from tuner.templates.matmul import check_view
+    view = fit_view(op.idx, op.logical)
+    if view:
+        try:
+            check_view(view, shape, write=write)
+        except ValueError:
+            return None
+    return view
+
+
+def _options(g: Graph, mm: Node, ops: dict, dest: _Operand | None) -> list:
+    """Per (swap, trans_b) the kernel's operands and output (each ``(operand, view or None)``) and the copies
+    that still run: Y = A @ B, or with ``swap`` Y^T = B^T @ A^T (the output's rows and columns exchanged)."""
+    out = []
+    res, tb0 = mm.attrs.get("residual"), bool(mm.attrs.get("trans_b", False))
+    for swap in (False, True):
+        if swap and (res or dest is None):
+            continue  # a swapped product writes Y^T: only into a copy's tensor, with no residual to read as Y
+        for tb in (tb0, not tb0):
+            a_op, b_op = (ops["A"], ops["B"].t() if tb else ops["B"]) if not swap else \
+                (ops["B"].t(), ops["A"] if tb else ops["A"].t())
+            y_idx = np.arange(math.prod(ops["Y"]), dtype=np.int64).reshape(ops["Y"])
+            y_idx = y_idx.transpose(0, 2, 1) if swap else y_idx
+            kernel = []
+            for op in (a_op, b_op):
+                view = _placed(op, False, op.idx.shape)
+                if view is None and op.flipped and affine_form(op.idx) is None:
+                    break  # no view reads it and no strided copy makes it
+                kernel.append((op, view))
+            else:
+                placed = _placed(_Operand(dest.source, dest.logical, dest.idx.reshape(-1)[y_idx]), True,
+                                 y_idx.shape) if dest is not None else None
+                if placed is None and swap:
+                    continue
+                copies = sum(v is None for _, v in kernel) + (dest is not None and placed is None)
+                out.append((copies, swap, tb, kernel, placed))
+    return out
+
+
+def _new_copy(g: Graph, name: str, op: _Operand) -> str:
+    """A strided copy making ``op`` (affine in its source) as a tensor of its own; returns the tensor."""
+    offset, strides = affine_form(op.idx)
+    t = _fresh(g, f"{name}.operand")
+    g.shapes[t] = token_view(op.idx.shape)
+    g.nodes.insert(g.nodes.index(g.producer(op.source)) + 1 if g.producer(op.source) else 0,
+                   Node("strided_copy", f"{t}.copy", [op.source], [t],
+                        {"src_shape": op.logical, "offset": offset, "strides": strides, "shape": op.idx.shape,
+                         "out_shape": op.idx.shape}))
+    return t
+
+
+def _swapped_epilogue(g: Graph, mm: Node, shape) -> list:
+    """The bias (per column of Y) and addend of ``mm`` as one addend of Y^T's storage (1 or B, M, 1, N)."""
+    a = mm.attrs
+    rest = [t for t in mm.inputs[2:] if t != a.get("addend") and t != a.get("residual")]
+    if not rest and "addend" not in a:
+        return []
+    nb, m, n = shape
+    total = np.zeros((1, n, 1, m), np.float32)  # Y's storage view
+    if rest:
+        total = total + np.asarray(g.params[rest[0]], np.float32).reshape(1, n, 1, 1)
+    if "addend" in a:
+        total = total + np.asarray(g.params[a["addend"]], np.float32)
+    a["addend"] = _add_param(g, f"{mm.name}.addend_t", np.ascontiguousarray(total.transpose(0, 3, 2, 1)))
+    return [a["addend"]]
+
+
+def _place_matmul(g: Graph, mm: Node) -> None:
+    """``mm`` rewritten to read its operands and write its product in place where that leaves fewer strided
+    copies running; in place."""
+    a = mm.attrs
+    shape_a, shape_in_b = token_logical(g.shapes[mm.inputs[0]]), token_logical(g.shapes[mm.inputs[1]])
+    ops = {"A": _operand(g, mm.inputs[0], mm), "B": _operand(g, mm.inputs[1], mm)}
+    if a.get("trans_b"):
+        ops["B"] = ops["B"].t()
+    nb, m, n = shape_a[0], shape_a[1], shape_in_b[1] if a.get("trans_b") else shape_in_b[2]
+    ops["Y"] = (nb, m, n)
+    dest = _destination(g, mm, (nb, m, n))
+    now = (ops["A"].copy is not None) + (ops["B"].copy is not None) + (dest is not None)
+    options = _options(g, mm, ops, dest)
+    if not options:
+        return
+    copies, swap, tb, kernel, placed = min(options, key=lambda o: (o[0], o[1], o[2] != bool(a.get("trans_b"))))
+    if copies >= now:
+        return
+    inputs = []
+    for key, (op, view) in zip(("a", "b"), kernel):
+        a.pop(f"{key}_view", None)
+        if view is None:  # made by a copy: the one there, if it makes this orientation, else a new one
+            inputs.append(_new_copy(g, mm.name, op) if op.flipped else op.origin)
+        else:
+            inputs.append(op.source)
+            if view:
+                a[f"{key}_view"], a[key] = view, tuple(op.idx.shape)
+    epilogue = list(mm.inputs[2:])
+    if swap:
+        epilogue = _swapped_epilogue(g, mm, (nb, m, n))
+    a["trans_b"] = tb
+    if placed is not None:
+        z = dest.copy
+        mm.outputs = list(z.outputs)
+        if placed:
+            a["y_view"] = placed
+        g.nodes = [x for x in g.nodes if x is not z]
+    mm.inputs = inputs + epilogue
+
+
+def matmul_views(graph: Graph) -> Graph:
+    """Every token ``matmul`` reads its operands and writes its product in place where strided copies made or
+    took them (the view the template reads through: channel groups and pixels of another tensor), computing Y^T =
+    B^T @ A^T instead where that leaves fewer copies: EfficientViT's ``q^T @ k`` reads q and k as channel slices of
+    its NCHW projections, and ``v @ attn^T`` runs as ``attn @ v^T``, writing the head's NCHW output."""
+    if not any(n.op == "matmul" for n in graph.nodes):
+        return graph
+    g = graph.copy()
+    for mm in [n for n in g.nodes if n.op == "matmul" and n.attrs.get("tokens")]:
+        _place_matmul(g, mm)
+    read = {t for n in g.nodes for t in n.inputs} | set(g.outputs)
+    while dead := [n for n in g.nodes if n.op == "strided_copy" and not read & set(n.outputs)]:
+        g.nodes = [n for n in g.nodes if n not in dead]  # copies whose operand is now read in place
+        read = {t for n in g.nodes for t in n.inputs} | set(g.outputs)
+    produced = {t for n in g.nodes for t in n.outputs} | set(g.inputs) | set(g.params)
+    g.shapes = {t: s for t, s in g.shapes.items() if t in produced}
+    return _drop_unused_params(g).validate()
