@@ -4,14 +4,21 @@ Each layer (a real network's transposed convolution, batch 1) is one ONNX model,
 
 - ``phases`` (the compiler's default, ``graph/passes_conv_transpose.py``): one stacked stride-1 conv2d of
   ceil(k/s)^2 taps and a ``depth_to_space`` that interleaves and crops;
-- ``zeros`` (the lowering before it, forced here): ``upsample_zeros`` then a stride-1 conv2d of k^2 taps.
+- ``zeros`` (the lowering before it, forced here): ``upsample_zeros`` then a stride-1 conv2d of k^2 taps;
+- ``phases_d2s``: ``phases`` with the interleave run as its own ``depth_to_space`` kernel, as before the
+  convolution wrote it itself (``plan/views.py``; forced here, with the ``phases`` log: the same tasks and configs).
 
-Both are tuned with the same number of measurements (``--trials``, each into its own log; the fallback config is
-measured first), then compiled with that log and profiled: the layer's time is the sum of its kernels' median times
-(every kernel but the model-boundary relayouts), over ``--repeats`` runs. Also the fallback configs' time (no log).
-Writes ``conv_transpose_<device>.csv`` and ``.md`` under ``--out``::
+``phases`` and ``zeros`` are tuned with the same number of measurements (``--trials``, each into its own log; the
+fallback config is measured first), then compiled with that log and profiled: the layer's time is the sum of its
+kernels' median times (every kernel but the model-boundary relayouts), over ``--repeats`` runs, the variants
+alternating ``--rounds`` times. Also the fallback configs' time (no log). Writes
+``conv_transpose_<device>[_small]<suffix>.csv`` and ``.md`` under ``--out``::
 
     python bench/conv_transpose.py --device pocl --trials 24 --out bench/results/conv_transpose
+    python bench/conv_transpose.py --device intel --small --trials 12 --repeats 10 --suffix _fused
+
+``--launches`` instead counts the kernel launches of the tasks zoo's models with a ConvTranspose or a PixelShuffle
+(code generation only, no device run), with the interleaves written by their convolutions and as kernels.
 """
 from __future__ import annotations
 
@@ -70,6 +77,19 @@ def lowering(kind: str):
         P._phases = saved
 
 
+@contextlib.contextmanager
+def interleave(kind: str):
+    """``phases_d2s``: no convolution writes a ``depth_to_space`` (it runs as its own kernel); else as compiled."""
+    import tuner.plan.views as V
+    saved = V.SHUFFLE_WRITERS
+    if kind == "phases_d2s":
+        V.SHUFFLE_WRITERS = ()
+    try:
+        yield
+    finally:
+        V.SHUFFLE_WRITERS = saved
+
+
 def layer_time(mod, repeats: int) -> tuple:
     """(the layer's kernel time in seconds: every node but the boundary relayouts, kernels, their ops)."""
     prof = mod.profile(repeats)
@@ -84,20 +104,49 @@ def write_tables(rows, names, out, label, dev_name, args) -> str:
         w.writeheader()
         w.writerows(rows)
     lines = [f"# ConvTranspose: phases vs zero insertion on {dev_name}", "",
-             f"Median of {args.rounds} profiles x {args.repeats} runs of the layer's kernels (bias + ReLU fused); "
-             f"each lowering tuned with {args.trials} measurements (`bench/conv_transpose.py`).", "",
-             "| layer | shape | zeros tuned (ms) | phases tuned (ms) | speedup tuned | zeros fallback | phases "
-             "fallback | speedup fallback | kernels (phases) |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+             f"Median of {args.rounds} alternating profiles x {args.repeats} runs of the layer's kernels (bias + ReLU "
+             f"fused); each lowering tuned with {args.trials} measurements (`bench/conv_transpose.py`); `phases+d2s`: "
+             f"the phases' interleave as its own kernel, with the phases' log.", "",
+             "| layer | shape | zeros tuned (ms) | phases+d2s tuned (ms) | phases tuned (ms) | speedup tuned | "
+             "d2s written (tuned) | zeros fallback | phases fallback | speedup fallback | kernels (phases) |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     by = {(r["layer"], r["lowering"], r["configs"]): r for r in rows}
     for name in names:
-        z, p = by[name, "zeros", "tuned"], by[name, "phases", "tuned"]
+        z, p, d = by[name, "zeros", "tuned"], by[name, "phases", "tuned"], by[name, "phases_d2s", "tuned"]
         zf, pf = by[name, "zeros", "fallback"], by[name, "phases", "fallback"]
-        lines.append(f"| {name} | {z['shape']} | {z['ms']:.4f} | {p['ms']:.4f} | **{z['ms'] / p['ms']:.2f}** | "
-                     f"{zf['ms']:.4f} | {pf['ms']:.4f} | {zf['ms'] / pf['ms']:.2f} | {p['kernels']} |")
+        lines.append(f"| {name} | {z['shape']} | {z['ms']:.4f} | {d['ms']:.4f} | {p['ms']:.4f} | "
+                     f"**{z['ms'] / p['ms']:.2f}** | {d['ms'] / p['ms']:.2f} | {zf['ms']:.4f} | {pf['ms']:.4f} | "
+                     f"{zf['ms'] / pf['ms']:.2f} | {p['kernels']} |")
+    geo = lambda xs: float(np.exp(np.mean(np.log(xs))))  # noqa: E731
     ratios = [by[n, "zeros", "tuned"]["ms"] / by[n, "phases", "tuned"]["ms"] for n in names]
-    lines += ["", f"Geometric mean speedup (tuned): {float(np.exp(np.mean(np.log(ratios)))):.2f}x; "
-              f"max relative error against zero insertion {max(r['max_rel_err'] for r in rows):.1e}."]
+    fused = [by[n, "phases_d2s", "tuned"]["ms"] / by[n, "phases", "tuned"]["ms"] for n in names]
+    lines += ["", f"Geometric mean speedup (tuned) over zero insertion: {geo(ratios):.2f}x; of writing the interleave "
+              f"over its kernel: {geo(fused):.2f}x; max relative error against zero insertion "
+              f"{max(r['max_rel_err'] for r in rows):.1e}."]
     (out / f"conv_transpose_{label}.md").write_text("\n".join(lines) + "\n")
+    return "\n".join(lines)
+
+
+LAUNCH_MODELS = ("sr_pixel_shuffle", "sr_conv_transpose", "pose", "unet")  # the tasks zoo's with a depth_to_space
+
+
+def count_launches(info) -> str:
+    """A markdown table: kernel launches per inference of the tasks zoo's models with an interleave, at their full
+    sizes, with the interleaves written by their convolutions and as kernels (the artifact's calls, auto scope with
+    no log, code generation only)."""
+    from tuner.compile.compiler import compile_plan, load_graph, plan_graph
+    from tuner.zoo import tasks
+    lines = ["| model | launches, interleave kernels | launches, written by the convolutions | depth_to_space "
+             "kernels left |", "| --- | ---: | ---: | ---: |"]
+    for name in LAUNCH_MODELS:
+        graph = load_graph(tasks.ZOO[name]())
+        counts = {}
+        for kind in ("phases_d2s", "phases"):
+            with interleave(kind), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                spec = compile_plan(plan_graph(graph, info, "auto", None), info).spec
+            counts[kind] = (sum(len(n.calls) for n in spec.nodes), [n.op for n in spec.nodes].count("depth_to_space"))
+        lines.append(f"| {name} | {counts['phases_d2s'][0]} | {counts['phases'][0]} | {counts['phases'][1]} |")
     return "\n".join(lines)
 
 
@@ -110,6 +159,8 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", default=None, help="comma-separated names (default: all)")
     ap.add_argument("--small", action="store_true", help="smaller layers, for a CPU device")
     ap.add_argument("--out", default="bench/results/conv_transpose")
+    ap.add_argument("--suffix", default="", help="appended to the output files' names (e.g. _fused)")
+    ap.add_argument("--launches", action="store_true", help="count the tasks zoo models' launches instead")
     args = ap.parse_args(argv)
 
     from tuner.compile.compiler import compile_model
@@ -117,11 +168,14 @@ def main(argv=None) -> int:
     from tuner.runtime.opencl import open_device
 
     dev = open_device(args.device)
+    if args.launches:
+        print(count_launches(dev.info))
+        return 0
     table = SMALL if args.small else LAYERS
     names = args.layers.split(",") if args.layers else list(table)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    label = f"{dev.info.name.replace(' ', '_')}{'_small' if args.small else ''}"
+    label = f"{dev.info.name.replace(' ', '_')}{'_small' if args.small else ''}{args.suffix}"
     rows = []
     work = Path(tempfile.mkdtemp(prefix="conv_transpose_"))
     for name in names:
@@ -140,6 +194,10 @@ def main(argv=None) -> int:
                 mods[kind, "tuned"] = compile_model(model, device=dev, scope="auto", log=str(log))
                 mods[kind, "fallback"] = compile_model(model, device=dev, scope="auto")
             print(f"{name} {kind}: tuned {args.trials} trials in {tuned_s:.0f} s", flush=True)
+        with interleave("phases_d2s"), warnings.catch_warnings():  # the same tasks: the phases' log
+            warnings.simplefilter("ignore")
+            mods["phases_d2s", "tuned"] = compile_model(model, device=dev, scope="auto",
+                                                        log=str(work / f"{name}_phases.jsonl"))
         ref = mods["zeros", "fallback"].run(feeds)[0]
         times = {key: [] for key in mods}
         for _ in range(args.rounds):  # alternate, so that drift hits every variant alike
@@ -153,7 +211,8 @@ def main(argv=None) -> int:
                          "lowering": kind, "configs": configs, "trials": args.trials if configs == "tuned" else 0,
                          "ms": statistics.median(times[kind, configs]) * 1e3, "launches": mod.launches,
                          "kernels": mod.ops, "max_rel_err": err})
-        print("  " + "  ".join(f"{r['lowering']}/{r['configs']} {r['ms']:.4f} ms" for r in rows[-4:]), flush=True)
+        print("  " + "  ".join(f"{r['lowering']}/{r['configs']} {r['ms']:.4f} ms" for r in rows[-len(mods):]),
+              flush=True)
         text = write_tables(rows, names[:names.index(name) + 1], out, label, dev.info.name, args)
     print(text)
     return 0
