@@ -88,3 +88,81 @@ def class_token_model(n=1, c=12, hw=(3, 4), seed=0, path=None):
     if path:
         onnx.save(m, path)
     return m
+
+
+def cascaded_attention_model(n=2, heads=2, kd=4, hw=(3, 4), seed=0, path=None):
+    """EfficientViT-M's cascaded group attention as timm exports it, small: the input's channel chunks feed the
+    heads in turn (head i reads its chunk plus head i-1's output); per head a 1x1 qkv convolution, an identity
+    ``view(B, -1, H, W)``, the split into q, k (``kd`` channels each) and v (the chunk's width), a depthwise 3x3 on
+    q, ``q.flatten(2) * scale`` (a (1, 1, T) constant), ``q^T @ k`` plus an attention bias (1, T, T), softmax,
+    ``v @ attn^T`` viewed back as NCHW; the heads' outputs concatenated, ReLU and a 1x1 projection. With ``kd`` a
+    multiple of 4, q, k and v start RGBA pixels of the qkv output (the matmuls read them in place)."""
+    rng = np.random.default_rng(seed)
+    H, W = hw; T = H * W; d = 8; c = heads * d
+    inits, nodes = [], []
+    def init(name, arr):
+        inits.append(nh.from_array(np.asarray(arr), name)); return name
+    def node(op, ins, outs, **kw):
+        nodes.append(h.make_node(op, ins, outs, name=outs[0], **kw)); return outs[0]
+    def conv(x, cin, cout, k, name, groups=1):
+        w = init(f"{name}_w", (rng.standard_normal((cout, cin // groups, k, k)) / np.sqrt(cin * k * k / groups))
+                 .astype(np.float32))
+        b = init(f"{name}_b", rng.standard_normal(cout).astype(np.float32) * 0.1)
+        return node("Conv", [x, w, b], [name], pads=[k // 2] * 4, group=groups)
+    chunks = [f"chunk{i}" for i in range(heads)]
+    nodes.append(h.make_node("Split", ["input", init("chunks", np.full(heads, d, np.int64))], chunks, axis=1,
+                             name="chunks"))
+    outs, feat = [], chunks[0]
+    for i in range(heads):
+        if i:
+            feat = node("Add", [outs[-1], chunks[i]], [f"feat{i}"])
+        qkv = conv(feat, d, 2 * kd + d, 1, f"qkv{i}")
+        qkv = node("Reshape", [qkv, init(f"same{i}", np.array([n, -1, H, W], np.int64))], [f"view{i}"])
+        nodes.append(h.make_node("Split", [qkv, init(f"qkv_split{i}", np.array([kd, kd, d], np.int64))],
+                                 [f"q{i}", f"k{i}", f"v{i}"], axis=1, name=f"split{i}"))
+        q = conv(f"q{i}", kd, kd, 3, f"dw{i}", groups=kd)
+        flat = lambda t, ch: node("Reshape", [t, init(f"{t}_s", np.array([n, ch, T], np.int64))], [f"{t}_flat"])  # noqa: E731
+        q, k, v = flat(q, kd), flat(f"k{i}", kd), flat(f"v{i}", d)
+        q = node("Mul", [q, init(f"scale{i}", np.full((1, 1, T), kd ** -0.5, np.float32))], [f"qs{i}"])
+        s = node("MatMul", [node("Transpose", [q], [f"qt{i}"], perm=[0, 2, 1]), k], [f"s{i}"])
+        s = node("Add", [s, init(f"ab{i}", rng.standard_normal((1, T, T)).astype(np.float32))], [f"sb{i}"])
+        p = node("Softmax", [s], [f"p{i}"], axis=-1)
+        o = node("MatMul", [v, node("Transpose", [p], [f"pt{i}"], perm=[0, 2, 1])], [f"o{i}"])
+        outs.append(node("Reshape", [o, init(f"back{i}", np.array([n, d, H, W], np.int64))], [f"head{i}"]))
+    x = node("Relu", [node("Concat", outs, ["cat"], axis=1)], ["cat_relu"])
+    conv(x, c, c, 1, "output")
+    g = h.make_graph(nodes, "cascaded", [h.make_tensor_value_info("input", TP.FLOAT, [n, c, H, W])],
+                     [h.make_tensor_value_info("output", TP.FLOAT, [n, c, H, W])], initializer=inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)]); m.ir_version = 8
+    onnx.checker.check_model(m)
+    if path: onnx.save(m, path)
+    return m
+
+
+def matmul_epilogue_model(n=2, c=8, hw=(2, 3), seed=0, path=None):
+    """Products of two token activations and what follows them: ``tok @ tok^T`` (T x T), a per-column bias,
+    ReLU and an add of a second product (``passes.fuse_epilogues``: the matmul's bias, activation and residual);
+    the scores scaled by a scalar after the product (its alpha); back to NCHW (c = T channels)."""
+    rng = np.random.default_rng(seed)
+    H, W = hw; T = H * W
+    inits, nodes = [], []
+    def init(name, arr):
+        inits.append(nh.from_array(np.asarray(arr), name)); return name
+    def node(op, ins, outs, **kw):
+        nodes.append(h.make_node(op, ins, outs, name=outs[0], **kw)); return outs[0]
+    t = node("Transpose", [node("Reshape", ["input", init("s1", np.array([n, c, T], np.int64))], ["flat"])],
+             ["tok"], perm=[0, 2, 1])
+    u = node("MatMul", [t, init("w", rng.standard_normal((c, c)).astype(np.float32) / 3)], ["u"])
+    s = node("MatMul", [t, node("Transpose", [t], ["tok_t"], perm=[0, 2, 1])], ["s"])
+    s = node("Mul", [s, init("half", np.array(0.5, np.float32))], ["s_half"])
+    s = node("Add", [s, init("col_bias", rng.standard_normal(T).astype(np.float32))], ["s_bias"])
+    s = node("Relu", [s], ["s_relu"])
+    r = node("MatMul", [u, node("Transpose", [t], ["tok_t2"], perm=[0, 2, 1])], ["r"])
+    s = node("Add", [s, r], ["s_res"])
+    node("Reshape", [s, init("back", np.array([n, T, H, W], np.int64))], ["output"])
+    g = h.make_graph(nodes, "epilogue", [h.make_tensor_value_info("input", TP.FLOAT, [n, c, H, W])],
+                     [h.make_tensor_value_info("output", TP.FLOAT, [n, T, H, W])], initializer=inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)]); m.ir_version = 8
+    onnx.checker.check_model(m)
+    if path: onnx.save(m, path)
+    return m

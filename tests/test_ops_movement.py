@@ -347,10 +347,12 @@ def test_head_slices_read_by_token_copies_run_no_kernel(with_pass):
     """passes_movement.compose_gathers_into_copies: the q and k slices of a convolution's channels, reshaped
     into tokens, become copies reading the convolution's output at the slices' offsets (strides rescaled per
     image: batch 2); a slice whose reshape mixes images and channels keeps its kernel. Values: against the
-    graph before the pass."""
-    from tuner.graph.passes import optimize
+    graph before the pass. Then ``passes_tokens.matmul_views`` (last) lets the product read both in place."""
+    from tuner.graph.graph import run_passes
+    from tuner.graph.passes import PIPELINE, optimize
+    from tuner.graph.passes_tokens import matmul_views
     g0 = from_onnx(MODELS["heads_to_tokens"])
-    g = optimize(g0)
+    g = run_passes(g0, PIPELINE[:PIPELINE.index(matmul_views)])
     slices = [n for n in g.nodes if n.op == "slice"]
     assert [n.attrs["channels"] for n in slices] == [tuple(range(8, 16))]
     copies = [n for n in g.nodes if n.op == "strided_copy" and n.inputs[0] == "conv0"]
@@ -360,3 +362,6 @@ def test_head_slices_read_by_token_copies_run_no_kernel(with_pass):
     want, got = run_graph_numpy(g0, x), run_graph_numpy(g, x)
     for t in g0.outputs:
         assert rel_error(got[t], want[t].astype(np.float64)) < 1e-5
+    mm = next(n for n in optimize(g0).nodes if n.op == "matmul")  # q^T @ k: k as B^T, both channels of conv0
+    assert mm.inputs == ["conv0", "conv0"] and mm.attrs["trans_b"]
+    assert mm.attrs["a_view"] == ((2, 16, 3, 4), 1, 0, 0, 0) and mm.attrs["b_view"] == ((2, 16, 3, 4), 1, 4, 0, 0)

@@ -242,3 +242,70 @@ def test_shapes_of_held_out_attention_models_compile_and_match(device, name):
     got = mod.run({"input": x})[0]
     assert got.shape == want.shape
     assert rel_error(got, want) <= 1e-5
+
+
+def _ort_and_module(m, device, scope, seed=1):
+    from tuner.compile.compiler import compile_model
+    shape = [d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim]
+    x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    want = ort.InferenceSession(m.SerializeToString()).run(None, {"input": x})[0]
+    mod = compile_model(m, device=device, scope=scope)
+    return mod, mod.run({"input": x})[0], want
+
+
+def test_cascaded_heads_plan_their_products_in_place():
+    """EfficientViT's heads (graph passes only): q * scale folds into q^T @ k's alpha through the transpose, the
+    identity view and the q gather the depthwise no longer reads run no kernel, the attention bias is the
+    product's addend, q and k are read as channel slices of their NCHW tensors (k as B^T), and ``v @ attn^T`` runs
+    as ``attn @ v^T``, writing the head's NCHW output: no strided copy is left."""
+    from attention_models import cascaded_attention_model
+    from tuner.graph.passes import optimize
+    g = optimize(from_onnx(cascaded_attention_model()))
+    ops = [n.op for n in g.nodes]
+    assert "strided_copy" not in ops and "reshape" not in ops and "mul" not in ops and ops.count("slice") == 1
+    scores, out = [n for n in g.nodes if n.op == "matmul"][:2]
+    assert scores.attrs["alpha"] == pytest.approx(0.5) and scores.attrs["trans_b"] and "addend" in scores.attrs
+    assert scores.attrs["a_view"][2:] == (0, 0, 0) and scores.attrs["b_view"][2:] == (4, 0, 0)  # q, k channels
+    assert out.inputs[0] == "p0" and not out.attrs["trans_b"]  # attn (the softmax's output) itself
+    assert out.attrs["b_view"][2] == 8 and out.attrs["y_view"] == ((2, 8, 3, 4), 1, 0, 0, 0)  # v^T; NCHW out
+
+
+@pytest.mark.parametrize("scope", ["texture", "buffer"])
+@pytest.mark.parametrize("kw", [dict(), dict(n=1, heads=3, kd=6)], ids=["aligned", "k-at-channel-6"])
+def test_cascaded_heads_match_onnxruntime(device, scope, kw):
+    """The heads compiled, both scopes: every product reads and writes in place; k at channel 6 (not an RGBA
+    pixel's start) keeps one copy per head, the product taking it as (K, N)."""
+    from attention_models import cascaded_attention_model
+    mod, got, want = _ort_and_module(cascaded_attention_model(**kw), device, scope)
+    assert rel_error(got, want) <= 1e-4
+    ops = [n.op for n in mod.spec.nodes]
+    heads = kw.get("heads", 2)
+    assert ops.count("matmul") == 2 * heads and "binary" not in ops
+    assert ops.count("strided_copy") == (heads if kw else 0)
+
+
+@pytest.mark.parametrize("scope", ["texture", "buffer"])
+def test_matmul_epilogues_match_onnxruntime(device, scope):
+    """A product's scalar scale, per-column bias, ReLU and an add of a second product run in the products:
+    two matmuls, no elementwise kernel."""
+    from attention_models import matmul_epilogue_model
+    mod, got, want = _ort_and_module(matmul_epilogue_model(), device, scope)
+    assert rel_error(got, want) <= 1e-4
+    ops = [n.op for n in mod.spec.nodes]
+    assert ops.count("matmul") == 2 and not {"elementwise", "binary", "unary"} & set(ops)
+
+
+def test_fit_view_finds_the_template_view_or_none():
+    """token_views.fit_view: a 3-D operand's element indices into a tensor -> the matmul template's view."""
+    src = (4, 48, 7, 7)
+    ar = np.arange(np.prod(src)).reshape(src)
+    q_t = ar[:, :16].reshape(4, 16, 49).transpose(0, 2, 1)  # q^T: tokens x channels of an NCHW slice
+    assert TV.fit_view(q_t, src) == (src, 1, 0, 0, 0)
+    k = ar[:, 16:32].reshape(4, 16, 49)
+    assert TV.fit_view(k, src) is None and TV.fit_view(k.transpose(0, 2, 1), src) == (src, 1, 16, 0, 0)
+    assert TV.fit_view(ar[:, 6:22].reshape(4, 16, 49).transpose(0, 2, 1), src) is None  # starts mid-pixel
+    tok = np.arange(192).reshape(1, 6, 32)  # 4 heads of 8 features over 6 tokens: heads as channel groups
+    assert TV.fit_view(tok.reshape(1, 6, 4, 8).transpose(0, 2, 1, 3).reshape(4, 6, 8), (1, 6, 32)) == \
+        ((1, 32, 1, 6), 4, 0, 8, 0)
+    assert TV.fit_view(np.arange(120).reshape(4, 5, 6), (4, 5, 6)) == ()  # its own storage
+    assert TV.affine_form(q_t) == (0, (2352, 1, 49)) and TV.affine_form(np.arange(6)[[0, 2, 1, 3, 4, 5]]) is None
