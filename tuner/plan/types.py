@@ -71,7 +71,8 @@ class Plan:
     inputs: list
     outputs: list
     dtype: str = "float32"
-    views: list = field(default_factory=list)  # per concat: the kernels that write it in place, or why it is a copy
+    views: list = field(default_factory=list)  # per concat and depth_to_space (``plan.views``): the kernels that
+    # write it in place, or why it stays a kernel
 
     def scope_counts(self) -> dict:
         out: dict = {}
