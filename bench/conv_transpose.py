@@ -130,23 +130,42 @@ def write_tables(rows, names, out, label, dev_name, args) -> str:
 LAUNCH_MODELS = ("sr_pixel_shuffle", "sr_conv_transpose", "pose", "unet")  # the tasks zoo's with a depth_to_space
 
 
-def count_launches(info) -> str:
+def count_launches(dev, args) -> str:
     """A markdown table: kernel launches per inference of the tasks zoo's models with an interleave, at their full
-    sizes, with the interleaves written by their convolutions and as kernels (the artifact's calls, auto scope with
-    no log, code generation only)."""
-    from tuner.compile.compiler import compile_plan, load_graph, plan_graph
+    sizes (``--launch-size`` to change), with the interleaves written by their convolutions and as kernels (the
+    artifact's calls; auto scope, no log: fallback configs); with ``--rounds`` > 0 also their kernel time and
+    latency (medians of ``--rounds`` alternating profiles x ``--repeats`` runs)."""
+    from tuner.compile.compiler import compile_model
     from tuner.zoo import tasks
-    lines = ["| model | launches, interleave kernels | launches, written by the convolutions | depth_to_space "
-             "kernels left |", "| --- | ---: | ---: | ---: |"]
+    timed = args.rounds > 0
+    head = "| model | launches, interleave kernels | launches, written | depth_to_space kernels left |"
+    rule = "| --- | ---: | ---: | ---: |"
+    if timed:
+        head += " kernels (ms), d2s / written | latency (ms), d2s / written |"
+        rule += " ---: | ---: |"
+    lines = [head, rule]
     for name in LAUNCH_MODELS:
-        graph = load_graph(tasks.ZOO[name]())
-        counts = {}
+        model = tasks.ZOO[name](**({"input_size": args.launch_size} if args.launch_size else {}))
+        mods = {}
         for kind in ("phases_d2s", "phases"):
             with interleave(kind), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                spec = compile_plan(plan_graph(graph, info, "auto", None), info).spec
-            counts[kind] = (sum(len(n.calls) for n in spec.nodes), [n.op for n in spec.nodes].count("depth_to_space"))
-        lines.append(f"| {name} | {counts['phases_d2s'][0]} | {counts['phases'][0]} | {counts['phases'][1]} |")
+                mods[kind] = compile_model(model, device=dev, scope="auto")
+        launches = {k: sum(len(n.calls) for n in m.spec.nodes) for k, m in mods.items()}
+        left = [n.op for n in mods["phases"].spec.nodes].count("depth_to_space")
+        line = f"| {name} | {launches['phases_d2s']} | {launches['phases']} | {left} |"
+        if timed:
+            got = {k: ([], []) for k in mods}
+            for _ in range(args.rounds):  # alternate, so that drift hits both alike
+                for k, m in mods.items():
+                    prof = m.profile(args.repeats)
+                    got[k][0].append(prof["kernel_total_s"] * 1e3)
+                    got[k][1].append(prof["total_s"] * 1e3)
+            med = {k: [statistics.median(v) for v in got[k]] for k in mods}
+            line += " {:.2f} / {:.2f} | {:.2f} / {:.2f} |".format(med["phases_d2s"][0], med["phases"][0],
+                                                                 med["phases_d2s"][1], med["phases"][1])
+        lines.append(line)
+        print(line, flush=True)
     return "\n".join(lines)
 
 
@@ -160,7 +179,10 @@ def main(argv=None) -> int:
     ap.add_argument("--small", action="store_true", help="smaller layers, for a CPU device")
     ap.add_argument("--out", default="bench/results/conv_transpose")
     ap.add_argument("--suffix", default="", help="appended to the output files' names (e.g. _fused)")
-    ap.add_argument("--launches", action="store_true", help="count the tasks zoo models' launches instead")
+    ap.add_argument("--launches", action="store_true", help="count the tasks zoo models' launches instead (and time "
+                    "them, --rounds 0 not to)")
+    ap.add_argument("--launch-size", type=int, default=None, help="--launches: the models' input size (default: "
+                    "each model's full size)")
     args = ap.parse_args(argv)
 
     from tuner.compile.compiler import compile_model
@@ -169,7 +191,7 @@ def main(argv=None) -> int:
 
     dev = open_device(args.device)
     if args.launches:
-        print(count_launches(dev.info))
+        print(count_launches(dev, args))
         return 0
     table = SMALL if args.small else LAYERS
     names = args.layers.split(",") if args.layers else list(table)
