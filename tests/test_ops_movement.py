@@ -365,3 +365,27 @@ def test_head_slices_read_by_token_copies_run_no_kernel(with_pass):
     mm = next(n for n in optimize(g0).nodes if n.op == "matmul")  # q^T @ k: k as B^T, both channels of conv0
     assert mm.inputs == ["conv0", "conv0"] and mm.attrs["trans_b"]
     assert mm.attrs["a_view"] == ((2, 16, 3, 4), 1, 0, 0, 0) and mm.attrs["b_view"] == ((2, 16, 3, 4), 1, 4, 0, 0)
+
+
+@pytest.mark.parametrize("op,views,scopes", [
+    ("add", ((), (24, 8)), ("texture", "buffer")),  # X1 = channels 8..14 of a 24-channel tensor
+    ("add", ((12, 4), (16, 8)), ("buffer", "texture")),  # both read in place
+    ("relu", ((20, 12),), ("texture",)),
+    ("bias_add", ((11, 4),), ("buffer", "buffer")),  # 7 channels ending at the source's last (padding lanes)
+])
+def test_elementwise_reads_channel_slices_in_place(device, rng, op, views, scopes):
+    """elementwise_kernel's ``in_views``: an input read as channels offset..offset + C of a larger tensor (the
+    slice ``passes_movement.slices_read_in_place`` drops), against NumPy on the slices."""
+    from tuner.ops.kernels import elementwise_kernel, elementwise_reference
+    shape = (2, 7, 3, 5)
+    k = elementwise_kernel(shape, op, "float32", scopes, "texture", "relu" if op != "relu" else "none",
+                           max_work_group=device.info.max_work_group_size, in_views=views)
+    names = [b.name for b in k.params[:-1]]
+    full = [draw(rng, (2, v[0], 3, 5) if v else shape, "float32") for v in views]
+    inputs = dict(zip(names, full + ([draw(rng, (7,), "float32")] if op == "bias_add" else [])))
+    sliced = [x[:, v[1]:v[1] + 7] if v else x for x, v in zip(full, views)] + list(inputs.values())[len(full):]
+    got = run(build(k, device), device, inputs)["Y"]
+    ref = elementwise_reference(op, *sliced, activation="relu" if op != "relu" else "none")
+    assert rel_error(got, ref) <= TOL["float32"]
+    with pytest.raises(ValueError, match="offset a multiple of 4"):
+        elementwise_kernel(shape, "relu", in_views=((20, 6),))

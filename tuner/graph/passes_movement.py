@@ -23,6 +23,9 @@ epilogue fusion (so a BatchNorm / bias / ReLU after a ConvTranspose folds into i
 - ``compose_gathers_into_copies`` (run last too): a contiguous channel slice read only by strided copies (the
   heads of an attention split, then reshaped into tokens) runs no kernel: each copy reads the slice's input at
   the slice's channel offset, its strides rescaled per image.
+- ``slices_read_in_place`` (run last too): a channel slice starting an RGBA pixel and read only by elementwise
+  kernels (an add of two activations, ReLU, clip) runs no kernel: they read its input at the slice's channel
+  offset (attr ``channel_offsets``; EfficientViT's heads add the input's next channel chunk to their output).
 - ``lower_conv_transpose`` and ``hoist_channelwise`` (``passes_conv_transpose``): ``conv_transpose`` -> its
   phases, one stacked ``conv2d`` and a ``depth_to_space``, with the per-channel ops after it moved into the
   convolution's reach; or zero insertion and a stride-1 ``conv2d``.
@@ -301,6 +304,36 @@ def compose_gathers_into_copies(graph: Graph) -> Graph:
             r.inputs, r.attrs = [n.inputs[0]], x
         g.nodes = [m for m in g.nodes if m is not n]
     return g.validate()
+
+
+def _reads_slice_in_place(g: Graph, r: Node, t: str) -> bool:
+    """Whether ``r`` lowers to the elementwise kernel, which can read its input ``t`` (once) at a channel offset."""
+    if r.inputs.count(t) != 1 or (r.attrs.get("channel_offsets") or {}) and \
+            r.attrs["channel_offsets"][r.inputs.index(t)] is not None:
+        return False
+    if r.op in ("relu", "clip"):
+        return r.inputs[0] == t
+    return r.op == "add" and len(r.inputs) == 2 and not any(x in g.params for x in r.inputs) and \
+        tuple(g.shapes[r.inputs[0]]) == tuple(g.shapes[r.inputs[1]]) == tuple(g.shapes[r.outputs[0]])
+
+
+def slices_read_in_place(graph: Graph) -> Graph:
+    g = graph.copy()
+    for n in list(g.nodes):
+        index, out = _channel_gather(g, n), n.outputs[0]
+        readers = g.consumers(out)
+        if index is None or out in g.outputs or not readers or index[0] % 4 \
+                or index != tuple(range(index[0], index[0] + len(index))) \
+                or not all(_reads_slice_in_place(g, r, out) for r in readers):
+            continue
+        for r in readers:
+            k = r.inputs.index(out)
+            offsets = list(r.attrs.get("channel_offsets") or (None,) * len(r.inputs))
+            offsets[k] = index[0]
+            r.inputs = [n.inputs[0] if t == out else t for t in r.inputs]
+            r.attrs = {**r.attrs, "channel_offsets": tuple(offsets)}
+        g.nodes = [m for m in g.nodes if m is not n]
+    return _drop_unused(g).validate()
 
 
 def _is_depthwise(g: Graph, n: Node) -> bool:

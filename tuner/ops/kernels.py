@@ -174,8 +174,21 @@ def _np_activate(v: np.ndarray, activation: str, clip: tuple) -> np.ndarray:
 
 
 # -- elementwise ------------------------------------------------------------------------------------------
+def _channel_views(views, n: int, shape: tuple) -> tuple:
+    """Per activation input ``()`` or ``(channels, offset)``: the input is channels ``offset``..``offset + C`` of a
+    tensor of ``channels`` channels (same N, H, W), read in place; the offset starts a pixel."""
+    views = tuple(tuple(int(x) for x in v) for v in views) if views else ((),) * n
+    if len(views) != n:
+        raise ValueError(f"in_views {list(views)}: one per activation input ({n})")
+    for v in views:
+        if v and (len(v) != 2 or v[1] % 4 or v[1] < 0 or v[1] + shape[1] > v[0] or len(shape) != 4):
+            raise ValueError(f"in_view {list(v)}: (channels, offset) of a 4-D input, the offset a multiple of 4 "
+                             f"and offset + {shape[1]} within the channels")
+    return views
+
+
 def elementwise_kernel(shape, op: str, dtype: str = "float32", in_scopes="texture", out_scope: str = "texture",
-                       activation: str = "none", clip: tuple = (0.0, 6.0), max_work_group: int = 64):
+                       activation: str = "none", clip: tuple = (0.0, 6.0), max_work_group: int = 64, in_views=()):
     """One pixel (4 channels) per work-item over a 4-D NCHW or 2-D (N, K) ``shape``.
 
     ``op`` and params (``in_scopes``: one scope per input, or one string for all):
@@ -183,7 +196,8 @@ def elementwise_kernel(shape, op: str, dtype: str = "float32", in_scopes="textur
     - ``bias_add``: ``X`` (``shape``), ``B`` (``(shape[1],)``: ``bias4_buffer`` buffer or ``mace_argument``
       texture) -> ``Y = act(X + B[c])``
     - ``relu``, ``relu6``, ``clip``: ``X`` -> ``Y = op(X)``; ``clip`` clamps to ``clip = (lo, hi)``
-    ``activation`` (none, relu, relu6, clip) follows ``add`` / ``bias_add``."""
+    ``activation`` (none, relu, relu6, clip) follows ``add`` / ``bias_add``. ``in_views`` (``_channel_views``):
+    an activation input read in place as a channel slice of a larger tensor (EfficientViT's channel chunks)."""
     shape = _packed_shape(shape, "elementwise")
     _check_dtype(dtype)
     if op not in ELEMENTWISE_OPS:
@@ -194,22 +208,25 @@ def elementwise_kernel(shape, op: str, dtype: str = "float32", in_scopes="textur
     if (op == "clip" or activation == "clip") and not float(clip[0]) <= float(clip[1]):
         raise ValueError(f"clip {tuple(clip)}: want (lo, hi) with lo <= hi (either may be infinite)")
     scopes = _scopes(in_scopes, 1 if op in UNARY else 2, f"elementwise {op}")
+    views = _channel_views(in_views, 2 if op == "add" else 1, shape)
+    full = [(shape[0], v[0], *shape[2:]) if v else shape for v in views]  # what each activation input binds
     if op == "add":
-        inputs = [_packed("X0", shape, dtype, scopes[0]), _packed("X1", shape, dtype, scopes[1])]
+        inputs = [_packed("X0", full[0], dtype, scopes[0]), _packed("X1", full[1], dtype, scopes[1])]
     elif op == "bias_add":
-        inputs = [_packed("X", shape, dtype, scopes[0]), bias_buffer(shape[1], dtype, scopes[1])]
+        inputs = [_packed("X", full[0], dtype, scopes[0]), bias_buffer(shape[1], dtype, scopes[1])]
     else:
-        inputs = [_packed("X", shape, dtype, scopes[0])]
+        inputs = [_packed("X", full[0], dtype, scopes[0])]
     Y = _packed("Y", shape, dtype, out_scope)
     b = Builder()
     with _work_items(b, _grid(shape), max_work_group) as idx:
         pix = _pixel(idx)
+        at = [_pixel([idx[0], idx[1] + v[1] // 4, *idx[2:]]) if v else pix for v in views]
         if op == "add":
-            v = inputs[0][pix] + inputs[1][pix]
+            v = inputs[0][at[0]] + inputs[1][at[1]]
         elif op == "bias_add":
-            v = inputs[0][pix] + inputs[1][pix[1]]
+            v = inputs[0][at[0]] + inputs[1][pix[1]]
         else:
-            v = inputs[0][pix]
+            v = inputs[0][at[0]]
         b.store(Y, pix, _activate(v, op if op in UNARY else activation, clip))
     return b.kernel(f"{op}_{activation}" if op not in UNARY else op, [*inputs, Y])
 

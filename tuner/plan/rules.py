@@ -122,8 +122,12 @@ def lower_template(ctx: LowerCtx, node, ins, out, shape):
 
 @lowers("add", "relu", "clip")
 def lower_elementwise(ctx: LowerCtx, node, ins, out, shape):
+    """Attr ``channel_offsets`` (``passes_movement.slices_read_in_place``): per input None or the channel at
+    which the input reads its tensor, a channel slice of it read in place (the kernel's ``in_views``)."""
     g, a = ctx.graph, node.attrs
-    if node.op == "add" and any(t not in g.params and tuple(g.shapes[t]) != tuple(shape) for t in node.inputs):
+    offsets = a.get("channel_offsets") or (None,) * len(node.inputs)
+    if node.op == "add" and any(t not in g.params and at is None and tuple(g.shapes[t]) != tuple(shape)
+                                for t, at in zip(node.inputs, offsets)):
         return lower_binary(ctx, node, ins, out, shape)  # a gate broadcast over H, W
     acts = [t for t in ins if t not in g.params]
     const = [t for t in ins if t in g.params]
@@ -143,6 +147,9 @@ def lower_elementwise(ctx: LowerCtx, node, ins, out, shape):
         inputs = {"X0": acts[0], "X1": acts[1]}
     else:
         inputs = {"X": acts[0]}
+    if any(at is not None for at in offsets):
+        attrs["in_views"] = tuple(() if at is None else (ctx.shape(t)[1], int(at))
+                                  for t, at in zip(node.inputs, offsets) if t not in g.params)
     ctx.add(Step(node.name, "elementwise", inputs, out, attrs))
 
 
@@ -152,7 +159,7 @@ def build_elementwise(s, plan, max_wg):
     in_scopes = [plan.tensors[x].scope for x in acts] + ([plan.tensors[acts[0]].scope] if "B" in s.inputs else [])
     return K.elementwise_kernel(out.shape, s.attrs["op"], plan.dtype, in_scopes, out.scope,
                                 activation=s.attrs["activation"], clip=s.attrs.get("clip", (0.0, 6.0)),
-                                max_work_group=max_wg)
+                                max_work_group=max_wg, in_views=s.attrs.get("in_views", ()))
 
 
 # -- glue: activations and broadcasting binary ops ------------------------------------------------------------
