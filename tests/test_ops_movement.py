@@ -389,3 +389,31 @@ def test_elementwise_reads_channel_slices_in_place(device, rng, op, views, scope
     assert rel_error(got, ref) <= TOL["float32"]
     with pytest.raises(ValueError, match="offset a multiple of 4"):
         elementwise_kernel(shape, "relu", in_views=((20, 6),))
+
+
+def test_identities_run_no_kernel(device):
+    """passes_movement.drop_identities: a reshape to the same shape, a Pad of zeros (a window partition padded
+    by 0) and a Slice keeping everything run no kernel; both scopes still match onnxruntime."""
+    from tuner.compile.compiler import compile_model
+    from tuner.graph.passes import optimize
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((6, 4, 1, 1)).astype(np.float32), "w"),
+             numpy_helper.from_array(np.array([1, -1, 3, 5], np.int64), "same"),
+             numpy_helper.from_array(np.zeros(8, np.int64), "zeros"),
+             numpy_helper.from_array(np.array([0, 0], np.int64), "starts"),
+             numpy_helper.from_array(np.array([6, 5], np.int64), "ends"),
+             numpy_helper.from_array(np.array([1, 3], np.int64), "axes")]
+    nodes = [helper.make_node("Conv", ["input", "w"], ["c"], name="conv"),
+             helper.make_node("Reshape", ["c", "same"], ["r"], name="view"),
+             helper.make_node("Pad", ["r", "zeros"], ["p"], name="pad"),
+             helper.make_node("Slice", ["p", "starts", "ends", "axes"], ["s"], name="crop"),
+             helper.make_node("Relu", ["s"], ["output"], name="relu")]
+    m = helper.make_model(helper.make_graph(nodes, "g", [helper.make_tensor_value_info("input", TensorProto.FLOAT,
+                                                                                       [1, 4, 3, 5])],
+                                            [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 6, 3, 5])],
+                                            inits), opset_imports=[helper.make_opsetid("", 17)])
+    assert [n.op for n in optimize(from_onnx(m)).nodes] == ["conv2d"]  # the ReLU fuses into the convolution
+    x = rng.standard_normal((1, 4, 3, 5)).astype(np.float32)
+    want = _ort(m, {"input": x})[0]
+    for scope in ("texture", "buffer"):
+        assert rel_error(compile_model(m, device=device, scope=scope).run({"input": x})[0], want) <= 1e-5

@@ -1,8 +1,9 @@
 """Graph passes of the data-movement and layout operators (``Graph -> Graph``), run before BatchNorm folding and
 epilogue fusion (so a BatchNorm / bias / ReLU after a ConvTranspose folds into its convolution):
 
-- ``drop_identity_reshapes``: a reshape to its input's own shape (EfficientViT's ``feat.view(B, -1, H, W)``) runs
-  no kernel: its readers read its input.
+- ``drop_identities``: a reshape to its input's own shape (EfficientViT's ``feat.view(B, -1, H, W)``), a Pad of
+  zeros on every side and a Slice or channel gather that keeps every element in order (its windows padded by 0 and
+  cropped back) run no kernel: their readers read their input.
 - ``fuse_channel_shuffle``: ShuffleNet's ``Reshape(N, g, C/g, H, W) -> Transpose(0, 2, 1, 3, 4) -> Reshape(N, C,
   H, W)`` (any reshape / transpose / reshape that only permutes channels) becomes one ``slice`` (a channel
   gather): no 5-D tensor reaches the plan.
@@ -65,11 +66,27 @@ def _sole_reader(g: Graph, tensor: str):
     return readers[0] if len(readers) == 1 and readers[0].inputs.count(tensor) == 1 else None
 
 
-def drop_identity_reshapes(graph: Graph) -> Graph:
+def _keeps_all(g: Graph, n: Node) -> bool:
+    """Whether ``n`` (a reshape, pad, slice or expand) makes its input's elements in their order, unchanged."""
+    shape, a = tuple(g.shapes[n.inputs[0]]), n.attrs
+    if n.op in ("reshape", "flatten", "expand_nd"):
+        return True
+    if n.op == "pad":
+        return not any(a["pads"])
+    if n.op == "slice_nd":
+        return not any(a["starts"]) and set(a["steps"]) <= {1} and tuple(a["counts"]) == shape
+    if n.op == "slice" and len(shape) == 4:
+        return tuple(a["channels"]) == tuple(range(shape[1])) and all(
+            tuple(a.get(k, (0, 1, None)))[:2] == (0, 1) and a.get(k, (0, 1, None))[2] in (None, shape[i])
+            for k, i in (("rows", 2), ("cols", 3)))
+    return False
+
+
+def drop_identities(graph: Graph) -> Graph:
     g = graph.copy()
     for n in list(g.nodes):
-        if n.op in ("reshape", "flatten") and n.inputs[0] not in g.params and n.outputs[0] not in g.outputs \
-                and tuple(g.shapes[n.inputs[0]]) == tuple(g.shapes[n.outputs[0]]):
+        if n.inputs and n.inputs[0] not in g.params and n.outputs[0] not in g.outputs \
+                and tuple(g.shapes[n.inputs[0]]) == tuple(g.shapes[n.outputs[0]]) and _keeps_all(g, n):
             _rename_input(g, n.outputs[0], n.inputs[0])
             g.nodes = [m for m in g.nodes if m is not n]
     return _drop_unused(g).validate()
@@ -473,5 +490,5 @@ def optimize_movement(graph: Graph) -> Graph:
     return run_passes(graph, MOVEMENT_PASSES)
 
 
-MOVEMENT_PASSES = (drop_identity_reshapes, fuse_channel_shuffle, compose_gathers, optimize_tokens, nhwc_to_nchw,  # in this order
+MOVEMENT_PASSES = (drop_identities, fuse_channel_shuffle, compose_gathers, optimize_tokens, nhwc_to_nchw,  # in this order
                    lower_conv_transpose, hoist_channelwise)
