@@ -417,3 +417,16 @@ def test_identities_run_no_kernel(device):
     want = _ort(m, {"input": x})[0]
     for scope in ("texture", "buffer"):
         assert rel_error(compile_model(m, device=device, scope=scope).run({"input": x})[0], want) <= 1e-5
+
+
+@pytest.mark.parametrize("activation,dtype", [("relu", "float32"), ("sigmoid", "float16"), ("clip(-0.5,0.25)",
+                                                                                              "float32")])
+def test_concat_kernel_with_an_activation(device, rng, activation, dtype):
+    """concat_kernel's ``activation`` (``fuse_concat_activations``): applied to every lane, the padding lanes of the
+    last block still zero (sigmoid(0) is not)."""
+    from tuner.ops.kernels import concat_kernel, concat_reference
+    shapes = [(2, 5, 3, 2), (2, 8, 3, 2), (2, 2, 3, 2)]
+    k = concat_kernel(shapes, dtype, ("texture", "buffer", "texture"), "buffer",
+                      max_work_group=device.info.max_work_group_size, activation=activation)
+    xs = [draw(rng, s, dtype) for s in shapes]
+    _check(device, k, {f"X{i}": x for i, x in enumerate(xs)}, concat_reference(*xs, activation=activation), dtype)

@@ -258,12 +258,14 @@ def test_cascaded_heads_plan_their_products_in_place():
     identity view and the q gather the depthwise no longer reads run no kernel, the attention bias is the
     product's addend, q and k are read as channel slices of their NCHW tensors (k as B^T), and ``v @ attn^T`` runs
     as ``attn @ v^T``, writing the head's NCHW output: no strided copy is left. The second head's input adds the
-    input's second channel chunk read in place (``slices_read_in_place``): no slice is left either."""
+    input's second channel chunk read in place (``slices_read_in_place``): no slice is left either. The ReLU after
+    the heads' concat runs in the concat (``fuse_concat_activations``: the adds read its parts too)."""
     from attention_models import cascaded_attention_model
     from tuner.graph.passes import optimize
     g = optimize(from_onnx(cascaded_attention_model()))
     ops = [n.op for n in g.nodes]
-    assert not {"strided_copy", "reshape", "mul", "slice"} & set(ops)
+    assert not {"strided_copy", "reshape", "mul", "slice", "relu"} & set(ops)
+    assert next(n for n in g.nodes if n.op == "concat").attrs["activation"] == "relu"
     assert next(n for n in g.nodes if n.op == "add").attrs["channel_offsets"] == (None, 8)
     scores, out = [n for n in g.nodes if n.op == "matmul"][:2]
     assert scores.attrs["alpha"] == pytest.approx(0.5) and scores.attrs["trans_b"] and "addend" in scores.attrs
@@ -282,8 +284,8 @@ def test_cascaded_heads_match_onnxruntime(device, scope, kw):
     assert rel_error(got, want) <= 1e-4
     ops = [n.op for n in mod.spec.nodes]
     heads = kw.get("heads", 2)
-    assert ops.count("matmul") == 2 * heads and "binary" not in ops
-    assert ops.count("strided_copy") == (heads if kw else 0)
+    assert ops.count("matmul") == 2 * heads and "binary" not in ops and ops.count("concat_act") == 1
+    assert ops.count("strided_copy") == (heads if kw else 0) and ops.count("elementwise") == heads - 1  # the adds
 
 
 @pytest.mark.parametrize("scope", ["texture", "buffer"])

@@ -34,7 +34,7 @@ from tuner.graph.graph import Graph, Node, run_passes
 from tuner.graph.graph import add_param as _add_param, drop_unused_params as _drop_unused_params, fresh_name as _fresh
 from tuner.ir.activations import canonical, parse, spec
 from tuner.graph.passes_movement import fold_gathers_into_convs, pad_concat_parts  # last: gathers read by convolutions
-from tuner.graph.passes_movement import compose_gathers_into_copies, slices_read_in_place
+from tuner.graph.passes_movement import compose_gathers_into_copies, fuse_concat_activations, slices_read_in_place
 from tuner.graph.passes_tokens import matmul_views  # last: copies around matmuls read and written in place
 from tuner.graph.passes_io import model_io_ranks, pointwise_ranks  # first: tensors of any rank
 from tuner.graph.passes_movement import optimize_movement  # layout rewrites first: ConvTranspose -> conv2d, NHWC blocks
@@ -546,4 +546,5 @@ def optimize(graph: Graph) -> Graph:
 # gathers read by the convolutions after them.
 PIPELINE = (model_io_ranks, pointwise_ranks, fuse_group_norm, fuse_patterns, optimize_movement, split_whole_reductions,
             fold_batch_norm, fuse_patterns, fuse_epilogues, crd_to_dcr, fuse_input_gates, fold_pads, pad_concat_parts,
-            fold_gathers_into_convs, compose_gathers_into_copies, matmul_views, slices_read_in_place)
+            fold_gathers_into_convs, compose_gathers_into_copies, matmul_views, slices_read_in_place,
+            fuse_concat_activations)

@@ -27,6 +27,9 @@ epilogue fusion (so a BatchNorm / bias / ReLU after a ConvTranspose folds into i
 - ``slices_read_in_place`` (run last too): a channel slice starting an RGBA pixel and read only by elementwise
   kernels (an add of two activations, ReLU, clip) runs no kernel: they read its input at the slice's channel
   offset (attr ``channel_offsets``; EfficientViT's heads add the input's next channel chunk to their output).
+- ``fuse_concat_activations`` (run last too): an activation read only from a channel concat whose parts other
+  kernels read too (so ``plan.views`` cannot write it in place) runs in the concat kernel (step ``concat_act``):
+  EfficientViT's heads' outputs, concatenated, then ReLU.
 - ``lower_conv_transpose`` and ``hoist_channelwise`` (``passes_conv_transpose``): ``conv_transpose`` -> its
   phases, one stacked ``conv2d`` and a ``depth_to_space``, with the per-channel ops after it moved into the
   convolution's reach; or zero insertion and a stride-1 ``conv2d``.
@@ -350,6 +353,34 @@ def slices_read_in_place(graph: Graph) -> Graph:
             r.inputs = [n.inputs[0] if t == out else t for t in r.inputs]
             r.attrs = {**r.attrs, "channel_offsets": tuple(offsets)}
         g.nodes = [m for m in g.nodes if m is not n]
+    return _drop_unused(g).validate()
+
+
+def _activation_spec(n: Node) -> str | None:
+    """The activation a ReLU, Clip or activation node applies, as a spec of ``tuner.ir.activations``."""
+    from tuner.ir.activations import canonical, spec
+    if n.op == "relu":
+        return "relu"
+    if n.op == "clip":
+        return canonical(spec("clip", float(n.attrs.get("min", -np.inf)), float(n.attrs.get("max", np.inf))))
+    return canonical(n.attrs["fn"]) if n.op == "activation" else None
+
+
+def fuse_concat_activations(graph: Graph) -> Graph:
+    g = graph.copy()
+    for n in list(g.nodes):
+        out = n.outputs[0]
+        if n.op != "concat" or len(g.shapes[out]) != 4 or n.attrs.get("axis", 1) not in (1, -3) \
+                or "activation" in n.attrs or (act := _sole_reader(g, out)) is None or act.inputs != [out]:
+            continue
+        fn = _activation_spec(act)
+        shared = len(set(n.inputs)) < len(n.inputs) or any(
+            len(g.consumers(p)) > 1 or p in g.outputs or p in g.inputs or p in g.params for p in n.inputs)
+        if fn is None or not shared:  # a concat plan.views may write in place: its parts' producers take the rest
+            continue
+        n.attrs = {**n.attrs, "activation": fn}
+        n.outputs = list(act.outputs)
+        g.nodes = [m for m in g.nodes if m is not act]
     return _drop_unused(g).validate()
 
 

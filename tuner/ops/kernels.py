@@ -31,7 +31,7 @@ from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
 from tuner.ir.expr import Broadcast, Cast, ExtractLane, Ramp, as_expr, call, max_, min_, select
 from tuner.ir.dtype import float32
-from tuner.ir.gather import make_vector as _vector, pixel_index as _pixel
+from tuner.ir.gather import make_vector as _vector, pixel_index as _pixel, zero_padding_lanes
 from tuner.templates.common import bias_buffer
 
 DTYPES = ("float32", "float16")
@@ -228,7 +228,7 @@ def elementwise_kernel(shape, op: str, dtype: str = "float32", in_scopes="textur
         else:
             v = inputs[0][at[0]]
         b.store(Y, pix, _activate(v, op if op in UNARY else activation, clip))
-    return b.kernel(f"{op}_{activation}" if op not in UNARY else op, [*inputs, Y])
+    return b.kernel(f"{op}_{_kernel_suffix(activation)}" if op not in UNARY else op, [*inputs, Y])
 
 
 def elementwise_reference(op: str, *inputs, activation: str = "none", clip: tuple = (0.0, 6.0)) -> np.ndarray:
@@ -386,8 +386,9 @@ def concat_out_shape(shapes) -> tuple:
 
 
 def concat_kernel(shapes, dtype: str = "float32", in_scopes="texture", out_scope: str = "texture",
-                  max_work_group: int = 64):
-    """``X0``, ``X1``, ... (4-D NCHW or 2-D, any channel counts) -> ``Y``, concatenated along axis 1.
+                  max_work_group: int = 64, activation: str = "none", clip: tuple = (0.0, 6.0)):
+    """``X0``, ``X1``, ... (4-D NCHW or 2-D, any channel counts) -> ``Y``, concatenated along axis 1, then
+    ``activation`` (an activation read by nothing else but the concat, whose parts other kernels read too).
 
     One output pixel per work-item. Input k starts at output channel ``o = 4q + s``, so output lane j of block
     cb reads input block ``cb - q`` (lanes j >= s) or ``cb - q - 1`` (j < s) at the constant lane ``(j - s) % 4``:
@@ -396,6 +397,7 @@ def concat_kernel(shapes, dtype: str = "float32", in_scopes="texture", out_scope
     out = concat_out_shape(shapes)
     shapes = [tuple(int(x) for x in s) for s in shapes]
     _check_dtype(dtype)
+    _check_activation(activation)
     scopes = _scopes(in_scopes, len(shapes), "concat")
     X = [_packed(f"X{k}", s, dtype, sc) for k, (s, sc) in enumerate(zip(shapes, scopes))]
     Y = _packed("Y", out, dtype, out_scope)
@@ -418,12 +420,20 @@ def concat_kernel(shapes, dtype: str = "float32", in_scopes="texture", out_scope
                     v = ExtractLane(hi, j - s) if j >= s else ExtractLane(lo, j - s + 4)
                     b.store(lanes, j, select((c >= offset) & (c < offset + C), v, lanes[j]))
             offset += C
-        b.store(Y, _pixel(idx), _vector([lanes[j] for j in range(4)]))
-    return b.kernel("concat", [*X, Y])
+        v = _vector([lanes[j] for j in range(4)])
+        if activation != "none":  # and the padding lanes zero again (sigmoid(0) is not)
+            v = zero_padding_lanes(b, _activate(v, activation, clip), cb, out[1], "act")
+        b.store(Y, _pixel(idx), v)
+    return b.kernel("concat" if activation == "none" else f"concat_{_kernel_suffix(activation)}", [*X, Y])
 
 
-def concat_reference(*inputs) -> np.ndarray:
-    return np.concatenate([np.asarray(x, np.float64) for x in inputs], axis=1)
+def _kernel_suffix(activation: str) -> str:
+    """An activation spec as a C identifier part (``leaky_relu(0.1)`` -> ``leaky_relu_0_1``)."""
+    return "".join(ch if ch.isalnum() else "_" for ch in activation).strip("_")
+
+
+def concat_reference(*inputs, activation: str = "none", clip: tuple = (0.0, 6.0)) -> np.ndarray:
+    return _np_activate(np.concatenate([np.asarray(x, np.float64) for x in inputs], axis=1), activation, clip)
 
 
 # -- relayout ---------------------------------------------------------------------------------------------

@@ -324,6 +324,10 @@ def lower_concat(ctx: LowerCtx, node, ins, out, shape):
         ctx.add(Step(node.name, "concat_view", {f"X{i}": t for i, t in enumerate(ins)}, out,
                      {"axis": axis, "shapes": tuple(ctx.shape(t) for t in node.inputs)}))
         return
+    act = node.attrs.get("activation", "none")
+    if act != "none":  # passes_movement.fuse_concat_activations: its own step, which plan.views never writes in place
+        ctx.add(Step(node.name, "concat_act", {f"X{i}": t for i, t in enumerate(ins)}, out, {"activation": act}))
+        return
     ctx.add(Step(node.name, "concat", {f"X{i}": t for i, t in enumerate(ins)}, out))
 
 
@@ -331,4 +335,8 @@ def lower_concat(ctx: LowerCtx, node, ins, out, shape):
 def build_concat(s, plan, max_wg):
     acts = list(s.inputs.values())
     return K.concat_kernel([plan.tensors[x].shape for x in acts], plan.dtype, [plan.tensors[x].scope for x in acts],
-                           plan.tensors[s.output].scope, max_work_group=max_wg)
+                           plan.tensors[s.output].scope, max_work_group=max_wg,
+                           activation=s.attrs.get("activation", "none"))
+
+
+GLUE["concat_act"] = build_concat  # a concat and the activation after it, in one kernel
