@@ -166,3 +166,49 @@ def matmul_epilogue_model(n=2, c=8, hw=(2, 3), seed=0, path=None):
     onnx.checker.check_model(m)
     if path: onnx.save(m, path)
     return m
+
+
+def levit_attention_model(n=1, c=16, hw=(3, 4), heads=2, kd=4, dv=8, seed=0, path=None):
+    """LeViT's attention block as timm exports it: Linear + BatchNorm1d over the flattened tokens
+    (``bn(x.flatten(0, 1)).reshape_as(x)``), the qkv viewed as (B, T, heads, 2kd + dv) and split along its last
+    axis, q / k / v transposed per head, ``q @ k^T * scale + bias``, softmax, ``@ v``, the heads back to tokens,
+    hardswish, the projection (Linear + BatchNorm1d) and a residual add."""
+    rng = np.random.default_rng(seed)
+    H, W = hw; T = H * W; width = heads * (2 * kd + dv)
+    inits, nodes = [], []
+    def init(name, arr):
+        inits.append(nh.from_array(np.asarray(arr), name)); return name
+    def node(op, ins, outs, **kw):
+        nodes.append(h.make_node(op, ins, outs, name=outs[0], **kw)); return outs[0]
+    def linear_bn(x, cin, cout, name):
+        y = node("MatMul", [x, init(f"{name}_w", (rng.standard_normal((cin, cout)) / np.sqrt(cin)).astype(np.float32))],
+                 [f"{name}_mm"])
+        y = node("Flatten", [y], [f"{name}_rows"], axis=2)
+        bn = [init(f"{name}_{k}", v.astype(np.float32)) for k, v in (
+            ("g", rng.uniform(0.5, 1.5, cout)), ("b", rng.normal(0, 0.1, cout)), ("m", rng.normal(0, 0.1, cout)),
+            ("v", rng.uniform(0.5, 1.5, cout)))]
+        y = node("BatchNormalization", [y] + bn, [f"{name}_bn"])
+        return node("Reshape", [y, init(f"{name}_s", np.array([n, T, cout], np.int64))], [f"{name}_tok"])
+    tok = node("Transpose", [node("Reshape", ["input", init("s1", np.array([n, c, T], np.int64))], ["flat"])],
+               ["tok"], perm=[0, 2, 1])
+    qkv = linear_bn(tok, c, width, "qkv")
+    qkv = node("Reshape", [qkv, init("s4", np.array([n, T, heads, 2 * kd + dv], np.int64))], ["qkv4"])
+    nodes.append(h.make_node("Split", [qkv, init("sp", np.array([kd, kd, dv], np.int64))], ["q", "k", "v"], axis=3,
+                             name="split"))
+    q = node("Transpose", ["q"], ["qh"], perm=[0, 2, 1, 3])
+    k = node("Transpose", ["k"], ["kh"], perm=[0, 2, 3, 1])
+    v = node("Transpose", ["v"], ["vh"], perm=[0, 2, 1, 3])
+    s = node("Mul", [node("MatMul", [q, k], ["qk"]), init("scale", np.array(kd ** -0.5, np.float32))], ["qks"])
+    s = node("Add", [s, init("ab", rng.standard_normal((heads, T, T)).astype(np.float32))], ["biased"])
+    o = node("MatMul", [node("Softmax", [s], ["p"], axis=-1), v], ["o"])
+    o = node("Reshape", [node("Transpose", [o], ["ot"], perm=[0, 2, 1, 3]),
+                         init("s3", np.array([n, T, heads * dv], np.int64))], ["o_tok"])
+    o = linear_bn(node("HardSwish", [o], ["o_act"]), heads * dv, c, "proj")
+    o = node("Transpose", [node("Add", [o, tok], ["res"])], ["back"], perm=[0, 2, 1])
+    node("Reshape", [o, init("s6", np.array([n, c, H, W], np.int64))], ["output"])
+    g = h.make_graph(nodes, "levit", [h.make_tensor_value_info("input", TP.FLOAT, [n, c, H, W])],
+                     [h.make_tensor_value_info("output", TP.FLOAT, [n, c, H, W])], initializer=inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)]); m.ir_version = 8
+    onnx.checker.check_model(m)
+    if path: onnx.save(m, path)
+    return m

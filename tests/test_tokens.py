@@ -313,3 +313,21 @@ def test_fit_view_finds_the_template_view_or_none():
         ((1, 32, 1, 6), 4, 0, 8, 0)
     assert TV.fit_view(np.arange(120).reshape(4, 5, 6), (4, 5, 6)) == ()  # its own storage
     assert TV.affine_form(q_t) == (0, (2352, 1, 49)) and TV.affine_form(np.arange(6)[[0, 2, 1, 3, 4, 5]]) is None
+
+
+@pytest.mark.parametrize("scope", ["texture", "buffer"])
+@pytest.mark.parametrize("kw", [dict(), dict(n=2, c=12, heads=3, kd=3, dv=5)], ids=["aligned", "odd-widths"])
+def test_levit_block_matches_onnxruntime(device, scope, kw):
+    """LeViT's block: the BatchNorms over flattened tokens fold into the Linears before them
+    (``batch_norm_over_rows``), the split of the 4-D (B, T, heads, 2kd + dv) view and the per-head transposes
+    compose into the products' views (heads as channel groups), and the hardswish after the heads runs in the
+    second product (``activations_before_copies``): 7 kernels with widths that start RGBA pixels -- the two
+    ends' token copies, the Linears, the products and the softmax."""
+    from attention_models import levit_attention_model
+    mod, got, want = _ort_and_module(levit_attention_model(**kw), device, scope)
+    assert rel_error(got, want) <= 1e-4
+    ops = [n.op for n in mod.spec.nodes if n.op != "relayout"]
+    assert not {"binary", "elementwise", "unary", "slice", "permute"} & set(ops)
+    if not kw:
+        assert sorted(ops) == ["conv2d", "conv2d", "matmul", "matmul", "softmax", "strided_copy", "strided_copy"]
+        assert [n.workload["activation"] for n in mod.spec.nodes if n.op == "matmul"] == ["none", "hardswish"]

@@ -1,6 +1,10 @@
 """Graph passes that bring attention blocks -- token tensors, 5-D head reshapes, activation-by-activation
 MatMuls -- onto the 4-D kernels (``Graph -> Graph``), run first by ``passes_movement.optimize_movement``:
 
+- ``batch_norm_over_rows``: a BatchNorm of the rows (M, C) a token tensor (..., C) is flattened into (LeViT's
+  ``bn(x.flatten(0, 1)).reshape_as(x)``) becomes a multiply and add of per-feature constants on the token
+  tensor itself, then the reshape: the reshapes compose away in ``movement_views`` and the constants fold into
+  the Linear before them (``passes.fuse_epilogues``).
 - ``fold_matmul_scales``: a multiply by a scalar constant whose only reader is a ``matmul`` (the ``q * scale``
   and ``k * scale`` of attention), also through reshapes and transposes (EfficientViT's ``q * scale`` before
   ``q.transpose``), becomes the matmul's ``alpha``.
@@ -8,10 +12,14 @@ MatMuls -- onto the 4-D kernels (``Graph -> Graph``), run first by ``passes_move
   last axis of a 4-D tensor run on 3-D tensors (batch * heads, M, K): reshapes around them, which
   ``movement_views`` folds away.
 - ``movement_views``: chains of ``reshape`` / ``transpose`` / ``slice_nd`` that touch a tensor of rank other
-  than 2 or 4 (tokens, the 5-D ``(B, T, 3, heads, d)`` of a qkv projection) are composed into strided views of
+  than 2 or 4 (tokens, the 5-D ``(B, T, 3, heads, d)`` of a qkv projection), and evenly stepped gathers of such a
+  view (LeViT splits its 4-D (B, T, heads, 2d + dv)), are composed into strided views of
   the tensor they start from (numpy's rules: a reshape that no strides express materializes first); a view is
   materialized by one ``strided_copy`` where a computing node reads it, and not at all when it is the whole
   tensor in order. The qkv reshape, transpose, split and squeeze of attention become one copy per q, k, v.
+- ``activations_before_copies`` (after ``tokens_to_nchw``): an activation that alone reads a strided copy of a
+  product that only the copy reads runs before the copy (pointwise, it commutes), so that it fuses into the
+  product (LeViT's heads: ``hardswish`` of the heads back to tokens).
 - ``tokens_to_nchw``: every 3-D activation (N, T, C) becomes the 4-D tensor (N, C, 1, T) -- its storage is
   NCHW4c's, packed by 4 along C -- and the 3-D nodes become their 4-D forms: a MatMul by a constant a 1x1
   ``conv2d`` (tuned), LayerNormalization and Softmax over the last axis ones over channels, biases and scales
@@ -133,6 +141,30 @@ def _through_movement(g: Graph, t: str):
             return None
         t = r.outputs[0]
     return None
+
+
+def batch_norm_over_rows(graph: Graph) -> Graph:
+    g = graph.copy()
+    nodes = []
+    for n in g.nodes:
+        r = g.producer(n.inputs[0]) if n.op == "batch_norm" and len(g.shapes[n.inputs[0]]) == 2 else None
+        x = r.inputs[0] if r is not None and r.op in ("reshape", "flatten") else None
+        c = g.shapes[n.inputs[0]][1] if x is not None else None
+        if x is None or x in g.params or len(g.shapes[x]) < 3 or g.shapes[x][-1] != c or n.inputs[0] in g.outputs \
+                or g.consumers(n.inputs[0]) != [n] or not all(t in g.params for t in n.inputs[1:5]):
+            nodes.append(n)
+            continue
+        gamma, beta, mean, var = (np.asarray(g.params[t], np.float64) for t in n.inputs[1:5])
+        k = gamma / np.sqrt(var + float(n.attrs.get("epsilon", 1e-5)))
+        shape = tuple(g.shapes[x])
+        scaled, shifted = _fresh(g, f"{n.name}.scaled"), _fresh(g, f"{n.name}.shifted")
+        g.shapes[scaled] = g.shapes[shifted] = shape
+        nodes += [Node("mul", f"{n.name}.scale", [x, _add_param(g, f"{n.name}.k", k.astype(np.float32))], [scaled]),
+                  Node("add", f"{n.name}.shift", [scaled, _add_param(g, f"{n.name}.b", (beta - mean * k)
+                                                                     .astype(np.float32))], [shifted]),
+                  _reshape_node(g, f"{n.name}.rows", shifted, g.shapes[n.outputs[0]], out=n.outputs[0])]
+    g.nodes = nodes
+    return _drop_unused_params(g).validate()
 
 
 def fold_matmul_scales(graph: Graph) -> Graph:
@@ -260,7 +292,26 @@ def _rows(shape) -> tuple:
     return shape if len(shape) <= 3 else (math.prod(shape[:-2]), *shape[-2:])
 
 
+def _gather_window(g: Graph, n: Node) -> tuple | None:
+    """``(starts, steps, counts)`` of a 4-D ``slice`` whose channels step evenly (a Split along any axis of a
+    4-D token view, LeViT's (B, T, heads, d) q / k / v), else None."""
+    shape, a = g.shapes[n.inputs[0]], n.attrs
+    ch = tuple(int(c) for c in a["channels"])
+    step = ch[1] - ch[0] if len(ch) > 1 else 1
+    if len(shape) != 4 or not ch or step == 0 or ch != tuple(ch[0] + k * step for k in range(len(ch))):
+        return None
+    window = []
+    for key, extent in (("rows", shape[2]), ("cols", shape[3])):
+        start, st, count = a.get(key, (0, 1, None))
+        window.append((start, st, extent if count is None else count))
+    return ((0, ch[0], window[0][0], window[1][0]), (1, step, window[0][1], window[1][1]),
+            (shape[0], len(ch), window[0][2], window[1][2]))
+
+
 def _is_movement(g: Graph, n: Node, views: dict) -> bool:
+    if n.op == "slice" and n.inputs[0] in views:  # a gather of a view feeding more movement or a product: a view
+        return _gather_window(g, n) is not None and n.outputs[0] not in g.outputs and all(
+            r.op in MOVEMENT + ("matmul", "slice") for r in g.consumers(n.outputs[0]))
     if n.op not in MOVEMENT or n.inputs[0] in g.params:
         return False
     if n.op in ("slice_nd", "expand_nd") or n.inputs[0] in views:
@@ -311,6 +362,8 @@ def movement_views(graph: Graph) -> Graph:
                 new = v.transpose(a["perm"])
             elif n.op == "slice_nd":
                 new = v.slice(a["starts"], a["steps"], a["counts"])
+            elif n.op == "slice":
+                new = v.slice(*_gather_window(g, n))
             elif n.op == "expand_nd":
                 new = v.expand(a["shape"])
             else:
@@ -436,6 +489,28 @@ def tokens_to_nchw(graph: Graph) -> Graph:
     return _drop_unused_params(g).validate()
 
 
+ACTIVATIONS = ("relu", "clip", "activation")  # the nodes passes.fuse_epilogues fuses into a product
+
+
+def activations_before_copies(graph: Graph) -> Graph:
+    g = graph.copy()
+    for act in [n for n in g.nodes if n.op in ACTIVATIONS]:
+        copy = g.producer(act.inputs[0])
+        mm = g.producer(copy.inputs[0]) if copy is not None and copy.op == "strided_copy" else None
+        y = copy.inputs[0] if mm is not None else None
+        if mm is None or mm.op != "matmul" or y in g.outputs or g.consumers(y) != [copy] \
+                or copy.outputs[0] in g.outputs or g.consumers(copy.outputs[0]) != [act] or len(act.inputs) != 1:
+            continue
+        mid = _fresh(g, f"{act.outputs[0]}.before_copy")
+        g.shapes[mid] = g.shapes[y]
+        out = act.outputs[0]
+        act.inputs, act.outputs = [y], [mid]
+        copy.inputs, copy.outputs = [mid], [out]
+        g.nodes.remove(act)
+        g.nodes.insert(g.nodes.index(copy), act)
+    return _drop_unused_params(g).validate()
+
+
 def optimize_tokens(graph: Graph) -> Graph:
     """All of the above, in order."""
     if not any(n.op in ("matmul", "slice_nd", "expand_nd") or (n.op == "softmax" and n.attrs.get("axis") != 1)
@@ -444,7 +519,8 @@ def optimize_tokens(graph: Graph) -> Graph:
     return run_passes(graph, TOKEN_PASSES)
 
 
-TOKEN_PASSES = (fold_matmul_scales, attention_ranks, movement_views, tokens_to_nchw)  # in this order
+TOKEN_PASSES = (batch_norm_over_rows, fold_matmul_scales, attention_ranks, movement_views, tokens_to_nchw,
+                activations_before_copies)  # in this order
 
 
 # -- matmuls reading and writing in place (run last, by ``passes.optimize``) ------------------------------------
