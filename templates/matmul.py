@@ -28,7 +28,9 @@ as NCHW (``passes_tokens.matmul_views``), so no strided copy runs before or afte
 ``(src, groups, c_off, c_group, r_off)``: the operand's element (b, r, c) (its storage pixel (b, c // 4, 0, r)) is
 element ``(b // groups, c_off + (b % groups) * c_group + c, p // W, p % W)`` of the 4-D tensor stored as ``src``
 (N, C, H, W), with ``p = r_off + r``: the heads of a batch as channel groups, the rows as pixels of any H x W.
-Channel offsets are multiples of 4, so a pixel of the operand is a pixel of the source.
+Channel offsets are multiples of 4, so a pixel of the operand is a pixel of the source. With ``y_view`` the
+residual is a tensor of the output's (the view's) shape, read through the same view (a residual add after the
+product written in place: EfficientFormerV2's ``attn + v_local``).
 
 ``addend`` (in the key when set): a constant of the output's shape added with the bias, before the activation
 (an attention bias): ``shared`` one (M, N) for every batch, ``batched`` one per batch; stored as ``C`` (1 or B,
@@ -280,7 +282,7 @@ def declare_operands(wl: MatmulWorkload, cfg: MatmulConfig) -> tuple:
     return (buffer("A", views["A"], wl.dtype, a_scope, a_layout),
             buffer("Bm", views["Bm"], wl.dtype, b_scope, b_layout),
             bias_buffer(wl.N, wl.dtype, cfg.weight_scope) if wl.bias else None,
-            buffer("Res", storage_shape(wl.out_shape), wl.dtype, y_scope, y_layout) if wl.residual else None,
+            buffer("Res", views["Y"], wl.dtype, y_scope, y_layout) if wl.residual else None,
             buffer("C", addend_shape(wl), wl.dtype, "global", "nchw4c_buffer") if wl.addend != "none" else None,
             buffer("Y", views["Y"], wl.dtype, y_scope, y_layout))
 
@@ -430,7 +432,7 @@ def matmul(wl: MatmulWorkload, cfg: MatmulConfig):
                     v = v + Cst[n if wl.addend == "batched" else 0, lanes, 0, m]
                 v = apply_ir(wl.activation, v)
                 if Res is not None:
-                    v = v + Res[n, lanes, 0, m]
+                    v = v + Res[view_index(wl.y_view, n, nb * 4, m)]
                 if N % 4:  # the output's padding lanes are zero, whatever B's, the bias's or Res's hold
                     y = b.let(f"y{i}_{j}", v)
                     v = call("make_vector", [ExtractLane(y, ln) if ln < N % 4 else
@@ -473,7 +475,7 @@ def _reference(wl: MatmulWorkload, inputs: dict) -> np.ndarray:
     the tensor its view fills)."""
     res, cst = inputs.get("Res"), inputs.get("C")
     y = reference(wl, _operand(wl.a_view, inputs["A"], wl.a), _operand(wl.b_view, inputs["Bm"], wl.b),
-                  inputs.get("B"), None if res is None else from_storage(res),
+                  inputs.get("B"), None if res is None else _operand(wl.y_view, res, wl.out_shape),
                   None if cst is None else from_storage(cst))
     return view_scatter(wl.y_view, y) if wl.y_view else to_storage(y)
 
@@ -487,7 +489,7 @@ def random_inputs(wl: MatmulWorkload, rng) -> dict:
     if wl.bias:
         inputs["B"] = draw((wl.N,))
     if wl.residual:
-        inputs["Res"] = to_storage(draw(wl.out_shape))
+        inputs["Res"] = draw(wl.y_view[0]) if wl.y_view else to_storage(draw(wl.out_shape))
     if wl.addend != "none":
         inputs["C"] = draw(addend_shape(wl))
     return inputs
@@ -603,9 +605,9 @@ def lower(ctx, node, ins):
             bias = name
         inputs["B"] = bias
     if res_name is not None:
-        shape = tuple(ctx.shape(res_name))
-        if shape != wl.out_shape:
-            raise ValueError(f"the residual {res_name!r} has shape {list(shape)}; the output is {list(wl.out_shape)}")
+        shape, want = tuple(ctx.shape(res_name)), wl.y_view[0] if wl.y_view else wl.out_shape
+        if shape != want and not (wl.y_view and tuple(ctx.graph.shapes[res_name]) == want):
+            raise ValueError(f"the residual {res_name!r} has shape {list(shape)}; the output is {list(want)}")
         inputs["Res"] = ctx.packed(res_name)
     if addend is not None:
         shape = tuple(np.shape(ctx.graph.params[addend]))

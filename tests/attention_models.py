@@ -212,3 +212,41 @@ def levit_attention_model(n=1, c=16, hw=(3, 4), heads=2, kd=4, dv=8, seed=0, pat
     onnx.checker.check_model(m)
     if path: onnx.save(m, path)
     return m
+
+
+def nchw_attention_model(n=1, c=16, hw=(3, 4), heads=2, d=4, dv=8, seed=0, path=None):
+    """EfficientFormerV2's Attention4D, without its talking heads: q, k, v from 1x1 convolutions of an NCHW input
+    viewed 4-D (``conv(x).reshape(B, heads, d, N)``, q and v transposed), ``q @ k * scale + bias``, softmax,
+    ``@ v``, the heads back to NCHW (transpose, reshape), plus a depthwise 3x3 of v's convolution (``v_local``),
+    then a 1x1 projection."""
+    rng = np.random.default_rng(seed)
+    H, W = hw; T = H * W
+    inits, nodes = [], []
+    def init(name, arr):
+        inits.append(nh.from_array(np.asarray(arr), name)); return name
+    def node(op, ins, outs, **kw):
+        nodes.append(h.make_node(op, ins, outs, name=outs[0], **kw)); return outs[0]
+    def conv(x, cin, cout, k, name, groups=1):
+        w = init(f"{name}_w", (rng.standard_normal((cout, cin // groups, k, k)) / np.sqrt(cin * k * k / groups))
+                 .astype(np.float32))
+        return node("Conv", [x, w, init(f"{name}_b", rng.normal(0, 0.1, cout).astype(np.float32))], [name],
+                    pads=[k // 2] * 4, group=groups)
+    def heads_of(t, width, name):
+        return node("Reshape", [t, init(f"{name}_s", np.array([n, heads, width, T], np.int64))], [name])
+    q = node("Transpose", [heads_of(conv("input", c, heads * d, 1, "qc"), d, "q4")], ["q"], perm=[0, 1, 3, 2])
+    k = heads_of(conv("input", c, heads * d, 1, "kc"), d, "k")
+    vc = conv("input", c, heads * dv, 1, "vc")
+    v = node("Transpose", [heads_of(vc, dv, "v4")], ["v"], perm=[0, 1, 3, 2])
+    s = node("Mul", [node("MatMul", [q, k], ["qk"]), init("scale", np.array(d ** -0.5, np.float32))], ["qks"])
+    s = node("Add", [s, init("ab", rng.standard_normal((heads, T, T)).astype(np.float32))], ["biased"])
+    o = node("MatMul", [node("Softmax", [s], ["p"], axis=-1), v], ["o"])
+    o = node("Reshape", [node("Transpose", [o], ["ot"], perm=[0, 1, 3, 2]),
+                         init("back", np.array([n, heads * dv, H, W], np.int64))], ["o_nchw"])
+    o = node("Add", [o, conv(vc, heads * dv, heads * dv, 3, "v_local", groups=heads * dv)], ["o_local"])
+    conv(o, heads * dv, c, 1, "output")
+    g = h.make_graph(nodes, "nchw_attn", [h.make_tensor_value_info("input", TP.FLOAT, [n, c, H, W])],
+                     [h.make_tensor_value_info("output", TP.FLOAT, [n, c, H, W])], initializer=inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)]); m.ir_version = 8
+    onnx.checker.check_model(m)
+    if path: onnx.save(m, path)
+    return m

@@ -110,6 +110,9 @@ VIEW_CASES = [
     ("Y as 4 heads' channel groups of one NCHW tensor, relu, A staged, texture",
      dict(a=(4, 6, 5), b=(4, 5, 8), y_view=((1, 32, 2, 3), 4, 0, 8, 0), activation="relu"),
      dict(tile_m=2, wg_m=2, wg_n=2, local_a=True, **TEX)),
+    ("Y and its residual through 2 heads' channel groups of an NCHW tensor, split_k, texture",
+     dict(a=(2, 6, 9), b=(2, 9, 8), residual=True, y_view=((1, 16, 2, 3), 2, 0, 8, 0)),
+     dict(tile_m=2, wg_m=2, split_k=2, **TEX)),
     ("Y of N=5 filling a 5-channel NCHW tensor (its padding lanes), buffer",
      dict(a=(2, 6, 7), b=(2, 7, 5), y_view=((2, 5, 2, 3), 1, 0, 0, 0)), dict(wg_m=2, **BUF)),
 ]

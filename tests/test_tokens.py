@@ -331,3 +331,18 @@ def test_levit_block_matches_onnxruntime(device, scope, kw):
     if not kw:
         assert sorted(ops) == ["conv2d", "conv2d", "matmul", "matmul", "softmax", "strided_copy", "strided_copy"]
         assert [n.workload["activation"] for n in mod.spec.nodes if n.op == "matmul"] == ["none", "hardswish"]
+
+
+@pytest.mark.parametrize("scope", ["texture", "buffer"])
+def test_nchw_attention_reads_its_convolutions_in_place(device, scope):
+    """EfficientFormerV2's attention: the 4-D reshapes / transposes of the q, k, v convolutions feed only the
+    products, so they are views (``_matmul_chains``) the products read in place; the output is written back as
+    NCHW and takes the ``v_local`` add as its residual through that view (``_residual_after``): no glue kernel
+    but the input's and output's packing."""
+    from attention_models import nchw_attention_model
+    mod, got, want = _ort_and_module(nchw_attention_model(), device, scope)
+    assert rel_error(got, want) <= 1e-4
+    assert sorted(n.op for n in mod.spec.nodes if n.op != "relayout") == [
+        "conv2d", "conv2d", "conv2d", "conv2d", "depthwise_conv2d", "matmul", "matmul", "softmax"]
+    out = [n for n in mod.spec.nodes if n.op == "matmul"][1]
+    assert out.workload["residual"]

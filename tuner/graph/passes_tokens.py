@@ -308,7 +308,24 @@ def _gather_window(g: Graph, n: Node) -> tuple | None:
             (shape[0], len(ch), window[0][2], window[1][2]))
 
 
-def _is_movement(g: Graph, n: Node, views: dict) -> bool:
+def _matmul_chains(g: Graph) -> set:
+    """Names of the reshapes / transposes of any rank through which only products read a tensor (EfficientFormerV2's
+    ``conv(x).reshape(B, heads, d, N).transpose(-1, -2)``): views, so that the products read the tensor in place."""
+    chain = set()
+    for mm in [n for n in g.nodes if n.op == "matmul"]:
+        for t in mm.inputs[:2]:
+            p = g.producer(t)
+            while p is not None and p.op in ("reshape", "transpose") and p.inputs[0] not in g.params \
+                    and p.outputs[0] not in g.outputs and all(c.op in MOVEMENT + ("matmul",) for c in
+                                                              g.consumers(p.outputs[0])):
+                chain.add(p.name)
+                p = g.producer(p.inputs[0])
+    return chain
+
+
+def _is_movement(g: Graph, n: Node, views: dict, chain: frozenset = frozenset()) -> bool:
+    if n.name in chain:
+        return True
     if n.op == "slice" and n.inputs[0] in views:  # a gather of a view feeding more movement or a product: a view
         return _gather_window(g, n) is not None and n.outputs[0] not in g.outputs and all(
             r.op in MOVEMENT + ("matmul", "slice") for r in g.consumers(n.outputs[0]))
@@ -349,8 +366,9 @@ def movement_views(graph: Graph) -> Graph:
             made[key] = key
         return made[key]
 
+    chain = _matmul_chains(g)
     for n in g.nodes:
-        if _is_movement(g, n, views):
+        if _is_movement(g, n, views, chain):
             x, out = n.inputs[0], n.outputs[0]
             if x not in views:
                 v = _View.whole(x, g.shapes[x])
@@ -685,16 +703,38 @@ def _place_matmul(g: Graph, mm: Node) -> None:
     mm.inputs = inputs + epilogue
 
 
+def _residual_after(g: Graph, mm: Node) -> None:
+    """``mm`` takes the add of another activation of its output's shape that alone reads its output, as its
+    residual (with ``y_view``, read through the same view): an add after a product that now writes in place. The
+    product moves to where the add was (the other operand may be computed after it)."""
+    z = mm.outputs[0]
+    readers = g.consumers(z)
+    if mm.attrs.get("residual") or z in g.outputs or len(readers) != 1:
+        return
+    add = readers[0]
+    if add.op != "add" or len(add.inputs) != 2 or add.inputs.count(z) != 1 or add.attrs:
+        return
+    other = add.inputs[1] if add.inputs[0] == z else add.inputs[0]
+    if other in g.params or tuple(g.shapes[other]) != tuple(g.shapes[z]):
+        return
+    mm.attrs["residual"] = other
+    mm.inputs, mm.outputs = mm.inputs + [other], list(add.outputs)
+    g.nodes.remove(mm)  # where the add was: the other operand is ready there, and only the add read the product
+    g.nodes[g.nodes.index(add)] = mm
+
+
 def matmul_views(graph: Graph) -> Graph:
     """Every token ``matmul`` reads its operands and writes its product in place where strided copies made or
     took them (the view the template reads through: channel groups and pixels of another tensor), computing Y^T =
     B^T @ A^T instead where that leaves fewer copies: EfficientViT's ``q^T @ k`` reads q and k as channel slices of
-    its NCHW projections, and ``v @ attn^T`` runs as ``attn @ v^T``, writing the head's NCHW output."""
+    its NCHW projections, and ``v @ attn^T`` runs as ``attn @ v^T``, writing the head's NCHW output. An add after
+    a product written in place becomes its residual (read through the output's view)."""
     if not any(n.op == "matmul" for n in graph.nodes):
         return graph
     g = graph.copy()
     for mm in [n for n in g.nodes if n.op == "matmul" and n.attrs.get("tokens")]:
         _place_matmul(g, mm)
+        _residual_after(g, mm)
     read = {t for n in g.nodes for t in n.inputs} | set(g.outputs)
     while dead := [n for n in g.nodes if n.op == "strided_copy" and not read & set(n.outputs)]:
         g.nodes = [n for n in g.nodes if n not in dead]  # copies whose operand is now read in place
