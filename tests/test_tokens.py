@@ -90,9 +90,26 @@ def test_a_view_that_leaves_its_source_is_refused():
 ])
 def test_reshape_of_a_view_follows_numpy(shape, strides, new, expect):
     v = PT._View("x", (48,), 0, shape, strides).reshape(new)
-    assert (v is None) == (expect is None)
-    if v is not None:
+    if expect is None:  # read out in order by its copy, composing on over the merged axes
+        assert v.out_shape == new and v.shape == shape and v.strides == strides
+        assert [len(gr) for gr in v.groups()] == [2, 1]
+    else:
         assert v.strides == expect and v.shape == new
+
+
+def test_a_window_partition_composes_into_one_view():
+    """A reshape no strides express (Swin / EfficientViT's windows: (1, 2, 2, 7, 7, C) -> (4, 7, 7, C)) composes on
+    over its merged axes: the transpose to NCHW windows, then a channel slice, stay one view, checked against
+    NumPy; a slice that cuts the merged axis does not compose."""
+    x = np.arange(1 * 14 * 14 * 8).reshape(1, 14, 14, 8)
+    v = PT._View.whole("x", x.shape).reshape((1, 2, 7, 2, 7, 8)).transpose((0, 1, 3, 2, 4, 5))
+    v = v.reshape((4, 7, 7, 8))
+    assert v.composes and v.out_shape == (4, 7, 7, 8)
+    w = v.transpose((0, 3, 1, 2)).slice((0, 4, 0, 0), (1, 1, 1, 1), (4, 4, 7, 7))
+    want = x.reshape(1, 2, 7, 2, 7, 8).transpose(0, 1, 3, 2, 4, 5).reshape(4, 7, 7, 8).transpose(0, 3, 1, 2)[:, 4:]
+    got = TV.strided_reference(x, w.offset, w.shape, w.strides).reshape(w.out_shape)
+    assert np.array_equal(got, want)
+    assert v.slice((1, 0, 0, 0), (1, 1, 1, 1), (2, 7, 7, 8)) is None
 
 
 def test_an_unsupported_op_on_tokens_names_the_node(tmp_path):

@@ -57,7 +57,9 @@ def _row_major(shape) -> tuple:
 
 class _View:
     """``shape`` / ``strides`` / ``offset`` over the row-major elements of ``base`` (of ``base_shape``), read
-    out in row-major order as ``out_shape`` (a reshape no strides express: such a view composes no further)."""
+    out in row-major order as ``out_shape``: a reshape no strides express. Where ``out_shape`` merges consecutive
+    axes of ``shape`` (a window partition's (B * nh * nw, wh, ww, C)), the view composes on over those groups of
+    axes (``groups``); otherwise it composes no further and is copied out first."""
 
     def __init__(self, base: str, base_shape, offset: int, shape, strides, out_shape=None):
         self.base, self.base_shape = base, tuple(base_shape)
@@ -66,7 +68,31 @@ class _View:
 
     @property
     def composes(self) -> bool:
-        return self.out_shape == self.shape
+        return self.groups() is not None
+
+    def groups(self) -> list | None:
+        """Per axis of ``out_shape``, its fine axes ``(extent, stride)`` (consecutive axes of ``shape``, those of
+        extent 1 left out); None when ``out_shape`` does not merge consecutive axes of ``shape``."""
+        fine = [(d, s) for d, s in zip(self.shape, self.strides) if d != 1]
+        out, j = [], 0
+        for d in self.out_shape:
+            group, p = [], 1
+            while p < d and j < len(fine):
+                group.append(fine[j])
+                p *= fine[j][0]
+                j += 1
+            if p != d:
+                return None
+            out.append(group)
+        return out if j == len(fine) else None
+
+    def _grouped(self, groups, out_shape, offset=None) -> "_View":
+        """The view of these groups read out as ``out_shape``: a plain strided view where no group merges axes."""
+        offset = self.offset if offset is None else offset
+        if all(len(gr) <= 1 for gr in groups):
+            return _View(self.base, self.base_shape, offset, out_shape, [gr[0][1] if gr else 0 for gr in groups])
+        fine = [ax for gr in groups for ax in gr]
+        return _View(self.base, self.base_shape, offset, [d for d, _ in fine], [s for _, s in fine], out_shape)
 
     def attrs(self) -> dict:
         """A ``strided_copy``'s attributes."""
@@ -82,22 +108,36 @@ class _View:
                 and all(s == r for d, s, r in zip(self.shape, self.strides, _row_major(self.shape)) if d > 1))
 
     def transpose(self, perm):
-        return _View(self.base, self.base_shape, self.offset, [self.shape[p] for p in perm],
-                     [self.strides[p] for p in perm])
+        groups = self.groups()
+        return self._grouped([groups[p] for p in perm], [self.out_shape[p] for p in perm])
 
     def expand(self, shape):
         """Axes of extent 1 broadcast to ``shape`` (stride 0)."""
-        return _View(self.base, self.base_shape, self.offset, shape,
-                     [0 if d != n else s for d, n, s in zip(shape, self.shape, self.strides)])
+        groups = self.groups()
+        return self._grouped([gr if d == n else [(n, 0)] for gr, d, n in zip(groups, self.out_shape, shape)], shape)
 
     def slice(self, starts, steps, counts):
-        offset = self.offset + sum(a * s for a, s in zip(starts, self.strides))
-        return _View(self.base, self.base_shape, offset, counts, [s * k for s, k in zip(self.strides, steps)])
+        """A window of ``out_shape``'s axes; None where it cuts an axis that merges several (copied out first)."""
+        groups, offset, out = self.groups(), self.offset, []
+        for gr, d, a, k, c in zip(groups, self.out_shape, starts, steps, counts):
+            if (a, k, c) == (0, 1, d):
+                out.append(gr)
+            elif len(gr) == 1:
+                offset += a * gr[0][1]
+                out.append([(c, gr[0][1] * k)] if c != 1 else [])
+            elif not gr and (a, c) == (0, 1):
+                out.append(gr)
+            else:
+                return None
+        return self._grouped(out, counts, offset)
 
     def reshape(self, new):
-        """The view reshaped without a copy, or None when no strides express it (numpy's rule)."""
+        """The view reshaped without a copy: by strides (numpy's rule) or, where no strides express it, read out
+        in order as ``new`` (composing on only where ``new`` merges consecutive axes: ``groups``)."""
         new = tuple(int(d) for d in new)
-        old = [(d, s) for d, s in zip(self.shape, self.strides) if d != 1]
+        fine = self._grouped([[ax] for ax in zip(self.shape, self.strides) if ax[0] != 1],
+                             [d for d in self.shape if d != 1])
+        old = [(d, s) for d, s in zip(fine.shape, fine.strides) if d != 1]
         dims = [d for d in new if d != 1]
         strides = [0] * len(dims)
         oi = ni = 0
@@ -112,7 +152,7 @@ class _View:
                     op *= old[oj][0]
                     oj += 1
             if any(old[k][1] != old[k + 1][0] * old[k + 1][1] for k in range(oi, oj - 1)):
-                return None
+                return _View(self.base, self.base_shape, self.offset, fine.shape, fine.strides, out_shape=new)
             strides[nj - 1] = old[oj - 1][1]
             for k in range(nj - 1, ni, -1):
                 strides[k - 1] = strides[k] * dims[k]
@@ -323,9 +363,16 @@ def _matmul_chains(g: Graph) -> set:
     return chain
 
 
+def _odd_rank(g: Graph, n: Node) -> bool:
+    return any(len(g.shapes[t]) not in (2, 4) for t in (n.inputs[0], n.outputs[0]))
+
+
 def _is_movement(g: Graph, n: Node, views: dict, chain: frozenset = frozenset()) -> bool:
     if n.name in chain:
         return True
+    if n.op in ("reshape", "transpose") and n.inputs[0] not in g.params and n.outputs[0] not in g.outputs and (
+            readers := g.consumers(n.outputs[0])) and all(r.op in MOVEMENT and _odd_rank(g, r) for r in readers):
+        return True  # a 4-D permute that only views read (a window partition's NCHW -> NHWC): a view too
     if n.op == "slice" and n.inputs[0] in views:  # a gather of a view feeding more movement or a product: a view
         return _gather_window(g, n) is not None and n.outputs[0] not in g.outputs and all(
             r.op in MOVEMENT + ("matmul", "slice") for r in g.consumers(n.outputs[0]))
@@ -333,7 +380,21 @@ def _is_movement(g: Graph, n: Node, views: dict, chain: frozenset = frozenset())
         return False
     if n.op in ("slice_nd", "expand_nd") or n.inputs[0] in views:
         return True
-    return any(len(g.shapes[t]) not in (2, 4) for t in (n.inputs[0], n.outputs[0]))
+    return _odd_rank(g, n)
+
+
+def _moved(g: Graph, n: Node, v: _View) -> _View | None:
+    """The view movement node ``n`` makes of ``v``, or None where it cuts an axis that merges several."""
+    a = n.attrs
+    if n.op == "transpose":
+        return v.transpose(a["perm"])
+    if n.op == "slice_nd":
+        return v.slice(a["starts"], a["steps"], a["counts"])
+    if n.op == "slice":
+        return v.slice(*_gather_window(g, n))
+    if n.op == "expand_nd":
+        return v.expand(a["shape"])
+    return v.reshape(g.shapes[n.outputs[0]])
 
 
 def movement_views(graph: Graph) -> Graph:
@@ -370,24 +431,10 @@ def movement_views(graph: Graph) -> Graph:
     for n in g.nodes:
         if _is_movement(g, n, views, chain):
             x, out = n.inputs[0], n.outputs[0]
-            if x not in views:
-                v = _View.whole(x, g.shapes[x])
-            else:  # one that composes no further is copied out first
-                v = views[x] if views[x].composes else _View.whole(rows_of(x), _rows(g.shapes[x])).reshape(
-                    g.shapes[x])
-            a = n.attrs
-            if n.op == "transpose":
-                new = v.transpose(a["perm"])
-            elif n.op == "slice_nd":
-                new = v.slice(a["starts"], a["steps"], a["counts"])
-            elif n.op == "slice":
-                new = v.slice(*_gather_window(g, n))
-            elif n.op == "expand_nd":
-                new = v.expand(a["shape"])
-            else:
-                new = v.reshape(g.shapes[out])
-                if new is None:  # no strides express it: read out in order by the one copy
-                    new = _View(v.base, v.base_shape, v.offset, v.shape, v.strides, out_shape=g.shapes[out])
+            v = views[x] if x in views and views[x].composes else None
+            new = _moved(g, n, v or _View.whole(x, g.shapes[x])) if x not in views or v else None
+            if new is None:  # a view that composes no further (or not this way) is copied out first
+                new = _moved(g, n, _View.whole(rows_of(x), _rows(g.shapes[x])).reshape(g.shapes[x]))
             views[out] = new
             continue
         n.inputs = [materialize(t) if t in views else t for t in n.inputs]
