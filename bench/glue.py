@@ -100,6 +100,9 @@ def _build(name: str):
     if name.startswith("tv_"):
         import torchvision
         return getattr(torchvision.models, name[3:])(weights=None), 224
+    if name.startswith("timm_"):  # timm's hybrids (random weights): the device needs timm (bench/gpu.sh: .whl_timm/)
+        import timm
+        return timm.create_model(name[5:], pretrained=False), 224
     if name == "gn32_resnet":
         import torchvision
         return torchvision.models.resnet18(weights=None, norm_layer=lambda c: nn.GroupNorm(32, c)), 224

@@ -47,6 +47,17 @@ if [ ! -d /tmp/site/tuner ]; then  # the wheels, then this checkout as a package
   PYTHONPATH=/tmp/site python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site . 2>&1 | tail -3
 fi
 export PYTHONPATH=/tmp/site
+# timm for bench/glue.py's timm_NAME models (.whl_timm/, carried, as prepared in bench/notes/glue.md): its own
+# wheels always, the generic ones only where the machine's Python lacks them (never shadowing torch's)
+if [ -d .whl_timm ] && [ ! -d /tmp/site/timm ]; then
+  for w in .whl_timm/*.whl; do
+    m=$(basename "$w" | cut -d- -f1 | tr 'A-Z' 'a-z'); m=${m/pyyaml/yaml}
+    case $m in packaging|fsspec|filelock|typing_extensions|tqdm|yaml|idna|click)
+      python3 -c "import $m" 2>/dev/null && continue ;;
+    esac
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site "$w" 2>&1 | tail -1
+  done
+fi
 # run outside the checkout: its tuner/ (without tuner.templates) must not shadow the installed package,
 # in this shell or in the measuring processes it starts
 REPO=$PWD; mkdir -p /tmp/gpu_work; cd /tmp/gpu_work
