@@ -190,13 +190,18 @@ def main(argv=None) -> int:
     from tuner.runtime.opencl import open_device
 
     dev = open_device(args.device)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     if args.launches:
-        print(count_launches(dev, args))
+        text = count_launches(dev, args)
+        head = (f"# Launches of the tasks zoo's models with an interleave on {dev.info.name}\n\nAuto scope, no log; "
+                f"median of {args.rounds} alternating profiles x {args.repeats} runs (`bench/conv_transpose.py "
+                f"--launches`).\n\n")
+        (out / f"task_launches_{dev.info.name.replace(' ', '_')}{args.suffix}.md").write_text(head + text + "\n")
+        print(text)
         return 0
     table = SMALL if args.small else LAYERS
     names = args.layers.split(",") if args.layers else list(table)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     label = f"{dev.info.name.replace(' ', '_')}{'_small' if args.small else ''}{args.suffix}"
     rows = []
     work = Path(tempfile.mkdtemp(prefix="conv_transpose_"))
