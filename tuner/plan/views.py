@@ -60,7 +60,9 @@ def _shuffle_why_not(plan: Plan, d2s: Step, producer: Step | None, readers: dict
         return "read by another kernel too"
     if d2s.attrs["mode"] != "DCR":
         return "CRD order (a grouped convolution's, or a producer the graph passes could not permute)"
-    if producer.op not in SHUFFLE_WRITERS or producer.alternatives:
+    if producer.alternatives:
+        return f"its producer's template is not chosen yet ({', '.join(c.op for c in producer.candidates())})"
+    if producer.op not in SHUFFLE_WRITERS:
         return f"its producer ({producer.op}) writes no interleave"
     if _writes_view(producer):
         return f"its producer ({producer.name}) already writes a view"
@@ -161,9 +163,10 @@ def _side_copies(plan: Plan, parts: list, offsets: list, producer: dict, taken: 
         before = producer.get(src.name)
         for c in convs:
             nhw = (c.workload.out_shape[0], *c.workload.out_shape[2:])
-            if c.name in taken or c.workload.shuffle_view or src.kind != "nchw" or (src.shape[0], *src.shape[2:]) != nhw \
+            if c.name in taken or c.workload.shuffle_view or src.kind != "nchw" \
+                    or (src.shape[0], *src.shape[2:]) != nhw \
                     or (before is not None and order[before.name] > order[c.name]):
-                continue
+                continue  # taken, writing an interleave (its pixels are not the concat's), or another grid
             out[c.name] = (g, o)
             taken.add(c.name)
             break
