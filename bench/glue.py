@@ -7,6 +7,10 @@ and device, beside a peer measured in the same run: PyTorch's CUDA-graph replay 
     python bench/glue.py ours --work W --tree NAME --device nvidia   # compile, check, profile: W/ours_NAME.json
     python bench/glue.py tune --work W --device nvidia --out-log L   # the models' reduction tasks tuned into L
     python bench/glue.py table --work W --out DIR                    # glue_<device>.csv and .md
+    python bench/glue.py link --work W --onnx /tmp/timm_models/*.onnx  # ONNX files exported elsewhere (timm), their
+                                                                     #   inputs drawn at their own input shapes
+    python bench/glue.py plans --work W --device intel [--patterns]  # planned kernels per category (no run): glue
+                                                                     #   by op, and by producer -> consumers
 
 ``ours`` runs with whichever tree is first on PYTHONPATH (``bench/runtimes_gpu.py prepare`` makes snapshots under
 bench/_trees/), so that two trees are measured by the same job on the same device: ``--tree`` only names the
@@ -297,6 +301,74 @@ def cmd_tune(args) -> int:
     return 0
 
 
+# -- other models, and plans ---------------------------------------------------------------------------------
+def cmd_link(args) -> int:
+    """ONNX files exported elsewhere (timm's, with torch on another machine) as ``W/models/NAME.onnx``, each with a
+    random input of its own input shape (``NAME.x.npy``, seed 0; a symbolic dimension is 1)."""
+    import onnx
+    models = Path(args.work) / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    for path in args.onnx:
+        src = Path(path).resolve()
+        dest = models / src.name
+        if not dest.exists():
+            dest.symlink_to(src)
+        dims = onnx.load(str(src), load_external_data=False).graph.input[0].type.tensor_type.shape.dim
+        shape = [d.dim_value or 1 for d in dims]
+        np.save(models / f"{src.stem}.x.npy", np.random.default_rng(0).standard_normal(shape).astype(np.float32))
+        print(f"{src.stem}: input {shape}")
+    return 0
+
+
+def _patterns(plan) -> list:
+    """``[[count, op, producers, consumers]]`` of the plan's glue steps: what each reads (producer steps' ops, or
+    param / input) and what reads it (consumer op.parameter), the most frequent first."""
+    producer = {s.output: s for s in plan.steps}
+    readers: dict = {}
+    for s in plan.steps:
+        for k, v in s.inputs.items():
+            readers.setdefault(v, []).append(f"{s.op}.{k}")
+    count: dict = {}
+    for s in plan.steps:
+        if s.op in COMPUTE + REDUCTIONS:
+            continue
+        what = s.attrs.get("op") or s.attrs.get("fn") or ""
+        ins = tuple(producer[v].op if v in producer else "param" if v in plan.params else "input"
+                    for v in s.inputs.values())
+        outs = tuple(sorted(readers.get(s.output, []))) or (("model output",) if s.output in plan.outputs else
+                                                             ("read by none",))
+        key = (s.op + (f" {what}" if what else ""), ins, outs)
+        count[key] = count.get(key, 0) + 1
+    return sorted(([n, *k] for k, n in count.items()), key=lambda r: -r[0])
+
+
+def cmd_plans(args) -> int:
+    """Each model's planned kernels (``--scope auto``, no log: what ``plan_model`` and ``write_views`` leave) as
+    compute / reduction / glue counts and glue by op; ``--patterns``: glue by producer -> consumers too."""
+    import warnings
+
+    from tuner.compile.compiler import plan_model
+    from tuner.plan.views import write_views
+    from tuner.runtime.opencl.device import open_device
+    dev = open_device(args.device)
+    for name in args.models.split(","):
+        path = Path(args.work) / "models" / f"{name}.onnx"
+        if not path.exists():
+            print(f"{name}: no {path}")
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            plan = write_views(plan_model(str(path), dev.info, "auto"))
+        ops = [s.op for s in plan.steps]
+        glue = {op: ops.count(op) for op in dict.fromkeys(ops) if op not in COMPUTE + REDUCTIONS}
+        print(f"{name}: {len(ops)} kernels: compute {sum(op in COMPUTE for op in ops)}, reductions "
+              f"{sum(op in REDUCTIONS for op in ops)}, glue {sum(glue.values())} {glue}")
+        if args.patterns:
+            for n, op, ins, outs in _patterns(plan):
+                print(f"  {n:4d} {op} <- {', '.join(ins)} -> {', '.join(outs)}")
+    return 0
+
+
 # -- table ---------------------------------------------------------------------------------------------------
 def cmd_table(args) -> int:
     work, dest = Path(args.work), Path(args.out)
@@ -343,7 +415,7 @@ def cmd_table(args) -> int:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("cmd", choices=("export", "ours", "tune", "table"))
+    p.add_argument("cmd", choices=("export", "ours", "tune", "table", "link", "plans"))
     p.add_argument("--work", required=True)
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--cuda", action="store_true", help="export: time PyTorch's CUDA-graph replay too")
@@ -355,8 +427,11 @@ def main(argv=None) -> int:
     p.add_argument("--deadline", type=float, default=400, help="tune: start no task after this many seconds")
     p.add_argument("--out-log", default=None, help="tune: the log the records go to (default: the device's)")
     p.add_argument("--out", default=str(HERE / "results" / "glue"))
+    p.add_argument("--onnx", nargs="*", default=[], help="link: the ONNX files")
+    p.add_argument("--patterns", action="store_true", help="plans: glue by producer -> consumers too")
     args = p.parse_args(argv)
-    return {"export": cmd_export, "ours": cmd_ours, "tune": cmd_tune, "table": cmd_table}[args.cmd](args)
+    return {"export": cmd_export, "ours": cmd_ours, "tune": cmd_tune, "table": cmd_table, "link": cmd_link,
+            "plans": cmd_plans}[args.cmd](args)
 
 
 if __name__ == "__main__":
