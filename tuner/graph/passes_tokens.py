@@ -674,7 +674,7 @@ def _options(g: Graph, mm: Node, ops: dict, dest: _Operand | None) -> list:
                 kernel.append((op, view))
             else:
                 placed = _placed(_Operand(dest.source, dest.logical, dest.idx.reshape(-1)[y_idx]), True,
-                                 y_idx.shape) if dest is not None else None
+                                 y_idx.shape) if dest is not None and not res else None  # (a residual of Y's shape)
                 if placed is None and swap:
                     continue
                 copies = sum(v is None for _, v in kernel) + (dest is not None and placed is None)
