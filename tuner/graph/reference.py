@@ -4,6 +4,13 @@ It evaluates the NCHW operators the frontend emits (``graph.py`` lists them) in 
 ``OPS`` maps an op name to ``fn(node, *input_arrays) -> array``; graph passes that add ops or attributes (fused
 epilogues) register theirs in ``OPS`` and ``ATTRS``: a node with an attribute its reference does not know is an
 error rather than a silently wrong answer.
+
+A graph after the passes (``passes.optimize``) evaluates too, as its kernels compute it: the ops only passes make
+(``reference_movement.PASS_OPS``: strided copies, view concats), the token ``matmul`` with everything
+``passes.fuse_epilogues`` and ``passes_tokens.matmul_views`` give it (the template's own reference), and the fused
+epilogues of the other ops (``EPILOGUE_ATTRS``, in the kernels' order: ``in_scale`` on the input, the op, ``post``,
+``scale``, ``residual``, ``activation``), elementwise inputs read at a channel offset (``channel_offsets``) and a
+concat's ``activation``.
 """
 from __future__ import annotations
 
@@ -28,19 +35,62 @@ def run_graph_numpy(graph: Graph, inputs: dict, all_tensors: bool = False) -> di
             raise ValueError(f"input {name!r} has shape {value.shape}, the graph expects {graph.shapes[name]}")
         env[name] = value
     for node in graph.nodes:
-        if node.op not in OPS:
+        fn = OPS.get(node.op) or reference_movement.PASS_OPS.get(node.op)
+        if fn is None:
             raise ValueError(f"run_graph_numpy: no reference for op {node.op!r} (node {node.name!r})")
-        unknown = set(node.attrs) - ATTRS.get(node.op, set(node.attrs))
-        if unknown:
-            raise ValueError(f"run_graph_numpy: node {node.name!r} ({node.op}) has attributes {sorted(unknown)} "
-                             "its reference does not implement")
-        out = OPS[node.op](node, *(env[t] for t in node.inputs))
+        if node.op in ATTRS or node.op in reference_movement.PASS_ATTRS:
+            known = ATTRS.get(node.op, set()) | reference_movement.PASS_ATTRS.get(node.op, set()) \
+                | EPILOGUE_ATTRS.get(node.op, set())
+            unknown = set(node.attrs) - known
+            if unknown:
+                raise ValueError(f"run_graph_numpy: node {node.name!r} ({node.op}) has attributes {sorted(unknown)} "
+                                 "its reference does not implement")
+        out = _evaluate(graph, node, fn, env)
         if out.shape != tuple(graph.shapes[node.outputs[0]]):
             raise ValueError(f"node {node.name!r} ({node.op}) computed shape {out.shape}, the graph says "
                              f"{graph.shapes[node.outputs[0]]}")
         env[node.outputs[0]] = out
     names = env if all_tensors else graph.outputs
     return {t: env[t].astype(np.float32) for t in names}
+
+
+# The fused epilogues (and in-place reads) the passes give each op, beyond its own attributes: what its kernel
+# implements. ``matmul``'s are the template's (``reference_movement.MATMUL_ATTRS``).
+_BINARY_EPILOGUE = {"activation", "scale", "residual"}  # passes._binary_epilogue, then an activation
+EPILOGUE_ATTRS = {
+    "conv2d": {"activation", "residual", "in_scale", "pad_mode"}, "dense": {"activation", "residual"},
+    "group_norm": {"activation"}, "layer_norm": {"activation"},
+    "add": {"activation", "channel_offsets"}, "relu": {"channel_offsets"}, "clip": {"channel_offsets"},
+    "sub": _BINARY_EPILOGUE, "mul": _BINARY_EPILOGUE, "div": _BINARY_EPILOGUE, "prelu": _BINARY_EPILOGUE,
+    "avg_pool": {"post", "post_op", "scale", "residual"}, "max_pool": {"post", "post_op", "scale", "residual"},
+    "concat": {"activation"},
+}
+FUSED_INPUTS = ("post", "scale", "residual", "in_scale")  # appended to a node's inputs, in this order
+
+
+def _evaluate(graph: Graph, node: Node, fn, env: dict) -> np.ndarray:
+    """``fn`` on the node's inputs, with its fused epilogue: the tensors the epilogue reads are its last inputs
+    (``passes.fuse_epilogues`` appends them, ``fuse_input_gates`` the gate after them)."""
+    a, fused_ok = node.attrs, EPILOGUE_ATTRS.get(node.op, set())
+    if node.op == "matmul" or not fused_ok & set(a):
+        return fn(node, *(env[t] for t in node.inputs))
+    fused = [k for k in FUSED_INPUTS if k in a and k in fused_ok]
+    own = len(node.inputs) - len(fused)
+    extra = {k: env[t] for k, t in zip(fused, node.inputs[own:])}
+    ins = [env[t] for t in node.inputs[:own]]
+    if a.get("channel_offsets"):  # channels at..at + C of the tensor, C the output's
+        c = graph.shapes[node.outputs[0]][1]
+        ins = [x if at is None else x[:, at:at + c] for x, at in zip(ins, a["channel_offsets"])]
+    if "in_scale" in extra:
+        ins[0] = ins[0] * extra["in_scale"]
+    out = fn(node, *ins)
+    if "post" in extra:
+        out = OPS[a["post_op"]](node, out, extra["post"])
+    if "scale" in extra:
+        out = out * extra["scale"].reshape((1, -1) + (1,) * (out.ndim - 2))
+    if "residual" in extra:
+        out = out + extra["residual"]
+    return apply_numpy(a["activation"], out) if "activation" in a and "activation" in fused_ok else out
 
 
 def random_inputs(graph: Graph, seed: int = 0) -> dict:

@@ -1,12 +1,15 @@
 """NumPy reference of the data-movement and layout operators: ``OPS`` (op -> fn(node, *inputs)) and ``ATTRS``
 (op -> attribute names), merged into ``reference.OPS`` / ``reference.ATTRS``. ``PASS_OPS`` / ``PASS_ATTRS``: ops
-that only ``passes_movement`` creates (not emitted by the frontend, so kept out of ``reference.OPS``)."""
+that only the passes create (not emitted by the frontend, so kept out of ``reference.OPS``; ``run_graph_numpy``
+evaluates them all the same). ``matmul`` is also the token matmul the passes make: the matmul template's."""
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import numpy as np
 
 import tuner.ops.kernels_movement as KM
-from tuner.ops.token_views import from_view, strided_reference, to_view
+from tuner.ops.token_views import from_view, strided_reference, to_view, token_logical
 
 
 def transpose(node, x):
@@ -66,14 +69,44 @@ def upsample_zeros(node, x):
     return KM.upsample_zeros_reference(x, a["size"], a["stride"], a["shift"])
 
 
-def matmul(node, a, b):
-    """``alpha * a @ b`` over the last two axes; after ``passes_tokens.tokens_to_nchw`` (attribute ``tokens``)
-    every operand is in its token view."""
+def matmul(node, a, b, *rest):
+    """``alpha * a @ b`` over the last two axes (the frontend's MatMul). After ``passes_tokens.tokens_to_nchw``
+    (attribute ``tokens``) every operand is in its token view and the node is what the matmul template computes:
+    its attributes -- ``trans_b``, ``alpha``, a bias, ``addend``, ``activation``, ``residual``, the views ``a_view``
+    / ``b_view`` / ``y_view`` with the operands' shapes ``a`` / ``b`` (``passes.fuse_epilogues``,
+    ``passes_tokens.matmul_views``) -- read by the template's own ``lower`` and evaluated by its ``reference``: the
+    output is the product's storage view, or the tensor its ``y_view`` fills."""
     if node.attrs.get("tokens"):
-        lo = lambda v: v[:, :, 0, :].transpose(0, 2, 1)  # noqa: E731 - (B, C, 1, T) -> (B, T, C)
-        y = node.attrs.get("alpha", 1.0) * np.matmul(lo(a), lo(b))
-        return np.ascontiguousarray(y.transpose(0, 2, 1)[:, :, None, :])
+        return _template_matmul(node, (a, b) + rest)
+    if rest or set(node.attrs) - {"alpha", "tokens"}:
+        raise ValueError(f"run_graph_numpy: matmul {node.name!r} has inputs or attributes of the template "
+                         f"({sorted(node.attrs)}) but no token views (attribute tokens)")
     return node.attrs.get("alpha", 1.0) * np.matmul(a, b)
+
+
+class _Arrays:
+    """The ``ctx`` a template's ``lower`` sees (``plan.rules.LowerCtx`` through ``rules_movement._Logical``), over
+    the node's input arrays: a 4-D (B, C, 1, T) activation by its logical (B, T, C) shape."""
+
+    def __init__(self, node, arrays: dict):
+        self.dtype, self.packed = "float32", (lambda name: name)
+        self.graph = SimpleNamespace(params=arrays, shapes={t: np.shape(v) for t, v in arrays.items()})
+        self._node = node
+
+    def shape(self, name: str) -> tuple:
+        s = self.graph.shapes[name]
+        return token_logical(s) if len(s) == 4 and s[2] == 1 and name != self._node.attrs.get("addend") else s
+
+    def is_param(self, name: str) -> bool:
+        return True  # the graph's to enforce (the plan refuses a computed bias or addend); not the reference's
+
+
+def _template_matmul(node, arrays: tuple) -> np.ndarray:
+    from tuner.templates import matmul as T
+    named = dict(zip(node.inputs, arrays))
+    wl, inputs, extra = T.lower(_Arrays(node, named), node, list(node.inputs))
+    return T._reference(wl, {k: np.asarray(extra[t] if t in extra else named[t], np.float64)
+                             for k, t in inputs.items()})
 
 
 def slice_nd(node, x):
@@ -93,10 +126,13 @@ def concat_view(node, *xs):
     return to_view(np.concatenate([from_view(x, s) for x, s in zip(xs, a["shapes"])], axis=a["axis"]))
 
 
+# the template's (``templates/matmul.py``'s ``lower``), on token matmuls only
+MATMUL_ATTRS = {"alpha", "tokens", "trans_b", "activation", "residual", "addend", "a_view", "b_view", "y_view", "a",
+                "b"}
 OPS: dict = {"transpose": transpose, "matmul": matmul, "slice_nd": slice_nd,
              "expand_nd": lambda node, x: np.broadcast_to(x, node.attrs["shape"]).copy(), "slice": slice_, "pad": pad, "resize": resize,
              "conv_transpose": conv_transpose, "layer_norm": layer_norm, "depth_to_space": depth_to_space}
-ATTRS: dict = {"transpose": {"perm"}, "matmul": {"alpha", "tokens"}, "slice_nd": {"starts", "steps", "counts"},
+ATTRS: dict = {"transpose": {"perm"}, "matmul": MATMUL_ATTRS, "slice_nd": {"starts", "steps", "counts"},
                "expand_nd": {"shape"}, "slice": {"channels", "rows", "cols"}, "pad": {"pads", "mode", "value"},
                "resize": {"mode", "coord", "nearest", "scales", "size"},
                "conv_transpose": {"stride", "padding", "dilation", "output_padding", "groups"},
