@@ -155,7 +155,11 @@ def test_post_processing_stays_with_the_caller(device):
     assert len(said) == 1 and "NonMaxSuppression 'selected'" in said[0] and "TopK 'top_values'" in said[0]
     assert "'boxes', 'scores_t', 'logits'" in said[0] and "'selected', 'top_values'" in said[0]
     assert mod.spec.outputs == ["boxes", "scores_t", "logits"]
-    feeds = _feeds(mod)
+    # inputs of their own seed, not the module's generator (whose draw depends on which tests ran before): the
+    # head's sigmoids saturate, and where more boxes of a class score 1.0 than NMS keeps, which ones it keeps is
+    # the sort's choice, in onnxruntime as in any caller
+    rng = np.random.default_rng(3)
+    feeds = {n: rng.standard_normal(mod.spec.entries[n].shape).astype(np.float32) for n in mod.spec.inputs}
     got = dict(zip(mod.spec.outputs, mod.run(feeds)))
     # the caller's post-processing on our outputs gives what the whole model gives
     full = _ort(model, feeds)
@@ -166,7 +170,9 @@ def test_post_processing_stays_with_the_caller(device):
                  [("b", got["boxes"].shape), ("s", got["scores_t"].shape), ("l", got["logits"].shape)],
                  [("selected", TensorProto.INT64), ("top_values", TensorProto.FLOAT)])
     post = _ort(nms, {"b": got["boxes"], "s": got["scores_t"], "l": got["logits"]})
-    assert np.array_equal(post["selected"], full["selected"])
+    # the same boxes selected; their order within a class follows the scores, which two boxes scoring the same to
+    # float32 rounding may swap (ours and onnxruntime's sums round differently)
+    assert sorted(map(tuple, post["selected"])) == sorted(map(tuple, full["selected"]))
     assert np.allclose(post["top_values"], full["top_values"], rtol=1e-4, atol=1e-5)
 
 
