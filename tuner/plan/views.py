@@ -48,16 +48,24 @@ def _writes_view(step: Step) -> bool:
                                                     ("out_view", "side_copy", "shuffle_view")))
 
 
+def _not_only_read_here(plan: Plan, tensor: str, producer: Step | None, readers: dict) -> str | None:
+    """Why ``tensor`` cannot become a view of the one kernel that reads it: a model input or output, or another
+    reader; None if a kernel makes it and only that one reads it."""
+    if producer is None or tensor in plan.inputs:
+        return "a model input"
+    if tensor in plan.outputs:
+        return "a model output"
+    if readers.get(tensor, 0) != 1:
+        return "read by another kernel too"
+    return None
+
+
 def _shuffle_why_not(plan: Plan, d2s: Step, producer: Step | None, readers: dict) -> str | None:
     """Why ``d2s``'s input cannot be written as its interleave by its producer; None if it can."""
     src = d2s.inputs["X"]
     t, out = plan.tensors[src], plan.tensors[d2s.output]
-    if producer is None or src in plan.inputs:
-        return "a model input"
-    if src in plan.outputs:
-        return "a model output"
-    if readers.get(src, 0) != 1:
-        return "read by another kernel too"
+    if why := _not_only_read_here(plan, src, producer, readers):
+        return why
     if d2s.attrs["mode"] != "DCR":
         return "CRD order (a grouped convolution's, or a producer the graph passes could not permute)"
     if producer.alternatives:
@@ -129,12 +137,8 @@ def _why_not(plan: Plan, concat: Step, part: str, offset: int, last: bool, produ
              readers: dict) -> str | None:
     """Why ``part`` (at channel ``offset`` of the concat) cannot be written in place; None if it can."""
     t, out = plan.tensors[part], plan.tensors[concat.output]
-    if producer is None or part in plan.inputs:
-        return "a model input"
-    if part in plan.outputs:
-        return "a model output"
-    if readers.get(part, 0) != 1:
-        return "read by another kernel too"
+    if why := _not_only_read_here(plan, part, producer, readers):
+        return why
     if producer.op not in VIEW_WRITERS or producer.alternatives or producer.attrs.get("out_view") \
             or getattr(producer.workload, "out_view", ()):
         return f"its producer ({producer.op}) writes no offset"
