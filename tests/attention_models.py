@@ -4,6 +4,22 @@ to tokens, a projection, a residual and back to NCHW."""
 import numpy as np, onnx
 from onnx import helper as h, TensorProto as TP, numpy_helper as nh
 
+
+def graph_builder():
+    """``(inits, nodes, init, node)``: the lists an ONNX graph is built into, ``init(name, array)`` adding an
+    initializer and ``node(op, inputs, outputs, **attrs)`` a node named after its first output, each returning the
+    name it made."""
+    inits, nodes = [], []
+
+    def init(name, arr):
+        inits.append(nh.from_array(np.asarray(arr), name))
+        return name
+
+    def node(op, ins, outs, **kw):
+        nodes.append(h.make_node(op, ins, outs, name=outs[0], **kw))
+        return outs[0]
+    return inits, nodes, init, node
+
 def attention_model(n=1, c=16, hw=(4, 6), heads=2, seed=0, path=None, scale_after=False, bias=False, pos=False):
     """The block on an (n, c, *hw) input with ``heads`` heads of c / heads features; saved to ``path`` if given.
     ``scale_after``: the scores scaled after ``Q @ K^T`` (EfficientFormer), not q before; ``bias``: a constant
@@ -11,11 +27,7 @@ def attention_model(n=1, c=16, hw=(4, 6), heads=2, seed=0, path=None, scale_afte
     (1, T, C) added to the tokens (ViTs)."""
     rng = np.random.default_rng(seed)
     H, W = hw; T = H * W; d = c // heads
-    inits, nodes = [], []
-    def init(name, arr):
-        inits.append(nh.from_array(np.asarray(arr), name)); return name
-    def node(op, ins, outs, **kw):
-        nodes.append(h.make_node(op, ins, outs, name=outs[0], **kw)); return outs[0]
+    inits, nodes, init, node = graph_builder()
     x = "input"
     t = node("Reshape", [x, init("s1", np.array([n, c, T], np.int64))], ["flat"])
     t = node("Transpose", [t], ["tok"], perm=[0, 2, 1])
@@ -62,15 +74,7 @@ def class_token_model(n=1, c=12, hw=(3, 4), seed=0, path=None):
     rng = np.random.default_rng(seed)
     H, W = hw
     T = H * W
-    inits, nodes = [], []
-
-    def init(name, arr):
-        inits.append(nh.from_array(np.asarray(arr), name))
-        return name
-
-    def node(op, ins, outs, **kw):
-        nodes.append(h.make_node(op, ins, outs, name=outs[0], **kw))
-        return outs[0]
+    inits, nodes, init, node = graph_builder()
     t = node("Reshape", ["input", init("s1", np.array([n, c, T], np.int64))], ["flat"])
     t = node("Transpose", [t], ["tok"], perm=[0, 2, 1])
     cls = node("Expand", [init("cls", rng.standard_normal((1, 1, c)).astype(np.float32)),
@@ -99,11 +103,7 @@ def cascaded_attention_model(n=2, heads=2, kd=4, hw=(3, 4), seed=0, path=None):
     multiple of 4, q, k and v start RGBA pixels of the qkv output (the matmuls read them in place)."""
     rng = np.random.default_rng(seed)
     H, W = hw; T = H * W; d = 8; c = heads * d
-    inits, nodes = [], []
-    def init(name, arr):
-        inits.append(nh.from_array(np.asarray(arr), name)); return name
-    def node(op, ins, outs, **kw):
-        nodes.append(h.make_node(op, ins, outs, name=outs[0], **kw)); return outs[0]
+    inits, nodes, init, node = graph_builder()
     def conv(x, cin, cout, k, name, groups=1):
         w = init(f"{name}_w", (rng.standard_normal((cout, cin // groups, k, k)) / np.sqrt(cin * k * k / groups))
                  .astype(np.float32))
@@ -145,11 +145,7 @@ def matmul_epilogue_model(n=2, c=8, hw=(2, 3), seed=0, path=None):
     the scores scaled by a scalar after the product (its alpha); back to NCHW (c = T channels)."""
     rng = np.random.default_rng(seed)
     H, W = hw; T = H * W
-    inits, nodes = [], []
-    def init(name, arr):
-        inits.append(nh.from_array(np.asarray(arr), name)); return name
-    def node(op, ins, outs, **kw):
-        nodes.append(h.make_node(op, ins, outs, name=outs[0], **kw)); return outs[0]
+    inits, nodes, init, node = graph_builder()
     t = node("Transpose", [node("Reshape", ["input", init("s1", np.array([n, c, T], np.int64))], ["flat"])],
              ["tok"], perm=[0, 2, 1])
     u = node("MatMul", [t, init("w", rng.standard_normal((c, c)).astype(np.float32) / 3)], ["u"])
@@ -175,11 +171,7 @@ def levit_attention_model(n=1, c=16, hw=(3, 4), heads=2, kd=4, dv=8, seed=0, pat
     hardswish, the projection (Linear + BatchNorm1d) and a residual add."""
     rng = np.random.default_rng(seed)
     H, W = hw; T = H * W; width = heads * (2 * kd + dv)
-    inits, nodes = [], []
-    def init(name, arr):
-        inits.append(nh.from_array(np.asarray(arr), name)); return name
-    def node(op, ins, outs, **kw):
-        nodes.append(h.make_node(op, ins, outs, name=outs[0], **kw)); return outs[0]
+    inits, nodes, init, node = graph_builder()
     def linear_bn(x, cin, cout, name):
         y = node("MatMul", [x, init(f"{name}_w", (rng.standard_normal((cin, cout)) / np.sqrt(cin)).astype(np.float32))],
                  [f"{name}_mm"])
@@ -221,11 +213,7 @@ def nchw_attention_model(n=1, c=16, hw=(3, 4), heads=2, d=4, dv=8, seed=0, path=
     then a 1x1 projection."""
     rng = np.random.default_rng(seed)
     H, W = hw; T = H * W
-    inits, nodes = [], []
-    def init(name, arr):
-        inits.append(nh.from_array(np.asarray(arr), name)); return name
-    def node(op, ins, outs, **kw):
-        nodes.append(h.make_node(op, ins, outs, name=outs[0], **kw)); return outs[0]
+    inits, nodes, init, node = graph_builder()
     def conv(x, cin, cout, k, name, groups=1):
         w = init(f"{name}_w", (rng.standard_normal((cout, cin // groups, k, k)) / np.sqrt(cin * k * k / groups))
                  .astype(np.float32))

@@ -66,15 +66,7 @@ def swapped_epilogue_model(n=2, kd=4, d=8, hw=(3, 4), seed=0, addend="whole"):
     rng = np.random.default_rng(seed)
     H, W = hw
     T, c = H * W, 2 * kd + d
-    inits, nodes = [], []
-
-    def init(name, arr):
-        inits.append(nh.from_array(np.asarray(arr), name))
-        return name
-
-    def node(op, ins, outs, **kw):
-        nodes.append(h.make_node(op, ins, outs, name=outs[0], **kw))
-        return outs[0]
+    inits, nodes, init, node = AM.graph_builder()
     qkv = node("Conv", ["input", init("wqkv", (rng.standard_normal((c, d, 1, 1)) / 3).astype(np.float32)),
                         init("bqkv", rng.standard_normal(c).astype(np.float32))], ["qkv"])
     nodes.append(h.make_node("Split", [qkv, init("sp", np.array([kd, kd, d], np.int64))], ["q", "k", "v"], axis=1,
