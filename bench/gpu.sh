@@ -25,7 +25,7 @@
 #           100 back-to-back launches (ours: wall clock on a queue without profiling; cuDNN: a CUDA graph of 100
 #           calls); the empty-kernel floors of each way of timing
 #   models  whole-model latency with the tuned log against PyTorch eager and its CUDA-graph replay
-#   tuning  bench/tuning.py on the GPU: the samplers on the report set, $JOBS (5) workloads at once, resumable
+#   tuning  bench/tuning.py on the GPU: the samplers on the report set (REPORT_2), $JOBS (5) workloads at once, resumable
 #           across calls (TUNING_FROM=the tuning.tgz a call returned, copied into the checkout; $DEADLINE s a call)
 #   glue    bench/glue.py (issue 35): $GLUE_MODELS exported by torch with PyTorch's CUDA-graph replay timed, then
 #           compiled with the committed logs and --transfer-from auto, checked and profiled under each of
@@ -220,7 +220,7 @@ for stage in "$@"; do
             if [ -n "${TUNING_FROM:-}" ]; then tar -xzf "$REPO/$TUNING_FROM" -C "$T" || exit 1; fi
             python3 "$REPO/bench/tuning.py" --device nvidia --out "$T" --trials "${TRIALS:-48}" --seeds "${SEEDS:-3}" \
               --samplers "${SAMPLERS:-xgb,tpe,random,xgb-cold}" --corpus-trials "${CORPUS:-16}" \
-              --workloads "${WORKLOADS:-^(conv3x3.40-40@12|conv1x1.64-32@14|conv3x3s2.32-64@16|dw3x3s2.64@20|dense.192-160)\$}" \
+              --workloads "${WORKLOADS:-^(conv3x3.48-32@10|conv1x1.96-48@12|conv3x3s2.24-56@20|dw5x5s2.48@24|dense.320-128)\$}" \
               --jobs "${JOBS:-5}" --parallel "${PAR:-2}" --deadline "${DEADLINE:-420}" 2>&1 \
               | grep -v "CompilerWarning\|lambda: self._prg\|_create_built\|prg.build" > "$OUT/gpu_tuning.txt"
             tar -czf "$OUT/tuning.tgz" -C "$T" . ; cp "$T"/*.md "$OUT"/ 2>/dev/null

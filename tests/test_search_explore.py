@@ -105,7 +105,7 @@ def test_the_model_free_share_follows_the_models_rank_correlation_on_fresh_measu
     assert lo <= learnable.share < unlearnable.share <= hi
     by = [tr.user_attrs.get("search", {}).get("by") for tr in study.trials]
     assert "tpe" in by and "model" in by  # both kinds of proposal, each noted on its trial
-    none = xgb(explore="none")
+    none = xgb(explore="none", far=(0.0, 0.0))
     none_study = drive(none, smooth, 24)
     assert {tr.user_attrs.get("search", {}).get("by") for tr in none_study.trials} <= {None, "model"}
 
@@ -115,7 +115,7 @@ def test_model_free_proposals_find_the_region_a_misleading_corpus_hides():
     2026-11-26) measures few wide configs; the model-free share measures them and finds the best region."""
     misleading = corpus(lambda v: 1.0 / smooth(v))
     wide = lambda study: sum(tr.params["wg_w"] >= 16 and tr.params["tile_ow"] == 1 for tr in study.trials)  # noqa: E731
-    old = [wide(drive(xgb(misleading, seed=s, explore="none", weigh_transfer=False), smooth, 32)) for s in (0, 1)]
+    old = [wide(drive(xgb(misleading, seed=s, explore="none", weigh_transfer=False, far=(0.0, 0.0)), smooth, 32)) for s in (0, 1)]
     new = [wide(drive(xgb(misleading, seed=s), smooth, 32)) for s in (0, 1)]
     assert sum(new) > sum(old) + 4, (old, new)
 
@@ -184,3 +184,53 @@ def test_tune_measures_the_fallback_then_the_device_region_first(tmp_path):
                  device_region=False, sampler="random")
     assert [r.config for r in load_records(str(tmp_path / "b.jsonl"))][0] != first[0]
     assert plain.measured == 3
+
+
+def test_far_configs_are_unlike_every_incumbent_and_unseen():
+    s = xgb(seed=1)
+    sp = space_of(WL)
+    rng = np.random.default_rng(3)
+    own = [(sp.sample(rng), float(i)) for i in range(10)]
+    incumbents = [v for v, _ in sorted(own, key=lambda r: -r[1])[:s.incumbents]]
+    seen = {tuple(v[n] for n in s.names) for v, _ in own}
+    far = s.far_configs(own, seen, count=200)
+    assert far and all(tuple(v[n] for n in s.names) not in seen and not sp.violations(v) for v in far)
+    near = [sp.sample(rng) for _ in range(200)]  # random configs: the far ones are the farthest quarter of them
+    d_far = np.mean([min(s._distance(v, b) for b in incumbents) for v in far])
+    d_any = np.mean([min(s._distance(v, b) for b in incumbents) for v in near])
+    assert d_far > d_any
+    assert s._distance(incumbents[0], incumbents[0]) == 0.0
+    wider = {**incumbents[0], "wg_w": max(sp.choices["wg_w"])}
+    if wider["wg_w"] != incumbents[0]["wg_w"]:  # an ordered knob: its difference in position over its range
+        steps = abs(sorted(sp.choices["wg_w"]).index(wider["wg_w"]) - sorted(sp.choices["wg_w"]).index(incumbents[0]["wg_w"]))
+        assert s._distance(incumbents[0], wider) == pytest.approx(steps / (len(sp.choices["wg_w"]) - 1))
+
+
+def test_far_proposals_start_when_the_search_stalls():
+    s = xgb(corpus(smooth), far=(0.0, 1.0), patience=4)
+    assert s.stale([({}, 1.0), ({}, 2.0), ({}, 2.01), ({}, 1.5)]) == 2  # 2.01 is no 1% gain on 2.0
+    flat = lambda v: 1.0  # noqa: E731 - nothing ever improves: every proposal after the patience is far
+    study = drive(s, flat, 14)
+    by = [tr.user_attrs.get("search", {}).get("by") for tr in study.trials]
+    assert "far" in by and "far" not in by[:4], by
+    still = xgb(corpus(smooth), far=(0.0, 0.0))
+    assert "far" not in [tr.user_attrs.get("search", {}).get("by") for tr in drive(still, flat, 14).trials]
+
+
+def test_workers_measure_the_fallback_and_the_device_region_first_once_per_study(tmp_path):
+    from tuner.search.worker import run_worker
+    from tuner.task import TuningTask
+    task = TuningTask("conv2d", WL, BUFFERS, {}, trials=8)
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    first = run_worker(url, Synthetic(), tasks=[task], max_trials=4, log=str(tmp_path / "a.jsonl"),
+                       sampler="random", seed=5, progress=False)
+    names = list(space_of(WL).choices)
+    fallback = T.config_values(WL, T.fallback_with(WL, CPU, **{f"{k}_scope": v for k, v in BUFFERS.items()}))
+    configs = [r.config for r in first.records]
+    assert {k: configs[0][k] for k in names if k in configs[0]} == {k: fallback[k] for k in names if k in configs[0]}
+    region = region_of("CPU", "conv2d")
+    assert all(all(c[k] in vals for k, vals in region.items()) for c in configs[1:1 + REGION_SEEDS])
+    second = run_worker(url, Synthetic(), tasks=[task], max_trials=4, log=str(tmp_path / "b.jsonl"),
+                        sampler="random", seed=5, progress=False)  # the study has them: none again
+    again = [r.config for r in second.records]
+    assert len(again) == 4 and not any(c in configs for c in again)

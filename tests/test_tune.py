@@ -89,7 +89,7 @@ def test_xgb_sampler_learns_and_never_repeats(device):
     def objective(values):  # prefers big tiles and split_k 4: a smooth landscape a model can learn
         return values["tile_m"] * 2 + (4 - abs(np.log2(values["split_k"]) - 2)) + np.log2(values["wg_m"]) * 0.5
 
-    sampler = XGBSampler(space, "dense", t.space_vars(wl), seed=0, n_warmup=8, epsilon=0.0)
+    sampler = XGBSampler(space, "dense", t.space_vars(wl), seed=0, n_warmup=8, epsilon=0.0, far=(0.0, 0.0))
     study = optuna.create_study(direction="maximize", sampler=sampler)
     seen = set()
     from optuna.distributions import CategoricalDistribution

@@ -154,7 +154,8 @@ def test_xgb_sampler_learns_from_other_workers_trials(device, tmp_path):
         other.tell(tr, tr.params["tile_m"] * 2.0 + tr.params["split_k"])
     running = other.ask(dists)  # ... and one it is measuring now
     key = lambda p: tuple(p[n] for n in space.choices)  # noqa: E731
-    sampler = XGBSampler(space, "dense", t.space_vars(wl), seed=1, n_warmup=8, epsilon=0.0)
+    sampler = XGBSampler(space, "dense", t.space_vars(wl), seed=1, n_warmup=8, epsilon=0.0, explore="none",
+                         far=(0.0, 0.0))  # every proposal the model's
     mine = optuna.load_study(study_name="s", storage=open_storage(url), sampler=sampler)
     theirs = {key(tr.params) for tr in other.get_trials()}
     assert key(running.params) in sampler.seen(mine) and sampler.seen(mine) == theirs

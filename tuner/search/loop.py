@@ -99,6 +99,42 @@ def enqueue_seeds(s: Session) -> None:
             s.study.enqueue_trial(params)
 
 
+def _in_study(s: Session) -> set:
+    """Config keys of every trial of the study (any state: another worker's included) and of the log."""
+    out = set(s.known)
+    for tr in s.study.get_trials(deepcopy=False):
+        if all(n in tr.params for n in s.names):
+            out.add(_key(tr.params, s.names))
+    return out
+
+
+def enqueue_fallback(s: Session) -> None:
+    """Make the template's fallback config (what a model runs untuned) the next trial, unless the log or the
+    study has it (measured, being measured by another worker, or waiting: an interrupted run enqueued it)."""
+    values = s.task.tmpl.config_values(s.task.workload, s.task.fallback(s.info))
+    if any(n not in values for n in s.names):
+        return
+    params = {n: values[n] for n in s.names}
+    if _key(params, s.names) not in _in_study(s):
+        s.study.enqueue_trial(params)
+
+
+def enqueue_region(s: Session, seed) -> None:
+    """Enqueue ``REGION_SEEDS`` configs of the device class's default region (``tuner.search.regions``), drawn
+    with ``seed``, when neither the log nor the study holds any measurement of the task yet and no trial of the
+    study was enqueued from the region already (an interrupted run, or another worker, did)."""
+    from tuner.search.regions import REGION_SEEDS, region_configs, region_of
+    region = region_of(s.info.type, s.task.tmpl.name)
+    if not region or s.known:
+        return
+    trials = s.study.get_trials(deepcopy=False)
+    if any(tr.user_attrs.get("start") == "region" or tr.state in (TrialState.COMPLETE, TrialState.FAIL)
+           for tr in trials):
+        return
+    for params in region_configs(s.space, region, REGION_SEEDS, seed, exclude=_in_study(s)):
+        s.study.enqueue_trial(params, user_attrs={"start": "region"})
+
+
 SIBLING_WEIGHT = 1.0  # a named sibling's records in the sampler's transfer: as this device's (others: 0.25)
 SEEDS = 3  # a named sibling's best configs of the task measured first
 

@@ -11,7 +11,9 @@ of the best measured ones and every single-knob neighbour of the best three; the
 (``epsilon``) decays as the run goes on, so a run ends in local search around its best configs. One fit ranks
 the candidates for a whole batch: the proposals of one batch (``n_parallel`` builders) are the best distinct
 configs of that ranking. What the model cannot veto (``explore``): a share of proposals is model-free, TPE's
-density of this study's good configs, larger while the model ranks its fresh measurements poorly.
+density of this study's good configs, larger while the model ranks its fresh measurements poorly. What the
+early measurements cannot anchor (``far``): once the best has not improved for a while, a share of proposals is
+the model's best config among random ones unlike every incumbent (``far_configs``), a region not yet searched.
 ``ConstrainedRandomSampler`` is uniform random search over the valid configs, ``ConstrainedTPESampler`` Optuna's
 TPE restricted to them. None proposes a config the study has already measured or is measuring."""
 from __future__ import annotations
@@ -117,7 +119,8 @@ class XGBSampler(_SpaceSampler):
                  seen: set | None = None, decay: int = 32, other_device_weight: float = 0.25,
                  device_weights: dict | None = None, explore: str = "tpe", share: tuple = (0.1, 0.5),
                  fresh: int = 12, weigh_transfer: bool = True, transfer_reference: float = 0.3,
-                 ensemble: int = 4, kappa: float = 1.0):
+                 ensemble: int = 4, kappa: float = 1.0, far: tuple = (0.0, 0.3), patience: int = 8,
+                 incumbents: int = 3, prior_decay: int | None = 16):
         """``template``: a Template or its name; ``transfer``: ``(vars, values, score)`` of other workloads'
         successful records (``(vars, values, score, device)`` for another device's: weighted
         ``other_device_weight``, or ``device_weights[device]``: a named sibling's), ``score`` their GFLOP/s
@@ -130,9 +133,19 @@ class XGBSampler(_SpaceSampler):
         samples rank the candidates by their mean score plus ``kappa`` standard deviations. ``"none"``: the
         model ranks every proposal but the ``epsilon`` share of random ones.
 
+        ``far``: the share of proposals drawn far from the ``incumbents`` best measured configs (the model's best
+        of random configs unlike them all, ``far_configs``): ``far[0]`` while the search improves, ``far[1]``
+        once ``patience`` measurements in a row brought no gain of 1% on the best. The fallback, the device
+        region's seeds and the corpus all pull a search towards one region; on a layer whose best configs lie
+        elsewhere (bench/notes/tuning.md, 2026-11-27) neither the model nor TPE's density of the good configs
+        leaves it.
+
         ``weigh_transfer``: the transfer rows' weight is ``trust`` of the transfer-only model's rank correlation
         with this study's measurements (``transfer_reference``: the correlation trusted fully), from 1 down
-        to 0, re-judged at every fit."""
+        to 0, re-judged at every fit. ``prior_decay``: the corpus counts as that many measurements of this task
+        (its weight times ``prior_decay / (prior_decay + n)`` after n; None: no decay): a corpus leads a search
+        to a good region fast and then keeps it there, where the same search without transfer goes on to the
+        best (bench/notes/tuning.md, 2026-11-27)."""
         super().__init__(space, seed, seen)
         if isinstance(template, str):
             from tuner.templates import get_template
@@ -147,6 +160,10 @@ class XGBSampler(_SpaceSampler):
         self.explore, self.share_range, self.fresh = explore, tuple(share), fresh
         self.weigh_transfer, self.transfer_reference = weigh_transfer, transfer_reference
         self.ensemble, self.kappa = ensemble, kappa
+        self.far_range, self.patience, self.incumbents = tuple(far), patience, incumbents
+        self.prior_decay = prior_decay
+        self.far_now = self.far_range[0]
+        self._model = None  # (what the fit saw, the fitted model): shared by the ranking and the far proposals
         self.transfer = self._transfer_rows(transfer or [])
         self.columns: list | None = None
         self.model_fits = 0
@@ -203,13 +220,20 @@ class XGBSampler(_SpaceSampler):
         best = max((s for _, s in own), default=0.0) or 1.0
         return [(0, self._features(self.vars, v), s / best, 1.0) for v, s in own]
 
-    def _transfer_weighted(self) -> list:
-        w = self.transfer_weight
+    def prior_weight(self, n: int) -> float:
+        """The transfer rows' weight with ``n`` measurements of this task: ``transfer_weight`` (how well the corpus
+        ranks them), times ``prior_decay / (prior_decay + n)`` (the corpus counts as that many measurements of
+        this task, so this task's own measurements decide more as they accumulate)."""
+        decay = self.prior_decay
+        return self.transfer_weight * (1.0 if not decay else decay / (decay + n))
+
+    def _transfer_weighted(self, n: int) -> list:
+        w = self.prior_weight(n)
         return [] if w <= 0 else [(g, f, s, wt * w) for g, f, s, wt in self.transfer]
 
     def _fit(self, own: list):
         import xgboost as xgb
-        rows = self._transfer_weighted() + self._own_rows(own)
+        rows = self._transfer_weighted(len(own)) + self._own_rows(own)
         if self.explore != "bonus":
             booster = self._train(rows, int(self.rng.integers(2**31)))
             return None if booster is None else (lambda X: booster.predict(xgb.DMatrix(X)))
@@ -249,7 +273,8 @@ class XGBSampler(_SpaceSampler):
             self._fresh_at = n
             import xgboost as xgb
             old, new = own[:-self.fresh], own[-self.fresh:]
-            booster = self._train(self._transfer_weighted() + self._own_rows(old), int(self.rng.integers(2**31)))
+            booster = self._train(self._transfer_weighted(len(old)) + self._own_rows(old),
+                                  int(self.rng.integers(2**31)))
             if booster is not None:
                 pred = booster.predict(xgb.DMatrix(self._matrix([self._features(self.vars, v) for v, _ in new])))
                 self.fresh_rho = rank_correlation(pred, [s for _, s in new])
@@ -292,9 +317,10 @@ class XGBSampler(_SpaceSampler):
         return [v for k, v in pool.items() if k not in seen]
 
     def _note(self, study, trial, by: str) -> None:
-        """The trial's user attribute ``search``: who proposed it (``model`` or ``tpe``; a trial without it was
-        random, enqueued or another sampler's) and the transfer weight and model-free share then."""
-        note = {"by": by, "transfer_weight": round(self.transfer_weight, 3), "share": round(self.share, 3)}
+        """The trial's user attribute ``search``: who proposed it (``model``, ``tpe`` or ``far``; a trial without it
+        was random, enqueued or another sampler's) and the transfer weight, model-free and far shares then."""
+        note = {"by": by, "transfer_weight": round(self.transfer_weight, 3), "share": round(self.share, 3),
+                "far": round(self.far_now, 3)}
         try:
             study._storage.set_trial_user_attr(trial._trial_id, "search", note)
         except Exception:  # noqa: BLE001 - a trial finished by a peer meanwhile: the note is only for reading
@@ -304,6 +330,53 @@ class XGBSampler(_SpaceSampler):
         return [(dict(t.params), float(t.value) if t.state == TrialState.COMPLETE else 0.0)  # failures teach as 0
                 for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
                 if (t.value is not None or measured_error(t)) and all(n in t.params for n in self.names)]
+
+    def stale(self, own: list) -> int:
+        """Measurements since the last one that raised the best by at least 1% (all of them: none did)."""
+        best, since = 0.0, 0
+        for _, s in own:
+            if s > best * 1.01:
+                best, since = s, 0
+            else:
+                since += 1
+        return since
+
+    def far_configs(self, own: list, seen: set, count: int | None = None) -> list:
+        """Random valid unseen configs unlike each of the ``incumbents`` best measured ones: of ``count`` random
+        configs (default ``n_random``), the quarter farthest from their nearest incumbent. The distance sums
+        over the knobs: an ordered knob's (numbers) difference in position over its range, another's 0 or 1."""
+        ranked = [v for v, s in sorted(own, key=lambda r: -r[1]) if s > 0][:self.incumbents]
+        pool: dict = {}
+        for _ in range(count or self.n_random):
+            values = self.space.sample(self.rng)
+            k = _key(values, self.names)
+            if k not in seen:
+                pool.setdefault(k, values)
+        cands = list(pool.values())
+        if not ranked or len(cands) < 4:
+            return cands
+        dist = np.array([min(self._distance(c, b) for b in ranked) for c in cands])
+        cut = np.quantile(dist, 0.75)
+        return [c for c, d in zip(cands, dist) if d >= cut and d > 0]
+
+    def _distance(self, a: dict, b: dict) -> float:
+        d = 0.0
+        for n in self.names:
+            choices = self.space.choices[n]
+            if len(choices) < 2 or a[n] == b[n]:
+                continue
+            if all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in choices):
+                order = sorted(choices)
+                d += abs(order.index(a[n]) - order.index(b[n])) / (len(order) - 1)
+            else:
+                d += 1.0
+        return d
+
+    def _model_for(self, own: list):
+        """The model fitted on ``own`` (one fit per new set of measurements), or None when they teach no order."""
+        if self._model is None or self._model[0] != len(own):
+            self._model = (len(own), self._fit(own))
+        return self._model[1]
 
     def sample_relative(self, study, trial, search_space):
         if not search_space:
@@ -315,6 +388,16 @@ class XGBSampler(_SpaceSampler):
         if len(own) < warmup or self.rng.random() < epsilon:
             return self.random_unseen(seen) or {}
         self._judge(own)
+        lo, hi = self.far_range
+        self.far_now = hi if self.stale(own) >= self.patience else lo
+        if self.far_now > 0 and self.rng.random() < self.far_now:  # away from the incumbents' region
+            far = self.far_configs(own, seen)
+            if far:
+                model = self._model_for(own)
+                pick = far[int(np.argmax(model(self._matrix([self._features(self.vars, c) for c in far]))))] \
+                    if model is not None else far[int(self.rng.integers(len(far)))]
+                self._note(study, trial, "far")
+                return pick
         if self._tpe is not None and self.rng.random() < self.share:  # model-free: the density of good configs
             values = self._tpe.sample_relative(study, trial, search_space)
             if values:
@@ -323,7 +406,7 @@ class XGBSampler(_SpaceSampler):
         self._note(study, trial, "model")
         fitted_on = len(own)
         if self._ranking is None or self._ranking[0] != fitted_on:  # new measurements since the last fit
-            model = self._fit(own)
+            model = self._model_for(own)
             cands = self._candidates(own, seen) if model is not None else []
             if not cands:
                 return self.random_unseen(seen) or {}

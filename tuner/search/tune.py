@@ -29,8 +29,8 @@ from tuner.errors import ErrorCode
 from tuner.logs import Record, load_records
 from tuner.logs.io import ensure_writable
 from tuner.measure import MeasureOptions, Measurer
-from tuner.search.loop import (EarlyStopping, Evaluator, Session, enqueue_seeds, open_session, optimize,
-                               progress_bar, score)
+from tuner.search.loop import (EarlyStopping, Evaluator, Session, enqueue_fallback, enqueue_region, enqueue_seeds,
+                               open_session, optimize, progress_bar, score)
 from tuner.search.samplers import _key
 from tuner.search.shared import Wrapping, measured_error
 from tuner.search.storage import open_storage
@@ -214,13 +214,12 @@ def tune(template, workload, device=None, trials: int = 32, log: str | None = No
                            wrap=Owning, transfer_from=transfer_from,
                            sampler_options=sampler_options)  # each trial names its tuner before it is sampled
     announce(session.study)  # before the first ask: an ownerless trial may be ours from now on
-    fresh = not session.known  # nothing of this task in the log: the device's region is worth measuring
     _recover(session)
     enqueue_seeds(session)  # a named sibling's best configs of this very task first: the strongest evidence
     if fallback_first:
-        _enqueue_fallback(session)
-    if device_region and fresh:
-        _enqueue_region(session, seed)
+        enqueue_fallback(session)
+    if device_region:
+        enqueue_region(session, seed)  # only for a task nothing of which was measured yet
 
     best = max((r for r in session.known.values() if r.ok), key=score, default=None)
     result = TuneResult(session.study.study_name, best, log=log, label=task.label)
@@ -237,36 +236,6 @@ def tune(template, workload, device=None, trials: int = 32, log: str | None = No
         if bar is not None:
             bar.close()
     return result
-
-
-def _enqueue_fallback(s: Session) -> None:
-    """Make the template's fallback config (what a model runs untuned) the next trial, unless the log has it
-    or it is waiting in the study already (an interrupted run enqueued it)."""
-    values = s.task.tmpl.config_values(s.task.workload, s.task.fallback(s.info))
-    if any(n not in values for n in s.names):
-        return
-    params = {n: values[n] for n in s.names}
-    if _key(params, s.names) in s.known:
-        return
-    for tr in s.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-        if all(tr.params.get(n) == params[n] for n in s.names):
-            return
-    s.study.enqueue_trial(params)
-
-
-def _enqueue_region(s: Session, seed) -> None:
-    """Enqueue ``REGION_SEEDS`` configs of the device class's default region (``tuner.search.regions``) that the
-    log does not hold and no waiting trial holds (a resumed run enqueued them), drawn with ``seed``."""
-    from tuner.search.regions import REGION_SEEDS, region_configs, region_of
-    region = region_of(s.info.type, s.task.tmpl.name)
-    if not region:
-        return
-    waiting = s.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-    if any(tr.user_attrs.get("start") == "region" for tr in waiting):
-        return  # an interrupted run enqueued them already
-    exclude = set(s.known) | {_key(tr.params, s.names) for tr in waiting if all(n in tr.params for n in s.names)}
-    for params in region_configs(s.space, region, REGION_SEEDS, seed, exclude=exclude):
-        s.study.enqueue_trial(params, user_attrs={"start": "region"})
 
 
 def _recover(s: Session) -> None:

@@ -32,7 +32,8 @@ from tuner.logs import Record, append_records, load_records
 from tuner.logs.io import ensure_writable
 from tuner.logs.record import canonical_json
 from tuner.measure import MeasureOptions, Measurer, Runner, open_runner
-from tuner.search.loop import Evaluator, enqueue_seeds, open_session, optimize, progress_bar
+from tuner.search.loop import (Evaluator, enqueue_fallback, enqueue_region, enqueue_seeds, open_session, optimize,
+                               progress_bar)
 from tuner.search.shared import (Announcing, Heartbeat, claim, counts, final_state, finish, is_claimed, reap,
                                  score_of)
 from tuner.search.storage import open_storage, redact
@@ -162,14 +163,16 @@ class ClaimStrategy:
 def run_worker(storage, device=None, study_prefix: str | None = None, tasks=None, max_trials: int | None = None,
                log: str | None = None, sampler: str = "xgb", seed: int | None = None,
                options: MeasureOptions | None = None, progress: bool = True, heartbeat: int = 10,
-               grace: int = 60, poll: float = 1.0, transfer_from=None) -> WorkerSummary:
+               grace: int = 60, poll: float = 1.0, transfer_from=None, fallback_first: bool = True,
+               device_region: bool = True) -> WorkerSummary:
     """Tune, on ``device``, the tasks registered under ``study_prefix`` in ``storage`` (a URL or an Optuna
     storage), or ``tasks`` (registered under the prefix first, default prefix ``tuner``), until every
     task's budget is spent on this device's studies (by all workers) or this worker measured
     ``max_trials``. Heavier tasks first; a worker with nothing to claim waits for the others' trials to end
     (or to go stale after ``grace`` seconds without a heartbeat, checked every ``poll`` seconds).
     ``transfer_from``: sibling devices' fingerprints (or ``"auto"``) whose records seed each study, as in
-    ``tune``."""
+    ``tune``. ``fallback_first`` and ``device_region``: as in ``tune``, once per study (the first worker to
+    open it enqueues them; one that finds them in the study, in any state, does not)."""
     from tuner.runtime.base import Runtime
     from tuner.target import DeviceInfo
     if max_trials is not None and max_trials < 1:
@@ -219,6 +222,10 @@ def run_worker(storage, device=None, study_prefix: str | None = None, tasks=None
                                    seen_from_log=False, wrap=lambda inner: Announcing(inner, beat),
                                    transfer_from=transfer_from)
             enqueue_seeds(session)  # a named sibling's best configs of the task first (asked before any other)
+            if fallback_first:
+                enqueue_fallback(session)
+            if device_region:
+                enqueue_region(session, seed)
             budget = min(task.trials, session.space.size())
             jobs.append(ClaimStrategy(session, budget, worker, beat, summary, grace, adopted))
         bar = progress_bar(sum(j.budget for j in jobs), progress, f"worker {info.fingerprint}")
