@@ -294,11 +294,16 @@ class XGBSampler(_SpaceSampler):
                         out.append(v)
         return out
 
-    def _candidates(self, own: list, seen: set) -> list:
+    def _random_pool(self, count: int) -> dict:
+        """``count`` random valid configs, by key (duplicates drawn once)."""
         pool: dict = {}
-        for _ in range(self.n_random):
+        for _ in range(count):
             values = self.space.sample(self.rng)
             pool.setdefault(_key(values, self.names), values)
+        return pool
+
+    def _candidates(self, own: list, seen: set) -> list:
+        pool = self._random_pool(self.n_random)
         explored = [n for n in self.names if len(self.space.choices[n]) > 1]
         ranked = [v for v, _ in sorted(own, key=lambda r: -r[1])]
         top = ranked[:8]
@@ -346,13 +351,7 @@ class XGBSampler(_SpaceSampler):
         configs (default ``n_random``), the quarter farthest from their nearest incumbent. The distance sums
         over the knobs: an ordered knob's (numbers) difference in position over its range, another's 0 or 1."""
         ranked = [v for v, s in sorted(own, key=lambda r: -r[1]) if s > 0][:self.incumbents]
-        pool: dict = {}
-        for _ in range(count or self.n_random):
-            values = self.space.sample(self.rng)
-            k = _key(values, self.names)
-            if k not in seen:
-                pool.setdefault(k, values)
-        cands = list(pool.values())
+        cands = [v for k, v in self._random_pool(count or self.n_random).items() if k not in seen]
         if not ranked or len(cands) < 4:
             return cands
         dist = np.array([min(self._distance(c, b) for b in ranked) for c in cands])
