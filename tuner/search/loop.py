@@ -20,6 +20,7 @@ from tuner.errors import ErrorCode
 from tuner.logs import Record, append_records
 from tuner.measure import MeasureInput, MeasureResult
 from tuner.search.samplers import _key, make_sampler
+from tuner.search.shared import measured_error
 from tuner.task import TuningTask, log_knowledge
 
 
@@ -88,24 +89,24 @@ def open_session(task: TuningTask, info, storage, name: str, log: str, sampler: 
     return Session(task, info, space, study, log, sampler, known, seeds)
 
 
-def enqueue_seeds(s: Session) -> None:
-    """The session's seeds (a named sibling's best configs of the task, valid here) as the next trials, each
-    unless the log has it or it waits in the study already (an interrupted run enqueued it): ``tune`` and
-    ``run_worker`` ask them first."""
-    waiting = [tr.params for tr in s.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
-    for params in s.seeds:
-        if _key(params, s.names) not in s.known and not any(
-                all(w.get(n) == params[n] for n in s.names) for w in waiting):
-            s.study.enqueue_trial(params)
-
-
 def _in_study(s: Session) -> set:
-    """Config keys of every trial of the study (any state: another worker's included) and of the log."""
+    """Config keys of the log's records and of the study's trials, another worker's included: measured,
+    measuring or waiting (a trial cut short by a killed run, FAIL without a measurement, is not)."""
     out = set(s.known)
     for tr in s.study.get_trials(deepcopy=False):
-        if all(n in tr.params for n in s.names):
+        if (tr.state != TrialState.FAIL or measured_error(tr)) and all(n in tr.params for n in s.names):
             out.add(_key(tr.params, s.names))
     return out
+
+
+def enqueue_seeds(s: Session) -> None:
+    """The session's seeds (a named sibling's best configs of the task, valid here) as the next trials, each
+    unless the log or the study has it (``_in_study``: measured, being measured by another worker, or waiting:
+    an interrupted run enqueued it): ``tune`` and ``run_worker`` ask them first."""
+    have = _in_study(s)
+    for params in s.seeds:
+        if _key(params, s.names) not in have:
+            s.study.enqueue_trial(params)
 
 
 def enqueue_fallback(s: Session) -> None:
