@@ -161,6 +161,11 @@ class XGBSampler(_SpaceSampler):
         self.weigh_transfer, self.transfer_reference = weigh_transfer, transfer_reference
         self.ensemble, self.kappa = ensemble, kappa
         self.far_range, self.patience, self.incumbents = tuple(far), patience, incumbents
+        # far_configs' distance, per knob with a choice: an ordered knob's (numbers) positions over its range
+        # (0 to 1), or None for another (a difference counts 1)
+        self._positions = {n: ({c: i / (len(cs) - 1) for i, c in enumerate(sorted(cs))}
+                               if all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in cs) else None)
+                           for n, cs in space.choices.items() if len(cs) > 1}
         self.prior_decay = prior_decay
         self.far_now = self.far_range[0]
         self._model = None  # (what the fit saw, the fitted model): shared by the ranking and the far proposals
@@ -359,17 +364,8 @@ class XGBSampler(_SpaceSampler):
         return [c for c, d in zip(cands, dist) if d >= cut and d > 0]
 
     def _distance(self, a: dict, b: dict) -> float:
-        d = 0.0
-        for n in self.names:
-            choices = self.space.choices[n]
-            if len(choices) < 2 or a[n] == b[n]:
-                continue
-            if all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in choices):
-                order = sorted(choices)
-                d += abs(order.index(a[n]) - order.index(b[n])) / (len(order) - 1)
-            else:
-                d += 1.0
-        return d
+        return sum(abs(pos[a[n]] - pos[b[n]]) if pos else 1.0
+                   for n, pos in self._positions.items() if a[n] != b[n])
 
     def _model_for(self, own: list):
         """The model fitted on ``own`` (one fit per new set of measurements), or None when they teach no order."""
