@@ -450,6 +450,11 @@ def eval_curve(r: dict) -> list:
     return r.get("curve_retimed") or r["curve"]
 
 
+def fraction_at(r: dict, at: int) -> float:
+    """A run's best after ``at`` trials (its last trial if it has fewer), a fraction of its workload's best ever."""
+    return eval_curve(r)[min(at, len(r["curve"])) - 1] / float(r["best_ever"])
+
+
 def write_csv(path: Path, rows: list) -> None:
     tmp = path.with_suffix(".csv.tmp")
     with open(tmp, "w", newline="") as f:
@@ -598,7 +603,7 @@ def summarize(rows: list, n: int, meta: dict) -> str:
         for s in samplers:
             rs = [r for r in rows if r["workload"] == w and r["sampler"] == s]
             for at in (n // 2, n):
-                fr = [eval_curve(r)[min(at, len(r["curve"])) - 1] / float(r["best_ever"]) for r in rs if r["curve"]]
+                fr = [fraction_at(r, at) for r in rs if r["curve"]]
                 cells.append(f"{statistics.mean(fr):.2f}" if fr else "")
         lines.append(f"| {w} | " + " | ".join(cells) + " |")
     lines += done_when(rows, workloads, samplers, n, meta.get("noise"))
@@ -629,8 +634,7 @@ def done_when(rows: list, workloads: list, samplers: list, n: int, noise: dict |
     for w in workloads:
         med = {}
         for s in ["xgb", *others]:
-            fr = [eval_curve(r)[min(n, len(r["curve"])) - 1] / float(r["best_ever"]) for r in rows
-                  if r["workload"] == w and r["sampler"] == s and r["curve"]]
+            fr = [fraction_at(r, n) for r in rows if r["workload"] == w and r["sampler"] == s and r["curve"]]
             med[s] = statistics.median(fr) if fr else float("nan")
         ok = {o: med["xgb"] >= med[o] for o in others}
         slack = 2 * math.sqrt(2) * noise.get(w, 0.0)
