@@ -72,14 +72,16 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 SAMPLERS = ("xgb", "tpe", "random", "xgb-cold", "xgb-none", "xgb-bonus", "xgb-old", "xgb-nofar", "xgb-far15",
-            "xgb-nodecay")
+            "xgb-nodecay", "xgb-farrandom", "xgb-far50")
 STOCK = {"fallback_first": False, "device_region": False}  # the baselines: Optuna's TPE and random search as such
 # name -> (tune()'s sampler, transfer, more tune() arguments). xgb: tune()'s defaults (the fallback and the device
 # class's region measured first, a model-free TPE share, the transfer weighed by its rank correlation here);
 # xgb-cold: the same without transfer; xgb-none / xgb-bonus: no model-free share / an ensemble's uncertainty
 # bonus instead; xgb-old: the xgb of 2026-11-26 (model only, transfer at full weight, no fallback or region);
 # xgb-nofar: neither proposals far from the incumbents nor the corpus's decay (the xgb of the first report);
-# xgb-far15: far proposals at a fixed share, no decay; xgb-nodecay: far proposals once stale, no decay.
+# xgb-far15: far proposals at a fixed share, no decay; xgb-nodecay: far proposals once stale, no decay;
+# xgb-farrandom: the far proposal a random one of the far configs, not the model's best of them; xgb-far50: half
+# the proposals far once stale.
 VARIANTS = {
     "xgb": ("xgb", True, {}),
     "xgb-cold": ("xgb", False, {}),
@@ -92,6 +94,8 @@ VARIANTS = {
     "xgb-nofar": ("xgb", True, {"sampler_options": {"far": (0.0, 0.0), "prior_decay": None}}),
     "xgb-far15": ("xgb", True, {"sampler_options": {"far": (0.15, 0.15), "prior_decay": None}}),
     "xgb-nodecay": ("xgb", True, {"sampler_options": {"prior_decay": None}}),
+    "xgb-farrandom": ("xgb", True, {"sampler_options": {"far_pick": "random"}}),
+    "xgb-far50": ("xgb", True, {"sampler_options": {"far": (0.0, 0.5)}}),
 }
 THRESHOLD = 0.95
 

@@ -217,6 +217,22 @@ def test_far_proposals_start_when_the_search_stalls():
     assert "far" not in [tr.user_attrs.get("search", {}).get("by") for tr in drive(still, flat, 14).trials]
 
 
+def test_far_pick_random_proposes_far_configs_the_model_would_not_pick():
+    """``far_pick="random"``: the far proposal is any far config, model-free; with ``"model"`` it is the model's best
+    of them, so a model that the corpus misleads picks the corpus's favourites among the far configs too."""
+    flat = lambda v: 1.0  # noqa: E731 - the search stalls at once: after the patience every proposal is far
+    picks = {}
+    for pick in ("model", "random"):
+        s = xgb(corpus(smooth), far=(0.0, 1.0), patience=2, far_pick=pick, seed=3)
+        study = drive(s, flat, 12)
+        picks[pick] = [tr.params for tr in study.trials if tr.user_attrs.get("search", {}).get("by") == "far"]
+        assert picks[pick], pick
+    wide = lambda v: v["wg_w"] >= 16 and v["tile_ow"] == 1  # noqa: E731 - the corpus's fast region (smooth)
+    assert sum(map(wide, picks["model"])) > sum(map(wide, picks["random"]))
+    with pytest.raises(TunerError, match="far_pick"):
+        xgb(far_pick="best")
+
+
 def test_workers_measure_the_fallback_and_the_device_region_first_once_per_study(tmp_path):
     from tuner.search.worker import run_worker
     from tuner.task import TuningTask

@@ -120,7 +120,7 @@ class XGBSampler(_SpaceSampler):
                  device_weights: dict | None = None, explore: str = "tpe", share: tuple = (0.1, 0.5),
                  fresh: int = 12, weigh_transfer: bool = True, transfer_reference: float = 0.3,
                  ensemble: int = 4, kappa: float = 1.0, far: tuple = (0.0, 0.3), patience: int = 8,
-                 incumbents: int = 3, prior_decay: int | None = 16):
+                 incumbents: int = 3, prior_decay: int | None = 16, far_pick: str = "model"):
         """``template``: a Template or its name; ``transfer``: ``(vars, values, score)`` of other workloads'
         successful records (``(vars, values, score, device)`` for another device's: weighted
         ``other_device_weight``, or ``device_weights[device]``: a named sibling's), ``score`` their GFLOP/s
@@ -138,7 +138,8 @@ class XGBSampler(_SpaceSampler):
         once ``patience`` measurements in a row brought no gain of 1% on the best. The fallback, the device
         region's seeds and the corpus all pull a search towards one region; on a layer whose best configs lie
         elsewhere (bench/notes/tuning.md, 2026-11-27) neither the model nor TPE's density of the good configs
-        leaves it.
+        leaves it. ``far_pick``: which far config is proposed, ``"model"`` (the model's best of them) or
+        ``"random"`` (any of them, model-free: where the model itself is what holds the search in a region).
 
         ``weigh_transfer``: the transfer rows' weight is ``trust`` of the transfer-only model's rank correlation
         with this study's measurements (``transfer_reference``: the correlation trusted fully), from 1 down
@@ -153,6 +154,9 @@ class XGBSampler(_SpaceSampler):
         if explore not in EXPLORE:
             from tuner.errors import TunerError
             raise TunerError(f"XGBSampler explore={explore!r}: one of {', '.join(EXPLORE)}")
+        if far_pick not in FAR_PICK:
+            from tuner.errors import TunerError
+            raise TunerError(f"XGBSampler far_pick={far_pick!r}: one of {', '.join(FAR_PICK)}")
         self.template, self.vars = template, vars
         self.n_warmup, self.epsilon, self.n_random, self.n_mutants = n_warmup, epsilon, n_random, n_mutants
         self.decay, self.other_device_weight = decay, other_device_weight
@@ -161,6 +165,7 @@ class XGBSampler(_SpaceSampler):
         self.weigh_transfer, self.transfer_reference = weigh_transfer, transfer_reference
         self.ensemble, self.kappa = ensemble, kappa
         self.far_range, self.patience, self.incumbents = tuple(far), patience, incumbents
+        self.far_pick = far_pick
         # far_configs' distance, per knob with a choice: an ordered knob's (numbers) positions over its range
         # (0 to 1), or None for another (a difference counts 1)
         self._positions = {n: ({c: i / (len(cs) - 1) for i, c in enumerate(sorted(cs))}
@@ -388,7 +393,7 @@ class XGBSampler(_SpaceSampler):
         if self.far_now > 0 and self.rng.random() < self.far_now:  # away from the incumbents' region
             far = self.far_configs(own, seen)
             if far:
-                model = self._model_for(own)
+                model = self._model_for(own) if self.far_pick == "model" else None
                 pick = far[int(np.argmax(model(self._matrix([self._features(self.vars, c) for c in far]))))] \
                     if model is not None else far[int(self.rng.integers(len(far)))]
                 self._note(study, trial, "far")
@@ -414,6 +419,7 @@ class XGBSampler(_SpaceSampler):
 
 
 EXPLORE = ("tpe", "bonus", "none")
+FAR_PICK = ("model", "random")
 
 
 class ConstrainedTPESampler(optuna.samplers.TPESampler):
