@@ -151,12 +151,10 @@ class XGBSampler(_SpaceSampler):
         if isinstance(template, str):
             from tuner.templates import get_template
             template = get_template(template)
-        if explore not in EXPLORE:
-            from tuner.errors import TunerError
-            raise TunerError(f"XGBSampler explore={explore!r}: one of {', '.join(EXPLORE)}")
-        if far_pick not in FAR_PICK:
-            from tuner.errors import TunerError
-            raise TunerError(f"XGBSampler far_pick={far_pick!r}: one of {', '.join(FAR_PICK)}")
+        for knob, value, allowed in (("explore", explore, EXPLORE), ("far_pick", far_pick, FAR_PICK)):
+            if value not in allowed:
+                from tuner.errors import TunerError
+                raise TunerError(f"XGBSampler {knob}={value!r}: one of {', '.join(allowed)}")
         self.template, self.vars = template, vars
         self.n_warmup, self.epsilon, self.n_random, self.n_mutants = n_warmup, epsilon, n_random, n_mutants
         self.decay, self.other_device_weight = decay, other_device_weight
