@@ -72,7 +72,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 SAMPLERS = ("xgb", "tpe", "random", "xgb-cold", "xgb-none", "xgb-bonus", "xgb-old", "xgb-nofar", "xgb-far15",
-            "xgb-nodecay", "xgb-farrandom", "xgb-far50")
+            "xgb-nodecay", "xgb-farrandom", "xgb-far50", "xgb-pairs")
 STOCK = {"fallback_first": False, "device_region": False}  # the baselines: Optuna's TPE and random search as such
 # name -> (tune()'s sampler, transfer, more tune() arguments). xgb: tune()'s defaults (the fallback and the device
 # class's region measured first, a model-free TPE share, the transfer weighed by its rank correlation here);
@@ -81,7 +81,7 @@ STOCK = {"fallback_first": False, "device_region": False}  # the baselines: Optu
 # xgb-nofar: neither proposals far from the incumbents nor the corpus's decay (the xgb of the first report);
 # xgb-far15: far proposals at a fixed share, no decay; xgb-nodecay: far proposals once stale, no decay;
 # xgb-farrandom: the far proposal a random one of the far configs, not the model's best of them; xgb-far50: half
-# the proposals far once stale.
+# the proposals far once stale; xgb-pairs: every two-knob neighbour of the best config among the candidates.
 VARIANTS = {
     "xgb": ("xgb", True, {}),
     "xgb-cold": ("xgb", False, {}),
@@ -96,6 +96,7 @@ VARIANTS = {
     "xgb-nodecay": ("xgb", True, {"sampler_options": {"prior_decay": None}}),
     "xgb-farrandom": ("xgb", True, {"sampler_options": {"far_pick": "random"}}),
     "xgb-far50": ("xgb", True, {"sampler_options": {"far": (0.0, 0.5)}}),
+    "xgb-pairs": ("xgb", True, {"sampler_options": {"pair_moves": 1}}),
 }
 THRESHOLD = 0.95
 

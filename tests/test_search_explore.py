@@ -233,6 +233,24 @@ def test_far_pick_random_proposes_far_configs_the_model_would_not_pick():
         xgb(far_pick="best")
 
 
+def test_two_knob_neighbours_join_the_candidates_with_pair_moves():
+    sp = space_of(WL)
+    best = sp.sample(np.random.default_rng(1))
+    names = [n for n, cs in sp.choices.items() if len(cs) > 1]
+    key = lambda v: tuple(v[n] for n in sp.choices)  # noqa: E731
+    s = xgb(corpus(smooth), pair_moves=1)
+    one, two = s.neighbours(best), s.neighbours(best, knobs=2)
+    assert one and two and len(two) > len(one)
+    assert all(sum(v[n] != best[n] for n in names) == 1 for v in one)
+    assert all(sum(v[n] != best[n] for n in names) == 2 and not sp.violations(v) for v in two)
+    assert len({key(v) for v in two}) == len(two)  # each pair of knobs counted once
+    own = [(best, 1.0)]
+    with_pairs = {key(v) for v in s._candidates(own, {key(best)})}
+    without = {key(v) for v in xgb(corpus(smooth))._candidates(own, {key(best)})}
+    assert {key(v) for v in two} <= with_pairs and not {key(v) for v in two} <= without
+    assert {key(v) for v in one} <= without  # the single-knob local search is there either way
+
+
 def test_workers_measure_the_fallback_and_the_device_region_first_once_per_study(tmp_path):
     from tuner.search.worker import run_worker
     from tuner.task import TuningTask

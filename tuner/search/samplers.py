@@ -120,7 +120,7 @@ class XGBSampler(_SpaceSampler):
                  device_weights: dict | None = None, explore: str = "tpe", share: tuple = (0.1, 0.5),
                  fresh: int = 12, weigh_transfer: bool = True, transfer_reference: float = 0.3,
                  ensemble: int = 4, kappa: float = 1.0, far: tuple = (0.0, 0.3), patience: int = 8,
-                 incumbents: int = 3, prior_decay: int | None = 16, far_pick: str = "model"):
+                 incumbents: int = 3, prior_decay: int | None = 16, far_pick: str = "model", pair_moves: int = 0):
         """``template``: a Template or its name; ``transfer``: ``(vars, values, score)`` of other workloads'
         successful records (``(vars, values, score, device)`` for another device's: weighted
         ``other_device_weight``, or ``device_weights[device]``: a named sibling's), ``score`` their GFLOP/s
@@ -140,6 +140,8 @@ class XGBSampler(_SpaceSampler):
         elsewhere (bench/notes/tuning.md, 2026-11-27) neither the model nor TPE's density of the good configs
         leaves it. ``far_pick``: which far config is proposed, ``"model"`` (the model's best of them) or
         ``"random"`` (any of them, model-free: where the model itself is what holds the search in a region).
+        ``pair_moves``: the candidates also hold every two-knob neighbour of the best ``pair_moves`` measured configs
+        (the local search's single-knob moves cannot turn a 4x1 tile into a 2x2 one).
 
         ``weigh_transfer``: the transfer rows' weight is ``trust`` of the transfer-only model's rank correlation
         with this study's measurements (``transfer_reference``: the correlation trusted fully), from 1 down
@@ -163,7 +165,7 @@ class XGBSampler(_SpaceSampler):
         self.weigh_transfer, self.transfer_reference = weigh_transfer, transfer_reference
         self.ensemble, self.kappa = ensemble, kappa
         self.far_range, self.patience, self.incumbents = tuple(far), patience, incumbents
-        self.far_pick = far_pick
+        self.far_pick, self.pair_moves = far_pick, pair_moves
         # far_configs' distance, per knob with a choice: an ordered knob's (numbers) positions over its range
         # (0 to 1), or None for another (a difference counts 1)
         self._positions = {n: ({c: i / (len(cs) - 1) for i, c in enumerate(sorted(cs))}
@@ -291,15 +293,21 @@ class XGBSampler(_SpaceSampler):
         self.trace.append((n, round(self.transfer_weight, 3), round(self.share, 3),
                            None if self.fresh_rho is None else round(self.fresh_rho, 3)))
 
-    def neighbours(self, values: dict) -> list:
-        """The valid configs that differ from ``values`` in one knob."""
+    def neighbours(self, values: dict, knobs: int = 1) -> list:
+        """The valid configs that differ from ``values`` in exactly ``knobs`` knobs (1 or 2)."""
+        names = [n for n, cs in self.space.choices.items() if len(cs) > 1]
         out = []
-        for name, choices in self.space.choices.items():
-            for c in choices:
-                if c != values[name]:
-                    v = {**values, name: c}
-                    if not self.space.violations(v):
-                        out.append(v)
+        for i, name in enumerate(names):
+            for c in self.space.choices[name]:
+                if c == values[name]:
+                    continue
+                one = {**values, name: c}
+                if knobs == 1:
+                    out += [one] if not self.space.violations(one) else []
+                    continue
+                for other in names[i + 1:]:  # a config that breaks a constraint may be one move from a valid one
+                    out += [v for d in self.space.choices[other] if d != values[other]
+                            for v in [{**one, other: d}] if not self.space.violations(v)]
         return out
 
     def _random_pool(self, count: int) -> dict:
@@ -326,6 +334,9 @@ class XGBSampler(_SpaceSampler):
                 pool[k] = values
         for best in ranked[:3]:  # local search: every single-knob neighbour of the best three
             for values in self.neighbours(best):
+                pool.setdefault(_key(values, self.names), values)
+        for best in ranked[:self.pair_moves]:  # and every two-knob one of the best (a 2x2 group to a 4x1 one)
+            for values in self.neighbours(best, knobs=2):
                 pool.setdefault(_key(values, self.names), values)
         return [v for k, v in pool.items() if k not in seen]
 
