@@ -294,21 +294,17 @@ class XGBSampler(_SpaceSampler):
                            None if self.fresh_rho is None else round(self.fresh_rho, 3)))
 
     def neighbours(self, values: dict, knobs: int = 1) -> list:
-        """The valid configs that differ from ``values`` in exactly ``knobs`` knobs (1 or 2)."""
+        """The valid configs that differ from ``values`` in exactly ``knobs`` knobs (1 or 2). A two-knob move is
+        made of two one-knob ones, the first of which may break a constraint the second mends."""
         names = [n for n, cs in self.space.choices.items() if len(cs) > 1]
-        out = []
-        for i, name in enumerate(names):
-            for c in self.space.choices[name]:
-                if c == values[name]:
-                    continue
-                one = {**values, name: c}
-                if knobs == 1:
-                    out += [one] if not self.space.violations(one) else []
-                    continue
-                for other in names[i + 1:]:  # a config that breaks a constraint may be one move from a valid one
-                    out += [v for d in self.space.choices[other] if d != values[other]
-                            for v in [{**one, other: d}] if not self.space.violations(v)]
-        return out
+
+        def moves(v: dict, start: int = 0):  # (knob index, config) one knob from v, over names[start:], unchecked
+            return [(i, {**v, n: c}) for i, n in enumerate(names) if i >= start
+                    for c in self.space.choices[n] if c != v[n]]
+        step = moves(values)
+        if knobs == 2:
+            step = [(j, w) for i, v in step for j, w in moves(v, i + 1)]
+        return [v for _, v in step if not self.space.violations(v)]
 
     def _random_pool(self, count: int) -> dict:
         """``count`` random valid configs, by key (duplicates drawn once)."""
