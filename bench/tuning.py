@@ -71,8 +71,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-SAMPLERS = ("xgb", "tpe", "random", "xgb-cold", "xgb-none", "xgb-bonus", "xgb-old", "xgb-nofar", "xgb-far15",
-            "xgb-nodecay", "xgb-farrandom", "xgb-far50", "xgb-pairs")
 STOCK = {"fallback_first": False, "device_region": False}  # the baselines: Optuna's TPE and random search as such
 # name -> (tune()'s sampler, transfer, more tune() arguments). xgb: tune()'s defaults (the fallback and the device
 # class's region measured first, a model-free TPE share, the transfer weighed by its rank correlation here);
@@ -84,9 +82,9 @@ STOCK = {"fallback_first": False, "device_region": False}  # the baselines: Optu
 # the proposals far once stale; xgb-pairs: every two-knob neighbour of the best config among the candidates.
 VARIANTS = {
     "xgb": ("xgb", True, {}),
-    "xgb-cold": ("xgb", False, {}),
     "tpe": ("tpe", False, STOCK),
     "random": ("random", False, STOCK),
+    "xgb-cold": ("xgb", False, {}),
     "xgb-none": ("xgb", True, {"sampler_options": {"explore": "none"}}),
     "xgb-bonus": ("xgb", True, {"sampler_options": {"explore": "bonus"}}),
     "xgb-old": ("xgb", True, {"sampler_options": {"explore": "none", "weigh_transfer": False, "far": (0.0, 0.0),
@@ -98,6 +96,7 @@ VARIANTS = {
     "xgb-far50": ("xgb", True, {"sampler_options": {"far": (0.0, 0.5)}}),
     "xgb-pairs": ("xgb", True, {"sampler_options": {"pair_moves": 1}}),
 }
+SAMPLERS = tuple(VARIANTS)  # in the tables' column order
 THRESHOLD = 0.95
 
 # (name, template, workload arguments): small layers, about 1 s per measured config on PoCL
