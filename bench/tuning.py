@@ -42,9 +42,10 @@ whose denominator is censored an upper bound and one whose numerator is censored
 
 Noise decides "95% of the best" on a loaded CPU (one timing there can be twice another of the same config),
 so after the runs the contenders are re-timed (``--retimes R``, default 5; ``retime``): every config within
-10% of its workload's best estimate is timed R more times, in rounds with the workload's reference config,
-and judged by the median of its ratios to the reference, until no config within 10% of the best estimate
-lacks its re-timings (``<out>/tuning_retime_<fp>.jsonl``). ``best_ever`` is then the best estimate and each
+10% of its workload's best estimate is timed R more times, all of a workload's contenders in the same rounds
+(a showdown), and judged by its best timing there (``retimed_estimate``; before 2026-11-28: the median of its
+ratios to a reference config timed in the same round, which a burst that slowed only one of the two threw
+off), until a workload's configs within 10% of its best estimate were all timed in its last showdown (``<out>/tuning_retime_<fp>.jsonl``). ``best_ever`` is then the best estimate and each
 trial counts at its config's estimate (the CSV's ``curve_retimed``); each trial's config id is the CSV's
 ``keys``. ``--retimes 0`` judges by the runs' one timing, as before 2026-11-26.
 
@@ -307,31 +308,16 @@ RETIMES = 5  # independent re-timings of each contender for the best (--retimes)
 RETIME_WINDOW = 0.9  # contenders: configs whose estimate is within 10% of the workload's best estimate
 
 
-def retimed_estimate(lines: list, level: dict) -> float:
-    """A re-timed config's GFLOP/s from its re-timing lines: the median of its ratios to the reference config
-    timed in the same round, times the reference's median over all rounds (``level[ref]``), so that rounds
-    taken under another load (on a 2-core host one core more or less halves a kernel's time) compare; a line
-    without a reference counts at its own GFLOP/s. Failed timings are left out; none left: 0."""
-    vals = []
-    for d in lines:
-        g, ref, gr = d.get("gflops"), d.get("ref"), d.get("ref_gflops")
-        if not g:
-            continue
-        if ref is None:
-            vals.append(g)
-        elif gr and level.get(ref):
-            vals.append(g / gr * level[ref])
-    return statistics.median(vals) if vals else 0.0
-
-
-def ref_levels(retimed: dict) -> dict:
-    """Each reference config's median GFLOP/s over every round it was timed in."""
-    seen: dict = {}
-    for lines in retimed.values():
-        for d in lines:
-            if d.get("ref") is not None and d.get("ref_gflops") and d.get("round") is not None:
-                seen.setdefault(d["ref"], {})[d["round"]] = d["ref_gflops"]
-    return {ref: statistics.median(rounds.values()) for ref, rounds in seen.items()}
+def retimed_estimate(lines: list) -> float:
+    """A re-timed config's GFLOP/s: its best timing in the last showdown it was timed in (``retime``; lines of
+    a file written before 2026-11-28 have no showdown and count together). Load on a shared host only ever
+    slows a kernel, so a config's best of several timings is its speed on the free host (timeit's reading);
+    a showdown times every contender of a workload in the same rounds, so a pass taken under another load
+    (a core given back between passes halves every kernel's time) scales them all alike. Failed timings are
+    left out; none left: 0."""
+    last = max((d.get("pass", -1) for d in lines), default=-1)
+    own = [d["gflops"] for d in lines if d.get("gflops") and d.get("pass", -1) == last]
+    return max(own, default=0.0)
 
 
 def estimates(rows: list, retimed: dict) -> dict:
@@ -339,23 +325,32 @@ def estimates(rows: list, retimed: dict) -> dict:
     has re-timings (``retimed[id]``: the re-timing file's lines; ``retimed_estimate``), else the runs' one
     measurement."""
     out: dict = {}
-    level = ref_levels(retimed)
     for r in rows:
         est = out.setdefault(r["workload"], {})
         for k, g in zip(r.get("keys") or (), r["gflops"]):
-            est[k] = retimed_estimate(retimed[k], level) if k in retimed else (g or 0.0)
+            est[k] = retimed_estimate(retimed[k]) if k in retimed else (g or 0.0)
     return out
 
 
 def contenders(est: dict, retimed: dict, times: int, window: float = RETIME_WINDOW) -> list:
-    """Config ids within ``window`` of the best estimate that have fewer than ``times`` re-timings."""
+    """The next showdown's members: ``[]`` when every config within ``window`` of the best estimate has its
+    ``times`` timings in the workload's last showdown, else every one of them and the last showdown's best,
+    which carries that showdown's level into the next (a pass under another load moves both alike)."""
     best = max(est.values(), default=0.0)
-    return [k for k, g in est.items() if best > 0 and g >= window * best and len(retimed.get(k, ())) < times]
+    within = [k for k, g in est.items() if best > 0 and g >= window * best]
+    passes = [d.get("pass") for k in est for d in retimed.get(k, ()) if d.get("pass") is not None]
+    last = max(passes, default=None)
+    members = [k for k in est if last is not None and any(d.get("pass") == last for d in retimed.get(k, ()))]
+    done = {k for k in within if sum(d.get("pass") == last for d in retimed.get(k, ())) >= times}
+    if last is not None and done == set(within):
+        return []
+    carried = max(members, key=lambda k: est[k], default=None)
+    return within + ([carried] if carried is not None and carried not in within else [])
 
 
 def load_retimes(path: Path) -> dict:
-    """The re-timing file: ``{config id: [line, ...]}``, a line ``{"id", "gflops", "ref", "ref_gflops",
-    "round"}`` (``gflops`` alone in a file written before the reference)."""
+    """The re-timing file: ``{config id: [line, ...]}``, a line ``{"id", "gflops", "pass", "round"}``
+    (before 2026-11-28 ``{"id", "gflops", "ref", "ref_gflops", "round"}``, or ``gflops`` alone)."""
     out: dict = {}
     for d in json_lines(path):
         out.setdefault(d["id"], []).append(d)
@@ -364,16 +359,18 @@ def load_retimes(path: Path) -> dict:
 
 def retime(rows: list, cache: dict, path: Path, measurer, times: int = RETIMES,
            window: float = RETIME_WINDOW, late=lambda: False) -> dict | None:
-    """Noise decides "95% of the best" on a loaded CPU, so the contenders are timed again: every config
-    within ``window`` of its workload's best estimate is measured ``times`` more times, in rounds, each round
-    one batch holding every contender once and the workload's reference config (its best at the first
-    re-timing, kept in the file), and its estimate becomes the median of its ratios to the reference of the
-    same round times the reference's median (``retimed_estimate``): the first measurement, which made it a
-    contender, is left out (the winner's curse), and a burst of load, or a core given back, between rounds
-    or between passes scales a contender and its reference alike. Repeats until no config is within
-    ``window`` of the (new) best without its re-timings. ``cache``: the measurement cache's ``{full key:
-    result}`` (to rebuild the configs); ``path``: the re-timing file (appended, so a re-run continues).
-    None when ``late()`` said stop before the last round (a re-run continues from the file)."""
+    """Noise decides "95% of the best" on a loaded CPU, so the contenders are timed again, in showdowns: every
+    config within ``window`` of its workload's best estimate is measured ``times`` more times, in rounds, each
+    round one batch holding every contender of every workload once, in a shuffled order; a config's estimate
+    becomes its best timing in the showdown (``retimed_estimate``). The first measurement, which made it a
+    contender, is left out (the winner's curse); a burst that slows one timing costs nothing while another
+    timing of the config ran free; and a workload's contenders, timed in the same rounds, share whatever
+    load a pass ran under. Repeats until a workload's configs within ``window`` of the (new) best were all
+    timed together in its last showdown. ``cache``: the measurement cache's ``{full key: result}`` (to
+    rebuild the configs); ``path``: the re-timing file (appended, so a re-run continues the showdown it was
+    in). None when ``late()`` said stop before the last round."""
+    import random as _random
+
     from tuner.measure import MeasureInput
     from tuner.task import workload_of
     from tuner.templates import get_template
@@ -381,49 +378,62 @@ def retime(rows: list, cache: dict, path: Path, measurer, times: int = RETIMES,
     for full in cache:
         tname, wkey, values = json.loads(full)
         inputs[short_key(full)] = (tname, wkey, values)
-    workload_of_id = {k: r["workload"] for r in rows for k in (r.get("keys") or ())}
     retimed = load_retimes(path)
-    refs = {}  # workload -> its reference config id
-    for k, lines in retimed.items():
-        for d in lines:
-            if d.get("ref") is not None and k in workload_of_id:
-                refs.setdefault(workload_of_id[k], d["ref"])
-    next_round = 1 + max((d.get("round", 0) for lines in retimed.values() for d in lines), default=0)
+    lines = [d for ls in retimed.values() for d in ls]
+    next_pass = 1 + max((d.get("pass", 0) for d in lines), default=0)
+    next_round = 1 + max((d.get("round", 0) for d in lines), default=0)
+    # a showdown a killed run left unfinished: its members, by workload, go on from where they were
+    workload_of_id = {k: r["workload"] for r in rows for k in (r.get("keys") or ())}
+    open_pass: dict = {}
+    for d in lines:
+        if d.get("pass") is not None and d["id"] in workload_of_id:
+            w = workload_of_id[d["id"]]
+            if d["pass"] >= open_pass.get(w, (-1, set()))[0]:
+                p, members = open_pass.get(w, (-1, set()))
+                open_pass[w] = (d["pass"], (members if p == d["pass"] else set()) | {d["id"]})
+    rng = _random.Random(next_round)
 
     def make_input(k):
         tname, wkey, values = inputs[k]
         t = get_template(tname)
         return MeasureInput(tname, workload_of(t, wkey), t.make_config(values))
 
+    def timed_in(k, p):
+        return sum(d.get("pass") == p for d in retimed.get(k, ()))
+
     while True:
+        showdowns = {}  # workload -> (pass, members)
+        for w, (p, members) in open_pass.items():
+            if any(timed_in(k, p) < times for k in members):
+                showdowns[w] = (p, sorted(members))
         est = estimates(rows, retimed)
-        todo = [k for w, e in est.items() for k in contenders(e, retimed, times, window) if k in inputs]
-        if not todo:
+        for w, e in est.items():
+            if w in showdowns:
+                continue
+            todo = contenders({k: g for k, g in e.items() if k in inputs}, retimed, times, window)
+            if todo:
+                showdowns[w] = (next_pass, todo)
+                next_pass += 1
+        if not showdowns:
             return retimed
-        for k in todo:  # a workload's first contender, its best estimate then, is its reference
-            w = workload_of_id[k]
-            if w not in refs:
-                refs[w] = max((c for c in todo if workload_of_id[c] == w), key=lambda c: est[w][c])
-        need = max(times - len(retimed.get(k, ())) for k in todo)
-        print(f"re-timing {len(todo)} contenders, {need} rounds", flush=True)
+        need = max(times - timed_in(k, p) for p, ms in showdowns.values() for k in ms)
+        print(f"re-timing {sum(len(ms) for _, ms in showdowns.values())} contenders of {len(showdowns)} "
+              f"workloads together, {need} rounds", flush=True)
         for _ in range(need):
             if late():
                 return None
-            batch = [k for k in todo if len(retimed.get(k, ())) < times]
-            ref_ids = sorted({refs[workload_of_id[k]] for k in batch} - set(batch))
-            ids = batch + ref_ids
-            res = measurer.measure([make_input(k) for k in ids])
-            got = {}
-            for k, r in zip(ids, res):
-                flops = workload_of(get_template(inputs[k][0]), inputs[k][1]).flops
-                got[k] = flops / statistics.median(r.costs) / 1e9 if r.ok and r.costs else None
+            batch = [(k, p) for p, ms in showdowns.values() for k in ms if timed_in(k, p) < times]
+            rng.shuffle(batch)
+            res = measurer.measure([make_input(k) for k, _ in batch])
             with open(path, "a") as f:
-                for k in batch:
-                    ref = refs[workload_of_id[k]]
-                    d = {"id": k, "gflops": got[k], "ref": ref, "ref_gflops": got[ref], "round": next_round}
+                for (k, p), r in zip(batch, res):
+                    flops = workload_of(get_template(inputs[k][0]), inputs[k][1]).flops
+                    g = flops / statistics.median(r.costs) / 1e9 if r.ok and r.costs else None
+                    d = {"id": k, "gflops": g, "pass": p, "round": next_round}
                     retimed.setdefault(k, []).append(d)
                     f.write(json.dumps(d) + "\n")
             next_round += 1
+        open_pass = {w: (p, set(ms)) for w, (p, ms) in showdowns.items()}
 
 
 def finish_rows(rows: list, n: int, retimed: dict | None = None) -> None:
@@ -525,11 +535,11 @@ def summarize(rows: list, n: int, meta: dict) -> str:
                  f"another in its process (measurements of concurrent processes share the device)"]
                 if meta.get("jobs", 1) > 1 else []),
               *([f"- noise: every config within {1 - RETIME_WINDOW:.0%} of its workload's best estimate was timed "
-                 f"{meta['retimes']:g} more times after the runs, in rounds, each round one batch timing every contender "
-                 f"once and the workload's reference config (its best at the first re-timing); a contender's "
-                 f"estimate is the median of its ratios to the reference of the same round times the reference's "
-                 f"median (its first measurement left out), again until no config "
-                 f"within {1 - RETIME_WINDOW:.0%} of the best estimate lacked them ({meta['retimed']} configs "
+                 f"{meta['retimes']:g} more times after the runs, every contender of a workload in the same rounds (a "
+                 f"showdown), each round one batch timing every contender once in a shuffled order; a contender's "
+                 f"estimate is its best timing in the showdown (its first measurement left out), again until a "
+                 f"workload's configs within {1 - RETIME_WINDOW:.0%} of its best estimate were all in its last "
+                 f"showdown ({meta['retimed']} configs "
                  f"re-timed); `best ever` is the best estimate and every trial counts at its config's estimate; "
                  f"`best once` is the best single measurement"] if meta.get("retimed") else []),
               f"- metric: trials until the run's best-so-far GFLOP/s reaches {THRESHOLD:.0%} of the workload's best "
@@ -658,8 +668,10 @@ def done_when(rows: list, workloads: list, samplers: list, n: int, noise: dict |
 
 def retime_noise(rows: list, retimed: dict) -> dict:
     """``{workload: the relative standard error of one re-timed estimate}``: for every re-timed config of the
-    workload, the spread of its ratios to the reference (1.4826 * median absolute deviation, over the median)
-    times the standard error of a median of R of them (1.2533 / sqrt(R)); the median over the configs."""
+    workload, the spread of its timings in its last showdown (1.4826 * median absolute deviation, over the
+    median) times the standard error of a median of R of them (1.2533 / sqrt(R)); the median over the
+    configs. The estimate is the best of the R, which the one-sided noise of a shared host moves less: an
+    upper bound on its error."""
     by_workload: dict = {}
     for r in rows:
         for k in r.get("keys") or ():
@@ -669,11 +681,12 @@ def retime_noise(rows: list, retimed: dict) -> dict:
     for w, ks in by_workload.items():
         errs = []
         for k in ks:
-            ratios = [d["gflops"] / d["ref_gflops"] for d in retimed[k] if d.get("gflops") and d.get("ref_gflops")]
-            if len(ratios) >= 3:
-                m = statistics.median(ratios)
-                mad = statistics.median(abs(x - m) for x in ratios)
-                errs.append(1.4826 * mad / m * 1.2533 / math.sqrt(len(ratios)))
+            last = max(d.get("pass", -1) for d in retimed[k])
+            timings = [d["gflops"] for d in retimed[k] if d.get("gflops") and d.get("pass", -1) == last]
+            if len(timings) >= 3:
+                m = statistics.median(timings)
+                mad = statistics.median(abs(x - m) for x in timings)
+                errs.append(1.4826 * mad / m * 1.2533 / math.sqrt(len(timings)))
         if errs:
             out[w] = statistics.median(errs)
     return out
@@ -1041,7 +1054,6 @@ def replay_tables(caches: list, retimes: list, info, workloads: list) -> dict:
     for path in retimes:
         for k, lines in load_retimes(Path(path)).items():
             retimed.setdefault(k, []).extend(lines)
-    level = ref_levels(retimed)
     wanted = {}
     for name, tname, kw in workloads:
         t = get_template(tname)
@@ -1067,7 +1079,7 @@ def replay_tables(caches: list, retimes: list, info, workloads: list) -> dict:
                 res = d["result"]
                 k = short_key(d["key"])
                 if k in retimed:
-                    g = retimed_estimate(retimed[k], level)
+                    g = retimed_estimate(retimed[k])
                 elif res.get("error_code") == 0 and res.get("costs"):
                     g = wl.flops / statistics.median(res["costs"]) / 1e9
                 else:
