@@ -96,6 +96,7 @@ VARIANTS = {
     "xgb-farrandom": ("xgb", True, {"sampler_options": {"far_pick": "random"}}),
     "xgb-far50": ("xgb", True, {"sampler_options": {"far": (0.0, 0.5)}}),
     "xgb-pairs": ("xgb", True, {"sampler_options": {"pair_moves": 1}}),
+    "xgb-fast10": ("xgb", True, {"reading": "fast10"}),  # the search reads a measurement's fastest tenth
 }
 SAMPLERS = tuple(VARIANTS)  # in the tables' column order
 THRESHOLD = 0.95
@@ -209,6 +210,25 @@ class CachedMeasurer:
         return out
 
 
+class FastestTenth:
+    """What the search reads of a measurement (variant ``xgb-fast10``): only the fastest tenth of its timings
+    (at least one), so the record's median is about their 5th percentile. Load on a shared host only ever
+    slows a kernel, and a measurement's own timings spread (on the CPU report's caches the median stands 5%
+    above the fastest in half of them, 13% in a quarter); on the H200 a 5 µs kernel's timings fall into two
+    modes, and the median lands in either. The runs' CSV keeps the measurement's median (``raw``)."""
+
+    def __init__(self, measurer):
+        self.measurer = measurer
+
+    def measure(self, inputs: list) -> list:
+        import dataclasses
+        out = []
+        for res in self.measurer.measure(inputs):
+            c = sorted(res.costs or ())
+            out.append(dataclasses.replace(res, costs=c[:max(1, math.ceil(len(c) / 10))]) if c else res)
+        return out
+
+
 def cache_key(template, workload, config) -> str:
     """The measurement cache's key of a (template, workload, config): canonical JSON."""
     from tuner.logs.record import canonical_json
@@ -281,6 +301,10 @@ def run_one(template: str, wl, sampler: str, seed: int, trials: int, device, cor
     from tuner.search import tune
     from tuner.templates import get_template
     name, transfer, more = VARIANTS[sampler]
+    more = dict(more)
+    raw = measurer
+    if more.pop("reading", None) == "fast10":
+        measurer = FastestTenth(measurer)
     with tempfile.TemporaryDirectory(prefix="tuning-bench-") as d:
         log = os.path.join(d, "log.jsonl")
         shutil.copyfile(corpus_log, log)  # what the device's log holds before this layer
@@ -292,9 +316,14 @@ def run_one(template: str, wl, sampler: str, seed: int, trials: int, device, cor
         notes = {tr.number: tr.user_attrs.get("search") or {"by": tr.user_attrs.get("start") or
                                                             ("enqueued" if tr.system_attrs.get("fixed_params") else "")}
                  for tr in optuna.load_study(study_name=res.study_name, storage=storage).trials}
-    gflops = [r.gflops if r.ok and r.gflops else None for r in res.records]
     t = get_template(template)
-    keys = [short_key(cache_key(template, wl, t.config(**r.config))) for r in res.records]
+    full = [cache_key(template, wl, t.config(**r.config)) for r in res.records]
+    keys = [short_key(k) for k in full]
+    gflops = [r.gflops if r.ok and r.gflops else None for r in res.records]
+    if raw is not measurer:  # the measurement's median, as every other variant's CSV holds
+        flops = wl.flops
+        gflops = [flops / statistics.median(raw.cache[k]["costs"]) / 1e9 if g and raw.cache[k].get("costs") else g
+                  for k, g in zip(full, gflops)]
     best = max((r for r in res.records if r.ok and r.gflops), key=lambda r: r.gflops, default=None)
     cfg = {k: v for k, v in best.config.items() if not k.endswith("_scope")} if best else None
     by = [notes.get(r.trial, {}).get("by") or "random" for r in res.records]  # who proposed each measured trial

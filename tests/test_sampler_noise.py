@@ -180,3 +180,19 @@ def test_the_hit_rate_table_counts_each_trial_at_its_estimate_and_names_undecide
     tuning.finish_rows(rows, 3)
     lines = "\n".join(tuning.random_by_hit_rate(rows, ["w", "v"], {("w", "xgb"): 1.0, ("v", "xgb"): 4.0}, 3))
     assert "| w | 3 | 0 | >" in lines and "| 1 | <=" in lines and "from the hit rate: <=" in lines
+
+
+def test_the_fast10_reading_keeps_a_measurements_fastest_tenth(tuning):
+    """Variant xgb-fast10: the search reads the fastest tenth of each measurement's timings (at least one);
+    a failed measurement passes through unchanged."""
+    from tuner.errors import ErrorCode
+
+    class Inner:
+        def measure(self, inputs):
+            return [MeasureResult(costs=[float(c) for c in range(25, 0, -1)]), MeasureResult(costs=[3.0, 1.0]),
+                    MeasureResult(error_code=ErrorCode.RUNTIME)]
+
+    got = tuning.FastestTenth(Inner()).measure([None, None, None])
+    assert got[0].costs == [1.0, 2.0, 3.0] and got[0].median == 2.0  # ceil(25 / 10) = 3 of 25
+    assert got[1].costs == [1.0]
+    assert not got[2].ok and got[2].error_code == ErrorCode.RUNTIME
