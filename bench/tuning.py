@@ -45,9 +45,10 @@ so after the runs the contenders are re-timed (``--retimes R``, default 5; ``ret
 10% of its workload's best estimate is timed R more times, all of a workload's contenders in the same rounds
 (a showdown), and judged by its best timing there (``retimed_estimate``; before 2026-11-28: the median of its
 ratios to a reference config timed in the same round, which a burst that slowed only one of the two threw
-off), until a workload's configs within 10% of its best estimate were all timed in its last showdown (``<out>/tuning_retime_<fp>.jsonl``). ``best_ever`` is then the best estimate and each
-trial counts at its config's estimate (the CSV's ``curve_retimed``); each trial's config id is the CSV's
-``keys``. ``--retimes 0`` judges by the runs' one timing, as before 2026-11-26.
+off), until a workload's configs within 10% of its best estimate were all timed in its last showdown
+(``<out>/tuning_retime_<fp>.jsonl``). ``best_ever`` is then the best estimate and each trial counts at its
+config's estimate (the CSV's ``curve_retimed``); each trial's config id is the CSV's ``keys``.
+``--retimes 0`` judges by the runs' one timing, as before 2026-11-26.
 
 Writes ``<out>/tuning_<device fingerprint>.csv`` (one row per run, rewritten after every run so a killed
 benchmark keeps what it measured; a re-run skips the runs it has) and ``<out>/tuning_<device fingerprint>.md``
@@ -322,8 +323,8 @@ def run_one(template: str, wl, sampler: str, seed: int, trials: int, device, cor
     gflops = [r.gflops if r.ok and r.gflops else None for r in res.records]
     if raw is not measurer:  # the measurement's median, as every other variant's CSV holds
         flops = wl.flops
-        gflops = [flops / statistics.median(raw.cache[k]["costs"]) / 1e9 if g and raw.cache[k].get("costs") else g
-                  for k, g in zip(full, gflops)]
+        gflops = [flops / statistics.median(raw.cache[k]["costs"]) / 1e9 if g and raw.cache[k].get("costs")
+                  else g for k, g in zip(full, gflops)]
     best = max((r for r in res.records if r.ok and r.gflops), key=lambda r: r.gflops, default=None)
     cfg = {k: v for k, v in best.config.items() if not k.endswith("_scope")} if best else None
     by = [notes.get(r.trial, {}).get("by") or "random" for r in res.records]  # who proposed each measured trial
@@ -413,13 +414,16 @@ def retime(rows: list, cache: dict, path: Path, measurer, times: int = RETIMES,
     next_round = 1 + max((d.get("round", 0) for d in lines), default=0)
     # a showdown a killed run left unfinished: its members, by workload, go on from where they were
     workload_of_id = {k: r["workload"] for r in rows for k in (r.get("keys") or ())}
-    open_pass: dict = {}
+    open_pass: dict = {}  # workload -> (its last showdown, that showdown's members)
     for d in lines:
-        if d.get("pass") is not None and d["id"] in workload_of_id:
-            w = workload_of_id[d["id"]]
-            if d["pass"] >= open_pass.get(w, (-1, set()))[0]:
-                p, members = open_pass.get(w, (-1, set()))
-                open_pass[w] = (d["pass"], (members if p == d["pass"] else set()) | {d["id"]})
+        if d.get("pass") is None or d["id"] not in workload_of_id:
+            continue
+        w = workload_of_id[d["id"]]
+        p, members = open_pass.get(w, (-1, set()))
+        if d["pass"] > p:
+            open_pass[w] = (d["pass"], {d["id"]})
+        elif d["pass"] == p:
+            members.add(d["id"])
     rng = _random.Random(next_round)
 
     def make_input(k):
