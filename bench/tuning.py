@@ -345,9 +345,13 @@ def retimed_estimate(lines: list) -> float:
     a showdown times every contender of a workload in the same rounds, so a pass taken under another load
     (a core given back between passes halves every kernel's time) scales them all alike. Failed timings are
     left out; none left: 0."""
+    return max(showdown_timings(lines), default=0.0)
+
+
+def showdown_timings(lines: list) -> list:
+    """A re-timed config's successful timings (GFLOP/s) in the last showdown it was timed in."""
     last = max((d.get("pass", -1) for d in lines), default=-1)
-    own = [d["gflops"] for d in lines if d.get("gflops") and d.get("pass", -1) == last]
-    return max(own, default=0.0)
+    return [d["gflops"] for d in lines if d.get("gflops") and d.get("pass", -1) == last]
 
 
 def estimates(rows: list, retimed: dict) -> dict:
@@ -714,8 +718,7 @@ def retime_noise(rows: list, retimed: dict) -> dict:
     for w, ks in by_workload.items():
         errs = []
         for k in ks:
-            last = max(d.get("pass", -1) for d in retimed[k])
-            timings = [d["gflops"] for d in retimed[k] if d.get("gflops") and d.get("pass", -1) == last]
+            timings = showdown_timings(retimed[k])
             if len(timings) >= 3:
                 m = statistics.median(timings)
                 mad = statistics.median(abs(x - m) for x in timings)
