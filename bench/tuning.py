@@ -366,6 +366,11 @@ def estimates(rows: list, retimed: dict) -> dict:
     return out
 
 
+def timed_in(retimed: dict, k: str, p) -> int:
+    """How many times config ``k`` was timed in showdown ``p``."""
+    return sum(d.get("pass") == p for d in retimed.get(k, ()))
+
+
 def contenders(est: dict, retimed: dict, times: int, window: float = RETIME_WINDOW) -> list:
     """The next showdown's members: ``[]`` when every config within ``window`` of the best estimate has its
     ``times`` timings in the workload's last showdown, else every one of them and the last showdown's best,
@@ -374,8 +379,8 @@ def contenders(est: dict, retimed: dict, times: int, window: float = RETIME_WIND
     within = [k for k, g in est.items() if best > 0 and g >= window * best]
     passes = [d.get("pass") for k in est for d in retimed.get(k, ()) if d.get("pass") is not None]
     last = max(passes, default=None)
-    members = [k for k in est if last is not None and any(d.get("pass") == last for d in retimed.get(k, ()))]
-    done = {k for k in within if sum(d.get("pass") == last for d in retimed.get(k, ())) >= times}
+    members = [k for k in est if last is not None and timed_in(retimed, k, last)]
+    done = {k for k in within if timed_in(retimed, k, last) >= times}
     if last is not None and done == set(within):
         return []
     carried = max(members, key=lambda k: est[k], default=None)
@@ -435,13 +440,10 @@ def retime(rows: list, cache: dict, path: Path, measurer, times: int = RETIMES,
         t = get_template(tname)
         return MeasureInput(tname, workload_of(t, wkey), t.make_config(values))
 
-    def timed_in(k, p):
-        return sum(d.get("pass") == p for d in retimed.get(k, ()))
-
     while True:
         showdowns = {}  # workload -> (pass, members)
         for w, (p, members) in open_pass.items():
-            if any(timed_in(k, p) < times for k in members):
+            if any(timed_in(retimed, k, p) < times for k in members):
                 showdowns[w] = (p, sorted(members))
         est = estimates(rows, retimed)
         for w, e in est.items():
@@ -453,13 +455,13 @@ def retime(rows: list, cache: dict, path: Path, measurer, times: int = RETIMES,
                 next_pass += 1
         if not showdowns:
             return retimed
-        need = max(times - timed_in(k, p) for p, ms in showdowns.values() for k in ms)
+        need = max(times - timed_in(retimed, k, p) for p, ms in showdowns.values() for k in ms)
         print(f"re-timing {sum(len(ms) for _, ms in showdowns.values())} contenders of {len(showdowns)} "
               f"workloads together, {need} rounds", flush=True)
         for _ in range(need):
             if late():
                 return None
-            batch = [(k, p) for p, ms in showdowns.values() for k in ms if timed_in(k, p) < times]
+            batch = [(k, p) for p, ms in showdowns.values() for k in ms if timed_in(retimed, k, p) < times]
             rng.shuffle(batch)
             res = measurer.measure([make_input(k) for k, _ in batch])
             with open(path, "a") as f:
