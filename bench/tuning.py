@@ -19,7 +19,8 @@ xgb with ``transfer=False``, to show what transfer adds; TPE and random run as s
 device region measured first), the other ``VARIANTS`` are the xgb sampler's alternatives (issue 37).
 ``REPORT`` (2026-11-27) is the set issue 37's search was first reported on; it was developed on ``HELD_OUT`` and
 ``HELD_OUT_2``. ``REPORT_2`` (2026-11-28) is the set its proposals far from the incumbents are reported on; they
-were developed on ``REPORT``.
+were developed on ``REPORT``. ``REPORT_3`` (2026-11-28) is the set a CPU convolution's two-mode region (``xgb-modes``,
+``tuner.search.regions.MODES``) is reported on; it was developed on ``REPORT`` and ``REPORT_2``.
 
 ``--deadline S`` stops starting work (a corpus chunk, a run, a re-timing round) after S seconds and exits with
 status 3 while work is left; the same command with the same ``--out`` goes on from the files there (the
@@ -81,7 +82,8 @@ STOCK = {"fallback_first": False, "device_region": False}  # the baselines: Optu
 # xgb-nofar: neither proposals far from the incumbents nor the corpus's decay (the xgb of the first report);
 # xgb-far15: far proposals at a fixed share, no decay; xgb-nodecay: far proposals once stale, no decay;
 # xgb-farrandom: the far proposal a random one of the far configs, not the model's best of them; xgb-far50: half
-# the proposals far once stale; xgb-pairs: every two-knob neighbour of the best config among the candidates.
+# the proposals far once stale; xgb-pairs: every two-knob neighbour of the best config among the candidates;
+# xgb-modes: the device regions of the candidate table MODES (a CPU convolution's wide and narrow modes).
 VARIANTS = {
     "xgb": ("xgb", True, {}),
     "tpe": ("tpe", False, STOCK),
@@ -98,6 +100,7 @@ VARIANTS = {
     "xgb-far50": ("xgb", True, {"sampler_options": {"far": (0.0, 0.5)}}),
     "xgb-pairs": ("xgb", True, {"sampler_options": {"pair_moves": 1}}),
     "xgb-fast10": ("xgb", True, {"reading": "fast10"}),  # the search reads a measurement's fastest tenth
+    "xgb-modes": ("xgb", True, {"device_region": "MODES"}),  # tuner.search.regions.MODES: a region's two modes
 }
 SAMPLERS = tuple(VARIANTS)  # in the tables' column order
 THRESHOLD = 0.95
@@ -144,7 +147,16 @@ REPORT_2 = [  # 2026-11-28 (issue 37): the set reported for the far proposals, w
     ("dw5x5s2.48@24", "depthwise_conv2d", dict(data=(1, 48, 24, 24), kernel=(48, 1, 5, 5), stride=2, padding=2)),
     ("dense.320-128", "dense", dict(data=(1, 320), weight=(128, 320))),
 ]
-WORKLOADS = HELD_OUT + HELD_OUT_2 + REPORT + REPORT_2
+REPORT_3 = [  # 2026-11-28 (issue 37): the set reported for a CPU convolution region of two modes (MODES), which was
+    # developed on REPORT and REPORT_2 (their measurements and caches, read after their reports); defined before any
+    # of it was measured
+    ("conv3x3.32-48@14", "conv2d", dict(data=(1, 32, 14, 14), kernel=(48, 32, 3, 3), padding=1)),
+    ("conv1x1.40-80@16", "conv2d", dict(data=(1, 40, 16, 16), kernel=(80, 40, 1, 1))),
+    ("conv3x3s2.40-40@18", "conv2d", dict(data=(1, 40, 18, 18), kernel=(40, 40, 3, 3), stride=2, padding=1)),
+    ("dw3x3.56@16", "depthwise_conv2d", dict(data=(1, 56, 16, 16), kernel=(56, 1, 3, 3), padding=1)),
+    ("dense.256-192", "dense", dict(data=(1, 256), weight=(192, 256))),
+]
+WORKLOADS = HELD_OUT + HELD_OUT_2 + REPORT + REPORT_2 + REPORT_3
 SCOPES = {"input": "buffer", "weight": "buffer", "output": "buffer"}
 
 CSV_FIELDS = ["workload", "template", "workload_args", "scope", "sampler", "seed", "trials", "trials_to_95pct",
@@ -306,6 +318,9 @@ def run_one(template: str, wl, sampler: str, seed: int, trials: int, device, cor
     raw = measurer
     if more.pop("reading", None) == "fast10":
         measurer = FastestTenth(measurer)
+    if more.get("device_region") == "MODES":
+        from tuner.search import regions
+        more["device_region"] = regions.MODES
     with tempfile.TemporaryDirectory(prefix="tuning-bench-") as d:
         log = os.path.join(d, "log.jsonl")
         shutil.copyfile(corpus_log, log)  # what the device's log holds before this layer
@@ -1140,7 +1155,7 @@ def replay(info, tables: dict, corpus_log: Path, variants: list, seeds: int, tri
     from optuna.distributions import CategoricalDistribution
 
     from tuner.logs import load_records
-    from tuner.search.regions import REGION_SEEDS, region_configs, region_of
+    from tuner.search.regions import MODES, REGION_SEEDS, region_configs, region_of
     from tuner.search.samplers import make_sampler
     from tuner.task import workload_of
     from tuner.templates import get_template
@@ -1167,7 +1182,8 @@ def replay(info, tables: dict, corpus_log: Path, variants: list, seeds: int, tri
                 if more.get("fallback_first", True):
                     start.append({n: fallback[n] for n in space.names})
                 if more.get("device_region", True):
-                    start += region_configs(bound, region_of(info.type, tname), REGION_SEEDS, seed)
+                    table = MODES if more.get("device_region") == "MODES" else None
+                    start += region_configs(bound, region_of(info.type, tname, table), REGION_SEEDS, seed)
                 for params in start:
                     if space.key(params) in table:
                         study.enqueue_trial(params)

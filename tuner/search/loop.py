@@ -120,12 +120,13 @@ def enqueue_fallback(s: Session) -> None:
         s.study.enqueue_trial(params)
 
 
-def enqueue_region(s: Session, seed) -> None:
-    """Enqueue ``REGION_SEEDS`` configs of the device class's default region (``tuner.search.regions``), drawn
-    with ``seed``, when neither the log nor the study holds any measurement of the task yet and no trial of the
-    study was enqueued from the region already (an interrupted run, or another worker, did)."""
+def enqueue_region(s: Session, seed, table: dict | None = None) -> None:
+    """Enqueue ``REGION_SEEDS`` configs of each mode of the device class's default region
+    (``tuner.search.regions``; ``table``: another table in ``REGIONS``' shape), drawn with ``seed``, when neither
+    the log nor the study holds any measurement of the task yet and no trial of the study was enqueued from the
+    region already (an interrupted run, or another worker, did)."""
     from tuner.search.regions import REGION_SEEDS, region_configs, region_of
-    region = region_of(s.info.type, s.task.tmpl.name)
+    region = region_of(s.info.type, s.task.tmpl.name, table)
     if not region or s.known:
         return
     trials = s.study.get_trials(deepcopy=False)

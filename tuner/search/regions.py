@@ -18,6 +18,11 @@ Why these regions:
   by 1 or 4 rows with split_k 4 to 16 in 23), depthwise layers run 8 or 16 by 2 or 4 work-groups (21 of 36),
   dense layers split the reduction 8 or 16 ways (3 of 3).
 
+A template's entry is one region (a dict of knob values) or several modes of it (a list of such dicts): each
+mode gets its own ``REGION_SEEDS`` draws, the first mode's drawn with the run's seed as a single region's are.
+``MODES`` is a candidate table in the same shape, measured against ``REGIONS`` before it may replace it
+(``bench/tuning.py``'s ``xgb-modes``; bench/notes/tuning.md, 2026-11-28, fourth).
+
 A template or device type without an entry has no region (the fallback alone is measured first)."""
 from __future__ import annotations
 
@@ -33,19 +38,46 @@ REGIONS: dict = {
         "dense": {"split_k": [8, 16]},
     },
 }
-REGION_SEEDS = 2  # configs drawn from the region and measured first, after the fallback
+# Candidate: a CPU convolution's best configs lie in one of two modes. On Intel's CPU runtime, of the 9
+# convolutions of the tuning benchmark's CPU sets (HELD_OUT, HELD_OUT_2's measured ones, REPORT, REPORT_2), 5
+# are fastest with the wide groups above, 4 with narrow groups of 2-D tiles and a split reduction (REPORT_2's
+# two 10x10 outputs: 1x1 groups of 4x2x2 tiles, split_k 2, where a 16-wide group leaves 6 of 16 work-items idle;
+# REPORT's conv3x3s2: 4x1 groups of 4x4x1 tiles). 8 of the 9 best configs take 4 output channels a work-item and
+# 4-wide loads.
+MODES: dict = {
+    "CPU": {
+        "conv2d": [{"tile_ow": [1], "wg_w": [16, 32], "tile_oc": [4], "vec_load": [4]},
+                   {"wg_w": [1, 2, 4], "wg_h": [1], "tile_oc": [4], "tile_oh": [2, 4], "tile_ow": [1, 2],
+                    "vec_load": [4], "split_k": [2], "unroll_rs": [False], "local_input": [False],
+                    "cache_input": [False]}],
+    },
+    "GPU": REGIONS["GPU"],
+}
+REGION_SEEDS = 2  # configs drawn from the region (from each of its modes) and measured first, after the fallback
 
 
-def region_of(device_type: str, template: str) -> dict:
-    """The region's knob values for a device type and template (empty: none)."""
-    return dict(REGIONS.get(str(device_type).upper(), {}).get(template, {}))
+def region_of(device_type: str, template: str, table: dict | None = None) -> list:
+    """The region's modes for a device type and template: a list of knob-value dicts (empty: none), from
+    ``table`` (``REGIONS``' shape; default ``REGIONS``)."""
+    entry = (REGIONS if table is None else table).get(str(device_type).upper(), {}).get(template, [])
+    return [dict(m) for m in (entry if isinstance(entry, list) else [entry]) if m]
 
 
-def region_configs(space, region: dict, count: int, seed, exclude=(), tries: int = 400) -> list:
+def region_configs(space, region, count: int, seed, exclude=(), tries: int = 400) -> list:
     """Up to ``count`` distinct valid configs of ``space`` (a bound space) whose knobs named in ``region`` take
     one of its values: random valid configs with those knobs redrawn from the region, kept where the space's
     constraints accept them. ``exclude``: config keys (tuples in the space's knob order) to skip. A region
-    naming a knob the space does not have, or values the knob does not offer, is ignored for that knob."""
+    naming a knob the space does not have, or values the knob does not offer, is ignored for that knob.
+    ``region`` a list of modes (``region_of``): up to ``count`` configs of each, all distinct, the first mode's
+    drawn with ``seed`` and mode i's with ``(seed, i)``."""
+    if isinstance(region, list):
+        out, keys = [], set(exclude)
+        names = list(space.choices)
+        for i, mode in enumerate(region):
+            got = region_configs(space, mode, count, seed if i == 0 or seed is None else (seed, i), keys, tries)
+            keys |= {tuple(v[n] for n in names) for v in got}
+            out += got
+        return out
     names = list(space.choices)
     region = {k: [v for v in vals if v in space.choices[k]] for k, vals in region.items() if k in space.choices}
     region = {k: v for k, v in region.items() if v}

@@ -175,7 +175,7 @@ def tune(template, workload, device=None, trials: int = 32, log: str | None = No
          sampler: str = "xgb", scopes: dict | None = None, seed: int | None = 0, early_stopping: int | None = None,
          batch: int | None = None, options: MeasureOptions | None = None, progress: bool = True,
          transfer: bool = True, fixed: dict | None = None, measurer: Measurer | None = None,
-         fallback_first: bool = True, transfer_from=None, device_region: bool = True,
+         fallback_first: bool = True, transfer_from=None, device_region: bool | dict = True,
          sampler_options: dict | None = None) -> TuneResult:
     """Measure up to ``trials`` new configs of ``template`` (a registered name, or ``"module:ATTRIBUTE"``)
     on ``workload`` with ``sampler`` (xgb, tpe or random), stopping early after ``early_stopping``
@@ -187,7 +187,8 @@ def tune(template, workload, device=None, trials: int = 32, log: str | None = No
     search starts from what the task runs untuned. ``device_region``: then ``REGION_SEEDS`` configs of the
     device class's default region (``tuner.search.regions``: a CPU's wide work-groups, a GPU's occupancy) are
     measured, when the log holds nothing of the task yet; the sampler learns from them as from any trial (and
-    starts around them when they are the best of the first trials).
+    starts around them when they are the best of the first trials). A dict: a regions table in ``REGIONS``'
+    shape used instead (``tuner.search.regions.MODES``, a candidate).
     ``sampler_options``: keyword arguments of the xgb sampler (``XGBSampler``: its exploration, transfer weighting).
     ``transfer_from``: sibling devices' fingerprints (or ``"auto"``) whose records of the template weigh in the
     cost model's transfer as this device's own, and whose best configs of this task that this device's space
@@ -218,8 +219,8 @@ def tune(template, workload, device=None, trials: int = 32, log: str | None = No
     enqueue_seeds(session)  # a named sibling's best configs of this very task first: the strongest evidence
     if fallback_first:
         enqueue_fallback(session)
-    if device_region:
-        enqueue_region(session, seed)  # only for a task nothing of which was measured yet
+    if device_region:  # only for a task nothing of which was measured yet
+        enqueue_region(session, seed, device_region if isinstance(device_region, dict) else None)
 
     best = max((r for r in session.known.values() if r.ok), key=score, default=None)
     result = TuneResult(session.study.study_name, best, log=log, label=task.label)
