@@ -19,8 +19,8 @@ xgb with ``transfer=False``, to show what transfer adds; TPE and random run as s
 device region measured first), the other ``VARIANTS`` are the xgb sampler's alternatives (issue 37).
 ``REPORT`` (2026-11-27) is the set issue 37's search was first reported on; it was developed on ``HELD_OUT`` and
 ``HELD_OUT_2``. ``REPORT_2`` (2026-11-28) is the set its proposals far from the incumbents are reported on; they
-were developed on ``REPORT``. ``REPORT_3`` (2026-11-28) is the set a CPU convolution's two-mode region (``xgb-modes``,
-``tuner.search.regions.MODES``) is reported on; it was developed on ``REPORT`` and ``REPORT_2``.
+were developed on ``REPORT``. ``REPORT_3`` (2026-11-28) is the set a CPU convolution's two-mode region (``tuner.search.regions``; ``xgb-modes``
+in development) is reported on; it was developed on ``REPORT`` and ``REPORT_2``.
 
 ``--deadline S`` stops starting work (a corpus chunk, a run, a re-timing round) after S seconds and exits with
 status 3 while work is left; the same command with the same ``--out`` goes on from the files there (the
@@ -83,7 +83,8 @@ STOCK = {"fallback_first": False, "device_region": False}  # the baselines: Optu
 # xgb-far15: far proposals at a fixed share, no decay; xgb-nodecay: far proposals once stale, no decay;
 # xgb-farrandom: the far proposal a random one of the far configs, not the model's best of them; xgb-far50: half
 # the proposals far once stale; xgb-pairs: every two-knob neighbour of the best config among the candidates;
-# xgb-modes: the device regions of the candidate table MODES (a CPU convolution's wide and narrow modes).
+# xgb-modes: a CPU convolution's region in two modes (tuner.search.regions; since 2026-11-28 xgb's own);
+# xgb-onemode: the region of one mode before it (regions.ONE_MODE).
 VARIANTS = {
     "xgb": ("xgb", True, {}),
     "tpe": ("tpe", False, STOCK),
@@ -100,7 +101,8 @@ VARIANTS = {
     "xgb-far50": ("xgb", True, {"sampler_options": {"far": (0.0, 0.5)}}),
     "xgb-pairs": ("xgb", True, {"sampler_options": {"pair_moves": 1}}),
     "xgb-fast10": ("xgb", True, {"reading": "fast10"}),  # the search reads a measurement's fastest tenth
-    "xgb-modes": ("xgb", True, {"device_region": "MODES"}),  # tuner.search.regions.MODES: a region's two modes
+    "xgb-modes": ("xgb", True, {}),  # the CPU convolution region's two modes, before they became xgb's default
+    "xgb-onemode": ("xgb", True, {"device_region": "ONE_MODE"}),  # the region before its second mode
 }
 SAMPLERS = tuple(VARIANTS)  # in the tables' column order
 THRESHOLD = 0.95
@@ -147,7 +149,7 @@ REPORT_2 = [  # 2026-11-28 (issue 37): the set reported for the far proposals, w
     ("dw5x5s2.48@24", "depthwise_conv2d", dict(data=(1, 48, 24, 24), kernel=(48, 1, 5, 5), stride=2, padding=2)),
     ("dense.320-128", "dense", dict(data=(1, 320), weight=(128, 320))),
 ]
-REPORT_3 = [  # 2026-11-28 (issue 37): the set reported for a CPU convolution region of two modes (MODES), which was
+REPORT_3 = [  # 2026-11-28 (issue 37): the set reported for a CPU convolution region of two modes, which was
     # developed on REPORT and REPORT_2 (their measurements and caches, read after their reports); defined before any
     # of it was measured
     ("conv3x3.32-48@14", "conv2d", dict(data=(1, 32, 14, 14), kernel=(48, 32, 3, 3), padding=1)),
@@ -318,9 +320,9 @@ def run_one(template: str, wl, sampler: str, seed: int, trials: int, device, cor
     raw = measurer
     if more.pop("reading", None) == "fast10":
         measurer = FastestTenth(measurer)
-    if more.get("device_region") == "MODES":
+    if more.get("device_region") == "ONE_MODE":
         from tuner.search import regions
-        more["device_region"] = regions.MODES
+        more["device_region"] = regions.ONE_MODE
     with tempfile.TemporaryDirectory(prefix="tuning-bench-") as d:
         log = os.path.join(d, "log.jsonl")
         shutil.copyfile(corpus_log, log)  # what the device's log holds before this layer
@@ -1155,7 +1157,7 @@ def replay(info, tables: dict, corpus_log: Path, variants: list, seeds: int, tri
     from optuna.distributions import CategoricalDistribution
 
     from tuner.logs import load_records
-    from tuner.search.regions import MODES, REGION_SEEDS, region_configs, region_of
+    from tuner.search.regions import ONE_MODE, REGION_SEEDS, region_configs, region_of
     from tuner.search.samplers import make_sampler
     from tuner.task import workload_of
     from tuner.templates import get_template
@@ -1182,7 +1184,7 @@ def replay(info, tables: dict, corpus_log: Path, variants: list, seeds: int, tri
                 if more.get("fallback_first", True):
                     start.append({n: fallback[n] for n in space.names})
                 if more.get("device_region", True):
-                    table = MODES if more.get("device_region") == "MODES" else None
+                    table = ONE_MODE if more.get("device_region") == "ONE_MODE" else None
                     start += region_configs(bound, region_of(info.type, tname, table), REGION_SEEDS, seed)
                 for params in start:
                     if space.key(params) in table:

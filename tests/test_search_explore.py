@@ -15,7 +15,7 @@ from tuner.logs import load_records
 from tuner.measure import MeasureResult
 from tuner.measure.runner import Runner
 from tuner.search import XGBSampler, make_sampler, tune
-from tuner.search.regions import MODES, REGION_SEEDS, region_configs, region_of
+from tuner.search.regions import ONE_MODE, REGION_SEEDS, region_configs, region_of
 from tuner.search.samplers import rank_correlation, trust
 from tuner.templates import get_template
 
@@ -148,13 +148,14 @@ def test_region_configs_lie_in_the_region_and_the_space():
     key = tuple(got[0][n] for n in sp.choices)
     assert all(tuple(v[n] for n in sp.choices) != key for v in region_configs(sp, region, 5, seed=0, exclude={key}))
     assert region_configs(sp, {"no_such_knob": [1]}, 3, seed=0) == []
-    assert region_configs(sp, modes, 5, seed=0) == got  # one mode: as the region alone
+    one = region_of("CPU", "conv2d", ONE_MODE)
+    assert len(one) == 1 and region_configs(sp, one, 5, seed=0) == region_configs(sp, one[0], 5, seed=0)
 
 
 def test_each_mode_of_a_region_gets_its_own_seeds():
     sp = space_of(WL)
-    modes = region_of("CPU", "conv2d", MODES)
-    assert len(modes) == 2 and region_of("GPU", "conv2d", MODES) == region_of("GPU", "conv2d")
+    modes = region_of("CPU", "conv2d")
+    assert len(modes) == 2 and region_of("GPU", "conv2d", ONE_MODE) == region_of("GPU", "conv2d")
     got = region_configs(sp, modes, 2, seed=4)
     assert got[:2] == region_configs(sp, modes[0], 2, seed=4)  # the first mode drawn as a single region
     assert len(got) == 4 and len({tuple(v.values()) for v in got}) == 4
@@ -187,7 +188,8 @@ def test_tune_measures_the_fallback_then_the_device_region_first(tmp_path):
     assert res.measured == 6
     names = list(space_of(WL).choices)
     fallback = T.config_values(WL, T.fallback_with(WL, CPU, **{f"{k}_scope": v for k, v in BUFFERS.items()}))
-    first = [r.config for r in load_records(log)][:1 + REGION_SEEDS]
+    first_six = [r.config for r in load_records(log)]
+    first = first_six[:1 + REGION_SEEDS]
     assert {k: first[0][k] for k in names if k in first[0]} == {k: fallback[k] for k in names if k in first[0]}
     region = region_of("CPU", "conv2d")[0]
     assert all(all(c[k] in vals for k, vals in region.items()) for c in first[1:])
@@ -199,12 +201,14 @@ def test_tune_measures_the_fallback_then_the_device_region_first(tmp_path):
                  device_region=False, sampler="random")
     assert [r.config for r in load_records(str(tmp_path / "b.jsonl"))][0] != first[0]
     assert plain.measured == 3
-    modes = region_of("CPU", "conv2d", MODES)  # another table: each of its modes measured after the fallback
-    tune("conv2d", WL, CPU, trials=6, log=str(tmp_path / "c.jsonl"), scopes=BUFFERS, measurer=Synthetic(),
-         progress=False, seed=3, storage=f"sqlite:///{tmp_path / 'c.db'}", device_region=MODES)
-    started = [r.config for r in load_records(str(tmp_path / "c.jsonl"))][1:1 + 2 * REGION_SEEDS]
+    modes = region_of("CPU", "conv2d")  # each mode of the region measured after the fallback
+    started = first_six[1:1 + 2 * REGION_SEEDS]
     for mode, pair in ((modes[0], started[:REGION_SEEDS]), (modes[1], started[REGION_SEEDS:])):
         assert all(all(c[k] in vals for k, vals in mode.items() if k in c) for c in pair)
+    tune("conv2d", WL, CPU, trials=3, log=str(tmp_path / "c.jsonl"), scopes=BUFFERS, measurer=Synthetic(),
+         progress=False, seed=3, storage=f"sqlite:///{tmp_path / 'c.db'}", device_region=ONE_MODE)
+    one = [r.config for r in load_records(str(tmp_path / "c.jsonl"))]  # another table: its one mode's seeds
+    assert all(all(c[k] in vals for k, vals in ONE_MODE["CPU"]["conv2d"].items()) for c in one[1:])
 
 
 def test_far_configs_are_unlike_every_incumbent_and_unseen():

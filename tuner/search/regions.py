@@ -7,11 +7,13 @@ lie elsewhere the search can stay near them (the report set's 12x12 conv3x3 on I
 configs are narrow: bench/notes/tuning.md, 2026-11-27).
 
 Why these regions:
-- CPU, conv2d: OpenCL CPU compilers vectorize across the work-items of dimension 0, so the best config of
-  every convolution of the tuning benchmark on Intel's CPU runtime (both held-out sets, 5 layers) is one output
-  column per work-item in a work-group 16 or 32 wide; narrower groups top out at 0.64 to 0.75 of it on three
-  of them, and a cost model trained on the corpus learns "wide is slow" from the many wide configs that waste
-  work-items (bench/notes/tuning.md, 2026-11-26, night). Depthwise and dense layers' best configs there are
+- CPU, conv2d, two modes. OpenCL CPU compilers vectorize across the work-items of dimension 0. On Intel's CPU
+  runtime, of the 9 convolutions of the tuning benchmark's CPU sets (HELD_OUT, REPORT, REPORT_2), 5 are fastest
+  with one output column per work-item in a work-group 16 or 32 wide (the first mode), and 4 with narrow groups
+  (1 to 4 wide) of 2-D tiles, most with the reduction split in two (the second): REPORT_2's two 10x10 outputs,
+  where a 16-wide group leaves 6 of its 16 work-items idle, and REPORT's conv3x3s2. 8 of the 9 take 4 output
+  channels a work-item and 4-wide loads. With the wide mode alone, the search stayed near it on the narrow
+  layers (bench/notes/tuning.md, 2026-11-28, fourth). Depthwise and dense layers' best configs there are
   narrow: no CPU region for them.
 - GPU: occupancy, the shapes of the best configs in the committed H100 log (logs/nvidia-gpu-d4a6eca0.jsonl):
   convolutions split each tile's reduction over work-items (split_k >= 4 in 75 of 91 best configs; 8 or 16 wide
@@ -20,39 +22,28 @@ Why these regions:
 
 A template's entry is one region (a dict of knob values) or several modes of it (a list of such dicts): each
 mode gets its own ``REGION_SEEDS`` draws, the first mode's drawn with the run's seed as a single region's are.
-``MODES`` is a candidate table in the same shape, measured against ``REGIONS`` before it may replace it
-(``bench/tuning.py``'s ``xgb-modes``; bench/notes/tuning.md, 2026-11-28, fourth).
+``ONE_MODE`` is the table before the CPU's second mode (2026-11-27), kept for ``bench/tuning.py``'s comparison.
 
 A template or device type without an entry has no region (the fallback alone is measured first)."""
 from __future__ import annotations
 
 import numpy as np
 
-REGIONS: dict = {
-    "CPU": {
-        "conv2d": {"tile_ow": [1], "wg_w": [16, 32]},
-    },
-    "GPU": {
-        "conv2d": {"wg_w": [8, 16], "wg_h": [1, 4], "split_k": [4, 8, 16]},
-        "depthwise_conv2d": {"wg_w": [8, 16], "wg_h": [2, 4]},
-        "dense": {"split_k": [8, 16]},
-    },
+GPU_REGIONS: dict = {
+    "conv2d": {"wg_w": [8, 16], "wg_h": [1, 4], "split_k": [4, 8, 16]},
+    "depthwise_conv2d": {"wg_w": [8, 16], "wg_h": [2, 4]},
+    "dense": {"split_k": [8, 16]},
 }
-# Candidate: a CPU convolution's best configs lie in one of two modes. On Intel's CPU runtime, of the 9
-# convolutions of the tuning benchmark's CPU sets (HELD_OUT, HELD_OUT_2's measured ones, REPORT, REPORT_2), 5
-# are fastest with the wide groups above, 4 with narrow groups of 2-D tiles and a split reduction (REPORT_2's
-# two 10x10 outputs: 1x1 groups of 4x2x2 tiles, split_k 2, where a 16-wide group leaves 6 of 16 work-items idle;
-# REPORT's conv3x3s2: 4x1 groups of 4x4x1 tiles). 8 of the 9 best configs take 4 output channels a work-item and
-# 4-wide loads.
-MODES: dict = {
+REGIONS: dict = {
     "CPU": {
         "conv2d": [{"tile_ow": [1], "wg_w": [16, 32], "tile_oc": [4], "vec_load": [4]},
                    {"wg_w": [1, 2, 4], "wg_h": [1], "tile_oc": [4], "tile_oh": [2, 4], "tile_ow": [1, 2],
                     "vec_load": [4], "split_k": [2], "unroll_rs": [False], "local_input": [False],
                     "cache_input": [False]}],
     },
-    "GPU": REGIONS["GPU"],
+    "GPU": GPU_REGIONS,
 }
+ONE_MODE: dict = {"CPU": {"conv2d": {"tile_ow": [1], "wg_w": [16, 32]}}, "GPU": GPU_REGIONS}
 REGION_SEEDS = 2  # configs drawn from the region (from each of its modes) and measured first, after the fallback
 
 

@@ -188,7 +188,7 @@ def tune(template, workload, device=None, trials: int = 32, log: str | None = No
     device class's default region (``tuner.search.regions``: a CPU's wide work-groups, a GPU's occupancy) are
     measured, when the log holds nothing of the task yet; the sampler learns from them as from any trial (and
     starts around them when they are the best of the first trials). A dict: a regions table in ``REGIONS``'
-    shape used instead (``tuner.search.regions.MODES``, a candidate).
+    shape used instead (``tuner.search.regions.ONE_MODE``: the region before the CPU's second mode).
     ``sampler_options``: keyword arguments of the xgb sampler (``XGBSampler``: its exploration, transfer weighting).
     ``transfer_from``: sibling devices' fingerprints (or ``"auto"``) whose records of the template weigh in the
     cost model's transfer as this device's own, and whose best configs of this task that this device's space
