@@ -309,6 +309,15 @@ def trials_to(curve: list, target: float, n: int) -> int:
     return n + 1
 
 
+def tune_options(more: dict) -> dict:
+    """A variant's ``tune()`` arguments with a named regions table (``"ONE_MODE"``) replaced by the table."""
+    more = dict(more)
+    if more.get("device_region") == "ONE_MODE":
+        from tuner.search.regions import ONE_MODE
+        more["device_region"] = ONE_MODE
+    return more
+
+
 def run_one(template: str, wl, sampler: str, seed: int, trials: int, device, corpus_log: Path,
             measurer) -> dict:
     import optuna
@@ -316,13 +325,10 @@ def run_one(template: str, wl, sampler: str, seed: int, trials: int, device, cor
     from tuner.search import tune
     from tuner.templates import get_template
     name, transfer, more = VARIANTS[sampler]
-    more = dict(more)
+    more = tune_options(more)
     raw = measurer
     if more.pop("reading", None) == "fast10":
         measurer = FastestTenth(measurer)
-    if more.get("device_region") == "ONE_MODE":
-        from tuner.search import regions
-        more["device_region"] = regions.ONE_MODE
     with tempfile.TemporaryDirectory(prefix="tuning-bench-") as d:
         log = os.path.join(d, "log.jsonl")
         shutil.copyfile(corpus_log, log)  # what the device's log holds before this layer
@@ -1057,7 +1063,8 @@ def proposal_cost(info, corpus_log: Path, workloads: list, samplers: list, trial
                 t0 = time.perf_counter()
                 res = tune(tname, wl, device=info, trials=trials, sampler=sampler, seed=0, log=log,
                            storage=f"sqlite:///{os.path.join(d, 'study.db')}", transfer=transfer, progress=False,
-                           scopes=SCOPES, options=options(), measurer=HashDevice(), **more)
+                           scopes=SCOPES, options=options(), measurer=HashDevice(),
+                           **{k: v for k, v in tune_options(more).items() if k != "reading"})
                 rate = res.measured / (time.perf_counter() - t0)
             rates[s].append(rate)
             cells.append(f"{rate:.1f}")
@@ -1157,7 +1164,7 @@ def replay(info, tables: dict, corpus_log: Path, variants: list, seeds: int, tri
     from optuna.distributions import CategoricalDistribution
 
     from tuner.logs import load_records
-    from tuner.search.regions import ONE_MODE, REGION_SEEDS, region_configs, region_of
+    from tuner.search.regions import REGION_SEEDS, region_configs, region_of
     from tuner.search.samplers import make_sampler
     from tuner.task import workload_of
     from tuner.templates import get_template
@@ -1183,9 +1190,10 @@ def replay(info, tables: dict, corpus_log: Path, variants: list, seeds: int, tri
                 start = []
                 if more.get("fallback_first", True):
                     start.append({n: fallback[n] for n in space.names})
-                if more.get("device_region", True):
-                    table = ONE_MODE if more.get("device_region") == "ONE_MODE" else None
-                    start += region_configs(bound, region_of(info.type, tname, table), REGION_SEEDS, seed)
+                regions = tune_options(more).get("device_region", True)
+                if regions:
+                    start += region_configs(bound, region_of(info.type, tname, regions if isinstance(regions, dict)
+                                                             else None), REGION_SEEDS, seed)
                 for params in start:
                     if space.key(params) in table:
                         study.enqueue_trial(params)

@@ -163,6 +163,9 @@ def test_each_mode_of_a_region_gets_its_own_seeds():
         assert all(not sp.violations(v) and all(v[k] in vals for k, vals in mode.items() if k in sp.choices)
                    for v in pair)
     assert region_configs(sp, modes, 2, seed=4) == got  # seeded
+    key = lambda v: tuple(v[n] for n in sp.choices)  # noqa: E731
+    assert got[2:] == region_configs(sp, modes[1], 2, seed=(4, 1), exclude={key(v) for v in got[:2]})
+    assert all(key(v) != key(got[0]) for v in region_configs(sp, modes, 2, seed=4, exclude={key(got[0])}))
 
 
 class Synthetic(Runner):
@@ -208,7 +211,12 @@ def test_tune_measures_the_fallback_then_the_device_region_first(tmp_path):
     tune("conv2d", WL, CPU, trials=3, log=str(tmp_path / "c.jsonl"), scopes=BUFFERS, measurer=Synthetic(),
          progress=False, seed=3, storage=f"sqlite:///{tmp_path / 'c.db'}", device_region=ONE_MODE)
     one = [r.config for r in load_records(str(tmp_path / "c.jsonl"))]  # another table: its one mode's seeds
-    assert all(all(c[k] in vals for k, vals in ONE_MODE["CPU"]["conv2d"].items()) for c in one[1:])
+    sp = space_of(WL)
+    want = region_configs(sp, region_of("CPU", "conv2d", ONE_MODE), REGION_SEEDS, 3,
+                          exclude={tuple(fallback[n] for n in sp.choices)})
+    assert [{n: c[n] for n in sp.choices} for c in one[1:]] == want
+    assert want != region_configs(sp, region_of("CPU", "conv2d"), REGION_SEEDS, 3,
+                                  exclude={tuple(fallback[n] for n in sp.choices)})
 
 
 def test_far_configs_are_unlike_every_incumbent_and_unseen():

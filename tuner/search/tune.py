@@ -184,8 +184,9 @@ def tune(template, workload, device=None, trials: int = 32, log: str | None = No
     processes), or any ``Runner`` or ``Runtime`` (``tuner.measure``, ``tuner.runtime.base``). ``measurer``: an
     open Runner to reuse (a model's tasks share one set of worker processes instead of starting them per task). ``fallback_first``: the template's
     fallback config is the first trial (unless the log has it), so tuned and untuned can be compared and the
-    search starts from what the task runs untuned. ``device_region``: then ``REGION_SEEDS`` configs of the
-    device class's default region (``tuner.search.regions``: a CPU's wide work-groups, a GPU's occupancy) are
+    search starts from what the task runs untuned. ``device_region``: then ``REGION_SEEDS`` configs of each
+    mode of the device class's default region (``tuner.search.regions``: a CPU convolution's wide work-groups and
+    its narrow groups of 2-D tiles, a GPU's occupancy) are
     measured, when the log holds nothing of the task yet; the sampler learns from them as from any trial (and
     starts around them when they are the best of the first trials). A dict: a regions table in ``REGIONS``'
     shape used instead (``tuner.search.regions.ONE_MODE``: the region before the CPU's second mode).
