@@ -19,8 +19,9 @@ xgb with ``transfer=False``, to show what transfer adds; TPE and random run as s
 device region measured first), the other ``VARIANTS`` are the xgb sampler's alternatives (issue 37).
 ``REPORT`` (2026-11-27) is the set issue 37's search was first reported on; it was developed on ``HELD_OUT`` and
 ``HELD_OUT_2``. ``REPORT_2`` (2026-11-28) is the set its proposals far from the incumbents are reported on; they
-were developed on ``REPORT``. ``REPORT_3`` (2026-11-28) is the set a CPU convolution's two-mode region (``tuner.search.regions``; ``xgb-modes``
-in development) is reported on; it was developed on ``REPORT`` and ``REPORT_2``.
+were developed on ``REPORT``. ``REPORT_3`` (2026-11-28) is the set a CPU convolution's two-mode region
+(``tuner.search.regions``; ``xgb-modes`` in development) is reported on; it was developed on ``REPORT`` and
+``REPORT_2``.
 
 ``--deadline S`` stops starting work (a corpus chunk, a run, a re-timing round) after S seconds and exits with
 status 3 while work is left; the same command with the same ``--out`` goes on from the files there (the
