@@ -311,8 +311,9 @@ def trials_to(curve: list, target: float, n: int) -> int:
 
 
 def tune_options(more: dict) -> dict:
-    """A variant's ``tune()`` arguments with a named regions table (``"ONE_MODE"``) replaced by the table."""
-    more = dict(more)
+    """A variant's ``tune()`` arguments: its options less the benchmark's own (``reading``), a named regions
+    table (``"ONE_MODE"``) replaced by the table."""
+    more = {k: v for k, v in more.items() if k != "reading"}
     if more.get("device_region") == "ONE_MODE":
         from tuner.search.regions import ONE_MODE
         more["device_region"] = ONE_MODE
@@ -325,10 +326,10 @@ def run_one(template: str, wl, sampler: str, seed: int, trials: int, device, cor
 
     from tuner.search import tune
     from tuner.templates import get_template
-    name, transfer, more = VARIANTS[sampler]
-    more = tune_options(more)
+    name, transfer, variant = VARIANTS[sampler]
+    more = tune_options(variant)
     raw = measurer
-    if more.pop("reading", None) == "fast10":
+    if variant.get("reading") == "fast10":
         measurer = FastestTenth(measurer)
     with tempfile.TemporaryDirectory(prefix="tuning-bench-") as d:
         log = os.path.join(d, "log.jsonl")
@@ -1064,8 +1065,7 @@ def proposal_cost(info, corpus_log: Path, workloads: list, samplers: list, trial
                 t0 = time.perf_counter()
                 res = tune(tname, wl, device=info, trials=trials, sampler=sampler, seed=0, log=log,
                            storage=f"sqlite:///{os.path.join(d, 'study.db')}", transfer=transfer, progress=False,
-                           scopes=SCOPES, options=options(), measurer=HashDevice(),
-                           **{k: v for k, v in tune_options(more).items() if k != "reading"})
+                           scopes=SCOPES, options=options(), measurer=HashDevice(), **tune_options(more))
                 rate = res.measured / (time.perf_counter() - t0)
             rates[s].append(rate)
             cells.append(f"{rate:.1f}")

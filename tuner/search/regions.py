@@ -61,15 +61,14 @@ def region_configs(space, region, count: int, seed, exclude=(), tries: int = 400
     naming a knob the space does not have, or values the knob does not offer, is ignored for that knob.
     ``region`` a list of modes (``region_of``): up to ``count`` configs of each, all distinct, the first mode's
     drawn with ``seed`` and mode i's with ``(seed, i)``."""
+    names = list(space.choices)
     if isinstance(region, list):
         out, keys = [], set(exclude)
-        names = list(space.choices)
         for i, mode in enumerate(region):
             got = region_configs(space, mode, count, seed if i == 0 or seed is None else (seed, i), keys, tries)
             keys |= {tuple(v[n] for n in names) for v in got}
             out += got
         return out
-    names = list(space.choices)
     region = {k: [v for v in vals if v in space.choices[k]] for k, vals in region.items() if k in space.choices}
     region = {k: v for k, v in region.items() if v}
     if not region or count <= 0:
