@@ -21,7 +21,8 @@ device region measured first), the other ``VARIANTS`` are the xgb sampler's alte
 ``HELD_OUT_2``. ``REPORT_2`` (2026-11-28) is the set its proposals far from the incumbents are reported on; they
 were developed on ``REPORT``. ``REPORT_3`` (2026-11-28) is the set a CPU convolution's two-mode region
 (``tuner.search.regions``; ``xgb-modes`` in development) is reported on; it was developed on ``REPORT`` and
-``REPORT_2``.
+``REPORT_2``. ``REPORT_4`` (2026-11-28) is the set each region mode searched in turn (``xgb-turns`` in development)
+and the GPU's regions in modes are reported on; they were developed on ``REPORT`` and ``REPORT_3``.
 
 ``--deadline S`` stops starting work (a corpus chunk, a run, a re-timing round) after S seconds and exits with
 status 3 while work is left; the same command with the same ``--out`` goes on from the files there (the
@@ -85,7 +86,9 @@ STOCK = {"fallback_first": False, "device_region": False}  # the baselines: Optu
 # xgb-farrandom: the far proposal a random one of the far configs, not the model's best of them; xgb-far50: half
 # the proposals far once stale; xgb-pairs: every two-knob neighbour of the best config among the candidates;
 # xgb-modes: a CPU convolution's region in two modes (tuner.search.regions; since 2026-11-28 xgb's own);
-# xgb-onemode: the region of one mode before it (regions.ONE_MODE).
+# xgb-onemode: the region of one mode before it (regions.ONE_MODE); xgb-turns: each mode of the region searched
+# in turn (XGBSampler's modes, 2026-11-28, fifth); xgb-noturns: the region's modes measured first, not searched;
+# xgb-gpuone: the GPU regions before their modes (regions.BEFORE_GPU_MODES), each searched in turn where it has two.
 VARIANTS = {
     "xgb": ("xgb", True, {}),
     "tpe": ("tpe", False, STOCK),
@@ -104,6 +107,9 @@ VARIANTS = {
     "xgb-fast10": ("xgb", True, {"reading": "fast10"}),  # the search reads a measurement's fastest tenth
     "xgb-modes": ("xgb", True, {}),  # the CPU convolution region's two modes, before they became xgb's default
     "xgb-onemode": ("xgb", True, {"device_region": "ONE_MODE"}),  # the region before its second mode
+    "xgb-turns": ("xgb", True, {}),  # each mode searched in turn, before it became xgb's default
+    "xgb-noturns": ("xgb", True, {"sampler_options": {"modes": []}}),  # the modes measured first only
+    "xgb-gpuone": ("xgb", True, {"device_region": "BEFORE_GPU_MODES"}),  # the GPU regions before their modes
 }
 SAMPLERS = tuple(VARIANTS)  # in the tables' column order
 THRESHOLD = 0.95
@@ -159,7 +165,16 @@ REPORT_3 = [  # 2026-11-28 (issue 37): the set reported for a CPU convolution re
     ("dw3x3.56@16", "depthwise_conv2d", dict(data=(1, 56, 16, 16), kernel=(56, 1, 3, 3), padding=1)),
     ("dense.256-192", "dense", dict(data=(1, 256), weight=(192, 256))),
 ]
-WORKLOADS = HELD_OUT + HELD_OUT_2 + REPORT + REPORT_2 + REPORT_3
+REPORT_4 = [  # 2026-11-28 (issue 37): the set reported for each region mode searched in turn and the GPU regions in
+    # modes, which were developed on REPORT and REPORT_3 (the CPU) and on the committed logs and REPORT_2's and
+    # REPORT_3's H200 results (the GPU); defined before any of it was measured
+    ("conv3x3.56-40@10", "conv2d", dict(data=(1, 56, 10, 10), kernel=(40, 56, 3, 3), padding=1)),
+    ("conv1x1.72-56@14", "conv2d", dict(data=(1, 72, 14, 14), kernel=(56, 72, 1, 1))),
+    ("conv3x3s2.32-72@22", "conv2d", dict(data=(1, 32, 22, 22), kernel=(72, 32, 3, 3), stride=2, padding=1)),
+    ("dw5x5.64@14", "depthwise_conv2d", dict(data=(1, 64, 14, 14), kernel=(64, 1, 5, 5), padding=2)),
+    ("dense.448-96", "dense", dict(data=(1, 448), weight=(96, 448))),
+]
+WORKLOADS = HELD_OUT + HELD_OUT_2 + REPORT + REPORT_2 + REPORT_3 + REPORT_4
 SCOPES = {"input": "buffer", "weight": "buffer", "output": "buffer"}
 
 CSV_FIELDS = ["workload", "template", "workload_args", "scope", "sampler", "seed", "trials", "trials_to_95pct",
@@ -311,12 +326,12 @@ def trials_to(curve: list, target: float, n: int) -> int:
 
 
 def tune_options(more: dict) -> dict:
-    """A variant's ``tune()`` arguments: its options less the benchmark's own (``reading``), a named regions
-    table (``"ONE_MODE"``) replaced by the table."""
+    """A variant's ``tune()`` arguments: its options less the benchmark's own (``reading``), a regions table
+    named in ``tuner.search.regions`` (``"ONE_MODE"``, ``"BEFORE_GPU_MODES"``) replaced by the table."""
     more = {k: v for k, v in more.items() if k != "reading"}
-    if more.get("device_region") == "ONE_MODE":
-        from tuner.search.regions import ONE_MODE
-        more["device_region"] = ONE_MODE
+    if isinstance(more.get("device_region"), str):
+        from tuner.search import regions
+        more["device_region"] = getattr(regions, more["device_region"])
     return more
 
 

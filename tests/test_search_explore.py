@@ -15,7 +15,7 @@ from tuner.logs import load_records
 from tuner.measure import MeasureResult
 from tuner.measure.runner import Runner
 from tuner.search import XGBSampler, make_sampler, tune
-from tuner.search.regions import ONE_MODE, REGION_SEEDS, region_configs, region_of
+from tuner.search.regions import BEFORE_GPU_MODES, ONE_MODE, REGION_SEEDS, region_configs, region_of
 from tuner.search.samplers import rank_correlation, trust
 from tuner.templates import get_template
 
@@ -155,7 +155,10 @@ def test_region_configs_lie_in_the_region_and_the_space():
 def test_each_mode_of_a_region_gets_its_own_seeds():
     sp = space_of(WL)
     modes = region_of("CPU", "conv2d")
-    assert len(modes) == 2 and region_of("GPU", "conv2d", ONE_MODE) == region_of("GPU", "conv2d")
+    assert len(modes) == 2 and len(region_of("GPU", "conv2d")) == 2
+    assert region_of("GPU", "conv2d", BEFORE_GPU_MODES) == region_of("GPU", "conv2d", ONE_MODE) == [
+        {"wg_w": [8, 16], "wg_h": [1, 4], "split_k": [4, 8, 16]}]  # the GPU's region of one mode, kept
+    assert region_of("CPU", "conv2d", BEFORE_GPU_MODES) == modes
     got = region_configs(sp, modes, 2, seed=4)
     assert got[:2] == region_configs(sp, modes[0], 2, seed=4)  # the first mode drawn as a single region
     assert len(got) == 4 and len({tuple(v.values()) for v in got}) == 4
@@ -303,3 +306,40 @@ def test_workers_measure_the_fallback_and_the_device_region_first_once_per_study
                         sampler="random", seed=5, progress=False)  # the study has them: none again
     again = [r.config for r in second.records]
     assert len(again) == 4 and not any(c in configs for c in again)
+
+
+def test_each_mode_without_the_best_gets_turns_of_the_model_until_it_holds_mode_min_configs():
+    """``modes``: every other model proposal is the model's best config inside a mode that does not hold the best
+    measured config, until that mode holds ``mode_min`` measured configs."""
+    from tuner.search.regions import bound_mode, in_mode
+    sp = space_of(WL)
+    modes = region_of("CPU", "conv2d")
+    wide, narrow = (bound_mode(sp, m) for m in modes)
+    score = lambda v: 10.0 if in_mode(narrow, v) else 1.0  # noqa: E731 - the corpus's wide favourites are slow here
+    s = xgb(corpus(smooth), modes=modes, mode_min=5, far=(0.0, 0.0), explore="none", epsilon=0.0, seed=2)
+    study = drive(s, score, 24)
+    trials = [(tr.params, tr.user_attrs.get("search", {}).get("by")) for tr in study.trials]
+    first = next(i for i, (v, _) in enumerate(trials) if in_mode(narrow, v))  # from here the narrow mode leads
+    turns = [v for v, by in trials[first + 1:] if by == "mode"]
+    assert turns and all(in_mode(wide, v) for v in turns)  # the mode without the best: here the wide one
+    assert not any(a == b == "mode" for (_, a), (_, b) in zip(trials, trials[1:]))  # they alternate with the model's
+    held = 0
+    for v, by in trials:  # no turn once the wide mode holds mode_min measured configs
+        assert by != "mode" or held < 5
+        held += in_mode(wide, v)
+    assert held >= 5
+    plain = drive(xgb(corpus(smooth), far=(0.0, 0.0), explore="none", epsilon=0.0, seed=2), score, 24)
+    assert "mode" not in [tr.user_attrs.get("search", {}).get("by") for tr in plain.trials]
+    assert not in_mode({}, {"wg_w": 16}) and in_mode(wide, {**sp.sample(np.random.default_rng(0)), **{
+        k: vals[0] for k, vals in wide.items()}})
+
+
+def test_tune_gives_the_sampler_the_device_regions_modes(tmp_path):
+    """The wide mode holds ``smooth``'s best, so the narrow one gets turns; without the region, no mode has any."""
+    for region, turns in ((True, True), (False, False)):
+        url = f"sqlite:///{tmp_path / f'{region}.db'}"
+        res = tune("conv2d", WL, CPU, trials=14, log=str(tmp_path / f"{region}.jsonl"), scopes=BUFFERS,
+                   measurer=Synthetic(), progress=False, seed=1, storage=url, device_region=region)
+        by = [tr.user_attrs.get("search", {}).get("by") for tr in optuna.load_study(study_name=res.study_name,
+                                                                                      storage=url).trials]
+        assert ("mode" in by) == turns, by

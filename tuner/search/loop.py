@@ -60,13 +60,14 @@ class Session:
 
 def open_session(task: TuningTask, info, storage, name: str, log: str, sampler: str = "xgb", seed=None,
                  transfer: bool = True, seen_from_log: bool = True, wrap=None, transfer_from=None,
-                 sampler_options: dict | None = None) -> Session:
+                 sampler_options: dict | None = None, device_region: bool | dict = False) -> Session:
     """The task bound to ``info`` (scopes decided), its space, the log's knowledge, the sampler (``wrap``ped,
     e.g. to announce trials) and the study ``name`` in ``storage`` (created or resumed), its attributes
     readable in optuna-dashboard: the task, its label and the objective's name. ``transfer_from``: sibling
     devices (``sibling_knowledge``) whose records weigh in the sampler's transfer as this device's do, and
     whose best valid configs of this very task are the session's ``seeds``. ``sampler_options``: keyword
-    arguments of the xgb sampler (``XGBSampler``)."""
+    arguments of the xgb sampler (``XGBSampler``). ``device_region``: the xgb sampler searches each mode of the
+    device class's region in turn (``tuner.search.regions.region_of``; a dict: a table in ``REGIONS``' shape)."""
     task = task.bind(info)
     space = task.space(info)
     known, others = log_knowledge(log, task, info.fingerprint, space, transfer)
@@ -76,8 +77,12 @@ def open_session(task: TuningTask, info, storage, name: str, log: str, sampler: 
         rows, seeds, siblings = sibling_knowledge(log, task, info, space, transfer_from, known)
         others = [o for o in others if len(o) == 3 or o[3] not in siblings] + rows
         weights = {d: SIBLING_WEIGHT for d in siblings}
+    from tuner.search.regions import region_of
+    modes = region_of(info.type, t.name, device_region if isinstance(device_region, dict) else None) \
+        if device_region else []
     smp = make_sampler(sampler, space, t, t.space_vars(task.workload), seed=seed, transfer=others,
-                       seen=set(known) if seen_from_log else None, device_weights=weights, options=sampler_options)
+                       seen=set(known) if seen_from_log else None, device_weights=weights, options=sampler_options,
+                       modes=modes)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(study_name=name, storage=storage, direction="maximize",
                                 sampler=wrap(smp) if wrap else smp, load_if_exists=True)

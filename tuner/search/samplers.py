@@ -120,7 +120,8 @@ class XGBSampler(_SpaceSampler):
                  device_weights: dict | None = None, explore: str = "tpe", share: tuple = (0.1, 0.5),
                  fresh: int = 12, weigh_transfer: bool = True, transfer_reference: float = 0.3,
                  ensemble: int = 4, kappa: float = 1.0, far: tuple = (0.0, 0.3), patience: int = 8,
-                 incumbents: int = 3, prior_decay: int | None = 16, far_pick: str = "model", pair_moves: int = 0):
+                 incumbents: int = 3, prior_decay: int | None = 16, far_pick: str = "model", pair_moves: int = 0,
+                 modes: list | None = None, mode_min: int = 6):
         """``template``: a Template or its name; ``transfer``: ``(vars, values, score)`` of other workloads'
         successful records (``(vars, values, score, device)`` for another device's: weighted
         ``other_device_weight``, or ``device_weights[device]``: a named sibling's), ``score`` their GFLOP/s
@@ -142,6 +143,14 @@ class XGBSampler(_SpaceSampler):
         ``"random"`` (any of them, model-free: where the model itself is what holds the search in a region).
         ``pair_moves``: the candidates also hold every two-knob neighbour of the best ``pair_moves`` measured configs
         (the local search's single-knob moves cannot turn a 4x1 tile into a 2x2 one).
+
+        ``modes``: the device region's modes (``tuner.search.regions.region_of``: knob values per mode), for a
+        local search of each. While a mode that does not hold the best measured config holds fewer than
+        ``mode_min`` measured configs, every other model proposal is the model's best config inside it (of the
+        candidates in it, random draws of it and the single-knob neighbours of its best that stay in it). A
+        mode's first draws are random in its other knobs and may all be slow where its best is the fastest
+        config of all; without turns of its own, a search that found a good config in another mode first
+        stays there (bench/notes/tuning.md, 2026-11-28, fifth).
 
         ``weigh_transfer``: the transfer rows' weight is ``trust`` of the transfer-only model's rank correlation
         with this study's measurements (``transfer_reference``: the correlation trusted fully), from 1 down
@@ -166,6 +175,10 @@ class XGBSampler(_SpaceSampler):
         self.ensemble, self.kappa = ensemble, kappa
         self.far_range, self.patience, self.incumbents = tuple(far), patience, incumbents
         self.far_pick, self.pair_moves = far_pick, pair_moves
+        from tuner.search.regions import bound_mode
+        self.modes = [m for m in (bound_mode(space, mode) for mode in modes or ()) if m]
+        self.mode_min = mode_min
+        self._mode_turn_last = False  # whether the last model proposal was a mode's turn (they alternate)
         # far_configs' distance, per knob with a choice: an ordered knob's (numbers) positions over its range
         # (0 to 1), or None for another (a difference counts 1)
         self._positions = {n: ({c: i / (len(cs) - 1) for i, c in enumerate(sorted(cs))}
@@ -408,6 +421,12 @@ class XGBSampler(_SpaceSampler):
             if values:
                 self._note(study, trial, "tpe")
                 return values
+        mode = self._mode_turn(own)
+        if mode is not None:
+            pick = self._best_in_mode(mode, own, seen)
+            if pick is not None:
+                self._note(study, trial, "mode")
+                return pick
         self._note(study, trial, "model")
         fitted_on = len(own)
         if self._ranking is None or self._ranking[0] != fitted_on:  # new measurements since the last fit
@@ -421,6 +440,45 @@ class XGBSampler(_SpaceSampler):
             if _key(values, self.names) not in seen:
                 return values
         return self.random_unseen(seen) or {}
+
+
+    def _mode_turn(self, own: list) -> dict | None:
+        """The mode whose turn this model proposal is (``modes``), or None: of the modes without the best measured
+        config that hold fewer than ``mode_min`` measured configs, the one holding fewest, every other call."""
+        from tuner.search.regions import in_mode
+        if len(self.modes) < 2:
+            return None
+        if self._mode_turn_last:
+            self._mode_turn_last = False
+            return None
+        best = max(own, key=lambda r: r[1])[0] if own else None
+        counts = [sum(in_mode(m, v) for v, _ in own) for m in self.modes]
+        due = [(c, i) for i, (m, c) in enumerate(zip(self.modes, counts))
+               if c < self.mode_min and not (best is not None and in_mode(m, best))]
+        if not due:
+            return None
+        self._mode_turn_last = True
+        return self.modes[min(due)[1]]
+
+    def _best_in_mode(self, mode: dict, own: list, seen: set) -> dict | None:
+        """The model's best unseen config inside ``mode``: of the candidates in it, ``n_random // 4`` random draws of
+        it and the single-knob neighbours of its best measured config that stay in it (a random draw of it
+        without a model; None: it has no unseen valid config)."""
+        from tuner.search.regions import in_mode, region_configs
+        draws = region_configs(self.space, mode, max(8, self.n_random // 4), int(self.rng.integers(2**31)), seen)
+        model = self._model_for(own)
+        if model is None:
+            return draws[0] if draws else None
+        mine = sorted(((v, s) for v, s in own if in_mode(mode, v)), key=lambda r: -r[1])
+        pool = {_key(v, self.names): v for v in draws}
+        for v in self._candidates(own, seen) + (self.neighbours(mine[0][0]) if mine else []):
+            k = _key(v, self.names)
+            if in_mode(mode, v) and k not in seen:
+                pool.setdefault(k, v)
+        if not pool:
+            return None
+        cands = list(pool.values())
+        return cands[int(np.argmax(model(self._matrix([self._features(self.vars, c) for c in cands]))))]
 
 
 EXPLORE = ("tpe", "bonus", "none")
@@ -460,15 +518,17 @@ class ConstrainedTPESampler(optuna.samplers.TPESampler):
 
 
 def make_sampler(name: str, space, template, vars: dict, seed: int | None = None, transfer=None,
-                 seen: set | None = None, device_weights: dict | None = None, options: dict | None = None) -> BaseSampler:
-    """The sampler ``name`` (xgb, tpe or random); ``options``: keyword arguments of XGBSampler (xgb only)."""
+                 seen: set | None = None, device_weights: dict | None = None, options: dict | None = None,
+                 modes: list | None = None) -> BaseSampler:
+    """The sampler ``name`` (xgb, tpe or random); ``options``: keyword arguments of XGBSampler (xgb only);
+    ``modes``: the device region's modes, which the xgb sampler searches each in turn (``XGBSampler``)."""
     from tuner.errors import TunerError
     if options and name != "xgb":
         raise TunerError(f"sampler options {sorted(options)} are XGBSampler's; sampler {name!r} takes none")
     if name == "xgb":
         try:
             return XGBSampler(space, template, vars, seed=seed, transfer=transfer, seen=seen,
-                              device_weights=device_weights, **(options or {}))
+                              device_weights=device_weights, **{"modes": modes, **(options or {})})
         except TypeError as e:
             raise TunerError(f"xgb sampler options {sorted(options or {})}: {e}") from None
     if name == "random":

@@ -213,8 +213,8 @@ def tune(template, workload, device=None, trials: int = 32, log: str | None = No
     storage = open_storage(storage or default_storage(log), heartbeat=None)  # validated, race-free creation
     options = options or MeasureOptions()
     session = open_session(task, info, storage, task.study_name(info.fingerprint), log, sampler, seed, transfer,
-                           wrap=Owning, transfer_from=transfer_from,
-                           sampler_options=sampler_options)  # each trial names its tuner before it is sampled
+                           wrap=Owning, transfer_from=transfer_from, sampler_options=sampler_options,
+                           device_region=device_region)  # each trial names its tuner before it is sampled
     announce(session.study)  # before the first ask: an ownerless trial may be ours from now on
     _recover(session)
     enqueue_seeds(session)  # a named sibling's best configs of this very task first: the strongest evidence

@@ -220,7 +220,7 @@ def run_worker(storage, device=None, study_prefix: str | None = None, tasks=None
         for task in sorted(tasks, key=lambda t: -t.weight):
             session = open_session(task, info, st, task.study_name(info.fingerprint, prefix), log, sampler, seed,
                                    seen_from_log=False, wrap=lambda inner: Announcing(inner, beat),
-                                   transfer_from=transfer_from)
+                                   transfer_from=transfer_from, device_region=device_region)
             enqueue_seeds(session)  # a named sibling's best configs of the task first (asked before any other)
             if fallback_first:
                 enqueue_fallback(session)
