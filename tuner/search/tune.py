@@ -399,15 +399,17 @@ def _fail(study, trial) -> None:
         pass
 
 
-def _peer_state(s, k, number: int, wait_s: float = 1.0) -> str | None:
+def _peer_state(s, k, number: int, wait_s: float = 60.0) -> str | None:
     """What concurrent tuners on this study did with config ``k``, from one snapshot of its trials: ``"known"``
     (a peer measured it: its record joins ``s.known``), ``"in_flight"`` (a peer's trial in flight, asked
     before trial ``number``: that one measures it) or None (nobody: this trial measures it).
 
-    ``study.ask`` creates a RUNNING trial first and writes its parameters one by one after, so a peer trial
+    ``study.ask`` creates a RUNNING trial first and writes its parameters after its sampler ran, so a peer trial
     asked before ours may not show its config yet; then the snapshot is taken again, every 10 ms, for up to
     ``wait_s`` (a tuner killed inside ``ask`` leaves such a trial behind, in flight by ``_in_flight`` until
-    its asker is known dead; then a session's ``_recover`` fails it). One snapshot for all states: two reads let a
+    its asker is known dead; then a session's ``_recover`` fails it). The wait lasts as long as the peer's
+    sampler: an XGBoost fit on a loaded 2-core host takes seconds, and with a 1 s limit four tuners at once
+    measured a config twice (2026-11-28). One snapshot for all states: two reads let a
     peer finish between them unseen."""
     deadline = time.monotonic() + wait_s
     while True:
