@@ -1199,17 +1199,18 @@ def replay(info, tables: dict, corpus_log: Path, variants: list, seeds: int, tri
         fallback = t.config_values(wl, t.fallback_with(wl, info, **{f"{k}_scope": v for k, v in SCOPES.items()}))
         for v in variants:
             sampler, transfer, more = VARIANTS[v]
+            regions = tune_options(more).get("device_region", True)
+            modes = region_of(info.type, tname, regions if isinstance(regions, dict) else None) if regions else []
             for seed in range(seeds):
                 smp = make_sampler(sampler, space, t, t.space_vars(wl), seed=seed,
-                                   transfer=corpus_rows if transfer else [], options=more.get("sampler_options"))
+                                   transfer=corpus_rows if transfer else [], options=more.get("sampler_options"),
+                                   modes=modes)  # as open_session hands them over
                 study = optuna.create_study(direction="maximize", sampler=smp)
                 start = []
                 if more.get("fallback_first", True):
                     start.append({n: fallback[n] for n in space.names})
-                regions = tune_options(more).get("device_region", True)
                 if regions:
-                    start += region_configs(bound, region_of(info.type, tname, regions if isinstance(regions, dict)
-                                                             else None), REGION_SEEDS, seed)
+                    start += region_configs(bound, modes, REGION_SEEDS, seed)
                 for params in start:
                     if space.key(params) in table:
                         study.enqueue_trial(params)

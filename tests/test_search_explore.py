@@ -343,3 +343,22 @@ def test_tune_gives_the_sampler_the_device_regions_modes(tmp_path):
         by = [tr.user_attrs.get("search", {}).get("by") for tr in optuna.load_study(study_name=res.study_name,
                                                                                       storage=url).trials]
         assert ("mode" in by) == turns, by
+
+
+def test_a_mode_with_no_unseen_config_is_spent_and_the_next_due_mode_takes_the_turn():
+    from tuner.search.regions import bound_mode, in_mode
+    sp = space_of(WL)
+    key = lambda v: tuple(v[n] for n in sp.choices)  # noqa: E731
+    wide, narrow = region_of("CPU", "conv2d")
+    only = sp.sample(np.random.default_rng(5))
+    one = {k: [v] for k, v in only.items()}  # a mode of exactly one config, seen already (e.g. in the log)
+    best = region_configs(sp, wide, 1, seed=0)[0]
+    own, seen = [(best, 5.0)], {key(best), key(only)}
+    s = xgb(corpus(smooth), modes=[wide, one, narrow], mode_min=6)
+    pick = s._mode_turn(own, seen)
+    assert s._modes_spent == {1} and pick is not None and in_mode(bound_mode(sp, narrow), pick)
+    assert key(pick) not in seen and not sp.violations(pick)
+    assert s._mode_turn(own, seen) is None  # the turns alternate with the model's own proposals
+    alone = xgb(corpus(smooth), modes=[wide, one], mode_min=6)
+    assert alone._mode_turn(own, seen) is None and alone._modes_spent == {1}
+    assert alone._mode_turn(own, seen) is None  # spent, and no turn was taken: the alternation lost no step

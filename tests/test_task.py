@@ -332,3 +332,27 @@ def test_a_peer_still_inside_ask_is_waited_for_and_a_finished_peer_is_learnt_fro
     late = study.ask({"a": dist})
     kl = _key({"a": done.params["a"]}, s.names)
     assert _peer_state(s, kl, late.number) == "known" and s.known[kl].median_s == rec.median_s
+
+
+def test_a_peer_trial_without_its_config_older_than_the_wait_is_not_waited_for():
+    """An asker that failed inside ``ask`` and lives on leaves a RUNNING trial without parameters behind, in flight
+    by its live owner: every later proposal would wait the full limit for it. One older than the limit is not
+    waited for."""
+    import time
+
+    import socket
+
+    from tuner.search.tune import _key, _peer_state
+
+    study = optuna.create_study(direction="maximize")
+    s = types.SimpleNamespace(study=study, names=["a"], known={})
+    storage, sid = study._storage, study._study_id
+    orphan = storage.create_new_trial(sid)
+    storage.set_trial_user_attr(orphan, "owner", f"{socket.gethostname()}:{os.getppid()}")  # a live one: in flight
+    mine = study.ask({"a": CategoricalDistribution([1])})
+    k = _key({"a": 1}, s.names)
+    t0 = time.monotonic()
+    assert _peer_state(s, k, mine.number, wait_s=0.3) is None and time.monotonic() - t0 >= 0.25  # young: waited
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    assert _peer_state(s, k, mine.number, wait_s=0.3) is None and time.monotonic() - t0 < 0.2  # old: not

@@ -145,7 +145,7 @@ class XGBSampler(_SpaceSampler):
         (the local search's single-knob moves cannot turn a 4x1 tile into a 2x2 one).
 
         ``modes``: the device region's modes (``tuner.search.regions.region_of``: knob values per mode), for a
-        local search of each. While a mode that does not hold the best measured config holds fewer than
+        local search of each where there are two or more. While a mode that does not hold the best measured config holds fewer than
         ``mode_min`` measured configs, every other model proposal is the model's best config inside it (of the
         candidates in it, random draws of it and the single-knob neighbours of its best that stay in it). A
         mode's first draws are random in its other knobs and may all be slow where its best is the fastest
@@ -179,6 +179,7 @@ class XGBSampler(_SpaceSampler):
         self.modes = [m for m in (bound_mode(space, mode) for mode in modes or ()) if m]
         self.mode_min = mode_min
         self._mode_turn_last = False  # whether the last model proposal was a mode's turn (they alternate)
+        self._modes_spent: set = set()  # modes with no unseen valid config left
         # far_configs' distance, per knob with a choice: an ordered knob's (numbers) positions over its range
         # (0 to 1), or None for another (a difference counts 1)
         self._positions = {n: ({c: i / (len(cs) - 1) for i, c in enumerate(sorted(cs))}
@@ -350,7 +351,7 @@ class XGBSampler(_SpaceSampler):
         return [v for k, v in pool.items() if k not in seen]
 
     def _note(self, study, trial, by: str) -> None:
-        """The trial's user attribute ``search``: who proposed it (``model``, ``tpe`` or ``far``; a trial without it
+        """The trial's user attribute ``search``: who proposed it (``model``, ``mode``, ``tpe`` or ``far``; a trial without it
         was random, enqueued or another sampler's) and the transfer weight, model-free and far shares then."""
         note = {"by": by, "transfer_weight": round(self.transfer_weight, 3), "share": round(self.share, 3),
                 "far": round(self.far_now, 3)}
@@ -421,12 +422,10 @@ class XGBSampler(_SpaceSampler):
             if values:
                 self._note(study, trial, "tpe")
                 return values
-        mode = self._mode_turn(own)
-        if mode is not None:
-            pick = self._best_in_mode(mode, own, seen)
-            if pick is not None:
-                self._note(study, trial, "mode")
-                return pick
+        pick = self._mode_turn(own, seen)
+        if pick is not None:
+            self._note(study, trial, "mode")
+            return pick
         self._note(study, trial, "model")
         fitted_on = len(own)
         if self._ranking is None or self._ranking[0] != fitted_on:  # new measurements since the last fit
@@ -442,9 +441,10 @@ class XGBSampler(_SpaceSampler):
         return self.random_unseen(seen) or {}
 
 
-    def _mode_turn(self, own: list) -> dict | None:
-        """The mode whose turn this model proposal is (``modes``), or None: of the modes without the best measured
-        config that hold fewer than ``mode_min`` measured configs, the one holding fewest, every other call."""
+    def _mode_turn(self, own: list, seen: set) -> dict | None:
+        """This model proposal as a mode's turn (``modes``, two or more), or None: every other call, the model's best
+        config in a mode without the best measured config that holds fewer than ``mode_min`` measured configs,
+        the due modes tried fewest first. A mode that has no unseen valid config left is not tried again."""
         from tuner.search.regions import in_mode
         if len(self.modes) < 2:
             return None
@@ -453,16 +453,19 @@ class XGBSampler(_SpaceSampler):
             return None
         best = max(own, key=lambda r: r[1])[0] if own else None
         counts = [sum(in_mode(m, v) for v, _ in own) for m in self.modes]
-        due = [(c, i) for i, (m, c) in enumerate(zip(self.modes, counts))
-               if c < self.mode_min and not (best is not None and in_mode(m, best))]
-        if not due:
-            return None
-        self._mode_turn_last = True
-        return self.modes[min(due)[1]]
+        due = sorted((c, i) for i, (m, c) in enumerate(zip(self.modes, counts))
+                     if c < self.mode_min and i not in self._modes_spent and not (best is not None and in_mode(m, best)))
+        for _, i in due:
+            pick = self._best_in_mode(self.modes[i], own, seen)
+            if pick is not None:
+                self._mode_turn_last = True
+                return pick
+            self._modes_spent.add(i)  # the seen configs only grow: it stays spent
+        return None
 
     def _best_in_mode(self, mode: dict, own: list, seen: set) -> dict | None:
-        """The model's best unseen config inside ``mode``: of the candidates in it, ``n_random // 4`` random draws of
-        it and the single-knob neighbours of its best measured config that stay in it (a random draw of it
+        """The model's best unseen config inside ``mode``: of the candidates in it, ``max(8, n_random // 4)`` random
+        draws of it and the single-knob neighbours of its best measured config that stay in it (a random draw of it
         without a model; None: it has no unseen valid config)."""
         from tuner.search.regions import in_mode, region_configs
         draws = region_configs(self.space, mode, max(8, self.n_random // 4), int(self.rng.integers(2**31)), seen)

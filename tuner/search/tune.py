@@ -186,9 +186,11 @@ def tune(template, workload, device=None, trials: int = 32, log: str | None = No
     fallback config is the first trial (unless the log has it), so tuned and untuned can be compared and the
     search starts from what the task runs untuned. ``device_region``: then ``REGION_SEEDS`` configs of each
     mode of the device class's default region (``tuner.search.regions``: a CPU convolution's wide work-groups and
-    its narrow groups of 2-D tiles, a GPU's occupancy) are
-    measured, when the log holds nothing of the task yet; the sampler learns from them as from any trial (and
-    starts around them when they are the best of the first trials). A dict: a regions table in ``REGIONS``'
+    its narrow groups of 2-D tiles, a GPU convolution's 1x1 tiles with split reductions in wide or small
+    groups) are measured, when the log holds nothing of the task yet; the sampler learns from them as from any
+    trial (and starts around them when they are the best of the first trials). The xgb sampler also gets the
+    region's modes and, where there are two or more, searches each in turn (``XGBSampler``'s ``modes``), whether
+    or not the log knew the task. A dict: a regions table in ``REGIONS``'
     shape used instead (``tuner.search.regions.ONE_MODE``: the region before the CPU's second mode).
     ``sampler_options``: keyword arguments of the xgb sampler (``XGBSampler``: its exploration, transfer weighting).
     ``transfer_from``: sibling devices' fingerprints (or ``"auto"``) whose records of the template weigh in the
@@ -405,13 +407,14 @@ def _peer_state(s, k, number: int, wait_s: float = 60.0) -> str | None:
     before trial ``number``: that one measures it) or None (nobody: this trial measures it).
 
     ``study.ask`` creates a RUNNING trial first and writes its parameters after its sampler ran, so a peer trial
-    asked before ours may not show its config yet; then the snapshot is taken again, every 10 ms, for up to
-    ``wait_s`` (a tuner killed inside ``ask`` leaves such a trial behind, in flight by ``_in_flight`` until
-    its asker is known dead; then a session's ``_recover`` fails it). The wait lasts as long as the peer's
-    sampler: an XGBoost fit on a loaded 2-core host takes seconds, and with a 1 s limit four tuners at once
-    measured a config twice (2026-11-28). One snapshot for all states: two reads let a
-    peer finish between them unseen."""
-    deadline = time.monotonic() + wait_s
+    asked before ours may not show its config yet; then the snapshot is taken again, for up to ``wait_s`` (a
+    tuner killed inside ``ask`` leaves such a trial behind, in flight by ``_in_flight`` until its asker is known
+    dead; then a session's ``_recover`` fails it). The wait lasts as long as the peer's sampler: an XGBoost fit
+    on a loaded 2-core host takes seconds, and with a 1 s limit four tuners at once measured a config twice
+    (2026-11-28). A trial without its config older than ``wait_s`` is not waited for (an asker that failed
+    inside ``ask`` and lives on leaves one behind), and the snapshots back off from 10 ms to 200 ms apart. One
+    snapshot for all states: two reads let a peer finish between them unseen."""
+    deadline, pause = time.monotonic() + wait_s, 0.01
     while True:
         pending = in_flight = False
         askers = _askers(s.study)
@@ -419,7 +422,7 @@ def _peer_state(s, k, number: int, wait_s: float = 60.0) -> str | None:
             if tr.number == number:
                 continue
             if not all(n in tr.params for n in s.names):
-                pending |= tr.number < number and _in_flight(tr, askers)
+                pending |= tr.number < number and _in_flight(tr, askers) and _age_s(tr) < wait_s
                 continue
             if _key(tr.params, s.names) != k:
                 continue
@@ -434,4 +437,5 @@ def _peer_state(s, k, number: int, wait_s: float = 60.0) -> str | None:
             return "in_flight"
         if not pending or time.monotonic() > deadline:
             return None
-        time.sleep(0.01)
+        time.sleep(pause)
+        pause = min(0.2, pause * 2)

@@ -171,8 +171,9 @@ def run_worker(storage, device=None, study_prefix: str | None = None, tasks=None
     ``max_trials``. Heavier tasks first; a worker with nothing to claim waits for the others' trials to end
     (or to go stale after ``grace`` seconds without a heartbeat, checked every ``poll`` seconds).
     ``transfer_from``: sibling devices' fingerprints (or ``"auto"``) whose records seed each study, as in
-    ``tune``. ``fallback_first`` and ``device_region``: as in ``tune``, once per study (the first worker to
-    open it enqueues them; one that finds them in the study, in any state, does not)."""
+    ``tune``. ``fallback_first`` and ``device_region``: as in ``tune``, their trials once per study (the first
+    worker to open it enqueues them; one that finds them in the study, in any state, does not); the region's
+    modes go to every worker's xgb sampler."""
     from tuner.runtime.base import Runtime
     from tuner.target import DeviceInfo
     if max_trials is not None and max_trials < 1:
