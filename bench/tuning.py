@@ -88,7 +88,8 @@ STOCK = {"fallback_first": False, "device_region": False}  # the baselines: Optu
 # xgb-modes: a CPU convolution's region in two modes (tuner.search.regions; since 2026-11-28 xgb's own);
 # xgb-onemode: the region of one mode before it (regions.ONE_MODE); xgb-turns: each mode of the region searched
 # in turn (XGBSampler's modes, 2026-11-28, fifth); xgb-noturns: the region's modes measured first, not searched;
-# xgb-gpuone: the GPU regions before their modes (regions.BEFORE_GPU_MODES), each searched in turn where it has two.
+# xgb-gpuone: the GPU regions before their modes (regions.BEFORE_GPU_MODES), each searched in turn where it has two;
+# xgb-nosplit: the CPU convolution's narrow mode with split_k 1 or 2 (NARROW_ANY_SPLIT, development).
 VARIANTS = {
     "xgb": ("xgb", True, {}),
     "tpe": ("tpe", False, STOCK),
@@ -110,6 +111,7 @@ VARIANTS = {
     "xgb-turns": ("xgb", True, {}),  # each mode searched in turn, before it became xgb's default
     "xgb-noturns": ("xgb", True, {"sampler_options": {"modes": []}}),  # the modes measured first only
     "xgb-gpuone": ("xgb", True, {"device_region": "BEFORE_GPU_MODES"}),  # the GPU regions before their modes
+    "xgb-nosplit": ("xgb", True, {"device_region": "NARROW_ANY_SPLIT"}),  # the CPU's narrow mode, split_k 1 too
 }
 SAMPLERS = tuple(VARIANTS)  # in the tables' column order
 THRESHOLD = 0.95
@@ -325,13 +327,24 @@ def trials_to(curve: list, target: float, n: int) -> int:
     return n + 1
 
 
+def _narrow_any_split() -> dict:
+    from tuner.search.regions import GPU_REGIONS, REGIONS
+    wide, narrow = REGIONS["CPU"]["conv2d"]
+    return {"CPU": {"conv2d": [wide, {**narrow, "split_k": [1, 2]}]}, "GPU": GPU_REGIONS}
+
+
+NARROW_ANY_SPLIT = _narrow_any_split()  # REPORT_4's 10x10 conv3x3 is fastest with no split (2026-11-28, fifth)
+
+
 def tune_options(more: dict) -> dict:
     """A variant's ``tune()`` arguments: its options less the benchmark's own (``reading``), a regions table
-    named in ``tuner.search.regions`` (``"ONE_MODE"``, ``"BEFORE_GPU_MODES"``) replaced by the table."""
+    named in this module or ``tuner.search.regions`` (``"NARROW_ANY_SPLIT"``, ``"ONE_MODE"``, ...) replaced by the
+    table."""
     more = {k: v for k, v in more.items() if k != "reading"}
     if isinstance(more.get("device_region"), str):
         from tuner.search import regions
-        more["device_region"] = getattr(regions, more["device_region"])
+        name = more["device_region"]
+        more["device_region"] = globals()[name] if name in globals() else getattr(regions, name)
     return more
 
 
