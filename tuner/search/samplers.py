@@ -145,9 +145,10 @@ class XGBSampler(_SpaceSampler):
         (the local search's single-knob moves cannot turn a 4x1 tile into a 2x2 one).
 
         ``modes``: the device region's modes (``tuner.search.regions.region_of``: knob values per mode), for a
-        local search of each where there are two or more. While a mode that does not hold the best measured config holds fewer than
-        ``mode_min`` measured configs, every other model proposal is the model's best config inside it (of the
-        candidates in it, random draws of it and the single-knob neighbours of its best that stay in it). A
+        local search of each where there are two or more. While a mode that does not hold the best measured
+        config holds fewer than ``mode_min`` measured configs, every other model proposal is the model's best
+        config inside it (of the candidates in it, random draws of it and the single-knob neighbours of its best
+        that stay in it). A
         mode's first draws are random in its other knobs and may all be slow where its best is the fastest
         config of all; without turns of its own, a search that found a good config in another mode first
         stays there (bench/notes/tuning.md, 2026-11-28, fifth).
@@ -351,8 +352,9 @@ class XGBSampler(_SpaceSampler):
         return [v for k, v in pool.items() if k not in seen]
 
     def _note(self, study, trial, by: str) -> None:
-        """The trial's user attribute ``search``: who proposed it (``model``, ``mode``, ``tpe`` or ``far``; a trial without it
-        was random, enqueued or another sampler's) and the transfer weight, model-free and far shares then."""
+        """The trial's user attribute ``search``: who proposed it (``model``, ``mode``, ``tpe`` or ``far``; a trial
+        without it was random, enqueued or another sampler's) and the transfer weight, model-free and far shares
+        then."""
         note = {"by": by, "transfer_weight": round(self.transfer_weight, 3), "share": round(self.share, 3),
                 "far": round(self.far_now, 3)}
         try:
@@ -440,7 +442,6 @@ class XGBSampler(_SpaceSampler):
                 return values
         return self.random_unseen(seen) or {}
 
-
     def _mode_turn(self, own: list, seen: set) -> dict | None:
         """This model proposal as a mode's turn (``modes``, two or more), or None: every other call, the model's best
         config in a mode without the best measured config that holds fewer than ``mode_min`` measured configs,
@@ -453,8 +454,8 @@ class XGBSampler(_SpaceSampler):
             return None
         best = max(own, key=lambda r: r[1])[0] if own else None
         counts = [sum(in_mode(m, v) for v, _ in own) for m in self.modes]
-        due = sorted((c, i) for i, (m, c) in enumerate(zip(self.modes, counts))
-                     if c < self.mode_min and i not in self._modes_spent and not (best is not None and in_mode(m, best)))
+        due = sorted((c, i) for i, (m, c) in enumerate(zip(self.modes, counts)) if c < self.mode_min
+                     and i not in self._modes_spent and not (best is not None and in_mode(m, best)))
         for _, i in due:
             pick = self._best_in_mode(self.modes[i], own, seen)
             if pick is not None:
