@@ -1213,7 +1213,7 @@ def replay(info, tables: dict, corpus_log: Path, variants: list, seeds: int, tri
         for v in variants:
             sampler, transfer, more = VARIANTS[v]
             regions = tune_options(more).get("device_region", True)
-            modes = region_of(info.type, tname, regions if isinstance(regions, dict) else None) if regions else []
+            modes = region_of(info.type, tname, regions)
             for seed in range(seeds):
                 smp = make_sampler(sampler, space, t, t.space_vars(wl), seed=seed,
                                    transfer=corpus_rows if transfer else [], options=more.get("sampler_options"),

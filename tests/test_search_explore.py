@@ -140,6 +140,7 @@ def test_region_configs_lie_in_the_region_and_the_space():
     sp = space_of(WL)
     modes = region_of("CPU", "conv2d")
     assert modes and region_of("cpu", "conv2d") == modes and region_of("CPU", "nope") == []
+    assert region_of("CPU", "conv2d", True) == modes and region_of("CPU", "conv2d", False) == []  # as tune() takes it
     region = modes[0]
     got = region_configs(sp, region, 5, seed=0)
     assert len(got) == 5 and len({tuple(v.values()) for v in got}) == 5

@@ -338,9 +338,8 @@ def test_a_peer_trial_without_its_config_older_than_the_wait_is_not_waited_for()
     """An asker that failed inside ``ask`` and lives on leaves a RUNNING trial without parameters behind, in flight
     by its live owner: every later proposal would wait the full limit for it. One older than the limit is not
     waited for."""
-    import time
-
     import socket
+    import time
 
     from tuner.search.tune import _key, _peer_state
 

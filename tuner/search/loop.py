@@ -47,6 +47,7 @@ class Session:
     sampler: str
     known: dict
     seeds: list = field(default_factory=list)  # knob values to measure first: a named sibling's best of the task
+    modes: list = field(default_factory=list)  # the device region's modes (``open_session``'s ``device_region``)
     names: list = field(init=False)
     dists: dict = field(init=False)
 
@@ -78,8 +79,7 @@ def open_session(task: TuningTask, info, storage, name: str, log: str, sampler: 
         others = [o for o in others if len(o) == 3 or o[3] not in siblings] + rows
         weights = {d: SIBLING_WEIGHT for d in siblings}
     from tuner.search.regions import region_of
-    modes = region_of(info.type, t.name, device_region if isinstance(device_region, dict) else None) \
-        if device_region else []
+    modes = region_of(info.type, t.name, device_region)
     smp = make_sampler(sampler, space, t, t.space_vars(task.workload), seed=seed, transfer=others,
                        seen=set(known) if seen_from_log else None, device_weights=weights, options=sampler_options,
                        modes=modes)
@@ -91,7 +91,7 @@ def open_session(task: TuningTask, info, storage, name: str, log: str, sampler: 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study.set_metric_names(["GFLOP/s"])
-    return Session(task, info, space, study, log, sampler, known, seeds)
+    return Session(task, info, space, study, log, sampler, known, seeds, modes)
 
 
 def _in_study(s: Session) -> set:
@@ -125,20 +125,19 @@ def enqueue_fallback(s: Session) -> None:
         s.study.enqueue_trial(params)
 
 
-def enqueue_region(s: Session, seed, table: dict | None = None) -> None:
-    """Enqueue ``REGION_SEEDS`` configs of each mode of the device class's default region
-    (``tuner.search.regions``; ``table``: another table in ``REGIONS``' shape), drawn with ``seed``, when neither
-    the log nor the study holds any measurement of the task yet and no trial of the study was enqueued from the
-    region already (an interrupted run, or another worker, did)."""
-    from tuner.search.regions import REGION_SEEDS, region_configs, region_of
-    region = region_of(s.info.type, s.task.tmpl.name, table)
-    if not region or s.known:
+def enqueue_region(s: Session, seed) -> None:
+    """Enqueue ``REGION_SEEDS`` configs of each of the session's region modes (``Session.modes``: the device
+    class's default region, ``tuner.search.regions``, or that of the table ``open_session`` was given), drawn with
+    ``seed``, when neither the log nor the study holds any measurement of the task yet and no trial of the study
+    was enqueued from the region already (an interrupted run, or another worker, did)."""
+    from tuner.search.regions import REGION_SEEDS, region_configs
+    if not s.modes or s.known:
         return
     trials = s.study.get_trials(deepcopy=False)
     if any(tr.user_attrs.get("start") == "region" or tr.state in (TrialState.COMPLETE, TrialState.FAIL)
            for tr in trials):
         return
-    for params in region_configs(s.space, region, REGION_SEEDS, seed, exclude=_in_study(s)):
+    for params in region_configs(s.space, s.modes, REGION_SEEDS, seed, exclude=_in_study(s)):
         s.study.enqueue_trial(params, user_attrs={"start": "region"})
 
 

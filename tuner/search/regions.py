@@ -66,10 +66,14 @@ BEFORE_GPU_MODES: dict = {"CPU": REGIONS["CPU"], "GPU": GPU_ONE_MODE}  # the tab
 REGION_SEEDS = 2  # configs drawn from the region (from each of its modes) and measured first, after the fallback
 
 
-def region_of(device_type: str, template: str, table: dict | None = None) -> list:
+def region_of(device_type: str, template: str, table: dict | bool | None = None) -> list:
     """The region's modes for a device type and template: a list of knob-value dicts (empty: none), from
-    ``table`` (``REGIONS``' shape; default ``REGIONS``)."""
-    entry = (REGIONS if table is None else table).get(str(device_type).upper(), {}).get(template, [])
+    ``table`` (``REGIONS``' shape; None or True: ``REGIONS``; False: no region, as ``tune(device_region=...)``
+    takes it)."""
+    if table is False:
+        return []
+    table = REGIONS if table is None or table is True else table
+    entry = table.get(str(device_type).upper(), {}).get(template, [])
     return [dict(m) for m in (entry if isinstance(entry, list) else [entry]) if m]
 
 

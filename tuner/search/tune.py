@@ -223,7 +223,7 @@ def tune(template, workload, device=None, trials: int = 32, log: str | None = No
     if fallback_first:
         enqueue_fallback(session)
     if device_region:  # only for a task nothing of which was measured yet
-        enqueue_region(session, seed, device_region if isinstance(device_region, dict) else None)
+        enqueue_region(session, seed)
 
     best = max((r for r in session.known.values() if r.ok), key=score, default=None)
     result = TuneResult(session.study.study_name, best, log=log, label=task.label)
