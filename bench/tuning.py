@@ -112,6 +112,9 @@ VARIANTS = {
     "xgb-noturns": ("xgb", True, {"sampler_options": {"modes": []}}),  # the modes measured first only
     "xgb-gpuone": ("xgb", True, {"device_region": "BEFORE_GPU_MODES"}),  # the GPU regions before their modes
     "xgb-nosplit": ("xgb", True, {"device_region": "NARROW_ANY_SPLIT"}),  # the CPU's narrow mode, split_k 1 too
+    "xgb-pd4": ("xgb", True, {"sampler_options": {"prior_decay": 4}}),  # the corpus weighed down four times as fast
+    "xgb-nohedge": ("xgb", True, {"sampler_options": {"hedge": None}}),  # every model proposal from the corpus's
+    # model: xgb before the cold model's turns became its default
 }
 SAMPLERS = tuple(VARIANTS)  # in the tables' column order
 THRESHOLD = 0.95
@@ -176,7 +179,15 @@ REPORT_4 = [  # 2026-11-28 (issue 37): the set reported for each region mode sea
     ("dw5x5.64@14", "depthwise_conv2d", dict(data=(1, 64, 14, 14), kernel=(64, 1, 5, 5), padding=2)),
     ("dense.448-96", "dense", dict(data=(1, 448), weight=(96, 448))),
 ]
-WORKLOADS = HELD_OUT + HELD_OUT_2 + REPORT + REPORT_2 + REPORT_3 + REPORT_4
+REPORT_5 = [  # 2026-11-28 (issue 37): the set reported for transfer judged on fresh measurements, which was developed
+    # by replaying the H200's REPORT_2 to REPORT_4 tables and the CPU's (--replay); defined before any of it was measured
+    ("conv3x3.40-64@12", "conv2d", dict(data=(1, 40, 12, 12), kernel=(64, 40, 3, 3), padding=1)),
+    ("conv1x1.48-88@16", "conv2d", dict(data=(1, 48, 16, 16), kernel=(88, 48, 1, 1))),
+    ("conv3x3s2.48-48@20", "conv2d", dict(data=(1, 48, 20, 20), kernel=(48, 48, 3, 3), stride=2, padding=1)),
+    ("dw3x3s2.80@18", "depthwise_conv2d", dict(data=(1, 80, 18, 18), kernel=(80, 1, 3, 3), stride=2, padding=1)),
+    ("dense.288-224", "dense", dict(data=(1, 288), weight=(224, 288))),
+]
+WORKLOADS = HELD_OUT + HELD_OUT_2 + REPORT + REPORT_2 + REPORT_3 + REPORT_4 + REPORT_5
 SCOPES = {"input": "buffer", "weight": "buffer", "output": "buffer"}
 
 CSV_FIELDS = ["workload", "template", "workload_args", "scope", "sampler", "seed", "trials", "trials_to_95pct",
@@ -876,6 +887,8 @@ def main(argv=None) -> int:
     p.add_argument("--replay", nargs="+", metavar="FILE", help="no device: search the measured tables of these "
                    "measurement caches and re-timing files (tuning_cache_*.jsonl[.gz], tuning_retime_*.jsonl) instead, "
                    "a proxy for developing the search; --out's corpus is the transfer")
+    p.add_argument("--profile", metavar="PROFILE.json", help="with --replay: replay as this device (a profile written "
+                   "by `tuner devices --json`, e.g. bench/results/behaviour/profile_h200.json) instead of a local one")
     p.add_argument("--part", help=argparse.SUPPRESS)  # a --jobs child: file-name suffix
     a = p.parse_args(argv)
     begun = time.perf_counter()
@@ -900,7 +913,19 @@ def main(argv=None) -> int:
         print(f"wrote {src.with_suffix('.md')} (wall time = the sum of the runs' tune() calls)")
         return 0
 
-    info = choose_device(a.device)
+    if a.profile and not a.replay:
+        print("error: --profile replays as another device; give --replay too", file=sys.stderr)
+        return 2
+    if a.profile:
+        from tuner.errors import TunerError
+        from tuner.target import load_profile
+        try:
+            info = load_profile(a.profile)
+        except TunerError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    else:
+        info = choose_device(a.device)
     samplers = [s.strip() for s in a.samplers.split(",") if s.strip()]
     workloads = [w for w in WORKLOADS if re.search(a.workloads, w[0])]
     if not workloads or not samplers or any(s not in SAMPLERS for s in samplers):
@@ -1233,7 +1258,7 @@ def replay(info, tables: dict, corpus_log: Path, variants: list, seeds: int, tri
                     asked += 1
                     tr = study.ask(dists)
                     k = space.key(tr.params)
-                    if k not in table or k in {space.key(x.params) for x in study.trials[:-1]
+                    if k not in table or k in {space.key(x.params) for x in study.trials[:-1] if x.params
                                                if x.state != optuna.trial.TrialState.RUNNING}:
                         study.tell(tr, state=optuna.trial.TrialState.FAIL)
                         continue

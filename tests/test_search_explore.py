@@ -363,3 +363,20 @@ def test_a_mode_with_no_unseen_config_is_spent_and_the_next_due_mode_takes_the_t
     alone = xgb(corpus(smooth), modes=[wide, one], mode_min=6)
     assert alone._mode_turn(own, seen) is None and alone._modes_spent == {1}
     assert alone._mode_turn(own, seen) is None  # spent, and no turn was taken: the alternation lost no step
+
+
+def test_from_hedge_measurements_on_every_other_model_proposal_is_the_cold_models():
+    """``hedge``: a model fitted without the corpus ranks every other model proposal once the study holds ``hedge``
+    measurements; never before, never without a corpus, never with ``hedge=None``."""
+    def bys(sampler):
+        study = drive(sampler, smooth, 24)
+        return [tr.user_attrs.get("search", {}).get("by") for tr in study.trials]
+    opts = dict(far=(0.0, 0.0), explore="none", epsilon=0.0, seed=3)
+    by = bys(xgb(corpus(smooth), hedge=8, **opts))
+    assert "cold" not in by[:8] and by[8:].count("cold") >= 6
+    model_turns = [b for b in by[8:] if b in ("model", "cold")]
+    assert all(a != b for a, b in zip(model_turns, model_turns[1:]))  # they alternate
+    assert "cold" not in bys(xgb(corpus(smooth), hedge=None, **opts))
+    assert "cold" not in bys(xgb(None, **opts))  # no corpus: every model is cold already
+    s = xgb(corpus(smooth), **opts)
+    assert s.hedge == 8  # the default

@@ -121,7 +121,7 @@ class XGBSampler(_SpaceSampler):
                  fresh: int = 12, weigh_transfer: bool = True, transfer_reference: float = 0.3,
                  ensemble: int = 4, kappa: float = 1.0, far: tuple = (0.0, 0.3), patience: int = 8,
                  incumbents: int = 3, prior_decay: int | None = 16, far_pick: str = "model", pair_moves: int = 0,
-                 modes: list | None = None, mode_min: int = 6):
+                 modes: list | None = None, mode_min: int = 6, hedge: int | None = 8):
         """``template``: a Template or its name; ``transfer``: ``(vars, values, score)`` of other workloads'
         successful records (``(vars, values, score, device)`` for another device's: weighted
         ``other_device_weight``, or ``device_weights[device]``: a named sibling's), ``score`` their GFLOP/s
@@ -153,6 +153,12 @@ class XGBSampler(_SpaceSampler):
         config of all; without turns of its own, a search that found a good config in another mode first
         stays there (bench/notes/tuning.md, 2026-11-28, fifth).
 
+        ``hedge``: from that many measurements on, every other model proposal is ranked by a model fitted on this
+        study's measurements alone (noted ``by: "cold"``; None: never). A corpus that ranks this task's
+        measurements well overall can still rank its best region wrongly, and its weight (``weigh_transfer``)
+        does not see that; the turns of the cold model bound what it costs (bench/notes/tuning.md, 2026-11-28,
+        sixth).
+
         ``weigh_transfer``: the transfer rows' weight is ``trust`` of the transfer-only model's rank correlation
         with this study's measurements (``transfer_reference``: the correlation trusted fully), from 1 down
         to 0, re-judged at every fit. ``prior_decay``: the corpus counts as that many measurements of this task
@@ -179,6 +185,8 @@ class XGBSampler(_SpaceSampler):
         from tuner.search.regions import bound_mode
         self.modes = [m for m in (bound_mode(space, mode) for mode in modes or ()) if m]
         self.mode_min = mode_min
+        self.hedge, self._hedge_turn = hedge, False  # whether the last model proposal was the cold model's
+        self._cold = None  # (what the fit saw, the model fitted without the corpus): ``hedge``'s proposals
         self._mode_turn_last = False  # whether the last model proposal was a mode's turn (they alternate)
         self._modes_spent: set = set()  # modes with no unseen valid config left
         # far_configs' distance, per knob with a choice: an ordered knob's (numbers) positions over its range
@@ -256,9 +264,9 @@ class XGBSampler(_SpaceSampler):
         w = self.prior_weight(n)
         return [] if w <= 0 else [(g, f, s, wt * w) for g, f, s, wt in self.transfer]
 
-    def _fit(self, own: list):
+    def _fit(self, own: list, transfer: bool = True):
         import xgboost as xgb
-        rows = self._transfer_weighted(len(own)) + self._own_rows(own)
+        rows = (self._transfer_weighted(len(own)) if transfer else []) + self._own_rows(own)
         if self.explore != "bonus":
             booster = self._train(rows, int(self.rng.integers(2**31)))
             return None if booster is None else (lambda X: booster.predict(xgb.DMatrix(X)))
@@ -428,10 +436,18 @@ class XGBSampler(_SpaceSampler):
         if pick is not None:
             self._note(study, trial, "mode")
             return pick
-        self._note(study, trial, "model")
-        fitted_on = len(own)
+        cold = False
+        if self.hedge is not None and self.transfer and len(own) >= self.hedge:
+            self._hedge_turn = cold = not self._hedge_turn
+        self._note(study, trial, "cold" if cold else "model")
+        fitted_on = (len(own), cold)
         if self._ranking is None or self._ranking[0] != fitted_on:  # new measurements since the last fit
-            model = self._model_for(own)
+            if cold:
+                if self._cold is None or self._cold[0] != len(own):
+                    self._cold = (len(own), self._fit(own, transfer=False))
+                model = self._cold[1]
+            else:
+                model = self._model_for(own)
             cands = self._candidates(own, seen) if model is not None else []
             if not cands:
                 return self.random_unseen(seen) or {}
