@@ -887,6 +887,8 @@ def main(argv=None) -> int:
     p.add_argument("--replay", nargs="+", metavar="FILE", help="no device: search the measured tables of these "
                    "measurement caches and re-timing files (tuning_cache_*.jsonl[.gz], tuning_retime_*.jsonl) instead, "
                    "a proxy for developing the search; --out's corpus is the transfer")
+    p.add_argument("--replay-rows", nargs="+", metavar="JSON", help="only summarize the rows of earlier replays "
+                   "(replay_*.json) together, one table over all their variants")
     p.add_argument("--profile", metavar="PROFILE.json", help="with --replay: replay as this device (a profile written "
                    "by `tuner devices --json`, e.g. bench/results/behaviour/profile_h200.json) instead of a local one")
     p.add_argument("--part", help=argparse.SUPPRESS)  # a --jobs child: file-name suffix
@@ -913,6 +915,10 @@ def main(argv=None) -> int:
         print(f"wrote {src.with_suffix('.md')} (wall time = the sum of the runs' tune() calls)")
         return 0
 
+    if a.replay_rows:
+        rows = [r for f in a.replay_rows for r in json.loads(Path(f).read_text())]
+        print(replay_summary(rows, a.trials))
+        return 0
     if a.profile and not a.replay:
         print("error: --profile replays as another device; give --replay too", file=sys.stderr)
         return 2
