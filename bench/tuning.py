@@ -22,7 +22,9 @@ device region measured first), the other ``VARIANTS`` are the xgb sampler's alte
 were developed on ``REPORT``. ``REPORT_3`` (2026-11-28) is the set a CPU convolution's two-mode region
 (``tuner.search.regions``; ``xgb-modes`` in development) is reported on; it was developed on ``REPORT`` and
 ``REPORT_2``. ``REPORT_4`` (2026-11-28) is the set each region mode searched in turn (``xgb-turns`` in development)
-and the GPU's regions in modes are reported on; they were developed on ``REPORT`` and ``REPORT_3``.
+and the GPU's regions in modes are reported on; they were developed on ``REPORT`` and ``REPORT_3``. ``REPORT_5``
+(2026-11-28) is the set the transfer hedged by a model without the corpus is reported on; it was developed by
+replaying the measured tables of ``REPORT`` to ``REPORT_4`` (``--replay``, as the H200 with ``--profile``).
 
 ``--deadline S`` stops starting work (a corpus chunk, a run, a re-timing round) after S seconds and exits with
 status 3 while work is left; the same command with the same ``--out`` goes on from the files there (the
@@ -179,8 +181,9 @@ REPORT_4 = [  # 2026-11-28 (issue 37): the set reported for each region mode sea
     ("dw5x5.64@14", "depthwise_conv2d", dict(data=(1, 64, 14, 14), kernel=(64, 1, 5, 5), padding=2)),
     ("dense.448-96", "dense", dict(data=(1, 448), weight=(96, 448))),
 ]
-REPORT_5 = [  # 2026-11-28 (issue 37): the set reported for transfer judged on fresh measurements, which was developed
-    # by replaying the H200's REPORT_2 to REPORT_4 tables and the CPU's (--replay); defined before any of it was measured
+REPORT_5 = [  # 2026-11-28 (issue 37): the set reported for the transfer hedged by a model without the corpus (xgb's
+    # hedge), which was developed by replaying the H200's REPORT_2 to REPORT_4 tables and the CPU's REPORT to REPORT_4
+    # tables (--replay); defined before any of it was measured, and before the hedge was chosen
     ("conv3x3.40-64@12", "conv2d", dict(data=(1, 40, 12, 12), kernel=(64, 40, 3, 3), padding=1)),
     ("conv1x1.48-88@16", "conv2d", dict(data=(1, 48, 16, 16), kernel=(88, 48, 1, 1))),
     ("conv3x3s2.48-48@20", "conv2d", dict(data=(1, 48, 20, 20), kernel=(48, 48, 3, 3), stride=2, padding=1)),
@@ -1264,8 +1267,9 @@ def replay(info, tables: dict, corpus_log: Path, variants: list, seeds: int, tri
                     asked += 1
                     tr = study.ask(dists)
                     k = space.key(tr.params)
-                    if k not in table or k in {space.key(x.params) for x in study.trials[:-1] if x.params
-                                               if x.state != optuna.trial.TrialState.RUNNING}:
+                    if k not in table or k in {space.key(x.params) for x in study.trials[:-1]  # (one without
+                                               if x.params and x.state != optuna.trial.TrialState.RUNNING}:  # params
+                                               # holds no config)
                         study.tell(tr, state=optuna.trial.TrialState.FAIL)
                         continue
                     g = table[k]

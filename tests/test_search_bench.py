@@ -75,3 +75,40 @@ def test_replay_searches_only_the_measured_table(tuning, tmp_path):
     assert all(g in table.values() for r in rows for g in r["gflops"])  # only measured configs
     assert all(len(set(r["gflops"])) == 12 for r in rows)  # none twice (every config here times differently)
     assert "geometric mean of median trials to 95%" in tuning.replay_summary(rows, 12)
+
+
+def test_replay_as_another_device_from_its_profile_and_summaries_of_earlier_replays(tuning, tmp_path, capsys):
+    """``--profile``: the replay's space, fallback and region are the profile's device's (here the H200's, on a
+    machine without it); ``--replay-rows`` summarizes the rows of earlier replays together."""
+    from pathlib import Path
+
+    from tuner.target import load_profile
+    h200 = Path(__file__).resolve().parents[1] / "bench/results/behaviour/profile_h200.json"
+    info = load_profile(h200)
+    t = get_template("dense")
+    name, tname, kw = next(w for w in tuning.WORKLOADS if w[0] == "dense.192-160")
+    wl = t.workload(**kw)
+    bound = t.space(wl, info, input_scope="buffer", weight_scope="buffer", output_scope="buffer")
+    import numpy as np
+    rng = np.random.default_rng(1)
+    cache = tmp_path / "tuning_cache_x.jsonl"
+    with open(cache, "w") as f:
+        for i in range(30):
+            cfg = t.make_config(bound.sample(rng))
+            f.write(json.dumps({"key": tuning.cache_key(tname, wl, cfg),
+                                "result": {"error_code": 0, "costs": [wl.flops / ((i + 1) * 1e9)]}}) + "\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / f"tuning_corpus_{info.fingerprint}.jsonl").write_text("")
+    assert tuning.main(["--replay", str(cache), "--profile", str(h200), "--workloads", "^dense.192-160$",
+                        "--samplers", "random,xgb", "--seeds", "1", "--trials", "8", "--out", str(out)]) == 0
+    rows = out / f"replay_{info.fingerprint}.json"  # named for the H200, not for this machine's device
+    assert len(json.loads(rows.read_text())) == 2
+    capsys.readouterr()
+    assert tuning.main(["--trials", "8", "--replay-rows", str(rows), str(rows)]) == 0
+    assert "| dense.192-160 |" in capsys.readouterr().out
+    assert tuning.main(["--profile", str(h200)]) == 2  # a profile without --replay: nothing to replay
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    assert tuning.main(["--replay", str(cache), "--profile", str(bad)]) == 2
+    assert "device profile lacks" in capsys.readouterr().err

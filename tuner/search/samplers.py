@@ -161,9 +161,9 @@ class XGBSampler(_SpaceSampler):
 
         ``weigh_transfer``: the transfer rows' weight is ``trust`` of the transfer-only model's rank correlation
         with this study's measurements (``transfer_reference``: the correlation trusted fully), from 1 down
-        to 0, re-judged at every fit. ``prior_decay``: the corpus counts as that many measurements of this task
-        (its weight times ``prior_decay / (prior_decay + n)`` after n; None: no decay): a corpus leads a search
-        to a good region fast and then keeps it there, where the same search without transfer goes on to the
+        to 0, re-judged at every fit. ``prior_decay``: the corpus rows' weight is multiplied by
+        ``prior_decay / (prior_decay + n)`` after n measurements of this task (None: no decay): a corpus leads a
+        search to a good region fast and then keeps it there, where the same search without transfer goes on to the
         best (bench/notes/tuning.md, 2026-11-27)."""
         super().__init__(space, seed, seen)
         if isinstance(template, str):
@@ -200,7 +200,7 @@ class XGBSampler(_SpaceSampler):
         self.transfer = self._transfer_rows(transfer or [])
         self.columns: list | None = None
         self.model_fits = 0
-        self._ranking: tuple | None = None  # (what the fit saw, candidates best first): one fit per batch
+        self._ranking: tuple | None = None  # ((what the fit saw, cold), candidates best first): one fit per batch
         self._tpe = ConstrainedTPESampler(space, seed, seen) if explore == "tpe" else None
         self._prior = None  # the transfer-only model, fitted once
         self.transfer_weight = 1.0  # the transfer rows' weight now (``weigh_transfer``)
@@ -255,8 +255,8 @@ class XGBSampler(_SpaceSampler):
 
     def prior_weight(self, n: int) -> float:
         """The transfer rows' weight with ``n`` measurements of this task: ``transfer_weight`` (how well the corpus
-        ranks them), times ``prior_decay / (prior_decay + n)`` (the corpus counts as that many measurements of
-        this task, so this task's own measurements decide more as they accumulate)."""
+        ranks them), times ``prior_decay / (prior_decay + n)``, so this task's own measurements decide more as they
+        accumulate."""
         decay = self.prior_decay
         return self.transfer_weight * (1.0 if not decay else decay / (decay + n))
 
