@@ -52,20 +52,25 @@ def test_done_when_compares_median_bests_per_workload(tuning):
     assert tuning.done_when(rows, ["a"], ["xgb"], 2) == []
 
 
-def test_replay_searches_only_the_measured_table(tuning, tmp_path):
+def dense_cache(tuning, path, info, count: int, seed: int):
+    """A measurement cache of ``count`` random configs of ``dense.192-160`` on ``info``'s device, the i-th at i+1
+    GFLOP/s; returns the workload's ``(name, template, arguments)``."""
+    import numpy as np
     t = get_template("dense")
     name, tname, kw = next(w for w in tuning.WORKLOADS if w[0] == "dense.192-160")
     wl = t.workload(**kw)
-    bound = t.space(wl, CPU, input_scope="buffer", weight_scope="buffer", output_scope="buffer")
-    import numpy as np
-    rng = np.random.default_rng(0)
-    cache = tmp_path / "tuning_cache_x.jsonl"
-    with open(cache, "w") as f:
-        for i in range(40):
-            v = bound.sample(rng)
-            cfg = t.make_config(v)
-            key = tuning.cache_key(tname, wl, cfg)
+    bound = t.space(wl, info, input_scope="buffer", weight_scope="buffer", output_scope="buffer")
+    rng = np.random.default_rng(seed)
+    with open(path, "w") as f:
+        for i in range(count):
+            key = tuning.cache_key(tname, wl, t.make_config(bound.sample(rng)))
             f.write(json.dumps({"key": key, "result": {"error_code": 0, "costs": [wl.flops / ((i + 1) * 1e9)]}}) + "\n")
+    return name, tname, kw
+
+
+def test_replay_searches_only_the_measured_table(tuning, tmp_path):
+    cache = tmp_path / "tuning_cache_x.jsonl"
+    name, tname, kw = dense_cache(tuning, cache, CPU, 40, 0)
     tables = tuning.replay_tables([cache], [], CPU, [(name, tname, kw)])
     bound_, table = tables[name]
     assert len(table) <= 40 and max(table.values()) == pytest.approx(40.0)
@@ -85,18 +90,8 @@ def test_replay_as_another_device_from_its_profile_and_summaries_of_earlier_repl
     from tuner.target import load_profile
     h200 = Path(__file__).resolve().parents[1] / "bench/results/behaviour/profile_h200.json"
     info = load_profile(h200)
-    t = get_template("dense")
-    name, tname, kw = next(w for w in tuning.WORKLOADS if w[0] == "dense.192-160")
-    wl = t.workload(**kw)
-    bound = t.space(wl, info, input_scope="buffer", weight_scope="buffer", output_scope="buffer")
-    import numpy as np
-    rng = np.random.default_rng(1)
     cache = tmp_path / "tuning_cache_x.jsonl"
-    with open(cache, "w") as f:
-        for i in range(30):
-            cfg = t.make_config(bound.sample(rng))
-            f.write(json.dumps({"key": tuning.cache_key(tname, wl, cfg),
-                                "result": {"error_code": 0, "costs": [wl.flops / ((i + 1) * 1e9)]}}) + "\n")
+    dense_cache(tuning, cache, info, 30, 1)
     out = tmp_path / "out"
     out.mkdir()
     (out / f"tuning_corpus_{info.fingerprint}.jsonl").write_text("")

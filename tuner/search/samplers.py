@@ -186,7 +186,6 @@ class XGBSampler(_SpaceSampler):
         self.modes = [m for m in (bound_mode(space, mode) for mode in modes or ()) if m]
         self.mode_min = mode_min
         self.hedge, self._hedge_turn = hedge, False  # whether the last model proposal was the cold model's
-        self._cold = None  # (what the fit saw, the model fitted without the corpus): ``hedge``'s proposals
         self._mode_turn_last = False  # whether the last model proposal was a mode's turn (they alternate)
         self._modes_spent: set = set()  # modes with no unseen valid config left
         # far_configs' distance, per knob with a choice: an ordered knob's (numbers) positions over its range
@@ -196,7 +195,8 @@ class XGBSampler(_SpaceSampler):
                            for n, cs in space.choices.items() if len(cs) > 1}
         self.prior_decay = prior_decay
         self.far_now = self.far_range[0]
-        self._model = None  # (what the fit saw, the fitted model): shared by the ranking and the far proposals
+        self._models: dict = {}  # cold -> (what the fit saw, the model fitted with the corpus or, cold, without
+        # it: ``hedge``'s turns): shared by the ranking, the far proposals and the modes' turns
         self.transfer = self._transfer_rows(transfer or [])
         self.columns: list | None = None
         self.model_fits = 0
@@ -401,11 +401,13 @@ class XGBSampler(_SpaceSampler):
         return sum(abs(pos[a[n]] - pos[b[n]]) if pos else 1.0
                    for n, pos in self._positions.items() if a[n] != b[n])
 
-    def _model_for(self, own: list):
-        """The model fitted on ``own`` (one fit per new set of measurements), or None when they teach no order."""
-        if self._model is None or self._model[0] != len(own):
-            self._model = (len(own), self._fit(own))
-        return self._model[1]
+    def _model_for(self, own: list, cold: bool = False):
+        """The model fitted on ``own`` (one fit per new set of measurements; ``cold``: without the corpus), or None
+        when they teach no order."""
+        fitted = self._models.get(cold)
+        if fitted is None or fitted[0] != len(own):
+            self._models[cold] = fitted = (len(own), self._fit(own, transfer=not cold))
+        return fitted[1]
 
     def sample_relative(self, study, trial, search_space):
         if not search_space:
@@ -442,12 +444,7 @@ class XGBSampler(_SpaceSampler):
         self._note(study, trial, "cold" if cold else "model")
         fitted_on = (len(own), cold)
         if self._ranking is None or self._ranking[0] != fitted_on:  # new measurements since the last fit
-            if cold:
-                if self._cold is None or self._cold[0] != len(own):
-                    self._cold = (len(own), self._fit(own, transfer=False))
-                model = self._cold[1]
-            else:
-                model = self._model_for(own)
+            model = self._model_for(own, cold)
             cands = self._candidates(own, seen) if model is not None else []
             if not cands:
                 return self.random_unseen(seen) or {}
