@@ -1267,9 +1267,9 @@ def replay(info, tables: dict, corpus_log: Path, variants: list, seeds: int, tri
                     asked += 1
                     tr = study.ask(dists)
                     k = space.key(tr.params)
-                    if k not in table or k in {space.key(x.params) for x in study.trials[:-1]  # (one without
-                                               if x.params and x.state != optuna.trial.TrialState.RUNNING}:  # params
-                                               # holds no config)
+                    measured = {space.key(x.params) for x in study.trials[:-1]  # a trial without params holds no config
+                                if x.params and x.state != optuna.trial.TrialState.RUNNING}
+                    if k not in table or k in measured:
                         study.tell(tr, state=optuna.trial.TrialState.FAIL)
                         continue
                     g = table[k]

@@ -360,8 +360,8 @@ class XGBSampler(_SpaceSampler):
         return [v for k, v in pool.items() if k not in seen]
 
     def _note(self, study, trial, by: str) -> None:
-        """The trial's user attribute ``search``: who proposed it (``model``, ``mode``, ``tpe`` or ``far``; a trial
-        without it was random, enqueued or another sampler's) and the transfer weight, model-free and far shares
+        """The trial's user attribute ``search``: who proposed it (``model``, ``cold``, ``mode``, ``tpe`` or ``far``; a
+        trial without it was random, enqueued or another sampler's) and the transfer weight, model-free and far shares
         then."""
         note = {"by": by, "transfer_weight": round(self.transfer_weight, 3), "share": round(self.share, 3),
                 "far": round(self.far_now, 3)}
