@@ -614,10 +614,24 @@ def fmt_trials(v: float, n: int) -> str:
     return f">{n}" if v > n else (f"{v:.0f}" if v == int(v) else f"{v:.1f}")
 
 
+def seeds_line(rows: list, samplers: list, workloads: list) -> str:
+    """The seeds the runs used: one list where every workload and sampler has the same seeds, else each sampler's
+    runs per workload (random runs more seeds where its median is censored, to read its hit rate)."""
+    runs = {(s, w): sorted(r["seed"] for r in rows if r["sampler"] == s and r["workload"] == w)
+            for s in samplers for w in workloads}
+    if len({tuple(v) for v in runs.values()}) == 1:
+        seeds = next(iter(runs.values()))
+        return f"seeds {', '.join(map(str, seeds))} ({len(seeds)} per workload and sampler)"
+
+    def counts(s):
+        ks = sorted({len(runs[s, w]) for w in workloads})
+        return f"{s} {ks[0]}" if len(ks) == 1 else f"{s} {ks[0]} to {ks[-1]}"
+    return "seeds 0 to K-1, K per workload: " + ", ".join(counts(s) for s in samplers)
+
+
 def summarize(rows: list, n: int, meta: dict) -> str:
     samplers = [s for s in SAMPLERS if any(r["sampler"] == s for r in rows)]
     workloads = list(dict.fromkeys(r["workload"] for r in rows))
-    seeds = sorted({r["seed"] for r in rows})
     med, cens = {}, {}
     for w in workloads:
         for s in samplers:
@@ -627,8 +641,8 @@ def summarize(rows: list, n: int, meta: dict) -> str:
                 cens[w, s] = (sum(k > n for k in ks), len(ks))
     lines = [f"# Tuning efficiency: {meta['device_name']}", ""]
     lines += [f"- device: `{meta['device_name']}`, fingerprint `{meta['fingerprint']}`",
-              f"- {meta['date']}; N = {n} measured trials per run, seeds {', '.join(map(str, seeds))} "
-              f"({len(seeds)} per workload and sampler), {len(rows)} runs in all"
+              f"- {meta['date']}; N = {n} measured trials per run, {seeds_line(rows, samplers, workloads)}, "
+              f"{len(rows)} runs in all"
               + (", run one after another" if meta.get("jobs", 1) == 1 else ""),
               f"- held-out workloads (never tuned while the search was developed); every run starts from a fresh log "
               f"holding the transfer corpus ({meta.get('corpus', '?')}) and a fresh SQLite study; `tune()` with "
@@ -649,7 +663,7 @@ def summarize(rows: list, n: int, meta: dict) -> str:
                  f"re-timed); `best ever` is the best estimate and every trial counts at its config's estimate; "
                  f"`best once` is the best single measurement"] if meta.get("retimed") else []),
               f"- metric: trials until the run's best-so-far GFLOP/s reaches {THRESHOLD:.0%} of the workload's best "
-              f"ever (the max over all {len(rows) // max(len(workloads), 1)} runs of all samplers); a run that "
+              f"ever (the max over all its runs, of all samplers); a run that "
               f"never reaches it is censored at N+1 and shown as `>{n}`; cells are the median over seeds, "
               f"(c/k) = c of k runs censored"]
     if meta.get("wall_s"):
@@ -825,6 +839,7 @@ def random_by_hit_rate(rows: list, workloads: list, med: dict, n: int) -> list:
            "| workload | random draws | hits | random's median trials (95% interval) | xgb | xgb/random |",
            "| --- | ---: | ---: | ---: | ---: | ---: |"]
     known, undecided, bounded = [], [], False  # ratios exact or bounded above; workloads where it is not known
+    worst = []  # each ratio at the end of random's 95% interval least favourable to xgb (its low median)
     for w in workloads:
         if (w, "xgb") not in med:
             continue
@@ -841,10 +856,12 @@ def random_by_hit_rate(rows: list, workloads: list, med: dict, n: int) -> list:
             undecided.append(w)
         elif hits:
             known.append(x / m)
+            worst.append(x / lo)
             txt = f"{x / m:.2f}"
         else:  # random's median is above lo (95%)
             bounded = True
             known.append(x / lo)
+            worst.append(x / lo)
             txt = f"<={x / lo:.2f}"
         cell = f"{m:.0f} ({lo:.0f} to {hi:.0f})" if hits else f">{lo:.0f}"
         out.append(f"| {w} | {len(vals)} | {hits} | {cell} | {fmt_trials(x, n)} | {txt} |")
@@ -852,6 +869,9 @@ def random_by_hit_rate(rows: list, workloads: list, med: dict, n: int) -> list:
             f"over the {len(known)} workloads where the ratio is known or bounded above; random draws unseen configs, "
             f"without replacement, so in a small space its real median is somewhat below the geometric one"
             + (f"; not known where xgb's median is censored: {', '.join(undecided)}" if undecided else "") + ")."]
+    if worst:
+        out += ["", f"With every workload's random median at the low end of its 95% interval (the end least "
+                    f"favourable to xgb): xgb/random <= {geomean(worst):.2f}."]
     return out
 
 

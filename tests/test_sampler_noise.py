@@ -176,10 +176,22 @@ def test_the_hit_rate_table_counts_each_trial_at_its_estimate_and_names_undecide
     # v's random also hits ("hit" is the same config), but xgb is censored: a lower bound, kept out of the mean
     assert "| v | 3 | 1 |" in lines and ">=2.00" in lines
     assert "from the hit rate: 0.50** (geometric mean over the 1 workloads" in lines and "censored: v" in lines
+    # and with random's median at the low end of its 95% interval: one hit in 3 draws allows a first-draw hit
+    lo = tuning.hit_rate_median(1, 3)[1]
+    assert lo == 1.0 and "least favourable to xgb): xgb/random <= 1.00." in lines
     # without the re-timing "hit" (50 < 95) misses: no hit, random's median only bounded below
     tuning.finish_rows(rows, 3)
     lines = "\n".join(tuning.random_by_hit_rate(rows, ["w", "v"], {("w", "xgb"): 1.0, ("v", "xgb"): 4.0}, 3))
     assert "| w | 3 | 0 | >" in lines and "| 1 | <=" in lines and "from the hit rate: <=" in lines
+
+
+def test_the_summary_names_each_samplers_seeds_where_they_differ(tuning):
+    rows = [{"sampler": s, "workload": w, "seed": k} for s, seeds in (("xgb", 3), ("random", 10))
+            for w in ("w", "v") for k in range(seeds - (s == "random" and w == "v"))]
+    assert tuning.seeds_line(rows, ["xgb", "random"], ["w", "v"]) == \
+        "seeds 0 to K-1, K per workload: xgb 3, random 9 to 10"
+    same = [r for r in rows if r["seed"] < 3]
+    assert tuning.seeds_line(same, ["xgb", "random"], ["w", "v"]) == "seeds 0, 1, 2 (3 per workload and sampler)"
 
 
 def test_the_fast10_reading_keeps_a_measurements_fastest_tenth(tuning):
