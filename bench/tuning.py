@@ -870,8 +870,8 @@ def random_by_hit_rate(rows: list, workloads: list, med: dict, n: int) -> list:
             f"without replacement, so in a small space its real median is somewhat below the geometric one"
             + (f"; not known where xgb's median is censored: {', '.join(undecided)}" if undecided else "") + ")."]
     if worst:
-        out += ["", f"With every workload's random median at the low end of its 95% interval (the end least "
-                    f"favourable to xgb): xgb/random <= {geomean(worst):.2f}."]
+        out += ["", f"With each of those {len(worst)} workloads' random median at the low end of its 95% interval "
+                    f"(the end least favourable to xgb): xgb/random <= {geomean(worst):.2f}."]
     return out
 
 
