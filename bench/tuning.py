@@ -43,7 +43,10 @@ measured on it. ``trials_to_95pct`` of a run is the first trial whose best-so-fa
 0.95 * best_ever; a run that never gets there is censored and scored N+1 (shown as ``>N``). The summary
 gives, per workload and sampler, the median over seeds, and the geometric means over workloads of the
 ratios xgb/random and xgb/tpe (per-workload medians; censored medians enter as N+1, which makes a ratio
-whose denominator is censored an upper bound and one whose numerator is censored a lower bound).
+whose denominator is censored an upper bound and one whose numerator is censored a lower bound). Where random's
+runs are censored, its median trials come from its hit rate instead (``random_by_hit_rate``); more random draws
+narrow it: ``--samplers random --seeds 10`` with the same ``--out`` adds random's seeds 3 to 9 to a benchmark of
+3 seeds (as ``REPORT_5`` was, 2026-11-28, seventh).
 
 Noise decides "95% of the best" on a loaded CPU (one timing there can be twice another of the same config),
 so after the runs the contenders are re-timed (``--retimes R``, default 5; ``retime``): every config within
