@@ -36,6 +36,7 @@
 #           at $SIZE (224), then bench/models.py on the GPU (auto scope, Python and native) -> models_*tasks*.csv/.md
 #   conv_transpose  bench/conv_transpose.py: ConvTranspose layers as phases against zero insertion, each tuned with
 #           $TRIALS (24) measurements -> conv_transpose_<device>.csv/.md (issue 38)
+#   profile  where a measurement's seconds go (bench/measure_profile.py): phases in one process, the Measurer's rate
 #   table   gpu_summary.md from the files under $OUT and the log: per layer against cuDNN and the roofline bound
 # usage: OUT=/tmp/out bench/gpu.sh test tune
 set -uo pipefail
@@ -185,6 +186,10 @@ for stage in "$@"; do
           echo "$m kept by $t, tuner-run round $r: $(python3 -m tuner run /tmp/pt/${m}_${t}_1 --device nvidia --runtime native --bench 100 2>&1 | tail -1)"
         done; done
       done 2>&1 | tee "$OUT/plan_timer.txt" ;;
+    profile)  # where a measurement's time goes on $PROFILE_MODEL's tasks (bench/measure_profile.py, issue 53)
+            python3 "$REPO/bench/measure_profile.py" --model "${PROFILE_MODEL:-resnet18}" --device nvidia --out "$OUT" \
+              --configs "${CONFIGS:-4}" --tasks "${TASKS:-6}" --parallel "${PARALLEL:-12}" --tune-seconds "${TUNE_S:-0}" 2>&1 \
+              | grep -v "CompilerWarning\|prg.build\|_create_built" | tail -30 ;;
     cudnn) python3 "$REPO/bench/gpu.py" cudnn --out "$OUT" 2>&1 | tail -5 ;;
     transfer) S=${SIZE:-224}; LOG="$REPO/logs/nvidia-gpu-fcae3850.jsonl"  # the H200's log on this GPU (issue 26)
             for m in resnet18 mobilenet_v2 mobilenet_v3_small; do

@@ -45,22 +45,28 @@ def _instantiate(template, workload, config, device):
 
 
 def build(spec: str, template, workload, config):
-    from tuner.codegen.opencl import program_source
-    from tuner.lower import lower
+    """Instantiate, lower, generate and compile: ``(NO_ERROR, Prepared)`` -- what ``run`` needs to run the config
+    without lowering or compiling it again (the serial runner's time is the tuner's bottleneck: lowering and
+    compiling a convolution take a second or more each, issue 53) -- or ``(code, message)``."""
+    from tuner.codegen.generate import generate
+    from tuner.runtime.opencl.launch import Executable
     from tuner.runtime.opencl.program import build_program
     dev = _device(spec)
     built, err = _instantiate(template, workload, config, dev)
     if err:
         return err
     try:
-        source = program_source(lower(built[1]))
+        prog, source = generate(built[1])
     except LoweringError as e:
         return ErrorCode.COMPILE, f"lowering: {e}"
     try:
-        build_program(dev, source)
+        cl_program = build_program(dev, source)
     except CompileError as e:
         return ErrorCode.COMPILE, str(e)
-    return ErrorCode.NO_ERROR, ""
+    try:
+        return ErrorCode.NO_ERROR, Executable(prog, dev, source, cl_program).prepared()
+    except ValueError as e:  # a launch shape the kernel's loops contradict
+        return ErrorCode.COMPILE, f"launch shape: {e}"
 
 
 @lru_cache(maxsize=4)
@@ -73,17 +79,23 @@ def _inputs_and_reference(template, workload, seed: int):
 
 
 def run(spec: str, template, workload, config, warmup: int, repeats: int, min_seconds: float, check: bool,
-        seed: int):
+        seed: int, prepared=None):
+    """Check against the reference, then time. ``prepared``: ``build``'s Prepared of this config (its binary is
+    loaded, nothing lowered or compiled); without it the config is instantiated and built here."""
     import pyopencl as cl
 
     from tuner.runtime.opencl.launch import build as build_executable
+    from tuner.templates import get_template
     dev = _device(spec)
-    built, err = _instantiate(template, workload, config, dev)
-    if err:
-        return err
-    t, kernel = built
     try:
-        exe = build_executable(kernel, dev)
+        if prepared is not None:
+            t, exe = get_template(template), prepared.load(dev)
+        else:
+            built, err = _instantiate(template, workload, config, dev)
+            if err:
+                return err
+            t, kernel = built
+            exe = build_executable(kernel, dev)
     except (CompileError, LoweringError) as e:
         return ErrorCode.COMPILE, str(e)
     inputs, ref = _inputs_and_reference(template, workload, seed)

@@ -4,7 +4,8 @@ ends cannot take the tuner down (``tuner.measure.process``)."""
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
+import queue
+from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from tuner.errors import ErrorCode
 from tuner.measure.process import Worker
@@ -30,26 +31,43 @@ class Measurer(Runner):
         for w in (*self.builders, self.runner):
             w.close()
 
-    def _build(self, worker: Worker, inp: MeasureInput) -> MeasureResult:
-        start, stamp = time.perf_counter(), now()
-        code, msg = worker.call("build", (inp.template, inp.workload, inp.config), self.options.build_timeout,
-                                ErrorCode.BUILD_TIMEOUT)
-        return MeasureResult(code, msg, timestamp=stamp, duration_s=time.perf_counter() - start)
+    def _build(self, free: queue.Queue, inp: MeasureInput) -> tuple:
+        """``(MeasureResult, Prepared or None)``: the input built by whichever builder is free."""
+        worker = free.get()
+        try:
+            start, stamp = time.perf_counter(), now()
+            code, payload = worker.call("build", (inp.template, inp.workload, inp.config), self.options.build_timeout,
+                                        ErrorCode.BUILD_TIMEOUT)
+        finally:
+            free.put(worker)
+        ok = code == ErrorCode.NO_ERROR
+        res = MeasureResult(code, "" if ok else str(payload), timestamp=stamp, duration_s=time.perf_counter() - start)
+        return res, (payload if ok and not isinstance(payload, str) else None)
 
     def measure(self, inputs: list) -> list:
-        """Build ``inputs`` in parallel, then run each in turn; one ``MeasureResult`` per input, in order."""
-        o, n = self.options, len(self.builders)
-        with ThreadPoolExecutor(n) as pool:  # builder i takes inputs i, i+n, ...
-            chunks = list(pool.map(lambda i: [self._build(self.builders[i], x) for x in inputs[i::n]], range(n)))
-        results = [chunks[k % n][k // n] for k in range(len(inputs))]
-        for inp, res in zip(inputs, results):
-            if res.error_code != ErrorCode.NO_ERROR:
-                continue
-            start = time.perf_counter()
-            args = (inp.template, inp.workload, inp.config, o.warmup, o.repeats, o.min_seconds, o.check, o.seed)
-            code, payload = self.runner.call("run", args, o.run_timeout, ErrorCode.RUN_TIMEOUT)
-            payload = payload if isinstance(payload, dict) else {"msg": payload}
-            res.error_code, res.error_msg = ErrorCode(code), payload.get("msg", "")
-            res.costs, res.max_rel_error = payload.get("costs", []), payload.get("max_rel_error")
-            res.duration_s += time.perf_counter() - start
+        """Build ``inputs`` in parallel and run each as soon as its build is done (one at a time: timings never
+        overlap), so that the runner works while the builders do; one ``MeasureResult`` per input, in order.
+        The runner loads the builder's binary: nothing is lowered or compiled twice."""
+        o = self.options
+        free: queue.Queue = queue.Queue()
+        for w in self.builders:
+            free.put(w)
+        results: list = [None] * len(inputs)
+        with ThreadPoolExecutor(len(self.builders)) as pool:
+            futures = {pool.submit(self._build, free, x): i for i, x in enumerate(inputs)}
+            for fut in as_completed(futures):
+                i = futures[fut]
+                res, prepared = fut.result()
+                results[i] = res
+                if res.error_code != ErrorCode.NO_ERROR:
+                    continue
+                inp = inputs[i]
+                start = time.perf_counter()
+                args = (inp.template, inp.workload, inp.config, o.warmup, o.repeats, o.min_seconds, o.check, o.seed,
+                        prepared)
+                code, payload = self.runner.call("run", args, o.run_timeout, ErrorCode.RUN_TIMEOUT)
+                payload = payload if isinstance(payload, dict) else {"msg": payload}
+                res.error_code, res.error_msg = ErrorCode(code), payload.get("msg", "")
+                res.costs, res.max_rel_error = payload.get("costs", []), payload.get("max_rel_error")
+                res.duration_s += time.perf_counter() - start
         return results

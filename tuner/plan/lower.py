@@ -149,7 +149,7 @@ def estimate_plan(plan: Plan, info, history) -> float:
 
 def _plan_storage(plan: Plan, info, scope: str, history) -> Plan:
     copy = lambda s: dataclasses.replace(s, alternatives=[dataclasses.replace(a) for a in s.alternatives])  # noqa: E731
-    plan = dataclasses.replace(plan, steps=[copy(s) for s in plan.steps],
+    plan = dataclasses.replace(plan, steps=[copy(s) for s in plan.steps], notes=list(plan.notes),
                                tensors={k: dataclasses.replace(t) for k, t in plan.tensors.items()})
     want = {s.name: _decide(s, info, scope, history) for s in plan.steps if s.tuned}
     readers: dict = {}
@@ -174,17 +174,20 @@ def _plan_storage(plan: Plan, info, scope: str, history) -> Plan:
             choice = (want[tuned_readers[0].name] if tuned_readers else first_in.scope if first_in is not None
                       else "buffer" if scope == "buffer" else "texture")
         t.scope = choice if choice == "buffer" or _texture_ok(t, info, plan.dtype) else "buffer"
+        if s.tuned and not ("Res" in s.inputs or gated) and _served(s, info, _io(plan, s), want[s.name]) is None:
+            other = "buffer" if t.scope == "texture" else "texture"
+            io = _io(plan, s)
+            if (other == "buffer" or _texture_ok(t, info, plan.dtype)) \
+                    and _served(s, info, {**io, "output": other}, want[s.name]) is not None:
+                plan.notes.append(f"{s.name}: output in {other}, not {t.scope}: {s.op} has no valid config on "
+                                  f"{info.name} with input {io['input']} and output {t.scope}")
+                t.scope = other
     for s in plan.steps:
         if not s.tuned:
             continue
-        io = {role: plan.tensors[s.inputs[key]].scope for role, key in get_template(s.op).scope_inputs.items()}
-        io["output"] = plan.tensors[s.output].scope
-        free = ["texture", "buffer"] if want[s.name] == "texture" else ["buffer"]
-        for w in ([io["weight"]] if "weight" in io else free):  # an activation's scope is its producer's
-            if _has_valid(s, info, {**io, "weight": w}):
-                s.scopes = {"input": io["input"], "weight": w, "output": io["output"]}
-                break
-        else:
+        io = _io(plan, s)
+        s.scopes = _served(s, info, io, want[s.name])
+        if s.scopes is None:
             raise TunerError(f"node {s.name!r} ({s.op} {json.dumps(s.workload.key())}): no valid config on "
                              f"{info.name} with input {io['input']} and output {io['output']}; try --scope buffer")
         kept = []  # an alternative takes the step's activation scopes, or is no alternative in this plan
@@ -196,6 +199,32 @@ def _plan_storage(plan: Plan, info, scope: str, history) -> Plan:
                     break
         s.alternatives = kept
     return plan
+
+
+def _io(plan: Plan, step: Step) -> dict:
+    """A tuned step's activation scopes as its tensors have them: each scope role's input, and the output."""
+    io = {role: plan.tensors[step.inputs[key]].scope for role, key in get_template(step.op).scope_inputs.items()}
+    io["output"] = plan.tensors[step.output].scope
+    return io
+
+
+def _weight_scopes(io: dict, want: str) -> list:
+    """The weight scopes a tuned step may take, in order: a kernel with weights reads them in its own layer's
+    wanted scope (texture, else buffer); a kernel without (a pool, a norm) has its "weight" tied to its input's
+    scope by its space (``no_weights``), whatever its layer wanted."""
+    if "weight" in io:
+        return [io["weight"]]
+    return list(dict.fromkeys([io["input"], *(["texture", "buffer"] if want == "texture" else ["buffer"])]))
+
+
+def _served(step: Step, info, io: dict, want: str) -> dict | None:
+    """The step's scopes for activation scopes ``io`` (its input's and output's, decided by the tensors) with the
+    first weight scope it has a valid config for; None when it has none."""
+    for w in _weight_scopes(io, want):
+        scopes = {"input": io["input"], "weight": w, "output": io["output"]}
+        if _has_valid(step, info, scopes):
+            return scopes
+    return None
 
 
 def _has_valid(step: Step, info, scopes: dict) -> bool:

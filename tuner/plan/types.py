@@ -73,6 +73,8 @@ class Plan:
     dtype: str = "float32"
     views: list = field(default_factory=list)  # per concat and depth_to_space (``plan.views``): the kernels that
     # write it in place, or why it stays a kernel
+    notes: list = field(default_factory=list)  # why a tensor's scope differs from what its layer wanted (``plan_storage``:
+    # a scope boundary no valid config of the kernel serves on the device is not offered)
 
     def scope_counts(self) -> dict:
         out: dict = {}

@@ -32,11 +32,22 @@ class Executable:
     pools: dict = field(default_factory=dict)
     cl_kernels: dict = field(default_factory=dict)
     launch_shapes: dict = field(default_factory=dict)
+    output_names: tuple | None = None  # the params the kernels write, when known without walking their bodies
 
     @property
     def outputs(self) -> list:
-        written = written_buffers(self.program.kernels)
+        written = set(self.output_names) if self.output_names is not None else written_buffers(self.program.kernels)
         return [b for b in self.program.params if b.name in written]
+
+    def prepared(self) -> "Prepared":
+        """What another process needs to run this executable without lowering or compiling again."""
+        try:
+            binary = self.cl_program.binaries[0]
+        except Exception:  # noqa: BLE001 - a driver that hands out no binary: the other side compiles the source
+            binary = b""
+        shapes = {k.name: self.launch_shapes.get(k.name) or k.launch() for k in self.program.kernels}
+        bare = self.program.replace(kernels=tuple(k.replace(body=None) for k in self.program.kernels))
+        return Prepared(bare, self.source, bytes(binary or b""), shapes, tuple(b.name for b in self.outputs))
 
     def allocate(self, buf) -> DeviceArray:
         from .memory import alloc
@@ -130,6 +141,27 @@ class Executable:
         arrays = self.upload_inputs(**inputs)
         self.launch(arrays)
         return self.outputs_of(arrays)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A built executable as it crosses between processes (a measuring worker's builder and its runner): the
+    program without its kernels' bodies (their launch shapes and written outputs come along instead), the
+    source, and the driver's binary of it. ``load`` on the same device makes an Executable from the binary,
+    or from the source where the driver rejects the binary."""
+    program: Program
+    source: str
+    binary: bytes
+    launch_shapes: dict
+    output_names: tuple
+
+    def load(self, device) -> Executable:
+        from .program import build_program, load_binary
+        cl_program = load_binary(device, self.source, self.binary) if self.binary else None
+        if cl_program is None:
+            cl_program = build_program(device, self.source)
+        return Executable(self.program, device, self.source, cl_program, launch_shapes=dict(self.launch_shapes),
+                          output_names=self.output_names)
 
 
 def build(k: "Kernel | Program", device=None, trace: list | None = None) -> Executable:

@@ -144,6 +144,21 @@ def _from_binary(device: Device, payload: bytes, opts: tuple) -> cl.Program | No
         return None
 
 
+def load_binary(device: Device, source: str, payload: bytes, options: str | Iterable[str] = ()) -> cl.Program | None:
+    """The program of ``source`` built from ``payload``, a binary of it that this device's driver made (another
+    process's build), kept in the in-memory cache as a build of ``source`` would be; None when the driver rejects
+    it. Only for binaries this process trusts as its own (a measuring worker's builder), never read from disk."""
+    opts = _options(options)
+    key = (source, opts, device.fingerprint)
+    per_device = _CACHE.setdefault(device, {})
+    if key in per_device:
+        return per_device[key]
+    program = _from_binary(device, payload, opts)
+    if program is not None:
+        per_device[key] = program
+    return program
+
+
 def build_program(device: Device, source: str, options: str | Iterable[str] = (), cache_dir=None,
                   stats: dict | None = None) -> cl.Program:
     """Build `source` for `device` (or return the cached build). Build failures raise CompileError.
