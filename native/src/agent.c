@@ -7,9 +7,10 @@
  *               [--handshake-timeout S]   with a token: a connection proves it within S seconds (5), in frames
  *                                         of at most 64 KiB, or is closed
  *   tuner-agent --version
+ *   [--sysfs-root DIR]   where SENSORS reads the GPU clock and the thermal zones (/; $TUNER_SYSFS_ROOT)
  *
- * This file is the supervisor: it never loads OpenCL. It reads each frame, checks its header, answers PING and
- * BYE and checks HELLO's token itself, and forwards everything else to the executor child (executor.c) over a
+ * This file is the supervisor: it never loads OpenCL. It reads each frame, checks its header, answers PING, BYE
+ * and SENSORS (the GPU clock and the temperature, from sysfs) and checks HELLO's token itself, and forwards everything else to the executor child (executor.c) over a
  * socketpair, waiting at most the frame's deadline for the reply. A child that does not answer in time is
  * killed (TIMEOUT); one that dies is reported with its signal (CRASHED). The next request forks a new child,
  * which first re-opens the device the host had opened. */
@@ -32,6 +33,8 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <ctype.h>
+#include <dirent.h>
 #include <time.h>
 #include <unistd.h>
 #if defined(__linux__)
@@ -47,6 +50,7 @@ static const char *token; /* NULL: none required */
  * handshake_ms of the connection (an idle or slow client is dropped, and the next connection served). */
 #define PREAUTH_MAX_BODY 65536u
 static long long handshake_ms = 5000;
+static char sysfs_root[4096] = "/"; /* --sysfs-root, else $TUNER_SYSFS_ROOT, else / */
 
 const char *tnr_agent_work_dir(void) { return work_dir; }
 
@@ -83,6 +87,204 @@ static const char *signal_name(int sig) {
     case SIGSYS: return "SIGSYS";
     default: return "a signal";
     }
+}
+
+/* ---- SENSORS: the GPU clock and the temperature from sysfs (tuner/measure/sensors.py reads the same nodes, in the
+ * same order, on the host) ---- */
+
+#define SENSOR_READ 256      /* bytes read from one node: a number and a newline */
+#define SENSOR_ENTRIES 256   /* entries of a folder looked at (thermal zones, devfreq devices) */
+#define SENSOR_CLOCK_MAX 100000000000LL /* 100 GHz: above it a node holds garbage */
+#define SENSOR_TEMP_MIN (-60.0)
+#define SENSOR_TEMP_MAX 200.0
+
+/* At most SENSOR_READ bytes of the regular file path into buf (SENSOR_READ + 2 bytes), NUL-terminated; the length,
+ * or -1 when it is absent, not a regular file (a FIFO is never waited on: opened O_NONBLOCK, checked on the
+ * descriptor), unreadable, or longer. */
+static int sensor_node(const char *path, char *buf) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    struct stat st;
+    size_t got = 0;
+    if (fd < 0) return -1;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return -1;
+    }
+    while (got <= SENSOR_READ) {
+        ssize_t r = read(fd, buf + got, SENSOR_READ + 1 - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) { /* EAGAIN, EIO, EINVAL: a zone that is off, a driver that refuses */
+            close(fd);
+            return -1;
+        }
+        if (r == 0) break;
+        got += (size_t)r;
+    }
+    close(fd);
+    if (got > SENSOR_READ) return -1;
+    buf[got] = 0;
+    return (int)got;
+}
+
+/* A decimal integer (optional sign, 1 to 18 digits, whitespace around), as sensors._integer reads it. */
+static int sensor_integer(const char *s, long long *out) {
+    const char *p = s;
+    int neg = 0, digits = 0;
+    long long v = 0;
+    while (*p && isspace((unsigned char)*p)) p++;
+    if (*p == '-' || *p == '+') neg = *p++ == '-';
+    while (*p >= '0' && *p <= '9') {
+        if (++digits > 18) return 0;
+        v = v * 10 + (*p++ - '0');
+    }
+    while (*p && isspace((unsigned char)*p)) p++;
+    if (!digits || *p) return 0;
+    *out = neg ? -v : v;
+    return 1;
+}
+
+static int sensor_path(char *out, size_t n, const char *rel) {
+    int k = snprintf(out, n, "%s/%s", sysfs_root, rel);
+    return k > 0 && (size_t)k < n;
+}
+
+static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+static int contains_gpu(const char *s) {
+    size_t i;
+    for (i = 0; s[i]; i++)
+        if (tolower((unsigned char)s[i]) == 'g' && tolower((unsigned char)s[i + 1]) == 'p' &&
+            tolower((unsigned char)s[i + 2]) == 'u')
+            return 1;
+    return 0;
+}
+
+static int is_zone(const char *s) {
+    const char *p = s + 12;
+    if (strncmp(s, "thermal_zone", 12) != 0 || !*p) return 0;
+    for (; *p; p++)
+        if (*p < '0' || *p > '9') return 0;
+    return 1;
+}
+
+enum { MATCH_ANY, MATCH_GPU, MATCH_ZONE };
+
+/* The names of folder rel (under the root) that match, sorted, at most SENSOR_ENTRIES (malloc'd; *n of them). */
+static char **sensor_entries(const char *rel, int match, size_t *n) {
+    char path[4096 + 256];
+    char **names = NULL;
+    DIR *d;
+    struct dirent *e;
+    size_t seen = 0;
+    *n = 0;
+    if (!sensor_path(path, sizeof path, rel) || !(d = opendir(path))) return NULL;
+    names = calloc(SENSOR_ENTRIES * 4, sizeof *names);
+    if (!names) {
+        closedir(d);
+        return NULL;
+    }
+    while ((e = readdir(d)) != NULL && seen++ < SENSOR_ENTRIES * 4) {
+        if (e->d_name[0] == '.') continue;
+        if ((match == MATCH_GPU && !contains_gpu(e->d_name)) || (match == MATCH_ZONE && !is_zone(e->d_name))) continue;
+        if (!(names[*n] = strdup(e->d_name))) continue;
+        (*n)++;
+    }
+    closedir(d);
+    qsort(names, *n, sizeof *names, by_name);
+    while (*n > SENSOR_ENTRIES) free(names[--*n]);
+    return names;
+}
+
+static void free_entries(char **names, size_t n) {
+    size_t i;
+    for (i = 0; i < n; i++) free(names[i]);
+    free(names);
+}
+
+/* The clock of the node rel (Hz), or 0. */
+static long long clock_at(const char *rel) {
+    char path[4096 + 512], buf[SENSOR_READ + 2];
+    long long v;
+    if (!sensor_path(path, sizeof path, rel) || sensor_node(path, buf) < 0 || !sensor_integer(buf, &v)) return 0;
+    return v > 0 && v <= SENSOR_CLOCK_MAX ? v : 0;
+}
+
+/* The GPU clock in Hz (0: none), and which node gave it into where (n bytes). */
+static long long read_clock(char *where, size_t n) {
+    static const char *fixed[] = {"sys/class/kgsl/kgsl-3d0/gpuclk", "sys/class/kgsl/kgsl-3d0/devfreq/cur_freq"};
+    static const struct { const char *folder; int match; } globs[] = {
+        {"sys/class/misc/mali0/device/devfreq", MATCH_ANY}, {"sys/class/devfreq", MATCH_GPU}};
+    char rel[512];
+    size_t i, j, k;
+    long long v;
+    for (i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
+        if ((v = clock_at(fixed[i])) > 0) {
+            snprintf(where, n, "%s", fixed[i]);
+            return v;
+        }
+    for (i = 0; i < sizeof globs / sizeof globs[0]; i++) {
+        char **names = sensor_entries(globs[i].folder, globs[i].match, &k);
+        for (j = 0, v = 0; j < k && v <= 0; j++) {
+            snprintf(rel, sizeof rel, "%s/%s/cur_freq", globs[i].folder, names[j]);
+            if ((v = clock_at(rel)) > 0) snprintf(where, n, "%s", rel);
+        }
+        free_entries(names, k);
+        if (v > 0) return v;
+    }
+    return 0;
+}
+
+/* The temperature in degrees C into *out (1), or 0 when no zone reads: the hottest zone whose type names a GPU,
+ * else the hottest zone. */
+static int read_temp(double *out, char *where, size_t n) {
+    char rel[512], path[4096 + 512], buf[SENSOR_READ + 2];
+    size_t i, k;
+    char **names = sensor_entries("sys/class/thermal", MATCH_ZONE, &k);
+    double best[2] = {0, 0};
+    size_t at[2] = {0, 0};
+    int have[2] = {0, 0};
+    for (i = 0; i < k; i++) {
+        long long v;
+        double c;
+        int gpu;
+        snprintf(rel, sizeof rel, "sys/class/thermal/%s/temp", names[i]);
+        if (!sensor_path(path, sizeof path, rel) || sensor_node(path, buf) < 0 || !sensor_integer(buf, &v)) continue;
+        c = (double)v / 1000.0;
+        if (!(c >= SENSOR_TEMP_MIN && c <= SENSOR_TEMP_MAX)) continue;
+        snprintf(rel, sizeof rel, "sys/class/thermal/%s/type", names[i]);
+        gpu = sensor_path(path, sizeof path, rel) && sensor_node(path, buf) >= 0 && contains_gpu(buf);
+        if (!have[gpu] || c >= best[gpu]) { /* ties: the later name, as Python's max over (temp, name) */
+            best[gpu] = c;
+            at[gpu] = i;
+            have[gpu] = 1;
+        }
+    }
+    i = have[1] ? 1 : 0;
+    if (have[i]) {
+        *out = best[i];
+        snprintf(where, n, "sys/class/thermal/%s/temp%s", names[at[i]], i ? " (gpu)" : "");
+    }
+    free_entries(names, k);
+    return have[i];
+}
+
+/* SENSORS' reply: u32 flags (1 clock, 2 temperature), u64 clock Hz (0 without), f64 degrees C (0 without), str the
+ * nodes read. */
+static int send_sensors(int out, uint32_t rid) {
+    char clock_at_[600] = "", temp_at[600] = "", source[1300];
+    double temp = 0;
+    long long hz = read_clock(clock_at_, sizeof clock_at_);
+    int has_temp = read_temp(&temp, temp_at, sizeof temp_at), rc;
+    tpr_buf b = {0};
+    snprintf(source, sizeof source, "%s%s%s", clock_at_, *clock_at_ && *temp_at ? "; " : "", temp_at);
+    tpr_put_u32(&b, (hz > 0 ? TPR_SENSOR_CLOCK : 0) | (has_temp ? TPR_SENSOR_TEMP : 0));
+    tpr_put_u64(&b, hz > 0 ? (uint64_t)hz : 0);
+    tpr_put_f64(&b, has_temp ? temp : 0.0);
+    tpr_put_cstr(&b, source);
+    rc = b.oom ? tpr_send_error(out, TPR_SENSORS, rid, TPR_RUNTIME, "out of memory for the SENSORS reply")
+               : tpr_send(out, TPR_SENSORS, rid, TPR_OK, b.p, b.n);
+    tpr_buf_free(&b);
+    return rc;
 }
 
 /* ---- the executor child ---- */
@@ -394,6 +596,20 @@ static int serve(int in, int out, int listen_fd) {
             free(body);
             break;
         }
+        if (h.type == TPR_SENSORS) { /* answered here: no device, no executor */
+            tpr_reader r;
+            int fine;
+            tpr_reader_init(&r, body, (size_t)h.len);
+            fine = tpr_end(&r);
+            free(body);
+            if (!fine) {
+                snprintf(msg, sizeof msg, "SENSORS body: %s", r.why);
+                if (tpr_send_error(out, h.type, h.rid, TPR_BAD_REQUEST, msg)) break;
+                continue;
+            }
+            if (send_sensors(out, h.rid)) break;
+            continue;
+        }
         if (h.type == TPR_HELLO || h.type == TPR_PING || h.type == TPR_BYE || h.type == TPR_OPEN) {
             tpr_reader r;
             char *tok = NULL;
@@ -459,6 +675,8 @@ static int usage(const char *why) {
             "usage: tuner-agent --stdio [--work-dir DIR]\n"
             "       tuner-agent --listen HOST:PORT --token T [--once] [--work-dir DIR] [--handshake-timeout S]\n"
             "       tuner-agent --version\n"
+            "       [--sysfs-root DIR]: where SENSORS reads the GPU clock and the thermal zones (default /, or\n"
+            "       $TUNER_SYSFS_ROOT)\n"
             "The device agent of the tuner (docs/agent-protocol.md). OpenCL: $TUNER_OPENCL_LIB, else the system's.\n");
     return 2;
 }
@@ -564,6 +782,11 @@ int main(int argc, char **argv) {
     const char *listen_spec = NULL;
     int stdio = 0, once = 0, i;
     default_work_dir();
+    {
+        const char *env_root = getenv("TUNER_SYSFS_ROOT");
+        if (env_root && *env_root && strlen(env_root) < sizeof sysfs_root - 512)
+            snprintf(sysfs_root, sizeof sysfs_root, "%s", env_root);
+    }
     token = getenv("TUNER_AGENT_TOKEN");
     if (token && !*token) token = NULL;
     for (i = 1; i < argc; i++) {
@@ -589,6 +812,17 @@ int main(int argc, char **argv) {
         } else if (!strcmp(a, "--token") && i + 1 < argc) {
             token = argv[++i];
             if (!*token) return usage("--token must not be empty");
+        } else if (!strcmp(a, "--sysfs-root") && i + 1 < argc) {
+            struct stat st;
+            if (!argv[i + 1][0] || strlen(argv[i + 1]) >= sizeof sysfs_root - 512)
+                return usage("--sysfs-root: give a folder (a path shorter than 3,500 bytes)");
+            if (stat(argv[i + 1], &st) != 0 || !S_ISDIR(st.st_mode)) {
+                char why[300];
+                snprintf(why, sizeof why, "--sysfs-root %.200s: not a folder (give the folder that holds sys/class)",
+                         argv[i + 1]);
+                return usage(why);
+            }
+            snprintf(sysfs_root, sizeof sysfs_root, "%s", argv[++i]);
         } else if (!strcmp(a, "--work-dir") && i + 1 < argc) {
             if (strlen(argv[i + 1]) >= sizeof work_dir - 64) return usage("--work-dir: the path is too long");
             snprintf(work_dir, sizeof work_dir, "%s", argv[++i]);

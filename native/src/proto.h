@@ -14,10 +14,11 @@
 #define TPR_MAX_STR ((uint32_t)16 << 20)
 
 enum { TPR_HELLO = 1, TPR_OPEN, TPR_BUILD, TPR_ALLOC, TPR_WRITE, TPR_READ, TPR_FREE, TPR_KERNEL, TPR_RUN, TPR_RESET,
-       TPR_PING, TPR_BYE, TPR_LAST = TPR_BYE };
+       TPR_PING, TPR_BYE, TPR_SENSORS, TPR_LAST = TPR_SENSORS };
 enum { TPR_OK = 0, TPR_BAD_REQUEST, TPR_COMPILE, TPR_RUNTIME, TPR_TIMEOUT, TPR_CRASHED, TPR_NO_DEVICE, TPR_AUTH };
 enum { TPR_RUN_ONCE = 0, TPR_RUN_PROFILE = 1, TPR_RUN_TIME = 2 };
 enum { TPR_BUILD_KEEP = 1 }; /* BUILD flags: keep the program's binary in the cache */
+enum { TPR_SENSOR_CLOCK = 1, TPR_SENSOR_TEMP = 2 }; /* SENSORS reply flags: which values were read */
 
 typedef struct {
     char magic[4];

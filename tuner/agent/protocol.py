@@ -14,11 +14,15 @@ HEADER = struct.Struct("<4sHHIIQ")  # magic, version, type, request id, deadline
 MAX_BODY = 1 << 30
 MAX_STR = 16 << 20
 
-HELLO, OPEN, BUILD, ALLOC, WRITE, READ, FREE, KERNEL, RUN, RESET, PING, BYE = range(1, 13)
+HELLO, OPEN, BUILD, ALLOC, WRITE, READ, FREE, KERNEL, RUN, RESET, PING, BYE, SENSORS = range(1, 14)
 NAMES = {v: k for k, v in dict(HELLO=HELLO, OPEN=OPEN, BUILD=BUILD, ALLOC=ALLOC, WRITE=WRITE, READ=READ, FREE=FREE,
-                               KERNEL=KERNEL, RUN=RUN, RESET=RESET, PING=PING, BYE=BYE).items()}
+                               KERNEL=KERNEL, RUN=RUN, RESET=RESET, PING=PING, BYE=BYE, SENSORS=SENSORS).items()}
 RUN_ONCE, RUN_PROFILE, RUN_TIME = 0, 1, 2
 BUILD_KEEP = 1  # BUILD flags: keep the program's binary in the agent's cache
+SENSOR_CLOCK, SENSOR_TEMP = 1, 2  # SENSORS reply flags: which values the agent read
+SENSOR_CLOCK_MAX_HZ = 10 ** 11  # the agent's bounds (native/src/agent.c; tuner.measure.sensors reads the same)
+SENSOR_TEMP_MIN_C, SENSOR_TEMP_MAX_C = -60.0, 200.0
+MAX_SENSOR_SOURCE = 2048  # characters of SENSORS' description of the nodes it read
 OK, BAD_REQUEST, COMPILE, RUNTIME, TIMEOUT, CRASHED, NO_DEVICE, AUTH = range(8)
 STATUS = {BAD_REQUEST: "BAD_REQUEST", COMPILE: "COMPILE", RUNTIME: "RUNTIME", TIMEOUT: "TIMEOUT",
           CRASHED: "CRASHED", NO_DEVICE: "NO_DEVICE", AUTH: "AUTH"}
@@ -122,3 +126,28 @@ class Reader:
     def end(self) -> None:
         if self.i != len(self.b):
             raise ProtocolError(f"{self.what}: {len(self.b) - self.i} bytes left over in the reply")
+
+
+def parse_sensors(r: Reader) -> tuple:
+    """SENSORS' reply body, checked: ``(GPU clock in Hz or None, degrees C or None, the nodes read)``. A flag
+    this tuner does not know, a value beside a flag that says there is none, a clock or a temperature out of
+    the agent's bounds, or a description longer than ``MAX_SENSOR_SOURCE`` is a ProtocolError: a reading
+    that goes into the log is checked where it enters."""
+    flags, hz, temp, source = r.u32(), r.u64(), r.f64(), r.str()
+    r.end()
+    if flags & ~(SENSOR_CLOCK | SENSOR_TEMP):
+        raise ProtocolError(f"{r.what}: unknown flags {flags:#x} (1: clock, 2: temperature)")
+    if flags & SENSOR_CLOCK:
+        if not 1 <= hz <= SENSOR_CLOCK_MAX_HZ:
+            raise ProtocolError(f"{r.what}: a GPU clock of {hz} Hz (at most {SENSOR_CLOCK_MAX_HZ:g})")
+    elif hz:
+        raise ProtocolError(f"{r.what}: a GPU clock of {hz} Hz without the clock flag")
+    if flags & SENSOR_TEMP:
+        if not SENSOR_TEMP_MIN_C <= temp <= SENSOR_TEMP_MAX_C:  # NaN fails too
+            raise ProtocolError(f"{r.what}: a temperature of {temp!r} C (from {SENSOR_TEMP_MIN_C:g} to "
+                                f"{SENSOR_TEMP_MAX_C:g})")
+    elif temp != 0.0:
+        raise ProtocolError(f"{r.what}: a temperature of {temp!r} C without the temperature flag")
+    if len(source) > MAX_SENSOR_SOURCE or not source.isprintable():
+        raise ProtocolError(f"{r.what}: the description of the nodes read is not a short printable text")
+    return (hz if flags & SENSOR_CLOCK else None), (float(temp) if flags & SENSOR_TEMP else None), source

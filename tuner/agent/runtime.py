@@ -32,6 +32,14 @@ FREE_MEM, FREE_PROGRAM, FREE_LAUNCH = 0, 1, 2
 MAX_RUNS = 10_000  # Runtime.time's cap on timed runs
 
 
+class AgentStatusError(TunerError):
+    """A request the agent answered with an error status (``status``) that has no exception of its own."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
 @dataclass(frozen=True, eq=False)
 class Mem:
     """A buffer or image on the agent, seen through a physical shape. A view shares its pool's ``id`` and
@@ -227,7 +235,7 @@ class AgentRuntime(Runtime):
             self.link.close()
             raise AgentLinkError(f"{self.link.name}: the agent refused the connection ({msg}); give its token with "
                                  f"?token=T or $TUNER_AGENT_TOKEN")
-        raise TunerError(f"{self.link.name}: {what} failed: {P.STATUS.get(status, status)}: {msg}")
+        raise AgentStatusError(f"{self.link.name}: {what} failed: {P.STATUS.get(status, status)}: {msg}", status)
 
     def _check(self, *handles) -> None:
         for h in handles:
@@ -237,6 +245,21 @@ class AgentRuntime(Runtime):
 
     def ping(self) -> None:
         self._call(P.PING, b"", 10.0, "PING").end()
+
+    def sensors(self) -> tuple:
+        """``(GPU clock in Hz or None, degrees C or None, the nodes read)`` on the agent's device (``SENSORS``:
+        the agent reads sysfs under its ``--sysfs-root``; ``tuner.measure.sensors`` documents the nodes). An
+        agent built before SENSORS answers BAD_REQUEST: it has no sensors for this tuner, asked once."""
+        if getattr(self, "_no_sensors", False):
+            return None, None, ""
+        try:
+            r = self._call(P.SENSORS, b"", 10.0, "SENSORS")
+        except AgentStatusError as e:
+            if e.status != P.BAD_REQUEST:
+                raise
+            self._no_sensors = True
+            return None, None, ""
+        return P.parse_sensors(r)
 
     def reset(self) -> None:
         """Free every handle on the agent (the handles held here become void)."""

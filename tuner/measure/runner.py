@@ -28,6 +28,8 @@ class MeasureResult:
     max_rel_error: float | None = None
     timestamp: str = ""
     duration_s: float = 0.0
+    gpu_clock_hz: int | None = None  # the device's GPU clock when it was measured (tuner.measure.sensors)
+    temp_c: float | None = None  # and its temperature, degrees C; None where the device does not expose them
 
     @property
     def ok(self) -> bool:

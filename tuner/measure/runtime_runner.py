@@ -16,7 +16,11 @@ config from the same temperature.
 Nothing here isolates the process from a kernel that hangs or crashes: a local device uses ``Measurer``
 (worker processes); a runtime across a link isolates on its side and raises ``TimeoutError`` for a kernel
 that did not end, ``DeviceCrashed`` for one that crashed. A link that is lost (``AgentLinkError``) is not a
-config's failure: it propagates, and a re-run resumes from the log."""
+config's failure: it propagates, and a re-run resumes from the log.
+
+Each measurement that reached the device carries the device's GPU clock and temperature read right after it
+(``sensors()``: the agent's ``SENSORS`` for a runtime that has ``sensors``, else this host's sysfs through
+``tuner.measure.sensors``); None where the device exposes neither."""
 from __future__ import annotations
 
 import threading
@@ -27,6 +31,7 @@ import numpy as np
 
 from tuner.errors import CompileError, DeviceCrashed, ErrorCode, LoweringError, TunerError
 from tuner.measure.runner import MeasureOptions, MeasureResult, Runner, now as _now
+from tuner.measure.sensors import Reading, read as read_sysfs
 
 
 _IR_LOCK = threading.RLock()  # held while a thread touches IR objects (instantiate, lower, pack, unpack)
@@ -84,6 +89,7 @@ class RuntimeRunner(Runner):
             for inp, fut in zip(inputs, pending):
                 host = fut.result()
                 start, stamp = time.perf_counter(), _now()
+                reading = Reading()
                 if host[0] == "error":
                     code, payload = host[1]
                 else:
@@ -92,16 +98,34 @@ class RuntimeRunner(Runner):
                         start = time.perf_counter()
                     code, payload = self._device(inp, *host[1:])
                     self._measured += 1
+                    reading = self.sensors()
                 payload = payload if isinstance(payload, dict) else {"msg": payload}
                 # the device's time, plus the host half's (which ran meanwhile, in a pool thread)
                 duration = time.perf_counter() - start + (host[-1] if host[0] != "error" else 0.0)
                 out.append(MeasureResult(ErrorCode(code), payload.get("msg", ""), payload.get("costs", []),
-                                         payload.get("max_rel_error"), stamp, duration))
+                                         payload.get("max_rel_error"), stamp, duration, reading.gpu_clock_hz,
+                                         reading.temp_c))
         finally:
             for f in pending:
                 f.cancel()
             wait(pending)  # none left touching the IR when the caller goes on (an error included)
         return out
+
+    def sensors(self) -> Reading:
+        """The device's GPU clock and temperature now: the runtime's ``sensors()`` (the agent's ``SENSORS``)
+        where it has one, else this host's sysfs (a local device). A lost link propagates; any other failure is
+        an empty reading (``tuner.measure.drift.DriftGuard`` polls this while it waits)."""
+        fn = getattr(self.runtime, "sensors", None)
+        if fn is None:
+            return read_sysfs()
+        lost = _link_errors()
+        try:
+            hz, temp, source = fn()
+        except lost:
+            raise
+        except (TunerError, OSError):  # a reading is best effort
+            return Reading()
+        return Reading(hz, temp, source)
 
     # -- the host half (a pool thread) ----------------------------------------------------------------
     def _host(self, inp) -> tuple:
