@@ -16,7 +16,8 @@ from tuner.templates import get_template
 
 SPEC_FIELDS = ["version", "template", "workload", "scopes", "config", "device", "device_name", "platform",
                "driver", "costs", "median_s", "gflops", "error_code", "error_name", "error_msg",
-               "max_rel_error", "timestamp", "duration_s", "tuner_version", "trial", "sampler", "study"]
+               "max_rel_error", "timestamp", "duration_s", "tuner_version", "trial", "sampler", "study",
+               "gpu_clock_hz", "temp_c", "replaces"]
 
 
 @pytest.fixture(scope="module")

@@ -121,7 +121,8 @@ def workload_distance(a: dict, b: dict) -> float:
 
 def best_records(records: Iterable[Record]) -> dict:
     """``task_key -> Record``: the successful record with the lowest median; failures are never picked,
-    whatever their (partial) timings. Ties go to the earlier record (``LogIndex.bests``)."""
+    whatever their (partial) timings, nor a measurement a redo superseded. Ties go to the earlier record
+    (``LogIndex.bests``)."""
     return LogIndex(records).bests()
 
 
@@ -184,10 +185,10 @@ class ApplyHistoryBest:
         """``log_or_records``: a log path or glob, a list of paths/globs, or Records (mixed is fine).
         ``transfer_from``: fingerprints of sibling devices whose records may fill the tasks a device has no
         record of (``for_device``); ``"auto"`` names every device of the same family the logs hold."""
-        self.records = _to_records(log_or_records)
+        self.index = LogIndex(_to_records(log_or_records))
+        self.records = self.index.records  # without the measurements a redo superseded (``LogIndex``)
         self.paths = _paths_of(log_or_records)  # where sibling logs are looked for (``sibling_logs``)
         self.transfer_from = parse_transfer_from(transfer_from)
-        self.index = LogIndex(self.records)
         self._warned: set = set()
         self._models: dict = {}  # template name -> CostModel or None (trained once, on first need)
 
@@ -277,8 +278,8 @@ class ApplyHistoryBest:
         missing = [n for n in wanted if n not in logged]
         if missing:
             extra = load_records(sibling_logs(missing, self.paths)) if sibling_logs(missing, self.paths) else []
-            self.records = self.records + [r for r in extra if r.device in missing]
-            self.index = LogIndex(self.records)
+            self.index = LogIndex(self.records + [r for r in extra if r.device in missing])
+            self.records = self.index.records
             for r in extra:
                 logged.setdefault(r.device, r)
         still = [n for n in wanted if n not in logged]

@@ -12,6 +12,12 @@ config holds the task's pinned knobs (``fixed``). Each reader asks this index, b
     index = LogIndex.of_log("logs/dev.jsonl")         # read again only when the file changed
     index.task(task.record_key(fp), task.fixed)       # every record of exactly this task, in log order
     index.best(task.record_key(fp))                    # the fastest successful one (no pinned knobs)
+
+A measurement that was redone (``tuner.measure.drift.DriftGuard``: the device's clock or heat drifted while it
+was measured) is superseded by its redo: the redo's record names the original's timestamp in ``replaces``, and
+``current`` leaves the original out, so it counts nowhere (bests, tasks, transfer, the cost model). One line
+carries both the new measurement and what it supersedes, so a tuner killed at any moment leaves either the
+original counting or the redo, never neither.
 """
 from __future__ import annotations
 
@@ -31,6 +37,20 @@ def holds(record: Record, fixed: dict | None) -> bool:
     return all(record.config.get(k) == v for k, v in (fixed or {}).items())
 
 
+def current(records) -> list:
+    """``records`` without those a redo supersedes: a record whose task key, config and timestamp a record of
+    ``records`` names (its task key and config, a timestamp in its ``replaces``). Order kept; the list itself
+    when nothing is redone (every log without a drift: one pass over the records' ``replaces``)."""
+    records = records if isinstance(records, list) else list(records)
+    redone = [r for r in records if r.replaces]
+    if not redone:
+        return records
+    stamps = {ts for r in redone for ts in r.replaces}
+    replaced = {(r.task_key, canonical_json(r.config), ts) for r in redone for ts in r.replaces}
+    return [r for r in records if r.timestamp not in stamps
+            or (r.task_key, canonical_json(r.config), r.timestamp) not in replaced]
+
+
 def workload_json(workload) -> str:
     """A workload (its key dict or a template's workload object) as the index's canonical JSON."""
     return canonical_json(workload if isinstance(workload, dict) else workload.key())
@@ -38,10 +58,13 @@ def workload_json(workload) -> str:
 
 class LogIndex:
     """Records grouped once: by task key (all of them, in log order), by workload over scopes and by template
-    (the successful ones), with the best record per task and per workload. Records are never copied."""
+    (the successful ones), with the best record per task and per workload. Records are never copied. Records
+    superseded by a redo (``current``) are left out of all of it; ``superseded`` counts them."""
 
     def __init__(self, records: Iterable[Record]):
-        self.records = list(records)
+        given = list(records)
+        self.records = current(given)
+        self.superseded = len(given) - len(self.records)
         self._tasks: dict = {}  # task_key -> [Record], log order
         self._workloads: dict = {}  # (device, template, workload json) -> [ok Record]
         self._templates: dict = {}  # template -> [ok Record]

@@ -45,6 +45,10 @@ MAX_TRIAL = 2 ** 31 - 1
 MIN_SECONDS, MAX_SECONDS = 1e-9, 86400.0  # no kernel runs in under a nanosecond or for more than a day
 MAX_NAME = 256  # characters of a name (template, device, knob value, study, ...)
 MAX_MESSAGE = 1 << 16  # characters of an error message (the tuner keeps 4,000)
+# The device's state when it was measured (tuner.measure.sensors reads them, with the same bounds)
+CLOCK_MAX_HZ = 10 ** 11  # gpu_clock_hz: 1 Hz to 100 GHz
+TEMP_MIN_C, TEMP_MAX_C = -60.0, 200.0  # temp_c, degrees C
+MAX_REPLACES = 64  # timestamps a redone measurement names (``replaces``: the records it supersedes)
 
 # Knobs added to a template after logs were first written. A record without one ran the kernel the knob's
 # default still builds (the config dataclass's default), so it is read with that default; any other missing
@@ -249,6 +253,35 @@ def _check_success(d: dict) -> None:
                                  f"{FIX}")
 
 
+def _check_device_state(d: dict) -> None:
+    """``gpu_clock_hz`` (an integer number of Hz) and ``temp_c`` (degrees C), each null where the device did not
+    expose it; ``replaces`` (a redone measurement's: the timestamps of the records of the same config it
+    supersedes, ``tuner.logs.index.current``) a short list of clean strings."""
+    hz, temp = d.get("gpu_clock_hz"), d.get("temp_c")
+    if hz is not None:
+        _typed(d, "gpu_clock_hz", (int,), "an integer number of Hz or null")
+        if not 1 <= hz <= CLOCK_MAX_HZ:
+            raise InvalidRecordError(f"record field 'gpu_clock_hz' is {_show(hz)}: a GPU clock is from 1 Hz to "
+                                     f"{CLOCK_MAX_HZ:g} Hz, or null where the device does not expose it{FIX}")
+    if temp is not None:
+        _typed(d, "temp_c", (int, float), "a number of degrees C or null")
+        if not (math.isfinite(temp) and TEMP_MIN_C <= temp <= TEMP_MAX_C):
+            raise InvalidRecordError(f"record field 'temp_c' is {_show(temp)}: a temperature is from "
+                                     f"{TEMP_MIN_C:g} to {TEMP_MAX_C:g} degrees C, or null where the device does "
+                                     f"not expose it{FIX}")
+    replaces = d.get("replaces")
+    if replaces is not None:
+        _typed(d, "replaces", (list,), "a list of timestamps")
+        if len(replaces) > MAX_REPLACES:
+            raise InvalidRecordError(f"record field 'replaces' names {len(replaces)} records; at most "
+                                     f"{MAX_REPLACES}{FIX}")
+        for ts in replaces:
+            if not isinstance(ts, str) or not ts.strip():
+                raise FieldTypeError(f"record field 'replaces' holds {_show(ts)}: each entry is the timestamp of "
+                                     f"a record this one supersedes{FIX}")
+            _check_text("record field 'replaces'", ts)
+
+
 def _check_trial(d: dict) -> None:
     if d.get("trial") is not None:
         _typed(d, "trial", (int,), "an integer or null")
@@ -430,6 +463,8 @@ def _check(d) -> float | None:
     _check_times(d)
     _check_success(d)
     _check_trial(d)
+    if "gpu_clock_hz" in d or "temp_c" in d or "replaces" in d:
+        _check_device_state(d)
     _check_scopes(d)
     t = _template(d["template"])
     _check_config(t, d)
@@ -443,7 +478,8 @@ def validate_record(d: dict) -> None:
     characters; finite times and costs within sane bounds (a success's median from 1 ns to a day, among its
     costs); a trial number from 0 to 2**31-1; a known ``error_code`` that agrees with ``error_name``; scopes
     that agree with the config's ``*_scope`` knobs; a registered template; every knob of that template (only
-    ``LATE_KNOBS`` may be missing) of its search space's type; and a workload key the template builds as is.
+    ``LATE_KNOBS`` may be missing) of its search space's type; a workload key the template builds as is; and,
+    where present, a GPU clock from 1 Hz to 100 GHz, a temperature from -60 to 200 C and a short ``replaces``.
     Raises ``MissingFieldError`` (a KeyError), ``FieldTypeError`` (a TypeError) or ``InvalidRecordError`` (a
     ValueError), all ``TunerError``s that name the field, with a ``kind`` to count them by. A line's size and
     nesting are ``parse_line``'s to check, before it is loaded."""
@@ -504,16 +540,22 @@ class Record:
     trial: int | None = None
     sampler: str | None = None
     study: str | None = None
+    gpu_clock_hz: int | None = None  # the device's GPU clock when measured (null: not exposed)
+    temp_c: float | None = None  # its temperature, degrees C (null: not exposed)
+    replaces: list = field(default_factory=list)  # a redone measurement: timestamps of the records it supersedes
 
     @classmethod
     def new(cls, template: str, workload, config, device, *, costs=(), error_code: int = ErrorCode.NO_ERROR,
             error_msg: str = "", max_rel_error: float | None = None, timestamp: str | None = None,
             duration_s: float = 0.0, trial: int | None = None, sampler: str | None = None,
-            study: str | None = None) -> "Record":
+            study: str | None = None, gpu_clock_hz: int | None = None, temp_c: float | None = None,
+            replaces=()) -> "Record":
         """A record from live objects, so that every producer fills the derived fields the same way.
 
         ``workload``: a template workload (its ``.flops`` gives gflops) or its key dict; ``config``: a config
-        object or dict; ``device``: a Device or DeviceInfo; ``timestamp`` defaults to now (UTC)."""
+        object or dict; ``device``: a Device or DeviceInfo; ``timestamp`` defaults to now (UTC).
+        ``gpu_clock_hz``, ``temp_c``: the device's state when measured (``MeasureResult``'s); ``replaces``: the
+        timestamps of this config's earlier records that this measurement redoes (``tuner.measure.drift``)."""
         info = getattr(device, "info", device)
         key = workload if isinstance(workload, dict) else workload.key()
         cfg = config if isinstance(config, dict) else dataclasses.asdict(config)
@@ -526,14 +568,20 @@ class Record:
                    driver=info.driver_version, costs=costs, median_s=median, gflops=gflops,
                    error_code=int(error_code), error_name=ErrorCode(error_code).name, error_msg=error_msg,
                    max_rel_error=max_rel_error, timestamp=timestamp or now_iso(), duration_s=duration_s,
-                   trial=trial, sampler=sampler, study=study)
+                   trial=trial, sampler=sampler, study=study,
+                   gpu_clock_hz=None if gpu_clock_hz is None else int(gpu_clock_hz),
+                   temp_c=None if temp_c is None else float(temp_c), replaces=[str(t) for t in replaces])
 
     def to_dict(self) -> dict:
+        """The record as its JSON line holds it: ``replaces`` only when it names something (most records
+        redo nothing)."""
         d = dataclasses.asdict(self)
         d["error_code"] = int(self.error_code)
-        for k in ("median_s", "gflops", "max_rel_error", "duration_s"):
+        for k in ("median_s", "gflops", "max_rel_error", "duration_s", "temp_c"):
             d[k] = _finite(d[k])
         d["costs"] = [_finite(c) for c in d["costs"]]
+        if not d["replaces"]:
+            del d["replaces"]
         return d
 
     def to_json(self) -> str:
@@ -552,6 +600,12 @@ class Record:
         values = {k: v for k, v in d.items() if k in names}
         values.setdefault("error_name", ErrorCode(d["error_code"]).name)
         values["gflops"] = gflops
+        if values.get("replaces") is None:
+            values.pop("replaces", None)
+        else:
+            values["replaces"] = list(values["replaces"])
+        if values.get("temp_c") is not None:
+            values["temp_c"] = float(values["temp_c"])
         return cls(**values)
 
     @classmethod

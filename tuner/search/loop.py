@@ -25,10 +25,12 @@ from tuner.task import TuningTask, log_knowledge
 
 
 def record_of(t, workload, cfg, info, res: MeasureResult, trial, sampler, study) -> Record:
-    """The record of one measurement (its scopes are the config's own)."""
+    """The record of one measurement (its scopes are the config's own), with the device's GPU clock and
+    temperature when it was measured (None where the device does not expose them)."""
     return Record.new(t.name, workload, cfg, info, costs=res.costs if res.ok else (), error_code=res.error_code,
                       error_msg=res.error_msg[:4000], max_rel_error=res.max_rel_error, timestamp=res.timestamp,
-                      duration_s=res.duration_s, trial=trial, sampler=sampler, study=study)
+                      duration_s=res.duration_s, trial=trial, sampler=sampler, study=study,
+                      gpu_clock_hz=getattr(res, "gpu_clock_hz", None), temp_c=getattr(res, "temp_c", None))
 
 
 def score(record: Record) -> float:
