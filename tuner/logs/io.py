@@ -280,6 +280,28 @@ def read_log(path: Path, skipped: SkippedLines) -> Iterator[Record]:
             yield record
 
 
+def find_records(path, timestamps) -> list[Record]:
+    """The valid records of the log at ``path`` whose timestamp is one of ``timestamps``, in log order (none
+    when the log does not exist). Only lines that hold one of the timestamps are parsed, so finding a few
+    records in a long log costs a scan of its bytes, not a check of every line."""
+    stamps = {str(t) for t in timestamps if t}
+    if not stamps or not Path(path).exists():
+        return []
+    needles = [t.encode("utf-8") for t in stamps]
+    out = []
+    with open_regular(path, "rb") as f:
+        for raw in _lines(f):
+            if not any(n in raw for n in needles):
+                continue
+            try:
+                record = Record.from_line(raw)
+            except InvalidRecordError:
+                continue  # a bad line: every reader skips it
+            if record.timestamp in stamps:
+                out.append(record)
+    return out
+
+
 def _read_file(path: Path) -> Iterator[Record]:
     skipped = SkippedLines(path)
     yield from read_log(path, skipped)
