@@ -186,7 +186,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from tuner.compile.compiler import compile_model
-    from tuner.compile.tuning import tune_model
+    from tuner.scheduler.model import tune_model
     from tuner.runtime.opencl import open_device
 
     dev = open_device(args.device)

@@ -133,7 +133,7 @@ def main() -> None:
         lines.append(f"Measurer, {par} builders: {len(inputs)} configs ({ok} ok) in {wall:.1f} s = "
                      f"{60 * len(inputs) / wall:.0f} a minute; median duration_s {statistics.median(r.duration_s for r in res):.2f}")
     if a.tune_seconds > 0:
-        from tuner.compile.tuning import tune_model
+        from tuner.scheduler.model import tune_model
         log = out / "profile_tune.jsonl"
         t0 = time.perf_counter()
         try:

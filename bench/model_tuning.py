@@ -5,7 +5,7 @@ within 5% of its best known, for the search before and after a change (two git r
                                  [--trials 96] [--device D] [--out bench/results]
     python bench/model_tuning.py --before-tree DIR --after-tree DIR ...   # checkouts already made (no git)
 
-Each side runs ``tuner.compile.tuning.tune_model`` from its own revision (a ``git worktree`` under /tmp, in a
+Each side runs ``tuner.scheduler.model.tune_model`` from its own revision (a ``git worktree`` under /tmp, in a
 fresh process) on the same ONNX model, with a fresh log, the default device, buffer scopes, its default
 sampler and seed 0, and the same total trial budget. From each log, in measurement order, it follows the
 model's estimated latency: the sum over the model's tuned kernels of their count times the best median time
@@ -47,7 +47,7 @@ def worktree(rev: str) -> Path:
 def side(root: str, model: str, log: str, trials: int, out_json: str, device=None) -> None:
     """Run in a fresh process whose ``tuner`` is ``root``'s: tune the model, write start/end times."""
     sys.path.insert(0, root)
-    from tuner.compile.tuning import tune_model
+    from tuner.scheduler.model import tune_model
     start = time.time()
     res = tune_model(model, log=log, trials=trials, scope="buffer", progress=False, seed=0, device=device)
     Path(out_json).write_text(json.dumps({"start": start, "end": time.time(), "measured": res.measured,

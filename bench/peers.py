@@ -431,7 +431,7 @@ def remaining_tasks(models: list, work: Path, device: str, own_logs: list, sibli
     (one task per node, no alternatives), unique over the models; ``todo``: those with no record of a sibling
     and fewer than ``trials`` on this device."""
     from tuner.compile.compiler import load_graph
-    from tuner.compile.tuning import _history
+    from tuner.scheduler.model import _history
     from tuner.logs.index import LogIndex
     from tuner.plan.lower import extract_tasks, lower_graph, plan_storage
     from tuner.runtime.opencl.device import choose_device

@@ -252,7 +252,7 @@ def test_artifact_runs_in_a_fresh_process_from_its_directory(dev, tmp_path):
 
 @pytest.mark.slow
 def test_tuning_a_model_changes_the_deployed_kernels(dev, tmp_path):
-    from tuner.compile.tuning import tune_model
+    from tuner.scheduler.model import tune_model
     from tuner.logs import apply_history_best
     from tuner.measure import MeasureOptions
     model = TEST_MODELS["conv_pads"]

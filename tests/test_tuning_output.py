@@ -6,6 +6,7 @@ default, --early-stopping works per task, and Ctrl-C leaves nothing running and 
 Most tests replace the device measurement with a deterministic fake (``fake_measure``): they test the
 tuning logic, fast; the last one interrupts a real `python -m tuner tune` with SIGINT."""
 import collections
+import importlib
 import dataclasses
 import json
 import os
@@ -24,7 +25,7 @@ from optuna.trial import TrialState
 from tuner.cli import build_parser, main
 from tuner.errors import ErrorCode
 from tuner.zoo import models as zoo
-from tuner.compile.tuning import MIN_TRIALS, fallback_config, share_budget, tune_model
+from tuner.scheduler.model import MIN_TRIALS, fallback_config, share_budget, tune_model
 from tuner.logs import load_records
 from tuner.measure import MeasureResult, Measurer
 
@@ -289,7 +290,7 @@ def test_ctrl_c_while_measuring_leaves_no_trial_running_and_a_rerun_repeats_noth
 
 def test_ctrl_c_after_logging_tells_the_study_what_the_log_has(model, tmp_path, fake, monkeypatch):
     fake()
-    import tuner.search.loop as loop_module  # the evaluation loop appends each batch's records
+    loop_module = importlib.import_module("tuner.search.tune")  # the task search appends each batch's records
     real, calls = loop_module.append_records, []
 
     def append_then_interrupt(path, records):

@@ -41,7 +41,7 @@ _LAZY = {"tune": "tuner.search", "apply_history_best": "tuner.logs", "load_recor
          "DeviceInfo": "tuner.target", "load_profile": "tuner.target",
          "build": "tuner.runtime.opencl.launch", "load_logs": "tuner.analysis",
          "compile_model": "tuner.compile.compiler", "load_module": "tuner.runtime.module",
-         "tune_model": "tuner.compile.tuning", "run_worker": "tuner.search.worker"}
+         "tune_model": "tuner.scheduler.model", "run_worker": "tuner.search.worker"}
 
 
 def __getattr__(name):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import re
 
+from .bounds import check_call as check_call_bounds
 from .format import PARAM_ALIGN, ArtifactError, ModuleSpec
 
 DTYPES = {"float32": 4, "float16": 2}
@@ -170,7 +171,8 @@ def defined_kernels(source: str) -> set:
 
 def check_calls(spec: ModuleSpec, sources: dict, profile: dict) -> None:
     """Checks 8 (calls name what exists, with matching kinds, types and sizes: no argument smaller than its
-    parameter's code addresses) and 9 (launch sizes)."""
+    parameter's code addresses), 9 (launch sizes) and 11 (what each kernel's source addresses with its launch,
+    ``bounds``)."""
     blobs = {f"p:{b.key}": b for b in spec.params}
     blobs.update({f"w:{b.key}": b for b in spec.workspaces})
     max_wg = limit(profile, "max_work_group_size")
@@ -217,6 +219,9 @@ def check_calls(spec: ModuleSpec, sources: dict, profile: dict) -> None:
                     _fail(f"{cw}: argument {ref!r} ({list(phys)}) is smaller than parameter {prm.name!r} addresses "
                           f"({list(prm.extent)}): the artifact was edited")
             _check_launch(c, cw, largest, max_wg, max_items)
+            # check 11: what the kernel's own code addresses with this launch, against what the call binds
+            check_call_bounds(sources[n.source], n.source, c, cw,
+                              [(a[2], DTYPES[a[1]], a[3]) for a in (_arg(spec, blobs, ref) for ref in c.args)])
 
 
 def _check_launch(c, where: str, largest: int, max_wg: int, max_items: list) -> None:

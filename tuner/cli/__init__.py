@@ -435,7 +435,11 @@ def run() -> None:
     setup_warnings()
     try:
         code = main()
+        import signal
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # done: a Ctrl-C now has nothing left to interrupt
         sys.stdout.flush()
+    except KeyboardInterrupt:  # between the command's end and here
+        code = 130
     except BrokenPipeError:  # `tuner ... | head`: the reader left; say nothing more (no traceback)
         import os
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -83,10 +83,33 @@ def add_seed_arg(parser: argparse.ArgumentParser, default: int | None = 0, help:
                         help=help or f"sampler seed, 0 to {MAX_SEED} (default {default})")
 
 
-def add_measure_args(parser: argparse.ArgumentParser, parallel_help: str = "build processes (default 2)") -> None:
+def default_parallel() -> int:
+    """Build processes by default: one per CPU, 2 at least and 12 at most (the runner times one config at a time
+    while they build the next; compiling is what a measurement mostly waits for)."""
+    import os
+    return min(12, max(2, os.cpu_count() or 2))
+
+
+def duration(text: str) -> float:
+    """argparse type: a duration, ``90``, ``90s``, ``10m``, ``1.5h`` or ``1h30m`` -> seconds (positive)."""
+    import re
+    t = text.strip().lower()
+    parts = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?", t)
+    if not t or parts is None or not any(parts.groups()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration: write seconds (90, 90s), minutes (10m), "
+                                         f"hours (1h) or a mix (1h30m)")
+    h, m, sec = (float(x) if x else 0.0 for x in parts.groups())
+    value = h * 3600 + m * 60 + sec
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a duration must be positive")
+    return value
+
+
+def add_measure_args(parser: argparse.ArgumentParser, parallel_help: str | None = None) -> None:
     """The shared measurement options of `tune`, `tune-op` and `worker`: --parallel, --repeats, --build-timeout
     and --run-timeout, each validated where it enters; ``measure_options(args)`` makes the MeasureOptions."""
-    parser.add_argument("--parallel", type=positive_int, default=2, metavar="N", help=parallel_help)
+    parser.add_argument("--parallel", type=positive_int, default=default_parallel(), metavar="N",
+                        help=parallel_help or f"build processes (default: one per CPU, 2 to 12; here {default_parallel()})")
     parser.add_argument("--repeats", type=positive_int, default=5, metavar="N",
                         help="timed runs per config (default 5)")
     parser.add_argument("--build-timeout", type=seconds, default=60.0, metavar="S",

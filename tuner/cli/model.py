@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tuner.cli.args import (add_device_arg, add_measure_args, add_seed_arg, add_transfer_arg, int_at_least,
+from tuner.cli.args import (add_device_arg, add_measure_args, add_seed_arg, add_transfer_arg, duration, int_at_least,
                             measure_options, non_negative_int, positive_int, read_regular_file, regular_file,
                             writable_dir, writable_file)
 from tuner.errors import TunerError
@@ -330,10 +330,13 @@ def _tune_shared(args) -> int:
 
     from tuner.search.worker import export_study_records, register_tasks
 
-    from tuner.compile.tuning import model_worker_tasks
+    from tuner.scheduler.model import model_worker_tasks
     if not args.storage:
         raise TunerError("--workers needs --storage URL (a PostgreSQL URL, or journal:PATH on one machine)")
-    tasks, prefix = model_worker_tasks(_model_path(args.model), args.device, args.trials, args.scope, args.min_trials)
+    if args.time_budget is not None:
+        raise TunerError("--time-budget is not passed to `tuner worker`s: give --trials with --workers")
+    tasks, prefix = model_worker_tasks(_model_path(args.model), args.device, args.trials or 200, args.scope,
+                                       args.min_trials)
     register_tasks(args.storage, tasks, prefix)
     print(f"registered {len(tasks)} tasks of {args.model} under study prefix {prefix}")
     if args.workers == 0:
@@ -362,8 +365,9 @@ def cmd_tune(args) -> int:
                              "leave --transfer-from out")
         return _tune_shared(args)
 
-    from tuner.compile.tuning import tune_model
-    res = tune_model(_model_path(args.model), log=args.log, trials=args.trials, device=args.device,
+    from tuner.scheduler.model import tune_model
+    res = tune_model(_model_path(args.model), log=args.log, trials=args.trials, time_budget=args.time_budget,
+                     device=args.device,
                      scope=args.scope, storage=args.storage, sampler=args.sampler, seed=args.seed, dtype=args.dtype,
                      input_shapes=_input_shapes(args.input_shape), min_trials=args.min_trials,
                      options=measure_options(args),
@@ -376,12 +380,18 @@ def cmd_tune(args) -> int:
 def _print_tune_summary(res) -> None:
     """Per task its budget, new measurements and best; then the tasks without a valid measurement (they make
     `tuner tune` exit 1) and the model's estimated latency, tuned against fallback configs."""
-    from tuner.compile.tuning import describe
-    print(f"{len(res.tasks)} tasks, {res.measured} measured now (planned {res.planned}), log {res.log}")
+    from tuner.scheduler.model import describe
+    print(f"{len(res.tasks)} tasks, {res.measured} measured now in {res.elapsed_s:.0f} s (planned {res.planned}), "
+          f"log {res.log}")
     for tr in res.tasks:
+        if not tr.records:
+            continue
         b = f"{tr.best.gflops:8.3g} GFLOP/s" if tr.best is not None else f"  {tr.failure_text()}"
         early = "  (stopped early)" if tr.stopped_early else ""
         print(f"  x{tr.task.count} {describe(tr.task):<44} budget {tr.budget:>3}  new {tr.measured:>3}  {b}{early}")
+    if res.unmeasured:
+        print(f"{len(res.unmeasured)} of {len(res.tasks)} tasks not measured (the budget went where the latency was; "
+              f"they compile with their fallback or a transferred config)")
     if res.failed:
         logged = os.path.isfile(res.log) and os.path.getsize(res.log) > 0
         where = (f"see `tuner logs {res.log}` for the error messages" if logged else
@@ -403,7 +413,7 @@ def cmd_demo(args) -> int:
 
     from tuner.compile.compiler import compile_model
     from tuner.runtime.module import load_module
-    from tuner.compile.tuning import tune_model
+    from tuner.scheduler.model import tune_model
     from tuner.zoo.models import write_model
     dev = args.device if isinstance(args.device, Runtime) else open_device(args.device)
     out = Path(args.dir)
@@ -504,15 +514,20 @@ def register(sub) -> None:
     add_device_arg(p)
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("tune", help="tune every kernel of an ONNX model, the budget shared by weight")
+    p = sub.add_parser("tune", help="tune the kernels of an ONNX model, the budget spent where the latency is")
     p.add_argument("model", help="ONNX file")
     p.add_argument("--log", metavar="PATH", help="JSONL log (default logs/<device fingerprint>.jsonl)")
-    p.add_argument("--trials", type=positive_int, default=200, help="measurements for the whole model (default 200)")
-    from tuner.compile.tuning import MIN_TRIALS
+    p.add_argument("--time-budget", type=duration, metavar="DURATION", help="stop after this long (90s, 10m, 1h): "
+                   "every task's fallback first, then the tasks with the largest expected cut of the model's latency; "
+                   "the log compiles whenever it stops")
+    p.add_argument("--trials", type=positive_int, default=None, help="measurements for the whole model (default 200 "
+                   "without --time-budget, no limit with it)")
+    from tuner.scheduler.model import MIN_TRIALS
     p.add_argument("--min-trials", type=positive_int, default=MIN_TRIALS, metavar="N",
-                   help=f"at least this many per task (default {MIN_TRIALS}, what `compare` needs per side)")
+                   help=f"with --trials, at least this many per task (default {MIN_TRIALS}, what `compare` needs per "
+                        "side); with --time-budget alone each task's fallback is measured first")
     p.add_argument("--early-stopping", type=positive_int, metavar="N", help="each task stops after N measurements "
-                   "without improvement (its unspent budget is not measured)")
+                   "without improvement (its unspent budget goes to other tasks)")
     p.add_argument("--storage", metavar="URL", help="Optuna storage (default sqlite beside the log)")
     p.add_argument("--sampler", choices=("xgb", "tpe", "random"), default="xgb")
     add_seed_arg(p, help="sampler seed, 0 to 2**32-1 (default 0; with --workers, worker i gets seed + i)")

@@ -57,7 +57,7 @@ def load_tasks(path: str) -> list:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     from tuner.cli.args import measure_options
-    from tuner.compile.tuning import model_worker_tasks
+    from tuner.scheduler.model import model_worker_tasks
     from tuner.search.worker import run_worker
     if args.grace <= args.heartbeat:
         raise TunerError(f"--grace {args.grace} must be longer than --heartbeat {args.heartbeat}: a worker is taken "

@@ -22,11 +22,15 @@ from tuner.errors import TunerError
 from tuner.logs import apply_history_best
 from tuner.logs.index import DeviceLog, LogIndex
 from tuner.logs.io import ensure_writable
+from tuner.errors import ErrorCode
 from tuner.plan.lower import choose_templates, extract_tasks, lower_graph, plan_storage
+from tuner.plan.types import FIXED
+from tuner.scheduler.task_scheduler import TaskScheduler
 from tuner.runtime.base import Runtime
 from tuner.search.tune import default_log, tune
 from tuner.search.worker import model_prefix
 from tuner.target import DeviceInfo
+from tuner.task import TuningTask
 from tuner.task import TuningTask as Task
 
 # successful measurements per task: what `tuner tune` measures at least, and what `tuner compare` / `report`
@@ -41,6 +45,7 @@ class TaskResult:
     measured: int = 0  # new measurements of this run
     stopped_early: bool = False
     best: object = None  # the fastest successful Record of the task in the log (any run), or None
+    nodes: tuple = ()  # the model's nodes the task can serve
     records: int = 0  # measurements of the task in the log (any run)
     failures: dict = field(default_factory=dict)  # error name -> count, over those records
 
@@ -88,6 +93,9 @@ class ModelTuneResult:
     planned: int = 0  # measurements the run set out to make (the progress bar's total)
     notes: list = field(default_factory=list)  # why the plan differs from --trials, said when it was known
     estimate: LatencyEstimate | None = None
+    fallback_estimate_s: float | None = None  # the no-log plan's kernels at their fallback configs (the baseline)
+    served: dict = field(default_factory=dict)  # node -> whether some task of its pool has a valid measurement
+    elapsed_s: float = 0.0
 
     @property
     def measured(self) -> int:
@@ -95,7 +103,14 @@ class ModelTuneResult:
 
     @property
     def failed(self) -> list:
-        return [t for t in self.tasks if t.failed]
+        """Tasks measured without one valid result, whose nodes no other task of their pool serves: the model
+        would run those nodes with an untested fallback config."""
+        return [t for t in self.tasks if t.failed and t.records and not any(self.served.get(n) for n in t.nodes)]
+
+    @property
+    def unmeasured(self) -> list:
+        """Tasks the budget ran out before (the compile runs them with their fallback or a transferred config)."""
+        return [t for t in self.tasks if not t.records]
 
 
 def split(trials: int, parts: int) -> list:
@@ -168,13 +183,20 @@ def overrun_note(label: str, tasks: int, min_trials: int, share: int, trials: in
     return f"{label}{tasks} tasks x --min-trials {min_trials} = {tasks * min_trials} > {of} {trials}"
 
 
-class _Run:
-    """One tune_model run: the tasks tuned so far, the honest progress bar, the notes."""
+class _Progress:
+    """The progress line: against the time budget (seconds) or the trial total, with the model's estimated latency
+    now against its fallback estimate, and the notes written above it."""
 
-    def __init__(self, result: ModelTuneResult, index: DeviceLog, say, tune_task):
-        self.result, self.index, self.say, self.tune_task = result, index, say, tune_task
-        self.by_key: dict = {}
+    def __init__(self, result: ModelTuneResult, say, enabled: bool, budget_s: float | None):
+        self.result, self.say, self.budget_s = result, say, budget_s
         self.bar = None
+        if enabled:
+            from tqdm.auto import tqdm
+            if budget_s is not None:
+                self.bar = tqdm(total=round(budget_s), desc="model", unit="s", dynamic_ncols=True,
+                                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s [{postfix}]")
+            else:
+                self.bar = tqdm(total=result.planned, desc="model", unit="trial", dynamic_ncols=True)
 
     def note(self, text: str) -> None:
         self.result.notes.append(text)
@@ -183,112 +205,314 @@ class _Run:
         elif self.say is not None:
             self.say(text)
 
-    def start_bar(self, total: int) -> None:
-        from tqdm.auto import tqdm
-        self.bar = tqdm(total=total, desc="model", unit="trial", dynamic_ncols=True)
-
-    def retotal(self, delta: int) -> None:
-        self.result.planned += delta
-        if self.bar is not None and delta:
-            self.bar.total += delta
+    def retotal(self, planned: int) -> None:
+        self.result.planned = planned
+        if self.bar is not None and self.budget_s is None and self.bar.total != planned:
+            self.bar.total = planned
             self.bar.refresh()
 
-    def tune(self, task: Task, budget: int, todo: int) -> None:
-        """Measure ``todo`` new configs of ``task``; a task tuned before (the auto plan's leftover share)
-        adds to its entry."""
-        tr = self.by_key.get(task.key())
-        if tr is None:
-            tr = self.by_key[task.key()] = TaskResult(task, 0)
-            self.result.tasks.append(tr)
-        tr.budget += budget
-        new = self.tune_task(task, todo) if todo > 0 else 0
-        tr.measured += new
-        if new < todo:  # early stopping, or a space with fewer unmeasured configs: the total shrinks
-            tr.stopped_early = True
-            self.retotal(new - todo)
+    def update(self, elapsed_s: float, new: int, sched: TaskScheduler) -> None:
+        if self.bar is None:
+            return
+        lat, missing = sched.latency_s()
+        fb = self.result.fallback_estimate_s
+        est = f"est {lat * 1e3:.4g} ms" + (f" ({missing} nodes unmeasured)" if missing else "")
+        if fb:
+            est += f" vs fallback {fb * 1e3:.4g} ms" + (f" ({fb / lat:.2f}x)" if lat else "")
+        open_ = len(sched.open)
+        post = f"{self.result.measured} measured, {est}, {open_} of {len(sched.tasks)} tasks open"
+        if self.budget_s is not None:
+            self.bar.n = min(round(elapsed_s), self.bar.total)
+        else:
+            self.bar.n += new
+        self.bar.set_postfix_str(post, refresh=False)
+        self.bar.refresh()
+
+    def close(self) -> None:
         if self.bar is not None:
-            self.bar.update(new)
-            self.bar.set_postfix_str(f"{len(self.result.tasks)} tasks")
+            self.bar.close()
 
 
-def tune_model(model, log: str | None = None, trials: int = 200, device=None, scope: str = "auto",
+VISIT = 8  # least measurements a visit makes of a task (a batch the builders share; more with more builders)
+REPLAN_S = 30.0  # how often (seconds of tuning) the auto plan the log now implies is read again for new kernels
+
+
+def _plan_tasks(plan) -> dict:
+    """``{task key: (TuningTask, [node names])}`` of a planned model: every candidate of every tuned node."""
+    found: dict = {}
+    for s in plan.steps:
+        if s.tuned:
+            for c in s.candidates():
+                t = TuningTask(c.op, c.workload, dict(c.scopes), FIXED[c.op])
+                found.setdefault(t.key(), [t, []])[1].append(s.name)
+    return {k: (dataclasses.replace(t, count=len(nodes), weight=None), nodes) for k, (t, nodes) in found.items()}
+
+
+def tune_model(model, log: str | None = None, trials: int | None = 200, device=None, scope: str = "auto",
                storage: str | None = None, sampler: str = "xgb", seed: int | None = 0, dtype: str = "float32",
                input_shapes: dict | None = None, min_trials: int = MIN_TRIALS, options=None, progress: bool = True,
                early_stopping: int | None = None, compare_scopes: bool = True, say=None,
-               transfer_from=None) -> ModelTuneResult:
-    """Tune every task of ``model`` on ``device`` with ``trials`` measurements in all (more only when the
-    tasks need ``min_trials`` each: then ``say``, e.g. ``print``, hears why before anything is measured).
-    With ``scope="auto"`` and ``compare_scopes=False`` only the kernels of the current auto plan are tuned
-    (the log's or the templates' choice per layer), not both scopes of every layer. ``early_stopping``: each
-    task stops after that many measurements without improvement. Ctrl-C (KeyboardInterrupt) propagates;
-    what was measured is in the log, and a re-run resumes without measuring a config again.
+               transfer_from=None, time_budget: float | None = None, patience: int | None = None,
+               guard=None) -> ModelTuneResult:
+    """Tune the tasks of ``model`` on ``device`` with the task scheduler (``tuner.scheduler.task_scheduler``):
+    every task's fallback config first (the model's baseline, task by task; with ``trials``, ``min_trials``
+    measurements of each), then visits of ``VISIT`` or more measurements to the task with the largest expected
+    cut of the model's estimated latency, until ``trials`` measurements in all (the log's earlier ones of these
+    tasks count: a re-run resumes) or ``time_budget`` seconds are spent, whichever comes first, or every task is
+    done. ``trials=None`` with a time budget: no trial limit.
 
-    ``transfer_from``: sibling devices' fingerprints (or ``"auto"``): their records seed every task's study
-    (``tune``'s ``transfer_from``: their best valid configs of the task first, their records in the cost
-    model's transfer as this device's), and fill what the log lacks where the log decides the plan."""
+    With ``scope="auto"`` the pool holds each node's texture and buffer variants, the no-log plan's kernels,
+    and, read again from the log every ``REPLAN_S`` seconds, the mixed-scope kernels the auto plan the log
+    implies deploys at scope boundaries (the kernels tuned are the kernels deployed); with ``compare_scopes=False``
+    only the current auto plan's. A node several templates take has a task per template: one pool per node.
+    ``early_stopping``: a task is done after that many measurements without improvement; ``patience``: the
+    scheduler's own (default: ``early_stopping``, else 24 with a time budget and none with trials alone).
+    ``say`` (e.g. ``print``) hears why the plan differs from ``trials`` before anything is measured.
+    ``transfer_from``: sibling devices whose records seed every task's study (``tune``'s ``transfer_from``) and
+    fill what the log lacks where the log decides the plan. ``guard``: a callable wrapping the runner (e.g. a
+    drift check) before anything is measured. Ctrl-C (KeyboardInterrupt) propagates; what was measured is in
+    the log, and every prefix of the log compiles."""
+    import time
+
     from tuner.measure import MeasureOptions, Runner, open_runner
+    from tuner.search.storage import open_storage
+    from tuner.search.tune import TaskSearch, default_storage
 
+    t_start = time.monotonic()
     info = getattr(device, "info", device)
     if not isinstance(info, DeviceInfo):
         from tuner.runtime.opencl.device import choose_device
         info = choose_device(info)
     log = str(ensure_writable(log or default_log(info.fingerprint)))  # before any measurement
+    if trials is None and time_budget is None:
+        trials = 200
     for flag, value, least in (("--trials", trials, 1), ("--min-trials", min_trials, 1),
-                               ("--early-stopping", early_stopping, 1)):
+                               ("--early-stopping", early_stopping, 1), ("--patience", patience, 1)):
         if value is not None and value < least:
             raise TunerError(f"{flag} must be at least {least}, got {value}")
+    if time_budget is not None and not time_budget > 0:
+        raise TunerError(f"--time-budget must be positive, got {time_budget}")
+    if patience is None:
+        patience = early_stopping or (24 if time_budget is not None else None)
+    warm = min_trials if trials is not None else 1  # a time budget measures each fallback, then prioritizes
     plan = lower_graph(load_graph(model, input_shapes), dtype)
     both = scope == "auto" and compare_scopes
-    history = None
-    if scope == "auto" and not compare_scopes:
-        history = _history(log, info, transfer_from)
-        rounds = [("", extract_tasks(plan_storage(plan, info, "auto", history)))]
-    else:
-        rounds = [(f"{m} plan: " if both else "", extract_tasks(plan_storage(plan, info, m)))
-                  for m in (["texture", "buffer"] if both else [scope])]
-    shares = split(trials, len(rounds) + both)
-    index = LogIndex.of_log(log).on(info.fingerprint)  # each task is tuned once (or topped up, below)
-    result = ModelTuneResult(log)
-    planned = _plan_rounds(rounds, shares, index, min_trials)
-    result.planned = sum(todo for _, _, todo in planned) + (shares[-1] if both else 0)
 
-    def tune_task(task: Task, todo: int) -> int:
-        r = tune(task.template, task.workload, info, trials=todo, log=log, storage=storage, sampler=sampler,
-                 scopes=task.scopes, fixed=task.fixed, seed=seed, options=options, progress=False,
-                 early_stopping=early_stopping, measurer=measurer, fallback_first=True, transfer_from=transfer_from)
-        return r.measured
-
-    run = _Run(result, index, say, tune_task)
-    notes = [n for n in (overrun_note(label, len(tasks), min_trials, share, trials)
-                         for (label, tasks), share in zip(rounds, shares)) if n]
-    if notes:
-        budget = sum(b for _, b, _ in planned) + (shares[-1] if both else 0)
-        run.note("; ".join(notes) + f"; measuring {budget}"
-                 + (f" ({budget - result.planned} already in the log)" if budget > result.planned else ""))
-    options = options or MeasureOptions()
-    # one runner for every task: the caller's Runner, one over the caller's Runtime, or local worker processes
-    measurer = open_runner(device if isinstance(device, (Runner, Runtime)) else info, options)
-    try:
-        if progress:
-            run.start_bar(result.planned)
-        for task, budget, todo in planned:
-            run.tune(task, budget, todo)
-        if both:  # the mixed-scope kernels the auto plan deploys, now that the log can decide
+    def pool_now() -> dict:
+        """The tasks the plans hold now: {key: (task, nodes)}."""
+        if scope != "auto":
+            plans = [plan_storage(plan, info, scope)]
+        elif not compare_scopes:
+            plans = [plan_storage(plan, info, "auto", _history(log, info, transfer_from))]
+        else:
+            plans = []
+            for mode in ("texture", "buffer"):
+                try:
+                    plans.append(plan_storage(plan, info, mode))
+                except TunerError:  # a layer no texture kernel serves here: the buffer plan serves it
+                    pass
+            plans.append(plan_storage(plan, info, "auto", None))  # what the model runs untuned
             history = _history(log, info, transfer_from)
-            _mixed_round(run, extract_tasks(plan_storage(plan, info, "auto", history)), shares[-1], min_trials,
-                         trials)
+            if history is not None:
+                plans.append(plan_storage(plan, info, "auto", history))
+        out: dict = {}
+        for p in plans:
+            for k, (t, nodes) in _plan_tasks(p).items():
+                if k in out:
+                    out[k] = (out[k][0], list(dict.fromkeys(out[k][1] + nodes)))
+                else:
+                    out[k] = (t, nodes)
+        return out
+
+    result = ModelTuneResult(log)
+    sched = TaskScheduler(patience=patience)
+    tasks: dict = {}  # key -> TuningTask
+    index = LogIndex.of_log(log).on(info.fingerprint)
+
+    def join(found: dict) -> list:
+        new = []
+        for k, (t, nodes) in sorted(found.items(), key=lambda kv: -kv[1][0].weight):
+            fresh = k not in tasks
+            st = sched.add(k, nodes)
+            if fresh:
+                tasks[k] = t
+                recs = index.of(t)
+                ok = [r.median_s for r in recs if r.ok]
+                sched.observe(k, ok, len(recs)) if recs else None
+                st.since_best = 0  # the log's measurements tell what is best, not whether the search has stalled
+                new.append(k)
+        return new
+
+    order = join(pool_now())
+    already = sum(sched.tasks[k].measured for k in order)
+    need = sum(max(0, warm - sched.tasks[k].measured) for k in order)
+    if trials is not None:
+        total = max(trials, already + need)
+        if len(order) * warm > trials:
+            budget = len(order) * warm
+            note = (f"{len(order)} tasks x --min-trials {warm} = {budget} > --trials {trials}; measuring {budget}"
+                    + (f" ({already} already in the log)" if already else ""))
+        else:
+            note = None
+        result.planned = max(0, total - already)
+    else:
+        total, note = None, None
+        result.planned = need
+    options = options or MeasureOptions()
+    storage = open_storage(storage or default_storage(log), heartbeat=None)
+    measurer = open_runner(device if isinstance(device, (Runner, Runtime)) else info, options)
+    runner = guard(measurer) if guard is not None else measurer
+    visit_n = max(VISIT, 2 * options.n_parallel)
+    searches: dict = {}
+    by_key: dict = {}
+    prog = _Progress(result, say, progress, time_budget)
+    if note:
+        prog.note(note)
+    deadline = t_start + time_budget if time_budget is not None else None
+    rate = {"s": None}  # seconds per measurement, a moving average
+
+    def spent() -> int:
+        return sum(st.measured for st in sched.tasks.values())
+
+    def room(n: int) -> int:
+        """How many of ``n`` measurements fit in what is left of the budgets."""
+        if total is not None:
+            n = min(n, total - spent())
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            per = rate["s"] if rate["s"] is not None else 1.0
+            n = min(n, int(left / per))
+        return max(0, n)
+
+    def search_of(k):
+        if k not in searches:
+            searches[k] = TaskSearch(tasks[k].bind(info), info, log, storage, sampler, seed, True, True, transfer_from,
+                                     True, None, early_stopping)
+            tr = TaskResult(tasks[k], 0)
+            by_key[k] = tr
+            result.tasks.append(tr)
+        return searches[k]
+
+    def measure(parts: list) -> int:
+        """One batch over several tasks: ``[(key, n)]``; the number measured."""
+        from tuner.measure import MeasureInput
+        batch = []
+        for k, n in parts:
+            s = search_of(k)
+            if s.stopping is not None:  # no measurement past the one that ends the search
+                es = s.stopping
+                n = min(n, max(1, es.patience - es.since + (es.best is None)))
+            by_key[k].budget += n
+            props = s.propose(n) if not s.done else []
+            if len(props) < n and not s.stopped:
+                s.exhausted = s.exhausted or not props or len(props) < n
+            if props:
+                batch.append((k, s, props))
+        if not batch:
+            for k, _ in parts:
+                sched.finish(k, "space exhausted" if searches[k].exhausted else "search ended")
+            return 0
+        inputs = [MeasureInput(s.task.template, s.task.workload, s.session.task.tmpl.make_config(v))
+                  for _, s, props in batch for _, v in props]
+        t0 = time.monotonic()
+        outs = runner.measure(inputs)
+        per = (time.monotonic() - t0) / max(1, len(inputs))
+        rate["s"] = per if rate["s"] is None else 0.7 * rate["s"] + 0.3 * per
+        i, new = 0, 0
+        for k, s, props in batch:
+            res = outs[i:i + len(props)]
+            i += len(props)
+            recs = s.take(props, res)
+            counted = [r for r in recs if r.error_code != ErrorCode.INSTANTIATION]
+            sched.observe(k, [r.median_s for r in counted if r.ok], len(counted))
+            by_key[k].measured += len(counted)
+            new += len(counted)
+            if s.stopped:
+                by_key[k].stopped_early = True
+                sched.finish(k, "early stopping")
+            elif s.exhausted:
+                sched.finish(k, "space exhausted")
+        return new
+
+    last_plan = time.monotonic()
+    try:
+        # the baseline: every task's fallback (``warm`` measurements each), several tasks to a batch
+        def warm_up(keys: list) -> None:
+            pending = [(k, warm - sched.tasks[k].measured) for k in keys if sched.tasks[k].measured < warm]
+            while pending:
+                parts, n = [], 0
+                while pending and n < visit_n:
+                    k, want = pending.pop(0)
+                    take = min(want, visit_n - n)
+                    parts.append((k, take))
+                    n += take
+                    if want > take:
+                        pending.insert(0, (k, want - take))
+                fit = room(n)
+                if fit < n:
+                    parts = _trim(parts, fit)
+                if not parts:
+                    return
+                new = measure(parts)
+                for k, _ in parts:
+                    sched.end_visit(k)
+                prog.update(time.monotonic() - t_start, new, sched)
+        warm_up(order)
+        result.fallback_estimate_s = _fallback_estimate(plan, info, log, scope, index_of=lambda: LogIndex.of_log(
+            log).on(info.fingerprint))
+        while True:
+            if both and time.monotonic() - last_plan >= REPLAN_S:
+                last_plan = time.monotonic()
+                warm_up(join(pool_now()))
+            k = sched.pick()
+            if k is None:
+                break
+            n = room(visit_n)
+            if n <= 0:
+                break
+            new = measure([(k, n)])
+            sched.end_visit(k)
+            prog.update(time.monotonic() - t_start, new, sched)
+        if both:  # the auto plan the log implies now: its kernels not measured yet get their fallback
+            warm_up(join(pool_now()))
+        if trials is not None:
+            prog.retotal(result.measured if not sched.open or spent() < total else result.planned)
     finally:
+        for s in searches.values():
+            s.close()
         if measurer is not device:  # a Runner the caller passed stays open for the caller
             measurer.close()
-        if run.bar is not None:
-            run.bar.close()
+        prog.close()
     index = LogIndex.of_log(log).on(info.fingerprint)  # with this run's records
+    for k, t in tasks.items():
+        if k not in by_key:  # never visited (the budget ran out first)
+            by_key[k] = TaskResult(t, 0)
+            result.tasks.append(by_key[k])
     for tr in result.tasks:
         summarize_task(tr, index)
+        tr.nodes = tuple(sched.tasks[tr.task.key()].nodes)
+    result.served = {n: sched.node_s(n) is not None for n in sched.nodes}
+    result.elapsed_s = time.monotonic() - t_start
     deployed = "auto" if scope == "auto" else scope
     # the log decides the scopes only for auto, the template of a node (direct or Winograd) always
     result.estimate = estimate_latency(plan, info, index, deployed, _history(log))
     return result
+
+
+def _trim(parts: list, n: int) -> list:
+    out = []
+    for k, m in parts:
+        if n <= 0:
+            break
+        out.append((k, min(m, n)))
+        n -= min(m, n)
+    return out
+
+
+def _fallback_estimate(plan, info, log: str, scope: str, index_of) -> float | None:
+    """The no-log plan's tuned kernels at their fallback configs' medians from the log (None: none measured)."""
+    est = estimate_latency(plan, info, index_of(), "auto" if scope == "auto" else scope, None)
+    return est.fallback_s or None
 
 
 def _history(log: str, info=None, transfer_from=None):
@@ -301,40 +525,6 @@ def _history(log: str, info=None, transfer_from=None):
         history.paths = [log]  # a sibling's log is looked for beside it
         return history.for_device(info)
     return apply_history_best(log) if Path(log).exists() else None
-
-
-def _plan_rounds(rounds: list, shares: list, index: DeviceLog, min_trials: int) -> list:
-    """``[(task, budget, todo)]`` for the rounds known up front, each task once (its first round's)."""
-    seen, out = set(), []
-    for (_, tasks), share in zip(rounds, shares):
-        tasks = [t for t in tasks if t.key() not in seen]
-        seen.update(t.key() for t in tasks)
-        out += [(t, b, max(0, b - index.count(t))) for t, b in zip(tasks, share_budget(tasks, share, min_trials))]
-    return out
-
-
-def _mixed_round(run: _Run, tasks: list, share: int, min_trials: int, trials: int) -> None:
-    """The auto plan's kernels not tuned yet get the share kept for them; without any, its kernels (the ones
-    deployed) get it on top of what they had. Needing more than the share is said, and the total grows."""
-    new = [t for t in tasks if t.key() not in run.by_key]
-    if not new:
-        if not tasks:
-            run.retotal(-share)
-        for t, b in zip(tasks, share_budget(tasks, share, 0)):
-            tr = run.by_key[t.key()]  # what the log had, and this run measured, counts (a re-run resumes)
-            todo = max(0, tr.budget + b - run.index.count(t) - tr.measured)
-            run.retotal(todo - b)
-            run.tune(t, b, todo)
-        return
-    budgets = share_budget(new, share, min_trials)
-    todo = [max(0, b - run.index.count(t)) for t, b in zip(new, budgets)]
-    extra = sum(todo) - share
-    if sum(budgets) > share:
-        run.note(overrun_note("mixed-scope kernels of the auto plan: ", len(new), min_trials, share, trials)
-                 + f"; measuring {sum(budgets) - share} more")
-    run.retotal(extra)
-    for t, b, n in zip(new, budgets, todo):
-        run.tune(t, b, n)
 
 
 def describe(task: Task) -> str:

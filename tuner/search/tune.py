@@ -29,8 +29,9 @@ from tuner.errors import ErrorCode
 from tuner.logs import Record, load_records
 from tuner.logs.io import ensure_writable
 from tuner.measure import MeasureOptions, Measurer
+from tuner.logs import append_records
 from tuner.search.loop import (EarlyStopping, Evaluator, Session, enqueue_fallback, enqueue_region, enqueue_seeds,
-                               open_session, optimize, progress_bar, score)
+                               open_session, optimize, progress_bar, record_of, score)
 from tuner.search.samplers import _key
 from tuner.search.shared import Wrapping, measured_error
 from tuner.search.storage import open_storage
@@ -171,6 +172,90 @@ class Tally:
 
 
 
+class TaskSearch:
+    """One task's search, open across visits: its study and session, the strategy, this run's result and its
+    early-stopping count. ``tune()`` makes one and runs it to its budget; a model's task scheduler
+    (``tuner.scheduler``) keeps one per task and visits each as often as it is worth, with one runner for all.
+    ``close()`` settles what a visit left asked (Ctrl-C included)."""
+
+    def __init__(self, task: TuningTask, info, log: str, storage, sampler: str = "xgb", seed: int | None = 0,
+                 transfer: bool = True, fallback_first: bool = True, transfer_from=None,
+                 device_region: bool | dict = True, sampler_options: dict | None = None,
+                 early_stopping: int | None = None):
+        self.task, self.info, self.log = task, info, log
+        self.early_stopping = early_stopping
+        session = open_session(task, info, storage, task.study_name(info.fingerprint), log, sampler, seed, transfer,
+                               wrap=Owning, transfer_from=transfer_from, sampler_options=sampler_options,
+                               device_region=device_region)  # each trial names its tuner before it is sampled
+        announce(session.study)  # before the first ask: an ownerless trial may be ours from now on
+        _recover(session)
+        enqueue_seeds(session)  # a named sibling's best configs of this very task first: the strongest evidence
+        if fallback_first:
+            enqueue_fallback(session)
+        if device_region:  # only for a task nothing of which was measured yet
+            enqueue_region(session, seed)
+        self.session = session
+        best = max((r for r in session.known.values() if r.ok), key=score, default=None)
+        self.result = TuneResult(session.study.study_name, best, log=log, label=task.label)
+        self.strategy = LocalStrategy(session, self.result, 0)
+        self.stopping = EarlyStopping(early_stopping, best) if early_stopping else None
+        self.stopped = False  # early stopping ended the search
+        self.exhausted = False  # the space has nothing left to propose
+
+    @property
+    def done(self) -> bool:
+        return self.stopped or self.exhausted
+
+    def run(self, trials: int, evaluate, batch: int, callbacks=()) -> int:
+        """Measure up to ``trials`` new configs (fewer when early stopping ends the search or the space runs out)
+        in batches of ``batch``; the number measured."""
+        if self.done or trials <= 0:
+            return 0
+        before = self.result.measured
+        st = self.strategy
+        st.max_proposals = st.proposals + 20 * trials + 100  # proposals answered from the log count too
+
+        def stop_early(strategy, rec) -> bool:
+            self.stopped = self.stopping is not None and bool(self.stopping(strategy, rec))
+            return self.stopped
+        optimize([st], evaluate, lambda: min(batch, trials - (self.result.measured - before)),
+                 [Tally(self.result), *callbacks, stop_early])
+        if self.result.measured - before < trials and not self.stopped and st.proposals < st.max_proposals:
+            self.exhausted = True  # it stopped proposing before its budget: nothing new is left
+        return self.result.measured - before
+
+    def propose(self, n: int) -> list:
+        """Up to ``n`` new configs to measure (``[(trial, knob values)]``); fewer when the space runs out."""
+        st = self.strategy
+        st.max_proposals = st.proposals + 20 * n + 100
+        props = st.propose(n)
+        if len(props) < n:
+            self.exhausted = True
+        return props
+
+    def take(self, proposals: list, results: list, callbacks=()) -> list:
+        """The measurements of ``proposals`` (``MeasureResult`` each, in order): recorded, appended to the log
+        (first: a kill after this loses nothing), told to the study; the records, in order."""
+        s, t = self.session, self.session.task.tmpl
+        cfgs = [t.make_config(v) for _, v in proposals]
+        recs = [record_of(t, s.task.workload, c, self.info, res, tr.number, s.sampler, s.study.study_name)
+                for (tr, _), c, res in zip(proposals, cfgs, results)]
+        self.strategy.measured(proposals, recs)
+        append_records(self.log, recs)
+        tally = Tally(self.result)
+        for (tr, _), rec in zip(proposals, recs):
+            self.strategy.tell(tr, rec)
+            tally(self.strategy, rec)
+            for cb in callbacks:
+                cb(self.strategy, rec)
+            if self.stopping is not None and self.stopping(self.strategy, rec):
+                self.stopped = True
+        return recs
+
+    def close(self) -> None:
+        self.strategy.settle()
+
+
 def tune(template, workload, device=None, trials: int = 32, log: str | None = None, storage: str | None = None,
          sampler: str = "xgb", scopes: dict | None = None, seed: int | None = 0, early_stopping: int | None = None,
          batch: int | None = None, options: MeasureOptions | None = None, progress: bool = True,
@@ -214,29 +299,18 @@ def tune(template, workload, device=None, trials: int = 32, log: str | None = No
     log = str(ensure_writable(log or default_log(info.fingerprint)))  # before any measurement
     storage = open_storage(storage or default_storage(log), heartbeat=None)  # validated, race-free creation
     options = options or MeasureOptions()
-    session = open_session(task, info, storage, task.study_name(info.fingerprint), log, sampler, seed, transfer,
-                           wrap=Owning, transfer_from=transfer_from, sampler_options=sampler_options,
-                           device_region=device_region)  # each trial names its tuner before it is sampled
-    announce(session.study)  # before the first ask: an ownerless trial may be ours from now on
-    _recover(session)
-    enqueue_seeds(session)  # a named sibling's best configs of this very task first: the strongest evidence
-    if fallback_first:
-        enqueue_fallback(session)
-    if device_region:  # only for a task nothing of which was measured yet
-        enqueue_region(session, seed)
-
-    best = max((r for r in session.known.values() if r.ok), key=score, default=None)
-    result = TuneResult(session.study.study_name, best, log=log, label=task.label)
+    search = TaskSearch(task, info, log, storage, sampler, seed, transfer, fallback_first, transfer_from,
+                        device_region, sampler_options, early_stopping)
+    result = search.result
     bar = progress_bar(trials, progress, task.label)
-    callbacks = [Tally(result, bar)] + ([EarlyStopping(early_stopping, best)] if early_stopping else [])
     own = measurer is not None
     batch = batch or options.n_parallel
     try:
         with Evaluator(info, log, (lambda: contextlib.nullcontext(measurer)) if own else
                        (lambda: Measurer(info, options))) as evaluate:
-            optimize([LocalStrategy(session, result, 20 * trials + 100)], evaluate,
-                     lambda: min(batch, trials - result.measured), callbacks)
+            search.run(trials, evaluate, batch, [Tally(TuneResult("", None), bar)] if bar is not None else [])
     finally:
+        search.close()
         if bar is not None:
             bar.close()
     return result

@@ -1,0 +1,1277 @@
+"""What a kernel addresses, read from its source (docs/artifact.md, check 11): the element range each buffer
+parameter's code reads and writes, and the pixels each image it writes (or reads without a clamping sampler)
+touches, for one launch. A runtime compares them with the arguments a call binds, so a tensor, pool or weight
+blob shrunk in graph.json (with its declared ``extent``), or a launch grown past what the kernel was generated
+for, is refused before anything is allocated: the sizes come from the code that runs, not from what graph.json
+says beside it.
+
+The analysis is interval arithmetic over the OpenCL C that ``tuner.codegen.opencl`` generates: ``const`` lets,
+``for (int v = A; v < B; ++v)`` loops, ``if`` and ``?:`` (a condition narrows, in its branch, the expressions
+it tests and the variables they are linear in), ``min``/``max``/``clamp`` (``fmin``/``fmax`` of floats),
+integer ``+ - * / %`` and shifts, casts; ``get_group_id``, ``get_local_id`` and ``get_global_id`` range over
+the launch. Integer values are int32 (a result that may wrap is unknown). An index it cannot bound (a value
+read from memory, a variable assigned twice, a parameter passed on to a function, a preprocessor macro)
+refuses the artifact: such a source is not one the compiler writes. native/src/bounds.c is the same analysis,
+rule for rule, and both runtimes run it on the same sources (tests/test_hostile_round3.py)."""
+from __future__ import annotations
+
+import math
+import re
+from functools import lru_cache
+
+from .format import ArtifactError
+
+I32MIN, I32MAX = -(1 << 31), (1 << 31) - 1
+BIG = 1 << 61  # linear forms give up past this (both runtimes compute them in int64)
+MAX_DEPTH = 256  # nesting of parentheses, operators and statements
+MAX_TOKENS = 4_000_000
+
+_TOKEN = re.compile(r"""
+    (?P<nl>\n)
+  | [ \t\r\f\v]+
+  | (?P<comment>//[^\n]*|/\*.*?\*/)
+  | (?P<id>[A-Za-z_][A-Za-z0-9_]*)
+  | (?P<num>(?:0[xX][0-9A-Fa-f]+|[0-9]+\.?[0-9]*(?:[eE][+-]?[0-9]+)?|\.[0-9]+(?:[eE][+-]?[0-9]+)?)[A-Za-z]*)
+  | (?P<op><<=|>>=|\+\+|--|&&|\|\||<=|>=|==|!=|<<|>>|\+=|-=|\*=|/=|%=|&=|\|=|\^=|->|[-+*/%<>=!&|^~?:;,.()\[\]{}])
+  | (?P<bad>.)
+""", re.X | re.S)
+_DIRECTIVE = re.compile(r"[ \t]*#[ \t]*([A-Za-z]*)[^\n]*")
+_INT_LITERAL = re.compile(r"^(0[xX][0-9A-Fa-f]+|[0-9]+)[uUlL]*$")
+_FLOAT_LITERAL = re.compile(r"^([0-9]+\.?[0-9]*(?:[eE][+-]?[0-9]+)?|\.[0-9]+(?:[eE][+-]?[0-9]+)?)[fFhH]?$")
+
+# integer types: the values a variable of the type holds (int32 at most: a wider value is unknown)
+_INT_TYPES = {"char": (-128, 127), "uchar": (0, 255), "short": (-32768, 32767), "ushort": (0, 65535),
+              "int": (I32MIN, I32MAX), "bool": (0, 1), "uint": None, "long": None, "ulong": None, "size_t": None,
+              "ptrdiff_t": None, "intptr_t": None, "uintptr_t": None}
+_UNSIGNED = {"uchar", "ushort", "uint", "ulong", "size_t", "uintptr_t", "bool"}
+_FLOAT_TYPES = {"float", "double", "half"}
+_VECTOR = re.compile(r"^(?:u?(?:char|short|int|long)|float|half|double)(?:2|3|4|8|16)$")
+_OTHER_TYPES = {"void", "sampler_t", "image2d_t", "image1d_t", "image3d_t", "image2d_array_t", "image1d_buffer_t",
+                "image1d_array_t", "event_t"}
+_QUALIFIERS = {"const", "volatile", "restrict", "__local", "local", "__private", "private", "__global", "global",
+               "__constant", "constant", "__read_only", "read_only", "__write_only", "write_only",
+               "__read_write", "read_write", "unsigned", "signed"}
+_ELEM_BYTES = {"char": 1, "uchar": 1, "short": 2, "ushort": 2, "int": 4, "uint": 4, "long": 8, "ulong": 8,
+               "float": 4, "half": 2, "double": 8}
+_VLOAD = re.compile(r"^(vload|vstore)(2|3|4|8|16)$")
+_VHALF = re.compile(r"^(vloada?_half|vstorea?_half)(2|3|4|8|16)?(_rte|_rtz|_rtp|_rtn)?$")
+_IMAGE_READ = {"read_imagef", "read_imageh", "read_imagei", "read_imageui"}
+_IMAGE_WRITE = {"write_imagef", "write_imageh", "write_imagei", "write_imageui"}
+_IDS = {"get_global_id", "get_local_id", "get_group_id", "get_global_size", "get_local_size", "get_num_groups",
+        "get_global_offset"}
+_PURE = _IDS | {"min", "max", "clamp", "abs", "mul24", "mad24", "floordiv_i", "floormod_i", "fmin", "fmax",
+                "floor", "ceil", "trunc"}
+_CLAMPING = {"CLK_ADDRESS_CLAMP", "CLK_ADDRESS_CLAMP_TO_EDGE"}
+_WRAPPING = {"CLK_ADDRESS_REPEAT", "CLK_ADDRESS_MIRRORED_REPEAT", "CLK_ADDRESS_NONE"}
+_ASSIGN = {"=", "+=", "-=", "*=", "/=", "%=", "<<=", ">>=", "&=", "|=", "^="}
+_PREC = {"||": 1, "&&": 2, "|": 3, "^": 4, "&": 5, "==": 6, "!=": 6, "<": 7, "<=": 7, ">": 7, ">=": 7,
+         "<<": 8, ">>": 8, "+": 9, "-": 9, "*": 10, "/": 10, "%": 10}
+_FLIP = {"<": ">=", "<=": ">", ">": "<=", ">=": "<", "==": "!=", "!=": "=="}
+
+
+class BoundsError(Exception):
+    """The analysis cannot follow the source: ``line`` and what it met there."""
+
+    def __init__(self, line: int, what: str):
+        super().__init__(what)
+        self.line, self.what = line, what
+
+
+# -- values: an int interval (lo, hi) within int32, a float interval ("f", lo, hi), or None (unknown) -----------
+def _int(lo: int, hi: int):
+    return (lo, hi) if I32MIN <= lo and hi <= I32MAX else None
+
+
+def _is_int(v) -> bool:
+    return v is not None and len(v) == 2
+
+
+def _tdiv(a: int, b: int) -> int:
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b > 0) else -q
+
+
+def _bin(op: str, a, b):
+    if op in ("<", "<=", ">", ">=", "==", "!=", "&&", "||"):
+        return (0, 1)
+    if not (_is_int(a) and _is_int(b)):
+        return None
+    (al, ah), (bl, bh) = a, b
+    if op == "+":
+        return _int(al + bl, ah + bh)
+    if op == "-":
+        return _int(al - bh, ah - bl)
+    if op == "*":
+        c = (al * bl, al * bh, ah * bl, ah * bh)
+        return _int(min(c), max(c))
+    if op == "/":
+        if bl <= 0 <= bh:
+            return None
+        c = (_tdiv(al, bl), _tdiv(al, bh), _tdiv(ah, bl), _tdiv(ah, bh))
+        return _int(min(c), max(c))
+    if op == "%":
+        if bl <= 0 <= bh:
+            return None
+        small, m = min(abs(bl), abs(bh)), max(abs(bl), abs(bh))
+        if al >= 0:
+            if ah < small:
+                return (al, ah)
+            if bl == bh and al // m == ah // m:
+                return (al % m, ah % m)
+            return (0, min(ah, m - 1))
+        if ah <= 0:
+            return (max(al, 1 - m), 0)
+        return (max(al, 1 - m), min(ah, m - 1))
+    if op in ("<<", ">>"):
+        if bl != bh or not 0 <= bl <= 31:
+            return None
+        return _int(al << bl, ah << bl) if op == "<<" else (al >> bl, ah >> bl)
+    if op == "&":
+        if al >= 0 and bl >= 0:
+            return (0, min(ah, bh))
+        if bl == bh and bl >= 0:
+            return (0, bl)
+        if al == ah and al >= 0:
+            return (0, al)
+        return None
+    if op in ("|", "^"):
+        if al >= 0 and bl >= 0:
+            return (0, (1 << max(ah, bh).bit_length()) - 1)
+        return None
+    return None
+
+
+def _union(a, b):
+    if a is None or b is None or len(a) != len(b):
+        return None
+    if len(a) == 2:
+        return (min(a[0], b[0]), max(a[1], b[1]))
+    return ("f", min(a[1], b[1]), max(a[2], b[2]))
+
+
+def _meet(iv, lo: int, hi: int):
+    """An int interval narrowed to [lo, hi] (a point where they do not meet: that code never runs)."""
+    if not _is_int(iv):
+        return (lo, hi)
+    lo2 = max(lo, iv[0])
+    return (lo2, max(lo2, min(hi, iv[1])))
+
+
+def _cast(v, base: str):
+    """A value converted to scalar type ``base`` as C converts it."""
+    if base in _INT_TYPES:
+        rng = _INT_TYPES[base]
+        if base == "bool":
+            return (0, 1)
+        if v is not None and len(v) == 3:  # float to integer: truncated; out of range or NaN: any value
+            lo, hi = v[1], v[2]
+            v = (math.trunc(lo), math.trunc(hi)) if math.isfinite(lo) and math.isfinite(hi) \
+                and I32MIN <= math.trunc(lo) and math.trunc(hi) <= I32MAX else None
+        if _is_int(v):
+            if rng is not None:
+                return v if rng[0] <= v[0] and v[1] <= rng[1] else rng
+            return v if base not in _UNSIGNED or v[0] >= 0 else None
+        return rng
+    if base in _FLOAT_TYPES:
+        if _is_int(v):
+            v = ("f", float(v[0]), float(v[1])) if -(1 << 24) <= v[0] and v[1] <= 1 << 24 else None
+        if v is not None and base == "half":
+            ok = all(math.isfinite(x) and x == int(x) and abs(x) <= 2048 for x in v[1:])
+            return v if ok else None
+        return v
+    return None
+
+
+def _float_of(v):
+    """A float interval of an argument of fmin/fmax (unknown: every float)."""
+    if v is not None and len(v) == 3:
+        return v
+    return ("f", -math.inf, math.inf)
+
+
+# -- tokens -------------------------------------------------------------------------------------------------
+def _tokens(source: str):
+    """(kinds, texts, lines): ``#pragma`` lines skipped, any other preprocessor directive refused. The last
+    token is ("end", "")."""
+    kinds, texts, lines = [], [], []
+    line, start, pos, n = 1, True, 0, len(source)
+    match = _TOKEN.match
+    while pos < n:
+        if start:
+            m = _DIRECTIVE.match(source, pos)
+            if m:
+                if m.group(1) != "pragma" or source[m.end() - 1:m.end()] == "\\":
+                    raise BoundsError(line, f"the preprocessor directive #{m.group(1)}")
+                pos = m.end()
+                start = False
+                continue
+        m = match(source, pos)
+        kind = m.lastgroup
+        pos = m.end()
+        if kind is None:
+            continue
+        if kind == "nl":
+            line += 1
+            start = True
+            continue
+        if kind == "comment":
+            line += m.group().count("\n")
+            continue
+        start = False
+        if kind == "bad":
+            raise BoundsError(line, f"the character {m.group()!r}")
+        kinds.append(kind)
+        texts.append(m.group())
+        lines.append(line)
+        if len(kinds) > MAX_TOKENS:
+            raise BoundsError(line, "more than 4,000,000 tokens")
+    kinds.append("end")
+    texts.append("")
+    lines.append(line)
+    return kinds, texts, lines
+
+
+def _type_word(text: str) -> bool:
+    return text in _INT_TYPES or text in _FLOAT_TYPES or text in _OTHER_TYPES or text in _QUALIFIERS \
+        or _VECTOR.match(text) is not None
+
+
+class _Parser:
+    """Recursive descent into tuples. Expressions: ("int", v) ("flt", v) ("var", name, line) ("bin", op, a, b)
+    ("un", op, a) ("tern", c, a, b) ("call", name, args, line) ("idx", base, index, line) ("mem", base)
+    ("cast", type, a) ("vec", type, items) ("asg", op, lhs, rhs, line) ("inc", a, line). Statements:
+    ("block", items) ("decl", type, scalar, name, init, line, const) ("for", init, var, cond, step, body)
+    ("if", cond, then, otherwise) ("expr", e) ("nop",)."""
+
+    def __init__(self, toks, pos: int):
+        self.kinds, self.texts, self.lines = toks
+        self.p = pos
+        self.depth = 0
+
+    def text(self, k: int = 0) -> str:
+        return self.texts[min(self.p + k, len(self.texts) - 1)]
+
+    def kind(self, k: int = 0) -> str:
+        return self.kinds[min(self.p + k, len(self.kinds) - 1)]
+
+    def line(self) -> int:
+        return self.lines[min(self.p, len(self.lines) - 1)]
+
+    def take(self, want: str | None = None) -> str:
+        t = self.text()
+        if self.kind() == "end":
+            raise BoundsError(self.line(), "the source ends inside a kernel")
+        if want is not None and t != want:
+            raise BoundsError(self.line(), f"{want!r} expected, found {t!r}")
+        self.p += 1
+        return t
+
+    def enter(self) -> None:
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise BoundsError(self.line(), f"nesting deeper than {MAX_DEPTH}")
+
+    def type_ahead(self, k: int = 0) -> bool:
+        return self.kind(k) == "id" and _type_word(self.text(k))
+
+    def parse_type(self):
+        """(base type, pointer depth, words) of qualifiers and a type name ('unsigned int' is uint)."""
+        line, words = self.line(), []
+        while self.type_ahead():
+            words.append(self.take())
+        stars = 0
+        while self.text() == "*":
+            self.take()
+            stars += 1
+            while self.text() in ("const", "restrict", "volatile"):
+                self.take()
+        base = [w for w in words if w not in _QUALIFIERS]
+        if "unsigned" in words:
+            kind = base[0] if base else "int"
+            base = [{"char": "uchar", "short": "ushort", "int": "uint", "long": "ulong"}.get(kind, "?" + kind)]
+        elif "signed" in words and not base:
+            base = ["int"]
+        if len(base) != 1 or base[0].startswith("?"):
+            raise BoundsError(line, f"the type {' '.join(words) or self.text()!r}")
+        return base[0], stars, words
+
+    # expressions
+    def expr(self):
+        e = self.assign()
+        if self.text() == ",":
+            raise BoundsError(self.line(), "the comma operator")
+        return e
+
+    def assign(self):
+        self.enter()
+        line = self.line()
+        e = self.ternary()
+        if self.kind() == "op" and self.text() in _ASSIGN:
+            op = self.take()
+            e = ("asg", op, e, self.assign(), line)
+        self.depth -= 1
+        return e
+
+    def ternary(self):
+        c = self.binary(1)
+        if self.text() != "?":
+            return c
+        self.take("?")
+        a = self.assign()
+        self.take(":")
+        return ("tern", c, a, self.assign())
+
+    def binary(self, min_prec: int):
+        a = self.unary()
+        while self.kind() == "op":
+            prec = _PREC.get(self.text())
+            if prec is None or prec < min_prec:
+                break
+            op = self.take()
+            a = ("bin", op, a, self.binary(prec + 1))
+        return a
+
+    def unary(self):
+        self.enter()
+        t, line = self.text(), self.line()
+        if self.kind() == "op" and t in ("-", "+", "!", "~"):
+            self.take()
+            e = ("un", t, self.unary())
+        elif self.kind() == "op" and t in ("++", "--"):
+            self.take()
+            e = ("inc", self.unary(), line)
+        elif self.kind() == "op" and t in ("*", "&"):
+            raise BoundsError(line, f"the pointer operator {t!r}")
+        elif t == "sizeof":
+            raise BoundsError(line, "sizeof")
+        elif t == "(" and self.type_ahead(1):
+            self.take("(")
+            base, stars, _ = self.parse_type()
+            self.take(")")
+            if stars:
+                raise BoundsError(line, "a cast to a pointer")
+            if self.text() == "(" and not (base in _INT_TYPES or base in _FLOAT_TYPES):
+                self.take("(")  # a vector literal (float4)(a, b, c, d)
+                items = [self.assign()]
+                while self.text() == ",":
+                    self.take(",")
+                    items.append(self.assign())
+                self.take(")")
+                e = ("vec", base, tuple(items))
+            else:
+                e = ("cast", base, self.unary())
+        else:
+            e = self.postfix()
+        self.depth -= 1
+        return e
+
+    def postfix(self):
+        kind, line = self.kind(), self.line()
+        t = self.take()
+        if kind == "num":
+            if _INT_LITERAL.match(t):
+                e = ("int", int(t.rstrip("uUlL"), 0))
+            elif _FLOAT_LITERAL.match(t):
+                e = ("flt", float(t.rstrip("fFhH")))
+            else:
+                raise BoundsError(line, f"the number {t!r}")
+        elif kind == "id":
+            if self.text() == "(":
+                self.take("(")
+                args = []
+                if self.text() != ")":
+                    args.append(self.assign())
+                    while self.text() == ",":
+                        self.take(",")
+                        args.append(self.assign())
+                self.take(")")
+                e = ("call", t, tuple(args), line)
+            else:
+                e = ("var", t, line)
+        elif t == "(":
+            e = self.expr()
+            self.take(")")
+        else:
+            raise BoundsError(line, f"{t!r} where an expression belongs")
+        while True:
+            t = self.text()
+            if t == "[":
+                line = self.line()
+                self.take("[")
+                i = self.expr()
+                self.take("]")
+                e = ("idx", e, i, line)
+            elif t == ".":
+                self.take(".")
+                if self.kind() != "id":
+                    raise BoundsError(self.line(), "a member name expected after '.'")
+                self.take()
+                e = ("mem", e)
+            elif t in ("++", "--"):
+                e = ("inc", e, self.line())
+                self.take()
+            elif t == "->":
+                raise BoundsError(self.line(), "the operator '->'")
+            else:
+                return e
+
+    # statements
+    def statement(self):
+        self.enter()
+        t, kind, line = self.text(), self.kind(), self.line()
+        if t == "{":
+            self.take("{")
+            items = []
+            while self.text() != "}":
+                items.append(self.statement())
+            self.take("}")
+            s = ("block", tuple(items))
+        elif t == ";":
+            self.take(";")
+            s = ("nop",)
+        elif kind == "id" and t == "if":
+            self.take()
+            self.take("(")
+            c = self.expr()
+            self.take(")")
+            then = self.statement()
+            other = None
+            if self.text() == "else":
+                self.take()
+                other = self.statement()
+            s = ("if", c, then, other)
+        elif kind == "id" and t == "for":
+            s = self.for_loop()
+        elif kind == "id" and t in ("return", "break", "continue"):
+            self.take()
+            if self.text() != ";":
+                raise BoundsError(line, f"{t} with a value")
+            self.take(";")
+            s = ("nop",)
+        elif kind == "id" and t in ("while", "do", "switch", "goto", "case", "default", "typedef", "struct",
+                                    "union", "enum", "__attribute__", "asm", "else"):
+            raise BoundsError(line, f"the statement {t!r}")
+        elif self.type_ahead():
+            s = self.declaration()
+            self.take(";")
+        else:
+            s = ("expr", self.expr())
+            self.take(";")
+        self.depth -= 1
+        return s
+
+    def declaration(self):
+        line = self.line()
+        base, stars, words = self.parse_type()
+        if stars:
+            raise BoundsError(line, "a pointer variable")
+        if self.kind() != "id" or _type_word(self.text()):
+            raise BoundsError(self.line(), "a variable name expected")
+        name = self.take()
+        array = False
+        while self.text() == "[":
+            self.take("[")
+            self.expr()
+            self.take("]")
+            array = True
+        init = None
+        if self.text() == "=":
+            self.take("=")
+            if self.text() == "{":
+                raise BoundsError(self.line(), "an initializer list")
+            init = self.assign()
+        if self.text() == ",":
+            raise BoundsError(self.line(), "several variables in one declaration")
+        scalar = not array and (base in _INT_TYPES or base in _FLOAT_TYPES)
+        return ("decl", base, scalar, name, init, line, "const" in words)
+
+    def for_loop(self):
+        self.take("for")
+        self.take("(")
+        init = None if self.text() == ";" else (self.declaration() if self.type_ahead() else ("expr", self.expr()))
+        self.take(";")
+        cond = None if self.text() == ";" else self.expr()
+        self.take(";")
+        step = None if self.text() == ")" else self.expr()
+        self.take(")")
+        body = self.statement()
+        var = None  # the form the compiler writes: for (int v = A; v < B; ++v) (or v++, v += 1, v <= B)
+        if init is not None and init[0] == "decl" and init[1] in _INT_TYPES and init[2] and init[4] is not None:
+            v = init[3]
+            step_ok = step is not None and ((step[0] == "inc" and step[1][:2] == ("var", v))
+                                            or (step[0] == "asg" and step[1] == "+=" and step[2][:2] == ("var", v)
+                                                and step[3] == ("int", 1)))
+            cond_ok = cond is not None and cond[0] == "bin" and cond[1] in ("<", "<=") and cond[2][:2] == ("var", v)
+            if step_ok and cond_ok:
+                var = v
+        return ("for", init, var, cond, step, body)
+
+
+def _assigned(node, out: set) -> None:
+    """Names assigned anywhere in ``node``, but a canonical loop's variable in its own step."""
+    if type(node) is not tuple or not node:
+        return
+    k = node[0]
+    if k == "for":
+        _, init, var, cond, step, body = node
+        _assigned(init, out)
+        _assigned(cond, out)
+        if var is None:
+            _assigned(step, out)
+        _assigned(body, out)
+        return
+    if k == "asg" and node[2][0] == "var":
+        out.add(node[2][1])
+    elif k == "inc" and node[1][0] == "var":
+        out.add(node[1][1])
+    for x in node[1:]:
+        if type(x) is tuple:
+            _assigned(x, out)
+
+
+# -- the analysis ---------------------------------------------------------------------------------------------
+class _Entry:
+    """A variable in scope: ``iv`` its value (an interval) where this point of the code is."""
+    __slots__ = ("name", "iv")
+
+    def __init__(self, name: str, iv):
+        self.name, self.iv = name, iv
+
+
+class _Analysis:
+    def __init__(self, params: list, samplers: dict, glob: tuple, local: tuple, assigned: set):
+        self.params = {p["name"]: i for i, p in enumerate(params)}
+        self.kinds = params
+        self.samplers = samplers
+        self.glob, self.local = glob, local
+        self.assigned = assigned
+        self.scopes: list = [{}]
+        self.facts: list = []  # (resolved expression, lo, hi, linear form or None)
+        self.ranges: list = [None] * len(params)
+        self.pixels: list = [None] * len(params)
+        self.depth = 0
+        self.recording = True
+
+    def lookup(self, name: str):
+        for s in reversed(self.scopes):
+            e = s.get(name)
+            if e is not None:
+                return e
+        return None
+
+    # purity, resolution and linear forms (for facts)
+    def pure(self, e) -> bool:
+        """Whether ``e`` has one value wherever it is seen in a branch: constants, variables never assigned, and
+        pure functions of them (no memory read, no assignment)."""
+        k = e[0]
+        if k in ("int", "flt"):
+            return True
+        if k == "var":
+            return self.lookup(e[1]) is not None and e[1] not in self.assigned
+        if k == "bin":
+            return self.pure(e[2]) and self.pure(e[3])
+        if k in ("un", "cast"):
+            return self.pure(e[2])
+        if k == "tern":
+            return self.pure(e[1]) and self.pure(e[2]) and self.pure(e[3])
+        if k == "call":
+            return e[1] in _PURE and all(self.pure(a) for a in e[2])
+        return False
+
+    def resolve(self, e):
+        """A pure ``e`` with each variable bound to its entry (a later variable of the same name is another)."""
+        k = e[0]
+        if k == "var":
+            return ("var", self.lookup(e[1]))
+        if k == "bin":
+            return ("bin", e[1], self.resolve(e[2]), self.resolve(e[3]))
+        if k in ("un", "cast"):
+            return (k, e[1], self.resolve(e[2]))
+        if k == "tern":
+            return ("tern", self.resolve(e[1]), self.resolve(e[2]), self.resolve(e[3]))
+        if k == "call":
+            return ("call", e[1], tuple(self.resolve(a) for a in e[2]))
+        return e
+
+    def same(self, e, r) -> bool:
+        """Whether expression ``e``, as written here, is the resolved expression ``r``."""
+        k = e[0]
+        if k != r[0]:
+            return False
+        if k == "var":
+            return self.lookup(e[1]) is r[1]
+        if k == "bin":
+            return e[1] == r[1] and self.same(e[2], r[2]) and self.same(e[3], r[3])
+        if k in ("un", "cast"):
+            return e[1] == r[1] and self.same(e[2], r[2])
+        if k == "tern":
+            return self.same(e[1], r[1]) and self.same(e[2], r[2]) and self.same(e[3], r[3])
+        if k == "call":
+            return e[1] == r[1] and len(e[2]) == len(r[2]) and all(self.same(a, b) for a, b in zip(e[2], r[2]))
+        if k in ("int", "flt"):
+            return e[1] == r[1]
+        return False
+
+    def linear(self, e):
+        """([(atom key, atom, coefficient)], constant) of a pure integer expression: a sum of constants times
+        variables or other (non-linear) pure subexpressions; None when ``e`` is not pure."""
+        k = e[0]
+        if k == "int":
+            return ([], e[1]) if I32MIN <= e[1] <= I32MAX else None
+        if k == "un" and e[1] in ("-", "+"):
+            sub = self.linear(e[2])
+            if sub is None:
+                return None
+            s = -1 if e[1] == "-" else 1
+            return [(key, a, s * c) for key, a, c in sub[0]], s * sub[1]
+        if k == "bin" and e[1] in ("+", "-"):
+            a, b = self.linear(e[2]), self.linear(e[3])
+            if a is None or b is None:
+                return None
+            s = 1 if e[1] == "+" else -1
+            terms = list(a[0])
+            for key, atom, c in b[0]:
+                for i, (key2, atom2, c2) in enumerate(terms):
+                    if key2 == key:
+                        terms[i] = (key2, atom2, c2 + s * c)
+                        break
+                else:
+                    terms.append((key, atom, s * c))
+            const = a[1] + s * b[1]
+            terms = [t for t in terms if t[2]]
+            if abs(const) > BIG or any(abs(t[2]) > BIG for t in terms):
+                return None
+            return terms, const
+        if k == "bin" and e[1] == "*":
+            a, b = self.linear(e[2]), self.linear(e[3])
+            if a is None or b is None:
+                return None
+            if a[0] and b[0]:
+                return self.atom(e)
+            if a[0]:
+                a, b = b, a
+            f = a[1]
+            terms = [(key, atom, f * c) for key, atom, c in b[0] if f * c]
+            if abs(f * b[1]) > BIG or any(abs(t[2]) > BIG for t in terms):
+                return None
+            return terms, f * b[1]
+        return self.atom(e)
+
+    def atom(self, e):
+        if not self.pure(e):
+            return None
+        if e[0] == "var":
+            ent = self.lookup(e[1])
+            return [(ent, e, 1)], 0
+        return [(self.resolve(e), e, 1)], 0
+
+    def atom_value(self, key, atom):
+        return key.iv if type(key) is _Entry else self.quiet(atom)
+
+    # facts from conditions
+    def atoms(self, c, truth: bool) -> list:
+        """[(a, op, b)] comparisons that hold when ``c`` is ``truth`` (conjunctions only)."""
+        k = c[0]
+        if k == "bin" and c[1] == "&&" and truth:
+            return self.atoms(c[2], True) + self.atoms(c[3], True)
+        if k == "bin" and c[1] == "||" and not truth:
+            return self.atoms(c[2], False) + self.atoms(c[3], False)
+        if k == "un" and c[1] == "!":
+            return self.atoms(c[2], not truth)
+        if k == "bin" and c[1] in _FLIP:
+            op = c[1] if truth else _FLIP[c[1]]
+            return [(c[2], op, c[3])] if op != "!=" else []
+        return []
+
+    def assume(self, c, truth: bool):
+        """Narrow by ``c`` being ``truth``: the undo records, or None when ``c`` cannot be ``truth`` here."""
+        undo = []
+        for a, op, b in self.atoms(c, truth):
+            ia, ib = self.quiet_value(a), self.quiet_value(b)
+            if (ia is not None and len(ia) == 3) or (ib is not None and len(ib) == 3):
+                continue  # a float comparison narrows nothing
+            if op in (">", ">="):
+                a, b, ia, ib, op = b, a, ib, ia, "<" if op == ">" else "<="
+            gap = 1 if op == "<" else 0
+            cons = []
+            if op == "==":
+                if ib is not None:
+                    cons.append((a, ib[0], ib[1]))
+                if ia is not None:
+                    cons.append((b, ia[0], ia[1]))
+            else:
+                if ib is not None:
+                    cons.append((a, I32MIN, ib[1] - gap))
+                if ia is not None:
+                    cons.append((b, ia[0] + gap, I32MAX))
+            for e, lo, hi in cons:
+                if not self.narrow(e, lo, hi, undo):
+                    self.undo(undo)
+                    return None
+        return undo
+
+    def narrow(self, e, lo: int, hi: int, undo: list) -> bool:
+        cur = self.quiet_value(e)
+        if _is_int(cur):
+            lo, hi = max(lo, cur[0]), min(hi, cur[1])
+        if lo > hi:
+            return False
+        if not self.pure(e):
+            return True
+        lin = self.linear(e)
+        self.facts.append((self.resolve(e), lo, hi, lin))
+        undo.append(None)
+        if lin is None:
+            return True
+        terms, const = lin
+        for key, _, coef in terms:
+            if type(key) is not _Entry or not _is_int(key.iv):
+                continue
+            rest = self.rest(terms, const, key)
+            if rest is None:
+                continue
+            a, b = lo - rest[1], hi - rest[0]  # coef * v in [a, b]
+            if coef > 0:
+                vlo, vhi = -(-a // coef), b // coef
+            else:
+                vlo, vhi = -(-b // coef), a // coef
+            old = key.iv
+            vlo, vhi = max(vlo, old[0]), min(vhi, old[1])
+            if vlo > vhi:
+                return False
+            undo.append((key, old))
+            key.iv = (vlo, vhi)
+        return True
+
+    def rest(self, terms: list, const: int, skip):
+        """The interval of ``const`` + the terms other than ``skip``; None when unknown or too large."""
+        lo = hi = const
+        for key, atom, c in terms:
+            if key is skip:
+                continue
+            v = self.atom_value(key, atom)
+            if not _is_int(v):
+                return None
+            p, q = c * v[0], c * v[1]
+            lo, hi = lo + min(p, q), hi + max(p, q)
+            if max(abs(p), abs(q), abs(lo), abs(hi)) > BIG:
+                return None
+        return lo, hi
+
+    def undo(self, undo: list) -> None:
+        for rec in reversed(undo):
+            if rec is None:
+                self.facts.pop()
+            else:
+                rec[0].iv = rec[1]
+
+    # values
+    def quiet(self, e):
+        saved, self.recording = self.recording, False
+        try:
+            return self.eval(e)
+        finally:
+            self.recording = saved
+
+    def quiet_value(self, e):
+        saved, self.recording = self.recording, False
+        try:
+            return self.value(e)
+        finally:
+            self.recording = saved
+
+    def value(self, e):
+        """``eval(e)``, narrowed where ``e`` is linear in terms that facts bound together (an index
+        ``gn * 250 + gm * 64 + tm`` under ``if (gm * 64 + tm < 250)``)."""
+        v = self.eval(e)
+        if not self.facts or (v is not None and len(v) == 3):
+            return v
+        lin = self.linear(e) if self.pure(e) else None
+        if lin is None:
+            return v
+        terms, const = list(lin[0]), lin[1]
+        lo = hi = const
+        for _, flo, fhi, flin in reversed(self.facts):  # the latest fact on an expression is the tightest
+            if flin is None or not flin[0] or not terms:
+                continue
+            k0, _, c0 = flin[0][0]
+            mine = {key: c for key, _, c in terms}
+            if k0 not in mine or mine[k0] % c0:
+                continue
+            alpha = mine[k0] // c0
+            if any(mine.get(key) != alpha * c for key, _, c in flin[0]):
+                continue
+            drop = {key for key, _, _ in flin[0]}
+            terms = [t for t in terms if t[0] not in drop]
+            p, q = alpha * (flo - flin[1]), alpha * (fhi - flin[1])
+            lo, hi = lo + min(p, q), hi + max(p, q)
+            if max(abs(p), abs(q), abs(lo), abs(hi)) > BIG:
+                return v
+        if len(terms) == len(lin[0]):
+            return v  # no fact applied
+        r = self.rest(terms, 0, None)
+        if r is None:
+            return v
+        lo, hi = lo + r[0], hi + r[1]
+        if lo < I32MIN or hi > I32MAX:
+            return v
+        return _meet(v, lo, hi) if _is_int(v) else (lo, hi)
+
+    def known(self, e, v):
+        """``v`` narrowed by the facts about exactly ``e``."""
+        for r, lo, hi, _ in self.facts:
+            if r[0] == e[0] and self.same(e, r):
+                v = _meet(v, lo, hi)
+        return v
+
+    def eval(self, e):
+        self.depth += 1
+        if self.depth > 4 * MAX_DEPTH:
+            raise BoundsError(0, "an expression nested too deeply")
+        try:
+            v = self._eval(e)
+        finally:
+            self.depth -= 1
+        return self.known(e, v) if self.facts and e[0] in ("var", "bin", "un", "cast", "call", "tern") else v
+
+    def _eval(self, e):
+        k = e[0]
+        if k == "int":
+            return _int(e[1], e[1])
+        if k == "flt":
+            return ("f", e[1], e[1])
+        if k == "var":
+            if e[1] in self.params:
+                raise BoundsError(e[2], f"parameter {e[1]!r} is used other than indexed, loaded, stored or "
+                                        f"passed to an image function")
+            ent = self.lookup(e[1])
+            return ent.iv if ent is not None else None
+        if k == "bin":
+            if e[1] in ("&&", "||"):  # the right side runs only where the left allows it
+                self.eval(e[2])
+                undo = self.assume(e[2], e[1] == "&&")
+                if undo is not None:
+                    self.eval(e[3])
+                    self.undo(undo)
+                return (0, 1)
+            chain, node = [], e  # a left-leaning chain (a + b + c ...) walked as a loop
+            while node[0] == "bin" and node[1] not in ("&&", "||"):
+                chain.append(node)
+                node = node[2]
+            v = self.eval(node)
+            for b in reversed(chain):
+                v = _bin(b[1], v, self.eval(b[3]))
+                if self.facts and b is not e:
+                    v = self.known(b, v)
+            return v
+        if k == "un":
+            a = self.eval(e[2])
+            op = e[1]
+            if op == "!":
+                return (0, 1)
+            if a is None or op == "+":
+                return a
+            if len(a) == 3:
+                return ("f", -a[2], -a[1]) if op == "-" else None
+            return _int(-a[1], -a[0]) if op == "-" else _int(-a[1] - 1, -a[0] - 1)
+        if k == "tern":
+            self.eval(e[1])
+            out, live = None, False
+            for branch, truth in ((e[2], True), (e[3], False)):
+                undo = self.assume(e[1], truth)
+                if undo is None:
+                    continue
+                v = self.eval(branch)
+                self.undo(undo)
+                out = _union(out, v) if live else v
+                live = True
+            return out
+        if k == "cast":
+            return _cast(self.eval(e[2]), e[1])
+        if k == "vec":
+            for x in e[2]:
+                self.eval(x)
+            return None
+        if k == "mem":
+            self.eval(e[1])
+            return None
+        if k == "idx":
+            base = e[1]
+            if base[0] == "var" and base[1] in self.params:
+                self.access(self.params[base[1]], e[2], 1, None, e[3], 1)
+            else:
+                self.eval(base)
+                self.eval(e[2])
+            return None
+        if k == "asg":
+            lhs = e[2]
+            if lhs[0] == "idx" and lhs[1][0] == "var" and lhs[1][1] in self.params:
+                self.access(self.params[lhs[1][1]], lhs[2], 1, None, lhs[3], 1)
+            elif lhs[0] == "var":
+                if lhs[1] in self.params:
+                    raise BoundsError(e[4], f"parameter {lhs[1]!r} is assigned")
+            else:
+                self.eval(lhs)
+            self.eval(e[3])
+            return None
+        if k == "inc":
+            if e[1][0] == "var":
+                if e[1][1] in self.params:
+                    raise BoundsError(e[2], f"parameter {e[1][1]!r} is incremented")
+            else:
+                self.eval(e[1])
+            return None
+        if k == "call":
+            return self.call(e)
+        raise BoundsError(0, f"the expression {k}")
+
+    def call(self, e):
+        name, args, line = e[1], e[2], e[3]
+        m = _VLOAD.match(name) or _VHALF.match(name)
+        if m:
+            store = m.group(1).startswith("vstore")
+            n = int(m.group(2) or 1)
+            step = 4 if n == 3 and "a_half" in m.group(1) else n
+            if len(args) != (3 if store else 2):
+                raise BoundsError(line, f"{name} with {len(args)} arguments")
+            if store:
+                self.eval(args[0])
+            ptr, base = args[-1], None
+            if ptr[0] == "bin" and ptr[1] == "+" and ptr[2][0] == "var" and ptr[2][1] in self.params:
+                ptr, base = ptr[2], ptr[3]
+            elif ptr[0] == "bin" and ptr[1] == "+" and ptr[3][0] == "var" and ptr[3][1] in self.params:
+                ptr, base = ptr[3], ptr[2]
+            if ptr[0] == "var" and ptr[1] in self.params:
+                self.access(self.params[ptr[1]], args[-2], step, base, line, n)
+            else:
+                raise BoundsError(line, f"{name} of a pointer other than a kernel parameter")
+            return None
+        if name in _IMAGE_READ or name in _IMAGE_WRITE:
+            return self.image(name, args, line)
+        for a in args:
+            if a[0] == "var" and a[1] in self.params:
+                raise BoundsError(line, f"parameter {a[1]!r} is passed to {name}()")
+        vs = [self.eval(a) for a in args]
+        if name in _IDS:
+            if len(vs) != 1 or not _is_int(vs[0]) or vs[0][0] != vs[0][1] or not 0 <= vs[0][0] <= 2:
+                raise BoundsError(line, f"{name} of a dimension other than 0, 1 or 2")
+            d = vs[0][0]
+            g, l_ = self.glob[d], self.local[d]
+            return {"get_global_id": (0, g - 1), "get_local_id": (0, l_ - 1), "get_group_id": (0, g // l_ - 1),
+                    "get_global_size": (g, g), "get_local_size": (l_, l_), "get_num_groups": (g // l_, g // l_),
+                    "get_global_offset": (0, 0)}[name]
+        if name in ("min", "max", "fmin", "fmax") and len(vs) == 2:
+            a, b = vs
+            if name[0] == "f" or (a is not None and len(a) == 3) or (b is not None and len(b) == 3):
+                if _is_int(a) or _is_int(b):
+                    return None
+                a, b = _float_of(a), _float_of(b)
+                f = min if name.endswith("min") else max
+                return ("f", f(a[1], b[1]), f(a[2], b[2]))
+            a = a if a is not None else (I32MIN, I32MAX)
+            b = b if b is not None else (I32MIN, I32MAX)
+            f = min if name == "min" else max
+            return (f(a[0], b[0]), f(a[1], b[1]))
+        if name == "clamp" and len(vs) == 3:
+            if any(v is not None and len(v) == 3 for v in vs):
+                return None
+            x, lo, hi = (v if v is not None else (I32MIN, I32MAX) for v in vs)
+            return (min(max(x[0], lo[0]), hi[0]), min(max(x[1], lo[1]), hi[1]))
+        if name == "abs" and len(vs) == 1 and _is_int(vs[0]):
+            a = vs[0]
+            return _int(0 if a[0] <= 0 <= a[1] else min(abs(a[0]), abs(a[1])), max(abs(a[0]), abs(a[1])))
+        if name in ("floor", "ceil", "trunc") and len(vs) == 1 and vs[0] is not None and len(vs[0]) == 3:
+            f = {"floor": math.floor, "ceil": math.ceil, "trunc": math.trunc}[name]
+            a = vs[0]
+            if not (math.isfinite(a[1]) and math.isfinite(a[2])):
+                return ("f", -math.inf, math.inf)
+            return ("f", float(f(a[1])), float(f(a[2])))
+        if name == "mul24" and len(vs) == 2:
+            return _bin("*", vs[0], vs[1])
+        if name == "mad24" and len(vs) == 3:
+            return _bin("+", _bin("*", vs[0], vs[1]), vs[2])
+        if name == "floordiv_i" and len(vs) == 2 and _is_int(vs[0]) and _is_int(vs[1]):
+            a, b = vs
+            if b[0] <= 0 <= b[1]:
+                return None
+            c = [x // y for x in a for y in b]
+            return _int(min(c), max(c))
+        if name == "floormod_i" and len(vs) == 2 and _is_int(vs[0]) and _is_int(vs[1]):
+            a, b = vs
+            if b[0] <= 0:
+                return None
+            return a if a[0] >= 0 and a[1] < b[0] else (0, b[1] - 1)
+        return None
+
+    def image(self, name: str, args: tuple, line: int):
+        write = name in _IMAGE_WRITE
+        if not args or args[0][0] != "var" or args[0][1] not in self.params:
+            raise BoundsError(line, f"{name} of an image other than a kernel parameter")
+        i = self.params[args[0][1]]
+        if self.kinds[i]["kind"] != "image":
+            raise BoundsError(line, f"{name} of the buffer parameter {args[0][1]!r}")
+        rest, clamped = list(args[1:]), False
+        if not write and len(rest) == 2:
+            s = rest.pop(0)
+            clamped = s[0] == "var" and self.samplers.get(s[1], False) and self.lookup(s[1]) is None
+        if len(rest) != (2 if write else 1):
+            raise BoundsError(line, f"{name} with {len(args)} arguments")
+        coord = rest[0]
+        for a in rest[1:]:
+            self.eval(a)
+        if coord[0] == "vec" and len(coord[2]) == 2:
+            x, y = self.value(coord[2][0]), self.value(coord[2][1])
+        else:
+            x = y = self.value(coord)
+        if clamped or not self.recording:
+            return None
+        if not (_is_int(x) and _is_int(y)):
+            raise BoundsError(line, f"cannot bound the pixel {name} addresses in image {args[0][1]!r}")
+        old = self.pixels[i]
+        self.pixels[i] = (x, y) if old is None else (_union(old[0], x), _union(old[1], y))
+        return None
+
+    def access(self, i: int, index, step: int, base, line: int, width: int) -> None:
+        """Parameter ``i`` addressed at elements ``step * index + base`` to ``... + width - 1``."""
+        if self.kinds[i]["kind"] != "buffer":
+            raise BoundsError(line, f"the image parameter {self.kinds[i]['name']!r} is indexed as a buffer")
+        v = self.value(index)
+        b = self.value(base) if base is not None else (0, 0)
+        if not self.recording:
+            return
+        if not (_is_int(v) and _is_int(b)):
+            raise BoundsError(line, f"cannot bound the index of parameter {self.kinds[i]['name']!r}")
+        lo, hi = step * v[0] + b[0], step * v[1] + b[1] + width - 1
+        old = self.ranges[i]
+        self.ranges[i] = (lo, hi) if old is None else (min(lo, old[0]), max(hi, old[1]))
+
+    # statements
+    def run(self, s) -> None:
+        k = s[0]
+        if k == "block":
+            self.scopes.append({})
+            for x in s[1]:
+                self.run(x)
+            self.scopes.pop()
+        elif k == "expr":
+            self.eval(s[1])
+        elif k == "decl":
+            _, base, scalar, name, init, line, const = s
+            if name in self.params:
+                raise BoundsError(line, f"a variable shadows parameter {name!r}")
+            v = self.value(init) if init is not None else None
+            if scalar and init is not None and (const or name not in self.assigned):
+                v = _cast(v, base)
+            else:
+                v = None
+            self.scopes[-1][name] = _Entry(name, v)
+        elif k == "if":
+            self.eval(s[1])
+            for branch, truth in ((s[2], True), (s[3], False)):
+                if branch is None:
+                    continue
+                undo = self.assume(s[1], truth)
+                if undo is None:  # this branch never runs with this launch
+                    continue
+                self.scopes.append({})
+                self.run(branch)
+                self.scopes.pop()
+                self.undo(undo)
+        elif k == "for":
+            self.loop(s)
+        elif k != "nop":
+            raise BoundsError(0, f"the statement {k}")
+
+    def loop(self, s) -> None:
+        _, init, var, cond, step, body = s
+        self.scopes.append({})
+        if init is not None:
+            self.run(init)
+        if var is not None:
+            ent = self.scopes[-1][var]
+            bound = self.value(cond[3])
+            if not (_is_int(ent.iv) and _is_int(bound)):
+                ent.iv = None
+            else:
+                last = bound[1] - (1 if cond[1] == "<" else 0)
+                if last < ent.iv[0]:  # the body never runs
+                    self.scopes.pop()
+                    return
+                ent.iv = (ent.iv[0], last)
+        else:
+            if init is not None and init[0] == "decl":
+                self.scopes[-1][init[3]].iv = None
+            if cond is not None:
+                self.eval(cond)
+        if step is not None:
+            self.eval(step)
+        self.scopes.append({})
+        self.run(body)
+        self.scopes.pop()
+        self.scopes.pop()
+
+
+class Source:
+    """A kernel file parsed once: ``kernels`` (name -> (reqd_work_group_size or None, params, body, assigned
+    names)) and ``samplers`` (name -> whether it clamps out-of-range coordinates)."""
+
+    def __init__(self, text: str):
+        self.kernels: dict = {}
+        self.samplers: dict = {}
+        self.done: dict = {}  # (kernel, global size, local size) -> what analyse found
+        toks = _tokens(text)
+        kinds, texts, lines = toks
+        p = 0
+        while kinds[p] != "end":
+            t = texts[p]
+            if t in ("__kernel", "kernel"):
+                p = self._kernel(toks, p + 1)
+            elif t in ("__constant", "constant") and texts[p + 1] == "sampler_t" and kinds[p + 2] == "id":
+                q = p + 3
+                while kinds[q] != "end" and texts[q] != ";":
+                    q += 1
+                words = set(texts[p + 3:q])
+                self.samplers[texts[p + 2]] = bool(words & _CLAMPING) and not words & _WRAPPING
+                p = q + 1
+            else:  # a helper function or a declaration, skipped to its end (it sees no kernel parameter)
+                depth = 0
+                while kinds[p] != "end":
+                    x = texts[p]
+                    p += 1
+                    if x in ("{", "(", "["):
+                        depth += 1
+                    elif x in ("}", ")", "]"):
+                        depth -= 1
+                        if depth == 0 and x == "}":
+                            break
+                    elif x == ";" and depth == 0:
+                        break
+
+    def _kernel(self, toks, p: int) -> int:
+        kinds, texts, lines = toks
+        reqd = None
+        while texts[p] == "__attribute__":
+            q, depth = p + 1, 0
+            while True:
+                if kinds[q] == "end":
+                    raise BoundsError(lines[q], "an unterminated __attribute__")
+                depth += texts[q] == "("
+                depth -= texts[q] == ")"
+                q += 1
+                if depth == 0:
+                    break
+            words = texts[p + 1:q]
+            if "reqd_work_group_size" in words:
+                i = words.index("reqd_work_group_size")
+                nums = words[i + 2:i + 7:2]
+                if len(nums) != 3 or words[i + 1] != "(" or words[i + 7:i + 8] != [")"] or words[i + 3] != "," \
+                        or words[i + 5] != "," or not all(_INT_LITERAL.match(x) for x in nums):
+                    raise BoundsError(lines[p], "reqd_work_group_size of three integers expected")
+                reqd = tuple(int(x.rstrip("uUlL"), 0) for x in nums)
+            p = q
+        if texts[p] != "void" or kinds[p + 1] != "id" or texts[p + 2] != "(":
+            raise BoundsError(lines[p], "__kernel void NAME( expected")
+        name = texts[p + 1]
+        parser = _Parser(toks, p + 3)
+        params = []
+        if parser.text() != ")":
+            while True:
+                line = parser.line()
+                base, stars, words = parser.parse_type()
+                if parser.kind() != "id":
+                    raise BoundsError(line, "a parameter name expected")
+                pname = parser.take()
+                if base == "image2d_t" and not stars:
+                    access = "write" if set(words) & {"__write_only", "write_only", "__read_write", "read_write"} \
+                        else "read"
+                    params.append({"name": pname, "kind": "image", "type": None, "access": access})
+                elif stars == 1 and base in _ELEM_BYTES:
+                    params.append({"name": pname, "kind": "buffer", "type": base,
+                                   "access": "read" if "const" in words else "write"})
+                else:
+                    raise BoundsError(line, f"kernel parameter {pname!r} is neither a buffer nor an image2d_t")
+                if any(q["name"] == pname for q in params[:-1]):
+                    raise BoundsError(line, f"kernel parameter {pname!r} named twice")
+                if parser.text() == ")":
+                    break
+                parser.take(",")
+        parser.take(")")
+        if parser.text() != "{":
+            raise BoundsError(parser.line(), f"the body of kernel {name!r} expected")
+        body = parser.statement()
+        if name in self.kernels:
+            raise BoundsError(lines[p], f"kernel {name!r} is defined twice")
+        assigned: set = set()
+        _assigned(body, assigned)
+        self.kernels[name] = (reqd, params, body, assigned)
+        return parser.p
+
+    def analyse(self, kernel: str, glob: tuple, local: tuple):
+        """(ranges, pixels): per parameter, the (lo, hi) elements its code addresses (None: none), and the
+        ((x lo, x hi), (y lo, y hi)) pixels of an image it writes or reads without a clamping sampler."""
+        key = (kernel, glob, local)
+        if key not in self.done:
+            reqd, params, body, assigned = self.kernels[kernel]
+            a = _Analysis(params, self.samplers, glob, local, assigned)
+            a.run(body)
+            self.done[key] = (a.ranges, a.pixels)
+        return self.done[key]
+
+
+@lru_cache(maxsize=64)
+def parse_source(text: str):
+    """The parsed ``text``, or the BoundsError it raised (kept: a source is parsed once per process)."""
+    try:
+        return Source(text)
+    except BoundsError as e:
+        return e
+
+
+def check_call(text: str, source_name: str, call, where: str, args: list) -> None:
+    """Check 11 for one call: its signature is what the source declares (names, kinds, element types, access,
+    in order), its local size is the kernel's reqd_work_group_size, and every element and pixel the kernel
+    addresses with this launch lies inside the argument bound to it. ``args``: per parameter, (element count,
+    element bytes, physical shape) of its argument. An ArtifactError naming the call otherwise."""
+    def fail(msg: str):
+        raise ArtifactError(f"graph.json: {where}: {msg}; recompile the model")
+
+    kernel = call.kernel
+    src = parse_source(text)
+    try:
+        if isinstance(src, BoundsError):
+            raise src
+        if kernel not in src.kernels:
+            raise BoundsError(0, f"no kernel {kernel!r} is defined")
+        reqd, params, _, _ = src.kernels[kernel]
+        if len(params) != len(call.signature):
+            fail(f"kernels/{source_name} declares {len(params)} parameters for {kernel!r}, the signature "
+                 f"{len(call.signature)}")
+        for k, (p, s) in enumerate(zip(params, call.signature)):
+            if (p["name"], p["kind"], p["type"], p["access"]) != (s.name, s.kind, s.type, s.access):
+                fail(f"signature[{k}] ({s.access} {s.kind} {s.name!r} of {s.type}) is not what kernels/"
+                     f"{source_name} declares ({p['access']} {p['kind']} {p['name']!r} of {p['type']})")
+        if reqd is not None and tuple(call.local_size) != reqd:
+            fail(f"local_size {list(call.local_size)} is not the reqd_work_group_size {list(reqd)} that kernels/"
+                 f"{source_name} declares for {kernel!r}")
+        ranges, pixels = src.analyse(kernel, tuple(call.global_size), tuple(call.local_size))
+    except BoundsError as e:
+        at = f", line {e.line}" if e.line else ""
+        fail(f"cannot tell what kernel {kernel!r} (kernels/{source_name}{at}) addresses: {e.what}; the source is "
+             f"not one the compiler generates")
+    for k, p in enumerate(params):
+        count, itemsize, phys = args[k]
+        ref = call.args[k]
+        if ranges[k] is not None:
+            lo, hi = ranges[k]
+            need = (hi + 1) * _ELEM_BYTES[p["type"]]
+            if lo < 0 or need > count * itemsize:
+                fail(f"with global_size {list(call.global_size)}, kernel {kernel!r} addresses {p['name']}[{lo}.."
+                     f"{hi}] ({p['type']}), but argument {ref!r} holds {count * itemsize} bytes: the artifact was "
+                     f"edited")
+        if pixels[k] is not None:
+            (xl, xh), (yl, yh) = pixels[k]
+            h, w = phys[0], phys[1]
+            if xl < 0 or yl < 0 or xh >= w or yh >= h:
+                fail(f"with global_size {list(call.global_size)}, kernel {kernel!r} addresses pixels x {xl}..{xh}, "
+                     f"y {yl}..{yh} of image {p['name']!r}, but argument {ref!r} is {w} x {h} pixels: the artifact "
+                     f"was edited")
