@@ -178,6 +178,54 @@ def test_the_agent_reads_what_the_host_reads(native, cl_env, tmp_path):
     assert a.finish()[0] == 0
 
 
+NODE_TEXTS = [b"585000000\n", b"  41000  ", b"-5000", b"+7", b"0", b"", b"\n", b"12\x0034", b"\xff\xfe", b"1e9",
+              b"9" * 18, b"9" * 19, b"0" * 17 + b"1", b"- 5", b"5 5", b"41000\t\r\n", b"\x0b42\x0c", b"x" * 300,
+              b"7" * 257, b"3\n4"]
+
+
+def test_random_nodes_read_the_same_in_c_and_python(native, cl_env, tmp_path):
+    """Random node contents (garbage, NUL bytes, signs, lengths at and past the limits, zone types with and
+    without a GPU, a FIFO): the ASan agent and tuner.measure.sensors agree on every one, and the agent reports
+    nothing under AddressSanitizer + UBSan."""
+    import random
+    from tuner.agent import protocol as P
+    from test_agent import RawAgent, _asan_env, _sanitizer_reports
+    root = tmp_path / "sysfs"
+    root.mkdir()
+    a = RawAgent(native["agent_asan"], dict(_asan_env(cl_env), TUNER_SYSFS_ROOT=str(root)), tmp_path)
+    rnd = random.Random(53)
+    kinds = set()
+    paths = ["sys/class/kgsl/kgsl-3d0/gpuclk", "sys/class/kgsl/kgsl-3d0/devfreq/cur_freq",
+             "sys/class/misc/mali0/device/devfreq/a/cur_freq", "sys/class/devfreq/x-gpu/cur_freq"]
+    for i in range(120):
+        shutil.rmtree(root)
+        root.mkdir()
+        for rel in rnd.sample(paths, rnd.randrange(len(paths) + 1)):
+            p = root / rel
+            p.parent.mkdir(parents=True, exist_ok=True)
+            if rnd.random() < 0.05:
+                os.mkfifo(p)
+            else:
+                p.write_bytes(rnd.choice(NODE_TEXTS + [str(rnd.randrange(-10 ** 6, 10 ** 12)).encode()]))
+        for z in rnd.sample(range(12), rnd.randrange(5)):
+            d = root / f"sys/class/thermal/thermal_zone{z}"
+            d.mkdir(parents=True)
+            (d / "temp").write_bytes(rnd.choice(NODE_TEXTS + [str(rnd.randrange(-70_000, 210_000)).encode()]))
+            (d / "type").write_bytes(rnd.choice([b"gpu-usr", b"GPU0", b"cpu", b"x\x00gpu", b"skin", b"\xffgpu"]))
+        status, body = a.call(P.SENSORS)
+        assert status == P.OK
+        host = S.read(root)
+        kinds.add((host.gpu_clock_hz is None, host.temp_c is None, "(gpu)" in host.source))
+        assert P.parse_sensors(P.Reader(body, "SENSORS")) == (host.gpu_clock_hz, host.temp_c, host.source), \
+            (i, sorted(str(p.relative_to(root)) for p in root.rglob("*")))
+        if i % 10 == 0:  # and a body the agent must refuse, the link staying
+            status, body = a.call(P.SENSORS, bytes(rnd.randrange(1, 40)))
+            assert status == P.BAD_REQUEST
+    code, log = a.finish()
+    assert code == 0 and not _sanitizer_reports(log), log[-3000:]
+    assert len(kinds) == 6, kinds  # clock or none, by temperature: none, a GPU zone's, any zone's
+
+
 def test_sensors_through_the_asan_agent_and_bad_bodies(native, cl_env, tmp_path):
     """SENSORS under AddressSanitizer: answered by the supervisor (no device opened), a body with bytes is
     BAD_REQUEST and the link stays; a reply the host would refuse is a ProtocolError."""

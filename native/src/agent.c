@@ -100,7 +100,7 @@ static const char *signal_name(int sig) {
 
 /* At most SENSOR_READ bytes of the regular file path into buf (SENSOR_READ + 2 bytes), NUL-terminated; the length,
  * or -1 when it is absent, not a regular file (a FIFO is never waited on: opened O_NONBLOCK, checked on the
- * descriptor), unreadable, or longer. */
+ * descriptor), unreadable, longer, or holding a NUL byte. */
 static int sensor_node(const char *path, char *buf) {
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
     struct stat st;
@@ -121,7 +121,7 @@ static int sensor_node(const char *path, char *buf) {
         got += (size_t)r;
     }
     close(fd);
-    if (got > SENSOR_READ) return -1;
+    if (got > SENSOR_READ || memchr(buf, 0, got)) return -1; /* too long for a number, or not text */
     buf[got] = 0;
     return (int)got;
 }
@@ -183,8 +183,9 @@ static char **sensor_entries(const char *rel, int match, size_t *n) {
         closedir(d);
         return NULL;
     }
-    while ((e = readdir(d)) != NULL && seen++ < SENSOR_ENTRIES * 4) {
+    while (seen < SENSOR_ENTRIES * 4 && (e = readdir(d)) != NULL) {
         if (e->d_name[0] == '.') continue;
+        seen++;
         if ((match == MATCH_GPU && !contains_gpu(e->d_name)) || (match == MATCH_ZONE && !is_zone(e->d_name))) continue;
         if (!(names[*n] = strdup(e->d_name))) continue;
         (*n)++;

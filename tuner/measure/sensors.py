@@ -71,7 +71,7 @@ def root_dir(root=None) -> str:
 
 def read_node(path: str) -> bytes | None:
     """At most ``MAX_READ`` bytes of the regular file ``path``; None when it is absent, not a regular file,
-    unreadable or longer than that (a node holds a number). Never blocks: opened with ``O_NONBLOCK`` and checked
+    unreadable, longer than that (a node holds a number) or holding a NUL byte (the agent reads nodes as C strings). Never blocks: opened with ``O_NONBLOCK`` and checked
     on the descriptor."""
     flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
@@ -92,18 +92,18 @@ def read_node(path: str) -> bytes | None:
             if not chunk:
                 break
             data += chunk
-        return data if len(data) <= MAX_READ else None
+        return data if len(data) <= MAX_READ and b"\0" not in data else None
     finally:
         os.close(fd)
 
 
 def _integer(data: bytes | None) -> int | None:
-    """A decimal integer (an optional sign, digits, surrounding whitespace), else None."""
+    """A decimal integer (an optional sign, 1 to 18 digits, ASCII whitespace around), else None."""
     if data is None:
         return None
     text = data.strip()
     body = text[1:] if text[:1] in (b"-", b"+") else text
-    if not body or len(body) > 19 or not body.isdigit():
+    if not body or len(body) > 18 or not body.isdigit():
         return None
     return int(text)
 
@@ -124,18 +124,22 @@ def parse_temp(data: bytes | None) -> float | None:
 
 
 def _entries(folder: str, match=None) -> list:
-    """Names in ``folder`` (sorted, at most ``MAX_ENTRIES`` looked at) for which ``match(name)`` holds."""
+    """Names in ``folder`` for which ``match(name)`` holds, sorted by their bytes (as the agent sorts them), the
+    first ``MAX_ENTRIES``."""
     try:
         with os.scandir(folder) as it:
-            names = []
-            for i, e in enumerate(it):
-                if i >= MAX_ENTRIES * 4:
+            names, seen = [], 0
+            for e in it:  # the first 4 x MAX_ENTRIES names, hidden ones aside (the agent stops there too)
+                if e.name.startswith("."):
+                    continue
+                if seen >= MAX_ENTRIES * 4:
                     break
-                if not e.name.startswith(".") and (match is None or match(e.name)):
+                seen += 1
+                if match is None or match(e.name):
                     names.append(e.name)
     except (OSError, ValueError):
         return []
-    return sorted(names)[:MAX_ENTRIES]
+    return sorted(names, key=os.fsencode)[:MAX_ENTRIES]
 
 
 def read_clock(root=None) -> tuple:
@@ -145,7 +149,7 @@ def read_clock(root=None) -> tuple:
     mali = os.path.join(base, MALI_DEVFREQ)
     candidates += [f"{MALI_DEVFREQ}/{n}/cur_freq" for n in _entries(mali)]
     candidates += [f"{DEVFREQ}/{n}/cur_freq" for n in _entries(os.path.join(base, DEVFREQ),
-                                                                  lambda n: "gpu" in n.lower())]
+                                                                  lambda n: b"gpu" in os.fsencode(n).lower())]
     for rel in candidates:
         v = parse_clock(read_node(os.path.join(base, rel)))
         if v is not None:
@@ -158,7 +162,7 @@ def read_temp(root=None) -> tuple:
     base = root_dir(root)
     folder = os.path.join(base, THERMAL)
     gpu, other = [], []
-    for name in _entries(folder, lambda n: n.startswith("thermal_zone") and n[12:].isdigit()):
+    for name in _entries(folder, lambda n: n.startswith("thermal_zone") and n[12:].isascii() and n[12:].isdigit()):
         t = parse_temp(read_node(os.path.join(folder, name, "temp")))
         if t is None:
             continue
