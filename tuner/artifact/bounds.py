@@ -370,7 +370,12 @@ class _Parser:
         t = self.take()
         if kind == "num":
             if _INT_LITERAL.match(t):
-                e = ("int", int(t.rstrip("uUlL"), 0))
+                digits = t.rstrip("uUlL")
+                if len(digits) > 1 and digits[0] == "0" and digits[1] not in "xX":
+                    raise BoundsError(line, f"the octal number {t!r}")
+                if len(digits) > 12 or int(digits, 0) > 1 << 31:
+                    raise BoundsError(line, f"the integer {t!r}, out of the int range")
+                e = ("int", int(digits, 0))
             elif _FLOAT_LITERAL.match(t):
                 e = ("flt", float(t.rstrip("fFhH")))
             else:
@@ -508,10 +513,15 @@ class _Parser:
 
 
 def _assigned(node, out: set) -> None:
-    """Names assigned anywhere in ``node``, but a canonical loop's variable in its own step."""
+    """Names assigned anywhere in ``node`` (a statement, an expression, or a tuple of them), but a canonical
+    loop's variable in its own step."""
     if type(node) is not tuple or not node:
         return
     k = node[0]
+    if type(k) is not str:  # a tuple of statements or of call arguments
+        for x in node:
+            _assigned(x, out)
+        return
     if k == "for":
         _, init, var, cond, step, body = node
         _assigned(init, out)
@@ -1169,7 +1179,7 @@ class Source:
                     raise BoundsError(lines[p], "reqd_work_group_size of three integers expected")
                 reqd = tuple(int(x.rstrip("uUlL"), 0) for x in nums)
             p = q
-        if texts[p] != "void" or kinds[p + 1] != "id" or texts[p + 2] != "(":
+        if texts[p] != "void" or kinds[p + 1] != "id" or texts[p + 2] != "(":  # (the last token is "end")
             raise BoundsError(lines[p], "__kernel void NAME( expected")
         name = texts[p + 1]
         parser = _Parser(toks, p + 3)

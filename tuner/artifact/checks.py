@@ -1,4 +1,4 @@
-"""Checks 3 to 10 of docs/artifact.md: the plan validated against itself and against a device profile, before
+"""Checks 3 to 11 of docs/artifact.md: the plan validated against itself and against a device profile, before
 anything is allocated or enqueued. The native runtime (native/src/artifact.c) makes the same checks in the same
 order; tests/artifact_corpus.py holds the damaged artifacts both must refuse.
 
@@ -171,8 +171,7 @@ def defined_kernels(source: str) -> set:
 
 def check_calls(spec: ModuleSpec, sources: dict, profile: dict) -> None:
     """Checks 8 (calls name what exists, with matching kinds, types and sizes: no argument smaller than its
-    parameter's code addresses), 9 (launch sizes) and 11 (what each kernel's source addresses with its launch,
-    ``bounds``)."""
+    parameter's code addresses) and 9 (launch sizes)."""
     blobs = {f"p:{b.key}": b for b in spec.params}
     blobs.update({f"w:{b.key}": b for b in spec.workspaces})
     max_wg = limit(profile, "max_work_group_size")
@@ -219,9 +218,6 @@ def check_calls(spec: ModuleSpec, sources: dict, profile: dict) -> None:
                     _fail(f"{cw}: argument {ref!r} ({list(phys)}) is smaller than parameter {prm.name!r} addresses "
                           f"({list(prm.extent)}): the artifact was edited")
             _check_launch(c, cw, largest, max_wg, max_items)
-            # check 11: what the kernel's own code addresses with this launch, against what the call binds
-            check_call_bounds(sources[n.source], n.source, c, cw,
-                              [(a[2], DTYPES[a[1]], a[3]) for a in (_arg(spec, blobs, ref) for ref in c.args)])
 
 
 def _check_launch(c, where: str, largest: int, max_wg: int, max_items: list) -> None:
@@ -264,8 +260,33 @@ def check_order(spec: ModuleSpec) -> None:
                   f"{spec.entries[y].storage_id}) after the output's last write")
 
 
+def check_sizes(spec: ModuleSpec, sources: dict) -> None:
+    """Check 11: the sizes the code assumes. Each pool is exactly as large as the largest of its entries (the
+    planner's rule: its size follows from their shapes and dtypes, not from a number written beside them), and
+    each call's kernel, read from its source (``bounds``), addresses with its launch only elements and pixels
+    inside the arguments it binds; its signature and local size are what the source declares."""
+    for i, p in enumerate(spec.pools):
+        users = [e for e in spec.entries.values() if e.storage_id == p.storage_id]
+        if not users:
+            _fail(f"pools[{i}] (storage_id {p.storage_id}) holds no entry")
+        if is_texture(p.scope):
+            want = [max(e.physical_shape[0] for e in users), max(e.physical_shape[1] for e in users), 4]
+            if list(p.shape) != want:
+                _fail(f"pools[{i}].shape {list(p.shape)} is not {want}, the largest height and width of its entries")
+        else:
+            want = max(math.prod(e.physical_shape) * DTYPES[e.dtype] for e in users)
+            if list(p.shape) != [want]:
+                _fail(f"pools[{i}].shape {list(p.shape)} is not [{want}], the bytes of its largest entry")
+    blobs = {f"p:{b.key}": b for b in spec.params}
+    blobs.update({f"w:{b.key}": b for b in spec.workspaces})
+    for i, n in enumerate(spec.nodes):
+        for j, c in enumerate(n.calls):
+            check_call_bounds(sources[n.source], n.source, c, f"nodes[{i}] ({n.name!r}).calls[{j}]",
+                              [(a[2], DTYPES[a[1]], a[3]) for a in (_arg(spec, blobs, ref) for ref in c.args)])
+
+
 def check_spec(spec: ModuleSpec, sources: dict, params_size: int, profile: dict | None = None) -> None:
-    """Checks 3 to 10 against ``profile`` (a ``DeviceInfo.to_dict()``; by default the one graph.json records)."""
+    """Checks 3 to 11 against ``profile`` (a ``DeviceInfo.to_dict()``; by default the one graph.json records)."""
     profile = profile if profile is not None else spec.device.get("profile") or {}
     check_types_and_shapes(spec, profile)
     check_pools(spec)
@@ -273,3 +294,4 @@ def check_spec(spec: ModuleSpec, sources: dict, params_size: int, profile: dict 
     check_io(spec)
     check_calls(spec, sources, profile)
     check_order(spec)
+    check_sizes(spec, sources)

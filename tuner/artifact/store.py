@@ -3,7 +3,7 @@
 ``write_artifact`` builds the whole folder under a temporary name beside the target and renames it into place:
 a folder holds one compile or none, so nothing stale survives a recompile and a failed one leaves nothing.
 ``read_artifact`` verifies the manifest (check 1: every file's size and SHA-256), reads graph.json strictly
-(check 2) and runs checks 3 to 10 before it returns anything."""
+(check 2) and runs checks 3 to 11 before it returns anything."""
 from __future__ import annotations
 
 import hashlib
@@ -215,7 +215,7 @@ def verify_manifest(d: Path) -> dict:
 
 
 def read_artifact(path) -> tuple:
-    """``(spec, sources, params)`` of the artifact at ``path``, after checks 1 to 10 of docs/artifact.md
+    """``(spec, sources, params)`` of the artifact at ``path``, after checks 1 to 11 of docs/artifact.md
     against the profile graph.json records. Any failure is an ArtifactError naming the file."""
     d = Path(path)
     if not d.is_dir() or not ((d / MANIFEST).exists() or (d / GRAPH).exists()):

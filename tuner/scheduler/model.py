@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from tuner.compile.compiler import load_graph, model_tasks
 from tuner.errors import TunerError
-from tuner.logs import apply_history_best
+from tuner.logs import append_records, apply_history_best
 from tuner.logs.index import DeviceLog, LogIndex
 from tuner.logs.io import ensure_writable
 from tuner.errors import ErrorCode
@@ -359,7 +359,7 @@ def tune_model(model, log: str | None = None, trials: int | None = 200, device=N
         total, note = None, None
         result.planned = need
     options = options or MeasureOptions()
-    storage = open_storage(storage or default_storage(log), heartbeat=None)
+    opened = {}  # the Optuna storage, opened at the first visit (the fallbacks need none)
     measurer = open_runner(device if isinstance(device, (Runner, Runtime)) else info, options)
     runner = guard(measurer) if guard is not None else measurer
     visit_n = max(VISIT, 2 * options.n_parallel)
@@ -380,21 +380,57 @@ def tune_model(model, log: str | None = None, trials: int | None = 200, device=N
             n = min(n, total - spent())
         if deadline is not None:
             left = deadline - time.monotonic()
-            per = rate["s"] if rate["s"] is not None else 1.0
+            per = rate["s"] if rate["s"] is not None else 0.25  # until the first batch says
             n = min(n, int(left / per))
         return max(0, n)
 
+    def result_of(k) -> TaskResult:
+        if k not in by_key:
+            by_key[k] = TaskResult(tasks[k], 0)
+            result.tasks.append(by_key[k])
+        return by_key[k]
+
     def search_of(k):
         if k not in searches:
-            searches[k] = TaskSearch(tasks[k].bind(info), info, log, storage, sampler, seed, True, True, transfer_from,
-                                     True, None, early_stopping)
-            tr = TaskResult(tasks[k], 0)
-            by_key[k] = tr
-            result.tasks.append(tr)
+            if "storage" not in opened:
+                opened["storage"] = open_storage(storage or default_storage(log), heartbeat=None)
+            searches[k] = TaskSearch(tasks[k].bind(info), info, log, opened["storage"], sampler, seed, True, True,
+                                     transfer_from, True, None, early_stopping)
+            result_of(k)
         return searches[k]
 
+    def timed_measure(inputs: list) -> list:
+        t0 = time.monotonic()
+        outs = runner.measure(inputs)
+        per = (time.monotonic() - t0) / max(1, len(inputs))
+        rate["s"] = per if rate["s"] is None else 0.7 * rate["s"] + 0.3 * per
+        return outs
+
+    def count(k, recs: list) -> int:
+        counted = [r for r in recs if r.error_code != ErrorCode.INSTANTIATION]
+        sched.observe(k, [r.median_s for r in counted if r.ok], len(counted))
+        result_of(k).measured += len(counted)
+        return len(counted)
+
+    def measure_fallbacks(keys: list) -> int:
+        """Each task's fallback config, several tasks to a batch, straight into the log (no study yet: a task's
+        study hears of it from the log when the task is first visited)."""
+        from tuner.measure import MeasureInput
+        from tuner.search.loop import record_of
+        bound = [tasks[k].bind(info) for k in keys]
+        cfgs = [b.fallback(info) for b in bound]
+        outs = timed_measure([MeasureInput(b.template, b.workload, c) for b, c in zip(bound, cfgs)])
+        recs = [record_of(b.tmpl, b.workload, c, info, res, None, "fallback", b.study_name(info.fingerprint))
+                for b, c, res in zip(bound, cfgs, outs)]
+        append_records(log, recs)
+        new = 0
+        for k, rec in zip(keys, recs):
+            result_of(k).budget += 1
+            new += count(k, [rec])
+        return new
+
     def measure(parts: list) -> int:
-        """One batch over several tasks: ``[(key, n)]``; the number measured."""
+        """One batch over several tasks' searches: ``[(key, n)]``; the number measured."""
         from tuner.measure import MeasureInput
         batch = []
         for k, n in parts:
@@ -404,29 +440,20 @@ def tune_model(model, log: str | None = None, trials: int | None = 200, device=N
                 n = min(n, max(1, es.patience - es.since + (es.best is None)))
             by_key[k].budget += n
             props = s.propose(n) if not s.done else []
-            if len(props) < n and not s.stopped:
-                s.exhausted = s.exhausted or not props or len(props) < n
             if props:
                 batch.append((k, s, props))
+            elif s.exhausted or s.stopped:
+                sched.finish(k, "early stopping" if s.stopped else "space exhausted")
         if not batch:
-            for k, _ in parts:
-                sched.finish(k, "space exhausted" if searches[k].exhausted else "search ended")
             return 0
         inputs = [MeasureInput(s.task.template, s.task.workload, s.session.task.tmpl.make_config(v))
                   for _, s, props in batch for _, v in props]
-        t0 = time.monotonic()
-        outs = runner.measure(inputs)
-        per = (time.monotonic() - t0) / max(1, len(inputs))
-        rate["s"] = per if rate["s"] is None else 0.7 * rate["s"] + 0.3 * per
+        outs = timed_measure(inputs)
         i, new = 0, 0
         for k, s, props in batch:
             res = outs[i:i + len(props)]
             i += len(props)
-            recs = s.take(props, res)
-            counted = [r for r in recs if r.error_code != ErrorCode.INSTANTIATION]
-            sched.observe(k, [r.median_s for r in counted if r.ok], len(counted))
-            by_key[k].measured += len(counted)
-            new += len(counted)
+            new += count(k, s.take(props, res))
             if s.stopped:
                 by_key[k].stopped_early = True
                 sched.finish(k, "early stopping")
@@ -436,8 +463,18 @@ def tune_model(model, log: str | None = None, trials: int | None = 200, device=N
 
     last_plan = time.monotonic()
     try:
-        # the baseline: every task's fallback (``warm`` measurements each), several tasks to a batch
+        # the baseline: every task's fallback first, many tasks to a batch; then (``--min-trials``) their searches
         def warm_up(keys: list) -> None:
+            fresh = [k for k in keys if sched.tasks[k].measured == 0]
+            while fresh:
+                n = room(min(len(fresh), 4 * visit_n))
+                if n <= 0:
+                    return
+                new = measure_fallbacks(fresh[:n])
+                for k in fresh[:n]:
+                    sched.end_visit(k)
+                fresh = fresh[n:]
+                prog.update(time.monotonic() - t_start, new, sched)
             pending = [(k, warm - sched.tasks[k].measured) for k in keys if sched.tasks[k].measured < warm]
             while pending:
                 parts, n = [], 0
@@ -448,9 +485,7 @@ def tune_model(model, log: str | None = None, trials: int | None = 200, device=N
                     n += take
                     if want > take:
                         pending.insert(0, (k, want - take))
-                fit = room(n)
-                if fit < n:
-                    parts = _trim(parts, fit)
+                parts = _trim(parts, room(n))
                 if not parts:
                     return
                 new = measure(parts)
@@ -484,10 +519,8 @@ def tune_model(model, log: str | None = None, trials: int | None = 200, device=N
             measurer.close()
         prog.close()
     index = LogIndex.of_log(log).on(info.fingerprint)  # with this run's records
-    for k, t in tasks.items():
-        if k not in by_key:  # never visited (the budget ran out first)
-            by_key[k] = TaskResult(t, 0)
-            result.tasks.append(by_key[k])
+    for k in tasks:
+        result_of(k)  # a task never measured (the budget ran out first) too
     for tr in result.tasks:
         summarize_task(tr, index)
         tr.nodes = tuple(sched.tasks[tr.task.key()].nodes)

@@ -1,0 +1,182 @@
+"""The model-level task scheduler (``tuner.scheduler``): the policy on its own (which task it visits, how a node's
+pool of variants counts, when a task is done), then ``tune_model`` with a time budget: every fallback first, the
+budget kept, the visits going where the latency is, and a log that compiles at every prefix -- with the scope
+boundary that used to make `tuner tune` and `tuner compile` fail at the end (a pool whose buffer kernel is
+fastest, fed by a texture producer).
+
+The model runs use a deterministic fake measurement (no device work): they test the scheduling, fast."""
+import collections
+import dataclasses
+import json
+import time
+
+import onnx
+import pytest
+
+from tuner.cli import main
+from tuner.measure import MeasureResult, Measurer
+from tuner.scheduler.model import tune_model
+from tuner.scheduler.task_scheduler import TaskScheduler
+from tuner.zoo import models as zoo
+
+
+# -- the policy ----------------------------------------------------------------------------------------------------
+
+def test_the_task_with_the_largest_expected_cut_is_visited_first():
+    s = TaskScheduler({"big": ["conv1", "conv2"], "small": ["conv3"]})
+    s.observe("big", [0.004])  # 2 nodes at 4 ms
+    s.observe("small", [0.001])
+    assert s.pick() == "big"
+    assert s.latency_s() == (pytest.approx(0.009), 0)
+
+
+def test_a_variant_that_cannot_beat_its_node_gets_nothing_while_another_can():
+    s = TaskScheduler({"tex": ["conv1"], "buf": ["conv1"], "other": ["conv2"]})
+    s.observe("tex", [0.001])
+    s.observe("buf", [0.010])  # even halved it stays slower than the texture kernel of the same node
+    s.observe("other", [0.0005])
+    assert s.expected_cut("buf") == 0.0
+    assert s.pick() in ("tex", "other") and s.pick() != "buf"
+    assert s.latency_s()[0] == pytest.approx(0.0015)  # the node runs its fastest variant
+
+
+def test_a_task_whose_improvements_stopped_leaves_the_pool():
+    s = TaskScheduler({"a": ["n1"], "b": ["n2"]}, patience=4)
+    s.observe("a", [0.002, 0.0015])
+    s.observe("a", [0.0016, 0.0017, 0.0015, 0.00151])
+    assert s.tasks["a"].done == "no improvement in 4 measurements"
+    s.observe("b", [0.003])
+    assert s.pick() == "b" and s.open == ["b"]
+
+
+def test_the_gain_falls_as_a_task_is_measured_and_rises_with_recent_improvements():
+    s = TaskScheduler({"a": ["n1"]})
+    s.observe("a", [0.004])
+    fresh = s.tasks["a"].gain()
+    s.observe("a", [0.004] * 30)
+    s.end_visit("a")
+    stale = s.tasks["a"].gain()
+    assert stale < fresh
+    s.observe("a", [0.002])
+    s.end_visit("a")
+    assert s.tasks["a"].gain() > stale
+
+
+def test_an_unmeasured_node_is_worth_everything_and_counted_as_missing():
+    s = TaskScheduler({"a": ["n1"], "b": ["n2"]})
+    s.observe("a", [0.001])
+    assert s.pick() == "b"
+    assert s.latency_s() == (pytest.approx(0.001), 1)
+
+
+# -- tune_model with a time budget ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    """The zoo's small mixed model: conv2d 3->8, depthwise, conv2d 1x1, the global average pool, dense."""
+    path = tmp_path_factory.mktemp("model") / "m.onnx"
+    onnx.save(zoo.test_models()["mixed"], path)
+    return str(path)
+
+
+class ScopeFake:
+    """Measurer.measure without a device, ``delay`` seconds a config: convolutions run faster with a texture
+    output, the pool and the dense layer with a buffer output (the boundary that has no texture-in/buffer-out
+    kernel of the pool when its weight role is mis-scoped), the fallback slowest and later configs faster
+    until they stall."""
+
+    def __init__(self, delay=0.0):
+        self.delay = delay
+        self.seen = collections.defaultdict(list)
+        self.visits = []  # one list of workload keys per measure() call
+
+    def __call__(self, measurer, inputs):
+        out = []
+        self.visits.append([inp.template for inp in inputs])
+        for inp in inputs:
+            wl = json.dumps(inp.workload.key(), sort_keys=True)
+            cfg = dataclasses.asdict(inp.config)
+            key = json.dumps(cfg, sort_keys=True)
+            assert key not in self.seen[wl + inp.template + json.dumps(cfg.get("output_scope"))], "measured twice"
+            self.seen[wl + inp.template + json.dumps(cfg.get("output_scope"))].append(key)
+            n = len(self.seen[wl + inp.template + json.dumps(cfg.get("output_scope"))])
+            conv = inp.template in ("conv2d", "depthwise_conv2d", "winograd2", "winograd4")
+            tex = cfg.get("output_scope") == "texture"
+            base = (1.0 if conv == tex else 3.0) * inp.workload.flops ** 0.5 * 1e-6
+            out.append(MeasureResult(costs=[base * max(0.5, 1.0 - 0.1 * (n - 1))], max_rel_error=0.0,
+                                     timestamp=time.strftime("%Y-%m-%dT%H:%M:%S")))
+        if self.delay:
+            time.sleep(self.delay * len(inputs))
+        return out
+
+
+@pytest.fixture
+def scope_fake(monkeypatch):
+    def install(**kwargs):
+        f = ScopeFake(**kwargs)
+        monkeypatch.setattr(Measurer, "measure", lambda self, inputs: f(self, inputs))
+        return f
+    return install
+
+
+def test_a_time_budget_stops_in_time_after_every_fallback(model, tmp_path, scope_fake, device):
+    fake = scope_fake(delay=0.05)
+    t0 = time.monotonic()
+    res = tune_model(model, log=str(tmp_path / "t.jsonl"), trials=None, time_budget=6.0, device=device,
+                     storage=f"sqlite:///{tmp_path / 's.db'}", sampler="random", progress=False)
+    took = time.monotonic() - t0
+    assert took < 6.0 + 4.0, took  # the budget, and the summary after it
+    # every task of the pool had its fallback measured, several to a batch, before any task got a second visit
+    from tuner.logs import load_records
+    recs = load_records(str(tmp_path / "t.jsonl"))
+    assert len(res.tasks) >= 8 and all(t.records for t in res.tasks)
+    assert {r.sampler for r in recs[:len(res.tasks)]} == {"fallback"}
+    assert len(fake.visits[0]) > 1
+    assert res.measured > len(res.tasks)  # then visits
+    assert res.fallback_estimate_s and res.estimate.tuned_s < res.estimate.fallback_s
+    assert not res.failed
+
+
+def test_visits_go_to_the_tasks_that_hold_the_latency(model, tmp_path, scope_fake, device):
+    scope_fake()
+    res = tune_model(model, log=str(tmp_path / "t.jsonl"), trials=60, time_budget=None, device=device,
+                     scope="buffer", storage=f"sqlite:///{tmp_path / 's.db'}", sampler="random", progress=False,
+                     min_trials=1)
+    by_flops = sorted(res.tasks, key=lambda t: -t.task.workload.flops)
+    assert by_flops[0].measured > by_flops[-1].measured  # the heaviest layer got more than the lightest
+    assert res.measured == 60
+
+
+@pytest.fixture(scope="module")
+def se_model(tmp_path_factory):
+    """The zoo's squeeze-excitation block: a convolution feeds the global average pool directly."""
+    path = tmp_path_factory.mktemp("model") / "se.onnx"
+    onnx.save(zoo.test_models()["squeeze_excitation"], path)
+    return str(path)
+
+
+def test_every_prefix_of_a_time_budget_log_compiles(se_model, tmp_path, scope_fake, device):
+    """`tuner tune --time-budget` from an empty log with the default options, then `tuner compile` of every
+    prefix of its log (a tune killed at any moment leaves one of these), for the device's profile. The pool
+    measures fastest with a buffer output and its producer with a texture one: the boundary that made EfficientNet-B0's
+    tune and compile fail at the end on the H200."""
+    from tuner.compile.compiler import compile_model
+    model = se_model
+    scope_fake(delay=0.02)
+    log = tmp_path / "t.jsonl"
+    assert main(["tune", model, "--log", str(log), "--storage", f"sqlite:///{tmp_path / 's.db'}",
+                 "--time-budget", "4s", "--no-progress", "--sampler", "random"]) == 0
+    lines = log.read_text().splitlines()
+    assert len(lines) >= 10
+    kept = set()
+    for n in sorted({1, 2, len(lines) // 4, len(lines) // 2, 3 * len(lines) // 4, len(lines)}):
+        prefix = tmp_path / f"p{n}.jsonl"
+        prefix.write_text("\n".join(lines[:n]) + "\n")
+        mod = compile_model(model, log=str(prefix), target=device.info, scope="auto")
+        kept.add(tuple(sorted({n.scopes.get("output") for n in mod.spec.nodes if n.template and n.scopes})))
+    assert any("buffer" in k for k in kept)  # the pool and the dense layer took buffer outputs somewhere
+
+
+def test_the_cli_rejects_a_bad_time_budget(model, capsys):
+    assert main(["tune", model, "--time-budget", "ten minutes"]) == 2
+    assert "is not a duration" in capsys.readouterr().err
