@@ -36,6 +36,8 @@
 #           at $SIZE (224), then bench/models.py on the GPU (auto scope, Python and native) -> models_*tasks*.csv/.md
 #   conv_transpose  bench/conv_transpose.py: ConvTranspose layers as phases against zero insertion, each tuned with
 #           $TRIALS (24) measurements -> conv_transpose_<device>.csv/.md (issue 38)
+#   budget  bench/budget.py tune: $BUDGETS (model:seconds,...) from empty logs -> budget.tgz (issue 53)
+#   budget_curve  bench/budget.py curve on budget.tgz (carried): latency after $POINTS minutes, fallback, committed
 #   profile  where a measurement's seconds go (bench/measure_profile.py): phases in one process, the Measurer's rate
 #   table   gpu_summary.md from the files under $OUT and the log: per layer against cuDNN and the roofline bound
 # usage: OUT=/tmp/out bench/gpu.sh test tune
@@ -190,6 +192,21 @@ for stage in "$@"; do
             python3 "$REPO/bench/measure_profile.py" --model "${PROFILE_MODEL:-resnet18}" --device nvidia --out "$OUT" \
               --configs "${CONFIGS:-4}" --tasks "${TASKS:-6}" --parallel "${PARALLEL:-12}" --tune-seconds "${TUNE_S:-0}" 2>&1 \
               | grep -v "CompilerWarning\|prg.build\|_create_built" | tail -30 ;;
+    budget)  # bench/budget.py tune (issue 53): each of $BUDGETS (model:seconds,...) from an empty log (or the logs of
+             # budget.tgz, carried back into the checkout: a resumed run), the logs back in $OUT/budget.tgz
+            mkdir -p "$OUT/budget"; [ -f "$REPO/budget.tgz" ] && tar xzf "$REPO/budget.tgz" -C "$OUT"
+            for mb in ${BUDGETS//,/ }; do
+              python3 "$REPO/bench/budget.py" tune --models "${mb%%:*}" --budget "${mb##*:}" --device nvidia --out "$OUT/budget" \
+                --parallel "${PARALLEL:-12}" 2>&1 | grep -v "CompilerWarning\|prg.build\|_create_built" | tail -4
+            done
+            (cd "$OUT" && tar czf budget.tgz --exclude='*.onnx' --exclude='studies.db*' --exclude='artifact_*' budget) && rm -rf "$OUT/budget" ;;
+    budget_curve)  # bench/budget.py curve over budget.tgz's logs (carried): $CURVE_MODELS at $POINTS, the fallback
+            # plan and the committed H200 log -> budget_gpu.csv/.md/.png
+            mkdir -p /tmp/budget; tar xzf "$REPO/budget.tgz" -C /tmp
+            python3 "$REPO/bench/budget.py" curve --models "$CURVE_MODELS" --points "${POINTS:-1,2,5,10}" --device nvidia \
+              --out /tmp/budget --runs "${RUNS:-100}" --rounds "${ROUNDS:-3}" ${COMMITTED:+--committed "$REPO/$COMMITTED"} 2>&1 \
+              | grep -v "CompilerWarning\|prg.build\|_create_built" | tail -20
+            cp /tmp/budget/budget_gpu.* "$OUT/" ;;
     cudnn) python3 "$REPO/bench/gpu.py" cudnn --out "$OUT" 2>&1 | tail -5 ;;
     transfer) S=${SIZE:-224}; LOG="$REPO/logs/nvidia-gpu-fcae3850.jsonl"  # the H200's log on this GPU (issue 26)
             for m in resnet18 mobilenet_v2 mobilenet_v3_small; do

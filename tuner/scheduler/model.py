@@ -380,8 +380,9 @@ def tune_model(model, log: str | None = None, trials: int | None = 200, device=N
             n = min(n, total - spent())
         if deadline is not None:
             left = deadline - time.monotonic()
-            per = rate["s"] if rate["s"] is not None else 0.25  # until the first batch says
-            n = min(n, int(left / per))
+            if rate["s"] is None:  # the first batch learns the rate: as many as the builders take at once
+                n = min(n, options.n_parallel)
+            n = min(n, int(left / (rate["s"] or 0.25)))
         return max(0, n)
 
     def result_of(k) -> TaskResult:
