@@ -560,6 +560,28 @@ def test_a_failing_reference_is_a_drift_and_is_replaced(conv, wl, info, tmp_path
     assert guard.reference is not None and guard.reference.config != ref
 
 
+def test_a_link_lost_during_a_redo_propagates_and_forgets_the_batch(conv, wl, info, tmp_path):
+    """The device is lost while the guard redoes: the error reaches the tuner (a re-run resumes from the log);
+    the batch that was never handed back is not kept as if its caller had logged it."""
+    from tuner.agent import AgentLinkError
+    dev = Device()
+    runner = FakeRunner(dev, info)
+    runner.after = lambda n: setattr(dev, "clock", LOW) if n == 3 else None
+    inner_measure = runner.measure
+
+    def measure(inputs):
+        if runner.measured >= 5:
+            raise AgentLinkError("agent exec://x: the link ended")
+        return inner_measure(inputs)
+    runner.measure = measure
+    guard = DriftGuard(runner, tmp_path / "log.jsonl", every=100, max_wait_s=0, sensors=dev.reading,
+                       sleep=dev.sleep, say=lambda m: None)
+    guard.measure([MeasureInput("conv2d", wl, c) for c in configs(conv, wl, info, 2)])
+    with pytest.raises(AgentLinkError):
+        guard.measure([MeasureInput("conv2d", wl, c) for c in configs(conv, wl, info, 4)[2:]])
+    assert [e.index for e in guard._pending] == [None, None] and guard.measured == 2
+
+
 def test_the_guard_checks_its_arguments(info, tmp_path):
     dev = Device()
     runner = FakeRunner(dev, info)

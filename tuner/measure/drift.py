@@ -114,8 +114,9 @@ class DriftGuard(Runner):
                                 ("poll_s", poll_s, 0.0, 3600.0), ("temp_margin_c", temp_margin_c, 0.0, 100.0)):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi \
                     or (name in ("threshold", "poll_s") and v == 0):
-                raise TunerError(f"DriftGuard {name}={v!r}: a number {'above' if name in ('threshold', 'poll_s') else 'from'}"
-                                 f" {lo:g} to {hi:g}")
+                strict = name in ("threshold", "poll_s")
+                raise TunerError(f"DriftGuard {name}={v!r}: give a number {'>' if strict else '>='} {lo:g} and "
+                                 f"<= {hi:g}")
         if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 1:
             raise TunerError(f"DriftGuard max_rounds={max_rounds!r}: an integer >= 1")
         if log is None:
@@ -172,7 +173,19 @@ class DriftGuard(Runner):
             self._adopt(entries)
         self._pending += entries
         self._since += len(entries)
-        fresh = entries
+        try:
+            self._settle(entries)
+        except BaseException:  # a lost link, Ctrl-C: this batch is not handed back, so nobody logs it
+            self._pending = [e for e in self._pending if e.index is None]
+            raise
+        for e in self._pending:
+            e.index = None  # handed back now: the caller logs them
+        self.measured += len(inputs)
+        return [e.result for e in entries]
+
+    def _settle(self, fresh: list) -> None:
+        """Check what was just measured (``fresh``) and, on a drift, wait, re-baseline and redo, until a check
+        passes or ``max_rounds`` redos."""
         for round_ in range(self.max_rounds + 1):
             why = self._clock_off(fresh)
             if why is None and self.reference is not None and self._since >= self.every:
@@ -192,10 +205,6 @@ class DriftGuard(Runner):
             self._wait()
             self._rebaseline()
             fresh = self._redo()
-        for e in self._pending:
-            e.index = None  # handed back now: the caller logs them
-        self.measured += len(inputs)
-        return [e.result for e in entries]
 
     # -- measuring ---------------------------------------------------------------------------------------
     def _measure(self, inputs: list) -> list:
