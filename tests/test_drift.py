@@ -10,7 +10,6 @@ import dataclasses
 import json
 import os
 import shutil
-import threading
 import time
 from pathlib import Path
 
@@ -35,6 +34,8 @@ PROFILE = {"index": 0, "platform": "ARM Platform", "name": "Mali-G78", "type": "
            "max_work_item_sizes": [512, 512, 512], "local_mem_bytes": 32768, "global_mem_bytes": 7 << 30,
            "max_mem_alloc_bytes": 1 << 30, "compute_units": 20, "fp16": True, "half_images": True}
 HIGH, LOW = 585_000_000, 257_000_000
+agent = pytest.mark.skipif(shutil.which("make") is None or shutil.which("gcc") is None,
+                           reason="the agent is built with make and gcc")
 
 
 # -- a fake sysfs -------------------------------------------------------------------------------------------
@@ -159,6 +160,7 @@ TREES = {
 }
 
 
+@agent
 def test_the_agent_reads_what_the_host_reads(native, cl_env, tmp_path):
     """The C agent (``--sysfs-root``; SENSORS is the supervisor's, no device opened) and tuner.measure.sensors
     read the same nodes the same way, tree after tree under one agent."""
@@ -183,6 +185,7 @@ NODE_TEXTS = [b"585000000\n", b"  41000  ", b"-5000", b"+7", b"0", b"", b"\n", b
               b"7" * 257, b"3\n4"]
 
 
+@agent
 def test_random_nodes_read_the_same_in_c_and_python(native, cl_env, tmp_path):
     """Random node contents (garbage, NUL bytes, signs, lengths at and past the limits, zone types with and
     without a GPU, a FIFO): the ASan agent and tuner.measure.sensors agree on every one, and the agent reports
@@ -226,6 +229,7 @@ def test_random_nodes_read_the_same_in_c_and_python(native, cl_env, tmp_path):
     assert len(kinds) == 6, kinds  # clock or none, by temperature: none, a GPU zone's, any zone's
 
 
+@agent
 def test_sensors_through_the_asan_agent_and_bad_bodies(native, cl_env, tmp_path):
     """SENSORS under AddressSanitizer: answered by the supervisor (no device opened), a body with bytes is
     BAD_REQUEST and the link stays; a reply the host would refuse is a ProtocolError."""
@@ -258,6 +262,7 @@ def test_sensors_through_the_asan_agent_and_bad_bodies(native, cl_env, tmp_path)
             P.parse_sensors(P.Reader(bad.done(), "SENSORS"))
 
 
+@agent
 def test_an_agent_without_sensors_reads_none(native, tmp_path, monkeypatch):
     """An agent built before SENSORS answers BAD_REQUEST (unknown type): no reading, asked once."""
     from tuner.agent import AgentRuntime
@@ -269,6 +274,7 @@ def test_an_agent_without_sensors_reads_none(native, tmp_path, monkeypatch):
         rt.ping()
 
 
+@agent
 def test_runtime_runner_fills_each_result(native, tmp_path):
     from tuner.agent import AgentRuntime
     from tuner.measure.runtime_runner import RuntimeRunner
@@ -625,6 +631,7 @@ class ClockDrop(Runner):
         return out
 
 
+@agent
 def test_a_clock_dropped_mid_tune_is_detected_waited_out_and_redone(native, tmp_path):
     """A tune through the C agent under exec:// (one config a batch), whose fake sysfs clock drops after the
     third trial and comes back (and cools) after the tuner has waited two polls: the drift is detected on the

@@ -71,8 +71,8 @@ def root_dir(root=None) -> str:
 
 def read_node(path: str) -> bytes | None:
     """At most ``MAX_READ`` bytes of the regular file ``path``; None when it is absent, not a regular file,
-    unreadable, longer than that (a node holds a number) or holding a NUL byte (the agent reads nodes as C strings). Never blocks: opened with ``O_NONBLOCK`` and checked
-    on the descriptor."""
+    unreadable, longer than that (a node holds a number) or holding a NUL byte (the agent reads nodes as C
+    strings). Never blocks: opened with ``O_NONBLOCK`` and checked on the descriptor."""
     flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags)
