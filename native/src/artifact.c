@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "bounds.h"
 #include "common.h"
 #include "sha256.h"
 
@@ -1107,6 +1108,165 @@ static int check_order(tnr_artifact *a, char *err) {
     return rc;
 }
 
+/* Shape text "[a, b, c]" of n values. */
+static const char *dims_text(const int64_t *v, int n, char *buf, size_t len) {
+    size_t used = (size_t)snprintf(buf, len, "[");
+    int i;
+    for (i = 0; i < n && used < len; i++) used += (size_t)snprintf(buf + used, len - used, "%s%lld", i ? ", " : "", (long long)v[i]);
+    if (used < len) snprintf(buf + used, len - used, "]");
+    return buf;
+}
+
+static int same_str(const char *x, const char *y) { return x == y || (x && y && !strcmp(x, y)); }
+
+/* Check 11 for one call: its signature is what the source declares, its local size the kernel's
+ * reqd_work_group_size, and what the kernel's code addresses with this launch lies inside the arguments. */
+static int check_call_bounds(tnr_artifact *a, tnr_bsrc *src, const char *perr, int pline, int i, int j, char *err) {
+    const tnr_node *n = &a->nodes[i];
+    const tnr_call *c = &n->calls[j];
+    const char *path = a->sources[n->source_index].path;
+    const tnr_bparam *ps;
+    int np, has_reqd, k, line = 0, rc;
+    int64_t reqd[3];
+    char cw[300], what[600], b1[96], b2[96], b3[200], b4[200];
+    tnr_brange *out, r;
+    snprintf(cw, sizeof cw, "nodes[%d] ('%.80s').calls[%d]", i, n->name, j);
+    if (!src || !tnr_bounds_kernel(src, c->kernel, &np, &ps, &has_reqd, reqd)) {
+        if (src) snprintf(what, sizeof what, "no kernel '%.80s' is defined", c->kernel);
+        else snprintf(what, sizeof what, "%s", perr), line = pline;
+        goto cannot;
+    }
+    if (np != c->nargs)
+        return graph_fail(a, err, "%s: %s declares %d parameters for '%.80s', the signature %d", cw, path, np, c->kernel,
+                          c->nargs);
+    for (k = 0; k < np; k++) {
+        const tnr_arg *s = &c->args[k];
+        const tnr_bparam *p = &ps[k];
+        if (strcmp(p->name, s->pname) || p->image != s->image || !same_str(p->type, s->type) || p->write != s->write)
+            return graph_fail(a, err, "%s: signature[%d] (%s %s '%.80s' of %s) is not what %s declares (%s %s '%.80s' of %s)", cw,
+                              k, s->write ? "write" : "read", s->image ? "image" : "buffer", s->pname,
+                              s->type ? s->type : "None", path, p->write ? "write" : "read", p->image ? "image" : "buffer",
+                              p->name, p->type ? p->type : "None");
+    }
+    if (has_reqd && (reqd[0] != c->local[0] || reqd[1] != c->local[1] || reqd[2] != c->local[2]))
+        return graph_fail(a, err, "%s: local_size %s is not the reqd_work_group_size %s that %s declares for '%.80s'", cw,
+                          dims_text(c->local, 3, b1, sizeof b1), dims_text(reqd, 3, b2, sizeof b2), path, c->kernel);
+    out = calloc((size_t)(np ? np : 1), sizeof *out);
+    if (!out) return tnr_fail(err, TNR_E_NOMEM, "out of memory");
+    rc = tnr_bounds_analyse(src, c->kernel, c->global, c->local, out, &line, what, sizeof what);
+    if (rc == TNR_E_NOMEM) {
+        free(out);
+        return tnr_fail(err, rc, "out of memory");
+    }
+    if (rc) {
+        free(out);
+        goto cannot;
+    }
+    for (k = 0; k < np; k++) {
+        const tnr_arg *arg = &c->args[k];
+        const int64_t *phys;
+        uint64_t count, bytes;
+        int dtype;
+        if (arg->kind == TNR_ARG_ENTRY) {
+            const tnr_entry *e = &a->entries[arg->index];
+            count = e->elems, dtype = e->dtype, phys = e->phys;
+        } else {
+            const tnr_blob *bl = arg->kind == TNR_ARG_PARAM ? &a->params[arg->index] : &a->workspaces[arg->index];
+            count = bl->elems, dtype = bl->dtype, phys = bl->phys;
+        }
+        bytes = tnr_mul_sat(count, tnr_dtype_size(dtype));
+        r = out[k];
+        if (r.has_range) {
+            int64_t need = (r.hi + 1) * ps[k].elem_bytes;
+            if (r.lo < 0 || (uint64_t)(need > 0 ? need : 0) > bytes) {
+                free(out);
+                return graph_fail(a, err, "%s: with global_size %s, kernel '%.80s' addresses %s[%lld..%lld] (%s), but argument "
+                                  "'%.80s' holds %llu bytes: the artifact was edited", cw, dims_text(c->global, 3, b1, sizeof b1),
+                                  c->kernel, tnr_printable(ps[k].name, strlen(ps[k].name), 80, b3, sizeof b3),
+                                  (long long)r.lo, (long long)r.hi, ps[k].type, arg->ref, (unsigned long long)bytes);
+            }
+        }
+        if (r.has_pixels) {
+            int64_t h = phys[0], w = phys[1];
+            if (r.xlo < 0 || r.ylo < 0 || r.xhi >= w || r.yhi >= h) {
+                free(out);
+                return graph_fail(a, err, "%s: with global_size %s, kernel '%.80s' addresses pixels x %lld..%lld, y %lld..%lld of "
+                                  "image '%s', but argument '%.80s' is %lld x %lld pixels: the artifact was edited", cw,
+                                  dims_text(c->global, 3, b1, sizeof b1), c->kernel, (long long)r.xlo,
+                                  (long long)r.xhi, (long long)r.ylo, (long long)r.yhi,
+                                  tnr_printable(ps[k].name, strlen(ps[k].name), 80, b4, sizeof b4), arg->ref,
+                                  (long long)w, (long long)h);
+            }
+        }
+    }
+    free(out);
+    return 0;
+cannot:
+    if (line) snprintf(b3, sizeof b3, ", line %d", line);
+    else b3[0] = 0;
+    return graph_fail(a, err, "%s: cannot tell what kernel '%.80s' (%s%s) addresses: %s; the source is not one the compiler "
+                      "generates", cw, c->kernel, path, b3, what);
+}
+
+/* Check 11: each pool exactly as large as its largest entry, and what each kernel's source addresses. */
+static int check_sizes(tnr_artifact *a, char *err) {
+    int i, j, rc = 0;
+    tnr_bsrc **parsed;
+    char (*perr)[600];
+    int *pline;
+    for (i = 0; i < a->npools; i++) {
+        const tnr_pool *p = &a->pools[i];
+        int64_t h = 0, w = 0;
+        uint64_t bytes = 0;
+        int users = 0;
+        char b1[96], b2[96];
+        for (j = 0; j < a->nentries; j++) {
+            const tnr_entry *e = &a->entries[j];
+            if (e->pool != i) continue;
+            users++;
+            if (p->texture) {
+                if (e->phys[0] > h) h = e->phys[0];
+                if (e->phys[1] > w) w = e->phys[1];
+            } else if (tnr_mul_sat(e->elems, tnr_dtype_size(e->dtype)) > bytes) {
+                bytes = tnr_mul_sat(e->elems, tnr_dtype_size(e->dtype));
+            }
+        }
+        if (!users) return graph_fail(a, err, "pools[%d] (storage_id %lld) holds no entry", i, (long long)p->id);
+        if (p->texture) {
+            int64_t want[3] = {h, w, 4};
+            if (p->nshape != 3 || p->shape[0] != h || p->shape[1] != w || p->shape[2] != 4)
+                return graph_fail(a, err, "pools[%d].shape %s is not %s, the largest height and width of its entries", i,
+                                  dims_text(p->shape, p->nshape, b1, sizeof b1), dims_text(want, 3, b2, sizeof b2));
+        } else if (p->nshape != 1 || (uint64_t)p->shape[0] != bytes) {
+            return graph_fail(a, err, "pools[%d].shape %s is not [%llu], the bytes of its largest entry", i,
+                              dims_text(p->shape, p->nshape, b1, sizeof b1), (unsigned long long)bytes);
+        }
+    }
+    parsed = calloc((size_t)a->nsources + 1, sizeof *parsed);
+    perr = calloc((size_t)a->nsources + 1, sizeof *perr);
+    pline = calloc((size_t)a->nsources + 1, sizeof *pline);
+    if (!parsed || !perr || !pline) {
+        free(parsed), free(perr), free(pline);
+        return tnr_fail(err, TNR_E_NOMEM, "out of memory");
+    }
+    for (i = 0; i < a->nsources && !rc; i++) {
+        int used = 0;
+        for (j = 0; j < a->nnodes && !used; j++) used = a->nodes[j].source_index == i;
+        if (!used) continue;
+        if (tnr_bounds_parse(a->sources[i].text, a->sources[i].len, &parsed[i], &pline[i], perr[i], sizeof perr[i]) ==
+            TNR_E_NOMEM)
+            rc = tnr_fail(err, TNR_E_NOMEM, "out of memory");
+    }
+    for (i = 0; i < a->nnodes && !rc; i++)
+        for (j = 0; j < a->nodes[i].ncalls && !rc; j++) {
+            int s = a->nodes[i].source_index;
+            rc = check_call_bounds(a, parsed[s], perr[s], pline[s], i, j, err);
+        }
+    for (i = 0; i < a->nsources; i++) tnr_bounds_free(parsed[i]);
+    free(parsed), free(perr), free(pline);
+    return rc;
+}
+
 int tnr_artifact_check_limits(const tnr_artifact *a, const tnr_limits *lim, const char *device_name, char *err) {
     int rc = check_types_and_shapes(a, NULL, lim, device_name, err);
     if (!rc) rc = check_calls((tnr_artifact *)a, lim, device_name, 1, err);
@@ -1203,6 +1363,7 @@ int tnr_artifact_load(const char *dir, tnr_artifact **out, char *err) {
     if ((rc = check_io(a, tnr_json_root(a->graph_doc), err))) goto done;
     if ((rc = check_calls(a, &a->limits, "the device", 0, err))) goto done;
     if ((rc = check_order(a, err))) goto done;
+    if ((rc = check_sizes(a, err))) goto done;
 done:
     free(graph);
     free(files);

@@ -17,25 +17,27 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from functools import lru_cache
 
 from .format import ArtifactError
 
 I32MIN, I32MAX = -(1 << 31), (1 << 31) - 1
 BIG = 1 << 61  # linear forms give up past this (both runtimes compute them in int64)
-MAX_DEPTH = 256  # nesting of parentheses, operators and statements
+MAX_DEPTH = 100  # nesting of parentheses, unary operators and statements
+MAX_HEIGHT = 1000  # a kernel's syntax tree, statements and expressions (a + b + c ...: as deep as it is long)
 MAX_TOKENS = 4_000_000
 
 _TOKEN = re.compile(r"""
-    (?P<nl>\n)
+    (?P<dir>^[ \t]*\#[ \t]*(?P<dname>[A-Za-z]*)[^\n]*)
+  | (?P<nl>\n)
   | [ \t\r\f\v]+
   | (?P<comment>//[^\n]*|/\*.*?\*/)
   | (?P<id>[A-Za-z_][A-Za-z0-9_]*)
   | (?P<num>(?:0[xX][0-9A-Fa-f]+|[0-9]+\.?[0-9]*(?:[eE][+-]?[0-9]+)?|\.[0-9]+(?:[eE][+-]?[0-9]+)?)[A-Za-z]*)
   | (?P<op><<=|>>=|\+\+|--|&&|\|\||<=|>=|==|!=|<<|>>|\+=|-=|\*=|/=|%=|&=|\|=|\^=|->|[-+*/%<>=!&|^~?:;,.()\[\]{}])
   | (?P<bad>.)
-""", re.X | re.S)
-_DIRECTIVE = re.compile(r"[ \t]*#[ \t]*([A-Za-z]*)[^\n]*")
+""", re.X | re.S | re.M)
 _INT_LITERAL = re.compile(r"^(0[xX][0-9A-Fa-f]+|[0-9]+)[uUlL]*$")
 _FLOAT_LITERAL = re.compile(r"^([0-9]+\.?[0-9]*(?:[eE][+-]?[0-9]+)?|\.[0-9]+(?:[eE][+-]?[0-9]+)?)[fFhH]?$")
 
@@ -191,44 +193,48 @@ def _float_of(v):
 
 # -- tokens -------------------------------------------------------------------------------------------------
 def _tokens(source: str):
-    """(kinds, texts, lines): ``#pragma`` lines skipped, any other preprocessor directive refused. The last
-    token is ("end", "")."""
+    """(kinds, texts, lines): a ``#pragma`` line (a directive is one at the start of a line) skipped, any other
+    preprocessor directive refused. The list ends with 8 ("end", "") tokens."""
     kinds, texts, lines = [], [], []
-    line, start, pos, n = 1, True, 0, len(source)
-    match = _TOKEN.match
-    while pos < n:
-        if start:
-            m = _DIRECTIVE.match(source, pos)
-            if m:
-                if m.group(1) != "pragma" or source[m.end() - 1:m.end()] == "\\":
-                    raise BoundsError(line, f"the preprocessor directive #{m.group(1)}")
-                pos = m.end()
-                start = False
-                continue
-        m = match(source, pos)
+    line = 1
+    for m in _TOKEN.finditer(source):
         kind = m.lastgroup
-        pos = m.end()
         if kind is None:
             continue
         if kind == "nl":
             line += 1
-            start = True
             continue
         if kind == "comment":
             line += m.group().count("\n")
             continue
-        start = False
+        if kind == "dir":
+            if m.group("dname") != "pragma" or m.group().endswith("\\"):
+                raise BoundsError(line, f"the preprocessor directive #{m.group('dname')}")
+            continue
+        if kind == "dname":
+            continue
         if kind == "bad":
             raise BoundsError(line, f"the character {m.group()!r}")
         kinds.append(kind)
         texts.append(m.group())
         lines.append(line)
-        if len(kinds) > MAX_TOKENS:
-            raise BoundsError(line, "more than 4,000,000 tokens")
-    kinds.append("end")
-    texts.append("")
-    lines.append(line)
+    if len(kinds) > MAX_TOKENS:
+        raise BoundsError(line, "more than 4,000,000 tokens")
+    kinds.extend(["end"] * 8)
+    texts.extend([""] * 8)
+    lines.extend([line] * 8)
     return kinds, texts, lines
+
+
+def _int_literal(t: str):
+    """The value of an integer literal token (decimal without a leading zero, or hex; a u/l suffix), at most 12
+    characters; else None."""
+    if not _INT_LITERAL.match(t):
+        return None
+    digits = t.rstrip("uUlL")
+    if len(digits) > 12 or (len(digits) > 1 and digits[0] == "0" and digits[1] not in "xX"):
+        return None
+    return int(digits, 0)
 
 
 def _type_word(text: str) -> bool:
@@ -248,22 +254,24 @@ class _Parser:
         self.p = pos
         self.depth = 0
 
+    # (the token lists end with 8 "end" tokens, and nothing takes one: p + k stays inside for k < 8)
     def text(self, k: int = 0) -> str:
-        return self.texts[min(self.p + k, len(self.texts) - 1)]
+        return self.texts[self.p + k]
 
     def kind(self, k: int = 0) -> str:
-        return self.kinds[min(self.p + k, len(self.kinds) - 1)]
+        return self.kinds[self.p + k]
 
     def line(self) -> int:
-        return self.lines[min(self.p, len(self.lines) - 1)]
+        return self.lines[self.p]
 
     def take(self, want: str | None = None) -> str:
-        t = self.text()
-        if self.kind() == "end":
-            raise BoundsError(self.line(), "the source ends inside a kernel")
+        p = self.p
+        t = self.texts[p]
+        if self.kinds[p] == "end":
+            raise BoundsError(self.lines[p], "the source ends inside a kernel")
         if want is not None and t != want:
-            raise BoundsError(self.line(), f"{want!r} expected, found {t!r}")
-        self.p += 1
+            raise BoundsError(self.lines[p], f"{want!r} expected, found {t!r}")
+        self.p = p + 1
         return t
 
     def enter(self) -> None:
@@ -286,9 +294,12 @@ class _Parser:
             while self.text() in ("const", "restrict", "volatile"):
                 self.take()
         base = [w for w in words if w not in _QUALIFIERS]
-        if "unsigned" in words:
+        if len(words) > 32:
+            base = []
+        elif "unsigned" in words:
             kind = base[0] if base else "int"
-            base = [{"char": "uchar", "short": "ushort", "int": "uint", "long": "ulong"}.get(kind, "?" + kind)]
+            base = [{"char": "uchar", "short": "ushort", "int": "uint", "long": "ulong"}.get(kind, "?" + kind)] \
+                if len(base) <= 1 else []
         elif "signed" in words and not base:
             base = ["int"]
         if len(base) != 1 or base[0].startswith("?"):
@@ -373,9 +384,10 @@ class _Parser:
                 digits = t.rstrip("uUlL")
                 if len(digits) > 1 and digits[0] == "0" and digits[1] not in "xX":
                     raise BoundsError(line, f"the octal number {t!r}")
-                if len(digits) > 12 or int(digits, 0) > 1 << 31:
+                v = _int_literal(t)
+                if v is None or v > 1 << 31:
                     raise BoundsError(line, f"the integer {t!r}, out of the int range")
-                e = ("int", int(digits, 0))
+                e = ("int", v)
             elif _FLOAT_LITERAL.match(t):
                 e = ("flt", float(t.rstrip("fFhH")))
             else:
@@ -537,6 +549,24 @@ def _assigned(node, out: set) -> None:
     for x in node[1:]:
         if type(x) is tuple:
             _assigned(x, out)
+
+
+def _height(body) -> int:
+    """The height of a syntax tree (a node is 1 higher than its highest child), found without recursion: every
+    recursive walk of the tree after this is at most that deep."""
+    best, stack = 0, [(body, 1)]
+    while stack:
+        node, h = stack.pop()
+        best = max(best, h)
+        if best > MAX_HEIGHT:
+            break
+        for x in node[1:]:
+            if type(x) is tuple and x:
+                if type(x[0]) is str:
+                    stack.append((x, h + 1))
+                else:  # a tuple of statements or arguments: each a child of this node
+                    stack.extend((y, h + 1) for y in x if type(y) is tuple and y)
+    return best
 
 
 # -- the analysis ---------------------------------------------------------------------------------------------
@@ -836,7 +866,7 @@ class _Analysis:
 
     def eval(self, e):
         self.depth += 1
-        if self.depth > 4 * MAX_DEPTH:
+        if self.depth > MAX_HEIGHT:
             raise BoundsError(0, "an expression nested too deeply")
         try:
             v = self._eval(e)
@@ -1142,7 +1172,7 @@ class Source:
                     q += 1
                 words = set(texts[p + 3:q])
                 self.samplers[texts[p + 2]] = bool(words & _CLAMPING) and not words & _WRAPPING
-                p = q + 1
+                p = q + 1 if kinds[q] != "end" else q
             else:  # a helper function or a declaration, skipped to its end (it sees no kernel parameter)
                 depth = 0
                 while kinds[p] != "end":
@@ -1174,10 +1204,11 @@ class Source:
             if "reqd_work_group_size" in words:
                 i = words.index("reqd_work_group_size")
                 nums = words[i + 2:i + 7:2]
+                values = [_int_literal(x) for x in nums]
                 if len(nums) != 3 or words[i + 1] != "(" or words[i + 7:i + 8] != [")"] or words[i + 3] != "," \
-                        or words[i + 5] != "," or not all(_INT_LITERAL.match(x) for x in nums):
+                        or words[i + 5] != "," or None in values:
                     raise BoundsError(lines[p], "reqd_work_group_size of three integers expected")
-                reqd = tuple(int(x.rstrip("uUlL"), 0) for x in nums)
+                reqd = tuple(values)
             p = q
         if texts[p] != "void" or kinds[p + 1] != "id" or texts[p + 2] != "(":  # (the last token is "end")
             raise BoundsError(lines[p], "__kernel void NAME( expected")
@@ -1209,6 +1240,8 @@ class Source:
         if parser.text() != "{":
             raise BoundsError(parser.line(), f"the body of kernel {name!r} expected")
         body = parser.statement()
+        if _height(body) > MAX_HEIGHT:
+            raise BoundsError(lines[p], f"the body of kernel {name!r} nests deeper than {MAX_HEIGHT}")
         if name in self.kernels:
             raise BoundsError(lines[p], f"kernel {name!r} is defined twice")
         assigned: set = set()
@@ -1223,7 +1256,12 @@ class Source:
         if key not in self.done:
             reqd, params, body, assigned = self.kernels[kernel]
             a = _Analysis(params, self.samplers, glob, local, assigned)
-            a.run(body)
+            limit = sys.getrecursionlimit()
+            sys.setrecursionlimit(max(limit, 4 * MAX_HEIGHT + 1000))  # (Python frames: no C stack)
+            try:
+                a.run(body)
+            finally:
+                sys.setrecursionlimit(limit)
             self.done[key] = (a.ranges, a.pixels)
         return self.done[key]
 
@@ -1231,10 +1269,14 @@ class Source:
 @lru_cache(maxsize=64)
 def parse_source(text: str):
     """The parsed ``text``, or the BoundsError it raised (kept: a source is parsed once per process)."""
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 4 * MAX_HEIGHT + 1000))  # (Python frames: no C stack)
     try:
         return Source(text)
     except BoundsError as e:
         return e
+    finally:
+        sys.setrecursionlimit(limit)
 
 
 def check_call(text: str, source_name: str, call, where: str, args: list) -> None:
