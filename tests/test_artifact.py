@@ -223,19 +223,27 @@ def _planted_local_size(good: Path, dst: Path) -> tuple:
     return d, node["name"], node["source"], node["calls"][0]["global_size"]
 
 
-def test_a_launch_the_device_refuses_is_an_error_naming_the_node(built, tmp_path):
+def test_a_launch_the_device_refuses_is_an_error_naming_the_node(built, tmp_path, monkeypatch):
     import subprocess
     import sys
 
+    import tuner.artifact.checks as checks
     from tuner.errors import DeviceError
     d, name, source, global_size = _planted_local_size(built["buffer"], tmp_path / "local_size_planted")
-    read_artifact(d)  # every check passes: only the driver knows the kernel's required work-group size
+    # check 11 reads the kernel's reqd_work_group_size from its source: the planted local size is refused
+    with pytest.raises(ArtifactError, match=r"local_size \[1, 1, 1\] is not the reqd_work_group_size"):
+        read_artifact(d)
+    # with check 11 off, only the driver knows: its refusal names the node, its kernel file and the launch
+    monkeypatch.setattr(checks, "check_sizes", lambda spec, sources: None)
+    read_artifact(d)
     with pytest.raises(DeviceError) as e:
         load_module(d).run([np.zeros((1, 3, 32, 32), np.float32)])
     msg = str(e.value)
     assert msg.startswith(f"node {name!r} (kernels/{source}), ") and f"global size {global_size}" in msg, msg
     assert "local size [1, 1, 1]" in msg and "clEnqueueNDRangeKernel" in msg, msg
-    r = subprocess.run([sys.executable, "-m", "tuner", "run", str(d), "--repeat", "1"], capture_output=True,
+    code = ("import sys, tuner.artifact.checks as c; c.check_sizes = lambda spec, sources: None; "
+            "from tuner.cli import main; sys.exit(main(sys.argv[1:]))")
+    r = subprocess.run([sys.executable, "-c", code, "run", str(d), "--repeat", "1"], capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     err = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
