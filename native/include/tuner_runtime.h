@@ -1,4 +1,4 @@
-/* tuner native runtime: runs a compiled-model artifact (docs/artifact.md, format version 2) with OpenCL,
+/* tuner native runtime: runs a compiled-model artifact (docs/artifact.md, format version 3) with OpenCL,
  * without Python. C99; link with -ltuner_runtime (it needs libc, libm, libdl and pthread only: OpenCL is
  * loaded at run time with dlopen, see TUNER_OPENCL_LIB).
  *
@@ -42,21 +42,28 @@ typedef struct tnr_runtime tnr_runtime;
  * "pocl-cpu-e66d8a71"). Checks the artifact, allocates, uploads the parameters and builds the kernels
  * (with a binary cache under <dir>/binaries/). On failure *rt is NULL and tnr_open_error() says why. */
 int tnr_open(const char *dir, const char *device, tnr_runtime **rt);
-/* The message of the last failed tnr_open in this thread. */
+/* tnr_open for an artifact that must be signed with key_file (`tuner compile --sign KEYFILE`): the signature is
+ * checked on the very bytes of manifest.json the artifact is then read by, every file is read once and used from
+ * those bytes, and program binaries come only from this user's own cache ($XDG_CACHE_HOME/tuner/binaries, else
+ * ~/.cache/tuner/binaries; none without either), never from <dir>/binaries/, which the signature does not cover:
+ * what runs is what was verified. Fails (TNR_E_ARTIFACT) when the artifact is unsigned, signed with another key
+ * or changed after signing; TNR_E_IO when the key file is not a regular file of 16 bytes to 1 MiB. */
+int tnr_open_verified(const char *dir, const char *device, const char *key_file, tnr_runtime **rt);
+/* The message of the last failed tnr_open or tnr_open_verified in this thread. */
 const char *tnr_open_error(void);
 void tnr_close(tnr_runtime *rt);
 const char *tnr_last_error(const tnr_runtime *rt);
 /* A short name of an error code ("artifact", "opencl", ...). */
 const char *tnr_code_name(int code);
 
-/* Check an artifact (the 10 checks of docs/artifact.md, against its own device profile) without OpenCL.
+/* Check an artifact (the 11 checks of docs/artifact.md, against its own device profile) without OpenCL.
  * err: a buffer of errlen bytes for the message. */
 int tnr_check(const char *dir, char *err, size_t errlen);
 
 /* Check an artifact's signature (`tuner compile --sign KEYFILE`): <dir>/signature must be the line
  * "hmac-sha256:<hex>" of HMAC-SHA256(key file's bytes, manifest.json). TNR_E_ARTIFACT when the artifact is not
- * signed or the signature does not match; TNR_E_IO when the key file cannot be read or holds under 16 bytes. Call it
- * before tnr_open: a valid signature vouches for every file manifest.json lists (not for binaries/). */
+ * signed or the signature does not match; TNR_E_IO when the key file cannot be read or holds under 16 bytes. A
+ * check only: the files may change after it returns. To run what was verified, open with tnr_open_verified. */
 int tnr_verify_signature(const char *dir, const char *key_file, char *err, size_t errlen);
 
 /* Devices, as `tuner devices` lists them (one line each: index, platform, name, type, fingerprint).

@@ -66,70 +66,123 @@ static int kernel_file_ok(const char *s) { /* ^k[0-9]{3,6}\.cl$ */
     return s[0] == 'k' && manifest_path_ok(buf);
 }
 
-/* Reads a listed file: regular, of the manifest's size, then its SHA-256. */
-static int read_listed(const char *dir, const char *rel, int64_t size, const char *sha, size_t cap,
-                       unsigned char **data, char *err) {
-    char path[4096], hex[65];
+/* Reads name under the folder dirfd once: opened with O_NOFOLLOW and O_NONBLOCK, checked on the descriptor (a
+ * regular file of `size` bytes when size >= 0, of at most cap bytes) before a byte is read. `shown` is the path as
+ * messages show it. The bytes returned (NUL-terminated) are the ones the caller checks and uses. */
+static int read_at(int dirfd, const char *name, const char *shown, int64_t size, size_t cap, unsigned char **data,
+                   size_t *len, int missing_ok, char *err) {
     struct stat st;
     unsigned char *buf;
     size_t got = 0;
-    int fd;
-    snprintf(path, sizeof path, "%s/%s", dir, rel);
+    int fd = openat(dirfd, name, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+    memset(&st, 0, sizeof st);
     *data = NULL;
-    {   /* an artifact holds its own files: a symbolic link (or one in place of kernels/) is refused */
-        char sub[4096];
-        struct stat lst;
-        snprintf(sub, sizeof sub, "%s/kernels", dir);
-        if ((lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode)) ||
-            (strncmp(rel, "kernels/", 8) == 0 && lstat(sub, &lst) == 0 && S_ISLNK(lst.st_mode)))
-            return tnr_fail(err, TNR_E_ARTIFACT, "%s is a symbolic link (or lies under one); an artifact holds its own "
-                            "files; " REDO, path);
-    }
-    fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (len) *len = 0;
     if (fd < 0) {
-        if (errno == ENOENT || errno == ENOTDIR)
-            return tnr_fail(err, TNR_E_ARTIFACT, "%s is missing (listed in manifest.json); " REDO, path);
-        return tnr_fail(err, TNR_E_ARTIFACT, "%s cannot be read (%s); " REDO, path, strerror(errno));
+        if (errno == ENOENT || errno == ENOTDIR) {
+            if (missing_ok) return TNR_OK;
+            return tnr_fail(err, TNR_E_ARTIFACT, "%s is missing (listed in manifest.json); " REDO, shown);
+        }
+        if (errno == ELOOP || errno == EMLINK)
+            return tnr_fail(err, TNR_E_ARTIFACT, "%s is a symbolic link; an artifact holds its own files; " REDO, shown);
+        return tnr_fail(err, TNR_E_ARTIFACT, "%s cannot be read (%s); " REDO, shown, strerror(errno));
     }
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         close(fd);
-        return tnr_fail(err, TNR_E_ARTIFACT, "%s is not a regular file; " REDO, path);
+        return tnr_fail(err, TNR_E_ARTIFACT, "%s is not a regular file (it is %s); " REDO, shown,
+                        tnr_file_kind((unsigned)st.st_mode));
     }
-    if ((int64_t)st.st_size != size) {
+    if (size >= 0 && (int64_t)st.st_size != size) {
         close(fd);
         return tnr_fail(err, TNR_E_ARTIFACT,
-                        "%s holds %lld bytes, manifest.json says %lld: the file was truncated or replaced; " REDO, path,
+                        "%s holds %lld bytes, manifest.json says %lld: the file was truncated or replaced; " REDO, shown,
                         (long long)st.st_size, (long long)size);
     }
     if ((uint64_t)st.st_size > cap) {
         close(fd);
         return tnr_fail(err, TNR_E_ARTIFACT, "%s holds %lld bytes, more than the %zu an artifact's file may; " REDO,
-                        path, (long long)st.st_size, cap);
+                        shown, (long long)st.st_size, cap);
     }
     buf = malloc((size_t)st.st_size + 1);
     if (!buf) {
         close(fd);
-        return tnr_fail(err, TNR_E_NOMEM, "%s: out of memory (%lld bytes)", path, (long long)st.st_size);
+        return tnr_fail(err, TNR_E_NOMEM, "%s: out of memory (%lld bytes)", shown, (long long)st.st_size);
     }
     while (got < (size_t)st.st_size) {
         ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
         if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
         if (r <= 0) {
+            int e = errno;
             free(buf);
             close(fd);
-            return tnr_fail(err, TNR_E_ARTIFACT, "%s cannot be read (%s); " REDO, path, r ? strerror(errno) : "it shrank");
+            return tnr_fail(err, TNR_E_ARTIFACT, "%s cannot be read (%s); " REDO, shown, r ? strerror(e) : "it shrank");
         }
         got += (size_t)r;
     }
     close(fd);
     buf[got] = 0;
-    tnr_sha256_hex(buf, got, hex);
+    *data = buf;
+    if (len) *len = got;
+    return TNR_OK;
+}
+
+/* Reads a listed file (under the artifact's folder dfd, or kernels/ under kfd, opened without following a link):
+ * regular, of the manifest's size, then its SHA-256. */
+static int read_listed(const char *dir, int dfd, int *kfd, const char *rel, int64_t size, const char *sha, size_t cap,
+                       unsigned char **data, char *err) {
+    char path[4096], hex[65];
+    const char *name = rel;
+    int rc, at = dfd;
+    snprintf(path, sizeof path, "%s/%s", dir, rel);
+    *data = NULL;
+    if (strncmp(rel, "kernels/", 8) == 0) {
+        if (*kfd < 0) {
+            char sub[4096];
+            struct stat lst;
+            snprintf(sub, sizeof sub, "%s/kernels", dir);
+            *kfd = openat(dfd, "kernels", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            if (*kfd < 0) {
+                if (errno == ENOENT)
+                    return tnr_fail(err, TNR_E_ARTIFACT, "%s is missing (listed in manifest.json); " REDO, path);
+                if (fstatat(dfd, "kernels", &lst, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(lst.st_mode))
+                    return tnr_fail(err, TNR_E_ARTIFACT, "%s is a symbolic link (or lies under one); an artifact holds "
+                                    "its own files; " REDO, path);
+                return tnr_fail(err, TNR_E_ARTIFACT, "%s is not a folder; " REDO, sub);
+            }
+        }
+        at = *kfd;
+        name = rel + 8;
+    }
+    rc = read_at(at, name, path, size, cap, data, NULL, 0, err);
+    if (rc) return rc;
+    tnr_sha256_hex(*data, (size_t)size, hex);
     if (strcmp(hex, sha) != 0) {
-        free(buf);
+        free(*data);
+        *data = NULL;
         return tnr_fail(err, TNR_E_ARTIFACT,
                         "%s does not match its SHA-256 in manifest.json: the file was edited or replaced; " REDO, path);
     }
-    *data = buf;
+    return TNR_OK;
+}
+
+int tnr_signature_check(const char *dir, const unsigned char *manifest, size_t mlen, const unsigned char *sig,
+                        size_t slen, const unsigned char *key, size_t keylen, char *err) {
+    char want[12 + 2 * 32 + 1];
+    unsigned char mac[32];
+    unsigned diff = 0;
+    size_t i;
+    if (!sig)
+        return tnr_fail(err, TNR_E_ARTIFACT, "%s is not signed (no signature file): sign it with `tuner compile --sign "
+                        "KEY`, or run it without --verify", dir);
+    tnr_hmac_sha256(key, keylen, manifest, mlen, mac);
+    memcpy(want, "hmac-sha256:", 12);
+    for (i = 0; i < 32; i++) snprintf(want + 12 + 2 * i, 3, "%02x", mac[i]);
+    while (slen && (sig[slen - 1] == '\n' || sig[slen - 1] == '\r' || sig[slen - 1] == ' ')) slen--;
+    if (slen != 12 + 64) diff = 1;
+    for (i = 0; i < 12 + 64; i++) diff |= (unsigned)((i < slen ? sig[i] : 0) ^ (unsigned char)want[i]);
+    if (diff)
+        return tnr_fail(err, TNR_E_ARTIFACT, "%s: the signature does not match manifest.json under this key: the artifact "
+                        "was changed after it was signed, or signed with another key", dir);
     return TNR_OK;
 }
 
@@ -140,29 +193,36 @@ typedef struct {
     unsigned char *data;
 } listed;
 
-static int verify_manifest(tnr_artifact *a, listed **out, int *nout, unsigned char **graph, size_t *graph_len,
-                           char *err) {
+static int verify_manifest(tnr_artifact *a, int dfd, const unsigned char *key, size_t keylen, listed **out, int *nout,
+                           unsigned char **graph, size_t *graph_len, char *err) {
     unsigned char *text = NULL;
     size_t len = 0, i, j;
     char jerr[256], path[4096];
     tj_doc *doc;
     tj_value *m, *files, *fmt, *ver;
     listed *l;
-    int rc, found_graph = 0, found_params = 0;
+    int rc, found_graph = 0, found_params = 0, kfd = -1;
     *out = NULL;
     *nout = 0;
     snprintf(path, sizeof path, "%s/manifest.json", a->dir);
-    {
-        struct stat st;
-        if (stat(path, &st) != 0)
-            return tnr_fail(err, TNR_E_ARTIFACT, "%s is missing: %s is not a version 3 artifact (compile the model "
-                            "with `tuner compile MODEL -o %s`)", path, a->dir, a->dir);
-        if (S_ISREG(st.st_mode) && (uint64_t)st.st_size > MAX_MANIFEST)
-            return tnr_fail(err, TNR_E_ARTIFACT, "%s holds %lld bytes, more than 1 MiB; " REDO, path,
-                            (long long)st.st_size);
+    rc = read_at(dfd, "manifest.json", path, -1, MAX_MANIFEST, &text, &len, 1, err);
+    if (rc) return rc;
+    if (!text)
+        return tnr_fail(err, TNR_E_ARTIFACT, "%s is missing: %s is not a version 3 artifact (compile the model "
+                        "with `tuner compile MODEL -o %s`)", path, a->dir, a->dir);
+    if (key) { /* the signature checked on the very bytes read below: one reading of the manifest */
+        unsigned char *sig = NULL;
+        size_t slen = 0;
+        char spath[4200];
+        snprintf(spath, sizeof spath, "%s/signature", a->dir);
+        rc = read_at(dfd, "signature", spath, -1, 4096, &sig, &slen, 1, err);
+        if (!rc) rc = tnr_signature_check(a->dir, text, len, sig, slen, key, keylen, err);
+        free(sig);
+        if (rc) {
+            free(text);
+            return rc;
+        }
     }
-    rc = tnr_read_file(path, MAX_MANIFEST, &text, &len, err);
-    if (rc) return TNR_E_ARTIFACT;
     doc = tnr_json_parse((const char *)text, len, MAX_MANIFEST, jerr, sizeof jerr);
     free(text);
     if (!doc) return tnr_fail(err, TNR_E_ARTIFACT, "%s is not valid JSON (%s); " REDO, path, jerr);
@@ -199,7 +259,7 @@ static int verify_manifest(tnr_artifact *a, listed **out, int *nout, unsigned ch
     }
     for (i = 0; i < files->len; i++) {
         size_t cap = strcmp(l[i].path, "graph.json") == 0 ? MAX_GRAPH : strcmp(l[i].path, "params.bin") == 0 ? MAX_PARAMS : MAX_KERNEL;
-        rc = read_listed(a->dir, l[i].path, l[i].size, l[i].sha, cap, &l[i].data, err);
+        rc = read_listed(a->dir, dfd, &kfd, l[i].path, l[i].size, l[i].sha, cap, &l[i].data, err);
         if (rc) goto fail;
         if (strcmp(l[i].path, "graph.json") == 0) found_graph = 1;
         if (strcmp(l[i].path, "params.bin") == 0) found_params = 1;
@@ -236,11 +296,51 @@ static int verify_manifest(tnr_artifact *a, listed **out, int *nout, unsigned ch
     }
     free(l);
     tnr_json_free(doc);
+    if (kfd >= 0) close(kfd);
     return TNR_OK;
 fail:
     for (j = 0; j < files->len; j++) free(l[j].data);
     free(l);
     tnr_json_free(doc);
+    if (kfd >= 0) close(kfd);
+    return rc;
+}
+
+int tnr_read_key(const char *key_file, unsigned char **key, size_t *len, char *err) {
+    char e[TNR_ERRLEN];
+    int rc = tnr_read_file(key_file, (size_t)1 << 20, key, len, e);
+    if (rc == TNR_E_NOMEM) return tnr_fail(err, rc, "--verify %s: out of memory", key_file);
+    if (rc) {
+        size_t kl = strlen(key_file);
+        const char *why = strncmp(e, key_file, kl) == 0 && e[kl] == ':' ? e + kl + 2 : e;
+        return tnr_fail(err, TNR_E_IO, "--verify %s: cannot read the key file (%s); give a file of random bytes (head -c "
+                        "32 /dev/urandom > KEY makes one)", key_file, why);
+    }
+    if (*len < 16) {
+        memset(*key, 0, *len);
+        free(*key);
+        *key = NULL;
+        return tnr_fail(err, TNR_E_IO, "--verify %s: the key holds under 16 bytes (%zu); use at least 16 random bytes "
+                        "(head -c 32 /dev/urandom > KEY makes one)", key_file, *len);
+    }
+    return TNR_OK;
+}
+
+int tnr_artifact_verify_only(const char *dir, const unsigned char *key, size_t keylen, char *err) {
+    unsigned char *manifest = NULL, *sig = NULL;
+    size_t mlen = 0, slen = 0;
+    char path[4200];
+    int rc, dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) return tnr_fail(err, TNR_E_ARTIFACT, "%s: no manifest.json to verify (%s)", dir, strerror(errno));
+    snprintf(path, sizeof path, "%s/manifest.json", dir);
+    rc = read_at(dfd, "manifest.json", path, -1, MAX_MANIFEST, &manifest, &mlen, 1, err);
+    if (!rc && !manifest) rc = tnr_fail(err, TNR_E_ARTIFACT, "%s: no manifest.json to verify", dir);
+    snprintf(path, sizeof path, "%s/signature", dir);
+    if (!rc) rc = read_at(dfd, "signature", path, -1, 4096, &sig, &slen, 1, err);
+    if (!rc) rc = tnr_signature_check(dir, manifest, mlen, sig, slen, key, keylen, err);
+    free(manifest);
+    free(sig);
+    close(dfd);
     return rc;
 }
 
@@ -1274,7 +1374,12 @@ int tnr_artifact_check_limits(const tnr_artifact *a, const tnr_limits *lim, cons
 }
 
 int tnr_artifact_load(const char *dir, tnr_artifact **out, char *err) {
+    return tnr_artifact_load_key(dir, NULL, 0, out, err);
+}
+
+int tnr_artifact_load_key(const char *dir, const unsigned char *key, size_t keylen, tnr_artifact **out, char *err) {
     tnr_artifact *a = calloc(1, sizeof *a);
+    int dfd = -1;
     unsigned char *graph = NULL;
     size_t graph_len = 0;
     listed *files = NULL;
@@ -1299,8 +1404,13 @@ int tnr_artifact_load(const char *dir, tnr_artifact **out, char *err) {
                       a->dir, a->dir);
         goto done;
     }
-    /* check 1 */
-    rc = verify_manifest(a, &files, &nfiles, &graph, &graph_len, err);
+    /* check 1: every file read once, relative to the folder opened here */
+    dfd = open(a->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) {
+        rc = tnr_fail(err, TNR_E_ARTIFACT, "%s cannot be opened (%s); " REDO, a->dir, strerror(errno));
+        goto done;
+    }
+    rc = verify_manifest(a, dfd, key, keylen, &files, &nfiles, &graph, &graph_len, err);
     if (rc) goto done;
     /* check 2 */
     a->graph_doc = tnr_json_parse((const char *)graph, graph_len, MAX_GRAPH, jerr, sizeof jerr);
@@ -1365,6 +1475,7 @@ int tnr_artifact_load(const char *dir, tnr_artifact **out, char *err) {
     if ((rc = check_order(a, err))) goto done;
     if ((rc = check_sizes(a, err))) goto done;
 done:
+    if (dfd >= 0) close(dfd);
     free(graph);
     free(files);
     free(raw.entry_scope), free(raw.entry_dtype), free(raw.pool_scope), free(raw.pool_dtype);

@@ -1,4 +1,4 @@
-/* Reading and checking a compiled-model artifact (docs/artifact.md, format version 2): every one of the 10
+/* Reading and checking a compiled-model artifact (docs/artifact.md, format version 3): every one of the 11
  * checks, in the order tuner/artifact/checks.py makes them, each failure a message naming the file (and the
  * field). Nothing here touches OpenCL. */
 #ifndef TNR_ARTIFACT_H
@@ -94,8 +94,19 @@ typedef struct tnr_artifact {
     int *entry_sorted, *param_sorted, *ws_sorted;
 } tnr_artifact;
 
-/* Reads dir and makes checks 1 to 10 against the profile graph.json records. */
+/* Reads dir and makes checks 1 to 11 against the profile graph.json records. Every file is read once (relative to
+ * the folder, without following a link, non-blocking, checked on its descriptor) and used from those bytes. */
 int tnr_artifact_load(const char *dir, tnr_artifact **out, char *err);
+/* The same, and the artifact must be signed with key[keylen]: the signature is checked on the very bytes of
+ * manifest.json the artifact is then read by (one reading: nothing swapped between the check and the load). */
+int tnr_artifact_load_key(const char *dir, const unsigned char *key, size_t keylen, tnr_artifact **out, char *err);
+/* Whether sig[slen] (NULL: no signature file) is "hmac-sha256:<hex>" of HMAC-SHA256(key, manifest). */
+int tnr_signature_check(const char *dir, const unsigned char *manifest, size_t mlen, const unsigned char *sig,
+                        size_t slen, const unsigned char *key, size_t keylen, char *err);
+/* Checks dir's signature under key only (reading manifest.json and signature as the load does). */
+int tnr_artifact_verify_only(const char *dir, const unsigned char *key, size_t keylen, char *err);
+/* Reads a --verify key file: a regular file (non-blocking, checked on its descriptor) of 16 bytes to 1 MiB. */
+int tnr_read_key(const char *key_file, unsigned char **key, size_t *len, char *err);
 /* Checks 4 and 9 again against another device's limits (the one it is about to run on). */
 int tnr_artifact_check_limits(const tnr_artifact *a, const tnr_limits *lim, const char *device_name, char *err);
 void tnr_artifact_free(tnr_artifact *a);

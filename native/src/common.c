@@ -30,23 +30,34 @@ void tnr_prefix(char *err, const char *fmt, ...) {
     snprintf(err, TNR_ERRLEN, "%s: %s", head, old);
 }
 
+const char *tnr_file_kind(unsigned mode) {
+    return S_ISDIR(mode) ? "a directory" : S_ISFIFO(mode) ? "a FIFO (named pipe)" : S_ISCHR(mode) ? "a character device"
+         : S_ISBLK(mode) ? "a block device" : S_ISSOCK(mode) ? "a socket" : "a special file";
+}
+
 int tnr_read_file(const char *path, size_t max, unsigned char **data, size_t *len, char *err) {
     struct stat st;
     unsigned char *buf;
     size_t got = 0;
-    /* O_NONBLOCK: opening a FIFO must not hang; fstat then refuses it as not a regular file. */
+    /* O_NONBLOCK: opening a FIFO must not hang; fstat on the descriptor then refuses it as not a regular file, and
+     * a file larger than max before a byte of it is read (a 3 GiB sparse file is never read) */
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     *data = NULL;
     *len = 0;
     if (fd < 0)
-        return tnr_fail(err, TNR_E_IO, "%s: %s", path, errno == ENOENT ? "missing" : strerror(errno));
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        return tnr_fail(err, TNR_E_IO, "%s: %s", path, errno == ENOENT ? "no such file" : strerror(errno));
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
         close(fd);
-        return tnr_fail(err, TNR_E_IO, "%s: not a regular file", path);
+        return tnr_fail(err, TNR_E_IO, "%s: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return tnr_fail(err, TNR_E_IO, "%s: it is %s, not a regular file", path, tnr_file_kind((unsigned)st.st_mode));
     }
     if ((uint64_t)st.st_size > (uint64_t)max) {
         close(fd);
-        return tnr_fail(err, TNR_E_IO, "%s: %lld bytes, more than the limit of %zu", path,
+        return tnr_fail(err, TNR_E_IO, "%s: it holds %lld bytes, more than the %zu it may", path,
                         (long long)st.st_size, max);
     }
     buf = malloc((size_t)st.st_size + 1);

@@ -24,8 +24,13 @@ void tnr_prefix(char *err, const char *fmt, ...)
 #endif
     ;
 
-/* Reads a whole file (at most max bytes; larger is an error). *data is NUL-terminated, caller frees. */
+/* Reads a whole file once: opened non-blocking, checked on the descriptor to be a regular file of at most max bytes
+ * before a byte is read (a FIFO, a device or a larger file is an error naming what it is). *data is NUL-terminated,
+ * caller frees. */
 int tnr_read_file(const char *path, size_t max, unsigned char **data, size_t *len, char *err);
+
+/* What a non-regular file is, in words ("a FIFO (named pipe)", "a character device", ...), from st_mode. */
+const char *tnr_file_kind(unsigned mode);
 
 /* Joins dir and name with '/', into a malloc'd string (NULL when out of memory). */
 char *tnr_join(const char *dir, const char *name);

@@ -2,9 +2,13 @@
 #include "npy.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "common.h"
 #include "half.h"
@@ -12,33 +16,87 @@
 #define NPY_MAX_BYTES ((size_t)1 << 34)
 
 static const char *skip_ws(const char *p, const char *end) {
-    while (p < end && (*p == ' ' || *p == '\t' || *p == '\n')) p++;
+    while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
     return p;
 }
 
-/* Finds 'key': in the header dict and returns a pointer to the value (NULL when absent). */
-static const char *dict_value(const char *h, const char *end, const char *key) {
-    char quoted[32];
-    const char *p;
-    size_t n;
-    snprintf(quoted, sizeof quoted, "'%s'", key);
-    n = strlen(quoted);
-    for (p = h; p + n <= end; p++)
-        if (memcmp(p, quoted, n) == 0) {
-            p = skip_ws(p + n, end);
-            if (p < end && *p == ':') return skip_ws(p + 1, end);
-            return NULL;
+/* The header's dictionary, read whole: {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), } with each of
+ * the three keys exactly once and nothing else (numpy would keep the last of a repeated key: a file that names
+ * one twice is refused, so no two readers see two arrays in it). Returns NULL, or what is wrong. */
+static const char *parse_header(const char *h, const char *end, int *half, tnr_npy *out) {
+    const char *p = skip_ws(h, end);
+    int seen[3] = {0, 0, 0};
+    if (p >= end || *p != '{') return "not a dictionary";
+    p = skip_ws(p + 1, end);
+    while (p < end && *p != '}') {
+        static const char *const keys[3] = {"descr", "fortran_order", "shape"};
+        const char *k0;
+        char quote;
+        size_t klen;
+        int which = -1, i;
+        if (*p != '\'' && *p != '"') return "a key that is not a string";
+        quote = *p++;
+        k0 = p;
+        while (p < end && *p != quote) p++;
+        if (p >= end) return "an unterminated key";
+        klen = (size_t)(p - k0);
+        p++;
+        for (i = 0; i < 3; i++)
+            if (strlen(keys[i]) == klen && !memcmp(k0, keys[i], klen)) which = i;
+        if (which < 0) return "a key other than 'descr', 'fortran_order' and 'shape'";
+        if (seen[which]++) return which == 0 ? "'descr' twice" : which == 1 ? "'fortran_order' twice" : "'shape' twice";
+        p = skip_ws(p, end);
+        if (p >= end || *p != ':') return "a key without ':'";
+        p = skip_ws(p + 1, end);
+        if (which == 0) {
+            if (end - p >= 5 && (!memcmp(p, "'<f4'", 5) || !memcmp(p, "\"<f4\"", 5))) *half = 0;
+            else if (end - p >= 5 && (!memcmp(p, "'<f2'", 5) || !memcmp(p, "\"<f2\"", 5))) *half = 1;
+            else return "values other than float32 or float16 (little-endian): descr must be '<f4' or '<f2'";
+            p += 5;
+        } else if (which == 1) {
+            if (end - p >= 5 && !memcmp(p, "False", 5)) p += 5;
+            else if (end - p >= 4 && !memcmp(p, "True", 4)) return "Fortran order (fortran_order must be False)";
+            else return "a fortran_order that is not False";
+        } else {
+            if (p >= end || *p != '(') return "a shape that is not a tuple";
+            p++;
+            out->count = 1;
+            out->ndim = 0;
+            for (;;) {
+                long long d = 0;
+                int digits = 0;
+                p = skip_ws(p, end);
+                if (p < end && *p == ')') break;
+                if (out->ndim == TNR_NPY_MAX_DIMS) return "more than 8 dimensions";
+                while (p < end && *p >= '0' && *p <= '9' && digits < 12) d = d * 10 + (*p++ - '0'), digits++;
+                if (!digits || (p < end && *p >= '0' && *p <= '9')) return "a shape of other than integers";
+                out->shape[out->ndim++] = d;
+                out->count = (size_t)tnr_mul_sat(out->count, (uint64_t)d);
+                p = skip_ws(p, end);
+                if (p < end && *p == ',') p++;
+                else if (!(p < end && *p == ')')) return "a shape of other than integers";
+            }
+            p++;
         }
+        p = skip_ws(p, end);
+        if (p < end && *p == ',') p = skip_ws(p + 1, end);
+        else if (!(p < end && *p == '}')) return "entries not separated by ','";
+    }
+    if (p >= end) return "an unterminated dictionary";
+    p = skip_ws(p + 1, end);
+    if (p != end) return "bytes after the dictionary";
+    if (!seen[0] || !seen[1] || !seen[2]) return "not the keys 'descr', 'fortran_order' and 'shape'";
     return NULL;
 }
 
-int tnr_npy_read(const char *path, tnr_npy *out, char *err) {
+int tnr_npy_read(const char *path, size_t max_bytes, tnr_npy *out, char *err) {
     unsigned char *buf = NULL;
     size_t len = 0, hlen, off, itemsize, i;
-    const char *h, *hend, *v;
-    int half, rc;
+    const char *why;
+    int half = 0, rc;
     memset(out, 0, sizeof *out);
-    rc = tnr_read_file(path, NPY_MAX_BYTES, &buf, &len, err);
+    if (!max_bytes || max_bytes > NPY_MAX_BYTES) max_bytes = NPY_MAX_BYTES;
+    rc = tnr_read_file(path, max_bytes, &buf, &len, err); /* non-blocking, a regular file, at most max_bytes */
     if (rc) return rc;
     if (len < 10 || memcmp(buf, "\x93NUMPY", 6) != 0) {
         free(buf);
@@ -55,51 +113,11 @@ int tnr_npy_read(const char *path, tnr_npy *out, char *err) {
         free(buf);
         return tnr_fail(err, TNR_E_ARG, "%s: truncated .npy header", path);
     }
-    h = (const char *)buf + off;
-    hend = h + hlen;
-    v = dict_value(h, hend, "descr");
-    if (v && hend - v >= 5 && (memcmp(v, "'<f4'", 5) == 0 || memcmp(v, "'<f2'", 5) == 0)) {
-        half = v[3] == '2';
-    } else {
+    why = parse_header((const char *)buf + off, (const char *)buf + off + hlen, &half, out);
+    if (why) {
         free(buf);
-        return tnr_fail(err, TNR_E_ARG, "%s: holds %s values; float32 or float16 (little-endian) expected", path,
-                        v ? "other" : "unknown");
-    }
-    v = dict_value(h, hend, "fortran_order");
-    if (!v || hend - v < 5 || memcmp(v, "False", 5) != 0) {
-        free(buf);
-        return tnr_fail(err, TNR_E_ARG, "%s: not in C order (fortran_order must be False)", path);
-    }
-    v = dict_value(h, hend, "shape");
-    if (!v || v >= hend || *v != '(') {
-        free(buf);
-        return tnr_fail(err, TNR_E_ARG, "%s: no shape in the .npy header", path);
-    }
-    v++;
-    out->count = 1;
-    for (;;) {
-        char *e;
-        long long d;
-        v = skip_ws(v, hend);
-        if (v < hend && *v == ')') break;
-        if (out->ndim == TNR_NPY_MAX_DIMS) {
-            free(buf);
-            return tnr_fail(err, TNR_E_ARG, "%s: more than %d dimensions", path, TNR_NPY_MAX_DIMS);
-        }
-        errno = 0;
-        d = strtoll(v, &e, 10);
-        if (e == v || e > hend || d < 0 || errno) {
-            free(buf);
-            return tnr_fail(err, TNR_E_ARG, "%s: bad shape in the .npy header", path);
-        }
-        out->shape[out->ndim++] = d;
-        out->count = (size_t)tnr_mul_sat(out->count, (uint64_t)d);
-        v = skip_ws(e, hend);
-        if (v < hend && *v == ',') v++;
-        else if (!(v < hend && *v == ')')) {
-            free(buf);
-            return tnr_fail(err, TNR_E_ARG, "%s: bad shape in the .npy header", path);
-        }
+        return tnr_fail(err, TNR_E_ARG, "%s: its .npy header holds %s; save the input again with numpy.save (float32)",
+                        path, why);
     }
     itemsize = half ? 2 : 4;
     off += hlen;
@@ -127,11 +145,41 @@ int tnr_npy_read(const char *path, tnr_npy *out, char *err) {
     return TNR_OK;
 }
 
+static int write_all(int fd, const void *data, size_t n) {
+    const char *p = data;
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return -1;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* path's folder ("." when it names none) and base name, into dir[n] and *base */
+static int split_path(const char *path, char *dir, size_t n, const char **base) {
+    const char *slash = strrchr(path, '/');
+    size_t len;
+    if (!slash) {
+        snprintf(dir, n, ".");
+        *base = path;
+        return 1;
+    }
+    len = slash == path ? 1 : (size_t)(slash - path);
+    if (len >= n) return 0;
+    memcpy(dir, path, len);
+    dir[len] = 0;
+    *base = slash + 1;
+    return 1;
+}
+
 int tnr_npy_write(const char *path, const float *data, const int64_t *shape, int ndim, char *err) {
-    char header[512], dims[400] = "";
+    char header[512], dims[400] = "", dir[4096], tmp[4200];
+    const char *base;
     size_t n = 1, used = 0, hl, total;
-    int i;
-    FILE *f;
+    int i, fd = -1, dfd, tries;
+    struct stat st;
     for (i = 0; i < ndim; i++) {
         used += (size_t)snprintf(dims + used, sizeof dims - used, "%lld%s", (long long)shape[i],
                                  ndim == 1 ? "," : i + 1 < ndim ? ", " : "");
@@ -145,14 +193,61 @@ int tnr_npy_write(const char *path, const float *data, const int64_t *shape, int
     memcpy(header, "\x93NUMPY\x01\x00", 8);
     header[8] = (char)(hl & 0xFF);
     header[9] = (char)(hl >> 8);
-    f = fopen(path, "wb");
-    if (!f) return tnr_fail(err, TNR_E_IO, "%s: cannot write (%s)", path, strerror(errno));
-    /* little-endian hosts only (x86-64, arm64): the floats go out as they are */
-    if (fwrite(header, 1, 10 + hl, f) != 10 + hl || fwrite(data, sizeof(float), n, f) != n) {
-        fclose(f);
-        return tnr_fail(err, TNR_E_IO, "%s: write failed", path);
+    /* as tuner run writes (tuner/files.py write_file): a symbolic link is refused, a device or FIFO written
+     * through, anything else written to a new file beside it and renamed into place once complete and synced */
+    if (lstat(path, &st) == 0) {
+        if (S_ISLNK(st.st_mode)) {
+            char target[1024];
+            ssize_t t = readlink(path, target, sizeof target - 1);
+            target[t > 0 ? t : 0] = 0;
+            return tnr_fail(err, TNR_E_IO, "%s: it is a symbolic link (to '%s'); give the path of the file itself", path,
+                            target);
+        }
+        if (S_ISDIR(st.st_mode)) return tnr_fail(err, TNR_E_IO, "%s: it is a directory; give a file path", path);
+        if (!S_ISREG(st.st_mode)) {
+            fd = open(path, O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
+            if (fd < 0) return tnr_fail(err, TNR_E_IO, "%s: cannot write (%s)", path, strerror(errno));
+            /* little-endian hosts only (x86-64, arm64): the floats go out as they are */
+            if (write_all(fd, header, 10 + hl) || write_all(fd, data, n * sizeof(float))) {
+                int e = errno;
+                close(fd);
+                return tnr_fail(err, TNR_E_IO, "%s: write failed (%s)", path, strerror(e));
+            }
+            close(fd);
+            return TNR_OK;
+        }
+    } else if (errno != ENOENT) {
+        return tnr_fail(err, TNR_E_IO, "%s: cannot write (%s)", path, strerror(errno));
     }
-    if (fclose(f) != 0) return tnr_fail(err, TNR_E_IO, "%s: write failed (%s)", path, strerror(errno));
+    if (!split_path(path, dir, sizeof dir, &base) || !*base)
+        return tnr_fail(err, TNR_E_IO, "%s: not a file path", path);
+    for (tries = 0; tries < 100 && fd < 0; tries++) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        if (snprintf(tmp, sizeof tmp, "%s/.%s.%ld.%lx.tmp", dir, base, (long)getpid(),
+                     (unsigned long)(ts.tv_nsec ^ (tries * 2654435761u))) >= (int)sizeof tmp)
+            return tnr_fail(err, TNR_E_IO, "%s: the path is too long", path);
+        /* a new file of our own: a link or file planted at the name is never followed or reused */
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+        if (fd < 0 && errno != EEXIST) return tnr_fail(err, TNR_E_IO, "%s: cannot write (%s)", path, strerror(errno));
+    }
+    if (fd < 0) return tnr_fail(err, TNR_E_IO, "%s: cannot write (no free temporary name beside it)", path);
+    if (write_all(fd, header, 10 + hl) || write_all(fd, data, n * sizeof(float)) || fsync(fd) != 0) {
+        int e = errno;
+        close(fd);
+        unlink(tmp);
+        return tnr_fail(err, TNR_E_IO, "%s: write failed (%s); the file there is left as it was", path, strerror(e));
+    }
+    if (close(fd) != 0 || rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return tnr_fail(err, TNR_E_IO, "%s: write failed (%s); the file there is left as it was", path, strerror(e));
+    }
+    dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC); /* the rename on the disk too (best effort) */
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
     return TNR_OK;
 }
 

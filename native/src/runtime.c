@@ -34,6 +34,7 @@ struct tnr_runtime {
     int *in_set;
     int ran;
     int from_source, from_binary;
+    int verified; /* opened by tnr_open_verified: binaries only from this user's own cache */
     char cache_key[160];
     char device_label[600];
     char err[TNR_ERRLEN];
@@ -134,92 +135,43 @@ int tnr_check(const char *dir, char *err, size_t errlen) {
     return rc;
 }
 
-/* Reads at most max bytes of path into a malloc'd buffer: 0, or -1 (errno set; ERANGE when larger). */
-static int slurp(const char *path, size_t max, unsigned char **data, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    unsigned char *buf;
-    size_t n = 0, cap = 4096;
-    if (!f) return -1;
-    buf = malloc(cap);
-    while (buf) {
-        size_t r;
-        if (n == cap) {
-            unsigned char *more = cap >= max + 1 ? NULL : realloc(buf, cap * 2 > max + 1 ? max + 1 : cap * 2);
-            if (!more) break;
-            buf = more;
-            cap = cap * 2 > max + 1 ? max + 1 : cap * 2;
-        }
-        r = fread(buf + n, 1, cap - n, f);
-        n += r;
-        if (r == 0) break;
-    }
-    fclose(f);
-    if (!buf) {
-        errno = ENOMEM;
-        return -1;
-    }
-    if (n > max) {
-        free(buf);
-        errno = ERANGE;
-        return -1;
-    }
-    *data = buf;
-    *len = n;
-    return 0;
-}
-
 int tnr_verify_signature(const char *dir, const char *key_file, char *err, size_t errlen) {
-    char path[4200], want[12 + 2 * 32 + 1], e[TNR_ERRLEN];
-    unsigned char *key = NULL, *manifest = NULL, *sig = NULL, mac[32];
-    size_t keylen = 0, mlen = 0, slen = 0, i;
-    unsigned diff = 0;
-    int rc = TNR_OK;
+    char e[TNR_ERRLEN];
+    unsigned char *key = NULL;
+    size_t keylen = 0;
+    int rc;
     if (!dir || !key_file) return TNR_E_ARG;
-    if (slurp(key_file, 1 << 20, &key, &keylen) != 0 || keylen < 16) {
-        rc = tnr_fail(e, TNR_E_IO, "--verify %s: %s", key_file,
-                      key ? "the key holds under 16 bytes (head -c 32 /dev/urandom > KEY makes one)" : strerror(errno));
-        goto done;
-    }
-    snprintf(path, sizeof path, "%s/manifest.json", dir);
-    if (slurp(path, (size_t)64 << 20, &manifest, &mlen) != 0) {
-        rc = tnr_fail(e, TNR_E_ARTIFACT, "%s: no manifest.json to verify (%s)", dir, strerror(errno));
-        goto done;
-    }
-    snprintf(path, sizeof path, "%s/signature", dir);
-    if (slurp(path, 4096, &sig, &slen) != 0) {
-        rc = tnr_fail(e, TNR_E_ARTIFACT, "%s is not signed (no signature file): sign it with `tuner compile --sign KEY`, "
-                      "or run it without --verify", dir);
-        goto done;
-    }
-    tnr_hmac_sha256(key, keylen, manifest, mlen, mac);
-    memcpy(want, "hmac-sha256:", 12);
-    for (i = 0; i < 32; i++) snprintf(want + 12 + 2 * i, 3, "%02x", mac[i]);
-    while (slen && (sig[slen - 1] == '\n' || sig[slen - 1] == '\r' || sig[slen - 1] == ' ')) slen--;
-    if (slen != 12 + 64) diff = 1;
-    for (i = 0; i < 12 + 64; i++) diff |= (unsigned)((i < slen ? sig[i] : 0) ^ (unsigned char)want[i]);
-    if (diff)
-        rc = tnr_fail(e, TNR_E_ARTIFACT, "%s: the signature does not match manifest.json under this key: the artifact "
-                      "was changed after it was signed, or signed with another key", dir);
-done:
+    rc = tnr_read_key(key_file, &key, &keylen, e);
+    if (!rc) rc = tnr_artifact_verify_only(dir, key, keylen, e);
     if (key) memset(key, 0, keylen);
     free(key);
-    free(manifest);
-    free(sig);
     if (rc && err && errlen) snprintf(err, errlen, "%s", e);
     return rc;
 }
 
 /* ---- the binary cache ---- */
 
+/* The folder of the binary cache: the artifact's binaries/<device>, or for a verified artifact this user's own
+ * cache, $XDG_CACHE_HOME/tuner/binaries/<device> (else ~/.cache/...): binaries/ is not covered by the signature, so
+ * a verified artifact runs only binaries this user built, keyed by the verified source's hash. 0: no cache. */
+static int cache_dir(const tnr_runtime *rt, char *dir, size_t n) {
+    const char *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
+    size_t used;
+    if (!rt->verified) used = (size_t)snprintf(dir, n, "%s/binaries/%s", rt->a->dir, rt->cache_key);
+    else if (x && x[0] == '/') used = (size_t)snprintf(dir, n, "%s/tuner/binaries/%s", x, rt->cache_key);
+    else if (h && h[0] == '/') used = (size_t)snprintf(dir, n, "%s/.cache/tuner/binaries/%s", h, rt->cache_key);
+    else return 0;
+    return used < n;
+}
+
 static int build_program(tnr_runtime *rt, const tnr_source *src, cl_program *prog) {
     char dir[4096], path[4200], tag[300];
-    unsigned char *bin;
+    unsigned char *bin = NULL;
     size_t len = 0;
-    int rc;
-    snprintf(dir, sizeof dir, "%s/binaries/%s", rt->a->dir, rt->cache_key);
+    int rc, cached = cache_dir(rt, dir, sizeof dir);
     snprintf(path, sizeof path, "%s/%s.bin", dir, src->sha256);
     snprintf(tag, sizeof tag, "%s/%s", rt->cache_key, src->sha256);
-    bin = tnr_bincache_read(dir, path, tag, &len);
+    if (cached) bin = tnr_bincache_read(dir, path, tag, &len);
     if (bin) {
         rc = tcl_build_binary(&rt->api, rt->ctx, &rt->dev, bin, len, "", prog, rt->err);
         free(bin);
@@ -234,7 +186,8 @@ static int build_program(tnr_runtime *rt, const tnr_source *src, cl_program *pro
         return rc;
     }
     rt->from_source++;
-    if (tcl_program_binary(&rt->api, *prog, &bin, &len, rt->err) == TNR_OK && bin && len) tnr_bincache_write(dir, path, tag, bin, len);
+    if (cached && tcl_program_binary(&rt->api, *prog, &bin, &len, rt->err) == TNR_OK && bin && len)
+        tnr_bincache_write(dir, path, tag, bin, len);
     free(bin);
     rt->err[0] = 0;
     return TNR_OK;
@@ -385,8 +338,10 @@ static int setup(tnr_runtime *rt, const char *spec) {
     return TNR_OK;
 }
 
-int tnr_open(const char *dir, const char *device, tnr_runtime **out) {
+static int open_with(const char *dir, const char *device, const char *key_file, tnr_runtime **out) {
     tnr_runtime *rt;
+    unsigned char *key = NULL;
+    size_t keylen = 0;
     int rc;
     open_error[0] = 0;
     if (!out) return tnr_fail(open_error, TNR_E_ARG, "tnr_open: rt is NULL");
@@ -394,7 +349,15 @@ int tnr_open(const char *dir, const char *device, tnr_runtime **out) {
     if (!dir) return tnr_fail(open_error, TNR_E_ARG, "tnr_open: dir is NULL");
     rt = calloc(1, sizeof *rt);
     if (!rt) return tnr_fail(open_error, TNR_E_NOMEM, "out of memory");
-    rc = tnr_artifact_load(dir, &rt->a, rt->err);
+    if (key_file) {
+        rc = tnr_read_key(key_file, &key, &keylen, rt->err);
+        rt->verified = 1;
+        if (!rc) rc = tnr_artifact_load_key(dir, key, keylen, &rt->a, rt->err);
+        if (key) memset(key, 0, keylen);
+        free(key);
+    } else {
+        rc = tnr_artifact_load(dir, &rt->a, rt->err);
+    }
     if (!rc) rc = setup(rt, device);
     if (rc) {
         snprintf(open_error, sizeof open_error, "%s", rt->err);
@@ -403,6 +366,16 @@ int tnr_open(const char *dir, const char *device, tnr_runtime **out) {
     }
     *out = rt;
     return TNR_OK;
+}
+
+int tnr_open(const char *dir, const char *device, tnr_runtime **out) { return open_with(dir, device, NULL, out); }
+
+int tnr_open_verified(const char *dir, const char *device, const char *key_file, tnr_runtime **out) {
+    if (!key_file) {
+        if (out) *out = NULL;
+        return tnr_fail(open_error, TNR_E_ARG, "tnr_open_verified: key_file is NULL");
+    }
+    return open_with(dir, device, key_file, out);
 }
 
 void tnr_close(tnr_runtime *rt) {

@@ -128,22 +128,68 @@ def _redo(d: Path) -> str:
     return f"recompile the model (`tuner compile MODEL -o {d}`)"
 
 
-def _read_capped(path: Path, cap: int, d: Path) -> bytes:
-    """The bytes of a regular file of at most ``cap`` bytes; anything else (a FIFO, a device, a folder, a
-    symbolic link, a bigger file) is refused before it is opened for reading."""
-    try:
-        st = os.lstat(path)
-    except OSError as e:
-        raise ArtifactError(f"{path} cannot be read ({e.strerror}); {_redo(d)}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise ArtifactError(f"{path} is not a regular file; {_redo(d)}")
-    if st.st_size > cap:
-        raise ArtifactError(f"{path} holds {st.st_size} bytes, more than the {cap} an artifact's file may; {_redo(d)}")
-    try:
-        with open(path, "rb") as f:
-            return f.read(st.st_size + 1)  # its size (checked against cap above), not cap: no huge buffer
-    except OSError as e:
-        raise ArtifactError(f"{path} cannot be read ({e.strerror}); {_redo(d)}") from None
+class _Folder:
+    """An artifact folder opened once: every file is read relative to that descriptor (and kernels/ to its own,
+    opened without following a link), each with O_NOFOLLOW and O_NONBLOCK and checked on its descriptor
+    (``files.read_capped``): a link, a FIFO, a device or an oversized file is refused before a byte is read, and
+    no file can be swapped between a check and the read that is used."""
+
+    def __init__(self, d: Path):
+        self.d = d
+        self.kernels = None
+        try:
+            self.fd = os.open(d, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+        except OSError as e:
+            raise ArtifactError(f"{d} cannot be opened ({e.strerror}); {_redo(d)}") from None
+
+    def close(self) -> None:
+        for fd in (self.fd, self.kernels):
+            if fd is not None:
+                os.close(fd)
+        self.fd = self.kernels = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _kernels(self) -> int:
+        if self.kernels is None:
+            flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | \
+                getattr(os, "O_CLOEXEC", 0)
+            try:
+                self.kernels = os.open(KERNELS, flags, dir_fd=self.fd)
+            except FileNotFoundError:
+                raise ArtifactError(f"{self.d / KERNELS} is missing; {_redo(self.d)}") from None
+            except OSError:
+                link = stat.S_ISLNK(os.lstat(KERNELS, dir_fd=self.fd).st_mode)
+                raise ArtifactError(f"{self.d / KERNELS} is {'a symbolic link' if link else 'not a folder'}; an "
+                                    f"artifact holds its own files; {_redo(self.d)}") from None
+        return self.kernels
+
+    def read(self, rel: str, cap: int, size: int | None = None, missing_ok: bool = False) -> bytes | None:
+        """The bytes of ``rel`` (``kernels/kNNN.cl`` or a top-level name); ``size``: what the manifest says."""
+        from tuner.files import FileProblem, read_capped
+        p, d = self.d / rel, self.d
+        dir_fd, name = (self._kernels(), rel[len(KERNELS) + 1:]) if rel.startswith(KERNELS + "/") else (self.fd, rel)
+        try:
+            return read_capped(name, cap, dir_fd=dir_fd, follow=False, size=size)
+        except FileProblem as e:
+            if e.missing:
+                if missing_ok:
+                    return None
+                raise ArtifactError(f"{p} is missing; {_redo(d)}") from None
+            if e.link:
+                raise ArtifactError(f"{p} is a symbolic link; an artifact holds its own files; {_redo(d)}") from None
+            if e.size is not None and size is not None and e.size != size:
+                raise ArtifactError(f"{p} holds {e.size} bytes, the manifest says {size}: the file was truncated or "
+                                    f"replaced; {_redo(d)}") from None
+            if e.size is not None:
+                raise ArtifactError(f"{p} holds {e.size} bytes, more than the {cap} an artifact's file may; "
+                                    f"{_redo(d)}") from None
+            what = "is not a regular file" if "not a regular file" in e.problem else f"cannot be read ({e.problem})"
+            raise ArtifactError(f"{p} {what}; {_redo(d)}") from None
 
 
 def _no_duplicates(pairs: list) -> dict:
@@ -175,48 +221,44 @@ def _cap(rel: str) -> int:
     return MAX_GRAPH if rel == GRAPH else MAX_KERNEL if rel.startswith(KERNELS + "/") else MAX_PARAMS
 
 
-def verify_manifest(d: Path) -> dict:
+def verify_manifest(d: Path, key: bytes | None = None) -> dict:
     """Check 1: ``{path: bytes}`` of the manifest's files, each present, regular and of its size and SHA-256.
-    Each file is read once: the bytes hashed are the bytes the reader goes on with."""
-    m = _json(_read_capped(d / MANIFEST, MAX_MANIFEST, d), d / MANIFEST, d)
-    if not isinstance(m, dict) or m.get("format") != FORMAT or m.get("version") != VERSION \
-            or not isinstance(m.get("files"), list):
-        v = m.get("version") if isinstance(m, dict) else None
-        raise ArtifactError(f"{d / MANIFEST}: not a {FORMAT!r} version {VERSION} manifest (version {v!r}); {_redo(d)}")
-    files = {}
-    for i, f in enumerate(m["files"]):
-        ok = isinstance(f, dict) and isinstance(f.get("path"), str) and MANIFEST_PATH.match(f["path"]) \
-            and isinstance(f.get("size"), int) and isinstance(f.get("sha256"), str)
-        if not ok or f["path"] in files:
-            raise ArtifactError(f"{d / MANIFEST}: files[{i}] is not a path, size and sha256, or repeats; {_redo(d)}")
-        p = d / f["path"]
-        try:
-            st = os.lstat(p)
-            if f["path"].startswith(KERNELS + "/") and stat.S_ISLNK(os.lstat(d / KERNELS).st_mode):
-                st = os.lstat(d / KERNELS)
-        except OSError:
-            raise ArtifactError(f"{p} is missing; {_redo(d)}") from None
-        if not stat.S_ISREG(st.st_mode):
-            what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
-            raise ArtifactError(f"{p} is {what}{' (or lies under one)' if stat.S_ISLNK(st.st_mode) else ''}; an "
-                                f"artifact holds its own files; {_redo(d)}")
-        if st.st_size != f["size"]:
-            raise ArtifactError(f"{p} holds {st.st_size} bytes, the manifest says {f['size']}: the file was "
-                                f"truncated or replaced; {_redo(d)}")
-        data = _read_capped(p, _cap(f["path"]), d)
-        if len(data) != f["size"] or hashlib.sha256(data).hexdigest() != f["sha256"]:
-            raise ArtifactError(f"{p} does not match its SHA-256 in the manifest: the file was edited or "
-                                f"replaced; {_redo(d)}")
-        files[f["path"]] = data
+    Each file is read once: the bytes hashed are the bytes the reader goes on with. ``key``: the manifest's
+    signature is checked against the very bytes of manifest.json that are then read (``signing.check``)."""
+    with _Folder(d) as folder:
+        raw = folder.read(MANIFEST, MAX_MANIFEST)
+        if key is not None:
+            from .signing import MAX_SIGNATURE_BYTES, SIGNATURE, check
+            check(d, raw, folder.read(SIGNATURE, MAX_SIGNATURE_BYTES, missing_ok=True), key)
+        m = _json(raw, d / MANIFEST, d)
+        if not isinstance(m, dict) or m.get("format") != FORMAT or m.get("version") != VERSION \
+                or not isinstance(m.get("files"), list):
+            v = m.get("version") if isinstance(m, dict) else None
+            raise ArtifactError(f"{d / MANIFEST}: not a {FORMAT!r} version {VERSION} manifest (version {v!r}); "
+                                f"{_redo(d)}")
+        files = {}
+        for i, f in enumerate(m["files"]):
+            ok = isinstance(f, dict) and isinstance(f.get("path"), str) and MANIFEST_PATH.match(f["path"]) \
+                and isinstance(f.get("size"), int) and not isinstance(f.get("size"), bool) and f["size"] >= 0 \
+                and isinstance(f.get("sha256"), str)
+            if not ok or f["path"] in files:
+                raise ArtifactError(f"{d / MANIFEST}: files[{i}] is not a path, size and sha256, or repeats; "
+                                    f"{_redo(d)}")
+            data = folder.read(f["path"], _cap(f["path"]), f["size"])
+            if len(data) != f["size"] or hashlib.sha256(data).hexdigest() != f["sha256"]:
+                raise ArtifactError(f"{d / f['path']} does not match its SHA-256 in the manifest: the file was edited "
+                                    f"or replaced; {_redo(d)}")
+            files[f["path"]] = data
     for need in (GRAPH, PARAMS):
         if need not in files:
             raise ArtifactError(f"{d / MANIFEST} does not list {need}; {_redo(d)}")
     return files
 
 
-def read_artifact(path) -> tuple:
+def read_artifact(path, key: bytes | None = None) -> tuple:
     """``(spec, sources, params)`` of the artifact at ``path``, after checks 1 to 11 of docs/artifact.md
-    against the profile graph.json records. Any failure is an ArtifactError naming the file."""
+    against the profile graph.json records. Any failure is an ArtifactError naming the file. ``key``: the
+    artifact must be signed with it (``signing``), checked on the bytes of manifest.json that are then read."""
     d = Path(path)
     if not d.is_dir() or not ((d / MANIFEST).exists() or (d / GRAPH).exists()):
         raise ArtifactError(f"{d} is not a compiled model: no manifest.json (make one with "
@@ -224,7 +266,7 @@ def read_artifact(path) -> tuple:
     if not (d / MANIFEST).exists():
         raise ArtifactError(f"{d} has no manifest.json: it was compiled by an older tuner (artifact version 1) "
                             f"or damaged; {_redo(d)}")
-    files = verify_manifest(d)
+    files = verify_manifest(d, key)
     spec = ModuleSpec.from_json(_json(files[GRAPH], d / GRAPH, d), str(d / GRAPH))
     sources = {}
     for i, n in enumerate(spec.nodes):

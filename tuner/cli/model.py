@@ -6,13 +6,12 @@ import os
 import statistics
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
 
 from tuner.cli.args import (add_device_arg, add_measure_args, add_seed_arg, add_transfer_arg, duration, int_at_least,
-                            measure_options, non_negative_int, positive_int, read_regular_file, regular_file,
+                            measure_options, non_negative_int, positive_int, regular_file,
                             writable_dir, writable_file)
 from tuner.errors import TunerError
 from tuner.files import write_file
@@ -206,39 +205,11 @@ def _run_outputs(specs, outputs_dir, names: list) -> dict:
     return given
 
 
-def _load_npy(path: str, shown: str | None = None) -> np.ndarray:
-    """An --input array; ``shown``: the option's value as the messages show it (``NAME=X.npy``)."""
-    import io
-    shown = shown if shown is not None else path
-    data = read_regular_file(path, "--input", "give a .npy file written by numpy.save", shown)
-    f = io.BytesIO(data)
-    if data[:6] == b"\x93NUMPY":  # the header's shape against the bytes the file holds, before any allocation
-        try:
-            version = np.lib.format.read_magic(f)
-            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-            shape, _, dtype = read(f)
-        except (OSError, ValueError, EOFError) as e:
-            raise TunerError(f"cannot read --input {shown!r} as a .npy array: {e}") from None
-        need = int(np.prod(shape, dtype=object)) * dtype.itemsize
-        if need > len(data) - f.tell():
-            raise TunerError(f"--input {shown!r}: its header says shape {tuple(shape)} of {dtype} ({need} bytes), but "
-                             f"the file holds {len(data) - f.tell()} bytes after the header; a damaged or truncated "
-                             f"file: save the input again with numpy.save")
-        f.seek(0)
-    try:
-        x = np.load(f, allow_pickle=False)
-    except (OSError, ValueError, EOFError) as e:
-        raise TunerError(f"cannot read --input {shown!r} as a .npy array: {e}") from None
-    if not isinstance(x, np.ndarray):  # a .npz archive loads as an NpzFile of several arrays
-        names = ", ".join(getattr(x, "files", [])) or "none"
-        raise TunerError(f"--input {shown!r} is a .npz archive (arrays: {names}), not one .npy array; save the "
-                         f"input with numpy.save (e.g. numpy.save('x.npy', numpy.load({path!r})['{names.split(', ')[0]}']))")
-    if f.tell() != len(data):  # np.load reads one array and ignores the rest: two arrays saved into one file
-        raise TunerError(f"--input {shown!r} holds {len(data) - f.tell()} bytes after its array (two arrays saved "
-                         f"into one file, or a damaged one); save only the input array with numpy.save")
-    if x.dtype.kind == "f" and not np.all(np.isfinite(x)):  # checked once, where the file enters; never per run
-        warnings.warn(f"--input {shown!r} holds NaN or infinite values", RuntimeWarning, stacklevel=2)
-    return x
+def _load_npy(path: str, shown: str | None = None, shape=None) -> np.ndarray:
+    """An --input array (``tuner.files.read_npy``); ``shown``: the option's value as the messages show it
+    (``NAME=X.npy``); ``shape``: the model input's, which bounds what is read."""
+    from tuner.files import read_npy
+    return read_npy(path, "--input", shape, shown if shown is not None else path)
 
 
 def _save_npy(path: Path, array: np.ndarray, flag: str) -> None:
@@ -251,12 +222,13 @@ def cmd_run(args) -> int:
     from tuner.runtime.module import load_module
     if args.output and len(args.output) == 1 and "=" not in args.output[0]:  # checked before anything is read
         writable_file(args.output[0], "--output")
-    if args.verify:  # before anything of the artifact is read or built
-        from tuner.artifact.signing import read_key, verify
-        verify(args.artifact, read_key(args.verify, "--verify"))
+    key = None
+    if args.verify:  # checked against the manifest that is then run, in the same reading (tuner-run's own)
+        from tuner.artifact.signing import read_key
+        key = read_key(args.verify, "--verify")
     if args.runtime == "native":
         return _run_native(args)
-    mod = load_module(args.artifact, device=args.device)
+    mod = load_module(args.artifact, device=args.device, key=key)
     if (args.output or args.outputs) and not mod.spec.outputs:
         raise TunerError(f"{args.artifact} computes no outputs (its graph lists none): nothing to write to "
                          f"--output; recompile a model that has outputs, or leave out --output")
@@ -267,7 +239,8 @@ def cmd_run(args) -> int:
     print(f"loaded {args.artifact} on {mod.device.info.name} ({mod.device.fingerprint}) in {st['seconds']:.3f} s: "
           f"{st['programs']} programs, {st['binary']} from cached binaries, {st['source']} built from source")
     if sources:
-        xs = {n: _load_npy(p, None if len(names) == 1 else f"{n}={p}") for n, p in sources.items()}
+        xs = {n: _load_npy(p, None if len(names) == 1 else f"{n}={p}", mod.spec.entries[n].shape)
+              for n, p in sources.items()}
     else:  # a fixed random input, so repeated runs compare
         rng = np.random.default_rng(0)
         xs = {n: rng.standard_normal(mod.spec.entries[n].shape).astype(np.float32) for n in names}

@@ -341,11 +341,29 @@ def _mb(n: int) -> str:
     return f"{n / 2**20:.2f} MiB"
 
 
-def load_module(path, device=None, cache: bool = True) -> Module:
+def user_binary_cache() -> Path | None:
+    """This user's own program-binary cache, ``$XDG_CACHE_HOME/tuner/binaries`` (else ``~/.cache/...``): the
+    only place a verified artifact's binaries come from (its folders are made 0700 and read only while nobody
+    else can write them; files are keyed by the verified source's hash). None where there is no home."""
+    import os
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):
+        home = os.environ.get("HOME", "")
+        if not os.path.isabs(home):
+            return None
+        base = os.path.join(home, ".cache")
+    return Path(base) / "tuner" / BINARIES
+
+
+def load_module(path, device=None, cache: bool = True, key: bytes | None = None) -> Module:
     """A saved artifact, verified (its manifest's hashes and the plan's checks, docs/artifact.md) and ready to
     run (no ONNX file, no templates needed). ``device``: a Device or spec; by default the attached device the
     artifact was compiled for, else the default device (another fingerprint warns once). ``cache``: build
-    from, and keep, program binaries in ``<path>/binaries/``."""
+    from, and keep, program binaries in ``<path>/binaries/``. ``key``: the artifact must be signed with it
+    (``tuner.artifact.signing``): the signature is checked on the manifest the artifact is then read by, and
+    binaries come only from this user's own cache (``user_binary_cache``), never from ``<path>/binaries/``,
+    which the signature does not cover: what runs is what was verified."""
     d = Path(path)
-    spec, sources, params = read_artifact(d)
-    return Module(spec, sources, params, device, cache_dir=d / BINARIES if cache else None)
+    spec, sources, params = read_artifact(d, key)
+    cache_dir = (user_binary_cache() if key is not None else d / BINARIES) if cache else None
+    return Module(spec, sources, params, device, cache_dir=cache_dir)
