@@ -58,8 +58,8 @@ PRODUCTS = {"library": "libtuner_runtime.so", "tuner_run": "tuner-run", "tuner_r
 AGENTS = ("agent", "agent_asan")  # the device agent (docs/agent-protocol.md); the rest is the runtime
 # For cross builds, native/Makefile's source lists (tests check they match): the runtime library (LIB_SRCS),
 # tuner-run (the CLI's file plus those) and the agent (AGENT_SRCS). C11; libc, libm, libdl, pthread.
-RUNTIME_SOURCES = ("common.c", "sha256.c", "json.c", "half.c", "npy.c", "opencl.c", "bincache.c", "artifact.c",
-                   "runtime.c")
+RUNTIME_SOURCES = ("common.c", "sha256.c", "json.c", "half.c", "npy.c", "opencl.c", "bincache.c", "bounds.c",
+                   "artifact.c", "runtime.c")
 CLI_SOURCE = "tuner_run.c"
 AGENT_SOURCES = ("common.c", "sha256.c", "opencl.c", "bincache.c", "proto.c", "executor.c", "agent.c")
 # target -> (what it is for, zig's target triple; None: the NDK's clang)
