@@ -180,3 +180,26 @@ def test_every_prefix_of_a_time_budget_log_compiles(se_model, tmp_path, scope_fa
 def test_the_cli_rejects_a_bad_time_budget(model, capsys):
     assert main(["tune", model, "--time-budget", "ten minutes"]) == 2
     assert "is not a duration" in capsys.readouterr().err
+
+
+def test_a_variant_that_keeps_failing_is_dropped_while_another_serves_its_node():
+    s = TaskScheduler({"wino": ["conv1"], "direct": ["conv1"], "other": ["conv2"]}, patience=24)
+    s.observe("direct", [0.002])
+    s.observe("other", [0.001])
+    s.observe("wino", [], measured=2)
+    assert s.expected_cut("wino") < s.expected_cut("direct") + 0.002  # worth less than a node's time
+    s.observe("wino", [], measured=6)
+    assert s.tasks["wino"].done.startswith("8 measurements, none valid")
+    lone = TaskScheduler({"only": ["conv9"]}, patience=24)
+    lone.observe("only", [], measured=10)  # nothing else serves its node: it keeps trying
+    assert lone.tasks["only"].done is None and lone.pick() == "only"
+
+
+def test_an_unexplored_variant_slower_than_its_node_still_gets_a_visit():
+    """The H200's ResNet-18: the buffer kernel of a layer got fast first; its texture kernel, whose fallback was
+    twice as slow, ended faster with the committed logs."""
+    s = TaskScheduler({"buf": ["conv1"], "tex": ["conv1"]})
+    s.observe("buf", [0.0473] + [0.03] * 40 + [0.0291])
+    s.end_visit("buf")
+    s.observe("tex", [0.0624, 0.0638])
+    assert s.pick() == "tex"

@@ -83,6 +83,17 @@ def add_seed_arg(parser: argparse.ArgumentParser, default: int | None = 0, help:
                         help=help or f"sampler seed, 0 to {MAX_SEED} (default {default})")
 
 
+def fraction(text: str) -> float:
+    """argparse type: a number between 0 and 1 (exclusive of 0)."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    if not 0 < v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a fraction between 0 and 1, e.g. 0.08")
+    return v
+
+
 def default_parallel() -> int:
     """Build processes by default: one per CPU, 2 at least and 12 at most (the runner times one config at a time
     while they build the next; compiling is what a measurement mostly waits for)."""

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tuner.cli.args import (add_device_arg, add_measure_args, add_seed_arg, add_transfer_arg, duration, int_at_least,
+from tuner.cli.args import (add_device_arg, add_measure_args, add_seed_arg, add_transfer_arg, duration, fraction, int_at_least,
                             measure_options, non_negative_int, positive_int, regular_file,
                             writable_dir, writable_file)
 from tuner.errors import TunerError
@@ -345,9 +345,22 @@ def cmd_tune(args) -> int:
                      input_shapes=_input_shapes(args.input_shape), min_trials=args.min_trials,
                      options=measure_options(args),
                      progress=not args.no_progress, early_stopping=args.early_stopping,
-                     say=lambda line: print(line, flush=True), transfer_from=args.transfer_from)
+                     say=lambda line: print(line, flush=True), transfer_from=args.transfer_from,
+                     drift_every=_drift_every(args), drift_threshold=args.drift_threshold)
     _print_tune_summary(res)
     return 1 if res.failed else 0
+
+
+def _drift_every(args) -> int | None:
+    """``--drift-check N``: every N measurements (0: never); by default 16 on a device behind the agent (a phone,
+    whose clocks and heat drift during a tune), never on a local one."""
+    if args.drift_check is not None:
+        return args.drift_check or None
+    from tuner.agent.transport import is_agent_spec
+    return DRIFT_EVERY if is_agent_spec(args.device_spec) else None
+
+
+DRIFT_EVERY = 16
 
 
 def _print_tune_summary(res) -> None:
@@ -372,6 +385,10 @@ def _print_tune_summary(res) -> None:
         print(f"{len(res.failed)} of {len(res.tasks)} tasks have no valid measurement (exit status 1); {where}:")
         for tr in res.failed:
             print(f"  {describe(tr.task)}: {tr.failure_text()}")
+    if res.drift is not None:
+        g = res.drift
+        print(f"drift check: {g.checks} checks, {g.drifts} drifts, waited {g.waited_s:.0f} s, {g.redone} measurements "
+              f"redone")
     if res.estimate is not None:
         print(res.estimate.text())
 
@@ -501,6 +518,12 @@ def register(sub) -> None:
                         "side); with --time-budget alone each task's fallback is measured first")
     p.add_argument("--early-stopping", type=positive_int, metavar="N", help="each task stops after N measurements "
                    "without improvement (its unspent budget goes to other tasks)")
+    p.add_argument("--drift-check", type=non_negative_int, metavar="N", help="re-time a reference config every N "
+                   "measurements and read the GPU clock with each; on a drift wait for the device and measure again "
+                   "what was measured since the last good check (default 16 through the agent, off on a local "
+                   "device; 0: off)")
+    p.add_argument("--drift-threshold", type=fraction, default=0.08, metavar="F",
+                   help="relative change of the reference's time or of the clock that counts as a drift (default 0.08)")
     p.add_argument("--storage", metavar="URL", help="Optuna storage (default sqlite beside the log)")
     p.add_argument("--sampler", choices=("xgb", "tpe", "random"), default="xgb")
     add_seed_arg(p, help="sampler seed, 0 to 2**32-1 (default 0; with --workers, worker i gets seed + i)")

@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from tuner.errors import ErrorCode
 from tuner.measure.process import Worker
+from tuner.measure.sensors import read as read_sensors
 from tuner.measure.runner import MeasureInput, MeasureOptions, MeasureResult, Runner, now  # noqa: F401
 
 
@@ -69,5 +70,7 @@ class Measurer(Runner):
                 payload = payload if isinstance(payload, dict) else {"msg": payload}
                 res.error_code, res.error_msg = ErrorCode(code), payload.get("msg", "")
                 res.costs, res.max_rel_error = payload.get("costs", []), payload.get("max_rel_error")
+                reading = read_sensors()  # this host's sysfs: None where it has none
+                res.gpu_clock_hz, res.temp_c = reading.gpu_clock_hz, reading.temp_c
                 res.duration_s += time.perf_counter() - start
         return results

@@ -96,6 +96,9 @@ class ModelTuneResult:
     fallback_estimate_s: float | None = None  # the no-log plan's kernels at their fallback configs (the baseline)
     served: dict = field(default_factory=dict)  # node -> whether some task of its pool has a valid measurement
     elapsed_s: float = 0.0
+    drift: object = None  # the DriftGuard of the run (its checks, drifts, waits and redone measurements), or None
+    phases: dict = field(default_factory=lambda: dict.fromkeys(("measure", "propose", "record", "other"), 0.0))
+    # seconds of the run: measuring (building and timing), the samplers' proposals, recording and telling, the rest
 
     @property
     def measured(self) -> int:
@@ -233,6 +236,7 @@ class _Progress:
             self.bar.close()
 
 
+FAIL_LIMIT = 8  # measurements a task with no valid one gets (the node's other variants serve it meanwhile)
 VISIT = 8  # least measurements a visit makes of a task (a batch the builders share; more with more builders)
 REPLAN_S = 30.0  # how often (seconds of tuning) the auto plan the log now implies is read again for new kernels
 
@@ -253,7 +257,7 @@ def tune_model(model, log: str | None = None, trials: int | None = 200, device=N
                input_shapes: dict | None = None, min_trials: int = MIN_TRIALS, options=None, progress: bool = True,
                early_stopping: int | None = None, compare_scopes: bool = True, say=None,
                transfer_from=None, time_budget: float | None = None, patience: int | None = None,
-               guard=None) -> ModelTuneResult:
+               drift_every: int | None = None, drift_threshold: float = 0.08) -> ModelTuneResult:
     """Tune the tasks of ``model`` on ``device`` with the task scheduler (``tuner.scheduler.task_scheduler``):
     every task's fallback config first (the model's baseline, task by task; with ``trials``, ``min_trials``
     measurements of each), then visits of ``VISIT`` or more measurements to the task with the largest expected
@@ -269,8 +273,10 @@ def tune_model(model, log: str | None = None, trials: int | None = 200, device=N
     scheduler's own (default: ``early_stopping``, else 24 with a time budget and none with trials alone).
     ``say`` (e.g. ``print``) hears why the plan differs from ``trials`` before anything is measured.
     ``transfer_from``: sibling devices whose records seed every task's study (``tune``'s ``transfer_from``) and
-    fill what the log lacks where the log decides the plan. ``guard``: a callable wrapping the runner (e.g. a
-    drift check) before anything is measured. Ctrl-C (KeyboardInterrupt) propagates; what was measured is in
+    fill what the log lacks where the log decides the plan. ``drift_every``: a reference config is re-timed every
+    that many measurements and the GPU clock read with each (``tuner.measure.drift.DriftGuard``); past
+    ``drift_threshold`` the tuner waits for the device and measures again what was measured since the last good
+    check (None: no check). Ctrl-C (KeyboardInterrupt) propagates; what was measured is in
     the log, and every prefix of the log compiles."""
     import time
 
@@ -361,14 +367,19 @@ def tune_model(model, log: str | None = None, trials: int | None = 200, device=N
     options = options or MeasureOptions()
     opened = {}  # the Optuna storage, opened at the first visit (the fallbacks need none)
     measurer = open_runner(device if isinstance(device, (Runner, Runtime)) else info, options)
-    runner = guard(measurer) if guard is not None else measurer
+    prog = _Progress(result, say, progress, time_budget)
+    runner = measurer
+    if drift_every:
+        from tuner.measure.drift import DriftGuard
+        runner = result.drift = DriftGuard(measurer, log, every=drift_every, threshold=drift_threshold, say=prog.note)
     visit_n = max(VISIT, 2 * options.n_parallel)
     searches: dict = {}
     by_key: dict = {}
-    prog = _Progress(result, say, progress, time_budget)
     if note:
         prog.note(note)
-    deadline = t_start + time_budget if time_budget is not None else None
+    # the end (closing the searches and the runner, the estimate) takes a moment of the budget too
+    deadline = t_start + time_budget - min(10.0, max(1.0, 0.02 * time_budget)) if time_budget is not None else None
+    phases = result.phases
     rate = {"s": None}  # seconds per measurement, a moving average
 
     def spent() -> int:
@@ -403,6 +414,7 @@ def tune_model(model, log: str | None = None, trials: int | None = 200, device=N
     def timed_measure(inputs: list) -> list:
         t0 = time.monotonic()
         outs = runner.measure(inputs)
+        phases["measure"] += time.monotonic() - t0
         per = (time.monotonic() - t0) / max(1, len(inputs))
         rate["s"] = per if rate["s"] is None else 0.7 * rate["s"] + 0.3 * per
         return outs
@@ -440,7 +452,11 @@ def tune_model(model, log: str | None = None, trials: int | None = 200, device=N
                 es = s.stopping
                 n = min(n, max(1, es.patience - es.since + (es.best is None)))
             by_key[k].budget += n
+            if sched.tasks[k].best_s is None:  # nothing valid yet: no more than its failure allowance
+                n = min(n, max(1, FAIL_LIMIT - sched.tasks[k].measured))
+            t0 = time.monotonic()
             props = s.propose(n) if not s.done else []
+            phases["propose"] += time.monotonic() - t0
             if props:
                 batch.append((k, s, props))
             elif s.exhausted or s.stopped:
@@ -454,7 +470,9 @@ def tune_model(model, log: str | None = None, trials: int | None = 200, device=N
         for k, s, props in batch:
             res = outs[i:i + len(props)]
             i += len(props)
+            t0 = time.monotonic()
             new += count(k, s.take(props, res))
+            phases["record"] += time.monotonic() - t0
             if s.stopped:
                 by_key[k].stopped_early = True
                 sched.finish(k, "early stopping")
@@ -527,6 +545,7 @@ def tune_model(model, log: str | None = None, trials: int | None = 200, device=N
         tr.nodes = tuple(sched.tasks[tr.task.key()].nodes)
     result.served = {n: sched.node_s(n) is not None for n in sched.nodes}
     result.elapsed_s = time.monotonic() - t_start
+    phases["other"] = result.elapsed_s - sum(v for k, v in phases.items() if k != "other")
     deployed = "auto" if scope == "auto" else scope
     # the log decides the scopes only for auto, the template of a node (direct or Winograd) always
     result.estimate = estimate_latency(plan, info, index, deployed, _history(log))

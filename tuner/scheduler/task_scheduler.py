@@ -7,7 +7,7 @@ boundary: one pool), so a node's time is the best median among them, and the mod
 for every node it serves, how far its best after one more visit, ``best x (1 - gain)``, would fall below the
 node's time now. ``gain`` is a task's expected relative improvement from one visit: TVM's gradient scheduler's
 blend of what the last visits gained (backward) and an optimistic prior that falls as the task's measurements
-grow (forward), here ``PRIOR / (1 + measured / HALF_LIFE)``.
+grow (forward), here ``PRIOR x (HALF_LIFE / (HALF_LIFE + measured - 1))^2``.
 
 A task leaves the pool (``TaskState.done`` names why) when its space runs out, when ``patience`` measurements
 in a row brought no improvement of at least ``MIN_GAIN``, or when early stopping ended its search. A task whose
@@ -22,8 +22,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-PRIOR = 0.5  # expected relative gain of the first visits of a task that only its fallback was measured of
-HALF_LIFE = 16.0  # measurements after which the prior has halved
+PRIOR = 0.65  # expected relative gain of the first visits of a task that only its fallback was measured of: the
+# H200's ResNet-18 layers ended at 0.39 to 0.81 of their fallback's time within minutes (bench/notes/budget.md), so
+# a variant whose fallback is twice as slow as its node's best may still win
+FAIL_LIMIT = 8  # measurements without a valid one after which a task is done, where another task serves its nodes
+HALF_LIFE = 16.0  # the prior falls as (HALF_LIFE / (HALF_LIFE + measurements after the fallback))^2: to a quarter
+# after 16, a twelfth after 40
 BACKWARD = 3  # visits the backward gradient looks back over
 ALPHA = 0.5  # weight of the backward gradient against the prior (TVM: 0.2 on its own scale)
 MIN_GAIN = 0.01  # a new best must be at least this much faster to count as an improvement
@@ -42,7 +46,7 @@ class TaskState:
 
     def gain(self) -> float:
         """Expected relative improvement of the task's best from one more visit."""
-        forward = PRIOR / (1.0 + self.measured / HALF_LIFE)
+        forward = PRIOR * (HALF_LIFE / (HALF_LIFE + max(0, self.measured - 1))) ** 2
         back = self.visits[-BACKWARD - 1:]
         if len(back) >= 2 and back[0] and back[-1]:
             backward = max(0.0, (back[0] - back[-1]) / back[0]) / (len(back) - 1)
@@ -93,6 +97,9 @@ class TaskScheduler:
         if self.patience is not None and st.since_best >= self.patience and st.done is None:
             st.done = (f"no improvement in {st.since_best} measurements" if st.best_s is not None
                        else f"{st.measured} measurements, none valid")
+        if st.best_s is None and st.measured >= FAIL_LIMIT and st.done is None \
+                and all(self.node_s(n) is not None for n in st.nodes):
+            st.done = f"{st.measured} measurements, none valid (its nodes run another variant)"
 
     def end_visit(self, key) -> None:
         st = self.tasks[key]
@@ -123,8 +130,10 @@ class TaskScheduler:
         st = self.tasks[key]
         if st.done is not None:
             return 0.0
-        if st.best_s is None:  # nothing valid yet: as much as the node's time, or everything when none has one
-            return sum(self.node_s(n) or math.inf for n in st.nodes)
+        if st.best_s is None:  # nothing valid yet: everything when its node has nothing valid either, else the
+            # node's time, halved by each 4 failures (a variant that keeps failing is worth less and less)
+            return sum(t * PRIOR * 0.5 ** (st.measured / 4) if (t := self.node_s(n)) is not None else math.inf
+                       for n in st.nodes)
         after = st.best_s * (1 - st.gain())
         return sum(max(0.0, (self.node_s(n) or math.inf) - after) for n in st.nodes)
 
