@@ -135,6 +135,7 @@ def write_file(path, write, what: str):
     old file whole; a device, FIFO or socket (``/dev/null``, a pipe) is written through, in place -- renaming
     over it would break it for every other process; a symbolic link is refused (name its target). A TunerError
     names ``what`` and the path. Returns the path as a Path. tuner-run writes its outputs by the same rules."""
+    import io
     import os
     import stat
     from pathlib import Path
@@ -153,20 +154,22 @@ def write_file(path, write, what: str):
     if mode is not None and stat.S_ISDIR(mode):
         raise TunerError(f"cannot write {what} {str(path)!r}: it is a directory; give a file path")
     try:
+        buf = io.BytesIO()  # written whole first: a writer may seek (a pipe cannot), and one that writes through a
+        write(buf)  # descriptor of its own (numpy's tofile) may not see a short write or a full disk
+        data = memoryview(buf.getvalue())
         if mode is not None and not stat.S_ISREG(mode):  # a device, FIFO or socket: through, never replaced
-            import io
-            buf = io.BytesIO()  # written whole first: a writer may seek, which a pipe cannot
-            write(buf)
             with open(path, "wb") as fh:
-                fh.write(buf.getvalue())
+                fh.write(data)
             return path
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
-            with os.fdopen(fd, "wb") as fh:
-                write(fh)
-                fh.flush()
-                os.fsync(fh.fileno())  # on the disk before it replaces the old file: a crash leaves one or the other
+            try:
+                while data:  # every byte written, or an OSError (a full disk: ENOSPC, a size limit: EFBIG)
+                    data = data[os.write(fd, data):]
+                os.fsync(fd)  # on the disk before it replaces the old file: a crash leaves one or the other
+            finally:
+                os.close(fd)
             os.replace(tmp, path)
             _sync_folder(path.parent)
         except BaseException:
@@ -176,7 +179,8 @@ def write_file(path, write, what: str):
                 pass
             raise
     except OSError as e:
-        raise TunerError(f"cannot write {what} {str(path)!r}: {e.strerror or e}") from None
+        raise TunerError(f"cannot write {what} {str(path)!r}: {e.strerror or e}; the file there is left as it "
+                         f"was") from None
     return path
 
 
