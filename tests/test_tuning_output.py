@@ -27,7 +27,7 @@ from tuner.errors import ErrorCode
 from tuner.zoo import models as zoo
 from tuner.scheduler.model import MIN_TRIALS, fallback_config, share_budget, tune_model
 from tuner.logs import load_records
-from tuner.measure import MeasureResult, Measurer
+from tuner.measure import MeasureOptions, MeasureResult, Measurer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -289,24 +289,34 @@ def test_ctrl_c_while_measuring_leaves_no_trial_running_and_a_rerun_repeats_noth
 
 
 def test_ctrl_c_after_logging_tells_the_study_what_the_log_has(model, tmp_path, fake, monkeypatch):
+    """Interrupted right after a search logged its batch: every open study knows every record of its task, and
+    no trial is left running. The fallbacks go to the log before any study exists (the scheduler measures them
+    first, several tasks to a batch); a task's study reads its fallback from the log when it opens."""
     fake()
-    loop_module = importlib.import_module("tuner.search.tune")  # the task search appends each batch's records
-    real, calls = loop_module.append_records, []
+    search_module = importlib.import_module("tuner.search.tune")  # a task search appends each batch's records
+    model_module = importlib.import_module("tuner.scheduler.model")  # the scheduler appends the fallbacks
+    calls = []
 
-    def append_then_interrupt(path, records):
-        real(path, records)
-        calls.append(len(records))
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-    monkeypatch.setattr(loop_module, "append_records", append_then_interrupt)
+    def interrupting(real):
+        def append_then_interrupt(path, records):
+            real(path, records)
+            calls.append(len(records))
+            if len(calls) == 3:
+                raise KeyboardInterrupt
+        return append_then_interrupt
+    for m in (search_module, model_module):
+        monkeypatch.setattr(m, "append_records", interrupting(m.append_records))
     storage = f"sqlite:///{tmp_path / 's.db'}"
     with pytest.raises(KeyboardInterrupt):
         tune_model(model, log=str(tmp_path / "t.jsonl"), trials=16, scope="buffer", min_trials=2,
-                   sampler="random", storage=storage, progress=False)
+                   sampler="random", storage=storage, progress=False, options=MeasureOptions(n_parallel=1))
     trials = _studies(storage)
-    assert not [t for t in trials if t.state == TrialState.RUNNING]
-    logged = len(_measured(tmp_path / "t.jsonl"))
-    assert sum(t.state == TrialState.COMPLETE for t in trials) == logged == sum(calls)
+    assert trials and not [t for t in trials if t.state == TrialState.RUNNING]
+    logged = _measured(tmp_path / "t.jsonl")
+    assert len(logged) == sum(calls)
+    studies = {s.study_name for s in optuna.get_all_study_summaries(storage)}
+    in_open = [r for r in logged if r.study in studies]
+    assert in_open and sum(t.state == TrialState.COMPLETE for t in trials) == len(in_open)
 
 
 @pytest.mark.slow
