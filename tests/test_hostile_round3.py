@@ -317,6 +317,15 @@ def _launch_grown(d: Path) -> None:
     _write_graph(d, g)
 
 
+def _launch_shrunk(d: Path) -> None:
+    """The last call launched on half its work-items: everything fits, but half the output is never written (a
+    silent wrong result: the pool's old bytes)."""
+    g = _graph(d)
+    c = g["nodes"][-1]["calls"][-1]
+    c["global_size"] = [c["global_size"][0] // 2, *c["global_size"][1:]]
+    _write_graph(d, g)
+
+
 def _pool_grown(d: Path) -> None:
     """A pool 64 bytes larger than its largest entry: a size written beside the entries, not theirs."""
     g = _graph(d)
@@ -327,6 +336,7 @@ def _pool_grown(d: Path) -> None:
 SIZE_LIES = {"param_and_extent_shrunk": (_param_and_extent_shrunk, "addresses Wt["),
              "output_pool_shrunk": (_output_pool_shrunk, "addresses"),
              "launch_grown": (_launch_grown, "with global_size [256, 1, 1], kernel 'relayout' addresses"),
+             "launch_shrunk": (_launch_shrunk, "a launch does not cover the tensor it writes"),
              "pool_grown": (_pool_grown, "the bytes of its largest entry")}
 
 
@@ -334,7 +344,8 @@ SIZE_LIES = {"param_and_extent_shrunk": (_param_and_extent_shrunk, "addresses Wt
 def test_sizes_the_kernels_assume_are_checked_in_both_runtimes(case, art, native, env, tmp_path, capsys):
     """Findings: a weight blob shrunk with its declared extent read host heap into the output (rel. error 1.4e31);
     a shrunk output pool crashed both runtimes; a launch inside check 9's 16x bound ran with invalid accesses.
-    Check 11 refuses each, in both runtimes, before anything is allocated."""
+    Check 11 refuses each, in both runtimes, before anything is allocated; and a launch smaller than the kernel
+    was generated for (half an output never written), and a pool larger than its entries."""
     from tuner.artifact import ArtifactError, read_artifact
     from tuner.cli import main
     edit, words = SIZE_LIES[case]

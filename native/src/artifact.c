@@ -1219,9 +1219,17 @@ static const char *dims_text(const int64_t *v, int n, char *buf, size_t len) {
 
 static int same_str(const char *x, const char *y) { return x == y || (x && y && !strcmp(x, y)); }
 
+/* What the calls that write an entry reach: bytes lo..hi-1 of a buffer, pixels [xlo, xhi) x [ylo, yhi) of an image. */
+typedef struct {
+    int has, image, node, call;
+    int64_t lo, hi, xlo, xhi, ylo, yhi;
+} hull;
+
 /* Check 11 for one call: its signature is what the source declares, its local size the kernel's
- * reqd_work_group_size, and what the kernel's code addresses with this launch lies inside the arguments. */
-static int check_call_bounds(tnr_artifact *a, tnr_bsrc *src, const char *perr, int pline, int i, int j, char *err) {
+ * reqd_work_group_size, and what the kernel's code addresses with this launch lies inside the arguments; what it
+ * writes of each entry is added to hulls[entry]. */
+static int check_call_bounds(tnr_artifact *a, tnr_bsrc *src, const char *perr, int pline, int i, int j, hull *hulls,
+                             char *err) {
     const tnr_node *n = &a->nodes[i];
     const tnr_call *c = &n->calls[j];
     const char *path = a->sources[n->source_index].path;
@@ -1298,6 +1306,24 @@ static int check_call_bounds(tnr_artifact *a, tnr_bsrc *src, const char *perr, i
                                   (long long)w, (long long)h);
             }
         }
+        if (ps[k].write && arg->kind == TNR_ARG_ENTRY && (r.has_range || r.has_pixels)) {
+            hull *hl = &hulls[arg->index];
+            int64_t lo = r.lo * ps[k].elem_bytes, hi = (r.hi + 1) * ps[k].elem_bytes;
+            if (!hl->has) {
+                hl->has = 1, hl->image = ps[k].image;
+                hl->lo = lo, hl->hi = hi;
+                hl->xlo = r.xlo, hl->xhi = r.xhi + 1, hl->ylo = r.ylo, hl->yhi = r.yhi + 1;
+            } else if (ps[k].image) {
+                if (r.xlo < hl->xlo) hl->xlo = r.xlo;
+                if (r.ylo < hl->ylo) hl->ylo = r.ylo;
+                if (r.xhi + 1 > hl->xhi) hl->xhi = r.xhi + 1;
+                if (r.yhi + 1 > hl->yhi) hl->yhi = r.yhi + 1;
+            } else {
+                if (lo < hl->lo) hl->lo = lo;
+                if (hi > hl->hi) hl->hi = hi;
+            }
+            hl->node = i, hl->call = j;
+        }
     }
     free(out);
     return 0;
@@ -1314,6 +1340,7 @@ static int check_sizes(tnr_artifact *a, char *err) {
     tnr_bsrc **parsed;
     char (*perr)[600];
     int *pline;
+    hull *hulls;
     for (i = 0; i < a->npools; i++) {
         const tnr_pool *p = &a->pools[i];
         int64_t h = 0, w = 0;
@@ -1345,8 +1372,9 @@ static int check_sizes(tnr_artifact *a, char *err) {
     parsed = calloc((size_t)a->nsources + 1, sizeof *parsed);
     perr = calloc((size_t)a->nsources + 1, sizeof *perr);
     pline = calloc((size_t)a->nsources + 1, sizeof *pline);
-    if (!parsed || !perr || !pline) {
-        free(parsed), free(perr), free(pline);
+    hulls = calloc((size_t)a->nentries + 1, sizeof *hulls);
+    if (!parsed || !perr || !pline || !hulls) {
+        free(parsed), free(perr), free(pline), free(hulls);
         return tnr_fail(err, TNR_E_NOMEM, "out of memory");
     }
     for (i = 0; i < a->nsources && !rc; i++) {
@@ -1360,10 +1388,32 @@ static int check_sizes(tnr_artifact *a, char *err) {
     for (i = 0; i < a->nnodes && !rc; i++)
         for (j = 0; j < a->nodes[i].ncalls && !rc; j++) {
             int s = a->nodes[i].source_index;
-            rc = check_call_bounds(a, parsed[s], perr[s], pline[s], i, j, err);
+            rc = check_call_bounds(a, parsed[s], perr[s], pline[s], i, j, hulls, err);
         }
+    /* a launch reaches every byte (pixel) of a tensor it writes, first to last: no fewer work-items than the kernel
+     * was generated for (a smaller launch leaves the rest of the tensor as it was) */
+    for (i = 0; i < a->nentries && !rc; i++) {
+        const tnr_entry *e = &a->entries[i];
+        const hull *hl = &hulls[i];
+        char cw[300];
+        if (!hl->has) continue;
+        snprintf(cw, sizeof cw, "nodes[%d] ('%.80s').calls[%d]", hl->node, a->nodes[hl->node].name, hl->call);
+        if (hl->image) {
+            if (hl->xlo != 0 || hl->ylo != 0 || hl->xhi != e->phys[1] || hl->yhi != e->phys[0])
+                rc = graph_fail(a, err, "entries['%.80s']: the calls that write it reach pixels x %lld..%lld, y %lld..%lld of "
+                                "its %lld x %lld (the last: %s): a launch does not cover the tensor it writes; the artifact "
+                                "was edited", e->name, (long long)hl->xlo, (long long)hl->xhi - 1, (long long)hl->ylo,
+                                (long long)hl->yhi - 1, (long long)e->phys[1], (long long)e->phys[0], cw);
+        } else {
+            int64_t bytes = (int64_t)tnr_mul_sat(e->elems, tnr_dtype_size(e->dtype));
+            if (hl->lo != 0 || hl->hi != bytes)
+                rc = graph_fail(a, err, "entries['%.80s']: the calls that write it reach bytes %lld..%lld of its %lld (the "
+                                "last: %s): a launch does not cover the tensor it writes; the artifact was edited",
+                                e->name, (long long)hl->lo, (long long)hl->hi - 1, (long long)bytes, cw);
+        }
+    }
     for (i = 0; i < a->nsources; i++) tnr_bounds_free(parsed[i]);
-    free(parsed), free(perr), free(pline);
+    free(parsed), free(perr), free(pline), free(hulls);
     return rc;
 }
 

@@ -1279,11 +1279,13 @@ def parse_source(text: str):
         sys.setrecursionlimit(limit)
 
 
-def check_call(text: str, source_name: str, call, where: str, args: list) -> None:
+def check_call(text: str, source_name: str, call, where: str, args: list) -> list:
     """Check 11 for one call: its signature is what the source declares (names, kinds, element types, access,
     in order), its local size is the kernel's reqd_work_group_size, and every element and pixel the kernel
     addresses with this launch lies inside the argument bound to it. ``args``: per parameter, (element count,
-    element bytes, physical shape) of its argument. An ArtifactError naming the call otherwise."""
+    element bytes, physical shape) of its argument. An ArtifactError naming the call otherwise. Returns what it
+    writes: per parameter, (bytes lo, bytes hi + 1) of a buffer, ((x lo, y lo), (x hi + 1, y hi + 1)) of an
+    image, or None (read only, or not addressed)."""
     def fail(msg: str):
         raise ArtifactError(f"graph.json: {where}: {msg}; recompile the model")
 
@@ -1327,3 +1329,14 @@ def check_call(text: str, source_name: str, call, where: str, args: list) -> Non
                 fail(f"with global_size {list(call.global_size)}, kernel {kernel!r} addresses pixels x {xl}..{xh}, "
                      f"y {yl}..{yh} of image {p['name']!r}, but argument {ref!r} is {w} x {h} pixels: the artifact "
                      f"was edited")
+    written = []
+    for k, p in enumerate(params):
+        if p["access"] != "write":
+            written.append(None)
+        elif p["kind"] == "buffer":
+            r = ranges[k]
+            written.append(None if r is None else (r[0] * _ELEM_BYTES[p["type"]], (r[1] + 1) * _ELEM_BYTES[p["type"]]))
+        else:
+            px = pixels[k]
+            written.append(None if px is None else ((px[0][0], px[1][0]), (px[0][1] + 1, px[1][1] + 1)))
+    return written

@@ -262,9 +262,11 @@ def check_order(spec: ModuleSpec) -> None:
 
 def check_sizes(spec: ModuleSpec, sources: dict) -> None:
     """Check 11: the sizes the code assumes. Each pool is exactly as large as the largest of its entries (the
-    planner's rule: its size follows from their shapes and dtypes, not from a number written beside them), and
+    planner's rule: its size follows from their shapes and dtypes, not from a number written beside them);
     each call's kernel, read from its source (``bounds``), addresses with its launch only elements and pixels
-    inside the arguments it binds; its signature and local size are what the source declares."""
+    inside the arguments it binds, and its signature and local size are what the source declares; and the calls
+    that write a tensor reach all of it, first byte to last (a launch is neither larger nor smaller than the
+    kernel was generated for)."""
     for i, p in enumerate(spec.pools):
         users = [e for e in spec.entries.values() if e.storage_id == p.storage_id]
         if not users:
@@ -279,10 +281,36 @@ def check_sizes(spec: ModuleSpec, sources: dict) -> None:
                 _fail(f"pools[{i}].shape {list(p.shape)} is not [{want}], the bytes of its largest entry")
     blobs = {f"p:{b.key}": b for b in spec.params}
     blobs.update({f"w:{b.key}": b for b in spec.workspaces})
+    hulls: dict = {}  # entry -> [lo, hi, the last call that writes it]: what the calls that write it reach
     for i, n in enumerate(spec.nodes):
         for j, c in enumerate(n.calls):
-            check_call_bounds(sources[n.source], n.source, c, f"nodes[{i}] ({n.name!r}).calls[{j}]",
-                              [(a[2], DTYPES[a[1]], a[3]) for a in (_arg(spec, blobs, ref) for ref in c.args)])
+            cw = f"nodes[{i}] ({n.name!r}).calls[{j}]"
+            written = check_call_bounds(sources[n.source], n.source, c, cw,
+                                        [(a[2], DTYPES[a[1]], a[3]) for a in (_arg(spec, blobs, ref) for ref in c.args)])
+            for ref, w in zip(c.args, written):
+                if w is None or not ref.startswith("t:"):
+                    continue
+                h = hulls.get(ref[2:])
+                if h is None:
+                    hulls[ref[2:]] = [w[0], w[1], cw]
+                elif isinstance(w[0], tuple):
+                    h[:] = [(min(h[0][0], w[0][0]), min(h[0][1], w[0][1])), (max(h[1][0], w[1][0]), max(h[1][1], w[1][1])), cw]
+                else:
+                    h[:] = [min(h[0], w[0]), max(h[1], w[1]), cw]
+    # a launch reaches every byte (pixel) of a tensor it writes, from its first to its last: no fewer work-items
+    # than the kernel was generated for (a smaller launch leaves the rest of the tensor as it was)
+    for name, (lo, hi, cw) in hulls.items():
+        e = spec.entries[name]
+        if isinstance(lo, tuple):
+            want = ((0, 0), (e.physical_shape[1], e.physical_shape[0]))
+            if (lo, hi) != want:
+                _fail(f"entries[{name!r}]: the calls that write it reach pixels x {lo[0]}..{hi[0] - 1}, y {lo[1]}.."
+                      f"{hi[1] - 1} of its {want[1][0]} x {want[1][1]} (the last: {cw}): a launch does not cover the "
+                      f"tensor it writes; the artifact was edited")
+        elif (lo, hi) != (0, math.prod(e.physical_shape) * DTYPES[e.dtype]):
+            _fail(f"entries[{name!r}]: the calls that write it reach bytes {lo}..{hi - 1} of its "
+                  f"{math.prod(e.physical_shape) * DTYPES[e.dtype]} (the last: {cw}): a launch does not cover the "
+                  f"tensor it writes; the artifact was edited")
 
 
 def check_spec(spec: ModuleSpec, sources: dict, params_size: int, profile: dict | None = None) -> None:
