@@ -64,7 +64,8 @@ def cmd_tune(a) -> None:
                          device=a.device, storage=f"sqlite:///{folder / 'studies.db'}", progress=False,
                          options=MeasureOptions(n_parallel=a.parallel), say=print)
         meta["runs"][-1].update(end=time.time(), measured=res.measured, tasks=len(res.tasks),
-                                unmeasured=len(res.unmeasured), estimate=res.estimate.text() if res.estimate else "")
+                                unmeasured=len(res.unmeasured), estimate=res.estimate.text() if res.estimate else "",
+                                phases={k: round(v, 1) for k, v in res.phases.items()})
         meta_path.write_text(json.dumps(meta, indent=1))
         print(f"{name}: {res.measured} measured in {res.elapsed_s:.0f} s ({60 * res.measured / res.elapsed_s:.0f} a "
               f"minute), {len(res.tasks)} tasks ({len(res.unmeasured)} not measured); {res.estimate.text()}",

@@ -380,20 +380,21 @@ def tune_model(model, log: str | None = None, trials: int | None = 200, device=N
     # the end (closing the searches and the runner, the estimate) takes a moment of the budget too
     deadline = t_start + time_budget - min(10.0, max(1.0, 0.02 * time_budget)) if time_budget is not None else None
     phases = result.phases
-    rate = {"s": None}  # seconds per measurement, a moving average
+    rate = {"s": None}  # seconds per measurement of a whole visit (proposals, measuring, recording), a moving average
+    task_rate: dict = {}  # the same, per task, from its last visit (a 720p layer's kernels take seconds each)
 
     def spent() -> int:
         return sum(st.measured for st in sched.tasks.values())
 
-    def room(n: int) -> int:
-        """How many of ``n`` measurements fit in what is left of the budgets."""
+    def room(n: int, key=None) -> int:
+        """How many of ``n`` measurements (of task ``key``) fit in what is left of the budgets."""
         if total is not None:
             n = min(n, total - spent())
         if deadline is not None:
             left = deadline - time.monotonic()
             if rate["s"] is None:  # the first batch learns the rate: as many as the builders take at once
                 n = min(n, options.n_parallel)
-            n = min(n, int(left / (rate["s"] or 0.25)))
+            n = min(n, int(left / max(rate["s"] or 0.25, task_rate.get(key, 0.0))))
         return max(0, n)
 
     def result_of(k) -> TaskResult:
@@ -415,9 +416,13 @@ def tune_model(model, log: str | None = None, trials: int | None = 200, device=N
         t0 = time.monotonic()
         outs = runner.measure(inputs)
         phases["measure"] += time.monotonic() - t0
-        per = (time.monotonic() - t0) / max(1, len(inputs))
-        rate["s"] = per if rate["s"] is None else 0.7 * rate["s"] + 0.3 * per
         return outs
+
+    def learn_rate(t0: float, n: int, key=None) -> None:
+        per = (time.monotonic() - t0) / max(1, n)
+        rate["s"] = per if rate["s"] is None else 0.7 * rate["s"] + 0.3 * per
+        if key is not None:
+            task_rate[key] = per
 
     def count(k, recs: list) -> int:
         counted = [r for r in recs if r.error_code != ErrorCode.INSTANTIATION]
@@ -430,6 +435,7 @@ def tune_model(model, log: str | None = None, trials: int | None = 200, device=N
         study hears of it from the log when the task is first visited)."""
         from tuner.measure import MeasureInput
         from tuner.search.loop import record_of
+        t0 = time.monotonic()
         bound = [tasks[k].bind(info) for k in keys]
         cfgs = [b.fallback(info) for b in bound]
         outs = timed_measure([MeasureInput(b.template, b.workload, c) for b, c in zip(bound, cfgs)])
@@ -440,11 +446,13 @@ def tune_model(model, log: str | None = None, trials: int | None = 200, device=N
         for k, rec in zip(keys, recs):
             result_of(k).budget += 1
             new += count(k, [rec])
+        learn_rate(t0, len(keys))
         return new
 
     def measure(parts: list) -> int:
         """One batch over several tasks' searches: ``[(key, n)]``; the number measured."""
         from tuner.measure import MeasureInput
+        t_visit = time.monotonic()
         batch = []
         for k, n in parts:
             s = search_of(k)
@@ -478,6 +486,7 @@ def tune_model(model, log: str | None = None, trials: int | None = 200, device=N
                 sched.finish(k, "early stopping")
             elif s.exhausted:
                 sched.finish(k, "space exhausted")
+        learn_rate(t_visit, new, parts[0][0] if len(parts) == 1 else None)
         return new
 
     last_plan = time.monotonic()
@@ -521,7 +530,7 @@ def tune_model(model, log: str | None = None, trials: int | None = 200, device=N
             k = sched.pick()
             if k is None:
                 break
-            n = room(visit_n)
+            n = room(visit_n, k)
             if n <= 0:
                 break
             new = measure([(k, n)])
