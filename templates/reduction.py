@@ -144,10 +144,11 @@ class Schedule:
         with b.loop("k", self.steps, "serial") if self.steps > 1 else nullcontext(as_expr(0)) as k:
             j = k * self.L + lid if self.L > 1 else k
             e = b.let("e", c * self.chunk + j if self.T > 1 else j)
-            conds = []
-            if self.steps * self.L != self.chunk:
-                conds.append(j < self.chunk)
-            if self.chunk * self.T != self.E:
+            ragged = self.steps * self.L != self.chunk
+            conds = [j < self.chunk] if ragged and self.T > 1 else []
+            if ragged or self.chunk * self.T != self.E:
+                # on the let itself (with T = 1 the same test as j < chunk): the texel's indices derive from it,
+                # so an analysis of the source (the artifact's check 11) bounds them by the guard
                 conds.append(e < self.E)
             cond = conds[0] if len(conds) == 1 else (conds[0] & conds[1]) if conds else None
             with b.if_(cond) if cond is not None else nullcontext():
