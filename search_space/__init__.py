@@ -30,9 +30,16 @@ HERE = Path(__file__).parent
 
 def image_fits(layout: str, shape, device) -> bool:
     """Whether a logical tensor of ``shape`` stored as a texture with ``layout`` fits the device's image2d."""
-    from tuner.ir.layouts import get_layout
-    h, w, _ = get_layout(layout).physical_shape(tuple(shape))
+    h, w, _ = _image_shape(layout, tuple(int(d) for d in shape))
     return w <= device.image2d_max_width and h <= device.image2d_max_height
+
+
+@lru_cache(maxsize=4096)
+def _image_shape(layout: str, shape: tuple) -> tuple:
+    """The image's (height, width, 4) of a logical ``shape`` in ``layout``, once per pair: building a layout's
+    IndexMap took most of a sampler's proposals (every constraint check of every random config built one)."""
+    from tuner.ir.layouts import get_layout
+    return tuple(get_layout(layout).physical_shape(shape))
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -524,7 +524,8 @@ def register(sub) -> None:
                    "device; 0: off)")
     p.add_argument("--drift-threshold", type=fraction, default=0.08, metavar="F",
                    help="relative change of the reference's time or of the clock that counts as a drift (default 0.08)")
-    p.add_argument("--storage", metavar="URL", help="Optuna storage (default sqlite beside the log)")
+    p.add_argument("--storage", metavar="URL", help="Optuna storage for the tasks' studies (default: in memory, "
+                   "rebuilt from the log on each run; required with --workers)")
     p.add_argument("--sampler", choices=("xgb", "tpe", "random"), default="xgb")
     add_seed_arg(p, help="sampler seed, 0 to 2**32-1 (default 0; with --workers, worker i gets seed + i)")
     p.add_argument("--workers", type=non_negative_int, metavar="N", help="with --storage: register the tasks for "

@@ -271,7 +271,9 @@ def tune_model(model, log: str | None = None, trials: int | None = 200, device=N
     only the current auto plan's. A node several templates take has a task per template: one pool per node.
     ``early_stopping``: a task is done after that many measurements without improvement; ``patience``: the
     scheduler's own (default: ``early_stopping``, else 24 with a time budget and none with trials alone).
-    ``say`` (e.g. ``print``) hears why the plan differs from ``trials`` before anything is measured.
+    ``storage``: an Optuna storage URL for the tasks' studies (to share them with workers or a dashboard); by
+    default they live in memory, rebuilt from the log on every run (a config the log has is never measured
+    again). ``say`` (e.g. ``print``) hears why the plan differs from ``trials`` before anything is measured.
     ``transfer_from``: sibling devices whose records seed every task's study (``tune``'s ``transfer_from``) and
     fill what the log lacks where the log decides the plan. ``drift_every``: a reference config is re-timed every
     that many measurements and the GPU clock read with each (``tuner.measure.drift.DriftGuard``); past
@@ -282,7 +284,9 @@ def tune_model(model, log: str | None = None, trials: int | None = 200, device=N
 
     from tuner.measure import MeasureOptions, Runner, open_runner
     from tuner.search.storage import open_storage
-    from tuner.search.tune import TaskSearch, default_storage
+    from optuna.storages import InMemoryStorage
+
+    from tuner.search.tune import TaskSearch
 
     t_start = time.monotonic()
     info = getattr(device, "info", device)
@@ -405,8 +409,9 @@ def tune_model(model, log: str | None = None, trials: int | None = 200, device=N
 
     def search_of(k):
         if k not in searches:
-            if "storage" not in opened:
-                opened["storage"] = open_storage(storage or default_storage(log), heartbeat=None)
+            if "storage" not in opened:  # without --storage the studies live in memory: the log is the truth,
+                # and a re-run rebuilds each study from it (SQLite's reads took most of a proposal's time)
+                opened["storage"] = open_storage(storage, heartbeat=None) if storage else InMemoryStorage()
             searches[k] = TaskSearch(tasks[k].bind(info), info, log, opened["storage"], sampler, seed, True, True,
                                      transfer_from, True, None, early_stopping)
             result_of(k)
