@@ -285,16 +285,17 @@ def check_sizes(spec: ModuleSpec, sources: dict) -> None:
     for i, n in enumerate(spec.nodes):
         for j, c in enumerate(n.calls):
             cw = f"nodes[{i}] ({n.name!r}).calls[{j}]"
-            written = check_call_bounds(sources[n.source], n.source, c, cw,
-                                        [(a[2], DTYPES[a[1]], a[3]) for a in (_arg(spec, blobs, ref) for ref in c.args)])
+            args = [(a[2], DTYPES[a[1]], a[3]) for a in (_arg(spec, blobs, ref) for ref in c.args)]
+            written = check_call_bounds(sources[n.source], n.source, c, cw, args)
             for ref, w in zip(c.args, written):
                 if w is None or not ref.startswith("t:"):
                     continue
                 h = hulls.get(ref[2:])
                 if h is None:
                     hulls[ref[2:]] = [w[0], w[1], cw]
-                elif isinstance(w[0], tuple):
-                    h[:] = [(min(h[0][0], w[0][0]), min(h[0][1], w[0][1])), (max(h[1][0], w[1][0]), max(h[1][1], w[1][1])), cw]
+                elif isinstance(w[0], tuple):  # pixels: ((x lo, y lo), (x hi, y hi))
+                    h[:] = [(min(h[0][0], w[0][0]), min(h[0][1], w[0][1])),
+                            (max(h[1][0], w[1][0]), max(h[1][1], w[1][1])), cw]
                 else:
                     h[:] = [min(h[0], w[0]), max(h[1], w[1]), cw]
     # a launch reaches every byte (pixel) of a tensor it writes, from its first to its last: no fewer work-items
