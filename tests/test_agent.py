@@ -345,7 +345,20 @@ def test_a_link_planted_in_the_work_folder_is_not_followed(native, cl_env, tmp_p
 
 # -- tcp:// with a token -----------------------------------------------------------------------------------
 
+TOKEN = "s3cret-s3cret-s3cret"  # at least 16 bytes (issue 54)
+
+
+def _token_file(tmp_path, token=TOKEN) -> str:
+    """A token file as the agent and the tuner take it: this user's, mode 0600."""
+    path = tmp_path / "token"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.write(fd, f"{token}\n".encode())
+    os.close(fd)
+    return str(path)
+
+
 def _listen(exe, env, tmp_path, *args) -> tuple:
+    args = tuple(_token_file(tmp_path) if a == "@token" else a for a in args)
     log = open(tmp_path / "listen.log", "w+")
     proc = subprocess.Popen([exe, "--listen", "127.0.0.1:0", "--work-dir", str(tmp_path), *args],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, env=env)
@@ -396,16 +409,19 @@ def test_cooldown_between_measurements(native, monkeypatch):
 
 def test_tcp_with_a_token(native, cl_env, tmp_path, monkeypatch):
     monkeypatch.delenv("TUNER_AGENT_TOKEN", raising=False)
-    proc, port = _listen(native["agent"], cl_env, tmp_path, "--token", "s3cret")
+    proc, port = _listen(native["agent"], cl_env, tmp_path, "--token-file", "@token")
     try:
-        for bad in ("?token=wrong", ""):
+        for bad in ("?token=wrong-wrong-wrong", ""):
             with pytest.raises(AgentLinkError, match="token"):
                 AgentRuntime(f"tcp://127.0.0.1:{port}{bad}")
-        with AgentRuntime(f"tcp://127.0.0.1:{port}?token=s3cret") as rt:
+        with AgentRuntime(f"tcp://127.0.0.1:{port}?token_file={tmp_path / 'token'}") as rt:
             assert rt.hello["protocol"] == 1
             res = _one_config(rt)
             assert res.ok, res.error_msg
-        monkeypatch.setenv("TUNER_AGENT_TOKEN", "s3cret")
+        with AgentRuntime(f"tcp://127.0.0.1:{port}?token={TOKEN}") as rt:  # still read, for old command lines
+            rt.ping()
+        monkeypatch.setattr("tuner.agent.transport._env_token", None)
+        monkeypatch.setenv("TUNER_AGENT_TOKEN", TOKEN)
         with AgentRuntime(f"tcp://127.0.0.1:{port}") as rt:  # the next connection, the token from the environment
             rt.ping()
         assert proc.poll() is None  # a refused or finished connection does not end the agent
@@ -415,14 +431,14 @@ def test_tcp_with_a_token(native, cl_env, tmp_path, monkeypatch):
     # beyond loopback a token is required
     r = subprocess.run([native["agent"], "--listen", "0.0.0.0:0"], capture_output=True, text=True, env=cl_env,
                        timeout=30)
-    assert r.returncode == 2 and "--token" in r.stderr
+    assert r.returncode == 2 and "--token-file" in r.stderr
 
 
 @pytest.mark.parametrize("spec", ["127.0.0.1:99999", "127.0.0.1:65536", "127.0.0.1:7x", "127.0.0.1:-1"])
 def test_listen_refuses_a_port_out_of_range(native, cl_env, spec):
     """Issue 36: 127.0.0.1:99999 listened on 34463 (the port wrapped)."""
-    r = subprocess.run([native["agent"], "--listen", spec, "--once", "--token", "t"], capture_output=True, text=True,
-                       env=cl_env, timeout=30)
+    r = subprocess.run([native["agent"], "--listen", spec, "--once"], capture_output=True, text=True,
+                       env={**cl_env, "TUNER_AGENT_TOKEN": TOKEN}, timeout=30)
     assert r.returncode == 2 and "the port must be a number from 1 to 65535" in r.stderr
 
 
@@ -588,7 +604,9 @@ def test_adb_a_stranger_that_connects_first_gets_nothing(native, cl_env, tmp_pat
         rt.close()
     typ, rid, status, n = P.parse_header(got["reply"][:P.HEADER.size])
     assert (typ, status) == (P.HELLO, P.AUTH) and b"devices" not in got["reply"]
-    assert any("--token " in x for x in (phone / "adb.log").read_text().splitlines())
+    log = (phone / "adb.log").read_text()
+    # issue 54: the token reaches the agent on its standard input, never in an `adb shell` argument
+    assert "--token-fd 0" in log and "--token " not in log and rt.link.token not in log
 
 
 # -- MobileNetV3-Small end to end ----------------------------------------------------------------------------
@@ -676,11 +694,11 @@ def test_an_idle_connection_is_dropped_and_the_owner_served(native, cl_env, tmp_
     ``tuner devices`` failed after 31.6 s). Now it has the handshake deadline to prove the token, then the link
     is closed and the next connection is served."""
     monkeypatch.delenv("TUNER_AGENT_TOKEN", raising=False)
-    proc, port = _listen(native["agent"], cl_env, tmp_path, "--token", "s3cret", "--handshake-timeout", "1")
+    proc, port = _listen(native["agent"], cl_env, tmp_path, "--token-file", "@token", "--handshake-timeout", "1")
     try:
         idle = socket.create_connection(("127.0.0.1", port), timeout=30)
         t0 = time.monotonic()
-        with AgentRuntime(f"tcp://127.0.0.1:{port}?token=s3cret") as rt:  # queued behind the idle one
+        with AgentRuntime(f"tcp://127.0.0.1:{port}?token_file={tmp_path / 'token'}") as rt:  # queued behind the idle one
             rt.ping()
         assert time.monotonic() - t0 < 15
         idle.settimeout(10)
@@ -696,7 +714,7 @@ def test_a_large_frame_before_hello_is_refused_unread(native, cl_env, tmp_path, 
     """An unauthenticated client that announced a 1 GiB body grew the supervisor to 961 MiB. Before HELLO a body
     is at most 64 KiB: the announcement is refused (AUTH) and the link closed, nothing allocated or read."""
     monkeypatch.delenv("TUNER_AGENT_TOKEN", raising=False)
-    proc, port = _listen(native["agent"], cl_env, tmp_path, "--token", "s3cret")
+    proc, port = _listen(native["agent"], cl_env, tmp_path, "--token-file", "@token")
     try:
         s = socket.create_connection(("127.0.0.1", port), timeout=30)
         s.sendall(P.HEADER.pack(P.MAGIC, P.VERSION, P.HELLO, 1, 20_000, 1 << 30))
@@ -713,7 +731,7 @@ def test_a_large_frame_before_hello_is_refused_unread(native, cl_env, tmp_path, 
         assert (typ, rid, status) == (P.HELLO, 1, P.AUTH) and "at most 65536 bytes" in _msg(body)
         assert s.recv(1) == b""
         s.close()
-        with AgentRuntime(f"tcp://127.0.0.1:{port}?token=s3cret") as rt:  # the owner is served next
+        with AgentRuntime(f"tcp://127.0.0.1:{port}?token_file={tmp_path / 'token'}") as rt:  # the owner is served next
             rt.ping()
     finally:
         proc.kill()
@@ -727,19 +745,20 @@ def test_handshake_timeout_is_checked(native, cl_env, value):
     assert r.returncode == 2 and "--handshake-timeout takes seconds" in r.stderr
 
 
-def test_exec_starts_its_agent_with_a_token_of_its_own(native, monkeypatch):
+def test_exec_starts_its_agent_with_a_token_of_its_own(native, monkeypatch, tmp_path):
     """exec:// (issue 36: every agent link authenticated) starts its agent with a token made for the launch, in
-    the agent's environment, and proves it in HELLO; a token in the spec is used instead."""
+    the agent's environment, and proves it in HELLO; a token in the spec is used instead. Issue 54: the agent
+    wipes it from its environment once read, so /proc/PID/environ no longer shows it."""
     monkeypatch.delenv("TUNER_AGENT_TOKEN", raising=False)
     tokens = []
-    for spec in (f"exec://{native['agent']}", f"exec://{native['agent']}?token=mine"):
+    for spec in (f"exec://{native['agent']}", f"exec://{native['agent']}?token_file={_token_file(tmp_path)}"):
         with AgentRuntime(spec) as rt:
             rt.ping()
-            env = Path(f"/proc/{rt.link.pid}/environ").read_bytes().split(b"\0")
-            token = next(e for e in env if e.startswith(b"TUNER_AGENT_TOKEN="))[len("TUNER_AGENT_TOKEN="):]
-            assert token == rt.link.token.encode() and len(token) >= 24 or token == b"mine"
-            tokens.append(token)
-    assert tokens[1] == b"mine"
+            environ = Path(f"/proc/{rt.link.pid}/environ").read_bytes()
+            assert rt.link.token.encode() not in environ
+            assert len(rt.link.token) >= 24 or rt.link.token == TOKEN
+            tokens.append(rt.link.token)
+    assert tokens[1] == TOKEN
 
 
 def test_tcp_link_that_reached_itself_is_no_agent(monkeypatch):

@@ -1,11 +1,16 @@
 /* tuner-agent: the device side of docs/agent-protocol.md.
  *
  *   tuner-agent --stdio [--work-dir DIR]                     frames on stdin/stdout, the log on stderr
- *   tuner-agent --listen HOST:PORT --token T [--once] [--work-dir DIR]   TCP, one connection at a time
- *                                                           (--once: exit when the first connection that
- *                                                           proved the token ends)
- *               [--handshake-timeout S]   with a token: a connection proves it within S seconds (5), in frames
- *                                         of at most 64 KiB, or is closed
+ *   tuner-agent --listen HOST:PORT (--token-file PATH | --token-fd N | $TUNER_AGENT_TOKEN) [--once]
+ *               [--work-dir DIR]         TCP, one session at a time (--once: exit when the first connection that
+ *                                        proved the token ends)
+ *               [--handshake-timeout S]  with a token: a connection proves it within S seconds (5), in frames
+ *                                        of at most 64 KiB, or is closed
+ *   The token never stands on a command line (issue 54): a file only its owner can read, an inherited descriptor
+ *   (read to its first newline), or $TUNER_AGENT_TOKEN, which is read, wiped and removed. --token T is refused.
+ *   Connections that have not proved the token share HANDSHAKE_SLOTS slots; when they are full the oldest
+ *   stranger is dropped (OpenSSH's MaxStartups), so strangers cannot keep the owner out, and the session that
+ *   proved the token is never dropped for a stranger.
  *   tuner-agent --version
  *   [--sysfs-root DIR]   where SENSORS reads the GPU clock and the thermal zones (/; $TUNER_SYSFS_ROOT)
  *
@@ -45,16 +50,32 @@
 #include "proto.h"
 
 static char work_dir[4096];
-static const char *token; /* NULL: none required */
+static const char *token; /* NULL: none required; else token_buf */
+#define TOKEN_MIN 16
+#define TOKEN_MAX 1024
+static char token_buf[TOKEN_MAX + 2];
+/* Connections that have not proved the token yet (--listen): at most this many at once, the oldest dropped first. */
+#define HANDSHAKE_SLOTS 64
+#define ACCEPTS_PER_ROUND 8 /* a burst of strangers cannot push out, in one round, a connection just accepted */
 /* Before HELLO has proved the token: each frame at most this many bytes of body, and HELLO within
  * handshake_ms of the connection (an idle or slow client is dropped, and the next connection served). */
 #define PREAUTH_MAX_BODY 65536u
 static long long handshake_ms = 5000;
 static char sysfs_root[4096] = "/"; /* --sysfs-root, else $TUNER_SYSFS_ROOT, else / */
 
-const char *tnr_agent_work_dir(void) { return work_dir; }
+static void tnr_agent_log(const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 1, 2)))
+#endif
+    ;
 
-void tnr_agent_log(const char *fmt, ...) {
+/* Overwrites n bytes in a way the compiler keeps (a secret is gone from this process's memory). */
+static void wipe(void *p, size_t n) {
+    volatile unsigned char *v = (volatile unsigned char *)p;
+    while (n--) *v++ = 0;
+}
+
+static void tnr_agent_log(const char *fmt, ...) {
     char line[TNR_ERRLEN + 64];
     int n;
     va_list ap;
@@ -340,6 +361,8 @@ static void reap(int force) {
     child.pid = -1;
 }
 
+static void close_slots_in_child(void);
+
 static int spawn(int host_in, int host_out, int listen_fd, char *msg) {
     int sv[2];
     pid_t parent = getpid(), pid;
@@ -368,8 +391,11 @@ static int spawn(int host_in, int host_out, int listen_fd, char *msg) {
         if (host_in > 2) close(host_in);
         if (host_out > 2 && host_out != host_in) close(host_out);
         if (listen_fd > 2) close(listen_fd);
+        close_slots_in_child(); /* strangers' connections are the supervisor's */
+        wipe(token_buf, sizeof token_buf); /* the executor holds no secret (issue 54) */
+        token = NULL;
         signal(SIGPIPE, SIG_IGN);
-        tnr_agent_executor(sv[1]);
+        tnr_agent_executor(sv[1], work_dir);
         close(sv[1]);
         exit(0);
     }
@@ -533,9 +559,10 @@ static int read_frame_part(int in, void *buf, size_t n, int authed, long long he
     return rc == 0 ? 0 : rc == 1 ? 1 : rc == 2 ? 2 : -1;
 }
 
-/* Serves one connection until BYE or its end; whether it was authenticated (always, without a token). */
-static int serve(int in, int out, int listen_fd) {
-    int authed = token == NULL;
+/* Serves one connection until BYE or its end; whether it was authenticated (always, without a token). first_h and
+ * first_body (malloc'd, taken over): a HELLO that already proved the token (--listen's handshake slots). */
+static int serve(int in, int out, int listen_fd, const tpr_header *first_h, unsigned char *first_body) {
+    int authed = token == NULL || first_h != NULL;
     long long hello_by = authed ? 0 : now_ms() + handshake_ms;
     opened = 0;
     for (;;) {
@@ -545,6 +572,13 @@ static int serve(int in, int out, int listen_fd) {
         char msg[TNR_ERRLEN];
         int rc;
         reap_pending();
+        if (first_h) {
+            h = *first_h;
+            body = first_body;
+            first_h = NULL;
+            first_body = NULL;
+            goto have_frame;
+        }
         rc = read_frame_part(in, head, TPR_HEADER, authed, hello_by);
         if (rc == 2) {
             tnr_agent_log("no HELLO with the token within %lld ms of the connection: closing the link", handshake_ms);
@@ -585,6 +619,7 @@ static int serve(int in, int out, int listen_fd) {
             free(body);
             break;
         }
+    have_frame:
         if (h.type < 1 || h.type > TPR_LAST) {
             snprintf(msg, sizeof msg, "unknown message type %u", h.type);
             rc = tpr_send_error(out, h.type, h.rid, TPR_BAD_REQUEST, msg);
@@ -624,9 +659,12 @@ static int serve(int in, int out, int listen_fd) {
                 if (tpr_send_error(out, h.type, h.rid, TPR_BAD_REQUEST, msg)) break;
                 continue;
             }
-            if (h.type == TPR_HELLO && token) {
-                int ok = token_ok(tok);
+            if (h.type == TPR_HELLO) {
+                int ok = !token || token_ok(tok);
+                tpr_buf empty = {0};
+                if (tok) wipe(tok, strlen(tok));
                 free(tok);
+                wipe(body, (size_t)h.len);
                 if (!ok) {
                     tnr_agent_log("HELLO with a wrong token: closing the link");
                     tpr_send_error(out, h.type, h.rid, TPR_AUTH, "wrong token: the agent closes the link");
@@ -634,6 +672,16 @@ static int serve(int in, int out, int listen_fd) {
                     break;
                 }
                 authed = 1;
+                /* the executor gets HELLO with an empty token: it never holds the secret (issue 54) */
+                tpr_put_cstr(&empty, "");
+                if (empty.oom) {
+                    free(body);
+                    if (tpr_send_error(out, h.type, h.rid, TPR_RUNTIME, "out of memory for HELLO")) break;
+                    continue;
+                }
+                free(body);
+                body = empty.p;
+                h.len = empty.n;
             } else {
                 free(tok);
             }
@@ -668,13 +716,389 @@ static int serve(int in, int out, int listen_fd) {
     return authed;
 }
 
+
+/* ---- --listen: handshake slots (issue 54: the owner always gets in) ----
+ * Every accepted connection takes a slot until its first frame is a HELLO that proves the token; then it is
+ * served (one session at a time, never dropped for a stranger). A slot is freed when its handshake deadline
+ * passes, its client misbehaves, or, with every slot taken, a newer connection needs it: the oldest goes first.
+ * The listening socket and the slots are non-blocking: no stranger stalls the supervisor. */
+
+typedef struct {
+    int fd;                /* -1: free */
+    long long since, by;   /* accepted at; must prove the token by (ms, monotonic) */
+    unsigned char head[TPR_HEADER];
+    size_t got;            /* bytes of the header, then of the body, read so far */
+    int have_head;
+    tpr_header h;
+    unsigned char *body;
+} hs_slot;
+
+static hs_slot slots[HANDSHAKE_SLOTS];
+
+static void close_slots_in_child(void) {
+    size_t i;
+    for (i = 0; i < HANDSHAKE_SLOTS; i++)
+        if (slots[i].fd >= 0) close(slots[i].fd);
+}
+
+static void slot_free(hs_slot *s) {
+    if (s->fd >= 0) close(s->fd);
+    if (s->body) {
+        wipe(s->body, (size_t)s->h.len);
+        free(s->body);
+    }
+    memset(s, 0, sizeof *s);
+    s->fd = -1;
+}
+
+/* A reply to a stranger: best effort, never blocking (a client that does not read loses its slot). */
+static int slot_error(hs_slot *s, unsigned status, const char *msg) {
+    return tpr_send_error(s->fd, s->h.type, s->h.rid, status, msg);
+}
+
+/* Reads what a slot's client sent. 0: keep waiting; 1: the slot was closed; 2: a HELLO with the right token is in
+ * s->h and s->body (to be served). */
+static int slot_read(hs_slot *s) {
+    for (;;) {
+        size_t want = s->have_head ? (size_t)s->h.len : TPR_HEADER;
+        ssize_t r = 0;
+        if (s->got < want) {
+            r = read(s->fd, s->have_head ? s->body + s->got : s->head + s->got, want - s->got);
+            if (r < 0 && errno == EINTR) continue;
+            if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+            if (r <= 0) {
+                if (s->got || s->have_head) tnr_agent_log("the link ended inside a frame before HELLO");
+                slot_free(s);
+                return 1;
+            }
+            s->got += (size_t)r;
+            if (s->got < want) continue;
+        }
+        if (!s->have_head) {
+            const char *bad;
+            tpr_unpack_header(s->head, &s->h);
+            if ((bad = tpr_header_problem(&s->h)) != NULL) {
+                tnr_agent_log("refused a frame: %s; closing the link", bad);
+                slot_error(s, TPR_BAD_REQUEST, bad);
+                slot_free(s);
+                return 1;
+            }
+            if (s->h.len > PREAUTH_MAX_BODY) { /* never allocated: the token is not proved yet */
+                char msg[TNR_ERRLEN];
+                snprintf(msg, sizeof msg, "a frame before HELLO proved the token carries at most %u bytes, not %llu; "
+                         "closing the link", PREAUTH_MAX_BODY, (unsigned long long)s->h.len);
+                tnr_agent_log("%s", msg);
+                slot_error(s, TPR_AUTH, msg);
+                slot_free(s);
+                return 1;
+            }
+            if (!(s->body = malloc(s->h.len ? (size_t)s->h.len : 1))) {
+                slot_error(s, TPR_RUNTIME, "out of memory for a frame before HELLO; closing the link");
+                slot_free(s);
+                return 1;
+            }
+            s->have_head = 1;
+            s->got = 0;
+            continue;
+        }
+        /* a whole frame */
+        if (s->h.type < 1 || s->h.type > TPR_LAST) {
+            char msg[64];
+            snprintf(msg, sizeof msg, "unknown message type %u", s->h.type);
+            if (slot_error(s, TPR_BAD_REQUEST, msg)) {
+                slot_free(s);
+                return 1;
+            }
+        } else if (s->h.type != TPR_HELLO) {
+            slot_error(s, TPR_AUTH, "this agent requires a token: send HELLO with it first");
+            slot_free(s);
+            return 1;
+        } else {
+            tpr_reader r;
+            char *tok;
+            int ok;
+            tpr_reader_init(&r, s->body, (size_t)s->h.len);
+            tok = tpr_str(&r, NULL);
+            if (!tpr_end(&r)) {
+                char msg[TNR_ERRLEN];
+                snprintf(msg, sizeof msg, "HELLO body: %s", r.why);
+                if (tok) wipe(tok, strlen(tok));
+                free(tok);
+                if (slot_error(s, TPR_BAD_REQUEST, msg)) {
+                    slot_free(s);
+                    return 1;
+                }
+            } else {
+                ok = token_ok(tok);
+                wipe(tok, strlen(tok));
+                free(tok);
+                if (ok) return 2;
+                tnr_agent_log("HELLO with a wrong token: closing the link");
+                slot_error(s, TPR_AUTH, "wrong token: the agent closes the link");
+                slot_free(s);
+                return 1;
+            }
+        }
+        /* an answered frame that does not end the handshake: the next one, under the same deadline */
+        wipe(s->body, (size_t)s->h.len);
+        free(s->body);
+        s->body = NULL;
+        s->have_head = 0;
+        s->got = 0;
+    }
+}
+
+/* Serves --listen until --once's session ends (0) or accept fails (1). */
+static int listen_loop(int lfd, int once) {
+    struct pollfd p[HANDSHAKE_SLOTS + 1];
+    size_t i;
+    long long dropped = 0;
+    for (i = 0; i < HANDSHAKE_SLOTS; i++) slots[i].fd = -1;
+    for (;;) {
+        long long now = now_ms(), next = -1;
+        int timeout, rc, accepted = 0;
+        reap_pending();
+        p[0].fd = lfd;
+        p[0].events = POLLIN;
+        p[0].revents = 0;
+        for (i = 0; i < HANDSHAKE_SLOTS; i++) {
+            p[i + 1].fd = slots[i].fd; /* -1: ignored by poll */
+            p[i + 1].events = POLLIN;
+            p[i + 1].revents = 0;
+            if (slots[i].fd >= 0 && (next < 0 || slots[i].by < next)) next = slots[i].by;
+        }
+        timeout = next < 0 ? 1000 : next <= now ? 0 : next - now > 1000 ? 1000 : (int)(next - now);
+        rc = poll(p, HANDSHAKE_SLOTS + 1, timeout);
+        if (rc < 0 && errno != EINTR) {
+            tnr_agent_log("poll: %s", strerror(errno));
+            return 1;
+        }
+        now = now_ms();
+        /* first what the connections in the slots sent: a HELLO that arrived is served before anyone is dropped */
+        for (i = 0; rc > 0 && i < HANDSHAKE_SLOTS; i++) {
+            hs_slot *s = &slots[i];
+            if (s->fd < 0 || !(p[i + 1].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+            if (slot_read(s) == 2) {
+                int fd = s->fd, one = 1, flags = fcntl(fd, F_GETFL), authed;
+                size_t j;
+                tpr_header h = s->h;
+                unsigned char *body = s->body;
+                s->fd = -1;
+                s->body = NULL;
+                slot_free(s);
+                if (flags >= 0) fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+                setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+                tnr_agent_log("a connection proved the token");
+                authed = serve(fd, fd, lfd, &h, body);
+                close(fd);
+                tnr_agent_log("the connection ended");
+                if (once && authed) return 0; /* --once: the owner's connection, not a stranger's that came first */
+                /* whoever waited in a slot through the session gets a fresh deadline, as if accepted now */
+                now = now_ms();
+                for (j = 0; j < HANDSHAKE_SLOTS; j++)
+                    if (slots[j].fd >= 0) slots[j].by = now + handshake_ms;
+                rc = 0; /* the poll results are stale */
+                break;
+            }
+        }
+        for (i = 0; i < HANDSHAKE_SLOTS; i++)
+            if (slots[i].fd >= 0 && slots[i].by <= now) {
+                tnr_agent_log("no HELLO with the token within %lld ms of the connection: closing the link",
+                              handshake_ms);
+                slot_free(&slots[i]);
+            }
+        while (rc > 0 && (p[0].revents & POLLIN) && accepted < ACCEPTS_PER_ROUND) {
+            int c = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+            hs_slot *s = NULL;
+            if (c < 0) {
+                if (errno == EINTR || errno == ECONNABORTED) continue;
+                if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+                if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+                    tnr_agent_log("accept: %s", strerror(errno));
+                    break;
+                }
+                tnr_agent_log("accept: %s", strerror(errno));
+                return 1;
+            }
+            accepted++;
+            for (i = 0; i < HANDSHAKE_SLOTS && !s; i++)
+                if (slots[i].fd < 0) s = &slots[i];
+            if (!s) { /* every slot taken: the oldest stranger goes (MaxStartups) */
+                s = &slots[0];
+                for (i = 1; i < HANDSHAKE_SLOTS; i++)
+                    if (slots[i].since < s->since) s = &slots[i];
+                if (dropped++ % 1000 == 0)
+                    tnr_agent_log("all %d handshake slots are taken: dropped the oldest connection that had not "
+                                  "proved the token (%lld so far)", HANDSHAKE_SLOTS, dropped);
+                slot_free(s);
+            }
+            s->fd = c;
+            s->since = now;
+            s->by = now + handshake_ms;
+        }
+    }
+}
+
+/* ---- the token: never from a command line (issue 54) ---- */
+
+/* Checks the token text in token_buf (n bytes, one trailing newline dropped); 0, or -1 after an error line. */
+static int token_take(size_t n, const char *from) {
+    size_t i;
+    if (n && token_buf[n - 1] == '\n') n--;
+    if (n && token_buf[n - 1] == '\r') n--;
+    token_buf[n] = 0;
+    for (i = 0; i < n; i++)
+        if ((unsigned char)token_buf[i] <= 0x20 || (unsigned char)token_buf[i] >= 0x7f) {
+            wipe(token_buf, sizeof token_buf);
+            fprintf(stderr, "error: %s: the token must be one line of printable ASCII without spaces\n", from);
+            return -1;
+        }
+    if (n > TOKEN_MAX) {
+        wipe(token_buf, sizeof token_buf);
+        fprintf(stderr, "error: %s: the token is longer than %d bytes\n", from, TOKEN_MAX);
+        return -1;
+    }
+    if (n < TOKEN_MIN) {
+        wipe(token_buf, sizeof token_buf);
+        fprintf(stderr, "error: %s: the token has %zu bytes; it needs at least %d (make one with `python3 -c "
+                        "\"import secrets; print(secrets.token_urlsafe(24))\"`)\n", from, n, TOKEN_MIN);
+        return -1;
+    }
+    token = token_buf;
+    return 0;
+}
+
+/* --token-file PATH: a regular file owned by this user that no one else can read (0600 or 0400). */
+static int token_from_file(const char *path) {
+    char from[300];
+    struct stat st;
+    size_t got = 0;
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    snprintf(from, sizeof from, "--token-file %.200s", path);
+    if (fd < 0) {
+        fprintf(stderr, "error: %s: %s (give a file that holds the token, made with `umask 077`)\n", from,
+                errno == ELOOP ? "a symbolic link is not read" : strerror(errno));
+        return -1;
+    }
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        fprintf(stderr, "error: %s: not a regular file\n", from);
+        close(fd);
+        return -1;
+    }
+    if (st.st_uid != geteuid()) {
+        fprintf(stderr, "error: %s: the file belongs to another user (uid %ld): the token file must be this user's "
+                        "own\n", from, (long)st.st_uid);
+        close(fd);
+        return -1;
+    }
+    if (st.st_mode & 077) {
+        fprintf(stderr, "error: %s: the file is readable or writable by group or others (mode %04o); run "
+                        "`chmod 600 %.200s`\n", from, (unsigned)(st.st_mode & 07777), path);
+        close(fd);
+        return -1;
+    }
+    if (st.st_size > TOKEN_MAX + 1) {
+        fprintf(stderr, "error: %s: %lld bytes; a token file holds one line of at most %d bytes\n", from,
+                (long long)st.st_size, TOKEN_MAX);
+        close(fd);
+        return -1;
+    }
+    while (got < TOKEN_MAX + 1) {
+        ssize_t r = read(fd, token_buf + got, TOKEN_MAX + 1 - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+            fprintf(stderr, "error: %s: %s\n", from, strerror(errno));
+            close(fd);
+            wipe(token_buf, sizeof token_buf);
+            return -1;
+        }
+        if (r == 0) break;
+        got += (size_t)r;
+    }
+    close(fd);
+    return token_take(got, from);
+}
+
+/* --token-fd N: one line read from an inherited descriptor (a pipe: adb:// writes the token to the agent's stdin),
+ * within 30 s; the descriptor is then closed (0, 1 and 2 are pointed at /dev/null instead). */
+static int token_from_fd(const char *spec) {
+    char from[64], *end = NULL;
+    long fd = strtol(spec, &end, 10);
+    size_t got = 0;
+    long long until = now_ms() + 30000;
+    snprintf(from, sizeof from, "--token-fd %.20s", spec);
+    if (!end || *end || end == spec || fd < 0 || fd > 1000000 || fcntl((int)fd, F_GETFD) < 0) {
+        fprintf(stderr, "error: %s: give an open file descriptor number (e.g. 0, the standard input)\n", from);
+        return -1;
+    }
+    while (got < TOKEN_MAX + 1) {
+        struct pollfd pf = {(int)fd, POLLIN, 0};
+        long long left = until - now_ms();
+        ssize_t r;
+        if (left <= 0 || poll(&pf, 1, (int)left) == 0) {
+            fprintf(stderr, "error: %s: no token line within 30 s\n", from);
+            wipe(token_buf, sizeof token_buf);
+            return -1;
+        }
+        r = read((int)fd, token_buf + got, 1); /* one byte at a time: nothing after the line is taken */
+        if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+        if (r < 0) {
+            fprintf(stderr, "error: %s: %s\n", from, strerror(errno));
+            wipe(token_buf, sizeof token_buf);
+            return -1;
+        }
+        if (r == 0) break;
+        if (token_buf[got++] == '\n') break;
+    }
+    if (got > TOKEN_MAX) {
+        fprintf(stderr, "error: %s: the token line is longer than %d bytes\n", from, TOKEN_MAX);
+        wipe(token_buf, sizeof token_buf);
+        return -1;
+    }
+    if (fd <= 2) {
+        int nul = open("/dev/null", O_RDWR);
+        if (nul >= 0 && nul != fd) {
+            dup2(nul, (int)fd);
+            close(nul);
+        }
+    } else {
+        close((int)fd);
+    }
+    return token_take(got, from);
+}
+
+/* $TUNER_AGENT_TOKEN: copied, then wiped where it stood (so /proc/PID/environ no longer shows it) and removed. */
+static int token_from_env(void) {
+    char *v = getenv("TUNER_AGENT_TOKEN");
+    size_t n;
+    if (!v) return 0;
+    n = strlen(v);
+    if (!n) {
+        unsetenv("TUNER_AGENT_TOKEN");
+        return 0;
+    }
+    if (n > TOKEN_MAX) {
+        wipe(v, n);
+        unsetenv("TUNER_AGENT_TOKEN");
+        fprintf(stderr, "error: $TUNER_AGENT_TOKEN: longer than %d bytes\n", TOKEN_MAX);
+        return -1;
+    }
+    memcpy(token_buf, v, n);
+    wipe(v, n);
+    unsetenv("TUNER_AGENT_TOKEN");
+    return token_take(n, "$TUNER_AGENT_TOKEN");
+}
+
 /* ---- main ---- */
 
 static int usage(const char *why) {
     if (why) fprintf(stderr, "error: %s\n", why);
     fprintf(stderr,
             "usage: tuner-agent --stdio [--work-dir DIR]\n"
-            "       tuner-agent --listen HOST:PORT --token T [--once] [--work-dir DIR] [--handshake-timeout S]\n"
+            "       tuner-agent --listen HOST:PORT (--token-file PATH | --token-fd N | $TUNER_AGENT_TOKEN) [--once]\n"
+            "                   [--work-dir DIR] [--handshake-timeout S]\n"
+            "       the token: at least 16 bytes; a file only you can read (chmod 600), a descriptor to read one line\n"
+            "       from, or $TUNER_AGENT_TOKEN (read and removed); never on the command line\n"
             "       tuner-agent --version\n"
             "       [--sysfs-root DIR]: where SENSORS reads the GPU clock and the thermal zones (default /, or\n"
             "       $TUNER_SYSFS_ROOT)\n"
@@ -734,15 +1158,15 @@ static int listen_on(const char *spec) {
         for (a = ai; a; a = a->ai_next) {
             if (!is_loopback_addr(a->ai_addr)) {
                 fprintf(stderr, "error: --listen %s is reachable from other machines (%s resolves to a "
-                                "non-loopback address): pass --token T (or set TUNER_AGENT_TOKEN) and give the tuner "
-                                "the same token\n", spec, host);
+                                "non-loopback address): pass --token-file PATH (a file only you can read) or set "
+                                "TUNER_AGENT_TOKEN, and give the tuner the same token\n", spec, host);
                 freeaddrinfo(ai);
                 return -1;
             }
         }
         fprintf(stderr, "error: --listen %s needs a token: every local process (on a phone, every app) reaches a "
-                        "loopback port; pass --token T (or set TUNER_AGENT_TOKEN) and give the tuner the same token "
-                        "(tcp://HOST:PORT?token=T); adb:// makes one by itself\n", spec);
+                        "loopback port; pass --token-file PATH (a file only you can read) or set TUNER_AGENT_TOKEN, and "
+                        "give the tuner the same token (tcp://HOST:PORT?token_file=PATH); adb:// makes one by itself\n", spec);
         freeaddrinfo(ai);
         return -1;
     }
@@ -750,7 +1174,7 @@ static int listen_on(const char *spec) {
         fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
         if (fd < 0) continue;
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 4) == 0) break;
+        if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, SOMAXCONN) == 0) break;
         close(fd);
         fd = -1;
     }
@@ -780,7 +1204,7 @@ static void default_work_dir(void) {
 }
 
 int main(int argc, char **argv) {
-    const char *listen_spec = NULL;
+    const char *listen_spec = NULL, *token_file = NULL, *token_fd = NULL;
     int stdio = 0, once = 0, i;
     default_work_dir();
     {
@@ -788,8 +1212,7 @@ int main(int argc, char **argv) {
         if (env_root && *env_root && strlen(env_root) < sizeof sysfs_root - 512)
             snprintf(sysfs_root, sizeof sysfs_root, "%s", env_root);
     }
-    token = getenv("TUNER_AGENT_TOKEN");
-    if (token && !*token) token = NULL;
+    if (token_from_env() != 0) return 2;
     for (i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--version")) {
@@ -810,9 +1233,17 @@ int main(int argc, char **argv) {
             if (!end || *end || end == argv[i] || !(sec >= 0.1 && sec <= 3600))
                 return usage("--handshake-timeout takes seconds, from 0.1 to 3600");
             handshake_ms = (long long)(sec * 1000);
-        } else if (!strcmp(a, "--token") && i + 1 < argc) {
-            token = argv[++i];
-            if (!*token) return usage("--token must not be empty");
+        } else if (!strcmp(a, "--token") || !strncmp(a, "--token=", 8)) {
+            /* refused (issue 54): every local user reads a command line in /proc/PID/cmdline */
+            if (i + 1 < argc && a[7] != '=') wipe(argv[i + 1], strlen(argv[i + 1]));
+            fprintf(stderr, "error: --token puts the token on the command line, where every local user can read it "
+                            "(/proc/PID/cmdline); write it to a file only you can read (umask 077; echo TOKEN > FILE) "
+                            "and pass --token-file FILE, or pass --token-fd N, or set TUNER_AGENT_TOKEN\n");
+            return 2;
+        } else if (!strcmp(a, "--token-file") && i + 1 < argc) {
+            token_file = argv[++i];
+        } else if (!strcmp(a, "--token-fd") && i + 1 < argc) {
+            token_fd = argv[++i];
         } else if (!strcmp(a, "--sysfs-root") && i + 1 < argc) {
             struct stat st;
             if (!argv[i + 1][0] || strlen(argv[i + 1]) >= sizeof sysfs_root - 512)
@@ -834,27 +1265,21 @@ int main(int argc, char **argv) {
         }
     }
     if (stdio == !!listen_spec) return usage("give one of --stdio and --listen HOST:PORT");
+    if (token_file && token_fd) return usage("give one of --token-file and --token-fd");
+    if (token_file || token_fd) {
+        wipe(token_buf, sizeof token_buf); /* a file or a descriptor overrides $TUNER_AGENT_TOKEN */
+        token = NULL;
+        if ((token_file ? token_from_file(token_file) : token_from_fd(token_fd)) != 0) return 2;
+    }
     signal(SIGPIPE, SIG_IGN);
     if (stdio) {
-        serve(0, 1, -1);
+        serve(0, 1, -1, NULL, NULL);
         return 0;
     }
     {
-        int lfd = listen_on(listen_spec);
+        int lfd = listen_on(listen_spec), flags;
         if (lfd < 0) return 2;
-        for (;;) {
-            int c = accept(lfd, NULL, NULL), one = 1, authed;
-            if (c < 0) {
-                if (errno == EINTR || errno == ECONNABORTED) continue;
-                tnr_agent_log("accept: %s", strerror(errno));
-                return 1;
-            }
-            setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-            tnr_agent_log("a connection");
-            authed = serve(c, c, lfd);
-            close(c);
-            tnr_agent_log("the connection ended%s", authed ? "" : " before it proved the token");
-            if (once && authed) return 0; /* --once: the owner's connection, not a stranger's that came first */
-        }
+        if ((flags = fcntl(lfd, F_GETFL)) >= 0) fcntl(lfd, F_SETFL, flags | O_NONBLOCK);
+        return listen_loop(lfd, once);
     }
 }

@@ -20,6 +20,30 @@
 #include "proto.h"
 #include "sha256.h"
 
+/* What the supervisor hands the executor (issue 54): the work folder, as an argument. The executor never reads
+ * the supervisor's state: it is forked after the supervisor wiped the token, and HELLO reaches it with an empty
+ * token, so it cannot leak what it never held. */
+static const char *work_dir = "";
+
+/* A line on stderr, "tuner-agent[pid]: ..." (the executor's own: it shares no state with the supervisor). */
+static void ex_log(const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 1, 2)))
+#endif
+    ;
+static void ex_log(const char *fmt, ...) {
+    char line[TNR_ERRLEN + 64];
+    int n;
+    va_list ap;
+    n = snprintf(line, sizeof line, "tuner-agent[%ld]: ", (long)getpid());
+    va_start(ap, fmt);
+    vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+    va_end(ap);
+    strcat(line, "\n");
+    if (write(2, line, strlen(line)) < 0) { /* best effort */
+    }
+}
+
 #define MAX_ARGS 1024
 #define MAX_LAUNCHES 4096
 #define MAX_ROUNDS 1000000u
@@ -312,7 +336,7 @@ static int reply_json(tpr_buf *j, tpr_buf *out, char *msg) {
 
 static int do_hello(executor *ex, unsigned type, tpr_reader *r, tpr_buf *out, char *msg) {
     tpr_buf j = {0};
-    char *token = tpr_str(r, NULL);
+    char *token = tpr_str(r, NULL); /* the supervisor proved the token and forwards HELLO with an empty one */
     int i;
     free(token);
     NEED_END(r);
@@ -341,7 +365,7 @@ static int do_hello(executor *ex, unsigned type, tpr_reader *r, tpr_buf *out, ch
         put_json_str(&j, ex->load_err);
     }
     putf(&j, ", \"work_dir\": ");
-    put_json_str(&j, tnr_agent_work_dir());
+    put_json_str(&j, work_dir);
     putf(&j, ", \"devices\": [");
     for (i = 0; i < ex->ndev; i++) {
         if (i) putf(&j, ", ");
@@ -423,7 +447,7 @@ static int do_build(executor *ex, unsigned type, tpr_reader *r, tpr_buf *out, ch
     tnr_sha256_update(&c, src, slen);
     tnr_sha256_final(&c, digest);
     for (i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", digest[i]);
-    snprintf(dir, sizeof dir, "%s/binaries/%s", tnr_agent_work_dir(), ex->cache_key);
+    snprintf(dir, sizeof dir, "%s/binaries/%s", work_dir, ex->cache_key);
     snprintf(path, sizeof path, "%s/%s.bin", dir, hex);
     snprintf(tag, sizeof tag, "%s/%s", ex->cache_key, hex);
     bin = tnr_bincache_read(dir, path, tag, &blen);
@@ -432,7 +456,7 @@ static int do_build(executor *ex, unsigned type, tpr_reader *r, tpr_buf *out, ch
             cached = 1;
         } else {
             unlink(path); /* refused (another driver build, a damaged file): rebuilt from source below */
-            tnr_agent_log("a cached binary was refused (%s): deleted %s, building from source", err, path);
+            ex_log("a cached binary was refused (%s): deleted %s, building from source", err, path);
         }
         free(bin);
         bin = NULL;
@@ -854,11 +878,12 @@ static int dispatch(executor *ex, unsigned type, tpr_reader *r, tpr_buf *out, ch
     }
 }
 
-void tnr_agent_executor(int fd) {
+void tnr_agent_executor(int fd, const char *work_folder) {
     executor ex;
     unsigned char head[TPR_HEADER], *body = NULL;
     memset(&ex, 0, sizeof ex);
     ex.open = -1;
+    work_dir = work_folder ? work_folder : "";
     for (;;) {
         tpr_header h;
         tpr_reader r;
@@ -876,7 +901,7 @@ void tnr_agent_executor(int fd) {
         if (status == TPR_OK && out.oom) status = fail(msg, TPR_RUNTIME, "out of memory for the reply");
         if (status != TPR_OK) {
             if (status != TPR_COMPILE)
-                tnr_agent_log("%s (request %u): %s: %s", tpr_type_name(h.type), h.rid, tpr_status_name((unsigned)status), msg);
+                ex_log("%s (request %u): %s: %s", tpr_type_name(h.type), h.rid, tpr_status_name((unsigned)status), msg);
             rc = tpr_send_error(fd, h.type, h.rid, (unsigned)status, msg);
         } else {
             rc = tpr_send(fd, h.type, h.rid, TPR_OK, out.p, out.n);

@@ -76,7 +76,7 @@ def _rank(d: dict) -> tuple:
 
 class AgentRuntime(Runtime):
     """Connect to the agent ``spec`` names (``exec://``, ``tcp://``, ``adb://``; ``?device=N`` picks a device
-    by its index in the agent's list (as ``tuner devices`` numbers them there) or by a name, ``?token=T``
+    by its index in the agent's list (as ``tuner devices`` numbers them there) or by a name, ``?token_file=PATH``
     authenticates, ``?timeout=S`` bounds a run) and open its device. ``build_timeout`` and ``run_timeout``:
     the deadlines of BUILD and of RUN/READ, which the agent enforces by killing its executor."""
 
@@ -92,8 +92,8 @@ class AgentRuntime(Runtime):
         self._lock = threading.Lock()
         self.calls: dict = {}  # requests sent, by message name
         try:
-            hello = json.loads(self._call(P.HELLO, P.Writer().str(opts.get("token", os.environ.get(
-                "TUNER_AGENT_TOKEN", ""))).done(), 15.0, "HELLO").str())  # a silent peer is no agent: ~30 s at most
+            hello = json.loads(self._call(P.HELLO, P.Writer().str(opts.get("token") or "").done(), 15.0,
+                                          "HELLO").str())  # a silent peer is no agent: ~30 s at most
             if not isinstance(hello, dict):
                 raise P.ProtocolError(f"{self.link.name}: HELLO's reply is not a JSON object")
             self.hello = hello
@@ -233,8 +233,8 @@ class AgentRuntime(Runtime):
             raise CompileError(f"OpenCL build failed on {label} (through {self.link.name}):\n{msg}", log=msg)
         if status == P.AUTH:
             self.link.close()
-            raise AgentLinkError(f"{self.link.name}: the agent refused the connection ({msg}); give its token with "
-                                 f"?token=T or $TUNER_AGENT_TOKEN")
+            raise AgentLinkError(f"{self.link.name}: the agent refused the connection ({msg}); give its token in a file "
+                                 f"only you can read, ?token_file=PATH, or in $TUNER_AGENT_TOKEN")
         raise AgentStatusError(f"{self.link.name}: {what} failed: {P.STATUS.get(status, status)}: {msg}", status)
 
     def _check(self, *handles) -> None:

@@ -4,8 +4,10 @@
 is an AgentLinkError naming the transport and what to do."""
 from __future__ import annotations
 
+import errno
 import os
 import selectors
+import stat
 import secrets
 import shlex
 import shutil
@@ -21,6 +23,8 @@ from tuner.errors import TunerError
 SCHEMES = ("exec", "tcp", "adb")
 ANDROID_DIR = "/data/local/tmp/tuner"
 AGENT_PORT = 7390  # the agent's port on the phone (adb://); $TUNER_AGENT_PORT changes it
+TOKEN_MIN, TOKEN_MAX = 16, 1024  # bytes, as the agent checks them
+_env_token: str | None = None  # $TUNER_AGENT_TOKEN, once read (and removed from the environment)
 
 
 class AgentLinkError(TunerError):
@@ -33,14 +37,20 @@ def is_agent_spec(spec) -> bool:
 
 def parse_spec(spec: str) -> tuple:
     """``(scheme, target, options)``: ``exec://PATH [ARGS]``, ``tcp://HOST:PORT``, ``adb://[SERIAL]``, each
-    with an optional ``?device=N&token=T&timeout=S`` (``device``: an index or a name)."""
+    with an optional ``?device=N&token_file=PATH&timeout=S`` (``device``: an index or a name; ``token=T`` is
+    still read, but it stands on the command line where every local user sees it)."""
     scheme, rest = spec.split("://", 1)
     target, _, query = rest.partition("?")
     opts = {k: v[-1] for k, v in parse_qs(query, keep_blank_values=True).items()}
-    unknown = set(opts) - {"device", "token", "timeout"}
+    unknown = set(opts) - {"device", "token", "token_file", "timeout"}
     if unknown:
         raise TunerError(f"--device {spec!r}: unknown option {sorted(unknown)[0]!r}; the options are device=N, "
-                         f"token=T and timeout=SECONDS")
+                         f"token_file=PATH and timeout=SECONDS")
+    if "token" in opts and "token_file" in opts:
+        raise TunerError(f"--device {spec!r}: give one of token_file=PATH and token=T (token_file: the token stays "
+                         f"off the command line)")
+    if "token_file" in opts and not opts["token_file"].strip():
+        raise TunerError(f"--device {spec!r}: token_file= needs the path of a file that holds the token (chmod 600)")
     if "device" in opts and not opts["device"].strip():
         raise TunerError(f"--device {spec!r}: device= needs a device index (as `tuner devices` numbers them on the "
                          f"agent's machine) or a name")
@@ -62,6 +72,68 @@ def parse_spec(spec: str) -> tuple:
         except ValueError:
             raise TunerError(f"--device {spec!r}: write tcp://HOST:PORT, e.g. tcp://127.0.0.1:7390") from None
     return scheme, target, opts
+
+
+def _check_token(tok: str, where: str) -> str:
+    """The token as the agent takes it: one line of printable ASCII, TOKEN_MIN to TOKEN_MAX bytes."""
+    if len(tok) > TOKEN_MAX or not all("!" <= c <= "~" for c in tok):
+        raise TunerError(f"{where}: the token must be one line of printable ASCII without spaces, at most "
+                         f"{TOKEN_MAX} bytes")
+    if len(tok) < TOKEN_MIN:
+        raise TunerError(f"{where}: the token has {len(tok)} bytes; it needs at least {TOKEN_MIN} (make one with "
+                         f"`python3 -c \"import secrets; print(secrets.token_urlsafe(24))\"`)")
+    return tok
+
+
+def read_token_file(path: str) -> str:
+    """The token in ``path``: a regular file of this user's that no one else can read (0600 or 0400), opened
+    without following a symbolic link and without waiting on a FIFO, one line of at most TOKEN_MAX bytes."""
+    where = f"token_file={path}"
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+                     | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        why = "a symbolic link is not read" if e.errno == errno.ELOOP else e.strerror
+        raise TunerError(f"{where}: {why}; give a file that holds the token, made with `umask 077`") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise TunerError(f"{where}: not a regular file")
+        if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+            raise TunerError(f"{where}: the file belongs to another user (uid {st.st_uid}); it must be your own")
+        if st.st_mode & 0o077:
+            raise TunerError(f"{where}: the file is readable or writable by group or others (mode "
+                             f"{stat.S_IMODE(st.st_mode):04o}); run `chmod 600 {path}`")
+        if st.st_size > TOKEN_MAX + 2:
+            raise TunerError(f"{where}: {st.st_size} bytes; a token file holds one line of at most {TOKEN_MAX} bytes")
+        data = os.read(fd, TOKEN_MAX + 3)
+    finally:
+        os.close(fd)
+    try:
+        text = data.decode("ascii")
+    except UnicodeDecodeError:
+        raise TunerError(f"{where}: the token must be printable ASCII") from None
+    return _check_token(text[:-1] if text.endswith("\n") else text, where)
+
+
+def env_token() -> str | None:
+    """``$TUNER_AGENT_TOKEN``: read once and removed from the environment, so that no child (a compiler, an
+    ``exec://`` agent) inherits it; later calls return what was read."""
+    global _env_token
+    v = os.environ.pop("TUNER_AGENT_TOKEN", None)
+    if v:
+        _env_token = _check_token(v.strip(), "$TUNER_AGENT_TOKEN")
+    return _env_token
+
+
+def spec_token(spec: str, opts: dict) -> str | None:
+    """The token a spec names: ``token_file=PATH``, else ``token=T`` (kept for old command lines; it stands in
+    /proc/PID/cmdline, where every local user reads it), else None."""
+    if opts.get("token_file"):
+        return read_token_file(opts["token_file"])
+    if opts.get("token"):
+        return _check_token(opts["token"], f"--device {spec.split('?', 1)[0]}?token=...")
+    return None
 
 
 class _Stream:
@@ -249,12 +321,19 @@ class AdbTransport(TcpTransport):
         # connects first gets nothing (and does not end the agent) without it.
         self.token = secrets.token_urlsafe(24)
         self.log = tempfile.NamedTemporaryFile(prefix="tuner-agent-adb-", suffix=".log", delete=False)
+        # The token goes to the agent's standard input (--token-fd 0), never into the `adb shell` command line,
+        # which every user of this host (ps) and every app of the phone could read.
         self.server = subprocess.Popen([*adb, "shell", f"{ANDROID_DIR}/tuner-agent --listen 127.0.0.1:{remote} "
-                                        f"--once --token {self.token} --work-dir {ANDROID_DIR}"],
-                                       stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log,
+                                        f"--once --token-fd 0 --work-dir {ANDROID_DIR}"],
+                                       stdin=subprocess.PIPE, stdout=self.log, stderr=self.log,
                                        start_new_session=True)
         self.adb, self.port = adb, None
         try:
+            try:
+                self.server.stdin.write(f"{self.token}\n".encode())
+                self.server.stdin.flush()
+            except OSError:
+                pass  # adb ended at once: its status and output are reported below
             out = _run([*adb, "forward", "tcp:0", f"tcp:{remote}"], where).strip()
             port = int(out) if out.isdigit() else 0
             if not port:
@@ -290,6 +369,10 @@ class AdbTransport(TcpTransport):
                 except subprocess.TimeoutExpired:
                     self.server.kill()
                     self.server.wait()
+        try:
+            self.server.stdin.close()
+        except OSError:
+            pass
         self.log.close()
 
     def close(self) -> None:
@@ -301,11 +384,13 @@ def connect(spec: str):
     """A transport for an agent spec, and its options."""
     scheme, target, opts = parse_spec(spec)
     if scheme == "exec":
-        link = ExecTransport(target, opts.get("token"))
+        link = ExecTransport(target, spec_token(spec, opts))
         return link, {**opts, "token": link.token}
     if scheme == "tcp":
         u = urlsplit(f"tcp://{target}")
-        return TcpTransport(u.hostname, u.port), opts
+        token = spec_token(spec, opts) or env_token()
+        link = TcpTransport(u.hostname, u.port)
+        return link, {**opts, "token": token or ""}
     agent = os.environ.get("TUNER_AGENT_ANDROID")
     if not agent:  # what `tuner native build --target android-arm64` writes
         from tuner.native import default_build_dir
