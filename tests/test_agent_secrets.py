@@ -1,0 +1,349 @@
+"""Issue 54, items 1, 2 and 8: the agent's token never stands on a command line (a 0600 file, an inherited
+descriptor, or an environment variable that is read, wiped and removed; ``--token`` is refused), the host names
+it as a file or in ``$TUNER_AGENT_TOKEN`` and ``adb://`` writes it to the agent's standard input; strangers that
+hold or keep opening connections cannot keep the owner out (bounded handshake slots, the oldest stranger dropped,
+the proved session never dropped); and the executor, the process that runs the host's kernels, never holds the
+token."""
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tuner.agent import protocol as P
+from tuner.agent import transport
+from tuner.agent.runtime import AgentRuntime
+from tuner.agent.transport import AgentLinkError
+from tuner.errors import TunerError
+
+TOKEN = "issue54-owner-token-" + "x" * 12
+
+
+def _token_file(path: Path, token: str = TOKEN, mode: int = 0o600) -> str:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.write(fd, f"{token}\n".encode())
+    os.close(fd)
+    os.chmod(path, mode)
+    return str(path)
+
+
+def _listen(exe, env, tmp_path, *args, stdin=subprocess.DEVNULL) -> tuple:
+    log = open(tmp_path / "listen.log", "w+")
+    proc = subprocess.Popen([exe, "--listen", "127.0.0.1:0", "--work-dir", str(tmp_path), *args], stdin=stdin,
+                            stdout=subprocess.DEVNULL, stderr=log, env=env)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        m = re.search(r"listening on 127\.0\.0\.1:(\d+)", (tmp_path / "listen.log").read_text())
+        if m:
+            return proc, int(m.group(1))
+        assert proc.poll() is None, (tmp_path / "listen.log").read_text()
+        time.sleep(0.02)
+    proc.kill()
+    raise AssertionError("the agent did not listen")
+
+
+def _stop(proc) -> None:
+    proc.kill()
+    proc.wait()
+
+
+def _agent(native, cl_env, *args, env=None):
+    return subprocess.run([native["agent"], *args], capture_output=True, text=True, timeout=30,
+                          env={k: v for k, v in (env or cl_env).items() if k != "TUNER_AGENT_TOKEN"})
+
+
+# -- the agent: where the token comes from ---------------------------------------------------------------------
+
+def test_token_on_the_command_line_is_refused(native, cl_env):
+    """`tuner-agent --listen ... --token T` put T in /proc/PID/cmdline, readable by every local user."""
+    for args in (["--listen", "127.0.0.1:0", "--token", TOKEN], ["--stdio", f"--token={TOKEN}"]):
+        r = _agent(native, cl_env, *args)
+        assert r.returncode == 2, r
+        assert "--token-file" in r.stderr and "command line" in r.stderr and "Traceback" not in r.stderr
+        assert TOKEN not in r.stderr
+
+
+@pytest.mark.parametrize("case", ["group-readable", "world-readable", "symlink", "fifo", "short", "missing",
+                                  "folder", "spaces"])
+def test_a_token_file_only_its_owner_reads(native, cl_env, tmp_path, case):
+    path = tmp_path / "token"
+    if case == "group-readable":
+        _token_file(path, mode=0o640)
+        want = "chmod 600"
+    elif case == "world-readable":
+        _token_file(path, mode=0o604)
+        want = "chmod 600"
+    elif case == "symlink":
+        os.symlink(_token_file(tmp_path / "real"), path)
+        want = "symbolic link"
+    elif case == "fifo":
+        os.mkfifo(path, 0o600)  # opened without waiting for a writer
+        want = "not a regular file"
+    elif case == "short":
+        _token_file(path, token="short")
+        want = "at least 16"
+    elif case == "missing":
+        want = "No such file"
+    elif case == "folder":
+        path.mkdir(mode=0o700)
+        want = "not a regular file"
+    else:
+        _token_file(path, token="with spaces in the token line")
+        want = "printable ASCII without spaces"
+    t0 = time.monotonic()
+    r = _agent(native, cl_env, "--listen", "127.0.0.1:0", "--once", "--token-file", str(path))
+    assert r.returncode == 2 and want in r.stderr and "error: --token-file" in r.stderr, r.stderr
+    assert time.monotonic() - t0 < 10
+
+
+def test_token_file_serves_the_owner_and_no_command_line_shows_it(native, cl_env, tmp_path, monkeypatch):
+    monkeypatch.delenv("TUNER_AGENT_TOKEN", raising=False)
+    tok = _token_file(tmp_path / "token")
+    proc, port = _listen(native["agent"], cl_env, tmp_path, "--token-file", tok)
+    try:
+        assert TOKEN.encode() not in Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+        with AgentRuntime(f"tcp://127.0.0.1:{port}?token_file={tok}") as rt:
+            rt.ping()
+            ex = rt.hello["executor_pid"]
+            assert TOKEN.encode() not in Path(f"/proc/{ex}/cmdline").read_bytes()
+        with pytest.raises(AgentLinkError, match="token_file=PATH"):  # no token: the refusal names the option
+            AgentRuntime(f"tcp://127.0.0.1:{port}")
+        assert proc.poll() is None
+    finally:
+        _stop(proc)
+
+
+def test_token_from_an_inherited_descriptor(native, cl_env, tmp_path):
+    """--token-fd 0: what adb:// uses, the token written to the agent's standard input."""
+    proc, port = None, None
+    log = open(tmp_path / "listen.log", "w+")
+    proc = subprocess.Popen([native["agent"], "--listen", "127.0.0.1:0", "--once", "--token-fd", "0",
+                             "--work-dir", str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            stderr=log, env={k: v for k, v in cl_env.items() if k != "TUNER_AGENT_TOKEN"})
+    try:
+        proc.stdin.write(f"{TOKEN}\n".encode())
+        proc.stdin.flush()
+        deadline = time.monotonic() + 30
+        while port is None and time.monotonic() < deadline:
+            m = re.search(r"listening on 127\.0\.0\.1:(\d+)", (tmp_path / "listen.log").read_text())
+            port = int(m.group(1)) if m else None
+            assert proc.poll() is None, (tmp_path / "listen.log").read_text()
+            time.sleep(0.02)
+        with AgentRuntime(f"tcp://127.0.0.1:{port}?token_file={_token_file(tmp_path / 'token')}") as rt:
+            rt.ping()
+        assert proc.wait(20) == 0  # --once
+    finally:
+        if proc.poll() is None:
+            _stop(proc)
+    # a descriptor that gives no line: refused, not waited on forever
+    r = subprocess.run([native["agent"], "--listen", "127.0.0.1:0", "--token-fd", "0"], input=b"", timeout=30,
+                       capture_output=True, env={k: v for k, v in cl_env.items() if k != "TUNER_AGENT_TOKEN"})
+    assert r.returncode == 2 and b"at least 16" in r.stderr
+    r = _agent(native, cl_env, "--listen", "127.0.0.1:0", "--token-fd", "77")
+    assert r.returncode == 2 and "open file descriptor" in r.stderr
+
+
+def test_token_from_the_environment_is_wiped(native, cl_env, tmp_path):
+    """$TUNER_AGENT_TOKEN is read, wiped where it stood (/proc/PID/environ) and removed: the executor, forked
+    later, inherits nothing."""
+    proc, port = _listen(native["agent"], {**cl_env, "TUNER_AGENT_TOKEN": TOKEN}, tmp_path)
+    try:
+        assert TOKEN.encode() not in Path(f"/proc/{proc.pid}/environ").read_bytes()
+        with AgentRuntime(f"tcp://127.0.0.1:{port}?token_file={_token_file(tmp_path / 'token')}") as rt:
+            rt.ping()
+            assert TOKEN.encode() not in Path(f"/proc/{rt.hello['executor_pid']}/environ").read_bytes()
+    finally:
+        _stop(proc)
+    r = _agent(native, cl_env, "--listen", "127.0.0.1:0", env={**cl_env, "TUNER_AGENT_TOKEN": "short"})
+    # (_agent drops the variable: run it directly)
+    r = subprocess.run([native["agent"], "--listen", "127.0.0.1:0"], capture_output=True, text=True, timeout=30,
+                       env={**cl_env, "TUNER_AGENT_TOKEN": "short"})
+    assert r.returncode == 2 and "$TUNER_AGENT_TOKEN" in r.stderr and "at least 16" in r.stderr
+
+
+# -- the host: token_file=, $TUNER_AGENT_TOKEN ---------------------------------------------------------------
+
+def test_host_reads_the_token_file_as_the_agent_does(tmp_path):
+    ok = _token_file(tmp_path / "ok")
+    assert transport.read_token_file(ok) == TOKEN
+    bad = _token_file(tmp_path / "bad", mode=0o644)
+    with pytest.raises(TunerError, match=r"chmod 600"):
+        transport.read_token_file(bad)
+    os.symlink(ok, tmp_path / "link")
+    with pytest.raises(TunerError, match="symbolic link"):
+        transport.read_token_file(str(tmp_path / "link"))
+    os.mkfifo(tmp_path / "fifo", 0o600)
+    with pytest.raises(TunerError, match="not a regular file"):
+        transport.read_token_file(str(tmp_path / "fifo"))
+    with pytest.raises(TunerError, match="at least 16"):
+        transport.read_token_file(_token_file(tmp_path / "short", token="abc"))
+    with pytest.raises(TunerError, match="one of token_file"):
+        transport.parse_spec(f"tcp://127.0.0.1:1?token_file={ok}&token={TOKEN}")
+
+
+def test_host_takes_the_environment_token_once_and_removes_it(monkeypatch):
+    monkeypatch.setattr(transport, "_env_token", None)
+    monkeypatch.setenv("TUNER_AGENT_TOKEN", TOKEN)
+    assert transport.env_token() == TOKEN
+    assert "TUNER_AGENT_TOKEN" not in os.environ  # no child (a compiler, an exec:// agent) inherits it
+    assert transport.env_token() == TOKEN
+
+
+def test_cli_names_a_bad_token_file_without_a_traceback(tmp_path):
+    bad = _token_file(tmp_path / "token", mode=0o644)
+    r = subprocess.run([sys.executable, "-m", "tuner", "devices", "--device", f"tcp://127.0.0.1:1?token_file={bad}"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "chmod 600" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+# -- the owner always gets in --------------------------------------------------------------------------------
+
+STRANGERS = r'''
+import selectors, socket, sys, time
+port, n, seconds = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+sel = selectors.DefaultSelector()
+opened = 0
+def knock():
+    global opened
+    s = socket.socket()
+    s.setblocking(False)
+    s.connect_ex(("127.0.0.1", port))
+    sel.register(s, selectors.EVENT_READ)
+    opened += 1
+for _ in range(n):
+    knock()
+print("ready", flush=True)
+end = time.monotonic() + seconds
+while time.monotonic() < end:
+    for key, _ in sel.select(0.05):  # dropped by the agent: come straight back
+        s = key.fileobj
+        try:
+            gone = s.recv(4096) == b""
+        except OSError:
+            gone = True
+        if gone:
+            sel.unregister(s)
+            s.close()
+            knock()
+print(opened, flush=True)
+'''
+
+
+def _hello(port: int, token: str, timeout: float = 30) -> tuple:
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    s.sendall(P.Frame(P.HELLO, 1, 20_000, P.Writer().str(token).done()).encode())
+    data = b""
+    while len(data) < P.HEADER.size:
+        chunk = s.recv(P.HEADER.size - len(data))
+        assert chunk, "the agent closed the owner's link"
+        data += chunk
+    return s, P.parse_header(data)
+
+
+def test_the_owner_gets_in_while_200_strangers_keep_reconnecting(native, cl_env, tmp_path, monkeypatch):
+    """Issue 54: about 40 idle connections kept the owner out (one connection at a time, a backlog of 4, 5 s per
+    stranger). Now 200 strangers that hold connections open and reconnect the moment they are dropped do not:
+    the owner's HELLO is answered within 2 s, and the owner's session, once proved, is never dropped."""
+    monkeypatch.delenv("TUNER_AGENT_TOKEN", raising=False)
+    tok = _token_file(tmp_path / "token")
+    proc, port = _listen(native["agent"], cl_env, tmp_path, "--token-file", tok)
+    crowd = subprocess.Popen([sys.executable, "-c", STRANGERS, str(port), "200", "12"], stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert crowd.stdout.readline().strip() == "ready"
+        time.sleep(1.0)  # the slots are full and the strangers keep coming back
+        t0 = time.monotonic()
+        s, (typ, rid, status, n) = _hello(port, TOKEN)
+        took = time.monotonic() - t0
+        assert (typ, status) == (P.HELLO, P.OK) and took < 2.0, (status, took)
+        s.close()
+        # a session that proved the token is served to its end, whatever the strangers do meanwhile
+        with AgentRuntime(f"tcp://127.0.0.1:{port}?token_file={tok}") as rt:
+            for _ in range(5):
+                time.sleep(0.3)
+                rt.ping()
+        opened = int(crowd.communicate(timeout=60)[0].strip())
+        assert opened > 200  # the strangers were dropped and came back, all along
+        assert "handshake slots are taken" in (tmp_path / "listen.log").read_text()
+        assert proc.poll() is None
+    finally:
+        if crowd.poll() is None:
+            crowd.kill()
+            crowd.wait()
+        _stop(proc)
+
+
+def test_a_wrong_token_in_a_slot_is_refused_and_the_owner_served(native, cl_env, tmp_path, monkeypatch):
+    monkeypatch.delenv("TUNER_AGENT_TOKEN", raising=False)
+    tok = _token_file(tmp_path / "token")
+    proc, port = _listen(native["agent"], cl_env, tmp_path, "--token-file", tok)
+    try:
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(10)]
+        s, (typ, _, status, _) = _hello(port, "wrong-wrong-wrong-wrong")
+        assert (typ, status) == (P.HELLO, P.AUTH)
+        s.close()
+        # a frame other than HELLO first, and a bad magic: refused, the link closed
+        for frame in (P.Frame(P.PING, 2, 1000, b"").encode(), b"XXXX" + bytes(20)):
+            s = socket.create_connection(("127.0.0.1", port), timeout=20)
+            s.sendall(frame)
+            data = b""
+            while chunk := s.recv(4096):
+                data += chunk
+            assert P.parse_header(data[:P.HEADER.size])[2] in (P.AUTH, P.BAD_REQUEST)
+            s.close()
+        s, (typ, _, status, _) = _hello(port, TOKEN)
+        assert status == P.OK
+        s.close()
+        for c in idle:
+            c.close()
+    finally:
+        _stop(proc)
+
+
+# -- the executor holds no secret --------------------------------------------------------------------------
+
+def _memory_holds(pid: int, needle: bytes) -> bool:
+    """Whether the process's writable memory holds needle (read through /proc/PID/mem)."""
+    found = False
+    with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", 0) as mem:
+        for line in maps:
+            addr, perms = line.split()[:2]
+            if "r" not in perms or "w" not in perms:
+                continue
+            lo, hi = (int(x, 16) for x in addr.split("-"))
+            if hi - lo > 1 << 30:
+                continue
+            try:
+                mem.seek(lo)
+                if needle in mem.read(hi - lo):
+                    found = True
+            except (OSError, ValueError, OverflowError):
+                continue
+    return found
+
+
+def test_the_executor_never_holds_the_token(native, cl_env, tmp_path, monkeypatch):
+    """The supervisor proves the token; the executor (OpenCL, the host's kernels) is forked after the token was
+    wiped from it and gets HELLO with an empty token. Its memory holds no copy, the supervisor's does."""
+    monkeypatch.delenv("TUNER_AGENT_TOKEN", raising=False)
+    tok = _token_file(tmp_path / "token")
+    proc, port = _listen(native["agent"], cl_env, tmp_path, "--token-file", tok)
+    try:
+        with AgentRuntime(f"tcp://127.0.0.1:{port}?token_file={tok}") as rt:
+            rt.ping()
+            ex = rt.hello["executor_pid"]
+            try:
+                supervisor_has = _memory_holds(proc.pid, TOKEN.encode())
+                executor_has = _memory_holds(ex, TOKEN.encode())
+            except PermissionError:
+                pytest.skip("this machine does not let a test read another process's memory (ptrace_scope)")
+            assert supervisor_has  # the reading works: the supervisor holds the token it checks
+            assert not executor_has
+    finally:
+        _stop(proc)
