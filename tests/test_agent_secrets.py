@@ -347,3 +347,38 @@ def test_the_executor_never_holds_the_token(native, cl_env, tmp_path, monkeypatc
             assert not executor_has
     finally:
         _stop(proc)
+
+
+def test_handshake_slots_under_asan(native, cl_env, tmp_path, monkeypatch):
+    """The slots' code under AddressSanitizer + UBSan: an idle stranger, a half header, a wrong token, a frame
+    other than HELLO, a bad header, slots overflowed and dropped; then the owner's session (--once) ends the
+    agent with status 0 and no report."""
+    monkeypatch.delenv("TUNER_AGENT_TOKEN", raising=False)
+    tok = _token_file(tmp_path / "token")
+    supp = Path(__file__).resolve().parents[1] / "native" / "asan" / "lsan.supp"
+    env = dict({k: v for k, v in cl_env.items() if k != "TUNER_AGENT_TOKEN"},
+               ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:exitcode=23",
+               LSAN_OPTIONS=f"suppressions={supp}:print_suppressions=0",
+               UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1")
+    proc, port = _listen(native["agent_asan"], env, tmp_path, "--token-file", tok, "--once")
+    try:
+        held = [socket.create_connection(("127.0.0.1", port)) for _ in range(80)]  # more than the slots
+        held[-1].sendall(P.Frame(P.HELLO, 1, 1000, P.Writer().str(TOKEN).done()).encode()[:30])  # half a frame
+        for frame in (P.Frame(P.HELLO, 1, 1000, P.Writer().str("w" * 20).done()).encode(),
+                      P.Frame(P.PING, 2, 1000, b"").encode(), b"HTTP" + bytes(20),
+                      P.Frame(99, 3, 1000, b"").encode() + P.Frame(P.HELLO, 4, 1000, b"\xff").encode()):
+            s = socket.create_connection(("127.0.0.1", port), timeout=20)
+            s.sendall(frame)
+            s.recv(4096)
+            s.close()
+        with AgentRuntime(f"tcp://127.0.0.1:{port}?token_file={tok}") as rt:
+            rt.ping()
+        for c in held:
+            c.close()
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            _stop(proc)
+    log = (tmp_path / "listen.log").read_text()
+    assert not re.findall(r"ERROR: (?:Address|Leak)Sanitizer.*|runtime error:.*", log), log
+    assert "handshake slots are taken" in log

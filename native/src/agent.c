@@ -362,6 +362,8 @@ static void reap(int force) {
 }
 
 static void close_slots_in_child(void);
+/* The request body the supervisor holds while it forks an executor: the child drops its copy. */
+static unsigned char *held_body;
 
 static int spawn(int host_in, int host_out, int listen_fd, char *msg) {
     int sv[2];
@@ -392,6 +394,8 @@ static int spawn(int host_in, int host_out, int listen_fd, char *msg) {
         if (host_out > 2 && host_out != host_in) close(host_out);
         if (listen_fd > 2) close(listen_fd);
         close_slots_in_child(); /* strangers' connections are the supervisor's */
+        free(held_body);         /* the supervisor's buffer: the executor gets the request over the socketpair */
+        held_body = NULL;
         wipe(token_buf, sizeof token_buf); /* the executor holds no secret (issue 54) */
         token = NULL;
         signal(SIGPIPE, SIG_IGN);
@@ -691,7 +695,9 @@ static int serve(int in, int out, int listen_fd, const tpr_header *first_h, unsi
                 continue;
             }
         }
+        held_body = body;
         rc = ensure_child(h.type, in, out, listen_fd, in, msg);
+        held_body = NULL;
         if (rc == TPR_OK) rc = relay(h.type, h.rid, h.word, body, (size_t)h.len, in, &rh, &rbody, msg);
         if (rc == -3) {
             tnr_agent_log("the link ended while the executor worked on %s", tpr_type_name(h.type));
@@ -734,11 +740,14 @@ typedef struct {
 } hs_slot;
 
 static hs_slot slots[HANDSHAKE_SLOTS];
+static int slots_live; /* set by listen_loop, which marks every slot free (fd -1) first */
+
+static void slot_free(hs_slot *s);
 
 static void close_slots_in_child(void) {
     size_t i;
-    for (i = 0; i < HANDSHAKE_SLOTS; i++)
-        if (slots[i].fd >= 0) close(slots[i].fd);
+    for (i = 0; slots_live && i < HANDSHAKE_SLOTS; i++)
+        if (slots[i].fd >= 0) slot_free(&slots[i]);
 }
 
 static void slot_free(hs_slot *s) {
@@ -854,6 +863,7 @@ static int listen_loop(int lfd, int once) {
     size_t i;
     long long dropped = 0;
     for (i = 0; i < HANDSHAKE_SLOTS; i++) slots[i].fd = -1;
+    slots_live = 1;
     for (;;) {
         long long now = now_ms(), next = -1;
         int timeout, rc, accepted = 0;
