@@ -314,10 +314,12 @@ class _Parser:
         return e
 
     def assign(self):
-        self.enter()
-        line = self.line()
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise BoundsError(self.line(), f"nesting deeper than {MAX_DEPTH}")
+        line = self.lines[self.p]
         e = self.ternary()
-        if self.kind() == "op" and self.text() in _ASSIGN:
+        if self.kinds[self.p] == "op" and self.texts[self.p] in _ASSIGN:
             op = self.take()
             e = ("asg", op, e, self.assign(), line)
         self.depth -= 1
@@ -325,7 +327,7 @@ class _Parser:
 
     def ternary(self):
         c = self.binary(1)
-        if self.text() != "?":
+        if self.texts[self.p] != "?":
             return c
         self.take("?")
         a = self.assign()
@@ -334,24 +336,29 @@ class _Parser:
 
     def binary(self, min_prec: int):
         a = self.unary()
-        while self.kind() == "op":
-            prec = _PREC.get(self.text())
+        kinds, texts = self.kinds, self.texts
+        while kinds[self.p] == "op":
+            op = texts[self.p]
+            prec = _PREC.get(op)
             if prec is None or prec < min_prec:
                 break
-            op = self.take()
+            self.p += 1
             a = ("bin", op, a, self.binary(prec + 1))
         return a
 
     def unary(self):
-        self.enter()
-        t, line = self.text(), self.line()
-        if self.kind() == "op" and t in ("-", "+", "!", "~"):
-            self.take()
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise BoundsError(self.line(), f"nesting deeper than {MAX_DEPTH}")
+        p = self.p
+        t, line, is_op = self.texts[p], self.lines[p], self.kinds[p] == "op"
+        if is_op and t in ("-", "+", "!", "~"):
+            self.p = p + 1
             e = ("un", t, self.unary())
-        elif self.kind() == "op" and t in ("++", "--"):
-            self.take()
+        elif is_op and t in ("++", "--"):
+            self.p = p + 1
             e = ("inc", self.unary(), line)
-        elif self.kind() == "op" and t in ("*", "&"):
+        elif is_op and t in ("*", "&"):
             raise BoundsError(line, f"the pointer operator {t!r}")
         elif t == "sizeof":
             raise BoundsError(line, "sizeof")
@@ -377,7 +384,8 @@ class _Parser:
         return e
 
     def postfix(self):
-        kind, line = self.kind(), self.line()
+        p = self.p
+        kind, line = self.kinds[p], self.lines[p]
         t = self.take()
         if kind == "num":
             if _INT_LITERAL.match(t):
@@ -393,13 +401,13 @@ class _Parser:
             else:
                 raise BoundsError(line, f"the number {t!r}")
         elif kind == "id":
-            if self.text() == "(":
-                self.take("(")
+            if self.texts[self.p] == "(":
+                self.p += 1
                 args = []
-                if self.text() != ")":
+                if self.texts[self.p] != ")":
                     args.append(self.assign())
-                    while self.text() == ",":
-                        self.take(",")
+                    while self.texts[self.p] == ",":
+                        self.p += 1
                         args.append(self.assign())
                 self.take(")")
                 e = ("call", t, tuple(args), line)
@@ -410,8 +418,9 @@ class _Parser:
             self.take(")")
         else:
             raise BoundsError(line, f"{t!r} where an expression belongs")
+        texts = self.texts
         while True:
-            t = self.text()
+            t = texts[self.p]
             if t == "[":
                 line = self.line()
                 self.take("[")
@@ -424,10 +433,10 @@ class _Parser:
                     raise BoundsError(self.line(), "a member name expected after '.'")
                 self.take()
                 e = ("mem", e)
-            elif t in ("++", "--"):
+            elif t in ("++", "--") and self.kinds[self.p] == "op":
                 e = ("inc", e, self.line())
                 self.take()
-            elif t == "->":
+            elif t == "->" and self.kinds[self.p] == "op":
                 raise BoundsError(self.line(), "the operator '->'")
             else:
                 return e
@@ -555,17 +564,25 @@ def _height(body) -> int:
     """The height of a syntax tree (a node is 1 higher than its highest child), found without recursion: every
     recursive walk of the tree after this is at most that deep."""
     best, stack = 0, [(body, 1)]
+    pop, push = stack.pop, stack.append
     while stack:
-        node, h = stack.pop()
-        best = max(best, h)
-        if best > MAX_HEIGHT:
-            break
+        node, h = pop()
+        if h > best:
+            best = h
+            if best > MAX_HEIGHT:
+                break
+        h += 1
         for x in node[1:]:
             if type(x) is tuple and x:
                 if type(x[0]) is str:
-                    stack.append((x, h + 1))
+                    if len(x) > 1:
+                        push((x, h))
+                    elif h > best:
+                        best = h
                 else:  # a tuple of statements or arguments: each a child of this node
-                    stack.extend((y, h + 1) for y in x if type(y) is tuple and y)
+                    for y in x:
+                        if type(y) is tuple and y:
+                            push((y, h))
     return best
 
 
