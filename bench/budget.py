@@ -146,7 +146,8 @@ def cmd_table(a) -> None:
         with open(csv_path) as f:
             rows = list(csv.DictReader(f))
         models = list(dict.fromkeys(r["model"] for r in rows))
-        plans = list(dict.fromkeys(r["plan"] for r in rows))
+        plans = sorted(dict.fromkeys(r["plan"] for r in rows), key=lambda p: (p != "fallback", p == "committed",
+                                                                           float(p.split()[0]) if p.endswith(" min") else 0))
         lines = [f"# Latency against tuning time from an empty log: {rows[0]['device']}", "",
                  "Median of rounds of the median of runs, ms (x = speed-up over the fallback plan, in the same run).",
                  "", "| model | " + " | ".join(plans) + " |", "| --- |" + " ---: |" * len(plans)]
