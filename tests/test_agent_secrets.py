@@ -382,3 +382,97 @@ def test_handshake_slots_under_asan(native, cl_env, tmp_path, monkeypatch):
     log = (tmp_path / "listen.log").read_text()
     assert not re.findall(r"ERROR: (?:Address|Leak)Sanitizer.*|runtime error:.*", log), log
     assert "handshake slots are taken" in log
+
+
+# -- the challenge handshake: the token never crosses the link ---------------------------------------------
+
+def _recv_frame(s) -> tuple:
+    data = b""
+    while len(data) < P.HEADER.size:
+        chunk = s.recv(P.HEADER.size - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    typ, rid, word, n = P.parse_header(data)
+    body = b""
+    while len(body) < n:
+        chunk = s.recv(n - len(body))
+        if not chunk:
+            return None
+        body += chunk
+    return typ, rid, word, body
+
+
+def _challenge(s, nonce: bytes, rid: int = 1) -> tuple:
+    s.sendall(P.Frame(P.CHALLENGE, rid, 5000, P.Writer().bytes(nonce).done()).encode())
+    typ, _, status, body = _recv_frame(s)
+    assert (typ, status) == (P.CHALLENGE, P.OK), body
+    r = P.Reader(body, "CHALLENGE")
+    return r.bytes(), r.bytes()
+
+
+def test_a_captured_hello_proves_nothing_on_another_connection(native, cl_env, tmp_path, monkeypatch):
+    import hashlib
+    import hmac
+    monkeypatch.delenv("TUNER_AGENT_TOKEN", raising=False)
+    tok = _token_file(tmp_path / "token")
+    proc, port = _listen(native["agent"], cl_env, tmp_path, "--token-file", tok)
+    try:
+        mine = os.urandom(P.NONCE)
+        s = socket.create_connection(("127.0.0.1", port), timeout=20)
+        theirs, proof = _challenge(s, mine)
+        assert hmac.compare_digest(proof, hmac.new(TOKEN.encode(), P.AGENT_LABEL + mine + theirs,
+                                                   hashlib.sha256).digest())  # the agent proves it holds the token
+        hello = P.Frame(P.HELLO, 2, 20_000, P.Writer().str(P.HMAC_PREFIX + hmac.new(
+            TOKEN.encode(), P.HOST_LABEL + mine + theirs, hashlib.sha256).hexdigest()).done()).encode()
+        s.sendall(hello)
+        assert _recv_frame(s)[2] == P.OK
+        s.close()
+        # the same HELLO, replayed: without a challenge, and under a new challenge (same host nonce)
+        for with_challenge in (False, True):
+            s = socket.create_connection(("127.0.0.1", port), timeout=20)
+            if with_challenge:
+                assert _challenge(s, mine)[0] != theirs  # a fresh agent nonce every time
+            s.sendall(hello)
+            typ, _, status, body = _recv_frame(s)
+            assert (typ, status) == (P.HELLO, P.AUTH) and b"devices" not in body
+            s.close()
+        # a malformed challenge is BAD_REQUEST, and the link stays for the next frame
+        s = socket.create_connection(("127.0.0.1", port), timeout=20)
+        s.sendall(P.Frame(P.CHALLENGE, 1, 5000, P.Writer().bytes(b"short").done()).encode())
+        assert _recv_frame(s)[2] == P.BAD_REQUEST
+        _challenge(s, os.urandom(P.NONCE), rid=2)
+        s.close()
+    finally:
+        _stop(proc)
+
+
+def test_the_tuner_tells_its_token_to_no_squatter(tmp_path, monkeypatch):
+    """A local process that took the agent's port first answers CHALLENGE without knowing the token: the tuner
+    refuses it and has sent nothing that reveals the token (it never sends the token itself)."""
+    import threading
+    monkeypatch.delenv("TUNER_AGENT_TOKEN", raising=False)
+    tok = _token_file(tmp_path / "token")
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    port = srv.getsockname()[1]
+    got = bytearray()
+
+    def squatter():
+        c, _ = srv.accept()
+        with c:
+            c.settimeout(20)
+            typ, rid, _, body = _recv_frame(c)
+            got.extend(body)
+            reply = P.Writer().bytes(os.urandom(P.NONCE)).bytes(os.urandom(32)).done()
+            c.sendall(P.Frame(typ, rid, P.OK, reply).encode())
+            while chunk := c.recv(65536):
+                got.extend(chunk)
+    t = threading.Thread(target=squatter)
+    t.start()
+    with pytest.raises(AgentLinkError, match="could not prove it holds the token"):
+        AgentRuntime(f"tcp://127.0.0.1:{port}?token_file={tok}")
+    t.join(30)
+    srv.close()
+    assert TOKEN.encode() not in bytes(got) and len(got) == 8 + P.NONCE  # the CHALLENGE body, nothing after

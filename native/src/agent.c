@@ -11,6 +11,8 @@
  *   Connections that have not proved the token share HANDSHAKE_SLOTS slots; when they are full the oldest
  *   stranger is dropped (OpenSSH's MaxStartups), so strangers cannot keep the owner out, and the session that
  *   proved the token is never dropped for a stranger.
+ *   CHALLENGE (the supervisor's): the host's nonce in, the agent's nonce and its HMAC proof out; HELLO then
+ *   carries the host's HMAC over both nonces, never the token, and a captured HELLO fails on another connection.
  *   tuner-agent --version
  *   [--sysfs-root DIR]   where SENSORS reads the GPU clock and the thermal zones (/; $TUNER_SYSFS_ROOT)
  *
@@ -48,6 +50,7 @@
 
 #include "common.h"
 #include "proto.h"
+#include "sha256.h"
 
 static char work_dir[4096];
 static const char *token; /* NULL: none required; else token_buf */
@@ -73,6 +76,17 @@ static void tnr_agent_log(const char *fmt, ...)
 static void wipe(void *p, size_t n) {
     volatile unsigned char *v = (volatile unsigned char *)p;
     while (n--) *v++ = 0;
+}
+
+/* Zeroes the stack below the caller: what deeper calls left there (SHA-256's message schedule and HMAC's key
+ * blocks while the token was checked) is not inherited by the executor. */
+#if defined(__GNUC__)
+__attribute__((noinline))
+#endif
+static void scrub_stack(void) {
+    volatile unsigned char pad[64 * 1024];
+    size_t i;
+    for (i = 0; i < sizeof pad; i++) pad[i] = 0;
 }
 
 static void tnr_agent_log(const char *fmt, ...) {
@@ -362,6 +376,8 @@ static void reap(int force) {
 }
 
 static void close_slots_in_child(void);
+
+
 /* The request body the supervisor holds while it forks an executor: the child drops its copy. */
 static unsigned char *held_body;
 
@@ -397,6 +413,7 @@ static int spawn(int host_in, int host_out, int listen_fd, char *msg) {
         free(held_body);         /* the supervisor's buffer: the executor gets the request over the socketpair */
         held_body = NULL;
         wipe(token_buf, sizeof token_buf); /* the executor holds no secret (issue 54) */
+        scrub_stack();
         token = NULL;
         signal(SIGPIPE, SIG_IGN);
         tnr_agent_executor(sv[1], work_dir);
@@ -547,11 +564,99 @@ static int ensure_child(unsigned type, int host_in, int host_out, int listen_fd,
     return rc;
 }
 
-static int token_ok(const char *got) {
-    size_t a = strlen(got), b = strlen(token), i;
-    unsigned diff = a != b;
-    for (i = 0; i < a && i < b; i++) diff |= (unsigned)(got[i] ^ token[i]);
+/* A connection's challenge (CHALLENGE): the host's nonce and the agent's, one HELLO's worth. */
+typedef struct {
+    int issued;
+    unsigned char host[TPR_NONCE], agent[TPR_NONCE];
+} challenge;
+
+static int equal_ct(const char *a, const char *b) {
+    size_t n = strlen(a), m = strlen(b), i;
+    unsigned diff = n != m;
+    for (i = 0; i < n && i < m; i++) diff |= (unsigned)(a[i] ^ b[i]);
     return diff == 0;
+}
+
+/* HMAC-SHA256(token, label || host nonce || agent nonce). */
+static void proof(const char *label, const challenge *c, unsigned char out[32]) {
+    unsigned char msg[64 + 2 * TPR_NONCE];
+    size_t n = strlen(label);
+    memcpy(msg, label, n);
+    memcpy(msg + n, c->host, TPR_NONCE);
+    memcpy(msg + n + TPR_NONCE, c->agent, TPR_NONCE);
+    tnr_hmac_sha256(token, strlen(token), msg, n + 2 * TPR_NONCE, out);
+}
+
+/* Whether HELLO's string proves the token: "hmac-sha256:" and the host's proof over this connection's challenge
+ * (which it uses up: a captured HELLO proves nothing on another connection), or the token itself (older tuners). */
+static int token_ok(const char *got, challenge *c) {
+    static const char hex[] = "0123456789abcdef";
+    size_t pl = strlen(TPR_HMAC_PREFIX), i;
+    if (!strncmp(got, TPR_HMAC_PREFIX, pl)) {
+        unsigned char mac[32];
+        char want[65];
+        int ok;
+        if (!c || !c->issued) return 0;
+        proof(TPR_HOST_LABEL, c, mac);
+        scrub_stack(); /* SHA-256's schedule and HMAC's key blocks, below this frame */
+        for (i = 0; i < 32; i++) {
+            want[2 * i] = hex[mac[i] >> 4];
+            want[2 * i + 1] = hex[mac[i] & 15];
+        }
+        want[64] = 0;
+        ok = equal_ct(got + pl, want);
+        wipe(mac, sizeof mac);
+        wipe(want, sizeof want);
+        wipe(c, sizeof *c);
+        return ok;
+    }
+    return equal_ct(got, token);
+}
+
+/* Answers CHALLENGE (body: bytes, the host's nonce): the agent's nonce and its proof that it holds the token, so
+ * the host never sends the token to a process that merely took the port. 0 handled (the link stays), -1 the
+ * reply could not be sent. */
+static int answer_challenge(int out, const tpr_header *h, const unsigned char *body, challenge *c) {
+    tpr_reader r;
+    uint64_t n = 0;
+    const unsigned char *nonce;
+    unsigned char mac[32];
+    tpr_buf b = {0};
+    int fd, rc;
+    size_t got = 0;
+    tpr_reader_init(&r, body, (size_t)h->len);
+    nonce = tpr_bytes(&r, &n);
+    if (!tpr_end(&r) || n != TPR_NONCE) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "CHALLENGE body: %s", r.bad ? r.why : "the host's nonce must be 32 bytes");
+        return tpr_send_error(out, h->type, h->rid, TPR_BAD_REQUEST, msg) ? -1 : 0;
+    }
+    if (!token)
+        return tpr_send_error(out, h->type, h->rid, TPR_AUTH, "this agent was started without a token: start it with "
+                              "--token-file PATH (or $TUNER_AGENT_TOKEN)") ? -1 : 0;
+    memcpy(c->host, nonce, TPR_NONCE);
+    fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    while (fd >= 0 && got < TPR_NONCE) {
+        ssize_t k = read(fd, c->agent + got, TPR_NONCE - got);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) break;
+        got += (size_t)k;
+    }
+    if (fd >= 0) close(fd);
+    if (got < TPR_NONCE) {
+        c->issued = 0;
+        return tpr_send_error(out, h->type, h->rid, TPR_RUNTIME, "cannot read /dev/urandom for a nonce") ? -1 : 0;
+    }
+    c->issued = 1;
+    proof(TPR_AGENT_LABEL, c, mac);
+    scrub_stack();
+    tpr_put_bytes(&b, c->agent, TPR_NONCE);
+    tpr_put_bytes(&b, mac, sizeof mac);
+    rc = b.oom ? tpr_send_error(out, h->type, h->rid, TPR_RUNTIME, "out of memory for the CHALLENGE reply")
+               : tpr_send(out, h->type, h->rid, TPR_OK, b.p, b.n);
+    wipe(mac, sizeof mac);
+    tpr_buf_free(&b);
+    return rc ? -1 : 0;
 }
 
 /* Reads n bytes of a frame: before authentication by hello_by (read_until's codes), after it as it comes
@@ -568,15 +673,18 @@ static int read_frame_part(int in, void *buf, size_t n, int authed, long long he
 static int serve(int in, int out, int listen_fd, const tpr_header *first_h, unsigned char *first_body) {
     int authed = token == NULL || first_h != NULL;
     long long hello_by = authed ? 0 : now_ms() + handshake_ms;
+    challenge ch;
+    memset(&ch, 0, sizeof ch);
     opened = 0;
     for (;;) {
         unsigned char head[TPR_HEADER], *body = NULL, *rbody = NULL;
         tpr_header h, rh;
         const char *bad;
         char msg[TNR_ERRLEN];
-        int rc;
+        int rc, proved = 0; /* proved: a HELLO the handshake slot already checked */
         reap_pending();
         if (first_h) {
+            proved = 1;
             h = *first_h;
             body = first_body;
             first_h = NULL;
@@ -631,6 +739,12 @@ static int serve(int in, int out, int listen_fd, const tpr_header *first_h, unsi
             if (rc) break;
             continue;
         }
+        if (h.type == TPR_CHALLENGE) { /* answered here: it involves the token, which the executor never holds */
+            rc = answer_challenge(out, &h, body, &ch);
+            free(body);
+            if (rc) break;
+            continue;
+        }
         if (!authed && h.type != TPR_HELLO) {
             tpr_send_error(out, h.type, h.rid, TPR_AUTH, "this agent requires a token: send HELLO with it first");
             free(body);
@@ -664,7 +778,7 @@ static int serve(int in, int out, int listen_fd, const tpr_header *first_h, unsi
                 continue;
             }
             if (h.type == TPR_HELLO) {
-                int ok = !token || token_ok(tok);
+                int ok = !token || proved || token_ok(tok, &ch);
                 tpr_buf empty = {0};
                 if (tok) wipe(tok, strlen(tok));
                 free(tok);
@@ -737,6 +851,7 @@ typedef struct {
     int have_head;
     tpr_header h;
     unsigned char *body;
+    challenge ch;
 } hs_slot;
 
 static hs_slot slots[HANDSHAKE_SLOTS];
@@ -818,6 +933,11 @@ static int slot_read(hs_slot *s) {
                 slot_free(s);
                 return 1;
             }
+        } else if (s->h.type == TPR_CHALLENGE) {
+            if (answer_challenge(s->fd, &s->h, s->body, &s->ch)) {
+                slot_free(s);
+                return 1;
+            }
         } else if (s->h.type != TPR_HELLO) {
             slot_error(s, TPR_AUTH, "this agent requires a token: send HELLO with it first");
             slot_free(s);
@@ -838,7 +958,7 @@ static int slot_read(hs_slot *s) {
                     return 1;
                 }
             } else {
-                ok = token_ok(tok);
+                ok = token_ok(tok, &s->ch);
                 wipe(tok, strlen(tok));
                 free(tok);
                 if (ok) return 2;
@@ -855,6 +975,11 @@ static int slot_read(hs_slot *s) {
         s->have_head = 0;
         s->got = 0;
     }
+}
+
+/* How far a slot's handshake went: 0 nothing received, 1 inside a frame, 2 a challenge answered. */
+static int slot_progress(const hs_slot *s) {
+    return s->ch.issued ? 2 : s->got || s->have_head ? 1 : 0;
 }
 
 /* Serves --listen until --once's session ends (0) or accept fails (1). */
@@ -933,10 +1058,14 @@ static int listen_loop(int lfd, int once) {
             accepted++;
             for (i = 0; i < HANDSHAKE_SLOTS && !s; i++)
                 if (slots[i].fd < 0) s = &slots[i];
-            if (!s) { /* every slot taken: the oldest stranger goes (MaxStartups) */
+            if (!s) { /* every slot taken: the oldest stranger goes (MaxStartups), the least advanced first: one that
+                       * sent nothing before one inside a frame, before one that holds a challenge (the owner
+                       * between its CHALLENGE and its HELLO) */
                 s = &slots[0];
                 for (i = 1; i < HANDSHAKE_SLOTS; i++)
-                    if (slots[i].since < s->since) s = &slots[i];
+                    if (slot_progress(&slots[i]) < slot_progress(s) ||
+                        (slot_progress(&slots[i]) == slot_progress(s) && slots[i].since < s->since))
+                        s = &slots[i];
                 if (dropped++ % 1000 == 0)
                     tnr_agent_log("all %d handshake slots are taken: dropped the oldest connection that had not "
                                   "proved the token (%lld so far)", HANDSHAKE_SLOTS, dropped);

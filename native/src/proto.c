@@ -13,7 +13,7 @@
 
 const char *tpr_type_name(unsigned type) {
     static const char *names[] = {"?", "HELLO", "OPEN", "BUILD", "ALLOC", "WRITE", "READ", "FREE", "KERNEL", "RUN",
-                                  "RESET", "PING", "BYE", "SENSORS"};
+                                  "RESET", "PING", "BYE", "SENSORS", "CHALLENGE"};
     return type >= 1 && type <= TPR_LAST ? names[type] : "UNKNOWN";
 }
 

@@ -14,7 +14,13 @@
 #define TPR_MAX_STR ((uint32_t)16 << 20)
 
 enum { TPR_HELLO = 1, TPR_OPEN, TPR_BUILD, TPR_ALLOC, TPR_WRITE, TPR_READ, TPR_FREE, TPR_KERNEL, TPR_RUN, TPR_RESET,
-       TPR_PING, TPR_BYE, TPR_SENSORS, TPR_LAST = TPR_SENSORS };
+       TPR_PING, TPR_BYE, TPR_SENSORS, TPR_CHALLENGE, TPR_LAST = TPR_CHALLENGE };
+/* CHALLENGE (issue 54): the host's nonce in, the agent's nonce and proof out; HELLO then carries
+ * "hmac-sha256:" and the host's proof in hex instead of the token. Nonces of TPR_NONCE bytes. */
+#define TPR_NONCE 32
+#define TPR_HMAC_PREFIX "hmac-sha256:"
+#define TPR_AGENT_LABEL "tuner-agent v1 agent"
+#define TPR_HOST_LABEL "tuner-agent v1 host"
 enum { TPR_OK = 0, TPR_BAD_REQUEST, TPR_COMPILE, TPR_RUNTIME, TPR_TIMEOUT, TPR_CRASHED, TPR_NO_DEVICE, TPR_AUTH };
 enum { TPR_RUN_ONCE = 0, TPR_RUN_PROFILE = 1, TPR_RUN_TIME = 2 };
 enum { TPR_BUILD_KEEP = 1 }; /* BUILD flags: keep the program's binary in the cache */

@@ -14,9 +14,12 @@ HEADER = struct.Struct("<4sHHIIQ")  # magic, version, type, request id, deadline
 MAX_BODY = 1 << 30
 MAX_STR = 16 << 20
 
-HELLO, OPEN, BUILD, ALLOC, WRITE, READ, FREE, KERNEL, RUN, RESET, PING, BYE, SENSORS = range(1, 14)
+HELLO, OPEN, BUILD, ALLOC, WRITE, READ, FREE, KERNEL, RUN, RESET, PING, BYE, SENSORS, CHALLENGE = range(1, 15)
+NONCE = 32  # CHALLENGE's nonces (issue 54); HELLO then carries HMAC_PREFIX and the host's proof in hex
+HMAC_PREFIX, AGENT_LABEL, HOST_LABEL = "hmac-sha256:", b"tuner-agent v1 agent", b"tuner-agent v1 host"
 NAMES = {v: k for k, v in dict(HELLO=HELLO, OPEN=OPEN, BUILD=BUILD, ALLOC=ALLOC, WRITE=WRITE, READ=READ, FREE=FREE,
-                               KERNEL=KERNEL, RUN=RUN, RESET=RESET, PING=PING, BYE=BYE, SENSORS=SENSORS).items()}
+                               KERNEL=KERNEL, RUN=RUN, RESET=RESET, PING=PING, BYE=BYE, SENSORS=SENSORS,
+                               CHALLENGE=CHALLENGE).items()}
 RUN_ONCE, RUN_PROFILE, RUN_TIME = 0, 1, 2
 BUILD_KEEP = 1  # BUILD flags: keep the program's binary in the agent's cache
 SENSOR_CLOCK, SENSOR_TEMP = 1, 2  # SENSORS reply flags: which values the agent read

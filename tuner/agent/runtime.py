@@ -10,10 +10,12 @@ Memory, programs and launches are freed on the agent when their handles are garb
 read and dropped), so freeing costs no round trip of its own."""
 from __future__ import annotations
 
+import hashlib
+import hmac
 import itertools
 import json
 import math
-import os
+import secrets
 import threading
 import warnings
 import weakref
@@ -92,8 +94,7 @@ class AgentRuntime(Runtime):
         self._lock = threading.Lock()
         self.calls: dict = {}  # requests sent, by message name
         try:
-            hello = json.loads(self._call(P.HELLO, P.Writer().str(opts.get("token") or "").done(), 15.0,
-                                          "HELLO").str())  # a silent peer is no agent: ~30 s at most
+            hello = json.loads(self._handshake(spec, opts))  # a silent peer is no agent: ~30 s at most
             if not isinstance(hello, dict):
                 raise P.ProtocolError(f"{self.link.name}: HELLO's reply is not a JSON object")
             self.hello = hello
@@ -190,6 +191,43 @@ class AgentRuntime(Runtime):
             raise AgentLinkError(f"{self.link.name}: {e}") from None
         data = self.link.recv_exact(n, timeout) if n else b""
         return rtyp, rrid, status, data
+
+    def _handshake(self, spec: str, opts: dict) -> str:
+        """CHALLENGE and HELLO; HELLO's reply text. Over tcp:// a link that the agent ends before HELLO is answered
+        (its handshake slot went to a crowd of strangers, issue 54) is opened again, up to 3 times."""
+        for attempt in range(3):
+            try:
+                return self._call(P.HELLO, P.Writer().str(self._prove(opts.get("token") or "")).done(), 15.0,
+                                  "HELLO").str()
+            except AgentLinkError as e:
+                if attempt == 2 or not spec.startswith("tcp://") or "the link ended" not in str(e):
+                    raise
+                self.link.close()
+                self.link, _ = connect(spec)
+        raise AssertionError("unreachable")
+
+    def _prove(self, token: str) -> str:
+        """HELLO's string (issue 54): CHALLENGE first, the agent proves it holds the token over both nonces (a
+        process that merely took the port learns nothing), then HELLO carries the host's proof, never the token;
+        a captured HELLO proves nothing on another connection. Without a token, "" (the agent says what to do)."""
+        if not token:
+            return ""
+        key = token.encode()
+        mine = secrets.token_bytes(P.NONCE)
+        try:
+            r = self._call(P.CHALLENGE, P.Writer().bytes(mine).done(), 15.0, "CHALLENGE")
+            theirs, proof = r.bytes(), r.bytes()
+            r.end()
+        except AgentStatusError as e:
+            raise AgentLinkError(f"{self.link.name}: the agent did not answer CHALLENGE ({e}); an agent older than the "
+                                 f"challenge handshake: rebuild it with `tuner native build`") from None
+        if len(theirs) != P.NONCE or not hmac.compare_digest(
+                proof, hmac.new(key, P.AGENT_LABEL + mine + theirs, hashlib.sha256).digest()):
+            self.link.close()
+            raise AgentLinkError(f"{self.link.name}: the agent could not prove it holds the token: it is not the agent "
+                                 f"you started with that token (another process may hold the port), or the token "
+                                 f"differs; nothing was sent")
+        return P.HMAC_PREFIX + hmac.new(key, P.HOST_LABEL + mine + theirs, hashlib.sha256).hexdigest()
 
     def _call(self, typ: int, body: bytes, timeout: float, what: str) -> P.Reader:
         rid = next(self._ids)
