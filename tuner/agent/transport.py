@@ -113,7 +113,7 @@ def read_token_file(path: str) -> str:
         text = data.decode("ascii")
     except UnicodeDecodeError:
         raise TunerError(f"{where}: the token must be printable ASCII") from None
-    return _check_token(text[:-1] if text.endswith("\n") else text, where)
+    return _check_token(text.removesuffix("\n").removesuffix("\r"), where)
 
 
 def env_token() -> str | None:
