@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -21,6 +22,9 @@ from tuner.agent import transport
 from tuner.agent.runtime import AgentRuntime
 from tuner.agent.transport import AgentLinkError
 from tuner.errors import TunerError
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None or shutil.which("gcc") is None,
+                                reason="the agent is built with make and gcc")
 
 TOKEN = "issue54-owner-token-" + "x" * 12
 
