@@ -480,3 +480,58 @@ def test_the_tuner_tells_its_token_to_no_squatter(tmp_path, monkeypatch):
     t.join(30)
     srv.close()
     assert TOKEN.encode() not in bytes(got) and len(got) == 8 + P.NONCE  # the CHALLENGE body, nothing after
+
+
+def test_a_remote_peer_that_guesses_waits(native, cl_env, tmp_path, monkeypatch):
+    """Five wrong tokens from one non-loopback address: its next connections are closed unread for 1 s (doubling
+    with each further failure); the token proved from it clears its record. Loopback peers are exempt (they share
+    127.0.0.1 with the owner; the slots bound them)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("192.0.2.1", 9))  # no packet is sent: the route picks the local address
+            own = s.getsockname()[0]
+    except OSError:
+        pytest.skip("this machine has no non-loopback IPv4 route")
+    if own.startswith("127."):
+        pytest.skip("the only route is loopback here")
+    monkeypatch.delenv("TUNER_AGENT_TOKEN", raising=False)
+    tok = _token_file(tmp_path / "token")
+    log = open(tmp_path / "listen.log", "w+")
+    proc = subprocess.Popen([native["agent"], "--listen", f"{own}:0", "--token-file", tok, "--work-dir",
+                             str(tmp_path)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
+                            env={k: v for k, v in cl_env.items() if k != "TUNER_AGENT_TOKEN"})
+    try:
+        deadline, port = time.monotonic() + 30, None
+        while port is None and time.monotonic() < deadline:
+            m = re.search(r"listening on [^:]+:(\d+)", (tmp_path / "listen.log").read_text())
+            port = int(m.group(1)) if m else None
+            time.sleep(0.02)
+
+        def hello(token):
+            s = socket.create_connection((own, port), timeout=20)
+            s.sendall(P.Frame(P.HELLO, 1, 20_000, P.Writer().str(token).done()).encode())
+            got = _recv_frame(s)
+            s.close()
+            return got
+        for _ in range(5):
+            assert hello("wrong-wrong-wrong-wrong")[2] == P.AUTH
+        assert hello(TOKEN) is None  # closed unread, the right token included
+        assert "5 wrong tokens from" in (tmp_path / "listen.log").read_text()
+        time.sleep(1.2)
+        assert hello(TOKEN)[2] == P.OK  # the wait is over; the proof clears the record
+        assert hello("wrong-wrong-wrong-wrong")[2] == P.AUTH
+        assert hello(TOKEN)[2] == P.OK
+        # loopback is exempt: the agent above listens on one address only, so a loopback agent is checked apart
+        proc2, port2 = _listen(native["agent"], cl_env, tmp_path, "--token-file", tok)
+        try:
+            for _ in range(8):
+                s, (_, _, status, _) = _hello(port2, "wrong-wrong-wrong-wrong")
+                s.close()
+                assert status == P.AUTH
+            s, (_, _, status, _) = _hello(port2, TOKEN)
+            s.close()
+            assert status == P.OK
+        finally:
+            _stop(proc2)
+    finally:
+        _stop(proc)

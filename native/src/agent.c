@@ -11,6 +11,7 @@
  *   Connections that have not proved the token share HANDSHAKE_SLOTS slots; when they are full the oldest
  *   stranger is dropped (OpenSSH's MaxStartups), so strangers cannot keep the owner out, and the session that
  *   proved the token is never dropped for a stranger.
+ *   A non-loopback peer that sent 5 wrong tokens waits (1 s, doubling to 5 min) before its connections are read.
  *   CHALLENGE (the supervisor's): the host's nonce in, the agent's nonce and its HMAC proof out; HELLO then
  *   carries the host's HMAC over both nonces, never the token, and a captured HELLO fails on another connection.
  *   tuner-agent --version
@@ -875,6 +876,102 @@ static void slot_free(hs_slot *s) {
     s->fd = -1;
 }
 
+/* ---- failed attempts, per peer: a remote address that sent PEER_FAILS wrong tokens waits before its next
+ * connection is looked at (1 s, doubling to 5 min; forgotten after 10 min without a failure). Loopback peers are
+ * exempt: every local process (on a phone, every app, and the owner) shares 127.0.0.1, and the slots bound them. */
+#define PEERS 256
+static int is_loopback_addr(const struct sockaddr *sa);
+#define PEER_FAILS 5
+#define PEER_MAX_WAIT_MS 300000LL
+#define PEER_FORGET_MS 600000LL
+
+static struct {
+    int family; /* 0: free */
+    unsigned char addr[16];
+    int fails;
+    long long last, until;
+} peers[PEERS];
+
+/* The peer's address of fd into addr (4 or 16 bytes) and its family; 0 for a loopback or unknown peer. */
+static int peer_of(int fd, unsigned char addr[16]) {
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    if (getpeername(fd, (struct sockaddr *)&ss, &sl) != 0 || is_loopback_addr((struct sockaddr *)&ss)) return 0;
+    memset(addr, 0, 16);
+    if (ss.ss_family == AF_INET) {
+        memcpy(addr, &((struct sockaddr_in *)&ss)->sin_addr, 4);
+        return AF_INET;
+    }
+    if (ss.ss_family == AF_INET6) {
+        const struct in6_addr *a6 = &((struct sockaddr_in6 *)&ss)->sin6_addr;
+        if (IN6_IS_ADDR_V4MAPPED(a6)) {
+            memcpy(addr, a6->s6_addr + 12, 4);
+            return AF_INET;
+        }
+        memcpy(addr, a6->s6_addr, 16);
+        return AF_INET6;
+    }
+    return 0;
+}
+
+static int peer_find(int family, const unsigned char addr[16], int insert, long long now) {
+    int i, oldest = 0;
+    for (i = 0; i < PEERS; i++)
+        if (peers[i].family == family && !memcmp(peers[i].addr, addr, 16)) return i;
+    if (!insert) return -1;
+    for (i = 0; i < PEERS; i++) {
+        if (!peers[i].family) break;
+        if (peers[i].last < peers[oldest].last) oldest = i;
+    }
+    if (i == PEERS) i = oldest; /* the table is full: the peer heard from longest ago goes */
+    memset(&peers[i], 0, sizeof peers[i]);
+    peers[i].family = family;
+    memcpy(peers[i].addr, addr, 16);
+    peers[i].last = now;
+    return i;
+}
+
+static void peer_name(int family, const unsigned char addr[16], char *out, size_t n) {
+    if (!inet_ntop(family, addr, out, (socklen_t)n)) snprintf(out, n, "?");
+}
+
+/* A wrong token from fd's peer. */
+static void peer_failed(int fd) {
+    unsigned char addr[16];
+    int family = peer_of(fd, addr), i;
+    long long now = now_ms();
+    if (!family) return;
+    i = peer_find(family, addr, 1, now);
+    if (now - peers[i].last > PEER_FORGET_MS) peers[i].fails = 0;
+    peers[i].fails++;
+    peers[i].last = now;
+    if (peers[i].fails >= PEER_FAILS) {
+        int shift = peers[i].fails - PEER_FAILS;
+        long long wait = shift >= 9 ? PEER_MAX_WAIT_MS : 1000LL << shift;
+        char name[64];
+        if (wait > PEER_MAX_WAIT_MS) wait = PEER_MAX_WAIT_MS;
+        peers[i].until = now + wait;
+        peer_name(family, addr, name, sizeof name);
+        tnr_agent_log("%d wrong tokens from %s: its connections are closed unread for %lld ms", peers[i].fails,
+                      name, wait);
+    }
+}
+
+/* Whether fd's peer must wait (its connection is closed unread). */
+static int peer_waits(int fd) {
+    unsigned char addr[16];
+    int family = peer_of(fd, addr), i;
+    if (!family || (i = peer_find(family, addr, 0, 0)) < 0) return 0;
+    return now_ms() < peers[i].until;
+}
+
+/* The token proved from fd's peer: its failures are forgotten. */
+static void peer_proved(int fd) {
+    unsigned char addr[16];
+    int family = peer_of(fd, addr), i;
+    if (family && (i = peer_find(family, addr, 0, 0)) >= 0) memset(&peers[i], 0, sizeof peers[i]);
+}
+
 /* A reply to a stranger: best effort, never blocking (a client that does not read loses its slot). */
 static int slot_error(hs_slot *s, unsigned status, const char *msg) {
     return tpr_send_error(s->fd, s->h.type, s->h.rid, status, msg);
@@ -961,7 +1058,11 @@ static int slot_read(hs_slot *s) {
                 ok = token_ok(tok, &s->ch);
                 wipe(tok, strlen(tok));
                 free(tok);
-                if (ok) return 2;
+                if (ok) {
+                    peer_proved(s->fd);
+                    return 2;
+                }
+                peer_failed(s->fd);
                 tnr_agent_log("HELLO with a wrong token: closing the link");
                 slot_error(s, TPR_AUTH, "wrong token: the agent closes the link");
                 slot_free(s);
@@ -1056,6 +1157,10 @@ static int listen_loop(int lfd, int once) {
                 return 1;
             }
             accepted++;
+            if (peer_waits(c)) { /* too many wrong tokens from there: closed unread, no slot taken */
+                close(c);
+                continue;
+            }
             for (i = 0; i < HANDSHAKE_SLOTS && !s; i++)
                 if (slots[i].fd < 0) s = &slots[i];
             if (!s) { /* every slot taken: the oldest stranger goes (MaxStartups), the least advanced first: one that
