@@ -27,7 +27,7 @@ from tuner.plan.lower import choose_templates, extract_tasks, lower_graph, plan_
 from tuner.plan.types import FIXED
 from tuner.scheduler.task_scheduler import TaskScheduler
 from tuner.runtime.base import Runtime
-from tuner.search.tune import default_log, tune
+from tuner.search.tune import default_log
 from tuner.search.worker import model_prefix
 from tuner.target import DeviceInfo
 from tuner.task import TuningTask
@@ -116,11 +116,6 @@ class ModelTuneResult:
         return [t for t in self.tasks if not t.records]
 
 
-def split(trials: int, parts: int) -> list:
-    """``trials`` in ``parts`` near-equal integers that add up to it."""
-    return [trials // parts + (i < trials % parts) for i in range(parts)]
-
-
 def share_budget(tasks: list, trials: int, min_trials: int = MIN_TRIALS) -> list:
     """Trials per task: ``trials`` shared in proportion to weight (count x FLOPs) with at least ``min_trials``
     each, adding up to ``trials`` exactly -- or ``min_trials`` each when ``len(tasks) x min_trials`` is more."""
@@ -179,7 +174,7 @@ def estimate_latency(plan, info, index: DeviceLog, deployed_scope: str, history)
 
 
 def overrun_note(label: str, tasks: int, min_trials: int, share: int, trials: int) -> str | None:
-    """Why a round measures more than its share of ``--trials``, or None when it does not."""
+    """Why a run (or a round) measures more than its share of ``--trials``, or None when it does not."""
     if tasks * min_trials <= share:
         return None
     of = "--trials" if share == trials else f"its {share} of --trials"
@@ -358,12 +353,9 @@ def tune_model(model, log: str | None = None, trials: int | None = 200, device=N
     need = sum(max(0, warm - sched.tasks[k].measured) for k in order)
     if trials is not None:
         total = max(trials, already + need)
-        if len(order) * warm > trials:
-            budget = len(order) * warm
-            note = (f"{len(order)} tasks x --min-trials {warm} = {budget} > --trials {trials}; measuring {budget}"
-                    + (f" ({already} already in the log)" if already else ""))
-        else:
-            note = None
+        note = overrun_note("", len(order), warm, trials, trials)
+        if note:
+            note += f"; measuring {len(order) * warm}" + (f" ({already} already in the log)" if already else "")
         result.planned = max(0, total - already)
     else:
         total, note = None, None
