@@ -265,11 +265,17 @@ def extract_tasks(plan: Plan, alternatives: bool = True) -> list:
     along, ``weight`` count x FLOPs), heaviest first: every candidate template of a node (the direct conv2d and
     Winograd of a 3x3 stride-1 conv2d: tuning measures them all, so that ``choose_templates`` can pick), or
     with ``alternatives=False`` only the step each node runs now."""
+    return sorted((t for t, _ in task_nodes(plan, alternatives).values()), key=lambda t: -t.weight)
+
+
+def task_nodes(plan: Plan, alternatives: bool = True) -> dict:
+    """``{task key: (TuningTask, [node names])}``: each unique tuned kernel of the plan (``count`` the nodes it
+    may serve, ``weight`` count x FLOPs) and the names of those nodes, one per occurrence -- the pools a model's
+    task scheduler measures by node (``tuner.scheduler``)."""
     found: dict = {}
     for s in plan.steps:
         if s.tuned:
             for c in s.candidates() if alternatives else [s]:
                 t = TuningTask(c.op, c.workload, dict(c.scopes), FIXED[c.op])
-                found.setdefault(t.key(), [t, 0])[1] += 1
-    tasks = [dataclasses.replace(t, count=n, weight=None) for t, n in found.values()]
-    return sorted(tasks, key=lambda t: -t.weight)
+                found.setdefault(t.key(), [t, []])[1].append(s.name)
+    return {k: (dataclasses.replace(t, count=len(nodes), weight=None), nodes) for k, (t, nodes) in found.items()}

@@ -23,14 +23,12 @@ from tuner.logs import append_records, apply_history_best
 from tuner.logs.index import DeviceLog, LogIndex
 from tuner.logs.io import ensure_writable
 from tuner.errors import ErrorCode
-from tuner.plan.lower import choose_templates, extract_tasks, lower_graph, plan_storage
-from tuner.plan.types import FIXED
+from tuner.plan.lower import choose_templates, extract_tasks, lower_graph, plan_storage, task_nodes
 from tuner.scheduler.task_scheduler import TaskScheduler
 from tuner.runtime.base import Runtime
 from tuner.search.tune import default_log
 from tuner.search.worker import model_prefix
 from tuner.target import DeviceInfo
-from tuner.task import TuningTask
 from tuner.task import TuningTask as Task
 
 # successful measurements per task: what `tuner tune` measures at least, and what `tuner compare` / `report`
@@ -236,17 +234,6 @@ VISIT = 8  # least measurements a visit makes of a task (a batch the builders sh
 REPLAN_S = 30.0  # how often (seconds of tuning) the auto plan the log now implies is read again for new kernels
 
 
-def _plan_tasks(plan) -> dict:
-    """``{task key: (TuningTask, [node names])}`` of a planned model: every candidate of every tuned node."""
-    found: dict = {}
-    for s in plan.steps:
-        if s.tuned:
-            for c in s.candidates():
-                t = TuningTask(c.op, c.workload, dict(c.scopes), FIXED[c.op])
-                found.setdefault(t.key(), [t, []])[1].append(s.name)
-    return {k: (dataclasses.replace(t, count=len(nodes), weight=None), nodes) for k, (t, nodes) in found.items()}
-
-
 def tune_model(model, log: str | None = None, trials: int | None = 200, device=None, scope: str = "auto",
                storage: str | None = None, sampler: str = "xgb", seed: int | None = 0, dtype: str = "float32",
                input_shapes: dict | None = None, min_trials: int = MIN_TRIALS, options=None, progress: bool = True,
@@ -322,7 +309,7 @@ def tune_model(model, log: str | None = None, trials: int | None = 200, device=N
                 plans.append(plan_storage(plan, info, "auto", history))
         out: dict = {}
         for p in plans:
-            for k, (t, nodes) in _plan_tasks(p).items():
+            for k, (t, nodes) in task_nodes(p).items():
                 if k in out:
                     out[k] = (out[k][0], list(dict.fromkeys(out[k][1] + nodes)))
                 else:
