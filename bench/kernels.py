@@ -298,7 +298,7 @@ def run_config(t, wl, cfg, device, inputs, check_t, repeats) -> dict:
         exe.launch(arrays)
         err = check_t.check(wl, exe.outputs_of(arrays), inputs)
         r["max_rel_err"] = err
-        tol = t.tolerance(wl)
+        tol = t.tolerance(wl, cfg)
         r["ok"] = bool(err <= tol)  # NaN fails too
         if not r["ok"]:
             r["error"] = f"check failed: max relative error {err:.3g} > tolerance {tol:g}"

@@ -102,6 +102,8 @@ class Template:
     lower: Callable | None = None  # (LowerCtx, node, ins) -> (workload, {kernel param: tensor or param name},
     # {new param name: array}), or None when the template does not take this node (another one is asked);
     # a ValueError names what is wrong with a node it takes (the planner adds the node's name)
+    reduction: Callable | None = None  # (workload) -> terms in one output's sum (conv2d: C/G x R x S), which
+    # the tolerance of half accumulation grows with (``tolerance``); None: the template sums nothing in half
 
     def label(self, workload) -> str:
         """The workload in a few words (``64->128 3x3 s2 p1 @56x56 +bias+relu``): the template's ``describe``,
@@ -145,9 +147,18 @@ class Template:
     def config_values(self, workload, config) -> dict:
         return {"dtype": workload.dtype, **dataclasses.asdict(config)}
 
-    def tolerance(self, workload) -> float:
-        """Max relative error accepted against the reference: float32 1e-4, float16 storage 1e-2."""
+    def storage_tolerance(self, workload) -> float:
+        """Max relative error of float arithmetic on the workload's storage: float32 1e-4, float16 1e-2 (its
+        output's rounding alone reaches ~5e-4)."""
         return 1e-2 if workload.dtype == "float16" else 1e-4
+
+    def tolerance(self, workload, config=None) -> float:
+        """Max relative error accepted against the reference, for ``config``'s arithmetic (its ``compute`` knob;
+        None or a template without one: float): ``arithmetic_tolerance`` of the storage's tolerance, the
+        precision of products and sums, and the length of one output's sum (``reduction``)."""
+        compute = getattr(config, "compute", "float32")
+        length = self.reduction(workload) if self.reduction is not None else 1
+        return arithmetic_tolerance(self.storage_tolerance(workload), compute, length)
 
     def check(self, workload, outputs: dict, inputs: dict) -> float:
         """Max error relative to the reference's largest magnitude."""
@@ -156,6 +167,26 @@ class Template:
         if got.shape != ref.shape:
             raise TunerError(f"{self.name}: output shape {got.shape}, reference {ref.shape}")
         return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
+
+
+UNIT_ROUNDOFF = {"float32": 2.0 ** -24, "float16": 2.0 ** -11}  # half's 11-bit significand: 4.9e-4
+COMPUTE = {"float32": ("float32", "float32"), "half": ("float16", "float32"), "half_acc": ("float16", "float16")}
+# the ``compute`` knob: (precision of products, of accumulators)
+
+
+def arithmetic_tolerance(storage: float, compute: str, length: int) -> float:
+    """The max relative error (against the largest magnitude of the float64 reference) a correct kernel may
+    reach: the storage's tolerance ``storage``, or, when the arithmetic is less precise, 4 unit roundoffs of
+    the products' type plus 2 of the accumulators' times the square root of ``length``, the terms one output
+    sums. A sum's rounding errors add up like a random walk over partial sums that grow like sqrt(k), while the
+    sum itself grows like sqrt(length): relative to it, the error of half accumulators grows like
+    u * sqrt(length). Measured on Intel's CPU runtime (random normal inputs, max over the output, conv2d):
+    ``half_acc`` 3e-3 at 144 terms, 6e-3 at 576, 1.3e-2 at 1152 and 2304, about 0.55 u sqrt(length) -- the
+    bound is 3.6x that; ``half`` (half products, float sums) ~5e-4 at any length, as float arithmetic."""
+    if compute not in COMPUTE:
+        raise ValueError(f"compute {compute!r}: one of {', '.join(COMPUTE)}")
+    mult, acc = COMPUTE[compute]
+    return max(storage, 4 * UNIT_ROUNDOFF[mult] + 2 * UNIT_ROUNDOFF[acc] * math.sqrt(max(length, 1)))
 
 
 def shape_text(shape) -> str:

@@ -271,4 +271,5 @@ VARIABLES = dict(N="batch", C="input channels", H="input height", W="input width
                  residual="fused residual add", stride="stride (h, w)", dilation="dilation (h, w)")
 TEMPLATE = Template("conv2d", Conv2dWorkload, Conv2dConfig, conv2d_nchw4c, _reference, random_inputs,
                     fallback, space_vars, VARIABLES, features=features, model_knobs=MODEL_KNOBS,
-                    workload_args=WORKLOAD_ARGS, graph_ops=("conv2d",), lower=lower)
+                    workload_args=WORKLOAD_ARGS, graph_ops=("conv2d",), lower=lower,
+                    reduction=lambda wl: wl.data[1] // wl.groups * wl.kernel[2] * wl.kernel[3])

@@ -237,4 +237,4 @@ WORKLOAD_ARGS = (WorkloadArg("data", "shape", "N,K", "input shape", required=Tru
                  WorkloadArg("weight", "shape", "M,K", "weight shape", required=True), *EPILOGUE_ARGS)
 TEMPLATE = Template("dense", DenseWorkload, DenseConfig, dense, _reference, random_inputs, fallback, space_vars,
                     VARIABLES, features=features, workload_args=WORKLOAD_ARGS,
-                    graph_ops=("dense",), lower=lower)
+                    graph_ops=("dense",), lower=lower, reduction=lambda wl: wl.data[1])

@@ -219,4 +219,5 @@ WORKLOAD_ARGS = (WorkloadArg("data", "shape", "N,C,H,W", "input shape", required
                  *EPILOGUE_ARGS, WorkloadArg("residual", "flag", help="fuse a residual add of a second NCHW4c tensor"))
 TEMPLATE = Template("depthwise_conv2d", DepthwiseWorkload, DepthwiseConfig, depthwise_conv2d_nchw4c, _reference,
                     random_inputs, fallback, space_vars, VARIABLES, features=features,
-                    model_knobs=MODEL_KNOBS, workload_args=WORKLOAD_ARGS, graph_ops=("conv2d",), lower=lower)
+                    model_knobs=MODEL_KNOBS, workload_args=WORKLOAD_ARGS, graph_ops=("conv2d",), lower=lower,
+                    reduction=lambda wl: wl.kernel[2] * wl.kernel[3])

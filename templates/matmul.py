@@ -628,4 +628,5 @@ WORKLOAD_ARGS = (WorkloadArg("a", "shape", "B,M,K", "A's shape (matmul)", requir
                              "activation: shared (one for every batch) or batched (default none)", choices=ADDENDS))
 TEMPLATE = Template("matmul", MatmulWorkload, MatmulConfig, matmul, _reference, random_inputs, fallback, space_vars,
                     VARIABLES, features=features, describe=describe, workload_args=WORKLOAD_ARGS,
-                    graph_ops=("matmul",), lower=lower, scope_inputs={"input": "A", "weight": "Bm"})
+                    graph_ops=("matmul",), lower=lower, scope_inputs={"input": "A", "weight": "Bm"},
+                    reduction=lambda wl: wl.a[2])

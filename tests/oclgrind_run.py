@@ -104,7 +104,7 @@ def run_operator(case: dict, device, rng) -> dict:
     poison = {t.output: np.full(ref_shape, np.nan, dtype=wl.dtype)}  # unwritten outputs stay NaN
     outputs = exe(**inputs, **poison)
     err = t.check(wl, outputs, inputs)
-    return {"error": err, "tolerance": t.tolerance(wl), "config": dataclasses.asdict(cfg), "source": exe.source}
+    return {"error": err, "tolerance": t.tolerance(wl, cfg), "config": dataclasses.asdict(cfg), "source": exe.source}
 
 
 def run_probe(probe: dict, device) -> dict:

@@ -135,3 +135,41 @@ def test_features_see_the_new_knobs():
     on = t.config_values(wl, t.config(local_input=True, compute="half"))
     f0, f1 = derived_features(t, v, base), derived_features(t, v, on)
     assert (f0["local_input"], f0["half"], f1["local_input"], f1["half"]) == (0.0, 0.0, 1.0, 1.0)
+
+
+def test_tolerance_follows_the_arithmetic_and_the_reduction_length():
+    """The check's tolerance is the config's: float arithmetic keeps the storage's (1e-4, 1e-2); half products
+    with float sums keep it too; half sums grow with the square root of the terms one output sums."""
+    t = get_template("conv2d")
+    wl = lambda c, dtype="float16", groups=1: t.workload(data=(1, c, 8, 8), kernel=(16, c // groups, 3, 3),  # noqa: E731
+                                                         padding=1, groups=groups, dtype=dtype)
+    f32 = wl(16, "float32")
+    assert t.tolerance(f32) == t.tolerance(f32, t.config()) == 1e-4
+    assert t.tolerance(wl(64), t.config()) == t.tolerance(wl(64), t.config(compute="half")) == 1e-2
+    acc = lambda w: t.tolerance(w, t.config(compute="half_acc"))  # noqa: E731
+    assert 1e-2 < acc(wl(16)) < acc(wl(64)) < 3e-2  # 144 and 576 terms: measured 3e-3 and 6e-3
+    assert acc(wl(64, groups=4)) == acc(wl(16))  # a group sums its own 16 channels
+    assert acc(wl(256)) > 2 * acc(wl(16))
+    dw = get_template("depthwise_conv2d")
+    assert dw.tolerance(dw.workload(data=(1, 8, 6, 6), kernel=(8, 1, 3, 3), padding=1, dtype="float16"),
+                        dw.config(compute="half_acc")) == 1e-2  # 9 terms: the storage's rounding dominates
+    for name in ("conv2d", "depthwise_conv2d", "dense", "matmul", "winograd2", "winograd4"):
+        assert get_template(name).reduction is not None, name
+    w4 = get_template("winograd4")
+    assert w4.tolerance(w4.workload(data=(1, 16, 8, 8), kernel=(8, 16, 3, 3), padding=1, dtype="float16")) == 2e-2
+
+
+@pytest.mark.parametrize("compute", ["float32", "half", "half_acc"])
+def test_the_check_uses_the_configs_tolerance(fp16_device, compute):
+    """tuner op's check (as the measurement's) judges a config by its own arithmetic's tolerance: a 576-term
+    conv2d in half sums is within it, and its error exceeds float arithmetic's (half sums do round)."""
+    from tuner.op import run_op
+    t = get_template("conv2d")
+    wl = t.workload(data=(1, 64, 8, 8), kernel=(16, 64, 3, 3), padding=1, dtype="float16")
+    cfg = t.fallback_with(wl, fp16_device, compute=compute, **scopes("buffer"))
+    res = run_op(t, wl, cfg, fp16_device, check=True, time=False)
+    assert res.tolerance == t.tolerance(wl, cfg) and res.ok, (res.max_rel_error, res.tolerance)
+    if compute == "half_acc":
+        assert 1e-3 < res.max_rel_error < 1e-2 < res.tolerance
+    else:
+        assert res.max_rel_error < 1.5e-3 and res.tolerance == 1e-2

@@ -54,7 +54,7 @@ def assert_matches(device, wl, cfg, seed=0):
     bad = T.space(wl, device).violations(T.config_values(wl, cfg))
     assert not bad, f"not a valid config of the space: {bad}"
     err, padding = run_poisoned(device, wl, cfg, seed)
-    assert err <= T.tolerance(wl), f"{wl}\n{cfg}\nmax relative error {err:.3g}"
+    assert err <= T.tolerance(wl, cfg), f"{wl}\n{cfg}\nmax relative error {err:.3g}"
     assert np.all(padding == 0), f"output padding lanes not zero: {padding[padding != 0][:8]}\n{wl}\n{cfg}"
 
 

@@ -91,7 +91,7 @@ def check_random_config(device, name, fields, dtype, seed, **fixed):
     exe = build(t.build(wl, cfg), device)
     inputs = t.random_inputs(wl, rng)
     err = t.check(wl, exe(**inputs), inputs)
-    assert err <= t.tolerance(wl), f"{wl}\n{cfg}\nmax relative error {err:.3g}"
+    assert err <= t.tolerance(wl, cfg), f"{wl}\n{cfg}\nmax relative error {err:.3g}"
     return exe
 
 

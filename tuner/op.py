@@ -120,7 +120,7 @@ def run_op(template, workload, config=None, device=None, check: bool = True, tim
     exe.launch(arrays)
     if check:
         result.max_rel_error = template.check(workload, exe.outputs_of(arrays), inputs)
-        result.tolerance = template.tolerance(workload)
+        result.tolerance = template.tolerance(workload, config)
     if time:
         result.costs = exe.time(arrays, warmup=1, repeats=repeats)
     return result
@@ -146,7 +146,7 @@ def _run_op_on(rt, template, workload, config, check: bool, time: bool, repeats:
         written = written_buffers(prog.kernels)
         outs = {b.name: unpack(b, rt.download(arrays[b.name])) for b in prog.params if b.name in written}
         result.max_rel_error = template.check(workload, outs, inputs)
-        result.tolerance = template.tolerance(workload)
+        result.tolerance = template.tolerance(workload, config)
     if time:
         result.costs = rt.time(launches, warmup=1, repeats=repeats)
     return result

@@ -106,7 +106,7 @@ def run(spec: str, template, workload, config, warmup: int, repeats: int, min_se
         if check:
             got = np.asarray(exe.outputs_of(arrays)[t.output], dtype=np.float64)
             rel = float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30)) if got.shape == ref.shape else None
-            tol = t.tolerance(workload)
+            tol = t.tolerance(workload, config)
             if rel is None or not rel <= tol:  # NaN compares false: a wrong answer too
                 shape = f"output shape {got.shape} vs reference {ref.shape}" if rel is None else \
                     f"max relative error {rel:.3g} > tolerance {tol:g}"

@@ -205,5 +205,5 @@ class RuntimeRunner(Runner):
         if got.shape != ref.shape:
             return None, f"output shape {got.shape} vs reference {ref.shape}"
         rel = float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
-        tol = t.tolerance(inp.workload)
+        tol = t.tolerance(inp.workload, inp.config)
         return rel, "" if rel <= tol else f"max relative error {rel:.3g} > tolerance {tol:g}"
