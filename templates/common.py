@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 
 from tuner.errors import TunerError
-from tuner.ir.activations import apply_ir, apply_numpy, canonical
+from tuner.ir.activations import apply_ir, apply_numpy, apply_prelu_ir, apply_prelu_numpy, canonical
 from tuner.ir.buffer import buffer
 from tuner.ir.dtype import DType
 from tuner.ir.expr import Cast, ExtractLane, Ramp, as_expr, call, const, max_, min_, select
@@ -278,9 +278,19 @@ def node_epilogue(ctx, node) -> tuple:
     template has (``dtype`` of the plan, ``bias``, ``activation``) and the kernel inputs they bring (``B``: the
     bias param; ``Res``: the residual's tensor in the plan, when the node adds one: ``node.attrs["residual"]``)."""
     g, a = ctx.graph, node.attrs
-    bias = next((t for t in node.inputs[2:] if t in g.params), None)
+    bias = next((t for t in node.inputs[2:] if t in g.params and t != a.get("slope")), None)
     fields = dict(dtype=ctx.dtype, bias=bias is not None, activation=a.get("activation", "none"))
     inputs = {}
+    if a.get("activation") == "prelu":  # per-channel slopes: packed after the bias in B (``bias_length``)
+        slope = np.asarray(g.params[a["slope"]], np.float32).reshape(-1)
+        o4 = -(-slope.size // 4) * 4
+        packed = np.zeros(2 * o4, np.float32)
+        if bias is not None:
+            packed[:slope.size] = np.asarray(g.params[bias], np.float32).reshape(-1)
+        packed[o4:o4 + slope.size] = slope
+        bias = f"{node.name}.bias_prelu"
+        ctx.extra[bias] = packed
+        fields["bias"] = True
     if bias is not None:
         inputs["B"] = bias
     if a.get("residual") is not None:
@@ -549,6 +559,23 @@ class LocalTile:
         return self.buf[(k * self.rows + row) * self.cols + col]
 
 
+def bias_length(wl, channels: int) -> int:
+    """Elements of a convolution's ``B``: its ``channels`` biases, or with a per-channel PReLU (activation
+    ``prelu``) the biases padded to whole blocks of 4 (``O4``) then the ``O4`` slopes: B[c] and B[O4 + c]."""
+    if getattr(wl, "activation", "none") != "prelu":
+        return channels
+    return 2 * (-(-channels // 4) * 4)
+
+
+def split_prelu(wl, bias):
+    """``(bias, slope)`` of a ``B`` array (``bias_length``): the slopes None unless the activation is prelu."""
+    if getattr(wl, "activation", "none") != "prelu" or bias is None:
+        return bias, None
+    bias = np.asarray(bias).reshape(-1)
+    half = bias.size // 2
+    return bias[:half], bias[half:]
+
+
 def declare_operands(wl, cfg, channels: int) -> tuple:
     """``(X, Wt, B, Res, Y)`` of a convolution in the config's scopes and layouts: activations (``Res`` in the
     output's scope) by ``act_layout``, weights by ``weight_layout``, ``B`` (``channels`` outputs) and ``Res``
@@ -558,7 +585,7 @@ def declare_operands(wl, cfg, channels: int) -> tuple:
     out_scope, out_layout = scope_layout(cfg.output_scope, cfg.act_layout, "nchw4c_buffer")
     return (buffer("X", wl.data, wl.dtype, in_scope, in_layout),
             buffer("Wt", wl.kernel, wl.dtype, w_scope, w_layout),
-            bias_buffer(channels, wl.dtype, cfg.weight_scope) if wl.bias else None,
+            bias_buffer(bias_length(wl, channels), wl.dtype, cfg.weight_scope) if wl.bias else None,
             buffer("Res", wl.out_shape, wl.dtype, out_scope, out_layout) if wl.residual else None,
             buffer("Y", getattr(wl, "stored_shape", wl.out_shape), wl.dtype, out_scope, out_layout))
 
@@ -621,11 +648,16 @@ def store_tile(b, acc, Y, n, obb, oh0, ow0, tile, bounds, wl, B=None, Res=None, 
                         v = v + B[lanes]
                     if Res is not None:
                         v = v + Res[n, lanes, oh, ow]
-                    if shuffle:
-                        shuffle_store(b, Y, apply_ir(wl.activation, v), n, ob, oh, ow, (OH, OW), wl, shift, f"sv{i}")
+                    if wl.activation == "prelu":  # the slopes after the padded biases (bias_length)
+                        if B is None:
+                            raise ValueError("activation prelu reads its slopes from B: the workload needs bias")
+                        v = apply_prelu_ir(v, B[Ramp(ob * 4 + B.shape[0] // 2, as_expr(1), 4)])
                     else:
-                        b.store(Y, (n, Ramp(ob * 4 + shift, as_expr(1), 4) if shift else lanes, oh, ow),
-                                apply_ir(wl.activation, v))
+                        v = apply_ir(wl.activation, v)
+                    if shuffle:
+                        shuffle_store(b, Y, v, n, ob, oh, ow, (OH, OW), wl, shift, f"sv{i}")
+                    else:
+                        b.store(Y, (n, Ramp(ob * 4 + shift, as_expr(1), 4) if shift else lanes, oh, ow), v)
 
 
 def shuffle_store(b, Y, v, n, ob, oh, ow, bounds, wl, shift: int, name: str):
@@ -673,11 +705,16 @@ def padded_windows(wl, x):
 
 
 def reference_epilogue(wl, out: np.ndarray, bias=None, residual=None) -> np.ndarray:
-    """The fused epilogue in the kernels' order: bias (per channel, axis 1), residual add, activation."""
+    """The fused epilogue in the kernels' order: bias (per channel, axis 1), residual add, activation (a
+    per-channel PReLU's slopes after the biases in ``bias``: ``bias_length``)."""
+    bias, slope = split_prelu(wl, bias)
     if bias is not None:
+        bias = bias[:out.shape[1]]
         out = out + bias.astype(np.float64).reshape((1, -1) + (1,) * (out.ndim - 2))
     if residual is not None:
         out = out + residual
+    if slope is not None:
+        return apply_prelu_numpy(out, slope[:out.shape[1]])
     return apply_numpy(wl.activation, out)
 
 
@@ -708,7 +745,10 @@ def random_inputs(wl, rng) -> dict:
     draw = lambda shape: rng.standard_normal(shape).astype(wl.dtype)  # noqa: E731
     inputs = {"X": draw(wl.data), "Wt": draw(wl.kernel)}
     if wl.bias:
-        inputs["B"] = draw(wl.kernel[:1])
+        inputs["B"] = draw((bias_length(wl, wl.kernel[0]),))
+        if getattr(wl, "activation", "none") == "prelu":  # slopes as trained PReLUs have them (0.25 at init)
+            half = inputs["B"].size // 2
+            inputs["B"][half:] = rng.uniform(0.05, 0.5, half).astype(wl.dtype)
     if wl.residual:
         inputs["Res"] = draw(wl.out_shape)
     if getattr(wl, "in_scale", False):

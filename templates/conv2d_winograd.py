@@ -54,7 +54,7 @@ import numpy as np
 from tuner.ir.builder import Builder
 from tuner.ir.dtype import DType
 from tuner.ir.expr import Cast, ExtractLane, Ramp, as_expr, min_
-from tuner.templates.common import EPILOGUE_ARGS, Template, WorkloadArg, node_epilogue
+from tuner.templates.common import EPILOGUE_ARGS, Template, WorkloadArg, bias_length, node_epilogue
 from tuner.templates.common import (MODEL_KNOBS, PAD_MODE_ARG, Arithmetic, Conv2dWorkload, declare_operands,
                                            fit_work_group, input_pixel, is_depthwise, split_sums, store_tile,
                                            texture_scopes)
@@ -275,7 +275,7 @@ def conv2d_winograd(wl: WinogradWorkload, cfg: WinogradConfig):
     if cfg.split_k > C4 // cfg.split_c:
         raise ValueError(f"split_k={cfg.split_k} is more than the {C4 // cfg.split_c} channel steps (C4 / split_c)")
     shapes = SimpleNamespace(data=wl.data, kernel=wl.transformed_kernel, out_shape=wl.out_shape, dtype=wl.dtype,
-                             bias=wl.bias, residual=wl.residual)
+                             bias=wl.bias, residual=wl.residual, activation=wl.activation)
     operands = X, Wt, B, Res, Y = declare_operands(shapes, cfg, O)
 
     t_cb, t_t = cfg.tile_cb, cfg.tile_t
@@ -329,8 +329,11 @@ def random_inputs(wl: WinogradWorkload, rng) -> dict:
     x, g = draw(wl.data), draw(wl.kernel)
     inputs = WinogradInputs(X=x, Wt=transform_weights(g, wl.m, wl.dtype))
     inputs.weights = g
-    if wl.bias:
-        inputs["B"] = draw(wl.kernel[:1])
+    if wl.bias:  # a PReLU's slopes after the biases (bias_length)
+        inputs["B"] = draw((bias_length(wl, wl.kernel[0]),))
+        if wl.activation == "prelu":
+            half = inputs["B"].size // 2
+            inputs["B"][half:] = rng.uniform(0.05, 0.5, half).astype(wl.dtype)
     if wl.residual:
         inputs["Res"] = draw(wl.out_shape)
     return inputs

@@ -7,7 +7,8 @@
   intermediate tensor: a constant per-channel multiply (a layer scale: its filters and bias scaled) or add (bias),
   an add of another activation (residual), then any
   activation (relu, clip, and every ``activation`` node's spec: hardswish, sigmoid, silu, gelu, ...) -- the
-  kernels' epilogue order. Binary glue ops (add, sub, mul, div, prelu) that stay on their own absorb a
+  kernels' epilogue order; a PReLU with one slope per channel is a convolution's activation too (``prelu``, its
+  slopes the ``slope`` param). Binary glue ops (add, sub, mul, div, prelu) that stay on their own absorb a
   following per-channel constant multiply (``scale``), an add of another activation (``residual``) and an
   activation, in that order; a windowed pool that keeps its size takes a binary op with another activation first
   (``post``): PoolFormer's ``x + ls * (pool(y) - y)`` is one kernel. A ``matmul`` of token tensors absorbs, in its
@@ -396,6 +397,15 @@ def _matmul_epilogue(g: Graph, node: Node, nxt: Node, out: str, order: dict) -> 
     return True
 
 
+def _prelu_slope(g: Graph, node: Node, nxt: Node, out: str) -> np.ndarray | None:
+    """The (C,) slopes of a PReLU ``nxt`` of ``out`` with one constant slope per channel (FSRCNN's after every
+    convolution), which a convolution with no activation yet applies in its epilogue; else None."""
+    if nxt.op != "prelu" or "activation" in node.attrs or nxt.inputs[0] != out or len(nxt.inputs) != 2 \
+            or nxt.inputs[1] == out or len(g.shapes[out]) != 4 or set(nxt.attrs) - {"activation"}:
+        return None
+    return _channel_constant(g, nxt.inputs[1], g.shapes[out][1], 4)
+
+
 def fuse_epilogues(graph: Graph) -> Graph:
     g = canonical_residuals(graph)
     order = {n.name: i for i, n in enumerate(g.nodes)}
@@ -419,6 +429,8 @@ def fuse_epilogues(graph: Graph) -> Graph:
                     break
             elif act is not None and "activation" not in node.attrs:
                 node.attrs["activation"] = act
+            elif node.op == "conv2d" and (slope := _prelu_slope(g, node, nxt, out)) is not None:
+                node.attrs["activation"], node.attrs["slope"] = "prelu", _add_param(g, f"{node.name}.slope", slope)
             elif (nxt.op == "mul" and node.op in ("conv2d", "dense") and "activation" not in node.attrs
                   and "residual" not in node.attrs and node.inputs[1] in g.params
                   and (scale := _channel_constant(g, nxt.inputs[1] if nxt.inputs[0] == out else nxt.inputs[0],
@@ -459,6 +471,8 @@ def fuse_epilogues(graph: Graph) -> Graph:
             node.inputs = node.inputs + [node.attrs["scale"]]
         if "residual" in node.attrs:
             node.inputs = node.inputs + [node.attrs["residual"]]
+        if "slope" in node.attrs:
+            node.inputs = node.inputs + [node.attrs["slope"]]
     return _drop_unused_params(g).validate()
 
 

@@ -238,7 +238,10 @@ def crd_to_dcr(graph: Graph) -> Graph:
         bh, bw = d2s.attrs["block"]
         order = _dcr_order(g.shapes[d2s.outputs[0]][1], bh * bw)
         # the weights and the bias (the first param after them); an input gate reads input channels: as it is
-        conv.inputs = [_add_param(g, f"{t}.dcr", np.asarray(g.params[t])[order]) if i == 1 or (i == 2 and t in g.params)
-                       else t for i, t in enumerate(conv.inputs)]
+        slope, old = conv.attrs.get("slope"), list(conv.inputs)  # a PReLU's slopes are per output channel too
+        conv.inputs = [_add_param(g, f"{t}.dcr", np.asarray(g.params[t])[order])
+                       if i == 1 or (i == 2 and t in g.params) or t == slope else t for i, t in enumerate(conv.inputs)]
+        if slope is not None:
+            conv.attrs["slope"] = conv.inputs[old.index(slope)]
         d2s.attrs = {**d2s.attrs, "mode": "DCR"}
     return _drop_unused(g).validate()

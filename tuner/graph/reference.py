@@ -18,7 +18,7 @@ import numpy as np
 
 from tuner.graph.graph import Graph, Node
 from tuner.ops.kernels import pool_ceil_extra, unary_reference
-from tuner.ir.activations import apply_numpy
+from tuner.ir.activations import apply_numpy, apply_prelu_numpy
 import tuner.graph.reference_movement as reference_movement
 
 
@@ -58,14 +58,14 @@ def run_graph_numpy(graph: Graph, inputs: dict, all_tensors: bool = False) -> di
 # implements. ``matmul``'s are the template's (``reference_movement.MATMUL_ATTRS``).
 _BINARY_EPILOGUE = {"activation", "scale", "residual"}  # passes._binary_epilogue, then an activation
 EPILOGUE_ATTRS = {
-    "conv2d": {"activation", "residual", "in_scale", "pad_mode"}, "dense": {"activation", "residual"},
+    "conv2d": {"activation", "residual", "in_scale", "pad_mode", "slope"}, "dense": {"activation", "residual"},
     "group_norm": {"activation"}, "layer_norm": {"activation"},
     "add": {"activation", "channel_offsets"}, "relu": {"channel_offsets"}, "clip": {"channel_offsets"},
     "sub": _BINARY_EPILOGUE, "mul": _BINARY_EPILOGUE, "div": _BINARY_EPILOGUE, "prelu": _BINARY_EPILOGUE,
     "avg_pool": {"post", "post_op", "scale", "residual"}, "max_pool": {"post", "post_op", "scale", "residual"},
     "concat": {"activation"},
 }
-FUSED_INPUTS = ("post", "scale", "residual", "in_scale")  # appended to a node's inputs, in this order
+FUSED_INPUTS = ("post", "scale", "residual", "slope", "in_scale")  # appended to a node's inputs, in this order
 
 
 def _evaluate(graph: Graph, node: Node, fn, env: dict) -> np.ndarray:
@@ -90,6 +90,8 @@ def _evaluate(graph: Graph, node: Node, fn, env: dict) -> np.ndarray:
         out = out * extra["scale"].reshape((1, -1) + (1,) * (out.ndim - 2))
     if "residual" in extra:
         out = out + extra["residual"]
+    if "slope" in extra:  # a per-channel PReLU (activation "prelu")
+        return apply_prelu_numpy(out, extra["slope"].reshape(-1))
     return apply_numpy(a["activation"], out) if "activation" in a and "activation" in fused_ok else out
 
 

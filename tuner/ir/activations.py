@@ -39,6 +39,11 @@ def _hardsigmoid(v, alpha, beta):
     return min_(max_(v * alpha + beta, 0.0), 1.0)
 
 
+def _per_channel(v, p):
+    raise ValueError("prelu takes one slope per channel, which its kernel reads beside the bias: apply it with "
+                     "apply_prelu_ir / apply_prelu_numpy (a convolution template's epilogue), not as a spec alone")
+
+
 def _np_erf(x):
     from math import erf
     return np.vectorize(erf, otypes=[np.float64])(x)
@@ -60,6 +65,10 @@ _REGISTRY = [
     Activation("sigmoid", (), lambda v, p: 1.0 / (_exp(0.0 - v) + 1.0), lambda x, p: 1 / (1 + np.exp(-x))),
     Activation("silu", (), lambda v, p: v / (_exp(0.0 - v) + 1.0), lambda x, p: x / (1 + np.exp(-x))),
     Activation("tanh", (), lambda v, p: call("tanh", [v], v.dtype), lambda x, p: np.tanh(x)),
+    # PReLU with one slope per channel (ONNX PRelu, PyTorch nn.PReLU(C)): the convolution templates' epilogue
+    # applies it, the slopes packed after the bias in ``B`` (templates.common.bias_length); one slope for every
+    # channel is leaky_relu(a)
+    Activation("prelu", (), _per_channel, _per_channel),
     Activation("gelu", (), lambda v, p: v * (call("erf", [v * (1 / math.sqrt(2))], v.dtype) + 1.0) * 0.5,
                lambda x, p: 0.5 * x * (1 + _np_erf(x / math.sqrt(2)))),
 ]
@@ -131,6 +140,17 @@ def apply_ir(text: str, v):
 def apply_numpy(text: str, x: np.ndarray) -> np.ndarray:
     name, params = parse(text)
     return ACTIVATIONS[name].numpy(np.asarray(x, np.float64), params)
+
+
+def apply_prelu_ir(v, slope):
+    """PReLU of the IR expression ``v`` with the per-lane ``slope`` (an expression of ``v``'s lanes)."""
+    return max_(v, 0.0) + min_(v, 0.0) * slope
+
+
+def apply_prelu_numpy(x: np.ndarray, slope: np.ndarray) -> np.ndarray:
+    """PReLU of ``x`` (N, C, ...) with ``slope`` (C,) broadcast along axis 1."""
+    x = np.asarray(x, np.float64)
+    return np.where(x > 0, x, x * np.asarray(slope, np.float64).reshape((1, -1) + (1,) * (x.ndim - 2)))
 
 
 def tolerance_scale(text: str) -> float:

@@ -1,0 +1,117 @@
+"""Issue 55: glue on models nobody tuned it for. Elementwise ops folded into their producers' epilogues (a
+per-channel PReLU into the convolution templates), checked against NumPy per template and against onnxruntime
+per model, with the plan's launches counted."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+
+from test_templates import check_random_config
+from tuner.compile.compiler import compile_model
+from tuner.zoo import models as zoo
+from tuner.zoo.builder import _Builder
+
+CONV = dict(data=(1, 6, 9, 7), kernel=(10, 6, 3, 3), padding=(1, 1, 1, 1), bias=True, activation="prelu")
+
+
+@pytest.mark.parametrize("name,fields", [
+    ("conv2d", CONV),
+    ("conv2d", {**CONV, "residual": True, "kernel": (10, 6, 1, 1), "padding": (0, 0, 0, 0)}),
+    ("depthwise_conv2d", dict(data=(1, 12, 8, 8), kernel=(12, 1, 3, 3), padding=(1, 1, 1, 1), bias=True,
+                              activation="prelu")),
+    ("winograd2", dict(data=(1, 8, 8, 8), kernel=(8, 8, 3, 3), padding=(1, 1, 1, 1), bias=True,
+                       activation="prelu"))])
+@pytest.mark.parametrize("scope", ["texture", "buffer"])
+def test_prelu_epilogue_matches_numpy(device, name, fields, scope):
+    """The slopes after the padded biases in B: a random config of each template, against its reference (which
+    applies x if x > 0 else slope[c] * x); odd channel counts pad the slopes to whole blocks of 4."""
+    from test_templates import scopes
+    if scope == "texture" and not device.info.image_support:
+        pytest.skip("no images")
+    assert check_random_config(device, name, fields, "float32", 3, **scopes(scope)) is not None
+
+
+def test_prelu_reference_is_not_relu():
+    """The reference a kernel is checked against is a PReLU: negative outputs scaled by their channel's slope."""
+    from tuner.templates import get_template
+    t = get_template("conv2d")
+    wl = t.workload(**CONV)
+    inputs = t.random_inputs(wl, np.random.default_rng(0))
+    y = t.reference(wl, inputs)
+    assert inputs["B"].shape == (24,) and (y < 0).any()
+    plain = t.reference(t.workload(**{**CONV, "activation": "none"}), {**inputs, "B": inputs["B"][:10]})
+    slope = inputs["B"][12:22].astype(np.float64)[None, :, None, None]
+    np.testing.assert_allclose(y, np.where(plain > 0, plain, plain * slope), rtol=1e-12)
+
+
+def _fsrcnn_like(b: _Builder, pixel_shuffle: bool = False) -> dict:
+    """Conv + PReLU (per channel) chains: 5x5, a 1x1 shrink, a depthwise 3x3, a 3x3 (Winograd-shaped), and a
+    PReLU before a PixelShuffle (the DCR reorder permutes the slopes) or after a residual add."""
+    x = b.input("input", (1, 3, 12, 12))
+
+    def prelu(t, c):
+        return b.node("PRelu", [t, b.const("slope", b.rng.uniform(0.1, 0.3, (c, 1, 1)))], "prelu")
+    x = prelu(b.conv(x, 3, 12, 5, bias=True), 12)
+    y = prelu(b.conv(x, 12, 8, 1, bias=True), 8)
+    y = prelu(b.conv(y, 8, 8, 3, groups=8, bias=True), 8)
+    y = b.conv(y, 8, 12, 3, bias=True)
+    x = prelu(b.node("Add", [y, x], "add"), 12)  # the residual's add and the PReLU: both the conv's
+    x = prelu(b.conv(x, 12, 3 * 4, 3, bias=True), 12)
+    if pixel_shuffle:
+        b.node("DepthToSpace", [x], "d2s", output="output", blocksize=2, mode="CRD")
+        return {"output": [1, 3, 24, 24]}
+    b.node("Identity", [x], "id", output="output")
+    return {"output": [1, 12, 12, 12]}
+
+
+def _model(body, **kw) -> onnx.ModelProto:
+    b = _Builder(seed=5, opset=17)
+    outs = body(b, **kw)
+    return b.model(outs, "m")
+
+
+def _compile_and_check(model: onnx.ModelProto, tmp_path, x=None):
+    import onnxruntime as ort
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
+    rng = np.random.default_rng(0)
+    feeds = {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mod = compile_model(str(path), scope="auto")
+    got = mod.run(list(feeds.values()))
+    for g, r in zip(got, ref):
+        assert np.abs(g - r).max() <= 1e-4 * np.abs(r).max(), np.abs(g - r).max()
+    return mod
+
+
+@pytest.mark.parametrize("pixel_shuffle", [False, True])
+def test_prelu_folds_into_every_convolution(tmp_path, pixel_shuffle):
+    """No PReLU left as a kernel of its own: 5 convolutions, the input and output relayouts (and the
+    PixelShuffle's interleave, written by the last convolution), against onnxruntime."""
+    from tuner.compile.compiler import load_graph
+    model = _model(_fsrcnn_like, pixel_shuffle=pixel_shuffle)
+    g = load_graph(model)
+    assert [n.attrs.get("activation") for n in g.nodes if n.op == "conv2d"] == ["prelu"] * 5
+    if pixel_shuffle:  # the slopes permuted with the filters: onnxruntime's output below says they were
+        assert [n.attrs["mode"] for n in g.nodes if n.op == "depth_to_space"] == ["DCR"]
+    mod = _compile_and_check(model, tmp_path)
+    ops = [n.template or n.op for n in mod.spec.nodes]
+    assert "binary" not in ops and not any("prelu" in str(o) for o in ops), ops
+    assert sum(o in ("conv2d", "depthwise_conv2d", "winograd2", "winograd4") for o in ops) == 5, ops
+    assert sum(len(n.calls) for n in mod.spec.nodes) <= 7 + pixel_shuffle, ops  # + the model output's interleave
+
+
+def test_fsrcnn_launches_one_kernel_per_convolution(tmp_path):
+    """The zoo's FSRCNN (test size): a PReLU after every convolution, each the convolution's epilogue: the
+    convolutions and the two relayouts are every launch (before: a binary kernel per PReLU, 13 launches)."""
+    model = zoo.test_models()["sr_conv_transpose"]
+    mod = _compile_and_check(model, tmp_path)
+    convs = sum(n.template in ("conv2d", "depthwise_conv2d", "winograd2", "winograd4") for n in mod.spec.nodes)
+    launches = sum(len(n.calls) for n in mod.spec.nodes)
+    assert convs == 6 and launches == convs + 2, [n.template or n.op for n in mod.spec.nodes]
