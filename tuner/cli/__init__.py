@@ -17,7 +17,12 @@ from tuner.cli.args import (activation, add_device_arg, device_info, add_measure
                             measure_options, positive_int, read_regular_file)  # (importers use the names)
 from tuner.cli.parser import Parser
 from tuner.runtime.choice import DEVICE_ENV
-from tuner.runtime.opencl.device import DeviceInfo, choose_device, list_devices, probe_device
+from tuner.target import DeviceInfo
+
+# Start-up time: this module and the parser (build_parser, the register() of cli/model.py, cli/search.py and
+# cli/analysis.py) import no pyopencl, numpy, onnx, onnxruntime, optuna, xgboost, pandas or matplotlib at
+# module level; each command imports what it needs when it runs (`tuner --help` in well under a second:
+# tests/test_startup.py bounds what it imports).
 
 
 def _bytes(n: int) -> str:
@@ -33,6 +38,7 @@ def _yes(b: bool) -> str:
 
 
 def _status(d: DeviceInfo) -> str:
+    from tuner.runtime.opencl.device import probe_device
     if d.is_simulator:
         return "simulator"
     return "ok" if probe_device(d) is None else "no build"
@@ -51,6 +57,7 @@ def format_device_table(infos: list[DeviceInfo], default_index: int | None) -> s
 
 
 def _default_or_reason() -> tuple[DeviceInfo | None, str | None]:
+    from tuner.runtime.opencl.device import choose_device
     try:
         return choose_device(None), None
     except TunerError as e:
@@ -58,6 +65,7 @@ def _default_or_reason() -> tuple[DeviceInfo | None, str | None]:
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
+    from tuner.runtime.opencl.device import choose_device, list_devices, probe_device
     infos = list_devices()
     default, why_none = _default_or_reason() if infos else (None, None)
     from tuner.runtime.base import Runtime

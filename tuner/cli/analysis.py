@@ -278,7 +278,7 @@ def _min_trials(text: str) -> int:
 
 def register(sub) -> None:
     """Add ``logs``, ``compare`` and ``report`` to the ``tuner`` command's subparsers."""
-    from tuner.scheduler.model import MIN_TRIALS  # one default for tune, compare and report
+    from tuner.cli.args import MIN_TRIALS  # one default for tune, compare and report (the scheduler's)
     paths_help = "JSONL tuning logs, directories of them, or globs (e.g. logs/ or 'logs/*.jsonl')"
     device_help = "only this device of the log: a fingerprint or a substring of it or of the device name"
 

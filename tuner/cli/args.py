@@ -24,6 +24,10 @@ def device_info(device):
     return choose_device(device)
 
 
+# tuner.scheduler.model.MIN_TRIALS, the default --min-trials of tune, compare and report; a copy, not imported:
+# that module imports the compiler, onnx and optuna, seconds of start-up for every command (tests/test_startup.py
+# checks that the two agree)
+MIN_TRIALS = 5
 MAX_SEED = 2**32 - 1  # numpy's and Optuna's samplers take seeds below 2**32
 MAX_SECONDS = 7 * 24 * 3600.0  # a timeout of more than a week is a typo (and overflows select() far above)
 

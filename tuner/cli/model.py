@@ -7,14 +7,16 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from tuner.cli.args import (add_device_arg, add_measure_args, add_seed_arg, add_transfer_arg, duration, fraction, int_at_least,
+from tuner.cli.args import (MIN_TRIALS, add_device_arg, add_measure_args, add_seed_arg, add_transfer_arg, duration, fraction, int_at_least,
                             measure_options, non_negative_int, positive_int, regular_file,
                             writable_dir, writable_file)
 from tuner.errors import TunerError
 from tuner.files import write_file
+
+if TYPE_CHECKING:
+    import numpy as np  # imported by the commands that use it: start-up time
 
 
 def _model_path(path: str) -> str:
@@ -215,6 +217,7 @@ def _load_npy(path: str, shown: str | None = None, shape=None) -> np.ndarray:
 def _save_npy(path: Path, array: np.ndarray, flag: str) -> None:
     """``array`` to exactly ``path`` (np.save(path) would append ".npy") by ``files.write_file``: atomically
     for a regular file, through a device or FIFO (``/dev/null``), never over a symbolic link."""
+    import numpy as np
     write_file(path, lambda fh: np.save(fh, array), flag)
 
 
@@ -242,6 +245,7 @@ def cmd_run(args) -> int:
         xs = {n: _load_npy(p, None if len(names) == 1 else f"{n}={p}", mod.spec.entries[n].shape)
               for n, p in sources.items()}
     else:  # a fixed random input, so repeated runs compare
+        import numpy as np
         rng = np.random.default_rng(0)
         xs = {n: rng.standard_normal(mod.spec.entries[n].shape).astype(np.float32) for n in names}
     outs = dict(zip(mod.spec.outputs, mod.run(xs)))
@@ -395,6 +399,7 @@ def _print_tune_summary(res) -> None:
 
 def cmd_demo(args) -> int:
     """The whole flow, briefly: zoo model -> tune a few trials per task -> compile -> run -> onnxruntime."""
+    import numpy as np
     import onnxruntime as ort
 
     from tuner.measure import MeasureOptions
@@ -512,7 +517,6 @@ def register(sub) -> None:
                    "the log compiles whenever it stops")
     p.add_argument("--trials", type=positive_int, default=None, help="measurements for the whole model (default 200 "
                    "without --time-budget, no limit with it)")
-    from tuner.scheduler.model import MIN_TRIALS
     p.add_argument("--min-trials", type=positive_int, default=MIN_TRIALS, metavar="N",
                    help=f"with --trials, at least this many per task (default {MIN_TRIALS}, what `compare` needs per "
                         "side); with --time-budget alone each task's fallback is measured first")
