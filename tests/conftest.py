@@ -16,6 +16,12 @@ from tuner.runtime.opencl import open_device
 if os.environ.get("TUNER_TEST_DEVICE"):
     os.environ["TUNER_DEVICE"] = os.environ["TUNER_TEST_DEVICE"]
 
+# Program binaries, profiles and plan timings go to the user's cache (tuner.artifact.cache): the tests keep theirs
+# in a folder of this process's own ($TUNER_CACHE_DIR, subprocesses included), so a run neither fills
+# ~/.cache/tuner nor finds a previous run's binaries. A test that counts builds sets a cache of its own.
+os.environ["TUNER_CACHE_DIR"] = _TEST_CACHE = __import__("tempfile").mkdtemp(prefix="tuner-test-cache-")
+__import__("atexit").register(__import__("shutil").rmtree, _TEST_CACHE, True)
+
 
 @pytest.fixture(scope="session")
 def device():

@@ -2,7 +2,7 @@
 each case a security hole, loss, hang, traceback or silent wrong result found there, now refused with one
 ``error:`` line (exit 2) or handled, the same way by both runtimes.
 
-- what runs is what was verified: a binary planted in ``binaries/`` is not run under ``--verify``, and a manifest
+- what runs is what was verified: a binary planted in the artifact's ``binaries/`` is never run, and a manifest
   swapped between the signature check and the load is never read (an LD_PRELOAD shim swaps it at the second
   open of manifest.json: a runtime that reads it once never sees the swap);
 - sizes the kernels assume: a weight blob shrunk with its declared extent, a pool shrunk with its entries and
@@ -110,9 +110,8 @@ def _one_error(r, *words):
 
 @pytest.fixture
 def env(cl_env, tmp_path):
-    """The native programs' environment, with a cache of this test's own ($XDG_CACHE_HOME: a verified artifact's
-    binaries are kept there)."""
-    return {**cl_env, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    """The native programs' environment, with a cache of this test's own (every run's binaries are kept there)."""
+    return {**cl_env, "XDG_CACHE_HOME": str(tmp_path / "cache"), "TUNER_CACHE_DIR": str(tmp_path / "cache" / "tuner")}
 
 
 def _dev(device) -> str:
@@ -127,10 +126,10 @@ def _kernel_hashes(art: Path) -> dict:
 
 
 def _swap_native_binaries(art: Path, a: str, b: str) -> None:
-    """The native cache's binaries of kernel files a and b swapped, each under the other's name with its header
-    recomputed (its tag and hash): a program from elsewhere the cache checks would accept."""
+    """The native cache's binaries of kernel files a and b swapped in ``art/binaries``, each under the other's name
+    with its header recomputed (its tag and hash): a program from elsewhere the cache checks would accept."""
     hashes = _kernel_hashes(art)
-    folder, = (art / "binaries").glob("*-*")
+    folder = next(f for f in (art / "binaries").glob("*-*") if (f / f"{hashes[a]}.bin").exists())
     files = {k: folder / f"{hashes[k]}.bin" for k in (a, b)}
     payload = {}
     for k, f in files.items():
@@ -162,17 +161,21 @@ def _swap_python_binaries(art: Path, a: str, b: str) -> None:
 def test_a_binary_planted_in_the_artifact_does_not_run_under_verify(runtime, art, native, env, device, tmp_path):
     """Finding: --verify did not cover binaries/: a compiled program from elsewhere under a recomputed header ran
     in both runtimes after a successful --verify. Here the two relayouts' binaries swap places (the input's
-    packing runs the output's unpacking): a verified run takes binaries only from the user's own cache."""
+    packing runs the output's unpacking) in a ``binaries/`` planted in the artifact: no run, verified or not, reads
+    it (binaries come only from the user's own cache, keyed by the source's hash)."""
     d = _copy(art["dir"], tmp_path / "a")  # (signed: _copy keeps the signature)
     y = tmp_path / "y.npy"
     run = (lambda *a: _tuner(env, "run", d, "--device", _dev(device), "--repeat", "1", *a)) if runtime == "python" \
         else (lambda *a: _tuner_run(native, env, d, "--device", _dev(device), "--bench", "1", *a))
-    assert run().returncode == 0  # unverified: builds, and keeps the binaries in the artifact's binaries/
+    assert run().returncode == 0  # builds, and keeps the binaries in the user's cache, not the artifact
+    assert not (d / "binaries").exists()
+    shutil.copytree(Path(env["TUNER_CACHE_DIR"]) / "binaries", d / "binaries")  # planted, then swapped
     (_swap_python_binaries if runtime == "python" else _swap_native_binaries)(d, "k000.cl", "k002.cl")
-    r = run("--verify", art["key"], "--input", art["x"], "--output", y)
-    assert r.returncode == 0, r.stderr
-    assert "0 from cached binaries" in r.stdout or "0 programs from cached binaries" in r.stdout, r.stdout
-    np.testing.assert_allclose(np.load(y), art["y"], rtol=1e-5, atol=1e-5)
+    for verify in (("--verify", art["key"]), ()):
+        y.unlink(missing_ok=True)
+        r = run(*verify, "--input", art["x"], "--output", y)
+        assert r.returncode == 0, r.stderr
+        np.testing.assert_allclose(np.load(y), art["y"], rtol=1e-5, atol=1e-5)
 
 
 SWAP_SHIM = r"""

@@ -266,9 +266,10 @@ def test_refused_binary_is_rebuilt(native, cl_env, artifacts, tmp_path):
     rewritten; a cache file that does not check out (truncated) is ignored the same way."""
     from artifact_corpus import _copy
     art = _copy(artifacts["mnv3-cpu-texture-f32"], tmp_path / "art")
+    cl_env = {**cl_env, "TUNER_CACHE_DIR": str(tmp_path / "cache")}  # the user's cache: this test's own
     r = _tuner_run(native, cl_env, art, "--device", CPU, "--bench", 1)
     assert r.returncode == 0, r.stderr
-    bins = sorted((art / "binaries").glob("*/*.bin"))
+    bins = sorted((tmp_path / "cache" / "binaries").glob("*/*.bin"))
     assert len(bins) > 10
     import hashlib
     garbage = b"\x7fELF not a program binary" * 40
@@ -294,10 +295,11 @@ def test_a_binary_planted_under_another_programs_name_is_refused(native, cl_env,
     art = _copy(artifacts["shufflenet-cpu-texture-f32"], tmp_path / "art")
     x = _input(art)
     np.save(tmp_path / "x.npy", x)
+    cl_env = {**cl_env, "TUNER_CACHE_DIR": str(tmp_path / "cache")}  # the user's cache: this test's own
     assert _tuner_run(native, cl_env, art, "--device", CPU, "--bench", 1).returncode == 0
-    bins = sorted((art / "binaries").glob("*/*.bin"))
+    bins = sorted((tmp_path / "cache" / "binaries").glob("*/*.bin"))
     assert len(bins) > 4 and all(p.stat().st_mode & 0o077 == 0 for p in bins)
-    assert (art / "binaries").stat().st_mode & 0o077 == 0  # folders 0700, files 0600
+    assert (tmp_path / "cache" / "binaries").stat().st_mode & 0o077 == 0  # folders 0700, files 0600
     for dst in bins[1:]:  # every program's cache file holds the first program's binary
         shutil.copyfile(bins[0], dst)
     bins[0].chmod(0o666)  # and the first one is writable by anyone
@@ -430,7 +432,8 @@ def test_profile_prints_the_config_source_the_artifact_records(native, cl_env, c
     out = capsys.readouterr().out
     assert any(line.startswith("conv ") and line.endswith("  " + want) for line in out.splitlines()), out
     assert "fallback" not in out
-    assert [r["config_source"] for r in json.loads((art / "profile.json").read_text())["rows"]
+    from tuner.artifact.cache import profile_path
+    assert [r["config_source"] for r in json.loads(profile_path(art).read_text())["rows"]
             if r["template"]] == [want]
 
 

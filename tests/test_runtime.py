@@ -305,7 +305,7 @@ def test_model_inputs_and_outputs_staged_in_pinned_memory(conv3x3_onnx, scope, m
 
 
 def test_binary_cache_folders_are_private_and_links_are_not_followed(dev, tmp_path):
-    """The on-disk program cache (an artifact's binaries/): folders 0700, files written as new files of our own
+    """The on-disk program cache (the user's, tuner.artifact.cache): folders 0700, files written as new files of our own
     (a link planted at the temporary name is left alone, its target untouched), and nothing read from a file or
     folder someone else can write."""
     import tuner.runtime.opencl.program as program

@@ -81,6 +81,7 @@ def test_compile_for_an_unattached_target_then_run_it_there(tmp_path, monkeypatc
     onnxruntime, and its second start builds from the cached binaries, faster than the first."""
     import pyopencl
     from tuner.logs import append_records
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))  # binaries of this test's own
     info, profile = _profile_file(tmp_path, "oclgrind")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -109,7 +110,8 @@ def test_compile_for_an_unattached_target_then_run_it_there(tmp_path, monkeypatc
     assert first.device.fingerprint == info.fingerprint
     n = first.load_stats["programs"]
     assert first.load_stats["source"] == n and first.load_stats["binary"] == 0
-    assert len(list((out / M.BINARIES / info.fingerprint).glob("*.bin"))) == n
+    assert len(list((tmp_path / "cache" / M.BINARIES / info.fingerprint).glob("*.bin"))) == n  # the user's cache
+    assert not (out / M.BINARIES).exists()  # never the artifact
     feeds = _feeds(first)
     for o, r in zip(first.run(feeds), ort_run(MODEL, feeds)):
         assert rel_err(o, r) < 1e-4
@@ -159,8 +161,9 @@ def test_running_on_another_fingerprint_warns_once_naming_both(tmp_path, monkeyp
     assert other.fingerprint in str(mismatch[0].message) and device.fingerprint in str(mismatch[0].message)
 
 
-# -- 2. program binaries beside the artifact -------------------------------------------------------------------
-def test_a_rejected_or_corrupt_binary_is_rebuilt_from_source(tmp_path, device):
+# -- 2. program binaries in the user's cache -------------------------------------------------------------------
+def test_a_rejected_or_corrupt_binary_is_rebuilt_from_source(tmp_path, device, monkeypatch):
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         compile_model(MODEL, device=device, scope="buffer").save(tmp_path / "a")
@@ -169,7 +172,7 @@ def test_a_rejected_or_corrupt_binary_is_rebuilt_from_source(tmp_path, device):
     n = first.load_stats["programs"]
     feeds = _feeds(first)
     want = first.run(feeds)
-    files = sorted((tmp_path / "a" / M.BINARIES / device.fingerprint).glob("*.bin"))
+    files = sorted((tmp_path / "cache" / M.BINARIES / device.fingerprint).glob("*.bin"))
     assert len(files) == n
     P._write_binary(files[0], device.fingerprint, files[0].stem, b"not a program binary" * 8)  # driver rejects
     files[1].write_bytes(files[1].read_bytes()[:-100])  # truncated: fails its own check
@@ -291,8 +294,9 @@ def test_run_profile_writes_storage_labels(tmp_path, device, capsys):
         warnings.simplefilter("ignore")
         compile_model(MODEL, device=device, scope="buffer").save(tmp_path / "a")
     assert main(["run", str(tmp_path / "a"), "--repeat", "2", "--profile", "--device", device.fingerprint]) == 0
-    prof = json.loads((tmp_path / "a" / "profile.json").read_text())
-    assert {r["storage"] for r in prof["rows"]} == {"buffer"}
+    from tuner.artifact.cache import profile_path
+    prof = json.loads(profile_path(tmp_path / "a").read_text())  # in the user's cache, not the artifact
+    assert {r["storage"] for r in prof["rows"]} == {"buffer"} and not (tmp_path / "a" / "profile.json").exists()
     assert all(r["scopes"] == "i=buffer,w=buffer,o=buffer" for r in prof["rows"] if r["template"])
 
 

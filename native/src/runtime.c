@@ -34,7 +34,7 @@ struct tnr_runtime {
     int *in_set;
     int ran;
     int from_source, from_binary;
-    int verified; /* opened by tnr_open_verified: binaries only from this user's own cache */
+    int verified; /* opened by tnr_open_verified (binaries come from this user's own cache for every run) */
     char cache_key[160];
     char device_label[600];
     char err[TNR_ERRLEN];
@@ -151,13 +151,15 @@ int tnr_verify_signature(const char *dir, const char *key_file, char *err, size_
 
 /* ---- the binary cache ---- */
 
-/* The folder of the binary cache: the artifact's binaries/<device>, or for a verified artifact this user's own
- * cache, $XDG_CACHE_HOME/tuner/binaries/<device> (else ~/.cache/...): binaries/ is not covered by the signature, so
- * a verified artifact runs only binaries this user built, keyed by the verified source's hash. 0: no cache. */
+/* The folder of the binary cache: this user's own, $TUNER_CACHE_DIR/binaries/<device>, else
+ * $XDG_CACHE_HOME/tuner/binaries/<device>, else ~/.cache/tuner/binaries/<device> (each only when absolute), as
+ * tuner.artifact.cache resolves it; never the artifact's folder, which running leaves untouched (a read-only, shared
+ * or signed artifact runs unchanged). Files are keyed by the source's hash, so a verified run's binaries are built
+ * from the verified source. 0: no cache. */
 static int cache_dir(const tnr_runtime *rt, char *dir, size_t n) {
-    const char *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
+    const char *t = getenv("TUNER_CACHE_DIR"), *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
     size_t used;
-    if (!rt->verified) used = (size_t)snprintf(dir, n, "%s/binaries/%s", rt->a->dir, rt->cache_key);
+    if (t && t[0] == '/') used = (size_t)snprintf(dir, n, "%s/binaries/%s", t, rt->cache_key);
     else if (x && x[0] == '/') used = (size_t)snprintf(dir, n, "%s/tuner/binaries/%s", x, rt->cache_key);
     else if (h && h[0] == '/') used = (size_t)snprintf(dir, n, "%s/.cache/tuner/binaries/%s", h, rt->cache_key);
     else return 0;

@@ -1,7 +1,6 @@
 """Model commands: ``tuner zoo``, ``tuner compile``, ``tuner run``, ``tuner tune`` and ``tuner demo``."""
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
@@ -261,14 +260,11 @@ def cmd_run(args) -> int:
         for row in prof["rows"]:  # in the table and profile.json: where each tuned layer's config came from
             row.setdefault("config_source", config_source_of(nodes[row["node"]]))
         print_profile(prof)
-        try:
-            # beside, then renamed over it: a profile.json that is a link is replaced, never written through
-            target = Path(args.artifact, "profile.json")
-            tmp = target.with_name(f".profile.json.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(prof, indent=1))
-            os.replace(tmp, target)
-        except OSError as e:
-            print(f"warning: profile.json not written into {args.artifact} ({e.strerror})", file=sys.stderr)
+        from tuner.artifact.cache import write_profile
+        try:  # into the user's cache, keyed by the manifest's hash: the artifact itself is never written
+            print(f"profile written to {write_profile(args.artifact, prof)}")
+        except TunerError as e:
+            print(f"warning: {e}", file=sys.stderr)
     return 0
 
 
@@ -501,7 +497,8 @@ def register(sub) -> None:
                    "shape: Y.npy the first, NAME=Y.npy that one (repeat for several)")
     p.add_argument("--outputs", metavar="DIR", help="save every output as DIR/NAME.npy")
     p.add_argument("--repeat", "--bench", type=positive_int, default=20, help="timed runs (default 20)")
-    p.add_argument("--profile", action="store_true", help="per-layer table; also written to DIR/profile.json")
+    p.add_argument("--profile", action="store_true", help="per-layer table; also kept in the user's cache, where "
+                   "`tuner report --artifact DIR` reads it (the artifact is never written)")
     p.add_argument("--runtime", choices=("python", "native"), default="python", help="python: this executor "
                    "(default); native: tuner-run, the C runtime (built from native/ on first use)")
     p.add_argument("--verify", metavar="KEYFILE", help="refuse an artifact that is not signed with this key "

@@ -260,9 +260,13 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
                       f"plans (the per-layer plan is kept, on fallback configs); pass --log to time them",
                       RuntimeWarning, stacklevel=2)
     if measure_plans and scope == "auto" and dev is not None:
-        return fastest_plan(graph, history, dev, dtype, progress=progress, timer=plan_timer)
-    plan = plan_graph(graph, info, scope, history, dtype, prefer)
-    return module_of(compile_plan(plan, info, history, progress), dev, progress)
+        mod = fastest_plan(graph, history, dev, dtype, progress=progress, timer=plan_timer)
+    else:
+        plan = plan_graph(graph, info, scope, history, dtype, prefer)
+        mod = module_of(compile_plan(plan, info, history, progress), dev, progress)
+    from tuner.artifact.cache import keep_programs
+    keep_programs(mod)  # the programs just built, in the user's cache: the first run of the artifact builds none
+    return mod
 
 
 def _open(device, target) -> tuple:

@@ -8,8 +8,8 @@ packed parameter), ``w:<key>`` (a scratch workspace of one kernel, e.g. cache_in
 
 ``graph.json``'s ``device`` records the device the artifact was compiled for, with its whole profile
 (``DeviceInfo.to_dict()``). A module compiled for a target that is not attached is built on its first load
-there; ``load_module`` keeps the built program binaries in ``binaries/<fingerprint>/`` beside the artifact, so
-later starts on that device skip the OpenCL compiler.
+there; ``load_module`` keeps the built program binaries in the user's cache (``tuner.artifact.cache``: never in the
+artifact, which running leaves untouched), so later starts on that device skip the OpenCL compiler.
 
 A device's failure while a module loads or runs (an allocation, a copy, a build, a launch refused or failed, a
 wait) is a ``TunerError`` that names the node, its kernel file and the launch (kernel, global and local sizes), as
@@ -65,8 +65,8 @@ class Module:
     (``tuner.runtime.base``): ``device`` may be one, or a local OpenCL Device or spec.
 
     ``defer=True`` (a module compiled for a target profile): nothing is opened or built until ``load()`` or
-    the first run. ``cache_dir``: where program binaries are kept and reused (``load_module``: the artifact's
-    ``binaries/``). ``load_stats`` says how the last load went: seconds, programs built from ``source``, from
+    the first run. ``cache_dir``: where program binaries are kept and reused (``load_module``: the user's cache,
+    ``user_binary_cache``). ``load_stats`` says how the last load went: seconds, programs built from ``source``, from
     a cached ``binary``, or found in this process's ``memory``."""
 
     def __init__(self, spec: ModuleSpec, sources: dict, params: dict, device=None, cache_dir=None,
@@ -342,28 +342,24 @@ def _mb(n: int) -> str:
 
 
 def user_binary_cache() -> Path | None:
-    """This user's own program-binary cache, ``$XDG_CACHE_HOME/tuner/binaries`` (else ``~/.cache/...``): the
-    only place a verified artifact's binaries come from (its folders are made 0700 and read only while nobody
-    else can write them; files are keyed by the verified source's hash). None where there is no home."""
-    import os
-    base = os.environ.get("XDG_CACHE_HOME", "")
-    if not os.path.isabs(base):
-        home = os.environ.get("HOME", "")
-        if not os.path.isabs(home):
-            return None
-        base = os.path.join(home, ".cache")
-    return Path(base) / "tuner" / BINARIES
+    """This user's own program-binary cache (``tuner.artifact.cache.binaries_dir``: ``$TUNER_CACHE_DIR/binaries``,
+    else ``$XDG_CACHE_HOME/tuner/binaries``, else ``~/.cache/...``): where every run's binaries come from (its
+    folders are made 0700 and read only while nobody else can write them; files are keyed by the source's hash).
+    None where there is no home."""
+    from tuner.artifact.cache import binaries_dir
+    return binaries_dir()
 
 
 def load_module(path, device=None, cache: bool = True, key: bytes | None = None) -> Module:
     """A saved artifact, verified (its manifest's hashes and the plan's checks, docs/artifact.md) and ready to
     run (no ONNX file, no templates needed). ``device``: a Device or spec; by default the attached device the
     artifact was compiled for, else the default device (another fingerprint warns once). ``cache``: build
-    from, and keep, program binaries in ``<path>/binaries/``. ``key``: the artifact must be signed with it
-    (``tuner.artifact.signing``): the signature is checked on the manifest the artifact is then read by, and
-    binaries come only from this user's own cache (``user_binary_cache``), never from ``<path>/binaries/``,
-    which the signature does not cover: what runs is what was verified."""
+    from, and keep, program binaries in this user's own cache (``user_binary_cache``), keyed by each program's
+    source hash; nothing is written into ``path`` (a read-only or signed artifact runs unchanged) and a
+    ``<path>/binaries/`` an older tuner left is never read. ``key``: the artifact must be signed with it
+    (``tuner.artifact.signing``): the signature is checked on the manifest the artifact is then read by; the
+    binaries, keyed by the verified sources' hashes, are built from them: what runs is what was verified."""
     d = Path(path)
     spec, sources, params = read_artifact(d, key)
-    cache_dir = (user_binary_cache() if key is not None else d / BINARIES) if cache else None
+    cache_dir = user_binary_cache() if cache else None
     return Module(spec, sources, params, device, cache_dir=cache_dir)
