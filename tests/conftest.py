@@ -207,3 +207,11 @@ def tuning():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def fake_measurer(monkeypatch, measure) -> None:
+    """``Measurer`` measures with ``measure(self, inputs) -> [MeasureResult]`` instead of a device: both its
+    blocking ``measure`` and ``start`` (what a model's scheduler calls: a batch finished at once)."""
+    from tuner.measure import Batch, Measurer
+    monkeypatch.setattr(Measurer, "measure", lambda self, inputs: measure(self, inputs))
+    monkeypatch.setattr(Measurer, "start", lambda self, inputs: Batch.completed(measure(self, inputs)))

@@ -13,8 +13,9 @@ import time
 import onnx
 import pytest
 
+from conftest import fake_measurer
 from tuner.cli import main
-from tuner.measure import MeasureResult, Measurer
+from tuner.measure import Batch, MeasureOptions, MeasureResult, Measurer, Runner
 from tuner.scheduler.model import tune_model
 from tuner.scheduler.task_scheduler import TaskScheduler
 from tuner.zoo import models as zoo
@@ -116,7 +117,7 @@ class ScopeFake:
 def scope_fake(monkeypatch):
     def install(**kwargs):
         f = ScopeFake(**kwargs)
-        monkeypatch.setattr(Measurer, "measure", lambda self, inputs: f(self, inputs))
+        fake_measurer(monkeypatch, f)
         return f
     return install
 
@@ -137,6 +138,82 @@ def test_a_time_budget_stops_in_time_after_every_fallback(model, tmp_path, scope
     assert res.measured > len(res.tasks)  # then visits
     assert res.fallback_estimate_s and res.estimate.tuned_s < res.estimate.fallback_s
     assert not res.failed
+
+
+class BackgroundFake(Runner):
+    """A runner that measures in the background like ``Measurer``: ``builders`` threads, each config taking
+    ``fast`` seconds but the first of every batch ``slow`` (a straggler), with ``ScopeFake``'s timings. It records
+    which tasks' batches were open at once."""
+
+    def __init__(self, info, builders=3, fast=0.01, slow=0.4):
+        from concurrent.futures import ThreadPoolExecutor
+        import threading
+        self.info, self.fast, self.slow, self.builders = info, fast, slow, builders
+        self.fake = ScopeFake()
+        self.pool = ThreadPoolExecutor(builders)
+        self.cv = threading.Condition()
+        self.queued = self.running = 0
+        self.open = []  # (task keys, Batch) of the batches not done
+        self.overlaps = []  # the task keys of the batches open at once, whenever a batch starts beside another
+
+    def measure(self, inputs):
+        return self.start(inputs).wait()
+
+    def start(self, inputs):
+        results = self.fake(self, inputs)
+        batch = Batch(len(inputs), on_done=self._notify)
+        keys = {(i.template, json.dumps(i.workload.key(), sort_keys=True),
+                 json.dumps(dataclasses.asdict(i.config).get("output_scope"))) for i in inputs}
+        with self.cv:
+            self.open = [(k, b) for k, b in self.open if not b.done]
+            if self.open:
+                self.overlaps.append([k for k, _ in self.open] + [keys])
+            self.open.append((keys, batch))
+            self.queued += len(inputs)
+        for i, r in enumerate(results):
+            self.pool.submit(self._one, batch, i, r, self.slow if i == 0 else self.fast)
+        return batch
+
+    def _one(self, batch, i, result, seconds):
+        with self.cv:
+            self.queued -= 1
+            self.running += 1
+        time.sleep(seconds)
+        with self.cv:
+            self.running -= 1
+        batch.put(i, result)
+        self._notify()
+
+    def _notify(self):
+        with self.cv:
+            self.cv.notify_all()
+
+    def idle(self):
+        with self.cv:
+            return self.queued == 0 and self.running < self.builders
+
+    def wait(self, timeout=None, builder=True):
+        with self.cv:
+            self.cv.wait(timeout)
+
+    def close(self):
+        self.pool.shutdown(wait=True)
+
+
+def test_a_visit_starts_while_the_last_ones_stragglers_finish(model, tmp_path, device):
+    """With a runner that measures in the background, the scheduler does not wait for a visit's slowest config:
+    it starts the next task's visit once builders are idle, never two visits of one task at a time, and the
+    budget and the log hold as before."""
+    runner = BackgroundFake(device.info)
+    res = tune_model(model, log=str(tmp_path / "t.jsonl"), trials=None, time_budget=5.0, device=runner,
+                     sampler="random", progress=False, options=MeasureOptions(n_parallel=3))
+    runner.close()
+    assert runner.overlaps, "no visit started while another was open"
+    for open_keys in runner.overlaps:
+        flat = [k for keys in open_keys for k in keys]
+        assert len(flat) == len(set(flat)), f"one task in two open visits: {open_keys}"
+    assert all(len(o) <= 2 for o in runner.overlaps)
+    assert res.measured > len(res.tasks) and not res.failed
 
 
 def test_visits_go_to_the_tasks_that_hold_the_latency(model, tmp_path, scope_fake, device):

@@ -22,6 +22,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from conftest import fake_measurer
 from tuner.cli import build_parser, main
 from tuner.errors import ErrorCode
 from tuner.zoo import models as zoo
@@ -75,7 +76,7 @@ class FakeMeasure:
 def fake(monkeypatch):
     def install(**kwargs):
         f = FakeMeasure(**kwargs)
-        monkeypatch.setattr(Measurer, "measure", lambda self, inputs: f(self, inputs))
+        fake_measurer(monkeypatch, f)
         return f
     return install
 
@@ -275,14 +276,14 @@ def test_ctrl_c_while_measuring_leaves_no_trial_running_and_a_rerun_repeats_noth
         if len(calls) == 3:
             raise KeyboardInterrupt
         return real(self, inputs)
-    monkeypatch.setattr(Measurer, "measure", interrupted)
+    fake_measurer(monkeypatch, interrupted)
     storage = f"sqlite:///{tmp_path / 's.db'}"
     kwargs = dict(log=str(tmp_path / "t.jsonl"), trials=16, scope="buffer", min_trials=2, sampler="random",
                   storage=storage, progress=False)
     with pytest.raises(KeyboardInterrupt):
         tune_model(model, **kwargs)
     assert not [t for t in _studies(storage) if t.state == TrialState.RUNNING]
-    monkeypatch.setattr(Measurer, "measure", real)  # the fake again, uninterrupted (it asserts no repeats)
+    fake_measurer(monkeypatch, real)  # the fake again, uninterrupted (it asserts no repeats)
     tune_model(model, **kwargs)
     _assert_no_duplicates(tmp_path / "t.jsonl")
     assert len(_measured(tmp_path / "t.jsonl")) == 16

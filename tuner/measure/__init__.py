@@ -13,11 +13,11 @@ from __future__ import annotations
 import dataclasses
 
 from tuner.measure.local import Measurer
-from tuner.measure.runner import MeasureInput, MeasureOptions, MeasureResult, Runner, now
+from tuner.measure.runner import Batch, MeasureInput, MeasureOptions, MeasureResult, Runner, now
 
 _now = now  # the name earlier releases used
 
-__all__ = ["MeasureInput", "MeasureOptions", "MeasureResult", "Measurer", "Runner", "measure_config", "open_runner"]
+__all__ = ["Batch", "MeasureInput", "MeasureOptions", "MeasureResult", "Measurer", "Runner", "measure_config", "open_runner"]
 
 
 def open_runner(device=None, options: MeasureOptions | None = None) -> Runner:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import abc
 import statistics
+import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
@@ -57,6 +58,45 @@ def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
+class Batch:
+    """Measurements started together (``Runner.start``): ``results`` fill in as they finish (one
+    ``MeasureResult`` per input, in order); ``done`` once all have."""
+
+    def __init__(self, n: int, on_done=None):
+        self.results: list = [None] * n
+        self.left = n
+        self._lock = threading.Lock()
+        self._event = threading.Event()
+        self._on_done = on_done
+        if n == 0:
+            self._event.set()
+
+    @classmethod
+    def completed(cls, results: list) -> "Batch":
+        b = cls(0)
+        b.results = list(results)
+        return b
+
+    @property
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def put(self, i: int, result: "MeasureResult") -> None:
+        """Result ``i`` is in (called by whoever measured it; the last one marks the batch done)."""
+        with self._lock:
+            self.results[i] = result
+            self.left -= 1
+            last = self.left == 0
+        if last:
+            self._event.set()
+            if self._on_done is not None:
+                self._on_done()
+
+    def wait(self) -> list:
+        self._event.wait()
+        return self.results
+
+
 class Runner(abc.ABC):
     """Measures configs on one device: the tuner reaches a device only through this (``tune(...,
     device=runner)``, ``tune_model``). ``Measurer`` is the local one (isolated worker processes);
@@ -68,6 +108,20 @@ class Runner(abc.ABC):
     @abc.abstractmethod
     def measure(self, inputs: list) -> list:
         """One ``MeasureResult`` per ``MeasureInput``, in order; a failure is a result, never an exception."""
+
+    def start(self, inputs: list) -> Batch:
+        """Begin measuring ``inputs``; the ``Batch`` fills in as they finish. This one measures them before it
+        returns; a runner that measures in the background (``Measurer``) returns at once, so that a model's
+        scheduler can start the next visit while this one's slowest builds finish (``idle``, ``wait``)."""
+        return Batch.completed(self.measure(inputs))
+
+    def idle(self) -> bool:
+        """Whether a builder would sit idle now: nothing waits to be built and a builder is free. A runner that
+        measures before ``start`` returns is never idle while a batch is open."""
+        return False
+
+    def wait(self, timeout: float | None = None, builder: bool = True) -> None:
+        """Block until some started batch is done (or, with ``builder``, a builder falls idle), or ``timeout``."""
 
     def close(self) -> None:
         """Stop what the runner started."""

@@ -231,6 +231,7 @@ class _Progress:
 
 FAIL_LIMIT = 8  # measurements a task with no valid one gets (the node's other variants serve it meanwhile)
 VISIT = 8  # least measurements a visit makes of a task (a batch the builders share; more with more builders)
+OPEN_VISITS = 2  # visits measured at once (a background runner): the next starts while the last one's stragglers run
 REPLAN_S = 30.0  # how often (seconds of tuning) the auto plan the log now implies is read again for new kernels
 
 
@@ -369,12 +370,13 @@ def tune_model(model, log: str | None = None, trials: int | None = 200, device=N
     def spent() -> int:
         return sum(st.measured for st in sched.tasks.values())
 
-    def room(n: int, key=None) -> int:
-        """How many of ``n`` measurements (of task ``key``) fit in what is left of the budgets."""
+    def room(n: int, key=None, pending: int = 0) -> int:
+        """How many of ``n`` measurements (of task ``key``) fit in what is left of the budgets, with ``pending``
+        measurements started and not finished yet."""
         if total is not None:
-            n = min(n, total - spent())
+            n = min(n, total - spent() - pending)
         if deadline is not None:
-            left = deadline - time.monotonic()
+            left = deadline - time.monotonic() - pending * (rate["s"] or 0.25)
             if rate["s"] is None:  # the first batch learns the rate: as many as the builders take at once
                 n = min(n, options.n_parallel)
             n = min(n, int(left / max(rate["s"] or 0.25, task_rate.get(key, 0.0))))
@@ -433,8 +435,9 @@ def tune_model(model, log: str | None = None, trials: int | None = 200, device=N
         learn_rate(t0, len(keys))
         return new
 
-    def measure(parts: list) -> int:
-        """One batch over several tasks' searches: ``[(key, n)]``; the number measured."""
+    def launch(parts: list):
+        """Start one batch over several tasks' searches, ``[(key, n)]``: a ``_Visit``, or None when none of
+        them had anything to propose."""
         from tuner.measure import MeasureInput
         t_visit = time.monotonic()
         batch = []
@@ -454,12 +457,16 @@ def tune_model(model, log: str | None = None, trials: int | None = 200, device=N
             elif s.exhausted or s.stopped:
                 sched.finish(k, "early stopping" if s.stopped else "space exhausted")
         if not batch:
-            return 0
+            return None
         inputs = [MeasureInput(s.task.template, s.task.workload, s.session.task.tmpl.make_config(v))
                   for _, s, props in batch for _, v in props]
-        outs = timed_measure(inputs)
+        return _Visit(parts, batch, runner.start(inputs), t_visit, len(inputs))
+
+    def land(v) -> int:
+        """A finished visit's measurements into the log, the studies and the scheduler; the number measured."""
+        outs = v.handle.results
         i, new = 0, 0
-        for k, s, props in batch:
+        for k, s, props in v.batch:
             res = outs[i:i + len(props)]
             i += len(props)
             t0 = time.monotonic()
@@ -470,7 +477,21 @@ def tune_model(model, log: str | None = None, trials: int | None = 200, device=N
                 sched.finish(k, "early stopping")
             elif s.exhausted:
                 sched.finish(k, "space exhausted")
-        learn_rate(t_visit, new, parts[0][0] if len(parts) == 1 else None)
+        for k, _ in v.parts:
+            sched.end_visit(k)
+        return new
+
+    def measure(parts: list) -> int:
+        """One batch over several tasks' searches, measured before it returns: ``[(key, n)]``; the number
+        measured."""
+        v = launch(parts)
+        if v is None:
+            return 0
+        t0 = time.monotonic()
+        v.handle.wait()
+        phases["measure"] += time.monotonic() - t0
+        new = land(v)
+        learn_rate(v.t0, new, parts[0][0] if len(parts) == 1 else None)
         return new
 
     last_plan = time.monotonic()
@@ -507,19 +528,51 @@ def tune_model(model, log: str | None = None, trials: int | None = 200, device=N
         warm_up(order)
         result.fallback_estimate_s = _fallback_estimate(plan, info, log, scope, index_of=lambda: LogIndex.of_log(
             log).on(info.fingerprint))
+        # the visits: the task with the largest expected cut first. A visit starts while the last one's slowest
+        # builds finish (a runner that measures in the background: ``Runner.idle``), on another task, so the
+        # builders never wait for one straggler; each task has one visit open at a time.
+        open_: list = []  # _Visit, oldest first
+        last_done = time.monotonic()
         while True:
             if both and time.monotonic() - last_plan >= REPLAN_S:
                 last_plan = time.monotonic()
                 warm_up(join(pool_now()))
-            k = sched.pick()
-            if k is None:
+            started = False
+            while not open_ or (len(open_) < OPEN_VISITS and runner.idle()):
+                busy = {k for v in open_ for k, _ in v.parts}
+                k = sched.pick(exclude=busy)
+                if k is None:
+                    break
+                n = room(visit_n, k, sum(v.n for v in open_))
+                if n <= 0:
+                    break
+                v = launch([(k, n)])
+                if v is not None:
+                    open_.append(v)
+                    started = True
+                elif sched.tasks[k].done is None:  # nothing to propose, yet not finished: do not pick it again
+                    sched.finish(k, "nothing left to propose")
+            if not open_:
                 break
-            n = room(visit_n, k)
-            if n <= 0:
-                break
-            new = measure([(k, n)])
-            sched.end_visit(k)
-            prog.update(time.monotonic() - t_start, new, sched)
+            t0 = time.monotonic()
+            while not any(v.handle.done for v in open_):
+                runner.wait(0.5, builder=started)
+                if started and runner.idle():
+                    break
+            phases["measure"] += time.monotonic() - t0
+            for v in [v for v in open_ if v.handle.done]:
+                open_.remove(v)
+                new = land(v)
+                now_ = time.monotonic()
+                # the rate: the run's seconds per measurement between landings (visits overlap); the task's own:
+                # its visit's slowest config plus its mean over the builders
+                per = (now_ - last_done) / max(1, new)
+                rate["s"] = per if rate["s"] is None else 0.7 * rate["s"] + 0.3 * per
+                last_done = now_
+                durs = [r.duration_s for r in v.handle.results if r is not None]
+                if durs:
+                    task_rate[v.parts[0][0]] = (max(durs) + sum(durs) / max(1, options.n_parallel)) / len(durs)
+                prog.update(now_ - t_start, new, sched)
         if both:  # the auto plan the log implies now: its kernels not measured yet get their fallback
             warm_up(join(pool_now()))
         if trials is not None:
@@ -543,6 +596,16 @@ def tune_model(model, log: str | None = None, trials: int | None = 200, device=N
     # the log decides the scopes only for auto, the template of a node (direct or Winograd) always
     result.estimate = estimate_latency(plan, info, index, deployed, _history(log))
     return result
+
+
+@dataclass
+class _Visit:
+    """A batch started: its ``parts`` ([(key, n)]), each task's search and proposals, the runner's ``Batch``."""
+    parts: list
+    batch: list
+    handle: object
+    t0: float
+    n: int
 
 
 def _trim(parts: list, n: int) -> list:
