@@ -109,7 +109,8 @@ double tnr_node_flops(const tnr_runtime *rt, int i);
  * any other source or a glue kernel. */
 int tnr_node_tuned(const tnr_runtime *rt, int i);
 /* Where a tuned layer's config came from, as the artifact records it (`config_source`, checked on load): "tuned",
- * "sibling <fingerprint>" (a named sibling device's record), "transferred from <workload>" (a nearby tuned
+ * "sibling <fingerprint>" (a named sibling device's record), "dtype: tuned in <dtype>" (the same layer's record
+ * in the other storage dtype: float32's for a float16 model), "transferred from <workload>" (a nearby tuned
  * workload's), "predicted: config of <workload>" (the cost model's pick) or "fallback"; "tuned" or "fallback"
  * from the tuned flag where the artifact records none; "" for a glue kernel. */
 const char *tnr_node_config_source(const tnr_runtime *rt, int i);

@@ -354,7 +354,7 @@ typedef struct {
 
 int tnr_config_source_ok(const char *s) {
     static const char *const exact[] = {"tuned", "fallback"};
-    static const char *const prefix[] = {"sibling ", "transferred from ", "predicted: config of "};
+    static const char *const prefix[] = {"sibling ", "dtype: ", "transferred from ", "predicted: config of "};
     const unsigned char *c;
     size_t n, k;
     if (!s) return 0;
@@ -728,8 +728,9 @@ static int read_graph(tnr_artifact *a, tj_value *g, raw_strings *raw, char *err)
             return rc;
         if (node->config_source && !tnr_config_source_ok(node->config_source)) {
             char b[96];
-            return graph_fail(a, err, "%s.config_source must be tuned, fallback, 'sibling <fingerprint>', "
-                              "'transferred from <workload>' or 'predicted: config of <workload>' (printable, at most "
+            return graph_fail(a, err, "%s.config_source must be tuned, fallback, 'sibling <fingerprint>', 'dtype: "
+                              "tuned in <dtype>', 'transferred from <workload>' or 'predicted: config of <workload>' "
+                              "(printable, at most "
                               "%d bytes), got %s", p, TNR_CONFIG_SOURCE_MAX,
                               shown(tnr_json_get(n, "config_source"), b, sizeof b));
         }

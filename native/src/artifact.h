@@ -112,7 +112,8 @@ int tnr_artifact_check_limits(const tnr_artifact *a, const tnr_limits *lim, cons
 void tnr_artifact_free(tnr_artifact *a);
 size_t tnr_dtype_size(int dtype);
 /* Whether s is a config_source the compiler writes: "tuned", "fallback", or "sibling <fingerprint>",
- * "transferred from <workload>", "predicted: config of <workload>" (tuner/compile/compiler.py CONFIG_SOURCES),
+ * "dtype: tuned in <dtype>", "transferred from <workload>", "predicted: config of <workload>"
+ * (tuner/compile/compiler.py CONFIG_SOURCES),
  * at most TNR_CONFIG_SOURCE_MAX bytes, no control characters. */
 #define TNR_CONFIG_SOURCE_MAX 512
 int tnr_config_source_ok(const char *s);

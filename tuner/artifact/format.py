@@ -16,7 +16,7 @@ VERSION = 3
 PARAM_ALIGN = 64  # bytes: every param starts at a multiple of it in params.bin
 # a tuned layer's config_source (tuner.compile.compiler.CONFIG_SOURCES): one of these, or one of these and a name
 CONFIG_SOURCE_EXACT = ("tuned", "fallback")
-CONFIG_SOURCE_PREFIXES = ("sibling ", "transferred from ", "predicted: config of ")
+CONFIG_SOURCE_PREFIXES = ("sibling ", "dtype: ", "transferred from ", "predicted: config of ")
 CONFIG_SOURCE_MAX = 512  # bytes of UTF-8 (native/src/artifact.h TNR_CONFIG_SOURCE_MAX)
 
 
@@ -196,8 +196,9 @@ class _Reader:
         opt_obj = lambda k: None if n.get(k) is None else self.obj(n[k], f"{p}.{k}")  # noqa: E731
         source = self.opt_str(n.get("config_source"), p + ".config_source")
         if source is not None and not config_source_ok(source):
-            self.fail(p + ".config_source", "tuned, fallback, 'sibling <fingerprint>', 'transferred from <workload>' "
-                      f"or 'predicted: config of <workload>' (printable, at most {CONFIG_SOURCE_MAX} bytes)", source)
+            self.fail(p + ".config_source", "tuned, fallback, 'sibling <fingerprint>', 'dtype: tuned in <dtype>', "
+                      "'transferred from <workload>' or 'predicted: config of <workload>' (printable, at most "
+                      f"{CONFIG_SOURCE_MAX} bytes)", source)
         return Node(self.str_(self.get(n, "name", p), p + ".name"), self.str_(self.get(n, "op", p), p + ".op"),
                     self.str_(self.get(n, "source", p), p + ".source"), calls, flops,
                     self.opt_str(n.get("template"), p + ".template"), opt_obj("workload"), opt_obj("scopes"),

@@ -90,7 +90,10 @@ def cmd_compile(args) -> int:
     moved = [n for n in mod.spec.nodes if source_kind(n.config_source) in ("transferred", "predicted")]
     siblings = sorted({n.config_source.split(" ", 1)[1] for n in mod.spec.nodes
                        if source_kind(n.config_source) == "sibling"})
-    words = {"sibling": f"from the records of sibling {', '.join(siblings)}", "transferred": "with the config of a nearby tuned "
+    dtypes = sorted({n.config_source.split(" in ", 1)[1].split(" ")[0] for n in mod.spec.nodes
+                     if source_kind(n.config_source) == "dtype"})
+    words = {"sibling": f"from the records of sibling {', '.join(siblings)}",
+             "dtype": f"with the config tuned in {', '.join(dtypes)}", "transferred": "with the config of a nearby tuned "
              "workload", "predicted": "with a logged config the cost model ranks first", "fallback": "fallback"}
     rest = "".join(f", {counts[k]} {w}" for k, w in words.items() if counts.get(k))
     print(f"compiled {args.model} for {where['name']} ({where['fingerprint']}): {len(mod.spec.nodes)} kernels, "

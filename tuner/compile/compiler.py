@@ -40,7 +40,7 @@ import numpy as np
 
 from tuner.errors import TunerError
 from tuner.logs import apply_history_best, current_history
-from tuner.logs.best import FallbackConfigWarning, Pick
+from tuner.logs.best import OTHER_DTYPE, FallbackConfigWarning, Pick
 from tuner.logs.record import canonical_json, scope_knobs
 
 import tuner.native as native
@@ -83,11 +83,14 @@ def as_history(log, transfer_from=None):
     return apply_history_best(log, transfer_from) if not hasattr(log, "query") else log
 
 
-def device_history(history, info, transfer_from=None):
+def device_history(history, info, transfer_from=None, dtype: str | None = None):
     """``history`` as seen from the device ``info`` (``ApplyHistoryBest.for_device``: another driver's records,
-    then the named siblings', fill what this device lacks); a history without ``for_device`` as is."""
+    then the named siblings', fill what this device lacks) for a model stored in ``dtype`` (``for_dtype``: the
+    other storage dtype's records fill the workloads this one has none of); a history without ``for_device``
+    as is."""
     if hasattr(history, "for_device"):
-        return history.for_device(info, transfer_from)
+        history = history.for_device(info, transfer_from)
+        return history.for_dtype(info, dtype) if dtype and hasattr(history, "for_dtype") else history
     if transfer_from:
         raise TunerError("transfer_from needs a log read by apply_history_best (this history cannot say which "
                          "records are a sibling device's)")
@@ -108,7 +111,7 @@ def plan_model(model, device=None, scope: str = "auto", log=None, dtype: str = "
     if not isinstance(info, DeviceInfo):
         from tuner.runtime.opencl.device import choose_device
         info = choose_device(info)
-    history = device_history(as_history(log, transfer_from), info, transfer_from)
+    history = device_history(as_history(log, transfer_from), info, transfer_from, dtype)
     return plan_storage(lower_graph(load_graph(model, input_shapes), dtype), info, scope, history)
 
 
@@ -133,6 +136,9 @@ def choose_configs(plan: Plan, info, history=None, untested: str = "history") ->
       ``ApplyHistoryBest.for_device``);
     - ``"sibling <fingerprint>"``: the best valid record of the exact task on a sibling device named by
       ``transfer_from`` (``for_device``), checked against this device's space;
+    - ``"dtype: tuned in <dtype>[ on <fingerprint>]"``: the best valid record of the same layer in the other
+      storage dtype (``ApplyHistoryBest.for_dtype``: a float16 model's layer takes float32's config, and the
+      reverse), where this dtype has none (or every layer, in ``fastest_plan``'s plan built from them);
     - ``"transferred from <workload>[ on <fingerprint>]"``: the config of the same shapes with another epilogue,
       or of the nearest tuned workload when no cost model can be trained (``ApplyHistoryBest.suggest``);
     - ``"predicted: config of <workload>[ on <fingerprint>]"``: the logged config the template's cost model
@@ -153,8 +159,11 @@ def choose_configs(plan: Plan, info, history=None, untested: str = "history") ->
         rec = history.best_valid(t, s.workload, info, s.scopes, t.model_knobs) if history else None
         pick = None if rec is not None or history is None else _suggest(history, t, s, info)
         if rec is not None:
-            sib = origin.get(rec.task_key)
-            out[s.name] = t.config(**rec.config), "tuned" if sib is None else f"sibling {sib}"
+            sib, dtype = origin.get(rec.task_key), getattr(history, "dtype_origin", {}).get(rec.task_key)
+            if dtype is not None:
+                out[s.name] = t.config(**rec.config), f"dtype: tuned in {dtype}" + (f" on {sib}" if sib else "")
+            else:
+                out[s.name] = t.config(**rec.config), "tuned" if sib is None else f"sibling {sib}"
         elif pick is not None:
             where = t.key_label(pick.record.workload) + (f" on {pick.origin}" if pick.origin else "")
             out[s.name] = pick.config, ("predicted: config of " if pick.how == "predicted" else
@@ -179,7 +188,7 @@ def _suggest(history, template, step: Step, info):
     return Pick(moved[0], moved[1], "transferred")
 
 
-CONFIG_SOURCES = ("tuned", "sibling", "transferred", "predicted", "fallback")
+CONFIG_SOURCES = ("tuned", "sibling", "dtype", "transferred", "predicted", "fallback")
 
 
 def source_kind(config_source: str | None) -> str | None:
@@ -246,8 +255,9 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
         raise TunerError(f"--plan-timer {plan_timer} times the candidate plans of --scope auto on an attached device; "
                          f"with " + (f"--scope {scope}" if scope != "auto" else "--target") + " nothing is timed: "
                          f"leave --plan-timer out")
-    # another driver's records of this device, then the named siblings', fill what this one lacks
-    history = device_history(as_history(log, transfer_from), info, transfer_from)
+    # another driver's records of this device, then the named siblings', then the other dtype's fill what this one
+    # lacks
+    history = device_history(as_history(log, transfer_from), info, transfer_from, dtype)
     graph = load_graph(model, input_shapes)
     if measure_plans is None:
         measure_plans = scope == "auto" and dev is not None and history is not None
@@ -495,11 +505,11 @@ def _fastest_plan(model, history, device, dtype, input_shapes, progress, repeats
     timed, modules, caught = {}, {}, []
     graph = load_graph(model, input_shapes)  # parsed once, planned several ways
 
-    def compile_(mode, prefer=None, untested="history"):
+    def compile_(mode, prefer=None, untested="history", hist=history):
         with warnings.catch_warnings(record=True) as notes:  # a candidate's fallbacks matter only if it is kept
             warnings.simplefilter("always")
-            mod = module_of(compile_plan(plan_graph(graph, device.info, mode, history, dtype, prefer), device.info,
-                                         history, progress, untested), device, progress)
+            mod = module_of(compile_plan(plan_graph(graph, device.info, mode, hist, dtype, prefer), device.info,
+                                         hist, progress, untested), device, progress)
         caught.extend(notes)
         return mod
 
@@ -521,7 +531,19 @@ def _fastest_plan(model, history, device, dtype, input_shapes, progress, repeats
         timed[name] = whole(other)
         if timed[name] < timed[kept]:
             kept, mod = name, other
-    if any(source_kind(n.config_source) in ("sibling", "transferred", "predicted") for n in mod.spec.nodes):
+    transfers = history.for_dtype(device.info, dtype, replace=True) if hasattr(history, "for_dtype") else None
+    if transfers is not None and transfers.dtype_origin:
+        # the plan built from the other storage dtype's configs (float32's, for a float16 model): every layer the
+        # other dtype measured takes its config, scopes and template, so that a float16 model, which moves half
+        # the bytes, is never slower than what float32's tuning gives it, however few float16 records there are
+        mode = kept.split("+")[0]
+        other = compile_(mode, prefer="first" if kept.endswith("+direct") else None, hist=transfers)
+        if not _same_plan(other, mod):
+            name = f"{kept}+{OTHER_DTYPE[dtype]}"
+            timed.update(_alternating(whole, {kept: mod, name: other}))
+            if timed[name] < timed[kept]:
+                kept, mod = name, other
+    if any(source_kind(n.config_source) in ("sibling", "dtype", "transferred", "predicted") for n in mod.spec.nodes):
         # configs nobody measured on this device: the same plan with this device's fallbacks is a candidate too
         # (on an H100, EfficientNet-B0 with only the H200's log ran 1.69 ms, with no log at all 1.21 ms)
         mode = kept.split("+")[0]
