@@ -1,4 +1,4 @@
-/* tuner native runtime: runs a compiled-model artifact (docs/artifact.md, format version 3) with OpenCL,
+/* tuner native runtime: runs a compiled-model artifact (docs/artifact.md, format version 4) with OpenCL,
  * without Python. C99; link with -ltuner_runtime (it needs libc, libm, libdl and pthread only: OpenCL is
  * loaded at run time with dlopen, see TUNER_OPENCL_LIB).
  *

@@ -208,7 +208,7 @@ static int verify_manifest(tnr_artifact *a, int dfd, const unsigned char *key, s
     rc = read_at(dfd, "manifest.json", path, -1, MAX_MANIFEST, &text, &len, 1, err);
     if (rc) return rc;
     if (!text)
-        return tnr_fail(err, TNR_E_ARTIFACT, "%s is missing: %s is not a version 3 artifact (compile the model "
+        return tnr_fail(err, TNR_E_ARTIFACT, "%s is missing: %s is not a version 4 artifact (compile the model "
                         "with `tuner compile MODEL -o %s`)", path, a->dir, a->dir);
     if (key) { /* the signature checked on the very bytes read below: one reading of the manifest */
         unsigned char *sig = NULL;
@@ -231,11 +231,11 @@ static int verify_manifest(tnr_artifact *a, int dfd, const unsigned char *key, s
     ver = tnr_json_get(m, "version");
     files = tnr_json_get(m, "files");
     if (!fmt || fmt->type != TJ_STRING || strcmp(fmt->s, "tuner-artifact") != 0 || !ver || ver->type != TJ_NUMBER ||
-        !ver->is_int || ver->i != 3 || !files || files->type != TJ_ARRAY) {
+        !ver->is_int || ver->i != 4 || !files || files->type != TJ_ARRAY) {
         char v[32] = "none";
         if (ver && ver->type == TJ_NUMBER) snprintf(v, sizeof v, "%g", ver->d);
         tnr_json_free(doc);
-        return tnr_fail(err, TNR_E_ARTIFACT, "%s: not a 'tuner-artifact' version 3 manifest (version %s); " REDO, path, v);
+        return tnr_fail(err, TNR_E_ARTIFACT, "%s: not a 'tuner-artifact' version 4 manifest (version %s); " REDO, path, v);
     }
     l = calloc(files->len ? files->len : 1, sizeof *l);
     if (!l) {
@@ -564,9 +564,9 @@ static int read_graph(tnr_artifact *a, tj_value *g, raw_strings *raw, char *err)
     fmt = tnr_json_get(g, "format");
     ver = tnr_json_get(g, "version");
     if (!fmt || fmt->type != TJ_STRING || strcmp(fmt->s, "tuner-artifact") != 0 || !ver || ver->type != TJ_NUMBER ||
-        !ver->is_int || ver->i != 3) {
+        !ver->is_int || ver->i != 4) {
         char b1[96], b2[96];
-        return graph_fail(a, err, "artifact format %s version %s; this runtime reads 'tuner-artifact' version 3",
+        return graph_fail(a, err, "artifact format %s version %s; this runtime reads 'tuner-artifact' version 4",
                           shown(fmt, b1, sizeof b1), shown(ver, b2, sizeof b2));
     }
     dev = get(&r, g, "device", "", &rc);
@@ -1418,6 +1418,62 @@ static int check_sizes(tnr_artifact *a, char *err) {
     return rc;
 }
 
+/* Check 12: float32 lists exactly a float16 artifact's float32 entries, params and workspaces (a mixed plan's),
+ * each once; a float32 artifact lists none. */
+static int check_precision(tnr_artifact *a, tj_value *g, char *err) {
+    rd r = {a, err};
+    int rc = 0, k, i, n[3] = {a->nentries, a->nparams, a->nworkspaces};
+    static const char *const prefix[3] = {"t:", "p:", "w:"};
+    char *listed[3];
+    size_t j;
+    tj_value *v = get(&r, g, "float32", "", &rc);
+    if (rc || (rc = want(&r, v, TJ_ARRAY, "float32", "a list"))) return rc;
+    for (j = 0; j < v->len; j++) {
+        char p[64];
+        snprintf(p, sizeof p, "float32[%zu]", j);
+        if ((rc = want(&r, v->items[j], TJ_STRING, p, "a string"))) return rc;
+    }
+    if (a->dtype != TNR_F16 && v->len)
+        return graph_fail(a, err, "float32 lists %zu reference(s) in a float32 artifact, where every tensor is float32: "
+                          "it must be empty", v->len);
+    for (k = 0; k < 3; k++) {
+        listed[k] = calloc((size_t)(n[k] ? n[k] : 1), 1);
+        if (!listed[k]) {
+            while (k-- > 0) free(listed[k]);
+            return tnr_fail(err, TNR_E_NOMEM, "out of memory");
+        }
+    }
+    for (j = 0; j < v->len && !rc; j++) {
+        const char *ref = v->items[j]->s;
+        int idx = -1;
+        for (k = 0; k < 3 && idx < 0; k++) {
+            if (strncmp(ref, prefix[k], 2) != 0) continue;
+            idx = lookup(a, k == 0 ? a->entry_sorted : k == 1 ? a->param_sorted : a->ws_sorted, n[k],
+                         k == 0 ? entry_name : k == 1 ? param_key : ws_key, ref + 2);
+            if (idx >= 0) break;
+        }
+        if (idx < 0)
+            rc = graph_fail(a, err, "float32[%zu] '%.80s' names no entry (t:), param (p:) or workspace (w:)", j, ref);
+        else if (listed[k][idx])
+            rc = graph_fail(a, err, "float32[%zu] '%.80s' is listed twice", j, ref);
+        else
+            listed[k][idx] = 1;
+    }
+    for (k = 0; k < 3 && !rc; k++)
+        for (i = 0; i < n[k] && !rc; i++) {
+            const char *name = k == 0 ? a->entries[i].name : k == 1 ? a->params[i].key : a->workspaces[i].key;
+            int dtype = k == 0 ? a->entries[i].dtype : k == 1 ? a->params[i].dtype : a->workspaces[i].dtype;
+            const char *dn = dtype == TNR_F16 ? "float16" : "float32";
+            if (a->dtype != TNR_F16 && dtype != a->dtype)
+                rc = graph_fail(a, err, "'%s%.80s' is %s in a float32 artifact", prefix[k], name, dn);
+            else if (a->dtype == TNR_F16 && (dtype == TNR_F32) != listed[k][i])
+                rc = graph_fail(a, err, "'%s%.80s' is %s but float32 %s it: the artifact's record of its precision is "
+                                "not its storage", prefix[k], name, dn, listed[k][i] ? "lists" : "does not list");
+        }
+    for (k = 0; k < 3; k++) free(listed[k]);
+    return rc;
+}
+
 int tnr_artifact_check_limits(const tnr_artifact *a, const tnr_limits *lim, const char *device_name, char *err) {
     int rc = check_types_and_shapes(a, NULL, lim, device_name, err);
     if (!rc) rc = check_calls((tnr_artifact *)a, lim, device_name, 1, err);
@@ -1525,6 +1581,7 @@ int tnr_artifact_load_key(const char *dir, const unsigned char *key, size_t keyl
     if ((rc = check_calls(a, &a->limits, "the device", 0, err))) goto done;
     if ((rc = check_order(a, err))) goto done;
     if ((rc = check_sizes(a, err))) goto done;
+    if ((rc = check_precision(a, tnr_json_root(a->graph_doc), err))) goto done;
 done:
     if (dfd >= 0) close(dfd);
     free(graph);

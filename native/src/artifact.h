@@ -1,4 +1,4 @@
-/* Reading and checking a compiled-model artifact (docs/artifact.md, format version 3): every one of the 11
+/* Reading and checking a compiled-model artifact (docs/artifact.md, format version 4): every one of the 12
  * checks, in the order tuner/artifact/checks.py makes them, each failure a message naming the file (and the
  * field). Nothing here touches OpenCL. */
 #ifndef TNR_ARTIFACT_H
@@ -94,7 +94,7 @@ typedef struct tnr_artifact {
     int *entry_sorted, *param_sorted, *ws_sorted;
 } tnr_artifact;
 
-/* Reads dir and makes checks 1 to 11 against the profile graph.json records. Every file is read once (relative to
+/* Reads dir and makes checks 1 to 12 against the profile graph.json records. Every file is read once (relative to
  * the folder, without following a link, non-blocking, checked on its descriptor) and used from those bytes. */
 int tnr_artifact_load(const char *dir, tnr_artifact **out, char *err);
 /* The same, and the artifact must be signed with key[keylen]: the signature is checked on the very bytes of

@@ -1,4 +1,4 @@
-"""Checks 3 to 11 of docs/artifact.md: the plan validated against itself and against a device profile, before
+"""Checks 3 to 12 of docs/artifact.md: the plan validated against itself and against a device profile, before
 anything is allocated or enqueued. The native runtime (native/src/artifact.c) makes the same checks in the same
 order; tests/artifact_corpus.py holds the damaged artifacts both must refuse.
 
@@ -314,8 +314,32 @@ def check_sizes(spec: ModuleSpec, sources: dict) -> None:
                   f"tensor it writes; the artifact was edited")
 
 
+def check_precision(spec: ModuleSpec) -> None:
+    """Check 12: ``float32`` lists exactly the float32 entries, params and workspaces of a float16 artifact (a mixed
+    plan's), each once; a float32 artifact lists none (every one of its tensors is float32)."""
+    if spec.dtype != "float16" and spec.float32:
+        _fail(f"float32 lists {len(spec.float32)} reference(s) in a {spec.dtype} artifact, where every tensor is "
+              f"{spec.dtype}: it must be empty")
+    known = {f"t:{n}": e.dtype for n, e in spec.entries.items()}
+    known.update({f"p:{b.key}": b.dtype for b in spec.params})
+    known.update({f"w:{b.key}": b.dtype for b in spec.workspaces})
+    listed: set = set()
+    for i, ref in enumerate(spec.float32):
+        if ref not in known:
+            _fail(f"float32[{i}] {ref[:80]!r} names no entry (t:), param (p:) or workspace (w:)")
+        if ref in listed:
+            _fail(f"float32[{i}] {ref[:80]!r} is listed twice")
+        listed.add(ref)
+    for ref, dtype in known.items():
+        if spec.dtype != "float16" and dtype != spec.dtype:
+            _fail(f"{ref[:80]!r} is {dtype} in a {spec.dtype} artifact")
+        if spec.dtype == "float16" and (dtype == "float32") != (ref in listed):
+            _fail(f"{ref[:80]!r} is {dtype} but float32 {'lists' if ref in listed else 'does not list'} it: the "
+                  f"artifact's record of its precision is not its storage")
+
+
 def check_spec(spec: ModuleSpec, sources: dict, params_size: int, profile: dict | None = None) -> None:
-    """Checks 3 to 11 against ``profile`` (a ``DeviceInfo.to_dict()``; by default the one graph.json records)."""
+    """Checks 3 to 12 against ``profile`` (a ``DeviceInfo.to_dict()``; by default the one graph.json records)."""
     profile = profile if profile is not None else spec.device.get("profile") or {}
     check_types_and_shapes(spec, profile)
     check_pools(spec)
@@ -324,3 +348,4 @@ def check_spec(spec: ModuleSpec, sources: dict, params_size: int, profile: dict 
     check_calls(spec, sources, profile)
     check_order(spec)
     check_sizes(spec, sources)
+    check_precision(spec)

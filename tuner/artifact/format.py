@@ -1,4 +1,4 @@
-"""The artifact's data types (docs/artifact.md, format version 3) and their strict JSON form.
+"""The artifact's data types (docs/artifact.md, format version 4) and their strict JSON form.
 
 ``ModuleSpec.from_json`` checks every field's presence and type (check 2 of the doc) and names the field that
 is wrong, ``graph.json: nodes[3].calls[0].global_size``: a runtime never meets a value of an unexpected type
@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from tuner.errors import TunerError
 
 FORMAT = "tuner-artifact"
-VERSION = 3
+VERSION = 4
 PARAM_ALIGN = 64  # bytes: every param starts at a multiple of it in params.bin
 # a tuned layer's config_source (tuner.compile.compiler.CONFIG_SOURCES): one of these, or one of these and a name
 CONFIG_SOURCE_EXACT = ("tuned", "fallback")
@@ -121,6 +121,10 @@ class ModuleSpec:
     params: list  # Blobs
     workspaces: list  # Blobs
     memory: dict = field(default_factory=dict)  # planned vs one-allocation-per-tensor bytes per scope
+    # a float16 artifact's float32 tensors, params and workspaces as argument references (t:, p:, w:): a mixed
+    # plan's (check 12); empty otherwise
+    float32: list = field(default_factory=list)
+    precision: dict = field(default_factory=dict)  # informative: the nodes the precision guard kept, and why
 
     def to_json(self) -> dict:
         d = {"format": FORMAT, "version": VERSION, **asdict(self)}
@@ -146,7 +150,9 @@ class ModuleSpec:
             params=[r.blob(b, f"params[{i}]", True) for i, b in enumerate(r.list_(r.get(d, "params"), "params"))],
             workspaces=[r.blob(b, f"workspaces[{i}]", False)
                         for i, b in enumerate(r.list_(r.get(d, "workspaces"), "workspaces"))],
-            memory=r.obj(d.get("memory", {}), "memory"))
+            memory=r.obj(d.get("memory", {}), "memory"),
+            float32=r.strs(r.get(d, "float32"), "float32"),
+            precision=r.obj(d.get("precision", {}), "precision"))
 
 
 class _Reader:

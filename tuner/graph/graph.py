@@ -62,6 +62,9 @@ class Graph:
     # a model input or output whose rank the kernels do not take (not 2 or 4) -> the model's own shape; the graph
     # holds it in a 4-D or 2-D shape of the same row-major elements (``passes_io.model_io_ranks``)
     io_shapes: dict = field(default_factory=dict)
+    # a float16 compile's precision guard (``tuner.plan.precision``): node (or input) name -> why it is stored in
+    # float32; ``plan.lower_graph`` makes the mixed plan
+    float32: dict = field(default_factory=dict)
 
     def producer(self, name: str) -> Node | None:
         for n in self.nodes:
@@ -78,7 +81,7 @@ class Graph:
     def copy(self) -> "Graph":
         return Graph([Node(n.op, n.name, list(n.inputs), list(n.outputs), dict(n.attrs)) for n in self.nodes],
                      list(self.inputs), list(self.outputs), dict(self.shapes), dict(self.params), self.dtype,
-                     dict(self.io_shapes))
+                     dict(self.io_shapes), dict(self.float32))
 
     def validate(self) -> "Graph":
         """Every input of a node is a graph input, a param or an earlier node's output; every tensor has a shape."""

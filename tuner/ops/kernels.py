@@ -458,7 +458,8 @@ def _as_nchw(shape: tuple) -> tuple:
 
 
 def relayout_kernel(in_shape, out_shape, dtype: str = "float32", in_scope: str = "buffer", in_layout=None,
-                    out_scope: str = "texture", out_layout="nchw4c", max_work_group: int = 64):
+                    out_scope: str = "texture", out_layout="nchw4c", max_work_group: int = 64,
+                    out_dtype: str | None = None):
     """``Y`` (out_shape) gets ``X`` (in_shape) element by element in row-major logical order (a reshape), each
     side in its own scope and layout: ``None`` (plain row-major buffer, any rank), ``nchw4c`` / ``nchw4c_buffer``
     (4-D) or ``row4`` / ``row4_buffer`` (2-D). Covers the model-boundary conversions, Flatten/Reshape between
@@ -468,14 +469,19 @@ def relayout_kernel(in_shape, out_shape, dtype: str = "float32", in_scope: str =
     - packed output otherwise: one output pixel per work-item, each lane gathered from its source element
       (padding lanes written zero);
     - packed input -> plain buffer: one input pixel per work-item, its valid lanes scattered;
-    - plain -> plain: 4 elements per work-item."""
+    - plain -> plain: 4 elements per work-item.
+
+    ``out_dtype`` (default ``dtype``): Y's storage type, when it differs a conversion (a mixed plan's cast
+    between float32 and float16, ``tuner.plan.precision``): values pass through float."""
     _check_dtype(dtype)
+    out_dtype = out_dtype or dtype
+    _check_dtype(out_dtype)
     in_shape, out_shape = tuple(int(s) for s in in_shape), tuple(int(s) for s in out_shape)
     if prod(in_shape) != prod(out_shape):
         raise ValueError(f"relayout {list(in_shape)} -> {list(out_shape)}: element counts differ "
                          f"({prod(in_shape)} vs {prod(out_shape)})")
     X, x_packed = _relayout_operand("X", in_shape, dtype, in_scope, in_layout)
-    Y, y_packed = _relayout_operand("Y", out_shape, dtype, out_scope, out_layout)
+    Y, y_packed = _relayout_operand("Y", out_shape, out_dtype, out_scope, out_layout)
     b = Builder()
 
     def source(out_idx, j):  # the input element at the output element's row-major position

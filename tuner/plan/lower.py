@@ -40,10 +40,14 @@ def _kind(shape) -> str:
                      f"activations are NCHW (4-D) or N,K (2-D)")
 
 
-def lower_graph(g: Graph, dtype: str = "float32") -> Plan:
-    """The optimized graph (``passes.optimize``) as steps; ``dtype`` is the storage type (float32/float16)."""
+def lower_graph(g: Graph, dtype: str = "float32", float32=None) -> Plan:
+    """The optimized graph (``passes.optimize``) as steps; ``dtype`` is the storage type (float32/float16).
+    ``float32``: ``{node or input name: why}`` kept in float32 in a float16 plan (``tuner.plan.precision``'s
+    guard): their outputs are stored in float32, their weights too, and cast steps convert at the boundaries."""
     if dtype not in ("float32", "float16"):
         raise TunerError(f"storage dtype {dtype!r}: float32 or float16")
+    float32 = dict(g.float32 if float32 is None else float32) if dtype == "float16" else {}
+    of = lambda name: "float32" if name in float32 else dtype  # noqa: E731
     tensors: dict = {}
     steps: list = []
     extra: dict = {}  # params made here (per-channel constants of adds)
@@ -53,9 +57,9 @@ def lower_graph(g: Graph, dtype: str = "float32") -> Plan:
 
     rename = {}
     for x in g.inputs:  # boundary: a plain NCHW (or N,K) host buffer relayouted into the packed form
-        tensors[x] = Tensor(x, tuple(g.io_shapes.get(x, g.shapes[x])), "plain")  # the model's own shape
+        tensors[x] = Tensor(x, tuple(g.io_shapes.get(x, g.shapes[x])), "plain", dtype=of(x))  # the model's shape
         rename[x] = f"{x}.packed"
-        tensors[rename[x]] = Tensor(rename[x], tuple(g.shapes[x]), _kind(g.shapes[x]))
+        tensors[rename[x]] = Tensor(rename[x], tuple(g.shapes[x]), _kind(g.shapes[x]), dtype=of(x))
         steps.append(Step(f"{x}.pack", "relayout", {"X": x}, rename[x]))
     out_rename = {y: f"{y}.packed" for y in g.outputs if y not in g.inputs}
     rename.update(out_rename)
@@ -64,16 +68,22 @@ def lower_graph(g: Graph, dtype: str = "float32") -> Plan:
     for node in g.nodes:
         out = out_rename.get(node.outputs[0], node.outputs[0])
         shape = tuple(g.shapes[node.outputs[0]])
-        tensors[out] = Tensor(out, shape, _kind(shape))
+        tensors[out] = Tensor(out, shape, _kind(shape), dtype=of(node.name))
         ins = [packed(t) for t in node.inputs]
+        ctx.dtype = of(node.name)  # a template's workload (and its weights) in the node's storage dtype
         rule_for(node.op, node.name)(ctx, node, ins, out, shape)
+        ctx.dtype = dtype
         for t in ins:
             if t not in g.params and t not in tensors:
                 raise TunerError(f"node {node.name!r} reads {t!r}, which no earlier step produces")
     for y, packed_y in out_rename.items():
-        tensors[y] = Tensor(y, tuple(g.io_shapes.get(y, g.shapes[y])), "plain")
+        tensors[y] = Tensor(y, tuple(g.io_shapes.get(y, g.shapes[y])), "plain", dtype=tensors[packed_y].dtype)
         steps.append(Step(f"{y}.unpack", "relayout", {"X": packed_y}, y))
-    return Plan(steps, tensors, {**g.params, **extra}, list(g.inputs), list(g.outputs), dtype)
+    plan = Plan(steps, tensors, {**g.params, **extra}, list(g.inputs), list(g.outputs), dtype)
+    if float32:
+        from tuner.plan.precision import insert_casts
+        plan = insert_casts(dataclasses.replace(plan, precision=float32))
+    return plan
 
 
 
@@ -173,11 +183,11 @@ def _plan_storage(plan: Plan, info, scope: str, history) -> Plan:
                              and plan.tensors[x].kind != "plain"), None)
             choice = (want[tuned_readers[0].name] if tuned_readers else first_in.scope if first_in is not None
                       else "buffer" if scope == "buffer" else "texture")
-        t.scope = choice if choice == "buffer" or _texture_ok(t, info, plan.dtype) else "buffer"
+        t.scope = choice if choice == "buffer" or _texture_ok(t, info, plan.dtype_of(t.name)) else "buffer"
         if s.tuned and not ("Res" in s.inputs or gated) and _served(s, info, _io(plan, s), want[s.name]) is None:
             other = "buffer" if t.scope == "texture" else "texture"
             io = _io(plan, s)
-            if (other == "buffer" or _texture_ok(t, info, plan.dtype)) \
+            if (other == "buffer" or _texture_ok(t, info, plan.dtype_of(t.name))) \
                     and _served(s, info, {**io, "output": other}, want[s.name]) is not None:
                 plan.notes.append(f"{s.name}: output in {other}, not {t.scope}: {s.op} has no valid config on "
                                   f"{info.name} with input {io['input']} and output {t.scope}")

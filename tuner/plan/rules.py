@@ -23,7 +23,7 @@ from tuner.templates import templates_for
 LOWER: dict[str, Callable] = {}
 GLUE: dict[str, Callable] = {}
 # Modules whose import registers more rules (kept separate so operator families stay in their own files).
-RULE_MODULES: list[str] = ["tuner.plan.rules_movement"]
+RULE_MODULES: list[str] = ["tuner.plan.rules_movement", "tuner.plan.precision"]
 
 
 def lowers(*ops: str):

@@ -26,6 +26,8 @@ class Tensor:
     shape: tuple
     kind: str  # "nchw" (NCHW4c), "rows" (2-D packed by 4 along the last axis), "plain" (row-major, host side)
     scope: str = "buffer"  # texture | buffer
+    dtype: str | None = None  # storage dtype; None: the plan's (``Plan.dtype``). A mixed plan
+    # (``tuner.plan.precision``) keeps some tensors in float32 in a float16 plan
 
     @property
     def layout(self) -> str | None:
@@ -73,8 +75,14 @@ class Plan:
     dtype: str = "float32"
     views: list = field(default_factory=list)  # per concat and depth_to_space (``plan.views``): the kernels that
     # write it in place, or why it stays a kernel
+    precision: dict = field(default_factory=dict)  # a mixed plan's nodes kept in float32: name -> why
+    # (``tuner.plan.precision``)
     notes: list = field(default_factory=list)  # why a tensor's scope differs from what its layer wanted (``plan_storage``:
     # a scope boundary no valid config of the kernel serves on the device is not offered)
+
+    def dtype_of(self, tensor: str) -> str:
+        """The storage dtype of activation ``tensor``: its own, else the plan's."""
+        return self.tensors[tensor].dtype or self.dtype
 
     def scope_counts(self) -> dict:
         out: dict = {}

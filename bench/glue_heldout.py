@@ -1,0 +1,182 @@
+"""Glue on held-out models (issue 55): launches per compute layer and the share of kernels with no template, per
+model, for a tree of this repository on one device -- the plan's launch count (every kernel call of the compiled
+model) over its compute layers (conv2d, depthwise, dense, Winograd, matmul template steps), and from
+``Module.profile`` (medians of ``--repeats`` runs' profiling events) the kernel time of steps with no template
+(glue) and of every non-compute step (glue plus the norm / pool / softmax templates).
+
+    python bench/glue_heldout.py run --work W --label after [--device intel]           # this tree
+    python bench/glue_heldout.py run --work W --label before --tree /tmp/old55          # another tree (a
+        # `git archive REV | tar -x -C DIR` snapshot): its tuner/, templates/ and search_space/ are imported
+    python bench/glue_heldout.py table --work W --out bench/results/glue --name heldout_cpu   # .md and .csv
+
+Models: tuner/zoo/heldout.py's five (MobileViT-like GroupNorm(1) linear attention, EdgeNeXt-like LayerNorm over
+channels with permutes and a channel split, PReLU after convolutions, a GroupNorm U-Net level with resize and
+concat, EfficientNet / MobileNetV3 squeeze-excite blocks; built here for both trees, so the models are the same),
+and the zoo's test-size FSRCNN (``sr_conv_transpose``), U-Net, style transfer and MobileNetV3-Small at 64x64.
+Every model is compiled with ``--scope auto`` and no log (fallback configs), and checked against onnxruntime.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # tuner/zoo/heldout.py of this tree builds the models for both trees
+COMPUTE = ("conv2d", "depthwise_conv2d", "dense", "winograd2", "winograd4", "matmul")
+ZOO_MODELS = ("sr_conv_transpose", "unet", "style_transfer", "mobilenet_v3_small")
+
+
+def _models(names) -> dict:
+    """name -> ONNX ModelProto, built by this tree's zoo (before any other tree is imported)."""
+    from tuner.zoo import models as zoo
+    from tuner.zoo.heldout import heldout_models
+    out = dict(heldout_models())
+    tm = zoo.test_models()
+    for name in ZOO_MODELS:
+        out[name] = zoo.ZOO[name](input_size=64) if name == "mobilenet_v3_small" else tm[name]
+    return {k: v for k, v in out.items() if not names or k in names}
+
+
+def _use_tree(tree: str) -> None:
+    """Import ``tree``'s tuner (and its templates / search_space folders) instead of this one's."""
+    for mod in [m for m in sys.modules if m == "tuner" or m.startswith("tuner.")]:
+        del sys.modules[mod]
+    sys.path.insert(0, str(Path(tree).resolve()))
+    import tuner
+    root = os.path.dirname(os.path.dirname(tuner.__file__))
+    if root not in tuner.__path__:
+        tuner.__path__.append(root)  # before the editable install's mapping of tuner.templates
+    assert Path(tuner.__file__).resolve().is_relative_to(Path(tree).resolve()), tuner.__file__
+
+
+def cmd_run(args) -> int:
+    import onnx
+    import onnxruntime as ort
+    models = _models(args.models.split(",") if args.models else None)
+    paths = {}
+    work = Path(args.work)
+    (work / "models").mkdir(parents=True, exist_ok=True)
+    for name, m in models.items():
+        paths[name] = work / "models" / f"{name}.onnx"
+        onnx.save(m, str(paths[name]))
+    if args.tree:
+        _use_tree(args.tree)
+    from tuner.compile.compiler import compile_model
+    out = {}
+    for name, path in paths.items():
+        m = models[name]
+        rng = np.random.default_rng(0)
+        feeds = {i.name: rng.standard_normal([d.dim_value or 1 for d in i.type.tensor_type.shape.dim])
+                 .astype(np.float32) for i in m.graph.input}
+        ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+        t0 = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            mod = compile_model(str(path), device=args.device, scope="auto")
+        compile_s = time.perf_counter() - t0
+        got = mod.run(list(feeds.values()))
+        err = max(float(np.abs(g - r).max() / max(np.abs(r).max(), 1e-30)) for g, r in zip(got, ref))
+        nodes = mod.spec.nodes
+        launches = sum(len(n.calls) for n in nodes)
+        compute = sum(n.template in COMPUTE for n in nodes)
+        glue_launches = sum(len(n.calls) for n in nodes if not n.template)
+        glue_ops: dict = {}
+        for n in nodes:
+            if not n.template:
+                glue_ops[n.op] = glue_ops.get(n.op, 0) + len(n.calls)
+        multi = {n.template: len(n.calls) for n in nodes if n.template and len(n.calls) > 1}
+        r = {"device": mod.spec.device.get("name", ""), "max_rel_err": err, "compile_s": compile_s,
+             "launches": launches, "compute_layers": compute, "glue_launches": glue_launches,
+             "glue_by_op": glue_ops, "multi_kernel_templates": multi}
+        if args.repeats:
+            prof = mod.profile(args.repeats)
+            rows, total = prof["rows"], prof["kernel_total_s"]
+            r["kernel_ms"] = total * 1e3
+            r["no_template_share"] = sum(x["median_s"] for x in rows if not x.get("template")) / max(total, 1e-12)
+            r["non_compute_share"] = sum(x["median_s"] for x in rows if x.get("template") not in COMPUTE) / \
+                max(total, 1e-12)
+        out[name] = r
+        print(f"{name} [{args.label}]: err {err:.1e}, {launches} launches for {compute} compute layers "
+              f"({launches / max(compute, 1):.2f}), {glue_launches} without a template {glue_ops}"
+              + (f", no-template share {r['no_template_share']:.1%}, non-compute {r['non_compute_share']:.1%}"
+                 if args.repeats else ""), flush=True)
+        del mod
+    (work / f"heldout_{args.label}.json").write_text(json.dumps(out, indent=1))
+    return 0
+
+
+def cmd_table(args) -> int:
+    work, dest = Path(args.work), Path(args.out)
+    runs = {f.stem[len("heldout_"):]: json.loads(f.read_text()) for f in sorted(work.glob("heldout_*.json"))}
+    labels = [lab for lab in ("before", "after") if lab in runs] + [lab for lab in runs if lab not in ("before", "after")]
+    if not labels:
+        print(f"no heldout_*.json under {work}")
+        return 2
+    names = list(dict.fromkeys(n for lab in labels for n in runs[lab]))
+    rows = []
+    for name in names:
+        row = {"model": name}
+        for lab in labels:
+            r = runs[lab].get(name)
+            if r is None:
+                continue
+            row["device"] = r["device"]
+            row[f"launches_{lab}"] = r["launches"]
+            row[f"compute_layers_{lab}"] = r["compute_layers"]
+            row[f"launches_per_compute_{lab}"] = round(r["launches"] / max(r["compute_layers"], 1), 3)
+            row[f"glue_launches_{lab}"] = r["glue_launches"]
+            row[f"no_template_share_{lab}"] = round(r.get("no_template_share", float("nan")), 4)
+            row[f"non_compute_share_{lab}"] = round(r.get("non_compute_share", float("nan")), 4)
+            row[f"max_rel_err_{lab}"] = f"{r['max_rel_err']:.1e}"
+            row[f"glue_by_op_{lab}"] = "; ".join(f"{k} {v}" for k, v in sorted(r["glue_by_op"].items(),
+                                                                              key=lambda kv: -kv[1]))
+            row[f"multi_kernel_{lab}"] = "; ".join(f"{k} x{v}" for k, v in r.get("multi_kernel_templates", {}).items())
+        rows.append(row)
+    fields = list(dict.fromkeys(k for r in rows for k in r))
+    dest.mkdir(parents=True, exist_ok=True)
+    with open(dest / f"{args.name}.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows)
+    short = ["model"] + [f"{k}_{lab}" for k in ("launches_per_compute", "no_template_share", "non_compute_share")
+                         for lab in labels] + [f"glue_by_op_{lab}" for lab in labels]
+    lines = ["| " + " | ".join(short) + " |", "|" + "---|" * len(short)]
+    fmt = lambda v: f"{v:.1%}" if isinstance(v, float) and v <= 1 else str(v)  # noqa: E731
+    for r in rows:
+        lines.append("| " + " | ".join(fmt(r.get(k, "")) if "share" in k else str(r.get(k, "")) for k in short) + " |")
+    head = [f"# Glue on held-out models ({rows[0].get('device', '')})", "",
+            "Launches per compute layer (every kernel call of the plan over its conv2d / depthwise / dense / "
+            "Winograd / matmul steps), and the shares of the kernel time (Module.profile medians) of kernels with "
+            "no template and of every non-compute kernel, per tree (`bench/glue_heldout.py`; fallback configs, no "
+            "log, `--scope auto`). Full columns (launches, compute layers, errors against onnxruntime, templates "
+            f"launching more than one kernel) in {args.name}.csv.", ""]
+    (dest / f"{args.name}.md").write_text("\n".join(head + lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("cmd", choices=("run", "table"))
+    p.add_argument("--work", required=True)
+    p.add_argument("--label", default="after", help="run: the name of this tree's rows")
+    p.add_argument("--tree", default=None, help="run: a source tree to import instead of this one")
+    p.add_argument("--device", default=None, help="run: the OpenCL device (default: the host's default)")
+    p.add_argument("--models", default="", help="run: comma-separated names (default: all)")
+    p.add_argument("--repeats", type=int, default=10, help="run: profiled runs per model (0: launches only)")
+    p.add_argument("--out", default=str(HERE / "results" / "glue"))
+    p.add_argument("--name", default="heldout_cpu", help="table: the files' name")
+    args = p.parse_args(argv)
+    return {"run": cmd_run, "table": cmd_table}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
