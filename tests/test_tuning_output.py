@@ -94,7 +94,7 @@ def _measured(log):
 
 def test_a_task_without_a_valid_measurement_is_named_and_exits_1(model, tmp_path, fake, capsys):
     fake(fail={"dense"})
-    assert _tune(model, tmp_path, "--trials", "8", "--min-trials", "3") == 1
+    assert _tune(model, tmp_path, "--trials", "15", "--min-trials", "3") == 1
     out = capsys.readouterr().out
     assert "1 of 5 tasks have no valid measurement" in out
     assert "dense 1x16 buffer/buffer/buffer: 3 of 3 failed: COMPILE x3" in out
@@ -163,7 +163,9 @@ def test_trials_is_the_total_and_the_bar_knows_it_from_the_start(model, tmp_path
     assert res.notes == []
 
 
-def test_more_than_trials_is_said_up_front_and_measured(model, tmp_path, fake, monkeypatch, capsys):
+def test_trials_is_a_limit_below_tasks_times_min_trials(model, tmp_path, fake, monkeypatch, capsys):
+    """--trials 6 on 5 tasks with --min-trials 3: 6 measurements, not 15. Each task's fallback first (the
+    heaviest first), then a visit where the latency is; said up front."""
     import tqdm.auto
     fake()
     monkeypatch.setattr(tqdm.auto, "tqdm", RecordingBar)
@@ -171,9 +173,23 @@ def test_more_than_trials_is_said_up_front_and_measured(model, tmp_path, fake, m
     assert main(["tune", model, "--log", str(tmp_path / "t.jsonl"), "--storage", f"sqlite:///{tmp_path / 's.db'}",
                  "--scope", "buffer", "--sampler", "random", "--trials", "6", "--min-trials", "3"]) == 0
     first = capsys.readouterr().out.splitlines()[0]
-    assert first == "5 tasks x --min-trials 3 = 15 > --trials 6; measuring 15"
+    assert first.startswith("5 tasks x --min-trials 3 = 15 > --trials 6; --trials is the limit")
     bar, = RecordingBar.made
-    assert bar.first_total == bar.n == 15 == len(_measured(tmp_path / "t.jsonl"))
+    recs = _measured(tmp_path / "t.jsonl")
+    assert bar.first_total == bar.n == 6 == len(recs)
+    assert [r.sampler for r in recs[:5]] == ["fallback"] * 5
+
+
+def test_trials_below_the_tasks_leaves_the_lightest_untouched_and_names_them(model, tmp_path, fake, capsys):
+    fake()
+    assert main(["tune", model, "--log", str(tmp_path / "t.jsonl"), "--scope", "buffer", "--sampler", "random",
+                 "--trials", "3"]) == 0
+    out = capsys.readouterr().out
+    assert len(_measured(tmp_path / "t.jsonl")) == 3
+    assert "2 of 5 tasks not measured" in out
+    untouched = out.split("2 of 5 tasks not measured")[1].splitlines()[1:3]
+    assert all(line.startswith("  x1 ") for line in untouched), untouched
+    assert {line.split()[1] for line in untouched} == {"dense", "spatial_reduce"}  # the lightest two
 
 
 def test_auto_scope_spends_exactly_trials_over_its_rounds(model, tmp_path, fake, monkeypatch):

@@ -70,7 +70,7 @@ def cmd_compile(args) -> int:
         mod = compile_model(_model_path(args.model), log=args.log, device=args.device, scope=args.scope,
                             dtype=args.dtype, input_shapes=_input_shapes(args.input_shape),
                             progress=not args.no_progress, target=args.target, transfer_from=args.transfer_from,
-                            plan_timer=args.plan_timer)
+                            plan_timer=args.plan_timer, precision=args.precision, calibration=args.calibration)
     except TunerError as e:
         if args.device and "no OpenCL device matches" in str(e):
             raise TunerError(f"{e}\nto compile for a device that is not attached, pass its profile: --target "
@@ -82,6 +82,7 @@ def cmd_compile(args) -> int:
             sign(args.output, key)
     except OSError as e:
         raise TunerError(f"cannot write the artifact to -o {args.output!r}: {e.strerror or e}") from None
+    _keep_plan_choice(mod, args.output)
     from tuner.compile.compiler import source_counts, source_kind
     tuned = sum(n.tuned for n in mod.spec.nodes)
     total = sum(n.template is not None for n in mod.spec.nodes)
@@ -104,15 +105,61 @@ def cmd_compile(args) -> int:
     if mod.device is None:
         print("nothing built here: the kernels build on the first load on that device (`tuner run DIR`)")
     _print_plan_choice(mod)
+    _print_precision(mod)
     print(mod.memory_summary())
     return 0
 
 
+def _print_precision(mod) -> None:
+    """The precision guard's finding (a float16 compile): the nodes kept in float32 and why."""
+    guard = getattr(mod, "precision", None)
+    if guard is None:
+        return
+    print(guard.summary())
+    for name, why in guard.kept.items():
+        print(f"  {name}: {why}")
+
+
+def _keep_plan_choice(mod, artifact) -> None:
+    """The plan choice's steps (times and spreads of each step's rounds) in the user's cache beside the artifact's
+    profile (``tuner.artifact.cache.plans_path``), for a report; the artifact itself is not written."""
+    steps = getattr(mod, "plan_steps", None)
+    if not steps:
+        return
+    from tuner.artifact.cache import write_plans
+    from tuner.compile.compiler import PLAN_ROUNDS
+    try:
+        write_plans(artifact, {"kept": mod.plan_kept, "timer": mod.plan_timer, "rounds": PLAN_ROUNDS,
+                               "steps": [st.to_json() for st in steps]})
+    except TunerError as e:
+        print(f"warning: {e}", file=sys.stderr)
+
+
 def _print_plan_choice(mod) -> None:
-    if getattr(mod, "plan_kept", None):
-        times = ", ".join(f"{m} {t * 1e3:.3f} ms" for m, t in mod.plan_times.items())
-        by = " by tuner-run" if mod.plan_timer == "native" else ""
-        print(f"--scope auto: whole plans timed on the device{by} ({times}); kept the {mod.plan_kept} plan")
+    """Each step of the plan choice (``fastest_plan``'s ``plan_steps``) with the times it was made on, from one set
+    of alternating rounds, and their spread; a step whose spread is larger than its margin says so, and timings
+    above ``tuner.timing.SPREAD_WARN`` warn that the device is busy."""
+    steps = getattr(mod, "plan_steps", None)
+    if not getattr(mod, "plan_kept", None) or not steps:
+        return
+    from tuner.compile.compiler import PLAN_ROUNDS
+    from tuner.timing import unreliable
+    by = " by tuner-run" if mod.plan_timer == "native" else ""
+    print(f"--scope auto: whole plans timed on the device{by}, {PLAN_ROUNDS} alternating rounds per step (median, "
+          f"spread = IQR/median):")
+    width = max(len(st.name) for st in steps) + 1
+    for st in steps:
+        times = ", ".join(f"{m} = {st.same[m]}" if m in st.same else
+                          f"{m} {st.times[m] * 1e3:.3f} ms \u00b1{st.spreads[m]:.1%}" for m in st.times)
+        line = f"  {st.name + ':':<{width}} {times} -> {st.kept}"
+        if st.close():
+            line += (f" (only {st.margin():.1%} faster than {st.runner_up()}, within the spread of {st.noise():.1%}: "
+                     f"as good as a tie)")
+        print(line)
+    print(f"kept the {mod.plan_kept} plan")
+    worst = max(max(st.spreads.values()) for st in steps)
+    if unreliable(worst):
+        print(f"warning: {unreliable(worst, 'the plan timings')}", file=sys.stderr)
 
 
 def config_source_of(node) -> str | None:
@@ -256,7 +303,11 @@ def cmd_run(args) -> int:
         which = f" (output {name!r}, {list(outs).index(name) + 1} of {len(outs)})" if len(outs) > 1 else ""
         print(f"wrote {path} {list(outs[name].shape)}{which}")
     costs = mod.time(args.repeat)
-    print(f"{mod.device.info.name}: median latency {statistics.median(costs) * 1e3:.3f} ms over {args.repeat} runs")
+    from tuner.timing import spread, unreliable
+    print(f"{mod.device.info.name}: median latency {statistics.median(costs) * 1e3:.3f} ms over {args.repeat} runs, "
+          f"spread {spread(costs):.1%} (IQR/median)")
+    if unreliable(spread(costs)):
+        print(f"warning: {unreliable(spread(costs), f'the {args.repeat} runs')}", file=sys.stderr)
     if args.profile:
         prof = mod.profile(args.repeat)
         nodes = {n.name: n for n in mod.spec.nodes}
@@ -380,7 +431,9 @@ def _print_tune_summary(res) -> None:
         print(f"  x{tr.task.count} {describe(tr.task):<44} budget {tr.budget:>3}  new {tr.measured:>3}  {b}{early}")
     if res.unmeasured:
         print(f"{len(res.unmeasured)} of {len(res.tasks)} tasks not measured (the budget went where the latency was; "
-              f"they compile with their fallback or a transferred config)")
+              f"they compile with their fallback or a transferred config):")
+        for tr in res.unmeasured:
+            print(f"  x{tr.task.count} {describe(tr.task)}")
     if res.failed:
         logged = os.path.isfile(res.log) and os.path.getsize(res.log) > 0
         where = (f"see `tuner logs {res.log}` for the error messages" if logged else
@@ -489,6 +542,12 @@ def register(sub) -> None:
                    "built from native/ on first use): time them with the runtime that will run the artifact")
     p.add_argument("--sign", metavar="KEYFILE", help="sign the artifact: an HMAC-SHA256 of its manifest under "
                    "the key file's bytes (at least 16), checked by `tuner run --verify` and `tuner-run --verify`")
+    p.add_argument("--precision", choices=("mixed", "strict", "off"), default="mixed", help="with --dtype float16: "
+                   "mixed (default) runs the model in float32 and float16 on calibration inputs and keeps in float32 the "
+                   "nodes whose float16 output overflows, flushes to zero or drifts; strict refuses such a model "
+                   "(exit 2) instead; off stores every tensor in float16 unchecked")
+    p.add_argument("--calibration", metavar="DIR", help="with --dtype float16: a folder of .npy inputs the precision "
+                   "guard runs the model on (default: random normal inputs of the model's input shapes)")
     _add_model_args(p, "texture, buffer, or auto: per layer the scope the log measured faster (default)")
     p.set_defaults(func=cmd_compile)
 

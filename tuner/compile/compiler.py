@@ -218,13 +218,16 @@ def _tuned_kernel(build, workload, config) -> tuple:
 
 
 def _glue_kernel(s: Step, plan: Plan, max_wg: int):
-    return glue_builder(s.op, s.name)(s, plan, max_wg)
+    # a glue kernel stores in its output's dtype: in a mixed plan (tuner.plan.precision) not always the plan's
+    dtype = plan.dtype_of(s.output)
+    return glue_builder(s.op, s.name)(s, plan if dtype == plan.dtype else dataclasses.replace(plan, dtype=dtype),
+                                      max_wg)
 
 
 def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str = "float32",
                   input_shapes: dict | None = None, progress: bool = False, target=None,
                   measure_plans: bool | None = None, prefer=None, transfer_from=None,
-                  plan_timer: str = "python") -> M.Module:
+                  plan_timer: str = "python", precision: str = "mixed", calibration=None) -> M.Module:
     """Compile an ONNX model (path or ModelProto) for ``device`` with the best configs of ``log`` (path,
     glob, list, or an ApplyHistoryBest; None: the active ``with apply_history_best(...)``, if any);
     ``scope``: auto (per layer, from the log), texture or buffer.
@@ -246,7 +249,19 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
     every device of this one's family the logs hold) whose records fill the layers this device has none of,
     ranked below this device's own and another driver's, each config checked against this device's space;
     their layers say ``sibling <fingerprint>`` (``choose_configs``). A sibling's records the logs lack are read
-    from ``<fingerprint>.jsonl`` beside the logs or in ``logs/``. Unnamed, a sibling's records never apply."""
+    from ``<fingerprint>.jsonl`` beside the logs or in ``logs/``. Unnamed, a sibling's records never apply.
+
+    ``precision`` (float16 only): ``mixed`` runs the precision guard (``tuner.plan.precision``) on
+    ``calibration`` inputs (a folder of ``.npy`` files; None: random normal ones of the inputs' shapes) and keeps
+    the nodes whose float16 output overflows, flushes to zero or drifts in float32 (a mixed plan; the module's
+    ``precision`` says which and why); ``strict`` refuses such a model (PrecisionError); ``off`` stores every
+    tensor in float16 unchecked."""
+    from tuner.plan.precision import PRECISIONS, guard_graph
+    if precision not in PRECISIONS:
+        raise TunerError(f"--precision {precision!r}: one of {', '.join(PRECISIONS)}")
+    if dtype != "float16" and (calibration is not None or precision != "mixed"):
+        raise TunerError("--calibration and --precision choose what a float16 compile keeps in float32; with "
+                         f"--dtype {dtype} every tensor is float32: add --dtype float16, or leave them out")
     dev, info = _open(device, target)
     _check_prefer(prefer)
     if plan_timer not in PLAN_TIMERS:
@@ -259,6 +274,9 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
     # lacks
     history = device_history(as_history(log, transfer_from), info, transfer_from, dtype)
     graph = load_graph(model, input_shapes)
+    guard = None
+    if dtype == "float16" and precision != "off":
+        graph, guard = guard_graph(graph, precision, calibration)
     if measure_plans is None:
         measure_plans = scope == "auto" and dev is not None and history is not None
     if plan_timer != "python" and not measure_plans:
@@ -274,6 +292,7 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
     else:
         plan = plan_graph(graph, info, scope, history, dtype, prefer)
         mod = module_of(compile_plan(plan, info, history, progress), dev, progress)
+    mod.precision = guard  # the precision guard's finding (float16), printed by `tuner compile`
     from tuner.artifact.cache import keep_programs
     keep_programs(mod)  # the programs just built, in the user's cache: the first run of the artifact builds none
     return mod
@@ -386,9 +405,11 @@ def bind_operands(plan: Plan, kernels: list) -> Bound:
                 continue
             t_ = plan.tensors[name]
             e = M.Entry(name, tuple(t_.shape), phys, buf.scope, np.dtype(buf.dtype.numpy).name, t_.layout, -1)
-            if name in b.entries and (b.entries[name].physical_shape, b.entries[name].storage_scope) != (phys, buf.scope):
-                raise TunerError(f"tensor {name!r}: step {s.name!r} sees it as {buf.scope} {phys}, an earlier step "
-                                 f"as {b.entries[name].storage_scope} {b.entries[name].physical_shape}")
+            if name in b.entries and (b.entries[name].physical_shape, b.entries[name].storage_scope,
+                                      b.entries[name].dtype) != (phys, buf.scope, e.dtype):
+                raise TunerError(f"tensor {name!r}: step {s.name!r} sees it as {buf.scope} {phys} {e.dtype}, an "
+                                 f"earlier step as {b.entries[name].storage_scope} {b.entries[name].physical_shape} "
+                                 f"{b.entries[name].dtype}")
             b.entries.setdefault(name, e)
             u = b.uses.setdefault(name, [i, i])
             u[1] = i
@@ -427,6 +448,16 @@ def allocate(plan: Plan, bound: Bound) -> MemoryPlan:
     return mp
 
 
+def _float32_refs(plan: Plan, bound: Bound) -> list:
+    """A float16 plan's float32 tensors, weights and workspaces as argument references (docs/artifact.md:
+    ``float32``): a mixed plan's; none in a float32 or an all-float16 plan."""
+    if plan.dtype != "float16":
+        return []
+    return ([f"t:{n}" for n, e in bound.entries.items() if e.dtype == "float32"]
+            + [f"p:{b.key}" for b in bound.blobs if b.dtype == "float32"]
+            + [f"w:{w.key}" for w in bound.workspaces if w.dtype == "float32"])
+
+
 def assemble(plan: Plan, info, bound: Bound, memory: MemoryPlan) -> Compiled:
     """The artifact's graph (``ModuleSpec``: the device it was compiled for, the nodes, the entries, the pools)
     with the kernel sources and the packed weights."""
@@ -434,7 +465,9 @@ def assemble(plan: Plan, info, bound: Bound, memory: MemoryPlan) -> Compiled:
     spec = M.ModuleSpec({**info.fingerprint_fields(), "fingerprint": info.fingerprint, "name": info.name,
                          "profile": info.to_dict()},
                         plan.dtype, list(plan.inputs), list(plan.outputs), bound.nodes, bound.entries, pools,
-                        bound.blobs, bound.workspaces, memory.totals())
+                        bound.blobs, bound.workspaces, memory.totals(), _float32_refs(plan, bound),
+                        {"kept": [{"node": k, "reason": v} for k, v in plan.precision.items()]}
+                        if plan.precision else {})
     return Compiled(spec, bound.sources, bound.params)
 
 

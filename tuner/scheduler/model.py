@@ -340,10 +340,14 @@ def tune_model(model, log: str | None = None, trials: int | None = 200, device=N
     already = sum(sched.tasks[k].measured for k in order)
     need = sum(max(0, warm - sched.tasks[k].measured) for k in order)
     if trials is not None:
-        total = max(trials, already + need)
-        note = overrun_note("", len(order), warm, trials, trials)
-        if note:
-            note += f"; measuring {len(order) * warm}" + (f" ({already} already in the log)" if already else "")
+        total = max(trials, already)  # --trials is a limit: never more, whatever --min-trials asks
+        note = None
+        if already + need > trials:
+            note = overrun_note("", len(order), warm, trials, trials) or f"{len(order)} tasks > --trials {trials}"
+            note += ("; --trials is the limit: each task's fallback first, the heaviest first, then the tasks where "
+                     "the latency is")
+            warm = 1
+            need = sum(max(0, warm - sched.tasks[k].measured) for k in order)
         result.planned = max(0, total - already)
     else:
         total, note = None, None
