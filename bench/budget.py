@@ -61,7 +61,7 @@ def cmd_tune(a) -> None:
         meta["runs"].append({"start": start, "budget_s": a.budget})
         meta_path.write_text(json.dumps(meta, indent=1))
         res = tune_model(str(path), log=str(folder / "log.jsonl"), trials=None, time_budget=a.budget,
-                         device=a.device, storage=f"sqlite:///{folder / 'studies.db'}", progress=False,
+                         device=a.device, progress=False,  # the studies in memory, as `tuner tune` keeps them
                          options=MeasureOptions(n_parallel=a.parallel), say=print)
         meta["runs"][-1].update(end=time.time(), measured=res.measured, tasks=len(res.tasks),
                                 unmeasured=len(res.unmeasured), estimate=res.estimate.text() if res.estimate else "",

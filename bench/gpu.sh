@@ -195,16 +195,20 @@ for stage in "$@"; do
     budget)  # bench/budget.py tune (issue 53): each of $BUDGETS (model:seconds,...) from an empty log (or the logs of
              # budget.tgz, carried back into the checkout: a resumed run), the logs back in $OUT/budget.tgz
             mkdir -p "$OUT/budget"; [ -f "$REPO/budget.tgz" ] && tar xzf "$REPO/budget.tgz" -C "$OUT"
+            tv=$(echo "${BUDGETS//,/ }" | tr ' ' '\n' | cut -d: -f1 | grep '^tv_' | paste -sd, -)
+            [ -n "$tv" ] && export_models /tmp/bw "$tv"  # torchvision's, exported here with random weights
             for mb in ${BUDGETS//,/ }; do
               python3 "$REPO/bench/budget.py" tune --models "${mb%%:*}" --budget "${mb##*:}" --device nvidia --out "$OUT/budget" \
-                --parallel "${PARALLEL:-12}" 2>&1 | grep -v "CompilerWarning\|prg.build\|_create_built" | tail -4
+                --models-dir /tmp/bw/models --parallel "${PARALLEL:-12}" 2>&1 | grep -v "CompilerWarning\|prg.build\|_create_built" | tail -4
             done
             (cd "$OUT" && tar czf budget.tgz --exclude='*.onnx' --exclude='studies.db*' --exclude='artifact_*' budget) && rm -rf "$OUT/budget" ;;
     budget_curve)  # bench/budget.py curve over budget.tgz's logs (carried): $CURVE_MODELS at $POINTS, the fallback
             # plan and the committed H200 log -> budget_gpu.csv/.md/.png
             mkdir -p /tmp/budget; tar xzf "$REPO/budget.tgz" -C /tmp
+            tv=$(echo "$CURVE_MODELS" | tr ',' '\n' | grep '^tv_' | paste -sd, -)
+            [ -n "$tv" ] && [ ! -f "/tmp/bw/models/${tv%%,*}.onnx" ] && export_models /tmp/bw "$tv"
             python3 "$REPO/bench/budget.py" curve --models "$CURVE_MODELS" --points "${POINTS:-1,2,5,10}" --device nvidia \
-              --out /tmp/budget --runs "${RUNS:-100}" --rounds "${ROUNDS:-3}" ${COMMITTED:+--committed "$REPO/$COMMITTED"} 2>&1 \
+              --models-dir /tmp/bw/models --out /tmp/budget --runs "${RUNS:-100}" --rounds "${ROUNDS:-3}" ${COMMITTED:+--committed "$REPO/$COMMITTED"} 2>&1 \
               | grep -v "CompilerWarning\|prg.build\|_create_built" | tail -20
             cp /tmp/budget/budget_gpu.* "$OUT/" ;;
     cudnn) python3 "$REPO/bench/gpu.py" cudnn --out "$OUT" 2>&1 | tail -5 ;;
