@@ -101,3 +101,32 @@ def test_scope_auto_times_the_plan_built_from_float32s_configs(device, transfers
     assert any(k.endswith("+float32") for k in mod.plan_times)
     assert uses_f32(mod) == transfers_faster
     assert mod.plan_times[mod.plan_kept] == min(mod.plan_times.values())
+
+
+def test_a_float16_task_measures_float32s_best_config_first(tmp_path, device):
+    """Tuning a float16 task with float32 records of the same workload in the log: float32's fastest config is
+    the first trial (labelled ``start: dtype float32``), before the fallback; half arithmetic of a float16
+    record becomes float arithmetic when it seeds a float32 task."""
+    from tuner.search.loop import dtype_seeds
+    from tuner.search.tune import tune
+    from tuner.task import TuningTask
+    t = get_template("conv2d")
+    wl32 = t.workload(data=(1, 8, 8, 8), kernel=(8, 8, 3, 3), padding=1)
+    wl16 = dataclasses.replace(wl32, dtype="float16")
+    fast = t.config(tile_oc=1, tile_oh=1, tile_ow=2, wg_w=4, wg_h=2, **SCOPES)
+    slow = dataclasses.replace(fast, wg_w=2)
+    assert fast != t.fallback_with(wl16, device, **SCOPES)
+    log = tmp_path / "dev.jsonl"
+    log.write_text("".join(Record.new("conv2d", wl32, c, device.info, costs=[s]).to_json() + "\n"
+                           for c, s in ((slow, 2e-3), (fast, 1e-3))))
+    res = tune("conv2d", wl16, device, trials=1, log=str(log), scopes=BUFFERS, progress=False)
+    assert res.measured == 1 and res.records[0].config == dataclasses.asdict(fast)
+    assert res.records[0].workload["dtype"] == "float16"
+
+    info = dataclasses.replace(device.info, fp16=True)
+    half = dataclasses.replace(fast, compute="half_acc")
+    log.write_text(Record.new("conv2d", wl16, half, info, costs=[1e-3]).to_json() + "\n")
+    task = TuningTask("conv2d", wl32, scopes=BUFFERS).bind(info)
+    [(params, dtype)] = dtype_seeds(str(log), task, info, task.space(info), {})
+    assert dtype == "float16" and params["compute"] == "float32" and params["wg_w"] == 4
+    assert dtype_seeds(str(log), task, info, task.space(info), {tuple(params.values()): None}) == []

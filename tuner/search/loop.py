@@ -50,6 +50,7 @@ class Session:
     known: dict
     seeds: list = field(default_factory=list)  # knob values to measure first: a named sibling's best of the task
     modes: list = field(default_factory=list)  # the device region's modes (``open_session``'s ``device_region``)
+    dtype_seeds: list = field(default_factory=list)  # then the other storage dtype's best of the workload (dtype_seeds)
     names: list = field(init=False)
     dists: dict = field(init=False)
 
@@ -80,6 +81,7 @@ def open_session(task: TuningTask, info, storage, name: str, log: str, sampler: 
         rows, seeds, siblings = sibling_knowledge(log, task, info, space, transfer_from, known)
         others = [o for o in others if len(o) == 3 or o[3] not in siblings] + rows
         weights = {d: SIBLING_WEIGHT for d in siblings}
+    twins = dtype_seeds(log, task, info, space, known, seeds) if transfer else []
     from tuner.search.regions import region_of
     modes = region_of(info.type, t.name, device_region)
     smp = make_sampler(sampler, space, t, t.space_vars(task.workload), seed=seed, transfer=others,
@@ -93,7 +95,7 @@ def open_session(task: TuningTask, info, storage, name: str, log: str, sampler: 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study.set_metric_names(["GFLOP/s"])
-    return Session(task, info, space, study, log, sampler, known, seeds, modes)
+    return Session(task, info, space, study, log, sampler, known, seeds, modes, dtype_seeds=twins)
 
 
 def _in_study(s: Session) -> set:
@@ -107,13 +109,20 @@ def _in_study(s: Session) -> set:
 
 
 def enqueue_seeds(s: Session) -> None:
-    """The session's seeds (a named sibling's best configs of the task, valid here) as the next trials, each
-    unless the log or the study has it (``_in_study``: measured, being measured by another worker, or waiting:
-    an interrupted run enqueued it): ``tune`` and ``run_worker`` ask them first."""
+    """The session's seeds (a named sibling's best configs of the task, valid here), then its ``dtype_seeds``
+    (the other storage dtype's best configs of the workload: float32's for a float16 task, user attribute
+    ``start`` = ``dtype float32``), as the next trials, each unless the log or the study has it (``_in_study``:
+    measured, being measured by another worker, or waiting: an interrupted run enqueued it): ``tune`` and
+    ``run_worker`` ask them first."""
     have = _in_study(s)
     for params in s.seeds:
         if _key(params, s.names) not in have:
             s.study.enqueue_trial(params)
+            have.add(_key(params, s.names))
+    for params, dtype in s.dtype_seeds:
+        if _key(params, s.names) not in have:
+            s.study.enqueue_trial(params, user_attrs={"start": f"dtype {dtype}"})
+            have.add(_key(params, s.names))
 
 
 def enqueue_fallback(s: Session) -> None:
@@ -145,6 +154,46 @@ def enqueue_region(s: Session, seed) -> None:
 
 SIBLING_WEIGHT = 1.0  # a named sibling's records in the sampler's transfer: as this device's (others: 0.25)
 SEEDS = 3  # a named sibling's best configs of the task measured first
+DTYPE_SEEDS = 3  # the other storage dtype's best configs of the workload measured next
+
+
+def dtype_seeds(log: str, task: TuningTask, info, space, known: dict, taken=()) -> list:
+    """``[(knob values, dtype)]``: this device's fastest configs of the same workload and scopes in the other
+    storage dtype (``tuner.logs.best.OTHER_DTYPE``: float32's for a float16 task, and the reverse), from ``log``
+    and the logs beside it, that this task's space accepts (half arithmetic, ``compute``, set to float32 outside
+    float16) and that neither the log (``known``) nor ``taken`` holds: up to ``DTYPE_SEEDS``. A float16 layer
+    runs float32's loop nest on half the bytes, so float32's best configs are the strongest start it has."""
+    from pathlib import Path
+
+    from tuner.logs.best import OTHER_DTYPE
+    from tuner.logs.index import LogIndex
+    from tuner.logs.record import task_key
+    t, dtype = task.tmpl, getattr(task.workload, "dtype", None)
+    other = OTHER_DTYPE.get(dtype)
+    if other is None:
+        return []
+    fp, names = info.fingerprint, list(space.choices)
+    key = task_key(fp, t.name, {**task.workload.key(), "dtype": other}, task.scopes or {})
+    paths = [Path(log)] + sorted(p for p in Path(log).parent.glob("*.jsonl") if p != Path(log))
+    records = [r for path in paths if path.exists() for r in LogIndex.of_log(path).task(key, task.fixed, ok=True)]
+    out, seen = [], set(known) | {tuple(p[n] for n in names) for p in taken}
+    for r in sorted(records, key=lambda r: r.median_s):
+        config = {**r.config, **task.knobs}
+        if "compute" in config and dtype != "float16":
+            config["compute"] = "float32"  # half arithmetic needs half storage
+        try:
+            values = t.config_values(task.workload, t.config(**config))
+            params = {n: values[n] for n in names}
+        except (TypeError, ValueError, KeyError):
+            continue
+        k = tuple(params[n] for n in names)
+        if k in seen or space.violations(params):
+            continue
+        seen.add(k)
+        out.append((params, other))
+        if len(out) >= DTYPE_SEEDS:
+            break
+    return out
 
 
 def sibling_knowledge(log: str, task: TuningTask, info, space, names, known: dict) -> tuple:
