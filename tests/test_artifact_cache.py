@@ -60,7 +60,7 @@ def test_a_read_only_artifact_runs_and_profiles_under_both_runtimes_with_the_com
     try:
         # the Python executor: every program from the binaries the compile left in the cache, the profile there
         r = _tuner(env, "run", art, "--profile", "--repeat", "3", cwd=tmp_path)
-        assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
+        assert r.returncode == 0 and "cannot write" not in r.stderr and "no cache" not in r.stderr, r.stderr
         m = re.search(r"(\d+) programs, (\d+) from cached binaries, (\d+) built from source", r.stdout)
         programs, cached, built = map(int, m.groups())
         assert programs > 5 and (cached, built) == (programs, 0), r.stdout

@@ -34,7 +34,8 @@ static void usage(FILE *f) {
                "  --output        write an output as a float32 .npy in the model's shape: Y.npy the first,\n"
                "                  NAME=Y.npy that one (repeat for several)\n"
                "  --outputs DIR   write every output as DIR/NAME.npy (characters other than A-Za-z0-9._- as _)\n"
-               "  --bench N       timed whole runs (inputs written, kernels, outputs read; default 10)\n"
+               "  --bench N       timed whole runs (inputs written, kernels, outputs read; default 10): the median\n"
+               "                  and the spread (IQR/median); above 10%% ($TUNER_SPREAD_WARN) a warning\n"
                "  --warmup W      untimed runs first (default 2)\n"
                "  --profile       per-node kernel times from OpenCL profiling events\n"
                "  --verify KEY    refuse the artifact unless it is signed with this key file (tuner compile --sign)\n");
@@ -65,6 +66,30 @@ static int cmp_double(const void *x, const void *y) {
 static double median(double *v, int n) {
     qsort(v, (size_t)n, sizeof *v, cmp_double);
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* --bench's spread, IQR/median, above which it warns that the timing is unreliable (the device busy, or its clock
+ * ramping or throttling): tuner.timing.SPREAD_WARN, the same value; $TUNER_SPREAD_WARN (a fraction) overrides both. */
+#define SPREAD_WARN 0.10
+
+static double spread_warn(void) {
+    const char *e = getenv("TUNER_SPREAD_WARN");
+    char *end;
+    double v = e && *e ? strtod(e, &end) : SPREAD_WARN;
+    return e && *e && !*end && v >= 0 ? v : SPREAD_WARN;
+}
+
+/* The q quantile of sorted values, linearly interpolated (numpy's default, as tuner.timing.quantile). */
+static double quantile(const double *v, int n, double q) {
+    double pos = q * (n - 1);
+    int lo = (int)pos, hi = lo + 1 < n ? lo + 1 : n - 1;
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo);
+}
+
+/* IQR/median of sorted times; 0 for fewer than two or a median of 0. */
+static double spread(const double *v, int n) {
+    double m = n > 1 ? quantile(v, n, 0.5) : 0;
+    return m > 0 ? (quantile(v, n, 0.75) - quantile(v, n, 0.25)) / m : 0;
 }
 
 /* A fixed pseudo-random input in [-1, 1) (xorshift), so repeated runs compare. */
@@ -345,8 +370,14 @@ static int run_main(int argc, char **argv) {
     }
     if ((rc = tnr_time(rt, warmup, bench, times)) != TNR_OK) goto runtime_error;
     {
-        double lat = median(times, bench);
-        printf("%s: median latency %.3f ms over %d runs\n", tnr_device_name(rt), lat * 1e3, bench);
+        double lat = median(times, bench), sp = spread(times, bench), warn = spread_warn(); /* times now sorted */
+        printf("%s: median latency %.3f ms over %d runs, spread %.1f%% (IQR/median)\n", tnr_device_name(rt), lat * 1e3,
+               bench, sp * 100);
+        fflush(stdout); /* the warning after the line it is about */
+        if (sp > warn)
+            fprintf(stderr, "warning: the %d runs vary by %.0f%% (IQR/median, above %.0f%%): the device is busy or its "
+                            "clock is changing; stop other work on it (or wait for its clock to settle) and time again\n",
+                    bench, sp * 100, warn * 100);
         if (profile) {
             int nn = tnr_num_nodes(rt), k;
             double *ns = calloc((size_t)nn + 1, sizeof *ns), total = 0;

@@ -486,6 +486,45 @@ def _check_prefer(prefer) -> None:
 PLAN_ROUNDS = 3  # alternating rounds in which fastest_plan times its candidate plans
 
 
+@dataclasses.dataclass
+class PlanStep:
+    """One step of ``fastest_plan``'s choice (``scope``: the per-layer and uniform plans; ``templates``: the kept
+    plan against its direct-conv2d and per-node variants; ``dtype``: against the plan of the other storage dtype's
+    configs; ``fallback``: against this device's fallback configs):
+    its finalists timed together in ``PLAN_ROUNDS`` alternating rounds. ``times``: each one's median of its rounds,
+    ``spreads``: IQR/median of all its timings (``tuner.timing``), ``same``: a plan identical to another (timed
+    once, as that one), ``kept``: the fastest. Every number is from this step's rounds."""
+    name: str
+    times: dict
+    spreads: dict
+    kept: str
+    same: dict = dataclasses.field(default_factory=dict)
+
+    def runner_up(self) -> str | None:
+        """The fastest finalist but the kept one (not an alias of it); None when there is none."""
+        others = [m for m in self.times if m != self.kept and self.same.get(m) != self.kept and m not in self.same]
+        return min(others, key=lambda m: self.times[m]) if others else None
+
+    def margin(self) -> float:
+        """How much slower the runner-up ran than the kept plan (0.05: 5%)."""
+        other = self.runner_up()
+        t = self.times[self.kept]
+        return (self.times[other] - t) / t if other is not None and t > 0 else float("inf")
+
+    def noise(self) -> float:
+        """The larger spread of the kept plan and the runner-up."""
+        other = self.runner_up()
+        return max(self.spreads[self.kept], self.spreads[other] if other is not None else 0.0)
+
+    def close(self) -> bool:
+        """Whether the spread is larger than the difference: another round could have chosen the runner-up."""
+        return self.runner_up() is not None and self.noise() > self.margin()
+
+    def to_json(self) -> dict:
+        return {"step": self.name, "kept": self.kept, "times_s": self.times, "spreads": self.spreads,
+                "same_as": self.same, "runner_up": self.runner_up(), "close": self.close()}
+
+
 PLAN_TIMERS = ("python", "native")  # what times the candidate plans (compile_model's plan_timer)
 
 
@@ -493,8 +532,11 @@ def fastest_plan(model, history, device, dtype: str = "float32", input_shapes: d
                  progress: bool = False, repeats: int = 10, timer: str = "python") -> M.Module:
     """The per-layer (``auto``) plan and the all-texture and all-buffer plans compiled for ``device`` and timed
     whole (median of ``repeats`` runs after a warm-up, in ``PLAN_ROUNDS`` alternating rounds, the median of the
-    rounds; a plan identical to another is timed once); the fastest module is returned, with ``plan_times``
-    (plan -> seconds), ``plan_kept`` and ``plan_timer`` set.
+    rounds; a plan identical to another is timed once); the fastest module is returned, with ``plan_steps`` (each
+    step's ``PlanStep``: its finalists timed together in alternating rounds, times and spreads), ``plan_times``
+    (plan -> seconds, of the last step: the rounds that made the final choice), ``plan_kept`` and ``plan_timer``
+    set. A step's later finalists are always timed beside the plan they challenge, never against a time of an
+    earlier step's rounds.
 
     ``timer``: ``python``, this process's executor (``Module.time``: kernels only, on random inputs), or
     ``native``, the native runtime (``tuner-run --bench`` on each plan saved as an artifact, a fresh process per
@@ -520,7 +562,7 @@ def fastest_plan(model, history, device, dtype: str = "float32", input_shapes: d
             return _fastest_plan(model, history, device, dtype, input_shapes, progress, repeats, timer,
                                  lambda mod: _native_time(mod, paths, Path(saved), device, exe, repeats))
     return _fastest_plan(model, history, device, dtype, input_shapes, progress, repeats, timer,
-                         lambda mod: statistics.median(_random_inputs(mod).time(repeats)))
+                         lambda mod: _random_inputs(mod).time(repeats))  # every run: its spread is reported
 
 
 def _native_time(mod, paths: dict, saved: Path, device, exe, repeats: int) -> float:
@@ -554,16 +596,16 @@ def _fastest_plan(model, history, device, dtype, input_shapes, progress, repeats
             alias[mode] = same
             continue
         modules[mode] = mod
-    medians = _alternating(whole, modules)
-    for mode in plans:
-        timed[mode] = medians[alias.get(mode, mode)]
-    kept = min(modules, key=lambda m: (timed[m], m != "auto"))  # a tie keeps the per-layer plan
+    steps = [_alternating(whole, modules, "scope", alias)]  # a tie keeps the per-layer plan (first)
+    kept = steps[-1].kept
     mod = modules[kept]
     modules.clear()  # the losers' device memory goes now, before more plans are compiled
-    for name, other in _refine_templates(mod, kept, compile_, repeats):
-        timed[name] = whole(other)
-        if timed[name] < timed[kept]:
-            kept, mod = name, other
+    refined = _refine_templates(mod, kept, compile_, repeats)
+    if refined:  # the kept plan timed again, beside its challengers, in the same rounds
+        candidates = {kept: mod, **dict(refined)}
+        steps.append(_alternating(whole, candidates, "templates"))
+        kept, mod = steps[-1].kept, candidates[steps[-1].kept]
+        candidates.clear()
     transfers = history.for_dtype(device.info, dtype, replace=True) if hasattr(history, "for_dtype") else None
     if transfers is not None and transfers.dtype_origin:
         # the plan built from the other storage dtype's configs (float32's, for a float16 model): every layer the
@@ -573,8 +615,8 @@ def _fastest_plan(model, history, device, dtype, input_shapes, progress, repeats
         other = compile_(mode, prefer="first" if kept.endswith("+direct") else None, hist=transfers)
         if not _same_plan(other, mod):
             name = f"{kept}+{OTHER_DTYPE[dtype]}"
-            timed.update(_alternating(whole, {kept: mod, name: other}))
-            if timed[name] < timed[kept]:
+            steps.append(_alternating(whole, {kept: mod, name: other}, "dtype"))
+            if steps[-1].kept == name:
                 kept, mod = name, other
     if any(source_kind(n.config_source) in ("sibling", "dtype", "transferred", "predicted") for n in mod.spec.nodes):
         # configs nobody measured on this device: the same plan with this device's fallbacks is a candidate too
@@ -583,10 +625,11 @@ def _fastest_plan(model, history, device, dtype, input_shapes, progress, repeats
         other = compile_(mode, prefer="first" if kept.endswith("+direct") else None, untested="fallback")
         if not _same_plan(other, mod):
             name = f"{kept}+fallback"
-            timed.update(_alternating(whole, {kept: mod, name: other}))
-            if timed[name] < timed[kept]:
+            steps.append(_alternating(whole, {kept: mod, name: other}, "fallback"))
+            if steps[-1].kept == name:
                 kept, mod = name, other
-    mod.plan_times, mod.plan_kept, mod.plan_timer = timed, kept, timer
+    mod.plan_steps, mod.plan_kept, mod.plan_timer = steps, kept, timer
+    mod.plan_times = dict(steps[-1].times)  # the rounds that made the final choice
     untuned = [canonical_json(n.workload) for n in mod.spec.nodes if n.template and not n.tuned and n.workload]
     seen = set()
     for w in caught:  # the kept plan's warnings (a fallback config it deploys), once each
@@ -598,15 +641,30 @@ def _fastest_plan(model, history, device, dtype, input_shapes, progress, repeats
     return mod
 
 
-def _alternating(whole, modules: dict) -> dict:
-    """``name -> seconds`` of each module by ``whole``: ``PLAN_ROUNDS`` rounds, the modules alternating, each one's
-    time the median of its rounds -- a slow spell of the device (on an H100 one plan timed 3.866 ms in one
-    process and 1.406 ms in the next) hits every plan alike."""
-    samples = {m: [] for m in modules}
+def _alternating(whole, modules: dict, step: str = "scope", same: dict | None = None) -> PlanStep:
+    """The ``PlanStep`` of timing ``modules`` (name -> Module, the incumbent first) by ``whole``: ``PLAN_ROUNDS``
+    rounds, the modules alternating, each one's time the median of its rounds -- a slow spell of the device (on an
+    H100 one plan timed 3.866 ms in one process and 1.406 ms in the next) hits every plan alike. ``whole`` returns
+    seconds, or a list of runs' seconds (their median is the round's); the spread is over every run (over the
+    rounds where ``whole`` gives one number). The fastest is kept; a tie keeps the earlier (the incumbent).
+    ``same``: plan -> the plan of ``modules`` it is identical to (reported with its times)."""
+    from tuner.timing import spread
+    runs = {m: [] for m in modules}
+    rounds = {m: [] for m in modules}
     for r in range(PLAN_ROUNDS):
         for m in (list(modules) if r % 2 == 0 else list(modules)[::-1]):
-            samples[m].append(whole(modules[m]))
-    return {m: statistics.median(v) for m, v in samples.items()}
+            t = whole(modules[m])
+            got = [float(x) for x in t] if isinstance(t, (list, tuple)) else [float(t)]
+            runs[m].extend(got)
+            rounds[m].append(statistics.median(got))
+    times = {m: statistics.median(v) for m, v in rounds.items()}
+    spreads = {m: spread(runs[m]) for m in modules}
+    kept = min(modules, key=lambda m: (times[m], list(modules).index(m)))
+    same = dict(same or {})
+    for alias, target in same.items():
+        times[alias], spreads[alias] = times[target], spreads[target]
+    order = [m for m in (*modules, *same)]  # the order plans were compiled in, aliases after
+    return PlanStep(step, {m: times[m] for m in order}, {m: spreads[m] for m in order}, kept, same)
 
 
 def _refine_templates(mod: M.Module, mode: str, compile_, repeats: int) -> list:
