@@ -15,6 +15,7 @@ kernel writes each chunk's two sums and a second kernel, over the same chunks, c
 unit and normalizes its chunk."""
 from __future__ import annotations
 
+import math
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -67,8 +68,9 @@ def _units(wl) -> tuple:
     if G == C:
         return (N, ceil_div(C, 4)), (1, H, W), True
     cg = C // G
-    if _mixed(wl):  # the most blocks a group touches
-        blocks = max(((g + 1) * cg - 1) // 4 - g * cg // 4 + 1 for g in range(G))
+    if _mixed(wl):  # super-units of whole groups in whole blocks (``_super_unit``)
+        k, kb, _ = _super_unit(wl)
+        return (N, ceil_div(C, k)), (kb, H, W), False
     else:
         blocks = ceil_div(C, 4) if G == 1 else cg // 4
     return (N, G), (blocks, H, W), False
@@ -173,75 +175,123 @@ def _operands(wl, cfg) -> tuple:
     return packed("X", wl.data, wl.dtype, cfg.input_scope), S, B, packed("Y", wl.data, wl.dtype, cfg.output_scope)
 
 
+def _super_unit(wl) -> tuple:
+    """Mixed groups: ``(k, kb, kg)``, the channels of the smallest run of whole groups that is also whole blocks of
+    4 (lcm(C / groups, 4)), its blocks and its groups. GroupNorm(32) of 64 channels: 4 channels, 1 block, 2 groups."""
+    cg = wl.data[1] // wl.groups
+    k = cg * 4 // math.gcd(cg, 4)
+    return k, k // 4, k // cg
+
+
 def _group_norm_mixed(wl: GroupNormWorkload, cfg: ReduceConfig) -> Program:
-    """Groups that share blocks: a unit (image, group) reads the blocks its channels touch, its lanes outside
-    the group masked; its chunks' sums go to a workspace, a second kernel (one work-item per unit) turns them
-    into the group's mean and 1/std, and a third, one work-item per pixel, normalizes each lane with its own
-    group's statistics (a pixel may hold two groups, so no unit can write it alone)."""
+    """Groups that share blocks, in one launch (two with a split): a unit is a *super-unit* of one image, the
+    ``kg`` whole groups whose channels fill ``kb`` whole blocks (``_super_unit``), so that no pixel holds a group
+    of another unit. Each work-item reads its pixels' ``kb`` blocks and keeps per-lane shifted sums (the shift:
+    each lane's value at (0, 0)); after the work-group tree each lane's mean and sum of squared deviations
+    combine into its group's (Chan et al.'s pairwise update: the groups' lanes have equal counts), and the
+    work-items normalize their own pixels, each lane with its group's statistics. With a split into T chunks the
+    first kernel writes each chunk's per-lane sums and a second one, over the same chunks, adds the T partials of
+    its unit and normalizes its chunk. Lanes past the channels (a last, partial super-unit) are masked."""
     N, C, H, W = wl.data
     G, cg, CB = wl.groups, C // wl.groups, ceil_div(C, 4)
-    units, texels, _ = _units(wl)
-    U, E, T = N * G, int(np.prod(texels)), cfg.split
-    sched = Schedule(U, E, cfg)
+    k, kb, kg = _super_unit(wl)
+    units = (N, ceil_div(C, k))
+    U, T = int(np.prod(units)), cfg.split
+    sched = Schedule(U, H * W, cfg)  # the texels of a unit are its pixels' kb blocks: kb texels a pixel
     X, S, B, Y = _operands(wl, cfg)
-    part = buffer("part", (U * T * 2, 4), "float32", "global")
-    stats = buffer("stats", (U, 4), "float32", "global")  # (mean, 1/std, 0, 0) per unit
+    part = buffer("part", (U * T * 2 * kb, 4), "float32", "global") if T > 1 else None
     vec = Ramp(as_expr(0), as_expr(1), 4)
+    count = H * W  # elements of one lane
 
-    def shift(b, u):
-        """The unit's image, first channel, and the value of that channel at (0, 0): the sums' shift."""
-        n, g = unravel(b, u, units, "u")
-        c0 = b.let("c0", g * cg)
-        first = b.let("first", X[n, Ramp((c0 // 4) * 4, as_expr(1), 4), 0, 0])
-        j0 = b.let("j0", c0 % 4)
-        K = select(j0 < 1, ExtractLane(first, 0), select(j0 < 2, ExtractLane(first, 1),
-                                                          select(j0 < 3, ExtractLane(first, 2), ExtractLane(first, 3))))
-        return n, c0, b.let("K", K)
+    def blocks(b, u):
+        """The unit's image, its blocks (clamped to the last real one) and each block's lane mask."""
+        n, su = unravel(b, u, units, "u")
+        cbs, keeps = [], []
+        for bi in range(kb):
+            cb = b.let(f"cb{bi}", su * kb + bi)
+            cbs.append(cb)
+            keeps.append(call("make_vector", [select(cb * 4 + j < C, as_expr(1.0), as_expr(0.0)) for j in range(4)],
+                              "float32x4") if C % k else None)
+        return n, cbs, keeps
+
+    def read(n, cb, h, w):
+        return X[n, Ramp(min_(cb, CB - 1) * 4 if C % k else cb * 4, as_expr(1), 4), h, w]
+
+    def shifts(b, n, cbs):
+        return [b.let(f"K{bi}", read(n, cb, 0, 0)) for bi, cb in enumerate(cbs)]
+
+    def normalize(b, u, c, lid, n, cbs, K, sums):
+        """Each lane's mean and M2 from its shifted sums, combined per group, then this work-item's pixels."""
+        means, m2 = [], []
+        for bi in range(kb):
+            s, q = sums[2 * bi], sums[2 * bi + 1]
+            m = b.let(f"m{bi}", s * (1.0 / count))
+            means.append(b.let(f"mu{bi}", K[bi] + m))
+            m2.append(b.let(f"M{bi}", max_(q - s * m, 0.0)))
+        lanes = [(bi, j) for bi in range(kb) for j in range(4)]
+        mean_of, rstd_of = {}, {}
+        for lg in range(kg):  # the group's cg lanes, in order: static positions in the super-unit
+            mine = [(bi, j) for bi, j in lanes if (bi * 4 + j) // cg == lg]
+            mu = b.let(f"gm{lg}", sum((ExtractLane(means[bi], j) for bi, j in mine[1:]),
+                                      ExtractLane(means[mine[0][0]], mine[0][1])) * (1.0 / cg))
+            dev = [ExtractLane(means[bi], j) - mu for bi, j in mine]
+            ss = sum((ExtractLane(m2[bi], j) for bi, j in mine[1:]), ExtractLane(m2[mine[0][0]], mine[0][1]))
+            ss = ss + sum((d * d for d in dev[1:]), dev[0] * dev[0]) * float(count)
+            mean_of[lg] = mu
+            rstd_of[lg] = b.let(f"gr{lg}", call("rsqrt", [max_(ss * (1.0 / (count * cg)), 0.0) + wl.epsilon],
+                                                "float32"))
+        mean_v = [b.let(f"mv{bi}", call("make_vector", [mean_of[(bi * 4 + j) // cg] for j in range(4)], "float32x4"))
+                  for bi in range(kb)]
+        rstd_v = [b.let(f"rv{bi}", call("make_vector", [rstd_of[(bi * 4 + j) // cg] for j in range(4)], "float32x4"))
+                  for bi in range(kb)]
+        with sched.elements(b, c, lid) as e:
+            h, w = unravel(b, e, (H, W), sched.tag("p"))
+            for bi, cb in enumerate(cbs):
+                ch = Ramp(cb * 4, as_expr(1), 4)
+                with b.if_(cb < CB) if C % k else nullcontext():
+                    b.store(Y, (n, ch, h, w), apply_ir(wl.activation, (X[n, ch, h, w] - mean_v[bi]) *
+                                                       (rstd_v[bi] * S[ch]) + B[ch]))
 
     b = Builder()
     with sched.items(b) as (u, c, lid, p):
-        n, c0, K = shift(b, u)
-        acc = b.allocate("acc", (2,), "float32x4", "private")
-        b.store(acc, 0, 0.0)
-        b.store(acc, 1, 0.0)
+        n, cbs, keeps = blocks(b, u)
+        K = shifts(b, n, cbs)
+        acc = b.allocate("acc", (2 * kb,), "float32x4", "private")
+        for i in range(2 * kb):
+            b.store(acc, i, 0.0)
         with sched.elements(b, c, lid) as e:
-            cbi, h, w = unravel(b, e, texels, "t")
-            cb = b.let("cb", c0 // 4 + cbi)
-            x = X[n, Ramp(min_(cb, CB - 1) * 4, as_expr(1), 4), h, w]
-            keep = call("make_vector", [select((cb * 4 + j >= c0) & (cb * 4 + j < c0 + cg), as_expr(1.0), as_expr(0.0))
-                                        for j in range(4)], "float32x4")
-            d = b.let("d", (x - K) * keep)
-            b.store(acc, 0, acc[0] + d)
-            b.store(acc, 1, acc[1] + d * d)
-        s, q = sched.tree(b, [acc[0], acc[1]], lambda x, y: x + y, lid, p)
-        cond = sched.is_writer(lid)
-        with b.if_(cond) if cond is not None else nullcontext():
-            b.store(part, ((u * T + c) * 2, vec), s)
-            b.store(part, ((u * T + c) * 2 + 1, vec), q)
+            h, w = unravel(b, e, (H, W), sched.tag("p"))
+            for bi, cb in enumerate(cbs):
+                d = read(n, cb, h, w) - K[bi]
+                d = b.let(f"d{bi}", d * keeps[bi] if keeps[bi] is not None else d)
+                b.store(acc, 2 * bi, acc[2 * bi] + d)
+                b.store(acc, 2 * bi + 1, acc[2 * bi + 1] + d * d)
+        sums = sched.tree(b, [acc[i] for i in range(2 * kb)], lambda x, y: x + y, lid, p)
+        if T == 1:
+            with b.if_(sched.valid) if sched.valid is not None else nullcontext():
+                normalize(b, u, c, lid, n, cbs, K, sums)
+        else:
+            cond = sched.is_writer(lid)
+            with b.if_(cond) if cond is not None else nullcontext():
+                for i, v in enumerate(sums):
+                    b.store(part, ((u * T + c) * 2 * kb + i, vec), v)
+    if T == 1:
+        return b.kernel("group_norm", [X, S, B, Y])
     first = b.kernel("group_norm_stats", [X, part])
-
-    count = cg * H * W
-    b = Builder()
-    with each_index(b, U, "u") as u:
-        _, _, K = shift(b, u)
-        acc = _sum_partials(b, part, u, T)
-        m = b.let("m", hsum(acc[0]) * (1.0 / count))
-        var = max_(hsum(acc[1]) * (1.0 / count) - m * m, 0.0)
-        b.store(stats, (u, vec), call("make_vector", [K + m, call("rsqrt", [var + wl.epsilon], "float32"),
-                                                      as_expr(0.0), as_expr(0.0)], "float32x4"))
-    second = b.kernel("group_norm_finalize", [X, part, stats])
-
-    b = Builder()
-    pixels = N * CB * H * W
-    with each_index(b, pixels, "i") as i:
-        n, cb, h, w = unravel(b, i, (N, CB, H, W), "x")
-        ch = Ramp(cb * 4, as_expr(1), 4)
-        st = [b.let(f"st{j}", stats[n * G + min_(cb * 4 + j, C - 1) // cg, vec]) for j in range(4)]
-        mean = call("make_vector", [ExtractLane(v, 0) for v in st], "float32x4")
-        rstd = call("make_vector", [ExtractLane(v, 1) for v in st], "float32x4")
-        b.store(Y, (n, ch, h, w), apply_ir(wl.activation, (X[n, ch, h, w] - mean) * (rstd * S[ch]) + B[ch]))
-    third = b.kernel("group_norm_apply", [X, S, B, stats, Y])
-    return Program("group_norm", (first, second, third), (X, S, B, Y), (part, stats))
+    b = Builder()  # every chunk again: its unit's T partials added, its pixels normalized
+    with sched.items(b) as (u, c, lid, p):
+        n, cbs, _ = blocks(b, u)
+        K = shifts(b, n, cbs)
+        acc = b.allocate("acc", (2 * kb,), "float32x4", "private")
+        for i in range(2 * kb):
+            b.store(acc, i, 0.0)
+        with b.loop("t", T, "serial") as t:
+            for i in range(2 * kb):
+                b.store(acc, i, acc[i] + part[(u * T + t) * 2 * kb + i, vec])
+        with b.if_(sched.valid) if sched.valid is not None else nullcontext():
+            normalize(b, u, c, lid, n, cbs, K, [acc[i] for i in range(2 * kb)])
+    second = b.kernel("group_norm_apply", [X, S, B, part, Y])
+    return Program("group_norm", (first, second), (X, S, B, Y), (part,))
 
 
 def reference(wl: GroupNormWorkload, inputs: dict) -> np.ndarray:
@@ -271,7 +321,11 @@ VARIABLES = dict(U="units: (image, group) pairs, or (image, block of 4 channels)
 
 
 def fallback(wl: GroupNormWorkload, info) -> ReduceConfig:
-    return fallback_config(space_vars(wl), info, texture_scopes(wl, info, [("nchw4c", wl.data)]), fill_short=True)
+    """The schedule's fallback; short groups split to fill a GPU only (measured on the H200: GroupNorm(32) of
+    ResNet-18), so that on a CPU, whose few compute units one work-group a unit already fills, a norm is one
+    launch unless a work-item would read more than MAX_TEXELS_PER_ITEM texels (issue 55)."""
+    return fallback_config(space_vars(wl), info, texture_scopes(wl, info, [("nchw4c", wl.data)]),
+                           fill_short=info.type == "GPU")
 
 
 def describe(wl: GroupNormWorkload) -> str:

@@ -115,3 +115,34 @@ def test_fsrcnn_launches_one_kernel_per_convolution(tmp_path):
     convs = sum(n.template in ("conv2d", "depthwise_conv2d", "winograd2", "winograd4") for n in mod.spec.nodes)
     launches = sum(len(n.calls) for n in mod.spec.nodes)
     assert convs == 6 and launches == convs + 2, [n.template or n.op for n in mod.spec.nodes]
+
+
+# -- norms in one pass (item 1) -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("data,groups", [((1, 64, 5, 6), 32), ((2, 6, 7, 5), 3), ((1, 12, 6, 6), 2),
+                                         ((1, 9, 5, 5), 3), ((1, 10, 4, 4), 5)])
+@pytest.mark.parametrize("split", [1, 4])
+def test_groups_sharing_blocks_run_in_one_launch(device, data, groups, split):
+    """Groups whose channels share blocks of 4 (GroupNorm(32) of 64 channels; 6 channels in 3 groups, the last
+    block partial; 3-channel groups spanning blocks): one kernel, or a stats and an apply kernel with a split --
+    before, three (stats, finalize, apply) -- against NumPy."""
+    from test_templates import scopes
+    from tuner.templates import get_template
+    exe = check_random_config(device, "group_norm", dict(data=data, groups=groups, activation="silu"), "float32",
+                              7, split=split, **scopes("buffer"))
+    assert exe is not None
+    t = get_template("group_norm")
+    wl = t.workload(data=data, groups=groups)
+    built = t.build(wl, t.make_config({**t.fallback(wl, device.info).__dict__, "split": split}))
+    assert len(getattr(built, "kernels", [built])) == (1 if split == 1 else 2)
+
+
+def test_cpu_fallback_norms_are_one_launch(device):
+    """On a CPU device the fallback does not split a norm to fill compute units (a second launch): GroupNorm(1),
+    GroupNorm(4) of 8 channels and InstanceNorm of a small map are one kernel each."""
+    from tuner.templates import get_template
+    if device.info.type == "GPU":
+        pytest.skip("a GPU's fallback splits short groups to fill it")
+    t = get_template("group_norm")
+    for data, groups in (((1, 16, 8, 8), 1), ((1, 8, 24, 24), 4), ((1, 8, 32, 32), 8)):
+        assert t.fallback(t.workload(data=data, groups=groups), device.info).split == 1
