@@ -320,7 +320,7 @@ def test_report_without_successes_says_so(tmp_path, device):
 
 
 @pytest.mark.parametrize("content, message", [
-    (None, "profile.json: no such file"),
+    (None, r"no profile.json and no manifest.json: not a compiled model's directory .*`tuner run DIR --profile`"),
     ("{not json", "not valid JSON"),
     (json.dumps({"device": "d", "rows": [{"node": "n", "op": "conv2d"}], "total_s": 1.0}),
      r'rows\[0\]\["median_s"\] must be a number'),

@@ -110,18 +110,26 @@ def compare(df, device: str | None = None, min_trials: int = 5) -> pd.DataFrame:
         raise TunerError(f"min_trials must be at least 1, got {min_trials}")
     df = select_device(as_frame(df), device)
     df = df[df["scopes"].isin(SIDES)]
+    # per (workload, side) counts and the best successful row, each in one grouping (not a slice of the wide
+    # frame per workload: that took seconds on a few thousand records); ties go to the earlier record
+    sides = WORKLOAD + ["scopes"]
+    counts = df.groupby(sides, sort=False)["ok"].agg(["size", "sum"])
+    ok = df[df["ok"]]
+    best_at = ok.groupby(sides, sort=False)["median_s"].idxmin() if len(ok) else pd.Series(dtype=object)
+    cfg = [c for c in df.columns if c.startswith("cfg.")]
+    best = df.loc[list(best_at.values), ["median_s", "gflops", *cfg]] if len(best_at) else None
     rows = []
-    for (dev, template, wkey), g in df.groupby(WORKLOAD, sort=False):
-        row = {"device": dev, "device_name": g["device_name"].iloc[0], "template": template,
-               "workload": g["workload"].iloc[0], "workload_key": wkey}
+    for r in df.drop_duplicates(WORKLOAD)[[*WORKLOAD, "device_name", "workload"]].itertuples(index=False):
+        dev, template, wkey = r[0], r[1], r[2]
+        row = {"device": dev, "device_name": r[3], "template": template, "workload": r[4], "workload_key": wkey}
         for side in SIDES:
-            s = g[g["scopes"] == side]
-            ok = s[s["ok"]]
-            best = ok.loc[ok["median_s"].idxmin()] if len(ok) else None
-            row.update({f"{side}_trials": len(s), f"{side}_ok": len(ok),
-                        f"{side}_median_s": best["median_s"] if best is not None else float("nan"),
-                        f"{side}_gflops": best["gflops"] if best is not None else float("nan"),
-                        f"{side}_config": json.dumps(config_of(best)) if best is not None else None})
+            key = (dev, template, wkey, side)
+            n, n_ok = (int(v) for v in counts.loc[key]) if key in counts.index else (0, 0)
+            b = best.loc[best_at[key]] if n_ok else None
+            row.update({f"{side}_trials": n, f"{side}_ok": n_ok,
+                        f"{side}_median_s": b["median_s"] if b is not None else float("nan"),
+                        f"{side}_gflops": b["gflops"] if b is not None else float("nan"),
+                        f"{side}_config": json.dumps(config_of(b)) if b is not None else None})
         pick, note = decide(row["texture_ok"], row["texture_median_s"], row["buffer_ok"], row["buffer_median_s"],
                             min_trials)
         row["texture_speedup"] = row["buffer_median_s"] / row["texture_median_s"] if pick else float("nan")

@@ -255,11 +255,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from tuner.analysis.compare import select_device
-    from tuner.analysis.report import write_report
+    from tuner.analysis.report import artifact_profile, write_report
     _output_ok(args.output)
     df = select_device(_load(args.paths), args.device)
-    path = write_report(df, args.output, artifact=args.artifact, min_trials=args.min_trials, title=args.title,
-                        sources=args.paths)
+    profile = None
+    if args.artifact is not None:  # the profile `tuner run DIR --profile` kept, else measured now if it can be
+        profile, where = artifact_profile(args.artifact)
+        print(where, file=sys.stderr)
+    path = write_report(df, args.output, min_trials=args.min_trials, title=args.title, sources=args.paths,
+                        profile=profile)
     print(f"wrote {path}")
     return 0
 
@@ -309,8 +313,9 @@ def register(sub) -> None:
 
     p = sub.add_parser("report", help="one self-contained HTML report with figures")
     p.add_argument("paths", nargs="+", metavar="PATH", help=paths_help)
-    p.add_argument("--artifact", metavar="DIR", help="a compiled model's directory: per-layer latency from "
-                   "DIR/profile.json")
+    p.add_argument("--artifact", metavar="DIR", help="a compiled model's directory: its per-layer latency, from "
+                   "the profile `tuner run DIR --profile` kept, else profiled now when the device it was compiled "
+                   "for is attached")
     p.add_argument("-o", "--output", metavar="FILE", default="report.html", help="default report.html")
     p.add_argument("--device", "-d", metavar="SPEC", help=device_help)
     p.add_argument("--min-trials", type=_min_trials, default=MIN_TRIALS, metavar="N",
