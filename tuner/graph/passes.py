@@ -491,9 +491,34 @@ def _gate_operands(g: Graph, node: Node):
     return None
 
 
+def _hoist_gated_input(g: Graph, node: Node) -> None:
+    """A ``mul`` of an (N, C, H, W) activation ``x`` by an (N, C, 1, 1) one ``s`` where x's producer runs after
+    s's (MobileViTv2's ``relu(v) * context``: the ReLU written after the context): x's producer moves to just
+    after the last producer of its own inputs, when that is before s's producer, so that the gate can be a
+    convolution's ``in_scale`` (``_gate_operands`` wants x first). A move in topological order: same results."""
+    if node.op != "mul" or len(node.inputs) != 2 or any(t in g.params for t in node.inputs):
+        return
+    out = node.outputs[0]
+    readers = g.consumers(out)
+    if out in g.outputs or len(readers) != 1 or readers[0].op != "conv2d" or readers[0].inputs[0] != out:
+        return  # only where a convolution may take the gate
+    index = {n.name: i for i, n in enumerate(g.nodes)}
+    for x, s in (node.inputs, node.inputs[::-1]):
+        xs, ss = tuple(g.shapes[x]), tuple(g.shapes[s])
+        px, ps = g.producer(x), g.producer(s)
+        if len(xs) != 4 or ss != (xs[0], xs[1], 1, 1) or px is None or ps is None or index[px.name] < index[ps.name]:
+            continue
+        after = max((index[p.name] for t in px.inputs if (p := g.producer(t)) is not None), default=-1)
+        if after < index[ps.name]:
+            g.nodes.remove(px)
+            g.nodes.insert(after + 1, px)
+        return
+
+
 def fuse_input_gates(graph: Graph) -> Graph:
     g = graph.copy()
     for node in list(g.nodes):
+        _hoist_gated_input(g, node)
         operands = _gate_operands(g, node)
         out = node.outputs[0]
         if operands is None or out in g.outputs or len(g.consumers(out)) != 1:

@@ -322,13 +322,16 @@ class Module:
         return "\n".join(lines)
 
     def plan_summary(self) -> str:
-        """One line per node: op, scopes, and where its config came from (tuned, transferred, fallback)."""
+        """One line per node: op, scopes, and where its config came from (tuned, transferred, fallback); a
+        template that launches more than one kernel (a split norm or pool: statistics, then apply) names them."""
         lines = []
         for n in self.spec.nodes:
             if n.template:
                 sc = "/".join(n.scopes[k] for k in ("input", "weight", "output"))
                 src = n.config_source or ("tuned" if n.tuned else "fallback")
-                lines.append(f"{n.name:<28} {n.template:<17} {sc:<24} {src}")
+                kernels = [c.kernel for c in n.calls]
+                variant = f"  ({len(kernels)} launches: {', '.join(kernels)})" if len(kernels) > 1 else ""
+                lines.append(f"{n.name:<28} {n.template:<17} {sc:<24} {src}{variant}")
         return "\n".join(lines)
 
     def save(self, path) -> str:
