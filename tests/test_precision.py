@@ -198,3 +198,14 @@ def test_an_artifact_lying_about_a_tensors_precision_is_refused_by_both(case, li
     assert "float32" in str(e.value), str(e.value)
     err = _tuner_run_refuses(native, cl_env, d)
     assert "graph.json" in err and "float32" in err, err
+
+
+def test_a_node_between_float32_nodes_is_kept_too():
+    """Half storage between two float32 nodes would cost two casts: such a node joins them (and only such)."""
+    from tuner.compile.compiler import load_graph
+    from tuner.plan.precision import _fill
+    g = load_graph(decaying_model())
+    names = [n.name for n in g.nodes]
+    kept = {names[1]: "x", names[3]: "x"}
+    _fill(g, kept)
+    assert set(kept) == {names[1], names[2], names[3]} and "between float32 nodes" in kept[names[2]]

@@ -19,7 +19,8 @@ each node's half output is compared with float32's:
 The first faulty node is kept in float32 (its weights and output stored in float32, its inputs read in float32);
 when that does not clear it -- the fault is in what it reads -- the nodes (or model inputs) that produce its
 inputs are kept too ("the fault starts there"). The walk resumes from the earliest node changed, until no node
-is faulty: the result is ``{name: why}``, a mixed plan's float32 set.
+is faulty. Then a node that reads only float32 tensors and that only kept nodes read is kept too (half storage
+between float32 nodes would cost two casts). The result is ``{name: why}``, a mixed plan's float32 set.
 
 **The casts** (``insert_casts``): a step reads each activation in its own storage dtype; where a tensor's dtype
 is not its reader's, a ``cast`` step (the relayout kernel with another output dtype) converts it once, before
@@ -224,6 +225,30 @@ class _Walk:
         return max((_error(env[y], self.ref[y]) for y in self.graph.outputs), default=0.0)
 
 
+def _fill(graph, kept: dict) -> None:
+    """Keep in float32 too every node that reads only float32 tensors and whose every reader is kept: between
+    float32 nodes, half storage would cost two casts and save little."""
+    if not kept:
+        return
+    producer = {n.outputs[0]: n.name for n in graph.nodes}
+    readers: dict = {}
+    for n in graph.nodes:
+        for t in n.inputs:
+            readers.setdefault(t, []).append(n.name)
+    changed = True
+    while changed:
+        changed = False
+        for n in graph.nodes:
+            if n.name in kept:
+                continue
+            acts = [t for t in n.inputs if t not in graph.params]
+            outs = readers.get(n.outputs[0], [])
+            if acts and outs and n.outputs[0] not in graph.outputs \
+                    and all(producer.get(t, t) in kept for t in acts) and all(r in kept for r in outs):
+                kept[n.name] = "between float32 nodes: reads only float32 tensors and only float32 nodes read it"
+                changed = True
+
+
 def check_precision(graph, samples: list, source: str, tol: float = TOLERANCE) -> Guard:
     """The guard over ``samples`` (dicts of input name -> array): the nodes a float16 plan keeps in float32."""
     kept: dict = {}
@@ -234,6 +259,7 @@ def check_precision(graph, samples: list, source: str, tol: float = TOLERANCE) -
         walks.append(w)
     for w in walks[:-1]:  # an earlier sample, re-walked with what later ones added
         w.run(kept, tol)
+    _fill(graph, kept)
     half = max(w.output_error({}) for w in walks)
     mixed = max(w.output_error(kept) for w in walks) if kept else half
     return Guard(kept, source, len(graph.nodes), half, mixed)
