@@ -185,14 +185,18 @@ def test_a_kernel_only_in_a_comment_is_one_line_at_load(built, tmp_path, capsys)
         assert err.startswith("error: ") and "Traceback" not in err and "k000.cl" in err or words, (d.name, err)
 
 
-def test_profile_json_that_is_a_link_is_replaced_not_written_through(built, tmp_path, device):
+def test_profile_json_that_is_a_link_is_never_written_through(built, tmp_path, device):
+    """A ``profile.json`` link planted in the artifact: the profile goes to the user's cache, the artifact and the
+    link's target stay as they were, and the planted link is not taken for the artifact's profile."""
+    from tuner.artifact.cache import find_profile, profile_path
     d = tmp_path / "a"
     shutil.copytree(built["buffer"], d)
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")
     (d / "profile.json").symlink_to(victim)
     assert main(["run", str(d), "--repeat", "1", "--profile", "--device", str(device.info.index)]) == 0
-    assert victim.read_text() == "precious" and not (d / "profile.json").is_symlink()
+    assert victim.read_text() == "precious" and (d / "profile.json").is_symlink()
+    assert find_profile(d) == profile_path(d) and json.loads(profile_path(d).read_text())["rows"]
 
 
 @pytest.mark.parametrize("out, words", [("", "-o is empty"), ("mine", "is not a compiled model")])

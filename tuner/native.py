@@ -343,8 +343,8 @@ def opencl_env(base: dict | None = None) -> dict:
 def bench_artifact(path, device: str, repeats: int = 20, warmup: int = 2, exe=None, timeout: float = 600) -> float:
     """Median seconds of a whole run (inputs written, kernels, outputs read) of the artifact at ``path``, timed
     by ``tuner-run --bench`` in a fresh process on ``device`` (a spec tuner-run takes, e.g. the fingerprint).
-    The program binaries are cached in the artifact, so only the first call builds them. ``exe``: tuner-run
-    (default: ``build()``'s, made now if it is not built yet)."""
+    The program binaries are kept in the user's cache (``tuner.artifact.cache``), so only the first call builds
+    them. ``exe``: tuner-run (default: ``build()``'s, made now if it is not built yet)."""
     import re
     exe = Path(exe) if exe else Path(build()["tuner_run"])  # incremental: built on first use
     cmd = [str(exe), str(path), "--device", device, "--bench", str(repeats), "--warmup", str(warmup)]
