@@ -65,7 +65,7 @@ EPILOGUE_ARGS = (
     WorkloadArg("bias", "flag", help="fuse a bias add"),
     WorkloadArg("activation", "activation", "ACT", "fused activation: none, relu, relu6, hardswish, sigmoid, silu, "
                 "leaky_relu(0.1), ... (default none)"),
-    WorkloadArg("dtype", "dtype", help="storage dtype (accumulation is float32)"))
+    WorkloadArg("dtype", "dtype", help="storage dtype (arithmetic is float32 unless the compute knob says half)"))
 # a 2-D window's geometry: convolution-like templates share these fields
 WINDOW_ARGS = (
     WorkloadArg("stride", "ints", "S[,S]"),

@@ -606,11 +606,12 @@ def _fastest_plan(model, history, device, dtype, input_shapes, progress, repeats
         steps.append(_alternating(whole, candidates, "templates"))
         kept, mod = steps[-1].kept, candidates[steps[-1].kept]
         candidates.clear()
-    transfers = history.for_dtype(device.info, dtype, replace=True) if hasattr(history, "for_dtype") else None
+    transfers = history.for_dtype(device.info, dtype, replace=True) \
+        if dtype == "float16" and hasattr(history, "for_dtype") else None
     if transfers is not None and transfers.dtype_origin:
-        # the plan built from the other storage dtype's configs (float32's, for a float16 model): every layer the
-        # other dtype measured takes its config, scopes and template, so that a float16 model, which moves half
-        # the bytes, is never slower than what float32's tuning gives it, however few float16 records there are
+        # the plan built from float32's configs: every layer float32 measured takes its config, scopes and
+        # template, so that a float16 model, which moves half the bytes, is never slower than what float32's
+        # tuning gives it, however few float16 records there are (a float32 model's own records are trusted)
         mode = kept.split("+")[0]
         other = compile_(mode, prefer="first" if kept.endswith("+direct") else None, hist=transfers)
         if not _same_plan(other, mod):
