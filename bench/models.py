@@ -407,13 +407,11 @@ def worker(args) -> int:
                     native = {"env": opencl_env(dict(os.environ, **asan_env()) if args.asan else None)}
                 work = Path(tempfile.mkdtemp(prefix="models-native-", dir=args.work))
                 art = Path(mod.save(work / "artifact"))
-                if args.cache:  # the artifact's binary cache is kept across runs and models
-                    shared = Path(args.cache) / "native"
-                    shared.mkdir(parents=True, exist_ok=True)
-                    shutil.rmtree(art / "binaries", ignore_errors=True)
-                    (art / "binaries").symlink_to(shared, target_is_directory=True)
+                env = native["env"]
+                if args.cache:  # tuner-run's binary cache (tuner.artifact.cache) kept across runs and models
+                    env = {**env, "TUNER_CACHE_DIR": str(Path(args.cache) / "native")}
                 stage = "native"
-                res = run_native(args.tuner_run, art, xs, args.device, args.repeats, native["env"],
+                res = run_native(args.tuner_run, art, xs, args.device, args.repeats, env,
                                  timeout=args.timeout, asan=args.asan, outputs=list(mod.spec.outputs))
                 row.update({k: v for k, v in res.items() if k != "y"})
                 err = row["max_rel_err"] = rel_err(res["y"], r)

@@ -5,7 +5,7 @@ cache is kept per opened Device: two Devices on the same hardware never share a 
 pyopencl's own on-disk binary cache still applies underneath.
 
 ``build_program(..., cache_dir=DIR)`` also keeps the built binary (CL_PROGRAM_BINARIES) in
-``DIR/<device fingerprint>/<hash of source and options>.bin`` (an artifact's ``binaries/``), so a later
+``DIR/<device fingerprint>/<hash of source and options>.bin`` (the user's cache, ``tuner.artifact.cache``), so a later
 process builds from it instead of compiling the source; a binary the driver rejects, or a file that does
 not check out (header, length, hash, the program and device it names), is rebuilt from source and rewritten.
 Folders are made 0700 and files written as new files of our own (O_EXCL, O_NOFOLLOW, 0600); nothing is read
