@@ -130,9 +130,10 @@ def private_folder(folder: Path) -> Path:
     return folder
 
 
-def write_private(path: Path, data: bytes) -> None:
+def write_private(path: Path, data: bytes, sync: bool = True) -> None:
     """``data`` to ``path`` in a private folder (``private_folder``) as a new file of our own (O_EXCL, O_NOFOLLOW,
-    0600), fsynced and renamed over the old one: a crash leaves the old file or the new one, never a torn one."""
+    0600), fsynced and renamed over the old one: a crash leaves the old file or the new one, never a torn one.
+    ``sync=False`` (a program binary, whose header's length and SHA-256 refuse a torn file): no fsync."""
     path = Path(path)
     private_folder(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -142,7 +143,8 @@ def write_private(path: Path, data: bytes) -> None:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
-            os.fsync(fd)
+            if sync:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)
@@ -190,7 +192,7 @@ def write_native_binary(folder: Path, source: str, payload: bytes) -> Path:
     sha = hashlib.sha256(source.encode()).hexdigest()
     head = f"{len(payload)} {hashlib.sha256(payload).hexdigest()} {folder.name}/{sha}\n".encode()
     path = folder / f"{sha}.bin"
-    write_private(path, NATIVE_MAGIC + head + payload)
+    write_private(path, NATIVE_MAGIC + head + payload, sync=False)
     return path
 
 
@@ -213,10 +215,12 @@ def keep_programs(mod) -> int:
     for source in dict.fromkeys(mod.sources.values()):
         try:
             program = build_program(device, source, cache_dir=bins)  # built already: kept in the Python format
-            payload = program.binaries[0]
-            if payload:
+            if not (native / f"{hashlib.sha256(source.encode()).hexdigest()}.bin").exists():  # else tuner-run's own
+                payload = program.binaries[0]
+                if not payload:
+                    continue
                 write_native_binary(native, source, payload)
-                kept += 1
+            kept += 1
         except (OSError, cl.Error, TunerError):
             continue  # no cache for this one: the first run builds it
     return kept
