@@ -8,16 +8,18 @@ The schedule (``templates/reduction.py``): L work-items per unit meet in a local
 work-group, and a split into T chunks whose partial results a second kernel combines."""
 from __future__ import annotations
 
+import dataclasses
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from tuner.ir.activations import apply_ir, apply_numpy, canonical
 from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
 from tuner.ir.expr import Ramp, as_expr, call, max_
 from tuner.ir.kernel import Program
-from tuner.templates.common import Template, WorkloadArg, texture_scopes
+from tuner.templates.common import EPILOGUE_ARGS, Template, WorkloadArg, texture_scopes
 from tuner.templates.reduction import (LOWEST, ReduceConfig, Schedule, ceil_div, each_index, fallback_config,
                                        features, packed, unravel)
 
@@ -34,9 +36,11 @@ class SpatialReduceWorkload:
     keepdims: bool = True
     scale: float = 1.0
     dtype: str = "float32"
+    activation: str = "none"  # fused after the reduction (a pool's HardSwish, issue 55); in the key only when set
 
     def __post_init__(self):
         object.__setattr__(self, "data", tuple(int(x) for x in self.data))
+        object.__setattr__(self, "activation", canonical(self.activation))
         object.__setattr__(self, "axes", tuple(sorted(int(a) for a in self.axes)))
         object.__setattr__(self, "keepdims", bool(self.keepdims))
         object.__setattr__(self, "scale", float(self.scale))
@@ -65,7 +69,7 @@ class SpatialReduceWorkload:
 
     def key(self) -> dict:
         return {"op": "spatial_reduce", **{k: list(v) if isinstance(v, tuple) else v
-                                           for k, v in asdict(self).items()}}
+                                           for k, v in asdict(self).items() if k != "activation" or v != "none"}}
 
 
 def _grid(wl) -> tuple:
@@ -87,9 +91,9 @@ def spatial_reduce(wl: SpatialReduceWorkload, cfg: ReduceConfig):
 
     def finish(v):
         if wl.kind == "mean":
-            return v * (wl.scale / E)
+            return apply_ir(wl.activation, v * (wl.scale / E))
         v = call("sqrt", [v], "float32x4") if wl.kind == "l2" else v
-        return v * wl.scale if wl.scale != 1.0 else v
+        return apply_ir(wl.activation, v * wl.scale if wl.scale != 1.0 else v)
 
     def store(b, u, v):
         n, cb, hk, wk = unravel(b, u, units, "o")
@@ -131,8 +135,9 @@ def spatial_reduce(wl: SpatialReduceWorkload, cfg: ReduceConfig):
 def reference(wl: SpatialReduceWorkload, inputs: dict) -> np.ndarray:
     x = np.asarray(inputs["X"], np.float64)
     if wl.kind == "l2":
-        return wl.scale * np.sqrt((x * x).sum(axis=wl.axes, keepdims=wl.keepdims))
-    return wl.scale * {"mean": np.mean, "max": np.max}[wl.kind](x, axis=wl.axes, keepdims=wl.keepdims)
+        return apply_numpy(wl.activation, wl.scale * np.sqrt((x * x).sum(axis=wl.axes, keepdims=wl.keepdims)))
+    return apply_numpy(wl.activation, wl.scale * {"mean": np.mean, "max": np.max}[wl.kind](x, axis=wl.axes,
+                                                                                           keepdims=wl.keepdims))
 
 
 def random_inputs(wl: SpatialReduceWorkload, rng) -> dict:
@@ -158,7 +163,8 @@ def describe(wl: SpatialReduceWorkload) -> str:
     N, C, H, W = wl.data
     axes = {(2, 3): "HW", (2,): "H", (3,): "W"}[wl.axes]
     scale = f" x{wl.scale:g}" if wl.scale != 1.0 else ""
-    return f"{wl.kind}{scale} over {axes} {N}x{C}x{H}x{W}" + ("" if wl.keepdims else " -> 2-D")
+    return f"{wl.kind}{scale} over {axes} {N}x{C}x{H}x{W}" + ("" if wl.keepdims else " -> 2-D") + \
+        (f" +{wl.activation}" if wl.activation != "none" else "")
 
 
 def lower(ctx, node, ins):
@@ -183,12 +189,15 @@ def lower(ctx, node, ins):
         count = int(np.prod([shape[x] for x in axes]))
         wl = SpatialReduceWorkload(shape, "mean" if kind == "sum" else kind, axes, keep,
                                    float(count) if kind == "sum" else 1.0, ctx.dtype)
+    if a.get("activation", "none") != "none":  # passes.fuse_epilogues: an activation after the reduction
+        wl = dataclasses.replace(wl, activation=a["activation"])
     return wl, {"X": ins[0]}, {}
 
 
 WORKLOAD_ARGS = (WorkloadArg("data", "shape", "N,C,H,W", "input shape", required=True),
                  WorkloadArg("kind", "choice", "KIND", "mean, max or l2 (default mean)"),
-                 WorkloadArg("dtype", "dtype", help="storage dtype (accumulation is float32)"))
+                 WorkloadArg("dtype", "dtype", help="storage dtype (accumulation is float32)"),
+                 *(a for a in EPILOGUE_ARGS if a.name == "activation"))
 TEMPLATE = Template("spatial_reduce", SpatialReduceWorkload, ReduceConfig, spatial_reduce, reference,
                     random_inputs, fallback, space_vars, VARIABLES, features=features, describe=describe,
                     workload_args=WORKLOAD_ARGS,

@@ -240,3 +240,34 @@ def test_heldout_models_in_both_scopes_and_the_native_runtime(heldout, native, c
                            timeout=300)
         assert r.returncode == 0, (name, r.stderr)
         assert _rel(np.load(tmp_path / "y.npy"), want[0]) < 1e-4, (name, scope)
+
+
+@pytest.mark.parametrize("kind,split", [("mean", 1), ("max", 2), ("l2", 1)])
+def test_spatial_reduce_activation_matches_numpy(device, kind, split):
+    """A pool's activation in the reduction's epilogue (after the scale, on each output pixel), one or two
+    kernels; a workload without one keeps its log key."""
+    from test_templates import scopes
+    from tuner.templates import get_template
+    assert check_random_config(device, "spatial_reduce", dict(data=(1, 10, 9, 7), kind=kind, activation="hardswish"),
+                               "float32", 3, split=split, **scopes("buffer")) is not None
+    t = get_template("spatial_reduce")
+    assert "activation" not in t.workload(data=(1, 8, 4, 4)).key()
+
+
+def test_unary_ops_fold_into_norms_and_pools(tmp_path):
+    """A GroupNorm followed by a per-channel Mul and Add and a HardSwish, and a global pool followed by a
+    HardSwish: one kernel each, against onnxruntime (before: a unary kernel after the pool)."""
+    def body(b):
+        x = b.input("input", (1, 8, 8, 8))
+        x = b.conv(x, 8, 8, 3)
+        x = b.node("GroupNormalization", [x, b.const("s", np.ones(8)), b.const("b", np.zeros(8))], num_groups=2,
+                   epsilon=1e-5)
+        x = b.node("Add", [b.node("Mul", [x, b.const("m", b.rng.uniform(.5, 1.5, (8, 1, 1)))]),
+                           b.const("a", b.rng.normal(0, .3, (8, 1, 1)))])
+        x = b.conv(b.node("HardSwish", [x]), 8, 8, 3)
+        b.node("HardSwish", [b.node("GlobalAveragePool", [x])], output="output")
+        return {"output": [1, 8, 1, 1]}
+    b = _Builder(seed=2, opset=21)
+    mod = _compile_and_check(b.model(body(b), "m"), tmp_path)
+    assert [n.template or n.op for n in mod.spec.nodes] == ["relayout", "conv2d", "group_norm", "conv2d",
+                                                           "spatial_reduce", "relayout"]

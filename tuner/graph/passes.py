@@ -324,6 +324,20 @@ def _binary_epilogue(g: Graph, node: Node, nxt: Node, out: str, order: dict) -> 
 
 
 POOLS = ("avg_pool", "max_pool")  # windowed pools: glue kernels that take a binary op, a scale and a residual
+# reductions over H and W that the spatial_reduce template runs: they take an activation after themselves
+SPATIAL_REDUCTIONS = ("global_avg_pool", "global_max_pool", "reduce_mean", "reduce_max", "reduce_sum", "reduce_l2")
+
+
+def _reduction_takes_activation(g: Graph, node: Node) -> bool:
+    """A reduction the spatial_reduce template lowers (its ``lower``'s conditions: NCHW, over (H, W), H or W,
+    keeping the rank unless over both) with no activation yet."""
+    if node.op not in SPATIAL_REDUCTIONS or len(g.shapes[node.inputs[0]]) != 4 or "activation" in node.attrs:
+        return False
+    if node.op.startswith("global_"):
+        return True
+    axes = tuple(sorted(int(x) for x in node.attrs.get("axes", (2, 3))))
+    keep = bool(node.attrs.get("keepdims", 1))
+    return axes in ((2, 3), (2,), (3,)) and (keep or axes == (2, 3)) and len(node.inputs) == 1
 
 
 def _pool_epilogue(g: Graph, node: Node, nxt: Node, out: str, order: dict) -> bool:
@@ -412,7 +426,7 @@ def fuse_epilogues(graph: Graph) -> Graph:
     removed: set = set()
     for node in g.nodes:
         if node.name in removed or node.op not in ("conv2d", "dense", "group_norm", "layer_norm", "matmul") + \
-                BINARY_OPS + POOLS:
+                BINARY_OPS + POOLS + SPATIAL_REDUCTIONS:
             continue
         while True:
             out = node.outputs[0]
@@ -421,7 +435,11 @@ def fuse_epilogues(graph: Graph) -> Graph:
                 break
             nxt = readers[0]
             act = _activation(nxt)
-            if node.op == "matmul":
+            if node.op in SPATIAL_REDUCTIONS:
+                if act is None or not _reduction_takes_activation(g, node):
+                    break
+                node.attrs["activation"] = act
+            elif node.op == "matmul":
                 if not _matmul_epilogue(g, node, nxt, out, order):
                     break
             elif node.op in POOLS:

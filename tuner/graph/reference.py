@@ -64,6 +64,9 @@ EPILOGUE_ATTRS = {
     "sub": _BINARY_EPILOGUE, "mul": _BINARY_EPILOGUE, "div": _BINARY_EPILOGUE, "prelu": _BINARY_EPILOGUE,
     "avg_pool": {"post", "post_op", "scale", "residual"}, "max_pool": {"post", "post_op", "scale", "residual"},
     "concat": {"activation"},
+    # spatial_reduce's activation (passes.SPATIAL_REDUCTIONS)
+    **{op: {"activation"} for op in ("global_avg_pool", "global_max_pool", "reduce_mean", "reduce_max", "reduce_sum",
+                                     "reduce_l2")},
 }
 FUSED_INPUTS = ("post", "scale", "residual", "slope", "in_scale")  # appended to a node's inputs, in this order
 
