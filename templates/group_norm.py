@@ -21,12 +21,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tuner.ir.activations import apply_ir, apply_numpy, canonical
+from tuner.ir.activations import apply_ir, apply_numpy, apply_prelu_ir, apply_prelu_numpy, canonical
 from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
 from tuner.ir.expr import Broadcast, ExtractLane, Ramp, as_expr, call, max_, min_, select
 from tuner.ir.kernel import Program
-from tuner.templates.common import EPILOGUE_ARGS, Template, WorkloadArg, texture_scopes
+from tuner.templates.common import EPILOGUE_ARGS, Template, WorkloadArg, bias_length, split_prelu, texture_scopes
 from tuner.templates.reduction import (ReduceConfig, SameShapeWorkload, Schedule, ceil_div, each_index, fallback_config,
                                        features, hsum, packed, unravel)
 
@@ -133,7 +133,7 @@ def group_norm(wl: GroupNormWorkload, cfg: ReduceConfig):
         rstd = b.let("rstd", call("rsqrt", [max_(q * (1.0 / count) - m * m, 0.0) + wl.epsilon], "float32x4"))
         with sched.elements(b, c, lid) as e:
             idx, _ = at(b, u, e)
-            b.store(Y, idx, apply_ir(wl.activation, (X[idx] - mean) * (rstd * S[idx[1]]) + B[idx[1]]))
+            b.store(Y, idx, _activate(wl, (X[idx] - mean) * (rstd * S[idx[1]]) + B[idx[1]], B, idx[1]))
 
     b = Builder()
     with sched.items(b) as (u, c, lid, p):
@@ -168,10 +168,19 @@ def group_norm(wl: GroupNormWorkload, cfg: ReduceConfig):
     return Program(name, (first, second), (X, S, B, Y), (part,))
 
 
+def _activate(wl, v, B, ch):
+    """The fused activation of the normalized ``v`` of channels ``ch`` (a Ramp of 4): a per-channel PReLU reads
+    its slopes after the padded biases in ``B`` (``common.bias_length``)."""
+    if wl.activation == "prelu":
+        return apply_prelu_ir(v, B[Ramp(ch.base + B.shape[0] // 2, as_expr(1), 4)])
+    return apply_ir(wl.activation, v)
+
+
 def _operands(wl, cfg) -> tuple:
     C = wl.data[1]
-    S, B = (buffer(name, (C,), wl.dtype, *(("texture:weight", "mace_argument") if cfg.weight_scope == "texture"
-                                            else ("global", "bias4_buffer"))) for name in ("S", "B"))
+    S, B = (buffer(name, (C if name == "S" else bias_length(wl, C),), wl.dtype,
+                   *(("texture:weight", "mace_argument") if cfg.weight_scope == "texture" else ("global", "bias4_buffer")))
+            for name in ("S", "B"))
     return packed("X", wl.data, wl.dtype, cfg.input_scope), S, B, packed("Y", wl.data, wl.dtype, cfg.output_scope)
 
 
@@ -249,8 +258,8 @@ def _group_norm_mixed(wl: GroupNormWorkload, cfg: ReduceConfig) -> Program:
             for bi, cb in enumerate(cbs):
                 ch = Ramp(cb * 4, as_expr(1), 4)
                 with b.if_(cb < CB) if C % k else nullcontext():
-                    b.store(Y, (n, ch, h, w), apply_ir(wl.activation, (X[n, ch, h, w] - mean_v[bi]) *
-                                                       (rstd_v[bi] * S[ch]) + B[ch]))
+                    b.store(Y, (n, ch, h, w), _activate(wl, (X[n, ch, h, w] - mean_v[bi]) * (rstd_v[bi] * S[ch]) +
+                                                        B[ch], B, ch))
 
     b = Builder()
     with sched.items(b) as (u, c, lid, p):
@@ -300,15 +309,21 @@ def reference(wl: GroupNormWorkload, inputs: dict) -> np.ndarray:
     mean = xg.mean(axis=2, keepdims=True)
     var = ((xg - mean) ** 2).mean(axis=2, keepdims=True)
     y = ((xg - mean) / np.sqrt(var + wl.epsilon)).reshape(x.shape)
-    return apply_numpy(wl.activation, y * np.asarray(inputs["S"], np.float64).reshape(1, -1, 1, 1) +
-                       np.asarray(inputs["B"], np.float64).reshape(1, -1, 1, 1))
+    bias, slope = split_prelu(wl, inputs["B"])
+    C = x.shape[1]
+    y = y * np.asarray(inputs["S"], np.float64).reshape(1, -1, 1, 1) + \
+        np.asarray(bias, np.float64)[:C].reshape(1, -1, 1, 1)
+    return apply_prelu_numpy(y, slope[:C]) if slope is not None else apply_numpy(wl.activation, y)
 
 
 def random_inputs(wl: GroupNormWorkload, rng) -> dict:
     """X with a mean far from zero (what the shifted sums are for), S and B of both signs."""
     C = wl.data[1]
+    B = rng.standard_normal(bias_length(wl, C)).astype(wl.dtype)
+    if wl.activation == "prelu":  # slopes as trained PReLUs have them
+        B[B.size // 2:] = rng.uniform(0.05, 0.5, B.size // 2)
     return {"X": (rng.standard_normal(wl.data) * 2.0 + 3.0).astype(wl.dtype),
-            "S": rng.standard_normal(C).astype(wl.dtype), "B": rng.standard_normal(C).astype(wl.dtype)}
+            "S": rng.standard_normal(C).astype(wl.dtype), "B": B}
 
 
 def space_vars(wl: GroupNormWorkload) -> dict:
@@ -348,6 +363,12 @@ def lower(ctx, node, ins):
     for key, t in zip(("S", "B"), node.inputs[1:]):
         inputs[key] = f"{node.name}.{key.lower()}"
         extra[inputs[key]] = np.ascontiguousarray(np.asarray(ctx.graph.params[t], np.float32).reshape(-1))
+    if wl.activation == "prelu":  # the slopes after the biases padded to whole blocks (common.bias_length)
+        c = shape[1]
+        packed = np.zeros(bias_length(wl, c), np.float32)
+        packed[:c] = extra[inputs["B"]]
+        packed[packed.size // 2:packed.size // 2 + c] = np.asarray(ctx.graph.params[node.attrs["slope"]]).reshape(-1)
+        extra[inputs["B"]] = packed
     return wl, inputs, extra
 
 

@@ -255,8 +255,9 @@ def test_spatial_reduce_activation_matches_numpy(device, kind, split):
 
 
 def test_unary_ops_fold_into_norms_and_pools(tmp_path):
-    """A GroupNorm followed by a per-channel Mul and Add and a HardSwish, and a global pool followed by a
-    HardSwish: one kernel each, against onnxruntime (before: a unary kernel after the pool)."""
+    """A GroupNorm followed by a per-channel Mul and Add and a HardSwish, a GroupNorm followed by a per-channel
+    PReLU, and a global pool followed by a HardSwish: one kernel each, against onnxruntime (before: a binary
+    kernel after the second norm, a unary kernel after the pool)."""
     def body(b):
         x = b.input("input", (1, 8, 8, 8))
         x = b.conv(x, 8, 8, 3)
@@ -265,9 +266,12 @@ def test_unary_ops_fold_into_norms_and_pools(tmp_path):
         x = b.node("Add", [b.node("Mul", [x, b.const("m", b.rng.uniform(.5, 1.5, (8, 1, 1)))]),
                            b.const("a", b.rng.normal(0, .3, (8, 1, 1)))])
         x = b.conv(b.node("HardSwish", [x]), 8, 8, 3)
+        x = b.node("GroupNormalization", [x, b.const("s", b.rng.uniform(.5, 1.5, 8)), b.const("b", np.zeros(8))],
+                   num_groups=4, epsilon=1e-5)  # 2 channels a group: the mixed-groups kernel
+        x = b.conv(b.node("PRelu", [x, b.const("slope", b.rng.uniform(0.1, 0.3, (8, 1, 1)))]), 8, 8, 3)
         b.node("HardSwish", [b.node("GlobalAveragePool", [x])], output="output")
         return {"output": [1, 8, 1, 1]}
     b = _Builder(seed=2, opset=21)
     mod = _compile_and_check(b.model(body(b), "m"), tmp_path)
-    assert [n.template or n.op for n in mod.spec.nodes] == ["relayout", "conv2d", "group_norm", "conv2d",
-                                                           "spatial_reduce", "relayout"]
+    assert [n.template or n.op for n in mod.spec.nodes] == ["relayout", "conv2d", "group_norm", "conv2d", "group_norm",
+                                                           "conv2d", "spatial_reduce", "relayout"]

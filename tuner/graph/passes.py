@@ -7,8 +7,8 @@
   intermediate tensor: a constant per-channel multiply (a layer scale: its filters and bias scaled) or add (bias),
   an add of another activation (residual), then any
   activation (relu, clip, and every ``activation`` node's spec: hardswish, sigmoid, silu, gelu, ...) -- the
-  kernels' epilogue order; a PReLU with one slope per channel is a convolution's activation too (``prelu``, its
-  slopes the ``slope`` param). Binary glue ops (add, sub, mul, div, prelu) that stay on their own absorb a
+  kernels' epilogue order; a PReLU with one slope per channel is a convolution's or a group_norm's activation
+  too (``prelu``, its slopes the ``slope`` param). Binary glue ops (add, sub, mul, div, prelu) that stay on their own absorb a
   following per-channel constant multiply (``scale``), an add of another activation (``residual``) and an
   activation, in that order; a windowed pool that keeps its size takes a binary op with another activation first
   (``post``): PoolFormer's ``x + ls * (pool(y) - y)`` is one kernel. A ``matmul`` of token tensors absorbs, in its
@@ -447,7 +447,7 @@ def fuse_epilogues(graph: Graph) -> Graph:
                     break
             elif act is not None and "activation" not in node.attrs:
                 node.attrs["activation"] = act
-            elif node.op == "conv2d" and (slope := _prelu_slope(g, node, nxt, out)) is not None:
+            elif node.op in ("conv2d", "group_norm") and (slope := _prelu_slope(g, node, nxt, out)) is not None:
                 node.attrs["activation"], node.attrs["slope"] = "prelu", _add_param(g, f"{node.name}.slope", slope)
             elif (nxt.op == "mul" and node.op in ("conv2d", "dense") and "activation" not in node.attrs
                   and "residual" not in node.attrs and node.inputs[1] in g.params
