@@ -177,3 +177,24 @@ def test_the_check_uses_the_configs_tolerance(fp16_device, compute):
         assert 1e-3 < res.max_rel_error < 1e-2 < res.tolerance
     else:
         assert res.max_rel_error < 1.5e-3 and res.tolerance == 1e-2
+
+
+def test_compute_is_a_knob_of_the_arithmetic_templates_only():
+    """conv2d, depthwise, dense, matmul and Winograd tune ``compute``; norms and reductions have no such knob
+    and always sum in float (their accumulators are float32x4 whatever the storage)."""
+    import inspect
+    for name in ("conv2d", "depthwise_conv2d", "dense", "matmul", "winograd2", "winograd4"):
+        assert get_template(name).space().all_knobs["compute"] == ["float32", "half", "half_acc"], name
+    for name in ("group_norm", "layer_norm", "softmax", "spatial_reduce"):
+        t = get_template(name)
+        assert "compute" not in t.space().all_knobs, name
+        source = inspect.getsource(inspect.getmodule(t.build))
+        assert '"float16x4", "private"' not in source and '"float32x4", "private"' in source, name
+
+
+def test_logs_show_half_arithmetic_first():
+    """`tuner logs` cuts its config column to the terminal: half arithmetic leads it, float keeps knob order."""
+    from tuner.analysis.summary import knobs_text
+    assert knobs_text({"tile_oc": 2, "input_scope": "buffer", "compute": "half_acc", "split_k": 1}) == \
+        "compute=half_acc tile_oc=2 split_k=1"
+    assert knobs_text('{"tile_oc": 2, "compute": "float32", "split_k": 1}') == "tile_oc=2 compute=float32 split_k=1"

@@ -21,11 +21,13 @@ def config_of(row: pd.Series) -> dict:
 
 def knobs_text(config) -> str:
     """A config (dict or its JSON) for a table: ``tile_oc=2 wg_w=8 unroll_rs=true``, without the scope knobs
-    (the task label shows the scopes). Exports keep the full JSON."""
+    (the task label shows the scopes); half arithmetic first (``compute=half tile_oc=2 ...``), where a table cut
+    to the terminal's width still shows it. Exports keep the full JSON."""
     if isinstance(config, str):
         config = json.loads(config)
-    return " ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in config.items()
-                    if not k.endswith("_scope"))
+    items = [(k, v) for k, v in config.items() if not k.endswith("_scope")]
+    items.sort(key=lambda kv: not (kv[0] == "compute" and kv[1] != "float32"))  # stable: the rest in order
+    return " ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in items)
 
 
 def best_rows(df: pd.DataFrame) -> pd.DataFrame:
