@@ -96,6 +96,16 @@ def cmd_run(args) -> int:
         r = {"device": mod.spec.device.get("name", ""), "max_rel_err": err, "compile_s": compile_s,
              "launches": launches, "compute_layers": compute, "glue_launches": glue_launches,
              "glue_by_op": glue_ops, "multi_kernel_templates": multi}
+        try:  # the copies the plan names with their reasons (Plan.copies; a tree without them: none)
+            from tuner.compile.compiler import plan_model
+            from tuner.plan.views import write_views
+            from tuner.runtime.opencl.device import open_device
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                plan = write_views(plan_model(str(path), open_device(args.device).info, "auto"))
+            r["copies"] = list(getattr(plan, "copies", []))
+        except Exception as e:  # noqa: BLE001 - a tree whose planner has another signature: said, not fatal
+            r["copies"] = [f"(not planned here: {e})"]
         if args.repeats:
             prof = mod.profile(args.repeats)
             rows, total = prof["rows"], prof["kernel_total_s"]
@@ -138,6 +148,7 @@ def cmd_table(args) -> int:
             row[f"max_rel_err_{lab}"] = f"{r['max_rel_err']:.1e}"
             row[f"glue_by_op_{lab}"] = "; ".join(f"{k} {v}" for k, v in sorted(r["glue_by_op"].items(),
                                                                               key=lambda kv: -kv[1]))
+            row[f"copies_named_{lab}"] = " | ".join(r.get("copies", []))
             row[f"multi_kernel_{lab}"] = "; ".join(f"{k} x{v}" for k, v in r.get("multi_kernel_templates", {}).items())
         rows.append(row)
     fields = list(dict.fromkeys(k for r in rows for k in r))

@@ -275,3 +275,23 @@ def test_unary_ops_fold_into_norms_and_pools(tmp_path):
     mod = _compile_and_check(b.model(body(b), "m"), tmp_path)
     assert [n.template or n.op for n in mod.spec.nodes] == ["relayout", "conv2d", "group_norm", "conv2d", "group_norm",
                                                            "conv2d", "spatial_reduce", "relayout"]
+
+
+def test_every_remaining_copy_is_named_with_its_reason(heldout, device, tmp_path):
+    """Item 3: after the graph passes and ``write_views``, each data-movement kernel of every held-out model's
+    plan (relayouts, slices, strided copies, resizes, concats) has a note saying why it is a kernel (``Plan.copies``, concats and interleaves ``Plan.views``); the MobileViT-like block's query and key
+    slices start inside an RGBA pixel."""
+    from tuner.compile.compiler import plan_model
+    from tuner.plan.views import MOVEMENT, write_views
+    for name, model in heldout.items():
+        path = tmp_path / f"{name}.onnx"
+        onnx.save(model, str(path))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            plan = write_views(plan_model(str(path), device.info, "auto"))
+        named = {v.split(":", 1)[0]: v for v in plan.views + plan.copies}
+        for s in plan.steps:
+            if s.op in MOVEMENT:
+                assert s.name in named and len(named[s.name]) > len(s.name) + 20, (name, s.name, s.op)
+        if name == "mobilevit_like":
+            assert any("not a multiple of 4" in v for v in plan.copies), plan.copies

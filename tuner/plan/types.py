@@ -77,6 +77,8 @@ class Plan:
     # write it in place, or why it stays a kernel
     precision: dict = field(default_factory=dict)  # a mixed plan's nodes kept in float32: name -> why
     # (``tuner.plan.precision``)
+    copies: list = field(default_factory=list)  # every data-movement kernel left after ``plan.views``, with why it
+    # is a kernel and not a view (``plan.views.copy_notes``)
     notes: list = field(default_factory=list)  # why a tensor's scope differs from what its layer wanted (``plan_storage``:
     # a scope boundary no valid config of the kernel serves on the device is not offered)
 

@@ -178,8 +178,68 @@ def _side_copies(plan: Plan, parts: list, offsets: list, producer: dict, taken: 
 
 
 def write_views(plan: Plan) -> Plan:
-    """Interleaves (``shuffle_views``), then concats (``concat_views``) written in place."""
-    return concat_views(shuffle_views(dataclasses.replace(plan, views=[])))
+    """Interleaves (``shuffle_views``), then concats (``concat_views``) written in place; then every other
+    data-movement kernel that remains named with its reason in ``Plan.copies`` (``copy_notes``)."""
+    return copy_notes(concat_views(shuffle_views(dataclasses.replace(plan, views=[]))))
+
+
+# the glue steps that only move data: each one left after the passes and write_views is a copy kernel
+MOVEMENT = ("relayout", "permute", "slice", "strided_copy", "pad", "resize", "depth_to_space", "concat",
+            "concat_view", "upsample_zeros")
+
+
+def _copy_reason(plan: Plan, s: Step, producer: dict, readers: dict) -> str:
+    """Why movement step ``s`` is a kernel rather than a view its neighbours read or write in place."""
+    src = plan.tensors.get(next(iter(s.inputs.values()), ""), None)
+    out = plan.tensors[s.output]
+    by = sorted({r.op for r in readers.get(s.output, [])})
+    made = producer.get(src.name).op if src is not None and src.name in producer else "the model input"
+    if s.op == "relayout":
+        if src is not None and src.name in plan.inputs:
+            return "the model input: host row-major to the packed layout"
+        if s.output in plan.outputs:
+            return "the model output: the packed layout to host row-major"
+        if src is not None and src.shape != out.shape:
+            return f"a reshape {src.shape} -> {out.shape} across the packed channel axis ({src.kind} to {out.kind})"
+        return f"a change of storage ({src.scope if src else '?'} {src.kind if src else ''} to {out.scope} {out.kind})"
+    if s.op == "slice":
+        ch = tuple(s.attrs.get("channels", ()))
+        win = src is not None and len(src.shape) == 4 and any(
+            tuple(s.attrs.get(k, (0, 1, None)))[:2] != (0, 1) or s.attrs.get(k, (0, 1, None))[2] not in (None, src.shape[a])
+            for k, a in (("rows", 2), ("cols", 3)))
+        if win:
+            return "a window of rows or columns (only channel slices are read in place)"
+        if ch and ch != tuple(range(ch[0], ch[0] + len(ch))):
+            return "a channel shuffle, not a contiguous slice (folded only into a 1x1 convolution's weights)"
+        if ch and ch[0] % 4:
+            return f"channels {ch[0]}..{ch[0] + len(ch)} start inside an RGBA pixel (offset {ch[0]} is not a multiple of 4)"
+        if s.output in plan.outputs:
+            return "a model output"
+        return f"read by {', '.join(by) or 'nothing'}, which read no channel offset"
+    if s.op in ("strided_copy", "permute"):
+        return (f"moves {src.shape if src else '?'} ({src.kind if src else '?'}) to {out.shape} ({out.kind}) between "
+                f"{made} and {', '.join(by) or 'the model output'}: neither side reads or writes this view in place")
+    if s.op == "pad":
+        return f"a {s.attrs.get('mode', 'constant')} pad read by {', '.join(by) or 'the model output'} (only " \
+               "convolutions read padding in place, depthwise ones zeros only)"
+    if s.op == "resize":
+        return f"a {s.attrs.get('mode', '')} resize read by {', '.join(by) or 'the model output'} (no kernel reads " \
+               "it in place)"
+    return f"{s.op} between {made} and {', '.join(by) or 'the model output'}"
+
+
+def copy_notes(plan: Plan) -> Plan:
+    """``Plan.copies``: a note for each data-movement kernel that ``Plan.views`` does not already name (concats
+    and interleaves are, by ``concat_views`` and ``shuffle_views``): ``<step>: a copy kernel (<op>): <reason>``."""
+    named = {v.split(":", 1)[0] for v in plan.views}
+    producer = {t.output: t for t in plan.steps}
+    readers: dict = {}
+    for t in plan.steps:
+        for x in set(t.inputs.values()):
+            readers.setdefault(x, []).append(t)
+    notes = [f"{s.name}: a copy kernel ({s.op}): {_copy_reason(plan, s, producer, readers)}"
+             for s in plan.steps if s.op in MOVEMENT and s.name not in named]
+    return dataclasses.replace(plan, copies=notes)
 
 
 def concat_views(plan: Plan) -> Plan:
