@@ -1,8 +1,10 @@
 PYTHON ?= python3
 VENV := .venv
-# The stamp lives in the venv so `make clean` drops both; it re-installs only
-# when pyproject.toml is newer than the last install.
+# The stamps live in the venv so `make clean` drops them with it; each re-installs only when pyproject.toml is
+# newer than its last install. `make test` installs the test extras too; `make demo` only what a user installs
+# ('.[cpu]': the package and the CPU OpenCL runtime), so a demo does not wait for pytest, zig or oclgrind.
 STAMP := $(VENV)/.install.stamp
+DEMO_STAMP := $(VENV)/.install-cpu.stamp
 
 .PHONY: test demo clean native
 
@@ -11,6 +13,10 @@ $(VENV)/bin/python:
 
 $(STAMP): pyproject.toml | $(VENV)/bin/python
 	$(VENV)/bin/python -m pip install -e '.[test,cpu]'
+	touch $@ $(DEMO_STAMP)
+
+$(DEMO_STAMP): pyproject.toml | $(VENV)/bin/python
+	$(VENV)/bin/python -m pip install -e '.[cpu]'
 	touch $@
 
 # The native runtime (native/, C): build/native/{libtuner_runtime.so,tuner-run,asan/tuner-run}, with the
@@ -24,7 +30,7 @@ TEST_WORKERS ?= auto
 test: $(STAMP) native
 	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(VENV)/bin/tuner demo
 
 clean:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -118,7 +119,7 @@ def summary_table(summary, width: int | None = None) -> str:
                                               "best at", "best config"]
     k = int(several)
     fit = [("shrink", k + 7, 24), ("drop", k + 6), ("shrink", k + 3, 12), ("drop", k + 7),
-           ("shrink", k, 32, "middle")]
+           ("shrink", k, 40, "label")]
     return _fitted(format_table(head, rows, right={k + 1, k + 2, k + 4, k + 5, k + 6}, width=width, fit=fit),
                    width, head)
 
@@ -132,7 +133,7 @@ def best_table(best, width: int | None = None) -> str:
                                                   _num(r["trial"], "d"), knobs_text(config_of(r))]
             for _, r in best.iterrows()]
     k = int(several)
-    fit = [("shrink", k + 4, 24), ("shrink", k + 4, 12), ("shrink", k, 32, "middle"), ("shrink", 0, 12)]
+    fit = [("shrink", k + 4, 24), ("shrink", k + 4, 12), ("shrink", k, 40, "label"), ("shrink", 0, 12)]
     return _fitted(format_table(head, rows, right={k + 1, k + 2, k + 3}, width=width, fit=fit), width, head)
 
 
@@ -202,6 +203,41 @@ def _side(r, side: str, detail: int) -> str:
     return f"{_ms(r[f'{side}_median_s'])} ms{gflops}" + (f" ({r[f'{side}_ok']} ok)" if detail else "")
 
 
+def _labels_keep_their_shape(head: list, rows: list, k: int, width: int, fit: list) -> bool:
+    """Whether the fitted table's workload column shows every label's template, channels, kernel size and
+    stride (the words before the padding, ``@HxW`` and the epilogue), whole."""
+    from tuner.console import fit_widths, truncate_label
+    cells = [head] + [[str(c) for c in r] for r in rows]
+    widths, _ = fit_widths([max(len(r[i]) for r in cells) for i in range(len(head))], width, fit)
+    for r in rows:
+        label = str(r[k])
+        shown = truncate_label(label, widths[k]).replace(ELLIPSIS, " \0").split(" ")  # a cut word is no word
+        words = label.split(" ")
+        essential = words[:1]
+        if len(words) > 2 and re.fullmatch(r"\d+x\d+", words[2]):  # a convolution: ... kernel, stride too
+            for w in words:
+                if w.startswith(("@", "+", "[")) or (w[:1] == "p" and w[1:2].isdigit()) or w.startswith("p("):
+                    break
+                essential.append(w)
+        if not all(w in shown for w in essential):
+            return False
+    return True
+
+
+def _wrapped(head: list, rows: list, k: int, width: int) -> str:
+    """The compare table with each workload's label on a line of its own (cut only past ``width``, by
+    ``truncate_label``) and its numbers indented below: on a narrow terminal a label keeps its kernel size and
+    stride instead of being cut to a column."""
+    from tuner.console import truncate_label
+    rest = [c for i, c in enumerate(head) if i != k]
+    numbers = format_table(rest, [[c for i, c in enumerate(r) if i != k] for r in rows], right={len(rest) - 2},
+                           width=width - 2, fit=[("shrink", 0, 12)] if k else []).splitlines()
+    out = [head[k], *("  " + line for line in numbers[:2])]
+    for r, line in zip(rows, numbers[2:]):
+        out += [truncate_label(str(r[k]), width), "  " + line]
+    return "\n".join(out)
+
+
 def compare_table(cmp, totals, width: int | None = None) -> str:
     """Best texture against best buffer per workload. With ``width``: the most detail that fits without cutting
     a workload label, then the labels cut (the exports and the report have every number)."""
@@ -210,7 +246,7 @@ def compare_table(cmp, totals, width: int | None = None) -> str:
     head = (["device"] if several else []) + ["workload", "best texture", "best buffer", "texture speedup",
                                               "--scope auto"]
     k = int(several)
-    fit = [("shrink", k, 28, "middle"), ("shrink", 0, 12)]
+    fit = [("shrink", k, 40, "label"), ("shrink", 0, 12)]
     for detail in (2, 1, 0):
         rows = [([r["device"]] if several else []) + [
             r["workload"], _side(r, "texture", detail), _side(r, "buffer", detail),
@@ -219,7 +255,11 @@ def compare_table(cmp, totals, width: int | None = None) -> str:
         table = format_table(head, rows, right={len(head) - 2}, width=width, fit=fit)
         if width is None or ELLIPSIS not in table:
             break
-    lines = [_fitted(table, width, head)]
+    if width is not None and ELLIPSIS in table and not _labels_keep_their_shape(head, rows, k, width, fit):
+        table = _wrapped(head, rows, k, width)  # too narrow for the labels: each on a line of its own
+        lines = [table + ("\n" + NARROW.format(width=width) if ELLIPSIS in table else "")]
+    else:
+        lines = [_fitted(table, width, head)]
     notes = [f"  {r['workload']}: {r['note']}" for _, r in cmp.iterrows() if r["note"]]
     if notes:
         lines += ["", "not compared:"] + notes

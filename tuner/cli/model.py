@@ -423,12 +423,13 @@ def _print_tune_summary(res) -> None:
     from tuner.scheduler.model import describe
     print(f"{len(res.tasks)} tasks, {res.measured} measured now in {res.elapsed_s:.0f} s (planned {res.planned}), "
           f"log {res.log}")
-    for tr in res.tasks:
-        if not tr.records:
-            continue
+    shown = [tr for tr in res.tasks if tr.records]
+    width = max((len(describe(tr.task)) for tr in shown), default=0)  # labels in one column, whole
+    for tr in shown:
         b = f"{tr.best.gflops:8.3g} GFLOP/s" if tr.best is not None else f"  {tr.failure_text()}"
         early = "  (stopped early)" if tr.stopped_early else ""
-        print(f"  x{tr.task.count} {describe(tr.task):<44} budget {tr.budget:>3}  new {tr.measured:>3}  {b}{early}")
+        print(f"  x{tr.task.count} {describe(tr.task):<{width}}  budget {tr.budget:>3}  new {tr.measured:>3}  "
+              f"{b}{early}")
     if res.unmeasured:
         print(f"{len(res.unmeasured)} of {len(res.tasks)} tasks not measured (the budget went where the latency was; "
               f"they compile with their fallback or a transferred config):")
@@ -493,7 +494,18 @@ def cmd_demo(args) -> int:
     print(f"{tuned} of {sum(n.template is not None for n in mod.spec.nodes)} layers use tuned configs")
     print(f"latency {lat * 1e3:.3f} ms (median of {DEMO_RUNS}); max relative error vs onnxruntime {err:.2g}")
     print(onnxruntime_comparison(sess, {sess.get_inputs()[0].name: x}, lat, DEMO_RUNS))
+    print(demo_closing(dev.info))
     return 0 if err <= 1e-4 else 1
+
+
+def demo_closing(info) -> str:
+    """The demo's last line: what its run stands for on this kind of device (``info``: a DeviceInfo)."""
+    if info.type == "CPU":
+        return (f"a CPU run ({info.name}) shows the pipeline end to end (tuned, compiled, run, checked against "
+                "onnxruntime), not speed: a CPU emulates the textures this tuner plans for. Speed belongs to GPUs: "
+                "tune on the one you deploy to (`--device adb://SERIAL`).")
+    return (f"on {info.name} ({info.type}) the latency above is this device's, after a brief tune (--trials "
+            "raises it); onnxruntime ran on the host CPU, a reference for the outputs more than for speed.")
 
 
 DEMO_RUNS = 10  # timed runs of the demo's model, ours and onnxruntime's alike

@@ -641,8 +641,9 @@ def _history(log: str, info=None, transfer_from=None):
 
 
 def describe(task: Task) -> str:
-    data = "x".join(str(d) for d in task.workload.key()["data"])
-    return f"{task.template} {data} {'/'.join(task.scopes.values())}"
+    """The task as `tuner tune` lists it: its label (``TuningTask.label``, the one label of a workload: channels,
+    kernel size, stride, padding, input size, fused epilogue and scopes), as `tuner logs` and reports show it."""
+    return task.label
 
 
 def model_worker_tasks(path: str, device, trials: int, scope: str = "auto", min_trials: int = 4) -> tuple:
