@@ -53,8 +53,22 @@ TOP_LAYERS = 40  # bars of the per-layer figure (the slowest, in execution order
 
 def _png(fig: Figure) -> str:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI)  # constrained layout fits the labels: no second "tight" draw
+    fig.savefig(buf, format="png", dpi=DPI)  # one draw: margins set by _margins, no layout engine's extra pass
     return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+CHAR_INCHES = 7 * 0.6 / 72  # the width of a character of a 7-point tick label, about
+
+
+def _margins(fig: Figure, left_chars: int = 0, left: float = 0.6, right: float = 0.3, top: float = 0.45,
+             bottom: float = 0.6, wspace: float | None = None, hspace: float | None = None) -> None:
+    """Fixed margins in inches (``left_chars``: the longest y tick label, in characters, is added to ``left``):
+    a layout engine (constrained, tight) draws every figure once more to measure its labels, which was a third
+    of the report's time."""
+    w, h = fig.get_size_inches()
+    left += left_chars * CHAR_INCHES
+    fig.subplots_adjust(left=min(left / w, 0.6), right=1 - right / w, top=1 - top / h, bottom=min(bottom / h, 0.6),
+                        wspace=wspace, hspace=hspace)
 
 
 def _short(label: str, n: int = 48) -> str:
@@ -89,7 +103,8 @@ def template_figure(df: pd.DataFrame, shares: pd.DataFrame) -> Figure:
     keys = keys.sort_values(["device", "template"], kind="stable").itertuples(index=False)
     rows = [(d, t) for d, t in keys]
     labels = [f"{d}: {t}" if several else t for d, t in rows]
-    fig = Figure(figsize=(11, 0.32 * len(rows) + 1.6), layout="constrained")
+    fig = Figure(figsize=(11, 0.32 * len(rows) + 1.6))
+    _margins(fig, max(map(len, labels)), wspace=0.08)
     ax_lat, ax_out = fig.subplots(1, 2, sharey=True)
     y = np.arange(len(rows))
     lat = shares.groupby(["device", "template"])["share"].sum() if not shares.empty else pd.Series(dtype=float)
@@ -131,7 +146,9 @@ def top_tasks_figure(shares: pd.DataFrame, top: int = TOP_TASKS) -> Figure | Non
         return None
     t = shares.groupby("device", sort=False).head(top).reset_index(drop=True)
     several = shares["device"].nunique() > 1
-    fig = Figure(figsize=(11, 0.28 * len(t) + 1.5), layout="constrained")
+    fig = Figure(figsize=(11, 0.28 * len(t) + 1.5))
+    labels = [_task_label(d, k, several) for d, k in zip(t["device"], t["task"])]
+    _margins(fig, max(map(len, labels)), wspace=0.06)
     ax_share, ax_ceiling = fig.subplots(1, 2, sharey=True, width_ratios=[3, 2])
     y = np.arange(len(t))
     colors = [SCOPE_COLORS.get(sc, SCOPE_COLORS["mixed"]) for sc in t["scopes"]]
@@ -139,7 +156,7 @@ def top_tasks_figure(shares: pd.DataFrame, top: int = TOP_TASKS) -> Figure | Non
     ax_share.barh(y, share, color=colors)
     for i, (v, s) in enumerate(zip(share, t["best_median_s"])):
         ax_share.text(v, i, f" {v:.1f}% ({s * 1e3:.3g} ms)", va="center", fontsize=7)
-    ax_share.set_yticks(y, [_task_label(d, k, several) for d, k in zip(t["device"], t["task"])], fontsize=7)
+    ax_share.set_yticks(y, labels, fontsize=7)
     ax_share.invert_yaxis()
     ax_share.set_xlim(0, share.max() * 1.35)
     ax_share.set_xlabel("% of the device's latency (bar colour: scopes)", fontsize=8)
@@ -188,7 +205,9 @@ def convergence_figure(df: pd.DataFrame, shares: pd.DataFrame, top: int = TOP_LI
     ranked = list(zip(shares["device"], shares["task"]))
     colored = ranked[:top]
     names = dict(zip(ranked, zip(shares["device"], shares["task"], shares["share"])))
-    fig = Figure(figsize=(10, 5.2 + 0.17 * min(len(colored), top)), layout="constrained")
+    legend_rows = math.ceil((len(colored) + bool(len(groups) > len(colored))) / 2)
+    fig = Figure(figsize=(10, 5.2 + 0.17 * legend_rows))
+    _margins(fig, 4, bottom=0.75 + 0.17 * legend_rows)
     ax = fig.subplots()
     grey, longest = [], 1
     for key, idx in groups.items():
@@ -227,15 +246,16 @@ def convergence_figure(df: pd.DataFrame, shares: pd.DataFrame, top: int = TOP_LI
     ax.grid(alpha=0.3)
     ax.set_title(f"Convergence of {len(groups)} tasks: in colour the {len(colored)} of most latency "
                  "(their share in brackets)", fontsize=9)
-    fig.legend(loc="outside lower center", ncols=2, fontsize=7, frameon=False)
+    fig.legend(loc="lower center", ncols=2, fontsize=7, frameon=False, bbox_to_anchor=(0.5, 0.0))
     return fig
 
 
-def _device_panels(device_column: pd.Series, row_inches: float):
+def _device_panels(device_column: pd.Series, row_inches: float, left_chars: int):
     """One horizontal-bar panel per device, stacked, each as tall as its rows: ``(fig, [(ax, device)])``."""
     devices = list(dict.fromkeys(device_column))
     heights = [row_inches * (device_column == d).sum() + 0.9 for d in devices]
-    fig = Figure(figsize=(9, sum(heights) + 0.3), layout="constrained")
+    fig = Figure(figsize=(9, sum(heights) + 0.3))
+    _margins(fig, left_chars, hspace=0.9 / (sum(heights) / len(devices)))
     axes = fig.subplots(len(devices), 1, squeeze=False, height_ratios=heights).ravel()
     return fig, list(zip(axes, devices))
 
@@ -256,7 +276,7 @@ def scope_figure(cmp: pd.DataFrame, top: int = TOP_WORKLOADS) -> Figure | None:
     if cmp.empty:
         return None
     cmp = _heaviest_workloads(cmp, top)
-    fig, panels = _device_panels(cmp["device"], 0.38)
+    fig, panels = _device_panels(cmp["device"], 0.38, max(len(_short(w, 56)) for w in cmp["workload"]))
     for ax, device in panels:
         c = cmp[cmp["device"] == device].reset_index(drop=True)
         y = np.arange(len(c))
@@ -276,7 +296,7 @@ def scope_figure(cmp: pd.DataFrame, top: int = TOP_WORKLOADS) -> Figure | None:
         ax.invert_yaxis()
         ax.set_xlabel("best GFLOP/s  (label: texture speedup = buffer time / texture time)", fontsize=8)
         ax.set_title(f"Texture against buffer per layer on {device}" + (
-            f": {len(c)} layers, the compared ones first, each by latency" if len(c) == top else ""), fontsize=9)
+            f"\n{len(c)} layers: the compared ones first, each by latency" if len(c) == top else ""), fontsize=9)
         ax.margins(x=0.15)
         ax.grid(axis="x", alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
@@ -320,13 +340,15 @@ def profile_figure(profile: dict, top: int = TOP_LAYERS) -> Figure:
     if len(rows) > top:
         keep = set(sorted(range(len(rows)), key=lambda i: -rows[i]["median_s"])[:top])
         shown = [r for i, r in enumerate(rows) if i in keep]
-    fig = Figure(figsize=(9, 0.26 * len(shown) + 1.4), layout="constrained")
+    fig = Figure(figsize=(9, 0.26 * len(shown) + 1.4))
+    names = [_short(f"{r['node']} ({r['op']})", 50) for r in shown]
+    _margins(fig, max(map(len, names), default=0))
     ax = fig.subplots()
     y = np.arange(len(shown))
     ms = [r["median_s"] * 1e3 for r in shown]
     kinds = [_scope_kind(r.get("scopes")) for r in shown]
     ax.barh(y, ms, color=[SCOPE_COLORS[k] for k in kinds])
-    ax.set_yticks(y, [_short(f"{r['node']} ({r['op']})", 50) for r in shown], fontsize=7)
+    ax.set_yticks(y, names, fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("median ms", fontsize=8)
     ax.legend(handles=[Patch(color=SCOPE_COLORS[k], label=k) for k in SCOPE_COLORS if k in kinds], fontsize=7,
