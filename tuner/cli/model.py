@@ -43,7 +43,9 @@ def _input_shapes(specs) -> dict | None:
 
 def _add_model_args(p, scope_help: str) -> None:
     p.add_argument("--scope", choices=("auto", "texture", "buffer"), default="auto", help=scope_help)
-    p.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="storage dtype")
+    p.add_argument("--dtype", choices=("float32", "float16"), default="float32",
+                   help="storage dtype; a float16 layer starts from float32's tuned config (and the reverse), and "
+                        "on a device with cl_khr_fp16 its compute knob tunes half arithmetic")
     p.add_argument("--input-shape", action="append", metavar="NAME=SHAPE", help="override an input's shape")
     add_device_arg(p)
 
