@@ -130,3 +130,18 @@ def test_a_float16_task_measures_float32s_best_config_first(tmp_path, device):
     [(params, dtype)] = dtype_seeds(str(log), task, info, task.space(info), {})
     assert dtype == "float16" and params["compute"] == "float32" and params["wg_w"] == 4
     assert dtype_seeds(str(log), task, info, task.space(info), {tuple(params.values()): None}) == []
+
+
+def test_a_float32_compile_times_no_plan_of_float16s_configs(device):
+    """A float32 model trusts its own records: float16's fill only the layers it has none of, and no plan built
+    from float16's configs is timed against it."""
+    import tuner.compile.compiler as C
+    from tuner.compile.compiler import device_history
+    model = zoo_test_models()["conv_pads"]
+    info = device.info
+    history = apply_history_best(_records(model, info, "float32") + _records(model, info, "float16", seed=2))
+    history = device_history(history, info, None, "float32")
+    mod = C._fastest_plan(model, history, device, "float32", None, False, 1, "python", lambda mod: 1.0)
+    names = {name for step in mod.plan_steps for name in step.times}
+    assert not any("float16" in name for name in names), names
+    assert {n.config_source for n in _nodes(mod)} == {"tuned"}
