@@ -38,6 +38,10 @@
 #           $TRIALS (24) measurements -> conv_transpose_<device>.csv/.md (issue 38)
 #   budget  bench/budget.py tune: $BUDGETS (model:seconds,...) from empty logs -> budget.tgz (issue 53)
 #   budget_curve  bench/budget.py curve on budget.tgz (carried): latency after $POINTS minutes, fallback, committed
+#   precision  bench/precision.py (issue 56): fp32, fp16 (--precision off) and the precision guard's mixed plan of
+#           $PREC_MODELS (the zoo's and torchvision's tv_NAME, exported here with torch) with BatchNorm-calibrated and
+#           uncalibrated weights, compiled with the committed logs and --transfer-from auto: tuner-run latency
+#           ($RUNS, 100), error and top-1 against onnxruntime in both runtimes, the nodes kept -> precision_<fp>.csv/.md
 #   profile  where a measurement's seconds go (bench/measure_profile.py): phases in one process, the Measurer's rate
 #   table   gpu_summary.md from the files under $OUT and the log: per layer against cuDNN and the roofline bound
 # usage: OUT=/tmp/out bench/gpu.sh test tune
@@ -112,6 +116,10 @@ for stage in "$@"; do
       python3 "$REPO/bench/export_tasks.py" --out /tmp/task_models --input-size "${SIZE:-224}" 2>&1 | grep -v Warn | tail -12
       python3 "$REPO/bench/models.py" --models-dir /tmp/task_models --device nvidia --variants auto,native:auto \
         --repeats 20 --tag tasks --log "$REPO/logs/nvidia-gpu-d4a6eca0.jsonl" --out "$OUT" 2>&1 | tail -16 ;;
+    precision)
+      python3 "$REPO/bench/precision.py" --device nvidia --out "$OUT" --runs "${RUNS:-100}" --size "${SIZE:-224}" \
+        --models "${PREC_MODELS:-resnet18,mobilenet_v2,mobilenet_v3_small,tv_resnet18,tv_mobilenet_v2,tv_efficientnet_b0,tv_mobilenet_v3_large}" \
+        --log "$REPO/logs/*.jsonl" --transfer-from auto 2>&1 | grep -v "Warning\|warn(" | tail -60 ;;
     conv_transpose)
       python3 "$REPO/bench/conv_transpose.py" --device nvidia --trials "${TRIALS:-24}" --out "$OUT" 2>&1 \
         | grep -v "Warning\|warn(" | tail -20 ;;
