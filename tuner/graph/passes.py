@@ -494,6 +494,34 @@ def fuse_epilogues(graph: Graph) -> Graph:
     return _drop_unused_params(g).validate()
 
 
+def flatten_into_reductions(graph: Graph) -> Graph:
+    """A reduction over (H, W) of an NCHW tensor that keeps its rank (a global pool, ReduceMean / Max / Sum / L2
+    with keepdims) read only by a Flatten or a Reshape to (N, C) -- a classifier head's GAP then Flatten --
+    becomes one reduction with keepdims=0: the spatial_reduce template writes the (N, C) rows itself and the
+    relayout between the two layouts runs no kernel (issue 55)."""
+    g = graph.copy()
+    kinds = {"global_avg_pool": "reduce_mean", "global_max_pool": "reduce_max", "reduce_mean": "reduce_mean",
+             "reduce_max": "reduce_max", "reduce_sum": "reduce_sum", "reduce_l2": "reduce_l2"}
+    for node in list(g.nodes):
+        out = node.outputs[0]
+        if node.op not in kinds or len(g.shapes[node.inputs[0]]) != 4 or out in g.outputs or len(node.inputs) != 1:
+            continue
+        if not node.op.startswith("global_") and (tuple(sorted(int(a) for a in node.attrs.get("axes", ()))) != (2, 3)
+                                                  or not node.attrs.get("keepdims", 1)):
+            continue
+        readers = g.consumers(out)
+        n, c = g.shapes[out][:2]
+        if len(readers) != 1 or readers[0].op not in ("flatten", "reshape") or \
+                tuple(g.shapes[readers[0].outputs[0]]) != (n, c):
+            continue
+        flat = readers[0]
+        attrs = {k: v for k, v in node.attrs.items() if k == "activation"}
+        node.op, node.attrs = kinds[node.op], {**attrs, "axes": (2, 3), "keepdims": 0}
+        node.outputs = list(flat.outputs)
+        g.nodes = [m for m in g.nodes if m is not flat]
+    return g.validate()
+
+
 def _gate_operands(g: Graph, node: Node):
     """``(x, s)`` of a ``mul`` of an (N, C, H, W) activation by an (N, C, 1, 1) activation, else None."""
     if node.op != "mul" or len(node.inputs) != 2 or "activation" in node.attrs \
@@ -602,6 +630,7 @@ def optimize(graph: Graph) -> Graph:
 # bias and epilogue folded in first: only its weights and bias permute), squeeze-excite gates, Pads and channel
 # gathers read by the convolutions after them.
 PIPELINE = (model_io_ranks, pointwise_ranks, fuse_group_norm, fuse_patterns, optimize_movement, split_whole_reductions,
-            fold_batch_norm, fuse_patterns, fuse_epilogues, crd_to_dcr, fuse_input_gates, fold_pads, pad_concat_parts,
+            fold_batch_norm, fuse_patterns, fuse_epilogues, flatten_into_reductions, crd_to_dcr, fuse_input_gates,
+            fold_pads, pad_concat_parts,
             fold_gathers_into_convs, compose_gathers_into_copies, matmul_views, slices_read_in_place,
             fuse_concat_activations)
