@@ -17,7 +17,7 @@ import numpy as np
 from tuner.ir.activations import apply_ir, apply_numpy, canonical
 from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
-from tuner.ir.expr import Ramp, as_expr, call, max_
+from tuner.ir.expr import Broadcast, ExtractLane, Ramp, as_expr, call, max_
 from tuner.ir.kernel import Program
 from tuner.templates.common import EPILOGUE_ARGS, Template, WorkloadArg, texture_scopes
 from tuner.templates.reduction import (LOWEST, ReduceConfig, Schedule, ceil_div, each_index, fallback_config,
@@ -37,6 +37,9 @@ class SpatialReduceWorkload:
     scale: float = 1.0
     dtype: str = "float32"
     activation: str = "none"  # fused after the reduction (a pool's HardSwish, issue 55); in the key only when set
+    weight: str = "none"  # a prologue: X times a second input Q of shape "pixel" (N, 1, H, W: one weight a position,
+    # MobileViTv2's context scores) or "same" (X's shape) as it is read -- a mean or sum of a product; the key
+    # has it only when set
 
     def __post_init__(self):
         object.__setattr__(self, "data", tuple(int(x) for x in self.data))
@@ -53,6 +56,8 @@ class SpatialReduceWorkload:
             raise ValueError(f"spatial_reduce axes {list(self.axes)}: [2, 3], [2] or [3] (H and W, H, or W)")
         if not self.keepdims and self.axes != (2, 3):
             raise ValueError("spatial_reduce over one spatial axis keeps the rank (keepdims=1)")
+        if self.weight not in ("none", "pixel", "same") or (self.weight != "none" and self.kind != "mean"):
+            raise ValueError(f"spatial_reduce weight {self.weight!r}: none, or pixel / same for a mean or sum")
         if self.dtype not in ("float32", "float16"):
             raise ValueError(f"dtype {self.dtype!r}: float32 or float16 storage")
 
@@ -69,7 +74,8 @@ class SpatialReduceWorkload:
 
     def key(self) -> dict:
         return {"op": "spatial_reduce", **{k: list(v) if isinstance(v, tuple) else v
-                                           for k, v in asdict(self).items() if k != "activation" or v != "none"}}
+                                           for k, v in asdict(self).items()
+                                           if k not in ("activation", "weight") or v != "none"}}
 
 
 def _grid(wl) -> tuple:
@@ -85,6 +91,7 @@ def spatial_reduce(wl: SpatialReduceWorkload, cfg: ReduceConfig):
     sched = Schedule(U, E, cfg)
     X = packed("X", wl.data, wl.dtype, cfg.input_scope)
     Y = packed("Y", wl.out_shape, wl.dtype, cfg.output_scope)
+    Q = packed("Q", weight_shape(wl), wl.dtype, cfg.input_scope) if wl.weight != "none" else None
     mx = wl.kind == "max"
     ident = LOWEST if mx else 0.0
     combine = (lambda a, v: max_(a, v)) if mx else (lambda a, v: a + v)
@@ -109,7 +116,12 @@ def spatial_reduce(wl: SpatialReduceWorkload, cfg: ReduceConfig):
         n, cb, hk, wk = unravel(b, u, units, "u")
         with sched.elements(b, c, lid) as e:
             hr, wr = unravel(b, e, reduced, "r")
-            x = X[n, Ramp(cb * 4, as_expr(1), 4), hr if 2 in wl.axes else hk, wr if 3 in wl.axes else wk]
+            hw = (hr if 2 in wl.axes else hk, wr if 3 in wl.axes else wk)
+            x = X[n, Ramp(cb * 4, as_expr(1), 4), *hw]
+            if wl.weight == "pixel":  # channel 0 of Q's first block, the same for every lane
+                x = x * Broadcast(ExtractLane(Q[n, Ramp(as_expr(0), as_expr(1), 4), *hw], 0), 4)
+            elif wl.weight == "same":
+                x = x * Q[n, Ramp(cb * 4, as_expr(1), 4), *hw]
             b.store(acc, 0, combine(acc[0], x * x if wl.kind == "l2" else x))
         total, = sched.tree(b, [acc[0]], combine, lid, p)
         cond = sched.is_writer(lid)
@@ -118,7 +130,8 @@ def spatial_reduce(wl: SpatialReduceWorkload, cfg: ReduceConfig):
                 b.store(part, (u * T + c, Ramp(as_expr(0), as_expr(1), 4)), total)
             else:
                 store(b, u, total)
-    first = b.kernel("spatial_reduce" if T == 1 else "spatial_reduce_partial", [X, part or Y])
+    ins = [X] if Q is None else [X, Q]
+    first = b.kernel("spatial_reduce" if T == 1 else "spatial_reduce_partial", [*ins, part or Y])
     if T == 1:
         return first
     b = Builder()  # the chunks' partials of a unit combined by one work-item
@@ -129,11 +142,19 @@ def spatial_reduce(wl: SpatialReduceWorkload, cfg: ReduceConfig):
             b.store(acc, 0, combine(acc[0], part[u * T + t, Ramp(as_expr(0), as_expr(1), 4)]))
         store(b, u, acc[0])
     second = b.kernel("spatial_reduce_combine", [part, Y])
-    return Program("spatial_reduce", (first, second), (X, Y), (part,))
+    return Program("spatial_reduce", (first, second), (*ins, Y), (part,))
+
+
+def weight_shape(wl) -> tuple:
+    """The shape of the prologue's weights ``Q``: (N, 1, H, W) for ``pixel``, X's for ``same``."""
+    N, C, H, W = wl.data
+    return (N, 1, H, W) if wl.weight == "pixel" else wl.data
 
 
 def reference(wl: SpatialReduceWorkload, inputs: dict) -> np.ndarray:
     x = np.asarray(inputs["X"], np.float64)
+    if wl.weight != "none":
+        x = x * np.asarray(inputs["Q"], np.float64)
     if wl.kind == "l2":
         return apply_numpy(wl.activation, wl.scale * np.sqrt((x * x).sum(axis=wl.axes, keepdims=wl.keepdims)))
     return apply_numpy(wl.activation, wl.scale * {"mean": np.mean, "max": np.max}[wl.kind](x, axis=wl.axes,
@@ -141,7 +162,10 @@ def reference(wl: SpatialReduceWorkload, inputs: dict) -> np.ndarray:
 
 
 def random_inputs(wl: SpatialReduceWorkload, rng) -> dict:
-    return {"X": rng.standard_normal(wl.data).astype(wl.dtype)}
+    out = {"X": rng.standard_normal(wl.data).astype(wl.dtype)}
+    if wl.weight != "none":
+        out["Q"] = rng.standard_normal(weight_shape(wl)).astype(wl.dtype)
+    return out
 
 
 def space_vars(wl: SpatialReduceWorkload) -> dict:
@@ -164,6 +188,7 @@ def describe(wl: SpatialReduceWorkload) -> str:
     axes = {(2, 3): "HW", (2,): "H", (3,): "W"}[wl.axes]
     scale = f" x{wl.scale:g}" if wl.scale != 1.0 else ""
     return f"{wl.kind}{scale} over {axes} {N}x{C}x{H}x{W}" + ("" if wl.keepdims else " -> 2-D") + \
+        (f" *{wl.weight} weights" if wl.weight != "none" else "") + \
         (f" +{wl.activation}" if wl.activation != "none" else "")
 
 
@@ -191,7 +216,12 @@ def lower(ctx, node, ins):
                                    float(count) if kind == "sum" else 1.0, ctx.dtype)
     if a.get("activation", "none") != "none":  # passes.fuse_epilogues: an activation after the reduction
         wl = dataclasses.replace(wl, activation=a["activation"])
-    return wl, {"X": ins[0]}, {}
+    inputs = {"X": ins[0]}
+    if a.get("weight") is not None:  # passes.fuse_reduction_weights: the product read as the reduction's input
+        q = ctx.shape(a["weight"])
+        wl = dataclasses.replace(wl, weight="same" if tuple(q) == tuple(shape) else "pixel")
+        inputs["Q"] = ctx.packed(a["weight"])
+    return wl, inputs, {}
 
 
 WORKLOAD_ARGS = (WorkloadArg("data", "shape", "N,C,H,W", "input shape", required=True),

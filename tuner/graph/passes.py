@@ -522,6 +522,34 @@ def flatten_into_reductions(graph: Graph) -> Graph:
     return g.validate()
 
 
+def fuse_reduction_weights(graph: Graph) -> Graph:
+    """A sum or mean over (H, W) (or one of them) of ``x * w`` -- two activations, ``w`` of x's shape or one value
+    a position (N, 1, H, W): MobileViTv2's context vector, the keys weighted by the softmaxed query -- reads the
+    product as it reduces (the spatial_reduce template's ``weight`` prologue, ``attrs["weight"]`` its input
+    after x); the product is never stored (issue 55: a binary op of two activations into its consumer)."""
+    g = graph.copy()
+    for node in list(g.nodes):
+        if node.op not in ("reduce_mean", "reduce_sum", "global_avg_pool") or "weight" in node.attrs \
+                or len(node.inputs) != 1 or len(g.shapes[node.inputs[0]]) != 4:
+            continue
+        if node.op != "global_avg_pool":
+            axes = tuple(sorted(int(a) for a in node.attrs.get("axes", ())))
+            if axes not in ((2, 3), (2,), (3,)) or (not node.attrs.get("keepdims", 1) and axes != (2, 3)):
+                continue
+        mul = g.producer(node.inputs[0])
+        if mul is None or mul.op != "mul" or len(mul.inputs) != 2 or mul.attrs or mul.outputs[0] in g.outputs \
+                or g.consumers(mul.outputs[0]) != [node] or any(t in g.params or t in g.inputs for t in mul.inputs):
+            continue
+        shape = tuple(g.shapes[mul.outputs[0]])
+        for x, w in (mul.inputs, mul.inputs[::-1]):
+            ws = tuple(g.shapes[w])
+            if tuple(g.shapes[x]) == shape and (ws == shape or ws == (shape[0], 1, *shape[2:])) and x != w:
+                node.inputs, node.attrs = [x, w], {**node.attrs, "weight": w}
+                g.nodes = [m for m in g.nodes if m is not mul]
+                break
+    return g.validate()
+
+
 def _gate_operands(g: Graph, node: Node):
     """``(x, s)`` of a ``mul`` of an (N, C, H, W) activation by an (N, C, 1, 1) activation, else None."""
     if node.op != "mul" or len(node.inputs) != 2 or "activation" in node.attrs \
@@ -630,7 +658,8 @@ def optimize(graph: Graph) -> Graph:
 # bias and epilogue folded in first: only its weights and bias permute), squeeze-excite gates, Pads and channel
 # gathers read by the convolutions after them.
 PIPELINE = (model_io_ranks, pointwise_ranks, fuse_group_norm, fuse_patterns, optimize_movement, split_whole_reductions,
-            fold_batch_norm, fuse_patterns, fuse_epilogues, flatten_into_reductions, crd_to_dcr, fuse_input_gates,
+            fold_batch_norm, fuse_patterns, fuse_epilogues, flatten_into_reductions, fuse_reduction_weights, crd_to_dcr,
+            fuse_input_gates,
             fold_pads, pad_concat_parts,
             fold_gathers_into_convs, compose_gathers_into_copies, matmul_views, slices_read_in_place,
             fuse_concat_activations)

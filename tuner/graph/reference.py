@@ -65,10 +65,10 @@ EPILOGUE_ATTRS = {
     "avg_pool": {"post", "post_op", "scale", "residual"}, "max_pool": {"post", "post_op", "scale", "residual"},
     "concat": {"activation"},
     # spatial_reduce's activation (passes.SPATIAL_REDUCTIONS)
-    **{op: {"activation"} for op in ("global_avg_pool", "global_max_pool", "reduce_mean", "reduce_max", "reduce_sum",
-                                     "reduce_l2")},
+    **{op: {"activation", "weight"} for op in ("global_avg_pool", "global_max_pool", "reduce_mean", "reduce_max",
+                                               "reduce_sum", "reduce_l2")},
 }
-FUSED_INPUTS = ("post", "scale", "residual", "slope", "in_scale")  # appended to a node's inputs, in this order
+FUSED_INPUTS = ("post", "scale", "residual", "slope", "in_scale", "weight")  # appended to a node's inputs, in order
 
 
 def _evaluate(graph: Graph, node: Node, fn, env: dict) -> np.ndarray:
@@ -86,6 +86,8 @@ def _evaluate(graph: Graph, node: Node, fn, env: dict) -> np.ndarray:
         ins = [x if at is None else x[:, at:at + c] for x, at in zip(ins, a["channel_offsets"])]
     if "in_scale" in extra:
         ins[0] = ins[0] * extra["in_scale"]
+    if "weight" in extra:  # a reduction's prologue (passes.fuse_reduction_weights): the product it reduces
+        ins[0] = ins[0] * extra["weight"]
     out = fn(node, *ins)
     if "post" in extra:
         out = OPS[a["post_op"]](node, out, extra["post"])
