@@ -333,6 +333,8 @@ def test_demo_runs_the_whole_flow(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "max relative error vs onnxruntime" in out and "layers use tuned configs" in out
     assert "onnxruntime (CPU) latency " in out and "x its speed (ours " in out
+    last = out.rstrip().splitlines()[-1]  # what the run stands for: on a CPU, the pipeline, not speed
+    assert "pipeline end to end" in last or "the latency above is this device's" in last, last
 
 
 def test_demo_prints_onnxruntimes_latency_and_the_ratio(tmp_path):
