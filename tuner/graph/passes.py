@@ -550,6 +550,60 @@ def fuse_reduction_weights(graph: Graph) -> Graph:
     return g.validate()
 
 
+def _channel_range(g: Graph, n: Node) -> tuple | None:
+    """``(start, count)`` of a ``slice`` node that takes a contiguous run of channels of a 4-D tensor, every row
+    and column; else None."""
+    if n.op != "slice" or len(g.shapes[n.inputs[0]]) != 4:
+        return None
+    shape = g.shapes[n.inputs[0]]
+    for key, extent in (("rows", shape[2]), ("cols", shape[3])):
+        start, step, count = n.attrs.get(key, (0, 1, None))
+        if (start, step) != (0, 1) or count not in (None, extent):
+            return None
+    ch = tuple(int(c) for c in n.attrs["channels"])
+    return (ch[0], len(ch)) if ch and ch == tuple(range(ch[0], ch[0] + len(ch))) else None
+
+
+def align_channel_slices(graph: Graph) -> Graph:
+    """A convolution whose output only channel slices read (MobileViTv2's qkv projection split into a 1-channel
+    query, d keys and d values: offsets 1 and 1 + d) writes its channels in another order -- the slices whose
+    length is a multiple of 4 first, then the others -- so that as many slices as possible start at an RGBA pixel
+    and can be read in place (``slices_read_in_place``) or composed into copies at whole pixels. The filters, the
+    bias and a PReLU's slopes are permuted with the channels; the slices' indices follow (issue 55)."""
+    g = graph.copy()
+    for conv in [n for n in g.nodes if n.op == "conv2d"]:
+        out = conv.outputs[0]
+        readers = g.consumers(out)
+        ranges = [_channel_range(g, r) for r in readers]
+        if out in g.outputs or not readers or None in ranges or conv.inputs[1] not in g.params \
+                or any(k in conv.attrs for k in ("residual", "in_scale")) \
+                or all(start % 4 == 0 for start, _ in ranges):
+            continue
+        distinct = sorted(set(ranges))
+        if any(a[0] + a[1] > b[0] for a, b in zip(distinct, distinct[1:])):
+            continue  # overlapping slices
+        o = g.shapes[out][1]
+        order = [r for r in distinct if r[1] % 4 == 0] + [r for r in distinct if r[1] % 4]
+        covered = {c for start, count in distinct for c in range(start, start + count)}
+        perm = [c for start, count in order for c in range(start, start + count)] + \
+            [c for c in range(o) if c not in covered]
+        new_start, at = {}, 0
+        for r in order:
+            new_start[r], at = at, at + r[1]
+        if all(new_start[r] == r[0] for r in distinct):
+            continue
+        idx = np.asarray(perm)
+        renamed = {t: _add_param(g, f"{t}.aligned", np.asarray(g.params[t])[idx])  # filters, bias, slopes
+                   for i, t in enumerate(conv.inputs) if i == 1 or (i >= 2 and t in g.params)}
+        conv.inputs = [renamed.get(t, t) for t in conv.inputs]
+        if conv.attrs.get("slope") is not None:
+            conv.attrs["slope"] = renamed[conv.attrs["slope"]]
+        for r, rng in zip(readers, ranges):
+            start = new_start[rng]
+            r.attrs = {**r.attrs, "channels": tuple(range(start, start + rng[1]))}
+    return _drop_unused_params(g).validate()
+
+
 def _gate_operands(g: Graph, node: Node):
     """``(x, s)`` of a ``mul`` of an (N, C, H, W) activation by an (N, C, 1, 1) activation, else None."""
     if node.op != "mul" or len(node.inputs) != 2 or "activation" in node.attrs \
@@ -659,7 +713,7 @@ def optimize(graph: Graph) -> Graph:
 # gathers read by the convolutions after them.
 PIPELINE = (model_io_ranks, pointwise_ranks, fuse_group_norm, fuse_patterns, optimize_movement, split_whole_reductions,
             fold_batch_norm, fuse_patterns, fuse_epilogues, flatten_into_reductions, fuse_reduction_weights, crd_to_dcr,
-            fuse_input_gates,
+            fuse_input_gates, align_channel_slices,
             fold_pads, pad_concat_parts,
             fold_gathers_into_convs, compose_gathers_into_copies, matmul_views, slices_read_in_place,
             fuse_concat_activations)
