@@ -142,7 +142,7 @@ def test_a_time_budget_stops_in_time_after_every_fallback(model, tmp_path, scope
 
 class BackgroundFake(Runner):
     """A runner that measures in the background like ``Measurer``: ``builders`` threads, each config taking
-    ``fast`` seconds but the first of every batch ``slow`` (a straggler), with ``ScopeFake``'s timings. It records
+    ``fast`` seconds but the first of every visit (a batch of one task) ``slow`` (a straggler), with ``ScopeFake``'s timings. It records
     which tasks' batches were open at once."""
 
     def __init__(self, info, builders=3, fast=0.01, slow=0.4):
@@ -171,7 +171,7 @@ class BackgroundFake(Runner):
             self.open.append((keys, batch))
             self.queued += len(inputs)
         for i, r in enumerate(results):
-            self.pool.submit(self._one, batch, i, r, self.slow if i == 0 else self.fast)
+            self.pool.submit(self._one, batch, i, r, self.slow if i == 0 and len(keys) == 1 else self.fast)
         return batch
 
     def _one(self, batch, i, result, seconds):
@@ -214,6 +214,19 @@ def test_a_visit_starts_while_the_last_ones_stragglers_finish(model, tmp_path, d
         assert len(flat) == len(set(flat)), f"one task in two open visits: {open_keys}"
     assert all(len(o) <= 2 for o in runner.overlaps)
     assert res.measured > len(res.tasks) and not res.failed
+
+
+def test_a_visit_still_measuring_when_the_budget_ends_is_cut_short(model, tmp_path, device):
+    """A straggler that would outlast the budget does not hold the tune: what finished is logged, the rest is left
+    to a re-run (nothing in the study stays running), and the tune ends inside its budget."""
+    runner = BackgroundFake(device.info, slow=3.0)
+    t0 = time.monotonic()
+    res = tune_model(model, log=str(tmp_path / "t.jsonl"), trials=None, time_budget=4.0, device=runner,
+                     sampler="random", progress=False, options=MeasureOptions(n_parallel=3))
+    took = time.monotonic() - t0
+    runner.pool.shutdown(wait=False, cancel_futures=True)
+    assert took < 4.0 + 1.0, took
+    assert res.measured >= len(res.tasks) and not res.failed
 
 
 def test_visits_go_to_the_tasks_that_hold_the_latency(model, tmp_path, scope_fake, device):

@@ -41,6 +41,7 @@ class Measurer(Runner):
         self._cv = threading.Condition()
         self._queued = 0  # builds submitted that no builder has taken yet
         self._closed = False
+        self._running = False  # the runner is checking or timing a config
         self._run_thread = threading.Thread(target=self._run_loop, name="run", daemon=True)
         self._run_thread.start()
 
@@ -50,8 +51,15 @@ class Measurer(Runner):
         self._closed = True
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._runs.put(None)
-        for w in (*self.builders, self.runner):
-            w.close()
+        idle = set()
+        while True:
+            try:
+                idle.add(id(self._free.get_nowait()))
+            except queue.Empty:
+                break
+        for w in self.builders:  # a builder still building (a visit cut short by the budget) is killed at once:
+            w.close() if id(w) in idle else w.kill()  # a polite close waits 2 s for each
+        self.runner.close() if self._runs.qsize() <= 1 and not self._running else self.runner.kill()
 
     def _notify(self) -> None:
         with self._cv:
@@ -111,6 +119,7 @@ class Measurer(Runner):
             if job is None:
                 return
             batch, i, inp, res, prepared = job
+            self._running = True
             start = time.perf_counter()
             try:
                 if self._closed:
@@ -127,4 +136,5 @@ class Measurer(Runner):
             except Exception as e:  # noqa: BLE001 - a result, never a dead thread that leaves a batch open
                 res.error_code, res.error_msg = ErrorCode.UNKNOWN, f"the run failed: {e!r}"
             res.duration_s += time.perf_counter() - start
+            self._running = False
             batch.put(i, res)

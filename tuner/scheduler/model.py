@@ -473,8 +473,11 @@ def tune_model(model, log: str | None = None, trials: int | None = 200, device=N
         for k, s, props in v.batch:
             res = outs[i:i + len(props)]
             i += len(props)
+            if None in res:  # the budget ended while these were measured: the finished ones count, the others
+                # stay asked and are failed when the search closes (a re-run proposes them again)
+                props, res = [p for p, r in zip(props, res) if r is not None], [r for r in res if r is not None]
             t0 = time.monotonic()
-            new += count(k, s.take(props, res))
+            new += count(k, s.take(props, res)) if props else 0
             phases["record"] += time.monotonic() - t0
             if s.stopped:
                 by_key[k].stopped_early = True
@@ -560,11 +563,15 @@ def tune_model(model, log: str | None = None, trials: int | None = 200, device=N
                 break
             t0 = time.monotonic()
             while not any(v.handle.done for v in open_):
-                runner.wait(0.5, builder=started)
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+                runner.wait(0.5 if deadline is None else max(0.01, min(0.5, deadline - time.monotonic())),
+                            builder=started)
                 if started and runner.idle():
                     break
             phases["measure"] += time.monotonic() - t0
-            for v in [v for v in open_ if v.handle.done]:
+            expired = deadline is not None and time.monotonic() >= deadline  # what is still open is cut short
+            for v in [v for v in open_ if v.handle.done or expired]:
                 open_.remove(v)
                 new = land(v)
                 now_ = time.monotonic()
