@@ -40,6 +40,14 @@ class GroupNormWorkload(SameShapeWorkload):
     epsilon: float = 1e-5
     dtype: str = "float32"
     activation: str = "none"  # fused after the affine (InstanceNorm -> ReLU, GroupNorm -> SiLU)
+    residual: bool = False  # an add of another activation of the shape (``Res``) after the affine, before the
+    # activation: a residual block's y = norm(conv(x)) + x (issue 55); in the key only when set
+
+    def key(self) -> dict:
+        key = super().key()
+        if not self.residual:
+            del key["residual"]
+        return key
 
     def __post_init__(self):
         object.__setattr__(self, "data", tuple(int(x) for x in self.data))
@@ -99,6 +107,7 @@ def group_norm(wl: GroupNormWorkload, cfg: ReduceConfig):
     sched = Schedule(U, E, cfg)
     T = cfg.split
     X, S, B, Y = _operands(wl, cfg)
+    Res = _residual_operand(wl, cfg)
     part = buffer("part", (U * T * 2, 4), "float32", "global") if T > 1 else None
     vec = Ramp(as_expr(0), as_expr(1), 4)
 
@@ -133,7 +142,8 @@ def group_norm(wl: GroupNormWorkload, cfg: ReduceConfig):
         rstd = b.let("rstd", call("rsqrt", [max_(q * (1.0 / count) - m * m, 0.0) + wl.epsilon], "float32x4"))
         with sched.elements(b, c, lid) as e:
             idx, _ = at(b, u, e)
-            b.store(Y, idx, _activate(wl, (X[idx] - mean) * (rstd * S[idx[1]]) + B[idx[1]], B, idx[1]))
+            b.store(Y, idx, _activate(wl, _residual((X[idx] - mean) * (rstd * S[idx[1]]) + B[idx[1]], Res, idx), B,
+                                      idx[1]))
 
     b = Builder()
     with sched.items(b) as (u, c, lid, p):
@@ -155,8 +165,9 @@ def group_norm(wl: GroupNormWorkload, cfg: ReduceConfig):
                 b.store(part, ((u * T + c) * 2, vec), s)
                 b.store(part, ((u * T + c) * 2 + 1, vec), q)
     name = "instance_norm" if per_lane else "group_norm"
+    res = [Res] if Res is not None else []
     if T == 1:
-        return b.kernel(name, [X, S, B, Y])
+        return b.kernel(name, [X, S, B, *res, Y])
     first = b.kernel(f"{name}_stats", [X, part])
     b = Builder()  # every chunk again: its unit's T partials combined, its texels normalized
     with sched.items(b) as (u, c, lid, p):
@@ -164,8 +175,12 @@ def group_norm(wl: GroupNormWorkload, cfg: ReduceConfig):
         acc = _sum_partials(b, part, u, T)
         with b.if_(sched.valid) if sched.valid is not None else nullcontext():
             normalize(b, u, c, lid, K, acc[0], acc[1])
-    second = b.kernel(f"{name}_apply", [X, S, B, part, Y])
-    return Program(name, (first, second), (X, S, B, Y), (part,))
+    second = b.kernel(f"{name}_apply", [X, S, B, *res, part, Y])
+    return Program(name, (first, second), (X, S, B, *res, Y), (part,))
+
+
+def _residual(v, Res, idx):
+    return v if Res is None else v + Res[idx]
 
 
 def _activate(wl, v, B, ch):
@@ -182,6 +197,11 @@ def _operands(wl, cfg) -> tuple:
                    *(("texture:weight", "mace_argument") if cfg.weight_scope == "texture" else ("global", "bias4_buffer")))
             for name in ("S", "B"))
     return packed("X", wl.data, wl.dtype, cfg.input_scope), S, B, packed("Y", wl.data, wl.dtype, cfg.output_scope)
+
+
+def _residual_operand(wl, cfg):
+    """``Res``, the residual added after the affine, in the output's scope; None without ``residual``."""
+    return packed("Res", wl.data, wl.dtype, cfg.output_scope) if wl.residual else None
 
 
 def _super_unit(wl) -> tuple:
@@ -208,6 +228,8 @@ def _group_norm_mixed(wl: GroupNormWorkload, cfg: ReduceConfig) -> Program:
     U, T = int(np.prod(units)), cfg.split
     sched = Schedule(U, H * W, cfg)  # the texels of a unit are its pixels' kb blocks: kb texels a pixel
     X, S, B, Y = _operands(wl, cfg)
+    Res = _residual_operand(wl, cfg)
+    res = [Res] if Res is not None else []
     part = buffer("part", (U * T * 2 * kb, 4), "float32", "global") if T > 1 else None
     vec = Ramp(as_expr(0), as_expr(1), 4)
     count = H * W  # elements of one lane
@@ -258,8 +280,8 @@ def _group_norm_mixed(wl: GroupNormWorkload, cfg: ReduceConfig) -> Program:
             for bi, cb in enumerate(cbs):
                 ch = Ramp(cb * 4, as_expr(1), 4)
                 with b.if_(cb < CB) if C % k else nullcontext():
-                    b.store(Y, (n, ch, h, w), _activate(wl, (X[n, ch, h, w] - mean_v[bi]) * (rstd_v[bi] * S[ch]) +
-                                                        B[ch], B, ch))
+                    v = (X[n, ch, h, w] - mean_v[bi]) * (rstd_v[bi] * S[ch]) + B[ch]
+                    b.store(Y, (n, ch, h, w), _activate(wl, _residual(v, Res, (n, ch, h, w)), B, ch))
 
     b = Builder()
     with sched.items(b) as (u, c, lid, p):
@@ -285,7 +307,7 @@ def _group_norm_mixed(wl: GroupNormWorkload, cfg: ReduceConfig) -> Program:
                 for i, v in enumerate(sums):
                     b.store(part, ((u * T + c) * 2 * kb + i, vec), v)
     if T == 1:
-        return b.kernel("group_norm", [X, S, B, Y])
+        return b.kernel("group_norm", [X, S, B, *res, Y])
     first = b.kernel("group_norm_stats", [X, part])
     b = Builder()  # every chunk again: its unit's T partials added, its pixels normalized
     with sched.items(b) as (u, c, lid, p):
@@ -299,8 +321,8 @@ def _group_norm_mixed(wl: GroupNormWorkload, cfg: ReduceConfig) -> Program:
                 b.store(acc, i, acc[i] + part[(u * T + t) * 2 * kb + i, vec])
         with b.if_(sched.valid) if sched.valid is not None else nullcontext():
             normalize(b, u, c, lid, n, cbs, K, [acc[i] for i in range(2 * kb)])
-    second = b.kernel("group_norm_apply", [X, S, B, part, Y])
-    return Program("group_norm", (first, second), (X, S, B, Y), (part,))
+    second = b.kernel("group_norm_apply", [X, S, B, *res, part, Y])
+    return Program("group_norm", (first, second), (X, S, B, *res, Y), (part,))
 
 
 def reference(wl: GroupNormWorkload, inputs: dict) -> np.ndarray:
@@ -313,6 +335,8 @@ def reference(wl: GroupNormWorkload, inputs: dict) -> np.ndarray:
     C = x.shape[1]
     y = y * np.asarray(inputs["S"], np.float64).reshape(1, -1, 1, 1) + \
         np.asarray(bias, np.float64)[:C].reshape(1, -1, 1, 1)
+    if wl.residual:
+        y = y + np.asarray(inputs["Res"], np.float64)
     return apply_prelu_numpy(y, slope[:C]) if slope is not None else apply_numpy(wl.activation, y)
 
 
@@ -322,8 +346,11 @@ def random_inputs(wl: GroupNormWorkload, rng) -> dict:
     B = rng.standard_normal(bias_length(wl, C)).astype(wl.dtype)
     if wl.activation == "prelu":  # slopes as trained PReLUs have them
         B[B.size // 2:] = rng.uniform(0.05, 0.5, B.size // 2)
-    return {"X": (rng.standard_normal(wl.data) * 2.0 + 3.0).astype(wl.dtype),
-            "S": rng.standard_normal(C).astype(wl.dtype), "B": B}
+    out = {"X": (rng.standard_normal(wl.data) * 2.0 + 3.0).astype(wl.dtype),
+           "S": rng.standard_normal(C).astype(wl.dtype), "B": B}
+    if wl.residual:
+        out["Res"] = rng.standard_normal(wl.data).astype(wl.dtype)
+    return out
 
 
 def space_vars(wl: GroupNormWorkload) -> dict:
@@ -346,7 +373,8 @@ def fallback(wl: GroupNormWorkload, info) -> ReduceConfig:
 def describe(wl: GroupNormWorkload) -> str:
     N, C, H, W = wl.data
     kind = "instance" if wl.groups == C else f"{wl.groups} groups"
-    return f"{kind} {N}x{C}x{H}x{W}" + (f" +{wl.activation}" if wl.activation != "none" else "")
+    return f"{kind} {N}x{C}x{H}x{W}" + (" +res" if wl.residual else "") + \
+        (f" +{wl.activation}" if wl.activation != "none" else "")
 
 
 def lower(ctx, node, ins):
@@ -358,8 +386,10 @@ def lower(ctx, node, ins):
                          f"GroupNorm exported as Reshape(N, G, -1) -> InstanceNormalization -> Reshape back is fused "
                          f"into one when the reshapes are exactly that)")
     wl = GroupNormWorkload(shape, int(node.attrs["groups"]), float(node.attrs["epsilon"]), ctx.dtype,
-                           node.attrs.get("activation", "none"))
+                           node.attrs.get("activation", "none"), residual=node.attrs.get("residual") is not None)
     inputs, extra = {"X": ins[0]}, {}
+    if wl.residual:  # passes.fuse_epilogues: y = norm(x) + another activation
+        inputs["Res"] = ctx.packed(node.attrs["residual"])
     for key, t in zip(("S", "B"), node.inputs[1:]):
         inputs[key] = f"{node.name}.{key.lower()}"
         extra[inputs[key]] = np.ascontiguousarray(np.asarray(ctx.graph.params[t], np.float32).reshape(-1))

@@ -137,6 +137,26 @@ def test_groups_sharing_blocks_run_in_one_launch(device, data, groups, split):
     assert len(getattr(built, "kernels", [built])) == (1 if split == 1 else 2)
 
 
+@pytest.mark.parametrize("data,groups,split", [((1, 8, 6, 6), 8, 1), ((1, 12, 5, 7), 1, 2), ((1, 64, 4, 4), 32, 1),
+                                               ((1, 6, 5, 5), 3, 2)])
+def test_group_norm_residual_matches_numpy(device, data, groups, split):
+    """norm(x) * S + B + Res, then the activation (a residual block's add after its InstanceNorm), in every
+    kernel variant; a workload without it keeps its log key."""
+    from test_templates import scopes
+    from tuner.templates import get_template
+    assert check_random_config(device, "group_norm", dict(data=data, groups=groups, activation="relu", residual=True),
+                               "float32", 2, split=split, **scopes("buffer")) is not None
+    assert "residual" not in get_template("group_norm").workload(data=data, groups=groups).key()
+
+
+def test_style_transfer_residual_adds_run_in_the_norms(tmp_path):
+    """The zoo's style-transfer net (test size): each residual block's add after its InstanceNorm is the norm's
+    epilogue -- no elementwise kernel left -- against onnxruntime."""
+    mod = _compile_and_check(zoo.test_models()["style_transfer"], tmp_path)
+    ops = [n.template or n.op for n in mod.spec.nodes]
+    assert "elementwise" not in ops and len(ops) == 23, ops
+
+
 def test_cpu_fallback_norms_are_one_launch(device):
     """On a CPU device the fallback does not split a norm to fill compute units (a second launch): GroupNorm(1),
     GroupNorm(4) of 8 channels and InstanceNorm of a small map are one kernel each."""

@@ -420,6 +420,20 @@ def _prelu_slope(g: Graph, node: Node, nxt: Node, out: str) -> np.ndarray | None
     return _channel_constant(g, nxt.inputs[1], g.shapes[out][1], 4)
 
 
+def _norm_residual(g: Graph, node: Node, nxt: Node, out: str, order: dict) -> str | None:
+    """The other operand of an ``add`` after a group_norm (no residual or activation yet) when it is an activation
+    of the same NCHW shape computed before the norm: a residual block's ``norm(conv(x)) + x`` (the style-transfer
+    net's InstanceNorm), the template's ``residual``; else None."""
+    if nxt.op != "add" or len(nxt.inputs) != 2 or nxt.inputs.count(out) != 1 or len(g.shapes[out]) != 4 \
+            or any(k in node.attrs for k in ("activation", "residual")):
+        return None
+    other = _other(nxt, out)
+    if other in g.params or tuple(g.shapes[other]) != tuple(g.shapes[out]):
+        return None
+    p = g.producer(other)
+    return None if p is not None and order[p.name] > order[node.name] else other
+
+
 def fuse_epilogues(graph: Graph) -> Graph:
     g = canonical_residuals(graph)
     order = {n.name: i for i, n in enumerate(g.nodes)}
@@ -447,6 +461,8 @@ def fuse_epilogues(graph: Graph) -> Graph:
                     break
             elif act is not None and "activation" not in node.attrs:
                 node.attrs["activation"] = act
+            elif node.op == "group_norm" and (other := _norm_residual(g, node, nxt, out, order)) is not None:
+                node.attrs["residual"] = other
             elif node.op in ("conv2d", "group_norm") and (slope := _prelu_slope(g, node, nxt, out)) is not None:
                 node.attrs["activation"], node.attrs["slope"] = "prelu", _add_param(g, f"{node.name}.slope", slope)
             elif (nxt.op == "mul" and node.op in ("conv2d", "dense") and "activation" not in node.attrs

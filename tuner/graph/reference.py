@@ -59,7 +59,7 @@ def run_graph_numpy(graph: Graph, inputs: dict, all_tensors: bool = False) -> di
 _BINARY_EPILOGUE = {"activation", "scale", "residual"}  # passes._binary_epilogue, then an activation
 EPILOGUE_ATTRS = {
     "conv2d": {"activation", "residual", "in_scale", "pad_mode", "slope"}, "dense": {"activation", "residual"},
-    "group_norm": {"activation", "slope"}, "layer_norm": {"activation"},
+    "group_norm": {"activation", "slope", "residual"}, "layer_norm": {"activation"},
     "add": {"activation", "channel_offsets"}, "relu": {"channel_offsets"}, "clip": {"channel_offsets"},
     "sub": _BINARY_EPILOGUE, "mul": _BINARY_EPILOGUE, "div": _BINARY_EPILOGUE, "prelu": _BINARY_EPILOGUE,
     "avg_pool": {"post", "post_op", "scale", "residual"}, "max_pool": {"post", "post_op", "scale", "residual"},
