@@ -197,30 +197,13 @@ def write_native_binary(folder: Path, source: str, payload: bytes) -> Path:
 
 
 def keep_programs(mod) -> int:
-    """The programs of ``mod`` (a Module loaded on a local OpenCL device), kept in the binary cache for both
-    runtimes: the Python executor's file (``tuner.runtime.opencl.program``) and tuner-run's, so the first run of
-    the artifact builds nothing. Returns how many programs were kept; 0 where there is no cache or the device
-    is not a local OpenCL one (an agent's device keeps its own). Never fails a compile: a cache that cannot be
-    written is skipped."""
+    """The programs of ``mod`` (a Module loaded on a device), kept in the binary cache for both runtimes: the
+    Python executor's file (``tuner.runtime.opencl.program``) and tuner-run's, so the first run of the artifact
+    builds nothing. The runtime keeps them (``Runtime.keep_programs``: the local OpenCL one writes both files,
+    an agent's device keeps its own), so this module needs no OpenCL. Returns how many programs were kept; 0
+    where there is no cache or no device. Never fails a compile: a cache that cannot be written is skipped."""
     bins = binaries_dir()
-    device = getattr(getattr(mod, "runtime", None), "device", None)
-    if bins is None or device is None or not hasattr(device, "cl_device"):
+    runtime = getattr(mod, "runtime", None)
+    if bins is None or runtime is None:
         return 0
-    import pyopencl as cl
-
-    from tuner.runtime.opencl.program import build_program
-    info = device.info
-    native = bins / native_device_key(info.platform, info.name, info.driver_version)
-    kept = 0
-    for source in dict.fromkeys(mod.sources.values()):
-        try:
-            program = build_program(device, source, cache_dir=bins)  # built already: kept in the Python format
-            if not (native / f"{hashlib.sha256(source.encode()).hexdigest()}.bin").exists():  # else tuner-run's own
-                payload = program.binaries[0]
-                if not payload:
-                    continue
-                write_native_binary(native, source, payload)
-            kept += 1
-        except (OSError, cl.Error, TunerError):
-            continue  # no cache for this one: the first run builds it
-    return kept
+    return runtime.keep_programs(dict.fromkeys(mod.sources.values()), bins)

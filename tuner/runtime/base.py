@@ -82,6 +82,12 @@ class Runtime(abc.ABC):
             costs.append(sum(self.profile(launches)))
         return costs
 
+    def keep_programs(self, sources, binaries_dir) -> int:
+        """Keep the built programs of ``sources`` in the user's binary cache ``binaries_dir``
+        (``tuner.artifact.cache``), so the first run of an artifact builds nothing; how many were kept. Never
+        raises for a cache that cannot be written. By default none: a device elsewhere (an agent's) keeps its own."""
+        return 0
+
     def close(self) -> None:
         """Release the device (a no-op where nothing is held)."""
 

@@ -28,7 +28,8 @@ from pathlib import Path
 
 import pyopencl as cl
 
-from tuner.errors import CompileError
+from tuner.artifact.cache import native_device_key, write_native_binary
+from tuner.errors import CompileError, TunerError
 from tuner.runtime.opencl.device import Device
 
 _CACHE: weakref.WeakKeyDictionary[Device, dict[tuple, cl.Program]] = weakref.WeakKeyDictionary()
@@ -210,3 +211,26 @@ def clear_program_cache(device: Device | None = None) -> None:
         _CACHE.clear()
     else:
         _CACHE.pop(device, None)
+
+
+def keep_programs(device: Device, sources, binaries_dir) -> int:
+    """The programs of ``sources`` on ``device``, kept in the user's binary cache ``binaries_dir`` for both
+    runtimes (``tuner.artifact.cache``): this module's file and tuner-run's (``write_native_binary``), so the first
+    run of an artifact builds nothing. Returns how many programs were kept. Never fails a compile: a program that
+    cannot be built or a cache that cannot be written is skipped (the first run builds it)."""
+    bins = Path(binaries_dir)
+    info = device.info
+    native = bins / native_device_key(info.platform, info.name, info.driver_version)
+    kept = 0
+    for source in dict.fromkeys(sources):
+        try:
+            program = build_program(device, source, cache_dir=bins)  # built already: kept in the Python format
+            if not (native / f"{hashlib.sha256(source.encode()).hexdigest()}.bin").exists():  # else tuner-run's own
+                payload = program.binaries[0]
+                if not payload:
+                    continue
+                write_native_binary(native, source, payload)
+            kept += 1
+        except (OSError, cl.Error, TunerError):
+            continue  # no cache for this one: the first run builds it
+    return kept

@@ -22,7 +22,7 @@ from tuner.errors import DeviceError, TunerError
 from tuner.runtime.base import Runtime
 from tuner.runtime.opencl.device import Device, open_device
 from tuner.runtime.opencl.memory import DeviceArray, _region, alloc
-from tuner.runtime.opencl.program import build_program
+from tuner.runtime.opencl.program import build_program, keep_programs
 
 RUNNING_KEPT = 100_000  # events kept to find a failed launch by, at most (submits never waited for)
 
@@ -62,6 +62,9 @@ class OpenCLRuntime(Runtime):
             return build_program(self.device, source, cache_dir=cache_dir, stats=stats)
         except cl.Error as e:  # the build itself fails as CompileError, with its log
             raise self._error("creating the program", e) from None
+
+    def keep_programs(self, sources, binaries_dir):
+        return keep_programs(self.device, sources, binaries_dir)
 
     def alloc(self, scope, physical_shape, dtype):
         try:
