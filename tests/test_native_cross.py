@@ -35,7 +35,74 @@ def test_cross_sources_match_the_makefile():
     assert _makefile_list("AGENT_SRCS") == native.AGENT_SOURCES
     # tuner-run is its own file linked with the library's objects
     rule = next(x for x in (native.NATIVE / "Makefile").read_text().splitlines() if x.startswith("$(BUILD)/tuner-run:"))
-    assert rule.split(":", 1)[1].split() == [f"$(BUILD)/obj/{native.CLI_SOURCE[:-2]}.o", "$(OBJS)"]
+    assert rule.split(":", 1)[1].split() == [f"$(BUILD)/obj/{native.CLI_SOURCE[:-2]}.o", "$(OBJS)", "$(LINK_DEPS)"]
+
+
+FULL_RELRO = ("-Wl,-z,relro", "-Wl,-z,now")
+
+
+def test_makefile_links_everything_with_full_relro():
+    """The host build links the library, tuner-run, the agent and their ASan builds with -z relro -z now, and
+    relinks when those flags change (the Makefile is a prerequisite of each link)."""
+    lines = (native.NATIVE / "Makefile").read_text().splitlines()
+    flags = next(x for x in lines if x.startswith("HARDEN_LDFLAGS :="))
+    assert flags.split(":=")[1].split() == list(FULL_RELRO)
+    assert "AGENT_LDFLAGS := $(HARDEN_LDFLAGS)" in lines
+    links = {}
+    for i, x in enumerate(lines):
+        if x.startswith("$(BUILD)/") and ":" in x and not x.startswith("$(BUILD)/obj/") \
+                and not x.startswith("$(BUILD)/asan/obj/"):
+            links[x.split(":", 1)[0]] = (x, lines[i + 1])
+    assert set(links) == {"$(BUILD)/libtuner_runtime.so", "$(BUILD)/tuner-run", "$(BUILD)/asan/tuner-run",
+                          "$(BUILD)/tuner-agent", "$(BUILD)/asan/tuner-agent"}
+    for name, (rule, recipe) in links.items():
+        assert "$(LINK_DEPS)" in rule.split(), name
+        assert "$(HARDEN_LDFLAGS)" in recipe or "$(AGENT_LDFLAGS)" in recipe, (name, recipe)
+
+
+def _fake_ndk(root: Path) -> Path:
+    clang = root / "toolchains" / "llvm" / "prebuilt" / "linux-x86_64" / "bin" / "aarch64-linux-android24-clang"
+    clang.parent.mkdir(parents=True)
+    clang.write_text("")
+    return root
+
+
+@pytest.mark.parametrize("target, compiler, cc", [
+    ("linux-arm64", "gcc", "aarch64-linux-gnu-gcc"),  # Debian's gcc binds lazily unless told
+    ("linux-arm64", "zig", "zig"),
+    ("linux-x86_64", "zig", "zig"),
+    ("android-arm64", None, "aarch64-linux-android24-clang"),
+])
+def test_cross_links_with_full_relro(monkeypatch, tmp_path, target, compiler, cc):
+    """Every link of `tuner native build --target T` (the library, tuner-run, the agent) passes -z relro -z now,
+    as the host build does: the commands are recorded, no compiler runs."""
+    monkeypatch.setattr(native, "_zig", lambda: ["zig"])
+    monkeypatch.setattr(native.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setenv("ANDROID_NDK_HOME", str(_fake_ndk(tmp_path / "ndk")))
+    commands = []
+
+    def run(cmd, **kw):
+        commands.append(cmd)
+        Path(cmd[cmd.index("-o") + 1]).write_bytes(b"")
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(native, "subprocess", type("fake", (), {"run": staticmethod(run)}))
+    paths = native.build(target, tmp_path / "out", compiler=compiler)
+    assert all(Path(c[0]).name == cc for c in commands), commands
+    links = [c for c in commands if "-c" not in c]
+    assert sorted(c[c.index("-o") + 1] for c in links) == sorted(paths.values())
+    for c in links:
+        assert all(f in c for f in FULL_RELRO), c
+    assert all(not any(f in c for f in FULL_RELRO) for c in commands if "-c" in c)  # link flags on links only
+
+
+def _readelf_full_relro(path: Path) -> tuple:
+    """(BIND_NOW, GNU_RELRO) of an ELF file, by readelf (binutils reads every architecture's)."""
+    dyn = subprocess.run(["readelf", "-dW", str(path)], capture_output=True, text=True, check=True).stdout
+    seg = subprocess.run(["readelf", "-lW", str(path)], capture_output=True, text=True, check=True).stdout
+    bind_now = re.search(r"\(FLAGS\)\s.*\bBIND_NOW\b", dyn) is not None or \
+        re.search(r"\(FLAGS_1\)\s.*\bNOW\b", dyn) is not None
+    return bind_now, re.search(r"^\s*GNU_RELRO\s", seg, re.M) is not None
 
 
 def _no_tools(monkeypatch):
@@ -102,6 +169,9 @@ def test_cross_build_for_arm64_linux(tmp_path, capsys, compiler):
     for exe in ("tuner-run", "tuner-agent"):
         data = (tmp_path / exe).read_bytes()
         assert b"ld-linux-aarch64.so.1" in data and os.access(tmp_path / exe, os.X_OK)
+    if shutil.which("readelf"):  # full RELRO: bound at start, the GOT read-only after
+        for _, path in printed:
+            assert _readelf_full_relro(Path(path)) == (True, True), path
 
 
 def _qemu_ready() -> str | None:

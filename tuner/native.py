@@ -72,6 +72,11 @@ CROSS = {
 # 2.36 on bookworm) and the Debian package that has it
 GCC_CROSS = {"linux-arm64": ("aarch64-linux-gnu-gcc", "gcc-aarch64-linux-gnu")}
 CROSS_CFLAGS = ("-O2", "-std=c11", "-Wall", "-Wextra", "-Werror", "-Wno-format-truncation", "-fPIC")
+# every cross program and library is linked with full RELRO, as native/Makefile links the host's (HARDEN_LDFLAGS):
+# the agent must bind every symbol at start (a lazy binding spills the vector registers, and a token in them, onto
+# a stack the forked executor inherits; issue 54), and the GOT is read-only after. Debian's aarch64-linux-gnu-gcc
+# binds lazily unless told; zig and the NDK's clang bind at start by default, but say so too.
+CROSS_LDFLAGS = ("-Wl,-z,relro", "-Wl,-z,now")
 
 
 def _writable(path: Path) -> bool:
@@ -256,7 +261,7 @@ def _cross_build(target: str, build_dir, ndk, compiler=None) -> dict:
     }
     for path, args in products.values():
         path.unlink(missing_ok=True)
-        run([*cc, *args, "-o", str(path), *libs, "-s"], path.name)
+        run([*cc, *args, *CROSS_LDFLAGS, "-o", str(path), *libs, "-s"], path.name)
         if not path.is_file():
             raise TunerError(f"native build for {target} finished without {path}")
     return {k: str(path) for k, (path, _) in products.items()}

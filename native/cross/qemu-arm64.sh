@@ -195,7 +195,9 @@ versions() {
     echo "packages: $(dpkg-query -W -f='${Package}:${Architecture} ${Version}\n' $HOST_PKGS $ARM64_PKGS 2>/dev/null | paste -sd',' | sed 's/,/, /g')"
     echo "python: $("$PY" -c 'import sys, pytest, onnxruntime, numpy; print(sys.version.split()[0], "pytest", pytest.__version__, "onnxruntime", onnxruntime.__version__, "numpy", numpy.__version__)')"
     for f in "$ROOT"/build/native/linux-arm64/{tuner-agent,tuner-run,libtuner_runtime.so}; do
-        echo "$(basename "$f"): $(stat -c %s "$f") bytes; $(file -b "$f" | cut -d, -f1-2)"
+        echo "$(basename "$f"): $(stat -c %s "$f") bytes; $(file -b "$f" | cut -d, -f1-2);" \
+             "$(readelf -dW "$f" | grep -qE '\((FLAGS|FLAGS_1)\).*\b(BIND_NOW|NOW)\b' && echo BIND_NOW || echo 'lazy binding')," \
+             "$(readelf -lW "$f" | grep -q GNU_RELRO && echo GNU_RELRO || echo 'no RELRO')"
     done
 }
 
