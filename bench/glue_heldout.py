@@ -32,6 +32,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # tuner/zoo/heldout.py of this tree builds the models for both trees
 COMPUTE = ("conv2d", "depthwise_conv2d", "dense", "winograd2", "winograd4", "matmul")
 ZOO_MODELS = ("sr_conv_transpose", "unet", "style_transfer", "mobilenet_v3_small")
+NOTES = "<!-- notes -->"  # table: the text from this line on in an existing .md is kept
 
 
 def _models(names) -> dict:
@@ -169,7 +170,11 @@ def cmd_table(args) -> int:
             "no template and of every non-compute kernel, per tree (`bench/glue_heldout.py`; fallback configs, no "
             "log, `--scope auto`). Full columns (launches, compute layers, errors against onnxruntime, templates "
             f"launching more than one kernel) in {args.name}.csv.", ""]
-    (dest / f"{args.name}.md").write_text("\n".join(head + lines) + "\n")
+    md = dest / f"{args.name}.md"
+    kept = ""  # what follows the notes marker in the file already there (the run's circumstances) is kept
+    if md.exists() and NOTES in md.read_text():
+        kept = "\n" + md.read_text()[md.read_text().index(NOTES):]
+    md.write_text("\n".join(head + lines) + "\n" + kept)
     print("\n".join(lines))
     return 0
 
