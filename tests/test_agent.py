@@ -472,30 +472,8 @@ def test_listen_without_a_token_checks_the_resolved_address(native, cl_env):
 
 # -- adb:// against a stand-in adb -------------------------------------------------------------------------
 
-FAKE_ADB = r'''#!PYTHON
-"""A stand-in for adb: the "phone" is a directory on this machine; shell runs there, forward is the identity."""
-import os, shutil, sys
-root = os.environ["FAKE_PHONE_ROOT"]
-args = sys.argv[1:]
-if args[:1] == ["-s"]:
-    args = args[2:]
-with open(os.path.join(root, "adb.log"), "a") as f:
-    f.write(" ".join(args) + "\n")
-local = lambda p: p.replace("/data/local/tmp", root + "/data/local/tmp")
-if args[0] == "shell":
-    os.execvp("sh", ["sh", "-c", local(" ".join(args[1:]))])
-elif args[0] == "push":
-    dst = local(args[2])
-    os.makedirs(os.path.dirname(dst), exist_ok=True)
-    shutil.copy(args[1], dst)
-    print(f"{args[1]}: 1 file pushed")
-elif args[0] == "forward" and args[1] == "--remove":
-    pass
-elif args[0] == "forward":
-    print(args[2].split(":")[1])  # the phone's port is this machine's
-else:
-    sys.exit(f"fake adb: {args}")
-'''
+# the stand-in (tests/stand_in_adb.py), shared with the conformance suite's adb:// runs
+from tests.stand_in_adb import script as _fake_adb  # noqa: E402
 
 
 def _free_port() -> int:
@@ -506,7 +484,7 @@ def _free_port() -> int:
 
 def test_adb_through_a_stand_in(native, cl_env, tmp_path, monkeypatch):
     adb = tmp_path / "adb"
-    adb.write_text(FAKE_ADB.replace("#!PYTHON", f"#!{sys.executable}"))
+    adb.write_text(_fake_adb())
     adb.chmod(0o755)
     phone = tmp_path / "phone"
     phone.mkdir()
@@ -544,7 +522,7 @@ def test_adb_a_stranger_that_connects_first_gets_nothing(native, cl_env, tmp_pat
     stranger's HELLO is refused (AUTH, no device names), its connection does not end the --once agent, and the
     tuner, connecting next, is served."""
     adb = tmp_path / "adb"
-    adb.write_text(FAKE_ADB.replace("#!PYTHON", f"#!{sys.executable}"))
+    adb.write_text(_fake_adb())
     adb.chmod(0o755)
     phone = tmp_path / "phone"
     phone.mkdir()

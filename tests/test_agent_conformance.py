@@ -1,20 +1,27 @@
 """Conformance of the device agent (docs/agent-protocol.md) with the local backend: the same measurements,
 the same error codes, the same answers. Each test runs on the local Measurer (worker processes on the
-device) and on RuntimeRunner over AgentRuntime (``exec://build/native/tuner-agent``, the agent's ``?device=``
-picking the same device by its ``tuner devices`` index): a good config, a build error, a wrong answer, a kernel
-that never ends, a kernel that crashes its process, and (the agent) its link dropped mid-measurement.
+device) and on RuntimeRunner over AgentRuntime, the agent reached two ways: ``exec://build/native/tuner-agent``,
+and ``adb://`` through the stand-in adb (tests/stand_in_adb.py: the agent pushed to a "phone" folder and started
+there with its launch token on its standard input, the link a TCP connection with the HMAC challenge handshake);
+the agent's ``?device=`` picks the same device by its ``tuner devices`` index. The tests: a good config, a build
+error, a wrong answer, a kernel that never ends, a kernel that crashes its process, and (the agent, both links)
+its link dropped mid-measurement.
 
 The default device runs in every test; Intel's CPU runtime, where installed, too (marked slow: about 20 s
-more). About 35 s on the default device here.
+more). About 35 s (exec://) and 30 s more (adb://) on the default device here.
 
 ``TUNER_TEST_AGENT`` names another agent as exec:// takes it (``PATH [ARGS][?device=N]``: ``--stdio`` goes after
 PATH), e.g. ``native/cross/arm64-agent``, the arm64 agent under qemu-aarch64 (native/cross/qemu-arm64.sh): then
 the agent-side tests run on that agent and its own default device, and the local-backend ones are skipped (its
-device is not one of this machine's, so there is no local twin to compare with)."""
+device is not one of this machine's, so there is no local twin to compare with). The adb:// runs then need
+``TUNER_TEST_ADB_AGENT``, the agent program to push, and ``TUNER_TEST_ADB_RUN``, what the stand-in phone runs it
+with (``native/cross/qemu-arm64.sh run`` and the linux-arm64 build: qemu-arm64.sh check sets both); without
+them they are skipped. Without ``TUNER_TEST_AGENT`` they push this machine's build."""
 from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 import shutil
 import signal
 import threading
@@ -30,6 +37,8 @@ from tuner.measure import MeasureInput, MeasureOptions, Measurer
 from tuner.measure.runtime_runner import RuntimeRunner
 from tuner.templates.conv2d_nchw4c import TEMPLATE as CONV2D
 from tuner.templates.conv2d_nchw4c import conv2d_nchw4c
+
+from tests import stand_in_adb
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None or shutil.which("gcc") is None,
                                 reason="the agent is built with make and gcc")
@@ -59,6 +68,11 @@ WL = CONV2D.workload((1, 4, 6, 6), (4, 4, 3, 3), padding=1)
 
 EXTERNAL_AGENT = os.environ.get("TUNER_TEST_AGENT", "").strip()
 external_only = pytest.mark.skipif(bool(EXTERNAL_AGENT), reason="TUNER_TEST_AGENT: the agent side only")
+# adb://: the agent program pushed to the stand-in phone, and what the phone runs it with (an emulator)
+ADB_AGENT = os.environ.get("TUNER_TEST_ADB_AGENT", "").strip()
+ADB_RUN = os.environ.get("TUNER_TEST_ADB_RUN", "").strip()
+adb_agent_known = pytest.mark.skipif(bool(EXTERNAL_AGENT) and not ADB_AGENT,
+                                     reason="TUNER_TEST_AGENT without TUNER_TEST_ADB_AGENT: no agent to push")
 
 
 @pytest.fixture(scope="session")
@@ -68,6 +82,27 @@ def agent_path():
         return EXTERNAL_AGENT
     from tuner.native import build
     return build()["agent"]
+
+
+def _adb_runtime(folder: Path, agent_path: str, info=None):
+    """AgentRuntime over adb:// through the stand-in adb: the agent pushed to the phone in ``folder`` and started
+    there (under TUNER_TEST_ADB_RUN where set), with this machine's OpenCL environment."""
+    from tuner.agent import AgentRuntime
+    from tuner.native import opencl_env
+    agent = ADB_AGENT or (None if EXTERNAL_AGENT else agent_path)
+    env = stand_in_adb.install(folder, agent, ADB_RUN)
+    cl = opencl_env()
+    with pytest.MonkeyPatch.context() as mp:  # only while the agent starts: it takes the environment it starts with
+        for k, v in env.items():
+            mp.setenv(k, v)
+        for k in ("TUNER_OPENCL_LIB", "OCL_ICD_VENDORS", "PYOPENCL_HOME"):
+            if k in cl:
+                mp.setenv(k, cl[k])
+        mp.delenv("TUNER_AGENT_TOKEN", raising=False)  # adb:// makes its own, for the agent's standard input
+        rt = AgentRuntime("adb://conformance" + ("" if info is None else f"?device={info.index}"))
+    log = (folder / "phone" / "adb.log").read_text()
+    assert "--token-fd 0" in log and rt.link.token not in log  # the token never on an adb command line
+    return rt
 
 
 def _local_index(which: str):
@@ -81,17 +116,23 @@ def _local_index(which: str):
 
 
 BACKENDS = [pytest.param(("local", "default"), marks=external_only), ("agent", "default"),
+            pytest.param(("adb", "default"), marks=adb_agent_known),
             pytest.param(("local", "intel"), marks=[pytest.mark.slow, external_only]),
             pytest.param(("agent", "intel"), marks=[pytest.mark.slow, external_only])]
 
 
 @pytest.fixture(scope="module", params=BACKENDS, ids=lambda p: "-".join(p))
-def runner(request, agent_path):
+def runner(request, agent_path, tmp_path_factory):
     kind, which = request.param
     info = None if EXTERNAL_AGENT else _local_index(which)
     if kind == "local":
         r = Measurer(info, OPTIONS)
         r.kind = "local"
+    elif kind == "adb":
+        rt = _adb_runtime(tmp_path_factory.mktemp("adb"), agent_path, info)
+        assert info is None or rt.info.fingerprint == info.fingerprint
+        r = RuntimeRunner(rt, OPTIONS)
+        r.kind = "agent"
     else:
         from tuner.agent import AgentRuntime
         rt = AgentRuntime(f"exec://{agent_path}" if info is None else f"exec://{agent_path}?device={info.index}")
@@ -100,7 +141,7 @@ def runner(request, agent_path):
         r.kind = "agent"
     yield r
     r.close()
-    if kind == "agent":
+    if kind in ("agent", "adb"):
         r.runtime.close()
 
 
@@ -154,13 +195,14 @@ def test_crashing_kernel_is_unknown_then_the_next_config_measures(runner):
     assert good.ok, good.error_msg
 
 
-def test_agent_link_dropped_mid_measurement(agent_path):
+@pytest.mark.parametrize("via", ["exec", pytest.param("adb", marks=adb_agent_known)])
+def test_agent_link_dropped_mid_measurement(agent_path, via, tmp_path):
     """kill -9 of the agent during a run: a clean AgentLinkError naming the link, at once (no hang); the
     executor does not outlive its supervisor."""
     from tuner.agent import AgentLinkError, AgentRuntime
-    rt = AgentRuntime(f"exec://{agent_path}")
+    rt = AgentRuntime(f"exec://{agent_path}") if via == "exec" else _adb_runtime(tmp_path, agent_path)
     runner = RuntimeRunner(rt, dataclasses.replace(OPTIONS, run_timeout=60))
-    pid = rt.link.pid
+    pid = rt.link.pid if via == "exec" else _adb_agent_pid(rt.link.server.pid)
     executor = None
     try:
         killer = threading.Timer(1.5, os.kill, (pid, signal.SIGKILL))
@@ -170,7 +212,10 @@ def test_agent_link_dropped_mid_measurement(agent_path):
             _measure(runner, RUN_FOREVER)
         assert time.monotonic() - start < 30
         assert isinstance(e.value, TunerError)
-        assert "exec://" in str(e.value) and "link" in str(e.value) and "signal 9" in str(e.value)
+        if via == "exec":
+            assert "exec://" in str(e.value) and "link" in str(e.value) and "signal 9" in str(e.value)
+        else:  # the phone's agent is not this host's child: the link (adb forward's TCP connection) ends
+            assert "adb://conformance" in str(e.value) and "the link ended" in str(e.value)
         executor = rt.hello.get("executor_pid")
     finally:
         runner.close()
@@ -182,6 +227,29 @@ def test_agent_link_dropped_mid_measurement(agent_path):
         time.sleep(0.1)
         children = [p for p in children if os.path.exists(f"/proc/{p}") and _parent(p) == pid]
     assert not children, f"executors {children} outlived the agent (pid {pid}); HELLO's was {executor}"
+
+
+def _adb_agent_pid(root: int) -> int:
+    """The stand-in phone's agent: the process nearest ``root`` (the `adb shell` of adb://) whose command line
+    is the agent's (``tuner-agent ... --listen``), not a shell that starts it (its executor, a fork, is deeper)."""
+    def cmdline(pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                return f.read().split(b"\0")
+        except OSError:
+            return []
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        level = [str(root)]
+        while level:
+            for p in level:
+                argv = cmdline(p)
+                if argv and os.path.basename(argv[0]) not in (b"sh", b"dash", b"bash") \
+                        and any(a.endswith(b"tuner-agent") for a in argv) and b"--listen" in argv:
+                    return int(p)
+            level = [c for c in os.listdir("/proc") if c.isdigit() and str(_parent(c)) in level]
+        time.sleep(0.1)
+    raise AssertionError(f"no agent process under the adb shell (pid {root})")
 
 
 def _parent(pid: str) -> int:

@@ -10,7 +10,9 @@
 #   native/cross/qemu-arm64.sh build              tuner native build --target linux-arm64 (zig where present, else
 #                                                 aarch64-linux-gnu-gcc): build/native/linux-arm64/
 #   native/cross/qemu-arm64.sh check              (a) tests/test_agent_conformance.py with TUNER_TEST_AGENT=
-#                                                 native/cross/arm64-agent (the arm64 agent under qemu); (b) `tuner
+#                                                 native/cross/arm64-agent (the arm64 agent under qemu, exec://)
+#                                                 and TUNER_TEST_ADB_AGENT, TUNER_TEST_ADB_RUN (the same agent
+#                                                 through adb:// and the stand-in adb); (b) `tuner
 #                                                 devices` through it; (c) mobilenet_v3_small (32x32) compiled for its
 #                                                 device, run by the arm64 tuner-run, compared with onnxruntime
 #   native/cross/qemu-arm64.sh run PROG [ARGS]    an arm64 program under qemu-aarch64 with the arm64 OpenCL (what
@@ -106,6 +108,9 @@ check() {
     cd "$ROOT" || exit 2
     local fails=0 t a_rc b_rc c_rc
     export TUNER_TEST_AGENT=native/cross/arm64-agent
+    # and through adb:// with the stand-in adb (tests/stand_in_adb.py): the arm64 agent pushed to a "phone" that
+    # runs it under qemu (this script's run), the launch token on its standard input, the link TCP
+    export TUNER_TEST_ADB_AGENT=$ROOT/build/native/linux-arm64/tuner-agent TUNER_TEST_ADB_RUN="$HERE/qemu-arm64.sh run"
     # the run deadline: PoCL's emulated LLVM specializes each kernel on its first run (seconds under qemu, more on
     # a busy machine); the suite's 4 s is for a native device
     export TUNER_TEST_RUN_TIMEOUT=${TUNER_TEST_RUN_TIMEOUT:-30}
@@ -113,7 +118,8 @@ check() {
     mkdir -p "$Q/model"
 
     echo "== (a) agent conformance: TUNER_TEST_AGENT=$TUNER_TEST_AGENT TUNER_TEST_RUN_TIMEOUT=$TUNER_TEST_RUN_TIMEOUT" \
-         "pytest tests/test_agent_conformance.py"
+         "TUNER_TEST_ADB_AGENT=$TUNER_TEST_ADB_AGENT TUNER_TEST_ADB_RUN='$TUNER_TEST_ADB_RUN'" \
+         "pytest tests/test_agent_conformance.py (exec:// and adb://)"
     t=$(now)
     "$PY" -m pytest -q -p no:xdist -p no:cacheprovider -rps tests/test_agent_conformance.py; a_rc=$?
     echo "(a) exit status $a_rc, $(since "$t")"
