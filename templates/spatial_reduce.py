@@ -40,6 +40,8 @@ class SpatialReduceWorkload:
     weight: str = "none"  # a prologue: X times a second input Q of shape "pixel" (N, 1, H, W: one weight a position,
     # MobileViTv2's context scores) or "same" (X's shape) as it is read -- a mean or sum of a product; the key
     # has it only when set
+    in_view: tuple = ()  # (offset, channels): X is channels [offset, offset + C) of a larger tensor of ``channels``
+    # (a channel slice read in place, ``passes_movement.slices_read_in_place``); not in the key: the same loop nest
 
     def __post_init__(self):
         object.__setattr__(self, "data", tuple(int(x) for x in self.data))
@@ -56,6 +58,10 @@ class SpatialReduceWorkload:
             raise ValueError(f"spatial_reduce axes {list(self.axes)}: [2, 3], [2] or [3] (H and W, H, or W)")
         if not self.keepdims and self.axes != (2, 3):
             raise ValueError("spatial_reduce over one spatial axis keeps the rank (keepdims=1)")
+        if self.in_view and (len(self.in_view) != 2 or self.in_view[0] % 4 or
+                             self.in_view[0] + self.data[1] > self.in_view[1]):
+            raise ValueError(f"spatial_reduce in_view {self.in_view}: (offset, channels), the offset a multiple of 4 "
+                             f"and the {self.data[1]} channels inside")
         if self.weight not in ("none", "pixel", "same") or (self.weight != "none" and self.kind != "mean"):
             raise ValueError(f"spatial_reduce weight {self.weight!r}: none, or pixel / same for a mean or sum")
         if self.dtype not in ("float32", "float16"):
@@ -75,7 +81,7 @@ class SpatialReduceWorkload:
     def key(self) -> dict:
         return {"op": "spatial_reduce", **{k: list(v) if isinstance(v, tuple) else v
                                            for k, v in asdict(self).items()
-                                           if k not in ("activation", "weight") or v != "none"}}
+                                           if (k not in ("activation", "weight") or v != "none") and k != "in_view"}}
 
 
 def _grid(wl) -> tuple:
@@ -89,8 +95,9 @@ def spatial_reduce(wl: SpatialReduceWorkload, cfg: ReduceConfig):
     units, reduced = _grid(wl)
     U, E = int(np.prod(units)), int(np.prod(reduced))
     sched = Schedule(U, E, cfg)
-    X = packed("X", wl.data, wl.dtype, cfg.input_scope)
+    X = packed("X", input_shape(wl), wl.dtype, cfg.input_scope)
     Y = packed("Y", wl.out_shape, wl.dtype, cfg.output_scope)
+    at = wl.in_view[0] // 4 if wl.in_view else 0  # the slice's first block in X
     Q = packed("Q", weight_shape(wl), wl.dtype, cfg.input_scope) if wl.weight != "none" else None
     mx = wl.kind == "max"
     ident = LOWEST if mx else 0.0
@@ -117,7 +124,7 @@ def spatial_reduce(wl: SpatialReduceWorkload, cfg: ReduceConfig):
         with sched.elements(b, c, lid) as e:
             hr, wr = unravel(b, e, reduced, "r")
             hw = (hr if 2 in wl.axes else hk, wr if 3 in wl.axes else wk)
-            x = X[n, Ramp(cb * 4, as_expr(1), 4), *hw]
+            x = X[n, Ramp((cb + at) * 4 if at else cb * 4, as_expr(1), 4), *hw]
             if wl.weight == "pixel":  # channel 0 of Q's first block, the same for every lane
                 x = x * Broadcast(ExtractLane(Q[n, Ramp(as_expr(0), as_expr(1), 4), *hw], 0), 4)
             elif wl.weight == "same":
@@ -145,6 +152,11 @@ def spatial_reduce(wl: SpatialReduceWorkload, cfg: ReduceConfig):
     return Program("spatial_reduce", (first, second), (*ins, Y), (part,))
 
 
+def input_shape(wl) -> tuple:
+    """X's shape: the workload's, or the larger tensor an ``in_view`` reads a channel slice of."""
+    return (wl.data[0], wl.in_view[1], *wl.data[2:]) if wl.in_view else wl.data
+
+
 def weight_shape(wl) -> tuple:
     """The shape of the prologue's weights ``Q``: (N, 1, H, W) for ``pixel``, X's for ``same``."""
     N, C, H, W = wl.data
@@ -153,6 +165,8 @@ def weight_shape(wl) -> tuple:
 
 def reference(wl: SpatialReduceWorkload, inputs: dict) -> np.ndarray:
     x = np.asarray(inputs["X"], np.float64)
+    if wl.in_view:
+        x = x[:, wl.in_view[0]:wl.in_view[0] + wl.data[1]]
     if wl.weight != "none":
         x = x * np.asarray(inputs["Q"], np.float64)
     if wl.kind == "l2":
@@ -162,7 +176,7 @@ def reference(wl: SpatialReduceWorkload, inputs: dict) -> np.ndarray:
 
 
 def random_inputs(wl: SpatialReduceWorkload, rng) -> dict:
-    out = {"X": rng.standard_normal(wl.data).astype(wl.dtype)}
+    out = {"X": rng.standard_normal(input_shape(wl)).astype(wl.dtype)}
     if wl.weight != "none":
         out["Q"] = rng.standard_normal(weight_shape(wl)).astype(wl.dtype)
     return out
@@ -170,7 +184,7 @@ def random_inputs(wl: SpatialReduceWorkload, rng) -> dict:
 
 def space_vars(wl: SpatialReduceWorkload) -> dict:
     units, reduced = _grid(wl)
-    return dict(U=int(np.prod(units)), E=int(np.prod(reduced)), data=wl.data, out=wl.out_shape,
+    return dict(U=int(np.prod(units)), E=int(np.prod(reduced)), data=input_shape(wl), out=wl.out_shape,
                 out_layout="nchw4c" if len(wl.out_shape) == 4 else "row4")
 
 
@@ -195,10 +209,13 @@ def describe(wl: SpatialReduceWorkload) -> str:
 def lower(ctx, node, ins):
     """Global pools, pools whose one window covers the whole unpadded input, and ReduceMean / Max / Sum / L2
     over (2, 3), (2,) or (3,) of an NCHW tensor; None for every other pool or reduction (they stay glue)."""
-    shape = ctx.shape(node.inputs[0])
+    shape, a = ctx.shape(node.inputs[0]), node.attrs
     if len(shape) != 4:
         return None
-    a = node.attrs
+    view = ()
+    if (a.get("channel_offsets") or (None,))[0] is not None:  # a channel slice of input 0, read in place
+        c = ctx.shape(node.outputs[0])[1]
+        view, shape = (int(a["channel_offsets"][0]), shape[1]), (shape[0], c, *shape[2:])
     if node.op in ("global_avg_pool", "global_max_pool"):
         wl = SpatialReduceWorkload(shape, "mean" if "avg" in node.op else "max", (2, 3), True, dtype=ctx.dtype)
     elif node.op in ("avg_pool", "max_pool"):
@@ -216,6 +233,8 @@ def lower(ctx, node, ins):
                                    float(count) if kind == "sum" else 1.0, ctx.dtype)
     if a.get("activation", "none") != "none":  # passes.fuse_epilogues: an activation after the reduction
         wl = dataclasses.replace(wl, activation=a["activation"])
+    if view:
+        wl = dataclasses.replace(wl, in_view=view)
     inputs = {"X": ins[0]}
     if a.get("weight") is not None:  # passes.fuse_reduction_weights: the product read as the reduction's input
         q = ctx.shape(a["weight"])

@@ -171,10 +171,10 @@ def test_cpu_fallback_norms_are_one_launch(device):
 # -- the generality check (item 5): held-out combinations of the zoo's blocks -------------------------------------
 
 COMPUTE = ("conv2d", "depthwise_conv2d", "dense", "winograd2", "winograd4", "matmul")
-# launches per compute layer on a CPU device with fallback configs, at most: what this tree achieves (2.46,
+# launches per compute layer on a CPU device with fallback configs, at most: what this tree achieves (2.31,
 # 2.10, 1.29, 2.64, 1.35) with a little room; before issue 55: 3.31, 2.20, 2.00, 3.36, 1.41 -- PReLUs as binary
 # kernels, norms split in two or three kernels, a classifier's pool and Flatten two kernels
-LAUNCHES_PER_COMPUTE = {"mobilevit_like": 2.5, "edgenext_like": 2.1, "prelu_net": 1.3, "unet_gn": 2.7, "se_net": 1.36}
+LAUNCHES_PER_COMPUTE = {"mobilevit_like": 2.35, "edgenext_like": 2.1, "prelu_net": 1.3, "unet_gn": 2.7, "se_net": 1.36}
 MAX_GLUE_READS = 1280  # elements a work-item of an untemplated kernel reads, at most (issue 55, item 5)
 
 
@@ -288,6 +288,20 @@ def test_weighted_reduction_matches_numpy(device, weight, split, scope):
     assert "weight" not in get_template("spatial_reduce").workload(data=(1, 8, 4, 4)).key()
 
 
+@pytest.mark.parametrize("split,scope", [(1, "buffer"), (2, "texture")])
+def test_reduction_reads_a_channel_slice_in_place(device, split, scope):
+    """spatial_reduce's in_view: channels 8..18 of a 24-channel tensor (with a weight prologue), against NumPy;
+    the view is not in the log key."""
+    from test_templates import scopes
+    from tuner.templates import get_template
+    if scope == "texture" and not device.info.image_support:
+        pytest.skip("no images")
+    assert check_random_config(device, "spatial_reduce", dict(data=(2, 10, 5, 6), in_view=(8, 24), weight="pixel"),
+                               "float32", 9, split=split, **scopes(scope)) is not None
+    t = get_template("spatial_reduce")
+    assert t.workload(data=(2, 10, 5, 6), in_view=(8, 24)).key() == t.workload(data=(2, 10, 5, 6)).key()
+
+
 def test_linear_attention_context_is_one_reduction(tmp_path):
     """MobileViTv2's context vector, sum over the pixels of keys times the softmaxed query scores: the product
     runs in the reduction's read (no binary kernel), against onnxruntime; the relu(values) * context gate is the
@@ -299,7 +313,8 @@ def test_linear_attention_context_is_one_reduction(tmp_path):
     assert [n.attrs.get("weight") is not None for n in g.nodes if n.op == "reduce_sum"] == [True, True]
     assert sum("in_scale" in n.attrs for n in g.nodes if n.op == "conv2d") == 2
     mod = _compile_and_check(model, tmp_path)
-    assert not [n for n in mod.spec.nodes if n.op == "binary"], [n.template or n.op for n in mod.spec.nodes]
+    ops = [n.template or n.op for n in mod.spec.nodes]
+    assert "binary" not in ops and "slice" not in ops, ops  # the keys' slice read in place by the reduction
 
 
 def test_misaligned_slices_of_a_convolution_are_realigned(tmp_path):
@@ -351,8 +366,8 @@ def test_unary_ops_fold_into_norms_and_pools(tmp_path):
 
 def test_every_remaining_copy_is_named_with_its_reason(heldout, device, tmp_path):
     """Item 3: after the graph passes and ``write_views``, each data-movement kernel of every held-out model's
-    plan (relayouts, slices, strided copies, resizes, concats) has a note saying why it is a kernel (``Plan.copies``, concats and interleaves ``Plan.views``); the MobileViT-like block's query and key
-    slices start inside an RGBA pixel."""
+    plan (relayouts, slices, strided copies, resizes, concats) has a note saying why it is a kernel
+    (``Plan.copies``; concats and interleaves ``Plan.views``)."""
     from tuner.compile.compiler import plan_model
     from tuner.plan.views import MOVEMENT, write_views
     for name, model in heldout.items():
@@ -365,5 +380,7 @@ def test_every_remaining_copy_is_named_with_its_reason(heldout, device, tmp_path
         for s in plan.steps:
             if s.op in MOVEMENT:
                 assert s.name in named and len(named[s.name]) > len(s.name) + 20, (name, s.name, s.op)
-        if name == "mobilevit_like":
-            assert any("not a multiple of 4" in v for v in plan.copies), plan.copies
+        if name == "mobilevit_like":  # the qkv slices realigned and read in place: the strided copies around the
+            # softmax remain, each named
+            assert not any(s.op == "slice" for s in plan.steps), plan.copies
+            assert sum("strided_copy" in v and "softmax" in v for v in plan.copies) == 4, plan.copies

@@ -328,16 +328,21 @@ POOLS = ("avg_pool", "max_pool")  # windowed pools: glue kernels that take a bin
 SPATIAL_REDUCTIONS = ("global_avg_pool", "global_max_pool", "reduce_mean", "reduce_max", "reduce_sum", "reduce_l2")
 
 
-def _reduction_takes_activation(g: Graph, node: Node) -> bool:
+def _reduction_lowers(g: Graph, node: Node) -> bool:
     """A reduction the spatial_reduce template lowers (its ``lower``'s conditions: NCHW, over (H, W), H or W,
-    keeping the rank unless over both) with no activation yet."""
-    if node.op not in SPATIAL_REDUCTIONS or len(g.shapes[node.inputs[0]]) != 4 or "activation" in node.attrs:
+    keeping the rank unless over both)."""
+    if node.op not in SPATIAL_REDUCTIONS or len(g.shapes[node.inputs[0]]) != 4:
         return False
     if node.op.startswith("global_"):
         return True
     axes = tuple(sorted(int(x) for x in node.attrs.get("axes", (2, 3))))
     keep = bool(node.attrs.get("keepdims", 1))
-    return axes in ((2, 3), (2,), (3,)) and (keep or axes == (2, 3)) and len(node.inputs) == 1
+    return axes in ((2, 3), (2,), (3,)) and (keep or axes == (2, 3))
+
+
+def _reduction_takes_activation(g: Graph, node: Node) -> bool:
+    """A reduction the spatial_reduce template lowers (``_reduction_lowers``) with no activation yet."""
+    return _reduction_lowers(g, node) and "activation" not in node.attrs and len(node.inputs) == 1
 
 
 def _pool_epilogue(g: Graph, node: Node, nxt: Node, out: str, order: dict) -> bool:

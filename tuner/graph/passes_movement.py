@@ -326,13 +326,21 @@ def compose_gathers_into_copies(graph: Graph) -> Graph:
     return g.validate()
 
 
+# reductions over H, W whose template reads its input at a channel offset (``SpatialReduceWorkload.in_view``)
+READS_CHANNEL_OFFSET = ("global_avg_pool", "global_max_pool", "reduce_mean", "reduce_max", "reduce_sum", "reduce_l2")
+
+
 def _reads_slice_in_place(g: Graph, r: Node, t: str) -> bool:
-    """Whether ``r`` lowers to the elementwise kernel, which can read its input ``t`` (once) at a channel offset."""
+    """Whether ``r`` lowers to a kernel that can read its input ``t`` (once) at a channel offset: the elementwise
+    kernel, or a reduction over H, W the spatial_reduce template runs (its first input)."""
     if r.inputs.count(t) != 1 or (r.attrs.get("channel_offsets") or {}) and \
             r.attrs["channel_offsets"][r.inputs.index(t)] is not None:
         return False
     if r.op in ("relu", "clip"):
         return r.inputs[0] == t
+    if r.op in READS_CHANNEL_OFFSET:  # the spatial_reduce template's in_view: its first input only
+        from tuner.graph.passes import _reduction_lowers
+        return r.inputs[0] == t and _reduction_lowers(g, r)
     return r.op == "add" and len(r.inputs) == 2 and not any(x in g.params for x in r.inputs) and \
         tuple(g.shapes[r.inputs[0]]) == tuple(g.shapes[r.inputs[1]]) == tuple(g.shapes[r.outputs[0]])
 

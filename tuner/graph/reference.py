@@ -65,8 +65,8 @@ EPILOGUE_ATTRS = {
     "avg_pool": {"post", "post_op", "scale", "residual"}, "max_pool": {"post", "post_op", "scale", "residual"},
     "concat": {"activation"},
     # spatial_reduce's activation (passes.SPATIAL_REDUCTIONS)
-    **{op: {"activation", "weight"} for op in ("global_avg_pool", "global_max_pool", "reduce_mean", "reduce_max",
-                                               "reduce_sum", "reduce_l2")},
+    **{op: {"activation", "weight", "channel_offsets"} for op in ("global_avg_pool", "global_max_pool", "reduce_mean",
+                                                                  "reduce_max", "reduce_sum", "reduce_l2")},
 }
 FUSED_INPUTS = ("post", "scale", "residual", "slope", "in_scale", "weight")  # appended to a node's inputs, in order
 
