@@ -7,10 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -24,7 +20,6 @@ from tuner.runtime.opencl.memory import download, upload
 from tuner.templates import get_template, templates_for
 from tuner.templates.matmul import MatmulConfig, MatmulWorkload, from_storage, storage_shape, to_storage
 
-ROOT = Path(__file__).resolve().parents[1]
 T = get_template("matmul")
 
 
@@ -333,31 +328,37 @@ def test_clean_under_oclgrind():
     assert not problems, "\n\n".join(problems)
 
 
-def _tuner(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "tuner", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT)})
+def _tuner(capsys, *args):
+    """``tuner ARGS`` in this process (``tuner.cli.main``): the exit status and what it printed. The entry point
+    in a fresh process (``python -m tuner``, its exit status) is tests/test_cli.py's."""
+    from tuner.cli import main
+    capsys.readouterr()
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return SimpleNamespace(returncode=code, stdout=out, stderr=err)
 
 
-def test_cli_op_space_and_tune_op(tmp_path):
-    r = _tuner("op", "matmul", "--a", "1,64,32", "--b", "1,32,64", "--check", "--json")
+def test_cli_op_space_and_tune_op(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    r = _tuner(capsys, "op", "matmul", "--a", "1,64,32", "--b", "1,32,64", "--check", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["workload"]["a"] == [1, 64, 32] and out["max_rel_error"] <= 1e-4
-    r = _tuner("op", "matmul", "--a", "2,13,7", "--b", "2,5,7", "--trans-b", "--alpha", "0.125", "--bias",
+    r = _tuner(capsys, "op", "matmul", "--a", "2,13,7", "--b", "2,5,7", "--trans-b", "--alpha", "0.125", "--bias",
                "--residual", "--activation", "relu", "--scope", "texture", "--dtype", "float16",
                "--config", '{"split_k": 2, "local_b": true, "wg_m": 2}', "--check")
     assert r.returncode == 0, r.stderr
     assert '"alpha": 0.125' in r.stdout and "ok" in r.stdout
-    r = _tuner("op", "matmul", "--a", "1,4,8", "--b", "1,4,8", "--check")
+    r = _tuner(capsys, "op", "matmul", "--a", "1,4,8", "--b", "1,4,8", "--check")
     assert r.returncode == 2 and "set trans_b" in r.stderr
-    r = _tuner("space", "matmul", "--a", "1,64,32", "--b", "1,64,32", "--trans-b")
+    r = _tuner(capsys, "space", "matmul", "--a", "1,64,32", "--b", "1,64,32", "--trans-b")
     assert r.returncode == 0, r.stderr
     count = int(r.stdout.rsplit(":", 1)[1].replace(",", ""))
     assert 0 < count < 1_935_360 and '"trans_b": true' in r.stdout
     log = tmp_path / "log.jsonl"
-    r = _tuner("tune-op", "matmul", "--a", "2,9,12", "--b", "2,12,6", "--bias", "--trials", "3", "--sampler",
-               "random", "--log", str(log), "--storage", f"sqlite:///{tmp_path / 's.db'}", "--no-progress",
-               "--scope", "buffer", timeout=240)
+    r = _tuner(capsys, "tune-op", "matmul", "--a", "2,9,12", "--b", "2,12,6", "--bias", "--trials", "3",
+               "--sampler", "random", "--log", str(log), "--storage", f"sqlite:///{tmp_path / 's.db'}",
+               "--no-progress", "--scope", "buffer")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "3 measured" in r.stdout and "best:" in r.stdout
     records = [json.loads(line) for line in log.read_text().splitlines()]

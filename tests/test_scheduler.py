@@ -300,14 +300,14 @@ def test_an_unexplored_variant_slower_than_its_node_still_gets_a_visit():
 @pytest.mark.slow
 def test_a_short_real_tune_of_a_held_out_model_ends_well_and_its_log_compiles(tmp_path, device):
     """Real measurements on the device under test, default options but the budget: the zoo's MobileNetV3-Small
-    (squeeze-excitation pools read straight from convolutions, hard-swish, both scopes) at 32x32 for 25 s, then
+    (squeeze-excitation pools read straight from convolutions, hard-swish, both scopes) at 32x32 for 15 s, then
     `tuner compile` of its log: the tune exits 0 within its budget and the log compiles for the device."""
     model = tmp_path / "m.onnx"
     assert main(["zoo", "mobilenet_v3_small", "-o", str(model), "--input-size", "32"]) == 0
     log = tmp_path / "t.jsonl"
     t0 = time.monotonic()
-    assert main(["tune", str(model), "--log", str(log), "--time-budget", "25s", "--no-progress"]) == 0
-    assert time.monotonic() - t0 < 25 + 15  # the budget, the summary, the model's planning
+    assert main(["tune", str(model), "--log", str(log), "--time-budget", "15s", "--no-progress"]) == 0
+    assert time.monotonic() - t0 < 15 + 15  # the budget, the summary, the model's planning
     assert len(log.read_text().splitlines()) >= 5
     spec = device.info.to_dict()
     profile = tmp_path / "profile.json"
