@@ -198,9 +198,12 @@ LOAD_SCRIPT = textwrap.dedent("""
 
 
 def _start(artifact, spec, tmp_path, tag):
-    """A fresh process loading the artifact with empty PoCL and pyopencl caches: only ours can help."""
+    """A fresh process loading the artifact with empty PoCL and pyopencl caches: only ours can help. Ours is a
+    folder of this test's (``TUNER_CACHE_DIR``), empty before the first start: the session's, which other tests
+    of this worker fill with the same programs (a compile keeps its programs there), would serve the first too."""
     import os
-    env = {**os.environ, "POCL_CACHE_DIR": str(tmp_path / f"pocl-cache-{tag}"),
+    env = {**os.environ, "TUNER_CACHE_DIR": str(tmp_path / "tuner-cache"),
+           "POCL_CACHE_DIR": str(tmp_path / f"pocl-cache-{tag}"),
            "PYOPENCL_CACHE_DIR": str(tmp_path / f"pyopencl-cache-{tag}"), "PYOPENCL_NO_CACHE": "1"}
     r = subprocess.run([sys.executable, "-c", LOAD_SCRIPT, str(artifact), spec], capture_output=True, text=True,
                        env=env, timeout=600)
