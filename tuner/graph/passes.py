@@ -38,6 +38,7 @@ from tuner.graph.passes_movement import fold_gathers_into_convs, pad_concat_part
 from tuner.graph.passes_movement import compose_gathers_into_copies, fuse_concat_activations, slices_read_in_place
 from tuner.graph.passes_tokens import matmul_views  # last: copies around matmuls read and written in place
 from tuner.graph.passes_io import model_io_ranks, pointwise_ranks  # first: tensors of any rank
+from tuner.graph.passes_movement import SPATIAL_REDUCTIONS, _reduction_lowers  # noqa: F401 - the template's reductions
 from tuner.graph.passes_movement import optimize_movement  # layout rewrites first: ConvTranspose -> conv2d, NHWC blocks
 from tuner.graph.passes_conv_transpose import crd_to_dcr  # after epilogue fusion: a PixelShuffle's conv2d in DCR order
 
@@ -324,22 +325,6 @@ def _binary_epilogue(g: Graph, node: Node, nxt: Node, out: str, order: dict) -> 
 
 
 POOLS = ("avg_pool", "max_pool")  # windowed pools: glue kernels that take a binary op, a scale and a residual
-# reductions over H and W that the spatial_reduce template runs: they take an activation after themselves
-SPATIAL_REDUCTIONS = ("global_avg_pool", "global_max_pool", "reduce_mean", "reduce_max", "reduce_sum", "reduce_l2")
-
-
-def _reduction_lowers(g: Graph, node: Node) -> bool:
-    """A reduction the spatial_reduce template lowers (its ``lower``'s conditions: NCHW, over (H, W), H or W,
-    keeping the rank unless over both)."""
-    if node.op not in SPATIAL_REDUCTIONS or len(g.shapes[node.inputs[0]]) != 4:
-        return False
-    if node.op.startswith("global_"):
-        return True
-    axes = tuple(sorted(int(x) for x in node.attrs.get("axes", (2, 3))))
-    keep = bool(node.attrs.get("keepdims", 1))
-    return axes in ((2, 3), (2,), (3,)) and (keep or axes == (2, 3))
-
-
 def _reduction_takes_activation(g: Graph, node: Node) -> bool:
     """A reduction the spatial_reduce template lowers (``_reduction_lowers``) with no activation yet."""
     return _reduction_lowers(g, node) and "activation" not in node.attrs and len(node.inputs) == 1

@@ -52,6 +52,22 @@ UNARY_POINTWISE = {"relu", "clip", "gelu", "sigmoid", "tanh", "hard_sigmoid", "h
 BINARY_POINTWISE = {"add", "mul", "sub", "div", "max", "min", "pow"}
 
 
+
+# reductions over H and W that the spatial_reduce template runs: they take an activation after themselves
+SPATIAL_REDUCTIONS = ("global_avg_pool", "global_max_pool", "reduce_mean", "reduce_max", "reduce_sum", "reduce_l2")
+
+
+def _reduction_lowers(g: Graph, node: Node) -> bool:
+    """A reduction the spatial_reduce template lowers (its ``lower``'s conditions: NCHW, over (H, W), H or W,
+    keeping the rank unless over both)."""
+    if node.op not in SPATIAL_REDUCTIONS or len(g.shapes[node.inputs[0]]) != 4:
+        return False
+    if node.op.startswith("global_"):
+        return True
+    axes = tuple(sorted(int(x) for x in node.attrs.get("axes", (2, 3))))
+    keep = bool(node.attrs.get("keepdims", 1))
+    return axes in ((2, 3), (2,), (3,)) and (keep or axes == (2, 3))
+
 def _drop_unused(g: Graph) -> Graph:
     """``graph.drop_unused_params``, then the shapes of tensors no node produces any more."""
     _drop_unused_params(g)
@@ -339,7 +355,6 @@ def _reads_slice_in_place(g: Graph, r: Node, t: str) -> bool:
     if r.op in ("relu", "clip"):
         return r.inputs[0] == t
     if r.op in READS_CHANNEL_OFFSET:  # the spatial_reduce template's in_view: its first input only
-        from tuner.graph.passes import _reduction_lowers
         return r.inputs[0] == t and _reduction_lowers(g, r)
     return r.op == "add" and len(r.inputs) == 2 and not any(x in g.params for x in r.inputs) and \
         tuple(g.shapes[r.inputs[0]]) == tuple(g.shapes[r.inputs[1]]) == tuple(g.shapes[r.outputs[0]])
