@@ -509,8 +509,11 @@ def test_a_remote_peer_that_guesses_waits(native, cl_env, tmp_path, monkeypatch)
 
         def hello(token):
             s = socket.create_connection((own, port), timeout=20)
-            s.sendall(P.Frame(P.HELLO, 1, 20_000, P.Writer().str(token).done()).encode())
-            got = _recv_frame(s)
+            try:
+                s.sendall(P.Frame(P.HELLO, 1, 20_000, P.Writer().str(token).done()).encode())
+                got = _recv_frame(s)
+            except ConnectionResetError:  # closed unread: with our HELLO unread in its buffer the close is a reset
+                got = None
             s.close()
             return got
         for _ in range(5):
