@@ -1420,8 +1420,7 @@ def _check_exact_launch(src, kernel: str, call, params: list, args: list, fail) 
                      f"first's work, a launch larger than its kernel; the artifact was edited")
             continue
         try:
-            # (one work-group in d: its row is the whole launch, analysed already)
-            last = src.analyse(kernel, glob, local, None if g == l_ else (d, g - l_, g - 1))
+            last = src.analyse(kernel, glob, local, (d, g - l_, g - 1))
         except BoundsError:
             continue
         if g > l_:
