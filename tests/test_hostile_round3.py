@@ -339,8 +339,7 @@ def _pool_grown(d: Path) -> None:
 SIZE_LIES = {"param_and_extent_shrunk": (_param_and_extent_shrunk, "addresses Wt["),
              "output_pool_shrunk": (_output_pool_shrunk, "addresses"),
              "launch_grown": (_launch_grown, "with global_size [256, 1, 1], kernel 'relayout' addresses"),
-             # (the call's own launch check, before the coverage of the tensor: tests/test_launch_exact.py)
-             "launch_shrunk": (_launch_shrunk, "a launch smaller than its kernel"),
+             "launch_shrunk": (_launch_shrunk, "a launch does not cover the tensor it writes"),
              "pool_grown": (_pool_grown, "the bytes of its largest entry")}
 
 

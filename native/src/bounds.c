@@ -1436,9 +1436,6 @@ typedef struct {
     int nundo, capundo;
     tnr_brange *out;
     int depth, recording;
-    int slab_dim;              /* -1, or the dimension whose global ids are only slab_lo..slab_hi (whole groups) */
-    int64_t slab_lo, slab_hi;
-    unsigned dims;             /* bit d: the code asks which work-group of dimension d it is in, or their count */
 } ban;
 
 static void *grow(ban *a, void *p, int *cap, int need, size_t size) {
@@ -2136,10 +2133,6 @@ static bval call(ban *a, bnode *e) {
             bfail(a->c, e->line, "%s of a dimension other than 0, 1 or 2", name);
         d = (int)vs[0].lo;
         g = a->glob[d], l = a->local[d];
-        if (strcmp(name, "get_local_id") && strcmp(name, "get_local_size") && strcmp(name, "get_global_offset"))
-            a->dims |= 1u << d;
-        if (d == a->slab_dim && !strcmp(name, "get_global_id")) return vraw(a->slab_lo, a->slab_hi);
-        if (d == a->slab_dim && !strcmp(name, "get_group_id")) return vraw(a->slab_lo / l, a->slab_hi / l);
         if (!strcmp(name, "get_global_id")) return vraw(0, g - 1);
         if (!strcmp(name, "get_local_id")) return vraw(0, l - 1);
         if (!strcmp(name, "get_group_id")) return vraw(0, g / l - 1);
@@ -2302,12 +2295,6 @@ static int run_guarded(ban *volatile a) {
 
 int tnr_bounds_analyse(tnr_bsrc *s, const char *name, const int64_t global[3], const int64_t local[3],
                        tnr_brange *out, int *line, char *what, size_t whatlen) {
-    return tnr_bounds_analyse_slab(s, name, global, local, -1, 0, 0, out, NULL, line, what, whatlen);
-}
-
-int tnr_bounds_analyse_slab(tnr_bsrc *s, const char *name, const int64_t global[3], const int64_t local[3],
-                            int slab_dim, int64_t slab_lo, int64_t slab_hi, tnr_brange *out, unsigned *dims, int *line,
-                            char *what, size_t whatlen) {
     const bkernel *k = find_kernel(s, name);
     barena ar = {NULL};
     bctx *c;
@@ -2333,7 +2320,6 @@ int tnr_bounds_analyse_slab(tnr_bsrc *s, const char *name, const int64_t global[
     a->k = k;
     memcpy(a->glob, global, sizeof a->glob);
     memcpy(a->local, local, sizeof a->local);
-    a->slab_dim = slab_dim, a->slab_lo = slab_lo, a->slab_hi = slab_hi;
     a->cur = arena_get(&ar, (size_t)(s->syms.n + 1) * sizeof *a->cur);
     a->param_of = arena_get(&ar, (size_t)(s->syms.n + 1) * sizeof *a->param_of);
     if (!a->cur || !a->param_of) {
@@ -2350,7 +2336,6 @@ int tnr_bounds_analyse_slab(tnr_bsrc *s, const char *name, const int64_t global[
             if (what && whatlen) snprintf(what, whatlen, "%s", c->what);
         }
     }
-    if (dims) *dims = a->dims;
     arena_free(&ar);
     free(c);
     free(a);

@@ -37,11 +37,5 @@ int tnr_bounds_kernel(const tnr_bsrc *s, const char *name, int *nparams, const t
  * TNR_E_ARTIFACT with *line and what (the analysis cannot bound an access), or TNR_E_NOMEM. */
 int tnr_bounds_analyse(tnr_bsrc *s, const char *name, const int64_t global[3], const int64_t local[3],
                        tnr_brange *out, int *line, char *what, size_t whatlen);
-/* The same for the work-items whose global id in dimension slab_dim (-1: none) is slab_lo..slab_hi (whole
- * work-groups) only; *dims (NULL: not wanted) gets bit d set where the code asks which work-group of dimension d
- * a work-item is in (get_global_id, get_group_id) or how many there are (get_global_size, get_num_groups). */
-int tnr_bounds_analyse_slab(tnr_bsrc *s, const char *name, const int64_t global[3], const int64_t local[3],
-                            int slab_dim, int64_t slab_lo, int64_t slab_hi, tnr_brange *out, unsigned *dims, int *line,
-                            char *what, size_t whatlen);
 
 #endif

@@ -596,13 +596,11 @@ class _Entry:
 
 
 class _Analysis:
-    def __init__(self, params: list, samplers: dict, glob: tuple, local: tuple, assigned: set, slab=None):
+    def __init__(self, params: list, samplers: dict, glob: tuple, local: tuple, assigned: set):
         self.params = {p["name"]: i for i, p in enumerate(params)}
         self.kinds = params
         self.samplers = samplers
         self.glob, self.local = glob, local
-        self.slab = slab  # (dimension, first, last global id): only those work-groups of the launch, or None
-        self.dims = set()  # the dimensions in which the code asks which work-group it is in (or their count)
         self.assigned = assigned
         self.scopes: list = [{}]
         self.facts: list = []  # (resolved expression, lo, hi, linear form or None)
@@ -1016,11 +1014,6 @@ class _Analysis:
                 raise BoundsError(line, f"{name} of a dimension other than 0, 1 or 2")
             d = vs[0][0]
             g, l_ = self.glob[d], self.local[d]
-            if name not in ("get_local_id", "get_local_size", "get_global_offset"):
-                self.dims.add(d)
-            if self.slab is not None and self.slab[0] == d and name in ("get_global_id", "get_group_id"):
-                lo, hi = self.slab[1:]
-                return (lo, hi) if name == "get_global_id" else (lo // l_, hi // l_)
             return {"get_global_id": (0, g - 1), "get_local_id": (0, l_ - 1), "get_group_id": (0, g // l_ - 1),
                     "get_global_size": (g, g), "get_local_size": (l_, l_), "get_num_groups": (g // l_, g // l_),
                     "get_global_offset": (0, 0)}[name]
@@ -1273,27 +1266,20 @@ class Source:
         self.kernels[name] = (reqd, params, body, assigned)
         return parser.p
 
-    def analyse(self, kernel: str, glob: tuple, local: tuple, slab=None):
+    def analyse(self, kernel: str, glob: tuple, local: tuple):
         """(ranges, pixels): per parameter, the (lo, hi) elements its code addresses (None: none), and the
-        ((x lo, x hi), (y lo, y hi)) pixels of an image it writes or reads without a clamping sampler. ``slab``:
-        (dimension, first, last global id, whole work-groups): what only those work-items address."""
-        return self.analyse_dims(kernel, glob, local, slab)[:2]
-
-    def analyse_dims(self, kernel: str, glob: tuple, local: tuple, slab=None):
-        """:meth:`analyse`'s (ranges, pixels) and the set of dimensions in which the code asks which work-group
-        a work-item is in (``get_global_id``, ``get_group_id``) or how many there are (``get_global_size``,
-        ``get_num_groups``)."""
-        key = (kernel, glob, local, slab)
+        ((x lo, x hi), (y lo, y hi)) pixels of an image it writes or reads without a clamping sampler."""
+        key = (kernel, glob, local)
         if key not in self.done:
             reqd, params, body, assigned = self.kernels[kernel]
-            a = _Analysis(params, self.samplers, glob, local, assigned, slab)
+            a = _Analysis(params, self.samplers, glob, local, assigned)
             limit = sys.getrecursionlimit()
             sys.setrecursionlimit(max(limit, 4 * MAX_HEIGHT + 1000))  # (Python frames: no C stack)
             try:
                 a.run(body)
             finally:
                 sys.setrecursionlimit(limit)
-            self.done[key] = (a.ranges, a.pixels, frozenset(a.dims))
+            self.done[key] = (a.ranges, a.pixels)
         return self.done[key]
 
 
@@ -1360,7 +1346,6 @@ def check_call(text: str, source_name: str, call, where: str, args: list) -> lis
                 fail(f"with global_size {list(call.global_size)}, kernel {kernel!r} addresses pixels x {xl}..{xh}, "
                      f"y {yl}..{yh} of image {p['name']!r}, but argument {ref!r} is {w} x {h} pixels: the artifact "
                      f"was edited")
-    _check_exact_launch(src, kernel, call, params, args, fail)
     written = []
     for k, p in enumerate(params):
         if p["access"] != "write":
@@ -1372,73 +1357,3 @@ def check_call(text: str, source_name: str, call, where: str, args: list) -> lis
             px = pixels[k]
             written.append(None if px is None else ((px[0][0], px[1][0]), (px[0][1] + 1, px[1][1] + 1)))
     return written
-
-
-def _outside(params: list, args: list, ranges: list, pixels: list) -> bool:
-    """Whether some parameter's addressed elements or pixels lie outside the argument bound to it."""
-    for k, p in enumerate(params):
-        count, itemsize, phys = args[k]
-        if ranges[k] is not None:
-            lo, hi = ranges[k]
-            if lo < 0 or (hi + 1) * _ELEM_BYTES[p["type"]] > count * itemsize:
-                return True
-        if pixels[k] is not None:
-            (xl, xh), (yl, yh) = pixels[k]
-            if xl < 0 or yl < 0 or xh >= phys[1] or yh >= phys[0]:
-                return True
-    return False
-
-
-def _first_write(params: list, ranges: list, pixels: list):
-    """The first written parameter that the code addresses (its index), or None: these work-items write nothing."""
-    return next((k for k, p in enumerate(params)
-                 if p["access"] == "write" and (ranges[k] is not None or pixels[k] is not None)), None)
-
-
-def _check_exact_launch(src, kernel: str, call, params: list, args: list, fail) -> None:
-    """The launch is the one the kernel was generated for, in each dimension (issue 54: not merely one that fits):
-    - a dimension in which the code never asks for a work-group's position (``get_global_id``,
-      ``get_group_id``) or count is one work-group: more would repeat its work;
-    - the last row of work-groups in a dimension writes something (a row more than the kernel needs, whose
-      work-items its guards all turn away, is a launch larger than it);
-    - one more row of work-groups would write nothing inside the arguments: its code either writes nothing
-      there (the guards turn it away), addresses past an argument, or addresses just what the last row does
-      (the addresses do not depend on the row: a kernel of one work-group that still names get_group_id). A
-      row that would write elsewhere inside them is work the kernel was generated to do and this launch leaves
-      out (a launch smaller than its kernel; the hull of what the calls write can still reach a tensor's last
-      byte when the index wraps, e.g. with %).
-    Each is the same interval analysis over the work-items of those work-groups only; a row the analysis cannot
-    bound is no finding."""
-    glob, local = tuple(call.global_size), tuple(call.local_size)
-    dims = src.analyse_dims(kernel, glob, local)[2]
-    for d in range(3):
-        g, l_ = glob[d], local[d]
-        if d not in dims:
-            if g != l_:
-                fail(f"kernel {kernel!r} never asks which work-group of dimension {d} it runs in, but global_size {list(glob)} "
-                     f"launches {g // l_} work-groups in it (local_size {list(local)}): each would repeat the "
-                     f"first's work, a launch larger than its kernel; the artifact was edited")
-            continue
-        try:
-            last = src.analyse(kernel, glob, local, (d, g - l_, g - 1))
-        except BoundsError:
-            continue
-        if g > l_:
-            if _first_write(params, *last) is None:
-                fail(f"with global_size {list(glob)}, the last work-groups in dimension {d} (global ids {g - l_}.."
-                     f"{g - 1}) of kernel {kernel!r} write nothing: a launch larger than its kernel; the artifact "
-                     f"was edited")
-        longer = glob[:d] + (g + l_,) + glob[d + 1:]
-        try:
-            r, px = src.analyse(kernel, longer, local, (d, g, g + l_ - 1))
-        except BoundsError:
-            continue
-        k = _first_write(params, r, px)
-        # (what the last row addresses, the same: the code's addresses do not depend on the row; more rows would
-        # repeat its work, not do work this launch leaves out)
-        if k is not None and not _outside(params, args, r, px) and (list(r), list(px)) != (list(last[0]), list(last[1])):
-            what = (f"{params[k]['name']}[{r[k][0]}..{r[k][1]}]" if r[k] is not None else
-                    f"pixels x {px[k][0][0]}..{px[k][0][1]}, y {px[k][1][0]}..{px[k][1][1]} of {params[k]['name']}")
-            fail(f"with global_size {list(glob)}, one more row of work-groups in dimension {d} (global ids {g}.."
-                 f"{g + l_ - 1}) of kernel {kernel!r} would write {what}, inside argument {call.args[k]!r}: a launch "
-                 f"smaller than its kernel; the artifact was edited")
