@@ -107,7 +107,8 @@ def find_profile(artifact_dir) -> Path | None:
     return legacy if legacy.is_file() and not legacy.is_symlink() else None
 
 
-def _private(folder: Path) -> bool:
+def is_private_folder(folder: Path) -> bool:
+    """A folder only this user can change: not a link, ours, writable by nobody else."""
     try:
         st = os.lstat(folder)
     except OSError:
@@ -125,7 +126,7 @@ def private_folder(folder: Path) -> Path:
             p.mkdir(mode=0o700)
         except FileExistsError:
             pass
-    if not _private(folder):
+    if not is_private_folder(folder):
         raise OSError(f"{folder} is not a folder of this user's alone (a link, another owner, or writable by others)")
     return folder
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pyopencl as cl
 
-from tuner.artifact.cache import native_device_key, write_native_binary
+from tuner.artifact.cache import is_private_folder, native_device_key, write_native_binary
 from tuner.errors import CompileError, TunerError
 from tuner.runtime.opencl.device import Device
 
@@ -58,19 +58,10 @@ def binary_path(cache_dir, fingerprint: str, source: str, options: str | Iterabl
     return Path(cache_dir) / fingerprint / f"{source_hash(source, options)}.bin"
 
 
-def _private(folder: Path) -> bool:
-    """A cache folder only this user can change: not a link, ours, writable by nobody else."""
-    try:
-        st = os.lstat(folder)
-    except OSError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
-
-
 def _read_binary(path: Path, fingerprint: str, key: str) -> bytes | None:
     """The payload of a cache file, or None when it is missing, does not check out, or lies where someone else
     can write (its folder, the folder above, or the file itself: then it proves nothing)."""
-    if not (_private(path.parent) and _private(path.parent.parent)):
+    if not (is_private_folder(path.parent) and is_private_folder(path.parent.parent)):
         return None
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -106,7 +97,7 @@ def _write_binary(path: Path, fingerprint: str, key: str, payload: bytes) -> boo
         missing = [p for p in (path.parent, *path.parent.parents) if not p.exists()]
         for folder in reversed(missing):  # every new level 0700 (mkdir's parents=True gives them the umask's)
             folder.mkdir(mode=0o700, exist_ok=True)
-        if not (_private(path.parent) and _private(path.parent.parent)):
+        if not (is_private_folder(path.parent) and is_private_folder(path.parent.parent)):
             return False  # a folder someone else can change: no cache
         # a new file of our own: a link or a file planted at this name is never followed or reused
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
