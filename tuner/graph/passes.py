@@ -38,7 +38,7 @@ from tuner.graph.passes_movement import fold_gathers_into_convs, pad_concat_part
 from tuner.graph.passes_movement import compose_gathers_into_copies, fuse_concat_activations, slices_read_in_place
 from tuner.graph.passes_tokens import matmul_views  # last: copies around matmuls read and written in place
 from tuner.graph.passes_io import model_io_ranks, pointwise_ranks  # first: tensors of any rank
-from tuner.graph.passes_movement import SPATIAL_REDUCTIONS, _reduction_lowers  # noqa: F401 - the template's reductions
+from tuner.graph.passes_movement import SPATIAL_REDUCTIONS, _channel_gather, _reduction_lowers  # noqa: F401 - the template's reductions
 from tuner.graph.passes_movement import optimize_movement  # layout rewrites first: ConvTranspose -> conv2d, NHWC blocks
 from tuner.graph.passes_conv_transpose import crd_to_dcr  # after epilogue fusion: a PixelShuffle's conv2d in DCR order
 
@@ -559,14 +559,9 @@ def fuse_reduction_weights(graph: Graph) -> Graph:
 def _channel_range(g: Graph, n: Node) -> tuple | None:
     """``(start, count)`` of a ``slice`` node that takes a contiguous run of channels of a 4-D tensor, every row
     and column; else None."""
-    if n.op != "slice" or len(g.shapes[n.inputs[0]]) != 4:
+    ch = _channel_gather(g, n)
+    if ch is None:
         return None
-    shape = g.shapes[n.inputs[0]]
-    for key, extent in (("rows", shape[2]), ("cols", shape[3])):
-        start, step, count = n.attrs.get(key, (0, 1, None))
-        if (start, step) != (0, 1) or count not in (None, extent):
-            return None
-    ch = tuple(int(c) for c in n.attrs["channels"])
     return (ch[0], len(ch)) if ch and ch == tuple(range(ch[0], ch[0] + len(ch))) else None
 
 
