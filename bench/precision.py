@@ -47,7 +47,8 @@ ROOT = Path(__file__).resolve().parent.parent  # not put on sys.path: bench/gpu.
 
 ZOO_MODELS = ("resnet18", "mobilenet_v2", "mobilenet_v3_small")
 VARIANTS = (("fp32", "float32", "mixed"), ("fp16", "float16", "off"), ("mixed", "float16", "mixed"))
-FIELDS = ["model", "weights", "variant", "latency_ms", "err_python", "top1_python", "err_native", "top1_native",
+ROUNDS = 3  # alternating timing rounds over a model's variants
+FIELDS = ["model", "weights", "variant", "latency_ms", "rounds_ms", "plan", "err_python", "top1_python", "err_native", "top1_native",
           "zeros_native", "kept", "nodes", "kept_nodes", "guard_error", "compile_s", "note"]
 
 
@@ -163,7 +164,7 @@ def bench_model(name, weights, args, dev, exe, env, tmp: Path) -> list:
     ref = sess.run(None, {inp.name: x})[0]
     x_path = tmp / "x.npy"
     np.save(x_path, x)
-    rows = []
+    rows, timed = [], []
     for variant, dtype, precision in VARIANTS:
         row = {"model": name, "weights": weights, "variant": variant}
         try:
@@ -172,6 +173,7 @@ def bench_model(name, weights, args, dev, exe, env, tmp: Path) -> list:
             mod = compile_model(str(path), log=args.log, device=dev, scope=args.scope, dtype=dtype,
                                 transfer_from=args.transfer_from, **kw)
             row["compile_s"] = f"{time.perf_counter() - t0:.1f}"
+            row["plan"] = getattr(mod, "plan_kept", "") or ""
             guard = getattr(mod, "precision", None)
             if guard is not None:
                 row["kept"], row["nodes"] = len(guard.kept), guard.nodes
@@ -183,16 +185,30 @@ def bench_model(name, weights, args, dev, exe, env, tmp: Path) -> list:
             row["err_python"] = f"{_rel(y, ref):.2g}"
             row["top1_python"] = "same" if int(np.argmax(y)) == int(np.argmax(ref)) else "DIFFERS"
             del mod
-            ms, yn = run_native(exe, env, art, dev.info.fingerprint, x_path, args.runs, tmp)
-            row["latency_ms"] = f"{ms:.3f}"
+            _, yn = run_native(exe, env, art, dev.info.fingerprint, x_path, 1, tmp)  # builds its binaries
             row["err_native"] = f"{_rel(yn, ref):.2g}"
             row["top1_native"] = "same" if int(np.argmax(yn)) == int(np.argmax(ref)) else "DIFFERS"
             row["zeros_native"] = f"{float(np.mean(yn == 0)):.0%}"
+            timed.append((row, art))
         except Exception as e:  # noqa: BLE001 -- one failure is a row, never the end of the run
             row["note"] = traceback.format_exception_only(type(e), e)[-1].strip()[:200]
+        rows.append(row)
+    # the variants' artifacts timed in alternating rounds, so that a drift of the device's speed between compiles
+    # falls on every variant alike; the median of the rounds' medians
+    times = {id(row): [] for row, _ in timed}
+    for _ in range(ROUNDS):
+        for row, art in timed:
+            try:
+                times[id(row)].append(run_native(exe, env, art, dev.info.fingerprint, x_path, args.runs, tmp)[0])
+            except Exception as e:  # noqa: BLE001
+                row["note"] = traceback.format_exception_only(type(e), e)[-1].strip()[:200]
+    for row, _ in timed:
+        if times[id(row)]:
+            row["latency_ms"] = f"{float(np.median(times[id(row)])):.3f}"
+            row["rounds_ms"] = " ".join(f"{t:.3f}" for t in times[id(row)])
+    for row in rows:
         print("  " + ", ".join(f"{k} {v}" for k, v in row.items() if k not in ("model", "weights", "kept_nodes")),
               flush=True)
-        rows.append(row)
     return rows
 
 
@@ -208,12 +224,13 @@ def write(rows: list, out: Path, fingerprint: str, device_name: str, args) -> No
              + (f" --log {' '.join(args.log)}" if args.log else "") + (f" --transfer-from {args.transfer_from}"
                                                                       if args.transfer_from else "")
              + f"`, {time.strftime('%Y-%m-%d', time.gmtime())}. Latency: `tuner-run --bench`'s median (transfers "
-             "included). Error: `max |y - ref| / max |ref|` against onnxruntime's float32, one random input (seed 1); "
+             f"included), the median of {ROUNDS} rounds that alternate a model's variants. Error: `max |y - ref| / max |ref|` against onnxruntime's float32, one random input (seed 1); "
              "top-1: the same class as onnxruntime's. fp16: `--precision off` (every tensor in half, unchecked); "
-             "mixed: the guard's plan (`--dtype float16`)." + (f" {args.note}" if args.note else ""), "",
+             "mixed: `--dtype float16` as compiled by default (the guard's plan, or the all-float32 plan where --scope "
+             "auto timed it faster: the plan column)." + (f" {args.note}" if args.note else ""), "",
              "| model | weights | fp32 ms | fp16 ms | mixed ms | fp16 error (python / native), top-1 | "
-             "mixed error (python / native), top-1 | fp32 error | kept in fp32 |",
-             "| --- | --- | ---: | ---: | ---: | --- | --- | --- | --- |"]
+             "mixed error (python / native), top-1 | fp32 error | mixed plan | kept in fp32 |",
+             "| --- | --- | ---: | ---: | ---: | --- | --- | --- | --- | --- |"]
     by = {}
     for r in rows:
         by.setdefault((r["model"], r["weights"]), {})[r["variant"]] = r
@@ -235,7 +252,7 @@ def write(rows: list, out: Path, fingerprint: str, device_name: str, args) -> No
         shown = (f"{kept} of {m.get('nodes')}" if kept != "" else "") + (f": {' '.join(names[:6])}{' ...' if len(names) > 6 else ''}" if names else "")
         lines.append(f"| {model} | {weights} | {v.get('fp32', {}).get('latency_ms', '')} | "
                      f"{v.get('fp16', {}).get('latency_ms', '')} | {m.get('latency_ms', '')} | {err(v.get('fp16'))} | "
-                     f"{err(m)} | {v.get('fp32', {}).get('err_native', '')} | {shown} |")
+                     f"{err(m)} | {v.get('fp32', {}).get('err_native', '')} | {m.get('plan', '')} | {shown} |")
     (out / f"precision_{fingerprint}.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {out / f'precision_{fingerprint}.csv'} and .md")
 

@@ -145,3 +145,24 @@ def test_a_float32_compile_times_no_plan_of_float16s_configs(device):
     names = {name for step in mod.plan_steps for name in step.times}
     assert not any("float16" in name for name in names), names
     assert {n.config_source for n in _nodes(mod)} == {"tuned"}
+
+
+@pytest.mark.parametrize("float32_faster", [True, False])
+def test_a_mixed_float16_compile_times_the_all_float32_plan(device, float32_faster):
+    """A float16 plan the precision guard mixes (``float32_plan``) is timed last beside the same scope's plan in
+    float32 throughout, and the faster whole plan is kept: ``--dtype float16`` is never slower than float32
+    (issue 56, item 2; an uncalibrated MobileNetV2 on the H200 ran 0.446 ms mixed against 0.357 in float32)."""
+    import tuner.compile.compiler as C
+    from tuner.compile.compiler import device_history
+    model = zoo_test_models()["conv_pads"]
+    info = device.info
+    history = device_history(apply_history_best(_records(model, info, "float32")), info, None, "float16")
+    all32 = lambda mod: all(e.dtype == "float32" for e in mod.spec.entries.values())  # noqa: E731
+    whole = lambda mod: (1.0 if all32(mod) == float32_faster else 2.0)  # noqa: E731
+    mod = C._fastest_plan(model, history, device, "float16", None, False, 1, "python", whole, float32_plan=True)
+    assert mod.plan_steps[-1].name == "float32"
+    assert any(k.endswith("+all-float32") for k in mod.plan_times), mod.plan_times
+    assert mod.plan_kept.endswith("+all-float32") == float32_faster == all32(mod)
+    assert mod.plan_times[mod.plan_kept] == min(mod.plan_times.values())
+    plain = C._fastest_plan(model, history, device, "float16", None, False, 1, "python", whole)
+    assert not any("all-float32" in k for st in plain.plan_steps for k in st.times)  # --precision off/strict

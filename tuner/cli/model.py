@@ -120,6 +120,9 @@ def _print_precision(mod) -> None:
     print(guard.summary())
     for name, why in guard.kept.items():
         print(f"  {name}: {why}")
+    if str(getattr(mod, "plan_kept", "")).endswith("+all-float32"):
+        print("kept the all-float32 plan: it ran faster than the float16 plan (see the plan choice above), so every "
+              "tensor is stored in float32")
 
 
 def _keep_plan_choice(mod, artifact) -> None:
