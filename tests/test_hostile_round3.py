@@ -434,6 +434,9 @@ __kernel void k(__read_only image2d_t X, __write_only image2d_t Y) {
   const int y = get_global_id(1);
   write_imagef(Y, (int2)(x, y + 1), read_imagef(X, sampler, (int2)(x - 5, y * 99)));
 }""",
+    "decrement": """__kernel void k(__global float* restrict Y) {
+  for (int v = 0; v < 4; --v) { Y[v] = 0.0f; }
+}""",
     "shadow": """__kernel void k(__global float* restrict Y) {
   const int i = get_global_id(0);
   if (i < 2) { const int i = 7; Y[i] = 0.0f; }
@@ -499,7 +502,7 @@ def test_both_runtimes_read_what_a_kernel_addresses_alike(native, art):
     # what the analysis must find: the tail's guards, the clamped floats, and what it must refuse
     assert results["tail", (8, 1, 1)][1][:2] == [((0, 11), None), ((1, 9), None)]
     assert results["floats", (8, 1, 1)][1][0] == ((0, 10), None)
-    for name in ("unbounded", "assigned", "pointer_passed", "macro"):
+    for name in ("unbounded", "assigned", "pointer_passed", "macro", "decrement"):  # (--v: v leaves 0..3 below)
         assert results[name, (8, 1, 1)][0] == "error", name
     assert results["images", (8, 1, 1)][1][1] == (None, ((0, 7), (1, 1)))  # the clamped read is not checked
     assert results["shadow", (8, 1, 1)][1][0] == ((0, 7), None)

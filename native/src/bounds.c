@@ -383,12 +383,12 @@ typedef struct bentry bentry;
 typedef struct bnode bnode;
 struct bnode {
     unsigned char kind;
-    int op;  /* N_BIN, N_UN, N_ASG: index into ops */
+    int op;  /* N_BIN, N_UN, N_ASG, N_INC: index into ops */
     int sym; /* N_VAR, N_CALL: the name; N_CAST, N_VEC: the type */
     int line;
     int64_t i;
     double f;
-    bnode *a, *b, *c; /* bin a b; un a; tern a ? b : c; idx a[b]; mem a; cast a; asg a = b; inc a */
+    bnode *a, *b, *c; /* bin a b; un a; tern a ? b : c; idx a[b]; mem a; cast a; asg a = b; inc a (op ++ or --) */
     bnode **args;
     int nargs;
     bentry *ent; /* N_RVAR: the variable a resolved expression names */
@@ -710,7 +710,7 @@ static bnode *p_postfix(bparser *ps) {
             e = x;
         } else if (tk_op(ps, 0, "++") || tk_op(ps, 0, "--")) {
             bnode *x = new_node(ps, N_INC, line_of(ps));
-            take(ps);
+            x->op = take(ps)->v;
             x->a = e;
             e = x;
         } else if (tk_op(ps, 0, "->")) {
@@ -731,8 +731,9 @@ static bnode *p_unary(bparser *ps) {
         e->op = take(ps)->v;
         e->a = p_unary(ps);
     } else if (tk_op(ps, 0, "++") || tk_op(ps, 0, "--")) {
-        take(ps);
+        int op = take(ps)->v;
         e = new_node(ps, N_INC, line);
+        e->op = op;
         e->a = p_unary(ps);
     } else if (tk_op(ps, 0, "*") || tk_op(ps, 0, "&")) {
         bfail(ps->c, line, "the pointer operator '%s'", ops[t->v]);
@@ -825,7 +826,7 @@ static bstmt *p_for(bparser *ps) {
     /* the form the compiler writes: for (int v = A; v < B; ++v) (or v++, v += 1, v <= B) */
     if (init && init->kind == S_DECL && int_type_index(init->type) >= 0 && init->scalar && init->init) {
         int v = init->name;
-        int step_ok = step && ((step->kind == N_INC && is_var(step->a, v)) ||
+        int step_ok = step && ((step->kind == N_INC && !strcmp(ops[step->op], "++") && is_var(step->a, v)) ||
                                (step->kind == N_ASG && !strcmp(ops[step->op], "+=") && is_var(step->a, v) &&
                                 step->b->kind == N_INT && step->b->i == 1));
         int cond_ok = cond && cond->kind == N_BIN && (!strcmp(ops[cond->op], "<") || !strcmp(ops[cond->op], "<=")) &&

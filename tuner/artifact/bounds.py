@@ -245,7 +245,7 @@ def _type_word(text: str) -> bool:
 class _Parser:
     """Recursive descent into tuples. Expressions: ("int", v) ("flt", v) ("var", name, line) ("bin", op, a, b)
     ("un", op, a) ("tern", c, a, b) ("call", name, args, line) ("idx", base, index, line) ("mem", base)
-    ("cast", type, a) ("vec", type, items) ("asg", op, lhs, rhs, line) ("inc", a, line). Statements:
+    ("cast", type, a) ("vec", type, items) ("asg", op, lhs, rhs, line) ("inc", a, line, "++" or "--"). Statements:
     ("block", items) ("decl", type, scalar, name, init, line, const) ("for", init, var, cond, step, body)
     ("if", cond, then, otherwise) ("expr", e) ("nop",)."""
 
@@ -357,7 +357,7 @@ class _Parser:
             e = ("un", t, self.unary())
         elif is_op and t in ("++", "--"):
             self.p = p + 1
-            e = ("inc", self.unary(), line)
+            e = ("inc", self.unary(), line, t)
         elif is_op and t in ("*", "&"):
             raise BoundsError(line, f"the pointer operator {t!r}")
         elif t == "sizeof":
@@ -434,7 +434,7 @@ class _Parser:
                 self.take()
                 e = ("mem", e)
             elif t in ("++", "--") and self.kinds[self.p] == "op":
-                e = ("inc", e, self.line())
+                e = ("inc", e, self.line(), t)
                 self.take()
             elif t == "->" and self.kinds[self.p] == "op":
                 raise BoundsError(self.line(), "the operator '->'")
@@ -524,7 +524,7 @@ class _Parser:
         var = None  # the form the compiler writes: for (int v = A; v < B; ++v) (or v++, v += 1, v <= B)
         if init is not None and init[0] == "decl" and init[1] in _INT_TYPES and init[2] and init[4] is not None:
             v = init[3]
-            step_ok = step is not None and ((step[0] == "inc" and step[1][:2] == ("var", v))
+            step_ok = step is not None and ((step[0] == "inc" and step[1][:2] == ("var", v) and step[3] == "++")
                                             or (step[0] == "asg" and step[1] == "+=" and step[2][:2] == ("var", v)
                                                 and step[3] == ("int", 1)))
             cond_ok = cond is not None and cond[0] == "bin" and cond[1] in ("<", "<=") and cond[2][:2] == ("var", v)
