@@ -30,11 +30,11 @@ from tuner.templates.common import (EPILOGUE_ARGS, WINDOW_ARGS, Template, Worklo
 
 def _registry() -> dict:
     from . import (channel_reduce, conv2d_nchw4c, conv2d_winograd, dense, depthwise_conv2d_nchw4c, group_norm, matmul,
-                   spatial_reduce)
+                   se_gate, spatial_reduce)
     return {t.name: t for t in (conv2d_nchw4c.TEMPLATE, depthwise_conv2d_nchw4c.TEMPLATE, dense.TEMPLATE,
                                 conv2d_winograd.TEMPLATE2, conv2d_winograd.TEMPLATE4, matmul.TEMPLATE,
                                 spatial_reduce.TEMPLATE, group_norm.TEMPLATE, channel_reduce.LAYER_NORM,
-                                channel_reduce.SOFTMAX)}
+                                channel_reduce.SOFTMAX, se_gate.TEMPLATE)}
 
 
 TEMPLATES: dict = {}

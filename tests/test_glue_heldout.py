@@ -172,9 +172,11 @@ def test_cpu_fallback_norms_are_one_launch(device):
 
 COMPUTE = ("conv2d", "depthwise_conv2d", "dense", "winograd2", "winograd4", "matmul")
 # launches per compute layer on a CPU device with fallback configs, at most: what this tree achieves (2.31,
-# 2.10, 1.29, 2.64, 1.35) with a little room; before issue 55: 3.31, 2.20, 2.00, 3.36, 1.41 -- PReLUs as binary
-# kernels, norms split in two or three kernels, a classifier's pool and Flatten two kernels
-LAUNCHES_PER_COMPUTE = {"mobilevit_like": 2.35, "edgenext_like": 2.1, "prelu_net": 1.3, "unet_gn": 2.7, "se_net": 1.36}
+# 2.10, 1.29, 2.64, 1.00) with a little room; before issue 55: 3.31, 2.20, 2.00, 3.36, 1.41 -- PReLUs as binary
+# kernels, norms split in two or three kernels, a classifier's pool and Flatten two kernels, a squeeze-excite
+# block's pool and two 1x1 convolutions three kernels (se_net 1.35 before item 2). An se_gate step counts as the
+# two compute layers (the squeeze and excite convolutions) it runs, so fusing them does not change the count.
+LAUNCHES_PER_COMPUTE = {"mobilevit_like": 2.35, "edgenext_like": 2.1, "prelu_net": 1.3, "unet_gn": 2.7, "se_net": 1.05}
 MAX_GLUE_READS = 1280  # elements a work-item of an untemplated kernel reads, at most (issue 55, item 5)
 
 
@@ -227,7 +229,8 @@ def test_heldout_models_match_onnxruntime_with_few_launches(heldout, name, tmp_p
     for got, want in zip(mod.run(list(feeds.values())), _ort(path, feeds)):
         assert _rel(got, want) < 1e-4, name
     launches = sum(len(n.calls) for n in mod.spec.nodes)
-    compute = sum(n.template in COMPUTE for n in mod.spec.nodes)
+    compute = sum(n.template in COMPUTE for n in mod.spec.nodes) + 2 * sum(n.template == "se_gate"
+                                                                          for n in mod.spec.nodes)
     assert launches / compute <= LAUNCHES_PER_COMPUTE[name], (name, launches, compute,
                                                                [n.template or n.op for n in mod.spec.nodes])
     _glue_rules(mod, name)

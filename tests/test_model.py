@@ -388,14 +388,15 @@ def test_new_operators_in_float16_storage(name, dev):
 
 def test_activation_patterns_fuse_into_the_convolutions():
     """silu (x * sigmoid(x)), hardswish, the erf GELU both ways and the SE gate's activations end up in the
-    convolutions' epilogues; the channel scale is read by the convolution after it (``in_scale``): no kernel."""
+    convolutions' epilogues; the channel scale is read by the convolution after it (``in_scale``): no kernel; each
+    squeeze-excite's pool (a GlobalAveragePool, a ReduceMean) and two 1x1 convolutions are one ``se_gate``."""
     g = from_onnx(TEST_MODELS["squeeze_excitation"])
     opt = optimize(g)
     assert [(n.op, n.attrs.get("activation"), n.attrs.get("in_scale")) for n in opt.nodes] == [
-        ("conv2d", "silu", None), ("global_avg_pool", None, None), ("conv2d", "relu", None),
-        ("conv2d", "hardsigmoid(0.1666666716337204)", None), ("conv2d", None, "hardsigmoid0"),
-        ("reduce_mean", None, None), ("conv2d", "silu", None), ("conv2d", "sigmoid", None),
-        ("conv2d", "gelu", "sigmoid2"), ("conv2d", "gelu", None)]
+        ("conv2d", "silu", None), ("se_gate", "hardsigmoid(0.1666666716337204)", None),
+        ("conv2d", None, "hardsigmoid0"), ("se_gate", "sigmoid", None), ("conv2d", "gelu", "sigmoid2"),
+        ("conv2d", "gelu", None)]
+    assert [n.attrs["act1"] for n in opt.nodes if n.op == "se_gate"] == ["relu", "silu"]
     x = random_inputs(g)
     assert rel_err(run_fused(opt, x)[g.outputs[0]], run_graph_numpy(g, x)[g.outputs[0]]) < 1e-5
 
@@ -420,10 +421,14 @@ def test_mobilenet_v3_small_fuses_and_plans_its_kernels(dev):
     model = zoo.mobilenet_v3_small(num_classes=10, input_size=32, width=0.5)
     g = from_onnx(model)
     opt = optimize(g)
-    # the head's pool and Flatten are one reduction writing (N, C) rows (passes.flatten_into_reductions)
-    assert {n.op for n in opt.nodes} == {"conv2d", "global_avg_pool", "reduce_mean", "dense"}
+    # the head's pool and Flatten are one reduction writing (N, C) rows (passes.flatten_into_reductions); each
+    # squeeze-excitation's pool and two 1x1 convolutions one se_gate (passes_se.fuse_squeeze_excite)
+    assert {n.op for n in opt.nodes} == {"conv2d", "se_gate", "reduce_mean", "dense"}
     acts = [n.attrs.get("activation") for n in opt.nodes if n.op in ("conv2d", "dense")]
-    assert acts.count("hardswish") > 10 and acts.count("relu") > 5 and "hardsigmoid(0.1666666716337204)" in acts
+    assert acts.count("hardswish") > 10 and acts.count("relu") >= 2
+    se = [n for n in opt.nodes if n.op == "se_gate"]
+    assert len(se) == 9 and all((n.attrs["act1"], n.attrs["activation"]) == ("relu", "hardsigmoid(0.1666666716337204)")
+                                for n in se)
     gated = [n for n in opt.nodes if "in_scale" in n.attrs]  # every squeeze-excitation's scale: read, not run
     assert len(gated) == 9 and all(n.attrs["groups"] == 1 and n.inputs[-1] == n.attrs["in_scale"] for n in gated)
     x = random_inputs(g)
@@ -433,10 +438,10 @@ def test_mobilenet_v3_small_fuses_and_plans_its_kernels(dev):
     scaled = [s for s in plan.steps if "S" in s.inputs]
     assert len(scaled) == 9 and all(s.workload.in_scale and plan.tensors[s.inputs["S"]].shape[2:] == (1, 1)
                                     for s in scaled)
-    tasks = extract_tasks(plan)  # what `tuner tune` tunes: every convolution, the classifier and the pools
-    # no 3x3 stride-1 conv2d; the squeeze-excitation and final global pools run the spatial_reduce template
-    assert {t.template for t in tasks} == {"conv2d", "depthwise_conv2d", "dense", "spatial_reduce"}
-    assert sum(t.count for t in tasks) == sum(n.op in ("conv2d", "dense", "global_avg_pool", "reduce_mean")
+    tasks = extract_tasks(plan)  # what `tuner tune` tunes: every convolution, the classifier, the pool, the gates
+    # no 3x3 stride-1 conv2d; the final global pool runs the spatial_reduce template, each squeeze-excitation se_gate
+    assert {t.template for t in tasks} == {"conv2d", "depthwise_conv2d", "dense", "spatial_reduce", "se_gate"}
+    assert sum(t.count for t in tasks) == sum(n.op in ("conv2d", "dense", "se_gate", "reduce_mean")
                                               for n in opt.nodes)
     assert any(t.workload.activation == "hardswish" for t in tasks)
 

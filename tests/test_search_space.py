@@ -112,7 +112,7 @@ def test_load_errors_name_the_file(tmp_path):
     with pytest.raises(TunerError, match="mine.toml: not valid TOML"):
         load_space(str(bad))
     with pytest.raises(TunerError, match="no search space 'conv3d'.*shipped spaces: channel_reduce, conv2d, conv2d_winograd, dense, "
-                                         "depthwise_conv2d, group_norm, matmul, spatial_reduce"):
+                                         "depthwise_conv2d, group_norm, matmul, se_gate, spatial_reduce"):
         load_space("conv3d")
 
 

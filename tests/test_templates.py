@@ -65,9 +65,17 @@ def row_fields(draw, epsilon=False):
                                "activation": draw(st.sampled_from(["none", "gelu", "relu"]))} if epsilon else {}))
 
 
+@st.composite
+def se_gate_fields(draw):
+    return dict(data=(draw(st.integers(1, 2)), draw(st.integers(1, 40)), draw(st.integers(1, 12)),
+                      draw(st.integers(1, 12))), squeeze=draw(st.integers(1, 12)),
+                act1=draw(st.sampled_from(["relu", "silu", "hardswish"])),
+                activation=draw(st.sampled_from(["sigmoid", "hardsigmoid(0.2,0.5)"])))
+
+
 FIELDS = {"conv2d": conv_fields(), "depthwise_conv2d": conv_fields(depthwise=True), "dense": dense_fields(),
           "spatial_reduce": spatial_reduce_fields(), "group_norm": group_norm_fields(),
-          "layer_norm": row_fields(epsilon=True), "softmax": row_fields()}
+          "layer_norm": row_fields(epsilon=True), "softmax": row_fields(), "se_gate": se_gate_fields()}
 
 
 def scopes(scope: str) -> dict:

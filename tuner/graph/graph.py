@@ -29,7 +29,8 @@ Operators and their attributes as the frontend emits them (activations are NCHW,
 | depth_to_space | x (N, C*bh*bw, H, W) | block (bh, bw), mode (DCR, CRD), [crop (top, left), size (OH, OW)]: the output (N, C, OH, OW) is a window of the (H*bh, W*bw) rearrangement |
 
 Passes add ``activation`` (a spec) and ``residual`` attributes to conv2d / dense (and ``activation`` to the binary
-ops) when they fuse an epilogue.
+ops) when they fuse an epilogue, and ops of their own: ``se_gate`` (x, w1 (S, C, 1, 1), b1, w2 (C, S, 1, 1), b2; attrs
+``act1``, ``activation``: a squeeze-excite block's pool and two 1x1 convolutions, ``passes_se``), among others.
 """
 from __future__ import annotations
 

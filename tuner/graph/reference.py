@@ -63,7 +63,7 @@ EPILOGUE_ATTRS = {
     "add": {"activation", "channel_offsets"}, "relu": {"channel_offsets"}, "clip": {"channel_offsets"},
     "sub": _BINARY_EPILOGUE, "mul": _BINARY_EPILOGUE, "div": _BINARY_EPILOGUE, "prelu": _BINARY_EPILOGUE,
     "avg_pool": {"post", "post_op", "scale", "residual"}, "max_pool": {"post", "post_op", "scale", "residual"},
-    "concat": {"activation"},
+    "concat": {"activation"}, "se_gate": {"activation"},
     # spatial_reduce's activation (passes.SPATIAL_REDUCTIONS)
     **{op: {"activation", "weight", "channel_offsets"} for op in ("global_avg_pool", "global_max_pool", "reduce_mean",
                                                                   "reduce_max", "reduce_sum", "reduce_l2")},
@@ -217,6 +217,15 @@ def group_norm(node: Node, x, scale, bias):
     return y * _channel(scale, x.ndim) + _channel(bias, x.ndim)
 
 
+def se_gate(node: Node, x, w1, b1, w2, b2):
+    """A squeeze-excite block (``passes_se.fuse_squeeze_excite``): the pool, the squeeze 1x1 convolution and its
+    activation ``act1``, the excite 1x1 convolution; the gate's ``activation`` is the epilogue (EPILOGUE_ATTRS)."""
+    s, c = w1.shape[0], w1.shape[1]
+    h = apply_numpy(node.attrs["act1"], x.mean(axis=(2, 3)) @ w1.reshape(s, c).T + b1.reshape(-1))
+    g = h @ w2.reshape(c, s).T + b2.reshape(-1)
+    return g.reshape(*g.shape, 1, 1)
+
+
 def _softmax(node: Node, x):
     e = np.exp(x - x.max(axis=node.attrs["axis"], keepdims=True))
     return e / e.sum(axis=node.attrs["axis"], keepdims=True)
@@ -249,6 +258,7 @@ OPS = {
     "group_norm": group_norm,
     "global_max_pool": lambda node, x: x.max(axis=(2, 3), keepdims=True),
     "softmax": _softmax,
+    "se_gate": se_gate,
 }
 
 ATTRS = {
@@ -260,7 +270,7 @@ ATTRS = {
     "erf": set(), "reduce_mean": {"axes", "keepdims"}, "reduce_max": {"axes", "keepdims"},
     "reduce_sum": {"axes", "keepdims"}, "reduce_l2": {"axes", "keepdims"}, "unary": {"fn"},
     "group_norm": {"groups", "epsilon"}, "global_max_pool": set(),
-    "softmax": {"axis"},
+    "softmax": {"axis"}, "se_gate": {"act1"},
 }
 
 

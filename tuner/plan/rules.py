@@ -106,7 +106,7 @@ def template_step(ctx: LowerCtx, node, ins, out) -> bool:
     return bool(taken)
 
 
-@lowers("conv2d", "dense", "group_norm", "layer_norm", "softmax")
+@lowers("conv2d", "dense", "group_norm", "layer_norm", "softmax", "se_gate")
 def lower_template(ctx: LowerCtx, node, ins, out, shape):
     """The node runs one of the templates whose ``lower`` takes it (``template_step``); no other kernel runs
     these operators."""

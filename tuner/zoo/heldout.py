@@ -184,6 +184,34 @@ def _se_net(b: _Builder) -> dict:
     return {"output": [1, 10]}
 
 
+# torchvision's EfficientNet-B0: (expand ratio, kernel, stride, input channels, output channels, layers)
+EFFICIENTNET_B0 = ((1, 3, 1, 32, 16, 1), (6, 3, 2, 16, 24, 2), (6, 5, 2, 24, 40, 2), (6, 3, 2, 40, 80, 3),
+                   (6, 5, 1, 80, 112, 3), (6, 5, 2, 112, 192, 4), (6, 3, 1, 192, 320, 1))
+
+
+def efficientnet_b0(input_size: int = 224, num_classes: int = 1000, seed: int = 0) -> "onnx.ModelProto":
+    """torchvision's EfficientNet-B0 as its exporter writes it at opset 17 (SiLU as x * Sigmoid(x)): a 3x3 stem,
+    16 MBConv blocks, each with squeeze-excite (pool, 1x1 to a quarter of the block's input channels, SiLU, 1x1
+    back, Sigmoid, the gate multiplied in), the 1x1 head to 1280 channels, pool, Flatten and the classifier.
+    Random weights; not one of the held-out set (``BUILDERS``): bench/glue_heldout.py measures it at small sizes
+    (issue 55, item 2)."""
+    b = _Builder(seed, OPSET)
+    x = b.input("input", (1, 3, input_size, input_size))
+    x = _cbs(b, x, 3, 32, 3, stride=2)
+    for ratio, k, stride, cin, cout, layers in EFFICIENTNET_B0:
+        for i in range(layers):
+            c_in, s = (cin, stride) if i == 0 else (cout, 1)
+            exp = c_in * ratio
+            y = _cbs(b, x, c_in, exp, 1) if ratio != 1 else x
+            y = _cbs(b, y, exp, exp, k, stride=s, groups=exp)
+            y = b.bn(b.conv(_se(b, y, exp, max(1, c_in // 4), "silu", "sigmoid"), exp, cout, 1), cout)
+            x = b.node("Add", [y, x]) if s == 1 and c_in == cout else y
+    x = _cbs(b, x, 320, 1280, 1)
+    x = b.node("Flatten", [b.node("GlobalAveragePool", [x])], axis=1)
+    b.fc(x, 1280, num_classes, output="output")
+    return b.model({"output": [1, num_classes]}, "efficientnet_b0")
+
+
 BUILDERS = {"mobilevit_like": (_mobilevit_like, GN_OPSET), "edgenext_like": (_edgenext_like, OPSET),
             "prelu_net": (_prelu_net, OPSET), "unet_gn": (_unet_gn, GN_OPSET), "se_net": (_se_net, OPSET)}
 

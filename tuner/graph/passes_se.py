@@ -1,0 +1,92 @@
+"""Squeeze-excite as one node (issue 55, item 2): ``fuse_squeeze_excite``, a pure pass ``Graph -> Graph``.
+
+After ``fuse_epilogues`` a squeeze-excite block reads
+
+    p = global_avg_pool(x)                     (or reduce_mean over (2, 3) with keepdims)
+    h = conv2d(p, w1, b1)  +act1               (1x1, C -> S)
+    s = conv2d(h, w2, b2)  +act2               (1x1, S -> C: Sigmoid, HardSigmoid)
+    y = conv2d(x, ..., in_scale=s)             (``fuse_input_gates``: the gate read with the input)
+
+three kernels (a ``spatial_reduce`` and two ``conv2d`` on 1x1 maps) between the producer of x and the
+convolution that reads x times the gate. The pool and both convolutions become one ``se_gate`` node
+``s = se_gate(x, w1, b1, w2, b2)`` (attrs ``act1``, ``activation``), which the ``se_gate`` template runs in one
+launch (its space also holds two: a pool split along the pixels, then the gate). The gate's readers are
+unchanged. A missing bias becomes zeros. Only where nothing else reads the pool or the squeeze, and the
+convolutions are plain 1x1 ones (no residual, no input gate, no padding, one group, a 1x1 input map)."""
+from __future__ import annotations
+
+import numpy as np
+
+from tuner.graph.graph import Graph, Node, add_param, drop_unused_params
+
+
+def _pool_of(g: Graph, node: Node) -> str | None:
+    """The pooled tensor x of a global average pool over (H, W) of a 4-D tensor with nothing fused, else None."""
+    if node.op == "global_avg_pool":
+        ok = not node.attrs
+    elif node.op == "reduce_mean":
+        ok = tuple(node.attrs.get("axes", ())) == (2, 3) and bool(node.attrs.get("keepdims", 1)) and \
+            set(node.attrs) <= {"axes", "keepdims"}
+    else:
+        return None
+    x = node.inputs[0]
+    return x if ok and len(node.inputs) == 1 and len(g.shapes[x]) == 4 else None
+
+
+def _pointwise(g: Graph, node: Node, src: str, cin: int) -> tuple | None:
+    """``(weight, bias or None, activation)`` of a plain 1x1 conv2d of ``src`` (cin channels, a 1x1 map) whose
+    weight and bias are params, else None."""
+    a = node.attrs
+    if node.op != "conv2d" or node.inputs[0] != src or src in node.inputs[1:] or \
+            set(a) - {"stride", "padding", "dilation", "groups", "activation"} or a.get("activation") == "prelu":
+        return None
+    if tuple(a.get("stride", (1, 1))) != (1, 1) or any(a.get("padding", (0,) * 4)) or a.get("groups", 1) != 1:
+        return None
+    w = node.inputs[1]
+    if w not in g.params or len(g.shapes[w]) != 4 or tuple(g.shapes[w][1:]) != (cin, 1, 1) or \
+            tuple(g.shapes[src][2:]) != (1, 1) or len(node.inputs) > 3:
+        return None
+    b = node.inputs[2] if len(node.inputs) == 3 else None
+    if b is not None and (b not in g.params or int(np.prod(g.shapes[b])) != g.shapes[w][0]):
+        return None
+    return w, b, a.get("activation", "none")
+
+
+def _only(g: Graph, tensor: str) -> Node | None:
+    """The single reader of ``tensor`` (not a model output), else None."""
+    readers = g.consumers(tensor)
+    return readers[0] if len(readers) == 1 and tensor not in g.outputs else None
+
+
+def fuse_squeeze_excite(graph: Graph) -> Graph:
+    if not any(n.op in ("global_avg_pool", "reduce_mean") for n in graph.nodes):
+        return graph
+    g = graph.copy()
+    drop = set()
+    for pool in list(g.nodes):
+        x = _pool_of(g, pool)
+        if x is None:
+            continue
+        n, c = g.shapes[x][:2]
+        fc1 = _only(g, pool.outputs[0])
+        first = _pointwise(g, fc1, pool.outputs[0], c) if fc1 is not None else None
+        if first is None:
+            continue
+        s = g.shapes[first[0]][0]
+        fc2 = _only(g, fc1.outputs[0])
+        second = _pointwise(g, fc2, fc1.outputs[0], s) if fc2 is not None else None
+        if second is None or g.shapes[second[0]][0] != c:
+            continue
+        (w1, b1, act1), (w2, b2, act2) = first, second
+        b1 = b1 if b1 is not None else add_param(g, f"{fc1.name}.zero_bias", np.zeros(s, np.float32))
+        b2 = b2 if b2 is not None else add_param(g, f"{fc2.name}.zero_bias", np.zeros(c, np.float32))
+        # the gate where the excite convolution was: after everything it reads, before every reader of the gate
+        fc2.op, fc2.name, fc2.inputs = "se_gate", pool.name, [x, w1, b1, w2, b2]
+        fc2.attrs = {"act1": act1, "activation": act2}
+        drop.update((id(pool), id(fc1)))
+        for t in (pool.outputs[0], fc1.outputs[0]):
+            g.shapes.pop(t, None)
+    if not drop:
+        return graph
+    g.nodes = [nd for nd in g.nodes if id(nd) not in drop]
+    return drop_unused_params(g).validate()
