@@ -283,3 +283,23 @@ def test_the_log_index_matches_a_task_by_key_and_pinned_knobs_and_follows_the_fi
     assert again.best_any_scope(device.fingerprint, "conv2d", wl) == fast_other
     assert best_records(again.records) == again.bests() == {key: fast_other}
     assert LogIndex.of_log(tmp_path / "none.jsonl").records == []
+
+
+def test_a_record_keeps_at_most_max_costs_order_statistics(conv, wl, device):
+    """A fast GPU times a small kernel thousands of times a measurement: the record's median is of them all, and
+    it keeps ``MAX_COSTS`` order statistics (the extremes included), so a log line stays a few KiB."""
+    import random
+    import statistics
+
+    from tuner.logs.record import MAX_COSTS
+    cfg = conv.config(tile_oc=2, tile_ow=4, input_scope="buffer")
+    rng = random.Random(3)
+    costs = [rng.lognormvariate(-9, 0.3) for _ in range(4001)]
+    r = Record.new(conv.name, wl, cfg, device, costs=costs)
+    assert r.median_s == statistics.median(costs)
+    assert len(r.costs) == MAX_COSTS and r.costs == sorted(r.costs)
+    assert r.costs[0] == min(costs) and r.costs[-1] == max(costs)
+    assert statistics.median(r.costs) == pytest.approx(r.median_s, rel=0.02)
+    assert Record.from_dict(json.loads(r.to_json())) == r and len(r.to_json()) < 8000
+    few = [3e-4, 1e-4, 2e-4]
+    assert Record.new(conv.name, wl, cfg, device, costs=few).costs == few  # in the order measured
