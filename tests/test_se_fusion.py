@@ -254,3 +254,51 @@ def test_plan_summary_names_a_split_pool(device, tmp_path, monkeypatch):
     onnx.save(_model("efficientnet"), str(path))
     summary = _compile(path, "buffer").plan_summary()
     assert summary.count("(2 launches: se_gate_pool, se_gate)") == 2, summary
+
+
+# -- picked by measurement: fused or unfused, per plan and per block -------------------------------------------
+
+def test_split_is_the_inverse_of_the_fusion():
+    """``split_squeeze_excite``: every se_gate (or the named ones) back as a pool and two 1x1 convolutions that
+    compute the same gate; the frontend's graph, the fused and the split graphs agree."""
+    from tuner.graph.passes_se import split_squeeze_excite
+    g = from_onnx(_model("efficientnet"))
+    fused = passes.optimize(g)
+    names = [n.name for n in fused.nodes if n.op == "se_gate"]
+    every, one = split_squeeze_excite(fused), split_squeeze_excite(fused, {names[1]})
+    assert not any(n.op == "se_gate" for n in every.nodes)
+    assert [n.name for n in one.nodes if n.op == "se_gate"] == names[:1]
+    assert [n.op for n in every.nodes if n.name.startswith(names[0])] == ["global_avg_pool", "conv2d", "conv2d"]
+    x = random_inputs(g)
+    want = run_graph_numpy(g, x)["output"]
+    for h in (fused, every, one):
+        assert np.abs(run_graph_numpy(h, x)["output"] - want).max() <= 1e-5 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("faster", ["fused", "unfused"])
+def test_the_plan_keeps_whichever_form_measures_faster(faster, device, tmp_path):
+    """``fastest_plan`` times the plan with its blocks fused beside the same plan with them unfused (step
+    ``squeeze_excite``) and keeps the faster; the kept plan names its form and matches onnxruntime."""
+    import onnxruntime as ort
+    import tuner.compile.compiler as C
+    model = _model("mobilenet_v3")
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+
+    def whole(mod):  # a device on which the chosen form runs faster
+        fused = any(n.template == "se_gate" for n in mod.spec.nodes)
+        return [1e-3 if fused == (faster == "fused") else 2e-3]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mod = C._fastest_plan(str(path), None, device, "float32", None, False, 1, "python", whole)
+    step = next(st for st in mod.plan_steps if st.name == "squeeze_excite")
+    assert f"{step.kept.split('+')[0]}+unfused-se" in step.times, step.times
+    se = [n for n in mod.spec.nodes if n.template == "se_gate"]
+    if faster == "fused":
+        assert "unfused" not in mod.plan_kept and len(se) == 2
+    else:
+        assert mod.plan_kept.endswith("+unfused-se") and not se
+        assert sum(n.template == "spatial_reduce" for n in mod.spec.nodes) == 2
+    x = np.random.default_rng(0).standard_normal((2, 12, 10, 10)).astype(np.float32)
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    assert np.abs(mod.run([x])[0] - want).max() <= 1e-4 * np.abs(want).max()

@@ -549,6 +549,11 @@ def fastest_plan(model, history, device, dtype: str = "float32", input_shapes: d
     while the Python executor timed them 1.640 and 1.507 (``bench/plan_noise.py``). Time with the runtime that
     will run the artifact.
 
+    A plan that runs squeeze-excite blocks fused (``se_gate``: one launch a block) is timed beside the same plan
+    with them unfused (a pool and two 1x1 convolutions), and with only those unfused whose fused kernel measured
+    slower inside the model (``_refine_squeeze_excite``, step ``squeeze_excite``): on the H200 the fused blocks'
+    fallback kernels took as long as the three kernels they replace.
+
     Then the template choice of the kept plan is checked inside the model (``_refine_templates``): the log
     times each kernel alone, with its weights warm in the cache from the previous run, and a Winograd kernel
     reads 16/9 (F(2x2)) or 4x (F(4x4)) the direct kernel's weights, which in a model come cold from memory.
@@ -589,9 +594,11 @@ def _native_time(mod, paths: dict, saved: Path, device, exe, repeats: int) -> fl
 def _fastest_plan(model, history, device, dtype, input_shapes, progress, repeats, timer, whole,
                   float32_plan: bool = False) -> M.Module:
     timed, modules, caught = {}, {}, []
-    graph = load_graph(model, input_shapes)  # parsed once, planned several ways
+    # parsed once, planned several ways; the squeeze_excite step may replace it by the graph with blocks unfused
+    current = {"graph": load_graph(model, input_shapes)}
 
-    def compile_(mode, prefer=None, untested="history", hist=history, as_dtype=dtype):
+    def compile_(mode, prefer=None, untested="history", hist=history, as_dtype=dtype, graph=None):
+        graph = current["graph"] if graph is None else graph
         with warnings.catch_warnings(record=True) as notes:  # a candidate's fallbacks matter only if it is kept
             warnings.simplefilter("always")
             mod = module_of(compile_plan(plan_graph(graph, device.info, mode, hist, as_dtype, prefer), device.info,
@@ -611,6 +618,15 @@ def _fastest_plan(model, history, device, dtype, input_shapes, progress, repeats
     kept = steps[-1].kept
     mod = modules[kept]
     modules.clear()  # the losers' device memory goes now, before more plans are compiled
+    unfused = _refine_squeeze_excite(mod, kept, current["graph"], compile_, repeats)
+    if unfused:  # the plan with its squeeze-excite blocks fused, against them unfused (all, or where slower)
+        candidates = {kept: mod, **{name: m for name, m, _ in unfused}}
+        steps.append(_alternating(whole, candidates, "squeeze_excite"))
+        if steps[-1].kept != kept:
+            kept, mod = steps[-1].kept, candidates[steps[-1].kept]
+            current["graph"] = next(g for name, _, g in unfused if name == kept)
+        candidates.clear()
+        unfused.clear()
     refined = _refine_templates(mod, kept, compile_, repeats)
     if refined:  # the kept plan timed again, beside its challengers, in the same rounds
         candidates = {kept: mod, **dict(refined)}
@@ -686,13 +702,37 @@ def _alternating(whole, modules: dict, step: str = "scope", same: dict | None = 
     return PlanStep(step, {m: times[m] for m in order}, {m: spreads[m] for m in order}, kept, same)
 
 
+def _refine_squeeze_excite(mod: M.Module, mode: str, graph, compile_, repeats: int) -> list:
+    """``[(plan name, Module, graph)]`` to time against ``mod`` (compiled with ``--scope mode`` from ``graph``)
+    where it runs ``se_gate`` kernels (issue 55, item 2: a squeeze-excite block's pool and both 1x1 convolutions in
+    one launch): the same plan with every block unfused (``passes_se.split_squeeze_excite``: the pool and two
+    convolutions), ``<mode>+unfused-se``; and, where the kernel times measured inside the two models (profiling
+    events) find some blocks faster unfused and some fused, the plan unfusing only those, ``<mode>+per-block-se``.
+    The kernel times leave out what a launch costs between kernels; the whole plans' timings include it. Empty
+    when ``mod`` runs no se_gate."""
+    from tuner.graph.passes_se import split_squeeze_excite
+    fused = [n.name for n in mod.spec.nodes if n.template == "se_gate"]
+    if not fused:
+        return []
+    every = split_squeeze_excite(graph)
+    first = compile_(mode, graph=every)
+    out = [(f"{mode}+unfused-se", first, every)]
+    rows = [{r["node"]: r["median_s"] for r in _random_inputs(m).profile(repeats)["rows"]} for m in (mod, first)]
+    slower = {n for n in fused
+              if rows[0].get(n, 0.0) > sum(rows[1].get(k, 0.0) for k in (n, f"{n}.squeeze", f"{n}.excite"))}
+    if slower and len(slower) < len(fused):
+        some = split_squeeze_excite(graph, slower)
+        out.append((f"{mode}+per-block-se", compile_(mode, graph=some), some))
+    return out
+
+
 def _refine_templates(mod: M.Module, mode: str, compile_, repeats: int) -> list:
     """``[(plan name, Module)]`` to time against ``mod`` (compiled with ``--scope mode``) where it runs a
     node's alternative template (Winograd): the same plan with every node's first template (the direct conv2d),
     named ``<mode>+direct``, and, where the per-node kernel times measured inside the two models (profiling
     events) favour neither everywhere, the plan taking each node's faster one, ``<mode>+per-node``. Empty when
     ``mod`` runs no alternative."""
-    first = compile_(mode, prefer="first")
+    first = compile_(mode.split("+")[0], prefer="first")  # a name (auto+unfused-se) past its scope mode
     if _same_plan(first, mod):
         return []
     out = [(f"{mode}+direct", first)]
@@ -700,7 +740,7 @@ def _refine_templates(mod: M.Module, mode: str, compile_, repeats: int) -> list:
     prefer = {node: min((r, rows[1][node]), key=lambda x: x["median_s"])["template"]
               for node, r in rows[0].items() if node in rows[1] and r["template"] != rows[1][node]["template"]}
     if len(set(prefer.values())) > 1:  # some nodes faster each way: a third plan
-        out.append((f"{mode}+per-node", compile_(mode, prefer=prefer)))
+        out.append((f"{mode}+per-node", compile_(mode.split("+")[0], prefer=prefer)))
     return out
 
 

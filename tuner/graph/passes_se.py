@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tuner.graph.graph import Graph, Node, add_param, drop_unused_params
+from tuner.graph.graph import Graph, Node, add_param, drop_unused_params, fresh_name
 
 
 def _pool_of(g: Graph, node: Node) -> str | None:
@@ -90,3 +90,33 @@ def fuse_squeeze_excite(graph: Graph) -> Graph:
         return graph
     g.nodes = [nd for nd in g.nodes if id(nd) not in drop]
     return drop_unused_params(g).validate()
+
+
+def split_squeeze_excite(graph: Graph, names=None) -> Graph:
+    """The inverse of ``fuse_squeeze_excite``: each ``se_gate`` node (those named in ``names``; None: every one)
+    back as its pool (a ``global_avg_pool`` of the node's name), the squeeze 1x1 convolution with ``act1``
+    (``<name>.squeeze``) and the excite 1x1 convolution with the gate's activation (``<name>.excite``), writing the
+    gate. What ``compiler.fastest_plan`` times beside the fused plan, so that a block runs fused only where that
+    measures faster on the device (issue 55, item 2: picked by measurement, per block where they differ)."""
+    if not any(n.op == "se_gate" and (names is None or n.name in names) for n in graph.nodes):
+        return graph
+    g = graph.copy()
+    nodes = []
+    for n in g.nodes:
+        if n.op != "se_gate" or (names is not None and n.name not in names):
+            nodes.append(n)
+            continue
+        x, w1, b1, w2, b2 = n.inputs
+        N, C = g.shapes[x][:2]
+        S = g.shapes[w1][0]
+        pooled, hidden = (fresh_name(g, f"{n.name}.{k}") for k in ("pooled", "squeezed"))
+        g.shapes[pooled], g.shapes[hidden] = (N, C, 1, 1), (N, S, 1, 1)
+        conv = {"stride": (1, 1), "padding": (0, 0, 0, 0), "dilation": (1, 1), "groups": 1}
+        nodes.append(Node("global_avg_pool", n.name, [x], [pooled]))
+        nodes.append(Node("conv2d", f"{n.name}.squeeze", [pooled, w1, b1], [hidden],
+                          {**conv, **({"activation": n.attrs["act1"]} if n.attrs["act1"] != "none" else {})}))
+        act = n.attrs.get("activation", "none")
+        nodes.append(Node("conv2d", f"{n.name}.excite", [hidden, w2, b2], list(n.outputs),
+                          {**conv, **({"activation": act} if act != "none" else {})}))
+    g.nodes = nodes
+    return g.validate()
