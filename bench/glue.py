@@ -42,7 +42,10 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 COMPUTE = ("conv2d", "depthwise_conv2d", "dense", "winograd2", "winograd4", "matmul")
-REDUCTIONS = ("spatial_reduce", "group_norm", "layer_norm", "softmax")
+REDUCTIONS = ("spatial_reduce", "group_norm", "layer_norm", "softmax", "se_gate")
+# compute layers a template step runs besides COMPUTE's one each: a squeeze-excite block's two 1x1 convolutions in
+# its se_gate (issue 55, item 2), so that a model's compute layers do not change when they fuse
+EXTRA_COMPUTE_LAYERS = {"se_gate": 2}
 MODELS = ("tv_efficientnet_b0", "tv_mobilenet_v3_large", "tv_shufflenet_v2_x1_0", "tv_regnet_y_400mf",
           "poolformer_s12", "style_in", "gn32_resnet", "tv_convnext_tiny")
 
@@ -245,6 +248,8 @@ def cmd_ours(args) -> int:
                      "onnxruntime_cpu_s": statistics.median(ort_s),
                      **{f"{c}_s": sum(r["median_s"] for r in rs) for c, rs in by.items()},
                      **{f"{c}_nodes": len(rs) for c, rs in by.items()},
+                     "se_launches": sum(len(n.calls) for n in mod.spec.nodes if n.template == "se_gate"),
+                     "se_s": sum(r["median_s"] for r in rows if r.get("template") == "se_gate"),
                      "worst": sorted(((r["median_s"], r["op"], r.get("template") or "") for r in rows
                                       if _category(r) != "compute"), reverse=True)[:3],
                      "non_compute_by_op": _by_op(r for r in rows if _category(r) != "compute"),
@@ -261,6 +266,7 @@ def cmd_ours(args) -> int:
         except Exception as e:  # noqa: BLE001 - a tree or machine without the native runtime: said, not fatal
             print(f"{name} [{args.tree}]: no native timing: {e}", flush=True)
         r = out[name]
+        r["compute_nodes"] += sum(EXTRA_COMPUTE_LAYERS.get(x.get("template") or "", 0) for x in rows)
         print(f"{name} [{args.tree}]: err {err:.1e}, latency {r['latency_s'] * 1e3:.3f} ms "
               f"(native {r.get('native_latency_s', float('nan')) * 1e3:.3f}), kernels "
               f"{r['kernel_total_s'] * 1e3:.3f} ms (compute {r['compute_s'] * 1e3:.3f}, reduction "
@@ -387,6 +393,7 @@ def cmd_table(args) -> int:
                          "non_compute_share": (r["reduction_s"] + r["glue_s"]) / max(r["kernel_total_s"], 1e-12),
                          "launches": r["launches"], "compute_layers": r["compute_nodes"],
                          "launches_per_compute": r["launches"] / max(r["compute_nodes"], 1),
+                         "se_gate_launches": r.get("se_launches", 0), "se_gate_ms": r.get("se_s", 0.0) * 1e3,
                          "peer": "torch_cuda_graph" if peer else "onnxruntime_cpu",
                          "peer_ms": (peer or r["onnxruntime_cpu_s"]) * 1e3,
                          "speedup_vs_peer": (peer or r["onnxruntime_cpu_s"]) / r["latency_s"],

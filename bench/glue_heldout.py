@@ -12,8 +12,13 @@ model) over its compute layers (conv2d, depthwise, dense, Winograd, matmul templ
 Models: tuner/zoo/heldout.py's five (MobileViT-like GroupNorm(1) linear attention, EdgeNeXt-like LayerNorm over
 channels with permutes and a channel split, PReLU after convolutions, a GroupNorm U-Net level with resize and
 concat, EfficientNet / MobileNetV3 squeeze-excite blocks; built here for both trees, so the models are the same),
-and the zoo's test-size FSRCNN (``sr_conv_transpose``), U-Net, style transfer and MobileNetV3-Small at 64x64.
-Every model is compiled with ``--scope auto`` and no log (fallback configs), and checked against onnxruntime.
+and the zoo's test-size FSRCNN (``sr_conv_transpose``), U-Net, style transfer and MobileNetV3-Small at 64x64;
+torchvision's EfficientNet-B0 at 64x64 (``tuner/zoo/heldout.efficientnet_b0``) when ``--models`` names
+``efficientnet_b0``. Every model is compiled with ``--scope auto`` and no log (fallback configs), and checked against
+onnxruntime. Besides the shares: the launches of squeeze-excite blocks between their producer and the gated
+convolution (``se_launches``: an ``se_gate``, or a pool and two 1x1 convolutions) and their kernel time (``se_ms``),
+the kernels' total and the whole run's median (``total_ms``). An ``se_gate`` step counts as the two compute layers
+it runs (``compute_layers``).
 """
 from __future__ import annotations
 
@@ -35,6 +40,22 @@ ZOO_MODELS = ("sr_conv_transpose", "unet", "style_transfer", "mobilenet_v3_small
 NOTES = "<!-- notes -->"  # table: the text from this line on in an existing .md is kept
 
 
+def compute_layers(nodes) -> int:
+    """The plan's compute layers: its conv2d / depthwise / dense / Winograd / matmul steps, and the two 1x1
+    convolutions each ``se_gate`` step runs (issue 55, item 2: a squeeze-excite block's pool and both convolutions
+    in one kernel), so that a model's count does not change when they fuse."""
+    return sum(n.template in COMPUTE for n in nodes) + 2 * sum(n.template == "se_gate" for n in nodes)
+
+
+def _se_node(n) -> bool:
+    """A kernel of a squeeze-excite block besides its producer and the gated convolution: an ``se_gate``, or (a
+    tree without it) a pool over H, W keeping the rank, or a convolution of a 1x1 map (the squeeze and excite)."""
+    wl = n.workload or {}
+    return n.template == "se_gate" or (n.template == "spatial_reduce" and wl.get("keepdims", True)
+                                       and wl.get("axes", [2, 3]) == [2, 3]) or \
+        (n.template == "conv2d" and list(wl.get("data", [0, 0, 0, 0]))[2:] == [1, 1])
+
+
 def _models(names) -> dict:
     """name -> ONNX ModelProto, built by this tree's zoo (before any other tree is imported)."""
     from tuner.zoo import models as zoo
@@ -43,6 +64,9 @@ def _models(names) -> dict:
     tm = zoo.test_models()
     for name in ZOO_MODELS:
         out[name] = zoo.ZOO[name](input_size=64) if name == "mobilenet_v3_small" else tm[name]
+    if names and "efficientnet_b0" in names:  # torchvision's EfficientNet-B0 at 64x64: only when named
+        from tuner.zoo.heldout import efficientnet_b0
+        out["efficientnet_b0"] = efficientnet_b0(input_size=64)
     return {k: v for k, v in out.items() if not names or k in names}
 
 
@@ -87,7 +111,8 @@ def cmd_run(args) -> int:
         err = max(float(np.abs(g - r).max() / max(np.abs(r).max(), 1e-30)) for g, r in zip(got, ref))
         nodes = mod.spec.nodes
         launches = sum(len(n.calls) for n in nodes)
-        compute = sum(n.template in COMPUTE for n in nodes)
+        compute = compute_layers(nodes)
+        se_launches = sum(len(n.calls) for n in nodes if _se_node(n))
         glue_launches = sum(len(n.calls) for n in nodes if not n.template)
         glue_ops: dict = {}
         for n in nodes:
@@ -95,7 +120,8 @@ def cmd_run(args) -> int:
                 glue_ops[n.op] = glue_ops.get(n.op, 0) + len(n.calls)
         multi = {n.template: len(n.calls) for n in nodes if n.template and len(n.calls) > 1}
         r = {"device": mod.spec.device.get("name", ""), "max_rel_err": err, "compile_s": compile_s,
-             "launches": launches, "compute_layers": compute, "glue_launches": glue_launches,
+             "launches": launches, "compute_layers": compute, "se_launches": se_launches,
+             "glue_launches": glue_launches,
              "glue_by_op": glue_ops, "multi_kernel_templates": multi}
         try:  # the copies the plan names with their reasons (Plan.copies; a tree without them: none)
             from tuner.compile.compiler import plan_model
@@ -111,14 +137,18 @@ def cmd_run(args) -> int:
             prof = mod.profile(args.repeats)
             rows, total = prof["rows"], prof["kernel_total_s"]
             r["kernel_ms"] = total * 1e3
+            r["total_ms"] = prof["total_s"] * 1e3  # whole runs on the run queue (Module.time's median)
+            se_names = {n.name for n in nodes if _se_node(n)}
+            r["se_ms"] = sum(x["median_s"] for x in rows if x["node"] in se_names) * 1e3
             r["no_template_share"] = sum(x["median_s"] for x in rows if not x.get("template")) / max(total, 1e-12)
             r["non_compute_share"] = sum(x["median_s"] for x in rows if x.get("template") not in COMPUTE) / \
                 max(total, 1e-12)
         out[name] = r
         print(f"{name} [{args.label}]: err {err:.1e}, {launches} launches for {compute} compute layers "
               f"({launches / max(compute, 1):.2f}), {glue_launches} without a template {glue_ops}"
-              + (f", no-template share {r['no_template_share']:.1%}, non-compute {r['non_compute_share']:.1%}"
-                 if args.repeats else ""), flush=True)
+              + (f", no-template share {r['no_template_share']:.1%}, non-compute {r['non_compute_share']:.1%}, "
+                 f"{se_launches} squeeze-excite launches {r['se_ms']:.3f} ms, kernels {r['kernel_ms']:.3f} ms, "
+                 f"whole run {r['total_ms']:.3f} ms" if args.repeats else ""), flush=True)
         del mod
     (work / f"heldout_{args.label}.json").write_text(json.dumps(out, indent=1))
     return 0
@@ -144,6 +174,9 @@ def cmd_table(args) -> int:
             row[f"compute_layers_{lab}"] = r["compute_layers"]
             row[f"launches_per_compute_{lab}"] = round(r["launches"] / max(r["compute_layers"], 1), 3)
             row[f"glue_launches_{lab}"] = r["glue_launches"]
+            for k in ("se_launches", "se_ms", "kernel_ms", "total_ms"):
+                if k in r:
+                    row[f"{k}_{lab}"] = round(r[k], 4) if isinstance(r[k], float) else r[k]
             row[f"no_template_share_{lab}"] = round(r.get("no_template_share", float("nan")), 4)
             row[f"non_compute_share_{lab}"] = round(r.get("non_compute_share", float("nan")), 4)
             row[f"max_rel_err_{lab}"] = f"{r['max_rel_err']:.1e}"
@@ -158,8 +191,11 @@ def cmd_table(args) -> int:
         w = csv.DictWriter(fh, fieldnames=fields)
         w.writeheader()
         w.writerows(rows)
+    timed = ("launches", "se_launches", "se_ms", "total_ms")  # columns of runs that recorded them
     short = ["model"] + [f"{k}_{lab}" for k in ("launches_per_compute", "no_template_share", "non_compute_share")
-                         for lab in labels] + [f"glue_by_op_{lab}" for lab in labels]
+                         for lab in labels] + \
+        [f"{k}_{lab}" for k in timed for lab in labels if any(f"{k}_{lab}" in r for r in rows)] + \
+        [f"glue_by_op_{lab}" for lab in labels]
     lines = ["| " + " | ".join(short) + " |", "|" + "---|" * len(short)]
     fmt = lambda v: f"{v:.1%}" if isinstance(v, float) and v <= 1 else str(v)  # noqa: E731
     for r in rows:
