@@ -657,8 +657,9 @@ def _fastest_plan(model, history, device, dtype, input_shapes, progress, repeats
             if steps[-1].kept == name:
                 kept, mod = name, other
     if float32_plan and dtype == "float16":
-        mode = kept.split("+")[0]
-        other = compile_(mode, as_dtype="float32")
+        mode = kept.split("+")[0]  # the kept plan's choices (squeeze-excite, templates, fallbacks), in float32
+        other = compile_(mode, prefer="first" if "+direct" in kept else None, as_dtype="float32",
+                         untested="fallback" if kept.endswith("+fallback") else "history")
         name = f"{mode}+all-float32"
         steps.append(_alternating(whole, {kept: mod, name: other}, "float32"))
         if steps[-1].kept == name:
