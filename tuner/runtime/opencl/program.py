@@ -28,7 +28,8 @@ from pathlib import Path
 
 import pyopencl as cl
 
-from tuner.artifact.cache import is_private_folder, native_device_key, write_native_binary
+from tuner.artifact.cache import (is_private_folder, native_device_key, private_folder, write_native_binary,
+                                  write_private)
 from tuner.errors import CompileError, TunerError
 from tuner.runtime.opencl.device import Device
 
@@ -90,29 +91,18 @@ def _read_binary(path: Path, fingerprint: str, key: str) -> bytes | None:
 
 
 def _write_binary(path: Path, fingerprint: str, key: str, payload: bytes) -> bool:
+    """The binary under its header, written as the user's cache writes every file (``write_private``: a new file
+    of our own, renamed into place; no fsync, the header's length and SHA-256 refuse a torn one); False, and no
+    cache, when the folder or the one above it is not this user's alone, or nothing can be written there."""
     header = json.dumps({"fingerprint": fingerprint, "source": key, "length": len(payload),
                          "sha256": hashlib.sha256(payload).hexdigest()}).encode()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        missing = [p for p in (path.parent, *path.parent.parents) if not p.exists()]
-        for folder in reversed(missing):  # every new level 0700 (mkdir's parents=True gives them the umask's)
-            folder.mkdir(mode=0o700, exist_ok=True)
-        if not (is_private_folder(path.parent) and is_private_folder(path.parent.parent)):
+        private_folder(path.parent)
+        if not is_private_folder(path.parent.parent):
             return False  # a folder someone else can change: no cache
-        # a new file of our own: a link or a file planted at this name is never followed or reused
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except OSError:  # a read-only artifact, or the name taken: run without the cache
-        return False
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(BINARY_MAGIC + header + b"\n" + payload)
-        os.replace(tmp, path)  # atomic: a concurrent reader sees the old file or the new one
+        write_private(path, BINARY_MAGIC + header + b"\n" + payload, sync=False)
         return True
-    except OSError:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
+    except OSError:  # a read-only folder, or the name taken: run without the cache
         return False
 
 
