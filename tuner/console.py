@@ -16,6 +16,17 @@ DEFAULT_WIDTH = 100  # when stdout is not a terminal (a pipe, a file, a test's c
 MIN_WIDTH = 40
 GAP = "  "
 
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character (C0, DEL, C1) and lone surrogate escaped as ``\\x1b`` /
+    ``\\ud800``: a name an artifact (or any untrusted file) gives is printed as text, never as a terminal
+    escape sequence (``ESC ] 0 ; ... BEL`` sets the title, ``ESC [ 2 J`` clears the screen). tuner-run escapes
+    the same characters."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}", text)
+
+
 # ----------------------------------------------------------------------------------------------- warnings
 
 _shown: set = set()  # (category, message) already printed by this process

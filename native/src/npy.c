@@ -65,16 +65,21 @@ static const char *parse_header(const char *h, const char *end, int *half, tnr_n
             for (;;) {
                 long long d = 0;
                 int digits = 0;
+                const char *d0;
                 p = skip_ws(p, end);
                 if (p < end && *p == ')') break;
                 if (out->ndim == TNR_NPY_MAX_DIMS) return "more than 8 dimensions";
-                while (p < end && *p >= '0' && *p <= '9' && digits < 12) d = d * 10 + (*p++ - '0'), digits++;
-                if (!digits || (p < end && *p >= '0' && *p <= '9')) return "a shape of other than integers";
+                d0 = p;
+                while (p < end && *p >= '0' && *p <= '9' && digits < 18) d = d * 10 + (*p++ - '0'), digits++;
+                /* plain decimal integers as numpy writes them: no sign, no leading zero, at most 18 digits (an int64) */
+                if (!digits || (p < end && *p >= '0' && *p <= '9') || (digits > 1 && *d0 == '0'))
+                    return "a shape of other than integers";
                 out->shape[out->ndim++] = d;
                 out->count = (size_t)tnr_mul_sat(out->count, (uint64_t)d);
                 p = skip_ws(p, end);
                 if (p < end && *p == ',') p++;
                 else if (!(p < end && *p == ')')) return "a shape of other than integers";
+                else if (out->ndim == 1) return "a shape '(N)' that is not a tuple (one dimension is written '(N,)')";
             }
             p++;
         }
@@ -157,7 +162,8 @@ static int write_all(int fd, const void *data, size_t n) {
     return 0;
 }
 
-/* path's folder ("." when it names none) and base name, into dir[n] and *base */
+/* path's folder ("." when it names none; no trailing '/', so that O_NOFOLLOW applies to its last component) and
+ * base name, into dir[n] and *base */
 static int split_path(const char *path, char *dir, size_t n, const char **base) {
     const char *slash = strrchr(path, '/');
     size_t len;
@@ -166,7 +172,9 @@ static int split_path(const char *path, char *dir, size_t n, const char **base) 
         *base = path;
         return 1;
     }
-    len = slash == path ? 1 : (size_t)(slash - path);
+    len = (size_t)(slash - path);
+    while (len > 0 && path[len - 1] == '/') len--;
+    if (len == 0) len = 1; /* "/y.npy": the root */
     if (len >= n) return 0;
     memcpy(dir, path, len);
     dir[len] = 0;
@@ -174,11 +182,72 @@ static int split_path(const char *path, char *dir, size_t n, const char **base) 
     return 1;
 }
 
+/* The destination's folder, opened without following a symbolic link at its own name (O_NOFOLLOW): everything
+ * below is created and renamed relative to that descriptor, so a link another user plants as the folder (or swaps
+ * in later) never redirects the write. Links above the folder are the user's path and followed. */
+static int open_folder(const char *path, const char *dir, int *dfd, char *err) {
+    struct stat ls;
+    int e;
+    *dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (*dfd >= 0) return TNR_OK;
+    e = errno;
+    if (lstat(dir, &ls) == 0 && S_ISLNK(ls.st_mode)) {
+        char target[1024];
+        ssize_t t = readlink(dir, target, sizeof target - 1);
+        target[t > 0 ? t : 0] = 0;
+        return tnr_fail(err, TNR_E_IO, "%s: its folder '%s' is a symbolic link (to '%s'); give the folder itself", path,
+                        dir, target);
+    }
+    if (e == ENOENT) return tnr_fail(err, TNR_E_IO, "%s: its folder '%s' does not exist", path, dir);
+    if (e == ENOTDIR) return tnr_fail(err, TNR_E_IO, "%s: '%s' is not a folder", path, dir);
+    return tnr_fail(err, TNR_E_IO, "%s: cannot open its folder '%s' (%s)", path, dir, strerror(e));
+}
+
+/* An existing destination that is not a regular file (a device, a FIFO): written through in place, never replaced.
+ * Opened non-blocking (a FIFO that no process reads is refused, never waited on) and without following a link, and
+ * checked on the descriptor: a FIFO or device of another user (not root) is refused, as one another user planted
+ * in a shared folder would take the output (or stall the run). */
+static int write_through(int dfd, const char *path, const char *base, const void *header, size_t hl, const float *data,
+                         size_t n, char *err) {
+    struct stat st;
+    int fd = openat(dfd, base, O_WRONLY | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC), fl;
+    if (fd < 0) {
+        int e = errno;
+        if (e == ENXIO)
+            return tnr_fail(err, TNR_E_IO, "%s: it is a FIFO (named pipe) that no process reads; start its reader first, "
+                            "or give a file path", path);
+        return tnr_fail(err, TNR_E_IO, "%s: cannot write (%s)", path, strerror(e));
+    }
+    if (fstat(fd, &st) != 0 || S_ISREG(st.st_mode) || S_ISDIR(st.st_mode)) {
+        close(fd);
+        return tnr_fail(err, TNR_E_IO, "%s: it changed while it was opened; write again", path);
+    }
+    if (st.st_uid != geteuid() && st.st_uid != 0) {
+        close(fd);
+        return tnr_fail(err, TNR_E_IO, "%s: it is %s of another user (uid %ld), not written through; give a file path",
+                        path, tnr_file_kind((unsigned)st.st_mode), (long)st.st_uid);
+    }
+    fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        int e = errno;
+        close(fd);
+        return tnr_fail(err, TNR_E_IO, "%s: cannot write (%s)", path, strerror(e));
+    }
+    /* little-endian hosts only (x86-64, arm64): the floats go out as they are */
+    if (write_all(fd, header, hl) || write_all(fd, data, n * sizeof(float))) {
+        int e = errno;
+        close(fd);
+        return tnr_fail(err, TNR_E_IO, "%s: write failed (%s)", path, strerror(e));
+    }
+    close(fd);
+    return TNR_OK;
+}
+
 int tnr_npy_write(const char *path, const float *data, const int64_t *shape, int ndim, char *err) {
     char header[512], dims[400] = "", dir[4096], tmp[4200];
     const char *base;
     size_t n = 1, used = 0, hl, total;
-    int i, fd = -1, dfd, tries;
+    int i, fd = -1, dfd, tries, rc;
     struct stat st;
     for (i = 0; i < ndim; i++) {
         used += (size_t)snprintf(dims + used, sizeof dims - used, "%lld%s", (long long)shape[i],
@@ -193,61 +262,70 @@ int tnr_npy_write(const char *path, const float *data, const int64_t *shape, int
     memcpy(header, "\x93NUMPY\x01\x00", 8);
     header[8] = (char)(hl & 0xFF);
     header[9] = (char)(hl >> 8);
-    /* as tuner run writes (tuner/files.py write_file): a symbolic link is refused, a device or FIFO written
-     * through, anything else written to a new file beside it and renamed into place once complete and synced */
-    if (lstat(path, &st) == 0) {
+    /* as tuner run writes (tuner/files.py write_file): the folder opened without following a link at its name, and
+     * everything done relative to it; a symbolic link at the name is refused, a device or FIFO written through, anything
+     * else written to a new file beside it and renamed into place once complete and synced */
+    if (!split_path(path, dir, sizeof dir, &base) || !*base)
+        return tnr_fail(err, TNR_E_IO, "%s: not a file path", path);
+    if ((rc = open_folder(path, dir, &dfd, err)) != TNR_OK) return rc;
+    if (fstatat(dfd, base, &st, AT_SYMLINK_NOFOLLOW) == 0) {
         if (S_ISLNK(st.st_mode)) {
             char target[1024];
-            ssize_t t = readlink(path, target, sizeof target - 1);
+            ssize_t t = readlinkat(dfd, base, target, sizeof target - 1);
             target[t > 0 ? t : 0] = 0;
+            close(dfd);
             return tnr_fail(err, TNR_E_IO, "%s: it is a symbolic link (to '%s'); give the path of the file itself", path,
                             target);
         }
-        if (S_ISDIR(st.st_mode)) return tnr_fail(err, TNR_E_IO, "%s: it is a directory; give a file path", path);
+        if (S_ISDIR(st.st_mode)) {
+            close(dfd);
+            return tnr_fail(err, TNR_E_IO, "%s: it is a directory; give a file path", path);
+        }
         if (!S_ISREG(st.st_mode)) {
-            fd = open(path, O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
-            if (fd < 0) return tnr_fail(err, TNR_E_IO, "%s: cannot write (%s)", path, strerror(errno));
-            /* little-endian hosts only (x86-64, arm64): the floats go out as they are */
-            if (write_all(fd, header, 10 + hl) || write_all(fd, data, n * sizeof(float))) {
-                int e = errno;
-                close(fd);
-                return tnr_fail(err, TNR_E_IO, "%s: write failed (%s)", path, strerror(e));
-            }
-            close(fd);
-            return TNR_OK;
+            rc = write_through(dfd, path, base, header, 10 + hl, data, n, err);
+            close(dfd);
+            return rc;
         }
     } else if (errno != ENOENT) {
-        return tnr_fail(err, TNR_E_IO, "%s: cannot write (%s)", path, strerror(errno));
+        int e = errno;
+        close(dfd);
+        return tnr_fail(err, TNR_E_IO, "%s: cannot write (%s)", path, strerror(e));
     }
-    if (!split_path(path, dir, sizeof dir, &base) || !*base)
-        return tnr_fail(err, TNR_E_IO, "%s: not a file path", path);
     for (tries = 0; tries < 100 && fd < 0; tries++) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
-        if (snprintf(tmp, sizeof tmp, "%s/.%s.%ld.%lx.tmp", dir, base, (long)getpid(),
-                     (unsigned long)(ts.tv_nsec ^ (tries * 2654435761u))) >= (int)sizeof tmp)
+        if (snprintf(tmp, sizeof tmp, ".%s.%ld.%lx.tmp", base, (long)getpid(),
+                     (unsigned long)(ts.tv_nsec ^ (tries * 2654435761u))) >= (int)sizeof tmp) {
+            close(dfd);
             return tnr_fail(err, TNR_E_IO, "%s: the path is too long", path);
+        }
         /* a new file of our own: a link or file planted at the name is never followed or reused */
-        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
-        if (fd < 0 && errno != EEXIST) return tnr_fail(err, TNR_E_IO, "%s: cannot write (%s)", path, strerror(errno));
+        fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+        if (fd < 0 && errno != EEXIST) {
+            int e = errno;
+            close(dfd);
+            return tnr_fail(err, TNR_E_IO, "%s: cannot write (%s)", path, strerror(e));
+        }
     }
-    if (fd < 0) return tnr_fail(err, TNR_E_IO, "%s: cannot write (no free temporary name beside it)", path);
+    if (fd < 0) {
+        close(dfd);
+        return tnr_fail(err, TNR_E_IO, "%s: cannot write (no free temporary name beside it)", path);
+    }
     if (write_all(fd, header, 10 + hl) || write_all(fd, data, n * sizeof(float)) || fsync(fd) != 0) {
         int e = errno;
         close(fd);
-        unlink(tmp);
-        return tnr_fail(err, TNR_E_IO, "%s: write failed (%s); the file there is left as it was", path, strerror(e));
-    }
-    if (close(fd) != 0 || rename(tmp, path) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return tnr_fail(err, TNR_E_IO, "%s: write failed (%s); the file there is left as it was", path, strerror(e));
-    }
-    dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC); /* the rename on the disk too (best effort) */
-    if (dfd >= 0) {
-        fsync(dfd);
+        unlinkat(dfd, tmp, 0);
         close(dfd);
+        return tnr_fail(err, TNR_E_IO, "%s: write failed (%s); the file there is left as it was", path, strerror(e));
     }
+    if (close(fd) != 0 || renameat(dfd, tmp, dfd, base) != 0) {
+        int e = errno;
+        unlinkat(dfd, tmp, 0);
+        close(dfd);
+        return tnr_fail(err, TNR_E_IO, "%s: write failed (%s); the file there is left as it was", path, strerror(e));
+    }
+    fsync(dfd); /* the rename on the disk too (best effort) */
+    close(dfd);
     return TNR_OK;
 }
 

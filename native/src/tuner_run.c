@@ -41,9 +41,37 @@ static void usage(FILE *f) {
                "  --verify KEY    refuse the artifact unless it is signed with this key file (tuner compile --sign)\n");
 }
 
+/* s to f with every control character but newline and tab escaped (\x1b, and C1 as \x9b): an artifact's names
+ * reach the terminal through error lines and --profile, and a name holding ESC [ 2 J must not clear the screen or
+ * set its title. */
+static void put_safe(FILE *f, const char *s) {
+    const unsigned char *c = (const unsigned char *)s;
+    for (; *c; c++) {
+        if ((*c < 0x20 && *c != '\n' && *c != '\t') || *c == 0x7f) fprintf(f, "\\x%02x", *c);
+        else if (*c == 0xc2 && c[1] >= 0x80 && c[1] <= 0x9f) fprintf(f, "\\x%02x", *++c);
+        else fputc(*c, f);
+    }
+}
+
+/* s with every control character escaped (as put_safe, newline and tab included), malloc'd; NULL: out of memory */
+static char *escaped(const char *s) {
+    const unsigned char *c = (const unsigned char *)s;
+    char *out = malloc(strlen(s) * 4 + 1), *o = out;
+    if (!out) return NULL;
+    for (; *c; c++) {
+        if (*c < 0x20 || *c == 0x7f) o += sprintf(o, "\\x%02x", *c);
+        else if (*c == 0xc2 && c[1] >= 0x80 && c[1] <= 0x9f) o += sprintf(o, "\\x%02x", *++c);
+        else *o++ = (char)*c;
+    }
+    *o = 0;
+    return out;
+}
+
 static int fail(const char *fmt, const char *a, const char *b) {
+    char msg[3 * TNR_ERRLEN + 8192];
+    snprintf(msg, sizeof msg, fmt, a, b);
     fprintf(stderr, "error: ");
-    fprintf(stderr, fmt, a, b);
+    put_safe(stderr, msg);
     fprintf(stderr, "\n");
     return 2;
 }
@@ -263,8 +291,7 @@ static int run_main(int argc, char **argv) {
                 free(x);
             }
             if (rc) {
-                const char *m = tnr_last_error(rt);
-                fprintf(stderr, "error: %s\n", m);
+                fail("%s%s", tnr_last_error(rt), "");
                 tnr_close(rt);
                 return 2;
             }
@@ -294,11 +321,10 @@ static int run_main(int argc, char **argv) {
                                  "NAME=Y.npy for each (or --outputs DIR for all)%s", shown, "");
             }
             if (where[which]) {
-                char shown[600];
+                char shown[600]; /* formatted before the runtime (which owns the name) is closed */
+                tnr_printable(tnr_output_name(rt, which), strlen(tnr_output_name(rt, which)), 300, shown, sizeof shown);
                 tnr_close(rt);
-                return fail("--output names output '%s' twice%s",
-                            tnr_printable(tnr_output_name(rt, which), strlen(tnr_output_name(rt, which)), 300, shown,
-                                          sizeof shown), "");
+                return fail("--output names output '%s' twice%s", shown, "");
             }
             where[which] = eq ? eq + 1 : outputs[i];
         }
@@ -307,6 +333,15 @@ static int run_main(int argc, char **argv) {
             if (tnr_mkdirs(outputs_dir, 0777) != 0) {
                 tnr_close(rt);
                 return fail("--outputs %s: cannot create the folder (%s)", outputs_dir, strerror(errno));
+            }
+            /* the folder itself, never a symbolic link (another user's link would send every output elsewhere);
+             * each file is then written relative to the folder opened with O_NOFOLLOW (npy.c) */
+            if (lstat(outputs_dir, &st) == 0 && S_ISLNK(st.st_mode)) {
+                char target[1024];
+                ssize_t t = readlink(outputs_dir, target, sizeof target - 1);
+                target[t > 0 ? t : 0] = 0;
+                tnr_close(rt);
+                return fail("--outputs %s is a symbolic link (to '%s'); give the folder itself", outputs_dir, target);
             }
             if (stat(outputs_dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
                 tnr_close(rt);
@@ -379,21 +414,34 @@ static int run_main(int argc, char **argv) {
                             "clock is changing; stop other work on it (or wait for its clock to settle) and time again\n",
                     bench, sp * 100, warn * 100);
         if (profile) {
-            int nn = tnr_num_nodes(rt), k;
+            int nn = tnr_num_nodes(rt), k, c;
             double *ns = calloc((size_t)nn + 1, sizeof *ns), total = 0;
             int w0 = 4, w1 = 2, w2 = 7, w3 = 8;
-            if (!ns) {
+            /* every cell an artifact names, control characters escaped (put_safe) */
+            char **cell = calloc((size_t)nn * 5 + 1, sizeof *cell);
+            int ok = ns && cell;
+            for (k = 0; ok && k < nn; k++) {
+                const char *from[5] = {tnr_node_name(rt, k), tnr_node_op(rt, k), tnr_node_storage(rt, k),
+                                       tnr_node_template(rt, k), tnr_node_config_source(rt, k)};
+                for (c = 0; ok && c < 5; c++) ok = (cell[k * 5 + c] = escaped(from[c])) != NULL;
+            }
+            if (!ok) {
+                for (k = 0; cell && k < nn * 5; k++) free(cell[k]);
+                free(cell);
+                free(ns);
                 free(times);
                 tnr_close(rt);
                 return fail("out of memory%s%s", "", "");
             }
             if ((rc = tnr_profile(rt, bench, ns)) != TNR_OK) {
+                for (k = 0; k < nn * 5; k++) free(cell[k]);
+                free(cell);
                 free(ns);
                 goto runtime_error;
             }
             for (k = 0; k < nn; k++) {
-                int l0 = (int)strlen(tnr_node_name(rt, k)), l1 = (int)strlen(tnr_node_op(rt, k)),
-                    l2 = (int)strlen(tnr_node_storage(rt, k)), l3 = (int)strlen(tnr_node_template(rt, k));
+                int l0 = (int)strlen(cell[k * 5]), l1 = (int)strlen(cell[k * 5 + 1]), l2 = (int)strlen(cell[k * 5 + 2]),
+                    l3 = (int)strlen(cell[k * 5 + 3]);
                 w0 = l0 > w0 ? l0 : w0, w1 = l1 > w1 ? l1 : w1, w2 = l2 > w2 ? l2 : w2, w3 = l3 > w3 ? l3 : w3;
             }
             /* config last: where the config came from, as the artifact records it ("transferred from <workload>") */
@@ -402,13 +450,15 @@ static int run_main(int argc, char **argv) {
             for (k = 0; k < nn; k++) {
                 char gf[32] = "-";
                 double fl = tnr_node_flops(rt, k);
-                const char *src = tnr_node_config_source(rt, k); /* "" for a glue kernel */
+                const char *src = cell[k * 5 + 4]; /* "" for a glue kernel */
                 if (fl > 0 && ns[k] > 0) snprintf(gf, sizeof gf, "%.3g", fl / ns[k] / 1e9);
-                printf("%-*s  %-*s  %-*s  %-*s  %9.3f  %9s%s%s\n", w0, tnr_node_name(rt, k), w1, tnr_node_op(rt, k), w2,
-                       tnr_node_storage(rt, k), w3, tnr_node_template(rt, k), ns[k] * 1e3, gf, *src ? "  " : "", src);
+                printf("%-*s  %-*s  %-*s  %-*s  %9.3f  %9s%s%s\n", w0, cell[k * 5], w1, cell[k * 5 + 1], w2,
+                       cell[k * 5 + 2], w3, cell[k * 5 + 3], ns[k] * 1e3, gf, *src ? "  " : "", src);
                 total += ns[k];
             }
             printf("kernels %.3f ms, end to end %.3f ms\n", total * 1e3, lat * 1e3);
+            for (k = 0; k < nn * 5; k++) free(cell[k]);
+            free(cell);
             free(ns);
         }
     }
@@ -416,7 +466,7 @@ static int run_main(int argc, char **argv) {
     tnr_close(rt);
     return 0;
 runtime_error:
-    fprintf(stderr, "error: %s\n", tnr_last_error(rt));
+    fail("%s%s", tnr_last_error(rt), "");
     free(times);
     tnr_close(rt);
     return 2;

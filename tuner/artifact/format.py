@@ -17,6 +17,7 @@ PARAM_ALIGN = 64  # bytes: every param starts at a multiple of it in params.bin
 # a tuned layer's config_source (tuner.compile.compiler.CONFIG_SOURCES): one of these, or one of these and a name
 CONFIG_SOURCE_EXACT = ("tuned", "fallback")
 CONFIG_SOURCE_PREFIXES = ("sibling ", "dtype: ", "transferred from ", "predicted: config of ")
+MAX_DIMS = 8  # values in any list of integers (a shape, a launch size, an extent): native/include TNR_MAX_DIMS
 CONFIG_SOURCE_MAX = 512  # bytes of UTF-8 (native/src/artifact.h TNR_CONFIG_SOURCE_MAX)
 
 
@@ -190,7 +191,11 @@ class _Reader:
         return [self.str_(x, f"{path}[{i}]") for i, x in enumerate(self.list_(v, path))]
 
     def ints(self, v, path):
-        return tuple(self.int_(x, f"{path}[{i}]") for i, x in enumerate(self.list_(v, path)))
+        out = tuple(self.int_(x, f"{path}[{i}]") for i, x in enumerate(self.list_(v, path)))
+        if len(out) > MAX_DIMS:  # a shape, size or extent: of rank 1 to 8 (tuner-run's TNR_MAX_DIMS)
+            raise ArtifactError(f"{self.where}: {path} has {len(out)} values, more than {MAX_DIMS}; recompile the "
+                                f"model")
+        return out
 
     def node(self, n, p) -> Node:
         self.obj(n, p)

@@ -203,14 +203,38 @@ def _no_constant(name: str):
     raise ValueError(f"{name} is not JSON")
 
 
+def _strict_strings(doc) -> None:
+    """Every string of a parsed document (keys included) one tuner-run reads too (native/src/json.c): no
+    ``\\u0000`` (a C string would end there) and no unpaired surrogate (``\\ud800``: not a character, it cannot
+    even be printed); a ValueError names which."""
+    stack = [doc]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            if "\0" in v:
+                raise ValueError("\\u0000 in a string")
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError("unpaired surrogate in a \\u escape") from None
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+
+
 def _json(data: bytes, path: Path, d: Path):
-    """Strict JSON (RFC 8259), as the native runtime reads it: no repeated keys, no NaN or Infinity."""
+    """Strict JSON (RFC 8259), as the native runtime reads it: no repeated keys, no NaN or Infinity, no
+    \\u0000 or unpaired surrogate in a string."""
     try:
         # UTF-8 with no byte order mark (RFC 8259, and tuner-run): json.loads(bytes) would also take UTF-16/32
         text = data.decode("utf-8") if isinstance(data, bytes) else data
         if text.startswith("\ufeff"):
             raise ValueError("it starts with a byte order mark; JSON is UTF-8 without one")
-        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+        doc = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+        _strict_strings(doc)
+        return doc
     except UnicodeDecodeError as e:
         raise ArtifactError(f"{path} is not valid JSON (not UTF-8: {str(e)[:80]}); {_redo(d)}") from None
     except (ValueError, RecursionError) as e:

@@ -12,7 +12,8 @@ from tuner.cli.args import (MIN_TRIALS, add_device_arg, add_measure_args, add_se
                             measure_options, non_negative_int, positive_int, regular_file,
                             writable_dir, writable_file)
 from tuner.errors import TunerError
-from tuner.files import write_file
+from tuner.console import printable
+from tuner.files import check_writable, write_file
 
 if TYPE_CHECKING:
     import numpy as np  # imported by the commands that use it: start-up time
@@ -180,10 +181,10 @@ def print_profile(prof: dict, file=None) -> None:
     tuned layer's config came from (a row's ``config_source``, as ``tuner-run --profile`` prints it)."""
     file = file if file is not None else sys.stdout  # looked up now: sys.stdout may have been replaced
     head = ("node", "op", "storage", "scopes", "ms", "GFLOP/s", "config")
-    rows = [(r["node"], r["op"], r.get("storage", ""), r["scopes"], f"{r['median_s'] * 1e3:.3f}",
-             f"{r['gflops']:.3g}" if r["gflops"] else "-",
-             r.get("config_source") or (("tuned" if r["tuned"] else "fallback") if r["template"] else ""))
-            for r in prof["rows"]]
+    rows = [(printable(r["node"]), printable(r["op"]), printable(r.get("storage", "")), printable(r["scopes"]),
+             f"{r['median_s'] * 1e3:.3f}", f"{r['gflops']:.3g}" if r["gflops"] else "-",
+             printable(r.get("config_source") or (("tuned" if r["tuned"] else "fallback") if r["template"] else "")))
+            for r in prof["rows"]]  # an artifact's names, control characters escaped: never terminal escapes
     widths = [max(len(str(x[i])) for x in (head, *rows)) for i in range(len(head))]
     right = {4, 5}
     for x in (head, *rows):
@@ -249,15 +250,18 @@ def _run_outputs(specs, outputs_dir, names: list) -> dict:
             name, path = names[0], s
         if name in given:
             raise TunerError(f"--output {name}=... is given twice")
-        given[name] = writable_file(path, "--output")
+        given[name] = check_writable(path, "--output")
     if outputs_dir is not None:
+        if os.path.islink(outputs_dir.rstrip("/") or "/"):  # before anything is made or probed in it
+            raise TunerError(f"--outputs {outputs_dir!r} is a symbolic link (to "
+                             f"{os.readlink(outputs_dir.rstrip('/'))!r}); give the folder itself")
         folder = writable_dir(outputs_dir, "--outputs")
         files = {n: folder / output_file_name(n) for n in names}
         if len(set(files.values())) < len(files):
             raise TunerError(f"--outputs {outputs_dir!r}: output names {names} map to the same file name; save them "
                              "one by one with --output NAME=Y.npy")
         for n, f in files.items():
-            given.setdefault(n, writable_file(str(f), "--outputs"))
+            given.setdefault(n, check_writable(str(f), "--outputs"))
     return given
 
 
@@ -278,7 +282,7 @@ def _save_npy(path: Path, array: np.ndarray, flag: str) -> None:
 def cmd_run(args) -> int:
     from tuner.runtime.module import load_module
     if args.output and len(args.output) == 1 and "=" not in args.output[0]:  # checked before anything is read
-        writable_file(args.output[0], "--output")
+        check_writable(args.output[0], "--output")
     key = None
     if args.verify:  # checked against the manifest that is then run, in the same reading (tuner-run's own)
         from tuner.artifact.signing import read_key
