@@ -24,6 +24,7 @@ from tuner.templates.reduction import (LOWEST, ReduceConfig, Schedule, ceil_div,
                                        features, packed, unravel)
 
 KINDS = ("mean", "max", "l2")
+WEIGHTS = ("none", "pixel", "same", "softmax")  # the prologue's weights Q (``SpatialReduceWorkload.weight``)
 AXES = ((2, 3), (2,), (3,))
 
 
@@ -42,6 +43,9 @@ class SpatialReduceWorkload:
     # has it only when set
     in_view: tuple = ()  # (offset, channels): X is channels [offset, offset + C) of a larger tensor of ``channels``
     # (a channel slice read in place, ``passes_movement.slices_read_in_place``); not in the key: the same loop nest
+    softmax_of: tuple = ()  # with weight "softmax": (channel, channels): the weights are the softmax over the reduced
+    # positions of channel ``channel`` of Q, a tensor of ``channels`` channels (X's N, H, W) -- MobileViTv2's
+    # context scores, computed in the reduction instead of their own kernels (``passes_attention``); in the key
 
     def __post_init__(self):
         object.__setattr__(self, "data", tuple(int(x) for x in self.data))
@@ -62,8 +66,14 @@ class SpatialReduceWorkload:
                              self.in_view[0] + self.data[1] > self.in_view[1]):
             raise ValueError(f"spatial_reduce in_view {self.in_view}: (offset, channels), the offset a multiple of 4 "
                              f"and the {self.data[1]} channels inside")
-        if self.weight not in ("none", "pixel", "same") or (self.weight != "none" and self.kind != "mean"):
-            raise ValueError(f"spatial_reduce weight {self.weight!r}: none, or pixel / same for a mean or sum")
+        if self.weight not in WEIGHTS or (self.weight != "none" and self.kind != "mean"):
+            raise ValueError(f"spatial_reduce weight {self.weight!r}: none, or pixel / same / softmax for a mean or "
+                             f"sum")
+        object.__setattr__(self, "softmax_of", tuple(int(v) for v in self.softmax_of))
+        if (self.weight == "softmax") != bool(self.softmax_of) or (self.softmax_of and (
+                len(self.softmax_of) != 2 or not 0 <= self.softmax_of[0] < self.softmax_of[1])):
+            raise ValueError(f"spatial_reduce softmax_of {list(self.softmax_of)}: (channel, channels) of Q, given with "
+                             f"weight softmax only")
         if self.dtype not in ("float32", "float16"):
             raise ValueError(f"dtype {self.dtype!r}: float32 or float16 storage")
 
@@ -81,7 +91,8 @@ class SpatialReduceWorkload:
     def key(self) -> dict:
         return {"op": "spatial_reduce", **{k: list(v) if isinstance(v, tuple) else v
                                            for k, v in asdict(self).items()
-                                           if (k not in ("activation", "weight") or v != "none") and k != "in_view"}}
+                                           if (k not in ("activation", "weight") or v != "none") and k != "in_view"
+                                           and (k != "softmax_of" or v)}}
 
 
 def _grid(wl) -> tuple:
@@ -115,6 +126,10 @@ def spatial_reduce(wl: SpatialReduceWorkload, cfg: ReduceConfig):
         b.store(Y, (n, lanes) if not wl.keepdims else (n, lanes, hk, wk), finish(v))
 
     T = cfg.split
+    if wl.weight == "softmax":
+        if T > 1:
+            raise ValueError("weight softmax needs split 1: the softmax's max and sum are over every reduced position")
+        return _softmax_weighted(wl, cfg, sched, units, reduced, X, Q, Y, at, store)
     part = buffer("part", (U * T, 4), "float32", "global") if T > 1 else None
     b = Builder()
     with sched.items(b) as (u, c, lid, p):
@@ -152,6 +167,41 @@ def spatial_reduce(wl: SpatialReduceWorkload, cfg: ReduceConfig):
     return Program("spatial_reduce", (first, second), (*ins, Y), (part,))
 
 
+def _softmax_weighted(wl, cfg, sched, units, reduced, X, Q, Y, at, store):
+    """The reduction of X times the softmax over the reduced positions of Q's channel ``softmax_of[0]``: one pass for
+    its max, one for the sums of ``x * exp(q - max)`` and of ``exp(q - max)`` (each through the unit's tree), their
+    quotient stored (MobileViTv2's context vector: the keys weighted by the softmaxed query)."""
+    qc = wl.softmax_of[0]
+    b = Builder()
+    with sched.items(b) as (u, c, lid, p):
+        n, cb, hk, wk = unravel(b, u, units, "u")
+
+        def positions(e):
+            hr, wr = unravel(b, e, reduced, sched.tag("r"))
+            return (hr if 2 in wl.axes else hk, wr if 3 in wl.axes else wk)
+
+        def q(hw):
+            return Broadcast(ExtractLane(Q[n, Ramp(as_expr(qc // 4 * 4), as_expr(1), 4), *hw], qc % 4), 4)
+        acc = b.allocate("acc", (2,), "float32x4", "private")
+        b.store(acc, 0, LOWEST)
+        with sched.elements(b, c, lid) as e:
+            b.store(acc, 0, max_(acc[0], q(positions(e))))
+        top, = sched.tree(b, [acc[0]], max_, lid, p, name="mx")
+        m = b.let("qmax", top)
+        b.store(acc, 0, 0.0)
+        b.store(acc, 1, 0.0)
+        with sched.elements(b, c, lid) as e:
+            hw = positions(e)
+            w = b.let(f"{sched.tag('w')}e", call("exp", [q(hw) - m], "float32x4"))
+            b.store(acc, 0, acc[0] + X[n, Ramp((cb + at) * 4 if at else cb * 4, as_expr(1), 4), *hw] * w)
+            b.store(acc, 1, acc[1] + w)
+        num, den = sched.tree(b, [acc[0], acc[1]], lambda x, y: x + y, lid, p)
+        cond = sched.is_writer(lid)
+        with b.if_(cond) if cond is not None else nullcontext():
+            store(b, u, num / den)  # the sum of x * softmax(q); ``finish`` scales it as a mean's or a sum's
+    return b.kernel("spatial_reduce", [X, Q, Y])
+
+
 def input_shape(wl) -> tuple:
     """X's shape: the workload's, or the larger tensor an ``in_view`` reads a channel slice of."""
     return (wl.data[0], wl.in_view[1], *wl.data[2:]) if wl.in_view else wl.data
@@ -160,6 +210,8 @@ def input_shape(wl) -> tuple:
 def weight_shape(wl) -> tuple:
     """The shape of the prologue's weights ``Q``: (N, 1, H, W) for ``pixel``, X's for ``same``."""
     N, C, H, W = wl.data
+    if wl.weight == "softmax":
+        return (N, wl.softmax_of[1], H, W)
     return (N, 1, H, W) if wl.weight == "pixel" else wl.data
 
 
@@ -167,7 +219,11 @@ def reference(wl: SpatialReduceWorkload, inputs: dict) -> np.ndarray:
     x = np.asarray(inputs["X"], np.float64)
     if wl.in_view:
         x = x[:, wl.in_view[0]:wl.in_view[0] + wl.data[1]]
-    if wl.weight != "none":
+    if wl.weight == "softmax":  # the softmax of Q's channel over the reduced positions
+        q = np.asarray(inputs["Q"], np.float64)[:, wl.softmax_of[0]:wl.softmax_of[0] + 1]
+        e = np.exp(q - q.max(axis=wl.axes, keepdims=True))
+        x = x * (e / e.sum(axis=wl.axes, keepdims=True))
+    elif wl.weight != "none":
         x = x * np.asarray(inputs["Q"], np.float64)
     if wl.kind == "l2":
         return apply_numpy(wl.activation, wl.scale * np.sqrt((x * x).sum(axis=wl.axes, keepdims=wl.keepdims)))
@@ -185,16 +241,18 @@ def random_inputs(wl: SpatialReduceWorkload, rng) -> dict:
 def space_vars(wl: SpatialReduceWorkload) -> dict:
     units, reduced = _grid(wl)
     return dict(U=int(np.prod(units)), E=int(np.prod(reduced)), data=input_shape(wl), out=wl.out_shape,
-                out_layout="nchw4c" if len(wl.out_shape) == 4 else "row4")
+                out_layout="nchw4c" if len(wl.out_shape) == 4 else "row4", weight=wl.weight)
 
 
 VARIABLES = dict(U="units: output pixels (4 channels each)", E="texels reduced per unit",
-                 data="input shape N,C,H,W", out="output shape", out_layout="the output's texture layout")
+                 data="input shape N,C,H,W", out="output shape", out_layout="the output's texture layout",
+                 weight="the prologue's weights: none, pixel, same or softmax")
 
 
 def fallback(wl: SpatialReduceWorkload, info) -> ReduceConfig:
     v = space_vars(wl)
-    return fallback_config(v, info, texture_scopes(wl, info, [("nchw4c", wl.data), (v["out_layout"], wl.out_shape)]))
+    return fallback_config(v, info, texture_scopes(wl, info, [("nchw4c", wl.data), (v["out_layout"], wl.out_shape)]),
+                           max_split=1 if wl.weight == "softmax" else 64)
 
 
 def describe(wl: SpatialReduceWorkload) -> str:
@@ -236,7 +294,11 @@ def lower(ctx, node, ins):
     if view:
         wl = dataclasses.replace(wl, in_view=view)
     inputs = {"X": ins[0]}
-    if a.get("weight") is not None:  # passes.fuse_reduction_weights: the product read as the reduction's input
+    if a.get("softmax_of") is not None:  # passes_attention: the softmax of a channel of Q as the weights
+        q = ctx.shape(a["weight"])
+        wl = dataclasses.replace(wl, weight="softmax", softmax_of=(int(a["softmax_of"]), q[1]))
+        inputs["Q"] = ctx.packed(a["weight"])
+    elif a.get("weight") is not None:  # passes.fuse_reduction_weights: the product read as the reduction's input
         q = ctx.shape(a["weight"])
         wl = dataclasses.replace(wl, weight="same" if tuple(q) == tuple(shape) else "pixel")
         inputs["Q"] = ctx.packed(a["weight"])

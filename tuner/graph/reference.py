@@ -65,8 +65,8 @@ EPILOGUE_ATTRS = {
     "avg_pool": {"post", "post_op", "scale", "residual"}, "max_pool": {"post", "post_op", "scale", "residual"},
     "concat": {"activation"}, "se_gate": {"activation"},
     # spatial_reduce's activation (passes.SPATIAL_REDUCTIONS)
-    **{op: {"activation", "weight", "channel_offsets"} for op in ("global_avg_pool", "global_max_pool", "reduce_mean",
-                                                                  "reduce_max", "reduce_sum", "reduce_l2")},
+    **{op: {"activation", "weight", "softmax_of", "channel_offsets"}
+       for op in ("global_avg_pool", "global_max_pool", "reduce_mean", "reduce_max", "reduce_sum", "reduce_l2")},
 }
 FUSED_INPUTS = ("post", "scale", "residual", "slope", "in_scale", "weight")  # appended to a node's inputs, in order
 
@@ -86,7 +86,11 @@ def _evaluate(graph: Graph, node: Node, fn, env: dict) -> np.ndarray:
         ins = [x if at is None else x[:, at:at + c] for x, at in zip(ins, a["channel_offsets"])]
     if "in_scale" in extra:
         ins[0] = ins[0] * extra["in_scale"]
-    if "weight" in extra:  # a reduction's prologue (passes.fuse_reduction_weights): the product it reduces
+    if "weight" in extra and "softmax_of" in a:  # passes_attention: the softmax over H, W of a channel of weight
+        q = np.asarray(extra["weight"], np.float64)[:, a["softmax_of"]:a["softmax_of"] + 1]
+        e = np.exp(q - q.max(axis=(2, 3), keepdims=True))
+        ins[0] = ins[0] * (e / e.sum(axis=(2, 3), keepdims=True))
+    elif "weight" in extra:  # a reduction's prologue (passes.fuse_reduction_weights): the product it reduces
         ins[0] = ins[0] * extra["weight"]
     out = fn(node, *ins)
     if "post" in extra:
