@@ -327,6 +327,22 @@ def node_epilogue(ctx, node) -> tuple:
 
 # -- the convolution family --------------------------------------------------------------------------------
 
+IN_READS = ("copy", "nearest", "max", "avg")  # how a part of a convolution's input is read (``in_read``)
+MAX_IN_PARTS = 4  # X, X1, X2, X3
+
+
+def _listed(v):
+    """A workload field as JSON keeps it: tuples as lists."""
+    return list(v) if isinstance(v, tuple) else v
+
+
+def in_read_text(parts) -> str:
+    """``in_read`` in a workload key: the parts' fields comma-separated, the parts by semicolons
+    (``8,24,24,copy,1,1,1,1;16,12,12,nearest,2,2,1,1``) -- a log record's workload fields are numbers, strings or
+    lists of numbers."""
+    return ";".join(",".join(str(v) for v in p) for p in parts)
+
+
 def _as_pair(v):
     return (v, v) if isinstance(v, int) else tuple(v)
 
@@ -356,6 +372,16 @@ class Conv2dWorkload:
     shuffle_view: tuple = ()  # (bh, bw, top, left, out_h, out_w): write the DCR depth_to_space of the output -- its
     # bh * bw phases interleaved, the window of out_h x out_w from (top, left) -- instead of the output (a phase
     # convolution's or a PixelShuffle's interleave, ``plan.views``); not in the key either
+    plain_input: bool = False  # X is the model input's row-major NCHW host buffer, read in place (no relayout
+    # kernel: ``tuner.plan.io_views``); a pixel is a gather of 4 planes. Not in the key: the loop nest is the same
+    plain_output: bool = False  # Y is the model output's row-major NCHW host buffer, each pixel scattered to its 4
+    # planes (no relayout kernel after it); not in the key either
+    in_read: tuple = ()  # the input as channel parts, each read through a view of its own tensor, so that no kernel
+    # runs for the concat, resize or pool between (``tuner.plan.input_views``): per part (channels, source H,
+    # source W, kind, kh, kw, sh, sw) with kind ``copy`` (as is), ``nearest`` (source[h // kh, w // kw]: an
+    # integer-factor nearest upsample; sh = sw = 1) or ``max`` / ``avg`` (a kh x kw pool of stride sh x sw
+    # over the source, no padding). The first part is X, the next X1, X2, X3; every part but the last holds a
+    # multiple of 4 channels (whole RGBA pixels). In the key when set
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
@@ -394,6 +420,13 @@ class Conv2dWorkload:
         if self.shuffle_view:
             set_("shuffle_view", self._checked_shuffle_view())
         set_("out_view", check_out_view(self.out_view, self.written_channels))
+        if self.plain_output and (self.shuffle_view or self.out_view or self.side_copy or self.residual):
+            raise ValueError("plain_output writes the model output's own row-major buffer: no shuffle_view, out_view, "
+                             "side_copy or residual with it")
+        if self.in_read:
+            set_("in_read", self._checked_in_read())
+        if self.plain_input and self.in_scale:
+            raise ValueError("plain_input reads the model input's row-major buffer: no in_scale gate with it")
         if self.side_copy and self.shuffle_view:
             raise ValueError("side_copy with shuffle_view: the copy is written at the convolution's own pixels, which "
                              "the interleave moves")
@@ -433,9 +466,44 @@ class Conv2dWorkload:
     def key(self) -> dict:
         """The log's key; ``in_scale`` and ``pad_mode`` only when set, so the keys (and records) of every other
         convolution stay as they were before the fields existed."""
-        return {"op": "conv2d", **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()
-                                   if (k != "in_scale" or v) and (k != "pad_mode" or v != "zeros")
-                                   and k not in ("out_view", "side_copy", "shuffle_view")}}
+        return {"op": "conv2d", **{k: in_read_text(v) if k == "in_read" else _listed(v) for k, v in asdict(self).items()
+                                   if (k not in ("in_scale", "in_read") or v) and (k != "pad_mode" or v != "zeros")
+                                   and k not in ("out_view", "side_copy", "shuffle_view", "plain_input",
+                                                 "plain_output")}}
+
+    def _checked_in_read(self) -> tuple:
+        """``in_read`` as tuples of ints and a kind (from them, or from the key's text: ``in_read_text``), or a
+        ValueError naming what is wrong."""
+        raw = self.in_read
+        if isinstance(raw, str):
+            raw = [p.split(",") for p in raw.split(";")]
+        try:
+            parts = tuple((int(c), int(hs), int(ws), str(kind), *(int(v) for v in rest))
+                          for c, hs, ws, kind, *rest in raw)
+        except (TypeError, ValueError):
+            raise ValueError(f"in_read {self.in_read!r}: parts (channels, source H, source W, kind, kh, kw, sh, sw)") \
+                from None
+        (N, C, H, W) = self.data
+        if not 1 <= len(parts) <= MAX_IN_PARTS or any(len(p) != 8 for p in parts):
+            raise ValueError(f"in_read: 1 to {MAX_IN_PARTS} parts (channels, source H, source W, kind, kh, kw, sh, "
+                             f"sw); got {list(self.in_read)}")
+        if sum(p[0] for p in parts) != C or any(p[0] % 4 for p in parts[:-1]) or min(p[0] for p in parts) < 1:
+            raise ValueError(f"in_read: parts of {[p[0] for p in parts]} channels for the input's {C}: every part "
+                             f"but the last a multiple of 4")
+        if self.groups != 1 or self.plain_input:
+            raise ValueError("in_read: a convolution with groups 1 and a packed input")
+        for c, hs, ws, kind, kh, kw, sh, sw in parts:
+            if kind not in IN_READS or min(hs, ws, kh, kw, sh, sw) < 1:
+                raise ValueError(f"in_read part {kind!r} {kh}x{kw} s{sh}x{sw}: kinds {', '.join(IN_READS)}, sizes at "
+                                 f"least 1")
+            out = {"copy": (hs, ws), "nearest": (hs * kh, ws * kw)}.get(kind, ((hs - kh) // sh + 1,
+                                                                               (ws - kw) // sw + 1))
+            if out != (H, W) or (kind == "copy" and (kh, kw, sh, sw) != (1, 1, 1, 1)) or \
+                    (kind == "nearest" and (sh, sw) != (1, 1)) or \
+                    (kind in ("max", "avg") and min(hs - kh, ws - kw) < 0):
+                raise ValueError(f"in_read part {kind} {kh}x{kw} s{sh}x{sw} of a {hs}x{ws} source reads {out[0]}x"
+                                 f"{out[1]}, not the input's {H}x{W}")
+        return parts
 
     @property
     def written_channels(self) -> int:
@@ -535,11 +603,129 @@ def padded(inside, value):
     return value if inside is None else select(inside, value, 0.0)
 
 
+def is_plain(buf) -> bool:
+    """Whether an activation operand is a row-major host buffer (a model input or output read or written in
+    place: ``plain_input`` / ``plain_output``) rather than NCHW4c / row4 packed."""
+    return buf.scope == "global" and buf.layout is None
+
+
+def pixel(X, n, cb, h, w):
+    """``X``'s RGBA pixel of channel block ``cb`` at (``h``, ``w``): one packed load, or from a row-major buffer
+    (``is_plain``) a gather of the 4 channels' planes, channels past C clamped to the last (their lanes are
+    never used: OIHW4o weights do not pad C)."""
+    if isinstance(X, InputParts):
+        return X.pixel(n, cb, h, w)
+    if not is_plain(X):
+        return X[n, Ramp(cb * 4, as_expr(1), 4), h, w]
+    C = X.shape[1]
+    if C % 4 == 0:
+        return X[n, Ramp(cb * 4, as_expr(1), 4), h, w]
+    return call("make_vector", [X[n, cb * 4 + k if k < C % 4 else min_(cb * 4 + k, C - 1), h, w]
+                                for k in range(4)], "float32x4")
+
+
+def store_pixel(b, Y, n, ob, h, w, v, name: str) -> None:
+    """Store RGBA pixel ``v`` of channel block ``ob`` at (``h``, ``w``) of an NCHW tensor (of feature block ``ob`` of
+    row ``n`` of an (N, K) one: ``h``, ``w`` None): one packed store, or into a row-major buffer (``is_plain``) a
+    scatter to the channels' planes (4 contiguous features), lanes past the channels not written."""
+    at = lambda c: (n, c, h, w) if len(Y.shape) == 4 else (n, c)  # noqa: E731 - NCHW, or (N, K) rows
+    if not is_plain(Y) or Y.shape[1] % 4 == 0:
+        b.store(Y, at(Ramp(ob * 4, as_expr(1), 4)), v)
+        return
+    O = Y.shape[1]
+    v = b.let(name, v)
+    for k in range(4):
+        idx = at(ob * 4 + k)
+        with b.if_(ob * 4 + k < O) if k >= O % 4 else nullcontext():
+            b.store(Y, idx, ExtractLane(v, k))
+
+
+class InputParts:
+    """A convolution's input read through its workload's ``in_read``: the parts' buffers (``X``, ``X1``, ...) and
+    ``pixel`` / ``value``, the logical input's RGBA pixel of a channel block or one channel's value at a (clamped)
+    row and column -- the source pixel, its nearest-upsampled one, or the max / mean of its pool window, from the
+    part that holds the block."""
+
+    def __init__(self, wl, buffers: list):
+        self.parts, self.buffers = wl.in_read, buffers
+        self.scope, self.shape = buffers[0].scope, tuple(wl.data)
+
+    def _read(self, n, cb, h, w, lane):
+        cases, first = [], 0
+        for i, ((c, _, _, kind, kh, kw, sh, sw), X) in enumerate(zip(self.parts, self.buffers)):
+            blocks, last = -(-c // 4), i == len(self.parts) - 1
+            local = cb - first if first else cb
+            if first and not last:
+                local = min_(max_(local, 0), blocks - 1)
+            elif first:
+                local = max_(local, 0)
+            elif not last:
+                local = min_(local, blocks - 1)
+            ch = Ramp(local * 4, as_expr(1), 4) if lane is None else local * 4 + lane
+            if kind in ("copy", "nearest"):
+                v = X[n, ch, h // kh if kh > 1 else h, w // kw if kw > 1 else w]
+            else:
+                taps = [X[n, ch, h * sh + i, w * sw + j] for i in range(kh) for j in range(kw)]
+                v = functools.reduce(max_ if kind == "max" else operator.add, taps)
+                v = v * (1.0 / (kh * kw)) if kind == "avg" else v
+            first += blocks
+            cases.append((first, v))
+        out = cases[-1][1]
+        for bound, v in reversed(cases[:-1]):
+            out = select(cb < bound, v, out)
+        return out
+
+    def pixel(self, n, cb, h, w):
+        return self._read(n, cb, h, w, None)
+
+    def value(self, n, c, h, w):
+        return self._read(n, c // 4, h, w, c % 4)
+
+
+def input_parts(wl, cfg, X):
+    """``X`` (``declare_operands``'), or with ``in_read`` the ``InputParts`` of X and its other parts X1, X2, ...,
+    each its source tensor in the input's scope and layout."""
+    if not getattr(wl, "in_read", ()):
+        return X
+    scope, layout = scope_layout(cfg.input_scope, cfg.act_layout, "nchw4c_buffer")
+    bufs = [buffer("X" if i == 0 else f"X{i}", (wl.data[0], c, hs, ws), wl.dtype, scope, layout)
+            for i, (c, hs, ws, *_) in enumerate(wl.in_read)]
+    return InputParts(wl, bufs)
+
+
+def params_of(X) -> list:
+    """The kernel parameters an input stands for: the buffer, or an ``InputParts``' buffers."""
+    return list(X.buffers) if isinstance(X, InputParts) else [X]
+
+
+def value(X, n, c, h, w):
+    """Channel ``c``'s value at (``h``, ``w``) of the input (a buffer, or ``InputParts``)."""
+    return X.value(n, c, h, w) if isinstance(X, InputParts) else X[n, c, h, w]
+
+
+def read_parts_numpy(wl, inputs: dict):
+    """The logical input (float64) from ``inputs``' parts (``X``, ``X1``, ...) by ``in_read``; ``X`` without it."""
+    if not getattr(wl, "in_read", ()):
+        return inputs["X"]
+    out = []
+    for i, (c, hs, ws, kind, kh, kw, sh, sw) in enumerate(wl.in_read):
+        x = np.asarray(inputs["X" if i == 0 else f"X{i}"], np.float64)
+        if kind == "nearest":
+            x = x.repeat(kh, axis=2).repeat(kw, axis=3)
+        elif kind in ("max", "avg"):
+            H, W = (hs - kh) // sh + 1, (ws - kw) // sw + 1
+            win = np.stack([x[:, :, a:a + sh * (H - 1) + 1:sh, b:b + sw * (W - 1) + 1:sw]
+                            for a in range(kh) for b in range(kw)])
+            x = win.max(0) if kind == "max" else win.mean(0)
+        out.append(x)
+    return np.concatenate(out, axis=1)
+
+
 def input_pixel(X, n, cb, ih, iw, H, W, arith, pad_mode: str = "zeros"):
     """The RGBA pixel of channel block ``cb`` at input row ``ih``, column ``iw`` (zero in the padding, or what
     ``pad_mode`` reads there)."""
     inside, ih, iw = padded_tap(ih, iw, H, W, pad_mode)
-    return padded(inside, arith.load(X[n, Ramp(cb * 4, as_expr(1), 4), ih, iw]))
+    return padded(inside, arith.load(pixel(X, n, cb, ih, iw)))
 
 
 class LocalTile:
@@ -608,11 +794,14 @@ def declare_operands(wl, cfg, channels: int) -> tuple:
     in_scope, in_layout = scope_layout(cfg.input_scope, cfg.act_layout, "nchw4c_buffer")
     w_scope, w_layout = scope_layout(cfg.weight_scope, cfg.weight_layout, "oihw4o_buffer", weight=True)
     out_scope, out_layout = scope_layout(cfg.output_scope, cfg.act_layout, "nchw4c_buffer")
+    if getattr(wl, "plain_input", False):  # the model input's row-major buffer (the space: input_scope buffer)
+        in_scope, in_layout = "global", None
+    y_scope, y_layout = ("global", None) if getattr(wl, "plain_output", False) else (out_scope, out_layout)
     return (buffer("X", wl.data, wl.dtype, in_scope, in_layout),
             buffer("Wt", wl.kernel, wl.dtype, w_scope, w_layout),
             bias_buffer(bias_length(wl, channels), wl.dtype, cfg.weight_scope) if wl.bias else None,
             buffer("Res", wl.out_shape, wl.dtype, out_scope, out_layout) if wl.residual else None,
-            buffer("Y", getattr(wl, "stored_shape", wl.out_shape), wl.dtype, out_scope, out_layout))
+            buffer("Y", getattr(wl, "stored_shape", wl.out_shape), wl.dtype, y_scope, y_layout))
 
 
 def scale_operand(wl, cfg):
@@ -681,6 +870,8 @@ def store_tile(b, acc, Y, n, obb, oh0, ow0, tile, bounds, wl, B=None, Res=None, 
                         v = apply_ir(wl.activation, v)
                     if shuffle:
                         shuffle_store(b, Y, v, n, ob, oh, ow, (OH, OW), wl, shift, f"sv{i}")
+                    elif is_plain(Y):
+                        store_pixel(b, Y, n, ob, oh, ow, v, f"pv{i}")
                     else:
                         b.store(Y, (n, Ramp(ob * 4 + shift, as_expr(1), 4) if shift else lanes, oh, ow), v)
 
@@ -778,6 +969,8 @@ def random_inputs(wl, rng) -> dict:
         inputs["Res"] = draw(wl.out_shape)
     if getattr(wl, "in_scale", False):
         inputs["S"] = draw((wl.data[0], wl.data[1], 1, 1))
+    for i, (c, hs, ws, *_) in enumerate(getattr(wl, "in_read", ())):  # the parts' sources, not the logical input
+        inputs["X" if i == 0 else f"X{i}"] = draw((wl.data[0], c, hs, ws))
     return inputs
 
 

@@ -19,9 +19,10 @@ from tuner.ir.gather import gather_pixel
 from tuner.ir.schedule import cache_read
 from tuner.templates.common import (EPILOGUE_ARGS, MODEL_KNOBS, PAD_MODE_ARG, WINDOW_ARGS, Arithmetic,
                                     Conv2dWorkload, LocalTile, Template, WorkloadArg, _log2, declare_operands,
-                                    fit_work_group, gpu_fill_target, input_pixel, is_depthwise, node_epilogue,
-                                    padded, padded_tap, random_inputs, reference, scale_operand, scope_layout,
-                                    split_sums, store_tile, texture_scopes, window_features, window_fields)
+                                    fit_work_group, gpu_fill_target, input_pixel, is_depthwise, node_epilogue, pixel,
+                                    input_parts, padded, padded_tap, params_of, random_inputs, read_parts_numpy,
+                                    reference, scale_operand, scope_layout, split_sums, store_tile, texture_scopes,
+                                    value, window_features, window_fields)
 
 
 @dataclass(frozen=True)
@@ -58,10 +59,13 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
     if G > 1 and OBG % cfg.tile_oc:
         raise ValueError(f"tile_oc={cfg.tile_oc} does not divide the {OBG} output-channel blocks of a group")
     X, Wt, B, Res, Y = declare_operands(wl, cfg, O)
+    X = input_parts(wl, cfg, X)  # with in_read: the parts (X, X1, ...) read through their views
     Sc = scale_operand(wl, cfg)  # squeeze-excite's gate, applied to every input pixel as it is read
     Xs = buffer("Xs", wl.side_copy[0], wl.dtype, *scope_layout(wl.side_copy[3], cfg.act_layout, "nchw4c_buffer")) \
         if wl.side_copy else None  # the source of the concat's other part this launch writes too
-    operands = (X, Sc, Wt, B, Res, Y, Xs)
+    operands = (*params_of(X), Sc, Wt, B, Res, Y, Xs)
+    if wl.in_read and cfg.cache_input:
+        raise ValueError("cache_input copies one input buffer; an input read in parts (in_read) has several")
 
     t_oc, t_oh, t_ow = cfg.tile_oc, cfg.tile_oh, cfg.tile_ow
     n_ob, n_oh, n_ow = -(-OB // t_oc), -(-OH // t_oh), -(-OW // t_ow)
@@ -156,8 +160,7 @@ def conv_step(b, cfg, wl, inputs, Wt, acc, arith, tile, vector_input, n, grp, ob
                 xs[y, x] = b.let(f"x{y}_{x}", tile.read(cbi, th, tw, y, x, r, s))
     elif vector_input:  # one RGBA pixel (4 input channels) per tap; lanes extracted below
         for (y, x), (inside, ih, iw) in taps.items():
-            xs[y, x] = b.let(f"x{y}_{x}", gated(padded(inside, arith.load(X[n, Ramp(cb * 4, as_expr(1), 4), ih, iw])),
-                                                Sc, n, cb, arith))
+            xs[y, x] = b.let(f"x{y}_{x}", gated(padded(inside, arith.load(pixel(X, n, cb, ih, iw))), Sc, n, cb, arith))
     for ci in range(4):
         c = cb * 4 + ci
         # lanes past C exist only in the last block; their weights do not (OIHW4o pads O, not C)
@@ -166,7 +169,7 @@ def conv_step(b, cfg, wl, inputs, Wt, acc, arith, tile, vector_input, n, grp, ob
                 lane = {yx: ExtractLane(v, ci) for yx, v in xs.items()}
             else:
                 gate = (lambda v: v) if Sc is None else (lambda v: v * arith.load(Sc[n, c, 0, 0]))  # noqa: E731
-                lane = {yx: b.let(f"x{yx[0]}_{yx[1]}_{ci}", gate(padded(inside, arith.load(X[n, c, ih, iw]))))
+                lane = {yx: b.let(f"x{yx[0]}_{yx[1]}_{ci}", gate(padded(inside, arith.load(value(X, n, c, ih, iw)))))
                         for yx, (inside, ih, iw) in taps.items()}
             for k in range(t_oc):
                 ob = min_(obb * t_oc + k, OB - 1)  # a partial last tile re-reads the last block
@@ -184,7 +187,8 @@ def space_vars(wl: Conv2dWorkload) -> dict:
     return dict(N=N, C=C, H=H, W=W, O=O, R=R, S=S, OH=OH, OW=OW, C4=-(-C // 4), OB=-(-O // 4), G=G,
                 CG4=C // G // 4 if G > 1 else -(-C // 4), OBG=O // G // 4 if G > 1 else -(-O // 4),
                 data=wl.data, kernel=wl.kernel, out=wl.out_shape, bias=wl.bias, residual=wl.residual,
-                stride=wl.stride, dilation=wl.dilation)
+                stride=wl.stride, dilation=wl.dilation, plain_input=wl.plain_input, plain_output=wl.plain_output,
+                in_read=wl.in_read)
 
 
 def fallback(wl: Conv2dWorkload, info) -> Conv2dConfig:
@@ -196,7 +200,9 @@ def fallback(wl: Conv2dWorkload, info) -> Conv2dConfig:
     OpenCL compilers vectorize across the work-items of dimension 0, one column per work-item (4 channel blocks
     where the groups allow) in a work-group up to 32 columns wide: the region of every best config of the tuning
     benchmark's convolutions on Intel's CPU runtime, and 0.47x the kernel time of the 4-column fallback on
-    ResNet-18 at 224 (``bench/fallbacks.py``, 2026-11-26)."""
+    ResNet-18 at 224 (``bench/fallbacks.py``, 2026-11-26). A row-major model input (``plain_input``) is read one
+    channel at a time (``vec_load`` 1: a 4-lane gather from the planes ran 1.9x slower on that runtime, 173 against
+    89 us for a 9x9 stem)."""
     v = space_vars(wl)
     scope = texture_scopes(wl, info, [("nchw4c", wl.data), ("nchw4c", wl.out_shape), ("oihw4o", wl.kernel)])
     cpu = info.type == "CPU"  # CPU compilers vectorize across the work-items of dimension 0: one column each
@@ -216,12 +222,14 @@ def fallback(wl: Conv2dWorkload, info) -> Conv2dConfig:
             break
         split_k = k
     return Conv2dConfig(tile_oc=tile_oc, tile_oh=1, tile_ow=tile_ow, wg_w=wg_w, wg_h=wg_h, split_c=1,
-                        unroll_rs=v["R"] * v["S"] <= 9, vec_load=4, input_scope=scope, weight_scope=scope,
-                        output_scope=scope, split_k=split_k)
+                        unroll_rs=v["R"] * v["S"] <= 9, vec_load=1 if wl.plain_input else 4,
+                        input_scope="buffer" if wl.plain_input else scope, weight_scope=scope,
+                        output_scope="buffer" if wl.plain_output else scope, split_k=split_k)
 
 
 def _reference(wl: Conv2dWorkload, inputs: dict) -> np.ndarray:
-    return reference(wl, inputs["X"], inputs["Wt"], inputs.get("B"), inputs.get("Res"), inputs.get("S"))
+    return reference(wl, read_parts_numpy(wl, inputs), inputs["Wt"], inputs.get("B"), inputs.get("Res"),
+                     inputs.get("S"))
 
 
 def features(v: dict, k: dict) -> dict:
@@ -261,14 +269,20 @@ WORKLOAD_ARGS = (WorkloadArg("data", "shape", "N,C,H,W", "input shape", required
                  *EPILOGUE_ARGS, WorkloadArg("residual", "flag", help="fuse a residual add of a second NCHW4c tensor"),
                  WorkloadArg("in_scale", "flag", help="multiply the input by a per-(n, channel) gate S of shape "
                              "N,C,1,1 as it is read (squeeze-excite)"),
-                 PAD_MODE_ARG)
+                 PAD_MODE_ARG,
+                 WorkloadArg("plain_input", "flag", help="read X as a row-major NCHW buffer (a model input, in place)"),
+                 WorkloadArg("plain_output", "flag", help="write Y as a row-major NCHW buffer (a model output, in "
+                             "place)"))
 
 VARIABLES = dict(N="batch", C="input channels", H="input height", W="input width", O="output channels",
                  R="kernel height", S="kernel width", OH="output height", OW="output width",
                  C4="input-channel blocks of 4", OB="output-channel blocks of 4", G="groups",
                  CG4="input-channel blocks per group", OBG="output-channel blocks per group", data="data shape NCHW",
                  kernel="kernel shape OIHW", out="output shape NCHW", bias="fused bias",
-                 residual="fused residual add", stride="stride (h, w)", dilation="dilation (h, w)")
+                 residual="fused residual add", stride="stride (h, w)", dilation="dilation (h, w)",
+                 plain_input="X is the model input's row-major NCHW buffer (read in place, no relayout)",
+                 plain_output="Y is the model output's row-major NCHW buffer (written in place, no relayout)",
+                 in_read="the input read in parts through views (concat, nearest upsample, pool): () when not")
 TEMPLATE = Template("conv2d", Conv2dWorkload, Conv2dConfig, conv2d_nchw4c, _reference, random_inputs,
                     fallback, space_vars, VARIABLES, features=features, model_knobs=MODEL_KNOBS,
                     workload_args=WORKLOAD_ARGS, graph_ops=("conv2d",), lower=lower,

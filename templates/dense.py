@@ -20,7 +20,8 @@ from tuner.ir.dtype import DType
 from tuner.ir.expr import Cast, ExtractLane, Ramp, as_expr, call, max_, min_
 from tuner.ir.activations import apply_ir, canonical
 from tuner.templates.common import EPILOGUE_ARGS, Template, WorkloadArg, node_epilogue
-from tuner.templates.common import Arithmetic, bias_buffer, gpu_fill_target, reference_epilogue, texture_scopes
+from tuner.templates.common import (Arithmetic, bias_buffer, gpu_fill_target, reference_epilogue, store_pixel,
+                                    texture_scopes)
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,8 @@ class DenseWorkload:
     dtype: str = "float32"
     bias: bool = False
     activation: str = "none"
+    plain_output: bool = False  # Y is the model output's row-major (N, M) host buffer, written in place (no
+    # relayout kernel after it: ``tuner.plan.io_views``); not in the key: the loop nest is the same
 
     def __post_init__(self):
         object.__setattr__(self, "data", tuple(int(x) for x in self.data))
@@ -53,7 +56,8 @@ class DenseWorkload:
         return 2 * self.data[0] * self.weight[0] * self.data[1]
 
     def key(self) -> dict:
-        return {"op": "dense", **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}}
+        return {"op": "dense", **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()
+                                  if k != "plain_output"}}
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,8 @@ def dense(wl: DenseWorkload, cfg: DenseConfig):
     w_layout = "col4" if cfg.weight_pack == "4o" else "row4"
     X = _declare("X", wl.data, wl.dtype, cfg.input_scope, "row4", "row4_buffer")
     Wt = _declare("Wt", wl.weight, wl.dtype, cfg.weight_scope, w_layout, f"{w_layout}_buffer", weight=True)
-    Y = _declare("Y", wl.out_shape, wl.dtype, cfg.output_scope, "row4", "row4_buffer")
+    Y = buffer("Y", wl.out_shape, wl.dtype, "global") if wl.plain_output else \
+        _declare("Y", wl.out_shape, wl.dtype, cfg.output_scope, "row4", "row4_buffer")
     B = bias_buffer(M, wl.dtype, cfg.weight_scope) if wl.bias else None
     params = [p for p in (X, Wt, B, Y) if p is not None]
 
@@ -154,7 +159,7 @@ def dense(wl: DenseWorkload, cfg: DenseConfig):
                     lanes = Ramp(mb * 4, as_expr(1), 4)
                     if B is not None:
                         v = v + B[lanes]
-                    b.store(Y, (n, lanes), apply_ir(wl.activation, v))
+                    store_pixel(b, Y, n, mb, None, None, apply_ir(wl.activation, v), f"pv{i}")
     return b.kernel("dense", params)
 
 
@@ -177,12 +182,13 @@ def random_inputs(wl: DenseWorkload, rng) -> dict:
 def space_vars(wl: DenseWorkload) -> dict:
     (N, K), (M, _) = wl.data, wl.weight
     return dict(N=N, K=K, M=M, KB=-(-K // 4), MB=-(-M // 4), data=wl.data, weight=wl.weight,
-                out=wl.out_shape, bias=wl.bias)
+                out=wl.out_shape, bias=wl.bias, plain_output=wl.plain_output)
 
 
 VARIABLES = dict(N="rows (batch)", K="input features (reduction)", M="output features",
                  KB="input-feature blocks of 4", MB="output-feature blocks of 4", data="data shape N,K",
-                 weight="weight shape M,K", out="output shape N,M", bias="fused bias")
+                 weight="weight shape M,K", out="output shape N,M", bias="fused bias",
+                 plain_output="Y is the model output's row-major N,M buffer (written in place, no relayout)")
 
 
 def fallback(wl: DenseWorkload, info) -> DenseConfig:
@@ -234,7 +240,9 @@ def lower(ctx, node, ins):
 
 
 WORKLOAD_ARGS = (WorkloadArg("data", "shape", "N,K", "input shape", required=True),
-                 WorkloadArg("weight", "shape", "M,K", "weight shape", required=True), *EPILOGUE_ARGS)
+                 WorkloadArg("weight", "shape", "M,K", "weight shape", required=True), *EPILOGUE_ARGS,
+                 WorkloadArg("plain_output", "flag", help="write Y as a row-major N,M buffer (a model output, in "
+                             "place)"))
 TEMPLATE = Template("dense", DenseWorkload, DenseConfig, dense, _reference, random_inputs, fallback, space_vars,
                     VARIABLES, features=features, workload_args=WORKLOAD_ARGS,
                     graph_ops=("dense",), lower=lower, reduction=lambda wl: wl.data[1])

@@ -151,10 +151,12 @@ def test_group_norm_residual_matches_numpy(device, data, groups, split):
 
 def test_style_transfer_residual_adds_run_in_the_norms(tmp_path):
     """The zoo's style-transfer net (test size): each residual block's add after its InstanceNorm is the norm's
-    epilogue -- no elementwise kernel left -- against onnxruntime."""
+    epilogue -- no elementwise kernel left -- against onnxruntime. (20 kernels: the two nearest upsamples are read
+    by their convolutions and the last convolution writes the model output, ``tuner.plan.input_views`` and
+    ``io_views``; the 9x9 stem keeps the input's relayout.)"""
     mod = _compile_and_check(zoo.test_models()["style_transfer"], tmp_path)
     ops = [n.template or n.op for n in mod.spec.nodes]
-    assert "elementwise" not in ops and len(ops) == 23, ops
+    assert "elementwise" not in ops and "resize" not in ops and len(ops) == 20, ops
 
 
 def test_cpu_fallback_norms_are_one_launch(device):
@@ -363,8 +365,9 @@ def test_unary_ops_fold_into_norms_and_pools(tmp_path):
         return {"output": [1, 8, 1, 1]}
     b = _Builder(seed=2, opset=21)
     mod = _compile_and_check(b.model(body(b), "m"), tmp_path)
-    assert [n.template or n.op for n in mod.spec.nodes] == ["relayout", "conv2d", "group_norm", "conv2d", "group_norm",
-                                                           "conv2d", "spatial_reduce", "relayout"]
+    assert [n.template or n.op for n in mod.spec.nodes] == ["conv2d", "group_norm", "conv2d", "group_norm",
+                                                           "conv2d", "spatial_reduce", "relayout"]  # the first
+    # convolution reads the model input in place (tuner.plan.io_views)
 
 
 def test_every_remaining_copy_is_named_with_its_reason(heldout, device, tmp_path):
@@ -383,7 +386,7 @@ def test_every_remaining_copy_is_named_with_its_reason(heldout, device, tmp_path
         for s in plan.steps:
             if s.op in MOVEMENT:
                 assert s.name in named and len(named[s.name]) > len(s.name) + 20, (name, s.name, s.op)
-        if name == "mobilevit_like":  # the qkv slices realigned and read in place: the strided copies around the
-            # softmax remain, each named
-            assert not any(s.op == "slice" for s in plan.steps), plan.copies
-            assert sum("strided_copy" in v and "softmax" in v for v in plan.copies) == 4, plan.copies
+        if name == "mobilevit_like":  # the qkv slices realigned and read in place; the query's softmax computed in
+            # the reduction that weights the keys (passes_attention): no copy around it left
+            assert not any(s.op in ("slice", "strided_copy", "softmax") for s in plan.steps), plan.copies
+            assert sum(s.op == "spatial_reduce" and s.workload.weight == "softmax" for s in plan.steps) == 2

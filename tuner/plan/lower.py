@@ -97,11 +97,22 @@ def uniform_scopes(scope: str) -> dict:
 
 
 def _measured(history, step: Step, info, scope: str):
-    """The log's best all-``scope`` median of the node, over its candidate templates; None when none has one."""
+    """The log's best all-``scope`` median of the node, over its candidate templates; None when none has one. A
+    kernel reading the model input (writing its output) row-major in place (``io_views``) has that side in a
+    buffer whatever the plan's scope: its all-``scope`` record has that one side a buffer."""
     found = [r.median_s for c in step.candidates()
-             if (r := history.query(c.op, c.workload, info.fingerprint, uniform_scopes(scope), FIXED[c.op]))
+             if (r := history.query(c.op, c.workload, info.fingerprint, _uniform_for(c, scope), FIXED[c.op]))
              is not None]
     return min(found, default=None)
+
+
+def _uniform_for(step: Step, scope: str) -> dict:
+    out = uniform_scopes(scope)
+    if getattr(step.workload, "plain_input", False):
+        out["input"] = "buffer"
+    if getattr(step.workload, "plain_output", False):
+        out["output"] = "buffer"
+    return out
 
 
 def _decide(step: Step, info, mode: str, history) -> str:
@@ -117,22 +128,38 @@ def _decide(step: Step, info, mode: str, history) -> str:
     return get_template(step.op).fallback(step.workload, info).input_scope
 
 
-def plan_storage(plan: Plan, info, scope: str = "auto", history=None) -> Plan:
+FUSIONS = ("input_views", "io_in_place")  # what ``plan_storage`` folds into neighbouring kernels by default
+
+
+def plan_storage(plan: Plan, info, scope: str = "auto", history=None, fusions=FUSIONS) -> Plan:
     """A scope per tensor and per tuned step's operands. ``history``: an ApplyHistoryBest for ``auto``.
 
     ``auto`` with a log prices the whole plan, boundaries included: the per-layer choice (each layer's faster
     uniform scope, with mixed-scope kernels where neighbours disagree), all-texture and all-buffer are each
     estimated from the log (``estimate_plan``) and the cheapest is taken, so ``auto`` is never estimated
-    slower than the best uniform plan."""
+    slower than the best uniform plan.
+
+    ``fusions``: ``input_views`` -- before the scopes, a convolution reads the concat, nearest upsample or pool before
+    it through views, with no kernel for them (``tuner.plan.input_views``); ``io_in_place`` -- once the scopes are
+    decided, the model inputs' and outputs' relayouts are taken by the kernels next to them
+    (``tuner.plan.io_views``). Neither gives up a tuned config: with a log, a kernel the log has a record of is
+    fused only where the log has one of the fused kernel too."""
     if scope not in SCOPE_MODES:
         raise TunerError(f"scope {scope!r}: one of {', '.join(SCOPE_MODES)}")
-    per_layer = _plan_storage(plan, info, scope, history)
+    unknown = set(fusions) - set(FUSIONS)
+    if unknown:
+        raise TunerError(f"fusions {sorted(unknown)}: known are {', '.join(FUSIONS)}")
+    if "input_views" in fusions:
+        from tuner.plan.input_views import read_inputs_through_views
+        plan = read_inputs_through_views(plan, info, history)
+    io = "io_in_place" in fusions
+    per_layer = _plan_storage(plan, info, scope, history, io)
     if scope != "auto" or history is None:
         return per_layer
     candidates = [per_layer]
     for uniform in ("texture", "buffer"):
         try:
-            candidates.append(_plan_storage(plan, info, uniform, history))
+            candidates.append(_plan_storage(plan, info, uniform, history, io))
         except TunerError:  # e.g. a layer with no valid all-texture config on this device
             continue
     costs = [estimate_plan(c, info, history) for c in candidates]
@@ -157,7 +184,7 @@ def estimate_plan(plan: Plan, info, history) -> float:
     return sum(_step_cost(s, info, history) for s in plan.steps if s.tuned)
 
 
-def _plan_storage(plan: Plan, info, scope: str, history) -> Plan:
+def _plan_storage(plan: Plan, info, scope: str, history, io_in_place: bool = False) -> Plan:
     copy = lambda s: dataclasses.replace(s, alternatives=[dataclasses.replace(a) for a in s.alternatives])  # noqa: E731
     plan = dataclasses.replace(plan, steps=[copy(s) for s in plan.steps], notes=list(plan.notes),
                                tensors={k: dataclasses.replace(t) for k, t in plan.tensors.items()})
@@ -166,13 +193,19 @@ def _plan_storage(plan: Plan, info, scope: str, history) -> Plan:
     for s in plan.steps:
         for t in s.inputs.values():
             readers.setdefault(t, []).append(s)
+    siblings = _input_parts(plan)  # a convolution's input parts (in_read): one scope, its input_scope
+    decided: set = set()
     for s in plan.steps:  # in order, so a glue step's inputs are decided before its output
         t = plan.tensors[s.output]
         if t.kind == "plain":
             continue
+        decided.add(s.output)
         gated = [r for r in readers.get(s.output, []) if r.inputs.get("S") == s.output]
+        same = [plan.tensors[x].scope for x in siblings.get(s.output, ()) if x in decided and x != s.output]
         if "Res" in s.inputs:  # the kernel reads the residual in its output's scope and layout
             choice = plan.tensors[s.inputs["Res"]].scope
+        elif same:  # another part of a convolution's input, decided first
+            choice = same[0]
         elif gated:  # a convolution reads its input's gate in the input's scope (decided: it is computed first)
             choice = plan.tensors[gated[0].inputs["X"]].scope
         elif s.name in want:
@@ -192,6 +225,12 @@ def _plan_storage(plan: Plan, info, scope: str, history) -> Plan:
                 plan.notes.append(f"{s.name}: output in {other}, not {t.scope}: {s.op} has no valid config on "
                                   f"{info.name} with input {io['input']} and output {t.scope}")
                 t.scope = other
+    for parts in {tuple(v) for v in siblings.values()}:  # parts that other rules stored apart: all in buffers
+        if len({plan.tensors[x].scope for x in parts}) > 1:
+            plan.notes.append(f"{', '.join(parts)}: in buffers: one convolution reads them as its input's parts "
+                              f"(in_read) in one scope")
+            for x in parts:
+                plan.tensors[x].scope = "buffer"
     for s in plan.steps:
         if not s.tuned:
             continue
@@ -208,7 +247,23 @@ def _plan_storage(plan: Plan, info, scope: str, history) -> Plan:
                     kept.append(a)
                     break
         s.alternatives = kept
+    if io_in_place:
+        from tuner.plan.io_views import read_io_in_place
+        plan = read_io_in_place(plan, info, history)
     return plan
+
+
+def _input_parts(plan: Plan) -> dict:
+    """``{tensor: (every part tensor of its convolution's input)}`` for the tensors a convolution reads in parts
+    (``Conv2dWorkload.in_read``, ``tuner.plan.input_views``)."""
+    from tuner.plan.input_views import part_tensors
+    out: dict = {}
+    for s in plan.steps:
+        if s.tuned and len(getattr(s.workload, "in_read", ()) or ()) > 1:
+            parts = tuple(part_tensors(s))
+            for x in parts:
+                out[x] = tuple(sorted(set(out.get(x, ())) | set(parts)))
+    return out
 
 
 def _io(plan: Plan, step: Step) -> dict:
@@ -239,6 +294,26 @@ def _served(step: Step, info, io: dict, want: str) -> dict | None:
 
 def _has_valid(step: Step, info, scopes: dict) -> bool:
     return get_template(step.op).space(step.workload, info, **FIXED[step.op], **scope_knobs(scopes)).exists()
+
+
+def loses_tuned(history, info, step: Step, workload, scopes: dict | None) -> bool:
+    """Whether running ``step`` as ``workload`` with ``scopes`` (None: either uniform scope) would give up a config
+    the log tuned for it: the log has a record of the step as it is (of any of its candidate templates: a tuned
+    Winograd alternative counts) and no valid one of the fused kernel."""
+    if history is None or not hasattr(history, "query"):
+        return False
+    from tuner.logs.best import invalid_config
+    t = get_template(step.op)
+    uniform = [uniform_scopes(sc) for sc in ("texture", "buffer")]
+    after = [scopes] if scopes is not None else uniform
+    if not any(history.query(c.op, c.workload, info.fingerprint, sc, FIXED[c.op]) is not None  # any template of it
+               for c in step.candidates() for sc in ([c.scopes] if scopes is not None else uniform)):
+        return False
+    for sc in after:
+        rec = history.query(t.name, workload, info.fingerprint, sc, t.model_knobs)
+        if rec is not None and invalid_config(t, workload, info, rec.config) is None:
+            return False
+    return True
 
 
 def choose_templates(plan: Plan, history, info, prefer=None) -> Plan:

@@ -195,10 +195,12 @@ def _copy_reason(plan: Plan, s: Step, producer: dict, readers: dict) -> str:
     by = sorted({r.op for r in readers.get(s.output, [])})
     made = producer.get(src.name).op if src is not None and src.name in producer else "the model input"
     if s.op == "relayout":
+        from tuner.plan.io_views import io_why_not
+        why = io_why_not(plan).get(s.name)
         if src is not None and src.name in plan.inputs:
-            return "the model input: host row-major to the packed layout"
+            return "the model input: host row-major to the packed layout" + (f" ({why})" if why else "")
         if s.output in plan.outputs:
-            return "the model output: the packed layout to host row-major"
+            return "the model output: the packed layout to host row-major" + (f" ({why})" if why else "")
         if src is not None and src.shape != out.shape:
             return f"a reshape {src.shape} -> {out.shape} across the packed channel axis ({src.kind} to {out.kind})"
         return f"a change of storage ({src.scope if src else '?'} {src.kind if src else ''} to {out.scope} {out.kind})"

@@ -1,0 +1,170 @@
+"""A convolution's input read through views (``read_inputs_through_views``, ``Plan -> Plan``, run by
+``plan.lower.plan_storage`` before any scope is planned): no kernel for the concat, nearest upsample or pool between
+a convolution and the tensors it reads.
+
+A U-Net's decoder convolution reads ``concat(skip, upsample(x))``, its encoder convolution ``maxpool(skip)``; each
+of those is a glue kernel that writes a tensor only the convolution reads. Here the convolution reads the sources
+itself (``Conv2dWorkload.in_read``): its input's channel blocks come from the concat's parts in order (``X``,
+``X1``, ...), each part as is, through a nearest upsample by integer factors (the source pixel at ``h // f``), or
+through a max / average pool without padding (the window's max or mean), and the concat, resize and pool steps are
+dropped. ``plan_storage`` gives a convolution's parts one scope (its ``input_scope``).
+
+Taken where:
+
+- the tensor is read by one ``conv2d`` template step only (groups 1; its padding, zeros or reflected, is of the
+  logical input, read through the view), as its ``X``, and is no model input or output;
+- it is made by a ``resize`` (nearest, each output row and column reading source ``o // f`` exactly as
+  onnxruntime computes it) or a ``pool`` (max or average, no padding, no fused epilogue, read by a convolution of
+  at least ``POOL_OUTPUTS_PER_TAP`` x kh x kw output channels), or by a ``concat`` of up
+  to four parts along the channels, every part but the last a multiple of 4 channels, each part as is or itself a
+  resize or pool read by the concat only;
+- every tensor read is stored in the convolution's dtype;
+- with a log, the log does not tune the convolution as it is without tuning the fused workload too.
+
+``Plan.fused`` names each step dropped and the convolution that reads through it. The direct convolution's
+alternatives (Winograd) are dropped where the input is read through a view: they read one packed input."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from tuner.plan.types import Plan, Step
+
+MAX_PARTS = 4  # Conv2dWorkload's MAX_IN_PARTS
+# a pool is read through a view by a convolution of at least this many output channels per window tap: every
+# work-item re-reads the kh x kw window at each filter tap, which costs more than the pool's own kernel where the
+# convolution does little arithmetic per input pixel (Intel's CPU runtime, fallback configs, 2026-12-03: a 2x2 max
+# pool read by a 3x3 conv of 6 outputs 14.8 us against 3.7 + 2.3 us; of 16 outputs 17.2 against 15.4 + 2.6 us)
+POOL_OUTPUTS_PER_TAP = 4
+
+
+def _readers(plan: Plan) -> dict:
+    out: dict = {}
+    for s in plan.steps:
+        for k, x in s.inputs.items():
+            out.setdefault(x, []).append((s, k))
+    return out
+
+
+def _nearest_factors(step: Step, src: tuple, out: tuple) -> tuple | None:
+    """(fh, fw) when the resize is a nearest upsample whose every output row and column reads source ``o // f``
+    (onnxruntime's coordinates for its mode), else None."""
+    from tuner.ops.kernels_movement import resize_reference
+    a = step.attrs
+    if a.get("mode") != "nearest" or len(src) != 4:
+        return None
+    (H, W), (OH, OW) = src[2:], out[2:]
+    if OH % H or OW % W:
+        return None
+    fh, fw = OH // H, OW // W
+    idx = np.arange(H * W, dtype=np.float64).reshape(1, 1, H, W)
+    try:
+        got = resize_reference(idx, (OH, OW), "nearest", a["coord"], a["nearest"], tuple(a["scales"]))
+    except (KeyError, ValueError):
+        return None
+    want = idx[:, :, np.arange(OH) // fh][:, :, :, np.arange(OW) // fw]
+    return (fh, fw) if np.array_equal(got, want) else None
+
+
+def _view(plan: Plan, conv: Step, step: Step | None, tensor: str, readers: dict):
+    """``(source tensor, part)`` where ``tensor`` is read through ``step`` (a resize or pool read only there), or
+    ``(tensor, part)`` read as is; ``part`` the ``in_read`` entry without its channel count."""
+    t = plan.tensors[tensor]
+    as_is = (tensor, (t.shape[2], t.shape[3], "copy", 1, 1, 1, 1))
+    if step is None or len(readers.get(tensor, [])) != 1 or tensor in plan.outputs or len(t.shape) != 4:
+        return as_is
+    src = step.inputs.get("X")
+    if src is None or src not in plan.tensors or plan.tensors[src].kind != "nchw" or set(step.inputs) != {"X"}:
+        return as_is
+    s_shape = plan.tensors[src].shape
+    if step.op == "resize":
+        f = _nearest_factors(step, s_shape, t.shape)
+        return (src, (s_shape[2], s_shape[3], "nearest", f[0], f[1], 1, 1)) if f else as_is
+    if step.op == "pool":
+        a = step.attrs
+        if a.get("kind") not in ("max", "avg") or any(a.get("padding", (0,))) or a.get("post_op"):
+            return as_is
+        (kh, kw), (sh, sw) = a["kernel"], a["stride"]
+        if ((s_shape[2] - kh) // sh + 1, (s_shape[3] - kw) // sw + 1) != tuple(t.shape[2:]):
+            return as_is  # ceil_mode adding a row or column
+        if conv.workload.kernel[0] < POOL_OUTPUTS_PER_TAP * kh * kw:
+            return as_is
+        return (src, (s_shape[2], s_shape[3], a["kind"], kh, kw, sh, sw))
+    return as_is
+
+
+def _parts(plan: Plan, conv: Step, producer: dict, readers: dict):
+    """``([(source tensor, in_read part)], [dropped steps])`` for ``conv``'s input, or None when it reads it as is."""
+    x = conv.inputs.get("X")
+    p = producer.get(x)
+    if p is None or x in plan.outputs or len(readers.get(x, [])) != 1:
+        return None
+    if p.op == "concat":
+        tensors = [p.inputs[f"X{i}"] for i in range(len(p.inputs))]
+        if len(tensors) > MAX_PARTS or len(set(tensors)) != len(tensors) or any(
+                plan.tensors[t].kind != "nchw" or t in plan.inputs for t in tensors):
+            return None
+        if any(plan.tensors[t].shape[1] % 4 for t in tensors[:-1]):
+            return None  # a part's channels would share an RGBA pixel with the next part's
+        parts, dropped = [], [p]
+        for t in tensors:
+            q = producer.get(t)
+            src, part = _view(plan, conv, q if q is not None and q.op in ("resize", "pool") else None, t, readers)
+            parts.append((src, (plan.tensors[t].shape[1], *part)))
+            if src != t:
+                dropped.append(q)
+        return parts, dropped
+    if p.op in ("resize", "pool"):
+        src, part = _view(plan, conv, p, x, readers)
+        if src == x:
+            return None
+        return [(src, (plan.tensors[x].shape[1], *part))], [p]
+    return None
+
+
+def read_inputs_through_views(plan: Plan, info=None, history=None) -> Plan:
+    """Each convolution whose input is a concat, nearest upsample or pool that it alone reads, reading the sources
+    through views instead (module doc); ``Plan.fused`` names each step dropped. With a log (``history``, on the
+    device ``info``), a convolution it has a record of is fused only where it has one of the fused workload too
+    (``in_read`` is in the key): no tuned config is given up for the launches."""
+    from tuner.plan.lower import loses_tuned
+    producer, readers = {s.output: s for s in plan.steps}, _readers(plan)
+    new, dropped, notes = {}, {}, []
+    for s in plan.steps:
+        if s.op != "conv2d" or not s.tuned or s.workload.groups != 1 or s.workload.plain_input \
+                or s.workload.in_read or "S" in s.inputs:
+            continue
+        found = _parts(plan, s, producer, readers)
+        if found is None:
+            continue
+        parts, steps = found
+        if any((plan.tensors[src].dtype or plan.dtype) != s.workload.dtype for src, _ in parts):
+            continue
+        try:
+            wl = dataclasses.replace(s.workload, in_read=tuple(part for _, part in parts))
+        except ValueError:
+            continue
+        if info is not None and loses_tuned(history, info, s, wl, None):
+            continue
+        inputs = {k: v for k, v in s.inputs.items() if k != "X"}
+        inputs.update({("X" if i == 0 else f"X{i}"): src for i, (src, _) in enumerate(parts)})
+        new[s.name] = dataclasses.replace(s, workload=wl, inputs=inputs, alternatives=[])
+        for d in steps:
+            dropped[d.name] = d
+            how = "its parts read in place" if d.op == "concat" else \
+                f"read as a nearest upsample of {d.inputs['X']}" if d.op == "resize" else \
+                f"read as a {d.attrs['kind']} pool of {d.inputs['X']}"
+            notes.append(f"{d.name}: no kernel; {s.name} reads {d.output} through a view ({how})")
+    if not new:
+        return plan
+    gone = {d.output for d in dropped.values()}
+    steps = [new.get(s.name, s) for s in plan.steps if s.name not in dropped]
+    tensors = {k: v for k, v in plan.tensors.items() if k not in gone}
+    return dataclasses.replace(plan, steps=steps, tensors=tensors, fused=plan.fused + notes)
+
+
+def part_tensors(step: Step) -> list:
+    """The tensors a convolution reads as its input's parts (``X``, ``X1``, ...): one without ``in_read``."""
+    n = len(getattr(step.workload, "in_read", ()) or ()) or 1
+    return [step.inputs["X" if i == 0 else f"X{i}"] for i in range(n)]
