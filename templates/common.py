@@ -338,9 +338,10 @@ def _listed(v):
 
 def in_read_text(parts) -> str:
     """``in_read`` in a workload key: the parts' fields comma-separated, the parts by semicolons
-    (``8,24,24,copy,1,1,1,1;16,12,12,nearest,2,2,1,1``) -- a log record's workload fields are numbers, strings or
-    lists of numbers."""
-    return ";".join(",".join(str(v) for v in p) for p in parts)
+    (``8,24,24,copy,1,1,1,1;16,12,12,nearest,2,2,1,1``; a part read at a channel offset of a larger tensor adds
+    the offset and that tensor's channels) -- a log record's workload fields are numbers, strings or lists of
+    numbers."""
+    return ";".join(",".join(str(v) for v in (p if p[8:] != (0, p[0]) else p[:8])) for p in parts)
 
 
 def _as_pair(v):
@@ -378,10 +379,11 @@ class Conv2dWorkload:
     # planes (no relayout kernel after it); not in the key either
     in_read: tuple = ()  # the input as channel parts, each read through a view of its own tensor, so that no kernel
     # runs for the concat, resize or pool between (``tuner.plan.input_views``): per part (channels, source H,
-    # source W, kind, kh, kw, sh, sw) with kind ``copy`` (as is), ``nearest`` (source[h // kh, w // kw]: an
-    # integer-factor nearest upsample; sh = sw = 1) or ``max`` / ``avg`` (a kh x kw pool of stride sh x sw
-    # over the source, no padding). The first part is X, the next X1, X2, X3; every part but the last holds a
-    # multiple of 4 channels (whole RGBA pixels). In the key when set
+    # source W, kind, kh, kw, sh, sw[, at, of]) with kind ``copy`` (as is), ``nearest`` (source[h // kh, w // kw]:
+    # an integer-factor nearest upsample; sh = sw = 1) or ``max`` / ``avg`` (a kh x kw pool of stride sh x sw
+    # over the source, no padding), the part's channels at channel ``at`` (a multiple of 4; default 0) of a source
+    # of ``of`` channels (default the part's: a channel slice read in place). The first part is X, the next X1,
+    # X2, X3; every part but the last holds a multiple of 4 channels (whole RGBA pixels). In the key when set
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
@@ -481,18 +483,22 @@ class Conv2dWorkload:
             parts = tuple((int(c), int(hs), int(ws), str(kind), *(int(v) for v in rest))
                           for c, hs, ws, kind, *rest in raw)
         except (TypeError, ValueError):
-            raise ValueError(f"in_read {self.in_read!r}: parts (channels, source H, source W, kind, kh, kw, sh, sw)") \
-                from None
+            raise ValueError(f"in_read {self.in_read!r}: parts (channels, source H, source W, kind, kh, kw, sh, sw"
+                             f"[, at, of])") from None
         (N, C, H, W) = self.data
-        if not 1 <= len(parts) <= MAX_IN_PARTS or any(len(p) != 8 for p in parts):
+        if not 1 <= len(parts) <= MAX_IN_PARTS or any(len(p) not in (8, 10) for p in parts):
             raise ValueError(f"in_read: 1 to {MAX_IN_PARTS} parts (channels, source H, source W, kind, kh, kw, sh, "
-                             f"sw); got {list(self.in_read)}")
+                             f"sw[, at, of]); got {list(self.in_read)}")
+        parts = tuple(p if len(p) == 10 else (*p, 0, p[0]) for p in parts)
+        if any(at % 4 or at < 0 or at + c > of for c, *_, at, of in parts):
+            raise ValueError(f"in_read: a part at channel `at` (a multiple of 4) of a source of `of` channels holds "
+                             f"them; got {[(p[0], p[8], p[9]) for p in parts]} (channels, at, of)")
         if sum(p[0] for p in parts) != C or any(p[0] % 4 for p in parts[:-1]) or min(p[0] for p in parts) < 1:
             raise ValueError(f"in_read: parts of {[p[0] for p in parts]} channels for the input's {C}: every part "
                              f"but the last a multiple of 4")
         if self.groups != 1 or self.plain_input:
             raise ValueError("in_read: a convolution with groups 1 and a packed input")
-        for c, hs, ws, kind, kh, kw, sh, sw in parts:
+        for c, hs, ws, kind, kh, kw, sh, sw, _, _ in parts:
             if kind not in IN_READS or min(hs, ws, kh, kw, sh, sw) < 1:
                 raise ValueError(f"in_read part {kind!r} {kh}x{kw} s{sh}x{sw}: kinds {', '.join(IN_READS)}, sizes at "
                                  f"least 1")
@@ -652,7 +658,7 @@ class InputParts:
 
     def _read(self, n, cb, h, w, lane):
         cases, first = [], 0
-        for i, ((c, _, _, kind, kh, kw, sh, sw), X) in enumerate(zip(self.parts, self.buffers)):
+        for i, ((c, _, _, kind, kh, kw, sh, sw, at, _), X) in enumerate(zip(self.parts, self.buffers)):
             blocks, last = -(-c // 4), i == len(self.parts) - 1
             local = cb - first if first else cb
             if first and not last:
@@ -661,6 +667,7 @@ class InputParts:
                 local = max_(local, 0)
             elif not last:
                 local = min_(local, blocks - 1)
+            local = local + at // 4 if at else local  # a channel slice of a larger source
             ch = Ramp(local * 4, as_expr(1), 4) if lane is None else local * 4 + lane
             if kind in ("copy", "nearest"):
                 v = X[n, ch, h // kh if kh > 1 else h, w // kw if kw > 1 else w]
@@ -688,8 +695,8 @@ def input_parts(wl, cfg, X):
     if not getattr(wl, "in_read", ()):
         return X
     scope, layout = scope_layout(cfg.input_scope, cfg.act_layout, "nchw4c_buffer")
-    bufs = [buffer("X" if i == 0 else f"X{i}", (wl.data[0], c, hs, ws), wl.dtype, scope, layout)
-            for i, (c, hs, ws, *_) in enumerate(wl.in_read)]
+    bufs = [buffer("X" if i == 0 else f"X{i}", (wl.data[0], p[9], p[1], p[2]), wl.dtype, scope, layout)
+            for i, p in enumerate(wl.in_read)]
     return InputParts(wl, bufs)
 
 
@@ -708,8 +715,8 @@ def read_parts_numpy(wl, inputs: dict):
     if not getattr(wl, "in_read", ()):
         return inputs["X"]
     out = []
-    for i, (c, hs, ws, kind, kh, kw, sh, sw) in enumerate(wl.in_read):
-        x = np.asarray(inputs["X" if i == 0 else f"X{i}"], np.float64)
+    for i, (c, hs, ws, kind, kh, kw, sh, sw, at, _) in enumerate(wl.in_read):
+        x = np.asarray(inputs["X" if i == 0 else f"X{i}"], np.float64)[:, at:at + c]
         if kind == "nearest":
             x = x.repeat(kh, axis=2).repeat(kw, axis=3)
         elif kind in ("max", "avg"):
@@ -969,8 +976,8 @@ def random_inputs(wl, rng) -> dict:
         inputs["Res"] = draw(wl.out_shape)
     if getattr(wl, "in_scale", False):
         inputs["S"] = draw((wl.data[0], wl.data[1], 1, 1))
-    for i, (c, hs, ws, *_) in enumerate(getattr(wl, "in_read", ())):  # the parts' sources, not the logical input
-        inputs["X" if i == 0 else f"X{i}"] = draw((wl.data[0], c, hs, ws))
+    for i, p in enumerate(getattr(wl, "in_read", ())):  # the parts' sources, not the logical input
+        inputs["X" if i == 0 else f"X{i}"] = draw((wl.data[0], p[9], p[1], p[2]))
     return inputs
 
 

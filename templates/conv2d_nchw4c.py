@@ -245,9 +245,17 @@ def lower(ctx, node, ins):
     groups times the FLOPs)."""
     data, w_name = ctx.shape(node.inputs[0]), node.inputs[1]
     w_shape, groups = ctx.shape(w_name), node.attrs.get("groups", 1)
+    view = node.attrs.get("in_view")  # channels [at, at + c) of the input tensor, read in place (passes_attention)
+    if view is not None:
+        at, c = (int(v) for v in view)
+        if groups != 1:
+            raise ValueError(f"in_view {list(view)} of a convolution of groups {groups}: groups 1 only")
+        view, data = ((c, data[2], data[3], "copy", 1, 1, 1, 1, at, data[1]),), (data[0], c, *data[2:])
     if is_depthwise(data, w_shape, groups):
         return None
     fields, inputs = node_epilogue(ctx, node)
+    if view is not None:
+        fields["in_read"] = view
     extra, c = {}, data[1]
     if groups > 1:
         cg, og = c // groups, w_shape[0] // groups

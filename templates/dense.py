@@ -34,6 +34,9 @@ class DenseWorkload:
     activation: str = "none"
     plain_output: bool = False  # Y is the model output's row-major (N, M) host buffer, written in place (no
     # relayout kernel after it: ``tuner.plan.io_views``); not in the key: the loop nest is the same
+    in_pool: tuple = ()  # (H, W): X is an NCHW4c tensor (N, K, H, W) and each input feature the mean of its H x W
+    # map, computed as it is read (a classifier's global average pool: no kernel of its own,
+    # ``tuner.plan.input_views``); in the key when set
 
     def __post_init__(self):
         object.__setattr__(self, "data", tuple(int(x) for x in self.data))
@@ -46,6 +49,14 @@ class DenseWorkload:
         object.__setattr__(self, "activation", canonical(self.activation))  # ValueError names the choices
         if self.dtype not in ("float32", "float16"):
             raise ValueError(f"dtype {self.dtype!r}: float32 or float16 storage")
+        object.__setattr__(self, "in_pool", tuple(int(v) for v in self.in_pool))
+        if self.in_pool and (len(self.in_pool) != 2 or min(self.in_pool) < 1):
+            raise ValueError(f"dense in_pool {list(self.in_pool)}: (H, W) of the map each input feature is the mean of")
+
+    @property
+    def x_shape(self) -> tuple:
+        """X's shape: (N, K), or (N, K, H, W) whose maps ``in_pool`` averages."""
+        return (*self.data, *self.in_pool)
 
     @property
     def out_shape(self) -> tuple:
@@ -57,7 +68,7 @@ class DenseWorkload:
 
     def key(self) -> dict:
         return {"op": "dense", **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()
-                                  if k != "plain_output"}}
+                                  if k != "plain_output" and (k != "in_pool" or v)}}
 
 
 @dataclass(frozen=True)
@@ -88,7 +99,10 @@ def dense(wl: DenseWorkload, cfg: DenseConfig):
     (N, K), (M, _) = wl.data, wl.weight
     KB, MB = -(-K // 4), -(-M // 4)
     w_layout = "col4" if cfg.weight_pack == "4o" else "row4"
-    X = _declare("X", wl.data, wl.dtype, cfg.input_scope, "row4", "row4_buffer")
+    X = _declare("X", wl.x_shape, wl.dtype, cfg.input_scope, *(("nchw4c", "nchw4c_buffer") if wl.in_pool
+                                                              else ("row4", "row4_buffer")))
+    if wl.in_pool and cfg.vec_load != 4:
+        raise ValueError("in_pool reads whole pixels of X's maps: vec_load 4")
     Wt = _declare("Wt", wl.weight, wl.dtype, cfg.weight_scope, w_layout, f"{w_layout}_buffer", weight=True)
     Y = buffer("Y", wl.out_shape, wl.dtype, "global") if wl.plain_output else \
         _declare("Y", wl.out_shape, wl.dtype, cfg.output_scope, "row4", "row4_buffer")
@@ -107,12 +121,23 @@ def dense(wl: DenseWorkload, cfg: DenseConfig):
         mt, n0 = gm * cfg.wg_m + tm, gn * t_n
         lanes_acc = 4 if cfg.weight_pack == "4i" else 1  # 4i: one float4 of products per output
         acc = arith.accumulators(b, len(tiles) * lanes_acc)
+        pooled = b.allocate("pooled", (t_n,), "float32x4", "private") if wl.in_pool else None
+
+        def row_block(y, n, kb):
+            """Row ``n``'s features 4kb..4kb+3: X's pixel, or with ``in_pool`` the mean of X's maps there."""
+            if pooled is None:
+                return X[n, Ramp(kb * 4, as_expr(1), 4)]
+            H, W = wl.in_pool
+            b.store(pooled, y, 0.0)
+            with b.loop(f"ph{y}", H, "serial") as h, b.loop(f"pw{y}", W, "serial") as w:
+                b.store(pooled, y, pooled[y] + X[n, Ramp(kb * 4, as_expr(1), 4), h, w])
+            return pooled[y] * (1.0 / (H * W))
         with b.loop("jo", -(-steps // uk)) as jo, b.loop("ji", uk, "unrolled") as ji:
             kb = (jo * uk + ji) * sk + tk  # interleaved: neighbouring work-items read neighbouring blocks
             with b.if_(kb < KB) if ragged else nullcontext():
                 rows = {y: min_(n0 + y, N - 1) for y in range(t_n)}
                 vector_x = cfg.vec_load == 4 or cfg.input_scope == "texture" or cfg.weight_pack == "4i"
-                xv = {y: b.let(f"x{y}", arith.load(X[rows[y], Ramp(kb * 4, as_expr(1), 4)])) for y in range(t_n)} \
+                xv = {y: b.let(f"x{y}", arith.load(row_block(y, rows[y], kb))) for y in range(t_n)} \
                     if vector_x else {}
                 if cfg.weight_pack == "4o":
                     for ki in range(4):
@@ -168,12 +193,15 @@ def _hsum(v):
 
 
 def reference(wl: DenseWorkload, x, w, bias=None) -> np.ndarray:
-    return reference_epilogue(wl, x.astype(np.float64) @ w.astype(np.float64).T, bias)
+    x = x.astype(np.float64)
+    if wl.in_pool:  # each feature the mean of its map
+        x = x.mean(axis=(2, 3))
+    return reference_epilogue(wl, x @ w.astype(np.float64).T, bias)
 
 
 def random_inputs(wl: DenseWorkload, rng) -> dict:
     draw = lambda shape: rng.standard_normal(shape).astype(wl.dtype)  # noqa: E731
-    inputs = {"X": draw(wl.data), "Wt": draw(wl.weight)}
+    inputs = {"X": draw(wl.x_shape), "Wt": draw(wl.weight)}
     if wl.bias:
         inputs["B"] = draw(wl.weight[:1])
     return inputs
@@ -182,13 +210,16 @@ def random_inputs(wl: DenseWorkload, rng) -> dict:
 def space_vars(wl: DenseWorkload) -> dict:
     (N, K), (M, _) = wl.data, wl.weight
     return dict(N=N, K=K, M=M, KB=-(-K // 4), MB=-(-M // 4), data=wl.data, weight=wl.weight,
-                out=wl.out_shape, bias=wl.bias, plain_output=wl.plain_output)
+                out=wl.out_shape, bias=wl.bias, plain_output=wl.plain_output, in_pool=wl.in_pool,
+                x_shape=wl.x_shape, x_layout="nchw4c" if wl.in_pool else "row4")
 
 
 VARIABLES = dict(N="rows (batch)", K="input features (reduction)", M="output features",
                  KB="input-feature blocks of 4", MB="output-feature blocks of 4", data="data shape N,K",
                  weight="weight shape M,K", out="output shape N,M", bias="fused bias",
-                 plain_output="Y is the model output's row-major N,M buffer (written in place, no relayout)")
+                 plain_output="Y is the model output's row-major N,M buffer (written in place, no relayout)",
+                 in_pool="(H, W) of X's maps each feature is the mean of (a global pool read in place), or ()",
+                 x_shape="X's shape: data, or N,K,H,W with in_pool", x_layout="X's texture layout")
 
 
 def fallback(wl: DenseWorkload, info) -> DenseConfig:
@@ -198,7 +229,8 @@ def fallback(wl: DenseWorkload, info) -> DenseConfig:
     every best dense config in the H100's and H200's logs splits 16 ways in work-groups of one output block;
     textures on GPUs that can hold the tensors."""
     v = space_vars(wl)
-    scope = texture_scopes(wl, info, [("row4", wl.data), ("row4", wl.out_shape), ("col4", wl.weight)])
+    scope = texture_scopes(wl, info, [("nchw4c" if wl.in_pool else "row4", wl.x_shape), ("row4", wl.out_shape),
+                                      ("col4", wl.weight)])
     target = gpu_fill_target(info)
     split_k = 1
     while v["N"] == 1 and split_k * 2 <= v["KB"] // 8 and split_k * 2 <= info.max_work_item_sizes[1] and \

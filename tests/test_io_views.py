@@ -51,6 +51,7 @@ IN_READ = {
                        in_read=(_part(4, 3, 2, "nearest", 2, 2),)),
     "concat_up": dict(data=(1, 12, 6, 6), kernel=(5, 12, 3, 3),
                       in_read=(_part(4, 6, 6), _part(8, 3, 3, "nearest", 2, 2))),
+    "slice": dict(data=(1, 8, 5, 4), kernel=(6, 8, 1, 1), in_read=((8, 5, 4, "copy", 1, 1, 1, 1, 4, 13),)),
     "three": dict(data=(1, 14, 4, 4), kernel=(4, 14, 1, 1), in_read=(_part(4, 8, 8, "max", 2, 2, 2, 2), _part(8, 4, 4),
                                                                    _part(2, 2, 2, "nearest", 2, 2)))}
 
@@ -248,3 +249,16 @@ def test_a_tuned_config_is_not_given_up_for_a_fusion(device, tmp_path):
         both = compile_model(model, device=device, scope="buffer", log=str(log), measure_plans=False)
     assert [n.op for n in both.spec.nodes] == [n.op for n in unfused.spec.nodes]
     assert all(n.tuned for n in both.spec.nodes if n.template == "conv2d")
+
+
+@pytest.mark.parametrize("data,weight,pool", [((1, 16), (10, 16), (8, 8)), ((2, 6), (5, 6), (3, 5)),
+                                              ((1, 24), (16, 24), (1, 1))])
+@pytest.mark.parametrize("scope", ["buffer", "texture"])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_dense_reading_its_global_pool_matches_numpy(device, data, weight, pool, scope, seed):
+    """A random config of dense whose input features are the means of an NCHW tensor's maps (``in_pool``: a
+    classifier's global average pool read in place) against NumPy; odd feature counts pad the last block."""
+    if scope == "texture" and not device.info.image_support:
+        pytest.skip("no images")
+    assert check_random_config(device, "dense", dict(data=data, weight=weight, bias=True, in_pool=pool), "float32",
+                               seed, **scopes(scope)) is not None

@@ -42,7 +42,7 @@ from tuner.graph.passes_movement import SPATIAL_REDUCTIONS, _channel_gather, _re
 from tuner.graph.passes_movement import optimize_movement  # layout rewrites first: ConvTranspose -> conv2d, NHWC blocks
 from tuner.graph.passes_conv_transpose import crd_to_dcr  # after epilogue fusion: a PixelShuffle's conv2d in DCR order
 from tuner.graph.passes_se import fuse_squeeze_excite  # after epilogue fusion: a squeeze-excite block as one node
-from tuner.graph.passes_attention import softmax_into_reductions  # after the copies are composed: attention scores
+from tuner.graph.passes_attention import slice_activations_into_producers, softmax_into_reductions  # attention
 
 ACTIVATION_OF_CLIP = {(0.0, 6.0): "relu6", (0.0, float("inf")): "relu"}
 BINARY_OPS = ("add", "sub", "mul", "div", "prelu")  # glue kernels that apply an activation after themselves
@@ -715,10 +715,10 @@ def optimize(graph: Graph) -> Graph:
 # bias and epilogue folded in first: only its weights and bias permute), squeeze-excite gates read by the
 # convolutions after them and each block's pool and two 1x1 convolutions as one ``se_gate``, Pads and channel
 # gathers read by the convolutions after them, and MobileViTv2's softmaxed query computed in the reduction that
-# weights the keys by it (``passes_attention``).
+# weights the keys by it and the ReLU of its values in the qkv convolution's epilogue (``passes_attention``).
 PIPELINE = (model_io_ranks, pointwise_ranks, fuse_group_norm, fuse_patterns, optimize_movement, split_whole_reductions,
             fold_batch_norm, fuse_patterns, fuse_epilogues, flatten_into_reductions, fuse_reduction_weights, crd_to_dcr,
             fuse_input_gates, fuse_squeeze_excite, align_channel_slices,
             fold_pads, pad_concat_parts,
             fold_gathers_into_convs, compose_gathers_into_copies, matmul_views, slices_read_in_place,
-            fuse_concat_activations, softmax_into_reductions)
+            fuse_concat_activations, softmax_into_reductions, slice_activations_into_producers)

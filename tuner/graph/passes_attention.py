@@ -1,4 +1,6 @@
-"""``softmax_into_reductions``: MobileViTv2's linear-attention scores computed inside the reduction that reads them.
+"""MobileViTv2's linear attention with fewer kernels: ``softmax_into_reductions`` (the scores computed inside the
+reduction that reads them) and ``slice_activations_into_producers`` (the ReLU of the values folded into the qkv
+convolution, the values read in place by the projection).
 
 MobileViTv2's block takes one channel of a 1x1 convolution's output as the query, flattens it over the pixels,
 softmaxes it, reshapes it back to a map and sums the keys weighted by it (the context vector). After the movement
@@ -18,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from tuner.graph.graph import Graph
+from tuner.graph.graph import add_param as _add_param
 
 
 def _mapping(node, shape) -> np.ndarray:
@@ -82,4 +85,40 @@ def softmax_into_reductions(graph: Graph) -> Graph:
         node.inputs = [node.inputs[0], src]
         node.attrs = {**node.attrs, "weight": src, "softmax_of": q}
         g.nodes = [m for m in g.nodes if m not in (back, soft, flat)]
+    return g.validate()
+
+
+def slice_activations_into_producers(graph: Graph) -> Graph:
+    """A ReLU of a channel slice of a convolution's output (MobileViTv2's ReLU of the values: channels [o, o + c) of
+    the qkv convolution, read in place: ``attrs["channel_offsets"]``) that only one convolution reads, as its input:
+
+    - the producing convolution applies it in its epilogue as a per-channel PReLU -- slope 0 on the slice, 1 (the
+      identity) on every other channel, which other kernels read raw -- so no kernel runs for it;
+    - the reading convolution reads the slice of the producer's output in place (``attrs["in_view"]``: (o, c);
+      ``Conv2dWorkload.in_read`` with the offset), its gate and epilogue as before.
+
+    Taken where the producer is a convolution with no activation, residual or gate of its own, the slice starts at
+    an RGBA pixel (o a multiple of 4), and the reader is a convolution of groups 1."""
+    g = graph.copy()
+    for node in list(g.nodes):
+        offs = node.attrs.get("channel_offsets")
+        if node.op != "relu" or set(node.attrs) != {"channel_offsets"} or not offs or offs[0] is None \
+                or len(node.inputs) != 1 or node.outputs[0] in g.outputs:
+            continue
+        src, out, o = node.inputs[0], node.outputs[0], int(offs[0])
+        prod, readers = g.producer(src), g.consumers(out)
+        c = g.shapes[out][1]
+        if prod is None or prod.op != "conv2d" or o % 4 or len(readers) != 1 or readers[0].op != "conv2d" \
+                or readers[0].inputs.count(out) != 1 or readers[0].inputs[0] != out \
+                or readers[0].attrs.get("groups", 1) != 1 or "in_view" in readers[0].attrs \
+                or any(k in prod.attrs for k in ("activation", "residual", "in_scale", "slope", "in_view")):
+            continue
+        slope = np.ones(g.shapes[src][1], np.float32)
+        slope[o:o + c] = 0.0
+        prod.attrs["activation"], prod.attrs["slope"] = "prelu", _add_param(g, f"{prod.name}.slope", slope)
+        prod.inputs = prod.inputs + [prod.attrs["slope"]]
+        reader = readers[0]
+        reader.inputs = [src] + reader.inputs[1:]
+        reader.attrs["in_view"] = (o, c)
+        g.nodes = [m for m in g.nodes if m is not node]
     return g.validate()

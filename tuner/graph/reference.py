@@ -58,7 +58,8 @@ def run_graph_numpy(graph: Graph, inputs: dict, all_tensors: bool = False) -> di
 # implements. ``matmul``'s are the template's (``reference_movement.MATMUL_ATTRS``).
 _BINARY_EPILOGUE = {"activation", "scale", "residual"}  # passes._binary_epilogue, then an activation
 EPILOGUE_ATTRS = {
-    "conv2d": {"activation", "residual", "in_scale", "pad_mode", "slope"}, "dense": {"activation", "residual"},
+    "conv2d": {"activation", "residual", "in_scale", "pad_mode", "slope", "in_view"},
+    "dense": {"activation", "residual"},
     "group_norm": {"activation", "slope", "residual"}, "layer_norm": {"activation"},
     "add": {"activation", "channel_offsets"}, "relu": {"channel_offsets"}, "clip": {"channel_offsets"},
     "sub": _BINARY_EPILOGUE, "mul": _BINARY_EPILOGUE, "div": _BINARY_EPILOGUE, "prelu": _BINARY_EPILOGUE,
@@ -84,6 +85,9 @@ def _evaluate(graph: Graph, node: Node, fn, env: dict) -> np.ndarray:
     if a.get("channel_offsets"):  # channels at..at + C of the tensor, C the output's
         c = graph.shapes[node.outputs[0]][1]
         ins = [x if at is None else x[:, at:at + c] for x, at in zip(ins, a["channel_offsets"])]
+    if a.get("in_view") and "in_view" in fused_ok:  # a convolution's input: channels at..at + c of the tensor
+        at, c = a["in_view"]
+        ins[0] = ins[0][:, at:at + c]
     if "in_scale" in extra:
         ins[0] = ins[0] * extra["in_scale"]
     if "weight" in extra and "softmax_of" in a:  # passes_attention: the softmax over H, W of a channel of weight

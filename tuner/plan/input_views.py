@@ -21,6 +21,10 @@ Taken where:
 - every tensor read is stored in the convolution's dtype;
 - with a log, the log does not tune the convolution as it is without tuning the fused workload too.
 
+A classifier's global average pool to (N, C) rows read only by the ``dense`` after it is read in place the same way
+(``DenseWorkload.in_pool``: each input feature the mean of its map, computed as the dense reads it) where the dense
+has at most ``MAX_POOL_DENSE_BLOCKS`` output blocks and the maps at most ``MAX_POOLED_PIXELS`` pixels.
+
 ``Plan.fused`` names each step dropped and the convolution that reads through it. The direct convolution's
 alternatives (Winograd) are dropped where the input is read through a view: they read one packed input."""
 from __future__ import annotations
@@ -37,6 +41,11 @@ MAX_PARTS = 4  # Conv2dWorkload's MAX_IN_PARTS
 # convolution does little arithmetic per input pixel (Intel's CPU runtime, fallback configs, 2026-12-03: a 2x2 max
 # pool read by a 3x3 conv of 6 outputs 14.8 us against 3.7 + 2.3 us; of 16 outputs 17.2 against 15.4 + 2.6 us)
 POOL_OUTPUTS_PER_TAP = 4
+# a global average pool is read in place by the dense after it (``DenseWorkload.in_pool``) when the dense has at most
+# this many output blocks of 4 (each work-item of an output block re-reads the whole maps: a classifier of a few
+# classes, not ImageNet's 1000) and the maps at most ``MAX_POOLED_PIXELS`` pixels
+MAX_POOL_DENSE_BLOCKS = 4
+MAX_POOLED_PIXELS = 1024
 
 
 def _readers(plan: Plan) -> dict:
@@ -123,6 +132,24 @@ def _parts(plan: Plan, conv: Step, producer: dict, readers: dict):
     return None
 
 
+def _pooled_rows(plan: Plan, dense: Step, producer: dict, readers: dict):
+    """``(maps tensor, pool step)`` when ``dense``'s input rows are a plain global average pool (spatial_reduce: a
+    mean over H, W to (N, C) rows, nothing fused) of a tensor it alone reads; else None."""
+    x = dense.inputs.get("X")
+    p = producer.get(x)
+    if p is None or p.op != "spatial_reduce" or x in plan.outputs or len(readers.get(x, [])) != 1:
+        return None
+    wl = p.workload
+    if (wl.kind, wl.axes, wl.keepdims, wl.scale, wl.activation, wl.weight, wl.in_view) != \
+            ("mean", (2, 3), False, 1.0, "none", "none", ()) or set(p.inputs) != {"X"}:
+        return None
+    src = plan.tensors[p.inputs["X"]]
+    N, C, H, W = wl.data
+    if src.kind != "nchw" or -(-dense.workload.weight[0] // 4) > MAX_POOL_DENSE_BLOCKS or H * W > MAX_POOLED_PIXELS:
+        return None
+    return src.name, p
+
+
 def read_inputs_through_views(plan: Plan, info=None, history=None) -> Plan:
     """Each convolution whose input is a concat, nearest upsample or pool that it alone reads, reading the sources
     through views instead (module doc); ``Plan.fused`` names each step dropped. With a log (``history``, on the
@@ -132,6 +159,18 @@ def read_inputs_through_views(plan: Plan, info=None, history=None) -> Plan:
     producer, readers = {s.output: s for s in plan.steps}, _readers(plan)
     new, dropped, notes = {}, {}, []
     for s in plan.steps:
+        if s.op == "dense" and s.tuned and not s.workload.in_pool:  # a classifier reading its global pool
+            found = _pooled_rows(plan, s, producer, readers)
+            if found is None or (plan.tensors[found[0]].dtype or plan.dtype) != s.workload.dtype:
+                continue
+            wl = dataclasses.replace(s.workload, in_pool=tuple(plan.tensors[found[0]].shape[2:]))
+            if info is not None and loses_tuned(history, info, s, wl, None):
+                continue
+            new[s.name] = dataclasses.replace(s, workload=wl, inputs={**s.inputs, "X": found[0]}, alternatives=[])
+            dropped[found[1].name] = found[1]
+            notes.append(f"{found[1].name}: no kernel; {s.name} reads {found[1].output} through a view (the mean of "
+                         f"each map of {found[0]})")
+            continue
         if s.op != "conv2d" or not s.tuned or s.workload.groups != 1 or s.workload.plain_input \
                 or s.workload.in_read or "S" in s.inputs:
             continue
