@@ -22,7 +22,7 @@ import numpy as np
 from tuner.ir.activations import apply_ir, apply_numpy, canonical
 from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
-from tuner.ir.expr import Broadcast, ExtractLane, Ramp, as_expr, call, max_, select
+from tuner.ir.expr import Broadcast, ExtractLane, Ramp, as_expr, call, max_, min_, select
 from tuner.templates.common import EPILOGUE_ARGS, Template, WorkloadArg, texture_scopes
 from tuner.templates.reduction import (LOWEST, ReduceConfig, SameShapeWorkload, Schedule, ceil_div, fallback_config,
                                        features, hsum, packed, unravel)
@@ -36,11 +36,25 @@ class LayerNormWorkload(SameShapeWorkload):
     epsilon: float = 1e-5
     dtype: str = "float32"
     activation: str = "none"  # fused after the affine
+    in_read: tuple = ()  # an NCHW input read in channel parts (a concat of them, no kernel for it:
+    # ``tuner.plan.input_views``): per part (channels, at, of) -- its channels are channels [at, at + channels) of
+    # a tensor of ``of`` (a slice read in place; at a multiple of 4); X, X1, X2, X3; every part but the last a
+    # multiple of 4 channels. In the key (as text) when set
 
     def __post_init__(self):
         _check(self, "layer_norm")
         object.__setattr__(self, "epsilon", float(self.epsilon))
         object.__setattr__(self, "activation", canonical(self.activation))
+        if self.in_read:
+            object.__setattr__(self, "in_read", _checked_parts(self))
+
+    def key(self) -> dict:
+        key = super().key()
+        if self.in_read:
+            key["in_read"] = ";".join(",".join(map(str, p)) for p in self.in_read)
+        else:
+            key.pop("in_read", None)
+        return key
 
 
 @dataclass(frozen=True)
@@ -62,6 +76,25 @@ def _check(wl, what: str) -> None:
         raise ValueError(f"dtype {wl.dtype!r}: float32 or float16 storage")
 
 
+def _checked_parts(wl) -> tuple:
+    """``in_read`` as (channels, at, of) int triples (from them or the key's text), or a ValueError naming what is
+    wrong."""
+    raw = wl.in_read
+    if isinstance(raw, str):
+        raw = [p.split(",") for p in raw.split(";")]
+    try:
+        parts = tuple((int(c), int(at), int(of)) for c, at, of in raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"layer_norm in_read {wl.in_read!r}: parts (channels, at, of)") from None
+    if len(wl.data) != 4 or not 1 <= len(parts) <= 4 or sum(p[0] for p in parts) != wl.data[1] \
+            or any(c % 4 for c, _, _ in parts[:-1]) or any(c < 1 or at % 4 or at < 0 or at + c > of
+                                                          for c, at, of in parts):
+        raise ValueError(f"layer_norm in_read {list(parts)}: 1 to 4 parts (channels, at, of) of an NCHW input of "
+                         f"{wl.data[1]} channels, every part but the last a multiple of 4, at a multiple of 4 with the "
+                         f"part inside its tensor")
+    return parts
+
+
 def _rows(wl) -> tuple:
     """(unit grid: the positions, texels per unit: the channel blocks)."""
     return (wl.data[0], *wl.data[2:]), ceil_div(wl.data[1], 4)
@@ -78,12 +111,38 @@ class _Row:
         self.wl, self.C = wl, wl.data[1]
         self.units, self.E = _rows(wl)
         self.sched = Schedule(int(np.prod(self.units)), self.E, cfg)
-        self.X = packed("X", wl.data, wl.dtype, cfg.input_scope)
+        self.parts = getattr(wl, "in_read", ()) or ((wl.data[1], 0, wl.data[1]),)
+        self.Xs = [packed("X" if i == 0 else f"X{i}", (wl.data[0], of, *wl.data[2:]), wl.dtype, cfg.input_scope)
+                   for i, (_, _, of) in enumerate(self.parts)]
+        self.X = self.Xs[0]
         self.Y = packed("Y", wl.data, wl.dtype, cfg.output_scope)
 
     def at(self, b, u, e):
         n, *rest = unravel(b, u, self.units, self.sched.tag("u"))
         return (n, Ramp(e * 4, as_expr(1), 4), *rest)
+
+    def load(self, idx, e):
+        """The input's pixel of channel block ``e`` at ``idx`` (``at``'s): X's, or with ``in_read`` that of the part
+        holding the block, at its offset in its tensor."""
+        if len(self.parts) == 1 and self.parts[0][1] == 0:
+            return self.X[idx]
+        cases, first = [], 0
+        for i, ((c, at, _), X) in enumerate(zip(self.parts, self.Xs)):
+            blocks, last = -(-c // 4), i == len(self.parts) - 1
+            local = e - first if first else e
+            if first and not last:
+                local = min_(max_(local, 0), blocks - 1)
+            elif first:
+                local = max_(local, 0)
+            elif not last:
+                local = min_(local, blocks - 1)
+            local = local + at // 4 if at else local
+            cases.append((first + blocks, X[(idx[0], Ramp(local * 4, as_expr(1), 4), *idx[2:])]))
+            first += blocks
+        out = cases[-1][1]
+        for bound, v in reversed(cases[:-1]):
+            out = select(e < bound, v, out)
+        return out
 
     def mask(self, e, v, fill: float):
         """``v`` (block ``e``'s pixel) with the lanes past C set to ``fill``."""
@@ -102,12 +161,12 @@ def layer_norm(wl: LayerNormWorkload, cfg: ReduceConfig):
     sched, X = r.sched, r.X
     b = Builder()
     with sched.items(b) as (u, c, lid, p):
-        K = b.let("K", Broadcast(ExtractLane(X[r.at(b, u, as_expr(0))], 0), 4))
+        K = b.let("K", Broadcast(ExtractLane(r.load(r.at(b, u, as_expr(0)), as_expr(0)), 0), 4))
         acc = b.allocate("acc", (2,), "float32x4", "private")
         b.store(acc, 0, 0.0)
         b.store(acc, 1, 0.0)
         with sched.elements(b, c, lid) as e:
-            d = b.let("d", r.mask(e, X[r.at(b, u, e)] - K, 0.0))
+            d = b.let("d", r.mask(e, r.load(r.at(b, u, e), e) - K, 0.0))
             b.store(acc, 0, acc[0] + d)
             b.store(acc, 1, acc[1] + d * d)
         s, q = sched.tree(b, [acc[0], acc[1]], lambda x, y: x + y, lid, p)
@@ -117,9 +176,9 @@ def layer_norm(wl: LayerNormWorkload, cfg: ReduceConfig):
         with b.if_(sched.valid) if sched.valid is not None else nullcontext():
             with sched.elements(b, c, lid) as e:
                 idx = r.at(b, u, e)
-                b.store(r.Y, idx, r.mask(e, apply_ir(wl.activation, (X[idx] - mean) * (rstd * G[idx[1]]) + Bt[idx[1]]),
-                                         0.0))
-    return b.kernel("layer_norm", [X, G, Bt, r.Y])
+                b.store(r.Y, idx, r.mask(e, apply_ir(wl.activation, (r.load(idx, e) - mean) * (rstd * G[idx[1]]) +
+                                                     Bt[idx[1]]), 0.0))
+    return b.kernel("layer_norm", [*r.Xs, G, Bt, r.Y])
 
 
 def softmax(wl: SoftmaxWorkload, cfg: ReduceConfig):
@@ -147,6 +206,9 @@ def softmax(wl: SoftmaxWorkload, cfg: ReduceConfig):
 
 def _ln_reference(wl, inputs: dict) -> np.ndarray:
     x = np.asarray(inputs["X"], np.float64)
+    if wl.in_read:  # the parts' channels, concatenated
+        x = np.concatenate([np.asarray(inputs["X" if i == 0 else f"X{i}"], np.float64)[:, at:at + c]
+                            for i, (c, at, _) in enumerate(wl.in_read)], axis=1)
     mean = x.mean(axis=1, keepdims=True)
     var = ((x - mean) ** 2).mean(axis=1, keepdims=True)
     form = (1, -1) + (1,) * (x.ndim - 2)
@@ -162,8 +224,12 @@ def _softmax_reference(wl, inputs: dict) -> np.ndarray:
 
 def _ln_inputs(wl, rng) -> dict:
     C = wl.data[1]
-    return {"X": (rng.standard_normal(wl.data) * 2.0 + 3.0).astype(wl.dtype),
-            "G": rng.standard_normal(C).astype(wl.dtype), "Bt": rng.standard_normal(C).astype(wl.dtype)}
+    out = {"X": (rng.standard_normal(wl.data) * 2.0 + 3.0).astype(wl.dtype),
+           "G": rng.standard_normal(C).astype(wl.dtype), "Bt": rng.standard_normal(C).astype(wl.dtype)}
+    for i, (_, _, of) in enumerate(wl.in_read):  # the parts' tensors
+        shape = (wl.data[0], of, *wl.data[2:])
+        out["X" if i == 0 else f"X{i}"] = (rng.standard_normal(shape) * 2.0 + 3.0).astype(wl.dtype)
+    return out
 
 
 def _softmax_inputs(wl, rng) -> dict:

@@ -262,3 +262,16 @@ def test_dense_reading_its_global_pool_matches_numpy(device, data, weight, pool,
         pytest.skip("no images")
     assert check_random_config(device, "dense", dict(data=data, weight=weight, bias=True, in_pool=pool), "float32",
                                seed, **scopes(scope)) is not None
+
+
+@pytest.mark.parametrize("data,parts", [((1, 16, 8, 8), ((4, 0, 16), (4, 4, 16), (4, 0, 4), (4, 0, 4))),
+                                        ((2, 10, 3, 5), ((8, 8, 20), (2, 0, 2))), ((1, 6, 4, 4), ((6, 4, 12),))])
+@pytest.mark.parametrize("scope", ["buffer", "texture"])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_layer_norm_reading_parts_matches_numpy(device, data, parts, scope, seed):
+    """A random schedule of layer_norm over the channels of an input read in parts (``in_read``: EdgeNeXt's
+    concatenated SDTA chunks, slices of a larger tensor read at their offsets) against NumPy."""
+    if scope == "texture" and not device.info.image_support:
+        pytest.skip("no images")
+    assert check_random_config(device, "layer_norm", dict(data=data, in_read=parts, activation="gelu"), "float32",
+                               seed, **scopes(scope)) is not None

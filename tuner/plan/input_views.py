@@ -21,6 +21,11 @@ Taken where:
 - every tensor read is stored in the convolution's dtype;
 - with a log, the log does not tune the convolution as it is without tuning the fused workload too.
 
+A ``layer_norm`` over the channels whose input is a concat it alone reads reads the parts in place
+(``LayerNormWorkload.in_read``: EdgeNeXt's SDTA split, cascaded and concatenated again), each part a slice of whole
+pixels of its source read at its offset (the slice dropped) where every other reader of the slice is an
+elementwise kernel, which then reads the source at that offset too (``in_views``).
+
 A classifier's global average pool to (N, C) rows read only by the ``dense`` after it is read in place the same way
 (``DenseWorkload.in_pool``: each input feature the mean of its map, computed as the dense reads it) where the dense
 has at most ``MAX_POOL_DENSE_BLOCKS`` output blocks and the maps at most ``MAX_POOLED_PIXELS`` pixels.
@@ -150,6 +155,68 @@ def _pooled_rows(plan: Plan, dense: Step, producer: dict, readers: dict):
     return src.name, p
 
 
+def _slice_source(plan: Plan, step: Step | None):
+    """``(source tensor, at)`` when ``step`` is a slice of whole RGBA pixels of channels [at, at + k) of a 4-D
+    tensor (no window of rows or columns), else None."""
+    if step is None or step.op != "slice" or set(step.inputs) != {"X"}:
+        return None
+    src = plan.tensors.get(step.inputs["X"])
+    ch = tuple(step.attrs.get("channels", ()))
+    if src is None or src.kind != "nchw" or not ch or ch != tuple(range(ch[0], ch[0] + len(ch))) or ch[0] % 4:
+        return None
+    if any(tuple(step.attrs.get(k, (0, 1, None)))[:2] != (0, 1) or step.attrs.get(k, (0, 1, None))[2]
+           not in (None, src.shape[a]) for k, a in (("rows", 2), ("cols", 3))):
+        return None
+    return src.name, ch[0]
+
+
+def _reads_in_place(step: Step, tensor: str) -> bool:
+    """Whether ``step`` can read ``tensor`` at a channel offset of another one instead: an elementwise kernel
+    (``in_views``) reading it as an activation."""
+    return step.op == "elementwise" and tensor in [x for k, x in step.inputs.items() if k != "B"]
+
+
+def _read_at(plan: Plan, step: Step, tensor: str, src: str, at: int) -> Step:
+    """``step`` (elementwise) reading ``tensor``'s channels as channels [at, ...) of ``src`` in place."""
+    acts = [k for k in step.inputs if k != "B"]
+    views = list(step.attrs.get("in_views") or [()] * len(acts))
+    inputs = dict(step.inputs)
+    for i, k in enumerate(acts):
+        if inputs[k] == tensor:
+            inputs[k], views[i] = src, (plan.tensors[src].shape[1], at)
+    return dataclasses.replace(step, inputs=inputs, attrs={**step.attrs, "in_views": tuple(views)})
+
+
+def _norm_parts(plan: Plan, norm: Step, producer: dict, readers: dict):
+    """``([(tensor, (channels, at, of))], [dropped steps], {step name: rewritten step})`` for a layer_norm whose NCHW
+    input is a concat it alone reads: each part read in place -- a slice of whole pixels read at its offset of its
+    source where every other reader of the slice can read it so too -- or None."""
+    x = norm.inputs.get("X")
+    p = producer.get(x)
+    if p is None or p.op != "concat" or x in plan.outputs or len(readers.get(x, [])) != 1 \
+            or len(norm.workload.data) != 4:
+        return None
+    tensors = [p.inputs[f"X{i}"] for i in range(len(p.inputs))]
+    if len(tensors) > MAX_PARTS or len(set(tensors)) != len(tensors) or any(
+            plan.tensors[t].kind != "nchw" or t in plan.inputs or t in plan.outputs for t in tensors) \
+            or any(plan.tensors[t].shape[1] % 4 for t in tensors[:-1]):
+        return None
+    parts, dropped, rewritten = [], [p], {}
+    for t in tensors:
+        c, q = plan.tensors[t].shape[1], producer.get(t)
+        found = _slice_source(plan, q)
+        others = [r for r, _ in readers.get(t, []) if r is not p]
+        if found is not None and all(_reads_in_place(r, t) for r in others):
+            src, at = found
+            parts.append((src, (c, at, plan.tensors[src].shape[1])))
+            dropped.append(q)
+            for r in others:
+                rewritten[r.name] = _read_at(plan, rewritten.get(r.name, r), t, src, at)
+        else:
+            parts.append((t, (c, 0, c)))
+    return parts, dropped, rewritten
+
+
 def read_inputs_through_views(plan: Plan, info=None, history=None) -> Plan:
     """Each convolution whose input is a concat, nearest upsample or pool that it alone reads, reading the sources
     through views instead (module doc); ``Plan.fused`` names each step dropped. With a log (``history``, on the
@@ -159,6 +226,24 @@ def read_inputs_through_views(plan: Plan, info=None, history=None) -> Plan:
     producer, readers = {s.output: s for s in plan.steps}, _readers(plan)
     new, dropped, notes = {}, {}, []
     for s in plan.steps:
+        if s.op == "layer_norm" and not getattr(s.workload, "in_read", ()):  # a norm reading a concat's parts
+            found = _norm_parts(plan, s, producer, readers)
+            if found is None or any((plan.tensors[t].dtype or plan.dtype) != s.workload.dtype for t, _ in found[0]):
+                continue
+            parts, steps, rewritten = found
+            wl = dataclasses.replace(s.workload, in_read=tuple(part for _, part in parts))
+            if info is not None and loses_tuned(history, info, s, wl, None):
+                continue
+            inputs = {k: v for k, v in s.inputs.items() if k != "X"}
+            inputs.update({("X" if i == 0 else f"X{i}"): t for i, (t, _) in enumerate(parts)})
+            new[s.name] = dataclasses.replace(s, workload=wl, inputs=inputs)
+            new.update(rewritten)
+            for d in steps:
+                dropped[d.name] = d
+                notes.append(f"{d.name}: no kernel; {s.name} reads {d.output} in place (" +
+                             ("its parts read as they are" if d.op == "concat" else
+                              f"channels {d.attrs['channels'][0]}.. of {d.inputs['X']}") + ")")
+            continue
         if s.op == "dense" and s.tuned and not s.workload.in_pool:  # a classifier reading its global pool
             found = _pooled_rows(plan, s, producer, readers)
             if found is None or (plan.tensors[found[0]].dtype or plan.dtype) != s.workload.dtype:
@@ -204,6 +289,7 @@ def read_inputs_through_views(plan: Plan, info=None, history=None) -> Plan:
 
 
 def part_tensors(step: Step) -> list:
-    """The tensors a convolution reads as its input's parts (``X``, ``X1``, ...): one without ``in_read``."""
+    """The tensors a convolution or norm reads as its input's parts (``X``, ``X1``, ...): one without
+    ``in_read``."""
     n = len(getattr(step.workload, "in_read", ()) or ()) or 1
     return [step.inputs["X" if i == 0 else f"X{i}"] for i in range(n)]
