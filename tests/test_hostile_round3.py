@@ -449,7 +449,7 @@ def _c_bounds(lib, text: str, kernel: str, glob, local):
     class Range(ctypes.Structure):
         _fields_ = [("has_range", ctypes.c_int), ("lo", ctypes.c_int64), ("hi", ctypes.c_int64),
                     ("has_pixels", ctypes.c_int), ("xlo", ctypes.c_int64), ("xhi", ctypes.c_int64),
-                    ("ylo", ctypes.c_int64), ("yhi", ctypes.c_int64)]
+                    ("ylo", ctypes.c_int64), ("yhi", ctypes.c_int64), ("writes", ctypes.c_int64)]
     src, line, what = ctypes.c_void_p(), ctypes.c_int(), ctypes.create_string_buffer(600)
     raw = text.encode()
     if lib.tnr_bounds_parse(raw, len(raw), ctypes.byref(src), ctypes.byref(line), what, 600):

@@ -1220,10 +1220,11 @@ static const char *dims_text(const int64_t *v, int n, char *buf, size_t len) {
 
 static int same_str(const char *x, const char *y) { return x == y || (x && y && !strcmp(x, y)); }
 
-/* What the calls that write an entry reach: bytes lo..hi-1 of a buffer, pixels [xlo, xhi) x [ylo, yhi) of an image. */
+/* What the calls that write an entry reach: bytes lo..hi-1 of a buffer, pixels [xlo, xhi) x [ylo, yhi) of an image;
+ * and at most how many elements (pixels) they write (-1: no bound known). */
 typedef struct {
     int has, image, node, call;
-    int64_t lo, hi, xlo, xhi, ylo, yhi;
+    int64_t lo, hi, xlo, xhi, ylo, yhi, writes;
 } hull;
 
 /* Check 11 for one call: its signature is what the source declares, its local size the kernel's
@@ -1314,6 +1315,7 @@ static int check_call_bounds(tnr_artifact *a, tnr_bsrc *src, const char *perr, i
                 hl->has = 1, hl->image = ps[k].image;
                 hl->lo = lo, hl->hi = hi;
                 hl->xlo = r.xlo, hl->xhi = r.xhi + 1, hl->ylo = r.ylo, hl->yhi = r.yhi + 1;
+                hl->writes = 0;
             } else if (ps[k].image) {
                 if (r.xlo < hl->xlo) hl->xlo = r.xlo;
                 if (r.ylo < hl->ylo) hl->ylo = r.ylo;
@@ -1323,6 +1325,8 @@ static int check_call_bounds(tnr_artifact *a, tnr_bsrc *src, const char *perr, i
                 if (lo < hl->lo) hl->lo = lo;
                 if (hi > hl->hi) hl->hi = hi;
             }
+            if (hl->writes < 0 || r.writes < 0 || hl->writes + r.writes > TNR_BOUNDS_BIG) hl->writes = -1;
+            else hl->writes += r.writes;
             hl->node = i, hl->call = j;
         }
     }
@@ -1412,6 +1416,22 @@ static int check_sizes(tnr_artifact *a, char *err) {
                                 "last: %s): a launch does not cover the tensor it writes; the artifact was edited",
                                 e->name, (long long)hl->lo, (long long)hl->hi - 1, (long long)bytes, cw);
         }
+    }
+    /* and they can write as many elements (pixels) as it has: the hull reaches the last byte through an index that
+     * wraps (%) or is clamped even when work-groups are missing, but the work-items that can reach the stores, times
+     * what each stores, bounds what is written (tnr_brange.writes) */
+    for (i = 0; i < a->nentries && !rc; i++) {
+        const tnr_entry *e = &a->entries[i];
+        const hull *hl = &hulls[i];
+        int64_t need;
+        char cw[300];
+        if (!hl->has || hl->writes < 0) continue;
+        need = hl->image ? e->phys[0] * e->phys[1] : (int64_t)e->elems;
+        if (hl->writes >= need) continue;
+        snprintf(cw, sizeof cw, "nodes[%d] ('%.80s').calls[%d]", hl->node, a->nodes[hl->node].name, hl->call);
+        rc = graph_fail(a, err, "entries['%.80s']: the calls that write it can write at most %lld of its %lld %s (the "
+                        "last: %s): a launch smaller than the kernel was generated for; the artifact was edited",
+                        e->name, (long long)hl->writes, (long long)need, hl->image ? "pixels" : "elements", cw);
     }
     for (i = 0; i < a->nsources; i++) tnr_bounds_free(parsed[i]);
     free(parsed), free(perr), free(pline), free(hulls);

@@ -16,7 +16,7 @@
 
 #define I32MIN (-2147483648LL)
 #define I32MAX 2147483647LL
-#define BIG ((int64_t)1 << 61)
+#define BIG TNR_BOUNDS_BIG
 #define MAX_DEPTH 100   /* nesting of parentheses, unary operators and statements */
 #define MAX_HEIGHT 1000 /* a kernel's syntax tree: every recursive walk of it is at most that deep */
 #define MAX_TOKENS 4000000
@@ -1394,6 +1394,8 @@ static bval vfloat_of(bval v) { return v.k == VF ? v : vflt(-INFINITY, INFINITY)
 struct bentry {
     int sym;
     bval iv;
+    int tag; /* a const int that is a work-item's position: 1 + 3 * kind + dimension (kind 0 get_global_id,
+              * 1 get_group_id, 2 get_local_id); else 0 */
     bentry *prev;
 };
 
@@ -1437,6 +1439,7 @@ typedef struct {
     int nundo, capundo;
     tnr_brange *out;
     int depth, recording;
+    int64_t mult; /* the times the loops around this point run their body (an upper bound; -1: unknown) */
 } ban;
 
 static void *grow(ban *a, void *p, int *cap, int need, size_t size) {
@@ -1897,7 +1900,105 @@ static bval known(ban *a, const bnode *e, bval v) {
     return v;
 }
 
-static void access_buf(ban *a, int i, bnode *index, int64_t step, bnode *base, int line, int64_t width);
+/* ---- how much a launch can write (Source.analyse_writes) ---- */
+
+/* the position a resolved expression is (an entry's tag, or get_*_id of a constant dimension, cast to int or not) */
+static int node_tag(ban *a, const bnode *r) {
+    if (r->kind == N_RVAR) return r->ent ? r->ent->tag : 0;
+    if (r->kind == N_CAST && r->sym == K_INT) return node_tag(a, r->a);
+    if (r->kind == N_CALL && r->nargs == 1 && r->args[0]->kind == N_INT && r->args[0]->i >= 0 && r->args[0]->i <= 2) {
+        const char *name = symname(a, r->sym);
+        int kind = !strcmp(name, "get_global_id") ? 0
+                 : !strcmp(name, "get_group_id")  ? 1
+                 : !strcmp(name, "get_local_id")  ? 2
+                                                  : -1;
+        if (kind >= 0) return 1 + 3 * kind + (int)r->args[0]->i;
+    }
+    return 0;
+}
+
+static int term_tag(ban *a, const bterm *t) {
+    return t->is_entry ? ((const bentry *)t->key)->tag : node_tag(a, t->key);
+}
+
+/* the position two terms c1 * t1 + c2 * t2 are, up to the factor *c: get_global_id(d) of get_group_id(d) *
+ * local size + get_local_id(d) (in either order), else 0 */
+static int global_of(ban *a, const bterm *x, const bterm *y, int64_t *c) {
+    int t1 = term_tag(a, x), t2 = term_tag(a, y);
+    int64_t c1 = x->coef, c2 = y->coef, want;
+    if (t1 && (t1 - 1) / 3 == 2) {
+        int t = t1;
+        int64_t cc = c1;
+        t1 = t2, t2 = t, c1 = c2, c2 = cc;
+    }
+    *c = c2;
+    if (!t1 || !t2 || (t1 - 1) / 3 != 1 || t2 != t1 + 3) return 0;
+    if (__builtin_mul_overflow(c2, a->local[(t1 - 1) % 3], &want) || want != c1) return 0;
+    return 1 + (t1 - 1) % 3;
+}
+
+/* the position a linear form is: a term alone (coefficient 1), or get_global_id(d) (global_of, factor 1); 0 */
+static int position(ban *a, const blin *l) {
+    int64_t c;
+    int t;
+    if (!l->ok || l->c != 0) return 0;
+    if (l->n == 1 && l->t[0].coef == 1) return term_tag(a, &l->t[0]);
+    if (l->n != 2) return 0;
+    t = global_of(a, &l->t[0], &l->t[1], &c);
+    return c == 1 ? t : 0;
+}
+
+/* an upper bound on the work-items that run this point of the code: per dimension, the launch's, or fewer where
+ * a position in scope, or a fact in force on one, is narrowed; their product (-1: past BIG) */
+static int64_t reach(ban *a) {
+    int64_t total = 1;
+    int d, k;
+    for (d = 0; d < 3; d++) {
+        int64_t g = a->glob[d], l = a->local[d], n[3], m;
+        n[0] = g, n[1] = g / l, n[2] = l;
+        if (g <= I32MAX) { /* (a position of a larger launch wraps in an int: no narrowing) */
+            for (k = 0; k < a->nstack; k++) {
+                const bentry *e = a->stack[k];
+                if (e->tag && (e->tag - 1) % 3 == d && e->iv.k == VI)
+                    n[(e->tag - 1) / 3] = min64(n[(e->tag - 1) / 3], e->iv.hi - e->iv.lo + 1);
+            }
+            for (k = 0; k < a->nfacts; k++) {
+                const bfact *f = &a->facts[k];
+                int64_t c;
+                int t;
+                if (!f->lin.ok || f->lin.n < 1 || f->lin.n > 2) continue;
+                if (f->lin.n == 1) t = term_tag(a, &f->lin.t[0]), c = f->lin.t[0].coef;
+                else t = global_of(a, &f->lin.t[0], &f->lin.t[1], &c);
+                if (t && (t - 1) % 3 == d) /* c * position in [lo - const, hi - const] */
+                    n[(t - 1) / 3] = min64(n[(t - 1) / 3], (f->hi - f->lo) / abs64(c) + 1);
+            }
+        }
+        m = min64(n[0], n[1] * n[2]);
+        if (m && total > BIG / m) return -1;
+        total *= m;
+    }
+    return total;
+}
+
+/* a store of width elements (pixels) through parameter i here, inside span of them (BIG + 1: more): at most
+ * reach() x the loops' runs x width more written, and at most span distinct */
+static void count(ban *a, int i, int64_t width, int64_t span) {
+    tnr_brange *o = &a->out[i];
+    int64_t n = reach(a), f[2];
+    int k;
+    f[0] = a->mult, f[1] = width;
+    for (k = 0; k < 2; k++) {
+        if (n < 0 || f[k] < 0) {
+            n = -1;
+            break;
+        }
+        n = n > BIG / f[k] ? -1 : n * f[k];
+    }
+    if (n < 0 || span < n) n = span;
+    o->writes = o->writes < 0 || n > BIG || o->writes + n > BIG ? -1 : o->writes + n;
+}
+
+static void access_buf(ban *a, int i, bnode *index, int64_t step, bnode *base, int line, int64_t width, int write);
 static bval call(ban *a, bnode *e);
 
 static bval eval_inner(ban *a, bnode *e) {
@@ -1968,7 +2069,7 @@ static bval eval_inner(ban *a, bnode *e) {
     case N_MEM: eval(a, e->a); return vnone();
     case N_IDX:
         if (e->a->kind == N_VAR && a->param_of[e->a->sym] >= 0) {
-            access_buf(a, a->param_of[e->a->sym], e->b, 1, NULL, e->line, 1);
+            access_buf(a, a->param_of[e->a->sym], e->b, 1, NULL, e->line, 1, 0);
         } else {
             eval(a, e->a);
             eval(a, e->b);
@@ -1977,7 +2078,7 @@ static bval eval_inner(ban *a, bnode *e) {
     case N_ASG: {
         bnode *lhs = e->a;
         if (lhs->kind == N_IDX && lhs->a->kind == N_VAR && a->param_of[lhs->a->sym] >= 0)
-            access_buf(a, a->param_of[lhs->a->sym], lhs->b, 1, NULL, lhs->line, 1);
+            access_buf(a, a->param_of[lhs->a->sym], lhs->b, 1, NULL, lhs->line, 1, 1);
         else if (lhs->kind == N_VAR) {
             if (a->param_of[lhs->sym] >= 0)
                 bfail(a->c, e->line, "parameter '%s' is assigned", shown(symname(a, lhs->sym), b, sizeof b));
@@ -1990,6 +2091,8 @@ static bval eval_inner(ban *a, bnode *e) {
         if (e->a->kind == N_VAR) {
             if (a->param_of[e->a->sym] >= 0)
                 bfail(a->c, e->line, "parameter '%s' is incremented", shown(symname(a, e->a->sym), b, sizeof b));
+        } else if (e->a->kind == N_IDX && e->a->a->kind == N_VAR && a->param_of[e->a->a->sym] >= 0) {
+            access_buf(a, a->param_of[e->a->a->sym], e->a->b, 1, NULL, e->a->line, 1, 1);
         } else
             eval(a, e->a);
         return vnone();
@@ -2090,6 +2193,11 @@ static bval image(ban *a, bnode *e, int write) {
             o->ylo = min64(o->ylo, y.lo), o->yhi = max64(o->yhi, y.hi);
         }
     }
+    if (write) {
+        int64_t span;
+        if (__builtin_mul_overflow(x.hi - x.lo + 1, y.hi - y.lo + 1, &span) || span > BIG) span = BIG + 1;
+        count(a, i, 1, span);
+    }
     return vnone();
 }
 
@@ -2107,7 +2215,7 @@ static bval call(ban *a, bnode *e) {
         if (ptr->kind == N_BIN && opis(ptr->op, "+") && is_param_var(a, ptr->a)) base = ptr->b, ptr = ptr->a;
         else if (ptr->kind == N_BIN && opis(ptr->op, "+") && is_param_var(a, ptr->b)) base = ptr->a, ptr = ptr->b;
         if (!is_param_var(a, ptr)) bfail(a->c, e->line, "%s of a pointer other than a kernel parameter", name);
-        access_buf(a, a->param_of[ptr->sym], e->args[e->nargs - 2], step, base, e->line, n);
+        access_buf(a, a->param_of[ptr->sym], e->args[e->nargs - 2], step, base, e->line, n, store);
         return vnone();
     }
     if (!strcmp(name, "read_imagef") || !strcmp(name, "read_imageh") || !strcmp(name, "read_imagei") ||
@@ -2192,7 +2300,7 @@ static bval call(ban *a, bnode *e) {
     return vnone();
 }
 
-static void access_buf(ban *a, int i, bnode *index, int64_t step, bnode *base, int line, int64_t width) {
+static void access_buf(ban *a, int i, bnode *index, int64_t step, bnode *base, int line, int64_t width, int write) {
     bval v, bv;
     char b[200];
     int64_t lo, hi;
@@ -2212,12 +2320,14 @@ static void access_buf(ban *a, int i, bnode *index, int64_t step, bnode *base, i
     } else {
         o->lo = min64(o->lo, lo), o->hi = max64(o->hi, hi);
     }
+    if (write) count(a, i, width, hi - lo + 1);
 }
 
 static void run(ban *a, bstmt *s);
 
 static void loop(ban *a, bstmt *s) {
     int mark = a->nstack, inner;
+    int64_t saved = a->mult, trips = -1;
     if (s->first) run(a, s->first);
     if (s->loop_var >= 0) {
         bentry *ent = lookup(a, s->loop_var);
@@ -2231,16 +2341,20 @@ static void loop(ban *a, bstmt *s) {
                 return;
             }
             ent->iv = vraw(ent->iv.lo, last);
+            trips = last - ent->iv.lo + 1;
         }
     } else {
         if (s->first && s->first->kind == S_DECL) lookup(a, s->first->name)->iv = vnone();
         if (s->e) eval(a, s->e);
     }
     if (s->step) eval(a, s->step);
+    /* the body runs at most once per value of its variable (of a loop the compiler writes) */
+    a->mult = saved < 0 || trips < 0 || saved > BIG / trips ? -1 : saved * trips;
     inner = a->nstack;
     run(a, s->then_s);
     scope_pop(a, inner);
     scope_pop(a, mark);
+    a->mult = saved;
 }
 
 static void run(ban *a, bstmt *s) {
@@ -2263,6 +2377,11 @@ static void run(ban *a, bstmt *s) {
         ent = bmem(a->c, sizeof *ent);
         ent->sym = s->name;
         ent->iv = v;
+        ent->tag = 0;
+        if (s->type == K_INT && v.k == VI && pure(a, s->init)) { /* (read before the variable is in scope) */
+            blin l = linear(a, s->init);
+            ent->tag = position(a, &l);
+        }
         declare(a, ent);
         break;
     }
@@ -2331,6 +2450,7 @@ int tnr_bounds_analyse(tnr_bsrc *s, const char *name, const int64_t global[3], c
         for (i = 0; i < k->nparams; i++) a->param_of[k->param_syms[i]] = i;
         a->out = out;
         a->recording = 1;
+        a->mult = 1;
         if (run_guarded(a)) {
             rc = c->nomem ? TNR_E_NOMEM : TNR_E_ARTIFACT;
             *line = c->line;

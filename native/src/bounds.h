@@ -23,7 +23,13 @@ typedef struct {
     int64_t lo, hi;
     int has_pixels; /* an image written (or read unclamped): pixels x xlo..xhi, y ylo..yhi */
     int64_t xlo, xhi, ylo, yhi;
+    /* an upper bound on the distinct elements (pixels of an image) the launch writes through the parameter: each
+     * store, at most the work-items that can reach it times the runs of the loops around it times what it stores,
+     * and at most the span it addresses; 0: none; -1: no bound (past TNR_BOUNDS_BIG) */
+    int64_t writes;
 } tnr_brange;
+
+#define TNR_BOUNDS_BIG ((int64_t)1 << 61) /* the analysis's integers give up past this */
 
 /* Parses text[len]. TNR_OK, or TNR_E_ARTIFACT with *line (0: none) and what[whatlen] saying what was met;
  * TNR_E_NOMEM. */

@@ -588,11 +588,31 @@ def _height(body) -> int:
 
 # -- the analysis ---------------------------------------------------------------------------------------------
 class _Entry:
-    """A variable in scope: ``iv`` its value (an interval) where this point of the code is."""
-    __slots__ = ("name", "iv")
+    """A variable in scope: ``iv`` its value (an interval) where this point of the code is; ``tag`` (a const
+    ``int`` whose value is a work-item's position): ("get_global_id" | "get_group_id" | "get_local_id", dimension),
+    else None."""
+    __slots__ = ("name", "iv", "tag")
 
-    def __init__(self, name: str, iv):
-        self.name, self.iv = name, iv
+    def __init__(self, name: str, iv, tag=None):
+        self.name, self.iv, self.tag = name, iv, tag
+
+
+_POSITIONS = ("get_global_id", "get_group_id", "get_local_id")
+
+
+def _key_tag(key):
+    """The position a linear form's atom is (an _Entry's tag, or a call of get_*_id of a constant dimension, cast
+    to int or not), or None."""
+    if type(key) is _Entry:
+        return key.tag
+    if key[0] == "var":
+        return key[1].tag if key[1] is not None else None
+    if key[0] == "cast" and key[1] == "int":
+        return _key_tag(key[2])
+    if key[0] == "call" and key[1] in _POSITIONS and len(key[2]) == 1 and key[2][0][0] == "int" \
+            and 0 <= key[2][0][1] <= 2:
+        return key[1], key[2][0][1]
+    return None
 
 
 class _Analysis:
@@ -606,6 +626,9 @@ class _Analysis:
         self.facts: list = []  # (resolved expression, lo, hi, linear form or None)
         self.ranges: list = [None] * len(params)
         self.pixels: list = [None] * len(params)
+        self.writes: list = [0] * len(params)  # at most how many elements (pixels) are written; None: unknown
+        self.mult = 1  # the times the loops around this point run their body (an upper bound; None: unknown)
+        self.tagged: list = []  # (entry, its scope's depth): the variables in scope that are a work-item's position
         self.depth = 0
         self.recording = True
 
@@ -963,7 +986,7 @@ class _Analysis:
         if k == "asg":
             lhs = e[2]
             if lhs[0] == "idx" and lhs[1][0] == "var" and lhs[1][1] in self.params:
-                self.access(self.params[lhs[1][1]], lhs[2], 1, None, lhs[3], 1)
+                self.access(self.params[lhs[1][1]], lhs[2], 1, None, lhs[3], 1, True)
             elif lhs[0] == "var":
                 if lhs[1] in self.params:
                     raise BoundsError(e[4], f"parameter {lhs[1]!r} is assigned")
@@ -972,11 +995,14 @@ class _Analysis:
             self.eval(e[3])
             return None
         if k == "inc":
-            if e[1][0] == "var":
-                if e[1][1] in self.params:
-                    raise BoundsError(e[2], f"parameter {e[1][1]!r} is incremented")
+            x = e[1]
+            if x[0] == "var":
+                if x[1] in self.params:
+                    raise BoundsError(e[2], f"parameter {x[1]!r} is incremented")
+            elif x[0] == "idx" and x[1][0] == "var" and x[1][1] in self.params:
+                self.access(self.params[x[1][1]], x[2], 1, None, x[3], 1, True)
             else:
-                self.eval(e[1])
+                self.eval(x)
             return None
         if k == "call":
             return self.call(e)
@@ -999,7 +1025,7 @@ class _Analysis:
             elif ptr[0] == "bin" and ptr[1] == "+" and ptr[3][0] == "var" and ptr[3][1] in self.params:
                 ptr, base = ptr[3], ptr[2]
             if ptr[0] == "var" and ptr[1] in self.params:
-                self.access(self.params[ptr[1]], args[-2], step, base, line, n)
+                self.access(self.params[ptr[1]], args[-2], step, base, line, n, store)
             else:
                 raise BoundsError(line, f"{name} of a pointer other than a kernel parameter")
             return None
@@ -1086,10 +1112,13 @@ class _Analysis:
             raise BoundsError(line, f"cannot bound the pixel {name} addresses in image {args[0][1]!r}")
         old = self.pixels[i]
         self.pixels[i] = (x, y) if old is None else (_union(old[0], x), _union(old[1], y))
+        if write:
+            self.count(i, 1, (x[1] - x[0] + 1) * (y[1] - y[0] + 1))
         return None
 
-    def access(self, i: int, index, step: int, base, line: int, width: int) -> None:
-        """Parameter ``i`` addressed at elements ``step * index + base`` to ``... + width - 1``."""
+    def access(self, i: int, index, step: int, base, line: int, width: int, write: bool = False) -> None:
+        """Parameter ``i`` addressed at elements ``step * index + base`` to ``... + width - 1`` (``write``: a
+        store of ``width`` elements)."""
         if self.kinds[i]["kind"] != "buffer":
             raise BoundsError(line, f"the image parameter {self.kinds[i]['name']!r} is indexed as a buffer")
         v = self.value(index)
@@ -1101,6 +1130,76 @@ class _Analysis:
         lo, hi = step * v[0] + b[0], step * v[1] + b[1] + width - 1
         old = self.ranges[i]
         self.ranges[i] = (lo, hi) if old is None else (min(lo, old[0]), max(hi, old[1]))
+        if write:
+            self.count(i, width, hi - lo + 1)
+
+    # how much a launch can write
+    def position(self, lin):
+        """The work-item position a linear form is: (kind, dimension) of a term alone (coefficient 1), or
+        ("get_global_id", d) of get_group_id(d) * local size + get_local_id(d); None."""
+        if lin is None or lin[1] != 0:
+            return None
+        terms = lin[0]
+        if len(terms) == 1 and terms[0][2] == 1:
+            return _key_tag(terms[0][0])
+        if len(terms) == 2:
+            (k1, _, c1), (k2, _, c2) = terms
+            t1, t2 = _key_tag(k1), _key_tag(k2)
+            if t1 is not None and t1[0] == "get_local_id":
+                t1, t2, c1, c2 = t2, t1, c2, c1
+            if t1 is not None and t2 is not None and t1[0] == "get_group_id" and t2 == ("get_local_id", t1[1]) \
+                    and c2 == 1 and c1 == self.local[t1[1]]:
+                return "get_global_id", t1[1]
+        return None
+
+    def reach(self):
+        """An upper bound on the work-items that run this point of the code: per dimension, the launch's
+        work-items, or fewer where a position (a variable that is one, or a condition in force on one, or on
+        get_group_id * local size + get_local_id) is narrowed here; their product (None: past BIG)."""
+        total = 1
+        for d in range(3):
+            g, l_ = self.glob[d], self.local[d]
+            n = {"get_global_id": g, "get_group_id": g // l_, "get_local_id": l_}
+            if g <= I32MAX:  # (a position of a larger launch wraps in an int: no narrowing)
+                for ent, _ in self.tagged:
+                    kind, dd = ent.tag
+                    if dd == d and _is_int(ent.iv):
+                        n[kind] = min(n[kind], ent.iv[1] - ent.iv[0] + 1)
+                for _, lo, hi, lin in self.facts:
+                    if lin is None or not lin[0] or len(lin[0]) > 2:
+                        continue
+                    terms = lin[0]
+                    if len(terms) == 1:
+                        t, c = _key_tag(terms[0][0]), terms[0][2]
+                    else:
+                        (k1, _, c1), (k2, _, c2) = terms
+                        t1, t2 = _key_tag(k1), _key_tag(k2)
+                        if t1 is not None and t1[0] == "get_local_id":
+                            t1, t2, c1, c2 = t2, t1, c2, c1
+                        t, c = None, c2
+                        if t1 is not None and t2 is not None and t1[0] == "get_group_id" \
+                                and t2 == ("get_local_id", t1[1]) and c1 == c2 * l_:
+                            t = ("get_global_id", t1[1])
+                    if t is not None and t[1] == d:  # c * position in [lo - const, hi - const]
+                        n[t[0]] = min(n[t[0]], (hi - lo) // abs(c) + 1)
+            total *= min(n["get_global_id"], n["get_group_id"] * n["get_local_id"])
+            if total > BIG:
+                return None
+        return total
+
+    def count(self, i: int, width: int, span: int) -> None:
+        """A store of ``width`` elements (pixels) through parameter ``i`` here, inside ``span`` elements (pixels)
+        of it: at most reach() x the loops' runs x ``width`` more written, and at most ``span`` distinct."""
+        w, n = self.writes[i], self.reach()
+        for f in (self.mult, width):
+            if n is None or f is None:
+                n = None
+                break
+            n *= f
+            if n > BIG:
+                n = None
+        n = span if n is None or span < n else n
+        self.writes[i] = None if w is None or n > BIG or w + n > BIG else w + n
 
     # statements
     def run(self, s) -> None:
@@ -1109,7 +1208,7 @@ class _Analysis:
             self.scopes.append({})
             for x in s[1]:
                 self.run(x)
-            self.scopes.pop()
+            self.pop_scope()
         elif k == "expr":
             self.eval(s[1])
         elif k == "decl":
@@ -1121,7 +1220,11 @@ class _Analysis:
                 v = _cast(v, base)
             else:
                 v = None
-            self.scopes[-1][name] = _Entry(name, v)
+            # (a const int that is a work-item's position: read before the variable is in scope)
+            tag = self.position(self.linear(init)) if base == "int" and _is_int(v) and self.pure(init) else None
+            ent = self.scopes[-1][name] = _Entry(name, v, tag)
+            if tag is not None:
+                self.tagged.append((ent, len(self.scopes)))
         elif k == "if":
             self.eval(s[1])
             for branch, truth in ((s[2], True), (s[3], False)):
@@ -1132,7 +1235,7 @@ class _Analysis:
                     continue
                 self.scopes.append({})
                 self.run(branch)
-                self.scopes.pop()
+                self.pop_scope()
                 self.undo(undo)
         elif k == "for":
             self.loop(s)
@@ -1152,7 +1255,7 @@ class _Analysis:
             else:
                 last = bound[1] - (1 if cond[1] == "<" else 0)
                 if last < ent.iv[0]:  # the body never runs
-                    self.scopes.pop()
+                    self.pop_scope()
                     return
                 ent.iv = (ent.iv[0], last)
         else:
@@ -1162,10 +1265,20 @@ class _Analysis:
                 self.eval(cond)
         if step is not None:
             self.eval(step)
+        saved = self.mult  # the body runs at most once per value of its variable (of a loop the compiler writes)
+        trips = ent.iv[1] - ent.iv[0] + 1 if var is not None and ent.iv is not None else None
+        self.mult = None if saved is None or trips is None or saved * trips > BIG else saved * trips
         self.scopes.append({})
         self.run(body)
+        self.pop_scope()
+        self.pop_scope()
+        self.mult = saved
+
+    def pop_scope(self) -> None:
         self.scopes.pop()
-        self.scopes.pop()
+        depth, tagged = len(self.scopes), self.tagged
+        while tagged and tagged[-1][1] > depth:
+            tagged.pop()
 
 
 class Source:
@@ -1269,6 +1382,13 @@ class Source:
     def analyse(self, kernel: str, glob: tuple, local: tuple):
         """(ranges, pixels): per parameter, the (lo, hi) elements its code addresses (None: none), and the
         ((x lo, x hi), (y lo, y hi)) pixels of an image it writes or reads without a clamping sampler."""
+        return self.analyse_writes(kernel, glob, local)[:2]
+
+    def analyse_writes(self, kernel: str, glob: tuple, local: tuple):
+        """(ranges, pixels, writes): :meth:`analyse`'s, and per parameter an upper bound on how many distinct
+        elements (pixels of an image) the launch writes through it (0: none; None: no bound is known): the sum
+        over its stores of the work-items that can reach the store (:meth:`_Analysis.reach`) times the runs of the
+        loops around it times the elements it stores, or of the span it addresses where that is fewer."""
         key = (kernel, glob, local)
         if key not in self.done:
             reqd, params, body, assigned = self.kernels[kernel]
@@ -1279,7 +1399,7 @@ class Source:
                 a.run(body)
             finally:
                 sys.setrecursionlimit(limit)
-            self.done[key] = (a.ranges, a.pixels)
+            self.done[key] = (a.ranges, a.pixels, a.writes)
         return self.done[key]
 
 
@@ -1296,13 +1416,14 @@ def parse_source(text: str):
         sys.setrecursionlimit(limit)
 
 
-def check_call(text: str, source_name: str, call, where: str, args: list) -> list:
+def check_call(text: str, source_name: str, call, where: str, args: list) -> tuple:
     """Check 11 for one call: its signature is what the source declares (names, kinds, element types, access,
     in order), its local size is the kernel's reqd_work_group_size, and every element and pixel the kernel
     addresses with this launch lies inside the argument bound to it. ``args``: per parameter, (element count,
-    element bytes, physical shape) of its argument. An ArtifactError naming the call otherwise. Returns what it
-    writes: per parameter, (bytes lo, bytes hi + 1) of a buffer, ((x lo, y lo), (x hi + 1, y hi + 1)) of an
-    image, or None (read only, or not addressed)."""
+    element bytes, physical shape) of its argument. An ArtifactError naming the call otherwise. Returns (written,
+    counts): what it writes, per parameter, (bytes lo, bytes hi + 1) of a buffer, ((x lo, y lo), (x hi + 1,
+    y hi + 1)) of an image, or None (read only, or not addressed); and at most how many elements (pixels) it
+    writes there (None: no bound known; :meth:`Source.analyse_writes`)."""
     def fail(msg: str):
         raise ArtifactError(f"graph.json: {where}: {msg}; recompile the model")
 
@@ -1324,7 +1445,7 @@ def check_call(text: str, source_name: str, call, where: str, args: list) -> lis
         if reqd is not None and tuple(call.local_size) != reqd:
             fail(f"local_size {list(call.local_size)} is not the reqd_work_group_size {list(reqd)} that kernels/"
                  f"{source_name} declares for {kernel!r}")
-        ranges, pixels = src.analyse(kernel, tuple(call.global_size), tuple(call.local_size))
+        ranges, pixels, counts = src.analyse_writes(kernel, tuple(call.global_size), tuple(call.local_size))
     except BoundsError as e:
         at = f", line {e.line}" if e.line else ""
         fail(f"cannot tell what kernel {kernel!r} (kernels/{source_name}{at}) addresses: {e.what}; the source is "
@@ -1356,4 +1477,4 @@ def check_call(text: str, source_name: str, call, where: str, args: list) -> lis
         else:
             px = pixels[k]
             written.append(None if px is None else ((px[0][0], px[1][0]), (px[0][1] + 1, px[1][1] + 1)))
-    return written
+    return written, list(counts)

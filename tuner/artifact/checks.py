@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import re
 
+from .bounds import BIG as BOUNDS_BIG
 from .bounds import check_call as check_call_bounds
 from .format import PARAM_ALIGN, ArtifactError, ModuleSpec
 
@@ -282,12 +283,13 @@ def check_sizes(spec: ModuleSpec, sources: dict) -> None:
     blobs = {f"p:{b.key}": b for b in spec.params}
     blobs.update({f"w:{b.key}": b for b in spec.workspaces})
     hulls: dict = {}  # entry -> [lo, hi, the last call that writes it]: what the calls that write it reach
+    counts: dict = {}  # entry -> at most how many elements (pixels) the calls that write it write (None: unknown)
     for i, n in enumerate(spec.nodes):
         for j, c in enumerate(n.calls):
             cw = f"nodes[{i}] ({n.name!r}).calls[{j}]"
             args = [(a[2], DTYPES[a[1]], a[3]) for a in (_arg(spec, blobs, ref) for ref in c.args)]
-            written = check_call_bounds(sources[n.source], n.source, c, cw, args)
-            for ref, w in zip(c.args, written):
+            written, most = check_call_bounds(sources[n.source], n.source, c, cw, args)
+            for ref, w, m in zip(c.args, written, most):
                 if w is None or not ref.startswith("t:"):
                     continue
                 h = hulls.get(ref[2:])
@@ -298,6 +300,8 @@ def check_sizes(spec: ModuleSpec, sources: dict) -> None:
                             (max(h[1][0], w[1][0]), max(h[1][1], w[1][1])), cw]
                 else:
                     h[:] = [min(h[0], w[0]), max(h[1], w[1]), cw]
+                was = counts.get(ref[2:], 0)
+                counts[ref[2:]] = None if was is None or m is None or was + m > BOUNDS_BIG else was + m
     # a launch reaches every byte (pixel) of a tensor it writes, from its first to its last: no fewer work-items
     # than the kernel was generated for (a smaller launch leaves the rest of the tensor as it was)
     for name, (lo, hi, cw) in hulls.items():
@@ -312,6 +316,18 @@ def check_sizes(spec: ModuleSpec, sources: dict) -> None:
             _fail(f"entries[{name!r}]: the calls that write it reach bytes {lo}..{hi - 1} of its "
                   f"{math.prod(e.physical_shape) * DTYPES[e.dtype]} (the last: {cw}): a launch does not cover the "
                   f"tensor it writes; the artifact was edited")
+    # and they can write as many elements (pixels) as it has: the hull reaches the last byte through an index that
+    # wraps (%) or is clamped even when work-groups are missing, but the work-items that can reach the stores,
+    # times what each stores, is an upper bound on what is written (bounds.Source.analyse_writes)
+    for name, e in spec.entries.items():  # (in the entries' order, as tuner-run checks them)
+        if name not in hulls or counts[name] is None:
+            continue
+        texture = isinstance(hulls[name][0], tuple)  # (pixels of an image)
+        need = e.physical_shape[0] * e.physical_shape[1] if texture else math.prod(e.physical_shape)
+        if counts[name] < need:
+            _fail(f"entries[{name!r}]: the calls that write it can write at most {counts[name]} of its {need} "
+                  f"{'pixels' if texture else 'elements'} (the last: {hulls[name][2]}): a launch smaller than the "
+                  f"kernel was generated for; the artifact was edited")
 
 
 def check_precision(spec: ModuleSpec) -> None:
