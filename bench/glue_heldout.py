@@ -156,12 +156,12 @@ def cmd_run(args) -> int:
              "glue_launches": glue_launches,
              "glue_by_op": glue_ops, "multi_kernel_templates": multi}
         try:  # the copies the plan names with their reasons (Plan.copies; a tree without them: none)
-            from tuner.compile.compiler import plan_model
+            from tuner.compile.compiler import load_graph, plan_graph
             from tuner.plan.views import write_views
             from tuner.runtime.opencl.device import open_device
-            with warnings.catch_warnings():
+            with warnings.catch_warnings():  # the plan compile_model deploys here (no log: templates chosen)
                 warnings.simplefilter("ignore")
-                plan = write_views(plan_model(str(path), open_device(args.device).info, "auto"))
+                plan = write_views(plan_graph(load_graph(str(path)), open_device(args.device).info, "auto", None))
             r["copies"] = list(getattr(plan, "copies", []))
             r["fused"] = list(getattr(plan, "fused", []))  # movement kernels folded into neighbours (io, views)
         except Exception as e:  # noqa: BLE001 - a tree whose planner has another signature: said, not fatal

@@ -177,20 +177,23 @@ def test_plan_names_what_it_fused_and_keeps_what_does_not_pay(device):
     would cost more), named with why in ``Plan.copies``; a pool read by a convolution of few outputs stays a kernel."""
     import warnings
 
-    from tuner.compile.compiler import plan_model
+    from tuner.compile.compiler import load_graph, plan_graph, plan_model
     from tuner.plan.views import write_views
     from tuner.zoo import models as zoo
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        plan = write_views(plan_model(_model("unet_level"), device.info, "buffer"))
-        st = write_views(plan_model(zoo.test_models()["style_transfer"], device.info, "buffer"))
+        undecided = write_views(plan_model(_model("unet_level"), device.info, "buffer"))
+        plan = write_views(plan_graph(load_graph(_model("unet_level")), device.info, "buffer", None))
+        st = write_views(plan_graph(load_graph(zoo.test_models()["style_transfer"]), device.info, "buffer", None))
+    # the 3x3 stem may still run Winograd before choose_templates: its relayout waits (tuning measures both)
+    assert any(c.startswith("input.pack: a copy kernel") and "not chosen yet" in c for c in undecided.copies)
     fused = " | ".join(plan.fused)
     for what in ("input.pack: no kernel; conv0 reads the model input", "output.unpack: no kernel",
                  "read as a max pool of", "read as a nearest upsample of", "its parts read in place"):
         assert what in fused, fused
     assert any(c.startswith("input.pack: a copy kernel (relayout)") and "9x9 window" in c for c in st.copies), st.copies
     assert any("output.unpack: no kernel" in f for f in st.fused), st.fused
-    small = write_views(plan_model(zoo.test_models()["unet"], device.info, "buffer"))
+    small = write_views(plan_graph(load_graph(zoo.test_models()["unet"]), device.info, "buffer", None))
     assert sum(s.op == "pool" for s in small.steps) == 3  # 2x2 pools read by convolutions of under 16 outputs
 
 

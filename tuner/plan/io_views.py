@@ -15,10 +15,11 @@ The kernel's scope for that side becomes ``buffer`` (the spaces tie ``plain_inpu
 ``plain_output`` to ``output_scope = buffer``), where it has a valid config so; tuning tasks, plan estimates and
 configs all see the kernel that will run. With a log, a kernel the log has tuned keeps its relayout unless the log
 has a valid record for the fused kernel too (``plain_input`` / ``plain_output`` are not in the key: a record of the
-same convolution with a buffer input applies), so no tuned config is given up for a launch. A reader's alternatives
-(another template for the node: Winograd) that cannot read the buffer are dropped. ``Plan.fused`` says, per
-relayout, which kernel took it; a relayout kept is named with its reason in ``Plan.copies`` (``plan.views.copy_notes``) like any
-other copy."""
+same convolution with a buffer input applies), so no tuned config is given up for a launch. A node other templates
+may run (a 3x3 stride-1 convolution: Winograd) keeps its relayout until ``plan.lower.choose_templates`` picked the
+direct conv2d, which then reads or writes the buffer (this pass again): tuning still measures every template of
+it. ``Plan.fused`` says, per relayout, which kernel took it; a relayout kept is named with its reason in
+``Plan.copies`` (``plan.views.copy_notes``) like any other copy."""
 from __future__ import annotations
 
 import dataclasses
@@ -94,11 +95,14 @@ def _output_why_not(plan: Plan, packed: str, y: str, producer: dict, readers: di
         return str(e)
 
 
-def _taken(step: Step, flag: str, ops: tuple, role: str, info, history, **io):
+def _taken(step: Step, flag: str, role: str, info, history, **io):
     """``step`` reading or writing the row-major tensor (``flag``: ``plain_input`` or ``plain_output``; ``io``: its
-    new ``X`` input or its ``output``) in buffer scope for ``role``, keeping the alternatives whose template takes it
-    too; or why not (a string): no valid config with those scopes on ``info``, or a tuned config given up."""
+    new ``X`` input or its ``output``) in buffer scope for ``role``; or why not (a string): other templates may still
+    run the node (``choose_templates`` runs this again once it picked one), no valid config with those scopes on
+    ``info``, or a tuned config given up."""
     from tuner.plan.lower import _has_valid, loses_tuned
+    if step.alternatives:  # Winograd may run the node: tuning measures it, choose_templates decides, then this
+        return f"{step.name}'s template is not chosen yet ({', '.join(c.op for c in step.candidates())})"
 
     def moved(a: Step) -> Step:
         scopes = None if a.scopes is None else {**a.scopes, role: "buffer"}
@@ -109,9 +113,7 @@ def _taken(step: Step, flag: str, ops: tuple, role: str, info, history, **io):
         return f"{step.op} has no valid config on {info.name} with {role} buffer"
     if info is not None and loses_tuned(history, info, step, out.workload, out.scopes):
         return f"the log tunes {step.name} with a packed {role}, and no {flag} config of it"
-    alts = [moved(a) for a in step.alternatives if a.op in ops]
-    return dataclasses.replace(out, alternatives=[a for a in alts if info is None or a.scopes is None
-                                                  or _has_valid(a, info, a.scopes)])
+    return out
 
 
 def read_io_in_place(plan: Plan, info=None, history=None) -> Plan:
@@ -119,7 +121,8 @@ def read_io_in_place(plan: Plan, info=None, history=None) -> Plan:
     in place by the kernel that makes it, where they can (module doc); ``Plan.fused`` names each. Run after the
     scopes are decided (``plan.lower._plan_storage``): the kernel's input (output) becomes a buffer, which needs a
     valid config on ``info``; with a log (``history``) a kernel it has a record of is taken only where it has a
-    valid one of the kernel reading (writing) the row-major buffer too."""
+    valid one of the kernel reading (writing) the row-major buffer too. Run again by ``choose_templates`` for the
+    nodes it decided."""
     producer = {s.output: s for s in plan.steps}
     readers = _readers(plan)
     new, dropped, gone, notes = {}, set(), set(), []
@@ -132,7 +135,7 @@ def read_io_in_place(plan: Plan, info=None, history=None) -> Plan:
             if isinstance(found, str):
                 continue  # the relayout stays: plan.views.copy_notes names it
             reader = new.get(found[0].name, found[0])
-            taken = _taken(reader, "plain_input", READERS, "input", info, history, inputs={"X": src})
+            taken = _taken(reader, "plain_input", "input", info, history, inputs={"X": src})
             if isinstance(taken, str):
                 continue
             new[reader.name] = taken
@@ -142,7 +145,7 @@ def read_io_in_place(plan: Plan, info=None, history=None) -> Plan:
             if isinstance(found, str):
                 continue
             writer = new.get(found[0].name, found[0])
-            taken = _taken(writer, "plain_output", WRITERS, "output", info, history, output=s.output)
+            taken = _taken(writer, "plain_output", "output", info, history, output=s.output)
             if isinstance(taken, str):
                 continue
             new[writer.name] = taken
@@ -173,9 +176,9 @@ def io_why_not(plan: Plan, info=None, history=None) -> dict:
             continue
         if isinstance(found, str):
             out[s.name] = found
-        elif info is not None:
+        else:  # the checks that need the step as it is planned (its alternatives; with info, configs and the log)
             step = found[0]
-            taken = _taken(step, "plain_input" if src in plan.inputs else "plain_output", READERS + WRITERS,
+            taken = _taken(step, "plain_input" if src in plan.inputs else "plain_output",
                            "input" if src in plan.inputs else "output", info, history)
             if isinstance(taken, str):
                 out[s.name] = taken

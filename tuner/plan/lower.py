@@ -142,8 +142,10 @@ def plan_storage(plan: Plan, info, scope: str = "auto", history=None, fusions=FU
     ``fusions``: ``input_views`` -- before the scopes, a convolution reads the concat, nearest upsample or pool before
     it through views, with no kernel for them (``tuner.plan.input_views``); ``io_in_place`` -- once the scopes are
     decided, the model inputs' and outputs' relayouts are taken by the kernels next to them
-    (``tuner.plan.io_views``). Neither gives up a tuned config: with a log, a kernel the log has a record of is
-    fused only where the log has one of the fused kernel too."""
+    (``tuner.plan.io_views``; for a node several templates take, a 3x3 stride-1 convolution, once
+    ``choose_templates`` picked the direct conv2d, so that tuning still measures its alternatives). Neither gives up
+    a tuned config: with a log, a kernel the log has a record of is fused only where the log has one of the fused
+    kernel too."""
     if scope not in SCOPE_MODES:
         raise TunerError(f"scope {scope!r}: one of {', '.join(SCOPE_MODES)}")
     unknown = set(fusions) - set(FUSIONS)
@@ -153,6 +155,7 @@ def plan_storage(plan: Plan, info, scope: str = "auto", history=None, fusions=FU
         from tuner.plan.input_views import read_inputs_through_views
         plan = read_inputs_through_views(plan, info, history)
     io = "io_in_place" in fusions
+    plan = dataclasses.replace(plan, fusions=tuple(fusions))
     per_layer = _plan_storage(plan, info, scope, history, io)
     if scope != "auto" or history is None:
         return per_layer
@@ -342,7 +345,11 @@ def choose_templates(plan: Plan, history, info, prefer=None) -> Plan:
     used = {x for s in steps for x in s.inputs.values()}
     dropped = {x for s in plan.steps for a in s.candidates() for x in a.inputs.values()} - used
     params = {k: v for k, v in plan.params.items() if k not in dropped}
-    return dataclasses.replace(plan, steps=steps, params=params)
+    out = dataclasses.replace(plan, steps=steps, params=params)
+    if "io_in_place" in plan.fusions:  # the boundary kernels whose template is chosen now (plan_storage's)
+        from tuner.plan.io_views import read_io_in_place
+        out = read_io_in_place(out, info, history)
+    return out
 
 
 def extract_tasks(plan: Plan, alternatives: bool = True) -> list:

@@ -79,6 +79,8 @@ class Plan:
     # (``tuner.plan.precision``)
     copies: list = field(default_factory=list)  # every data-movement kernel left after ``plan.views``, with why it
     # is a kernel and not a view (``plan.views.copy_notes``)
+    fusions: tuple = ()  # what ``plan.lower.plan_storage`` was asked to fold (``FUSIONS``); ``choose_templates``
+    # finishes ``io_in_place`` for the nodes whose template it picks
     fused: list = field(default_factory=list)  # data-movement kernels the lowering folded into a neighbour, each
     # with the kernel that reads or writes its tensor in place instead (``tuner.plan.io_views``)
     notes: list = field(default_factory=list)  # why a tensor's scope differs from what its layer wanted (``plan_storage``:
