@@ -52,7 +52,8 @@ def art(tmp_path_factory, device):
     w = helper.make_tensor("w", TensorProto.FLOAT, [8, 8, 3, 3],
                            np.random.default_rng(0).standard_normal(576).astype(np.float32))
     g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1] * 4),
-                           helper.make_node("Relu", ["c"], ["y"], name="relu")], "g",
+                           helper.make_node("Add", ["c", "x"], ["a"], name="res"),  # x read twice: its relayout stays
+                           helper.make_node("Relu", ["a"], ["y"], name="relu")], "g",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 8])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])], [w])
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), d / "conv.onnx")
