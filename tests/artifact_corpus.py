@@ -153,7 +153,7 @@ def damaged_artifacts(good_dir, tmp_path) -> list:
     edit("kernel_path_escapes", lambda g: g["nodes"][0].__setitem__("source", "../../etc/passwd"))
     edit("shape_a_string", lambda g: g["pools"][0].__setitem__("shape", "16"))
     text("duplicate_key", lambda t: t.replace('{\n "format"', '{\n "dtype": "float32",\n "format"', 1))
-    text("nan_literal", lambda t: t.replace('"flops": 0', '"flops": NaN', 1))
+    text("nan_literal", lambda t: __import__("re").sub(r'"flops": [0-9.eE+-]+', '"flops": NaN', t, count=1))
     text("trailing_comma", lambda t: t.rstrip().rstrip("}") + ",}")
     text("float_in_a_shape", lambda t: t.replace('"shape": [\n    1,', '"shape": [\n    1.0,', 1))
 
