@@ -38,6 +38,7 @@ import dataclasses
 
 import numpy as np
 
+from tuner.plan.io_views import readers_of
 from tuner.plan.types import Plan, Step
 
 MAX_PARTS = 4  # Conv2dWorkload's MAX_IN_PARTS
@@ -51,14 +52,6 @@ POOL_OUTPUTS_PER_TAP = 4
 # classes, not ImageNet's 1000) and the maps at most ``MAX_POOLED_PIXELS`` pixels
 MAX_POOL_DENSE_BLOCKS = 4
 MAX_POOLED_PIXELS = 1024
-
-
-def _readers(plan: Plan) -> dict:
-    out: dict = {}
-    for s in plan.steps:
-        for k, x in s.inputs.items():
-            out.setdefault(x, []).append((s, k))
-    return out
 
 
 def _nearest_factors(step: Step, src: tuple, out: tuple) -> tuple | None:
@@ -223,7 +216,7 @@ def read_inputs_through_views(plan: Plan, info=None, history=None) -> Plan:
     device ``info``), a convolution it has a record of is fused only where it has one of the fused workload too
     (``in_read`` is in the key): no tuned config is given up for the launches."""
     from tuner.plan.lower import loses_tuned
-    producer, readers = {s.output: s for s in plan.steps}, _readers(plan)
+    producer, readers = {s.output: s for s in plan.steps}, readers_of(plan)
     new, dropped, notes = {}, {}, []
     for s in plan.steps:
         if s.op == "layer_norm" and not getattr(s.workload, "in_read", ()):  # a norm reading a concat's parts

@@ -37,7 +37,8 @@ MAX_PLAIN_TAPS = 9
 WRITERS = ("conv2d", "dense")  # template steps whose workload writes a row-major output (``plain_output``)
 
 
-def _readers(plan: Plan) -> dict:
+def readers_of(plan: Plan) -> dict:
+    """Tensor name -> the (step, input key) pairs that read it, in plan order."""
     out: dict = {}
     for s in plan.steps:
         for k, x in s.inputs.items():
@@ -124,7 +125,7 @@ def read_io_in_place(plan: Plan, info=None, history=None) -> Plan:
     valid one of the kernel reading (writing) the row-major buffer too. Run again by ``choose_templates`` for the
     nodes it decided."""
     producer = {s.output: s for s in plan.steps}
-    readers = _readers(plan)
+    readers = readers_of(plan)
     new, dropped, gone, notes = {}, set(), set(), []
     for s in plan.steps:
         if s.op != "relayout":
@@ -163,7 +164,7 @@ def read_io_in_place(plan: Plan, info=None, history=None) -> Plan:
 
 def io_why_not(plan: Plan, info=None, history=None) -> dict:
     """``{relayout step: why it is a kernel}`` for each model-boundary relayout left in ``plan`` (``copy_notes``)."""
-    producer, readers, out = {s.output: s for s in plan.steps}, _readers(plan), {}
+    producer, readers, out = {s.output: s for s in plan.steps}, readers_of(plan), {}
     for s in plan.steps:
         if s.op != "relayout":
             continue
