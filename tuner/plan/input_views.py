@@ -39,6 +39,7 @@ import dataclasses
 import numpy as np
 
 from tuner.plan.io_views import readers_of
+from tuner.plan.tuned_configs import loses_tuned
 from tuner.plan.types import Plan, Step
 
 MAX_PARTS = 4  # Conv2dWorkload's MAX_IN_PARTS
@@ -215,7 +216,6 @@ def read_inputs_through_views(plan: Plan, info=None, history=None) -> Plan:
     through views instead (module doc); ``Plan.fused`` names each step dropped. With a log (``history``, on the
     device ``info``), a convolution it has a record of is fused only where it has one of the fused workload too
     (``in_read`` is in the key): no tuned config is given up for the launches."""
-    from tuner.plan.lower import loses_tuned
     producer, readers = {s.output: s for s in plan.steps}, readers_of(plan)
     new, dropped, notes = {}, {}, []
     for s in plan.steps:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from tuner.plan.tuned_configs import has_valid, loses_tuned
 from tuner.plan.types import Plan, Step
 
 READERS = ("conv2d",)  # template steps whose workload reads a row-major input (``plain_input``)
@@ -101,7 +102,6 @@ def _taken(step: Step, flag: str, role: str, info, history, **io):
     new ``X`` input or its ``output``) in buffer scope for ``role``; or why not (a string): other templates may still
     run the node (``choose_templates`` runs this again once it picked one), no valid config with those scopes on
     ``info``, or a tuned config given up."""
-    from tuner.plan.lower import _has_valid, loses_tuned
     if step.alternatives:  # Winograd may run the node: tuning measures it, choose_templates decides, then this
         return f"{step.name}'s template is not chosen yet ({', '.join(c.op for c in step.candidates())})"
 
@@ -110,7 +110,7 @@ def _taken(step: Step, flag: str, role: str, info, history, **io):
         return dataclasses.replace(a, workload=dataclasses.replace(a.workload, **{flag: True}), scopes=scopes,
                                    inputs={**a.inputs, **io.get("inputs", {})}, output=io.get("output", a.output))
     out = moved(step)
-    if info is not None and out.scopes is not None and not _has_valid(out, info, out.scopes):
+    if info is not None and out.scopes is not None and not has_valid(out, info, out.scopes):
         return f"{step.op} has no valid config on {info.name} with {role} buffer"
     if info is not None and loses_tuned(history, info, step, out.workload, out.scopes):
         return f"the log tunes {step.name} with a packed {role}, and no {flag} config of it"

@@ -21,12 +21,12 @@ import json
 import math
 
 from tuner.errors import TunerError
-from tuner.logs.record import scope_knobs
 
 from tuner.graph.graph import Graph
 from tuner.task import TuningTask
 from tuner.plan.types import FIXED, SCOPE_MODES, Plan, Step, Tensor
 from tuner.plan.rules import LowerCtx, rule_for
+from tuner.plan.tuned_configs import has_valid, loses_tuned, uniform_scopes
 from tuner.search_space import image_fits
 from tuner.templates import get_template
 
@@ -90,10 +90,6 @@ def lower_graph(g: Graph, dtype: str = "float32", float32=None) -> Plan:
 def _texture_ok(t: Tensor, info, dtype: str) -> bool:
     return (t.kind != "plain" and bool(info.image_support) and (dtype == "float32" or bool(info.half_images))
             and image_fits(t.texture_layout, t.shape, info))
-
-
-def uniform_scopes(scope: str) -> dict:
-    return {"input": scope, "weight": scope, "output": scope}
 
 
 def _measured(history, step: Step, info, scope: str):
@@ -245,7 +241,7 @@ def _plan_storage(plan: Plan, info, scope: str, history, io_in_place: bool = Fal
         kept = []  # an alternative takes the step's activation scopes, or is no alternative in this plan
         for a in s.alternatives:
             for w in dict.fromkeys([s.scopes["weight"], "buffer"]):
-                if _has_valid(a, info, {**io, "weight": w}):
+                if has_valid(a, info, {**io, "weight": w}):
                     a.scopes = {"input": io["input"], "weight": w, "output": io["output"]}
                     kept.append(a)
                     break
@@ -290,33 +286,9 @@ def _served(step: Step, info, io: dict, want: str) -> dict | None:
     first weight scope it has a valid config for; None when it has none."""
     for w in _weight_scopes(io, want):
         scopes = {"input": io["input"], "weight": w, "output": io["output"]}
-        if _has_valid(step, info, scopes):
+        if has_valid(step, info, scopes):
             return scopes
     return None
-
-
-def _has_valid(step: Step, info, scopes: dict) -> bool:
-    return get_template(step.op).space(step.workload, info, **FIXED[step.op], **scope_knobs(scopes)).exists()
-
-
-def loses_tuned(history, info, step: Step, workload, scopes: dict | None) -> bool:
-    """Whether running ``step`` as ``workload`` with ``scopes`` (None: either uniform scope) would give up a config
-    the log tuned for it: the log has a record of the step as it is (of any of its candidate templates: a tuned
-    Winograd alternative counts) and no valid one of the fused kernel."""
-    if history is None or not hasattr(history, "query"):
-        return False
-    from tuner.logs.best import invalid_config
-    t = get_template(step.op)
-    uniform = [uniform_scopes(sc) for sc in ("texture", "buffer")]
-    after = [scopes] if scopes is not None else uniform
-    if not any(history.query(c.op, c.workload, info.fingerprint, sc, FIXED[c.op]) is not None  # any template of it
-               for c in step.candidates() for sc in ([c.scopes] if scopes is not None else uniform)):
-        return False
-    for sc in after:
-        rec = history.query(t.name, workload, info.fingerprint, sc, t.model_knobs)
-        if rec is not None and invalid_config(t, workload, info, rec.config) is None:
-            return False
-    return True
 
 
 def choose_templates(plan: Plan, history, info, prefer=None) -> Plan:
