@@ -11,6 +11,8 @@ model) over its compute layers (conv2d, depthwise, dense, Winograd, matmul templ
 
 Timing: every profiled run (and every whole run) starts from the inputs uploaded again (``_profile``: a model
 input's storage is reused by later tensors, so back-to-back runs without it compute on what the last run left).
+``Module.time`` and ``Module.profile`` do the same since this round; ``_profile`` stays for the older trees ``--tree``
+measures.
 
 Models: tuner/zoo/heldout.py's five (MobileViT-like GroupNorm(1) linear attention, EdgeNeXt-like LayerNorm over
 channels with permutes and a channel split, PReLU after convolutions, a GroupNorm U-Net level with resize and
