@@ -22,8 +22,8 @@ import numpy as np
 from tuner.ir.activations import apply_ir, apply_numpy, canonical
 from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
-from tuner.ir.expr import Broadcast, ExtractLane, Ramp, as_expr, call, max_, min_, select
-from tuner.templates.common import EPILOGUE_ARGS, Template, WorkloadArg, texture_scopes
+from tuner.ir.expr import Broadcast, ExtractLane, Ramp, as_expr, call, max_, select
+from tuner.templates.common import EPILOGUE_ARGS, Template, WorkloadArg, part_block, texture_scopes
 from tuner.templates.reduction import (LOWEST, ReduceConfig, SameShapeWorkload, Schedule, ceil_div, fallback_config,
                                        features, hsum, packed, unravel)
 
@@ -128,15 +128,8 @@ class _Row:
             return self.X[idx]
         cases, first = [], 0
         for i, ((c, at, _), X) in enumerate(zip(self.parts, self.Xs)):
-            blocks, last = -(-c // 4), i == len(self.parts) - 1
-            local = e - first if first else e
-            if first and not last:
-                local = min_(max_(local, 0), blocks - 1)
-            elif first:
-                local = max_(local, 0)
-            elif not last:
-                local = min_(local, blocks - 1)
-            local = local + at // 4 if at else local
+            blocks = -(-c // 4)
+            local = part_block(e, first, blocks, i == len(self.parts) - 1, at)
             cases.append((first + blocks, X[(idx[0], Ramp(local * 4, as_expr(1), 4), *idx[2:])]))
             first += blocks
         out = cases[-1][1]

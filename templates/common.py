@@ -646,6 +646,20 @@ def store_pixel(b, Y, n, ob, h, w, v, name: str) -> None:
             b.store(Y, idx, ExtractLane(v, k))
 
 
+def part_block(cb, first: int, blocks: int, last: bool, at: int = 0):
+    """Channel block ``cb`` of a logical input read in parts (``in_read``), as a block of the part that starts at
+    block ``first`` and holds ``blocks`` blocks: clamped into the part (every part's read is in bounds; the caller
+    selects the part that holds ``cb``), then offset by the part's channel offset ``at`` in its source (a slice)."""
+    local = cb - first if first else cb
+    if first and not last:
+        local = min_(max_(local, 0), blocks - 1)
+    elif first:
+        local = max_(local, 0)
+    elif not last:
+        local = min_(local, blocks - 1)
+    return local + at // 4 if at else local
+
+
 class InputParts:
     """A convolution's input read through its workload's ``in_read``: the parts' buffers (``X``, ``X1``, ...) and
     ``pixel`` / ``value``, the logical input's RGBA pixel of a channel block or one channel's value at a (clamped)
@@ -659,15 +673,8 @@ class InputParts:
     def _read(self, n, cb, h, w, lane):
         cases, first = [], 0
         for i, ((c, _, _, kind, kh, kw, sh, sw, at, _), X) in enumerate(zip(self.parts, self.buffers)):
-            blocks, last = -(-c // 4), i == len(self.parts) - 1
-            local = cb - first if first else cb
-            if first and not last:
-                local = min_(max_(local, 0), blocks - 1)
-            elif first:
-                local = max_(local, 0)
-            elif not last:
-                local = min_(local, blocks - 1)
-            local = local + at // 4 if at else local  # a channel slice of a larger source
+            blocks = -(-c // 4)
+            local = part_block(cb, first, blocks, i == len(self.parts) - 1, at)
             ch = Ramp(local * 4, as_expr(1), 4) if lane is None else local * 4 + lane
             if kind in ("copy", "nearest"):
                 v = X[n, ch, h // kh if kh > 1 else h, w // kw if kw > 1 else w]
