@@ -184,19 +184,31 @@ def pytest_configure(config):
 def conv3x3_onnx(tmp_path):
     """``make(size) -> path``: an ONNX model of one 3x3 convolution, 8 -> 8 channels with seeded weights, on a
     (1, 8, size, size) input (the tests of config transfer compile it against logs of several devices)."""
+    def make(size: int) -> str:
+        return save_conv_model(tmp_path / f"conv{size}.onnx", size)
+    return make
+
+
+def save_conv_model(path, size: int = 8, relu: bool = False, residual: bool = False) -> str:
+    """Save an ONNX model of one 3x3 convolution, 8 -> 8 channels with seeded weights (node ``conv``), on a
+    (1, 8, size, size) input ``x``, to ``path``: then a residual add of ``x`` (node ``res``: ``x`` read twice)
+    and a ReLU (node ``relu``) where asked; the output is ``y``."""
     import onnx
     from onnx import TensorProto, helper
-
-    def make(size: int) -> str:
-        w = helper.make_tensor("w", TensorProto.FLOAT, [8, 8, 3, 3],
-                               np.random.default_rng(0).standard_normal(576).astype(np.float32))
-        g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1] * 4)], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, size, size])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, size, size])], [w])
-        path = tmp_path / f"conv{size}.onnx"
-        onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
-        return str(path)
-    return make
+    w = helper.make_tensor("w", TensorProto.FLOAT, [8, 8, 3, 3],
+                           np.random.default_rng(0).standard_normal(576).astype(np.float32))
+    nodes, last = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1] * 4)], "c"
+    if residual:
+        nodes.append(helper.make_node("Add", [last, "x"], ["a"], name="res"))
+        last = "a"
+    if relu:
+        nodes.append(helper.make_node("Relu", [last], ["r"], name="relu"))
+        last = "r"
+    nodes[-1].output[0] = "y"
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, size, size])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, size, size])], [w])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return str(path)
 
 
 @pytest.fixture(scope="module")

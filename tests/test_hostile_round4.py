@@ -38,18 +38,10 @@ RUNTIMES = ["python", "native"]
 @pytest.fixture(scope="module")
 def art(tmp_path_factory, device):
     """A conv + relu artifact (buffer plan; nodes x.pack, conv, y.unpack; input x, output y) and an input."""
-    import onnx
-    from onnx import TensorProto, helper
-
     import tuner
+    from conftest import save_conv_model
     d = tmp_path_factory.mktemp("round4")
-    w = helper.make_tensor("w", TensorProto.FLOAT, [8, 8, 3, 3],
-                           np.random.default_rng(0).standard_normal(576).astype(np.float32))
-    g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1] * 4),
-                           helper.make_node("Relu", ["c"], ["y"], name="relu")], "g",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 8])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])], [w])
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), d / "conv.onnx")
+    save_conv_model(d / "conv.onnx", relu=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         mod = tuner.compile_model(str(d / "conv.onnx"), device=device, scope="buffer")
