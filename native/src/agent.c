@@ -91,16 +91,10 @@ static void scrub_stack(void) {
 }
 
 static void tnr_agent_log(const char *fmt, ...) {
-    char line[TNR_ERRLEN + 64];
-    int n;
     va_list ap;
-    n = snprintf(line, sizeof line, "tuner-agent[%ld]: ", (long)getpid());
     va_start(ap, fmt);
-    vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+    tnr_log_line("tuner-agent", fmt, ap);
     va_end(ap);
-    strcat(line, "\n");
-    if (write(2, line, strlen(line)) < 0) { /* nothing to do: the log is best effort */
-    }
 }
 
 static long long now_ms(void) {

@@ -72,8 +72,7 @@ static int kernel_file_ok(const char *s) { /* ^k[0-9]{3,6}\.cl$ */
 static int read_at(int dirfd, const char *name, const char *shown, int64_t size, size_t cap, unsigned char **data,
                    size_t *len, int missing_ok, char *err) {
     struct stat st;
-    unsigned char *buf;
-    size_t got = 0;
+    int rc;
     int fd = openat(dirfd, name, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
     memset(&st, 0, sizeof st);
     *data = NULL;
@@ -103,26 +102,13 @@ static int read_at(int dirfd, const char *name, const char *shown, int64_t size,
         return tnr_fail(err, TNR_E_ARTIFACT, "%s holds %lld bytes, more than the %zu an artifact's file may; " REDO,
                         shown, (long long)st.st_size, cap);
     }
-    buf = malloc((size_t)st.st_size + 1);
-    if (!buf) {
-        close(fd);
-        return tnr_fail(err, TNR_E_NOMEM, "%s: out of memory (%lld bytes)", shown, (long long)st.st_size);
+    switch ((rc = tnr_read_fd(fd, (size_t)st.st_size, data))) {
+    case 0: break;
+    case -1: return tnr_fail(err, TNR_E_NOMEM, "%s: out of memory (%lld bytes)", shown, (long long)st.st_size);
+    default:
+        return tnr_fail(err, TNR_E_ARTIFACT, "%s cannot be read (%s); " REDO, shown, rc == -2 ? "it shrank" : strerror(rc));
     }
-    while (got < (size_t)st.st_size) {
-        ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
-        if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-        if (r <= 0) {
-            int e = errno;
-            free(buf);
-            close(fd);
-            return tnr_fail(err, TNR_E_ARTIFACT, "%s cannot be read (%s); " REDO, shown, r ? strerror(e) : "it shrank");
-        }
-        got += (size_t)r;
-    }
-    close(fd);
-    buf[got] = 0;
-    *data = buf;
-    if (len) *len = got;
+    if (len) *len = (size_t)st.st_size;
     return TNR_OK;
 }
 

@@ -37,8 +37,7 @@ const char *tnr_file_kind(unsigned mode) {
 
 int tnr_read_file(const char *path, size_t max, unsigned char **data, size_t *len, char *err) {
     struct stat st;
-    unsigned char *buf;
-    size_t got = 0;
+    int rc;
     /* O_NONBLOCK: opening a FIFO must not hang; fstat on the descriptor then refuses it as not a regular file, and
      * a file larger than max before a byte of it is read (a 3 GiB sparse file is never read) */
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
@@ -60,27 +59,48 @@ int tnr_read_file(const char *path, size_t max, unsigned char **data, size_t *le
         return tnr_fail(err, TNR_E_IO, "%s: it holds %lld bytes, more than the %zu it may", path,
                         (long long)st.st_size, max);
     }
-    buf = malloc((size_t)st.st_size + 1);
+    switch ((rc = tnr_read_fd(fd, (size_t)st.st_size, data))) {
+    case 0: break;
+    case -1: return tnr_fail(err, TNR_E_NOMEM, "%s: out of memory reading %lld bytes", path, (long long)st.st_size);
+    default: return tnr_fail(err, TNR_E_IO, "%s: read failed (%s)", path, rc == -2 ? "file shrank" : strerror(rc));
+    }
+    *len = (size_t)st.st_size;
+    return TNR_OK;
+}
+
+int tnr_read_fd(int fd, size_t size, unsigned char **data) {
+    size_t got = 0;
+    unsigned char *buf = malloc(size + 1);
+    *data = NULL;
     if (!buf) {
         close(fd);
-        return tnr_fail(err, TNR_E_NOMEM, "%s: out of memory reading %lld bytes", path, (long long)st.st_size);
+        return -1;
     }
-    while (got < (size_t)st.st_size) {
-        ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
+    while (got < size) {
+        ssize_t r = read(fd, buf + got, size - got);
         if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
         if (r <= 0) {
-            int e = errno;
+            int e = r ? errno : -2;
             free(buf);
             close(fd);
-            return tnr_fail(err, TNR_E_IO, "%s: read failed (%s)", path, r == 0 ? "file shrank" : strerror(e));
+            return e ? e : EIO;
         }
         got += (size_t)r;
     }
     close(fd);
     buf[got] = 0;
     *data = buf;
-    *len = got;
-    return TNR_OK;
+    return 0;
+}
+
+void tnr_log_line(const char *who, const char *fmt, va_list ap) {
+    char line[TNR_ERRLEN + 64];
+    int n = snprintf(line, sizeof line, "%s[%ld]: ", who, (long)getpid());
+    if (n < 0 || (size_t)n >= sizeof line - 2) n = 0;
+    vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+    strcat(line, "\n");
+    if (write(2, line, strlen(line)) < 0) { /* nothing to do: the log is best effort */
+    }
 }
 
 char *tnr_join(const char *dir, const char *name) {

@@ -29,6 +29,13 @@ void tnr_prefix(char *err, const char *fmt, ...)
  * caller frees. */
 int tnr_read_file(const char *path, size_t max, unsigned char **data, size_t *len, char *err);
 
+/* Reads the size bytes of an open regular file from fd into a malloc'd, NUL-terminated *data, and closes fd. 0 when
+ * all were read; -1 out of memory; otherwise the errno of a failed read, or -2 when the file shrank while read. */
+int tnr_read_fd(int fd, size_t size, unsigned char **data);
+
+/* One line on stderr, "who[pid]: message\n", written in one write(2) (best effort: a log never fails its caller). */
+void tnr_log_line(const char *who, const char *fmt, va_list ap);
+
 /* What a non-regular file is, in words ("a FIFO (named pipe)", "a character device", ...), from st_mode. */
 const char *tnr_file_kind(unsigned mode);
 

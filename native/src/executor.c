@@ -32,16 +32,10 @@ static void ex_log(const char *fmt, ...)
 #endif
     ;
 static void ex_log(const char *fmt, ...) {
-    char line[TNR_ERRLEN + 64];
-    int n;
     va_list ap;
-    n = snprintf(line, sizeof line, "tuner-agent[%ld]: ", (long)getpid());
     va_start(ap, fmt);
-    vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+    tnr_log_line("tuner-agent", fmt, ap);
     va_end(ap);
-    strcat(line, "\n");
-    if (write(2, line, strlen(line)) < 0) { /* best effort */
-    }
 }
 
 #define MAX_ARGS 1024
