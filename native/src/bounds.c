@@ -268,9 +268,29 @@ static void push_tok(bctx *c, btoks *ts, btok t) {
     ts->t[ts->n++] = t;
 }
 
+/* what clang would read otherwise than the analysis does, refused before anything is read (bounds.py _LEXICAL): a
+ * lone carriage return, a backslash at the end of a line (spaces between), a "??" (a trigraph) */
+static void lexical(bctx *c, const char *src, size_t n) {
+    size_t pos;
+    int line = 1;
+    for (pos = 0; pos < n; pos++) {
+        char ch = src[pos];
+        if (ch == '\n') line++;
+        else if (ch == '\r' && !(pos + 1 < n && src[pos + 1] == '\n'))
+            bfail(c, line, "a carriage return not followed by a line feed");
+        else if (ch == '\\') {
+            size_t q = pos + 1;
+            while (q < n && (src[q] == ' ' || src[q] == '\t' || src[q] == '\f' || src[q] == '\v')) q++;
+            if (q == n || src[q] == '\r' || src[q] == '\n') bfail(c, line, "a backslash at the end of a line");
+        } else if (ch == '?' && pos + 1 < n && src[pos + 1] == '?')
+            bfail(c, line, "the trigraph sequence '?" "?'");
+    }
+}
+
 static void tokenize(bctx *c, bsyms *syms, const char *src, size_t n, btoks *ts) {
     size_t pos = 0;
     int line = 1;
+    lexical(c, src, n);
     while (pos < n) {
         char ch = src[pos];
         btok t;
@@ -287,6 +307,8 @@ static void tokenize(bctx *c, bsyms *syms, const char *src, size_t n, btoks *ts)
                 while (q < n && src[q] != '\n') q++;
                 if (e - w != 6 || memcmp(src + w, "pragma", 6) != 0 || src[q - 1] == '\\')
                     bfail(c, line, "the preprocessor directive #%.*s", (int)(e - w > 40 ? 40 : e - w), src + w);
+                for (w = pos; w + 1 < q; w++)
+                    if (src[w] == '/' && src[w + 1] == '*') bfail(c, line, "a comment in a preprocessor directive");
                 pos = q;
                 continue;
             }
@@ -349,6 +371,10 @@ static void tokenize(bctx *c, bsyms *syms, const char *src, size_t n, btoks *ts)
             pos = q;
         } else {
             int k, found = -1;
+            char nx = pos + 1 < n ? src[pos + 1] : 0;
+            if ((ch == '<' && (nx == ':' || nx == '%')) || (ch == ':' && nx == '>') ||
+                (ch == '%' && (nx == '>' || nx == ':')))
+                bfail(c, line, "the digraph '%c%c'", ch, nx);
             for (k = 0; k < NOPS && found < 0; k++) {
                 size_t m = strlen(ops[k]);
                 if (pos + m <= n && !memcmp(src + pos, ops[k], m)) found = k;
@@ -387,7 +413,9 @@ struct bnode {
     int sym; /* N_VAR, N_CALL: the name; N_CAST, N_VEC: the type */
     int line;
     int64_t i;
-    double f;
+    double f, fhi; /* N_FLT: the values it can have (fnone: unknown) */
+    int fnone;
+    signed char ty; /* the type the analysis tells it has: 0 not yet known, else CT_I, CT_U or CT_X */
     bnode *a, *b, *c; /* bin a b; un a; tern a ? b : c; idx a[b]; mem a; cast a; asg a = b; inc a (op ++ or --) */
     bnode **args;
     int nargs;
@@ -620,6 +648,22 @@ static bnode **p_list(bparser *ps, int *n) { /* assign (',' assign)* up to ')', 
     return items;
 }
 
+/* the values a float literal can have on the device (bounds.py _float_literal): 0 when unknown */
+static int flt_literal(const char *text, int half, double *lo, double *hi) {
+    double v = strtod(text, NULL), m, ulp, tiny = half ? ldexp(1.0, -14) : ldexp(1.0, -126);
+    double top = half ? 65504.0 : 3.4028234663852886e38;
+    int bits = half ? 11 : 24, ex;
+    if (v == 0) return *lo = *hi = 0.0, 1;
+    if (!(v <= top)) return 0;
+    if (v < tiny) return *lo = 0.0, *hi = tiny, 1;
+    m = frexp(v, &ex);
+    if (ldexp(m, bits) == floor(ldexp(m, bits))) return *lo = *hi = v, 1;
+    ulp = ldexp(1.0, ex - bits);
+    *lo = v - ulp;
+    *hi = v + ulp;
+    return 1;
+}
+
 static bnode *p_postfix(bparser *ps) {
     int line = line_of(ps);
     btok *t = take(ps);
@@ -649,11 +693,20 @@ static bnode *p_postfix(bparser *ps) {
                 bfail(ps->c, line, "the integer '%.*s', out of the int range", len > 40 ? 40 : len, t->s);
             e = new_node(ps, N_INT, line);
             e->i = (int64_t)strtoull(text, NULL, 0);
+            if (k < len) { /* 1u is (uint)1, 1l (long)1, 1ul (ulong)1 */
+                int j, u = 0, l = 0;
+                bnode *x = new_node(ps, N_CAST, line);
+                for (j = k; j < len; j++) u |= t->s[j] == 'u' || t->s[j] == 'U', l |= t->s[j] == 'l' || t->s[j] == 'L';
+                x->sym = u && l ? K_ULONG : u ? K_UINT : K_LONG;
+                x->a = e;
+                e = x;
+            }
         } else {
             /* ^([0-9]+\.?[0-9]*(?:[eE][+-]?[0-9]+)?|\.[0-9]+(?:[eE][+-]?[0-9]+)?)[fFhH]?$ */
-            int j = 0, ok = 1, digits = 0;
+            int j = 0, ok = 1, digits = 0, half;
             k = len;
             if (k > 0 && strchr("fFhH", text[k - 1])) k--;
+            half = k < len && (text[k] == 'h' || text[k] == 'H');
             if (j < k && is_digit(text[j])) {
                 while (j < k && is_digit(text[j])) j++;
                 if (j < k && text[j] == '.') j++;
@@ -673,7 +726,7 @@ static bnode *p_postfix(bparser *ps) {
             if (!ok || j != k) bfail(ps->c, line, "the number '%.40s'", text);
             text[k] = 0;
             e = new_node(ps, N_FLT, line);
-            e->f = strtod(text, NULL);
+            e->fnone = !flt_literal(text, half, &e->f, &e->fhi);
         }
     } else if (t->kind == T_ID) {
         if (tk_op(ps, 0, "(")) {
@@ -1006,6 +1059,25 @@ static int parse_int_literal(bparser *ps, const btok *t, int64_t *out) {
     return 1;
 }
 
+static int is_pure_call(const char *name);
+static int vfunc(const char *name, int *store, int64_t *n, int64_t *step);
+
+/* whether the analysis gives name a meaning of its own (a function it models; bounds.py _modelled) */
+static int modelled(const char *name) {
+    static const char *const images[] = {"read_imagef", "read_imageh", "read_imagei", "read_imageui", "write_imagef",
+                                         "write_imageh", "write_imagei", "write_imageui"};
+    int store;
+    int64_t n, step;
+    return is_pure_call(name) || in_list(name, images, sizeof images / sizeof *images) || vfunc(name, &store, &n, &step);
+}
+
+/* the helpers tuner.codegen.opencl emits, byte for byte (bounds.py HELPERS) */
+static const char *const helpers[] = {
+    "inline int floordiv_i(int a, int b) { int q = a / b; return (q * b > a) ? q - 1 : q; }",
+    "inline int floormod_i(int a, int b) { int r = a % b; return r < 0 ? r + b : r; }",
+};
+#define NHELPERS ((int)(sizeof helpers / sizeof *helpers))
+
 static int parse_kernel(bctx *c, tnr_bsrc *src, btoks *ts, int p) {
     bparser ps;
     bkernel kern;
@@ -1044,6 +1116,10 @@ static int parse_kernel(bctx *c, tnr_bsrc *src, btoks *ts, int p) {
     if (!(t[p].kind == T_ID && t[p].v == K_VOID) || t[p + 1].kind != T_ID || !(t[p + 2].kind == T_OP && !strcmp(ops[t[p + 2].v], "(")))
         bfail(c, t[p].line, "__kernel void NAME( expected");
     kern.name = t[p + 1].v;
+    if (modelled(src->syms.names[kern.name])) {
+        char b[200];
+        bfail(c, t[p].line, "a kernel named '%s'", shown(src->syms.names[kern.name], b, sizeof b));
+    }
     kern.has_reqd = has_reqd;
     memcpy(kern.reqd, reqd, sizeof reqd);
     ps.p = p + 3;
@@ -1136,7 +1212,7 @@ static int parse_kernel(bctx *c, tnr_bsrc *src, btoks *ts, int p) {
 typedef struct {
     bctx c;
     tnr_bsrc *src;
-    btoks ts;
+    btoks ts, hts[NHELPERS]; /* the source's tokens, the helpers' */
     const char *text;
     size_t len;
 } bparse;
@@ -1148,6 +1224,7 @@ static void parse_all(bparse *w) {
     int i, p = 0;
     for (i = 0; i < K_COUNT; i++) intern(c, &src->syms, keywords[i], strlen(keywords[i]));
     tokenize(c, &src->syms, w->text, w->len, &w->ts);
+    for (i = 0; i < NHELPERS; i++) tokenize(c, &src->syms, helpers[i], strlen(helpers[i]), &w->hts[i]);
     src->samplers = bmem(c, (size_t)src->syms.n + 1);
     t = w->ts.t;
     while (t[p].kind != T_END) {
@@ -1164,7 +1241,7 @@ static void parse_all(bparse *w) {
             src->samplers[t[p + 2].v] = clamps && !wraps ? 1 : 2;
             p = t[q].kind == T_END ? q : q + 1;
         } else { /* a helper function or a declaration, skipped to its end (it sees no kernel parameter) */
-            int depth = 0;
+            int depth = 0, start = p, named = -1, h, q;
             while (t[p].kind != T_END) {
                 const char *x = t[p].kind == T_OP ? ops[t[p].v] : "";
                 p++;
@@ -1174,6 +1251,23 @@ static void parse_all(bparse *w) {
                     if (depth == 0 && !strcmp(x, "}")) break;
                 } else if (!strcmp(x, ";") && depth == 0)
                     break;
+            }
+            for (q = start; q < p && named < 0; q++)
+                if (t[q].kind == T_ID && modelled(src->syms.names[t[q].v])) named = t[q].v;
+            for (h = 0; h < NHELPERS && named >= 0; h++) { /* the compiler's own helper, token for token */
+                const btok *y = w->hts[h].t;
+                int same = w->hts[h].n - 8 == p - start;
+                for (q = 0; q < p - start && same; q++) {
+                    const btok *x = &t[start + q];
+                    same = x->kind == y[q].kind && x->v == y[q].v && x->len == y[q].len &&
+                           (x->kind != T_NUM || !memcmp(x->s, y[q].s, (size_t)x->len));
+                }
+                if (same) named = -1;
+            }
+            if (named >= 0) {
+                char b[200];
+                bfail(c, t[start].line, "a file-scope definition naming '%s' that is not the compiler's own helper",
+                      shown(src->syms.names[named], b, sizeof b));
             }
         }
     }
@@ -1207,6 +1301,10 @@ int tnr_bounds_parse(const char *text, size_t len, tnr_bsrc **out, int *line, ch
         *out = w->src;
     }
     free(w->ts.t);
+    {
+        int h;
+        for (h = 0; h < NHELPERS; h++) free(w->hts[h].t);
+    }
     free(w);
     return rc;
 }
@@ -1391,8 +1489,30 @@ static bval vfloat_of(bval v) { return v.k == VF ? v : vflt(-INFINITY, INFINITY)
 
 /* ---- the analysis ------------------------------------------------------------------------------------------ */
 
+/* the types an expression can have, as the analysis tells them apart (bounds.py _class): a signed int (or a narrower
+ * type, promoted to int), an unsigned type of 32 bits or more, anything else (long, float, vectors, unknown) */
+enum { CT_I = 1, CT_U, CT_X };
+
+static int class_of(const char *base) {
+    static const char *const is[] = {"char", "uchar", "short", "ushort", "int", "bool"};
+    static const char *const us[] = {"uint", "ulong", "size_t", "uintptr_t"};
+    if (!base) return CT_X;
+    if (in_list(base, is, sizeof is / sizeof *is)) return CT_I;
+    if (in_list(base, us, sizeof us / sizeof *us)) return CT_U;
+    return CT_X;
+}
+
+static int combine(int x, int y) { /* C's usual conversions (bounds.py _combine) */
+    if (x == y) return x;
+    if ((x == CT_I && y == CT_U) || (x == CT_U && y == CT_I)) return CT_U;
+    return CT_X;
+}
+
+static int in24(bval v) { return v.k == VI && v.lo >= -(1LL << 23) && v.hi <= (1LL << 23) - 1; }
+
 struct bentry {
     int sym;
+    int ty; /* the type its declaration gives it (class_of) */
     bval iv;
     int tag; /* a const int that is a work-item's position: 1 + 3 * kind + dimension (kind 0 get_global_id,
               * 1 get_group_id, 2 get_local_id); else 0 */
@@ -1498,6 +1618,71 @@ static int pure(ban *a, const bnode *e) {
     }
 }
 
+static int is_cmp_or_logic(int op) {
+    return opis(op, "<") || opis(op, "<=") || opis(op, ">") || opis(op, ">=") || opis(op, "==") || opis(op, "!=") ||
+           opis(op, "&&") || opis(op, "||");
+}
+
+static int is_id_call(const char *name) {
+    return !strcmp(name, "get_global_id") || !strcmp(name, "get_local_id") || !strcmp(name, "get_group_id") ||
+           !strcmp(name, "get_global_size") || !strcmp(name, "get_local_size") || !strcmp(name, "get_num_groups") ||
+           !strcmp(name, "get_global_offset");
+}
+
+static int ctype(ban *a, bnode *e);
+
+static int ctype_inner(ban *a, bnode *e) {
+    switch (e->kind) {
+    case N_INT: return e->i <= I32MAX ? CT_I : CT_X;
+    case N_VAR: {
+        bentry *ent = lookup(a, e->sym);
+        return ent ? ent->ty : CT_X;
+    }
+    case N_BIN:
+        if (is_cmp_or_logic(e->op)) return CT_I;
+        if (opis(e->op, "<<") || opis(e->op, ">>")) return ctype(a, e->a);
+        return combine(ctype(a, e->a), ctype(a, e->b));
+    case N_UN: return opis(e->op, "!") ? CT_I : ctype(a, e->a);
+    case N_TERN: return combine(ctype(a, e->b), ctype(a, e->c));
+    case N_CAST: return class_of(symname(a, e->sym));
+    case N_CALL: {
+        const char *name = symname(a, e->sym);
+        int t, k;
+        if (is_id_call(name) || !strcmp(name, "abs")) return CT_U;
+        if (!strcmp(name, "floordiv_i") || !strcmp(name, "floormod_i")) return CT_I;
+        if ((!strcmp(name, "min") || !strcmp(name, "max") || !strcmp(name, "clamp") || !strcmp(name, "mul24") ||
+             !strcmp(name, "mad24")) && e->nargs) {
+            t = ctype(a, e->args[0]);
+            for (k = 1; k < e->nargs; k++) t = combine(t, ctype(a, e->args[k]));
+            return t;
+        }
+        return CT_X;
+    }
+    case N_IDX:
+        if (e->a->kind == N_VAR) {
+            bentry *ent;
+            int i = a->param_of[e->a->sym];
+            if (i >= 0) return a->k->params[i].image ? CT_X : class_of(a->k->params[i].type);
+            ent = lookup(a, e->a->sym);
+            return ent ? ent->ty : CT_X;
+        }
+        return CT_X;
+    default: return CT_X;
+    }
+}
+
+/* the type of e (bounds.py _Analysis.ctype), found once: a node of the source tree is one place in one scope */
+static int ctype(ban *a, bnode *e) {
+    if (!e->ty) e->ty = (signed char)ctype_inner(a, e);
+    return e->ty;
+}
+
+/* v, the value of e, or unknown where e is unsigned and v may be negative (it wraps) */
+static bval signed_v(ban *a, bnode *e, bval v) {
+    if (v.k == VI && v.lo < 0 && ctype(a, e) == CT_U) return vnone();
+    return v;
+}
+
 static bnode *resolve(ban *a, bnode *e) {
     bnode *r;
     int k;
@@ -1538,7 +1723,7 @@ static int same(ban *a, const bnode *e, const bnode *r) {
             if (!same(a, e->args[k], r->args[k])) return 0;
         return 1;
     case N_INT: return e->i == r->i;
-    case N_FLT: return e->f == r->f;
+    case N_FLT: return e->fnone == r->fnone && e->f == r->f && e->fhi == r->fhi;
     default: return 0;
     }
 }
@@ -1559,7 +1744,7 @@ static int rsame(const bnode *x, const bnode *y) {
             if (!rsame(x->args[k], y->args[k])) return 0;
         return 1;
     case N_INT: return x->i == y->i;
-    case N_FLT: return x->f == y->f;
+    case N_FLT: return x->fnone == y->fnone && x->f == y->f && x->fhi == y->fhi;
     default: return 0;
     }
 }
@@ -1747,7 +1932,7 @@ static int narrow(ban *a, bnode *e, int64_t lo, int64_t hi) {
     if (cur.k == VI) lo = max64(lo, cur.lo), hi = min64(hi, cur.hi);
     if (lo > hi) return 0;
     if (!pure(a, e)) return 1;
-    lin = linear(a, e);
+    lin = cur.k == VI ? linear(a, e) : lin_none(); /* (a value that may wrap: its terms tell nothing) */
     a->facts = grow(a, a->facts, &a->capfacts, a->nfacts + 1, sizeof *a->facts);
     a->facts[a->nfacts].r = resolve(a, e);
     a->facts[a->nfacts].lo = lo;
@@ -1820,7 +2005,12 @@ static int assume(ban *a, bnode *c, int truth) {
         const char *op = at[k].op;
         bval ia = quiet_value(a, x), ib = quiet_value(a, y);
         int64_t gap;
+        int tx, ty;
         if (ia.k == VF || ib.k == VF) continue;
+        tx = ctype(a, x), ty = ctype(a, y);
+        if ((tx != CT_I && tx != CT_U) || (ty != CT_I && ty != CT_U)) continue; /* (long, unknown types) */
+        if ((tx == CT_U || ty == CT_U) && !(ia.k == VI && ib.k == VI && ia.lo >= 0 && ib.lo >= 0))
+            continue; /* an unsigned comparison: the same as the signed one only of values proven non-negative */
         if (!strcmp(op, ">") || !strcmp(op, ">=")) {
             bnode *t = x;
             bval tv = ia;
@@ -1842,7 +2032,11 @@ dead:
     return -1;
 }
 
-static bval value(ban *a, bnode *e) {
+static bval value_inner(ban *a, bnode *e);
+
+static bval value(ban *a, bnode *e) { return signed_v(a, e, value_inner(a, e)); }
+
+static bval value_inner(ban *a, bnode *e) {
     bval v = eval(a, e);
     blin lin;
     bterm *terms;
@@ -2005,7 +2199,7 @@ static bval eval_inner(ban *a, bnode *e) {
     char b[200];
     switch (e->kind) {
     case N_INT: return vint(e->i, e->i);
-    case N_FLT: return vflt(e->f, e->f);
+    case N_FLT: return e->fnone ? vnone() : vflt(e->f, e->fhi);
     case N_VAR: {
         bentry *ent;
         if (a->param_of[e->sym] >= 0)
@@ -2033,8 +2227,14 @@ static bval eval_inner(ban *a, bnode *e) {
         for (node = e, k = 0; k < n; k++, node = node->a) chain[k] = node;
         v = eval(a, node);
         for (k = n - 1; k >= 0; k--) {
-            v = vbin(ops[chain[k]->op], v, eval(a, chain[k]->b));
+            bval w = eval(a, chain[k]->b);
+            if (!is_cmp_or_logic(chain[k]->op) && ((v.k == VI && v.lo < 0) || (w.k == VI && w.lo < 0)) &&
+                ctype(a, chain[k]) == CT_U)
+                v = vnone(); /* a negative operand converted to an unsigned type */
+            else
+                v = vbin(ops[chain[k]->op], v, w);
             if (a->nfacts && chain[k] != e) v = known(a, chain[k], v);
+            v = signed_v(a, chain[k], v);
         }
         return v;
     }
@@ -2109,7 +2309,7 @@ static bval eval(ban *a, bnode *e) {
     if (a->nfacts && (e->kind == N_VAR || e->kind == N_BIN || e->kind == N_UN || e->kind == N_CAST ||
                       e->kind == N_CALL || e->kind == N_TERN))
         v = known(a, e, v);
-    return v;
+    return signed_v(a, e, v);
 }
 
 /* vloadN / vstoreN / vload(a)_half(N) / vstore(a)_half(N)(_rtX): 1 and its store flag, width and step */
@@ -2250,6 +2450,11 @@ static bval call(ban *a, bnode *e) {
         if (!strcmp(name, "get_num_groups")) return vraw(g / l, g / l);
         return vraw(0, 0);
     }
+    if ((!strcmp(name, "min") || !strcmp(name, "max") || !strcmp(name, "clamp") || !strcmp(name, "mul24") ||
+         !strcmp(name, "mad24")) && ctype(a, e) == CT_U) {
+        for (k = 0; k < nv && k < 8; k++)
+            if (vs[k].k == VI && vs[k].lo < 0) return vnone(); /* a negative argument converted to an unsigned type */
+    }
     if ((!strcmp(name, "min") || !strcmp(name, "max") || !strcmp(name, "fmin") || !strcmp(name, "fmax")) && nv == 2) {
         bval x = vs[0], y = vs[1];
         int is_min = !strcmp(name, "min") || !strcmp(name, "fmin");
@@ -2259,6 +2464,8 @@ static bval call(ban *a, bnode *e) {
             if (is_min) return vflt(x.flo < y.flo ? x.flo : y.flo, x.fhi < y.fhi ? x.fhi : y.fhi);
             return vflt(x.flo > y.flo ? x.flo : y.flo, x.fhi > y.fhi ? x.fhi : y.fhi);
         }
+        for (k = 0; k < 2; k++)
+            if (vs[k].k == VN && ctype(a, e->args[k]) != CT_I) return vnone(); /* wider than int, or unsigned */
         if (x.k == VN) x = vraw(I32MIN, I32MAX);
         if (y.k == VN) y = vraw(I32MIN, I32MAX);
         if (is_min) return vraw(min64(x.lo, y.lo), min64(x.hi, y.hi));
@@ -2267,9 +2474,12 @@ static bval call(ban *a, bnode *e) {
     if (!strcmp(name, "clamp") && nv == 3) {
         bval x = vs[0], lo = vs[1], hi = vs[2];
         if (x.k == VF || lo.k == VF || hi.k == VF) return vnone();
+        for (k = 0; k < 3; k++)
+            if (vs[k].k == VN && ctype(a, e->args[k]) != CT_I) return vnone();
         if (x.k == VN) x = vraw(I32MIN, I32MAX);
         if (lo.k == VN) lo = vraw(I32MIN, I32MAX);
         if (hi.k == VN) hi = vraw(I32MIN, I32MAX);
+        if (lo.hi > hi.lo) return vnone(); /* (clamp of a lower bound above the upper one is undefined) */
         return vraw(min64(max64(x.lo, lo.lo), hi.lo), min64(max64(x.hi, lo.hi), hi.hi));
     }
     if (!strcmp(name, "abs") && nv == 1 && vs[0].k == VI) {
@@ -2283,12 +2493,14 @@ static bval call(ban *a, bnode *e) {
         if (!strcmp(name, "ceil")) return vflt(ceil(x.flo), ceil(x.fhi));
         return vflt(trunc(x.flo), trunc(x.fhi));
     }
-    if (!strcmp(name, "mul24") && nv == 2) return vbin("*", vs[0], vs[1]);
-    if (!strcmp(name, "mad24") && nv == 3) return vbin("+", vbin("*", vs[0], vs[1]), vs[2]);
+    /* (past 24-bit operands: implementation-defined) */
+    if (!strcmp(name, "mul24") && nv == 2) return in24(vs[0]) && in24(vs[1]) ? vbin("*", vs[0], vs[1]) : vnone();
+    if (!strcmp(name, "mad24") && nv == 3)
+        return in24(vs[0]) && in24(vs[1]) ? vbin("+", vbin("*", vs[0], vs[1]), vs[2]) : vnone();
     if (!strcmp(name, "floordiv_i") && nv == 2 && vs[0].k == VI && vs[1].k == VI) {
         bval x = vs[0], y = vs[1];
         int64_t c0, c1, c2, c3;
-        if (y.lo <= 0 && 0 <= y.hi) return vnone();
+        if (y.lo <= 0) return vnone(); /* (the helper floors for a positive divisor only) */
         c0 = floordiv64(x.lo, y.lo), c1 = floordiv64(x.lo, y.hi), c2 = floordiv64(x.hi, y.lo), c3 = floordiv64(x.hi, y.hi);
         return vint(min64(min64(c0, c1), min64(c2, c3)), max64(max64(c0, c1), max64(c2, c3)));
     }
@@ -2376,6 +2588,7 @@ static void run(ban *a, bstmt *s) {
         else v = vnone();
         ent = bmem(a->c, sizeof *ent);
         ent->sym = s->name;
+        ent->ty = class_of(symname(a, s->type));
         ent->iv = v;
         ent->tag = 0;
         if (s->type == K_INT && v.k == VI && pure(a, s->init)) { /* (read before the variable is in scope) */

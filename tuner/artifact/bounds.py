@@ -9,7 +9,12 @@ The analysis is interval arithmetic over the OpenCL C that ``tuner.codegen.openc
 ``for (int v = A; v < B; ++v)`` loops, ``if`` and ``?:`` (a condition narrows, in its branch, the expressions
 it tests and the variables they are linear in), ``min``/``max``/``clamp`` (``fmin``/``fmax`` of floats),
 integer ``+ - * / %`` and shifts, casts; ``get_group_id``, ``get_local_id`` and ``get_global_id`` range over
-the launch. Integer values are int32 (a result that may wrap is unknown). An index it cannot bound (a value
+the launch. Integer values are int32 (a result that may wrap is unknown); a value of an unsigned type (a ``u``
+literal, ``uint``, ``size_t``, ``get_global_id``) is known only while it is proven non-negative, a float literal is
+read as the float32 (half with ``h``) the compiler makes of it, and ``mul24``/``mad24`` only of 24-bit operands. The
+source is read as clang reads it or refused: a lone carriage return, a backslash at the end of a line, ``??``
+(trigraphs), the digraphs ``<: :> <% %> %:``, and a file-scope definition naming a function the analysis models
+(``floordiv_i``, ``min`` ...) other than the compiler's own helper are refused. An index it cannot bound (a value
 read from memory, a variable assigned twice, a parameter passed on to a function, a preprocessor macro)
 refuses the artifact: such a source is not one the compiler writes. native/src/bounds.c is the same analysis,
 rule for rule, and both runtimes run it on the same sources (tests/test_hostile_round3.py)."""
@@ -35,9 +40,11 @@ _TOKEN = re.compile(r"""
   | (?P<comment>//[^\n]*|/\*.*?\*/)
   | (?P<id>[A-Za-z_][A-Za-z0-9_]*)
   | (?P<num>(?:0[xX][0-9A-Fa-f]+|[0-9]+\.?[0-9]*(?:[eE][+-]?[0-9]+)?|\.[0-9]+(?:[eE][+-]?[0-9]+)?)[A-Za-z]*)
+  | (?P<digraph><:|:>|<%|%>|%:)
   | (?P<op><<=|>>=|\+\+|--|&&|\|\||<=|>=|==|!=|<<|>>|\+=|-=|\*=|/=|%=|&=|\|=|\^=|->|[-+*/%<>=!&|^~?:;,.()\[\]{}])
   | (?P<bad>.)
 """, re.X | re.S | re.M)
+_LEXICAL = re.compile(r"\r(?!\n)|\\[ \t\f\v]*(?:\r|\n|\Z)|\?\?")
 _INT_LITERAL = re.compile(r"^(0[xX][0-9A-Fa-f]+|[0-9]+)[uUlL]*$")
 _FLOAT_LITERAL = re.compile(r"^([0-9]+\.?[0-9]*(?:[eE][+-]?[0-9]+)?|\.[0-9]+(?:[eE][+-]?[0-9]+)?)[fFhH]?$")
 
@@ -46,6 +53,10 @@ _INT_TYPES = {"char": (-128, 127), "uchar": (0, 255), "short": (-32768, 32767), 
               "int": (I32MIN, I32MAX), "bool": (0, 1), "uint": None, "long": None, "ulong": None, "size_t": None,
               "ptrdiff_t": None, "intptr_t": None, "uintptr_t": None}
 _UNSIGNED = {"uchar", "ushort", "uint", "ulong", "size_t", "uintptr_t", "bool"}
+# the integer types an expression can have, as the analysis tells them apart: "i" a signed int (or a narrower type,
+# promoted to int), "u" an unsigned type of 32 bits or more, "x" anything else (long, float, vectors, unknown)
+_I_TYPES = {"char", "uchar", "short", "ushort", "int", "bool"}
+_U_TYPES = {"uint", "ulong", "size_t", "uintptr_t"}
 _FLOAT_TYPES = {"float", "double", "half"}
 _VECTOR = re.compile(r"^(?:u?(?:char|short|int|long)|float|half|double)(?:2|3|4|8|16)$")
 _OTHER_TYPES = {"void", "sampler_t", "image2d_t", "image1d_t", "image3d_t", "image2d_array_t", "image1d_buffer_t",
@@ -63,6 +74,13 @@ _IDS = {"get_global_id", "get_local_id", "get_group_id", "get_global_size", "get
         "get_global_offset"}
 _PURE = _IDS | {"min", "max", "clamp", "abs", "mul24", "mad24", "floordiv_i", "floormod_i", "fmin", "fmax",
                 "floor", "ceil", "trunc"}
+# the helpers tuner.codegen.opencl emits, byte for byte (tests/test_bounds_lexing.py compares them): a file-scope
+# definition naming a function the analysis models is refused unless it is one of these
+HELPERS = (
+    "inline int floordiv_i(int a, int b) { int q = a / b; return (q * b > a) ? q - 1 : q; }",
+    "inline int floormod_i(int a, int b) { int r = a % b; return r < 0 ? r + b : r; }",
+)
+_CMP = {"<", "<=", ">", ">=", "==", "!=", "&&", "||"}
 _CLAMPING = {"CLK_ADDRESS_CLAMP", "CLK_ADDRESS_CLAMP_TO_EDGE"}
 _WRAPPING = {"CLK_ADDRESS_REPEAT", "CLK_ADDRESS_MIRRORED_REPEAT", "CLK_ADDRESS_NONE"}
 _ASSIGN = {"=", "+=", "-=", "*=", "/=", "%=", "<<=", ">>=", "&=", "|=", "^="}
@@ -184,6 +202,40 @@ def _cast(v, base: str):
     return None
 
 
+def _class(base: str) -> str:
+    return "i" if base in _I_TYPES else "u" if base in _U_TYPES else "x"
+
+
+def _combine(x: str, y: str) -> str:
+    """The type of an arithmetic result of operands of types ``x`` and ``y`` (C's usual conversions)."""
+    if x == y or {x, y} == {"i", "u"}:
+        return "u" if "u" in (x, y) else x
+    return "x"
+
+
+def _in24(v) -> bool:
+    return _is_int(v) and -(1 << 23) <= v[0] and v[1] <= (1 << 23) - 1
+
+
+def _float_literal(t: str):
+    """The values a float literal can have on the device: float32 (half with an ``h`` suffix) rounds it, an
+    unsuffixed one may be a double or a float, a subnormal may be flushed to 0. None: past the type's range."""
+    half = t[-1] in "hH"
+    v = float(t.rstrip("fFhH"))
+    bits, tiny, top = (11, 2.0 ** -14, 65504.0) if half else (24, 2.0 ** -126, 3.4028234663852886e38)
+    if v == 0:
+        return ("f", 0.0, 0.0)
+    if not v <= top:
+        return None
+    if v < tiny:
+        return ("f", 0.0, tiny)
+    m, ex = math.frexp(v)
+    if math.ldexp(m, bits).is_integer():
+        return ("f", v, v)
+    ulp = math.ldexp(1.0, ex - bits)
+    return ("f", v - ulp, v + ulp)
+
+
 def _float_of(v):
     """A float interval of an argument of fmin/fmax (unknown: every float)."""
     if v is not None and len(v) == 3:
@@ -195,6 +247,14 @@ def _float_of(v):
 def _tokens(source: str):
     """(kinds, texts, lines): a ``#pragma`` line (a directive is one at the start of a line) skipped, any other
     preprocessor directive refused. The list ends with 8 ("end", "") tokens."""
+    bad = _LEXICAL.search(source)
+    if bad is not None:
+        at, what = source.count("\n", 0, bad.start()) + 1, bad.group()
+        if what == "\r":
+            raise BoundsError(at, "a carriage return not followed by a line feed")
+        if what.startswith("\\"):
+            raise BoundsError(at, "a backslash at the end of a line")
+        raise BoundsError(at, "the trigraph sequence '??'")
     kinds, texts, lines = [], [], []
     line = 1
     for m in _TOKEN.finditer(source):
@@ -210,11 +270,15 @@ def _tokens(source: str):
         if kind == "dir":
             if m.group("dname") != "pragma" or m.group().endswith("\\"):
                 raise BoundsError(line, f"the preprocessor directive #{m.group('dname')}")
+            if "/*" in m.group():
+                raise BoundsError(line, "a comment in a preprocessor directive")
             continue
         if kind == "dname":
             continue
         if kind == "bad":
             raise BoundsError(line, f"the character {m.group()!r}")
+        if kind == "digraph":
+            raise BoundsError(line, f"the digraph '{m.group()}'")
         kinds.append(kind)
         texts.append(m.group())
         lines.append(line)
@@ -224,6 +288,21 @@ def _tokens(source: str):
     texts.extend([""] * 8)
     lines.extend([line] * 8)
     return kinds, texts, lines
+
+
+def _modelled(name: str) -> bool:
+    """Whether the analysis gives ``name`` a meaning of its own (a function it models)."""
+    return name in _PURE or name in _IMAGE_READ or name in _IMAGE_WRITE or _VLOAD.match(name) is not None \
+        or _VHALF.match(name) is not None
+
+
+@lru_cache(maxsize=1)
+def _helper_tokens() -> tuple:
+    out = []
+    for h in HELPERS:
+        kinds, texts, _ = _tokens(h)
+        out.append(tuple(zip(kinds[:-8], texts[:-8])))
+    return tuple(out)
 
 
 def _int_literal(t: str):
@@ -396,8 +475,11 @@ class _Parser:
                 if v is None or v > 1 << 31:
                     raise BoundsError(line, f"the integer {t!r}, out of the int range")
                 e = ("int", v)
+                suffix = t[len(digits):].lower()
+                if suffix:  # 1u is (uint)1, 1l (long)1, 1ul (ulong)1
+                    e = ("cast", "ulong" if "u" in suffix and "l" in suffix else "uint" if "u" in suffix else "long", e)
             elif _FLOAT_LITERAL.match(t):
-                e = ("flt", float(t.rstrip("fFhH")))
+                e = ("flt", _float_literal(t))
             else:
                 raise BoundsError(line, f"the number {t!r}")
         elif kind == "id":
@@ -590,11 +672,11 @@ def _height(body) -> int:
 class _Entry:
     """A variable in scope: ``iv`` its value (an interval) where this point of the code is; ``tag`` (a const
     ``int`` whose value is a work-item's position): ("get_global_id" | "get_group_id" | "get_local_id", dimension),
-    else None."""
-    __slots__ = ("name", "iv", "tag")
+    else None; ``ty`` the type its declaration gives it (_class)."""
+    __slots__ = ("name", "iv", "tag", "ty")
 
-    def __init__(self, name: str, iv, tag=None):
-        self.name, self.iv, self.tag = name, iv, tag
+    def __init__(self, name: str, iv, tag=None, ty: str = "x"):
+        self.name, self.iv, self.tag, self.ty = name, iv, tag, ty
 
 
 _POSITIONS = ("get_global_id", "get_group_id", "get_local_id")
@@ -631,6 +713,7 @@ class _Analysis:
         self.tagged: list = []  # (entry, its scope's depth): the variables in scope that are a work-item's position
         self.depth = 0
         self.recording = True
+        self.types: dict = {}  # id(node) -> ctype (a node of the source tree: one place, one scope)
 
     def lookup(self, name: str):
         for s in reversed(self.scopes):
@@ -638,6 +721,59 @@ class _Analysis:
             if e is not None:
                 return e
         return None
+
+    def ctype(self, e) -> str:
+        """The type of expression ``e`` as the analysis tells types apart (_class): "i", "u" or "x"."""
+        t = self.types.get(id(e))
+        if t is None:
+            t = self.types[id(e)] = self._ctype(e)
+        return t
+
+    def _ctype(self, e) -> str:
+        k = e[0]
+        if k == "int":
+            return "i" if e[1] <= I32MAX else "x"
+        if k == "var":
+            ent = self.lookup(e[1])
+            return ent.ty if ent is not None else "x"
+        if k == "bin":
+            if e[1] in _CMP:
+                return "i"
+            if e[1] in ("<<", ">>"):
+                return self.ctype(e[2])
+            return _combine(self.ctype(e[2]), self.ctype(e[3]))
+        if k == "un":
+            return "i" if e[1] == "!" else self.ctype(e[2])
+        if k == "tern":
+            return _combine(self.ctype(e[2]), self.ctype(e[3]))
+        if k == "cast":
+            return _class(e[1])
+        if k == "call":
+            name, args = e[1], e[2]
+            if name in _IDS or name == "abs":
+                return "u"
+            if name in ("floordiv_i", "floormod_i"):
+                return "i"
+            if name in ("min", "max", "clamp", "mul24", "mad24") and args:
+                t = self.ctype(args[0])
+                for a in args[1:]:
+                    t = _combine(t, self.ctype(a))
+                return t
+            return "x"
+        if k == "idx" and e[1][0] == "var":
+            name = e[1][1]
+            if name in self.params:
+                p = self.kinds[self.params[name]]
+                return _class(p["type"]) if p["kind"] == "buffer" else "x"
+            ent = self.lookup(name)
+            return ent.ty if ent is not None else "x"
+        return "x"
+
+    def signed(self, e, v):
+        """``v``, the value of ``e``, or None where ``e`` is unsigned and ``v`` may be negative (it wraps)."""
+        if v is not None and len(v) == 2 and v[0] < 0 and self.ctype(e) == "u":
+            return None
+        return v
 
     # purity, resolution and linear forms (for facts)
     def pure(self, e) -> bool:
@@ -770,6 +906,11 @@ class _Analysis:
             ia, ib = self.quiet_value(a), self.quiet_value(b)
             if (ia is not None and len(ia) == 3) or (ib is not None and len(ib) == 3):
                 continue  # a float comparison narrows nothing
+            ta, tb = self.ctype(a), self.ctype(b)
+            if ta not in ("i", "u") or tb not in ("i", "u"):
+                continue  # (long, unknown types: narrows nothing)
+            if "u" in (ta, tb) and not (_is_int(ia) and _is_int(ib) and ia[0] >= 0 and ib[0] >= 0):
+                continue  # an unsigned comparison: the same as the signed one only of values proven non-negative
             if op in (">", ">="):
                 a, b, ia, ib, op = b, a, ib, ia, "<" if op == ">" else "<="
             gap = 1 if op == "<" else 0
@@ -798,7 +939,7 @@ class _Analysis:
             return False
         if not self.pure(e):
             return True
-        lin = self.linear(e)
+        lin = self.linear(e) if _is_int(cur) else None  # (a value that may wrap: its terms tell nothing)
         self.facts.append((self.resolve(e), lo, hi, lin))
         undo.append(None)
         if lin is None:
@@ -863,6 +1004,9 @@ class _Analysis:
     def value(self, e):
         """``eval(e)``, narrowed where ``e`` is linear in terms that facts bound together (an index
         ``gn * 250 + gm * 64 + tm`` under ``if (gm * 64 + tm < 250)``)."""
+        return self.signed(e, self._value(e))
+
+    def _value(self, e):
         v = self.eval(e)
         if not self.facts or (v is not None and len(v) == 3):
             return v
@@ -912,14 +1056,16 @@ class _Analysis:
             v = self._eval(e)
         finally:
             self.depth -= 1
-        return self.known(e, v) if self.facts and e[0] in ("var", "bin", "un", "cast", "call", "tern") else v
+        if self.facts and e[0] in ("var", "bin", "un", "cast", "call", "tern"):
+            v = self.known(e, v)
+        return self.signed(e, v)
 
     def _eval(self, e):
         k = e[0]
         if k == "int":
             return _int(e[1], e[1])
         if k == "flt":
-            return ("f", e[1], e[1])
+            return e[1]
         if k == "var":
             if e[1] in self.params:
                 raise BoundsError(e[2], f"parameter {e[1]!r} is used other than indexed, loaded, stored or "
@@ -940,9 +1086,15 @@ class _Analysis:
                 node = node[2]
             v = self.eval(node)
             for b in reversed(chain):
-                v = _bin(b[1], v, self.eval(b[3]))
+                w = self.eval(b[3])
+                if b[1] not in _CMP and ((_is_int(v) and v[0] < 0) or (_is_int(w) and w[0] < 0)) \
+                        and self.ctype(b) == "u":
+                    v = None  # a negative operand converted to an unsigned type
+                else:
+                    v = _bin(b[1], v, w)
                 if self.facts and b is not e:
                     v = self.known(b, v)
+                v = self.signed(b, v)
             return v
         if k == "un":
             a = self.eval(e[2])
@@ -1043,6 +1195,9 @@ class _Analysis:
             return {"get_global_id": (0, g - 1), "get_local_id": (0, l_ - 1), "get_group_id": (0, g // l_ - 1),
                     "get_global_size": (g, g), "get_local_size": (l_, l_), "get_num_groups": (g // l_, g // l_),
                     "get_global_offset": (0, 0)}[name]
+        if name in ("min", "max", "clamp", "mul24", "mad24") and self.ctype(e) == "u" \
+                and any(_is_int(v) and v[0] < 0 for v in vs):
+            return None  # a negative argument converted to an unsigned type
         if name in ("min", "max", "fmin", "fmax") and len(vs) == 2:
             a, b = vs
             if name[0] == "f" or (a is not None and len(a) == 3) or (b is not None and len(b) == 3):
@@ -1051,6 +1206,8 @@ class _Analysis:
                 a, b = _float_of(a), _float_of(b)
                 f = min if name.endswith("min") else max
                 return ("f", f(a[1], b[1]), f(a[2], b[2]))
+            if any(v is None and self.ctype(x) != "i" for v, x in zip(vs, args)):
+                return None  # an unknown value of a type wider than int, or unsigned
             a = a if a is not None else (I32MIN, I32MAX)
             b = b if b is not None else (I32MIN, I32MAX)
             f = min if name == "min" else max
@@ -1058,7 +1215,11 @@ class _Analysis:
         if name == "clamp" and len(vs) == 3:
             if any(v is not None and len(v) == 3 for v in vs):
                 return None
+            if any(v is None and self.ctype(x) != "i" for v, x in zip(vs, args)):
+                return None
             x, lo, hi = (v if v is not None else (I32MIN, I32MAX) for v in vs)
+            if lo[1] > hi[0]:
+                return None  # (clamp of a lower bound above the upper one is undefined)
             return (min(max(x[0], lo[0]), hi[0]), min(max(x[1], lo[1]), hi[1]))
         if name == "abs" and len(vs) == 1 and _is_int(vs[0]):
             a = vs[0]
@@ -1069,13 +1230,13 @@ class _Analysis:
             if not (math.isfinite(a[1]) and math.isfinite(a[2])):
                 return ("f", -math.inf, math.inf)
             return ("f", float(f(a[1])), float(f(a[2])))
-        if name == "mul24" and len(vs) == 2:
-            return _bin("*", vs[0], vs[1])
+        if name == "mul24" and len(vs) == 2:  # (past 24-bit operands: implementation-defined)
+            return _bin("*", vs[0], vs[1]) if _in24(vs[0]) and _in24(vs[1]) else None
         if name == "mad24" and len(vs) == 3:
-            return _bin("+", _bin("*", vs[0], vs[1]), vs[2])
+            return _bin("+", _bin("*", vs[0], vs[1]), vs[2]) if _in24(vs[0]) and _in24(vs[1]) else None
         if name == "floordiv_i" and len(vs) == 2 and _is_int(vs[0]) and _is_int(vs[1]):
             a, b = vs
-            if b[0] <= 0 <= b[1]:
+            if b[0] <= 0:  # (the helper floors for a positive divisor only)
                 return None
             c = [x // y for x in a for y in b]
             return _int(min(c), max(c))
@@ -1222,7 +1383,7 @@ class _Analysis:
                 v = None
             # (a const int that is a work-item's position: read before the variable is in scope)
             tag = self.position(self.linear(init)) if base == "int" and _is_int(v) and self.pure(init) else None
-            ent = self.scopes[-1][name] = _Entry(name, v, tag)
+            ent = self.scopes[-1][name] = _Entry(name, v, tag, _class(base))
             if tag is not None:
                 self.tagged.append((ent, len(self.scopes)))
         elif k == "if":
@@ -1304,7 +1465,7 @@ class Source:
                 self.samplers[texts[p + 2]] = bool(words & _CLAMPING) and not words & _WRAPPING
                 p = q + 1 if kinds[q] != "end" else q
             else:  # a helper function or a declaration, skipped to its end (it sees no kernel parameter)
-                depth = 0
+                start, depth = p, 0
                 while kinds[p] != "end":
                     x = texts[p]
                     p += 1
@@ -1316,6 +1477,11 @@ class Source:
                             break
                     elif x == ";" and depth == 0:
                         break
+                item = tuple(zip(kinds[start:p], texts[start:p]))
+                named = next((x for k, x in item if k == "id" and _modelled(x)), None)
+                if named is not None and item not in _helper_tokens():
+                    raise BoundsError(lines[start], f"a file-scope definition naming {named!r} that is not the "
+                                                    f"compiler's own helper")
 
     def _kernel(self, toks, p: int) -> int:
         kinds, texts, lines = toks
@@ -1343,6 +1509,8 @@ class Source:
         if texts[p] != "void" or kinds[p + 1] != "id" or texts[p + 2] != "(":  # (the last token is "end")
             raise BoundsError(lines[p], "__kernel void NAME( expected")
         name = texts[p + 1]
+        if _modelled(name):
+            raise BoundsError(lines[p], f"a kernel named {name!r}")
         parser = _Parser(toks, p + 3)
         params = []
         if parser.text() != ")":
