@@ -28,7 +28,7 @@ native:
 # xdist_group share a worker (tests/conftest.py says what a test must do to be safe in parallel).
 TEST_WORKERS ?= auto
 test: $(STAMP) native
-	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15 tests
 
 demo: $(DEMO_STAMP)
 	$(VENV)/bin/tuner demo
