@@ -73,6 +73,8 @@ MUST_REFUSE = {
                           "a file-scope definition naming 'min' that is not the compiler's own helper"),
     "mul24_redefined": (_k("  Y[mul24(p, 1)] = 7.0f;", "inline int mul24(int a, int b) { return a * b + 4096; }\n"), 1,
                         "a file-scope definition naming 'mul24' that is not the compiler's own helper"),
+    "a_sampler_named_min": (_k("  Y[min(p, 511)] = 7.0f;", "__constant sampler_t min = CLK_ADDRESS_CLAMP;\n"), 1,
+                            "a file-scope definition naming 'min' that is not the compiler's own helper"),
     "a_kernel_named_clamp": ("__kernel void clamp(__global float* restrict Y) { Y[0] = 1.0f; }", 1,
                              "a kernel named 'clamp'"),
     # unsigned arithmetic: known only while it is proven non-negative

@@ -1238,6 +1238,12 @@ static void parse_all(bparse *w) {
                 if (t[q].kind == T_ID && (t[q].v == K_REPEAT || t[q].v == K_MIRRORED || t[q].v == K_NONE)) wraps = 1;
                 q++;
             }
+            for (i = p; i < q; i++) /* (no helper is a sampler) */
+                if (t[i].kind == T_ID && modelled(src->syms.names[t[i].v])) {
+                    char b[200];
+                    bfail(c, t[p].line, "a file-scope definition naming '%s' that is not the compiler's own helper",
+                          shown(src->syms.names[t[i].v], b, sizeof b));
+                }
             src->samplers[t[p + 2].v] = clamps && !wraps ? 1 : 2;
             p = t[q].kind == T_END ? q : q + 1;
         } else { /* a helper function or a declaration, skipped to its end (it sees no kernel parameter) */

@@ -1462,6 +1462,10 @@ class Source:
                 while kinds[q] != "end" and texts[q] != ";":
                     q += 1
                 words = set(texts[p + 3:q])
+                named = next((x for k, x in zip(kinds[p:q], texts[p:q]) if k == "id" and _modelled(x)), None)
+                if named is not None:  # (no helper is a sampler)
+                    raise BoundsError(lines[p], f"a file-scope definition naming {named!r} that is not the "
+                                                f"compiler's own helper")
                 self.samplers[texts[p + 2]] = bool(words & _CLAMPING) and not words & _WRAPPING
                 p = q + 1 if kinds[q] != "end" else q
             else:  # a helper function or a declaration, skipped to its end (it sees no kernel parameter)
