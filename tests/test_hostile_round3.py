@@ -43,20 +43,11 @@ ROOT = Path(__file__).resolve().parent.parent
 def art(tmp_path_factory, device):
     """A signed conv + relu artifact (buffer plan: relayout, conv, relayout), its key, another key, and the
     output of a run of it: ``{"dir", "key", "other", "x", "y"}``."""
-    import onnx
-    from onnx import TensorProto, helper
-
     import tuner
+    from conftest import save_conv_model
     from tuner.artifact.signing import read_key, sign
     d = tmp_path_factory.mktemp("round3")
-    w = helper.make_tensor("w", TensorProto.FLOAT, [8, 8, 3, 3],
-                           np.random.default_rng(0).standard_normal(576).astype(np.float32))
-    g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1] * 4),
-                           helper.make_node("Add", ["c", "x"], ["a"], name="res"),  # x read twice: its relayout stays
-                           helper.make_node("Relu", ["a"], ["y"], name="relu")], "g",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 8])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])], [w])
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), d / "conv.onnx")
+    save_conv_model(d / "conv.onnx", relu=True, residual=True)  # x read twice: its relayout stays a kernel
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         mod = tuner.compile_model(str(d / "conv.onnx"), device=device, scope="buffer")
