@@ -373,6 +373,35 @@ def test_unary_ops_fold_into_norms_and_pools(tmp_path):
     # convolution reads the model input in place (tuner.plan.io_views)
 
 
+def test_starrelu_folds_into_the_convolution_before_it(tmp_path):
+    """PoolFormerV2's StarReLU as timm exports it -- Relu, Pow 2, Mul and Add by learnt scalars -- after the MLP's
+    first 1x1 convolution, a bare relu(x)^2 after a 3x3 one: each the convolution's activation (``starrelu(s, b)``),
+    no kernel of its own (before: a square, a multiply and an add kernel per MLP), against onnxruntime."""
+    def body(b):
+        x = b.input("input", (1, 8, 9, 9))
+        x = b.node("Relu", [b.conv(x, 8, 16, 1, bias=True)])
+        x = b.node("Add", [b.node("Mul", [b.node("Pow", [x, b.const("two", np.float32(2))]),
+                                          b.const("scale", np.float32(0.8))]), b.const("bias", np.float32(-0.1))])
+        x = b.node("Pow", [b.node("Relu", [b.conv(x, 16, 8, 3, bias=True)]), b.const("two2", np.float32(2))])
+        b.conv(x, 8, 4, 1, bias=True, output="output")
+        return {"output": [1, 4, 9, 9]}
+    b = _Builder(seed=4, opset=17)
+    mod = _compile_and_check(b.model(body(b), "m"), tmp_path)
+    assert [n.template or n.op for n in mod.spec.nodes] == ["conv2d"] * 3, [n.template or n.op for n in
+                                                                           mod.spec.nodes]
+    from tuner.ir.activations import parse
+    acts = [parse(n.workload["activation"]) for n in mod.spec.nodes]
+    assert acts[0][0] == "starrelu" and np.allclose(acts[0][1], (0.8, -0.1)) and acts[1] == ("starrelu", (1.0, 0.0))
+
+
+@pytest.mark.parametrize("name", ["conv2d", "depthwise_conv2d"])
+def test_starrelu_epilogue_matches_numpy(device, name):
+    """The fused activation against its reference: scale * relu(x)^2 + bias after the bias, on random configs."""
+    fields = dict(CONV, activation="starrelu(0.8,-0.1)") if name == "conv2d" else dict(
+        data=(1, 12, 8, 8), kernel=(12, 1, 3, 3), padding=(1, 1, 1, 1), bias=True, activation="starrelu(1.5)")
+    assert check_random_config(device, name, fields, "float32", 3) is not None
+
+
 def test_every_remaining_copy_is_named_with_its_reason(heldout, device, tmp_path):
     """Item 3: after the graph passes and ``write_views``, each data-movement kernel of every held-out model's
     plan (relayouts, slices, strided copies, resizes, concats) has a note saying why it is a kernel

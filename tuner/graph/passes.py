@@ -22,12 +22,15 @@
   ``group_norm``; a per-channel affine after it folds into its scale and bias.
 - ``split_whole_reductions``: a ReduceMean / Max / Sum / L2 over (C, H, W) of an image runs over (H, W), then the
   channels: no work-item loops over a whole image.
-- ``fuse_patterns``: x * sigmoid(x) -> silu, x * hardsigmoid(x) -> hardswish, the erf GELU -> gelu.
+- ``fuse_patterns``: x * sigmoid(x) -> silu, x * hardsigmoid(x) -> hardswish, the erf GELU -> gelu, StarReLU's
+  relu(x)^2 * s + b -> starrelu(s, b).
 - ``fold_pads``: a Pad read only by convolutions runs no kernel: zeros add to each convolution's padding; a
   reflection or edge Pad becomes the padding of convolutions that pad nothing themselves (``pad_mode``: the
   conv2d and Winograd templates read the reflected or edge pixel in place; a depthwise layer keeps its Pad).
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -206,8 +209,9 @@ def _other(node: Node, name: str) -> str:
 def fuse_patterns(graph: Graph) -> Graph:
     """Activations exporters spell as several nodes become one ``activation`` node (so that they fuse into the
     kernel before them): ``x * sigmoid(x)`` -> silu, ``x * hardsigmoid(x)`` (alpha 1/6, beta 0.5) -> hardswish,
-    ``x * 0.5 * (1 + erf(x / sqrt(2)))`` (either association of the 0.5) -> gelu. Only when nothing else reads
-    the intermediate tensors."""
+    ``x * 0.5 * (1 + erf(x / sqrt(2)))`` (either association of the 0.5) -> gelu, ``relu(x) ** 2`` then a multiply
+    and an add of scalar constants (either or both) -> starrelu(scale, bias) (PoolFormerV2's StarReLU). Only when
+    nothing else reads the intermediate tensors."""
     g = graph.copy()
 
     def sole(t: str):
@@ -222,7 +226,22 @@ def fuse_patterns(graph: Graph) -> Graph:
     for node in list(g.nodes):
         if not any(n is node for n in g.nodes):
             continue
-        if node.op == "activation" and parse(node.attrs["fn"])[0] in ("sigmoid", "hardsigmoid"):
+        if _activation(node) == "relu" and (sq := sole(node.outputs[0])) is not None and sq.op == "unary" \
+                and sq.attrs.get("fn") == "square":
+            chain, scale, bias = [node, sq], 1.0, 0.0  # StarReLU: relu(x)^2, then a scalar multiply and add
+            m = sole(sq.outputs[0])
+            if m is not None and m.op == "mul" and len(m.inputs) == 2 and \
+                    (v := _scalar_param(g, _other(m, sq.outputs[0]))) is not None and \
+                    tuple(g.shapes[m.outputs[0]]) == tuple(g.shapes[sq.outputs[0]]):
+                chain, scale = chain + [m], v
+            a = sole(chain[-1].outputs[0])
+            if a is not None and a.op == "add" and len(a.inputs) == 2 and \
+                    (v := _scalar_param(g, _other(a, chain[-1].outputs[0]))) is not None and \
+                    tuple(g.shapes[a.outputs[0]]) == tuple(g.shapes[sq.outputs[0]]):
+                chain, bias = chain + [a], v
+            if all(math.isfinite(v) for v in (scale, bias)):
+                replace(chain[:-1], chain[-1], node.inputs[0], spec("starrelu", scale, bias))
+        elif node.op == "activation" and parse(node.attrs["fn"])[0] in ("sigmoid", "hardsigmoid"):
             name, params = parse(node.attrs["fn"])
             fused = "silu" if name == "sigmoid" else (
                 "hardswish" if abs(params[0] - 1 / 6) < 1e-6 and params[1] == 0.5 else None)

@@ -44,6 +44,13 @@ def _per_channel(v, p):
                      "apply_prelu_ir / apply_prelu_numpy (a convolution template's epilogue), not as a spec alone")
 
 
+def _starrelu(v, scale, bias):
+    r = max_(v, 0.0)
+    r = r * r
+    r = r * scale if scale != 1.0 else r
+    return r + bias if bias != 0.0 else r
+
+
 def _np_erf(x):
     from math import erf
     return np.vectorize(erf, otypes=[np.float64])(x)
@@ -71,6 +78,9 @@ _REGISTRY = [
     Activation("prelu", (), _per_channel, _per_channel),
     Activation("gelu", (), lambda v, p: v * (call("erf", [v * (1 / math.sqrt(2))], v.dtype) + 1.0) * 0.5,
                lambda x, p: 0.5 * x * (1 + _np_erf(x / math.sqrt(2)))),
+    # StarReLU (MetaFormer baselines: PoolFormerV2, CAFormer): scale * relu(x)^2 + bias, the two scalars learnt
+    Activation("starrelu", (1.0, 0.0), lambda v, p: _starrelu(v, *p),
+               lambda x, p: p[0] * np.maximum(x, 0) ** 2 + p[1]),
 ]
 ACTIVATIONS: dict[str, Activation] = {a.name: a for a in _REGISTRY}
 NAMES = tuple(ACTIVATIONS)
