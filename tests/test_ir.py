@@ -14,7 +14,7 @@ from tuner.ir.buffer import Buffer, buffer
 from tuner.ir.builder import Builder
 from tuner.ir.dtype import DType, boolean, float16, float32, float32x4, int32
 from tuner.ir.evaluate import evaluate
-from tuner.ir.expr import (Binary, Broadcast, BufferLoad, Call, Cast, Const, ExtractLane, Ramp, Var,
+from tuner.ir.expr import (Binary, Broadcast, BufferLoad, Call, Cast, Const, Expr, ExtractLane, Ramp, Var,
                            call, const, max_, min_, select)
 from tuner.ir.functor import substitute, visit
 from tuner.ir.index_map import AXIS_SEPARATOR as SEP
@@ -981,3 +981,27 @@ def test_divides():
     assert not divides(4, x // 4)  # an opaque atom
     assert divides(4, (x // 4) * 4)
     assert not divides(4, const(2.0))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(-30, 30), st.integers(1, 9), st.integers(-3, 3), st.integers(-5, 5))
+def test_simplify_joins_a_split_index_again(lo, k, m, c):
+    """``m * k * (x // k) + m * (x % k) + c`` is ``m * x + c`` for every x (floor division): the flattened index of
+    a view that splits ``x`` into rows of ``k`` and joins them again (efficientvit_m0's attention read its values
+    as ``x / 7 * 7 + x % 7``, which check 11 bounded as if it could pass ``x``, and refused the compiler's own
+    artifact)."""
+    x, y = Var("x"), Var("y")
+    e = (x * 3 + y) // k * (m * k) + y + (x * 3 + y) % k * m + c
+    out = simplify(e, {x: (lo, lo + 10), y: (0, 5)})
+    assert not any(isinstance(n, Binary) and n.op in ("floordiv", "floormod") for n in visit_all(out)), out
+    xs, ys = np.meshgrid(np.arange(lo, lo + 11), np.arange(0, 6))
+    assert np.array_equal(evaluate(out, {x: xs, y: ys}), evaluate(e, {x: xs, y: ys}))
+
+
+def visit_all(e):
+    """Every node of an expression tree."""
+    out = [e]
+    for f in ("a", "b", "value", "base", "stride"):
+        if hasattr(e, f) and isinstance(getattr(e, f), Expr):
+            out += visit_all(getattr(e, f))
+    return out

@@ -100,6 +100,27 @@ def _scalar(e):
     return e.value if isinstance(e, Broadcast) else e
 
 
+def _merge_divmod(terms: dict, c: int) -> tuple[dict, int]:
+    """``m * k * (x // k) + m * (x % k)`` -> ``m * x`` in a linear form (floor division: exact for every x): the
+    flattened index of a view that split ``x`` into rows of ``k`` and joins them again (a reshape (H, W) -> H * W
+    of a token view), which otherwise reaches the kernel as ``x / 7 * 7 + x % 7`` and bounds as if it could pass
+    ``x``."""
+    merged = True
+    while merged:
+        merged = False
+        for atom, m in list(terms.items()):
+            if not (isinstance(atom, Binary) and atom.op == "floormod" and isinstance(_scalar(atom.b), Const)):
+                continue
+            k = int(_scalar(atom.b).value)
+            div = Binary("floordiv", atom.a, atom.b)
+            if k > 0 and terms.get(div) == m * k:
+                tx, cx = linear_form(atom.a)
+                rest = {a: v for a, v in terms.items() if a != atom and a != div}
+                terms, c, merged = _add(rest, {a: v * m for a, v in tx.items()}), c + cx * m, True
+                break
+    return terms, c
+
+
 def _add(a: dict, b: dict) -> dict:
     out = dict(a)
     for k, v in b.items():
@@ -218,7 +239,7 @@ class Simplifier(Mutator):
 
     def _canonical(self, e):
         try:
-            terms, c = linear_form(e)
+            terms, c = _merge_divmod(*linear_form(e))
         except _NotLinear:
             return e
         return from_linear(terms, c, e.lanes)
