@@ -402,6 +402,31 @@ def test_starrelu_epilogue_matches_numpy(device, name):
     assert check_random_config(device, name, fields, "float32", 3) is not None
 
 
+def test_reparameterized_depthwise_branches_run_as_one_depthwise_convolution(tmp_path):
+    """RepViT's token mixer as timm exports it, ``bn(dw3x3_bn(x) + dw1x1(x) + x)``, and FastViT's RepMixer,
+    ``x + s * (dw3x3_bn(x) - dw3x3_bn'(x))``, each one depthwise convolution (``passes_reparam``: before, four and
+    five kernels), a stride-2 pair of branches too (no identity), against onnxruntime."""
+    def body(b):
+        x = b.input("input", (1, 8, 10, 10))
+        x = b.conv(x, 8, 12, 3, bias=True)
+        dw3 = b.bn(b.conv(x, 12, 12, 3, groups=12), 12)  # RepViT: RepVggDw
+        x = b.bn(b.node("Add", [b.node("Add", [dw3, b.conv(x, 12, 12, 1, groups=12, bias=True)]), x]), 12)
+        x = b.conv(x, 12, 12, 1, bias=True)
+        mixer, norm = b.bn(b.conv(x, 12, 12, 3, groups=12), 12), b.bn(b.conv(x, 12, 12, 3, groups=12), 12)
+        scale = b.const("ls", b.rng.uniform(0.5, 1.5, (12, 1, 1)))  # FastViT: RepMixer's layer scale
+        x = b.node("Add", [x, b.node("Mul", [scale, b.node("Sub", [mixer, norm])])])
+        x = b.node("Add", [b.conv(x, 12, 12, 5, stride=2, groups=12, bias=True),
+                           b.conv(x, 12, 12, 3, stride=2, groups=12, bias=True)])  # strided branches
+        b.conv(b.node("Relu", [x]), 12, 4, 1, bias=True, output="output")
+        return {"output": [1, 4, 5, 5]}
+    b = _Builder(seed=6, opset=17)
+    mod = _compile_and_check(b.model(body(b), "m"), tmp_path)
+    ops = [n.template or n.op for n in mod.spec.nodes]
+    assert ops == ["conv2d", "depthwise_conv2d", "conv2d", "depthwise_conv2d", "depthwise_conv2d", "conv2d"], ops
+    assert [n.workload["kernel"][2:] for n in mod.spec.nodes if n.template == "depthwise_conv2d"] == \
+        [[3, 3], [3, 3], [5, 5]]
+
+
 def test_every_remaining_copy_is_named_with_its_reason(heldout, device, tmp_path):
     """Item 3: after the graph passes and ``write_views``, each data-movement kernel of every held-out model's
     plan (relayouts, slices, strided copies, resizes, concats) has a note saying why it is a kernel

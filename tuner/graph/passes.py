@@ -46,6 +46,7 @@ from tuner.graph.passes_movement import optimize_movement  # layout rewrites fir
 from tuner.graph.passes_conv_transpose import crd_to_dcr  # after epilogue fusion: a PixelShuffle's conv2d in DCR order
 from tuner.graph.passes_se import fuse_squeeze_excite  # after epilogue fusion: a squeeze-excite block as one node
 from tuner.graph.passes_attention import slice_activations_into_producers, softmax_into_reductions  # attention
+from tuner.graph.passes_reparam import merge_depthwise_branches  # noqa: E402 - re-parameterized depthwise blocks
 
 ACTIVATION_OF_CLIP = {(0.0, 6.0): "relu6", (0.0, float("inf")): "relu"}
 BINARY_OPS = ("add", "sub", "mul", "div", "prelu")  # glue kernels that apply an activation after themselves
@@ -729,14 +730,15 @@ def optimize(graph: Graph) -> Graph:
 # 2-D forms; GroupNorm and multi-node activations recognized
 # (a GELU's erf pattern reads its input twice, which would stop a transpose from sinking through it); the layout
 # rewrites (channel shuffles, attention's token tensors, NHWC blocks, ConvTranspose -> conv2d:
-# ``passes_movement``); whole-image reductions in two parallel steps; then BatchNorm folded into convolutions, the
+# ``passes_movement``); whole-image reductions in two parallel steps; then BatchNorm folded into convolutions and
+# re-parameterized depthwise branches summed into one (``passes_reparam``), the
 # activations the rewrites exposed recognized, epilogues fused, a PixelShuffle's convolution put in DCR order (its
 # bias and epilogue folded in first: only its weights and bias permute), squeeze-excite gates read by the
 # convolutions after them and each block's pool and two 1x1 convolutions as one ``se_gate``, Pads and channel
 # gathers read by the convolutions after them, and MobileViTv2's softmaxed query computed in the reduction that
 # weights the keys by it and the ReLU of its values in the qkv convolution's epilogue (``passes_attention``).
 PIPELINE = (model_io_ranks, pointwise_ranks, fuse_group_norm, fuse_patterns, optimize_movement, split_whole_reductions,
-            fold_batch_norm, fuse_patterns, fuse_epilogues, flatten_into_reductions, fuse_reduction_weights, crd_to_dcr,
+            fold_batch_norm, merge_depthwise_branches, fuse_patterns, fuse_epilogues, flatten_into_reductions, fuse_reduction_weights, crd_to_dcr,
             fuse_input_gates, fuse_squeeze_excite, align_channel_slices,
             fold_pads, pad_concat_parts,
             fold_gathers_into_convs, compose_gathers_into_copies, matmul_views, slices_read_in_place,
