@@ -427,6 +427,26 @@ def test_reparameterized_depthwise_branches_run_as_one_depthwise_convolution(tmp
         [[3, 3], [3, 3], [5, 5]]
 
 
+def test_an_activation_after_a_token_reshape_runs_in_the_convolution_before_it(tmp_path):
+    """PVTv2's MLP: a depthwise convolution, its map reshaped to tokens (a strided copy), then the activation, then
+    a matmul over the tokens' channels. The activation is applied before the copy (``activations_before_copies``)
+    and so in the convolution's epilogue: no kernel of its own, against onnxruntime."""
+    def body(b):
+        x = b.input("input", (1, 8, 6, 6))
+        x = b.conv(b.conv(x, 8, 8, 1, bias=True), 8, 8, 3, groups=8, bias=True)
+        t = b.node("Transpose", [b.node("Reshape", [x, b.const("shape", np.array([1, 8, 36], np.int64))])],
+                   perm=[0, 2, 1])
+        y = b.node("MatMul", [b.node("Relu", [t]), b.const("w", b.rng.standard_normal((8, 4)) * 0.3)])
+        b.node("Identity", [y], output="output")
+        return {"output": [1, 36, 4]}
+    b = _Builder(seed=7, opset=17)
+    mod = _compile_and_check(b.model(body(b), "m"), tmp_path)
+    ops = [n.template or n.op for n in mod.spec.nodes]
+    assert not any(op in ("unary", "activation", "relu") for op in ops), ops
+    dw = next(n for n in mod.spec.nodes if n.template == "depthwise_conv2d")
+    assert dw.workload["activation"] == "relu"
+
+
 def test_every_remaining_copy_is_named_with_its_reason(heldout, device, tmp_path):
     """Item 3: after the graph passes and ``write_views``, each data-movement kernel of every held-out model's
     plan (relayouts, slices, strided copies, resizes, concats) has a note saying why it is a kernel

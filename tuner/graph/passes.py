@@ -446,6 +446,39 @@ def _norm_residual(g: Graph, node: Node, nxt: Node, out: str, order: dict) -> st
     return None if p is not None and order[p.name] > order[node.name] else other
 
 
+PURE_COPIES = ("strided_copy",)  # movement that only gathers elements (no fill value): an activation commutes with it
+ACTIVATION_TAKERS = ("conv2d", "matmul", "dense")  # producers whose epilogue takes an activation (fuse_epilogues)
+
+
+def activations_before_copies(graph: Graph) -> Graph:
+    """An activation applied to a strided copy of a convolution's or matmul's output (PVTv2's ``GELU(reshape(dwconv(x)))``:
+    the copy reshapes the map to tokens) is applied before the copy instead -- an elementwise function commutes
+    with a gather -- so that ``fuse_epilogues`` folds it into the producer's epilogue; before, it was a kernel of its
+    own after the copy. Only where the copy and the activation each have one reader and the producer no
+    activation yet."""
+    g = graph.copy()
+    moved = 0
+    for act in list(g.nodes):
+        if _activation(act) is None or len(act.inputs) != 1:
+            continue
+        copy = g.producer(act.inputs[0])
+        if copy is None or copy.op not in PURE_COPIES or len(copy.inputs) != 1 or \
+                not _only_reader(g, act.inputs[0], act):
+            continue
+        src = g.producer(copy.inputs[0])
+        if src is None or src.op not in ACTIVATION_TAKERS or "activation" in src.attrs or \
+                not _only_reader(g, copy.inputs[0], copy):
+            continue
+        mid = _fresh(g, f"{copy.inputs[0]}.act")
+        g.shapes[mid] = g.shapes[copy.inputs[0]]
+        out = act.outputs[0]
+        new_act = Node(act.op, act.name, [copy.inputs[0]], [mid], dict(act.attrs))
+        new_copy = Node(copy.op, copy.name, [mid], [out], dict(copy.attrs))
+        g.nodes = [new_act if n is copy else new_copy if n is act else n for n in g.nodes]
+        moved += 1
+    return g.validate() if moved else graph
+
+
 def fuse_epilogues(graph: Graph) -> Graph:
     g = canonical_residuals(graph)
     order = {n.name: i for i, n in enumerate(g.nodes)}
@@ -738,7 +771,7 @@ def optimize(graph: Graph) -> Graph:
 # gathers read by the convolutions after them, and MobileViTv2's softmaxed query computed in the reduction that
 # weights the keys by it and the ReLU of its values in the qkv convolution's epilogue (``passes_attention``).
 PIPELINE = (model_io_ranks, pointwise_ranks, fuse_group_norm, fuse_patterns, optimize_movement, split_whole_reductions,
-            fold_batch_norm, merge_depthwise_branches, fuse_patterns, fuse_epilogues, flatten_into_reductions, fuse_reduction_weights, crd_to_dcr,
+            fold_batch_norm, merge_depthwise_branches, fuse_patterns, activations_before_copies, fuse_epilogues, flatten_into_reductions, fuse_reduction_weights, crd_to_dcr,
             fuse_input_gates, fuse_squeeze_excite, align_channel_slices,
             fold_pads, pad_concat_parts,
             fold_gathers_into_convs, compose_gathers_into_copies, matmul_views, slices_read_in_place,
