@@ -447,6 +447,32 @@ def test_an_activation_after_a_token_reshape_runs_in_the_convolution_before_it(t
     assert dw.workload["activation"] == "relu"
 
 
+def test_global_response_norm_leaves_no_kernel_over_the_whole_map(tmp_path):
+    """ConvNeXtV2's GRN as timm exports it (``addcmul(beta, gamma, x * N) + x``, N from ReduceL2 and ReduceMean):
+    the gate 1 + gamma * N is computed on the (1, C, 1, 1) statistics, the next 1x1 convolution applies it as it
+    loads its input and takes beta in its bias (``passes_response_norm``): no elementwise kernel over the map is
+    left (before: four), against onnxruntime."""
+    def body(b):
+        x = b.input("input", (1, 8, 9, 9))
+        h = b.node("Relu", [b.conv(x, 8, 16, 1, bias=True)])
+        G = b.node("ReduceL2", [h], axes=[2, 3], keepdims=1)
+        N = b.node("Div", [G, b.node("Add", [b.node("ReduceMean", [G], axes=[1], keepdims=1),
+                                             b.const("eps", np.float32(1e-6))])])
+        y = b.node("Add", [b.node("Add", [b.const("beta", b.rng.normal(0, 0.3, (1, 16, 1, 1))),
+                                          b.node("Mul", [b.const("gamma", b.rng.normal(0, 0.5, (1, 16, 1, 1))),
+                                                         b.node("Mul", [h, N])])]), h])
+        b.conv(y, 16, 8, 1, bias=True, output="output")
+        return {"output": [1, 8, 9, 9]}
+    b = _Builder(seed=8, opset=17)
+    mod = _compile_and_check(b.model(body(b), "m"), tmp_path)
+    for n in mod.spec.nodes:
+        if not n.template:  # glue: only the statistics' small tensors
+            shapes = {tuple(mod.spec.entries[a[2:]].shape) for c in n.calls for a in c.args if a.startswith("t:")}
+            assert all(int(np.prod(sh[2:])) == 1 for sh in shapes if len(sh) == 4), (n.op, shapes)
+    last = mod.spec.nodes[-1]
+    assert last.template == "conv2d" and last.workload.get("in_scale"), last.workload
+
+
 def test_every_remaining_copy_is_named_with_its_reason(heldout, device, tmp_path):
     """Item 3: after the graph passes and ``write_views``, each data-movement kernel of every held-out model's
     plan (relayouts, slices, strided copies, resizes, concats) has a note saying why it is a kernel

@@ -47,6 +47,7 @@ from tuner.graph.passes_conv_transpose import crd_to_dcr  # after epilogue fusio
 from tuner.graph.passes_se import fuse_squeeze_excite  # after epilogue fusion: a squeeze-excite block as one node
 from tuner.graph.passes_attention import slice_activations_into_producers, softmax_into_reductions  # attention
 from tuner.graph.passes_reparam import merge_depthwise_branches  # noqa: E402 - re-parameterized depthwise blocks
+from tuner.graph.passes_response_norm import response_norm_as_gate  # noqa: E402 - ConvNeXtV2's GRN as a gate
 
 ACTIVATION_OF_CLIP = {(0.0, 6.0): "relu6", (0.0, float("inf")): "relu"}
 BINARY_OPS = ("add", "sub", "mul", "div", "prelu")  # glue kernels that apply an activation after themselves
@@ -764,6 +765,7 @@ def optimize(graph: Graph) -> Graph:
 # (a GELU's erf pattern reads its input twice, which would stop a transpose from sinking through it); the layout
 # rewrites (channel shuffles, attention's token tensors, NHWC blocks, ConvTranspose -> conv2d:
 # ``passes_movement``); whole-image reductions in two parallel steps; then BatchNorm folded into convolutions and
+# ConvNeXtV2's response norm read as a gate by the convolution after it (``passes_response_norm``),
 # re-parameterized depthwise branches summed into one (``passes_reparam``), the
 # activations the rewrites exposed recognized, epilogues fused, a PixelShuffle's convolution put in DCR order (its
 # bias and epilogue folded in first: only its weights and bias permute), squeeze-excite gates read by the
@@ -771,7 +773,7 @@ def optimize(graph: Graph) -> Graph:
 # gathers read by the convolutions after them, and MobileViTv2's softmaxed query computed in the reduction that
 # weights the keys by it and the ReLU of its values in the qkv convolution's epilogue (``passes_attention``).
 PIPELINE = (model_io_ranks, pointwise_ranks, fuse_group_norm, fuse_patterns, optimize_movement, split_whole_reductions,
-            fold_batch_norm, merge_depthwise_branches, fuse_patterns, activations_before_copies, fuse_epilogues, flatten_into_reductions, fuse_reduction_weights, crd_to_dcr,
+            fold_batch_norm, response_norm_as_gate, merge_depthwise_branches, fuse_patterns, activations_before_copies, fuse_epilogues, flatten_into_reductions, fuse_reduction_weights, crd_to_dcr,
             fuse_input_gates, fuse_squeeze_excite, align_channel_slices,
             fold_pads, pad_concat_parts,
             fold_gathers_into_convs, compose_gathers_into_copies, matmul_views, slices_read_in_place,

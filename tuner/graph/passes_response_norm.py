@@ -1,0 +1,113 @@
+"""ConvNeXtV2's global response normalization read by the convolution after it (``response_norm_as_gate``,
+``Graph -> Graph``).
+
+GRN (Woo et al. 2023) is ``y = gamma * (x * N) + beta + x`` with ``N = G / (mean_c(G) + eps)`` and ``G`` the L2
+norm of each channel's map. Exported, the part over the whole map is four elementwise kernels -- ``x * N``, two
+per-channel multiplies, the add of beta, the add of x -- each reading and writing every element, before the MLP's
+second 1x1 convolution reads ``y``. Per channel it is ``y = x * (1 + gamma * N) + beta``: here the gate
+``a = 1 + gamma * N`` is computed on the (N, C, 1, 1) statistics (two small kernels), ``x * a`` is a squeeze-excite
+style gate that ``fuse_input_gates`` has the convolution apply as it loads its input, and where that convolution
+is 1x1 with no padding (ConvNeXtV2's ``fc2``) ``beta`` goes into its bias as ``W @ beta``. No kernel is left over
+the whole map.
+
+Taken where every intermediate tensor has one reader, the multiplies and the add are by per-channel constants, and
+``N`` is an (N, C, 1, 1) tensor."""
+from __future__ import annotations
+
+import numpy as np
+
+from tuner.graph.graph import Graph, Node
+from tuner.graph.graph import add_param as _add_param, drop_unused_params as _drop_unused_params
+from tuner.graph.graph import fresh_name as _fresh
+
+
+def _per_channel(g: Graph, name: str, channels: int) -> np.ndarray | None:
+    if name not in g.params:
+        return None
+    v = np.asarray(g.params[name], np.float64)
+    if v.size == 1:
+        return np.full(channels, float(v.reshape(-1)[0]))
+    shape = tuple(v.shape)
+    while len(shape) > 3 and shape[0] == 1:
+        shape = shape[1:]
+    return v.reshape(-1) if shape == (channels, 1, 1) else None
+
+
+def _sole(g: Graph, t: str, node: Node) -> bool:
+    return t not in g.outputs and g.consumers(t) == [node]
+
+
+def _match(g: Graph, y: Node):
+    """``(x, N, scale, shift, chain)`` when ``y`` is ``x + (x * N) * scale + shift`` (module doc), else None."""
+    if y.op != "add" or len(y.inputs) != 2 or y.attrs or len(g.shapes.get(y.outputs[0], ())) != 4:
+        return None
+    C = g.shapes[y.outputs[0]][1]
+    for x, t in (y.inputs, y.inputs[::-1]):
+        chain = []
+        node = g.producer(t)
+        while node is not None and node.op in ("mul", "add") and not node.attrs and len(node.inputs) == 2 and \
+                _sole(g, node.outputs[0], chain[-1] if chain else y):
+            consts = [(i, v) for i, v in enumerate(node.inputs) if _per_channel(g, v, C) is not None]
+            if len(consts) != 1:
+                break
+            chain.append(node)
+            node = g.producer(node.inputs[1 - consts[0][0]])
+        if node is None or node.op != "mul" or node.attrs or x not in node.inputs or \
+                not _sole(g, node.outputs[0], chain[-1] if chain else y):
+            continue
+        n_t = node.inputs[1] if node.inputs[0] == x else node.inputs[0]
+        if n_t in g.params or tuple(g.shapes.get(n_t, ())) != (g.shapes[x][0], C, 1, 1) or n_t == x:
+            continue
+        scale, shift = np.ones(C), np.zeros(C)  # the chain's multiplies and adds, in the order they run
+        for n in reversed(chain):
+            v = _per_channel(g, next(i for i in n.inputs if i in g.params), C)
+            scale, shift = (scale * v, shift * v) if n.op == "mul" else (scale, shift + v)
+        return x, n_t, scale, shift, chain + [node]
+    return None
+
+
+def response_norm_as_gate(graph: Graph) -> Graph:
+    """Each GRN's part over the whole map as a gate and a bias of the convolution after it (module doc)."""
+    if not any(n.op == "reduce_l2" for n in graph.nodes):
+        return graph
+    g = graph.copy()
+    done = 0
+    for y in list(g.nodes):
+        if not any(n is y for n in g.nodes):
+            continue
+        found = _match(g, y)
+        if found is None:
+            continue
+        x, n_t, scale, shift, chain = found
+        C = len(scale)
+        name = y.name
+        s = _add_param(g, f"{name}.gamma", scale.astype(np.float32).reshape(1, C, 1, 1))
+        one = _add_param(g, f"{name}.one", np.ones((1, C, 1, 1), np.float32))
+        scaled, gate, gated = (_fresh(g, f"{name}.{k}") for k in ("scaled", "gate", "gated"))
+        for t in (scaled, gate):
+            g.shapes[t] = (g.shapes[n_t][0], C, 1, 1)
+        g.shapes[gated] = g.shapes[y.outputs[0]]
+        new = [Node("mul", f"{name}.scale", [n_t, s], [scaled]), Node("add", f"{name}.plus_one", [scaled, one], [gate])]
+        readers = g.consumers(y.outputs[0])
+        conv = readers[0] if len(readers) == 1 and y.outputs[0] not in g.outputs else None
+        w = g.params.get(conv.inputs[1]) if conv is not None and conv.op == "conv2d" and len(conv.inputs) >= 2 else None
+        pointwise = (w is not None and conv.inputs[0] == y.outputs[0] and np.ndim(w) == 4 and np.shape(w)[2:] == (1, 1)
+                     and conv.attrs.get("groups", 1) == 1 and tuple(conv.attrs.get("padding", (0,) * 4)) == (0,) * 4
+                     and set(conv.attrs) <= {"stride", "padding", "dilation", "groups"} and len(conv.inputs) <= 3)
+        if pointwise or not np.any(shift):
+            new.append(Node("mul", f"{name}.gated", [x, gate], list(y.outputs)))
+            if pointwise and np.any(shift):  # beta through the 1x1 convolution: W @ beta into its bias
+                W = np.asarray(w, np.float64)[:, :, 0, 0]
+                b = np.asarray(g.params[conv.inputs[2]], np.float64) if len(conv.inputs) == 3 else np.zeros(W.shape[0])
+                conv.inputs = [conv.inputs[0], conv.inputs[1],
+                               _add_param(g, f"{conv.name}.b_grn", (b + W @ shift).astype(np.float32))]
+        else:
+            new += [Node("mul", f"{name}.gated", [x, gate], [gated]),
+                    Node("add", name, [gated, _add_param(g, f"{name}.beta", shift.astype(np.float32).reshape(1, C, 1, 1))],
+                         list(y.outputs))]
+        at = g.nodes.index(y)
+        dead = chain
+        g.nodes = g.nodes[:at] + new + g.nodes[at + 1:]
+        g.nodes = [n for n in g.nodes if all(n is not d for d in dead)]
+        done += 1
+    return _drop_unused_params(g).validate() if done else graph
