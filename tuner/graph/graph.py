@@ -110,7 +110,7 @@ class Graph:
         return "\n".join(lines)
 
 
-# -- editing helpers of the graph passes (passes.py, passes_movement.py, passes_tokens.py) ---------------------
+# -- editing helpers of the graph passes (passes*.py) ------------------------------------------------------
 
 def fresh_name(g: Graph, base: str) -> str:
     """``base``, or ``base_<k>`` for the first k that names no tensor of ``g`` yet."""
@@ -127,6 +127,26 @@ def add_param(g: Graph, base: str, value: np.ndarray) -> str:
     g.params[name] = np.ascontiguousarray(value, dtype=np.float32)
     g.shapes[name] = tuple(np.shape(value))
     return name
+
+
+def only_reader(g: Graph, tensor: str, node: Node) -> bool:
+    """``node`` is the single consumer of ``tensor`` and the tensor is not a model output."""
+    return tensor not in g.outputs and g.consumers(tensor) == [node]
+
+
+def channel_constant(g: Graph, name: str, channels: int, rank: int) -> np.ndarray | None:
+    """A constant that broadcasts as one value per channel (axis 1) -- shaped (C, 1, 1), (1, C, 1, 1), (C,) on
+    2-D, or a scalar -- as a flat (C,) array, else None."""
+    if name not in g.params:
+        return None
+    v = np.asarray(g.params[name], np.float32)
+    if v.size == 1:
+        return np.full(channels, float(v.reshape(-1)[0]), np.float32)
+    per_channel = (channels,) + (1,) * (rank - 2)  # the trailing dims of (1, C, 1, 1) or (1, C)
+    dims = tuple(d for d in v.shape)
+    while dims and dims[0] == 1 and len(dims) > len(per_channel):
+        dims = dims[1:]
+    return v.reshape(-1) if dims == per_channel else None
 
 
 def drop_unused_params(g: Graph) -> Graph:

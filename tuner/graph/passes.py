@@ -36,6 +36,7 @@ import numpy as np
 
 from tuner.graph.graph import Graph, Node, run_passes
 from tuner.graph.graph import add_param as _add_param, drop_unused_params as _drop_unused_params, fresh_name as _fresh
+from tuner.graph.graph import channel_constant as _channel_constant, only_reader as _only_reader
 from tuner.ir.activations import canonical, parse, spec
 from tuner.graph.passes_movement import fold_gathers_into_convs, pad_concat_parts  # last: gathers read by convolutions
 from tuner.graph.passes_movement import compose_gathers_into_copies, fuse_concat_activations, slices_read_in_place
@@ -51,11 +52,6 @@ from tuner.graph.passes_response_norm import response_norm_as_gate  # noqa: E402
 
 ACTIVATION_OF_CLIP = {(0.0, 6.0): "relu6", (0.0, float("inf")): "relu"}
 BINARY_OPS = ("add", "sub", "mul", "div", "prelu")  # glue kernels that apply an activation after themselves
-
-
-def _only_reader(g: Graph, tensor: str, node: Node) -> bool:
-    """``node`` is the single consumer of ``tensor`` and the tensor is not a model output."""
-    return tensor not in g.outputs and g.consumers(tensor) == [node]
 
 
 def fold_batch_norm(graph: Graph) -> Graph:
@@ -274,21 +270,6 @@ def fuse_patterns(graph: Graph) -> Graph:
                         and _scalar_param(g, _other(h, x)) == 0.5):
                     replace([div, node, add, h], m, x, "gelu")
     return _drop_unused_params(g).validate()
-
-
-def _channel_constant(g: Graph, name: str, channels: int, rank: int) -> np.ndarray | None:
-    """A constant that broadcasts as one value per channel (axis 1) -- shaped (C, 1, 1), (1, C, 1, 1), (C,) on
-    2-D, or a scalar -- as a flat (C,) array, else None."""
-    if name not in g.params:
-        return None
-    v = np.asarray(g.params[name], np.float32)
-    if v.size == 1:
-        return np.full(channels, float(v.reshape(-1)[0]), np.float32)
-    per_channel = (channels,) + (1,) * (rank - 2)  # the trailing dims of (1, C, 1, 1) or (1, C)
-    dims = tuple(d for d in v.shape)
-    while dims and dims[0] == 1 and len(dims) > len(per_channel):
-        dims = dims[1:]
-    return v.reshape(-1) if dims == per_channel else None
 
 
 def _conv_cost(g: Graph, node: Node) -> tuple:

@@ -22,6 +22,7 @@ import numpy as np
 
 from tuner.graph.graph import Graph, Node
 from tuner.graph.graph import add_param as _add_param, drop_unused_params as _drop_unused_params
+from tuner.graph.graph import channel_constant, only_reader
 
 
 def _depthwise(g: Graph, n: Node | None):
@@ -56,10 +57,6 @@ def _embed(W: np.ndarray, kh: int, kw: int) -> np.ndarray:
     return out
 
 
-def _sole(g: Graph, tensor: str, node: Node) -> bool:
-    return tensor not in g.outputs and g.consumers(tensor) == [node]
-
-
 def _replace(g: Graph, dead: list, at: Node, x: str, W: np.ndarray, b: np.ndarray, stride) -> None:
     """``at`` (its outputs kept) becomes the depthwise convolution (x, W, b) with its centre padding; ``dead`` go."""
     kh, kw = W.shape[2:]
@@ -71,19 +68,6 @@ def _replace(g: Graph, dead: list, at: Node, x: str, W: np.ndarray, b: np.ndarra
     g.nodes = [conv if n is at else n for n in g.nodes if all(n is not d for d in dead)]
 
 
-def _channel_values(g: Graph, name: str, channels: int) -> np.ndarray | None:
-    """A constant broadcasting as one value per channel of a 4-D tensor (or one value), as a (C,) array."""
-    if name not in g.params:
-        return None
-    v = np.asarray(g.params[name], np.float64)
-    if v.size == 1:
-        return np.full(channels, float(v.reshape(-1)[0]))
-    shape = tuple(v.shape)
-    while len(shape) > 3 and shape[0] == 1:
-        shape = shape[1:]
-    return v.reshape(-1) if shape == (channels, 1, 1) else None
-
-
 def _merge_branches(g: Graph, node: Node) -> bool:
     """An ``add`` / ``sub`` of two centred depthwise branches of one input, or of one and the input (module doc)."""
     if node.op not in ("add", "sub") or len(node.inputs) != 2 or node.attrs or \
@@ -93,7 +77,7 @@ def _merge_branches(g: Graph, node: Node) -> bool:
     for t in node.inputs:
         p = g.producer(t)
         dw = _depthwise(g, p)
-        sides.append((p, *dw) if dw is not None and _centred(p, dw[1]) and _sole(g, t, node) else (None, t))
+        sides.append((p, *dw) if dw is not None and _centred(p, dw[1]) and only_reader(g, t, node) else (None, t))
     convs = [s for s in sides if s[0] is not None]
     if not convs:
         return False
@@ -129,7 +113,7 @@ def _fold_channel_affine(g: Graph, node: Node) -> bool:
         other = node.inputs[1] if t == node.inputs[0] else node.inputs[0]
         if t is None or len(g.shapes.get(t, ())) != 4 or tuple(g.shapes[t]) != tuple(g.shapes[node.outputs[0]]):
             return False
-        v = _channel_values(g, other, g.shapes[t][1])
+        v = channel_constant(g, other, g.shapes[t][1], 4)
         if v is None:
             return False
         C = g.shapes[t][1]
@@ -138,7 +122,7 @@ def _fold_channel_affine(g: Graph, node: Node) -> bool:
         return False
     p = g.producer(t)
     dw = _depthwise(g, p)
-    if dw is None or not _sole(g, t, node):
+    if dw is None or not only_reader(g, t, node):
         return False
     x, W, b = dw
     conv = Node(p.op, p.name, list(p.inputs), list(node.outputs), dict(p.attrs))

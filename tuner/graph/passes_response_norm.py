@@ -18,23 +18,7 @@ import numpy as np
 
 from tuner.graph.graph import Graph, Node
 from tuner.graph.graph import add_param as _add_param, drop_unused_params as _drop_unused_params
-from tuner.graph.graph import fresh_name as _fresh
-
-
-def _per_channel(g: Graph, name: str, channels: int) -> np.ndarray | None:
-    if name not in g.params:
-        return None
-    v = np.asarray(g.params[name], np.float64)
-    if v.size == 1:
-        return np.full(channels, float(v.reshape(-1)[0]))
-    shape = tuple(v.shape)
-    while len(shape) > 3 and shape[0] == 1:
-        shape = shape[1:]
-    return v.reshape(-1) if shape == (channels, 1, 1) else None
-
-
-def _sole(g: Graph, t: str, node: Node) -> bool:
-    return t not in g.outputs and g.consumers(t) == [node]
+from tuner.graph.graph import channel_constant, fresh_name as _fresh, only_reader
 
 
 def _match(g: Graph, y: Node):
@@ -46,21 +30,21 @@ def _match(g: Graph, y: Node):
         chain = []
         node = g.producer(t)
         while node is not None and node.op in ("mul", "add") and not node.attrs and len(node.inputs) == 2 and \
-                _sole(g, node.outputs[0], chain[-1] if chain else y):
-            consts = [(i, v) for i, v in enumerate(node.inputs) if _per_channel(g, v, C) is not None]
+                only_reader(g, node.outputs[0], chain[-1] if chain else y):
+            consts = [(i, v) for i, v in enumerate(node.inputs) if channel_constant(g, v, C, 4) is not None]
             if len(consts) != 1:
                 break
             chain.append(node)
             node = g.producer(node.inputs[1 - consts[0][0]])
         if node is None or node.op != "mul" or node.attrs or x not in node.inputs or \
-                not _sole(g, node.outputs[0], chain[-1] if chain else y):
+                not only_reader(g, node.outputs[0], chain[-1] if chain else y):
             continue
         n_t = node.inputs[1] if node.inputs[0] == x else node.inputs[0]
         if n_t in g.params or tuple(g.shapes.get(n_t, ())) != (g.shapes[x][0], C, 1, 1) or n_t == x:
             continue
         scale, shift = np.ones(C), np.zeros(C)  # the chain's multiplies and adds, in the order they run
         for n in reversed(chain):
-            v = _per_channel(g, next(i for i in n.inputs if i in g.params), C)
+            v = channel_constant(g, next(i for i in n.inputs if i in g.params), C, 4)
             scale, shift = (scale * v, shift * v) if n.op == "mul" else (scale, shift + v)
         return x, n_t, scale, shift, chain + [node]
     return None
