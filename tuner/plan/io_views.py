@@ -74,10 +74,7 @@ def _input_why_not(plan: Plan, x: str, packed: str, readers: dict):
                 f"channels from their planes that often costs more than the relayout")
     if why := _same_form(plan, x, packed, s):
         return why
-    try:
-        return s, dataclasses.replace(s.workload, plain_input=True)
-    except ValueError as e:
-        return str(e)
+    return _flagged(s, plain_input=True)
 
 
 def _output_why_not(plan: Plan, packed: str, y: str, producer: dict, readers: dict):
@@ -91,8 +88,13 @@ def _output_why_not(plan: Plan, packed: str, y: str, producer: dict, readers: di
         return f"written by {p.op}, which writes no row-major output"
     if why := _same_form(plan, y, packed, p):
         return why
+    return _flagged(p, plain_output=True)
+
+
+def _flagged(step: Step, **flag):
+    """``(step, its workload with flag set)``, or why the workload cannot take it (its own check's words)."""
     try:
-        return p, dataclasses.replace(p.workload, plain_output=True)
+        return step, dataclasses.replace(step.workload, **flag)
     except ValueError as e:
         return str(e)
 
