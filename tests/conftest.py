@@ -189,6 +189,17 @@ def conv3x3_onnx(tmp_path):
     return make
 
 
+def with_reference(model, path, seed: int = 0) -> tuple:
+    """Save ``model`` (one input ``input``) to ``path`` and return ``(x, want)``: a random-normal input of its shape
+    (``seed``) and onnxruntime's first output for it."""
+    import onnx
+    import onnxruntime as ort
+    onnx.save(model, str(path))
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    return x, ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+
+
 def save_conv_model(path, size: int = 8, relu: bool = False, residual: bool = False) -> str:
     """Save an ONNX model of one 3x3 convolution, 8 -> 8 channels with seeded weights (node ``conv``), on a
     (1, 8, size, size) input ``x``, to ``path``: then a residual add of ``x`` (node ``res``: ``x`` read twice)

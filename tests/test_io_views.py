@@ -140,18 +140,12 @@ def test_fused_models_match_onnxruntime_in_both_runtimes(device, native, cl_env,
     import subprocess
     import warnings
 
-    import onnx
-    import onnxruntime as ort
-    from conftest import building_cpu
+    from conftest import building_cpu, with_reference
     from tuner.compile.compiler import compile_model
     if scope == "texture" and not device.info.image_support:
         pytest.skip("no images")
-    model = _model(name)
     path = tmp_path / "m.onnx"
-    onnx.save(model, str(path))
-    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
-    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
-    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    x, want = with_reference(_model(name), path)
     dev = building_cpu()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

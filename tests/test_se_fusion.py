@@ -183,15 +183,11 @@ def _compile(path, scope, device=None):
 def test_blocks_launch_one_kernel_per_se_and_match_onnxruntime(name, scope, device, tmp_path, monkeypatch):
     """Each block's squeeze-excite: 3 launches before (a spatial_reduce and two conv2d), 1 now (CPU fallback:
     one launch); both compiles match onnxruntime (the Python executor)."""
-    import onnxruntime as ort
+    from conftest import with_reference
     if scope == "texture" and not device.info.image_support:
         pytest.skip("no images")
-    model = _model(name)
     path = tmp_path / "m.onnx"
-    onnx.save(model, str(path))
-    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
-    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
-    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    x, want = with_reference(_model(name), path)
     fused = _compile(path, scope)
     with monkeypatch.context() as m:
         _unfused(m)
@@ -214,20 +210,15 @@ def test_blocks_in_the_native_runtime(scope, native, cl_env, tmp_path, monkeypat
     """Both blocks saved and run by tuner-run (the C runtime: its checks of the se_gate kernels' launches and
     extents, then the run), with the fallback and with a two-launch config (the pool split, the excite over two
     work-groups), against onnxruntime."""
-    import onnxruntime as ort
-    from conftest import building_cpu
+    from conftest import building_cpu, with_reference
     spec = building_cpu()
     t = get_template("se_gate")
     split = dataclasses.replace(t, fallback=lambda wl, info: dataclasses.replace(
         t.fallback(wl, info), wg_c=2, wg_p=4, split=2, excite_groups=2, fc_split=2))
     for name in BLOCKS:
-        model = _model(name)
         path = tmp_path / f"{name}.onnx"
-        onnx.save(model, str(path))
-        shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
-        x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+        x, want = with_reference(_model(name), path, seed=1)
         np.save(tmp_path / "x.npy", x)
-        want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
         for variant in ("fallback", "split"):
             with monkeypatch.context() as m:
                 if variant == "split":
