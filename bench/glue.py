@@ -108,8 +108,9 @@ def _build(name: str):
         import torchvision
         return getattr(torchvision.models, name[3:])(weights=None), 224
     if name.startswith("timm_"):  # timm's hybrids (random weights): the device needs timm (bench/gpu.sh: .whl_timm/)
-        import timm
-        return timm.create_model(name[5:], pretrained=False), 224
+        import timm  # at its native input size (224 or 256: attention biases and patch grids are sized for it)
+        model = timm.create_model(name[5:], pretrained=False)
+        return model, int(model.pretrained_cfg.get("input_size", (3, 224, 224))[-1])
     if name == "gn32_resnet":
         import torchvision
         return torchvision.models.resnet18(weights=None, norm_layer=lambda c: nn.GroupNorm(32, c)), 224
