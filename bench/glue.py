@@ -295,6 +295,12 @@ def cmd_tune(args) -> int:
                     seen.add(t.key())
                     tasks.append(t)
     tasks.sort(key=lambda t: -t.workload.flops * t.count)
+    if logs:  # a task this device's logs already hold a record of is not tuned again: a later call goes on
+        from tuner.logs.best import ApplyHistoryBest
+        history = ApplyHistoryBest(logs)
+        done = [t for t in tasks if history.query(t.template, t.workload, dev.fingerprint, t.scopes, t.fixed)]
+        tasks = [t for t in tasks if t not in done]
+        print(f"{len(done)} reduction tasks tuned before (in --log)", flush=True)
     start = time.perf_counter()
     print(f"{len(tasks)} reduction tasks", flush=True)
     for i, t in enumerate(tasks):
