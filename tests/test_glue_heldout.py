@@ -325,6 +325,43 @@ def test_linear_attention_context_is_one_reduction(tmp_path):
     assert "binary" not in ops and "slice" not in ops, ops  # the keys' slice read in place by the reduction
 
 
+def _unfolded_attention(b, d: int = 8, size: int = 8) -> dict:
+    """timm's MobileViTv2 block core: the map unfolded into 2x2 patches, (1, d, 4, patches) (Reshape, Transpose,
+    Reshape), a 1x1 qkv convolution, the query softmaxed over the patches (axis -1) per patch position, the keys
+    weighted by it and summed over the patches, ReLU(values) times that context, a 1x1 projection, folded back."""
+    x = b.input("input", (1, d, size, size))
+    n, i64 = size // 2, (lambda v: np.array(v, np.int64))
+    t = b.node("Reshape", [x, b.const("s6", i64([1, d, n, 2, n, 2]))])
+    t = b.node("Transpose", [t], perm=[0, 1, 3, 5, 2, 4])
+    t = b.node("Reshape", [t, b.const("s4", i64([1, d, 4, n * n]))])
+    y = b.conv(t, d, 1 + 2 * d, 1, bias=True)
+    q, k, v = (b.node("Slice", [y, b.const("st", i64([lo])), b.const("en", i64([hi])), b.const("ax", i64([1]))],
+                      "slice") for lo, hi in ((0, 1), (1, 1 + d), (1 + d, 1 + 2 * d)))
+    score = b.node("Softmax", [q], "softmax", axis=-1)
+    ctx = b.node("ReduceSum", [b.node("Mul", [k, score], "mul"), b.const("axes", i64([-1]))], "reducesum", keepdims=1)
+    t = b.conv(b.node("Mul", [b.node("Relu", [v], "relu"), ctx], "mul"), d, d, 1, bias=True)
+    t = b.node("Reshape", [t, b.const("f6", i64([1, d, 2, 2, n, n]))])
+    t = b.node("Transpose", [t], perm=[0, 1, 4, 2, 5, 3])
+    b.node("Reshape", [t, b.const("f4", i64([1, d, size, size]))], output="output")
+    return {"output": [1, d, size, size]}
+
+
+def test_softmax_over_the_patches_runs_in_the_reduction(tmp_path):
+    """timm's MobileViTv2 softmaxes the query over W of the unfolded (1, C, patch, patches) tensor: the reduction
+    computes that softmax itself (``softmax_of`` over axes (3,)) -- no softmax kernel and none of the two copies
+    around it -- against onnxruntime."""
+    from tuner.compile.compiler import load_graph
+    model = _model(_unfolded_attention)
+    g = load_graph(model)
+    red = [n for n in g.nodes if n.op == "reduce_sum"]
+    assert len(red) == 1 and red[0].attrs.get("softmax_of") is not None, [n.op for n in g.nodes]
+    assert tuple(red[0].attrs["axes"]) in ((3,), (-1,))
+    assert "softmax" not in [n.op for n in g.nodes]
+    mod = _compile_and_check(model, tmp_path)
+    ops = [n.template or n.op for n in mod.spec.nodes]
+    assert "softmax" not in ops and ops.count("strided_copy") <= 2, ops  # the unfold and the fold, at most
+
+
 def test_misaligned_slices_of_a_convolution_are_realigned(tmp_path):
     """A convolution (bias, per-channel PReLU) split into 1, 8 and 6 channels (offsets 1 and 9: inside RGBA
     pixels) writes its channels reordered (the 8, then the 1 and the 6), its filters, bias and slopes permuted;

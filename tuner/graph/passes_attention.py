@@ -12,9 +12,14 @@ The reduction can compute the softmax itself -- the max of channel q over the re
 go and the reduction reads the convolution's output twice: its keys as X, its query channel as Q (``attrs
 "softmax_of"``: the channel).
 
-Taken where each of the three nodes is read only by the next, the first copy is exactly channel q of a batch-1 NCHW
-tensor in row-major order and the second exactly the reshape of the softmax's H*W values to (1, 1, H, W), checked by
-running both copies' references on index arrays."""
+timm's MobileViTv2 unfolds the map into (C, patch, patches) first (a 2x2 patch: (C, 4, H*W/4)) and softmaxes the
+query over the patches only, per patch position: its reduction is over W of that 4-D tensor, and the query goes
+through a token view, (1, 4, patches) stored as (1, patches, 1, 4), on its way. The same rewrite holds with the
+softmax over W (``softmax_of`` with ``axes`` (3,)).
+
+Taken where each of the three nodes is read only by the next, and where, checked by running both copies' references
+on index arrays (``_softmax_channel``), the first copy reads channel q of the tensor at the position the second puts
+each value and the softmax normalizes exactly the positions that share their coordinates off the reduced axes."""
 from __future__ import annotations
 
 import numpy as np
@@ -29,58 +34,67 @@ def _mapping(node, shape) -> np.ndarray:
     return np.asarray(strided_copy(node, np.arange(int(np.prod(shape)), dtype=np.float64).reshape(shape))).ravel()
 
 
-def _query_channel(g: Graph, copy) -> int | None:
-    """The channel q when ``copy`` reads channel q of its batch-1 NCHW input as its H*W values in order, else None."""
-    src = tuple(g.shapes[copy.inputs[0]])
-    if copy.op != "strided_copy" or len(src) != 4 or src[0] != 1:
+def _softmax_channel(g: Graph, flat, soft, back, axes: tuple) -> int | None:
+    """The channel q when ``back(soft(flat(src)))`` is, at every position (n, 0, h, w) of ``back``'s (N, 1, H, W)
+    output, the softmax over ``axes`` (the reduced positions: (2, 3) for MobileViTv2's H x W, (3,) for timm's
+    unfolded (C, patch, patches) over the patches) of ``src``'s channel q, else None.
+
+    Checked on index arrays: ``flat`` must read channel q at each position that ``back`` puts it (whatever token
+    view lies between), and each group that ``soft`` normalizes together must be exactly the positions that share
+    their coordinates off ``axes``."""
+    src, w = flat.inputs[0], back.outputs[0]
+    shape, out = tuple(g.shapes[src]), tuple(g.shapes[w])
+    if flat.op != "strided_copy" or back.op != "strided_copy" or len(shape) != 4 or len(out) != 4 \
+            or out[1] != 1 or out[0] != shape[0] or out[2:] != shape[2:]:
         return None
-    hw = src[2] * src[3]
+    soft_shape = tuple(g.shapes[soft.outputs[0]])
     try:
-        got = _mapping(copy, src)
+        m1 = _mapping(flat, shape).astype(np.int64)  # flat's elements (stored order) -> src's
+        m2 = _mapping(back, soft_shape).astype(np.int64)  # back's elements (row-major) -> soft's (stored order)
     except (KeyError, ValueError):
         return None
-    if got.size != hw or got[0] % hw or not np.array_equal(got, np.arange(got[0], got[0] + hw)):
+    size = int(np.prod(out))
+    if m2.size != size or m1.size != size or np.unique(m2).size != size or m2.max() >= m1.size:
         return None
-    return int(got[0]) // hw
-
-
-def _is_reshape_to(g: Graph, copy, shape: tuple) -> bool:
-    """Whether ``copy`` is the row-major reshape of its input to ``shape`` (every element in order)."""
-    if copy.op != "strided_copy" or tuple(g.shapes[copy.outputs[0]]) != shape:
-        return False
-    try:
-        got = _mapping(copy, tuple(g.shapes[copy.inputs[0]]))
-    except (KeyError, ValueError):
-        return False
-    return np.array_equal(got, np.arange(int(np.prod(shape))))
+    n, _, h, x = np.indices(out).reshape(4, -1)
+    N, C, H, W = shape
+    q = int(m1[m2[0]]) // (H * W) % C
+    if not np.array_equal(m1[m2], ((n * C + q) * H + h) * W + x):
+        return None
+    axis = soft.attrs.get("axis", 1) % len(soft_shape)
+    coords = np.indices(soft_shape).reshape(len(soft_shape), -1)
+    group = np.ravel_multi_index(tuple(np.delete(coords, axis, 0)), tuple(np.delete(soft_shape, axis)))[m2]
+    kept = [(n, h, x)[k] for k, a in enumerate((0, 2, 3)) if a not in axes]
+    key = np.ravel_multi_index(tuple(kept), tuple(out[a] for a in (0, 2, 3) if a not in axes))
+    pairs = np.unique(np.stack([group, key]), axis=1).shape[1]
+    return q if pairs == np.unique(group).size == np.unique(key).size else None
 
 
 def softmax_into_reductions(graph: Graph) -> Graph:
-    """Each reduction over (H, W) weighted by the softmaxed, reshaped channel of a tensor (module doc) computing the
-    softmax itself: the two copies and the softmax dropped, the reduction reading the tensor as its weights Q."""
+    """Each reduction over (H, W) -- or over W alone -- weighted by the softmaxed, reshaped channel of a tensor
+    (module doc) computing the softmax itself: the two copies and the softmax dropped, the reduction reading the
+    tensor as its weights Q."""
     g = graph.copy()
     for node in list(g.nodes):
         w = node.attrs.get("weight")
+        axes = tuple(sorted(a % 4 for a in node.attrs.get("axes", ())))
         if node.op not in ("reduce_sum", "reduce_mean") or w is None or "softmax_of" in node.attrs \
-                or tuple(sorted(node.attrs.get("axes", ()))) != (2, 3) or w in g.outputs:
+                or axes not in ((2, 3), (3,)) or w in g.outputs:
             continue
         shape = tuple(g.shapes[node.inputs[0]])
         back = g.producer(w)
-        if back is None or g.consumers(w) != [node] or not _is_reshape_to(g, back, (shape[0], 1, *shape[2:])):
+        if back is None or g.consumers(w) != [node]:
             continue
         soft = g.producer(back.inputs[0])
-        if soft is None or soft.op != "softmax" or soft.attrs.get("axis", 1) not in (1, -3) \
-                or g.consumers(soft.outputs[0]) != [back] or soft.outputs[0] in g.outputs:
-            continue
-        scores = tuple(g.shapes[soft.outputs[0]])
-        if len(scores) != 4 or scores[1] != shape[2] * shape[3] or scores[2:] != (1, 1):
+        if soft is None or soft.op != "softmax" or g.consumers(soft.outputs[0]) != [back] \
+                or soft.outputs[0] in g.outputs:
             continue
         flat = g.producer(soft.inputs[0])
         if flat is None or g.consumers(soft.inputs[0]) != [soft] or soft.inputs[0] in g.outputs:
             continue
-        q = _query_channel(g, flat)
-        src = flat.inputs[0] if q is not None else None
-        if src is None or tuple(g.shapes[src])[2:] != shape[2:] or tuple(g.shapes[src])[0] != shape[0]:
+        q = _softmax_channel(g, flat, soft, back, axes)
+        src = flat.inputs[0]
+        if q is None or tuple(g.shapes[src])[2:] != shape[2:] or tuple(g.shapes[src])[0] != shape[0]:
             continue
         node.inputs = [node.inputs[0], src]
         node.attrs = {**node.attrs, "weight": src, "softmax_of": q}

@@ -90,10 +90,12 @@ def _evaluate(graph: Graph, node: Node, fn, env: dict) -> np.ndarray:
         ins[0] = ins[0][:, at:at + c]
     if "in_scale" in extra:
         ins[0] = ins[0] * extra["in_scale"]
-    if "weight" in extra and "softmax_of" in a:  # passes_attention: the softmax over H, W of a channel of weight
+    if "weight" in extra and "softmax_of" in a:  # passes_attention: the softmax over the reduced axes (H and W,
+        # or W) of a channel of weight
         q = np.asarray(extra["weight"], np.float64)[:, a["softmax_of"]:a["softmax_of"] + 1]
-        e = np.exp(q - q.max(axis=(2, 3), keepdims=True))
-        ins[0] = ins[0] * (e / e.sum(axis=(2, 3), keepdims=True))
+        axes = tuple(int(k) % q.ndim for k in a["axes"])
+        e = np.exp(q - q.max(axis=axes, keepdims=True))
+        ins[0] = ins[0] * (e / e.sum(axis=axes, keepdims=True))
     elif "weight" in extra:  # a reduction's prologue (passes.fuse_reduction_weights): the product it reduces
         ins[0] = ins[0] * extra["weight"]
     out = fn(node, *ins)
