@@ -221,7 +221,7 @@ def shape_text(shape) -> str:
 def epilogue_text(wl) -> str:
     """`` +bias +relu +res f16``: what a workload fuses, and its storage type when not float32."""
     parts = [" +bias" if wl.bias else "", f" +{wl.activation}" if wl.activation != "none" else "",
-             " +res" if getattr(wl, "residual", False) else "", " +scale" if getattr(wl, "in_scale", False) else "",
+             " +res" if getattr(wl, "residual", False) else "", (" +row scale" if getattr(wl, "scale_rows", False) else " +scale") if getattr(wl, "in_scale", False) else "",
              " f16" if wl.dtype == "float16" else ""]
     return "".join(parts)
 
@@ -253,7 +253,7 @@ def _padding(p) -> str | None:
 
 
 _KNOWN = {"op", "data", "kernel", "weight", "stride", "padding", "dilation", "groups", "dtype", "bias",
-          "activation", "residual", "in_scale"}
+          "activation", "residual", "in_scale", "scale_rows"}
 
 
 def workload_label(template: str, wl: dict) -> str:
@@ -288,8 +288,8 @@ def workload_label(template: str, wl: dict) -> str:
         parts.append(f"n{n}")
     if wl.get("dtype", "float32") != "float32":
         parts.append(str(wl["dtype"]).replace("float", "fp"))
-    epilogue = [e for e, on in (("bias", wl.get("bias")), ("res", wl.get("residual")), ("scale", wl.get("in_scale")))
-                if on]
+    epilogue = [e for e, on in (("bias", wl.get("bias")), ("res", wl.get("residual")), ("scale", wl.get("in_scale") and not wl.get("scale_rows")),
+                                            ("row scale", wl.get("scale_rows"))) if on]
     if wl.get("activation", "none") not in ("none", None):
         epilogue.append(str(wl["activation"]))
     if epilogue:
@@ -363,6 +363,8 @@ class Conv2dWorkload:
     activation: str = "none"
     residual: bool = False
     in_scale: bool = False  # the input read times a per-(n, channel) gate S (N, C, 1, 1): squeeze-excite's x * s
+    scale_rows: bool = False  # with in_scale: S is (N, C, H, 1), a gate a channel and input row (timm's MobileViTv2:
+    # relu(values) times the context over the patches, one a patch position); in the key only when set
     pad_mode: str = "zeros"  # what the padding reads: zeros, or the input reflected or its edge repeated (a
     # reflection or edge Pad before the convolution, read in place: no kernel runs for it)
     out_view: tuple = ()  # (offset, channels): write channels [offset, offset + O) of a larger output (a concat's);
@@ -427,6 +429,8 @@ class Conv2dWorkload:
                              "side_copy or residual with it")
         if self.in_read:
             set_("in_read", self._checked_in_read())
+        if self.scale_rows and not self.in_scale:
+            raise ValueError("scale_rows: the gate S is one a channel and input row -- it needs in_scale")
         if self.plain_input and self.in_scale:
             raise ValueError("plain_input reads the model input's row-major buffer: no in_scale gate with it")
         if self.side_copy and self.shuffle_view:
@@ -469,7 +473,8 @@ class Conv2dWorkload:
         """The log's key; ``in_scale`` and ``pad_mode`` only when set, so the keys (and records) of every other
         convolution stay as they were before the fields existed."""
         return {"op": "conv2d", **{k: in_read_text(v) if k == "in_read" else _listed(v) for k, v in asdict(self).items()
-                                   if (k not in ("in_scale", "in_read") or v) and (k != "pad_mode" or v != "zeros")
+                                   if (k not in ("in_scale", "in_read", "scale_rows") or v)
+                                   and (k != "pad_mode" or v != "zeros")
                                    and k not in ("out_view", "side_copy", "shuffle_view", "plain_input",
                                                  "plain_output")}}
 
@@ -819,12 +824,17 @@ def declare_operands(wl, cfg, channels: int) -> tuple:
 
 
 def scale_operand(wl, cfg):
-    """``S``, the per-(n, channel) gate an ``in_scale`` workload multiplies its input by (N, C, 1, 1), in the
-    input's scope and layout; None without ``in_scale``."""
+    """``S``, the per-(n, channel) gate an ``in_scale`` workload multiplies its input by (N, C, 1, 1; with
+    ``scale_rows`` (N, C, H, 1), per input row too), in the input's scope and layout; None without ``in_scale``."""
     if not getattr(wl, "in_scale", False):
         return None
-    return buffer("S", (wl.data[0], wl.data[1], 1, 1), wl.dtype,
+    return buffer("S", scale_shape(wl), wl.dtype,
                   *scope_layout(cfg.input_scope, cfg.act_layout, "nchw4c_buffer"))
+
+
+def scale_shape(wl) -> tuple:
+    """The gate S's shape: (N, C, 1, 1), or (N, C, H, 1) with ``scale_rows``."""
+    return (wl.data[0], wl.data[1], wl.data[2] if getattr(wl, "scale_rows", False) else 1, 1)
 
 
 def bias_buffer(O: int, dtype: str, weight_scope: str):
@@ -982,7 +992,7 @@ def random_inputs(wl, rng) -> dict:
     if wl.residual:
         inputs["Res"] = draw(wl.out_shape)
     if getattr(wl, "in_scale", False):
-        inputs["S"] = draw((wl.data[0], wl.data[1], 1, 1))
+        inputs["S"] = draw(scale_shape(wl))
     for i, p in enumerate(getattr(wl, "in_read", ())):  # the parts' sources, not the logical input
         inputs["X" if i == 0 else f"X{i}"] = draw((wl.data[0], p[9], p[1], p[2]))
     return inputs

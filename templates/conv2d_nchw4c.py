@@ -18,7 +18,7 @@ from tuner.ir.expr import ExtractLane, Ramp, as_expr, min_
 from tuner.ir.gather import gather_pixel
 from tuner.ir.schedule import cache_read
 from tuner.templates.common import (EPILOGUE_ARGS, MODEL_KNOBS, PAD_MODE_ARG, WINDOW_ARGS, Arithmetic,
-                                    Conv2dWorkload, LocalTile, Template, WorkloadArg, _log2, declare_operands,
+                                    Conv2dWorkload, LocalTile, clamp, Template, WorkloadArg, _log2, declare_operands,
                                     fit_work_group, gpu_fill_target, input_pixel, is_depthwise, node_epilogue, pixel,
                                     input_parts, padded, padded_tap, params_of, random_inputs, read_parts_numpy,
                                     reference, scale_operand, scope_layout, split_sums, store_tile, texture_scopes,
@@ -94,7 +94,7 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
                         b.barrier()  # every work-item is done reading the previous step's tile
                     base = grp * CG4 + cbo * cfg.split_c if G > 1 else cbo * cfg.split_c
                     tile.load(lambda k, ih, iw: gated(input_pixel(X, n, base + k, ih, iw, H, W, arith, wl.pad_mode), Sc,
-                                                      n, base + k, arith),
+                                                      n, base + k, arith, clamp(ih, H)),
                               (gh * cfg.wg_h * t_oh * sh - pt, gw * cfg.wg_w * t_ow * sw - pl), th * cfg.wg_w + tw)
                 with b.loop("cbi", cfg.split_c, "unrolled") as cbi, b.loop("r", R, window) as r, \
                         b.loop("s", S, window) as s:
@@ -132,9 +132,12 @@ def side_copy(b, wl, Xs, Y, n, obb, n_ob, oh0, ow0, tile, tk):
                                 gather_pixel(b, Xs, src[1], n, cb, [oh, ow], channels, f"s{y}_{x}"))
 
 
-def gated(pixel, Sc, n, cb, arith):
-    """An input pixel of channel block ``cb`` times its gate pixel ``Sc[n, cb]`` (as is without ``Sc``)."""
-    return pixel if Sc is None else pixel * arith.load(Sc[n, Ramp(cb * 4, as_expr(1), 4), 0, 0])
+def gated(pixel, Sc, n, cb, arith, ih):
+    """An input pixel of channel block ``cb`` (at input row ``ih``, in bounds) times its gate pixel ``Sc[n, cb]``, or
+    ``Sc[n, cb, ih]`` for a gate a row (``scale_rows``); as is without ``Sc``."""
+    if Sc is None:
+        return pixel
+    return pixel * arith.load(Sc[n, Ramp(cb * 4, as_expr(1), 4), ih if Sc.shape[2] > 1 else 0, 0])
 
 
 def conv_step(b, cfg, wl, inputs, Wt, acc, arith, tile, vector_input, n, grp, obb, oh0, ow0, th, tw, cbo, cbi, r,
@@ -160,7 +163,8 @@ def conv_step(b, cfg, wl, inputs, Wt, acc, arith, tile, vector_input, n, grp, ob
                 xs[y, x] = b.let(f"x{y}_{x}", tile.read(cbi, th, tw, y, x, r, s))
     elif vector_input:  # one RGBA pixel (4 input channels) per tap; lanes extracted below
         for (y, x), (inside, ih, iw) in taps.items():
-            xs[y, x] = b.let(f"x{y}_{x}", gated(padded(inside, arith.load(pixel(X, n, cb, ih, iw))), Sc, n, cb, arith))
+            xs[y, x] = b.let(f"x{y}_{x}", gated(padded(inside, arith.load(pixel(X, n, cb, ih, iw))), Sc, n, cb, arith,
+                                                ih))
     for ci in range(4):
         c = cb * 4 + ci
         # lanes past C exist only in the last block; their weights do not (OIHW4o pads O, not C)
@@ -168,8 +172,9 @@ def conv_step(b, cfg, wl, inputs, Wt, acc, arith, tile, vector_input, n, grp, ob
             if vector_input:
                 lane = {yx: ExtractLane(v, ci) for yx, v in xs.items()}
             else:
-                gate = (lambda v: v) if Sc is None else (lambda v: v * arith.load(Sc[n, c, 0, 0]))  # noqa: E731
-                lane = {yx: b.let(f"x{yx[0]}_{yx[1]}_{ci}", gate(padded(inside, arith.load(value(X, n, c, ih, iw)))))
+                def gate(v, ih):
+                    return v if Sc is None else v * arith.load(Sc[n, c, ih if Sc.shape[2] > 1 else 0, 0])
+                lane = {yx: b.let(f"x{yx[0]}_{yx[1]}_{ci}", gate(padded(inside, arith.load(value(X, n, c, ih, iw))), ih))
                         for yx, (inside, ih, iw) in taps.items()}
             for k in range(t_oc):
                 ob = min_(obb * t_oc + k, OB - 1)  # a partial last tile re-reads the last block
@@ -266,7 +271,9 @@ def lower(ctx, node, ins):
                 full[k * og:(k + 1) * og, k * cg:(k + 1) * cg] = w[k * og:(k + 1) * og]
             w_name, w_shape, groups = f"{node.name}.block_diagonal_w", full.shape, 1
             extra[w_name] = full
+    rows = "S" in inputs and ctx.shape(node.attrs["in_scale"])[2] > 1  # a gate a channel and row (N, C, H, 1)
     wl = Conv2dWorkload(data=data, kernel=w_shape, groups=groups, residual="Res" in inputs, in_scale="S" in inputs,
+                        scale_rows=rows,
                         pad_mode=node.attrs.get("pad_mode", "zeros"), **window_fields(node), **fields)
     return wl, {"X": ins[0], "Wt": w_name, **inputs}, extra
 
@@ -277,6 +284,8 @@ WORKLOAD_ARGS = (WorkloadArg("data", "shape", "N,C,H,W", "input shape", required
                  *EPILOGUE_ARGS, WorkloadArg("residual", "flag", help="fuse a residual add of a second NCHW4c tensor"),
                  WorkloadArg("in_scale", "flag", help="multiply the input by a per-(n, channel) gate S of shape "
                              "N,C,1,1 as it is read (squeeze-excite)"),
+                 WorkloadArg("scale_rows", "flag", help="with in_scale: the gate S is N,C,H,1, one a channel and input "
+                             "row"),
                  PAD_MODE_ARG,
                  WorkloadArg("plain_input", "flag", help="read X as a row-major NCHW buffer (a model input, in place)"),
                  WorkloadArg("plain_output", "flag", help="write Y as a row-major NCHW buffer (a model output, in "

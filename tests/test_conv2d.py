@@ -102,6 +102,29 @@ def test_gated_input_is_read_times_its_channel_gate(device, rng, knobs):
     assert np.abs(plain - ref).max() / np.abs(ref).max() > 0.1  # the gate changes the answer
 
 
+ROW_GATED = Conv2dWorkload((2, 7, 6, 5), (8, 7, 3, 3), 1, 1, bias=True, in_scale=True, scale_rows=True)
+
+
+@pytest.mark.parametrize("knobs", [
+    dict(), dict(**BUFFERS, vec_load=1), dict(local_input=True, wg_w=2, wg_h=2), dict(tile_oh=2, **BUFFERS)],
+    ids=["texture", "scalar loads", "local tile", "tiles"])
+def test_row_gate_multiplies_each_input_row_by_its_own_gate(device, rng, knobs):
+    """``scale_rows``: the gate S is (N, C, H, 1), one value a channel and input row (timm's MobileViTv2 context per
+    patch position), read at each tap's row -- a padded 3x3 window, so that the padding rows read in bounds and stay
+    zero -- by the vector, scalar and __local tile paths, against NumPy."""
+    from tuner.templates.common import random_inputs
+    inputs = random_inputs(ROW_GATED, rng)
+    assert inputs["S"].shape == (2, 7, 6, 1)
+    y = build(conv2d_nchw4c(ROW_GATED, Conv2dConfig(**knobs)), device)(**inputs)["Y"].astype(np.float64)
+    ref = reference(ROW_GATED, inputs["X"], inputs["Wt"], inputs["B"], None, inputs["S"])
+    assert np.abs(y - ref).max() / np.abs(ref).max() < 1e-4
+    one = reference(ROW_GATED, inputs["X"], inputs["Wt"], inputs["B"], None, inputs["S"][:, :, :1])
+    assert np.abs(one - ref).max() / np.abs(ref).max() > 0.1  # each row's own gate changes the answer
+    assert ROW_GATED.key()["scale_rows"] is True and "scale_rows" not in GATED.key()
+    with pytest.raises(ValueError, match="scale_rows"):
+        Conv2dWorkload((1, 8, 4, 4), (8, 8, 1, 1), scale_rows=True)
+
+
 def test_gate_is_in_the_key_only_when_set():
     """Records logged before ``in_scale`` existed keep matching: the field is in the key only when set; a gated
     convolution borrows the config of the same shapes (an epilogue field: distance 0)."""

@@ -346,20 +346,41 @@ def _unfolded_attention(b, d: int = 8, size: int = 8) -> dict:
     return {"output": [1, d, size, size]}
 
 
-def test_softmax_over_the_patches_runs_in_the_reduction(tmp_path):
+@pytest.mark.parametrize("scope", ["texture", "buffer"])
+def test_unfolded_attention_leaves_only_the_unfold_and_the_fold(native, cl_env, scope, tmp_path):
     """timm's MobileViTv2 softmaxes the query over W of the unfolded (1, C, patch, patches) tensor: the reduction
-    computes that softmax itself (``softmax_of`` over axes (3,)) -- no softmax kernel and none of the two copies
-    around it -- against onnxruntime."""
+    computes that softmax itself (``softmax_of`` over axes (3,)) -- no softmax kernel, none of the two copies around
+    it -- and relu(values) times the context, one a channel and patch position, is the projection's row gate
+    (``scale_rows``) with the ReLU in the qkv convolution's epilogue: no binary or elementwise kernel. Against
+    onnxruntime in each scope, by the Python executor and by tuner-run."""
+    import subprocess
+    from conftest import building_cpu
     from tuner.compile.compiler import load_graph
     model = _model(_unfolded_attention)
     g = load_graph(model)
     red = [n for n in g.nodes if n.op == "reduce_sum"]
     assert len(red) == 1 and red[0].attrs.get("softmax_of") is not None, [n.op for n in g.nodes]
-    assert tuple(red[0].attrs["axes"]) in ((3,), (-1,))
-    assert "softmax" not in [n.op for n in g.nodes]
-    mod = _compile_and_check(model, tmp_path)
+    assert tuple(a % 4 for a in red[0].attrs["axes"]) == (3,)
+    gated = [n for n in g.nodes if n.op == "conv2d" and "in_scale" in n.attrs]
+    assert len(gated) == 1 and g.shapes[gated[0].attrs["in_scale"]] == (1, 8, 4, 1)
+    device = building_cpu()
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    feeds = _feeds(model)
+    want = _ort(path, feeds)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mod = compile_model(str(path), device=device, scope=scope)
     ops = [n.template or n.op for n in mod.spec.nodes]
-    assert "softmax" not in ops and ops.count("strided_copy") <= 2, ops  # the unfold and the fold, at most
+    assert not {"softmax", "binary", "elementwise"} & set(ops) and ops.count("strided_copy") <= 2, ops
+    assert any(n.workload.get("scale_rows") for n in mod.spec.nodes if n.template == "conv2d"), ops
+    assert _rel(mod.run(list(feeds.values()))[0], want[0]) < 1e-4
+    art = mod.save(tmp_path / "art")
+    np.save(tmp_path / "x.npy", next(iter(feeds.values())))
+    r = subprocess.run([native["tuner_run"], str(art), "--device", device, "--input", str(tmp_path / "x.npy"),
+                        "--output", str(tmp_path / "y.npy")], capture_output=True, text=True, env=cl_env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert _rel(np.load(tmp_path / "y.npy"), want[0]) < 1e-4
 
 
 def test_misaligned_slices_of_a_convolution_are_realigned(tmp_path):

@@ -642,8 +642,16 @@ def align_channel_slices(graph: Graph) -> Graph:
     return _drop_unused_params(g).validate()
 
 
+def _is_gate(xs: tuple, ss: tuple) -> bool:
+    """Whether an activation of shape ``ss`` can gate an (N, C, H, W) one of ``xs`` as a convolution reads it:
+    one value a channel (N, C, 1, 1), or one a channel and row (N, C, H, 1) -- timm's MobileViTv2 context over the
+    patches, per patch position (``Conv2dWorkload.scale_rows``)."""
+    return len(xs) == 4 and (ss == (xs[0], xs[1], 1, 1) or (ss == (xs[0], xs[1], xs[2], 1) and xs[3] > 1))
+
+
 def _gate_operands(g: Graph, node: Node):
-    """``(x, s)`` of a ``mul`` of an (N, C, H, W) activation by an (N, C, 1, 1) activation, else None."""
+    """``(x, s)`` of a ``mul`` of an (N, C, H, W) activation by an (N, C, 1, 1) or (N, C, H, 1) activation (``_is_gate``),
+    else None."""
     if node.op != "mul" or len(node.inputs) != 2 or "activation" in node.attrs \
             or any(t in g.params for t in node.inputs):
         return None
@@ -652,7 +660,7 @@ def _gate_operands(g: Graph, node: Node):
     for x, s in sorted((node.inputs, node.inputs[::-1]), key=lambda xs: -order.get(xs[1], -1)):
         xs, ss = tuple(g.shapes[x]), tuple(g.shapes[s])
         # the planner gives the gate its input's storage, decided first: the gate must be computed after it
-        if len(xs) == 4 and ss == (xs[0], xs[1], 1, 1) and order.get(x, -1) < order.get(s, -1):
+        if _is_gate(xs, ss) and order.get(x, -1) < order.get(s, -1):
             return x, s
     return None
 
@@ -672,7 +680,7 @@ def _hoist_gated_input(g: Graph, node: Node) -> None:
     for x, s in (node.inputs, node.inputs[::-1]):
         xs, ss = tuple(g.shapes[x]), tuple(g.shapes[s])
         px, ps = g.producer(x), g.producer(s)
-        if len(xs) != 4 or ss != (xs[0], xs[1], 1, 1) or px is None or ps is None or index[px.name] < index[ps.name]:
+        if not _is_gate(xs, ss) or px is None or ps is None or index[px.name] < index[ps.name]:
             continue
         after = max((index[p.name] for t in px.inputs if (p := g.producer(t)) is not None), default=-1)
         if after < index[ps.name]:
