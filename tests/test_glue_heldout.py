@@ -383,6 +383,36 @@ def test_unfolded_attention_leaves_only_the_unfold_and_the_fold(native, cl_env, 
     assert _rel(np.load(tmp_path / "y.npy"), want[0]) < 1e-4
 
 
+def _tokens_to_nhwc_norm(b) -> dict:
+    """EdgeNeXt's stage ending: token rows (a linear layer on (1, 16, 8)) reshaped to NHWC, LayerNorm over the
+    channels there, permuted back to NCHW for a 1x1 convolution."""
+    x = b.input("input", (1, 8, 4, 4))
+    i64 = lambda v: np.array(v, np.int64)  # noqa: E731
+    t = b.node("Transpose", [b.node("Reshape", [b.conv(x, 8, 8, 1, bias=True), b.const("s3", i64([1, 8, 16]))])],
+               perm=[0, 2, 1])
+    t = b.node("Add", [b.node("MatMul", [t, b.const("w", b.rng.normal(0, 0.3, (8, 8)))]),
+                       b.const("bias", b.rng.normal(0, 0.1, 8))])
+    t = b.node("Reshape", [t, b.const("s4", i64([1, 4, 4, 8]))])
+    t = b.node("LayerNormalization", [t, b.const("ln_s", b.rng.uniform(0.5, 1.5, 8)),
+                                      b.const("ln_b", b.rng.normal(0, 0.2, 8))], "ln", axis=-1, epsilon=1e-6)
+    b.conv(b.node("Transpose", [t], perm=[0, 3, 1, 2]), 8, 8, 1, bias=True, output="output")
+    return {"output": [1, 8, 4, 4]}
+
+
+def test_a_copy_then_a_transpose_is_one_copy(tmp_path):
+    """The token rows' reshape to NHWC (a strided copy) and the transpose to NCHW the LayerNorm is read through
+    compose into one strided copy (``passes_movement.copies_through_transposes``): no transpose kernel, against
+    onnxruntime."""
+    from tuner.compile.compiler import load_graph
+    model = _model(_tokens_to_nhwc_norm)
+    ops = [n.op for n in load_graph(model).nodes]
+    assert "transpose" not in ops and "layer_norm" in ops, ops
+    mod = _compile_and_check(model, tmp_path)
+    kernels = [n.template or n.op for n in mod.spec.nodes]
+    # the convolution's output to token rows, then the rows to NCHW: two copies (three kernels before)
+    assert "permute" not in kernels and kernels.count("strided_copy") == 2, kernels
+
+
 def test_misaligned_slices_of_a_convolution_are_realigned(tmp_path):
     """A convolution (bias, per-channel PReLU) split into 1, 8 and 6 channels (offsets 1 and 9: inside RGBA
     pixels) writes its channels reordered (the 8, then the 1 and the 6), its filters, bias and slopes permuted;

@@ -12,6 +12,9 @@ epilogue fusion (so a BatchNorm / bias / ReLU after a ConvTranspose folds into i
   sink through pointwise ops (activations, adds / muls of constants, whose constants are permuted) and
   cancel against their inverses: ConvNeXt's ``permute(0, 2, 3, 1) -> LayerNorm -> Linear -> GELU -> Linear ->
   scale -> permute(0, 3, 1, 2)`` runs in NCHW with no transpose left.
+- ``copies_through_transposes`` (after it): a transpose that is left, of a strided copy's output that nothing else
+  reads, is one strided copy with the shape and strides permuted (EdgeNeXt's token rows to NHWC, then to NCHW for
+  a LayerNorm over the channels: one kernel, not two).
 - ``compose_gathers``: a channel gather of a channel gather reads the first one's input (ShuffleNet's shuffle,
   then split: one gather per half, and the shuffle runs no kernel).
 - ``pad_concat_parts`` then ``fold_gathers_into_convs`` (run last, by ``passes.optimize``): a concat read only by
@@ -266,6 +269,34 @@ def sink_transposes(graph: Graph) -> Graph:
 
 def nhwc_to_nchw(graph: Graph) -> Graph:
     return sink_transposes(_wrap_nchw(graph)).validate()
+
+
+def copies_through_transposes(graph: Graph) -> Graph:
+    """A ``transpose`` whose input a ``strided_copy`` makes, read by nothing else, as one ``strided_copy``: the
+    copy's shape and strides permuted, so one kernel moves the data instead of two -- EdgeNeXt's token rows
+    reshaped to NHWC and transposed to NCHW before each LayerNorm over the channels. Taken where the copy does no
+    reshape after its gather (``shape == out_shape``), checked by running both on an index array."""
+    from tuner.graph.reference_movement import strided_copy
+    g = graph.copy()
+    for t in list(g.nodes):
+        src = t.inputs[0] if t.op == "transpose" and len(t.inputs) == 1 else None
+        c = g.producer(src) if src is not None else None
+        if c is None or c.op != "strided_copy" or g.consumers(src) != [t] or src in g.outputs:
+            continue
+        a, perm = c.attrs, tuple(int(p) for p in t.attrs["perm"])
+        shape = tuple(a["shape"])
+        if tuple(a.get("out_shape", shape)) != shape or sorted(perm) != list(range(len(shape))) \
+                or tuple(g.shapes[t.outputs[0]]) != tuple(shape[p] for p in perm):
+            continue
+        moved = {**a, "shape": tuple(shape[p] for p in perm), "strides": tuple(a["strides"][p] for p in perm),
+                 "out_shape": tuple(shape[p] for p in perm)}
+        x = np.arange(int(np.prod(g.shapes[c.inputs[0]])), dtype=np.float64).reshape(g.shapes[c.inputs[0]])
+        want = np.transpose(strided_copy(c, x).reshape(shape), perm)
+        if not np.array_equal(strided_copy(Node("strided_copy", c.name, c.inputs, t.outputs, moved), x), want):
+            continue
+        t.op, t.inputs, t.attrs = "strided_copy", list(c.inputs), moved
+        g.nodes = [m for m in g.nodes if m is not c]
+    return _drop_unused(g).validate()
 
 
 # -- channel gathers ------------------------------------------------------------------------------------------
@@ -545,4 +576,4 @@ def optimize_movement(graph: Graph) -> Graph:
 
 
 MOVEMENT_PASSES = (drop_identities, fuse_channel_shuffle, compose_gathers, optimize_tokens, nhwc_to_nchw,  # in this order
-                   lower_conv_transpose, hoist_channelwise)
+                   copies_through_transposes, lower_conv_transpose, hoist_channelwise)
