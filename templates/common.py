@@ -21,7 +21,7 @@ from tuner.errors import TunerError
 from tuner.ir.activations import apply_ir, apply_numpy, apply_prelu_ir, apply_prelu_numpy, canonical
 from tuner.ir.buffer import buffer
 from tuner.ir.dtype import DType
-from tuner.ir.expr import Cast, ExtractLane, Ramp, as_expr, call, const, max_, min_, select
+from tuner.ir.expr import Broadcast, Cast, ExtractLane, Ramp, as_expr, call, const, max_, min_, select
 from tuner.ir.layouts import check_out_view
 
 
@@ -222,6 +222,7 @@ def epilogue_text(wl) -> str:
     """`` +bias +relu +res f16``: what a workload fuses, and its storage type when not float32."""
     parts = [" +bias" if wl.bias else "", f" +{wl.activation}" if wl.activation != "none" else "",
              " +res" if getattr(wl, "residual", False) else "", (" +row scale" if getattr(wl, "scale_rows", False) else " +scale") if getattr(wl, "in_scale", False) else "",
+             " +in norm" if getattr(wl, "in_norm", 0) else "",
              " f16" if wl.dtype == "float16" else ""]
     return "".join(parts)
 
@@ -365,6 +366,11 @@ class Conv2dWorkload:
     in_scale: bool = False  # the input read times a per-(n, channel) gate S (N, C, 1, 1): squeeze-excite's x * s
     scale_rows: bool = False  # with in_scale: S is (N, C, H, 1), a gate a channel and input row (timm's MobileViTv2:
     # relu(values) times the context over the patches, one a patch position); in the key only when set
+    in_norm: float = 0.0  # > 0: the input layer-normalized over its channels at each pixel (this epsilon) as it is
+    # read -- a LayerNorm over channels before a 1x1 convolution, its affine folded into the weights and bias
+    # (``passes_layer_norm``). The statistics are summed in the reduction loop itself; the epilogue is
+    # ``rstd * (acc - mean * U[o]) + bias``, U the weights' sums over the input channels, stored in B after the
+    # biases (``bias_length``). 1x1, stride 1, no padding, groups 1; in the key only when set
     pad_mode: str = "zeros"  # what the padding reads: zeros, or the input reflected or its edge repeated (a
     # reflection or edge Pad before the convolution, read in place: no kernel runs for it)
     out_view: tuple = ()  # (offset, channels): write channels [offset, offset + O) of a larger output (a concat's);
@@ -429,6 +435,14 @@ class Conv2dWorkload:
                              "side_copy or residual with it")
         if self.in_read:
             set_("in_read", self._checked_in_read())
+        if self.in_norm:
+            object.__setattr__(self, "in_norm", float(self.in_norm))
+            if self.kernel[2:] != (1, 1) or self.stride != (1, 1) or any(self.padding) or self.groups != 1 \
+                    or not self.bias or self.activation == "prelu" or self.in_scale or self.in_read \
+                    or self.plain_input or self.in_norm < 0:
+                raise ValueError(f"in_norm {self.in_norm}: a LayerNorm over the input's channels needs a 1x1 "
+                                 "convolution of stride 1, no padding, groups 1, with a bias (it holds the weights' "
+                                 "sums) and no prelu, in_scale, in_read or plain_input")
         if self.scale_rows and not self.in_scale:
             raise ValueError("scale_rows: the gate S is one a channel and input row -- it needs in_scale")
         if self.plain_input and self.in_scale:
@@ -473,7 +487,7 @@ class Conv2dWorkload:
         """The log's key; ``in_scale`` and ``pad_mode`` only when set, so the keys (and records) of every other
         convolution stay as they were before the fields existed."""
         return {"op": "conv2d", **{k: in_read_text(v) if k == "in_read" else _listed(v) for k, v in asdict(self).items()
-                                   if (k not in ("in_scale", "in_read", "scale_rows") or v)
+                                   if (k not in ("in_scale", "in_read", "scale_rows", "in_norm") or v)
                                    and (k != "pad_mode" or v != "zeros")
                                    and k not in ("out_view", "side_copy", "shuffle_view", "plain_input",
                                                  "plain_output")}}
@@ -791,8 +805,9 @@ class LocalTile:
 
 def bias_length(wl, channels: int) -> int:
     """Elements of a convolution's ``B``: its ``channels`` biases, or with a per-channel PReLU (activation
-    ``prelu``) the biases padded to whole blocks of 4 (``O4``) then the ``O4`` slopes: B[c] and B[O4 + c]."""
-    if getattr(wl, "activation", "none") != "prelu":
+    ``prelu``) the biases padded to whole blocks of 4 (``O4``) then the ``O4`` slopes: B[c] and B[O4 + c]; with
+    ``in_norm`` the weights' sums over the input channels there instead."""
+    if getattr(wl, "activation", "none") != "prelu" and not getattr(wl, "in_norm", 0):
         return channels
     return 2 * (-(-channels // 4) * 4)
 
@@ -861,7 +876,7 @@ def split_sums(b, acc, n: int, sk: int, tk, items: int, lid, dtype: str):
     return sums, lambda i: tk.equal(i % sk)
 
 
-def store_tile(b, acc, Y, n, obb, oh0, ow0, tile, bounds, wl, B=None, Res=None, owner=None):
+def store_tile(b, acc, Y, n, obb, oh0, ow0, tile, bounds, wl, B=None, Res=None, owner=None, norm=None):
     """The fused epilogue (bias, residual add, then ReLU/ReLU6: ResNet's ``relu(conv + bn + identity)``) and a
     guarded store of every tile pixel; ``owner(i)``, if given, is the condition under which this work-item
     stores tile entry ``i`` (a split reduction's sums, see ``split_sums``). A workload's ``out_view`` shifts the
@@ -882,6 +897,11 @@ def store_tile(b, acc, Y, n, obb, oh0, ow0, tile, bounds, wl, B=None, Res=None, 
                     v = acc[i]
                     if v.dtype.base == "float16":  # half accumulators: the epilogue runs in float
                         v = Cast(DType("float32", v.lanes), v)
+                    if norm is not None:  # in_norm: rstd * (acc - mean * U), U after the padded biases (acc and
+                        # mean both of the inputs less the pixel's shift K: see conv2d_nchw4c.norm_stats)
+                        mean, rstd = norm[y * t_ow + x]
+                        u = B[Ramp(ob * 4 + B.shape[0] // 2, as_expr(1), 4)]
+                        v = (v - Broadcast(mean, 4) * u) * Broadcast(rstd, 4)
                     if B is not None:
                         v = v + B[lanes]
                     if Res is not None:
@@ -963,6 +983,10 @@ def reference(wl: Conv2dWorkload, x, w, bias=None, residual=None, scale=None) ->
     ``shuffle_view`` gives the interleave it writes (``out_view`` is not applied: the layer's own channels)."""
     if scale is not None:
         x = x.astype(np.float64) * scale
+    if getattr(wl, "in_norm", 0):  # the input normalized over its channels; B's weight sums (U) are the kernel's
+        x = x.astype(np.float64)
+        x = (x - x.mean(axis=1, keepdims=True)) / np.sqrt(x.var(axis=1, keepdims=True) + wl.in_norm)
+        return reference(dataclasses.replace(wl, in_norm=0.0), x, w, bias[:wl.kernel[0]], residual, scale)
     out = np.zeros(wl.out_shape)
     G, (N, O, OH, OW) = wl.groups, wl.out_shape
     for r, s, patch in padded_windows(wl, x):  # grouped: (N, G, C/G, ...) . (G, O/G, C/G)
@@ -989,6 +1013,9 @@ def random_inputs(wl, rng) -> dict:
         if getattr(wl, "activation", "none") == "prelu":  # slopes as trained PReLUs have them (0.25 at init)
             half = inputs["B"].size // 2
             inputs["B"][half:] = rng.uniform(0.05, 0.5, half).astype(wl.dtype)
+        if getattr(wl, "in_norm", 0):  # the weights' sums over the input channels, as the lowering packs them
+            o4 = inputs["B"].size // 2
+            inputs["B"][o4:o4 + wl.kernel[0]] = inputs["Wt"].astype(np.float64).sum(axis=(1, 2, 3))
     if wl.residual:
         inputs["Res"] = draw(wl.out_shape)
     if getattr(wl, "in_scale", False):

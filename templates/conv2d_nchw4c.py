@@ -14,7 +14,8 @@ import numpy as np
 
 from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
-from tuner.ir.expr import ExtractLane, Ramp, as_expr, min_
+from tuner.ir.dtype import DType
+from tuner.ir.expr import Cast, ExtractLane, Ramp, as_expr, call, const, max_, min_
 from tuner.ir.gather import gather_pixel
 from tuner.ir.schedule import cache_read
 from tuner.templates.common import (EPILOGUE_ARGS, MODEL_KNOBS, PAD_MODE_ARG, WINDOW_ARGS, Arithmetic,
@@ -75,6 +76,8 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
     steps, sk = CG4 // cfg.split_c, cfg.split_k
     if sk > 1 and cfg.local_input:
         raise ValueError("split_k > 1 and local_input: the work-items of a split stage different channel blocks")
+    if sk > 1 and wl.in_norm:
+        raise ValueError("split_k > 1 and in_norm: each work-item sums its pixels' statistics over every channel")
     b = Builder()
     with b.loop("nb", N * n_ob, "group.2") as nb, b.loop("tk", sk, "local.2") as tk, \
             b.loop("gh", g_h, "group.1") as gh, b.loop("th", cfg.wg_h, "local.1") as th, \
@@ -83,6 +86,7 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
         grp = (obb * t_oc) // OBG if G > 1 else 0  # a tile's output blocks are all in one group
         oh0, ow0 = (gh * cfg.wg_h + th) * t_oh, (gw * cfg.wg_w + tw) * t_ow
         acc = arith.accumulators(b, t_oc * t_oh * t_ow)
+        stats = norm_stats(b, X, n, oh0, ow0, (t_oh, t_ow), (H, W)) if wl.in_norm else None
         window = "unrolled" if cfg.unroll_rs else "serial"
         tile = LocalTile(b, cfg, (cfg.split_c, t_oh, t_ow), (sh, sw), (dh, dw), (R, S), arith) \
             if cfg.local_input else None
@@ -99,12 +103,13 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
                 with b.loop("cbi", cfg.split_c, "unrolled") as cbi, b.loop("r", R, window) as r, \
                         b.loop("s", S, window) as s:
                     conv_step(b, cfg, wl, (X, Sc), Wt, acc, arith, tile, vector_input, n, grp, obb, oh0, ow0, th,
-                              tw, cbo, cbi, r, s, (C4, CG4, OB, G, H, W))
+                              tw, cbo, cbi, r, s, (C4, CG4, OB, G, H, W), stats)
         owner = None
         if sk > 1:
             acc, owner = split_sums(b, acc, t_oc * t_oh * t_ow, sk, tk, cfg.wg_w * cfg.wg_h, th * cfg.wg_w + tw,
                                     arith.acc)
-        store_tile(b, acc, Y, n, obb, oh0, ow0, (t_oc, t_oh, t_ow), (OB, OH, OW), wl, B, Res, owner)
+        norm = norm_factors(b, stats, C, wl.in_norm, t_oh * t_ow) if stats is not None else None
+        store_tile(b, acc, Y, n, obb, oh0, ow0, (t_oc, t_oh, t_ow), (OB, OH, OW), wl, B, Res, owner, norm)
         if Xs is not None:
             side_copy(b, wl, Xs, Y, n, obb, n_ob, oh0, ow0, (t_oh, t_ow), tk if sk > 1 else None)
     kernel = b.kernel("conv2d_nchw4c", [p for p in operands if p is not None])
@@ -140,8 +145,40 @@ def gated(pixel, Sc, n, cb, arith, ih):
     return pixel * arith.load(Sc[n, Ramp(cb * 4, as_expr(1), 4), ih if Sc.shape[2] > 1 else 0, 0])
 
 
+def norm_stats(b, X, n, oh0, ow0, tile, bounds):
+    """``in_norm``'s private statistics of a work-item's ``tile`` (t_oh, t_ow) of pixels, three floats a pixel: the
+    shift K (the pixel's first channel; the 1x1 convolution's input pixel is its output pixel, clamped for a partial
+    tile), then the sums of ``d = x - K`` and of ``d^2``, zero. The products use ``d`` too: ``rstd * (W d - mean(d)
+    * U)`` is the normalized convolution (U = W's sums) without the cancellation of ``W x - mean(x) * U`` when the
+    mean is large against the deviation, and the variance of ``d`` without that of raw sums."""
+    (t_oh, t_ow), (H, W) = tile, bounds
+    st = b.allocate("st", (3 * t_oh * t_ow,), "float32", "private")
+    for y in range(t_oh):
+        for x in range(t_ow):
+            p = y * t_ow + x
+            first = pixel(X, n, as_expr(0), clamp(oh0 + y, H), clamp(ow0 + x, W))
+            b.store(st, 3 * p, _as_float(ExtractLane(first, 0)))
+            b.store(st, 3 * p + 1, const(0.0, "float32"))
+            b.store(st, 3 * p + 2, const(0.0, "float32"))
+    return st
+
+
+def _as_float(v):
+    return Cast(DType("float32", v.dtype.lanes), v) if v.dtype.base == "float16" else v
+
+
+def norm_factors(b, st, C: int, epsilon: float, pixels: int) -> list:
+    """``[(mean of d, rstd)]`` of each pixel of the tile from ``norm_stats``' sums over the C channels."""
+    out = []
+    for p in range(pixels):
+        m = b.let(f"nm{p}", st[3 * p + 1] * (1.0 / C))
+        out.append((m, b.let(f"nr{p}", call("rsqrt", [max_(st[3 * p + 2] * (1.0 / C) - m * m, 0.0) + epsilon],
+                                                   "float32"))))
+    return out
+
+
 def conv_step(b, cfg, wl, inputs, Wt, acc, arith, tile, vector_input, n, grp, obb, oh0, ow0, th, tw, cbo, cbi, r,
-              s, sizes):
+              s, sizes, stats=None):
     """One input-channel block (``cbo * split_c + cbi``) and window tap (r, s) of a work-item's tile: 4 lanes
     of every input pixel times 4-output weight pixels, accumulated. ``inputs``: (X, the gate Sc or None)."""
     (X, Sc), (C4, CG4, OB, G, H, W) = inputs, sizes
@@ -176,6 +213,13 @@ def conv_step(b, cfg, wl, inputs, Wt, acc, arith, tile, vector_input, n, grp, ob
                     return v if Sc is None else v * arith.load(Sc[n, c, ih if Sc.shape[2] > 1 else 0, 0])
                 lane = {yx: b.let(f"x{yx[0]}_{yx[1]}_{ci}", gate(padded(inside, arith.load(value(X, n, c, ih, iw))), ih))
                         for yx, (inside, ih, iw) in taps.items()}
+            if stats is not None:  # in_norm: d = x - K into the sums and the products (padding lanes skipped)
+                for (y, x), v in list(lane.items()):
+                    p = y * t_ow + x
+                    d = b.let(f"d{y}_{x}_{ci}", _as_float(v) - stats[3 * p])
+                    b.store(stats, 3 * p + 1, stats[3 * p + 1] + d)
+                    b.store(stats, 3 * p + 2, stats[3 * p + 2] + d * d)
+                    lane[y, x] = d if v.dtype == d.dtype else Cast(v.dtype, d)
             for k in range(t_oc):
                 ob = min_(obb * t_oc + k, OB - 1)  # a partial last tile re-reads the last block
                 wpix = b.let(f"w{k}_{ci}", arith.load(Wt[Ramp(ob * 4, as_expr(1), 4), cbl * 4 + ci, r, s]))
@@ -193,7 +237,7 @@ def space_vars(wl: Conv2dWorkload) -> dict:
                 CG4=C // G // 4 if G > 1 else -(-C // 4), OBG=O // G // 4 if G > 1 else -(-O // 4),
                 data=wl.data, kernel=wl.kernel, out=wl.out_shape, bias=wl.bias, residual=wl.residual,
                 stride=wl.stride, dilation=wl.dilation, plain_input=wl.plain_input, plain_output=wl.plain_output,
-                in_read=wl.in_read)
+                in_read=wl.in_read, in_norm=wl.in_norm)
 
 
 def fallback(wl: Conv2dWorkload, info) -> Conv2dConfig:
@@ -220,7 +264,7 @@ def fallback(wl: Conv2dWorkload, info) -> Conv2dConfig:
         tile_ow, tile_oc = (tile_ow // 2, tile_oc) if tile_ow > 1 else (tile_ow, 1)
     wg_w, wg_h = fit_work_group(-(-v["OW"] // tile_ow), v["OH"], info, *((32, 2) if cpu else ()))
     split_k = 1
-    while items(tile_oc, tile_ow) * split_k < target and split_k < 32:
+    while items(tile_oc, tile_ow) * split_k < target and split_k < 32 and not wl.in_norm:
         k = split_k * 2  # the space's limits: channel steps, work-group size, __local partial sums
         if k > v["CG4"] or k > info.max_work_item_sizes[2] or wg_w * wg_h * k > info.max_work_group_size \
                 or k * wg_w * wg_h * tile_oc * tile_ow * 16 > info.local_mem_bytes:
@@ -262,6 +306,16 @@ def lower(ctx, node, ins):
     if view is not None:
         fields["in_read"] = view
     extra, c = {}, data[1]
+    if node.attrs.get("in_norm"):  # passes_layer_norm: B holds the biases, then the weights' sums (bias_length)
+        w = np.asarray(ctx.graph.params[w_name], np.float64)
+        o4 = -(-w.shape[0] // 4) * 4
+        packed = np.zeros(2 * o4, np.float32)
+        if "B" in inputs:
+            packed[:w.shape[0]] = np.asarray(ctx.graph.params[inputs["B"]], np.float32).reshape(-1)
+        packed[o4:o4 + w.shape[0]] = w.reshape(w.shape[0], -1).sum(axis=1)
+        inputs["B"] = f"{node.name}.bias_norm"
+        extra[inputs["B"]] = packed
+        fields.update(bias=True, in_norm=float(node.attrs["in_norm"]))
     if groups > 1:
         cg, og = c // groups, w_shape[0] // groups
         if cg % 4 or og % 4:  # block-diagonal weights: one dense convolution
@@ -299,7 +353,8 @@ VARIABLES = dict(N="batch", C="input channels", H="input height", W="input width
                  residual="fused residual add", stride="stride (h, w)", dilation="dilation (h, w)",
                  plain_input="X is the model input's row-major NCHW buffer (read in place, no relayout)",
                  plain_output="Y is the model output's row-major NCHW buffer (written in place, no relayout)",
-                 in_read="the input read in parts through views (concat, nearest upsample, pool): () when not")
+                 in_read="the input read in parts through views (concat, nearest upsample, pool): () when not",
+                 in_norm="the input's LayerNorm epsilon (over channels, per pixel), 0 when none")
 TEMPLATE = Template("conv2d", Conv2dWorkload, Conv2dConfig, conv2d_nchw4c, _reference, random_inputs,
                     fallback, space_vars, VARIABLES, features=features, model_knobs=MODEL_KNOBS,
                     workload_args=WORKLOAD_ARGS, graph_ops=("conv2d",), lower=lower,

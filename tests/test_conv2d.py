@@ -125,6 +125,36 @@ def test_row_gate_multiplies_each_input_row_by_its_own_gate(device, rng, knobs):
         Conv2dWorkload((1, 8, 4, 4), (8, 8, 1, 1), scale_rows=True)
 
 
+NORMED = Conv2dWorkload((2, 10, 3, 7), (12, 10, 1, 1), bias=True, activation="relu", in_norm=1e-5)
+
+
+@pytest.mark.parametrize("knobs", [
+    dict(), dict(**BUFFERS, vec_load=1), dict(local_input=True, wg_w=2, wg_h=2), dict(tile_oc=2, tile_ow=3, **BUFFERS)],
+    ids=["texture", "scalar loads", "local tile", "tiles"])
+def test_input_layer_norm_is_computed_in_the_convolution(device, rng, knobs):
+    """``in_norm``: each input pixel normalized over its 10 channels (the last block's padding lanes left out) by
+    statistics the reduction loop sums itself, ``rstd * (W d - mean(d) * U) + bias`` in the epilogue (d the input
+    less a shift, U the weights' sums) -- the convolution of the normalized input, against NumPy, on inputs with a
+    mean far from their deviation (raw sums would cancel), by the vector, scalar and __local tile paths."""
+    from tuner.templates.common import random_inputs
+    inputs = random_inputs(NORMED, rng)
+    assert inputs["B"].shape == (24,)
+    np.testing.assert_allclose(inputs["B"][12:], inputs["Wt"].sum(axis=(1, 2, 3)), rtol=1e-5)
+    inputs["X"] = (inputs["X"] * 0.1 + 30.0).astype(np.float32)  # mean 30, deviation 0.1
+    y = build(conv2d_nchw4c(NORMED, Conv2dConfig(**knobs)), device)(**inputs)["Y"].astype(np.float64)
+    ref = reference(NORMED, inputs["X"], inputs["Wt"], inputs["B"], None)
+    assert np.abs(y - ref).max() / np.abs(ref).max() < 1e-4
+    x, w = inputs["X"].astype(np.float64), inputs["Wt"].astype(np.float64)
+    normed = (x - x.mean(axis=1, keepdims=True)) / np.sqrt(x.var(axis=1, keepdims=True) + 1e-5)
+    plain = np.maximum(np.einsum("oc,nchw->nohw", w[:, :, 0, 0], normed) + inputs["B"][:12].reshape(1, -1, 1, 1), 0)
+    assert np.abs(ref - plain).max() < 1e-9 * np.abs(plain).max()
+    assert NORMED.key()["in_norm"] == 1e-5 and "in_norm" not in GATED.key()
+    with pytest.raises(ValueError, match="in_norm"):
+        Conv2dWorkload((1, 8, 4, 4), (8, 8, 3, 3), 1, 1, bias=True, in_norm=1e-5)
+    with pytest.raises(ValueError, match="split_k"):
+        conv2d_nchw4c(NORMED, Conv2dConfig(split_k=2))
+
+
 def test_gate_is_in_the_key_only_when_set():
     """Records logged before ``in_scale`` existed keep matching: the field is in the key only when set; a gated
     convolution borrows the config of the same shapes (an epilogue field: distance 0)."""

@@ -406,11 +406,59 @@ def test_a_copy_then_a_transpose_is_one_copy(tmp_path):
     from tuner.compile.compiler import load_graph
     model = _model(_tokens_to_nhwc_norm)
     ops = [n.op for n in load_graph(model).nodes]
-    assert "transpose" not in ops and "layer_norm" in ops, ops
+    assert "transpose" not in ops, ops
     mod = _compile_and_check(model, tmp_path)
     kernels = [n.template or n.op for n in mod.spec.nodes]
     # the convolution's output to token rows, then the rows to NCHW: two copies (three kernels before)
     assert "permute" not in kernels and kernels.count("strided_copy") == 2, kernels
+
+
+def _norm_then_convs(b, second: int = 1) -> dict:
+    """A LayerNorm over channels (ConvNeXt's: permute, LayerNormalization over the last axis, permute back) of a
+    3x3 convolution's output, read by a 1x1 convolution with a residual and ReLU and by a second convolution of
+    kernel ``second`` (a 3x3 one cannot compute the norm: the norm stays a kernel)."""
+    x = b.input("input", (1, 6, 5, 5))
+    y = b.conv(x, 6, 10, 3, bias=True)
+    t = b.node("Transpose", [y], perm=[0, 2, 3, 1])
+    t = b.node("LayerNormalization", [t, b.const("ln_s", b.rng.uniform(0.5, 1.5, 10)),
+                                      b.const("ln_b", b.rng.normal(0, 0.5, 10))], "ln", axis=-1, epsilon=1e-6)
+    t = b.node("Transpose", [t], perm=[0, 3, 1, 2])
+    u = b.node("Relu", [b.node("Add", [b.conv(t, 10, 10, 1, bias=True), y])])
+    b.node("Add", [u, b.conv(t, 10, 10, second)], output="output")
+    return {"output": [1, 10, 5, 5]}
+
+
+@pytest.mark.parametrize("scope", ["texture", "buffer"])
+@pytest.mark.parametrize("second", [1, 3])
+def test_layer_norm_runs_inside_the_1x1_convolutions_that_read_it(native, cl_env, scope, second, tmp_path):
+    """A LayerNorm over channels read only by 1x1 convolutions is no kernel: each computes it (``in_norm``,
+    ``passes_layer_norm``), its affine folded into their weights and biases; read by a 3x3 convolution too, it
+    stays a kernel. Against onnxruntime in each scope, by the Python executor and by tuner-run, on an input whose
+    channels have a mean far from zero."""
+    import subprocess
+    from conftest import building_cpu
+    model = _model(_norm_then_convs, second=second)
+    device = building_cpu()
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    feeds = {k: v + 5.0 for k, v in _feeds(model).items()}
+    want = _ort(path, feeds)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mod = compile_model(str(path), device=device, scope=scope)
+    kernels = [n.template or n.op for n in mod.spec.nodes]
+    normed = [n for n in mod.spec.nodes if n.template == "conv2d" and n.workload.get("in_norm")]
+    if second == 1:
+        assert "layer_norm" not in kernels and len(normed) == 2, kernels
+    else:
+        assert "layer_norm" in kernels and not normed, kernels
+    assert _rel(mod.run(list(feeds.values()))[0], want[0]) < 1e-4
+    art = mod.save(tmp_path / "art")
+    np.save(tmp_path / "x.npy", next(iter(feeds.values())))
+    r = subprocess.run([native["tuner_run"], str(art), "--device", device, "--input", str(tmp_path / "x.npy"),
+                        "--output", str(tmp_path / "y.npy")], capture_output=True, text=True, env=cl_env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert _rel(np.load(tmp_path / "y.npy"), want[0]) < 1e-4
 
 
 def test_misaligned_slices_of_a_convolution_are_realigned(tmp_path):

@@ -240,7 +240,9 @@ def test_convnext_block_runs_in_nchw(with_pass, device, monkeypatch):
             return orig(self, ctx)
         monkeypatch.setattr(frontend._Converter, "_op_MatMul", matmul)
     g = load_graph(model)
-    assert [n.op for n in g.nodes] == ["conv2d", "layer_norm", "conv2d", "conv2d"]  # ReLU and the add fused
+    # ReLU and the add fused; the LayerNorm inside the first 1x1 convolution (passes_layer_norm)
+    assert [(n.op, bool(n.attrs.get("in_norm"))) for n in g.nodes] == [("conv2d", False), ("conv2d", True),
+                                                                       ("conv2d", False)]
     for scope in ("texture", "buffer"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -319,14 +321,16 @@ def test_concats_that_stay_copies_say_why(with_pass, device):
         assert any(reason in v for v in why), reason
 
 
-def test_convnext_block_runs_four_kernels(with_pass):
+def test_convnext_block_runs_three_kernels(with_pass):
     """torchvision's ConvNeXt block: the GELU is recognized before the transposes sink (its erf pattern reads its
     input twice), so both NHWC permutes cancel; the layer scale folds into the second Linear's filters, which
-    then takes the residual add: depthwise, LayerNorm, 1x1 + GELU, 1x1 + scale + residual."""
+    then takes the residual add; the LayerNorm runs inside the first Linear (``passes_layer_norm``): depthwise,
+    LayerNorm + 1x1 + GELU, 1x1 + scale + residual -- three kernels."""
     from tuner.graph.passes import optimize
     opt = optimize(from_onnx(MODELS["convnext_block"]))
-    assert [(n.op, n.attrs.get("activation"), "residual" in n.attrs) for n in opt.nodes] == [
-        ("conv2d", None, False), ("layer_norm", None, False), ("conv2d", "gelu", False), ("conv2d", None, True)]
+    assert [(n.op, n.attrs.get("activation"), "residual" in n.attrs, bool(n.attrs.get("in_norm")))
+            for n in opt.nodes] == [("conv2d", None, False, False), ("conv2d", "gelu", False, True),
+                                    ("conv2d", None, True, False)]
 
 
 def test_pads_read_by_convolutions_run_no_kernel():

@@ -58,7 +58,7 @@ def run_graph_numpy(graph: Graph, inputs: dict, all_tensors: bool = False) -> di
 # implements. ``matmul``'s are the template's (``reference_movement.MATMUL_ATTRS``).
 _BINARY_EPILOGUE = {"activation", "scale", "residual"}  # passes._binary_epilogue, then an activation
 EPILOGUE_ATTRS = {
-    "conv2d": {"activation", "residual", "in_scale", "pad_mode", "slope", "in_view"},
+    "conv2d": {"activation", "residual", "in_scale", "pad_mode", "slope", "in_view", "in_norm"},
     "dense": {"activation", "residual"},
     "group_norm": {"activation", "slope", "residual"}, "layer_norm": {"activation"},
     "add": {"activation", "channel_offsets"}, "relu": {"channel_offsets"}, "clip": {"channel_offsets"},
@@ -90,6 +90,9 @@ def _evaluate(graph: Graph, node: Node, fn, env: dict) -> np.ndarray:
         ins[0] = ins[0][:, at:at + c]
     if "in_scale" in extra:
         ins[0] = ins[0] * extra["in_scale"]
+    if a.get("in_norm") and "in_norm" in fused_ok:  # passes_layer_norm: the input normalized over its channels
+        x = np.asarray(ins[0], np.float64)
+        ins[0] = (x - x.mean(axis=1, keepdims=True)) / np.sqrt(x.var(axis=1, keepdims=True) + a["in_norm"])
     if "weight" in extra and "softmax_of" in a:  # passes_attention: the softmax over the reduced axes (H and W,
         # or W) of a channel of weight
         q = np.asarray(extra["weight"], np.float64)[:, a["softmax_of"]:a["softmax_of"] + 1]

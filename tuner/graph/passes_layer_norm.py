@@ -1,0 +1,79 @@
+"""A LayerNorm over channels read only by 1x1 convolutions, computed inside them (``layer_norm_into_convs``,
+``Graph -> Graph``): no kernel is left for the norm.
+
+A 1x1 convolution of a per-pixel LayerNorm over the C channels is
+
+    y_o = sum_c W_oc (gamma_c (x_c - mean) * rstd + beta_c) + b_o
+        = rstd * (sum_c W'_oc x_c - mean * U_o) + b'_o,   W' = W diag(gamma), U_o = sum_c W'_oc, b' = b + W beta,
+
+with mean and rstd the pixel's statistics over its channels. The convolution reads every channel of its output
+pixel's input pixel anyway, so it sums ``x`` and ``x^2`` in the same loop (``Conv2dWorkload.in_norm``) and applies
+``rstd`` and ``mean * U`` in its epilogue, before the bias, residual and activation it already fuses. Transformer
+blocks (EdgeNeXt, MobileViT, PoolFormer-style hybrids, DeiT, PVT, ConvNeXt) run a LayerNorm before each MLP or qkv
+projection: one launch and one pass over the tensor fewer each.
+
+Taken where the norm is over the channels of a 4-D tensor (``axis`` 1, after ``passes_movement.nhwc_to_nchw``),
+fuses nothing itself, and every reader is a convolution that takes it as its only input (1x1, stride 1, no padding,
+groups 1, no gate, input view or per-channel PReLU). Each reader gets its own folded weights and bias. Run last, so
+that no later pass gives those convolutions a gate or a view. Not where the norm reads a concat: the norm kernel
+reads its parts in place (EdgeNeXt's SDTA split, ``plan.input_views``), which a normed convolution does not."""
+from __future__ import annotations
+
+import numpy as np
+
+from tuner.graph.graph import Graph, Node
+from tuner.graph.graph import add_param as _add_param, drop_unused_params as _drop_unused_params
+
+_EXCLUDED = ("in_scale", "in_view", "in_norm", "slope", "pad_mode")  # what a reader must not fuse already
+
+
+def _takes_norm(g: Graph, conv: Node, tensor: str) -> bool:
+    """Whether ``conv`` can compute the LayerNorm of ``tensor`` it reads (module doc)."""
+    a = conv.attrs
+    w = conv.inputs[1] if len(conv.inputs) > 1 else None
+    return conv.op == "conv2d" and conv.inputs[0] == tensor and conv.inputs.count(tensor) == 1 \
+        and w in g.params and tuple(g.shapes[w][2:]) == (1, 1) and a.get("groups", 1) == 1 \
+        and tuple(a.get("stride", (1, 1))) == (1, 1) and not any(a.get("padding", ())) \
+        and a.get("activation") != "prelu" and not any(k in a for k in _EXCLUDED)
+
+
+def _fold(g: Graph, conv: Node, x: str, gamma: np.ndarray, beta: np.ndarray, epsilon: float) -> None:
+    """``conv`` reads ``x`` and normalizes it itself: W' = W diag(gamma), b' = b + W beta."""
+    w = np.asarray(g.params[conv.inputs[1]], np.float64)
+    bias_at = next((i for i, t in enumerate(conv.inputs[2:], 2) if t in g.params), None)
+    b = np.asarray(g.params[conv.inputs[bias_at]], np.float64).reshape(-1) if bias_at is not None \
+        else np.zeros(w.shape[0])
+    folded_w = _add_param(g, f"{conv.name}.norm_w", w * gamma.reshape(1, -1, 1, 1))
+    folded_b = _add_param(g, f"{conv.name}.norm_b", b + w[:, :, 0, 0] @ beta)
+    inputs = [x, folded_w] + conv.inputs[2:]
+    if bias_at is None:
+        inputs.insert(2, folded_b)  # the bias before the fused operands (residual ...), as fuse_epilogues puts it
+    else:
+        inputs[bias_at] = folded_b
+    conv.inputs = inputs
+    conv.attrs = {**conv.attrs, "in_norm": float(epsilon)}
+
+
+def layer_norm_into_convs(graph: Graph) -> Graph:
+    g = graph.copy()
+    for node in list(g.nodes):
+        if node.op != "layer_norm" or node.attrs.get("axis") not in (1, -3) or set(node.attrs) - {"axis", "epsilon"}:
+            continue
+        x, out = node.inputs[0], node.outputs[0]
+        readers, producer = g.consumers(out), g.producer(x)
+        if producer is not None and producer.op == "concat":
+            continue  # the norm reads the concat's parts in place (LayerNormWorkload.in_read); a normed conv cannot
+        if len(g.shapes[x]) != 4 or out in g.outputs or not readers \
+                or any(not _takes_norm(g, r, out) for r in readers) \
+                or any(t not in g.params for t in node.inputs[1:]):
+            continue
+        C = g.shapes[x][1]
+        gamma = np.asarray(g.params[node.inputs[1]], np.float64).reshape(-1) if len(node.inputs) > 1 else np.ones(C)
+        beta = np.asarray(g.params[node.inputs[2]], np.float64).reshape(-1) if len(node.inputs) > 2 else np.zeros(C)
+        if gamma.size != C or beta.size != C:
+            continue
+        for r in readers:
+            _fold(g, r, x, gamma, beta, node.attrs.get("epsilon", 1e-5))
+        g.nodes = [m for m in g.nodes if m is not node]
+    _drop_unused_params(g)
+    return g.validate()
