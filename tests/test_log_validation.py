@@ -305,3 +305,18 @@ def test_tune_op_reads_past_a_hostile_log(tmp_path, capsys):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert len(load_records(log)) == 1  # the new measurement, whole, after the three bad lines
+
+
+def test_a_field_whose_type_changes_deep_in_a_large_log_loads():
+    """A dense record's ``weight`` is a shape, a weighted reduction's a name: the H200 log holds both, the change
+    past pyarrow's first 1 MiB block, and pyarrow 26's JSON reader crashed the process on it (a segmentation
+    fault) once that log's reductions were tuned. ``load_logs`` now reads in one block, where the change is an
+    error it falls back from. Run in a child process, so that a crash fails this test and nothing else."""
+    path = ROOT / "logs" / "nvidia-gpu-fcae3850.jsonl"
+    lines = path.read_text().splitlines()
+    assert any('"weight":[' in x for x in lines) and any('"weight":"pixel"' in x for x in lines)
+    code = ("import sys, warnings; warnings.simplefilter('ignore'); from tuner.analysis.frame import load_logs; "
+            "df = load_logs(sys.argv[1]); print(len(df), sorted(set(df['template'])))")
+    r = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    assert r.stdout.split()[0] == str(len(lines)) and "spatial_reduce" in r.stdout, r.stdout

@@ -93,8 +93,10 @@ def _clean_table(raw: bytes) -> pa.Table | None:
     None when pyarrow reads them otherwise than json.loads did (a field of two types, a key given twice):
     then the caller builds the table from Records. The type checks here are about pyarrow's inference, not
     about the records, which are valid."""
-    try:
-        table = pa_json.read_json(io.BytesIO(raw))
+    try:  # one block: a field whose type changes between pyarrow's blocks (a dense layer's ``weight`` shape, a
+        # weighted reduction's ``weight`` name) then raises here, where across blocks pyarrow 26 crashed the process
+        table = pa_json.read_json(io.BytesIO(raw), read_options=pa_json.ReadOptions(block_size=max(len(raw) + 1,
+                                                                                                   1 << 20)))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
     schema, names = table.schema, set(table.column_names)
