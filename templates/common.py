@@ -221,7 +221,9 @@ def shape_text(shape) -> str:
 def epilogue_text(wl) -> str:
     """`` +bias +relu +res f16``: what a workload fuses, and its storage type when not float32."""
     parts = [" +bias" if wl.bias else "", f" +{wl.activation}" if wl.activation != "none" else "",
-             " +res" if getattr(wl, "residual", False) else "", (" +row scale" if getattr(wl, "scale_rows", False) else " +scale") if getattr(wl, "in_scale", False) else "",
+             " +res" if getattr(wl, "residual", False) else "",
+             "" if not getattr(wl, "in_scale", False) else " +row scale" if getattr(wl, "scale_rows", False)
+             else " +scale",
              " +in norm" if getattr(wl, "in_norm", 0) else "",
              " f16" if wl.dtype == "float16" else ""]
     return "".join(parts)
@@ -289,8 +291,9 @@ def workload_label(template: str, wl: dict) -> str:
         parts.append(f"n{n}")
     if wl.get("dtype", "float32") != "float32":
         parts.append(str(wl["dtype"]).replace("float", "fp"))
-    epilogue = [e for e, on in (("bias", wl.get("bias")), ("res", wl.get("residual")), ("scale", wl.get("in_scale") and not wl.get("scale_rows")),
-                                            ("row scale", wl.get("scale_rows"))) if on]
+    epilogue = [e for e, on in (("bias", wl.get("bias")), ("res", wl.get("residual")),
+                                ("scale", wl.get("in_scale") and not wl.get("scale_rows")),
+                                ("row scale", wl.get("scale_rows"))) if on]
     if wl.get("activation", "none") not in ("none", None):
         epilogue.append(str(wl["activation"]))
     if epilogue:
@@ -308,12 +311,7 @@ def node_epilogue(ctx, node) -> tuple:
     fields = dict(dtype=ctx.dtype, bias=bias is not None, activation=a.get("activation", "none"))
     inputs = {}
     if a.get("activation") == "prelu":  # per-channel slopes: packed after the bias in B (``bias_length``)
-        slope = np.asarray(g.params[a["slope"]], np.float32).reshape(-1)
-        o4 = -(-slope.size // 4) * 4
-        packed = np.zeros(2 * o4, np.float32)
-        if bias is not None:
-            packed[:slope.size] = np.asarray(g.params[bias], np.float32).reshape(-1)
-        packed[o4:o4 + slope.size] = slope
+        packed = packed_after_biases(g.params[bias] if bias is not None else None, g.params[a["slope"]])
         bias = f"{node.name}.bias_prelu"
         ctx.extra[bias] = packed
         fields["bias"] = True
@@ -810,6 +808,19 @@ def bias_length(wl, channels: int) -> int:
     if getattr(wl, "activation", "none") != "prelu" and not getattr(wl, "in_norm", 0):
         return channels
     return 2 * (-(-channels // 4) * 4)
+
+
+def packed_after_biases(bias, tail) -> np.ndarray:
+    """A convolution's ``B`` with a second per-channel vector, as ``bias_length`` lays it out: the biases (zeros
+    where the layer has none) padded to whole blocks of 4 (``O4``), then ``tail`` (a PReLU's slopes, or
+    ``in_norm``'s weight sums)."""
+    tail = np.asarray(tail, np.float32).reshape(-1)
+    o4 = -(-tail.size // 4) * 4
+    packed = np.zeros(2 * o4, np.float32)
+    if bias is not None:
+        packed[:tail.size] = np.asarray(bias, np.float32).reshape(-1)
+    packed[o4:o4 + tail.size] = tail
+    return packed
 
 
 def split_prelu(wl, bias):

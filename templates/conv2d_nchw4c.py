@@ -21,7 +21,8 @@ from tuner.ir.schedule import cache_read
 from tuner.templates.common import (EPILOGUE_ARGS, MODEL_KNOBS, PAD_MODE_ARG, WINDOW_ARGS, Arithmetic,
                                     Conv2dWorkload, LocalTile, clamp, Template, WorkloadArg, _log2, declare_operands,
                                     fit_work_group, gpu_fill_target, input_pixel, is_depthwise, node_epilogue, pixel,
-                                    input_parts, padded, padded_tap, params_of, random_inputs, read_parts_numpy,
+                                    input_parts, packed_after_biases, padded, padded_tap, params_of, random_inputs,
+                                    read_parts_numpy,
                                     reference, scale_operand, scope_layout, split_sums, store_tile, texture_scopes,
                                     value, window_features, window_fields)
 
@@ -142,7 +143,12 @@ def gated(pixel, Sc, n, cb, arith, ih):
     ``Sc[n, cb, ih]`` for a gate a row (``scale_rows``); as is without ``Sc``."""
     if Sc is None:
         return pixel
-    return pixel * arith.load(Sc[n, Ramp(cb * 4, as_expr(1), 4), ih if Sc.shape[2] > 1 else 0, 0])
+    return pixel * arith.load(Sc[n, Ramp(cb * 4, as_expr(1), 4), gate_row(Sc, ih), 0])
+
+
+def gate_row(Sc, ih):
+    """The gate's row for input row ``ih``: ``ih`` for a gate a row (``scale_rows``: S is (N, C, H, 1)), else 0."""
+    return ih if Sc.shape[2] > 1 else 0
 
 
 def norm_stats(b, X, n, oh0, ow0, tile, bounds):
@@ -210,8 +216,9 @@ def conv_step(b, cfg, wl, inputs, Wt, acc, arith, tile, vector_input, n, grp, ob
                 lane = {yx: ExtractLane(v, ci) for yx, v in xs.items()}
             else:
                 def gate(v, ih):
-                    return v if Sc is None else v * arith.load(Sc[n, c, ih if Sc.shape[2] > 1 else 0, 0])
-                lane = {yx: b.let(f"x{yx[0]}_{yx[1]}_{ci}", gate(padded(inside, arith.load(value(X, n, c, ih, iw))), ih))
+                    return v if Sc is None else v * arith.load(Sc[n, c, gate_row(Sc, ih), 0])
+                lane = {yx: b.let(f"x{yx[0]}_{yx[1]}_{ci}",
+                                  gate(padded(inside, arith.load(value(X, n, c, ih, iw))), ih))
                         for yx, (inside, ih, iw) in taps.items()}
             if stats is not None:  # in_norm: d = x - K into the sums and the products (padding lanes skipped)
                 for (y, x), v in list(lane.items()):
@@ -308,13 +315,9 @@ def lower(ctx, node, ins):
     extra, c = {}, data[1]
     if node.attrs.get("in_norm"):  # passes_layer_norm: B holds the biases, then the weights' sums (bias_length)
         w = np.asarray(ctx.graph.params[w_name], np.float64)
-        o4 = -(-w.shape[0] // 4) * 4
-        packed = np.zeros(2 * o4, np.float32)
-        if "B" in inputs:
-            packed[:w.shape[0]] = np.asarray(ctx.graph.params[inputs["B"]], np.float32).reshape(-1)
-        packed[o4:o4 + w.shape[0]] = w.reshape(w.shape[0], -1).sum(axis=1)
+        bias = ctx.graph.params[inputs["B"]] if "B" in inputs else None
         inputs["B"] = f"{node.name}.bias_norm"
-        extra[inputs["B"]] = packed
+        extra[inputs["B"]] = packed_after_biases(bias, w.reshape(w.shape[0], -1).sum(axis=1))
         fields.update(bias=True, in_norm=float(node.attrs["in_norm"]))
     if groups > 1:
         cg, og = c // groups, w_shape[0] // groups

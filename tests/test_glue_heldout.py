@@ -241,33 +241,44 @@ def test_heldout_models_match_onnxruntime_with_few_launches(heldout, name, tmp_p
     _glue_rules(mod, name)
 
 
+def _tuner_run(mod, x, device, native, cl_env, tmp_path, name: str = "art") -> np.ndarray:
+    """``mod`` saved as an artifact and run on ``x`` by tuner-run (the C runtime): its output."""
+    import subprocess
+    art = mod.save(tmp_path / name)
+    np.save(tmp_path / "x.npy", x)
+    r = subprocess.run([native["tuner_run"], str(art), "--device", device, "--input", str(tmp_path / "x.npy"),
+                        "--output", str(tmp_path / "y.npy")], capture_output=True, text=True, env=cl_env, timeout=300)
+    assert r.returncode == 0, (name, r.stderr)
+    return np.load(tmp_path / "y.npy")
+
+
+def _compiled(model, scope: str, tmp_path, shift: float = 0.0) -> tuple:
+    """``(mod, x, want)``: ``model`` compiled for the suite's CPU device in ``scope``, a random input (plus
+    ``shift``) and onnxruntime's outputs for it."""
+    from conftest import building_cpu
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    feeds = {k: v + shift for k, v in _feeds(model).items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mod = compile_model(str(path), device=building_cpu(), scope=scope)
+    return mod, next(iter(feeds.values())), _ort(path, feeds)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("scope", ["texture", "buffer"])
 def test_heldout_models_in_both_scopes_and_the_native_runtime(heldout, native, cl_env, scope, tmp_path):
     """Every held-out model in one scope, saved, run by tuner-run (the C runtime) and by the Python executor:
     both match onnxruntime, and the per-channel PReLU's packed slopes and the one-launch norms run in C too."""
-    import subprocess
     from conftest import building_cpu
-    device = building_cpu()
     for name, model in heldout.items():
-        path = tmp_path / f"{name}.onnx"
-        onnx.save(model, str(path))
-        feeds = _feeds(model)
-        want = _ort(path, feeds)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            mod = compile_model(str(path), device=device, scope=scope)
-        for got, w in zip(mod.run(list(feeds.values())), want):
+        assert len(model.graph.input) == 1, name
+        mod, x, want = _compiled(model, scope, tmp_path)
+        for got, w in zip(mod.run([x]), want):
             assert _rel(got, w) < 1e-4, (name, scope)
         _glue_rules(mod, name)
-        art = mod.save(tmp_path / f"{name}_{scope}")
-        (x,) = feeds.values()
-        np.save(tmp_path / "x.npy", x)
-        r = subprocess.run([native["tuner_run"], str(art), "--device", device, "--input", str(tmp_path / "x.npy"),
-                            "--output", str(tmp_path / "y.npy")], capture_output=True, text=True, env=cl_env,
-                           timeout=300)
-        assert r.returncode == 0, (name, r.stderr)
-        assert _rel(np.load(tmp_path / "y.npy"), want[0]) < 1e-4, (name, scope)
+        assert _rel(_tuner_run(mod, x, building_cpu(), native, cl_env, tmp_path, f"{name}_{scope}"), want[0]) < 1e-4, \
+            (name, scope)
 
 
 @pytest.mark.parametrize("kind,split", [("mean", 1), ("max", 2), ("l2", 1)])
@@ -353,7 +364,6 @@ def test_unfolded_attention_leaves_only_the_unfold_and_the_fold(native, cl_env, 
     it -- and relu(values) times the context, one a channel and patch position, is the projection's row gate
     (``scale_rows``) with the ReLU in the qkv convolution's epilogue: no binary or elementwise kernel. Against
     onnxruntime in each scope, by the Python executor and by tuner-run."""
-    import subprocess
     from conftest import building_cpu
     from tuner.compile.compiler import load_graph
     model = _model(_unfolded_attention)
@@ -363,24 +373,12 @@ def test_unfolded_attention_leaves_only_the_unfold_and_the_fold(native, cl_env, 
     assert tuple(a % 4 for a in red[0].attrs["axes"]) == (3,)
     gated = [n for n in g.nodes if n.op == "conv2d" and "in_scale" in n.attrs]
     assert len(gated) == 1 and g.shapes[gated[0].attrs["in_scale"]] == (1, 8, 4, 1)
-    device = building_cpu()
-    path = tmp_path / "m.onnx"
-    onnx.save(model, str(path))
-    feeds = _feeds(model)
-    want = _ort(path, feeds)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        mod = compile_model(str(path), device=device, scope=scope)
+    mod, x, want = _compiled(model, scope, tmp_path)
     ops = [n.template or n.op for n in mod.spec.nodes]
     assert not {"softmax", "binary", "elementwise"} & set(ops) and ops.count("strided_copy") <= 2, ops
     assert any(n.workload.get("scale_rows") for n in mod.spec.nodes if n.template == "conv2d"), ops
-    assert _rel(mod.run(list(feeds.values()))[0], want[0]) < 1e-4
-    art = mod.save(tmp_path / "art")
-    np.save(tmp_path / "x.npy", next(iter(feeds.values())))
-    r = subprocess.run([native["tuner_run"], str(art), "--device", device, "--input", str(tmp_path / "x.npy"),
-                        "--output", str(tmp_path / "y.npy")], capture_output=True, text=True, env=cl_env, timeout=300)
-    assert r.returncode == 0, r.stderr
-    assert _rel(np.load(tmp_path / "y.npy"), want[0]) < 1e-4
+    assert _rel(mod.run([x])[0], want[0]) < 1e-4
+    assert _rel(_tuner_run(mod, x, building_cpu(), native, cl_env, tmp_path), want[0]) < 1e-4
 
 
 def _tokens_to_nhwc_norm(b) -> dict:
@@ -435,30 +433,16 @@ def test_layer_norm_runs_inside_the_1x1_convolutions_that_read_it(native, cl_env
     ``passes_layer_norm``), its affine folded into their weights and biases; read by a 3x3 convolution too, it
     stays a kernel. Against onnxruntime in each scope, by the Python executor and by tuner-run, on an input whose
     channels have a mean far from zero."""
-    import subprocess
     from conftest import building_cpu
-    model = _model(_norm_then_convs, second=second)
-    device = building_cpu()
-    path = tmp_path / "m.onnx"
-    onnx.save(model, str(path))
-    feeds = {k: v + 5.0 for k, v in _feeds(model).items()}
-    want = _ort(path, feeds)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        mod = compile_model(str(path), device=device, scope=scope)
+    mod, x, want = _compiled(_model(_norm_then_convs, second=second), scope, tmp_path, shift=5.0)
     kernels = [n.template or n.op for n in mod.spec.nodes]
     normed = [n for n in mod.spec.nodes if n.template == "conv2d" and n.workload.get("in_norm")]
     if second == 1:
         assert "layer_norm" not in kernels and len(normed) == 2, kernels
     else:
         assert "layer_norm" in kernels and not normed, kernels
-    assert _rel(mod.run(list(feeds.values()))[0], want[0]) < 1e-4
-    art = mod.save(tmp_path / "art")
-    np.save(tmp_path / "x.npy", next(iter(feeds.values())))
-    r = subprocess.run([native["tuner_run"], str(art), "--device", device, "--input", str(tmp_path / "x.npy"),
-                        "--output", str(tmp_path / "y.npy")], capture_output=True, text=True, env=cl_env, timeout=300)
-    assert r.returncode == 0, r.stderr
-    assert _rel(np.load(tmp_path / "y.npy"), want[0]) < 1e-4
+    assert _rel(mod.run([x])[0], want[0]) < 1e-4
+    assert _rel(_tuner_run(mod, x, building_cpu(), native, cl_env, tmp_path), want[0]) < 1e-4
 
 
 def test_misaligned_slices_of_a_convolution_are_realigned(tmp_path):

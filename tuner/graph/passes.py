@@ -651,8 +651,8 @@ def _is_gate(xs: tuple, ss: tuple) -> bool:
 
 
 def _gate_operands(g: Graph, node: Node):
-    """``(x, s)`` of a ``mul`` of an (N, C, H, W) activation by an (N, C, 1, 1) or (N, C, H, 1) activation (``_is_gate``),
-    else None."""
+    """``(x, s)`` of a ``mul`` of an (N, C, H, W) activation by an (N, C, 1, 1) or (N, C, H, 1) activation
+    (``_is_gate``), else None."""
     if node.op != "mul" or len(node.inputs) != 2 or "activation" in node.attrs \
             or any(t in g.params for t in node.inputs):
         return None
