@@ -369,6 +369,9 @@ class Conv2dWorkload:
     # (``passes_layer_norm``). The statistics are summed in the reduction loop itself; the epilogue is
     # ``rstd * (acc - mean * U[o]) + bias``, U the weights' sums over the input channels, stored in B after the
     # biases (``bias_length``). 1x1, stride 1, no padding, groups 1; in the key only when set
+    norm_partials: int = 0  # > 0, with in_norm: the input GroupNorm(1)-normalized over its whole image instead, the
+    # statistics read from ``P`` (float32, (N * norm_partials * 2, 4): per image that many chunks' float4 sums of
+    # d = x - K and d^2, K the image's first element; ``group_norm``'s ``stats``); in the key only when set
     pad_mode: str = "zeros"  # what the padding reads: zeros, or the input reflected or its edge repeated (a
     # reflection or edge Pad before the convolution, read in place: no kernel runs for it)
     out_view: tuple = ()  # (offset, channels): write channels [offset, offset + O) of a larger output (a concat's);
@@ -436,11 +439,13 @@ class Conv2dWorkload:
         if self.in_norm:
             object.__setattr__(self, "in_norm", float(self.in_norm))
             if self.kernel[2:] != (1, 1) or self.stride != (1, 1) or any(self.padding) or self.groups != 1 \
-                    or not self.bias or self.activation == "prelu" or self.in_scale or self.in_read \
+                    or not self.bias or self.in_scale or self.in_read \
                     or self.plain_input or self.in_norm < 0:
                 raise ValueError(f"in_norm {self.in_norm}: a LayerNorm over the input's channels needs a 1x1 "
                                  "convolution of stride 1, no padding, groups 1, with a bias (it holds the weights' "
-                                 "sums) and no prelu, in_scale, in_read or plain_input")
+                                 "sums) and no in_scale, in_read or plain_input")
+        if self.norm_partials and (not self.in_norm or int(self.norm_partials) < 0):
+            raise ValueError(f"norm_partials {self.norm_partials}: the statistics of a normalized input (in_norm)")
         if self.scale_rows and not self.in_scale:
             raise ValueError("scale_rows: the gate S is one a channel and input row -- it needs in_scale")
         if self.plain_input and self.in_scale:
@@ -485,7 +490,8 @@ class Conv2dWorkload:
         """The log's key; ``in_scale`` and ``pad_mode`` only when set, so the keys (and records) of every other
         convolution stay as they were before the fields existed."""
         return {"op": "conv2d", **{k: in_read_text(v) if k == "in_read" else _listed(v) for k, v in asdict(self).items()
-                                   if (k not in ("in_scale", "in_read", "scale_rows", "in_norm") or v)
+                                   if (k not in ("in_scale", "in_read", "scale_rows", "in_norm", "norm_partials")
+                                       or v)
                                    and (k != "pad_mode" or v != "zeros")
                                    and k not in ("out_view", "side_copy", "shuffle_view", "plain_input",
                                                  "plain_output")}}
@@ -804,22 +810,27 @@ class LocalTile:
 def bias_length(wl, channels: int) -> int:
     """Elements of a convolution's ``B``: its ``channels`` biases, or with a per-channel PReLU (activation
     ``prelu``) the biases padded to whole blocks of 4 (``O4``) then the ``O4`` slopes: B[c] and B[O4 + c]; with
-    ``in_norm`` the weights' sums over the input channels there instead."""
-    if getattr(wl, "activation", "none") != "prelu" and not getattr(wl, "in_norm", 0):
-        return channels
-    return 2 * (-(-channels // 4) * 4)
+    ``in_norm`` the weights' sums over the input channels after those (``norm_sums_at``)."""
+    tails = (getattr(wl, "activation", "none") == "prelu") + bool(getattr(wl, "in_norm", 0))
+    return channels if not tails else (1 + tails) * (-(-channels // 4) * 4)
 
 
-def packed_after_biases(bias, tail) -> np.ndarray:
-    """A convolution's ``B`` with a second per-channel vector, as ``bias_length`` lays it out: the biases (zeros
-    where the layer has none) padded to whole blocks of 4 (``O4``), then ``tail`` (a PReLU's slopes, or
-    ``in_norm``'s weight sums)."""
-    tail = np.asarray(tail, np.float32).reshape(-1)
-    o4 = -(-tail.size // 4) * 4
-    packed = np.zeros(2 * o4, np.float32)
+def norm_sums_at(wl, channels: int) -> int:
+    """Where ``in_norm``'s weight sums start in ``B``: after the padded biases, and the slopes of a PReLU."""
+    return (2 if getattr(wl, "activation", "none") == "prelu" else 1) * (-(-channels // 4) * 4)
+
+
+def packed_after_biases(bias, *tails) -> np.ndarray:
+    """A convolution's ``B`` with more per-channel vectors, as ``bias_length`` lays it out: the biases (zeros
+    where the layer has none) padded to whole blocks of 4 (``O4``), then each of ``tails`` so padded (a PReLU's
+    slopes, then ``in_norm``'s weight sums)."""
+    tails = [np.asarray(t, np.float32).reshape(-1) for t in tails]
+    o4 = -(-tails[0].size // 4) * 4
+    packed = np.zeros((1 + len(tails)) * o4, np.float32)
     if bias is not None:
-        packed[:tail.size] = np.asarray(bias, np.float32).reshape(-1)
-    packed[o4:o4 + tail.size] = tail
+        packed[:tails[0].size] = np.asarray(bias, np.float32).reshape(-1)
+    for i, t in enumerate(tails, 1):
+        packed[i * o4:i * o4 + t.size] = t
     return packed
 
 
@@ -828,8 +839,8 @@ def split_prelu(wl, bias):
     if getattr(wl, "activation", "none") != "prelu" or bias is None:
         return bias, None
     bias = np.asarray(bias).reshape(-1)
-    half = bias.size // 2
-    return bias[:half], bias[half:]
+    o4 = bias.size // (3 if getattr(wl, "in_norm", 0) else 2)
+    return bias[:o4], bias[o4:2 * o4]
 
 
 def declare_operands(wl, cfg, channels: int) -> tuple:
@@ -911,7 +922,7 @@ def store_tile(b, acc, Y, n, obb, oh0, ow0, tile, bounds, wl, B=None, Res=None, 
                     if norm is not None:  # in_norm: rstd * (acc - mean * U), U after the padded biases (acc and
                         # mean both of the inputs less the pixel's shift K: see conv2d_nchw4c.norm_stats)
                         mean, rstd = norm[y * t_ow + x]
-                        u = B[Ramp(ob * 4 + B.shape[0] // 2, as_expr(1), 4)]
+                        u = B[Ramp(ob * 4 + norm_sums_at(wl, OB * 4), as_expr(1), 4)]
                         v = (v - Broadcast(mean, 4) * u) * Broadcast(rstd, 4)
                     if B is not None:
                         v = v + B[lanes]
@@ -920,7 +931,7 @@ def store_tile(b, acc, Y, n, obb, oh0, ow0, tile, bounds, wl, B=None, Res=None, 
                     if wl.activation == "prelu":  # the slopes after the padded biases (bias_length)
                         if B is None:
                             raise ValueError("activation prelu reads its slopes from B: the workload needs bias")
-                        v = apply_prelu_ir(v, B[Ramp(ob * 4 + B.shape[0] // 2, as_expr(1), 4)])
+                        v = apply_prelu_ir(v, B[Ramp(ob * 4 + OB * 4, as_expr(1), 4)])
                     else:
                         v = apply_ir(wl.activation, v)
                     if shuffle:
@@ -996,8 +1007,10 @@ def reference(wl: Conv2dWorkload, x, w, bias=None, residual=None, scale=None) ->
         x = x.astype(np.float64) * scale
     if getattr(wl, "in_norm", 0):  # the input normalized over its channels; B's weight sums (U) are the kernel's
         x = x.astype(np.float64)
-        x = (x - x.mean(axis=1, keepdims=True)) / np.sqrt(x.var(axis=1, keepdims=True) + wl.in_norm)
-        return reference(dataclasses.replace(wl, in_norm=0.0), x, w, bias[:wl.kernel[0]], residual, scale)
+        axes = (1, 2, 3) if getattr(wl, "norm_partials", 0) else 1  # GroupNorm(1): the image; LayerNorm: a pixel
+        x = (x - x.mean(axis=axes, keepdims=True)) / np.sqrt(x.var(axis=axes, keepdims=True) + wl.in_norm)
+        return reference(dataclasses.replace(wl, in_norm=0.0, norm_partials=0), x, w,
+                         bias[:norm_sums_at(wl, wl.kernel[0])], residual, scale)
     out = np.zeros(wl.out_shape)
     G, (N, O, OH, OW) = wl.groups, wl.out_shape
     for r, s, patch in padded_windows(wl, x):  # grouped: (N, G, C/G, ...) . (G, O/G, C/G)
@@ -1025,8 +1038,11 @@ def random_inputs(wl, rng) -> dict:
             half = inputs["B"].size // 2
             inputs["B"][half:] = rng.uniform(0.05, 0.5, half).astype(wl.dtype)
         if getattr(wl, "in_norm", 0):  # the weights' sums over the input channels, as the lowering packs them
-            o4 = inputs["B"].size // 2
-            inputs["B"][o4:o4 + wl.kernel[0]] = inputs["Wt"].astype(np.float64).sum(axis=(1, 2, 3))
+            at = norm_sums_at(wl, wl.kernel[0])
+            inputs["B"][at:at + wl.kernel[0]] = inputs["Wt"].astype(np.float64).sum(axis=(1, 2, 3))
+    if getattr(wl, "norm_partials", 0):  # the image statistics, as group_norm's stats kernel writes them
+        from tuner.templates.reduction import chunk_statistics
+        inputs["P"] = chunk_statistics(inputs["X"], wl.norm_partials).astype(np.float32)
     if wl.residual:
         inputs["Res"] = draw(wl.out_shape)
     if getattr(wl, "in_scale", False):

@@ -18,6 +18,7 @@ from tuner.ir.dtype import DType
 from tuner.ir.expr import Cast, ExtractLane, Ramp, as_expr, call, const, max_, min_
 from tuner.ir.gather import gather_pixel
 from tuner.ir.schedule import cache_read
+from tuner.templates.reduction import hsum, sum_partials
 from tuner.templates.common import (EPILOGUE_ARGS, MODEL_KNOBS, PAD_MODE_ARG, WINDOW_ARGS, Arithmetic,
                                     Conv2dWorkload, LocalTile, clamp, Template, WorkloadArg, _log2, declare_operands,
                                     fit_work_group, gpu_fill_target, input_pixel, is_depthwise, node_epilogue, pixel,
@@ -65,7 +66,8 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
     Sc = scale_operand(wl, cfg)  # squeeze-excite's gate, applied to every input pixel as it is read
     Xs = buffer("Xs", wl.side_copy[0], wl.dtype, *scope_layout(wl.side_copy[3], cfg.act_layout, "nchw4c_buffer")) \
         if wl.side_copy else None  # the source of the concat's other part this launch writes too
-    operands = (*params_of(X), Sc, Wt, B, Res, Y, Xs)
+    P = buffer("P", (N * wl.norm_partials * 2, 4), "float32", "global") if wl.norm_partials else None
+    operands = (*params_of(X), Sc, Wt, B, Res, Y, Xs, P)
     if wl.in_read and cfg.cache_input:
         raise ValueError("cache_input copies one input buffer; an input read in parts (in_read) has several")
 
@@ -87,7 +89,7 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
         grp = (obb * t_oc) // OBG if G > 1 else 0  # a tile's output blocks are all in one group
         oh0, ow0 = (gh * cfg.wg_h + th) * t_oh, (gw * cfg.wg_w + tw) * t_ow
         acc = arith.accumulators(b, t_oc * t_oh * t_ow)
-        stats = norm_stats(b, X, n, oh0, ow0, (t_oh, t_ow), (H, W)) if wl.in_norm else None
+        stats = norm_stats(b, X, n, oh0, ow0, (t_oh, t_ow), (H, W), P is not None) if wl.in_norm else None
         window = "unrolled" if cfg.unroll_rs else "serial"
         tile = LocalTile(b, cfg, (cfg.split_c, t_oh, t_ow), (sh, sw), (dh, dw), (R, S), arith) \
             if cfg.local_input else None
@@ -109,7 +111,8 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
         if sk > 1:
             acc, owner = split_sums(b, acc, t_oc * t_oh * t_ow, sk, tk, cfg.wg_w * cfg.wg_h, th * cfg.wg_w + tw,
                                     arith.acc)
-        norm = norm_factors(b, stats, C, wl.in_norm, t_oh * t_ow) if stats is not None else None
+        norm = None if stats is None else norm_factors(b, stats, C, wl.in_norm, t_oh * t_ow) if P is None \
+            else image_norm_factors(b, P, n, wl) * (t_oh * t_ow)
         store_tile(b, acc, Y, n, obb, oh0, ow0, (t_oc, t_oh, t_ow), (OB, OH, OW), wl, B, Res, owner, norm)
         if Xs is not None:
             side_copy(b, wl, Xs, Y, n, obb, n_ob, oh0, ow0, (t_oh, t_ow), tk if sk > 1 else None)
@@ -151,18 +154,19 @@ def gate_row(Sc, ih):
     return ih if Sc.shape[2] > 1 else 0
 
 
-def norm_stats(b, X, n, oh0, ow0, tile, bounds):
+def norm_stats(b, X, n, oh0, ow0, tile, bounds, image: bool = False):
     """``in_norm``'s private statistics of a work-item's ``tile`` (t_oh, t_ow) of pixels, three floats a pixel: the
     shift K (the pixel's first channel; the 1x1 convolution's input pixel is its output pixel, clamped for a partial
     tile), then the sums of ``d = x - K`` and of ``d^2``, zero. The products use ``d`` too: ``rstd * (W d - mean(d)
     * U)`` is the normalized convolution (U = W's sums) without the cancellation of ``W x - mean(x) * U`` when the
-    mean is large against the deviation, and the variance of ``d`` without that of raw sums."""
+    mean is large against the deviation, and the variance of ``d`` without that of raw sums. ``image``
+    (``norm_partials``): K is the image's first element, the statistics come from ``P`` and the sums stay zero."""
     (t_oh, t_ow), (H, W) = tile, bounds
     st = b.allocate("st", (3 * t_oh * t_ow,), "float32", "private")
     for y in range(t_oh):
         for x in range(t_ow):
             p = y * t_ow + x
-            first = pixel(X, n, as_expr(0), clamp(oh0 + y, H), clamp(ow0 + x, W))
+            first = pixel(X, n, as_expr(0), *((0, 0) if image else (clamp(oh0 + y, H), clamp(ow0 + x, W))))
             b.store(st, 3 * p, _as_float(ExtractLane(first, 0)))
             b.store(st, 3 * p + 1, const(0.0, "float32"))
             b.store(st, 3 * p + 2, const(0.0, "float32"))
@@ -181,6 +185,16 @@ def norm_factors(b, st, C: int, epsilon: float, pixels: int) -> list:
         out.append((m, b.let(f"nr{p}", call("rsqrt", [max_(st[3 * p + 2] * (1.0 / C) - m * m, 0.0) + epsilon],
                                                    "float32"))))
     return out
+
+
+def image_norm_factors(b, P, n, wl) -> list:
+    """``[(mean of d, rstd)]`` of image ``n`` from its ``norm_partials`` chunk sums in ``P`` (GroupNorm(1): over
+    its C x H x W elements), one pair for every pixel of a tile."""
+    N, C, H, W = wl.data
+    acc = sum_partials(b, P, n, wl.norm_partials, "pt", "pacc")
+    m = b.let("nm", hsum(acc[0]) * (1.0 / (C * H * W)))
+    return [(m, b.let("nr", call("rsqrt", [max_(hsum(acc[1]) * (1.0 / (C * H * W)) - m * m, 0.0) + wl.in_norm],
+                                          "float32")))]
 
 
 def conv_step(b, cfg, wl, inputs, Wt, acc, arith, tile, vector_input, n, grp, obb, oh0, ow0, th, tw, cbo, cbi, r,
@@ -224,8 +238,9 @@ def conv_step(b, cfg, wl, inputs, Wt, acc, arith, tile, vector_input, n, grp, ob
                 for (y, x), v in list(lane.items()):
                     p = y * t_ow + x
                     d = b.let(f"d{y}_{x}_{ci}", _as_float(v) - stats[3 * p])
-                    b.store(stats, 3 * p + 1, stats[3 * p + 1] + d)
-                    b.store(stats, 3 * p + 2, stats[3 * p + 2] + d * d)
+                    if not wl.norm_partials:  # a LayerNorm's statistics: this pixel's channels
+                        b.store(stats, 3 * p + 1, stats[3 * p + 1] + d)
+                        b.store(stats, 3 * p + 2, stats[3 * p + 2] + d * d)
                     lane[y, x] = d if v.dtype == d.dtype else Cast(v.dtype, d)
             for k in range(t_oc):
                 ob = min_(obb * t_oc + k, OB - 1)  # a partial last tile re-reads the last block
@@ -244,7 +259,7 @@ def space_vars(wl: Conv2dWorkload) -> dict:
                 CG4=C // G // 4 if G > 1 else -(-C // 4), OBG=O // G // 4 if G > 1 else -(-O // 4),
                 data=wl.data, kernel=wl.kernel, out=wl.out_shape, bias=wl.bias, residual=wl.residual,
                 stride=wl.stride, dilation=wl.dilation, plain_input=wl.plain_input, plain_output=wl.plain_output,
-                in_read=wl.in_read, in_norm=wl.in_norm)
+                in_read=wl.in_read, in_norm=wl.in_norm, norm_partials=wl.norm_partials)
 
 
 def fallback(wl: Conv2dWorkload, info) -> Conv2dConfig:
@@ -315,10 +330,15 @@ def lower(ctx, node, ins):
     extra, c = {}, data[1]
     if node.attrs.get("in_norm"):  # passes_layer_norm: B holds the biases, then the weights' sums (bias_length)
         w = np.asarray(ctx.graph.params[w_name], np.float64)
-        bias = ctx.graph.params[inputs["B"]] if "B" in inputs else None
+        g, a = ctx.graph, node.attrs
+        bias = next((g.params[t] for t in node.inputs[2:] if t in g.params and t != a.get("slope")), None)
+        slopes = [g.params[a["slope"]]] if a.get("activation") == "prelu" else []  # B: biases, slopes, sums
         inputs["B"] = f"{node.name}.bias_norm"
-        extra[inputs["B"]] = packed_after_biases(bias, w.reshape(w.shape[0], -1).sum(axis=1))
+        extra[inputs["B"]] = packed_after_biases(bias, *slopes, w.reshape(w.shape[0], -1).sum(axis=1))
         fields.update(bias=True, in_norm=float(node.attrs["in_norm"]))
+        if node.attrs.get("norm_stats") is not None:  # GroupNorm(1): its statistics' chunk partials (N, 8 * chunks)
+            inputs["P"] = ctx.packed(node.attrs["norm_stats"])
+            fields["norm_partials"] = ctx.shape(node.attrs["norm_stats"])[1] // 8
     if groups > 1:
         cg, og = c // groups, w_shape[0] // groups
         if cg % 4 or og % 4:  # block-diagonal weights: one dense convolution
@@ -357,7 +377,9 @@ VARIABLES = dict(N="batch", C="input channels", H="input height", W="input width
                  plain_input="X is the model input's row-major NCHW buffer (read in place, no relayout)",
                  plain_output="Y is the model output's row-major NCHW buffer (written in place, no relayout)",
                  in_read="the input read in parts through views (concat, nearest upsample, pool): () when not",
-                 in_norm="the input's LayerNorm epsilon (over channels, per pixel), 0 when none")
+                 in_norm="the input's LayerNorm epsilon (over channels, per pixel), 0 when none",
+                 norm_partials="with in_norm: the input's GroupNorm(1) statistics as that many chunk partials in P "
+                 "(over the image), 0 for a LayerNorm")
 TEMPLATE = Template("conv2d", Conv2dWorkload, Conv2dConfig, conv2d_nchw4c, _reference, random_inputs,
                     fallback, space_vars, VARIABLES, features=features, model_knobs=MODEL_KNOBS,
                     workload_args=WORKLOAD_ARGS, graph_ops=("conv2d",), lower=lower,

@@ -15,6 +15,7 @@ kernel writes each chunk's two sums and a second kernel, over the same chunks, c
 unit and normalizes its chunk."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -27,8 +28,8 @@ from tuner.ir.builder import Builder
 from tuner.ir.expr import Broadcast, ExtractLane, Ramp, as_expr, call, max_, min_, select
 from tuner.ir.kernel import Program
 from tuner.templates.common import EPILOGUE_ARGS, Template, WorkloadArg, bias_length, split_prelu, texture_scopes
-from tuner.templates.reduction import (ReduceConfig, SameShapeWorkload, Schedule, ceil_div, each_index, fallback_config,
-                                       features, hsum, packed, unravel)
+from tuner.templates.reduction import (ReduceConfig, SameShapeWorkload, Schedule, ceil_div, chunk_statistics,
+                                       each_index, fallback_config, features, hsum, packed, sum_partials, unravel)
 
 
 @dataclass(frozen=True)
@@ -42,12 +43,21 @@ class GroupNormWorkload(SameShapeWorkload):
     activation: str = "none"  # fused after the affine (InstanceNorm -> ReLU, GroupNorm -> SiLU)
     residual: bool = False  # an add of another activation of the shape (``Res``) after the affine, before the
     # activation: a residual block's y = norm(conv(x)) + x (issue 55); in the key only when set
+    stats: int = 0  # > 0: GroupNorm(1)'s statistics only, for the 1x1 convolutions that normalize as they read
+    # (``passes_layer_norm``, ``Conv2dWorkload.norm_partials``): each image's ``stats`` chunks' shifted sums of d and
+    # d^2 (float4 each, K the image's first element) written to Y, a float32 buffer of (N * stats * 2, 4); the
+    # split is the chunk count. No scale, bias, residual or activation; in the key only when set
 
     def key(self) -> dict:
         key = super().key()
-        if not self.residual:
-            del key["residual"]
+        for k in ("residual", "stats"):
+            if not key[k]:
+                del key[k]
         return key
+
+    @property
+    def out_shape(self) -> tuple:
+        return (self.data[0] * self.stats * 2, 4) if self.stats else self.data
 
     def __post_init__(self):
         object.__setattr__(self, "data", tuple(int(x) for x in self.data))
@@ -61,6 +71,11 @@ class GroupNormWorkload(SameShapeWorkload):
             raise ValueError(f"group_norm groups={self.groups} must divide the {C} channels")
         if self.dtype not in ("float32", "float16"):
             raise ValueError(f"dtype {self.dtype!r}: float32 or float16 storage")
+        object.__setattr__(self, "stats", int(self.stats))
+        if self.stats and (self.groups != 1 or self.residual or self.activation != "none" or self.stats < 0
+                           or 2 * self.stats > _units(self)[1][0] * self.data[2] * self.data[3]):
+            raise ValueError(f"group_norm stats={self.stats}: the statistics of GroupNorm(1) only (groups 1, no "
+                             f"residual or activation), at most half as many chunks as the image's texels")
 
 
 def _mixed(wl) -> bool:
@@ -84,18 +99,6 @@ def _units(wl) -> tuple:
     return (N, G), (blocks, H, W), False
 
 
-def _sum_partials(b, part, u, T: int):
-    """A private (sum d, sum d^2) pair of float4s: unit ``u``'s T chunk partials in the workspace ``part``."""
-    vec = Ramp(as_expr(0), as_expr(1), 4)
-    acc = b.allocate("acc", (2,), "float32x4", "private")
-    b.store(acc, 0, 0.0)
-    b.store(acc, 1, 0.0)
-    with b.loop("t", T, "serial") as t:
-        b.store(acc, 0, acc[0] + part[(u * T + t) * 2, vec])
-        b.store(acc, 1, acc[1] + part[(u * T + t) * 2 + 1, vec])
-    return acc
-
-
 def group_norm(wl: GroupNormWorkload, cfg: ReduceConfig):
     if _mixed(wl):
         return _group_norm_mixed(wl, cfg)
@@ -106,9 +109,11 @@ def group_norm(wl: GroupNormWorkload, cfg: ReduceConfig):
     rem = C % 4 if wl.groups == 1 else 0  # the last block's real lanes, groups = 1 only
     sched = Schedule(U, E, cfg)
     T = cfg.split
+    if wl.stats and T != wl.stats:
+        raise ValueError(f"group_norm stats={wl.stats}: the split is the chunk count, got split={T}")
     X, S, B, Y = _operands(wl, cfg)
     Res = _residual_operand(wl, cfg)
-    part = buffer("part", (U * T * 2, 4), "float32", "global") if T > 1 else None
+    part = buffer("Y" if wl.stats else "part", (U * T * 2, 4), "float32", "global") if T > 1 or wl.stats else None
     vec = Ramp(as_expr(0), as_expr(1), 4)
 
     def at(b, u, e):
@@ -156,7 +161,7 @@ def group_norm(wl: GroupNormWorkload, cfg: ReduceConfig):
             b.store(acc, 0, acc[0] + d)
             b.store(acc, 1, acc[1] + d * d)
         s, q = sched.tree(b, [acc[0], acc[1]], lambda x, y: x + y, lid, p)
-        if T == 1:
+        if part is None:
             with b.if_(sched.valid) if sched.valid is not None else nullcontext():
                 normalize(b, u, c, lid, K, s, q)
         else:
@@ -166,13 +171,15 @@ def group_norm(wl: GroupNormWorkload, cfg: ReduceConfig):
                 b.store(part, ((u * T + c) * 2 + 1, vec), q)
     name = "instance_norm" if per_lane else "group_norm"
     res = [Res] if Res is not None else []
+    if wl.stats:
+        return b.kernel(f"{name}_stats", [X, part])
     if T == 1:
         return b.kernel(name, [X, S, B, *res, Y])
     first = b.kernel(f"{name}_stats", [X, part])
     b = Builder()  # every chunk again: its unit's T partials combined, its texels normalized
     with sched.items(b) as (u, c, lid, p):
         K = shift(b, u)
-        acc = _sum_partials(b, part, u, T)
+        acc = sum_partials(b, part, u, T)
         with b.if_(sched.valid) if sched.valid is not None else nullcontext():
             normalize(b, u, c, lid, K, acc[0], acc[1])
     second = b.kernel(f"{name}_apply", [X, S, B, *res, part, Y])
@@ -326,6 +333,8 @@ def _group_norm_mixed(wl: GroupNormWorkload, cfg: ReduceConfig) -> Program:
 
 
 def reference(wl: GroupNormWorkload, inputs: dict) -> np.ndarray:
+    if wl.stats:
+        return chunk_statistics(inputs["X"], wl.stats)
     x = np.asarray(inputs["X"], np.float64)
     xg = x.reshape(x.shape[0], wl.groups, -1)
     mean = xg.mean(axis=2, keepdims=True)
@@ -348,6 +357,8 @@ def random_inputs(wl: GroupNormWorkload, rng) -> dict:
         B[B.size // 2:] = rng.uniform(0.05, 0.5, B.size // 2)
     out = {"X": (rng.standard_normal(wl.data) * 2.0 + 3.0).astype(wl.dtype),
            "S": rng.standard_normal(C).astype(wl.dtype), "B": B}
+    if wl.stats:
+        return {"X": out["X"]}
     if wl.residual:
         out["Res"] = rng.standard_normal(wl.data).astype(wl.dtype)
     return out
@@ -355,26 +366,32 @@ def random_inputs(wl: GroupNormWorkload, rng) -> dict:
 
 def space_vars(wl: GroupNormWorkload) -> dict:
     units, texels, _ = _units(wl)
-    return dict(U=int(np.prod(units)), E=int(np.prod(texels)), data=wl.data, C=wl.data[1], groups=wl.groups)
+    return dict(U=int(np.prod(units)), E=int(np.prod(texels)), data=wl.data, C=wl.data[1], groups=wl.groups,
+                stats=wl.stats)
 
 
 VARIABLES = dict(U="units: (image, group) pairs, or (image, block of 4 channels) when groups = C",
-                 E="texels per unit", data="input shape N,C,H,W", C="channels", groups="groups")
+                 E="texels per unit", data="input shape N,C,H,W", C="channels", groups="groups",
+                 stats="chunk partials per image written (GroupNorm(1)'s statistics only), 0 when the norm is whole")
 
 
 def fallback(wl: GroupNormWorkload, info) -> ReduceConfig:
     """The schedule's fallback; short groups split to fill a GPU only (measured on the H200: GroupNorm(32) of
     ResNet-18), so that on a CPU, whose few compute units one work-group a unit already fills, a norm is one
     launch unless a work-item would read more than MAX_TEXELS_PER_ITEM texels (issue 55)."""
-    return fallback_config(space_vars(wl), info, texture_scopes(wl, info, [("nchw4c", wl.data)]),
-                           fill_short=info.type == "GPU")
+    v = space_vars(wl)
+    scope = texture_scopes(wl, info, [("nchw4c", wl.data)])
+    if wl.stats:  # the split is the chunk count; the schedule of one chunk; the partials in a buffer
+        one = fallback_config({**v, "E": ceil_div(v["E"], wl.stats)}, info, scope, max_split=1)
+        return dataclasses.replace(one, split=wl.stats, output_scope="buffer")
+    return fallback_config(v, info, scope, fill_short=info.type == "GPU")
 
 
 def describe(wl: GroupNormWorkload) -> str:
     N, C, H, W = wl.data
     kind = "instance" if wl.groups == C else f"{wl.groups} groups"
     return f"{kind} {N}x{C}x{H}x{W}" + (" +res" if wl.residual else "") + \
-        (f" +{wl.activation}" if wl.activation != "none" else "")
+        (f" stats/{wl.stats}" if wl.stats else "") + (f" +{wl.activation}" if wl.activation != "none" else "")
 
 
 def lower(ctx, node, ins):
@@ -386,8 +403,11 @@ def lower(ctx, node, ins):
                          f"GroupNorm exported as Reshape(N, G, -1) -> InstanceNormalization -> Reshape back is fused "
                          f"into one when the reshapes are exactly that)")
     wl = GroupNormWorkload(shape, int(node.attrs["groups"]), float(node.attrs["epsilon"]), ctx.dtype,
-                           node.attrs.get("activation", "none"), residual=node.attrs.get("residual") is not None)
+                           node.attrs.get("activation", "none"), residual=node.attrs.get("residual") is not None,
+                           stats=int(node.attrs.get("stats", 0)))
     inputs, extra = {"X": ins[0]}, {}
+    if wl.stats:  # passes_layer_norm.group_norm_into_convs: the statistics only, the readers normalize
+        return wl, inputs, extra
     if wl.residual:  # passes.fuse_epilogues: y = norm(x) + another activation
         inputs["Res"] = ctx.packed(node.attrs["residual"])
     for key, t in zip(("S", "B"), node.inputs[1:]):

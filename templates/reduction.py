@@ -30,7 +30,7 @@ import numpy as np
 
 from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
-from tuner.ir.expr import ExtractLane, as_expr, min_
+from tuner.ir.expr import ExtractLane, Ramp, as_expr, min_
 
 MAX_TEXELS_PER_ITEM = 1024  # 4096 elements: no work-item of a reduction reads more of one unit
 GPU_ITEMS_PER_TEXELS = 16  # a GPU fallback gives each work-item about this many texels before it splits
@@ -98,6 +98,37 @@ def unravel(b: Builder, i, shape: tuple, prefix: str) -> list:
 def hsum(v):
     """The 4 lanes of ``v`` summed pairwise."""
     return (ExtractLane(v, 0) + ExtractLane(v, 1)) + (ExtractLane(v, 2) + ExtractLane(v, 3))
+
+
+def sum_partials(b, part, u, T: int, name: str = "t", acc: str = "acc"):
+    """A private (sum d, sum d^2) pair of float4s: unit ``u``'s T chunk partials in ``part`` (a split's first
+    kernel's workspace, or GroupNorm(1)'s statistics read by a convolution: ``Conv2dWorkload.norm_partials``)."""
+    vec = Ramp(as_expr(0), as_expr(1), 4)
+    acc = b.allocate(acc, (2,), "float32x4", "private")
+    b.store(acc, 0, 0.0)
+    b.store(acc, 1, 0.0)
+    with b.loop(name, T, "serial") as t:
+        b.store(acc, 0, acc[0] + part[(u * T + t) * 2, vec])
+        b.store(acc, 1, acc[1] + part[(u * T + t) * 2 + 1, vec])
+    return acc
+
+
+def chunk_statistics(x: np.ndarray, chunks: int) -> np.ndarray:
+    """GroupNorm(1)'s chunk partials as ``stats`` writes them: per image, per chunk of its texels (the packed
+    (C/4, H, W) pixels in order, ``ceil(texels / chunks)`` a chunk), the float4 sums of d = x - K and of d^2, K the
+    image's first element, padding lanes 0 -- an (N * chunks * 2, 4) array."""
+    x = np.asarray(x, np.float64)
+    N, C, H, W = x.shape
+    C4 = -(-C // 4)
+    d = np.zeros((N, C4 * 4, H, W))
+    d[:, :C] = x - x[:, :1, :1, :1]
+    tex = d.reshape(N, C4, 4, H, W).transpose(0, 1, 3, 4, 2).reshape(N, C4 * H * W, 4)
+    size = ceil_div(tex.shape[1], chunks)
+    out = np.zeros((N, chunks, 2, 4))
+    for t in range(chunks):
+        part = tex[:, t * size:(t + 1) * size]
+        out[:, t, 0], out[:, t, 1] = part.sum(axis=1), (part * part).sum(axis=1)
+    return out.reshape(N * chunks * 2, 4)
 
 
 @contextmanager

@@ -239,3 +239,50 @@ def test_side_copy_writes_a_gather_of_another_tensor_in_the_same_launch(device, 
     with pytest.raises(ValueError, match="\\(N, H, W\\)"):
         Conv2dWorkload((1, 6, 5, 7), (8, 6, 3, 3), 1, 1, out_view=(12, 20), side_copy=((1, 12, 5, 6), channels, 0,
                                                                                       "texture"))
+
+
+GROUP_NORMED = Conv2dWorkload((2, 10, 3, 7), (12, 10, 1, 1), bias=True, activation="relu", in_norm=1e-5,
+                              norm_partials=4)
+
+
+@pytest.mark.parametrize("knobs", [dict(), dict(**BUFFERS, vec_load=1), dict(local_input=True, wg_w=2, wg_h=2)],
+                         ids=["texture", "scalar loads", "local tile"])
+def test_input_group_norm_reads_its_statistics(device, rng, knobs):
+    """``norm_partials``: the input GroupNorm(1)-normalized over each whole image, the statistics added up from P's
+    chunk partials (as ``group_norm``'s ``stats`` kernel writes them), against NumPy, on inputs with a mean far from
+    their deviation; a P that is off by 1% moves the output."""
+    from tuner.templates.common import random_inputs
+    from tuner.templates.reduction import chunk_statistics
+    inputs = random_inputs(GROUP_NORMED, rng)
+    inputs["X"] = (inputs["X"] * 0.1 + 30.0).astype(np.float32)  # mean 30, deviation 0.1
+    inputs["P"] = chunk_statistics(inputs["X"], 4).astype(np.float32)
+    run = build(conv2d_nchw4c(GROUP_NORMED, Conv2dConfig(**knobs)), device)
+    ref = reference(GROUP_NORMED, inputs["X"], inputs["Wt"], inputs["B"], None)
+    x, w = inputs["X"].astype(np.float64), inputs["Wt"].astype(np.float64)
+    normed = (x - x.mean(axis=(1, 2, 3), keepdims=True)) / np.sqrt(x.var(axis=(1, 2, 3), keepdims=True) + 1e-5)
+    plain = np.maximum(np.einsum("oc,nchw->nohw", w[:, :, 0, 0], normed) + inputs["B"][:12].reshape(1, -1, 1, 1), 0)
+    assert np.abs(ref - plain).max() < 1e-9 * np.abs(plain).max()
+    assert np.abs(run(**inputs)["Y"] - ref).max() / np.abs(ref).max() < 1e-4
+    off = run(**{**inputs, "P": inputs["P"] * 1.01})["Y"]
+    assert np.abs(off - ref).max() / np.abs(ref).max() > 1e-3
+    assert GROUP_NORMED.key()["norm_partials"] == 4 and "norm_partials" not in NORMED.key()
+    with pytest.raises(ValueError, match="norm_partials"):
+        Conv2dWorkload((1, 8, 4, 4), (8, 8, 1, 1), bias=True, norm_partials=4)
+
+
+def test_input_norm_with_a_per_channel_prelu(device, rng):
+    """``in_norm`` beside a per-channel PReLU: B holds the biases, the slopes, then the weights' sums (three padded
+    vectors, ``bias_length``), against NumPy; the slopes change the answer."""
+    from tuner.templates.common import bias_length, packed_after_biases, random_inputs
+    wl = Conv2dWorkload((1, 10, 3, 5), (6, 10, 1, 1), bias=True, activation="prelu", in_norm=1e-5)
+    assert bias_length(wl, 6) == 24
+    inputs = random_inputs(wl, rng)
+    x, w = inputs["X"].astype(np.float64), inputs["Wt"].astype(np.float64)
+    bias, slope = rng.standard_normal(6), rng.uniform(0.1, 0.3, 6)
+    inputs["B"] = packed_after_biases(bias, slope, w.sum(axis=(1, 2, 3)))
+    y = build(conv2d_nchw4c(wl, Conv2dConfig(**BUFFERS)), device)(**inputs)["Y"]
+    normed = (x - x.mean(axis=1, keepdims=True)) / np.sqrt(x.var(axis=1, keepdims=True) + 1e-5)
+    z = np.einsum("oc,nchw->nohw", w[:, :, 0, 0], normed) + bias.reshape(1, -1, 1, 1)
+    want = np.where(z > 0, z, z * slope.reshape(1, -1, 1, 1))
+    assert (z < 0).any() and np.abs(y - want).max() / np.abs(want).max() < 1e-4
+    np.testing.assert_allclose(reference(wl, inputs["X"], inputs["Wt"], inputs["B"]), want, rtol=1e-6, atol=1e-6)

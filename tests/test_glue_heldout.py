@@ -445,6 +445,49 @@ def test_layer_norm_runs_inside_the_1x1_convolutions_that_read_it(native, cl_env
     assert _rel(_tuner_run(mod, x, building_cpu(), native, cl_env, tmp_path), want[0]) < 1e-4
 
 
+def _group_norm_then_convs(b, second: int = 1) -> dict:
+    """A GroupNorm(1) (MobileViTv2's, over a whole image of 10 channels: a partial last block) of a 3x3
+    convolution's output, read by a 1x1 convolution with a residual and ReLU and by a second convolution of kernel
+    ``second`` with a per-channel PReLU (a 3x3 one cannot normalize its input itself: the norm stays a kernel)."""
+    x = b.input("input", (1, 6, 5, 7))
+    y = b.conv(x, 6, 10, 3, bias=True)
+    t = b.node("GroupNormalization", [y, b.const("gn_s", b.rng.uniform(0.5, 1.5, 10)),
+                                      b.const("gn_b", b.rng.normal(0, 0.5, 10))], num_groups=1, epsilon=1e-5)
+    u = b.node("Relu", [b.node("Add", [b.conv(t, 10, 12, 1, bias=True), b.conv(y, 10, 12, 1)])])
+    v = b.node("PRelu", [b.conv(t, 10, 12, second), b.const("slope", b.rng.uniform(0.1, 0.3, (12, 1, 1)))])
+    b.node("Add", [u, v], output="output")  # the PReLU's slopes sit before the weights' sums in B
+    return {"output": [1, 12, 5, 7]}
+
+
+@pytest.mark.parametrize("scope", ["texture", "buffer"])
+@pytest.mark.parametrize("second", [1, 3])
+def test_group_norm_statistics_feed_the_1x1_convolutions_that_normalize(native, cl_env, scope, second, tmp_path):
+    """A GroupNorm(1) read only by 1x1 convolutions leaves one kernel, its statistics (``group_norm`` with
+    ``stats``: chunk partials, a float32 buffer), and each reader normalizes as it reads (``norm_partials``), its
+    affine folded in; read by a 3x3 convolution too, it stays whole. Against onnxruntime in each scope, by the
+    Python executor and by tuner-run, on an input of mean far from zero; and in float16 storage."""
+    from conftest import building_cpu
+    model = _Builder(seed=6, opset=21)
+    model = model.model(_group_norm_then_convs(model, second), "m")
+    mod, x, want = _compiled(model, scope, tmp_path, shift=5.0)
+    kernels = [n.template or n.op for n in mod.spec.nodes]
+    normed = [n for n in mod.spec.nodes if n.template == "conv2d" and n.workload.get("norm_partials")]
+    stats = [n for n in mod.spec.nodes if n.template == "group_norm" and n.workload.get("stats")]
+    if second == 1:
+        assert len(normed) == 2 and len(stats) == 1 and len(stats[0].calls) == 1, kernels
+        assert {n.workload["norm_partials"] for n in normed} == {stats[0].workload["stats"]}
+    else:
+        assert "group_norm" in kernels and not normed and not stats, kernels
+    assert _rel(mod.run([x])[0], want[0]) < 1e-4
+    assert _rel(_tuner_run(mod, x, building_cpu(), native, cl_env, tmp_path), want[0]) < 1e-4
+    if second == 1 and scope == "buffer":
+        path = tmp_path / "m.onnx"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            half = compile_model(str(path), device=building_cpu(), scope=scope, dtype="float16")
+        assert _rel(half.run([x])[0], want[0]) < 5e-3
+
+
 def test_misaligned_slices_of_a_convolution_are_realigned(tmp_path):
     """A convolution (bias, per-channel PReLU) split into 1, 8 and 6 channels (offsets 1 and 9: inside RGBA
     pixels) writes its channels reordered (the 8, then the 1 and the 6), its filters, bias and slopes permuted;

@@ -209,7 +209,8 @@ def test_every_operator_matches_onnxruntime(name, dev):
     shapes = {"input": (2, 3, 8, 8)} if name == "symbolic_batch" else None
     for scope in ("texture", "buffer", "auto"):
         mod = _check_against_ort(TEST_MODELS[name], scope, dev, input_shapes=shapes)
-        scopes = {e.storage_scope for n, e in mod.spec.entries.items() if n not in mod.spec.inputs + mod.spec.outputs}
+        scopes = {e.storage_scope for n, e in mod.spec.entries.items() if n not in mod.spec.inputs + mod.spec.outputs
+                  and e.layout is not None}  # not a GroupNorm(1)'s statistics: a float32 buffer in every scope
         if scope == "texture":
             assert scopes <= {"texture"} and scopes
         elif scope == "buffer":

@@ -127,3 +127,23 @@ def test_no_kernel_outside_the_compute_templates_reads_more_than_4096_elements_a
         else:
             glue[n.name, n.op] = max(c.reads_per_work_item() for c in n.calls)
     assert max(glue.values(), default=0) <= 4 * MAX_TEXELS_PER_ITEM, sorted(glue.items(), key=lambda kv: -kv[1])[:3]
+
+
+@pytest.mark.parametrize("data,chunks", [((2, 10, 6, 7), 4), ((1, 16, 4, 8), 16), ((1, 4, 2, 2), 1)])
+@pytest.mark.parametrize("scope", ["texture", "buffer"])
+def test_group_norm_statistics_only(device, data, chunks, scope):
+    """``stats``: GroupNorm(1)'s chunk partials only (for its 1x1 readers, ``passes_layer_norm``), one kernel, a
+    float32 buffer of (N * chunks * 2, 4), against NumPy on data far from zero; the split is the chunk count and
+    the output a buffer (the space); stats is in the key only when set."""
+    t = get_template("group_norm")
+    wl = t.workload(data=data, groups=1, stats=chunks)
+    cfg = dataclasses.replace(t.fallback(wl, device.info), input_scope=scope, weight_scope=scope)
+    built = t.build(wl, cfg)
+    assert len(getattr(built, "kernels", [built])) == 1
+    assert _run(device, "group_norm", dict(data=data, groups=1, stats=chunks), cfg.__dict__) < 1e-5
+    space = t.space(wl, device)
+    assert space.violations(t.config_values(wl, dataclasses.replace(cfg, split=chunks * 2)))
+    assert space.violations(t.config_values(wl, dataclasses.replace(cfg, output_scope="texture")))
+    assert "stats" not in t.workload(data=data, groups=1).key() and wl.key()["stats"] == chunks
+    with pytest.raises(ValueError, match="stats"):
+        t.workload(data=data, groups=2, stats=chunks)

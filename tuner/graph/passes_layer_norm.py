@@ -14,17 +14,26 @@ projection: one launch and one pass over the tensor fewer each.
 
 Taken where the norm is over the channels of a 4-D tensor (``axis`` 1, after ``passes_movement.nhwc_to_nchw``),
 fuses nothing itself, and every reader is a convolution that takes it as its only input (1x1, stride 1, no padding,
-groups 1, no gate, input view or per-channel PReLU). Each reader gets its own folded weights and bias. Run last, so
-that no later pass gives those convolutions a gate or a view. Not where the norm reads a concat: the norm kernel
-reads its parts in place (EdgeNeXt's SDTA split, ``plan.input_views``), which a normed convolution does not."""
+groups 1, no gate or input view; a per-channel PReLU's slopes stay in B before the weights' sums). Each reader gets
+its own folded weights and bias. Run last, so that no later pass gives those convolutions a gate or a view. Not
+where the norm reads a concat: the norm kernel reads its parts in place (EdgeNeXt's SDTA split, ``plan.input_views``), which a normed convolution does not.
+
+``group_norm_into_convs``: a GroupNorm(1) (MobileViTv2's, PoolFormer's) read only by such convolutions is the same
+fold with one mean and rstd per image instead of per pixel. Those statistics need the whole image, which no
+work-item of a convolution reads, so one kernel is left for them: ``group_norm`` with ``stats`` (a power of two of
+chunks, up to ``MAX_CHUNKS``) writes each chunk's shifted sums, (N, 8 * chunks) float32, and every reader adds the
+partials of its image up (``Conv2dWorkload.norm_partials``) before its epilogue -- one launch and one pass over the
+tensor where the split norm took two launches and two passes, and no normalized tensor is stored."""
 from __future__ import annotations
 
 import numpy as np
 
 from tuner.graph.graph import Graph, Node
-from tuner.graph.graph import add_param as _add_param, drop_unused_params as _drop_unused_params
+from tuner.graph.graph import add_param as _add_param, drop_unused_params as _drop_unused_params, fresh_name
 
-_EXCLUDED = ("in_scale", "in_view", "in_norm", "slope", "pad_mode")  # what a reader must not fuse already
+MAX_CHUNKS = 16  # GroupNorm(1)'s statistics: chunk partials per image, each reader adds them up (32 float4 reads)
+
+_EXCLUDED = ("in_scale", "in_view", "in_norm", "pad_mode")  # what a reader must not fuse already
 
 
 def _takes_norm(g: Graph, conv: Node, tensor: str) -> bool:
@@ -34,13 +43,15 @@ def _takes_norm(g: Graph, conv: Node, tensor: str) -> bool:
     return conv.op == "conv2d" and conv.inputs[0] == tensor and conv.inputs.count(tensor) == 1 \
         and w in g.params and tuple(g.shapes[w][2:]) == (1, 1) and a.get("groups", 1) == 1 \
         and tuple(a.get("stride", (1, 1))) == (1, 1) and not any(a.get("padding", ())) \
-        and a.get("activation") != "prelu" and not any(k in a for k in _EXCLUDED)
+        and not any(k in a for k in _EXCLUDED)
 
 
-def _fold(g: Graph, conv: Node, x: str, gamma: np.ndarray, beta: np.ndarray, epsilon: float) -> None:
-    """``conv`` reads ``x`` and normalizes it itself: W' = W diag(gamma), b' = b + W beta."""
+def _fold(g: Graph, conv: Node, x: str, gamma: np.ndarray, beta: np.ndarray, epsilon: float, stats=None) -> None:
+    """``conv`` reads ``x`` and normalizes it itself: W' = W diag(gamma), b' = b + W beta; ``stats``: the tensor of
+    the image statistics (a GroupNorm(1)'s), appended to its inputs."""
     w = np.asarray(g.params[conv.inputs[1]], np.float64)
-    bias_at = next((i for i, t in enumerate(conv.inputs[2:], 2) if t in g.params), None)
+    bias_at = next((i for i, t in enumerate(conv.inputs[2:], 2) if t in g.params and t != conv.attrs.get("slope")),
+                   None)
     b = np.asarray(g.params[conv.inputs[bias_at]], np.float64).reshape(-1) if bias_at is not None \
         else np.zeros(w.shape[0])
     folded_w = _add_param(g, f"{conv.name}.norm_w", w * gamma.reshape(1, -1, 1, 1))
@@ -50,8 +61,26 @@ def _fold(g: Graph, conv: Node, x: str, gamma: np.ndarray, beta: np.ndarray, eps
         inputs.insert(2, folded_b)  # the bias before the fused operands (residual ...), as fuse_epilogues puts it
     else:
         inputs[bias_at] = folded_b
-    conv.inputs = inputs
-    conv.attrs = {**conv.attrs, "in_norm": float(epsilon)}
+    conv.inputs = inputs + ([stats] if stats is not None else [])
+    conv.attrs = {**conv.attrs, "in_norm": float(epsilon), **({"norm_stats": stats} if stats is not None else {})}
+
+
+def _affine(g: Graph, node: Node, C: int):
+    """The norm's (gamma, beta) as float64 (C,) arrays, or None where they are not constants of C values."""
+    if any(t not in g.params for t in node.inputs[1:]):
+        return None
+    gamma = np.asarray(g.params[node.inputs[1]], np.float64).reshape(-1) if len(node.inputs) > 1 else np.ones(C)
+    beta = np.asarray(g.params[node.inputs[2]], np.float64).reshape(-1) if len(node.inputs) > 2 else np.zeros(C)
+    return (gamma, beta) if gamma.size == C and beta.size == C else None
+
+
+def _readers(g: Graph, node: Node):
+    """The convolutions that read the norm's output when every reader can normalize it itself, else None."""
+    x, out = node.inputs[0], node.outputs[0]
+    readers = g.consumers(out)
+    if len(g.shapes[x]) != 4 or out in g.outputs or not readers or any(not _takes_norm(g, r, out) for r in readers):
+        return None
+    return readers
 
 
 def layer_norm_into_convs(graph: Graph) -> Graph:
@@ -59,21 +88,46 @@ def layer_norm_into_convs(graph: Graph) -> Graph:
     for node in list(g.nodes):
         if node.op != "layer_norm" or node.attrs.get("axis") not in (1, -3) or set(node.attrs) - {"axis", "epsilon"}:
             continue
-        x, out = node.inputs[0], node.outputs[0]
-        readers, producer = g.consumers(out), g.producer(x)
+        producer = g.producer(node.inputs[0])
         if producer is not None and producer.op == "concat":
             continue  # the norm reads the concat's parts in place (LayerNormWorkload.in_read); a normed conv cannot
-        if len(g.shapes[x]) != 4 or out in g.outputs or not readers \
-                or any(not _takes_norm(g, r, out) for r in readers) \
-                or any(t not in g.params for t in node.inputs[1:]):
-            continue
-        C = g.shapes[x][1]
-        gamma = np.asarray(g.params[node.inputs[1]], np.float64).reshape(-1) if len(node.inputs) > 1 else np.ones(C)
-        beta = np.asarray(g.params[node.inputs[2]], np.float64).reshape(-1) if len(node.inputs) > 2 else np.zeros(C)
-        if gamma.size != C or beta.size != C:
+        readers = _readers(g, node)
+        affine = _affine(g, node, g.shapes[node.inputs[0]][1]) if readers else None
+        if affine is None:
             continue
         for r in readers:
-            _fold(g, r, x, gamma, beta, node.attrs.get("epsilon", 1e-5))
+            _fold(g, r, node.inputs[0], *affine, node.attrs.get("epsilon", 1e-5))
         g.nodes = [m for m in g.nodes if m is not node]
+    _drop_unused_params(g)
+    return g.validate()
+
+
+def chunks(shape) -> int:
+    """The chunk partials of a GroupNorm(1)'s statistics over an NCHW ``shape``: a power of two up to MAX_CHUNKS,
+    at least two texels (packed pixels) a chunk."""
+    texels = -(-shape[1] // 4) * shape[2] * shape[3]
+    t = 1
+    while t * 2 <= MAX_CHUNKS and t * 4 <= texels:
+        t *= 2
+    return t
+
+
+def group_norm_into_convs(graph: Graph) -> Graph:
+    g = graph.copy()
+    for node in list(g.nodes):
+        if node.op != "group_norm" or node.attrs.get("groups") != 1 or set(node.attrs) - {"groups", "epsilon"}:
+            continue
+        readers = _readers(g, node)
+        affine = _affine(g, node, g.shapes[node.inputs[0]][1]) if readers else None
+        if affine is None:
+            continue
+        x, shape, epsilon = node.inputs[0], g.shapes[node.inputs[0]], node.attrs.get("epsilon", 1e-5)
+        t = chunks(shape)
+        stats = fresh_name(g, f"{node.outputs[0]}.stats")
+        g.shapes[stats] = (shape[0], 8 * t)
+        for r in readers:
+            _fold(g, r, x, *affine, epsilon, stats)
+        g.nodes[g.nodes.index(node)] = Node("group_norm", node.name, [x], [stats],
+                                            {"groups": 1, "epsilon": epsilon, "stats": t})
     _drop_unused_params(g)
     return g.validate()

@@ -58,7 +58,7 @@ def run_graph_numpy(graph: Graph, inputs: dict, all_tensors: bool = False) -> di
 # implements. ``matmul``'s are the template's (``reference_movement.MATMUL_ATTRS``).
 _BINARY_EPILOGUE = {"activation", "scale", "residual"}  # passes._binary_epilogue, then an activation
 EPILOGUE_ATTRS = {
-    "conv2d": {"activation", "residual", "in_scale", "pad_mode", "slope", "in_view", "in_norm"},
+    "conv2d": {"activation", "residual", "in_scale", "pad_mode", "slope", "in_view", "in_norm", "norm_stats"},
     "dense": {"activation", "residual"},
     "group_norm": {"activation", "slope", "residual"}, "layer_norm": {"activation"},
     "add": {"activation", "channel_offsets"}, "relu": {"channel_offsets"}, "clip": {"channel_offsets"},
@@ -69,7 +69,8 @@ EPILOGUE_ATTRS = {
     **{op: {"activation", "weight", "softmax_of", "channel_offsets"}
        for op in ("global_avg_pool", "global_max_pool", "reduce_mean", "reduce_max", "reduce_sum", "reduce_l2")},
 }
-FUSED_INPUTS = ("post", "scale", "residual", "slope", "in_scale", "weight")  # appended to a node's inputs, in order
+FUSED_INPUTS = ("post", "scale", "residual", "slope", "in_scale", "weight", "norm_stats")  # appended to a node's
+# inputs, in order
 
 
 def _evaluate(graph: Graph, node: Node, fn, env: dict) -> np.ndarray:
@@ -90,9 +91,11 @@ def _evaluate(graph: Graph, node: Node, fn, env: dict) -> np.ndarray:
         ins[0] = ins[0][:, at:at + c]
     if "in_scale" in extra:
         ins[0] = ins[0] * extra["in_scale"]
-    if a.get("in_norm") and "in_norm" in fused_ok:  # passes_layer_norm: the input normalized over its channels
+    if a.get("in_norm") and "in_norm" in fused_ok:  # passes_layer_norm: the input normalized over its channels,
+        # or over the whole image where a GroupNorm(1)'s statistics come with it (``norm_stats``)
         x = np.asarray(ins[0], np.float64)
-        ins[0] = (x - x.mean(axis=1, keepdims=True)) / np.sqrt(x.var(axis=1, keepdims=True) + a["in_norm"])
+        axes = (1, 2, 3) if "norm_stats" in extra else 1
+        ins[0] = (x - x.mean(axis=axes, keepdims=True)) / np.sqrt(x.var(axis=axes, keepdims=True) + a["in_norm"])
     if "weight" in extra and "softmax_of" in a:  # passes_attention: the softmax over the reduced axes (H and W,
         # or W) of a channel of weight
         q = np.asarray(extra["weight"], np.float64)[:, a["softmax_of"]:a["softmax_of"] + 1]
@@ -220,8 +223,16 @@ def _unary(node: Node, x):
     return unary_reference(node.attrs["fn"], x)
 
 
-def group_norm(node: Node, x, scale, bias):
-    """Statistics per (n, group of C / groups channels) over those channels and every further axis."""
+def group_norm(node: Node, x, scale=None, bias=None):
+    """Statistics per (n, group of C / groups channels) over those channels and every further axis. With ``stats``
+    (``passes_layer_norm.group_norm_into_convs``) GroupNorm(1)'s statistics only, (N, 8 * stats): the sums of
+    d = x - x[n, 0, 0, 0] and of d^2 over the image, here all in the first chunk's first lanes (the kernel spreads
+    them over chunks and lanes; its readers add them all up)."""
+    if node.attrs.get("stats"):
+        d = np.asarray(x, np.float64) - np.asarray(x, np.float64)[:, :1, :1, :1]
+        out = np.zeros((x.shape[0], 8 * node.attrs["stats"]))
+        out[:, 0], out[:, 4] = d.sum(axis=(1, 2, 3)), (d * d).sum(axis=(1, 2, 3))
+        return out
     g = node.attrs["groups"]
     xg = x.reshape(x.shape[0], g, -1)
     mean = xg.mean(axis=2, keepdims=True)
@@ -282,7 +293,7 @@ ATTRS = {
     "concat": {"axis"}, "sub": set(), "mul": set(), "div": set(), "prelu": set(), "activation": {"fn"},
     "erf": set(), "reduce_mean": {"axes", "keepdims"}, "reduce_max": {"axes", "keepdims"},
     "reduce_sum": {"axes", "keepdims"}, "reduce_l2": {"axes", "keepdims"}, "unary": {"fn"},
-    "group_norm": {"groups", "epsilon"}, "global_max_pool": set(),
+    "group_norm": {"groups", "epsilon", "stats"}, "global_max_pool": set(),
     "softmax": {"axis"}, "se_gate": {"act1"},
 }
 

@@ -68,7 +68,9 @@ def lower_graph(g: Graph, dtype: str = "float32", float32=None) -> Plan:
     for node in g.nodes:
         out = out_rename.get(node.outputs[0], node.outputs[0])
         shape = tuple(g.shapes[node.outputs[0]])
-        tensors[out] = Tensor(out, shape, _kind(shape), dtype=of(node.name))
+        tensors[out] = Tensor(out, shape, _kind(shape), dtype=of(node.name)) if not node.attrs.get("stats") else \
+            Tensor(out, shape, "plain", dtype="float32")  # a GroupNorm(1)'s statistics: float32 chunk partials,
+        # a buffer its reading convolutions index themselves (``passes_layer_norm.group_norm_into_convs``)
         ins = [packed(t) for t in node.inputs]
         ctx.dtype = of(node.name)  # a template's workload (and its weights) in the node's storage dtype
         rule_for(node.op, node.name)(ctx, node, ins, out, shape)
