@@ -488,6 +488,33 @@ def test_group_norm_statistics_feed_the_1x1_convolutions_that_normalize(native, 
         assert _rel(half.run([x])[0], want[0]) < 5e-3
 
 
+def test_group_norm_moves_past_a_fold_into_the_projection(tmp_path):
+    """MobileViTv2's last norm of a stage -- a GroupNorm(1) of the (C, patch, patches) tokens, folded back into an
+    image (reshape, transpose, reshape: a copy that permutes each channel) and projected by a 1x1 convolution --
+    runs after the fold (``group_norm_past_permutations``), so the projection normalizes as it reads: the copy and
+    the statistics kernel are all that is left, against onnxruntime."""
+    from tuner.compile.compiler import load_graph
+
+    def body(b):
+        x = b.input("input", (1, 8, 4, 16))  # 8 channels, 2x2 patch positions, 4x4 patches
+        y = b.conv(x, 8, 8, 1, bias=True)
+        y = b.node("GroupNormalization", [y, b.const("s", b.rng.uniform(.5, 1.5, 8)),
+                                          b.const("b", b.rng.normal(0, .3, 8))], num_groups=1, epsilon=1e-5)
+        y = b.node("Reshape", [y, b.const("to6", np.array([1, 8, 2, 2, 4, 4], np.int64))])
+        y = b.node("Transpose", [y], perm=[0, 1, 4, 2, 5, 3])
+        y = b.node("Reshape", [y, b.const("to4", np.array([1, 8, 8, 8], np.int64))])
+        b.conv(y, 8, 12, 1, bias=True, output="output")
+        return {"output": [1, 12, 8, 8]}
+    b = _Builder(seed=3, opset=21)
+    model = b.model(body(b), "m")
+    g = load_graph(model)
+    ops = [n.op + ("+stats" if n.attrs.get("stats") else "") for n in g.nodes]
+    assert "group_norm" not in ops and ops.index("strided_copy") < ops.index("group_norm+stats"), ops
+    mod = _compile_and_check(model, tmp_path)
+    kernels = [n.template or n.op for n in mod.spec.nodes]
+    assert kernels.count("group_norm") == 1 and kernels.count("strided_copy") == 1, kernels
+
+
 def test_misaligned_slices_of_a_convolution_are_realigned(tmp_path):
     """A convolution (bias, per-channel PReLU) split into 1, 8 and 6 channels (offsets 1 and 9: inside RGBA
     pixels) writes its channels reordered (the 8, then the 1 and the 6), its filters, bias and slopes permuted;

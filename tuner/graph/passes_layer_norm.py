@@ -131,3 +131,45 @@ def group_norm_into_convs(graph: Graph) -> Graph:
                                             {"groups": 1, "epsilon": epsilon, "stats": t})
     _drop_unused_params(g)
     return g.validate()
+
+
+def _permutes_within_channels(g: Graph, copy: Node) -> bool:
+    """Whether the strided copy ``copy`` only moves each channel's elements within that channel of the same image:
+    a bijection of the elements that keeps (n, c) (timm's MobileViTv2 folding patches back into an image)."""
+    from tuner.graph.passes_attention import _mapping
+    src, out = tuple(g.shapes[copy.inputs[0]]), tuple(g.shapes[copy.outputs[0]])
+    if copy.op != "strided_copy" or set(copy.attrs) - {"src_shape", "offset", "strides", "shape", "out_shape"} \
+            or len(src) != 4 or len(out) != 4 or src[:2] != out[:2]:
+        return False
+    size = int(np.prod(src))
+    try:
+        m = _mapping(copy, src).astype(np.int64)
+    except (KeyError, ValueError):
+        return False
+    return m.size == size == int(np.prod(out)) and np.unique(m).size == size \
+        and np.array_equal(m // (src[2] * src[3]), np.arange(size) // (out[2] * out[3]))
+
+
+def group_norm_past_permutations(graph: Graph) -> Graph:
+    """A GroupNorm(1) read only by a copy that permutes each channel's elements within it runs after the copy: its
+    statistics are the same over the permuted image and its affine is per channel, so the norm's readers become
+    the copy's (MobileViTv2's last norm of each stage, before the fold back into an image and a 1x1 projection,
+    which ``group_norm_into_convs`` then takes)."""
+    g = graph.copy()
+    for node in list(g.nodes):
+        if node.op != "group_norm" or node.attrs.get("groups") != 1 or set(node.attrs) - {"groups", "epsilon"}:
+            continue
+        out = node.outputs[0]
+        readers = g.consumers(out)
+        if out in g.outputs or len(readers) != 1 or not _permutes_within_channels(g, readers[0]):
+            continue
+        copy = readers[0]
+        moved = fresh_name(g, f"{copy.outputs[0]}.unnormed")
+        g.shapes[moved] = g.shapes[copy.outputs[0]]
+        node.outputs, copy.outputs = [copy.outputs[0]], [moved]
+        copy.inputs = [node.inputs[0]] + copy.inputs[1:]
+        node.inputs = [moved] + node.inputs[1:]
+        g.nodes.remove(node)
+        g.nodes.insert(g.nodes.index(copy) + 1, node)
+        del g.shapes[out]
+    return g.validate()
