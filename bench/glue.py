@@ -279,8 +279,10 @@ def cmd_ours(args) -> int:
 
 
 def cmd_tune(args) -> int:
-    """Every reduction task (``REDUCTIONS``) of the models' plans, tuned with ``--trials`` measurements each (the
-    fallback config first), the slowest-looking first, until ``--deadline`` seconds have passed."""
+    """Every reduction task (``REDUCTIONS``) of the models' plans in each of ``--scopes`` (``auto``'s; with
+    ``auto,texture,buffer`` also those of the uniform plans ``--scope auto`` may keep in another job), tuned with
+    ``--trials`` measurements each (the fallback config first), the slowest-looking first, until ``--deadline``
+    seconds have passed."""
     from tuner.compile.compiler import model_tasks
     from tuner.runtime.opencl.device import open_device
     from tuner.search.tune import tune
@@ -290,10 +292,11 @@ def cmd_tune(args) -> int:
     for name in args.models.split(","):
         onnx_path = Path(args.work) / "models" / f"{name}.onnx"
         if onnx_path.exists():
-            for t in model_tasks(str(onnx_path), dev, scope="auto", log=logs):
-                if t.template in REDUCTIONS and t.key() not in seen:
-                    seen.add(t.key())
-                    tasks.append(t)
+            for scope in args.scopes.split(","):  # auto's plan, and the uniform ones auto may switch to
+                for t in model_tasks(str(onnx_path), dev, scope=scope, log=logs):
+                    if t.template in REDUCTIONS and t.key() not in seen:
+                        seen.add(t.key())
+                        tasks.append(t)
     tasks.sort(key=lambda t: -t.workload.flops * t.count)
     if logs:  # a task this device's logs already hold a record of is not tuned again: a later call goes on
         from tuner.logs.best import ApplyHistoryBest
@@ -440,6 +443,8 @@ def main(argv=None) -> int:
     p.add_argument("--trials", type=int, default=24, help="tune: measurements per task")
     p.add_argument("--deadline", type=float, default=400, help="tune: start no task after this many seconds")
     p.add_argument("--out-log", default=None, help="tune: the log the records go to (default: the device's)")
+    p.add_argument("--scopes", default="auto", help="tune: the plans whose tasks are tuned, comma-separated "
+                   "(auto, texture, buffer)")
     p.add_argument("--out", default=str(HERE / "results" / "glue"))
     p.add_argument("--onnx", nargs="*", default=[], help="link: the ONNX files")
     p.add_argument("--patterns", action="store_true", help="plans: glue by producer -> consumers too")
