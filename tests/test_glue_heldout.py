@@ -515,6 +515,28 @@ def test_group_norm_moves_past_a_fold_into_the_projection(tmp_path):
     assert kernels.count("group_norm") == 1 and kernels.count("strided_copy") == 1, kernels
 
 
+def test_a_distilled_classifier_runs_its_two_heads_as_one(tmp_path):
+    """A distilled classifier's head -- (head(x) + head_dist(x)) / 2 over the pooled features (DeiT, EfficientFormer,
+    LeViT) -- is one dense layer of the summed weights, the halving folded in (``merge_dense_heads``): one kernel
+    where two products, the add and the scale ran; a second add of two heads of different inputs stays two denses.
+    Against onnxruntime."""
+    from tuner.compile.compiler import load_graph
+
+    def body(b):
+        x = b.input("input", (1, 8, 6, 6))
+        f = b.node("Flatten", [b.node("GlobalAveragePool", [b.conv(x, 8, 16, 3, bias=True)])])
+        g = b.node("Relu", [f])
+        y = b.node("Div", [b.node("Add", [b.fc(f, 16, 10), b.fc(f, 16, 10)]), b.const("two", np.array(2.0))])
+        b.node("Add", [y, b.node("Add", [b.fc(f, 16, 10), b.fc(g, 16, 10)])], output="output")
+        return {"output": [1, 10]}
+    b = _Builder(seed=7, opset=17)
+    model = b.model(body(b), "m")
+    ops = [n.op for n in load_graph(model).nodes]
+    assert ops.count("dense") == 3, ops  # the two heads of f as one; the two of f and relu(f) stay apart
+    mod = _compile_and_check(model, tmp_path)
+    assert [n.template or n.op for n in mod.spec.nodes].count("dense") == 3
+
+
 def test_misaligned_slices_of_a_convolution_are_realigned(tmp_path):
     """A convolution (bias, per-channel PReLU) split into 1, 8 and 6 channels (offsets 1 and 9: inside RGBA
     pixels) writes its channels reordered (the 8, then the 1 and the 6), its filters, bias and slopes permuted;

@@ -49,7 +49,7 @@ from tuner.graph.passes_se import fuse_squeeze_excite  # after epilogue fusion: 
 from tuner.graph.passes_attention import slice_activations_into_producers, softmax_into_reductions  # attention
 from tuner.graph.passes_layer_norm import (group_norm_into_convs, group_norm_past_permutations,  # norms inside
                                           layer_norm_into_convs)  # their 1x1 readers
-from tuner.graph.passes_reparam import merge_depthwise_branches  # noqa: E402 - re-parameterized depthwise blocks
+from tuner.graph.passes_reparam import merge_dense_heads, merge_depthwise_branches  # noqa: E402 - linear branches
 from tuner.graph.passes_response_norm import response_norm_as_gate  # noqa: E402 - ConvNeXtV2's GRN as a gate
 
 ACTIVATION_OF_CLIP = {(0.0, 6.0): "relu6", (0.0, float("inf")): "relu"}
@@ -757,7 +757,7 @@ def optimize(graph: Graph) -> Graph:
 # rewrites (channel shuffles, attention's token tensors, NHWC blocks, ConvTranspose -> conv2d:
 # ``passes_movement``); whole-image reductions in two parallel steps; then BatchNorm folded into convolutions and
 # ConvNeXtV2's response norm read as a gate by the convolution after it (``passes_response_norm``),
-# re-parameterized depthwise branches summed into one (``passes_reparam``), the
+# re-parameterized depthwise branches and a distilled classifier's two heads summed into one (``passes_reparam``), the
 # activations the rewrites exposed recognized, epilogues fused, a PixelShuffle's convolution put in DCR order (its
 # bias and epilogue folded in first: only its weights and bias permute), squeeze-excite gates read by the
 # convolutions after them and each block's pool and two 1x1 convolutions as one ``se_gate``, Pads and channel
@@ -766,7 +766,7 @@ def optimize(graph: Graph) -> Graph:
 # LayerNorm over channels, then a GroupNorm(1) (its statistics left in a kernel; moved past a copy that permutes
 # each channel first), read only by 1x1 convolutions computed inside them (``passes_layer_norm``).
 PIPELINE = (model_io_ranks, pointwise_ranks, fuse_group_norm, fuse_patterns, optimize_movement, split_whole_reductions,
-            fold_batch_norm, response_norm_as_gate, merge_depthwise_branches, fuse_patterns, activations_before_copies, fuse_epilogues, flatten_into_reductions, fuse_reduction_weights, crd_to_dcr,
+            fold_batch_norm, response_norm_as_gate, merge_depthwise_branches, merge_dense_heads, fuse_patterns, activations_before_copies, fuse_epilogues, flatten_into_reductions, fuse_reduction_weights, crd_to_dcr,
             fuse_input_gates, fuse_squeeze_excite, align_channel_slices,
             fold_pads, pad_concat_parts,
             fold_gathers_into_convs, compose_gathers_into_copies, matmul_views, slices_read_in_place,

@@ -1,4 +1,5 @@
-"""Re-parameterized depthwise blocks as one depthwise convolution (``merge_depthwise_branches``, ``Graph -> Graph``).
+"""Re-parameterized depthwise blocks as one depthwise convolution (``merge_depthwise_branches``, ``Graph -> Graph``),
+and a distilled classifier's two heads as one dense layer (``merge_dense_heads``).
 
 Mobile architectures train a depthwise layer as several branches over the same input and add them: RepViT's token
 mixer is ``bn(dw3x3(x) + dw1x1(x) + x)``, FastViT's RepMixer ``x + s * (dw3x3(x) - dw3x3'(x))``, MobileOne and
@@ -144,4 +145,38 @@ def merge_depthwise_branches(graph: Graph) -> Graph:
         for node in list(g.nodes):
             if any(n is node for n in g.nodes) and (_merge_branches(g, node) or _fold_channel_affine(g, node)):
                 changed, merged = True, merged + 1
+    return _drop_unused_params(g).validate() if merged else graph
+
+
+def _dense(g: Graph, n: Node | None):
+    """``(x, W (M, K) float64, bias (M,) float64)`` of a plain dense layer (constant weights, no activation or
+    residual), else None."""
+    if n is None or n.op != "dense" or len(n.inputs) not in (2, 3) or n.attrs \
+            or any(t not in g.params for t in n.inputs[1:]):
+        return None
+    W = np.asarray(g.params[n.inputs[1]], np.float64)
+    b = np.asarray(g.params[n.inputs[2]], np.float64).reshape(-1) if len(n.inputs) == 3 else np.zeros(W.shape[0])
+    return n.inputs[0], W, b
+
+
+def merge_dense_heads(graph: Graph) -> Graph:
+    """An ``add`` of two dense layers of the same input, each read only there -- a distilled classifier's ``head``
+    and ``head_dist`` (DeiT, EfficientFormer, LeViT), averaged -- as one dense layer of the summed weights and
+    biases: one launch where three ran (two products and the add); the averaging scale after it then folds into
+    the weights too (``fuse_epilogues``)."""
+    g = graph.copy()
+    merged = 0
+    for node in list(g.nodes):
+        if node.op != "add" or len(node.inputs) != 2 or node.attrs or node.inputs[0] == node.inputs[1]:
+            continue
+        sides = [_dense(g, g.producer(t)) if only_reader(g, t, node) else None for t in node.inputs]
+        if any(s is None for s in sides) or sides[0][0] != sides[1][0] or sides[0][1].shape != sides[1][1].shape:
+            continue
+        (x, w1, b1), (_, w2, b2) = sides
+        dense = Node("dense", node.name, [x, _add_param(g, f"{node.name}.w_sum", (w1 + w2).astype(np.float32)),
+                                          _add_param(g, f"{node.name}.b_sum", (b1 + b2).astype(np.float32))],
+                     list(node.outputs))
+        dead = [g.producer(t) for t in node.inputs]
+        g.nodes = [dense if n is node else n for n in g.nodes if all(n is not d for d in dead)]
+        merged += 1
     return _drop_unused_params(g).validate() if merged else graph
