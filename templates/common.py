@@ -23,6 +23,7 @@ from tuner.ir.buffer import buffer
 from tuner.ir.dtype import DType
 from tuner.ir.expr import Broadcast, Cast, ExtractLane, Ramp, as_expr, call, const, max_, min_, select
 from tuner.ir.layouts import check_out_view
+from tuner.ops.token_views import apply_patch_view, patch_position, patch_stored_shape
 
 
 @dataclass(frozen=True)
@@ -382,6 +383,9 @@ class Conv2dWorkload:
     shuffle_view: tuple = ()  # (bh, bw, top, left, out_h, out_w): write the DCR depth_to_space of the output -- its
     # bh * bw phases interleaved, the window of out_h x out_w from (top, left) -- instead of the output (a phase
     # convolution's or a PixelShuffle's interleave, ``plan.views``); not in the key either
+    patch_view: tuple = ()  # (unfold or fold, ph, pw, patches a row): write each output pixel where MobileViT's
+    # unfold into (patch position, patch) or its fold back into the image puts it (``token_views.patch_position``):
+    # no copy kernel for either; not in the key either
     plain_input: bool = False  # X is the model input's row-major NCHW host buffer, read in place (no relayout
     # kernel: ``tuner.plan.io_views``); a pixel is a gather of 4 planes. Not in the key: the loop nest is the same
     plain_output: bool = False  # Y is the model output's row-major NCHW host buffer, each pixel scattered to its 4
@@ -450,6 +454,12 @@ class Conv2dWorkload:
             raise ValueError("scale_rows: the gate S is one a channel and input row -- it needs in_scale")
         if self.plain_input and self.in_scale:
             raise ValueError("plain_input reads the model input's row-major buffer: no in_scale gate with it")
+        if self.patch_view:
+            set_("patch_view", (str(self.patch_view[0]), *(int(v) for v in self.patch_view[1:])))
+            patch_stored_shape(self.patch_view, self.out_shape)  # a ValueError where the view does not tile
+            if self.shuffle_view or self.out_view or self.side_copy or self.plain_output:
+                raise ValueError("patch_view moves the output's pixels: no shuffle_view, out_view, side_copy or "
+                                 "plain_output with it")
         if self.side_copy and self.shuffle_view:
             raise ValueError("side_copy with shuffle_view: the copy is written at the convolution's own pixels, which "
                              "the interleave moves")
@@ -493,7 +503,7 @@ class Conv2dWorkload:
                                    if (k not in ("in_scale", "in_read", "scale_rows", "in_norm", "norm_partials")
                                        or v)
                                    and (k != "pad_mode" or v != "zeros")
-                                   and k not in ("out_view", "side_copy", "shuffle_view", "plain_input",
+                                   and k not in ("out_view", "side_copy", "shuffle_view", "patch_view", "plain_input",
                                                  "plain_output")}}
 
     def _checked_in_read(self) -> tuple:
@@ -546,6 +556,8 @@ class Conv2dWorkload:
         N, _, OH, OW = self.out_shape
         if self.shuffle_view:
             OH, OW = self.shuffle_view[4:]
+        if self.patch_view:
+            return patch_stored_shape(self.patch_view, (N, self.written_channels, OH, OW))
         return N, self.out_view[1] if self.out_view else self.written_channels, OH, OW
 
     def _checked_shuffle_view(self) -> tuple:
@@ -906,7 +918,7 @@ def store_tile(b, acc, Y, n, obb, oh0, ow0, tile, bounds, wl, B=None, Res=None, 
     (``shuffle_store``)."""
     (t_oc, t_oh, t_ow), (OB, OH, OW) = tile, bounds
     shift = wl.out_view[0] if getattr(wl, "out_view", ()) else 0
-    shuffle = getattr(wl, "shuffle_view", ())
+    shuffle, patches = getattr(wl, "shuffle_view", ()), getattr(wl, "patch_view", ())
     for k in range(t_oc):
         ob = obb * t_oc + k
         for y in range(t_oh):
@@ -936,6 +948,8 @@ def store_tile(b, acc, Y, n, obb, oh0, ow0, tile, bounds, wl, B=None, Res=None, 
                         v = apply_ir(wl.activation, v)
                     if shuffle:
                         shuffle_store(b, Y, v, n, ob, oh, ow, (OH, OW), wl, shift, f"sv{i}")
+                    elif patches:  # MobileViT's unfold or fold: the pixel where the view puts it
+                        b.store(Y, (n, lanes, *patch_position(patches, oh, ow)), v)
                     elif is_plain(Y):
                         store_pixel(b, Y, n, ob, oh, ow, v, f"pv{i}")
                     else:
@@ -1020,7 +1034,10 @@ def reference(wl: Conv2dWorkload, x, w, bias=None, residual=None, scale=None) ->
 
 
 def shuffled(wl, out: np.ndarray) -> np.ndarray:
-    """``out`` (the convolution's output) as its ``shuffle_view`` stores it: the DCR depth_to_space, cropped."""
+    """``out`` (the convolution's output) as its ``shuffle_view`` stores it: the DCR depth_to_space, cropped; or
+    as its ``patch_view`` does."""
+    if getattr(wl, "patch_view", ()):
+        return apply_patch_view(wl.patch_view, out)
     if not getattr(wl, "shuffle_view", ()):
         return out
     (bh, bw, top, left, oh, ow), (N, K, H, W) = wl.shuffle_view, out.shape

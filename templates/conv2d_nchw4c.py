@@ -327,6 +327,8 @@ def lower(ctx, node, ins):
     fields, inputs = node_epilogue(ctx, node)
     if view is not None:
         fields["in_read"] = view
+    if node.attrs.get("patch_view"):  # passes_patches: MobileViT's unfold or fold written by this convolution
+        fields["patch_view"] = tuple(node.attrs["patch_view"])
     extra, c = {}, data[1]
     if node.attrs.get("in_norm"):  # passes_layer_norm: B holds the biases, then the weights' sums (bias_length)
         w = np.asarray(ctx.graph.params[w_name], np.float64)

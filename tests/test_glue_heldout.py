@@ -491,8 +491,9 @@ def test_group_norm_statistics_feed_the_1x1_convolutions_that_normalize(native, 
 def test_group_norm_moves_past_a_fold_into_the_projection(tmp_path):
     """MobileViTv2's last norm of a stage -- a GroupNorm(1) of the (C, patch, patches) tokens, folded back into an
     image (reshape, transpose, reshape: a copy that permutes each channel) and projected by a 1x1 convolution --
-    runs after the fold (``group_norm_past_permutations``), so the projection normalizes as it reads: the copy and
-    the statistics kernel are all that is left, against onnxruntime."""
+    runs after the fold (``group_norm_past_permutations``), so the projection normalizes as it reads, and the
+    convolution before writes the fold (``passes_patches``): the statistics kernel is all that is left of the norm
+    and the copy, against onnxruntime."""
     from tuner.compile.compiler import load_graph
 
     def body(b):
@@ -509,10 +510,11 @@ def test_group_norm_moves_past_a_fold_into_the_projection(tmp_path):
     model = b.model(body(b), "m")
     g = load_graph(model)
     ops = [n.op + ("+stats" if n.attrs.get("stats") else "") for n in g.nodes]
-    assert "group_norm" not in ops and ops.index("strided_copy") < ops.index("group_norm+stats"), ops
+    assert ops == ["conv2d", "group_norm+stats", "conv2d"], ops  # the fold written by the first convolution
+    assert g.nodes[0].attrs["patch_view"] == ("fold", 2, 2, 4)  # (passes_patches)
     mod = _compile_and_check(model, tmp_path)
     kernels = [n.template or n.op for n in mod.spec.nodes]
-    assert kernels.count("group_norm") == 1 and kernels.count("strided_copy") == 1, kernels
+    assert kernels.count("group_norm") == 1 and "strided_copy" not in kernels, kernels
 
 
 def test_a_distilled_classifier_runs_its_two_heads_as_one(tmp_path):
@@ -535,6 +537,41 @@ def test_a_distilled_classifier_runs_its_two_heads_as_one(tmp_path):
     assert ops.count("dense") == 3, ops  # the two heads of f as one; the two of f and relu(f) stay apart
     mod = _compile_and_check(model, tmp_path)
     assert [n.template or n.op for n in mod.spec.nodes].count("dense") == 3
+
+
+def _patches(b, ph: int = 3, pw: int = 2) -> dict:
+    """MobileViT's unfold of ph x pw patches after a 1x1 convolution, a 1x1 convolution with a residual over the
+    (patch position, patch) layout, and the fold back before a last 1x1 convolution: reshape, transpose,
+    reshape each way (one strided copy each, before ``passes_patches``)."""
+    nh, nw = 2, 4
+    x = b.input("input", (1, 8, nh * ph, nw * pw))
+    y = b.conv(x, 8, 8, 1, bias=True)
+    t = b.node("Reshape", [y, b.const("s6", np.array([1, 8, nh, ph, nw, pw], np.int64))])
+    t = b.node("Transpose", [t], perm=[0, 1, 3, 5, 2, 4])
+    t = b.node("Reshape", [t, b.const("s4", np.array([1, 8, ph * pw, nh * nw], np.int64))])
+    u = b.node("Relu", [b.node("Add", [b.conv(t, 8, 8, 1, bias=True), t])])
+    u = b.node("Reshape", [u, b.const("f6", np.array([1, 8, ph, pw, nh, nw], np.int64))])
+    u = b.node("Transpose", [u], perm=[0, 1, 4, 2, 5, 3])
+    u = b.node("Reshape", [u, b.const("f4", np.array([1, 8, nh * ph, nw * pw], np.int64))])
+    b.conv(u, 8, 12, 1, bias=True, output="output")
+    return {"output": [1, 12, nh * ph, nw * pw]}
+
+
+@pytest.mark.parametrize("scope", ["texture", "buffer"])
+def test_convolutions_write_the_unfold_and_the_fold(native, cl_env, scope, tmp_path):
+    """MobileViT's unfold into 3x2 patches and its fold back are written by the 1x1 convolutions before them
+    (``Conv2dWorkload.patch_view``): no copy kernel left, against onnxruntime by the Python executor and by
+    tuner-run."""
+    from conftest import building_cpu
+    from tuner.compile.compiler import load_graph
+    model = _model(_patches)
+    g = load_graph(model)
+    views = [n.attrs["patch_view"] for n in g.nodes if "patch_view" in n.attrs]
+    assert views == [("unfold", 3, 2, 4), ("fold", 3, 2, 4)] and "strided_copy" not in [n.op for n in g.nodes]
+    mod, x, want = _compiled(model, scope, tmp_path)
+    assert [n.template or n.op for n in mod.spec.nodes].count("conv2d") == 3 and len(mod.spec.nodes) == 3
+    assert _rel(mod.run([x])[0], want[0]) < 1e-5
+    assert _rel(_tuner_run(mod, x, building_cpu(), native, cl_env, tmp_path), want[0]) < 1e-5
 
 
 def test_misaligned_slices_of_a_convolution_are_realigned(tmp_path):

@@ -49,6 +49,7 @@ from tuner.graph.passes_se import fuse_squeeze_excite  # after epilogue fusion: 
 from tuner.graph.passes_attention import slice_activations_into_producers, softmax_into_reductions  # attention
 from tuner.graph.passes_layer_norm import (group_norm_into_convs, group_norm_past_permutations,  # norms inside
                                           layer_norm_into_convs)  # their 1x1 readers
+from tuner.graph.passes_patches import convolutions_write_patches  # noqa: E402 - MobileViT's unfold and fold
 from tuner.graph.passes_reparam import merge_dense_heads, merge_depthwise_branches  # noqa: E402 - linear branches
 from tuner.graph.passes_response_norm import response_norm_as_gate  # noqa: E402 - ConvNeXtV2's GRN as a gate
 
@@ -764,11 +765,12 @@ def optimize(graph: Graph) -> Graph:
 # gathers read by the convolutions after them, and MobileViTv2's softmaxed query computed in the reduction that
 # weights the keys by it and the ReLU of its values in the qkv convolution's epilogue (``passes_attention``); last, a
 # LayerNorm over channels, then a GroupNorm(1) (its statistics left in a kernel; moved past a copy that permutes
-# each channel first), read only by 1x1 convolutions computed inside them (``passes_layer_norm``).
+# each channel first), read only by 1x1 convolutions computed inside them (``passes_layer_norm``); then MobileViT's
+# unfold and fold written by the 1x1 convolutions before them (``passes_patches``).
 PIPELINE = (model_io_ranks, pointwise_ranks, fuse_group_norm, fuse_patterns, optimize_movement, split_whole_reductions,
             fold_batch_norm, response_norm_as_gate, merge_depthwise_branches, merge_dense_heads, fuse_patterns, activations_before_copies, fuse_epilogues, flatten_into_reductions, fuse_reduction_weights, crd_to_dcr,
             fuse_input_gates, fuse_squeeze_excite, align_channel_slices,
             fold_pads, pad_concat_parts,
             fold_gathers_into_convs, compose_gathers_into_copies, matmul_views, slices_read_in_place,
             fuse_concat_activations, softmax_into_reductions, slice_activations_into_producers, layer_norm_into_convs,
-            group_norm_past_permutations, group_norm_into_convs)
+            group_norm_past_permutations, group_norm_into_convs, convolutions_write_patches)

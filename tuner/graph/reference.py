@@ -18,6 +18,7 @@ import numpy as np
 
 from tuner.graph.graph import Graph, Node
 from tuner.ops.kernels import pool_ceil_extra, unary_reference
+from tuner.ops.token_views import apply_patch_view
 from tuner.ir.activations import apply_numpy, apply_prelu_numpy
 import tuner.graph.reference_movement as reference_movement
 
@@ -58,7 +59,8 @@ def run_graph_numpy(graph: Graph, inputs: dict, all_tensors: bool = False) -> di
 # implements. ``matmul``'s are the template's (``reference_movement.MATMUL_ATTRS``).
 _BINARY_EPILOGUE = {"activation", "scale", "residual"}  # passes._binary_epilogue, then an activation
 EPILOGUE_ATTRS = {
-    "conv2d": {"activation", "residual", "in_scale", "pad_mode", "slope", "in_view", "in_norm", "norm_stats"},
+    "conv2d": {"activation", "residual", "in_scale", "pad_mode", "slope", "in_view", "in_norm", "norm_stats",
+               "patch_view"},
     "dense": {"activation", "residual"},
     "group_norm": {"activation", "slope", "residual"}, "layer_norm": {"activation"},
     "add": {"activation", "channel_offsets"}, "relu": {"channel_offsets"}, "clip": {"channel_offsets"},
@@ -112,8 +114,12 @@ def _evaluate(graph: Graph, node: Node, fn, env: dict) -> np.ndarray:
     if "residual" in extra:
         out = out + extra["residual"]
     if "slope" in extra:  # a per-channel PReLU (activation "prelu")
-        return apply_prelu_numpy(out, extra["slope"].reshape(-1))
-    return apply_numpy(a["activation"], out) if "activation" in a and "activation" in fused_ok else out
+        out = apply_prelu_numpy(out, extra["slope"].reshape(-1))
+    elif "activation" in a and "activation" in fused_ok:
+        out = apply_numpy(a["activation"], out)
+    if a.get("patch_view") and "patch_view" in fused_ok:  # passes_patches: stored unfolded or folded
+        out = apply_patch_view(a["patch_view"], out)
+    return out
 
 
 def random_inputs(graph: Graph, seed: int = 0) -> dict:
