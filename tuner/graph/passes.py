@@ -768,7 +768,8 @@ def optimize(graph: Graph) -> Graph:
 # each channel first), read only by 1x1 convolutions computed inside them (``passes_layer_norm``); then MobileViT's
 # unfold and fold written by the 1x1 convolutions before them (``passes_patches``).
 PIPELINE = (model_io_ranks, pointwise_ranks, fuse_group_norm, fuse_patterns, optimize_movement, split_whole_reductions,
-            fold_batch_norm, response_norm_as_gate, merge_depthwise_branches, merge_dense_heads, fuse_patterns, activations_before_copies, fuse_epilogues, flatten_into_reductions, fuse_reduction_weights, crd_to_dcr,
+            fold_batch_norm, response_norm_as_gate, merge_depthwise_branches, merge_dense_heads, fuse_patterns,
+            activations_before_copies, fuse_epilogues, flatten_into_reductions, fuse_reduction_weights, crd_to_dcr,
             fuse_input_gates, fuse_squeeze_excite, align_channel_slices,
             fold_pads, pad_concat_parts,
             fold_gathers_into_convs, compose_gathers_into_copies, matmul_views, slices_read_in_place,

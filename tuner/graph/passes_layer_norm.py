@@ -15,8 +15,9 @@ projection: one launch and one pass over the tensor fewer each.
 Taken where the norm is over the channels of a 4-D tensor (``axis`` 1, after ``passes_movement.nhwc_to_nchw``),
 fuses nothing itself, and every reader is a convolution that takes it as its only input (1x1, stride 1, no padding,
 groups 1, no gate or input view; a per-channel PReLU's slopes stay in B before the weights' sums). Each reader gets
-its own folded weights and bias. Run last, so that no later pass gives those convolutions a gate or a view. Not
-where the norm reads a concat: the norm kernel reads its parts in place (EdgeNeXt's SDTA split, ``plan.input_views``), which a normed convolution does not.
+its own folded weights and bias. Run late, so that no later pass gives those convolutions a gate or an input view. Not
+where the norm reads a concat: the norm kernel reads its parts in place (EdgeNeXt's SDTA split,
+``plan.input_views``), which a normed convolution does not.
 
 ``group_norm_into_convs``: a GroupNorm(1) (MobileViTv2's, PoolFormer's) read only by such convolutions is the same
 fold with one mean and rstd per image instead of per pixel. Those statistics need the whole image, which no
