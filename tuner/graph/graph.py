@@ -19,7 +19,7 @@ Operators and their attributes as the frontend emits them (activations are NCHW,
 | erf | x | |
 | unary | x | fn: sqrt, exp, neg, abs, reciprocal, square (x * x) or pow(p) (a constant exponent) |
 | reduce_mean, reduce_max, reduce_sum, reduce_l2 | x (any rank) | axes (sorted, non-negative, in x's rank), keepdims (kernels: NCHW over (2, 3), (1,), (1, 2, 3); (N, K) over (1,)) |
-| group_norm | x (N, C, ...), scale (C,), bias (C,) | groups (statistics per (n, group of C/groups channels) over them and the other axes: InstanceNormalization is groups = C), epsilon |
+| group_norm | x (N, C, ...), scale (C,), bias (C,); with stats x only | groups (statistics per (n, group of C/groups channels) over them and the other axes: InstanceNormalization is groups = C), epsilon; stats (``passes_layer_norm``: GroupNorm(1)'s statistics only, an (N, 8 * stats) tensor of chunk partials its reading convolutions take as ``norm_stats``) |
 | softmax | x (N, C) or NCHW | axis (1: channels) |
 | global_avg_pool, global_max_pool | x | |
 | avg_pool, max_pool | x | kernel (r, s), stride, padding (top, left, bottom, right), count_include_pad (avg), ceil_mode |
