@@ -26,12 +26,7 @@ import numpy as np
 
 from tuner.graph.graph import Graph
 from tuner.graph.graph import add_param as _add_param
-
-
-def _mapping(node, shape) -> np.ndarray:
-    """The source element (row-major index) each output element of the copy ``node`` reads, input shape ``shape``."""
-    from tuner.graph.reference_movement import strided_copy
-    return np.asarray(strided_copy(node, np.arange(int(np.prod(shape)), dtype=np.float64).reshape(shape))).ravel()
+from tuner.graph.reference_movement import copy_sources
 
 
 def _softmax_channel(g: Graph, flat, soft, back, axes: tuple) -> int | None:
@@ -49,8 +44,8 @@ def _softmax_channel(g: Graph, flat, soft, back, axes: tuple) -> int | None:
         return None
     soft_shape = tuple(g.shapes[soft.outputs[0]])
     try:
-        m1 = _mapping(flat, shape).astype(np.int64)  # flat's elements (stored order) -> src's
-        m2 = _mapping(back, soft_shape).astype(np.int64)  # back's elements (row-major) -> soft's (stored order)
+        m1 = copy_sources(flat, shape)  # flat's elements (stored order) -> src's
+        m2 = copy_sources(back, soft_shape)  # back's elements (row-major) -> soft's (stored order)
     except (KeyError, ValueError):
         return None
     size = int(np.prod(out))

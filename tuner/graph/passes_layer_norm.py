@@ -31,6 +31,7 @@ import numpy as np
 
 from tuner.graph.graph import Graph, Node
 from tuner.graph.graph import add_param as _add_param, drop_unused_params as _drop_unused_params, fresh_name
+from tuner.graph.reference_movement import copy_sources
 
 MAX_CHUNKS = 16  # GroupNorm(1)'s statistics: chunk partials per image, each reader adds them up (32 float4 reads)
 
@@ -137,14 +138,13 @@ def group_norm_into_convs(graph: Graph) -> Graph:
 def _permutes_within_channels(g: Graph, copy: Node) -> bool:
     """Whether the strided copy ``copy`` only moves each channel's elements within that channel of the same image:
     a bijection of the elements that keeps (n, c) (timm's MobileViTv2 folding patches back into an image)."""
-    from tuner.graph.passes_attention import _mapping
     src, out = tuple(g.shapes[copy.inputs[0]]), tuple(g.shapes[copy.outputs[0]])
     if copy.op != "strided_copy" or set(copy.attrs) - {"src_shape", "offset", "strides", "shape", "out_shape"} \
             or len(src) != 4 or len(out) != 4 or src[:2] != out[:2]:
         return False
     size = int(np.prod(src))
     try:
-        m = _mapping(copy, src).astype(np.int64)
+        m = copy_sources(copy, src)
     except (KeyError, ValueError):
         return False
     return m.size == size == int(np.prod(out)) and np.unique(m).size == size \

@@ -276,7 +276,7 @@ def copies_through_transposes(graph: Graph) -> Graph:
     copy's shape and strides permuted, so one kernel moves the data instead of two -- EdgeNeXt's token rows
     reshaped to NHWC and transposed to NCHW before each LayerNorm over the channels. Taken where the copy does no
     reshape after its gather (``shape == out_shape``), checked by running both on an index array."""
-    from tuner.graph.reference_movement import strided_copy
+    from tuner.graph.reference_movement import copy_sources
     g = graph.copy()
     for t in list(g.nodes):
         src = t.inputs[0] if t.op == "transpose" and len(t.inputs) == 1 else None
@@ -290,9 +290,9 @@ def copies_through_transposes(graph: Graph) -> Graph:
             continue
         moved = {**a, "shape": tuple(shape[p] for p in perm), "strides": tuple(a["strides"][p] for p in perm),
                  "out_shape": tuple(shape[p] for p in perm)}
-        x = np.arange(int(np.prod(g.shapes[c.inputs[0]])), dtype=np.float64).reshape(g.shapes[c.inputs[0]])
-        want = np.transpose(strided_copy(c, x).reshape(shape), perm)
-        if not np.array_equal(strided_copy(Node("strided_copy", c.name, c.inputs, t.outputs, moved), x), want):
+        src_shape = g.shapes[c.inputs[0]]
+        want = np.transpose(copy_sources(c, src_shape).reshape(shape), perm).ravel()
+        if not np.array_equal(copy_sources(Node("strided_copy", c.name, c.inputs, t.outputs, moved), src_shape), want):
             continue
         t.op, t.inputs, t.attrs = "strided_copy", list(c.inputs), moved
         g.nodes = [m for m in g.nodes if m is not c]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from tuner.graph.graph import Graph, only_reader
+from tuner.graph.reference_movement import copy_sources
 from tuner.ops.token_views import apply_patch_view
 
 _MOVED = ("shuffle_view", "patch_view", "out_view")  # a producer whose output a view moves already
@@ -22,12 +23,11 @@ _MOVED = ("shuffle_view", "patch_view", "out_view")  # a producer whose output a
 
 def _view(g: Graph, copy) -> tuple | None:
     """The ``patch_view`` that the strided copy ``copy`` is, else None."""
-    from tuner.graph.passes_attention import _mapping
     src, out = tuple(g.shapes[copy.inputs[0]]), tuple(g.shapes[copy.outputs[0]])
     if len(src) != 4 or len(out) != 4 or src[:2] != out[:2] or int(np.prod(src)) != int(np.prod(out)):
         return None
     try:
-        moved = _mapping(copy, src).astype(np.int64).reshape(out)
+        moved = copy_sources(copy, src).reshape(out)
     except (KeyError, ValueError):
         return None
     index = np.arange(int(np.prod(src))).reshape(src)

@@ -121,6 +121,13 @@ def strided_copy(node, x):
     return to_view(y.reshape(a.get("out_shape", a["shape"])))
 
 
+def copy_sources(node, shape) -> np.ndarray:
+    """The source element (row-major index into an input of ``shape``) that each output element of the strided copy
+    ``node`` reads, in the output's stored order: the index array the passes check a copy's pattern on."""
+    index = np.arange(int(np.prod(shape)), dtype=np.float64).reshape(shape)
+    return np.asarray(strided_copy(node, index)).ravel().astype(np.int64)
+
+
 def concat_view(node, *xs):
     a = node.attrs
     return to_view(np.concatenate([from_view(x, s) for x, s in zip(xs, a["shapes"])], axis=a["axis"]))
