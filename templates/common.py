@@ -22,8 +22,7 @@ from tuner.ir.activations import apply_ir, apply_numpy, apply_prelu_ir, apply_pr
 from tuner.ir.buffer import buffer
 from tuner.ir.dtype import DType
 from tuner.ir.expr import Broadcast, Cast, ExtractLane, Ramp, as_expr, call, const, max_, min_, select
-from tuner.ir.layouts import check_out_view
-from tuner.ops.token_views import apply_patch_view, patch_position, patch_stored_shape
+from tuner.ir.layouts import apply_patch_view, check_out_view, patch_position, patch_stored_shape
 
 
 @dataclass(frozen=True)
@@ -384,7 +383,7 @@ class Conv2dWorkload:
     # bh * bw phases interleaved, the window of out_h x out_w from (top, left) -- instead of the output (a phase
     # convolution's or a PixelShuffle's interleave, ``plan.views``); not in the key either
     patch_view: tuple = ()  # (unfold or fold, ph, pw, patches a row): write each output pixel where MobileViT's
-    # unfold into (patch position, patch) or its fold back into the image puts it (``token_views.patch_position``):
+    # unfold into (patch position, patch) or its fold back into the image puts it (``ir.layouts.patch_position``):
     # no copy kernel for either; not in the key either
     plain_input: bool = False  # X is the model input's row-major NCHW host buffer, read in place (no relayout
     # kernel: ``tuner.plan.io_views``); a pixel is a gather of 4 planes. Not in the key: the loop nest is the same

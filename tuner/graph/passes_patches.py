@@ -5,7 +5,7 @@ A MobileViT block runs its transformer on the (patch position, patch) layout of 
 convolution (reshape, transpose, reshape: one strided copy), and after the transformer's last convolution the fold
 back. Each copy only moves every pixel of a channel to another place; a 1x1 convolution that is the copy's only
 source writes each output pixel at that place itself (``Conv2dWorkload.patch_view``, the positions of
-``token_views.patch_position``). timm's MobileViTv2 has three of each.
+``ir.layouts.patch_position``). timm's MobileViTv2 has three of each.
 
 Taken where the copy is exactly the unfold or the fold of some ph x pw patches (checked on the index arrays), its
 source is read by nothing else, and is a 1x1 convolution of groups 1 (the direct template's store) whose output no
@@ -16,7 +16,7 @@ import numpy as np
 
 from tuner.graph.graph import Graph, only_reader
 from tuner.graph.reference_movement import copy_sources
-from tuner.ops.token_views import apply_patch_view
+from tuner.ir.layouts import apply_patch_view
 
 _MOVED = ("shuffle_view", "patch_view", "out_view")  # a producer whose output a view moves already
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from tuner.graph.graph import Graph, Node
 from tuner.ops.kernels import pool_ceil_extra, unary_reference
-from tuner.ops.token_views import apply_patch_view
+from tuner.ir.layouts import apply_patch_view
 from tuner.ir.activations import apply_numpy, apply_prelu_numpy
 import tuner.graph.reference_movement as reference_movement
 

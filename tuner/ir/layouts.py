@@ -1,10 +1,12 @@
 """Named layouts: the texture lowering conventions C0/C1 (texture RFC), the MACE image mappings and packed
-buffer layouts. Each is an ``IndexMap`` over the logical axes a template declares (NCHW activations,
+buffer layouts (and, last, the pixel moves of a convolution's ``patch_view``). Each is an ``IndexMap`` over the logical axes a template declares (NCHW activations,
 OIHW weights, a 1-D bias). Texture layouts end with ``AXIS_SEPARATOR, <lane>``: the last physical axis is
 the RGBA lane of 4, the one before it the image x (width), the first the image y (height)."""
 from __future__ import annotations
 
 from typing import Callable
+
+import numpy as np
 
 from .buffer import Buffer
 from .index_map import AXIS_SEPARATOR as SEP
@@ -136,3 +138,44 @@ def check_out_view(view, channels: int) -> tuple:
         raise ValueError(f"out_view {list(view)}: (offset, total) with the offset a multiple of 4 and "
                          f"offset + {channels} channels within the total")
     return view
+
+
+# -- MobileViT's patches: a convolution's output stored unfolded or folded (``Conv2dWorkload.patch_view``) ------
+
+PATCH_VIEWS = ("unfold", "fold")
+
+
+def patch_position(view: tuple, h, w) -> tuple:
+    """Where a convolution's ``patch_view`` stores its output pixel (h, w) (ints, arrays or IR expressions alike):
+    ``("unfold", ph, pw, nw)`` takes an image of ``nw`` patches a row to (patch position, patch) -- MobileViT's
+    unfold of ph x pw patches -- and ``("fold", ph, pw, nw)`` takes (patch position h, patch w) back to the image."""
+    kind, ph, pw, nw = view
+    if kind == "unfold":
+        return (h % ph) * pw + w % pw, (h // ph) * nw + w // pw
+    return (w // nw) * ph + h // pw, (w % nw) * pw + h % pw
+
+
+def patch_stored_shape(view: tuple, shape: tuple) -> tuple:
+    """The (N, C, H, W) tensor a ``patch_view`` writes for an output of ``shape``; a ValueError where the view does
+    not tile it."""
+    kind, ph, pw, nw = (view[0], *(int(v) for v in view[1:]))
+    n, c, h, w = shape
+    if kind not in PATCH_VIEWS or min(ph, pw, nw) < 1:
+        raise ValueError(f"patch_view {list(view)}: (unfold or fold, ph, pw, patches a row)")
+    if kind == "unfold":
+        if h % ph or w % pw or w // pw != nw:
+            raise ValueError(f"patch_view unfold {ph}x{pw}: a {h}x{w} image of {nw} patches a row does not tile")
+        return n, c, ph * pw, (h // ph) * nw
+    if h != ph * pw or w % nw:
+        raise ValueError(f"patch_view fold {ph}x{pw}: {h} patch positions and {w} patches, not {ph * pw} and "
+                         f"rows of {nw}")
+    return n, c, (w // nw) * ph, nw * pw
+
+
+def apply_patch_view(view: tuple, x: np.ndarray) -> np.ndarray:
+    """``x`` (N, C, H, W) as its ``patch_view`` stores it (``patch_position``)."""
+    out = np.empty(patch_stored_shape(view, x.shape), x.dtype)
+    h, w = np.indices(x.shape[2:])
+    sh, sw = patch_position(view, h, w)
+    out[:, :, sh, sw] = x[:, :, h, w]
+    return out
