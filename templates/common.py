@@ -302,17 +302,21 @@ def workload_label(template: str, wl: dict) -> str:
     return " ".join(parts)
 
 
-def node_epilogue(ctx, node) -> tuple:
+def node_epilogue(ctx, node, norm_sums=None) -> tuple:
     """What a graph node fuses, for a template's ``lower``: ``(fields, inputs)`` -- the workload fields every
     template has (``dtype`` of the plan, ``bias``, ``activation``) and the kernel inputs they bring (``B``: the
-    bias param; ``Res``: the residual's tensor in the plan, when the node adds one: ``node.attrs["residual"]``)."""
+    bias param; ``Res``: the residual's tensor in the plan, when the node adds one: ``node.attrs["residual"]``).
+    ``norm_sums``: an ``in_norm`` convolution's weight sums, packed into B after the biases and any PReLU slopes
+    (``bias_length``)."""
     g, a = ctx.graph, node.attrs
     bias = next((t for t in node.inputs[2:] if t in g.params and t != a.get("slope")), None)
     fields = dict(dtype=ctx.dtype, bias=bias is not None, activation=a.get("activation", "none"))
     inputs = {}
-    if a.get("activation") == "prelu":  # per-channel slopes: packed after the bias in B (``bias_length``)
-        packed = packed_after_biases(g.params[bias] if bias is not None else None, g.params[a["slope"]])
-        bias = f"{node.name}.bias_prelu"
+    tails = ([g.params[a["slope"]]] if a.get("activation") == "prelu" else []) + \
+        ([norm_sums] if norm_sums is not None else [])
+    if tails:  # per-channel slopes, weight sums: packed after the bias in B (``bias_length``)
+        packed = packed_after_biases(g.params[bias] if bias is not None else None, *tails)
+        bias = f"{node.name}.bias_norm" if norm_sums is not None else f"{node.name}.bias_prelu"
         ctx.extra[bias] = packed
         fields["bias"] = True
     if bias is not None:
@@ -1051,8 +1055,8 @@ def random_inputs(wl, rng) -> dict:
     if wl.bias:
         inputs["B"] = draw((bias_length(wl, wl.kernel[0]),))
         if getattr(wl, "activation", "none") == "prelu":  # slopes as trained PReLUs have them (0.25 at init)
-            half = inputs["B"].size // 2
-            inputs["B"][half:] = rng.uniform(0.05, 0.5, half).astype(wl.dtype)
+            o4 = -(-wl.kernel[0] // 4) * 4  # after the padded biases (``bias_length``)
+            inputs["B"][o4:2 * o4] = rng.uniform(0.05, 0.5, o4).astype(wl.dtype)
         if getattr(wl, "in_norm", 0):  # the weights' sums over the input channels, as the lowering packs them
             at = norm_sums_at(wl, wl.kernel[0])
             inputs["B"][at:at + wl.kernel[0]] = inputs["Wt"].astype(np.float64).sum(axis=(1, 2, 3))

@@ -22,8 +22,7 @@ from tuner.templates.reduction import hsum, sum_partials
 from tuner.templates.common import (EPILOGUE_ARGS, MODEL_KNOBS, PAD_MODE_ARG, WINDOW_ARGS, Arithmetic,
                                     Conv2dWorkload, LocalTile, clamp, Template, WorkloadArg, _log2, declare_operands,
                                     fit_work_group, gpu_fill_target, input_pixel, is_depthwise, node_epilogue, pixel,
-                                    input_parts, packed_after_biases, padded, padded_tap, params_of, random_inputs,
-                                    read_parts_numpy,
+                                    input_parts, padded, padded_tap, params_of, random_inputs, read_parts_numpy,
                                     reference, scale_operand, scope_layout, split_sums, store_tile, texture_scopes,
                                     value, window_features, window_fields)
 
@@ -324,20 +323,16 @@ def lower(ctx, node, ins):
         view, data = ((c, data[2], data[3], "copy", 1, 1, 1, 1, at, data[1]),), (data[0], c, *data[2:])
     if is_depthwise(data, w_shape, groups):
         return None
-    fields, inputs = node_epilogue(ctx, node)
+    normed = bool(node.attrs.get("in_norm"))  # passes_layer_norm: B holds the weights' sums too (bias_length)
+    sums = np.asarray(ctx.graph.params[w_name], np.float64).reshape(w_shape[0], -1).sum(axis=1) if normed else None
+    fields, inputs = node_epilogue(ctx, node, sums)
     if view is not None:
         fields["in_read"] = view
     if node.attrs.get("patch_view"):  # passes_patches: MobileViT's unfold or fold written by this convolution
         fields["patch_view"] = tuple(node.attrs["patch_view"])
     extra, c = {}, data[1]
-    if node.attrs.get("in_norm"):  # passes_layer_norm: B holds the biases, then the weights' sums (bias_length)
-        w = np.asarray(ctx.graph.params[w_name], np.float64)
-        g, a = ctx.graph, node.attrs
-        bias = next((g.params[t] for t in node.inputs[2:] if t in g.params and t != a.get("slope")), None)
-        slopes = [g.params[a["slope"]]] if a.get("activation") == "prelu" else []  # B: biases, slopes, sums
-        inputs["B"] = f"{node.name}.bias_norm"
-        extra[inputs["B"]] = packed_after_biases(bias, *slopes, w.reshape(w.shape[0], -1).sum(axis=1))
-        fields.update(bias=True, in_norm=float(node.attrs["in_norm"]))
+    if normed:
+        fields["in_norm"] = float(node.attrs["in_norm"])
         if node.attrs.get("norm_stats") is not None:  # GroupNorm(1): its statistics' chunk partials (N, 8 * chunks)
             inputs["P"] = ctx.packed(node.attrs["norm_stats"])
             fields["norm_partials"] = ctx.shape(node.attrs["norm_stats"])[1] // 8
