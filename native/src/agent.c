@@ -61,6 +61,10 @@ static char token_buf[TOKEN_MAX + 2];
 /* Connections that have not proved the token yet (--listen): at most this many at once, the oldest dropped first. */
 #define HANDSHAKE_SLOTS 64
 #define ACCEPTS_PER_ROUND 8 /* a burst of strangers cannot push out, in one round, a connection just accepted */
+/* A connection keeps its slot this long whatever comes after it: time for its HELLO to arrive and be read. With
+ * every slot that young, the listener is not polled and newcomers wait in the kernel's accept queue, in order:
+ * strangers that reconnect the moment they are dropped cannot push the owner out before its HELLO is read. */
+#define SLOT_GRACE_MS 250
 /* Before HELLO has proved the token: each frame at most this many bytes of body, and HELLO within
  * handshake_ms of the connection (an idle or slow client is dropped, and the next connection served). */
 #define PREAUTH_MAX_BODY 65536u
@@ -1077,6 +1081,23 @@ static int slot_progress(const hs_slot *s) {
     return s->ch.issued ? 2 : s->got || s->have_head ? 1 : 0;
 }
 
+/* The earliest accept time among the slots (every slot is taken when this is asked). */
+static long long oldest_since(void) {
+    long long t = slots[0].since;
+    size_t i;
+    for (i = 1; i < HANDSHAKE_SLOTS; i++)
+        if (slots[i].since < t) t = slots[i].since;
+    return t;
+}
+
+/* 1: every slot is taken by a connection still inside its SLOT_GRACE_MS, so no newcomer can have one. */
+static int slots_full_and_young(long long now) {
+    size_t i;
+    for (i = 0; i < HANDSHAKE_SLOTS; i++)
+        if (slots[i].fd < 0 || now - slots[i].since >= SLOT_GRACE_MS) return 0;
+    return 1;
+}
+
 /* Serves --listen until --once's session ends (0) or accept fails (1). */
 static int listen_loop(int lfd, int once) {
     struct pollfd p[HANDSHAKE_SLOTS + 1];
@@ -1096,6 +1117,10 @@ static int listen_loop(int lfd, int once) {
             p[i + 1].events = POLLIN;
             p[i + 1].revents = 0;
             if (slots[i].fd >= 0 && (next < 0 || slots[i].by < next)) next = slots[i].by;
+        }
+        if (slots_full_and_young(now)) { /* no slot to give: leave newcomers queued until the oldest may go */
+            p[0].fd = -1;
+            if (next < 0 || oldest_since() + SLOT_GRACE_MS < next) next = oldest_since() + SLOT_GRACE_MS;
         }
         timeout = next < 0 ? 1000 : next <= now ? 0 : next - now > 1000 ? 1000 : (int)(next - now);
         rc = poll(p, HANDSHAKE_SLOTS + 1, timeout);
@@ -1137,7 +1162,7 @@ static int listen_loop(int lfd, int once) {
                               handshake_ms);
                 slot_free(&slots[i]);
             }
-        while (rc > 0 && (p[0].revents & POLLIN) && accepted < ACCEPTS_PER_ROUND) {
+        while (rc > 0 && (p[0].revents & POLLIN) && accepted < ACCEPTS_PER_ROUND && !slots_full_and_young(now)) {
             int c = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
             hs_slot *s = NULL;
             if (c < 0) {
@@ -1160,10 +1185,10 @@ static int listen_loop(int lfd, int once) {
             if (!s) { /* every slot taken: the oldest stranger goes (MaxStartups), the least advanced first: one that
                        * sent nothing before one inside a frame, before one that holds a challenge (the owner
                        * between its CHALLENGE and its HELLO) */
-                s = &slots[0];
-                for (i = 1; i < HANDSHAKE_SLOTS; i++)
-                    if (slot_progress(&slots[i]) < slot_progress(s) ||
-                        (slot_progress(&slots[i]) == slot_progress(s) && slots[i].since < s->since))
+                for (i = 0; i < HANDSHAKE_SLOTS; i++)
+                    if (now - slots[i].since >= SLOT_GRACE_MS &&
+                        (!s || slot_progress(&slots[i]) < slot_progress(s) ||
+                         (slot_progress(&slots[i]) == slot_progress(s) && slots[i].since < s->since)))
                         s = &slots[i];
                 if (dropped++ % 1000 == 0)
                     tnr_agent_log("all %d handshake slots are taken: dropped the oldest connection that had not "
