@@ -104,6 +104,8 @@ class Template:
     # a ValueError names what is wrong with a node it takes (the planner adds the node's name)
     reduction: Callable | None = None  # (workload) -> terms in one output's sum (conv2d: C/G x R x S), which
     # the tolerance of half accumulation grows with (``tolerance``); None: the template sums nothing in half
+    side_outputs: tuple = ()  # kernel outputs beside Y that a graph node's further outputs bind to, in order
+    # (depthwise_conv2d: "Q", its row sums); a template without them does not take a node with several outputs
 
     def label(self, workload) -> str:
         """The workload in a few words (``64->128 3x3 s2 p1 @56x56 +bias+relu``): the template's ``describe``,
@@ -164,13 +166,31 @@ class Template:
         magnify = 1.0 if bound is None else max(1.0, 3 * math.sqrt(length) / bound)
         return arithmetic_tolerance(self.storage_tolerance(workload), compute, length, magnify)
 
+    def expected(self, ref) -> dict:
+        """``{kernel output: float64 array}`` of what ``reference`` returned: one array is ``output``'s; a
+        workload that writes two outputs (depthwise ``row_sums``: Y and Q) returns a dict of them."""
+        return dict(ref) if isinstance(ref, dict) else {self.output: ref}
+
     def check(self, workload, outputs: dict, inputs: dict) -> float:
-        """Max error relative to the reference's largest magnitude."""
-        ref = self.reference(workload, inputs)
-        got = np.asarray(outputs[self.output], dtype=np.float64)
-        if got.shape != ref.shape:
-            raise TunerError(f"{self.name}: output shape {got.shape}, reference {ref.shape}")
-        return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
+        """Max error relative to the reference's largest magnitude, the worst of the outputs."""
+        expected = self.expected(self.reference(workload, inputs))
+        rel, wrong = output_error({k: outputs[k] for k in expected}, expected)
+        if wrong:
+            raise TunerError(f"{self.name}: {wrong}")
+        return rel
+
+
+def output_error(got: dict, ref: dict) -> tuple:
+    """``(max relative error, "")`` of the outputs ``got`` against the float64 ``ref`` (each relative to its
+    reference's largest magnitude, the worst taken), or ``(None, why)`` when an output's shape differs."""
+    worst = 0.0
+    for name, r in ref.items():
+        g = np.asarray(got[name], dtype=np.float64)
+        if g.shape != r.shape:
+            return None, f"output {name} shape {g.shape} vs reference {r.shape}"
+        e = float(np.abs(g - r).max() / max(np.abs(r).max(), 1e-30))
+        worst = e if e != e or not e <= worst else worst  # NaN: kept, a wrong answer
+    return worst, ""
 
 
 UNIT_ROUNDOFF = {"float32": 2.0 ** -24, "float16": 2.0 ** -11}  # half's 11-bit significand: 4.9e-4
@@ -913,12 +933,13 @@ def split_sums(b, acc, n: int, sk: int, tk, items: int, lid, dtype: str):
     return sums, lambda i: tk.equal(i % sk)
 
 
-def store_tile(b, acc, Y, n, obb, oh0, ow0, tile, bounds, wl, B=None, Res=None, owner=None, norm=None):
+def store_tile(b, acc, Y, n, obb, oh0, ow0, tile, bounds, wl, B=None, Res=None, owner=None, norm=None, rows=None):
     """The fused epilogue (bias, residual add, then ReLU/ReLU6: ResNet's ``relu(conv + bn + identity)``) and a
     guarded store of every tile pixel; ``owner(i)``, if given, is the condition under which this work-item
     stores tile entry ``i`` (a split reduction's sums, see ``split_sums``). A workload's ``out_view`` shifts the
     stores by its channel offset; its ``shuffle_view`` moves each pixel to its place in the interleave
-    (``shuffle_store``)."""
+    (``shuffle_store``). ``rows`` (a private float4 array, t_oc x t_oh): each stored pixel is added to its
+    row's entry too (``row_sums``)."""
     (t_oc, t_oh, t_ow), (OB, OH, OW) = tile, bounds
     shift = wl.out_view[0] if getattr(wl, "out_view", ()) else 0
     shuffle, patches = getattr(wl, "shuffle_view", ()), getattr(wl, "patch_view", ())
@@ -949,6 +970,9 @@ def store_tile(b, acc, Y, n, obb, oh0, ow0, tile, bounds, wl, B=None, Res=None, 
                         v = apply_prelu_ir(v, B[Ramp(ob * 4 + OB * 4, as_expr(1), 4)])
                     else:
                         v = apply_ir(wl.activation, v)
+                    if rows is not None:
+                        v = b.let(f"ev{i}", v)
+                        b.store(rows, k * t_oh + y, rows[k * t_oh + y] + v)
                     if shuffle:
                         shuffle_store(b, Y, v, n, ob, oh, ow, (OH, OW), wl, shift, f"sv{i}")
                     elif patches:  # MobileViT's unfold or fold: the pixel where the view puts it

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
 from tuner.ir.expr import Ramp, as_expr, min_
 from tuner.ir.schedule import cache_read
@@ -18,8 +19,8 @@ from tuner.templates.common import (MODEL_KNOBS, Arithmetic, Conv2dWorkload, Loc
                                            declare_operands, input_pixel, fit_work_group, gpu_fill_target,
                                            is_depthwise,
                                            window_fields,
-                                           padded_windows, random_inputs, reference_epilogue, store_tile,
-                                           texture_scopes, window_features)
+                                           padded_windows, random_inputs, reference_epilogue, scope_layout,
+                                           store_tile, texture_scopes, window_features)
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,8 @@ class DepthwiseWorkload:
     bias: bool = False
     activation: str = "none"
     residual: bool = False
+    row_sums: bool = False  # also write each output row's sum, (N, C, OH, 1) as ``Q``: a squeeze-excite pool's
+    # partials from the epilogue (``passes_se.pool_rows_in_depthwise``); the work-group spans whole rows
 
     def __post_init__(self):
         # share conv2d's normalisation and checks through an equivalent grouped description
@@ -65,9 +68,17 @@ class DepthwiseWorkload:
         N, C, OH, OW = self.out_shape
         return 2 * N * C * OH * OW * self.kernel[2] * self.kernel[3]
 
+    @property
+    def rows_shape(self) -> tuple:
+        """``Q``'s shape with ``row_sums``: every output row summed over its columns, (N, C, OH, 1)."""
+        N, C, OH, _ = self.out_shape
+        return N, C, OH, 1
+
     def key(self) -> dict:
-        return {"op": "depthwise_conv2d",
-                **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}}
+        key = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        if not self.row_sums:  # the keys logged before the field stay the same
+            del key["row_sums"]
+        return {"op": "depthwise_conv2d", **key}
 
 
 @dataclass(frozen=True)
@@ -94,10 +105,16 @@ def depthwise_conv2d_nchw4c(wl: DepthwiseWorkload, cfg: DepthwiseConfig):
     _, _, OH, OW = wl.out_shape
     (sh, sw), (dh, dw), (pt, pl, _, _) = wl.stride, wl.dilation, wl.padding
     CB = -(-C // 4)
-    operands = X, Wt, B, Res, Y = declare_operands(wl, cfg, C)
+    X, Wt, B, Res, Y = declare_operands(wl, cfg, C)
+    Q = buffer("Q", wl.rows_shape, wl.dtype, *scope_layout(cfg.output_scope, cfg.act_layout, "nchw4c_buffer")) \
+        if wl.row_sums else None
+    operands = (X, Wt, B, Res, Y, Q)
 
     t_cb, t_oh, t_ow = cfg.tile_cb, cfg.tile_oh, cfg.tile_ow
     n_cb, n_oh, n_ow = -(-CB // t_cb), -(-OH // t_oh), -(-OW // t_ow)
+    if Q is not None and cfg.wg_w < n_ow:
+        raise ValueError(f"row_sums: a work-group spans whole output rows (wg_w * tile_ow >= {OW}); "
+                         f"wg_w={cfg.wg_w}, tile_ow={t_ow}")
     arith = Arithmetic(cfg.compute, wl.dtype)
     b = Builder()
     with b.loop("nb", N * n_cb, "group.2") as nb, b.loop("gh", -(-n_oh // cfg.wg_h), "group.1") as gh, \
@@ -144,17 +161,48 @@ def depthwise_conv2d_nchw4c(wl: DepthwiseWorkload, cfg: DepthwiseConfig):
                                 i = (k * t_oh + y) * t_ow + x
                                 v = tap(f"x{k}_{y}_{x}", k, y, x, r, s, cb, ih, (ow0 + x) * sw - pl + s * dw)
                                 b.store(acc, i, arith.mac(acc[i], v * w))
-        store_tile(b, acc, Y, n, cbb, oh0, ow0, (t_cb, t_oh, t_ow), (CB, OH, OW), wl, B, Res)
+        rows = None
+        if Q is not None:
+            rows = b.allocate("rows", (t_cb * t_oh,), "float32x4", "private")
+            for i in range(t_cb * t_oh):
+                b.store(rows, i, 0.0)
+        store_tile(b, acc, Y, n, cbb, oh0, ow0, (t_cb, t_oh, t_ow), (CB, OH, OW), wl, B, Res, rows=rows)
+        if Q is not None:
+            store_row_sums(b, rows, Q, n, cbb, oh0, th, tw, cfg, (CB, OH))
     kernel = b.kernel("depthwise_conv2d_nchw4c", [p for p in operands if p is not None])
     return cache_read(kernel, X, "texture", cfg.act_layout) if cfg.cache_input else kernel
 
 
-def reference(wl: DepthwiseWorkload, x, w, bias=None, residual=None) -> np.ndarray:
-    """NumPy depthwise conv2d in float64."""
+def store_row_sums(b, rows, Q, n, cbb, oh0, th, tw, cfg, bounds):
+    """``row_sums``: the ``wg_w`` work-items of a work-group row add their tiles' row sums (``rows``: t_cb x t_oh
+    float4, the stored values only) in local memory, and the first stores each output row's total in ``Q``."""
+    (CB, OH), n_rows, L = bounds, cfg.tile_cb * cfg.tile_oh, cfg.wg_w * cfg.wg_h
+    part = b.allocate("rowpart", (L * n_rows,), "float32x4", "local")
+    lid = th * cfg.wg_w + tw if cfg.wg_h > 1 else tw
+    for i in range(n_rows):
+        b.store(part, lid * n_rows + i, rows[i])
+    b.barrier()
+    first = th * cfg.wg_w if cfg.wg_h > 1 else as_expr(0)
+    with b.if_(tw < 1):
+        for k in range(cfg.tile_cb):
+            for y in range(cfg.tile_oh):
+                i = k * cfg.tile_oh + y
+                total = b.allocate(f"rt{i}", (1,), "float32x4", "private")
+                b.store(total, 0, 0.0)
+                with b.loop(f"j{i}", cfg.wg_w, "serial") as j:
+                    b.store(total, 0, total[0] + part[(first + j) * n_rows + i])
+                ob, oh = cbb * cfg.tile_cb + k, oh0 + y
+                with b.if_((ob < CB) & (oh < OH)):
+                    b.store(Q, (n, Ramp(ob * 4, as_expr(1), 4), oh, 0), total[0])
+
+
+def reference(wl: DepthwiseWorkload, x, w, bias=None, residual=None):
+    """NumPy depthwise conv2d in float64; with ``row_sums`` ``{"Y": output, "Q": its row sums}``."""
     out = np.zeros(wl.out_shape)
     for r, s, patch in padded_windows(wl, x):
         out += patch * w[:, 0, r, s].astype(np.float64)[None, :, None, None]
-    return reference_epilogue(wl, out, bias, residual)
+    y = reference_epilogue(wl, out, bias, residual)
+    return {"Y": y, "Q": y.sum(axis=3, keepdims=True)} if wl.row_sums else y
 
 
 def space_vars(wl: DepthwiseWorkload) -> dict:
@@ -162,14 +210,15 @@ def space_vars(wl: DepthwiseWorkload) -> dict:
     _, _, OH, OW = wl.out_shape
     return dict(N=N, C=C, H=H, W=W, R=wl.kernel[2], S=wl.kernel[3], OH=OH, OW=OW, CB=-(-C // 4),
                 data=wl.data, kernel=wl.kernel, out=wl.out_shape, bias=wl.bias, residual=wl.residual,
-                stride=wl.stride, dilation=wl.dilation)
+                stride=wl.stride, dilation=wl.dilation, row_sums=wl.row_sums, rows=wl.rows_shape)
 
 
 VARIABLES = dict(N="batch", C="channels", H="input height", W="input width", R="kernel height",
                  S="kernel width", OH="output height", OW="output width", CB="channel blocks of 4",
                  data="data shape NCHW", kernel="kernel shape C,1,R,S", out="output shape NCHW",
                  bias="fused bias", residual="fused residual add", stride="stride (h, w)",
-                 dilation="dilation (h, w)")
+                 dilation="dilation (h, w)", row_sums="also writes each output row's sum (Q)",
+                 rows="Q's shape (N, C, OH, 1)")
 
 
 def fallback(wl: DepthwiseWorkload, info) -> DepthwiseConfig:
@@ -184,7 +233,14 @@ def fallback(wl: DepthwiseWorkload, info) -> DepthwiseConfig:
     target = gpu_fill_target(info)
     while tile_ow > 1 and v["N"] * v["CB"] * v["OH"] * -(-v["OW"] // tile_ow) < target:
         tile_ow //= 2
+    if wl.row_sums:  # a work-group across each output row: up to 64 work-items, tiles widened to fit
+        while -(-v["OW"] // tile_ow) > min(64, info.max_work_item_sizes[0], info.max_work_group_size) \
+                and tile_ow < 8:
+            tile_ow *= 2
     wg_w, wg_h = fit_work_group(-(-v["OW"] // tile_ow), v["OH"], info)
+    if wl.row_sums:
+        wg_w = 1 << (-(-v["OW"] // tile_ow) - 1).bit_length()
+        wg_h = max(1, min(wg_h, info.max_work_group_size // wg_w))
     (sh, sw), (dh, dw) = wl.stride, wl.dilation  # a GPU stages the work-group's input tile in __local memory
     tile_px = ((wg_h - 1) * sh + (v["R"] - 1) * dh + 1) * ((wg_w * tile_ow - 1) * sw + (v["S"] - 1) * dw + 1)
     local = bool(target) and wl.stride == (1, 1) and wg_w * wg_h > 1 and tile_px * 16 <= info.local_mem_bytes
@@ -210,14 +266,15 @@ def lower(ctx, node, ins):
         raise ValueError(f"pad_mode {node.attrs['pad_mode']!r}: the depthwise template pads with zeros only")
     fields, inputs = node_epilogue(ctx, node)
     wl = DepthwiseWorkload(data=data, kernel=ctx.shape(w_name), residual="Res" in inputs, **window_fields(node),
-                           **fields)
+                           row_sums=bool(node.attrs.get("row_sums")), **fields)
     return wl, {"X": ins[0], "Wt": w_name, **inputs}, {}
 
 
 WORKLOAD_ARGS = (WorkloadArg("data", "shape", "N,C,H,W", "input shape", required=True),
                  WorkloadArg("kernel", "shape", "C,1,R,S", "weight shape", required=True), *WINDOW_ARGS,
-                 *EPILOGUE_ARGS, WorkloadArg("residual", "flag", help="fuse a residual add of a second NCHW4c tensor"))
+                 *EPILOGUE_ARGS, WorkloadArg("residual", "flag", help="fuse a residual add of a second NCHW4c tensor"),
+                 WorkloadArg("row_sums", "flag", help="also write each output row's sum (Q: N,C,OH,1)"))
 TEMPLATE = Template("depthwise_conv2d", DepthwiseWorkload, DepthwiseConfig, depthwise_conv2d_nchw4c, _reference,
                     random_inputs, fallback, space_vars, VARIABLES, features=features,
                     model_knobs=MODEL_KNOBS, workload_args=WORKLOAD_ARGS, graph_ops=("conv2d",), lower=lower,
-                    reduction=lambda wl: wl.kernel[2] * wl.kernel[3])
+                    reduction=lambda wl: wl.kernel[2] * wl.kernel[3], side_outputs=("Q",))

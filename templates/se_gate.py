@@ -48,6 +48,8 @@ class SEGateWorkload:
     act1: str = "relu"  # after the squeeze (first) 1x1 convolution: ReLU (MobileNetV3), SiLU (EfficientNet)
     activation: str = "sigmoid"  # the gate's: Sigmoid, HardSigmoid
     dtype: str = "float32"
+    pixels: int = 0  # 0: X is the map, pooled by its mean; P: X holds sums (a depthwise convolution's row sums,
+    # ``passes_se.pool_rows_in_depthwise``), pooled by their sum over P pixels
 
     def __post_init__(self):
         object.__setattr__(self, "data", tuple(int(x) for x in self.data))
@@ -62,6 +64,14 @@ class SEGateWorkload:
             raise ValueError("se_gate activations: a per-channel PReLU has no slopes here")
         if self.dtype not in ("float32", "float16"):
             raise ValueError(f"dtype {self.dtype!r}: float32 or float16 storage")
+        object.__setattr__(self, "pixels", int(self.pixels))
+        if self.pixels < 0:
+            raise ValueError(f"se_gate pixels {self.pixels}: 0 (X is the map) or the pixels X's sums cover")
+
+    @property
+    def divisor(self) -> int:
+        """What the pool's sums are divided by: the pixels of X, or those its row sums cover."""
+        return self.pixels or self.data[2] * self.data[3]
 
     @property
     def out_shape(self) -> tuple:
@@ -73,7 +83,10 @@ class SEGateWorkload:
         return N * C * H * W + 4 * N * C * self.squeeze
 
     def key(self) -> dict:
-        return {"op": "se_gate", **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}}
+        key = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        if not self.pixels:  # the keys logged before the field stay the same
+            del key["pixels"]
+        return {"op": "se_gate", **key}
 
 
 @dataclass(frozen=True)
@@ -228,7 +241,7 @@ def se_gate(wl: SEGateWorkload, cfg: SEGateConfig):
                 cond = ([lp < 1] if Lp > 1 else []) + ([cb < CB] if ragged else [])
                 w = cond[0] if len(cond) == 1 else (cond[0] & cond[1]) if cond else None
                 with b.if_(w) if w is not None else nullcontext():
-                    b.store(pooled, cb, total * (1.0 / HW))
+                    b.store(pooled, cb, total * (1.0 / wl.divisor))
             b.barrier()
             gate(b, n, part, i, pooled, hidden, red1)
         return b.kernel("se_gate", [X, W1, B1, W2, B2, Y])
@@ -255,7 +268,7 @@ def se_gate(wl: SEGateWorkload, cfg: SEGateConfig):
                 b.store(acc, 0, 0.0)
                 with b.loop("t", T, "serial") as t:
                     b.store(acc, 0, acc[0] + sums[(n * T + t) * CB + cb, vec])
-                b.store(pooled, cb, acc[0] * (1.0 / HW))
+                b.store(pooled, cb, acc[0] * (1.0 / wl.divisor))
         b.barrier()
         gate(b, n, part, i, pooled, hidden, red1)
     second = b.kernel("se_gate", [sums, W1, B1, W2, B2, Y])
@@ -267,7 +280,7 @@ def reference(wl: SEGateWorkload, inputs: dict) -> np.ndarray:
     gate's activation, as (N, C, 1, 1)."""
     x = np.asarray(inputs["X"], np.float64)
     f = lambda k: np.asarray(inputs[k], np.float64)  # noqa: E731
-    p = x.mean(axis=(2, 3))
+    p = x.sum(axis=(2, 3)) / wl.divisor
     h = apply_numpy(wl.act1, p @ f("W1").T + f("B1"))
     g = apply_numpy(wl.activation, h @ f("W2") + f("B2"))
     return g.reshape(wl.out_shape)
@@ -361,7 +374,8 @@ def features(v: dict, k: dict) -> dict:
 
 def describe(wl: SEGateWorkload) -> str:
     N, C, H, W = wl.data
-    return f"{N}x{C}x{H}x{W} ->{wl.squeeze} +{wl.act1} +{wl.activation}" + \
+    return f"{N}x{C}x{H}x{W}" + (f" rows of {wl.pixels}" if wl.pixels else "") + \
+        f" ->{wl.squeeze} +{wl.act1} +{wl.activation}" + \
         (" f16" if wl.dtype == "float16" else "")
 
 
@@ -372,7 +386,8 @@ def lower(ctx, node, ins):
     _, w1, b1, w2, b2 = node.inputs
     S, C = ctx.shape(w1)[:2]
     g = ctx.graph
-    wl = SEGateWorkload(shape, S, node.attrs.get("act1", "none"), node.attrs.get("activation", "none"), ctx.dtype)
+    wl = SEGateWorkload(shape, S, node.attrs.get("act1", "none"), node.attrs.get("activation", "none"), ctx.dtype,
+                        node.attrs.get("pixels", 0))
     extra = {f"{node.name}.w1": np.ascontiguousarray(np.asarray(g.params[w1], np.float32).reshape(S, C)),
              f"{node.name}.w2": np.ascontiguousarray(np.asarray(g.params[w2], np.float32).reshape(C, S).T),
              f"{node.name}.b1": np.ascontiguousarray(np.asarray(g.params[b1], np.float32).reshape(S)),
@@ -385,7 +400,8 @@ WORKLOAD_ARGS = (WorkloadArg("data", "shape", "N,C,H,W", "input shape", required
                  WorkloadArg("squeeze", "int", "S", "squeeze channels", required=True),
                  WorkloadArg("act1", "activation", "ACT", "the squeeze's activation (default relu)"),
                  WorkloadArg("activation", "activation", "ACT", "the gate's activation (default sigmoid)"),
-                 WorkloadArg("dtype", "dtype", help="storage dtype (arithmetic is float32)"))
+                 WorkloadArg("dtype", "dtype", help="storage dtype (arithmetic is float32)"),
+                 WorkloadArg("pixels", "int", "P", "X holds row sums of a map of P pixels (default 0: X is the map)"))
 TEMPLATE = Template("se_gate", SEGateWorkload, SEGateConfig, se_gate, reference, random_inputs, fallback, space_vars,
                     VARIABLES, features=features, describe=describe, workload_args=WORKLOAD_ARGS,
                     graph_ops=("se_gate",), lower=lower)

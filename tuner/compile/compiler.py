@@ -391,7 +391,7 @@ def bind_operands(plan: Plan, kernels: list) -> Bound:
     b = Bound([], {}, {}, [], [], {}, {})
     for i, k in enumerate(kernels):
         s, prog = k.step, k.program
-        binding = {**s.inputs, "Y": s.output}
+        binding = {**s.inputs, "Y": s.output, **s.side_outputs}
         refs = {}
         for buf in prog.params:
             name = binding.get(buf.name)

@@ -92,6 +92,63 @@ def fuse_squeeze_excite(graph: Graph) -> Graph:
     return drop_unused_params(g).validate()
 
 
+def _depthwise_rows_ok(g: Graph, producer: Node | None, x: str) -> bool:
+    """A depthwise convolution (one filter a channel) writing only ``x``, 4-D, with nothing fused that the
+    depthwise template does not run, whose output rows it can sum in its epilogue."""
+    if producer is None or producer.op != "conv2d" or producer.outputs != [x] or x in g.outputs:
+        return False
+    a, w = producer.attrs, producer.inputs[1]
+    if set(a) - {"stride", "padding", "dilation", "groups", "activation", "residual", "pad_mode", "slope"} or \
+            a.get("pad_mode", "zeros") != "zeros" or w not in g.params or len(g.shapes[w]) != 4:
+        return False
+    c = g.shapes[producer.inputs[0]][1]
+    return a.get("groups", 1) == c == g.shapes[w][0] and g.shapes[w][1] == 1 and len(g.shapes[x]) == 4
+
+
+def pool_rows_in_depthwise(graph: Graph) -> Graph:
+    """Issue 55, item 2: a squeeze-excite block's pool accumulated in the epilogue of the convolution that produces
+    its input. Where an ``se_gate`` reads x written by a depthwise convolution (EfficientNet's and MobileNetV3's
+    blocks), that convolution also writes x's row sums ``<x>.rows`` (N, C, OH, 1; attr ``row_sums``, a second
+    output), and the gate pools those (attr ``pixels``: OH x OW, the mean's divisor): the gate reads OH values a
+    channel, not OH x OW, and needs no pool kernel of its own. Run last: the passes before it see one output a
+    node."""
+    if not any(n.op == "se_gate" for n in graph.nodes):
+        return graph
+    g = graph.copy()
+    changed = False
+    for n in g.nodes:
+        if n.op != "se_gate" or "pixels" in n.attrs:
+            continue
+        x = n.inputs[0]
+        p = g.producer(x)
+        if not _depthwise_rows_ok(g, p, x):
+            continue
+        N, C, OH, OW = g.shapes[x]
+        rows = fresh_name(g, f"{x}.rows")
+        g.shapes[rows] = (N, C, OH, 1)
+        p.outputs.append(rows)
+        p.attrs["row_sums"] = True
+        n.inputs[0] = rows
+        n.attrs["pixels"] = OH * OW
+        changed = True
+    return g.validate() if changed else graph
+
+
+def _rows_back(g: Graph, n: Node) -> str:
+    """The map an ``se_gate`` pools: its input, or, where it reads a depthwise convolution's row sums
+    (``pool_rows_in_depthwise``), that convolution's output again, the row sums dropped from it."""
+    if "pixels" not in n.attrs:
+        return n.inputs[0]
+    rows = n.inputs[0]
+    p = g.producer(rows)
+    p.outputs.remove(rows)
+    p.attrs.pop("row_sums", None)
+    g.shapes.pop(rows, None)
+    n.attrs.pop("pixels")
+    n.inputs[0] = p.outputs[0]
+    return n.inputs[0]
+
+
 def split_squeeze_excite(graph: Graph, names=None) -> Graph:
     """The inverse of ``fuse_squeeze_excite``: each ``se_gate`` node (those named in ``names``; None: every one)
     back as its pool (a ``global_avg_pool`` of the node's name), the squeeze 1x1 convolution with ``act1``
@@ -101,6 +158,9 @@ def split_squeeze_excite(graph: Graph, names=None) -> Graph:
     if not any(n.op == "se_gate" and (names is None or n.name in names) for n in graph.nodes):
         return graph
     g = graph.copy()
+    for n in g.nodes:
+        if n.op == "se_gate" and (names is None or n.name in names):
+            _rows_back(g, n)
     nodes = []
     for n in g.nodes:
         if n.op != "se_gate" or (names is not None and n.name not in names):

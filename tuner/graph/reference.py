@@ -51,6 +51,8 @@ def run_graph_numpy(graph: Graph, inputs: dict, all_tensors: bool = False) -> di
             raise ValueError(f"node {node.name!r} ({node.op}) computed shape {out.shape}, the graph says "
                              f"{graph.shapes[node.outputs[0]]}")
         env[node.outputs[0]] = out
+        if node.attrs.get("row_sums"):  # passes_se.pool_rows_in_depthwise: the output's row sums too
+            env[node.outputs[1]] = out.sum(axis=3, keepdims=True)
     names = env if all_tensors else graph.outputs
     return {t: env[t].astype(np.float32) for t in names}
 
@@ -60,7 +62,7 @@ def run_graph_numpy(graph: Graph, inputs: dict, all_tensors: bool = False) -> di
 _BINARY_EPILOGUE = {"activation", "scale", "residual"}  # passes._binary_epilogue, then an activation
 EPILOGUE_ATTRS = {
     "conv2d": {"activation", "residual", "in_scale", "pad_mode", "slope", "in_view", "in_norm", "norm_stats",
-               "patch_view"},
+               "patch_view", "row_sums"},
     "dense": {"activation", "residual"},
     "group_norm": {"activation", "slope", "residual"}, "layer_norm": {"activation"},
     "add": {"activation", "channel_offsets"}, "relu": {"channel_offsets"}, "clip": {"channel_offsets"},
@@ -249,9 +251,11 @@ def group_norm(node: Node, x, scale=None, bias=None):
 
 def se_gate(node: Node, x, w1, b1, w2, b2):
     """A squeeze-excite block (``passes_se.fuse_squeeze_excite``): the pool, the squeeze 1x1 convolution and its
-    activation ``act1``, the excite 1x1 convolution; the gate's ``activation`` is the epilogue (EPILOGUE_ATTRS)."""
+    activation ``act1``, the excite 1x1 convolution; the gate's ``activation`` is the epilogue (EPILOGUE_ATTRS).
+    With ``pixels`` (``pool_rows_in_depthwise``) x holds row sums: the pool is their sum over ``pixels``."""
     s, c = w1.shape[0], w1.shape[1]
-    h = apply_numpy(node.attrs["act1"], x.mean(axis=(2, 3)) @ w1.reshape(s, c).T + b1.reshape(-1))
+    pooled = x.sum(axis=(2, 3)) / node.attrs["pixels"] if "pixels" in node.attrs else x.mean(axis=(2, 3))
+    h = apply_numpy(node.attrs["act1"], pooled @ w1.reshape(s, c).T + b1.reshape(-1))
     g = h @ w2.reshape(c, s).T + b2.reshape(-1)
     return g.reshape(*g.shape, 1, 1)
 
@@ -300,7 +304,7 @@ ATTRS = {
     "erf": set(), "reduce_mean": {"axes", "keepdims"}, "reduce_max": {"axes", "keepdims"},
     "reduce_sum": {"axes", "keepdims"}, "reduce_l2": {"axes", "keepdims"}, "unary": {"fn"},
     "group_norm": {"groups", "epsilon", "stats"}, "global_max_pool": set(),
-    "softmax": {"axis"}, "se_gate": {"act1"},
+    "softmax": {"axis"}, "se_gate": {"act1", "pixels"},
 }
 
 

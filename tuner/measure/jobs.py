@@ -86,6 +86,7 @@ def run(spec: str, template, workload, config, warmup: int, repeats: int, min_se
 
     from tuner.runtime.opencl.launch import build as build_executable
     from tuner.templates import get_template
+    from tuner.templates.common import output_error
     dev = _device(spec)
     try:
         if prepared is not None:
@@ -104,12 +105,10 @@ def run(spec: str, template, workload, config, warmup: int, repeats: int, min_se
         arrays = exe.upload_inputs(**inputs)
         exe.launch(arrays)
         if check:
-            got = np.asarray(exe.outputs_of(arrays)[t.output], dtype=np.float64)
-            rel = float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30)) if got.shape == ref.shape else None
+            rel, shape = output_error(exe.outputs_of(arrays), t.expected(ref))
             tol = t.tolerance(workload, config)
             if rel is None or not rel <= tol:  # NaN compares false: a wrong answer too
-                shape = f"output shape {got.shape} vs reference {ref.shape}" if rel is None else \
-                    f"max relative error {rel:.3g} > tolerance {tol:g}"
+                shape = shape or f"max relative error {rel:.3g} > tolerance {tol:g}"
                 return ErrorCode.WRONG_ANSWER, {"msg": shape, "max_rel_error": rel if rel == rel else None}
         costs = exe.time(arrays, warmup=warmup, repeats=repeats, min_seconds=min_seconds)
     except (cl.Error, cl.RuntimeError, TunerError, MemoryError) as e:

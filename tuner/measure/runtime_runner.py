@@ -195,15 +195,18 @@ class RuntimeRunner(Runner):
         return stage(self.runtime, prog, program, inputs)
 
     def _check(self, t, inp, prog, arrays, ref) -> tuple:
-        """``(max relative error, why it is wrong or "")`` of the template's output against its reference."""
+        """``(max relative error, why it is wrong or "")`` of the template's outputs against its reference."""
         from tuner.codegen.packing import unpack
-        with _IR_LOCK:
-            buf = next(b for b in prog.params if b.name == t.output)
-        raw = self.runtime.download(arrays[buf.name])
-        with _IR_LOCK:
-            got = np.asarray(unpack(buf, raw), dtype=np.float64)
-        if got.shape != ref.shape:
-            return None, f"output shape {got.shape} vs reference {ref.shape}"
-        rel = float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
+        from tuner.templates.common import output_error
+        expected, got = t.expected(ref), {}
+        for name in expected:
+            with _IR_LOCK:
+                buf = next(b for b in prog.params if b.name == name)
+            raw = self.runtime.download(arrays[buf.name])
+            with _IR_LOCK:
+                got[name] = unpack(buf, raw)
+        rel, wrong = output_error(got, expected)
+        if wrong:
+            return None, wrong
         tol = t.tolerance(inp.workload, inp.config)
         return rel, "" if rel <= tol else f"max relative error {rel:.3g} > tolerance {tol:g}"

@@ -71,6 +71,8 @@ def lower_graph(g: Graph, dtype: str = "float32", float32=None) -> Plan:
         tensors[out] = Tensor(out, shape, _kind(shape), dtype=of(node.name)) if not node.attrs.get("stats") else \
             Tensor(out, shape, "plain", dtype="float32")  # a GroupNorm(1)'s statistics: float32 chunk partials,
         # a buffer its reading convolutions index themselves (``passes_layer_norm.group_norm_into_convs``)
+        for side in node.outputs[1:]:  # a second output (a depthwise convolution's row sums): in out's scope
+            tensors[side] = Tensor(side, tuple(g.shapes[side]), _kind(g.shapes[side]), dtype=of(node.name))
         ins = [packed(t) for t in node.inputs]
         ctx.dtype = of(node.name)  # a template's workload (and its weights) in the node's storage dtype
         rule_for(node.op, node.name)(ctx, node, ins, out, shape)
@@ -217,7 +219,9 @@ def _plan_storage(plan: Plan, info, scope: str, history, io_in_place: bool = Fal
                              and plan.tensors[x].kind != "plain"), None)
             choice = (want[tuned_readers[0].name] if tuned_readers else first_in.scope if first_in is not None
                       else "buffer" if scope == "buffer" else "texture")
-        t.scope = choice if choice == "buffer" or _texture_ok(t, info, plan.dtype_of(t.name)) else "buffer"
+        sides = [plan.tensors[x] for x in s.side_outputs.values()]  # written in the output's scope and layout
+        t.scope = choice if choice == "buffer" or all(_texture_ok(x, info, plan.dtype_of(x.name))
+                                                      for x in (t, *sides)) else "buffer"
         if s.tuned and not ("Res" in s.inputs or gated) and _served(s, info, _io(plan, s), want[s.name]) is None:
             other = "buffer" if t.scope == "texture" else "texture"
             io = _io(plan, s)
@@ -226,6 +230,9 @@ def _plan_storage(plan: Plan, info, scope: str, history, io_in_place: bool = Fal
                 plan.notes.append(f"{s.name}: output in {other}, not {t.scope}: {s.op} has no valid config on "
                                   f"{info.name} with input {io['input']} and output {t.scope}")
                 t.scope = other
+        for x in sides:
+            x.scope = t.scope
+            decided.add(x.name)
     for parts in {tuple(v) for v in siblings.values()}:  # parts that other rules stored apart: all in buffers
         if len({plan.tensors[x].scope for x in parts}) > 1:
             plan.notes.append(f"{', '.join(parts)}: in buffers: one convolution reads them as its input's parts "

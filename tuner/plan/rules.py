@@ -92,7 +92,10 @@ def template_step(ctx: LowerCtx, node, ins, out) -> bool:
     alternative's new params (e.g. transformed weights) join ``ctx.extra``; the ones of alternatives not
     chosen are dropped then. False when no template takes the node."""
     taken = []
+    side = [ctx.packed(x) for x in node.outputs[1:]]
     for t in templates_for(node.op):
+        if len(side) > len(t.side_outputs):  # a node's further outputs: only a template that writes them
+            continue
         try:
             lowered = t.lower(ctx, node, ins)
         except ValueError as e:
@@ -100,7 +103,8 @@ def template_step(ctx: LowerCtx, node, ins, out) -> bool:
         if lowered is not None:
             wl, inputs, extra = lowered
             ctx.extra.update(extra)
-            taken.append(Step(node.name, t.name, dict(inputs), out, workload=wl))
+            taken.append(Step(node.name, t.name, dict(inputs), out, workload=wl,
+                              side_outputs=dict(zip(t.side_outputs, side))))
     if taken:
         ctx.add(dataclasses.replace(taken[0], alternatives=taken[1:]))
     return bool(taken)

@@ -54,6 +54,13 @@ class Step:
     config: object = None  # template steps, once chosen
     alternatives: list = field(default_factory=list)  # template steps: other templates' Steps for the same node
     # (same name, inputs but the weights, output), until ``choose_templates`` keeps the fastest
+    side_outputs: dict = field(default_factory=dict)  # kernel parameter -> tensor it writes beside ``output``
+    # (a depthwise convolution's row sums: ``Template.side_outputs``), in ``output``'s scope
+
+    @property
+    def written(self) -> list:
+        """Every tensor the step writes: its output, then its side outputs."""
+        return [self.output, *self.side_outputs.values()]
 
     def candidates(self) -> list:
         """This step and its alternatives: the kernels that may run the node."""

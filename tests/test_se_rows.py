@@ -1,0 +1,140 @@
+"""Squeeze-excite pools inside their producers (issue 55, item 2): a depthwise convolution's epilogue also writes
+each output row's sum (``row_sums``, Q), and the block's ``se_gate`` pools those rows, not the map. Checked against
+NumPy on PoCL with random data, and whole models against onnxruntime."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+import warnings
+
+from test_templates import check_random_config, scopes
+from tuner.compile.compiler import compile_model, load_graph
+from tuner.frontend.onnx import from_onnx
+from tuner.graph.passes_se import split_squeeze_excite
+from tuner.graph.reference import random_inputs, run_graph_numpy
+from tuner.runtime.opencl.launch import build
+from tuner.templates import get_template
+from tuner.templates.depthwise_conv2d_nchw4c import DepthwiseConfig, DepthwiseWorkload, depthwise_conv2d_nchw4c
+
+HSIGMOID = "hardsigmoid(0.1666666716337204)"
+BUFFERS = dict(input_scope="buffer", weight_scope="buffer", output_scope="buffer")
+CASES = [
+    ("3x3 silu, texture, one row a work-group", DepthwiseWorkload((1, 8, 9, 9), (8, 1, 3, 3), padding=1, bias=True,
+                                                                 activation="silu", row_sums=True),
+     DepthwiseConfig(tile_ow=2, wg_w=8)),
+    ("5x5 stride 2, odd channels, buffer, 2 rows x 2 blocks a work-item, 2 rows of work-items",
+     DepthwiseWorkload((2, 10, 13, 11), (10, 1, 5, 5), stride=2, padding=2, bias=True, activation="relu",
+                       row_sums=True), DepthwiseConfig(tile_cb=2, tile_oh=2, tile_ow=4, wg_w=2, wg_h=2, **BUFFERS)),
+    ("wider work-group than the row, local input, half storage", DepthwiseWorkload(
+        (1, 12, 7, 7), (12, 1, 3, 3), padding=1, activation="relu6", dtype="float16", row_sums=True),
+     DepthwiseConfig(tile_ow=1, wg_w=16, wg_h=2, local_input=True)),
+]
+
+
+@pytest.mark.parametrize("name,wl,cfg", CASES, ids=[c[0] for c in CASES])
+def test_depthwise_row_sums_match_numpy(device, rng, name, wl, cfg):
+    t = get_template("depthwise_conv2d")
+    inputs = t.random_inputs(wl, rng)
+    out = build(depthwise_conv2d_nchw4c(wl, cfg), device)(**inputs)
+    ref = t.expected(t.reference(wl, inputs))
+    assert set(ref) == {"Y", "Q"} and out["Q"].shape == wl.rows_shape == ref["Q"].shape
+    tol = 1e-2 if wl.dtype == "float16" else 1e-4
+    for k in ("Y", "Q"):
+        assert np.abs(out[k] - ref[k]).max() / np.abs(ref[k]).max() < tol, k
+    assert t.check(wl, out, inputs) < tol
+    wrong = dict(out, Q=out["Q"] * 1.1)  # the harness looks at Q too
+    assert t.check(wl, wrong, inputs) > tol
+
+
+def test_row_sums_need_whole_rows_and_keep_the_old_keys(device):
+    wl = DepthwiseWorkload((1, 8, 9, 20), (8, 1, 3, 3), padding=1, row_sums=True)
+    with pytest.raises(ValueError, match="wg_w"):
+        depthwise_conv2d_nchw4c(wl, DepthwiseConfig(tile_ow=2, wg_w=8))
+    assert "row_sums" in wl.key() and "row_sums" not in DepthwiseWorkload((1, 8, 9, 20), (8, 1, 3, 3)).key()
+    t = get_template("depthwise_conv2d")
+    for kind in ("CPU", "GPU"):  # the fallback spans the row, and is valid in the space
+        info = dataclasses.replace(device.info, type=kind, max_work_group_size=1024,
+                                   max_work_item_sizes=(1024, 1024, 64))
+        cfg = t.fallback(wl, info)
+        assert cfg.wg_w * cfg.tile_ow >= 20
+        assert not t.space(wl, info).violations(t.config_values(wl, cfg))
+
+
+@pytest.mark.parametrize("scope", ["texture", "buffer"])
+def test_random_configs_of_both_halves_match_numpy(device, scope):
+    """Random configs of the space: the depthwise convolution with row sums (Y and Q both checked by the
+    template's check, as the tuner's measurements check them) and the gate pooling row sums (``pixels``)."""
+    if scope == "texture" and not device.info.image_support:
+        pytest.skip("no images")
+    for seed, fields in enumerate([dict(data=(1, 12, 14, 14), kernel=(12, 1, 3, 3), padding=(1, 1, 1, 1), bias=True,
+                                        activation="silu", row_sums=True),
+                                   dict(data=(1, 9, 11, 17), kernel=(9, 1, 5, 5), stride=(2, 2), padding=(2, 2, 2, 2),
+                                        activation="relu", row_sums=True)]):
+        for k in range(3):
+            assert check_random_config(device, "depthwise_conv2d", fields, "float32", 10 * seed + k,
+                                       **scopes(scope)) is not None
+    for k, fields in enumerate([dict(data=(1, 24, 14, 1), squeeze=6, act1="silu", activation="sigmoid", pixels=196),
+                                dict(data=(2, 10, 6, 1), squeeze=3, act1="relu", activation=HSIGMOID, pixels=54)]):
+        for seed in range(3):
+            assert check_random_config(device, "se_gate", fields, "float32", 10 * k + seed, **scopes(scope)) is not None
+
+
+def _se_net():
+    from tuner.zoo.heldout import heldout_models
+    return heldout_models()["se_net"]
+
+
+def test_the_pass_moves_each_pool_into_its_depthwise_producer_and_splits_back(tmp_path):
+    """se_net (EfficientNet's and MobileNetV3's blocks): each se_gate reads its depthwise convolution's row sums;
+    the optimized graph computes what the frontend's does; ``split_squeeze_excite`` (what ``fastest_plan`` times
+    beside) puts the pool back on the map and drops the second output."""
+    import onnx
+    path = tmp_path / "se_net.onnx"
+    onnx.save(_se_net(), path)
+    raw = from_onnx(onnx.load(path))
+    g = load_graph(str(path))
+    gates = [n for n in g.nodes if n.op == "se_gate"]
+    assert gates and all("pixels" in n.attrs for n in gates)
+    for n in gates:
+        p = g.producer(n.inputs[0])
+        assert p.attrs.get("row_sums") and p.outputs[1] == n.inputs[0] and g.shapes[n.inputs[0]][3] == 1
+        N, C, OH, OW = g.shapes[p.outputs[0]]
+        assert n.attrs["pixels"] == OH * OW
+    feeds = random_inputs(raw)
+    want = run_graph_numpy(raw, feeds)
+    for graph in (g, split_squeeze_excite(g), split_squeeze_excite(g, {gates[0].name})):
+        got = run_graph_numpy(graph, feeds)
+        for k in want:
+            assert np.abs(got[k] - want[k]).max() <= 1e-4 * np.abs(want[k]).max()
+    back = split_squeeze_excite(g)
+    assert not any(n.attrs.get("row_sums") or len(n.outputs) > 1 for n in back.nodes)
+    some = split_squeeze_excite(g, {gates[0].name})
+    assert sum(1 for n in some.nodes if n.attrs.get("row_sums")) == len(gates) - 1
+
+
+@pytest.mark.parametrize("scope", ["texture", "buffer"])
+def test_the_plan_writes_the_row_sums_in_the_convolutions_scope_and_each_gate_is_one_launch(tmp_path, scope):
+    """On this device's fallback configs, in both scopes: each se_gate is one launch (its pool in the depthwise
+    convolution's epilogue), the row sums stored as the convolution's output is, the model as onnxruntime."""
+    import onnx
+    import onnxruntime as ort
+    path = tmp_path / "se_net.onnx"
+    onnx.save(_se_net(), path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mod = compile_model(str(path), scope=scope)
+    gates = [n for n in mod.spec.nodes if n.template == "se_gate"]
+    assert gates and all(len(n.calls) == 1 for n in gates)
+    rows = [n for n in mod.spec.nodes if n.template == "depthwise_conv2d" and n.workload.get("row_sums")]
+    assert len(rows) == len(gates)
+    for n in rows:
+        q = next(a for a in n.calls[0].args if a.startswith("t:") and a.endswith(".rows"))
+        args = n.calls[0].args  # X, Wt, B, (Res,) Y, Q: the output just before its row sums
+        y = mod.spec.entries[args[args.index(q) - 1][2:]]
+        assert mod.spec.entries[q[2:]].storage_scope == y.storage_scope
+    x = np.random.default_rng(0).standard_normal(mod.spec.entries[mod.spec.inputs[0]].shape).astype(np.float32)
+    sess = ort.InferenceSession(str(path))
+    ref = sess.run(None, {sess.get_inputs()[0].name: x})[0]
+    got = mod.run([x])[0]
+    assert np.abs(got - ref).max() <= 1e-4 * np.abs(ref).max()
