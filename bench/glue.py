@@ -282,7 +282,8 @@ def cmd_tune(args) -> int:
     """Every reduction task (``REDUCTIONS``) of the models' plans in each of ``--scopes`` (``auto``'s; with
     ``auto,texture,buffer`` also those of the uniform plans ``--scope auto`` may keep in another job), tuned with
     ``--trials`` measurements each (the fallback config first), the slowest-looking first, until ``--deadline``
-    seconds have passed."""
+    seconds have passed. ``--untuned``: also every other task that no record of ``--log`` holds (a kernel the
+    glue work made new: a depthwise convolution that writes its row sums), the heaviest first."""
     from tuner.compile.compiler import model_tasks
     from tuner.runtime.opencl.device import open_device
     from tuner.search.tune import tune
@@ -294,7 +295,7 @@ def cmd_tune(args) -> int:
         if onnx_path.exists():
             for scope in args.scopes.split(","):  # auto's plan, and the uniform ones auto may switch to
                 for t in model_tasks(str(onnx_path), dev, scope=scope, log=logs):
-                    if t.template in REDUCTIONS and t.key() not in seen:
+                    if (t.template in REDUCTIONS or args.untuned) and t.key() not in seen:
                         seen.add(t.key())
                         tasks.append(t)
     tasks.sort(key=lambda t: -t.workload.flops * t.count)
@@ -303,9 +304,9 @@ def cmd_tune(args) -> int:
         history = ApplyHistoryBest(logs)
         done = [t for t in tasks if history.query(t.template, t.workload, dev.fingerprint, t.scopes, t.fixed)]
         tasks = [t for t in tasks if t not in done]
-        print(f"{len(done)} reduction tasks tuned before (in --log)", flush=True)
+        print(f"{len(done)} tasks tuned before (in --log)", flush=True)
     start = time.perf_counter()
-    print(f"{len(tasks)} reduction tasks", flush=True)
+    print(f"{len(tasks)} tasks to tune", flush=True)
     for i, t in enumerate(tasks):
         if time.perf_counter() - start > args.deadline:
             print(f"deadline: {len(tasks) - i} tasks not tuned", flush=True)
@@ -445,6 +446,7 @@ def main(argv=None) -> int:
     p.add_argument("--out-log", default=None, help="tune: the log the records go to (default: the device's)")
     p.add_argument("--scopes", default="auto", help="tune: the plans whose tasks are tuned, comma-separated "
                    "(auto, texture, buffer)")
+    p.add_argument("--untuned", action="store_true", help="tune: also the other tasks --log has no record of")
     p.add_argument("--out", default=str(HERE / "results" / "glue"))
     p.add_argument("--onnx", nargs="*", default=[], help="link: the ONNX files")
     p.add_argument("--patterns", action="store_true", help="plans: glue by producer -> consumers too")
