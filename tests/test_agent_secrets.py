@@ -251,8 +251,7 @@ def _hello(port: int, token: str, timeout: float = 30, pause: float = 0.0) -> tu
     return s, P.parse_header(data)
 
 
-@pytest.mark.parametrize("pause", [0.0, 0.1])
-def test_the_owner_gets_in_while_200_strangers_keep_reconnecting(native, cl_env, tmp_path, monkeypatch, pause):
+def test_the_owner_gets_in_while_200_strangers_keep_reconnecting(native, cl_env, tmp_path, monkeypatch):
     """Issue 54: about 40 idle connections kept the owner out (one connection at a time, a backlog of 4, 5 s per
     stranger). Now 200 strangers that hold connections open and reconnect the moment they are dropped do not:
     the owner's HELLO is answered within 2 s, and the owner's session, once proved, is never dropped. An owner
@@ -261,16 +260,17 @@ def test_the_owner_gets_in_while_200_strangers_keep_reconnecting(native, cl_env,
     monkeypatch.delenv("TUNER_AGENT_TOKEN", raising=False)
     tok = _token_file(tmp_path / "token")
     proc, port = _listen(native["agent"], cl_env, tmp_path, "--token-file", tok)
-    crowd = subprocess.Popen([sys.executable, "-c", STRANGERS, str(port), "200", "12"], stdout=subprocess.PIPE,
+    crowd = subprocess.Popen([sys.executable, "-c", STRANGERS, str(port), "200", "8"], stdout=subprocess.PIPE,
                              text=True)
     try:
         assert crowd.stdout.readline().strip() == "ready"
         time.sleep(1.0)  # the slots are full and the strangers keep coming back
-        t0 = time.monotonic()
-        s, (typ, rid, status, n) = _hello(port, TOKEN, pause=pause)
-        took = time.monotonic() - t0
-        assert (typ, status) == (P.HELLO, P.OK) and took < 2.0, (status, took)
-        s.close()
+        for pause in (0.0, 0.1):
+            t0 = time.monotonic()
+            s, (typ, rid, status, n) = _hello(port, TOKEN, pause=pause)
+            took = time.monotonic() - t0
+            assert (typ, status) == (P.HELLO, P.OK) and took < 2.0, (pause, status, took)
+            s.close()
         # a session that proved the token is served to its end, whatever the strangers do meanwhile
         with AgentRuntime(f"tcp://127.0.0.1:{port}?token_file={tok}") as rt:
             for _ in range(5):

@@ -266,10 +266,19 @@ def test_split_is_the_inverse_of_the_fusion():
         assert np.abs(run_graph_numpy(h, x)["output"] - want).max() <= 1e-5 * np.abs(want).max()
 
 
-@pytest.mark.parametrize("faster", ["fused", "unfused"])
+def _form(mod) -> str:
+    """How a compiled model runs its squeeze-excite blocks: ``rows`` (se_gate pooling its depthwise producer's row
+    sums), ``maps`` (se_gate pooling the map) or ``unfused``."""
+    if not any(n.template == "se_gate" for n in mod.spec.nodes):
+        return "unfused"
+    return "rows" if any((n.workload or {}).get("row_sums") for n in mod.spec.nodes) else "maps"
+
+
+@pytest.mark.parametrize("faster", ["rows", "maps", "unfused"])
 def test_the_plan_keeps_whichever_form_measures_faster(faster, device, tmp_path):
-    """``fastest_plan`` times the plan with its blocks fused beside the same plan with them unfused (step
-    ``squeeze_excite``) and keeps the faster; the kept plan names its form and matches onnxruntime."""
+    """``fastest_plan`` times the plan with its blocks fused (each gate pooling its depthwise producer's row sums)
+    beside the same plan with them unfused, and with the gates pooling their maps (step ``squeeze_excite``), and
+    keeps the fastest; the kept plan names its form and matches onnxruntime."""
     import onnxruntime as ort
     import tuner.compile.compiler as C
     model = _model("mobilenet_v3")
@@ -277,16 +286,19 @@ def test_the_plan_keeps_whichever_form_measures_faster(faster, device, tmp_path)
     onnx.save(model, str(path))
 
     def whole(mod):  # a device on which the chosen form runs faster
-        fused = any(n.template == "se_gate" for n in mod.spec.nodes)
-        return [1e-3 if fused == (faster == "fused") else 2e-3]
+        return [1e-3 if _form(mod) == faster else 2e-3]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         mod = C._fastest_plan(str(path), None, device, "float32", None, False, 1, "python", whole)
     step = next(st for st in mod.plan_steps if st.name == "squeeze_excite")
-    assert f"{step.kept.split('+')[0]}+unfused-se" in step.times, step.times
+    mode = step.kept.split('+')[0]
+    assert {f"{mode}+unfused-se", f"{mode}+map-se"} <= set(step.times), step.times
     se = [n for n in mod.spec.nodes if n.template == "se_gate"]
-    if faster == "fused":
-        assert "unfused" not in mod.plan_kept and len(se) == 2
+    assert _form(mod) == faster
+    if faster == "rows":
+        assert "-se" not in mod.plan_kept and len(se) == 2
+    elif faster == "maps":
+        assert mod.plan_kept.endswith("+map-se") and len(se) == 2
     else:
         assert mod.plan_kept.endswith("+unfused-se") and not se
         assert sum(n.template == "spatial_reduce" for n in mod.spec.nodes) == 2

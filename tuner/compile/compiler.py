@@ -550,9 +550,10 @@ def fastest_plan(model, history, device, dtype: str = "float32", input_shapes: d
     will run the artifact.
 
     A plan that runs squeeze-excite blocks fused (``se_gate``: one launch a block) is timed beside the same plan
-    with them unfused (a pool and two 1x1 convolutions), and with only those unfused whose fused kernel measured
-    slower inside the model (``_refine_squeeze_excite``, step ``squeeze_excite``): on the H200 the fused blocks'
-    fallback kernels took as long as the three kernels they replace.
+    with them unfused (a pool and two 1x1 convolutions), with only those unfused whose fused kernel measured
+    slower inside the model, and with the gates pooling their maps rather than their depthwise producers' row
+    sums (``_refine_squeeze_excite``, step ``squeeze_excite``): on the H200 the fused blocks' fallback kernels
+    took as long as the three kernels they replace.
 
     Then the template choice of the kept plan is checked inside the model (``_refine_templates``): the log
     times each kernel alone, with its weights warm in the cache from the previous run, and a Winograd kernel
@@ -709,15 +710,19 @@ def _refine_squeeze_excite(mod: M.Module, mode: str, graph, compile_, repeats: i
     one launch): the same plan with every block unfused (``passes_se.split_squeeze_excite``: the pool and two
     convolutions), ``<mode>+unfused-se``; and, where the kernel times measured inside the two models (profiling
     events) find some blocks faster unfused and some fused, the plan unfusing only those, ``<mode>+per-block-se``.
-    The kernel times leave out what a launch costs between kernels; the whole plans' timings include it. Empty
-    when ``mod`` runs no se_gate."""
-    from tuner.graph.passes_se import split_squeeze_excite
+    The kernel times leave out what a launch costs between kernels; the whole plans' timings include it. Where
+    the gates pool their depthwise producers' row sums (``passes_se.pool_rows_in_depthwise``), the plan with the
+    gates pooling the maps again, ``<mode>+map-se``, is timed too. Empty when ``mod`` runs no se_gate."""
+    from tuner.graph.passes_se import pool_maps_in_se_gates, split_squeeze_excite
     fused = [n.name for n in mod.spec.nodes if n.template == "se_gate"]
     if not fused:
         return []
     every = split_squeeze_excite(graph)
     first = compile_(mode, graph=every)
     out = [(f"{mode}+unfused-se", first, every)]
+    maps = pool_maps_in_se_gates(graph)
+    if maps is not graph:
+        out.append((f"{mode}+map-se", compile_(mode, graph=maps), maps))
     rows = [{r["node"]: r["median_s"] for r in _random_inputs(m).profile(repeats)["rows"]} for m in (mod, first)]
     slower = {n for n in fused
               if rows[0].get(n, 0.0) > sum(rows[1].get(k, 0.0) for k in (n, f"{n}.squeeze", f"{n}.excite"))}

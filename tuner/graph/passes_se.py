@@ -149,6 +149,20 @@ def _rows_back(g: Graph, n: Node) -> str:
     return n.inputs[0]
 
 
+def pool_maps_in_se_gates(graph: Graph) -> Graph:
+    """The inverse of ``pool_rows_in_depthwise``: every ``se_gate`` pools its map again, and its depthwise
+    producer writes one output -- the fused plan ``compiler.fastest_plan`` also times, so that the row sums stay
+    only where they measure faster (a depthwise convolution whose work-groups span whole rows can be slower than
+    its best config)."""
+    if not any(n.op == "se_gate" and "pixels" in n.attrs for n in graph.nodes):
+        return graph
+    g = graph.copy()
+    for n in g.nodes:
+        if n.op == "se_gate":
+            _rows_back(g, n)
+    return g.validate()
+
+
 def split_squeeze_excite(graph: Graph, names=None) -> Graph:
     """The inverse of ``fuse_squeeze_excite``: each ``se_gate`` node (those named in ``names``; None: every one)
     back as its pool (a ``global_avg_pool`` of the node's name), the squeeze 1x1 convolution with ``act1``
