@@ -55,6 +55,8 @@ def run_fused(graph, inputs):
             out = out + env[n.attrs["residual"]]
         act = n.attrs.get("activation", "none") if n.op != "clip" else "none"
         env[n.outputs[0]] = apply_numpy(act, out)
+        if n.attrs.get("row_sums"):  # a depthwise convolution's row sums, which a squeeze-excite gate pools
+            env[n.outputs[1]] = env[n.outputs[0]].sum(axis=3, keepdims=True)
     return {t: env[t] for t in graph.outputs}
 
 
@@ -439,6 +441,7 @@ def test_mobilenet_v3_small_fuses_and_plans_its_kernels(dev):
     se = [n for n in opt.nodes if n.op == "se_gate"]
     assert len(se) == 9 and all((n.attrs["act1"], n.attrs["activation"]) == ("relu", "hardsigmoid(0.1666666716337204)")
                                 for n in se)
+    assert all(opt.producer(n.inputs[0]).attrs.get("row_sums") for n in se)  # each pool in its depthwise producer
     gated = [n for n in opt.nodes if "in_scale" in n.attrs]  # every squeeze-excitation's scale: read, not run
     assert len(gated) == 9 and all(n.attrs["groups"] == 1 and n.inputs[-1] == n.attrs["in_scale"] for n in gated)
     x = random_inputs(g)

@@ -378,8 +378,11 @@ def guard_graph(graph, precision: str = "mixed", calibration=None, tol: float = 
     ``precision`` ``strict`` refuses them instead (PrecisionError: exit 2)."""
     if precision not in PRECISIONS:
         raise TunerError(f"--precision {precision!r}: one of {', '.join(PRECISIONS)}")
+    from tuner.graph.passes_se import pool_maps_in_se_gates
     samples, source = calibration_inputs(graph, calibration)
-    guard = check_precision(graph, samples, source, tol)
+    # walked with one output a node: the gates pool the depthwise convolutions' maps, not their row sums (the
+    # same nodes, by name; a row sum rounds as the gate's pool of the map does)
+    guard = check_precision(pool_maps_in_se_gates(graph), samples, source, tol)
     if guard.kept and precision == "strict":
         raise strict_error(guard)
     return dataclasses.replace(graph, float32=dict(guard.kept)), guard
