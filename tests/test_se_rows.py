@@ -138,3 +138,22 @@ def test_the_plan_writes_the_row_sums_in_the_convolutions_scope_and_each_gate_is
     ref = sess.run(None, {sess.get_inputs()[0].name: x})[0]
     got = mod.run([x])[0]
     assert np.abs(got - ref).max() <= 1e-4 * np.abs(ref).max()
+
+
+def test_a_map_wider_than_a_work_group_row_keeps_its_pool():
+    """A depthwise output wider than ``ROWS_MAX_WIDTH`` columns: no config of the space spans its rows, so the gate
+    pools the map as before; a narrow one in the same model pools row sums."""
+    from tuner.graph.passes_se import ROWS_MAX_WIDTH
+    from tuner.zoo.builder import _Builder
+    from tuner.zoo.heldout import _cbs, _se
+    b = _Builder(seed=3, opset=17)
+    x = b.input("input", (1, 8, 4, ROWS_MAX_WIDTH + 4))
+    y = _cbs(b, x, 8, 8, 3, groups=8)
+    y = b.conv(_se(b, y, 8, 2, "silu", "sigmoid"), 8, 8, 1)  # wide: the map's pool
+    y = _cbs(b, y, 8, 8, 3, stride=2, groups=8)
+    y = b.conv(_se(b, y, 8, 2, "relu", "hardsigmoid"), 8, 8, 1, output="output")  # half as wide: row sums
+    g = load_graph(b.model({"output": [1, 8, 2, ROWS_MAX_WIDTH // 2 + 2]}, "wide"))
+    gates = [n for n in g.nodes if n.op == "se_gate"]
+    assert ["pixels" in n.attrs for n in gates] == [False, True]
+    x = random_inputs(g)
+    assert np.isfinite(run_graph_numpy(g, x)["output"]).all()

@@ -92,6 +92,9 @@ def fuse_squeeze_excite(graph: Graph) -> Graph:
     return drop_unused_params(g).validate()
 
 
+ROWS_MAX_WIDTH = 256  # a row a work-group: 64 work-items of 4 columns (the depthwise space allows up to 512)
+
+
 def _depthwise_rows_ok(g: Graph, producer: Node | None, x: str) -> bool:
     """A depthwise convolution (one filter a channel) writing only ``x``, 4-D, with nothing fused that the
     depthwise template does not run, whose output rows it can sum in its epilogue."""
@@ -102,7 +105,8 @@ def _depthwise_rows_ok(g: Graph, producer: Node | None, x: str) -> bool:
             a.get("pad_mode", "zeros") != "zeros" or w not in g.params or len(g.shapes[w]) != 4:
         return False
     c = g.shapes[producer.inputs[0]][1]
-    return a.get("groups", 1) == c == g.shapes[w][0] and g.shapes[w][1] == 1 and len(g.shapes[x]) == 4
+    return a.get("groups", 1) == c == g.shapes[w][0] and g.shapes[w][1] == 1 and len(g.shapes[x]) == 4 and \
+        g.shapes[x][3] <= ROWS_MAX_WIDTH
 
 
 def pool_rows_in_depthwise(graph: Graph) -> Graph:
@@ -110,8 +114,8 @@ def pool_rows_in_depthwise(graph: Graph) -> Graph:
     its input. Where an ``se_gate`` reads x written by a depthwise convolution (EfficientNet's and MobileNetV3's
     blocks), that convolution also writes x's row sums ``<x>.rows`` (N, C, OH, 1; attr ``row_sums``, a second
     output), and the gate pools those (attr ``pixels``: OH x OW, the mean's divisor): the gate reads OH values a
-    channel, not OH x OW, and needs no pool kernel of its own. Run last: the passes before it see one output a
-    node."""
+    channel, not OH x OW, and needs no pool kernel of its own. Maps wider than ``ROWS_MAX_WIDTH`` keep their pool.
+    Run last: the passes before it see one output a node."""
     if not any(n.op == "se_gate" for n in graph.nodes):
         return graph
     g = graph.copy()
