@@ -187,7 +187,7 @@ def output_error(got: dict, ref: dict) -> tuple:
     for name, r in ref.items():
         g = np.asarray(got[name], dtype=np.float64)
         if g.shape != r.shape:
-            return None, f"output {name} shape {g.shape} vs reference {r.shape}"
+            return None, f"output shape {g.shape} vs reference {r.shape}" + (f" ({name})" if len(ref) > 1 else "")
         e = float(np.abs(g - r).max() / max(np.abs(r).max(), 1e-30))
         worst = e if e != e or not e <= worst else worst  # NaN: kept, a wrong answer
     return worst, ""
