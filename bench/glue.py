@@ -283,7 +283,8 @@ def cmd_tune(args) -> int:
     ``auto,texture,buffer`` also those of the uniform plans ``--scope auto`` may keep in another job), tuned with
     ``--trials`` measurements each (the fallback config first), the slowest-looking first, until ``--deadline``
     seconds have passed. ``--untuned``: also every other task that no record of ``--log`` holds (a kernel the
-    glue work made new: a depthwise convolution that writes its row sums), the heaviest first."""
+    glue work made new: a depthwise convolution that writes its row sums), the heaviest first; ``--templates``:
+    only those templates' tasks."""
     from tuner.compile.compiler import model_tasks
     from tuner.runtime.opencl.device import open_device
     from tuner.search.tune import tune
@@ -295,7 +296,9 @@ def cmd_tune(args) -> int:
         if onnx_path.exists():
             for scope in args.scopes.split(","):  # auto's plan, and the uniform ones auto may switch to
                 for t in model_tasks(str(onnx_path), dev, scope=scope, log=logs):
-                    if (t.template in REDUCTIONS or args.untuned) and t.key() not in seen:
+                    wanted = t.template in args.templates.split(",") if args.templates else \
+                        t.template in REDUCTIONS or args.untuned
+                    if wanted and t.key() not in seen:
                         seen.add(t.key())
                         tasks.append(t)
     tasks.sort(key=lambda t: -t.workload.flops * t.count)
@@ -447,6 +450,8 @@ def main(argv=None) -> int:
     p.add_argument("--scopes", default="auto", help="tune: the plans whose tasks are tuned, comma-separated "
                    "(auto, texture, buffer)")
     p.add_argument("--untuned", action="store_true", help="tune: also the other tasks --log has no record of")
+    p.add_argument("--templates", default="", help="tune: only the tasks of these templates (comma-separated) that "
+                   "--log has no record of, e.g. depthwise_conv2d,se_gate")
     p.add_argument("--out", default=str(HERE / "results" / "glue"))
     p.add_argument("--onnx", nargs="*", default=[], help="link: the ONNX files")
     p.add_argument("--patterns", action="store_true", help="plans: glue by producer -> consumers too")
