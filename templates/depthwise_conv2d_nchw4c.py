@@ -175,25 +175,38 @@ def depthwise_conv2d_nchw4c(wl: DepthwiseWorkload, cfg: DepthwiseConfig):
 
 def store_row_sums(b, rows, Q, n, cbb, oh0, th, tw, cfg, bounds):
     """``row_sums``: the ``wg_w`` work-items of a work-group row add their tiles' row sums (``rows``: t_cb x t_oh
-    float4, the stored values only) in local memory, and the first stores each output row's total in ``Q``."""
-    (CB, OH), n_rows, L = bounds, cfg.tile_cb * cfg.tile_oh, cfg.wg_w * cfg.wg_h
+    float4, the stored values only) in local memory -- a tree of log2(wg_w) steps, or, for a width that is no
+    power of two, the first work-item's loop -- and the first stores each output row's total in ``Q``."""
+    (CB, OH), n_rows, L, wg_w = bounds, cfg.tile_cb * cfg.tile_oh, cfg.wg_w * cfg.wg_h, cfg.wg_w
     part = b.allocate("rowpart", (L * n_rows,), "float32x4", "local")
-    lid = th * cfg.wg_w + tw if cfg.wg_h > 1 else tw
+    lid = th * wg_w + tw if cfg.wg_h > 1 else tw
+    first = th * wg_w if cfg.wg_h > 1 else as_expr(0)
     for i in range(n_rows):
         b.store(part, lid * n_rows + i, rows[i])
+    tree = wg_w & (wg_w - 1) == 0
+    step = wg_w // 2 if tree else 0
+    while step >= 1:  # each step halves the work-items holding partial sums
+        b.barrier()
+        with b.if_(tw < step):
+            for i in range(n_rows):
+                b.store(part, lid * n_rows + i, part[lid * n_rows + i] + part[(lid + step) * n_rows + i])
+        step //= 2
     b.barrier()
-    first = th * cfg.wg_w if cfg.wg_h > 1 else as_expr(0)
     with b.if_(tw < 1):
         for k in range(cfg.tile_cb):
             for y in range(cfg.tile_oh):
                 i = k * cfg.tile_oh + y
-                total = b.allocate(f"rt{i}", (1,), "float32x4", "private")
-                b.store(total, 0, 0.0)
-                with b.loop(f"j{i}", cfg.wg_w, "serial") as j:
-                    b.store(total, 0, total[0] + part[(first + j) * n_rows + i])
+                if tree:
+                    value = part[first * n_rows + i]
+                else:
+                    total = b.allocate(f"rt{i}", (1,), "float32x4", "private")
+                    b.store(total, 0, 0.0)
+                    with b.loop(f"j{i}", wg_w, "serial") as j:
+                        b.store(total, 0, total[0] + part[(first + j) * n_rows + i])
+                    value = total[0]
                 ob, oh = cbb * cfg.tile_cb + k, oh0 + y
                 with b.if_((ob < CB) & (oh < OH)):
-                    b.store(Q, (n, Ramp(ob * 4, as_expr(1), 4), oh, 0), total[0])
+                    b.store(Q, (n, Ramp(ob * 4, as_expr(1), 4), oh, 0), value)
 
 
 def reference(wl: DepthwiseWorkload, x, w, bias=None, residual=None):

@@ -26,6 +26,9 @@ CASES = [
     ("5x5 stride 2, odd channels, buffer, 2 rows x 2 blocks a work-item, 2 rows of work-items",
      DepthwiseWorkload((2, 10, 13, 11), (10, 1, 5, 5), stride=2, padding=2, bias=True, activation="relu",
                        row_sums=True), DepthwiseConfig(tile_cb=2, tile_oh=2, tile_ow=4, wg_w=2, wg_h=2, **BUFFERS)),
+    ("a work-group row of 6 (no power of two: summed in a loop)", DepthwiseWorkload(
+        (1, 8, 12, 11), (8, 1, 3, 3), padding=1, bias=True, activation="relu", row_sums=True),
+     DepthwiseConfig(tile_ow=2, wg_w=6, wg_h=2, **BUFFERS)),
     ("wider work-group than the row, local input, half storage", DepthwiseWorkload(
         (1, 12, 7, 7), (12, 1, 3, 3), padding=1, activation="relu6", dtype="float16", row_sums=True),
      DepthwiseConfig(tile_ow=1, wg_w=16, wg_h=2, local_input=True)),
