@@ -129,7 +129,8 @@ for stage in "$@"; do
       python3 "$REPO/bench/glue.py" export --work /tmp/gw ${GLUE_MODELS:+--models "$GLUE_MODELS"} 2>&1 | grep "exported"
       python3 "$REPO/bench/glue.py" tune --work /tmp/gw --device nvidia --log "$REPO/logs/*.jsonl" --trials "${TRIALS:-24}" \
         --deadline "${DEADLINE:-400}" --out-log "$OUT/glue_tuned.jsonl" ${GLUE_MODELS:+--models "$GLUE_MODELS"} \
-        --scopes "${GLUE_SCOPES:-auto}" ${GLUE_UNTUNED:+--untuned} ${GLUE_TEMPLATES:+--templates "$GLUE_TEMPLATES"} 2>&1 \
+        --scopes "${GLUE_SCOPES:-auto}" ${GLUE_UNTUNED:+--untuned} \
+        ${GLUE_TEMPLATES:+--templates "$GLUE_TEMPLATES"} 2>&1 \
         | grep -v "Warning\|warn(" | tail -40 ;;
     peers) python3 "$REPO/bench/runtimes_gpu.py" all --out "$OUT" --new-tree "$REPO/bench/_trees/new" \
              $([ -d "$REPO/bench/_trees/old/tuner" ] && echo --old-tree "$REPO/bench/_trees/old") \
