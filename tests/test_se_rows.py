@@ -160,3 +160,29 @@ def test_a_map_wider_than_a_work_group_row_keeps_its_pool():
     assert ["pixels" in n.attrs for n in gates] == [False, True]
     x = random_inputs(g)
     assert np.isfinite(run_graph_numpy(g, x)["output"]).all()
+
+
+@pytest.mark.parametrize("tuned", ["maps", "rows"])
+def test_a_compile_that_times_nothing_runs_the_gates_its_log_measured(device, tmp_path, tuned):
+    """A fixed-scope compile (no plan timing): with a log that measured only the gates pooling their maps (tuned
+    before the row sums), the gates pool their maps; once the row-sum gates are measured, they pool row sums."""
+    import onnx
+    from tuner.compile.compiler import extract_tasks, plan_graph
+    from tuner.graph.passes_se import pool_maps_in_se_gates
+    from tuner.search.tune import tune
+    path = tmp_path / "se_net.onnx"
+    onnx.save(_se_net(), path)
+    log = tmp_path / "log.jsonl"
+    g = load_graph(str(path))
+    graph = pool_maps_in_se_gates(g) if tuned == "maps" else g
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for t in extract_tasks(plan_graph(graph, device.info, "buffer", None)):
+            if t.template == "se_gate":
+                tune(t.template, t.workload, device, trials=1, log=str(log), scopes=t.scopes, fixed=t.fixed,
+                     progress=False)
+        mod = compile_model(str(path), log=str(log), device=device, scope="buffer")
+    rows = [n for n in mod.spec.nodes if (n.workload or {}).get("row_sums")]
+    gates = [n for n in mod.spec.nodes if n.template == "se_gate"]
+    assert gates and len(rows) == (len(gates) if tuned == "rows" else 0)
+    assert all(("pixels" in n.workload) == (tuned == "rows") for n in gates)

@@ -121,6 +121,27 @@ def plan_graph(graph: Graph, info, scope: str, history, dtype: str = "float32", 
     return choose_templates(plan_storage(lower_graph(graph, dtype), info, scope, history), history, info, prefer)
 
 
+def logged_se_plan(graph: Graph, info, scope: str, history, dtype: str = "float32", prefer=None) -> Plan:
+    """``plan_graph`` for a compile that times no plans (a fixed scope, a ``--target``): where the squeeze-excite
+    gates pool their depthwise producers' row sums (``passes_se.pool_rows_in_depthwise``) and the log measured none
+    of those gates but every gate pooling its map (a log tuned before the row sums), the plan of the gates pooling
+    their maps -- what was tuned is what runs. Otherwise the graph's own plan."""
+    from tuner.graph.passes_se import pool_maps_in_se_gates
+    from tuner.plan.types import FIXED
+    plan = plan_graph(graph, info, scope, history, dtype, prefer)
+    maps = pool_maps_in_se_gates(graph)
+    if maps is graph or history is None:
+        return plan
+
+    def logged(p: Plan) -> list:
+        return [history.query(s.op, s.workload, info.fingerprint, s.scopes, FIXED[s.op]) is not None
+                for s in p.steps if s.op == "se_gate"]
+    if any(logged(plan)):
+        return plan
+    other = plan_graph(maps, info, scope, history, dtype, prefer)
+    return other if all(logged(other)) else plan
+
+
 def model_tasks(model, device=None, scope: str = "auto", log=None, dtype: str = "float32",
                 input_shapes: dict | None = None, transfer_from=None) -> list:
     return extract_tasks(plan_model(model, device, scope, log, dtype, input_shapes, transfer_from))
@@ -291,7 +312,7 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
         mod = fastest_plan(graph, history, dev, dtype, progress=progress, timer=plan_timer,
                            float32_plan=guard is not None and precision == "mixed")
     else:
-        plan = plan_graph(graph, info, scope, history, dtype, prefer)
+        plan = logged_se_plan(graph, info, scope, history, dtype, prefer)
         mod = module_of(compile_plan(plan, info, history, progress), dev, progress)
     mod.precision = guard  # the precision guard's finding (float16), printed by `tuner compile`
     from tuner.artifact.cache import keep_programs
