@@ -747,3 +747,41 @@ def test_every_remaining_copy_is_named_with_its_reason(heldout, device, tmp_path
             assert sum(s.op == "conv2d" and s.workload.activation == "prelu" for s in plan.steps) == 2
             assert sum(s.op == "conv2d" and bool(s.workload.in_read) and s.workload.in_read[0][8] == 16
                        for s in plan.steps) == 2
+
+
+def _transposed_attention(b, c: int = 16, heads: int = 2, size: int = 4) -> dict:
+    """EdgeNeXt's XCA core: a 1x1 qkv convolution, reshaped to (3, 1, heads, d, tokens), q and k L2-normalized along
+    the tokens (``F.normalize``: ReduceL2, Clip, Expand, Div), q @ k^T times a temperature (one here: the matmul's
+    alpha), Softmax, @ v, back to the map, a 1x1 projection."""
+    x = b.input("input", (1, c, size, size))
+    n, d, i64 = size * size, c // heads, (lambda v: np.array(v, np.int64))
+    t = b.node("Reshape", [b.conv(x, c, 3 * c, 1, bias=True), b.const("s5", i64([1, 3 * c, n]))])
+    t = b.node("Transpose", [b.node("Reshape", [t, b.const("s5", i64([1, 3, heads, d, n]))])], perm=[1, 0, 2, 3, 4])
+    q, k, v = (b.node("Gather", [t, b.const("i", i64(j))], axis=0) for j in range(3))  # each (1, heads, d, n)
+    eps = b.const("eps", np.array(1e-12, np.float32))
+
+    def normalize(z):
+        norm = b.node("Clip", [b.node("ReduceL2", [z], axes=[-1], keepdims=1), eps])
+        return b.node("Div", [z, b.node("Expand", [norm, b.node("Shape", [z])])])
+    a = b.node("MatMul", [normalize(q), b.node("Transpose", [normalize(k)], perm=[0, 1, 3, 2])])
+    a = b.node("Softmax", [b.node("Mul", [a, b.const("temp", np.array(0.7, np.float32))])], axis=-1)
+    t = b.node("Reshape", [b.node("MatMul", [a, v]), b.const("s4", i64([1, c, size, size]))])
+    b.conv(t, c, c, 1, bias=True, output="output")
+    return {"output": [1, c, size, size]}
+
+
+@pytest.mark.parametrize("scope", ["texture", "buffer"])
+def test_normalized_queries_and_keys_are_divided_by_the_copies_that_read_them(native, cl_env, scope, tmp_path):
+    """EdgeNeXt's transposed attention: q and k divided by their norms along the tokens were a ``div`` kernel each
+    between two copies; each copy into the matmul's layout now divides as it reads (``divisor``), and no binary
+    kernel is left. Against onnxruntime in each scope, by the Python executor and by tuner-run."""
+    from conftest import building_cpu
+    from tuner.compile.compiler import load_graph
+    model = _model(_transposed_attention)
+    g = load_graph(model)
+    assert not any(n.op == "div" for n in g.nodes) and sum(bool(n.attrs.get("divisor")) for n in g.nodes) == 2
+    mod, x, want = _compiled(model, scope, tmp_path)
+    ops = [n.template or n.op for n in mod.spec.nodes]
+    assert "binary" not in ops and ops.count("spatial_reduce") == 2, ops
+    assert _rel(mod.run([x])[0], want[0]) < 1e-4
+    assert _rel(_tuner_run(mod, x, building_cpu(), native, cl_env, tmp_path), want[0]) < 1e-4

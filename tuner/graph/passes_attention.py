@@ -131,3 +131,34 @@ def slice_activations_into_producers(graph: Graph) -> Graph:
         reader.attrs["in_view"] = (o, c)
         g.nodes = [m for m in g.nodes if m is not node]
     return g.validate()
+
+
+def divisions_into_copies(graph: Graph) -> Graph:
+    """EdgeNeXt's transposed attention L2-normalizes its queries and keys along the tokens (``F.normalize``: a
+    ``reduce_l2`` over the last axis, clipped, then ``x / norm``) and reads them through a ``strided_copy`` into the
+    matmul's layout: the division is a kernel between a copy and a copy. Where a ``div`` of a 4-D activation by one
+    value a row (its shape with a last axis of 1) has nothing fused and is read only by strided copies of all of it
+    (the divided tensor's shape is each copy's source), each copy reads the dividend and divides as it reads (attr
+    ``divisor``, a second input), and the ``div`` goes: one launch fewer a query or key."""
+    g = graph.copy()
+    drop = set()
+    for n in g.nodes:
+        if n.op != "div" or n.attrs or len(n.inputs) != 2 or n.outputs[0] in g.outputs:
+            continue
+        x, d = n.inputs
+        if x in g.params or d in g.params or len(g.shapes[x]) != 4 or \
+                tuple(g.shapes[d]) != (*g.shapes[x][:3], 1) or tuple(g.shapes[n.outputs[0]]) != tuple(g.shapes[x]):
+            continue
+        readers = g.consumers(n.outputs[0])
+        if not readers or any(r.op != "strided_copy" or r.attrs.get("divisor") or r.inputs != [n.outputs[0]]
+                              or tuple(r.attrs["src_shape"]) != tuple(g.shapes[x]) for r in readers):
+            continue
+        for r in readers:
+            r.inputs = [x, d]
+            r.attrs["divisor"] = True
+        drop.add(id(n))
+        g.shapes.pop(n.outputs[0], None)
+    if not drop:
+        return graph
+    g.nodes = [n for n in g.nodes if id(n) not in drop]
+    return g.validate()

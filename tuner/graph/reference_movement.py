@@ -115,9 +115,14 @@ def slice_nd(node, x):
                    for s, st, k in zip(a["starts"], a["steps"], a["counts"]))]
 
 
-def strided_copy(node, x):
+def strided_copy(node, x, divisor=None):
+    """With attr ``divisor`` (``passes_attention.divisions_into_copies``) and its input, each source element divided by
+    the divisor's element of its row (the source's shape with a last axis of 1) as it is read."""
     a = node.attrs
-    y = strided_reference(from_view(x, a["src_shape"]), a["offset"], a["shape"], a["strides"])
+    src = from_view(x, a["src_shape"])
+    if divisor is not None:
+        src = src / from_view(divisor, (*a["src_shape"][:-1], 1))
+    y = strided_reference(src, a["offset"], a["shape"], a["strides"])
     return to_view(y.reshape(a.get("out_shape", a["shape"])))
 
 
@@ -146,5 +151,5 @@ ATTRS: dict = {"transpose": {"perm"}, "matmul": MATMUL_ATTRS, "slice_nd": {"star
                "layer_norm": {"axis", "epsilon"}, "depth_to_space": {"block", "mode", "crop", "size"}}
 PASS_OPS: dict = {"upsample_zeros": upsample_zeros, "strided_copy": strided_copy, "concat_view": concat_view}
 PASS_ATTRS: dict = {"upsample_zeros": {"size", "stride", "shift"},
-                    "strided_copy": {"src_shape", "offset", "strides", "shape", "out_shape"},
+                    "strided_copy": {"src_shape", "offset", "strides", "shape", "out_shape", "divisor"},
                     "concat_view": {"axis", "shapes"}}

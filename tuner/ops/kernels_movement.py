@@ -416,11 +416,14 @@ GLUE = {
 
 # -- strided copy (attention's reshapes and transposes, passes_tokens) ---------------------------------------
 def strided_copy_kernel(src_shape, offset: int, shape, strides, dtype: str = "float32", in_scope: str = "texture",
-                        out_scope: str = "texture", max_work_group: int = 64, out_shape=None):
+                        out_scope: str = "texture", max_work_group: int = 64, out_shape=None,
+                        divisor_scope: str | None = None):
     """``Y`` = the strided view (``shape``, element ``i`` at ``offset + sum(i_k * strides[k])``) of ``X``'s
     row-major elements (logical ``src_shape``), read out in row-major order as ``out_shape`` (default
     ``shape``); each side stored in its view (``token_views.token_view``: 3-D tensors as (a, c, 1, b), 4-D
-    NCHW4c, 2-D rows packed by 4). One output pixel per work-item, each lane gathered."""
+    NCHW4c, 2-D rows packed by 4). One output pixel per work-item, each lane gathered. ``divisor_scope``: each
+    element is divided by ``D``'s element of its source row (D: ``src_shape`` with a last axis of 1, stored in
+    that scope) -- a row normalization read with the copy (``passes_attention.divisions_into_copies``)."""
     from math import prod
 
     _check_dtype(dtype)
@@ -437,6 +440,8 @@ def strided_copy_kernel(src_shape, offset: int, shape, strides, dtype: str = "fl
         raise ValueError(f"strided_copy: the view (offset {offset}, strides {list(strides)}, shape {list(shape)}) "
                          f"leaves the source's {prod(src_shape)} elements")
     X, Y = _packed("X", token_view(src_shape), dtype, in_scope), _packed("Y", token_view(out_shape), dtype, out_scope)
+    d_shape = (*src_shape[:-1], 1)
+    D = _packed("D", token_view(d_shape), dtype, divisor_scope) if divisor_scope else None
     b = Builder()
 
     def value(j, lo):
@@ -447,11 +452,12 @@ def strided_copy_kernel(src_shape, offset: int, shape, strides, dtype: str = "fl
             if s:
                 flat = flat + i * s
         f = b.let(f"f{j}", flat)
-        return _read_view(b, X, src_shape, [b.let(f"s{j}_{k}", v) for k, v in enumerate(_unravel(f, src_shape))],
-                          str(j))
+        src = [b.let(f"s{j}_{k}", v) for k, v in enumerate(_unravel(f, src_shape))]
+        v = _read_view(b, X, src_shape, src, str(j))
+        return v if D is None else v / _read_view(b, D, d_shape, [*src[:-1], as_expr(0)], f"d{j}")
 
     _gather_view(b, Y, out_shape, max_work_group, value)
-    return b.kernel("strided_copy", [X, Y])
+    return b.kernel("strided_copy", [X, Y] if D is None else [X, D, Y])
 
 
 def concat_view_kernel(shapes, axis: int, dtype: str = "float32", in_scopes="texture", out_scope: str = "texture",

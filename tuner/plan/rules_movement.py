@@ -126,7 +126,8 @@ def build_depth_to_space(s, plan, max_wg):
 @lowers("strided_copy")
 def lower_strided_copy(ctx: LowerCtx, node, ins, out, shape):
     a = node.attrs
-    ctx.add(_step(node.name, "strided_copy", {"X": ins[0]}, out, {"src_shape": tuple(a["src_shape"]),
+    inputs = {"X": ins[0], **({"D": ins[1]} if a.get("divisor") else {})}  # D: a row divisor (divisions_into_copies)
+    ctx.add(_step(node.name, "strided_copy", inputs, out, {"src_shape": tuple(a["src_shape"]),
                                                                  "offset": int(a["offset"]),
                                                                  "strides": tuple(a["strides"]),
                                                                  "shape": tuple(a["shape"]),
@@ -138,7 +139,8 @@ def build_strided_copy(s, plan, max_wg):
     a = s.attrs
     return KM.strided_copy_kernel(a["src_shape"], a["offset"], a["shape"], a["strides"], plan.dtype,
                                   _scope(plan, s.inputs["X"]), _scope(plan, s.output), max_wg,
-                                  out_shape=a["out_shape"])
+                                  out_shape=a["out_shape"],
+                                  divisor_scope=_scope(plan, s.inputs["D"]) if "D" in s.inputs else None)
 
 
 @lowers("concat_view")
