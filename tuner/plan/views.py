@@ -219,8 +219,10 @@ def _copy_reason(plan: Plan, s: Step, producer: dict, readers: dict) -> str:
             return "a model output"
         return f"read by {', '.join(by) or 'nothing'}, which read no channel offset"
     if s.op in ("strided_copy", "permute"):
-        return (f"moves {src.shape if src else '?'} ({src.kind if src else '?'}) to {out.shape} ({out.kind}) between "
-                f"{made} and {', '.join(by) or 'the model output'}: neither side reads or writes this view in place")
+        divides = " (dividing each row by D as it reads: a division folded in)" if "D" in s.inputs else ""
+        return (f"moves {src.shape if src else '?'} ({src.kind if src else '?'}) to {out.shape} ({out.kind}){divides} "
+                f"between {made} and {', '.join(by) or 'the model output'}: neither side reads or writes this view in "
+                f"place")
     if s.op == "pad":
         return f"a {s.attrs.get('mode', 'constant')} pad read by {', '.join(by) or 'the model output'} (only " \
                "convolutions read padding in place, depthwise ones zeros only)"
