@@ -326,8 +326,8 @@ def test_linear_attention_context_is_one_reduction(tmp_path):
     runs in the reduction's read (no binary kernel), against onnxruntime; the relu(values) * context gate is the
     projection convolution's input scale."""
     from tuner.compile.compiler import load_graph
-    from tuner.zoo.heldout import heldout_models
-    model = heldout_models()["mobilevit_like"]
+    from tuner.zoo.heldout import heldout_model
+    model = heldout_model("mobilevit_like")
     g = load_graph(model)
     assert [n.attrs.get("weight") is not None for n in g.nodes if n.op == "reduce_sum"] == [True, True]
     assert sum("in_scale" in n.attrs for n in g.nodes if n.op == "conv2d") == 2

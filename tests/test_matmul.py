@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from tuner.errors import TunerError
+from tuner.graph.graph import Node
 from tuner.op import make_config
 from tuner.runtime.opencl.launch import build
 from tuner.codegen.packing import pack
@@ -278,8 +279,8 @@ def test_graph_node_lowers_to_the_template():
     from tuner.plan.rules import lower_template
     assert T in templates_for("matmul") and T.graph_ops == ("matmul",)
     ctx = _ctx({"q": (2, 10, 8), "k": (2, 12, 8), "bias": (1, 12), "r": (2, 10, 12)}, params=["bias"])
-    node = SimpleNamespace(name="attn", op="matmul", inputs=["q", "k", "bias", "r"],
-                           attrs={"trans_b": True, "alpha": 0.5, "activation": "relu", "residual": True})
+    node = Node("matmul", "attn", ["q", "k", "bias", "r"], ["y"],
+                {"trans_b": True, "alpha": 0.5, "activation": "relu", "residual": True})
     lower_template(ctx, node, ["q", "k", "bias", "r"], "y", (2, 10, 12))
     (step,) = ctx.steps
     assert step.op == "matmul" and step.output == "y"
@@ -303,7 +304,7 @@ def test_graph_node_lowers_to_the_template():
 def test_graph_node_errors_name_the_problem(shapes, params, inputs, attrs, match):
     from tuner.plan.rules import lower_template
     ctx = _ctx(shapes, params)
-    node = SimpleNamespace(name="mm", op="matmul", inputs=inputs, attrs=attrs)
+    node = Node("matmul", "mm", inputs, ["y"], attrs)
     with pytest.raises(TunerError, match=f"node 'mm' \\(matmul\\): .*{match}"):
         lower_template(ctx, node, inputs, "y", None)
 

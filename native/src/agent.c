@@ -1119,8 +1119,9 @@ static int listen_loop(int lfd, int once) {
             if (slots[i].fd >= 0 && (next < 0 || slots[i].by < next)) next = slots[i].by;
         }
         if (slots_full_and_young(now)) { /* no slot to give: leave newcomers queued until the oldest may go */
+            long long free_at = oldest_since() + SLOT_GRACE_MS;
             p[0].fd = -1;
-            if (next < 0 || oldest_since() + SLOT_GRACE_MS < next) next = oldest_since() + SLOT_GRACE_MS;
+            if (next < 0 || free_at < next) next = free_at;
         }
         timeout = next < 0 ? 1000 : next <= now ? 0 : next - now > 1000 ? 1000 : (int)(next - now);
         rc = poll(p, HANDSHAKE_SLOTS + 1, timeout);

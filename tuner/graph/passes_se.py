@@ -104,9 +104,10 @@ def _depthwise_rows_ok(g: Graph, producer: Node | None, x: str) -> bool:
     if set(a) - {"stride", "padding", "dilation", "groups", "activation", "residual", "pad_mode", "slope"} or \
             a.get("pad_mode", "zeros") != "zeros" or w not in g.params or len(g.shapes[w]) != 4:
         return False
-    c = g.shapes[producer.inputs[0]][1]
-    return a.get("groups", 1) == c == g.shapes[w][0] and g.shapes[w][1] == 1 and len(g.shapes[x]) == 4 and \
-        g.shapes[x][3] <= ROWS_MAX_WIDTH
+    from tuner.templates.common import is_depthwise  # what depthwise_conv2d's lower takes (tuner.templates is
+    # imported lazily by the graph passes, as passes_tokens does)
+    return is_depthwise(g.shapes[producer.inputs[0]], g.shapes[w], a.get("groups", 1)) and len(g.shapes[x]) == 4 \
+        and g.shapes[x][3] <= ROWS_MAX_WIDTH
 
 
 def pool_rows_in_depthwise(graph: Graph) -> Graph:
@@ -138,11 +139,11 @@ def pool_rows_in_depthwise(graph: Graph) -> Graph:
     return g.validate() if changed else graph
 
 
-def _rows_back(g: Graph, n: Node) -> str:
-    """The map an ``se_gate`` pools: its input, or, where it reads a depthwise convolution's row sums
-    (``pool_rows_in_depthwise``), that convolution's output again, the row sums dropped from it."""
+def _rows_back(g: Graph, n: Node) -> None:
+    """An ``se_gate`` that reads a depthwise convolution's row sums (``pool_rows_in_depthwise``) pools that
+    convolution's output again, and the row sums are dropped from it; any other gate is left as it is."""
     if "pixels" not in n.attrs:
-        return n.inputs[0]
+        return
     rows = n.inputs[0]
     p = g.producer(rows)
     p.outputs.remove(rows)
@@ -150,7 +151,6 @@ def _rows_back(g: Graph, n: Node) -> str:
     g.shapes.pop(rows, None)
     n.attrs.pop("pixels")
     n.inputs[0] = p.outputs[0]
-    return n.inputs[0]
 
 
 def pool_maps_in_se_gates(graph: Graph) -> Graph:

@@ -1,7 +1,8 @@
 """Named layouts: the texture lowering conventions C0/C1 (texture RFC), the MACE image mappings and packed
 buffer layouts (and, last, the pixel moves of a convolution's ``patch_view``). Each is an ``IndexMap`` over the
-logical axes a template declares (NCHW activations, OIHW weights, a 1-D bias). Texture layouts end with ``AXIS_SEPARATOR, <lane>``: the last physical axis is
-the RGBA lane of 4, the one before it the image x (width), the first the image y (height)."""
+logical axes a template declares (NCHW activations, OIHW weights, a 1-D bias). Texture layouts end with
+``AXIS_SEPARATOR, <lane>``: the last physical axis is the RGBA lane of 4, the one before it the image x (width), the
+first the image y (height)."""
 from __future__ import annotations
 
 from typing import Callable

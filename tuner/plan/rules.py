@@ -92,7 +92,7 @@ def template_step(ctx: LowerCtx, node, ins, out) -> bool:
     alternative's new params (e.g. transformed weights) join ``ctx.extra``; the ones of alternatives not
     chosen are dropped then. False when no template takes the node."""
     taken = []
-    side = [ctx.packed(x) for x in getattr(node, "outputs", ())[1:]]  # a node's further outputs
+    side = [ctx.packed(x) for x in node.outputs[1:]]  # a node's further outputs
     for t in templates_for(node.op):
         if len(side) > len(t.side_outputs):  # a node's further outputs: only a template that writes them
             continue

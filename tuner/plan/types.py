@@ -57,11 +57,6 @@ class Step:
     side_outputs: dict = field(default_factory=dict)  # kernel parameter -> tensor it writes beside ``output``
     # (a depthwise convolution's row sums: ``Template.side_outputs``), in ``output``'s scope
 
-    @property
-    def written(self) -> list:
-        """Every tensor the step writes: its output, then its side outputs."""
-        return [self.output, *self.side_outputs.values()]
-
     def candidates(self) -> list:
         """This step and its alternatives: the kernels that may run the node."""
         return [self, *self.alternatives]

@@ -216,10 +216,13 @@ BUILDERS = {"mobilevit_like": (_mobilevit_like, GN_OPSET), "edgenext_like": (_ed
             "prelu_net": (_prelu_net, OPSET), "unet_gn": (_unet_gn, GN_OPSET), "se_net": (_se_net, OPSET)}
 
 
+def heldout_model(name: str, seed: int = 0) -> "onnx.ModelProto":
+    """The held-out model ``name`` (a key of ``BUILDERS``)."""
+    body, opset = BUILDERS[name]
+    b = _Builder(seed, opset)
+    return b.model(body(b), name)
+
+
 def heldout_models(seed: int = 0) -> dict:
     """name -> onnx.ModelProto of every held-out model."""
-    out = {}
-    for name, (body, opset) in BUILDERS.items():
-        b = _Builder(seed, opset)
-        out[name] = b.model(body(b), name)
-    return out
+    return {name: heldout_model(name, seed) for name in BUILDERS}
