@@ -749,14 +749,23 @@ def test_every_remaining_copy_is_named_with_its_reason(heldout, device, tmp_path
                        for s in plan.steps) == 2
 
 
-def _transposed_attention(b, c: int = 16, heads: int = 2, size: int = 4) -> dict:
+def _transposed_attention(b, c: int = 16, heads: int = 2, size: int = 4, tokens: bool = False) -> dict:
     """EdgeNeXt's XCA core: a 1x1 qkv convolution, reshaped to (3, 1, heads, d, tokens), q and k L2-normalized along
     the tokens (``F.normalize``: ReduceL2, Clip, Expand, Div), q @ k^T times a temperature (one here: the matmul's
-    alpha), Softmax, @ v, back to the map, a 1x1 projection."""
+    alpha), Softmax, @ v, back to the map, a 1x1 projection. ``tokens``: as timm writes it, the map flattened to
+    tokens (1, n, c), a Linear qkv (MatMul, Add) reshaped to (1, n, 3, heads, d) and permuted to (3, 1, heads, d, n)."""
     x = b.input("input", (1, c, size, size))
     n, d, i64 = size * size, c // heads, (lambda v: np.array(v, np.int64))
-    t = b.node("Reshape", [b.conv(x, c, 3 * c, 1, bias=True), b.const("s5", i64([1, 3 * c, n]))])
-    t = b.node("Transpose", [b.node("Reshape", [t, b.const("s5", i64([1, 3, heads, d, n]))])], perm=[1, 0, 2, 3, 4])
+    if tokens:
+        t = b.node("Transpose", [b.node("Reshape", [x, b.const("s3", i64([1, c, n]))])], perm=[0, 2, 1])
+        t = b.node("Add", [b.node("MatMul", [t, b.const("wqkv", b.rng.standard_normal((c, 3 * c)).astype(np.float32)
+                                                           / np.sqrt(c))]),
+                           b.const("bqkv", b.rng.standard_normal(3 * c).astype(np.float32))])
+        t = b.node("Transpose", [b.node("Reshape", [t, b.const("s5", i64([1, n, 3, heads, d]))])], perm=[2, 0, 3, 4, 1])
+    else:
+        t = b.node("Reshape", [b.conv(x, c, 3 * c, 1, bias=True), b.const("s5", i64([1, 3 * c, n]))])
+        t = b.node("Transpose", [b.node("Reshape", [t, b.const("s5", i64([1, 3, heads, d, n]))])],
+                   perm=[1, 0, 2, 3, 4])
     q, k, v = (b.node("Gather", [t, b.const("i", i64(j))], axis=0) for j in range(3))  # each (1, heads, d, n)
     eps = b.const("eps", np.array(1e-12, np.float32))
 
@@ -770,18 +779,22 @@ def _transposed_attention(b, c: int = 16, heads: int = 2, size: int = 4) -> dict
     return {"output": [1, c, size, size]}
 
 
-@pytest.mark.parametrize("scope", ["texture", "buffer"])
-def test_normalized_queries_and_keys_are_divided_by_the_copies_that_read_them(native, cl_env, scope, tmp_path):
+@pytest.mark.parametrize("scope,tokens", [("texture", False), ("buffer", False), ("texture", True), ("buffer", True)])
+def test_normalized_queries_and_keys_are_divided_by_the_copies_that_read_them(native, cl_env, scope, tokens, tmp_path):
     """EdgeNeXt's transposed attention: q and k divided by their norms along the tokens were a ``div`` kernel each
     between two copies; each copy into the matmul's layout now divides as it reads (``divisor``), and no binary
-    kernel is left. Against onnxruntime in each scope, by the Python executor and by tuner-run."""
+    kernel is left. Their norms are taken off the qkv projection's channels in place (``norms_read_in_place``): no
+    copy of q or k is made for the reductions, only the copies into the matmul's layout read them. From a 1x1
+    convolution's map and from a Linear's tokens (timm's form), against onnxruntime in each scope, by the Python
+    executor and by tuner-run."""
     from conftest import building_cpu
     from tuner.compile.compiler import load_graph
-    model = _model(_transposed_attention)
+    model = _model(_transposed_attention, tokens=tokens)
     g = load_graph(model)
-    assert not any(n.op == "div" for n in g.nodes) and sum(bool(n.attrs.get("divisor")) for n in g.nodes) == 2
+    assert not any(n.op == "div" for n in g.nodes) and sum(bool(n.attrs.get("divisor_index")) for n in g.nodes) == 2
+    assert all(n.attrs.get("channel_offsets") for n in g.nodes if n.op == "reduce_l2")
     mod, x, want = _compiled(model, scope, tmp_path)
     ops = [n.template or n.op for n in mod.spec.nodes]
-    assert "binary" not in ops and ops.count("spatial_reduce") == 2, ops
+    assert "binary" not in ops and ops.count("spatial_reduce") == 2 and ops.count("strided_copy") <= 3, ops
     assert _rel(mod.run([x])[0], want[0]) < 1e-4
     assert _rel(_tuner_run(mod, x, building_cpu(), native, cl_env, tmp_path), want[0]) < 1e-4

@@ -74,6 +74,29 @@ def test_strided_copy_kernel(device, rng, case, scopes, dtype):
         assert np.all(got[:, c:] == 0)
 
 
+DIVIDED = [  # src logical shape, offset, view shape, strides, (divisor shape, offset, strides over the source)
+    ((1, 16, 24), 8, (2, 4, 16), (4, 1, 24), ((1, 8, 1, 1), -8, (0, 0, 1))),  # EdgeNeXt's k from tokens: by channel
+    ((1, 24, 2, 3), 6, (2, 6, 4), (36, 1, 6), ((1, 8, 1, 1), -1, (0, 1, 0, 0))),  # from a map: channels 1..8
+    ((1, 3, 5), 0, (1, 5, 3), (15, 1, 5), ((1, 3, 1), 0, (0, 1, 0))),  # by row: divisions_into_copies' index
+]
+
+
+@pytest.mark.parametrize("scopes", SCOPES[:3])
+@pytest.mark.parametrize("case", range(len(DIVIDED)))
+def test_strided_copy_divides_by_an_affine_index_of_its_source(device, rng, case, scopes):
+    """``divisor_index``: each source element divided by D's row-major element at an affine function of its
+    coordinates (the norms ``passes_attention.norms_read_in_place`` reads off the channels), against NumPy."""
+    src, offset, shape, strides, (d_shape, d_off, d_strides) = DIVIDED[case]
+    k = KM.strided_copy_kernel(src, offset, shape, strides, "float32", *scopes[:2],
+                               max_work_group=device.info.max_work_group_size, divisor_scope=scopes[-1],
+                               divisor_index=(d_shape, d_off, d_strides))
+    x, d = draw(rng, src, "float32"), rng.uniform(0.5, 2.0, d_shape).astype(np.float32)
+    at = d_off + sum(g * st for g, st in zip(np.indices(src), d_strides))
+    want = TV.to_view(TV.strided_reference(x / d.reshape(-1)[np.clip(at, 0, d.size - 1)], offset, shape, strides))
+    got = run(build(k, device), device, {"X": TV.to_view(x), "D": TV.to_view(d)}, padded_outputs=True)["Y"]
+    assert rel_error(got[tuple(slice(0, s) for s in want.shape)], want) <= TOL["float32"]
+
+
 def test_a_view_that_leaves_its_source_is_refused():
     with pytest.raises(ValueError, match="leaves the source"):
         KM.strided_copy_kernel((1, 4, 8), 30, (1, 4, 8), (0, 8, 1))

@@ -48,7 +48,7 @@ from tuner.graph.passes_conv_transpose import crd_to_dcr  # after epilogue fusio
 from tuner.graph.passes_se import fuse_squeeze_excite  # after epilogue fusion: a squeeze-excite block as one node
 from tuner.graph.passes_se import pool_rows_in_depthwise  # last: a block's pool from its depthwise producer
 from tuner.graph.passes_attention import slice_activations_into_producers, softmax_into_reductions  # attention
-from tuner.graph.passes_attention import divisions_into_copies  # EdgeNeXt's L2-normalized queries and keys
+from tuner.graph.passes_attention import divisions_into_copies, norms_read_in_place  # EdgeNeXt's normalized q, k
 from tuner.graph.passes_layer_norm import (group_norm_into_convs, group_norm_past_permutations,  # norms inside
                                           layer_norm_into_convs)  # their 1x1 readers
 from tuner.graph.passes_patches import convolutions_write_patches  # noqa: E402 - MobileViT's unfold and fold
@@ -769,7 +769,8 @@ def optimize(graph: Graph) -> Graph:
 # LayerNorm over channels, then a GroupNorm(1) (its statistics left in a kernel; moved past a copy that permutes
 # each channel first), read only by 1x1 convolutions computed inside them (``passes_layer_norm``); then MobileViT's
 # unfold and fold written by the 1x1 convolutions before them (``passes_patches``); a division by one value a row
-# read by the strided copies after it (EdgeNeXt's normalized queries and keys); last, a squeeze-excite block's
+# read by the strided copies after it (EdgeNeXt's normalized queries and keys), and their norms taken off the
+# channels of the projection they are copied from; last, a squeeze-excite block's
 # pool summed by rows in the epilogue of the depthwise convolution it reads (a second output: ``passes_se``).
 PIPELINE = (model_io_ranks, pointwise_ranks, fuse_group_norm, fuse_patterns, optimize_movement, split_whole_reductions,
             fold_batch_norm, response_norm_as_gate, merge_depthwise_branches, merge_dense_heads, fuse_patterns,
@@ -779,4 +780,4 @@ PIPELINE = (model_io_ranks, pointwise_ranks, fuse_group_norm, fuse_patterns, opt
             fold_gathers_into_convs, compose_gathers_into_copies, matmul_views, slices_read_in_place,
             fuse_concat_activations, softmax_into_reductions, slice_activations_into_producers, layer_norm_into_convs,
             group_norm_past_permutations, group_norm_into_convs, convolutions_write_patches, divisions_into_copies,
-            pool_rows_in_depthwise)
+            norms_read_in_place, pool_rows_in_depthwise)

@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from tuner.graph.graph import Graph
+from tuner.graph.graph import Graph, Node
 from tuner.graph.graph import add_param as _add_param
 from tuner.graph.reference_movement import copy_sources
+from tuner.ops.token_views import affine_form, stored_coords, strided_reference
 
 
 def _softmax_channel(g: Graph, flat, soft, back, axes: tuple) -> int | None:
@@ -158,6 +159,87 @@ def divisions_into_copies(graph: Graph) -> Graph:
             r.attrs["divisor"] = True
         drop.add(id(n))
         g.shapes.pop(n.outputs[0], None)
+    if not drop:
+        return graph
+    g.nodes = [n for n in g.nodes if id(n) not in drop]
+    return g.validate()
+
+
+def _view_index(copy: Node, index: np.ndarray) -> np.ndarray:
+    """The elements of ``index`` (an array of the copy's logical source shape) the strided copy reads, in the
+    logical order of its view."""
+    a = copy.attrs
+    return strided_reference(index, a["offset"], a["shape"], a["strides"])
+
+
+def _channel_rows(g: Graph, copy: Node) -> int | None:
+    """The first channel c0 when the strided copy ``copy`` (no divisor, its shape's last axis T) reads, as each of its
+    rows r (row-major over the other axes), every pixel of channel c0 + r of a batch-1 tensor of T pixels once:
+    its reductions along the last axis are spatial reductions of those channels. None otherwise."""
+    a = copy.attrs
+    shape, src = tuple(a["shape"]), tuple(a["src_shape"])
+    if a.get("divisor") or tuple(a["out_shape"]) != shape or len(shape) < 2 or len(src) not in (3, 4):
+        return None
+    flat = _view_index(copy, np.arange(int(np.prod(src))).reshape(src)).reshape(-1)
+    (n, ch, h, w), stored = stored_coords(src, flat)
+    rows, t = int(np.prod(shape[:-1])), shape[-1]
+    if stored[0] != 1 or t != stored[2] * stored[3]:
+        return None
+    ch, pix = ch.reshape(rows, t), (h * stored[3] + w).reshape(rows, t)
+    c0 = int(ch[0, 0])
+    if c0 % 4 or not np.array_equal(ch, np.broadcast_to(c0 + np.arange(rows)[:, None], ch.shape)) or \
+            not np.array_equal(np.sort(pix, axis=1), np.broadcast_to(np.arange(t), pix.shape)):
+        return None
+    return c0
+
+
+def norms_read_in_place(graph: Graph) -> Graph:
+    """EdgeNeXt's queries and keys after ``divisions_into_copies``: a strided copy S takes each head's channels out of
+    the qkv projection's output as rows (1, heads, d, tokens); a ``reduce_l2`` along the tokens of S computes each
+    row's norm, and the copies into the matmul's layout read S and divide by those norms. S was a kernel of its own.
+    Where each row of S is one channel's whole map (``_channel_rows``: channels c0, c0 + 1, ... of the source) and S
+    is read only by the reduction and by such dividing copies of it:
+
+    - the reduction reads the source's channels in place instead (``channel_offsets`` c0, over (H, W)), its output
+      one value a channel, (1, rows, 1, 1);
+    - each dividing copy reads the source through its view composed with S's (``affine_form`` of the two index
+      maps) and divides each element by the norm of its source channel (``divisor_index``: the channel less c0);
+    - S goes: one launch fewer a query or key."""
+    g = graph.copy()
+    drop = set()
+    for r in g.nodes:
+        if r.op != "reduce_l2" or tuple(r.attrs.get("axes", ())) not in ((-1,), (len(g.shapes[r.inputs[0]]) - 1,)) \
+                or not r.attrs.get("keepdims", 1) or r.attrs.get("channel_offsets") or r.outputs[0] in g.outputs:
+            continue
+        s = g.producer(r.inputs[0])
+        if s is None or s.op != "strided_copy" or len(s.inputs) != 1 or r.inputs[0] in g.outputs:
+            continue
+        x, src = s.inputs[0], tuple(s.attrs["src_shape"])
+        if x in g.params or len(g.shapes[x]) != 4:
+            continue
+        readers, divided = g.consumers(r.inputs[0]), g.consumers(r.outputs[0])
+        if any(q is not r and (q.op != "strided_copy" or q.inputs != [r.inputs[0], r.outputs[0]]
+                               or not q.attrs.get("divisor") or q.attrs.get("divisor_index")) for q in readers) \
+                or sorted(map(id, divided)) != sorted(id(q) for q in readers if q is not r):
+            continue
+        c0 = _channel_rows(g, s)
+        through = _view_index(s, np.arange(int(np.prod(src))).reshape(src))  # S's elements as source indices
+        views = [affine_form(_view_index(q, through)) if tuple(q.attrs["src_shape"]) == tuple(s.attrs["shape"])
+                 else None for q in divided]
+        if c0 is None or not divided or None in views:
+            continue
+        rows = int(np.prod(s.attrs["shape"][:-1]))
+        d_shape = (1, rows, 1, 1)
+        channel_axis = 2 if len(src) == 3 else 1  # where the source's logical coordinates keep its channel
+        for q, (offset, strides) in zip(divided, views):
+            q.inputs = [x, r.outputs[0]]
+            q.attrs = {**q.attrs, "src_shape": src, "offset": offset, "strides": strides,
+                       "divisor_index": (d_shape, -c0, tuple(int(k == channel_axis) for k in range(len(src))))}
+        r.inputs = [x]
+        r.attrs = {**r.attrs, "axes": (2, 3), "channel_offsets": (c0,)}
+        g.shapes[r.outputs[0]] = d_shape
+        drop.add(id(s))
+        g.shapes.pop(s.outputs[0], None)
     if not drop:
         return graph
     g.nodes = [n for n in g.nodes if id(n) not in drop]

@@ -117,10 +117,16 @@ def slice_nd(node, x):
 
 def strided_copy(node, x, divisor=None):
     """With attr ``divisor`` (``passes_attention.divisions_into_copies``) and its input, each source element divided by
-    the divisor's element of its row (the source's shape with a last axis of 1) as it is read."""
+    the divisor's element of its row (the source's shape with a last axis of 1) as it is read; with
+    ``divisor_index`` ``(d_shape, d_offset, d_strides)`` (``passes_attention.norms_read_in_place``), by the divisor's
+    row-major element ``d_offset + sum(s_k * d_strides[k])`` of the source coordinates s (clamped into it)."""
     a = node.attrs
     src = from_view(x, a["src_shape"])
-    if divisor is not None:
+    if divisor is not None and a.get("divisor_index"):  # passes_attention.norms_read_in_place: an affine index
+        d_shape, d_offset, d_strides = a["divisor_index"]
+        flat = d_offset + sum(g * s for g, s in zip(np.indices(src.shape), d_strides))
+        src = src / from_view(divisor, d_shape).reshape(-1)[np.clip(flat, 0, int(np.prod(d_shape)) - 1)]
+    elif divisor is not None:
         src = src / from_view(divisor, (*a["src_shape"][:-1], 1))
     y = strided_reference(src, a["offset"], a["shape"], a["strides"])
     return to_view(y.reshape(a.get("out_shape", a["shape"])))
@@ -151,5 +157,6 @@ ATTRS: dict = {"transpose": {"perm"}, "matmul": MATMUL_ATTRS, "slice_nd": {"star
                "layer_norm": {"axis", "epsilon"}, "depth_to_space": {"block", "mode", "crop", "size"}}
 PASS_OPS: dict = {"upsample_zeros": upsample_zeros, "strided_copy": strided_copy, "concat_view": concat_view}
 PASS_ATTRS: dict = {"upsample_zeros": {"size", "stride", "shift"},
-                    "strided_copy": {"src_shape", "offset", "strides", "shape", "out_shape", "divisor"},
+                    "strided_copy": {"src_shape", "offset", "strides", "shape", "out_shape", "divisor",
+                                     "divisor_index"},
                     "concat_view": {"axis", "shapes"}}

@@ -417,13 +417,17 @@ GLUE = {
 # -- strided copy (attention's reshapes and transposes, passes_tokens) ---------------------------------------
 def strided_copy_kernel(src_shape, offset: int, shape, strides, dtype: str = "float32", in_scope: str = "texture",
                         out_scope: str = "texture", max_work_group: int = 64, out_shape=None,
-                        divisor_scope: str | None = None):
+                        divisor_scope: str | None = None, divisor_index: tuple | None = None):
     """``Y`` = the strided view (``shape``, element ``i`` at ``offset + sum(i_k * strides[k])``) of ``X``'s
     row-major elements (logical ``src_shape``), read out in row-major order as ``out_shape`` (default
     ``shape``); each side stored in its view (``token_views.token_view``: 3-D tensors as (a, c, 1, b), 4-D
     NCHW4c, 2-D rows packed by 4). One output pixel per work-item, each lane gathered. ``divisor_scope``: each
     element is divided by ``D``'s element of its source row (D: ``src_shape`` with a last axis of 1, stored in
-    that scope) -- a row normalization read with the copy (``passes_attention.divisions_into_copies``)."""
+    that scope) -- a row normalization read with the copy (``passes_attention.divisions_into_copies``).
+    ``divisor_index`` ``(d_shape, d_offset, d_strides)``: ``D`` has logical shape ``d_shape`` instead, and a source
+    element at coordinates ``s`` is divided by ``D``'s row-major element ``d_offset + sum(s_k * d_strides[k])``
+    (clamped into ``D``: elements no view reads may point outside it) -- the norms of a copy's rows read off the
+    channels of its source (``passes_attention.norms_read_in_place``)."""
     from math import prod
 
     _check_dtype(dtype)
@@ -441,6 +445,12 @@ def strided_copy_kernel(src_shape, offset: int, shape, strides, dtype: str = "fl
                          f"leaves the source's {prod(src_shape)} elements")
     X, Y = _packed("X", token_view(src_shape), dtype, in_scope), _packed("Y", token_view(out_shape), dtype, out_scope)
     d_shape = (*src_shape[:-1], 1)
+    if divisor_index is not None:
+        d_shape, d_offset, d_strides = tuple(int(d) for d in divisor_index[0]), int(divisor_index[1]), \
+            tuple(int(x) for x in divisor_index[2])
+        if len(d_strides) != len(src_shape) or len(d_shape) not in (2, 3, 4):
+            raise ValueError(f"strided_copy: divisor_index {divisor_index} for a source of shape {list(src_shape)}: "
+                             f"one stride per source axis, a 2-D to 4-D divisor")
     D = _packed("D", token_view(d_shape), dtype, divisor_scope) if divisor_scope else None
     b = Builder()
 
@@ -454,7 +464,17 @@ def strided_copy_kernel(src_shape, offset: int, shape, strides, dtype: str = "fl
         f = b.let(f"f{j}", flat)
         src = [b.let(f"s{j}_{k}", v) for k, v in enumerate(_unravel(f, src_shape))]
         v = _read_view(b, X, src_shape, src, str(j))
-        return v if D is None else v / _read_view(b, D, d_shape, [*src[:-1], as_expr(0)], f"d{j}")
+        if D is None:
+            return v
+        if divisor_index is None:
+            return v / _read_view(b, D, d_shape, [*src[:-1], as_expr(0)], f"d{j}")
+        flat_d = as_expr(d_offset)
+        for i, s in zip(src, d_strides):
+            if s:
+                flat_d = flat_d + i * s
+        fd = b.let(f"fd{j}", min_(max_(flat_d, 0), prod(d_shape) - 1))
+        return v / _read_view(b, D, d_shape, [b.let(f"e{j}_{k}", e) for k, e in enumerate(_unravel(fd, d_shape))],
+                              f"d{j}")
 
     _gather_view(b, Y, out_shape, max_work_group, value)
     return b.kernel("strided_copy", [X, Y] if D is None else [X, D, Y])

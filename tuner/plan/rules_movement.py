@@ -131,7 +131,9 @@ def lower_strided_copy(ctx: LowerCtx, node, ins, out, shape):
                                                                  "offset": int(a["offset"]),
                                                                  "strides": tuple(a["strides"]),
                                                                  "shape": tuple(a["shape"]),
-                                                                 "out_shape": tuple(a["out_shape"])}))
+                                                                 "out_shape": tuple(a["out_shape"]),
+                                                                 **({"divisor_index": a["divisor_index"]}
+                                                                    if a.get("divisor_index") else {})}))
 
 
 @glue("strided_copy")
@@ -140,7 +142,8 @@ def build_strided_copy(s, plan, max_wg):
     return KM.strided_copy_kernel(a["src_shape"], a["offset"], a["shape"], a["strides"], plan.dtype,
                                   _scope(plan, s.inputs["X"]), _scope(plan, s.output), max_wg,
                                   out_shape=a["out_shape"],
-                                  divisor_scope=_scope(plan, s.inputs["D"]) if "D" in s.inputs else None)
+                                  divisor_scope=_scope(plan, s.inputs["D"]) if "D" in s.inputs else None,
+                                  divisor_index=a.get("divisor_index"))
 
 
 @lowers("concat_view")
