@@ -5,7 +5,6 @@ Python operators build nodes (``i * 4 + j``); ``//`` and ``%`` are floor divisio
 """
 from __future__ import annotations
 
-from functools import cached_property
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence, Union
 
@@ -15,6 +14,25 @@ if TYPE_CHECKING:
     from .buffer import Buffer
 
 ExprLike = Union["Expr", int, float]
+
+
+class cached_property:
+    """``functools.cached_property`` without its lock: computed on first access and kept in the instance's
+    ``__dict__``, where later reads find it without calling this. Python 3.11's takes one lock per property,
+    shared by all instances, on every first access (a million a compile); the values here are pure functions
+    of a frozen node, so two threads that compute one at once store equal values."""
+
+    def __init__(self, func):
+        self.func, self.attrname, self.__doc__ = func, func.__name__, func.__doc__
+
+    def __set_name__(self, owner, name):
+        self.attrname = name
+
+    def __get__(self, instance, owner=None):
+        if instance is None:
+            return self
+        value = instance.__dict__[self.attrname] = self.func(instance)
+        return value
 
 
 class Expr:

@@ -11,8 +11,11 @@ from .stmt import Allocate, Barrier, BufferStore, Evaluate, For, If, Let, Seq, S
 
 class Mutator:
     def visit(self, node):
-        method = getattr(self, "visit_" + type(node).__name__, None)
-        return method(node) if method else self.generic(node)
+        try:
+            fn = _DISPATCH[type(self), type(node)]
+        except KeyError:  # first visit of this node type by this pass: look its visit_<NodeName> up once
+            fn = _DISPATCH[type(self), type(node)] = _visitor(type(self), type(node))
+        return fn(self, node)
 
     def visit_buffer(self, buf):
         return buf
@@ -59,11 +62,27 @@ class Mutator:
         raise TypeError(f"unknown IR node {type(node).__name__}")
 
 
+_DISPATCH: dict = {}  # (Mutator subclass, node type) -> its visit_<NodeName>, else generic: what ``visit`` calls
+
+
+def _visitor(mutator: type, node: type):
+    """The function ``Mutator.visit`` calls for a ``node`` of this type: the class's ``visit_<NodeName>``, else
+    ``generic`` (looked up on the class: no pass sets a visitor on an instance)."""
+    return getattr(mutator, "visit_" + node.__name__, None) or mutator.generic
+
+
 def _rebuild(old, cls, *args):
-    fields = [getattr(old, f) for f in old.__dataclass_fields__ if f in _ARGS[cls]]
-    if all(_same(a, b) for a, b in zip(args, fields)):
-        return old
-    return cls(*args)
+    try:
+        names = _FIELDS[type(old), cls]
+    except KeyError:
+        names = _FIELDS[type(old), cls] = tuple(f for f in old.__dataclass_fields__ if f in _ARGS[cls])
+    for a, f in zip(args, names):
+        if not _same(a, getattr(old, f)):
+            return cls(*args)
+    return old
+
+
+_FIELDS: dict = {}  # (node type, class rebuilt) -> the fields ``_rebuild`` compares, in constructor order
 
 
 def _same(a, b) -> bool:
