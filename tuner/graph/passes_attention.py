@@ -159,6 +159,12 @@ def divisions_into_copies(graph: Graph) -> Graph:
             r.attrs["divisor"] = True
         drop.add(id(n))
         g.shapes.pop(n.outputs[0], None)
+    return _dropped(graph, g, drop)
+
+
+def _dropped(graph: Graph, g: Graph, drop: set) -> Graph:
+    """``g`` (a rewritten copy of ``graph``) without the nodes whose ids are in ``drop``; ``graph`` itself when
+    nothing was dropped."""
     if not drop:
         return graph
     g.nodes = [n for n in g.nodes if id(n) not in drop]
@@ -240,7 +246,4 @@ def norms_read_in_place(graph: Graph) -> Graph:
         g.shapes[r.outputs[0]] = d_shape
         drop.add(id(s))
         g.shapes.pop(s.outputs[0], None)
-    if not drop:
-        return graph
-    g.nodes = [n for n in g.nodes if id(n) not in drop]
-    return g.validate()
+    return _dropped(graph, g, drop)
