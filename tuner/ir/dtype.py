@@ -28,14 +28,14 @@ class DType:
         return DType(m.group(1), int(m.group(2) or 1))
 
     def with_lanes(self, lanes: int) -> "DType":
-        return DType(self.base, lanes)
+        return self if lanes == self.lanes else DType(self.base, lanes)  # frozen: itself where nothing changes
 
     def with_base(self, base: str) -> "DType":
         return DType(base, self.lanes)
 
     @property
     def element(self) -> "DType":
-        return DType(self.base, 1)
+        return self if self.lanes == 1 else DType(self.base, 1)
 
     @property
     def is_float(self) -> bool:
