@@ -97,6 +97,41 @@ def test_strided_copy_divides_by_an_affine_index_of_its_source(device, rng, case
     assert rel_error(got[tuple(slice(0, s) for s in want.shape)], want) <= TOL["float32"]
 
 
+def _head_norm_graph(offset: int = 4, tokens: int = 16, also_output: bool = False, mixed: bool = False):
+    """A token tensor (1, 16, 24) stored as (1, 24, 1, 16); S copies its channels offset.. as rows (1, 2, 4, tokens)
+    (two heads of four), a reduce_l2 along the tokens takes each row's norm, and a copy of S into a matmul's layout
+    divides by it: EdgeNeXt's q after ``divisions_into_copies``. ``mixed``: the copy's view runs its d axis with
+    stride 4 across S's token rows, so that the two views compose into no strided view of the tokens."""
+    from tuner.graph.graph import Graph, Node
+    nodes = [Node("strided_copy", "s", ["x"], ["q"], {"src_shape": (1, 16, 24), "offset": offset,
+                                                     "strides": (0, 4, 1, 24), "shape": (1, 2, 4, tokens),
+                                                     "out_shape": (1, 2, 4, tokens)}),
+             Node("reduce_l2", "r", ["q"], ["d"], {"axes": (3,), "keepdims": 1}),
+             Node("strided_copy", "c", ["q", "d"], ["y"], {"src_shape": (1, 2, 4, tokens), "offset": 0,
+                                                          "strides": (4 * tokens, 1, 4 if mixed else tokens),
+                                                          "shape": (2, tokens, 4), "out_shape": (2, tokens, 4),
+                                                          "divisor": True})]
+    shapes = {"x": (1, 24, 1, 16), "q": (1, 2, 4, tokens), "d": (1, 2, 4, 1), "y": (2, 4, 1, tokens)}
+    return Graph(nodes, ["x"], ["y", "q"] if also_output else ["y"], shapes)
+
+
+@pytest.mark.parametrize("case,fires", [(dict(), True), (dict(offset=8), True), (dict(offset=2), False),
+                                        (dict(tokens=8), False), (dict(also_output=True), False),
+                                        (dict(mixed=True), False)])
+def test_norms_read_in_place_only_where_each_row_is_a_whole_channel(case, fires):
+    """``passes_attention.norms_read_in_place`` drops S where each row of it is one whole channel starting at an RGBA
+    pixel and nothing else reads it -- not at offset 2 (not a whole pixel), not over half the tokens (a row is not
+    the channel's map), not when S is a model output, not when the copy's view of S and S's view compose into no
+    strided view -- and the graph computes what it did, on the reference."""
+    from tuner.graph.passes_attention import norms_read_in_place
+    g = _head_norm_graph(**case)
+    x = np.random.default_rng(0).standard_normal((1, 24, 1, 16)).astype(np.float32)
+    after = norms_read_in_place(g)
+    assert (len(after.nodes) == 2) is fires
+    want, got = reference.run_graph_numpy(g, {"x": x}), reference.run_graph_numpy(after, {"x": x})
+    assert all(rel_error(got[k], want[k]) <= 1e-6 for k in g.outputs)
+
+
 def test_a_view_that_leaves_its_source_is_refused():
     with pytest.raises(ValueError, match="leaves the source"):
         KM.strided_copy_kernel((1, 4, 8), 30, (1, 4, 8), (0, 8, 1))
