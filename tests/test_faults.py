@@ -13,8 +13,6 @@ from tuner.zoo.models import write_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.xdist_group("faults")  # one worker compiles the artifact (tests/conftest.py)
-
 
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory):
