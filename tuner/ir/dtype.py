@@ -5,6 +5,7 @@ import re
 from dataclasses import dataclass
 
 _BASES = {"float32": 4, "float16": 2, "int32": 4, "bool": 1}
+_FLOATS = frozenset(b for b in _BASES if b.startswith("float"))  # a base is one of _BASES
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ class DType:
 
     @property
     def is_float(self) -> bool:
-        return self.base.startswith("float")
+        return self.base in _FLOATS
 
     @property
     def bytes(self) -> int:

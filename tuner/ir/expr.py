@@ -95,6 +95,7 @@ class Const(Expr):
 ARITH = ("add", "sub", "mul", "div", "floordiv", "floormod", "min", "max")
 COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
 LOGIC = ("and", "or")
+_OPS = frozenset(ARITH + COMPARE + LOGIC)  # what Binary checks its op against, built once
 
 
 @dataclass(frozen=True, repr=False)
@@ -104,7 +105,7 @@ class Binary(Expr):
     b: Expr
 
     def __post_init__(self):
-        if self.op not in ARITH + COMPARE + LOGIC:
+        if self.op not in _OPS:
             raise ValueError(f"unknown binary op {self.op!r}")
 
     @cached_property
