@@ -7,9 +7,11 @@ half goes through the runtime: build the source, allocate, upload, run once, dow
 link (the device agent) therefore needs no Python, and its records are the same as a local device's.
 
 The host half of the next configs runs in a thread while the device measures the current one, so the device
-does not wait for lowering and code generation. Only one thread works on the IR at a time (``_IR_LOCK``):
-Python 3.11's ``functools.cached_property`` holds one lock per property across all instances, and two threads
-lowering at once deadlock on two of them; the device's round trips (build, run, time) happen outside it. ``cooldown_s`` (a
+does not wait for lowering and code generation. Only one thread works on the IR at a time (``_IR_LOCK``): it
+was taken because Python 3.11's ``functools.cached_property`` (one lock per property across all instances) let two
+threads lowering at once deadlock; the IR nodes' own ``cached_property`` (``tuner/ir/expr.py``) takes no lock now,
+and the lock stays because the lowering is CPU-bound Python that gains nothing from a second thread. The device's
+round trips (build, run, time) happen outside it. ``cooldown_s`` (a
 ``MeasureOptions`` field) is slept between two measurements: a phone that throttles when hot measures each
 config from the same temperature.
 
