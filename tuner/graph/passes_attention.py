@@ -178,16 +178,16 @@ def _view_index(copy: Node, index: np.ndarray) -> np.ndarray:
     return strided_reference(index, a["offset"], a["shape"], a["strides"])
 
 
-def _channel_rows(g: Graph, copy: Node) -> int | None:
+def _channel_rows(copy: Node, through: np.ndarray) -> int | None:
     """The first channel c0 when the strided copy ``copy`` (no divisor, its shape's last axis T) reads, as each of its
     rows r (row-major over the other axes), every pixel of channel c0 + r of a batch-1 tensor of T pixels once:
-    its reductions along the last axis are spatial reductions of those channels. None otherwise."""
+    its reductions along the last axis are spatial reductions of those channels. None otherwise. ``through``: the
+    source element each element of the copy reads (``_view_index`` of the source's indices)."""
     a = copy.attrs
     shape, src = tuple(a["shape"]), tuple(a["src_shape"])
     if a.get("divisor") or tuple(a["out_shape"]) != shape or len(shape) < 2 or len(src) not in (3, 4):
         return None
-    flat = _view_index(copy, np.arange(int(np.prod(src))).reshape(src)).reshape(-1)
-    (n, ch, h, w), stored = stored_coords(src, flat)
+    (n, ch, h, w), stored = stored_coords(src, through.reshape(-1))
     rows, t = int(np.prod(shape[:-1])), shape[-1]
     if stored[0] != 1 or t != stored[2] * stored[3]:
         return None
@@ -228,11 +228,13 @@ def norms_read_in_place(graph: Graph) -> Graph:
                                or not q.attrs.get("divisor") or q.attrs.get("divisor_index")) for q in readers) \
                 or sorted(map(id, divided)) != sorted(id(q) for q in readers if q is not r):
             continue
-        c0 = _channel_rows(g, s)
         through = _view_index(s, np.arange(int(np.prod(src))).reshape(src))  # S's elements as source indices
+        c0 = _channel_rows(s, through)
+        if c0 is None or not divided:
+            continue
         views = [affine_form(_view_index(q, through)) if tuple(q.attrs["src_shape"]) == tuple(s.attrs["shape"])
                  else None for q in divided]
-        if c0 is None or not divided or None in views:
+        if None in views:
             continue
         rows = int(np.prod(s.attrs["shape"][:-1]))
         d_shape = (1, rows, 1, 1)

@@ -219,9 +219,11 @@ def _copy_reason(plan: Plan, s: Step, producer: dict, readers: dict) -> str:
             return "a model output"
         return f"read by {', '.join(by) or 'nothing'}, which read no channel offset"
     if s.op in ("strided_copy", "permute"):
-        divides = "" if "D" not in s.inputs else " (dividing each element by its source channel's D as it reads: " \
-            "a division folded in, its norms read off the channels in place)" if s.attrs.get("divisor_index") else \
-            " (dividing each row by D as it reads: a division folded in)"
+        divides = ""
+        if "D" in s.inputs:
+            divides = " (dividing each element by its source channel's D as it reads: a division folded in, its " \
+                "norms read off the channels in place)" if s.attrs.get("divisor_index") else \
+                " (dividing each row by D as it reads: a division folded in)"
         return (f"moves {src.shape if src else '?'} ({src.kind if src else '?'}) to {out.shape} ({out.kind}){divides} "
                 f"between {made} and {', '.join(by) or 'the model output'}: neither side reads or writes this view in "
                 f"place")
