@@ -329,7 +329,8 @@ def node_epilogue(ctx, node, norm_sums=None) -> tuple:
     ``norm_sums``: an ``in_norm`` convolution's weight sums, packed into B after the biases and any PReLU slopes
     (``bias_length``)."""
     g, a = ctx.graph, node.attrs
-    bias = next((t for t in node.inputs[2:] if t in g.params and t != a.get("slope")), None)
+    bias = next((t for t in node.inputs[2:] if t in g.params and t not in (a.get("slope"), a.get("norm_affine"))),
+                None)
     fields = dict(dtype=ctx.dtype, bias=bias is not None, activation=a.get("activation", "none"))
     inputs = {}
     tails = ([g.params[a["slope"]]] if a.get("activation") == "prelu" else []) + \
@@ -398,6 +399,12 @@ class Conv2dWorkload:
     # d = x - K and d^2, K the image's first element; ``group_norm``'s ``stats``); in the key only when set
     pad_mode: str = "zeros"  # what the padding reads: zeros, or the input reflected or its edge repeated (a
     # reflection or edge Pad before the convolution, read in place: no kernel runs for it)
+    in_channel_norm: tuple = ()  # (chunks, epsilon, activation): the input instance-normalized as it is read, each
+    # channel over its image, then its affine and the activation: act((x - mean) * rstd * gamma + beta), before any
+    # padding of zeros (an InstanceNorm -> ReLU read only by convolutions, ``passes_layer_norm``). The statistics
+    # come from ``Q`` (float32, (N * C4 * chunks * 2, 4): per (image, block of 4 channels) that many chunks' float4
+    # sums of d = x - K and d^2, K the block's pixel (0, 0); ``group_norm``'s ``stats`` with groups = C), gamma and
+    # beta from ``A`` (float32, (2 * C4, 4)); in the key when set
     out_view: tuple = ()  # (offset, channels): write channels [offset, offset + O) of a larger output (a concat's);
     # not in the key: the loop nest is the same, a record of the workload without it applies
     side_copy: tuple = ()  # (source shape, channels, offset, source scope): the same launch also writes the channel
@@ -473,6 +480,8 @@ class Conv2dWorkload:
                                  "sums) and no in_scale, in_read or plain_input")
         if self.norm_partials and (not self.in_norm or int(self.norm_partials) < 0):
             raise ValueError(f"norm_partials {self.norm_partials}: the statistics of a normalized input (in_norm)")
+        if self.in_channel_norm:
+            set_("in_channel_norm", self._checked_channel_norm())
         if self.scale_rows and not self.in_scale:
             raise ValueError("scale_rows: the gate S is one a channel and input row -- it needs in_scale")
         if self.plain_input and self.in_scale:
@@ -523,11 +532,27 @@ class Conv2dWorkload:
         """The log's key; ``in_scale`` and ``pad_mode`` only when set, so the keys (and records) of every other
         convolution stay as they were before the fields existed."""
         return {"op": "conv2d", **{k: in_read_text(v) if k == "in_read" else _listed(v) for k, v in asdict(self).items()
-                                   if (k not in ("in_scale", "in_read", "scale_rows", "in_norm", "norm_partials")
-                                       or v)
+                                   if (k not in ("in_scale", "in_read", "scale_rows", "in_norm", "norm_partials",
+                                                 "in_channel_norm") or v)
                                    and (k != "pad_mode" or v != "zeros")
                                    and k not in ("out_view", "side_copy", "shuffle_view", "patch_view", "plain_input",
                                                  "plain_output")}}
+
+    def _checked_channel_norm(self) -> tuple:
+        """``in_channel_norm`` as (chunks, epsilon, activation), or a ValueError naming what is wrong."""
+        try:
+            chunks, epsilon, act = self.in_channel_norm
+            chunks, epsilon, act = int(chunks), float(epsilon), canonical(str(act))
+        except (TypeError, ValueError):
+            raise ValueError(f"in_channel_norm {self.in_channel_norm!r}: (chunks, epsilon, activation), e.g. "
+                             f"(8, 1e-5, 'relu')") from None
+        if chunks < 1 or epsilon < 0 or act == "prelu":
+            raise ValueError(f"in_channel_norm {self.in_channel_norm!r}: at least one chunk, a non-negative epsilon "
+                             f"and an activation without parameters")
+        if self.in_norm or self.in_scale or self.in_read or self.plain_input:
+            raise ValueError("in_channel_norm normalizes the input as read: no in_norm, in_scale, in_read or "
+                             "plain_input with it")
+        return chunks, epsilon, act
 
     def _checked_in_read(self) -> tuple:
         """``in_read`` as tuples of ints and a kind (from them, or from the key's text: ``in_read_text``), or a
@@ -1041,9 +1066,24 @@ def reference_epilogue(wl, out: np.ndarray, bias=None, residual=None) -> np.ndar
     return apply_numpy(wl.activation, out)
 
 
-def reference(wl: Conv2dWorkload, x, w, bias=None, residual=None, scale=None) -> np.ndarray:
-    """NumPy conv2d in float64 (the check for every tuned config); ``scale`` (N, C, 1, 1): the input's gate; a
-    ``shuffle_view`` gives the interleave it writes (``out_view`` is not applied: the layer's own channels)."""
+def channel_normed(x, affine, epsilon: float, activation: str) -> np.ndarray:
+    """``in_channel_norm``'s input in float64: each channel of each image normalized over its pixels, times gamma
+    plus beta (``affine``: (2, C), or ``A``'s (2 * C4, 4) rows), then ``activation``."""
+    x = np.asarray(x, np.float64)
+    C = x.shape[1]
+    gamma, beta = np.asarray(affine, np.float64).reshape(2, -1)[:, :C]
+    y = (x - x.mean(axis=(2, 3), keepdims=True)) / np.sqrt(x.var(axis=(2, 3), keepdims=True) + epsilon)
+    return apply_numpy(activation, y * gamma.reshape(1, -1, 1, 1) + beta.reshape(1, -1, 1, 1))
+
+
+def reference(wl: Conv2dWorkload, x, w, bias=None, residual=None, scale=None, affine=None) -> np.ndarray:
+    """NumPy conv2d in float64 (the check for every tuned config); ``scale`` (N, C, 1, 1): the input's gate;
+    ``affine``: ``in_channel_norm``'s gamma and beta; a ``shuffle_view`` gives the interleave it writes
+    (``out_view`` is not applied: the layer's own channels)."""
+    if getattr(wl, "in_channel_norm", ()):
+        _, epsilon, act = wl.in_channel_norm
+        return reference(dataclasses.replace(wl, in_channel_norm=()), channel_normed(x, affine, epsilon, act), w,
+                         bias, residual, scale)
     if scale is not None:
         x = x.astype(np.float64) * scale
     if getattr(wl, "in_norm", 0):  # the input normalized over its channels; B's weight sums (U) are the kernel's
@@ -1087,6 +1127,11 @@ def random_inputs(wl, rng) -> dict:
     if getattr(wl, "norm_partials", 0):  # the image statistics, as group_norm's stats kernel writes them
         from tuner.templates.reduction import chunk_statistics
         inputs["P"] = chunk_statistics(inputs["X"], wl.norm_partials).astype(np.float32)
+    if getattr(wl, "in_channel_norm", ()):  # gamma, beta; the statistics as group_norm's stats kernel writes them
+        from tuner.templates.reduction import channel_chunk_statistics
+        c4 = -(-wl.data[1] // 4)
+        inputs["A"] = draw((2 * c4, 4)).astype(np.float32)
+        inputs["Q"] = channel_chunk_statistics(inputs["X"], wl.in_channel_norm[0]).astype(np.float32)
     if wl.residual:
         inputs["Res"] = draw(wl.out_shape)
     if getattr(wl, "in_scale", False):

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tuner.ir.activations import apply_ir
 from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
 from tuner.ir.dtype import DType
@@ -66,7 +67,9 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
     Xs = buffer("Xs", wl.side_copy[0], wl.dtype, *scope_layout(wl.side_copy[3], cfg.act_layout, "nchw4c_buffer")) \
         if wl.side_copy else None  # the source of the concat's other part this launch writes too
     P = buffer("P", (N * wl.norm_partials * 2, 4), "float32", "global") if wl.norm_partials else None
-    operands = (*params_of(X), Sc, Wt, B, Res, Y, Xs, P)
+    Q, A = (buffer("Q", (N * C4 * wl.in_channel_norm[0] * 2, 4), "float32", "global"),
+            buffer("A", (2 * C4, 4), "float32", "global")) if wl.in_channel_norm else (None, None)
+    operands = (*params_of(X), Sc, Wt, B, Res, Y, Xs, P, Q, A)
     if wl.in_read and cfg.cache_input:
         raise ValueError("cache_input copies one input buffer; an input read in parts (in_read) has several")
 
@@ -80,6 +83,9 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
         raise ValueError("split_k > 1 and local_input: the work-items of a split stage different channel blocks")
     if sk > 1 and wl.in_norm:
         raise ValueError("split_k > 1 and in_norm: each work-item sums its pixels' statistics over every channel")
+    if cfg.local_input and wl.in_channel_norm and wl.pad_mode == "zeros" and any(wl.padding):
+        raise ValueError("local_input and in_channel_norm with zero padding: the staged tile holds the padding's "
+                         "zeros, which the norm would move")
     b = Builder()
     with b.loop("nb", N * n_ob, "group.2") as nb, b.loop("tk", sk, "local.2") as tk, \
             b.loop("gh", g_h, "group.1") as gh, b.loop("th", cfg.wg_h, "local.1") as th, \
@@ -102,10 +108,12 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
                     tile.load(lambda k, ih, iw: gated(input_pixel(X, n, base + k, ih, iw, H, W, arith, wl.pad_mode), Sc,
                                                       n, base + k, arith, clamp(ih, H)),
                               (gh * cfg.wg_h * t_oh * sh - pt, gw * cfg.wg_w * t_ow * sw - pl), th * cfg.wg_w + tw)
-                with b.loop("cbi", cfg.split_c, "unrolled") as cbi, b.loop("r", R, window) as r, \
-                        b.loop("s", S, window) as s:
-                    conv_step(b, cfg, wl, (X, Sc), Wt, acc, arith, tile, vector_input, n, grp, obb, oh0, ow0, th,
-                              tw, cbo, cbi, r, s, (C4, CG4, OB, G, H, W), stats)
+                with b.loop("cbi", cfg.split_c, "unrolled") as cbi:
+                    cbl = cbo * cfg.split_c + cbi
+                    cn = channel_norm_factors(b, wl, X, Q, A, n, grp * CG4 + cbl if G > 1 else cbl) if Q else None
+                    with b.loop("r", R, window) as r, b.loop("s", S, window) as s:
+                        conv_step(b, cfg, wl, (X, Sc), Wt, acc, arith, tile, vector_input, n, grp, obb, oh0, ow0,
+                                  th, tw, cbo, cbi, r, s, (C4, CG4, OB, G, H, W), stats, cn)
         owner = None
         if sk > 1:
             acc, owner = split_sums(b, acc, t_oc * t_oh * t_ow, sk, tk, cfg.wg_w * cfg.wg_h, th * cfg.wg_w + tw,
@@ -153,6 +161,28 @@ def gate_row(Sc, ih):
     return ih if Sc.shape[2] > 1 else 0
 
 
+def channel_norm_factors(b, wl, X, Q, A, n, cb) -> tuple:
+    """``in_channel_norm``'s (mean, rstd * gamma, beta) of channel block ``cb`` of image ``n``, float4s: its
+    chunk partials in ``Q`` added up (a sum of ``chunks`` loads each, static), K its pixel (0, 0)."""
+    N, C, H, W = wl.data
+    T, epsilon, _ = wl.in_channel_norm
+    C4, vec = -(-C // 4), Ramp(as_expr(0), as_expr(1), 4)
+    u = (n * C4 + cb) * T
+    s = b.let("cs", sum((Q[(u + t) * 2, vec] for t in range(1, T)), Q[u * 2, vec]))
+    q = b.let("cq", sum((Q[(u + t) * 2 + 1, vec] for t in range(1, T)), Q[u * 2 + 1, vec]))
+    m = b.let("cm", s * (1.0 / (H * W)))
+    mean = b.let("cmean", _as_float(pixel(X, n, cb, 0, 0)) + m)
+    rstd = call("rsqrt", [max_(q * (1.0 / (H * W)) - m * m, 0.0) + epsilon], "float32x4")
+    return mean, b.let("cscale", rstd * A[cb, vec]), b.let("cshift", A[C4 + cb, vec])
+
+
+def channel_normed(v, cn, activation: str, lane=None):
+    """``in_channel_norm`` of a value read (a pixel, or lane ``lane`` of one) in float32:
+    act((v - mean) * rstd * gamma + beta)."""
+    mean, scale, shift = cn if lane is None else (ExtractLane(f, lane) for f in cn)
+    return apply_ir(activation, (_as_float(v) - mean) * scale + shift)
+
+
 def norm_stats(b, X, n, oh0, ow0, tile, bounds, image: bool = False):
     """``in_norm``'s private statistics of a work-item's ``tile`` (t_oh, t_ow) of pixels, three floats a pixel: the
     shift K (the pixel's first channel; the 1x1 convolution's input pixel is its output pixel, clamped for a partial
@@ -197,9 +227,13 @@ def image_norm_factors(b, P, n, wl) -> list:
 
 
 def conv_step(b, cfg, wl, inputs, Wt, acc, arith, tile, vector_input, n, grp, obb, oh0, ow0, th, tw, cbo, cbi, r,
-              s, sizes, stats=None):
+              s, sizes, stats=None, cn=None):
     """One input-channel block (``cbo * split_c + cbi``) and window tap (r, s) of a work-item's tile: 4 lanes
-    of every input pixel times 4-output weight pixels, accumulated. ``inputs``: (X, the gate Sc or None)."""
+    of every input pixel times 4-output weight pixels, accumulated. ``inputs``: (X, the gate Sc or None); ``cn``:
+    the block's ``in_channel_norm`` factors (``channel_norm_factors``), applied to each value read before its
+    padding of zeros (a staged tile holds no such padding: the space)."""
+    def normed(v, lane=None):  # a value read, in the compute type
+        return arith.load(v if cn is None else channel_normed(v, cn, wl.in_channel_norm[2], lane))
     (X, Sc), (C4, CG4, OB, G, H, W) = inputs, sizes
     C = wl.data[1]
     t_oc, t_oh, t_ow = cfg.tile_oc, cfg.tile_oh, cfg.tile_ow
@@ -216,11 +250,12 @@ def conv_step(b, cfg, wl, inputs, Wt, acc, arith, tile, vector_input, n, grp, ob
     if tile is not None:
         for y in range(t_oh):
             for x in range(t_ow):
-                xs[y, x] = b.let(f"x{y}_{x}", tile.read(cbi, th, tw, y, x, r, s))
+                v = tile.read(cbi, th, tw, y, x, r, s)
+                xs[y, x] = b.let(f"x{y}_{x}", v if cn is None else normed(v))
     elif vector_input:  # one RGBA pixel (4 input channels) per tap; lanes extracted below
         for (y, x), (inside, ih, iw) in taps.items():
-            xs[y, x] = b.let(f"x{y}_{x}", gated(padded(inside, arith.load(pixel(X, n, cb, ih, iw))), Sc, n, cb, arith,
-                                                ih))
+            xs[y, x] = b.let(f"x{y}_{x}", gated(padded(inside, normed(pixel(X, n, cb, ih, iw))), Sc, n,
+                                                cb, arith, ih))
     for ci in range(4):
         c = cb * 4 + ci
         # lanes past C exist only in the last block; their weights do not (OIHW4o pads O, not C)
@@ -231,7 +266,7 @@ def conv_step(b, cfg, wl, inputs, Wt, acc, arith, tile, vector_input, n, grp, ob
                 def gate(v, ih):
                     return v if Sc is None else v * arith.load(Sc[n, c, gate_row(Sc, ih), 0])
                 lane = {yx: b.let(f"x{yx[0]}_{yx[1]}_{ci}",
-                                  gate(padded(inside, arith.load(value(X, n, c, ih, iw))), ih))
+                                  gate(padded(inside, normed(value(X, n, c, ih, iw), ci)), ih))
                         for yx, (inside, ih, iw) in taps.items()}
             if stats is not None:  # in_norm: d = x - K into the sums and the products (padding lanes skipped)
                 for (y, x), v in list(lane.items()):
@@ -258,7 +293,8 @@ def space_vars(wl: Conv2dWorkload) -> dict:
                 CG4=C // G // 4 if G > 1 else -(-C // 4), OBG=O // G // 4 if G > 1 else -(-O // 4),
                 data=wl.data, kernel=wl.kernel, out=wl.out_shape, bias=wl.bias, residual=wl.residual,
                 stride=wl.stride, dilation=wl.dilation, plain_input=wl.plain_input, plain_output=wl.plain_output,
-                in_read=wl.in_read, in_norm=wl.in_norm, norm_partials=wl.norm_partials)
+                in_read=wl.in_read, in_norm=wl.in_norm, norm_partials=wl.norm_partials,
+                in_channel_norm=bool(wl.in_channel_norm), zero_padding=wl.pad_mode == "zeros" and any(wl.padding))
 
 
 def fallback(wl: Conv2dWorkload, info) -> Conv2dConfig:
@@ -299,7 +335,7 @@ def fallback(wl: Conv2dWorkload, info) -> Conv2dConfig:
 
 def _reference(wl: Conv2dWorkload, inputs: dict) -> np.ndarray:
     return reference(wl, read_parts_numpy(wl, inputs), inputs["Wt"], inputs.get("B"), inputs.get("Res"),
-                     inputs.get("S"))
+                     inputs.get("S"), inputs.get("A"))
 
 
 def features(v: dict, k: dict) -> dict:
@@ -331,6 +367,15 @@ def lower(ctx, node, ins):
     if node.attrs.get("patch_view"):  # passes_patches: MobileViT's unfold or fold written by this convolution
         fields["patch_view"] = tuple(node.attrs["patch_view"])
     extra, c = {}, data[1]
+    if node.attrs.get("in_channel_norm"):  # passes_layer_norm.instance_norm_into_convs: an InstanceNorm as read
+        epsilon, act = node.attrs["in_channel_norm"]
+        stats, c4 = node.attrs["norm_stats"], -(-data[1] // 4)
+        fields["in_channel_norm"] = (ctx.shape(stats)[1] // (8 * c4), float(epsilon), act)
+        inputs["Q"] = ctx.packed(stats)
+        affine = np.zeros((2, c4 * 4), np.float32)
+        affine[:, :data[1]] = np.asarray(ctx.graph.params[node.attrs["norm_affine"]], np.float32).reshape(2, -1)
+        inputs["A"] = f"{node.name}.norm_affine"
+        extra[inputs["A"]] = affine.reshape(2 * c4, 4)
     if normed:
         fields["in_norm"] = float(node.attrs["in_norm"])
         if node.attrs.get("norm_stats") is not None:  # GroupNorm(1): its statistics' chunk partials (N, 8 * chunks)
@@ -376,7 +421,9 @@ VARIABLES = dict(N="batch", C="input channels", H="input height", W="input width
                  in_read="the input read in parts through views (concat, nearest upsample, pool): () when not",
                  in_norm="the input's LayerNorm epsilon (over channels, per pixel), 0 when none",
                  norm_partials="with in_norm: the input's GroupNorm(1) statistics as that many chunk partials in P "
-                 "(over the image), 0 for a LayerNorm")
+                 "(over the image), 0 for a LayerNorm",
+                 in_channel_norm="the input instance-normalized (and its affine and activation) as it is read",
+                 zero_padding="the padding reads zeros (pad_mode zeros and some padding)")
 TEMPLATE = Template("conv2d", Conv2dWorkload, Conv2dConfig, conv2d_nchw4c, _reference, random_inputs,
                     fallback, space_vars, VARIABLES, features=features, model_knobs=MODEL_KNOBS,
                     workload_args=WORKLOAD_ARGS, graph_ops=("conv2d",), lower=lower,

@@ -28,8 +28,9 @@ from tuner.ir.builder import Builder
 from tuner.ir.expr import Broadcast, ExtractLane, Ramp, as_expr, call, max_, min_, select
 from tuner.ir.kernel import Program
 from tuner.templates.common import EPILOGUE_ARGS, Template, WorkloadArg, bias_length, split_prelu, texture_scopes
-from tuner.templates.reduction import (ReduceConfig, SameShapeWorkload, Schedule, ceil_div, chunk_statistics,
-                                       each_index, fallback_config, features, hsum, packed, sum_partials, unravel)
+from tuner.templates.reduction import (ReduceConfig, SameShapeWorkload, Schedule, ceil_div,
+                                       channel_chunk_statistics, chunk_statistics, each_index, fallback_config,
+                                       features, hsum, packed, sum_partials, unravel)
 
 
 @dataclass(frozen=True)
@@ -43,10 +44,12 @@ class GroupNormWorkload(SameShapeWorkload):
     activation: str = "none"  # fused after the affine (InstanceNorm -> ReLU, GroupNorm -> SiLU)
     residual: bool = False  # an add of another activation of the shape (``Res``) after the affine, before the
     # activation: a residual block's y = norm(conv(x)) + x (issue 55); in the key only when set
-    stats: int = 0  # > 0: GroupNorm(1)'s statistics only, for the 1x1 convolutions that normalize as they read
-    # (``passes_layer_norm``, ``Conv2dWorkload.norm_partials``): each image's ``stats`` chunks' shifted sums of d and
-    # d^2 (float4 each, K the image's first element) written to Y, a float32 buffer of (N * stats * 2, 4); the
-    # split is the chunk count. No scale, bias, residual or activation; in the key only when set
+    stats: int = 0  # > 0: the statistics only, for the convolutions that normalize as they read
+    # (``passes_layer_norm``): GroupNorm(1)'s (``Conv2dWorkload.norm_partials``), each image's ``stats`` chunks'
+    # shifted sums of d and d^2 (float4 each, K the image's first element) written to Y, a float32 buffer of
+    # (N * stats * 2, 4); or an InstanceNorm's (groups = C, ``Conv2dWorkload.in_channel_norm``), per (image, block of
+    # 4 channels) its chunks' per-lane sums, K the block's pixel (0, 0), (N * C4 * stats * 2, 4). The split is the
+    # chunk count. No scale, bias, residual or activation; in the key only when set
 
     def key(self) -> dict:
         key = super().key()
@@ -57,7 +60,9 @@ class GroupNormWorkload(SameShapeWorkload):
 
     @property
     def out_shape(self) -> tuple:
-        return (self.data[0] * self.stats * 2, 4) if self.stats else self.data
+        if not self.stats:
+            return self.data
+        return (self.data[0] * (-(-self.data[1] // 4) if self.groups > 1 else 1) * self.stats * 2, 4)
 
     def __post_init__(self):
         object.__setattr__(self, "data", tuple(int(x) for x in self.data))
@@ -72,10 +77,11 @@ class GroupNormWorkload(SameShapeWorkload):
         if self.dtype not in ("float32", "float16"):
             raise ValueError(f"dtype {self.dtype!r}: float32 or float16 storage")
         object.__setattr__(self, "stats", int(self.stats))
-        if self.stats and (self.groups != 1 or self.residual or self.activation != "none" or self.stats < 0
-                           or 2 * self.stats > _units(self)[1][0] * self.data[2] * self.data[3]):
-            raise ValueError(f"group_norm stats={self.stats}: the statistics of GroupNorm(1) only (groups 1, no "
-                             f"residual or activation), at most half as many chunks as the image's texels")
+        if self.stats and (self.groups not in (1, C) or self.residual or self.activation != "none"
+                           or self.stats < 0 or 2 * self.stats > _units(self)[1][0] * self.data[2] * self.data[3]):
+            raise ValueError(f"group_norm stats={self.stats}: the statistics of GroupNorm(1) or of an InstanceNorm "
+                             f"only (groups 1 or C, no residual or activation), at most half as many chunks as a "
+                             f"unit's texels")
 
 
 def _mixed(wl) -> bool:
@@ -334,7 +340,8 @@ def _group_norm_mixed(wl: GroupNormWorkload, cfg: ReduceConfig) -> Program:
 
 def reference(wl: GroupNormWorkload, inputs: dict) -> np.ndarray:
     if wl.stats:
-        return chunk_statistics(inputs["X"], wl.stats)
+        return chunk_statistics(inputs["X"], wl.stats) if wl.groups == 1 else \
+            channel_chunk_statistics(inputs["X"], wl.stats)
     x = np.asarray(inputs["X"], np.float64)
     xg = x.reshape(x.shape[0], wl.groups, -1)
     mean = xg.mean(axis=2, keepdims=True)
@@ -372,7 +379,8 @@ def space_vars(wl: GroupNormWorkload) -> dict:
 
 VARIABLES = dict(U="units: (image, group) pairs, or (image, block of 4 channels) when groups = C",
                  E="texels per unit", data="input shape N,C,H,W", C="channels", groups="groups",
-                 stats="chunk partials per image written (GroupNorm(1)'s statistics only), 0 when the norm is whole")
+                 stats="chunk partials per unit written (GroupNorm(1)'s or an InstanceNorm's statistics only), 0 when the "
+                 "norm is whole")
 
 
 def fallback(wl: GroupNormWorkload, info) -> ReduceConfig:
@@ -406,7 +414,7 @@ def lower(ctx, node, ins):
                            node.attrs.get("activation", "none"), residual=node.attrs.get("residual") is not None,
                            stats=int(node.attrs.get("stats", 0)))
     inputs, extra = {"X": ins[0]}, {}
-    if wl.stats:  # passes_layer_norm.group_norm_into_convs: the statistics only, the readers normalize
+    if wl.stats:  # passes_layer_norm: the statistics only, the readers normalize
         return wl, inputs, extra
     if wl.residual:  # passes.fuse_epilogues: y = norm(x) + another activation
         inputs["Res"] = ctx.packed(node.attrs["residual"])

@@ -131,6 +131,24 @@ def chunk_statistics(x: np.ndarray, chunks: int) -> np.ndarray:
     return out.reshape(N * chunks * 2, 4)
 
 
+def channel_chunk_statistics(x: np.ndarray, chunks: int) -> np.ndarray:
+    """An InstanceNorm's chunk partials as ``stats`` writes them with groups = C: per (image, block of 4 channels),
+    per chunk of its H x W pixels in order (``ceil(H * W / chunks)`` a chunk), the float4 sums of d = x - K and of
+    d^2, K the block's pixel (0, 0), padding lanes 0 -- an (N * C4 * chunks * 2, 4) array."""
+    x = np.asarray(x, np.float64)
+    N, C, H, W = x.shape
+    C4 = -(-C // 4)
+    d = np.zeros((N, C4 * 4, H, W))
+    d[:, :C] = x - x[:, :, :1, :1]
+    px = d.reshape(N, C4, 4, H * W).transpose(0, 1, 3, 2)  # (N, C4, pixels, 4)
+    size = ceil_div(H * W, chunks)
+    out = np.zeros((N, C4, chunks, 2, 4))
+    for t in range(chunks):
+        part = px[:, :, t * size:(t + 1) * size]
+        out[:, :, t, 0], out[:, :, t, 1] = part.sum(axis=2), (part * part).sum(axis=2)
+    return out.reshape(N * C4 * chunks * 2, 4)
+
+
 @contextmanager
 def each_index(b: Builder, n: int, name: str):
     """One work-item per index of [0, n) on a 1-D range in work-groups of up to 64 (a combining or applying

@@ -153,10 +153,15 @@ def test_style_transfer_residual_adds_run_in_the_norms(tmp_path):
     """The zoo's style-transfer net (test size): each residual block's add after its InstanceNorm is the norm's
     epilogue -- no elementwise kernel left -- against onnxruntime. (20 kernels: the two nearest upsamples are read
     by their convolutions and the last convolution writes the model output, ``tuner.plan.input_views`` and
-    ``io_views``; the 9x9 stem keeps the input's relayout.)"""
+    ``io_views``; the 9x9 stem keeps the input's relayout.) The norms read only by convolutions -- the two
+    downsampling ones, each block's first, the last -- leave their statistics kernel alone, the convolutions
+    normalizing as they read (``instance_norm_into_convs``); their launches are one each."""
     mod = _compile_and_check(zoo.test_models()["style_transfer"], tmp_path)
     ops = [n.template or n.op for n in mod.spec.nodes]
     assert "elementwise" not in ops and "resize" not in ops and len(ops) == 20, ops
+    stats = [n for n in mod.spec.nodes if n.template == "group_norm" and n.workload.get("stats")]
+    normed = [n for n in mod.spec.nodes if n.template == "conv2d" and n.workload.get("in_channel_norm")]
+    assert len(stats) == len(normed) == 5 and all(len(n.calls) == 1 for n in stats), ops
 
 
 def test_cpu_fallback_norms_are_one_launch(device):
@@ -486,6 +491,54 @@ def test_group_norm_statistics_feed_the_1x1_convolutions_that_normalize(native, 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             half = compile_model(str(path), device=building_cpu(), scope=scope, dtype="float16")
+        assert _rel(half.run([x])[0], want[0]) < 5e-3
+
+
+def _instance_norm_then_convs(b, also_added: bool = False) -> dict:
+    """conv -> InstanceNorm (10 channels: a partial last block) -> ReLU, read by a reflection Pad then a 3x3
+    convolution of stride 2 (the style-transfer net's downsampling) and by a 3x3 convolution with zero padding and a
+    bias-free 1x1 one beside it; ``also_added``: an add reads it too, so the norm stays a kernel."""
+    x = b.input("input", (1, 6, 9, 11))
+    y = b.conv(x, 6, 10, 3, bias=True)
+    t = b.node("Relu", [b.node("InstanceNormalization", [y, b.const("in_s", b.rng.uniform(0.5, 1.5, 10)),
+                                                         b.const("in_b", b.rng.normal(0, 0.5, 10))], epsilon=1e-5)])
+    p = b.node("Pad", [t, b.const("pads", np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64))], mode="reflect")
+    down = b.conv(p, 10, 12, 3, stride=2, bias=True, pads=[0, 0, 0, 0])
+    same = b.node("Add", [b.conv(t, 10, 12, 3, bias=True), b.conv(t, 10, 12, 1)])
+    if also_added:
+        same = b.node("Add", [same, b.conv(b.node("Add", [t, y]), 10, 12, 1, bias=True)])
+    b.node("Add", [b.node("MaxPool", [same], kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1), down],
+           output="output")
+    return {"output": [1, 12, 5, 6]}
+
+
+@pytest.mark.parametrize("scope", ["texture", "buffer"])
+@pytest.mark.parametrize("also_added", [False, True])
+def test_instance_norm_is_read_normalized_by_its_convolutions(native, cl_env, scope, also_added, tmp_path):
+    """An InstanceNorm and its ReLU read only by convolutions leave one kernel, its statistics (``group_norm`` with
+    ``stats`` and groups = C: each channel block's chunk partials), and each reader normalizes every value it reads
+    (``in_channel_norm``): through a reflection pad folded into it, before a padding of zeros, beside a bias-free
+    1x1; read by an add too, the norm stays whole. Against onnxruntime in each scope, by the Python executor and by
+    tuner-run, on an input of mean far from zero; and in float16 storage."""
+    from conftest import building_cpu
+    model = _Builder(seed=8, opset=17)
+    model = model.model(_instance_norm_then_convs(model, also_added), "m")
+    mod, x, want = _compiled(model, scope, tmp_path, shift=5.0)
+    kernels = [n.template or n.op for n in mod.spec.nodes]
+    normed = [n for n in mod.spec.nodes if n.template == "conv2d" and n.workload.get("in_channel_norm")]
+    stats = [n for n in mod.spec.nodes if n.template == "group_norm" and n.workload.get("stats")]
+    if also_added:
+        assert not normed and not stats and "group_norm" in kernels, kernels
+    else:
+        assert len(normed) == 3 and len(stats) == 1 and len(stats[0].calls) == 1, kernels
+        assert {n.workload["in_channel_norm"][0] for n in normed} == {stats[0].workload["stats"]}
+        assert sorted(n.workload.get("pad_mode", "zeros") for n in normed) == ["reflect", "zeros", "zeros"]
+    assert _rel(mod.run([x])[0], want[0]) < 1e-4
+    assert _rel(_tuner_run(mod, x, building_cpu(), native, cl_env, tmp_path), want[0]) < 1e-4
+    if not also_added and scope == "buffer":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            half = compile_model(str(tmp_path / "m.onnx"), device=building_cpu(), scope=scope, dtype="float16")
         assert _rel(half.run([x])[0], want[0]) < 5e-3
 
 

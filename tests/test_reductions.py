@@ -147,3 +147,25 @@ def test_group_norm_statistics_only(device, data, chunks, scope):
     assert "stats" not in t.workload(data=data, groups=1).key() and wl.key()["stats"] == chunks
     with pytest.raises(ValueError, match="stats"):
         t.workload(data=data, groups=2, stats=chunks)
+
+
+@pytest.mark.parametrize("data,chunks", [((2, 10, 6, 7), 4), ((1, 16, 4, 8), 16), ((1, 4, 2, 2), 1)])
+@pytest.mark.parametrize("scope", ["texture", "buffer"])
+def test_instance_norm_statistics_only(device, data, chunks, scope):
+    """``stats`` with groups = C: an InstanceNorm's chunk partials for the convolutions that normalize as they read
+    (``Conv2dWorkload.in_channel_norm``), per (image, block of 4 channels), one kernel, a float32 buffer of
+    (N * C4 * chunks * 2, 4), against NumPy on data far from zero (a partial last block included)."""
+    from tuner.templates.reduction import channel_chunk_statistics
+    t = get_template("group_norm")
+    C = data[1]
+    wl = t.workload(data=data, groups=C, stats=chunks)
+    assert wl.out_shape == (data[0] * -(-C // 4) * chunks * 2, 4)
+    cfg = dataclasses.replace(t.fallback(wl, device.info), input_scope=scope, weight_scope=scope)
+    built = t.build(wl, cfg)
+    assert len(getattr(built, "kernels", [built])) == 1
+    inputs = t.random_inputs(wl, np.random.default_rng(1))
+    x = inputs["X"].astype(np.float64)
+    want = channel_chunk_statistics(x, chunks).reshape(data[0], -1, chunks, 2, 4).sum(axis=2)
+    d = x - x[:, :, :1, :1]  # the sums over each channel's pixels, independently of the chunking
+    assert np.allclose(want[:, :, 0].reshape(data[0], -1)[:, :C], d.sum(axis=(2, 3)))
+    assert _run(device, "group_norm", dict(data=data, groups=C, stats=chunks), cfg.__dict__) < 1e-5
