@@ -14,8 +14,8 @@ and device, beside a peer measured in the same run: PyTorch's CUDA-graph replay 
 
 ``ours`` runs with whichever tree is first on PYTHONPATH (``bench/runtimes_gpu.py prepare`` makes snapshots under
 bench/_trees/), so that two trees are measured by the same job on the same device: ``--tree`` only names the
-rows. Each model is compiled with ``--scope auto``, the given logs and ``--transfer-from auto`` (as
-``tuner compile``), checked against onnxruntime's output (max error relative to its largest magnitude), then
+rows. Each model is compiled with ``--scope auto`` (or ``--scope``; ``--plan-timer native``: the candidate plans
+timed by tuner-run), the given logs and ``--transfer-from auto`` (as ``tuner compile``), checked against onnxruntime's output (max error relative to its largest magnitude), then
 profiled (``Module.profile``: per-node kernel time, medians of ``--repeats`` runs from profiling events) and
 timed end to end (``Module.time``: the median of ``--repeats`` runs of the whole model on the run queue,
 inputs uploaded before). ``bench/gpu.sh glue`` is the GPU job.
@@ -231,8 +231,8 @@ def cmd_ours(args) -> int:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                mod = compile_model(str(onnx_path), log=logs, device=args.device, scope="auto",
-                                    transfer_from="auto" if logs else None)
+                mod = compile_model(str(onnx_path), log=logs, device=args.device, scope=args.scope,
+                                    transfer_from="auto" if logs else None, plan_timer=args.plan_timer)
         except (TunerError, ValueError) as e:  # a tree that cannot compile the model: said, and the next model
             print(f"{name} [{args.tree}]: {e}", flush=True)
             continue
@@ -444,6 +444,9 @@ def main(argv=None) -> int:
     p.add_argument("--device", default=None)
     p.add_argument("--log", default="logs/*.jsonl", help="ours: comma-separated globs of logs ('' for none)")
     p.add_argument("--repeats", type=int, default=50)
+    p.add_argument("--scope", default="auto", choices=("auto", "texture", "buffer"), help="ours: compile's --scope")
+    p.add_argument("--plan-timer", default="python", choices=("python", "native"),
+                   help="ours: with --scope auto, what times the candidate plans (compile's --plan-timer)")
     p.add_argument("--trials", type=int, default=24, help="tune: measurements per task")
     p.add_argument("--deadline", type=float, default=400, help="tune: start no task after this many seconds")
     p.add_argument("--out-log", default=None, help="tune: the log the records go to (default: the device's)")
