@@ -399,12 +399,13 @@ class Conv2dWorkload:
     # d = x - K and d^2, K the image's first element; ``group_norm``'s ``stats``); in the key only when set
     pad_mode: str = "zeros"  # what the padding reads: zeros, or the input reflected or its edge repeated (a
     # reflection or edge Pad before the convolution, read in place: no kernel runs for it)
-    in_channel_norm: tuple = ()  # (chunks, epsilon, activation): the input instance-normalized as it is read, each
-    # channel over its image, then its affine and the activation: act((x - mean) * rstd * gamma + beta), before any
-    # padding of zeros (an InstanceNorm -> ReLU read only by convolutions, ``passes_layer_norm``). The statistics
-    # come from ``Q`` (float32, (N * C4 * chunks * 2, 4): per (image, block of 4 channels) that many chunks' float4
-    # sums of d = x - K and d^2, K the block's pixel (0, 0); ``group_norm``'s ``stats`` with groups = C), gamma and
-    # beta from ``A`` (float32, (2 * C4, 4)); in the key when set
+    in_group_norm: tuple = ()  # (groups, chunks, epsilon, activation): the input group-normalized as it is read --
+    # each (image, group of C / groups channels) over its channels and pixels (groups = C: an InstanceNorm), then its
+    # affine and the activation, act((x - mean) * rstd * gamma + beta), before any padding of zeros (a GroupNorm or
+    # InstanceNorm -> ReLU / SiLU read only by convolutions, ``passes_layer_norm``). The statistics come from ``Q``
+    # (float32, ``reduction.chunk_statistics``: per unit that many chunks' float4 sums of d = x - K and d^2;
+    # ``group_norm``'s ``stats``), gamma and beta from ``A`` (float32, (2 * C4, 4)). Groups of whole blocks of 4
+    # channels, of one channel each, or one group; in the key when set
     out_view: tuple = ()  # (offset, channels): write channels [offset, offset + O) of a larger output (a concat's);
     # not in the key: the loop nest is the same, a record of the workload without it applies
     side_copy: tuple = ()  # (source shape, channels, offset, source scope): the same launch also writes the channel
@@ -480,8 +481,8 @@ class Conv2dWorkload:
                                  "sums) and no in_scale, in_read or plain_input")
         if self.norm_partials and (not self.in_norm or int(self.norm_partials) < 0):
             raise ValueError(f"norm_partials {self.norm_partials}: the statistics of a normalized input (in_norm)")
-        if self.in_channel_norm:
-            set_("in_channel_norm", self._checked_channel_norm())
+        if self.in_group_norm:
+            set_("in_group_norm", self._checked_group_norm())
         if self.scale_rows and not self.in_scale:
             raise ValueError("scale_rows: the gate S is one a channel and input row -- it needs in_scale")
         if self.plain_input and self.in_scale:
@@ -533,26 +534,30 @@ class Conv2dWorkload:
         convolution stay as they were before the fields existed."""
         return {"op": "conv2d", **{k: in_read_text(v) if k == "in_read" else _listed(v) for k, v in asdict(self).items()
                                    if (k not in ("in_scale", "in_read", "scale_rows", "in_norm", "norm_partials",
-                                                 "in_channel_norm") or v)
+                                                 "in_group_norm") or v)
                                    and (k != "pad_mode" or v != "zeros")
                                    and k not in ("out_view", "side_copy", "shuffle_view", "patch_view", "plain_input",
                                                  "plain_output")}}
 
-    def _checked_channel_norm(self) -> tuple:
-        """``in_channel_norm`` as (chunks, epsilon, activation), or a ValueError naming what is wrong."""
+    def _checked_group_norm(self) -> tuple:
+        """``in_group_norm`` as (groups, chunks, epsilon, activation), or a ValueError naming what is wrong."""
         try:
-            chunks, epsilon, act = self.in_channel_norm
-            chunks, epsilon, act = int(chunks), float(epsilon), canonical(str(act))
+            groups, chunks, epsilon, act = self.in_group_norm
+            groups, chunks, epsilon, act = int(groups), int(chunks), float(epsilon), canonical(str(act))
         except (TypeError, ValueError):
-            raise ValueError(f"in_channel_norm {self.in_channel_norm!r}: (chunks, epsilon, activation), e.g. "
-                             f"(8, 1e-5, 'relu')") from None
+            raise ValueError(f"in_group_norm {self.in_group_norm!r}: (groups, chunks, epsilon, activation), e.g. "
+                             f"(32, 8, 1e-5, 'silu')") from None
+        C = self.data[1]
+        if groups < 1 or C % groups or not (groups in (1, C) or (C // groups) % 4 == 0):
+            raise ValueError(f"in_group_norm groups={groups} of {C} channels: a divisor of C whose groups are whole "
+                             f"blocks of 4 channels, or C (an InstanceNorm), or 1")
         if chunks < 1 or epsilon < 0 or act == "prelu":
-            raise ValueError(f"in_channel_norm {self.in_channel_norm!r}: at least one chunk, a non-negative epsilon "
-                             f"and an activation without parameters")
+            raise ValueError(f"in_group_norm {self.in_group_norm!r}: at least one chunk, a non-negative epsilon and "
+                             f"an activation without parameters")
         if self.in_norm or self.in_scale or self.in_read or self.plain_input:
-            raise ValueError("in_channel_norm normalizes the input as read: no in_norm, in_scale, in_read or "
+            raise ValueError("in_group_norm normalizes the input as read: no in_norm, in_scale, in_read or "
                              "plain_input with it")
-        return chunks, epsilon, act
+        return groups, chunks, epsilon, act
 
     def _checked_in_read(self) -> tuple:
         """``in_read`` as tuples of ints and a kind (from them, or from the key's text: ``in_read_text``), or a
@@ -1066,23 +1071,24 @@ def reference_epilogue(wl, out: np.ndarray, bias=None, residual=None) -> np.ndar
     return apply_numpy(wl.activation, out)
 
 
-def channel_normed(x, affine, epsilon: float, activation: str) -> np.ndarray:
-    """``in_channel_norm``'s input in float64: each channel of each image normalized over its pixels, times gamma
-    plus beta (``affine``: (2, C), or ``A``'s (2 * C4, 4) rows), then ``activation``."""
+def group_normed(x, affine, groups: int, epsilon: float, activation: str) -> np.ndarray:
+    """``in_group_norm``'s input in float64: each (image, group of channels) normalized over its channels and pixels,
+    times gamma plus beta (``affine``: (2, C), or ``A``'s (2 * C4, 4) rows), then ``activation``."""
     x = np.asarray(x, np.float64)
-    C = x.shape[1]
+    N, C = x.shape[:2]
     gamma, beta = np.asarray(affine, np.float64).reshape(2, -1)[:, :C]
-    y = (x - x.mean(axis=(2, 3), keepdims=True)) / np.sqrt(x.var(axis=(2, 3), keepdims=True) + epsilon)
+    xg = x.reshape(N, groups, -1)
+    y = ((xg - xg.mean(axis=2, keepdims=True)) / np.sqrt(xg.var(axis=2, keepdims=True) + epsilon)).reshape(x.shape)
     return apply_numpy(activation, y * gamma.reshape(1, -1, 1, 1) + beta.reshape(1, -1, 1, 1))
 
 
 def reference(wl: Conv2dWorkload, x, w, bias=None, residual=None, scale=None, affine=None) -> np.ndarray:
     """NumPy conv2d in float64 (the check for every tuned config); ``scale`` (N, C, 1, 1): the input's gate;
-    ``affine``: ``in_channel_norm``'s gamma and beta; a ``shuffle_view`` gives the interleave it writes
+    ``affine``: ``in_group_norm``'s gamma and beta; a ``shuffle_view`` gives the interleave it writes
     (``out_view`` is not applied: the layer's own channels)."""
-    if getattr(wl, "in_channel_norm", ()):
-        _, epsilon, act = wl.in_channel_norm
-        return reference(dataclasses.replace(wl, in_channel_norm=()), channel_normed(x, affine, epsilon, act), w,
+    if getattr(wl, "in_group_norm", ()):
+        groups, _, epsilon, act = wl.in_group_norm
+        return reference(dataclasses.replace(wl, in_group_norm=()), group_normed(x, affine, groups, epsilon, act), w,
                          bias, residual, scale)
     if scale is not None:
         x = x.astype(np.float64) * scale
@@ -1127,11 +1133,12 @@ def random_inputs(wl, rng) -> dict:
     if getattr(wl, "norm_partials", 0):  # the image statistics, as group_norm's stats kernel writes them
         from tuner.templates.reduction import chunk_statistics
         inputs["P"] = chunk_statistics(inputs["X"], wl.norm_partials).astype(np.float32)
-    if getattr(wl, "in_channel_norm", ()):  # gamma, beta; the statistics as group_norm's stats kernel writes them
-        from tuner.templates.reduction import channel_chunk_statistics
+    if getattr(wl, "in_group_norm", ()):  # gamma, beta; the statistics as group_norm's stats kernel writes them
+        from tuner.templates.reduction import chunk_statistics
         c4 = -(-wl.data[1] // 4)
         inputs["A"] = draw((2 * c4, 4)).astype(np.float32)
-        inputs["Q"] = channel_chunk_statistics(inputs["X"], wl.in_channel_norm[0]).astype(np.float32)
+        groups, chunks = wl.in_group_norm[:2]
+        inputs["Q"] = chunk_statistics(inputs["X"], chunks, groups).astype(np.float32)
     if wl.residual:
         inputs["Res"] = draw(wl.out_shape)
     if getattr(wl, "in_scale", False):

@@ -16,7 +16,7 @@ from tuner.ir.activations import apply_ir
 from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
 from tuner.ir.dtype import DType
-from tuner.ir.expr import Cast, ExtractLane, Ramp, as_expr, call, const, max_, min_
+from tuner.ir.expr import Broadcast, Cast, ExtractLane, Ramp, as_expr, call, const, max_, min_
 from tuner.ir.gather import gather_pixel
 from tuner.ir.schedule import cache_read
 from tuner.templates.reduction import hsum, sum_partials
@@ -67,8 +67,8 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
     Xs = buffer("Xs", wl.side_copy[0], wl.dtype, *scope_layout(wl.side_copy[3], cfg.act_layout, "nchw4c_buffer")) \
         if wl.side_copy else None  # the source of the concat's other part this launch writes too
     P = buffer("P", (N * wl.norm_partials * 2, 4), "float32", "global") if wl.norm_partials else None
-    Q, A = (buffer("Q", (N * C4 * wl.in_channel_norm[0] * 2, 4), "float32", "global"),
-            buffer("A", (2 * C4, 4), "float32", "global")) if wl.in_channel_norm else (None, None)
+    Q, A = (buffer("Q", (N * norm_units(wl) * wl.in_group_norm[1] * 2, 4), "float32", "global"),
+            buffer("A", (2 * C4, 4), "float32", "global")) if wl.in_group_norm else (None, None)
     operands = (*params_of(X), Sc, Wt, B, Res, Y, Xs, P, Q, A)
     if wl.in_read and cfg.cache_input:
         raise ValueError("cache_input copies one input buffer; an input read in parts (in_read) has several")
@@ -83,8 +83,8 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
         raise ValueError("split_k > 1 and local_input: the work-items of a split stage different channel blocks")
     if sk > 1 and wl.in_norm:
         raise ValueError("split_k > 1 and in_norm: each work-item sums its pixels' statistics over every channel")
-    if cfg.local_input and wl.in_channel_norm and wl.pad_mode == "zeros" and any(wl.padding):
-        raise ValueError("local_input and in_channel_norm with zero padding: the staged tile holds the padding's "
+    if cfg.local_input and wl.in_group_norm and wl.pad_mode == "zeros" and any(wl.padding):
+        raise ValueError("local_input and in_group_norm with zero padding: the staged tile holds the padding's "
                          "zeros, which the norm would move")
     b = Builder()
     with b.loop("nb", N * n_ob, "group.2") as nb, b.loop("tk", sk, "local.2") as tk, \
@@ -110,7 +110,7 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
                               (gh * cfg.wg_h * t_oh * sh - pt, gw * cfg.wg_w * t_ow * sw - pl), th * cfg.wg_w + tw)
                 with b.loop("cbi", cfg.split_c, "unrolled") as cbi:
                     cbl = cbo * cfg.split_c + cbi
-                    cn = channel_norm_factors(b, wl, X, Q, A, n, grp * CG4 + cbl if G > 1 else cbl) if Q else None
+                    cn = group_norm_factors(b, wl, X, Q, A, n, grp * CG4 + cbl if G > 1 else cbl) if Q else None
                     with b.loop("r", R, window) as r, b.loop("s", S, window) as s:
                         conv_step(b, cfg, wl, (X, Sc), Wt, acc, arith, tile, vector_input, n, grp, obb, oh0, ow0,
                                   th, tw, cbo, cbi, r, s, (C4, CG4, OB, G, H, W), stats, cn)
@@ -161,23 +161,36 @@ def gate_row(Sc, ih):
     return ih if Sc.shape[2] > 1 else 0
 
 
-def channel_norm_factors(b, wl, X, Q, A, n, cb) -> tuple:
-    """``in_channel_norm``'s (mean, rstd * gamma, beta) of channel block ``cb`` of image ``n``, float4s: its
-    chunk partials in ``Q`` added up (a sum of ``chunks`` loads each, static), K its pixel (0, 0)."""
+def norm_units(wl) -> int:
+    """``in_group_norm``'s statistics units an image: its blocks of 4 channels for an InstanceNorm (a lane each
+    channel), else its groups."""
+    C, groups = wl.data[1], wl.in_group_norm[0]
+    return -(-C // 4) if groups == C else groups
+
+
+def group_norm_factors(b, wl, X, Q, A, n, cb) -> tuple:
+    """``in_group_norm``'s (mean, rstd * gamma, beta) of channel block ``cb`` of image ``n``, float4s: its unit's
+    chunk partials in ``Q`` added up (a sum of ``chunks`` loads each, static), K the unit's first pixel -- per lane
+    for an InstanceNorm; else the group's lanes and blocks added up, K its first element."""
     N, C, H, W = wl.data
-    T, epsilon, _ = wl.in_channel_norm
+    G, T, epsilon, _ = wl.in_group_norm
     C4, vec = -(-C // 4), Ramp(as_expr(0), as_expr(1), 4)
-    u = (n * C4 + cb) * T
-    s = b.let("cs", sum((Q[(u + t) * 2, vec] for t in range(1, T)), Q[u * 2, vec]))
-    q = b.let("cq", sum((Q[(u + t) * 2 + 1, vec] for t in range(1, T)), Q[u * 2 + 1, vec]))
-    m = b.let("cm", s * (1.0 / (H * W)))
-    mean = b.let("cmean", _as_float(pixel(X, n, cb, 0, 0)) + m)
-    rstd = call("rsqrt", [max_(q * (1.0 / (H * W)) - m * m, 0.0) + epsilon], "float32x4")
-    return mean, b.let("cscale", rstd * A[cb, vec]), b.let("cshift", A[C4 + cb, vec])
+    per_lane, blocks = G == C, (C // G) // 4 if G > 1 else C4  # blocks of a group
+    unit = n * C4 + cb if per_lane else n * G + (cb // blocks if G > 1 else 0)
+    s = sum((Q[(unit * T + t) * 2, vec] for t in range(1, T)), Q[unit * T * 2, vec])
+    q = sum((Q[(unit * T + t) * 2 + 1, vec] for t in range(1, T)), Q[unit * T * 2 + 1, vec])
+    count = H * W if per_lane else (C // G) * H * W
+    first = _as_float(pixel(X, n, cb if per_lane else (cb // blocks) * blocks if G > 1 else as_expr(0), 0, 0))
+    if not per_lane:  # the group's sums over its lanes, its shift the first lane's
+        s, q, first = Broadcast(hsum(s), 4), Broadcast(hsum(q), 4), Broadcast(ExtractLane(first, 0), 4)
+    m = b.let("gm", s * (1.0 / count))
+    mean = b.let("gmean", first + m)
+    rstd = call("rsqrt", [max_(q * (1.0 / count) - m * m, 0.0) + epsilon], "float32x4")
+    return mean, b.let("gscale", rstd * A[cb, vec]), b.let("gshift", A[C4 + cb, vec])
 
 
-def channel_normed(v, cn, activation: str, lane=None):
-    """``in_channel_norm`` of a value read (a pixel, or lane ``lane`` of one) in float32:
+def group_normed(v, cn, activation: str, lane=None):
+    """``in_group_norm`` of a value read (a pixel, or lane ``lane`` of one) in float32:
     act((v - mean) * rstd * gamma + beta)."""
     mean, scale, shift = cn if lane is None else (ExtractLane(f, lane) for f in cn)
     return apply_ir(activation, (_as_float(v) - mean) * scale + shift)
@@ -230,10 +243,10 @@ def conv_step(b, cfg, wl, inputs, Wt, acc, arith, tile, vector_input, n, grp, ob
               s, sizes, stats=None, cn=None):
     """One input-channel block (``cbo * split_c + cbi``) and window tap (r, s) of a work-item's tile: 4 lanes
     of every input pixel times 4-output weight pixels, accumulated. ``inputs``: (X, the gate Sc or None); ``cn``:
-    the block's ``in_channel_norm`` factors (``channel_norm_factors``), applied to each value read before its
+    the block's ``in_group_norm`` factors (``group_norm_factors``), applied to each value read before its
     padding of zeros (a staged tile holds no such padding: the space)."""
     def normed(v, lane=None):  # a value read, in the compute type
-        return arith.load(v if cn is None else channel_normed(v, cn, wl.in_channel_norm[2], lane))
+        return arith.load(v if cn is None else group_normed(v, cn, wl.in_group_norm[3], lane))
     (X, Sc), (C4, CG4, OB, G, H, W) = inputs, sizes
     C = wl.data[1]
     t_oc, t_oh, t_ow = cfg.tile_oc, cfg.tile_oh, cfg.tile_ow
@@ -294,7 +307,7 @@ def space_vars(wl: Conv2dWorkload) -> dict:
                 data=wl.data, kernel=wl.kernel, out=wl.out_shape, bias=wl.bias, residual=wl.residual,
                 stride=wl.stride, dilation=wl.dilation, plain_input=wl.plain_input, plain_output=wl.plain_output,
                 in_read=wl.in_read, in_norm=wl.in_norm, norm_partials=wl.norm_partials,
-                in_channel_norm=bool(wl.in_channel_norm), zero_padding=wl.pad_mode == "zeros" and any(wl.padding))
+                in_group_norm=bool(wl.in_group_norm), zero_padding=wl.pad_mode == "zeros" and any(wl.padding))
 
 
 def fallback(wl: Conv2dWorkload, info) -> Conv2dConfig:
@@ -367,10 +380,11 @@ def lower(ctx, node, ins):
     if node.attrs.get("patch_view"):  # passes_patches: MobileViT's unfold or fold written by this convolution
         fields["patch_view"] = tuple(node.attrs["patch_view"])
     extra, c = {}, data[1]
-    if node.attrs.get("in_channel_norm"):  # passes_layer_norm.instance_norm_into_convs: an InstanceNorm as read
-        epsilon, act = node.attrs["in_channel_norm"]
+    if node.attrs.get("in_group_norm"):  # passes_layer_norm.norms_applied_as_read: a GroupNorm as read
+        g, epsilon, act = node.attrs["in_group_norm"]
         stats, c4 = node.attrs["norm_stats"], -(-data[1] // 4)
-        fields["in_channel_norm"] = (ctx.shape(stats)[1] // (8 * c4), float(epsilon), act)
+        units = c4 if g == data[1] else g
+        fields["in_group_norm"] = (int(g), ctx.shape(stats)[1] // (8 * units), float(epsilon), act)
         inputs["Q"] = ctx.packed(stats)
         affine = np.zeros((2, c4 * 4), np.float32)
         affine[:, :data[1]] = np.asarray(ctx.graph.params[node.attrs["norm_affine"]], np.float32).reshape(2, -1)
@@ -422,7 +436,7 @@ VARIABLES = dict(N="batch", C="input channels", H="input height", W="input width
                  in_norm="the input's LayerNorm epsilon (over channels, per pixel), 0 when none",
                  norm_partials="with in_norm: the input's GroupNorm(1) statistics as that many chunk partials in P "
                  "(over the image), 0 for a LayerNorm",
-                 in_channel_norm="the input instance-normalized (and its affine and activation) as it is read",
+                 in_group_norm="the input group-normalized (and its affine and activation) as it is read",
                  zero_padding="the padding reads zeros (pad_mode zeros and some padding)")
 TEMPLATE = Template("conv2d", Conv2dWorkload, Conv2dConfig, conv2d_nchw4c, _reference, random_inputs,
                     fallback, space_vars, VARIABLES, features=features, model_knobs=MODEL_KNOBS,

@@ -28,9 +28,8 @@ from tuner.ir.builder import Builder
 from tuner.ir.expr import Broadcast, ExtractLane, Ramp, as_expr, call, max_, min_, select
 from tuner.ir.kernel import Program
 from tuner.templates.common import EPILOGUE_ARGS, Template, WorkloadArg, bias_length, split_prelu, texture_scopes
-from tuner.templates.reduction import (ReduceConfig, SameShapeWorkload, Schedule, ceil_div,
-                                       channel_chunk_statistics, chunk_statistics, each_index, fallback_config,
-                                       features, hsum, packed, sum_partials, unravel)
+from tuner.templates.reduction import (ReduceConfig, SameShapeWorkload, Schedule, ceil_div, chunk_statistics,
+                                       each_index, fallback_config, features, hsum, packed, sum_partials, unravel)
 
 
 @dataclass(frozen=True)
@@ -45,11 +44,11 @@ class GroupNormWorkload(SameShapeWorkload):
     residual: bool = False  # an add of another activation of the shape (``Res``) after the affine, before the
     # activation: a residual block's y = norm(conv(x)) + x (issue 55); in the key only when set
     stats: int = 0  # > 0: the statistics only, for the convolutions that normalize as they read
-    # (``passes_layer_norm``): GroupNorm(1)'s (``Conv2dWorkload.norm_partials``), each image's ``stats`` chunks'
-    # shifted sums of d and d^2 (float4 each, K the image's first element) written to Y, a float32 buffer of
-    # (N * stats * 2, 4); or an InstanceNorm's (groups = C, ``Conv2dWorkload.in_channel_norm``), per (image, block of
-    # 4 channels) its chunks' per-lane sums, K the block's pixel (0, 0), (N * C4 * stats * 2, 4). The split is the
-    # chunk count. No scale, bias, residual or activation; in the key only when set
+    # (``passes_layer_norm``; ``Conv2dWorkload.norm_partials`` and ``in_group_norm``): each unit's ``stats`` chunks'
+    # shifted sums of d and d^2 (float4 each) written to Y, a float32 buffer of (N * units * stats * 2, 4) --
+    # ``reduction.chunk_statistics``: a unit an image (GroupNorm(1)), a group of whole blocks, or a block of 4
+    # channels whose lanes are 4 InstanceNorm channels. The split is the chunk count. Not for groups that share a
+    # block; no scale, bias, residual or activation; in the key only when set
 
     def key(self) -> dict:
         key = super().key()
@@ -62,7 +61,7 @@ class GroupNormWorkload(SameShapeWorkload):
     def out_shape(self) -> tuple:
         if not self.stats:
             return self.data
-        return (self.data[0] * (-(-self.data[1] // 4) if self.groups > 1 else 1) * self.stats * 2, 4)
+        return (int(np.prod(_units(self)[0])) * self.stats * 2, 4)
 
     def __post_init__(self):
         object.__setattr__(self, "data", tuple(int(x) for x in self.data))
@@ -77,11 +76,11 @@ class GroupNormWorkload(SameShapeWorkload):
         if self.dtype not in ("float32", "float16"):
             raise ValueError(f"dtype {self.dtype!r}: float32 or float16 storage")
         object.__setattr__(self, "stats", int(self.stats))
-        if self.stats and (self.groups not in (1, C) or self.residual or self.activation != "none"
+        if self.stats and (_mixed(self) or self.residual or self.activation != "none"
                            or self.stats < 0 or 2 * self.stats > _units(self)[1][0] * self.data[2] * self.data[3]):
-            raise ValueError(f"group_norm stats={self.stats}: the statistics of GroupNorm(1) or of an InstanceNorm "
-                             f"only (groups 1 or C, no residual or activation), at most half as many chunks as a "
-                             f"unit's texels")
+            raise ValueError(f"group_norm stats={self.stats}: the statistics only of groups of whole blocks of 4 "
+                             f"channels, of one channel each or of one group (no residual or activation), at most "
+                             f"half as many chunks as a unit's texels")
 
 
 def _mixed(wl) -> bool:
@@ -340,8 +339,7 @@ def _group_norm_mixed(wl: GroupNormWorkload, cfg: ReduceConfig) -> Program:
 
 def reference(wl: GroupNormWorkload, inputs: dict) -> np.ndarray:
     if wl.stats:
-        return chunk_statistics(inputs["X"], wl.stats) if wl.groups == 1 else \
-            channel_chunk_statistics(inputs["X"], wl.stats)
+        return chunk_statistics(inputs["X"], wl.stats, wl.groups)
     x = np.asarray(inputs["X"], np.float64)
     xg = x.reshape(x.shape[0], wl.groups, -1)
     mean = xg.mean(axis=2, keepdims=True)
@@ -379,8 +377,8 @@ def space_vars(wl: GroupNormWorkload) -> dict:
 
 VARIABLES = dict(U="units: (image, group) pairs, or (image, block of 4 channels) when groups = C",
                  E="texels per unit", data="input shape N,C,H,W", C="channels", groups="groups",
-                 stats="chunk partials per unit written (GroupNorm(1)'s or an InstanceNorm's statistics only), 0 when the "
-                 "norm is whole")
+                 stats="chunk partials per unit written (the statistics only, for the convolutions that normalize as they "
+                 "read), 0 when the norm is whole")
 
 
 def fallback(wl: GroupNormWorkload, info) -> ReduceConfig:

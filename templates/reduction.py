@@ -113,40 +113,30 @@ def sum_partials(b, part, u, T: int, name: str = "t", acc: str = "acc"):
     return acc
 
 
-def chunk_statistics(x: np.ndarray, chunks: int) -> np.ndarray:
-    """GroupNorm(1)'s chunk partials as ``stats`` writes them: per image, per chunk of its texels (the packed
-    (C/4, H, W) pixels in order, ``ceil(texels / chunks)`` a chunk), the float4 sums of d = x - K and of d^2, K the
-    image's first element, padding lanes 0 -- an (N * chunks * 2, 4) array."""
+def chunk_statistics(x: np.ndarray, chunks: int, groups: int = 1) -> np.ndarray:
+    """A norm's chunk partials as ``group_norm``'s ``stats`` writes them: per unit, per chunk of its texels in order
+    (``ceil(texels / chunks)`` a chunk), the float4 sums of d = x - K and of d^2, padding lanes 0. GroupNorm(1): a
+    unit is an image, its texels the packed (C/4, H, W) pixels, K its first element; groups of a multiple of 4
+    channels: a unit is (image, group), its blocks' pixels, K the group's first element; groups = C (an
+    InstanceNorm): a unit is (image, block of 4 channels), its H x W pixels, K the block's pixel (0, 0), each lane
+    its own channel. An (N * units * chunks * 2, 4) array, units an image's."""
     x = np.asarray(x, np.float64)
     N, C, H, W = x.shape
     C4 = -(-C // 4)
     d = np.zeros((N, C4 * 4, H, W))
-    d[:, :C] = x - x[:, :1, :1, :1]
-    tex = d.reshape(N, C4, 4, H, W).transpose(0, 1, 3, 4, 2).reshape(N, C4 * H * W, 4)
+    if groups == C:
+        d[:, :C] = x - x[:, :, :1, :1]
+        tex = d.reshape(N * C4, 4, H * W).transpose(0, 2, 1)  # (units, pixels, 4)
+    else:
+        cg = C // groups
+        d[:, :C] = x - np.repeat(x[:, ::cg, :1, :1], cg, axis=1)
+        tex = d.reshape(N, C4, 4, H, W).transpose(0, 1, 3, 4, 2).reshape(N * groups, -1, 4)
     size = ceil_div(tex.shape[1], chunks)
-    out = np.zeros((N, chunks, 2, 4))
+    out = np.zeros((tex.shape[0], chunks, 2, 4))
     for t in range(chunks):
         part = tex[:, t * size:(t + 1) * size]
         out[:, t, 0], out[:, t, 1] = part.sum(axis=1), (part * part).sum(axis=1)
-    return out.reshape(N * chunks * 2, 4)
-
-
-def channel_chunk_statistics(x: np.ndarray, chunks: int) -> np.ndarray:
-    """An InstanceNorm's chunk partials as ``stats`` writes them with groups = C: per (image, block of 4 channels),
-    per chunk of its H x W pixels in order (``ceil(H * W / chunks)`` a chunk), the float4 sums of d = x - K and of
-    d^2, K the block's pixel (0, 0), padding lanes 0 -- an (N * C4 * chunks * 2, 4) array."""
-    x = np.asarray(x, np.float64)
-    N, C, H, W = x.shape
-    C4 = -(-C // 4)
-    d = np.zeros((N, C4 * 4, H, W))
-    d[:, :C] = x - x[:, :, :1, :1]
-    px = d.reshape(N, C4, 4, H * W).transpose(0, 1, 3, 2)  # (N, C4, pixels, 4)
-    size = ceil_div(H * W, chunks)
-    out = np.zeros((N, C4, chunks, 2, 4))
-    for t in range(chunks):
-        part = px[:, :, t * size:(t + 1) * size]
-        out[:, :, t, 0], out[:, :, t, 1] = part.sum(axis=2), (part * part).sum(axis=2)
-    return out.reshape(N * C4 * chunks * 2, 4)
+    return out.reshape(-1, 4)
 
 
 @contextmanager

@@ -270,38 +270,38 @@ def test_input_group_norm_reads_its_statistics(device, rng, knobs):
         Conv2dWorkload((1, 8, 4, 4), (8, 8, 1, 1), bias=True, norm_partials=4)
 
 
-INSTANCE_NORMED = dict(data=(2, 10, 7, 9), kernel=(12, 10, 3, 3), bias=True, activation="relu",
-                       in_channel_norm=(4, 1e-5, "relu"))
-
-
-@pytest.mark.parametrize("knobs,pad_mode", [
-    (dict(), "reflect"), (dict(), "zeros"), (dict(**BUFFERS, vec_load=1), "zeros"),
-    (dict(local_input=True, wg_w=2, wg_h=2), "reflect"), (dict(split_k=2, tile_oc=2, tile_ow=4), "zeros"),
-    (dict(**BUFFERS, compute="half"), "edge")],
-    ids=["texture reflect", "texture zeros", "scalar loads", "local tile", "split_k", "float16"])
-def test_input_instance_norm_is_applied_as_read(device, rng, knobs, pad_mode):
-    """``in_channel_norm``: each input channel normalized over its image (statistics from Q's chunk partials, as
-    ``group_norm``'s stats kernel writes them for groups = C), its gamma and beta from A, then the ReLU, before the
-    padding of zeros and under a reflection or edge pad; against NumPy on inputs whose channels have a mean far from
-    their deviation. A Q off by 1% moves the output; a staged tile with zero padding is outside the space."""
+@pytest.mark.parametrize("knobs,pad_mode,channels,groups", [
+    (dict(), "reflect", 10, 10), (dict(), "zeros", 10, 10), (dict(**BUFFERS, vec_load=1), "zeros", 10, 10),
+    (dict(local_input=True, wg_w=2, wg_h=2), "reflect", 10, 10), (dict(split_k=2, tile_oc=2, tile_ow=4), "zeros", 10, 10),
+    (dict(**BUFFERS, compute="half"), "edge", 10, 10), (dict(), "zeros", 16, 2), (dict(**BUFFERS, vec_load=1), "reflect", 16, 4),
+    (dict(tile_oh=2), "zeros", 10, 1)],
+    ids=["instance texture reflect", "instance texture zeros", "instance scalar loads", "instance local tile",
+         "instance split_k", "instance float16", "2 groups", "4 groups scalar loads", "1 group"])
+def test_input_group_norm_is_applied_as_read(device, rng, knobs, pad_mode, channels, groups):
+    """``in_group_norm``: each (image, group of channels) of the input normalized over its channels and pixels
+    (statistics from Q's chunk partials, as ``group_norm``'s stats kernel writes them; groups = C: an InstanceNorm,
+    a lane each channel), its gamma and beta from A, then the ReLU, before the padding of zeros and under a
+    reflection or edge pad; against NumPy on inputs whose channels have a mean far from their deviation. A Q off by
+    1% moves the output; a staged tile with zero padding is outside the space."""
     import dataclasses
     from tuner.templates import get_template
     from tuner.templates.common import random_inputs
-    from tuner.templates.reduction import channel_chunk_statistics
+    from tuner.templates.reduction import chunk_statistics
     half = knobs.get("compute") == "half"
     if half and not device.info.fp16:  # float16 storage, float32 arithmetic
         knobs = {k: v for k, v in knobs.items() if k != "compute"}
-    wl = Conv2dWorkload(**INSTANCE_NORMED, padding=1, pad_mode=pad_mode, dtype="float16" if half else "float32")
+    wl = Conv2dWorkload((2, channels, 7, 9), (12, channels, 3, 3), bias=True, activation="relu", padding=1,
+                        pad_mode=pad_mode, in_group_norm=(groups, 4, 1e-5, "relu"), dtype="float16" if half else "float32")
     inputs = random_inputs(wl, rng)
-    x = (inputs["X"].astype(np.float64) * 0.2 + rng.uniform(-30, 30, (1, 10, 1, 1)))
+    x = inputs["X"].astype(np.float64) * 0.2 + rng.uniform(-30, 30, (1, channels, 1, 1))
     inputs["X"] = x.astype(wl.dtype)
-    inputs["Q"] = channel_chunk_statistics(inputs["X"], 4).astype(np.float32)
+    inputs["Q"] = chunk_statistics(inputs["X"], 4, groups).astype(np.float32)
     run = build(conv2d_nchw4c(wl, Conv2dConfig(**knobs)), device)
-    gamma, beta = inputs["A"].reshape(2, -1)[:, :10]
-    xx = inputs["X"].astype(np.float64)
-    normed = (xx - xx.mean(axis=(2, 3), keepdims=True)) / np.sqrt(xx.var(axis=(2, 3), keepdims=True) + 1e-5)
+    gamma, beta = inputs["A"].reshape(2, -1)[:, :channels]
+    xg = inputs["X"].astype(np.float64).reshape(2, groups, -1)
+    normed = ((xg - xg.mean(axis=2, keepdims=True)) / np.sqrt(xg.var(axis=2, keepdims=True) + 1e-5)).reshape(x.shape)
     normed = np.maximum(normed * gamma.reshape(1, -1, 1, 1) + beta.reshape(1, -1, 1, 1), 0)
-    plain = reference(dataclasses.replace(wl, in_channel_norm=()), normed, inputs["Wt"], inputs["B"])
+    plain = reference(dataclasses.replace(wl, in_group_norm=()), normed, inputs["Wt"], inputs["B"])
     ref = reference(wl, inputs["X"], inputs["Wt"], inputs["B"], affine=inputs["A"])
     assert np.abs(ref - plain).max() < 1e-9 * np.abs(plain).max()
     tol = 5e-3 if half else 1e-4
@@ -311,11 +311,13 @@ def test_input_instance_norm_is_applied_as_read(device, rng, knobs, pad_mode):
     t = get_template("conv2d")
     tiled = t.config_values(wl, Conv2dConfig(local_input=True, wg_w=2, wg_h=2))
     assert bool(t.space(wl, device).violations(tiled)) == (pad_mode == "zeros")
-    assert wl.key()["in_channel_norm"] == [4, 1e-5, "relu"] and "in_channel_norm" not in NORMED.key()
-    with pytest.raises(ValueError, match="in_channel_norm"):
-        Conv2dWorkload((1, 8, 4, 4), (8, 8, 1, 1), bias=True, in_norm=1e-5, in_channel_norm=(2, 1e-5, "relu"))
-    with pytest.raises(ValueError, match="in_channel_norm"):
-        Conv2dWorkload((1, 8, 4, 4), (8, 8, 1, 1), in_channel_norm=(0, 1e-5, "relu"))
+    assert wl.key()["in_group_norm"] == [groups, 4, 1e-5, "relu"] and "in_group_norm" not in NORMED.key()
+    with pytest.raises(ValueError, match="in_group_norm"):
+        Conv2dWorkload((1, 8, 4, 4), (8, 8, 1, 1), bias=True, in_norm=1e-5, in_group_norm=(8, 2, 1e-5, "relu"))
+    with pytest.raises(ValueError, match="in_group_norm"):
+        Conv2dWorkload((1, 8, 4, 4), (8, 8, 1, 1), in_group_norm=(8, 0, 1e-5, "relu"))
+    with pytest.raises(ValueError, match="whole blocks"):  # groups of 2 channels share a block
+        Conv2dWorkload((1, 8, 4, 4), (8, 8, 1, 1), in_group_norm=(4, 2, 1e-5, "relu"))
 
 
 def test_input_norm_with_a_per_channel_prelu(device, rng):

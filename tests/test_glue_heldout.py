@@ -155,12 +155,12 @@ def test_style_transfer_residual_adds_run_in_the_norms(tmp_path):
     by their convolutions and the last convolution writes the model output, ``tuner.plan.input_views`` and
     ``io_views``; the 9x9 stem keeps the input's relayout.) The norms read only by convolutions -- the two
     downsampling ones, each block's first, the last -- leave their statistics kernel alone, the convolutions
-    normalizing as they read (``instance_norm_into_convs``); their launches are one each."""
+    normalizing as they read (``norms_applied_as_read``); their launches are one each."""
     mod = _compile_and_check(zoo.test_models()["style_transfer"], tmp_path)
     ops = [n.template or n.op for n in mod.spec.nodes]
     assert "elementwise" not in ops and "resize" not in ops and len(ops) == 20, ops
     stats = [n for n in mod.spec.nodes if n.template == "group_norm" and n.workload.get("stats")]
-    normed = [n for n in mod.spec.nodes if n.template == "conv2d" and n.workload.get("in_channel_norm")]
+    normed = [n for n in mod.spec.nodes if n.template == "conv2d" and n.workload.get("in_group_norm")]
     assert len(stats) == len(normed) == 5 and all(len(n.calls) == 1 for n in stats), ops
 
 
@@ -454,7 +454,8 @@ def test_layer_norm_runs_inside_the_1x1_convolutions_that_read_it(native, cl_env
 def _group_norm_then_convs(b, second: int = 1) -> dict:
     """A GroupNorm(1) (MobileViTv2's, over a whole image of 10 channels: a partial last block) of a 3x3
     convolution's output, read by a 1x1 convolution with a residual and ReLU and by a second convolution of kernel
-    ``second`` with a per-channel PReLU (a 3x3 one cannot normalize its input itself: the norm stays a kernel)."""
+    ``second`` with a per-channel PReLU (a 3x3 one cannot fold the norm into its weights: both apply it as they
+    read, ``norms_applied_as_read``)."""
     x = b.input("input", (1, 6, 5, 7))
     y = b.conv(x, 6, 10, 3, bias=True)
     t = b.node("GroupNormalization", [y, b.const("gn_s", b.rng.uniform(0.5, 1.5, 10)),
@@ -470,7 +471,8 @@ def _group_norm_then_convs(b, second: int = 1) -> dict:
 def test_group_norm_statistics_feed_the_1x1_convolutions_that_normalize(native, cl_env, scope, second, tmp_path):
     """A GroupNorm(1) read only by 1x1 convolutions leaves one kernel, its statistics (``group_norm`` with
     ``stats``: chunk partials, a float32 buffer), and each reader normalizes as it reads (``norm_partials``), its
-    affine folded in; read by a 3x3 convolution too, it stays whole. Against onnxruntime in each scope, by the
+    affine folded in; read by a 3x3 convolution too, both readers apply the norm as they read its input
+    (``in_group_norm``, one group: the statistics kernel is the same). Against onnxruntime in each scope, by the
     Python executor and by tuner-run, on an input of mean far from zero; and in float16 storage."""
     from conftest import building_cpu
     model = _Builder(seed=6, opset=21)
@@ -483,10 +485,12 @@ def test_group_norm_statistics_feed_the_1x1_convolutions_that_normalize(native, 
         assert len(normed) == 2 and len(stats) == 1 and len(stats[0].calls) == 1, kernels
         assert {n.workload["norm_partials"] for n in normed} == {stats[0].workload["stats"]}
     else:
-        assert "group_norm" in kernels and not normed and not stats, kernels
+        applied = [n for n in mod.spec.nodes if n.template == "conv2d" and n.workload.get("in_group_norm")]
+        assert not normed and len(applied) == 2 and len(stats) == 1 and len(stats[0].calls) == 1, kernels
+        assert {tuple(n.workload["in_group_norm"][:2]) for n in applied} == {(1, stats[0].workload["stats"])}
     assert _rel(mod.run([x])[0], want[0]) < 1e-4
     assert _rel(_tuner_run(mod, x, building_cpu(), native, cl_env, tmp_path), want[0]) < 1e-4
-    if second == 1 and scope == "buffer":
+    if scope == "buffer":
         path = tmp_path / "m.onnx"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -494,44 +498,54 @@ def test_group_norm_statistics_feed_the_1x1_convolutions_that_normalize(native, 
         assert _rel(half.run([x])[0], want[0]) < 5e-3
 
 
-def _instance_norm_then_convs(b, also_added: bool = False) -> dict:
-    """conv -> InstanceNorm (10 channels: a partial last block) -> ReLU, read by a reflection Pad then a 3x3
-    convolution of stride 2 (the style-transfer net's downsampling) and by a 3x3 convolution with zero padding and a
-    bias-free 1x1 one beside it; ``also_added``: an add reads it too, so the norm stays a kernel."""
+def _norm_then_convs_read_normalized(b, norm: str = "instance", also_added: bool = False) -> dict:
+    """conv -> a norm and its activation: ``instance`` an InstanceNorm of 10 channels (a partial last block) and a
+    ReLU; ``groups4`` a GroupNorm(4) of 16 channels (whole blocks a group) and a SiLU; ``groups8`` a GroupNorm(8) of
+    16 (2 channels a group: they share blocks) and a ReLU. Read by a reflection Pad then a 3x3 convolution of stride
+    2 (the style-transfer net's downsampling) and by a 3x3 convolution with zero padding beside a bias-free 1x1;
+    ``also_added``: an add reads it too."""
+    c = 10 if norm == "instance" else 16
     x = b.input("input", (1, 6, 9, 11))
-    y = b.conv(x, 6, 10, 3, bias=True)
-    t = b.node("Relu", [b.node("InstanceNormalization", [y, b.const("in_s", b.rng.uniform(0.5, 1.5, 10)),
-                                                         b.const("in_b", b.rng.normal(0, 0.5, 10))], epsilon=1e-5)])
+    y = b.conv(x, 6, c, 3, bias=True)
+    affine = [b.const("n_s", b.rng.uniform(0.5, 1.5, c)), b.const("n_b", b.rng.normal(0, 0.5, c))]
+    if norm == "instance":
+        t = b.node("Relu", [b.node("InstanceNormalization", [y, *affine], epsilon=1e-5)])
+    else:
+        t = b.node("GroupNormalization", [y, *affine], num_groups=4 if norm == "groups4" else 8, epsilon=1e-5)
+        t = b.node("Mul", [t, b.node("Sigmoid", [t])]) if norm == "groups4" else b.node("Relu", [t])
     p = b.node("Pad", [t, b.const("pads", np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64))], mode="reflect")
-    down = b.conv(p, 10, 12, 3, stride=2, bias=True, pads=[0, 0, 0, 0])
-    same = b.node("Add", [b.conv(t, 10, 12, 3, bias=True), b.conv(t, 10, 12, 1)])
+    down = b.conv(p, c, 12, 3, stride=2, bias=True, pads=[0, 0, 0, 0])
+    same = b.node("Add", [b.conv(t, c, 12, 3, bias=True), b.conv(t, c, 12, 1)])
     if also_added:
-        same = b.node("Add", [same, b.conv(b.node("Add", [t, y]), 10, 12, 1, bias=True)])
+        same = b.node("Add", [same, b.conv(b.node("Add", [t, y]), c, 12, 1, bias=True)])
     b.node("Add", [b.node("MaxPool", [same], kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1), down],
            output="output")
     return {"output": [1, 12, 5, 6]}
 
 
 @pytest.mark.parametrize("scope", ["texture", "buffer"])
-@pytest.mark.parametrize("also_added", [False, True])
-def test_instance_norm_is_read_normalized_by_its_convolutions(native, cl_env, scope, also_added, tmp_path):
-    """An InstanceNorm and its ReLU read only by convolutions leave one kernel, its statistics (``group_norm`` with
-    ``stats`` and groups = C: each channel block's chunk partials), and each reader normalizes every value it reads
-    (``in_channel_norm``): through a reflection pad folded into it, before a padding of zeros, beside a bias-free
-    1x1; read by an add too, the norm stays whole. Against onnxruntime in each scope, by the Python executor and by
-    tuner-run, on an input of mean far from zero; and in float16 storage."""
+@pytest.mark.parametrize("norm,also_added", [("instance", False), ("instance", True), ("groups4", False),
+                                             ("groups8", False)])
+def test_norms_are_applied_by_the_convolutions_that_read_them(native, cl_env, scope, norm, also_added, tmp_path):
+    """An InstanceNorm or a GroupNorm of whole blocks and its activation, read only by convolutions, leave one
+    kernel, their statistics (``group_norm`` with ``stats``: each unit's chunk partials), and each reader normalizes
+    every value it reads (``in_group_norm``): through a reflection pad folded into it, before a padding of zeros,
+    beside a bias-free 1x1. Read by an add too, or of groups that share blocks, the norm stays whole. Against
+    onnxruntime in each scope, by the Python executor and by tuner-run, on an input of mean far from zero; and in
+    float16 storage."""
     from conftest import building_cpu
-    model = _Builder(seed=8, opset=17)
-    model = model.model(_instance_norm_then_convs(model, also_added), "m")
+    model = _Builder(seed=8, opset=21)
+    model = model.model(_norm_then_convs_read_normalized(model, norm, also_added), "m")
     mod, x, want = _compiled(model, scope, tmp_path, shift=5.0)
     kernels = [n.template or n.op for n in mod.spec.nodes]
-    normed = [n for n in mod.spec.nodes if n.template == "conv2d" and n.workload.get("in_channel_norm")]
+    normed = [n for n in mod.spec.nodes if n.template == "conv2d" and n.workload.get("in_group_norm")]
     stats = [n for n in mod.spec.nodes if n.template == "group_norm" and n.workload.get("stats")]
-    if also_added:
+    if also_added or norm == "groups8":
         assert not normed and not stats and "group_norm" in kernels, kernels
     else:
         assert len(normed) == 3 and len(stats) == 1 and len(stats[0].calls) == 1, kernels
-        assert {n.workload["in_channel_norm"][0] for n in normed} == {stats[0].workload["stats"]}
+        groups = {"instance": 10, "groups4": 4}[norm]
+        assert {tuple(n.workload["in_group_norm"][:2]) for n in normed} == {(groups, stats[0].workload["stats"])}
         assert sorted(n.workload.get("pad_mode", "zeros") for n in normed) == ["reflect", "zeros", "zeros"]
     assert _rel(mod.run([x])[0], want[0]) < 1e-4
     assert _rel(_tuner_run(mod, x, building_cpu(), native, cl_env, tmp_path), want[0]) < 1e-4

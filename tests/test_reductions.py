@@ -9,7 +9,7 @@ import pytest
 
 from tuner.runtime.opencl.launch import build
 from tuner.templates import get_template
-from tuner.templates.reduction import MAX_TEXELS_PER_ITEM, ceil_div
+from tuner.templates.reduction import MAX_TEXELS_PER_ITEM, ceil_div, chunk_statistics
 
 
 def _gpu(info, **kw):
@@ -146,26 +146,32 @@ def test_group_norm_statistics_only(device, data, chunks, scope):
     assert space.violations(t.config_values(wl, dataclasses.replace(cfg, output_scope="texture")))
     assert "stats" not in t.workload(data=data, groups=1).key() and wl.key()["stats"] == chunks
     with pytest.raises(ValueError, match="stats"):
-        t.workload(data=data, groups=2, stats=chunks)
+        t.workload(data=(1, 8, 4, 4), groups=4, stats=2)  # groups of 2 channels share a block
 
 
-@pytest.mark.parametrize("data,chunks", [((2, 10, 6, 7), 4), ((1, 16, 4, 8), 16), ((1, 4, 2, 2), 1)])
+@pytest.mark.parametrize("data,groups,chunks", [((2, 10, 6, 7), 10, 4), ((1, 16, 4, 8), 16, 16), ((1, 4, 2, 2), 4, 1),
+                                               ((2, 16, 6, 7), 2, 4), ((1, 24, 5, 5), 6, 8)])
 @pytest.mark.parametrize("scope", ["texture", "buffer"])
-def test_instance_norm_statistics_only(device, data, chunks, scope):
-    """``stats`` with groups = C: an InstanceNorm's chunk partials for the convolutions that normalize as they read
-    (``Conv2dWorkload.in_channel_norm``), per (image, block of 4 channels), one kernel, a float32 buffer of
-    (N * C4 * chunks * 2, 4), against NumPy on data far from zero (a partial last block included)."""
-    from tuner.templates.reduction import channel_chunk_statistics
+def test_group_norm_statistics_of_more_groups(device, data, groups, chunks, scope):
+    """``stats`` with groups = C (an InstanceNorm: per (image, block of 4 channels), a lane each channel) or groups of
+    whole blocks: the statistics for the convolutions that normalize as they read (``Conv2dWorkload.in_group_norm``),
+    one kernel, a float32 buffer of (N * units * chunks * 2, 4), against NumPy on data far from zero (a partial last
+    block included); the sums add up to each unit's, whatever the chunks; groups that share a block have none."""
     t = get_template("group_norm")
     C = data[1]
-    wl = t.workload(data=data, groups=C, stats=chunks)
-    assert wl.out_shape == (data[0] * -(-C // 4) * chunks * 2, 4)
+    wl = t.workload(data=data, groups=groups, stats=chunks)
+    units = -(-C // 4) if groups == C else groups
+    assert wl.out_shape == (data[0] * units * chunks * 2, 4)
     cfg = dataclasses.replace(t.fallback(wl, device.info), input_scope=scope, weight_scope=scope)
     built = t.build(wl, cfg)
     assert len(getattr(built, "kernels", [built])) == 1
-    inputs = t.random_inputs(wl, np.random.default_rng(1))
-    x = inputs["X"].astype(np.float64)
-    want = channel_chunk_statistics(x, chunks).reshape(data[0], -1, chunks, 2, 4).sum(axis=2)
-    d = x - x[:, :, :1, :1]  # the sums over each channel's pixels, independently of the chunking
-    assert np.allclose(want[:, :, 0].reshape(data[0], -1)[:, :C], d.sum(axis=(2, 3)))
-    assert _run(device, "group_norm", dict(data=data, groups=C, stats=chunks), cfg.__dict__) < 1e-5
+    x = t.random_inputs(wl, np.random.default_rng(1))["X"].astype(np.float64)
+    sums = chunk_statistics(x, chunks, groups).reshape(data[0], units, chunks, 2, 4).sum(axis=2)[:, :, 0]
+    if groups == C:  # each lane its channel's sum of d = x - x[.., 0, 0]
+        assert np.allclose(sums.reshape(data[0], -1)[:, :C], (x - x[:, :, :1, :1]).sum(axis=(2, 3)))
+    else:  # each unit's lanes add up to its group's sum of d = x - the group's first element
+        xg = x.reshape(data[0], groups, -1)
+        assert np.allclose(sums.sum(axis=2), (xg - xg[:, :, :1]).sum(axis=2))
+    assert _run(device, "group_norm", dict(data=data, groups=groups, stats=chunks), cfg.__dict__) < 1e-5
+    with pytest.raises(ValueError, match="stats"):
+        t.workload(data=(1, 8, 4, 4), groups=4, stats=2)  # 2 channels a group

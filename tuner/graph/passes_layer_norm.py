@@ -135,65 +135,75 @@ def group_norm_into_convs(graph: Graph) -> Graph:
     return g.validate()
 
 
-MAX_CHANNEL_CHUNKS = 256  # an InstanceNorm's statistics: chunks over all its (image, block of 4 channels) units
+MAX_UNIT_CHUNKS = 256  # a norm read as its convolutions read: chunks over all its units
 
 
-def channel_chunks(shape) -> int:
-    """The chunk partials of an InstanceNorm's statistics over an NCHW ``shape``, per (image, block of 4 channels):
-    a power of two up to MAX_CHUNKS, at least two pixels a chunk and at most MAX_CHANNEL_CHUNKS chunks in all --
-    enough work-groups to fill a GPU where the units are few (a 128 x 128 image of 32 channels: 8 units of 16
+def _units(shape, groups: int) -> int:
+    """A GroupNorm's statistics units (``group_norm`` with ``stats``): a group each, or for an InstanceNorm a block
+    of 4 channels (4 channels a unit, one a lane)."""
+    return shape[0] * (-(-shape[1] // 4) if groups == shape[1] else groups)
+
+
+def unit_chunks(shape, groups: int) -> int:
+    """The chunk partials a unit of a GroupNorm's statistics over an NCHW ``shape`` (``norms_applied_as_read``): a
+    power of two up to MAX_CHUNKS, at least two texels a chunk and at most MAX_UNIT_CHUNKS chunks in all -- enough
+    work-groups to fill a GPU where the units are few (an InstanceNorm of 32 channels at 128 x 128: 8 units of 16
     chunks), few partials for each reader to add up where they are many."""
-    units, pixels = shape[0] * -(-shape[1] // 4), shape[2] * shape[3]
+    units = _units(shape, groups)
+    texels = shape[2] * shape[3] * (1 if groups == shape[1] else -(-shape[1] // 4) * shape[0] // units)
     t = 1
-    while t * 2 <= MAX_CHUNKS and t * 4 <= pixels and units * t * 2 <= MAX_CHANNEL_CHUNKS:
+    while t * 2 <= MAX_CHUNKS and t * 4 <= texels and units * t * 2 <= MAX_UNIT_CHUNKS:
         t *= 2
     return t
 
 
-def _reads_instance_norm(g: Graph, conv: Node, tensor: str) -> bool:
-    """Whether ``conv`` can instance-normalize ``tensor`` as it reads it (``Conv2dWorkload.in_channel_norm``): a
+def _reads_normed(g: Graph, conv: Node, tensor: str) -> bool:
+    """Whether ``conv`` can group-normalize ``tensor`` as it reads it (``Conv2dWorkload.in_group_norm``): a
     convolution of groups 1 that takes it as its only input, no gate, view or other norm on that read."""
     a = conv.attrs
     w = conv.inputs[1] if len(conv.inputs) > 1 else None
     return conv.op == "conv2d" and conv.inputs[0] == tensor and conv.inputs.count(tensor) == 1 \
         and w in g.params and a.get("groups", 1) == 1 \
-        and not any(k in a for k in ("in_scale", "in_view", "in_norm", "in_channel_norm"))
+        and not any(k in a for k in ("in_scale", "in_view", "in_norm", "in_group_norm"))
 
 
-def instance_norm_into_convs(graph: Graph) -> Graph:
-    """An InstanceNorm (``group_norm`` with groups = C) and its activation, read only by convolutions, computed as
-    they read (the style-transfer net's conv -> InstanceNorm -> ReLU -> reflection pad -> conv): its statistics are
-    per channel and its affine and activation per element, so nothing folds into the weights, but a convolution
-    reads each input channel block anyway. One kernel is left, ``group_norm`` with ``stats`` (each (image, block of
-    4 channels)'s chunk partials, ``channel_chunks``), and each reader adds up a block's partials before its window
-    loop and normalizes every value it reads (``Conv2dWorkload.in_channel_norm``) -- before its padding of zeros,
-    and a reflection pad reads normalized values the same way. One launch and one pass over the tensor where the
-    split norm took two launches and two passes, and no normalized tensor is stored. Not for a norm with a residual
-    or a per-channel PReLU (the residual block's second norm, read by its add)."""
+def norms_applied_as_read(graph: Graph) -> Graph:
+    """A GroupNorm or InstanceNorm (``group_norm``) and its activation, read only by convolutions, computed as they
+    read (the style-transfer net's conv -> InstanceNorm -> ReLU -> reflection pad -> conv; a diffusion U-Net's or
+    GroupNorm ResNet's GroupNorm(32) -> SiLU / ReLU -> 3x3 conv): its affine and activation are per element, so
+    nothing folds into the weights (as ``group_norm_into_convs`` folds a GroupNorm(1) into 1x1 readers), but a
+    convolution reads each input channel block anyway. One kernel is left, ``group_norm`` with ``stats`` (each
+    unit's chunk partials, ``unit_chunks``), and each reader adds up a block's unit's partials before its window
+    loop and normalizes every value it reads (``Conv2dWorkload.in_group_norm``) -- before its padding of zeros; a
+    reflection pad reads normalized values the same way. One launch and one pass over the tensor where the split
+    norm took two launches and two passes, and no normalized tensor is stored. Groups of whole blocks of 4
+    channels, of one channel each, or one group; not a norm with a residual or a per-channel PReLU (a residual
+    block's second norm, which its add reads)."""
     g = graph.copy()
     for node in list(g.nodes):
         if node.op != "group_norm" or set(node.attrs) - {"groups", "epsilon", "activation"}:
             continue
         x, out = node.inputs[0], node.outputs[0]
-        shape = g.shapes[x]
-        if len(shape) != 4 or node.attrs.get("groups") != shape[1] or node.attrs.get("activation") == "prelu":
+        shape, groups = g.shapes[x], node.attrs.get("groups")
+        if len(shape) != 4 or not groups or shape[1] % groups or node.attrs.get("activation") == "prelu" \
+                or not (groups in (1, shape[1]) or (shape[1] // groups) % 4 == 0):
             continue
         readers = g.consumers(out)
-        if out in g.outputs or not readers or any(not _reads_instance_norm(g, r, out) for r in readers):
+        if out in g.outputs or not readers or any(not _reads_normed(g, r, out) for r in readers):
             continue
         affine = _affine(g, node, shape[1])
         if affine is None:
             continue
-        epsilon, t = node.attrs.get("epsilon", 1e-5), channel_chunks(shape)
+        epsilon, t = node.attrs.get("epsilon", 1e-5), unit_chunks(shape, groups)
         stats = fresh_name(g, f"{out}.stats")
-        g.shapes[stats] = (shape[0], 8 * -(-shape[1] // 4) * t)
+        g.shapes[stats] = (shape[0], 8 * _units(shape, groups) // shape[0] * t)
         param = _add_param(g, f"{node.name}.affine", np.stack(affine).astype(np.float32))
         for r in readers:  # the statistics and the affine after every fused operand (reference.FUSED_INPUTS)
             r.inputs = [x] + r.inputs[1:] + [stats, param]
-            r.attrs = {**r.attrs, "in_channel_norm": (float(epsilon), node.attrs.get("activation", "none")),
+            r.attrs = {**r.attrs, "in_group_norm": (groups, float(epsilon), node.attrs.get("activation", "none")),
                        "norm_stats": stats, "norm_affine": param}
         g.nodes[g.nodes.index(node)] = Node("group_norm", node.name, [x], [stats],
-                                            {"groups": shape[1], "epsilon": epsilon, "stats": t})
+                                            {"groups": groups, "epsilon": epsilon, "stats": t})
     _drop_unused_params(g)
     return g.validate()
 

@@ -62,7 +62,7 @@ def run_graph_numpy(graph: Graph, inputs: dict, all_tensors: bool = False) -> di
 _BINARY_EPILOGUE = {"activation", "scale", "residual"}  # passes._binary_epilogue, then an activation
 EPILOGUE_ATTRS = {
     "conv2d": {"activation", "residual", "in_scale", "pad_mode", "slope", "in_view", "in_norm", "norm_stats",
-               "patch_view", "row_sums", "in_channel_norm", "norm_affine"},
+               "patch_view", "row_sums", "in_group_norm", "norm_affine"},
     "dense": {"activation", "residual"},
     "group_norm": {"activation", "slope", "residual"}, "layer_norm": {"activation"},
     "add": {"activation", "channel_offsets"}, "relu": {"channel_offsets"}, "clip": {"channel_offsets"},
@@ -100,11 +100,11 @@ def _evaluate(graph: Graph, node: Node, fn, env: dict) -> np.ndarray:
         x = np.asarray(ins[0], np.float64)
         axes = (1, 2, 3) if "norm_stats" in extra else 1
         ins[0] = (x - x.mean(axis=axes, keepdims=True)) / np.sqrt(x.var(axis=axes, keepdims=True) + a["in_norm"])
-    if a.get("in_channel_norm") and "in_channel_norm" in fused_ok:  # passes_layer_norm: an InstanceNorm, its
-        # affine and activation as the convolution reads its input (its statistics' tensor is the kernel's)
-        from tuner.templates.common import channel_normed  # the template's own reference (tuner.templates imports
+    if a.get("in_group_norm") and "in_group_norm" in fused_ok:  # passes_layer_norm: a GroupNorm or InstanceNorm,
+        # its affine and activation as the convolution reads its input (its statistics' tensor is the kernel's)
+        from tuner.templates.common import group_normed  # the template's own reference (tuner.templates imports
         # tuner.graph: not at module level)
-        ins[0] = channel_normed(ins[0], extra["norm_affine"], *a["in_channel_norm"])
+        ins[0] = group_normed(ins[0], extra["norm_affine"], *a["in_group_norm"])
     if "weight" in extra and "softmax_of" in a:  # passes_attention: the softmax over the reduced axes (H and W,
         # or W) of a channel of weight
         q = np.asarray(extra["weight"], np.float64)[:, a["softmax_of"]:a["softmax_of"] + 1]
@@ -240,12 +240,11 @@ def group_norm(node: Node, x, scale=None, bias=None):
     """Statistics per (n, group of C / groups channels) over those channels and every further axis. With ``stats``
     (``passes_layer_norm.group_norm_into_convs``) GroupNorm(1)'s statistics only, (N, 8 * stats): the sums of
     d = x - x[n, 0, 0, 0] and of d^2 over the image, here all in the first chunk's first lanes (the kernel spreads
-    them over chunks and lanes; its readers add them all up). An InstanceNorm's (groups = C,
-    ``instance_norm_into_convs``): the chunk partials per block of 4 channels as the kernel writes them,
-    (N, C4 * 8 * stats)."""
+    them over chunks and lanes; its readers add them all up). Of more groups (``norms_applied_as_read``): the
+    chunk partials of each unit as the kernel writes them (``reduction.chunk_statistics``), (N, 8 * units * stats)."""
     if node.attrs.get("stats") and node.attrs["groups"] > 1:
-        from tuner.templates.reduction import channel_chunk_statistics  # (tuner.templates imports tuner.graph)
-        return channel_chunk_statistics(x, node.attrs["stats"]).reshape(x.shape[0], -1)
+        from tuner.templates.reduction import chunk_statistics  # (tuner.templates imports tuner.graph)
+        return chunk_statistics(x, node.attrs["stats"], node.attrs["groups"]).reshape(x.shape[0], -1)
     if node.attrs.get("stats"):
         d = np.asarray(x, np.float64) - np.asarray(x, np.float64)[:, :1, :1, :1]
         out = np.zeros((x.shape[0], 8 * node.attrs["stats"]))
