@@ -556,6 +556,38 @@ def test_norms_are_applied_by_the_convolutions_that_read_them(native, cl_env, sc
         assert _rel(half.run([x])[0], want[0]) < 5e-3
 
 
+@pytest.mark.parametrize("faster", ["applied", "whole"])
+def test_the_plan_keeps_the_norms_applied_as_read_only_where_faster(faster, device, tmp_path):
+    """``fastest_plan`` times the plan whose convolutions apply the InstanceNorm as they read beside the same plan
+    with the norm whole (``norms_whole``, step ``norms``), keeps the faster and names it; ``norms_whole`` gives back
+    the graph compiled without ``norms_applied_as_read``, and the kept plan matches onnxruntime."""
+    import tuner.compile.compiler as C
+    from tuner.graph import passes
+    from tuner.graph.passes_layer_norm import norms_whole
+    b = _Builder(seed=8, opset=21)
+    model = b.model(_norm_then_convs_read_normalized(b), "m")
+    mod0, x, want = _compiled(model, "buffer", tmp_path, shift=5.0)
+    applied = C.load_graph(model)
+    without = passes.run_passes(C.from_onnx(model), tuple(p for p in passes.PIPELINE
+                                                          if p is not passes.norms_applied_as_read))
+    back = norms_whole(applied)
+    assert [(n.op, sorted(n.attrs)) for n in back.nodes] == [(n.op, sorted(n.attrs)) for n in without.nodes]
+    assert norms_whole(without) is without
+
+    def form(mod):
+        return "applied" if any((n.workload or {}).get("in_group_norm") for n in mod.spec.nodes) else "whole"
+
+    def whole(mod):  # a device on which the chosen form runs faster
+        return [1e-3 if form(mod) == faster else 2e-3]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mod = C._fastest_plan(str(tmp_path / "m.onnx"), None, device, "float32", None, False, 1, "python", whole)
+    step = next(st for st in mod.plan_steps if st.name == "norms")
+    assert len(step.times) == 2 and form(mod) == faster
+    assert mod.plan_kept.endswith("+whole-norms") == (faster == "whole")
+    assert _rel(mod.run([x])[0], want[0]) < 1e-4
+
+
 def test_group_norm_moves_past_a_fold_into_the_projection(tmp_path):
     """MobileViTv2's last norm of a stage -- a GroupNorm(1) of the (C, patch, patches) tokens, folded back into an
     image (reshape, transpose, reshape: a copy that permutes each channel) and projected by a 1x1 convolution --

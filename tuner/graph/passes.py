@@ -767,7 +767,8 @@ def optimize(graph: Graph) -> Graph:
 # gathers read by the convolutions after them, and MobileViTv2's softmaxed query computed in the reduction that
 # weights the keys by it and the ReLU of its values in the qkv convolution's epilogue (``passes_attention``); last, a
 # LayerNorm over channels, then a GroupNorm(1) (its statistics left in a kernel; moved past a copy that permutes
-# each channel first), read only by 1x1 convolutions computed inside them (``passes_layer_norm``); then MobileViT's
+# each channel first), read only by 1x1 convolutions computed inside them, and an InstanceNorm or GroupNorm read only
+# by convolutions applied by them as they read (``passes_layer_norm``); then MobileViT's
 # unfold and fold written by the 1x1 convolutions before them (``passes_patches``); a division by one value a row
 # read by the strided copies after it (EdgeNeXt's normalized queries and keys), and their norms taken off the
 # channels of the projection they are copied from; last, a squeeze-excite block's
@@ -780,5 +781,4 @@ PIPELINE = (model_io_ranks, pointwise_ranks, fuse_group_norm, fuse_patterns, opt
             fold_gathers_into_convs, compose_gathers_into_copies, matmul_views, slices_read_in_place,
             fuse_concat_activations, softmax_into_reductions, slice_activations_into_producers, layer_norm_into_convs,
             group_norm_past_permutations, group_norm_into_convs, norms_applied_as_read, convolutions_write_patches,
-            divisions_into_copies,
-            norms_read_in_place, pool_rows_in_depthwise)
+            divisions_into_copies, norms_read_in_place, pool_rows_in_depthwise)
