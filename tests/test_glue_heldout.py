@@ -558,9 +558,10 @@ def test_norms_are_applied_by_the_convolutions_that_read_them(native, cl_env, sc
 
 @pytest.mark.parametrize("faster", ["applied", "whole"])
 def test_the_plan_keeps_the_norms_applied_as_read_only_where_faster(faster, device, tmp_path):
-    """``fastest_plan`` times the plan whose convolutions apply the InstanceNorm as they read beside the same plan
-    with the norm whole (``norms_whole``, step ``norms``), keeps the faster and names it; ``norms_whole`` gives back
-    the graph compiled without ``norms_applied_as_read``, and the kept plan matches onnxruntime."""
+    """``fastest_plan`` times the plan whose convolutions apply the InstanceNorm as they read beside the plans of the
+    graph with the norm whole (``norms_whole``, step ``norms``: per layer and in each uniform scope), keeps the
+    fastest and names it; ``norms_whole`` gives back the graph compiled without ``norms_applied_as_read``, and the
+    kept plan matches onnxruntime."""
     import tuner.compile.compiler as C
     from tuner.graph import passes
     from tuner.graph.passes_layer_norm import norms_whole
@@ -583,8 +584,8 @@ def test_the_plan_keeps_the_norms_applied_as_read_only_where_faster(faster, devi
         warnings.simplefilter("ignore")
         mod = C._fastest_plan(str(tmp_path / "m.onnx"), None, device, "float32", None, False, 1, "python", whole)
     step = next(st for st in mod.plan_steps if st.name == "norms")
-    assert len(step.times) == 2 and form(mod) == faster
-    assert mod.plan_kept.endswith("+whole-norms") == (faster == "whole")
+    assert 2 <= len(step.times) <= 4 and sum(k.endswith("+whole-norms") for k in step.times) == len(step.times) - 1
+    assert form(mod) == faster and mod.plan_kept.endswith("+whole-norms") == (faster == "whole")
     assert _rel(mod.run([x])[0], want[0]) < 1e-4
 
 

@@ -576,8 +576,9 @@ def fastest_plan(model, history, device, dtype: str = "float32", input_shapes: d
     sums (``_refine_squeeze_excite``, step ``squeeze_excite``): on the H200 the fused blocks' fallback kernels
     took as long as the three kernels they replace.
 
-    A plan whose convolutions apply a norm as they read (``norms_applied_as_read``) is timed beside the same plan
-    with those norms whole (``_refine_norms``, step ``norms``): the launches it saves can cost more in the readers.
+    A plan whose convolutions apply a norm as they read (``norms_applied_as_read``) is timed beside the plans of the
+    graph with those norms whole, in each scope mode (``_refine_norms``, step ``norms``): the launches it saves can
+    cost more in the readers.
 
     Then the template choice of the kept plan is checked inside the model (``_refine_templates``): the log
     times each kernel alone, with its weights warm in the cache from the previous run, and a Winograd kernel
@@ -653,11 +654,14 @@ def _fastest_plan(model, history, device, dtype, input_shapes, progress, repeats
         candidates.clear()
         unfused.clear()
     whole_norms = _refine_norms(mod, kept, current["graph"], compile_)
-    if whole_norms:  # the plan with its norms applied by their readers, against the norms whole
-        name, other, graph = whole_norms
-        steps.append(_alternating(whole, {kept: mod, name: other}, "norms"))
-        if steps[-1].kept == name:
-            kept, mod, current["graph"] = name, other, graph
+    if whole_norms:  # the plan with its norms applied by their readers, against the norms whole in each scope mode
+        graph, others = whole_norms
+        candidates = {kept: mod, **others}
+        steps.append(_alternating(whole, candidates, "norms"))
+        if steps[-1].kept != kept:
+            kept, mod, current["graph"] = steps[-1].kept, candidates[steps[-1].kept], graph
+        candidates.clear()
+        others.clear()
     refined = _refine_templates(mod, kept, compile_, repeats)
     if refined:  # the kept plan timed again, beside its challengers, in the same rounds
         candidates = {kept: mod, **dict(refined)}
@@ -763,17 +767,23 @@ def _refine_squeeze_excite(mod: M.Module, mode: str, graph, compile_, repeats: i
 
 
 def _refine_norms(mod: M.Module, mode: str, graph, compile_):
-    """``(plan name, Module, graph)`` to time against ``mod`` (compiled with ``--scope mode`` from ``graph``) where
+    """``(graph, {plan name: Module})`` to time against ``mod`` (compiled with ``--scope mode`` from ``graph``) where
     its convolutions apply a norm as they read (``passes_layer_norm.norms_applied_as_read``: one statistics kernel,
-    no apply kernel, no normalized tensor): the same plan with those norms whole (``norms_whole``),
-    ``<mode>+whole-norms``. Each reader normalizes every value it reads, once a window tap: on the H200 the
-    style-transfer net's and a GroupNorm ResNet's 3x3 convolutions took more time than the apply kernels saved.
-    None when ``mod`` applies no norm as read."""
+    no apply kernel, no normalized tensor): the graph with those norms whole (``norms_whole``) planned per layer and
+    in each uniform scope, ``<scope>+whole-norms`` (one plan of those that are identical) -- the scope step's choice
+    made again for the other graph, whose norms the log prices in other scopes. Each reader normalizes every value
+    it reads, once a window tap: on the H200 the style-transfer net's and a GroupNorm ResNet's 3x3 convolutions took
+    more time than the apply kernels saved. None when ``mod`` applies no norm as read."""
     from tuner.graph.passes_layer_norm import norms_whole
     if not any((n.workload or {}).get("in_group_norm") for n in mod.spec.nodes):
         return None
     whole = norms_whole(graph)
-    return f"{mode}+whole-norms", compile_(mode.split("+")[0], graph=whole), whole
+    others = {}
+    for scope in ("auto", "texture", "buffer"):
+        other = compile_(scope, graph=whole)
+        if not any(_same_plan(other, m) for m in others.values()):
+            others[f"{scope}+whole-norms"] = other
+    return whole, others
 
 
 def _refine_templates(mod: M.Module, mode: str, compile_, repeats: int) -> list:
