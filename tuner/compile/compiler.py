@@ -576,9 +576,9 @@ def fastest_plan(model, history, device, dtype: str = "float32", input_shapes: d
     sums (``_refine_squeeze_excite``, step ``squeeze_excite``): on the H200 the fused blocks' fallback kernels
     took as long as the three kernels they replace.
 
-    A plan whose convolutions apply a norm as they read (``norms_applied_as_read``) is timed beside the plans of the
-    graph with those norms whole, in each scope mode (``_refine_norms``, step ``norms``): the launches it saves can
-    cost more in the readers.
+    Where norms could be applied by the convolutions that read them (``norms_applied_as_read``: fewer launches,
+    more work in the readers), the kept plan is timed beside that graph's plans in each scope mode (``_refine_norms``,
+    step ``norms``), and the faster is kept.
 
     Then the template choice of the kept plan is checked inside the model (``_refine_templates``): the log
     times each kernel alone, with its weights warm in the cache from the previous run, and a Winograd kernel
@@ -653,9 +653,9 @@ def _fastest_plan(model, history, device, dtype, input_shapes, progress, repeats
             current["graph"] = next(g for name, _, g in unfused if name == kept)
         candidates.clear()
         unfused.clear()
-    whole_norms = _refine_norms(mod, kept, current["graph"], compile_)
-    if whole_norms:  # the plan with its norms applied by their readers, against the norms whole in each scope mode
-        graph, others = whole_norms
+    as_read = _refine_norms(kept, current["graph"], compile_)
+    if as_read:  # the plan with its norms whole, against the norms applied by their readers in each scope mode
+        graph, others = as_read
         candidates = {kept: mod, **others}
         steps.append(_alternating(whole, candidates, "norms"))
         if steps[-1].kept != kept:
@@ -766,24 +766,25 @@ def _refine_squeeze_excite(mod: M.Module, mode: str, graph, compile_, repeats: i
     return out
 
 
-def _refine_norms(mod: M.Module, mode: str, graph, compile_):
-    """``(graph, {plan name: Module})`` to time against ``mod`` (compiled with ``--scope mode`` from ``graph``) where
-    its convolutions apply a norm as they read (``passes_layer_norm.norms_applied_as_read``: one statistics kernel,
-    no apply kernel, no normalized tensor): the graph with those norms whole (``norms_whole``) planned per layer and
-    in each uniform scope, ``<scope>+whole-norms`` (one plan of those that are identical) -- the scope step's choice
-    made again for the other graph, whose norms the log prices in other scopes. Each reader normalizes every value
-    it reads, once a window tap: on the H200 the style-transfer net's and a GroupNorm ResNet's 3x3 convolutions took
-    more time than the apply kernels saved. None when ``mod`` applies no norm as read."""
-    from tuner.graph.passes_layer_norm import norms_whole
-    if not any((n.workload or {}).get("in_group_norm") for n in mod.spec.nodes):
+def _refine_norms(mode: str, graph, compile_):
+    """``(graph, {plan name: Module})`` to time against the kept plan (compiled with ``--scope mode`` from ``graph``)
+    where ``graph`` has norms its convolutions could apply as they read
+    (``passes_layer_norm.norms_applied_as_read``: one statistics kernel, no apply kernel, no normalized tensor): the
+    graph with the pass applied, planned per layer and in each uniform scope, ``<scope>+norms-as-read`` (one plan
+    of those that are identical) -- the scope step's choice made again for that graph. Each reader normalizes every
+    value it reads, once a window tap: on the H200 the style-transfer net's and a GroupNorm ResNet's 3x3
+    convolutions took more time than the apply kernels saved (5% and 9% slower whole runs). None when no norm
+    qualifies."""
+    from tuner.graph.passes_layer_norm import norms_applied_as_read
+    applied = norms_applied_as_read(graph)
+    if not any(n.attrs.get("in_group_norm") for n in applied.nodes):
         return None
-    whole = norms_whole(graph)
     others = {}
     for scope in ("auto", "texture", "buffer"):
-        other = compile_(scope, graph=whole)
+        other = compile_(scope, graph=applied)
         if not any(_same_plan(other, m) for m in others.values()):
-            others[f"{scope}+whole-norms"] = other
-    return whole, others
+            others[f"{scope}+norms-as-read"] = other
+    return applied, others
 
 
 def _refine_templates(mod: M.Module, mode: str, compile_, repeats: int) -> list:

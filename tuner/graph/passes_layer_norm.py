@@ -26,10 +26,11 @@ chunks, up to ``MAX_CHUNKS``) writes each chunk's shifted sums, (N, 8 * chunks) 
 partials of its image up (``Conv2dWorkload.norm_partials``) before its epilogue -- one launch and one pass over the
 tensor where the split norm took two launches and two passes, and no normalized tensor is stored.
 
-``norms_applied_as_read``: an InstanceNorm or a GroupNorm whose groups are whole blocks of 4 channels (or one
-group) with its activation, read only by convolutions of any kernel, cannot fold into their weights (the statistics
-are per channel or group, the activation follows the affine), but each reader applies it to every value it reads
-(``Conv2dWorkload.in_group_norm``), its statistics from the same kind of kernel."""
+``norms_applied_as_read`` (a candidate ``compiler.fastest_plan`` times, not a pipeline step): an InstanceNorm or a
+GroupNorm whose groups are whole blocks of 4 channels (or one group) with its activation, read only by convolutions
+of any kernel, cannot fold into their weights (the statistics are per channel or group, the activation follows the
+affine), but each reader applies it to every value it reads (``Conv2dWorkload.in_group_norm``), its statistics from
+the same kind of kernel."""
 from __future__ import annotations
 
 import numpy as np
@@ -183,7 +184,13 @@ def norms_applied_as_read(graph: Graph) -> Graph:
     reflection pad reads normalized values the same way. One launch and one pass over the tensor where the split
     norm took two launches and two passes, and no normalized tensor is stored. Groups of whole blocks of 4
     channels, of one channel each, or one group; not a norm with a residual or a per-channel PReLU (a residual
-    block's second norm, which its add reads)."""
+    block's second norm, which its add reads).
+
+    Not in ``passes.PIPELINE``: each reader normalizes every value it reads, once a window tap, and on the H200 that
+    cost the style-transfer net and a GroupNorm ResNet more than the launches saved (5% and 9% slower whole runs).
+    ``compiler.fastest_plan`` plans the optimized graph with this pass applied beside the one without and keeps the
+    faster (step ``norms``); a compile that times no plans keeps the norms whole. Runs on a graph the pipeline has
+    optimized."""
     g = graph.copy()
     for node in list(g.nodes):
         if node.op != "group_norm" or set(node.attrs) - {"groups", "epsilon", "activation"}:
@@ -209,37 +216,6 @@ def norms_applied_as_read(graph: Graph) -> Graph:
                        "norm_stats": stats, "norm_affine": param}
         g.nodes[g.nodes.index(node)] = Node("group_norm", node.name, [x], [stats],
                                             {"groups": groups, "epsilon": epsilon, "stats": t})
-    _drop_unused_params(g)
-    return g.validate()
-
-
-def norms_whole(graph: Graph) -> Graph:
-    """The inverse of ``norms_applied_as_read``: each norm its readers apply as they read is a whole ``group_norm``
-    again (its affine and activation its own), and they read its output -- what ``compiler.fastest_plan`` times
-    beside the plan that applies the norms as read, so that they run that way only where it measures faster (on
-    the H200 a 3x3 convolution that normalizes each value it reads can take longer than the apply kernel it saves).
-    ``graph`` itself where no reader applies a norm."""
-    applied = {n.attrs["norm_stats"] for n in graph.nodes if n.attrs.get("in_group_norm")}
-    if not applied:
-        return graph
-    g = graph.copy()
-    for node in list(g.nodes):
-        if node.op != "group_norm" or node.outputs[0] not in applied:
-            continue
-        stats, x = node.outputs[0], node.inputs[0]
-        readers = [r for r in g.nodes if r.attrs.get("norm_stats") == stats]
-        groups, epsilon, act = readers[0].attrs["in_group_norm"]
-        gamma, beta = np.asarray(g.params[readers[0].attrs["norm_affine"]], np.float32)
-        out = fresh_name(g, f"{x}.normed")
-        g.shapes[out] = g.shapes[x]
-        attrs = {"groups": groups, "epsilon": node.attrs["epsilon"], **({"activation": act} if act != "none" else {})}
-        g.nodes[g.nodes.index(node)] = Node("group_norm", node.name, [x, _add_param(g, f"{node.name}.s", gamma),
-                                                                      _add_param(g, f"{node.name}.b", beta)], [out],
-                                            attrs)
-        for r in readers:  # the statistics and the affine are its last two inputs (reference.FUSED_INPUTS)
-            r.inputs = [out] + r.inputs[1:-2]
-            r.attrs = {k: v for k, v in r.attrs.items() if k not in ("in_group_norm", "norm_stats", "norm_affine")}
-        del g.shapes[stats]
     _drop_unused_params(g)
     return g.validate()
 
