@@ -67,7 +67,7 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
     Xs = buffer("Xs", wl.side_copy[0], wl.dtype, *scope_layout(wl.side_copy[3], cfg.act_layout, "nchw4c_buffer")) \
         if wl.side_copy else None  # the source of the concat's other part this launch writes too
     P = buffer("P", (N * wl.norm_partials * 2, 4), "float32", "global") if wl.norm_partials else None
-    Q, A = (buffer("Q", (N * norm_units(wl) * wl.in_group_norm[1] * 2, 4), "float32", "global"),
+    Q, A = (buffer("Q", (N * norm_units(C, wl.in_group_norm[0]) * wl.in_group_norm[1] * 2, 4), "float32", "global"),
             buffer("A", (2 * C4, 4), "float32", "global")) if wl.in_group_norm else (None, None)
     operands = (*params_of(X), Sc, Wt, B, Res, Y, Xs, P, Q, A)
     if wl.in_read and cfg.cache_input:
@@ -161,26 +161,25 @@ def gate_row(Sc, ih):
     return ih if Sc.shape[2] > 1 else 0
 
 
-def norm_units(wl) -> int:
-    """``in_group_norm``'s statistics units an image: its blocks of 4 channels for an InstanceNorm (a lane each
-    channel), else its groups."""
-    C, groups = wl.data[1], wl.in_group_norm[0]
+def norm_units(C: int, groups: int) -> int:
+    """``in_group_norm``'s statistics units an image of C channels: its blocks of 4 channels for an InstanceNorm (a
+    lane each channel), else its groups."""
     return -(-C // 4) if groups == C else groups
 
 
 def group_norm_factors(b, wl, X, Q, A, n, cb) -> tuple:
     """``in_group_norm``'s (mean, rstd * gamma, beta) of channel block ``cb`` of image ``n``, float4s: its unit's
-    chunk partials in ``Q`` added up (a sum of ``chunks`` loads each, static), K the unit's first pixel -- per lane
+    chunk partials in ``Q`` added up (``sum_partials``, as ``image_norm_factors``), K the unit's first pixel -- per lane
     for an InstanceNorm; else the group's lanes and blocks added up, K its first element."""
     N, C, H, W = wl.data
     G, T, epsilon, _ = wl.in_group_norm
     C4, vec = -(-C // 4), Ramp(as_expr(0), as_expr(1), 4)
-    per_lane, blocks = G == C, (C // G) // 4 if G > 1 else C4  # blocks of a group
-    unit = n * C4 + cb if per_lane else n * G + (cb // blocks if G > 1 else 0)
-    s = sum((Q[(unit * T + t) * 2, vec] for t in range(1, T)), Q[unit * T * 2, vec])
-    q = sum((Q[(unit * T + t) * 2 + 1, vec] for t in range(1, T)), Q[unit * T * 2 + 1, vec])
+    per_lane, blocks = G == C, C4 // G  # blocks of a group (whole blocks, or one group of them all)
+    unit = n * C4 + cb if per_lane else n * G + cb // blocks
+    acc = sum_partials(b, Q, unit, T, "gt", "gacc")
+    s, q = acc[0], acc[1]
     count = H * W if per_lane else (C // G) * H * W
-    first = _as_float(pixel(X, n, cb if per_lane else (cb // blocks) * blocks if G > 1 else as_expr(0), 0, 0))
+    first = _as_float(pixel(X, n, cb if per_lane else (cb // blocks) * blocks, 0, 0))
     if not per_lane:  # the group's sums over its lanes, its shift the first lane's
         s, q, first = Broadcast(hsum(s), 4), Broadcast(hsum(q), 4), Broadcast(ExtractLane(first, 0), 4)
     m = b.let("gm", s * (1.0 / count))
@@ -383,8 +382,7 @@ def lower(ctx, node, ins):
     if node.attrs.get("in_group_norm"):  # passes_layer_norm.norms_applied_as_read: a GroupNorm as read
         g, epsilon, act = node.attrs["in_group_norm"]
         stats, c4 = node.attrs["norm_stats"], -(-data[1] // 4)
-        units = c4 if g == data[1] else g
-        fields["in_group_norm"] = (int(g), ctx.shape(stats)[1] // (8 * units), float(epsilon), act)
+        fields["in_group_norm"] = (int(g), ctx.shape(stats)[1] // (8 * norm_units(data[1], g)), float(epsilon), act)
         inputs["Q"] = ctx.packed(stats)
         affine = np.zeros((2, c4 * 4), np.float32)
         affine[:, :data[1]] = np.asarray(ctx.graph.params[node.attrs["norm_affine"]], np.float32).reshape(2, -1)

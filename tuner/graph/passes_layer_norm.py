@@ -156,7 +156,7 @@ def unit_chunks(shape, groups: int) -> int:
     work-groups to fill a GPU where the units are few (an InstanceNorm of 32 channels at 128 x 128: 8 units of 16
     chunks), few partials for each reader to add up where they are many."""
     units = _units(shape, groups)
-    texels = shape[2] * shape[3] * (1 if groups == shape[1] else -(-shape[1] // 4) * shape[0] // units)
+    texels = shape[2] * shape[3] * (1 if groups == shape[1] else -(-shape[1] // 4) // groups)  # a unit's
     t = 1
     while t * 2 <= MAX_CHUNKS and t * 4 <= texels and units * t * 2 <= MAX_UNIT_CHUNKS:
         t *= 2

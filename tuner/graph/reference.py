@@ -238,18 +238,11 @@ def _unary(node: Node, x):
 
 def group_norm(node: Node, x, scale=None, bias=None):
     """Statistics per (n, group of C / groups channels) over those channels and every further axis. With ``stats``
-    (``passes_layer_norm.group_norm_into_convs``) GroupNorm(1)'s statistics only, (N, 8 * stats): the sums of
-    d = x - x[n, 0, 0, 0] and of d^2 over the image, here all in the first chunk's first lanes (the kernel spreads
-    them over chunks and lanes; its readers add them all up). Of more groups (``norms_applied_as_read``): the
-    chunk partials of each unit as the kernel writes them (``reduction.chunk_statistics``), (N, 8 * units * stats)."""
-    if node.attrs.get("stats") and node.attrs["groups"] > 1:
+    (``passes_layer_norm``: the statistics only, for the convolutions that normalize as they read) each unit's chunk
+    partials as the kernel writes them (``reduction.chunk_statistics``), (N, 8 * units * stats)."""
+    if node.attrs.get("stats"):
         from tuner.templates.reduction import chunk_statistics  # (tuner.templates imports tuner.graph)
         return chunk_statistics(x, node.attrs["stats"], node.attrs["groups"]).reshape(x.shape[0], -1)
-    if node.attrs.get("stats"):
-        d = np.asarray(x, np.float64) - np.asarray(x, np.float64)[:, :1, :1, :1]
-        out = np.zeros((x.shape[0], 8 * node.attrs["stats"]))
-        out[:, 0], out[:, 4] = d.sum(axis=(1, 2, 3)), (d * d).sum(axis=(1, 2, 3))
-        return out
     g = node.attrs["groups"]
     xg = x.reshape(x.shape[0], g, -1)
     mean = xg.mean(axis=2, keepdims=True)
