@@ -85,3 +85,29 @@ def test_a_worker_whose_device_faulted_is_replaced(monkeypatch):
         assert code == 7 and w.proc is not None and w.proc.poll() is None  # no restart asked: it is kept
     finally:
         w.kill()
+
+
+def test_a_worker_killed_from_two_threads_at_once_raises_nothing():
+    """A measurer closing on Ctrl-C kills a builder whose own thread, its pipe gone, kills it too: the second
+    ``kill`` that finds the process cleared under it by the first (here between its check and its wait) ends the
+    process it found and raises nothing -- before, ``None.wait()`` put a traceback where exit 130 belongs."""
+    import sys
+
+    from tuner.measure import process
+
+    w = process.Worker("0")
+    w.proc = process.subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                                      stdin=process.subprocess.PIPE, stdout=process.subprocess.PIPE)
+    real = w.proc
+
+    class Racing:  # the other thread's kill lands right after this one's poll
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def poll(self):
+            w.proc = None
+            return real.poll()
+    w.proc = Racing()
+    w.kill()
+    assert real.returncode is not None and w.proc is None
+    w.kill()  # and again, on nothing

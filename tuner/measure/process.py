@@ -50,23 +50,29 @@ class Worker:
             return ErrorCode.UNKNOWN, f"the {job} worker died (exit code {code})"
 
     def kill(self) -> None:
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.kill()
-            self.proc.wait()
-            for f in (self.proc.stdin, self.proc.stdout):
+        """End the process. Safe beside a ``kill`` in another thread (a measurer closing on Ctrl-C kills a builder
+        whose own thread, its pipe gone, kills it too): it works on the process it found, not on ``self.proc``,
+        which the other may have cleared meanwhile."""
+        proc = self.proc
+        if proc is not None:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            for f in (proc.stdin, proc.stdout):
                 try:
                     f.close()
                 except OSError:
                     pass
-        self.proc = None
+        if self.proc is proc:  # not a process another thread has started since
+            self.proc = None
 
     def close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
             try:
-                pickle.dump(None, self.proc.stdin)
-                self.proc.stdin.flush()
-                self.proc.wait(2)
+                pickle.dump(None, proc.stdin)
+                proc.stdin.flush()
+                proc.wait(2)
             except (BrokenPipeError, OSError, subprocess.TimeoutExpired):
                 pass
         self.kill()
