@@ -674,7 +674,8 @@ def test_convolutions_write_the_unfold_and_the_fold(native, cl_env, scope, tmp_p
 def test_misaligned_slices_of_a_convolution_are_realigned(tmp_path):
     """A convolution (bias, per-channel PReLU) split into 1, 8 and 6 channels (offsets 1 and 9: inside RGBA
     pixels) writes its channels reordered (the 8, then the 1 and the 6), its filters, bias and slopes permuted;
-    against onnxruntime, and the 8-channel slice, now at offset 0, is read in place (no slice kernel for it)."""
+    against onnxruntime, and the 8-channel slice, now at offset 0, is read in place (no slice kernel for it), the
+    6-channel one by the concat."""
     from tuner.compile.compiler import load_graph
 
     def body(b):
@@ -691,7 +692,9 @@ def test_misaligned_slices_of_a_convolution_are_realigned(tmp_path):
     model = b.model(body(b), "m")
     g = load_graph(model)
     starts = sorted(n.attrs["channels"][0] for n in g.nodes if n.op == "slice")
-    assert starts == [8, 9], starts  # before: [0, 1, 9], every one a kernel; now the 8 at 0 is the ReLU's view
+    # before: [0, 1, 9], every one a kernel; then [8, 9], the 8 at 0 the ReLU's view; now the 6 at 9 is read in
+    # place by the concat too (its parts start inside RGBA pixels: it is a kernel anyway)
+    assert starts == [8], starts
     _compile_and_check(model, tmp_path)
 
 
@@ -892,5 +895,56 @@ def test_normalized_queries_and_keys_are_divided_by_the_copies_that_read_them(na
     mod, x, want = _compiled(model, scope, tmp_path)
     ops = [n.template or n.op for n in mod.spec.nodes]
     assert "binary" not in ops and ops.count("spatial_reduce") == 2 and ops.count("strided_copy") <= 3, ops
+    assert _rel(mod.run([x])[0], want[0]) < 1e-4
+    assert _rel(_tuner_run(mod, x, building_cpu(), native, cl_env, tmp_path), want[0]) < 1e-4
+
+
+def _split_depthwise_to_tokens(b, c: int = 30, scales: int = 3, pos: bool = False) -> dict:
+    """EdgeNeXt's SDTA split (timm's ``SplitTransposeBlock``): the map's channels split in ``scales`` chunks of
+    ceil(c / scales) (30 into 10, 10 and 10: chunks that start inside RGBA pixels), the first through a depthwise
+    3x3, each next added to the previous output and through its own, the last passed through; concatenated,
+    flattened to tokens (Reshape, Transpose), a positional constant added (stage 1's), LayerNorm and a Linear."""
+    x = b.conv(b.input("input", (1, 4, 6, 6)), 4, c, 1, bias=True)
+    width = -(-c // scales)
+    sizes = [width] * (scales - 1) + [c - width * (scales - 1)]
+    parts = b.node("Split", [x, b.const("split", np.array(sizes, np.int64))], "split", axis=1)
+    b.nodes[-1].output[:] = [f"{parts}_{i}" for i in range(scales)]
+    chunks, outs, sp = [f"{parts}_{i}" for i in range(scales)], [], None
+    for i in range(scales - 1):
+        sp = b.conv(chunks[i] if sp is None else b.node("Add", [sp, chunks[i]]), width, width, 3, groups=width,
+                    bias=True)
+        outs.append(sp)
+    t = b.node("Concat", outs + chunks[-1:], axis=1)
+    t = b.node("Transpose", [b.node("Reshape", [t, b.const("s3", np.array([1, c, 36], np.int64))])], perm=[0, 2, 1])
+    if pos:
+        t = b.node("Add", [t, b.const("pos", b.rng.standard_normal((1, 36, c)).astype(np.float32))])
+    t = b.node("LayerNormalization", [t, b.const("ln_s", b.rng.uniform(0.5, 1.5, c)),
+                                      b.const("ln_b", b.rng.normal(0, 0.2, c))], axis=-1, epsilon=1e-6)
+    b.node("Add", [b.node("MatMul", [t, b.const("w", b.rng.normal(0, 0.3, (c, 8)))]),
+                   b.const("bw", b.rng.normal(0, 0.1, 8))], output="output")
+    return {"output": [1, 36, 8]}
+
+
+@pytest.mark.parametrize("c,scales,pos", [(30, 3, False), (42, 4, False), (48, 2, True)])
+@pytest.mark.parametrize("scope", ["texture", "buffer"])
+def test_split_depthwise_chunks_are_read_in_place_and_concatenated_as_tokens(native, cl_env, scope, c, scales, pos,
+                                                                            tmp_path):
+    """EdgeNeXt's split depthwise chain: no slice kernel (the chunks, at offsets inside RGBA pixels too, are read in
+    place by the adds and the concat: ``slices_read_in_place``), and no copy to tokens (the concat writes the
+    flattened map: ``concats_written_as_tokens``). Before: a slice kernel a chunk, the concat, and the copy to
+    tokens. 30 channels in 10s and 42 in 11s as EdgeNeXt-XXS's stages 2 and 3 split 88 and 168; 48 in two halves
+    with a positional constant as its stage 1. Against onnxruntime, by the Python executor and tuner-run."""
+    from conftest import building_cpu
+    from tuner.compile.compiler import load_graph
+    model = _model(_split_depthwise_to_tokens, c=c, scales=scales, pos=pos)
+    g = load_graph(model)
+    concat = next(n for n in g.nodes if n.op == "concat")
+    assert concat.attrs.get("flat") and any(at is not None for at in concat.attrs["channel_offsets"])
+    # the one copy left writes the model's output tokens
+    assert [n.op for n in g.nodes if n.op in ("slice", "strided_copy")] == ["strided_copy"] and \
+        g.nodes[-1].op == "strided_copy", [n.op for n in g.nodes]
+    mod, x, want = _compiled(model, scope, tmp_path)
+    ops = [n.template or n.op for n in mod.spec.nodes]
+    assert "slice" not in ops and ops.count("strided_copy") <= 1 and ops.count("concat") == 1, ops
     assert _rel(mod.run([x])[0], want[0]) < 1e-4
     assert _rel(_tuner_run(mod, x, building_cpu(), native, cl_env, tmp_path), want[0]) < 1e-4

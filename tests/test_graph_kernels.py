@@ -274,6 +274,25 @@ def test_concat_matches_numpy(device, rng, channels, pattern, out_scope, dtype):
     assert (got[:, total:] == 0).all()  # padding lanes are written zero
 
 
+@pytest.mark.parametrize("scopes,out_scope", [(("buffer", "texture", "buffer"), "buffer"), ("texture", "texture")])
+@pytest.mark.parametrize("flat", [False, True])
+def test_concat_reads_slices_in_place_and_writes_tokens(device, rng, scopes, out_scope, flat):
+    """``in_views``: parts read as channels offset.. of larger tensors, at offsets inside a pixel too (EdgeNeXt's
+    split of 88 channels into 30, 30 and 28, passed to its concat in place); ``flat``: the concat written as the
+    token tensor (N, C, 1, H * W) its reshape reads. Padding lanes are written zero."""
+    shapes, views = [(2, 6, 3, 5), (2, 5, 3, 5), (2, 3, 3, 5)], [(13, 7), (), (9, 6)]
+    k = concat_kernel(shapes, "float32", scopes, out_scope, max_work_group=device.info.max_work_group_size,
+                      in_views=views, flat=flat)
+    full = [draw(rng, (2, v[0], 3, 5) if v else s, "float32") for s, v in zip(shapes, views)]
+    got = run(build(k, device), device, {f"X{i}": x for i, x in enumerate(full)}, padded_outputs=True)["Y"]
+    want = concat_reference(*[x[:, v[1]:v[1] + s[1]] if v else x for x, s, v in zip(full, shapes, views)])
+    assert got.shape == ((2, 16, 1, 15) if flat else (2, 16, 3, 5))
+    assert rel_error(got[:, :14], want.reshape(got[:, :14].shape)) <= 1e-6
+    assert (got[:, 14:] == 0).all()
+    with pytest.raises(ValueError, match="within the channels"):
+        concat_kernel(shapes, in_views=[(13, 8), (), ()])
+
+
 def test_concat_of_mixed_scopes_and_rows(device, rng):
     shapes = [(2, 3), (2, 6), (2, 1)]
     k = concat_kernel(shapes, "float32", ("buffer", "texture", "buffer"), "texture", max_work_group=3)

@@ -376,6 +376,9 @@ def test_head_slices_read_by_token_copies_run_no_kernel(with_pass):
     ("add", ((12, 4), (16, 8)), ("buffer", "texture")),  # both read in place
     ("relu", ((20, 12),), ("texture",)),
     ("bias_add", ((11, 4),), ("buffer", "buffer")),  # 7 channels ending at the source's last (padding lanes)
+    ("add", ((), (24, 6)), ("buffer", "buffer")),  # inside a pixel: channels 6..12 (EdgeNeXt's chunks of 30)
+    ("add", ((9, 1), (17, 10)), ("texture", "buffer")),  # both inside a pixel, the first ending at the last
+    ("relu", ((10, 3),), ("texture",)),
 ])
 def test_elementwise_reads_channel_slices_in_place(device, rng, op, views, scopes):
     """elementwise_kernel's ``in_views``: an input read as channels offset..offset + C of a larger tensor (the
@@ -391,8 +394,8 @@ def test_elementwise_reads_channel_slices_in_place(device, rng, op, views, scope
     got = run(build(k, device), device, inputs)["Y"]
     ref = elementwise_reference(op, *sliced, activation="relu" if op != "relu" else "none")
     assert rel_error(got, ref) <= TOL["float32"]
-    with pytest.raises(ValueError, match="offset a multiple of 4"):
-        elementwise_kernel(shape, "relu", in_views=((20, 6),))
+    with pytest.raises(ValueError, match="within the channels"):
+        elementwise_kernel(shape, "relu", in_views=((12, 6),))
 
 
 def test_identities_run_no_kernel(device):

@@ -39,7 +39,8 @@ from tuner.graph.graph import add_param as _add_param, drop_unused_params as _dr
 from tuner.graph.graph import channel_constant as _channel_constant, only_reader as _only_reader
 from tuner.ir.activations import canonical, parse, spec
 from tuner.graph.passes_movement import fold_gathers_into_convs, pad_concat_parts  # last: gathers read by convolutions
-from tuner.graph.passes_movement import compose_gathers_into_copies, fuse_concat_activations, slices_read_in_place
+from tuner.graph.passes_movement import (compose_gathers_into_copies, concats_written_as_tokens,
+                                         fuse_concat_activations, slices_read_in_place)
 from tuner.graph.passes_tokens import matmul_views  # last: copies around matmuls read and written in place
 from tuner.graph.passes_io import model_io_ranks, pointwise_ranks  # first: tensors of any rank
 from tuner.graph.passes_movement import SPATIAL_REDUCTIONS, _channel_gather, _reduction_lowers  # noqa: F401 - the template's reductions
@@ -764,7 +765,8 @@ def optimize(graph: Graph) -> Graph:
 # activations the rewrites exposed recognized, epilogues fused, a PixelShuffle's convolution put in DCR order (its
 # bias and epilogue folded in first: only its weights and bias permute), squeeze-excite gates read by the
 # convolutions after them and each block's pool and two 1x1 convolutions as one ``se_gate``, Pads and channel
-# gathers read by the convolutions after them, and MobileViTv2's softmaxed query computed in the reduction that
+# gathers read by the convolutions after them, channel slices read in place by the elementwise kernels, reductions
+# and concats after them (a concat flattened to tokens then writing the tokens itself), and MobileViTv2's softmaxed query computed in the reduction that
 # weights the keys by it and the ReLU of its values in the qkv convolution's epilogue (``passes_attention``); last, a
 # LayerNorm over channels, then a GroupNorm(1) (its statistics left in a kernel; moved past a copy that permutes
 # each channel first), read only by 1x1 convolutions computed inside them (``passes_layer_norm``; its
@@ -779,6 +781,6 @@ PIPELINE = (model_io_ranks, pointwise_ranks, fuse_group_norm, fuse_patterns, opt
             fuse_input_gates, fuse_squeeze_excite, align_channel_slices,
             fold_pads, pad_concat_parts,
             fold_gathers_into_convs, compose_gathers_into_copies, matmul_views, slices_read_in_place,
-            fuse_concat_activations, softmax_into_reductions, slice_activations_into_producers, layer_norm_into_convs,
+            concats_written_as_tokens, fuse_concat_activations, softmax_into_reductions, slice_activations_into_producers, layer_norm_into_convs,
             group_norm_past_permutations, group_norm_into_convs, convolutions_write_patches, divisions_into_copies,
             norms_read_in_place, pool_rows_in_depthwise)

@@ -97,7 +97,7 @@ def layer_norm_into_convs(graph: Graph) -> Graph:
         if node.op != "layer_norm" or node.attrs.get("axis") not in (1, -3) or set(node.attrs) - {"axis", "epsilon"}:
             continue
         producer = g.producer(node.inputs[0])
-        if producer is not None and producer.op == "concat":
+        if producer is not None and producer.op == "concat" and not producer.attrs.get("channel_offsets"):
             continue  # the norm reads the concat's parts in place (LayerNormWorkload.in_read); a normed conv cannot
         readers = _readers(g, node)
         affine = _affine(g, node, g.shapes[node.inputs[0]][1]) if readers else None

@@ -377,18 +377,45 @@ def compose_gathers_into_copies(graph: Graph) -> Graph:
 READS_CHANNEL_OFFSET = ("global_avg_pool", "global_max_pool", "reduce_mean", "reduce_max", "reduce_sum", "reduce_l2")
 
 
-def _reads_slice_in_place(g: Graph, r: Node, t: str) -> bool:
-    """Whether ``r`` lowers to a kernel that can read its input ``t`` (once) at a channel offset: the elementwise
-    kernel, or a reduction over H, W the spatial_reduce template runs (its first input)."""
+def _contiguous(index: tuple | None) -> bool:
+    return index is not None and index == tuple(range(index[0], index[0] + len(index)))
+
+
+def _concat_reads_in_place(g: Graph, r: Node, t: str) -> bool:
+    """Whether ``r`` is a channel concat (4-D, no activation) whose kernel may read its part ``t`` in place:
+    where no kernel could write the concat in place anyway (a part starts inside an RGBA pixel: EdgeNeXt's 88
+    channels split into 30, 30 and 28), or where every part is a channel slice (one concat kernel instead of a
+    copy a slice)."""
+    if r.op != "concat" or len(g.shapes[r.outputs[0]]) != 4 or r.attrs.get("axis", 1) not in (1, -3) \
+            or "activation" in r.attrs or r.inputs.count(t) != 1 or len(set(r.inputs)) != len(r.inputs):
+        return False
+    sizes = r.attrs.get("parts") or tuple(g.shapes[x][1] for x in r.inputs)
+    offsets = r.attrs.get("channel_offsets") or (None,) * len(r.inputs)
+    if any(sum(sizes[:i]) % 4 for i in range(len(sizes))):
+        return True
+    return all(at is not None or (p := g.producer(x)) is not None and _contiguous(_channel_gather(g, p))
+               for x, at in zip(r.inputs, offsets))
+
+
+def _reads_slice_in_place(g: Graph, r: Node, t: str, at: int) -> bool:
+    """Whether ``r`` lowers to a kernel that can read its input ``t`` (once) as channels ``at``.. of its source:
+    a concat (``_concat_reads_in_place``) or the elementwise kernel at any offset, a reduction over H, W the
+    spatial_reduce template runs (its first input) at an offset that starts a pixel."""
+    if r.op == "concat":
+        return _concat_reads_in_place(g, r, t)
     if r.inputs.count(t) != 1 or (r.attrs.get("channel_offsets") or {}) and \
             r.attrs["channel_offsets"][r.inputs.index(t)] is not None:
         return False
     if r.op in ("relu", "clip"):
         return r.inputs[0] == t
     if r.op in READS_CHANNEL_OFFSET:  # the spatial_reduce template's in_view: its first input only
-        return r.inputs[0] == t and _reduction_lowers(g, r)
-    return r.op == "add" and len(r.inputs) == 2 and not any(x in g.params for x in r.inputs) and \
-        tuple(g.shapes[r.inputs[0]]) == tuple(g.shapes[r.inputs[1]]) == tuple(g.shapes[r.outputs[0]])
+        return r.inputs[0] == t and at % 4 == 0 and _reduction_lowers(g, r)
+    out = tuple(g.shapes[r.outputs[0]])
+    offsets = r.attrs.get("channel_offsets") or (None,) * len(r.inputs)
+    return r.op == "add" and len(r.inputs) == 2 and not any(x in g.params for x in r.inputs) and all(
+        tuple(g.shapes[x]) == out if at is None and x != t else
+        len(out) == 4 and tuple(g.shapes[x])[::2] == out[::2] and g.shapes[x][3] == out[3]
+        for x, at in zip(r.inputs, offsets))
 
 
 def slices_read_in_place(graph: Graph) -> Graph:
@@ -396,17 +423,46 @@ def slices_read_in_place(graph: Graph) -> Graph:
     for n in list(g.nodes):
         index, out = _channel_gather(g, n), n.outputs[0]
         readers = g.consumers(out)
-        if index is None or out in g.outputs or not readers or index[0] % 4 \
-                or index != tuple(range(index[0], index[0] + len(index))) \
-                or not all(_reads_slice_in_place(g, r, out) for r in readers):
+        if not _contiguous(index) or out in g.outputs or not readers \
+                or not all(_reads_slice_in_place(g, r, out, index[0]) for r in readers):
             continue
         for r in readers:
             k = r.inputs.index(out)
             offsets = list(r.attrs.get("channel_offsets") or (None,) * len(r.inputs))
             offsets[k] = index[0]
+            if r.op == "concat":  # each part's channels, no longer its tensor's
+                sizes = list(r.attrs.get("parts") or (g.shapes[x][1] for x in r.inputs))
+                r.attrs = {**r.attrs, "parts": tuple(sizes)}
             r.inputs = [n.inputs[0] if t == out else t for t in r.inputs]
             r.attrs = {**r.attrs, "channel_offsets": tuple(offsets)}
         g.nodes = [m for m in g.nodes if m is not n]
+    return _drop_unused(g).validate()
+
+
+def _identity_flatten(g: Graph, copy: Node) -> bool:
+    """Whether the strided copy stores its 4-D (N, C, H, W) source as (N, C, 1, H * W) element for element: a map
+    flattened to tokens (``x.reshape(B, C, H * W).transpose(1, 2)``), the same pixels in the same order."""
+    from tuner.graph.reference_movement import copy_sources
+    src = tuple(g.shapes[copy.inputs[0]])
+    if copy.op != "strided_copy" or len(copy.inputs) != 1 or len(src) != 4 or copy.attrs.get("divisor") \
+            or tuple(g.shapes[copy.outputs[0]]) != (src[0], src[1], 1, src[2] * src[3]):
+        return False
+    return bool(np.array_equal(copy_sources(copy, src), np.arange(int(np.prod(src)))))
+
+
+def concats_written_as_tokens(graph: Graph) -> Graph:
+    """A channel concat read only by a strided copy that flattens it to tokens element for element
+    (``_identity_flatten``) writes the tokens itself (attr ``flat``) and the copy goes: EdgeNeXt's split
+    depthwise chain, concatenated and reshaped to tokens for its transposed attention. Only a concat that is a
+    kernel anyway: one that reads a part in place (``slices_read_in_place``)."""
+    g = graph.copy()
+    for n in list(g.nodes):
+        copy = _sole_reader(g, n.outputs[0]) if n.op == "concat" else None
+        if copy is None or not n.attrs.get("channel_offsets") or "activation" in n.attrs or n.attrs.get("flat") \
+                or n.outputs[0] in g.outputs or not _identity_flatten(g, copy):
+            continue
+        n.outputs, n.attrs = list(copy.outputs), {**n.attrs, "flat": True}
+        g.nodes = [m for m in g.nodes if m is not copy]
     return _drop_unused(g).validate()
 
 
@@ -425,7 +481,8 @@ def fuse_concat_activations(graph: Graph) -> Graph:
     for n in list(g.nodes):
         out = n.outputs[0]
         if n.op != "concat" or len(g.shapes[out]) != 4 or n.attrs.get("axis", 1) not in (1, -3) \
-                or "activation" in n.attrs or (act := _sole_reader(g, out)) is None or act.inputs != [out]:
+                or "activation" in n.attrs or n.attrs.get("channel_offsets") or n.attrs.get("flat") \
+                or (act := _sole_reader(g, out)) is None or act.inputs != [out]:
             continue
         fn = _activation_spec(act)
         shared = len(set(n.inputs)) < len(n.inputs) or any(

@@ -267,6 +267,16 @@ def _softmax(node: Node, x):
     return e / e.sum(axis=node.attrs["axis"], keepdims=True)
 
 
+def _concat(node, *xs):
+    """With ``channel_offsets`` (``passes_movement.slices_read_in_place``), part k is channels ``at``..``at +
+    parts[k]`` of its input; with ``flat`` (``concats_written_as_tokens``), the result is (N, C, 1, H * W)."""
+    a = node.attrs
+    if a.get("channel_offsets"):
+        xs = [x if at is None else x[:, at:at + c] for x, at, c in zip(xs, a["channel_offsets"], a["parts"])]
+    y = np.concatenate(xs, axis=a.get("axis", 1))
+    return y.reshape(y.shape[0], y.shape[1], 1, -1) if a.get("flat") else y
+
+
 OPS = {
     "conv2d": conv2d,
     "dense": dense,
@@ -279,7 +289,7 @@ OPS = {
     "max_pool": max_pool,
     "flatten": lambda node, x: x.reshape(x.shape[0], -1),
     "reshape": lambda node, x: x.reshape(node.attrs["shape"]),
-    "concat": lambda node, *xs: np.concatenate(xs, axis=node.attrs["axis"]),
+    "concat": _concat,
     "sub": lambda node, a, b: a - b,
     "mul": lambda node, a, b: a * b,
     "div": lambda node, a, b: a / b,
@@ -302,7 +312,7 @@ ATTRS = {
     "dense": set(), "batch_norm": {"epsilon"}, "relu": set(), "clip": {"min", "max"}, "add": set(),
     "global_avg_pool": set(), "avg_pool": {"kernel", "stride", "padding", "count_include_pad", "ceil_mode"},
     "max_pool": {"kernel", "stride", "padding", "ceil_mode"}, "flatten": set(), "reshape": {"shape"},
-    "concat": {"axis"}, "sub": set(), "mul": set(), "div": set(), "prelu": set(), "activation": {"fn"},
+    "concat": {"axis", "channel_offsets", "parts", "flat"}, "sub": set(), "mul": set(), "div": set(), "prelu": set(), "activation": {"fn"},
     "erf": set(), "reduce_mean": {"axes", "keepdims"}, "reduce_max": {"axes", "keepdims"},
     "reduce_sum": {"axes", "keepdims"}, "reduce_l2": {"axes", "keepdims"}, "unary": {"fn"},
     "group_norm": {"groups", "epsilon", "stats"}, "global_max_pool": set(),

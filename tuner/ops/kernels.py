@@ -176,15 +176,30 @@ def _np_activate(v: np.ndarray, activation: str, clip: tuple) -> np.ndarray:
 # -- elementwise ------------------------------------------------------------------------------------------
 def _channel_views(views, n: int, shape: tuple) -> tuple:
     """Per activation input ``()`` or ``(channels, offset)``: the input is channels ``offset``..``offset + C`` of a
-    tensor of ``channels`` channels (same N, H, W), read in place; the offset starts a pixel."""
+    tensor of ``channels`` channels (same N, H, W), read in place (``_channels_at``: any offset)."""
     views = tuple(tuple(int(x) for x in v) for v in views) if views else ((),) * n
     if len(views) != n:
         raise ValueError(f"in_views {list(views)}: one per activation input ({n})")
     for v in views:
-        if v and (len(v) != 2 or v[1] % 4 or v[1] < 0 or v[1] + shape[1] > v[0] or len(shape) != 4):
-            raise ValueError(f"in_view {list(v)}: (channels, offset) of a 4-D input, the offset a multiple of 4 "
-                             f"and offset + {shape[1]} within the channels")
+        if v and (len(v) != 2 or v[1] < 0 or v[1] + shape[1] > v[0] or len(shape) != 4):
+            raise ValueError(f"in_view {list(v)}: (channels, offset) of a 4-D input, offset + {shape[1]} within "
+                             f"the channels")
     return views
+
+
+def _channels_at(b: Builder, x, idx, shift: int, channels: int, name: str):
+    """The 4 channels ``4 * idx[1] - shift`` .. ``+ 3`` of ``x`` (``channels`` channels, its block indices clamped
+    into it) at the rest of ``idx``: one whole-pixel load where ``shift`` is a multiple of 4, else two, the lanes
+    taken from each (``shift`` = 4q + s: lane j reads block ``idx[1] - q`` at lane ``j - s`` when j >= s, else
+    block ``idx[1] - q - 1`` at lane ``j - s + 4``). Lanes past ``channels`` are whatever the clamped loads hold."""
+    q, s = divmod(shift, 4)
+    last = -(-channels // 4) - 1
+    block = lambda d: min_(max_(idx[1] - q - d, 0), last)  # noqa: E731 - clamped: stays in bounds
+    hi = b.let(f"{name}_hi", x[_pixel([idx[0], block(0), *idx[2:]])])
+    if not s:
+        return hi
+    lo = b.let(f"{name}_lo", x[_pixel([idx[0], block(1), *idx[2:]])])
+    return _vector([ExtractLane(hi, j - s) if j >= s else ExtractLane(lo, j - s + 4) for j in range(4)])
 
 
 def elementwise_kernel(shape, op: str, dtype: str = "float32", in_scopes="texture", out_scope: str = "texture",
@@ -197,7 +212,9 @@ def elementwise_kernel(shape, op: str, dtype: str = "float32", in_scopes="textur
       texture) -> ``Y = act(X + B[c])``
     - ``relu``, ``relu6``, ``clip``: ``X`` -> ``Y = op(X)``; ``clip`` clamps to ``clip = (lo, hi)``
     ``activation`` (none, relu, relu6, clip) follows ``add`` / ``bias_add``. ``in_views`` (``_channel_views``):
-    an activation input read in place as a channel slice of a larger tensor (EfficientViT's channel chunks)."""
+    an activation input read in place as a channel slice of a larger tensor (EfficientViT's channel chunks; at an
+    offset inside a pixel, EdgeNeXt's split of 88 channels into 30, 30 and 28: two loads a pixel, and the output's
+    padding lanes written zero)."""
     shape = _packed_shape(shape, "elementwise")
     _check_dtype(dtype)
     if op not in ELEMENTWISE_OPS:
@@ -220,14 +237,18 @@ def elementwise_kernel(shape, op: str, dtype: str = "float32", in_scopes="textur
     b = Builder()
     with _work_items(b, _grid(shape), max_work_group) as idx:
         pix = _pixel(idx)
-        at = [_pixel([idx[0], idx[1] + v[1] // 4, *idx[2:]]) if v else pix for v in views]
+        at = [_channels_at(b, x, idx, -v[1], v[0], f"x{k}") if v else x[pix]
+              for k, (x, v) in enumerate(zip(inputs, views))]
         if op == "add":
-            v = inputs[0][at[0]] + inputs[1][at[1]]
+            v = at[0] + at[1]
         elif op == "bias_add":
-            v = inputs[0][at[0]] + inputs[1][pix[1]]
+            v = at[0] + inputs[1][pix[1]]
         else:
-            v = inputs[0][at[0]]
-        b.store(Y, pix, _activate(v, op if op in UNARY else activation, clip))
+            v = at[0]
+        v = _activate(v, op if op in UNARY else activation, clip)
+        if any(w and w[1] % 4 for w in views):  # the lanes past C read channels after the slice
+            v = zero_padding_lanes(b, v, idx[1], shape[1], "y")
+        b.store(Y, pix, v)
     return b.kernel(f"{op}_{_kernel_suffix(activation)}" if op not in UNARY else op, [*inputs, Y])
 
 
@@ -386,39 +407,50 @@ def concat_out_shape(shapes) -> tuple:
 
 
 def concat_kernel(shapes, dtype: str = "float32", in_scopes="texture", out_scope: str = "texture",
-                  max_work_group: int = 64, activation: str = "none", clip: tuple = (0.0, 6.0)):
+                  max_work_group: int = 64, activation: str = "none", clip: tuple = (0.0, 6.0), in_views=(),
+                  flat: bool = False):
     """``X0``, ``X1``, ... (4-D NCHW or 2-D, any channel counts) -> ``Y``, concatenated along axis 1, then
     ``activation`` (an activation read by nothing else but the concat, whose parts other kernels read too).
 
+    ``in_views`` (``_channel_views``): a part read in place as channels ``offset``.. of a larger tensor of
+    ``channels`` (a slice of a tensor, at any offset). ``flat``: ``Y`` is 4-D (N, C, 1, H * W), the concat of 4-D
+    parts flattened over H, W -- a token tensor, its pixels the parts' in row-major order (EdgeNeXt's
+    ``cat(...).reshape(B, C, H * W)``).
+
     One output pixel per work-item. Input k starts at output channel ``o = 4q + s``, so output lane j of block
-    cb reads input block ``cb - q`` (lanes j >= s) or ``cb - q - 1`` (j < s) at the constant lane ``(j - s) % 4``:
-    at most two whole-pixel loads per input, done only when the input overlaps the block, with block indices
-    clamped so that loads stay in bounds. Each lane keeps its own input's value; padding lanes are zero."""
+    cb reads input block ``cb - q`` (lanes j >= s) or ``cb - q - 1`` (j < s) at the constant lane ``(j - s) % 4``
+    (``_channels_at``): at most two whole-pixel loads per input, done only when the input overlaps the block, with
+    block indices clamped so that loads stay in bounds. Each lane keeps its own input's value; padding lanes are
+    zero."""
     out = concat_out_shape(shapes)
     shapes = [tuple(int(x) for x in s) for s in shapes]
     _check_dtype(dtype)
     _check_activation(activation)
     scopes = _scopes(in_scopes, len(shapes), "concat")
-    X = [_packed(f"X{k}", s, dtype, sc) for k, (s, sc) in enumerate(zip(shapes, scopes))]
-    Y = _packed("Y", out, dtype, out_scope)
+    if in_views and len(in_views) != len(shapes):
+        raise ValueError(f"concat in_views {list(in_views)}: one per input ({len(shapes)})")
+    views = [_channel_views((v,), 1, s)[0] for v, s in zip(in_views, shapes)] if in_views else [()] * len(shapes)
+    if flat and len(out) != 4:
+        raise ValueError(f"concat flat: the parts {[list(s) for s in shapes]} are not 4-D")
+    full = [(s[0], v[0], *s[2:]) if v else s for s, v in zip(shapes, views)]
+    X = [_packed(f"X{k}", s, dtype, sc) for k, (s, sc) in enumerate(zip(full, scopes))]
+    y_shape = (out[0], out[1], 1, out[2] * out[3]) if flat else out
+    Y = _packed("Y", y_shape, dtype, out_scope)
     b = Builder()
-    with _work_items(b, _grid(out), max_work_group) as idx:
+    with _work_items(b, _grid(y_shape), max_work_group) as idx:
         cb = idx[1]
+        src = [idx[0], cb, b.let("h", idx[3] // out[3]), b.let("w", idx[3] % out[3])] if flat else idx
         lanes = b.allocate("lanes", (4,), "float32", "private")
         for j in range(4):
             b.store(lanes, j, 0.0)
         offset = 0
-        for k, (x, shape) in enumerate(zip(X, shapes)):
-            C, (q, s) = shape[1], divmod(offset, 4)
-            last = -(-C // 4) - 1
+        for k, (x, shape, view, bound) in enumerate(zip(X, shapes, views, full)):
+            C = shape[1]
             with b.if_((cb * 4 < offset + C) & (cb * 4 + 4 > offset)):
-                block = lambda d: min_(max_(cb - q - d, 0), last)  # noqa: E731 - clamped: stays in bounds
-                hi = b.let(f"x{k}_hi", x[_pixel([idx[0], block(0), *idx[2:]])])
-                lo = b.let(f"x{k}_lo", x[_pixel([idx[0], block(1), *idx[2:]])]) if s else None
+                v = b.let(f"x{k}", _channels_at(b, x, src, offset - (view[1] if view else 0), bound[1], f"x{k}"))
                 for j in range(4):
                     c = cb * 4 + j
-                    v = ExtractLane(hi, j - s) if j >= s else ExtractLane(lo, j - s + 4)
-                    b.store(lanes, j, select((c >= offset) & (c < offset + C), v, lanes[j]))
+                    b.store(lanes, j, select((c >= offset) & (c < offset + C), ExtractLane(v, j), lanes[j]))
             offset += C
         v = _vector([lanes[j] for j in range(4)])
         if activation != "none":  # and the padding lanes zero again (sigmoid(0) is not)

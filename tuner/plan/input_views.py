@@ -108,6 +108,8 @@ def _parts(plan: Plan, conv: Step, producer: dict, readers: dict):
     p = producer.get(x)
     if p is None or x in plan.outputs or len(readers.get(x, [])) != 1:
         return None
+    if p.op == "concat" and p.attrs.get("part_shapes"):  # it reads its parts in place, or writes tokens
+        return None
     if p.op == "concat":
         tensors = [p.inputs[f"X{i}"] for i in range(len(p.inputs))]
         if len(tensors) > MAX_PARTS or len(set(tensors)) != len(tensors) or any(
@@ -187,8 +189,8 @@ def _norm_parts(plan: Plan, norm: Step, producer: dict, readers: dict):
     source where every other reader of the slice can read it so too -- or None."""
     x = norm.inputs.get("X")
     p = producer.get(x)
-    if p is None or p.op != "concat" or x in plan.outputs or len(readers.get(x, [])) != 1 \
-            or len(norm.workload.data) != 4:
+    if p is None or p.op != "concat" or p.attrs.get("part_shapes") or x in plan.outputs \
+            or len(readers.get(x, [])) != 1 or len(norm.workload.data) != 4:
         return None
     tensors = [p.inputs[f"X{i}"] for i in range(len(p.inputs))]
     if len(tensors) > MAX_PARTS or len(set(tensors)) != len(tensors) or any(

@@ -332,15 +332,26 @@ def lower_concat(ctx: LowerCtx, node, ins, out, shape):
     if act != "none":  # passes_movement.fuse_concat_activations: its own step, which plan.views never writes in place
         ctx.add(Step(node.name, "concat_act", {f"X{i}": t for i, t in enumerate(ins)}, out, {"activation": act}))
         return
-    ctx.add(Step(node.name, "concat", {f"X{i}": t for i, t in enumerate(ins)}, out))
+    attrs = {}
+    if node.attrs.get("channel_offsets") or node.attrs.get("flat"):  # passes_movement: parts read in place at a
+        # channel offset of their source (``parts``: each part's channels), the output written as tokens
+        offsets = node.attrs.get("channel_offsets") or (None,) * len(ins)
+        channels = node.attrs.get("parts") or tuple(ctx.shape(t)[1] for t in node.inputs)
+        attrs = {"part_shapes": tuple((ctx.shape(t)[0], c, *ctx.shape(t)[2:]) for t, c in zip(node.inputs, channels)),
+                 "in_views": tuple(() if at is None else (ctx.shape(t)[1], int(at))
+                                   for t, at in zip(node.inputs, offsets)),
+                 "flat": bool(node.attrs.get("flat"))}
+    ctx.add(Step(node.name, "concat", {f"X{i}": t for i, t in enumerate(ins)}, out, attrs))
 
 
 @glue("concat")
 def build_concat(s, plan, max_wg):
     acts = list(s.inputs.values())
-    return K.concat_kernel([plan.tensors[x].shape for x in acts], plan.dtype, [plan.tensors[x].scope for x in acts],
+    shapes = s.attrs.get("part_shapes") or [plan.tensors[x].shape for x in acts]
+    return K.concat_kernel(shapes, plan.dtype, [plan.tensors[x].scope for x in acts],
                            plan.tensors[s.output].scope, max_work_group=max_wg,
-                           activation=s.attrs.get("activation", "none"))
+                           activation=s.attrs.get("activation", "none"), in_views=s.attrs.get("in_views", ()),
+                           flat=s.attrs.get("flat", False))
 
 
 GLUE["concat_act"] = build_concat  # a concat and the activation after it, in one kernel

@@ -260,6 +260,14 @@ def concat_views(plan: Plan) -> Plan:
     for s in plan.steps:
         if s.op != "concat" or plan.tensors[s.output].kind != "nchw":
             continue
+        if s.attrs.get("part_shapes"):  # rules.lower_concat: parts read at a channel offset, or written as tokens
+            notes.append(f"{s.name}: a copy kernel: reads " + ", ".join(
+                f"{t} (channels {v[1]}..{v[1] + c[1]})" if v else t
+                for t, v, c in zip(_parts(s), s.attrs["in_views"], s.attrs["part_shapes"])) +
+                (" in place" if any(s.attrs["in_views"]) else "") +
+                (", written as the token tensor its reshape reads" if s.attrs["flat"] else "") +
+                " (parts that start inside an RGBA pixel, or slices of other tensors)")
+            continue
         parts, total = _parts(s), plan.tensors[s.output].shape[1]
         offsets = [sum(plan.tensors[p].shape[1] for p in parts[:i]) for i in range(len(parts))]
         why = [_why_not(plan, s, p, o, i == len(parts) - 1, producer.get(p), readers)
