@@ -244,7 +244,7 @@ def epilogue_text(wl) -> str:
              " +res" if getattr(wl, "residual", False) else "",
              "" if not getattr(wl, "in_scale", False) else " +row scale" if getattr(wl, "scale_rows", False)
              else " +scale",
-             " +in norm" if getattr(wl, "in_norm", 0) else "",
+             " +in norm" if getattr(wl, "in_norm", 0) else "", " +in add" if getattr(wl, "in_add", ()) else "",
              " f16" if wl.dtype == "float16" else ""]
     return "".join(parts)
 
@@ -1121,7 +1121,8 @@ def shuffled(wl, out: np.ndarray) -> np.ndarray:
 def random_inputs(wl, rng) -> dict:
     """Random normal operands (never zeros) keyed by kernel parameter name; conv2d's and depthwise's."""
     draw = lambda shape: rng.standard_normal(shape).astype(wl.dtype)  # noqa: E731
-    inputs = {"X": draw(wl.data), "Wt": draw(wl.kernel)}
+    inputs = {"X": draw((wl.data[0], wl.in_view[1], *wl.data[2:]) if getattr(wl, "in_view", ()) else wl.data),
+              "Wt": draw(wl.kernel)}
     if wl.bias:
         inputs["B"] = draw((bias_length(wl, wl.kernel[0]),))
         if getattr(wl, "activation", "none") == "prelu":  # slopes as trained PReLUs have them (0.25 at init)
@@ -1141,6 +1142,8 @@ def random_inputs(wl, rng) -> dict:
         inputs["Q"] = chunk_statistics(inputs["X"], chunks, groups).astype(np.float32)
     if wl.residual:
         inputs["Res"] = draw(wl.out_shape)
+    if getattr(wl, "in_add", ()):  # the depthwise input's addend, of its own channel count
+        inputs["A"] = draw((wl.data[0], wl.in_add[0], *wl.data[2:]))
     if getattr(wl, "in_scale", False):
         inputs["S"] = draw(scale_shape(wl))
     for i, p in enumerate(getattr(wl, "in_read", ())):  # the parts' sources, not the logical input

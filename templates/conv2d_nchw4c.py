@@ -366,6 +366,8 @@ def lower(ctx, node, ins):
     view = node.attrs.get("in_view")  # channels [at, at + c) of the input tensor, read in place (passes_attention)
     if view is not None:
         at, c = (int(v) for v in view)
+        if is_depthwise((data[0], c, *data[2:]), w_shape, groups):
+            return None  # the depthwise template's own in_view
         if groups != 1:
             raise ValueError(f"in_view {list(view)} of a convolution of groups {groups}: groups 1 only")
         view, data = ((c, data[2], data[3], "copy", 1, 1, 1, 1, at, data[1]),), (data[0], c, *data[2:])

@@ -15,8 +15,10 @@ from tuner.ir.builder import Builder
 from tuner.ir.expr import Ramp, as_expr, min_
 from tuner.ir.schedule import cache_read
 from tuner.templates.common import EPILOGUE_ARGS, WINDOW_ARGS, Template, WorkloadArg, node_epilogue
+from tuner.ir.gather import shifted_pixel
 from tuner.templates.common import (MODEL_KNOBS, Arithmetic, Conv2dWorkload, LocalTile,
                                            declare_operands, input_pixel, fit_work_group, gpu_fill_target,
+                                           padded, padded_tap, pixel as pixel_at,
                                            is_depthwise,
                                            window_fields,
                                            padded_windows, random_inputs, reference_epilogue, scope_layout,
@@ -37,6 +39,12 @@ class DepthwiseWorkload:
     residual: bool = False
     row_sums: bool = False  # also write each output row's sum, (N, C, OH, 1) as ``Q``: a squeeze-excite pool's
     # partials from the epilogue (``passes_se.pool_rows_in_depthwise``); the work-group spans whole rows
+    in_view: tuple = ()  # (offset, channels): X is channels offset..offset + C of a tensor of ``channels``
+    # channels (same N, H, W), the offset a multiple of 4, read in place: a chunk of a channel split
+    # (``passes_movement.fold_gathers_into_convs``; before, the convolution ran on every channel of the source)
+    in_add: tuple = ()  # (channels, offset): the input read is X + channels offset..offset + C of ``A``, a tensor
+    # of ``channels`` channels and X's N, H, W, at any offset (two loads a pixel inside one): EdgeNeXt's SDTA
+    # cascade, each chunk plus the previous depthwise output (``passes_movement.adds_into_depthwise``)
 
     def __post_init__(self):
         # share conv2d's normalisation and checks through an equivalent grouped description
@@ -55,6 +63,15 @@ class DepthwiseWorkload:
             object.__setattr__(self, name, getattr(probe, name))
         object.__setattr__(self, "data", data)
         object.__setattr__(self, "kernel", kernel)
+        object.__setattr__(self, "in_add", tuple(int(x) for x in self.in_add))
+        object.__setattr__(self, "in_view", tuple(int(x) for x in self.in_view))
+        if self.in_view and (len(self.in_view) != 2 or self.in_view[0] < 0 or self.in_view[0] % 4
+                             or self.in_view[0] + data[1] > self.in_view[1]):
+            raise ValueError(f"depthwise_conv2d in_view {list(self.in_view)}: (offset, channels) of the tensor X "
+                             f"reads, the offset a multiple of 4 and offset + {data[1]} within its channels")
+        if self.in_add and (len(self.in_add) != 2 or self.in_add[1] < 0 or self.in_add[1] + data[1] > self.in_add[0]):
+            raise ValueError(f"depthwise_conv2d in_add {list(self.in_add)}: (channels, offset) of the addend A, "
+                             f"offset + {data[1]} within its channels")
 
     @property
     def out_shape(self) -> tuple:
@@ -76,8 +93,9 @@ class DepthwiseWorkload:
 
     def key(self) -> dict:
         key = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
-        if not self.row_sums:  # the keys logged before the field stay the same
-            del key["row_sums"]
+        for k in ("row_sums", "in_add", "in_view"):  # the keys logged before these fields stay the same
+            if not key[k]:
+                del key[k]
         return {"op": "depthwise_conv2d", **key}
 
 
@@ -106,9 +124,15 @@ def depthwise_conv2d_nchw4c(wl: DepthwiseWorkload, cfg: DepthwiseConfig):
     (sh, sw), (dh, dw), (pt, pl, _, _) = wl.stride, wl.dilation, wl.padding
     CB = -(-C // 4)
     X, Wt, B, Res, Y = declare_operands(wl, cfg, C)
+    at = 0  # the first block X reads
+    if wl.in_view:
+        at, X = wl.in_view[0] // 4, buffer("X", (N, wl.in_view[1], H, W), wl.dtype,
+                                           *scope_layout(cfg.input_scope, cfg.act_layout, "nchw4c_buffer"))
     Q = buffer("Q", wl.rows_shape, wl.dtype, *scope_layout(cfg.output_scope, cfg.act_layout, "nchw4c_buffer")) \
         if wl.row_sums else None
-    operands = (X, Wt, B, Res, Y, Q)
+    A = buffer("A", (N, wl.in_add[0], H, W), wl.dtype,
+               *scope_layout(cfg.input_scope, cfg.act_layout, "nchw4c_buffer")) if wl.in_add else None
+    operands = (X, Wt, B, Res, Y, Q, A)
 
     t_cb, t_oh, t_ow = cfg.tile_cb, cfg.tile_oh, cfg.tile_ow
     n_cb, n_oh, n_ow = -(-CB // t_cb), -(-OH // t_oh), -(-OW // t_ow)
@@ -124,13 +148,22 @@ def depthwise_conv2d_nchw4c(wl: DepthwiseWorkload, cfg: DepthwiseConfig):
         oh0, ow0 = (gh * cfg.wg_h + th) * t_oh, (gw * cfg.wg_w + tw) * t_ow
         acc = arith.accumulators(b, t_cb * t_oh * t_ow)
         tile = None
+
+        def read(cb, ih, iw, name):
+            """The input pixel (block ``cb``) at a tap: X's, plus A's channels with ``in_add``."""
+            if A is None:
+                return input_pixel(X, n, cb + at, ih, iw, H, W, arith)
+            inside, ih, iw = padded_tap(ih, iw, H, W)
+            return padded(inside, arith.load(pixel_at(X, n, cb + at, ih, iw)) + arith.load(
+                shifted_pixel(b, A, n, cb, (ih, iw), -wl.in_add[1], wl.in_add[0], f"{name}_a")))
+
         if cfg.local_input:  # the work-group's t_cb channel blocks, halo included, staged once (one step)
             tile = LocalTile(b, cfg, (t_cb, t_oh, t_ow), (sh, sw), (dh, dw), (R, S), arith)
-            tile.load(lambda k, ih, iw: input_pixel(X, n, min_(cbb * t_cb + k, CB - 1), ih, iw, H, W, arith),
+            tile.load(lambda k, ih, iw: read(min_(cbb * t_cb + k, CB - 1), ih, iw, "ld"),
                       (gh * cfg.wg_h * t_oh * sh - pt, gw * cfg.wg_w * t_ow * sw - pl), th * cfg.wg_w + tw)
 
         def pixel(name, cb, ih, iw):
-            return b.let(name, input_pixel(X, n, cb, ih, iw, H, W, arith))
+            return b.let(name, read(cb, ih, iw, name))
 
         def tap(name, k, y, x, r, s, cb, ih, iw):
             """Input pixel of tile entry (k, y, x) at window tap (r, s): from the local tile or the input."""
@@ -209,8 +242,13 @@ def store_row_sums(b, rows, Q, n, cbb, oh0, th, tw, cfg, bounds):
                     b.store(Q, (n, Ramp(ob * 4, as_expr(1), 4), oh, 0), value)
 
 
-def reference(wl: DepthwiseWorkload, x, w, bias=None, residual=None):
-    """NumPy depthwise conv2d in float64; with ``row_sums`` ``{"Y": output, "Q": its row sums}``."""
+def reference(wl: DepthwiseWorkload, x, w, bias=None, residual=None, addend=None):
+    """NumPy depthwise conv2d in float64; with ``row_sums`` ``{"Y": output, "Q": its row sums}``; with ``in_view``
+    the input is its channels of ``x``; with ``in_add`` plus its channels of ``addend``."""
+    if wl.in_view:
+        x = x[:, wl.in_view[0]:wl.in_view[0] + wl.data[1]]
+    if wl.in_add:
+        x = np.asarray(x, np.float64) + np.asarray(addend, np.float64)[:, wl.in_add[1]:wl.in_add[1] + wl.data[1]]
     out = np.zeros(wl.out_shape)
     for r, s, patch in padded_windows(wl, x):
         out += patch * w[:, 0, r, s].astype(np.float64)[None, :, None, None]
@@ -263,7 +301,7 @@ def fallback(wl: DepthwiseWorkload, info) -> DepthwiseConfig:
 
 
 def _reference(wl, inputs):
-    return reference(wl, inputs["X"], inputs["Wt"], inputs.get("B"), inputs.get("Res"))
+    return reference(wl, inputs["X"], inputs["Wt"], inputs.get("B"), inputs.get("Res"), inputs.get("A"))
 
 
 def features(v: dict, k: dict) -> dict:
@@ -273,20 +311,31 @@ def features(v: dict, k: dict) -> dict:
 def lower(ctx, node, ins):
     """A conv2d graph node with one filter per channel (groups == C == O)."""
     data, w_name = ctx.shape(node.inputs[0]), node.inputs[1]
+    view = node.attrs.get("in_view")  # (at, c): channels at..at + c of the input tensor, read in place
+    fields_view = {}
+    if view is not None:
+        fields_view, data = {"in_view": (int(view[0]), data[1])}, (data[0], int(view[1]), *data[2:])
     if not is_depthwise(data, ctx.shape(w_name), node.attrs.get("groups", 1)) or "in_scale" in node.attrs:
         return None
     if node.attrs.get("pad_mode", "zeros") != "zeros":  # passes.fold_pads leaves a depthwise layer's Pad a kernel
         raise ValueError(f"pad_mode {node.attrs['pad_mode']!r}: the depthwise template pads with zeros only")
     fields, inputs = node_epilogue(ctx, node)
+    if node.attrs.get("in_add") is not None:  # passes_movement.adds_into_depthwise: X + A's channels at in_add_at
+        inputs["A"] = ctx.packed(node.attrs["in_add"])
+        fields["in_add"] = (ctx.shape(node.attrs["in_add"])[1], int(node.attrs.get("in_add_at", 0)))
     wl = DepthwiseWorkload(data=data, kernel=ctx.shape(w_name), residual="Res" in inputs, **window_fields(node),
-                           row_sums=bool(node.attrs.get("row_sums")), **fields)
+                           row_sums=bool(node.attrs.get("row_sums")), **fields_view, **fields)
     return wl, {"X": ins[0], "Wt": w_name, **inputs}, {}
 
 
 WORKLOAD_ARGS = (WorkloadArg("data", "shape", "N,C,H,W", "input shape", required=True),
                  WorkloadArg("kernel", "shape", "C,1,R,S", "weight shape", required=True), *WINDOW_ARGS,
                  *EPILOGUE_ARGS, WorkloadArg("residual", "flag", help="fuse a residual add of a second NCHW4c tensor"),
-                 WorkloadArg("row_sums", "flag", help="also write each output row's sum (Q: N,C,OH,1)"))
+                 WorkloadArg("row_sums", "flag", help="also write each output row's sum (Q: N,C,OH,1)"),
+                 WorkloadArg("in_view", "shape", "OFFSET,CHANNELS", "X is channels OFFSET.. of a tensor of "
+                             "CHANNELS channels, read in place"),
+                 WorkloadArg("in_add", "shape", "CHANNELS,OFFSET", "add channels OFFSET.. of a second tensor A "
+                             "(CHANNELS channels) to the input as it is read"))
 TEMPLATE = Template("depthwise_conv2d", DepthwiseWorkload, DepthwiseConfig, depthwise_conv2d_nchw4c, _reference,
                     random_inputs, fallback, space_vars, VARIABLES, features=features,
                     model_knobs=MODEL_KNOBS, workload_args=WORKLOAD_ARGS, graph_ops=("conv2d",), lower=lower,

@@ -930,9 +930,10 @@ def _split_depthwise_to_tokens(b, c: int = 30, scales: int = 3, pos: bool = Fals
 def test_split_depthwise_chunks_are_read_in_place_and_concatenated_as_tokens(native, cl_env, scope, c, scales, pos,
                                                                             tmp_path):
     """EdgeNeXt's split depthwise chain: no slice kernel (the chunks, at offsets inside RGBA pixels too, are read in
-    place by the adds and the concat: ``slices_read_in_place``), and no copy to tokens (the concat writes the
-    flattened map: ``concats_written_as_tokens``). Before: a slice kernel a chunk, the concat, and the copy to
-    tokens. 30 channels in 10s and 42 in 11s as EdgeNeXt-XXS's stages 2 and 3 split 88 and 168; 48 in two halves
+    place by the depthwise convolutions, ``in_view``, by the adds and by the concat: ``slices_read_in_place``), no
+    add kernel (each is done by the depthwise convolution that reads it, ``in_add``; the positional constant by
+    the concat), and no copy to tokens (the concat writes the flattened map: ``concats_written_as_tokens``).
+    Before: a slice kernel a chunk, an add kernel a chunk, the concat, and the copy to tokens. 30 channels in 10s and 42 in 11s as EdgeNeXt-XXS's stages 2 and 3 split 88 and 168; 48 in two halves
     with a positional constant as its stage 1. Against onnxruntime, by the Python executor and tuner-run."""
     from conftest import building_cpu
     from tuner.compile.compiler import load_graph
@@ -946,5 +947,26 @@ def test_split_depthwise_chunks_are_read_in_place_and_concatenated_as_tokens(nat
     mod, x, want = _compiled(model, scope, tmp_path)
     ops = [n.template or n.op for n in mod.spec.nodes]
     assert "slice" not in ops and ops.count("strided_copy") <= 1 and ops.count("concat") == 1, ops
+    assert "elementwise" not in ops and "binary" not in ops, ops  # the adds: in the depthwise and the concat
     assert _rel(mod.run([x])[0], want[0]) < 1e-4
     assert _rel(_tuner_run(mod, x, building_cpu(), native, cl_env, tmp_path), want[0]) < 1e-4
+
+
+def test_a_head_norm_after_the_pool_leaves_no_relayout(tmp_path):
+    """EdgeNeXt's and ConvNeXt's head: global pool, LayerNorm over the channels (LayerNorm2d: permute, norm, permute
+    back), Flatten, Linear. The norm runs on the rows after the Flatten, so the pool writes the rows and no relayout
+    kernel is left between the layouts; against onnxruntime."""
+    from tuner.compile.compiler import load_graph
+
+    def body(b):
+        x = b.node("GlobalAveragePool", [b.conv(b.input("input", (1, 3, 8, 8)), 3, 12, 3, bias=True)])
+        t = b.node("Transpose", [x], perm=[0, 2, 3, 1])
+        t = b.node("LayerNormalization", [t, b.const("ln_s", b.rng.uniform(0.5, 1.5, 12)),
+                                          b.const("ln_b", b.rng.normal(0, 0.2, 12))], axis=-1, epsilon=1e-6)
+        b.fc(b.node("Flatten", [b.node("Transpose", [t], perm=[0, 3, 1, 2])], axis=1), 12, 5, output="output")
+        return {"output": [1, 5]}
+    model = _model(body)
+    g = load_graph(model)
+    assert [n.op for n in g.nodes] == ["conv2d", "reduce_mean", "layer_norm", "dense"], [n.op for n in g.nodes]
+    mod = _compile_and_check(model, tmp_path)
+    assert "relayout" not in [n.template or n.op for n in mod.spec.nodes[1:-1]]

@@ -185,3 +185,34 @@ def test_a_compile_that_times_nothing_runs_the_gates_its_log_measured(device, tm
     gates = [n for n in mod.spec.nodes if n.template == "se_gate"]
     assert gates and len(rows) == (len(gates) if tuned == "rows" else 0)
     assert all(("pixels" in n.workload) == (tuned == "rows") for n in gates)
+
+
+ADD_CASES = [  # (workload fields, fixed knobs): the addend's channels at an offset inside a pixel and at a whole one
+    (dict(data=(1, 10, 8, 7), kernel=(10, 1, 3, 3), padding=1, bias=True, in_add=(30, 10)), dict(unroll_rs=True)),
+    (dict(data=(2, 6, 9, 9), kernel=(6, 1, 3, 3), padding=1, in_add=(20, 12), activation="relu"),
+     dict(local_input=True)),
+    (dict(data=(1, 11, 6, 6), kernel=(11, 1, 5, 5), padding=2, in_add=(11, 0)), dict(unroll_rs=False)),
+    (dict(data=(1, 14, 7, 7), kernel=(14, 1, 3, 3), padding=1, in_add=(42, 27), residual=True), dict()),
+    (dict(data=(2, 10, 8, 7), kernel=(10, 1, 3, 3), padding=1, in_view=(8, 30)), dict()),  # X a chunk at 8 of 30
+    (dict(data=(1, 9, 6, 6), kernel=(9, 1, 3, 3), padding=1, bias=True, in_view=(12, 24), in_add=(30, 21)),
+     dict(local_input=True)),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("fields,fixed", ADD_CASES)
+def test_depthwise_reads_its_input_plus_a_slice_of_another(device, fields, fixed, dtype):
+    """``in_add``: the input read is X plus channels offset.. of A (EdgeNeXt's SDTA cascade: each chunk of the map
+    plus the previous depthwise output), at offsets inside an RGBA pixel too; ``in_view``: X itself a chunk of a
+    larger tensor at a whole pixel; random configs of the space in each case against the NumPy reference; the
+    workload key has each field only when it is set."""
+    for seed in range(3):
+        check_random_config(device, "depthwise_conv2d", fields, dtype, seed, **fixed)
+    wl = DepthwiseWorkload(**fields)
+    for k in ("in_add", "in_view"):
+        assert wl.key().get(k) == (list(fields[k]) if k in fields else None)
+    assert not {"in_add", "in_view"} & set(dataclasses.replace(wl, in_add=(), in_view=()).key())
+    with pytest.raises(ValueError, match="in_add"):
+        DepthwiseWorkload((1, 10, 8, 7), (10, 1, 3, 3), in_add=(12, 4))
+    with pytest.raises(ValueError, match="in_view"):
+        DepthwiseWorkload((1, 10, 8, 7), (10, 1, 3, 3), in_view=(2, 12))

@@ -39,7 +39,7 @@ from tuner.graph.graph import add_param as _add_param, drop_unused_params as _dr
 from tuner.graph.graph import channel_constant as _channel_constant, only_reader as _only_reader
 from tuner.ir.activations import canonical, parse, spec
 from tuner.graph.passes_movement import fold_gathers_into_convs, pad_concat_parts  # last: gathers read by convolutions
-from tuner.graph.passes_movement import (compose_gathers_into_copies, concats_written_as_tokens,
+from tuner.graph.passes_movement import (adds_into_depthwise, compose_gathers_into_copies, concats_written_as_tokens,
                                          fuse_concat_activations, slices_read_in_place)
 from tuner.graph.passes_tokens import matmul_views  # last: copies around matmuls read and written in place
 from tuner.graph.passes_io import model_io_ranks, pointwise_ranks  # first: tensors of any rank
@@ -543,12 +543,33 @@ def fuse_epilogues(graph: Graph) -> Graph:
     return _drop_unused_params(g).validate()
 
 
+def _norms_after_flatten(g: Graph) -> Graph:
+    """A LayerNorm over the channels of (N, C, 1, 1) maps read only by a Flatten (or Reshape) to (N, C) runs after
+    it, on the rows: EdgeNeXt's and ConvNeXt's head (pool, LayerNorm2d, Flatten), so that the pool writes the rows
+    and no relayout is left between the layouts. In place; ``flatten_into_reductions`` then takes the pool."""
+    for node in list(g.nodes):
+        src = node.inputs[0] if node.op == "layer_norm" else None
+        flat = g.consumers(node.outputs[0]) if src is not None else []
+        if len(flat) != 1 or flat[0].op not in ("flatten", "reshape") or node.outputs[0] in g.outputs \
+                or node.attrs.get("axis") not in (1, -3) or set(node.attrs) - {"axis", "epsilon", "activation"} \
+                or len(g.shapes[src]) != 4 or tuple(g.shapes[src][2:]) != (1, 1) \
+                or tuple(g.shapes[flat[0].outputs[0]]) != tuple(g.shapes[src][:2]):
+            continue
+        rows = _fresh(g, f"{src}.rows")
+        g.shapes[rows] = tuple(g.shapes[src][:2])
+        g.nodes.insert(g.nodes.index(node), Node("flatten", f"{node.name}.flatten", [src], [rows], {}))
+        node.inputs = [rows] + node.inputs[1:]
+        node.outputs, node.attrs = list(flat[0].outputs), {**node.attrs, "axis": 1}
+        g.nodes = [m for m in g.nodes if m is not flat[0]]
+    return _drop_dead_shapes(g)
+
+
 def flatten_into_reductions(graph: Graph) -> Graph:
     """A reduction over (H, W) of an NCHW tensor that keeps its rank (a global pool, ReduceMean / Max / Sum / L2
     with keepdims) read only by a Flatten or a Reshape to (N, C) -- a classifier head's GAP then Flatten --
     becomes one reduction with keepdims=0: the spatial_reduce template writes the (N, C) rows itself and the
     relayout between the two layouts runs no kernel (issue 55)."""
-    g = graph.copy()
+    g = _norms_after_flatten(graph.copy())
     kinds = {"global_avg_pool": "reduce_mean", "global_max_pool": "reduce_max", "reduce_mean": "reduce_mean",
              "reduce_max": "reduce_max", "reduce_sum": "reduce_sum", "reduce_l2": "reduce_l2"}
     for node in list(g.nodes):
@@ -766,7 +787,8 @@ def optimize(graph: Graph) -> Graph:
 # bias and epilogue folded in first: only its weights and bias permute), squeeze-excite gates read by the
 # convolutions after them and each block's pool and two 1x1 convolutions as one ``se_gate``, Pads and channel
 # gathers read by the convolutions after them, channel slices read in place by the elementwise kernels, reductions
-# and concats after them (a concat flattened to tokens then writing the tokens itself), and MobileViTv2's softmaxed query computed in the reduction that
+# and concats after them (an add read only by a depthwise convolution done as it reads, a concat flattened to
+# tokens then writing the tokens itself), and MobileViTv2's softmaxed query computed in the reduction that
 # weights the keys by it and the ReLU of its values in the qkv convolution's epilogue (``passes_attention``); last, a
 # LayerNorm over channels, then a GroupNorm(1) (its statistics left in a kernel; moved past a copy that permutes
 # each channel first), read only by 1x1 convolutions computed inside them (``passes_layer_norm``; its
@@ -781,6 +803,7 @@ PIPELINE = (model_io_ranks, pointwise_ranks, fuse_group_norm, fuse_patterns, opt
             fuse_input_gates, fuse_squeeze_excite, align_channel_slices,
             fold_pads, pad_concat_parts,
             fold_gathers_into_convs, compose_gathers_into_copies, matmul_views, slices_read_in_place,
-            concats_written_as_tokens, fuse_concat_activations, softmax_into_reductions, slice_activations_into_producers, layer_norm_into_convs,
+            adds_into_depthwise, concats_written_as_tokens, fuse_concat_activations, softmax_into_reductions,
+            slice_activations_into_producers, layer_norm_into_convs,
             group_norm_past_permutations, group_norm_into_convs, convolutions_write_patches, divisions_into_copies,
             norms_read_in_place, pool_rows_in_depthwise)

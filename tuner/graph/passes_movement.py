@@ -381,11 +381,22 @@ def _contiguous(index: tuple | None) -> bool:
     return index is not None and index == tuple(range(index[0], index[0] + len(index)))
 
 
+def _offset_writer(g: Graph, x: str) -> bool:
+    """Whether ``x`` is made by a convolution that ``plan.views`` may have write at a channel offset of a concat
+    (the conv2d template: not a depthwise one)."""
+    p = g.producer(x)
+    if p is None or p.op != "conv2d":
+        return False
+    w = g.shapes[p.inputs[1]]
+    return not (w[1] == 1 and p.attrs.get("groups", 1) == w[0] > 1)
+
+
 def _concat_reads_in_place(g: Graph, r: Node, t: str) -> bool:
     """Whether ``r`` is a channel concat (4-D, no activation) whose kernel may read its part ``t`` in place:
     where no kernel could write the concat in place anyway (a part starts inside an RGBA pixel: EdgeNeXt's 88
-    channels split into 30, 30 and 28), or where every part is a channel slice (one concat kernel instead of a
-    copy a slice)."""
+    channels split into 30, 30 and 28), or where no part is a convolution's that could write it in place (its
+    parts are slices, each a copy kernel, or depthwise outputs: one concat kernel instead). ShuffleNetV2's
+    concat of a slice and a 1x1 convolution's output stays written in place."""
     if r.op != "concat" or len(g.shapes[r.outputs[0]]) != 4 or r.attrs.get("axis", 1) not in (1, -3) \
             or "activation" in r.attrs or r.inputs.count(t) != 1 or len(set(r.inputs)) != len(r.inputs):
         return False
@@ -393,8 +404,7 @@ def _concat_reads_in_place(g: Graph, r: Node, t: str) -> bool:
     offsets = r.attrs.get("channel_offsets") or (None,) * len(r.inputs)
     if any(sum(sizes[:i]) % 4 for i in range(len(sizes))):
         return True
-    return all(at is not None or (p := g.producer(x)) is not None and _contiguous(_channel_gather(g, p))
-               for x, at in zip(r.inputs, offsets))
+    return not any(at is None and _offset_writer(g, x) for x, at in zip(r.inputs, offsets))
 
 
 def _reads_slice_in_place(g: Graph, r: Node, t: str, at: int) -> bool:
@@ -439,6 +449,31 @@ def slices_read_in_place(graph: Graph) -> Graph:
     return _drop_unused(g).validate()
 
 
+def adds_into_depthwise(graph: Graph) -> Graph:
+    """An add of two activations (each whole, or a channel slice read in place) that only a depthwise convolution
+    (zero padding) reads is done by that convolution as it reads its input (``in_add``: the addend and the channel
+    ``in_add_at`` it is read from; ``DepthwiseWorkload.in_add``): EdgeNeXt's SDTA cascade, each chunk of the map
+    plus the previous depthwise output, the sum read by the next depthwise convolution."""
+    g = graph.copy()
+    for n in list(g.nodes):
+        out = n.outputs[0]
+        conv = _sole_reader(g, out) if n.op == "add" else None
+        if conv is None or "activation" in n.attrs or len(n.inputs) != 2 or len(g.shapes[out]) != 4 \
+                or any(t in g.params for t in n.inputs) or conv.inputs[0] != out or not _is_depthwise(g, conv) \
+                or conv.attrs.get("pad_mode", "zeros") != "zeros" or "in_add" in conv.attrs:
+            continue
+        shape, offsets = tuple(g.shapes[out]), n.attrs.get("channel_offsets") or (None, None)
+        whole = [tuple(g.shapes[t]) == shape and at is None for t, at in zip(n.inputs, offsets)]
+        if not any(whole) or not all(w or at is not None for w, at in zip(whole, offsets)):
+            continue  # a broadcast add
+        k = whole.index(True)
+        x, addend = n.inputs[k], n.inputs[1 - k]
+        conv.inputs = [x] + conv.inputs[1:] + [addend]
+        conv.attrs = {**conv.attrs, "in_add": addend, "in_add_at": int(offsets[1 - k] or 0)}
+        g.nodes = [m for m in g.nodes if m is not n]
+    return _drop_unused(g).validate()
+
+
 def _identity_flatten(g: Graph, copy: Node) -> bool:
     """Whether the strided copy stores its 4-D (N, C, H, W) source as (N, C, 1, H * W) element for element: a map
     flattened to tokens (``x.reshape(B, C, H * W).transpose(1, 2)``), the same pixels in the same order."""
@@ -454,7 +489,8 @@ def concats_written_as_tokens(graph: Graph) -> Graph:
     """A channel concat read only by a strided copy that flattens it to tokens element for element
     (``_identity_flatten``) writes the tokens itself (attr ``flat``) and the copy goes: EdgeNeXt's split
     depthwise chain, concatenated and reshaped to tokens for its transposed attention. Only a concat that is a
-    kernel anyway: one that reads a part in place (``slices_read_in_place``)."""
+    kernel anyway: one that reads a part in place (``slices_read_in_place``). A constant then added to the tokens
+    alone is added by the concat too (``addend``, its last input: EdgeNeXt's positional encoding)."""
     g = graph.copy()
     for n in list(g.nodes):
         copy = _sole_reader(g, n.outputs[0]) if n.op == "concat" else None
@@ -463,6 +499,14 @@ def concats_written_as_tokens(graph: Graph) -> Graph:
             continue
         n.outputs, n.attrs = list(copy.outputs), {**n.attrs, "flat": True}
         g.nodes = [m for m in g.nodes if m is not copy]
+        add = _sole_reader(g, n.outputs[0])  # a constant added to the tokens (EdgeNeXt's positional encoding)
+        if add is not None and add.op == "add" and not add.attrs and len(add.inputs) == 2 \
+                and add.inputs[0] == n.outputs[0] and add.inputs[1] in g.params \
+                and np.broadcast_shapes(np.shape(g.params[add.inputs[1]]), g.shapes[n.outputs[0]]) \
+                == tuple(g.shapes[n.outputs[0]]):
+            n.inputs, n.outputs = n.inputs + [add.inputs[1]], list(add.outputs)
+            n.attrs = {**n.attrs, "addend": True}
+            g.nodes = [m for m in g.nodes if m is not add]
     return _drop_unused(g).validate()
 
 
@@ -533,11 +577,17 @@ def fold_gathers_into_convs(graph: Graph) -> Graph:
             if index is None or out in g.outputs or not g.consumers(out):
                 continue
             src = n.inputs[0]
-            if len(set(index)) == len(index):  # no channel twice: depthwise readers run on the source's order
+            if len(set(index)) == len(index):  # no channel twice: depthwise readers run on the source's order, or
+                # read a chunk at a whole pixel in place (``in_view``)
                 for r in g.consumers(out):
-                    if _is_depthwise(g, r) and r.inputs[0] == out and r.inputs.count(out) == 1:
+                    if not (_is_depthwise(g, r) and r.inputs[0] == out and r.inputs.count(out) == 1):
+                        continue
+                    if _contiguous(index) and index[0] % 4 == 0 and "in_view" not in r.attrs:
+                        r.inputs = [src] + r.inputs[1:]
+                        r.attrs = {**r.attrs, "in_view": (index[0], len(index))}
+                    else:
                         _through_depthwise(g, n, index, r)
-                        changed = True
+                    changed = True
             readers = g.consumers(out)
             if not readers:  # every reader was depthwise and now reads the source: the gather runs no kernel
                 g.nodes = [m for m in g.nodes if m is not n]

@@ -62,7 +62,7 @@ def run_graph_numpy(graph: Graph, inputs: dict, all_tensors: bool = False) -> di
 _BINARY_EPILOGUE = {"activation", "scale", "residual"}  # passes._binary_epilogue, then an activation
 EPILOGUE_ATTRS = {
     "conv2d": {"activation", "residual", "in_scale", "pad_mode", "slope", "in_view", "in_norm", "norm_stats",
-               "patch_view", "row_sums", "in_group_norm", "norm_affine"},
+               "patch_view", "row_sums", "in_group_norm", "norm_affine", "in_add", "in_add_at"},
     "dense": {"activation", "residual"},
     "group_norm": {"activation", "slope", "residual"}, "layer_norm": {"activation"},
     "add": {"activation", "channel_offsets"}, "relu": {"channel_offsets"}, "clip": {"channel_offsets"},
@@ -73,8 +73,8 @@ EPILOGUE_ATTRS = {
     **{op: {"activation", "weight", "softmax_of", "channel_offsets"}
        for op in ("global_avg_pool", "global_max_pool", "reduce_mean", "reduce_max", "reduce_sum", "reduce_l2")},
 }
-FUSED_INPUTS = ("post", "scale", "residual", "slope", "in_scale", "weight", "norm_stats", "norm_affine")  # appended to
-# a node's inputs, in order
+FUSED_INPUTS = ("post", "scale", "residual", "slope", "in_scale", "weight", "norm_stats", "norm_affine", "in_add")
+# appended to a node's inputs, in order
 
 
 def _evaluate(graph: Graph, node: Node, fn, env: dict) -> np.ndarray:
@@ -87,12 +87,16 @@ def _evaluate(graph: Graph, node: Node, fn, env: dict) -> np.ndarray:
     own = len(node.inputs) - len(fused)
     extra = {k: env[t] for k, t in zip(fused, node.inputs[own:])}
     ins = [env[t] for t in node.inputs[:own]]
-    if a.get("channel_offsets"):  # channels at..at + C of the tensor, C the output's
+    if a.get("channel_offsets") and node.op != "concat":  # channels at..at + C of the tensor, C the output's (a
+        # concat's parts: its own reference)
         c = graph.shapes[node.outputs[0]][1]
         ins = [x if at is None else x[:, at:at + c] for x, at in zip(ins, a["channel_offsets"])]
     if a.get("in_view") and "in_view" in fused_ok:  # a convolution's input: channels at..at + c of the tensor
         at, c = a["in_view"]
         ins[0] = ins[0][:, at:at + c]
+    if "in_add" in extra:  # passes_movement.adds_into_depthwise: the input plus the addend's channels at in_add_at
+        at, c = a.get("in_add_at", 0), ins[0].shape[1]
+        ins[0] = ins[0] + extra["in_add"][:, at:at + c]
     if "in_scale" in extra:
         ins[0] = ins[0] * extra["in_scale"]
     if a.get("in_norm") and "in_norm" in fused_ok:  # passes_layer_norm: the input normalized over its channels,
@@ -269,12 +273,14 @@ def _softmax(node: Node, x):
 
 def _concat(node, *xs):
     """With ``channel_offsets`` (``passes_movement.slices_read_in_place``), part k is channels ``at``..``at +
-    parts[k]`` of its input; with ``flat`` (``concats_written_as_tokens``), the result is (N, C, 1, H * W)."""
+    parts[k]`` of its input; with ``flat`` (``concats_written_as_tokens``), the result is (N, C, 1, H * W); with
+    ``addend``, plus the last input."""
     a = node.attrs
+    xs, addend = (xs[:-1], xs[-1]) if a.get("addend") else (xs, 0.0)
     if a.get("channel_offsets"):
         xs = [x if at is None else x[:, at:at + c] for x, at, c in zip(xs, a["channel_offsets"], a["parts"])]
     y = np.concatenate(xs, axis=a.get("axis", 1))
-    return y.reshape(y.shape[0], y.shape[1], 1, -1) if a.get("flat") else y
+    return (y.reshape(y.shape[0], y.shape[1], 1, -1) if a.get("flat") else y) + addend
 
 
 OPS = {
@@ -312,7 +318,7 @@ ATTRS = {
     "dense": set(), "batch_norm": {"epsilon"}, "relu": set(), "clip": {"min", "max"}, "add": set(),
     "global_avg_pool": set(), "avg_pool": {"kernel", "stride", "padding", "count_include_pad", "ceil_mode"},
     "max_pool": {"kernel", "stride", "padding", "ceil_mode"}, "flatten": set(), "reshape": {"shape"},
-    "concat": {"axis", "channel_offsets", "parts", "flat"}, "sub": set(), "mul": set(), "div": set(), "prelu": set(), "activation": {"fn"},
+    "concat": {"axis", "channel_offsets", "parts", "flat", "addend"}, "sub": set(), "mul": set(), "div": set(), "prelu": set(), "activation": {"fn"},
     "erf": set(), "reduce_mean": {"axes", "keepdims"}, "reduce_max": {"axes", "keepdims"},
     "reduce_sum": {"axes", "keepdims"}, "reduce_l2": {"axes", "keepdims"}, "unary": {"fn"},
     "group_norm": {"groups", "epsilon", "stats"}, "global_max_pool": set(),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tuner.ir.expr import ExtractLane, Ramp, as_expr, call, min_, select
+from tuner.ir.expr import ExtractLane, Ramp, as_expr, call, max_, min_, select
 
 
 def make_vector(lanes: list):
@@ -27,6 +27,23 @@ def lane(pix, which):
     """Lane ``which`` (an int expression in 0..3) of the 4-lane value ``pix``."""
     return select(which.equal(0), ExtractLane(pix, 0), select(which.equal(1), ExtractLane(pix, 1),
                   select(which.equal(2), ExtractLane(pix, 2), ExtractLane(pix, 3))))
+
+
+def shifted_pixel(b, x, n, cb, rest, shift: int, channels: int, name: str):
+    """The 4 channels ``4 * cb - shift`` .. ``+ 3`` of ``x`` (``channels`` channels; its block indices clamped into
+    it) at batch ``n`` and spatial indices ``rest``: one whole-pixel load where ``shift`` is a multiple of 4, else
+    two, the lanes taken from each (``shift`` = 4q + s: lane j reads block ``cb - q`` at lane ``j - s`` when j >= s,
+    else block ``cb - q - 1`` at lane ``j - s + 4``). A channel slice at any offset read in place: the concat and
+    elementwise glue kernels' ``in_views``, a depthwise convolution's ``in_add``. Lanes past ``channels`` are
+    whatever the clamped loads hold."""
+    q, s = divmod(shift, 4)
+    last = -(-channels // 4) - 1
+    block = lambda d: min_(max_(cb - q - d, 0), last)  # noqa: E731 - clamped: stays in bounds
+    hi = b.let(f"{name}_hi", x[pixel_index([n, block(0), *rest])])
+    if not s:
+        return hi
+    lo = b.let(f"{name}_lo", x[pixel_index([n, block(1), *rest])])
+    return make_vector([ExtractLane(hi, j - s) if j >= s else ExtractLane(lo, j - s + 4) for j in range(4)])
 
 
 def zero_padding_lanes(b, v, cb, C: int, name: str = "v"):

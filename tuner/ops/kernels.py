@@ -31,7 +31,7 @@ from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
 from tuner.ir.expr import Broadcast, Cast, ExtractLane, Ramp, as_expr, call, max_, min_, select
 from tuner.ir.dtype import float32
-from tuner.ir.gather import make_vector as _vector, pixel_index as _pixel, zero_padding_lanes
+from tuner.ir.gather import make_vector as _vector, pixel_index as _pixel, shifted_pixel, zero_padding_lanes
 from tuner.templates.common import bias_buffer
 
 DTYPES = ("float32", "float16")
@@ -176,7 +176,7 @@ def _np_activate(v: np.ndarray, activation: str, clip: tuple) -> np.ndarray:
 # -- elementwise ------------------------------------------------------------------------------------------
 def _channel_views(views, n: int, shape: tuple) -> tuple:
     """Per activation input ``()`` or ``(channels, offset)``: the input is channels ``offset``..``offset + C`` of a
-    tensor of ``channels`` channels (same N, H, W), read in place (``_channels_at``: any offset)."""
+    tensor of ``channels`` channels (same N, H, W), read in place (``shifted_pixel``: any offset)."""
     views = tuple(tuple(int(x) for x in v) for v in views) if views else ((),) * n
     if len(views) != n:
         raise ValueError(f"in_views {list(views)}: one per activation input ({n})")
@@ -185,21 +185,6 @@ def _channel_views(views, n: int, shape: tuple) -> tuple:
             raise ValueError(f"in_view {list(v)}: (channels, offset) of a 4-D input, offset + {shape[1]} within "
                              f"the channels")
     return views
-
-
-def _channels_at(b: Builder, x, idx, shift: int, channels: int, name: str):
-    """The 4 channels ``4 * idx[1] - shift`` .. ``+ 3`` of ``x`` (``channels`` channels, its block indices clamped
-    into it) at the rest of ``idx``: one whole-pixel load where ``shift`` is a multiple of 4, else two, the lanes
-    taken from each (``shift`` = 4q + s: lane j reads block ``idx[1] - q`` at lane ``j - s`` when j >= s, else
-    block ``idx[1] - q - 1`` at lane ``j - s + 4``). Lanes past ``channels`` are whatever the clamped loads hold."""
-    q, s = divmod(shift, 4)
-    last = -(-channels // 4) - 1
-    block = lambda d: min_(max_(idx[1] - q - d, 0), last)  # noqa: E731 - clamped: stays in bounds
-    hi = b.let(f"{name}_hi", x[_pixel([idx[0], block(0), *idx[2:]])])
-    if not s:
-        return hi
-    lo = b.let(f"{name}_lo", x[_pixel([idx[0], block(1), *idx[2:]])])
-    return _vector([ExtractLane(hi, j - s) if j >= s else ExtractLane(lo, j - s + 4) for j in range(4)])
 
 
 def elementwise_kernel(shape, op: str, dtype: str = "float32", in_scopes="texture", out_scope: str = "texture",
@@ -237,7 +222,7 @@ def elementwise_kernel(shape, op: str, dtype: str = "float32", in_scopes="textur
     b = Builder()
     with _work_items(b, _grid(shape), max_work_group) as idx:
         pix = _pixel(idx)
-        at = [_channels_at(b, x, idx, -v[1], v[0], f"x{k}") if v else x[pix]
+        at = [shifted_pixel(b, x, idx[0], idx[1], idx[2:], -v[1], v[0], f"x{k}") if v else x[pix]
               for k, (x, v) in enumerate(zip(inputs, views))]
         if op == "add":
             v = at[0] + at[1]
@@ -408,18 +393,19 @@ def concat_out_shape(shapes) -> tuple:
 
 def concat_kernel(shapes, dtype: str = "float32", in_scopes="texture", out_scope: str = "texture",
                   max_work_group: int = 64, activation: str = "none", clip: tuple = (0.0, 6.0), in_views=(),
-                  flat: bool = False):
+                  flat: bool = False, addend: bool = False):
     """``X0``, ``X1``, ... (4-D NCHW or 2-D, any channel counts) -> ``Y``, concatenated along axis 1, then
     ``activation`` (an activation read by nothing else but the concat, whose parts other kernels read too).
 
     ``in_views`` (``_channel_views``): a part read in place as channels ``offset``.. of a larger tensor of
     ``channels`` (a slice of a tensor, at any offset). ``flat``: ``Y`` is 4-D (N, C, 1, H * W), the concat of 4-D
     parts flattened over H, W -- a token tensor, its pixels the parts' in row-major order (EdgeNeXt's
-    ``cat(...).reshape(B, C, H * W)``).
+    ``cat(...).reshape(B, C, H * W)``). ``addend``: ``R``, a tensor of Y's shape (a constant: a positional
+    embedding), added before the activation.
 
     One output pixel per work-item. Input k starts at output channel ``o = 4q + s``, so output lane j of block
     cb reads input block ``cb - q`` (lanes j >= s) or ``cb - q - 1`` (j < s) at the constant lane ``(j - s) % 4``
-    (``_channels_at``): at most two whole-pixel loads per input, done only when the input overlaps the block, with
+    (``shifted_pixel``): at most two whole-pixel loads per input, done only when the input overlaps the block, with
     block indices clamped so that loads stay in bounds. Each lane keeps its own input's value; padding lanes are
     zero."""
     out = concat_out_shape(shapes)
@@ -436,6 +422,7 @@ def concat_kernel(shapes, dtype: str = "float32", in_scopes="texture", out_scope
     X = [_packed(f"X{k}", s, dtype, sc) for k, (s, sc) in enumerate(zip(full, scopes))]
     y_shape = (out[0], out[1], 1, out[2] * out[3]) if flat else out
     Y = _packed("Y", y_shape, dtype, out_scope)
+    R = [_packed("R", y_shape, dtype, out_scope)] if addend else []
     b = Builder()
     with _work_items(b, _grid(y_shape), max_work_group) as idx:
         cb = idx[1]
@@ -447,16 +434,19 @@ def concat_kernel(shapes, dtype: str = "float32", in_scopes="texture", out_scope
         for k, (x, shape, view, bound) in enumerate(zip(X, shapes, views, full)):
             C = shape[1]
             with b.if_((cb * 4 < offset + C) & (cb * 4 + 4 > offset)):
-                v = b.let(f"x{k}", _channels_at(b, x, src, offset - (view[1] if view else 0), bound[1], f"x{k}"))
+                v = b.let(f"x{k}", shifted_pixel(b, x, src[0], cb, src[2:], offset - (view[1] if view else 0), bound[1],
+                                                 f"x{k}"))
                 for j in range(4):
                     c = cb * 4 + j
                     b.store(lanes, j, select((c >= offset) & (c < offset + C), ExtractLane(v, j), lanes[j]))
             offset += C
         v = _vector([lanes[j] for j in range(4)])
+        if R:
+            v = zero_padding_lanes(b, v + R[0][_pixel(idx)], cb, out[1], "sum")
         if activation != "none":  # and the padding lanes zero again (sigmoid(0) is not)
             v = zero_padding_lanes(b, _activate(v, activation, clip), cb, out[1], "act")
         b.store(Y, _pixel(idx), v)
-    return b.kernel("concat" if activation == "none" else f"concat_{_kernel_suffix(activation)}", [*X, Y])
+    return b.kernel("concat" if activation == "none" else f"concat_{_kernel_suffix(activation)}", [*X, *R, Y])
 
 
 def _kernel_suffix(activation: str) -> str:

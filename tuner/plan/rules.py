@@ -319,7 +319,7 @@ def build_relayout(s, plan, max_wg):
 
 @lowers("concat")
 def lower_concat(ctx: LowerCtx, node, ins, out, shape):
-    consts = [t for t in node.inputs if ctx.is_param(t)]
+    consts = [t for t in node.inputs[:-1 if node.attrs.get("addend") else None] if ctx.is_param(t)]
     if node.attrs.get("axis", 1) not in (1, -3) or len(shape) != 4 or consts:  # H, W (Swin's roll), 2-D, params
         axis = int(node.attrs.get("axis", 1)) % len(shape)
         if axis == 0:
@@ -332,26 +332,32 @@ def lower_concat(ctx: LowerCtx, node, ins, out, shape):
     if act != "none":  # passes_movement.fuse_concat_activations: its own step, which plan.views never writes in place
         ctx.add(Step(node.name, "concat_act", {f"X{i}": t for i, t in enumerate(ins)}, out, {"activation": act}))
         return
-    attrs = {}
+    attrs, inputs = {}, {f"X{i}": t for i, t in enumerate(ins)}
     if node.attrs.get("channel_offsets") or node.attrs.get("flat"):  # passes_movement: parts read in place at a
-        # channel offset of their source (``parts``: each part's channels), the output written as tokens
-        offsets = node.attrs.get("channel_offsets") or (None,) * len(ins)
-        channels = node.attrs.get("parts") or tuple(ctx.shape(t)[1] for t in node.inputs)
-        attrs = {"part_shapes": tuple((ctx.shape(t)[0], c, *ctx.shape(t)[2:]) for t, c in zip(node.inputs, channels)),
-                 "in_views": tuple(() if at is None else (ctx.shape(t)[1], int(at))
-                                   for t, at in zip(node.inputs, offsets)),
+        # channel offset of their source (``parts``: each part's channels), the output written as tokens, a constant
+        # added (``addend``: the last input)
+        parts = node.inputs[:-1] if node.attrs.get("addend") else node.inputs
+        offsets = node.attrs.get("channel_offsets") or (None,) * len(parts)
+        channels = node.attrs.get("parts") or tuple(ctx.shape(t)[1] for t in parts)
+        attrs = {"part_shapes": tuple((ctx.shape(t)[0], c, *ctx.shape(t)[2:]) for t, c in zip(parts, channels)),
+                 "in_views": tuple(() if at is None else (ctx.shape(t)[1], int(at)) for t, at in zip(parts, offsets)),
                  "flat": bool(node.attrs.get("flat"))}
-    ctx.add(Step(node.name, "concat", {f"X{i}": t for i, t in enumerate(ins)}, out, attrs))
+        inputs = {f"X{i}": t for i, t in enumerate(ins[:len(parts)])}
+        if node.attrs.get("addend"):
+            inputs["R"] = f"{node.name}.addend"
+            ctx.extra[inputs["R"]] = np.ascontiguousarray(
+                np.broadcast_to(np.asarray(ctx.graph.params[node.inputs[-1]], np.float32), tuple(shape)))
+    ctx.add(Step(node.name, "concat", inputs, out, attrs))
 
 
 @glue("concat")
 def build_concat(s, plan, max_wg):
-    acts = list(s.inputs.values())
+    acts = [x for k, x in s.inputs.items() if k != "R"]
     shapes = s.attrs.get("part_shapes") or [plan.tensors[x].shape for x in acts]
     return K.concat_kernel(shapes, plan.dtype, [plan.tensors[x].scope for x in acts],
                            plan.tensors[s.output].scope, max_work_group=max_wg,
                            activation=s.attrs.get("activation", "none"), in_views=s.attrs.get("in_views", ()),
-                           flat=s.attrs.get("flat", False))
+                           flat=s.attrs.get("flat", False), addend="R" in s.inputs)
 
 
 GLUE["concat_act"] = build_concat  # a concat and the activation after it, in one kernel

@@ -130,7 +130,7 @@ def shuffle_views(plan: Plan) -> Plan:
 
 def _parts(step: Step) -> list:
     """The concat's inputs in order (``X0``, ``X1``, ...)."""
-    return [step.inputs[f"X{i}"] for i in range(len(step.inputs))]
+    return [step.inputs[f"X{i}"] for i in range(sum(k.startswith("X") for k in step.inputs))]
 
 
 def _why_not(plan: Plan, concat: Step, part: str, offset: int, last: bool, producer: Step | None,
