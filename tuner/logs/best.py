@@ -95,7 +95,7 @@ def invalid_config(template, workload, device, config: dict) -> str | None:
 
 # workload fields that change what surrounds the sum (or what the padding reads), not the loop nest
 EPILOGUE = ("bias", "activation", "residual", "in_scale", "scale_rows", "in_norm", "norm_partials", "pad_mode",
-            "in_group_norm", "in_add")
+            "in_group_norm", "in_add", "in_view")
 
 
 def workload_distance(a: dict, b: dict) -> float:
