@@ -177,14 +177,15 @@ def test_cpu_fallback_norms_are_one_launch(device):
 
 COMPUTE = ("conv2d", "depthwise_conv2d", "dense", "winograd2", "winograd4", "matmul")
 # launches per compute layer on a CPU device with fallback configs, at most: what this tree achieves (1.46,
-# 1.50, 1.14, 1.91, 0.82) with a little room; before issue 55: 3.31, 2.20, 2.00, 3.36, 1.41 -- PReLUs as binary
+# 1.20, 1.14, 1.91, 0.82) with a little room (edgenext_like 1.50 before its SDTA adds ran in the depthwise
+# convolutions that read them); before issue 55: 3.31, 2.20, 2.00, 3.36, 1.41 -- PReLUs as binary
 # kernels, norms split in two or three kernels, a classifier's pool and Flatten two kernels, a squeeze-excite
 # block's pool and two 1x1 convolutions three kernels (se_net 1.35 before item 2); before the boundary, view and
 # attention fusions (tests/test_io_views.py): 2.31, 2.10, 1.29, 2.64, 1.00 -- the model input's and output's
 # relayouts, the U-Net level's pools, upsamples and concats, MobileViTv2's query copies and softmax and its
 # values' ReLU, the classifiers' global pools, EdgeNeXt's chunk slice and concat before its LayerNorm as kernels. An se_gate step counts as the two compute layers (the
 # squeeze and excite convolutions) it runs, so fusing them does not change the count.
-LAUNCHES_PER_COMPUTE = {"mobilevit_like": 1.5, "edgenext_like": 1.5, "prelu_net": 1.15, "unet_gn": 1.95, "se_net": 0.85}
+LAUNCHES_PER_COMPUTE = {"mobilevit_like": 1.5, "edgenext_like": 1.25, "prelu_net": 1.15, "unet_gn": 1.95, "se_net": 0.85}
 MAX_GLUE_READS = 1280  # elements a work-item of an untemplated kernel reads, at most (issue 55, item 5)
 
 

@@ -395,8 +395,9 @@ def _concat_reads_in_place(g: Graph, r: Node, t: str) -> bool:
     """Whether ``r`` is a channel concat (4-D, no activation) whose kernel may read its part ``t`` in place:
     where no kernel could write the concat in place anyway (a part starts inside an RGBA pixel: EdgeNeXt's 88
     channels split into 30, 30 and 28), or where no part is a convolution's that could write it in place (its
-    parts are slices, each a copy kernel, or depthwise outputs: one concat kernel instead). ShuffleNetV2's
-    concat of a slice and a 1x1 convolution's output stays written in place."""
+    parts are slices, each a copy kernel, or depthwise outputs: one concat kernel instead) and its one reader does
+    not read the parts itself. ShuffleNetV2's concat of a slice and a 1x1 convolution's output stays written in
+    place, the zoo's EdgeNeXt-like concat read by its LayerNorm in parts."""
     if r.op != "concat" or len(g.shapes[r.outputs[0]]) != 4 or r.attrs.get("axis", 1) not in (1, -3) \
             or "activation" in r.attrs or r.inputs.count(t) != 1 or len(set(r.inputs)) != len(r.inputs):
         return False
@@ -404,6 +405,9 @@ def _concat_reads_in_place(g: Graph, r: Node, t: str) -> bool:
     offsets = r.attrs.get("channel_offsets") or (None,) * len(r.inputs)
     if any(sum(sizes[:i]) % 4 for i in range(len(sizes))):
         return True
+    readers = g.consumers(r.outputs[0])
+    if len(readers) == 1 and readers[0].op in ("conv2d", "layer_norm"):
+        return False  # it reads the parts itself (``plan.input_views``: a convolution's or a norm's ``in_read``)
     return not any(at is None and _offset_writer(g, x) for x, at in zip(r.inputs, offsets))
 
 
