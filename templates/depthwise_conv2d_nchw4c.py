@@ -261,7 +261,9 @@ def space_vars(wl: DepthwiseWorkload) -> dict:
     _, _, OH, OW = wl.out_shape
     return dict(N=N, C=C, H=H, W=W, R=wl.kernel[2], S=wl.kernel[3], OH=OH, OW=OW, CB=-(-C // 4),
                 data=wl.data, kernel=wl.kernel, out=wl.out_shape, bias=wl.bias, residual=wl.residual,
-                stride=wl.stride, dilation=wl.dilation, row_sums=wl.row_sums, rows=wl.rows_shape)
+                stride=wl.stride, dilation=wl.dilation, row_sums=wl.row_sums, rows=wl.rows_shape,
+                x_data=(N, wl.in_view[1], H, W) if wl.in_view else wl.data,
+                a_data=(N, wl.in_add[0], H, W) if wl.in_add else wl.data)
 
 
 VARIABLES = dict(N="batch", C="channels", H="input height", W="input width", R="kernel height",
@@ -269,7 +271,8 @@ VARIABLES = dict(N="batch", C="channels", H="input height", W="input width", R="
                  data="data shape NCHW", kernel="kernel shape C,1,R,S", out="output shape NCHW",
                  bias="fused bias", residual="fused residual add", stride="stride (h, w)",
                  dilation="dilation (h, w)", row_sums="also writes each output row's sum (Q)",
-                 rows="Q's shape (N, C, OH, 1)")
+                 rows="Q's shape (N, C, OH, 1)", x_data="the shape of the tensor X binds (data, or with in_view the "
+                 "tensor it is a chunk of)", a_data="the addend A's shape with in_add (else data)")
 
 
 def fallback(wl: DepthwiseWorkload, info) -> DepthwiseConfig:
@@ -278,7 +281,7 @@ def fallback(wl: DepthwiseWorkload, info) -> DepthwiseConfig:
     device (``gpu_fill_target``): a layer with fewer output tiles than that takes narrower tiles, down to one
     column per work-item -- the shape of nearly every best depthwise config in the H100's and H200's logs."""
     v = space_vars(wl)
-    scope = texture_scopes(wl, info, [("nchw4c", wl.data), ("nchw4c", wl.out_shape),
+    scope = texture_scopes(wl, info, [("nchw4c", v["x_data"]), ("nchw4c", v["a_data"]), ("nchw4c", wl.out_shape),
                                       ("mace_depthwise_filter", wl.kernel)])
     tile_ow = 4 if v["OW"] >= 8 else 2 if v["OW"] >= 2 else 1
     target = gpu_fill_target(info)

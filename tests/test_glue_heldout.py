@@ -971,3 +971,27 @@ def test_a_head_norm_after_the_pool_leaves_no_relayout(tmp_path):
     assert [n.op for n in g.nodes] == ["conv2d", "reduce_mean", "layer_norm", "dense"], [n.op for n in g.nodes]
     mod = _compile_and_check(model, tmp_path)
     assert "relayout" not in [n.template or n.op for n in mod.spec.nodes[1:-1]]
+
+
+@pytest.mark.parametrize("case", ["constant part", "slices and their source"])
+def test_concats_of_slices_with_constants_or_their_source(case, tmp_path):
+    """A concat of a slice and a constant (CoordConv's coordinate planes) keeps its view kernel and compiles; a
+    concat of two slices of a tensor and the tensor itself reads both slices in place (the source twice as a part
+    is fine). Against onnxruntime."""
+    def body(b):
+        y = b.conv(b.input("input", (1, 3, 5, 6)), 3, 14, 3, bias=True)
+        if case == "constant part":
+            parts = b.node("Split", [y, b.const("split", np.array([8, 6], np.int64))], "split", axis=1)
+            b.nodes[-1].output[:] = [f"{parts}_{i}" for i in range(2)]
+            cat = b.node("Concat", [f"{parts}_1", b.const("coords", b.rng.standard_normal((1, 3, 5, 6)))], axis=1)
+            b.conv(cat, 9, 4, 3, groups=1, output="output")
+        else:
+            s1 = b.node("Slice", [y, b.const("a0", np.array([6], np.int64)), b.const("a1", np.array([14], np.int64)),
+                                  b.const("ax", np.array([1], np.int64))])
+            s2 = b.node("Slice", [y, b.const("b0", np.array([0], np.int64)), b.const("b1", np.array([6], np.int64)),
+                                  b.const("bx", np.array([1], np.int64))])
+            b.node("Relu", [b.node("Concat", [s1, s2, y], axis=1)], output="output")
+        return {"output": [1, 4 if case == "constant part" else 28, 5, 6]}
+    mod = _compile_and_check(_model(body), tmp_path)
+    if case != "constant part":
+        assert "slice" not in [n.template or n.op for n in mod.spec.nodes]

@@ -568,7 +568,8 @@ def flatten_into_reductions(graph: Graph) -> Graph:
     """A reduction over (H, W) of an NCHW tensor that keeps its rank (a global pool, ReduceMean / Max / Sum / L2
     with keepdims) read only by a Flatten or a Reshape to (N, C) -- a classifier head's GAP then Flatten --
     becomes one reduction with keepdims=0: the spatial_reduce template writes the (N, C) rows itself and the
-    relayout between the two layouts runs no kernel (issue 55)."""
+    relayout between the two layouts runs no kernel (issue 55). First a LayerNorm between the pool and the
+    Flatten moves after the Flatten (``_norms_after_flatten``)."""
     g = _norms_after_flatten(graph.copy())
     kinds = {"global_avg_pool": "reduce_mean", "global_max_pool": "reduce_max", "reduce_mean": "reduce_mean",
              "reduce_max": "reduce_max", "reduce_sum": "reduce_sum", "reduce_l2": "reduce_l2"}

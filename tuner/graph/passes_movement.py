@@ -399,14 +399,15 @@ def _concat_reads_in_place(g: Graph, r: Node, t: str) -> bool:
     not read the parts itself. ShuffleNetV2's concat of a slice and a 1x1 convolution's output stays written in
     place, the zoo's EdgeNeXt-like concat read by its LayerNorm in parts."""
     if r.op != "concat" or len(g.shapes[r.outputs[0]]) != 4 or r.attrs.get("axis", 1) not in (1, -3) \
-            or "activation" in r.attrs or r.inputs.count(t) != 1 or len(set(r.inputs)) != len(r.inputs):
-        return False
+            or "activation" in r.attrs or r.inputs.count(t) != 1 or any(x in g.params for x in r.inputs):
+        return False  # (a constant part: the concat_view kernel, which reads no offset)
     sizes = r.attrs.get("parts") or tuple(g.shapes[x][1] for x in r.inputs)
     offsets = r.attrs.get("channel_offsets") or (None,) * len(r.inputs)
     if any(sum(sizes[:i]) % 4 for i in range(len(sizes))):
         return True
     readers = g.consumers(r.outputs[0])
-    if len(readers) == 1 and readers[0].op in ("conv2d", "layer_norm"):
+    if len(readers) == 1 and (readers[0].op == "layer_norm" or readers[0].op == "conv2d"
+                              and readers[0].attrs.get("groups", 1) == 1):
         return False  # it reads the parts itself (``plan.input_views``: a convolution's or a norm's ``in_read``)
     return not any(at is None and _offset_writer(g, x) for x, at in zip(r.inputs, offsets))
 
@@ -464,7 +465,7 @@ def adds_into_depthwise(graph: Graph) -> Graph:
         conv = _sole_reader(g, out) if n.op == "add" else None
         if conv is None or "activation" in n.attrs or len(n.inputs) != 2 or len(g.shapes[out]) != 4 \
                 or any(t in g.params for t in n.inputs) or conv.inputs[0] != out or not _is_depthwise(g, conv) \
-                or conv.attrs.get("pad_mode", "zeros") != "zeros" or "in_add" in conv.attrs:
+                or conv.attrs.get("pad_mode", "zeros") != "zeros":
             continue
         shape, offsets = tuple(g.shapes[out]), n.attrs.get("channel_offsets") or (None, None)
         whole = [tuple(g.shapes[t]) == shape and at is None for t, at in zip(n.inputs, offsets)]
@@ -504,11 +505,11 @@ def concats_written_as_tokens(graph: Graph) -> Graph:
         n.outputs, n.attrs = list(copy.outputs), {**n.attrs, "flat": True}
         g.nodes = [m for m in g.nodes if m is not copy]
         add = _sole_reader(g, n.outputs[0])  # a constant added to the tokens (EdgeNeXt's positional encoding)
-        if add is not None and add.op == "add" and not add.attrs and len(add.inputs) == 2 \
-                and add.inputs[0] == n.outputs[0] and add.inputs[1] in g.params \
-                and np.broadcast_shapes(np.shape(g.params[add.inputs[1]]), g.shapes[n.outputs[0]]) \
+        const = [x for x in add.inputs if x in g.params] if add is not None and add.op == "add" else []
+        if len(const) == 1 and not add.attrs and len(add.inputs) == 2 \
+                and np.broadcast_shapes(np.shape(g.params[const[0]]), g.shapes[n.outputs[0]]) \
                 == tuple(g.shapes[n.outputs[0]]):
-            n.inputs, n.outputs = n.inputs + [add.inputs[1]], list(add.outputs)
+            n.inputs, n.outputs = n.inputs + const, list(add.outputs)
             n.attrs = {**n.attrs, "addend": True}
             g.nodes = [m for m in g.nodes if m is not add]
     return _drop_unused(g).validate()

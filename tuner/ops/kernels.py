@@ -198,8 +198,8 @@ def elementwise_kernel(shape, op: str, dtype: str = "float32", in_scopes="textur
     - ``relu``, ``relu6``, ``clip``: ``X`` -> ``Y = op(X)``; ``clip`` clamps to ``clip = (lo, hi)``
     ``activation`` (none, relu, relu6, clip) follows ``add`` / ``bias_add``. ``in_views`` (``_channel_views``):
     an activation input read in place as a channel slice of a larger tensor (EfficientViT's channel chunks; at an
-    offset inside a pixel, EdgeNeXt's split of 88 channels into 30, 30 and 28: two loads a pixel, and the output's
-    padding lanes written zero)."""
+    offset inside a pixel, EdgeNeXt's split of 88 channels into 30, 30 and 28: two loads a pixel); with a view, the
+    output's padding lanes are written zero."""
     shape = _packed_shape(shape, "elementwise")
     _check_dtype(dtype)
     if op not in ELEMENTWISE_OPS:
@@ -231,7 +231,7 @@ def elementwise_kernel(shape, op: str, dtype: str = "float32", in_scopes="textur
         else:
             v = at[0]
         v = _activate(v, op if op in UNARY else activation, clip)
-        if any(w and w[1] % 4 for w in views):  # the lanes past C read channels after the slice
+        if any(views):  # the lanes past C read the source's channels after the slice
             v = zero_padding_lanes(b, v, idx[1], shape[1], "y")
         b.store(Y, pix, v)
     return b.kernel(f"{op}_{_kernel_suffix(activation)}" if op not in UNARY else op, [*inputs, Y])
@@ -434,8 +434,8 @@ def concat_kernel(shapes, dtype: str = "float32", in_scopes="texture", out_scope
         for k, (x, shape, view, bound) in enumerate(zip(X, shapes, views, full)):
             C = shape[1]
             with b.if_((cb * 4 < offset + C) & (cb * 4 + 4 > offset)):
-                v = b.let(f"x{k}", shifted_pixel(b, x, src[0], cb, src[2:], offset - (view[1] if view else 0), bound[1],
-                                                 f"x{k}"))
+                v = shifted_pixel(b, x, src[0], cb, src[2:], offset - (view[1] if view else 0), bound[1], f"x{k}")
+                v = v if (offset - (view[1] if view else 0)) % 4 == 0 else b.let(f"x{k}", v)
                 for j in range(4):
                     c = cb * 4 + j
                     b.store(lanes, j, select((c >= offset) & (c < offset + C), ExtractLane(v, j), lanes[j]))
