@@ -129,7 +129,7 @@ class _Row:
         cases, first = [], 0
         for i, ((c, at, _), X) in enumerate(zip(self.parts, self.Xs)):
             blocks = -(-c // 4)
-            local = part_block(e, first, blocks, i == len(self.parts) - 1, at)
+            local = part_block(e, first, blocks, at)
             cases.append((first + blocks, X[(idx[0], Ramp(local * 4, as_expr(1), 4), *idx[2:])]))
             first += blocks
         out = cases[-1][1]

@@ -734,17 +734,12 @@ def store_pixel(b, Y, n, ob, h, w, v, name: str) -> None:
             b.store(Y, idx, ExtractLane(v, k))
 
 
-def part_block(cb, first: int, blocks: int, last: bool, at: int = 0):
+def part_block(cb, first: int, blocks: int, at: int = 0):
     """Channel block ``cb`` of a logical input read in parts (``in_read``), as a block of the part that starts at
-    block ``first`` and holds ``blocks`` blocks: clamped into the part (every part's read is in bounds; the caller
-    selects the part that holds ``cb``), then offset by the part's channel offset ``at`` in its source (a slice)."""
-    local = cb - first if first else cb
-    if first and not last:
-        local = min_(max_(local, 0), blocks - 1)
-    elif first:
-        local = max_(local, 0)
-    elif not last:
-        local = min_(local, blocks - 1)
+    block ``first`` and holds ``blocks`` blocks: clamped into the part -- the last part too, so that every part's
+    read is in bounds for any ``cb`` the loop bounds allow (the caller selects the part that holds ``cb``) -- then
+    offset by the part's channel offset ``at`` in its source (a slice)."""
+    local = min_(max_(cb - first, 0), blocks - 1) if first else min_(cb, blocks - 1)
     return local + at // 4 if at else local
 
 
@@ -762,7 +757,7 @@ class InputParts:
         cases, first = [], 0
         for i, ((c, _, _, kind, kh, kw, sh, sw, at, _), X) in enumerate(zip(self.parts, self.buffers)):
             blocks = -(-c // 4)
-            local = part_block(cb, first, blocks, i == len(self.parts) - 1, at)
+            local = part_block(cb, first, blocks, at)
             ch = Ramp(local * 4, as_expr(1), 4) if lane is None else local * 4 + lane
             if kind in ("copy", "nearest"):
                 v = X[n, ch, h // kh if kh > 1 else h, w // kw if kw > 1 else w]

@@ -995,3 +995,29 @@ def test_concats_of_slices_with_constants_or_their_source(case, tmp_path):
     mod = _compile_and_check(_model(body), tmp_path)
     if case != "constant part":
         assert "slice" not in [n.template or n.op for n in mod.spec.nodes]
+
+
+@pytest.mark.parametrize("kernel", [1, 3])
+def test_a_batch_norm_after_a_concat_folds_into_the_convolution_after_it(kernel, tmp_path):
+    """InceptionNeXt's token mixer: the concat of an identity chunk and depthwise branches, a BatchNorm (no
+    convolution before it to take it), then the MLP's 1x1 convolution. The norm's scale and shift fold into that
+    convolution's weights and bias (``channel_affines_into_convs``): no launch for it, and the convolution reads the
+    concat's parts in place. A 3x3 reader with zero padding keeps the norm (its shift would be wrong at the
+    borders). Against onnxruntime."""
+    from tuner.compile.compiler import load_graph
+
+    def body(b):
+        x = b.conv(b.input("input", (1, 3, 8, 8)), 3, 16, 3, bias=True)
+        parts = b.node("Split", [x, b.const("split", np.array([8, 4, 4], np.int64))], "split", axis=1)
+        b.nodes[-1].output[:] = [f"{parts}_{i}" for i in range(3)]
+        y = [f"{parts}_0"] + [b.conv(f"{parts}_{i}", 4, 4, 3, groups=4, bias=True) for i in (1, 2)]
+        y = b.bn(b.node("Concat", y, axis=1), 16)
+        b.conv(y, 16, 8, kernel, bias=True, output="output")
+        return {"output": [1, 8, 8, 8]}
+    model = _model(body)
+    g = load_graph(model)
+    affines = [n for n in g.nodes if n.op == "conv2d" and n.attrs.get("groups", 1) == 16]
+    assert len(affines) == (0 if kernel == 1 else 1), [(n.op, n.attrs) for n in g.nodes]
+    mod = _compile_and_check(model, tmp_path)
+    if kernel == 1:
+        assert "concat" not in [n.template or n.op for n in mod.spec.nodes]

@@ -104,6 +104,49 @@ def fold_batch_norm(graph: Graph) -> Graph:
     return _drop_unused_params(g).validate()
 
 
+def _channel_affine(g: Graph, node: Node):
+    """``(scale, shift)`` of a 1x1 depthwise convolution that only scales and shifts each channel (a BatchNorm no
+    convolution before it could take: ``fold_batch_norm``'s), or None."""
+    if node.op != "conv2d" or set(node.attrs) - {"stride", "padding", "dilation", "groups"} or len(node.inputs) > 3 \
+            or not all(t in g.params for t in node.inputs[1:]) or len(g.shapes[node.inputs[0]]) != 4:
+        return None
+    c, w = g.shapes[node.inputs[0]][1], g.params[node.inputs[1]]
+    if w.shape != (c, 1, 1, 1) or node.attrs.get("groups", 1) != c or tuple(node.attrs.get("stride", (1, 1))) != (1, 1) \
+            or any(node.attrs.get("padding", (0, 0, 0, 0))):
+        return None
+    shift = g.params[node.inputs[2]] if len(node.inputs) > 2 else np.zeros(c)
+    return np.asarray(w, np.float64).reshape(c), np.asarray(shift, np.float64).reshape(c)
+
+
+def channel_affines_into_convs(graph: Graph) -> Graph:
+    """A per-channel scale and shift (``_channel_affine``) read only by convolutions of groups 1 without padding
+    folds into their weights and biases -- ``W[o, c] * scale[c]``, ``bias[o] + sum(W[o, c] * shift[c])`` over c and
+    the window, exact where no tap reads padding: InceptionNeXt's BatchNorm after the concat of its token mixer,
+    before the MLP's 1x1 convolution (a launch a block)."""
+    g = graph.copy()
+    for node in list(g.nodes):
+        affine = _channel_affine(g, node)
+        out = node.outputs[0]
+        readers = g.consumers(out)
+        if affine is None or out in g.outputs or not readers or not all(
+                r.op == "conv2d" and r.attrs.get("groups", 1) == 1 and r.inputs[0] == out
+                and r.inputs.count(out) == 1 and not any(r.attrs.get("padding", (0, 0, 0, 0)))
+                and set(r.attrs) <= {"stride", "padding", "dilation", "groups", "activation"}
+                and all(t in g.params for t in r.inputs[1:3]) for r in readers):
+            continue
+        scale, shift = affine
+        for r in readers:
+            w = np.asarray(g.params[r.inputs[1]], np.float64)
+            b = np.asarray(g.params[r.inputs[2]], np.float64) if len(r.inputs) > 2 else np.zeros(w.shape[0])
+            bias = b + np.einsum("ocrs,c->o", w, shift)
+            r.inputs = [node.inputs[0], _add_param(g, f"{r.name}.w_affine", (w * scale.reshape(1, -1, 1, 1))
+                                                   .astype(np.float32)),
+                        _add_param(g, f"{r.name}.b_affine", bias.astype(np.float32))] + r.inputs[3:]
+        g.nodes = [m for m in g.nodes if m is not node]
+    _drop_unused_params(g)
+    return _drop_dead_shapes(g).validate()
+
+
 REDUCTIONS = ("reduce_mean", "reduce_max", "reduce_sum", "reduce_l2")
 
 
@@ -799,7 +842,7 @@ def optimize(graph: Graph) -> Graph:
 # channels of the projection they are copied from; last, a squeeze-excite block's
 # pool summed by rows in the epilogue of the depthwise convolution it reads (a second output: ``passes_se``).
 PIPELINE = (model_io_ranks, pointwise_ranks, fuse_group_norm, fuse_patterns, optimize_movement, split_whole_reductions,
-            fold_batch_norm, response_norm_as_gate, merge_depthwise_branches, merge_dense_heads, fuse_patterns,
+            fold_batch_norm, channel_affines_into_convs, response_norm_as_gate, merge_depthwise_branches, merge_dense_heads, fuse_patterns,
             activations_before_copies, fuse_epilogues, flatten_into_reductions, fuse_reduction_weights, crd_to_dcr,
             fuse_input_gates, fuse_squeeze_excite, align_channel_slices,
             fold_pads, pad_concat_parts,
