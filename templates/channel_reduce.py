@@ -127,7 +127,7 @@ class _Row:
         if len(self.parts) == 1 and self.parts[0][1] == 0:
             return self.X[idx]
         cases, first = [], 0
-        for i, ((c, at, _), X) in enumerate(zip(self.parts, self.Xs)):
+        for (c, at, _), X in zip(self.parts, self.Xs):
             blocks = -(-c // 4)
             local = part_block(e, first, blocks, at)
             cases.append((first + blocks, X[(idx[0], Ramp(local * 4, as_expr(1), 4), *idx[2:])]))

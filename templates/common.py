@@ -755,7 +755,7 @@ class InputParts:
 
     def _read(self, n, cb, h, w, lane):
         cases, first = [], 0
-        for i, ((c, _, _, kind, kh, kw, sh, sw, at, _), X) in enumerate(zip(self.parts, self.buffers)):
+        for (c, _, _, kind, kh, kw, sh, sw, at, _), X in zip(self.parts, self.buffers):
             blocks = -(-c // 4)
             local = part_block(cb, first, blocks, at)
             ch = Ramp(local * 4, as_expr(1), 4) if lane is None else local * 4 + lane

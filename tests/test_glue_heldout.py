@@ -934,8 +934,9 @@ def test_split_depthwise_chunks_are_read_in_place_and_concatenated_as_tokens(nat
     place by the depthwise convolutions, ``in_view``, by the adds and by the concat: ``slices_read_in_place``), no
     add kernel (each is done by the depthwise convolution that reads it, ``in_add``; the positional constant by
     the concat), and no copy to tokens (the concat writes the flattened map: ``concats_written_as_tokens``).
-    Before: a slice kernel a chunk, an add kernel a chunk, the concat, and the copy to tokens. 30 channels in 10s and 42 in 11s as EdgeNeXt-XXS's stages 2 and 3 split 88 and 168; 48 in two halves
-    with a positional constant as its stage 1. Against onnxruntime, by the Python executor and tuner-run."""
+    Before: a slice kernel a chunk, an add kernel a chunk, the concat, and the copy to tokens. 30 channels in 10s
+    and 42 in 11s as EdgeNeXt-XXS's stages 2 and 3 split 88 and 168; 48 in two halves with a positional constant
+    as its stage 1. Against onnxruntime, by the Python executor and tuner-run."""
     from conftest import building_cpu
     from tuner.compile.compiler import load_graph
     model = _model(_split_depthwise_to_tokens, c=c, scales=scales, pos=pos)

@@ -111,8 +111,8 @@ def _channel_affine(g: Graph, node: Node):
             or not all(t in g.params for t in node.inputs[1:]) or len(g.shapes[node.inputs[0]]) != 4:
         return None
     c, w = g.shapes[node.inputs[0]][1], g.params[node.inputs[1]]
-    if w.shape != (c, 1, 1, 1) or node.attrs.get("groups", 1) != c or tuple(node.attrs.get("stride", (1, 1))) != (1, 1) \
-            or any(node.attrs.get("padding", (0, 0, 0, 0))):
+    if w.shape != (c, 1, 1, 1) or node.attrs.get("groups", 1) != c \
+            or tuple(node.attrs.get("stride", (1, 1))) != (1, 1) or any(node.attrs.get("padding", (0, 0, 0, 0))):
         return None
     shift = g.params[node.inputs[2]] if len(node.inputs) > 2 else np.zeros(c)
     return np.asarray(w, np.float64).reshape(c), np.asarray(shift, np.float64).reshape(c)
@@ -824,7 +824,8 @@ def optimize(graph: Graph) -> Graph:
 # 2-D forms; GroupNorm and multi-node activations recognized
 # (a GELU's erf pattern reads its input twice, which would stop a transpose from sinking through it); the layout
 # rewrites (channel shuffles, attention's token tensors, NHWC blocks, ConvTranspose -> conv2d:
-# ``passes_movement``); whole-image reductions in two parallel steps; then BatchNorm folded into convolutions and
+# ``passes_movement``); whole-image reductions in two parallel steps; then BatchNorm folded into convolutions
+# (before it, or where none can take it into the unpadded ones after it) and
 # ConvNeXtV2's response norm read as a gate by the convolution after it (``passes_response_norm``),
 # re-parameterized depthwise branches and a distilled classifier's two heads summed into one (``passes_reparam``), the
 # activations the rewrites exposed recognized, epilogues fused, a PixelShuffle's convolution put in DCR order (its
@@ -842,7 +843,8 @@ def optimize(graph: Graph) -> Graph:
 # channels of the projection they are copied from; last, a squeeze-excite block's
 # pool summed by rows in the epilogue of the depthwise convolution it reads (a second output: ``passes_se``).
 PIPELINE = (model_io_ranks, pointwise_ranks, fuse_group_norm, fuse_patterns, optimize_movement, split_whole_reductions,
-            fold_batch_norm, channel_affines_into_convs, response_norm_as_gate, merge_depthwise_branches, merge_dense_heads, fuse_patterns,
+            fold_batch_norm, channel_affines_into_convs, response_norm_as_gate, merge_depthwise_branches,
+            merge_dense_heads, fuse_patterns,
             activations_before_copies, fuse_epilogues, flatten_into_reductions, fuse_reduction_weights, crd_to_dcr,
             fuse_input_gates, fuse_squeeze_excite, align_channel_slices,
             fold_pads, pad_concat_parts,
