@@ -17,7 +17,7 @@ from tuner.ir.schedule import cache_read
 from tuner.templates.common import EPILOGUE_ARGS, WINDOW_ARGS, Template, WorkloadArg, node_epilogue
 from tuner.ir.gather import shifted_pixel
 from tuner.templates.common import (MODEL_KNOBS, Arithmetic, Conv2dWorkload, LocalTile,
-                                           declare_operands, input_pixel, fit_work_group, gpu_fill_target,
+                                           declare_operands, fit_work_group, gpu_fill_target,
                                            padded, padded_tap, pixel as pixel_at,
                                            is_depthwise,
                                            window_fields,
@@ -150,12 +150,13 @@ def depthwise_conv2d_nchw4c(wl: DepthwiseWorkload, cfg: DepthwiseConfig):
         tile = None
 
         def read(cb, ih, iw, name):
-            """The input pixel (block ``cb``) at a tap: X's, plus A's channels with ``in_add``."""
-            if A is None:
-                return input_pixel(X, n, cb + at, ih, iw, H, W, arith)
+            """The input pixel (block ``cb``) at a tap, zero in the padding: X's, plus A's channels with
+            ``in_add`` (``input_pixel``'s read, with the addend)."""
             inside, ih, iw = padded_tap(ih, iw, H, W)
-            return padded(inside, arith.load(pixel_at(X, n, cb + at, ih, iw)) + arith.load(
-                shifted_pixel(b, A, n, cb, (ih, iw), -wl.in_add[1], wl.in_add[0], f"{name}_a")))
+            v = arith.load(pixel_at(X, n, cb + at, ih, iw))
+            if A is not None:
+                v = v + arith.load(shifted_pixel(b, A, n, cb, (ih, iw), -wl.in_add[1], wl.in_add[0], f"{name}_a"))
+            return padded(inside, v)
 
         if cfg.local_input:  # the work-group's t_cb channel blocks, halo included, staged once (one step)
             tile = LocalTile(b, cfg, (t_cb, t_oh, t_ow), (sh, sw), (dh, dw), (R, S), arith)

@@ -446,8 +446,7 @@ def slices_read_in_place(graph: Graph) -> Graph:
             offsets = list(r.attrs.get("channel_offsets") or (None,) * len(r.inputs))
             offsets[k] = index[0]
             if r.op == "concat":  # each part's channels, no longer its tensor's
-                sizes = list(r.attrs.get("parts") or (g.shapes[x][1] for x in r.inputs))
-                r.attrs = {**r.attrs, "parts": tuple(sizes)}
+                r.attrs = {**r.attrs, "parts": r.attrs.get("parts") or tuple(g.shapes[x][1] for x in r.inputs)}
             r.inputs = [n.inputs[0] if t == out else t for t in r.inputs]
             r.attrs = {**r.attrs, "channel_offsets": tuple(offsets)}
         g.nodes = [m for m in g.nodes if m is not n]

@@ -432,10 +432,10 @@ def concat_kernel(shapes, dtype: str = "float32", in_scopes="texture", out_scope
             b.store(lanes, j, 0.0)
         offset = 0
         for k, (x, shape, view, bound) in enumerate(zip(X, shapes, views, full)):
-            C = shape[1]
+            C, shift = shape[1], offset - (view[1] if view else 0)
             with b.if_((cb * 4 < offset + C) & (cb * 4 + 4 > offset)):
-                v = shifted_pixel(b, x, src[0], cb, src[2:], offset - (view[1] if view else 0), bound[1], f"x{k}")
-                v = v if (offset - (view[1] if view else 0)) % 4 == 0 else b.let(f"x{k}", v)
+                v = shifted_pixel(b, x, src[0], cb, src[2:], shift, bound[1], f"x{k}")
+                v = v if shift % 4 == 0 else b.let(f"x{k}", v)  # two loads' lanes: bound once
                 for j in range(4):
                     c = cb * 4 + j
                     b.store(lanes, j, select((c >= offset) & (c < offset + C), ExtractLane(v, j), lanes[j]))

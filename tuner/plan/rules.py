@@ -319,7 +319,8 @@ def build_relayout(s, plan, max_wg):
 
 @lowers("concat")
 def lower_concat(ctx: LowerCtx, node, ins, out, shape):
-    consts = [t for t in node.inputs[:-1 if node.attrs.get("addend") else None] if ctx.is_param(t)]
+    parts = node.inputs[:-1] if node.attrs.get("addend") else node.inputs  # (``addend``: the last input)
+    consts = [t for t in parts if ctx.is_param(t)]
     if node.attrs.get("axis", 1) not in (1, -3) or len(shape) != 4 or consts:  # H, W (Swin's roll), 2-D, params
         axis = int(node.attrs.get("axis", 1)) % len(shape)
         if axis == 0:
@@ -335,8 +336,7 @@ def lower_concat(ctx: LowerCtx, node, ins, out, shape):
     attrs, inputs = {}, {f"X{i}": t for i, t in enumerate(ins)}
     if node.attrs.get("channel_offsets") or node.attrs.get("flat"):  # passes_movement: parts read in place at a
         # channel offset of their source (``parts``: each part's channels), the output written as tokens, a constant
-        # added (``addend``: the last input)
-        parts = node.inputs[:-1] if node.attrs.get("addend") else node.inputs
+        # added
         offsets = node.attrs.get("channel_offsets") or (None,) * len(parts)
         channels = node.attrs.get("parts") or tuple(ctx.shape(t)[1] for t in parts)
         attrs = {"part_shapes": tuple((ctx.shape(t)[0], c, *ctx.shape(t)[2:]) for t, c in zip(parts, channels)),
