@@ -382,9 +382,9 @@ VARIABLES = dict(U="units: (image, group) pairs, or (image, block of 4 channels)
 
 
 def fallback(wl: GroupNormWorkload, info) -> ReduceConfig:
-    """The schedule's fallback; short groups split to fill a GPU only (measured on the H200: GroupNorm(32) of
-    ResNet-18), so that on a CPU, whose few compute units one work-group a unit already fills, a norm is one
-    launch unless a work-item would read more than MAX_TEXELS_PER_ITEM texels (issue 55)."""
+    """The schedule's fallback. On a GPU ``reduction.norm_schedule``: one launch of large work-groups unless the
+    unit is long; on a CPU, whose few compute units one work-group a unit already fills, one launch unless a
+    work-item would read more than MAX_TEXELS_PER_ITEM texels (issue 55)."""
     v = space_vars(wl)
     scope = texture_scopes(wl, info, [("nchw4c", wl.data)])
     if wl.stats:  # the split is the chunk count; the schedule of one chunk; the partials in a buffer

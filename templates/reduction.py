@@ -74,6 +74,10 @@ def _pow2_floor(n: int) -> int:
     return 1 << (max(1, int(n)).bit_length() - 1)
 
 
+def _pow2_ceil(n: int) -> int:
+    return 1 << (max(1, int(n)) - 1).bit_length()
+
+
 def packed(name: str, shape: tuple, dtype: str, scope: str):
     """An activation operand packed by 4 along axis 1: an ``nchw4c`` / ``row4`` texture or its packed buffer."""
     layouts = {4: ("nchw4c", "nchw4c_buffer"), 2: ("row4", "row4_buffer")}[len(shape)]
@@ -230,29 +234,54 @@ def fallback_schedule(units: int, elements: int, info, max_split: int = 64, fill
     capabilities: on a GPU, about ``GPU_ITEMS_PER_TEXELS`` texels per work-item in work-groups of up to 256
     (TFLite's Adreno size; the TVM Adreno rule gives 25-49 elements a thread), split while the units fill fewer
     than two work-groups per compute unit and a work-item keeps a quarter of that -- only units too long for one
-    work-group of the largest size (a squeeze-excite pool of 7x7 to 56x56 is one launch, not two), unless
-    ``fill_short`` (a norm, which writes every element again: GroupNorm(32) of ResNet-18 ran 20% slower on an
-    H200 with its short groups unsplit); on a CPU
-    (whose compilers vectorize across work-items and pay for barriers) fewer, longer work-items. Never more than
+    work-group of the largest size (a squeeze-excite pool of 7x7 to 56x56 is one launch, not two); on a CPU
+    (whose compilers vectorize across work-items and pay for barriers) fewer, longer work-items. ``fill_short``
+    (a norm on a GPU, which reads its unit twice and writes every element): ``norm_schedule``. Never more than
     ``MAX_TEXELS_PER_ITEM`` texels per work-item; never a split above ``max_split``."""
     gpu = info.type == "GPU"
     cap = min(256 if gpu else 64, info.max_work_group_size, info.max_work_item_sizes[0])
-    per_item = GPU_ITEMS_PER_TEXELS if gpu else 64
-    L = min(cap, _pow2_floor(max(1, elements // per_item)))
-    T = 1
-    want_groups = 2 * info.compute_units
-    # a unit that a work-group of the largest size covers at per_item..2 per_item texels a work-item is not split to
-    # fill the device (unless fill_short): a second launch costs more than the few work-groups it adds save
-    fill = fill_short or L == cap
-    while T < max_split and ((fill and units * T < want_groups and ceil_div(elements, 2 * T * L) >= per_item // 4)
-                             or ceil_div(ceil_div(elements, T), L) > MAX_TEXELS_PER_ITEM):
-        T *= 2
+    if fill_short and gpu:
+        L, T = norm_schedule(elements, info, max_split)
+    else:
+        per_item = GPU_ITEMS_PER_TEXELS if gpu else 64
+        L = min(cap, _pow2_floor(max(1, elements // per_item)))
+        T = 1
+        want_groups = 2 * info.compute_units
+        # a unit that a work-group of the largest size covers at per_item..2 per_item texels a work-item is not
+        # split to fill the device: a second launch costs more than the few work-groups it adds save
+        while T < max_split and ((L == cap and units * T < want_groups and
+                                  ceil_div(elements, 2 * T * L) >= per_item // 4)
+                                 or ceil_div(ceil_div(elements, T), L) > MAX_TEXELS_PER_ITEM):
+            T *= 2
     P = 1
     max_p = min(info.max_work_item_sizes[1], info.max_work_group_size // L)
     while P * 2 <= max_p and L * P * 2 <= (64 if L < 64 else L) and P * 2 <= units and \
             L * P * 2 * 32 <= info.local_mem_bytes:
         P *= 2
     return {"wg_reduce": L, "units_per_wg": P, "split": T}
+
+
+NORM_WG = 512  # a GPU norm's work-group: the size of most of the H200's best group_norm configs
+NORM_UNSPLIT_TEXELS = 8  # a unit up to this many texels a work-item of a NORM_WG work-group stays one launch
+NORM_CHUNK_TEXELS = 4  # a split norm's chunk: this many texels a work-item
+
+
+def norm_schedule(elements: int, info, max_split: int = 64) -> tuple:
+    """A GPU norm's ``(wg_reduce, split)``: one launch, a work-group of ``NORM_WG`` work-items (fewer for a short
+    unit) a unit, while the unit is at most ``NORM_UNSPLIT_TEXELS`` texels a work-item (4096 texels: an
+    InstanceNorm of 64 x 64); a longer unit in chunks of about ``NORM_CHUNK_TEXELS`` texels a work-item. From the
+    H200's tuning of the held-out models' norms (``logs/nvidia-gpu-fcae3850.jsonl``, the best config of each
+    split): GroupNorm(32) of 128 x 28 x 28 10.2 us in one launch against 15.3-18.7 split; InstanceNorms of
+    128 x 32 x 32 10.8 against 16.2 and of 64 x 64 x 64 14.2 against 16.4; 32 x 128 x 128 (16384 texels a unit)
+    32.6 in one launch, 18.6 split 8 ways. The rule before split them all to fill the device, or gave a short
+    unit a work-group of 32."""
+    L = _pow2_floor(min(NORM_WG, info.max_work_group_size, info.max_work_item_sizes[0], info.local_mem_bytes // 32))
+    T = 1
+    if elements > NORM_UNSPLIT_TEXELS * L:
+        while T < max_split and (ceil_div(elements, T) > NORM_CHUNK_TEXELS * L
+                                 or ceil_div(ceil_div(elements, T), L) > MAX_TEXELS_PER_ITEM):
+            T *= 2
+    return min(L, _pow2_ceil(ceil_div(elements, T))), T
 
 
 def fallback_config(v: dict, info, scope: str, max_split: int = 64, fill_short: bool = False) -> ReduceConfig:
