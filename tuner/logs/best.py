@@ -96,6 +96,10 @@ def invalid_config(template, workload, device, config: dict) -> str | None:
 # workload fields that change what surrounds the sum (or what the padding reads), not the loop nest
 EPILOGUE = ("bias", "activation", "residual", "in_scale", "scale_rows", "in_norm", "norm_partials", "pad_mode",
             "in_group_norm", "in_add", "in_view")
+# workload fields that pin a knob (a group_norm's ``stats``: its split is the chunk count, not a choice): a record
+# lends its config only to a workload with the same value -- a whole norm took a statistics kernel's split of 16
+# on the H200, where its own best was one launch
+PINNING = ("stats",)
 
 
 def workload_distance(a: dict, b: dict) -> float:
@@ -425,7 +429,8 @@ class ApplyHistoryBest:
         key = _workload_key(workload)
         fp = info.fingerprint
         tasks = [r for r in self.best.values() if r.device == fp and r.template == template.name
-                 and (scopes is None or r.scopes == scopes)]
+                 and (scopes is None or r.scopes == scopes)
+                 and all(r.workload.get(k) == key.get(k) for k in PINNING)]
         dist = {id(r): workload_distance(key, r.workload) for r in tasks}
         tasks.sort(key=lambda r: (dist[id(r)], r.median_s))
         near = [r for r in tasks if dist[id(r)] == 0]
