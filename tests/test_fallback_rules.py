@@ -95,3 +95,39 @@ def test_conv2d_fallback_on_a_cpu_is_one_column_per_work_item_in_a_wide_group(da
     assert cpu.tile_ow == 1 and cpu.wg_w == min(32, 1 << (v["OW"] - 1).bit_length()) and cpu.wg_h <= 2
     assert cpu.tile_oc == (4 if v["OBG"] >= 4 and (groups == 1 or v["OBG"] % 4 == 0) else cpu.tile_oc)
     assert cpu.vec_load == 4 and cpu.split_c == cpu.split_k == 1
+
+
+NORMS = [((1, 128, 28, 28), 32), ((1, 256, 14, 14), 32), ((1, 128, 32, 32), 128), ((1, 64, 64, 64), 64),
+         ((1, 64, 56, 56), 32), ((1, 128, 4, 16), 1), ((1, 32, 128, 128), 32), ((1, 64, 112, 112), 32),
+         ((1, 64, 56, 56), 1), ((2, 3, 5, 5), 3)]
+
+
+@pytest.mark.parametrize("data,groups", NORMS)
+def test_a_gpu_norm_is_one_launch_until_its_unit_is_long(data, groups):
+    """On a GPU a norm runs in one launch (work-groups of up to 512) while a unit is at most 8 texels a
+    work-item, else in chunks of about 4 texels a work-item -- the H200's best configs of the held-out models'
+    norms (``reduction.norm_schedule``). A CPU keeps the reductions' common rule."""
+    from tuner.templates.reduction import fallback_schedule
+    t = get_template("group_norm")
+    wl = t.workload(data=data, groups=groups)
+    E = t.space_vars(wl)["E"]
+    big, phone, cpu = (_valid(t, wl, i) for i in (BIG, PHONE, CPU))
+    for cfg in (big, phone):
+        assert cfg.wg_reduce * cfg.units_per_wg <= 1024
+        if E <= 8 * 512:
+            assert cfg.split == 1 and cfg.wg_reduce == min(512, 1 << (E - 1).bit_length())
+        else:
+            assert cfg.split > 1 and math.ceil(E / cfg.split) <= 4 * 512 < math.ceil(E / (cfg.split // 2))
+            assert cfg.wg_reduce == 512
+    v = t.space_vars(wl)
+    assert (cpu.wg_reduce, cpu.units_per_wg, cpu.split) == tuple(fallback_schedule(v["U"], E, CPU).values())
+
+
+def test_a_norm_on_a_gpu_of_small_work_groups_splits_sooner():
+    small = profile(name="Mali-like", compute_units=10, max_work_group_size=256, max_work_item_sizes=[256, 256, 256],
+                    local_mem_bytes=32768)
+    t = get_template("group_norm")
+    wl = t.workload(data=(1, 64, 64, 64), groups=64)  # 4096 texels a unit: 8 a work-item at 512, 16 at 256
+    assert _valid(t, wl, BIG).split == 1
+    cfg = _valid(t, wl, small)
+    assert cfg.wg_reduce == 256 and cfg.split == 4

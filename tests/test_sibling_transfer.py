@@ -214,3 +214,25 @@ def test_a_worker_seeds_its_studies_from_a_named_sibling(tmp_path, conv_model, d
     s = run_worker(f"journal:{tmp_path / 'studies.journal'}", device=device, tasks=[task],
                    log=str(tmp_path / "here.jsonl"), max_trials=1, progress=False, transfer_from=[a2.fingerprint])
     assert s.measured == 1 and s.records[0].config == rec.config
+
+
+def test_a_statistics_kernel_lends_its_split_to_no_whole_norm(device):
+    """A group_norm record with ``stats`` (the statistics only: its split is the chunk count) lends its config only
+    to another statistics kernel (``logs.best.PINNING``): a whole norm with no other donor takes its fallback,
+    one with a whole norm's record nearby takes that one's."""
+    t, info = get_template("group_norm"), device.info
+    stats = t.workload(data=(1, 64, 32, 32), groups=1, stats=16)
+    whole = t.workload(data=(1, 64, 16, 16), groups=32)
+    target = t.workload(data=(1, 64, 28, 28), groups=32)
+
+    def record(wl, **knobs):
+        cfg = dataclasses.replace(t.fallback_with(wl, info, **scope_knobs(BUFFER)), **knobs)
+        assert invalid_config(t, wl, info, dataclasses.asdict(cfg)) is None
+        return Record.new(t.name, wl, cfg, info, costs=[1e-5])
+    only_stats = tuner.apply_history_best([record(stats, split=16)])
+    assert only_stats.suggest(t, target, info, BUFFER, t.model_knobs) is None
+    assert only_stats.suggest(t, t.workload(data=(1, 64, 28, 28), groups=1, stats=16), info, BUFFER,
+                              t.model_knobs).record.workload == stats.key()
+    both = tuner.apply_history_best([record(stats, split=16), record(whole, split=1, wg_reduce=128)])
+    pick = both.suggest(t, target, info, BUFFER, t.model_knobs)
+    assert pick.record.workload == whole.key() and pick.config.split == 1
