@@ -329,8 +329,8 @@ def node_epilogue(ctx, node, norm_sums=None) -> tuple:
     ``norm_sums``: an ``in_norm`` convolution's weight sums, packed into B after the biases and any PReLU slopes
     (``bias_length``)."""
     g, a = ctx.graph, node.attrs
-    bias = next((t for t in node.inputs[2:] if t in g.params and t not in (a.get("slope"), a.get("norm_affine"))),
-                None)
+    bias = next((t for t in node.inputs[2:] if t in g.params
+                 and t not in (a.get("slope"), a.get("norm_affine"), a.get("out_norm_affine"))), None)
     fields = dict(dtype=ctx.dtype, bias=bias is not None, activation=a.get("activation", "none"))
     inputs = {}
     tails = ([g.params[a["slope"]]] if a.get("activation") == "prelu" else []) + \
@@ -406,6 +406,12 @@ class Conv2dWorkload:
     # (float32, ``reduction.chunk_statistics``: per unit that many chunks' float4 sums of d = x - K and d^2;
     # ``group_norm``'s ``stats``), gamma and beta from ``A`` (float32, (2 * C4, 4)). Groups of whole blocks of 4
     # channels, of one channel each, or one group; in the key when set
+    out_norm: tuple = ()  # (groups, epsilon): the output group-normalized in the epilogue -- each (image, group of
+    # O / groups channels) over its channels and pixels (groups = O: an InstanceNorm), the statistics summed over a
+    # work-group that holds the group's whole planes (the space), then gamma and beta from ``Na`` (float32,
+    # (2 * OB, 4)), then ``residual`` and ``activation``: act(norm(conv(x) + bias) * gamma + beta + Res), a
+    # GroupNorm or InstanceNorm in the launch of the convolution it reads (``passes_layer_norm.norms_into_convs``).
+    # Groups of one or two channels, of whole blocks of 4, or one group of whole blocks; in the key when set
     out_view: tuple = ()  # (offset, channels): write channels [offset, offset + O) of a larger output (a concat's);
     # not in the key: the loop nest is the same, a record of the workload without it applies
     side_copy: tuple = ()  # (source shape, channels, offset, source scope): the same launch also writes the channel
@@ -483,6 +489,8 @@ class Conv2dWorkload:
             raise ValueError(f"norm_partials {self.norm_partials}: the statistics of a normalized input (in_norm)")
         if self.in_group_norm:
             set_("in_group_norm", self._checked_group_norm())
+        if self.out_norm:
+            set_("out_norm", self._checked_out_norm())
         if self.scale_rows and not self.in_scale:
             raise ValueError("scale_rows: the gate S is one a channel and input row -- it needs in_scale")
         if self.plain_input and self.in_scale:
@@ -534,10 +542,26 @@ class Conv2dWorkload:
         convolution stay as they were before the fields existed."""
         return {"op": "conv2d", **{k: in_read_text(v) if k == "in_read" else _listed(v) for k, v in asdict(self).items()
                                    if (k not in ("in_scale", "in_read", "scale_rows", "in_norm", "norm_partials",
-                                                 "in_group_norm") or v)
+                                                 "in_group_norm", "out_norm") or v)
                                    and (k != "pad_mode" or v != "zeros")
                                    and k not in ("out_view", "side_copy", "shuffle_view", "patch_view", "plain_input",
                                                  "plain_output")}}
+
+    def _checked_out_norm(self) -> tuple:
+        """``out_norm`` as (groups, epsilon), or a ValueError naming what is wrong."""
+        try:
+            groups, epsilon = self.out_norm
+            groups, epsilon = int(groups), float(epsilon)
+        except (TypeError, ValueError):
+            raise ValueError(f"out_norm {self.out_norm!r}: (groups, epsilon), e.g. (32, 1e-5)") from None
+        O = self.kernel[0]
+        cg = O // groups if groups >= 1 and O % groups == 0 else 0
+        if not cg or not (cg in (1, 2) or (cg % 4 == 0 and O % 4 == 0)) or epsilon < 0:
+            raise ValueError(f"out_norm groups={groups} of {O} output channels: a divisor of O whose groups are one or "
+                             f"two channels, or whole blocks of 4 (then O a multiple of 4); epsilon {epsilon} at least 0")
+        if self.activation == "prelu":
+            raise ValueError("out_norm with activation prelu: the norm's activation takes no parameters here")
+        return groups, epsilon
 
     def _checked_group_norm(self) -> tuple:
         """``in_group_norm`` as (groups, chunks, epsilon, activation), or a ValueError naming what is wrong."""
@@ -958,13 +982,15 @@ def split_sums(b, acc, n: int, sk: int, tk, items: int, lid, dtype: str):
     return sums, lambda i: tk.equal(i % sk)
 
 
-def store_tile(b, acc, Y, n, obb, oh0, ow0, tile, bounds, wl, B=None, Res=None, owner=None, norm=None, rows=None):
+def store_tile(b, acc, Y, n, obb, oh0, ow0, tile, bounds, wl, B=None, Res=None, owner=None, norm=None, rows=None,
+               out_norm=None):
     """The fused epilogue (bias, residual add, then ReLU/ReLU6: ResNet's ``relu(conv + bn + identity)``) and a
     guarded store of every tile pixel; ``owner(i)``, if given, is the condition under which this work-item
     stores tile entry ``i`` (a split reduction's sums, see ``split_sums``). A workload's ``out_view`` shifts the
     stores by its channel offset; its ``shuffle_view`` moves each pixel to its place in the interleave
     (``shuffle_store``). ``rows`` (a private float4 array, t_oc x t_oh): each stored pixel is added to its
-    row's entry too (``row_sums``)."""
+    row's entry too (``row_sums``). ``out_norm``: per tile block, the ``(mean, scale, shift)`` float4s of the norm
+    applied after the bias (``conv2d_nchw4c.out_norm_factors``)."""
     (t_oc, t_oh, t_ow), (OB, OH, OW) = tile, bounds
     shift = wl.out_view[0] if getattr(wl, "out_view", ()) else 0
     shuffle, patches = getattr(wl, "shuffle_view", ()), getattr(wl, "patch_view", ())
@@ -987,6 +1013,9 @@ def store_tile(b, acc, Y, n, obb, oh0, ow0, tile, bounds, wl, B=None, Res=None, 
                         v = (v - Broadcast(mean, 4) * u) * Broadcast(rstd, 4)
                     if B is not None:
                         v = v + B[lanes]
+                    if out_norm is not None:
+                        mean, scale, shift_ = out_norm[k]
+                        v = (v - mean) * scale + shift_
                     if Res is not None:
                         v = v + Res[n, lanes, oh, ow]
                     if wl.activation == "prelu":  # the slopes after the padded biases (bias_length)
@@ -1077,14 +1106,20 @@ def group_normed(x, affine, groups: int, epsilon: float, activation: str) -> np.
     return apply_numpy(activation, y * gamma.reshape(1, -1, 1, 1) + beta.reshape(1, -1, 1, 1))
 
 
-def reference(wl: Conv2dWorkload, x, w, bias=None, residual=None, scale=None, affine=None) -> np.ndarray:
+def reference(wl: Conv2dWorkload, x, w, bias=None, residual=None, scale=None, affine=None,
+              norm_affine=None) -> np.ndarray:
     """NumPy conv2d in float64 (the check for every tuned config); ``scale`` (N, C, 1, 1): the input's gate;
-    ``affine``: ``in_group_norm``'s gamma and beta; a ``shuffle_view`` gives the interleave it writes
-    (``out_view`` is not applied: the layer's own channels)."""
+    ``affine``: ``in_group_norm``'s gamma and beta; ``norm_affine``: ``out_norm``'s; a ``shuffle_view`` gives the
+    interleave it writes (``out_view`` is not applied: the layer's own channels)."""
     if getattr(wl, "in_group_norm", ()):
         groups, _, epsilon, act = wl.in_group_norm
         return reference(dataclasses.replace(wl, in_group_norm=()), group_normed(x, affine, groups, epsilon, act), w,
                          bias, residual, scale)
+    if getattr(wl, "out_norm", ()):  # the convolution with its bias, normalized, then the rest of the epilogue
+        plain = dataclasses.replace(wl, out_norm=(), residual=False, activation="none", shuffle_view=(), patch_view=())
+        bias = None if bias is None else bias[:wl.kernel[0]]
+        y = group_normed(reference(plain, x, w, bias, None, scale), norm_affine, wl.out_norm[0], wl.out_norm[1], "none")
+        return shuffled(wl, reference_epilogue(dataclasses.replace(wl, bias=False), y, None, residual))
     if scale is not None:
         x = x.astype(np.float64) * scale
     if getattr(wl, "in_norm", 0):  # the input normalized over its channels; B's weight sums (U) are the kernel's
@@ -1135,6 +1170,10 @@ def random_inputs(wl, rng) -> dict:
         inputs["A"] = draw((2 * c4, 4)).astype(np.float32)
         groups, chunks = wl.in_group_norm[:2]
         inputs["Q"] = chunk_statistics(inputs["X"], chunks, groups).astype(np.float32)
+    if getattr(wl, "out_norm", ()):  # gamma (about 1) and beta of the norm in the epilogue
+        ob = -(-wl.kernel[0] // 4)
+        inputs["Na"] = np.concatenate([1.0 + 0.5 * rng.standard_normal((ob, 4)), rng.standard_normal((ob, 4))]
+                                      ).astype(np.float32)
     if wl.residual:
         inputs["Res"] = draw(wl.out_shape)
     if getattr(wl, "in_add", ()):  # the depthwise input's addend, of its own channel count

@@ -8,6 +8,7 @@ pixel (4 output channels) -- the outer product of the texture RFC's Adreno sched
 from __future__ import annotations
 
 from contextlib import nullcontext
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,7 +70,8 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
     P = buffer("P", (N * wl.norm_partials * 2, 4), "float32", "global") if wl.norm_partials else None
     Q, A = (buffer("Q", (N * norm_units(C, wl.in_group_norm[0]) * wl.in_group_norm[1] * 2, 4), "float32", "global"),
             buffer("A", (2 * C4, 4), "float32", "global")) if wl.in_group_norm else (None, None)
-    operands = (*params_of(X), Sc, Wt, B, Res, Y, Xs, P, Q, A)
+    Na = buffer("Na", (2 * OB, 4), "float32", "global") if wl.out_norm else None
+    operands = (*params_of(X), Sc, Wt, B, Res, Y, Xs, P, Q, A, Na)
     if wl.in_read and cfg.cache_input:
         raise ValueError("cache_input copies one input buffer; an input read in parts (in_read) has several")
 
@@ -83,6 +85,8 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
         raise ValueError("split_k > 1 and local_input: the work-items of a split stage different channel blocks")
     if sk > 1 and wl.in_norm:
         raise ValueError("split_k > 1 and in_norm: each work-item sums its pixels' statistics over every channel")
+    if wl.out_norm:
+        out_norm_fits(wl, cfg)
     if cfg.local_input and wl.in_group_norm and wl.pad_mode == "zeros" and any(wl.padding):
         raise ValueError("local_input and in_group_norm with zero padding: the staged tile holds the padding's "
                          "zeros, which the norm would move")
@@ -120,11 +124,118 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
                                     arith.acc)
         norm = None if stats is None else norm_factors(b, stats, C, wl.in_norm, t_oh * t_ow) if P is None \
             else image_norm_factors(b, P, n, wl) * (t_oh * t_ow)
-        store_tile(b, acc, Y, n, obb, oh0, ow0, (t_oc, t_oh, t_ow), (OB, OH, OW), wl, B, Res, owner, norm)
+        normed = out_norm_factors(b, wl, acc, B, Na, obb, oh0, ow0, (t_oc, t_oh, t_ow), owner,
+                                  (tk * cfg.wg_h + th) * cfg.wg_w + tw, cfg.wg_w * cfg.wg_h * sk) if Na else None
+        store_tile(b, acc, Y, n, obb, oh0, ow0, (t_oc, t_oh, t_ow), (OB, OH, OW), wl, B, Res, owner, norm,
+                   out_norm=normed)
         if Xs is not None:
             side_copy(b, wl, Xs, Y, n, obb, n_ob, oh0, ow0, (t_oh, t_ow), tk if sk > 1 else None)
     kernel = b.kernel("conv2d_nchw4c", [p for p in operands if p is not None])
     return cache_read(kernel, X, "texture", cfg.act_layout) if cfg.cache_input else kernel
+
+
+def out_norm_blocks(wl) -> int:
+    """``out_norm``: the output blocks of 4 channels a work-group's tile must hold together (``tile_oc`` a multiple
+    of them): a group's blocks (all of them for one group), or 1 where a block holds whole groups."""
+    groups, O = wl.out_norm[0], wl.kernel[0]
+    return max(1, O // groups // 4)
+
+
+def out_norm_fits(wl, cfg) -> None:
+    """A ValueError unless each work-group holds whole groups of ``out_norm``: every output pixel (one work-group
+    along rows and columns), the group's blocks in its tile, no staged input (``local_input``'s local memory)."""
+    _, _, OH, OW = wl.out_shape
+    if -(-OW // cfg.tile_ow) > cfg.wg_w or -(-OH // cfg.tile_oh) > cfg.wg_h or cfg.tile_oc % out_norm_blocks(wl) \
+            or cfg.local_input:
+        raise ValueError(f"out_norm: a work-group must hold its groups' whole {OH}x{OW} planes (wg_w * tile_ow >= "
+                         f"{OW}, wg_h * tile_oh >= {OH}) and blocks (tile_oc a multiple of {out_norm_blocks(wl)}), "
+                         f"without local_input; got tile_ow={cfg.tile_ow} wg_w={cfg.wg_w} tile_oh={cfg.tile_oh} "
+                         f"wg_h={cfg.wg_h} tile_oc={cfg.tile_oc} local_input={cfg.local_input}")
+
+
+def _work_group_sums(b, values: list, lid, size: int, name: str) -> list:
+    """Each float4 of ``values`` summed over the ``size`` work-items of the work-group (``lid``: this one's linear
+    id): a binary tree in local memory of the next power of two, the slots past ``size`` zero; every work-item
+    reaches each barrier and reads the sums."""
+    p2 = 1 << (size - 1).bit_length()
+    bufs = [b.allocate(f"{name}{j}", (p2,), "float32x4", "local") for j in range(len(values))]
+    b.barrier()  # every work-item is done reading the previous sums from these slots
+    for buf, v in zip(bufs, values):
+        b.store(buf, lid, v)
+    if p2 > size:
+        with b.if_(lid < p2 - size):
+            for buf in bufs:
+                b.store(buf, lid + size, Broadcast(as_expr(0.0), 4))
+    s = p2 // 2
+    while s >= 1:
+        b.barrier()
+        with b.if_(lid < s):
+            for buf in bufs:
+                b.store(buf, lid, buf[lid] + buf[lid + s])
+        s //= 2
+    b.barrier()
+    return [b.let(f"{name}s{j}", buf[0]) for j, buf in enumerate(bufs)]
+
+
+def _per_group(wl, sums: list, k: int, t_oc: int):
+    """Tile block ``k``'s lanes' group totals from the tile's per-lane ``sums`` (float4 a block): each lane's own
+    (an InstanceNorm), its pair's, its block's, or its group's blocks' (``out_norm_blocks`` of them)."""
+    cg = wl.kernel[0] // wl.out_norm[0]
+    v = sums[k]
+    if cg == 1:
+        return v
+    if cg == 2:
+        lo, hi = ExtractLane(v, 0) + ExtractLane(v, 1), ExtractLane(v, 2) + ExtractLane(v, 3)
+        return call("make_vector", [lo, lo, hi, hi], "float32x4")
+    bpg = out_norm_blocks(wl)
+    first = k // bpg * bpg
+    total = hsum(sums[first])
+    for j in range(first + 1, first + bpg):
+        total = total + hsum(sums[j])
+    return Broadcast(total, 4)
+
+
+def out_norm_factors(b, wl, acc, B, Na, obb, oh0, ow0, tile, owner, lid, size: int) -> list:
+    """``out_norm``'s ``(mean, rstd * gamma, beta)`` (float4s) of each of the tile's ``t_oc`` output blocks, from
+    the work-group's sums: the convolution's values plus bias, in two passes over the accumulators -- the mean,
+    then the sum of squared deviations from it (no cancellation: the values stay in registers) -- each summed per
+    lane over the work-item's own pixels (inside the output; a split's owner only), then over the work-group
+    (``_work_group_sums``), then over the lanes and blocks of each group (``_per_group``)."""
+    (t_oc, t_oh, t_ow), (_, O, OH, OW) = tile, wl.out_shape
+    OB = -(-O // 4)
+    count = float(O // wl.out_norm[0] * OH * OW)
+    vals, zero = {}, Broadcast(as_expr(0.0), 4)
+    for k in range(t_oc):
+        ob = min_(obb * t_oc + k, OB - 1)
+        for y in range(t_oh):
+            for x in range(t_ow):
+                i = (k * t_oh + y) * t_ow + x
+                v = _as_float(acc[i])
+                if B is not None:
+                    v = v + B[Ramp(ob * 4, as_expr(1), 4)]
+                inside = (oh0 + y < OH) & (ow0 + x < OW)
+                if owner is not None:
+                    inside = inside & owner(i)
+                vals[i] = (b.let(f"nv{i}", v), inside)
+
+    def summed(f, name):
+        part = b.allocate(f"{name}p", (t_oc,), "float32x4", "private")
+        for k in range(t_oc):
+            b.store(part, k, zero)
+            for i in range(k * t_oh * t_ow, (k + 1) * t_oh * t_ow):
+                v, inside = vals[i]
+                with b.if_(inside):
+                    b.store(part, k, part[k] + f(k, v))
+        return _work_group_sums(b, [part[k] for k in range(t_oc)], lid, size, name)
+    s = summed(lambda k, v: v, "nsum")
+    means = [b.let(f"nmean{k}", _per_group(wl, s, k, t_oc) * (1.0 / count)) for k in range(t_oc)]
+    q = summed(lambda k, v: (v - means[k]) * (v - means[k]), "nsq")
+    out, vec = [], Ramp(as_expr(0), as_expr(1), 4)
+    for k in range(t_oc):
+        ob = min_(obb * t_oc + k, OB - 1)
+        rstd = call("rsqrt", [_per_group(wl, q, k, t_oc) * (1.0 / count) + wl.out_norm[1]], "float32x4")
+        out.append((means[k], b.let(f"nscale{k}", rstd * Na[ob, vec]), b.let(f"nshift{k}", Na[OB + ob, vec])))
+    return out
 
 
 def side_copy(b, wl, Xs, Y, n, obb, n_ob, oh0, ow0, tile, tk):
@@ -306,7 +417,8 @@ def space_vars(wl: Conv2dWorkload) -> dict:
                 data=wl.data, kernel=wl.kernel, out=wl.out_shape, bias=wl.bias, residual=wl.residual,
                 stride=wl.stride, dilation=wl.dilation, plain_input=wl.plain_input, plain_output=wl.plain_output,
                 in_read=wl.in_read, in_norm=wl.in_norm, norm_partials=wl.norm_partials,
-                in_group_norm=bool(wl.in_group_norm), zero_padding=wl.pad_mode == "zeros" and any(wl.padding))
+                in_group_norm=bool(wl.in_group_norm), zero_padding=wl.pad_mode == "zeros" and any(wl.padding),
+                out_norm=bool(wl.out_norm), norm_blocks=out_norm_blocks(wl) if wl.out_norm else 1)
 
 
 def fallback(wl: Conv2dWorkload, info) -> Conv2dConfig:
@@ -323,6 +435,8 @@ def fallback(wl: Conv2dWorkload, info) -> Conv2dConfig:
     89 us for a 9x9 stem)."""
     v = space_vars(wl)
     scope = texture_scopes(wl, info, [("nchw4c", wl.data), ("nchw4c", wl.out_shape), ("oihw4o", wl.kernel)])
+    if wl.out_norm:
+        return _out_norm_fallback(wl, v, info, scope)
     cpu = info.type == "CPU"  # CPU compilers vectorize across the work-items of dimension 0: one column each
     fits = lambda oc: v["OBG"] >= oc and (v["G"] == 1 or v["OBG"] % oc == 0)  # noqa: E731
     tile_oc = next(oc for oc in ((4, 2) if cpu else (2,)) + (1,) if oc == 1 or fits(oc))
@@ -345,9 +459,43 @@ def fallback(wl: Conv2dWorkload, info) -> Conv2dConfig:
                         output_scope="buffer" if wl.plain_output else scope, split_k=split_k)
 
 
+def _out_norm_fallback(wl: Conv2dWorkload, v: dict, info, scope: str) -> Conv2dConfig:
+    """``out_norm``'s fallback: a work-group over the whole output plane (the space's limits: up to 8 rows of up to
+    4 pixels, up to 64 columns of up to 8), each work-item the fewest pixels that fit the device's work-group, a
+    tile of one group's blocks; then the input channels split over more work-items (``split_k``) up to 512 a
+    work-group where the blocks, the device and local memory allow. A ValueError where no tile fits."""
+    most = min(info.max_work_group_size, 512)
+    pick = None
+    for tile_oh, tile_ow in sorted(((h, w) for h in (1, 2, 4) for w in (1, 2, 4, 8)), key=lambda t: (t[0] * t[1], t)):
+        rows, cols = -(-v["OH"] // tile_oh), -(-v["OW"] // tile_ow)
+        wg_h, wg_w = 1 << (rows - 1).bit_length(), 1 << (cols - 1).bit_length()
+        if wg_h <= 8 and wg_w <= 64 and wg_h * wg_w <= most and wg_w <= info.max_work_item_sizes[0] \
+                and wg_h <= info.max_work_item_sizes[1] and tile_oh * tile_ow * v["norm_blocks"] <= 32:
+            pick = tile_oh, tile_ow, wg_h, wg_w
+            break
+    if pick is None:
+        raise ValueError(f"out_norm: no work-group of this device holds a whole {v['OH']}x{v['OW']} output plane")
+    tile_oh, tile_ow, wg_h, wg_w = pick
+    cfg = Conv2dConfig(tile_oc=v["norm_blocks"], tile_oh=tile_oh, tile_ow=tile_ow, wg_w=wg_w, wg_h=wg_h,
+                       unroll_rs=v["R"] * v["S"] <= 9, vec_load=1 if wl.plain_input else 4,
+                       input_scope="buffer" if wl.plain_input else scope, weight_scope=scope,
+                       output_scope="buffer" if wl.plain_output else scope)
+    split_k, items = 1, wg_w * wg_h
+    while True:
+        k = split_k * 2
+        local = items * k * (32 * cfg.tile_oc + cfg.tile_oc * tile_oh * tile_ow * 16)
+        if items * k > most or k > v["CG4"] or k > 32 or k > info.max_work_item_sizes[2] \
+                or local > info.local_mem_bytes:
+            break
+        split_k = k
+    if items * 32 * cfg.tile_oc > info.local_mem_bytes:
+        raise ValueError(f"out_norm: the work-group's sums of a {v['OH']}x{v['OW']} plane exceed the local memory")
+    return dataclasses.replace(cfg, split_k=split_k)
+
+
 def _reference(wl: Conv2dWorkload, inputs: dict) -> np.ndarray:
     return reference(wl, read_parts_numpy(wl, inputs), inputs["Wt"], inputs.get("B"), inputs.get("Res"),
-                     inputs.get("S"), inputs.get("A"))
+                     inputs.get("S"), inputs.get("A"), inputs.get("Na"))
 
 
 def features(v: dict, k: dict) -> dict:
@@ -390,6 +538,14 @@ def lower(ctx, node, ins):
         affine[:, :data[1]] = np.asarray(ctx.graph.params[node.attrs["norm_affine"]], np.float32).reshape(2, -1)
         inputs["A"] = f"{node.name}.norm_affine"
         extra[inputs["A"]] = affine.reshape(2 * c4, 4)
+    if node.attrs.get("out_norm"):  # passes_layer_norm.norms_into_convs: a GroupNorm of the output in the epilogue
+        groups_, epsilon = node.attrs["out_norm"]
+        fields["out_norm"] = (int(groups_), float(epsilon))
+        ob = -(-w_shape[0] // 4)
+        affine = np.zeros((2, ob * 4), np.float32)
+        affine[:, :w_shape[0]] = np.asarray(ctx.graph.params[node.attrs["out_norm_affine"]], np.float32).reshape(2, -1)
+        inputs["Na"] = f"{node.name}.out_norm_affine"
+        extra[inputs["Na"]] = affine.reshape(2 * ob, 4)
     if normed:
         fields["in_norm"] = float(node.attrs["in_norm"])
         if node.attrs.get("norm_stats") is not None:  # GroupNorm(1): its statistics' chunk partials (N, 8 * chunks)
@@ -437,7 +593,9 @@ VARIABLES = dict(N="batch", C="input channels", H="input height", W="input width
                  norm_partials="with in_norm: the input's GroupNorm(1) statistics as that many chunk partials in P "
                  "(over the image), 0 for a LayerNorm",
                  in_group_norm="the input group-normalized (and its affine and activation) as it is read",
-                 zero_padding="the padding reads zeros (pad_mode zeros and some padding)")
+                 zero_padding="the padding reads zeros (pad_mode zeros and some padding)",
+                 out_norm="the output group-normalized in the epilogue (a work-group holds whole groups)",
+                 norm_blocks="with out_norm: output blocks a tile holds together (a group's)")
 TEMPLATE = Template("conv2d", Conv2dWorkload, Conv2dConfig, conv2d_nchw4c, _reference, random_inputs,
                     fallback, space_vars, VARIABLES, features=features, model_knobs=MODEL_KNOBS,
                     workload_args=WORKLOAD_ARGS, graph_ops=("conv2d",), lower=lower,

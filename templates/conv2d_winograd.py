@@ -412,9 +412,10 @@ def lowers(workload_class):
         data, w_name = ctx.shape(node.inputs[0]), node.inputs[1]
         w_shape, groups = ctx.shape(w_name), a.get("groups", 1)
         if (not computes(w_shape, a["stride"], a["dilation"], groups) or is_depthwise(data, w_shape, groups)
-                or not ctx.is_param(w_name) or any(k in a for k in ("in_scale", "in_view", "in_norm", "in_add"))):
-            # a gated input, a slice read in place (passes_attention), a LayerNorm computed on the input
-            # (passes_layer_norm): the direct conv2d only
+                or not ctx.is_param(w_name) or any(k in a for k in ("in_scale", "in_view", "in_norm", "in_add",
+                                                                    "in_group_norm", "out_norm"))):
+            # a gated input, a slice read in place (passes_attention), a LayerNorm computed on the input or a
+            # GroupNorm applied as read or in the epilogue (passes_layer_norm): the direct conv2d only
             return None
         fields, inputs = node_epilogue(ctx, node)
         wl = workload_class(data=data, kernel=w_shape, padding=tuple(a["padding"]), residual="Res" in inputs,

@@ -336,3 +336,70 @@ def test_input_norm_with_a_per_channel_prelu(device, rng):
     want = np.where(z > 0, z, z * slope.reshape(1, -1, 1, 1))
     assert (z < 0).any() and np.abs(y - want).max() / np.abs(want).max() < 1e-4
     np.testing.assert_allclose(reference(wl, inputs["X"], inputs["Wt"], inputs["B"]), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("channels,groups,size,knobs,dtype", [
+    (12, 12, (7, 9), dict(tile_ow=4, wg_w=4, tile_oh=2, wg_h=4), "float32"),  # InstanceNorm, a partial last tile
+    (16, 8, (5, 6), dict(tile_ow=2, wg_w=4, tile_oh=1, wg_h=8, split_k=2, tile_oc=2), "float32"),  # 2 a group
+    (16, 2, (6, 6), dict(tile_ow=2, wg_w=4, tile_oh=2, wg_h=4, tile_oc=2), "float32"),  # groups of 2 blocks
+    (8, 1, (3, 5), dict(tile_ow=1, wg_w=8, tile_oh=1, wg_h=4, tile_oc=2, **BUFFERS), "float32"),  # one group
+    (12, 12, (8, 8), dict(tile_ow=2, wg_w=4, tile_oh=2, wg_h=4, compute="half"), "float16")],
+    ids=["instance", "pairs split_k", "blocks", "one group buffers", "float16"])
+def test_output_group_norm_in_the_epilogue(device, rng, channels, groups, size, knobs, dtype):
+    """``out_norm``: the convolution's output (bias included) group-normalized per (image, group) over its channels
+    and pixels in the work-group that holds them, gamma and beta from Na, then the residual and the ReLU -- against
+    NumPy on channels whose mean is far from their deviation (the bias); a work-group short of a plane is outside
+    the space and refused by the template."""
+    import dataclasses
+    from tuner.templates import get_template
+    from tuner.templates.common import group_normed, random_inputs
+    if knobs.get("compute") == "half" and not device.info.fp16:
+        knobs = {k: v for k, v in knobs.items() if k != "compute"}
+    wl = Conv2dWorkload((2, 6, *size), (channels, 6, 3, 3), bias=True, activation="relu", residual=True, padding=1,
+                        out_norm=(groups, 1e-5), dtype=dtype)
+    inputs = random_inputs(wl, rng)
+    inputs["B"] = (inputs["B"].astype(np.float64) * 20).astype(dtype)  # means far from the deviations
+    cfg = Conv2dConfig(**knobs)
+    t = get_template("conv2d")
+    assert not t.space(wl, device).violations(t.config_values(wl, cfg))
+    run = build(conv2d_nchw4c(wl, cfg), device)
+    plain = reference(dataclasses.replace(wl, out_norm=(), residual=False, activation="none"), inputs["X"],
+                      inputs["Wt"], inputs["B"])
+    want = np.maximum(group_normed(plain, inputs["Na"], groups, 1e-5, "none") + inputs["Res"], 0)
+    ref = reference(wl, inputs["X"], inputs["Wt"], inputs["B"], inputs["Res"], norm_affine=inputs["Na"])
+    np.testing.assert_allclose(ref, want, rtol=1e-9, atol=1e-9)
+    tol = 2e-2 if dtype == "float16" else 1e-4
+    assert np.abs(run(**inputs)["Y"] - ref).max() / np.abs(ref).max() < tol
+    assert wl.key()["out_norm"] == [groups, 1e-5] and "out_norm" not in dataclasses.replace(wl, out_norm=()).key()
+    short = dataclasses.replace(cfg, wg_h=1, tile_oh=1)
+    assert t.space(wl, device).violations(t.config_values(wl, short))
+    with pytest.raises(ValueError, match="out_norm"):
+        conv2d_nchw4c(wl, short)
+
+
+def test_output_group_norm_refuses_groups_across_blocks():
+    with pytest.raises(ValueError, match="out_norm groups=4"):
+        Conv2dWorkload((1, 8, 4, 4), (12, 8, 1, 1), out_norm=(4, 1e-5))  # 3 channels a group
+    with pytest.raises(ValueError, match="out_norm groups=1"):
+        Conv2dWorkload((1, 8, 4, 4), (6, 8, 1, 1), out_norm=(1, 1e-5))  # one group of 6: padding lanes
+    with pytest.raises(ValueError, match="prelu"):
+        Conv2dWorkload((1, 8, 4, 4), (8, 8, 1, 1), bias=True, activation="prelu", out_norm=(8, 1e-5))
+
+
+@pytest.mark.parametrize("data,kernel,groups", [((1, 128, 32, 32), (128, 128, 3, 3), 128),
+                                                ((1, 128, 28, 28), (128, 128, 3, 3), 32),
+                                                ((1, 512, 7, 7), (512, 512, 3, 3), 32), ((1, 64, 3, 3), (8, 64, 1, 1), 1),
+                                                ((1, 8, 30, 200), (8, 8, 3, 3), 4)])
+def test_output_group_norm_fallback_is_in_the_space(data, kernel, groups):
+    """The fallback of an ``out_norm`` convolution holds whole planes and groups on a large GPU, a phone's and a
+    CPU's limits: a valid config of the space everywhere."""
+    from conftest import profile
+    from tuner.templates import get_template
+    t = get_template("conv2d")
+    wl = Conv2dWorkload(data, kernel, bias=True, padding=kernel[2] // 2, out_norm=(groups, 1e-5), activation="relu")
+    for info in (profile(), profile(name="phone", compute_units=2, max_work_group_size=256,
+                                    max_work_item_sizes=[256, 256, 256], local_mem_bytes=16384),
+                 profile(name="cpu", type="CPU", image_support=False, half_images=False)):
+        cfg = t.fallback(wl, info)
+        t.space(wl, info).check(t.config_values(wl, cfg))
+        assert cfg.wg_w * cfg.tile_ow >= data[3] and cfg.wg_h * cfg.tile_oh >= data[2]

@@ -556,18 +556,21 @@ def test_norms_are_applied_by_the_convolutions_that_read_them(native, cl_env, sc
         assert _rel(half.run([x])[0], want[0]) < 5e-3
 
 
-@pytest.mark.parametrize("faster", ["applied", "whole"])
-def test_the_plan_applies_norms_as_read_only_where_faster(faster, device, tmp_path):
-    """``fastest_plan`` times the plan with the InstanceNorm whole beside the plans of the graph whose convolutions
-    apply it as they read (``norms_applied_as_read``, step ``norms``: per layer and in each uniform scope), keeps the
-    fastest and names it; the kept plan matches onnxruntime. A model with no such norm has no such step."""
+@pytest.mark.parametrize("faster", ["applied", "in_convs", "whole"])
+def test_the_plan_puts_norms_in_convolutions_only_where_faster(faster, device, tmp_path):
+    """``fastest_plan`` times the plan with the InstanceNorm whole beside the plans of the graphs whose convolutions
+    apply it as they read (``norms_applied_as_read``) or compute it in the epilogue of the one that writes it
+    (``norms_into_convs``) -- step ``norms``, per layer and in each uniform scope -- keeps the fastest and names it;
+    the kept plan matches onnxruntime. A model with no such norm has no such step."""
     import tuner.compile.compiler as C
     b = _Builder(seed=8, opset=21)
     model = b.model(_norm_then_convs_read_normalized(b), "m")
     _, x, want = _compiled(model, "buffer", tmp_path, shift=5.0)
 
     def form(mod):
-        return "applied" if any((n.workload or {}).get("in_group_norm") for n in mod.spec.nodes) else "whole"
+        loads = [n.workload or {} for n in mod.spec.nodes]
+        return "applied" if any(w.get("in_group_norm") for w in loads) else \
+            "in_convs" if any(w.get("out_norm") for w in loads) else "whole"
 
     def whole(mod):  # a device on which the chosen form runs faster
         return [1e-3 if form(mod) == faster else 2e-3]
@@ -575,15 +578,20 @@ def test_the_plan_applies_norms_as_read_only_where_faster(faster, device, tmp_pa
         warnings.simplefilter("ignore")
         mod = C._fastest_plan(str(tmp_path / "m.onnx"), None, device, "float32", None, False, 1, "python", whole)
     step = next(st for st in mod.plan_steps if st.name == "norms")
-    assert 2 <= len(step.times) <= 4 and sum(k.endswith("+norms-as-read") for k in step.times) == len(step.times) - 1
-    assert form(mod) == faster and mod.plan_kept.endswith("+norms-as-read") == (faster == "applied")
+    forms = [k.split("+")[-1] for k in step.times]
+    assert 3 <= len(step.times) <= 7 and "norms-as-read" in forms and "norms-in-convs" in forms
+    assert form(mod) == faster
+    assert mod.plan_kept.endswith({"applied": "+norms-as-read", "in_convs": "+norms-in-convs"}.get(faster, "")) \
+        and ("+norms" in mod.plan_kept) == (faster != "whole")
     assert _rel(mod.run([x])[0], want[0]) < 1e-4
     b = _Builder(seed=8, opset=21)
     onnx.save(b.model(_norm_then_convs_read_normalized(b, "groups8"), "m"), str(tmp_path / "g8.onnx"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         other = C._fastest_plan(str(tmp_path / "g8.onnx"), None, device, "float32", None, False, 1, "python", whole)
-    assert not any(st.name == "norms" for st in other.plan_steps)
+    step = next(st for st in other.plan_steps if st.name == "norms")  # GroupNorm(8) of 16: in its producer only
+    assert any(k.endswith("+norms-in-convs") for k in step.times)
+    assert not any(k.endswith("+norms-as-read") for k in step.times)
 
 
 def test_group_norm_moves_past_a_fold_into_the_projection(tmp_path):
@@ -1022,3 +1030,55 @@ def test_a_batch_norm_after_a_concat_folds_into_the_convolution_after_it(kernel,
     mod = _compile_and_check(model, tmp_path)
     if kernel == 1:
         assert "concat" not in [n.template or n.op for n in mod.spec.nodes]
+
+
+def _norms_after_convs(b, norm: str = "instance", rows: int = 12) -> dict:
+    """The style-transfer net's residual block, conv -> norm -> ReLU -> conv -> norm -> + x, then a 1x1 projection:
+    ``instance`` InstanceNorms of 10 channels (a partial last block), ``groups2`` GroupNorm(2) of 16 (2 blocks a
+    group), ``groups8`` GroupNorm(8) of 16 (2 channels a group), ``groups1`` GroupNorm(1) of 16, at ``rows`` x 10."""
+    c = 10 if norm == "instance" else 16
+    x = b.input("input", (1, c, rows, 10))
+
+    def normed(y, i):
+        affine = [b.const(f"n{i}_s", b.rng.uniform(0.5, 1.5, c)), b.const(f"n{i}_b", b.rng.normal(0, 0.5, c))]
+        if norm == "instance":
+            return b.node("InstanceNormalization", [y, *affine], epsilon=1e-5)
+        return b.node("GroupNormalization", [y, *affine], num_groups=int(norm[6:]), epsilon=1e-5)
+    t = b.node("Relu", [normed(b.conv(x, c, c, 3, bias=True), 0)])
+    z = b.node("Add", [normed(b.conv(t, c, c, 3, bias=True), 1), x])
+    b.conv(z, c, 4, 1, bias=True, output="output")
+    return {"output": [1, 4, rows, 10]}
+
+
+@pytest.mark.parametrize("scope", ["texture", "buffer"])
+@pytest.mark.parametrize("norm", ["instance", "groups2", "groups8", "groups1"])
+def test_norms_are_computed_by_the_convolutions_that_write_them(native, cl_env, scope, norm, tmp_path, monkeypatch):
+    """With ``norms_into_convs`` (the candidate ``fastest_plan`` times), a GroupNorm or InstanceNorm of a
+    convolution's output -- its ReLU, or the residual add after it -- runs in that convolution's epilogue
+    (``out_norm``): no norm kernel is left. Against onnxruntime in each scope, by the Python executor and by
+    tuner-run, on an input of mean far from zero; and in float16 storage. A plane taller than ``NORM_PLANE_MAX``
+    keeps its norm kernels."""
+    import tuner.compile.compiler as C
+    from conftest import building_cpu
+    from tuner.graph.passes_layer_norm import NORM_PLANE_MAX, norms_into_convs
+    plain = C.load_graph
+    monkeypatch.setattr(C, "load_graph", lambda m, shapes=None: norms_into_convs(plain(m, shapes)))
+    b = _Builder(seed=9, opset=21)
+    mod, x, want = _compiled(b.model(_norms_after_convs(b, norm), "m"), scope, tmp_path, shift=5.0)
+    kernels = [n.template or n.op for n in mod.spec.nodes]
+    fused = [n for n in mod.spec.nodes if n.template == "conv2d" and n.workload.get("out_norm")]
+    groups = {"instance": 10, "groups2": 2, "groups8": 8, "groups1": 1}[norm]
+    assert "group_norm" not in kernels and len(fused) == 2, kernels
+    assert [n.workload["out_norm"][0] for n in fused] == [groups, groups]
+    assert [n.workload["activation"] for n in fused] == ["relu", "none"] and fused[1].workload["residual"]
+    assert _rel(mod.run([x])[0], want[0]) < 1e-4
+    assert _rel(_tuner_run(mod, x, building_cpu(), native, cl_env, tmp_path), want[0]) < 1e-4
+    if scope == "buffer":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            half = compile_model(str(tmp_path / "m.onnx"), device=building_cpu(), scope=scope, dtype="float16")
+        assert _rel(half.run([x])[0], want[0]) < 5e-3
+        b = _Builder(seed=9, opset=21)
+        tall, x, want = _compiled(b.model(_norms_after_convs(b, norm, NORM_PLANE_MAX + 1), "m"), scope, tmp_path, 5.0)
+        assert [n.template for n in tall.spec.nodes].count("group_norm") == 2
+        assert _rel(tall.run([x])[0], want[0]) < 1e-4

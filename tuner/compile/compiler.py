@@ -576,9 +576,10 @@ def fastest_plan(model, history, device, dtype: str = "float32", input_shapes: d
     sums (``_refine_squeeze_excite``, step ``squeeze_excite``): on the H200 the fused blocks' fallback kernels
     took as long as the three kernels they replace.
 
-    Where norms could be applied by the convolutions that read them (``norms_applied_as_read``: fewer launches,
-    more work in the readers), the kept plan is timed beside that graph's plans in each scope mode (``_refine_norms``,
-    step ``norms``), and the faster is kept.
+    Where norms could run inside convolutions -- applied by those that read them (``norms_applied_as_read``: fewer
+    launches, more work in the readers) or computed in the epilogue of the one that writes them
+    (``norms_into_convs``: no launch, a work-group a plane) -- the kept plan is timed beside those graphs' plans in
+    each scope mode (``_refine_norms``, step ``norms``), and the faster is kept.
 
     Then the template choice of the kept plan is checked inside the model (``_refine_templates``): the log
     times each kernel alone, with its weights warm in the cache from the previous run, and a Winograd kernel
@@ -653,13 +654,12 @@ def _fastest_plan(model, history, device, dtype, input_shapes, progress, repeats
             current["graph"] = next(g for name, _, g in unfused if name == kept)
         candidates.clear()
         unfused.clear()
-    as_read = _refine_norms(kept, current["graph"], compile_)
-    if as_read:  # the plan with its norms whole, against the norms applied by their readers in each scope mode
-        graph, others = as_read
-        candidates = {kept: mod, **others}
+    others = _refine_norms(kept, current["graph"], compile_)
+    if others:  # the plan with its norms whole, against the norms in their convolutions in each scope mode
+        candidates = {kept: mod, **{name: m for name, (m, _) in others.items()}}
         steps.append(_alternating(whole, candidates, "norms"))
         if steps[-1].kept != kept:
-            kept, mod, current["graph"] = steps[-1].kept, candidates[steps[-1].kept], graph
+            kept, mod, current["graph"] = steps[-1].kept, candidates[steps[-1].kept], others[steps[-1].kept][1]
         candidates.clear()
         others.clear()
     refined = _refine_templates(mod, kept, compile_, repeats)
@@ -766,25 +766,38 @@ def _refine_squeeze_excite(mod: M.Module, mode: str, graph, compile_, repeats: i
     return out
 
 
-def _refine_norms(mode: str, graph, compile_):
-    """``(graph, {plan name: Module})`` to time against the kept plan (compiled with ``--scope mode`` from ``graph``)
-    where ``graph`` has norms its convolutions could apply as they read
-    (``passes_layer_norm.norms_applied_as_read``: one statistics kernel, no apply kernel, no normalized tensor): the
-    graph with the pass applied, planned per layer and in each uniform scope, ``<scope>+norms-as-read`` (one plan
-    of those that are identical) -- the scope step's choice made again for that graph. Each reader normalizes every
-    value it reads, once a window tap: on the H200 the style-transfer net's and a GroupNorm ResNet's 3x3
-    convolutions took more time than the apply kernels saved (5% and 9% slower whole runs). None when no norm
-    qualifies."""
-    from tuner.graph.passes_layer_norm import norms_applied_as_read
-    applied = norms_applied_as_read(graph)
-    if not any(n.attrs.get("in_group_norm") for n in applied.nodes):
-        return None
+def _refine_norms(mode: str, graph, compile_) -> dict:
+    """``{plan name: (Module, graph)}`` to time against the kept plan (compiled with ``--scope mode`` from
+    ``graph``) where ``graph`` has norms that could run inside their convolutions, each graph planned per layer and
+    in each uniform scope (one plan of those that are identical) -- the scope step's choice made again for it:
+
+    - ``<scope>+norms-as-read`` (``passes_layer_norm.norms_applied_as_read``): one statistics kernel a norm, no
+      apply kernel, no normalized tensor; each reader normalizes every value it reads, once a window tap (on the
+      H200 the style-transfer net's and a GroupNorm ResNet's 3x3 convolutions took more time than the apply
+      kernels saved: 5% and 9% slower whole runs);
+    - ``<scope>+norms-in-convs`` (``norms_into_convs``): a norm of a small plane computed in its producing
+      convolution's epilogue, no launch of its own; ``auto+norms-in-convs-as-read``: both, the second where the
+      first does not apply.
+
+    Empty when no norm qualifies."""
+    from tuner.graph.passes_layer_norm import norms_applied_as_read, norms_into_convs
+    graphs = {}
+    as_read = norms_applied_as_read(graph)
+    if any(n.attrs.get("in_group_norm") for n in as_read.nodes):
+        graphs["norms-as-read"] = (as_read, ("auto", "texture", "buffer"))
+    in_convs = norms_into_convs(graph)
+    if in_convs is not graph:
+        graphs["norms-in-convs"] = (in_convs, ("auto", "texture", "buffer"))
+        both = norms_applied_as_read(in_convs)
+        if any(n.attrs.get("in_group_norm") for n in both.nodes):
+            graphs["norms-in-convs-as-read"] = (both, ("auto",))
     others = {}
-    for scope in ("auto", "texture", "buffer"):
-        other = compile_(scope, graph=applied)
-        if not any(_same_plan(other, m) for m in others.values()):
-            others[f"{scope}+norms-as-read"] = other
-    return applied, others
+    for name, (g, scopes) in graphs.items():
+        for scope in scopes:
+            other = compile_(scope, graph=g)
+            if not any(_same_plan(other, m) for m, _ in others.values()):
+                others[f"{scope}+{name}"] = other, g
+    return others
 
 
 def _refine_templates(mod: M.Module, mode: str, compile_, repeats: int) -> list:

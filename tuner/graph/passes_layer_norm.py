@@ -220,6 +220,70 @@ def norms_applied_as_read(graph: Graph) -> Graph:
     return g.validate()
 
 
+NORM_PLANE_MAX = 32  # rows and columns of a norm its producing convolution computes (``norms_into_convs``): a
+# work-group of the conv2d space covers up to 8 x 4 rows, and 32 x 32 pixels at 4 a work-item fit 256 work-items
+
+
+def _norm_producer(g: Graph, node: Node) -> Node | None:
+    """The convolution that writes the norm's input and nothing else fuses, when the norm is its only reader: a
+    plain conv2d of the conv2d template (not depthwise) with its weight and bias params, else None."""
+    x = node.inputs[0]
+    p = g.producer(x)
+    if p is None or p.op != "conv2d" or p.outputs != [x] or x in g.outputs or g.consumers(x) != [node] \
+            or set(p.attrs) - {"stride", "padding", "dilation", "groups", "pad_mode"} or len(p.inputs) > 3 \
+            or any(t not in g.params for t in p.inputs[1:]):
+        return None
+    from tuner.templates.common import is_depthwise  # the graph passes import tuner.templates lazily
+    return None if is_depthwise(g.shapes[p.inputs[0]], g.shapes[p.inputs[1]], p.attrs.get("groups", 1)) else p
+
+
+def norms_into_convs(graph: Graph) -> Graph:
+    """A GroupNorm or InstanceNorm (``group_norm``, with its activation and residual add) of a convolution's output,
+    computed in that convolution's epilogue (``Conv2dWorkload.out_norm``): each work-group holds its groups' whole
+    planes, sums their values and then their squared deviations in local memory, and normalizes them before it
+    stores them -- no launch and no pass over the tensor is left for the norm. The style-transfer net's residual
+    blocks (InstanceNorm at 32 x 32) and a GroupNorm ResNet's late stages (GroupNorm(32) at 28 x 28 and below).
+    Planes up to ``NORM_PLANE_MAX`` rows and columns; groups of one or two channels or of whole blocks of 4; the
+    convolution fusing nothing else, read by nothing else.
+
+    Not in ``passes.PIPELINE``: a work-group a plane gives a convolution fewer work-groups, which a GPU of many
+    compute units may not fill. ``compiler.fastest_plan`` plans the optimized graph with this pass applied beside
+    the one without and keeps the faster (step ``norms``). Runs on a graph the pipeline has optimized."""
+    g = graph.copy()
+    changed = False
+    for node in list(g.nodes):
+        if node.op != "group_norm" or set(node.attrs) - {"groups", "epsilon", "activation", "residual"} \
+                or node.attrs.get("activation") == "prelu":
+            continue
+        x, out = node.inputs[0], node.outputs[0]
+        shape, groups = g.shapes[x], node.attrs.get("groups")
+        if len(shape) != 4 or not groups or shape[1] % groups or max(shape[2:]) > NORM_PLANE_MAX:
+            continue
+        cg = shape[1] // groups
+        if not (cg in (1, 2) or (cg % 4 == 0 and shape[1] % 4 == 0)):
+            continue
+        conv = _norm_producer(g, node)
+        residual = node.attrs.get("residual")
+        own = node.inputs[:len(node.inputs) - (residual is not None)]
+        affine = _affine(g, Node(node.op, node.name, own, node.outputs), shape[1])
+        if conv is None or affine is None:
+            continue
+        param = _add_param(g, f"{node.name}.affine", np.stack(affine).astype(np.float32))
+        act = node.attrs.get("activation", "none")
+        conv.attrs = {**conv.attrs, "out_norm": (groups, float(node.attrs.get("epsilon", 1e-5))),
+                      "out_norm_affine": param, **({"activation": act} if act != "none" else {}),
+                      **({"residual": residual} if residual is not None else {})}
+        conv.inputs = conv.inputs + ([residual] if residual is not None else []) + [param]
+        conv.outputs = [out]
+        g.shapes.pop(x, None)
+        g.nodes.remove(node)
+        changed = True
+    if not changed:
+        return graph
+    _drop_unused_params(g)
+    return g.validate()
+
+
 def _permutes_within_channels(g: Graph, copy: Node) -> bool:
     """Whether the strided copy ``copy`` only moves each channel's elements within that channel of the same image:
     a bijection of the elements that keeps (n, c) (timm's MobileViTv2 folding patches back into an image)."""

@@ -62,7 +62,8 @@ def run_graph_numpy(graph: Graph, inputs: dict, all_tensors: bool = False) -> di
 _BINARY_EPILOGUE = {"activation", "scale", "residual"}  # passes._binary_epilogue, then an activation
 EPILOGUE_ATTRS = {
     "conv2d": {"activation", "residual", "in_scale", "pad_mode", "slope", "in_view", "in_norm", "norm_stats",
-               "patch_view", "row_sums", "in_group_norm", "norm_affine", "in_add", "in_add_at"},
+               "patch_view", "row_sums", "in_group_norm", "norm_affine", "in_add", "in_add_at", "out_norm",
+               "out_norm_affine"},
     "dense": {"activation", "residual"},
     "group_norm": {"activation", "slope", "residual"}, "layer_norm": {"activation"},
     "add": {"activation", "channel_offsets"}, "relu": {"channel_offsets"}, "clip": {"channel_offsets"},
@@ -73,7 +74,8 @@ EPILOGUE_ATTRS = {
     **{op: {"activation", "weight", "softmax_of", "channel_offsets"}
        for op in ("global_avg_pool", "global_max_pool", "reduce_mean", "reduce_max", "reduce_sum", "reduce_l2")},
 }
-FUSED_INPUTS = ("post", "scale", "residual", "slope", "in_scale", "weight", "norm_stats", "norm_affine", "in_add")
+FUSED_INPUTS = ("post", "scale", "residual", "slope", "in_scale", "weight", "norm_stats", "norm_affine", "in_add",
+                "out_norm_affine")
 # appended to a node's inputs, in order
 
 
@@ -118,6 +120,10 @@ def _evaluate(graph: Graph, node: Node, fn, env: dict) -> np.ndarray:
     elif "weight" in extra:  # a reduction's prologue (passes.fuse_reduction_weights): the product it reduces
         ins[0] = ins[0] * extra["weight"]
     out = fn(node, *ins)
+    if a.get("out_norm") and "out_norm" in fused_ok:  # passes_layer_norm.norms_into_convs: a GroupNorm of the
+        # convolution's output (its bias included), then the residual and activation below
+        from tuner.templates.common import group_normed
+        out = group_normed(out, extra["out_norm_affine"], *a["out_norm"], "none")
     if "post" in extra:
         out = OPS[a["post_op"]](node, out, extra["post"])
     if "scale" in extra:
