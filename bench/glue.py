@@ -254,7 +254,9 @@ def cmd_ours(args) -> int:
                      "worst": sorted(((r["median_s"], r["op"], r.get("template") or "") for r in rows
                                       if _category(r) != "compute"), reverse=True)[:3],
                      "non_compute_by_op": _by_op(r for r in rows if _category(r) != "compute"),
-                     "glue_reads_per_item": _glue_reads(mod.spec)}
+                     "glue_reads_per_item": _glue_reads(mod.spec), "plan_kept": getattr(mod, "plan_kept", None),
+                     "plan_steps": {st.name: {k: round(v * 1e3, 4) for k, v in st.times.items()}
+                                    for st in getattr(mod, "plan_steps", None) or ()}}
         try:  # the C runtime's whole-run median (tuner-run --bench): the deployed path, without Python's enqueue
             import tempfile
             import tuner.native as native
@@ -272,7 +274,9 @@ def cmd_ours(args) -> int:
               f"(native {r.get('native_latency_s', float('nan')) * 1e3:.3f}), kernels "
               f"{r['kernel_total_s'] * 1e3:.3f} ms (compute {r['compute_s'] * 1e3:.3f}, reduction "
               f"{r['reduction_s'] * 1e3:.3f}, glue {r['glue_s'] * 1e3:.3f}), {launches} launches for "
-              f"{r['compute_nodes']} compute layers", flush=True)
+              f"{r['compute_nodes']} compute layers, plan {r['plan_kept']}", flush=True)
+        if "norms" in r["plan_steps"]:  # the norms whole, as read, in their convolutions: the plan timer's ms
+            print(f"{name} [{args.tree}] norms step: {r['plan_steps']['norms']}", flush=True)
         path.write_text(json.dumps(out, indent=1))
         del mod
     return 0
