@@ -559,8 +559,9 @@ class Conv2dWorkload:
         if not cg or not (cg in (1, 2) or (cg % 4 == 0 and O % 4 == 0)) or epsilon < 0:
             raise ValueError(f"out_norm groups={groups} of {O} output channels: a divisor of O whose groups are one or "
                              f"two channels, or whole blocks of 4 (then O a multiple of 4); epsilon {epsilon} at least 0")
-        if self.activation == "prelu":
-            raise ValueError("out_norm with activation prelu: the norm's activation takes no parameters here")
+        if self.activation == "prelu" or self.in_norm:
+            raise ValueError("out_norm with activation prelu or in_norm: the norm's activation takes no parameters "
+                             "here, and B holds the biases alone")
         return groups, epsilon
 
     def _checked_group_norm(self) -> tuple:
@@ -1114,7 +1115,7 @@ def reference(wl: Conv2dWorkload, x, w, bias=None, residual=None, scale=None, af
     if getattr(wl, "in_group_norm", ()):
         groups, _, epsilon, act = wl.in_group_norm
         return reference(dataclasses.replace(wl, in_group_norm=()), group_normed(x, affine, groups, epsilon, act), w,
-                         bias, residual, scale)
+                         bias, residual, scale, norm_affine=norm_affine)
     if getattr(wl, "out_norm", ()):  # the convolution with its bias, normalized, then the rest of the epilogue
         plain = dataclasses.replace(wl, out_norm=(), residual=False, activation="none", shuffle_view=(), patch_view=())
         bias = None if bias is None else bias[:wl.kernel[0]]

@@ -464,6 +464,8 @@ def _out_norm_fallback(wl: Conv2dWorkload, v: dict, info, scope: str) -> Conv2dC
     4 pixels, up to 64 columns of up to 8), each work-item the fewest pixels that fit the device's work-group, a
     tile of one group's blocks; then the input channels split over more work-items (``split_k``) up to 512 a
     work-group where the blocks, the device and local memory allow. A ValueError where no tile fits."""
+    if v["norm_blocks"] > 4:
+        raise ValueError(f"out_norm: groups of {v['norm_blocks']} blocks of 4 channels; a tile holds up to 4 (tile_oc)")
     most = min(info.max_work_group_size, 512)
     pick = None
     for tile_oh, tile_ow in sorted(((h, w) for h in (1, 2, 4) for w in (1, 2, 4, 8)), key=lambda t: (t[0] * t[1], t)):

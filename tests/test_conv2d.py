@@ -403,3 +403,13 @@ def test_output_group_norm_fallback_is_in_the_space(data, kernel, groups):
         cfg = t.fallback(wl, info)
         t.space(wl, info).check(t.config_values(wl, cfg))
         assert cfg.wg_w * cfg.tile_ow >= data[3] and cfg.wg_h * cfg.tile_oh >= data[2]
+
+
+def test_output_group_norm_fallback_refuses_groups_wider_than_a_tile():
+    """A group of 8 or more blocks of 4 channels (GroupNorm(1) of 64) fits no tile_oc of the space: the fallback
+    says so (``norms_into_convs`` leaves such norms whole)."""
+    from conftest import profile
+    from tuner.templates import get_template
+    wl = Conv2dWorkload((1, 8, 8, 8), (64, 8, 3, 3), bias=True, padding=1, out_norm=(1, 1e-5))
+    with pytest.raises(ValueError, match="blocks of 4 channels"):
+        get_template("conv2d").fallback(wl, profile())

@@ -1082,3 +1082,51 @@ def test_norms_are_computed_by_the_convolutions_that_write_them(native, cl_env, 
         tall, x, want = _compiled(b.model(_norms_after_convs(b, norm, NORM_PLANE_MAX + 1), "m"), scope, tmp_path, 5.0)
         assert [n.template for n in tall.spec.nodes].count("group_norm") == 2
         assert _rel(tall.run([x])[0], want[0]) < 1e-4
+
+
+def test_norms_into_convs_keeps_the_graph_in_order_and_its_reference_exact(tmp_path):
+    """``norms_into_convs`` on graphs it must get right without a device: a norm whose residual add reads a tensor
+    written after its convolution (the convolution moves to the norm's place); a norm of a plane also applied as
+    read by the next convolution (the reference reads each fused operand in ``FUSED_INPUTS`` order); a GroupNorm(1)
+    of 64 channels (16 blocks: more than a tile holds) left whole. Each graph's NumPy reference equals the
+    unfused graph's."""
+    from tuner.compile.compiler import load_graph
+    from tuner.graph.passes_layer_norm import norms_applied_as_read, norms_into_convs
+    from tuner.graph.reference import run_graph_numpy
+
+    def gn(b, y, c, i, groups):
+        affine = [b.const(f"s{i}", b.rng.uniform(0.5, 1.5, c)), b.const(f"b{i}", b.rng.normal(0, .5, c))]
+        return b.node("GroupNormalization", [y, *affine], num_groups=groups, epsilon=1e-5)
+
+    def late_residual(b):
+        x = b.input("input", (1, 8, 8, 8))
+        y = b.conv(x, 8, 8, 3, bias=True)
+        s = b.node("Sigmoid", [x])  # written after the convolution, added after its norm
+        b.conv(b.node("Add", [gn(b, y, 8, 0, 4), s]), 8, 4, 1, bias=True, output="output")
+        return {"output": [1, 4, 8, 8]}
+
+    def both_ways(b):
+        x = b.input("input", (1, 8, 40, 40))
+        t = b.node("Relu", [gn(b, b.conv(x, 8, 8, 3, bias=True), 8, 0, 8)])
+        u = b.node("Relu", [gn(b, b.conv(t, 8, 8, 3, stride=2, bias=True), 8, 1, 8)])
+        b.conv(u, 8, 4, 1, bias=True, output="output")
+        return {"output": [1, 4, 20, 20]}
+
+    def wide(b):
+        x = b.input("input", (1, 8, 8, 8))
+        b.conv(b.node("Relu", [gn(b, b.conv(x, 8, 64, 3, bias=True), 64, 0, 1)]), 64, 4, 1, output="output")
+        return {"output": [1, 4, 8, 8]}
+    for body, passes, fused in ((late_residual, norms_into_convs, 1),  # the residual fused: checked below
+                                (both_ways, lambda g: norms_applied_as_read(norms_into_convs(g)), 1), (wide, None, 0)):
+        b = _Builder(seed=3, opset=21)
+        onnx.save(b.model(body(b), "m"), str(tmp_path / "m.onnx"))
+        g = load_graph(str(tmp_path / "m.onnx"))
+        out = (passes or norms_into_convs)(g)
+        assert sum(bool(n.attrs.get("out_norm")) for n in out.nodes) == fused, body.__name__
+        if body is late_residual:
+            assert [n.attrs.get("residual") for n in out.nodes if n.attrs.get("out_norm")] == ["sigmoid0"]
+        if body is both_ways:
+            assert any(n.attrs.get("in_group_norm") and n.attrs.get("out_norm") for n in out.nodes)
+        x = {t: np.random.default_rng(0).standard_normal(g.shapes[t]).astype(np.float32) + 2 for t in g.inputs}
+        want, got = run_graph_numpy(g, x)["output"], run_graph_numpy(out, x)["output"]
+        assert _rel(got, want) < 1e-9, body.__name__

@@ -779,7 +779,8 @@ def _refine_norms(mode: str, graph, compile_) -> dict:
       convolution's epilogue, no launch of its own; ``auto+norms-in-convs-as-read``: both, the second where the
       first does not apply.
 
-    Empty when no norm qualifies."""
+    A candidate that cannot be planned on this device (no work-group of it holds a plane) is left out. Empty when no
+    norm qualifies."""
     from tuner.graph.passes_layer_norm import norms_applied_as_read, norms_into_convs
     graphs = {}
     as_read = norms_applied_as_read(graph)
@@ -794,7 +795,10 @@ def _refine_norms(mode: str, graph, compile_) -> dict:
     others = {}
     for name, (g, scopes) in graphs.items():
         for scope in scopes:
-            other = compile_(scope, graph=g)
+            try:
+                other = compile_(scope, graph=g)
+            except (TunerError, ValueError):  # a norm this device's work-groups cannot hold: the candidate goes
+                continue
             if not any(_same_plan(other, m) for m, _ in others.values()):
                 others[f"{scope}+{name}"] = other, g
     return others

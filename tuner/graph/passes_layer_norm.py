@@ -222,6 +222,7 @@ def norms_applied_as_read(graph: Graph) -> Graph:
 
 NORM_PLANE_MAX = 32  # rows and columns of a norm its producing convolution computes (``norms_into_convs``): a
 # work-group of the conv2d space covers up to 8 x 4 rows, and 32 x 32 pixels at 4 a work-item fit 256 work-items
+NORM_TILE_BLOCKS = 4  # blocks of 4 channels a group may span there: a work-item's tile_oc holds them all
 
 
 def _norm_producer(g: Graph, node: Node) -> Node | None:
@@ -243,8 +244,8 @@ def norms_into_convs(graph: Graph) -> Graph:
     planes, sums their values and then their squared deviations in local memory, and normalizes them before it
     stores them -- no launch and no pass over the tensor is left for the norm. The style-transfer net's residual
     blocks (InstanceNorm at 32 x 32) and a GroupNorm ResNet's late stages (GroupNorm(32) at 28 x 28 and below).
-    Planes up to ``NORM_PLANE_MAX`` rows and columns; groups of one or two channels or of whole blocks of 4; the
-    convolution fusing nothing else, read by nothing else.
+    Planes up to ``NORM_PLANE_MAX`` rows and columns; groups of one or two channels or of up to
+    ``NORM_TILE_BLOCKS`` whole blocks of 4; the convolution fusing nothing else, read by nothing else.
 
     Not in ``passes.PIPELINE``: a work-group a plane gives a convolution fewer work-groups, which a GPU of many
     compute units may not fill. ``compiler.fastest_plan`` plans the optimized graph with this pass applied beside
@@ -260,9 +261,12 @@ def norms_into_convs(graph: Graph) -> Graph:
         if len(shape) != 4 or not groups or shape[1] % groups or max(shape[2:]) > NORM_PLANE_MAX:
             continue
         cg = shape[1] // groups
-        if not (cg in (1, 2) or (cg % 4 == 0 and shape[1] % 4 == 0)):
+        if not (cg in (1, 2) or (cg % 4 == 0 and cg <= 4 * NORM_TILE_BLOCKS)):
             continue
         conv = _norm_producer(g, node)
+        blocks, conv_groups = max(1, cg // 4), conv.attrs.get("groups", 1) if conv is not None else 1
+        if conv is not None and conv_groups > 1 and (shape[1] // conv_groups // 4) % blocks:
+            continue  # a tile of output blocks stays in one of the convolution's groups
         residual = node.attrs.get("residual")
         own = node.inputs[:len(node.inputs) - (residual is not None)]
         affine = _affine(g, Node(node.op, node.name, own, node.outputs), shape[1])
@@ -276,7 +280,8 @@ def norms_into_convs(graph: Graph) -> Graph:
         conv.inputs = conv.inputs + ([residual] if residual is not None else []) + [param]
         conv.outputs = [out]
         g.shapes.pop(x, None)
-        g.nodes.remove(node)
+        g.nodes.remove(conv)  # where the norm was: after whatever writes its residual
+        g.nodes[g.nodes.index(node)] = conv
         changed = True
     if not changed:
         return graph

@@ -74,8 +74,8 @@ EPILOGUE_ATTRS = {
     **{op: {"activation", "weight", "softmax_of", "channel_offsets"}
        for op in ("global_avg_pool", "global_max_pool", "reduce_mean", "reduce_max", "reduce_sum", "reduce_l2")},
 }
-FUSED_INPUTS = ("post", "scale", "residual", "slope", "in_scale", "weight", "norm_stats", "norm_affine", "in_add",
-                "out_norm_affine")
+FUSED_INPUTS = ("post", "scale", "residual", "out_norm_affine", "slope", "in_scale", "weight", "norm_stats",
+                "norm_affine", "in_add")
 # appended to a node's inputs, in order
 
 
