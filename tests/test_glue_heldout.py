@@ -1130,3 +1130,21 @@ def test_norms_into_convs_keeps_the_graph_in_order_and_its_reference_exact(tmp_p
         x = {t: np.random.default_rng(0).standard_normal(g.shapes[t]).astype(np.float32) + 2 for t in g.inputs}
         want, got = run_graph_numpy(g, x)["output"], run_graph_numpy(out, x)["output"]
         assert _rel(got, want) < 1e-9, body.__name__
+
+
+def test_a_norms_candidate_the_device_cannot_plan_is_left_out(tmp_path, monkeypatch):
+    """``_refine_norms`` plans each candidate graph in each scope; one whose planning fails (no work-group of the
+    device holds a plane of a norm in its convolution's epilogue: a ValueError from the template) is left out, and
+    the others stay."""
+    import tuner.compile.compiler as C
+    b = _Builder(seed=8, opset=21)
+    onnx.save(b.model(_norm_then_convs_read_normalized(b), "m"), str(tmp_path / "m.onnx"))
+    graph = C.load_graph(str(tmp_path / "m.onnx"))
+
+    def compile_(scope, graph):
+        if any(n.attrs.get("out_norm") for n in graph.nodes):
+            raise ValueError("out_norm: no work-group of this device holds a whole 9x11 output plane")
+        return (scope, tuple(sorted(n.name for n in graph.nodes)))
+    monkeypatch.setattr(C, "_same_plan", lambda a, b: a == b)
+    others = C._refine_norms("buffer", graph, compile_)
+    assert others and all(k.endswith("+norms-as-read") for k in others), list(others)
