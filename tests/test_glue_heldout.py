@@ -1073,11 +1073,12 @@ def test_norms_are_computed_by_the_convolutions_that_write_them(native, cl_env, 
     assert [n.workload["activation"] for n in fused] == ["relu", "none"] and fused[1].workload["residual"]
     assert _rel(mod.run([x])[0], want[0]) < 1e-4
     assert _rel(_tuner_run(mod, x, building_cpu(), native, cl_env, tmp_path), want[0]) < 1e-4
-    if scope == "buffer":
+    if scope == "buffer" and norm in ("instance", "groups1"):  # each check on two of the four, for the suite's time
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             half = compile_model(str(tmp_path / "m.onnx"), device=building_cpu(), scope=scope, dtype="float16")
         assert _rel(half.run([x])[0], want[0]) < 5e-3
+    if scope == "buffer" and norm in ("groups2", "groups8"):
         b = _Builder(seed=9, opset=21)
         tall, x, want = _compiled(b.model(_norms_after_convs(b, norm, NORM_PLANE_MAX + 1), "m"), scope, tmp_path, 5.0)
         assert [n.template for n in tall.spec.nodes].count("group_norm") == 2
