@@ -390,7 +390,7 @@ def fallback(wl: GroupNormWorkload, info) -> ReduceConfig:
     if wl.stats:  # the split is the chunk count; the schedule of one chunk; the partials in a buffer
         one = fallback_config({**v, "E": ceil_div(v["E"], wl.stats)}, info, scope, max_split=1)
         return dataclasses.replace(one, split=wl.stats, output_scope="buffer")
-    return fallback_config(v, info, scope, fill_short=info.type == "GPU")
+    return fallback_config(v, info, scope, norm=True)
 
 
 def describe(wl: GroupNormWorkload) -> str:

@@ -229,18 +229,18 @@ class Schedule:
         return cond
 
 
-def fallback_schedule(units: int, elements: int, info, max_split: int = 64, fill_short: bool = False) -> dict:
+def fallback_schedule(units: int, elements: int, info, max_split: int = 64, norm: bool = False) -> dict:
     """``wg_reduce``, ``units_per_wg`` and ``split`` that are good without tuning, from the device's
     capabilities: on a GPU, about ``GPU_ITEMS_PER_TEXELS`` texels per work-item in work-groups of up to 256
     (TFLite's Adreno size; the TVM Adreno rule gives 25-49 elements a thread), split while the units fill fewer
     than two work-groups per compute unit and a work-item keeps a quarter of that -- only units too long for one
     work-group of the largest size (a squeeze-excite pool of 7x7 to 56x56 is one launch, not two); on a CPU
-    (whose compilers vectorize across work-items and pay for barriers) fewer, longer work-items. ``fill_short``
+    (whose compilers vectorize across work-items and pay for barriers) fewer, longer work-items. ``norm``
     (a norm on a GPU, which reads its unit twice and writes every element): ``norm_schedule``. Never more than
     ``MAX_TEXELS_PER_ITEM`` texels per work-item; never a split above ``max_split``."""
     gpu = info.type == "GPU"
     cap = min(256 if gpu else 64, info.max_work_group_size, info.max_work_item_sizes[0])
-    if fill_short and gpu:
+    if norm and gpu:
         L, T = norm_schedule(elements, info, max_split)
     else:
         per_item = GPU_ITEMS_PER_TEXELS if gpu else 64
@@ -284,9 +284,9 @@ def norm_schedule(elements: int, info, max_split: int = 64) -> tuple:
     return min(L, _pow2_ceil(ceil_div(elements, T))), T
 
 
-def fallback_config(v: dict, info, scope: str, max_split: int = 64, fill_short: bool = False) -> ReduceConfig:
+def fallback_config(v: dict, info, scope: str, max_split: int = 64, norm: bool = False) -> ReduceConfig:
     """A template's fallback: ``fallback_schedule`` of its space variables U and E, every operand in ``scope``."""
-    return ReduceConfig(**fallback_schedule(v["U"], v["E"], info, max_split, fill_short), input_scope=scope,
+    return ReduceConfig(**fallback_schedule(v["U"], v["E"], info, max_split, norm), input_scope=scope,
                         weight_scope=scope, output_scope=scope)
 
 
