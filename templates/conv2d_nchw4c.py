@@ -20,7 +20,7 @@ from tuner.ir.dtype import DType
 from tuner.ir.expr import Broadcast, Cast, ExtractLane, Ramp, as_expr, call, const, max_, min_
 from tuner.ir.gather import gather_pixel
 from tuner.ir.schedule import cache_read
-from tuner.templates.reduction import hsum, sum_partials
+from tuner.templates.reduction import hsum, local_tree, pow2_ceil, sum_partials
 from tuner.templates.common import (EPILOGUE_ARGS, MODEL_KNOBS, PAD_MODE_ARG, WINDOW_ARGS, Arithmetic,
                                     Conv2dWorkload, LocalTile, clamp, Template, WorkloadArg, _log2, declare_operands,
                                     fit_work_group, gpu_fill_target, input_pixel, is_depthwise, node_epilogue, pixel,
@@ -143,38 +143,17 @@ def out_norm_blocks(wl) -> int:
 
 def out_norm_fits(wl, cfg) -> None:
     """A ValueError unless each work-group holds whole groups of ``out_norm``: every output pixel (one work-group
-    along rows and columns), the group's blocks in its tile, no staged input (``local_input``'s local memory)."""
+    along rows and columns), the group's blocks in its tile, in a power of two of work-items (the space's knobs
+    are), no staged input (``local_input``'s local memory)."""
     _, _, OH, OW = wl.out_shape
+    items = cfg.wg_w * cfg.wg_h * cfg.split_k
     if -(-OW // cfg.tile_ow) > cfg.wg_w or -(-OH // cfg.tile_oh) > cfg.wg_h or cfg.tile_oc % out_norm_blocks(wl) \
-            or cfg.local_input:
+            or cfg.local_input or items != pow2_ceil(items):
         raise ValueError(f"out_norm: a work-group must hold its groups' whole {OH}x{OW} planes (wg_w * tile_ow >= "
                          f"{OW}, wg_h * tile_oh >= {OH}) and blocks (tile_oc a multiple of {out_norm_blocks(wl)}), "
-                         f"without local_input; got tile_ow={cfg.tile_ow} wg_w={cfg.wg_w} tile_oh={cfg.tile_oh} "
-                         f"wg_h={cfg.wg_h} tile_oc={cfg.tile_oc} local_input={cfg.local_input}")
-
-
-def _work_group_sums(b, values: list, lid, size: int, name: str) -> list:
-    """Each float4 of ``values`` summed over the ``size`` work-items of the work-group (``lid``: this one's linear
-    id): a binary tree in local memory of the next power of two, the slots past ``size`` zero; every work-item
-    reaches each barrier and reads the sums."""
-    p2 = 1 << (size - 1).bit_length()
-    bufs = [b.allocate(f"{name}{j}", (p2,), "float32x4", "local") for j in range(len(values))]
-    b.barrier()  # every work-item is done reading the previous sums from these slots
-    for buf, v in zip(bufs, values):
-        b.store(buf, lid, v)
-    if p2 > size:
-        with b.if_(lid < p2 - size):
-            for buf in bufs:
-                b.store(buf, lid + size, Broadcast(as_expr(0.0), 4))
-    s = p2 // 2
-    while s >= 1:
-        b.barrier()
-        with b.if_(lid < s):
-            for buf in bufs:
-                b.store(buf, lid, buf[lid] + buf[lid + s])
-        s //= 2
-    b.barrier()
-    return [b.let(f"{name}s{j}", buf[0]) for j, buf in enumerate(bufs)]
+                         f"a power of two of work-items (their sums' tree), without local_input; got "
+                         f"tile_ow={cfg.tile_ow} wg_w={cfg.wg_w} tile_oh={cfg.tile_oh} wg_h={cfg.wg_h} "
+                         f"split_k={cfg.split_k} tile_oc={cfg.tile_oc} local_input={cfg.local_input}")
 
 
 def _per_group(wl, sums: list, k: int, t_oc: int):
@@ -200,7 +179,7 @@ def out_norm_factors(b, wl, acc, B, Na, obb, oh0, ow0, tile, owner, lid, size: i
     the work-group's sums: the convolution's values plus bias, in two passes over the accumulators -- the mean,
     then the sum of squared deviations from it (no cancellation: the values stay in registers) -- each summed per
     lane over the work-item's own pixels (inside the output; a split's owner only), then over the work-group
-    (``_work_group_sums``), then over the lanes and blocks of each group (``_per_group``)."""
+    (``reduction.local_tree``), then over the lanes and blocks of each group (``_per_group``)."""
     (t_oc, t_oh, t_ow), (_, O, OH, OW) = tile, wl.out_shape
     OB = -(-O // 4)
     count = float(O // wl.out_norm[0] * OH * OW)
@@ -226,7 +205,8 @@ def out_norm_factors(b, wl, acc, B, Na, obb, oh0, ow0, tile, owner, lid, size: i
                 v, inside = vals[i]
                 with b.if_(inside):
                     b.store(part, k, part[k] + f(k, v))
-        return _work_group_sums(b, [part[k] for k in range(t_oc)], lid, size, name)
+        sums = local_tree(b, [part[k] for k in range(t_oc)], lambda x, y: x + y, lid, size, name=name)
+        return [b.let(f"{name}s{k}", v) for k, v in enumerate(sums)]
     s = summed(lambda k, v: v, "nsum")
     means = [b.let(f"nmean{k}", _per_group(wl, s, k, t_oc) * (1.0 / count)) for k in range(t_oc)]
     q = summed(lambda k, v: (v - means[k]) * (v - means[k]), "nsq")
@@ -470,7 +450,7 @@ def _out_norm_fallback(wl: Conv2dWorkload, v: dict, info, scope: str) -> Conv2dC
     pick = None
     for tile_oh, tile_ow in sorted(((h, w) for h in (1, 2, 4) for w in (1, 2, 4, 8)), key=lambda t: (t[0] * t[1], t)):
         rows, cols = -(-v["OH"] // tile_oh), -(-v["OW"] // tile_ow)
-        wg_h, wg_w = 1 << (rows - 1).bit_length(), 1 << (cols - 1).bit_length()
+        wg_h, wg_w = pow2_ceil(rows), pow2_ceil(cols)
         if wg_h <= 8 and wg_w <= 64 and wg_h * wg_w <= most and wg_w <= info.max_work_item_sizes[0] \
                 and wg_h <= info.max_work_item_sizes[1] and tile_oh * tile_ow * v["norm_blocks"] <= 32:
             pick = tile_oh, tile_ow, wg_h, wg_w

@@ -74,7 +74,7 @@ def _pow2_floor(n: int) -> int:
     return 1 << (max(1, int(n)).bit_length() - 1)
 
 
-def _pow2_ceil(n: int) -> int:
+def pow2_ceil(n: int) -> int:
     return 1 << (max(1, int(n)) - 1).bit_length()
 
 
@@ -154,6 +154,27 @@ def each_index(b: Builder, n: int, name: str):
             yield i
 
 
+def local_tree(b: Builder, values: list, combine, lid, size: int, groups: int = 1, p=None,
+               name: str = "red") -> list:
+    """Each value (a float4 per work-item) combined over ``size`` work-items (a power of two; ``lid``: this one's
+    index among them) in a binary tree in local memory, one buffer a value, ``groups`` such sets side by side
+    (``p``: this one's set); every work-item reaches each barrier and can read the results."""
+    slot = p * size + lid if groups > 1 else lid
+    base = p * size if groups > 1 else as_expr(0)
+    bufs = [b.allocate(f"{name}{i}", (size * groups,), "float32x4", "local") for i in range(len(values))]
+    for buf, v in zip(bufs, values):
+        b.store(buf, slot, v)
+    s = size // 2
+    while s >= 1:
+        b.barrier()
+        with b.if_(lid < s):
+            for buf in bufs:
+                b.store(buf, slot, combine(buf[slot], buf[slot + s]))
+        s //= 2
+    b.barrier()
+    return [buf[base] for buf in bufs]
+
+
 class Schedule:
     """The launch of one reduction kernel: ``ceil(U / P) * T`` work-groups of ``L x P`` work-items."""
 
@@ -202,24 +223,11 @@ class Schedule:
         return f"{prefix}{getattr(self, 'pass_no', 0)}_"
 
     def tree(self, b: Builder, values: list, combine, lid, p, name: str = "red") -> list:
-        """Each value (a float4 per work-item) combined over the L work-items of its unit: a binary tree in
-        local memory; the result is readable by all of them. With L = 1 the values themselves."""
+        """Each value (a float4 per work-item) combined over the L work-items of its unit (``local_tree``); the
+        result is readable by all of them. With L = 1 the values themselves."""
         if self.L == 1:
             return list(values)
-        slot = p * self.L + lid if self.P > 1 else lid
-        base = p * self.L if self.P > 1 else as_expr(0)
-        bufs = [b.allocate(f"{name}{i}", (self.L * self.P,), "float32x4", "local") for i in range(len(values))]
-        for buf, v in zip(bufs, values):
-            b.store(buf, slot, v)
-        s = self.L // 2
-        while s >= 1:
-            b.barrier()
-            with b.if_(lid < s):
-                for buf in bufs:
-                    b.store(buf, slot, combine(buf[slot], buf[slot + s]))
-            s //= 2
-        b.barrier()
-        return [buf[base] for buf in bufs]
+        return local_tree(b, values, combine, lid, self.L, self.P, p, name)
 
     def is_writer(self, lid):
         """The condition under which a work-item writes its unit's result: the first of the L, of a real unit."""
@@ -281,7 +289,7 @@ def norm_schedule(elements: int, info, max_split: int = 64) -> tuple:
         while T < max_split and (ceil_div(elements, T) > NORM_CHUNK_TEXELS * L
                                  or ceil_div(ceil_div(elements, T), L) > MAX_TEXELS_PER_ITEM):
             T *= 2
-    return min(L, _pow2_ceil(ceil_div(elements, T))), T
+    return min(L, pow2_ceil(ceil_div(elements, T))), T
 
 
 def fallback_config(v: dict, info, scope: str, max_split: int = 64, norm: bool = False) -> ReduceConfig:
