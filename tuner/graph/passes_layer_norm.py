@@ -74,11 +74,13 @@ def _fold(g: Graph, conv: Node, x: str, gamma: np.ndarray, beta: np.ndarray, eps
 
 
 def _affine(g: Graph, node: Node, C: int):
-    """The norm's (gamma, beta) as float64 (C,) arrays, or None where they are not constants of C values."""
-    if any(t not in g.params for t in node.inputs[1:]):
+    """The norm's (gamma, beta) as float64 (C,) arrays, or None where they are not constants of C values (a fused
+    residual, the last input, is not one of them)."""
+    ins = node.inputs[:len(node.inputs) - 1] if node.attrs.get("residual") is not None else node.inputs
+    if any(t not in g.params for t in ins[1:]):
         return None
-    gamma = np.asarray(g.params[node.inputs[1]], np.float64).reshape(-1) if len(node.inputs) > 1 else np.ones(C)
-    beta = np.asarray(g.params[node.inputs[2]], np.float64).reshape(-1) if len(node.inputs) > 2 else np.zeros(C)
+    gamma = np.asarray(g.params[ins[1]], np.float64).reshape(-1) if len(ins) > 1 else np.ones(C)
+    beta = np.asarray(g.params[ins[2]], np.float64).reshape(-1) if len(ins) > 2 else np.zeros(C)
     return (gamma, beta) if gamma.size == C and beta.size == C else None
 
 
@@ -263,15 +265,13 @@ def norms_into_convs(graph: Graph) -> Graph:
         cg = shape[1] // groups
         if not (cg in (1, 2) or (cg % 4 == 0 and cg <= 4 * NORM_TILE_BLOCKS)):
             continue
-        conv = _norm_producer(g, node)
-        blocks, conv_groups = max(1, cg // 4), conv.attrs.get("groups", 1) if conv is not None else 1
-        if conv is not None and conv_groups > 1 and (shape[1] // conv_groups // 4) % blocks:
-            continue  # a tile of output blocks stays in one of the convolution's groups
-        residual = node.attrs.get("residual")
-        own = node.inputs[:len(node.inputs) - (residual is not None)]
-        affine = _affine(g, Node(node.op, node.name, own, node.outputs), shape[1])
+        conv, affine = _norm_producer(g, node), _affine(g, node, shape[1])
         if conv is None or affine is None:
             continue
+        conv_groups = conv.attrs.get("groups", 1)
+        if conv_groups > 1 and (shape[1] // conv_groups // 4) % max(1, cg // 4):
+            continue  # a tile of output blocks stays in one of the convolution's groups
+        residual = node.attrs.get("residual")
         param = _add_param(g, f"{node.name}.affine", np.stack(affine).astype(np.float32))
         act = node.attrs.get("activation", "none")
         conv.attrs = {**conv.attrs, "out_norm": (groups, float(node.attrs.get("epsilon", 1e-5))),
