@@ -61,3 +61,44 @@ def test_two_tuners_started_together_on_an_existing_storage(tmp_path):
     (study,) = optuna.get_all_study_summaries(storage)
     trials = optuna.load_study(study_name=study.study_name, storage=storage).trials
     assert not [t.number for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+
+
+def test_a_journal_lock_dies_with_its_holder(tmp_path):
+    """A worker killed while it appends to a journal storage (``journal:PATH``) held its lock. Optuna's own lock,
+    a symbolic link, outlived it: the others waited 30 s, then two of them could each break it, and the first
+    failed with "did not possess lock" (a full suite under load). The storage's lock goes with its holder: two
+    writers waiting on a killed holder both get it at once and both write."""
+    import signal
+    import time
+
+    import optuna
+
+    url = f"journal:{tmp_path / 'studies.journal'}"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "from tuner.search.storage import open_storage\n"
+        "open_storage(sys.argv[1])._backend._lock.acquire()\n"
+        "print('held', flush=True)\n"
+        "time.sleep(600)\n"), url], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(30)
+    writer = ("import sys\n"
+              "import optuna\n"
+              "from tuner.search.storage import open_storage\n"
+              "optuna.logging.set_verbosity(optuna.logging.ERROR)\n"
+              "study = optuna.create_study(study_name=sys.argv[2], storage=open_storage(sys.argv[1]))\n"
+              "study.add_trial(optuna.trial.create_trial(value=1.0))\n")
+    start = time.monotonic()
+    writers = [subprocess.Popen([sys.executable, "-c", writer, url, f"s{i}"], cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True) for i in range(2)]
+    for w in writers:
+        out, err = w.communicate(timeout=120)
+        assert w.returncode == 0, err[-2000:]
+    assert time.monotonic() - start < 25  # a lock left behind is waited out for 30 s
+    from tuner.search.storage import open_storage
+    storage = open_storage(url)
+    assert sorted(s.study_name for s in optuna.get_all_study_summaries(storage)) == ["s0", "s1"]
+    assert all(len(optuna.load_study(study_name=n, storage=storage).trials) == 1 for n in ("s0", "s1"))

@@ -1,7 +1,8 @@
 """Optuna storages for studies: a relational database by URL (``postgresql://user:pw@host/db``,
 ``sqlite:///file.db``; a fresh SQLite file is created under a file lock, since two processes creating one race
 on its schema), or a journal file (``journal:PATH``, Optuna's embedded default for several processes on one
-machine). Every error names the storage (its password redacted) and what to do."""
+machine, its appends under ``JournalFlock``). Every error names the storage (its password redacted) and what to
+do."""
 from __future__ import annotations
 
 import contextlib
@@ -28,6 +29,32 @@ def journal_path(url: str) -> str | None:
     return url if "://" not in url and url.endswith((".journal", ".log")) else None
 
 
+class JournalFlock:
+    """The journal's append lock (what ``JournalFileBackend`` calls as its ``lock_obj``: acquire, release): an
+    advisory lock (``flock``, through filelock) on ``PATH.flock``.
+
+    Optuna's default lock is a symbolic link that a killed process leaves behind; the others wait out a grace of
+    30 s, and two of them can each "forcibly release" it, the second removing the first one's fresh lock, which
+    then fails with "did not possess lock" (a worker killed mid-append, under load). The kernel drops an advisory
+    lock with its holder's process, so there is nothing to clean up and nothing to break. A stopped holder keeps
+    it: after ``timeout`` seconds the waiter stops with a TunerError naming the file."""
+
+    def __init__(self, path: str, timeout: float = 600):
+        self.path, self.timeout = str(path) + ".flock", timeout
+        self._lock = FileLock(self.path, timeout=timeout)
+
+    def acquire(self) -> bool:
+        try:
+            self._lock.acquire()
+        except Timeout:
+            raise TunerError(f"storage journal: its lock {self.path} has been held by another process for "
+                             f"{self.timeout:g} s; a stopped worker holds it (resume or end it)") from None
+        return True
+
+    def release(self) -> None:
+        self._lock.release()
+
+
 def open_storage(url: str, heartbeat: int | None = 10, grace: int | None = 60):
     """An Optuna storage for ``url``; ``heartbeat`` seconds between a relational storage's trial heartbeats
     (None: no heartbeat, e.g. to export), ``grace`` seconds of silence before a trial counts as stale."""
@@ -45,7 +72,7 @@ def open_storage(url: str, heartbeat: int | None = 10, grace: int | None = 60):
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             with open(path, "ab"):
                 pass
-            return JournalStorage(JournalFileBackend(path))
+            return JournalStorage(JournalFileBackend(path, lock_obj=JournalFlock(path)))
         except OSError as e:
             raise TunerError(f"storage journal:{path} cannot be written ({e.strerror or e})") from None
     if "://" not in url:
