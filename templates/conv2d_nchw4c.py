@@ -20,7 +20,8 @@ from tuner.ir.dtype import DType
 from tuner.ir.expr import Broadcast, Cast, ExtractLane, Ramp, as_expr, call, const, max_, min_
 from tuner.ir.gather import gather_pixel
 from tuner.ir.schedule import cache_read
-from tuner.templates.reduction import hsum, local_tree, pow2_ceil, sum_partials
+from tuner.templates.reduction import (as_float as _as_float, hsum, local_tree, norm_units, pow2_ceil, sum_partials,
+                                       unit_factors, unit_first_block, unit_normed)
 from tuner.templates.common import (EPILOGUE_ARGS, MODEL_KNOBS, PAD_MODE_ARG, WINDOW_ARGS, Arithmetic,
                                     Conv2dWorkload, LocalTile, clamp, Template, WorkloadArg, _log2, declare_operands,
                                     fit_work_group, gpu_fill_target, input_pixel, is_depthwise, node_epilogue, pixel,
@@ -247,43 +248,16 @@ def gated(pixel, Sc, n, cb, arith, ih):
     return pixel * arith.load(Sc[n, Ramp(cb * 4, as_expr(1), 4), gate_row(Sc, ih), 0])
 
 
+def group_norm_factors(b, wl, X, Q, A, n, cb) -> tuple:
+    """``in_group_norm``'s (mean, rstd * gamma, beta) of channel block ``cb`` of image ``n`` (``unit_factors``)."""
+    G, T, epsilon, _ = wl.in_group_norm
+    first = pixel(X, n, unit_first_block(wl.data[1], G, cb), 0, 0)
+    return unit_factors(b, Q, A, first, n, cb, wl.data, G, T, epsilon)
+
+
 def gate_row(Sc, ih):
     """The gate's row for input row ``ih``: ``ih`` for a gate a row (``scale_rows``: S is (N, C, H, 1)), else 0."""
     return ih if Sc.shape[2] > 1 else 0
-
-
-def norm_units(C: int, groups: int) -> int:
-    """``in_group_norm``'s statistics units an image of C channels: its blocks of 4 channels for an InstanceNorm (a
-    lane each channel), else its groups."""
-    return -(-C // 4) if groups == C else groups
-
-
-def group_norm_factors(b, wl, X, Q, A, n, cb) -> tuple:
-    """``in_group_norm``'s (mean, rstd * gamma, beta) of channel block ``cb`` of image ``n``, float4s: its unit's
-    chunk partials in ``Q`` added up (``sum_partials``, as ``image_norm_factors``), K the unit's first pixel -- per lane
-    for an InstanceNorm; else the group's lanes and blocks added up, K its first element."""
-    N, C, H, W = wl.data
-    G, T, epsilon, _ = wl.in_group_norm
-    C4, vec = -(-C // 4), Ramp(as_expr(0), as_expr(1), 4)
-    per_lane, blocks = G == C, C4 // G  # blocks of a group (whole blocks, or one group of them all)
-    unit = n * C4 + cb if per_lane else n * G + cb // blocks
-    acc = sum_partials(b, Q, unit, T, "gt", "gacc")
-    s, q = acc[0], acc[1]
-    count = H * W if per_lane else (C // G) * H * W
-    first = _as_float(pixel(X, n, cb if per_lane else (cb // blocks) * blocks, 0, 0))
-    if not per_lane:  # the group's sums over its lanes, its shift the first lane's
-        s, q, first = Broadcast(hsum(s), 4), Broadcast(hsum(q), 4), Broadcast(ExtractLane(first, 0), 4)
-    m = b.let("gm", s * (1.0 / count))
-    mean = b.let("gmean", first + m)
-    rstd = call("rsqrt", [max_(q * (1.0 / count) - m * m, 0.0) + epsilon], "float32x4")
-    return mean, b.let("gscale", rstd * A[cb, vec]), b.let("gshift", A[C4 + cb, vec])
-
-
-def group_normed(v, cn, activation: str, lane=None):
-    """``in_group_norm`` of a value read (a pixel, or lane ``lane`` of one) in float32:
-    act((v - mean) * rstd * gamma + beta)."""
-    mean, scale, shift = cn if lane is None else (ExtractLane(f, lane) for f in cn)
-    return apply_ir(activation, (_as_float(v) - mean) * scale + shift)
 
 
 def norm_stats(b, X, n, oh0, ow0, tile, bounds, image: bool = False):
@@ -303,10 +277,6 @@ def norm_stats(b, X, n, oh0, ow0, tile, bounds, image: bool = False):
             b.store(st, 3 * p + 1, const(0.0, "float32"))
             b.store(st, 3 * p + 2, const(0.0, "float32"))
     return st
-
-
-def _as_float(v):
-    return Cast(DType("float32", v.dtype.lanes), v) if v.dtype.base == "float16" else v
 
 
 def norm_factors(b, st, C: int, epsilon: float, pixels: int) -> list:
@@ -336,7 +306,7 @@ def conv_step(b, cfg, wl, inputs, Wt, acc, arith, tile, vector_input, n, grp, ob
     the block's ``in_group_norm`` factors (``group_norm_factors``), applied to each value read before its
     padding of zeros (a staged tile holds no such padding: the space)."""
     def normed(v, lane=None):  # a value read, in the compute type
-        return arith.load(v if cn is None else group_normed(v, cn, wl.in_group_norm[3], lane))
+        return arith.load(v if cn is None else unit_normed(v, cn, wl.in_group_norm[3], lane))
     (X, Sc), (C4, CG4, OB, G, H, W) = inputs, sizes
     C = wl.data[1]
     t_oc, t_oh, t_ow = cfg.tile_oc, cfg.tile_oh, cfg.tile_ow

@@ -30,7 +30,9 @@ import numpy as np
 
 from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
-from tuner.ir.expr import ExtractLane, Ramp, as_expr, min_
+from tuner.ir.activations import apply_ir
+from tuner.ir.expr import Broadcast, Cast, ExtractLane, Ramp, as_expr, call, max_, min_
+from tuner.ir.dtype import DType
 
 MAX_TEXELS_PER_ITEM = 1024  # 4096 elements: no work-item of a reduction reads more of one unit
 GPU_ITEMS_PER_TEXELS = 16  # a GPU fallback gives each work-item about this many texels before it splits
@@ -115,6 +117,51 @@ def sum_partials(b, part, u, T: int, name: str = "t", acc: str = "acc"):
         b.store(acc, 0, acc[0] + part[(u * T + t) * 2, vec])
         b.store(acc, 1, acc[1] + part[(u * T + t) * 2 + 1, vec])
     return acc
+
+
+def norm_units(C: int, groups: int) -> int:
+    """A GroupNorm's or InstanceNorm's statistics units an image of C channels, as ``group_norm``'s ``stats`` writes
+    them: its blocks of 4 channels for an InstanceNorm (a lane each channel), else its groups."""
+    return -(-C // 4) if groups == C else groups
+
+
+def unit_first_block(C: int, groups: int, cb):
+    """The channel block whose pixel (0, 0) is the shift K of block ``cb``'s unit's partials (``unit_factors``)."""
+    return cb if groups == C else (cb // (-(-C // 4) // groups)) * (-(-C // 4) // groups)
+
+
+def unit_factors(b, Q, A, first, n, cb, shape, groups: int, chunks: int, epsilon: float) -> tuple:
+    """A GroupNorm's or InstanceNorm's (mean, rstd * gamma, beta) of channel block ``cb`` of image ``n`` of an NCHW
+    ``shape``, float4s, for a kernel that normalizes what it reads: its unit's ``chunks`` chunk partials in ``Q``
+    (``group_norm``'s ``stats``) added up (``sum_partials``), ``first`` the pixel at (0, 0) of ``unit_first_block``
+    (the partials' shift K) -- per lane for an InstanceNorm; else the group's lanes and blocks added up, K its first
+    element. ``A``: (2 * C4, 4) float32, gamma's blocks then beta's."""
+    _, C, H, W = shape
+    C4, vec = -(-C // 4), Ramp(as_expr(0), as_expr(1), 4)
+    per_lane, blocks = groups == C, C4 // groups  # blocks of a group (whole blocks, or one group of them all)
+    unit = n * C4 + cb if per_lane else n * groups + cb // blocks
+    acc = sum_partials(b, Q, unit, chunks, "gt", "gacc")
+    s, q = acc[0], acc[1]
+    count = H * W if per_lane else (C // groups) * H * W
+    first = as_float(first)
+    if not per_lane:  # the group's sums over its lanes, its shift the first lane's
+        s, q, first = Broadcast(hsum(s), 4), Broadcast(hsum(q), 4), Broadcast(ExtractLane(first, 0), 4)
+    m = b.let("gm", s * (1.0 / count))
+    mean = b.let("gmean", first + m)
+    rstd = call("rsqrt", [max_(q * (1.0 / count) - m * m, 0.0) + epsilon], "float32x4")
+    return mean, b.let("gscale", rstd * A[cb, vec]), b.let("gshift", A[C4 + cb, vec])
+
+
+def unit_normed(v, factors, activation: str, lane=None):
+    """A value read (a pixel, or lane ``lane`` of one) normalized by ``unit_factors``, in float32:
+    act((v - mean) * rstd * gamma + beta)."""
+    mean, scale, shift = factors if lane is None else (ExtractLane(f, lane) for f in factors)
+    return apply_ir(activation, (as_float(v) - mean) * scale + shift)
+
+
+def as_float(v):
+    """``v`` in float32 (a half value widened; lanes kept)."""
+    return Cast(DType("float32", v.dtype.lanes), v) if v.dtype.base == "float16" else v
 
 
 def chunk_statistics(x: np.ndarray, chunks: int, groups: int = 1) -> np.ndarray:

@@ -242,6 +242,47 @@ def test_pool_matches_numpy(device, rng, case, scopes, dtype):
     assert rel_error(got, ref) <= TOL[dtype]
 
 
+NORMED_POOLS = [  # shape, groups, chunks, kind, kernel, stride, padding, count_include_pad, activation
+    ((2, 8, 6, 7), 1, 4, "avg", 3, 1, 1, False, "none"),  # PoolFormer's GroupNorm(1) before its pool
+    ((1, 6, 5, 5), 6, 2, "avg", 3, 1, 1, True, "relu"),  # an InstanceNorm, zero padding counted
+    ((2, 16, 5, 6), 2, 1, "max", 3, 2, 1, False, "relu"),  # groups of 8 channels (two blocks), then a max pool
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("scopes", SCOPES[:3])
+@pytest.mark.parametrize("case", NORMED_POOLS, ids=lambda c: f"g{c[1]}-{c[3]}{c[4]}s{c[5]}-{c[8]}")
+def test_pool_reads_its_input_normalized(device, rng, case, scopes, dtype):
+    """``in_norm``: the pool of a GroupNorm's output read from the norm's input, its statistics from the chunk
+    partials of ``group_norm``'s ``stats`` (``reduction.chunk_statistics``) and the affine and activation applied
+    to each value read; with an avg pool, ``post_normed``: PoolFormer's ``x + ls * (pool(n(y)) - n(y))`` from y."""
+    from tuner.templates.common import group_normed
+    from tuner.templates.reduction import chunk_statistics
+    shape, groups, chunks, kind, kernel, stride, padding, include, act = case
+    mixer = kind == "avg"
+    k = pool_kernel(shape, kind, kernel, stride, padding, include, dtype, *scopes, device.info.max_work_group_size,
+                    post=("sub", scopes[0]) if mixer else None, scale=mixer, residual_scope=scopes[0] if mixer else None,
+                    in_norm=(groups, chunks, 1e-5, act), post_normed=mixer)
+    y = (draw(rng, shape, dtype) * 2 + 3).astype(dtype)  # a mean far from zero: the partials' shift matters
+    c4 = -(-shape[1] // 4)
+    affine = np.zeros((2, c4 * 4), np.float32)
+    affine[:, :shape[1]] = rng.standard_normal((2, shape[1]))
+    q = chunk_statistics(y, chunks, groups).astype(np.float32)
+    inputs = {"X": y, "Q": q, "A": affine.reshape(2 * c4, 4)}
+    normed = group_normed(y, affine, groups, 1e-5, act)
+    want = pool_reference(normed, kind, kernel, stride, padding, include)
+    if mixer:
+        s, res = draw(rng, (shape[1],), dtype), draw(rng, shape, dtype)
+        inputs.update(P=y, S=s, R=res)
+        want = (want - normed) * np.asarray(s, np.float64).reshape(1, -1, 1, 1) + res
+    raw = pool_reference(y, kind, kernel, stride, padding, include)  # the pool of the input, not normalized
+    if mixer:
+        raw = (raw - y) * np.asarray(s, np.float64).reshape(1, -1, 1, 1) + res
+    got = run(build(k, device), device, inputs)["Y"]
+    assert rel_error(got, want) <= TOL_NEW[dtype]
+    assert rel_error(got, raw) > 0.1
+
+
 def test_avg_pool_padding_counts_differ(device, rng):
     """count_include_pad changes the border divisors (a kernel ignoring it would pass only one of the two)."""
     shape, x = (1, 4, 5, 5), np.abs(draw(rng, (1, 4, 5, 5), "float32")) + 1

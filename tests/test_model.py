@@ -414,12 +414,15 @@ def test_activation_patterns_fuse_into_the_convolutions():
 def test_poolformer_block_runs_its_glue_as_one_kernel(dev):
     """PoolFormer's block: the token mixer x + ls1 * (pool(y) - y) is one pooling kernel (the sub, the scale and
     the residual fused into it), the MLP's layer scale folds into its second convolution, which takes the
-    residual: GroupNorm, pool, GroupNorm, 1x1 + ReLU, 1x1 + residual."""
+    residual: GroupNorm, pool, GroupNorm, 1x1 + ReLU, 1x1 + residual. The first norm is read normalized by the
+    pool (``passes_layer_norm.norms_read_by_pools``): a statistics kernel is left of it, no normalized tensor."""
     g = from_onnx(TEST_MODELS["poolformer_block"])
     opt = optimize(g)
     assert [n.op for n in opt.nodes] == ["group_norm", "avg_pool", "group_norm", "conv2d", "conv2d"]
     pool = opt.nodes[1]
-    assert (pool.attrs["post_op"], pool.attrs["post"]) == ("sub", opt.nodes[0].outputs[0])
+    assert opt.nodes[0].attrs.get("stats") and pool.attrs["norm_stats"] == opt.nodes[0].outputs[0]
+    assert (pool.attrs["post_op"], pool.attrs["post"], pool.attrs["post_normed"]) == ("sub", "input", True)
+    assert pool.inputs[0] == "input" and pool.attrs["in_group_norm"][0] == 1
     assert "scale" in pool.attrs and pool.attrs["residual"] == "input" and "residual" in opt.nodes[4].attrs
     x = random_inputs(g)
     # the second norm's statistics feed the 1x1 convolution that normalizes as it reads (passes_layer_norm)

@@ -51,7 +51,7 @@ from tuner.graph.passes_se import pool_rows_in_depthwise  # last: a block's pool
 from tuner.graph.passes_attention import slice_activations_into_producers, softmax_into_reductions  # attention
 from tuner.graph.passes_attention import divisions_into_copies, norms_read_in_place  # EdgeNeXt's normalized q, k
 from tuner.graph.passes_layer_norm import (group_norm_into_convs, group_norm_past_permutations,  # norms inside
-                                           layer_norm_into_convs)  # their 1x1 readers
+                                           layer_norm_into_convs, norms_read_by_pools)  # their 1x1 readers, pools
 from tuner.graph.passes_patches import convolutions_write_patches  # noqa: E402 - MobileViT's unfold and fold
 from tuner.graph.passes_reparam import merge_dense_heads, merge_depthwise_branches  # noqa: E402 - linear branches
 from tuner.graph.passes_response_norm import response_norm_as_gate  # noqa: E402 - ConvNeXtV2's GRN as a gate
@@ -836,8 +836,9 @@ def optimize(graph: Graph) -> Graph:
 # tokens then writing the tokens itself), and MobileViTv2's softmaxed query computed in the reduction that
 # weights the keys by it and the ReLU of its values in the qkv convolution's epilogue (``passes_attention``); last, a
 # LayerNorm over channels, then a GroupNorm(1) (its statistics left in a kernel; moved past a copy that permutes
-# each channel first), read only by 1x1 convolutions computed inside them (``passes_layer_norm``; its
-# ``norms_applied_as_read`` is a candidate ``compiler.fastest_plan`` times, not a step here); then MobileViT's
+# each channel first), read only by 1x1 convolutions computed inside them, and a GroupNorm read only by pools
+# normalized as they read it (``passes_layer_norm``; its ``norms_applied_as_read`` for convolutions is a candidate
+# ``compiler.fastest_plan`` times, not a step here); then MobileViT's
 # unfold and fold written by the 1x1 convolutions before them (``passes_patches``); a division by one value a row
 # read by the strided copies after it (EdgeNeXt's normalized queries and keys), and their norms taken off the
 # channels of the projection they are copied from; last, a squeeze-excite block's
@@ -851,5 +852,5 @@ PIPELINE = (model_io_ranks, pointwise_ranks, fuse_group_norm, fuse_patterns, opt
             fold_gathers_into_convs, compose_gathers_into_copies, matmul_views, slices_read_in_place,
             adds_into_depthwise, concats_written_as_tokens, fuse_concat_activations, softmax_into_reductions,
             slice_activations_into_producers, layer_norm_into_convs,
-            group_norm_past_permutations, group_norm_into_convs, convolutions_write_patches, divisions_into_copies,
-            norms_read_in_place, pool_rows_in_depthwise)
+            group_norm_past_permutations, group_norm_into_convs, norms_read_by_pools, convolutions_write_patches,
+            divisions_into_copies, norms_read_in_place, pool_rows_in_depthwise)

@@ -165,17 +165,33 @@ def unit_chunks(shape, groups: int) -> int:
     return t
 
 
+POOLS = ("avg_pool", "max_pool")  # windowed pools (passes.POOLS), which read a norm's output normalized too
+
+
 def _reads_normed(g: Graph, conv: Node, tensor: str) -> bool:
     """Whether ``conv`` can group-normalize ``tensor`` as it reads it (``Conv2dWorkload.in_group_norm``): a
-    convolution of groups 1 that takes it as its only input, no gate, view or other norm on that read."""
+    convolution of groups 1 that takes it as its only input, no gate, view or other norm on that read; or a pool
+    that pools it (``pool_kernel``'s ``in_norm``), and may subtract it after (PoolFormer's ``pool(y) - y``), with
+    no scale or residual of it."""
     a = conv.attrs
+    if conv.op in POOLS:
+        return conv.inputs[0] == tensor and tensor not in (a.get("scale"), a.get("residual")) \
+            and "in_group_norm" not in a and conv.inputs.count(tensor) == 1 + (a.get("post") == tensor)
     w = conv.inputs[1] if len(conv.inputs) > 1 else None
     return conv.op == "conv2d" and conv.inputs[0] == tensor and conv.inputs.count(tensor) == 1 \
         and w in g.params and a.get("groups", 1) == 1 \
         and not any(k in a for k in ("in_scale", "in_view", "in_norm", "in_group_norm"))
 
 
-def norms_applied_as_read(graph: Graph) -> Graph:
+def norms_read_by_pools(graph: Graph) -> Graph:
+    """``norms_applied_as_read`` for the norms whose every reader is a pool (PoolFormer's token mixer
+    ``pool(n(y)) - n(y)``): a pool reads each value once a window tap either way, and normalizing it there costs a
+    multiply-add against the apply kernel's launch and its pass over the tensor, so it is a pipeline step, not a
+    candidate."""
+    return norms_applied_as_read(graph, pools_only=True)
+
+
+def norms_applied_as_read(graph: Graph, pools_only: bool = False) -> Graph:
     """A GroupNorm or InstanceNorm (``group_norm``) and its activation, read only by convolutions, computed as they
     read (the style-transfer net's conv -> InstanceNorm -> ReLU -> reflection pad -> conv; a diffusion U-Net's or
     GroupNorm ResNet's GroupNorm(32) -> SiLU / ReLU -> 3x3 conv): its affine and activation are per element, so
@@ -203,7 +219,8 @@ def norms_applied_as_read(graph: Graph) -> Graph:
                 or not (groups in (1, shape[1]) or (shape[1] // groups) % 4 == 0):
             continue
         readers = g.consumers(out)
-        if out in g.outputs or not readers or any(not _reads_normed(g, r, out) for r in readers):
+        if out in g.outputs or not readers or any(not _reads_normed(g, r, out) for r in readers) \
+                or (pools_only and any(r.op not in POOLS for r in readers)):
             continue
         affine = _affine(g, node, shape[1])
         if affine is None:
@@ -213,9 +230,11 @@ def norms_applied_as_read(graph: Graph) -> Graph:
         g.shapes[stats] = (shape[0], 8 * _units(shape, groups) // shape[0] * t)
         param = _add_param(g, f"{node.name}.affine", np.stack(affine).astype(np.float32))
         for r in readers:  # the statistics and the affine after every fused operand (reference.FUSED_INPUTS)
-            r.inputs = [x] + r.inputs[1:] + [stats, param]
+            r.inputs = [x if t == out else t for t in r.inputs] + [stats, param]
             r.attrs = {**r.attrs, "in_group_norm": (groups, float(epsilon), node.attrs.get("activation", "none")),
                        "norm_stats": stats, "norm_affine": param}
+            if r.attrs.get("post") == out:  # a pool's second operand, read normalized too
+                r.attrs.update(post=x, post_normed=True)
         g.nodes[g.nodes.index(node)] = Node("group_norm", node.name, [x], [stats],
                                             {"groups": groups, "epsilon": epsilon, "stats": t})
     _drop_unused_params(g)

@@ -68,7 +68,8 @@ EPILOGUE_ATTRS = {
     "group_norm": {"activation", "slope", "residual"}, "layer_norm": {"activation"},
     "add": {"activation", "channel_offsets"}, "relu": {"channel_offsets"}, "clip": {"channel_offsets"},
     "sub": _BINARY_EPILOGUE, "mul": _BINARY_EPILOGUE, "div": _BINARY_EPILOGUE, "prelu": _BINARY_EPILOGUE,
-    "avg_pool": {"post", "post_op", "scale", "residual"}, "max_pool": {"post", "post_op", "scale", "residual"},
+    **{op: {"post", "post_op", "scale", "residual", "in_group_norm", "norm_affine", "norm_stats", "post_normed"}
+       for op in ("avg_pool", "max_pool")},
     "concat": {"activation"}, "se_gate": {"activation"},
     # spatial_reduce's activation (passes.SPATIAL_REDUCTIONS)
     **{op: {"activation", "weight", "softmax_of", "channel_offsets"}
@@ -111,6 +112,8 @@ def _evaluate(graph: Graph, node: Node, fn, env: dict) -> np.ndarray:
         from tuner.templates.common import group_normed  # the template's own reference (tuner.templates imports
         # tuner.graph: not at module level)
         ins[0] = group_normed(ins[0], extra["norm_affine"], *a["in_group_norm"])
+        if a.get("post_normed"):  # a pool's second operand, the same tensor read normalized
+            extra["post"] = group_normed(extra["post"], extra["norm_affine"], *a["in_group_norm"])
     if "weight" in extra and "softmax_of" in a:  # passes_attention: the softmax over the reduced axes (H and W,
         # or W) of a channel of weight
         q = np.asarray(extra["weight"], np.float64)[:, a["softmax_of"]:a["softmax_of"] + 1]

@@ -33,6 +33,7 @@ from tuner.ir.expr import Broadcast, Cast, ExtractLane, Ramp, as_expr, call, max
 from tuner.ir.dtype import float32
 from tuner.ir.gather import make_vector as _vector, pixel_index as _pixel, shifted_pixel, zero_padding_lanes
 from tuner.templates.common import bias_buffer
+from tuner.templates.reduction import norm_units, unit_factors, unit_first_block, unit_normed
 
 DTYPES = ("float32", "float16")
 SCOPES = ("texture", "buffer")
@@ -290,7 +291,7 @@ def pool_ceil_extra(shape, kernel, stride=1, padding=0, ceil_mode: bool = False)
 def pool_kernel(shape, kind: str, kernel, stride=1, padding=0, count_include_pad: bool = False,
                 dtype: str = "float32", in_scope: str = "texture", out_scope: str = "texture",
                 max_work_group: int = 64, ceil_mode: bool = False, post=None, scale: bool = False,
-                residual_scope: str | None = None):
+                residual_scope: str | None = None, in_norm=None, post_normed: bool = False):
     """Max or average pooling of NCHW ``X`` into ``Y`` (ONNX semantics, floor mode), one output pixel per
     work-item and a loop over the window (serial past 3x3, so 7x7 global pools stay small). Pixels in the
     padding are skipped: max ignores them (as -inf); avg divides by the pixels inside the window, or by the
@@ -299,7 +300,12 @@ def pool_kernel(shape, kind: str, kernel, stride=1, padding=0, count_include_pad
     ``ceil_mode``: ONNX's ceil_mode=1 output size; the part of a last window past the padded input counts as
     neither pixel nor padding. The fused epilogue, in order: ``post`` ``(op, scope)``, the pooled value ``op``
     (add, sub, mul, div) ``P``, a tensor of the output's shape; ``scale``, times ``S`` per channel; ``residual_scope``,
-    plus ``R``: PoolFormer's token mixer ``x + ls * (pool(y) - y)`` in one kernel."""
+    plus ``R``: PoolFormer's token mixer ``x + ls * (pool(y) - y)`` in one kernel. ``in_norm`` ``(groups, chunks,
+    epsilon, activation)``: ``X`` is read normalized by a GroupNorm or InstanceNorm and its activation
+    (``passes_layer_norm.norms_applied_as_read``), its statistics ``group_norm``'s chunk partials in ``Q`` and its
+    affine in ``A`` (``reduction.unit_factors``), every value inside the window normalized as it is read (the padding
+    stays out of the window's sum or max); ``post_normed``: ``P`` is read normalized too (PoolFormer's
+    ``pool(n(y)) - n(y)``, both operands of ``y``)."""
     shape = _packed_shape(shape, "pool")
     _check_dtype(dtype)
     if len(shape) != 4:
@@ -320,9 +326,22 @@ def pool_kernel(shape, kind: str, kernel, stride=1, padding=0, count_include_pad
     P = _packed("P", out, dtype, post[1]) if post is not None else None
     Sc = _per_channel("S", C, dtype, in_scope) if scale else None
     Res = _packed("R", out, dtype, residual_scope) if residual_scope else None
+    if post_normed and (in_norm is None or post is None or out != shape):
+        raise ValueError("pool post_normed: P is read normalized as X is (in_norm), a P of X's shape")
+    if in_norm is not None:
+        groups, chunks = int(in_norm[0]), int(in_norm[1])
+        if groups < 1 or C % groups or not (groups in (1, C) or (C // groups) % 4 == 0):
+            raise ValueError(f"pool in_norm groups {groups} of {C} channels: one group, one a channel, or groups "
+                             "of whole blocks of 4 channels")
+        Q = buffer("Q", (N * norm_units(C, groups) * chunks * 2, 4), "float32", "global")
+        A = buffer("A", (2 * (-(-C // 4)), 4), "float32", "global")
     padded = max(pt, pl, pb, pr, *extra) > 0
     b = Builder()
     with _work_items(b, _grid(out), max_work_group) as (n, cb, oh, ow):
+        factors = None
+        if in_norm is not None:
+            first = X[n, Ramp(unit_first_block(C, groups, cb) * 4, as_expr(1), 4), 0, 0]
+            factors = unit_factors(b, Q, A, first, n, cb, shape, groups, chunks, float(in_norm[2]))
         h0, w0 = b.let("h0", oh * sh - pt), b.let("w0", ow * sw - pl)
         acc = b.allocate("acc", (1,), "float32x4", "private")
         b.store(acc, 0, LOWEST if kind == "max" else 0.0)
@@ -331,6 +350,8 @@ def pool_kernel(shape, kind: str, kernel, stride=1, padding=0, count_include_pad
             ih, iw = h0 + r, w0 + s
             with b.if_((ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)) if padded else nullcontext():
                 v = X[n, Ramp(cb * 4, as_expr(1), 4), ih, iw]
+                if factors is not None:
+                    v = unit_normed(v, factors, in_norm[3])
                 b.store(acc, 0, max_(acc[0], v) if kind == "max" else acc[0] + v)
         v = acc[0]
         if kind == "avg" and count_include_pad and max(extra) > 0:  # ceil mode: clip to the padded input
@@ -345,10 +366,11 @@ def pool_kernel(shape, kind: str, kernel, stride=1, padding=0, count_include_pad
             v = v / Cast(float32, rows * cols)
         pix = (n, Ramp(cb * 4, as_expr(1), 4), oh, ow)
         if P is not None:
-            p = P[pix]
+            p = unit_normed(P[pix], factors, in_norm[3]) if post_normed else P[pix]
             v = v + p if post[0] == "add" else v - p if post[0] == "sub" else v * p if post[0] == "mul" else v / p
         b.store(Y, pix, _epilogue(v, pix, Sc, Res))
-    return b.kernel(f"{kind}_pool", [X, *(q for q in (P, Sc, Res) if q is not None), Y])
+    norm = (Q, A) if in_norm is not None else ()
+    return b.kernel(f"{kind}_pool", [X, *(q for q in (P, Sc, Res) if q is not None), *norm, Y])
 
 
 def global_avg_pool_kernel(shape, dtype: str = "float32", in_scope: str = "texture", out_scope: str = "texture",

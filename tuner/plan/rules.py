@@ -286,6 +286,16 @@ def lower_pool(ctx: LowerCtx, node, ins, out, shape):
     if a.get("post") is not None:  # the fused epilogue (passes.fuse_epilogues): a binary op, a scale, a residual
         inputs["P"], attrs["post_op"] = ctx.packed(a["post"]), a["post_op"]
     _fused_epilogue(ctx, node, inputs)
+    if a.get("in_group_norm"):  # passes_layer_norm.norms_read_by_pools: the input read normalized
+        from tuner.templates.reduction import norm_units
+        groups, epsilon, act = a["in_group_norm"]
+        c, stats = ctx.shape(node.inputs[0])[1], a["norm_stats"]
+        attrs["in_norm"] = (int(groups), ctx.shape(stats)[1] // (8 * norm_units(c, groups)), float(epsilon), act)
+        attrs["post_normed"] = bool(a.get("post_normed"))
+        inputs["Q"], inputs["A"] = ctx.packed(stats), f"{node.name}.norm_affine"
+        affine = np.zeros((2, -(-c // 4) * 4), np.float32)
+        affine[:, :c] = np.asarray(ctx.graph.params[a["norm_affine"]], np.float32).reshape(2, -1)
+        ctx.extra[inputs["A"]] = affine.reshape(-1, 4)
     ctx.add(Step(node.name, "pool", inputs, out, attrs))
 
 
@@ -296,7 +306,8 @@ def build_pool(s, plan, max_wg):
     res = plan.tensors[s.inputs["R"]].scope if "R" in s.inputs else None
     return K.pool_kernel(x.shape, a["kind"], a["kernel"], a["stride"], a["padding"], a["count_include_pad"],
                          plan.dtype, x.scope, out.scope, max_wg, ceil_mode=a.get("ceil_mode", False), post=post,
-                         scale="S" in s.inputs, residual_scope=res)
+                         scale="S" in s.inputs, residual_scope=res, in_norm=a.get("in_norm"),
+                         post_normed=a.get("post_normed", False))
 
 
 # -- glue: data movement --------------------------------------------------------------------------------------
