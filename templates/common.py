@@ -330,7 +330,8 @@ def node_epilogue(ctx, node, norm_sums=None) -> tuple:
     (``bias_length``)."""
     g, a = ctx.graph, node.attrs
     bias = next((t for t in node.inputs[2:] if t in g.params
-                 and t not in (a.get("slope"), a.get("norm_affine"), a.get("out_norm_affine"))), None)
+                 and t not in (a.get("slope"), a.get("norm_affine"), a.get("out_norm_affine"),
+                               a.get("residual_scale"))), None)
     fields = dict(dtype=ctx.dtype, bias=bias is not None, activation=a.get("activation", "none"))
     inputs = {}
     tails = ([g.params[a["slope"]]] if a.get("activation") == "prelu" else []) + \
@@ -386,6 +387,9 @@ class Conv2dWorkload:
     bias: bool = False
     activation: str = "none"
     residual: bool = False
+    residual_scale: bool = False  # with residual: the residual times a per-channel constant ``Rs`` (float32, (OB, 4))
+    # as it is added -- PoolFormerV2's ``res_scale``, ``x * r + ls * mlp(x)`` (``passes._scaled_residual``); in the
+    # key only when set
     in_scale: bool = False  # the input read times a per-(n, channel) gate S (N, C, 1, 1): squeeze-excite's x * s
     scale_rows: bool = False  # with in_scale: S is (N, C, H, 1), a gate a channel and input row (timm's MobileViTv2:
     # relu(values) times the context over the patches, one a patch position); in the key only when set
@@ -491,6 +495,8 @@ class Conv2dWorkload:
             set_("in_group_norm", self._checked_group_norm())
         if self.out_norm:
             set_("out_norm", self._checked_out_norm())
+        if self.residual_scale and not self.residual:
+            raise ValueError("residual_scale scales the residual Res as it is added: it needs residual")
         if self.scale_rows and not self.in_scale:
             raise ValueError("scale_rows: the gate S is one a channel and input row -- it needs in_scale")
         if self.plain_input and self.in_scale:
@@ -542,7 +548,7 @@ class Conv2dWorkload:
         convolution stay as they were before the fields existed."""
         return {"op": "conv2d", **{k: in_read_text(v) if k == "in_read" else _listed(v) for k, v in asdict(self).items()
                                    if (k not in ("in_scale", "in_read", "scale_rows", "in_norm", "norm_partials",
-                                                 "in_group_norm", "out_norm") or v)
+                                                 "in_group_norm", "out_norm", "residual_scale") or v)
                                    and (k != "pad_mode" or v != "zeros")
                                    and k not in ("out_view", "side_copy", "shuffle_view", "patch_view", "plain_input",
                                                  "plain_output")}}
@@ -984,14 +990,15 @@ def split_sums(b, acc, n: int, sk: int, tk, items: int, lid, dtype: str):
 
 
 def store_tile(b, acc, Y, n, obb, oh0, ow0, tile, bounds, wl, B=None, Res=None, owner=None, norm=None, rows=None,
-               out_norm=None):
+               out_norm=None, Rs=None):
     """The fused epilogue (bias, residual add, then ReLU/ReLU6: ResNet's ``relu(conv + bn + identity)``) and a
     guarded store of every tile pixel; ``owner(i)``, if given, is the condition under which this work-item
     stores tile entry ``i`` (a split reduction's sums, see ``split_sums``). A workload's ``out_view`` shifts the
     stores by its channel offset; its ``shuffle_view`` moves each pixel to its place in the interleave
     (``shuffle_store``). ``rows`` (a private float4 array, t_oc x t_oh): each stored pixel is added to its
     row's entry too (``row_sums``). ``out_norm``: per tile block, the ``(mean, scale, shift)`` float4s of the norm
-    applied after the bias (``conv2d_nchw4c.out_norm_factors``)."""
+    applied after the bias (``conv2d_nchw4c.out_norm_factors``). ``Rs``: the residual's per-channel scale
+    (``residual_scale``), float32 (OB, 4)."""
     (t_oc, t_oh, t_ow), (OB, OH, OW) = tile, bounds
     shift = wl.out_view[0] if getattr(wl, "out_view", ()) else 0
     shuffle, patches = getattr(wl, "shuffle_view", ()), getattr(wl, "patch_view", ())
@@ -1017,7 +1024,11 @@ def store_tile(b, acc, Y, n, obb, oh0, ow0, tile, bounds, wl, B=None, Res=None, 
                     if out_norm is not None:
                         mean, scale, shift_ = out_norm[k]
                         v = (v - mean) * scale + shift_
-                    if Res is not None:
+                    if Res is not None and Rs is not None:
+                        r = Res[n, lanes, oh, ow]
+                        r = Cast(DType("float32", 4), r) if r.dtype.base == "float16" else r
+                        v = v + r * Rs[ob, Ramp(as_expr(0), as_expr(1), 4)]
+                    elif Res is not None:
                         v = v + Res[n, lanes, oh, ow]
                     if wl.activation == "prelu":  # the slopes after the padded biases (bias_length)
                         if B is None:
@@ -1108,10 +1119,16 @@ def group_normed(x, affine, groups: int, epsilon: float, activation: str) -> np.
 
 
 def reference(wl: Conv2dWorkload, x, w, bias=None, residual=None, scale=None, affine=None,
-              norm_affine=None) -> np.ndarray:
+              norm_affine=None, residual_scale=None) -> np.ndarray:
     """NumPy conv2d in float64 (the check for every tuned config); ``scale`` (N, C, 1, 1): the input's gate;
-    ``affine``: ``in_group_norm``'s gamma and beta; ``norm_affine``: ``out_norm``'s; a ``shuffle_view`` gives the
-    interleave it writes (``out_view`` is not applied: the layer's own channels)."""
+    ``affine``: ``in_group_norm``'s gamma and beta; ``norm_affine``: ``out_norm``'s; ``residual_scale``: ``Rs``, the
+    residual's per-channel scale; a ``shuffle_view`` gives the interleave it writes (``out_view`` is not applied:
+    the layer's own channels)."""
+    if getattr(wl, "residual_scale", False):
+        o = wl.kernel[0]
+        residual = np.asarray(residual, np.float64) * np.asarray(residual_scale, np.float64).reshape(-1)[:o].reshape(
+            1, o, 1, 1)
+        wl = dataclasses.replace(wl, residual_scale=False)
     if getattr(wl, "in_group_norm", ()):
         groups, _, epsilon, act = wl.in_group_norm
         return reference(dataclasses.replace(wl, in_group_norm=()), group_normed(x, affine, groups, epsilon, act), w,
@@ -1177,6 +1194,8 @@ def random_inputs(wl, rng) -> dict:
                                       ).astype(np.float32)
     if wl.residual:
         inputs["Res"] = draw(wl.out_shape)
+    if getattr(wl, "residual_scale", False):  # about 1, as a trained res_scale
+        inputs["Rs"] = (1.0 + 0.5 * rng.standard_normal((-(-wl.kernel[0] // 4), 4))).astype(np.float32)
     if getattr(wl, "in_add", ()):  # the depthwise input's addend, of its own channel count
         inputs["A"] = draw((wl.data[0], wl.in_add[0], *wl.data[2:]))
     if getattr(wl, "in_scale", False):

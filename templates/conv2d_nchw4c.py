@@ -72,7 +72,8 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
     Q, A = (buffer("Q", (N * norm_units(C, wl.in_group_norm[0]) * wl.in_group_norm[1] * 2, 4), "float32", "global"),
             buffer("A", (2 * C4, 4), "float32", "global")) if wl.in_group_norm else (None, None)
     Na = buffer("Na", (2 * OB, 4), "float32", "global") if wl.out_norm else None
-    operands = (*params_of(X), Sc, Wt, B, Res, Y, Xs, P, Q, A, Na)
+    Rs = buffer("Rs", (OB, 4), "float32", "global") if wl.residual_scale else None
+    operands = (*params_of(X), Sc, Wt, B, Res, Y, Xs, P, Q, A, Na, Rs)
     if wl.in_read and cfg.cache_input:
         raise ValueError("cache_input copies one input buffer; an input read in parts (in_read) has several")
 
@@ -128,7 +129,7 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
         normed = out_norm_factors(b, wl, acc, B, Na, obb, oh0, ow0, (t_oc, t_oh, t_ow), owner,
                                   (tk * cfg.wg_h + th) * cfg.wg_w + tw, cfg.wg_w * cfg.wg_h * sk) if Na else None
         store_tile(b, acc, Y, n, obb, oh0, ow0, (t_oc, t_oh, t_ow), (OB, OH, OW), wl, B, Res, owner, norm,
-                   out_norm=normed)
+                   out_norm=normed, Rs=Rs)
         if Xs is not None:
             side_copy(b, wl, Xs, Y, n, obb, n_ob, oh0, ow0, (t_oh, t_ow), tk if sk > 1 else None)
     kernel = b.kernel("conv2d_nchw4c", [p for p in operands if p is not None])
@@ -447,7 +448,7 @@ def _out_norm_fallback(wl: Conv2dWorkload, v: dict, info, scope: str) -> Conv2dC
 
 def _reference(wl: Conv2dWorkload, inputs: dict) -> np.ndarray:
     return reference(wl, read_parts_numpy(wl, inputs), inputs["Wt"], inputs.get("B"), inputs.get("Res"),
-                     inputs.get("S"), inputs.get("A"), inputs.get("Na"))
+                     inputs.get("S"), inputs.get("A"), inputs.get("Na"), inputs.get("Rs"))
 
 
 def features(v: dict, k: dict) -> dict:
@@ -498,6 +499,13 @@ def lower(ctx, node, ins):
         affine[:, :w_shape[0]] = np.asarray(ctx.graph.params[node.attrs["out_norm_affine"]], np.float32).reshape(2, -1)
         inputs["Na"] = f"{node.name}.out_norm_affine"
         extra[inputs["Na"]] = affine.reshape(2 * ob, 4)
+    if node.attrs.get("residual_scale"):  # passes._scaled_residual: the residual times a per-channel constant
+        fields["residual_scale"] = True
+        ob = -(-w_shape[0] // 4)
+        rs = np.zeros(ob * 4, np.float32)
+        rs[:w_shape[0]] = np.asarray(ctx.graph.params[node.attrs["residual_scale"]], np.float32).reshape(-1)
+        inputs["Rs"] = f"{node.name}.residual_scale"
+        extra[inputs["Rs"]] = rs.reshape(ob, 4)
     if normed:
         fields["in_norm"] = float(node.attrs["in_norm"])
         if node.attrs.get("norm_stats") is not None:  # GroupNorm(1): its statistics' chunk partials (N, 8 * chunks)

@@ -413,3 +413,30 @@ def test_output_group_norm_fallback_refuses_groups_wider_than_a_tile():
     wl = Conv2dWorkload((1, 8, 8, 8), (64, 8, 3, 3), bias=True, padding=1, out_norm=(1, 1e-5))
     with pytest.raises(ValueError, match="blocks of 4 channels"):
         get_template("conv2d").fallback(wl, profile())
+
+
+@pytest.mark.parametrize("dtype,bias,knobs", [
+    ("float32", True, dict(tile_oc=2, tile_oh=2, wg_w=4, wg_h=4)),
+    ("float32", False, dict(tile_ow=2, wg_w=4, wg_h=2, split_k=2, **BUFFERS)),
+    ("float16", True, dict(tile_oc=1, tile_ow=2, wg_w=4, wg_h=4))], ids=["textures", "no bias split_k", "float16"])
+def test_residual_scaled_per_channel(device, rng, dtype, bias, knobs):
+    """``residual_scale``: the residual times a per-channel constant (``Rs``) as it is added -- PoolFormerV2's
+    ``x * r + ls * mlp(x)`` -- then the ReLU, against NumPy; the field is in the key only when set, and needs a
+    residual."""
+    import dataclasses
+    from tuner.templates.common import random_inputs
+    wl = Conv2dWorkload((1, 8, 6, 7), (10, 8, 1, 1), bias=bias, activation="relu", residual=True,
+                        residual_scale=True, dtype=dtype)
+    inputs = random_inputs(wl, rng)
+    got = build(conv2d_nchw4c(wl, Conv2dConfig(**knobs)), device)(**inputs)["Y"]
+    plain = dataclasses.replace(wl, residual=False, residual_scale=False, activation="none")
+    y = reference(plain, inputs["X"], inputs["Wt"], inputs.get("B"))
+    want = np.maximum(y + inputs["Res"] * inputs["Rs"].reshape(-1)[:10].reshape(1, 10, 1, 1), 0)
+    tol = 2e-2 if dtype == "float16" else 1e-5
+    assert np.abs(got - want).max() / np.abs(want).max() < tol
+    unscaled = np.maximum(y + inputs["Res"], 0)
+    assert np.abs(got - unscaled).max() / np.abs(want).max() > 0.05
+    assert wl.key()["residual_scale"] is True and "residual_scale" not in dataclasses.replace(
+        wl, residual_scale=False).key()
+    with pytest.raises(ValueError, match="residual_scale"):
+        dataclasses.replace(wl, residual=False)

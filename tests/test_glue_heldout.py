@@ -1149,3 +1149,47 @@ def test_a_norms_candidate_the_device_cannot_plan_is_left_out(tmp_path, monkeypa
     monkeypatch.setattr(C, "_same_plan", lambda a, b: a == b)
     others = C._refine_norms("buffer", graph, compile_)
     assert others and all(k.endswith("+norms-as-read") for k in others), list(others)
+
+
+def _poolformerv2_block(b: _Builder) -> dict:
+    """PoolFormerV2's block as timm exports it in its last stages: GroupNorm(1) as InstanceNormalization of one
+    group times its affine, ``res_scale1(x) + ls1 * (pool(y) - y)``, then ``res_scale2(x) + ls2 * mlp(n2(x))``,
+    each res_scale a per-channel Mul of the block's input."""
+    r, c = b.rng, 8
+    x = b.input("input", (1, c, 7, 6))
+
+    def gn(t):
+        flat = b.node("Reshape", [t, b.const("shape1", np.array([1, 1, -1], np.int64))])
+        n = b.node("InstanceNormalization", [flat, b.const("one", np.ones(1, np.float32)),
+                                             b.const("zero", np.zeros(1, np.float32))], epsilon=1e-5)
+        n = b.node("Reshape", [n, b.const("shape4", np.array([1, c, 7, 6], np.int64))])
+        return b.node("Add", [b.node("Mul", [n, b.const("g", r.normal(1, 0.2, (c, 1, 1)))]),
+                              b.const("be", r.normal(0, 0.2, (c, 1, 1)))])
+
+    scale = lambda name: b.const(name, r.uniform(0.5, 1.5, (c, 1, 1)))  # noqa: E731
+    y = gn(x)
+    p = b.node("AveragePool", [y], kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1], count_include_pad=0)
+    x = b.node("Add", [b.node("Mul", [x, scale("rs1")]), b.node("Mul", [b.node("Sub", [p, y]), scale("ls1")])])
+    h = b.node("Relu", [b.conv(gn(x), c, 4 * c, 1, bias=True)])
+    mlp = b.node("Mul", [b.conv(h, 4 * c, c, 1, bias=True), scale("ls2")])
+    b.node("Add", [b.node("Mul", [x, scale("rs2")]), mlp], output="output")
+    return {"output": [1, c, 7, 6]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scope", ["texture", "buffer"])
+def test_residual_scales_run_in_the_kernels_that_add_them(native, cl_env, scope, tmp_path):
+    """PoolFormerV2's res_scale: each residual times a per-channel constant is read unscaled and scaled where it
+    is added -- in the pool's epilogue (the token mixer, which also reads its GroupNorm normalized) and in the
+    second 1x1 convolution's (``Conv2dWorkload.residual_scale``) -- so no Mul kernel is left: a statistics kernel,
+    the pool, a statistics kernel and the two convolutions (before: two Mul kernels more), against onnxruntime in
+    the Python executor and tuner-run."""
+    from conftest import building_cpu
+    b = _Builder(seed=8, opset=17)
+    mod, x, want = _compiled(b.model(_poolformerv2_block(b), "m"), scope, tmp_path, shift=2.0)
+    kernels = [c.kernel for n in mod.spec.nodes for c in n.calls]
+    assert kernels[1:-1] == ["group_norm_stats", "avg_pool", "group_norm_stats", "conv2d_nchw4c", "conv2d_nchw4c"], \
+        kernels  # between the model input's and output's relayouts
+    assert mod.spec.nodes[-2].workload.get("residual_scale") is True
+    assert _rel(mod.run([x])[0], want[0]) < 1e-4
+    assert _rel(_tuner_run(mod, x, building_cpu(), native, cl_env, tmp_path), want[0]) < 1e-4

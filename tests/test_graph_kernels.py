@@ -255,14 +255,15 @@ NORMED_POOLS = [  # shape, groups, chunks, kind, kernel, stride, padding, count_
 def test_pool_reads_its_input_normalized(device, rng, case, scopes, dtype):
     """``in_norm``: the pool of a GroupNorm's output read from the norm's input, its statistics from the chunk
     partials of ``group_norm``'s ``stats`` (``reduction.chunk_statistics``) and the affine and activation applied
-    to each value read; with an avg pool, ``post_normed``: PoolFormer's ``x + ls * (pool(n(y)) - n(y))`` from y."""
+    to each value read; with an avg pool, ``post_normed`` and ``residual_scale``: PoolFormerV2's
+    ``x * r + ls * (pool(n(y)) - n(y))`` from y."""
     from tuner.templates.common import group_normed
     from tuner.templates.reduction import chunk_statistics
     shape, groups, chunks, kind, kernel, stride, padding, include, act = case
     mixer = kind == "avg"
     k = pool_kernel(shape, kind, kernel, stride, padding, include, dtype, *scopes, device.info.max_work_group_size,
                     post=("sub", scopes[0]) if mixer else None, scale=mixer, residual_scope=scopes[0] if mixer else None,
-                    in_norm=(groups, chunks, 1e-5, act), post_normed=mixer)
+                    in_norm=(groups, chunks, 1e-5, act), post_normed=mixer, residual_scale=mixer)
     y = (draw(rng, shape, dtype) * 2 + 3).astype(dtype)  # a mean far from zero: the partials' shift matters
     c4 = -(-shape[1] // 4)
     affine = np.zeros((2, c4 * 4), np.float32)
@@ -272,9 +273,10 @@ def test_pool_reads_its_input_normalized(device, rng, case, scopes, dtype):
     normed = group_normed(y, affine, groups, 1e-5, act)
     want = pool_reference(normed, kind, kernel, stride, padding, include)
     if mixer:
-        s, res = draw(rng, (shape[1],), dtype), draw(rng, shape, dtype)
-        inputs.update(P=y, S=s, R=res)
-        want = (want - normed) * np.asarray(s, np.float64).reshape(1, -1, 1, 1) + res
+        s, res, rs = draw(rng, (shape[1],), dtype), draw(rng, shape, dtype), draw(rng, (shape[1],), dtype)
+        inputs.update(P=y, S=s, R=res, RS=rs)
+        want = (want - normed) * np.asarray(s, np.float64).reshape(1, -1, 1, 1) + res * np.asarray(
+            rs, np.float64).reshape(1, -1, 1, 1)
     raw = pool_reference(y, kind, kernel, stride, padding, include)  # the pool of the input, not normalized
     if mixer:
         raw = (raw - y) * np.asarray(s, np.float64).reshape(1, -1, 1, 1) + res

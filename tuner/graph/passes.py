@@ -353,9 +353,29 @@ def canonical_residuals(graph: Graph) -> Graph:
     return g
 
 
-def _binary_epilogue(g: Graph, node: Node, nxt: Node, out: str, order: dict) -> bool:
+def _scaled_residual(g: Graph, node: Node, other: str, order: dict):
+    """``(x, scale param)`` where the residual ``other`` is ``x`` times a per-channel constant, the multiply's only
+    reader the add being fused and ``x`` ready before ``node`` (PoolFormerV2's ``res_scale``: ``x * r + ls *
+    mixer(x)``), for ``node`` to scale ``x`` as it adds it (``residual_scale``); else None."""
+    p = g.producer(other)
+    if p is None or p.op != "mul" or p.attrs or len(p.inputs) != 2 or other in g.outputs \
+            or len(g.consumers(other)) != 1:
+        return None
+    shape = g.shapes[other]
+    for x, c in (p.inputs, p.inputs[::-1]):
+        scale = _channel_constant(g, c, shape[1], len(shape))
+        if scale is not None and x not in g.params and tuple(g.shapes[x]) == tuple(shape):
+            q = g.producer(x)
+            if q is None or order[q.name] < order[node.name]:
+                return x, _add_param(g, f"{p.name}.residual_scale", scale)
+    return None
+
+
+def _binary_epilogue(g: Graph, node: Node, nxt: Node, out: str, order: dict, scales_residual: bool = False) -> bool:
     """A binary glue op (no activation yet) absorbs a following multiply by a per-channel constant (``scale``, a
-    layer scale), then an add of another activation of its shape (``residual``); True if it took ``nxt``."""
+    layer scale), then an add of another activation of its shape (``residual``); True if it took ``nxt``.
+    ``scales_residual`` (a pool's kernel): a residual that is an activation times a per-channel constant is read
+    unscaled and scaled as it is added (``residual_scale``), its multiply dropped."""
     if nxt.op not in ("mul", "add") or len(nxt.inputs) != 2 or "activation" in node.attrs \
             or "residual" in node.attrs or nxt.inputs.count(out) != 1 \
             or len(g.shapes[out]) not in (2, 4) or node.op == "add" or any(t in g.params for t in node.inputs[:2]):
@@ -370,7 +390,11 @@ def _binary_epilogue(g: Graph, node: Node, nxt: Node, out: str, order: dict) -> 
         return True
     if nxt.op == "add" and other not in g.params and tuple(g.shapes[other]) == tuple(shape):
         p = g.producer(other)
-        if p is not None and order[p.name] > order[node.name]:
+        scaled = _scaled_residual(g, node, other, order) if scales_residual else None
+        if scaled is not None:  # the multiply's input is ready (the multiply itself may come later)
+            other, node.attrs["residual_scale"] = scaled
+            g.nodes = [n for n in g.nodes if n is not p]
+        elif p is not None and order[p.name] > order[node.name]:
             return False  # the other operand is not ready when this op runs
         node.attrs["residual"] = other
         return True
@@ -388,7 +412,7 @@ def _pool_epilogue(g: Graph, node: Node, nxt: Node, out: str, order: dict) -> bo
     following binary op with another activation of its shape (``post``), then ``_binary_epilogue``'s scale and
     residual; True if it took ``nxt``."""
     if "post" in node.attrs:
-        return _binary_epilogue(g, node, nxt, out, order)
+        return _binary_epilogue(g, node, nxt, out, order, scales_residual=True)
     shape = tuple(g.shapes[out])
     if (nxt.op not in ("add", "sub", "mul", "div") or len(nxt.inputs) != 2 or nxt.inputs.count(out) != 1
             or shape != tuple(g.shapes[node.inputs[0]]) or shape[2:] == (1, 1) or "activation" in nxt.attrs):
@@ -564,7 +588,12 @@ def fuse_epilogues(graph: Graph) -> Graph:
                 elif (node.op == "conv2d" and "residual" not in node.attrs and other not in g.params
                       and g.shapes[other] == shape and nxt.inputs.count(out) == 1):
                     p = g.producer(other)
-                    if p is not None and order[p.name] > order[node.name]:
+                    scaled = _scaled_residual(g, node, other, order) if node.op == "conv2d" else None
+                    if scaled is not None:  # the template scales it as it adds it (``residual_scale``); the
+                        # multiply's input is ready (the multiply itself may come later)
+                        other, node.attrs["residual_scale"] = scaled
+                        g.nodes = [n for n in g.nodes if n is not p]
+                    elif p is not None and order[p.name] > order[node.name]:
                         break  # the other operand is not ready when this convolution runs
                     node.attrs["residual"] = other
                 else:
@@ -581,6 +610,8 @@ def fuse_epilogues(graph: Graph) -> Graph:
             node.inputs = node.inputs + [node.attrs["scale"]]
         if "residual" in node.attrs:
             node.inputs = node.inputs + [node.attrs["residual"]]
+        if "residual_scale" in node.attrs:
+            node.inputs = node.inputs + [node.attrs["residual_scale"]]
         if "slope" in node.attrs:
             node.inputs = node.inputs + [node.attrs["slope"]]
     return _drop_unused_params(g).validate()

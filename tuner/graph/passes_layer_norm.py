@@ -58,8 +58,8 @@ def _fold(g: Graph, conv: Node, x: str, gamma: np.ndarray, beta: np.ndarray, eps
     """``conv`` reads ``x`` and normalizes it itself: W' = W diag(gamma), b' = b + W beta; ``stats``: the tensor of
     the image statistics (a GroupNorm(1)'s), appended to its inputs."""
     w = np.asarray(g.params[conv.inputs[1]], np.float64)
-    bias_at = next((i for i, t in enumerate(conv.inputs[2:], 2) if t in g.params and t != conv.attrs.get("slope")),
-                   None)
+    bias_at = next((i for i, t in enumerate(conv.inputs[2:], 2) if t in g.params
+                    and t not in (conv.attrs.get("slope"), conv.attrs.get("residual_scale"))), None)
     b = np.asarray(g.params[conv.inputs[bias_at]], np.float64).reshape(-1) if bias_at is not None \
         else np.zeros(w.shape[0])
     folded_w = _add_param(g, f"{conv.name}.norm_w", w * gamma.reshape(1, -1, 1, 1))

@@ -63,20 +63,21 @@ _BINARY_EPILOGUE = {"activation", "scale", "residual"}  # passes._binary_epilogu
 EPILOGUE_ATTRS = {
     "conv2d": {"activation", "residual", "in_scale", "pad_mode", "slope", "in_view", "in_norm", "norm_stats",
                "patch_view", "row_sums", "in_group_norm", "norm_affine", "in_add", "in_add_at", "out_norm",
-               "out_norm_affine"},
+               "out_norm_affine", "residual_scale"},
     "dense": {"activation", "residual"},
     "group_norm": {"activation", "slope", "residual"}, "layer_norm": {"activation"},
     "add": {"activation", "channel_offsets"}, "relu": {"channel_offsets"}, "clip": {"channel_offsets"},
     "sub": _BINARY_EPILOGUE, "mul": _BINARY_EPILOGUE, "div": _BINARY_EPILOGUE, "prelu": _BINARY_EPILOGUE,
-    **{op: {"post", "post_op", "scale", "residual", "in_group_norm", "norm_affine", "norm_stats", "post_normed"}
+    **{op: {"post", "post_op", "scale", "residual", "residual_scale", "in_group_norm", "norm_affine", "norm_stats",
+            "post_normed"}
        for op in ("avg_pool", "max_pool")},
     "concat": {"activation"}, "se_gate": {"activation"},
     # spatial_reduce's activation (passes.SPATIAL_REDUCTIONS)
     **{op: {"activation", "weight", "softmax_of", "channel_offsets"}
        for op in ("global_avg_pool", "global_max_pool", "reduce_mean", "reduce_max", "reduce_sum", "reduce_l2")},
 }
-FUSED_INPUTS = ("post", "scale", "residual", "out_norm_affine", "slope", "in_scale", "weight", "norm_stats",
-                "norm_affine", "in_add")
+FUSED_INPUTS = ("post", "scale", "residual", "residual_scale", "out_norm_affine", "slope", "in_scale", "weight",
+                "norm_stats", "norm_affine", "in_add")
 # appended to a node's inputs, in order
 
 
@@ -131,7 +132,9 @@ def _evaluate(graph: Graph, node: Node, fn, env: dict) -> np.ndarray:
         out = OPS[a["post_op"]](node, out, extra["post"])
     if "scale" in extra:
         out = out * extra["scale"].reshape((1, -1) + (1,) * (out.ndim - 2))
-    if "residual" in extra:
+    if "residual_scale" in extra:  # passes._scaled_residual: the residual times a per-channel constant
+        out = out + extra["residual"] * extra["residual_scale"].reshape((1, -1) + (1,) * (out.ndim - 2))
+    elif "residual" in extra:
         out = out + extra["residual"]
     if "slope" in extra:  # a per-channel PReLU (activation "prelu")
         out = apply_prelu_numpy(out, extra["slope"].reshape(-1))

@@ -70,11 +70,14 @@ def _per_channel(name: str, channels: int, dtype: str, scope: str):
                                               else ("global", "bias4_buffer")))
 
 
-def _epilogue(v, pix, S=None, R=None):
-    """A fused glue epilogue on the value of output pixel ``pix``: times the per-channel ``S``, plus ``R``."""
+def _epilogue(v, pix, S=None, R=None, RS=None):
+    """A fused glue epilogue on the value of output pixel ``pix``: times the per-channel ``S``, plus ``R`` (times
+    the per-channel ``RS``)."""
     if S is not None:
         v = v * S[pix[1]]
-    return v + R[pix] if R is not None else v
+    if R is None:
+        return v
+    return v + (R[pix] * RS[pix[1]] if RS is not None else R[pix])
 
 
 def _packed(name: str, shape: tuple, dtype: str, scope: str):
@@ -291,7 +294,8 @@ def pool_ceil_extra(shape, kernel, stride=1, padding=0, ceil_mode: bool = False)
 def pool_kernel(shape, kind: str, kernel, stride=1, padding=0, count_include_pad: bool = False,
                 dtype: str = "float32", in_scope: str = "texture", out_scope: str = "texture",
                 max_work_group: int = 64, ceil_mode: bool = False, post=None, scale: bool = False,
-                residual_scope: str | None = None, in_norm=None, post_normed: bool = False):
+                residual_scope: str | None = None, in_norm=None, post_normed: bool = False,
+                residual_scale: bool = False):
     """Max or average pooling of NCHW ``X`` into ``Y`` (ONNX semantics, floor mode), one output pixel per
     work-item and a loop over the window (serial past 3x3, so 7x7 global pools stay small). Pixels in the
     padding are skipped: max ignores them (as -inf); avg divides by the pixels inside the window, or by the
@@ -300,7 +304,8 @@ def pool_kernel(shape, kind: str, kernel, stride=1, padding=0, count_include_pad
     ``ceil_mode``: ONNX's ceil_mode=1 output size; the part of a last window past the padded input counts as
     neither pixel nor padding. The fused epilogue, in order: ``post`` ``(op, scope)``, the pooled value ``op``
     (add, sub, mul, div) ``P``, a tensor of the output's shape; ``scale``, times ``S`` per channel; ``residual_scope``,
-    plus ``R``: PoolFormer's token mixer ``x + ls * (pool(y) - y)`` in one kernel. ``in_norm`` ``(groups, chunks,
+    plus ``R`` (``residual_scale``: times ``RS`` per channel, PoolFormerV2's ``res_scale``): PoolFormer's token
+    mixer ``x + ls * (pool(y) - y)`` in one kernel. ``in_norm`` ``(groups, chunks,
     epsilon, activation)``: ``X`` is read normalized by a GroupNorm or InstanceNorm and its activation
     (``passes_layer_norm.norms_applied_as_read``), its statistics ``group_norm``'s chunk partials in ``Q`` and its
     affine in ``A`` (``reduction.unit_factors``), every value inside the window normalized as it is read (the padding
@@ -326,6 +331,9 @@ def pool_kernel(shape, kind: str, kernel, stride=1, padding=0, count_include_pad
     P = _packed("P", out, dtype, post[1]) if post is not None else None
     Sc = _per_channel("S", C, dtype, in_scope) if scale else None
     Res = _packed("R", out, dtype, residual_scope) if residual_scope else None
+    if residual_scale and Res is None:
+        raise ValueError("pool residual_scale scales the residual R: give residual_scope")
+    RS = _per_channel("RS", C, dtype, in_scope) if residual_scale else None
     if post_normed and (in_norm is None or post is None or out != shape):
         raise ValueError("pool post_normed: P is read normalized as X is (in_norm), a P of X's shape")
     if in_norm is not None:
@@ -368,9 +376,9 @@ def pool_kernel(shape, kind: str, kernel, stride=1, padding=0, count_include_pad
         if P is not None:
             p = unit_normed(P[pix], factors, in_norm[3]) if post_normed else P[pix]
             v = v + p if post[0] == "add" else v - p if post[0] == "sub" else v * p if post[0] == "mul" else v / p
-        b.store(Y, pix, _epilogue(v, pix, Sc, Res))
+        b.store(Y, pix, _epilogue(v, pix, Sc, Res, RS))
     norm = (Q, A) if in_norm is not None else ()
-    return b.kernel(f"{kind}_pool", [X, *(q for q in (P, Sc, Res) if q is not None), *norm, Y])
+    return b.kernel(f"{kind}_pool", [X, *(q for q in (P, Sc, Res, RS) if q is not None), *norm, Y])
 
 
 def global_avg_pool_kernel(shape, dtype: str = "float32", in_scope: str = "texture", out_scope: str = "texture",

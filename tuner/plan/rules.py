@@ -189,6 +189,11 @@ def _fused_epilogue(ctx: LowerCtx, node, inputs: dict) -> None:
         inputs["S"] = name
     if node.attrs.get("residual") is not None:
         inputs["R"] = ctx.packed(node.attrs["residual"])
+    if node.attrs.get("residual_scale") is not None:  # passes._scaled_residual: R times a (C,) param
+        name = f"{node.name}.residual_scale"
+        ctx.extra[name] = np.ascontiguousarray(np.asarray(ctx.graph.params[node.attrs["residual_scale"]],
+                                                          np.float32).reshape(-1))
+        inputs["RS"] = name
 
 
 @lowers("sub", "mul", "div", "prelu")
@@ -306,7 +311,8 @@ def build_pool(s, plan, max_wg):
     res = plan.tensors[s.inputs["R"]].scope if "R" in s.inputs else None
     return K.pool_kernel(x.shape, a["kind"], a["kernel"], a["stride"], a["padding"], a["count_include_pad"],
                          plan.dtype, x.scope, out.scope, max_wg, ceil_mode=a.get("ceil_mode", False), post=post,
-                         scale="S" in s.inputs, residual_scope=res, in_norm=a.get("in_norm"),
+                         scale="S" in s.inputs, residual_scope=res, residual_scale="RS" in s.inputs,
+                         in_norm=a.get("in_norm"),
                          post_normed=a.get("post_normed", False))
 
 
