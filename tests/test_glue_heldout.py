@@ -1193,3 +1193,20 @@ def test_residual_scales_run_in_the_kernels_that_add_them(native, cl_env, scope,
     assert mod.spec.nodes[-2].workload.get("residual_scale") is True
     assert _rel(mod.run([x])[0], want[0]) < 1e-4
     assert _rel(_tuner_run(mod, x, building_cpu(), native, cl_env, tmp_path), want[0]) < 1e-4
+
+
+def test_norms_read_by_pools_leave_no_norms_candidate(tmp_path):
+    """A model whose only norm applied as read is read by pools (the pipeline's ``norms_read_by_pools``) has no
+    ``norms-as-read`` candidate to time: the plan would be the kept one again (before: timed twice, and the second
+    could be kept under the candidate's name)."""
+    import tuner.compile.compiler as C
+    b = _Builder(seed=9, opset=21)
+    x = b.input("input", (1, 8, 6, 6))
+    y = b.node("GroupNormalization", [x, b.const("s", b.rng.normal(1, 0.2, 8)), b.const("b", b.rng.normal(0, 0.2, 8))],
+               num_groups=1, epsilon=1e-5)
+    p = b.node("AveragePool", [y], kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1], count_include_pad=0)
+    b.conv(b.node("Add", [x, b.node("Sub", [p, y])]), 8, 4, 3, bias=True, output="output")
+    onnx.save(b.model({"output": [1, 4, 4, 4]}, "m"), str(tmp_path / "m.onnx"))
+    graph = C.load_graph(str(tmp_path / "m.onnx"))
+    assert any(n.op == "avg_pool" and n.attrs.get("in_group_norm") for n in graph.nodes)
+    assert C._refine_norms("buffer", graph, lambda scope, graph: (scope, graph)) == {}

@@ -783,14 +783,15 @@ def _refine_norms(mode: str, graph, compile_) -> dict:
     norm qualifies."""
     from tuner.graph.passes_layer_norm import norms_applied_as_read, norms_into_convs
     graphs = {}
-    as_read = norms_applied_as_read(graph)
-    if any(n.attrs.get("in_group_norm") for n in as_read.nodes):
+    read = lambda g: sum(bool(n.attrs.get("in_group_norm")) for n in g.nodes)  # noqa: E731 - readers normalizing
+    as_read = norms_applied_as_read(graph)  # (the pools' norms are read so by the pipeline: norms_read_by_pools)
+    if read(as_read) > read(graph):
         graphs["norms-as-read"] = (as_read, ("auto", "texture", "buffer"))
     in_convs = norms_into_convs(graph)
     if in_convs is not graph:
         graphs["norms-in-convs"] = (in_convs, ("auto", "texture", "buffer"))
         both = norms_applied_as_read(in_convs)
-        if any(n.attrs.get("in_group_norm") for n in both.nodes):
+        if read(both) > read(in_convs):
             graphs["norms-in-convs-as-read"] = (both, ("auto",))
     others = {}
     for name, (g, scopes) in graphs.items():
