@@ -277,7 +277,8 @@ def lower(ctx, node, ins):
     if node.op in ("global_avg_pool", "global_max_pool"):
         wl = SpatialReduceWorkload(shape, "mean" if "avg" in node.op else "max", (2, 3), True, dtype=ctx.dtype)
     elif node.op in ("avg_pool", "max_pool"):
-        if tuple(a["kernel"]) != tuple(shape[2:]) or any(a["padding"]) or a.get("ceil_mode", 0):
+        if tuple(a["kernel"]) != tuple(shape[2:]) or any(a["padding"]) or a.get("ceil_mode", 0) \
+                or a.get("in_group_norm"):  # a pool that normalizes what it reads: the pool kernel's
             return None
         wl = SpatialReduceWorkload(shape, "mean" if node.op == "avg_pool" else "max", (2, 3), True, dtype=ctx.dtype)
     else:  # reduce_mean / reduce_max / reduce_sum / reduce_l2

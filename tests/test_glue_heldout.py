@@ -1210,3 +1210,53 @@ def test_norms_read_by_pools_leave_no_norms_candidate(tmp_path):
     graph = C.load_graph(str(tmp_path / "m.onnx"))
     assert any(n.op == "avg_pool" and n.attrs.get("in_group_norm") for n in graph.nodes)
     assert C._refine_norms("buffer", graph, lambda scope, graph: (scope, graph)) == {}
+
+
+def _depthwise_scaled_residual(b: _Builder) -> dict:
+    """A MetaFormer-style block: ``x * r + dw7x7(x)``. The depthwise template scales no residual: the Mul stays."""
+    x = b.input("input", (1, 8, 9, 9))
+    d = b.conv(x, 8, 8, 7, groups=8, bias=True)
+    b.node("Add", [d, b.node("Mul", [x, b.const("r", b.rng.uniform(0.5, 1.5, (8, 1, 1)))])], output="output")
+    return {"output": [1, 8, 9, 9]}
+
+
+def _shared_scaled_residual(b: _Builder) -> dict:
+    """``m = x * r`` added by two convolutions: the first takes it as its residual before the second is seen, so
+    the Mul has two readers and stays (before the mend: deleted, and the first read a tensor nothing wrote)."""
+    x = b.input("input", (1, 8, 6, 6))
+    m = b.node("Mul", [x, b.const("r", b.rng.uniform(0.5, 1.5, (8, 1, 1)))])
+    y = b.node("Add", [b.conv(x, 8, 8, 3, bias=True), m])
+    b.node("Add", [b.conv(y, 8, 8, 3, bias=True), m], output="output")
+    return {"output": [1, 8, 6, 6]}
+
+
+def _pool_post_scaled(b: _Builder) -> dict:
+    """``(avgpool(relu(x)) - m) * ls + m``, ``m = x * r``: the pool's post operand and its residual the same Mul."""
+    x = b.input("input", (1, 8, 6, 6))
+    m = b.node("Mul", [x, b.const("r", b.rng.uniform(0.5, 1.5, (8, 1, 1)))])
+    p = b.node("AveragePool", [b.node("Relu", [x])], kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1],
+               count_include_pad=0)
+    d = b.node("Mul", [b.node("Sub", [p, m]), b.const("ls", b.rng.uniform(0.5, 1.5, (8, 1, 1)))])
+    b.node("Add", [d, m], output="output")
+    return {"output": [1, 8, 6, 6]}
+
+
+def _norm_then_whole_pool(b: _Builder) -> dict:
+    """GroupNorm(2) then an AveragePool whose one window is the whole map: the spatial_reduce template's, which
+    normalizes nothing it reads, so the norm stays whole (before the mend: the pool read the raw input)."""
+    x = b.input("input", (1, 8, 7, 6))
+    y = b.node("GroupNormalization", [x, b.const("s", b.rng.normal(1, 0.2, 8)), b.const("b", b.rng.normal(0, 0.2, 8))],
+               num_groups=2, epsilon=1e-5)
+    b.node("AveragePool", [y], kernel_shape=[7, 6], output="output")
+    return {"output": [1, 8, 1, 1]}
+
+
+@pytest.mark.parametrize("body", [_depthwise_scaled_residual, _shared_scaled_residual, _pool_post_scaled,
+                                  _norm_then_whole_pool], ids=lambda f: f.__name__.strip("_"))
+def test_residual_scales_and_pooled_norms_only_where_the_kernel_takes_them(tmp_path, body):
+    """The cases where a residual's scale or a norm cannot move into its reader, against onnxruntime (a review's
+    reproducers: each compiled wrong or failed before its mend)."""
+    b = _Builder(seed=10, opset=21)
+    mod = _compile_and_check(b.model(body(b), "m"), tmp_path)
+    assert not any(n.workload and n.workload.get("residual_scale") for n in mod.spec.nodes
+                   if n.template == "depthwise_conv2d")

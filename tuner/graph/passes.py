@@ -353,13 +353,25 @@ def canonical_residuals(graph: Graph) -> Graph:
     return g
 
 
-def _scaled_residual(g: Graph, node: Node, other: str, order: dict):
-    """``(x, scale param)`` where the residual ``other`` is ``x`` times a per-channel constant, the multiply's only
-    reader the add being fused and ``x`` ready before ``node`` (PoolFormerV2's ``res_scale``: ``x * r + ls *
-    mixer(x)``), for ``node`` to scale ``x`` as it adds it (``residual_scale``); else None."""
+def _depthwise(g: Graph, conv: Node) -> bool:
+    """Whether the conv2d node ``conv`` is one the depthwise template runs (its own epilogue, no residual scale)."""
+    from tuner.templates.common import is_depthwise  # the graph passes import tuner.templates lazily
+    return is_depthwise(g.shapes[conv.inputs[0]], g.shapes[conv.inputs[1]], conv.attrs.get("groups", 1))
+
+
+FUSED_OPERANDS = ("post", "scale", "residual")  # a node's fused operands, in its attrs only until fuse_epilogues
+# ends (then appended to its inputs)
+
+
+def _scaled_residual(g: Graph, node: Node, nxt: Node, other: str, order: dict):
+    """``(x, scale param)`` where the residual ``other`` that ``nxt`` adds is ``x`` times a per-channel constant,
+    ``nxt`` the multiply's only reader (no other node's inputs or fused operands name it) and ``x`` ready before
+    ``node`` (PoolFormerV2's ``res_scale``: ``x * r + ls * mixer(x)``), for ``node`` to scale ``x`` as it adds it
+    (``residual_scale``); else None."""
     p = g.producer(other)
     if p is None or p.op != "mul" or p.attrs or len(p.inputs) != 2 or other in g.outputs \
-            or len(g.consumers(other)) != 1:
+            or g.consumers(other) != [nxt] or any(other in (n.attrs.get(k) for k in FUSED_OPERANDS)
+                                                  for n in g.nodes):
         return None
     shape = g.shapes[other]
     for x, c in (p.inputs, p.inputs[::-1]):
@@ -390,7 +402,7 @@ def _binary_epilogue(g: Graph, node: Node, nxt: Node, out: str, order: dict, sca
         return True
     if nxt.op == "add" and other not in g.params and tuple(g.shapes[other]) == tuple(shape):
         p = g.producer(other)
-        scaled = _scaled_residual(g, node, other, order) if scales_residual else None
+        scaled = _scaled_residual(g, node, nxt, other, order) if scales_residual else None
         if scaled is not None:  # the multiply's input is ready (the multiply itself may come later)
             other, node.attrs["residual_scale"] = scaled
             g.nodes = [n for n in g.nodes if n is not p]
@@ -588,9 +600,9 @@ def fuse_epilogues(graph: Graph) -> Graph:
                 elif (node.op == "conv2d" and "residual" not in node.attrs and other not in g.params
                       and g.shapes[other] == shape and nxt.inputs.count(out) == 1):
                     p = g.producer(other)
-                    scaled = _scaled_residual(g, node, other, order) if node.op == "conv2d" else None
-                    if scaled is not None:  # the template scales it as it adds it (``residual_scale``); the
-                        # multiply's input is ready (the multiply itself may come later)
+                    scaled = None if _depthwise(g, node) else _scaled_residual(g, node, nxt, other, order)
+                    if scaled is not None:  # the conv2d template scales it as it adds it (``residual_scale``;
+                        # not the depthwise one); the multiply's input is ready (the multiply itself may come later)
                         other, node.attrs["residual_scale"] = scaled
                         g.nodes = [n for n in g.nodes if n is not p]
                     elif p is not None and order[p.name] > order[node.name]:

@@ -307,7 +307,7 @@ def pool_kernel(shape, kind: str, kernel, stride=1, padding=0, count_include_pad
     plus ``R`` (``residual_scale``: times ``RS`` per channel, PoolFormerV2's ``res_scale``): PoolFormer's token
     mixer ``x + ls * (pool(y) - y)`` in one kernel. ``in_norm`` ``(groups, chunks,
     epsilon, activation)``: ``X`` is read normalized by a GroupNorm or InstanceNorm and its activation
-    (``passes_layer_norm.norms_applied_as_read``), its statistics ``group_norm``'s chunk partials in ``Q`` and its
+    (``passes_layer_norm.norms_read_by_pools``), its statistics ``group_norm``'s chunk partials in ``Q`` and its
     affine in ``A`` (``reduction.unit_factors``), every value inside the window normalized as it is read (the padding
     stays out of the window's sum or max); ``post_normed``: ``P`` is read normalized too (PoolFormer's
     ``pool(n(y)) - n(y)``, both operands of ``y``)."""

@@ -37,7 +37,8 @@ class JournalFlock:
     30 s, and two of them can each "forcibly release" it, the second removing the first one's fresh lock, which
     then fails with "did not possess lock" (a worker killed mid-append, under load). The kernel drops an advisory
     lock with its holder's process, so there is nothing to clean up and nothing to break. A stopped holder keeps
-    it: after ``timeout`` seconds the waiter stops with a TunerError naming the file."""
+    it: after ``timeout`` seconds the waiter stops with a TunerError naming the file. For processes on one machine
+    (a journal's use here): on NFS, ``flock`` holds across clients only where the mount maps it to NFS locks."""
 
     def __init__(self, path: str, timeout: float = 600):
         self.path, self.timeout = str(path) + ".flock", timeout
@@ -49,6 +50,9 @@ class JournalFlock:
         except Timeout:
             raise TunerError(f"storage journal: its lock {self.path} has been held by another process for "
                              f"{self.timeout:g} s; a stopped worker holds it (resume or end it)") from None
+        except OSError as e:
+            raise TunerError(f"storage journal: its lock file {self.path} cannot be opened ({e.strerror or e}); "
+                             "make its directory writable") from None
         return True
 
     def release(self) -> None:
