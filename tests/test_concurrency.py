@@ -99,7 +99,8 @@ def test_a_journal_lock_dies_with_its_holder(tmp_path):
         assert w.returncode == 0, err[-2000:]
         assert float(out.split()[-1]) < 20  # the writes, not the interpreter's start: a lock left behind is
         # waited out for 30 s
+    import pickle
     from tuner.search.storage import open_storage
-    storage = open_storage(url)
+    storage = pickle.loads(pickle.dumps(open_storage(url)))  # as Optuna's own lock, it pickles
     assert sorted(s.study_name for s in optuna.get_all_study_summaries(storage)) == ["s0", "s1"]
     assert all(len(optuna.load_study(study_name=n, storage=storage).trials) == 1 for n in ("s0", "s1"))

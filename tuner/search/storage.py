@@ -58,6 +58,13 @@ class JournalFlock:
     def release(self) -> None:
         self._lock.release()
 
+    def __getstate__(self) -> dict:  # a storage handed to another process (as Optuna's own lock pickles): the
+        # lock's path and timeout, never its holding
+        return {"path": self.path[:-len(".flock")], "timeout": self.timeout}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["path"], state["timeout"])
+
 
 def open_storage(url: str, heartbeat: int | None = 10, grace: int | None = 60):
     """An Optuna storage for ``url``; ``heartbeat`` seconds between a relational storage's trial heartbeats
