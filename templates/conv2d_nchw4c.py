@@ -20,8 +20,8 @@ from tuner.ir.dtype import DType
 from tuner.ir.expr import Broadcast, Cast, ExtractLane, Ramp, as_expr, call, const, max_, min_
 from tuner.ir.gather import gather_pixel
 from tuner.ir.schedule import cache_read
-from tuner.templates.reduction import (as_float as _as_float, hsum, local_tree, norm_units, pow2_ceil, sum_partials,
-                                       unit_factors, unit_first_block, unit_normed)
+from tuner.templates.reduction import (as_float as _as_float, channel_blocks, hsum, local_tree, norm_units, pow2_ceil,
+                                       read_norm_operands, sum_partials, unit_factors, unit_first_block, unit_normed)
 from tuner.templates.common import (EPILOGUE_ARGS, MODEL_KNOBS, PAD_MODE_ARG, WINDOW_ARGS, Arithmetic,
                                     Conv2dWorkload, LocalTile, clamp, Template, WorkloadArg, _log2, declare_operands,
                                     fit_work_group, gpu_fill_target, input_pixel, is_depthwise, node_epilogue, pixel,
@@ -483,29 +483,18 @@ def lower(ctx, node, ins):
         fields["patch_view"] = tuple(node.attrs["patch_view"])
     extra, c = {}, data[1]
     if node.attrs.get("in_group_norm"):  # passes_layer_norm.norms_applied_as_read: a GroupNorm as read
-        g, epsilon, act = node.attrs["in_group_norm"]
-        stats, c4 = node.attrs["norm_stats"], -(-data[1] // 4)
-        fields["in_group_norm"] = (int(g), ctx.shape(stats)[1] // (8 * norm_units(data[1], g)), float(epsilon), act)
-        inputs["Q"] = ctx.packed(stats)
-        affine = np.zeros((2, c4 * 4), np.float32)
-        affine[:, :data[1]] = np.asarray(ctx.graph.params[node.attrs["norm_affine"]], np.float32).reshape(2, -1)
+        fields["in_group_norm"], inputs["Q"], affine = read_norm_operands(ctx, node, data[1])
         inputs["A"] = f"{node.name}.norm_affine"
-        extra[inputs["A"]] = affine.reshape(2 * c4, 4)
+        extra[inputs["A"]] = affine
     if node.attrs.get("out_norm"):  # passes_layer_norm.norms_into_convs: a GroupNorm of the output in the epilogue
         groups_, epsilon = node.attrs["out_norm"]
         fields["out_norm"] = (int(groups_), float(epsilon))
-        ob = -(-w_shape[0] // 4)
-        affine = np.zeros((2, ob * 4), np.float32)
-        affine[:, :w_shape[0]] = np.asarray(ctx.graph.params[node.attrs["out_norm_affine"]], np.float32).reshape(2, -1)
         inputs["Na"] = f"{node.name}.out_norm_affine"
-        extra[inputs["Na"]] = affine.reshape(2 * ob, 4)
+        extra[inputs["Na"]] = channel_blocks(ctx.graph.params[node.attrs["out_norm_affine"]], w_shape[0])
     if node.attrs.get("residual_scale"):  # passes._scaled_residual: the residual times a per-channel constant
         fields["residual_scale"] = True
-        ob = -(-w_shape[0] // 4)
-        rs = np.zeros(ob * 4, np.float32)
-        rs[:w_shape[0]] = np.asarray(ctx.graph.params[node.attrs["residual_scale"]], np.float32).reshape(-1)
         inputs["Rs"] = f"{node.name}.residual_scale"
-        extra[inputs["Rs"]] = rs.reshape(ob, 4)
+        extra[inputs["Rs"]] = channel_blocks(ctx.graph.params[node.attrs["residual_scale"]], w_shape[0])
     if normed:
         fields["in_norm"] = float(node.attrs["in_norm"])
         if node.attrs.get("norm_stats") is not None:  # GroupNorm(1): its statistics' chunk partials (N, 8 * chunks)

@@ -125,6 +125,26 @@ def norm_units(C: int, groups: int) -> int:
     return -(-C // 4) if groups == C else groups
 
 
+def channel_blocks(values, channels: int) -> np.ndarray:
+    """Per-channel vectors (rows of ``channels`` values: a norm's gamma then beta, or one scale) as a kernel's
+    float32 (rows * C4, 4) operand: each row padded with zeros to whole blocks of 4, the rows one after another."""
+    rows = np.asarray(values, np.float32).reshape(-1, channels)
+    out = np.zeros((rows.shape[0], -(-channels // 4) * 4), np.float32)
+    out[:, :channels] = rows
+    return out.reshape(-1, 4)
+
+
+def read_norm_operands(ctx, node, channels: int) -> tuple:
+    """A node that normalizes its input as it reads it (``in_group_norm``, ``passes_layer_norm``), lowered:
+    ``((groups, chunks, epsilon, activation), Q, A)`` -- the kernel's field, the statistics' plan tensor and the
+    affine's (2 * C4, 4) array (``channel_blocks``); the chunk count from the statistics' shape."""
+    groups, epsilon, act = node.attrs["in_group_norm"]
+    stats = node.attrs["norm_stats"]
+    chunks = ctx.shape(stats)[1] // (8 * norm_units(channels, groups))
+    return ((int(groups), chunks, float(epsilon), act), ctx.packed(stats),
+            channel_blocks(ctx.graph.params[node.attrs["norm_affine"]], channels))
+
+
 def unit_first_block(C: int, groups: int, cb):
     """The channel block whose pixel (0, 0) is the shift K of block ``cb``'s unit's partials (``unit_factors``)."""
     return cb if groups == C else (cb // (-(-C // 4) // groups)) * (-(-C // 4) // groups)

@@ -383,6 +383,21 @@ def _scaled_residual(g: Graph, node: Node, nxt: Node, other: str, order: dict):
     return None
 
 
+def _take_residual(g: Graph, node: Node, nxt: Node, other: str, order: dict, scales: bool) -> bool:
+    """``node`` takes ``other``, the activation ``nxt`` adds, as its ``residual`` -- read unscaled and scaled as it
+    is added where it is a Mul by a per-channel constant and ``scales`` (``_scaled_residual``: the Mul dropped);
+    False, taking nothing, where ``other`` is not ready when ``node`` runs."""
+    p = g.producer(other)
+    scaled = _scaled_residual(g, node, nxt, other, order) if scales else None
+    if scaled is not None:  # the multiply's input is ready (the multiply itself may come later)
+        other, node.attrs["residual_scale"] = scaled
+        g.nodes = [n for n in g.nodes if n is not p]
+    elif p is not None and order[p.name] > order[node.name]:
+        return False
+    node.attrs["residual"] = other
+    return True
+
+
 def _binary_epilogue(g: Graph, node: Node, nxt: Node, out: str, order: dict, scales_residual: bool = False) -> bool:
     """A binary glue op (no activation yet) absorbs a following multiply by a per-channel constant (``scale``, a
     layer scale), then an add of another activation of its shape (``residual``); True if it took ``nxt``.
@@ -401,15 +416,7 @@ def _binary_epilogue(g: Graph, node: Node, nxt: Node, out: str, order: dict, sca
         node.attrs["scale"] = _add_param(g, f"{node.name}.scale", scale)
         return True
     if nxt.op == "add" and other not in g.params and tuple(g.shapes[other]) == tuple(shape):
-        p = g.producer(other)
-        scaled = _scaled_residual(g, node, nxt, other, order) if scales_residual else None
-        if scaled is not None:  # the multiply's input is ready (the multiply itself may come later)
-            other, node.attrs["residual_scale"] = scaled
-            g.nodes = [n for n in g.nodes if n is not p]
-        elif p is not None and order[p.name] > order[node.name]:
-            return False  # the other operand is not ready when this op runs
-        node.attrs["residual"] = other
-        return True
+        return _take_residual(g, node, nxt, other, order, scales_residual)
     return False
 
 
@@ -599,15 +606,9 @@ def fuse_epilogues(graph: Graph) -> Graph:
                     node.inputs = node.inputs[:2] + [b]
                 elif (node.op == "conv2d" and "residual" not in node.attrs and other not in g.params
                       and g.shapes[other] == shape and nxt.inputs.count(out) == 1):
-                    p = g.producer(other)
-                    scaled = None if _depthwise(g, node) else _scaled_residual(g, node, nxt, other, order)
-                    if scaled is not None:  # the conv2d template scales it as it adds it (``residual_scale``;
-                        # not the depthwise one); the multiply's input is ready (the multiply itself may come later)
-                        other, node.attrs["residual_scale"] = scaled
-                        g.nodes = [n for n in g.nodes if n is not p]
-                    elif p is not None and order[p.name] > order[node.name]:
-                        break  # the other operand is not ready when this convolution runs
-                    node.attrs["residual"] = other
+                    if not _take_residual(g, node, nxt, other, order, scales=not _depthwise(g, node)):
+                        break  # the other operand is not ready when this convolution runs (the conv2d template
+                        # scales a residual, the depthwise one does not)
                 else:
                     break
             else:

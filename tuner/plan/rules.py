@@ -292,15 +292,11 @@ def lower_pool(ctx: LowerCtx, node, ins, out, shape):
         inputs["P"], attrs["post_op"] = ctx.packed(a["post"]), a["post_op"]
     _fused_epilogue(ctx, node, inputs)
     if a.get("in_group_norm"):  # passes_layer_norm.norms_read_by_pools: the input read normalized
-        from tuner.templates.reduction import norm_units
-        groups, epsilon, act = a["in_group_norm"]
-        c, stats = ctx.shape(node.inputs[0])[1], a["norm_stats"]
-        attrs["in_norm"] = (int(groups), ctx.shape(stats)[1] // (8 * norm_units(c, groups)), float(epsilon), act)
+        from tuner.templates.reduction import read_norm_operands
+        attrs["in_norm"], inputs["Q"], affine = read_norm_operands(ctx, node, ctx.shape(node.inputs[0])[1])
         attrs["post_normed"] = bool(a.get("post_normed"))
-        inputs["Q"], inputs["A"] = ctx.packed(stats), f"{node.name}.norm_affine"
-        affine = np.zeros((2, -(-c // 4) * 4), np.float32)
-        affine[:, :c] = np.asarray(ctx.graph.params[a["norm_affine"]], np.float32).reshape(2, -1)
-        ctx.extra[inputs["A"]] = affine.reshape(-1, 4)
+        inputs["A"] = f"{node.name}.norm_affine"
+        ctx.extra[inputs["A"]] = affine
     ctx.add(Step(node.name, "pool", inputs, out, attrs))
 
 
