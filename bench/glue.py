@@ -288,7 +288,8 @@ def cmd_tune(args) -> int:
     ``--trials`` measurements each (the fallback config first), the slowest-looking first, until ``--deadline``
     seconds have passed. ``--untuned``: also every other task that no record of ``--log`` holds (a kernel the
     glue work made new: a depthwise convolution that writes its row sums), the heaviest first; ``--templates``:
-    only those templates' tasks."""
+    only those templates' tasks; ``--again``: those --log holds records of too (each task's best before and after
+    is printed)."""
     from tuner.compile.compiler import model_tasks
     from tuner.runtime.opencl.device import open_device
     from tuner.search.tune import tune
@@ -306,7 +307,7 @@ def cmd_tune(args) -> int:
                         seen.add(t.key())
                         tasks.append(t)
     tasks.sort(key=lambda t: -t.workload.flops * t.count)
-    if logs:  # a task this device's logs already hold a record of is not tuned again: a later call goes on
+    if logs and not args.again:  # a task this device's logs already hold a record of is not tuned again
         from tuner.logs.best import ApplyHistoryBest
         history = ApplyHistoryBest(logs)
         done = [t for t in tasks if history.query(t.template, t.workload, dev.fingerprint, t.scopes, t.fixed)]
@@ -318,10 +319,15 @@ def cmd_tune(args) -> int:
         if time.perf_counter() - start > args.deadline:
             print(f"deadline: {len(tasks) - i} tasks not tuned", flush=True)
             break
+        before = ""
+        if args.again and logs:
+            from tuner.logs.best import ApplyHistoryBest
+            rec = ApplyHistoryBest(logs).query(t.template, t.workload, dev.fingerprint, t.scopes, t.fixed)
+            before = f" (the log's best: {rec.median_s * 1e6:.1f} us, {rec.config})" if rec is not None else ""
         r = tune(t.template, t.workload, dev, trials=args.trials, log=args.out_log, scopes=t.scopes, fixed=t.fixed,
                  fallback_first=True, progress=False)
-        print(f"[{i + 1}/{len(tasks)}] {t.template} {t.label}: best {r.best.median_s * 1e6:.1f} us"
-              if r.best else f"[{i + 1}/{len(tasks)}] {t.label}: no valid config", flush=True)
+        print(f"[{i + 1}/{len(tasks)}] {t.template} {t.label}: best {r.best.median_s * 1e6:.1f} us {r.best.config}"
+              f"{before}" if r.best else f"[{i + 1}/{len(tasks)}] {t.label}: no valid config", flush=True)
     return 0
 
 
@@ -457,6 +463,8 @@ def main(argv=None) -> int:
     p.add_argument("--scopes", default="auto", help="tune: the plans whose tasks are tuned, comma-separated "
                    "(auto, texture, buffer)")
     p.add_argument("--untuned", action="store_true", help="tune: also the other tasks --log has no record of")
+    p.add_argument("--again", action="store_true", help="tune: also the tasks --log holds records of (a template "
+                   "whose space grew a knob); their trials go on from those records")
     p.add_argument("--templates", default="", help="tune: only the tasks of these templates (comma-separated) that "
                    "--log has no record of, e.g. depthwise_conv2d,se_gate")
     p.add_argument("--out", default=str(HERE / "results" / "glue"))

@@ -38,16 +38,18 @@ WORKLOADS = [dict(data=(1, 10, 5, 7), squeeze=3, act1="silu", activation="sigmoi
 @pytest.mark.parametrize("fields", WORKLOADS, ids=lambda f: "x".join(map(str, f["data"])))
 def test_se_gate_matches_numpy(device, fields, scope):
     """Random configs of the space -- one launch, or the pool split over the pixels into its own kernel; the
-    excite spread over work-groups that each pool and squeeze again; either local axis inner -- and the two
-    variants forced, in float32 and float16 storage."""
+    excite spread over work-groups that each pool and squeeze again, or its sums over work-items; either local
+    axis inner -- and those variants forced, in float32 and float16 storage."""
     if scope == "texture" and not device.info.image_support:
         pytest.skip("no images")
     for seed in range(3):
         assert check_random_config(device, "se_gate", fields, "float32", seed, **scopes(scope)) is not None
     two = 2 if fields["data"][1] > 12 else 1  # the excite over two work-groups: each excites a block at least
-    for split, groups in ((1, two), (2, 1)):
+    # the excite's sums over the squeeze channels shared by 2 or 4 work-items (4 does not divide S = 3, 6, 9, 18)
+    for split, groups, shared in ((1, two, 1), (2, 1, 1), (1, two, 4), (2, 1, 2)):
+        small = dict(wg_c=2, wg_p=4) if shared > 1 else {}  # 8 work-items: the excite takes rounds of blocks
         assert check_random_config(device, "se_gate", fields, "float32", 7, split=split, excite_groups=groups,
-                                   **scopes(scope)) is not None
+                                   excite_split=shared, **small, **scopes(scope)) is not None
     if scope == "buffer" or device.info.half_images:
         assert check_random_config(device, "se_gate", fields, "float16", 11, **scopes(scope)) is not None
 
