@@ -143,8 +143,9 @@ def _keep_plan_choice(mod, artifact) -> None:
 
 def _print_plan_choice(mod) -> None:
     """Each step of the plan choice (``fastest_plan``'s ``plan_steps``) with the times it was made on, from one set
-    of alternating rounds, and their spread; a step whose spread is larger than its margin says so, and timings
-    above ``tuner.timing.SPREAD_WARN`` warn that the device is busy."""
+    of alternating rounds, and their spread; a step whose spread is larger than its margin says so, one that kept
+    its incumbent against a challenger faster by the median (not in every round) says that, and timings above
+    ``tuner.timing.SPREAD_WARN`` warn that the device is busy."""
     steps = getattr(mod, "plan_steps", None)
     if not getattr(mod, "plan_kept", None) or not steps:
         return
@@ -158,7 +159,10 @@ def _print_plan_choice(mod) -> None:
         times = ", ".join(f"{m} = {st.same[m]}" if m in st.same else
                           f"{m} {st.times[m] * 1e3:.3f} ms \u00b1{st.spreads[m]:.1%}" for m in st.times)
         line = f"  {st.name + ':':<{width}} {times} -> {st.kept}"
-        if st.close():
+        if st.margin() < 0:
+            line += (f" (kept: {st.runner_up()} ran {-st.margin():.1%} faster by the median, but not in every "
+                     f"round)")
+        elif st.close():
             line += (f" (only {st.margin():.1%} faster than {st.runner_up()}, within the spread of {st.noise():.1%}: "
                      f"as good as a tie)")
         print(line)

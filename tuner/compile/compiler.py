@@ -516,12 +516,14 @@ class PlanStep:
     its scope's plan in float32 throughout):
     its finalists timed together in ``PLAN_ROUNDS`` alternating rounds. ``times``: each one's median of its rounds,
     ``spreads``: IQR/median of all its timings (``tuner.timing``), ``same``: a plan identical to another (timed
-    once, as that one), ``kept``: the fastest. Every number is from this step's rounds."""
+    once, as that one), ``kept``: the incumbent (the first finalist) unless a challenger ran faster in every round
+    (``_alternating``), ``rounds``: each finalist's time in each round. Every number is from this step's rounds."""
     name: str
     times: dict
     spreads: dict
     kept: str
     same: dict = dataclasses.field(default_factory=dict)
+    rounds: dict = dataclasses.field(default_factory=dict)
 
     def runner_up(self) -> str | None:
         """The fastest finalist but the kept one (not an alias of it); None when there is none."""
@@ -529,7 +531,8 @@ class PlanStep:
         return min(others, key=lambda m: self.times[m]) if others else None
 
     def margin(self) -> float:
-        """How much slower the runner-up ran than the kept plan (0.05: 5%)."""
+        """How much slower the runner-up ran than the kept plan (0.05: 5%); below 0 where the incumbent was kept
+        against a challenger faster by the median but not in every round."""
         other = self.runner_up()
         t = self.times[self.kept]
         return (self.times[other] - t) / t if other is not None and t > 0 else float("inf")
@@ -545,7 +548,8 @@ class PlanStep:
 
     def to_json(self) -> dict:
         return {"step": self.name, "kept": self.kept, "times_s": self.times, "spreads": self.spreads,
-                "same_as": self.same, "runner_up": self.runner_up(), "close": self.close()}
+                "same_as": self.same, "runner_up": self.runner_up(), "close": self.close(),
+                "rounds_s": self.rounds}
 
 
 PLAN_TIMERS = ("python", "native")  # what times the candidate plans (compile_model's plan_timer)
@@ -556,7 +560,8 @@ def fastest_plan(model, history, device, dtype: str = "float32", input_shapes: d
                  float32_plan: bool = False) -> M.Module:
     """The per-layer (``auto``) plan and the all-texture and all-buffer plans compiled for ``device`` and timed
     whole (median of ``repeats`` runs after a warm-up, in ``PLAN_ROUNDS`` alternating rounds, the median of the
-    rounds; a plan identical to another is timed once); the fastest module is returned, with ``plan_steps`` (each
+    rounds; a plan identical to another is timed once); the fastest module is returned (a challenger takes the
+    incumbent's place only by running faster in every round: ``_alternating``), with ``plan_steps`` (each
     step's ``PlanStep``: its finalists timed together in alternating rounds, times and spreads), ``plan_times``
     (plan -> seconds, of the last step: the rounds that made the final choice), ``plan_kept`` and ``plan_timer``
     set. A step's later finalists are always timed beside the plan they challenge, never against a time of an
@@ -641,7 +646,7 @@ def _fastest_plan(model, history, device, dtype, input_shapes, progress, repeats
             alias[mode] = same
             continue
         modules[mode] = mod
-    steps = [_alternating(whole, modules, "scope", alias)]  # a tie keeps the per-layer plan (first)
+    steps = [_alternating(whole, modules, "scope", alias)]  # the per-layer plan (first) is the incumbent
     kept = steps[-1].kept
     mod = modules[kept]
     modules.clear()  # the losers' device memory goes now, before more plans are compiled
@@ -717,8 +722,13 @@ def _alternating(whole, modules: dict, step: str = "scope", same: dict | None = 
     rounds, the modules alternating, each one's time the median of its rounds -- a slow spell of the device (on an
     H100 one plan timed 3.866 ms in one process and 1.406 ms in the next) hits every plan alike. ``whole`` returns
     seconds, or a list of runs' seconds (their median is the round's); the spread is over every run (over the
-    rounds where ``whole`` gives one number). The fastest is kept; a tie keeps the earlier (the incumbent).
-    ``same``: plan -> the plan of ``modules`` it is identical to (reported with its times)."""
+    rounds where ``whole`` gives one number).
+
+    The incumbent (the first of ``modules``) is kept unless a challenger ran faster than it in every round; of
+    those that did, the fastest by its median is kept. A challenger faster only by the median, or in some rounds,
+    is within the noise: on the H200 the Python executor timed one MobileViTv2 plan 0.777 ms in one job and
+    1.686 ms in the next, and a plain minimum of the medians kept a plan 16-20% slower in tuner-run for two
+    models of that job. ``same``: plan -> the plan of ``modules`` it is identical to (reported with its times)."""
     from tuner.timing import spread
     runs = {m: [] for m in modules}
     rounds = {m: [] for m in modules}
@@ -730,12 +740,16 @@ def _alternating(whole, modules: dict, step: str = "scope", same: dict | None = 
             rounds[m].append(statistics.median(got))
     times = {m: statistics.median(v) for m, v in rounds.items()}
     spreads = {m: spread(runs[m]) for m in modules}
-    kept = min(modules, key=lambda m: (times[m], list(modules).index(m)))
+    incumbent, *challengers = modules
+    won = [m for m in challengers if times[m] < times[incumbent]
+           and all(a < b for a, b in zip(rounds[m], rounds[incumbent]))]
+    kept = min(won, key=lambda m: (times[m], challengers.index(m))) if won else incumbent
     same = dict(same or {})
     for alias, target in same.items():
-        times[alias], spreads[alias] = times[target], spreads[target]
+        times[alias], spreads[alias], rounds[alias] = times[target], spreads[target], rounds[target]
     order = [m for m in (*modules, *same)]  # the order plans were compiled in, aliases after
-    return PlanStep(step, {m: times[m] for m in order}, {m: spreads[m] for m in order}, kept, same)
+    return PlanStep(step, {m: times[m] for m in order}, {m: spreads[m] for m in order}, kept, same,
+                    {m: list(rounds[m]) for m in order})
 
 
 def _refine_squeeze_excite(mod: M.Module, mode: str, graph, compile_, repeats: int) -> list:
