@@ -29,7 +29,8 @@
 #           across calls (TUNING_FROM=the tuning.tgz a call returned, copied into the checkout; $DEADLINE s a call)
 #   glue    bench/glue.py (issue 35): $GLUE_MODELS exported by torch with PyTorch's CUDA-graph replay timed, then
 #           compiled with the committed logs and --transfer-from auto, checked and profiled under each of
-#           bench/_trees/{$TREES} (compute, reduction and glue kernel time, launches; $GLUE_LOGS: more logs; $GLUE_SCOPE:
+#           bench/_trees/{$TREES} (compute, reduction and glue kernel time, launches; $GLUE_LOGS: more logs,
+#           $GLUE_LOGS_<tree>: one tree's own; $GLUE_SCOPE:
 #           compile's --scope, auto; $PLAN_TIMER: its --plan-timer, python) -> glue_<device>.csv/.md
 #   glue_tune  the same models exported, then the reduction tasks of their plans in $GLUE_SCOPES (auto; e.g.
 #           auto,texture,buffer) tuned ($TRIALS each, 24; until $DEADLINE s; GLUE_UNTUNED=1: also any other task the
@@ -111,8 +112,9 @@ for stage in "$@"; do
     glue)
       python3 "$REPO/bench/glue.py" export --work /tmp/gw --cuda ${GLUE_MODELS:+--models "$GLUE_MODELS"} 2>&1 | grep -v Warning | tail -12
       for tree in ${TREES:-old new}; do
+        own="GLUE_LOGS_$tree"  # a tree's own extra logs (records of a knob the other tree's template lacks)
         PYTHONPATH="$REPO/bench/_trees/$tree:/tmp/site" python3 "$REPO/bench/glue.py" ours --work /tmp/gw --tree "$tree" \
-          --device nvidia --log "$REPO/logs/*.jsonl${GLUE_LOGS:+,$GLUE_LOGS}" ${GLUE_MODELS:+--models "$GLUE_MODELS"} \
+          --device nvidia --log "$REPO/logs/*.jsonl${GLUE_LOGS:+,$GLUE_LOGS}${!own:+,${!own}}" ${GLUE_MODELS:+--models "$GLUE_MODELS"} \
           --scope "${GLUE_SCOPE:-auto}" --plan-timer "${PLAN_TIMER:-python}" 2>&1 \
           | grep -v "Warning\|warn(\|siblings =" | tail -12
       done
