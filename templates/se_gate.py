@@ -21,6 +21,10 @@ One work-group of ``wg_c x wg_p`` work-items per image:
    dependent loads and adds, which on the H200 took about 0.2 us a squeeze channel (EfficientNet-B0's last
    gates, S = 48, 15-18 us against 7 us at S = 6).
 
+With ``unroll`` the squeeze's and the excite's loops over the weights are unrolled, so that their loads are in
+flight together: each work-item of the squeeze reads S x C / (4 L) blocks of W1 whatever ``fc_split`` is, 27
+at EfficientNet-B0's last gates, one after the other in a loop.
+
 With ``split`` = T > 1 the pool takes a first kernel of its own -- N x ceil(C/4 / wg_c) x T work-groups, each
 over a chunk of ceil(HW / T) pixels, writing its sums to a workspace -- and the gate kernel adds the T partials
 of each block before step 2: two launches, every compute unit of a GPU busy on a large map (EfficientNet-B0's
@@ -101,6 +105,8 @@ class SEGateConfig:
     fc_split: int = 1  # work-items sharing one squeeze channel's dot product (a local-memory tree)
     excite_groups: int = 1  # work-groups per image, each pooling and squeezing alone and exciting 1/G of the blocks
     excite_split: int = 1  # work-items sharing one output block's sum over the squeeze channels (a local tree)
+    unroll: bool = False  # the squeeze's and the excite's loops over the weights unrolled: their loads in flight
+    # together rather than one after the other
     inner: str = "pixels"  # what local axis 0 (the work-items a GPU coalesces, a CPU vectorizes across) runs
     # along: a block's pixels, or the channel blocks (and, after the pool, the output channels of the excite)
     input_scope: str = "texture"
@@ -142,6 +148,7 @@ def se_gate(wl: SEGateWorkload, cfg: SEGateConfig):
     L = Lc * Lp
     if L % E:
         raise ValueError(f"excite_split={E}: must divide the work-group's {L} work-items")
+    weights_loop = "unrolled" if cfg.unroll else "serial"
     X = packed("X", wl.data, wl.dtype, cfg.input_scope)
     Y = packed("Y", wl.out_shape, wl.dtype, cfg.output_scope)
     W1, W2 = (packed(name, (S, C), wl.dtype, "buffer") for name in ("W1", "W2"))
@@ -205,7 +212,7 @@ def se_gate(wl: SEGateWorkload, cfg: SEGateConfig):
             acc1 = b.allocate("acc1", (1,), "float32", "private")
             b.store(acc1, 0, 0.0)
             per = ceil_div(CB, K)
-            with b.loop("j", per, "serial") if per > 1 else nullcontext(as_expr(0)) as j:
+            with b.loop("j", per, weights_loop) if per > 1 else nullcontext(as_expr(0)) as j:
                 cb = b.let("cb1", j * K + kk if K > 1 else j)
                 with b.if_(cb < CB) if per * K != CB else nullcontext():
                     w1 = W1[sc, Ramp(cb * 4, as_expr(1), 4)]
@@ -236,7 +243,7 @@ def se_gate(wl: SEGateWorkload, cfg: SEGateConfig):
             per = ceil_div(S, E)
             with b.if_(cond) if cond is not None else nullcontext():
                 lanes = Ramp(cb * 4, as_expr(1), 4)
-                with b.loop("sk", per, "serial") if per > 1 else nullcontext(as_expr(0)) as k:
+                with b.loop("sk", per, weights_loop) if per > 1 else nullcontext(as_expr(0)) as k:
                     sq = b.let("sq", k * E + e) if E > 1 else k
                     with b.if_(sq < S) if per * E != S else nullcontext():
                         b.store(gacc, 0, gacc[0] + Broadcast(hidden[sq], 4) * W2[sq, lanes])
@@ -392,7 +399,7 @@ def features(v: dict, k: dict) -> dict:
     pool_groups = v["N"] * (G if T == 1 else ceil_div(v["CB"], k["wg_c"]) * T)
     return {"work_per_item": log2(texels), "wg_size": log2(L), "groups": log2(pool_groups),
             "gate_groups": log2(v["N"] * G), "split": log2(T), "launches": 1.0 if T == 1 else 2.0,
-            "fc_split": log2(k["fc_split"]), "excite_split": log2(E),
+            "fc_split": log2(k["fc_split"]), "excite_split": log2(E), "unroll": float(bool(k.get("unroll"))),
             "fc_per_item": log2(ceil_div(v["S"] * k["fc_split"], L) * ceil_div(v["CB"], k["fc_split"])
                                 + ceil_div(ceil_div(v["CB"], G) * E, L) * ceil_div(v["S"], E))}
 

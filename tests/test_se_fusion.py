@@ -46,10 +46,11 @@ def test_se_gate_matches_numpy(device, fields, scope):
         assert check_random_config(device, "se_gate", fields, "float32", seed, **scopes(scope)) is not None
     two = 2 if fields["data"][1] > 12 else 1  # the excite over two work-groups: each excites a block at least
     # the excite's sums over the squeeze channels shared by 2 or 4 work-items (4 does not divide S = 3, 6, 9, 18)
-    for split, groups, shared in ((1, two, 1), (2, 1, 1), (1, two, 4), (2, 1, 2)):
+    # and the loops over the weights unrolled
+    for split, groups, shared, unroll in ((1, two, 1, False), (2, 1, 1, True), (1, two, 4, True), (2, 1, 2, False)):
         small = dict(wg_c=2, wg_p=4) if shared > 1 else {}  # 8 work-items: the excite takes rounds of blocks
         assert check_random_config(device, "se_gate", fields, "float32", 7, split=split, excite_groups=groups,
-                                   excite_split=shared, **small, **scopes(scope)) is not None
+                                   excite_split=shared, unroll=unroll, **small, **scopes(scope)) is not None
     if scope == "buffer" or device.info.half_images:
         assert check_random_config(device, "se_gate", fields, "float16", 11, **scopes(scope)) is not None
 
