@@ -1,0 +1,94 @@
+"""The ``se_gate`` configs of two sets of logs timed alternately in one process (issue 55): for every se_gate
+task that ``--after``'s logs hold on this device, the best config of ``--before``'s logs, the best of
+``--after``'s and the template's fallback for the device, each built once, then timed in ``--rounds`` rounds
+(the order reversed every other round), ``--repeats`` profiled runs a round; a config's time is the median of
+its rounds' medians. Configs measured in different sessions drift on the H200 by more than the knobs' effect
+(EfficientNet-B0's 1152-channel gate: 15.4 us best in one job, 19.6 us in the next), so the comparison is made
+here, in one process. Writes se_gate_ab_<device>.csv and .md under ``--out``.
+
+usage: python bench/se_gate_ab.py --before 'logs/*.jsonl' --after new.jsonl --device nvidia --out DIR"""
+from __future__ import annotations
+
+import argparse
+import csv
+import glob
+import json
+import statistics
+import sys
+from pathlib import Path
+
+
+def _files(spec: str) -> list:
+    return sorted(p for pattern in spec.split(",") for p in glob.glob(pattern))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--before", required=True, help="logs (comma-separated globs): the configs before")
+    p.add_argument("--after", required=True, help="logs (comma-separated globs): the configs after")
+    p.add_argument("--device", default="nvidia")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=50)
+    p.add_argument("--out", default=".")
+    args = p.parse_args(argv)
+    from tuner.logs.best import ApplyHistoryBest
+    from tuner.logs.io import iter_records
+    from tuner.op import make_workload, run_op
+    from tuner.runtime.opencl.device import open_device
+    from tuner.templates import get_template
+    dev = open_device(args.device)
+    t = get_template("se_gate")
+    before, after = ApplyHistoryBest(_files(args.before)), ApplyHistoryBest(_files(args.after))
+    tasks = {}
+    for r in iter_records(_files(args.after)):
+        if r.template == "se_gate" and r.device == dev.fingerprint and r.ok:
+            tasks.setdefault(json.dumps([r.workload, r.scopes], sort_keys=True), (r.workload, r.scopes))
+    rows = []
+    for key, (wk, scopes) in sorted(tasks.items()):
+        wl = make_workload(t, **{k: v for k, v in wk.items() if k != "op"})
+        configs = {"fallback": t.fallback(wl, dev.info)}
+        for name, hist in (("before", before), ("after", after)):
+            rec = hist.query("se_gate", wk, dev.fingerprint, scopes)
+            if rec is not None:
+                configs[name] = t.make_config(rec.config)
+        if set(configs) != {"fallback", "before", "after"}:
+            continue
+        fb = dict(configs["fallback"].__dict__)
+        fb.update({f"{k}_scope": v for k, v in scopes.items()})
+        configs["fallback"] = t.make_config(fb)
+        medians = {m: [] for m in configs}
+        for rnd in range(args.rounds):
+            for m in (list(configs) if rnd % 2 == 0 else list(configs)[::-1]):
+                res = run_op(t, wl, configs[m], dev, check=rnd == 0, time=True, repeats=args.repeats)
+                if not res.ok:
+                    print(f"{t.label(wl)} {m}: error {res.max_rel_error}", file=sys.stderr)
+                medians[m].append(res.median)
+        us = {m: statistics.median(v) * 1e6 for m, v in medians.items()}
+        row = {"task": t.label(wl), "scope": scopes.get("input"), **{f"{m}_us": round(v, 2) for m, v in us.items()},
+               "after_vs_before": round(us["before"] / us["after"], 3),
+               "before_config": json.dumps({k: v for k, v in configs["before"].__dict__.items() if "scope" not in k}),
+               "after_config": json.dumps({k: v for k, v in configs["after"].__dict__.items() if "scope" not in k})}
+        rows.append(row)
+        print(f"{row['task']} [{row['scope']}]: before {us['before']:.1f} us, after {us['after']:.1f} us, "
+              f"fallback {us['fallback']:.1f} us ({row['after_vs_before']}x)", flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"se_gate_ab_{dev.info.name.replace(' ', '_')}"
+    if rows:
+        with open(f"{stem}.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+        cols = ["task", "scope", "before_us", "after_us", "fallback_us", "after_vs_before"]
+        lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
+        total = {m: sum(r[f"{m}_us"] for r in rows) for m in ("before", "after", "fallback")}
+        lines.append(f"| all {len(rows)} tasks | | {total['before']:.1f} | {total['after']:.1f} | "
+                     f"{total['fallback']:.1f} | {total['before'] / total['after']:.3f} |")
+        Path(f"{stem}.md").write_text(f"{dev.info.name}: {args.rounds} alternating rounds, median of "
+                                      f"{args.repeats} runs each\n\n" + "\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
