@@ -238,24 +238,29 @@ def se_gate(wl: SEGateWorkload, cfg: SEGateConfig):
             conds = ([j < CBg] if out_rounds * J != CBg and G > 1 else []) + \
                 ([cb < CB] if G > 1 or out_rounds * J != CB else [])
             cond = conds[0] if len(conds) == 1 else (conds[0] & conds[1]) if conds else None
-            gacc = b.allocate("gacc", (1,), "float32x4", "private")
-            b.store(gacc, 0, 0.0)
-            per = ceil_div(S, E)
-            with b.if_(cond) if cond is not None else nullcontext():
-                lanes = Ramp(cb * 4, as_expr(1), 4)
-                with b.loop("sk", per, weights_loop) if per > 1 else nullcontext(as_expr(0)) as k:
-                    sq = b.let("sq", k * E + e) if E > 1 else k
-                    with b.if_(sq < S) if per * E != S else nullcontext():
+            if E == 1:  # as the records from before the knob ran (``LATE_KNOBS``): one work-item a block
+                with b.if_(cond) if cond is not None else nullcontext():
+                    lanes = Ramp(cb * 4, as_expr(1), 4)
+                    gacc = b.allocate("gacc", (1,), "float32x4", "private")
+                    b.store(gacc, 0, B2[lanes])
+                    with b.loop("sq", S, weights_loop) as sq:
                         b.store(gacc, 0, gacc[0] + Broadcast(hidden[sq], 4) * W2[sq, lanes])
-            total = gacc[0]
-            if E > 1:  # every work-item reaches the tree's barriers, its block valid or not
-                b.store(red2, i, total)
+                    b.store(Y, (n, lanes, 0, 0), apply_ir(wl.activation, b.let("gv", gacc[0])))
+            else:
+                gacc = b.allocate("gacc", (1,), "float32x4", "private")
+                b.store(gacc, 0, 0.0)
+                per = ceil_div(S, E)
+                with b.if_(cond) if cond is not None else nullcontext():
+                    lanes = Ramp(cb * 4, as_expr(1), 4)
+                    with b.loop("sk", per, weights_loop) if per > 1 else nullcontext(as_expr(0)) as k:
+                        sq = b.let("sq", k * E + e)
+                        with b.if_(sq < S) if per * E != S else nullcontext():
+                            b.store(gacc, 0, gacc[0] + Broadcast(hidden[sq], 4) * W2[sq, lanes])
+                b.store(red2, i, gacc[0])  # every work-item reaches the tree's barriers, its block valid or not
                 total = _tree(b, red2, i, jj, e, E, stride=J)
-            last = ([e < 1] if E > 1 else []) + ([cond] if cond is not None else [])
-            w = last[0] if len(last) == 1 else (last[0] & last[1]) if last else None
-            with b.if_(w) if w is not None else nullcontext():
-                lanes = Ramp(cb * 4, as_expr(1), 4)
-                b.store(Y, (n, lanes, 0, 0), apply_ir(wl.activation, b.let("gv", total + B2[lanes])))
+                with b.if_((e < 1) & cond if cond is not None else e < 1):
+                    lanes = Ramp(cb * 4, as_expr(1), 4)
+                    b.store(Y, (n, lanes, 0, 0), apply_ir(wl.activation, b.let("gv", total + B2[lanes])))
             if E > 1 and out_rounds > 1:
                 b.barrier()  # the next round's tree writes red2 again
 
