@@ -307,9 +307,10 @@ def cmd_tune(args) -> int:
                         seen.add(t.key())
                         tasks.append(t)
     tasks.sort(key=lambda t: -t.workload.flops * t.count)
-    if logs and not args.again:  # a task this device's logs already hold a record of is not tuned again
+    if logs:
         from tuner.logs.best import ApplyHistoryBest
         history = ApplyHistoryBest(logs)
+    if logs and not args.again:  # a task this device's logs already hold a record of is not tuned again
         done = [t for t in tasks if history.query(t.template, t.workload, dev.fingerprint, t.scopes, t.fixed)]
         tasks = [t for t in tasks if t not in done]
         print(f"{len(done)} tasks tuned before (in --log)", flush=True)
@@ -321,8 +322,7 @@ def cmd_tune(args) -> int:
             break
         before = ""
         if args.again and logs:
-            from tuner.logs.best import ApplyHistoryBest
-            rec = ApplyHistoryBest(logs).query(t.template, t.workload, dev.fingerprint, t.scopes, t.fixed)
+            rec = history.query(t.template, t.workload, dev.fingerprint, t.scopes, t.fixed)
             before = f" (the log's best: {rec.median_s * 1e6:.1f} us, {rec.config})" if rec is not None else ""
         r = tune(t.template, t.workload, dev, trials=args.trials, log=args.out_log, scopes=t.scopes, fixed=t.fixed,
                  fallback_first=True, progress=False)
@@ -464,9 +464,9 @@ def main(argv=None) -> int:
                    "(auto, texture, buffer)")
     p.add_argument("--untuned", action="store_true", help="tune: also the other tasks --log has no record of")
     p.add_argument("--again", action="store_true", help="tune: also the tasks --log holds records of (a template "
-                   "whose space grew a knob); their trials go on from those records")
+                   "whose space grew a knob), tuned afresh into --out-log (the fallback first)")
     p.add_argument("--templates", default="", help="tune: only the tasks of these templates (comma-separated) that "
-                   "--log has no record of, e.g. depthwise_conv2d,se_gate")
+                   "--log has no record of (with --again: all of them), e.g. depthwise_conv2d,se_gate")
     p.add_argument("--out", default=str(HERE / "results" / "glue"))
     p.add_argument("--onnx", nargs="*", default=[], help="link: the ONNX files")
     p.add_argument("--patterns", action="store_true", help="plans: glue by producer -> consumers too")

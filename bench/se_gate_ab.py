@@ -6,6 +6,9 @@ its rounds' medians. Configs measured in different sessions drift on the H200 by
 (EfficientNet-B0's 1152-channel gate: 15.4 us best in one job, 19.6 us in the next), so the comparison is made
 here, in one process. Writes se_gate_ab_<device>.csv and .md under ``--out``.
 
+``--before`` must not hold the records of ``--after`` (once they are appended to the committed log, take the log
+of the commit before: ``git show REV:logs/FILE > before.jsonl``), or before is after.
+
 usage: python bench/se_gate_ab.py --before 'logs/*.jsonl' --after new.jsonl --device nvidia --out DIR"""
 from __future__ import annotations
 

@@ -391,6 +391,8 @@ def fallback(wl: SEGateWorkload, info) -> SEGateConfig:
     K = max(1, min(_pow2_floor(Lc * Lp // max(S, 1)), _pow2_floor(CB), 16))
     G = max(1, min(_pow2_floor(v["C"] * S // 8192), _pow2_floor(CB // 2), 16))  # the excite's weights over SMs
     E = max(1, min(_pow2_floor(Lc * Lp // ceil_div(CB, G)), _pow2_floor(S), 16))
+    if (CB + 2 * Lc * Lp) * 16 + (S + Lc * Lp) * 4 > info.local_mem_bytes:
+        E = 1  # the excite's tree would not fit beside the block means (the space's local_memory)
     return SEGateConfig(wg_c=Lc, wg_p=Lp, split=T, fc_split=K, excite_groups=G, excite_split=E, input_scope=scope,
                         weight_scope=scope, output_scope=scope)
 

@@ -72,6 +72,23 @@ def test_fallbacks_are_valid_and_pick_their_variant(device, kind):
             assert cfg.split == 1 and (cfg.wg_p == 1 or wl.data[2] * wl.data[3] > 1024), (f, cfg)
 
 
+def test_the_gpu_fallback_shares_the_excite_only_where_its_tree_fits():
+    """The GPU fallback's excite_split takes the work-items a group has to spare, and a second local tree of the
+    group's size with it: on a GPU of 16 KiB of local memory and 256 work-items, EfficientNet-B4's last gate (672
+    blocks, S 112) broke the space's local_memory constraint with it, and ran a random config instead."""
+    from conftest import profile
+    t = get_template("se_gate")
+    small = profile(max_work_group_size=256, max_work_item_sizes=[256, 256, 64], local_mem_bytes=16384)
+    for info in (small, profile()):
+        for f in (dict(data=(1, 2688, 7, 7), squeeze=112), dict(data=(1, 1152, 7, 7), squeeze=48),
+                  dict(data=(1, 96, 56, 1), squeeze=4, pixels=3136)):
+            wl = t.workload(**f)
+            cfg = t.fallback(wl, info)
+            t.space(wl, info).check(t.config_values(wl, cfg))
+    assert t.fallback(t.workload(data=(1, 2688, 7, 7), squeeze=112), small).excite_split == 1
+    assert t.fallback(t.workload(data=(1, 1152, 7, 7), squeeze=48), profile()).excite_split > 1
+
+
 def test_workload_key_and_label():
     t = get_template("se_gate")
     wl = t.workload(data=(1, 96, 14, 14), squeeze=4, act1="silu", activation="sigmoid")
