@@ -149,11 +149,11 @@ def _print_plan_choice(mod) -> None:
     steps = getattr(mod, "plan_steps", None)
     if not getattr(mod, "plan_kept", None) or not steps:
         return
-    from tuner.compile.compiler import PLAN_ROUNDS
+    from tuner.compile.compiler import EXTRA_ROUNDS, PLAN_ROUNDS
     from tuner.timing import unreliable
     by = " by tuner-run" if mod.plan_timer == "native" else ""
-    print(f"--scope auto: whole plans timed on the device{by}, {PLAN_ROUNDS} alternating rounds per step (median, "
-          f"spread = IQR/median):")
+    print(f"--scope auto: whole plans timed on the device{by}, {PLAN_ROUNDS} alternating rounds per step, "
+          f"{PLAN_ROUNDS + EXTRA_ROUNDS} on a close call (median, spread = IQR/median):")
     width = max(len(st.name) for st in steps) + 1
     for st in steps:
         times = ", ".join(f"{m} = {st.same[m]}" if m in st.same else
