@@ -159,13 +159,13 @@ def _print_plan_choice(mod) -> None:
         times = ", ".join(f"{m} = {st.same[m]}" if m in st.same else
                           f"{m} {st.times[m] * 1e3:.3f} ms \u00b1{st.spreads[m]:.1%}" for m in st.times)
         line = f"  {st.name + ':':<{width}} {times} -> {st.kept}"
-        incumbent, other = next(iter(st.times)), st.runner_up()
         if st.margin() < 0:
-            lost = sum(a >= b for a, b in zip(st.rounds.get(other, ()), st.rounds.get(incumbent, ())))
-            line += (f" (kept: {other} ran {-st.margin():.1%} faster by the median, but lost {lost} of "
-                     f"{len(st.rounds.get(other, ()))} rounds)" if st.kept == incumbent else
-                     f" ({other} ran {-st.margin():.1%} faster than {st.kept} by the median, but lost {lost} of "
-                     f"{len(st.rounds.get(other, ()))} rounds to {incumbent})")
+            other = st.runner_up()
+            lost = f"lost {st.lost(other)} of {len(st.rounds.get(other, ()))} rounds"
+            line += (f" (kept: {other} ran {-st.margin():.1%} faster by the median, but {lost})"
+                     if st.kept == st.incumbent else
+                     f" ({other} ran {-st.margin():.1%} faster than {st.kept} by the median, but {lost} to "
+                     f"{st.incumbent})")
         elif st.close():
             line += (f" (only {st.margin():.1%} faster than {st.runner_up()}, within the spread of {st.noise():.1%}: "
                      f"as good as a tie)")

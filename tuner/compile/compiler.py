@@ -527,6 +527,15 @@ class PlanStep:
     same: dict = dataclasses.field(default_factory=dict)
     rounds: dict = dataclasses.field(default_factory=dict)
 
+    @property
+    def incumbent(self) -> str:
+        """The plan kept so far, which the others challenged: the first finalist."""
+        return next(iter(self.times))
+
+    def lost(self, plan: str) -> int:
+        """The rounds in which ``plan`` did not run faster than the incumbent."""
+        return _rounds_lost(self.rounds.get(plan, ()), self.rounds.get(self.incumbent, ()))
+
     def runner_up(self) -> str | None:
         """The fastest finalist but the kept one (not an alias of it); None when there is none."""
         others = [m for m in self.times if m != self.kept and self.same.get(m) != self.kept and m not in self.same]
@@ -719,6 +728,11 @@ def _fastest_plan(model, history, device, dtype, input_shapes, progress, repeats
     return mod
 
 
+def _rounds_lost(mine, incumbents) -> int:
+    """The rounds (paired times) in which a challenger did not run faster than the incumbent."""
+    return sum(a >= b for a, b in zip(mine, incumbents))
+
+
 def _alternating(whole, modules: dict, step: str = "scope", same: dict | None = None) -> PlanStep:
     """The ``PlanStep`` of timing ``modules`` (name -> Module, the incumbent first) by ``whole``: ``PLAN_ROUNDS``
     rounds, the modules alternating, each one's time the median of its rounds -- a slow spell of the device (on an
@@ -746,8 +760,8 @@ def _alternating(whole, modules: dict, step: str = "scope", same: dict | None = 
                 runs[m].extend(got)
                 rounds[m].append(statistics.median(got))
 
-    def lost(m) -> int:  # the rounds challenger m did not beat the incumbent in
-        return sum(a >= b for a, b in zip(rounds[m], rounds[incumbent]))
+    def lost(m) -> int:
+        return _rounds_lost(rounds[m], rounds[incumbent])
 
     def faster(m) -> bool:
         return statistics.median(rounds[m]) < statistics.median(rounds[incumbent])
