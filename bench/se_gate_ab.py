@@ -14,15 +14,10 @@ from __future__ import annotations
 
 import argparse
 import csv
-import glob
 import json
 import statistics
 import sys
 from pathlib import Path
-
-
-def _files(spec: str) -> list:
-    return sorted(p for pattern in spec.split(",") for p in glob.glob(pattern))
 
 
 def main(argv=None) -> int:
@@ -35,30 +30,26 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=".")
     args = p.parse_args(argv)
     from tuner.logs.best import ApplyHistoryBest
-    from tuner.logs.io import iter_records
-    from tuner.op import make_workload, run_op
+    from tuner.op import make_config, make_workload, run_op
     from tuner.runtime.opencl.device import open_device
     from tuner.templates import get_template
     dev = open_device(args.device)
     t = get_template("se_gate")
-    before, after = ApplyHistoryBest(_files(args.before)), ApplyHistoryBest(_files(args.after))
+    before, after = ApplyHistoryBest(args.before.split(",")), ApplyHistoryBest(args.after.split(","))
     tasks = {}
-    for r in iter_records(_files(args.after)):
+    for r in after.records:
         if r.template == "se_gate" and r.device == dev.fingerprint and r.ok:
             tasks.setdefault(json.dumps([r.workload, r.scopes], sort_keys=True), (r.workload, r.scopes))
     rows = []
     for key, (wk, scopes) in sorted(tasks.items()):
         wl = make_workload(t, **{k: v for k, v in wk.items() if k != "op"})
-        configs = {"fallback": t.fallback(wl, dev.info)}
+        configs = {"fallback": make_config(t, wl, dev, **{f"{k}_scope": v for k, v in scopes.items()})}
         for name, hist in (("before", before), ("after", after)):
             rec = hist.query("se_gate", wk, dev.fingerprint, scopes)
             if rec is not None:
                 configs[name] = t.make_config(rec.config)
         if set(configs) != {"fallback", "before", "after"}:
             continue
-        fb = dict(configs["fallback"].__dict__)
-        fb.update({f"{k}_scope": v for k, v in scopes.items()})
-        configs["fallback"] = t.make_config(fb)
         medians = {m: [] for m in configs}
         for rnd in range(args.rounds):
             for m in (list(configs) if rnd % 2 == 0 else list(configs)[::-1]):
