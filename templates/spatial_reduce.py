@@ -264,6 +264,12 @@ def describe(wl: SpatialReduceWorkload) -> str:
         (f" +{wl.activation}" if wl.activation != "none" else "")
 
 
+def one_window(attrs: dict, shape) -> bool:
+    """Whether a windowed pool (avg_pool, max_pool; its ``attrs``) has one window over its whole unpadded NCHW
+    input of ``shape``: a global pool, which this template runs (``lower``)."""
+    return tuple(attrs["kernel"]) == tuple(shape[2:]) and not any(attrs["padding"]) and not attrs.get("ceil_mode", 0)
+
+
 def lower(ctx, node, ins):
     """Global pools, pools whose one window covers the whole unpadded input, and ReduceMean / Max / Sum / L2
     over (2, 3), (2,) or (3,) of an NCHW tensor; None for every other pool or reduction (they stay glue)."""
@@ -277,8 +283,7 @@ def lower(ctx, node, ins):
     if node.op in ("global_avg_pool", "global_max_pool"):
         wl = SpatialReduceWorkload(shape, "mean" if "avg" in node.op else "max", (2, 3), True, dtype=ctx.dtype)
     elif node.op in ("avg_pool", "max_pool"):
-        if tuple(a["kernel"]) != tuple(shape[2:]) or any(a["padding"]) or a.get("ceil_mode", 0) \
-                or a.get("in_group_norm"):  # a pool that normalizes what it reads: the pool kernel's
+        if not one_window(a, shape) or a.get("in_group_norm"):  # normalizing what it reads: the pool kernel's
             return None
         wl = SpatialReduceWorkload(shape, "mean" if node.op == "avg_pool" else "max", (2, 3), True, dtype=ctx.dtype)
     else:  # reduce_mean / reduce_max / reduce_sum / reduce_l2

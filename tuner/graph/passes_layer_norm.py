@@ -175,9 +175,9 @@ def _reads_normed(g: Graph, conv: Node, tensor: str) -> bool:
     no scale or residual of it."""
     a = conv.attrs
     if conv.op in POOLS:  # not one whose window is the whole input: the spatial_reduce template runs those
-        whole = tuple(a["kernel"]) == tuple(g.shapes[tensor][2:]) and not any(a["padding"]) \
-            and not a.get("ceil_mode", 0)
-        return conv.inputs[0] == tensor and tensor not in (a.get("scale"), a.get("residual")) and not whole \
+        from tuner.templates.spatial_reduce import one_window  # the graph passes import tuner.templates lazily
+        return conv.inputs[0] == tensor and tensor not in (a.get("scale"), a.get("residual")) \
+            and not one_window(a, g.shapes[tensor]) \
             and "in_group_norm" not in a and conv.inputs.count(tensor) == 1 + (a.get("post") == tensor)
     w = conv.inputs[1] if len(conv.inputs) > 1 else None
     return conv.op == "conv2d" and conv.inputs[0] == tensor and conv.inputs.count(tensor) == 1 \
