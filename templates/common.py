@@ -416,6 +416,11 @@ class Conv2dWorkload:
     # (2 * OB, 4)), then ``residual`` and ``activation``: act(norm(conv(x) + bias) * gamma + beta + Res), a
     # GroupNorm or InstanceNorm in the launch of the convolution it reads (``passes_layer_norm.norms_into_convs``).
     # Groups of one or two channels, of whole blocks of 4, or one group of whole blocks; in the key when set
+    out_stats: bool = False  # also write the output's GroupNorm(1) statistics, per image, to ``St`` (float32,
+    # (N * 2, 4): ``group_norm``'s ``stats`` with one chunk), computed in the epilogue: each work-group's (count,
+    # mean, M2) merged by the last one to finish (``reduction.last_group_statistics``), so that no launch is left
+    # for them (``passes_layer_norm.norm_statistics_into_producers``). O a multiple of 4, the output written whole
+    # (no out_view, side_copy or shuffle_view, no out_norm); in the key when set
     out_view: tuple = ()  # (offset, channels): write channels [offset, offset + O) of a larger output (a concat's);
     # not in the key: the loop nest is the same, a record of the workload without it applies
     side_copy: tuple = ()  # (source shape, channels, offset, source scope): the same launch also writes the channel
@@ -495,6 +500,10 @@ class Conv2dWorkload:
             set_("in_group_norm", self._checked_group_norm())
         if self.out_norm:
             set_("out_norm", self._checked_out_norm())
+        if self.out_stats and (self.kernel[0] % 4 or self.out_view or self.side_copy or self.shuffle_view
+                               or self.out_norm):
+            raise ValueError(f"out_stats: the statistics of the whole output, of {self.kernel[0]} channels (a multiple "
+                             "of 4), written whole: no out_view, side_copy, shuffle_view or out_norm with it")
         if self.residual_scale and not self.residual:
             raise ValueError("residual_scale scales the residual Res as it is added: it needs residual")
         if self.scale_rows and not self.in_scale:
@@ -548,7 +557,7 @@ class Conv2dWorkload:
         convolution stay as they were before the fields existed."""
         return {"op": "conv2d", **{k: in_read_text(v) if k == "in_read" else _listed(v) for k, v in asdict(self).items()
                                    if (k not in ("in_scale", "in_read", "scale_rows", "in_norm", "norm_partials",
-                                                 "in_group_norm", "out_norm", "residual_scale") or v)
+                                                 "in_group_norm", "out_norm", "residual_scale", "out_stats") or v)
                                    and (k != "pad_mode" or v != "zeros")
                                    and k not in ("out_view", "side_copy", "shuffle_view", "patch_view", "plain_input",
                                                  "plain_output")}}
@@ -990,7 +999,7 @@ def split_sums(b, acc, n: int, sk: int, tk, items: int, lid, dtype: str):
 
 
 def store_tile(b, acc, Y, n, obb, oh0, ow0, tile, bounds, wl, B=None, Res=None, owner=None, norm=None, rows=None,
-               out_norm=None, Rs=None):
+               out_norm=None, Rs=None, keep=None):
     """The fused epilogue (bias, residual add, then ReLU/ReLU6: ResNet's ``relu(conv + bn + identity)``) and a
     guarded store of every tile pixel; ``owner(i)``, if given, is the condition under which this work-item
     stores tile entry ``i`` (a split reduction's sums, see ``split_sums``). A workload's ``out_view`` shifts the
@@ -998,7 +1007,8 @@ def store_tile(b, acc, Y, n, obb, oh0, ow0, tile, bounds, wl, B=None, Res=None, 
     (``shuffle_store``). ``rows`` (a private float4 array, t_oc x t_oh): each stored pixel is added to its
     row's entry too (``row_sums``). ``out_norm``: per tile block, the ``(mean, scale, shift)`` float4s of the norm
     applied after the bias (``conv2d_nchw4c.out_norm_factors``). ``Rs``: the residual's per-channel scale
-    (``residual_scale``), float32 (OB, 4)."""
+    (``residual_scale``), float32 (OB, 4). ``keep`` (a private float4 array, a tile entry each): each stored pixel
+    is kept there too (``out_stats``)."""
     (t_oc, t_oh, t_ow), (OB, OH, OW) = tile, bounds
     shift = wl.out_view[0] if getattr(wl, "out_view", ()) else 0
     shuffle, patches = getattr(wl, "shuffle_view", ()), getattr(wl, "patch_view", ())
@@ -1036,9 +1046,12 @@ def store_tile(b, acc, Y, n, obb, oh0, ow0, tile, bounds, wl, B=None, Res=None, 
                         v = apply_prelu_ir(v, B[Ramp(ob * 4 + OB * 4, as_expr(1), 4)])
                     else:
                         v = apply_ir(wl.activation, v)
-                    if rows is not None:
+                    if rows is not None or keep is not None:
                         v = b.let(f"ev{i}", v)
+                    if rows is not None:
                         b.store(rows, k * t_oh + y, rows[k * t_oh + y] + v)
+                    if keep is not None:
+                        b.store(keep, i, v)
                     if shuffle:
                         shuffle_store(b, Y, v, n, ob, oh, ow, (OH, OW), wl, shift, f"sv{i}")
                     elif patches:  # MobileViT's unfold or fold: the pixel where the view puts it

@@ -17,11 +17,13 @@ from tuner.ir.activations import apply_ir
 from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
 from tuner.ir.dtype import DType
-from tuner.ir.expr import Broadcast, Cast, ExtractLane, Ramp, as_expr, call, const, max_, min_
+from tuner.ir.expr import Broadcast, Cast, ExtractLane, Ramp, as_expr, call, const, max_, min_, select
+from tuner.ir.kernel import Program
 from tuner.ir.gather import gather_pixel
 from tuner.ir.schedule import cache_read
 from tuner.templates.reduction import (as_float as _as_float, channel_blocks, hsum, local_tree, norm_units, pow2_ceil,
-                                       read_norm_operands, sum_partials, unit_factors, unit_first_block, unit_normed)
+                                       last_group_statistics, read_norm_operands, sum_partials, unit_factors,
+                                       unit_first_block, unit_normed)
 from tuner.templates.common import (EPILOGUE_ARGS, MODEL_KNOBS, PAD_MODE_ARG, WINDOW_ARGS, Arithmetic,
                                     Conv2dWorkload, LocalTile, clamp, Template, WorkloadArg, _log2, declare_operands,
                                     fit_work_group, gpu_fill_target, input_pixel, is_depthwise, node_epilogue, pixel,
@@ -73,7 +75,8 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
             buffer("A", (2 * C4, 4), "float32", "global")) if wl.in_group_norm else (None, None)
     Na = buffer("Na", (2 * OB, 4), "float32", "global") if wl.out_norm else None
     Rs = buffer("Rs", (OB, 4), "float32", "global") if wl.residual_scale else None
-    operands = (*params_of(X), Sc, Wt, B, Res, Y, Xs, P, Q, A, Na, Rs)
+    St = buffer("St", (N * 2, 4), "float32", "global") if wl.out_stats else None
+    operands = (*params_of(X), Sc, Wt, B, Res, Y, Xs, P, Q, A, Na, Rs, St)
     if wl.in_read and cfg.cache_input:
         raise ValueError("cache_input copies one input buffer; an input read in parts (in_read) has several")
 
@@ -128,12 +131,52 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
             else image_norm_factors(b, P, n, wl) * (t_oh * t_ow)
         normed = out_norm_factors(b, wl, acc, B, Na, obb, oh0, ow0, (t_oc, t_oh, t_ow), owner,
                                   (tk * cfg.wg_h + th) * cfg.wg_w + tw, cfg.wg_w * cfg.wg_h * sk) if Na else None
+        keep = b.allocate("kept", (t_oc * t_oh * t_ow,), "float32x4", "private") if St is not None else None
+        if keep is not None:
+            for i in range(t_oc * t_oh * t_ow):
+                b.store(keep, i, Broadcast(as_expr(0.0), 4))
         store_tile(b, acc, Y, n, obb, oh0, ow0, (t_oc, t_oh, t_ow), (OB, OH, OW), wl, B, Res, owner, norm,
-                   out_norm=normed, Rs=Rs)
+                   out_norm=normed, Rs=Rs, keep=keep)
+        if St is not None:
+            lid = (tk * cfg.wg_h + th) * cfg.wg_w + tw
+            work = [Sp, Sn] = stats_workspaces(N, n_ob * g_h * g_w)
+            last_group_statistics(b, kept_values(keep, owner, obb, oh0, ow0, (t_oc, t_oh, t_ow), (OB, OH, OW)),
+                                  (holds_first(obb, oh0, ow0, owner), keep[0]), lid, cfg.wg_w * cfg.wg_h * sk, n, (obb * g_h + gh) * g_w + gw,
+                                  n_ob * g_h * g_w, Sp, Sn, St)
         if Xs is not None:
             side_copy(b, wl, Xs, Y, n, obb, n_ob, oh0, ow0, (t_oh, t_ow), tk if sk > 1 else None)
-    kernel = b.kernel("conv2d_nchw4c", [p for p in operands if p is not None])
+    kernel = b.kernel("conv2d_nchw4c", [p for p in operands if p is not None] + (work if St is not None else []))
+    if St is not None:  # the statistics' slots and arrival counters: workspaces of the launch
+        kernel = Program(kernel.name, (kernel,), tuple(p for p in operands if p is not None), tuple(work))
     return cache_read(kernel, X, "texture", cfg.act_layout) if cfg.cache_input else kernel
+
+
+def stats_workspaces(N: int, slots: int) -> list:
+    """``out_stats``' workspaces: ``Sp``, a (count, mean, M2) slot per work-group of each image and its shift K
+    (float32), and ``Sn``, each image's arrival counter (int32, zero between launches)."""
+    return [buffer("Sp", (N * (slots + 1), 4), "float32", "global"), buffer("Sn", (N,), "int32", "global")]
+
+
+def holds_first(obb, oh0, ow0, owner):
+    """Whether this work-item stores the output's first pixel (tile entry 0 of the first block, row and column)."""
+    first = obb.equal(0) & oh0.equal(0) & ow0.equal(0)
+    return first & owner(0) if owner is not None else first
+
+
+def kept_values(keep, owner, obb, oh0, ow0, tile, bounds) -> list:
+    """``out_stats``: each kept tile entry with its mask -- 1s where the pixel is inside the output and this
+    work-item stores it (a split's owner), else 0s."""
+    (t_oc, t_oh, t_ow), (OB, OH, OW) = tile, bounds
+    out = []
+    for k in range(t_oc):
+        for y in range(t_oh):
+            for x in range(t_ow):
+                i = (k * t_oh + y) * t_ow + x
+                inside = (obb * t_oc + k < OB) & (oh0 + y < OH) & (ow0 + x < OW)
+                if owner is not None:
+                    inside = inside & owner(i)
+                out.append((keep[i], Broadcast(select(inside, as_expr(1.0), as_expr(0.0)), 4)))
+    return out
 
 
 def out_norm_blocks(wl) -> int:
@@ -446,9 +489,20 @@ def _out_norm_fallback(wl: Conv2dWorkload, v: dict, info, scope: str) -> Conv2dC
     return dataclasses.replace(cfg, split_k=split_k)
 
 
-def _reference(wl: Conv2dWorkload, inputs: dict) -> np.ndarray:
-    return reference(wl, read_parts_numpy(wl, inputs), inputs["Wt"], inputs.get("B"), inputs.get("Res"),
-                     inputs.get("S"), inputs.get("A"), inputs.get("Na"), inputs.get("Rs"))
+def _reference(wl: Conv2dWorkload, inputs: dict):
+    y = reference(wl, read_parts_numpy(wl, inputs), inputs["Wt"], inputs.get("B"), inputs.get("Res"),
+                  inputs.get("S"), inputs.get("A"), inputs.get("Na"), inputs.get("Rs"))
+    return {"Y": y, "St": image_statistics(y)} if wl.out_stats else y
+
+
+def image_statistics(y: np.ndarray) -> np.ndarray:
+    """``out_stats`` as the kernel writes them: per image, the sum of d = x - K (K the image's first element) and
+    of d^2 over all its elements, each in lane 0 of a float4; (N * 2, 4) float32."""
+    y = np.asarray(y, np.float64)
+    d = (y - y[:, :1, :1, :1]).reshape(y.shape[0], -1)
+    out = np.zeros((y.shape[0], 2, 4))
+    out[:, 0, 0], out[:, 1, 0] = d.sum(axis=1), (d * d).sum(axis=1)
+    return out.reshape(-1, 4)
 
 
 def features(v: dict, k: dict) -> dict:
@@ -495,6 +549,8 @@ def lower(ctx, node, ins):
         fields["residual_scale"] = True
         inputs["Rs"] = f"{node.name}.residual_scale"
         extra[inputs["Rs"]] = channel_blocks(ctx.graph.params[node.attrs["residual_scale"]], w_shape[0])
+    if node.attrs.get("out_stats"):  # passes_layer_norm.norm_statistics_into_producers: St, a second output
+        fields["out_stats"] = True
     if normed:
         fields["in_norm"] = float(node.attrs["in_norm"])
         if node.attrs.get("norm_stats") is not None:  # GroupNorm(1): its statistics' chunk partials (N, 8 * chunks)
@@ -548,4 +604,4 @@ VARIABLES = dict(N="batch", C="input channels", H="input height", W="input width
 TEMPLATE = Template("conv2d", Conv2dWorkload, Conv2dConfig, conv2d_nchw4c, _reference, random_inputs,
                     fallback, space_vars, VARIABLES, features=features, model_knobs=MODEL_KNOBS,
                     workload_args=WORKLOAD_ARGS, graph_ops=("conv2d",), lower=lower,
-                    reduction=lambda wl: wl.data[1] // wl.groups * wl.kernel[2] * wl.kernel[3])
+                    reduction=lambda wl: wl.data[1] // wl.groups * wl.kernel[2] * wl.kernel[3], side_outputs=("St",))

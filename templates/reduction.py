@@ -31,7 +31,7 @@ import numpy as np
 from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
 from tuner.ir.activations import apply_ir
-from tuner.ir.expr import Broadcast, Cast, ExtractLane, Ramp, as_expr, call, max_, min_
+from tuner.ir.expr import Broadcast, Cast, ExtractLane, Ramp, as_expr, call, max_, min_, select
 from tuner.ir.dtype import DType
 
 MAX_TEXELS_PER_ITEM = 1024  # 4096 elements: no work-item of a reduction reads more of one unit
@@ -376,3 +376,93 @@ def features(v: dict, k: dict) -> dict:
     return {"work_per_item": log2(per_item), "wg_size": log2(L * P), "groups": log2(groups),
             "items": log2(groups * L * P), "tree_depth": log2(L), "split": log2(T),
             "launch_waste": ceil_div(units, P) * P * T * L * per_item / max(units * elements, 1)}
+
+
+def welford_merge(a, b):
+    """Two (count, mean, M2, 0) float4s of disjoint sets of values merged into that of their union (Chan et al.:
+    ``delta = mean_b - mean_a``, ``M2 = M2_a + M2_b + delta^2 * n_a * n_b / n``): no sums of squares, so no
+    cancellation; an empty set (count 0) leaves the other as it is."""
+    na, ma, qa = (ExtractLane(a, k) for k in range(3))
+    nb, mb, qb = (ExtractLane(b, k) for k in range(3))
+    n = na + nb
+    f = nb / max_(n, 1.0)
+    d = mb - ma
+    return call("make_vector", [n, ma + d * f, qa + qb + d * d * na * f, as_expr(0.0)], "float32x4")
+
+
+def any_size_tree(b: Builder, value, combine, lid, size: int, buf):
+    """``value`` (a float4 per work-item) combined over the ``size`` work-items of a work-group (any size: the
+    upper half of each step folds into the lower where it exists) in ``buf``, a local float4 array of ``size``
+    (allocated at the kernel's outermost scope); every work-item reaches each barrier, and the result is read
+    after the last."""
+    b.store(buf, lid, value)
+    s = pow2_ceil(size) // 2
+    while s >= 1:
+        b.barrier()
+        with b.if_((lid < s) & (lid + s < size)) if 2 * s > size else b.if_(lid < s):
+            b.store(buf, lid, combine(buf[lid], buf[lid + s]))
+        s //= 2
+    b.barrier()
+    return buf[0]
+
+
+def last_group_statistics(b: Builder, values: list, first, lid, size: int, n, slot, slots: int, Sp, Sc, St):
+    """A GroupNorm(1)'s statistics of image ``n`` written by the launch that computes the image (a producer's
+    epilogue: ``Conv2dWorkload.out_stats``), in ``group_norm``'s ``stats`` format with one chunk -- no launch is
+    left for them. ``values``: this work-item's ``(float4, float4 mask of 1s and 0s)`` outputs; ``first``:
+    ``(condition, float4)`` -- the work-item that holds the image's first element (lane 0), the shift K of the
+    format. ``lid`` of ``size`` work-items; the work-group is ``slot`` of the ``slots`` that write image ``n``.
+
+    Each work-group reduces its values to (count, mean, M2) -- the mean, then the squared deviations from it, both
+    in a local tree -- and stores them in ``Sp`` (float32 (N * (slots + 1), 4), a workspace; K in slot ``slots``),
+    then, past a global fence, counts itself in ``Sc[n]`` (int32 (N,), a workspace that starts at zero). The
+    work-group that counts last merges the slots in a fixed order (``welford_merge``: deterministic), writes
+    ``St[2n]`` = (count * (mean - K), 0, 0, 0) and ``St[2n + 1]`` = (M2 + count * (mean - K)^2, 0, 0, 0) -- the
+    shifted sums a reader adds up (``unit_factors``) -- and returns ``Sc[n]`` to zero for the next launch
+    (CUDA's threadFenceReduction)."""
+    zero, vec = Broadcast(as_expr(0.0), 4), Ramp(as_expr(0), as_expr(1), 4)
+    tree = b.allocate("stree", (size,), "float32x4", "local")  # the sums', then the merge's
+    last = b.allocate("slast", (1,), "int32", "local")
+    acc = b.allocate("ssum", (2,), "float32x4", "private")
+    b.store(acc, 0, zero)
+    b.store(acc, 1, zero)
+    for v, m in values:
+        b.store(acc, 0, acc[0] + v * m)
+        b.store(acc, 1, acc[1] + m)
+    total = any_size_tree(b, call("make_vector", [hsum(acc[1]), hsum(acc[0]), as_expr(0.0), as_expr(0.0)],
+                                  "float32x4"), lambda x, y: x + y, lid, size, tree)
+    count = b.let("scount", ExtractLane(total, 0))
+    mean = b.let("smean", ExtractLane(total, 1) / max_(count, 1.0))
+    b.store(acc, 0, zero)
+    for v, m in values:
+        d = (v - Broadcast(mean, 4)) * m
+        b.store(acc, 0, acc[0] + d * d)
+    b.barrier()  # every work-item has read the total
+    m2 = b.let("sm2", ExtractLane(any_size_tree(b, Broadcast(hsum(acc[0]), 4), lambda x, y: x + y, lid, size, tree),
+                                  0))
+    base = n * (slots + 1)
+    with b.if_(lid.equal(0)):
+        b.store(Sp, (base + slot, vec), call("make_vector", [count, mean, m2, as_expr(0.0)],
+                                             "float32x4"))
+    cond, v0 = first
+    with b.if_(cond):
+        b.store(Sp, (base + slots, vec), v0)
+    b.barrier("global")  # the slots stored, and visible to every work-group, before this one is counted
+    with b.if_(lid.equal(0)):
+        b.store(last, 0, select(call("atomic_inc", [Sc[n]], "int32").equal(slots - 1), as_expr(1), as_expr(0)))
+    b.barrier()
+    with b.if_(last[0].equal(1)):  # the same for the whole work-group
+        part = b.allocate("spart", (1,), "float32x4", "private")
+        b.store(part, 0, zero)
+        with b.loop("sj", -(-slots // size)) as sj:
+            j = sj * size + lid
+            with b.if_(j < slots) if slots % size else nullcontext():
+                b.store(part, 0, welford_merge(part[0], Sp[base + j, vec]))
+        whole = any_size_tree(b, part[0], welford_merge, lid, size, tree)
+        with b.if_(lid.equal(0)):
+            c = ExtractLane(whole, 0)
+            d = b.let("sdev", ExtractLane(whole, 1) - ExtractLane(Sp[base + slots, vec], 0))
+            b.store(St, (2 * n, vec), call("make_vector", [c * d, 0.0, 0.0, 0.0], "float32x4"))
+            b.store(St, (2 * n + 1, vec), call("make_vector", [ExtractLane(whole, 2) + c * d * d, 0.0, 0.0, 0.0],
+                                                          "float32x4"))
+            b.store(Sc, n, 0)

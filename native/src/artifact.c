@@ -36,12 +36,13 @@ static int graph_fail(const tnr_artifact *a, char *err, const char *fmt, ...) {
     return tnr_fail(err, TNR_E_ARTIFACT, "%s/graph.json: %s; " REDO, a->dir, msg);
 }
 
-size_t tnr_dtype_size(int dtype) { return dtype == TNR_F32 ? 4 : dtype == TNR_F16 ? 2 : 1; }
+size_t tnr_dtype_size(int dtype) { return dtype == TNR_F32 || dtype == TNR_I32 ? 4 : dtype == TNR_F16 ? 2 : 1; }
 
 static int is_texture(const char *scope) { return strncmp(scope, "texture", 7) == 0; }
 
 static int dtype_code(const char *s) {
-    return strcmp(s, "float32") == 0 ? TNR_F32 : strcmp(s, "float16") == 0 ? TNR_F16 : strcmp(s, "uint8") == 0 ? TNR_U8 : -1;
+    return strcmp(s, "float32") == 0 ? TNR_F32 : strcmp(s, "float16") == 0 ? TNR_F16 : strcmp(s, "uint8") == 0 ? TNR_U8
+         : strcmp(s, "int32") == 0 ? TNR_I32 : -1;
 }
 
 /* ------------------------------------------------------------------------------------------------------------
@@ -471,7 +472,7 @@ static int read_entry(rd *r, const char *key, const tj_value *e, tnr_entry *out)
     out->dtype = dtype_code(dtype);
     /* the scope and dtype strings are checked (check 3) after check 2, as the Python reader does */
     out->pool = strcmp(scope, "global") == 0 || out->texture ? 0 : -2; /* -2: bad scope */
-    if (out->dtype == TNR_U8) out->dtype = -1;
+    if (out->dtype == TNR_U8 || out->dtype == TNR_I32) out->dtype = -1;
     return 0;
 }
 
@@ -862,9 +863,10 @@ static int check_types_and_shapes(const tnr_artifact *a, const raw_strings *raw,
             const tnr_blob *b = &blobs[i];
             if (raw) {
                 const char *scope = (k ? raw->ws_scope : raw->param_scope)[i];
-                if (b->dtype < 0)
-                    return graph_fail(a, err, "%s[%d] ('%.80s').dtype '%.40s' is neither float32 nor float16", kind, i,
-                                      b->key, (k ? raw->ws_dtype : raw->param_dtype)[i]);
+                if (b->dtype < 0 || (b->dtype == TNR_I32 && (!k || b->texture)))
+                    return graph_fail(a, err, "%s[%d] ('%.80s').dtype '%.40s' is neither float32 nor float16%s", kind, i,
+                                      b->key, (k ? raw->ws_dtype : raw->param_dtype)[i],
+                                      b->dtype == TNR_I32 ? " (int32: a workspace in a buffer only)" : "");
                 if (strcmp(scope, "global") != 0 && !b->texture)
                     return graph_fail(a, err, "%s[%d] ('%.80s') has scope '%.40s', neither 'global' nor 'texture*'", kind,
                                       i, b->key, scope);
@@ -1086,13 +1088,14 @@ static int check_calls(tnr_artifact *a, const tnr_limits *lim, const char *dev, 
                     nphys = b->nphys, phys = b->phys;
                 }
                 if (!limits_only) {
-                    const char *want_type = dtype == TNR_F16 ? "half" : "float";
+                    const char *want_type = dtype == TNR_F16 ? "half" : dtype == TNR_I32 ? "int" : "float";
                     if (arg->image != texture)
                         return graph_fail(a, err, "%s: parameter '%.80s' is an %s, argument '%.80s' a %s tensor", cw,
                                           arg->pname, arg->image ? "image" : "buffer", arg->ref, texture ? "texture" : "global");
                     if (!arg->image && (!arg->type || strcmp(arg->type, want_type) != 0))
                         return graph_fail(a, err, "%s: parameter '%.80s' holds %s, argument '%.80s' is %s", cw, arg->pname,
-                                          arg->type ? arg->type : "None", arg->ref, dtype == TNR_F16 ? "float16" : "float32");
+                                          arg->type ? arg->type : "None", arg->ref,
+                                          dtype == TNR_F16 ? "float16" : dtype == TNR_I32 ? "int32" : "float32");
                     if (arg->kind == TNR_ARG_PARAM && arg->write)
                         return graph_fail(a, err, "%s: parameter '%.80s' writes the constant '%.80s'", cw, arg->pname, arg->ref);
                     /* the size its code addresses, as generated: a smaller argument would be read or written past
@@ -1470,6 +1473,7 @@ static int check_precision(tnr_artifact *a, tj_value *g, char *err) {
             const char *name = k == 0 ? a->entries[i].name : k == 1 ? a->params[i].key : a->workspaces[i].key;
             int dtype = k == 0 ? a->entries[i].dtype : k == 1 ? a->params[i].dtype : a->workspaces[i].dtype;
             const char *dn = dtype == TNR_F16 ? "float16" : "float32";
+            if (dtype == TNR_I32) continue; /* counters: no precision of their own */
             if (a->dtype != TNR_F16 && dtype != a->dtype)
                 rc = graph_fail(a, err, "'%s%.80s' is %s in a float32 artifact", prefix[k], name, dn);
             else if (a->dtype == TNR_F16 && (dtype == TNR_F32) != listed[k][i])

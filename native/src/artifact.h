@@ -10,7 +10,7 @@
 #include "json.h"
 
 #define TNR_DIMS 8
-enum { TNR_F32 = 0, TNR_F16 = 1, TNR_U8 = 2 };
+enum { TNR_F32 = 0, TNR_F16 = 1, TNR_U8 = 2, TNR_I32 = 3 }; /* int32: a workspace's counters, zero when loaded */
 enum { TNR_ARG_ENTRY = 0, TNR_ARG_PARAM = 1, TNR_ARG_WORKSPACE = 2 };
 
 typedef struct {

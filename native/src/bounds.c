@@ -2424,6 +2424,17 @@ static bval call(ban *a, bnode *e) {
         access_buf(a, a->param_of[ptr->sym], e->args[e->nargs - 2], step, base, e->line, n, store);
         return vnone();
     }
+    if (!strcmp(name, "atomic_inc")) { /* atomic_inc(P + i): element i of an int buffer parameter, read and written */
+        bnode *ptr = e->nargs == 1 ? e->args[0] : NULL;
+        int i;
+        if (e->nargs != 1) bfail(a->c, e->line, "%s with %d arguments", name, e->nargs);
+        if (!(ptr->kind == N_BIN && opis(ptr->op, "+") && is_param_var(a, ptr->a)) ||
+            a->k->params[i = a->param_of[ptr->a->sym]].image || !a->k->params[i].type ||
+            strcmp(a->k->params[i].type, "int") != 0)
+            bfail(a->c, e->line, "%s of a pointer other than an int buffer parameter plus an index", name);
+        access_buf(a, i, ptr->b, 1, NULL, e->line, 1, 1);
+        return vnone();
+    }
     if (!strcmp(name, "read_imagef") || !strcmp(name, "read_imageh") || !strcmp(name, "read_imagei") ||
         !strcmp(name, "read_imageui"))
         return image(a, e, 0);

@@ -276,8 +276,21 @@ static int setup(tnr_runtime *rt, const char *spec) {
             return rc;
         }
     }
-    for (i = 0; i < a->nworkspaces; i++)
-        if ((rc = alloc_blob(rt, &a->workspaces[i], &rt->workspaces[i]))) return rc;
+    for (i = 0; i < a->nworkspaces; i++) {
+        const tnr_blob *b = &a->workspaces[i];
+        if ((rc = alloc_blob(rt, b, &rt->workspaces[i]))) return rc;
+        if (b->dtype == TNR_I32) { /* counters start at zero, and each launch leaves them so (docs/artifact.md) */
+            size_t bytes = (size_t)b->elems * 4;
+            void *zeros = calloc(bytes ? bytes : 1, 1);
+            if (!zeros) return tnr_fail(rt->err, TNR_E_NOMEM, "out of memory");
+            rc = tcl_write_buffer(&rt->api, rt->q, rt->workspaces[i], 1, 0, bytes, zeros, rt->err);
+            free(zeros);
+            if (rc) {
+                tnr_prefix(rt->err, "workspace '%.80s'", b->key);
+                return rc;
+            }
+        }
+    }
     /* programs */
     for (i = 0; i < a->nnodes; i++) {
         int s = a->nodes[i].source_index;

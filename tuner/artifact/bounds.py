@@ -1183,6 +1183,15 @@ class _Analysis:
             return None
         if name in _IMAGE_READ or name in _IMAGE_WRITE:
             return self.image(name, args, line)
+        if name == "atomic_inc":  # atomic_inc(P + i): element i of an int buffer parameter, read and written
+            if len(args) != 1:
+                raise BoundsError(line, f"{name} with {len(args)} arguments")
+            ptr = args[0]
+            if not (ptr[0] == "bin" and ptr[1] == "+" and ptr[2][0] == "var" and ptr[2][1] in self.params) \
+                    or self.kinds[self.params[ptr[2][1]]]["type"] != "int":
+                raise BoundsError(line, f"{name} of a pointer other than an int buffer parameter plus an index")
+            self.access(self.params[ptr[2][1]], ptr[3], 1, None, line, 1, True)
+            return None
         for a in args:
             if a[0] == "var" and a[1] in self.params:
                 raise BoundsError(line, f"parameter {a[1]!r} is passed to {name}()")

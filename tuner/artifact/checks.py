@@ -13,6 +13,8 @@ from .bounds import check_call as check_call_bounds
 from .format import PARAM_ALIGN, ArtifactError, ModuleSpec
 
 DTYPES = {"float32": 4, "float16": 2}
+COUNTERS = {"int32": 4}  # a workspace's other dtype: counters in a buffer, zero when loaded (docs/artifact.md)
+SIZES = {**DTYPES, **COUNTERS}
 MAX_DIM = 2**31 - 1
 LAUNCH_SLACK = 16  # a generated kernel gives each work-item at least 1/16 of an output element
 KERNEL_FILE = re.compile(r"^k[0-9]{3,6}\.cl$")
@@ -53,8 +55,8 @@ def _check_physical(scope: str, shape, dtype: str, where: str, profile: dict) ->
         mw, mh = limit(profile, "image2d_max_width"), limit(profile, "image2d_max_height")
         if w > mw or h > mh:
             _fail(f"{where}: a texture of {w} x {h} pixels exceeds the device's image2d limit {mw} x {mh}")
-    elif math.prod(shape) * DTYPES.get(dtype, 1) > limit(profile, "max_mem_alloc_bytes", 2**63):
-        _fail(f"{where}: a buffer of {math.prod(shape) * DTYPES.get(dtype, 1)} bytes exceeds the device's "
+    elif math.prod(shape) * SIZES.get(dtype, 1) > limit(profile, "max_mem_alloc_bytes", 2**63):
+        _fail(f"{where}: a buffer of {math.prod(shape) * SIZES.get(dtype, 1)} bytes exceeds the device's "
               f"max_mem_alloc_bytes {limit(profile, 'max_mem_alloc_bytes', 2**63)}")
 
 
@@ -78,8 +80,11 @@ def check_types_and_shapes(spec: ModuleSpec, profile: dict) -> None:
         _check_physical(p.scope, p.shape, "uint8", f"pools[{i}].shape", profile)
     for kind, blobs in (("params", spec.params), ("workspaces", spec.workspaces)):
         for i, b in enumerate(blobs):
-            if b.dtype not in DTYPES:
-                _fail(f"{kind}[{i}] ({b.key!r}).dtype {b.dtype!r} is neither float32 nor float16")
+            if b.dtype in COUNTERS and kind == "workspaces" and not is_texture(b.scope):
+                pass
+            elif b.dtype not in DTYPES:
+                _fail(f"{kind}[{i}] ({b.key!r}).dtype {b.dtype!r} is neither float32 nor float16" +
+                      (" (int32: a workspace in a buffer only)" if b.dtype in COUNTERS else ""))
             _check_scope(b.scope, f"{kind}[{i}] ({b.key!r})")
             _check_physical(b.scope, b.physical_shape, b.dtype, f"{kind}[{i}] ({b.key!r}).physical_shape", profile)
 
@@ -203,7 +208,7 @@ def check_calls(spec: ModuleSpec, sources: dict, profile: dict) -> None:
                 scope, dtype, count, phys = a
                 if (prm.kind == "image") != is_texture(scope):
                     _fail(f"{cw}: parameter {prm.name!r} is an {prm.kind}, argument {ref!r} a {scope} tensor")
-                if prm.kind == "buffer" and prm.type != {"float32": "float", "float16": "half"}[dtype]:
+                if prm.kind == "buffer" and prm.type != {"float32": "float", "float16": "half", "int32": "int"}[dtype]:
                     _fail(f"{cw}: parameter {prm.name!r} holds {prm.type}, argument {ref!r} is {dtype}")
                 if ref.startswith("p:") and prm.access == "write":
                     _fail(f"{cw}: parameter {prm.name!r} writes the constant {ref!r}")
@@ -287,7 +292,7 @@ def check_sizes(spec: ModuleSpec, sources: dict) -> None:
     for i, n in enumerate(spec.nodes):
         for j, c in enumerate(n.calls):
             cw = f"nodes[{i}] ({n.name!r}).calls[{j}]"
-            args = [(a[2], DTYPES[a[1]], a[3]) for a in (_arg(spec, blobs, ref) for ref in c.args)]
+            args = [(a[2], SIZES[a[1]], a[3]) for a in (_arg(spec, blobs, ref) for ref in c.args)]
             written, most = check_call_bounds(sources[n.source], n.source, c, cw, args)
             for ref, w, m in zip(c.args, written, most):
                 if w is None or not ref.startswith("t:"):
@@ -338,7 +343,8 @@ def check_precision(spec: ModuleSpec) -> None:
               f"{spec.dtype}: it must be empty")
     known = {f"t:{n}": e.dtype for n, e in spec.entries.items()}
     known.update({f"p:{b.key}": b.dtype for b in spec.params})
-    known.update({f"w:{b.key}": b.dtype for b in spec.workspaces})
+    known.update({f"w:{b.key}": b.dtype for b in spec.workspaces if b.dtype not in COUNTERS})  # (counters: no
+    # precision of their own)
     listed: set = set()
     for i, ref in enumerate(spec.float32):
         if ref not in known:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ..errors import LoweringError
 from ..ir.arith import const_int_bound, simplify
+from ..ir.dtype import DType
 from ..ir.expr import (Binary, Broadcast, BufferLoad, Call, Cast, Const, Expr, ExtractLane, Ramp, Select, Var)
 from ..ir.kernel import Kernel, Program
 from ..ir.stmt import Allocate, Barrier, BufferStore, Evaluate, For, If, Let, Seq
@@ -106,6 +107,12 @@ class OpenCLCodegen:
             if e.name == "texture2d_load":
                 img, x, y = e.args
                 return f"read_imagef({img.name}, sampler, (int2)({self.expr(x)}, {self.expr(y)}))", 0
+            if e.name == "atomic_inc":  # atomic_inc(P + i): the int it held, one added (a global int32 buffer)
+                (load,) = e.args
+                buf, (idx,) = load.buffer, load.indices
+                if buf.dtype != DType("int32") or buf.scope != "global" or idx.lanes != 1:
+                    raise LoweringError(f"atomic_inc of {buf.name}: a scalar element of a global int32 buffer")
+                return f"atomic_inc({buf.name} + {self.expr(idx, 4)})", 0
             if e.name == "make_vector":
                 return f"({ctype(e.dtype)})({', '.join(self.expr(a) for a in e.args)})", 0
             return f"{e.name}({', '.join(self.expr(a) for a in e.args)})", 0
@@ -220,7 +227,8 @@ class OpenCLCodegen:
             self.emit(f"const {ctype(s.value.dtype)} {s.var.name} = {self.expr(s.value)};", depth)
             self.stmt(s.body, depth)
         elif isinstance(s, Barrier):
-            self.emit("barrier(CLK_LOCAL_MEM_FENCE);", depth)
+            self.emit("barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);" if s.fence == "global"
+                      else "barrier(CLK_LOCAL_MEM_FENCE);", depth)
         else:
             raise LoweringError(f"cannot generate OpenCL for statement {type(s).__name__}")
 

@@ -310,6 +310,43 @@ def norms_into_convs(graph: Graph) -> Graph:
     return g.validate()
 
 
+STATS_PRODUCER_ATTRS = {"stride", "padding", "dilation", "groups", "pad_mode", "activation", "residual",
+                        "residual_scale", "in_norm", "norm_stats", "in_group_norm", "norm_affine", "in_scale",
+                        "in_view", "slope", "patch_view"}  # a convolution's fusions that leave it writing its output whole
+
+
+def norm_statistics_into_producers(graph: Graph) -> Graph:
+    """A GroupNorm(1)'s statistics kernel (``group_norm`` with ``stats``: its readers normalize what they read)
+    whose input a convolution writes: the convolution computes the statistics in its epilogue instead
+    (``Conv2dWorkload.out_stats``: each work-group's (count, mean, M2), merged by the last to finish), a second
+    output of one chunk, and no launch is left for them. The convolution of the conv2d template (not depthwise,
+    not Winograd: a node with a second output takes only a template that writes it), its output channels a
+    multiple of 4, written whole.
+
+    Not in ``passes.PIPELINE``: the epilogue adds two local trees and a global fence to every work-group of the
+    convolution, against a launch that reads the tensor once. ``compiler.fastest_plan`` times the plan with this
+    pass applied beside the kept one (step ``norms``). Runs on a graph the pipeline has optimized."""
+    g = graph.copy()
+    changed = False
+    for node in list(g.nodes):
+        if node.op != "group_norm" or node.attrs.get("groups") != 1 or not node.attrs.get("stats"):
+            continue
+        x, stats = node.inputs[0], node.outputs[0]
+        p, shape = g.producer(x), g.shapes[x]
+        if p is None or p.op != "conv2d" or p.outputs != [x] or len(shape) != 4 or shape[1] % 4 \
+                or set(p.attrs) - STATS_PRODUCER_ATTRS or any(t not in g.params for t in p.inputs[1:2]):
+            continue
+        from tuner.templates.common import is_depthwise  # the graph passes import tuner.templates lazily
+        if is_depthwise(g.shapes[p.inputs[0]], g.shapes[p.inputs[1]], p.attrs.get("groups", 1)):
+            continue
+        p.attrs = {**p.attrs, "out_stats": True}
+        p.outputs = [x, stats]
+        g.shapes[stats] = (shape[0], 8)  # one chunk: the readers' workloads take the count from the shape
+        g.nodes.remove(node)
+        changed = True
+    return g.validate() if changed else graph
+
+
 def _permutes_within_channels(g: Graph, copy: Node) -> bool:
     """Whether the strided copy ``copy`` only moves each channel's elements within that channel of the same image:
     a bijection of the elements that keeps (n, c) (timm's MobileViTv2 folding patches back into an image)."""

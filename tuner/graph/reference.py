@@ -53,6 +53,10 @@ def run_graph_numpy(graph: Graph, inputs: dict, all_tensors: bool = False) -> di
         env[node.outputs[0]] = out
         if node.attrs.get("row_sums"):  # passes_se.pool_rows_in_depthwise: the output's row sums too
             env[node.outputs[1]] = out.sum(axis=3, keepdims=True)
+        if node.attrs.get("out_stats"):  # passes_layer_norm.norm_statistics_into_producers: its GroupNorm(1)
+            # statistics too, as the epilogue writes them (one chunk)
+            from tuner.templates.conv2d_nchw4c import image_statistics
+            env[node.outputs[1]] = image_statistics(out).reshape(out.shape[0], -1)
     names = env if all_tensors else graph.outputs
     return {t: env[t].astype(np.float32) for t in names}
 
@@ -63,7 +67,7 @@ _BINARY_EPILOGUE = {"activation", "scale", "residual"}  # passes._binary_epilogu
 EPILOGUE_ATTRS = {
     "conv2d": {"activation", "residual", "in_scale", "pad_mode", "slope", "in_view", "in_norm", "norm_stats",
                "patch_view", "row_sums", "in_group_norm", "norm_affine", "in_add", "in_add_at", "out_norm",
-               "out_norm_affine", "residual_scale"},
+               "out_norm_affine", "residual_scale", "out_stats"},
     "dense": {"activation", "residual"},
     "group_norm": {"activation", "slope", "residual"}, "layer_norm": {"activation"},
     "add": {"activation", "channel_offsets"}, "relu": {"channel_offsets"}, "clip": {"channel_offsets"},

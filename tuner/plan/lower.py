@@ -71,8 +71,10 @@ def lower_graph(g: Graph, dtype: str = "float32", float32=None) -> Plan:
         tensors[out] = Tensor(out, shape, _kind(shape), dtype=of(node.name)) if not node.attrs.get("stats") else \
             Tensor(out, shape, "plain", dtype="float32")  # a GroupNorm(1)'s statistics: float32 chunk partials,
         # a buffer its reading convolutions index themselves (``passes_layer_norm.group_norm_into_convs``)
-        for side in node.outputs[1:]:  # a second output (a depthwise convolution's row sums): in out's scope
-            tensors[side] = Tensor(side, tuple(g.shapes[side]), _kind(g.shapes[side]), dtype=of(node.name))
+        for side in node.outputs[1:]:  # a second output (a depthwise convolution's row sums): in out's scope;
+            # a convolution's GroupNorm(1) statistics (``out_stats``): float32 partials in a buffer, as above
+            tensors[side] = Tensor(side, tuple(g.shapes[side]), _kind(g.shapes[side]), dtype=of(node.name)) \
+                if not node.attrs.get("out_stats") else Tensor(side, tuple(g.shapes[side]), "plain", dtype="float32")
         ins = [packed(t) for t in node.inputs]
         ctx.dtype = of(node.name)  # a template's workload (and its weights) in the node's storage dtype
         rule_for(node.op, node.name)(ctx, node, ins, out, shape)
@@ -219,7 +221,8 @@ def _plan_storage(plan: Plan, info, scope: str, history, io_in_place: bool = Fal
                              and plan.tensors[x].kind != "plain"), None)
             choice = (want[tuned_readers[0].name] if tuned_readers else first_in.scope if first_in is not None
                       else "buffer" if scope == "buffer" else "texture")
-        sides = [plan.tensors[x] for x in s.side_outputs.values()]  # written in the output's scope and layout
+        sides = [plan.tensors[x] for x in s.side_outputs.values()  # written in the output's scope and layout
+                 if plan.tensors[x].kind != "plain"]  # (statistics: a buffer of their own)
         t.scope = choice if choice == "buffer" or all(_texture_ok(x, info, plan.dtype_of(x.name))
                                                       for x in (t, *sides)) else "buffer"
         if s.tuned and not ("Res" in s.inputs or gated) and _served(s, info, _io(plan, s), want[s.name]) is None:

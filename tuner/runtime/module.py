@@ -188,6 +188,8 @@ class Module:
         for b in spec.workspaces:
             key = f"w:{b.key}"
             self.arrays[key] = self._on_device(rt.alloc, b.scope, b.physical_shape, b.dtype, arg=key)
+            if b.dtype == "int32":  # counters start at zero, and each launch leaves them so (docs/artifact.md)
+                self._on_device(rt.upload, self.arrays[key], np.zeros(b.physical_shape, np.int32), arg=key)
         stats: dict = {}
         names = list(dict.fromkeys(n.source for n in spec.nodes))
         bar = None

@@ -78,6 +78,10 @@ class Executable:
     def _with_scratch(self, arrays: dict, body):
         """``body(calls)`` with the workspaces requested, then the queue finished and the workspaces released."""
         scratch = {w.name: self._pool(w).request(physical_shape(w), w.dtype.numpy) for w in self.program.workspaces}
+        from .memory import upload
+        for w in self.program.workspaces:  # counters start at zero (a launch returns them to zero)
+            if w.dtype.base == "int32":
+                upload(self.device, scratch[w.name], np.zeros(scratch[w.name].physical_shape, np.int32))
         try:
             return body(self._calls(arrays, scratch))
         finally:
