@@ -22,7 +22,7 @@ from tuner.ir.kernel import Program
 from tuner.ir.gather import gather_pixel
 from tuner.ir.schedule import cache_read
 from tuner.templates.reduction import (as_float as _as_float, channel_blocks, hsum, local_tree, norm_units, pow2_ceil,
-                                       last_group_statistics, read_norm_operands, sum_partials, unit_factors,
+                                       last_group_statistics, stats_workspaces, read_norm_operands, sum_partials, unit_factors,
                                        unit_first_block, unit_normed)
 from tuner.templates.common import (EPILOGUE_ARGS, MODEL_KNOBS, PAD_MODE_ARG, WINDOW_ARGS, Arithmetic,
                                     Conv2dWorkload, LocalTile, clamp, Template, WorkloadArg, _log2, declare_operands,
@@ -149,12 +149,6 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
     if St is not None:  # the statistics' slots and arrival counters: workspaces of the launch
         kernel = Program(kernel.name, (kernel,), tuple(p for p in operands if p is not None), tuple(work))
     return cache_read(kernel, X, "texture", cfg.act_layout) if cfg.cache_input else kernel
-
-
-def stats_workspaces(N: int, slots: int) -> list:
-    """``out_stats``' workspaces: ``Sp``, a (count, mean, M2) slot per work-group of each image and its shift K
-    (float32), and ``Sn``, each image's arrival counter (int32, zero between launches)."""
-    return [buffer("Sp", (N * (slots + 1), 4), "float32", "global"), buffer("Sn", (N,), "int32", "global")]
 
 
 def holds_first(obb, oh0, ow0, owner):

@@ -406,6 +406,12 @@ def any_size_tree(b: Builder, value, combine, lid, size: int, buf):
     return buf[0]
 
 
+def stats_workspaces(N: int, slots: int) -> list:
+    """``last_group_statistics``' workspaces: ``Sp``, a (count, mean, M2) slot per work-group of each image and its
+    shift K (float32), and ``Sn``, each image's arrival counter (int32, zero between launches)."""
+    return [buffer("Sp", (N * (slots + 1), 4), "float32", "global"), buffer("Sn", (N,), "int32", "global")]
+
+
 def last_group_statistics(b: Builder, values: list, first, lid, size: int, n, slot, slots: int, Sp, Sc, St):
     """A GroupNorm(1)'s statistics of image ``n`` written by the launch that computes the image (a producer's
     epilogue: ``Conv2dWorkload.out_stats``), in ``group_norm``'s ``stats`` format with one chunk -- no launch is

@@ -594,8 +594,9 @@ def fastest_plan(model, history, device, dtype: str = "float32", input_shapes: d
 
     Where norms could run inside convolutions -- applied by those that read them (``norms_applied_as_read``: fewer
     launches, more work in the readers) or computed in the epilogue of the one that writes them
-    (``norms_into_convs``: no launch, a work-group a plane) -- the kept plan is timed beside those graphs' plans in
-    each scope mode (``_refine_norms``, step ``norms``), and the faster is kept.
+    (``norms_into_convs``: no launch, a work-group a plane), or a GroupNorm(1)'s statistics computed there
+    (``norm_statistics_into_producers``) -- the kept plan is timed beside those graphs' plans (``_refine_norms``,
+    step ``norms``), and the faster is kept.
 
     Then the template choice of the kept plan is checked inside the model (``_refine_templates``): the log
     times each kernel alone, with its weights warm in the cache from the previous run, and a Winograd kernel
@@ -822,10 +823,13 @@ def _refine_norms(mode: str, graph, compile_) -> dict:
     - ``<scope>+norms-in-convs`` (``norms_into_convs``): a norm of a small plane computed in its producing
       convolution's epilogue, no launch of its own; ``auto+norms-in-convs-as-read``: both, the second where the
       first does not apply.
+    - ``auto+stats-in-producers`` (``norm_statistics_into_producers``): a GroupNorm(1)'s statistics, which its
+      readers normalize with, computed in the epilogue of the convolution that writes its input (each work-group's
+      partials merged by the last one to finish): no statistics launch.
 
     A candidate that cannot be planned on this device (no work-group of it holds a plane) is left out. Empty when no
     norm qualifies."""
-    from tuner.graph.passes_layer_norm import norms_applied_as_read, norms_into_convs
+    from tuner.graph.passes_layer_norm import norm_statistics_into_producers, norms_applied_as_read, norms_into_convs
     graphs = {}
     read = lambda g: sum(bool(n.attrs.get("in_group_norm")) for n in g.nodes)  # noqa: E731 - readers normalizing
     as_read = norms_applied_as_read(graph)  # (the pools' norms are read so by the pipeline: norms_read_by_pools)
@@ -837,6 +841,9 @@ def _refine_norms(mode: str, graph, compile_) -> dict:
         both = norms_applied_as_read(in_convs)
         if read(both) > read(in_convs):
             graphs["norms-in-convs-as-read"] = (both, ("auto",))
+    in_producers = norm_statistics_into_producers(graph)
+    if in_producers is not graph:
+        graphs["stats-in-producers"] = (in_producers, ("auto",))
     others = {}
     for name, (g, scopes) in graphs.items():
         for scope in scopes:

@@ -315,6 +315,22 @@ STATS_PRODUCER_ATTRS = {"stride", "padding", "dilation", "groups", "pad_mode", "
                         "in_view", "slope", "patch_view"}  # a convolution's fusions that leave it writing its output whole
 
 
+POOL_STATS_ATTRS = {"kernel", "stride", "padding", "count_include_pad", "ceil_mode", "post", "post_op", "scale",
+                    "residual", "residual_scale", "in_group_norm", "norm_affine", "norm_stats", "post_normed"}
+
+
+def _writes_stats(g: Graph, p: Node) -> bool:
+    """Whether ``p`` can write its output's GroupNorm(1) statistics in its epilogue: a convolution of the conv2d
+    template with only the fusions above (not depthwise), or a windowed pool (the glue kernel's, not a pool of one
+    window, which ``spatial_reduce`` runs)."""
+    from tuner.templates.common import is_depthwise  # the graph passes import tuner.templates lazily
+    from tuner.templates.spatial_reduce import one_window
+    if p.op == "conv2d":
+        return not set(p.attrs) - STATS_PRODUCER_ATTRS and p.inputs[1] in g.params \
+            and not is_depthwise(g.shapes[p.inputs[0]], g.shapes[p.inputs[1]], p.attrs.get("groups", 1))
+    return p.op in POOLS and not set(p.attrs) - POOL_STATS_ATTRS and not one_window(p.attrs, g.shapes[p.inputs[0]])
+
+
 def norm_statistics_into_producers(graph: Graph) -> Graph:
     """A GroupNorm(1)'s statistics kernel (``group_norm`` with ``stats``: its readers normalize what they read)
     whose input a convolution writes: the convolution computes the statistics in its epilogue instead
@@ -333,11 +349,7 @@ def norm_statistics_into_producers(graph: Graph) -> Graph:
             continue
         x, stats = node.inputs[0], node.outputs[0]
         p, shape = g.producer(x), g.shapes[x]
-        if p is None or p.op != "conv2d" or p.outputs != [x] or len(shape) != 4 or shape[1] % 4 \
-                or set(p.attrs) - STATS_PRODUCER_ATTRS or any(t not in g.params for t in p.inputs[1:2]):
-            continue
-        from tuner.templates.common import is_depthwise  # the graph passes import tuner.templates lazily
-        if is_depthwise(g.shapes[p.inputs[0]], g.shapes[p.inputs[1]], p.attrs.get("groups", 1)):
+        if p is None or p.outputs != [x] or len(shape) != 4 or shape[1] % 4 or not _writes_stats(g, p):
             continue
         p.attrs = {**p.attrs, "out_stats": True}
         p.outputs = [x, stats]

@@ -73,7 +73,7 @@ EPILOGUE_ATTRS = {
     "add": {"activation", "channel_offsets"}, "relu": {"channel_offsets"}, "clip": {"channel_offsets"},
     "sub": _BINARY_EPILOGUE, "mul": _BINARY_EPILOGUE, "div": _BINARY_EPILOGUE, "prelu": _BINARY_EPILOGUE,
     **{op: {"post", "post_op", "scale", "residual", "residual_scale", "in_group_norm", "norm_affine", "norm_stats",
-            "post_normed"}
+            "post_normed", "out_stats"}
        for op in ("avg_pool", "max_pool")},
     "concat": {"activation"}, "se_gate": {"activation"},
     # spatial_reduce's activation (passes.SPATIAL_REDUCTIONS)

@@ -31,9 +31,11 @@ from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
 from tuner.ir.expr import Broadcast, Cast, ExtractLane, Ramp, as_expr, call, max_, min_, select
 from tuner.ir.dtype import float32
+from tuner.ir.kernel import Program
 from tuner.ir.gather import make_vector as _vector, pixel_index as _pixel, shifted_pixel, zero_padding_lanes
 from tuner.templates.common import bias_buffer
-from tuner.templates.reduction import norm_units, unit_factors, unit_first_block, unit_normed
+from tuner.templates.reduction import (last_group_statistics, norm_units, stats_workspaces, unit_factors,
+                                       unit_first_block, unit_normed)
 
 DTYPES = ("float32", "float16")
 SCOPES = ("texture", "buffer")
@@ -295,7 +297,7 @@ def pool_kernel(shape, kind: str, kernel, stride=1, padding=0, count_include_pad
                 dtype: str = "float32", in_scope: str = "texture", out_scope: str = "texture",
                 max_work_group: int = 64, ceil_mode: bool = False, post=None, scale: bool = False,
                 residual_scope: str | None = None, in_norm=None, post_normed: bool = False,
-                residual_scale: bool = False):
+                residual_scale: bool = False, out_stats: bool = False):
     """Max or average pooling of NCHW ``X`` into ``Y`` (ONNX semantics, floor mode), one output pixel per
     work-item and a loop over the window (serial past 3x3, so 7x7 global pools stay small). Pixels in the
     padding are skipped: max ignores them (as -inf); avg divides by the pixels inside the window, or by the
@@ -310,7 +312,9 @@ def pool_kernel(shape, kind: str, kernel, stride=1, padding=0, count_include_pad
     (``passes_layer_norm.norms_read_by_pools``), its statistics ``group_norm``'s chunk partials in ``Q`` and its
     affine in ``A`` (``reduction.unit_factors``), every value inside the window normalized as it is read (the padding
     stays out of the window's sum or max); ``post_normed``: ``P`` is read normalized too (PoolFormer's
-    ``pool(n(y)) - n(y)``, both operands of ``y``)."""
+    ``pool(n(y)) - n(y)``, both operands of ``y``). ``out_stats``: the output's GroupNorm(1) statistics too, in
+    ``St`` (float32 (N * 2, 4), ``Conv2dWorkload.out_stats``' format), from the work-groups of each image, the last
+    to finish merging them (``reduction.last_group_statistics``): the next norm needs no launch."""
     shape = _packed_shape(shape, "pool")
     _check_dtype(dtype)
     if len(shape) != 4:
@@ -345,7 +349,9 @@ def pool_kernel(shape, kind: str, kernel, stride=1, padding=0, count_include_pad
         A = buffer("A", (2 * (-(-C // 4)), 4), "float32", "global")
     padded = max(pt, pl, pb, pr, *extra) > 0
     b = Builder()
-    with _work_items(b, _grid(out), max_work_group) as (n, cb, oh, ow):
+
+    def pooled(n, cb, oh, ow):
+        """The output pixel at (n, cb, oh, ow) with its epilogue, and its index."""
         factors = None
         if in_norm is not None:
             first = X[n, Ramp(unit_first_block(C, groups, cb) * 4, as_expr(1), 4), 0, 0]
@@ -376,9 +382,41 @@ def pool_kernel(shape, kind: str, kernel, stride=1, padding=0, count_include_pad
         if P is not None:
             p = unit_normed(P[pix], factors, in_norm[3]) if post_normed else P[pix]
             v = v + p if post[0] == "add" else v - p if post[0] == "sub" else v * p if post[0] == "mul" else v / p
-        b.store(Y, pix, _epilogue(v, pix, Sc, Res, RS))
+        return _epilogue(v, pix, Sc, Res, RS), pix
+
+    St = work = None
+    if not out_stats:
+        with _work_items(b, _grid(out), max_work_group) as (n, cb, oh, ow):
+            v, pix = pooled(n, cb, oh, ow)
+            b.store(Y, pix, v)
+    else:  # a GroupNorm(1)'s statistics of the output too: work-groups within an image, every work-item to the end
+        if C % 4:
+            raise ValueError(f"pool out_stats: the statistics of whole blocks of 4 channels, got {C} channels")
+        per_image = prod(_grid(out)[1:])
+        local = _local_size(per_image, max_work_group)
+        slots = -(-per_image // local)
+        St = buffer("St", (N * 2, 4), "float32", "global")
+        work = stats_workspaces(N, slots)
+        with b.loop("gn", N, "group.1") as n, b.loop("g", slots, "group.0") as g, \
+                b.loop("l", local, "local.0") as lid:
+            p = b.let("p", g * local + lid)
+            inside = p < per_image
+            cb, oh, ow = (b.let(f"i{k}", e) for k, e in
+                          enumerate(_unravel(min_(p, per_image - 1) if slots * local != per_image else p,
+                                             _grid(out)[1:]), 1))
+            v, pix = pooled(n, cb, oh, ow)
+            v = b.let("pv", v)
+            with b.if_(inside) if slots * local != per_image else nullcontext():
+                b.store(Y, pix, v)
+            mask = Broadcast(select(inside, as_expr(1.0), as_expr(0.0)), 4) if slots * local != per_image \
+                else Broadcast(as_expr(1.0), 4)
+            last_group_statistics(b, [(v, mask)], (p.equal(0), v), lid, local, n, g, slots, *work, St)
     norm = (Q, A) if in_norm is not None else ()
-    return b.kernel(f"{kind}_pool", [X, *(q for q in (P, Sc, Res, RS) if q is not None), *norm, Y])
+    operands = [X, *(q for q in (P, Sc, Res, RS) if q is not None), *norm, Y]
+    if St is None:
+        return b.kernel(f"{kind}_pool", operands)
+    kernel = b.kernel(f"{kind}_pool", [*operands, St, *work])  # the statistics' slots and counters: workspaces
+    return Program(kernel.name, (kernel,), (*operands, St), tuple(work))
 
 
 def global_avg_pool_kernel(shape, dtype: str = "float32", in_scope: str = "texture", out_scope: str = "texture",

@@ -297,7 +297,10 @@ def lower_pool(ctx: LowerCtx, node, ins, out, shape):
         attrs["post_normed"] = bool(a.get("post_normed"))
         inputs["A"] = f"{node.name}.norm_affine"
         ctx.extra[inputs["A"]] = affine
-    ctx.add(Step(node.name, "pool", inputs, out, attrs))
+    sides = {}
+    if a.get("out_stats"):  # passes_layer_norm.norm_statistics_into_producers: a GroupNorm(1)'s statistics too
+        attrs["out_stats"], sides["St"] = True, ctx.packed(node.outputs[1])
+    ctx.add(Step(node.name, "pool", inputs, out, attrs, side_outputs=sides))
 
 
 @glue("pool")
@@ -309,7 +312,7 @@ def build_pool(s, plan, max_wg):
                          plan.dtype, x.scope, out.scope, max_wg, ceil_mode=a.get("ceil_mode", False), post=post,
                          scale="S" in s.inputs, residual_scope=res, residual_scale="RS" in s.inputs,
                          in_norm=a.get("in_norm"),
-                         post_normed=a.get("post_normed", False))
+                         post_normed=a.get("post_normed", False), out_stats=a.get("out_stats", False))
 
 
 # -- glue: data movement --------------------------------------------------------------------------------------
