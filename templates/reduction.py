@@ -31,7 +31,7 @@ import numpy as np
 from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
 from tuner.ir.activations import apply_ir
-from tuner.ir.expr import Broadcast, Cast, ExtractLane, Ramp, as_expr, call, max_, min_, select
+from tuner.ir.expr import Broadcast, Cast, ExtractLane, Ramp, Var, as_expr, call, max_, min_, select
 from tuner.ir.dtype import DType
 
 MAX_TEXELS_PER_ITEM = 1024  # 4096 elements: no work-item of a reduction reads more of one unit
@@ -400,7 +400,7 @@ def any_size_tree(b: Builder, value, combine, lid, size: int, buf):
     while s >= 1:
         b.barrier()
         with b.if_((lid < s) & (lid + s < size)) if 2 * s > size else b.if_(lid < s):
-            b.store(buf, lid, combine(buf[lid], buf[lid + s]))
+            b.store(buf, lid, combine(b.let(f"{buf.name}_a{s}", buf[lid]), b.let(f"{buf.name}_b{s}", buf[lid + s])))
         s //= 2
     b.barrier()
     return buf[0]
@@ -414,20 +414,21 @@ def stats_workspaces(N: int, slots: int) -> list:
 
 def last_group_statistics(b: Builder, values: list, first, lid, size: int, n, slot, slots: int, Sp, Sc, St):
     """A GroupNorm(1)'s statistics of image ``n`` written by the launch that computes the image (a producer's
-    epilogue: ``Conv2dWorkload.out_stats``), in ``group_norm``'s ``stats`` format with one chunk -- no launch is
-    left for them. ``values``: this work-item's ``(float4, float4 mask of 1s and 0s)`` outputs; ``first``:
-    ``(condition, float4)`` -- the work-item that holds the image's first element (lane 0), the shift K of the
-    format. ``lid`` of ``size`` work-items; the work-group is ``slot`` of the ``slots`` that write image ``n``.
+    epilogue: ``Conv2dWorkload.out_stats``, ``pool_kernel``'s), in ``group_norm``'s ``stats`` format with one
+    chunk -- no launch is left for them. ``values``: this work-item's ``(float4, float4 mask of 1s and 0s)``
+    outputs; ``first``: ``(condition, float4)`` -- whether work-item 0 holds the image's first element (lane 0),
+    the format's shift K, and its pixel. ``lid`` of ``size`` work-items; the work-group is ``slot`` of the
+    ``slots`` that write image ``n``.
 
-    Each work-group reduces its values to (count, mean, M2) -- the mean, then the squared deviations from it, both
-    in a local tree -- and stores them in ``Sp`` (float32 (N * (slots + 1), 4), a workspace; K in slot ``slots``),
-    then, past a global fence, counts itself in ``Sc[n]`` (int32 (N,), a workspace that starts at zero). The
-    work-group that counts last merges the slots in a fixed order (``welford_merge``: deterministic), writes
-    ``St[2n]`` = (count * (mean - K), 0, 0, 0) and ``St[2n + 1]`` = (M2 + count * (mean - K)^2, 0, 0, 0) -- the
-    shifted sums a reader adds up (``unit_factors``) -- and returns ``Sc[n]`` to zero for the next launch
-    (CUDA's threadFenceReduction)."""
+    Each work-item reduces its own values to (count, mean, M2) -- the mean, then the squared deviations from it,
+    in registers -- and the work-group merges them in one local tree (``welford_merge``). Work-item 0 stores the
+    result in ``Sp`` (float32 (N * (slots + 1), 4), a workspace; K in slot ``slots``), fences, and counts the
+    work-group in ``Sc[n]`` (int32 (N,), a workspace that starts at zero). The work-group that counts last merges
+    the slots in a fixed order (deterministic), writes ``St[2n]`` = (count * (mean - K), 0, 0, 0) and ``St[2n +
+    1]`` = (M2 + count * (mean - K)^2, 0, 0, 0) -- the shifted sums a reader adds up (``unit_factors``) -- and
+    returns ``Sc[n]`` to zero for the next launch (CUDA's threadFenceReduction)."""
     zero, vec = Broadcast(as_expr(0.0), 4), Ramp(as_expr(0), as_expr(1), 4)
-    tree = b.allocate("stree", (size,), "float32x4", "local")  # the sums', then the merge's
+    tree = b.allocate("stree", (size,), "float32x4", "local")  # the work-group's merge, then the last one's
     last = b.allocate("slast", (1,), "int32", "local")
     acc = b.allocate("ssum", (2,), "float32x4", "private")
     b.store(acc, 0, zero)
@@ -435,26 +436,21 @@ def last_group_statistics(b: Builder, values: list, first, lid, size: int, n, sl
     for v, m in values:
         b.store(acc, 0, acc[0] + v * m)
         b.store(acc, 1, acc[1] + m)
-    total = any_size_tree(b, call("make_vector", [hsum(acc[1]), hsum(acc[0]), as_expr(0.0), as_expr(0.0)],
-                                  "float32x4"), lambda x, y: x + y, lid, size, tree)
-    count = b.let("scount", ExtractLane(total, 0))
-    mean = b.let("smean", ExtractLane(total, 1) / max_(count, 1.0))
+    count = b.let("scount", hsum(acc[1]))
+    mean = b.let("smean", hsum(acc[0]) / max_(count, 1.0))
     b.store(acc, 0, zero)
     for v, m in values:
         d = (v - Broadcast(mean, 4)) * m
         b.store(acc, 0, acc[0] + d * d)
-    b.barrier()  # every work-item has read the total
-    m2 = b.let("sm2", ExtractLane(any_size_tree(b, Broadcast(hsum(acc[0]), 4), lambda x, y: x + y, lid, size, tree),
-                                  0))
+    own = call("make_vector", [count, mean, hsum(acc[0]), as_expr(0.0)], "float32x4")
+    group = any_size_tree(b, own, welford_merge, lid, size, tree)
     base = n * (slots + 1)
-    with b.if_(lid.equal(0)):
-        b.store(Sp, (base + slot, vec), call("make_vector", [count, mean, m2, as_expr(0.0)],
-                                             "float32x4"))
     cond, v0 = first
-    with b.if_(cond):
-        b.store(Sp, (base + slots, vec), v0)
-    b.barrier("global")  # the slots stored, and visible to every work-group, before this one is counted
     with b.if_(lid.equal(0)):
+        b.store(Sp, (base + slot, vec), group)
+        with b.if_(cond):
+            b.store(Sp, (base + slots, vec), v0)
+        b.evaluate(call("mem_fence", [Var("CLK_GLOBAL_MEM_FENCE", DType("int32"))], "int32"))  # stored before counted
         b.store(last, 0, select(call("atomic_inc", [Sc[n]], "int32").equal(slots - 1), as_expr(1), as_expr(0)))
     b.barrier()
     with b.if_(last[0].equal(1)):  # the same for the whole work-group

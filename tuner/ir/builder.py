@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from .buffer import Buffer, buffer
 from .expr import Expr, Var, as_expr
 from .kernel import Kernel
-from .stmt import THREAD_TAGS, Allocate, Barrier, BufferStore, For, If, Let, seq
+from .stmt import THREAD_TAGS, Allocate, Barrier, BufferStore, Evaluate, For, If, Let, seq
 
 
 class Builder:
@@ -82,10 +82,12 @@ class Builder:
         self._emit(("let", var, value))
         return var
 
-    def barrier(self, fence: str = "local") -> None:
-        if fence not in ("local", "global"):
-            raise ValueError(f"barrier fence {fence!r}: local or global")
-        self._emit(Barrier(fence))
+    def barrier(self) -> None:
+        self._emit(Barrier())
+
+    def evaluate(self, value: Expr) -> None:
+        """A call for its effect (``mem_fence``)."""
+        self._emit(Evaluate(value))
 
     def get(self):
         if len(self._scopes) != 1:

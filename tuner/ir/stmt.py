@@ -88,10 +88,7 @@ class Evaluate(Stmt):
 
 @dataclass(frozen=True, repr=False)
 class Barrier(Stmt):
-    """``barrier(CLK_LOCAL_MEM_FENCE)``: needed when work-items share ``local`` arrays. ``fence="global"`` orders
-    the work-group's global memory too (``| CLK_GLOBAL_MEM_FENCE``): what a work-item stored is visible to other
-    work-groups before anything after the barrier (an atomic that announces it, ``reduction.last_group``)."""
-    fence: str = "local"
+    """``barrier(CLK_LOCAL_MEM_FENCE)``: needed when work-items share ``local`` arrays."""
     __repr__ = Stmt.__str__
 
 
