@@ -456,7 +456,8 @@ def last_group_statistics(b: Builder, values: list, first, lid, size: int, n, sl
     with b.if_(last[0].equal(1)):  # the same for the whole work-group
         part = b.allocate("spart", (1,), "float32x4", "private")
         b.store(part, 0, zero)
-        with b.loop("sj", -(-slots // size)) as sj:
+        trips = -(-slots // size)  # unrolled up to 32: the loads in flight together, not one round trip each
+        with b.loop("sj", trips, "unrolled" if trips <= 32 else "serial") as sj:
             j = sj * size + lid
             with b.if_(j < slots) if slots % size else nullcontext():
                 b.store(part, 0, welford_merge(part[0], Sp[base + j, vec]))

@@ -393,7 +393,9 @@ def pool_kernel(shape, kind: str, kernel, stride=1, padding=0, count_include_pad
         if C % 4:
             raise ValueError(f"pool out_stats: the statistics of whole blocks of 4 channels, got {C} channels")
         per_image = prod(_grid(out)[1:])
-        local = _local_size(per_image, max_work_group)
+        _local_size(per_image, max_work_group)  # (validates the limit)
+        cap = 1 << (min(256, max_work_group).bit_length() - 1)  # larger groups than 64: fewer slots to merge
+        local = min(cap, 1 << max(0, (per_image - 1).bit_length()))
         slots = -(-per_image // local)
         St = buffer("St", (N * 2, 4), "float32", "global")
         work = stats_workspaces(N, slots)
