@@ -112,7 +112,7 @@ class OpenCLCodegen:
                 buf, (idx,) = load.buffer, load.indices
                 if buf.dtype != DType("int32") or buf.scope != "global" or idx.lanes != 1:
                     raise LoweringError(f"atomic_inc of {buf.name}: a scalar element of a global int32 buffer")
-                return f"atomic_inc({buf.name} + {self.expr(idx, 4)})", 0
+                return f"atomic_inc({buf.name} + ({self.expr(idx)}))", 0
             if e.name == "make_vector":
                 return f"({ctype(e.dtype)})({', '.join(self.expr(a) for a in e.args)})", 0
             return f"{e.name}({', '.join(self.expr(a) for a in e.args)})", 0

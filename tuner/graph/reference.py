@@ -51,14 +51,21 @@ def run_graph_numpy(graph: Graph, inputs: dict, all_tensors: bool = False) -> di
             raise ValueError(f"node {node.name!r} ({node.op}) computed shape {out.shape}, the graph says "
                              f"{graph.shapes[node.outputs[0]]}")
         env[node.outputs[0]] = out
-        if node.attrs.get("row_sums"):  # passes_se.pool_rows_in_depthwise: the output's row sums too
-            env[node.outputs[1]] = out.sum(axis=3, keepdims=True)
-        if node.attrs.get("out_stats"):  # passes_layer_norm.norm_statistics_into_producers: its GroupNorm(1)
-            # statistics too, as the epilogue writes them (one chunk)
-            from tuner.templates.conv2d_nchw4c import image_statistics
-            env[node.outputs[1]] = image_statistics(out).reshape(out.shape[0], -1)
+        env.update(side_outputs(node, out))
     names = env if all_tensors else graph.outputs
     return {t: env[t].astype(np.float32) for t in names}
+
+
+def side_outputs(node: Node, out: np.ndarray) -> dict:
+    """``{tensor: array}`` of a node's further outputs, from its first one ``out``: a depthwise convolution's row
+    sums (``passes_se.pool_rows_in_depthwise``), or a producer's GroupNorm(1) statistics as its epilogue writes
+    them, one chunk (``passes_layer_norm.norm_statistics_into_producers``)."""
+    if node.attrs.get("row_sums"):
+        return {node.outputs[1]: out.sum(axis=3, keepdims=True)}
+    if node.attrs.get("out_stats"):
+        from tuner.templates.conv2d_nchw4c import image_statistics  # (tuner.templates imports tuner.graph)
+        return {node.outputs[1]: image_statistics(out).reshape(out.shape[0], -1)}
+    return {}
 
 
 # The fused epilogues (and in-place reads) the passes give each op, beyond its own attributes: what its kernel

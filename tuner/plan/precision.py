@@ -114,9 +114,9 @@ class _Walk:
     """One calibration sample: float32's values of every tensor, and the half plan's for a float32 set."""
 
     def __init__(self, graph, inputs: dict):
-        from tuner.graph.reference import OPS, _evaluate
+        from tuner.graph.reference import OPS, _evaluate, side_outputs
         import tuner.graph.reference_movement as RM
-        self.graph, self._evaluate = graph, _evaluate
+        self.graph, self._evaluate, self._sides = graph, _evaluate, side_outputs
         self.fns = [OPS.get(n.op) or RM.PASS_OPS.get(n.op) for n in graph.nodes]
         missing = sorted({n.op for n, fn in zip(graph.nodes, self.fns) if fn is None})
         if missing:
@@ -131,6 +131,7 @@ class _Walk:
         self.ref.update(self.inputs)
         for n, fn in zip(graph.nodes, self.fns):
             self.ref[n.outputs[0]] = self._evaluate(graph, n, fn, self.ref)
+            self.ref.update(side_outputs(n, self.ref[n.outputs[0]]))
         self.half_params: dict = {}
 
     def _param(self, name: str, half: bool) -> np.ndarray:
@@ -186,6 +187,7 @@ class _Walk:
             n = g.nodes[i]
             y = n.outputs[0]
             env[y] = self.node(i, env, kept)
+            env.update(self._sides(n, env[y]))
             why = self._check(i, env, kept, tol, env[y])
             if why is None:
                 i += 1
@@ -222,6 +224,7 @@ class _Walk:
         env = {x: (v if x in kept else to_half(v)) for x, v in self.inputs.items()}
         for i, n in enumerate(self.graph.nodes):
             env[n.outputs[0]] = self.node(i, env, kept)
+            env.update(self._sides(n, env[n.outputs[0]]))
         return max((_error(env[y], self.ref[y]) for y in self.graph.outputs), default=0.0)
 
 

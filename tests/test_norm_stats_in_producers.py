@@ -1,0 +1,208 @@
+"""A GroupNorm(1)'s statistics computed in the epilogue of the kernel that writes its input (issue 55): the
+convolution's (``Conv2dWorkload.out_stats``) and the windowed pool's (``pool_kernel(out_stats=True)``), each
+work-group's (count, mean, M2) merged by the last one to finish (``reduction.last_group_statistics``), so that
+no statistics launch is left (``passes_layer_norm.norm_statistics_into_producers``)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from artifact_corpus import _copy, _edit_graph
+from test_glue_heldout import _compiled, _rel
+from tuner.codegen.generate import generate
+from tuner.runtime.opencl.launch import build
+from tuner.templates import get_template
+from tuner.zoo.builder import _Builder
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("fields", [
+    dict(data=(1, 16, 9, 7), kernel=(8, 16, 3, 3), padding=1, bias=True),
+    dict(data=(2, 8, 12, 12), kernel=(16, 8, 1, 1), bias=True, residual=True, activation="relu"),
+    dict(data=(3, 12, 5, 5), kernel=(4, 12, 3, 3), stride=2, padding=1, bias=True),
+    dict(data=(1, 32, 20, 20), kernel=(64, 32, 1, 1)),
+], ids=["3x3", "residual-n2", "stride2-n3", "1x1-400px"])
+def test_a_convolution_writes_its_output_statistics(device, fields, seed):
+    """Random configs of each scope (split_k, tiles past the edges, several work-groups an image, several
+    images): the output and its statistics (``image_statistics``: the sums of x - K and of its square, K the
+    image's first element, in lane 0) match NumPy."""
+    from test_templates import check_random_config
+    scope = ("texture", "buffer")[seed % 2]
+    assert check_random_config(device, "conv2d", {**fields, "out_stats": True}, "float32", seed,
+                               output_scope=scope) is not None
+
+
+def test_out_stats_leaves_the_conv2d_key_and_refuses_what_it_cannot_sum():
+    """The tuned records of the convolution apply (the loop nest is the same); a workload whose output is not
+    written whole, or not in whole blocks of 4 channels, is refused with the reason."""
+    t = get_template("conv2d")
+    plain = t.workload(data=(1, 8, 6, 6), kernel=(8, 8, 1, 1))
+    assert t.workload(data=(1, 8, 6, 6), kernel=(8, 8, 1, 1), out_stats=True).key() == plain.key()
+    for bad in (dict(kernel=(6, 8, 1, 1)), dict(out_view=(8, 16))):
+        with pytest.raises(ValueError, match="out_stats"):
+            t.workload(**{"data": (1, 8, 6, 6), "kernel": (8, 8, 1, 1), "out_stats": True, **bad})
+
+
+@pytest.mark.parametrize("shape,max_wg", [((1, 8, 64, 80), 16), ((2, 12, 9, 7), 256), ((1, 4, 1, 3), 64)])
+def test_a_pool_writes_its_output_statistics_and_leaves_the_counter_at_zero(device, shape, max_wg):
+    """The windowed pool's epilogue, in work-groups of each image, the last partial: its statistics match
+    NumPy's; a work-group limit of 16 makes 40 slots a work-item for the last one to merge (past the unrolled
+    32). Launched three times over one counter workspace, each launch's statistics are the same and the counter
+    is zero after each."""
+    from tuner.ops import kernels as K
+    from tuner.runtime.opencl.memory import download
+    from tuner.templates.conv2d_nchw4c import image_statistics
+    prog = K.pool_kernel(shape, "avg", 3, 1, 1, False, "float32", "buffer", "buffer", max_wg, out_stats=True)
+    exe = build(prog, device)
+    x = np.random.default_rng(0).normal(2.0, 1.0, shape).astype(np.float32)
+    arrays = exe.upload_inputs(X=x)
+    want = image_statistics(K.pool_reference(x.astype(np.float64), "avg", 3, 1, 1))
+    counters = {}
+
+    def keep_counter(calls):  # the launch with the workspaces it was given, read back after it
+        import pyopencl as cl
+        fn, g, l_, args = calls[0]
+        fn(device.queue, g, l_, *args)
+        out = np.empty(shape[0], np.int32)
+        cl.enqueue_copy(device.queue, out, args[-1], is_blocking=True)
+        counters.setdefault("seen", []).append(out)
+    for _ in range(3):
+        exe._with_scratch(arrays, keep_counter)
+        got = download(device, arrays["St"]).reshape(want.shape)
+        assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max(), (got, want)
+    assert all(not c.any() for c in counters["seen"]), counters
+
+
+def _norm_block(b: _Builder) -> dict:
+    """A convolution, a PoolFormer token mixer (``t + (pool(n(t)) - n(t))``), an MLP and a residual, each
+    GroupNorm(1) read by what follows: one norm's input a convolution's output, one a pool's, one a
+    convolution's with a residual."""
+    c = 16
+    x = b.input("input", (1, 8, 12, 10))
+
+    def gn(t, k):
+        return b.node("GroupNormalization", [t, b.const(f"s{k}", b.rng.normal(1, 0.2, c)),
+                                             b.const(f"b{k}", b.rng.normal(0, 0.2, c))], num_groups=1, epsilon=1e-5)
+    t = b.conv(x, 8, c, 3, bias=True)
+    y = gn(t, 0)
+    p = b.node("AveragePool", [y], kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1], count_include_pad=0)
+    u = b.node("Add", [t, b.node("Sub", [p, y])])
+    h = b.node("Relu", [b.conv(gn(u, 1), c, 2 * c, 1, bias=True)])
+    v = b.node("Add", [b.conv(h, 2 * c, c, 1, bias=True), u])
+    b.conv(gn(v, 2), c, 4, 1, bias=True, output="output")
+    return {"output": [1, 4, 12, 10]}
+
+
+@pytest.mark.parametrize("scope", ["texture", "buffer"])
+def test_no_statistics_launch_is_left_and_both_runtimes_match_onnxruntime(native, cl_env, scope, tmp_path,
+                                                                       monkeypatch):
+    """With the pass (the candidate ``fastest_plan`` times), the three norms' statistics come from the two
+    convolutions and the pool that write their inputs: five launches (the model's input and output read and
+    written in place), no group_norm. The
+    Python executor (twice: the counters return to zero) and tuner-run (its counters zeroed when it loads) match
+    onnxruntime, on an input of mean far from zero; tuner-run's AddressSanitizer build too; and a float16 plan."""
+    import tuner.compile.compiler as C
+    from conftest import building_cpu
+    from tuner.compile.compiler import compile_model
+    from tuner.graph.passes_layer_norm import norm_statistics_into_producers
+    plain = C.load_graph
+    monkeypatch.setattr(C, "load_graph", lambda m, shapes=None: norm_statistics_into_producers(plain(m, shapes)))
+    b = _Builder(seed=9, opset=21)
+    mod, x, want = _compiled(b.model(_norm_block(b), "m"), scope, tmp_path, shift=3.0)
+    kernels = [c.kernel for n in mod.spec.nodes for c in n.calls]
+    assert kernels == ["conv2d_nchw4c", "avg_pool", "conv2d_nchw4c", "conv2d_nchw4c", "conv2d_nchw4c"], kernels
+    assert sum(w.dtype == "int32" for w in mod.spec.workspaces) == 3
+    for _ in range(2):
+        assert _rel(mod.run([x])[0], want[0]) < 1e-4
+    art = mod.save(tmp_path / "art")
+    np.save(tmp_path / "x.npy", x)
+    for program in ("tuner_run", "tuner_run_asan") if scope == "buffer" else ("tuner_run",):
+        r = subprocess.run([native[program], str(art), "--device", building_cpu(), "--input", str(tmp_path / "x.npy"),
+                            "--output", str(tmp_path / "y.npy")], capture_output=True, text=True,
+                           env={**cl_env, "ASAN_OPTIONS": "detect_leaks=0"}, timeout=300)  # (the driver's leaks)
+        assert r.returncode == 0 and "Sanitizer" not in r.stderr, r.stderr
+        assert _rel(np.load(tmp_path / "y.npy"), want[0]) < 1e-4, program
+    if scope == "buffer":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            half = compile_model(str(tmp_path / "m.onnx"), device=building_cpu(), scope=scope, dtype="float16")
+        assert "group_norm_stats" not in [c.kernel for n in half.spec.nodes for c in n.calls]
+        assert _rel(half.run([x])[0], want[0]) < 5e-3
+
+
+def test_a_counter_workspace_is_checked_like_the_rest(native, cl_env, tmp_path, monkeypatch):
+    """An int32 workspace is a counter the kernel's atomic_inc addresses: both runtimes load the artifact (both
+    bounds analyses read ``atomic_inc(Sn + i)``), and refuse an int32 blob as a param or in a texture."""
+    import tuner.compile.compiler as C
+    from conftest import building_cpu
+    from tuner.graph.passes_layer_norm import norm_statistics_into_producers
+    from tuner.runtime.module import load_module
+    from tuner.artifact import ArtifactError
+    plain = C.load_graph
+    monkeypatch.setattr(C, "load_graph", lambda m, shapes=None: norm_statistics_into_producers(plain(m, shapes)))
+    b = _Builder(seed=9, opset=21)
+    mod, x, _ = _compiled(b.model(_norm_block(b), "m"), "buffer", tmp_path)
+    good = Path(mod.save(tmp_path / "art"))
+    np.save(tmp_path / "x.npy", x)
+    graph = json.loads((good / "graph.json").read_text())
+    counter = next(i for i, w in enumerate(graph["workspaces"]) if w["dtype"] == "int32")
+
+    def refused(name, edit, python_says, c_says):
+        art = _copy(good, tmp_path / name)
+        _edit_graph(art, edit)
+        with pytest.raises(ArtifactError, match=python_says):
+            load_module(art, device=building_cpu())
+        r = subprocess.run([native["tuner_run"], str(art), "--device", building_cpu(), "--input",
+                            str(tmp_path / "x.npy"), "--output", str(tmp_path / "y.npy")], capture_output=True,
+                           text=True, env=cl_env, timeout=300)
+        assert r.returncode == 2 and c_says in r.stderr, r.stderr
+
+    refused("texture", lambda g: g["workspaces"][counter].update(scope="texture", physical_shape=[1, 1, 4]),
+            "int32: a workspace in a buffer only", "int32: a workspace in a buffer only")
+
+    def as_param(g):  # the counter moved to the params (params.bin has no bytes for it: refused before that)
+        w = g["workspaces"].pop(counter)
+        g["params"].append({**w, "offset": 0, "nbytes": 4 * int(np.prod(w["physical_shape"]))})
+        for n in g["nodes"]:
+            for c in n["calls"]:
+                c["args"] = [f"p:{w['key']}" if a == f"w:{w['key']}" else a for a in c["args"]]
+    refused("param", as_param, "int32: a workspace in a buffer only", "int32: a workspace in a buffer only")
+    assert load_module(good, device=building_cpu()) is not None
+
+
+def test_the_norms_step_offers_statistics_in_their_producers(tmp_path):
+    """``_refine_norms`` times ``auto+stats-in-producers`` where a GroupNorm(1)'s statistics kernel reads a
+    convolution's or a pool's output, and the readers then take one chunk."""
+    import tuner.compile.compiler as C
+    b = _Builder(seed=9, opset=21)
+    onnx.save(b.model(_norm_block(b), "m"), str(tmp_path / "m.onnx"))
+    graph = C.load_graph(str(tmp_path / "m.onnx"))
+    assert sum(n.op == "group_norm" and bool(n.attrs.get("stats")) for n in graph.nodes) == 3
+    others = C._refine_norms("auto", graph, lambda scope, graph: (scope, graph))
+    assert "auto+stats-in-producers" in others
+    g = others["auto+stats-in-producers"][1]
+    assert not any(n.op == "group_norm" for n in g.nodes)
+    assert sorted(n.op for n in g.nodes if n.attrs.get("out_stats")) == ["avg_pool", "conv2d", "conv2d"]
+    assert all(g.shapes[n.outputs[1]][1] == 8 for n in g.nodes if n.attrs.get("out_stats"))
+
+
+def test_the_bounds_analysis_reads_atomic_inc_as_a_read_and_a_write():
+    """``atomic_inc(P + i)`` addresses element i of the int buffer P (and writes it); any other form, or a float
+    buffer, is refused, as a parameter passed to a function is."""
+    from tuner.artifact.bounds import BoundsError, parse_source
+    head = "__kernel void k(__global int* restrict Sn, __global float* restrict Y) {\n"
+    src = parse_source(head + "  const int n = get_group_id(0);\n  Y[n] = (float)atomic_inc(Sn + (n * 2 + 1));\n}\n")
+    ranges, _, writes = src.analyse_writes("k", (4, 1, 1), (1, 1, 1))
+    assert ranges[0] == (1, 7) and writes[0] >= 1
+    for body in ("atomic_inc(Sn);", "atomic_inc(&Sn[0]);", "atomic_inc(Y + 0);"):
+        src = parse_source(head + f"  {body}\n}}\n")
+        with pytest.raises(BoundsError):
+            if isinstance(src, BoundsError):
+                raise src
+            src.analyse("k", (1, 1, 1), (1, 1, 1))
