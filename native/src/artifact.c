@@ -864,8 +864,8 @@ static int check_types_and_shapes(const tnr_artifact *a, const raw_strings *raw,
             if (raw) {
                 const char *scope = (k ? raw->ws_scope : raw->param_scope)[i];
                 if (b->dtype < 0 || (b->dtype == TNR_I32 && (!k || b->texture)))
-                    return graph_fail(a, err, "%s[%d] ('%.80s').dtype '%.40s' is neither float32 nor float16%s", kind, i,
-                                      b->key, (k ? raw->ws_dtype : raw->param_dtype)[i],
+                    return graph_fail(a, err, "%s[%d] ('%.80s').dtype '%.40s' is neither float32 nor float16%s", kind,
+                                      i, b->key, (k ? raw->ws_dtype : raw->param_dtype)[i],
                                       b->dtype == TNR_I32 ? " (int32: a workspace in a buffer only)" : "");
                 if (strcmp(scope, "global") != 0 && !b->texture)
                     return graph_fail(a, err, "%s[%d] ('%.80s') has scope '%.40s', neither 'global' nor 'texture*'", kind,
