@@ -21,9 +21,9 @@ from tuner.ir.expr import Broadcast, Cast, ExtractLane, Ramp, as_expr, call, con
 from tuner.ir.kernel import Program
 from tuner.ir.gather import gather_pixel
 from tuner.ir.schedule import cache_read
-from tuner.templates.reduction import (as_float as _as_float, channel_blocks, hsum, last_group_statistics, local_tree,
-                                       norm_units, pow2_ceil, read_norm_operands, stats_workspaces, sum_partials,
-                                       unit_factors, unit_first_block, unit_normed)
+from tuner.templates.reduction import (as_float as _as_float, as_stored, channel_blocks, hsum, last_group_statistics,
+                                       local_tree, norm_units, pow2_ceil, read_norm_operands, stats_workspaces,
+                                       sum_partials, unit_factors, unit_first_block, unit_normed)
 from tuner.templates.common import (EPILOGUE_ARGS, MODEL_KNOBS, PAD_MODE_ARG, WINDOW_ARGS, Arithmetic,
                                     Conv2dWorkload, LocalTile, clamp, Template, WorkloadArg, _log2, declare_operands,
                                     fit_work_group, gpu_fill_target, input_pixel, is_depthwise, node_epilogue, pixel,
@@ -142,8 +142,8 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
             work = [Sp, Sn] = stats_workspaces(N, n_ob * g_h * g_w)
             slot = (obb * g_h + gh) * g_w + gw  # of the work-groups writing image n
             last_group_statistics(b, kept_values(keep, owner, obb, oh0, ow0, (t_oc, t_oh, t_ow), (OB, OH, OW)),
-                                  (holds_first(obb, oh0, ow0, owner), keep[0]), lid, cfg.wg_w * cfg.wg_h * sk, n,
-                                  slot, n_ob * g_h * g_w, Sp, Sn, St)
+                                  (holds_first(obb, oh0, ow0, owner), as_stored(keep[0], wl.dtype)), lid,
+                                  cfg.wg_w * cfg.wg_h * sk, n, slot, n_ob * g_h * g_w, Sp, Sn, St)
         if Xs is not None:
             side_copy(b, wl, Xs, Y, n, obb, n_ob, oh0, ow0, (t_oh, t_ow), tk if sk > 1 else None)
     kernel = b.kernel("conv2d_nchw4c", [p for p in operands if p is not None] + (work if St is not None else []))

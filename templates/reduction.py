@@ -406,10 +406,26 @@ def any_size_tree(b: Builder, value, combine, lid, size: int, buf):
     return buf[0]
 
 
+SLOT_ALIGN = 8  # float4 slots: an image's slots start on a 128-byte line, so that no cache line holds two images'
+
+
+def image_slots(slots: int) -> int:
+    """The float4 slots of one image in ``Sp``: its work-groups' and the shift K's, rounded up to SLOT_ALIGN (the
+    last work-group of an image reads its slots only after every one was written; a line shared with another
+    image could be in its cache from that image's, half written)."""
+    return -(-(slots + 1) // SLOT_ALIGN) * SLOT_ALIGN
+
+
+def as_stored(v, dtype: str):
+    """A float32 value as a tensor of ``dtype`` stores it (rounded to half and back in a float16 plan)."""
+    return v if dtype == "float32" else Cast(DType("float32", v.dtype.lanes), Cast(DType("float16", v.dtype.lanes), v))
+
+
 def stats_workspaces(N: int, slots: int) -> list:
     """``last_group_statistics``' workspaces: ``Sp``, a (count, mean, M2) slot per work-group of each image and its
-    shift K (float32), and ``Sn``, each image's arrival counter (int32, zero between launches)."""
-    return [buffer("Sp", (N * (slots + 1), 4), "float32", "global"), buffer("Sn", (N,), "int32", "global")]
+    shift K (float32, ``image_slots`` an image), and ``Sn``, each image's arrival counter (int32, zero between
+    launches)."""
+    return [buffer("Sp", (N * image_slots(slots), 4), "float32", "global"), buffer("Sn", (N,), "int32", "global")]
 
 
 def last_group_statistics(b: Builder, values: list, first, lid, size: int, n, slot, slots: int, Sp, Sc, St):
@@ -417,7 +433,7 @@ def last_group_statistics(b: Builder, values: list, first, lid, size: int, n, sl
     epilogue: ``Conv2dWorkload.out_stats``, ``pool_kernel``'s), in ``group_norm``'s ``stats`` format with one
     chunk -- no launch is left for them. ``values``: this work-item's ``(float4, float4 mask of 1s and 0s)``
     outputs; ``first``: ``(condition, float4)`` -- whether work-item 0 holds the image's first element (lane 0),
-    the format's shift K, and its pixel. ``lid`` of ``size`` work-items; the work-group is ``slot`` of the
+    the format's shift K, and its pixel as stored (a float16 plan's rounded: the readers take K from the tensor). ``lid`` of ``size`` work-items; the work-group is ``slot`` of the
     ``slots`` that write image ``n``.
 
     Each work-item reduces its own values to (count, mean, M2) -- the mean, then the squared deviations from it,
@@ -444,7 +460,7 @@ def last_group_statistics(b: Builder, values: list, first, lid, size: int, n, sl
         b.store(acc, 0, acc[0] + d * d)
     own = call("make_vector", [count, mean, hsum(acc[0]), as_expr(0.0)], "float32x4")
     group = any_size_tree(b, own, welford_merge, lid, size, tree)
-    base = n * (slots + 1)
+    base = n * image_slots(slots)
     cond, v0 = first
     with b.if_(lid.equal(0)):
         b.store(Sp, (base + slot, vec), group)
@@ -452,7 +468,7 @@ def last_group_statistics(b: Builder, values: list, first, lid, size: int, n, sl
             b.store(Sp, (base + slots, vec), v0)
         b.evaluate(call("mem_fence", [Var("CLK_GLOBAL_MEM_FENCE", DType("int32"))], "int32"))  # stored before counted
         b.store(last, 0, select(call("atomic_inc", [Sc[n]], "int32").equal(slots - 1), as_expr(1), as_expr(0)))
-    b.barrier()
+    b.barrier("global")  # (this work-group's own slot, stored by work-item 0, read by the others if last)
     with b.if_(last[0].equal(1)):  # the same for the whole work-group
         part = b.allocate("spart", (1,), "float32x4", "private")
         b.store(part, 0, zero)

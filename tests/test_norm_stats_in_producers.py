@@ -138,12 +138,14 @@ def test_no_statistics_launch_is_left_and_both_runtimes_match_onnxruntime(native
 
 def test_a_counter_workspace_is_checked_like_the_rest(native, cl_env, tmp_path, monkeypatch):
     """An int32 workspace is a counter the kernel's atomic_inc addresses: both runtimes load the artifact (both
-    bounds analyses read ``atomic_inc(Sn + i)``), and refuse an int32 blob as a param or in a texture."""
+    bounds analyses read ``atomic_inc(Sn + i)``), and refuse an int32 blob as a param or in a texture, or listed
+    among a float16 artifact's float32 tensors."""
     import tuner.compile.compiler as C
     from conftest import building_cpu
     from tuner.graph.passes_layer_norm import norm_statistics_into_producers
-    from tuner.runtime.module import load_module
     from tuner.artifact import ArtifactError
+    from tuner.compile.compiler import compile_model
+    from tuner.runtime.module import load_module
     plain = C.load_graph
     monkeypatch.setattr(C, "load_graph", lambda m, shapes=None: norm_statistics_into_producers(plain(m, shapes)))
     b = _Builder(seed=9, opset=21)
@@ -174,6 +176,13 @@ def test_a_counter_workspace_is_checked_like_the_rest(native, cl_env, tmp_path, 
                 c["args"] = [f"p:{w['key']}" if a == f"w:{w['key']}" else a for a in c["args"]]
     refused("param", as_param, "int32: a workspace in a buffer only", "int32: a workspace in a buffer only")
     assert load_module(good, device=building_cpu()) is not None
+    with warnings.catch_warnings():  # a float16 artifact's float32 list: a counter has no precision to record
+        warnings.simplefilter("ignore")
+        good = Path(compile_model(str(tmp_path / "m.onnx"), device=building_cpu(), scope="buffer",
+                                  dtype="float16").save(tmp_path / "half"))
+    graph = json.loads((good / "graph.json").read_text())
+    key = next(w["key"] for w in graph["workspaces"] if w["dtype"] == "int32")
+    refused("listed", lambda g: g["float32"].append(f"w:{key}"), "names no entry", "names no entry")
 
 
 def test_the_norms_step_offers_statistics_in_their_producers(tmp_path):
@@ -206,3 +215,37 @@ def test_the_bounds_analysis_reads_atomic_inc_as_a_read_and_a_write():
             if isinstance(src, BoundsError):
                 raise src
             src.analyse("k", (1, 1, 1), (1, 1, 1))
+
+
+def test_a_runtime_measurement_starts_the_counters_at_zero(device):
+    """Through a Runtime (the device agent's path, ``measure.runtime_runner.stage``) the int32 workspace is
+    allocated with whatever the memory held: it is zeroed before the launch, so the statistics are written. The
+    memory is made dirty first: the allocator is handed a buffer of -7s."""
+    from tuner.op import run_op
+    from tuner.runtime.opencl import OpenCLRuntime
+
+    class Dirty(OpenCLRuntime):
+        def alloc(self, scope, physical_shape, dtype):
+            arr = super().alloc(scope, physical_shape, dtype)
+            if np.dtype(dtype) == np.int32:
+                self.upload(arr, np.full(physical_shape, -7, np.int32))
+            return arr
+    t = get_template("conv2d")
+    wl = t.workload(data=(2, 8, 10, 9), kernel=(8, 8, 3, 3), padding=1, bias=True, out_stats=True)
+    r = run_op(t, wl, device=Dirty(device), check=True)
+    assert r.max_rel_error <= t.tolerance(wl)
+
+
+def test_a_depthwise_convolution_keeps_its_statistics_kernel():
+    """A depthwise convolution (here reading a channel view of a wider tensor, which only its viewed channels make
+    depthwise) writes no statistics: its template's second output is its row sums."""
+    from tuner.graph.graph import Graph, Node
+    from tuner.graph.passes_layer_norm import norm_statistics_into_producers
+    rng = np.random.default_rng(0)
+    g = Graph(inputs=["x"], outputs=["y"], shapes={"x": (1, 16, 6, 6), "d": (1, 8, 6, 6), "s": (1, 16), "y": (1, 8, 6, 6),
+                                                 "w": (8, 1, 3, 3)},
+              params={"w": rng.normal(size=(8, 1, 3, 3)).astype(np.float32)},
+              nodes=[Node("conv2d", "dw", ["x", "w"], ["d"], {"groups": 8, "padding": (1, 1, 1, 1), "in_view": (8, 8)}),
+                     Node("group_norm", "gn", ["d"], ["s"], {"groups": 1, "epsilon": 1e-5, "stats": 2}),
+                     Node("relu", "r", ["d"], ["y"], {})])
+    assert norm_statistics_into_producers(g) is g

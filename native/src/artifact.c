@@ -1459,6 +1459,7 @@ static int check_precision(tnr_artifact *a, tj_value *g, char *err) {
             if (strncmp(ref, prefix[k], 2) != 0) continue;
             idx = lookup(a, k == 0 ? a->entry_sorted : k == 1 ? a->param_sorted : a->ws_sorted, n[k],
                          k == 0 ? entry_name : k == 1 ? param_key : ws_key, ref + 2);
+            if (idx >= 0 && k == 2 && a->workspaces[idx].dtype == TNR_I32) idx = -1; /* counters: no precision */
             if (idx >= 0) break;
         }
         if (idx < 0)

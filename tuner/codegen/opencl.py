@@ -227,7 +227,8 @@ class OpenCLCodegen:
             self.emit(f"const {ctype(s.value.dtype)} {s.var.name} = {self.expr(s.value)};", depth)
             self.stmt(s.body, depth)
         elif isinstance(s, Barrier):
-            self.emit("barrier(CLK_LOCAL_MEM_FENCE);", depth)
+            self.emit("barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);" if s.fence == "global"
+                      else "barrier(CLK_LOCAL_MEM_FENCE);", depth)
         else:
             raise LoweringError(f"cannot generate OpenCL for statement {type(s).__name__}")
 

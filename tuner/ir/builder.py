@@ -82,8 +82,10 @@ class Builder:
         self._emit(("let", var, value))
         return var
 
-    def barrier(self) -> None:
-        self._emit(Barrier())
+    def barrier(self, fence: str = "local") -> None:
+        if fence not in ("local", "global"):
+            raise ValueError(f"barrier fence {fence!r}: local or global")
+        self._emit(Barrier(fence))
 
     def evaluate(self, value: Expr) -> None:
         """A call for its effect (``mem_fence``)."""

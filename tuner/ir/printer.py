@@ -55,7 +55,7 @@ def stmt_str(s, indent: int = 0) -> str:
     if isinstance(s, Let):
         return f"{pad}{s.var.name} = {expr_str(s.value)}\n{stmt_str(s.body, indent)}"
     if isinstance(s, Barrier):
-        return f"{pad}barrier()"
+        return f"{pad}barrier({'global' if s.fence == 'global' else ''})"
     if isinstance(s, Evaluate):
         return pad + expr_str(s.value)
     return pad + repr(s)

@@ -88,7 +88,10 @@ class Evaluate(Stmt):
 
 @dataclass(frozen=True, repr=False)
 class Barrier(Stmt):
-    """``barrier(CLK_LOCAL_MEM_FENCE)``: needed when work-items share ``local`` arrays."""
+    """``barrier(CLK_LOCAL_MEM_FENCE)``: needed when work-items share ``local`` arrays. ``fence="global"`` orders
+    the work-group's global memory too (``| CLK_GLOBAL_MEM_FENCE``): what one work-item stored before it, the
+    others read after it (``reduction.last_group_statistics``' slots)."""
+    fence: str = "local"
     __repr__ = Stmt.__str__
 
 

@@ -56,6 +56,8 @@ def stage(rt, prog, program, inputs: dict) -> tuple:
         arrays[b.name] = rt.alloc(b.scope, tuple(physical_shape(b)), b.dtype.numpy)
         if b.name in inputs:
             rt.upload(arrays[b.name], pack(b, np.asarray(inputs[b.name])))
+        elif b.dtype.base == "int32":  # a workspace of counters starts at zero (each launch leaves it so)
+            rt.upload(arrays[b.name], np.zeros(tuple(physical_shape(b)), np.int32))
     launches = [rt.prepare(program, k.name, [arrays[p.name] for p in k.params], *k.launch()) for k in prog.kernels]
     return launches, arrays
 

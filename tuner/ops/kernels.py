@@ -34,7 +34,7 @@ from tuner.ir.dtype import float32
 from tuner.ir.kernel import Program
 from tuner.ir.gather import make_vector as _vector, pixel_index as _pixel, shifted_pixel, zero_padding_lanes
 from tuner.templates.common import bias_buffer
-from tuner.templates.reduction import (last_group_statistics, norm_units, stats_workspaces, unit_factors,
+from tuner.templates.reduction import (as_stored, last_group_statistics, norm_units, stats_workspaces, unit_factors,
                                        unit_first_block, unit_normed)
 
 DTYPES = ("float32", "float16")
@@ -412,7 +412,8 @@ def pool_kernel(shape, kind: str, kernel, stride=1, padding=0, count_include_pad
                 b.store(Y, pix, v)
             mask = Broadcast(select(inside, as_expr(1.0), as_expr(0.0)), 4) if slots * local != per_image \
                 else Broadcast(as_expr(1.0), 4)
-            last_group_statistics(b, [(v, mask)], (p.equal(0), v), lid, local, n, g, slots, *work, St)
+            last_group_statistics(b, [(v, mask)], (p.equal(0), as_stored(v, dtype)), lid, local, n, g, slots, *work,
+                                  St)
     norm = (Q, A) if in_norm is not None else ()
     operands = [X, *(q for q in (P, Sc, Res, RS) if q is not None), *norm, Y]
     if St is None:
