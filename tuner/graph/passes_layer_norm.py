@@ -343,7 +343,7 @@ def norm_statistics_into_producers(graph: Graph) -> Graph:
     conv2d template (not Winograd); its output channels a multiple of 4, written whole.
 
     Not in ``passes.PIPELINE``: the epilogue adds a local tree, a fence and an atomic to every work-group of the
-    producer, against a launch that reads the tensor once (on the H200 MobileViTv2-0.5 ran 8-21% faster with it,
+    producer, against a launch that reads the tensor once (on the H200 MobileViTv2-0.5 ran 4-21% faster with it,
     PoolFormer-S12 1-2% slower). ``compiler.fastest_plan`` times the plan with this pass applied beside the kept
     one (step ``norms``). Runs on a graph the pipeline has optimized."""
     g = graph.copy()
