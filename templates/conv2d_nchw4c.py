@@ -407,7 +407,8 @@ def space_vars(wl: Conv2dWorkload) -> dict:
                 stride=wl.stride, dilation=wl.dilation, plain_input=wl.plain_input, plain_output=wl.plain_output,
                 in_read=wl.in_read, in_norm=wl.in_norm, norm_partials=wl.norm_partials,
                 in_group_norm=bool(wl.in_group_norm), zero_padding=wl.pad_mode == "zeros" and any(wl.padding),
-                out_norm=bool(wl.out_norm), norm_blocks=out_norm_blocks(wl) if wl.out_norm else 1)
+                out_norm=bool(wl.out_norm), norm_blocks=out_norm_blocks(wl) if wl.out_norm else 1,
+                out_stats=bool(wl.out_stats))
 
 
 def fallback(wl: Conv2dWorkload, info) -> Conv2dConfig:
@@ -595,7 +596,8 @@ VARIABLES = dict(N="batch", C="input channels", H="input height", W="input width
                  in_group_norm="the input group-normalized (and its affine and activation) as it is read",
                  zero_padding="the padding reads zeros (pad_mode zeros and some padding)",
                  out_norm="the output group-normalized in the epilogue (a work-group holds whole groups)",
-                 norm_blocks="with out_norm: output blocks a tile holds together (a group's)")
+                 norm_blocks="with out_norm: output blocks a tile holds together (a group's)",
+                 out_stats="the output's GroupNorm(1) statistics written too (a local tree a work-group)")
 TEMPLATE = Template("conv2d", Conv2dWorkload, Conv2dConfig, conv2d_nchw4c, _reference, random_inputs,
                     fallback, space_vars, VARIABLES, features=features, model_knobs=MODEL_KNOBS,
                     workload_args=WORKLOAD_ARGS, graph_ops=("conv2d",), lower=lower,

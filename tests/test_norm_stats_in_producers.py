@@ -249,3 +249,18 @@ def test_a_depthwise_convolution_keeps_its_statistics_kernel():
                      Node("group_norm", "gn", ["d"], ["s"], {"groups": 1, "epsilon": 1e-5, "stats": 2}),
                      Node("relu", "r", ["d"], ["y"], {})])
     assert norm_statistics_into_producers(g) is g
+
+
+def test_the_statistics_tree_counts_in_the_local_memory_a_config_may_use(device):
+    """A config whose staged input tile fits a 4 KiB local memory alone, but not with the statistics' tree beside
+    it, is valid for the convolution and not for the same one with ``out_stats`` (the compiler then takes the
+    log's next record or the fallback, not a kernel that fails to build)."""
+    import dataclasses
+    t = get_template("conv2d")
+    small = dataclasses.replace(device.info, local_mem_bytes=4096)
+    wl = t.workload(data=(1, 16, 20, 20), kernel=(16, 16, 3, 3), padding=1, out_stats=True)
+    plain = dataclasses.replace(wl, out_stats=False)
+    cfg = t.config(tile_oc=1, tile_oh=1, tile_ow=1, wg_w=16, wg_h=8, local_input=True, input_scope="buffer",
+                   weight_scope="buffer", output_scope="buffer")  # a 2,880-byte tile, a 2,048-byte tree
+    assert t.space(plain, small).violations(t.config_values(plain, cfg)) == []
+    assert [v.split(":")[0] for v in t.space(wl, small).violations(t.config_values(wl, cfg))] == ["out_stats_local"]
