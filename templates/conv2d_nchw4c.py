@@ -21,8 +21,8 @@ from tuner.ir.expr import Broadcast, Cast, ExtractLane, Ramp, as_expr, call, con
 from tuner.ir.kernel import Program
 from tuner.ir.gather import gather_pixel
 from tuner.ir.schedule import cache_read
-from tuner.templates.reduction import (as_float as _as_float, as_stored, channel_blocks, hsum, last_group_statistics,
-                                       local_tree, norm_units, pow2_ceil, read_norm_operands, stats_workspaces,
+from tuner.templates.reduction import (as_float as _as_float, as_stored, channel_blocks, hsum, image_statistics,
+                                       last_group_statistics, local_tree, norm_units, pow2_ceil, read_norm_operands, stats_workspaces,
                                        sum_partials, unit_factors, unit_first_block, unit_normed)
 from tuner.templates.common import (EPILOGUE_ARGS, MODEL_KNOBS, PAD_MODE_ARG, WINDOW_ARGS, Arithmetic,
                                     Conv2dWorkload, LocalTile, clamp, Template, WorkloadArg, _log2, declare_operands,
@@ -489,16 +489,6 @@ def _reference(wl: Conv2dWorkload, inputs: dict):
     y = reference(wl, read_parts_numpy(wl, inputs), inputs["Wt"], inputs.get("B"), inputs.get("Res"),
                   inputs.get("S"), inputs.get("A"), inputs.get("Na"), inputs.get("Rs"))
     return {"Y": y, "St": image_statistics(y)} if wl.out_stats else y
-
-
-def image_statistics(y: np.ndarray) -> np.ndarray:
-    """``out_stats`` as the kernel writes them: per image, the sum of d = x - K (K the image's first element) and
-    of d^2 over all its elements, each in lane 0 of a float4; (N * 2, 4) float32."""
-    y = np.asarray(y, np.float64)
-    d = (y - y[:, :1, :1, :1]).reshape(y.shape[0], -1)
-    out = np.zeros((y.shape[0], 2, 4))
-    out[:, 0, 0], out[:, 1, 0] = d.sum(axis=1), (d * d).sum(axis=1)
-    return out.reshape(-1, 4)
 
 
 def features(v: dict, k: dict) -> dict:

@@ -210,6 +210,16 @@ def chunk_statistics(x: np.ndarray, chunks: int, groups: int = 1) -> np.ndarray:
     return out.reshape(-1, 4)
 
 
+def image_statistics(x: np.ndarray) -> np.ndarray:
+    """A GroupNorm(1)'s statistics as a producer's epilogue writes them (``last_group_statistics``): one chunk of
+    ``chunk_statistics``, its lanes added up into lane 0 -- per image the sums of d = x - K (K the image's first
+    element) and of d^2 over all its elements. A (N * 2, 4) array."""
+    lanes = chunk_statistics(x, 1).reshape(-1, 2, 4)
+    out = np.zeros_like(lanes)
+    out[:, :, 0] = lanes.sum(axis=2)
+    return out.reshape(-1, 4)
+
+
 @contextmanager
 def each_index(b: Builder, n: int, name: str):
     """One work-item per index of [0, n) on a 1-D range in work-groups of up to 64 (a combining or applying

@@ -57,7 +57,7 @@ def test_a_pool_writes_its_output_statistics_and_leaves_the_counter_at_zero(devi
     is zero after each."""
     from tuner.ops import kernels as K
     from tuner.runtime.opencl.memory import download
-    from tuner.templates.conv2d_nchw4c import image_statistics
+    from tuner.templates.reduction import image_statistics
     prog = K.pool_kernel(shape, "avg", 3, 1, 1, False, "float32", "buffer", "buffer", max_wg, out_stats=True)
     exe = build(prog, device)
     x = np.random.default_rng(0).normal(2.0, 1.0, shape).astype(np.float32)

@@ -63,7 +63,7 @@ def side_outputs(node: Node, out: np.ndarray) -> dict:
     if node.attrs.get("row_sums"):
         return {node.outputs[1]: out.sum(axis=3, keepdims=True)}
     if node.attrs.get("out_stats"):
-        from tuner.templates.conv2d_nchw4c import image_statistics  # (tuner.templates imports tuner.graph)
+        from tuner.templates.reduction import image_statistics  # (tuner.templates imports tuner.graph)
         return {node.outputs[1]: image_statistics(out).reshape(out.shape[0], -1)}
     return {}
 

@@ -104,10 +104,10 @@ def _grid(shape: tuple) -> tuple:
     return (shape[0], -(-shape[1] // 4), *shape[2:])
 
 
-def _local_size(total: int, max_work_group: int) -> int:
+def _local_size(total: int, max_work_group: int, most: int = 64) -> int:
     if isinstance(max_work_group, bool) or not isinstance(max_work_group, int) or max_work_group < 1:
         raise ValueError(f"max_work_group {max_work_group!r}: the device's work-group limit, a positive int")
-    cap = 1 << (min(64, max_work_group).bit_length() - 1)  # the largest power of two within both
+    cap = 1 << (min(most, max_work_group).bit_length() - 1)  # the largest power of two within both
     return min(cap, 1 << max(0, (total - 1).bit_length()))
 
 
@@ -393,9 +393,7 @@ def pool_kernel(shape, kind: str, kernel, stride=1, padding=0, count_include_pad
         if C % 4:
             raise ValueError(f"pool out_stats: the statistics of whole blocks of 4 channels, got {C} channels")
         per_image = prod(_grid(out)[1:])
-        _local_size(per_image, max_work_group)  # (validates the limit)
-        cap = 1 << (min(256, max_work_group).bit_length() - 1)  # larger groups than 64: fewer slots to merge
-        local = min(cap, 1 << max(0, (per_image - 1).bit_length()))
+        local = _local_size(per_image, max_work_group, 256)  # larger groups than 64: fewer slots to merge
         slots = -(-per_image // local)
         St = buffer("St", (N * 2, 4), "float32", "global")
         work = stats_workspaces(N, slots)
