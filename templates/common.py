@@ -416,12 +416,14 @@ class Conv2dWorkload:
     # (2 * OB, 4)), then ``residual`` and ``activation``: act(norm(conv(x) + bias) * gamma + beta + Res), a
     # GroupNorm or InstanceNorm in the launch of the convolution it reads (``passes_layer_norm.norms_into_convs``).
     # Groups of one or two channels, of whole blocks of 4, or one group of whole blocks; in the key when set
-    out_stats: bool = False  # also write the output's GroupNorm(1) statistics, per image, to ``St`` (float32,
-    # (N * 2, 4): ``group_norm``'s ``stats`` with one chunk), computed in the epilogue: each work-group's (count,
-    # mean, M2) merged by the last one to finish (``reduction.last_group_statistics``), so that no launch is left
-    # for them (``passes_layer_norm.norm_statistics_into_producers``). O a multiple of 4, the output written whole
-    # (no out_view, side_copy or shuffle_view, no out_norm). Not in the key: the loop nest is the same, and a record
-    # of the workload without it applies
+    out_stats: int = 0  # the groups of a norm of the output whose statistics this launch writes too, to ``St``
+    # (float32, (N * units * 2, 4): ``group_norm``'s ``stats`` with one chunk a unit, ``reduction.unit_statistics``)
+    # -- 1 (GroupNorm(1): a unit an image; True reads as 1), O (an InstanceNorm: a block of 4 channels, a lane
+    # each), or groups of whole blocks of 4 -- computed in the epilogue: each work-group's (count, mean, M2) merged
+    # by the last one to finish (``reduction.last_group_statistics``, ``last_group_unit_statistics``), so that no
+    # launch is left for them (``passes_layer_norm.norm_statistics_into_producers``). O a multiple of 4, the output
+    # written whole (no out_view, side_copy or shuffle_view, no out_norm). Not in the key: the loop nest is the
+    # same, and a record of the workload without it applies
     out_view: tuple = ()  # (offset, channels): write channels [offset, offset + O) of a larger output (a concat's);
     # not in the key: the loop nest is the same, a record of the workload without it applies
     side_copy: tuple = ()  # (source shape, channels, offset, source scope): the same launch also writes the channel
@@ -505,6 +507,12 @@ class Conv2dWorkload:
                                or self.out_norm):
             raise ValueError(f"out_stats: the statistics of the whole output, of {self.kernel[0]} channels (a multiple "
                              "of 4), written whole: no out_view, side_copy, shuffle_view or out_norm with it")
+        if self.out_stats:
+            groups, O = int(self.out_stats), self.kernel[0]
+            if groups < 1 or O % groups or (groups not in (1, O) and (O // groups) % 4):
+                raise ValueError(f"out_stats={self.out_stats}: the groups of a norm of the {O} output channels -- 1, "
+                                 f"{O} (an InstanceNorm), or a divisor of {O} in groups of whole blocks of 4 channels")
+            set_("out_stats", groups)
         if self.residual_scale and not self.residual:
             raise ValueError("residual_scale scales the residual Res as it is added: it needs residual")
         if self.scale_rows and not self.in_scale:

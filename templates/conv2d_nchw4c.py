@@ -21,9 +21,11 @@ from tuner.ir.expr import Broadcast, Cast, ExtractLane, Ramp, as_expr, call, con
 from tuner.ir.kernel import Program
 from tuner.ir.gather import gather_pixel
 from tuner.ir.schedule import cache_read
-from tuner.templates.reduction import (as_float as _as_float, as_stored, channel_blocks, hsum, image_statistics,
-                                       last_group_statistics, local_tree, norm_units, pow2_ceil, read_norm_operands, stats_workspaces,
-                                       sum_partials, unit_factors, unit_first_block, unit_normed)
+from tuner.templates.reduction import (as_float as _as_float, as_stored, channel_blocks, hsum,
+                                       last_group_statistics, last_group_unit_statistics, local_tree, norm_units,
+                                       pow2_ceil, read_norm_operands, stats_workspaces, sum_partials, unit_factors,
+                                       unit_first_block, unit_normed, unit_statistics, unit_statistics_layout,
+                                       unit_stats_workspaces)
 from tuner.templates.common import (EPILOGUE_ARGS, MODEL_KNOBS, PAD_MODE_ARG, WINDOW_ARGS, Arithmetic,
                                     Conv2dWorkload, LocalTile, clamp, Template, WorkloadArg, _log2, declare_operands,
                                     fit_work_group, gpu_fill_target, input_pixel, is_depthwise, node_epilogue, pixel,
@@ -75,7 +77,7 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
             buffer("A", (2 * C4, 4), "float32", "global")) if wl.in_group_norm else (None, None)
     Na = buffer("Na", (2 * OB, 4), "float32", "global") if wl.out_norm else None
     Rs = buffer("Rs", (OB, 4), "float32", "global") if wl.residual_scale else None
-    St = buffer("St", (N * 2, 4), "float32", "global") if wl.out_stats else None
+    St = buffer("St", (N * norm_units(O, int(wl.out_stats)) * 2, 4), "float32", "global") if wl.out_stats else None
     operands = (*params_of(X), Sc, Wt, B, Res, Y, Xs, P, Q, A, Na, Rs, St)
     if wl.in_read and cfg.cache_input:
         raise ValueError("cache_input copies one input buffer; an input read in parts (in_read) has several")
@@ -137,7 +139,17 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
                 b.store(keep, i, Broadcast(as_expr(0.0), 4))
         store_tile(b, acc, Y, n, obb, oh0, ow0, (t_oc, t_oh, t_ow), (OB, OH, OW), wl, B, Res, owner, norm,
                    out_norm=normed, Rs=Rs, keep=keep)
-        if St is not None:
+        if St is not None and int(wl.out_stats) > 1:  # a GroupNorm's or InstanceNorm's units
+            lid = (tk * cfg.wg_h + th) * cfg.wg_w + tw
+            layout = unit_statistics_layout(OB, int(wl.out_stats), O, t_oc, g_h * g_w)
+            work = [Sp, Sn] = unit_stats_workspaces(N, layout)
+            kept = kept_values(keep, owner, obb, oh0, ow0, (t_oc, t_oh, t_ow), (OB, OH, OW))
+            firsts = [(holds_first(obb, oh0, ow0, owner, k * t_oh * t_ow) & (obb * t_oc + k < OB),
+                       as_stored(keep[k * t_oh * t_ow], wl.dtype)) for k in range(t_oc)]
+            last_group_unit_statistics(b, [kept[k * t_oh * t_ow:(k + 1) * t_oh * t_ow] for k in range(t_oc)], firsts,
+                                       lid, cfg.wg_w * cfg.wg_h * sk, n, obb, gh * g_w + gw, layout,
+                                       (OB, int(wl.out_stats), O), Sp, Sn, St)
+        elif St is not None:
             lid = (tk * cfg.wg_h + th) * cfg.wg_w + tw
             work = [Sp, Sn] = stats_workspaces(N, n_ob * g_h * g_w)
             slot = (obb * g_h + gh) * g_w + gw  # of the work-groups writing image n
@@ -152,10 +164,11 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
     return cache_read(kernel, X, "texture", cfg.act_layout) if cfg.cache_input else kernel
 
 
-def holds_first(obb, oh0, ow0, owner):
-    """Whether this work-item stores the output's first pixel (tile entry 0 of the first block, row and column)."""
-    first = obb.equal(0) & oh0.equal(0) & ow0.equal(0)
-    return first & owner(0) if owner is not None else first
+def holds_first(obb, oh0, ow0, owner, entry: int = None):
+    """Whether this work-item stores the output's first pixel (tile entry 0 of the first block, row and column);
+    with ``entry``, pixel (0, 0) of that tile entry's block (each block's, for a norm of blocks or channels)."""
+    first = oh0.equal(0) & ow0.equal(0) if entry is not None else obb.equal(0) & oh0.equal(0) & ow0.equal(0)
+    return first & owner(entry or 0) if owner is not None else first
 
 
 def kept_values(keep, owner, obb, oh0, ow0, tile, bounds) -> list:
@@ -408,7 +421,14 @@ def space_vars(wl: Conv2dWorkload) -> dict:
                 in_read=wl.in_read, in_norm=wl.in_norm, norm_partials=wl.norm_partials,
                 in_group_norm=bool(wl.in_group_norm), zero_padding=wl.pad_mode == "zeros" and any(wl.padding),
                 out_norm=bool(wl.out_norm), norm_blocks=out_norm_blocks(wl) if wl.out_norm else 1,
-                out_stats=bool(wl.out_stats))
+                out_stats=bool(wl.out_stats), stats_blocks=stats_blocks(wl))
+
+
+def stats_blocks(wl: Conv2dWorkload) -> int:
+    """``out_stats``: the blocks of 4 channels of the norm's unit -- 0 for a GroupNorm(1) (the image), 1 for an
+    InstanceNorm (a block, a lane a channel), else a group's."""
+    groups, O = int(wl.out_stats), wl.kernel[0]
+    return 0 if groups <= 1 else 1 if groups == O else O // groups // 4
 
 
 def fallback(wl: Conv2dWorkload, info) -> Conv2dConfig:
@@ -488,7 +508,7 @@ def _out_norm_fallback(wl: Conv2dWorkload, v: dict, info, scope: str) -> Conv2dC
 def _reference(wl: Conv2dWorkload, inputs: dict):
     y = reference(wl, read_parts_numpy(wl, inputs), inputs["Wt"], inputs.get("B"), inputs.get("Res"),
                   inputs.get("S"), inputs.get("A"), inputs.get("Na"), inputs.get("Rs"))
-    return {"Y": y, "St": image_statistics(y)} if wl.out_stats else y
+    return {"Y": y, "St": unit_statistics(y, int(wl.out_stats))} if wl.out_stats else y
 
 
 def features(v: dict, k: dict) -> dict:
@@ -536,7 +556,7 @@ def lower(ctx, node, ins):
         inputs["Rs"] = f"{node.name}.residual_scale"
         extra[inputs["Rs"]] = channel_blocks(ctx.graph.params[node.attrs["residual_scale"]], w_shape[0])
     if node.attrs.get("out_stats"):  # passes_layer_norm.norm_statistics_into_producers: St, a second output
-        fields["out_stats"] = True
+        fields["out_stats"] = int(node.attrs["out_stats"])  # the norm's groups: 1, C (an InstanceNorm), or G
     if normed:
         fields["in_norm"] = float(node.attrs["in_norm"])
         if node.attrs.get("norm_stats") is not None:  # GroupNorm(1): its statistics' chunk partials (N, 8 * chunks)
@@ -587,7 +607,8 @@ VARIABLES = dict(N="batch", C="input channels", H="input height", W="input width
                  zero_padding="the padding reads zeros (pad_mode zeros and some padding)",
                  out_norm="the output group-normalized in the epilogue (a work-group holds whole groups)",
                  norm_blocks="with out_norm: output blocks a tile holds together (a group's)",
-                 out_stats="the output's GroupNorm(1) statistics written too (a local tree a work-group)")
+                 out_stats="the output's norm statistics written too (a local tree a work-group)",
+                 stats_blocks="with out_stats: the blocks of 4 channels of the norm's unit (0: the whole image)")
 TEMPLATE = Template("conv2d", Conv2dWorkload, Conv2dConfig, conv2d_nchw4c, _reference, random_inputs,
                     fallback, space_vars, VARIABLES, features=features, model_knobs=MODEL_KNOBS,
                     workload_args=WORKLOAD_ARGS, graph_ops=("conv2d",), lower=lower,

@@ -31,7 +31,7 @@ import numpy as np
 from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
 from tuner.ir.activations import apply_ir
-from tuner.ir.expr import Broadcast, Cast, ExtractLane, Ramp, Var, as_expr, call, max_, min_, select
+from tuner.ir.expr import Broadcast, Cast, ExtractLane, Ramp, Var, as_expr, binary, call, max_, min_, select
 from tuner.ir.dtype import DType
 
 MAX_TEXELS_PER_ITEM = 1024  # 4096 elements: no work-item of a reduction reads more of one unit
@@ -207,16 +207,6 @@ def chunk_statistics(x: np.ndarray, chunks: int, groups: int = 1) -> np.ndarray:
     for t in range(chunks):
         part = tex[:, t * size:(t + 1) * size]
         out[:, t, 0], out[:, t, 1] = part.sum(axis=1), (part * part).sum(axis=1)
-    return out.reshape(-1, 4)
-
-
-def image_statistics(x: np.ndarray) -> np.ndarray:
-    """A GroupNorm(1)'s statistics as a producer's epilogue writes them (``last_group_statistics``): one chunk of
-    ``chunk_statistics``, its lanes added up into lane 0 -- per image the sums of d = x - K (K the image's first
-    element) and of d^2 over all its elements. A (N * 2, 4) array."""
-    lanes = chunk_statistics(x, 1).reshape(-1, 2, 4)
-    out = np.zeros_like(lanes)
-    out[:, :, 0] = lanes.sum(axis=2)
     return out.reshape(-1, 4)
 
 
@@ -427,8 +417,17 @@ def image_slots(slots: int) -> int:
 
 
 def as_stored(v, dtype: str):
-    """A float32 value as a tensor of ``dtype`` stores it (rounded to half and back in a float16 plan)."""
-    return v if dtype == "float32" else Cast(DType("float32", v.dtype.lanes), Cast(DType("float16", v.dtype.lanes), v))
+    """A float32 value as a tensor of ``dtype`` stores it: in a float16 plan its significand rounded to half's 11
+    bits, to nearest even, in integer arithmetic on its bits (``vstore_half``'s rounding for half's normal range;
+    no half arithmetic, which a device without cl_khr_fp16 cannot build)."""
+    if dtype == "float32":
+        return v
+    n = v.dtype.lanes
+    f, i = DType("float32", n), DType("int32", n)
+    bits = max_(call("as_int" + (str(n) if n > 1 else ""), [call("fabs", [v], f)], i), 0)  # |v|'s: positive
+    lsb = binary("floormod", binary("floordiv", bits, 8192), 2)  # the last kept bit: ties go to even
+    kept = binary("floordiv", bits + 4095 + lsb, 8192) * 8192
+    return call("copysign", [call("as_float" + (str(n) if n > 1 else ""), [kept], f), v], f)
 
 
 def stats_workspaces(N: int, slots: int) -> list:
@@ -495,3 +494,181 @@ def last_group_statistics(b: Builder, values: list, first, lid, size: int, n, sl
             b.store(St, (2 * n + 1, vec), call("make_vector", [ExtractLane(whole, 2) + c * d * d, 0.0, 0.0, 0.0],
                                                           "float32x4"))
             b.store(Sc, n, 0)
+
+
+def unit_statistics(x: np.ndarray, groups: int) -> np.ndarray:
+    """A GroupNorm's or InstanceNorm's statistics as a producer's epilogue writes them (``last_group_statistics``,
+    ``last_group_unit_statistics``): one chunk of ``chunk_statistics`` a unit -- for an InstanceNorm (``groups`` =
+    C) each lane its own channel, else the unit's lanes added up into lane 0. A (N * units * 2, 4) array."""
+    lanes = chunk_statistics(x, 1, groups)
+    if groups == x.shape[1]:
+        return lanes
+    out = np.zeros_like(lanes)
+    out[:, 0] = lanes.sum(axis=1)
+    return out
+
+
+def lanewise_merge(a: list, b: list) -> list:
+    """``welford_merge`` a lane at a time: ``a`` and ``b`` are (count, mean, M2) float4s of 4 channels over disjoint
+    sets of pixels (the count the same in every lane)."""
+    n = a[0] + b[0]
+    f = b[0] / max_(n, Broadcast(as_expr(1.0), 4))
+    d = b[1] - a[1]
+    return [n, a[1] + d * f, a[2] + b[2] + d * d * a[0] * f]
+
+
+def tree_of(b: Builder, values: list, combine, lid, size: int, buf, span: int = 0) -> list:
+    """``any_size_tree`` of several float4s a work-item (``combine`` takes and returns lists), in ``buf``, a local
+    float4 array of ``size * len(values)``; ``span`` (a power of two dividing ``size``): independent trees over
+    each ``span`` neighbouring work-items instead, their results read from the span's first."""
+    k = len(values)
+    for j, v in enumerate(values):
+        b.store(buf, lid * k + j, v)
+    s = (pow2_ceil(size) if not span else span) // 2
+    while s >= 1:
+        b.barrier()
+        guard = ((lid % span < s) & (lid + s < size) if size % span else lid % span < s) if span \
+            else (lid < s) & (lid + s < size) if 2 * s > size else lid < s
+        with b.if_(guard):
+            mine = [b.let(f"{buf.name}_a{s}_{j}", buf[lid * k + j]) for j in range(k)]
+            other = [b.let(f"{buf.name}_b{s}_{j}", buf[(lid + s) * k + j]) for j in range(k)]
+            for j, v in enumerate(combine(mine, other)):
+                b.store(buf, lid * k + j, v)
+        s //= 2
+    b.barrier()
+    return [buf[j] for j in range(k)]
+
+
+def unit_statistics_layout(OB: int, groups: int, C: int, tile_oc: int, spatial: int) -> dict:
+    """Where ``last_group_unit_statistics`` keeps a producer's partials of a GroupNorm(``groups``) or InstanceNorm
+    (``groups`` = C) over an output of OB channel blocks, the producer's work-groups ``tile_oc`` blocks by
+    ``spatial`` tiles of pixels each: ``merge`` -- the blocks one arrival counter covers (the work-group's tile, or
+    a group spanning several tiles), ``tiles`` of them each; ``units`` -- the counters of an image; ``slots`` --
+    the work-groups a counter counts; ``region`` -- float4s of ``Sp`` a counter's: 3 a slot and block (count, mean,
+    M2), then each block's shift K, rounded up to SLOT_ALIGN. A ValueError where the tile and the groups cut each
+    other."""
+    bpg = 1 if groups == C else C // groups // 4  # blocks of a unit of the norm
+    if groups != C and (C % groups or (C // groups) % 4):
+        raise ValueError(f"out_stats: groups of {C // max(groups, 1)} channels; whole blocks of 4, one channel, "
+                         f"or one group")
+    if tile_oc % bpg and bpg % tile_oc:
+        raise ValueError(f"out_stats: a tile of tile_oc={tile_oc} blocks cuts the norm's groups of {bpg} blocks")
+    merge = max(tile_oc, bpg)
+    tiles = merge // tile_oc
+    n_ob = -(-OB // tile_oc)
+    slots = tiles * spatial
+    return dict(bpg=bpg, merge=merge, tiles=tiles, units=-(-n_ob // tiles), slots=slots,
+                region=-(-(slots * tile_oc * 3 + merge) // SLOT_ALIGN) * SLOT_ALIGN)
+
+
+def unit_stats_workspaces(N: int, layout: dict) -> list:
+    """``last_group_unit_statistics``' workspaces: ``Sp`` (float32, ``layout['region']`` float4s a counter) and
+    ``Sn`` (int32, a counter each (image, merge unit), zero between launches)."""
+    units = N * layout["units"]
+    return [buffer("Sp", (units * layout["region"], 4), "float32", "global"),
+            buffer("Sn", (units,), "int32", "global")]
+
+
+def last_group_unit_statistics(b: Builder, blocks: list, firsts: list, lid, size: int, n, tile, spatial_slot,
+                               layout: dict, dims: tuple, Sp, Sc, St):
+    """``last_group_statistics`` for a GroupNorm whose groups are whole blocks of 4 channels, or an InstanceNorm
+    (``dims``: (OB, groups, C)): the statistics of each unit -- (image, group), or (image, block) a lane a channel
+    -- written by the launch that computes them, in ``group_norm``'s ``stats`` format with one chunk
+    (``unit_statistics``). ``blocks``: for each of the work-group's ``tile_oc`` channel blocks, this work-item's
+    ``(float4, float4 mask)`` outputs of it; ``firsts``: for each, ``(condition, float4)`` -- whether this
+    work-item holds the block's pixel (0, 0), and that pixel as stored (the shift K). The work-group computes
+    output tile ``tile`` (its blocks ``tile * tile_oc`` on), pixel tile ``spatial_slot`` of its image's.
+
+    Each work-item reduces each block's values to (count, mean, M2) a lane, the work-group merges them in one local
+    tree (``lanewise_merge``); work-item 0 stores them in its slot (``unit_statistics_layout``), fences and counts
+    the work-group in the counter of its merge unit (the tile, or the group it is part of). The work-group that
+    counts last merges each block's slots (a span of work-items a block, then a tree in each span), then each
+    unit's blocks and lanes (a GroupNorm), writes ``St`` and returns the counter to zero."""
+    OB, groups, C = dims
+    t_oc, k3 = len(blocks), 3 * len(blocks)
+    bpg, merge, tiles, slots = layout["bpg"], layout["merge"], layout["tiles"], layout["slots"]
+    if merge > size:
+        raise ValueError(f"out_stats: a work-group of {size} work-items merges {merge} blocks' statistics")
+    zero, one, vec = Broadcast(as_expr(0.0), 4), Broadcast(as_expr(1.0), 4), Ramp(as_expr(0), as_expr(1), 4)
+    tree = b.allocate("stree", (size * k3,), "float32x4", "local")
+    last = b.allocate("slast", (1,), "int32", "local")
+    fin = b.allocate("sblock", (merge * 3,), "float32x4", "local")  # the last work-group's blocks, merged
+    acc = b.allocate("ssum", (2,), "float32x4", "private")
+    unit = n * layout["units"] + tile // tiles
+    base = unit * layout["region"]
+    kbase = base + slots * t_oc * 3  # the merge unit's blocks' shifts K
+    own = []
+    for k, values in enumerate(blocks):
+        cond, v0 = firsts[k]
+        with b.if_(cond):  # the block's pixel (0, 0): its shift K, stored and fenced before the tree's barriers
+            b.store(Sp, (kbase + (tile % tiles) * t_oc + k, vec), v0)
+            b.evaluate(call("mem_fence", [Var("CLK_GLOBAL_MEM_FENCE", DType("int32"))], "int32"))
+        b.store(acc, 0, zero)
+        b.store(acc, 1, zero)
+        for v, m in values:
+            b.store(acc, 0, acc[0] + v * m)
+            b.store(acc, 1, acc[1] + m)
+        count = b.let(f"scount{k}", acc[1])
+        mean = b.let(f"smean{k}", acc[0] / max_(count, one))
+        b.store(acc, 0, zero)
+        for v, m in values:
+            d = (v - mean) * m
+            b.store(acc, 0, acc[0] + d * d)
+        own += [count, mean, b.let(f"sm2{k}", acc[0])]
+    merged = tree_of(b, own, lambda p, q: sum((lanewise_merge(p[3 * k:3 * k + 3], q[3 * k:3 * k + 3])
+                                              for k in range(t_oc)), []), lid, size, tree)
+    slot = (tile % tiles) * (slots // tiles) + spatial_slot
+    with b.if_(lid.equal(0)):
+        for j in range(k3):
+            b.store(Sp, (base + slot * k3 + j, vec), merged[j])
+        b.evaluate(call("mem_fence", [Var("CLK_GLOBAL_MEM_FENCE", DType("int32"))], "int32"))  # stored before counted
+        b.store(last, 0, select(call("atomic_inc", [Sc[unit]], "int32").equal(slots - 1), as_expr(1), as_expr(0)))
+    b.barrier("global")
+    with b.if_(last[0].equal(1)):  # the same for the whole work-group
+        span = max(1, _pow2_floor(size // merge))  # work-items a block: each merges every span-th of its slots
+        spatial, blk, sub = slots // tiles, lid // span, lid % span
+        state = b.allocate("sstate", (3,), "float32x4", "private")
+        for j, v in enumerate((zero, zero, zero)):
+            b.store(state, j, v)
+        trips = -(-spatial // span)
+        with b.if_(blk < merge):
+            with b.loop("sj", trips, "unrolled" if trips <= 32 else "serial") as sj:
+                j = sj * span + sub
+                with b.if_(j < spatial) if spatial % span else nullcontext():
+                    at = base + (((blk // t_oc) * spatial + j) * t_oc + blk % t_oc) * 3
+                    new = [b.let(f"snew{i}", v) for i, v in enumerate(lanewise_merge(
+                        [state[0], state[1], state[2]], [Sp[at, vec], Sp[at + 1, vec], Sp[at + 2, vec]]))]
+                    for i, v in enumerate(new):  # (all three from the state before)
+                        b.store(state, i, v)
+        whole = tree_of(b, [state[0], state[1], state[2]], lambda p, q: lanewise_merge(p, q), lid, size, tree,
+                        span=span) if span > 1 else None
+        first_block = (tile // tiles) * merge  # of the image's blocks
+        with b.if_(sub.equal(0) & (blk < merge) if span > 1 else blk < merge):
+            for i in range(3):
+                b.store(fin, blk * 3 + i, tree[lid * 3 + i] if whole is not None else state[i])
+        b.barrier()
+        if groups == C:  # each block a unit, each lane a channel: the shifted sums a lane
+            with b.if_((lid < merge) & (first_block + lid < OB)):
+                c, mean, m2 = fin[lid * 3], fin[lid * 3 + 1], fin[lid * 3 + 2]
+                d = b.let("sdev", mean - Sp[kbase + lid, vec])
+                at = n * OB + first_block + lid
+                b.store(St, (2 * at, vec), c * d)
+                b.store(St, (2 * at + 1, vec), m2 + c * d * d)
+        else:  # a group's blocks and lanes merged, its shift K the first lane of its first block
+            with b.if_((lid < merge // bpg) & (first_block // bpg + lid < groups)):
+                g = b.let("sgroup", call("make_vector", [0.0, 0.0, 0.0, 0.0], "float32x4"))
+                for q in range(bpg):
+                    at = (lid * bpg + q) * 3
+                    for lane in range(4):
+                        one = b.let(f"sl{q}_{lane}", call("make_vector", [  # a lane's (count, mean, M2)
+                            ExtractLane(fin[at], lane), ExtractLane(fin[at + 1], lane),
+                            ExtractLane(fin[at + 2], lane), 0.0], "float32x4"))
+                        g = b.let(f"sg{q}_{lane}", welford_merge(g, one))
+                c = ExtractLane(g, 0)
+                d = b.let("sdev", ExtractLane(g, 1) - ExtractLane(Sp[kbase + lid * bpg, vec], 0))
+                at = n * groups + first_block // bpg + lid
+                b.store(St, (2 * at, vec), call("make_vector", [c * d, 0.0, 0.0, 0.0], "float32x4"))
+                b.store(St, (2 * at + 1, vec), call("make_vector", [ExtractLane(g, 2) + c * d * d, 0.0, 0.0, 0.0],
+                                                               "float32x4"))
+        with b.if_(lid.equal(0)):
+            b.store(Sc, unit, 0)

@@ -30,7 +30,7 @@ from tuner.zoo.builder import _Builder
 ], ids=["3x3", "residual-n2", "stride2-n3", "1x1-400px"])
 def test_a_convolution_writes_its_output_statistics(device, fields, seed):
     """Random configs of each scope (split_k, tiles past the edges, several work-groups an image, several
-    images): the output and its statistics (``image_statistics``: the sums of x - K and of its square, K the
+    images): the output and its statistics (``unit_statistics``: the sums of x - K and of its square, K the
     image's first element, in lane 0) match NumPy."""
     from test_templates import check_random_config
     scope = ("texture", "buffer")[seed % 2]
@@ -57,12 +57,12 @@ def test_a_pool_writes_its_output_statistics_and_leaves_the_counter_at_zero(devi
     is zero after each."""
     from tuner.ops import kernels as K
     from tuner.runtime.opencl.memory import download
-    from tuner.templates.reduction import image_statistics
+    from tuner.templates.reduction import unit_statistics
     prog = K.pool_kernel(shape, "avg", 3, 1, 1, False, "float32", "buffer", "buffer", max_wg, out_stats=True)
     exe = build(prog, device)
     x = np.random.default_rng(0).normal(2.0, 1.0, shape).astype(np.float32)
     arrays = exe.upload_inputs(X=x)
-    want = image_statistics(K.pool_reference(x.astype(np.float64), "avg", 3, 1, 1))
+    want = unit_statistics(K.pool_reference(x.astype(np.float64), "avg", 3, 1, 1), 1)
     counters = {}
 
     def keep_counter(calls):  # the launch with the workspaces it was given, read back after it
@@ -264,3 +264,117 @@ def test_the_statistics_tree_counts_in_the_local_memory_a_config_may_use(device)
                    weight_scope="buffer", output_scope="buffer")  # a 2,880-byte tile, a 2,048-byte tree
     assert t.space(plain, small).violations(t.config_values(plain, cfg)) == []
     assert [v.split(":")[0] for v in t.space(wl, small).violations(t.config_values(wl, cfg))] == ["out_stats_local"]
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("fields", [
+    dict(data=(1, 8, 9, 7), kernel=(16, 8, 3, 3), padding=1, bias=True, out_stats=16),
+    dict(data=(3, 12, 5, 5), kernel=(12, 12, 3, 3), stride=2, padding=1, out_stats=12),
+    dict(data=(2, 8, 12, 12), kernel=(32, 8, 1, 1), bias=True, activation="relu", out_stats=4),
+    dict(data=(1, 16, 20, 20), kernel=(64, 16, 1, 1), out_stats=2),
+], ids=["instance", "instance-n3-stride2", "groups-of-2-blocks", "groups-of-8-blocks"])
+def test_a_convolution_writes_its_instance_and_group_norm_statistics(device, fields, seed):
+    """An InstanceNorm's (a block of 4 channels a unit, a lane a channel) and a GroupNorm's (groups of 2 and 8
+    blocks: a tile holds groups, or a group spans tiles and its work-groups share a counter) statistics from the
+    epilogue, in random configs of each scope, several images: they match ``unit_statistics``."""
+    from test_templates import check_random_config
+    scope = ("texture", "buffer")[seed % 2]
+    assert check_random_config(device, "conv2d", fields, ("float32", "float16")[seed == 3], seed,
+                               output_scope=scope) is not None
+
+
+def test_out_stats_takes_the_groups_of_whole_blocks_and_a_tile_that_holds_or_divides_them(device):
+    """``out_stats`` is the norm's groups: a group of 6 channels (not whole blocks) is refused by the workload,
+    and a tile of 2 blocks over groups of 3 blocks (neither holds the other) by the space's ``out_stats_units``."""
+    t = get_template("conv2d")
+    with pytest.raises(ValueError, match="out_stats=4: the groups"):
+        t.workload(data=(1, 8, 6, 6), kernel=(24, 8, 1, 1), out_stats=4)
+    wl = t.workload(data=(1, 8, 6, 6), kernel=(24, 8, 1, 1), out_stats=2)  # 3 blocks a group
+    cfg = t.config(tile_oc=2, tile_oh=1, tile_ow=1, wg_w=4, wg_h=4, input_scope="buffer", weight_scope="buffer",
+                   output_scope="buffer")
+    assert "out_stats_units" in [v.split(":")[0] for v in t.space(wl, device.info).violations(t.config_values(wl, cfg))]
+    assert "out_stats_units" not in [v.split(":")[0] for v in t.space(wl, device.info).violations(
+        t.config_values(wl, t.config(tile_oc=1, tile_oh=1, tile_ow=1, wg_w=4, wg_h=4, input_scope="buffer",
+                                     weight_scope="buffer", output_scope="buffer")))]
+
+
+def _instance_block(b: _Builder) -> dict:
+    """The style-transfer net's conv -> InstanceNorm -> ReLU -> 3x3 conv, then a GroupNorm ResNet's GroupNorm of
+    2 blocks a group -> ReLU -> 3x3 conv: both norms read only by convolutions."""
+    c = 16
+    x = b.input("input", (2, 8, 12, 10))
+    t = b.conv(x, 8, c, 3, bias=True)
+    n = b.node("Relu", [b.node("InstanceNormalization", [t, b.const("s0", b.rng.normal(1, 0.2, c)),
+                                                         b.const("b0", b.rng.normal(0, 0.2, c))], epsilon=1e-5)])
+    u = b.conv(n, c, 2 * c, 3, bias=True)
+    g = b.node("Relu", [b.node("GroupNormalization", [u, b.const("s1", b.rng.normal(1, 0.2, 2 * c)),
+                                                      b.const("b1", b.rng.normal(0, 0.2, 2 * c))],
+                               num_groups=4, epsilon=1e-5)])
+    b.conv(g, 2 * c, 4, 3, bias=True, output="output")
+    return {"output": [2, 4, 12, 10]}
+
+
+@pytest.mark.parametrize("scope", ["texture", "buffer"])
+def test_instance_and_group_norms_leave_no_launch_and_both_runtimes_match_onnxruntime(native, cl_env, scope,
+                                                                                    tmp_path, monkeypatch):
+    """The norms applied as read (``norms_applied_as_read``) with their statistics in the producers: three
+    convolution launches and nothing else. The Python executor (twice: the counters return to zero) and tuner-run
+    match onnxruntime on an input of mean far from zero."""
+    import tuner.compile.compiler as C
+    from conftest import building_cpu
+    from tuner.graph.passes_layer_norm import norm_statistics_into_producers, norms_applied_as_read
+    plain = C.load_graph
+    monkeypatch.setattr(C, "load_graph", lambda m, shapes=None: norm_statistics_into_producers(
+        norms_applied_as_read(plain(m, shapes))))
+    b = _Builder(seed=5, opset=21)
+    mod, x, want = _compiled(b.model(_instance_block(b), "m"), scope, tmp_path, shift=3.0)
+    kernels = [c.kernel for n in mod.spec.nodes for c in n.calls]
+    assert kernels == ["conv2d_nchw4c"] * 3, kernels
+    assert sum(w.dtype == "int32" for w in mod.spec.workspaces) == 2
+    for _ in range(2):
+        assert _rel(mod.run([x])[0], want[0]) < 1e-4
+    art = mod.save(tmp_path / "art")
+    np.save(tmp_path / "x.npy", x)
+    r = subprocess.run([native["tuner_run"], str(art), "--device", building_cpu(), "--input", str(tmp_path / "x.npy"),
+                        "--output", str(tmp_path / "y.npy")], capture_output=True, text=True, env=cl_env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert _rel(np.load(tmp_path / "y.npy"), want[0]) < 1e-4
+
+
+def test_a_float16_plans_shift_is_rounded_as_half_storage_rounds_without_half_arithmetic(device):
+    """``as_stored``: the shift K of a float16 plan's statistics, rounded as ``vstore_half`` rounds (to nearest,
+    ties to even; values across 8 decades and exact ties), in integer arithmetic -- a device without cl_khr_fp16
+    builds it (PoCL on a Zen CPU does not know ``convert_half4``)."""
+    from tuner.ir.buffer import buffer
+    from tuner.ir.builder import Builder
+    from tuner.ir.expr import Ramp, as_expr
+    from tuner.templates.reduction import as_stored
+    n = 4096
+    X, Y = buffer("X", (n, 4), "float32", "global"), buffer("Y", (n, 4), "float32", "global")
+    b = Builder()
+    with b.loop("i", n, "group.0") as i:
+        b.store(Y, (i, Ramp(as_expr(0), as_expr(1), 4)), as_stored(X[i, Ramp(as_expr(0), as_expr(1), 4)], "float16"))
+    rng = np.random.default_rng(0)
+    x = (rng.normal(0, 1, (n, 4)) * 10.0 ** rng.integers(-4, 4, (n, 4))).astype(np.float32)
+    h = rng.normal(0, 100, (n // 4, 4)).astype(np.float16)
+    x[:n // 4] = h.astype(np.float32) + np.spacing(h).astype(np.float32) / 2  # exact ties
+    got = np.asarray(build(b.kernel("k", [X, Y]), device)(X=x)["Y"])
+    normal = np.abs(x) >= 2.0 ** -14  # half's normal range (its subnormals keep fewer bits)
+    assert np.array_equal(got[normal], x.astype(np.float16).astype(np.float32)[normal])
+
+
+def test_the_norms_step_offers_instance_and_group_norms_with_no_launch(tmp_path, monkeypatch):
+    """``_refine_norms`` offers ``auto+norms-as-read+stats-in-producers`` where an InstanceNorm's and a GroupNorm's
+    readers can normalize them: no group_norm is left, each producer writes its norm's units (a block of 4
+    channels an InstanceNorm's, a group a GroupNorm's), one chunk each."""
+    import tuner.compile.compiler as C
+    b = _Builder(seed=5, opset=21)
+    onnx.save(b.model(_instance_block(b), "m"), str(tmp_path / "m.onnx"))
+    graph = C.load_graph(str(tmp_path / "m.onnx"))
+    monkeypatch.setattr(C, "_same_plan", lambda a, b: False)  # (the stand-in compile returns no modules)
+    others = C._refine_norms("auto", graph, lambda scope, graph: (scope, graph))
+    assert "auto+norms-as-read" in others and "auto+norms-as-read+stats-in-producers" in others
+    g = others["auto+norms-as-read+stats-in-producers"][1]
+    assert not any(n.op == "group_norm" for n in g.nodes)
+    writers = [n for n in g.nodes if n.attrs.get("out_stats")]
+    assert [(n.attrs["out_stats"], g.shapes[n.outputs[1]]) for n in writers] == [(16, (2, 32)), (4, (2, 32))]

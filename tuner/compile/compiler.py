@@ -825,7 +825,9 @@ def _refine_norms(mode: str, graph, compile_) -> dict:
       first does not apply.
     - ``auto+stats-in-producers`` (``norm_statistics_into_producers``): a GroupNorm(1)'s statistics, which its
       readers normalize with, computed in the epilogue of the convolution that writes its input (each work-group's
-      partials merged by the last one to finish): no statistics launch.
+      partials merged by the last one to finish): no statistics launch; ``auto+norms-as-read+stats-in-producers``:
+      the norms as read, each one's statistics (an InstanceNorm's, a GroupNorm's) in its producer -- no launch is
+      left for the norm.
 
     A candidate that cannot be planned on this device (no work-group of it holds a plane) is left out. Empty when no
     norm qualifies."""
@@ -844,6 +846,9 @@ def _refine_norms(mode: str, graph, compile_) -> dict:
     in_producers = norm_statistics_into_producers(graph)
     if in_producers is not graph:
         graphs["stats-in-producers"] = (in_producers, ("auto",))
+    no_launch = norm_statistics_into_producers(as_read) if "norms-as-read" in graphs else as_read
+    if no_launch is not as_read:
+        graphs["norms-as-read+stats-in-producers"] = (no_launch, ("auto",))
     others = {}
     for name, (g, scopes) in graphs.items():
         for scope in scopes:

@@ -320,7 +320,7 @@ POOL_STATS_ATTRS = {"kernel", "stride", "padding", "count_include_pad", "ceil_mo
 
 
 def _writes_stats(g: Graph, p: Node) -> bool:
-    """Whether ``p`` can write its output's GroupNorm(1) statistics in its epilogue: a convolution of the conv2d
+    """Whether ``p`` can write its output's norm statistics in its epilogue: a convolution of the conv2d
     template with only the fusions above (not depthwise), or a windowed pool (the glue kernel's, not a pool of one
     window, which ``spatial_reduce`` runs)."""
     from tuner.templates.common import is_depthwise  # the graph passes import tuner.templates lazily
@@ -335,12 +335,16 @@ def _writes_stats(g: Graph, p: Node) -> bool:
 
 
 def norm_statistics_into_producers(graph: Graph) -> Graph:
-    """A GroupNorm(1)'s statistics kernel (``group_norm`` with ``stats``: its readers normalize what they read)
-    whose input a convolution or a windowed pool writes (``_writes_stats``): that kernel computes the statistics in
-    its epilogue instead (``Conv2dWorkload.out_stats``, ``pool_kernel``'s: each work-group's (count, mean, M2),
-    merged by the last to finish, ``reduction.last_group_statistics``), a second output of one chunk, and no launch
-    is left for them. A node with a second output takes only a template that writes it: the convolution runs the
-    conv2d template (not Winograd); its output channels a multiple of 4, written whole.
+    """A norm's statistics kernel (``group_norm`` with ``stats``: its readers normalize what they read) whose
+    input a convolution or a windowed pool writes (``_writes_stats``): that kernel computes the statistics in its
+    epilogue instead (``Conv2dWorkload.out_stats``, ``pool_kernel``'s: each work-group's (count, mean, M2), merged
+    by the last to finish, ``reduction.last_group_statistics``), a second output of one chunk a unit, and no
+    launch is left for them. A GroupNorm(1)'s (MobileViTv2's, PoolFormer's: ``group_norm_into_convs``,
+    ``norms_read_by_pools``) from a convolution or a pool; an InstanceNorm's or a GroupNorm's of whole blocks of 4
+    channels (``norms_applied_as_read``: the style-transfer net's, a GroupNorm ResNet's) from a convolution only
+    (``reduction.last_group_unit_statistics``: a slot a block and work-group, a counter a tile or a group). A node
+    with a second output takes only a template that writes it: the convolution runs the conv2d template (not
+    Winograd); its output channels a multiple of 4, written whole.
 
     Not in ``passes.PIPELINE``: the epilogue adds a local tree, a fence and an atomic to every work-group of the
     producer, against a launch that reads the tensor once (on the H200 MobileViTv2-0.5 ran 4-21% faster with it,
@@ -349,15 +353,17 @@ def norm_statistics_into_producers(graph: Graph) -> Graph:
     g = graph.copy()
     changed = False
     for node in list(g.nodes):
-        if node.op != "group_norm" or node.attrs.get("groups") != 1 or not node.attrs.get("stats"):
+        if node.op != "group_norm" or not node.attrs.get("groups") or not node.attrs.get("stats"):
             continue
-        x, stats = node.inputs[0], node.outputs[0]
+        x, stats, groups = node.inputs[0], node.outputs[0], int(node.attrs["groups"])
         p, shape = g.producer(x), g.shapes[x]
-        if p is None or p.outputs != [x] or len(shape) != 4 or shape[1] % 4 or not _writes_stats(g, p):
+        if p is None or p.outputs != [x] or len(shape) != 4 or shape[1] % 4 or not _writes_stats(g, p) \
+                or (groups > 1 and p.op != "conv2d"):  # a pool writes a GroupNorm(1)'s only
             continue
-        p.attrs = {**p.attrs, "out_stats": True}
+        p.attrs = {**p.attrs, "out_stats": groups}
         p.outputs = [x, stats]
-        g.shapes[stats] = (shape[0], 8)  # one chunk: the readers' workloads take the count from the shape
+        g.shapes[stats] = (shape[0], 8 * _units(shape, groups) // shape[0])  # one chunk a unit: the readers'
+        # workloads take the count from the shape
         g.nodes.remove(node)
         changed = True
     return g.validate() if changed else graph

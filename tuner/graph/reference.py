@@ -59,12 +59,12 @@ def run_graph_numpy(graph: Graph, inputs: dict, all_tensors: bool = False) -> di
 def side_outputs(node: Node, out: np.ndarray) -> dict:
     """``{tensor: array}`` of a node's further outputs, from its first one ``out``: a depthwise convolution's row
     sums (``passes_se.pool_rows_in_depthwise``), or a producer's GroupNorm(1) statistics as its epilogue writes
-    them, one chunk (``passes_layer_norm.norm_statistics_into_producers``)."""
+    them, one chunk a unit (``passes_layer_norm.norm_statistics_into_producers``)."""
     if node.attrs.get("row_sums"):
         return {node.outputs[1]: out.sum(axis=3, keepdims=True)}
     if node.attrs.get("out_stats"):
-        from tuner.templates.reduction import image_statistics  # (tuner.templates imports tuner.graph)
-        return {node.outputs[1]: image_statistics(out).reshape(out.shape[0], -1)}
+        from tuner.templates.reduction import unit_statistics  # (tuner.templates imports tuner.graph)
+        return {node.outputs[1]: unit_statistics(out, int(node.attrs["out_stats"])).reshape(out.shape[0], -1)}
     return {}
 
 
