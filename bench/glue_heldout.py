@@ -139,7 +139,8 @@ def cmd_run(args) -> int:
         t0 = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            mod = compile_model(str(path), device=args.device, scope="auto")
+            mod = compile_model(str(path), device=args.device, scope="auto", **(
+                dict(measure_plans=True, plan_timer=args.plan_timer) if args.plan_timer else {}))
         compile_s = time.perf_counter() - t0
         got = mod.run(list(feeds.values()))
         err = max(float(np.abs(g - r).max() / max(np.abs(r).max(), 1e-30)) for g, r in zip(got, ref))
@@ -157,6 +158,10 @@ def cmd_run(args) -> int:
              "launches": launches, "compute_layers": compute, "se_launches": se_launches,
              "glue_launches": glue_launches,
              "glue_by_op": glue_ops, "multi_kernel_templates": multi}
+        if args.plan_timer:  # the plans timed (fastest_plan's steps): each step's finalists' medians, the kept one
+            r["plan_kept"] = getattr(mod, "plan_kept", None)
+            r["plan_steps"] = {s.name: {"kept": s.kept, "times_ms": {k: v * 1e3 for k, v in s.times.items()}}
+                               for s in getattr(mod, "plan_steps", [])}
         try:  # the copies the plan names with their reasons (Plan.copies; a tree without them: none)
             from tuner.compile.compiler import load_graph, plan_graph
             from tuner.plan.views import write_views
@@ -179,7 +184,7 @@ def cmd_run(args) -> int:
             r["non_compute_share"] = sum(x["median_s"] for x in rows if x.get("template") not in COMPUTE) / \
                 max(total, 1e-12)
         out[name] = r
-        print(f"{name} [{args.label}]: err {err:.1e}, {launches} launches for {compute} compute layers "
+        print(f"{name} [{args.label}]: err {err:.1e}, plan {r.get('plan_kept', 'auto')}, {launches} launches for {compute} compute layers "
               f"({launches / max(compute, 1):.2f}), {glue_launches} without a template {glue_ops}"
               + (f", no-template share {r['no_template_share']:.1%}, non-compute {r['non_compute_share']:.1%}, "
                  f"{se_launches} squeeze-excite launches {r['se_ms']:.3f} ms, kernels {r['kernel_ms']:.3f} ms, "
@@ -260,6 +265,10 @@ def main(argv=None) -> int:
     p.add_argument("--device", default=None, help="run: the OpenCL device (default: the host's default)")
     p.add_argument("--models", default="", help="run: comma-separated names (default: all)")
     p.add_argument("--repeats", type=int, default=10, help="run: profiled runs per model (0: launches only)")
+    p.add_argument("--plan-timer", default=None, choices=("python", "native"),
+                   help="run: time the plans as `tuner compile --scope auto` does with a log (the per-layer and "
+                        "uniform plans, the norms' and squeeze-excite candidates) and keep the fastest; default: "
+                        "the per-layer plan, untimed")
     p.add_argument("--out", default=str(HERE / "results" / "glue"))
     p.add_argument("--name", default="heldout_cpu", help="table: the files' name")
     args = p.parse_args(argv)

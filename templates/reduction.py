@@ -416,18 +416,25 @@ def image_slots(slots: int) -> int:
     return -(-(slots + 1) // SLOT_ALIGN) * SLOT_ALIGN
 
 
+HALF_TINY, HALF_HUGE = 2.0 ** -14, 65520.0  # half's smallest normal; the least value that rounds to infinity
+
+
 def as_stored(v, dtype: str):
-    """A float32 value as a tensor of ``dtype`` stores it: in a float16 plan its significand rounded to half's 11
-    bits, to nearest even, in integer arithmetic on its bits (``vstore_half``'s rounding for half's normal range;
-    no half arithmetic, which a device without cl_khr_fp16 cannot build)."""
+    """A float32 value as a tensor of ``dtype`` stores it (``vstore_half``'s rounding, to nearest even), without
+    half arithmetic, which a device without cl_khr_fp16 cannot build: in half's normal range the significand
+    rounded to 11 bits in integer arithmetic on its bits; below it, to a multiple of 2^-24 (``rint``); from
+    HALF_HUGE on, infinity."""
     if dtype == "float32":
         return v
     n = v.dtype.lanes
-    f, i = DType("float32", n), DType("int32", n)
-    bits = max_(call("as_int" + (str(n) if n > 1 else ""), [call("fabs", [v], f)], i), 0)  # |v|'s: positive
+    f, i, suffix = DType("float32", n), DType("int32", n), str(n) if n > 1 else ""
+    a = call("fabs", [v], f)
+    bits = max_(call("as_int" + suffix, [a], i), 0)  # |v|'s: a positive int
     lsb = binary("floormod", binary("floordiv", bits, 8192), 2)  # the last kept bit: ties go to even
-    kept = binary("floordiv", bits + 4095 + lsb, 8192) * 8192
-    return call("copysign", [call("as_float" + (str(n) if n > 1 else ""), [kept], f), v], f)
+    normal = call("as_float" + suffix, [binary("floordiv", bits + 4095 + lsb, 8192) * 8192], f)
+    tiny = call("rint", [a * 2.0 ** 24], f) * 2.0 ** -24
+    inf = call("as_float" + suffix, [Broadcast(as_expr(0x7F800000), n) if n > 1 else as_expr(0x7F800000)], f)
+    return call("copysign", [select(a < HALF_TINY, tiny, select(a < HALF_HUGE, normal, inf)), v], f)
 
 
 def stats_workspaces(N: int, slots: int) -> list:
@@ -519,7 +526,7 @@ def lanewise_merge(a: list, b: list) -> list:
 
 def tree_of(b: Builder, values: list, combine, lid, size: int, buf, span: int = 0) -> list:
     """``any_size_tree`` of several float4s a work-item (``combine`` takes and returns lists), in ``buf``, a local
-    float4 array of ``size * len(values)``; ``span`` (a power of two dividing ``size``): independent trees over
+    float4 array of ``size * len(values)``; ``span`` (a power of two up to ``size``): independent trees over
     each ``span`` neighbouring work-items instead, their results read from the span's first."""
     k = len(values)
     for j, v in enumerate(values):
@@ -600,7 +607,7 @@ def last_group_unit_statistics(b: Builder, blocks: list, firsts: list, lid, size
     own = []
     for k, values in enumerate(blocks):
         cond, v0 = firsts[k]
-        with b.if_(cond):  # the block's pixel (0, 0): its shift K, stored and fenced before the tree's barriers
+        with b.if_(cond):  # the block's pixel (0, 0): its shift K, stored and fenced before the global barrier
             b.store(Sp, (kbase + (tile % tiles) * t_oc + k, vec), v0)
             b.evaluate(call("mem_fence", [Var("CLK_GLOBAL_MEM_FENCE", DType("int32"))], "int32"))
         b.store(acc, 0, zero)
@@ -615,6 +622,7 @@ def last_group_unit_statistics(b: Builder, blocks: list, firsts: list, lid, size
             d = (v - mean) * m
             b.store(acc, 0, acc[0] + d * d)
         own += [count, mean, b.let(f"sm2{k}", acc[0])]
+    b.barrier("global")  # the shifts K, stored by other work-items than 0 (split_k), before work-item 0 counts
     merged = tree_of(b, own, lambda p, q: sum((lanewise_merge(p[3 * k:3 * k + 3], q[3 * k:3 * k + 3])
                                               for k in range(t_oc)), []), lid, size, tree)
     slot = (tile % tiles) * (slots // tiles) + spatial_slot
@@ -636,8 +644,9 @@ def last_group_unit_statistics(b: Builder, blocks: list, firsts: list, lid, size
                 j = sj * span + sub
                 with b.if_(j < spatial) if spatial % span else nullcontext():
                     at = base + (((blk // t_oc) * spatial + j) * t_oc + blk % t_oc) * 3
+                    slot_state = [b.let(f"sslot{i}", Sp[at + i, vec]) for i in range(3)]
                     new = [b.let(f"snew{i}", v) for i, v in enumerate(lanewise_merge(
-                        [state[0], state[1], state[2]], [Sp[at, vec], Sp[at + 1, vec], Sp[at + 2, vec]]))]
+                        [state[0], state[1], state[2]], slot_state))]
                     for i, v in enumerate(new):  # (all three from the state before)
                         b.store(state, i, v)
         whole = tree_of(b, [state[0], state[1], state[2]], lambda p, q: lanewise_merge(p, q), lid, size, tree,
