@@ -184,8 +184,8 @@ def cmd_run(args) -> int:
             r["non_compute_share"] = sum(x["median_s"] for x in rows if x.get("template") not in COMPUTE) / \
                 max(total, 1e-12)
         out[name] = r
-        print(f"{name} [{args.label}]: err {err:.1e}, plan {r.get('plan_kept', 'auto')}, {launches} launches for {compute} compute layers "
-              f"({launches / max(compute, 1):.2f}), {glue_launches} without a template {glue_ops}"
+        print(f"{name} [{args.label}]: err {err:.1e}, plan {r.get('plan_kept', 'auto')}, {launches} launches for "
+              f"{compute} compute layers ({launches / max(compute, 1):.2f}), {glue_launches} without a template {glue_ops}"
               + (f", no-template share {r['no_template_share']:.1%}, non-compute {r['non_compute_share']:.1%}, "
                  f"{se_launches} squeeze-excite launches {r['se_ms']:.3f} ms, kernels {r['kernel_ms']:.3f} ms, "
                  f"whole run {r['total_ms']:.3f} ms" if args.repeats else ""), flush=True)
