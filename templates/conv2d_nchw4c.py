@@ -448,7 +448,9 @@ def fallback(wl: Conv2dWorkload, info) -> Conv2dConfig:
     if wl.out_norm:
         return _out_norm_fallback(wl, v, info, scope)
     cpu = info.type == "CPU"  # CPU compilers vectorize across the work-items of dimension 0: one column each
-    fits = lambda oc: v["OBG"] >= oc and (v["G"] == 1 or v["OBG"] % oc == 0)  # noqa: E731
+    sb = v["stats_blocks"]  # out_stats of a norm of blocks: a tile and a group hold one another (out_stats_units)
+    fits = lambda oc: v["OBG"] >= oc and (v["G"] == 1 or v["OBG"] % oc == 0) \
+        and (not sb or oc % sb == 0 or sb % oc == 0)  # noqa: E731
     tile_oc = next(oc for oc in ((4, 2) if cpu else (2,)) + (1,) if oc == 1 or fits(oc))
     tile_ow = 1 if cpu else 4 if v["OW"] >= 8 else 2 if v["OW"] >= 2 else 1
     items = lambda oc, ow: v["N"] * -(-v["OB"] // oc) * v["OH"] * -(-v["OW"] // ow)  # noqa: E731

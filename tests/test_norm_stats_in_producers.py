@@ -285,7 +285,8 @@ def test_a_convolution_writes_its_instance_and_group_norm_statistics(device, fie
 
 def test_out_stats_takes_the_groups_of_whole_blocks_and_a_tile_that_holds_or_divides_them(device):
     """``out_stats`` is the norm's groups: a group of 6 channels (not whole blocks) is refused by the workload,
-    and a tile of 2 blocks over groups of 3 blocks (neither holds the other) by the space's ``out_stats_units``."""
+    and a tile of 2 blocks over groups of 3 blocks (neither holds the other) by the space's ``out_stats_units``,
+    which the fallback config keeps."""
     t = get_template("conv2d")
     with pytest.raises(ValueError, match="out_stats=4: the groups"):
         t.workload(data=(1, 8, 6, 6), kernel=(24, 8, 1, 1), out_stats=4)
@@ -293,6 +294,7 @@ def test_out_stats_takes_the_groups_of_whole_blocks_and_a_tile_that_holds_or_div
     cfg = t.config(tile_oc=2, tile_oh=1, tile_ow=1, wg_w=4, wg_h=4, input_scope="buffer", weight_scope="buffer",
                    output_scope="buffer")
     assert "out_stats_units" in [v.split(":")[0] for v in t.space(wl, device.info).violations(t.config_values(wl, cfg))]
+    assert t.space(wl, device.info).violations(t.config_values(wl, t.fallback(wl, device.info))) == []
     assert "out_stats_units" not in [v.split(":")[0] for v in t.space(wl, device.info).violations(
         t.config_values(wl, t.config(tile_oc=1, tile_oh=1, tile_ow=1, wg_w=4, wg_h=4, input_scope="buffer",
                                      weight_scope="buffer", output_scope="buffer")))]
