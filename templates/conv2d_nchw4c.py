@@ -24,8 +24,8 @@ from tuner.ir.schedule import cache_read
 from tuner.templates.reduction import (as_float as _as_float, as_stored, channel_blocks, hsum,
                                        last_group_statistics, last_group_unit_statistics, local_tree, norm_units,
                                        pow2_ceil, read_norm_operands, stats_workspaces, sum_partials, unit_factors,
-                                       unit_first_block, unit_normed, unit_statistics, unit_statistics_layout,
-                                       unit_stats_workspaces)
+                                       unit_blocks, unit_first_block, unit_normed, unit_statistics,
+                                       unit_statistics_layout, unit_stats_workspaces)
 from tuner.templates.common import (EPILOGUE_ARGS, MODEL_KNOBS, PAD_MODE_ARG, WINDOW_ARGS, Arithmetic,
                                     Conv2dWorkload, LocalTile, clamp, Template, WorkloadArg, _log2, declare_operands,
                                     fit_work_group, gpu_fill_target, input_pixel, is_depthwise, node_epilogue, pixel,
@@ -139,8 +139,8 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
                 b.store(keep, i, Broadcast(as_expr(0.0), 4))
         store_tile(b, acc, Y, n, obb, oh0, ow0, (t_oc, t_oh, t_ow), (OB, OH, OW), wl, B, Res, owner, norm,
                    out_norm=normed, Rs=Rs, keep=keep)
+        lid = (tk * cfg.wg_h + th) * cfg.wg_w + tw
         if St is not None and int(wl.out_stats) > 1:  # a GroupNorm's or InstanceNorm's units
-            lid = (tk * cfg.wg_h + th) * cfg.wg_w + tw
             layout = unit_statistics_layout(OB, int(wl.out_stats), O, t_oc, g_h * g_w)
             work = [Sp, Sn] = unit_stats_workspaces(N, layout)
             kept = kept_values(keep, owner, obb, oh0, ow0, (t_oc, t_oh, t_ow), (OB, OH, OW))
@@ -150,7 +150,6 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
                                        lid, cfg.wg_w * cfg.wg_h * sk, n, obb, gh * g_w + gw, layout,
                                        (OB, int(wl.out_stats), O), Sp, Sn, St)
         elif St is not None:
-            lid = (tk * cfg.wg_h + th) * cfg.wg_w + tw
             work = [Sp, Sn] = stats_workspaces(N, n_ob * g_h * g_w)
             slot = (obb * g_h + gh) * g_w + gw  # of the work-groups writing image n
             last_group_statistics(b, kept_values(keep, owner, obb, oh0, ow0, (t_oc, t_oh, t_ow), (OB, OH, OW)),
@@ -427,8 +426,8 @@ def space_vars(wl: Conv2dWorkload) -> dict:
 def stats_blocks(wl: Conv2dWorkload) -> int:
     """``out_stats``: the blocks of 4 channels of the norm's unit -- 0 for a GroupNorm(1) (the image), 1 for an
     InstanceNorm (a block, a lane a channel), else a group's."""
-    groups, O = int(wl.out_stats), wl.kernel[0]
-    return 0 if groups <= 1 else 1 if groups == O else O // groups // 4
+    groups = int(wl.out_stats)
+    return 0 if groups <= 1 else unit_blocks(wl.kernel[0], groups)
 
 
 def fallback(wl: Conv2dWorkload, info) -> Conv2dConfig:

@@ -125,6 +125,12 @@ def norm_units(C: int, groups: int) -> int:
     return -(-C // 4) if groups == C else groups
 
 
+def unit_blocks(C: int, groups: int) -> int:
+    """The blocks of 4 channels of a GroupNorm's or InstanceNorm's statistics unit (``norm_units``): one for an
+    InstanceNorm (a lane a channel), else a group's."""
+    return 1 if groups == C else -(-C // 4) // groups
+
+
 def channel_blocks(values, channels: int) -> np.ndarray:
     """Per-channel vectors (rows of ``channels`` values: a norm's gamma then beta, or one scale) as a kernel's
     float32 (rows * C4, 4) operand: each row padded with zeros to whole blocks of 4, the rows one after another."""
@@ -147,7 +153,7 @@ def read_norm_operands(ctx, node, channels: int) -> tuple:
 
 def unit_first_block(C: int, groups: int, cb):
     """The channel block whose pixel (0, 0) is the shift K of block ``cb``'s unit's partials (``unit_factors``)."""
-    return cb if groups == C else (cb // (-(-C // 4) // groups)) * (-(-C // 4) // groups)
+    return cb if groups == C else (cb // unit_blocks(C, groups)) * unit_blocks(C, groups)
 
 
 def unit_factors(b, Q, A, first, n, cb, shape, groups: int, chunks: int, epsilon: float) -> tuple:
@@ -394,16 +400,14 @@ def any_size_tree(b: Builder, value, combine, lid, size: int, buf):
     """``value`` (a float4 per work-item) combined over the ``size`` work-items of a work-group (any size: the
     upper half of each step folds into the lower where it exists) in ``buf``, a local float4 array of ``size``
     (allocated at the kernel's outermost scope); every work-item reaches each barrier, and the result is read
-    after the last."""
-    b.store(buf, lid, value)
-    s = pow2_ceil(size) // 2
-    while s >= 1:
-        b.barrier()
-        with b.if_((lid < s) & (lid + s < size)) if 2 * s > size else b.if_(lid < s):
-            b.store(buf, lid, combine(b.let(f"{buf.name}_a{s}", buf[lid]), b.let(f"{buf.name}_b{s}", buf[lid + s])))
-        s //= 2
-    b.barrier()
-    return buf[0]
+    after the last (``tree_of`` of one value)."""
+    return tree_of(b, [value], lambda p, q: [combine(p[0], q[0])], lid, size, buf)[0]
+
+
+def global_fence(b: Builder) -> None:
+    """``mem_fence(CLK_GLOBAL_MEM_FENCE)``: this work-item's global stores before its later accesses (a slot before
+    its count)."""
+    b.evaluate(call("mem_fence", [Var("CLK_GLOBAL_MEM_FENCE", DType("int32"))], "int32"))
 
 
 SLOT_ALIGN = 8  # float4 slots: an image's slots start on a 128-byte line, so that no cache line holds two images'
@@ -482,7 +486,7 @@ def last_group_statistics(b: Builder, values: list, first, lid, size: int, n, sl
         b.store(Sp, (base + slot, vec), group)
         with b.if_(cond):
             b.store(Sp, (base + slots, vec), v0)
-        b.evaluate(call("mem_fence", [Var("CLK_GLOBAL_MEM_FENCE", DType("int32"))], "int32"))  # stored before counted
+        global_fence(b)  # stored before counted
         b.store(last, 0, select(call("atomic_inc", [Sc[n]], "int32").equal(slots - 1), as_expr(1), as_expr(0)))
     b.barrier("global")  # (this work-group's own slot, stored by work-item 0, read by the others if last)
     with b.if_(last[0].equal(1)):  # the same for the whole work-group
@@ -525,7 +529,7 @@ def lanewise_merge(a: list, b: list) -> list:
 
 
 def tree_of(b: Builder, values: list, combine, lid, size: int, buf, span: int = 0) -> list:
-    """``any_size_tree`` of several float4s a work-item (``combine`` takes and returns lists), in ``buf``, a local
+    """Several float4s a work-item combined over a work-group (``combine`` takes and returns lists), in ``buf``, a local
     float4 array of ``size * len(values)``; ``span`` (a power of two up to ``size``): independent trees over
     each ``span`` neighbouring work-items instead, their results read from the span's first."""
     k = len(values)
@@ -537,8 +541,9 @@ def tree_of(b: Builder, values: list, combine, lid, size: int, buf, span: int = 
         guard = ((lid % span < s) & (lid + s < size) if size % span else lid % span < s) if span \
             else (lid < s) & (lid + s < size) if 2 * s > size else lid < s
         with b.if_(guard):
-            mine = [b.let(f"{buf.name}_a{s}_{j}", buf[lid * k + j]) for j in range(k)]
-            other = [b.let(f"{buf.name}_b{s}_{j}", buf[(lid + s) * k + j]) for j in range(k)]
+            tag = [f"_{j}" if k > 1 else "" for j in range(k)]
+            mine = [b.let(f"{buf.name}_a{s}{tag[j]}", buf[lid * k + j]) for j in range(k)]
+            other = [b.let(f"{buf.name}_b{s}{tag[j]}", buf[(lid + s) * k + j]) for j in range(k)]
             for j, v in enumerate(combine(mine, other)):
                 b.store(buf, lid * k + j, v)
         s //= 2
@@ -554,10 +559,7 @@ def unit_statistics_layout(OB: int, groups: int, C: int, tile_oc: int, spatial: 
     the work-groups a counter counts; ``region`` -- float4s of ``Sp`` a counter's: 3 a slot and block (count, mean,
     M2), then each block's shift K, rounded up to SLOT_ALIGN. A ValueError where the tile and the groups cut each
     other."""
-    bpg = 1 if groups == C else C // groups // 4  # blocks of a unit of the norm
-    if groups != C and (C % groups or (C // groups) % 4):
-        raise ValueError(f"out_stats: groups of {C // max(groups, 1)} channels; whole blocks of 4, one channel, "
-                         f"or one group")
+    bpg = unit_blocks(C, groups)  # (groups of whole blocks: Conv2dWorkload checks out_stats)
     if tile_oc % bpg and bpg % tile_oc:
         raise ValueError(f"out_stats: a tile of tile_oc={tile_oc} blocks cuts the norm's groups of {bpg} blocks")
     merge = max(tile_oc, bpg)
@@ -609,7 +611,7 @@ def last_group_unit_statistics(b: Builder, blocks: list, firsts: list, lid, size
         cond, v0 = firsts[k]
         with b.if_(cond):  # the block's pixel (0, 0): its shift K, stored and fenced before the global barrier
             b.store(Sp, (kbase + (tile % tiles) * t_oc + k, vec), v0)
-            b.evaluate(call("mem_fence", [Var("CLK_GLOBAL_MEM_FENCE", DType("int32"))], "int32"))
+            global_fence(b)
         b.store(acc, 0, zero)
         b.store(acc, 1, zero)
         for v, m in values:
@@ -629,7 +631,7 @@ def last_group_unit_statistics(b: Builder, blocks: list, firsts: list, lid, size
     with b.if_(lid.equal(0)):
         for j in range(k3):
             b.store(Sp, (base + slot * k3 + j, vec), merged[j])
-        b.evaluate(call("mem_fence", [Var("CLK_GLOBAL_MEM_FENCE", DType("int32"))], "int32"))  # stored before counted
+        global_fence(b)  # stored before counted
         b.store(last, 0, select(call("atomic_inc", [Sc[unit]], "int32").equal(slots - 1), as_expr(1), as_expr(0)))
     b.barrier("global")
     with b.if_(last[0].equal(1)):  # the same for the whole work-group
