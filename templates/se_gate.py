@@ -29,7 +29,13 @@ With ``split`` = T > 1 the pool takes a first kernel of its own -- N x ceil(C/4 
 over a chunk of ceil(HW / T) pixels, writing its sums to a workspace -- and the gate kernel adds the T partials
 of each block before step 2: two launches, every compute unit of a GPU busy on a large map (EfficientNet-B0's
 112x112 and 56x56 blocks), where one work-group would read the whole map alone. The search space holds both;
-the tuner measures which is faster per workload, and the fallback picks by the device and the map's size."""
+the tuner measures which is faster per workload, and the fallback picks by the device and the map's size.
+
+With ``partial_squeeze`` the squeeze is split too (two launches, ``split`` = 1 or more): each pool work-group
+also computes its ``wg_c`` blocks' share of every squeeze channel's dot product (the squeeze is linear up to its
+bias), stored as S partial dots, and the gate kernel adds its image's partials before ``act1``. No work-group
+then reads all of W1: at EfficientNet-B0's last gates (C = 1152, S = 48) each of the one-launch kernel's
+work-groups reads W1's 221 KB alone, pooling and squeezing before it can excite."""
 from __future__ import annotations
 
 import math
@@ -41,7 +47,7 @@ import numpy as np
 from tuner.ir.activations import apply_ir, apply_numpy, canonical
 from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
-from tuner.ir.expr import Broadcast, Ramp, as_expr, call, min_
+from tuner.ir.expr import Broadcast, Ramp, as_expr, call, min_, select
 from tuner.ir.kernel import Program
 from tuner.templates.common import Template, WorkloadArg, texture_scopes
 from tuner.templates.reduction import MAX_TEXELS_PER_ITEM, ceil_div, packed, unravel
@@ -107,6 +113,8 @@ class SEGateConfig:
     excite_split: int = 1  # work-items sharing one output block's sum over the squeeze channels (a local tree)
     unroll: bool = False  # the squeeze's and the excite's loops over the weights unrolled: their loads in flight
     # together rather than one after the other
+    partial_squeeze: bool = False  # two launches: the pool's work-groups (``wg_c`` blocks, a chunk of pixels each)
+    # also take their blocks' share of every squeeze channel's dot product, and the gate adds those shares
     inner: str = "pixels"  # what local axis 0 (the work-items a GPU coalesces, a CPU vectorizes across) runs
     # along: a block's pixels, or the channel blocks (and, after the pool, the output channels of the excite)
     input_scope: str = "texture"
@@ -181,10 +189,10 @@ def se_gate(wl: SEGateWorkload, cfg: SEGateConfig):
         b.store(red, slot, acc[0])
         return _tree(b, red, slot, base, lp, Lp)
 
-    def locals_(b, pool: bool):
+    def locals_(b, pool: bool, means: bool = True):
         """The work-group's local arrays, at kernel scope (OpenCL wants them there): the block means, the pool's
         tree, the squeeze channels, the squeeze dots' tree and the excite's tree."""
-        return (b.allocate("pooled", (CB,), "float32x4", "local"),
+        return (b.allocate("pooled", (CB,), "float32x4", "local") if means else None,
                 b.allocate("red", (L,), "float32x4", "local") if pool and Lp > 1 else None,
                 b.allocate("hidden", (S,), "float32", "local"),
                 (b.allocate("red1", (L,), "float32", "local") if K > 1 else None,
@@ -199,10 +207,10 @@ def se_gate(wl: SEGateWorkload, cfg: SEGateConfig):
         n, part = unravel(b, g, (N, G), "x")
         return n, part
 
-    def gate(b, n, part, i, pooled, hidden, reds):
-        """Steps 2 and 3 for image ``n`` by the L work-items (flat id ``i``), the block means in ``pooled``: every
-        squeeze channel, and part ``part`` of the G parts of the excite's output blocks."""
-        red1, red2 = reds
+    def shared_sums(b, i, red1, M: int, term, finish):
+        """S sums of M terms each by the L work-items (flat id ``i``), ``fc_split`` (K) of them sharing each sum
+        (every K-th term, then a tree in ``red1``): ``term(s, j)`` is term j of sum s (s clamped below S, so that
+        every work-item reaches the tree), and ``finish(s, total)`` is done by the first of sum s's work-items."""
         rounds = ceil_div(S * K, L)
         with b.loop("q", rounds, "serial") if rounds > 1 else nullcontext(as_expr(0)) as q:
             idx = b.let("si", q * L + i if rounds > 1 else i)
@@ -211,12 +219,11 @@ def se_gate(wl: SEGateWorkload, cfg: SEGateConfig):
             sc = b.let("sc", min_(s, S - 1)) if rounds * L > S * K else s  # clamped: every item reaches the tree
             acc1 = b.allocate("acc1", (1,), "float32", "private")
             b.store(acc1, 0, 0.0)
-            per = ceil_div(CB, K)
+            per = ceil_div(M, K)
             with b.loop("j", per, weights_loop) if per > 1 else nullcontext(as_expr(0)) as j:
                 cb = b.let("cb1", j * K + kk if K > 1 else j)
-                with b.if_(cb < CB) if per * K != CB else nullcontext():
-                    w1 = W1[sc, Ramp(cb * 4, as_expr(1), 4)]
-                    b.store(acc1, 0, acc1[0] + call("dot", [w1, pooled[cb]], "float32"))
+                with b.if_(cb < M) if per * K != M else nullcontext():
+                    b.store(acc1, 0, acc1[0] + term(sc, cb))
             total = acc1[0]
             if K > 1:
                 b.store(red1, i, total)
@@ -225,8 +232,26 @@ def se_gate(wl: SEGateWorkload, cfg: SEGateConfig):
             cond += [s < S] if rounds * L > S * K else []
             c = cond[0] if len(cond) == 1 else (cond[0] & cond[1]) if cond else None
             with b.if_(c) if c is not None else nullcontext():
-                b.store(hidden, s, apply_ir(wl.act1, b.let("h", total + B1[s])))
+                finish(s, total)
+
+    def squeeze(b, i, red1, hidden, M: int, term):
+        """Step 2: the S squeeze channels, each the sum of M terms plus its bias, through ``act1`` into
+        ``hidden``, read by every work-item after the barrier."""
+        shared_sums(b, i, red1, M, term,
+                    lambda s, total: b.store(hidden, s, apply_ir(wl.act1, b.let("h", total + B1[s]))))
         b.barrier()
+
+    def dot_w1(pooled, first=None):
+        """Term j of squeeze channel s: W1's row s at channel block j (of the blocks from ``first`` on) with the
+        block's mean."""
+        def term(s, j):
+            return call("dot", [W1[s, Ramp((j if first is None else first + j) * 4, as_expr(1), 4)], pooled[j]],
+                        "float32")
+        return term
+
+    def excite(b, n, part, i, hidden, red2):
+        """Step 3 for image ``n``: part ``part`` of the G parts of the excite's output blocks, from the squeeze
+        channels in ``hidden``."""
         J = L // E  # output blocks a round takes, E work-items each
         out_rounds = ceil_div(CBg, J)
         jj, e = (b.let("jb", i % J), b.let("ex", i // J)) if E > 1 else (i, None)
@@ -264,8 +289,44 @@ def se_gate(wl: SEGateWorkload, cfg: SEGateConfig):
             if E > 1 and out_rounds > 1:
                 b.barrier()  # the next round's tree writes red2 again
 
+    def _partial_squeeze(b):
+        """Two launches. The first: N x ceil(C/4 / wg_c) x T work-groups, each pooling its ``wg_c`` blocks over
+        its chunk of the pixels, then computing their share of every squeeze channel's dot product (``wg_c``
+        blocks of W1's rows), stored as S partial dots a work-group. The second: N x G work-groups, each adding
+        its image's partial dots (the squeeze is linear until its bias), then exciting its part of the blocks.
+        Neither work-group reads all of W1, and no work-group pools all of X."""
+        P = cgroups * T  # partial dots a squeeze channel
+        dots = buffer("dots", (N * P * S,), "float32", "global")
+        with _items(b, N * P, Lc, Lp, cfg.inner) as (gi, lc, lp, i):
+            n, cg, t = unravel(b, gi, (N, cgroups, T), "g")
+            first_block = b.let("cb0", cg * Lc) if cgroups > 1 else as_expr(0)
+            cb = b.let("cb", first_block + lc if Lc > 1 else first_block)
+            ragged = cgroups * Lc != CB
+            means = b.allocate("means", (Lc,), "float32x4", "local")
+            red = b.allocate("red", (L,), "float32x4", "local") if Lp > 1 else None
+            red1 = b.allocate("red1", (L,), "float32", "local") if K > 1 else None
+            total = pool_sums(b, red, n, min_(cb, CB - 1) if ragged else cb, lc, lp, t)
+            mean = total * (1.0 / wl.divisor)
+            with b.if_(lp < 1) if Lp > 1 else nullcontext():  # a block past C adds nothing to the dots
+                b.store(means, lc, select(cb < CB, mean, Broadcast(as_expr(0.0), 4)) if ragged else mean)
+            b.barrier()
+
+            def term(s, j):  # the blocks past C read W1's last block, times a zero mean
+                block = min_(first_block + j, CB - 1) if ragged else first_block + j
+                return call("dot", [W1[s, Ramp(block * 4, as_expr(1), 4)], means[j]], "float32")
+            shared_sums(b, i, red1, Lc, term, lambda s, total: b.store(dots, gi * S + s, total))
+        first = b.kernel("se_gate_squeeze", [X, W1, dots])
+        b = Builder()
+        with _items(b, N * G, Lc, Lp, cfg.inner) as (g, lc, lp, i):
+            n, part = image(b, g)
+            _, _, hidden, (red1, red2) = locals_(b, False, means=False)
+            squeeze(b, i, red1, hidden, P, lambda s, j: dots[(n * P + j) * S + s])
+            excite(b, n, part, i, hidden, red2)
+        second = b.kernel("se_gate", [dots, B1, W2, B2, Y])
+        return Program("se_gate", (first, second), (X, W1, B1, W2, B2, Y), (dots,))
+
     b = Builder()
-    if T == 1:
+    if T == 1 and not cfg.partial_squeeze:
         with _items(b, N * G, Lc, Lp, cfg.inner) as (g, lc, lp, i):
             n, part = image(b, g)
             pooled, red, hidden, reds = locals_(b, True)
@@ -278,8 +339,11 @@ def se_gate(wl: SEGateWorkload, cfg: SEGateConfig):
                 with b.if_(w) if w is not None else nullcontext():
                     b.store(pooled, cb, total * (1.0 / wl.divisor))
             b.barrier()
-            gate(b, n, part, i, pooled, hidden, reds)
+            squeeze(b, i, reds[0], hidden, CB, dot_w1(pooled))
+            excite(b, n, part, i, hidden, reds[1])
         return b.kernel("se_gate", [X, W1, B1, W2, B2, Y])
+    if cfg.partial_squeeze:
+        return _partial_squeeze(b)
     with _items(b, N * cgroups * T, Lc, Lp, cfg.inner) as (gi, lc, lp, _):
         n, cg, t = unravel(b, gi, (N, cgroups, T), "g")
         cb = b.let("cb", cg * Lc + lc if Lc > 1 else cg)
@@ -305,7 +369,8 @@ def se_gate(wl: SEGateWorkload, cfg: SEGateConfig):
                     b.store(acc, 0, acc[0] + sums[(n * T + t) * CB + cb, vec])
                 b.store(pooled, cb, acc[0] * (1.0 / wl.divisor))
         b.barrier()
-        gate(b, n, part, i, pooled, hidden, reds)
+        squeeze(b, i, reds[0], hidden, CB, dot_w1(pooled))
+        excite(b, n, part, i, hidden, reds[1])
     second = b.kernel("se_gate", [sums, W1, B1, W2, B2, Y])
     return Program("se_gate", (first, second), (X, W1, B1, W2, B2, Y), (sums,))
 
@@ -402,12 +467,17 @@ def features(v: dict, k: dict) -> dict:
     excite sums' sharing, and the squeeze and excite products a work-item computes."""
     log2 = lambda x: math.log2(max(float(x), 1.0))  # noqa: E731
     L, T, G, E = k["wg_c"] * k["wg_p"], k["split"], k["excite_groups"], k.get("excite_split", 1)
-    texels = ceil_div(ceil_div(v["HW"], T), k["wg_p"]) * (ceil_div(v["CB"], k["wg_c"]) if T == 1 else 1)
-    pool_groups = v["N"] * (G if T == 1 else ceil_div(v["CB"], k["wg_c"]) * T)
+    partial = bool(k.get("partial_squeeze"))
+    own_kernel = T > 1 or partial  # the pool in a kernel of its own
+    texels = ceil_div(ceil_div(v["HW"], T), k["wg_p"]) * (1 if own_kernel else ceil_div(v["CB"], k["wg_c"]))
+    pool_groups = v["N"] * (ceil_div(v["CB"], k["wg_c"]) * T if own_kernel else G)
+    K = k["fc_split"]  # the squeeze's terms a work-item adds: over all blocks, or over its group's and the partials
+    terms = ceil_div(k["wg_c"], K) + ceil_div(ceil_div(v["CB"], k["wg_c"]) * T, K) if partial else ceil_div(v["CB"], K)
     return {"work_per_item": log2(texels), "wg_size": log2(L), "groups": log2(pool_groups),
-            "gate_groups": log2(v["N"] * G), "split": log2(T), "launches": 1.0 if T == 1 else 2.0,
+            "gate_groups": log2(v["N"] * G), "split": log2(T), "launches": 2.0 if own_kernel else 1.0,
+            "partial_squeeze": float(partial),
             "fc_split": log2(k["fc_split"]), "excite_split": log2(E), "unroll": float(bool(k.get("unroll"))),
-            "fc_per_item": log2(ceil_div(v["S"] * k["fc_split"], L) * ceil_div(v["CB"], k["fc_split"])
+            "fc_per_item": log2(ceil_div(v["S"] * k["fc_split"], L) * terms
                                 + ceil_div(ceil_div(v["CB"], G) * E, L) * ceil_div(v["S"], E))}
 
 

@@ -46,11 +46,15 @@ def test_se_gate_matches_numpy(device, fields, scope):
         assert check_random_config(device, "se_gate", fields, "float32", seed, **scopes(scope)) is not None
     two = 2 if fields["data"][1] > 12 else 1  # the excite over two work-groups: each excites a block at least
     # the excite's sums over the squeeze channels shared by 2 or 4 work-items (4 does not divide S = 3, 6, 9, 18)
-    # and the loops over the weights unrolled
-    for split, groups, shared, unroll in ((1, two, 1, False), (2, 1, 1, True), (1, two, 4, True), (2, 1, 2, False)):
-        small = dict(wg_c=2, wg_p=4) if shared > 1 else {}  # 8 work-items: the excite takes rounds of blocks
+    # and the loops over the weights unrolled; the squeeze's dots split over the pool's work-groups, 2 channel
+    # blocks each (C = 10: the last group half past C), alone or with the pool split too
+    for split, groups, shared, unroll, partial in ((1, two, 1, False, False), (2, 1, 1, True, False),
+                                                   (1, two, 4, True, False), (2, 1, 2, False, False),
+                                                   (1, two, 2, False, True), (2, 1, 1, True, True)):
+        small = dict(wg_c=2, wg_p=4) if shared > 1 or partial else {}  # 8 work-items: the excite takes rounds
         assert check_random_config(device, "se_gate", fields, "float32", 7, split=split, excite_groups=groups,
-                                   excite_split=shared, unroll=unroll, **small, **scopes(scope)) is not None
+                                   excite_split=shared, unroll=unroll, partial_squeeze=partial, **small,
+                                   **scopes(scope)) is not None
     if scope == "buffer" or device.info.half_images:
         assert check_random_config(device, "se_gate", fields, "float16", 11, **scopes(scope)) is not None
 
@@ -228,21 +232,23 @@ def test_blocks_launch_one_kernel_per_se_and_match_onnxruntime(name, scope, devi
 @pytest.mark.parametrize("scope", ["texture", "buffer"])
 def test_blocks_in_the_native_runtime(scope, native, cl_env, tmp_path, monkeypatch):
     """Both blocks saved and run by tuner-run (the C runtime: its checks of the se_gate kernels' launches and
-    extents, then the run), with the fallback and with a two-launch config (the pool split, the excite over two
-    work-groups), against onnxruntime."""
+    extents, then the run), with the fallback and with two two-launch configs (the pool split, the excite over two
+    work-groups; the squeeze's dots split over the pool's work-groups), against onnxruntime."""
     from conftest import building_cpu, with_reference
     spec = building_cpu()
     t = get_template("se_gate")
     split = dataclasses.replace(t, fallback=lambda wl, info: dataclasses.replace(
         t.fallback(wl, info), wg_c=2, wg_p=4, split=2, excite_groups=2, fc_split=2))
+    partial = dataclasses.replace(t, fallback=lambda wl, info: dataclasses.replace(
+        t.fallback(wl, info), wg_c=2, wg_p=4, split=1, excite_groups=2, fc_split=2, partial_squeeze=True))
     for name in BLOCKS:
         path = tmp_path / f"{name}.onnx"
         x, want = with_reference(_model(name), path, seed=1)
         np.save(tmp_path / "x.npy", x)
-        for variant in ("fallback", "split"):
+        for variant in ("fallback", "split", "partial"):
             with monkeypatch.context() as m:
-                if variant == "split":
-                    m.setitem(templates(), "se_gate", split)
+                if variant != "fallback":
+                    m.setitem(templates(), "se_gate", split if variant == "split" else partial)
                 mod = _compile(path, scope, spec)
             calls = [len(n.calls) for n in mod.spec.nodes if n.template == "se_gate"]
             assert calls == ([1, 1] if variant == "fallback" else [2, 2]), (name, variant, calls)
@@ -257,14 +263,17 @@ def test_blocks_in_the_native_runtime(scope, native, cl_env, tmp_path, monkeypat
 
 
 def test_plan_summary_names_a_split_pool(device, tmp_path, monkeypatch):
-    """Which variant a block runs is in the plan: a config that splits the pool launches two kernels, named."""
+    """Which variant a block runs is in the plan: a config that splits the pool, or the squeeze's dots, launches
+    two kernels, named."""
     t = get_template("se_gate")
-    monkeypatch.setitem(templates(), "se_gate", dataclasses.replace(
-        t, fallback=lambda wl, info: dataclasses.replace(t.fallback(wl, info), wg_p=4, split=2)))
     path = tmp_path / "m.onnx"
     onnx.save(_model("efficientnet"), str(path))
-    summary = _compile(path, "buffer").plan_summary()
-    assert summary.count("(2 launches: se_gate_pool, se_gate)") == 2, summary
+    for knobs, first in ((dict(wg_p=4, split=2), "se_gate_pool"),
+                         (dict(wg_c=2, partial_squeeze=True), "se_gate_squeeze")):
+        monkeypatch.setitem(templates(), "se_gate", dataclasses.replace(
+            t, fallback=lambda wl, info: dataclasses.replace(t.fallback(wl, info), **knobs)))
+        summary = _compile(path, "buffer").plan_summary()
+        assert summary.count(f"(2 launches: {first}, se_gate)") == 2, summary
 
 
 # -- picked by measurement: fused or unfused, per plan and per block -------------------------------------------
