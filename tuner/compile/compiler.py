@@ -845,10 +845,10 @@ def _refine_norms(mode: str, graph, compile_) -> dict:
             graphs["norms-in-convs-as-read"] = (both, ("auto",))
     in_producers = norm_statistics_into_producers(graph)
     if in_producers is not graph:
-        graphs["stats-in-producers"] = (in_producers, ("auto",))
+        graphs["stats-in-producers"] = (in_producers, ("auto", "buffer"))
     no_launch = norm_statistics_into_producers(as_read) if "norms-as-read" in graphs else as_read
     if no_launch is not as_read:
-        graphs["norms-as-read+stats-in-producers"] = (no_launch, ("auto",))
+        graphs["norms-as-read+stats-in-producers"] = (no_launch, ("auto", "buffer"))
     others = {}
     for name, (g, scopes) in graphs.items():
         for scope in scopes:
