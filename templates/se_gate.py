@@ -190,8 +190,9 @@ def se_gate(wl: SEGateWorkload, cfg: SEGateConfig):
         return _tree(b, red, slot, base, lp, Lp)
 
     def locals_(b, pool: bool, means: bool = True):
-        """The work-group's local arrays, at kernel scope (OpenCL wants them there): the block means, the pool's
-        tree, the squeeze channels, the squeeze dots' tree and the excite's tree."""
+        """The work-group's local arrays, at kernel scope (OpenCL wants them there): the block means (unless
+        ``means`` is false: the squeeze adds partial dots instead), the pool's tree (with ``pool``), the squeeze
+        channels, the squeeze dots' tree and the excite's tree."""
         return (b.allocate("pooled", (CB,), "float32x4", "local") if means else None,
                 b.allocate("red", (L,), "float32x4", "local") if pool and Lp > 1 else None,
                 b.allocate("hidden", (S,), "float32", "local"),
@@ -241,13 +242,9 @@ def se_gate(wl: SEGateWorkload, cfg: SEGateConfig):
                     lambda s, total: b.store(hidden, s, apply_ir(wl.act1, b.let("h", total + B1[s]))))
         b.barrier()
 
-    def dot_w1(pooled, first=None):
-        """Term j of squeeze channel s: W1's row s at channel block j (of the blocks from ``first`` on) with the
-        block's mean."""
-        def term(s, j):
-            return call("dot", [W1[s, Ramp((j if first is None else first + j) * 4, as_expr(1), 4)], pooled[j]],
-                        "float32")
-        return term
+    def dot_w1(pooled):
+        """Term j of squeeze channel s: W1's row s at channel block j with the block's mean."""
+        return lambda s, j: call("dot", [W1[s, Ramp(j * 4, as_expr(1), 4)], pooled[j]], "float32")
 
     def excite(b, n, part, i, hidden, red2):
         """Step 3 for image ``n``: part ``part`` of the G parts of the excite's output blocks, from the squeeze
@@ -300,7 +297,7 @@ def se_gate(wl: SEGateWorkload, cfg: SEGateConfig):
         with _items(b, N * P, Lc, Lp, cfg.inner) as (gi, lc, lp, i):
             n, cg, t = unravel(b, gi, (N, cgroups, T), "g")
             first_block = b.let("cb0", cg * Lc) if cgroups > 1 else as_expr(0)
-            cb = b.let("cb", first_block + lc if Lc > 1 else first_block)
+            cb = b.let("cb", first_block + lc) if Lc > 1 else first_block
             ragged = cgroups * Lc != CB
             means = b.allocate("means", (Lc,), "float32x4", "local")
             red = b.allocate("red", (L,), "float32x4", "local") if Lp > 1 else None
@@ -326,7 +323,9 @@ def se_gate(wl: SEGateWorkload, cfg: SEGateConfig):
         return Program("se_gate", (first, second), (X, W1, B1, W2, B2, Y), (dots,))
 
     b = Builder()
-    if T == 1 and not cfg.partial_squeeze:
+    if cfg.partial_squeeze:
+        return _partial_squeeze(b)
+    if T == 1:
         with _items(b, N * G, Lc, Lp, cfg.inner) as (g, lc, lp, i):
             n, part = image(b, g)
             pooled, red, hidden, reds = locals_(b, True)
@@ -342,8 +341,6 @@ def se_gate(wl: SEGateWorkload, cfg: SEGateConfig):
             squeeze(b, i, reds[0], hidden, CB, dot_w1(pooled))
             excite(b, n, part, i, hidden, reds[1])
         return b.kernel("se_gate", [X, W1, B1, W2, B2, Y])
-    if cfg.partial_squeeze:
-        return _partial_squeeze(b)
     with _items(b, N * cgroups * T, Lc, Lp, cfg.inner) as (gi, lc, lp, _):
         n, cg, t = unravel(b, gi, (N, cgroups, T), "g")
         cb = b.let("cb", cg * Lc + lc if Lc > 1 else cg)
@@ -476,8 +473,8 @@ def features(v: dict, k: dict) -> dict:
     return {"work_per_item": log2(texels), "wg_size": log2(L), "groups": log2(pool_groups),
             "gate_groups": log2(v["N"] * G), "split": log2(T), "launches": 2.0 if own_kernel else 1.0,
             "partial_squeeze": float(partial),
-            "fc_split": log2(k["fc_split"]), "excite_split": log2(E), "unroll": float(bool(k.get("unroll"))),
-            "fc_per_item": log2(ceil_div(v["S"] * k["fc_split"], L) * terms
+            "fc_split": log2(K), "excite_split": log2(E), "unroll": float(bool(k.get("unroll"))),
+            "fc_per_item": log2(ceil_div(v["S"] * K, L) * terms
                                 + ceil_div(ceil_div(v["CB"], G) * E, L) * ceil_div(v["S"], E))}
 
 

@@ -223,8 +223,9 @@ def test_a_record_missing_a_knob_warns_and_is_never_deployed_with_its_default(tm
 
 
 def test_records_older_than_a_knob_are_read_with_its_default():
-    """Knobs added since logs were first written (split_k, compute, local_input; se_gate's excite_split and
-    unroll) may be missing: the committed logs predate them, and every one of their records still reads."""
+    """Knobs added since logs were first written (split_k, compute, local_input; se_gate's excite_split, unroll
+    and partial_squeeze) may be missing: the committed logs predate them, and every one of their records still
+    reads."""
     old = _without(_good(1.0), "split_k", "compute", "local_input")
     assert Record.from_dict(old).config == old["config"]
     validate_record(old)

@@ -37,9 +37,10 @@ WORKLOADS = [dict(data=(1, 10, 5, 7), squeeze=3, act1="silu", activation="sigmoi
 @pytest.mark.parametrize("scope", ["texture", "buffer"])
 @pytest.mark.parametrize("fields", WORKLOADS, ids=lambda f: "x".join(map(str, f["data"])))
 def test_se_gate_matches_numpy(device, fields, scope):
-    """Random configs of the space -- one launch, or the pool split over the pixels into its own kernel; the
-    excite spread over work-groups that each pool and squeeze again, or its sums over work-items; either local
-    axis inner -- and those variants forced, in float32 and float16 storage."""
+    """Random configs of the space -- one launch, or the pool split over the pixels into its own kernel, or the
+    pool and the squeeze's partial dots in a kernel of their own; the excite spread over work-groups that each
+    pool and squeeze again, or its sums over work-items; either local axis inner -- and those variants forced, in
+    float32 and float16 storage."""
     if scope == "texture" and not device.info.image_support:
         pytest.skip("no images")
     for seed in range(3):
@@ -271,7 +272,7 @@ def test_plan_summary_names_a_split_pool(device, tmp_path, monkeypatch):
     for knobs, first in ((dict(wg_p=4, split=2), "se_gate_pool"),
                          (dict(wg_c=2, partial_squeeze=True), "se_gate_squeeze")):
         monkeypatch.setitem(templates(), "se_gate", dataclasses.replace(
-            t, fallback=lambda wl, info: dataclasses.replace(t.fallback(wl, info), **knobs)))
+            t, fallback=lambda wl, info, _knobs=knobs: dataclasses.replace(t.fallback(wl, info), **_knobs)))
         summary = _compile(path, "buffer").plan_summary()
         assert summary.count(f"(2 launches: {first}, se_gate)") == 2, summary
 
