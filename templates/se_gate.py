@@ -166,10 +166,13 @@ def se_gate(wl: SEGateWorkload, cfg: SEGateConfig):
     chunk = ceil_div(HW, T)  # pixels of one pool work-group
     sums = buffer("part", (N * T * CB, 4), "float32", "global") if T > 1 else None
     cgroups = ceil_div(CB, Lc)
+    ragged = cgroups * Lc != CB  # the last group of ``wg_c`` blocks reaches past C
 
     def pool_sums(b, red, n, cb, lc, lp, t):
         """Work-item (lc, lp)'s sum of block ``cb`` over its pixels of chunk ``t``, then the tree over the ``Lp``
-        work-items of the block in the local ``red``: readable at ``red[lc * Lp]`` by all of them."""
+        work-items of the block in the local ``red``: readable at ``red[lc * Lp]`` by all of them. A block past C
+        (``ragged``) reads the last block instead, and its caller keeps no sum of it (or a zero)."""
+        cb = min_(cb, CB - 1) if ragged else cb
         acc = b.allocate("acc", (1,), "float32x4", "private")
         b.store(acc, 0, 0.0)
         steps = ceil_div(chunk, Lp)
@@ -242,9 +245,9 @@ def se_gate(wl: SEGateWorkload, cfg: SEGateConfig):
                     lambda s, total: b.store(hidden, s, apply_ir(wl.act1, b.let("h", total + B1[s]))))
         b.barrier()
 
-    def dot_w1(pooled):
-        """Term j of squeeze channel s: W1's row s at channel block j with the block's mean."""
-        return lambda s, j: call("dot", [W1[s, Ramp(j * 4, as_expr(1), 4)], pooled[j]], "float32")
+    def dot_w1(means, block=lambda j: j):
+        """Term j of squeeze channel s: W1's row s at channel block ``block(j)`` with the mean ``means[j]``."""
+        return lambda s, j: call("dot", [W1[s, Ramp(block(j) * 4, as_expr(1), 4)], means[j]], "float32")
 
     def excite(b, n, part, i, hidden, red2):
         """Step 3 for image ``n``: part ``part`` of the G parts of the excite's output blocks, from the squeeze
@@ -298,19 +301,16 @@ def se_gate(wl: SEGateWorkload, cfg: SEGateConfig):
             n, cg, t = unravel(b, gi, (N, cgroups, T), "g")
             first_block = b.let("cb0", cg * Lc) if cgroups > 1 else as_expr(0)
             cb = b.let("cb", first_block + lc) if Lc > 1 else first_block
-            ragged = cgroups * Lc != CB
             means = b.allocate("means", (Lc,), "float32x4", "local")
             red = b.allocate("red", (L,), "float32x4", "local") if Lp > 1 else None
             red1 = b.allocate("red1", (L,), "float32", "local") if K > 1 else None
-            total = pool_sums(b, red, n, min_(cb, CB - 1) if ragged else cb, lc, lp, t)
+            total = pool_sums(b, red, n, cb, lc, lp, t)
             mean = total * (1.0 / wl.divisor)
             with b.if_(lp < 1) if Lp > 1 else nullcontext():  # a block past C adds nothing to the dots
                 b.store(means, lc, select(cb < CB, mean, Broadcast(as_expr(0.0), 4)) if ragged else mean)
             b.barrier()
-
-            def term(s, j):  # the blocks past C read W1's last block, times a zero mean
-                block = min_(first_block + j, CB - 1) if ragged else first_block + j
-                return call("dot", [W1[s, Ramp(block * 4, as_expr(1), 4)], means[j]], "float32")
+            # the blocks past C read W1's last block, times a zero mean
+            term = dot_w1(means, lambda j: min_(first_block + j, CB - 1) if ragged else first_block + j)
             shared_sums(b, i, red1, Lc, term, lambda s, total: b.store(dots, gi * S + s, total))
         first = b.kernel("se_gate_squeeze", [X, W1, dots])
         b = Builder()
@@ -331,8 +331,7 @@ def se_gate(wl: SEGateWorkload, cfg: SEGateConfig):
             pooled, red, hidden, reds = locals_(b, True)
             with b.loop("c", cgroups, "serial") if cgroups > 1 else nullcontext(as_expr(0)) as c:
                 cb = b.let("cb", c * Lc + lc if Lc > 1 else c)
-                ragged = cgroups * Lc != CB
-                total = pool_sums(b, red, n, min_(cb, CB - 1) if ragged else cb, lc, lp, as_expr(0))
+                total = pool_sums(b, red, n, cb, lc, lp, as_expr(0))
                 cond = ([lp < 1] if Lp > 1 else []) + ([cb < CB] if ragged else [])
                 w = cond[0] if len(cond) == 1 else (cond[0] & cond[1]) if cond else None
                 with b.if_(w) if w is not None else nullcontext():
@@ -344,9 +343,8 @@ def se_gate(wl: SEGateWorkload, cfg: SEGateConfig):
     with _items(b, N * cgroups * T, Lc, Lp, cfg.inner) as (gi, lc, lp, _):
         n, cg, t = unravel(b, gi, (N, cgroups, T), "g")
         cb = b.let("cb", cg * Lc + lc if Lc > 1 else cg)
-        ragged = cgroups * Lc != CB
         red = b.allocate("red", (L,), "float32x4", "local") if Lp > 1 else None
-        total = pool_sums(b, red, n, min_(cb, CB - 1) if ragged else cb, lc, lp, t)
+        total = pool_sums(b, red, n, cb, lc, lp, t)
         cond = ([lp < 1] if Lp > 1 else []) + ([cb < CB] if ragged else [])
         w = cond[0] if len(cond) == 1 else (cond[0] & cond[1]) if cond else None
         with b.if_(w) if w is not None else nullcontext():
