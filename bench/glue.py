@@ -275,8 +275,9 @@ def cmd_ours(args) -> int:
               f"{r['kernel_total_s'] * 1e3:.3f} ms (compute {r['compute_s'] * 1e3:.3f}, reduction "
               f"{r['reduction_s'] * 1e3:.3f}, glue {r['glue_s'] * 1e3:.3f}), {launches} launches for "
               f"{r['compute_nodes']} compute layers, plan {r['plan_kept']}", flush=True)
-        if "norms" in r["plan_steps"]:  # the norms whole, as read, in their convolutions: the plan timer's ms
-            print(f"{name} [{args.tree}] norms step: {r['plan_steps']['norms']}", flush=True)
+        for step in ("squeeze_excite", "norms"):  # the plans each of these steps timed: the plan timer's ms
+            if step in r["plan_steps"]:
+                print(f"{name} [{args.tree}] {step} step: {r['plan_steps'][step]}", flush=True)
         path.write_text(json.dumps(out, indent=1))
         del mod
     return 0
@@ -289,18 +290,23 @@ def cmd_tune(args) -> int:
     seconds have passed. ``--untuned``: also every other task that no record of ``--log`` holds (a kernel the
     glue work made new: a depthwise convolution that writes its row sums), the heaviest first; ``--templates``:
     only those templates' tasks; ``--again``: those --log holds records of too (each task's best before and after
-    is printed)."""
-    from tuner.compile.compiler import model_tasks
+    is printed); ``--rewrite gates-in-producers``: the tasks of the plan with each squeeze-excite gate computed by
+    its depthwise producer (``passes_se.gates_in_depthwise``, a plan the compile times beside), not of the
+    graph's own plan."""
+    from tuner.compile.compiler import load_graph, model_tasks
+    from tuner.graph.passes_se import gates_in_depthwise
     from tuner.runtime.opencl.device import open_device
     from tuner.search.tune import tune
     dev = open_device(args.device)
     logs = _logs(args.log)
+    rewrite = {"": lambda g: g, "gates-in-producers": gates_in_depthwise}[args.rewrite]
     tasks, seen = [], set()
     for name in args.models.split(","):
         onnx_path = Path(args.work) / "models" / f"{name}.onnx"
         if onnx_path.exists():
+            graph = rewrite(load_graph(str(onnx_path)))
             for scope in args.scopes.split(","):  # auto's plan, and the uniform ones auto may switch to
-                for t in model_tasks(str(onnx_path), dev, scope=scope, log=logs):
+                for t in model_tasks(graph, dev, scope=scope, log=logs):
                     wanted = t.template in args.templates.split(",") if args.templates else \
                         t.template in REDUCTIONS or args.untuned
                     if wanted and t.key() not in seen:
@@ -467,6 +473,8 @@ def main(argv=None) -> int:
                    "whose space grew a knob), tuned afresh into --out-log (the fallback first)")
     p.add_argument("--templates", default="", help="tune: only the tasks of these templates (comma-separated) that "
                    "--log has no record of (with --again: all of them), e.g. depthwise_conv2d,se_gate")
+    p.add_argument("--rewrite", default="", choices=("", "gates-in-producers"), help="tune: the tasks of this "
+                   "rewrite of each model's graph (a plan the compile times beside its own)")
     p.add_argument("--out", default=str(HERE / "results" / "glue"))
     p.add_argument("--onnx", nargs="*", default=[], help="link: the ONNX files")
     p.add_argument("--patterns", action="store_true", help="plans: glue by producer -> consumers too")

@@ -35,7 +35,8 @@
 #   glue_tune  the same models exported, then the reduction tasks of their plans in $GLUE_SCOPES (auto; e.g.
 #           auto,texture,buffer) tuned ($TRIALS each, 24; until $DEADLINE s; GLUE_UNTUNED=1: also any other task the
 #           logs have no record of; GLUE_TEMPLATES=depthwise_conv2d,se_gate: only those templates' tasks;
-#           GLUE_AGAIN=1: those the logs hold records of too)
+#           GLUE_AGAIN=1: those the logs hold records of too; GLUE_REWRITE=gates-in-producers: the tasks of the plan
+#           with each squeeze-excite gate computed by its depthwise producer)
 #           into $OUT/glue_tuned.jsonl, to append to the device's log under logs/
 #   tasks   the tasks set (bench/export_tasks.py: detectors, segmenters, super-resolution, pose, U-Net, style) exported
 #           at $SIZE (224), then bench/models.py on the GPU (auto scope, Python and native) -> models_*tasks*.csv/.md
@@ -135,7 +136,7 @@ for stage in "$@"; do
       python3 "$REPO/bench/glue.py" tune --work /tmp/gw --device nvidia --log "$REPO/logs/*.jsonl" --trials "${TRIALS:-24}" \
         --deadline "${DEADLINE:-400}" --out-log "$OUT/glue_tuned.jsonl" ${GLUE_MODELS:+--models "$GLUE_MODELS"} \
         --scopes "${GLUE_SCOPES:-auto}" ${GLUE_UNTUNED:+--untuned} \
-        ${GLUE_TEMPLATES:+--templates "$GLUE_TEMPLATES"} ${GLUE_AGAIN:+--again} 2>&1 \
+        ${GLUE_TEMPLATES:+--templates "$GLUE_TEMPLATES"} ${GLUE_AGAIN:+--again} ${GLUE_REWRITE:+--rewrite "$GLUE_REWRITE"} 2>&1 \
         | grep -v "Warning\|warn(" | tail -40 ;;
     peers) python3 "$REPO/bench/runtimes_gpu.py" all --out "$OUT" --new-tree "$REPO/bench/_trees/new" \
              $([ -d "$REPO/bench/_trees/old/tuner" ] && echo --old-tree "$REPO/bench/_trees/old") \

@@ -331,7 +331,7 @@ def node_epilogue(ctx, node, norm_sums=None) -> tuple:
     g, a = ctx.graph, node.attrs
     bias = next((t for t in node.inputs[2:] if t in g.params
                  and t not in (a.get("slope"), a.get("norm_affine"), a.get("out_norm_affine"),
-                               a.get("residual_scale"))), None)
+                               a.get("residual_scale"), *a.get("gate", ()))), None)
     fields = dict(dtype=ctx.dtype, bias=bias is not None, activation=a.get("activation", "none"))
     inputs = {}
     tails = ([g.params[a["slope"]]] if a.get("activation") == "prelu" else []) + \

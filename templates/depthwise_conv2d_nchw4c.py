@@ -6,13 +6,16 @@ With the window unrolled, each work-item loads every input pixel of a filter row
 all the taps and output columns of its tile that read it (MACE's depthwise schedule)."""
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
-from tuner.ir.expr import Ramp, as_expr, min_
+from tuner.ir.activations import canonical
+from tuner.ir.expr import Ramp, as_expr, call, min_, select
+from tuner.ir.kernel import Program
 from tuner.ir.schedule import cache_read
 from tuner.templates.common import EPILOGUE_ARGS, WINDOW_ARGS, Template, WorkloadArg, node_epilogue
 from tuner.ir.gather import shifted_pixel
@@ -23,6 +26,8 @@ from tuner.templates.common import (MODEL_KNOBS, Arithmetic, Conv2dWorkload, Loc
                                            window_fields,
                                            padded_windows, random_inputs, reference_epilogue, scope_layout,
                                            store_tile, texture_scopes, window_features)
+from tuner.templates.reduction import global_fence, packed, pow2_floor
+from tuner.templates.se_gate import GateSteps, gate_params
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,10 @@ class DepthwiseWorkload:
     in_add: tuple = ()  # (channels, offset): the input read is X + channels offset..offset + C of ``A``, a tensor
     # of ``channels`` channels and X's N, H, W, at any offset (two loads a pixel inside one): EdgeNeXt's SDTA
     # cascade, each chunk plus the previous depthwise output (``passes_movement.adds_into_depthwise``)
+    gate: tuple = ()  # (S, act1, activation): the squeeze-excite gate of the output, ``se_gate``'s with S squeeze
+    # channels, computed by the last work-group of each image to finish (``passes_se.gates_in_depthwise``): Q is
+    # then the gate (N, C, 1, 1), from the row sums the work-groups leave in a workspace, and the squeeze's and
+    # the excite's weights are inputs (W1, B1, W2, B2 as ``se_gate`` takes them); the work-group spans whole rows
 
     def __post_init__(self):
         # share conv2d's normalisation and checks through an equivalent grouped description
@@ -65,6 +74,14 @@ class DepthwiseWorkload:
         object.__setattr__(self, "kernel", kernel)
         object.__setattr__(self, "in_add", tuple(int(x) for x in self.in_add))
         object.__setattr__(self, "in_view", tuple(int(x) for x in self.in_view))
+        if self.gate:
+            if len(tuple(self.gate)) != 3 or int(self.gate[0]) < 1 or self.row_sums:
+                raise ValueError(f"depthwise_conv2d gate {list(self.gate)}: (squeeze channels, act1, activation), "
+                                 f"not with row_sums (Q is either the row sums or the gate)")
+            acts = tuple(canonical(a) for a in self.gate[1:])
+            if "prelu" in acts:
+                raise ValueError("depthwise_conv2d gate activations: a per-channel PReLU has no slopes here")
+            object.__setattr__(self, "gate", (int(self.gate[0]), *acts))
         if self.in_view and (len(self.in_view) != 2 or self.in_view[0] < 0 or self.in_view[0] % 4
                              or self.in_view[0] + data[1] > self.in_view[1]):
             raise ValueError(f"depthwise_conv2d in_view {list(self.in_view)}: (offset, channels) of the tensor X "
@@ -87,13 +104,19 @@ class DepthwiseWorkload:
 
     @property
     def rows_shape(self) -> tuple:
-        """``Q``'s shape with ``row_sums``: every output row summed over its columns, (N, C, OH, 1)."""
+        """``Q``'s shape with ``row_sums`` (the workspace's with ``gate``): every output row summed over its
+        columns, (N, C, OH, 1)."""
         N, C, OH, _ = self.out_shape
         return N, C, OH, 1
 
+    @property
+    def whole_rows(self) -> bool:
+        """Whether a work-group spans whole output rows: with ``row_sums`` or ``gate``."""
+        return self.row_sums or bool(self.gate)
+
     def key(self) -> dict:
         key = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
-        for k in ("row_sums", "in_add", "in_view"):  # the keys logged before these fields stay the same
+        for k in ("row_sums", "in_add", "in_view", "gate"):  # the keys logged before these fields stay the same
             if not key[k]:
                 del key[k]
         return {"op": "depthwise_conv2d", **key}
@@ -128,16 +151,22 @@ def depthwise_conv2d_nchw4c(wl: DepthwiseWorkload, cfg: DepthwiseConfig):
     if wl.in_view:
         at, X = wl.in_view[0] // 4, buffer("X", (N, wl.in_view[1], H, W), wl.dtype,
                                            *scope_layout(cfg.input_scope, cfg.act_layout, "nchw4c_buffer"))
-    Q = buffer("Q", wl.rows_shape, wl.dtype, *scope_layout(cfg.output_scope, cfg.act_layout, "nchw4c_buffer")) \
-        if wl.row_sums else None
+    Q = buffer("Q", wl.rows_shape if wl.row_sums else (N, C, 1, 1), wl.dtype,
+               *scope_layout(cfg.output_scope, cfg.act_layout, "nchw4c_buffer")) if wl.whole_rows else None
+    Qr = buffer("Qr", wl.rows_shape, "float32", "global", "nchw4c_buffer") if wl.gate else Q  # the row sums
+    gate_in = [packed("W1", (wl.gate[0], C), wl.dtype, "buffer"), buffer("B1", (wl.gate[0],), wl.dtype, "global",
+                                                                           "bias4_buffer"),
+               packed("W2", (wl.gate[0], C), wl.dtype, "buffer"), buffer("B2", (C,), wl.dtype, "global",
+                                                                           "bias4_buffer")] if wl.gate else []
     A = buffer("A", (N, wl.in_add[0], H, W), wl.dtype,
                *scope_layout(cfg.input_scope, cfg.act_layout, "nchw4c_buffer")) if wl.in_add else None
-    operands = (X, Wt, B, Res, Y, Q, A)
+    operands = (X, Wt, B, Res, Y, Q, A, *gate_in)
 
     t_cb, t_oh, t_ow = cfg.tile_cb, cfg.tile_oh, cfg.tile_ow
     n_cb, n_oh, n_ow = -(-CB // t_cb), -(-OH // t_oh), -(-OW // t_ow)
     if Q is not None and cfg.wg_w < n_ow:
-        raise ValueError(f"row_sums: a work-group spans whole output rows (wg_w * tile_ow >= {OW}); "
+        raise ValueError(f"{'gate' if wl.gate else 'row_sums'}: a work-group spans whole output rows "
+                         f"(wg_w * tile_ow >= {OW}); "
                          f"wg_w={cfg.wg_w}, tile_ow={t_ow}")
     arith = Arithmetic(cfg.compute, wl.dtype)
     b = Builder()
@@ -202,9 +231,72 @@ def depthwise_conv2d_nchw4c(wl: DepthwiseWorkload, cfg: DepthwiseConfig):
                 b.store(rows, i, 0.0)
         store_tile(b, acc, Y, n, cbb, oh0, ow0, (t_cb, t_oh, t_ow), (CB, OH, OW), wl, B, Res, rows=rows)
         if Q is not None:
-            store_row_sums(b, rows, Q, n, cbb, oh0, th, tw, cfg, (CB, OH))
-    kernel = b.kernel("depthwise_conv2d_nchw4c", [p for p in operands if p is not None])
+            store_row_sums(b, rows, Qr, n, cbb, oh0, th, tw, cfg, (CB, OH))
+        if wl.gate:
+            work = gate_in_last_group(b, wl, cfg, gate_in, Qr, Q, n, th * cfg.wg_w + tw if cfg.wg_h > 1 else tw,
+                                      n_cb * -(-n_oh // cfg.wg_h))
+    kernel = b.kernel("depthwise_conv2d_nchw4c", [p for p in operands if p is not None] + (work if wl.gate else []))
+    if wl.gate:  # the row sums and the arrival counters: workspaces of the launch
+        kernel = Program(kernel.name, (kernel,), tuple(p for p in operands if p is not None), tuple(work))
     return cache_read(kernel, X, "texture", cfg.act_layout) if cfg.cache_input else kernel
+
+
+def gate_rule(wl: DepthwiseWorkload, cfg: DepthwiseConfig) -> tuple:
+    """``gate``'s squeeze and excite as the work-group runs them: ``(K, E, loop)`` -- the work-items sharing a
+    squeeze dot (``se_gate``'s ``fc_split``) and an output block's sum over the squeeze channels
+    (``excite_split``), as many as the work-group has to spare, up to 16 (powers of two: they divide the
+    work-group's size, a power of two); the weights' loops unrolled where they are short (their loads in flight
+    together)."""
+    L, S, CB = cfg.wg_w * cfg.wg_h, wl.gate[0], -(-wl.data[1] // 4)
+    K = max(1, min(pow2_floor(L // S), pow2_floor(CB), 16))
+    E = max(1, min(pow2_floor(L // CB), pow2_floor(S), 16))
+    return K, E, "unrolled" if -(-CB // K) <= 32 and -(-S // E) <= 32 else "serial"
+
+
+def gate_local_bytes(wl: DepthwiseWorkload, cfg: DepthwiseConfig) -> int:
+    """The local memory ``gate`` adds to the kernel: the block means, the squeeze channels, the trees."""
+    K, E, _ = gate_rule(wl, cfg)
+    L = cfg.wg_w * cfg.wg_h
+    return -(-wl.data[1] // 4) * 16 + wl.gate[0] * 4 + (L * 4 if K > 1 else 0) + (L * 16 if E > 1 else 0) + 4
+
+
+def gate_in_last_group(b, wl, cfg, weights, Qr, Q, n, lid, groups: int) -> list:
+    """``gate``: the work-group that is the last of image ``n``'s ``groups`` to store its row sums in ``Qr``
+    computes the image's gate into ``Q`` -- the means from the row sums, then ``se_gate``'s squeeze and excite
+    (``GateSteps``) -- and returns the image's arrival counter to zero for the next launch (CUDA's
+    threadFenceReduction; ``reduction.last_group_statistics`` is the same for a norm's statistics). The
+    workspaces: ``[Qr, Sn]``."""
+    (N, C, _, _), (_, _, OH, OW) = wl.data, wl.out_shape
+    CB, S, L = -(-C // 4), wl.gate[0], cfg.wg_w * cfg.wg_h
+    K, E, loop = gate_rule(wl, cfg)
+    Sn = buffer("Sn", (N,), "int32", "global")
+    steps = GateSteps(S, CB, wl.gate[1], wl.gate[2], L, K, 1, E, loop, tuple(weights), Q)
+    last = b.allocate("glast", (1,), "int32", "local")
+    pooled = b.allocate("gpooled", (CB,), "float32x4", "local")
+    hidden = b.allocate("ghidden", (S,), "float32", "local")
+    red1 = b.allocate("gred1", (L,), "float32", "local") if K > 1 else None
+    red2 = b.allocate("gred2", (L,), "float32x4", "local") if E > 1 else None
+    global_fence(b)  # every work-item's row sums stored before the work-group counts
+    b.barrier("global")
+    with b.if_(lid.equal(0)) if L > 1 else nullcontext():
+        b.store(last, 0, select(call("atomic_inc", [Sn[n]], "int32").equal(groups - 1), as_expr(1), as_expr(0)))
+    b.barrier("global")
+    with b.if_(last[0].equal(1)):  # the same for the whole work-group
+        rounds = -(-CB // L)
+        with b.loop("gc", rounds, "serial") as gc:
+            cb = b.let("gcb", gc * L + lid)
+            with b.if_(cb < CB) if rounds * L != CB else nullcontext():
+                acc = b.allocate("gsum", (1,), "float32x4", "private")
+                b.store(acc, 0, 0.0)
+                with b.loop("goh", OH, "serial") as oh:
+                    b.store(acc, 0, acc[0] + Qr[n, Ramp(cb * 4, as_expr(1), 4), oh, 0])
+                b.store(pooled, cb, acc[0] * (1.0 / (OH * OW)))
+        b.barrier()
+        steps.squeeze(b, lid, red1, hidden, CB, steps.dot_w1(pooled))
+        steps.excite(b, n, as_expr(0), lid, hidden, red2)
+        with b.if_(lid.equal(0)) if L > 1 else nullcontext():
+            b.store(Sn, n, 0)
+    return [Qr, Sn]
 
 
 def store_row_sums(b, rows, Q, n, cbb, oh0, th, tw, cfg, bounds):
@@ -243,9 +335,10 @@ def store_row_sums(b, rows, Q, n, cbb, oh0, th, tw, cfg, bounds):
                     b.store(Q, (n, Ramp(ob * 4, as_expr(1), 4), oh, 0), value)
 
 
-def reference(wl: DepthwiseWorkload, x, w, bias=None, residual=None, addend=None):
-    """NumPy depthwise conv2d in float64; with ``row_sums`` ``{"Y": output, "Q": its row sums}``; with ``in_view``
-    the input is its channels of ``x``; with ``in_add`` plus its channels of ``addend``."""
+def reference(wl: DepthwiseWorkload, x, w, bias=None, residual=None, addend=None, gate=None):
+    """NumPy depthwise conv2d in float64; with ``row_sums`` ``{"Y": output, "Q": its row sums}``, with ``gate``
+    ``{"Y": output, "Q": its gate}`` (``gate``: the inputs W1, B1, W2, B2); with ``in_view`` the input is its
+    channels of ``x``; with ``in_add`` plus its channels of ``addend``."""
     if wl.in_view:
         x = x[:, wl.in_view[0]:wl.in_view[0] + wl.data[1]]
     if wl.in_add:
@@ -254,6 +347,9 @@ def reference(wl: DepthwiseWorkload, x, w, bias=None, residual=None, addend=None
     for r, s, patch in padded_windows(wl, x):
         out += patch * w[:, 0, r, s].astype(np.float64)[None, :, None, None]
     y = reference_epilogue(wl, out, bias, residual)
+    if wl.gate:
+        from tuner.templates.se_gate import SEGateWorkload, reference as gate_reference
+        return {"Y": y, "Q": gate_reference(SEGateWorkload(y.shape, *wl.gate), {"X": y, **gate})}
     return {"Y": y, "Q": y.sum(axis=3, keepdims=True)} if wl.row_sums else y
 
 
@@ -262,7 +358,9 @@ def space_vars(wl: DepthwiseWorkload) -> dict:
     _, _, OH, OW = wl.out_shape
     return dict(N=N, C=C, H=H, W=W, R=wl.kernel[2], S=wl.kernel[3], OH=OH, OW=OW, CB=-(-C // 4),
                 data=wl.data, kernel=wl.kernel, out=wl.out_shape, bias=wl.bias, residual=wl.residual,
-                stride=wl.stride, dilation=wl.dilation, row_sums=wl.row_sums, rows=wl.rows_shape,
+                stride=wl.stride, dilation=wl.dilation, row_sums=wl.whole_rows,
+                rows=wl.rows_shape if wl.row_sums else (N, wl.data[1], 1, 1), gate=bool(wl.gate),
+                GS=wl.gate[0] if wl.gate else 0,
                 x_data=(N, wl.in_view[1], H, W) if wl.in_view else wl.data,
                 a_data=(N, wl.in_add[0], H, W) if wl.in_add else wl.data)
 
@@ -271,8 +369,10 @@ VARIABLES = dict(N="batch", C="channels", H="input height", W="input width", R="
                  S="kernel width", OH="output height", OW="output width", CB="channel blocks of 4",
                  data="data shape NCHW", kernel="kernel shape C,1,R,S", out="output shape NCHW",
                  bias="fused bias", residual="fused residual add", stride="stride (h, w)",
-                 dilation="dilation (h, w)", row_sums="also writes each output row's sum (Q)",
-                 rows="Q's shape (N, C, OH, 1)", x_data="the shape of the tensor X binds (data, or with in_view the "
+                 dilation="dilation (h, w)", row_sums="a work-group spans whole output rows: it also writes their "
+                 "sums (Q), or the gate from them (gate)", rows="Q's shape: (N, C, OH, 1), or (N, C, 1, 1) with gate",
+                 gate="also computes the output's squeeze-excite gate (Q)", GS="the gate's squeeze channels (0: none)",
+                 x_data="the shape of the tensor X binds (data, or with in_view the "
                  "tensor it is a chunk of)", a_data="the addend A's shape with in_add (else data)")
 
 
@@ -288,12 +388,12 @@ def fallback(wl: DepthwiseWorkload, info) -> DepthwiseConfig:
     target = gpu_fill_target(info)
     while tile_ow > 1 and v["N"] * v["CB"] * v["OH"] * -(-v["OW"] // tile_ow) < target:
         tile_ow //= 2
-    if wl.row_sums:  # a work-group across each output row: up to 64 work-items, tiles widened to fit
+    if wl.whole_rows:  # a work-group across each output row: up to 64 work-items, tiles widened to fit
         while -(-v["OW"] // tile_ow) > min(64, info.max_work_item_sizes[0], info.max_work_group_size) \
                 and tile_ow < 8:
             tile_ow *= 2
     wg_w, wg_h = fit_work_group(-(-v["OW"] // tile_ow), v["OH"], info)
-    if wl.row_sums:
+    if wl.whole_rows:
         wg_w = 1 << (-(-v["OW"] // tile_ow) - 1).bit_length()
         wg_h = max(1, min(wg_h, info.max_work_group_size // wg_w))
     (sh, sw), (dh, dw) = wl.stride, wl.dilation  # a GPU stages the work-group's input tile in __local memory
@@ -305,7 +405,22 @@ def fallback(wl: DepthwiseWorkload, info) -> DepthwiseConfig:
 
 
 def _reference(wl, inputs):
-    return reference(wl, inputs["X"], inputs["Wt"], inputs.get("B"), inputs.get("Res"), inputs.get("A"))
+    return reference(wl, inputs["X"], inputs["Wt"], inputs.get("B"), inputs.get("Res"), inputs.get("A"),
+                     {k: inputs[k] for k in GATE_INPUTS} if wl.gate else None)
+
+
+GATE_INPUTS = ("W1", "B1", "W2", "B2")  # ``gate``'s weights, as ``se_gate`` takes them
+
+
+def _random_inputs(wl, rng) -> dict:
+    """``common.random_inputs``, and with ``gate`` the squeeze's and the excite's weights as ``se_gate``'s tests
+    draw them."""
+    inputs = random_inputs(wl, rng)
+    if wl.gate:
+        from tuner.templates.se_gate import SEGateWorkload, random_inputs as gate_inputs
+        drawn = gate_inputs(SEGateWorkload(wl.out_shape, *wl.gate, dtype=wl.dtype), rng)
+        inputs.update({k: drawn[k] for k in GATE_INPUTS})
+    return inputs
 
 
 def features(v: dict, k: dict) -> dict:
@@ -328,9 +443,14 @@ def lower(ctx, node, ins):
     if node.attrs.get("in_add") is not None:  # passes_movement.adds_into_depthwise: X + A's channels at in_add_at
         inputs["A"] = ctx.packed(node.attrs["in_add"])
         fields["in_add"] = (ctx.shape(node.attrs["in_add"])[1], int(node.attrs.get("in_add_at", 0)))
+    extra = {}
+    if node.attrs.get("gate"):  # passes_se.gates_in_depthwise: the squeeze-excite gate of the output too, as Q
+        extra, gate_inputs, S = gate_params(ctx.graph, node.name, node.attrs["gate"])
+        inputs.update(gate_inputs)
+        fields["gate"] = (S, *node.attrs["gate_acts"])
     wl = DepthwiseWorkload(data=data, kernel=ctx.shape(w_name), residual="Res" in inputs, **window_fields(node),
                            row_sums=bool(node.attrs.get("row_sums")), **fields_view, **fields)
-    return wl, {"X": ins[0], "Wt": w_name, **inputs}, {}
+    return wl, {"X": ins[0], "Wt": w_name, **inputs}, extra
 
 
 WORKLOAD_ARGS = (WorkloadArg("data", "shape", "N,C,H,W", "input shape", required=True),
@@ -342,6 +462,6 @@ WORKLOAD_ARGS = (WorkloadArg("data", "shape", "N,C,H,W", "input shape", required
                  WorkloadArg("in_add", "shape", "CHANNELS,OFFSET", "add channels OFFSET.. of a second tensor A "
                              "(CHANNELS channels) to the input as it is read"))
 TEMPLATE = Template("depthwise_conv2d", DepthwiseWorkload, DepthwiseConfig, depthwise_conv2d_nchw4c, _reference,
-                    random_inputs, fallback, space_vars, VARIABLES, features=features,
+                    _random_inputs, fallback, space_vars, VARIABLES, features=features,
                     model_knobs=MODEL_KNOBS, workload_args=WORKLOAD_ARGS, graph_ops=("conv2d",), lower=lower,
                     reduction=lambda wl: wl.kernel[2] * wl.kernel[3], side_outputs=("Q",))

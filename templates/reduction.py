@@ -72,7 +72,7 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _pow2_floor(n: int) -> int:
+def pow2_floor(n: int) -> int:
     return 1 << (max(1, int(n)).bit_length() - 1)
 
 
@@ -325,7 +325,7 @@ def fallback_schedule(units: int, elements: int, info, max_split: int = 64, norm
         L, T = norm_schedule(elements, info, max_split)
     else:
         per_item = GPU_ITEMS_PER_TEXELS if gpu else 64
-        L = min(cap, _pow2_floor(max(1, elements // per_item)))
+        L = min(cap, pow2_floor(max(1, elements // per_item)))
         T = 1
         want_groups = 2 * info.compute_units
         # a unit that a work-group of the largest size covers at per_item..2 per_item texels a work-item is not
@@ -356,7 +356,7 @@ def norm_schedule(elements: int, info, max_split: int = 64) -> tuple:
     128 x 32 x 32 10.8 against 16.2 and of 64 x 64 x 64 14.2 against 16.4; 32 x 128 x 128 (16384 texels a unit)
     32.6 in one launch, 18.6 split 8 ways. The rule before split them all to fill the device, or gave a short
     unit a work-group of 32."""
-    L = _pow2_floor(min(NORM_WG, info.max_work_group_size, info.max_work_item_sizes[0], info.local_mem_bytes // 32))
+    L = pow2_floor(min(NORM_WG, info.max_work_group_size, info.max_work_item_sizes[0], info.local_mem_bytes // 32))
     T = 1
     if elements > NORM_UNSPLIT_TEXELS * L:
         while T < max_split and (ceil_div(elements, T) > NORM_CHUNK_TEXELS * L
@@ -635,7 +635,7 @@ def last_group_unit_statistics(b: Builder, blocks: list, firsts: list, lid, size
         b.store(last, 0, select(call("atomic_inc", [Sc[unit]], "int32").equal(slots - 1), as_expr(1), as_expr(0)))
     b.barrier("global")
     with b.if_(last[0].equal(1)):  # the same for the whole work-group
-        span = max(1, _pow2_floor(size // merge))  # work-items a block: each merges every span-th of its slots
+        span = max(1, pow2_floor(size // merge))  # work-items a block: each merges every span-th of its slots
         spatial, blk, sub = slots // tiles, lid // span, lid % span
         state = b.allocate("sstate", (3,), "float32x4", "private")
         for j, v in enumerate((zero, zero, zero)):

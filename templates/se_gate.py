@@ -50,7 +50,7 @@ from tuner.ir.builder import Builder
 from tuner.ir.expr import Broadcast, Ramp, as_expr, call, min_, select
 from tuner.ir.kernel import Program
 from tuner.templates.common import Template, WorkloadArg, texture_scopes
-from tuner.templates.reduction import MAX_TEXELS_PER_ITEM, ceil_div, packed, unravel
+from tuner.templates.reduction import MAX_TEXELS_PER_ITEM, ceil_div, packed, pow2_ceil, pow2_floor, unravel
 
 
 @dataclass(frozen=True)
@@ -149,6 +149,100 @@ def _items(b: Builder, groups: int, Lc: int, Lp: int, inner: str):
             yield g, lc, lp, b.let("i", lc * Lp + lp if Lc > 1 else lp)
 
 
+class GateSteps:
+    """The squeeze and the excite of a gate (steps 2 and 3), emitted into a kernel whose work-group of ``L``
+    work-items (flat id ``i``) has the block means, or terms that add up to the squeeze: ``se_gate``'s kernels, and
+    the depthwise convolution that computes its gate in the last of its work-groups to finish (``gate``)."""
+
+    def __init__(self, S: int, CB: int, act1: str, activation: str, L: int, K: int, G: int, E: int, weights_loop: str,
+                 weights: tuple, Y):
+        self.S, self.CB, self.act1, self.activation = S, CB, act1, activation
+        self.L, self.K, self.G, self.E = L, K, G, E
+        self.weights_loop, (self.W1, self.B1, self.W2, self.B2), self.Y = weights_loop, weights, Y
+        self.CBg = ceil_div(CB, G)  # output blocks of one work-group's excite
+
+    def shared_sums(self, b, i, red1, M: int, term, finish):
+        """S sums of M terms each by the L work-items (flat id ``i``), ``fc_split`` (K) of them sharing each sum
+        (every K-th term, then a tree in ``red1``): ``term(s, j)`` is term j of sum s (s clamped below S, so that
+        every work-item reaches the tree), and ``finish(s, total)`` is done by the first of sum s's work-items."""
+        S, K, L, weights_loop = self.S, self.K, self.L, self.weights_loop
+        rounds = ceil_div(S * K, L)
+        with b.loop("q", rounds, "serial") if rounds > 1 else nullcontext(as_expr(0)) as q:
+            idx = b.let("si", q * L + i if rounds > 1 else i)
+            s = b.let("s", idx // K if K > 1 else idx)
+            kk = idx % K if K > 1 else as_expr(0)
+            sc = b.let("sc", min_(s, S - 1)) if rounds * L > S * K else s  # clamped: every item reaches the tree
+            acc1 = b.allocate("acc1", (1,), "float32", "private")
+            b.store(acc1, 0, 0.0)
+            per = ceil_div(M, K)
+            with b.loop("j", per, weights_loop) if per > 1 else nullcontext(as_expr(0)) as j:
+                cb = b.let("cb1", j * K + kk if K > 1 else j)
+                with b.if_(cb < M) if per * K != M else nullcontext():
+                    b.store(acc1, 0, acc1[0] + term(sc, cb))
+            total = acc1[0]
+            if K > 1:
+                b.store(red1, i, total)
+                total = _tree(b, red1, i, i - kk, kk, K)
+            cond = [kk < 1] if K > 1 else []
+            cond += [s < S] if rounds * L > S * K else []
+            c = cond[0] if len(cond) == 1 else (cond[0] & cond[1]) if cond else None
+            with b.if_(c) if c is not None else nullcontext():
+                finish(s, total)
+
+    def squeeze(self, b, i, red1, hidden, M: int, term):
+        """Step 2: the S squeeze channels, each the sum of M terms plus its bias, through ``act1`` into
+        ``hidden``, read by every work-item after the barrier."""
+        self.shared_sums(b, i, red1, M, term,
+                         lambda s, total: b.store(hidden, s, apply_ir(self.act1, b.let("h", total + self.B1[s]))))
+        b.barrier()
+
+    def dot_w1(self, means, block=lambda j: j):
+        """Term j of squeeze channel s: W1's row s at channel block ``block(j)`` with the mean ``means[j]``."""
+        return lambda s, j: call("dot", [self.W1[s, Ramp(block(j) * 4, as_expr(1), 4)], means[j]], "float32")
+
+    def excite(self, b, n, part, i, hidden, red2):
+        """Step 3 for image ``n``: part ``part`` of the G parts of the excite's output blocks, from the squeeze
+        channels in ``hidden``."""
+        S, CB, CBg, L, G, E, weights_loop = self.S, self.CB, self.CBg, self.L, self.G, self.E, self.weights_loop
+        B2, W2, Y = self.B2, self.W2, self.Y
+        J = L // E  # output blocks a round takes, E work-items each
+        out_rounds = ceil_div(CBg, J)
+        jj, e = (b.let("jb", i % J), b.let("ex", i // J)) if E > 1 else (i, None)
+        with b.loop("r", out_rounds, "serial") if out_rounds > 1 else nullcontext(as_expr(0)) as r:
+            j = b.let("j2", r * J + jj if out_rounds > 1 else jj)
+            cb = b.let("cb2", part * CBg + j) if G > 1 else j
+            # on the lets themselves: the block's indices derive from cb, which an analysis of the source (the
+            # artifact's check 11) bounds by the guard
+            conds = ([j < CBg] if out_rounds * J != CBg and G > 1 else []) + \
+                ([cb < CB] if G > 1 or out_rounds * J != CB else [])
+            cond = conds[0] if len(conds) == 1 else (conds[0] & conds[1]) if conds else None
+            if E == 1:  # as the records from before the knob ran (``LATE_KNOBS``): one work-item a block
+                with b.if_(cond) if cond is not None else nullcontext():
+                    lanes = Ramp(cb * 4, as_expr(1), 4)
+                    gacc = b.allocate("gacc", (1,), "float32x4", "private")
+                    b.store(gacc, 0, B2[lanes])
+                    with b.loop("sq", S, weights_loop) as sq:
+                        b.store(gacc, 0, gacc[0] + Broadcast(hidden[sq], 4) * W2[sq, lanes])
+                    b.store(Y, (n, lanes, 0, 0), apply_ir(self.activation, b.let("gv", gacc[0])))
+            else:
+                gacc = b.allocate("gacc", (1,), "float32x4", "private")
+                b.store(gacc, 0, 0.0)
+                per = ceil_div(S, E)
+                with b.if_(cond) if cond is not None else nullcontext():
+                    lanes = Ramp(cb * 4, as_expr(1), 4)
+                    with b.loop("sk", per, weights_loop) if per > 1 else nullcontext(as_expr(0)) as k:
+                        sq = b.let("sq", k * E + e)
+                        with b.if_(sq < S) if per * E != S else nullcontext():
+                            b.store(gacc, 0, gacc[0] + Broadcast(hidden[sq], 4) * W2[sq, lanes])
+                b.store(red2, i, gacc[0])  # every work-item reaches the tree's barriers, its block valid or not
+                total = _tree(b, red2, i, jj, e, E, stride=J)
+                with b.if_((e < 1) & cond if cond is not None else e < 1):
+                    lanes = Ramp(cb * 4, as_expr(1), 4)
+                    b.store(Y, (n, lanes, 0, 0), apply_ir(self.activation, b.let("gv", total + B2[lanes])))
+            if E > 1 and out_rounds > 1:
+                b.barrier()  # the next round's tree writes red2 again
+
+
 def se_gate(wl: SEGateWorkload, cfg: SEGateConfig):
     N, C, H, W = wl.data
     S, CB, HW = wl.squeeze, ceil_div(C, 4), H * W
@@ -211,83 +305,8 @@ def se_gate(wl: SEGateWorkload, cfg: SEGateConfig):
         n, part = unravel(b, g, (N, G), "x")
         return n, part
 
-    def shared_sums(b, i, red1, M: int, term, finish):
-        """S sums of M terms each by the L work-items (flat id ``i``), ``fc_split`` (K) of them sharing each sum
-        (every K-th term, then a tree in ``red1``): ``term(s, j)`` is term j of sum s (s clamped below S, so that
-        every work-item reaches the tree), and ``finish(s, total)`` is done by the first of sum s's work-items."""
-        rounds = ceil_div(S * K, L)
-        with b.loop("q", rounds, "serial") if rounds > 1 else nullcontext(as_expr(0)) as q:
-            idx = b.let("si", q * L + i if rounds > 1 else i)
-            s = b.let("s", idx // K if K > 1 else idx)
-            kk = idx % K if K > 1 else as_expr(0)
-            sc = b.let("sc", min_(s, S - 1)) if rounds * L > S * K else s  # clamped: every item reaches the tree
-            acc1 = b.allocate("acc1", (1,), "float32", "private")
-            b.store(acc1, 0, 0.0)
-            per = ceil_div(M, K)
-            with b.loop("j", per, weights_loop) if per > 1 else nullcontext(as_expr(0)) as j:
-                cb = b.let("cb1", j * K + kk if K > 1 else j)
-                with b.if_(cb < M) if per * K != M else nullcontext():
-                    b.store(acc1, 0, acc1[0] + term(sc, cb))
-            total = acc1[0]
-            if K > 1:
-                b.store(red1, i, total)
-                total = _tree(b, red1, i, i - kk, kk, K)
-            cond = [kk < 1] if K > 1 else []
-            cond += [s < S] if rounds * L > S * K else []
-            c = cond[0] if len(cond) == 1 else (cond[0] & cond[1]) if cond else None
-            with b.if_(c) if c is not None else nullcontext():
-                finish(s, total)
-
-    def squeeze(b, i, red1, hidden, M: int, term):
-        """Step 2: the S squeeze channels, each the sum of M terms plus its bias, through ``act1`` into
-        ``hidden``, read by every work-item after the barrier."""
-        shared_sums(b, i, red1, M, term,
-                    lambda s, total: b.store(hidden, s, apply_ir(wl.act1, b.let("h", total + B1[s]))))
-        b.barrier()
-
-    def dot_w1(means, block=lambda j: j):
-        """Term j of squeeze channel s: W1's row s at channel block ``block(j)`` with the mean ``means[j]``."""
-        return lambda s, j: call("dot", [W1[s, Ramp(block(j) * 4, as_expr(1), 4)], means[j]], "float32")
-
-    def excite(b, n, part, i, hidden, red2):
-        """Step 3 for image ``n``: part ``part`` of the G parts of the excite's output blocks, from the squeeze
-        channels in ``hidden``."""
-        J = L // E  # output blocks a round takes, E work-items each
-        out_rounds = ceil_div(CBg, J)
-        jj, e = (b.let("jb", i % J), b.let("ex", i // J)) if E > 1 else (i, None)
-        with b.loop("r", out_rounds, "serial") if out_rounds > 1 else nullcontext(as_expr(0)) as r:
-            j = b.let("j2", r * J + jj if out_rounds > 1 else jj)
-            cb = b.let("cb2", part * CBg + j) if G > 1 else j
-            # on the lets themselves: the block's indices derive from cb, which an analysis of the source (the
-            # artifact's check 11) bounds by the guard
-            conds = ([j < CBg] if out_rounds * J != CBg and G > 1 else []) + \
-                ([cb < CB] if G > 1 or out_rounds * J != CB else [])
-            cond = conds[0] if len(conds) == 1 else (conds[0] & conds[1]) if conds else None
-            if E == 1:  # as the records from before the knob ran (``LATE_KNOBS``): one work-item a block
-                with b.if_(cond) if cond is not None else nullcontext():
-                    lanes = Ramp(cb * 4, as_expr(1), 4)
-                    gacc = b.allocate("gacc", (1,), "float32x4", "private")
-                    b.store(gacc, 0, B2[lanes])
-                    with b.loop("sq", S, weights_loop) as sq:
-                        b.store(gacc, 0, gacc[0] + Broadcast(hidden[sq], 4) * W2[sq, lanes])
-                    b.store(Y, (n, lanes, 0, 0), apply_ir(wl.activation, b.let("gv", gacc[0])))
-            else:
-                gacc = b.allocate("gacc", (1,), "float32x4", "private")
-                b.store(gacc, 0, 0.0)
-                per = ceil_div(S, E)
-                with b.if_(cond) if cond is not None else nullcontext():
-                    lanes = Ramp(cb * 4, as_expr(1), 4)
-                    with b.loop("sk", per, weights_loop) if per > 1 else nullcontext(as_expr(0)) as k:
-                        sq = b.let("sq", k * E + e)
-                        with b.if_(sq < S) if per * E != S else nullcontext():
-                            b.store(gacc, 0, gacc[0] + Broadcast(hidden[sq], 4) * W2[sq, lanes])
-                b.store(red2, i, gacc[0])  # every work-item reaches the tree's barriers, its block valid or not
-                total = _tree(b, red2, i, jj, e, E, stride=J)
-                with b.if_((e < 1) & cond if cond is not None else e < 1):
-                    lanes = Ramp(cb * 4, as_expr(1), 4)
-                    b.store(Y, (n, lanes, 0, 0), apply_ir(wl.activation, b.let("gv", total + B2[lanes])))
-            if E > 1 and out_rounds > 1:
-                b.barrier()  # the next round's tree writes red2 again
+    steps = GateSteps(S, CB, wl.act1, wl.activation, L, K, G, E, weights_loop, (W1, B1, W2, B2), Y)
+    shared_sums, squeeze, dot_w1, excite = steps.shared_sums, steps.squeeze, steps.dot_w1, steps.excite
 
     def _partial_squeeze(b):
         """Two launches. The first: N x ceil(C/4 / wg_c) x T work-groups, each pooling its ``wg_c`` blocks over
@@ -401,14 +420,6 @@ VARIABLES = dict(N="batch", C="channels", CB="channel blocks of 4", HW="pixels p
                  S="squeeze channels", data="input shape N,C,H,W", out="output shape (N, C, 1, 1)")
 
 
-def _pow2_floor(n: int) -> int:
-    return 1 << (max(1, int(n)).bit_length() - 1)
-
-
-def _pow2_ceil(n: int) -> int:
-    return 1 << max(0, (max(1, int(n)) - 1).bit_length())
-
-
 GPU_ONE_GROUP_TEXELS = 16384  # a GPU fallback's one-launch gate pools at most this many texels (one work-group)
 
 
@@ -430,7 +441,7 @@ def fallback(wl: SEGateWorkload, info) -> SEGateConfig:
         return max(1, min(lc, info.max_work_item_sizes[1], info.max_work_group_size // lp)), lp
 
     if info.type != "GPU":
-        Lc = min(_pow2_ceil(CB), 16 if v["C"] * S >= 16384 else 8 if HW > 64 else 4)
+        Lc = min(pow2_ceil(CB), 16 if v["C"] * S >= 16384 else 8 if HW > 64 else 4)
         Lp = 1
         while ceil_div(CB, Lc) * ceil_div(HW, Lp) > MAX_TEXELS_PER_ITEM and Lp < min(HW, info.max_work_item_sizes[0]):
             Lp *= 2
@@ -441,16 +452,16 @@ def fallback(wl: SEGateWorkload, info) -> SEGateConfig:
         return SEGateConfig(wg_c=Lc, wg_p=Lp, split=T, fc_split=1, input_scope=scope, weight_scope=scope,
                             output_scope=scope)
     cap = min(256, info.max_work_group_size)
-    Lp = min(_pow2_floor(HW), 64, info.max_work_item_sizes[0], cap)
-    Lc, Lp = fit(min(cap // Lp, _pow2_ceil(CB)), Lp)
+    Lp = min(pow2_floor(HW), 64, info.max_work_item_sizes[0], cap)
+    Lc, Lp = fit(min(cap // Lp, pow2_ceil(CB)), Lp)
     T = 1
     while CB * HW > GPU_ONE_GROUP_TEXELS and T < 64 and T * 4 <= HW and ceil_div(ceil_div(HW, T), Lp) > 16:
         T *= 2
     while ceil_div(CB, Lc) * ceil_div(ceil_div(HW, T), Lp) > MAX_TEXELS_PER_ITEM and T < 64 and T * 4 <= HW:
         T *= 2
-    K = max(1, min(_pow2_floor(Lc * Lp // max(S, 1)), _pow2_floor(CB), 16))
-    G = max(1, min(_pow2_floor(v["C"] * S // 8192), _pow2_floor(CB // 2), 16))  # the excite's weights over SMs
-    E = max(1, min(_pow2_floor(Lc * Lp // ceil_div(CB, G)), _pow2_floor(S), 16))
+    K = max(1, min(pow2_floor(Lc * Lp // max(S, 1)), pow2_floor(CB), 16))
+    G = max(1, min(pow2_floor(v["C"] * S // 8192), pow2_floor(CB // 2), 16))  # the excite's weights over SMs
+    E = max(1, min(pow2_floor(Lc * Lp // ceil_div(CB, G)), pow2_floor(S), 16))
     if (CB + 2 * Lc * Lp) * 16 + (S + Lc * Lp) * 4 > info.local_mem_bytes:
         E = 1  # the excite's tree would not fit beside the block means (the space's local_memory)
     return SEGateConfig(wg_c=Lc, wg_p=Lp, split=T, fc_split=K, excite_groups=G, excite_split=E, input_scope=scope,
@@ -486,18 +497,24 @@ def describe(wl: SEGateWorkload) -> str:
 def lower(ctx, node, ins):
     """An ``se_gate`` node (``passes_se.fuse_squeeze_excite``): inputs x, w1 (S, C, 1, 1), b1 (S,), w2 (C, S, 1, 1),
     b2 (C,); the weights go to the kernel as (S, C) rows, the second transposed."""
-    shape = ctx.shape(node.inputs[0])
-    _, w1, b1, w2, b2 = node.inputs
-    S, C = ctx.shape(w1)[:2]
-    g = ctx.graph
-    wl = SEGateWorkload(shape, S, node.attrs.get("act1", "none"), node.attrs.get("activation", "none"), ctx.dtype,
-                        node.attrs.get("pixels", 0))
-    extra = {f"{node.name}.w1": np.ascontiguousarray(np.asarray(g.params[w1], np.float32).reshape(S, C)),
-             f"{node.name}.w2": np.ascontiguousarray(np.asarray(g.params[w2], np.float32).reshape(C, S).T),
-             f"{node.name}.b1": np.ascontiguousarray(np.asarray(g.params[b1], np.float32).reshape(S)),
-             f"{node.name}.b2": np.ascontiguousarray(np.asarray(g.params[b2], np.float32).reshape(C))}
-    inputs = {"X": ins[0], **{k.upper(): f"{node.name}.{k}" for k in ("w1", "b1", "w2", "b2")}}
-    return wl, inputs, extra
+    extra, inputs, S = gate_params(ctx.graph, node.name, node.inputs[1:])
+    wl = SEGateWorkload(ctx.shape(node.inputs[0]), S, node.attrs.get("act1", "none"),
+                        node.attrs.get("activation", "none"), ctx.dtype, node.attrs.get("pixels", 0))
+    return wl, {"X": ins[0], **inputs}, extra
+
+
+def gate_params(g, name: str, params) -> tuple:
+    """``(extra, inputs, S)``: a gate's weights as its kernel takes them -- the params ``w1`` (S, C, 1, 1), ``b1``
+    (S,), ``w2`` (C, S, 1, 1), ``b2`` (C,) of graph ``g`` as ``<name>.w1`` (S, C) ... , the second transposed --
+    the kernel inputs W1, B1, W2, B2 that name them, and S; an ``se_gate`` node's, or a depthwise convolution's
+    that computes its output's gate (``gate``)."""
+    w1, b1, w2, b2 = params
+    S, C = g.shapes[w1][:2]
+    extra = {f"{name}.w1": np.ascontiguousarray(np.asarray(g.params[w1], np.float32).reshape(S, C)),
+             f"{name}.w2": np.ascontiguousarray(np.asarray(g.params[w2], np.float32).reshape(C, S).T),
+             f"{name}.b1": np.ascontiguousarray(np.asarray(g.params[b1], np.float32).reshape(S)),
+             f"{name}.b2": np.ascontiguousarray(np.asarray(g.params[b2], np.float32).reshape(C))}
+    return extra, {k.upper(): f"{name}.{k}" for k in ("w1", "b1", "w2", "b2")}, S
 
 
 WORKLOAD_ARGS = (WorkloadArg("data", "shape", "N,C,H,W", "input shape", required=True),

@@ -298,17 +298,21 @@ def test_split_is_the_inverse_of_the_fusion():
 
 def _form(mod) -> str:
     """How a compiled model runs its squeeze-excite blocks: ``rows`` (se_gate pooling its depthwise producer's row
-    sums), ``maps`` (se_gate pooling the map) or ``unfused``."""
+    sums), ``maps`` (se_gate pooling the map), ``producers`` (the gates computed by their depthwise producers) or
+    ``unfused``."""
+    if any((n.workload or {}).get("gate") for n in mod.spec.nodes):
+        return "producers"
     if not any(n.template == "se_gate" for n in mod.spec.nodes):
         return "unfused"
     return "rows" if any((n.workload or {}).get("row_sums") for n in mod.spec.nodes) else "maps"
 
 
-@pytest.mark.parametrize("faster", ["rows", "maps", "unfused"])
+@pytest.mark.parametrize("faster", ["rows", "maps", "unfused", "producers"])
 def test_the_plan_keeps_whichever_form_measures_faster(faster, device, tmp_path):
     """``fastest_plan`` times the plan with its blocks fused (each gate pooling its depthwise producer's row sums)
-    beside the same plan with them unfused, and with the gates pooling their maps (step ``squeeze_excite``), and
-    keeps the fastest; the kept plan names its form and matches onnxruntime."""
+    beside the same plan with them unfused, with the gates pooling their maps, and with the gates computed by
+    their depthwise producers (step ``squeeze_excite``), and keeps the fastest; the kept plan names its form and
+    matches onnxruntime."""
     import onnxruntime as ort
     import tuner.compile.compiler as C
     model = _model("mobilenet_v3")
@@ -322,13 +326,16 @@ def test_the_plan_keeps_whichever_form_measures_faster(faster, device, tmp_path)
         mod = C._fastest_plan(str(path), None, device, "float32", None, False, 1, "python", whole)
     step = next(st for st in mod.plan_steps if st.name == "squeeze_excite")
     mode = step.kept.split('+')[0]
-    assert {f"{mode}+unfused-se", f"{mode}+map-se"} <= set(step.times), step.times
+    assert {f"{mode}+unfused-se", f"{mode}+map-se", f"{mode}+gates-in-producers"} <= set(step.times), step.times
     se = [n for n in mod.spec.nodes if n.template == "se_gate"]
     assert _form(mod) == faster
     if faster == "rows":
         assert "-se" not in mod.plan_kept and len(se) == 2
     elif faster == "maps":
         assert mod.plan_kept.endswith("+map-se") and len(se) == 2
+    elif faster == "producers":
+        assert mod.plan_kept.endswith("+gates-in-producers") and not se
+        assert sum(bool((n.workload or {}).get("gate")) for n in mod.spec.nodes) == 2
     else:
         assert mod.plan_kept.endswith("+unfused-se") and not se
         assert sum(n.template == "spatial_reduce" for n in mod.spec.nodes) == 2

@@ -216,3 +216,112 @@ def test_depthwise_reads_its_input_plus_a_slice_of_another(device, fields, fixed
         DepthwiseWorkload((1, 10, 8, 7), (10, 1, 3, 3), in_add=(12, 4))
     with pytest.raises(ValueError, match="in_view"):
         DepthwiseWorkload((1, 10, 8, 7), (10, 1, 3, 3), in_view=(2, 12))
+
+
+# -- the gate computed by the depthwise convolution's last work-group (``gate``) -----------------------------
+
+GATE_CASES = [
+    ("3x3 silu, texture, one row a work-group", DepthwiseWorkload(
+        (1, 8, 9, 9), (8, 1, 3, 3), padding=1, bias=True, activation="silu", gate=(2, "silu", "sigmoid")),
+     DepthwiseConfig(tile_ow=2, wg_w=8)),
+    ("5x5 stride 2, odd channels, two images, buffer, 2 rows x 2 blocks a work-item", DepthwiseWorkload(
+        (2, 10, 13, 11), (10, 1, 5, 5), stride=2, padding=2, bias=True, activation="relu",
+        gate=(3, "relu", HSIGMOID)), DepthwiseConfig(tile_cb=2, tile_oh=2, tile_ow=4, wg_w=2, wg_h=2, **BUFFERS)),
+    ("96 channels, 64 work-items: the squeeze's and the excite's trees", DepthwiseWorkload(
+        (1, 96, 14, 14), (96, 1, 3, 3), padding=1, gate=(4, "silu", "sigmoid")), DepthwiseConfig(wg_w=16, wg_h=4)),
+    ("one work-item a work-group", DepthwiseWorkload(
+        (1, 8, 5, 3), (8, 1, 3, 3), padding=1, gate=(2, "relu", "sigmoid")), DepthwiseConfig(tile_ow=4, wg_w=1)),
+    ("local input, half storage", DepthwiseWorkload(
+        (1, 12, 7, 7), (12, 1, 3, 3), padding=1, activation="relu6", dtype="float16", gate=(3, "relu", "sigmoid")),
+     DepthwiseConfig(tile_ow=1, wg_w=16, wg_h=2, local_input=True)),
+]
+
+
+@pytest.mark.parametrize("name,wl,cfg", GATE_CASES, ids=[c[0] for c in GATE_CASES])
+def test_depthwise_computes_its_gate_in_the_last_work_group(device, rng, name, wl, cfg):
+    """``gate``: Q is the squeeze-excite gate of the output (``se_gate``'s reference of Y), computed by the last
+    work-group of each image to finish from the row sums the others left in a workspace. Three launches of one
+    kernel on new inputs each: the last work-group returns each image's counter to zero, or the next launch would
+    compute no gate."""
+    t = get_template("depthwise_conv2d")
+    run = build(depthwise_conv2d_nchw4c(wl, cfg), device)
+    tol = 1e-2 if wl.dtype == "float16" else 1e-4
+    for _ in range(3):
+        inputs = t.random_inputs(wl, rng)
+        out = run(**inputs)
+        ref = t.expected(t.reference(wl, inputs))
+        assert out["Q"].shape == (wl.data[0], wl.data[1], 1, 1) == ref["Q"].shape
+        for k in ("Y", "Q"):
+            assert np.abs(out[k] - ref[k]).max() / np.abs(ref[k]).max() < tol, k
+        assert t.check(wl, out, inputs) < tol
+    assert t.check(wl, dict(out, Q=out["Q"] * 1.1), inputs) > tol  # the harness looks at the gate too
+
+
+@pytest.mark.parametrize("scope", ["texture", "buffer"])
+def test_random_configs_with_a_gate_match_numpy(device, scope):
+    """Random configs of the space for depthwise convolutions that compute their gate (the work-group spans whole
+    rows; its size sets the squeeze's and the excite's sharing: ``gate_rule``); the key has ``gate`` only when
+    set, and the fallback is valid."""
+    if scope == "texture" and not device.info.image_support:
+        pytest.skip(f"{device.info.name} has no image support: texture scope cannot run here (the buffer case does)")
+    for seed, fields in enumerate([dict(data=(1, 24, 14, 14), kernel=(24, 1, 3, 3), padding=(1, 1, 1, 1), bias=True,
+                                        activation="silu", gate=(6, "silu", "sigmoid")),
+                                   dict(data=(2, 9, 11, 17), kernel=(9, 1, 5, 5), stride=(2, 2), padding=(2, 2, 2, 2),
+                                        activation="relu", gate=(3, "relu", HSIGMOID))]):
+        for k in range(3):
+            assert check_random_config(device, "depthwise_conv2d", fields, "float32", 10 * seed + k,
+                                       **scopes(scope)) is not None
+        wl = get_template("depthwise_conv2d").workload(**fields)
+        assert "gate" in wl.key() and "gate" not in dataclasses.replace(wl, gate=()).key()
+        t = get_template("depthwise_conv2d")
+        assert not t.space(wl, device).violations(t.config_values(wl, t.fallback(wl, device.info)))
+    with pytest.raises(ValueError, match="gate"):
+        DepthwiseWorkload((1, 8, 9, 9), (8, 1, 3, 3), row_sums=True, gate=(2, "relu", "sigmoid"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scope", ["texture", "buffer"])
+def test_gates_in_their_producers_match_onnxruntime_in_both_runtimes(scope, native, cl_env, tmp_path):
+    """``passes_se.gates_in_depthwise``: each se_gate that pools a depthwise convolution's row sums goes, the
+    convolution computing the gate (``gates_apart`` gives the graph back); compiled on this device's fallbacks, no
+    launch is left for a gate, and the model matches onnxruntime in the Python executor and in tuner-run (and its
+    AddressSanitizer build)."""
+    import subprocess
+
+    import onnx
+    import onnxruntime as ort
+    from conftest import building_cpu
+    from tuner.compile.compiler import compile_plan, module_of, plan_graph
+    from tuner.graph.passes_se import gates_apart, gates_in_depthwise
+    from tuner.runtime.opencl import open_device
+    spec = building_cpu()
+    device = open_device(spec)
+    path = tmp_path / "se_net.onnx"
+    onnx.save(_se_net(), path)
+    g = load_graph(str(path))
+    fused = gates_in_depthwise(g)
+    gates = [n.name for n in g.nodes if n.op == "se_gate"]
+    assert gates and not any(n.op == "se_gate" for n in fused.nodes)
+    assert sorted(n.attrs["gate_node"] for n in fused.nodes if n.attrs.get("gate")) == sorted(gates)
+    same = lambda a, b: [(n.op, n.name, n.inputs, n.outputs, n.attrs) for n in a.nodes] == \
+        [(n.op, n.name, n.inputs, n.outputs, n.attrs) for n in b.nodes]  # noqa: E731
+    assert same(gates_apart(fused), g)
+    feeds = random_inputs(g)
+    want = run_graph_numpy(g, feeds)["output"]
+    assert np.abs(run_graph_numpy(fused, feeds)["output"] - want).max() <= 1e-6 * np.abs(want).max()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mod = module_of(compile_plan(plan_graph(fused, device.info, scope, None), device.info), device)
+    assert not any(n.template == "se_gate" for n in mod.spec.nodes)
+    assert sum(bool((n.workload or {}).get("gate")) for n in mod.spec.nodes) == len(gates)
+    x = np.random.default_rng(0).standard_normal(mod.spec.entries[mod.spec.inputs[0]].shape).astype(np.float32)
+    sess = ort.InferenceSession(str(path))
+    ref = sess.run(None, {sess.get_inputs()[0].name: x})[0]
+    assert np.abs(mod.run([x])[0] - ref).max() <= 1e-4 * np.abs(ref).max()
+    art = mod.save(tmp_path / "art")
+    np.save(tmp_path / "x.npy", x)
+    for exe in ("tuner_run", "tuner_run_asan"):
+        r = subprocess.run([native[exe], str(art), "--device", spec, "--input", str(tmp_path / "x.npy"), "--output",
+                            str(tmp_path / "y.npy")], capture_output=True, text=True, env=cl_env, timeout=300)
+        assert r.returncode == 0, (exe, r.stderr)
+        assert np.abs(np.load(tmp_path / "y.npy") - ref).max() <= 1e-4 * np.abs(ref).max(), exe

@@ -791,8 +791,10 @@ def _refine_squeeze_excite(mod: M.Module, mode: str, graph, compile_, repeats: i
     events) find some blocks faster unfused and some fused, the plan unfusing only those, ``<mode>+per-block-se``.
     The kernel times leave out what a launch costs between kernels; the whole plans' timings include it. Where
     the gates pool their depthwise producers' row sums (``passes_se.pool_rows_in_depthwise``), the plan with the
-    gates pooling the maps again, ``<mode>+map-se``, is timed too. Empty when ``mod`` runs no se_gate."""
-    from tuner.graph.passes_se import pool_maps_in_se_gates, split_squeeze_excite
+    gates pooling the maps again, ``<mode>+map-se``, is timed too, and the plan with each of those gates computed
+    by the last work-group of its depthwise producer (``passes_se.gates_in_depthwise``: no launch of its own),
+    ``<mode>+gates-in-producers``. Empty when ``mod`` runs no se_gate."""
+    from tuner.graph.passes_se import gates_in_depthwise, pool_maps_in_se_gates, split_squeeze_excite
     fused = [n.name for n in mod.spec.nodes if n.template == "se_gate"]
     if not fused:
         return []
@@ -802,6 +804,9 @@ def _refine_squeeze_excite(mod: M.Module, mode: str, graph, compile_, repeats: i
     maps = pool_maps_in_se_gates(graph)
     if maps is not graph:
         out.append((f"{mode}+map-se", compile_(mode, graph=maps), maps))
+    gated = gates_in_depthwise(graph)
+    if gated is not graph:
+        out.append((f"{mode}+gates-in-producers", compile_(mode, graph=gated), gated))
     rows = [{r["node"]: r["median_s"] for r in _random_inputs(m).profile(repeats)["rows"]} for m in (mod, first)]
     slower = {n for n in fused
               if rows[0].get(n, 0.0) > sum(rows[1].get(k, 0.0) for k in (n, f"{n}.squeeze", f"{n}.excite"))}

@@ -139,6 +139,64 @@ def pool_rows_in_depthwise(graph: Graph) -> Graph:
     return g.validate() if changed else graph
 
 
+def gates_in_depthwise(graph: Graph) -> Graph:
+    """Issue 55, item 2, the launch left: where an ``se_gate`` pools the row sums of a depthwise convolution
+    (``pool_rows_in_depthwise``), that convolution computes the gate itself, in the last of its work-groups of an
+    image to finish (``DepthwiseWorkload.gate``): its second output is the gate, its inputs take the gate's four
+    params too (attr ``gate``, their names; ``gate_acts``: act1 and the gate's activation; ``gate_node``: the
+    gate node's name), and the ``se_gate`` node goes. A block then runs no launch of its own. What
+    ``compiler.fastest_plan`` times beside the plan with the gates apart (``gates_apart`` is the inverse): a
+    depthwise convolution whose last work-group squeezes and excites alone can be slower than a gate kernel on a
+    large block."""
+    if not any(n.op == "se_gate" and "pixels" in n.attrs for n in graph.nodes):
+        return graph
+    g = graph.copy()
+    drop = set()
+    for n in g.nodes:
+        if n.op != "se_gate" or "pixels" not in n.attrs:
+            continue
+        rows, params = n.inputs[0], n.inputs[1:]
+        p = g.producer(rows)
+        if (n.name in g.float32) != (p.name in g.float32):  # the precision guard kept one of them in float32
+            continue
+        p.outputs[p.outputs.index(rows)] = n.outputs[0]
+        p.attrs.pop("row_sums", None)
+        p.attrs["gate"], p.attrs["gate_node"] = list(params), n.name
+        p.attrs["gate_acts"] = [n.attrs.get("act1", "none"), n.attrs.get("activation", "none")]
+        p.inputs = p.inputs + list(params)
+        g.shapes.pop(rows, None)
+        drop.add(id(n))
+    g.nodes = [nd for nd in g.nodes if id(nd) not in drop]
+    return g.validate()
+
+
+def gates_apart(graph: Graph) -> Graph:
+    """The inverse of ``gates_in_depthwise``: each depthwise convolution that computes a gate writes its row sums
+    again (``<x>.rows``), and an ``se_gate`` node (named after the gate) pools them."""
+    if not any(n.attrs.get("gate") for n in graph.nodes):
+        return graph
+    g = graph.copy()
+    nodes = []
+    for p in g.nodes:
+        nodes.append(p)
+        if not p.attrs.get("gate"):
+            continue
+        x, gate = p.outputs
+        params = list(p.attrs.pop("gate"))
+        act1, act = p.attrs.pop("gate_acts")
+        name = p.attrs.pop("gate_node", f"{gate}.se")
+        p.inputs = p.inputs[:len(p.inputs) - len(params)]
+        N, C, OH, OW = g.shapes[x]
+        rows = fresh_name(g, f"{x}.rows")
+        g.shapes[rows] = (N, C, OH, 1)
+        p.outputs = [x, rows]
+        p.attrs["row_sums"] = True
+        nodes.append(Node("se_gate", name, [rows, *params], [gate],
+                          {"act1": act1, "activation": act, "pixels": OH * OW}))
+    g.nodes = nodes
+    return g.validate()
+
+
 def _rows_back(g: Graph, n: Node) -> None:
     """An ``se_gate`` that reads a depthwise convolution's row sums (``pool_rows_in_depthwise``) pools that
     convolution's output again, and the row sums are dropped from it; any other gate is left as it is."""

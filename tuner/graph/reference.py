@@ -51,17 +51,23 @@ def run_graph_numpy(graph: Graph, inputs: dict, all_tensors: bool = False) -> di
             raise ValueError(f"node {node.name!r} ({node.op}) computed shape {out.shape}, the graph says "
                              f"{graph.shapes[node.outputs[0]]}")
         env[node.outputs[0]] = out
-        env.update(side_outputs(node, out))
+        env.update(side_outputs(node, out, env))
     names = env if all_tensors else graph.outputs
     return {t: env[t].astype(np.float32) for t in names}
 
 
-def side_outputs(node: Node, out: np.ndarray) -> dict:
-    """``{tensor: array}`` of a node's further outputs, from its first one ``out``: a depthwise convolution's row
-    sums (``passes_se.pool_rows_in_depthwise``), or a producer's GroupNorm(1) statistics as its epilogue writes
-    them, one chunk a unit (``passes_layer_norm.norm_statistics_into_producers``)."""
+def side_outputs(node: Node, out: np.ndarray, env: dict) -> dict:
+    """``{tensor: array}`` of a node's further outputs, from its first one ``out`` (``env``: the tensors computed
+    so far, params included): a depthwise convolution's row sums (``passes_se.pool_rows_in_depthwise``) or the
+    gate it computes from them (``passes_se.gates_in_depthwise``), or a producer's GroupNorm(1) statistics as its
+    epilogue writes them, one chunk a unit (``passes_layer_norm.norm_statistics_into_producers``)."""
     if node.attrs.get("row_sums"):
         return {node.outputs[1]: out.sum(axis=3, keepdims=True)}
+    if node.attrs.get("gate"):
+        act1, act = node.attrs["gate_acts"]
+        gate = se_gate(Node("se_gate", node.name, [], [], {"act1": act1}), out,
+                       *(env[t] for t in node.attrs["gate"]))
+        return {node.outputs[1]: apply_numpy(act, gate)}
     if node.attrs.get("out_stats"):
         from tuner.templates.reduction import unit_statistics  # (tuner.templates imports tuner.graph)
         return {node.outputs[1]: unit_statistics(out, int(node.attrs["out_stats"])).reshape(out.shape[0], -1)}
@@ -74,7 +80,7 @@ _BINARY_EPILOGUE = {"activation", "scale", "residual"}  # passes._binary_epilogu
 EPILOGUE_ATTRS = {
     "conv2d": {"activation", "residual", "in_scale", "pad_mode", "slope", "in_view", "in_norm", "norm_stats",
                "patch_view", "row_sums", "in_group_norm", "norm_affine", "in_add", "in_add_at", "out_norm",
-               "out_norm_affine", "residual_scale", "out_stats"},
+               "out_norm_affine", "residual_scale", "out_stats", "gate", "gate_acts", "gate_node"},
     "dense": {"activation", "residual"},
     "group_norm": {"activation", "slope", "residual"}, "layer_norm": {"activation"},
     "add": {"activation", "channel_offsets"}, "relu": {"channel_offsets"}, "clip": {"channel_offsets"},
@@ -99,7 +105,7 @@ def _evaluate(graph: Graph, node: Node, fn, env: dict) -> np.ndarray:
     if node.op == "matmul" or not fused_ok & set(a):
         return fn(node, *(env[t] for t in node.inputs))
     fused = [k for k in FUSED_INPUTS if k in a and k in fused_ok]
-    own = len(node.inputs) - len(fused)
+    own = len(node.inputs) - len(fused) - len(a.get("gate", ()))  # a gate's params last (side_outputs' own)
     extra = {k: env[t] for k, t in zip(fused, node.inputs[own:])}
     ins = [env[t] for t in node.inputs[:own]]
     if a.get("channel_offsets") and node.op != "concat":  # channels at..at + C of the tensor, C the output's (a

@@ -131,7 +131,7 @@ class _Walk:
         self.ref.update(self.inputs)
         for n, fn in zip(graph.nodes, self.fns):
             self.ref[n.outputs[0]] = self._evaluate(graph, n, fn, self.ref)
-            self.ref.update(side_outputs(n, self.ref[n.outputs[0]]))
+            self.ref.update(side_outputs(n, self.ref[n.outputs[0]], self.ref))
         self.half_params: dict = {}
 
     def _param(self, name: str, half: bool) -> np.ndarray:
@@ -187,7 +187,7 @@ class _Walk:
             n = g.nodes[i]
             y = n.outputs[0]
             env[y] = self.node(i, env, kept)
-            env.update(self._sides(n, env[y]))
+            env.update(self._sides(n, env[y], self.ref))
             why = self._check(i, env, kept, tol, env[y])
             if why is None:
                 i += 1
@@ -224,7 +224,7 @@ class _Walk:
         env = {x: (v if x in kept else to_half(v)) for x, v in self.inputs.items()}
         for i, n in enumerate(self.graph.nodes):
             env[n.outputs[0]] = self.node(i, env, kept)
-            env.update(self._sides(n, env[n.outputs[0]]))
+            env.update(self._sides(n, env[n.outputs[0]], self.ref))
         return max((_error(env[y], self.ref[y]) for y in self.graph.outputs), default=0.0)
 
 
@@ -381,11 +381,11 @@ def guard_graph(graph, precision: str = "mixed", calibration=None, tol: float = 
     ``precision`` ``strict`` refuses them instead (PrecisionError: exit 2)."""
     if precision not in PRECISIONS:
         raise TunerError(f"--precision {precision!r}: one of {', '.join(PRECISIONS)}")
-    from tuner.graph.passes_se import pool_maps_in_se_gates
+    from tuner.graph.passes_se import gates_apart, pool_maps_in_se_gates
     samples, source = calibration_inputs(graph, calibration)
     # walked with one output a node: the gates pool the depthwise convolutions' maps, not their row sums (the
     # same nodes, by name; a row sum rounds as the gate's pool of the map does)
-    guard = check_precision(pool_maps_in_se_gates(graph), samples, source, tol)
+    guard = check_precision(pool_maps_in_se_gates(gates_apart(graph)), samples, source, tol)
     if guard.kept and precision == "strict":
         raise strict_error(guard)
     return dataclasses.replace(graph, float32=dict(guard.kept)), guard
