@@ -139,7 +139,7 @@ def pool_rows_in_depthwise(graph: Graph) -> Graph:
     return g.validate() if changed else graph
 
 
-def gates_in_depthwise(graph: Graph) -> Graph:
+def gates_in_depthwise(graph: Graph, names=None) -> Graph:
     """Issue 55, item 2, the launch left: where an ``se_gate`` pools the row sums of a depthwise convolution
     (``pool_rows_in_depthwise``), that convolution computes the gate itself, in the last of its work-groups of an
     image to finish (``DepthwiseWorkload.gate``): its second output is the gate, its inputs take the gate's four
@@ -147,13 +147,13 @@ def gates_in_depthwise(graph: Graph) -> Graph:
     gate node's name), and the ``se_gate`` node goes. A block then runs no launch of its own. What
     ``compiler.fastest_plan`` times beside the plan with the gates apart (``gates_apart`` is the inverse): a
     depthwise convolution whose last work-group squeezes and excites alone can be slower than a gate kernel on a
-    large block."""
-    if not any(n.op == "se_gate" and "pixels" in n.attrs for n in graph.nodes):
+    large block. ``names``: only those gates (None: every one)."""
+    if not any(n.op == "se_gate" and "pixels" in n.attrs and (names is None or n.name in names) for n in graph.nodes):
         return graph
     g = graph.copy()
     drop = set()
     for n in g.nodes:
-        if n.op != "se_gate" or "pixels" not in n.attrs:
+        if n.op != "se_gate" or "pixels" not in n.attrs or (names is not None and n.name not in names):
             continue
         rows, params = n.inputs[0], n.inputs[1:]
         p = g.producer(rows)
