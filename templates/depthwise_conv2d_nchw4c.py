@@ -50,10 +50,12 @@ class DepthwiseWorkload:
     in_add: tuple = ()  # (channels, offset): the input read is X + channels offset..offset + C of ``A``, a tensor
     # of ``channels`` channels and X's N, H, W, at any offset (two loads a pixel inside one): EdgeNeXt's SDTA
     # cascade, each chunk plus the previous depthwise output (``passes_movement.adds_into_depthwise``)
-    gate: tuple = ()  # (S, act1, activation): the squeeze-excite gate of the output, ``se_gate``'s with S squeeze
-    # channels, computed by the last work-group of each image to finish (``passes_se.gates_in_depthwise``): Q is
-    # then the gate (N, C, 1, 1), from the row sums the work-groups leave in a workspace, and the squeeze's and
+    gate: int = 0  # S > 0: the squeeze-excite gate of the output, ``se_gate``'s with S squeeze channels and the
+    # activations below, computed by the last work-group of each image to finish (``passes_se.gates_in_depthwise``):
+    # Q is then the gate (N, C, 1, 1), from the row sums the work-groups leave in a workspace, and the squeeze's and
     # the excite's weights are inputs (W1, B1, W2, B2 as ``se_gate`` takes them); the work-group spans whole rows
+    gate_act1: str = "none"  # with ``gate``: the squeeze's activation (``se_gate``'s act1)
+    gate_activation: str = "none"  # with ``gate``: the gate's activation (Sigmoid, HardSigmoid)
 
     def __post_init__(self):
         # share conv2d's normalisation and checks through an equivalent grouped description
@@ -74,14 +76,14 @@ class DepthwiseWorkload:
         object.__setattr__(self, "kernel", kernel)
         object.__setattr__(self, "in_add", tuple(int(x) for x in self.in_add))
         object.__setattr__(self, "in_view", tuple(int(x) for x in self.in_view))
-        if self.gate:
-            if len(tuple(self.gate)) != 3 or int(self.gate[0]) < 1 or self.row_sums:
-                raise ValueError(f"depthwise_conv2d gate {list(self.gate)}: (squeeze channels, act1, activation), "
-                                 f"not with row_sums (Q is either the row sums or the gate)")
-            acts = tuple(canonical(a) for a in self.gate[1:])
-            if "prelu" in acts:
-                raise ValueError("depthwise_conv2d gate activations: a per-channel PReLU has no slopes here")
-            object.__setattr__(self, "gate", (int(self.gate[0]), *acts))
+        object.__setattr__(self, "gate", int(self.gate))
+        if self.gate < 0 or (self.gate and self.row_sums):
+            raise ValueError(f"depthwise_conv2d gate={self.gate}: the squeeze channels of the output's gate (0: none), "
+                             f"not with row_sums (Q is either the row sums or the gate)")
+        for name in ("gate_act1", "gate_activation"):
+            object.__setattr__(self, name, canonical(getattr(self, name)))
+        if "prelu" in (self.gate_act1, self.gate_activation):
+            raise ValueError("depthwise_conv2d gate activations: a per-channel PReLU has no slopes here")
         if self.in_view and (len(self.in_view) != 2 or self.in_view[0] < 0 or self.in_view[0] % 4
                              or self.in_view[0] + data[1] > self.in_view[1]):
             raise ValueError(f"depthwise_conv2d in_view {list(self.in_view)}: (offset, channels) of the tensor X "
@@ -119,6 +121,8 @@ class DepthwiseWorkload:
         for k in ("row_sums", "in_add", "in_view", "gate"):  # the keys logged before these fields stay the same
             if not key[k]:
                 del key[k]
+        if not self.gate:
+            del key["gate_act1"], key["gate_activation"]
         return {"op": "depthwise_conv2d", **key}
 
 
@@ -154,10 +158,10 @@ def depthwise_conv2d_nchw4c(wl: DepthwiseWorkload, cfg: DepthwiseConfig):
     Q = buffer("Q", wl.rows_shape if wl.row_sums else (N, C, 1, 1), wl.dtype,
                *scope_layout(cfg.output_scope, cfg.act_layout, "nchw4c_buffer")) if wl.whole_rows else None
     Qr = buffer("Qr", wl.rows_shape, "float32", "global", "nchw4c_buffer") if wl.gate else Q  # the row sums
-    gate_in = [packed("W1", (wl.gate[0], C), wl.dtype, "buffer"), buffer("B1", (wl.gate[0],), wl.dtype, "global",
-                                                                           "bias4_buffer"),
-               packed("W2", (wl.gate[0], C), wl.dtype, "buffer"), buffer("B2", (C,), wl.dtype, "global",
-                                                                           "bias4_buffer")] if wl.gate else []
+    gate_in = [packed("W1", (wl.gate, C), wl.dtype, "buffer"), buffer("B1", (wl.gate,), wl.dtype, "global",
+                                                                       "bias4_buffer"),
+               packed("W2", (wl.gate, C), wl.dtype, "buffer"), buffer("B2", (C,), wl.dtype, "global",
+                                                                       "bias4_buffer")] if wl.gate else []
     A = buffer("A", (N, wl.in_add[0], H, W), wl.dtype,
                *scope_layout(cfg.input_scope, cfg.act_layout, "nchw4c_buffer")) if wl.in_add else None
     operands = (X, Wt, B, Res, Y, Q, A, *gate_in)
@@ -247,17 +251,10 @@ def gate_rule(wl: DepthwiseWorkload, cfg: DepthwiseConfig) -> tuple:
     (``excite_split``), as many as the work-group has to spare, up to 16 (powers of two: they divide the
     work-group's size, a power of two); the weights' loops unrolled where they are short (their loads in flight
     together)."""
-    L, S, CB = cfg.wg_w * cfg.wg_h, wl.gate[0], -(-wl.data[1] // 4)
+    L, S, CB = cfg.wg_w * cfg.wg_h, wl.gate, -(-wl.data[1] // 4)
     K = max(1, min(pow2_floor(L // S), pow2_floor(CB), 16))
     E = max(1, min(pow2_floor(L // CB), pow2_floor(S), 16))
     return K, E, "unrolled" if -(-CB // K) <= 32 and -(-S // E) <= 32 else "serial"
-
-
-def gate_local_bytes(wl: DepthwiseWorkload, cfg: DepthwiseConfig) -> int:
-    """The local memory ``gate`` adds to the kernel: the block means, the squeeze channels, the trees."""
-    K, E, _ = gate_rule(wl, cfg)
-    L = cfg.wg_w * cfg.wg_h
-    return -(-wl.data[1] // 4) * 16 + wl.gate[0] * 4 + (L * 4 if K > 1 else 0) + (L * 16 if E > 1 else 0) + 4
 
 
 def gate_in_last_group(b, wl, cfg, weights, Qr, Q, n, lid, groups: int) -> list:
@@ -267,10 +264,10 @@ def gate_in_last_group(b, wl, cfg, weights, Qr, Q, n, lid, groups: int) -> list:
     threadFenceReduction; ``reduction.last_group_statistics`` is the same for a norm's statistics). The
     workspaces: ``[Qr, Sn]``."""
     (N, C, _, _), (_, _, OH, OW) = wl.data, wl.out_shape
-    CB, S, L = -(-C // 4), wl.gate[0], cfg.wg_w * cfg.wg_h
+    CB, S, L = -(-C // 4), wl.gate, cfg.wg_w * cfg.wg_h
     K, E, loop = gate_rule(wl, cfg)
     Sn = buffer("Sn", (N,), "int32", "global")
-    steps = GateSteps(S, CB, wl.gate[1], wl.gate[2], L, K, 1, E, loop, tuple(weights), Q)
+    steps = GateSteps(S, CB, wl.gate_act1, wl.gate_activation, L, K, 1, E, loop, tuple(weights), Q)
     last = b.allocate("glast", (1,), "int32", "local")
     pooled = b.allocate("gpooled", (CB,), "float32x4", "local")
     hidden = b.allocate("ghidden", (S,), "float32", "local")
@@ -349,7 +346,8 @@ def reference(wl: DepthwiseWorkload, x, w, bias=None, residual=None, addend=None
     y = reference_epilogue(wl, out, bias, residual)
     if wl.gate:
         from tuner.templates.se_gate import SEGateWorkload, reference as gate_reference
-        return {"Y": y, "Q": gate_reference(SEGateWorkload(y.shape, *wl.gate), {"X": y, **gate})}
+        return {"Y": y, "Q": gate_reference(SEGateWorkload(y.shape, wl.gate, wl.gate_act1, wl.gate_activation),
+                                            {"X": y, **gate})}
     return {"Y": y, "Q": y.sum(axis=3, keepdims=True)} if wl.row_sums else y
 
 
@@ -360,7 +358,7 @@ def space_vars(wl: DepthwiseWorkload) -> dict:
                 data=wl.data, kernel=wl.kernel, out=wl.out_shape, bias=wl.bias, residual=wl.residual,
                 stride=wl.stride, dilation=wl.dilation, row_sums=wl.whole_rows,
                 rows=wl.rows_shape if wl.row_sums else (N, wl.data[1], 1, 1), gate=bool(wl.gate),
-                GS=wl.gate[0] if wl.gate else 0,
+                GS=wl.gate,
                 x_data=(N, wl.in_view[1], H, W) if wl.in_view else wl.data,
                 a_data=(N, wl.in_add[0], H, W) if wl.in_add else wl.data)
 
@@ -418,7 +416,7 @@ def _random_inputs(wl, rng) -> dict:
     inputs = random_inputs(wl, rng)
     if wl.gate:
         from tuner.templates.se_gate import SEGateWorkload, random_inputs as gate_inputs
-        drawn = gate_inputs(SEGateWorkload(wl.out_shape, *wl.gate, dtype=wl.dtype), rng)
+        drawn = gate_inputs(SEGateWorkload(wl.out_shape, wl.gate, wl.gate_act1, wl.gate_activation, wl.dtype), rng)
         inputs.update({k: drawn[k] for k in GATE_INPUTS})
     return inputs
 
@@ -447,7 +445,7 @@ def lower(ctx, node, ins):
     if node.attrs.get("gate"):  # passes_se.gates_in_depthwise: the squeeze-excite gate of the output too, as Q
         extra, gate_inputs, S = gate_params(ctx.graph, node.name, node.attrs["gate"])
         inputs.update(gate_inputs)
-        fields["gate"] = (S, *node.attrs["gate_acts"])
+        fields["gate"], (fields["gate_act1"], fields["gate_activation"]) = S, node.attrs["gate_acts"]
     wl = DepthwiseWorkload(data=data, kernel=ctx.shape(w_name), residual="Res" in inputs, **window_fields(node),
                            row_sums=bool(node.attrs.get("row_sums")), **fields_view, **fields)
     return wl, {"X": ins[0], "Wt": w_name, **inputs}, extra

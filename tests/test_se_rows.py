@@ -220,20 +220,22 @@ def test_depthwise_reads_its_input_plus_a_slice_of_another(device, fields, fixed
 
 # -- the gate computed by the depthwise convolution's last work-group (``gate``) -----------------------------
 
+SILU_GATE = dict(gate_act1="silu", gate_activation="sigmoid")
 GATE_CASES = [
     ("3x3 silu, texture, one row a work-group", DepthwiseWorkload(
-        (1, 8, 9, 9), (8, 1, 3, 3), padding=1, bias=True, activation="silu", gate=(2, "silu", "sigmoid")),
+        (1, 8, 9, 9), (8, 1, 3, 3), padding=1, bias=True, activation="silu", gate=2, **SILU_GATE),
      DepthwiseConfig(tile_ow=2, wg_w=8)),
     ("5x5 stride 2, odd channels, two images, buffer, 2 rows x 2 blocks a work-item", DepthwiseWorkload(
-        (2, 10, 13, 11), (10, 1, 5, 5), stride=2, padding=2, bias=True, activation="relu",
-        gate=(3, "relu", HSIGMOID)), DepthwiseConfig(tile_cb=2, tile_oh=2, tile_ow=4, wg_w=2, wg_h=2, **BUFFERS)),
+        (2, 10, 13, 11), (10, 1, 5, 5), stride=2, padding=2, bias=True, activation="relu", gate=3, gate_act1="relu",
+        gate_activation=HSIGMOID), DepthwiseConfig(tile_cb=2, tile_oh=2, tile_ow=4, wg_w=2, wg_h=2, **BUFFERS)),
     ("96 channels, 64 work-items: the squeeze's and the excite's trees", DepthwiseWorkload(
-        (1, 96, 14, 14), (96, 1, 3, 3), padding=1, gate=(4, "silu", "sigmoid")), DepthwiseConfig(wg_w=16, wg_h=4)),
+        (1, 96, 14, 14), (96, 1, 3, 3), padding=1, gate=4, **SILU_GATE), DepthwiseConfig(wg_w=16, wg_h=4)),
     ("one work-item a work-group", DepthwiseWorkload(
-        (1, 8, 5, 3), (8, 1, 3, 3), padding=1, gate=(2, "relu", "sigmoid")), DepthwiseConfig(tile_ow=4, wg_w=1)),
+        (1, 8, 5, 3), (8, 1, 3, 3), padding=1, gate=2, gate_act1="relu", gate_activation="sigmoid"),
+     DepthwiseConfig(tile_ow=4, wg_w=1)),
     ("local input, half storage", DepthwiseWorkload(
-        (1, 12, 7, 7), (12, 1, 3, 3), padding=1, activation="relu6", dtype="float16", gate=(3, "relu", "sigmoid")),
-     DepthwiseConfig(tile_ow=1, wg_w=16, wg_h=2, local_input=True)),
+        (1, 12, 7, 7), (12, 1, 3, 3), padding=1, activation="relu6", dtype="float16", gate=3, gate_act1="relu",
+        gate_activation="sigmoid"), DepthwiseConfig(tile_ow=1, wg_w=16, wg_h=2, local_input=True)),
 ]
 
 
@@ -265,18 +267,20 @@ def test_random_configs_with_a_gate_match_numpy(device, scope):
     if scope == "texture" and not device.info.image_support:
         pytest.skip(f"{device.info.name} has no image support: texture scope cannot run here (the buffer case does)")
     for seed, fields in enumerate([dict(data=(1, 24, 14, 14), kernel=(24, 1, 3, 3), padding=(1, 1, 1, 1), bias=True,
-                                        activation="silu", gate=(6, "silu", "sigmoid")),
+                                        activation="silu", gate=6, gate_act1="silu", gate_activation="sigmoid"),
                                    dict(data=(2, 9, 11, 17), kernel=(9, 1, 5, 5), stride=(2, 2), padding=(2, 2, 2, 2),
-                                        activation="relu", gate=(3, "relu", HSIGMOID))]):
+                                        activation="relu", gate=3, gate_act1="relu", gate_activation=HSIGMOID)]):
         for k in range(3):
             assert check_random_config(device, "depthwise_conv2d", fields, "float32", 10 * seed + k,
                                        **scopes(scope)) is not None
         wl = get_template("depthwise_conv2d").workload(**fields)
-        assert "gate" in wl.key() and "gate" not in dataclasses.replace(wl, gate=()).key()
+        assert {"gate", "gate_act1", "gate_activation"} <= set(wl.key())
+        assert not {"gate", "gate_act1", "gate_activation"} & set(dataclasses.replace(wl, gate=0).key())
         t = get_template("depthwise_conv2d")
         assert not t.space(wl, device).violations(t.config_values(wl, t.fallback(wl, device.info)))
     with pytest.raises(ValueError, match="gate"):
-        DepthwiseWorkload((1, 8, 9, 9), (8, 1, 3, 3), row_sums=True, gate=(2, "relu", "sigmoid"))
+        DepthwiseWorkload((1, 8, 9, 9), (8, 1, 3, 3), row_sums=True, gate=2, gate_act1="relu",
+                          gate_activation="sigmoid")
 
 
 @pytest.mark.slow
