@@ -248,12 +248,12 @@ def depthwise_conv2d_nchw4c(wl: DepthwiseWorkload, cfg: DepthwiseConfig):
 def gate_rule(wl: DepthwiseWorkload, cfg: DepthwiseConfig) -> tuple:
     """``gate``'s squeeze and excite as the work-group runs them: ``(K, E, loop)`` -- the work-items sharing a
     squeeze dot (``se_gate``'s ``fc_split``) and an output block's sum over the squeeze channels
-    (``excite_split``), as many as the work-group has to spare, up to 16 (powers of two: they divide the
-    work-group's size, a power of two); the weights' loops unrolled where they are short (their loads in flight
-    together)."""
+    (``excite_split``), as many as the work-group has to spare, up to 16 (powers of two that divide the
+    work-group's size: the space's sizes are powers of two); the weights' loops unrolled where they are short
+    (their loads in flight together)."""
     L, S, CB = cfg.wg_w * cfg.wg_h, wl.gate, -(-wl.data[1] // 4)
-    K = max(1, min(pow2_floor(L // S), pow2_floor(CB), 16))
-    E = max(1, min(pow2_floor(L // CB), pow2_floor(S), 16))
+    K = max(1, min(pow2_floor(L // S), pow2_floor(CB), 16, L & -L))
+    E = max(1, min(pow2_floor(L // CB), pow2_floor(S), 16, L & -L))
     return K, E, "unrolled" if -(-CB // K) <= 32 and -(-S // E) <= 32 else "serial"
 
 

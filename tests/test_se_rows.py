@@ -230,6 +230,9 @@ GATE_CASES = [
         gate_activation=HSIGMOID), DepthwiseConfig(tile_cb=2, tile_oh=2, tile_ow=4, wg_w=2, wg_h=2, **BUFFERS)),
     ("96 channels, 64 work-items: the squeeze's and the excite's trees", DepthwiseWorkload(
         (1, 96, 14, 14), (96, 1, 3, 3), padding=1, gate=4, **SILU_GATE), DepthwiseConfig(wg_w=16, wg_h=4)),
+    ("a work-group of 6 x 2 (no power of two: the trees of 4)", DepthwiseWorkload(
+        (1, 8, 12, 11), (8, 1, 3, 3), padding=1, bias=True, activation="relu", gate=2, **SILU_GATE),
+     DepthwiseConfig(tile_ow=2, wg_w=6, wg_h=2, **BUFFERS)),
     ("one work-item a work-group", DepthwiseWorkload(
         (1, 8, 5, 3), (8, 1, 3, 3), padding=1, gate=2, gate_act1="relu", gate_activation="sigmoid"),
      DepthwiseConfig(tile_ow=4, wg_w=1)),
@@ -310,6 +313,9 @@ def test_gates_in_their_producers_match_onnxruntime_in_both_runtimes(scope, nati
     same = lambda a, b: [(n.op, n.name, n.inputs, n.outputs, n.attrs) for n in a.nodes] == \
         [(n.op, n.name, n.inputs, n.outputs, n.attrs) for n in b.nodes]  # noqa: E731
     assert same(gates_apart(fused), g)
+    some = gates_in_depthwise(g, {gates[0]})  # only the gates named (``+some-gates-in-producers``)
+    assert [n.attrs.get("gate_node") for n in some.nodes if n.attrs.get("gate")] == [gates[0]]
+    assert [n.name for n in some.nodes if n.op == "se_gate"] == gates[1:]
     feeds = random_inputs(g)
     want = run_graph_numpy(g, feeds)["output"]
     assert np.abs(run_graph_numpy(fused, feeds)["output"] - want).max() <= 1e-6 * np.abs(want).max()
