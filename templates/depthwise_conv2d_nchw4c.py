@@ -26,7 +26,7 @@ from tuner.templates.common import (MODEL_KNOBS, Arithmetic, Conv2dWorkload, Loc
                                            window_fields,
                                            padded_windows, random_inputs, reference_epilogue, scope_layout,
                                            store_tile, texture_scopes, window_features)
-from tuner.templates.reduction import global_fence, packed, pow2_floor
+from tuner.templates.reduction import SLOT_ALIGN, global_fence, packed, pow2_floor
 from tuner.templates.se_gate import GateSteps, gate_params
 
 
@@ -157,7 +157,7 @@ def depthwise_conv2d_nchw4c(wl: DepthwiseWorkload, cfg: DepthwiseConfig):
                                            *scope_layout(cfg.input_scope, cfg.act_layout, "nchw4c_buffer"))
     Q = buffer("Q", wl.rows_shape if wl.row_sums else (N, C, 1, 1), wl.dtype,
                *scope_layout(cfg.output_scope, cfg.act_layout, "nchw4c_buffer")) if wl.whole_rows else None
-    Qr = buffer("Qr", wl.rows_shape, "float32", "global", "nchw4c_buffer") if wl.gate else Q  # the row sums
+    Qr = buffer("Qr", gate_rows_shape(wl), "float32", "global", "nchw4c_buffer") if wl.gate else Q  # row sums
     gate_in = [packed("W1", (wl.gate, C), wl.dtype, "buffer"), buffer("B1", (wl.gate,), wl.dtype, "global",
                                                                        "bias4_buffer"),
                packed("W2", (wl.gate, C), wl.dtype, "buffer"), buffer("B2", (C,), wl.dtype, "global",
@@ -243,6 +243,18 @@ def depthwise_conv2d_nchw4c(wl: DepthwiseWorkload, cfg: DepthwiseConfig):
     if wl.gate:  # the row sums and the arrival counters: workspaces of the launch
         kernel = Program(kernel.name, (kernel,), tuple(p for p in operands if p is not None), tuple(work))
     return cache_read(kernel, X, "texture", cfg.act_layout) if cfg.cache_input else kernel
+
+
+def gate_rows_shape(wl: DepthwiseWorkload) -> tuple:
+    """``gate``'s workspace of row sums, (N, C', OH, 1): C' >= C channels, so that each image's rows fill whole
+    128-byte lines (``reduction.SLOT_ALIGN`` float4s). The last work-group of an image reads its rows only after
+    every one was written; a line shared with another image could be in its cache from that image's, half
+    written."""
+    N, C, OH, _ = wl.rows_shape
+    cb = -(-C // 4)
+    while cb * OH % SLOT_ALIGN:
+        cb += 1
+    return N, 4 * cb, OH, 1
 
 
 def gate_rule(wl: DepthwiseWorkload, cfg: DepthwiseConfig) -> tuple:

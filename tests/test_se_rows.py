@@ -262,6 +262,29 @@ def test_depthwise_computes_its_gate_in_the_last_work_group(device, rng, name, w
     assert t.check(wl, dict(out, Q=out["Q"] * 1.1), inputs) > tol  # the harness looks at the gate too
 
 
+def test_a_gate_pocl_miscompiles_is_right_elsewhere_and_the_rows_fill_whole_lines():
+    """The config PoCL 3.0-rc2 builds wrongly when it optimizes (``compiler.GATES_IN_PRODUCERS_MISCOMPILED``: no
+    gate-computing plan is offered there): Intel's CPU runtime computes it right, three images of 6 channels on 4
+    work-items. Each image's row sums start a 128-byte line of the workspace."""
+    from conftest import building_cpu
+    from tuner.runtime.opencl import open_device
+    from tuner.templates.depthwise_conv2d_nchw4c import gate_rows_shape
+    from tuner.templates.reduction import SLOT_ALIGN
+    for wl in (DepthwiseWorkload((3, 6, 7, 5), (6, 1, 3, 3), padding=1, gate=2, gate_act1="relu",
+                                 gate_activation="sigmoid"), GATE_CASES[1][1], GATE_CASES[2][1]):
+        N, C, OH, _ = gate_rows_shape(wl)
+        assert C >= wl.data[1] and C % 4 == 0 and C // 4 * OH % SLOT_ALIGN == 0
+    device = open_device(building_cpu("intel"))
+    t = get_template("depthwise_conv2d")
+    run = build(depthwise_conv2d_nchw4c(wl := DepthwiseWorkload(
+        (3, 6, 7, 5), (6, 1, 3, 3), padding=1, bias=True, activation="relu", gate=2, gate_act1="relu",
+        gate_activation="sigmoid"), DepthwiseConfig(tile_ow=2, wg_w=4, **BUFFERS)), device)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        inputs = t.random_inputs(wl, rng)
+        assert t.check(wl, run(**inputs), inputs) < 1e-4
+
+
 @pytest.mark.parametrize("scope", ["texture", "buffer"])
 def test_random_configs_with_a_gate_match_numpy(device, scope):
     """Random configs of the space for depthwise convolutions that compute their gate (the work-group spans whole

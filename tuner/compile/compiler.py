@@ -662,7 +662,7 @@ def _fastest_plan(model, history, device, dtype, input_shapes, progress, repeats
     kept = steps[-1].kept
     mod = modules[kept]
     modules.clear()  # the losers' device memory goes now, before more plans are compiled
-    unfused = _refine_squeeze_excite(mod, kept, current["graph"], compile_, repeats)
+    unfused = _refine_squeeze_excite(mod, kept, current["graph"], compile_, repeats, device.info)
     if unfused:  # the plan with its squeeze-excite blocks fused, against them unfused (all, or where slower)
         candidates = {kept: mod, **{name: m for name, m, _ in unfused}}
         steps.append(_alternating(whole, candidates, "squeeze_excite"))
@@ -783,7 +783,14 @@ def _alternating(whole, modules: dict, step: str = "scope", same: dict | None = 
                     {m: list(rounds[m]) for m in order})
 
 
-def _refine_squeeze_excite(mod: M.Module, mode: str, graph, compile_, repeats: int) -> list:
+# Platforms whose compilers build the gate computed in a depthwise convolution's last work-group wrongly: PoCL
+# 3.0-rc2 (LLVM 14), optimizing, drops the squeeze's stores in some configs (data (3, 6, 7, 5), S = 2, 4
+# work-items); the same source gives the right gate built with -cl-opt-disable, by Intel's CPU runtime and by
+# Oclgrind. A measured tuning rejects such a config (its output is checked); a plan's untuned configs are not.
+GATES_IN_PRODUCERS_MISCOMPILED = ("pocl",)
+
+
+def _refine_squeeze_excite(mod: M.Module, mode: str, graph, compile_, repeats: int, info=None) -> list:
     """``[(plan name, Module, graph)]`` to time against ``mod`` (compiled with ``--scope mode`` from ``graph``)
     where it runs ``se_gate`` kernels (issue 55, item 2: a squeeze-excite block's pool and both 1x1 convolutions in
     one launch): the same plan with every block unfused (``passes_se.split_squeeze_excite``: the pool and two
@@ -796,7 +803,8 @@ def _refine_squeeze_excite(mod: M.Module, mode: str, graph, compile_, repeats: i
     ``<mode>+gates-in-producers`` -- and, where the kernel times find some of those depthwise convolutions faster
     than the convolution and gate apart and some slower, the plan with only the faster ones,
     ``<mode>+some-gates-in-producers`` (on the H200 one work-group squeezing and exciting EfficientNet-B0's
-    1152-channel gate alone took 51 us, against 20 apart). Empty when ``mod`` runs no se_gate."""
+    1152-channel gate alone took 51 us, against 20 apart); not on ``GATES_IN_PRODUCERS_MISCOMPILED``'s
+    platforms (``info``: the device's). Empty when ``mod`` runs no se_gate."""
     from tuner.graph.passes_se import gates_in_depthwise, pool_maps_in_se_gates, split_squeeze_excite
     fused = [n.name for n in mod.spec.nodes if n.template == "se_gate"]
     if not fused:
@@ -808,7 +816,8 @@ def _refine_squeeze_excite(mod: M.Module, mode: str, graph, compile_, repeats: i
     if maps is not graph:
         out.append((f"{mode}+map-se", compile_(mode, graph=maps), maps))
     rows = [{r["node"]: r["median_s"] for r in _random_inputs(m).profile(repeats)["rows"]} for m in (mod, first)]
-    gated = gates_in_depthwise(graph)
+    gated = gates_in_depthwise(graph) \
+        if getattr(info, "platform_tag", None) not in GATES_IN_PRODUCERS_MISCOMPILED else graph
     if gated is not graph:
         inside = compile_(mode, graph=gated)
         out.append((f"{mode}+gates-in-producers", inside, gated))

@@ -166,6 +166,8 @@ def gates_in_depthwise(graph: Graph, names=None) -> Graph:
         p.inputs = p.inputs + list(params)
         g.shapes.pop(rows, None)
         drop.add(id(n))
+    if not drop:
+        return graph
     g.nodes = [nd for nd in g.nodes if id(nd) not in drop]
     return g.validate()
 
