@@ -27,7 +27,8 @@ from tuner.templates.common import (MODEL_KNOBS, Arithmetic, Conv2dWorkload, Loc
                                            padded_windows, random_inputs, reference_epilogue, scope_layout,
                                            store_tile, texture_scopes, window_features)
 from tuner.templates.reduction import SLOT_ALIGN, global_fence, packed, pow2_floor
-from tuner.templates.se_gate import GateSteps, gate_params
+from tuner.templates.se_gate import GateSteps, SEGateWorkload, gate_params
+from tuner.templates.se_gate import random_inputs as gate_inputs, reference as gate_reference
 
 
 @dataclass(frozen=True)
@@ -357,7 +358,6 @@ def reference(wl: DepthwiseWorkload, x, w, bias=None, residual=None, addend=None
         out += patch * w[:, 0, r, s].astype(np.float64)[None, :, None, None]
     y = reference_epilogue(wl, out, bias, residual)
     if wl.gate:
-        from tuner.templates.se_gate import SEGateWorkload, reference as gate_reference
         return {"Y": y, "Q": gate_reference(SEGateWorkload(y.shape, wl.gate, wl.gate_act1, wl.gate_activation),
                                             {"X": y, **gate})}
     return {"Y": y, "Q": y.sum(axis=3, keepdims=True)} if wl.row_sums else y
@@ -427,7 +427,6 @@ def _random_inputs(wl, rng) -> dict:
     draw them."""
     inputs = random_inputs(wl, rng)
     if wl.gate:
-        from tuner.templates.se_gate import SEGateWorkload, random_inputs as gate_inputs
         drawn = gate_inputs(SEGateWorkload(wl.out_shape, wl.gate, wl.gate_act1, wl.gate_activation, wl.dtype), rng)
         inputs.update({k: drawn[k] for k in GATE_INPUTS})
     return inputs

@@ -790,7 +790,7 @@ def _alternating(whole, modules: dict, step: str = "scope", same: dict | None = 
 GATES_IN_PRODUCERS_MISCOMPILED = ("pocl",)
 
 
-def _refine_squeeze_excite(mod: M.Module, mode: str, graph, compile_, repeats: int, info=None) -> list:
+def _refine_squeeze_excite(mod: M.Module, mode: str, graph, compile_, repeats: int, info) -> list:
     """``[(plan name, Module, graph)]`` to time against ``mod`` (compiled with ``--scope mode`` from ``graph``)
     where it runs ``se_gate`` kernels (issue 55, item 2: a squeeze-excite block's pool and both 1x1 convolutions in
     one launch): the same plan with every block unfused (``passes_se.split_squeeze_excite``: the pool and two
@@ -816,8 +816,7 @@ def _refine_squeeze_excite(mod: M.Module, mode: str, graph, compile_, repeats: i
     if maps is not graph:
         out.append((f"{mode}+map-se", compile_(mode, graph=maps), maps))
     rows = [{r["node"]: r["median_s"] for r in _random_inputs(m).profile(repeats)["rows"]} for m in (mod, first)]
-    gated = gates_in_depthwise(graph) \
-        if getattr(info, "platform_tag", None) not in GATES_IN_PRODUCERS_MISCOMPILED else graph
+    gated = gates_in_depthwise(graph) if info.platform_tag not in GATES_IN_PRODUCERS_MISCOMPILED else graph
     if gated is not graph:
         inside = compile_(mode, graph=gated)
         out.append((f"{mode}+gates-in-producers", inside, gated))

@@ -174,7 +174,7 @@ def gates_in_depthwise(graph: Graph, names=None) -> Graph:
 
 def gates_apart(graph: Graph) -> Graph:
     """The inverse of ``gates_in_depthwise``: each depthwise convolution that computes a gate writes its row sums
-    again (``<x>.rows``), and an ``se_gate`` node (named after the gate) pools them."""
+    again (``<x>.rows``), and an ``se_gate`` node (its name before, ``gate_node``) pools them."""
     if not any(n.attrs.get("gate") for n in graph.nodes):
         return graph
     g = graph.copy()
@@ -186,7 +186,7 @@ def gates_apart(graph: Graph) -> Graph:
         x, gate = p.outputs
         params = list(p.attrs.pop("gate"))
         act1, act = p.attrs.pop("gate_acts")
-        name = p.attrs.pop("gate_node", f"{gate}.se")
+        name = p.attrs.pop("gate_node")
         p.inputs = p.inputs[:len(p.inputs) - len(params)]
         N, C, OH, OW = g.shapes[x]
         rows = fresh_name(g, f"{x}.rows")
