@@ -131,21 +131,23 @@ def _add(a: dict, b: dict) -> dict:
 
 
 def from_linear(terms: dict, c: int, lanes: int) -> Expr:
+    # the nodes are built directly, not with Expr's operators: atoms are scalar integers, so the operators'
+    # promotion would only turn each Python int into a constant of the other side's type
     lane = terms.get(_LANE, 0)
     out = None
     for atom, k in terms.items():
         if atom is _LANE:
             continue
         if out is None:
-            out = atom if k == 1 else atom * k
+            out = atom if k == 1 else Binary("mul", atom, const(k, atom.dtype))
         elif k > 0:
-            out = out + (atom if k == 1 else atom * k)
+            out = Binary("add", out, atom if k == 1 else Binary("mul", atom, const(k, atom.dtype)))
         else:
-            out = out - (atom if k == -1 else atom * -k)
+            out = Binary("sub", out, atom if k == -1 else Binary("mul", atom, const(-k, atom.dtype)))
     if out is None:
         out = const(c)
     elif c:
-        out = out + c if c > 0 else out - (-c)
+        out = Binary("add", out, const(c, out.dtype)) if c > 0 else Binary("sub", out, const(-c, out.dtype))
     if lanes == 1:
         return out
     return Ramp(out, const(lane), lanes) if lane else Broadcast(out, lanes)

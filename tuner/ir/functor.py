@@ -25,41 +25,98 @@ class Mutator:
 
     # children of each node, in constructor order; rebuild only when a child changed
     def generic(self, node):
-        if isinstance(node, (Var, Const, Barrier)):
-            return node
-        if isinstance(node, Binary):
-            return _rebuild(node, Binary, node.op, self.visit(node.a), self.visit(node.b))
-        if isinstance(node, Select):
-            return _rebuild(node, Select, self.visit(node.cond), self.visit(node.true_value), self.visit(node.false_value))
-        if isinstance(node, Cast):
-            return _rebuild(node, Cast, node.dtype, self.visit(node.value))
-        if isinstance(node, Ramp):
-            return _rebuild(node, Ramp, self.visit(node.base), self.visit(node.stride), node.n)
-        if isinstance(node, Broadcast):
-            return _rebuild(node, Broadcast, self.visit(node.value), node.n)
-        if isinstance(node, BufferLoad):
-            return _rebuild(node, BufferLoad, self.visit_buffer(node.buffer), tuple(self.visit(i) for i in node.indices))
-        if isinstance(node, Call):
-            return _rebuild(node, Call, node.name, tuple(self._arg(a) for a in node.args), node.dtype)
-        if isinstance(node, ExtractLane):
-            return _rebuild(node, ExtractLane, self.visit(node.value), node.lane)
-        if isinstance(node, For):
-            return _rebuild(node, For, node.var, node.extent, node.kind, self.visit(node.body), node.thread)
-        if isinstance(node, BufferStore):
-            return _rebuild(node, BufferStore, self.visit_buffer(node.buffer), self.visit(node.value),
-                            tuple(self.visit(i) for i in node.indices))
-        if isinstance(node, Allocate):
-            return _rebuild(node, Allocate, self.visit_buffer(node.buffer), self.visit(node.body))
-        if isinstance(node, Seq):
-            return _rebuild(node, Seq, tuple(self.visit(s) for s in node.stmts))
-        if isinstance(node, If):
-            return _rebuild(node, If, self.visit(node.cond), self.visit(node.then),
-                            None if node.otherwise is None else self.visit(node.otherwise))
-        if isinstance(node, Evaluate):
-            return _rebuild(node, Evaluate, self.visit(node.value))
-        if isinstance(node, Let):
-            return _rebuild(node, Let, node.var, self.visit(node.value), self.visit(node.body))
-        raise TypeError(f"unknown IR node {type(node).__name__}")
+        try:
+            rebuild = _GENERIC[type(node)]
+        except KeyError:
+            raise TypeError(f"unknown IR node {type(node).__name__}") from None
+        return rebuild(self, node)
+
+
+def _leaf(m, n):
+    return n
+
+
+def _binary(m, n):
+    a, b = m.visit(n.a), m.visit(n.b)
+    return n if a is n.a and b is n.b else Binary(n.op, a, b)
+
+
+def _select(m, n):
+    c, t, f = m.visit(n.cond), m.visit(n.true_value), m.visit(n.false_value)
+    return n if c is n.cond and t is n.true_value and f is n.false_value else Select(c, t, f)
+
+
+def _cast(m, n):
+    v = m.visit(n.value)
+    return n if v is n.value else Cast(n.dtype, v)
+
+
+def _ramp(m, n):
+    base, stride = m.visit(n.base), m.visit(n.stride)
+    return n if base is n.base and stride is n.stride else Ramp(base, stride, n.n)
+
+
+def _broadcast(m, n):
+    v = m.visit(n.value)
+    return n if v is n.value else Broadcast(v, n.n)
+
+
+def _buffer_load(m, n):
+    buf, idx = m.visit_buffer(n.buffer), tuple(m.visit(i) for i in n.indices)
+    return n if buf is n.buffer and _same(idx, n.indices) else BufferLoad(buf, idx)
+
+
+def _call(m, n):
+    args = tuple(m._arg(a) for a in n.args)
+    return n if _same(args, n.args) else Call(n.name, args, n.dtype)
+
+
+def _extract_lane(m, n):
+    v = m.visit(n.value)
+    return n if v is n.value else ExtractLane(v, n.lane)
+
+
+def _for(m, n):
+    body = m.visit(n.body)
+    return n if body is n.body else For(n.var, n.extent, n.kind, body, n.thread)
+
+
+def _buffer_store(m, n):
+    buf, value, idx = m.visit_buffer(n.buffer), m.visit(n.value), tuple(m.visit(i) for i in n.indices)
+    return n if buf is n.buffer and value is n.value and _same(idx, n.indices) else BufferStore(buf, value, idx)
+
+
+def _allocate(m, n):
+    buf, body = m.visit_buffer(n.buffer), m.visit(n.body)
+    return n if buf is n.buffer and body is n.body else Allocate(buf, body)
+
+
+def _seq(m, n):
+    stmts = tuple(m.visit(s) for s in n.stmts)
+    return n if _same(stmts, n.stmts) else Seq(stmts)
+
+
+def _if(m, n):
+    cond, then = m.visit(n.cond), m.visit(n.then)
+    otherwise = None if n.otherwise is None else m.visit(n.otherwise)
+    return n if cond is n.cond and then is n.then and otherwise is n.otherwise else If(cond, then, otherwise)
+
+
+def _evaluate(m, n):
+    v = m.visit(n.value)
+    return n if v is n.value else Evaluate(v)
+
+
+def _let(m, n):
+    value, body = m.visit(n.value), m.visit(n.body)
+    return n if value is n.value and body is n.body else Let(n.var, value, body)
+
+
+# what ``Mutator.generic`` does with each node type: visit the children in constructor order and rebuild the
+# node only when one changed (unchanged subtrees stay the same objects)
+_GENERIC = {Var: _leaf, Const: _leaf, Barrier: _leaf, Binary: _binary, Select: _select, Cast: _cast, Ramp: _ramp,
+            Broadcast: _broadcast, BufferLoad: _buffer_load, Call: _call, ExtractLane: _extract_lane, For: _for,
+            BufferStore: _buffer_store, Allocate: _allocate, Seq: _seq, If: _if, Evaluate: _evaluate, Let: _let}
 
 
 _DISPATCH: dict = {}  # (Mutator subclass, node type) -> its visit_<NodeName>, else generic: what ``visit`` calls
@@ -69,20 +126,6 @@ def _visitor(mutator: type, node: type):
     """The function ``Mutator.visit`` calls for a ``node`` of this type: the class's ``visit_<NodeName>``, else
     ``generic`` (looked up on the class: no pass sets a visitor on an instance)."""
     return getattr(mutator, "visit_" + node.__name__, None) or mutator.generic
-
-
-def _rebuild(old, cls, *args):
-    try:
-        names = _FIELDS[type(old), cls]
-    except KeyError:
-        names = _FIELDS[type(old), cls] = tuple(f for f in old.__dataclass_fields__ if f in _ARGS[cls])
-    for a, f in zip(args, names):
-        if not _same(a, getattr(old, f)):
-            return cls(*args)
-    return old
-
-
-_FIELDS: dict = {}  # (node type, class rebuilt) -> the fields ``_rebuild`` compares, in constructor order
 
 
 def _same(a, b) -> bool:
