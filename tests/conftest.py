@@ -22,6 +22,38 @@ if os.environ.get("TUNER_TEST_DEVICE"):
 # local size (subprocesses and tuner-run included): the same kernels, checked the same, built about 2.5x faster
 # (test_norms_are_computed_by_the_convolutions_that_write_them[groups2-buffer]: 48 -> 18 s from a cold cache).
 os.environ.setdefault("POCL_WORK_GROUP_SPECIALIZATION", "0")
+# The templates' kernels with barriers inside loops (se_gate's pool, squeeze and excite; a depthwise convolution
+# that computes its gate) are the opposite: their generic function takes PoCL about 3 s, one specialized to the
+# local size about 0.3 s. ``check_random_configs`` builds and checks those in a child process of its own that
+# specializes.
+_SPECIALIZED_CHILD = """
+import ast, sys
+sys.path.insert(0, sys.argv[1])
+from test_templates import check_random_config
+from tuner.runtime.opencl import open_device
+dev = open_device(sys.argv[2] or None)
+for name, fields, dtype, seed, fixed in ast.literal_eval(sys.stdin.read()):
+    assert check_random_config(dev, name, fields, dtype, seed, **fixed) is not None, (name, fields, dtype, fixed)
+"""
+
+
+def check_random_configs(device, checks) -> None:
+    """``test_templates.check_random_config(device, name, fields, dtype, seed, **fixed)`` for each ``(name, fields,
+    dtype, seed, fixed)`` of ``checks`` (literals only). On PoCL they run in one child process whose PoCL builds
+    work-group functions specialized to the local size (the same kernels, checked the same; see above); a failure
+    fails the test with the child's output. Elsewhere they run here."""
+    import subprocess
+    import sys
+    if device.info.platform_tag != "pocl":
+        from test_templates import check_random_config
+        for name, fields, dtype, seed, fixed in checks:
+            assert check_random_config(device, name, fields, dtype, seed, **fixed) is not None, (name, fields, fixed)
+        return
+    env = {**os.environ, "POCL_WORK_GROUP_SPECIALIZATION": "1"}
+    r = subprocess.run([sys.executable, "-c", _SPECIALIZED_CHILD, str(Path(__file__).parent),
+                        os.environ.get("TUNER_TEST_DEVICE", "")], input=repr(list(checks)), capture_output=True,
+                       text=True, env=env, timeout=1800)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-8000:]
 
 # Program binaries, profiles and plan timings go to the user's cache (tuner.artifact.cache): the tests keep theirs
 # in a folder of this process's own ($TUNER_CACHE_DIR, subprocesses included), so a run neither fills

@@ -14,7 +14,7 @@ import onnx
 import pytest
 
 import tuner.graph.passes as passes
-from test_templates import check_random_config, scopes
+from test_templates import scopes
 from tuner.compile.compiler import compile_model, load_graph
 from tuner.frontend.onnx import from_onnx
 from tuner.graph.reference import random_inputs, run_graph_numpy
@@ -40,17 +40,12 @@ def test_se_gate_matches_numpy(device, fields, scope):
     """Random configs of the space -- one launch, or the pool split over the pixels into its own kernel, or the
     pool and the squeeze's partial dots in a kernel of their own; the excite spread over work-groups that each
     pool and squeeze again, or its sums over work-items; either local axis inner -- and those variants forced, in
-    float32 and float16 storage. The forced variants run in one scope a workload, texture and buffer in turn: the
-    scope changes only how X is read and the gate written, so each variant still runs in both scopes (the suite's
-    time: PoCL builds each of these barrier-heavy kernels in about 3 s)."""
+    float32 and float16 storage (``conftest.check_random_configs``: on PoCL, built specialized to the local
+    size)."""
+    from conftest import check_random_configs
     if scope == "texture" and not device.info.image_support:
         pytest.skip("no images")
-    for seed in range(3):
-        assert check_random_config(device, "se_gate", fields, "float32", seed, **scopes(scope)) is not None
-    if scope == "buffer" or device.info.half_images:
-        assert check_random_config(device, "se_gate", fields, "float16", 11, **scopes(scope)) is not None
-    if scope != ("texture", "buffer")[WORKLOADS.index(fields) % 2] and device.info.image_support:
-        return
+    checks = [("se_gate", fields, "float32", seed, scopes(scope)) for seed in range(3)]
     two = 2 if fields["data"][1] > 12 else 1  # the excite over two work-groups: each excites a block at least
     # the excite's sums over the squeeze channels shared by 2 or 4 work-items (4 does not divide S = 3, 6, 9, 18)
     # and the loops over the weights unrolled; the squeeze's dots split over the pool's work-groups, 2 channel
@@ -59,9 +54,12 @@ def test_se_gate_matches_numpy(device, fields, scope):
                                                    (1, two, 4, True, False), (2, 1, 2, False, False),
                                                    (1, two, 2, False, True), (2, 1, 1, True, True)):
         small = dict(wg_c=2, wg_p=4) if shared > 1 or partial else {}  # 8 work-items: the excite takes rounds
-        assert check_random_config(device, "se_gate", fields, "float32", 7, split=split, excite_groups=groups,
-                                   excite_split=shared, unroll=unroll, partial_squeeze=partial, **small,
-                                   **scopes(scope)) is not None
+        checks.append(("se_gate", fields, "float32", 7, dict(split=split, excite_groups=groups, excite_split=shared,
+                                                             unroll=unroll, partial_squeeze=partial, **small,
+                                                             **scopes(scope))))
+    if scope == "buffer" or device.info.half_images:
+        checks.append(("se_gate", fields, "float16", 11, scopes(scope)))
+    check_random_configs(device, checks)
 
 
 @pytest.mark.parametrize("kind", ["CPU", "GPU"])

@@ -69,17 +69,17 @@ def test_random_configs_of_both_halves_match_numpy(device, scope):
     template's check, as the tuner's measurements check them) and the gate pooling row sums (``pixels``)."""
     if scope == "texture" and not device.info.image_support:
         pytest.skip(f"{device.info.name} has no image support: texture scope cannot run here (the buffer case does)")
+    from conftest import check_random_configs
+    checks = []
     for seed, fields in enumerate([dict(data=(1, 12, 14, 14), kernel=(12, 1, 3, 3), padding=(1, 1, 1, 1), bias=True,
                                         activation="silu", row_sums=True),
                                    dict(data=(1, 9, 11, 17), kernel=(9, 1, 5, 5), stride=(2, 2), padding=(2, 2, 2, 2),
                                         activation="relu", row_sums=True)]):
-        for k in range(3):
-            assert check_random_config(device, "depthwise_conv2d", fields, "float32", 10 * seed + k,
-                                       **scopes(scope)) is not None
+        checks += [("depthwise_conv2d", fields, "float32", 10 * seed + k, scopes(scope)) for k in range(3)]
     for k, fields in enumerate([dict(data=(1, 24, 14, 1), squeeze=6, act1="silu", activation="sigmoid", pixels=196),
                                 dict(data=(2, 10, 6, 1), squeeze=3, act1="relu", activation=HSIGMOID, pixels=54)]):
-        for seed in range(3):
-            assert check_random_config(device, "se_gate", fields, "float32", 10 * k + seed, **scopes(scope)) is not None
+        checks += [("se_gate", fields, "float32", 10 * k + seed, scopes(scope)) for seed in range(3)]
+    check_random_configs(device, checks)  # on PoCL, built specialized to the local size (barriers in loops)
 
 
 def _se_net():
@@ -292,13 +292,13 @@ def test_random_configs_with_a_gate_match_numpy(device, scope):
     set, and the fallback is valid."""
     if scope == "texture" and not device.info.image_support:
         pytest.skip(f"{device.info.name} has no image support: texture scope cannot run here (the buffer case does)")
+    from conftest import check_random_configs
     for seed, fields in enumerate([dict(data=(1, 24, 14, 14), kernel=(24, 1, 3, 3), padding=(1, 1, 1, 1), bias=True,
                                         activation="silu", gate=6, gate_act1="silu", gate_activation="sigmoid"),
                                    dict(data=(2, 9, 11, 17), kernel=(9, 1, 5, 5), stride=(2, 2), padding=(2, 2, 2, 2),
                                         activation="relu", gate=3, gate_act1="relu", gate_activation=HSIGMOID)]):
-        for k in range(3):
-            assert check_random_config(device, "depthwise_conv2d", fields, "float32", 10 * seed + k,
-                                       **scopes(scope)) is not None
+        check_random_configs(device, [("depthwise_conv2d", fields, "float32", 10 * seed + k, scopes(scope))
+                                      for k in range(3)])  # on PoCL, built specialized to the local size
         wl = get_template("depthwise_conv2d").workload(**fields)
         assert {"gate", "gate_act1", "gate_activation"} <= set(wl.key())
         assert not {"gate", "gate_act1", "gate_activation"} & set(dataclasses.replace(wl, gate=0).key())
