@@ -31,9 +31,18 @@ import ast, sys
 sys.path.insert(0, sys.argv[1])
 from test_templates import check_random_config
 from tuner.runtime.opencl import open_device
-dev = open_device(sys.argv[2] or None)
-for name, fields, dtype, seed, fixed in ast.literal_eval(sys.stdin.read()):
-    assert check_random_config(dev, name, fields, dtype, seed, **fixed) is not None, (name, fields, dtype, fixed)
+dev = open_device(sys.argv[2])  # the parent's device, by its fingerprint
+if dev.info.fingerprint != sys.argv[2]:
+    sys.exit(f"opened {dev.info.fingerprint}, not the parent's {sys.argv[2]}")
+for check in ast.literal_eval(sys.stdin.read()):
+    name, fields, dtype, seed, fixed = check
+    try:
+        exe = check_random_config(dev, name, fields, dtype, seed, **fixed)
+    except BaseException:
+        print(f"failed: {check!r}", file=sys.stderr)
+        raise
+    if exe is None:
+        sys.exit(f"no config of the space has those knobs: {check!r}")
 """
 
 
@@ -44,16 +53,20 @@ def check_random_configs(device, checks) -> None:
     fails the test with the child's output. Elsewhere they run here."""
     import subprocess
     import sys
+    checks = list(checks)
     if device.info.platform_tag != "pocl":
         from test_templates import check_random_config
-        for name, fields, dtype, seed, fixed in checks:
-            assert check_random_config(device, name, fields, dtype, seed, **fixed) is not None, (name, fields, fixed)
+        for check in checks:
+            name, fields, dtype, seed, fixed = check
+            assert check_random_config(device, name, fields, dtype, seed, **fixed) is not None, check
         return
+    payload = repr(checks)
+    assert ast.literal_eval(payload) == checks, "check_random_configs takes literals only (they cross to a child)"
     env = {**os.environ, "POCL_WORK_GROUP_SPECIALIZATION": "1"}
     r = subprocess.run([sys.executable, "-c", _SPECIALIZED_CHILD, str(Path(__file__).parent),
-                        os.environ.get("TUNER_TEST_DEVICE", "")], input=repr(list(checks)), capture_output=True,
-                       text=True, env=env, timeout=1800)
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-8000:]
+                        device.info.fingerprint], input=payload, capture_output=True, text=True, env=env, timeout=1800)
+    assert r.returncode == 0, f"child exit {r.returncode}\n" + r.stdout[-4000:] + r.stderr[-8000:]
+
 
 # Program binaries, profiles and plan timings go to the user's cache (tuner.artifact.cache): the tests keep theirs
 # in a folder of this process's own ($TUNER_CACHE_DIR, subprocesses included), so a run neither fills

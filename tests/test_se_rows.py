@@ -293,17 +293,18 @@ def test_random_configs_with_a_gate_match_numpy(device, scope):
     if scope == "texture" and not device.info.image_support:
         pytest.skip(f"{device.info.name} has no image support: texture scope cannot run here (the buffer case does)")
     from conftest import check_random_configs
+    checks = []
     for seed, fields in enumerate([dict(data=(1, 24, 14, 14), kernel=(24, 1, 3, 3), padding=(1, 1, 1, 1), bias=True,
                                         activation="silu", gate=6, gate_act1="silu", gate_activation="sigmoid"),
                                    dict(data=(2, 9, 11, 17), kernel=(9, 1, 5, 5), stride=(2, 2), padding=(2, 2, 2, 2),
                                         activation="relu", gate=3, gate_act1="relu", gate_activation=HSIGMOID)]):
-        check_random_configs(device, [("depthwise_conv2d", fields, "float32", 10 * seed + k, scopes(scope))
-                                      for k in range(3)])  # on PoCL, built specialized to the local size
+        checks += [("depthwise_conv2d", fields, "float32", 10 * seed + k, scopes(scope)) for k in range(3)]
         wl = get_template("depthwise_conv2d").workload(**fields)
         assert {"gate", "gate_act1", "gate_activation"} <= set(wl.key())
         assert not {"gate", "gate_act1", "gate_activation"} & set(dataclasses.replace(wl, gate=0).key())
         t = get_template("depthwise_conv2d")
         assert not t.space(wl, device).violations(t.config_values(wl, t.fallback(wl, device.info)))
+    check_random_configs(device, checks)  # on PoCL, built specialized to the local size
     with pytest.raises(ValueError, match="gate"):
         DepthwiseWorkload((1, 8, 9, 9), (8, 1, 3, 3), row_sums=True, gate=2, gate_act1="relu",
                           gate_activation="sigmoid")

@@ -140,7 +140,8 @@ _ARGS = {
     Ramp: ("base", "stride", "n"), Broadcast: ("value", "n"), BufferLoad: ("buffer", "indices"),
     Call: ("name", "args", "dtype"), ExtractLane: ("value", "lane"),
     For: ("var", "extent", "kind", "body", "thread"), BufferStore: ("buffer", "value", "indices"),
-    Allocate: ("buffer", "body"), Seq: ("stmts",), If: ("cond", "then", "otherwise"), Let: ("var", "value", "body"), Evaluate: ("value",),
+    Allocate: ("buffer", "body"), Seq: ("stmts",), If: ("cond", "then", "otherwise"), Let: ("var", "value", "body"),
+    Evaluate: ("value",),
 }
 
 
