@@ -29,36 +29,26 @@ os.environ.setdefault("POCL_WORK_GROUP_SPECIALIZATION", "0")
 _SPECIALIZED_CHILD = """
 import ast, sys
 sys.path.insert(0, sys.argv[1])
-from test_templates import check_random_config
+from test_templates import check_random_configs_here
 from tuner.runtime.opencl import open_device
 dev = open_device(sys.argv[2])  # the parent's device, by its fingerprint
 if dev.info.fingerprint != sys.argv[2]:
     sys.exit(f"opened {dev.info.fingerprint}, not the parent's {sys.argv[2]}")
-for check in ast.literal_eval(sys.stdin.read()):
-    name, fields, dtype, seed, fixed = check
-    try:
-        exe = check_random_config(dev, name, fields, dtype, seed, **fixed)
-    except BaseException:
-        print(f"failed: {check!r}", file=sys.stderr)
-        raise
-    if exe is None:
-        sys.exit(f"no config of the space has those knobs: {check!r}")
+check_random_configs_here(dev, ast.literal_eval(sys.stdin.read()))
 """
 
 
 def check_random_configs(device, checks) -> None:
-    """``test_templates.check_random_config(device, name, fields, dtype, seed, **fixed)`` for each ``(name, fields,
-    dtype, seed, fixed)`` of ``checks`` (literals only). On PoCL they run in one child process whose PoCL builds
-    work-group functions specialized to the local size (the same kernels, checked the same; see above); a failure
-    fails the test with the child's output. Elsewhere they run here."""
+    """``test_templates.check_random_configs_here(device, checks)``: ``check_random_config`` for each ``(name,
+    fields, dtype, seed, fixed)`` of ``checks`` (literals only). On PoCL they run in one child process whose PoCL
+    builds work-group functions specialized to the local size (the same kernels, checked the same; see above); a
+    failure fails the test with the child's output. Elsewhere they run here."""
     import subprocess
     import sys
     checks = list(checks)
     if device.info.platform_tag != "pocl":
-        from test_templates import check_random_config
-        for check in checks:
-            name, fields, dtype, seed, fixed = check
-            assert check_random_config(device, name, fields, dtype, seed, **fixed) is not None, check
+        from test_templates import check_random_configs_here
+        check_random_configs_here(device, checks)
         return
     payload = repr(checks)
     assert ast.literal_eval(payload) == checks, "check_random_configs takes literals only (they cross to a child)"

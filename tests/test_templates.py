@@ -103,6 +103,21 @@ def check_random_config(device, name, fields, dtype, seed, **fixed):
     return exe
 
 
+def check_random_configs_here(device, checks) -> None:
+    """``check_random_config(device, name, fields, dtype, seed, **fixed)`` for each ``(name, fields, dtype, seed,
+    fixed)`` of ``checks``, each required to find a config; a failure names its check. In this process:
+    ``conftest.check_random_configs`` runs them here or in a child process that calls this."""
+    for check in checks:
+        name, fields, dtype, seed, fixed = check
+        try:
+            exe = check_random_config(device, name, fields, dtype, seed, **fixed)
+        except BaseException as e:
+            e.add_note(f"the check: {check!r}")
+            raise
+        if exe is None:  # raised, not asserted: the child process may run optimized
+            raise AssertionError(f"no config of the space has those knobs: {check!r}")
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("scope", ["texture", "buffer"])
 @pytest.mark.parametrize("name", list(FIELDS))

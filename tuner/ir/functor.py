@@ -128,11 +128,9 @@ def _visitor(mutator: type, node: type):
     return getattr(mutator, "visit_" + node.__name__, None) or mutator.generic
 
 
-def _same(a, b) -> bool:
-    """Identity, element by element for the tuples (indices, args, stmts) that ``generic`` rebuilds."""
-    if isinstance(a, tuple) and isinstance(b, tuple):
-        return len(a) == len(b) and all(x is y for x, y in zip(a, b))
-    return a is b
+def _same(a: tuple, b: tuple) -> bool:
+    """The tuples (indices, args, stmts) that ``generic`` rebuilds hold the same objects, element by element."""
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
 
 
 _ARGS = {
