@@ -236,3 +236,28 @@ def test_a_statistics_kernel_lends_its_split_to_no_whole_norm(device):
     both = tuner.apply_history_best([record(stats, split=16), record(whole, split=1, wg_reduce=128)])
     pick = both.suggest(t, target, info, BUFFER, t.model_knobs)
     assert pick.record.workload == whole.key() and pick.config.split == 1
+
+
+def test_a_fused_variant_takes_the_fastest_valid_config_of_its_loop_nest(device):
+    """A convolution writing its norm's statistics (``out_stats``, not in the key) needs more local memory than
+    the same loop nest without them: where the nest's best config does not fit, the next fastest measured config
+    of that nest that does is taken ("transferred"), not the cost model's pick from another workload."""
+    t = get_template("conv2d")
+    info = dataclasses.replace(device.info, local_mem_bytes=10000)  # split_k 4: 8 KB of partials, 10 KB with the tree
+    shapes = dict(data=(1, 32, 28, 28), kernel=(32, 32, 3, 3), padding=(1, 1, 1, 1))
+    plain = t.workload(**shapes, activation="relu")
+    target = t.workload(**shapes, out_stats=1)
+    other = t.workload(data=(1, 64, 14, 14), kernel=(64, 64, 3, 3), padding=(1, 1, 1, 1))
+    base = t.fallback_with(plain, info, **scope_knobs(BUFFER), **t.model_knobs)
+    knobs = dict(tile_oc=2, tile_oh=1, tile_ow=2, wg_w=8, wg_h=4, local_input=False, split_c=1)
+    big, small, worse = (dataclasses.replace(base, **knobs, split_k=k) for k in (4, 2, 1))
+    assert invalid_config(t, plain, info, dataclasses.asdict(big)) is None
+    assert "out_stats_local" in invalid_config(t, target, info, dataclasses.asdict(big))
+    assert invalid_config(t, target, info, dataclasses.asdict(small)) is None
+    recs = [Record.new(t.name, plain, big, info, costs=[1e-5]), Record.new(t.name, plain, worse, info, costs=[4e-5]),
+            Record.new(t.name, plain, small, info, costs=[2e-5])]
+    recs += _synthetic_records(t, info, [other], 24)  # enough for a cost model, none of the same nest
+    h = tuner.apply_history_best(recs)
+    pick = h.suggest(t, target, info, BUFFER, t.model_knobs, fit=CostModel.fit)
+    assert pick.how == "transferred" and pick.record.workload == plain.key()
+    assert pick.config == small  # the fastest valid one, not the first logged or the slowest

@@ -415,7 +415,8 @@ class ApplyHistoryBest:
                 limit: int = 96, fit=None) -> Pick | None:
         """A config for a task this device (and its named siblings, ``for_device``) has no record of, or None.
 
-        1. The same shapes with another epilogue (``workload_distance`` 0: the same loop nest), fastest first.
+        1. The same shapes with another epilogue (``workload_distance`` 0: the same loop nest), fastest first: each
+           such task's best, then their other measured configs (``NEAR_RUNNERS_UP``).
         2. Else the candidates -- the best configs of the template's tuned workloads on the device and its
            siblings, and the runners-up of each (up to ``limit``, nearest workloads first) -- ranked by the
            template's cost model (``tuner.search.samplers.CostModel``: XGBoost trained on this device's and
@@ -435,7 +436,7 @@ class ApplyHistoryBest:
         dist = {id(r): workload_distance(key, r.workload) for r in tasks}
         tasks.sort(key=lambda r: (dist[id(r)], r.median_s))
         near = [r for r in tasks if dist[id(r)] == 0]
-        for r in near:
+        for r in near + self._near_runners_up(near, fixed):
             cfg = {**r.config, **(fixed or {})}
             if invalid_config(template, workload, info, cfg) is None:
                 return Pick(template.config(**cfg), r, "transferred", self.origin.get(r.task_key))
@@ -456,6 +457,20 @@ class ApplyHistoryBest:
         return None
 
     RUNNERS_UP = 3  # configs per tuned task offered to the cost model besides its best
+    # measured configs of the same loop nest tried, fastest first, where every such task's best is invalid for the
+    # workload: a fused variant whose epilogue needs more local memory (a convolution writing its norm's
+    # statistics, ``out_stats``: on the H200, the cost model's pick from another workload ran 58.4 us where the
+    # plain layer ran 26.5)
+    NEAR_RUNNERS_UP = 64
+
+    def _near_runners_up(self, near: list, fixed: dict | None) -> list:
+        """The other measured records of ``near``'s tasks (the same loop nest), fastest first, at most
+        ``NEAR_RUNNERS_UP``."""
+        if not near:
+            return []
+        firsts = {id(r) for r in near}
+        rest = [x for r in near for x in self.index.ranked(r.task_key) if id(x) not in firsts]
+        return sorted(rest, key=lambda x: x.median_s)[:self.NEAR_RUNNERS_UP]
 
     def _candidates(self, template, tasks: list, fixed: dict | None, limit: int) -> list:
         """``[(config dict, Record)]``: the best config and the runners-up of each task in ``tasks`` (nearest
@@ -474,9 +489,10 @@ class ApplyHistoryBest:
         return out[:limit]
 
     def cost_model(self, template, fingerprint: str, fit):
-        """``fit``: the trainer (see ``suggest``). The template's cost model on ``fingerprint``, trained once on first need from the successful records
-        of the template on this device (the other drivers' adopted ones included) and on the named siblings
-        (their records as logged, at ``SIBLING_WEIGHT``); None when too few records to train one."""
+        """``fit``: the trainer (see ``suggest``). The template's cost model on ``fingerprint``, trained once on first
+        need from the successful records of the template on this device (the other drivers' adopted ones included)
+        and on the named siblings (their records as logged, at ``SIBLING_WEIGHT``); None when too few records to
+        train one."""
         key = (template.name, fingerprint)
         if key not in self._models:
             own = [r for r in self.index.template(template.name) if r.device == fingerprint
