@@ -38,12 +38,16 @@ def test_a_convolution_writes_its_output_statistics(device, fields, seed):
                                output_scope=scope) is not None
 
 
-def test_out_stats_leaves_the_conv2d_key_and_refuses_what_it_cannot_sum():
-    """The tuned records of the convolution apply (the loop nest is the same); a workload whose output is not
+def test_out_stats_keys_a_task_of_its_own_and_refuses_what_it_cannot_sum():
+    """The variant is a task of its own (its epilogue's cost depends on the config), at distance 0 from the plain
+    convolution (the same loop nest: an untuned variant takes that one's configs); a workload whose output is not
     written whole, or not in whole blocks of 4 channels, is refused with the reason."""
+    from tuner.logs.best import workload_distance
     t = get_template("conv2d")
     plain = t.workload(data=(1, 8, 6, 6), kernel=(8, 8, 1, 1))
-    assert t.workload(data=(1, 8, 6, 6), kernel=(8, 8, 1, 1), out_stats=True).key() == plain.key()
+    stats = t.workload(data=(1, 8, 6, 6), kernel=(8, 8, 1, 1), out_stats=True)
+    assert stats.key() == {**plain.key(), "out_stats": 1} and workload_distance(stats.key(), plain.key()) == 0
+    assert "out_stats" not in plain.key()  # every other convolution's key (and the logs' records) as before
     for bad in (dict(kernel=(6, 8, 1, 1)), dict(out_view=(8, 16))):
         with pytest.raises(ValueError, match="out_stats"):
             t.workload(**{"data": (1, 8, 6, 6), "kernel": (8, 8, 1, 1), "out_stats": True, **bad})

@@ -239,7 +239,7 @@ def test_a_statistics_kernel_lends_its_split_to_no_whole_norm(device):
 
 
 def test_a_fused_variant_takes_the_fastest_valid_config_of_its_loop_nest(device):
-    """A convolution writing its norm's statistics (``out_stats``, not in the key) needs more local memory than
+    """A convolution writing its norm's statistics (``out_stats``, untuned) needs more local memory than
     the same loop nest without them: where the nest's best config does not fit, the next fastest measured config
     of that nest that does is taken ("transferred"), not the cost model's pick from another workload."""
     t = get_template("conv2d")
