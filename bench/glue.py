@@ -290,26 +290,35 @@ def cmd_tune(args) -> int:
     seconds have passed. ``--untuned``: also every other task that no record of ``--log`` holds (a kernel the
     glue work made new: a depthwise convolution that writes its row sums), the heaviest first; ``--templates``:
     only those templates' tasks; ``--again``: those --log holds records of too (each task's best before and after
-    is printed); ``--rewrite gates-in-producers``: the tasks of the plan with each squeeze-excite gate computed by
-    its depthwise producer (``passes_se.gates_in_depthwise``, a plan the compile times beside), not of the
-    graph's own plan."""
+    is printed); ``--rewrite``: only the tasks that a plan the compile times beside the graph's own has and that one
+    lacks -- ``gates-in-producers``: each squeeze-excite gate computed by its depthwise producer
+    (``passes_se.gates_in_depthwise``); ``stats-in-producers``: each GroupNorm(1)'s statistics written by its
+    producer (``passes_layer_norm.norm_statistics_into_producers``); ``norms-as-read+stats-in-producers``: every
+    norm applied by its readers, its statistics (an InstanceNorm's, a GroupNorm's) by its producer."""
     from tuner.compile.compiler import load_graph, model_tasks
+    from tuner.graph.passes_layer_norm import norm_statistics_into_producers, norms_applied_as_read
     from tuner.graph.passes_se import gates_in_depthwise
     from tuner.runtime.opencl.device import open_device
     from tuner.search.tune import tune
     dev = open_device(args.device)
     logs = _logs(args.log)
-    rewrite = {"": lambda g: g, "gates-in-producers": gates_in_depthwise}[args.rewrite]
+    rewrite = {"": None, "gates-in-producers": gates_in_depthwise,
+               "stats-in-producers": norm_statistics_into_producers,
+               "norms-as-read+stats-in-producers": lambda g: norm_statistics_into_producers(norms_applied_as_read(g))
+               }[args.rewrite]
     tasks, seen = [], set()
     for name in args.models.split(","):
         onnx_path = Path(args.work) / "models" / f"{name}.onnx"
         if onnx_path.exists():
-            graph = rewrite(load_graph(str(onnx_path)))
+            graph = load_graph(str(onnx_path))
+            own = set() if rewrite is None else \
+                {t.key() for scope in args.scopes.split(",") for t in model_tasks(graph, dev, scope=scope, log=logs)}
+            graph = graph if rewrite is None else rewrite(graph)
             for scope in args.scopes.split(","):  # auto's plan, and the uniform ones auto may switch to
                 for t in model_tasks(graph, dev, scope=scope, log=logs):
                     wanted = t.template in args.templates.split(",") if args.templates else \
                         t.template in REDUCTIONS or args.untuned
-                    if wanted and t.key() not in seen:
+                    if wanted and t.key() not in seen and t.key() not in own:
                         seen.add(t.key())
                         tasks.append(t)
     tasks.sort(key=lambda t: -t.workload.flops * t.count)
@@ -473,7 +482,8 @@ def main(argv=None) -> int:
                    "whose space grew a knob), tuned afresh into --out-log (the fallback first)")
     p.add_argument("--templates", default="", help="tune: only the tasks of these templates (comma-separated) that "
                    "--log has no record of (with --again: all of them), e.g. depthwise_conv2d,se_gate")
-    p.add_argument("--rewrite", default="", choices=("", "gates-in-producers"), help="tune: the tasks of this "
+    p.add_argument("--rewrite", default="", choices=("", "gates-in-producers", "stats-in-producers",
+                                                   "norms-as-read+stats-in-producers"), help="tune: the tasks of this "
                    "rewrite of each model's graph (a plan the compile times beside its own)")
     p.add_argument("--out", default=str(HERE / "results" / "glue"))
     p.add_argument("--onnx", nargs="*", default=[], help="link: the ONNX files")

@@ -35,8 +35,8 @@
 #   glue_tune  the same models exported, then the reduction tasks of their plans in $GLUE_SCOPES (auto; e.g.
 #           auto,texture,buffer) tuned ($TRIALS each, 24; until $DEADLINE s; GLUE_UNTUNED=1: also any other task the
 #           logs have no record of; GLUE_TEMPLATES=depthwise_conv2d,se_gate: only those templates' tasks;
-#           GLUE_AGAIN=1: those the logs hold records of too; GLUE_REWRITE=gates-in-producers: the tasks of the plan
-#           with each squeeze-excite gate computed by its depthwise producer)
+#           GLUE_AGAIN=1: those the logs hold records of too; GLUE_REWRITE=gates-in-producers, stats-in-producers
+#           or norms-as-read+stats-in-producers: only the tasks of that plan that the graph's own plan lacks)
 #           into $OUT/glue_tuned.jsonl, to append to the device's log under logs/
 #   tasks   the tasks set (bench/export_tasks.py: detectors, segmenters, super-resolution, pose, U-Net, style) exported
 #           at $SIZE (224), then bench/models.py on the GPU (auto scope, Python and native) -> models_*tasks*.csv/.md
