@@ -635,11 +635,8 @@ def last_group_unit_statistics(b: Builder, blocks: list, firsts: list, lid, size
         b.store(last, 0, select(call("atomic_inc", [Sc[unit]], "int32").equal(slots - 1), as_expr(1), as_expr(0)))
     b.barrier("global")
     with b.if_(last[0].equal(1)):  # the same for the whole work-group
-        spatial = slots // tiles  # a block's slots
-        # work-items a block, each merging every span-th of its slots: no more than the slots need (a wider span
-        # only adds levels of zeros to the tree)
-        span = max(1, min(pow2_floor(size // merge), pow2_ceil(spatial)))
-        blk, sub = lid // span, lid % span
+        span = max(1, pow2_floor(size // merge))  # work-items a block: each merges every span-th of its slots
+        spatial, blk, sub = slots // tiles, lid // span, lid % span
         state = b.allocate("sstate", (3,), "float32x4", "private")
         for j, v in enumerate((zero, zero, zero)):
             b.store(state, j, v)

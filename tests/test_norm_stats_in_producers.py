@@ -389,3 +389,51 @@ def test_the_norms_step_offers_instance_and_group_norms_with_no_launch(tmp_path,
     assert not any(n.op == "group_norm" for n in g.nodes)
     writers = [n for n in g.nodes if n.attrs.get("out_stats")]
     assert [(n.attrs["out_stats"], g.shapes[n.outputs[1]]) for n in writers] == [(16, (2, 32)), (4, (2, 32))]
+
+
+# gn32_resnet's layer3.0 conv1 in the H200's plan: a block's 4 slots merged by 4 of the 256 work-groups' items
+H200_GN32 = dict(tile_oc=1, tile_oh=2, tile_ow=1, wg_w=8, wg_h=4, split_c=1, split_k=8, unroll_rs=True, vec_load=1,
+                 local_input=False)
+
+
+@pytest.mark.parametrize("fields,knobs", [
+    (dict(data=(1, 128, 28, 28), kernel=(256, 128, 3, 3), stride=2, padding=1, out_stats=32), H200_GN32),
+    (dict(data=(1, 64, 32, 32), kernel=(64, 64, 3, 3), padding=1, bias=True, out_stats=64), None),
+    (dict(data=(2, 16, 20, 20), kernel=(64, 16, 1, 1), out_stats=2), None),
+    (dict(data=(1, 32, 14, 14), kernel=(64, 32, 3, 3), padding=1, out_stats=1), None),
+], ids=["gn32-stride2", "instance", "groups-of-8-blocks", "gn1"])
+def test_the_statistics_address_only_their_workspaces(device, fields, knobs):
+    """The artifact's bounds analysis (``tuner.artifact.bounds``, both runtimes' check 11) proves every index of
+    the statistics' slots, counters and output inside what the plan allocates, for an H200 config and random
+    configs of a GPU with large work-groups. (A last work-group that merged a block's few slots with fewer
+    work-items than the block's share was refused on the H200: gn32_resnet's Sp[0..7039] of 4,096 floats, the
+    analysis reading no guard on the quotient that names a work-item's block.)"""
+    import dataclasses
+
+    import numpy as np
+
+    from tuner.artifact.bounds import parse_source
+    from tuner.codegen.generate import generate
+    from tuner.logs.record import scope_knobs
+    t = get_template("conv2d")
+    info = dataclasses.replace(device.info, type="GPU", max_work_group_size=1024, max_work_item_sizes=(1024, 1024, 64),
+                               local_mem_bytes=49152, image_support=False)
+    wl = t.workload(**fields)
+    scopes = scope_knobs({"input": "buffer", "weight": "buffer", "output": "buffer"})
+    space = t.space(wl, info, **t.model_knobs, **scopes)
+    rng = np.random.default_rng(0)
+    configs = [t.make_config(space.sample(rng)) for _ in range(3)]
+    if knobs:
+        configs.insert(0, dataclasses.replace(t.fallback_with(wl, info, **scopes, **t.model_knobs), **knobs))
+    checked = 0
+    for cfg in configs:
+        prog, src = generate(t.build(wl, cfg))
+        kern = prog.kernels[0]
+        ranges, _ = parse_source(src).analyse(kern.name, *kern.launch())
+        sizes = {p.name: int(np.prod(p.shape)) for p in (*prog.params, *prog.workspaces)
+                 if p.name in ("St", "Sp", "Sn")}
+        for p, r in zip((p.name for p in kern.params), ranges):
+            if p in sizes and r is not None:
+                assert 0 <= r[0] and r[1] < sizes[p], (p, r, sizes[p], cfg)
+                checked += 1
+    assert checked >= 3 * len(configs)
