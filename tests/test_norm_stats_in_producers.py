@@ -437,3 +437,33 @@ def test_the_statistics_address_only_their_workspaces(device, fields, knobs):
                 assert 0 <= r[0] and r[1] < sizes[p], (p, r, sizes[p], cfg)
                 checked += 1
     assert checked >= 3 * len(configs)
+
+
+def test_tuning_a_statistics_writing_convolution_starts_from_its_loop_nests_best(tmp_path, device):
+    """The variant is a task of its own, which an untuned compile runs with the plain loop nest's configs: its
+    tuning measures the fastest of those first (``loop.nest_seeds``, labelled ``start: nest <workload>``), so that
+    its tuned record is never one the compile's untuned choice beat; none once the log holds the task."""
+    import dataclasses
+
+    from tuner.logs.record import Record
+    from tuner.search.loop import nest_seeds
+    from tuner.search.tune import tune
+    from tuner.task import TuningTask
+    t = get_template("conv2d")
+    scopes = {"input": "buffer", "weight": "buffer", "output": "buffer"}
+    knobs = {f"{k}_scope": "buffer" for k in ("input", "weight", "output")}
+    plain = t.workload(data=(1, 8, 8, 8), kernel=(8, 8, 3, 3), padding=1, activation="relu")
+    stats = t.workload(data=(1, 8, 8, 8), kernel=(8, 8, 3, 3), padding=1, out_stats=8)
+    fast = t.config(tile_oc=1, tile_oh=1, tile_ow=2, wg_w=4, wg_h=2, **knobs)
+    slow = dataclasses.replace(fast, wg_w=2)
+    assert fast != t.fallback_with(stats, device, **knobs)
+    log = tmp_path / "dev.jsonl"
+    log.write_text("".join(Record.new("conv2d", plain, c, device.info, costs=[s]).to_json() + "\n"
+                           for c, s in ((slow, 2e-3), (fast, 1e-3))))
+    task = TuningTask("conv2d", stats, scopes=scopes).bind(device.info)
+    seeds = nest_seeds(str(log), task, device.info, task.space(device.info), {})
+    assert [p["wg_w"] for p, _ in seeds] == [4, 2] and seeds[0][1] == t.key_label(plain.key())
+    res = tune("conv2d", stats, device, trials=1, log=str(log), scopes=scopes, progress=False)
+    assert res.measured == 1 and res.records[0].config == dataclasses.asdict(fast)
+    assert res.records[0].workload["out_stats"] == 8
+    assert nest_seeds(str(log), task, device.info, task.space(device.info), {"x": None}) == []
