@@ -165,14 +165,38 @@ DTYPE_SEEDS = 3  # the other storage dtype's best configs of the workload measur
 NEST_SEEDS = 3  # the same loop nest's best configs (another epilogue) measured next
 
 
+def _logs_beside(log: str) -> list:
+    """``log`` and the other logs in its folder."""
+    from pathlib import Path
+    return [Path(log)] + sorted(p for p in Path(log).parent.glob("*.jsonl") if p != Path(log))
+
+
+def _fastest_valid(task: TuningTask, space, records, seen: set, limit: int, config=lambda r: r.config) -> list:
+    """``[(knob values, Record)]``: ``records``' configs (``config`` of each, with the task's knobs), fastest first,
+    that this task's space accepts and ``seen`` (knob-value tuples) does not hold, each once: up to ``limit``."""
+    t, names, out = task.tmpl, list(space.choices), []
+    for r in sorted(records, key=lambda r: r.median_s):
+        try:
+            values = t.config_values(task.workload, t.config(**{**config(r), **task.knobs}))
+            params = {n: values[n] for n in names}
+        except (TypeError, ValueError, KeyError):
+            continue
+        k = tuple(params[n] for n in names)
+        if k in seen or space.violations(params):
+            continue
+        seen.add(k)
+        out.append((params, r))
+        if len(out) >= limit:
+            break
+    return out
+
+
 def dtype_seeds(log: str, task: TuningTask, info, space, known: dict, taken=()) -> list:
     """``[(knob values, dtype)]``: this device's fastest configs of the same workload and scopes in the other
     storage dtype (``tuner.logs.best.OTHER_DTYPE``: float32's for a float16 task, and the reverse), from ``log``
     and the logs beside it, that this task's space accepts (half arithmetic, ``compute``, set to float32 outside
     float16) and that neither the log (``known``) nor ``taken`` holds: up to ``DTYPE_SEEDS``. A float16 layer
     runs float32's loop nest on half the bytes, so float32's best configs are the strongest start it has."""
-    from pathlib import Path
-
     from tuner.logs.best import OTHER_DTYPE
     from tuner.logs.index import LogIndex
     from tuner.logs.record import task_key
@@ -180,66 +204,36 @@ def dtype_seeds(log: str, task: TuningTask, info, space, known: dict, taken=()) 
     other = OTHER_DTYPE.get(dtype)
     if other is None:
         return []
-    fp, names = info.fingerprint, list(space.choices)
-    key = task_key(fp, t.name, {**task.workload.key(), "dtype": other}, task.scopes or {})
-    paths = [Path(log)] + sorted(p for p in Path(log).parent.glob("*.jsonl") if p != Path(log))
-    records = [r for path in paths if path.exists() for r in LogIndex.of_log(path).task(key, task.fixed, ok=True)]
-    out, seen = [], set(known) | {tuple(p[n] for n in names) for p in taken}
-    for r in sorted(records, key=lambda r: r.median_s):
-        config = {**r.config, **task.knobs}
-        if "compute" in config and dtype != "float16":
-            config["compute"] = "float32"  # half arithmetic needs half storage
-        try:
-            values = t.config_values(task.workload, t.config(**config))
-            params = {n: values[n] for n in names}
-        except (TypeError, ValueError, KeyError):
-            continue
-        k = tuple(params[n] for n in names)
-        if k in seen or space.violations(params):
-            continue
-        seen.add(k)
-        out.append((params, other))
-        if len(out) >= DTYPE_SEEDS:
-            break
-    return out
+    names = list(space.choices)
+    key = task_key(info.fingerprint, t.name, {**task.workload.key(), "dtype": other}, task.scopes or {})
+    records = [r for path in _logs_beside(log) if path.exists()
+               for r in LogIndex.of_log(path).task(key, task.fixed, ok=True)]
+
+    def config(r):  # half arithmetic needs half storage
+        return {**r.config, "compute": "float32"} if "compute" in r.config and dtype != "float16" else r.config
+    seen = set(known) | {tuple(p[n] for n in names) for p in taken}
+    return [(params, other) for params, _ in _fastest_valid(task, space, records, seen, DTYPE_SEEDS, config)]
 
 
 def nest_seeds(log: str, task: TuningTask, info, space, known: dict, taken=()) -> list:
     """``[(knob values, label)]``: this device's fastest configs of the same loop nest with another epilogue
     (``tuner.logs.best.workload_distance`` 0: a convolution without the norm statistics its variant writes, or
     without the gate it computes) in the same scopes and dtype, from ``log`` and the logs beside it, that this
-    task's space accepts and that neither the log (``known``) nor ``taken`` holds: up to ``NEST_SEEDS``, none
-    where the log holds the task. An untuned variant runs those configs (``ApplyHistoryBest.suggest``), so they
-    are the start its tuning must beat: on the H200 16 trials of style_in's InstanceNorm readers without them
-    found 27.6 us configs where the plain nest's ran 24.0 in the model."""
-    from pathlib import Path
-
+    task's space accepts and that ``taken`` does not hold: up to ``NEST_SEEDS``, none where the log holds the task
+    (``known``). An untuned variant runs those configs (``ApplyHistoryBest.suggest``), so they are the start its
+    tuning must beat: on the H200 16 trials of style_in's InstanceNorm readers without them found 27.6 us configs
+    where the plain nest's ran 24.0 in the model."""
     from tuner.logs.best import workload_distance
     from tuner.logs.index import LogIndex
     if known:
         return []
     t, fp, names = task.tmpl, info.fingerprint, list(space.choices)
-    mine = task.workload.key()
-    scopes = task.scopes or {}
-    paths = [Path(log)] + sorted(p for p in Path(log).parent.glob("*.jsonl") if p != Path(log))
-    records = [r for path in paths if path.exists() for r in LogIndex.of_log(path).records
+    mine, scopes = task.workload.key(), task.scopes or {}
+    records = [r for path in _logs_beside(log) if path.exists() for r in LogIndex.of_log(path).records
                if r.ok and r.device == fp and r.template == t.name and r.scopes == scopes
                and r.workload != mine and workload_distance(mine, r.workload) == 0]
-    out, seen = [], {tuple(p[n] for n in names) for p in taken}
-    for r in sorted(records, key=lambda r: r.median_s):
-        try:
-            values = t.config_values(task.workload, t.config(**{**r.config, **task.knobs}))
-            params = {n: values[n] for n in names}
-        except (TypeError, ValueError, KeyError):
-            continue
-        k = tuple(params[n] for n in names)
-        if k in seen or space.violations(params):
-            continue
-        seen.add(k)
-        out.append((params, t.key_label(r.workload)))
-        if len(out) >= NEST_SEEDS:
-            break
-    return out
+    seen = {tuple(p[n] for n in names) for p in taken}
+    return [(params, t.key_label(r.workload)) for params, r in _fastest_valid(task, space, records, seen, NEST_SEEDS)]
 
 
 def sibling_knowledge(log: str, task: TuningTask, info, space, names, known: dict) -> tuple:
