@@ -294,7 +294,9 @@ def cmd_tune(args) -> int:
     lacks -- ``gates-in-producers``: each squeeze-excite gate computed by its depthwise producer
     (``passes_se.gates_in_depthwise``); ``stats-in-producers``: each GroupNorm(1)'s statistics written by its
     producer (``passes_layer_norm.norm_statistics_into_producers``); ``norms-as-read+stats-in-producers``: every
-    norm applied by its readers, its statistics (an InstanceNorm's, a GroupNorm's) by its producer."""
+    norm applied by its readers, its statistics (an InstanceNorm's, a GroupNorm's) by its producer. A convolution
+    that writes statistics keeps its plain key (``Conv2dWorkload.out_stats``: the records apply), so of those two
+    only the readers that normalize are new tasks."""
     from tuner.compile.compiler import load_graph, model_tasks
     from tuner.graph.passes_layer_norm import norm_statistics_into_producers, norms_applied_as_read
     from tuner.graph.passes_se import gates_in_depthwise

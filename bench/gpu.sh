@@ -36,7 +36,9 @@
 #           auto,texture,buffer) tuned ($TRIALS each, 24; until $DEADLINE s; GLUE_UNTUNED=1: also any other task the
 #           logs have no record of; GLUE_TEMPLATES=depthwise_conv2d,se_gate: only those templates' tasks;
 #           GLUE_AGAIN=1: those the logs hold records of too; GLUE_REWRITE=gates-in-producers, stats-in-producers
-#           or norms-as-read+stats-in-producers: only the tasks of that plan that the graph's own plan lacks)
+#           or norms-as-read+stats-in-producers: only the tasks of that plan that the graph's own plan lacks --
+#           convolutions, so with GLUE_TEMPLATES=depthwise_conv2d or conv2d; GLUE_SCOPES=auto,buffer: the scopes
+#           the compile plans those candidates in)
 #           into $OUT/glue_tuned.jsonl, to append to the device's log under logs/
 #   tasks   the tasks set (bench/export_tasks.py: detectors, segmenters, super-resolution, pose, U-Net, style) exported
 #           at $SIZE (224), then bench/models.py on the GPU (auto scope, Python and native) -> models_*tasks*.csv/.md
@@ -133,11 +135,15 @@ for stage in "$@"; do
         | grep -v "Warning\|warn(" | tail -20 ;;
     glue_tune)
       python3 "$REPO/bench/glue.py" export --work /tmp/gw ${GLUE_MODELS:+--models "$GLUE_MODELS"} 2>&1 | grep "exported"
+      # the new records go beside the device's logs, whose records seed each study (the other dtype's, the same
+      # loop nest's: tuner.search.loop), then come back under $OUT
+      rm -f "$REPO/logs/glue_tuned.jsonl"
       python3 "$REPO/bench/glue.py" tune --work /tmp/gw --device nvidia --log "$REPO/logs/*.jsonl" --trials "${TRIALS:-24}" \
-        --deadline "${DEADLINE:-400}" --out-log "$OUT/glue_tuned.jsonl" ${GLUE_MODELS:+--models "$GLUE_MODELS"} \
+        --deadline "${DEADLINE:-400}" --out-log "$REPO/logs/glue_tuned.jsonl" ${GLUE_MODELS:+--models "$GLUE_MODELS"} \
         --scopes "${GLUE_SCOPES:-auto}" ${GLUE_UNTUNED:+--untuned} \
         ${GLUE_TEMPLATES:+--templates "$GLUE_TEMPLATES"} ${GLUE_AGAIN:+--again} ${GLUE_REWRITE:+--rewrite "$GLUE_REWRITE"} 2>&1 \
-        | grep -v "Warning\|warn(" | tail -40 ;;
+        | grep -v "Warning\|warn(" | tail -40
+      cp "$REPO/logs/glue_tuned.jsonl" "$OUT/" 2>/dev/null ;;
     peers) python3 "$REPO/bench/runtimes_gpu.py" all --out "$OUT" --new-tree "$REPO/bench/_trees/new" \
              $([ -d "$REPO/bench/_trees/old/tuner" ] && echo --old-tree "$REPO/bench/_trees/old") \
              --only-variants "${VARIANTS:-relabeled}" --mnn-src "$REPO/.mnn/mnn-src.tgz" \

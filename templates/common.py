@@ -422,10 +422,8 @@ class Conv2dWorkload:
     # each), or groups of whole blocks of 4 -- computed in the epilogue: each work-group's (count, mean, M2) merged
     # by the last one to finish (``reduction.last_group_statistics``, ``last_group_unit_statistics``), so that no
     # launch is left for them (``passes_layer_norm.norm_statistics_into_producers``). O a multiple of 4, the output
-    # written whole (no out_view, side_copy or shuffle_view, no out_norm). In the key when set: the epilogue's tree
-    # and merge cost what a config's work-group and split make them (on the H200, 8-13 us a convolution of
-    # gn32_resnet with the plain layer's config), so the variant is tuned as a task of its own; untuned, it takes
-    # the plain loop nest's fastest valid config (``logs.best.EPILOGUE``: the same loop nest)
+    # written whole (no out_view, side_copy or shuffle_view, no out_norm). Not in the key: the loop nest is the
+    # same, and a record of the workload without it applies
     out_view: tuple = ()  # (offset, channels): write channels [offset, offset + O) of a larger output (a concat's);
     # not in the key: the loop nest is the same, a record of the workload without it applies
     side_copy: tuple = ()  # (source shape, channels, offset, source scope): the same launch also writes the channel
@@ -568,10 +566,10 @@ class Conv2dWorkload:
         convolution stay as they were before the fields existed."""
         return {"op": "conv2d", **{k: in_read_text(v) if k == "in_read" else _listed(v) for k, v in asdict(self).items()
                                    if (k not in ("in_scale", "in_read", "scale_rows", "in_norm", "norm_partials",
-                                                 "in_group_norm", "out_norm", "residual_scale", "out_stats") or v)
+                                                 "in_group_norm", "out_norm", "residual_scale") or v)
                                    and (k != "pad_mode" or v != "zeros")
                                    and k not in ("out_view", "side_copy", "shuffle_view", "patch_view", "plain_input",
-                                                 "plain_output")}}
+                                                 "plain_output", "out_stats")}}
 
     def _checked_out_norm(self) -> tuple:
         """``out_norm`` as (groups, epsilon), or a ValueError naming what is wrong."""

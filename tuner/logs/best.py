@@ -95,9 +95,8 @@ def invalid_config(template, workload, device, config: dict) -> str | None:
 
 # workload fields that change what surrounds the sum (or what the padding reads), not the loop nest
 EPILOGUE = ("bias", "activation", "residual", "in_scale", "scale_rows", "in_norm", "norm_partials", "pad_mode",
-            "in_group_norm", "in_add", "in_view", "row_sums", "gate", "gate_act1", "gate_activation", "out_stats")
-# (a depthwise convolution's row sums, or the gate its last work-group computes from them; a convolution's norm
-# statistics: after the same loop nest)
+            "in_group_norm", "in_add", "in_view", "row_sums", "gate", "gate_act1", "gate_activation")  # (a depthwise
+# convolution's row sums, or the gate its last work-group computes from them: after the same loop nest)
 # workload fields that pin a knob (a group_norm's ``stats``: its split is the chunk count, not a choice): a record
 # lends its config only to a workload with the same value -- a whole norm took a statistics kernel's split of 16
 # on the H200, where its own best was one launch
@@ -416,8 +415,8 @@ class ApplyHistoryBest:
                 limit: int = 96, fit=None) -> Pick | None:
         """A config for a task this device (and its named siblings, ``for_device``) has no record of, or None.
 
-        1. The same shapes with another epilogue (``workload_distance`` 0: the same loop nest), fastest first: each
-           such task's best, then their other measured configs (``NEAR_RUNNERS_UP``).
+        1. The same shapes with another epilogue (``workload_distance`` 0: the same loop nest): the fastest
+           measured config of those tasks that is valid here (their bests and ``NEAR_RUNNERS_UP`` others).
         2. Else the candidates -- the best configs of the template's tuned workloads on the device and its
            siblings, and the runners-up of each (up to ``limit``, nearest workloads first) -- ranked by the
            template's cost model (``tuner.search.samplers.CostModel``: XGBoost trained on this device's and
@@ -436,8 +435,7 @@ class ApplyHistoryBest:
                  and all(r.workload.get(k) == key.get(k) for k in PINNING)]
         dist = {id(r): workload_distance(key, r.workload) for r in tasks}
         tasks.sort(key=lambda r: (dist[id(r)], r.median_s))
-        near = [r for r in tasks if dist[id(r)] == 0]
-        for r in near + self._near_runners_up(near, fixed):
+        for r in self._same_nest(tasks, dist, fixed):
             cfg = {**r.config, **(fixed or {})}
             if invalid_config(template, workload, info, cfg) is None:
                 return Pick(template.config(**cfg), r, "transferred", self.origin.get(r.task_key))
@@ -458,20 +456,24 @@ class ApplyHistoryBest:
         return None
 
     RUNNERS_UP = 3  # configs per tuned task offered to the cost model besides its best
-    # measured configs of the same loop nest tried, fastest first, where every such task's best is invalid for the
-    # workload: a fused variant whose epilogue needs more local memory (a convolution writing its norm's
-    # statistics, ``out_stats``: on the H200, the cost model's pick from another workload ran 58.4 us where the
-    # plain layer ran 26.5)
+    # measured configs of the same loop nest tried, fastest first: every such task's best, and where none fits the
+    # workload (a convolution writing its norm's statistics needs more local memory) its other records -- on the
+    # H200 the cost model's pick from another workload ran 58.4 us where the plain layer ran 26.5
     NEAR_RUNNERS_UP = 64
 
-    def _near_runners_up(self, near: list, fixed: dict | None) -> list:
-        """The other measured records of ``near``'s tasks (the same loop nest), fastest first, at most
-        ``NEAR_RUNNERS_UP``."""
-        if not near:
-            return []
-        firsts = {id(r) for r in near}
-        rest = [x for r in near for x in self.index.ranked(r.task_key) if id(x) not in firsts]
-        return sorted(rest, key=lambda x: x.median_s)[:self.NEAR_RUNNERS_UP]
+    def _same_nest(self, tasks: list, dist: dict, fixed: dict | None) -> list:
+        """The measured records of ``tasks`` at distance 0 (the same loop nest, another epilogue) with ``fixed``
+        held, fastest first, each config once: their bests and up to ``NEAR_RUNNERS_UP`` others."""
+        near = [r for r in tasks if dist[id(r)] == 0]
+        rest = [x for r in near for x in self.index.ranked(r.task_key, fixed) if x is not r]
+        out, seen = [], set()
+        for r in sorted(near + sorted(rest, key=lambda x: x.median_s)[:self.NEAR_RUNNERS_UP],
+                        key=lambda x: x.median_s):
+            k = canonical_json({**r.config, **(fixed or {})})
+            if k not in seen:
+                seen.add(k)
+                out.append(r)
+        return out
 
     def _candidates(self, template, tasks: list, fixed: dict | None, limit: int) -> list:
         """``[(config dict, Record)]``: the best config and the runners-up of each task in ``tasks`` (nearest
