@@ -39,7 +39,8 @@
 #           or norms-as-read+stats-in-producers: only the tasks of that plan that the graph's own plan lacks --
 #           convolutions, so with GLUE_TEMPLATES=depthwise_conv2d or conv2d; GLUE_SCOPES=auto,buffer: the scopes
 #           the compile plans those candidates in)
-#           into $OUT/glue_tuned.jsonl, to append to the device's log under logs/
+#           into logs/glue_tuned.jsonl (beside the device's logs: later stages of the call read it), copied to
+#           $OUT/glue_tuned.jsonl, to append to the device's log under logs/
 #   tasks   the tasks set (bench/export_tasks.py: detectors, segmenters, super-resolution, pose, U-Net, style) exported
 #           at $SIZE (224), then bench/models.py on the GPU (auto scope, Python and native) -> models_*tasks*.csv/.md
 #   conv_transpose  bench/conv_transpose.py: ConvTranspose layers as phases against zero insertion, each tuned with
