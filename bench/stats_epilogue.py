@@ -1,0 +1,133 @@
+"""What a convolution's norm-statistics epilogue costs, config by config (issue 55): for each workload, the
+configs a plan would run (the log's config of the plain convolution, as ``ApplyHistoryBest`` picks it, and the
+same loop nest's fastest valid one for the variant), then that config's neighbours along the knobs that size the
+epilogue's tree (``split_k``, ``wg_w``, ``wg_h``, ``tile_oc``), each timed without and with ``out_stats`` in
+``--rounds`` alternating rounds (the order reversed every other round), ``--repeats`` profiled runs a round, in
+one process: a config's time is the median of its rounds' medians. On the H200 (2026-12-04) the epilogue cost
+8-13 us a convolution of gn32_resnet and style_in with the plain layer's config, and 16 trials of tuning the
+variant did not find a config without that cost; this table shows how the cost follows the work-group and the
+split. Writes stats_epilogue_<device>.csv and .md under ``--out``.
+
+Workloads: ``--preset gn32`` (gn32_resnet's producers, GroupNorm(32)), ``style`` (style_in's, InstanceNorm) or
+``gn1`` (GroupNorm(1) producers of MobileViTv2's and PoolFormer's size), or ``--workload`` JSON fields (repeatable).
+
+usage: python bench/stats_epilogue.py --preset gn32 --log 'logs/*.jsonl' --device nvidia --out DIR"""
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import statistics
+import sys
+from pathlib import Path
+
+PRESETS = {
+    "gn32": [dict(data=(1, 128, 28, 28), kernel=(128, 128, 3, 3), padding=1, out_stats=32),
+             dict(data=(1, 128, 28, 28), kernel=(256, 128, 3, 3), stride=2, padding=1, out_stats=32),
+             dict(data=(1, 256, 14, 14), kernel=(256, 256, 3, 3), padding=1, out_stats=32),
+             dict(data=(1, 512, 7, 7), kernel=(512, 512, 3, 3), padding=1, out_stats=32)],
+    "style": [dict(data=(1, 128, 32, 32), kernel=(128, 128, 3, 3), padding=1, bias=True, pad_mode="reflect",
+                   out_stats=128),
+              dict(data=(1, 3, 128, 128), kernel=(32, 3, 9, 9), padding=4, bias=True, pad_mode="reflect",
+                   out_stats=32)],
+    "gn1": [dict(data=(1, 64, 56, 56), kernel=(64, 64, 1, 1), bias=True, out_stats=1),
+            dict(data=(1, 128, 28, 28), kernel=(128, 128, 1, 1), bias=True, out_stats=1),
+            dict(data=(1, 320, 14, 14), kernel=(320, 320, 1, 1), bias=True, out_stats=1)],
+}
+KNOBS = {"split_k": (1, 2, 4, 8, 16, 32), "wg_w": (4, 8, 16, 32), "wg_h": (1, 2, 4), "tile_oc": (1, 2, 4)}
+BUFFER = {"input": "buffer", "weight": "buffer", "output": "buffer"}
+
+
+def configs_of(t, wl, plain, info, history) -> dict:
+    """name -> config: the plain convolution's logged config (``plain``), the variant's pick where that one does
+    not fit it (``variant``), then each neighbour along ``KNOBS`` of the first, valid for both workloads."""
+    from tuner.logs.best import invalid_config
+    from tuner.logs.record import scope_knobs
+    from tuner.search.samplers import CostModel
+    fixed = {**scope_knobs(BUFFER), **t.model_knobs}
+    rec = history.best_valid(t, plain, info, BUFFER, fixed) if history is not None else None
+    pick = None if rec is not None or history is None else history.suggest(t, plain, info, BUFFER, fixed,
+                                                                           fit=CostModel.fit)
+    base = t.config(**{**rec.config, **fixed}) if rec is not None else pick.config if pick is not None else \
+        t.fallback_with(plain, info, **fixed)
+    out = {"plain": base}
+    if invalid_config(t, wl, info, dataclasses.asdict(base)) is not None:
+        variant = history.suggest(t, wl, info, BUFFER, fixed, fit=CostModel.fit) if history is not None else None
+        out["variant"] = variant.config if variant is not None else t.fallback_with(wl, info, **fixed)
+    for knob, values in KNOBS.items():
+        for v in values:
+            cfg = dataclasses.replace(base, **{knob: v})
+            if cfg == base or any(c == cfg for c in out.values()):
+                continue
+            if all(invalid_config(t, w, info, dataclasses.asdict(cfg)) is None for w in (plain, wl)):
+                out[f"{knob}={v}"] = cfg
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", choices=sorted(PRESETS), action="append", default=[])
+    p.add_argument("--workload", action="append", default=[], help="conv2d workload fields as JSON, with out_stats")
+    p.add_argument("--log", default="", help="logs (comma-separated globs): the plain convolutions' configs")
+    p.add_argument("--device", default="nvidia")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--out", default=".")
+    args = p.parse_args(argv)
+    from tuner.logs.best import ApplyHistoryBest
+    from tuner.op import run_op
+    from tuner.runtime.opencl.device import open_device
+    from tuner.templates import get_template
+    dev = open_device(args.device)
+    t = get_template("conv2d")
+    history = ApplyHistoryBest(args.log.split(",")) if args.log else None
+    fields = [f for name in args.preset for f in PRESETS[name]] + [json.loads(w) for w in args.workload]
+    if not fields:
+        p.error("give --preset or --workload")
+    rows = []
+    for f in fields:
+        wl = t.workload(**f)
+        plain = dataclasses.replace(wl, out_stats=0)
+        configs = configs_of(t, wl, plain, dev.info, history)
+        times = {(name, w): [] for name in configs for w in ("plain", "stats")}
+        order = list(times)
+        for rnd in range(args.rounds):
+            for name, which in (order if rnd % 2 == 0 else order[::-1]):
+                cfg = configs[name]
+                if which == "plain" and name == "variant":
+                    continue  # the variant's own pick, where the plain layer's config does not fit it
+                res = run_op(t, plain if which == "plain" else wl, cfg, dev, check=rnd == 0, time=True,
+                             repeats=args.repeats)
+                if rnd == 0 and not res.ok:
+                    print(f"{t.label(wl)} {name} {which}: max relative error {res.max_rel_error}", file=sys.stderr)
+                times[(name, which)].append(res.median)
+        for name, cfg in configs.items():
+            us = {w: statistics.median(times[(name, w)]) * 1e6 if times[(name, w)] else None
+                  for w in ("plain", "stats")}
+            rows.append({"workload": t.label(wl), "config": name,
+                         "plain_us": round(us["plain"], 2) if us["plain"] is not None else "",
+                         "stats_us": round(us["stats"], 2),
+                         "epilogue_us": round(us["stats"] - us["plain"], 2) if us["plain"] is not None else "",
+                         "knobs": json.dumps({k: getattr(cfg, k) for k in ("tile_oc", "tile_oh", "tile_ow", "wg_w",
+                                                                          "wg_h", "split_c", "split_k")})})
+            r = rows[-1]
+            print(f"{r['workload']} [{name}]: plain {r['plain_us']} us, with statistics {r['stats_us']} us "
+                  f"({r['epilogue_us']}) {r['knobs']}", flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"stats_epilogue_{dev.info.name.replace(' ', '_')}"
+    with open(f"{stem}.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    cols = list(rows[0])
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
+    Path(f"{stem}.md").write_text(f"{dev.info.name}: {args.rounds} alternating rounds, median of {args.repeats} "
+                                  f"profiled runs each, buffer scope\n\n" + "\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
