@@ -1,6 +1,6 @@
 """The ``se_gate`` configs of two sets of logs timed alternately in one process (issue 55): for every se_gate
 task that ``--after``'s logs hold on this device, the best config of ``--before``'s logs, the best of
-``--after``'s and the template's fallback for the device, each built once, then timed in ``--rounds`` rounds
+``--after``'s and the template's fallback for the device, each built and checked once, then timed in ``--rounds`` rounds
 (the order reversed every other round), ``--repeats`` profiled runs a round; a config's time is the median of
 its rounds' medians. Configs measured in different sessions drift on the H200 by more than the knobs' effect
 (EfficientNet-B0's 1152-channel gate: 15.4 us best in one job, 19.6 us in the next), so the comparison is made
@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=".")
     args = p.parse_args(argv)
     from tuner.logs.best import ApplyHistoryBest
-    from tuner.op import make_config, make_workload, run_op
+    from tuner.op import make_config, make_workload, prepared_op
     from tuner.runtime.opencl.device import open_device
     from tuner.templates import get_template
     dev = open_device(args.device)
@@ -50,13 +50,15 @@ def main(argv=None) -> int:
                 configs[name] = t.make_config(rec.config)
         if set(configs) != {"fallback", "before", "after"}:
             continue
+        timers = {}
+        for m, cfg in configs.items():  # each built and checked once, then timed in every round
+            res, timers[m] = prepared_op(t, wl, cfg, dev)
+            if not res.ok:
+                print(f"{t.label(wl)} {m}: error {res.max_rel_error}", file=sys.stderr)
         medians = {m: [] for m in configs}
         for rnd in range(args.rounds):
             for m in (list(configs) if rnd % 2 == 0 else list(configs)[::-1]):
-                res = run_op(t, wl, configs[m], dev, check=rnd == 0, time=True, repeats=args.repeats)
-                if not res.ok:
-                    print(f"{t.label(wl)} {m}: error {res.max_rel_error}", file=sys.stderr)
-                medians[m].append(res.median)
+                medians[m].append(statistics.median(timers[m](args.repeats)))
         us = {m: statistics.median(v) * 1e6 for m, v in medians.items()}
         row = {"task": t.label(wl), "scope": scopes.get("input"), **{f"{m}_us": round(v, 2) for m, v in us.items()},
                "after_vs_before": round(us["before"] / us["after"], 3),

@@ -1,12 +1,12 @@
 """What a convolution's norm-statistics epilogue costs, config by config (issue 55): for each workload, the
 configs a plan would run (the log's config of the plain convolution, as ``ApplyHistoryBest`` picks it, and the
 same loop nest's fastest valid one for the variant), then that config's neighbours along the knobs that size the
-epilogue's tree (``split_k``, ``wg_w``, ``wg_h``, ``tile_oc``), each timed without and with ``out_stats`` in
-``--rounds`` alternating rounds (the order reversed every other round), ``--repeats`` profiled runs a round, in
-one process: a config's time is the median of its rounds' medians. On the H200 (2026-12-04) the epilogue cost
-8-13 us a convolution of gn32_resnet and style_in with the plain layer's config, and 16 trials of tuning the
-variant did not find a config without that cost; this table shows how the cost follows the work-group and the
-split. Writes stats_epilogue_<device>.csv and .md under ``--out``.
+epilogue's tree (``split_k``, ``wg_w``, ``wg_h``, ``tile_oc``), each built and checked once without and with
+``out_stats``, then timed in ``--rounds`` alternating rounds (the order reversed every other round), ``--repeats``
+profiled runs a round, in one process: a config's time is the median of its rounds' medians. On the H200
+(2026-12-04) the epilogue cost 8-13 us a convolution of gn32_resnet and style_in with the plain layer's config,
+and 16 trials of tuning the variant did not find a config without that cost; this table shows how the cost
+follows the work-group and the split. Writes stats_epilogue_<device>.csv and .md under ``--out``.
 
 Workloads: ``--preset gn32`` (gn32_resnet's producers, GroupNorm(32)), ``style`` (style_in's, InstanceNorm) or
 ``gn1`` (GroupNorm(1) producers of MobileViTv2's and PoolFormer's size), or ``--workload`` JSON fields (repeatable).
@@ -58,9 +58,8 @@ def configs_of(t, wl, plain, info, history) -> dict:
     for knob, values in KNOBS.items():
         for v in values:
             cfg = dataclasses.replace(base, **{knob: v})
-            if cfg == base or any(c == cfg for c in out.values()):
-                continue
-            if all(invalid_config(t, w, info, dataclasses.asdict(cfg)) is None for w in (plain, wl)):
+            valid = all(invalid_config(t, w, info, dataclasses.asdict(cfg)) is None for w in (plain, wl))
+            if valid and cfg not in out.values():
                 out[f"{knob}={v}"] = cfg
     return out
 
@@ -76,7 +75,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=".")
     args = p.parse_args(argv)
     from tuner.logs.best import ApplyHistoryBest
-    from tuner.op import run_op
+    from tuner.op import prepared_op
     from tuner.runtime.opencl.device import open_device
     from tuner.templates import get_template
     dev = open_device(args.device)
@@ -90,20 +89,21 @@ def main(argv=None) -> int:
         wl = t.workload(**f)
         plain = dataclasses.replace(wl, out_stats=0)
         configs = configs_of(t, wl, plain, dev.info, history)
-        times = {(name, w): [] for name in configs for w in ("plain", "stats")}
-        order = list(times)
-        for rnd in range(args.rounds):
-            for name, which in (order if rnd % 2 == 0 else order[::-1]):
-                cfg = configs[name]
-                if which == "plain" and name == "variant":
-                    continue  # the variant's own pick, where the plain layer's config does not fit it
-                res = run_op(t, plain if which == "plain" else wl, cfg, dev, check=rnd == 0, time=True,
-                             repeats=args.repeats)
-                if rnd == 0 and not res.ok:
-                    print(f"{t.label(wl)} {name} {which}: max relative error {res.max_rel_error}", file=sys.stderr)
-                times[(name, which)].append(res.median)
+        timers = {}  # (config name, plain or stats) -> its build's timer; the variant's pick runs with statistics only
         for name, cfg in configs.items():
-            us = {w: statistics.median(times[(name, w)]) * 1e6 if times[(name, w)] else None
+            for which, w in (("plain", plain), ("stats", wl)):
+                if which == "stats" or name != "variant":
+                    res, timers[(name, which)] = prepared_op(t, w, cfg, dev)  # built and checked once
+                    if not res.ok:
+                        print(f"{t.label(wl)} {name} {which}: max relative error {res.max_rel_error}",
+                              file=sys.stderr)
+        times = {k: [] for k in timers}
+        order = list(timers)
+        for rnd in range(args.rounds):
+            for key in (order if rnd % 2 == 0 else order[::-1]):
+                times[key].append(statistics.median(timers[key](args.repeats)))
+        for name, cfg in configs.items():
+            us = {w: statistics.median(times[(name, w)]) * 1e6 if (name, w) in times else None
                   for w in ("plain", "stats")}
             rows.append({"workload": t.label(wl), "config": name,
                          "plain_us": round(us["plain"], 2) if us["plain"] is not None else "",

@@ -108,22 +108,31 @@ def run_op(template, workload, config=None, device=None, check: bool = True, tim
             raise TunerError(f"{template.name} on {device.info.name}: {e}") from None
     dev = device if isinstance(device, Device) else open_device(device)
     config = config if config is not None else make_config(template, workload, dev)
-    program = template.build(workload, config)
-    if check or time:
-        _check_fits(template, workload, program, dev.info)
-    exe = build(program, dev)
-    result = OpResult(template.name, workload, config, dev.fingerprint, exe.source)
     if not (check or time):
-        return result
+        exe = build(template.build(workload, config), dev)
+        return OpResult(template.name, workload, config, dev.fingerprint, exe.source)
+    result, timer = prepared_op(template, workload, config, dev, check, seed)
+    if time:
+        result.costs = timer(repeats)
+    return result
+
+
+def prepared_op(template, workload, config, device: Device, check: bool = True, seed: int = 0) -> tuple:
+    """``(OpResult, time)``: ``run_op``'s op on a local device, built and run once on random inputs (compared with
+    the reference with ``check``), and ``time(repeats)``, the seconds of ``repeats`` profiled runs of that same
+    build -- for timing several ops in alternating rounds without building each again every round
+    (``bench/se_gate_ab.py``, ``bench/stats_epilogue.py``)."""
+    program = template.build(workload, config)
+    _check_fits(template, workload, program, device.info)
+    exe = build(program, device)
+    result = OpResult(template.name, workload, config, device.fingerprint, exe.source)
     inputs = template.random_inputs(workload, np.random.default_rng(seed))
     arrays = exe.upload_inputs(**inputs)
     exe.launch(arrays)
     if check:
         result.max_rel_error = template.check(workload, exe.outputs_of(arrays), inputs)
         result.tolerance = template.tolerance(workload, config)
-    if time:
-        result.costs = exe.time(arrays, warmup=1, repeats=repeats)
-    return result
+    return result, lambda repeats: exe.time(arrays, warmup=1, repeats=repeats)
 
 
 def _run_op_on(rt, template, workload, config, check: bool, time: bool, repeats: int, seed: int) -> OpResult:
