@@ -229,9 +229,9 @@ def nest_seeds(log: str, task: TuningTask, info, space, known: dict, taken=()) -
         return []
     t, fp, names = task.tmpl, info.fingerprint, list(space.choices)
     mine, scopes = task.workload.key(), task.scopes or {}
-    records = [r for path in _logs_beside(log) if path.exists() for r in LogIndex.of_log(path).records
-               if r.ok and r.device == fp and r.template == t.name and r.scopes == scopes
-               and r.workload != mine and workload_distance(mine, r.workload) == 0]
+    records = [r for path in _logs_beside(log) if path.exists() for r in LogIndex.of_log(path).template(t.name)
+               if r.device == fp and r.scopes == scopes and r.workload != mine
+               and workload_distance(mine, r.workload) == 0]
     seen = {tuple(p[n] for n in names) for p in taken}
     return [(params, t.key_label(r.workload)) for params, r in _fastest_valid(task, space, records, seen, NEST_SEEDS)]
 
