@@ -21,7 +21,7 @@ from tuner.ir.expr import Broadcast, Cast, ExtractLane, Ramp, as_expr, call, con
 from tuner.ir.kernel import Program
 from tuner.ir.gather import gather_pixel
 from tuner.ir.schedule import cache_read
-from tuner.templates.reduction import (as_float as _as_float, as_stored, channel_blocks, hsum,
+from tuner.templates.reduction import (StagedTile, as_float as _as_float, as_stored, channel_blocks, hsum,
                                        last_group_statistics, last_group_unit_statistics, local_tree, norm_units,
                                        pow2_ceil, read_norm_operands, stats_workspaces, sum_partials, unit_factors,
                                        unit_blocks, unit_first_block, unit_normed, unit_statistics,
@@ -143,10 +143,9 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
         if St is not None and int(wl.out_stats) > 1:  # a GroupNorm's or InstanceNorm's units
             layout = unit_statistics_layout(OB, int(wl.out_stats), O, t_oc, g_h * g_w)
             work = [Sp, Sn] = unit_stats_workspaces(N, layout)
-            kept = kept_values(keep, owner, obb, oh0, ow0, (t_oc, t_oh, t_ow), (OB, OH, OW))
             firsts = [(holds_first(obb, oh0, ow0, owner, k * t_oh * t_ow) & (obb * t_oc + k < OB),
                        as_stored(keep[k * t_oh * t_ow], wl.dtype)) for k in range(t_oc)]
-            last_group_unit_statistics(b, [kept[k * t_oh * t_ow:(k + 1) * t_oh * t_ow] for k in range(t_oc)], firsts,
+            last_group_unit_statistics(b, staged_tile(keep, owner, th, tw, oh0, ow0, cfg, (OH, OW)), firsts,
                                        lid, cfg.wg_w * cfg.wg_h * sk, n, obb, gh * g_w + gw, layout,
                                        (OB, int(wl.out_stats), O), Sp, Sn, St)
         elif St is not None:
@@ -168,6 +167,23 @@ def holds_first(obb, oh0, ow0, owner, entry: int = None):
     with ``entry``, pixel (0, 0) of that tile entry's block (each block's, for a norm of blocks or channels)."""
     first = oh0.equal(0) & ow0.equal(0) if entry is not None else obb.equal(0) & oh0.equal(0) & ow0.equal(0)
     return first & owner(entry or 0) if owner is not None else first
+
+
+def staged_tile(keep, owner, th, tw, oh0, ow0, cfg, bounds) -> StagedTile:
+    """``out_stats`` of a norm of blocks: this work-item's kept tile entries, each with its pixel's place in the
+    work-group's tile (rows of ``wg_w * tile_ow`` pixels), whether it holds it (a split's owner) and whether the
+    pixel is inside the output (``reduction.last_group_unit_statistics`` stages them)."""
+    (t_oc, t_oh, t_ow), (OH, OW) = (cfg.tile_oc, cfg.tile_oh, cfg.tile_ow), bounds
+    row = cfg.wg_w * t_ow
+    entries = []
+    for k in range(t_oc):
+        entries.append([])
+        for y in range(t_oh):
+            for x in range(t_ow):
+                i = (k * t_oh + y) * t_ow + x
+                entries[k].append((keep[i], (th * t_oh + y) * row + tw * t_ow + x,
+                                   owner(i) if owner is not None else None, (oh0 + y < OH) & (ow0 + x < OW)))
+    return StagedTile(entries, cfg.wg_h * t_oh * row)
 
 
 def kept_values(keep, owner, obb, oh0, ow0, tile, bounds) -> list:

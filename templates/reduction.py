@@ -528,19 +528,22 @@ def lanewise_merge(a: list, b: list) -> list:
     return [n, a[1] + d * f, a[2] + b[2] + d * d * a[0] * f]
 
 
-def tree_of(b: Builder, values: list, combine, lid, size: int, buf, span: int = 0) -> list:
+def tree_of(b: Builder, values: list, combine, lid, size: int, buf, span: int = 0, items: int = 0) -> list:
     """Several float4s a work-item combined over a work-group (``combine`` takes and returns lists), in ``buf``, a local
     float4 array of ``size * len(values)``; ``span`` (a power of two up to ``size``): independent trees over
-    each ``span`` neighbouring work-items instead, their results read from the span's first."""
+    each ``span`` neighbouring work-items instead, their results read from the span's first. ``items``: the
+    work-group's work-items where more than ``size`` reach the barriers (only the first ``size`` take part)."""
     k = len(values)
-    for j, v in enumerate(values):
-        b.store(buf, lid * k + j, v)
+    part = lid < size if items > size else None
+    with b.if_(part) if part is not None else nullcontext():
+        for j, v in enumerate(values):
+            b.store(buf, lid * k + j, v)
     s = (pow2_ceil(size) if not span else span) // 2
     while s >= 1:
         b.barrier()
         guard = ((lid % span < s) & (lid + s < size) if size % span else lid % span < s) if span \
             else (lid < s) & (lid + s < size) if 2 * s > size else lid < s
-        with b.if_(guard):
+        with b.if_(guard & part if span and part is not None else guard):
             tag = [f"_{j}" if k > 1 else "" for j in range(k)]
             mine = [b.let(f"{buf.name}_a{s}{tag[j]}", buf[lid * k + j]) for j in range(k)]
             other = [b.let(f"{buf.name}_b{s}{tag[j]}", buf[(lid + s) * k + j]) for j in range(k)]
@@ -549,6 +552,30 @@ def tree_of(b: Builder, values: list, combine, lid, size: int, buf, span: int = 
         s //= 2
     b.barrier()
     return [buf[j] for j in range(k)]
+
+
+@dataclass(frozen=True)
+class StagedTile:
+    """A work-group's output tile as ``last_group_unit_statistics`` stages it in local memory: ``entries[k]``, this
+    work-item's ``(value, pos, owned, inside)`` of the tile's block ``k`` -- the value as kept, its pixel's place
+    among the work-group's ``pixels`` (rows, then columns, of the work-group's whole tile), whether this
+    work-item holds it (a split's owner; None: always) and whether the pixel is inside the output."""
+    entries: list
+    pixels: int
+
+
+STAGED_PER_ITEM = 8  # pixels of a block a work-item reduces from the staged tile: few work-items, a short tree
+TAIL_SLOTS_PER_ITEM = 4  # slots of a block a work-item of the last work-group merges
+
+
+def staged_items(pixels: int, blocks: int, size: int) -> int:
+    """The work-items a block's staged pixels are reduced by (a power of two, each about ``STAGED_PER_ITEM``)."""
+    return max(1, min(pow2_floor(size // blocks), pow2_ceil(ceil_div(pixels, STAGED_PER_ITEM))))
+
+
+def tail_items(spatial: int, merge: int, size: int) -> int:
+    """The work-items of the last work-group a block's ``spatial`` slots are merged by (a power of two)."""
+    return max(1, min(pow2_floor(size // merge), pow2_ceil(ceil_div(spatial, TAIL_SLOTS_PER_ITEM))))
 
 
 def unit_statistics_layout(OB: int, groups: int, C: int, tile_oc: int, spatial: int) -> dict:
@@ -578,68 +605,82 @@ def unit_stats_workspaces(N: int, layout: dict) -> list:
             buffer("Sn", (units,), "int32", "global")]
 
 
-def last_group_unit_statistics(b: Builder, blocks: list, firsts: list, lid, size: int, n, tile, spatial_slot,
-                               layout: dict, dims: tuple, Sp, Sc, St):
+def last_group_unit_statistics(b: Builder, staged: StagedTile, firsts: list, lid, size: int, n, tile,
+                               spatial_slot, layout: dict, dims: tuple, Sp, Sc, St):
     """``last_group_statistics`` for a GroupNorm whose groups are whole blocks of 4 channels, or an InstanceNorm
     (``dims``: (OB, groups, C)): the statistics of each unit -- (image, group), or (image, block) a lane a channel
     -- written by the launch that computes them, in ``group_norm``'s ``stats`` format with one chunk
-    (``unit_statistics``). ``blocks``: for each of the work-group's ``tile_oc`` channel blocks, this work-item's
-    ``(float4, float4 mask)`` outputs of it; ``firsts``: for each, ``(condition, float4)`` -- whether this
+    (``unit_statistics``). ``staged``: the work-group's ``tile_oc`` blocks of output pixels, this work-item's
+    entries of them (``StagedTile``); ``firsts``: for each block, ``(condition, float4)`` -- whether this
     work-item holds the block's pixel (0, 0), and that pixel as stored (the shift K). The work-group computes
     output tile ``tile`` (its blocks ``tile * tile_oc`` on), pixel tile ``spatial_slot`` of its image's.
 
-    Each work-item reduces each block's values to (count, mean, M2) a lane, the work-group merges them in one local
-    tree (``lanewise_merge``); work-item 0 stores them in its slot (``unit_statistics_layout``), fences and counts
-    the work-group in the counter of its merge unit (the tile, or the group it is part of). The work-group that
-    counts last merges each block's slots (a span of work-items a block, then a tree in each span), then each
-    unit's blocks and lanes (a GroupNorm), writes ``St`` and returns the counter to zero."""
+    Each work-item stages its values in local memory (a split's owner its sums), so that a few work-items a block
+    (``staged_items``) reduce the block's pixels to (count, mean, M2) a lane -- the mean, then the squared
+    deviations from it -- and merge them in a short tree (``lanewise_merge``); on the H200 the tree over every
+    work-item's values it replaces (up to 512 of them, 6 float4s each) cost 2-6.5 us a convolution. Work-item 0
+    stores them in its slot (``unit_statistics_layout``), fences and counts the work-group in the counter of its
+    merge unit (the tile, or the group it is part of). The work-group that counts last merges each block's slots
+    (a few work-items a block, ``tail_items``, each merging its slots, then a tree of them), then each unit's
+    blocks and lanes (a GroupNorm), writes ``St`` and returns the counter to zero."""
     OB, groups, C = dims
-    t_oc, k3 = len(blocks), 3 * len(blocks)
+    t_oc, P = len(staged.entries), staged.pixels
+    k3 = 3 * t_oc
     bpg, merge, tiles, slots = layout["bpg"], layout["merge"], layout["tiles"], layout["slots"]
     if merge > size:
         raise ValueError(f"out_stats: a work-group of {size} work-items merges {merge} blocks' statistics")
+    spatial = slots // tiles
+    red, span = staged_items(P, t_oc, size), tail_items(spatial, merge, size)
     zero, one, vec = Broadcast(as_expr(0.0), 4), Broadcast(as_expr(1.0), 4), Ramp(as_expr(0), as_expr(1), 4)
-    tree = b.allocate("stree", (size * k3,), "float32x4", "local")
+    stage = b.allocate("sstage", (t_oc * P,), "float32x4", "local")
+    mask = b.allocate("smask", (P,), "float32", "local")
+    tree = b.allocate("stree", (max(t_oc * red, merge * span) * 3,), "float32x4", "local")
     last = b.allocate("slast", (1,), "int32", "local")
     fin = b.allocate("sblock", (merge * 3,), "float32x4", "local")  # the last work-group's blocks, merged
-    acc = b.allocate("ssum", (2,), "float32x4", "private")
+    state = b.allocate("sstate", (3,), "float32x4", "private")
     unit = n * layout["units"] + tile // tiles
     base = unit * layout["region"]
     kbase = base + slots * t_oc * 3  # the merge unit's blocks' shifts K
-    own = []
-    for k, values in enumerate(blocks):
+    for k, entries in enumerate(staged.entries):
         cond, v0 = firsts[k]
         with b.if_(cond):  # the block's pixel (0, 0): its shift K, stored and fenced before the global barrier
             b.store(Sp, (kbase + (tile % tiles) * t_oc + k, vec), v0)
             global_fence(b)
-        b.store(acc, 0, zero)
-        b.store(acc, 1, zero)
-        for v, m in values:
-            b.store(acc, 0, acc[0] + v * m)
-            b.store(acc, 1, acc[1] + m)
-        count = b.let(f"scount{k}", acc[1])
-        mean = b.let(f"smean{k}", acc[0] / max_(count, one))
-        b.store(acc, 0, zero)
-        for v, m in values:
-            d = (v - mean) * m
-            b.store(acc, 0, acc[0] + d * d)
-        own += [count, mean, b.let(f"sm2{k}", acc[0])]
-    b.barrier("global")  # the shifts K, stored by other work-items than 0 (split_k), before work-item 0 counts
-    merged = tree_of(b, own, lambda p, q: sum((lanewise_merge(p[3 * k:3 * k + 3], q[3 * k:3 * k + 3])
-                                              for k in range(t_oc)), []), lid, size, tree)
-    slot = (tile % tiles) * (slots // tiles) + spatial_slot
+        for v, pos, owned, inside in entries:
+            with b.if_(owned) if owned is not None else nullcontext():
+                b.store(stage, k * P + pos, select(inside, v, zero))
+                if k == 0:  # each pixel's mask once, by the owner of its first block's value
+                    b.store(mask, pos, select(inside, as_expr(1.0), as_expr(0.0)))
+    b.barrier("global")  # the staged tile, and the shifts K (stored by other work-items than 0) before counting
+    for j in range(3):
+        b.store(state, j, zero)
+    blk, sub, per = lid // red, lid % red, ceil_div(P, red)
+    with b.if_(lid < t_oc * red):  # the block's pixels sub, sub + red, ...: count and mean, then M2
+        at = [(blk * P + (j * red + sub), j * red + sub) for j in range(per)]
+        guard = [(j * red + sub < P) if (j + 1) * red > P else None for j in range(per)]
+        for (i, q), g in zip(at, guard):
+            with b.if_(g) if g is not None else nullcontext():
+                b.store(state, 0, state[0] + Broadcast(mask[q], 4))
+                b.store(state, 1, state[1] + stage[i])
+        mean = b.let("smean", state[1] / max_(state[0], one))
+        for j, ((i, q), g) in enumerate(zip(at, guard)):
+            with b.if_(g) if g is not None else nullcontext():
+                d = b.let(f"sd{j}", (stage[i] - mean) * Broadcast(mask[q], 4))
+                b.store(state, 2, state[2] + d * d)
+        b.store(state, 1, mean)
+    tree_of(b, [state[0], state[1], state[2]], lambda p, q: lanewise_merge(p, q), lid, t_oc * red, tree,
+            span=red, items=size)
+    slot = (tile % tiles) * spatial + spatial_slot
     with b.if_(lid.equal(0)):
         for j in range(k3):
-            b.store(Sp, (base + slot * k3 + j, vec), merged[j])
+            b.store(Sp, (base + slot * k3 + j, vec), tree[(j // 3) * red * 3 + j % 3])
         global_fence(b)  # stored before counted
         b.store(last, 0, select(call("atomic_inc", [Sc[unit]], "int32").equal(slots - 1), as_expr(1), as_expr(0)))
     b.barrier("global")
     with b.if_(last[0].equal(1)):  # the same for the whole work-group
-        span = max(1, pow2_floor(size // merge))  # work-items a block: each merges every span-th of its slots
-        spatial, blk, sub = slots // tiles, lid // span, lid % span
-        state = b.allocate("sstate", (3,), "float32x4", "private")
-        for j, v in enumerate((zero, zero, zero)):
-            b.store(state, j, v)
+        blk, sub = lid // span, lid % span
+        for j in range(3):
+            b.store(state, j, zero)
         trips = -(-spatial // span)
         with b.if_(blk < merge):
             with b.loop("sj", trips, "unrolled" if trips <= 32 else "serial") as sj:
@@ -651,8 +692,8 @@ def last_group_unit_statistics(b: Builder, blocks: list, firsts: list, lid, size
                         [state[0], state[1], state[2]], slot_state))]
                     for i, v in enumerate(new):  # (all three from the state before)
                         b.store(state, i, v)
-        whole = tree_of(b, [state[0], state[1], state[2]], lambda p, q: lanewise_merge(p, q), lid, size, tree,
-                        span=span) if span > 1 else None
+        whole = tree_of(b, [state[0], state[1], state[2]], lambda p, q: lanewise_merge(p, q), lid, merge * span,
+                        tree, span=span, items=size) if span > 1 else None
         first_block = (tile // tiles) * merge  # of the image's blocks
         with b.if_(sub.equal(0) & (blk < merge) if span > 1 else blk < merge):
             for i in range(3):

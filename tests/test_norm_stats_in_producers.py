@@ -435,6 +435,40 @@ def test_the_statistics_address_only_their_workspaces(device, fields, knobs):
     assert checked >= 3 * len(configs)
 
 
+@pytest.mark.parametrize("fields", [
+    dict(data=(1, 128, 28, 28), kernel=(128, 128, 3, 3), padding=1, out_stats=32),
+    dict(data=(1, 3, 64, 64), kernel=(32, 3, 9, 9), padding=4, bias=True, out_stats=32),
+    dict(data=(2, 16, 20, 20), kernel=(64, 16, 1, 1), out_stats=2),
+], ids=["gn32", "instance-9x9", "groups-of-8-blocks"])
+def test_the_space_counts_the_statistics_local_memory_a_config_allocates(device, fields):
+    """A norm of blocks' statistics epilogue stages the work-group's output tile and reduces it in short trees
+    (``reduction.last_group_unit_statistics``); the space's ``out_stats_local`` bounds what that allocates: on a
+    device with one byte less local memory than a config's kernel declares, the space refuses the config."""
+    import dataclasses
+    import re
+
+    import numpy as np
+
+    from tuner.logs.record import scope_knobs
+    t = get_template("conv2d")
+    big = dataclasses.replace(device.info, type="GPU", max_work_group_size=1024, max_work_item_sizes=(1024, 1024, 64),
+                              local_mem_bytes=1 << 20, image_support=False)
+    wl = t.workload(**fields)
+    scopes = scope_knobs({"input": "buffer", "weight": "buffer", "output": "buffer"})
+    space = t.space(wl, big, **t.model_knobs, **scopes)
+    rng = np.random.default_rng(1)
+    bytes_of = {"float4": 16, "float": 4, "int": 4, "half4": 8, "half": 2}
+    for _ in range(6):
+        cfg = t.make_config(space.sample(rng))
+        _, src = generate(t.build(wl, cfg))
+        used = sum(bytes_of[ty] * int(n) for ty, n in re.findall(r"__local (\w+) \w+\[(\d+)\];", src))
+        assert "sstage" in src and used > 0
+        tight = dataclasses.replace(big, local_mem_bytes=used - 1)
+        refused = [v.split(":")[0] for v in t.space(wl, tight, **t.model_knobs, **scopes).violations(
+            t.config_values(wl, cfg))]
+        assert set(refused) & {"out_stats_local", "split_k_partials", "local_tile"}, (cfg, used)
+
+
 def test_tuning_a_statistics_writing_convolution_starts_from_its_loop_nests_best(tmp_path, device):
     """A task with no record of its own (here the same convolution without the activation its logged twin has),
     which an untuned compile runs with that loop nest's configs: its tuning measures the fastest of those first
