@@ -52,7 +52,7 @@
 #           uncalibrated weights, compiled with the committed logs and --transfer-from auto: tuner-run latency
 #           ($RUNS, 100), error and top-1 against onnxruntime in both runtimes, the nodes kept -> precision_<fp>.csv/.md
 #   stats_epilogue  bench/stats_epilogue.py: each of $SE_PRESETS' (gn32 style gn1) convolutions without and with its
-#           norm statistics, for the log's config and its neighbours in split_k, wg_w, wg_h, tile_oc
+#           norm statistics, for the log's config and its neighbours in $SE_KNOBS (split_k,wg_w,wg_h,tile_oc; none)
 #   profile  where a measurement's seconds go (bench/measure_profile.py): phases in one process, the Measurer's rate
 #   table   gpu_summary.md from the files under $OUT and the log: per layer against cuDNN and the roofline bound
 # usage: OUT=/tmp/out bench/gpu.sh test tune
@@ -149,7 +149,8 @@ for stage in "$@"; do
       cp "$REPO/logs/glue_tuned.jsonl" "$OUT/" 2>/dev/null ;;
     stats_epilogue)  # what a convolution's norm-statistics epilogue costs, config by config (issue 55)
       python3 "$REPO/bench/stats_epilogue.py" $(for p in ${SE_PRESETS:-gn32 style gn1}; do echo --preset "$p"; done) \
-        --log "$REPO/logs/*.jsonl" --device nvidia --out "$OUT" 2>&1 | grep -v "Warning\|warn(" | tail -60 ;;
+        --log "$REPO/logs/*.jsonl" --knobs "${SE_KNOBS:-split_k,wg_w,wg_h,tile_oc}" --device nvidia --out "$OUT" 2>&1 \
+        | grep -v "Warning\|warn(" | tail -60 ;;
     peers) python3 "$REPO/bench/runtimes_gpu.py" all --out "$OUT" --new-tree "$REPO/bench/_trees/new" \
              $([ -d "$REPO/bench/_trees/old/tuner" ] && echo --old-tree "$REPO/bench/_trees/old") \
              --only-variants "${VARIANTS:-relabeled}" --mnn-src "$REPO/.mnn/mnn-src.tgz" \

@@ -39,7 +39,7 @@ KNOBS = {"split_k": (1, 2, 4, 8, 16, 32), "wg_w": (4, 8, 16, 32), "wg_h": (1, 2,
 BUFFER = {"input": "buffer", "weight": "buffer", "output": "buffer"}
 
 
-def configs_of(t, wl, plain, info, history) -> dict:
+def configs_of(t, wl, plain, info, history, knobs=tuple(KNOBS)) -> dict:
     """name -> config: the plain convolution's logged config (``plain``), the variant's pick where that one does
     not fit it (``variant``), then each neighbour along ``KNOBS`` of the first, valid for both workloads."""
     from tuner.logs.best import invalid_config
@@ -56,7 +56,7 @@ def configs_of(t, wl, plain, info, history) -> dict:
         variant = history.suggest(t, wl, info, BUFFER, fixed, fit=CostModel.fit) if history is not None else None
         out["variant"] = variant.config if variant is not None else t.fallback_with(wl, info, **fixed)
     for knob, values in KNOBS.items():
-        for v in values:
+        for v in values if knob in knobs else ():
             cfg = dataclasses.replace(base, **{knob: v})
             valid = all(invalid_config(t, w, info, dataclasses.asdict(cfg)) is None for w in (plain, wl))
             if valid and cfg not in out.values():
@@ -70,6 +70,8 @@ def main(argv=None) -> int:
     p.add_argument("--workload", action="append", default=[], help="conv2d workload fields as JSON, with out_stats")
     p.add_argument("--log", default="", help="logs (comma-separated globs): the plain convolutions' configs")
     p.add_argument("--device", default="nvidia")
+    p.add_argument("--knobs", default=",".join(KNOBS),
+                   help="the knobs whose neighbours are timed too (comma-separated; none: only the plans' configs)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--out", default=".")
@@ -88,7 +90,7 @@ def main(argv=None) -> int:
     for f in fields:
         wl = t.workload(**f)
         plain = dataclasses.replace(wl, out_stats=0)
-        configs = configs_of(t, wl, plain, dev.info, history)
+        configs = configs_of(t, wl, plain, dev.info, history, args.knobs.split(","))
         timers = {}  # (config name, plain or stats) -> its build's timer; the variant's pick runs with statistics only
         for name, cfg in configs.items():
             for which, w in (("plain", plain), ("stats", wl)):
