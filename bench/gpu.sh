@@ -52,7 +52,9 @@
 #           uncalibrated weights, compiled with the committed logs and --transfer-from auto: tuner-run latency
 #           ($RUNS, 100), error and top-1 against onnxruntime in both runtimes, the nodes kept -> precision_<fp>.csv/.md
 #   stats_epilogue  bench/stats_epilogue.py: each of $SE_PRESETS' (gn32 style gn1) convolutions without and with its
-#           norm statistics, for the log's config and its neighbours in $SE_KNOBS (split_k,wg_w,wg_h,tile_oc; none)
+#           norm statistics, for the log's config and its neighbours in $SE_KNOBS (split_k,wg_w,wg_h,tile_oc; none);
+#           SE_ABLATE=1: also with parts of the epilogue left out; each of bench/_trees/{$SE_TREES} (new), $SE_CALLS
+#           (1) processes each, alternating -> $OUT/stats_epilogue_<tree>_<call>/
 #   profile  where a measurement's seconds go (bench/measure_profile.py): phases in one process, the Measurer's rate
 #   table   gpu_summary.md from the files under $OUT and the log: per layer against cuDNN and the roofline bound
 # usage: OUT=/tmp/out bench/gpu.sh test tune
@@ -147,10 +149,14 @@ for stage in "$@"; do
         ${GLUE_TEMPLATES:+--templates "$GLUE_TEMPLATES"} ${GLUE_AGAIN:+--again} ${GLUE_REWRITE:+--rewrite "$GLUE_REWRITE"} 2>&1 \
         | grep -v "Warning\|warn(" | tail -40
       cp "$REPO/logs/glue_tuned.jsonl" "$OUT/" 2>/dev/null ;;
-    stats_epilogue)  # what a convolution's norm-statistics epilogue costs, config by config (issue 55)
-      python3 "$REPO/bench/stats_epilogue.py" $(for p in ${SE_PRESETS:-gn32 style gn1}; do echo --preset "$p"; done) \
-        --log "$REPO/logs/*.jsonl" --knobs "${SE_KNOBS:-split_k,wg_w,wg_h,tile_oc}" --device nvidia --out "$OUT" 2>&1 \
-        | grep -v "Warning\|warn(" | tail -60 ;;
+    stats_epilogue)  # what a convolution's norm-statistics epilogue costs, config by config (issue 55), under each
+      # of bench/_trees/{$SE_TREES} (new; the installed checkout where that tree is not prepared), alternately
+      for r in $(seq "${SE_CALLS:-1}"); do for tree in ${SE_TREES:-new}; do
+        PYTHONPATH="$REPO/bench/_trees/$tree:/tmp/site" python3 "$REPO/bench/stats_epilogue.py" \
+          $(for p in ${SE_PRESETS:-gn32 style gn1}; do echo --preset "$p"; done) ${SE_ABLATE:+--ablate} \
+          --log "$REPO/logs/*.jsonl" --knobs "${SE_KNOBS:-split_k,wg_w,wg_h,tile_oc}" --device nvidia \
+          --out "$OUT/stats_epilogue_${tree}_$r" 2>&1 | grep -v "Warning\|warn(" | sed "s/^/[$tree $r] /" | tail -60
+      done; done ;;
     peers) python3 "$REPO/bench/runtimes_gpu.py" all --out "$OUT" --new-tree "$REPO/bench/_trees/new" \
              $([ -d "$REPO/bench/_trees/old/tuner" ] && echo --old-tree "$REPO/bench/_trees/old") \
              --only-variants "${VARIANTS:-relabeled}" --mnn-src "$REPO/.mnn/mnn-src.tgz" \

@@ -566,6 +566,8 @@ class StagedTile:
 
 STAGED_PER_ITEM = 8  # pixels of a block a work-item reduces from the staged tile: few work-items, a short tree
 TAIL_SLOTS_PER_ITEM = 4  # slots of a block a work-item of the last work-group merges
+TAIL_BATCH = 8  # where a work-item merges more than 32 slots: loaded 8 at a time (a serial loop's round trip each
+# cost the H200 45 us for 256 slots a work-item)
 
 
 def staged_items(pixels: int, blocks: int, size: int) -> int:
@@ -682,16 +684,17 @@ def last_group_unit_statistics(b: Builder, staged: StagedTile, firsts: list, lid
         for j in range(3):
             b.store(state, j, zero)
         trips = -(-spatial // span)
-        with b.if_(blk < merge):
-            with b.loop("sj", trips, "unrolled" if trips <= 32 else "serial") as sj:
-                j = sj * span + sub
-                with b.if_(j < spatial) if spatial % span else nullcontext():
-                    at = base + (((blk // t_oc) * spatial + j) * t_oc + blk % t_oc) * 3
-                    slot_state = [b.let(f"sslot{i}", Sp[at + i, vec]) for i in range(3)]
-                    new = [b.let(f"snew{i}", v) for i, v in enumerate(lanewise_merge(
-                        [state[0], state[1], state[2]], slot_state))]
-                    for i, v in enumerate(new):  # (all three from the state before)
-                        b.store(state, i, v)
+        batch = trips if trips <= 32 else TAIL_BATCH  # slots a work-item loads together (unrolled), then merges
+        with b.if_(blk < merge), b.loop("so", -(-trips // batch), "serial") as so, \
+                b.loop("sj", batch, "unrolled") as sj:
+            j = (so * batch + sj) * span + sub
+            with b.if_(j < spatial) if spatial % span or trips % batch else nullcontext():
+                at = base + (((blk // t_oc) * spatial + j) * t_oc + blk % t_oc) * 3
+                slot_state = [b.let(f"sslot{i}", Sp[at + i, vec]) for i in range(3)]
+                new = [b.let(f"snew{i}", v) for i, v in enumerate(lanewise_merge(
+                    [state[0], state[1], state[2]], slot_state))]
+                for i, v in enumerate(new):  # (all three from the state before)
+                    b.store(state, i, v)
         whole = tree_of(b, [state[0], state[1], state[2]], lambda p, q: lanewise_merge(p, q), lid, merge * span,
                         tree, span=span, items=size) if span > 1 else None
         first_block = (tile // tiles) * merge  # of the image's blocks
