@@ -441,6 +441,10 @@ def as_stored(v, dtype: str):
     return call("copysign", [select(a < HALF_TINY, tiny, select(a < HALF_HUGE, normal, inf)), v], f)
 
 
+TAIL_BATCH = 8  # where a work-item merges more than 32 slots: loaded 8 at a time (a serial loop's round trip each
+# cost the H200 45 us for 256 slots a work-item)
+
+
 def stats_workspaces(N: int, slots: int) -> list:
     """``last_group_statistics``' workspaces: ``Sp``, a (count, mean, M2) slot per work-group of each image and its
     shift K (float32, ``image_slots`` an image), and ``Sn``, each image's arrival counter (int32, zero between
@@ -493,9 +497,10 @@ def last_group_statistics(b: Builder, values: list, first, lid, size: int, n, sl
         part = b.allocate("spart", (1,), "float32x4", "private")
         b.store(part, 0, zero)
         trips = -(-slots // size)  # unrolled up to 32: the loads in flight together, not one round trip each
-        with b.loop("sj", trips, "unrolled" if trips <= 32 else "serial") as sj:
-            j = sj * size + lid
-            with b.if_(j < slots) if slots % size else nullcontext():
+        batch = trips if trips <= 32 else TAIL_BATCH
+        with b.loop("so", -(-trips // batch), "serial") as so, b.loop("sj", batch, "unrolled") as sj:
+            j = (so * batch + sj) * size + lid
+            with b.if_(j < slots) if slots % size or trips % batch else nullcontext():
                 b.store(part, 0, welford_merge(part[0], Sp[base + j, vec]))
         whole = any_size_tree(b, part[0], welford_merge, lid, size, tree)
         with b.if_(lid.equal(0)):
@@ -566,8 +571,6 @@ class StagedTile:
 
 STAGED_PER_ITEM = 8  # pixels of a block a work-item reduces from the staged tile: few work-items, a short tree
 TAIL_SLOTS_PER_ITEM = 4  # slots of a block a work-item of the last work-group merges
-TAIL_BATCH = 8  # where a work-item merges more than 32 slots: loaded 8 at a time (a serial loop's round trip each
-# cost the H200 45 us for 256 slots a work-item)
 
 
 def staged_items(pixels: int, blocks: int, size: int) -> int:

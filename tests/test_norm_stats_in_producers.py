@@ -439,11 +439,12 @@ def test_the_statistics_address_only_their_workspaces(device, fields, knobs):
     (dict(data=(1, 4, 24, 22), kernel=(8, 4, 3, 3), padding=1, out_stats=8), dict(tile_oc=2, wg_w=2, wg_h=2)),
     (dict(data=(2, 8, 16, 16), kernel=(16, 8, 1, 1), bias=True, out_stats=2),
      dict(tile_oc=1, wg_w=2, wg_h=1, split_k=2)),
-], ids=["instance-66-slots-an-item", "groups-of-2-blocks-64-slots-an-item"])
+    (dict(data=(1, 8, 24, 22), kernel=(8, 8, 3, 3), padding=1, out_stats=1), dict(tile_oc=1, wg_w=2, wg_h=1)),
+], ids=["instance-66-slots-an-item", "groups-of-2-blocks-64-slots-an-item", "gn1-264-slots-an-item"])
 def test_the_last_work_group_merges_many_slots_a_work_item_in_batches(device, fields, knobs):
     """Small work-groups over a large plane leave the last work-group more than 32 slots a work-item to merge
-    (``reduction.TAIL_BATCH`` of them loaded together, the last batch cut short): the statistics still match
-    ``unit_statistics``, in several images."""
+    (``reduction.TAIL_BATCH`` of them loaded together, the last batch cut short), for a norm of blocks and for a
+    GroupNorm(1): the statistics still match ``unit_statistics``, in several images."""
     import dataclasses
 
     from tuner.templates.reduction import tail_items, unit_statistics_layout
@@ -452,11 +453,13 @@ def test_the_last_work_group_merges_many_slots_a_work_item_in_batches(device, fi
     base = t.fallback_with(wl, device.info, input_scope="buffer", weight_scope="buffer", output_scope="buffer")
     cfg = dataclasses.replace(base, tile_oh=1, tile_ow=1, local_input=False, split_c=1, **{"split_k": 1, **knobs})
     N, _, OH, OW = wl.out_shape
-    layout = unit_statistics_layout(wl.kernel[0] // 4, wl.out_stats, wl.kernel[0], cfg.tile_oc,
-                                    -(-OH // cfg.wg_h) * -(-OW // cfg.wg_w))
-    spatial = layout["slots"] // layout["tiles"]
-    size = cfg.wg_w * cfg.wg_h * cfg.split_k
-    assert -(-spatial // tail_items(spatial, layout["merge"], size)) > 32
+    size, tiles = cfg.wg_w * cfg.wg_h * cfg.split_k, -(-OH // cfg.wg_h) * -(-OW // cfg.wg_w)
+    if wl.out_stats > 1:  # last_group_unit_statistics: a block's slots over tail_items work-items
+        layout = unit_statistics_layout(wl.kernel[0] // 4, wl.out_stats, wl.kernel[0], cfg.tile_oc, tiles)
+        spatial = layout["slots"] // layout["tiles"]
+        assert -(-spatial // tail_items(spatial, layout["merge"], size)) > 32
+    else:  # last_group_statistics: every slot of the image over the work-group
+        assert -(-(wl.kernel[0] // 4 // cfg.tile_oc * tiles) // size) > 32
     exe = build(t.build(wl, cfg), device)
     inputs = t.random_inputs(wl, np.random.default_rng(0))
     for _ in range(2):  # the counters back at zero after a launch
