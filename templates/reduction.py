@@ -441,8 +441,14 @@ def as_stored(v, dtype: str):
     return call("copysign", [select(a < HALF_TINY, tiny, select(a < HALF_HUGE, normal, inf)), v], f)
 
 
+TAIL_SLOTS_PER_ITEM = 4  # slots (of a block) a work-item of the last work-group merges
 TAIL_BATCH = 8  # where a work-item merges more than 32 slots: loaded 8 at a time (a serial loop's round trip each
 # cost the H200 45 us for 256 slots a work-item)
+
+
+def tail_items(spatial: int, merge: int, size: int) -> int:
+    """The work-items of the last work-group a block's ``spatial`` slots are merged by (a power of two)."""
+    return max(1, min(pow2_floor(size // merge), pow2_ceil(ceil_div(spatial, TAIL_SLOTS_PER_ITEM))))
 
 
 def stats_workspaces(N: int, slots: int) -> list:
@@ -464,7 +470,8 @@ def last_group_statistics(b: Builder, values: list, first, lid, size: int, n, sl
     in registers -- and the work-group merges them in one local tree (``welford_merge``). Work-item 0 stores the
     result in ``Sp`` (float32 (N * (slots + 1), 4), a workspace; K in slot ``slots``), fences, and counts the
     work-group in ``Sc[n]`` (int32 (N,), a workspace that starts at zero). The work-group that counts last merges
-    the slots in a fixed order (deterministic), writes ``St[2n]`` = (count * (mean - K), 0, 0, 0) and ``St[2n +
+    the slots in a fixed order (deterministic; a work-item about every ``TAIL_SLOTS_PER_ITEM`` of them, then a
+    tree of those work-items), writes ``St[2n]`` = (count * (mean - K), 0, 0, 0) and ``St[2n +
     1]`` = (M2 + count * (mean - K)^2, 0, 0, 0) -- the shifted sums a reader adds up (``unit_factors``) -- and
     returns ``Sc[n]`` to zero for the next launch (CUDA's threadFenceReduction)."""
     zero, vec = Broadcast(as_expr(0.0), 4), Ramp(as_expr(0), as_expr(1), 4)
@@ -496,13 +503,15 @@ def last_group_statistics(b: Builder, values: list, first, lid, size: int, n, sl
     with b.if_(last[0].equal(1)):  # the same for the whole work-group
         part = b.allocate("spart", (1,), "float32x4", "private")
         b.store(part, 0, zero)
-        trips = -(-slots // size)  # unrolled up to 32: the loads in flight together, not one round trip each
+        items = tail_items(slots, 1, size)  # a work-item about every 4 slots: a tree only as deep as that needs
+        trips = -(-slots // items)  # unrolled up to 32: the loads in flight together, not one round trip each
         batch = trips if trips <= 32 else TAIL_BATCH
         with b.loop("so", -(-trips // batch), "serial") as so, b.loop("sj", batch, "unrolled") as sj:
-            j = (so * batch + sj) * size + lid
-            with b.if_(j < slots) if slots % size or trips % batch else nullcontext():
+            j = (so * batch + sj) * items + lid
+            mine = (j < slots) & (lid < items) if items < size else j < slots  # (the others are not in the tree)
+            with b.if_(mine) if slots % items or trips % batch or items < size else nullcontext():
                 b.store(part, 0, welford_merge(part[0], Sp[base + j, vec]))
-        whole = any_size_tree(b, part[0], welford_merge, lid, size, tree)
+        whole = tree_of(b, [part[0]], lambda p, q: [welford_merge(p[0], q[0])], lid, items, tree, items=size)[0]
         with b.if_(lid.equal(0)):
             c = ExtractLane(whole, 0)
             d = b.let("sdev", ExtractLane(whole, 1) - ExtractLane(Sp[base + slots, vec], 0))
@@ -570,17 +579,11 @@ class StagedTile:
 
 
 STAGED_PER_ITEM = 8  # pixels of a block a work-item reduces from the staged tile: few work-items, a short tree
-TAIL_SLOTS_PER_ITEM = 4  # slots of a block a work-item of the last work-group merges
 
 
 def staged_items(pixels: int, blocks: int, size: int) -> int:
     """The work-items a block's staged pixels are reduced by (a power of two, each about ``STAGED_PER_ITEM``)."""
     return max(1, min(pow2_floor(size // blocks), pow2_ceil(ceil_div(pixels, STAGED_PER_ITEM))))
-
-
-def tail_items(spatial: int, merge: int, size: int) -> int:
-    """The work-items of the last work-group a block's ``spatial`` slots are merged by (a power of two)."""
-    return max(1, min(pow2_floor(size // merge), pow2_ceil(ceil_div(spatial, TAIL_SLOTS_PER_ITEM))))
 
 
 def unit_statistics_layout(OB: int, groups: int, C: int, tile_oc: int, spatial: int) -> dict:
