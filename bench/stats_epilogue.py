@@ -8,10 +8,11 @@ profiled runs a round, in one process: a config's time is the median of its roun
 and 16 trials of tuning the variant did not find a config without that cost; this table shows how the cost
 follows the work-group and the split. Writes stats_epilogue_<device>.csv and .md under ``--out``.
 
-``--ablate`` (a norm of blocks: GroupNorm(G > 1), InstanceNorm) also times the epilogue with parts of it left out
-(``ABLATIONS``, by editing ``reduction.last_group_unit_statistics``' source; their outputs are wrong, so they are
-not checked): without the last work-group's merge (``no_tail``), also without the fence and the counter
-(``no_sync``), and also without the staged tile's reduction and its tree (``own_only``) -- the differences say
+``--ablate`` also times the epilogue with parts of it left out (``ABLATIONS``, by editing the source of
+``reduction.last_group_unit_statistics``, a norm of blocks', or ``last_group_statistics``, a GroupNorm(1)'s; their
+outputs are wrong, so they are not checked): without the last work-group's merge (``no_tail``), also without the
+fence and the counter (``no_sync``), and also without the work-group's reduction and its tree (``own_only``) --
+the differences say
 where the epilogue's microseconds go. On the H200 (2026-12-04, the tree over every work-item's values this
 replaced) the tree cost 2-6.5 us a convolution and the last work-group 2-3 us.
 
@@ -45,29 +46,43 @@ PRESETS = {
 KNOBS = {"split_k": (1, 2, 4, 8, 16, 32), "wg_w": (4, 8, 16, 32), "wg_h": (1, 2, 4), "tile_oc": (1, 2, 4)}
 BUFFER = {"input": "buffer", "weight": "buffer", "output": "buffer"}
 _NO_TAIL = ("with b.if_(last[0].equal(1)):", "with b.if_(last[0].equal(2)):")  # no work-group merges
-_NO_SYNC = [('call("atomic_inc", [Sc[unit]], "int32")', "Sc[unit]"), ("global_fence(b)  # stored before counted", "pass")]
-ABLATIONS = {  # name -> (old, new) edits of last_group_unit_statistics' source
-    "no_tail": [_NO_TAIL],
-    "no_sync": [_NO_TAIL, *_NO_SYNC],
-    "own_only": [_NO_TAIL, *_NO_SYNC, ("with b.if_(lid < t_oc * red):", "with b.if_(lid < 0):"),
-                 ("    tree_of(b, [state[0], state[1], state[2]], lambda p, q: lanewise_merge(p, q), lid, t_oc * red, "
-                  "tree,\n            span=red, items=size)\n", "")],
+_NO_SYNC = [('call("atomic_inc", [Sc[unit]], "int32")', "Sc[unit]"),  # a load for the count, no fence
+            ("global_fence(b)  # stored before counted", "pass")]
+_NO_SYNC_IMAGE = [(a.replace("Sc[unit]", "Sc[n]"), b.replace("Sc[unit]", "Sc[n]")) for a, b in _NO_SYNC]
+ABLATIONS = {  # the epilogue's function -> part name -> (old, new) edits of its source
+    "last_group_unit_statistics": {
+        "no_tail": [_NO_TAIL],
+        "no_sync": [_NO_TAIL, *_NO_SYNC],
+        "own_only": [_NO_TAIL, *_NO_SYNC, ("with b.if_(lid < t_oc * red):", "with b.if_(lid < 0):"),
+                     ("    tree_of(b, [state[0], state[1], state[2]], lambda p, q: lanewise_merge(p, q), lid, "
+                      "t_oc * red, tree,\n            span=red, items=size)\n", "")]},
+    "last_group_statistics": {
+        "no_tail": [_NO_TAIL],
+        "no_sync": [_NO_TAIL, *_NO_SYNC_IMAGE],
+        "own_only": [_NO_TAIL, *_NO_SYNC_IMAGE,
+                     ("group = any_size_tree(b, own, welford_merge, lid, size, tree)", "group = own")]},
 }
+PARTS = ("no_tail", "no_sync", "own_only")
 
 
-def ablated(name: str):
-    """``reduction.last_group_unit_statistics`` with ``ABLATIONS[name]``'s edits (each must match once)."""
+def epilogue_of(wl) -> str:
+    """The reduction function that writes ``wl``'s statistics: a norm of blocks', or a GroupNorm(1)'s."""
+    return "last_group_unit_statistics" if int(wl.out_stats) > 1 else "last_group_statistics"
+
+
+def ablated(function: str, part: str):
+    """``reduction.<function>`` with ``ABLATIONS[function][part]``'s edits (each must match once)."""
     import inspect
     import textwrap
     import tuner.templates.reduction as reduction
-    src = textwrap.dedent(inspect.getsource(reduction.last_group_unit_statistics))
-    for old, new in ABLATIONS[name]:
+    src = textwrap.dedent(inspect.getsource(getattr(reduction, function)))
+    for old, new in ABLATIONS[function][part]:
         if src.count(old) != 1:
-            raise SystemExit(f"--ablate {name}: {old!r} is not once in last_group_unit_statistics; update ABLATIONS")
+            raise SystemExit(f"--ablate {part}: {old!r} is not once in {function}; update ABLATIONS")
         src = src.replace(old, new)
     scope = dict(vars(reduction))
-    exec(compile(src, f"<last_group_unit_statistics {name}>", "exec"), scope)  # noqa: S102 - our own source
-    return scope["last_group_unit_statistics"]
+    exec(compile(src, f"<{function} {part}>", "exec"), scope)  # noqa: S102 - our own source
+    return scope[function]
 
 
 def configs_of(t, wl, plain, info, history, knobs=tuple(KNOBS)) -> dict:
@@ -112,7 +127,6 @@ def main(argv=None) -> int:
     from tuner.op import prepared_op
     from tuner.runtime.opencl.device import open_device
     from tuner.templates import conv2d_nchw4c as conv2d, get_template
-    whole = conv2d.last_group_unit_statistics
     dev = open_device(args.device)
     t = get_template("conv2d")
     history = ApplyHistoryBest(args.log.split(",")) if args.log else None
@@ -132,12 +146,14 @@ def main(argv=None) -> int:
                     if not res.ok:
                         print(f"{t.label(wl)} {name} {which}: max relative error {res.max_rel_error}",
                               file=sys.stderr)
-            for part in ABLATIONS if args.ablate and int(wl.out_stats) > 1 else ():
-                conv2d.last_group_unit_statistics = ablated(part)
+            for part in PARTS if args.ablate else ():
+                function = epilogue_of(wl)
+                whole = getattr(conv2d, function)
+                setattr(conv2d, function, ablated(function, part))
                 try:
                     timers[(name, part)] = prepared_op(t, wl, cfg, dev, check=False)[1]
                 finally:
-                    conv2d.last_group_unit_statistics = whole
+                    setattr(conv2d, function, whole)
         times = {k: [] for k in timers}
         order = list(timers)
         for rnd in range(args.rounds):
@@ -151,11 +167,11 @@ def main(argv=None) -> int:
                          "stats_us": round(us["stats"], 2),
                          "epilogue_us": round(us["stats"] - us["plain"], 2) if us["plain"] is not None else "",
                          **{f"{part}_us": round(statistics.median(times[(name, part)]) * 1e6, 2)
-                            if (name, part) in times else "" for part in (ABLATIONS if args.ablate else ())},
+                            if (name, part) in times else "" for part in (PARTS if args.ablate else ())},
                          "knobs": json.dumps({k: getattr(cfg, k) for k in ("tile_oc", "tile_oh", "tile_ow", "wg_w",
                                                                           "wg_h", "split_c", "split_k")})})
             r = rows[-1]
-            parts = "".join(f", {part} {r[f'{part}_us']}" for part in ABLATIONS if r.get(f"{part}_us", "") != "")
+            parts = "".join(f", {part} {r[f'{part}_us']}" for part in PARTS if r.get(f"{part}_us", "") != "")
             print(f"{r['workload']} [{name}]: plain {r['plain_us']} us, with statistics {r['stats_us']} us "
                   f"({r['epilogue_us']}){parts} {r['knobs']}", flush=True)
     out = Path(args.out)
