@@ -169,36 +169,38 @@ def holds_first(obb, oh0, ow0, owner, entry: int = None):
     return first & owner(entry or 0) if owner is not None else first
 
 
+def tile_entries(tile: tuple):
+    """``(k, y, x, i)``: each entry of a work-item's tile of ``(t_oc, t_oh, t_ow)`` -- its block, row and column,
+    and its index in the tile's accumulators (``keep``)."""
+    t_oc, t_oh, t_ow = tile
+    for k in range(t_oc):
+        for y in range(t_oh):
+            for x in range(t_ow):
+                yield k, y, x, (k * t_oh + y) * t_ow + x
+
+
 def staged_tile(keep, owner, th, tw, oh0, ow0, cfg, bounds) -> StagedTile:
     """``out_stats`` of a norm of blocks: this work-item's kept tile entries, each with its pixel's place in the
     work-group's tile (rows of ``wg_w * tile_ow`` pixels), whether it holds it (a split's owner) and whether the
     pixel is inside the output (``reduction.last_group_unit_statistics`` stages them)."""
     (t_oc, t_oh, t_ow), (OH, OW) = (cfg.tile_oc, cfg.tile_oh, cfg.tile_ow), bounds
     row = cfg.wg_w * t_ow
-    entries = []
-    for k in range(t_oc):
-        entries.append([])
-        for y in range(t_oh):
-            for x in range(t_ow):
-                i = (k * t_oh + y) * t_ow + x
-                entries[k].append((keep[i], (th * t_oh + y) * row + tw * t_ow + x,
-                                   owner(i) if owner is not None else None, (oh0 + y < OH) & (ow0 + x < OW)))
+    entries = [[] for _ in range(t_oc)]
+    for k, y, x, i in tile_entries((t_oc, t_oh, t_ow)):
+        entries[k].append((keep[i], (th * t_oh + y) * row + tw * t_ow + x, owner(i) if owner is not None else None,
+                           (oh0 + y < OH) & (ow0 + x < OW)))
     return StagedTile(entries, cfg.wg_h * t_oh * row)
 
 
 def kept_values(keep, owner, obb, oh0, ow0, tile, bounds) -> list:
     """``out_stats``: each kept tile entry with its mask -- 1s where the pixel is inside the output and this
     work-item stores it (a split's owner), else 0s."""
-    (t_oc, t_oh, t_ow), (OB, OH, OW) = tile, bounds
-    out = []
-    for k in range(t_oc):
-        for y in range(t_oh):
-            for x in range(t_ow):
-                i = (k * t_oh + y) * t_ow + x
-                inside = (obb * t_oc + k < OB) & (oh0 + y < OH) & (ow0 + x < OW)
-                if owner is not None:
-                    inside = inside & owner(i)
-                out.append((keep[i], Broadcast(select(inside, as_expr(1.0), as_expr(0.0)), 4)))
+    (OB, OH, OW), out = bounds, []
+    for k, y, x, i in tile_entries(tile):
+        inside = (obb * tile[0] + k < OB) & (oh0 + y < OH) & (ow0 + x < OW)
+        if owner is not None:
+            inside = inside & owner(i)
+        out.append((keep[i], Broadcast(select(inside, as_expr(1.0), as_expr(0.0)), 4)))
     return out
 
 

@@ -446,9 +446,30 @@ TAIL_BATCH = 8  # where a work-item merges more than 32 slots: loaded 8 at a tim
 # cost the H200 45 us for 256 slots a work-item)
 
 
+def few_items(n: int, per: int, share: int) -> int:
+    """A power of two of work-items, about one per ``per`` of ``n`` values, at most ``share``: the work-items that
+    reduce a block's values (``staged_items``) or merge its slots (``tail_items``) before a tree of only them."""
+    return max(1, min(pow2_floor(share), pow2_ceil(ceil_div(n, per))))
+
+
 def tail_items(spatial: int, merge: int, size: int) -> int:
-    """The work-items of the last work-group a block's ``spatial`` slots are merged by (a power of two)."""
-    return max(1, min(pow2_floor(size // merge), pow2_ceil(ceil_div(spatial, TAIL_SLOTS_PER_ITEM))))
+    """The work-items of the last work-group a block's ``spatial`` slots are merged by."""
+    return few_items(spatial, TAIL_SLOTS_PER_ITEM, size // merge)
+
+
+@contextmanager
+def slot_loop(b: Builder, count: int, items: int, sub, guard=None):
+    """The slots ``j`` of ``count`` that work-item ``sub`` of ``items`` merges in the last work-group: every
+    ``items``-th, unrolled up to 32 (the loads in flight together, not one round trip each), past that
+    ``TAIL_BATCH`` at a time; ``guard``: only where it holds too."""
+    trips = ceil_div(count, items)
+    batch = trips if trips <= 32 else TAIL_BATCH
+    with b.loop("so", ceil_div(trips, batch), "serial") as so, b.loop("sj", batch, "unrolled") as sj:
+        j = (so * batch + sj) * items + sub
+        inside = j < count if count % items or trips % batch or guard is not None else None
+        cond = inside & guard if guard is not None else inside
+        with b.if_(cond) if cond is not None else nullcontext():
+            yield j
 
 
 def stats_workspaces(N: int, slots: int) -> list:
@@ -463,8 +484,8 @@ def last_group_statistics(b: Builder, values: list, first, lid, size: int, n, sl
     epilogue: ``Conv2dWorkload.out_stats``, ``pool_kernel``'s), in ``group_norm``'s ``stats`` format with one
     chunk -- no launch is left for them. ``values``: this work-item's ``(float4, float4 mask of 1s and 0s)``
     outputs; ``first``: ``(condition, float4)`` -- whether work-item 0 holds the image's first element (lane 0),
-    the format's shift K, and its pixel as stored (a float16 plan's rounded: the readers take K from the tensor). ``lid`` of ``size`` work-items; the work-group is ``slot`` of the
-    ``slots`` that write image ``n``.
+    the format's shift K, and its pixel as stored (a float16 plan's rounded: the readers take K from the tensor).
+    ``lid`` of ``size`` work-items; the work-group is ``slot`` of the ``slots`` that write image ``n``.
 
     Each work-item reduces its own values to (count, mean, M2) -- the mean, then the squared deviations from it,
     in registers -- and the work-group merges them in one local tree (``welford_merge``). Work-item 0 stores the
@@ -504,13 +525,8 @@ def last_group_statistics(b: Builder, values: list, first, lid, size: int, n, sl
         part = b.allocate("spart", (1,), "float32x4", "private")
         b.store(part, 0, zero)
         items = tail_items(slots, 1, size)  # a work-item about every 4 slots: a tree only as deep as that needs
-        trips = -(-slots // items)  # unrolled up to 32: the loads in flight together, not one round trip each
-        batch = trips if trips <= 32 else TAIL_BATCH
-        with b.loop("so", -(-trips // batch), "serial") as so, b.loop("sj", batch, "unrolled") as sj:
-            j = (so * batch + sj) * items + lid
-            mine = (j < slots) & (lid < items) if items < size else j < slots  # (the others are not in the tree)
-            with b.if_(mine) if slots % items or trips % batch or items < size else nullcontext():
-                b.store(part, 0, welford_merge(part[0], Sp[base + j, vec]))
+        with slot_loop(b, slots, items, lid, lid < items if items < size else None) as j:
+            b.store(part, 0, welford_merge(part[0], Sp[base + j, vec]))
         whole = tree_of(b, [part[0]], lambda p, q: [welford_merge(p[0], q[0])], lid, items, tree, items=size)[0]
         with b.if_(lid.equal(0)):
             c = ExtractLane(whole, 0)
@@ -582,8 +598,8 @@ STAGED_PER_ITEM = 8  # pixels of a block a work-item reduces from the staged til
 
 
 def staged_items(pixels: int, blocks: int, size: int) -> int:
-    """The work-items a block's staged pixels are reduced by (a power of two, each about ``STAGED_PER_ITEM``)."""
-    return max(1, min(pow2_floor(size // blocks), pow2_ceil(ceil_div(pixels, STAGED_PER_ITEM))))
+    """The work-items a block's staged pixels are reduced by."""
+    return few_items(pixels, STAGED_PER_ITEM, size // blocks)
 
 
 def unit_statistics_layout(OB: int, groups: int, C: int, tile_oc: int, spatial: int) -> dict:
@@ -689,18 +705,13 @@ def last_group_unit_statistics(b: Builder, staged: StagedTile, firsts: list, lid
         blk, sub = lid // span, lid % span
         for j in range(3):
             b.store(state, j, zero)
-        trips = -(-spatial // span)
-        batch = trips if trips <= 32 else TAIL_BATCH  # slots a work-item loads together (unrolled), then merges
-        with b.if_(blk < merge), b.loop("so", -(-trips // batch), "serial") as so, \
-                b.loop("sj", batch, "unrolled") as sj:
-            j = (so * batch + sj) * span + sub
-            with b.if_(j < spatial) if spatial % span or trips % batch else nullcontext():
-                at = base + (((blk // t_oc) * spatial + j) * t_oc + blk % t_oc) * 3
-                slot_state = [b.let(f"sslot{i}", Sp[at + i, vec]) for i in range(3)]
-                new = [b.let(f"snew{i}", v) for i, v in enumerate(lanewise_merge(
-                    [state[0], state[1], state[2]], slot_state))]
-                for i, v in enumerate(new):  # (all three from the state before)
-                    b.store(state, i, v)
+        with b.if_(blk < merge), slot_loop(b, spatial, span, sub) as j:
+            at = base + (((blk // t_oc) * spatial + j) * t_oc + blk % t_oc) * 3
+            slot_state = [b.let(f"sslot{i}", Sp[at + i, vec]) for i in range(3)]
+            new = [b.let(f"snew{i}", v) for i, v in enumerate(lanewise_merge(
+                [state[0], state[1], state[2]], slot_state))]
+            for i, v in enumerate(new):  # (all three from the state before)
+                b.store(state, i, v)
         whole = tree_of(b, [state[0], state[1], state[2]], lambda p, q: lanewise_merge(p, q), lid, merge * span,
                         tree, span=span, items=size) if span > 1 else None
         first_block = (tile // tiles) * merge  # of the image's blocks

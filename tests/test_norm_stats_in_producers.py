@@ -442,17 +442,17 @@ def test_the_statistics_address_only_their_workspaces(device, fields, knobs):
 
 @pytest.mark.parametrize("fields,knobs", [
     (dict(data=(1, 4, 24, 22), kernel=(8, 4, 3, 3), padding=1, out_stats=8), dict(tile_oc=2, wg_w=2, wg_h=2)),
-    (dict(data=(2, 8, 16, 16), kernel=(16, 8, 1, 1), bias=True, out_stats=2),
+    (dict(data=(2, 8, 17, 16), kernel=(16, 8, 1, 1), bias=True, out_stats=2),
      dict(tile_oc=1, wg_w=2, wg_h=1, split_k=2)),
-    (dict(data=(1, 8, 24, 22), kernel=(8, 8, 3, 3), padding=1, out_stats=1), dict(tile_oc=1, wg_w=2, wg_h=1)),
-], ids=["instance-66-slots-an-item", "groups-of-2-blocks-64-slots-an-item", "gn1-264-slots-an-item"])
+    (dict(data=(1, 8, 25, 22), kernel=(8, 8, 3, 3), padding=1, out_stats=1), dict(tile_oc=1, wg_w=2, wg_h=1)),
+], ids=["instance-66-slots-an-item", "groups-of-2-blocks-68-slots-an-item", "gn1-275-slots-an-item"])
 def test_the_last_work_group_merges_many_slots_a_work_item_in_batches(device, fields, knobs):
     """Small work-groups over a large plane leave the last work-group more than 32 slots a work-item to merge
     (``reduction.TAIL_BATCH`` of them loaded together, the last batch cut short), for a norm of blocks and for a
     GroupNorm(1): the statistics still match ``unit_statistics``, in several images."""
     import dataclasses
 
-    from tuner.templates.reduction import tail_items, unit_statistics_layout
+    from tuner.templates.reduction import TAIL_BATCH, tail_items, unit_statistics_layout
     t = get_template("conv2d")
     wl = t.workload(**fields)
     base = t.fallback_with(wl, device.info, input_scope="buffer", weight_scope="buffer", output_scope="buffer")
@@ -461,10 +461,12 @@ def test_the_last_work_group_merges_many_slots_a_work_item_in_batches(device, fi
     size, tiles = cfg.wg_w * cfg.wg_h * cfg.split_k, -(-OH // cfg.wg_h) * -(-OW // cfg.wg_w)
     if wl.out_stats > 1:  # last_group_unit_statistics: a block's slots over tail_items work-items
         layout = unit_statistics_layout(wl.kernel[0] // 4, wl.out_stats, wl.kernel[0], cfg.tile_oc, tiles)
-        spatial = layout["slots"] // layout["tiles"]
-        assert -(-spatial // tail_items(spatial, layout["merge"], size)) > 32
-    else:  # last_group_statistics: every slot of the image over the work-group
-        assert -(-(wl.kernel[0] // 4 // cfg.tile_oc * tiles) // size) > 32
+        count = layout["slots"] // layout["tiles"]
+        trips = -(-count // tail_items(count, layout["merge"], size))
+    else:  # last_group_statistics: every slot of the image
+        count = wl.kernel[0] // 4 // cfg.tile_oc * tiles
+        trips = -(-count // tail_items(count, 1, size))
+    assert trips > 32 and trips % TAIL_BATCH  # batches of TAIL_BATCH, the last one cut short
     exe = build(t.build(wl, cfg), device)
     inputs = t.random_inputs(wl, np.random.default_rng(0))
     for _ in range(2):  # the counters back at zero after a launch
@@ -475,11 +477,13 @@ def test_the_last_work_group_merges_many_slots_a_work_item_in_batches(device, fi
     dict(data=(1, 128, 28, 28), kernel=(128, 128, 3, 3), padding=1, out_stats=32),
     dict(data=(1, 3, 64, 64), kernel=(32, 3, 9, 9), padding=4, bias=True, out_stats=32),
     dict(data=(2, 16, 20, 20), kernel=(64, 16, 1, 1), out_stats=2),
-], ids=["gn32", "instance-9x9", "groups-of-8-blocks"])
+    dict(data=(1, 32, 14, 14), kernel=(64, 32, 3, 3), padding=1, out_stats=1),
+], ids=["gn32", "instance-9x9", "groups-of-8-blocks", "gn1"])
 def test_the_space_counts_the_statistics_local_memory_a_config_allocates(device, fields):
     """A norm of blocks' statistics epilogue stages the work-group's output tile and reduces it in short trees
-    (``reduction.last_group_unit_statistics``); the space's ``out_stats_local`` bounds what that allocates: on a
-    device with one byte less local memory than a config's kernel declares, the space refuses the config."""
+    (``reduction.last_group_unit_statistics``), a GroupNorm(1)'s merges a value a work-item in one tree
+    (``last_group_statistics``); the space's ``out_stats_local`` bounds what each allocates: on a device with one
+    byte less local memory than a config's kernel declares, that constraint refuses the config."""
     import dataclasses
     import re
 
@@ -498,11 +502,11 @@ def test_the_space_counts_the_statistics_local_memory_a_config_allocates(device,
         cfg = t.make_config(space.sample(rng))
         _, src = generate(t.build(wl, cfg))
         used = sum(bytes_of[ty] * int(n) for ty, n in re.findall(r"__local (\w+) \w+\[(\d+)\];", src))
-        assert "sstage" in src and used > 0
+        assert ("sstage" in src) == (wl.out_stats > 1) and used > 0
         tight = dataclasses.replace(big, local_mem_bytes=used - 1)
         refused = [v.split(":")[0] for v in t.space(wl, tight, **t.model_knobs, **scopes).violations(
             t.config_values(wl, cfg))]
-        assert set(refused) & {"out_stats_local", "split_k_partials", "local_tile"}, (cfg, used)
+        assert "out_stats_local" in refused, (cfg, used)
 
 
 def test_tuning_a_statistics_writing_convolution_starts_from_its_loop_nests_best(tmp_path, device):

@@ -269,6 +269,41 @@ def test_operator_kernels_are_clean_under_oclgrind():
     assert not problems, "\n\n".join(problems)
 
 
+# A convolution's norm-statistics epilogue (``reduction.last_group_statistics``, ``last_group_unit_statistics``):
+# each work-group stores its slot and counts itself with an atomic; the last to count reads every slot. Oclgrind
+# does not model that fence-and-count order, so it reports races between work-groups on the slots and counter,
+# and the slots as uninitialized where the last work-group reads them (and wherever their values go); no index
+# may leave its buffer, and the local memory (the staged tile, the trees) must be free of races.
+STATS_CASES = [
+    {"label": "conv2d buffer: InstanceNorm statistics, split_k=2, tile 2x2x2 over a 9x7 plane, wg 4x2",
+     "template": "conv2d",
+     "workload": {"data": (1, 8, 9, 7), "kernel": (8, 8, 3, 3), "padding": 1, "out_stats": 8},
+     "config": {"tile_oc": 2, "tile_oh": 2, "tile_ow": 2, "wg_w": 4, "wg_h": 2, "split_k": 2, **BUFFERS}},
+    {"label": "conv2d buffer: GroupNorm(2) statistics, groups of 2 blocks over tiles, split_k=2, batch 2",
+     "template": "conv2d",
+     "workload": {"data": (2, 8, 7, 9), "kernel": (16, 8, 3, 3), "padding": 1, "bias": True, "out_stats": 2},
+     "config": {"tile_oc": 1, "tile_oh": 2, "wg_w": 4, "wg_h": 2, "split_k": 2, **BUFFERS}},
+    {"label": "conv2d buffer: GroupNorm(1) statistics, split_k=2, 12 slots",
+     "template": "conv2d",
+     "workload": {"data": (1, 8, 6, 7), "kernel": (8, 8, 3, 3), "padding": 1, "out_stats": 1},
+     "config": {"tile_oc": 1, "wg_w": 4, "wg_h": 2, "split_k": 2, **BUFFERS}},
+]
+
+
+def test_statistics_epilogues_touch_no_memory_out_of_bounds_and_race_in_no_local_memory():
+    rows, reports = run_oclgrind(STATS_CASES)
+    assert {row["device"] for row in rows} == {"Oclgrind Simulator"}
+    problems = []
+    for row in rows:
+        assert "exception" not in row, row["exception"]
+        assert row["error"] <= row["tolerance"], (row["label"], row["error"])
+        for kind, rep in findings(reports.get(row["index"], []), row.get("source", "")):
+            between_groups = kind == "uninitialized" or kind == "data race" and "local memory" not in rep
+            if not between_groups:
+                problems.append(f"case {row['index']} ({row['label']}): {kind}\n{rep}")
+    assert not problems, "\n\n".join(problems[:3])
+
+
 def _probe(label, body, buffers, global_size=(4,), local_size=None):
     src = f"__kernel void k(__global float* a, __global float* b) {{ int i = get_global_id(0); {body} }}"
     return {"label": label, "probe": {"source": src, "kernel": "k", "global_size": list(global_size),
