@@ -54,8 +54,8 @@ ABLATIONS = {  # the epilogue's function -> part name -> (old, new) edits of its
         "no_tail": [_NO_TAIL],
         "no_sync": [_NO_TAIL, *_NO_SYNC],
         "own_only": [_NO_TAIL, *_NO_SYNC, ("with b.if_(lid < t_oc * red):", "with b.if_(lid < 0):"),
-                     ("    tree_of(b, [state[0], state[1], state[2]], lambda p, q: lanewise_merge(p, q), lid, "
-                      "t_oc * red, tree,\n            span=red, items=size)\n", "")]},
+                     ("    tree_of(b, [state[0], state[1], state[2]], lanewise_merge, lid, t_oc * red, tree, "
+                      "span=red, items=size)\n", "")]},
     "last_group_statistics": {
         "no_tail": [_NO_TAIL],
         "no_sync": [_NO_TAIL, *_NO_SYNC_IMAGE],

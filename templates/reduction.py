@@ -396,12 +396,12 @@ def welford_merge(a, b):
     return call("make_vector", [n, ma + d * f, qa + qb + d * d * na * f, as_expr(0.0)], "float32x4")
 
 
-def any_size_tree(b: Builder, value, combine, lid, size: int, buf):
+def any_size_tree(b: Builder, value, combine, lid, size: int, buf, items: int = 0):
     """``value`` (a float4 per work-item) combined over the ``size`` work-items of a work-group (any size: the
     upper half of each step folds into the lower where it exists) in ``buf``, a local float4 array of ``size``
     (allocated at the kernel's outermost scope); every work-item reaches each barrier, and the result is read
-    after the last (``tree_of`` of one value)."""
-    return tree_of(b, [value], lambda p, q: [combine(p[0], q[0])], lid, size, buf)[0]
+    after the last (``tree_of`` of one value; ``items``: as there)."""
+    return tree_of(b, [value], lambda p, q: [combine(p[0], q[0])], lid, size, buf, items=items)[0]
 
 
 def global_fence(b: Builder) -> None:
@@ -524,10 +524,10 @@ def last_group_statistics(b: Builder, values: list, first, lid, size: int, n, sl
     with b.if_(last[0].equal(1)):  # the same for the whole work-group
         part = b.allocate("spart", (1,), "float32x4", "private")
         b.store(part, 0, zero)
-        items = tail_items(slots, 1, size)  # a work-item about every 4 slots: a tree only as deep as that needs
-        with slot_loop(b, slots, items, lid, lid < items if items < size else None) as j:
+        merging = tail_items(slots, 1, size)  # a work-item about every 4 slots: a tree only as deep as that needs
+        with slot_loop(b, slots, merging, lid, lid < merging if merging < size else None) as j:
             b.store(part, 0, welford_merge(part[0], Sp[base + j, vec]))
-        whole = tree_of(b, [part[0]], lambda p, q: [welford_merge(p[0], q[0])], lid, items, tree, items=size)[0]
+        whole = any_size_tree(b, part[0], welford_merge, lid, merging, tree, items=size)
         with b.if_(lid.equal(0)):
             c = ExtractLane(whole, 0)
             d = b.let("sdev", ExtractLane(whole, 1) - ExtractLane(Sp[base + slots, vec], 0))
@@ -692,8 +692,7 @@ def last_group_unit_statistics(b: Builder, staged: StagedTile, firsts: list, lid
                 d = b.let(f"sd{j}", (stage[i] - mean) * Broadcast(mask[q], 4))
                 b.store(state, 2, state[2] + d * d)
         b.store(state, 1, mean)
-    tree_of(b, [state[0], state[1], state[2]], lambda p, q: lanewise_merge(p, q), lid, t_oc * red, tree,
-            span=red, items=size)
+    tree_of(b, [state[0], state[1], state[2]], lanewise_merge, lid, t_oc * red, tree, span=red, items=size)
     slot = (tile % tiles) * spatial + spatial_slot
     with b.if_(lid.equal(0)):
         for j in range(k3):
@@ -712,8 +711,8 @@ def last_group_unit_statistics(b: Builder, staged: StagedTile, firsts: list, lid
                 [state[0], state[1], state[2]], slot_state))]
             for i, v in enumerate(new):  # (all three from the state before)
                 b.store(state, i, v)
-        whole = tree_of(b, [state[0], state[1], state[2]], lambda p, q: lanewise_merge(p, q), lid, merge * span,
-                        tree, span=span, items=size) if span > 1 else None
+        whole = tree_of(b, [state[0], state[1], state[2]], lanewise_merge, lid, merge * span, tree, span=span,
+                        items=size) if span > 1 else None
         first_block = (tile // tiles) * merge  # of the image's blocks
         with b.if_(sub.equal(0) & (blk < merge) if span > 1 else blk < merge):
             for i in range(3):
