@@ -1,6 +1,7 @@
 """What the whole-model benchmarks share (``bench/runtimes_gpu.py``, ``bench/peers.py``): a job with a deadline,
 a log file and a shell that keeps the compiler noise out of it; medians that skip missing values; relative
-errors; JSON state written atomically."""
+errors; JSON state and CSV tables written atomically, markdown tables (also ``bench/se_gate_ab.py``,
+``bench/stats_epilogue.py``)."""
 from __future__ import annotations
 
 import json
@@ -63,6 +64,23 @@ def save_json(path: Path, obj) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(obj, indent=1, default=str) + "\n")
     os.replace(tmp, path)
+
+
+def write_csv(path: Path, rows: list) -> None:
+    """``rows`` (dicts with the keys of the first) as a CSV file, written atomically."""
+    import csv
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    os.replace(tmp, path)
+
+
+def md_table(rows: list, cols: list) -> list:
+    """The lines of a markdown table of ``rows``' ``cols``, as they print."""
+    return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] + \
+        ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
 
 
 def load_json(path: Path, default):

@@ -13,11 +13,13 @@ usage: python bench/se_gate_ab.py --before 'logs/*.jsonl' --after new.jsonl --de
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import statistics
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # (run with python -P too: bench/gpu.sh)
+import harness  # noqa: E402  (bench/harness.py: the CSV and markdown tables)
 
 
 def main(argv=None) -> int:
@@ -71,13 +73,8 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"se_gate_ab_{dev.info.name.replace(' ', '_')}"
     if rows:
-        with open(f"{stem}.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
-        cols = ["task", "scope", "before_us", "after_us", "fallback_us", "after_vs_before"]
-        lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-        lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
+        harness.write_csv(Path(f"{stem}.csv"), rows)
+        lines = harness.md_table(rows, ["task", "scope", "before_us", "after_us", "fallback_us", "after_vs_before"])
         total = {m: sum(r[f"{m}_us"] for r in rows) for m in ("before", "after", "fallback")}
         lines.append(f"| all {len(rows)} tasks | | {total['before']:.1f} | {total['after']:.1f} | "
                      f"{total['fallback']:.1f} | {total['before'] / total['after']:.3f} |")

@@ -23,12 +23,14 @@ usage: python bench/stats_epilogue.py --preset gn32 --log 'logs/*.jsonl' --devic
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import json
 import statistics
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # (run with python -P too: bench/gpu.sh)
+import harness  # noqa: E402  (bench/harness.py: the CSV and markdown tables)
 
 PRESETS = {
     "gn32": [dict(data=(1, 128, 28, 28), kernel=(128, 128, 3, 3), padding=1, out_stats=32),
@@ -177,13 +179,8 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"stats_epilogue_{dev.info.name.replace(' ', '_')}"
-    with open(f"{stem}.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    cols = list(rows[0])
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
+    harness.write_csv(Path(f"{stem}.csv"), rows)
+    lines = harness.md_table(rows, list(rows[0]))
     Path(f"{stem}.md").write_text(f"{dev.info.name}: {args.rounds} alternating rounds, median of {args.repeats} "
                                   f"profiled runs each, buffer scope\n\n" + "\n".join(lines) + "\n")
     return 0
