@@ -2,6 +2,9 @@
 passes, then emitted as OpenCL C (``codegen.opencl``)."""
 from __future__ import annotations
 
+import contextlib
+import gc
+
 from tuner.codegen.opencl import program_source
 from tuner.ir.functor import visit
 from tuner.ir.kernel import Kernel, Program
@@ -12,8 +15,25 @@ from tuner.lower import lower
 def generate(k: "Kernel | Program", trace: list | None = None) -> tuple:
     """Lower and generate OpenCL: ``(lowered Program, source)``. Needs no device (compiling for a target
     that is not attached builds nothing; the source is built on the target when it loads)."""
-    prog = lower(k, trace=trace)
-    return prog, program_source(prog)
+    with _cycle_collector_paused():
+        prog = lower(k, trace=trace)
+        return prog, program_source(prog)
+
+
+@contextlib.contextmanager
+def _cycle_collector_paused():
+    """Python's cycle collector off while a kernel is lowered: the passes allocate millions of IR nodes, immutable
+    and free of cycles (reference counting frees them), and the collector walked the whole heap again and again
+    for them. Lowering every kernel of the zoo's test models for two device profiles (3,342 sources, the same
+    bytes): 46.9-48.6 s with it, 39.2 s without."""
+    if not gc.isenabled():  # paused already (a nested call) or by the caller: theirs to turn back on
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def written_buffers(kernels) -> set:
