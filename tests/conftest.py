@@ -24,7 +24,7 @@ if os.environ.get("TUNER_TEST_DEVICE"):
 os.environ.setdefault("POCL_WORK_GROUP_SPECIALIZATION", "0")
 # PoCL's LLVM optimizes each kernel before it builds the work-group function. The suite's PoCL builds skip that
 # (-cl-opt-disable): the same sources, checked the same, built in about half the time (tests/test_reductions.py from a
-# cold cache on 2 cores: 30 -> 16 s; the whole suite 23.6-25.7 -> 18.4 min). Optimized builds are still checked:
+# cold cache on 2 cores: 30 -> 16 s; the whole suite 23.6-25.7 -> 19.2 min). Optimized builds are still checked:
 # ``check_random_configs``'s child (below) and the native programs (``cl_env``) build with PoCL's optimizer on.
 os.environ.setdefault("POCL_EXTRA_BUILD_FLAGS", "-cl-opt-disable")
 # The templates' kernels with barriers inside loops (se_gate's pool, squeeze and excite; a depthwise convolution
