@@ -73,7 +73,8 @@ def cmd_compile(args) -> int:
         mod = compile_model(_model_path(args.model), log=args.log, device=args.device, scope=args.scope,
                             dtype=args.dtype, input_shapes=_input_shapes(args.input_shape),
                             progress=not args.no_progress, target=args.target, transfer_from=args.transfer_from,
-                            plan_timer=args.plan_timer, precision=args.precision, calibration=args.calibration)
+                            plan_timer=args.plan_timer, precision=args.precision, calibration=args.calibration,
+                            keep=True)
     except TunerError as e:
         if args.device and "no OpenCL device matches" in str(e):
             raise TunerError(f"{e}\nto compile for a device that is not attached, pass its profile: --target "
@@ -492,7 +493,7 @@ def cmd_demo(args) -> int:
                      compare_scopes=False)
     print(f"tuned {len(res.tasks)} tasks, {res.measured} measurements in {time.perf_counter() - t0:.0f} s -> {log}")
     print(res.estimate.text())
-    mod = compile_model(model, log=log, device=dev, scope=args.scope, progress=True)
+    mod = compile_model(model, log=log, device=dev, scope=args.scope, progress=True, keep=True)
     _print_plan_choice(mod)
     mod.save(out / "artifact")
     mod = load_module(out / "artifact", device=dev)

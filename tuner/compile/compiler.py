@@ -248,7 +248,8 @@ def _glue_kernel(s: Step, plan: Plan, max_wg: int):
 def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str = "float32",
                   input_shapes: dict | None = None, progress: bool = False, target=None,
                   measure_plans: bool | None = None, prefer=None, transfer_from=None,
-                  plan_timer: str = "python", precision: str = "mixed", calibration=None) -> M.Module:
+                  plan_timer: str = "python", precision: str = "mixed", calibration=None,
+                  keep: bool = False) -> M.Module:
     """Compile an ONNX model (path or ModelProto) for ``device`` with the best configs of ``log`` (path,
     glob, list, or an ApplyHistoryBest; None: the active ``with apply_history_best(...)``, if any);
     ``scope``: auto (per layer, from the log), texture or buffer.
@@ -276,7 +277,12 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
     ``calibration`` inputs (a folder of ``.npy`` files; None: random normal ones of the inputs' shapes) and keeps
     the nodes whose float16 output overflows, flushes to zero or drifts in float32 (a mixed plan; the module's
     ``precision`` says which and why); ``strict`` refuses such a model (PrecisionError); ``off`` stores every
-    tensor in float16 unchecked."""
+    tensor in float16 unchecked.
+
+    ``keep`` (``tuner compile`` sets it): the module's programs are built one by one and left in the user's binary
+    cache for both runtimes (``tuner.artifact.cache.keep_programs``), so that the first run of the saved artifact
+    builds nothing. Without it the programs of the generator's one-kernel sources are built as one program
+    (``Runtime.build_together``: on PoCL about half the build time), and nothing is kept."""
     from tuner.plan.precision import PRECISIONS, guard_graph
     if precision not in PRECISIONS:
         raise TunerError(f"--precision {precision!r}: one of {', '.join(PRECISIONS)}")
@@ -313,10 +319,11 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
                            float32_plan=guard is not None and precision == "mixed")
     else:
         plan = logged_se_plan(graph, info, scope, history, dtype, prefer)
-        mod = module_of(compile_plan(plan, info, history, progress), dev, progress)
+        mod = module_of(compile_plan(plan, info, history, progress), dev, progress, together=not keep)
     mod.precision = guard  # the precision guard's finding (float16), printed by `tuner compile`
-    from tuner.artifact.cache import keep_programs
-    keep_programs(mod)  # the programs just built, in the user's cache: the first run of the artifact builds none
+    if keep:
+        from tuner.artifact.cache import keep_programs
+        keep_programs(mod)  # the programs just built, in the user's cache: the first run of the artifact builds none
     return mod
 
 
@@ -341,9 +348,11 @@ class Compiled:
     params: dict  # weight key -> packed array
 
 
-def module_of(compiled: Compiled, dev, progress: bool = False) -> M.Module:
-    """The artifact on ``dev`` (its programs built now), or deferred to its first load (``dev`` None)."""
-    return M.Module(compiled.spec, compiled.sources, compiled.params, dev, defer=dev is None, progress=progress)
+def module_of(compiled: Compiled, dev, progress: bool = False, together: bool = True) -> M.Module:
+    """The artifact on ``dev`` (its programs built now; ``together``: see ``Module``), or deferred to its first
+    load (``dev`` None)."""
+    return M.Module(compiled.spec, compiled.sources, compiled.params, dev, defer=dev is None, progress=progress,
+                    together=together)
 
 
 def compile_plan(plan: Plan, info, history=None, progress: bool = False, untested: str = "history") -> Compiled:

@@ -35,6 +35,11 @@ class Runtime(abc.ABC):
         program binaries may be kept and reused; ``stats`` counts builds from ``source``, a cached ``binary``
         or this process's ``memory``."""
 
+    def build_together(self, sources) -> int:
+        """Build several of ``sources`` at once where that is cheaper than one by one; ``build`` then hands each
+        out. Returns how many were built so: none by default."""
+        return 0
+
     @abc.abstractmethod
     def alloc(self, scope: str, physical_shape: tuple, dtype):
         """A memory handle: a buffer of ``prod(physical_shape)`` elements (scope ``global``) or an RGBA image

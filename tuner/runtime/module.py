@@ -67,16 +67,19 @@ class Module:
     ``defer=True`` (a module compiled for a target profile): nothing is opened or built until ``load()`` or
     the first run. ``cache_dir``: where program binaries are kept and reused (``load_module``: the user's cache,
     ``user_binary_cache``). ``load_stats`` says how the last load went: seconds, programs built from ``source``, from
-    a cached ``binary``, or found in this process's ``memory``."""
+    a cached ``binary``, or found in this process's ``memory``. ``together`` (without ``cache_dir``, whose binaries
+    are each program's own): the programs are built several at once where the runtime can
+    (``Runtime.build_together``)."""
 
     def __init__(self, spec: ModuleSpec, sources: dict, params: dict, device=None, cache_dir=None,
-                 defer: bool = False, progress: bool = False):
+                 defer: bool = False, progress: bool = False, together: bool = True):
         self.spec, self.sources, self.params = spec, sources, params
         if any(b.offset is None for b in spec.params):  # fresh from the compiler: lay params.bin out
             layout_params(spec)
         self._params_size = max((b.offset + b.nbytes for b in spec.params), default=0)
         check_spec(spec, sources, self._params_size)  # the compiler's output obeys the artifact's checks too
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
+        self.together = together and cache_dir is None
         self.runtime = None
         self.load_stats: dict = {}
         self._inputs: list = []  # the last inputs set: (tensor, array as uploaded), uploaded again before each timed run
@@ -196,6 +199,8 @@ class Module:
         if progress:
             from tqdm.auto import tqdm
             bar = tqdm(total=len(names), desc="build", unit="program", dynamic_ncols=True)
+        if self.together:  # a batch the runtime refuses is built one by one below, each error naming its file
+            self._on_device(rt.build_together, [sources[name] for name in names])
         programs = {}
         for name in names:
             programs[name] = self._build(name, stats)

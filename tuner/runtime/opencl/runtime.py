@@ -22,7 +22,8 @@ from tuner.errors import DeviceError, TunerError
 from tuner.runtime.base import Runtime
 from tuner.runtime.opencl.device import Device, open_device
 from tuner.runtime.opencl.memory import DeviceArray, _region, alloc
-from tuner.runtime.opencl.program import build_program, keep_programs
+from tuner.runtime.opencl.program import (SharedProgram, build_program, build_together, keep_programs,
+                                          shared_program)
 
 RUNNING_KEPT = 100_000  # events kept to find a failed launch by, at most (submits never waited for)
 
@@ -58,10 +59,21 @@ class OpenCLRuntime(Runtime):
                            launch)
 
     def build(self, source, cache_dir=None, stats=None):
+        if cache_dir is None:  # a binary cache keeps each program alone: never a shared one
+            shared = shared_program(self.device, source)
+            if shared is not None:
+                if stats is not None:
+                    kind = "memory" if shared.handed_out else "source"
+                    stats[kind] = stats.get(kind, 0) + 1
+                shared.handed_out = True
+                return shared
         try:
             return build_program(self.device, source, cache_dir=cache_dir, stats=stats)
         except cl.Error as e:  # the build itself fails as CompileError, with its log
             raise self._error("creating the program", e) from None
+
+    def build_together(self, sources) -> int:
+        return build_together(self.device, sources)
 
     def keep_programs(self, sources, binaries_dir):
         return keep_programs(self.device, sources, binaries_dir)
@@ -134,6 +146,8 @@ class OpenCLRuntime(Runtime):
         return out
 
     def prepare(self, program, kernel, args, global_size, local_size):
+        if isinstance(program, SharedProgram):  # built with others: the kernel has another name there
+            program, kernel = program.program, program.kernel_name(kernel)
         try:
             k = cl.Kernel(program, kernel)  # one object per launch: its own arguments
             k.set_args(*[a.mem for a in args])
