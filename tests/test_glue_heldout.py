@@ -258,14 +258,15 @@ def _tuner_run(mod, x, device, native, cl_env, tmp_path, name: str = "art") -> n
 
 def _compiled(model, scope: str, tmp_path, shift: float = 0.0) -> tuple:
     """``(mod, x, want)``: ``model`` compiled for the suite's CPU device in ``scope``, a random input (plus
-    ``shift``) and onnxruntime's outputs for it."""
+    ``shift``) and onnxruntime's outputs for it. Compiled as ``tuner compile`` does (``keep``: each program built
+    alone and kept), since most of its callers save it for tuner-run."""
     from conftest import building_cpu
     path = tmp_path / "m.onnx"
     onnx.save(model, str(path))
     feeds = {k: v + shift for k, v in _feeds(model).items()}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        mod = compile_model(str(path), device=building_cpu(), scope=scope)
+        mod = compile_model(str(path), device=building_cpu(), scope=scope, keep=True)
     return mod, next(iter(feeds.values())), _ort(path, feeds)
 
 

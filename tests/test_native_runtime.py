@@ -71,7 +71,7 @@ def artifacts(models, tmp_path_factory):
     d = tmp_path_factory.mktemp("artifacts")
     out = {}
     for key, (model, device, scope, dtype) in ARTIFACTS.items():
-        m = tuner.compile_model(str(models[model]), device=device, scope=scope, dtype=dtype)
+        m = tuner.compile_model(str(models[model]), device=device, scope=scope, dtype=dtype, keep=True)
         out[key] = Path(m.save(d / key))
     return out
 
@@ -443,7 +443,7 @@ def conv_artifact(conv3x3_onnx, tmp_path):
     import tuner
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # FallbackConfigWarning
-        return Path(tuner.compile_model(conv3x3_onnx(8), device=CPU, scope="buffer").save(tmp_path / "conv"))
+        return Path(tuner.compile_model(conv3x3_onnx(8), device=CPU, scope="buffer", keep=True).save(tmp_path / "conv"))
 
 
 def _default_opencl_paths() -> list:
@@ -502,7 +502,7 @@ def test_every_output_in_the_models_shape(native, cl_env, device, tmp_path):
     from test_model_io import MODELS, _ort
     for name in ("ssd_head", "grid_5d_1d"):
         model = MODELS[name]
-        art = Path(tuner.compile_model(model, device=CPU, scope="texture").save(tmp_path / name))
+        art = Path(tuner.compile_model(model, device=CPU, scope="texture", keep=True).save(tmp_path / name))
         x = np.random.default_rng(2).standard_normal((1, 8, *((8, 8) if name == "ssd_head" else (6, 5))))
         np.save(tmp_path / "x.npy", x.astype(np.float32))
         want = _ort(model, {"input": x.astype(np.float32)})
@@ -534,7 +534,7 @@ def test_outputs_files_are_named_as_the_python_side_names_them(native, cl_env, t
     inits = [("w", _w(4, 3, 3, 3))] + [(f"k{i}", np.float32(i + 1)) for i in range(len(names))]
     from onnx import TensorProto
     model = _model(nodes, inits, [("input", (1, 3, 5, 5))], [(n, TensorProto.FLOAT) for n in names])
-    art = Path(tuner.compile_model(model, device=CPU, scope="buffer").save(tmp_path / "a"))
+    art = Path(tuner.compile_model(model, device=CPU, scope="buffer", keep=True).save(tmp_path / "a"))
     r = _tuner_run(native, cl_env, art, "--device", CPU, "--outputs", tmp_path / "deep" / "er", "--bench", 1)
     assert r.returncode == 0, r.stderr
     assert "\x1b" not in r.stdout and "(output 'red\\x1b[31m'" in r.stdout

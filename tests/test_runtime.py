@@ -11,6 +11,8 @@ from tuner import TunerError, choose_device, list_devices
 from tuner.errors import CompileError
 from tuner.runtime.opencl import (BufferPool, TexturePool, alloc, build_program, download, open_device,
                            upload)
+from tuner.runtime.opencl.program import SAMPLER, SharedProgram, build_together, one_kernel, shared_program
+from tuner.runtime.opencl.runtime import OpenCLRuntime
 
 
 @pytest.fixture(scope="module")
@@ -170,6 +172,51 @@ def test_program_cache_and_compile_error(dev):
     assert isinstance(e.value, TunerError)
     assert "undefined_name" in e.value.log and "undefined_name" in str(e.value)
     assert "   2|   x[0] = undefined_name;" in str(e.value)
+
+
+def _one(name, body, sampler=True):
+    head = f"__kernel __attribute__((reqd_work_group_size(1, 1, 1)))\nvoid {name}(\n    __global float* restrict Y) {{\n"
+    return (SAMPLER + "\n\n" if sampler else "") + head + body + "}\n"
+
+
+def test_only_the_generators_one_kernel_sources_are_built_together():
+    ok = _one("add", "  Y[get_global_id(0)] += 1.0f;\n")
+    assert one_kernel(ok) == ("add", ok[len(SAMPLER):].lstrip())
+    assert one_kernel(_one("add", "  Y[0] = 1.0f;\n", sampler=False))[0] == "add"
+    assert one_kernel(_one("add", "  Y[0] = add_count;\n")) is not None  # the name as a whole word only
+    for bad in (ok + "__kernel void other(__global float* Y) { }\n",  # a second kernel
+                "#define N 4\n" + ok,  # a macro would reach the sources after it
+                "float helper(float x) { return x; }\n" + ok,  # a function of its own
+                ok.replace(SAMPLER, SAMPLER.replace("CLAMP", "NONE")),  # another sampler
+                _one("add", "  read_imagef(t, sampler, (int2)(0)); \n", sampler=False),  # a sampler it lacks
+                _one("add", "  /* add */ Y[0] = 1.0f;\n"),  # comments: not the generator's
+                _one("add", "  Y[0] = 1.0f; }\n  {\n"),  # braces that close the kernel early
+                _one("add", "  Y[0] = 1.0f;\n  add(Y);\n")):  # its name twice
+        assert one_kernel(bad) is None, bad
+
+
+def test_sources_built_together_run_as_built_alone_and_a_bad_one_builds_alone(dev, tmp_path):
+    """Three sources of one kernel name, each with its own body, built as one program: each launch runs its own
+    body; a batch with a source that does not compile builds nothing, and that source alone names its error."""
+    srcs = [_one("k", f"  Y[get_global_id(0)] = {i}.5f;\n") for i in range(3)]
+    assert build_together(dev, srcs) == 3
+    assert build_together(dev, srcs) == 0  # built already
+    rt = OpenCLRuntime(dev)
+    stats: dict = {}
+    out = alloc(dev, "global", (4,), np.float32)
+    for i, src in enumerate(srcs):
+        shared = rt.build(src, stats=stats)
+        assert isinstance(shared, SharedProgram) and shared.program is shared_program(dev, srcs[0]).program
+        rt.enqueue([rt.prepare(shared, "k", [out], (4,), (1,))])
+        np.testing.assert_array_equal(rt.download(out), np.full(4, i + 0.5, np.float32))
+    rt.build(srcs[0], stats=stats)
+    assert stats == {"source": 3, "memory": 1}
+    assert isinstance(rt.build(srcs[0], cache_dir=tmp_path), cl.Program)  # a binary cache: each program alone
+    bad = [_one("k", "  Y[0] = 7.0f;\n"), _one("k", "  Y[0] = undefined_name;\n")]
+    assert build_together(dev, bad) == 0 and shared_program(dev, bad[0]) is None
+    assert isinstance(rt.build(bad[0]), cl.Program)
+    with pytest.raises(CompileError, match="undefined_name"):
+        rt.build(bad[1])
 
 
 IMAGE_KERNEL = """

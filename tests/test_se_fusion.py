@@ -199,10 +199,10 @@ def test_the_pass_leaves_other_pools_alone():
     assert not any(n.op == "se_gate" for n in opt.nodes)
 
 
-def _compile(path, scope, device=None):
+def _compile(path, scope, device=None, keep=False):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return compile_model(str(path), device=device, scope=scope)
+        return compile_model(str(path), device=device, scope=scope, keep=keep)
 
 
 @pytest.mark.parametrize("name", list(BLOCKS))
@@ -252,7 +252,7 @@ def test_blocks_in_the_native_runtime(scope, native, cl_env, tmp_path, monkeypat
             with monkeypatch.context() as m:
                 if variant != "fallback":
                     m.setitem(templates(), "se_gate", split if variant == "split" else partial)
-                mod = _compile(path, scope, spec)
+                mod = _compile(path, scope, spec, keep=True)  # saved for tuner-run, as `tuner compile` does
             calls = [len(n.calls) for n in mod.spec.nodes if n.template == "se_gate"]
             assert calls == ([1, 1] if variant == "fallback" else [2, 2]), (name, variant, calls)
             assert np.abs(mod.run([x])[0] - want).max() <= 1e-4 * np.abs(want).max()

@@ -280,9 +280,10 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
     tensor in float16 unchecked.
 
     ``keep`` (``tuner compile`` sets it): the module's programs are built one by one and left in the user's binary
-    cache for both runtimes (``tuner.artifact.cache.keep_programs``), so that the first run of the saved artifact
-    builds nothing. Without it the programs of the generator's one-kernel sources are built as one program
-    (``Runtime.build_together``: on PoCL about half the build time), and nothing is kept."""
+    cache for both runtimes now (``tuner.artifact.cache.keep_programs``), so that the first run of the saved
+    artifact builds nothing. Without it the programs of the generator's one-kernel sources are built as one program
+    (``Runtime.build_together``: on PoCL about half the build time), and are kept, each built alone, only if the
+    module is saved (``Module.save``)."""
     from tuner.plan.precision import PRECISIONS, guard_graph
     if precision not in PRECISIONS:
         raise TunerError(f"--precision {precision!r}: one of {', '.join(PRECISIONS)}")

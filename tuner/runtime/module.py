@@ -359,8 +359,14 @@ class Module:
 
     def save(self, path) -> str:
         """Write the artifact (docs/artifact.md) to ``path``, atomically: an artifact already there is replaced
-        whole, a failed write leaves nothing."""
-        return write_artifact(path, self.spec, self.sources, self.params)
+        whole, a failed write leaves nothing. Loaded on a device, its programs are also kept in the user's binary
+        cache for both runtimes (``keep_programs``; those built together with others are built alone for it), so
+        the first run of the artifact builds nothing."""
+        out = write_artifact(path, self.spec, self.sources, self.params)
+        if self.runtime is not None:
+            from tuner.artifact.cache import keep_programs
+            keep_programs(self)
+        return out
 
 
 def _mb(n: int) -> str:
