@@ -279,11 +279,11 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
     ``precision`` says which and why); ``strict`` refuses such a model (PrecisionError); ``off`` stores every
     tensor in float16 unchecked.
 
-    ``keep`` (``tuner compile`` sets it): the module's programs are built one by one and left in the user's binary
-    cache for both runtimes now (``tuner.artifact.cache.keep_programs``), so that the first run of the saved
-    artifact builds nothing. Without it the programs of the generator's one-kernel sources are built as one program
-    (``Runtime.build_together``: on PoCL about half the build time), and are kept, each built alone, only if the
-    module is saved (``Module.save``)."""
+    ``keep`` (``tuner compile`` sets it): the module's programs (and the candidate plans') are built one by one and
+    left in the user's binary cache for both runtimes now (``tuner.artifact.cache.keep_programs``), so that the
+    first run of the saved artifact builds nothing. Without it the programs of the generator's one-kernel sources
+    are built as one program (``Runtime.build_together``: on PoCL about half the build time), and are kept, each
+    built alone, only if the module is saved (``Module.save``)."""
     from tuner.plan.precision import PRECISIONS, guard_graph
     if precision not in PRECISIONS:
         raise TunerError(f"--precision {precision!r}: one of {', '.join(PRECISIONS)}")
@@ -316,7 +316,7 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
                       f"plans (the per-layer plan is kept, on fallback configs); pass --log to time them",
                       RuntimeWarning, stacklevel=2)
     if measure_plans and scope == "auto" and dev is not None:
-        mod = fastest_plan(graph, history, dev, dtype, progress=progress, timer=plan_timer,
+        mod = fastest_plan(graph, history, dev, dtype, progress=progress, timer=plan_timer, together=not keep,
                            float32_plan=guard is not None and precision == "mixed")
     else:
         plan = logged_se_plan(graph, info, scope, history, dtype, prefer)
@@ -578,7 +578,7 @@ PLAN_TIMERS = ("python", "native")  # what times the candidate plans (compile_mo
 
 def fastest_plan(model, history, device, dtype: str = "float32", input_shapes: dict | None = None,
                  progress: bool = False, repeats: int = 10, timer: str = "python",
-                 float32_plan: bool = False) -> M.Module:
+                 float32_plan: bool = False, together: bool = True) -> M.Module:
     """The per-layer (``auto``) plan and the all-texture and all-buffer plans compiled for ``device`` and timed
     whole (median of ``repeats`` runs after a warm-up, in ``PLAN_ROUNDS`` alternating rounds, the median of the
     rounds; a plan identical to another is timed once); the fastest module is returned (a challenger takes the
@@ -616,7 +616,10 @@ def fastest_plan(model, history, device, dtype: str = "float32", input_shapes: d
     scope's plan with every tensor in float32, named ``<scope>+all-float32``, and the faster is kept -- a plan
     the guard kept mostly in float32 pays a cast at every boundary, and can run slower than float32 throughout
     (on the H200, an uncalibrated MobileNetV2 kept 45 of 54 nodes: 0.446 ms mixed, 0.357 ms in float32), so that
-    ``--dtype float16`` is never slower than ``--dtype float32`` by more than the timing's noise."""
+    ``--dtype float16`` is never slower than ``--dtype float32`` by more than the timing's noise.
+
+    ``together``: each candidate's programs are built together where the runtime can (``Module``); False (a
+    compile that keeps its programs, ``compile_model(keep=True)``) builds each alone, once."""
     if timer not in PLAN_TIMERS:
         raise TunerError(f"plan_timer={timer!r}: give one of {', '.join(PLAN_TIMERS)}")
     if timer == "native" and not getattr(device, "runs_here", not isinstance(device, Runtime)):
@@ -629,9 +632,9 @@ def fastest_plan(model, history, device, dtype: str = "float32", input_shapes: d
         with tempfile.TemporaryDirectory(prefix="tuner-plans-") as saved:
             return _fastest_plan(model, history, device, dtype, input_shapes, progress, repeats, timer,
                                  lambda mod: _native_time(mod, paths, Path(saved), device, exe, repeats),
-                                 float32_plan)
+                                 float32_plan, together)
     return _fastest_plan(model, history, device, dtype, input_shapes, progress, repeats, timer,
-                         lambda mod: _random_inputs(mod).time(repeats), float32_plan)  # every run: its spread
+                         lambda mod: _random_inputs(mod).time(repeats), float32_plan, together)  # every run: its spread
 
 
 def _native_time(mod, paths: dict, saved: Path, device, exe, repeats: int) -> float:
@@ -646,7 +649,7 @@ def _native_time(mod, paths: dict, saved: Path, device, exe, repeats: int) -> fl
 
 
 def _fastest_plan(model, history, device, dtype, input_shapes, progress, repeats, timer, whole,
-                  float32_plan: bool = False) -> M.Module:
+                  float32_plan: bool = False, together: bool = True) -> M.Module:
     timed, modules, caught = {}, {}, []
     # parsed once, planned several ways; the squeeze_excite step may replace it by the graph with blocks unfused
     current = {"graph": load_graph(model, input_shapes)}
@@ -656,7 +659,7 @@ def _fastest_plan(model, history, device, dtype, input_shapes, progress, repeats
         with warnings.catch_warnings(record=True) as notes:  # a candidate's fallbacks matter only if it is kept
             warnings.simplefilter("always")
             mod = module_of(compile_plan(plan_graph(graph, device.info, mode, hist, as_dtype, prefer), device.info,
-                                         hist, progress, untested), device, progress)
+                                         hist, progress, untested), device, progress, together)
         caught.extend(notes)
         return mod
 
