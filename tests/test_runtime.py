@@ -175,21 +175,27 @@ def test_program_cache_and_compile_error(dev):
 
 
 def _one(name, body, sampler=True):
-    head = f"__kernel __attribute__((reqd_work_group_size(1, 1, 1)))\nvoid {name}(\n    __global float* restrict Y) {{\n"
+    head = (f"__kernel __attribute__((reqd_work_group_size(1, 1, 1)))\nvoid {name}(\n"
+            f"    __global float* restrict Y) {{\n")
     return (SAMPLER + "\n\n" if sampler else "") + head + body + "}\n"
 
 
 def test_only_the_generators_one_kernel_sources_are_built_together():
     ok = _one("add", "  Y[get_global_id(0)] += 1.0f;\n")
     assert one_kernel(ok) == ("add", ok[len(SAMPLER):].lstrip())
-    assert one_kernel(_one("add", "  Y[0] = 1.0f;\n", sampler=False))[0] == "add"
+    plain = _one("add", "  Y[0] = 1.0f;\n", sampler=False)
+    assert one_kernel(plain)[0] == "add"
     assert one_kernel(_one("add", "  Y[0] = add_count;\n")) is not None  # the name as a whole word only
-    for bad in (ok + "__kernel void other(__global float* Y) { }\n",  # a second kernel
-                "#define N 4\n" + ok,  # a macro would reach the sources after it
-                "float helper(float x) { return x; }\n" + ok,  # a function of its own
+    for bad in (plain + "__kernel void other(__global float* Y) { }\n",  # a second kernel
+                "float helper(float x) { return x; }\n" + plain,  # a function of its own
+                _one("add", "  Y[0] = 1.0f;\n#define N 4\n", sampler=False),  # a macro reaches the sources after
+                _one("add", "  Y[0] = 1.0f;\n%:define N 4\n", sampler=False),  # ... spelled as a digraph
+                _one("add", "  Y[0] = 1.0f; \\\n  Y[1] = 1.0f;\n", sampler=False),  # a line splice
+                _one("add", "  _Pragma(\"unroll\") Y[0] = 1.0f;\n", sampler=False),
+                _one("add", "  Y[0] = 1.0f; /* one */\n", sampler=False),  # comments: not the generator's
+                _one("add", "  Y[0] = 1.0f; // one\n", sampler=False),
                 ok.replace(SAMPLER, SAMPLER.replace("CLAMP", "NONE")),  # another sampler
-                _one("add", "  read_imagef(t, sampler, (int2)(0)); \n", sampler=False),  # a sampler it lacks
-                _one("add", "  /* add */ Y[0] = 1.0f;\n"),  # comments: not the generator's
+                _one("add", "  read_imagef(t, sampler, (int2)(0));\n", sampler=False),  # a sampler it lacks
                 _one("add", "  Y[0] = 1.0f; }\n  {\n"),  # braces that close the kernel early
                 _one("add", "  Y[0] = 1.0f;\n  add(Y);\n")):  # its name twice
         assert one_kernel(bad) is None, bad
@@ -217,6 +223,30 @@ def test_sources_built_together_run_as_built_alone_and_a_bad_one_builds_alone(de
     assert isinstance(rt.build(bad[0]), cl.Program)
     with pytest.raises(CompileError, match="undefined_name"):
         rt.build(bad[1])
+    # kernel names that fail alone (a macro, the sampler constant) would build renamed: never put together
+    for name in ("CLK_ADDRESS_CLAMP", "sampler"):
+        alone = [_one(name, "  Y[0] = 3.0f;\n"), _one("fine", "  Y[0] = 4.0f;\n")]
+        assert one_kernel(alone[0]) is not None and build_together(dev, alone) == 0, name
+        with pytest.raises(CompileError):
+            rt.build(alone[0])
+
+
+def test_a_compiled_model_runs_on_programs_built_together_and_keep_builds_each_alone(dev, tmp_path):
+    """``compile_model`` builds a model's kernels as shared programs, and its outputs match onnxruntime (as every
+    model test checks); ``keep=True`` (``tuner compile``) builds each alone."""
+    from conftest import with_reference
+    from tuner.compile.compiler import compile_model
+    from tuner.runtime.opencl.program import clear_program_cache
+    from tuner.zoo.models import test_models
+    model = test_models()["mixed"]
+    for keep in (False, True):
+        clear_program_cache(dev)
+        mod = compile_model(model, device=dev, scope="texture", keep=keep)
+        shared = [shared_program(dev, src) for src in mod.sources.values()]
+        assert all(shared) if not keep else not any(shared), keep
+        assert mod.load_stats["source"] == mod.load_stats["programs"] > 2
+        x, want = with_reference(model, tmp_path / "m.onnx")
+        np.testing.assert_allclose(mod.run([x])[0], want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
 IMAGE_KERNEL = """

@@ -279,11 +279,12 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
     ``precision`` says which and why); ``strict`` refuses such a model (PrecisionError); ``off`` stores every
     tensor in float16 unchecked.
 
-    ``keep`` (``tuner compile`` sets it): the module's programs (and the candidate plans') are built one by one and
-    left in the user's binary cache for both runtimes now (``tuner.artifact.cache.keep_programs``), so that the
-    first run of the saved artifact builds nothing. Without it the programs of the generator's one-kernel sources
-    are built as one program (``Runtime.build_together``: on PoCL about half the build time), and are kept, each
-    built alone, only if the module is saved (``Module.save``)."""
+    ``keep`` (``tuner compile`` sets it): the module's programs (and the candidate plans') are built one by one, and
+    the kept module's are left in the user's binary cache for both runtimes now
+    (``tuner.artifact.cache.keep_programs``), so that the first run of the saved artifact builds nothing (a program
+    this process built together before is still handed out shared: correct, and kept alone all the same). Without it
+    the programs of the generator's one-kernel sources are built as one program (``Runtime.build_together``: on PoCL
+    about half the build time), and are kept, each built alone, only if the module is saved (``Module.save``)."""
     from tuner.plan.precision import PRECISIONS, guard_graph
     if precision not in PRECISIONS:
         raise TunerError(f"--precision {precision!r}: one of {', '.join(PRECISIONS)}")
@@ -619,13 +620,15 @@ def fastest_plan(model, history, device, dtype: str = "float32", input_shapes: d
     ``--dtype float16`` is never slower than ``--dtype float32`` by more than the timing's noise.
 
     ``together``: each candidate's programs are built together where the runtime can (``Module``); False (a
-    compile that keeps its programs, ``compile_model(keep=True)``) builds each alone, once."""
+    compile that keeps its programs, ``compile_model(keep=True)``), or the native timer (which saves each
+    candidate, keeping its programs: ``Module.save``), builds each alone, once."""
     if timer not in PLAN_TIMERS:
         raise TunerError(f"plan_timer={timer!r}: give one of {', '.join(PLAN_TIMERS)}")
     if timer == "native" and not getattr(device, "runs_here", not isinstance(device, Runtime)):
         raise TunerError(f"--plan-timer native times the plans with tuner-run on this machine, and "
                          f"{device.info.name} is reached through an agent: run the compile on the device's host, "
                          f"or use --plan-timer python")
+    together = together and timer == "python"
     if timer == "native":
         exe = native.build()["tuner_run"]  # before any plan is compiled: a missing toolchain fails now
         paths = weakref.WeakKeyDictionary()  # module -> its artifact; a loser's device memory still goes

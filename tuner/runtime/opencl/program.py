@@ -37,6 +37,7 @@ from pathlib import Path
 
 import pyopencl as cl
 
+from tuner.codegen.opencl import SAMPLER
 from tuner.artifact.cache import (is_private_folder, native_device_key, private_folder, write_native_binary,
                                   write_private)
 from tuner.errors import CompileError, TunerError
@@ -44,6 +45,7 @@ from tuner.runtime.opencl.device import Device
 
 _CACHE: weakref.WeakKeyDictionary[Device, dict[tuple, cl.Program]] = weakref.WeakKeyDictionary()
 _SHARED: weakref.WeakKeyDictionary[Device, dict[tuple, "SharedProgram"]] = weakref.WeakKeyDictionary()
+_NAMES: weakref.WeakKeyDictionary[Device, dict[str, bool]] = weakref.WeakKeyDictionary()  # name -> a probe built it
 SOURCE_LINES_IN_ERRORS = 30
 
 
@@ -201,13 +203,14 @@ def clear_program_cache(device: Device | None = None) -> None:
     if device is None:
         _CACHE.clear()
         _SHARED.clear()
+        _NAMES.clear()
     else:
         _CACHE.pop(device, None)
         _SHARED.pop(device, None)
+        _NAMES.pop(device, None)
 
 
 # -- several sources, one program ----------------------------------------------------------------------------
-SAMPLER = "__constant sampler_t sampler = CLK_NORMALIZED_COORDS_FALSE | CLK_ADDRESS_CLAMP | CLK_FILTER_NEAREST;"
 _KERNEL_HEAD = re.compile(r"__kernel\b[^{};#/]*?\bvoid\s+([A-Za-z_]\w*)\s*\([^{};#/]*\)\s*\{")
 
 
@@ -227,7 +230,11 @@ class SharedProgram:
 def one_kernel(source: str) -> tuple[str, str] | None:
     """``(kernel name, the source without its sampler line)`` where ``source`` is of the form the code generator
     writes -- the sampler constant (or no mention of ``sampler``), then one kernel that ends the source, its name
-    nowhere else -- else None: such a source is safe to put in a program with others under another name."""
+    nowhere else, nothing the preprocessor reads (directives, digraphs, trigraphs, line splices, ``_Pragma``) and no
+    comment -- else None: such a source is safe to put in a program with others under another name
+    (``build_together`` also checks that the name itself would build: a macro's name would not)."""
+    if any(t in source for t in ("#", "%:", "??", "\\\n", "_Pragma", "/*", "//")):
+        return None
     if source.startswith(SAMPLER):
         body = source[len(SAMPLER):].lstrip()
     elif re.search(r"\bsampler\b", source) is None:
@@ -248,9 +255,28 @@ def one_kernel(source: str) -> tuple[str, str] | None:
                 break
     else:
         return None
-    if len(re.findall(rf"\b{name}\b", body)) != 1 or "#" in body or "/*" in body or "//" in body:
+    if len(re.findall(rf"\b{name}\b", body)) != 1:
         return None
     return name, body
+
+
+def _names_build(device: Device, names, opts: tuple) -> set[str]:
+    """Which of ``names`` build as kernel names after the sampler constant (probed once a process and device, in
+    one program): a name the preprocessor or the program already owns (``CLK_ADDRESS_CLAMP``, ``sampler``) fails
+    alone, and renamed it would not, hiding that source's error."""
+    probed = _NAMES.setdefault(device, {})
+    new = sorted(set(names) - set(probed))
+    if new:
+        probe = "\n".join([SAMPLER] + [f"__kernel void {n}(__global int* p) {{ }}" for n in new])
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", cl.CompilerWarning)
+                cl.Program(device.context, probe).build(options=list(opts), devices=[device.cl_device])
+            good = True
+        except cl.Error:
+            good = False  # one of them does not build: none of the new ones is put in a batch, now or later
+        probed.update(dict.fromkeys(new, good))
+    return {n for n in names if probed[n]}
 
 
 def build_together(device: Device, sources, options: str | Iterable[str] = ()) -> int:
@@ -268,6 +294,10 @@ def build_together(device: Device, sources, options: str | Iterable[str] = ()) -
         form = one_kernel(source)
         if form is not None:
             todo.append((key, *form))
+    if len(todo) < 2:
+        return 0
+    names = _names_build(device, {name for _, name, _ in todo}, opts)
+    todo = [t for t in todo if t[1] in names]
     if len(todo) < 2:
         return 0
     text = [SAMPLER] + [re.sub(rf"\b{name}\b", f"{name}_{i}", body, count=1)
