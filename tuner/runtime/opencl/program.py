@@ -127,13 +127,18 @@ def _save_binary(program: cl.Program, path: Path, fingerprint: str) -> None:
         _write_binary(path, fingerprint, path.stem, payload)
 
 
+def _build(program: cl.Program, device: Device, opts: tuple) -> cl.Program:
+    """``program`` built for ``device`` with ``opts``, the compiler's warnings unsaid (a failed build raises
+    ``cl.Error``; its log is the program's)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", cl.CompilerWarning)
+        program.build(options=list(opts), devices=[device.cl_device])
+    return program
+
+
 def _from_binary(device: Device, payload: bytes, opts: tuple) -> cl.Program | None:
     try:
-        program = cl.Program(device.context, [device.cl_device], [payload])
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", cl.CompilerWarning)
-            program.build(options=list(opts), devices=[device.cl_device])
-        return program
+        return _build(cl.Program(device.context, [device.cl_device], [payload]), device, opts)
     except cl.Error:  # rejected (another driver build, a corrupt file): build from source instead
         return None
 
@@ -178,9 +183,7 @@ def build_program(device: Device, source: str, options: str | Iterable[str] = ()
             return program
     program = cl.Program(device.context, source)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", cl.CompilerWarning)
-            program.build(options=list(opts), devices=[device.cl_device])
+        _build(program, device, opts)
     except cl.Error as e:
         try:
             log = program.get_build_info(device.cl_device, cl.program_build_info.LOG).strip()
@@ -269,9 +272,7 @@ def _names_build(device: Device, names, opts: tuple) -> set[str]:
     if new:
         probe = "\n".join([SAMPLER] + [f"__kernel void {n}(__global int* p) {{ }}" for n in new])
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", cl.CompilerWarning)
-                cl.Program(device.context, probe).build(options=list(opts), devices=[device.cl_device])
+            _build(cl.Program(device.context, probe), device, opts)
             good = True
         except cl.Error:
             good = False  # one of them does not build: none of the new ones is put in a batch, now or later
@@ -303,10 +304,7 @@ def build_together(device: Device, sources, options: str | Iterable[str] = ()) -
     text = [SAMPLER] + [re.sub(rf"\b{name}\b", f"{name}_{i}", body, count=1)
                         for i, (_, name, body) in enumerate(todo)]
     try:
-        program = cl.Program(device.context, "\n".join(text))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", cl.CompilerWarning)
-            program.build(options=list(opts), devices=[device.cl_device])
+        program = _build(cl.Program(device.context, "\n".join(text)), device, opts)
     except cl.Error:
         return 0
     for i, (key, name, _) in enumerate(todo):
