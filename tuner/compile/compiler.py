@@ -279,12 +279,13 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
     ``precision`` says which and why); ``strict`` refuses such a model (PrecisionError); ``off`` stores every
     tensor in float16 unchecked.
 
-    ``keep`` (``tuner compile`` sets it): the module's programs (and the candidate plans') are built one by one, and
-    the kept module's are left in the user's binary cache for both runtimes now
-    (``tuner.artifact.cache.keep_programs``), so that the first run of the saved artifact builds nothing (a program
-    this process built together before is still handed out shared: correct, and kept alone all the same). Without it
-    the programs of the generator's one-kernel sources are built as one program (``Runtime.build_together``: on PoCL
-    about half the build time), and are kept, each built alone, only if the module is saved (``Module.save``)."""
+    ``keep`` (``tuner compile`` and ``tuner demo`` set it: they save the module): its programs, and the candidate
+    plans', are built one by one, as the binary cache keeps them, so that ``Module.save`` keeps them for both
+    runtimes (``tuner.artifact.cache.keep_programs``) without building them again and the first run of the artifact
+    builds nothing (a program this process built together before is still handed out shared: correct, and saved
+    alone all the same). Without it the programs of the generator's one-kernel sources are built as one program
+    (``Runtime.build_together``: on PoCL about half the build time), and ``Module.save`` builds each alone to keep
+    it."""
     from tuner.plan.precision import PRECISIONS, guard_graph
     if precision not in PRECISIONS:
         raise TunerError(f"--precision {precision!r}: one of {', '.join(PRECISIONS)}")
@@ -323,9 +324,6 @@ def compile_model(model, log=None, device=None, scope: str = "auto", dtype: str 
         plan = logged_se_plan(graph, info, scope, history, dtype, prefer)
         mod = module_of(compile_plan(plan, info, history, progress), dev, progress, together=not keep)
     mod.precision = guard  # the precision guard's finding (float16), printed by `tuner compile`
-    if keep:
-        from tuner.artifact.cache import keep_programs
-        keep_programs(mod)  # the programs just built, in the user's cache: the first run of the artifact builds none
     return mod
 
 
