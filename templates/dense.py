@@ -17,11 +17,12 @@ import numpy as np
 from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
 from tuner.ir.dtype import DType
-from tuner.ir.expr import Cast, ExtractLane, Ramp, as_expr, call, max_, min_
+from tuner.ir.expr import Broadcast, Cast, ExtractLane, Ramp, as_expr, call, const, max_, min_
 from tuner.ir.activations import apply_ir, canonical
 from tuner.templates.common import EPILOGUE_ARGS, Template, WorkloadArg, node_epilogue
-from tuner.templates.common import (Arithmetic, bias_buffer, gpu_fill_target, reference_epilogue, store_pixel,
-                                    texture_scopes)
+from tuner.templates.reduction import as_float as _as_float
+from tuner.templates.common import (Arithmetic, bias_buffer, bias_length, gpu_fill_target, norm_sums_at,
+                                    reference_epilogue, store_pixel, texture_scopes)
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,12 @@ class DenseWorkload:
     in_pool: tuple = ()  # (H, W): X is an NCHW4c tensor (N, K, H, W) and each input feature the mean of its H x W
     # map, computed as it is read (a classifier's global average pool: no kernel of its own,
     # ``tuner.plan.input_views``); in the key when set
+    in_norm: float = 0.0  # > 0: each row of X layer-normalized over its K features (this epsilon) as it is read -- a
+    # classifier head's LayerNorm after its global pool (ConvNeXt, EdgeNeXt, MetaFormer), its affine folded into the
+    # weights and bias (``passes_layer_norm.layer_norm_into_convs``). The row's sums of d = x - K0 and d^2 (K0 its
+    # first feature) are taken in the reduction loop, the products use d, and the epilogue is
+    # ``rstd * (acc - mean(d) * U[m]) + bias``, U the weights' sums over K stored in B after the padded biases
+    # (``common.bias_length``); with a bias; in the key when set
 
     def __post_init__(self):
         object.__setattr__(self, "data", tuple(int(x) for x in self.data))
@@ -52,6 +59,10 @@ class DenseWorkload:
         object.__setattr__(self, "in_pool", tuple(int(v) for v in self.in_pool))
         if self.in_pool and (len(self.in_pool) != 2 or min(self.in_pool) < 1):
             raise ValueError(f"dense in_pool {list(self.in_pool)}: (H, W) of the map each input feature is the mean of")
+        object.__setattr__(self, "in_norm", float(self.in_norm))
+        if self.in_norm < 0 or (self.in_norm and not self.bias):
+            raise ValueError(f"dense in_norm {self.in_norm}: a LayerNorm's epsilon (> 0) over each row's features, "
+                             "with a bias (B holds the weights' sums after it)")
 
     @property
     def x_shape(self) -> tuple:
@@ -68,7 +79,7 @@ class DenseWorkload:
 
     def key(self) -> dict:
         return {"op": "dense", **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()
-                                  if k != "plain_output" and (k != "in_pool" or v)}}
+                                  if k != "plain_output" and (k not in ("in_pool", "in_norm") or v)}}
 
 
 @dataclass(frozen=True)
@@ -103,10 +114,12 @@ def dense(wl: DenseWorkload, cfg: DenseConfig):
                                                               else ("row4", "row4_buffer")))
     if wl.in_pool and cfg.vec_load != 4:
         raise ValueError("in_pool reads whole pixels of X's maps: vec_load 4")
+    if wl.in_norm and cfg.vec_load != 4:
+        raise ValueError("in_norm sums each row's features from whole pixels: vec_load 4")
     Wt = _declare("Wt", wl.weight, wl.dtype, cfg.weight_scope, w_layout, f"{w_layout}_buffer", weight=True)
     Y = buffer("Y", wl.out_shape, wl.dtype, "global") if wl.plain_output else \
         _declare("Y", wl.out_shape, wl.dtype, cfg.output_scope, "row4", "row4_buffer")
-    B = bias_buffer(M, wl.dtype, cfg.weight_scope) if wl.bias else None
+    B = bias_buffer(bias_length(wl, M), wl.dtype, cfg.weight_scope) if wl.bias else None
     params = [p for p in (X, Wt, B, Y) if p is not None]
 
     t_m, t_n, sk, uk = cfg.tile_m, cfg.tile_n, cfg.split_k, cfg.unroll_k
@@ -122,6 +135,7 @@ def dense(wl: DenseWorkload, cfg: DenseConfig):
         lanes_acc = 4 if cfg.weight_pack == "4i" else 1  # 4i: one float4 of products per output
         acc = arith.accumulators(b, len(tiles) * lanes_acc)
         pooled = b.allocate("pooled", (t_n,), "float32x4", "private") if wl.in_pool else None
+        st = b.allocate("st", (3 * t_n,), "float32", "private") if wl.in_norm else None
 
         def row_block(y, n, kb):
             """Row ``n``'s features 4kb..4kb+3: X's pixel, or with ``in_pool`` the mean of X's maps there."""
@@ -132,6 +146,11 @@ def dense(wl: DenseWorkload, cfg: DenseConfig):
             with b.loop(f"ph{y}", H, "serial") as h, b.loop(f"pw{y}", W, "serial") as w:
                 b.store(pooled, y, pooled[y] + X[n, Ramp(kb * 4, as_expr(1), 4), h, w])
             return pooled[y] * (1.0 / (H * W))
+        if st is not None:  # in_norm: each row's shift K0 (its first feature), then its sums of d and d^2
+            for y in range(t_n):
+                b.store(st, 3 * y, _as_float(ExtractLane(b.let(f"k0_{y}", row_block(y, min_(n0 + y, N - 1), as_expr(0))), 0)))
+                b.store(st, 3 * y + 1, const(0.0, "float32"))
+                b.store(st, 3 * y + 2, const(0.0, "float32"))
         with b.loop("jo", -(-steps // uk)) as jo, b.loop("ji", uk, "unrolled") as ji:
             kb = (jo * uk + ji) * sk + tk  # interleaved: neighbouring work-items read neighbouring blocks
             with b.if_(kb < KB) if ragged else nullcontext():
@@ -139,6 +158,15 @@ def dense(wl: DenseWorkload, cfg: DenseConfig):
                 vector_x = cfg.vec_load == 4 or cfg.input_scope == "texture" or cfg.weight_pack == "4i"
                 xv = {y: b.let(f"x{y}", arith.load(row_block(y, rows[y], kb))) for y in range(t_n)} \
                     if vector_x else {}
+                if st is not None:  # d = x - K0: into the row's sums (lanes past K skipped) and the products
+                    for y in range(t_n):
+                        d = b.let(f"d{y}", _as_float(xv[y]) - Broadcast(st[3 * y], 4))
+                        for ki in range(4):
+                            with b.if_(kb < KB - 1) if ki >= K % 4 > 0 else nullcontext():
+                                lane = ExtractLane(d, ki)
+                                b.store(st, 3 * y + 1, st[3 * y + 1] + lane)
+                                b.store(st, 3 * y + 2, st[3 * y + 2] + lane * lane)
+                        xv[y] = d if d.dtype == xv[y].dtype else b.let(f"dc{y}", Cast(xv[y].dtype, d))
                 if cfg.weight_pack == "4o":
                     for ki in range(4):
                         k = kb * 4 + ki
@@ -171,8 +199,20 @@ def dense(wl: DenseWorkload, cfg: DenseConfig):
             part = b.allocate("part", (sk * cfg.wg_m * len(tiles),), "float32x4", "local")
             for i, v in enumerate(sums):
                 b.store(part, (tk * cfg.wg_m + tm) * len(tiles) + i, v)
+            if st is not None:  # each work-item's sums of its rows' blocks
+                pst = b.allocate("pst", (sk * cfg.wg_m * 2 * t_n,), "float32", "local")
+                for j in range(2 * t_n):
+                    b.store(pst, (tk * cfg.wg_m + tm) * 2 * t_n + j, st[3 * (j // 2) + 1 + j % 2])
             b.barrier()
         with b.if_(tk < 1) if sk > 1 else nullcontext():  # one work-item per output stores it
+            norm = {}
+            for y in range(t_n if st is not None else 0):  # each row's (mean of d, rstd)
+                s1, s2 = st[3 * y + 1], st[3 * y + 2]
+                for j in range(1, sk):
+                    s1 = s1 + pst[(j * cfg.wg_m + tm) * 2 * t_n + 2 * y]
+                    s2 = s2 + pst[(j * cfg.wg_m + tm) * 2 * t_n + 2 * y + 1]
+                m = b.let(f"nm{y}", s1 * (1.0 / K))
+                norm[y] = m, b.let(f"nr{y}", call("rsqrt", [max_(s2 * (1.0 / K) - m * m, 0.0) + wl.in_norm], "float32"))
             for i, (t, y) in enumerate(tiles):
                 v = sums[i]
                 if sk > 1:
@@ -182,6 +222,10 @@ def dense(wl: DenseWorkload, cfg: DenseConfig):
                 mb, n = mt * t_m + t, n0 + y
                 with b.if_((mb < MB) & (n < N)):
                     lanes = Ramp(mb * 4, as_expr(1), 4)
+                    if norm:  # rstd * (acc - mean * U), U after the padded biases
+                        mean, rstd = norm[y]
+                        u = B[Ramp(mb * 4 + norm_sums_at(wl, MB * 4), as_expr(1), 4)]
+                        v = (v - Broadcast(mean, 4) * u) * Broadcast(rstd, 4)
                     if B is not None:
                         v = v + B[lanes]
                     store_pixel(b, Y, n, mb, None, None, apply_ir(wl.activation, v), f"pv{i}")
@@ -196,6 +240,9 @@ def reference(wl: DenseWorkload, x, w, bias=None) -> np.ndarray:
     x = x.astype(np.float64)
     if wl.in_pool:  # each feature the mean of its map
         x = x.mean(axis=(2, 3))
+    if wl.in_norm:  # each row normalized over its features; B's weight sums are the kernel's
+        x = (x - x.mean(axis=1, keepdims=True)) / np.sqrt(x.var(axis=1, keepdims=True) + wl.in_norm)
+        bias = None if bias is None else bias[:norm_sums_at(wl, wl.weight[0])]
     return reference_epilogue(wl, x @ w.astype(np.float64).T, bias)
 
 
@@ -203,14 +250,17 @@ def random_inputs(wl: DenseWorkload, rng) -> dict:
     draw = lambda shape: rng.standard_normal(shape).astype(wl.dtype)  # noqa: E731
     inputs = {"X": draw(wl.x_shape), "Wt": draw(wl.weight)}
     if wl.bias:
-        inputs["B"] = draw(wl.weight[:1])
+        inputs["B"] = draw((bias_length(wl, wl.weight[0]),))
+    if wl.in_norm:  # the weights' sums over the features, as the lowering packs them
+        at = norm_sums_at(wl, wl.weight[0])
+        inputs["B"][at:at + wl.weight[0]] = inputs["Wt"].astype(np.float64).sum(axis=1)
     return inputs
 
 
 def space_vars(wl: DenseWorkload) -> dict:
     (N, K), (M, _) = wl.data, wl.weight
     return dict(N=N, K=K, M=M, KB=-(-K // 4), MB=-(-M // 4), data=wl.data, weight=wl.weight,
-                out=wl.out_shape, bias=wl.bias, plain_output=wl.plain_output, in_pool=wl.in_pool,
+                out=wl.out_shape, bias=wl.bias, plain_output=wl.plain_output, in_pool=wl.in_pool, in_norm=wl.in_norm,
                 x_shape=wl.x_shape, x_layout="nchw4c" if wl.in_pool else "row4")
 
 
@@ -219,6 +269,7 @@ VARIABLES = dict(N="rows (batch)", K="input features (reduction)", M="output fea
                  weight="weight shape M,K", out="output shape N,M", bias="fused bias",
                  plain_output="Y is the model output's row-major N,M buffer (written in place, no relayout)",
                  in_pool="(H, W) of X's maps each feature is the mean of (a global pool read in place), or ()",
+                 in_norm="the LayerNorm epsilon of each row of X over its features (normalized as read), 0 when none",
                  x_shape="X's shape: data, or N,K,H,W with in_pool", x_layout="X's texture layout")
 
 
@@ -266,7 +317,11 @@ def features(v: dict, k: dict) -> dict:
 
 def lower(ctx, node, ins):
     """A dense graph node: data N,K by weights M,K."""
-    fields, inputs = node_epilogue(ctx, node)
+    normed = bool(node.attrs.get("in_norm"))  # passes_layer_norm: B holds the weights' sums too (bias_length)
+    sums = np.asarray(ctx.graph.params[node.inputs[1]], np.float64).sum(axis=1) if normed else None
+    fields, inputs = node_epilogue(ctx, node, sums)
+    if normed:
+        fields["in_norm"] = float(node.attrs["in_norm"])
     wl = DenseWorkload(data=ctx.shape(node.inputs[0]), weight=ctx.shape(node.inputs[1]), **fields)
     return wl, {"X": ins[0], "Wt": node.inputs[1], **inputs}, {}
 

@@ -451,6 +451,51 @@ def test_layer_norm_runs_inside_the_1x1_convolutions_that_read_it(native, cl_env
     assert _rel(_tuner_run(mod, x, building_cpu(), native, cl_env, tmp_path), want[0]) < 1e-4
 
 
+@pytest.mark.parametrize("data,weight,pool", [((1, 16), (10, 16), ()), ((3, 22), (9, 22), ()),
+                                              ((2, 6), (5, 6), (3, 5)), ((1, 168), (250, 168), ())])
+@pytest.mark.parametrize("scope", ["texture", "buffer"])
+def test_dense_normalizing_its_rows_matches_numpy(device, data, weight, pool, scope):
+    """A random config of dense whose rows are layer-normalized over their features as it reads them (``in_norm``:
+    the sums of d = x - x[0] and d^2 in the reduction loop, combined across a split; ``rstd * (acc - mean * U) + b``
+    after it), against NumPy; a partial last block of features, several rows, and the rows of a global pool read in
+    place (``in_pool``)."""
+    from test_templates import scopes
+    if scope == "texture" and not device.info.image_support:
+        pytest.skip("no images")
+    for seed in (1, 2):
+        assert check_random_config(device, "dense", dict(data=data, weight=weight, bias=True, in_pool=pool,
+                                                         in_norm=1e-5), "float32", seed, **scopes(scope)) is not None
+
+
+def _pooled_norm_head(b, classes: int = 10) -> dict:
+    """A classifier head of ConvNeXt's and the MetaFormers' kind: a 3x3 convolution, its global average pool,
+    Flatten, a LayerNorm over the 14 features (a partial last block) and a Gemm of ``classes`` outputs."""
+    x = b.input("input", (1, 6, 5, 5))
+    y = b.node("Flatten", [b.node("GlobalAveragePool", [b.conv(x, 6, 14, 3, bias=True)])])
+    t = b.node("LayerNormalization", [y, b.const("ln_s", b.rng.uniform(0.5, 1.5, 14)),
+                                      b.const("ln_b", b.rng.normal(0, 0.5, 14))], "ln", axis=-1, epsilon=1e-6)
+    b.node("Gemm", [t, b.const("fc_w", b.rng.normal(0, 0.3, (classes, 14))), b.const("fc_b", b.rng.normal(0, 1, classes))],
+           output="output", transB=1)
+    return {"output": [1, classes]}
+
+
+@pytest.mark.parametrize("scope", ["texture", "buffer"])
+@pytest.mark.parametrize("classes", [10, 40])
+def test_a_head_layer_norm_runs_inside_its_dense(native, cl_env, scope, classes, tmp_path):
+    """The LayerNorm between a classifier's global pool and its dense is no kernel: the dense normalizes each row
+    as it reads it (``DenseWorkload.in_norm``), the affine folded into its weights and bias; with few classes the
+    dense reads the pool in place too (``in_pool``) and the head is one kernel. Against onnxruntime in each scope,
+    by the Python executor and by tuner-run, on an input of mean far from zero."""
+    from conftest import building_cpu
+    mod, x, want = _compiled(_model(_pooled_norm_head, classes=classes), scope, tmp_path, shift=5.0)
+    kernels = [n.template or n.op for n in mod.spec.nodes]
+    dense = [n for n in mod.spec.nodes if n.template == "dense"]
+    assert "layer_norm" not in kernels and len(dense) == 1 and dense[0].workload.get("in_norm"), kernels
+    assert bool(dense[0].workload.get("in_pool")) == (classes <= 16), kernels
+    assert _rel(mod.run([x])[0], want[0]) < 1e-4
+    assert _rel(_tuner_run(mod, x, building_cpu(), native, cl_env, tmp_path), want[0]) < 1e-4
+
+
 def _group_norm_then_convs(b, second: int = 1) -> dict:
     """A GroupNorm(1) (MobileViTv2's, over a whole image of 10 channels: a partial last block) of a 3x3
     convolution's output, read by a 1x1 convolution with a residual and ReLU and by a second convolution of kernel

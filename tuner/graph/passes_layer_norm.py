@@ -14,7 +14,10 @@ projection: one launch and one pass over the tensor fewer each.
 
 Taken where the norm is over the channels of a 4-D tensor (``axis`` 1, after ``passes_movement.nhwc_to_nchw``),
 fuses nothing itself, and every reader is a convolution that takes it as its only input (1x1, stride 1, no padding,
-groups 1, no gate or input view; a per-channel PReLU's slopes stay in B before the weights' sums). Each reader gets
+groups 1, no gate or input view; a per-channel PReLU's slopes stay in B before the weights' sums). A LayerNorm over
+the features of (N, K) rows read only by ``dense`` layers is the same fold (``DenseWorkload.in_norm``): a classifier
+head's norm between its global pool and its last layer (ConvNeXt, EdgeNeXt, PoolFormerV2 and the other MetaFormers)
+leaves no kernel, and where the pool is read in place too (``plan.input_views``) the head is one kernel. Each reader gets
 its own folded weights and bias. Run late, so that no later pass gives those convolutions a gate or an input view. Not
 where the norm reads a concat: the norm kernel reads its parts in place (EdgeNeXt's SDTA split,
 ``plan.input_views``), which a normed convolution does not.
@@ -45,9 +48,13 @@ _EXCLUDED = ("in_scale", "in_view", "in_norm", "pad_mode")  # what a reader must
 
 
 def _takes_norm(g: Graph, conv: Node, tensor: str) -> bool:
-    """Whether ``conv`` can compute the LayerNorm of ``tensor`` it reads (module doc)."""
+    """Whether ``conv`` can compute the LayerNorm of ``tensor`` it reads (module doc): a 1x1 convolution of a 4-D
+    tensor, or a dense of an (N, K) one (a classifier head's norm after its global pool)."""
     a = conv.attrs
     w = conv.inputs[1] if len(conv.inputs) > 1 else None
+    if conv.op == "dense":
+        return conv.inputs[0] == tensor and conv.inputs.count(tensor) == 1 and w in g.params \
+            and len(g.shapes[tensor]) == 2 and not set(a) - {"activation", "residual"}
     return conv.op == "conv2d" and conv.inputs[0] == tensor and conv.inputs.count(tensor) == 1 \
         and w in g.params and tuple(g.shapes[w][2:]) == (1, 1) and a.get("groups", 1) == 1 \
         and tuple(a.get("stride", (1, 1))) == (1, 1) and not any(a.get("padding", ())) \
@@ -57,13 +64,15 @@ def _takes_norm(g: Graph, conv: Node, tensor: str) -> bool:
 def _fold(g: Graph, conv: Node, x: str, gamma: np.ndarray, beta: np.ndarray, epsilon: float, stats=None) -> None:
     """``conv`` reads ``x`` and normalizes it itself: W' = W diag(gamma), b' = b + W beta; ``stats``: the tensor of
     the image statistics (a GroupNorm(1)'s), appended to its inputs."""
-    w = np.asarray(g.params[conv.inputs[1]], np.float64)
+    shape = g.shapes[conv.inputs[1]]
+    w = np.asarray(g.params[conv.inputs[1]], np.float64).reshape(shape[0], shape[1], -1)  # (O, C, taps), a dense's
+    # (M, K, 1)
     bias_at = next((i for i, t in enumerate(conv.inputs[2:], 2) if t in g.params
                     and t not in (conv.attrs.get("slope"), conv.attrs.get("residual_scale"))), None)
     b = np.asarray(g.params[conv.inputs[bias_at]], np.float64).reshape(-1) if bias_at is not None \
         else np.zeros(w.shape[0])
-    folded_w = _add_param(g, f"{conv.name}.norm_w", w * gamma.reshape(1, -1, 1, 1))
-    folded_b = _add_param(g, f"{conv.name}.norm_b", b + w[:, :, 0, 0] @ beta)
+    folded_w = _add_param(g, f"{conv.name}.norm_w", (w * gamma.reshape(1, -1, 1)).reshape(shape))
+    folded_b = _add_param(g, f"{conv.name}.norm_b", b + w[:, :, 0] @ beta)
     inputs = [x, folded_w] + conv.inputs[2:]
     if bias_at is None:
         inputs.insert(2, folded_b)  # the bias before the fused operands (residual ...), as fuse_epilogues puts it
@@ -88,7 +97,7 @@ def _readers(g: Graph, node: Node):
     """The convolutions that read the norm's output when every reader can normalize it itself, else None."""
     x, out = node.inputs[0], node.outputs[0]
     readers = g.consumers(out)
-    if len(g.shapes[x]) != 4 or out in g.outputs or not readers or any(not _takes_norm(g, r, out) for r in readers):
+    if len(g.shapes[x]) not in (2, 4) or out in g.outputs or not readers or any(not _takes_norm(g, r, out) for r in readers):
         return None
     return readers
 
@@ -96,7 +105,9 @@ def _readers(g: Graph, node: Node):
 def layer_norm_into_convs(graph: Graph) -> Graph:
     g = graph.copy()
     for node in list(g.nodes):
-        if node.op != "layer_norm" or node.attrs.get("axis") not in (1, -3) or set(node.attrs) - {"axis", "epsilon"}:
+        rank = len(g.shapes[node.inputs[0]]) if node.op == "layer_norm" else 0
+        if node.op != "layer_norm" or node.attrs.get("axis") not in ((1, -3) if rank == 4 else (1, -1)) \
+                or set(node.attrs) - {"axis", "epsilon"}:
             continue
         producer = g.producer(node.inputs[0])
         if producer is not None and producer.op == "concat" and not producer.attrs.get("channel_offsets"):
@@ -125,7 +136,8 @@ def chunks(shape) -> int:
 def group_norm_into_convs(graph: Graph) -> Graph:
     g = graph.copy()
     for node in list(g.nodes):
-        if node.op != "group_norm" or node.attrs.get("groups") != 1 or set(node.attrs) - {"groups", "epsilon"}:
+        if node.op != "group_norm" or node.attrs.get("groups") != 1 or set(node.attrs) - {"groups", "epsilon"} \
+                or len(g.shapes[node.inputs[0]]) != 4:
             continue
         readers = _readers(g, node)
         affine = _affine(g, node, g.shapes[node.inputs[0]][1]) if readers else None

@@ -81,7 +81,7 @@ EPILOGUE_ATTRS = {
     "conv2d": {"activation", "residual", "in_scale", "pad_mode", "slope", "in_view", "in_norm", "norm_stats",
                "patch_view", "row_sums", "in_group_norm", "norm_affine", "in_add", "in_add_at", "out_norm",
                "out_norm_affine", "residual_scale", "out_stats", "gate", "gate_acts", "gate_node"},
-    "dense": {"activation", "residual"},
+    "dense": {"activation", "residual", "in_norm"},
     "group_norm": {"activation", "slope", "residual"}, "layer_norm": {"activation"},
     "add": {"activation", "channel_offsets"}, "relu": {"channel_offsets"}, "clip": {"channel_offsets"},
     "sub": _BINARY_EPILOGUE, "mul": _BINARY_EPILOGUE, "div": _BINARY_EPILOGUE, "prelu": _BINARY_EPILOGUE,
