@@ -410,6 +410,12 @@ class Conv2dWorkload:
     # (float32, ``reduction.chunk_statistics``: per unit that many chunks' float4 sums of d = x - K and d^2;
     # ``group_norm``'s ``stats``), gamma and beta from ``A`` (float32, (2 * C4, 4)). Groups of whole blocks of 4
     # channels, of one channel each, or one group; in the key when set
+    in_layer_norm: float = 0.0  # > 0: the input layer-normalized over its channels at each pixel (this epsilon) as it
+    # is read, (x - mean) * rstd * gamma + beta before any padding of zeros, gamma and beta from ``A`` (float32,
+    # (2 * C4, 4)) -- a LayerNorm over channels read by convolutions of any window (ConvNeXt's, EdgeNeXt's and
+    # PoolFormerV2's downsampling layers: ``passes_layer_norm.norms_applied_as_read``). The work-item sums the
+    # channels of every input pixel its windows read before its reduction loop (``conv2d_nchw4c.pixel_norms``): no
+    # kernel and no statistics tensor. Groups 1, zero padding; in the key when set
     out_norm: tuple = ()  # (groups, epsilon): the output group-normalized in the epilogue -- each (image, group of
     # O / groups channels) over its channels and pixels (groups = O: an InstanceNorm), the statistics summed over a
     # work-group that holds the group's whole planes (the space), then gamma and beta from ``Na`` (float32,
@@ -501,6 +507,13 @@ class Conv2dWorkload:
             raise ValueError(f"norm_partials {self.norm_partials}: the statistics of a normalized input (in_norm)")
         if self.in_group_norm:
             set_("in_group_norm", self._checked_group_norm())
+        if self.in_layer_norm:
+            set_("in_layer_norm", float(self.in_layer_norm))
+            if self.in_layer_norm < 0 or self.groups != 1 or self.pad_mode != "zeros" or self.in_norm \
+                    or self.in_group_norm or self.in_scale or self.in_read or self.plain_input:
+                raise ValueError(f"in_layer_norm {self.in_layer_norm}: a LayerNorm's epsilon (> 0) over the input's "
+                                 "channels, for a convolution of groups 1 padded with zeros, with no in_norm, "
+                                 "in_group_norm, in_scale, in_read or plain_input")
         if self.out_norm:
             set_("out_norm", self._checked_out_norm())
         if self.out_stats and (self.kernel[0] % 4 or self.out_view or self.side_copy or self.shuffle_view
@@ -566,7 +579,8 @@ class Conv2dWorkload:
         convolution stay as they were before the fields existed."""
         return {"op": "conv2d", **{k: in_read_text(v) if k == "in_read" else _listed(v) for k, v in asdict(self).items()
                                    if (k not in ("in_scale", "in_read", "scale_rows", "in_norm", "norm_partials",
-                                                 "in_group_norm", "out_norm", "residual_scale") or v)
+                                                 "in_group_norm", "in_layer_norm", "out_norm", "residual_scale")
+                                       or v)
                                    and (k != "pad_mode" or v != "zeros")
                                    and k not in ("out_view", "side_copy", "shuffle_view", "patch_view", "plain_input",
                                                  "plain_output", "out_stats")}}
@@ -1129,6 +1143,16 @@ def reference_epilogue(wl, out: np.ndarray, bias=None, residual=None) -> np.ndar
     return apply_numpy(wl.activation, out)
 
 
+def pixel_normed(x, affine, epsilon: float) -> np.ndarray:
+    """``in_layer_norm``'s input in float64: each pixel normalized over its channels, times gamma plus beta
+    (``affine``: (2, C), or ``A``'s (2 * C4, 4) rows)."""
+    x = np.asarray(x, np.float64)
+    C = x.shape[1]
+    gamma, beta = np.asarray(affine, np.float64).reshape(2, -1)[:, :C]
+    y = (x - x.mean(axis=1, keepdims=True)) / np.sqrt(x.var(axis=1, keepdims=True) + epsilon)
+    return y * gamma.reshape(1, -1, 1, 1) + beta.reshape(1, -1, 1, 1)
+
+
 def group_normed(x, affine, groups: int, epsilon: float, activation: str) -> np.ndarray:
     """``in_group_norm``'s input in float64: each (image, group of channels) normalized over its channels and pixels,
     times gamma plus beta (``affine``: (2, C), or ``A``'s (2 * C4, 4) rows), then ``activation``."""
@@ -1151,6 +1175,9 @@ def reference(wl: Conv2dWorkload, x, w, bias=None, residual=None, scale=None, af
         residual = np.asarray(residual, np.float64) * np.asarray(residual_scale, np.float64).reshape(-1)[:o].reshape(
             1, o, 1, 1)
         wl = dataclasses.replace(wl, residual_scale=False)
+    if getattr(wl, "in_layer_norm", 0):  # each pixel normalized over its channels, then gamma and beta (A's rows)
+        return reference(dataclasses.replace(wl, in_layer_norm=0.0), pixel_normed(x, affine, wl.in_layer_norm), w,
+                         bias, residual, scale, norm_affine=norm_affine)
     if getattr(wl, "in_group_norm", ()):
         groups, _, epsilon, act = wl.in_group_norm
         return reference(dataclasses.replace(wl, in_group_norm=()), group_normed(x, affine, groups, epsilon, act), w,
@@ -1204,6 +1231,10 @@ def random_inputs(wl, rng) -> dict:
     if getattr(wl, "norm_partials", 0):  # the image statistics, as group_norm's stats kernel writes them
         from tuner.templates.reduction import chunk_statistics
         inputs["P"] = chunk_statistics(inputs["X"], wl.norm_partials).astype(np.float32)
+    if getattr(wl, "in_layer_norm", 0):  # gamma (about 1) and beta, in A's (2 * C4, 4) rows
+        c4 = -(-wl.data[1] // 4)
+        inputs["A"] = np.concatenate([1.0 + 0.5 * rng.standard_normal((c4, 4)),
+                                      rng.standard_normal((c4, 4))]).astype(np.float32)
     if getattr(wl, "in_group_norm", ()):  # gamma, beta; the statistics as group_norm's stats kernel writes them
         from tuner.templates.reduction import chunk_statistics
         c4 = -(-wl.data[1] // 4)

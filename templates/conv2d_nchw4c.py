@@ -75,6 +75,8 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
     P = buffer("P", (N * wl.norm_partials * 2, 4), "float32", "global") if wl.norm_partials else None
     Q, A = (buffer("Q", (N * norm_units(C, wl.in_group_norm[0]) * wl.in_group_norm[1] * 2, 4), "float32", "global"),
             buffer("A", (2 * C4, 4), "float32", "global")) if wl.in_group_norm else (None, None)
+    if wl.in_layer_norm:  # gamma and beta of a LayerNorm applied as read (its statistics: pixel_norms)
+        A = buffer("A", (2 * C4, 4), "float32", "global")
     Na = buffer("Na", (2 * OB, 4), "float32", "global") if wl.out_norm else None
     Rs = buffer("Rs", (OB, 4), "float32", "global") if wl.residual_scale else None
     St = buffer("St", (N * norm_units(O, int(wl.out_stats)) * 2, 4), "float32", "global") if wl.out_stats else None
@@ -94,6 +96,9 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
         raise ValueError("split_k > 1 and in_norm: each work-item sums its pixels' statistics over every channel")
     if wl.out_norm:
         out_norm_fits(wl, cfg)
+    if cfg.local_input and wl.in_layer_norm:
+        raise ValueError("local_input and in_layer_norm: the staged tile holds raw values and the padding's zeros; "
+                         "the norm is applied to each pixel read")
     if cfg.local_input and wl.in_group_norm and wl.pad_mode == "zeros" and any(wl.padding):
         raise ValueError("local_input and in_group_norm with zero padding: the staged tile holds the padding's "
                          "zeros, which the norm would move")
@@ -106,6 +111,7 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
         oh0, ow0 = (gh * cfg.wg_h + th) * t_oh, (gw * cfg.wg_w + tw) * t_ow
         acc = arith.accumulators(b, t_oc * t_oh * t_ow)
         stats = norm_stats(b, X, n, oh0, ow0, (t_oh, t_ow), (H, W), P is not None) if wl.in_norm else None
+        ln = pixel_norms(b, wl, X, n, oh0, ow0, (t_oh, t_ow)) if wl.in_layer_norm else None
         window = "unrolled" if cfg.unroll_rs else "serial"
         tile = LocalTile(b, cfg, (cfg.split_c, t_oh, t_ow), (sh, sw), (dh, dw), (R, S), arith) \
             if cfg.local_input else None
@@ -121,7 +127,9 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
                               (gh * cfg.wg_h * t_oh * sh - pt, gw * cfg.wg_w * t_ow * sw - pl), th * cfg.wg_w + tw)
                 with b.loop("cbi", cfg.split_c, "unrolled") as cbi:
                     cbl = cbo * cfg.split_c + cbi
-                    cn = group_norm_factors(b, wl, X, Q, A, n, grp * CG4 + cbl if G > 1 else cbl) if Q else None
+                    cn = group_norm_factors(b, wl, X, Q, A, n, grp * CG4 + cbl if G > 1 else cbl) if Q else \
+                        None if ln is None else (ln, b.let("lg", A[cbl, Ramp(as_expr(0), as_expr(1), 4)]),
+                                               b.let("lb", A[C4 + cbl, Ramp(as_expr(0), as_expr(1), 4)]))
                     with b.loop("r", R, window) as r, b.loop("s", S, window) as s:
                         conv_step(b, cfg, wl, (X, Sc), Wt, acc, arith, tile, vector_input, n, grp, obb, oh0, ow0,
                                   th, tw, cbo, cbi, r, s, (C4, CG4, OB, G, H, W), stats, cn)
@@ -348,6 +356,52 @@ def norm_stats(b, X, n, oh0, ow0, tile, bounds, image: bool = False):
     return st
 
 
+MAX_NORM_PIXELS = 64  # in_layer_norm: input pixels a work-item's windows span (the space's layer_norm_pixels)
+
+
+def norm_pixels(wl, tile) -> tuple:
+    """``in_layer_norm``: (rows, cols) of the input pixels the windows of a (t_oh, t_ow) ``tile`` span."""
+    (sh, sw), (dh, dw), (R, S) = wl.stride, wl.dilation, wl.kernel[2:]
+    return (tile[0] - 1) * sh + (R - 1) * dh + 1, (tile[1] - 1) * sw + (S - 1) * dw + 1
+
+
+def pixel_index(wl, tile, yx, r, s):
+    """``in_layer_norm``: the index among ``norm_pixels`` of the input pixel that output (y, x) of the tile reads
+    at window tap (r, s)."""
+    (sh, sw), (dh, dw) = wl.stride, wl.dilation
+    return (yx[0] * sh + r * dh) * norm_pixels(wl, tile)[1] + yx[1] * sw + s * dw
+
+
+def pixel_norms(b, wl, X, n, oh0, ow0, tile):
+    """``in_layer_norm``'s (mean, rstd) of every input pixel the work-item's windows read (``norm_pixels``; one
+    outside the input reads its clamped neighbour, and the padding replaces what it normalizes), two floats a pixel:
+    its channels' sums of d = x - K and d^2 (K its first channel, as ``norm_stats``), one pass over the channel
+    blocks before the reduction loop; lanes past C skipped."""
+    (N, C, H, W), (sh, sw), (pt, pl, _, _) = wl.data, wl.stride, wl.padding
+    C4, (rows, cols) = -(-C // 4), norm_pixels(wl, tile)
+    at = [(clamp(oh0 * sh - pt + i, H), clamp(ow0 * sw - pl + j, W)) for i in range(rows) for j in range(cols)]
+    st = b.allocate("lst", (3 * len(at),), "float32", "private")
+    for p, (ih, iw) in enumerate(at):
+        b.store(st, 3 * p, _as_float(ExtractLane(pixel(X, n, as_expr(0), ih, iw), 0)))
+        b.store(st, 3 * p + 1, const(0.0, "float32"))
+        b.store(st, 3 * p + 2, const(0.0, "float32"))
+    with b.loop("lc", C4, "serial") as cb:
+        for p, (ih, iw) in enumerate(at):
+            d = b.let(f"ld{p}", _as_float(pixel(X, n, cb, ih, iw)) - Broadcast(st[3 * p], 4))
+            for ci in range(4):
+                with b.if_(cb < C4 - 1) if ci >= C % 4 > 0 else nullcontext():
+                    lane = ExtractLane(d, ci)
+                    b.store(st, 3 * p + 1, st[3 * p + 1] + lane)
+                    b.store(st, 3 * p + 2, st[3 * p + 2] + lane * lane)
+    ln = b.allocate("ln", (2 * len(at),), "float32", "private")
+    for p in range(len(at)):
+        m = b.let(f"lm{p}", st[3 * p + 1] * (1.0 / C))
+        b.store(ln, 2 * p, st[3 * p] + m)
+        b.store(ln, 2 * p + 1, call("rsqrt", [max_(st[3 * p + 2] * (1.0 / C) - m * m, 0.0) + wl.in_layer_norm],
+                                    "float32"))
+    return ln
+
+
 def norm_factors(b, st, C: int, epsilon: float, pixels: int) -> list:
     """``[(mean of d, rstd)]`` of each pixel of the tile from ``norm_stats``' sums over the C channels."""
     out = []
@@ -374,7 +428,13 @@ def conv_step(b, cfg, wl, inputs, Wt, acc, arith, tile, vector_input, n, grp, ob
     of every input pixel times 4-output weight pixels, accumulated. ``inputs``: (X, the gate Sc or None); ``cn``:
     the block's ``in_group_norm`` factors (``group_norm_factors``), applied to each value read before its
     padding of zeros (a staged tile holds no such padding: the space)."""
-    def normed(v, lane=None):  # a value read, in the compute type
+    def normed(v, lane=None, yx=None):  # a value read, in the compute type
+        if cn is not None and wl.in_layer_norm:  # the tap's input pixel's (mean, rstd), then gamma and beta
+            ln, g, bt = cn
+            at = 2 * pixel_index(wl, (cfg.tile_oh, cfg.tile_ow), yx, r, s)
+            m, rstd = (ln[at], ln[at + 1]) if lane is not None else (Broadcast(ln[at], 4), Broadcast(ln[at + 1], 4))
+            g, bt = (g, bt) if lane is None else (ExtractLane(g, lane), ExtractLane(bt, lane))
+            return arith.load((_as_float(v) - m) * rstd * g + bt)
         return arith.load(v if cn is None else unit_normed(v, cn, wl.in_group_norm[3], lane))
     (X, Sc), (C4, CG4, OB, G, H, W) = inputs, sizes
     C = wl.data[1]
@@ -396,7 +456,7 @@ def conv_step(b, cfg, wl, inputs, Wt, acc, arith, tile, vector_input, n, grp, ob
                 xs[y, x] = b.let(f"x{y}_{x}", v if cn is None else normed(v))
     elif vector_input:  # one RGBA pixel (4 input channels) per tap; lanes extracted below
         for (y, x), (inside, ih, iw) in taps.items():
-            xs[y, x] = b.let(f"x{y}_{x}", gated(padded(inside, normed(pixel(X, n, cb, ih, iw))), Sc, n,
+            xs[y, x] = b.let(f"x{y}_{x}", gated(padded(inside, normed(pixel(X, n, cb, ih, iw), yx=(y, x))), Sc, n,
                                                 cb, arith, ih))
     for ci in range(4):
         c = cb * 4 + ci
@@ -408,7 +468,7 @@ def conv_step(b, cfg, wl, inputs, Wt, acc, arith, tile, vector_input, n, grp, ob
                 def gate(v, ih):
                     return v if Sc is None else v * arith.load(Sc[n, c, gate_row(Sc, ih), 0])
                 lane = {yx: b.let(f"x{yx[0]}_{yx[1]}_{ci}",
-                                  gate(padded(inside, normed(value(X, n, c, ih, iw), ci)), ih))
+                                  gate(padded(inside, normed(value(X, n, c, ih, iw), ci, yx)), ih))
                         for yx, (inside, ih, iw) in taps.items()}
             if stats is not None:  # in_norm: d = x - K into the sums and the products (padding lanes skipped)
                 for (y, x), v in list(lane.items()):
@@ -437,6 +497,7 @@ def space_vars(wl: Conv2dWorkload) -> dict:
                 stride=wl.stride, dilation=wl.dilation, plain_input=wl.plain_input, plain_output=wl.plain_output,
                 in_read=wl.in_read, in_norm=wl.in_norm, norm_partials=wl.norm_partials,
                 in_group_norm=bool(wl.in_group_norm), zero_padding=wl.pad_mode == "zeros" and any(wl.padding),
+                in_layer_norm=bool(wl.in_layer_norm),
                 out_norm=bool(wl.out_norm), norm_blocks=out_norm_blocks(wl) if wl.out_norm else 1,
                 out_stats=bool(wl.out_stats), stats_blocks=stats_blocks(wl))
 
@@ -470,6 +531,8 @@ def fallback(wl: Conv2dWorkload, info) -> Conv2dConfig:
         and (not sb or oc % sb == 0 or sb % oc == 0)  # noqa: E731
     tile_oc = next(oc for oc in ((4, 2) if cpu else (2,)) + (1,) if oc == 1 or fits(oc))
     tile_ow = 1 if cpu else 4 if v["OW"] >= 8 else 2 if v["OW"] >= 2 else 1
+    while wl.in_layer_norm and tile_ow > 1 and np.prod(norm_pixels(wl, (1, tile_ow))) > MAX_NORM_PIXELS:
+        tile_ow //= 2
     items = lambda oc, ow: v["N"] * -(-v["OB"] // oc) * v["OH"] * -(-v["OW"] // ow)  # noqa: E731
     target = gpu_fill_target(info)
     while items(tile_oc, tile_ow) < target and (tile_ow > 1 or tile_oc > 1):
@@ -565,6 +628,10 @@ def lower(ctx, node, ins):
         fields["in_group_norm"], inputs["Q"], affine = read_norm_operands(ctx, node, data[1])
         inputs["A"] = f"{node.name}.norm_affine"
         extra[inputs["A"]] = affine
+    if node.attrs.get("in_layer_norm"):  # passes_layer_norm.norms_applied_as_read: a LayerNorm over channels as read
+        fields["in_layer_norm"] = float(node.attrs["in_layer_norm"])
+        inputs["A"] = f"{node.name}.norm_affine"
+        extra[inputs["A"]] = channel_blocks(ctx.graph.params[node.attrs["norm_affine"]], data[1])
     if node.attrs.get("out_norm"):  # passes_layer_norm.norms_into_convs: a GroupNorm of the output in the epilogue
         groups_, epsilon = node.attrs["out_norm"]
         fields["out_norm"] = (int(groups_), float(epsilon))
@@ -623,6 +690,7 @@ VARIABLES = dict(N="batch", C="input channels", H="input height", W="input width
                  norm_partials="with in_norm: the input's GroupNorm(1) statistics as that many chunk partials in P "
                  "(over the image), 0 for a LayerNorm",
                  in_group_norm="the input group-normalized (and its affine and activation) as it is read",
+                 in_layer_norm="the input layer-normalized over its channels at each pixel as it is read",
                  zero_padding="the padding reads zeros (pad_mode zeros and some padding)",
                  out_norm="the output group-normalized in the epilogue (a work-group holds whole groups)",
                  norm_blocks="with out_norm: output blocks a tile holds together (a group's)",

@@ -413,7 +413,8 @@ def lowers(workload_class):
         w_shape, groups = ctx.shape(w_name), a.get("groups", 1)
         if (not computes(w_shape, a["stride"], a["dilation"], groups) or is_depthwise(data, w_shape, groups)
                 or not ctx.is_param(w_name) or any(k in a for k in ("in_scale", "in_view", "in_norm", "in_add",
-                                                                    "in_group_norm", "out_norm", "residual_scale"))):
+                                                                    "in_group_norm", "in_layer_norm", "out_norm",
+                                                                    "residual_scale"))):
             # a gated input, a slice read in place (passes_attention), a LayerNorm computed on the input or a
             # GroupNorm applied as read or in the epilogue (passes_layer_norm): the direct conv2d only
             return None

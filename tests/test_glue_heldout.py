@@ -602,6 +602,77 @@ def test_norms_are_applied_by_the_convolutions_that_read_them(native, cl_env, sc
         assert _rel(half.run([x])[0], want[0]) < 5e-3
 
 
+def _downsampling_layer_norms(b, also_added: bool = False) -> dict:
+    """A stage boundary of ConvNeXt's, EdgeNeXt's and PoolFormerV2's kind: a 3x3 convolution of 10 channels (a
+    partial last block), a LayerNorm over them (LayerNorm2d: permute, norm over the last axis, permute back), read by
+    a 3x3 convolution of stride 2 and padding 1 (PoolFormerV2's downsampling) and a 2x2 one of stride 2 (ConvNeXt's,
+    EdgeNeXt's), which then write the output together; ``also_added``: an add reads the norm too."""
+    x = b.input("input", (1, 6, 9, 9))
+    y = b.conv(x, 6, 10, 3, bias=True)
+    t = b.node("Transpose", [y], perm=[0, 2, 3, 1])
+    t = b.node("LayerNormalization", [t, b.const("ln_s", b.rng.uniform(0.5, 1.5, 10)),
+                                      b.const("ln_b", b.rng.normal(0, 0.5, 10))], "ln", axis=-1, epsilon=1e-6)
+    t = b.node("Transpose", [t], perm=[0, 3, 1, 2])
+    down = b.conv(t, 10, 12, 3, stride=2, bias=True)
+    patch = b.conv(b.node("Pad", [t, b.const("pads", np.array([0, 0, 0, 0, 0, 0, 1, 1], np.int64))]), 10, 12, 2,
+                   stride=2, bias=True, pads=[0, 0, 0, 0])
+    out = b.node("Add", [down, patch])
+    if also_added:
+        out = b.node("Add", [out, b.conv(b.node("Add", [t, y]), 10, 12, 3, stride=2, bias=True)])
+    b.node("Relu", [out], output="output")
+    return {"output": [1, 12, 5, 5]}
+
+
+@pytest.mark.parametrize("scope", ["texture", "buffer"])
+@pytest.mark.parametrize("also_added", [False, True])
+def test_layer_norms_are_applied_by_the_strided_convolutions_that_read_them(native, cl_env, scope, also_added,
+                                                                            tmp_path, monkeypatch):
+    """With ``norms_applied_as_read`` (the candidate ``fastest_plan`` times), a LayerNorm over channels read only by
+    convolutions of any window leaves no kernel: each reader sums the channels of every input pixel its windows read
+    and normalizes each value it reads, gamma and beta applied before its padding of zeros (``in_layer_norm``);
+    read by an add too, it stays a kernel. Against onnxruntime in each scope, by the Python executor and by
+    tuner-run, on an input of mean far from zero; and in float16 storage."""
+    import tuner.compile.compiler as C
+    from conftest import building_cpu
+    from tuner.graph.passes_layer_norm import norms_applied_as_read
+    plain = C.load_graph
+    monkeypatch.setattr(C, "load_graph", lambda m, shapes=None: norms_applied_as_read(plain(m, shapes)))
+    mod, x, want = _compiled(_model(_downsampling_layer_norms, also_added=also_added), scope, tmp_path, shift=5.0)
+    kernels = [n.template or n.op for n in mod.spec.nodes]
+    normed = [n for n in mod.spec.nodes if n.template == "conv2d" and n.workload.get("in_layer_norm")]
+    if also_added:
+        assert "layer_norm" in kernels and not normed, kernels
+    else:
+        assert "layer_norm" not in kernels and len(normed) == 2, kernels
+        assert sorted(tuple(n.workload["kernel"][2:]) for n in normed) == [(2, 2), (3, 3)]
+    assert _rel(mod.run([x])[0], want[0]) < 1e-4
+    assert _rel(_tuner_run(mod, x, building_cpu(), native, cl_env, tmp_path), want[0]) < 1e-4
+    if not also_added and scope == "buffer":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            half = compile_model(str(tmp_path / "m.onnx"), device=building_cpu(), scope=scope, dtype="float16")
+        assert _rel(half.run([x])[0], want[0]) < 5e-3
+
+
+@pytest.mark.parametrize("fields", [
+    dict(data=(1, 16, 9, 9), kernel=(8, 16, 3, 3), stride=(2, 2), padding=(1, 1, 1, 1)),
+    dict(data=(1, 10, 8, 8), kernel=(12, 10, 2, 2), stride=(2, 2)),
+    dict(data=(2, 6, 7, 5), kernel=(5, 6, 3, 3), padding=(1, 1, 1, 1), residual=True, activation="relu"),
+    dict(data=(1, 8, 6, 6), kernel=(8, 8, 3, 3), padding=(2, 2, 2, 2), dilation=(2, 2))])
+@pytest.mark.parametrize("scope", ["texture", "buffer"])
+def test_a_convolution_layer_normalizing_what_it_reads_matches_numpy(device, fields, scope):
+    """A random config of conv2d whose input is layer-normalized over its channels at each pixel as it is read
+    (``in_layer_norm``: every input pixel its windows span summed before the reduction loop, gamma and beta after
+    the normalization, zero padding after both), against NumPy: strides, a partial last block of channels, a
+    residual, dilation."""
+    from test_templates import scopes
+    if scope == "texture" and not device.info.image_support:
+        pytest.skip("no images")
+    for seed in (1, 2):
+        assert check_random_config(device, "conv2d", dict(**fields, bias=True, in_layer_norm=1e-5), "float32", seed,
+                                   **scopes(scope)) is not None
+
+
 @pytest.mark.parametrize("faster", ["applied", "in_convs", "whole"])
 def test_the_plan_puts_norms_in_convolutions_only_where_faster(faster, device, tmp_path):
     """``fastest_plan`` times the plan with the InstanceNorm whole beside the plans of the graphs whose convolutions
@@ -1010,8 +1081,9 @@ def test_split_depthwise_chunks_are_read_in_place_and_concatenated_as_tokens(nat
 
 def test_a_head_norm_after_the_pool_leaves_no_relayout(tmp_path):
     """EdgeNeXt's and ConvNeXt's head: global pool, LayerNorm over the channels (LayerNorm2d: permute, norm, permute
-    back), Flatten, Linear. The norm runs on the rows after the Flatten, so the pool writes the rows and no relayout
-    kernel is left between the layouts; against onnxruntime."""
+    back), Flatten, Linear. The norm runs on the rows after the Flatten, where the dense computes it as it reads them
+    (``DenseWorkload.in_norm``), and reads the pool in place too (5 classes: ``in_pool``): no relayout, no norm, no
+    pool kernel -- the head is one kernel; against onnxruntime."""
     from tuner.compile.compiler import load_graph
 
     def body(b):
@@ -1023,9 +1095,10 @@ def test_a_head_norm_after_the_pool_leaves_no_relayout(tmp_path):
         return {"output": [1, 5]}
     model = _model(body)
     g = load_graph(model)
-    assert [n.op for n in g.nodes] == ["conv2d", "reduce_mean", "layer_norm", "dense"], [n.op for n in g.nodes]
+    assert [n.op for n in g.nodes] == ["conv2d", "reduce_mean", "dense"] and g.nodes[-1].attrs.get("in_norm"), \
+        [n.op for n in g.nodes]
     mod = _compile_and_check(model, tmp_path)
-    assert "relayout" not in [n.template or n.op for n in mod.spec.nodes[1:-1]]
+    assert [n.template or n.op for n in mod.spec.nodes] == ["conv2d", "dense"], [n.template for n in mod.spec.nodes]
 
 
 @pytest.mark.parametrize("case", ["constant part", "slices and their source"])

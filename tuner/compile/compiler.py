@@ -873,7 +873,8 @@ def _refine_norms(mode: str, graph, compile_) -> dict:
     norm qualifies."""
     from tuner.graph.passes_layer_norm import norm_statistics_into_producers, norms_applied_as_read, norms_into_convs
     graphs = {}
-    read = lambda g: sum(bool(n.attrs.get("in_group_norm")) for n in g.nodes)  # noqa: E731 - readers normalizing
+    read = lambda g: sum(bool(n.attrs.get("in_group_norm") or n.attrs.get("in_layer_norm"))  # noqa: E731
+                         for n in g.nodes)  # readers normalizing
     as_read = norms_applied_as_read(graph)  # (the pools' norms are read so by the pipeline: norms_read_by_pools)
     if read(as_read) > read(graph):
         graphs["norms-as-read"] = (as_read, ("auto", "texture", "buffer"))

@@ -194,7 +194,7 @@ def _reads_normed(g: Graph, conv: Node, tensor: str) -> bool:
     w = conv.inputs[1] if len(conv.inputs) > 1 else None
     return conv.op == "conv2d" and conv.inputs[0] == tensor and conv.inputs.count(tensor) == 1 \
         and w in g.params and a.get("groups", 1) == 1 \
-        and not any(k in a for k in ("in_scale", "in_view", "in_norm", "in_group_norm"))
+        and not any(k in a for k in ("in_scale", "in_view", "in_norm", "in_group_norm", "in_layer_norm"))
 
 
 def norms_read_by_pools(graph: Graph) -> Graph:
@@ -225,6 +225,9 @@ def norms_applied_as_read(graph: Graph, pools_only: bool = False) -> Graph:
     optimized."""
     g = graph.copy()
     for node in list(g.nodes):
+        if node.op == "layer_norm" and not pools_only:
+            _layer_norm_as_read(g, node)
+            continue
         if node.op != "group_norm" or set(node.attrs) - {"groups", "epsilon", "activation"}:
             continue
         x, out = node.inputs[0], node.outputs[0]
@@ -253,6 +256,34 @@ def norms_applied_as_read(graph: Graph, pools_only: bool = False) -> Graph:
                                             {"groups": groups, "epsilon": epsilon, "stats": t})
     _drop_unused_params(g)
     return g.validate()
+
+
+def _layer_norm_as_read(g: Graph, node: Node) -> None:
+    """``norms_applied_as_read`` for a LayerNorm over the channels of a 4-D tensor read only by convolutions of
+    groups 1 (ConvNeXt's, EdgeNeXt's and PoolFormerV2's downsampling layers: LayerNorm -> a 2x2 or 3x3 convolution
+    of stride 2, which ``layer_norm_into_convs`` cannot fold): each reader normalizes every pixel it reads
+    (``Conv2dWorkload.in_layer_norm``), its statistics summed by the reader itself, so no kernel is left. Not where
+    every reader is a 1x1 convolution (the pipeline folded those), nor a norm whose input a concat's parts are read
+    in place for."""
+    x, out = node.inputs[0], node.outputs[0]
+    shape = g.shapes[x]
+    if len(shape) != 4 or node.attrs.get("axis") not in (1, -3) or set(node.attrs) - {"axis", "epsilon"}:
+        return
+    producer = g.producer(x)
+    if producer is not None and producer.op == "concat" and not producer.attrs.get("channel_offsets"):
+        return  # the norm reads the concat's parts in place (LayerNormWorkload.in_read); a convolution cannot
+    readers = g.consumers(out)
+    if out in g.outputs or not readers or any(r.op != "conv2d" or not _reads_normed(g, r, out)
+                                              or r.attrs.get("pad_mode", "zeros") != "zeros" for r in readers):
+        return
+    affine = _affine(g, node, shape[1])
+    if affine is None:
+        return
+    param = _add_param(g, f"{node.name}.affine", np.stack(affine).astype(np.float32))
+    for r in readers:  # the affine after every fused operand (reference.FUSED_INPUTS)
+        r.inputs = [x if t == out else t for t in r.inputs] + [param]
+        r.attrs = {**r.attrs, "in_layer_norm": float(node.attrs.get("epsilon", 1e-5)), "norm_affine": param}
+    g.nodes.remove(node)
 
 
 NORM_PLANE_MAX = 32  # rows and columns of a norm its producing convolution computes (``norms_into_convs``): a
@@ -323,8 +354,8 @@ def norms_into_convs(graph: Graph) -> Graph:
 
 
 STATS_PRODUCER_ATTRS = {"stride", "padding", "dilation", "groups", "pad_mode", "activation", "residual",
-                        "residual_scale", "in_norm", "norm_stats", "in_group_norm", "norm_affine", "in_scale",
-                        "in_view", "slope", "patch_view"}  # a convolution's fusions that leave its output whole
+                        "residual_scale", "in_norm", "norm_stats", "in_group_norm", "in_layer_norm", "norm_affine",
+                        "in_scale", "in_view", "slope", "patch_view"}  # a convolution's fusions that leave its output whole
 
 
 POOL_STATS_ATTRS = {"kernel", "stride", "padding", "count_include_pad", "ceil_mode", "post", "post_op", "scale",

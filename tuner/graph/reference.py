@@ -79,6 +79,7 @@ def side_outputs(node: Node, out: np.ndarray, env: dict) -> dict:
 _BINARY_EPILOGUE = {"activation", "scale", "residual"}  # passes._binary_epilogue, then an activation
 EPILOGUE_ATTRS = {
     "conv2d": {"activation", "residual", "in_scale", "pad_mode", "slope", "in_view", "in_norm", "norm_stats",
+               "in_layer_norm",
                "patch_view", "row_sums", "in_group_norm", "norm_affine", "in_add", "in_add_at", "out_norm",
                "out_norm_affine", "residual_scale", "out_stats", "gate", "gate_acts", "gate_node"},
     "dense": {"activation", "residual", "in_norm"},
@@ -125,6 +126,10 @@ def _evaluate(graph: Graph, node: Node, fn, env: dict) -> np.ndarray:
         x = np.asarray(ins[0], np.float64)
         axes = (1, 2, 3) if "norm_stats" in extra else 1
         ins[0] = (x - x.mean(axis=axes, keepdims=True)) / np.sqrt(x.var(axis=axes, keepdims=True) + a["in_norm"])
+    if a.get("in_layer_norm") and "in_layer_norm" in fused_ok:  # passes_layer_norm: a LayerNorm over channels and
+        # its affine as the convolution reads its input
+        from tuner.templates.common import pixel_normed
+        ins[0] = pixel_normed(ins[0], extra["norm_affine"], a["in_layer_norm"])
     if a.get("in_group_norm") and "in_group_norm" in fused_ok:  # passes_layer_norm: a GroupNorm or InstanceNorm,
         # its affine and activation as the convolution reads its input (its statistics' tensor is the kernel's)
         from tuner.templates.common import group_normed  # the template's own reference (tuner.templates imports
