@@ -15,6 +15,7 @@ statistics and written as zero.
 from __future__ import annotations
 
 from contextlib import nullcontext
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,8 +25,10 @@ from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
 from tuner.ir.expr import Broadcast, ExtractLane, Ramp, as_expr, call, max_, select
 from tuner.templates.common import EPILOGUE_ARGS, Template, WorkloadArg, part_block, texture_scopes
-from tuner.templates.reduction import (LOWEST, ReduceConfig, SameShapeWorkload, Schedule, ceil_div, fallback_config,
-                                       features, hsum, packed, unravel)
+from tuner.ir.kernel import Program
+from tuner.templates.reduction import (LOWEST, ReduceConfig, SameShapeWorkload, Schedule, as_stored, ceil_div,
+                                       fallback_config, features, hsum, merge_group_statistics, packed,
+                                       stats_workspaces, unit_statistics, unravel, welford_merge)
 
 
 @dataclass(frozen=True)
@@ -40,9 +43,16 @@ class LayerNormWorkload(SameShapeWorkload):
     # ``tuner.plan.input_views``): per part (channels, at, of) -- its channels are channels [at, at + channels) of
     # a tensor of ``of`` (a slice read in place; at a multiple of 4); X, X1, X2, X3; every part but the last a
     # multiple of 4 channels. In the key (as text) when set
+    out_stats: bool = False  # the output's GroupNorm(1) statistics too, in ``St`` (float32 (N * 2, 4),
+    # ``Conv2dWorkload.out_stats``' format: ``reduction.last_group_statistics``) -- the LayerNorm after a stem that a
+    # block's GroupNorm(1) reads (PoolFormerV2's), so that no launch is left for that norm's statistics. NCHW;
+    # not in the key (the record of the workload without it applies; the space keeps each work-group in one image)
 
     def __post_init__(self):
         _check(self, "layer_norm")
+        if self.out_stats and len(self.data) != 4:
+            raise ValueError(f"layer_norm out_stats: the GroupNorm(1) statistics of an NCHW output, not of "
+                             f"{list(self.data)}")
         object.__setattr__(self, "epsilon", float(self.epsilon))
         object.__setattr__(self, "activation", canonical(self.activation))
         if self.in_read:
@@ -50,6 +60,7 @@ class LayerNormWorkload(SameShapeWorkload):
 
     def key(self) -> dict:
         key = super().key()
+        key.pop("out_stats", None)
         if self.in_read:
             key["in_read"] = ";".join(",".join(map(str, p)) for p in self.in_read)
         else:
@@ -152,6 +163,13 @@ def layer_norm(wl: LayerNormWorkload, cfg: ReduceConfig):
     G, Bt = (buffer(name, (r.C,), wl.dtype, *(("texture:weight", "mace_argument") if cfg.weight_scope == "texture"
                                                else ("global", "bias4_buffer"))) for name in ("G", "Bt"))
     sched, X = r.sched, r.X
+    N, HW = wl.data[0], int(np.prod(wl.data[2:]))
+    slots = ceil_div(HW, sched.P)  # work-groups an image (out_stats: the space keeps each in one image)
+    if wl.out_stats and N > 1 and HW % sched.P:
+        raise ValueError(f"layer_norm out_stats: units_per_wg={sched.P} does not divide the {HW} positions of an "
+                         "image, so a work-group would hold two images")
+    St = buffer("St", (N * 2, 4), "float32", "global") if wl.out_stats else None
+    work = stats_workspaces(N, slots) if St is not None else []
     b = Builder()
     with sched.items(b) as (u, c, lid, p):
         K = b.let("K", Broadcast(ExtractLane(r.load(r.at(b, u, as_expr(0)), as_expr(0)), 0), 4))
@@ -166,12 +184,33 @@ def layer_norm(wl: LayerNormWorkload, cfg: ReduceConfig):
         m = b.let("m", hsum(s) * (1.0 / r.C))
         mean = b.let("mean", K + m)
         rstd = b.let("rstd", call("rsqrt", [max_(hsum(q) * (1.0 / r.C) - m * m, 0.0) + wl.epsilon], "float32"))
+        def normed(idx, e):
+            return r.mask(e, apply_ir(wl.activation, (r.load(idx, e) - mean) * (rstd * G[idx[1]]) + Bt[idx[1]]), 0.0)
+        run = b.allocate("srun", (1,), "float32x4", "private") if St is not None else None
+        if run is not None:  # this work-item's (count, mean, M2) of what it writes
+            b.store(run, 0, Broadcast(as_expr(0.0), 4))
         with b.if_(sched.valid) if sched.valid is not None else nullcontext():
             with sched.elements(b, c, lid) as e:
                 idx = r.at(b, u, e)
-                b.store(r.Y, idx, r.mask(e, apply_ir(wl.activation, (r.load(idx, e) - mean) * (rstd * G[idx[1]]) +
-                                                     Bt[idx[1]]), 0.0))
-    return b.kernel("layer_norm", [*r.Xs, G, Bt, r.Y])
+                y = b.let("y", normed(idx, e))
+                b.store(r.Y, idx, y)
+                if run is not None:  # a texel's (count, mean, M2), merged into the work-item's
+                    m = b.let("ym", r.mask(e, Broadcast(as_expr(1.0), 4), 0.0))
+                    cnt = b.let("yc", hsum(m))
+                    mu = b.let("yu", hsum(y * m) / max_(cnt, 1.0))
+                    dv = b.let("yd", (y - Broadcast(mu, 4)) * m)
+                    texel = b.let("yt", call("make_vector", [cnt, mu, hsum(dv * dv), as_expr(0.0)], "float32x4"))
+                    b.store(run, 0, welford_merge(b.let("yr", run[0]), texel))
+        if St is not None:  # the image's statistics from its work-groups, the last to finish merging them
+            sched.pass_no += 1  # the unit's indices again, under lets of their own (``Schedule.tag``)
+            first = as_stored(normed(r.at(b, u, as_expr(0)), as_expr(0)), wl.dtype)  # K: block 0 of the first unit
+            slot = sched.group % slots if N > 1 else sched.group
+            merge_group_statistics(b, run[0], (slot.equal(0), first), p * sched.L + lid, sched.L * sched.P,
+                                   sched.group // slots if N > 1 else as_expr(0), slot, slots, *work, St)
+    if St is None:
+        return b.kernel("layer_norm", [*r.Xs, G, Bt, r.Y])
+    kernel = b.kernel("layer_norm", [*r.Xs, G, Bt, r.Y, St, *work])  # the statistics' slots and counters: workspaces
+    return Program(kernel.name, (kernel,), (*r.Xs, G, Bt, r.Y, St), tuple(work))
 
 
 def softmax(wl: SoftmaxWorkload, cfg: ReduceConfig):
@@ -205,8 +244,9 @@ def _ln_reference(wl, inputs: dict) -> np.ndarray:
     mean = x.mean(axis=1, keepdims=True)
     var = ((x - mean) ** 2).mean(axis=1, keepdims=True)
     form = (1, -1) + (1,) * (x.ndim - 2)
-    return apply_numpy(wl.activation, (x - mean) / np.sqrt(var + wl.epsilon) * np.reshape(inputs["G"], form) +
-                       np.reshape(inputs["Bt"], form))
+    y = apply_numpy(wl.activation, (x - mean) / np.sqrt(var + wl.epsilon) * np.reshape(inputs["G"], form) +
+                    np.reshape(inputs["Bt"], form))
+    return {"Y": y, "St": unit_statistics(y, 1)} if wl.out_stats else y
 
 
 def _softmax_reference(wl, inputs: dict) -> np.ndarray:
@@ -231,17 +271,22 @@ def _softmax_inputs(wl, rng) -> dict:
 
 def space_vars(wl) -> dict:
     units, E = _rows(wl)
-    return dict(U=int(np.prod(units)), E=E, data=wl.data, C=wl.data[1],
-                layout="nchw4c" if len(wl.data) == 4 else "row4")
+    return dict(U=int(np.prod(units)), E=E, data=wl.data, C=wl.data[1], N=wl.data[0],
+                layout="nchw4c" if len(wl.data) == 4 else "row4", out_stats=bool(getattr(wl, "out_stats", False)))
 
 
-VARIABLES = dict(U="rows: positions (n, h, w), or rows n of (N, K)", E="channel blocks of 4 per row",
+VARIABLES = dict(U="rows: positions (n, h, w), or rows n of (N, K)", E="channel blocks of 4 per row", N="batch",
+                 out_stats="layer_norm: the output's GroupNorm(1) statistics written too (a work-group in one image)",
                  data="input shape", C="channels (the reduced axis)", layout="the texture layout of X and Y")
 
 
 def fallback(wl, info) -> ReduceConfig:
     v = space_vars(wl)
-    return fallback_config(v, info, texture_scopes(wl, info, [(v["layout"], wl.data)]), max_split=1)
+    cfg = fallback_config(v, info, texture_scopes(wl, info, [(v["layout"], wl.data)]), max_split=1)
+    P = cfg.units_per_wg
+    while v["out_stats"] and v["N"] > 1 and (v["U"] // v["N"]) % P:  # a work-group in one image
+        P //= 2
+    return dataclasses.replace(cfg, units_per_wg=P)
 
 
 def _describe(what):
@@ -264,7 +309,8 @@ def _lower_ln(ctx, node, ins, shape):
     g = ctx.graph
     extra = {f"{node.name}.gamma": np.asarray(g.params[node.inputs[1]], np.float32).reshape(-1),
              f"{node.name}.beta": np.asarray(g.params[node.inputs[2]], np.float32).reshape(-1)}
-    wl = LayerNormWorkload(shape, float(node.attrs.get("epsilon", 1e-5)), ctx.dtype, node.attrs.get("activation", "none"))
+    wl = LayerNormWorkload(shape, float(node.attrs.get("epsilon", 1e-5)), ctx.dtype, node.attrs.get("activation", "none"),
+                           out_stats=bool(node.attrs.get("out_stats")))
     return wl, {"X": ins[0], "G": f"{node.name}.gamma", "Bt": f"{node.name}.beta"}, extra
 
 
@@ -278,7 +324,7 @@ LN_ARGS = ARGS + tuple(a for a in EPILOGUE_ARGS if a.name == "activation")
 LAYER_NORM = Template("layer_norm", LayerNormWorkload, ReduceConfig, layer_norm, _ln_reference, _ln_inputs, fallback,
                       space_vars, VARIABLES, space_file="channel_reduce", features=features,
                       describe=_describe("layer norm"), workload_args=LN_ARGS, graph_ops=("layer_norm",),
-                      lower=_lower(_lower_ln))
+                      lower=_lower(_lower_ln), side_outputs=("St",))
 SOFTMAX = Template("softmax", SoftmaxWorkload, ReduceConfig, softmax, _softmax_reference, _softmax_inputs, fallback,
                    space_vars, VARIABLES, space_file="channel_reduce", features=features,
                    describe=_describe("softmax"), workload_args=ARGS, graph_ops=("softmax",),

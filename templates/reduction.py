@@ -266,6 +266,7 @@ class Schedule:
         with b.loop("g", groups, "group.0") as g, b.loop("p", self.P, "local.1") as p, \
                 b.loop("lid", self.L, "local.0") as lid:
             ug = g // self.T if self.T > 1 else g
+            self.group = ug  # the work-group's first unit over P
             self.c = g % self.T if self.T > 1 else as_expr(0)
             raw = ug * self.P + p if self.P > 1 else ug
             self.valid = raw < self.U if ceil_div(self.U, self.P) * self.P != self.U else None
@@ -495,9 +496,13 @@ def last_group_statistics(b: Builder, values: list, first, lid, size: int, n, sl
     tree of those work-items), writes ``St[2n]`` = (count * (mean - K), 0, 0, 0) and ``St[2n +
     1]`` = (M2 + count * (mean - K)^2, 0, 0, 0) -- the shifted sums a reader adds up (``unit_factors``) -- and
     returns ``Sc[n]`` to zero for the next launch (CUDA's threadFenceReduction)."""
-    zero, vec = Broadcast(as_expr(0.0), 4), Ramp(as_expr(0), as_expr(1), 4)
-    tree = b.allocate("stree", (size,), "float32x4", "local")  # the work-group's merge, then the last one's
-    last = b.allocate("slast", (1,), "int32", "local")
+    merge_group_statistics(b, own_statistics(b, values), first, lid, size, n, slot, slots, Sp, Sc, St)
+
+
+def own_statistics(b: Builder, values: list):
+    """A work-item's (count, mean, M2, 0) of its ``(float4, float4 mask)`` values (``last_group_statistics``): the
+    mean, then the squared deviations from it, in registers."""
+    zero = Broadcast(as_expr(0.0), 4)
     acc = b.allocate("ssum", (2,), "float32x4", "private")
     b.store(acc, 0, zero)
     b.store(acc, 1, zero)
@@ -510,7 +515,15 @@ def last_group_statistics(b: Builder, values: list, first, lid, size: int, n, sl
     for v, m in values:
         d = (v - Broadcast(mean, 4)) * m
         b.store(acc, 0, acc[0] + d * d)
-    own = call("make_vector", [count, mean, hsum(acc[0]), as_expr(0.0)], "float32x4")
+    return call("make_vector", [count, mean, hsum(acc[0]), as_expr(0.0)], "float32x4")
+
+
+def merge_group_statistics(b: Builder, own, first, lid, size: int, n, slot, slots: int, Sp, Sc, St):
+    """``last_group_statistics`` from each work-item's (count, mean, M2, 0) float4 ``own``: the work-group's local
+    merge, its slot, and the last work-group's merge of the image's slots into ``St``."""
+    zero, vec = Broadcast(as_expr(0.0), 4), Ramp(as_expr(0), as_expr(1), 4)
+    tree = b.allocate("stree", (size,), "float32x4", "local")  # the work-group's merge, then the last one's
+    last = b.allocate("slast", (1,), "int32", "local")
     group = any_size_tree(b, own, welford_merge, lid, size, tree)
     base = n * image_slots(slots)
     cond, v0 = first

@@ -536,3 +536,79 @@ def test_tuning_a_statistics_writing_convolution_starts_from_its_loop_nests_best
     res = tune("conv2d", stats, device, trials=1, log=str(log), scopes=scopes, progress=False)
     assert res.measured == 1 and res.records[0].config == dataclasses.asdict(fast)
     assert nest_seeds(str(log), task, device.info, task.space(device.info), {"x": None}) == []
+
+
+@pytest.mark.parametrize("data", [(1, 64, 7, 9), (2, 16, 4, 8), (1, 12, 5, 5), (3, 8, 3, 4)])
+@pytest.mark.parametrize("scope", ["texture", "buffer"])
+def test_a_layer_norm_writes_its_output_statistics(device, data, scope):
+    """``LayerNormWorkload.out_stats``: random configs of the layer_norm template writing the GroupNorm(1)
+    statistics of what they write (each work-item's running (count, mean, M2), merged over the work-group and by the
+    last work-group of each image) against NumPy's -- batches of 2 and 3 (work-groups in one image: the space),
+    a partial last block of channels."""
+    from test_templates import check_random_config, scopes
+    if scope == "texture" and not device.info.image_support:
+        pytest.skip("no images")
+    for seed in (1, 2):
+        assert check_random_config(device, "layer_norm", dict(data=data, out_stats=True), "float32", seed,
+                                   **scopes(scope)) is not None
+
+
+def test_a_layer_norms_statistics_keep_each_work_group_in_one_image(device):
+    """With more than one image a work-group of rows must not cross into the next: the space refuses a
+    units_per_wg that does not divide an image's positions, the template too, and the fallback takes a smaller
+    one; the key is the norm's without the statistics (its record applies)."""
+    t = get_template("layer_norm")
+    wl = t.workload(data=(2, 16, 3, 4), out_stats=True)
+    assert wl.key() == t.workload(data=(2, 16, 3, 4)).key()
+    space = t.space(wl, device)
+    assert all(12 % c["units_per_wg"] == 0 for c in space.configs())
+    assert 12 % t.fallback(wl, device.info).units_per_wg == 0
+    from tuner.templates.reduction import ReduceConfig
+    with pytest.raises(ValueError, match="units_per_wg=8 does not divide the 12 positions"):
+        t.build(wl, ReduceConfig(wg_reduce=4, units_per_wg=8, input_scope="buffer", weight_scope="buffer",
+                                 output_scope="buffer"))
+    with pytest.raises(ValueError, match="NCHW output"):
+        t.workload(data=(2, 16), out_stats=True)
+
+
+def _stem_layer_norm_block(b: _Builder) -> dict:
+    """PoolFormerV2's stem and first token mixer: a strided convolution, a LayerNorm over its channels
+    (LayerNorm2d), then ``t + (pool(n(t)) - n(t))`` with n a GroupNorm(1) of the LayerNorm's output, then a 1x1
+    convolution."""
+    c = 16
+    x = b.input("input", (1, 3, 16, 12))
+    t = b.node("Transpose", [b.conv(x, 3, c, 3, stride=2, bias=True)], perm=[0, 2, 3, 1])
+    t = b.node("LayerNormalization", [t, b.const("ln_s", b.rng.normal(1, 0.2, c)),
+                                      b.const("ln_b", b.rng.normal(0, 0.2, c))], axis=-1, epsilon=1e-6)
+    t = b.node("Transpose", [t], perm=[0, 3, 1, 2])
+    y = b.node("GroupNormalization", [t, b.const("s0", b.rng.normal(1, 0.2, c)), b.const("b0", b.rng.normal(0, 0.2, c))],
+               num_groups=1, epsilon=1e-5)
+    p = b.node("AveragePool", [y], kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1], count_include_pad=0)
+    b.conv(b.node("Add", [t, b.node("Sub", [p, y])]), c, 4, 1, bias=True, output="output")
+    return {"output": [1, 4, 8, 6]}
+
+
+@pytest.mark.parametrize("scope", ["texture", "buffer"])
+def test_a_stem_layer_norm_writes_the_statistics_of_the_group_norm_after_it(native, cl_env, scope, tmp_path,
+                                                                           monkeypatch):
+    """With the pass, the GroupNorm(1) read by the pool has its statistics from the LayerNorm that writes its input
+    (``LayerNormWorkload.out_stats``): conv, layer_norm, pool, conv -- no group_norm launch. The Python executor
+    (twice: the counters return to zero) and tuner-run match onnxruntime on an input of mean far from zero."""
+    import tuner.compile.compiler as C
+    from conftest import building_cpu
+    from tuner.graph.passes_layer_norm import norm_statistics_into_producers
+    plain = C.load_graph
+    monkeypatch.setattr(C, "load_graph", lambda m, shapes=None: norm_statistics_into_producers(plain(m, shapes)))
+    b = _Builder(seed=10, opset=21)
+    mod, x, want = _compiled(b.model(_stem_layer_norm_block(b), "m"), scope, tmp_path, shift=3.0)
+    kernels = [c.kernel for n in mod.spec.nodes for c in n.calls]
+    assert kernels == ["conv2d_nchw4c", "layer_norm", "avg_pool", "conv2d_nchw4c"], kernels
+    assert sum(w.dtype == "int32" for w in mod.spec.workspaces) == 1  # the layer_norm's arrival counter
+    for _ in range(2):
+        assert _rel(mod.run([x])[0], want[0]) < 1e-4
+    art = mod.save(tmp_path / "art")
+    np.save(tmp_path / "x.npy", x)
+    r = subprocess.run([native["tuner_run"], str(art), "--device", building_cpu(), "--input", str(tmp_path / "x.npy"),
+                        "--output", str(tmp_path / "y.npy")], capture_output=True, text=True, env=cl_env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert _rel(np.load(tmp_path / "y.npy"), want[0]) < 1e-4

@@ -364,8 +364,9 @@ POOL_STATS_ATTRS = {"kernel", "stride", "padding", "count_include_pad", "ceil_mo
 
 def _writes_stats(g: Graph, p: Node) -> bool:
     """Whether ``p`` can write its output's norm statistics in its epilogue: a convolution of the conv2d
-    template with only the fusions above (not depthwise), or a windowed pool (the glue kernel's, not a pool of one
-    window, which ``spatial_reduce`` runs)."""
+    template with only the fusions above (not depthwise), a windowed pool (the glue kernel's, not a pool of one
+    window, which ``spatial_reduce`` runs), or a LayerNorm over channels (``LayerNormWorkload.out_stats``:
+    PoolFormerV2's stem norm, which its first block's GroupNorm(1) reads)."""
     from tuner.templates.common import is_depthwise  # the graph passes import tuner.templates lazily
     from tuner.templates.spatial_reduce import one_window
     if p.op == "conv2d":
@@ -374,6 +375,9 @@ def _writes_stats(g: Graph, p: Node) -> bool:
             data[1] = int(p.attrs["in_view"][1])
         return not set(p.attrs) - STATS_PRODUCER_ATTRS and p.inputs[1] in g.params \
             and not is_depthwise(tuple(data), g.shapes[p.inputs[1]], p.attrs.get("groups", 1))
+    if p.op == "layer_norm":  # over the channels of an NCHW tensor, with its activation (the template's)
+        return p.attrs.get("axis", 1) in (1, -3) and len(g.shapes[p.inputs[0]]) == 4 \
+            and not set(p.attrs) - {"axis", "epsilon", "activation"}
     return p.op in POOLS and not set(p.attrs) - POOL_STATS_ATTRS and not one_window(p.attrs, g.shapes[p.inputs[0]])
 
 
@@ -401,7 +405,7 @@ def norm_statistics_into_producers(graph: Graph) -> Graph:
         x, stats, groups = node.inputs[0], node.outputs[0], int(node.attrs["groups"])
         p, shape = g.producer(x), g.shapes[x]
         if p is None or p.outputs != [x] or len(shape) != 4 or shape[1] % 4 or not _writes_stats(g, p) \
-                or (groups > 1 and p.op != "conv2d"):  # a pool writes a GroupNorm(1)'s only
+                or (groups > 1 and p.op != "conv2d"):  # a pool or a LayerNorm writes a GroupNorm(1)'s only
             continue
         p.attrs = {**p.attrs, "out_stats": groups}
         p.outputs = [x, stats]

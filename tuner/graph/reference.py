@@ -83,7 +83,7 @@ EPILOGUE_ATTRS = {
                "patch_view", "row_sums", "in_group_norm", "norm_affine", "in_add", "in_add_at", "out_norm",
                "out_norm_affine", "residual_scale", "out_stats", "gate", "gate_acts", "gate_node"},
     "dense": {"activation", "residual", "in_norm"},
-    "group_norm": {"activation", "slope", "residual"}, "layer_norm": {"activation"},
+    "group_norm": {"activation", "slope", "residual"}, "layer_norm": {"activation", "out_stats"},
     "add": {"activation", "channel_offsets"}, "relu": {"channel_offsets"}, "clip": {"channel_offsets"},
     "sub": _BINARY_EPILOGUE, "mul": _BINARY_EPILOGUE, "div": _BINARY_EPILOGUE, "prelu": _BINARY_EPILOGUE,
     **{op: {"post", "post_op", "scale", "residual", "residual_scale", "in_group_norm", "norm_affine", "norm_stats",
