@@ -283,6 +283,16 @@ def cmd_ours(args) -> int:
     return 0
 
 
+def _rewrite(name: str):
+    """``--rewrite``: the graph rewrite of a plan the compile times beside the graph's own, or None."""
+    from tuner.graph.passes_layer_norm import norm_statistics_into_producers, norms_applied_as_read
+    from tuner.graph.passes_se import gates_in_depthwise
+    return {"": None, "gates-in-producers": gates_in_depthwise, "stats-in-producers": norm_statistics_into_producers,
+            "norms-as-read": norms_applied_as_read,
+            "norms-as-read+stats-in-producers": lambda g: norm_statistics_into_producers(norms_applied_as_read(g))
+            }[name]
+
+
 def cmd_tune(args) -> int:
     """Every reduction task (``REDUCTIONS``) of the models' plans in each of ``--scopes`` (``auto``'s; with
     ``auto,texture,buffer`` also those of the uniform plans ``--scope auto`` may keep in another job), tuned with
@@ -298,16 +308,11 @@ def cmd_tune(args) -> int:
     that writes statistics keeps its plain key (``Conv2dWorkload.out_stats``: the records apply), so of those two
     only the readers that normalize are new tasks."""
     from tuner.compile.compiler import load_graph, model_tasks
-    from tuner.graph.passes_layer_norm import norm_statistics_into_producers, norms_applied_as_read
-    from tuner.graph.passes_se import gates_in_depthwise
     from tuner.runtime.opencl.device import open_device
     from tuner.search.tune import tune
     dev = open_device(args.device)
     logs = _logs(args.log)
-    rewrite = {"": None, "gates-in-producers": gates_in_depthwise,
-               "stats-in-producers": norm_statistics_into_producers,
-               "norms-as-read+stats-in-producers": lambda g: norm_statistics_into_producers(norms_applied_as_read(g))
-               }[args.rewrite]
+    rewrite = _rewrite(args.rewrite)
     tasks, seen = [], set()
     for name in args.models.split(","):
         onnx_path = Path(args.work) / "models" / f"{name}.onnx"
@@ -390,14 +395,17 @@ def _patterns(plan) -> list:
 
 
 def cmd_plans(args) -> int:
-    """Each model's planned kernels (``--scope auto``, no log: what ``plan_model`` and ``write_views`` leave) as
-    compute / reduction / glue counts and glue by op; ``--patterns``: glue by producer -> consumers too."""
+    """Each model's planned kernels (``--scope``, default auto; no log: what ``plan_model`` and ``write_views``
+    leave) as compute / reduction / glue counts, launches per compute layer and glue by op; ``--rewrite``: the plan
+    of that rewrite of the graph (a candidate ``--scope auto`` times); ``--patterns``: glue by producer -> consumers
+    too."""
     import warnings
 
-    from tuner.compile.compiler import plan_model
+    from tuner.compile.compiler import device_history, as_history, load_graph, plan_graph
     from tuner.plan.views import write_views
     from tuner.runtime.opencl.device import open_device
     dev = open_device(args.device)
+    rewrite = _rewrite(args.rewrite)
     for name in args.models.split(","):
         path = Path(args.work) / "models" / f"{name}.onnx"
         if not path.exists():
@@ -405,11 +413,15 @@ def cmd_plans(args) -> int:
             continue
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            plan = write_views(plan_model(str(path), dev.info, "auto"))
+            graph = load_graph(str(path))
+            plan = write_views(plan_graph(graph if rewrite is None else rewrite(graph), dev.info, args.scope,
+                                          device_history(as_history(None), dev.info)))
         ops = [s.op for s in plan.steps]
         glue = {op: ops.count(op) for op in dict.fromkeys(ops) if op not in COMPUTE + REDUCTIONS}
-        print(f"{name}: {len(ops)} kernels: compute {sum(op in COMPUTE for op in ops)}, reductions "
-              f"{sum(op in REDUCTIONS for op in ops)}, glue {sum(glue.values())} {glue}")
+        reductions = {op: ops.count(op) for op in dict.fromkeys(ops) if op in REDUCTIONS}
+        layers = sum(op in COMPUTE for op in ops) + sum(EXTRA_COMPUTE_LAYERS.get(op, 0) for op in ops)
+        print(f"{name}: {len(ops)} kernels for {layers} compute layers ({len(ops) / max(layers, 1):.2f}): "
+              f"reductions {reductions}, glue {sum(glue.values())} {glue}")
         if args.patterns:
             for n, op, ins, outs in _patterns(plan):
                 print(f"  {n:4d} {op} <- {', '.join(ins)} -> {', '.join(outs)}")
@@ -471,7 +483,8 @@ def main(argv=None) -> int:
     p.add_argument("--device", default=None)
     p.add_argument("--log", default="logs/*.jsonl", help="ours: comma-separated globs of logs ('' for none)")
     p.add_argument("--repeats", type=int, default=50)
-    p.add_argument("--scope", default="auto", choices=("auto", "texture", "buffer"), help="ours: compile's --scope")
+    p.add_argument("--scope", default="auto", choices=("auto", "texture", "buffer"),
+                   help="ours: compile's --scope; plans: the plan's scope")
     p.add_argument("--plan-timer", default="python", choices=("python", "native"),
                    help="ours: with --scope auto, what times the candidate plans (compile's --plan-timer)")
     p.add_argument("--trials", type=int, default=24, help="tune: measurements per task")
@@ -484,9 +497,9 @@ def main(argv=None) -> int:
                    "whose space grew a knob), tuned afresh into --out-log (the fallback first)")
     p.add_argument("--templates", default="", help="tune: only the tasks of these templates (comma-separated) that "
                    "--log has no record of (with --again: all of them), e.g. depthwise_conv2d,se_gate")
-    p.add_argument("--rewrite", default="", choices=("", "gates-in-producers", "stats-in-producers",
-                                                   "norms-as-read+stats-in-producers"), help="tune: the tasks of this "
-                   "rewrite of each model's graph (a plan the compile times beside its own)")
+    p.add_argument("--rewrite", default="", choices=("", "gates-in-producers", "stats-in-producers", "norms-as-read",
+                                                   "norms-as-read+stats-in-producers"), help="tune, plans: the tasks "
+                   "or the plan of this rewrite of each model's graph (a plan the compile times beside its own)")
     p.add_argument("--out", default=str(HERE / "results" / "glue"))
     p.add_argument("--onnx", nargs="*", default=[], help="link: the ONNX files")
     p.add_argument("--patterns", action="store_true", help="plans: glue by producer -> consumers too")

@@ -218,6 +218,10 @@ def norms_applied_as_read(graph: Graph, pools_only: bool = False) -> Graph:
     channels, of one channel each, or one group; not a norm with a residual or a per-channel PReLU (a residual
     block's second norm, which its add reads).
 
+    A LayerNorm over channels read only by convolutions of groups 1 (``_layer_norm_as_read``) is applied the same
+    way with no kernel left: each reader sums the channels of the input pixels it reads itself
+    (``Conv2dWorkload.in_layer_norm``).
+
     Not in ``passes.PIPELINE``: each reader normalizes every value it reads, once a window tap, and on the H200 that
     cost the style-transfer net and a GroupNorm ResNet more than the launches saved (5% and 9% slower whole runs).
     ``compiler.fastest_plan`` plans the optimized graph with this pass applied beside the one without and keeps the
