@@ -331,7 +331,7 @@ def node_epilogue(ctx, node, norm_sums=None) -> tuple:
     g, a = ctx.graph, node.attrs
     bias = next((t for t in node.inputs[2:] if t in g.params
                  and t not in (a.get("slope"), a.get("norm_affine"), a.get("out_norm_affine"),
-                               a.get("residual_scale"), *a.get("gate", ()))), None)
+                               a.get("residual_scale"), a.get("response_affine"), *a.get("gate", ()))), None)
     fields = dict(dtype=ctx.dtype, bias=bias is not None, activation=a.get("activation", "none"))
     inputs = {}
     tails = ([g.params[a["slope"]]] if a.get("activation") == "prelu" else []) + \
@@ -410,6 +410,11 @@ class Conv2dWorkload:
     # (float32, ``reduction.chunk_statistics``: per unit that many chunks' float4 sums of d = x - K and d^2;
     # ``group_norm``'s ``stats``), gamma and beta from ``A`` (float32, (2 * C4, 4)). Groups of whole blocks of 4
     # channels, of one channel each, or one group; in the key when set
+    in_response: float = 0.0  # > 0, with in_scale: the gate computed from S as it is read -- S holds a global
+    # response norm's statistics G (each channel's L2 norm over its map) and the gate is ``c + gamma * G / (mean_c(G)
+    # + eps)`` (this eps), gamma and c from ``Rg`` (float32, (2 * C4, 4)): ConvNeXtV2's GRN, whose gate needs the
+    # mean over the channels, with no kernel for it (``passes_response_norm.response_gates_in_convs``); each
+    # work-item sums G's C4 blocks first. Not with scale_rows; in the key when set
     in_layer_norm: float = 0.0  # > 0: the input layer-normalized over its channels at each pixel (this epsilon) as it
     # is read, (x - mean) * rstd * gamma + beta before any padding of zeros, gamma and beta from ``A`` (float32,
     # (2 * C4, 4)) -- a LayerNorm over channels read by convolutions of any window (ConvNeXt's, EdgeNeXt's and
@@ -507,6 +512,13 @@ class Conv2dWorkload:
             raise ValueError(f"norm_partials {self.norm_partials}: the statistics of a normalized input (in_norm)")
         if self.in_group_norm:
             set_("in_group_norm", self._checked_group_norm())
+        if self.in_response:
+            set_("in_response", float(self.in_response))
+            if self.in_response < 0 or not self.in_scale or self.scale_rows or self.in_layer_norm \
+                    or self.in_group_norm or self.in_norm:
+                raise ValueError(f"in_response {self.in_response}: a response norm's epsilon (> 0) for a gate "
+                                 "computed from S (in_scale, not scale_rows), with no in_norm, in_group_norm or "
+                                 "in_layer_norm")
         if self.in_layer_norm:
             set_("in_layer_norm", float(self.in_layer_norm))
             if self.in_layer_norm < 0 or self.groups != 1 or self.pad_mode != "zeros" or self.in_norm \
@@ -579,8 +591,8 @@ class Conv2dWorkload:
         convolution stay as they were before the fields existed."""
         return {"op": "conv2d", **{k: in_read_text(v) if k == "in_read" else _listed(v) for k, v in asdict(self).items()
                                    if (k not in ("in_scale", "in_read", "scale_rows", "in_norm", "norm_partials",
-                                                 "in_group_norm", "in_layer_norm", "out_norm", "residual_scale")
-                                       or v)
+                                                 "in_group_norm", "in_layer_norm", "in_response", "out_norm",
+                                                 "residual_scale") or v)
                                    and (k != "pad_mode" or v != "zeros")
                                    and k not in ("out_view", "side_copy", "shuffle_view", "patch_view", "plain_input",
                                                  "plain_output", "out_stats")}}
@@ -1143,6 +1155,15 @@ def reference_epilogue(wl, out: np.ndarray, bias=None, residual=None) -> np.ndar
     return apply_numpy(wl.activation, out)
 
 
+def response_gate_numpy(g, affine, epsilon: float) -> np.ndarray:
+    """``in_response``'s gate in float64 from G (N, C, 1, 1), each channel's L2 norm: ``c + gamma * G / (mean_c(G) +
+    eps)``, gamma and c from ``affine`` ((2, C), or ``Rg``'s (2 * C4, 4) rows)."""
+    g = np.asarray(g, np.float64)
+    C = g.shape[1]
+    gamma, shift = np.asarray(affine, np.float64).reshape(2, -1)[:, :C]
+    return shift.reshape(1, -1, 1, 1) + gamma.reshape(1, -1, 1, 1) * g / (g.mean(axis=1, keepdims=True) + epsilon)
+
+
 def pixel_normed(x, affine, epsilon: float) -> np.ndarray:
     """``in_layer_norm``'s input in float64: each pixel normalized over its channels, times gamma plus beta
     (``affine``: (2, C), or ``A``'s (2 * C4, 4) rows)."""
@@ -1253,6 +1274,11 @@ def random_inputs(wl, rng) -> dict:
         inputs["A"] = draw((wl.data[0], wl.in_add[0], *wl.data[2:]))
     if getattr(wl, "in_scale", False):
         inputs["S"] = draw(scale_shape(wl))
+    if getattr(wl, "in_response", 0):  # G, L2 norms (>= 0); gamma and the constant added, in Rg's (2 * C4, 4) rows
+        inputs["S"] = np.abs(inputs["S"]) + 0.1
+        c4 = -(-wl.data[1] // 4)
+        inputs["Rg"] = np.concatenate([rng.standard_normal((c4, 4)), 1.0 + 0.1 * rng.standard_normal((c4, 4))]
+                                      ).astype(np.float32)
     for i, p in enumerate(getattr(wl, "in_read", ())):  # the parts' sources, not the logical input
         inputs["X" if i == 0 else f"X{i}"] = draw((wl.data[0], p[9], p[1], p[2]))
     return inputs

@@ -30,7 +30,8 @@ from tuner.templates.common import (EPILOGUE_ARGS, MODEL_KNOBS, PAD_MODE_ARG, WI
                                     Conv2dWorkload, LocalTile, clamp, Template, WorkloadArg, _log2, declare_operands,
                                     fit_work_group, gpu_fill_target, input_pixel, is_depthwise, node_epilogue, pixel,
                                     input_parts, padded, padded_tap, params_of, random_inputs, read_parts_numpy,
-                                    reference, scale_operand, scope_layout, split_sums, store_tile, texture_scopes,
+                                    reference, response_gate_numpy, scale_operand, scope_layout, split_sums,
+                                    store_tile, texture_scopes,
                                     value, window_features, window_fields)
 
 
@@ -70,6 +71,7 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
     X, Wt, B, Res, Y = declare_operands(wl, cfg, O)
     X = input_parts(wl, cfg, X)  # with in_read: the parts (X, X1, ...) read through their views
     Sc = scale_operand(wl, cfg)  # squeeze-excite's gate, applied to every input pixel as it is read
+    Rg = buffer("Rg", (2 * C4, 4), "float32", "global") if wl.in_response else None  # in_response's gamma, shift
     Xs = buffer("Xs", wl.side_copy[0], wl.dtype, *scope_layout(wl.side_copy[3], cfg.act_layout, "nchw4c_buffer")) \
         if wl.side_copy else None  # the source of the concat's other part this launch writes too
     P = buffer("P", (N * wl.norm_partials * 2, 4), "float32", "global") if wl.norm_partials else None
@@ -80,7 +82,7 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
     Na = buffer("Na", (2 * OB, 4), "float32", "global") if wl.out_norm else None
     Rs = buffer("Rs", (OB, 4), "float32", "global") if wl.residual_scale else None
     St = buffer("St", (N * norm_units(O, int(wl.out_stats)) * 2, 4), "float32", "global") if wl.out_stats else None
-    operands = (*params_of(X), Sc, Wt, B, Res, Y, Xs, P, Q, A, Na, Rs, St)
+    operands = (*params_of(X), Sc, Rg, Wt, B, Res, Y, Xs, P, Q, A, Na, Rs, St)
     if wl.in_read and cfg.cache_input:
         raise ValueError("cache_input copies one input buffer; an input read in parts (in_read) has several")
 
@@ -112,6 +114,7 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
         acc = arith.accumulators(b, t_oc * t_oh * t_ow)
         stats = norm_stats(b, X, n, oh0, ow0, (t_oh, t_ow), (H, W), P is not None) if wl.in_norm else None
         ln = pixel_norms(b, wl, X, n, oh0, ow0, (t_oh, t_ow)) if wl.in_layer_norm else None
+        gate = response_gate(b, wl, Sc, Rg, n) if Rg is not None else Sc  # the gate as read
         window = "unrolled" if cfg.unroll_rs else "serial"
         tile = LocalTile(b, cfg, (cfg.split_c, t_oh, t_ow), (sh, sw), (dh, dw), (R, S), arith) \
             if cfg.local_input else None
@@ -122,7 +125,7 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
                     if steps > 1:
                         b.barrier()  # every work-item is done reading the previous step's tile
                     base = grp * CG4 + cbo * cfg.split_c if G > 1 else cbo * cfg.split_c
-                    tile.load(lambda k, ih, iw: gated(input_pixel(X, n, base + k, ih, iw, H, W, arith, wl.pad_mode), Sc,
+                    tile.load(lambda k, ih, iw: gated(input_pixel(X, n, base + k, ih, iw, H, W, arith, wl.pad_mode), gate,
                                                       n, base + k, arith, clamp(ih, H)),
                               (gh * cfg.wg_h * t_oh * sh - pt, gw * cfg.wg_w * t_ow * sw - pl), th * cfg.wg_w + tw)
                 with b.loop("cbi", cfg.split_c, "unrolled") as cbi:
@@ -131,7 +134,7 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
                         None if ln is None else (ln, b.let("lg", A[cbl, Ramp(as_expr(0), as_expr(1), 4)]),
                                                b.let("lb", A[C4 + cbl, Ramp(as_expr(0), as_expr(1), 4)]))
                     with b.loop("r", R, window) as r, b.loop("s", S, window) as s:
-                        conv_step(b, cfg, wl, (X, Sc), Wt, acc, arith, tile, vector_input, n, grp, obb, oh0, ow0,
+                        conv_step(b, cfg, wl, (X, gate), Wt, acc, arith, tile, vector_input, n, grp, obb, oh0, ow0,
                                   th, tw, cbo, cbi, r, s, (C4, CG4, OB, G, H, W), stats, cn)
         owner = None
         if sk > 1:
@@ -319,10 +322,33 @@ def side_copy(b, wl, Xs, Y, n, obb, n_ob, oh0, ow0, tile, tk):
 
 def gated(pixel, Sc, n, cb, arith, ih):
     """An input pixel of channel block ``cb`` (at input row ``ih``, in bounds) times its gate pixel ``Sc[n, cb]``, or
-    ``Sc[n, cb, ih]`` for a gate a row (``scale_rows``); as is without ``Sc``."""
+    ``Sc[n, cb, ih]`` for a gate a row (``scale_rows``), or ``Sc(cb)`` where the gate is computed from ``S``
+    (``response_gate``); as is without ``Sc``."""
     if Sc is None:
         return pixel
+    if callable(Sc):
+        return pixel * arith.load(Sc(cb))
     return pixel * arith.load(Sc[n, Ramp(cb * 4, as_expr(1), 4), gate_row(Sc, ih), 0])
+
+
+def response_gate(b, wl, Sc, Rg, n):
+    """``in_response``: the gate of channel block ``cb`` computed from the response norm's statistics ``S`` (G, each
+    channel's L2 norm over its map) as it is read -- ``Rg[C4 + cb] + Rg[cb] * G / (mean_c(G) + eps)``, the mean over
+    the image's C channels summed first (C4 float4 reads a work-item, lanes past C skipped). A function of ``cb``."""
+    C = wl.data[1]
+    C4, vec = -(-C // 4), Ramp(as_expr(0), as_expr(1), 4)
+    acc = b.allocate("gsum", (1,), "float32x4", "private")
+    b.store(acc, 0, Broadcast(as_expr(0.0), 4))
+    with b.loop("gc", C4, "serial") as cb:
+        g = _as_float(Sc[n, Ramp(cb * 4, as_expr(1), 4), 0, 0])
+        if C % 4:  # lanes past C: zero in the last block
+            g = g * call("make_vector", [as_expr(1.0) if j < C % 4 else select(cb < C4 - 1, as_expr(1.0),
+                                                                                as_expr(0.0)) for j in range(4)],
+                         "float32x4")
+        b.store(acc, 0, acc[0] + g)
+    inv = b.let("ginv", 1.0 / (hsum(acc[0]) * (1.0 / C) + wl.in_response))
+    return lambda cb: Rg[C4 + cb, vec] + Rg[cb, vec] * _as_float(Sc[n, Ramp(cb * 4, as_expr(1), 4), 0, 0]) * \
+        Broadcast(inv, 4)
 
 
 def group_norm_factors(b, wl, X, Q, A, n, cb) -> tuple:
@@ -442,6 +468,9 @@ def conv_step(b, cfg, wl, inputs, Wt, acc, arith, tile, vector_input, n, grp, ob
     (sh, sw), (dh, dw), (pt, pl, _, _) = wl.stride, wl.dilation, wl.padding
     cbl = cbo * cfg.split_c + cbi  # input block within the group (the weight's channel block)
     cb = grp * CG4 + cbl if G > 1 else cbl
+    if callable(Sc):  # in_response: this block's gate, once a step
+        block_gate = b.let("rgate", Sc(cb))
+        Sc = lambda _cb: block_gate  # noqa: E731
     taps = {}
     for y in range(t_oh):
         for x in range(t_ow):
@@ -466,6 +495,8 @@ def conv_step(b, cfg, wl, inputs, Wt, acc, arith, tile, vector_input, n, grp, ob
                 lane = {yx: ExtractLane(v, ci) for yx, v in xs.items()}
             else:
                 def gate(v, ih):
+                    if callable(Sc):  # in_response: the block's computed gate, this lane
+                        return v * arith.load(ExtractLane(Sc(cb), ci))
                     return v if Sc is None else v * arith.load(Sc[n, c, gate_row(Sc, ih), 0])
                 lane = {yx: b.let(f"x{yx[0]}_{yx[1]}_{ci}",
                                   gate(padded(inside, normed(value(X, n, c, ih, iw), ci, yx)), ih))
@@ -588,8 +619,9 @@ def _out_norm_fallback(wl: Conv2dWorkload, v: dict, info, scope: str) -> Conv2dC
 
 
 def _reference(wl: Conv2dWorkload, inputs: dict):
+    scale = inputs.get("S") if not wl.in_response else response_gate_numpy(inputs["S"], inputs["Rg"], wl.in_response)
     y = reference(wl, read_parts_numpy(wl, inputs), inputs["Wt"], inputs.get("B"), inputs.get("Res"),
-                  inputs.get("S"), inputs.get("A"), inputs.get("Na"), inputs.get("Rs"))
+                  scale, inputs.get("A"), inputs.get("Na"), inputs.get("Rs"))
     return {"Y": y, "St": unit_statistics(y, int(wl.out_stats))} if wl.out_stats else y
 
 
@@ -628,6 +660,10 @@ def lower(ctx, node, ins):
         fields["in_group_norm"], inputs["Q"], affine = read_norm_operands(ctx, node, data[1])
         inputs["A"] = f"{node.name}.norm_affine"
         extra[inputs["A"]] = affine
+    if node.attrs.get("in_response"):  # passes_response_norm.response_gates_in_convs: the gate computed from G
+        fields["in_response"] = float(node.attrs["in_response"])
+        inputs["Rg"] = f"{node.name}.response_gate"
+        extra[inputs["Rg"]] = channel_blocks(ctx.graph.params[node.attrs["response_affine"]], data[1])
     if node.attrs.get("in_layer_norm"):  # passes_layer_norm.norms_applied_as_read: a LayerNorm over channels as read
         fields["in_layer_norm"] = float(node.attrs["in_layer_norm"])
         inputs["A"] = f"{node.name}.norm_affine"

@@ -922,30 +922,53 @@ def test_an_activation_after_a_token_reshape_runs_in_the_convolution_before_it(t
     assert dw.workload["activation"] == "relu"
 
 
-def test_global_response_norm_leaves_no_kernel_over_the_whole_map(tmp_path):
-    """ConvNeXtV2's GRN as timm exports it (``addcmul(beta, gamma, x * N) + x``, N from ReduceL2 and ReduceMean):
-    the gate 1 + gamma * N is computed on the (1, C, 1, 1) statistics, the next 1x1 convolution applies it as it
-    loads its input and takes beta in its bias (``passes_response_norm``): no elementwise kernel over the map is
-    left (before: four), against onnxruntime."""
-    def body(b):
-        x = b.input("input", (1, 8, 9, 9))
-        h = b.node("Relu", [b.conv(x, 8, 16, 1, bias=True)])
-        G = b.node("ReduceL2", [h], axes=[2, 3], keepdims=1)
-        N = b.node("Div", [G, b.node("Add", [b.node("ReduceMean", [G], axes=[1], keepdims=1),
-                                             b.const("eps", np.float32(1e-6))])])
-        y = b.node("Add", [b.node("Add", [b.const("beta", b.rng.normal(0, 0.3, (1, 16, 1, 1))),
-                                          b.node("Mul", [b.const("gamma", b.rng.normal(0, 0.5, (1, 16, 1, 1))),
-                                                         b.node("Mul", [h, N])])]), h])
-        b.conv(y, 16, 8, 1, bias=True, output="output")
-        return {"output": [1, 8, 9, 9]}
+def _grn_block(b) -> dict:
+    """ConvNeXtV2's GRN as timm exports it (``addcmul(beta, gamma, x * N) + x``, N from ReduceL2 and ReduceMean)
+    between a 1x1 convolution and the next, over 18 channels (a partial last block)."""
+    x = b.input("input", (1, 8, 9, 9))
+    h = b.node("Relu", [b.conv(x, 8, 18, 1, bias=True)])
+    G = b.node("ReduceL2", [h], axes=[2, 3], keepdims=1)
+    N = b.node("Div", [G, b.node("Add", [b.node("ReduceMean", [G], axes=[1], keepdims=1),
+                                         b.const("eps", np.float32(1e-6))])])
+    y = b.node("Add", [b.node("Add", [b.const("beta", b.rng.normal(0, 0.3, (1, 18, 1, 1))),
+                                      b.node("Mul", [b.const("gamma", b.rng.normal(0, 0.5, (1, 18, 1, 1))),
+                                                     b.node("Mul", [h, N])])]), h])
+    b.conv(y, 18, 8, 1, bias=True, output="output")
+    return {"output": [1, 8, 9, 9]}
+
+
+@pytest.mark.parametrize("scope", ["texture", "buffer"])
+def test_global_response_norm_leaves_only_its_reduction(native, cl_env, scope, tmp_path):
+    """ConvNeXtV2's GRN: the gate 1 + gamma * N is computed by the next 1x1 convolution as it loads its input, from
+    G, the channels' L2 norms (``in_response``: each work-item sums G over the channels first), and beta goes into
+    its bias (``passes_response_norm``): conv, the L2 reduction, conv -- no elementwise kernel over the map (before
+    this round's first pass: four) and none over the statistics (before this one: four small ones). Against
+    onnxruntime in each scope, by the Python executor and tuner-run."""
+    from conftest import building_cpu
     b = _Builder(seed=8, opset=17)
-    mod = _compile_and_check(b.model(body(b), "m"), tmp_path)
-    for n in mod.spec.nodes:
-        if not n.template:  # glue: only the statistics' small tensors
-            shapes = {tuple(mod.spec.entries[a[2:]].shape) for c in n.calls for a in c.args if a.startswith("t:")}
-            assert all(int(np.prod(sh[2:])) == 1 for sh in shapes if len(sh) == 4), (n.op, shapes)
+    mod, x, want = _compiled(b.model(_grn_block(b), "m"), scope, tmp_path)
+    ops = [n.template or n.op for n in mod.spec.nodes]
+    assert ops == ["conv2d", "spatial_reduce", "conv2d"], ops
     last = mod.spec.nodes[-1]
-    assert last.template == "conv2d" and last.workload.get("in_scale"), last.workload
+    assert last.workload.get("in_scale") and last.workload.get("in_response") == pytest.approx(1e-6), last.workload
+    assert _rel(mod.run([x])[0], want[0]) < 1e-4
+    assert _rel(_tuner_run(mod, x, building_cpu(), native, cl_env, tmp_path), want[0]) < 1e-4
+
+
+@pytest.mark.parametrize("fields", [dict(data=(1, 16, 9, 9), kernel=(8, 16, 1, 1), residual=True),
+                                    dict(data=(2, 10, 6, 6), kernel=(12, 10, 1, 1)),
+                                    dict(data=(1, 12, 7, 7), kernel=(8, 12, 3, 3), padding=(1, 1, 1, 1))])
+@pytest.mark.parametrize("scope", ["texture", "buffer"])
+def test_a_convolution_computing_its_response_gate_matches_numpy(device, fields, scope):
+    """A random config of conv2d whose gate is computed from G as it reads (``in_response``: ``c + gamma * G /
+    (mean_c(G) + eps)``, G's mean summed first, lanes past C skipped), against NumPy: a residual, two images and a
+    partial last block of channels, a 3x3 window."""
+    from test_templates import scopes
+    if scope == "texture" and not device.info.image_support:
+        pytest.skip("no images")
+    for seed in (1, 2):
+        assert check_random_config(device, "conv2d", dict(**fields, bias=True, in_scale=True, in_response=1e-6),
+                                   "float32", seed, **scopes(scope)) is not None
 
 
 def test_every_remaining_copy_is_named_with_its_reason(heldout, device, tmp_path):

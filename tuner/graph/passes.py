@@ -54,7 +54,8 @@ from tuner.graph.passes_layer_norm import (group_norm_into_convs, group_norm_pas
                                            layer_norm_into_convs, norms_read_by_pools)  # their 1x1 readers, pools
 from tuner.graph.passes_patches import convolutions_write_patches  # noqa: E402 - MobileViT's unfold and fold
 from tuner.graph.passes_reparam import merge_dense_heads, merge_depthwise_branches  # noqa: E402 - linear branches
-from tuner.graph.passes_response_norm import response_norm_as_gate  # noqa: E402 - ConvNeXtV2's GRN as a gate
+from tuner.graph.passes_response_norm import (response_gates_in_convs,  # noqa: E402 - ConvNeXtV2's GRN as a gate,
+                                              response_norm_as_gate)  # then computed by the convolution
 
 ACTIVATION_OF_CLIP = {(0.0, 6.0): "relu6", (0.0, float("inf")): "relu"}
 BINARY_OPS = ("add", "sub", "mul", "div", "prelu")  # glue kernels that apply an activation after themselves
@@ -891,7 +892,7 @@ PIPELINE = (model_io_ranks, pointwise_ranks, fuse_group_norm, fuse_patterns, opt
             fold_batch_norm, channel_affines_into_convs, response_norm_as_gate, merge_depthwise_branches,
             merge_dense_heads, fuse_patterns,
             activations_before_copies, fuse_epilogues, flatten_into_reductions, fuse_reduction_weights, crd_to_dcr,
-            fuse_input_gates, fuse_squeeze_excite, align_channel_slices,
+            fuse_input_gates, response_gates_in_convs, fuse_squeeze_excite, align_channel_slices,
             fold_pads, pad_concat_parts,
             fold_gathers_into_convs, compose_gathers_into_copies, matmul_views, slices_read_in_place,
             adds_into_depthwise, concats_written_as_tokens, fuse_concat_activations, softmax_into_reductions,

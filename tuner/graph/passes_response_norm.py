@@ -95,3 +95,75 @@ def response_norm_as_gate(graph: Graph) -> Graph:
         g.nodes = [n for n in g.nodes if all(n is not d for d in dead)]
         done += 1
     return _drop_unused_params(g).validate() if done else graph
+
+
+def _per_channel(g: Graph, name: str, C: int):
+    """A constant of one value, or of C values along one axis (a fused scale is kept flat), as a flat (C,) array,
+    else None."""
+    if name not in g.params:
+        return None
+    v = np.asarray(g.params[name], np.float32)
+    if v.size == 1:
+        return np.full(C, float(v.reshape(-1)[0]), np.float32)
+    return v.reshape(-1) if v.size == C and max(v.shape) == C else None
+
+
+def _gate_chain(g: Graph, conv: Node):
+    """``(G, gamma, c, eps, nodes)`` when ``conv``'s gate (``in_scale``) is ``c + gamma * G / (mean_c(G) + eps)``
+    -- what ``response_norm_as_gate`` leaves once the epilogues are fused: a reduce_mean of G over its channels, an
+    add of eps, a division of G by that with gamma as its scale, an add of c -- each step read only by the next and
+    G only by the mean and the division; else None."""
+    s = conv.attrs.get("in_scale")
+    plus = g.producer(s) if s is not None else None
+    if plus is None or plus.op != "add" or plus.attrs or len(plus.inputs) != 2 or not only_reader(g, s, conv):
+        return None
+    C = g.shapes[s][1]
+    t, c = (plus.inputs[0], plus.inputs[1]) if plus.inputs[1] in g.params else (plus.inputs[1], plus.inputs[0])
+    c = _per_channel(g, c, C)
+    div = g.producer(t)
+    if c is None or div is None or div.op != "div" or set(div.attrs) - {"scale"} or not only_reader(g, t, plus):
+        return None
+    G, d = div.inputs[0], div.inputs[1]
+    gamma = _per_channel(g, div.attrs["scale"], C) if "scale" in div.attrs else np.ones(C, np.float32)
+    add = g.producer(d)
+    if gamma is None or tuple(g.shapes.get(G, ())) != (g.shapes[s][0], C, 1, 1) or add is None \
+            or add.op != "add" or add.attrs or len(add.inputs) != 2 or not only_reader(g, d, div):
+        return None
+    m, eps = (add.inputs[0], add.inputs[1]) if add.inputs[1] in g.params else (add.inputs[1], add.inputs[0])
+    mean = g.producer(m)
+    if eps not in g.params or np.size(g.params[eps]) != 1 or mean is None or mean.op != "reduce_mean" \
+            or mean.inputs != [G] or tuple(mean.attrs.get("axes", ())) not in ((1,), (-3,)) \
+            or not mean.attrs.get("keepdims", 1) or set(mean.attrs) - {"axes", "keepdims"} \
+            or not only_reader(g, m, add) or G in g.outputs or sorted(map(id, g.consumers(G))) != \
+            sorted(map(id, (mean, div))):
+        return None
+    return G, gamma, c, float(np.asarray(g.params[eps]).reshape(-1)[0]), [mean, add, div, plus]
+
+
+def response_gates_in_convs(graph: Graph) -> Graph:
+    """A GRN gate (``response_norm_as_gate``'s, once ``fuse_input_gates`` gave it to the convolution after it)
+    computed by that convolution as it reads its input (``Conv2dWorkload.in_response``): the convolution takes G,
+    each channel's L2 norm, as its gate tensor and computes ``c + gamma * G / (mean_c(G) + eps)`` itself, each
+    work-item summing G's channels first -- the four small kernels over (N, C, 1, 1) before it (the mean over the
+    channels, the add of eps, the division, the add of 1) are gone, one launch a block left for G (ConvNeXtV2: 4
+    launches a block to 1). Taken where eps is positive; run after ``fuse_input_gates``."""
+    g = graph.copy()
+    changed = False
+    for conv in list(g.nodes):
+        if conv.op != "conv2d" or conv.attrs.get("scale_rows") or "in_response" in conv.attrs:
+            continue
+        found = _gate_chain(g, conv)
+        if found is None or found[3] <= 0:
+            continue
+        G, gamma, c, eps, dead = found
+        s = conv.attrs["in_scale"]
+        param = _add_param(g, f"{conv.name}.response", np.stack([gamma, c]).astype(np.float32))
+        at = conv.inputs.index(s)
+        conv.inputs = conv.inputs[:at] + [G, param] + conv.inputs[at + 1:]  # reference.FUSED_INPUTS: the gate's
+        # statistics where the gate was, its affine right after
+        conv.attrs = {**conv.attrs, "in_scale": G, "in_response": eps, "response_affine": param}
+        g.nodes = [n for n in g.nodes if all(n is not d for d in dead)]
+        for d in dead:
+            g.shapes.pop(d.outputs[0], None)
+        changed = True
+    return _drop_unused_params(g).validate() if changed else graph

@@ -79,7 +79,7 @@ def side_outputs(node: Node, out: np.ndarray, env: dict) -> dict:
 _BINARY_EPILOGUE = {"activation", "scale", "residual"}  # passes._binary_epilogue, then an activation
 EPILOGUE_ATTRS = {
     "conv2d": {"activation", "residual", "in_scale", "pad_mode", "slope", "in_view", "in_norm", "norm_stats",
-               "in_layer_norm",
+               "in_layer_norm", "in_response", "response_affine",
                "patch_view", "row_sums", "in_group_norm", "norm_affine", "in_add", "in_add_at", "out_norm",
                "out_norm_affine", "residual_scale", "out_stats", "gate", "gate_acts", "gate_node"},
     "dense": {"activation", "residual", "in_norm"},
@@ -94,8 +94,8 @@ EPILOGUE_ATTRS = {
     **{op: {"activation", "weight", "softmax_of", "channel_offsets"}
        for op in ("global_avg_pool", "global_max_pool", "reduce_mean", "reduce_max", "reduce_sum", "reduce_l2")},
 }
-FUSED_INPUTS = ("post", "scale", "residual", "residual_scale", "out_norm_affine", "slope", "in_scale", "weight",
-                "norm_stats", "norm_affine", "in_add")
+FUSED_INPUTS = ("post", "scale", "residual", "residual_scale", "out_norm_affine", "slope", "in_scale",
+                "response_affine", "weight", "norm_stats", "norm_affine", "in_add")
 # appended to a node's inputs, in order
 
 
@@ -119,7 +119,10 @@ def _evaluate(graph: Graph, node: Node, fn, env: dict) -> np.ndarray:
     if "in_add" in extra:  # passes_movement.adds_into_depthwise: the input plus the addend's channels at in_add_at
         at, c = a.get("in_add_at", 0), ins[0].shape[1]
         ins[0] = ins[0] + extra["in_add"][:, at:at + c]
-    if "in_scale" in extra:
+    if "in_scale" in extra and a.get("in_response"):  # passes_response_norm: the gate computed from G as read
+        from tuner.templates.common import response_gate_numpy
+        ins[0] = ins[0] * response_gate_numpy(extra["in_scale"], extra["response_affine"], a["in_response"])
+    elif "in_scale" in extra:
         ins[0] = ins[0] * extra["in_scale"]
     if a.get("in_norm") and "in_norm" in fused_ok:  # passes_layer_norm: the input normalized over its channels,
         # or over the whole image where a GroupNorm(1)'s statistics come with it (``norm_stats``)
