@@ -309,8 +309,8 @@ def _lower_ln(ctx, node, ins, shape):
     g = ctx.graph
     extra = {f"{node.name}.gamma": np.asarray(g.params[node.inputs[1]], np.float32).reshape(-1),
              f"{node.name}.beta": np.asarray(g.params[node.inputs[2]], np.float32).reshape(-1)}
-    wl = LayerNormWorkload(shape, float(node.attrs.get("epsilon", 1e-5)), ctx.dtype, node.attrs.get("activation", "none"),
-                           out_stats=bool(node.attrs.get("out_stats")))
+    wl = LayerNormWorkload(shape, float(node.attrs.get("epsilon", 1e-5)), ctx.dtype,
+                           node.attrs.get("activation", "none"), out_stats=bool(node.attrs.get("out_stats")))
     return wl, {"X": ins[0], "G": f"{node.name}.gamma", "Bt": f"{node.name}.beta"}, extra
 
 

@@ -148,7 +148,8 @@ def dense(wl: DenseWorkload, cfg: DenseConfig):
             return pooled[y] * (1.0 / (H * W))
         if st is not None:  # in_norm: each row's shift K0 (its first feature), then its sums of d and d^2
             for y in range(t_n):
-                b.store(st, 3 * y, _as_float(ExtractLane(b.let(f"k0_{y}", row_block(y, min_(n0 + y, N - 1), as_expr(0))), 0)))
+                first = b.let(f"k0_{y}", row_block(y, min_(n0 + y, N - 1), as_expr(0)))
+                b.store(st, 3 * y, _as_float(ExtractLane(first, 0)))
                 b.store(st, 3 * y + 1, const(0.0, "float32"))
                 b.store(st, 3 * y + 2, const(0.0, "float32"))
         with b.loop("jo", -(-steps // uk)) as jo, b.loop("ji", uk, "unrolled") as ji:

@@ -474,8 +474,8 @@ def _pooled_norm_head(b, classes: int = 10) -> dict:
     y = b.node("Flatten", [b.node("GlobalAveragePool", [b.conv(x, 6, 14, 3, bias=True)])])
     t = b.node("LayerNormalization", [y, b.const("ln_s", b.rng.uniform(0.5, 1.5, 14)),
                                       b.const("ln_b", b.rng.normal(0, 0.5, 14))], "ln", axis=-1, epsilon=1e-6)
-    b.node("Gemm", [t, b.const("fc_w", b.rng.normal(0, 0.3, (classes, 14))), b.const("fc_b", b.rng.normal(0, 1, classes))],
-           output="output", transB=1)
+    b.node("Gemm", [t, b.const("fc_w", b.rng.normal(0, 0.3, (classes, 14))),
+                    b.const("fc_b", b.rng.normal(0, 1, classes))], output="output", transB=1)
     return {"output": [1, classes]}
 
 

@@ -581,8 +581,8 @@ def _stem_layer_norm_block(b: _Builder) -> dict:
     t = b.node("LayerNormalization", [t, b.const("ln_s", b.rng.normal(1, 0.2, c)),
                                       b.const("ln_b", b.rng.normal(0, 0.2, c))], axis=-1, epsilon=1e-6)
     t = b.node("Transpose", [t], perm=[0, 3, 1, 2])
-    y = b.node("GroupNormalization", [t, b.const("s0", b.rng.normal(1, 0.2, c)), b.const("b0", b.rng.normal(0, 0.2, c))],
-               num_groups=1, epsilon=1e-5)
+    y = b.node("GroupNormalization", [t, b.const("s0", b.rng.normal(1, 0.2, c)),
+                                      b.const("b0", b.rng.normal(0, 0.2, c))], num_groups=1, epsilon=1e-5)
     p = b.node("AveragePool", [y], kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1], count_include_pad=0)
     b.conv(b.node("Add", [t, b.node("Sub", [p, y])]), c, 4, 1, bias=True, output="output")
     return {"output": [1, 4, 8, 6]}

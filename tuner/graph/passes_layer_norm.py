@@ -17,9 +17,9 @@ fuses nothing itself, and every reader is a convolution that takes it as its onl
 groups 1, no gate or input view; a per-channel PReLU's slopes stay in B before the weights' sums). A LayerNorm over
 the features of (N, K) rows read only by ``dense`` layers is the same fold (``DenseWorkload.in_norm``): a classifier
 head's norm between its global pool and its last layer (ConvNeXt, EdgeNeXt, PoolFormerV2 and the other MetaFormers)
-leaves no kernel, and where the pool is read in place too (``plan.input_views``) the head is one kernel. Each reader gets
-its own folded weights and bias. Run late, so that no later pass gives those convolutions a gate or an input view. Not
-where the norm reads a concat: the norm kernel reads its parts in place (EdgeNeXt's SDTA split,
+leaves no kernel, and where the pool is read in place too (``plan.input_views``) the head is one kernel. Each reader
+gets its own folded weights and bias. Run late, so that no later pass gives those convolutions a gate or an input
+view. Not where the norm reads a concat: the norm kernel reads its parts in place (EdgeNeXt's SDTA split,
 ``plan.input_views``), which a normed convolution does not.
 
 ``group_norm_into_convs``: a GroupNorm(1) (MobileViTv2's, PoolFormer's) read only by such convolutions is the same
@@ -97,7 +97,8 @@ def _readers(g: Graph, node: Node):
     """The convolutions that read the norm's output when every reader can normalize it itself, else None."""
     x, out = node.inputs[0], node.outputs[0]
     readers = g.consumers(out)
-    if len(g.shapes[x]) not in (2, 4) or out in g.outputs or not readers or any(not _takes_norm(g, r, out) for r in readers):
+    if len(g.shapes[x]) not in (2, 4) or out in g.outputs or not readers \
+            or any(not _takes_norm(g, r, out) for r in readers):
         return None
     return readers
 
@@ -357,9 +358,10 @@ def norms_into_convs(graph: Graph) -> Graph:
     return g.validate()
 
 
+# a convolution's fusions that leave its output whole
 STATS_PRODUCER_ATTRS = {"stride", "padding", "dilation", "groups", "pad_mode", "activation", "residual",
                         "residual_scale", "in_norm", "norm_stats", "in_group_norm", "in_layer_norm", "norm_affine",
-                        "in_scale", "in_view", "slope", "patch_view"}  # a convolution's fusions that leave its output whole
+                        "in_scale", "in_response", "response_affine", "in_view", "slope", "patch_view"}
 
 
 POOL_STATS_ATTRS = {"kernel", "stride", "padding", "count_include_pad", "ceil_mode", "post", "post_op", "scale",

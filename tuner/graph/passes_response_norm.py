@@ -11,7 +11,11 @@ is 1x1 with no padding (ConvNeXtV2's ``fc2``) ``beta`` goes into its bias as ``W
 the whole map.
 
 Taken where every intermediate tensor has one reader, the multiplies and the add are by per-channel constants, and
-``N`` is an (N, C, 1, 1) tensor."""
+``N`` is an (N, C, 1, 1) tensor.
+
+``response_gates_in_convs`` then has that convolution compute the gate too, from G (``Conv2dWorkload.in_response``):
+the mean over the channels, the add of eps, the division and the add of 1 -- four small kernels a block -- are gone,
+and only the L2 reduction is left."""
 from __future__ import annotations
 
 import numpy as np
