@@ -342,10 +342,10 @@ def response_gate(b, wl, Sc, Rg, n):
     b.store(acc, 0, Broadcast(as_expr(0.0), 4))
     with b.loop("gc", C4, "serial") as cb:
         g = _as_float(Sc[n, Ramp(cb * 4, as_expr(1), 4), 0, 0])
-        if C % 4:  # lanes past C: zero in the last block
-            g = g * call("make_vector", [as_expr(1.0) if j < C % 4 else select(cb < C4 - 1, as_expr(1.0),
-                                                                                as_expr(0.0)) for j in range(4)],
-                         "float32x4")
+        if C % 4:  # lanes past C: left out of the last block
+            g = call("make_vector", [ExtractLane(g, j) if j < C % 4 else select(cb < C4 - 1, ExtractLane(g, j),
+                                                                                 as_expr(0.0)) for j in range(4)],
+                     "float32x4")
         b.store(acc, 0, acc[0] + g)
     inv = b.let("ginv", 1.0 / (hsum(acc[0]) * (1.0 / C) + wl.in_response))
     return lambda cb: Rg[C4 + cb, vec] + Rg[cb, vec] * _as_float(Sc[n, Ramp(cb * 4, as_expr(1), 4), 0, 0]) * \
@@ -469,7 +469,7 @@ def conv_step(b, cfg, wl, inputs, Wt, acc, arith, tile, vector_input, n, grp, ob
     (sh, sw), (dh, dw), (pt, pl, _, _) = wl.stride, wl.dilation, wl.padding
     cbl = cbo * cfg.split_c + cbi  # input block within the group (the weight's channel block)
     cb = grp * CG4 + cbl if G > 1 else cbl
-    if callable(Sc):  # in_response: this block's gate, once a step
+    if callable(Sc) and tile is None:  # in_response: this block's gate, once a step (a staged tile is gated)
         block_gate = b.let("rgate", Sc(cb))
         Sc = lambda _cb: block_gate  # noqa: E731
     taps = {}
@@ -565,6 +565,9 @@ def fallback(wl: Conv2dWorkload, info) -> Conv2dConfig:
     tile_ow = 1 if cpu else 4 if v["OW"] >= 8 else 2 if v["OW"] >= 2 else 1
     while wl.in_layer_norm and tile_ow > 1 and np.prod(norm_pixels(wl, (1, tile_ow))) > MAX_NORM_PIXELS:
         tile_ow //= 2
+    if wl.in_layer_norm and np.prod(norm_pixels(wl, (1, 1))) > MAX_NORM_PIXELS:
+        raise ValueError(f"in_layer_norm: a window spanning {np.prod(norm_pixels(wl, (1, 1)))} input pixels; at most "
+                         f"{MAX_NORM_PIXELS} (each one's mean and rstd in registers)")
     items = lambda oc, ow: v["N"] * -(-v["OB"] // oc) * v["OH"] * -(-v["OW"] // ow)  # noqa: E731
     target = gpu_fill_target(info)
     while items(tile_oc, tile_ow) < target and (tile_ow > 1 or tile_oc > 1):

@@ -290,7 +290,7 @@ def fallback(wl: DenseWorkload, info) -> DenseConfig:
         split_k *= 2
     wg_m = 1
     while wg_m < 64 and wg_m < v["MB"] and wg_m * 2 * split_k <= info.max_work_group_size \
-            and wg_m * 2 * split_k * 16 <= info.local_mem_bytes \
+            and wg_m * 2 * split_k * (16 + (8 if wl.in_norm else 0)) <= info.local_mem_bytes \
             and (not target or -(-v["MB"] // (wg_m * 2)) >= info.compute_units):
         wg_m *= 2
     return DenseConfig(tile_m=1, tile_n=1, wg_m=wg_m, split_k=split_k, unroll_k=1, vec_load=4, weight_pack="4o",

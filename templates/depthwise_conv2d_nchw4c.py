@@ -444,8 +444,9 @@ def lower(ctx, node, ins):
     if view is not None:
         fields_view, data = {"in_view": (int(view[0]), data[1])}, (data[0], int(view[1]), *data[2:])
     if not is_depthwise(data, ctx.shape(w_name), node.attrs.get("groups", 1)) or "in_scale" in node.attrs \
-            or node.attrs.get("out_stats"):  # (a second output of statistics: Q is the row sums')
-        return None
+            or node.attrs.get("out_stats") or any(k in node.attrs for k in ("in_norm", "in_group_norm",
+                                                                             "in_layer_norm", "out_norm")):
+        return None  # (a second output of statistics: Q is the row sums'; a norm as read: the direct conv2d's)
     if node.attrs.get("pad_mode", "zeros") != "zeros":  # passes.fold_pads leaves a depthwise layer's Pad a kernel
         raise ValueError(f"pad_mode {node.attrs['pad_mode']!r}: the depthwise template pads with zeros only")
     fields, inputs = node_epilogue(ctx, node)

@@ -654,6 +654,36 @@ def test_layer_norms_are_applied_by_the_strided_convolutions_that_read_them(nati
         assert _rel(half.run([x])[0], want[0]) < 5e-3
 
 
+@pytest.mark.parametrize("k,dilation,applied", [(3, 1, True), (7, 1, True), (9, 1, False), (3, 4, False)])
+def test_a_layer_norm_is_applied_as_read_only_by_windows_whose_pixels_fit(device, k, dilation, applied):
+    """``in_layer_norm`` keeps a mean and rstd a pixel its windows span in registers, at most
+    ``MAX_NORM_PIXELS`` (64) for one output pixel: a 3x3 or 7x7 reader takes the norm, a 9x9 or a 3x3 of dilation 4
+    (81 pixels) leaves it a kernel; the template's fallback refuses such a window by name."""
+    from tuner.compile.compiler import load_graph
+    from tuner.graph.passes_layer_norm import norms_applied_as_read
+    from tuner.templates import get_template
+
+    def body(b):
+        x = b.conv(b.input("input", (1, 6, 20, 20)), 6, 8, 3, bias=True)
+        t = b.node("Transpose", [x], perm=[0, 2, 3, 1])
+        t = b.node("LayerNormalization", [t, b.const("ln_s", b.rng.uniform(0.5, 1.5, 8)),
+                                          b.const("ln_b", b.rng.normal(0, 0.5, 8))], axis=-1, epsilon=1e-6)
+        pad = dilation * (k - 1) // 2
+        b.conv(b.node("Transpose", [t], perm=[0, 3, 1, 2]), 8, 4, k, bias=True, pads=[pad] * 4,
+               dilations=[dilation] * 2, output="output")
+        return {"output": [1, 4, 20, 20]}
+    g = norms_applied_as_read(load_graph(_model(body)))
+    assert ("layer_norm" not in [n.op for n in g.nodes]) == applied
+    t = get_template("conv2d")
+    wl = t.workload(data=(1, 8, 20, 20), kernel=(4, 8, k, k), padding=dilation * (k - 1) // 2,
+                    dilation=dilation, bias=True, in_layer_norm=1e-6)
+    if applied:
+        t.fallback(wl, device.info)
+    else:
+        with pytest.raises(ValueError, match="in_layer_norm: a window spanning 81 input pixels"):
+            t.fallback(wl, device.info)
+
+
 @pytest.mark.parametrize("fields", [
     dict(data=(1, 16, 9, 9), kernel=(8, 16, 3, 3), stride=(2, 2), padding=(1, 1, 1, 1)),
     dict(data=(1, 10, 8, 8), kernel=(12, 10, 2, 2), stride=(2, 2)),

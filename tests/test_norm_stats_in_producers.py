@@ -538,7 +538,7 @@ def test_tuning_a_statistics_writing_convolution_starts_from_its_loop_nests_best
     assert nest_seeds(str(log), task, device.info, task.space(device.info), {"x": None}) == []
 
 
-@pytest.mark.parametrize("data", [(1, 64, 7, 9), (2, 16, 4, 8), (1, 12, 5, 5), (3, 8, 3, 4)])
+@pytest.mark.parametrize("data", [(1, 64, 7, 9), (2, 16, 4, 8), (1, 12, 5, 5), (3, 8, 3, 4), (2, 10, 3, 4)])
 @pytest.mark.parametrize("scope", ["texture", "buffer"])
 def test_a_layer_norm_writes_its_output_statistics(device, data, scope):
     """``LayerNormWorkload.out_stats``: random configs of the layer_norm template writing the GroupNorm(1)
@@ -612,3 +612,39 @@ def test_a_stem_layer_norm_writes_the_statistics_of_the_group_norm_after_it(nati
                         "--output", str(tmp_path / "y.npy")], capture_output=True, text=True, env=cl_env, timeout=300)
     assert r.returncode == 0, r.stderr
     assert _rel(np.load(tmp_path / "y.npy"), want[0]) < 1e-4
+
+
+@pytest.mark.parametrize("template,fields,constraint", [
+    ("layer_norm", dict(data=(1, 64, 56, 56), out_stats=True), "stats_local"),
+    ("layer_norm", dict(data=(2, 48, 8, 8), out_stats=True), "stats_local"),
+    ("dense", dict(data=(1, 768), weight=(1000, 768), bias=True, in_norm=1e-6), "local_memory")])
+def test_the_space_counts_the_local_memory_of_the_new_statistics(device, template, fields, constraint):
+    """A LayerNorm that writes its output's statistics merges a float4 a work-item after its row trees
+    (``merge_group_statistics``), and a dense that normalizes its rows combines a split's row sums beside its
+    partial sums: on a device with one byte less local memory than a config's kernel declares, the space refuses
+    that config (the PoolFormerV2 stem's 1024-work-item groups needed 49,156 bytes against 49,152)."""
+    import dataclasses
+    import re
+
+    from tuner.logs.record import scope_knobs
+    t = get_template(template)
+    big = dataclasses.replace(device.info, type="GPU", max_work_group_size=1024, max_work_item_sizes=(1024, 1024, 64),
+                              local_mem_bytes=1 << 20, image_support=False)
+    wl = t.workload(**fields)
+    scopes = scope_knobs({"input": "buffer", "weight": "buffer", "output": "buffer"})
+    space = t.space(wl, big, **t.model_knobs, **scopes)
+    rng = np.random.default_rng(2)
+    bytes_of = {"float4": 16, "float": 4, "int": 4, "half4": 8, "half": 2}
+    checked = 0
+    for _ in range(12):
+        cfg = t.make_config(space.sample(rng))
+        _, src = generate(t.build(wl, cfg))
+        used = sum(bytes_of[ty] * int(n) for ty, n in re.findall(r"__local (\w+) \w+\[(\d+)\];", src))
+        if not used:
+            continue
+        tight = dataclasses.replace(big, local_mem_bytes=used - 1)
+        refused = [v.split(":")[0] for v in t.space(wl, tight, **t.model_knobs, **scopes).violations(
+            t.config_values(wl, cfg))]
+        assert constraint in refused, (cfg, used)
+        checked += 1
+    assert checked >= 3

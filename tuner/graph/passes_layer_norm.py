@@ -93,6 +93,24 @@ def _affine(g: Graph, node: Node, C: int):
     return (gamma, beta) if gamma.size == C and beta.size == C else None
 
 
+def _plain_layer_norm(g: Graph, node: Node) -> bool:
+    """A LayerNorm over axis 1 (the channels of a 4-D tensor, the features of 2-D rows) that fuses nothing and does
+    not read a concat's parts in place (``LayerNormWorkload.in_read``: EdgeNeXt's SDTA split), which no reader that
+    computes the norm itself does."""
+    rank = len(g.shapes[node.inputs[0]])
+    if node.attrs.get("axis") not in ((1, -3) if rank == 4 else (1, -1)) or set(node.attrs) - {"axis", "epsilon"}:
+        return False
+    producer = g.producer(node.inputs[0])
+    return producer is None or producer.op != "concat" or bool(producer.attrs.get("channel_offsets"))
+
+
+def _window_span(g: Graph, conv: Node) -> int:
+    """The input pixels one output pixel's window spans (``in_layer_norm`` sums each one's channels)."""
+    R, S = g.shapes[conv.inputs[1]][2:]
+    dh, dw = conv.attrs.get("dilation", (1, 1))
+    return ((R - 1) * dh + 1) * ((S - 1) * dw + 1)
+
+
 def _readers(g: Graph, node: Node):
     """The convolutions that read the norm's output when every reader can normalize it itself, else None."""
     x, out = node.inputs[0], node.outputs[0]
@@ -106,13 +124,8 @@ def _readers(g: Graph, node: Node):
 def layer_norm_into_convs(graph: Graph) -> Graph:
     g = graph.copy()
     for node in list(g.nodes):
-        rank = len(g.shapes[node.inputs[0]]) if node.op == "layer_norm" else 0
-        if node.op != "layer_norm" or node.attrs.get("axis") not in ((1, -3) if rank == 4 else (1, -1)) \
-                or set(node.attrs) - {"axis", "epsilon"}:
+        if node.op != "layer_norm" or not _plain_layer_norm(g, node):
             continue
-        producer = g.producer(node.inputs[0])
-        if producer is not None and producer.op == "concat" and not producer.attrs.get("channel_offsets"):
-            continue  # the norm reads the concat's parts in place (LayerNormWorkload.in_read); a normed conv cannot
         readers = _readers(g, node)
         affine = _affine(g, node, g.shapes[node.inputs[0]][1]) if readers else None
         if affine is None:
@@ -270,16 +283,15 @@ def _layer_norm_as_read(g: Graph, node: Node) -> None:
     (``Conv2dWorkload.in_layer_norm``), its statistics summed by the reader itself, so no kernel is left. Not where
     every reader is a 1x1 convolution (the pipeline folded those), nor a norm whose input a concat's parts are read
     in place for."""
+    from tuner.templates.conv2d_nchw4c import MAX_NORM_PIXELS  # the graph passes import tuner.templates lazily
     x, out = node.inputs[0], node.outputs[0]
     shape = g.shapes[x]
-    if len(shape) != 4 or node.attrs.get("axis") not in (1, -3) or set(node.attrs) - {"axis", "epsilon"}:
+    if len(shape) != 4 or not _plain_layer_norm(g, node):
         return
-    producer = g.producer(x)
-    if producer is not None and producer.op == "concat" and not producer.attrs.get("channel_offsets"):
-        return  # the norm reads the concat's parts in place (LayerNormWorkload.in_read); a convolution cannot
     readers = g.consumers(out)
     if out in g.outputs or not readers or any(r.op != "conv2d" or not _reads_normed(g, r, out)
-                                              or r.attrs.get("pad_mode", "zeros") != "zeros" for r in readers):
+                                              or r.attrs.get("pad_mode", "zeros") != "zeros"
+                                              or _window_span(g, r) > MAX_NORM_PIXELS for r in readers):
         return
     affine = _affine(g, node, shape[1])
     if affine is None:

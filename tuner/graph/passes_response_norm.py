@@ -101,17 +101,6 @@ def response_norm_as_gate(graph: Graph) -> Graph:
     return _drop_unused_params(g).validate() if done else graph
 
 
-def _per_channel(g: Graph, name: str, C: int):
-    """A constant of one value, or of C values along one axis (a fused scale is kept flat), as a flat (C,) array,
-    else None."""
-    if name not in g.params:
-        return None
-    v = np.asarray(g.params[name], np.float32)
-    if v.size == 1:
-        return np.full(C, float(v.reshape(-1)[0]), np.float32)
-    return v.reshape(-1) if v.size == C and max(v.shape) == C else None
-
-
 def _gate_chain(g: Graph, conv: Node):
     """``(G, gamma, c, eps, nodes)`` when ``conv``'s gate (``in_scale``) is ``c + gamma * G / (mean_c(G) + eps)``
     -- what ``response_norm_as_gate`` leaves once the epilogues are fused: a reduce_mean of G over its channels, an
@@ -123,12 +112,13 @@ def _gate_chain(g: Graph, conv: Node):
         return None
     C = g.shapes[s][1]
     t, c = (plus.inputs[0], plus.inputs[1]) if plus.inputs[1] in g.params else (plus.inputs[1], plus.inputs[0])
-    c = _per_channel(g, c, C)
+    c = channel_constant(g, c, C, 4)
     div = g.producer(t)
     if c is None or div is None or div.op != "div" or set(div.attrs) - {"scale"} or not only_reader(g, t, plus):
         return None
     G, d = div.inputs[0], div.inputs[1]
-    gamma = _per_channel(g, div.attrs["scale"], C) if "scale" in div.attrs else np.ones(C, np.float32)
+    gamma = np.ones(C, np.float32) if "scale" not in div.attrs else \
+        channel_constant(g, div.attrs["scale"], C, 2)  # a fused scale is kept flat (C,)
     add = g.producer(d)
     if gamma is None or tuple(g.shapes.get(G, ())) != (g.shapes[s][0], C, 1, 1) or add is None \
             or add.op != "add" or add.attrs or len(add.inputs) != 2 or not only_reader(g, d, div):
@@ -154,7 +144,7 @@ def response_gates_in_convs(graph: Graph) -> Graph:
     g = graph.copy()
     changed = False
     for conv in list(g.nodes):
-        if conv.op != "conv2d" or conv.attrs.get("scale_rows") or "in_response" in conv.attrs:
+        if conv.op != "conv2d" or "in_response" in conv.attrs:
             continue
         found = _gate_chain(g, conv)
         if found is None or found[3] <= 0:

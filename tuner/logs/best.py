@@ -95,7 +95,7 @@ def invalid_config(template, workload, device, config: dict) -> str | None:
 
 # workload fields that change what surrounds the sum (or what the padding reads), not the loop nest
 EPILOGUE = ("bias", "activation", "residual", "in_scale", "scale_rows", "in_norm", "norm_partials", "pad_mode",
-            "in_group_norm", "in_layer_norm", "in_response", "in_add", "in_view", "row_sums", "gate", "gate_act1",
+            "in_group_norm", "in_response", "in_add", "in_view", "row_sums", "gate", "gate_act1",
             "gate_activation")  # (a depthwise convolution's row sums, or the gate its last work-group computes from
 # them: after the same loop nest)
 # workload fields that pin a knob (a group_norm's ``stats``: its split is the chunk count, not a choice): a record
