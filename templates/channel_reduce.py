@@ -28,7 +28,7 @@ from tuner.templates.common import EPILOGUE_ARGS, Template, WorkloadArg, part_bl
 from tuner.ir.kernel import Program
 from tuner.templates.reduction import (LOWEST, ReduceConfig, SameShapeWorkload, Schedule, as_stored, ceil_div,
                                        fallback_config, features, hsum, merge_group_statistics, packed,
-                                       stats_workspaces, unit_statistics, unravel, welford_merge)
+                                       shifted_moments, stats_workspaces, unit_statistics, unravel, welford_merge)
 
 
 @dataclass(frozen=True)
@@ -181,9 +181,8 @@ def layer_norm(wl: LayerNormWorkload, cfg: ReduceConfig):
             b.store(acc, 0, acc[0] + d)
             b.store(acc, 1, acc[1] + d * d)
         s, q = sched.tree(b, [acc[0], acc[1]], lambda x, y: x + y, lid, p)
-        m = b.let("m", hsum(s) * (1.0 / r.C))
+        m, rstd = shifted_moments(b, hsum(s), hsum(q), r.C, wl.epsilon)
         mean = b.let("mean", K + m)
-        rstd = b.let("rstd", call("rsqrt", [max_(hsum(q) * (1.0 / r.C) - m * m, 0.0) + wl.epsilon], "float32"))
         def normed(idx, e):
             return r.mask(e, apply_ir(wl.activation, (r.load(idx, e) - mean) * (rstd * G[idx[1]]) + Bt[idx[1]]), 0.0)
         run = b.allocate("srun", (1,), "float32x4", "private") if St is not None else None

@@ -17,14 +17,14 @@ from tuner.ir.activations import apply_ir
 from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
 from tuner.ir.dtype import DType
-from tuner.ir.expr import Broadcast, Cast, ExtractLane, Ramp, as_expr, call, const, max_, min_, select
+from tuner.ir.expr import Broadcast, Cast, ExtractLane, Ramp, as_expr, call, const, min_, select
 from tuner.ir.kernel import Program
 from tuner.ir.gather import gather_pixel
 from tuner.ir.schedule import cache_read
 from tuner.templates.reduction import (StagedTile, as_float as _as_float, as_stored, channel_blocks, hsum,
                                        last_group_statistics, last_group_unit_statistics, local_tree, norm_units,
-                                       pow2_ceil, read_norm_operands, stats_workspaces, sum_partials, unit_factors,
-                                       unit_blocks, unit_first_block, unit_normed, unit_statistics,
+                                       pow2_ceil, read_norm_operands, shifted_moments, stats_workspaces, sum_partials,
+                                       unit_factors, unit_blocks, unit_first_block, unit_normed, unit_statistics,
                                        unit_statistics_layout, unit_stats_workspaces)
 from tuner.templates.common import (EPILOGUE_ARGS, MODEL_KNOBS, PAD_MODE_ARG, WINDOW_ARGS, Arithmetic,
                                     Conv2dWorkload, LocalTile, clamp, Template, WorkloadArg, _log2, declare_operands,
@@ -422,21 +422,16 @@ def pixel_norms(b, wl, X, n, oh0, ow0, tile):
                     b.store(st, 3 * p + 2, st[3 * p + 2] + lane * lane)
     ln = b.allocate("ln", (2 * len(at),), "float32", "private")
     for p in range(len(at)):
-        m = b.let(f"lm{p}", st[3 * p + 1] * (1.0 / C))
+        m, rstd = shifted_moments(b, st[3 * p + 1], st[3 * p + 2], C, wl.in_layer_norm, (f"lm{p}", f"lr{p}"))
         b.store(ln, 2 * p, st[3 * p] + m)
-        b.store(ln, 2 * p + 1, call("rsqrt", [max_(st[3 * p + 2] * (1.0 / C) - m * m, 0.0) + wl.in_layer_norm],
-                                    "float32"))
+        b.store(ln, 2 * p + 1, rstd)
     return ln
 
 
 def norm_factors(b, st, C: int, epsilon: float, pixels: int) -> list:
     """``[(mean of d, rstd)]`` of each pixel of the tile from ``norm_stats``' sums over the C channels."""
-    out = []
-    for p in range(pixels):
-        m = b.let(f"nm{p}", st[3 * p + 1] * (1.0 / C))
-        out.append((m, b.let(f"nr{p}", call("rsqrt", [max_(st[3 * p + 2] * (1.0 / C) - m * m, 0.0) + epsilon],
-                                                   "float32"))))
-    return out
+    return [shifted_moments(b, st[3 * p + 1], st[3 * p + 2], C, epsilon, (f"nm{p}", f"nr{p}"))
+            for p in range(pixels)]
 
 
 def image_norm_factors(b, P, n, wl) -> list:
@@ -444,9 +439,7 @@ def image_norm_factors(b, P, n, wl) -> list:
     its C x H x W elements), one pair for every pixel of a tile."""
     N, C, H, W = wl.data
     acc = sum_partials(b, P, n, wl.norm_partials, "pt", "pacc")
-    m = b.let("nm", hsum(acc[0]) * (1.0 / (C * H * W)))
-    return [(m, b.let("nr", call("rsqrt", [max_(hsum(acc[1]) * (1.0 / (C * H * W)) - m * m, 0.0) + wl.in_norm],
-                                          "float32")))]
+    return [shifted_moments(b, hsum(acc[0]), hsum(acc[1]), C * H * W, wl.in_norm, ("nm", "nr"))]
 
 
 def conv_step(b, cfg, wl, inputs, Wt, acc, arith, tile, vector_input, n, grp, obb, oh0, ow0, th, tw, cbo, cbi, r,

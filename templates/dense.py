@@ -17,10 +17,10 @@ import numpy as np
 from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
 from tuner.ir.dtype import DType
-from tuner.ir.expr import Broadcast, Cast, ExtractLane, Ramp, as_expr, call, const, max_, min_
+from tuner.ir.expr import Broadcast, Cast, ExtractLane, Ramp, as_expr, call, const, min_
 from tuner.ir.activations import apply_ir, canonical
 from tuner.templates.common import EPILOGUE_ARGS, Template, WorkloadArg, node_epilogue
-from tuner.templates.reduction import as_float as _as_float
+from tuner.templates.reduction import as_float as _as_float, shifted_moments
 from tuner.templates.common import (Arithmetic, bias_buffer, bias_length, gpu_fill_target, norm_sums_at,
                                     reference_epilogue, store_pixel, texture_scopes)
 
@@ -212,8 +212,7 @@ def dense(wl: DenseWorkload, cfg: DenseConfig):
                 for j in range(1, sk):
                     s1 = s1 + pst[(j * cfg.wg_m + tm) * 2 * t_n + 2 * y]
                     s2 = s2 + pst[(j * cfg.wg_m + tm) * 2 * t_n + 2 * y + 1]
-                m = b.let(f"nm{y}", s1 * (1.0 / K))
-                norm[y] = m, b.let(f"nr{y}", call("rsqrt", [max_(s2 * (1.0 / K) - m * m, 0.0) + wl.in_norm], "float32"))
+                norm[y] = shifted_moments(b, s1, s2, K, wl.in_norm, (f"nm{y}", f"nr{y}"))
             for i, (t, y) in enumerate(tiles):
                 v = sums[i]
                 if sk > 1:

@@ -106,6 +106,14 @@ def hsum(v):
     return (ExtractLane(v, 0) + ExtractLane(v, 1)) + (ExtractLane(v, 2) + ExtractLane(v, 3))
 
 
+def shifted_moments(b, s1, s2, count: int, epsilon: float, names=("m", "rstd")) -> tuple:
+    """``(mean of d, rstd)`` lets (named ``names``) from the sums of d = x - K and of d^2 over ``count`` values: the
+    shifted form every norm here sums (no cancellation of raw sums where the mean is large against the spread); x's
+    mean is K plus the first, the variance is floored at zero."""
+    m = b.let(names[0], s1 * (1.0 / count))
+    return m, b.let(names[1], call("rsqrt", [max_(s2 * (1.0 / count) - m * m, 0.0) + epsilon], "float32"))
+
+
 def sum_partials(b, part, u, T: int, name: str = "t", acc: str = "acc"):
     """A private (sum d, sum d^2) pair of float4s: unit ``u``'s T chunk partials in ``part`` (a split's first
     kernel's workspace, or GroupNorm(1)'s statistics read by a convolution: ``Conv2dWorkload.norm_partials``)."""
