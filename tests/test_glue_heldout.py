@@ -256,6 +256,16 @@ def _tuner_run(mod, x, device, native, cl_env, tmp_path, name: str = "art") -> n
     return np.load(tmp_path / "y.npy")
 
 
+def _float16_matches(path, x, want) -> None:
+    """The model at ``path`` compiled in float16 storage (buffer scope) for the suite's CPU device matches ``want``
+    to 5e-3 of its largest magnitude."""
+    from conftest import building_cpu
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        half = compile_model(str(path), device=building_cpu(), scope="buffer", dtype="float16")
+    assert _rel(half.run([x])[0], want) < 5e-3
+
+
 def _compiled(model, scope: str, tmp_path, shift: float = 0.0) -> tuple:
     """``(mod, x, want)``: ``model`` compiled for the suite's CPU device in ``scope``, a random input (plus
     ``shift``) and onnxruntime's outputs for it. Compiled as ``tuner compile`` does (``keep``: each program built
@@ -596,10 +606,7 @@ def test_norms_are_applied_by_the_convolutions_that_read_them(native, cl_env, sc
     assert _rel(mod.run([x])[0], want[0]) < 1e-4
     assert _rel(_tuner_run(mod, x, building_cpu(), native, cl_env, tmp_path), want[0]) < 1e-4
     if not also_added and scope == "buffer":
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            half = compile_model(str(tmp_path / "m.onnx"), device=building_cpu(), scope=scope, dtype="float16")
-        assert _rel(half.run([x])[0], want[0]) < 5e-3
+        _float16_matches(tmp_path / "m.onnx", x, want[0])
 
 
 def _downsampling_layer_norms(b, also_added: bool = False) -> dict:
@@ -607,12 +614,10 @@ def _downsampling_layer_norms(b, also_added: bool = False) -> dict:
     partial last block), a LayerNorm over them (LayerNorm2d: permute, norm over the last axis, permute back), read by
     a 3x3 convolution of stride 2 and padding 1 (PoolFormerV2's downsampling) and a 2x2 one of stride 2 (ConvNeXt's,
     EdgeNeXt's), which then write the output together; ``also_added``: an add reads the norm too."""
+    from tuner.zoo.heldout import _ln_channels
     x = b.input("input", (1, 6, 9, 9))
     y = b.conv(x, 6, 10, 3, bias=True)
-    t = b.node("Transpose", [y], perm=[0, 2, 3, 1])
-    t = b.node("LayerNormalization", [t, b.const("ln_s", b.rng.uniform(0.5, 1.5, 10)),
-                                      b.const("ln_b", b.rng.normal(0, 0.5, 10))], "ln", axis=-1, epsilon=1e-6)
-    t = b.node("Transpose", [t], perm=[0, 3, 1, 2])
+    t = _ln_channels(b, y, 10)
     down = b.conv(t, 10, 12, 3, stride=2, bias=True)
     patch = b.conv(b.node("Pad", [t, b.const("pads", np.array([0, 0, 0, 0, 0, 0, 1, 1], np.int64))]), 10, 12, 2,
                    stride=2, bias=True, pads=[0, 0, 0, 0])
@@ -648,10 +653,7 @@ def test_layer_norms_are_applied_by_the_strided_convolutions_that_read_them(nati
     assert _rel(mod.run([x])[0], want[0]) < 1e-4
     assert _rel(_tuner_run(mod, x, building_cpu(), native, cl_env, tmp_path), want[0]) < 1e-4
     if not also_added and scope == "buffer":
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            half = compile_model(str(tmp_path / "m.onnx"), device=building_cpu(), scope=scope, dtype="float16")
-        assert _rel(half.run([x])[0], want[0]) < 5e-3
+        _float16_matches(tmp_path / "m.onnx", x, want[0])
 
 
 @pytest.mark.parametrize("k,dilation,applied", [(3, 1, True), (7, 1, True), (9, 1, False), (3, 4, False)])
@@ -663,14 +665,12 @@ def test_a_layer_norm_is_applied_as_read_only_by_windows_whose_pixels_fit(device
     from tuner.graph.passes_layer_norm import norms_applied_as_read
     from tuner.templates import get_template
 
+    from tuner.zoo.heldout import _ln_channels
+
     def body(b):
-        x = b.conv(b.input("input", (1, 6, 20, 20)), 6, 8, 3, bias=True)
-        t = b.node("Transpose", [x], perm=[0, 2, 3, 1])
-        t = b.node("LayerNormalization", [t, b.const("ln_s", b.rng.uniform(0.5, 1.5, 8)),
-                                          b.const("ln_b", b.rng.normal(0, 0.5, 8))], axis=-1, epsilon=1e-6)
+        t = _ln_channels(b, b.conv(b.input("input", (1, 6, 20, 20)), 6, 8, 3, bias=True), 8)
         pad = dilation * (k - 1) // 2
-        b.conv(b.node("Transpose", [t], perm=[0, 3, 1, 2]), 8, 4, k, bias=True, pads=[pad] * 4,
-               dilations=[dilation] * 2, output="output")
+        b.conv(t, 8, 4, k, bias=True, pads=[pad] * 4, dilations=[dilation] * 2, output="output")
         return {"output": [1, 4, 20, 20]}
     g = norms_applied_as_read(load_graph(_model(body)))
     assert ("layer_norm" not in [n.op for n in g.nodes]) == applied

@@ -14,7 +14,7 @@ import onnx
 import pytest
 
 from artifact_corpus import _copy, _edit_graph
-from test_glue_heldout import _compiled, _rel
+from test_glue_heldout import _compiled, _rel, _tuner_run
 from tuner.codegen.generate import generate
 from tuner.runtime.opencl.launch import build
 from tuner.templates import get_template
@@ -337,12 +337,7 @@ def test_instance_and_group_norms_leave_no_launch_and_both_runtimes_match_onnxru
     assert sum(w.dtype == "int32" for w in mod.spec.workspaces) == 2
     for _ in range(2):
         assert _rel(mod.run([x])[0], want[0]) < 1e-4
-    art = mod.save(tmp_path / "art")
-    np.save(tmp_path / "x.npy", x)
-    r = subprocess.run([native["tuner_run"], str(art), "--device", building_cpu(), "--input", str(tmp_path / "x.npy"),
-                        "--output", str(tmp_path / "y.npy")], capture_output=True, text=True, env=cl_env, timeout=300)
-    assert r.returncode == 0, r.stderr
-    assert _rel(np.load(tmp_path / "y.npy"), want[0]) < 1e-4
+    assert _rel(_tuner_run(mod, x, building_cpu(), native, cl_env, tmp_path), want[0]) < 1e-4
 
 
 def test_a_float16_plans_shift_is_rounded_as_half_storage_rounds_without_half_arithmetic(device):
@@ -484,28 +479,8 @@ def test_the_space_counts_the_statistics_local_memory_a_config_allocates(device,
     (``reduction.last_group_unit_statistics``), a GroupNorm(1)'s merges a value a work-item in one tree
     (``last_group_statistics``); the space's ``out_stats_local`` bounds what each allocates: on a device with one
     byte less local memory than a config's kernel declares, that constraint refuses the config."""
-    import dataclasses
-    import re
-
-    import numpy as np
-
-    from tuner.logs.record import scope_knobs
-    t = get_template("conv2d")
-    big = dataclasses.replace(device.info, type="GPU", max_work_group_size=1024, max_work_item_sizes=(1024, 1024, 64),
-                              local_mem_bytes=1 << 20, image_support=False)
-    wl = t.workload(**fields)
-    scopes = scope_knobs({"input": "buffer", "weight": "buffer", "output": "buffer"})
-    space = t.space(wl, big, **t.model_knobs, **scopes)
-    rng = np.random.default_rng(1)
-    bytes_of = {"float4": 16, "float": 4, "int": 4, "half4": 8, "half": 2}
-    for _ in range(6):
-        cfg = t.make_config(space.sample(rng))
-        _, src = generate(t.build(wl, cfg))
-        used = sum(bytes_of[ty] * int(n) for ty, n in re.findall(r"__local (\w+) \w+\[(\d+)\];", src))
-        assert ("sstage" in src) == (wl.out_stats > 1) and used > 0
-        tight = dataclasses.replace(big, local_mem_bytes=used - 1)
-        refused = [v.split(":")[0] for v in t.space(wl, tight, **t.model_knobs, **scopes).violations(
-            t.config_values(wl, cfg))]
+    for cfg, src, used, refused in _local_memory_refusals(device, "conv2d", fields, seed=1, samples=6):
+        assert ("sstage" in src) == (fields["out_stats"] > 1) and used > 0
         assert "out_stats_local" in refused, (cfg, used)
 
 
@@ -575,12 +550,9 @@ def _stem_layer_norm_block(b: _Builder) -> dict:
     """PoolFormerV2's stem and first token mixer: a strided convolution, a LayerNorm over its channels
     (LayerNorm2d), then ``t + (pool(n(t)) - n(t))`` with n a GroupNorm(1) of the LayerNorm's output, then a 1x1
     convolution."""
+    from tuner.zoo.heldout import _ln_channels
     c = 16
-    x = b.input("input", (1, 3, 16, 12))
-    t = b.node("Transpose", [b.conv(x, 3, c, 3, stride=2, bias=True)], perm=[0, 2, 3, 1])
-    t = b.node("LayerNormalization", [t, b.const("ln_s", b.rng.normal(1, 0.2, c)),
-                                      b.const("ln_b", b.rng.normal(0, 0.2, c))], axis=-1, epsilon=1e-6)
-    t = b.node("Transpose", [t], perm=[0, 3, 1, 2])
+    t = _ln_channels(b, b.conv(b.input("input", (1, 3, 16, 12)), 3, c, 3, stride=2, bias=True), c)
     y = b.node("GroupNormalization", [t, b.const("s0", b.rng.normal(1, 0.2, c)),
                                       b.const("b0", b.rng.normal(0, 0.2, c))], num_groups=1, epsilon=1e-5)
     p = b.node("AveragePool", [y], kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1], count_include_pad=0)
@@ -606,12 +578,7 @@ def test_a_stem_layer_norm_writes_the_statistics_of_the_group_norm_after_it(nati
     assert sum(w.dtype == "int32" for w in mod.spec.workspaces) == 1  # the layer_norm's arrival counter
     for _ in range(2):
         assert _rel(mod.run([x])[0], want[0]) < 1e-4
-    art = mod.save(tmp_path / "art")
-    np.save(tmp_path / "x.npy", x)
-    r = subprocess.run([native["tuner_run"], str(art), "--device", building_cpu(), "--input", str(tmp_path / "x.npy"),
-                        "--output", str(tmp_path / "y.npy")], capture_output=True, text=True, env=cl_env, timeout=300)
-    assert r.returncode == 0, r.stderr
-    assert _rel(np.load(tmp_path / "y.npy"), want[0]) < 1e-4
+    assert _rel(_tuner_run(mod, x, building_cpu(), native, cl_env, tmp_path), want[0]) < 1e-4
 
 
 @pytest.mark.parametrize("template,fields,constraint", [
@@ -623,28 +590,34 @@ def test_the_space_counts_the_local_memory_of_the_new_statistics(device, templat
     (``merge_group_statistics``), and a dense that normalizes its rows combines a split's row sums beside its
     partial sums: on a device with one byte less local memory than a config's kernel declares, the space refuses
     that config (the PoolFormerV2 stem's 1024-work-item groups needed 49,156 bytes against 49,152)."""
+    checked = 0
+    for cfg, _, used, refused in _local_memory_refusals(device, template, fields, seed=2, samples=12):
+        if used:
+            assert constraint in refused, (cfg, used)
+            checked += 1
+    assert checked >= 3
+
+
+def _local_memory_refusals(device, name: str, fields: dict, seed: int, samples: int):
+    """Yield ``(config, source, local bytes it declares, the constraints that refuse it on a device with one byte
+    less local memory)`` for ``samples`` random buffer-scope configs of template ``name`` on a large GPU-like
+    device."""
     import dataclasses
     import re
 
     from tuner.logs.record import scope_knobs
-    t = get_template(template)
+    t = get_template(name)
     big = dataclasses.replace(device.info, type="GPU", max_work_group_size=1024, max_work_item_sizes=(1024, 1024, 64),
                               local_mem_bytes=1 << 20, image_support=False)
     wl = t.workload(**fields)
     scopes = scope_knobs({"input": "buffer", "weight": "buffer", "output": "buffer"})
     space = t.space(wl, big, **t.model_knobs, **scopes)
-    rng = np.random.default_rng(2)
+    rng = np.random.default_rng(seed)
     bytes_of = {"float4": 16, "float": 4, "int": 4, "half4": 8, "half": 2}
-    checked = 0
-    for _ in range(12):
+    for _ in range(samples):
         cfg = t.make_config(space.sample(rng))
         _, src = generate(t.build(wl, cfg))
         used = sum(bytes_of[ty] * int(n) for ty, n in re.findall(r"__local (\w+) \w+\[(\d+)\];", src))
-        if not used:
-            continue
-        tight = dataclasses.replace(big, local_mem_bytes=used - 1)
-        refused = [v.split(":")[0] for v in t.space(wl, tight, **t.model_knobs, **scopes).violations(
+        tight = dataclasses.replace(big, local_mem_bytes=max(used - 1, 0))
+        yield cfg, src, used, [v.split(":")[0] for v in t.space(wl, tight, **t.model_knobs, **scopes).violations(
             t.config_values(wl, cfg))]
-        assert constraint in refused, (cfg, used)
-        checked += 1
-    assert checked >= 3
