@@ -20,7 +20,7 @@ from tuner.ir.dtype import DType
 from tuner.ir.expr import Broadcast, Cast, ExtractLane, Ramp, as_expr, call, const, min_
 from tuner.ir.activations import apply_ir, canonical
 from tuner.templates.common import EPILOGUE_ARGS, Template, WorkloadArg, node_epilogue
-from tuner.templates.reduction import as_float as _as_float, shifted_moments
+from tuner.templates.reduction import as_float as _as_float, hsum, shifted_moments, sum_partials
 from tuner.templates.common import (Arithmetic, bias_buffer, bias_length, gpu_fill_target, norm_sums_at,
                                     reference_epilogue, store_pixel, texture_scopes)
 
@@ -44,6 +44,12 @@ class DenseWorkload:
     # first feature) are taken in the reduction loop, the products use d, and the epilogue is
     # ``rstd * (acc - mean(d) * U[m]) + bias``, U the weights' sums over K stored in B after the padded biases
     # (``common.bias_length``); with a bias; in the key when set
+    norm_partials: int = 0  # > 0, with in_norm: each row normalized with the GroupNorm(1) statistics of an (N, K, H, W)
+    # image whose maps' means the row's features are instead -- a GroupNorm(1) before a classifier's global pool
+    # (PoolFormer's), which commutes with the pool -- read from ``P`` (float32, (N * norm_partials * 2, 4): chunk
+    # sums of d = x - x[n, 0, 0, 0] and d^2, ``group_norm``'s ``stats`` or a producer's ``out_stats``), the shift from
+    # ``Xk``, the image; in the key when set
+    norm_hw: tuple = ()  # with norm_partials: (H, W) of that image; in the key when set
 
     def __post_init__(self):
         object.__setattr__(self, "data", tuple(int(x) for x in self.data))
@@ -63,6 +69,13 @@ class DenseWorkload:
         if self.in_norm < 0 or (self.in_norm and not self.bias):
             raise ValueError(f"dense in_norm {self.in_norm}: a LayerNorm's epsilon (> 0) over each row's features, "
                              "with a bias (B holds the weights' sums after it)")
+        object.__setattr__(self, "norm_hw", tuple(int(v) for v in self.norm_hw))
+        if (self.norm_partials or self.norm_hw) and (not self.in_norm or int(self.norm_partials) < 1
+                                                     or len(self.norm_hw) != 2 or min(self.norm_hw) < 1
+                                                     or (self.in_pool and self.in_pool != self.norm_hw)):
+            raise ValueError(f"dense norm_partials {self.norm_partials}, norm_hw {list(self.norm_hw)}: the chunk "
+                             "count and (H, W) of the image whose GroupNorm(1) statistics normalize the rows (with "
+                             "in_norm; with in_pool its maps)")
 
     @property
     def x_shape(self) -> tuple:
@@ -79,7 +92,8 @@ class DenseWorkload:
 
     def key(self) -> dict:
         return {"op": "dense", **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()
-                                  if k != "plain_output" and (k not in ("in_pool", "in_norm") or v)}}
+                                  if k != "plain_output"
+                                  and (k not in ("in_pool", "in_norm", "norm_partials", "norm_hw") or v)}}
 
 
 @dataclass(frozen=True)
@@ -120,7 +134,11 @@ def dense(wl: DenseWorkload, cfg: DenseConfig):
     Y = buffer("Y", wl.out_shape, wl.dtype, "global") if wl.plain_output else \
         _declare("Y", wl.out_shape, wl.dtype, cfg.output_scope, "row4", "row4_buffer")
     B = bias_buffer(bias_length(wl, M), wl.dtype, cfg.weight_scope) if wl.bias else None
-    params = [p for p in (X, Wt, B, Y) if p is not None]
+    P = buffer("P", (N * wl.norm_partials * 2, 4), "float32", "global") if wl.norm_partials else None
+    Xk = None if not wl.norm_partials or wl.in_pool else \
+        _declare("Xk", (N, K, *wl.norm_hw), wl.dtype, cfg.input_scope, "nchw4c", "nchw4c_buffer")
+    params = [p for p in (X, Wt, B, Y, P, Xk) if p is not None]
+    image = wl.norm_partials > 0  # the statistics are the image's, from P: no sums in the loop
 
     t_m, t_n, sk, uk = cfg.tile_m, cfg.tile_n, cfg.split_k, cfg.unroll_k
     n_mt, n_nt = -(-MB // t_m), -(-N // t_n)
@@ -146,9 +164,10 @@ def dense(wl: DenseWorkload, cfg: DenseConfig):
             with b.loop(f"ph{y}", H, "serial") as h, b.loop(f"pw{y}", W, "serial") as w:
                 b.store(pooled, y, pooled[y] + X[n, Ramp(kb * 4, as_expr(1), 4), h, w])
             return pooled[y] * (1.0 / (H * W))
-        if st is not None:  # in_norm: each row's shift K0 (its first feature), then its sums of d and d^2
+        if st is not None:  # in_norm: each row's shift K0 (its first feature, or its image's), its sums of d and d^2
             for y in range(t_n):
-                first = b.let(f"k0_{y}", row_block(y, min_(n0 + y, N - 1), as_expr(0)))
+                first = b.let(f"k0_{y}", row_block(y, min_(n0 + y, N - 1), as_expr(0)) if not image else
+                              (X if Xk is None else Xk)[min_(n0 + y, N - 1), Ramp(as_expr(0), as_expr(1), 4), 0, 0])
                 b.store(st, 3 * y, _as_float(ExtractLane(first, 0)))
                 b.store(st, 3 * y + 1, const(0.0, "float32"))
                 b.store(st, 3 * y + 2, const(0.0, "float32"))
@@ -162,7 +181,7 @@ def dense(wl: DenseWorkload, cfg: DenseConfig):
                 if st is not None:  # d = x - K0: into the row's sums (lanes past K skipped) and the products
                     for y in range(t_n):
                         d = b.let(f"d{y}", _as_float(xv[y]) - Broadcast(st[3 * y], 4))
-                        for ki in range(4):
+                        for ki in range(4 if not image else 0):
                             with b.if_(kb < KB - 1) if ki >= K % 4 > 0 else nullcontext():
                                 lane = ExtractLane(d, ki)
                                 b.store(st, 3 * y + 1, st[3 * y + 1] + lane)
@@ -200,7 +219,7 @@ def dense(wl: DenseWorkload, cfg: DenseConfig):
             part = b.allocate("part", (sk * cfg.wg_m * len(tiles),), "float32x4", "local")
             for i, v in enumerate(sums):
                 b.store(part, (tk * cfg.wg_m + tm) * len(tiles) + i, v)
-            if st is not None:  # each work-item's sums of its rows' blocks
+            if st is not None and not image:  # each work-item's sums of its rows' blocks
                 pst = b.allocate("pst", (sk * cfg.wg_m * 2 * t_n,), "float32", "local")
                 for j in range(2 * t_n):
                     b.store(pst, (tk * cfg.wg_m + tm) * 2 * t_n + j, st[3 * (j // 2) + 1 + j % 2])
@@ -208,6 +227,11 @@ def dense(wl: DenseWorkload, cfg: DenseConfig):
         with b.if_(tk < 1) if sk > 1 else nullcontext():  # one work-item per output stores it
             norm = {}
             for y in range(t_n if st is not None else 0):  # each row's (mean of d, rstd)
+                if image:  # its image's, from the chunk partials
+                    parts = sum_partials(b, P, min_(n0 + y, N - 1), wl.norm_partials, f"pt{y}", f"pacc{y}")
+                    norm[y] = shifted_moments(b, hsum(parts[0]), hsum(parts[1]), K * wl.norm_hw[0] * wl.norm_hw[1],
+                                              wl.in_norm, (f"nm{y}", f"nr{y}"))
+                    continue
                 s1, s2 = st[3 * y + 1], st[3 * y + 2]
                 for j in range(1, sk):
                     s1 = s1 + pst[(j * cfg.wg_m + tm) * 2 * t_n + 2 * y]
@@ -236,12 +260,14 @@ def _hsum(v):
     return ExtractLane(v, 0) + ExtractLane(v, 1) + ExtractLane(v, 2) + ExtractLane(v, 3)
 
 
-def reference(wl: DenseWorkload, x, w, bias=None) -> np.ndarray:
+def reference(wl: DenseWorkload, x, w, bias=None, image=None) -> np.ndarray:
     x = x.astype(np.float64)
     if wl.in_pool:  # each feature the mean of its map
         x = x.mean(axis=(2, 3))
-    if wl.in_norm:  # each row normalized over its features; B's weight sums are the kernel's
-        x = (x - x.mean(axis=1, keepdims=True)) / np.sqrt(x.var(axis=1, keepdims=True) + wl.in_norm)
+    if wl.in_norm:  # each row normalized over its features, or with its image's statistics (norm_partials); B's
+        # weight sums are the kernel's
+        of = x if image is None else np.asarray(image, np.float64).reshape(x.shape[0], -1)
+        x = (x - of.mean(axis=1, keepdims=True)) / np.sqrt(of.var(axis=1, keepdims=True) + wl.in_norm)
         bias = None if bias is None else bias[:norm_sums_at(wl, wl.weight[0])]
     return reference_epilogue(wl, x @ w.astype(np.float64).T, bias)
 
@@ -254,6 +280,15 @@ def random_inputs(wl: DenseWorkload, rng) -> dict:
     if wl.in_norm:  # the weights' sums over the features, as the lowering packs them
         at = norm_sums_at(wl, wl.weight[0])
         inputs["B"][at:at + wl.weight[0]] = inputs["Wt"].astype(np.float64).sum(axis=1)
+    if wl.norm_partials:  # an image, its maps' means the rows (as a pool writes them), its statistics as a
+        # statistics kernel writes them
+        from tuner.templates.reduction import chunk_statistics
+        img = (rng.standard_normal((wl.data[0], wl.data[1], *wl.norm_hw)) * 2.0 + 3.0).astype(wl.dtype)
+        if wl.in_pool:
+            inputs["X"] = img
+        else:
+            inputs["Xk"], inputs["X"] = img, img.astype(np.float64).mean(axis=(2, 3)).astype(wl.dtype)
+        inputs["P"] = chunk_statistics(img, wl.norm_partials).astype(np.float32)
     return inputs
 
 
@@ -261,6 +296,7 @@ def space_vars(wl: DenseWorkload) -> dict:
     (N, K), (M, _) = wl.data, wl.weight
     return dict(N=N, K=K, M=M, KB=-(-K // 4), MB=-(-M // 4), data=wl.data, weight=wl.weight,
                 out=wl.out_shape, bias=wl.bias, plain_output=wl.plain_output, in_pool=wl.in_pool, in_norm=wl.in_norm,
+                norm_partials=wl.norm_partials, norm_shape=(N, K, *wl.norm_hw),
                 x_shape=wl.x_shape, x_layout="nchw4c" if wl.in_pool else "row4")
 
 
@@ -270,6 +306,9 @@ VARIABLES = dict(N="rows (batch)", K="input features (reduction)", M="output fea
                  plain_output="Y is the model output's row-major N,M buffer (written in place, no relayout)",
                  in_pool="(H, W) of X's maps each feature is the mean of (a global pool read in place), or ()",
                  in_norm="the LayerNorm epsilon of each row of X over its features (normalized as read), 0 when none",
+                 norm_partials="with in_norm: the chunk partials of the image statistics the rows are normalized with "
+                 "(a GroupNorm(1) before the pool), 0 for a LayerNorm of the rows",
+                 norm_shape="with norm_partials: the image's shape N,K,H,W (Xk)",
                  x_shape="X's shape: data, or N,K,H,W with in_pool", x_layout="X's texture layout")
 
 
@@ -297,7 +336,8 @@ def fallback(wl: DenseWorkload, info) -> DenseConfig:
 
 
 def _reference(wl, inputs):
-    return reference(wl, inputs["X"], inputs["Wt"], inputs.get("B"))
+    image = (inputs["X"] if wl.in_pool else inputs["Xk"]) if wl.norm_partials else None
+    return reference(wl, inputs["X"], inputs["Wt"], inputs.get("B"), image)
 
 
 def features(v: dict, k: dict) -> dict:
@@ -322,6 +362,11 @@ def lower(ctx, node, ins):
     fields, inputs = node_epilogue(ctx, node, sums)
     if normed:
         fields["in_norm"] = float(node.attrs["in_norm"])
+    if normed and node.attrs.get("norm_stats") is not None:  # passes_layer_norm.group_norm_past_pooled_dense: the
+        # image's GroupNorm(1) statistics (N, 8 * chunks), and the image
+        fields["norm_partials"] = ctx.shape(node.attrs["norm_stats"])[1] // 8
+        fields["norm_hw"] = tuple(ctx.shape(node.attrs["norm_source"])[2:])
+        inputs["P"], inputs["Xk"] = ctx.packed(node.attrs["norm_stats"]), ctx.packed(node.attrs["norm_source"])
     wl = DenseWorkload(data=ctx.shape(node.inputs[0]), weight=ctx.shape(node.inputs[1]), **fields)
     return wl, {"X": ins[0], "Wt": node.inputs[1], **inputs}, {}
 

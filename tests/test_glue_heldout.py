@@ -506,6 +506,64 @@ def test_a_head_layer_norm_runs_inside_its_dense(native, cl_env, scope, classes,
     assert _rel(_tuner_run(mod, x, building_cpu(), native, cl_env, tmp_path), want[0]) < 1e-4
 
 
+@pytest.mark.parametrize("data,weight,pool,hw,chunks", [((1, 16), (10, 16), (), (5, 7), 4),
+                                                        ((2, 12), (9, 12), (), (3, 3), 2),
+                                                        ((2, 8), (6, 8), (4, 4), (4, 4), 4)])
+@pytest.mark.parametrize("scope", ["texture", "buffer"])
+def test_dense_normalizing_its_rows_with_their_images_statistics_matches_numpy(device, data, weight, pool, hw,
+                                                                               chunks, scope):
+    """A random config of dense whose rows (the maps' means of an image) are normalized with the image's GroupNorm(1)
+    statistics (``in_norm`` with ``norm_partials``: chunk partials from P, the shift from the image Xk, or from X
+    where the dense reads the pool in place), against NumPy: two images, a partial last block."""
+    from test_templates import scopes
+    if scope == "texture" and not device.info.image_support:
+        pytest.skip("no images")
+    for seed in (1, 2):
+        assert check_random_config(device, "dense", dict(data=data, weight=weight, bias=True, in_pool=pool, in_norm=1e-5,
+                                                         norm_partials=chunks, norm_hw=hw), "float32", seed,
+                                   **scopes(scope)) is not None
+
+
+def _group_norm_then_pooled_dense(b, classes: int = 10) -> dict:
+    """The original PoolFormer's head: a 3x3 convolution, a GroupNorm(1) of its 12 channels, the mean over H and W,
+    Flatten, a Gemm of ``classes`` outputs."""
+    x = b.conv(b.input("input", (1, 6, 6, 5)), 6, 12, 3, bias=True)
+    t = b.node("GroupNormalization", [x, b.const("gn_s", b.rng.uniform(0.5, 1.5, 12)),
+                                      b.const("gn_b", b.rng.normal(0, 0.5, 12))], num_groups=1, epsilon=1e-5)
+    t = b.node("Flatten", [b.node("GlobalAveragePool", [t])])
+    b.node("Gemm", [t, b.const("fc_w", b.rng.normal(0, 0.3, (classes, 12))),
+                    b.const("fc_b", b.rng.normal(0, 1, classes))], output="output", transB=1)
+    return {"output": [1, classes]}
+
+
+@pytest.mark.parametrize("scope", ["texture", "buffer"])
+@pytest.mark.parametrize("classes", [10, 40])
+def test_a_group_norm_before_a_classifiers_pool_runs_in_its_dense(native, cl_env, scope, classes, tmp_path,
+                                                                  monkeypatch):
+    """A GroupNorm(1) before a global pool commutes with it: the pool reads the norm's input and the dense
+    normalizes its rows with the image's statistics (``group_norm_past_pooled_dense``, ``norm_partials``), one
+    statistics kernel left; with the pass that moves statistics into producers, none -- conv, (pool,) dense.
+    Against onnxruntime in each scope, by the Python executor and tuner-run, on an input of mean far from zero."""
+    import tuner.compile.compiler as C
+    from conftest import building_cpu
+    from tuner.graph.passes_layer_norm import norm_statistics_into_producers
+    b = _Builder(seed=11, opset=21)
+    model = b.model(_group_norm_then_pooled_dense(b, classes), "m")
+    mod, x, want = _compiled(model, scope, tmp_path, shift=5.0)
+    kernels = [n.template or n.op for n in mod.spec.nodes]
+    dense = next(n for n in mod.spec.nodes if n.template == "dense")
+    assert dense.workload.get("norm_partials") and "group_norm" in kernels, kernels
+    assert _rel(mod.run([x])[0], want[0]) < 1e-4
+    plain = C.load_graph
+    monkeypatch.setattr(C, "load_graph", lambda m, shapes=None: norm_statistics_into_producers(plain(m, shapes)))
+    mod, x, want = _compiled(model, scope, tmp_path, shift=5.0)
+    kernels = [n.template or n.op for n in mod.spec.nodes]
+    assert kernels == ["conv2d", "dense"] if classes <= 16 else ["conv2d", "spatial_reduce", "dense"], kernels
+    for _ in range(2):
+        assert _rel(mod.run([x])[0], want[0]) < 1e-4
+    assert _rel(_tuner_run(mod, x, building_cpu(), native, cl_env, tmp_path), want[0]) < 1e-4
+
+
 def _group_norm_then_convs(b, second: int = 1) -> dict:
     """A GroupNorm(1) (MobileViTv2's, over a whole image of 10 channels: a partial last block) of a 3x3
     convolution's output, read by a 1x1 convolution with a residual and ReLU and by a second convolution of kernel

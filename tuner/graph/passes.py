@@ -51,7 +51,8 @@ from tuner.graph.passes_se import pool_rows_in_depthwise  # last: a block's pool
 from tuner.graph.passes_attention import slice_activations_into_producers, softmax_into_reductions  # attention
 from tuner.graph.passes_attention import divisions_into_copies, norms_read_in_place  # EdgeNeXt's normalized q, k
 from tuner.graph.passes_layer_norm import (group_norm_into_convs, group_norm_past_permutations,  # norms inside
-                                           layer_norm_into_convs, norms_read_by_pools)  # their 1x1 readers, pools
+                                           group_norm_past_pooled_dense,  # their 1x1 readers, a head's dense, pools
+                                           layer_norm_into_convs, norms_read_by_pools)
 from tuner.graph.passes_patches import convolutions_write_patches  # noqa: E402 - MobileViT's unfold and fold
 from tuner.graph.passes_reparam import merge_dense_heads, merge_depthwise_branches  # noqa: E402 - linear branches
 from tuner.graph.passes_response_norm import (response_gates_in_convs,  # noqa: E402 - ConvNeXtV2's GRN as a gate,
@@ -897,5 +898,6 @@ PIPELINE = (model_io_ranks, pointwise_ranks, fuse_group_norm, fuse_patterns, opt
             fold_gathers_into_convs, compose_gathers_into_copies, matmul_views, slices_read_in_place,
             adds_into_depthwise, concats_written_as_tokens, fuse_concat_activations, softmax_into_reductions,
             slice_activations_into_producers, layer_norm_into_convs,
-            group_norm_past_permutations, group_norm_into_convs, norms_read_by_pools, convolutions_write_patches,
+            group_norm_past_permutations, group_norm_into_convs, group_norm_past_pooled_dense, norms_read_by_pools,
+            convolutions_write_patches,
             divisions_into_copies, norms_read_in_place, pool_rows_in_depthwise)

@@ -169,6 +169,52 @@ def group_norm_into_convs(graph: Graph) -> Graph:
     return g.validate()
 
 
+def group_norm_past_pooled_dense(graph: Graph) -> Graph:
+    """A GroupNorm(1) read only by a global average pool to (N, C) rows that only a dense layer reads (the original
+    PoolFormer's head: norm, mean over H and W, classifier) commutes with the pool -- the mean of ``gamma_c (x -
+    mean) * rstd + beta_c`` over a map is ``gamma_c (mean_hw(x_c) - mean) * rstd + beta_c``, the statistics the
+    image's. So the pool reads the norm's input, the dense normalizes its rows with the image's statistics as it
+    reads them, the affine folded into its weights and bias (``DenseWorkload.in_norm`` with ``norm_partials``: the
+    statistics kernel's chunk partials, and the image for its shift), and one kernel is left for the norm:
+    ``group_norm`` with ``stats``, which ``norm_statistics_into_producers`` can move into the norm's producer."""
+    g = graph.copy()
+    changed = False
+    for node in list(g.nodes):
+        if node.op != "group_norm" or node.attrs.get("groups") != 1 or set(node.attrs) - {"groups", "epsilon"} \
+                or len(g.shapes[node.inputs[0]]) != 4:
+            continue
+        x, out = node.inputs[0], node.outputs[0]
+        pools = g.consumers(out)
+        if out in g.outputs or len(pools) != 1 or pools[0].op != "reduce_mean" or pools[0].inputs != [out] \
+                or tuple(pools[0].attrs.get("axes", ())) not in ((2, 3), (-2, -1)) \
+                or pools[0].attrs.get("keepdims", 1) or set(pools[0].attrs) - {"axes", "keepdims"}:
+            continue
+        rows = pools[0].outputs[0]
+        readers = g.consumers(rows)
+        if rows in g.outputs or len(readers) != 1 or not _takes_norm(g, readers[0], rows):
+            continue
+        shape, epsilon = g.shapes[x], node.attrs.get("epsilon", 1e-5)
+        affine = _affine(g, node, shape[1])
+        if affine is None:
+            continue
+        t = chunks(shape)
+        stats = fresh_name(g, f"{out}.stats")
+        g.shapes[stats] = (shape[0], 8 * t)
+        dense = readers[0]
+        _fold(g, dense, rows, *affine, epsilon, stats)
+        dense.inputs = dense.inputs + [x]  # the image, for its first element (the statistics' shift)
+        dense.attrs = {**dense.attrs, "norm_source": x}
+        pools[0].inputs = [x]
+        g.nodes[g.nodes.index(node)] = Node("group_norm", node.name, [x], [stats],
+                                            {"groups": 1, "epsilon": epsilon, "stats": t})
+        del g.shapes[out]
+        changed = True
+    if not changed:
+        return graph
+    _drop_unused_params(g)
+    return g.validate()
+
+
 MAX_UNIT_CHUNKS = 256  # a norm read as its convolutions read: chunks over all its units
 
 
