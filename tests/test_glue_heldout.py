@@ -519,9 +519,8 @@ def test_dense_normalizing_its_rows_with_their_images_statistics_matches_numpy(d
     if scope == "texture" and not device.info.image_support:
         pytest.skip("no images")
     for seed in (1, 2):
-        assert check_random_config(device, "dense", dict(data=data, weight=weight, bias=True, in_pool=pool, in_norm=1e-5,
-                                                         norm_partials=chunks, norm_hw=hw), "float32", seed,
-                                   **scopes(scope)) is not None
+        fields = dict(data=data, weight=weight, bias=True, in_pool=pool, in_norm=1e-5, norm_partials=chunks, norm_hw=hw)
+        assert check_random_config(device, "dense", fields, "float32", seed, **scopes(scope)) is not None
 
 
 def _group_norm_then_pooled_dense(b, classes: int = 10) -> dict:
