@@ -17,7 +17,7 @@ import numpy as np
 from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
 from tuner.ir.dtype import DType
-from tuner.ir.expr import Broadcast, Cast, ExtractLane, Ramp, as_expr, call, const, min_
+from tuner.ir.expr import Broadcast, Cast, ExtractLane, Ramp, as_expr, call, const, max_, min_
 from tuner.ir.activations import apply_ir, canonical
 from tuner.templates.common import EPILOGUE_ARGS, Template, WorkloadArg, node_epilogue
 from tuner.templates.reduction import as_float as _as_float, hsum, shifted_moments, sum_partials
@@ -44,11 +44,11 @@ class DenseWorkload:
     # first feature) are taken in the reduction loop, the products use d, and the epilogue is
     # ``rstd * (acc - mean(d) * U[m]) + bias``, U the weights' sums over K stored in B after the padded biases
     # (``common.bias_length``); with a bias; in the key when set
-    norm_partials: int = 0  # > 0, with in_norm: each row normalized with the GroupNorm(1) statistics of an (N, K, H, W)
-    # image whose maps' means the row's features are instead -- a GroupNorm(1) before a classifier's global pool
-    # (PoolFormer's), which commutes with the pool -- read from ``P`` (float32, (N * norm_partials * 2, 4): chunk
-    # sums of d = x - x[n, 0, 0, 0] and d^2, ``group_norm``'s ``stats`` or a producer's ``out_stats``), the shift from
-    # ``Xk``, the image; in the key when set
+    norm_partials: int = 0  # > 0, with in_norm: each row normalized with the GroupNorm(1) statistics of the (N, K, H, W)
+    # image whose maps' means its features are -- a GroupNorm(1) before a classifier's global pool (PoolFormer's),
+    # which commutes with the pool. The image's mean is the row's (its maps are one size); its variance comes from
+    # ``P`` (float32, (N * norm_partials * 2, 4): chunk sums of d = x - K and d^2, ``group_norm``'s ``stats`` or a
+    # producer's ``out_stats``), where the shift K cancels; in the key when set
     norm_hw: tuple = ()  # with norm_partials: (H, W) of that image; in the key when set
 
     def __post_init__(self):
@@ -135,10 +135,7 @@ def dense(wl: DenseWorkload, cfg: DenseConfig):
         _declare("Y", wl.out_shape, wl.dtype, cfg.output_scope, "row4", "row4_buffer")
     B = bias_buffer(bias_length(wl, M), wl.dtype, cfg.weight_scope) if wl.bias else None
     P = buffer("P", (N * wl.norm_partials * 2, 4), "float32", "global") if wl.norm_partials else None
-    Xk = None if not wl.norm_partials or wl.in_pool else \
-        _declare("Xk", (N, K, *wl.norm_hw), wl.dtype, cfg.input_scope, "nchw4c", "nchw4c_buffer")
-    params = [p for p in (X, Wt, B, Y, P, Xk) if p is not None]
-    image = wl.norm_partials > 0  # the statistics are the image's, from P: no sums in the loop
+    params = [p for p in (X, Wt, B, Y, P) if p is not None]
 
     t_m, t_n, sk, uk = cfg.tile_m, cfg.tile_n, cfg.split_k, cfg.unroll_k
     n_mt, n_nt = -(-MB // t_m), -(-N // t_n)
@@ -164,10 +161,9 @@ def dense(wl: DenseWorkload, cfg: DenseConfig):
             with b.loop(f"ph{y}", H, "serial") as h, b.loop(f"pw{y}", W, "serial") as w:
                 b.store(pooled, y, pooled[y] + X[n, Ramp(kb * 4, as_expr(1), 4), h, w])
             return pooled[y] * (1.0 / (H * W))
-        if st is not None:  # in_norm: each row's shift K0 (its first feature, or its image's), its sums of d and d^2
+        if st is not None:  # in_norm: each row's shift K0 (its first feature), then its sums of d and d^2
             for y in range(t_n):
-                first = b.let(f"k0_{y}", row_block(y, min_(n0 + y, N - 1), as_expr(0)) if not image else
-                              (X if Xk is None else Xk)[min_(n0 + y, N - 1), Ramp(as_expr(0), as_expr(1), 4), 0, 0])
+                first = b.let(f"k0_{y}", row_block(y, min_(n0 + y, N - 1), as_expr(0)))
                 b.store(st, 3 * y, _as_float(ExtractLane(first, 0)))
                 b.store(st, 3 * y + 1, const(0.0, "float32"))
                 b.store(st, 3 * y + 2, const(0.0, "float32"))
@@ -181,7 +177,7 @@ def dense(wl: DenseWorkload, cfg: DenseConfig):
                 if st is not None:  # d = x - K0: into the row's sums (lanes past K skipped) and the products
                     for y in range(t_n):
                         d = b.let(f"d{y}", _as_float(xv[y]) - Broadcast(st[3 * y], 4))
-                        for ki in range(4 if not image else 0):
+                        for ki in range(4):
                             with b.if_(kb < KB - 1) if ki >= K % 4 > 0 else nullcontext():
                                 lane = ExtractLane(d, ki)
                                 b.store(st, 3 * y + 1, st[3 * y + 1] + lane)
@@ -219,7 +215,7 @@ def dense(wl: DenseWorkload, cfg: DenseConfig):
             part = b.allocate("part", (sk * cfg.wg_m * len(tiles),), "float32x4", "local")
             for i, v in enumerate(sums):
                 b.store(part, (tk * cfg.wg_m + tm) * len(tiles) + i, v)
-            if st is not None and not image:  # each work-item's sums of its rows' blocks
+            if st is not None:  # each work-item's sums of its rows' blocks
                 pst = b.allocate("pst", (sk * cfg.wg_m * 2 * t_n,), "float32", "local")
                 for j in range(2 * t_n):
                     b.store(pst, (tk * cfg.wg_m + tm) * 2 * t_n + j, st[3 * (j // 2) + 1 + j % 2])
@@ -227,16 +223,21 @@ def dense(wl: DenseWorkload, cfg: DenseConfig):
         with b.if_(tk < 1) if sk > 1 else nullcontext():  # one work-item per output stores it
             norm = {}
             for y in range(t_n if st is not None else 0):  # each row's (mean of d, rstd)
-                if image:  # its image's, from the chunk partials
-                    parts = sum_partials(b, P, min_(n0 + y, N - 1), wl.norm_partials, f"pt{y}", f"pacc{y}")
-                    norm[y] = shifted_moments(b, hsum(parts[0]), hsum(parts[1]), K * wl.norm_hw[0] * wl.norm_hw[1],
-                                              wl.in_norm, (f"nm{y}", f"nr{y}"))
-                    continue
                 s1, s2 = st[3 * y + 1], st[3 * y + 2]
                 for j in range(1, sk):
                     s1 = s1 + pst[(j * cfg.wg_m + tm) * 2 * t_n + 2 * y]
                     s2 = s2 + pst[(j * cfg.wg_m + tm) * 2 * t_n + 2 * y + 1]
-                norm[y] = shifted_moments(b, s1, s2, K, wl.in_norm, (f"nm{y}", f"nr{y}"))
+                if P is None:
+                    norm[y] = shifted_moments(b, s1, s2, K, wl.in_norm, (f"nm{y}", f"nr{y}"))
+                    continue
+                # norm_partials: the row's mean of d is its image's mean less K0 (the maps are one size); the
+                # image's variance comes from its chunk partials, whose own shift cancels in it
+                parts = sum_partials(b, P, min_(n0 + y, N - 1), wl.norm_partials, f"pt{y}", f"pacc{y}")
+                count = K * wl.norm_hw[0] * wl.norm_hw[1]
+                m = b.let(f"nm{y}", s1 * (1.0 / K))
+                im = b.let(f"im{y}", hsum(parts[0]) * (1.0 / count))
+                norm[y] = m, b.let(f"nr{y}", call("rsqrt", [max_(hsum(parts[1]) * (1.0 / count) - im * im, 0.0)
+                                                            + wl.in_norm], "float32"))
             for i, (t, y) in enumerate(tiles):
                 v = sums[i]
                 if sk > 1:
@@ -260,16 +261,24 @@ def _hsum(v):
     return ExtractLane(v, 0) + ExtractLane(v, 1) + ExtractLane(v, 2) + ExtractLane(v, 3)
 
 
-def reference(wl: DenseWorkload, x, w, bias=None, image=None) -> np.ndarray:
+def reference(wl: DenseWorkload, x, w, bias=None, partials=None) -> np.ndarray:
     x = x.astype(np.float64)
     if wl.in_pool:  # each feature the mean of its map
         x = x.mean(axis=(2, 3))
-    if wl.in_norm:  # each row normalized over its features, or with its image's statistics (norm_partials); B's
-        # weight sums are the kernel's
-        of = x if image is None else np.asarray(image, np.float64).reshape(x.shape[0], -1)
-        x = (x - of.mean(axis=1, keepdims=True)) / np.sqrt(of.var(axis=1, keepdims=True) + wl.in_norm)
+    if wl.in_norm:  # each row normalized over its features, or with its image's statistics (norm_partials: the
+        # image's mean the row's, its variance from the chunk partials); B's weight sums are the kernel's
+        var = x.var(axis=1, keepdims=True) if partials is None else image_variance(partials, x.shape, wl.norm_hw)
+        x = (x - x.mean(axis=1, keepdims=True)) / np.sqrt(var + wl.in_norm)
         bias = None if bias is None else bias[:norm_sums_at(wl, wl.weight[0])]
     return reference_epilogue(wl, x @ w.astype(np.float64).T, bias)
+
+
+def image_variance(partials, rows: tuple, hw: tuple) -> np.ndarray:
+    """(N, 1) variances of the images whose chunk partials ``partials`` holds (``reduction.chunk_statistics``:
+    per image, per chunk, the float4 sums of d = x - K and d^2), each of ``rows[1]`` maps of ``hw``."""
+    p = np.asarray(partials, np.float64).reshape(rows[0], -1, 2, 4).sum(axis=(1, 3))
+    count = rows[1] * hw[0] * hw[1]
+    return (p[:, 1] / count - (p[:, 0] / count) ** 2).reshape(-1, 1)
 
 
 def random_inputs(wl: DenseWorkload, rng) -> dict:
@@ -284,10 +293,7 @@ def random_inputs(wl: DenseWorkload, rng) -> dict:
         # statistics kernel writes them
         from tuner.templates.reduction import chunk_statistics
         img = (rng.standard_normal((wl.data[0], wl.data[1], *wl.norm_hw)) * 2.0 + 3.0).astype(wl.dtype)
-        if wl.in_pool:
-            inputs["X"] = img
-        else:
-            inputs["Xk"], inputs["X"] = img, img.astype(np.float64).mean(axis=(2, 3)).astype(wl.dtype)
+        inputs["X"] = img if wl.in_pool else img.astype(np.float64).mean(axis=(2, 3)).astype(wl.dtype)
         inputs["P"] = chunk_statistics(img, wl.norm_partials).astype(np.float32)
     return inputs
 
@@ -296,7 +302,7 @@ def space_vars(wl: DenseWorkload) -> dict:
     (N, K), (M, _) = wl.data, wl.weight
     return dict(N=N, K=K, M=M, KB=-(-K // 4), MB=-(-M // 4), data=wl.data, weight=wl.weight,
                 out=wl.out_shape, bias=wl.bias, plain_output=wl.plain_output, in_pool=wl.in_pool, in_norm=wl.in_norm,
-                norm_partials=wl.norm_partials, norm_shape=(N, K, *wl.norm_hw),
+                norm_partials=wl.norm_partials,
                 x_shape=wl.x_shape, x_layout="nchw4c" if wl.in_pool else "row4")
 
 
@@ -308,7 +314,6 @@ VARIABLES = dict(N="rows (batch)", K="input features (reduction)", M="output fea
                  in_norm="the LayerNorm epsilon of each row of X over its features (normalized as read), 0 when none",
                  norm_partials="with in_norm: the chunk partials of the image statistics the rows are normalized with "
                  "(a GroupNorm(1) before the pool), 0 for a LayerNorm of the rows",
-                 norm_shape="with norm_partials: the image's shape N,K,H,W (Xk)",
                  x_shape="X's shape: data, or N,K,H,W with in_pool", x_layout="X's texture layout")
 
 
@@ -336,8 +341,7 @@ def fallback(wl: DenseWorkload, info) -> DenseConfig:
 
 
 def _reference(wl, inputs):
-    image = (inputs["X"] if wl.in_pool else inputs["Xk"]) if wl.norm_partials else None
-    return reference(wl, inputs["X"], inputs["Wt"], inputs.get("B"), image)
+    return reference(wl, inputs["X"], inputs["Wt"], inputs.get("B"), inputs.get("P"))
 
 
 def features(v: dict, k: dict) -> dict:
@@ -363,10 +367,10 @@ def lower(ctx, node, ins):
     if normed:
         fields["in_norm"] = float(node.attrs["in_norm"])
     if normed and node.attrs.get("norm_stats") is not None:  # passes_layer_norm.group_norm_past_pooled_dense: the
-        # image's GroupNorm(1) statistics (N, 8 * chunks), and the image
+        # image's GroupNorm(1) statistics (N, 8 * chunks)
         fields["norm_partials"] = ctx.shape(node.attrs["norm_stats"])[1] // 8
-        fields["norm_hw"] = tuple(ctx.shape(node.attrs["norm_source"])[2:])
-        inputs["P"], inputs["Xk"] = ctx.packed(node.attrs["norm_stats"]), ctx.packed(node.attrs["norm_source"])
+        fields["norm_hw"] = tuple(node.attrs["norm_hw"])
+        inputs["P"] = ctx.packed(node.attrs["norm_stats"])
     wl = DenseWorkload(data=ctx.shape(node.inputs[0]), weight=ctx.shape(node.inputs[1]), **fields)
     return wl, {"X": ins[0], "Wt": node.inputs[1], **inputs}, {}
 

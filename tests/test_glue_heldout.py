@@ -507,14 +507,14 @@ def test_a_head_layer_norm_runs_inside_its_dense(native, cl_env, scope, classes,
 
 
 @pytest.mark.parametrize("data,weight,pool,hw,chunks", [((1, 16), (10, 16), (), (5, 7), 4),
-                                                        ((2, 12), (9, 12), (), (3, 3), 2),
+                                                        ((2, 10), (9, 10), (), (3, 3), 2),
                                                         ((2, 8), (6, 8), (4, 4), (4, 4), 4)])
 @pytest.mark.parametrize("scope", ["texture", "buffer"])
 def test_dense_normalizing_its_rows_with_their_images_statistics_matches_numpy(device, data, weight, pool, hw,
                                                                                chunks, scope):
     """A random config of dense whose rows (the maps' means of an image) are normalized with the image's GroupNorm(1)
-    statistics (``in_norm`` with ``norm_partials``: chunk partials from P, the shift from the image Xk, or from X
-    where the dense reads the pool in place), against NumPy: two images, a partial last block."""
+    statistics (``in_norm`` with ``norm_partials``: the image's mean the row's, its variance from the chunk partials
+    in P; the maps read in place too), against NumPy: two images, a partial last block."""
     from test_templates import scopes
     if scope == "texture" and not device.info.image_support:
         pytest.skip("no images")
@@ -557,10 +557,34 @@ def test_a_group_norm_before_a_classifiers_pool_runs_in_its_dense(native, cl_env
     monkeypatch.setattr(C, "load_graph", lambda m, shapes=None: norm_statistics_into_producers(plain(m, shapes)))
     mod, x, want = _compiled(model, scope, tmp_path, shift=5.0)
     kernels = [n.template or n.op for n in mod.spec.nodes]
-    assert kernels == ["conv2d", "dense"] if classes <= 16 else ["conv2d", "spatial_reduce", "dense"], kernels
+    assert kernels == (["conv2d", "dense"] if classes <= 16 else ["conv2d", "spatial_reduce", "dense"]), kernels
     for _ in range(2):
         assert _rel(mod.run([x])[0], want[0]) < 1e-4
     assert _rel(_tuner_run(mod, x, building_cpu(), native, cl_env, tmp_path), want[0]) < 1e-4
+
+
+@pytest.mark.parametrize("body,seed", [("_group_norm_then_convs", 6), ("_group_norm_then_pooled_dense", 11)])
+def test_float16_plans_with_any_node_kept_in_float32_read_the_norm_statistics_as_they_are(device, body, seed,
+                                                                                          tmp_path):
+    """A float16 plan whose precision guard keeps one node in float32 (each node in turn): a GroupNorm(1)'s
+    statistics kernel reads the norm's input in its own storage dtype and its float32 chunk partials reach every
+    reader uncast (``precision.insert_casts``; before, each such plan failed to bind: the statistics kernel's input was
+    cast to float32, the partials to float16). Against onnxruntime to float16's precision."""
+    from tuner.compile.compiler import as_history, compile_plan, device_history, load_graph, module_of
+    from tuner.plan.lower import choose_templates, lower_graph, plan_storage
+    b = _Builder(seed=seed, opset=21)
+    model = b.model(globals()[body](b), "m")
+    _, x, want = _compiled(model, "buffer", tmp_path, shift=5.0)
+    g = load_graph(model)
+    history = device_history(as_history(None), device.info)
+    for keep in [n.name for n in g.nodes]:
+        plan = choose_templates(plan_storage(lower_graph(g, "float16", float32={keep: "test"}), device.info, "buffer",
+                                             history), history, device.info)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            mod = module_of(compile_plan(plan, device.info, history), device)
+        assert any(s.op == "cast" for s in plan.steps), keep
+        assert _rel(mod.run([x])[0], want[0]) < 5e-3, keep
 
 
 def _group_norm_then_convs(b, second: int = 1) -> dict:

@@ -175,7 +175,8 @@ def group_norm_past_pooled_dense(graph: Graph) -> Graph:
     mean) * rstd + beta_c`` over a map is ``gamma_c (mean_hw(x_c) - mean) * rstd + beta_c``, the statistics the
     image's. So the pool reads the norm's input, the dense normalizes its rows with the image's statistics as it
     reads them, the affine folded into its weights and bias (``DenseWorkload.in_norm`` with ``norm_partials``: the
-    statistics kernel's chunk partials, and the image for its shift), and one kernel is left for the norm:
+    image's mean is the row's, its variance from the statistics kernel's chunk partials), and one kernel is left for
+    the norm:
     ``group_norm`` with ``stats``, which ``norm_statistics_into_producers`` can move into the norm's producer."""
     g = graph.copy()
     changed = False
@@ -202,8 +203,7 @@ def group_norm_past_pooled_dense(graph: Graph) -> Graph:
         g.shapes[stats] = (shape[0], 8 * t)
         dense = readers[0]
         _fold(g, dense, rows, *affine, epsilon, stats)
-        dense.inputs = dense.inputs + [x]  # the image, for its first element (the statistics' shift)
-        dense.attrs = {**dense.attrs, "norm_source": x}
+        dense.attrs = {**dense.attrs, "norm_hw": tuple(shape[2:])}  # the image's maps: the statistics' count
         pools[0].inputs = [x]
         g.nodes[g.nodes.index(node)] = Node("group_norm", node.name, [x], [stats],
                                             {"groups": 1, "epsilon": epsilon, "stats": t})

@@ -82,7 +82,7 @@ EPILOGUE_ATTRS = {
                "in_layer_norm", "in_response", "response_affine",
                "patch_view", "row_sums", "in_group_norm", "norm_affine", "in_add", "in_add_at", "out_norm",
                "out_norm_affine", "residual_scale", "out_stats", "gate", "gate_acts", "gate_node"},
-    "dense": {"activation", "residual", "in_norm", "norm_stats", "norm_source"},
+    "dense": {"activation", "residual", "in_norm", "norm_stats", "norm_hw"},
     "group_norm": {"activation", "slope", "residual"}, "layer_norm": {"activation", "out_stats"},
     "add": {"activation", "channel_offsets"}, "relu": {"channel_offsets"}, "clip": {"channel_offsets"},
     "sub": _BINARY_EPILOGUE, "mul": _BINARY_EPILOGUE, "div": _BINARY_EPILOGUE, "prelu": _BINARY_EPILOGUE,
@@ -95,7 +95,7 @@ EPILOGUE_ATTRS = {
        for op in ("global_avg_pool", "global_max_pool", "reduce_mean", "reduce_max", "reduce_sum", "reduce_l2")},
 }
 FUSED_INPUTS = ("post", "scale", "residual", "residual_scale", "out_norm_affine", "slope", "in_scale",
-                "response_affine", "weight", "norm_stats", "norm_source", "norm_affine", "in_add")
+                "response_affine", "weight", "norm_stats", "norm_affine", "in_add")
 # appended to a node's inputs, in order
 
 
@@ -127,10 +127,12 @@ def _evaluate(graph: Graph, node: Node, fn, env: dict) -> np.ndarray:
     if a.get("in_norm") and "in_norm" in fused_ok:  # passes_layer_norm: the input normalized over its channels,
         # or over the whole image where a GroupNorm(1)'s statistics come with it (``norm_stats``)
         x = np.asarray(ins[0], np.float64)
-        axes = (1, 2, 3) if "norm_stats" in extra else 1
-        of = x if "norm_source" not in extra else np.asarray(extra["norm_source"], np.float64).reshape(x.shape[0], -1)
-        axes = 1 if "norm_source" in extra else axes  # a dense's rows: its image's statistics (the pool commutes)
-        ins[0] = (x - of.mean(axis=axes, keepdims=True)) / np.sqrt(of.var(axis=axes, keepdims=True) + a["in_norm"])
+        axes = (1, 2, 3) if "norm_stats" in extra and x.ndim == 4 else 1
+        var = x.var(axis=axes, keepdims=True)
+        if "norm_stats" in extra and x.ndim == 2:  # a dense's rows, the maps' means of an image: its statistics
+            from tuner.templates.dense import image_variance  # (tuner.templates imports tuner.graph)
+            var = image_variance(extra["norm_stats"], x.shape, a["norm_hw"])
+        ins[0] = (x - x.mean(axis=axes, keepdims=True)) / np.sqrt(var + a["in_norm"])
     if a.get("in_layer_norm") and "in_layer_norm" in fused_ok:  # passes_layer_norm: a LayerNorm over channels and
         # its affine as the convolution reads its input
         from tuner.templates.common import pixel_normed

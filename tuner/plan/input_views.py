@@ -246,8 +246,7 @@ def read_inputs_through_views(plan: Plan, info=None, history=None) -> Plan:
             wl = dataclasses.replace(s.workload, in_pool=tuple(plan.tensors[found[0]].shape[2:]))
             if info is not None and loses_tuned(history, info, s, wl, None):
                 continue
-            inputs = {k: v for k, v in s.inputs.items() if k != "Xk"}  # a GroupNorm(1)'s image: X now
-            new[s.name] = dataclasses.replace(s, workload=wl, inputs={**inputs, "X": found[0]}, alternatives=[])
+            new[s.name] = dataclasses.replace(s, workload=wl, inputs={**s.inputs, "X": found[0]}, alternatives=[])
             dropped[found[1].name] = found[1]
             notes.append(f"{found[1].name}: no kernel; {s.name} reads {found[1].output} through a view (the mean of "
                          f"each map of {found[0]})")

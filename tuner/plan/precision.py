@@ -332,18 +332,23 @@ def strict_error(guard: Guard) -> PrecisionError:
 # -- the casts of a mixed plan --------------------------------------------------------------------------------
 
 def insert_casts(plan: Plan) -> Plan:
-    """A ``cast`` step before the first reader of each (tensor, reader dtype) pair that differ."""
+    """A ``cast`` step before the first reader of each (tensor, reader dtype) pair that differ. A template step reads
+    in its workload's storage dtype (a statistics kernel's output is float32, its input the norm's dtype); the
+    float32 statistics tensors (``plain`` ones between steps: a norm's chunk partials, ``out_stats``) are read as
+    they are by every template that takes them."""
     tensors = dict(plan.tensors)
     made: dict = {}  # (tensor, dtype) -> cast tensor name
     steps = []
+    inputs_of_model = set(plan.inputs)
     for s in plan.steps:
-        want = tensors[s.output].dtype or plan.dtype
+        want = getattr(s.workload, "dtype", None) or tensors[s.output].dtype or plan.dtype
         if s.op == "relayout" and s.name.endswith(".unpack"):
             steps.append(s)  # a model output keeps its producer's dtype (the runtimes convert it)
             continue
         inputs = dict(s.inputs)
         for key, x in sorted(s.inputs.items(), key=lambda kv: kv[0] == "S"):  # a gate after what it gates
-            if x not in tensors or (tensors[x].dtype or plan.dtype) == want:
+            if x not in tensors or (tensors[x].dtype or plan.dtype) == want \
+                    or (tensors[x].kind == "plain" and x not in inputs_of_model):
                 continue
             name = made.get((x, want))
             if name is None:
