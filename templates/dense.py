@@ -44,11 +44,11 @@ class DenseWorkload:
     # first feature) are taken in the reduction loop, the products use d, and the epilogue is
     # ``rstd * (acc - mean(d) * U[m]) + bias``, U the weights' sums over K stored in B after the padded biases
     # (``common.bias_length``); with a bias; in the key when set
-    norm_partials: int = 0  # > 0, with in_norm: each row normalized with the GroupNorm(1) statistics of the (N, K, H, W)
-    # image whose maps' means its features are -- a GroupNorm(1) before a classifier's global pool (PoolFormer's),
-    # which commutes with the pool. The image's mean is the row's (its maps are one size); its variance comes from
-    # ``P`` (float32, (N * norm_partials * 2, 4): chunk sums of d = x - K and d^2, ``group_norm``'s ``stats`` or a
-    # producer's ``out_stats``), where the shift K cancels; in the key when set
+    norm_partials: int = 0  # > 0, with in_norm: each row normalized with the GroupNorm(1) statistics of the
+    # (N, K, H, W) image whose maps' means its features are -- a GroupNorm(1) before a classifier's global pool
+    # (PoolFormer's), which commutes with the pool. The image's mean is the row's (its maps are one size); its
+    # variance comes from ``P`` (float32, (N * norm_partials * 2, 4): chunk sums of d = x - K and d^2,
+    # ``group_norm``'s ``stats`` or a producer's ``out_stats``), where the shift K cancels; in the key when set
     norm_hw: tuple = ()  # with norm_partials: (H, W) of that image; in the key when set
 
     def __post_init__(self):
