@@ -183,9 +183,12 @@ COMPUTE = ("conv2d", "depthwise_conv2d", "dense", "winograd2", "winograd4", "mat
 # block's pool and two 1x1 convolutions three kernels (se_net 1.35 before item 2); before the boundary, view and
 # attention fusions (tests/test_io_views.py): 2.31, 2.10, 1.29, 2.64, 1.00 -- the model input's and output's
 # relayouts, the U-Net level's pools, upsamples and concats, MobileViTv2's query copies and softmax and its
-# values' ReLU, the classifiers' global pools, EdgeNeXt's chunk slice and concat before its LayerNorm as kernels. An se_gate step counts as the two compute layers (the
-# squeeze and excite convolutions) it runs, so fusing them does not change the count.
-LAUNCHES_PER_COMPUTE = {"mobilevit_like": 1.5, "edgenext_like": 1.25, "prelu_net": 1.15, "unet_gn": 1.95, "se_net": 0.85}
+# values' ReLU, the classifiers' global pools, EdgeNeXt's chunk slice and concat before its LayerNorm as kernels. An
+# se_gate step counts as the two compute layers (the squeeze and excite convolutions) it runs, so fusing them does not
+# change the count. convnextv2_like (added 2026-12-05): 1.44, where the tree before its head norm ran in its dense and
+# its response norms' gates in their convolutions planned 2.56 (the head's LayerNorm, four small kernels a GRN).
+LAUNCHES_PER_COMPUTE = {"mobilevit_like": 1.5, "edgenext_like": 1.25, "prelu_net": 1.15, "unet_gn": 1.95, "se_net": 0.85,
+                        "convnextv2_like": 1.5}
 MAX_GLUE_READS = 1280  # elements a work-item of an untemplated kernel reads, at most (issue 55, item 5)
 
 

@@ -184,6 +184,36 @@ def _se_net(b: _Builder) -> dict:
     return {"output": [1, 10]}
 
 
+def _convnextv2_block(b: _Builder, x: str, c: int) -> str:
+    """timm's ConvNeXtV2 block with its MLP as 1x1 convolutions (Atto to Nano: ``conv_mlp``) as exported: a
+    depthwise 7x7, a LayerNorm over channels, a 1x1 convolution to 4c, GELU, the global response norm (the L2 norm
+    of each channel's map, divided by its mean over the channels; ``gamma * (x * N) + beta + x``), a 1x1
+    convolution back, and the residual."""
+    r = b.rng
+    y = _gelu(b, b.conv(_ln_channels(b, b.conv(x, c, c, 7, groups=c, bias=True), c), c, 4 * c, 1, bias=True))
+    g = b.node("ReduceL2", [y], axes=[2, 3], keepdims=1)
+    n = b.node("Div", [g, b.node("Add", [b.node("ReduceMean", [g], axes=[1], keepdims=1),
+                                         b.const("eps", np.float32(1e-6))])])
+    y = b.node("Add", [b.node("Add", [b.const("grn_b", r.normal(0, 0.2, (1, 4 * c, 1, 1))),
+                                      b.node("Mul", [b.const("grn_g", r.normal(0, 0.5, (1, 4 * c, 1, 1))),
+                                                     b.node("Mul", [y, n])])]), y])
+    return b.node("Add", [x, b.conv(y, 4 * c, c, 1, bias=True)])
+
+
+def _convnextv2_like(b: _Builder) -> dict:
+    """ConvNeXtV2's stages at test size: a 4x4 stem of stride 4 and a LayerNorm over channels, a block, the
+    downsampling LayerNorm then 2x2 convolution of stride 2, a block, and timm's head (pool, LayerNorm over the
+    pooled channels, Flatten, Linear)."""
+    x = b.input("input", (1, 3, 32, 32))
+    x = _ln_channels(b, b.conv(x, 3, 16, 4, stride=4, bias=True, pads=[0, 0, 0, 0]), 16)  # 8x8
+    x = _convnextv2_block(b, x, 16)
+    x = b.conv(_ln_channels(b, x, 16), 16, 32, 2, stride=2, bias=True, pads=[0, 0, 0, 0])  # 4x4
+    x = _convnextv2_block(b, x, 32)
+    x = _ln_channels(b, b.node("GlobalAveragePool", [x]), 32)
+    b.fc(b.node("Flatten", [x], axis=1), 32, 10, output="output")
+    return {"output": [1, 10]}
+
+
 # torchvision's EfficientNet-B0: (expand ratio, kernel, stride, input channels, output channels, layers)
 EFFICIENTNET_B0 = ((1, 3, 1, 32, 16, 1), (6, 3, 2, 16, 24, 2), (6, 5, 2, 24, 40, 2), (6, 3, 2, 40, 80, 3),
                    (6, 5, 1, 80, 112, 3), (6, 5, 2, 112, 192, 4), (6, 3, 1, 192, 320, 1))
@@ -213,7 +243,8 @@ def efficientnet_b0(input_size: int = 224, num_classes: int = 1000, seed: int = 
 
 
 BUILDERS = {"mobilevit_like": (_mobilevit_like, GN_OPSET), "edgenext_like": (_edgenext_like, OPSET),
-            "prelu_net": (_prelu_net, OPSET), "unet_gn": (_unet_gn, GN_OPSET), "se_net": (_se_net, OPSET)}
+            "prelu_net": (_prelu_net, OPSET), "unet_gn": (_unet_gn, GN_OPSET), "se_net": (_se_net, OPSET),
+            "convnextv2_like": (_convnextv2_like, OPSET)}
 
 
 def heldout_model(name: str, seed: int = 0) -> "onnx.ModelProto":
