@@ -1069,6 +1069,52 @@ def test_global_response_norm_leaves_only_its_reduction(native, cl_env, scope, t
     assert _rel(_tuner_run(mod, x, building_cpu(), native, cl_env, tmp_path), want[0]) < 1e-4
 
 
+def _channels_last_grn_block(b) -> dict:
+    """timm's ConvNeXtV2 block as ConvNeXtV2-T and larger export it (``conv_mlp`` False): a depthwise 7x7, then
+    channels-last a LayerNorm, a Linear to 4c, GELU, the response norm over axes (1, 2) with keepdims and its mean
+    over the last axis, ``x + (beta + gamma * (x * N) * 1)`` (addcmul's value a scalar constant), a Linear back, the
+    residual; 10 channels (a partial last block)."""
+    r, c = b.rng, 10
+    x = b.input("input", (1, c, 6, 5))
+    y = b.node("Transpose", [b.conv(x, c, c, 7, groups=c, bias=True)], perm=[0, 2, 3, 1])
+    y = b.node("LayerNormalization", [y, b.const("ln_s", r.uniform(0.5, 1.5, c)), b.const("ln_b", r.normal(0, 0.2, c))],
+               axis=-1, epsilon=1e-6)
+    y = b.node("Relu", [b.node("Add", [b.node("MatMul", [y, b.const("w1", r.normal(0, 0.3, (c, 4 * c)))]),
+                                       b.const("b1", r.normal(0, 0.1, 4 * c))])])
+    g = b.node("ReduceL2", [y], axes=[1, 2], keepdims=1)
+    n = b.node("Div", [g, b.node("Add", [b.node("ReduceMean", [g], axes=[-1], keepdims=1),
+                                         b.const("eps", np.float32(1e-6))])])
+    t = b.node("Mul", [b.node("Mul", [b.const("grn_g", r.normal(0, 0.5, (1, 1, 1, 4 * c))), b.node("Mul", [y, n])]),
+                       b.const("one", np.ones(1, np.float32))])
+    y = b.node("Add", [y, b.node("Add", [b.const("grn_b", r.normal(0, 0.2, (1, 1, 1, 4 * c))), t])])
+    y = b.node("Add", [b.node("MatMul", [y, b.const("w2", r.normal(0, 0.3, (4 * c, c)))]),
+                       b.const("b2", r.normal(0, 0.1, c))])
+    b.node("Add", [x, b.node("Transpose", [y], perm=[0, 3, 1, 2])], output="output")
+    return {"output": [1, c, 6, 5]}
+
+
+@pytest.mark.parametrize("scope", ["texture", "buffer"])
+def test_a_channels_last_response_norm_runs_in_nchw(native, cl_env, scope, tmp_path):
+    """ConvNeXtV2-T's channels-last GRN, whose NHWC tensor three nodes read (the L2 norm, the product, the
+    residual), is computed in NCHW (``passes_movement._reductions_to_nchw``: the reductions' axes and the constants
+    permuted), so the response norm's gate pass takes it: depthwise, the LayerNorm inside the first 1x1
+    convolution, the L2 reduction, the second 1x1 convolution computing the gate -- no transpose and no glue
+    kernel. Before, compile refused the NHWC reduction. Against onnxruntime in each scope, by the Python executor and
+    tuner-run."""
+    from conftest import building_cpu
+    b = _Builder(seed=12, opset=17)
+    mod, x, want = _compiled(b.model(_channels_last_grn_block(b), "m"), scope, tmp_path, shift=1.0)
+    ops = [n.template or n.op for n in mod.spec.nodes]
+    while ops and ops[0] == "relayout":  # the model's own input and output (texture scope)
+        ops = ops[1:]
+    while ops and ops[-1] == "relayout":
+        ops = ops[:-1]
+    assert ops == ["depthwise_conv2d", "conv2d", "spatial_reduce", "conv2d"], ops
+    assert next(n for n in reversed(mod.spec.nodes) if n.template == "conv2d").workload.get("in_response")
+    assert _rel(mod.run([x])[0], want[0]) < 1e-4
+    assert _rel(_tuner_run(mod, x, building_cpu(), native, cl_env, tmp_path), want[0]) < 1e-4
+
+
 @pytest.mark.parametrize("fields", [dict(data=(1, 16, 9, 9), kernel=(8, 16, 1, 1), residual=True),
                                     dict(data=(2, 10, 6, 6), kernel=(12, 10, 1, 1)),
                                     dict(data=(1, 12, 7, 7), kernel=(8, 12, 3, 3), padding=(1, 1, 1, 1))])

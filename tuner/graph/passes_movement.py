@@ -268,7 +268,77 @@ def sink_transposes(graph: Graph) -> Graph:
 
 
 def nhwc_to_nchw(graph: Graph) -> Graph:
-    return sink_transposes(_wrap_nchw(graph)).validate()
+    return sink_transposes(_reductions_to_nchw(sink_transposes(_wrap_nchw(graph)))).validate()
+
+
+NHWC_AXIS = {0: 0, 1: 2, 2: 3, 3: 1}  # an NHWC axis -> the NCHW one
+REDUCTIONS_KEPT = ("reduce_l2", "reduce_mean", "reduce_sum", "reduce_max")
+
+
+def _nhwc_region(g: Graph, y: str):
+    """The nodes that read NHWC tensor ``y`` (a transpose's output) and what they compute from it, when every one is
+    a pointwise op of region tensors and constants or a reduction that keeps its rank, and the region leaves only
+    through transposes back to NCHW; else None. The region must hold such a reduction (the rest sinks already)."""
+    region, tensors, todo = [], {y}, [y]
+    while todo:
+        for u in g.consumers(todo.pop()):
+            if any(u is r for r in region) or (u.op == "transpose" and tuple(u.attrs["perm"]) == TO_NCHW):
+                continue
+            ins = [t for t in u.inputs if t not in g.params]
+            if any(len(g.shapes[t]) != 4 for t in ins) or len(u.outputs) != 1 or u.outputs[0] in g.outputs \
+                    or any(t in g.params and np.ndim(g.params[t]) > 4 for t in u.inputs):
+                return None
+            if u.op in REDUCTIONS_KEPT:
+                if not u.attrs.get("keepdims", 1) or set(u.attrs) - {"axes", "keepdims"}:
+                    return None
+            elif not ((u.op in BINARY_POINTWISE and not u.attrs and len(u.inputs) == 2)
+                      or (u.op in UNARY_POINTWISE and len(ins) == 1)):
+                return None
+            region.append(u)
+            tensors.add(u.outputs[0])
+            todo.append(u.outputs[0])
+    if any(t not in tensors and t not in g.params for u in region for t in u.inputs):
+        return None  # a tensor from outside the region (in another layout)
+    return region if any(u.op in REDUCTIONS_KEPT for u in region) else None
+
+
+def _reductions_to_nchw(graph: Graph) -> Graph:
+    """An NHWC tensor (a transpose of an NCHW one) read by reductions that keep their rank and by pointwise ops --
+    timm's channels-last global response norm (ConvNeXtV2-T and larger: the L2 norm over H and W, its mean over the
+    channels, ``gamma * (x * N) + beta + x``) -- computed in NCHW: the reductions' axes and the constants permuted,
+    the transpose gone, and the region left through transposes back to NCHW that become identities. Its several
+    readers keep ``sink_transposes`` from moving the transpose past it one reader at a time."""
+    g = graph.copy()
+    changed = False
+    for t in list(g.nodes):
+        if t.op != "transpose" or tuple(t.attrs["perm"]) != TO_NHWC or len(g.shapes[t.inputs[0]]) != 4 \
+                or not any(t is n for n in g.nodes):
+            continue
+        y, z = t.outputs[0], t.inputs[0]
+        region = _nhwc_region(g, y) if y not in g.outputs else None
+        if region is None:
+            continue
+        inside = {y} | {u.outputs[0] for u in region}
+        for u in region:
+            u.inputs = [z if x == y else x for x in u.inputs]
+            for i, x in enumerate(u.inputs):
+                if x in g.params:  # a constant: broadcast along the NHWC axes, so along the NCHW ones permuted
+                    v = np.asarray(g.params[x])
+                    v = v.reshape(-1)[:1] if np.all(v == v.reshape(-1)[0]) else \
+                        np.transpose(v.reshape((1,) * (4 - v.ndim) + v.shape), TO_NCHW)
+                    u.inputs[i] = _add_param(g, f"{x}.nchw", v.astype(g.params[x].dtype))
+            if u.op in REDUCTIONS_KEPT:
+                u.attrs = {**u.attrs, "axes": tuple(sorted(NHWC_AXIS[int(a) % 4] for a in u.attrs["axes"]))}
+            out = u.outputs[0]
+            g.shapes[out] = tuple(g.shapes[out][p] for p in TO_NCHW)
+        for n in g.nodes:  # the transposes back to NCHW: identities now
+            if n.op == "transpose" and tuple(n.attrs["perm"]) == TO_NCHW and n.inputs[0] in inside:
+                n.inputs = [z if n.inputs[0] == y else n.inputs[0]]
+                n.attrs = {**n.attrs, "perm": (0, 1, 2, 3)}
+        if not g.consumers(y):
+            g.nodes = [n for n in g.nodes if n is not t]
+        changed = True
+    return _drop_unused(g) if changed else graph
 
 
 def copies_through_transposes(graph: Graph) -> Graph:
