@@ -437,3 +437,59 @@ def test_concat_kernel_with_an_activation(device, rng, activation, dtype):
                       max_work_group=device.info.max_work_group_size, activation=activation)
     xs = [draw(rng, s, dtype) for s in shapes]
     _check(device, k, {f"X{i}": x for i, x in enumerate(xs)}, concat_reference(*xs, activation=activation), dtype)
+
+
+def _nhwc_region_model(case: str):
+    """An NHWC tensor (a transposed convolution output) read by a rank-keeping reduction and pointwise ops, then
+    transposed back: ``grn`` timm's channels-last response norm (the L2 norm over axes 1 and 2, its mean over the last
+    axis, ``y + (beta + gamma * (y * N) * 1)``); ``unsupported`` a reduction over W and C, which in NCHW would be over
+    axes 1 and 3 (no kernel)."""
+    from tuner.zoo.builder import _Builder
+    b = _Builder(seed=13, opset=17)
+    c = 6
+    x = b.conv(b.input("input", (2, 3, 5, 4)), 3, c, 3, bias=True)
+    y = b.node("Transpose", [x], perm=[0, 2, 3, 1])
+    if case == "grn":
+        g = b.node("ReduceL2", [y], axes=[1, 2], keepdims=1)
+        n = b.node("Div", [g, b.node("Add", [b.node("ReduceMean", [g], axes=[-1], keepdims=1),
+                                             b.const("eps", np.float32(1e-6))])])
+        t = b.node("Mul", [b.node("Mul", [b.const("gamma", b.rng.normal(0, 0.5, (1, 1, 1, c))),
+                                          b.node("Mul", [y, n])]), b.const("one", np.ones(1, np.float32))])
+        out = b.node("Add", [y, b.node("Add", [b.const("beta", b.rng.normal(0, 0.2, (1, 1, 1, c))), t])])
+    else:
+        out = b.node("Add", [b.node("ReduceMean", [y], axes=[2, 3], keepdims=1), y])
+    b.node("Transpose", [out], perm=[0, 3, 1, 2], output="output")
+    return b.model({"output": [2, c, 5, 4]}, "m")
+
+
+@pytest.mark.parametrize("case", ["grn", "unsupported"])
+def test_an_nhwc_region_of_reductions_runs_in_nchw_where_it_can(case):
+    """``passes_movement._reductions_to_nchw``: an NHWC region of rank-keeping reductions and pointwise ops read
+    through one transpose computes in NCHW -- no transpose left but the model output's identity, the reference's
+    result the same; a region whose reduction would have no kernel in NCHW stays as it was."""
+    from tuner.graph.passes_movement import nhwc_to_nchw
+    from tuner.graph.reference import random_inputs, run_graph_numpy
+    g = from_onnx(_nhwc_region_model(case))
+    moved = nhwc_to_nchw(g)
+    inputs = random_inputs(g, seed=1)
+    want, got = run_graph_numpy(g, inputs), run_graph_numpy(moved, inputs)
+    np.testing.assert_allclose(got["output"], want["output"], rtol=1e-6, atol=1e-6)
+    transposes = [n for n in moved.nodes if n.op == "transpose" and tuple(n.attrs["perm"]) != (0, 1, 2, 3)]
+    if case == "unsupported":
+        assert transposes, [n.op for n in moved.nodes]
+    else:
+        assert not transposes, [(n.op, n.attrs) for n in moved.nodes]
+        axes = [tuple(n.attrs["axes"]) for n in moved.nodes if n.op.startswith("reduce_")]
+        assert axes == [(2, 3), (1,)], axes
+
+
+def test_an_nhwc_constant_is_one_value_only_where_that_changes_nothing():
+    """``_nchw_constant``: an all-equal constant becomes one value where it does not widen the operand; one that
+    widens it (a (1, 1, W, 1) ones against (N, 1, 1, C)) is transposed whole, and zeros of both signs stay apart (a
+    division by them keeps its infinities' signs)."""
+    from tuner.graph.passes_movement import _nchw_constant
+    assert _nchw_constant(np.full((1, 1, 1, 6), 2.0), (2, 5, 4, 6)).shape == (1,)
+    assert _nchw_constant(np.ones((1, 1, 4, 1)), (2, 1, 1, 6)).shape == (1, 1, 1, 4)
+    assert _nchw_constant(np.array([0.0, -0.0, 0.0]), (2, 5, 4, 3)).shape == (1, 3, 1, 1)
+    v = np.arange(6.0).reshape(1, 1, 1, 6)
+    np.testing.assert_array_equal(_nchw_constant(v, (2, 5, 4, 6)), v.reshape(1, 6, 1, 1))

@@ -289,7 +289,9 @@ def _nhwc_region(g: Graph, y: str):
                     or any(t in g.params and np.ndim(g.params[t]) > 4 for t in u.inputs):
                 return None
             if u.op in REDUCTIONS_KEPT:
-                if not u.attrs.get("keepdims", 1) or set(u.attrs) - {"axes", "keepdims"}:
+                from tuner.ops.kernels import REDUCE_AXES  # the graph passes import the kernels lazily
+                if not u.attrs.get("keepdims", 1) or set(u.attrs) - {"axes", "keepdims"} or "axes" not in u.attrs \
+                        or (4, _nchw_axes(u.attrs["axes"])) not in REDUCE_AXES:  # one a kernel runs, once in NCHW
                     return None
             elif not ((u.op in BINARY_POINTWISE and not u.attrs and len(u.inputs) == 2)
                       or (u.op in UNARY_POINTWISE and len(ins) == 1)):
@@ -300,6 +302,23 @@ def _nhwc_region(g: Graph, y: str):
     if any(t not in tensors and t not in g.params for u in region for t in u.inputs):
         return None  # a tensor from outside the region (in another layout)
     return region if any(u.op in REDUCTIONS_KEPT for u in region) else None
+
+
+def _nchw_axes(axes) -> tuple:
+    """NHWC reduction axes (negative ones too) as the NCHW ones, sorted."""
+    return tuple(sorted(NHWC_AXIS[int(a) % 4] for a in axes))
+
+
+def _nchw_constant(v: np.ndarray, other: tuple) -> np.ndarray:
+    """A constant broadcast against an NHWC operand of shape ``other``, for the same op in NCHW: left-padded to rank
+    4 and transposed; one value where all its values are one (signs of zero included) and it does not widen
+    ``other``."""
+    padded = v.reshape((1,) * (4 - v.ndim) + v.shape)
+    flat = v.reshape(-1)
+    if flat.size and np.all(flat == flat[0]) and np.all(np.signbit(flat) == np.signbit(flat[0])) \
+            and np.broadcast_shapes(other, padded.shape) == tuple(other):
+        return flat[:1]
+    return np.transpose(padded, TO_NCHW)
 
 
 def _reductions_to_nchw(graph: Graph) -> Graph:
@@ -319,16 +338,16 @@ def _reductions_to_nchw(graph: Graph) -> Graph:
         if region is None:
             continue
         inside = {y} | {u.outputs[0] for u in region}
+        nhwc = {x: tuple(g.shapes[x]) for x in inside}  # the region's shapes before it is permuted
         for u in region:
+            other = next(nhwc[x] for x in u.inputs if x in nhwc)  # the operand a constant broadcasts against
             u.inputs = [z if x == y else x for x in u.inputs]
             for i, x in enumerate(u.inputs):
                 if x in g.params:  # a constant: broadcast along the NHWC axes, so along the NCHW ones permuted
                     v = np.asarray(g.params[x])
-                    v = v.reshape(-1)[:1] if np.all(v == v.reshape(-1)[0]) else \
-                        np.transpose(v.reshape((1,) * (4 - v.ndim) + v.shape), TO_NCHW)
-                    u.inputs[i] = _add_param(g, f"{x}.nchw", v.astype(g.params[x].dtype))
+                    u.inputs[i] = _add_param(g, f"{x}.nchw", _nchw_constant(v, other).astype(v.dtype))
             if u.op in REDUCTIONS_KEPT:
-                u.attrs = {**u.attrs, "axes": tuple(sorted(NHWC_AXIS[int(a) % 4] for a in u.attrs["axes"]))}
+                u.attrs = {**u.attrs, "axes": _nchw_axes(u.attrs["axes"])}
             out = u.outputs[0]
             g.shapes[out] = tuple(g.shapes[out][p] for p in TO_NCHW)
         for n in g.nodes:  # the transposes back to NCHW: identities now
