@@ -17,15 +17,15 @@ from tuner.ir.activations import apply_ir
 from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
 from tuner.ir.dtype import DType
-from tuner.ir.expr import Broadcast, Cast, ExtractLane, Ramp, as_expr, call, const, min_, select
+from tuner.ir.expr import Broadcast, Cast, ExtractLane, Ramp, as_expr, call, min_, select
 from tuner.ir.kernel import Program
 from tuner.ir.gather import gather_pixel
 from tuner.ir.schedule import cache_read
-from tuner.templates.reduction import (StagedTile, as_float as _as_float, as_stored, channel_blocks, hsum,
-                                       last_group_statistics, last_group_unit_statistics, local_tree, norm_units,
-                                       pow2_ceil, read_norm_operands, shifted_moments, stats_workspaces, sum_partials,
-                                       unit_factors, unit_blocks, unit_first_block, unit_normed, unit_statistics,
-                                       unit_statistics_layout, unit_stats_workspaces)
+from tuner.templates.reduction import (StagedTile, add_shifted, as_float as _as_float, as_stored, channel_blocks,
+                                       hsum, last_group_statistics, last_group_unit_statistics, local_tree,
+                                       norm_units, pow2_ceil, read_norm_operands, shifted_moments, start_shifted,
+                                       stats_workspaces, sum_partials, unit_factors, unit_blocks, unit_first_block,
+                                       unit_normed, unit_statistics, unit_statistics_layout, unit_stats_workspaces)
 from tuner.templates.common import (EPILOGUE_ARGS, MODEL_KNOBS, PAD_MODE_ARG, WINDOW_ARGS, Arithmetic,
                                     Conv2dWorkload, LocalTile, clamp, Template, WorkloadArg, _log2, declare_operands,
                                     fit_work_group, gpu_fill_target, input_pixel, is_depthwise, node_epilogue, pixel,
@@ -376,20 +376,23 @@ def norm_stats(b, X, n, oh0, ow0, tile, bounds, image: bool = False):
     for y in range(t_oh):
         for x in range(t_ow):
             p = y * t_ow + x
-            first = pixel(X, n, as_expr(0), *((0, 0) if image else (clamp(oh0 + y, H), clamp(ow0 + x, W))))
-            b.store(st, 3 * p, _as_float(ExtractLane(first, 0)))
-            b.store(st, 3 * p + 1, const(0.0, "float32"))
-            b.store(st, 3 * p + 2, const(0.0, "float32"))
+            start_shifted(b, st, 3 * p, pixel(X, n, as_expr(0), *((0, 0) if image else (clamp(oh0 + y, H),
+                                                                                        clamp(ow0 + x, W)))))
     return st
 
 
 MAX_NORM_PIXELS = 64  # in_layer_norm: input pixels a work-item's windows span (the space's layer_norm_pixels)
 
 
+def window_span(window, stride, dilation, tile=(1, 1)) -> tuple:
+    """(rows, cols) of the input pixels the (R, S) windows of a (t_oh, t_ow) ``tile`` of outputs span."""
+    (R, S), (sh, sw), (dh, dw) = window, stride, dilation
+    return (tile[0] - 1) * sh + (R - 1) * dh + 1, (tile[1] - 1) * sw + (S - 1) * dw + 1
+
+
 def norm_pixels(wl, tile) -> tuple:
     """``in_layer_norm``: (rows, cols) of the input pixels the windows of a (t_oh, t_ow) ``tile`` span."""
-    (sh, sw), (dh, dw), (R, S) = wl.stride, wl.dilation, wl.kernel[2:]
-    return (tile[0] - 1) * sh + (R - 1) * dh + 1, (tile[1] - 1) * sw + (S - 1) * dw + 1
+    return window_span(wl.kernel[2:], wl.stride, wl.dilation, tile)
 
 
 def pixel_index(wl, tile, yx, r, s):
@@ -409,17 +412,11 @@ def pixel_norms(b, wl, X, n, oh0, ow0, tile):
     at = [(clamp(oh0 * sh - pt + i, H), clamp(ow0 * sw - pl + j, W)) for i in range(rows) for j in range(cols)]
     st = b.allocate("lst", (3 * len(at),), "float32", "private")
     for p, (ih, iw) in enumerate(at):
-        b.store(st, 3 * p, _as_float(ExtractLane(pixel(X, n, as_expr(0), ih, iw), 0)))
-        b.store(st, 3 * p + 1, const(0.0, "float32"))
-        b.store(st, 3 * p + 2, const(0.0, "float32"))
+        start_shifted(b, st, 3 * p, pixel(X, n, as_expr(0), ih, iw))
     with b.loop("lc", C4, "serial") as cb:
         for p, (ih, iw) in enumerate(at):
-            d = b.let(f"ld{p}", _as_float(pixel(X, n, cb, ih, iw)) - Broadcast(st[3 * p], 4))
-            for ci in range(4):
-                with b.if_(cb < C4 - 1) if ci >= C % 4 > 0 else nullcontext():
-                    lane = ExtractLane(d, ci)
-                    b.store(st, 3 * p + 1, st[3 * p + 1] + lane)
-                    b.store(st, 3 * p + 2, st[3 * p + 2] + lane * lane)
+            add_shifted(b, st, 3 * p, b.let(f"ld{p}", _as_float(pixel(X, n, cb, ih, iw)) - Broadcast(st[3 * p], 4)),
+                        cb, C4, C)
     ln = b.allocate("ln", (2 * len(at),), "float32", "private")
     for p in range(len(at)):
         m, rstd = shifted_moments(b, st[3 * p + 1], st[3 * p + 2], C, wl.in_layer_norm, (f"lm{p}", f"lr{p}"))

@@ -17,10 +17,11 @@ import numpy as np
 from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
 from tuner.ir.dtype import DType
-from tuner.ir.expr import Broadcast, Cast, ExtractLane, Ramp, as_expr, call, const, max_, min_
+from tuner.ir.expr import Broadcast, Cast, ExtractLane, Ramp, as_expr, call, min_
 from tuner.ir.activations import apply_ir, canonical
 from tuner.templates.common import EPILOGUE_ARGS, Template, WorkloadArg, node_epilogue
-from tuner.templates.reduction import as_float as _as_float, hsum, shifted_moments, sum_partials
+from tuner.templates.reduction import (add_shifted, as_float as _as_float, hsum, shifted_moments, start_shifted,
+                                       sum_partials)
 from tuner.templates.common import (Arithmetic, bias_buffer, bias_length, gpu_fill_target, norm_sums_at,
                                     reference_epilogue, store_pixel, texture_scopes)
 
@@ -163,10 +164,7 @@ def dense(wl: DenseWorkload, cfg: DenseConfig):
             return pooled[y] * (1.0 / (H * W))
         if st is not None:  # in_norm: each row's shift K0 (its first feature), then its sums of d and d^2
             for y in range(t_n):
-                first = b.let(f"k0_{y}", row_block(y, min_(n0 + y, N - 1), as_expr(0)))
-                b.store(st, 3 * y, _as_float(ExtractLane(first, 0)))
-                b.store(st, 3 * y + 1, const(0.0, "float32"))
-                b.store(st, 3 * y + 2, const(0.0, "float32"))
+                start_shifted(b, st, 3 * y, b.let(f"k0_{y}", row_block(y, min_(n0 + y, N - 1), as_expr(0))))
         with b.loop("jo", -(-steps // uk)) as jo, b.loop("ji", uk, "unrolled") as ji:
             kb = (jo * uk + ji) * sk + tk  # interleaved: neighbouring work-items read neighbouring blocks
             with b.if_(kb < KB) if ragged else nullcontext():
@@ -174,14 +172,11 @@ def dense(wl: DenseWorkload, cfg: DenseConfig):
                 vector_x = cfg.vec_load == 4 or cfg.input_scope == "texture" or cfg.weight_pack == "4i"
                 xv = {y: b.let(f"x{y}", arith.load(row_block(y, rows[y], kb))) for y in range(t_n)} \
                     if vector_x else {}
-                if st is not None:  # d = x - K0: into the row's sums (lanes past K skipped) and the products
+                if st is not None:  # d = x - K0: into the row's sums (its squares unless the image's statistics
+                    # give the variance: norm_partials) and the products
                     for y in range(t_n):
                         d = b.let(f"d{y}", _as_float(xv[y]) - Broadcast(st[3 * y], 4))
-                        for ki in range(4):
-                            with b.if_(kb < KB - 1) if ki >= K % 4 > 0 else nullcontext():
-                                lane = ExtractLane(d, ki)
-                                b.store(st, 3 * y + 1, st[3 * y + 1] + lane)
-                                b.store(st, 3 * y + 2, st[3 * y + 2] + lane * lane)
+                        add_shifted(b, st, 3 * y, d, kb, KB, K, squares=P is None)
                         xv[y] = d if d.dtype == xv[y].dtype else b.let(f"dc{y}", Cast(xv[y].dtype, d))
                 if cfg.weight_pack == "4o":
                     for ki in range(4):
@@ -233,11 +228,9 @@ def dense(wl: DenseWorkload, cfg: DenseConfig):
                 # norm_partials: the row's mean of d is its image's mean less K0 (the maps are one size); the
                 # image's variance comes from its chunk partials, whose own shift cancels in it
                 parts = sum_partials(b, P, min_(n0 + y, N - 1), wl.norm_partials, f"pt{y}", f"pacc{y}")
-                count = K * wl.norm_hw[0] * wl.norm_hw[1]
-                m = b.let(f"nm{y}", s1 * (1.0 / K))
-                im = b.let(f"im{y}", hsum(parts[0]) * (1.0 / count))
-                norm[y] = m, b.let(f"nr{y}", call("rsqrt", [max_(hsum(parts[1]) * (1.0 / count) - im * im, 0.0)
-                                                            + wl.in_norm], "float32"))
+                _, rstd = shifted_moments(b, hsum(parts[0]), hsum(parts[1]), K * wl.norm_hw[0] * wl.norm_hw[1],
+                                          wl.in_norm, (f"im{y}", f"nr{y}"))
+                norm[y] = b.let(f"nm{y}", s1 * (1.0 / K)), rstd
             for i, (t, y) in enumerate(tiles):
                 v = sums[i]
                 if sk > 1:

@@ -31,7 +31,8 @@ import numpy as np
 from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
 from tuner.ir.activations import apply_ir
-from tuner.ir.expr import Broadcast, Cast, ExtractLane, Ramp, Var, as_expr, binary, call, max_, min_, select
+from tuner.ir.expr import (Broadcast, Cast, ExtractLane, Ramp, Var, as_expr, binary, call, const, max_, min_,
+                           select)
 from tuner.ir.dtype import DType
 
 MAX_TEXELS_PER_ITEM = 1024  # 4096 elements: no work-item of a reduction reads more of one unit
@@ -104,6 +105,25 @@ def unravel(b: Builder, i, shape: tuple, prefix: str) -> list:
 def hsum(v):
     """The 4 lanes of ``v`` summed pairwise."""
     return (ExtractLane(v, 0) + ExtractLane(v, 1)) + (ExtractLane(v, 2) + ExtractLane(v, 3))
+
+
+def start_shifted(b, st, at: int, first) -> None:
+    """Private shifted sums at ``st[at:at + 3]``: the shift K (lane 0 of pixel ``first``, in float32), then the
+    sums of d = x - K and of d^2, zero (``add_shifted``, ``shifted_moments``)."""
+    b.store(st, at, as_float(ExtractLane(first, 0)))
+    b.store(st, at + 1, const(0.0, "float32"))
+    b.store(st, at + 2, const(0.0, "float32"))
+
+
+def add_shifted(b, st, at: int, d, block, blocks: int, channels: int, squares: bool = True) -> None:
+    """The lanes of float4 ``d`` (x - K over channel block ``block`` of ``blocks``) into the shifted sums at
+    ``st[at + 1]`` and (``squares``) ``st[at + 2]``; lanes past ``channels`` skipped in the last block."""
+    for ci in range(4):
+        with b.if_(block < blocks - 1) if ci >= channels % 4 > 0 else nullcontext():
+            lane = ExtractLane(d, ci)
+            b.store(st, at + 1, st[at + 1] + lane)
+            if squares:
+                b.store(st, at + 2, st[at + 2] + lane * lane)
 
 
 def shifted_moments(b, s1, s2, count: int, epsilon: float, names=("m", "rstd")) -> tuple:

@@ -104,13 +104,6 @@ def _plain_layer_norm(g: Graph, node: Node) -> bool:
     return producer is None or producer.op != "concat" or bool(producer.attrs.get("channel_offsets"))
 
 
-def _window_span(g: Graph, conv: Node) -> int:
-    """The input pixels one output pixel's window spans (``in_layer_norm`` sums each one's channels)."""
-    R, S = g.shapes[conv.inputs[1]][2:]
-    dh, dw = conv.attrs.get("dilation", (1, 1))
-    return ((R - 1) * dh + 1) * ((S - 1) * dw + 1)
-
-
 def _readers(g: Graph, node: Node):
     """The convolutions that read the norm's output when every reader can normalize it itself, else None."""
     x, out = node.inputs[0], node.outputs[0]
@@ -176,8 +169,8 @@ def group_norm_past_pooled_dense(graph: Graph) -> Graph:
     image's. So the pool reads the norm's input, the dense normalizes its rows with the image's statistics as it
     reads them, the affine folded into its weights and bias (``DenseWorkload.in_norm`` with ``norm_partials``: the
     image's mean is the row's, its variance from the statistics kernel's chunk partials), and one kernel is left for
-    the norm:
-    ``group_norm`` with ``stats``, which ``norm_statistics_into_producers`` can move into the norm's producer."""
+    the norm: ``group_norm`` with ``stats``, which ``norm_statistics_into_producers`` can move into the norm's
+    producer."""
     g = graph.copy()
     changed = False
     for node in list(g.nodes):
@@ -329,7 +322,8 @@ def _layer_norm_as_read(g: Graph, node: Node) -> None:
     (``Conv2dWorkload.in_layer_norm``), its statistics summed by the reader itself, so no kernel is left. Not where
     every reader is a 1x1 convolution (the pipeline folded those), nor a norm whose input a concat's parts are read
     in place for."""
-    from tuner.templates.conv2d_nchw4c import MAX_NORM_PIXELS  # the graph passes import tuner.templates lazily
+    from tuner.templates.conv2d_nchw4c import MAX_NORM_PIXELS, window_span  # the graph passes import tuner.templates
+    # lazily; the input pixels one output pixel's window spans, each one's channels summed by the reader
     x, out = node.inputs[0], node.outputs[0]
     shape = g.shapes[x]
     if len(shape) != 4 or not _plain_layer_norm(g, node):
@@ -337,7 +331,9 @@ def _layer_norm_as_read(g: Graph, node: Node) -> None:
     readers = g.consumers(out)
     if out in g.outputs or not readers or any(r.op != "conv2d" or not _reads_normed(g, r, out)
                                               or r.attrs.get("pad_mode", "zeros") != "zeros"
-                                              or _window_span(g, r) > MAX_NORM_PIXELS for r in readers):
+                                              or np.prod(window_span(g.shapes[r.inputs[1]][2:], (1, 1),
+                                                                     r.attrs.get("dilation", (1, 1))))
+                                              > MAX_NORM_PIXELS for r in readers):
         return
     affine = _affine(g, node, shape[1])
     if affine is None:

@@ -311,7 +311,7 @@ def _nchw_axes(axes) -> tuple:
 
 def _nchw_constant(v: np.ndarray, other: tuple) -> np.ndarray:
     """A constant broadcast against an NHWC operand of shape ``other``, for the same op in NCHW: left-padded to rank
-    4 and transposed; one value where all its values are one (signs of zero included) and it does not widen
+    4 and transposed; a single value where all its values are equal (zeros of one sign) and it does not widen
     ``other``."""
     padded = v.reshape((1,) * (4 - v.ndim) + v.shape)
     flat = v.reshape(-1)

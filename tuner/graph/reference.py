@@ -128,10 +128,11 @@ def _evaluate(graph: Graph, node: Node, fn, env: dict) -> np.ndarray:
         # or over the whole image where a GroupNorm(1)'s statistics come with it (``norm_stats``)
         x = np.asarray(ins[0], np.float64)
         axes = (1, 2, 3) if "norm_stats" in extra and x.ndim == 4 else 1
-        var = x.var(axis=axes, keepdims=True)
-        if "norm_stats" in extra and x.ndim == 2:  # a dense's rows, the maps' means of an image: its statistics
+        if "norm_stats" in extra and x.ndim == 2:  # a dense's rows, the maps' means of an image: its variance
             from tuner.templates.dense import image_variance  # (tuner.templates imports tuner.graph)
             var = image_variance(extra["norm_stats"], x.shape, a["norm_hw"])
+        else:
+            var = x.var(axis=axes, keepdims=True)
         ins[0] = (x - x.mean(axis=axes, keepdims=True)) / np.sqrt(var + a["in_norm"])
     if a.get("in_layer_norm") and "in_layer_norm" in fused_ok:  # passes_layer_norm: a LayerNorm over channels and
         # its affine as the convolution reads its input
