@@ -30,7 +30,8 @@
 #   glue    bench/glue.py (issue 35): $GLUE_MODELS exported by torch with PyTorch's CUDA-graph replay timed, then
 #           compiled with the committed logs and --transfer-from auto, checked and profiled under each of
 #           bench/_trees/{$TREES} (compute, reduction and glue kernel time, launches; $GLUE_LOGS: more logs,
-#           $GLUE_LOGS_<tree>: one tree's own; $GLUE_SCOPE:
+#           $GLUE_LOGS_<tree>: one tree's own; model by model, the trees alternating, none started after $DEADLINE s;
+#           $GLUE_SCOPE:
 #           compile's --scope, auto; $PLAN_TIMER: its --plan-timer, python) -> glue_<device>.csv/.md
 #   glue_tune  the same models exported, then the reduction tasks of their plans in $GLUE_SCOPES (auto; e.g.
 #           auto,texture,buffer) tuned ($TRIALS each, 24; until $DEADLINE s; GLUE_UNTUNED=1: also any other task the
@@ -119,12 +120,18 @@ for stage in "$@"; do
         | grep -v "CompilerWarning\|lambda: self._prg\|_create_built\|prg.build" | tail -20 ;;
     glue)
       python3 "$REPO/bench/glue.py" export --work /tmp/gw --cuda ${GLUE_MODELS:+--models "$GLUE_MODELS"} 2>&1 | grep -v Warning | tail -12
-      for tree in ${TREES:-old new}; do
-        own="GLUE_LOGS_$tree"  # a tree's own extra logs (records of a knob the other tree's template lacks)
-        PYTHONPATH="$REPO/bench/_trees/$tree:/tmp/site" python3 "$REPO/bench/glue.py" ours --work /tmp/gw --tree "$tree" \
-          --device nvidia --log "$REPO/logs/*.jsonl${GLUE_LOGS:+,$GLUE_LOGS}${!own:+,${!own}}" ${GLUE_MODELS:+--models "$GLUE_MODELS"} \
-          --scope "${GLUE_SCOPE:-auto}" --plan-timer "${PLAN_TIMER:-python}" 2>&1 \
-          | grep -v "Warning\|warn(\|siblings =" | tail -12
+      # model by model, the trees alternating (the same conditions for each); no new model after $DEADLINE s
+      t_glue=$SECONDS
+      for m in $(echo "${GLUE_MODELS:-$(python3 -c "import sys; sys.path.insert(0, '$REPO/bench'); import glue; print(','.join(glue.MODELS))")}" | tr , ' '); do
+        [ -n "${DEADLINE:-}" ] && [ $((SECONDS - t_glue)) -ge "$DEADLINE" ] && { echo "deadline: $m and later not run"; break; }
+        for tree in ${TREES:-old new}; do
+          own="GLUE_LOGS_$tree"  # a tree's own extra logs (records of a knob the other tree's template lacks)
+          PYTHONPATH="$REPO/bench/_trees/$tree:/tmp/site" python3 "$REPO/bench/glue.py" ours --work /tmp/gw --tree "$tree" \
+            --device nvidia --log "$REPO/logs/*.jsonl${GLUE_LOGS:+,$GLUE_LOGS}${!own:+,${!own}}" --models "$m" \
+            --scope "${GLUE_SCOPE:-auto}" --plan-timer "${PLAN_TIMER:-python}" 2>&1 \
+            | grep -v "Warning\|warn(\|siblings =" | tail -12
+          cp /tmp/gw/ours_*.json /tmp/gw/torch.json "$OUT/" 2>/dev/null  # what is done comes back if the call is cut
+        done
       done
       python3 "$REPO/bench/glue.py" table --work /tmp/gw --out "$OUT" 2>&1 | tail -20 ;;
     tasks)
