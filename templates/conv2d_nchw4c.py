@@ -113,7 +113,8 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
         oh0, ow0 = (gh * cfg.wg_h + th) * t_oh, (gw * cfg.wg_w + tw) * t_ow
         acc = arith.accumulators(b, t_oc * t_oh * t_ow)
         stats = norm_stats(b, X, n, oh0, ow0, (t_oh, t_ow), (H, W), P is not None) if wl.in_norm else None
-        ln = pixel_norms(b, wl, X, n, oh0, ow0, (t_oh, t_ow)) if wl.in_layer_norm else None
+        ln = pixel_norms(b, wl, X, n, oh0, ow0, (t_oh, t_ow), (sk, tk, cfg.wg_w * cfg.wg_h, th * cfg.wg_w + tw)) \
+            if wl.in_layer_norm else None
         gate = response_gate(b, wl, Sc, Rg, n) if Rg is not None else Sc  # the gate as read
         window = "unrolled" if cfg.unroll_rs else "serial"
         tile = LocalTile(b, cfg, (cfg.split_c, t_oh, t_ow), (sh, sw), (dh, dw), (R, S), arith) \
@@ -402,21 +403,34 @@ def pixel_index(wl, tile, yx, r, s):
     return (yx[0] * sh + r * dh) * norm_pixels(wl, tile)[1] + yx[1] * sw + s * dw
 
 
-def pixel_norms(b, wl, X, n, oh0, ow0, tile):
+def pixel_norms(b, wl, X, n, oh0, ow0, tile, split=(1, 0, 1, 0)):
     """``in_layer_norm``'s (mean, rstd) of every input pixel the work-item's windows read (``norm_pixels``; one
     outside the input reads its clamped neighbour, and the padding replaces what it normalizes), two floats a pixel:
     its channels' sums of d = x - K and d^2 (K its first channel, as ``norm_stats``), one pass over the channel
-    blocks before the reduction loop; lanes past C skipped."""
+    blocks before the reduction loop; lanes past C skipped. ``split`` (split_k, tk, work-items a split, this one's
+    index among them): the work-items of a split sum every split_k-th block, as their reduction loop reads them,
+    and add each other's sums through local memory, so that none reads all the channels alone."""
     (N, C, H, W), (sh, sw), (pt, pl, _, _) = wl.data, wl.stride, wl.padding
     C4, (rows, cols) = -(-C // 4), norm_pixels(wl, tile)
+    sk, tk, items, item = split
     at = [(clamp(oh0 * sh - pt + i, H), clamp(ow0 * sw - pl + j, W)) for i in range(rows) for j in range(cols)]
     st = b.allocate("lst", (3 * len(at),), "float32", "private")
     for p, (ih, iw) in enumerate(at):
         start_shifted(b, st, 3 * p, pixel(X, n, as_expr(0), ih, iw))
-    with b.loop("lc", C4, "serial") as cb:
-        for p, (ih, iw) in enumerate(at):
-            add_shifted(b, st, 3 * p, b.let(f"ld{p}", _as_float(pixel(X, n, cb, ih, iw)) - Broadcast(st[3 * p], 4)),
-                        cb, C4, C)
+    with b.loop("lc", -(-C4 // sk), "serial") as lc:
+        cb = lc * sk + tk if sk > 1 else lc
+        with b.if_(cb < C4) if C4 % sk else nullcontext():
+            for p, (ih, iw) in enumerate(at):
+                add_shifted(b, st, 3 * p, b.let(f"ld{p}", _as_float(pixel(X, n, cb, ih, iw)) - Broadcast(st[3 * p], 4)),
+                            cb, C4, C)
+    if sk > 1:  # each work-item's sums, then every work-item adds its split's
+        lsp = b.allocate("lsp", (sk * items * 2 * len(at),), "float32", "local")
+        for j in range(2 * len(at)):
+            b.store(lsp, (tk * items + item) * 2 * len(at) + j, st[3 * (j // 2) + 1 + j % 2])
+        b.barrier()
+        for j in range(2 * len(at)):
+            b.store(st, 3 * (j // 2) + 1 + j % 2, sum((lsp[(k * items + item) * 2 * len(at) + j] for k in range(1, sk)),
+                                                       lsp[item * 2 * len(at) + j]))
     ln = b.allocate("ln", (2 * len(at),), "float32", "private")
     for p in range(len(at)):
         m, rstd = shifted_moments(b, st[3 * p + 1], st[3 * p + 2], C, wl.in_layer_norm, (f"lm{p}", f"lr{p}"))
@@ -567,11 +581,12 @@ def fallback(wl: Conv2dWorkload, info) -> Conv2dConfig:
     while items(tile_oc, tile_ow) * split_k < target and split_k < 32 and not wl.in_norm:
         k = split_k * 2  # the space's limits: channel steps, work-group size, __local partial sums
         if k > v["CG4"] or k > info.max_work_item_sizes[2] or wg_w * wg_h * k > info.max_work_group_size \
-                or k * wg_w * wg_h * tile_oc * tile_ow * 16 > info.local_mem_bytes:
+                or k * wg_w * wg_h * (tile_oc * tile_ow * 16 + (8 * int(np.prod(norm_pixels(wl, (1, tile_ow))))
+                                      if wl.in_layer_norm else 0)) > info.local_mem_bytes:
             break
         split_k = k
     return Conv2dConfig(tile_oc=tile_oc, tile_oh=1, tile_ow=tile_ow, wg_w=wg_w, wg_h=wg_h, split_c=1,
-                        unroll_rs=v["R"] * v["S"] <= 9, vec_load=1 if wl.plain_input else 4,
+                        unroll_rs=v["R"] * v["S"] <= (25 if wl.in_layer_norm else 9), vec_load=1 if wl.plain_input else 4,
                         input_scope="buffer" if wl.plain_input else scope, weight_scope=scope,
                         output_scope="buffer" if wl.plain_output else scope, split_k=split_k)
 

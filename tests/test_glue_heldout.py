@@ -787,6 +787,19 @@ def test_a_convolution_layer_normalizing_what_it_reads_matches_numpy(device, fie
                                    **scopes(scope)) is not None
 
 
+@pytest.mark.parametrize("fields,split_k", [
+    (dict(data=(1, 20, 9, 9), kernel=(8, 20, 3, 3), stride=(2, 2), padding=(1, 1, 1, 1)), 2),
+    (dict(data=(1, 20, 9, 9), kernel=(8, 20, 3, 3), stride=(2, 2), padding=(1, 1, 1, 1)), 4),
+    (dict(data=(1, 10, 8, 8), kernel=(12, 10, 2, 2), stride=(2, 2)), 2)])
+def test_a_split_convolution_layer_normalizing_what_it_reads_matches_numpy(device, fields, split_k):
+    """Under a split (``split_k``) the work-items of a split sum their own channel blocks of each pixel and add each
+    other's sums through local memory (``pixel_norms``), where each summed every channel alone: 5 and 3 channel
+    blocks over 2 and 4 work-items (a ragged last round), against NumPy."""
+    for seed in (1, 2):
+        assert check_random_config(device, "conv2d", dict(**fields, bias=True, in_layer_norm=1e-5), "float32", seed,
+                                   split_k=split_k, input_scope="buffer") is not None
+
+
 @pytest.mark.parametrize("faster", ["applied", "in_convs", "whole"])
 def test_the_plan_puts_norms_in_convolutions_only_where_faster(faster, device, tmp_path):
     """``fastest_plan`` times the plan with the InstanceNorm whole beside the plans of the graphs whose convolutions
