@@ -30,7 +30,8 @@
 #   glue    bench/glue.py (issue 35): $GLUE_MODELS exported by torch with PyTorch's CUDA-graph replay timed, then
 #           compiled with the committed logs and --transfer-from auto, checked and profiled under each of
 #           bench/_trees/{$TREES} (compute, reduction and glue kernel time, launches; $GLUE_LOGS: more logs,
-#           $GLUE_LOGS_<tree>: one tree's own; model by model, the trees alternating, none started after $DEADLINE s;
+#           $GLUE_LOGS_<tree>: one tree's own; model by model, the trees alternating, none started $GLUE_DEADLINE s after
+#           the script's start;
 #           $GLUE_SCOPE:
 #           compile's --scope, auto; $PLAN_TIMER: its --plan-timer, python) -> glue_<device>.csv/.md
 #   glue_tune  the same models exported, then the reduction tasks of their plans in $GLUE_SCOPES (auto; e.g.
@@ -120,11 +121,14 @@ for stage in "$@"; do
         | grep -v "CompilerWarning\|lambda: self._prg\|_create_built\|prg.build" | tail -20 ;;
     glue)
       python3 "$REPO/bench/glue.py" export --work /tmp/gw --cuda ${GLUE_MODELS:+--models "$GLUE_MODELS"} 2>&1 | grep -v Warning | tail -12
-      # model by model, the trees alternating (the same conditions for each); no new model after $DEADLINE s
-      t_glue=$SECONDS
-      for m in $(echo "${GLUE_MODELS:-$(python3 -c "import sys; sys.path.insert(0, '$REPO/bench'); import glue; print(','.join(glue.MODELS))")}" | tr , ' '); do
-        [ -n "${DEADLINE:-}" ] && [ $((SECONDS - t_glue)) -ge "$DEADLINE" ] && { echo "deadline: $m and later not run"; break; }
-        for tree in ${TREES:-old new}; do
+      # model by model, the trees alternating and their order reversed every other model (the same conditions
+      # for each); no new model after $GLUE_DEADLINE s from the script's start
+      models=${GLUE_MODELS:-$(python3 -c "import sys; sys.path.insert(0, sys.argv[1]); import glue; print(','.join(glue.MODELS))" "$REPO/bench")}
+      [ -n "$models" ] || { echo "glue: no model list"; exit 1; }
+      order="${TREES:-old new}"
+      for m in ${models//,/ }; do
+        [ -n "${GLUE_DEADLINE:-}" ] && [ "$SECONDS" -ge "$GLUE_DEADLINE" ] && { echo "deadline: $m and later not run"; break; }
+        for tree in $order; do
           own="GLUE_LOGS_$tree"  # a tree's own extra logs (records of a knob the other tree's template lacks)
           PYTHONPATH="$REPO/bench/_trees/$tree:/tmp/site" python3 "$REPO/bench/glue.py" ours --work /tmp/gw --tree "$tree" \
             --device nvidia --log "$REPO/logs/*.jsonl${GLUE_LOGS:+,$GLUE_LOGS}${!own:+,${!own}}" --models "$m" \
@@ -132,6 +136,7 @@ for stage in "$@"; do
             | grep -v "Warning\|warn(\|siblings =" | tail -12
           cp /tmp/gw/ours_*.json /tmp/gw/torch.json "$OUT/" 2>/dev/null  # what is done comes back if the call is cut
         done
+        order=$(echo $order | tr ' ' '\n' | tac | tr '\n' ' ')
       done
       python3 "$REPO/bench/glue.py" table --work /tmp/gw --out "$OUT" 2>&1 | tail -20 ;;
     tasks)

@@ -408,8 +408,9 @@ def pixel_norms(b, wl, X, n, oh0, ow0, tile, split=(1, 0, 1, 0)):
     outside the input reads its clamped neighbour, and the padding replaces what it normalizes), two floats a pixel:
     its channels' sums of d = x - K and d^2 (K its first channel, as ``norm_stats``), one pass over the channel
     blocks before the reduction loop; lanes past C skipped. ``split`` (split_k, tk, work-items a split, this one's
-    index among them): the work-items of a split sum every split_k-th block, as their reduction loop reads them,
-    and add each other's sums through local memory, so that none reads all the channels alone."""
+    index among them): the work-items of a split sum every split_k-th block (tk's share, as their reduction loop's
+    steps are shared with split_c 1) and add each other's sums through local memory, so that none reads all the
+    channels alone."""
     (N, C, H, W), (sh, sw), (pt, pl, _, _) = wl.data, wl.stride, wl.padding
     C4, (rows, cols) = -(-C // 4), norm_pixels(wl, tile)
     sk, tk, items, item = split
@@ -611,13 +612,14 @@ def _out_norm_fallback(wl: Conv2dWorkload, v: dict, info, scope: str) -> Conv2dC
         raise ValueError(f"out_norm: no work-group of this device holds a whole {v['OH']}x{v['OW']} output plane")
     tile_oh, tile_ow, wg_h, wg_w = pick
     cfg = Conv2dConfig(tile_oc=v["norm_blocks"], tile_oh=tile_oh, tile_ow=tile_ow, wg_w=wg_w, wg_h=wg_h,
-                       unroll_rs=v["R"] * v["S"] <= 9, vec_load=1 if wl.plain_input else 4,
+                       unroll_rs=v["R"] * v["S"] <= (25 if wl.in_layer_norm else 9), vec_load=1 if wl.plain_input else 4,
                        input_scope="buffer" if wl.plain_input else scope, weight_scope=scope,
                        output_scope="buffer" if wl.plain_output else scope)
     split_k, items = 1, wg_w * wg_h
     while True:
         k = split_k * 2
-        local = items * k * (32 * cfg.tile_oc + cfg.tile_oc * tile_oh * tile_ow * 16)
+        local = items * k * (32 * cfg.tile_oc + cfg.tile_oc * tile_oh * tile_ow * 16
+                             + (8 * int(np.prod(norm_pixels(wl, (tile_oh, tile_ow)))) if wl.in_layer_norm else 0))
         if items * k > most or k > v["CG4"] or k > 32 or k > info.max_work_item_sizes[2] \
                 or local > info.local_mem_bytes:
             break

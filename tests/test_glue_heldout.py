@@ -787,6 +787,23 @@ def test_a_convolution_layer_normalizing_what_it_reads_matches_numpy(device, fie
                                    **scopes(scope)) is not None
 
 
+@pytest.mark.parametrize("kind", ["CPU", "GPU"])
+def test_the_fallback_of_a_convolution_layer_normalizing_what_it_reads_is_in_its_space(device, kind):
+    """``in_layer_norm``'s fallback, with and without a norm in the epilogue (``out_norm``): unrolled windows up to
+    5x5 (``layer_norm_unrolled``), a split's pixel sums counted in local memory -- a valid config of the space."""
+    import dataclasses
+
+    from tuner.templates import get_template
+    t = get_template("conv2d")
+    info = dataclasses.replace(device.info, type=kind, max_work_group_size=1024, max_work_item_sizes=(1024, 1024, 64))
+    for k, stride in ((2, 2), (3, 2), (5, 1)):
+        for extra in ({}, dict(out_norm=(8, 1e-5))):
+            wl = t.workload(data=(1, 40, 14, 14), kernel=(64, 40, k, k), stride=stride, padding=(k - 1) // 2,
+                            bias=True, in_layer_norm=1e-6, **extra)
+            cfg = t.fallback(wl, info)
+            assert cfg.unroll_rs and not t.space(wl, info).violations(t.config_values(wl, cfg)), (k, extra, cfg)
+
+
 @pytest.mark.parametrize("fields,split_k", [
     (dict(data=(1, 20, 9, 9), kernel=(8, 20, 3, 3), stride=(2, 2), padding=(1, 1, 1, 1)), 2),
     (dict(data=(1, 20, 9, 9), kernel=(8, 20, 3, 3), stride=(2, 2), padding=(1, 1, 1, 1)), 4),

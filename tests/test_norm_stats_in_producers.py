@@ -598,10 +598,25 @@ def test_the_space_counts_the_local_memory_of_the_new_statistics(device, templat
     assert checked >= 3
 
 
-def _local_memory_refusals(device, name: str, fields: dict, seed: int, samples: int):
+@pytest.mark.parametrize("extra,split_k,constraint", [
+    ({}, 2, "split_k_partials"), (dict(out_stats=1), 4, "out_stats_local"), (dict(out_stats=8), 2, "out_stats_local"),
+    (dict(out_norm=(8, 1e-5)), 4, "out_norm_local")], ids=["plain", "gn1-stats", "group-stats", "out-norm"])
+def test_the_space_counts_a_splits_layer_norm_sums(device, extra, split_k, constraint):
+    """Under a split, a convolution applying a LayerNorm as read adds its work-items' pixel sums through local
+    memory (``pixel_norms``) beside the split's partial sums, and beside a statistics or norm epilogue's: on a
+    device with one byte less local memory than a config's kernel declares, the space refuses that config."""
+    fields = dict(data=(1, 40, 14, 14), kernel=(64, 40, 3, 3), stride=(2, 2), padding=1, bias=True,
+                  in_layer_norm=1e-6, **extra)
+    for cfg, src, used, refused in _local_memory_refusals(device, "conv2d", fields, seed=split_k, samples=3,
+                                                          split_k=split_k):
+        assert "lsp[" in src and used > 0
+        assert constraint in refused, (cfg, used, refused)
+
+
+def _local_memory_refusals(device, name: str, fields: dict, seed: int, samples: int, **fixed):
     """Yield ``(config, source, local bytes it declares, the constraints that refuse it on a device with one byte
     less local memory)`` for ``samples`` random buffer-scope configs of template ``name`` on a large GPU-like
-    device."""
+    device (``fixed``: knobs held)."""
     import dataclasses
     import re
 
@@ -610,7 +625,7 @@ def _local_memory_refusals(device, name: str, fields: dict, seed: int, samples: 
     big = dataclasses.replace(device.info, type="GPU", max_work_group_size=1024, max_work_item_sizes=(1024, 1024, 64),
                               local_mem_bytes=1 << 20, image_support=False)
     wl = t.workload(**fields)
-    scopes = scope_knobs({"input": "buffer", "weight": "buffer", "output": "buffer"})
+    scopes = {**scope_knobs({"input": "buffer", "weight": "buffer", "output": "buffer"}), **fixed}
     space = t.space(wl, big, **t.model_knobs, **scopes)
     rng = np.random.default_rng(seed)
     bytes_of = {"float4": 16, "float": 4, "int": 4, "half4": 8, "half": 2}
