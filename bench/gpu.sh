@@ -64,6 +64,10 @@ set -uo pipefail
 shopt -s expand_aliases
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+# the checkout with bench/results/ and logs/ is over what the device tool copies (64 MiB): a copy without them
+# (git sparse-checkout set --no-cone '/*' '!/bench/results/' '!/logs/') carries the logs as bench/_trees/logs.tgz
+# (tar czf bench/_trees/logs.tgz logs/*.jsonl), unpacked here
+if ! ls logs/*.jsonl > /dev/null 2>&1 && [ -f bench/_trees/logs.tgz ]; then tar xzf bench/_trees/logs.tgz; fi
 if [ ! -d /tmp/site/tuner ]; then  # the wheels, then this checkout as a package (templates/ -> tuner.templates)
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>&1 | tail -3
   PYTHONPATH=/tmp/site python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site . 2>&1 | tail -3
