@@ -396,6 +396,19 @@ def norm_pixels(wl, tile) -> tuple:
     return window_span(wl.kernel[2:], wl.stride, wl.dilation, tile)
 
 
+def split_norm_bytes(wl, tile) -> int:
+    """``in_layer_norm`` under a split: the local memory one work-item's pixel sums take (``pixel_norms``' two
+    floats a pixel its windows span); 0 without it."""
+    return 8 * int(np.prod(norm_pixels(wl, tile))) if wl.in_layer_norm else 0
+
+
+def unrolled_window(wl) -> bool:
+    """The fallbacks' ``unroll_rs``: windows up to 3x3, up to 5x5 where each tap's pixel statistics need a constant
+    index (``in_layer_norm``; the space's ``layer_norm_unrolled``)."""
+    R, S = wl.kernel[2:]
+    return R * S <= (25 if wl.in_layer_norm else 9)
+
+
 def pixel_index(wl, tile, yx, r, s):
     """``in_layer_norm``: the index among ``norm_pixels`` of the input pixel that output (y, x) of the tile reads
     at window tap (r, s)."""
@@ -582,12 +595,12 @@ def fallback(wl: Conv2dWorkload, info) -> Conv2dConfig:
     while items(tile_oc, tile_ow) * split_k < target and split_k < 32 and not wl.in_norm:
         k = split_k * 2  # the space's limits: channel steps, work-group size, __local partial sums
         if k > v["CG4"] or k > info.max_work_item_sizes[2] or wg_w * wg_h * k > info.max_work_group_size \
-                or k * wg_w * wg_h * (tile_oc * tile_ow * 16 + (8 * int(np.prod(norm_pixels(wl, (1, tile_ow))))
-                                      if wl.in_layer_norm else 0)) > info.local_mem_bytes:
+                or k * wg_w * wg_h * (tile_oc * tile_ow * 16 + split_norm_bytes(wl, (1, tile_ow))) \
+                > info.local_mem_bytes:
             break
         split_k = k
     return Conv2dConfig(tile_oc=tile_oc, tile_oh=1, tile_ow=tile_ow, wg_w=wg_w, wg_h=wg_h, split_c=1,
-                        unroll_rs=v["R"] * v["S"] <= (25 if wl.in_layer_norm else 9), vec_load=1 if wl.plain_input else 4,
+                        unroll_rs=unrolled_window(wl), vec_load=1 if wl.plain_input else 4,
                         input_scope="buffer" if wl.plain_input else scope, weight_scope=scope,
                         output_scope="buffer" if wl.plain_output else scope, split_k=split_k)
 
@@ -612,14 +625,14 @@ def _out_norm_fallback(wl: Conv2dWorkload, v: dict, info, scope: str) -> Conv2dC
         raise ValueError(f"out_norm: no work-group of this device holds a whole {v['OH']}x{v['OW']} output plane")
     tile_oh, tile_ow, wg_h, wg_w = pick
     cfg = Conv2dConfig(tile_oc=v["norm_blocks"], tile_oh=tile_oh, tile_ow=tile_ow, wg_w=wg_w, wg_h=wg_h,
-                       unroll_rs=v["R"] * v["S"] <= (25 if wl.in_layer_norm else 9), vec_load=1 if wl.plain_input else 4,
+                       unroll_rs=unrolled_window(wl), vec_load=1 if wl.plain_input else 4,
                        input_scope="buffer" if wl.plain_input else scope, weight_scope=scope,
                        output_scope="buffer" if wl.plain_output else scope)
     split_k, items = 1, wg_w * wg_h
     while True:
         k = split_k * 2
         local = items * k * (32 * cfg.tile_oc + cfg.tile_oc * tile_oh * tile_ow * 16
-                             + (8 * int(np.prod(norm_pixels(wl, (tile_oh, tile_ow)))) if wl.in_layer_norm else 0))
+                             + split_norm_bytes(wl, (tile_oh, tile_ow)))
         if items * k > most or k > v["CG4"] or k > 32 or k > info.max_work_item_sizes[2] \
                 or local > info.local_mem_bytes:
             break
