@@ -44,8 +44,17 @@ HERE = Path(__file__).resolve().parent
 COMPUTE = ("conv2d", "depthwise_conv2d", "dense", "winograd2", "winograd4", "matmul")
 REDUCTIONS = ("spatial_reduce", "group_norm", "layer_norm", "softmax", "se_gate")
 # compute layers a template step runs besides COMPUTE's one each: a squeeze-excite block's two 1x1 convolutions in
-# its se_gate (issue 55, item 2), so that a model's compute layers do not change when they fuse
+# its se_gate (issue 55, item 2), so that a model's compute layers do not change when they fuse -- or in the
+# depthwise convolution that computes the gate of its output (``gate``), or the convolution that computes the gate
+# it reads (``in_gate``): ``extra_layers``
 EXTRA_COMPUTE_LAYERS = {"se_gate": 2}
+GATE_FIELDS = ("gate", "in_gate")
+
+
+def extra_layers(template: str | None, workload) -> int:
+    """The compute layers a step (its template and workload: a dataclass or a key's dict) runs besides its own."""
+    get = workload.get if isinstance(workload, dict) else lambda k, d=None: getattr(workload, k, d)
+    return EXTRA_COMPUTE_LAYERS.get(template or "", 0) + (2 if any(get(k, 0) for k in GATE_FIELDS) else 0)
 MODELS = ("tv_efficientnet_b0", "tv_mobilenet_v3_large", "tv_shufflenet_v2_x1_0", "tv_regnet_y_400mf",
           "poolformer_s12", "style_in", "gn32_resnet", "tv_convnext_tiny")
 
@@ -269,7 +278,7 @@ def cmd_ours(args) -> int:
         except Exception as e:  # noqa: BLE001 - a tree or machine without the native runtime: said, not fatal
             print(f"{name} [{args.tree}]: no native timing: {e}", flush=True)
         r = out[name]
-        r["compute_nodes"] += sum(EXTRA_COMPUTE_LAYERS.get(x.get("template") or "", 0) for x in rows)
+        r["compute_nodes"] += sum(extra_layers(n.template, n.workload or {}) for n in mod.spec.nodes)
         print(f"{name} [{args.tree}]: err {err:.1e}, latency {r['latency_s'] * 1e3:.3f} ms "
               f"(native {r.get('native_latency_s', float('nan')) * 1e3:.3f}), kernels "
               f"{r['kernel_total_s'] * 1e3:.3f} ms (compute {r['compute_s'] * 1e3:.3f}, reduction "
@@ -286,8 +295,9 @@ def cmd_ours(args) -> int:
 def _rewrite(name: str):
     """``--rewrite``: the graph rewrite of a plan the compile times beside the graph's own, or None."""
     from tuner.graph.passes_layer_norm import norm_statistics_into_producers, norms_applied_as_read
-    from tuner.graph.passes_se import gates_in_depthwise
-    return {"": None, "gates-in-producers": gates_in_depthwise, "stats-in-producers": norm_statistics_into_producers,
+    from tuner.graph.passes_se import gates_in_depthwise, gates_in_readers
+    return {"": None, "gates-in-producers": gates_in_depthwise, "gates-in-readers": gates_in_readers,
+            "stats-in-producers": norm_statistics_into_producers,
             "norms-as-read": norms_applied_as_read,
             "norms-as-read+stats-in-producers": lambda g: norm_statistics_into_producers(norms_applied_as_read(g))
             }[name]
@@ -302,7 +312,8 @@ def cmd_tune(args) -> int:
     only those templates' tasks; ``--again``: those --log holds records of too (each task's best before and after
     is printed); ``--rewrite``: only the tasks that a plan the compile times beside the graph's own has and that one
     lacks -- ``gates-in-producers``: each squeeze-excite gate computed by its depthwise producer
-    (``passes_se.gates_in_depthwise``); ``stats-in-producers``: each GroupNorm(1)'s statistics written by its
+    (``passes_se.gates_in_depthwise``); ``gates-in-readers``: by the convolutions that read it
+    (``passes_se.gates_in_readers``); ``stats-in-producers``: each GroupNorm(1)'s statistics written by its
     producer (``passes_layer_norm.norm_statistics_into_producers``); ``norms-as-read+stats-in-producers``: every
     norm applied by its readers, its statistics (an InstanceNorm's, a GroupNorm's) by its producer. A convolution
     that writes statistics keeps its plain key (``Conv2dWorkload.out_stats``: the records apply), so of those two
@@ -419,7 +430,7 @@ def cmd_plans(args) -> int:
         ops = [s.op for s in plan.steps]
         glue = {op: ops.count(op) for op in dict.fromkeys(ops) if op not in COMPUTE + REDUCTIONS}
         reductions = {op: ops.count(op) for op in dict.fromkeys(ops) if op in REDUCTIONS}
-        layers = sum(op in COMPUTE for op in ops) + sum(EXTRA_COMPUTE_LAYERS.get(op, 0) for op in ops)
+        layers = sum(op in COMPUTE for op in ops) + sum(extra_layers(s.op, s.workload) for s in plan.steps)
         print(f"{name}: {len(ops)} kernels for {layers} compute layers ({len(ops) / max(layers, 1):.2f}): "
               f"reductions {reductions}, glue {sum(glue.values())} {glue}")
         if args.patterns:
@@ -497,8 +508,9 @@ def main(argv=None) -> int:
                    "whose space grew a knob), tuned afresh into --out-log (the fallback first)")
     p.add_argument("--templates", default="", help="tune: only the tasks of these templates (comma-separated) that "
                    "--log has no record of (with --again: all of them), e.g. depthwise_conv2d,se_gate")
-    p.add_argument("--rewrite", default="", choices=("", "gates-in-producers", "stats-in-producers", "norms-as-read",
-                                                   "norms-as-read+stats-in-producers"), help="tune, plans: the tasks "
+    p.add_argument("--rewrite", default="", choices=("", "gates-in-producers", "gates-in-readers", "stats-in-producers",
+                                                     "norms-as-read", "norms-as-read+stats-in-producers"),
+                   help="tune, plans: the tasks "
                    "or the plan of this rewrite of each model's graph (a plan the compile times beside its own)")
     p.add_argument("--out", default=str(HERE / "results" / "glue"))
     p.add_argument("--onnx", nargs="*", default=[], help="link: the ONNX files")

@@ -415,6 +415,13 @@ class Conv2dWorkload:
     # + eps)`` (this eps), gamma and c from ``Rg`` (float32, (2 * C4, 4)): ConvNeXtV2's GRN, whose gate needs the
     # mean over the channels, with no kernel for it (``passes_response_norm.response_gates_in_convs``); each
     # work-item sums G's C4 blocks first. Not with scale_rows; in the key when set
+    in_gate: int = 0  # S > 0, with in_scale: the gate computed from S by every work-group before its reduction loop
+    # -- S holds the row sums (N, C, H, 1) of the input's maps (its depthwise producer's ``row_sums``) and the gate
+    # is ``se_gate``'s with S squeeze channels: the maps' means, the squeeze (W1, B1, ``gate_act1``), the excite (W2,
+    # B2, ``gate_activation``), kept in local memory (``passes_se.gates_in_readers``: no launch for the gate). Not
+    # with scale_rows, in_response or any norm as read; in the key when set
+    gate_act1: str = "none"  # with in_gate: the squeeze's activation (``se_gate``'s act1); in the key with in_gate
+    gate_activation: str = "none"  # with in_gate: the gate's activation (Sigmoid, HardSigmoid); in the key with it
     in_layer_norm: float = 0.0  # > 0: the input layer-normalized over its channels at each pixel (this epsilon) as it
     # is read, (x - mean) * rstd * gamma + beta before any padding of zeros, gamma and beta from ``A`` (float32,
     # (2 * C4, 4)) -- a LayerNorm over channels read by convolutions of any window (ConvNeXt's, EdgeNeXt's and
@@ -519,6 +526,17 @@ class Conv2dWorkload:
                 raise ValueError(f"in_response {self.in_response}: a response norm's epsilon (> 0) for a gate "
                                  "computed from S (in_scale, not scale_rows), with no in_norm, in_group_norm or "
                                  "in_layer_norm")
+        set_("in_gate", int(self.in_gate))
+        set_("gate_act1", canonical(self.gate_act1))
+        set_("gate_activation", canonical(self.gate_activation))
+        if self.in_gate and (self.in_gate < 0 or not self.in_scale or self.scale_rows or self.in_response
+                             or self.in_layer_norm or self.in_group_norm or self.in_norm or self.in_read
+                             or "prelu" in (self.gate_act1, self.gate_activation)):
+            raise ValueError(f"in_gate {self.in_gate}: the squeeze channels (> 0) of a gate computed from the row sums "
+                             "S (in_scale, not scale_rows), with no in_response, norm as read or in_read, and "
+                             "activations without parameters")
+        if not self.in_gate and (self.gate_act1, self.gate_activation) != ("none", "none"):
+            raise ValueError("gate_act1 and gate_activation are in_gate's activations: they need in_gate")
         if self.in_layer_norm:
             set_("in_layer_norm", float(self.in_layer_norm))
             if self.in_layer_norm < 0 or self.groups != 1 or self.pad_mode != "zeros" or self.in_norm \
@@ -592,7 +610,8 @@ class Conv2dWorkload:
         return {"op": "conv2d", **{k: in_read_text(v) if k == "in_read" else _listed(v) for k, v in asdict(self).items()
                                    if (k not in ("in_scale", "in_read", "scale_rows", "in_norm", "norm_partials",
                                                  "in_group_norm", "in_layer_norm", "in_response", "out_norm",
-                                                 "residual_scale") or v)
+                                                 "residual_scale", "in_gate") or v)
+                                   and (k not in ("gate_act1", "gate_activation") or self.in_gate)
                                    and (k != "pad_mode" or v != "zeros")
                                    and k not in ("out_view", "side_copy", "shuffle_view", "patch_view", "plain_input",
                                                  "plain_output", "out_stats")}}
@@ -1005,8 +1024,10 @@ def scale_operand(wl, cfg):
 
 
 def scale_shape(wl) -> tuple:
-    """The gate S's shape: (N, C, 1, 1), or (N, C, H, 1) with ``scale_rows``."""
-    return (wl.data[0], wl.data[1], wl.data[2] if getattr(wl, "scale_rows", False) else 1, 1)
+    """The gate S's shape: (N, C, 1, 1), or (N, C, H, 1) with ``scale_rows`` (a gate a row) or ``in_gate`` (the
+    maps' row sums the gate is computed from)."""
+    rows = getattr(wl, "scale_rows", False) or getattr(wl, "in_gate", 0)
+    return (wl.data[0], wl.data[1], wl.data[2] if rows else 1, 1)
 
 
 def bias_buffer(O: int, dtype: str, weight_scope: str):

@@ -22,15 +22,18 @@ from tuner.ir.kernel import Program
 from tuner.ir.gather import gather_pixel
 from tuner.ir.schedule import cache_read
 from tuner.templates.reduction import (StagedTile, add_shifted, as_float as _as_float, as_stored, channel_blocks,
-                                       hsum, last_group_statistics, last_group_unit_statistics, local_tree,
+                                       hsum, packed, last_group_statistics, last_group_unit_statistics, local_tree,
                                        norm_units, pow2_ceil, read_norm_operands, shifted_moments, start_shifted,
                                        stats_workspaces, sum_partials, unit_factors, unit_blocks, unit_first_block,
                                        unit_normed, unit_statistics, unit_statistics_layout, unit_stats_workspaces)
+from tuner.templates.se_gate import GateSteps, SEGateWorkload, gate_params, shared_gate_bytes, shared_gate_rule
+from tuner.templates.se_gate import random_inputs as gate_inputs, reference as gate_reference
 from tuner.templates.common import (EPILOGUE_ARGS, MODEL_KNOBS, PAD_MODE_ARG, WINDOW_ARGS, Arithmetic,
                                     Conv2dWorkload, LocalTile, clamp, Template, WorkloadArg, _log2, declare_operands,
                                     fit_work_group, gpu_fill_target, input_pixel, is_depthwise, node_epilogue, pixel,
                                     input_parts, padded, padded_tap, params_of, random_inputs, read_parts_numpy,
-                                    reference, response_gate_numpy, scale_operand, scope_layout, split_sums,
+                                    reference, response_gate_numpy, scale_operand, scale_shape, scope_layout,
+                                    split_sums,
                                     store_tile, texture_scopes,
                                     value, window_features, window_fields)
 
@@ -82,7 +85,8 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
     Na = buffer("Na", (2 * OB, 4), "float32", "global") if wl.out_norm else None
     Rs = buffer("Rs", (OB, 4), "float32", "global") if wl.residual_scale else None
     St = buffer("St", (N * norm_units(O, int(wl.out_stats)) * 2, 4), "float32", "global") if wl.out_stats else None
-    operands = (*params_of(X), Sc, Rg, Wt, B, Res, Y, Xs, P, Q, A, Na, Rs, St)
+    Gw = gate_weights(wl)  # in_gate's squeeze and excite weights (W1, B1, W2, B2)
+    operands = (*params_of(X), Sc, Rg, Wt, B, Res, Y, Xs, P, Q, A, Na, Rs, St, *Gw)
     if wl.in_read and cfg.cache_input:
         raise ValueError("cache_input copies one input buffer; an input read in parts (in_read) has several")
 
@@ -109,13 +113,15 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
             b.loop("gh", g_h, "group.1") as gh, b.loop("th", cfg.wg_h, "local.1") as th, \
             b.loop("gw", g_w, "group.0") as gw, b.loop("tw", cfg.wg_w, "local.0") as tw:
         n, obb = nb // n_ob, nb % n_ob
+        gate = input_gate(b, wl, Sc, Gw, n, (tk * cfg.wg_h + th) * cfg.wg_w + tw, cfg.wg_w * cfg.wg_h * sk) \
+            if wl.in_gate else Sc  # computed by the work-group first: its barriers before any guarded code
         grp = (obb * t_oc) // OBG if G > 1 else 0  # a tile's output blocks are all in one group
         oh0, ow0 = (gh * cfg.wg_h + th) * t_oh, (gw * cfg.wg_w + tw) * t_ow
         acc = arith.accumulators(b, t_oc * t_oh * t_ow)
         stats = norm_stats(b, X, n, oh0, ow0, (t_oh, t_ow), (H, W), P is not None) if wl.in_norm else None
         ln = pixel_norms(b, wl, X, n, oh0, ow0, (t_oh, t_ow), (sk, tk, cfg.wg_w * cfg.wg_h, th * cfg.wg_w + tw)) \
             if wl.in_layer_norm else None
-        gate = response_gate(b, wl, Sc, Rg, n) if Rg is not None else Sc  # the gate as read
+        gate = response_gate(b, wl, Sc, Rg, n) if Rg is not None else gate  # the gate as read
         window = "unrolled" if cfg.unroll_rs else "serial"
         tile = LocalTile(b, cfg, (cfg.split_c, t_oh, t_ow), (sh, sw), (dh, dw), (R, S), arith) \
             if cfg.local_input else None
@@ -331,6 +337,47 @@ def gated(pixel, Sc, n, cb, arith, ih):
     if callable(Sc):
         return pixel * arith.load(Sc(cb))
     return pixel * arith.load(Sc[n, Ramp(cb * 4, as_expr(1), 4), gate_row(Sc, ih), 0])
+
+
+def gate_weights(wl) -> tuple:
+    """``in_gate``'s weights as ``se_gate`` takes them (W1 and W2 (S, C) packed by 4 along C, B1 (S,), B2 (C,)),
+    global buffers in every scope; () without it."""
+    if not wl.in_gate:
+        return ()
+    S, C = wl.in_gate, wl.data[1]
+    return (packed("W1", (S, C), wl.dtype, "buffer"), buffer("B1", (S,), wl.dtype, "global", "bias4_buffer"),
+            packed("W2", (S, C), wl.dtype, "buffer"), buffer("B2", (C,), wl.dtype, "global", "bias4_buffer"))
+
+
+def input_gate(b, wl, rows, weights, n, lid, L: int):
+    """``in_gate``: the work-group of ``L`` work-items (flat id ``lid``) computes image ``n``'s squeeze-excite gate
+    into local memory before its reduction loop -- the means of the input's maps from their row sums ``rows``
+    (``S``: N, C, H, 1), then ``se_gate``'s squeeze and excite (``GateSteps``, shared as the work-group's size
+    allows: ``shared_gate_rule``) -- so that no launch runs for the gate. Every work-group computes the same gate
+    (the weights read from the cache after the first). A function of the channel block, as ``response_gate``."""
+    (_, C, H, W), S = wl.data, wl.in_gate
+    C4 = -(-C // 4)
+    K, E, loop = shared_gate_rule(L, S, C4)
+    gate = b.allocate("igate", (C4,), "float32x4", "local")
+    steps = GateSteps(S, C4, wl.gate_act1, wl.gate_activation, L, K, 1, E, loop, tuple(weights), gate)
+    pooled = b.allocate("ipooled", (C4,), "float32x4", "local")
+    hidden = b.allocate("ihidden", (S,), "float32", "local")
+    red1 = b.allocate("ired1", (L,), "float32", "local") if K > 1 else None
+    red2 = b.allocate("ired2", (L,), "float32x4", "local") if E > 1 else None
+    steps.pool_rows(b, n, lid, rows, H * W, pooled)
+    steps.squeeze(b, lid, red1, hidden, C4, steps.dot_w1(pooled))
+    steps.excite(b, n, as_expr(0), lid, hidden, red2)
+    b.barrier()  # every block's gate stored before any work-item reads one
+    return lambda cb: gate[cb]
+
+
+def gate_local_bytes(wl, L: int) -> int:
+    """The local memory ``input_gate`` takes in a work-group of ``L`` work-items: the block means and the gate (a
+    float4 a block each), the squeeze channels and the trees; 0 without ``in_gate``."""
+    if not wl.in_gate:
+        return 0
+    C4 = -(-wl.data[1] // 4)
+    return 32 * C4 + shared_gate_bytes(L, wl.in_gate, C4)
 
 
 def response_gate(b, wl, Sc, Rg, n):
@@ -549,7 +596,7 @@ def space_vars(wl: Conv2dWorkload) -> dict:
                 in_group_norm=bool(wl.in_group_norm), zero_padding=wl.pad_mode == "zeros" and any(wl.padding),
                 in_layer_norm=bool(wl.in_layer_norm),
                 out_norm=bool(wl.out_norm), norm_blocks=out_norm_blocks(wl) if wl.out_norm else 1,
-                out_stats=bool(wl.out_stats), stats_blocks=stats_blocks(wl))
+                out_stats=bool(wl.out_stats), stats_blocks=stats_blocks(wl), in_gate=wl.in_gate)
 
 
 def stats_blocks(wl: Conv2dWorkload) -> int:
@@ -596,7 +643,7 @@ def fallback(wl: Conv2dWorkload, info) -> Conv2dConfig:
         k = split_k * 2  # the space's limits: channel steps, work-group size, __local partial sums
         if k > v["CG4"] or k > info.max_work_item_sizes[2] or wg_w * wg_h * k > info.max_work_group_size \
                 or k * wg_w * wg_h * (tile_oc * tile_ow * 16 + split_norm_bytes(wl, (1, tile_ow))) \
-                > info.local_mem_bytes:
+                + gate_local_bytes(wl, k * wg_w * wg_h) > info.local_mem_bytes:
             break
         split_k = k
     return Conv2dConfig(tile_oc=tile_oc, tile_oh=1, tile_ow=tile_ow, wg_w=wg_w, wg_h=wg_h, split_c=1,
@@ -644,9 +691,29 @@ def _out_norm_fallback(wl: Conv2dWorkload, v: dict, info, scope: str) -> Conv2dC
 
 def _reference(wl: Conv2dWorkload, inputs: dict):
     scale = inputs.get("S") if not wl.in_response else response_gate_numpy(inputs["S"], inputs["Rg"], wl.in_response)
+    if wl.in_gate:  # se_gate's reference of the maps' row sums
+        scale = gate_reference(SEGateWorkload(scale_shape(wl), wl.in_gate, wl.gate_act1, wl.gate_activation,
+                                              pixels=wl.data[2] * wl.data[3]), {**inputs, "X": inputs["S"]})
     y = reference(wl, read_parts_numpy(wl, inputs), inputs["Wt"], inputs.get("B"), inputs.get("Res"),
                   scale, inputs.get("A"), inputs.get("Na"), inputs.get("Rs"))
     return {"Y": y, "St": unit_statistics(y, int(wl.out_stats))} if wl.out_stats else y
+
+
+GATE_INPUTS = ("W1", "B1", "W2", "B2")  # ``in_gate``'s weights, as ``se_gate`` takes them
+
+
+def _random_inputs(wl: Conv2dWorkload, rng) -> dict:
+    """``common.random_inputs``; with ``in_gate`` S the row sums of the maps of X (as a depthwise producer writes
+    them) and the squeeze's and excite's weights as ``se_gate``'s tests draw them."""
+    inputs = random_inputs(wl, rng)
+    if wl.in_gate:
+        x = inputs["X"].astype(np.float64) + 0.5  # a pool of post-activation values: a mean off zero
+        inputs["X"] = x.astype(wl.dtype)
+        inputs["S"] = x.sum(axis=3, keepdims=True).astype(wl.dtype)
+        drawn = gate_inputs(SEGateWorkload(scale_shape(wl), wl.in_gate, wl.gate_act1, wl.gate_activation, wl.dtype),
+                            rng)
+        inputs.update({k: drawn[k] for k in GATE_INPUTS})
+    return inputs
 
 
 def features(v: dict, k: dict) -> dict:
@@ -717,7 +784,13 @@ def lower(ctx, node, ins):
                 full[k * og:(k + 1) * og, k * cg:(k + 1) * cg] = w[k * og:(k + 1) * og]
             w_name, w_shape, groups = f"{node.name}.block_diagonal_w", full.shape, 1
             extra[w_name] = full
-    rows = "S" in inputs and ctx.shape(node.attrs["in_scale"])[2] > 1  # a gate a channel and row (N, C, H, 1)
+    if node.attrs.get("in_gate"):  # passes_se.gates_in_readers: the gate computed from S, the maps' row sums
+        gate_extra, gate_inputs, fields["in_gate"] = gate_params(ctx.graph, node.name, node.attrs["in_gate"])
+        extra.update(gate_extra)
+        inputs.update(gate_inputs)
+        fields["gate_act1"], fields["gate_activation"] = node.attrs["in_gate_acts"]
+    rows = "S" in inputs and ctx.shape(node.attrs["in_scale"])[2] > 1 and not node.attrs.get("in_gate")
+    # a gate a channel and row (N, C, H, 1)
     wl = Conv2dWorkload(data=data, kernel=w_shape, groups=groups, residual="Res" in inputs, in_scale="S" in inputs,
                         scale_rows=rows,
                         pad_mode=node.attrs.get("pad_mode", "zeros"), **window_fields(node), **fields)
@@ -755,8 +828,10 @@ VARIABLES = dict(N="batch", C="input channels", H="input height", W="input width
                  out_norm="the output group-normalized in the epilogue (a work-group holds whole groups)",
                  norm_blocks="with out_norm: output blocks a tile holds together (a group's)",
                  out_stats="the output's norm statistics written too (a local tree a work-group)",
-                 stats_blocks="with out_stats: the blocks of 4 channels of the norm's unit (0: the whole image)")
-TEMPLATE = Template("conv2d", Conv2dWorkload, Conv2dConfig, conv2d_nchw4c, _reference, random_inputs,
+                 stats_blocks="with out_stats: the blocks of 4 channels of the norm's unit (0: the whole image)",
+                 in_gate="the squeeze channels of a squeeze-excite gate each work-group computes from the input's row "
+                 "sums (0: none)")
+TEMPLATE = Template("conv2d", Conv2dWorkload, Conv2dConfig, conv2d_nchw4c, _reference, _random_inputs,
                     fallback, space_vars, VARIABLES, features=features, model_knobs=MODEL_KNOBS,
                     workload_args=WORKLOAD_ARGS, graph_ops=("conv2d",), lower=lower,
                     reduction=lambda wl: wl.data[1] // wl.groups * wl.kernel[2] * wl.kernel[3], side_outputs=("St",))

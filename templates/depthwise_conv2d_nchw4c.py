@@ -26,8 +26,8 @@ from tuner.templates.common import (MODEL_KNOBS, Arithmetic, Conv2dWorkload, Loc
                                            window_fields,
                                            padded_windows, random_inputs, reference_epilogue, scope_layout,
                                            store_tile, texture_scopes, window_features)
-from tuner.templates.reduction import SLOT_ALIGN, global_fence, packed, pow2_floor
-from tuner.templates.se_gate import GateSteps, SEGateWorkload, gate_params
+from tuner.templates.reduction import SLOT_ALIGN, global_fence, packed
+from tuner.templates.se_gate import GateSteps, SEGateWorkload, gate_params, shared_gate_rule
 from tuner.templates.se_gate import random_inputs as gate_inputs, reference as gate_reference
 
 
@@ -264,10 +264,7 @@ def gate_rule(wl: DepthwiseWorkload, cfg: DepthwiseConfig) -> tuple:
     (``excite_split``), as many as the work-group has to spare, up to 16 (powers of two that divide the
     work-group's size: the space's sizes are powers of two); the weights' loops unrolled where they are short
     (their loads in flight together)."""
-    L, S, CB = cfg.wg_w * cfg.wg_h, wl.gate, -(-wl.data[1] // 4)
-    K = max(1, min(pow2_floor(L // S), pow2_floor(CB), 16, L & -L))
-    E = max(1, min(pow2_floor(L // CB), pow2_floor(S), 16, L & -L))
-    return K, E, "unrolled" if -(-CB // K) <= 32 and -(-S // E) <= 32 else "serial"
+    return shared_gate_rule(cfg.wg_w * cfg.wg_h, wl.gate, -(-wl.data[1] // 4))
 
 
 def gate_in_last_group(b, wl, cfg, weights, Qr, Q, n, lid, groups: int) -> list:
@@ -292,16 +289,7 @@ def gate_in_last_group(b, wl, cfg, weights, Qr, Q, n, lid, groups: int) -> list:
         b.store(last, 0, select(call("atomic_inc", [Sn[n]], "int32").equal(groups - 1), as_expr(1), as_expr(0)))
     b.barrier("global")
     with b.if_(last[0].equal(1)):  # the same for the whole work-group
-        rounds = -(-CB // L)
-        with b.loop("gc", rounds, "serial") as gc:
-            cb = b.let("gcb", gc * L + lid)
-            with b.if_(cb < CB) if rounds * L != CB else nullcontext():
-                acc = b.allocate("gsum", (1,), "float32x4", "private")
-                b.store(acc, 0, 0.0)
-                with b.loop("goh", OH, "serial") as oh:
-                    b.store(acc, 0, acc[0] + Qr[n, Ramp(cb * 4, as_expr(1), 4), oh, 0])
-                b.store(pooled, cb, acc[0] * (1.0 / (OH * OW)))
-        b.barrier()
+        steps.pool_rows(b, n, lid, Qr, OH * OW, pooled)
         steps.squeeze(b, lid, red1, hidden, CB, steps.dot_w1(pooled))
         steps.excite(b, n, as_expr(0), lid, hidden, red2)
         with b.if_(lid.equal(0)) if L > 1 else nullcontext():

@@ -122,6 +122,24 @@ class SEGateConfig:
     output_scope: str = "texture"
 
 
+def shared_gate_rule(L: int, S: int, CB: int) -> tuple:
+    """A gate's squeeze and excite run by a work-group of ``L`` work-items that another kernel sized (a depthwise
+    convolution's last work-group, every work-group of a convolution reading the gate): ``(K, E, loop)`` -- the
+    work-items sharing a squeeze dot (``fc_split``) and an output block's sum over the S squeeze channels
+    (``excite_split``), as many as the work-group has to spare, up to 16 (powers of two that divide L), and the
+    weights' loops unrolled where they are short (their loads in flight together)."""
+    K = max(1, min(pow2_floor(L // S), pow2_floor(CB), 16, L & -L))
+    E = max(1, min(pow2_floor(L // CB), pow2_floor(S), 16, L & -L))
+    return K, E, "unrolled" if -(-CB // K) <= 32 and -(-S // E) <= 32 else "serial"
+
+
+def shared_gate_bytes(L: int, S: int, CB: int) -> int:
+    """The local memory ``shared_gate_rule``'s steps hold beside the block means and the gate: the squeeze
+    channels and the two trees."""
+    K, E, _ = shared_gate_rule(L, S, CB)
+    return 4 * S + (4 * L if K > 1 else 0) + (16 * L if E > 1 else 0)
+
+
 def _tree(b: Builder, buf, slot, base, k, size: int, stride: int = 1):
     """``buf[base]`` = the sum of ``buf[base + m * stride]`` for m < size (``slot`` = base + k * stride this
     work-item's, written before); every work-item of the group reaches each barrier."""
@@ -196,6 +214,30 @@ class GateSteps:
                          lambda s, total: b.store(hidden, s, apply_ir(self.act1, b.let("h", total + self.B1[s]))))
         b.barrier()
 
+    def pool_rows(self, b, n, i, rows, divisor: int, pooled) -> None:
+        """Step 1 from row sums: the means of image ``n``'s CB blocks into the local ``pooled`` -- each block's
+        sum of ``rows`` (N, C, OH, 1: a depthwise convolution's ``row_sums``) over its OH rows, over ``divisor``
+        pixels -- the L work-items taking every L-th block; then the barrier."""
+        CB, L, OH = self.CB, self.L, rows.shape[2]
+        rounds = -(-CB // L)
+        with b.loop("gc", rounds, "serial") as gc:
+            cb = b.let("gcb", gc * L + i)
+            with b.if_(cb < CB) if rounds * L != CB else nullcontext():
+                acc = b.allocate("gsum", (1,), "float32x4", "private")
+                b.store(acc, 0, 0.0)
+                with b.loop("goh", OH, "serial") as oh:
+                    b.store(acc, 0, acc[0] + rows[n, Ramp(cb * 4, as_expr(1), 4), oh, 0])
+                b.store(pooled, cb, acc[0] * (1.0 / divisor))
+        b.barrier()
+
+    def store_gate(self, b, n, cb, value) -> None:
+        """Block ``cb`` of image ``n``'s gate: into the (N, C, 1, 1) output, or a local array of the CB blocks (a
+        convolution that computes the gate it reads, ``Conv2dWorkload.in_gate``)."""
+        if self.Y.scope == "local":
+            b.store(self.Y, cb, value)
+        else:
+            b.store(self.Y, (n, Ramp(cb * 4, as_expr(1), 4), 0, 0), value)
+
     def dot_w1(self, means, block=lambda j: j):
         """Term j of squeeze channel s: W1's row s at channel block ``block(j)`` with the mean ``means[j]``."""
         return lambda s, j: call("dot", [self.W1[s, Ramp(block(j) * 4, as_expr(1), 4)], means[j]], "float32")
@@ -204,7 +246,7 @@ class GateSteps:
         """Step 3 for image ``n``: part ``part`` of the G parts of the excite's output blocks, from the squeeze
         channels in ``hidden``."""
         S, CB, CBg, L, G, E, weights_loop = self.S, self.CB, self.CBg, self.L, self.G, self.E, self.weights_loop
-        B2, W2, Y = self.B2, self.W2, self.Y
+        B2, W2 = self.B2, self.W2
         J = L // E  # output blocks a round takes, E work-items each
         out_rounds = ceil_div(CBg, J)
         jj, e = (b.let("jb", i % J), b.let("ex", i // J)) if E > 1 else (i, None)
@@ -223,7 +265,7 @@ class GateSteps:
                     b.store(gacc, 0, B2[lanes])
                     with b.loop("sq", S, weights_loop) as sq:
                         b.store(gacc, 0, gacc[0] + Broadcast(hidden[sq], 4) * W2[sq, lanes])
-                    b.store(Y, (n, lanes, 0, 0), apply_ir(self.activation, b.let("gv", gacc[0])))
+                    self.store_gate(b, n, cb, apply_ir(self.activation, b.let("gv", gacc[0])))
             else:
                 gacc = b.allocate("gacc", (1,), "float32x4", "private")
                 b.store(gacc, 0, 0.0)
@@ -238,7 +280,7 @@ class GateSteps:
                 total = _tree(b, red2, i, jj, e, E, stride=J)
                 with b.if_((e < 1) & cond if cond is not None else e < 1):
                     lanes = Ramp(cb * 4, as_expr(1), 4)
-                    b.store(Y, (n, lanes, 0, 0), apply_ir(self.activation, b.let("gv", total + B2[lanes])))
+                    self.store_gate(b, n, cb, apply_ir(self.activation, b.let("gv", total + B2[lanes])))
             if E > 1 and out_rounds > 1:
                 b.barrier()  # the next round's tree writes red2 again
 

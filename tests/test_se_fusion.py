@@ -300,21 +300,22 @@ def test_split_is_the_inverse_of_the_fusion():
 
 def _form(mod) -> str:
     """How a compiled model runs its squeeze-excite blocks: ``rows`` (se_gate pooling its depthwise producer's row
-    sums), ``maps`` (se_gate pooling the map), ``producers`` (the gates computed by their depthwise producers) or
-    ``unfused``."""
-    if any((n.workload or {}).get("gate") for n in mod.spec.nodes):
-        return "producers"
+    sums), ``maps`` (se_gate pooling the map), ``producers`` (the gates computed by their depthwise producers),
+    ``readers`` (by the convolutions that read them), ``mixed`` (some in each) or ``unfused``."""
+    producers, readers = (any((n.workload or {}).get(k) for n in mod.spec.nodes) for k in ("gate", "in_gate"))
+    if producers or readers:
+        return "mixed" if producers and readers else "producers" if producers else "readers"
     if not any(n.template == "se_gate" for n in mod.spec.nodes):
         return "unfused"
     return "rows" if any((n.workload or {}).get("row_sums") for n in mod.spec.nodes) else "maps"
 
 
-@pytest.mark.parametrize("faster", ["rows", "maps", "unfused", "producers"])
+@pytest.mark.parametrize("faster", ["rows", "maps", "unfused", "producers", "readers"])
 def test_the_plan_keeps_whichever_form_measures_faster(faster, device, tmp_path, monkeypatch):
     """``fastest_plan`` times the plan with its blocks fused (each gate pooling its depthwise producer's row sums)
     beside the same plan with them unfused, with the gates pooling their maps, and with the gates computed by
-    their depthwise producers (step ``squeeze_excite``), and keeps the fastest; the kept plan names its form and
-    matches onnxruntime."""
+    their depthwise producers or by their readers (step ``squeeze_excite``), and keeps the fastest; the kept plan
+    names its form and matches onnxruntime."""
     import onnxruntime as ort
     import tuner.compile.compiler as C
     model = _model("mobilenet_v3")
@@ -331,16 +332,18 @@ def test_the_plan_keeps_whichever_form_measures_faster(faster, device, tmp_path,
         mod = C._fastest_plan(str(path), None, device, "float32", None, False, 1, "python", whole)
     step = next(st for st in mod.plan_steps if st.name == "squeeze_excite")
     mode = step.kept.split('+')[0]
-    assert {f"{mode}+unfused-se", f"{mode}+map-se", f"{mode}+gates-in-producers"} <= set(step.times), step.times
+    assert {f"{mode}+unfused-se", f"{mode}+map-se", f"{mode}+gates-in-producers", f"{mode}+gates-in-readers"} \
+        <= set(step.times), step.times
     se = [n for n in mod.spec.nodes if n.template == "se_gate"]
     assert _form(mod) == faster
     if faster == "rows":
         assert "-se" not in mod.plan_kept and len(se) == 2
     elif faster == "maps":
         assert mod.plan_kept.endswith("+map-se") and len(se) == 2
-    elif faster == "producers":
-        assert mod.plan_kept.endswith("+gates-in-producers") and not se
-        assert sum(bool((n.workload or {}).get("gate")) for n in mod.spec.nodes) == 2
+    elif faster in ("producers", "readers"):
+        assert mod.plan_kept.endswith(f"+gates-in-{faster}") and not se
+        assert sum(bool((n.workload or {}).get("gate" if faster == "producers" else "in_gate"))
+                   for n in mod.spec.nodes) == 2
     else:
         assert mod.plan_kept.endswith("+unfused-se") and not se
         assert sum(n.template == "spatial_reduce" for n in mod.spec.nodes) == 2

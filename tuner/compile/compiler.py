@@ -818,8 +818,11 @@ def _refine_squeeze_excite(mod: M.Module, mode: str, graph, compile_, repeats: i
     than the convolution and gate apart and some slower, the plan with only the faster ones,
     ``<mode>+some-gates-in-producers`` (on the H200 one work-group squeezing and exciting EfficientNet-B0's
     1152-channel gate alone took 51 us, against 20 apart); not on ``GATES_IN_PRODUCERS_MISCOMPILED``'s
-    platforms (``info``: the device's). Empty when ``mod`` runs no se_gate."""
-    from tuner.graph.passes_se import gates_in_depthwise, pool_maps_in_se_gates, split_squeeze_excite
+    platforms (``info``: the device's). The same for the gates computed by the convolutions that read them
+    (``passes_se.gates_in_readers``: every work-group computes its gate first), ``<mode>+gates-in-readers`` and
+    ``<mode>+some-gates-in-readers``; and where some gates are faster in their producers and some in their readers,
+    each in the faster of the two, ``<mode>+gates-in-producers-and-readers``. Empty when ``mod`` runs no se_gate."""
+    from tuner.graph.passes_se import gates_in_depthwise, gates_in_readers, pool_maps_in_se_gates, split_squeeze_excite
     fused = [n.name for n in mod.spec.nodes if n.template == "se_gate"]
     if not fused:
         return []
@@ -830,17 +833,35 @@ def _refine_squeeze_excite(mod: M.Module, mode: str, graph, compile_, repeats: i
     if maps is not graph:
         out.append((f"{mode}+map-se", compile_(mode, graph=maps), maps))
     rows = [{r["node"]: r["median_s"] for r in _random_inputs(m).profile(repeats)["rows"]} for m in (mod, first)]
-    gated = gates_in_depthwise(graph) if info.platform_tag not in GATES_IN_PRODUCERS_MISCOMPILED else graph
-    if gated is not graph:
+    saved = {}  # where a gate goes -> {gate: the kernel time saved there, as profiled}
+    for where, rewrite, attr in (("producers", gates_in_depthwise, "gate"), ("readers", gates_in_readers, "in_gate")):
+        gated = rewrite(graph) if where == "readers" or info.platform_tag not in GATES_IN_PRODUCERS_MISCOMPILED \
+            else graph
+        if gated is graph:
+            continue
         inside = compile_(mode, graph=gated)
-        out.append((f"{mode}+gates-in-producers", inside, gated))
+        out.append((f"{mode}+gates-in-{where}", inside, gated))
         times = {r["node"]: r["median_s"] for r in _random_inputs(inside).profile(repeats)["rows"]}
-        inner = [n for n in gated.nodes if n.attrs.get("gate")]
-        faster = {n.attrs["gate_node"] for n in inner if n.name in times
-                  and times[n.name] < rows[0].get(n.name, 0.0) + rows[0].get(n.attrs["gate_node"], 0.0)}
-        if faster and len(faster) < len(inner):
-            some = gates_in_depthwise(graph, faster)
-            out.append((f"{mode}+some-gates-in-producers", compile_(mode, graph=some), some))
+        hosts = {}  # gate -> the nodes that compute it now
+        for n in gated.nodes:
+            if n.attrs.get(attr):
+                hosts.setdefault(n.attrs["gate_node"], []).append(n.name)
+        saved[where] = {gate: rows[0].get(gate, 0.0) + sum(rows[0].get(h, 0.0) - times[h] for h in names)
+                        for gate, names in hosts.items() if all(h in times for h in names)}
+        faster = {gate for gate, s in saved[where].items() if s > 0}
+        if faster and len(faster) < len(hosts):
+            some = rewrite(graph, faster)
+            out.append((f"{mode}+some-gates-in-{where}", compile_(mode, graph=some), some))
+    if len(saved) == 2:  # each gate where it saves the more, where both places save some
+        best = {}
+        for where, gates in saved.items():
+            for gate, s in gates.items():
+                if s > 0 and s > best.get(gate, ("", 0.0))[1]:
+                    best[gate] = (where, s)
+        split = {where: {g for g, (w, _) in best.items() if w == where} for where in saved}
+        if split["producers"] and split["readers"]:
+            both = gates_in_depthwise(gates_in_readers(graph, split["readers"]), split["producers"])
+            out.append((f"{mode}+gates-in-producers-and-readers", compile_(mode, graph=both), both))
     slower = {n for n in fused
               if rows[0].get(n, 0.0) > sum(rows[1].get(k, 0.0) for k in (n, f"{n}.squeeze", f"{n}.excite"))}
     if slower and len(slower) < len(fused):

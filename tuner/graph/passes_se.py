@@ -172,6 +172,59 @@ def gates_in_depthwise(graph: Graph, names=None) -> Graph:
     return g.validate()
 
 
+def _gate_readers(g: Graph, n: Node) -> list | None:
+    """The convolutions that read ``se_gate`` node ``n``'s gate as their input's ``in_scale`` and could compute it
+    themselves (``Conv2dWorkload.in_gate``): every reader of the gate, each a convolution of one group (not
+    depthwise) that reads the gate once, a gate a channel (not a row), with no other gate or norm computed as it
+    reads (``in_response``, ``in_norm``, ``in_group_norm``, ``in_layer_norm``, ``in_view``); None where any reader
+    is not such a one, or the precision guard kept one of them in float32 and not the other."""
+    s = n.outputs[0]
+    readers = [r for r in g.nodes if s in r.inputs]
+    if not readers or s in g.outputs:
+        return None
+    for r in readers:
+        a = r.attrs
+        if r.op != "conv2d" or a.get("in_scale") != s or r.inputs.count(s) != 1 or a.get("groups", 1) != 1 \
+                or any(a.get(k) for k in ("in_response", "in_norm", "in_group_norm", "in_layer_norm", "in_view",
+                                          "in_gate")) \
+                or g.shapes[s][2] != 1 or (r.name in g.float32) != (n.name in g.float32):
+            return None
+    return readers
+
+
+def gates_in_readers(graph: Graph, names=None) -> Graph:
+    """Issue 55, item 2, the launch left, the other way round from ``gates_in_depthwise``: where an ``se_gate``
+    pools the row sums of a depthwise convolution (``pool_rows_in_depthwise``) and only convolutions read its gate
+    as their input's scale (``in_scale``), each of those convolutions computes the gate itself, every work-group
+    before its reduction loop (``Conv2dWorkload.in_gate``): its ``in_scale`` is the row sums, its inputs take the
+    gate's four params last (attr ``in_gate``, their names; ``in_gate_acts``: act1 and the gate's activation;
+    ``gate_node``: the gate node's name), and the ``se_gate`` node goes. No work-group waits for another, as the
+    depthwise producer's last one does; each reads the weights (C x S twice), which costs more the larger the
+    gate. ``compiler.fastest_plan`` times it beside the plan with the gates apart. ``names``: only those gates
+    (None: every one)."""
+    if not any(n.op == "se_gate" and "pixels" in n.attrs and (names is None or n.name in names) for n in graph.nodes):
+        return graph
+    g = graph.copy()
+    drop = set()
+    for n in g.nodes:
+        if n.op != "se_gate" or "pixels" not in n.attrs or (names is not None and n.name not in names):
+            continue
+        readers = _gate_readers(g, n)
+        if readers is None:
+            continue
+        rows, params, s = n.inputs[0], n.inputs[1:], n.outputs[0]
+        for r in readers:
+            r.inputs = [rows if t == s else t for t in r.inputs] + list(params)
+            r.attrs["in_scale"], r.attrs["in_gate"], r.attrs["gate_node"] = rows, list(params), n.name
+            r.attrs["in_gate_acts"] = [n.attrs.get("act1", "none"), n.attrs.get("activation", "none")]
+        g.shapes.pop(s, None)
+        drop.add(id(n))
+    if not drop:
+        return graph
+    g.nodes = [nd for nd in g.nodes if id(nd) not in drop]
+    return g.validate()
+
+
 def gates_apart(graph: Graph) -> Graph:
     """The inverse of ``gates_in_depthwise``: each depthwise convolution that computes a gate writes its row sums
     again (``<x>.rows``), and an ``se_gate`` node (its name before, ``gate_node``) pools them."""

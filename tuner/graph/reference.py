@@ -81,7 +81,8 @@ EPILOGUE_ATTRS = {
     "conv2d": {"activation", "residual", "in_scale", "pad_mode", "slope", "in_view", "in_norm", "norm_stats",
                "in_layer_norm", "in_response", "response_affine",
                "patch_view", "row_sums", "in_group_norm", "norm_affine", "in_add", "in_add_at", "out_norm",
-               "out_norm_affine", "residual_scale", "out_stats", "gate", "gate_acts", "gate_node"},
+               "out_norm_affine", "residual_scale", "out_stats", "gate", "gate_acts", "gate_node", "in_gate",
+               "in_gate_acts"},
     "dense": {"activation", "residual", "in_norm", "norm_stats", "norm_hw"},
     "group_norm": {"activation", "slope", "residual"}, "layer_norm": {"activation", "out_stats"},
     "add": {"activation", "channel_offsets"}, "relu": {"channel_offsets"}, "clip": {"channel_offsets"},
@@ -106,7 +107,8 @@ def _evaluate(graph: Graph, node: Node, fn, env: dict) -> np.ndarray:
     if node.op == "matmul" or not fused_ok & set(a):
         return fn(node, *(env[t] for t in node.inputs))
     fused = [k for k in FUSED_INPUTS if k in a and k in fused_ok]
-    own = len(node.inputs) - len(fused) - len(a.get("gate", ()))  # a gate's params last (side_outputs' own)
+    gate = a.get("gate", ()) or a.get("in_gate", ())  # a gate's params last (side_outputs' own, or the input's)
+    own = len(node.inputs) - len(fused) - len(gate)
     extra = {k: env[t] for k, t in zip(fused, node.inputs[own:])}
     ins = [env[t] for t in node.inputs[:own]]
     if a.get("channel_offsets") and node.op != "concat":  # channels at..at + C of the tensor, C the output's (a
@@ -122,6 +124,12 @@ def _evaluate(graph: Graph, node: Node, fn, env: dict) -> np.ndarray:
     if "in_scale" in extra and a.get("in_response"):  # passes_response_norm: the gate computed from G as read
         from tuner.templates.common import response_gate_numpy
         ins[0] = ins[0] * response_gate_numpy(extra["in_scale"], extra["response_affine"], a["in_response"])
+    elif "in_scale" in extra and a.get("in_gate"):  # passes_se.gates_in_readers: the gate from the maps' row sums
+        act1, act = a["in_gate_acts"]
+        x = ins[0]
+        g = se_gate(Node("se_gate", node.name, [], [], {"act1": act1, "pixels": x.shape[2] * x.shape[3]}),
+                    extra["in_scale"], *(env[t] for t in gate))
+        ins[0] = x * apply_numpy(act, g)
     elif "in_scale" in extra:
         ins[0] = ins[0] * extra["in_scale"]
     if a.get("in_norm") and "in_norm" in fused_ok:  # passes_layer_norm: the input normalized over its channels,

@@ -96,8 +96,8 @@ def invalid_config(template, workload, device, config: dict) -> str | None:
 # workload fields that change what surrounds the sum (or what the padding reads), not the loop nest
 EPILOGUE = ("bias", "activation", "residual", "in_scale", "scale_rows", "in_norm", "norm_partials", "pad_mode",
             "in_group_norm", "in_response", "in_add", "in_view", "row_sums", "gate", "gate_act1",
-            "gate_activation")  # (a depthwise convolution's row sums, or the gate its last work-group computes from
-# them: after the same loop nest)
+            "gate_activation", "in_gate")  # (a depthwise convolution's row sums, or the gate its last work-group
+# computes from them: after the same loop nest; a convolution's gate computed before it)
 # workload fields that pin a knob (a group_norm's ``stats``: its split is the chunk count, not a choice): a record
 # lends its config only to a workload with the same value -- a whole norm took a statistics kernel's split of 16
 # on the H200, where its own best was one launch
