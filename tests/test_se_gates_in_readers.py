@@ -5,13 +5,13 @@ excites into local memory, then reads its input times that gate -- and the pass 
 from __future__ import annotations
 
 import dataclasses
-import subprocess
 import warnings
 
 import numpy as np
 import onnx
 import pytest
 
+from test_se_rows import matches_in_both_runtimes
 from test_templates import scopes
 from tuner.compile.compiler import compile_plan, load_graph, module_of, plan_graph
 from tuner.graph.passes_se import gates_in_depthwise, gates_in_readers
@@ -158,11 +158,4 @@ def test_gates_in_their_readers_match_onnxruntime_in_both_runtimes(scope, native
     x = np.random.default_rng(0).standard_normal(mod.spec.entries[mod.spec.inputs[0]].shape).astype(np.float32)
     sess = ort.InferenceSession(str(path))
     ref = sess.run(None, {sess.get_inputs()[0].name: x})[0]
-    assert np.abs(mod.run([x])[0] - ref).max() <= 1e-4 * np.abs(ref).max()
-    art = mod.save(tmp_path / "art")
-    np.save(tmp_path / "x.npy", x)
-    for exe in ("tuner_run", "tuner_run_asan"):
-        r = subprocess.run([native[exe], str(art), "--device", spec, "--input", str(tmp_path / "x.npy"), "--output",
-                            str(tmp_path / "y.npy")], capture_output=True, text=True, env=cl_env, timeout=300)
-        assert r.returncode == 0, (exe, r.stderr)
-        assert np.abs(np.load(tmp_path / "y.npy") - ref).max() <= 1e-4 * np.abs(ref).max(), exe
+    matches_in_both_runtimes(mod, x, ref, spec, native, cl_env, tmp_path)

@@ -317,8 +317,6 @@ def test_gates_in_their_producers_match_onnxruntime_in_both_runtimes(scope, nati
     convolution computing the gate (``gates_apart`` gives the graph back); compiled on this device's fallbacks, no
     launch is left for a gate, and the model matches onnxruntime in the Python executor and in tuner-run (and its
     AddressSanitizer build)."""
-    import subprocess
-
     import onnx
     import onnxruntime as ort
     from conftest import building_cpu
@@ -351,6 +349,13 @@ def test_gates_in_their_producers_match_onnxruntime_in_both_runtimes(scope, nati
     x = np.random.default_rng(0).standard_normal(mod.spec.entries[mod.spec.inputs[0]].shape).astype(np.float32)
     sess = ort.InferenceSession(str(path))
     ref = sess.run(None, {sess.get_inputs()[0].name: x})[0]
+    matches_in_both_runtimes(mod, x, ref, spec, native, cl_env, tmp_path)
+
+
+def matches_in_both_runtimes(mod, x, ref, spec: str, native, cl_env, tmp_path) -> None:
+    """``mod`` on ``x`` matches ``ref`` to 1e-4 of its largest magnitude in the Python executor, and saved, in
+    tuner-run and its AddressSanitizer build."""
+    import subprocess
     assert np.abs(mod.run([x])[0] - ref).max() <= 1e-4 * np.abs(ref).max()
     art = mod.save(tmp_path / "art")
     np.save(tmp_path / "x.npy", x)

@@ -148,24 +148,30 @@ def gates_in_depthwise(graph: Graph, names=None) -> Graph:
     ``compiler.fastest_plan`` times beside the plan with the gates apart (``gates_apart`` is the inverse): a
     depthwise convolution whose last work-group squeezes and excites alone can be slower than a gate kernel on a
     large block. ``names``: only those gates (None: every one)."""
-    if not any(n.op == "se_gate" and "pixels" in n.attrs and (names is None or n.name in names) for n in graph.nodes):
-        return graph
-    g = graph.copy()
-    drop = set()
-    for n in g.nodes:
-        if n.op != "se_gate" or "pixels" not in n.attrs or (names is not None and n.name not in names):
-            continue
+    def move(g: Graph, n: Node) -> bool:
         rows, params = n.inputs[0], n.inputs[1:]
         p = g.producer(rows)
         if (n.name in g.float32) != (p.name in g.float32):  # the precision guard kept one of them in float32
-            continue
+            return False
         p.outputs[p.outputs.index(rows)] = n.outputs[0]
         p.attrs.pop("row_sums", None)
         p.attrs["gate"], p.attrs["gate_node"] = list(params), n.name
         p.attrs["gate_acts"] = [n.attrs.get("act1", "none"), n.attrs.get("activation", "none")]
         p.inputs = p.inputs + list(params)
         g.shapes.pop(rows, None)
-        drop.add(id(n))
+        return True
+    return _move_row_gates(graph, names, move)
+
+
+def _move_row_gates(graph: Graph, names, move) -> Graph:
+    """``graph`` with each ``se_gate`` that pools row sums (``pool_rows_in_depthwise``; of ``names``, None: every
+    one) handed to the nodes that compute it instead: ``move(g, gate)`` rewrites the copy ``g`` and says whether it
+    did, and the gates it moved go. ``graph`` itself where none moved."""
+    if not any(n.op == "se_gate" and "pixels" in n.attrs and (names is None or n.name in names) for n in graph.nodes):
+        return graph
+    g = graph.copy()
+    drop = {id(n) for n in list(g.nodes) if n.op == "se_gate" and "pixels" in n.attrs
+            and (names is None or n.name in names) and move(g, n)}
     if not drop:
         return graph
     g.nodes = [nd for nd in g.nodes if id(nd) not in drop]
@@ -202,27 +208,18 @@ def gates_in_readers(graph: Graph, names=None) -> Graph:
     depthwise producer's last one does; each reads the weights (C x S twice), which costs more the larger the
     gate. ``compiler.fastest_plan`` times it beside the plan with the gates apart. ``names``: only those gates
     (None: every one)."""
-    if not any(n.op == "se_gate" and "pixels" in n.attrs and (names is None or n.name in names) for n in graph.nodes):
-        return graph
-    g = graph.copy()
-    drop = set()
-    for n in g.nodes:
-        if n.op != "se_gate" or "pixels" not in n.attrs or (names is not None and n.name not in names):
-            continue
+    def move(g: Graph, n: Node) -> bool:
         readers = _gate_readers(g, n)
         if readers is None:
-            continue
+            return False
         rows, params, s = n.inputs[0], n.inputs[1:], n.outputs[0]
         for r in readers:
             r.inputs = [rows if t == s else t for t in r.inputs] + list(params)
             r.attrs["in_scale"], r.attrs["in_gate"], r.attrs["gate_node"] = rows, list(params), n.name
             r.attrs["in_gate_acts"] = [n.attrs.get("act1", "none"), n.attrs.get("activation", "none")]
         g.shapes.pop(s, None)
-        drop.add(id(n))
-    if not drop:
-        return graph
-    g.nodes = [nd for nd in g.nodes if id(nd) not in drop]
-    return g.validate()
+        return True
+    return _move_row_gates(graph, names, move)
 
 
 def gates_apart(graph: Graph) -> Graph:
