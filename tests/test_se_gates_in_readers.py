@@ -159,3 +159,39 @@ def test_gates_in_their_readers_match_onnxruntime_in_both_runtimes(scope, native
     sess = ort.InferenceSession(str(path))
     ref = sess.run(None, {sess.get_inputs()[0].name: x})[0]
     matches_in_both_runtimes(mod, x, ref, spec, native, cl_env, tmp_path)
+
+
+def test_each_gate_goes_where_its_kernels_measured_faster(tmp_path, monkeypatch):
+    """``compiler._refine_squeeze_excite`` with kernel times given: gate A saves more in its reader than in its
+    producer, gate B only in its producer. Besides all gates in their producers and all in their readers, the step
+    plans A alone in its reader (``+some-gates-in-readers``) and each gate where it saves the more
+    (``+gates-in-producers-and-readers``: A in its reader, B in its producer)."""
+    from types import SimpleNamespace
+    import tuner.compile.compiler as C
+    _, g = _se_net_graph(tmp_path)
+    a, b = [n.name for n in g.nodes if n.op == "se_gate"][:2]  # (B: and any other gate)
+
+    def kernel_us(graph, n):  # apart: 5 us a node, 10 a gate; A: 6 us in its reader, 8 in its producer; B: 30, 6
+        gate = n.attrs.get("gate_node")
+        if n.op == "se_gate":
+            return 10.0
+        if n.attrs.get("in_gate"):
+            return 6.0 if gate == a else 30.0
+        if n.attrs.get("gate"):
+            return 8.0 if gate == a else 6.0
+        return 5.0
+
+    def compile_(mode, graph):
+        return SimpleNamespace(graph=graph, spec=SimpleNamespace(nodes=[SimpleNamespace(name=n.name, template=n.op)
+                                                                        for n in graph.nodes]))
+    monkeypatch.setattr(C, "_random_inputs", lambda m: SimpleNamespace(profile=lambda repeats: {"rows": [
+        {"node": n.name, "median_s": kernel_us(m.graph, n) * 1e-6} for n in m.graph.nodes]}))
+    monkeypatch.setattr(C, "GATES_IN_PRODUCERS_MISCOMPILED", ())
+    out = {name: graph for name, _, graph in C._refine_squeeze_excite(compile_("auto", g), "auto", g, compile_, 1,
+                                                                      SimpleNamespace(platform_tag="nvidia"))}
+    assert {"auto+gates-in-producers", "auto+gates-in-readers", "auto+some-gates-in-readers",
+            "auto+gates-in-producers-and-readers"} <= set(out), sorted(out)
+    where = lambda graph, attr: {n.attrs["gate_node"] for n in graph.nodes if n.attrs.get(attr)}  # noqa: E731
+    assert where(out["auto+some-gates-in-readers"], "in_gate") == {a}
+    both = out["auto+gates-in-producers-and-readers"]
+    assert where(both, "in_gate") == {a} and b in where(both, "gate") and a not in where(both, "gate")
