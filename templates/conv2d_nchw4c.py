@@ -26,7 +26,8 @@ from tuner.templates.reduction import (StagedTile, add_shifted, as_float as _as_
                                        norm_units, pow2_ceil, read_norm_operands, shifted_moments, start_shifted,
                                        stats_workspaces, sum_partials, unit_factors, unit_blocks, unit_first_block,
                                        unit_normed, unit_statistics, unit_statistics_layout, unit_stats_workspaces)
-from tuner.templates.se_gate import GateSteps, SEGateWorkload, gate_params, shared_gate_bytes, shared_gate_rule
+from tuner.templates.se_gate import (GateSteps, SEGateWorkload, gate_params, row_spread, shared_gate_bytes,
+                                     shared_gate_rule)
 from tuner.templates.se_gate import random_inputs as gate_inputs, reference as gate_reference
 from tuner.templates.common import (EPILOGUE_ARGS, MODEL_KNOBS, PAD_MODE_ARG, WINDOW_ARGS, Arithmetic,
                                     Conv2dWorkload, LocalTile, clamp, Template, WorkloadArg, _log2, declare_operands,
@@ -364,7 +365,8 @@ def input_gate(b, wl, rows, weights, n, lid, L: int):
     hidden = b.allocate("ihidden", (S,), "float32", "local")
     red1 = b.allocate("ired1", (L,), "float32", "local") if K > 1 else None
     red2 = b.allocate("ired2", (L,), "float32x4", "local") if E > 1 else None
-    steps.pool_rows(b, n, lid, rows, H * W, pooled)
+    part = b.allocate("ipart", (L,), "float32x4", "local") if row_spread(L, C4, H) > 1 else None
+    steps.pool_rows(b, n, lid, rows, H * W, pooled, part)
     steps.squeeze(b, lid, red1, hidden, C4, steps.dot_w1(pooled))
     steps.excite(b, n, as_expr(0), lid, hidden, red2)
     b.barrier()  # every block's gate stored before any work-item reads one
@@ -373,11 +375,12 @@ def input_gate(b, wl, rows, weights, n, lid, L: int):
 
 def gate_local_bytes(wl, L: int) -> int:
     """The local memory ``input_gate`` takes in a work-group of ``L`` work-items: the block means and the gate (a
-    float4 a block each), the squeeze channels and the trees; 0 without ``in_gate``."""
+    float4 a block each), the squeeze channels, the trees and the pool's row sums (a float4 a work-item where it
+    spreads the rows); 0 without ``in_gate``."""
     if not wl.in_gate:
         return 0
     C4 = -(-wl.data[1] // 4)
-    return 32 * C4 + shared_gate_bytes(L, wl.in_gate, C4)
+    return 32 * C4 + shared_gate_bytes(L, wl.in_gate, C4) + (16 * L if row_spread(L, C4, wl.data[2]) > 1 else 0)
 
 
 def response_gate(b, wl, Sc, Rg, n):

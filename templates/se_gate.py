@@ -133,6 +133,12 @@ def shared_gate_rule(L: int, S: int, CB: int) -> tuple:
     return K, E, "unrolled" if -(-CB // K) <= 32 and -(-S // E) <= 32 else "serial"
 
 
+def row_spread(L: int, CB: int, OH: int) -> int:
+    """``GateSteps.pool_rows``' work-items a block where the work-group spreads each block's rows: as many as a
+    work-group of ``L`` has for each of the ``CB`` blocks (a power of two), at most ``OH``, the rows."""
+    return max(1, min(pow2_floor(max(L // CB, 1)), pow2_floor(OH)))
+
+
 def shared_gate_bytes(L: int, S: int, CB: int) -> int:
     """The local memory ``shared_gate_rule``'s steps hold beside the block means and the gate: the squeeze
     channels and the two trees."""
@@ -214,11 +220,31 @@ class GateSteps:
                          lambda s, total: b.store(hidden, s, apply_ir(self.act1, b.let("h", total + self.B1[s]))))
         b.barrier()
 
-    def pool_rows(self, b, n, i, rows, divisor: int, pooled) -> None:
+    def pool_rows(self, b, n, i, rows, divisor: int, pooled, part=None) -> None:
         """Step 1 from row sums: the means of image ``n``'s CB blocks into the local ``pooled`` -- each block's
         sum of ``rows`` (N, C, OH, 1: a depthwise convolution's ``row_sums``) over its OH rows, over ``divisor``
-        pixels -- the L work-items taking every L-th block; then the barrier."""
+        pixels -- the L work-items taking every L-th block; then the barrier. With ``part`` (a local array of L
+        float4s, where the work-group has at least two work-items a block: ``row_spread``) the ``row_spread``
+        work-items of a block take every P-th row each, and a tree in ``part`` adds their sums: a 112-row map's
+        blocks are then not 112 loads one after the other."""
         CB, L, OH = self.CB, self.L, rows.shape[2]
+        P = row_spread(L, CB, OH) if part is not None else 1
+        if P > 1:
+            cb, k = b.let("gcb", i % CB), b.let("gk", i // CB)
+            acc = b.allocate("gsum", (1,), "float32x4", "private")
+            b.store(acc, 0, 0.0)
+            per = -(-OH // P)
+            with b.if_(k < P) if CB * P < L else nullcontext():
+                with b.loop("goh", per, "serial") as j:
+                    oh = b.let("goh1", j * P + k)
+                    with b.if_(oh < OH) if per * P != OH else nullcontext():
+                        b.store(acc, 0, acc[0] + rows[n, Ramp(cb * 4, as_expr(1), 4), oh, 0])
+            b.store(part, i, acc[0])
+            total = _tree(b, part, i, cb, k, P, stride=CB)
+            with b.if_(k < 1):
+                b.store(pooled, cb, total * (1.0 / divisor))
+            b.barrier()
+            return
         rounds = -(-CB // L)
         with b.loop("gc", rounds, "serial") as gc:
             cb = b.let("gcb", gc * L + i)

@@ -35,6 +35,9 @@ CASES = [
         gate_activation=HSIGMOID), Conv2dConfig(wg_w=8, wg_h=4, vec_load=1, **BUFFERS)),
     ("3x3 window, staged input tile", Conv2dWorkload((1, 16, 8, 8), (8, 16, 3, 3), padding=1, in_gate=4, **GATED),
      Conv2dConfig(wg_w=4, wg_h=4, local_input=True, **BUFFERS)),
+    ("each block's 7 rows spread over 4 work-items, 64 in the work-group", Conv2dWorkload(
+        (1, 16, 7, 5), (8, 16, 1, 1), bias=True, in_gate=4, **GATED), Conv2dConfig(wg_w=8, wg_h=8, tile_ow=1,
+                                                                                   **BUFFERS)),
     ("more blocks than work-items, half storage", Conv2dWorkload((1, 96, 5, 5), (8, 96, 1, 1), dtype="float16",
                                                                   in_gate=8, **GATED),
      Conv2dConfig(wg_w=2, wg_h=2, **BUFFERS)),
@@ -45,7 +48,8 @@ CASES = [
 def test_a_convolution_computes_the_gate_it_reads(device, rng, name, wl, cfg):
     """``in_gate``: S is the row sums of the input's maps; the kernel's output is the convolution of the input
     times ``se_gate``'s gate of those sums (the NumPy reference), on new inputs each launch. A gate off by a
-    bias fails the check."""
+    bias fails the check. (Where the work-group has work-items to spare, each block's rows are spread over
+    several: ``se_gate.row_spread``.)"""
     if cfg.input_scope == "texture" and not device.info.image_support:
         pytest.skip(f"{device.info.name} has no image support: texture scope cannot run here (the others do)")
     t = get_template("conv2d")
