@@ -51,10 +51,26 @@ EXTRA_COMPUTE_LAYERS = {"se_gate": 2}
 GATE_FIELDS = ("gate", "in_gate")
 
 
-def extra_layers(template: str | None, workload) -> int:
-    """The compute layers a step (its template and workload: a dataclass or a key's dict) runs besides its own."""
-    get = workload.get if isinstance(workload, dict) else lambda k, d=None: getattr(workload, k, d)
-    return EXTRA_COMPUTE_LAYERS.get(template or "", 0) + (2 if any(get(k, 0) for k in GATE_FIELDS) else 0)
+def extra_layers(steps) -> int:
+    """The compute layers ``steps`` run besides their own, each ``(template, workload, gate)``: the workload a
+    dataclass or a key's dict, ``gate`` what names the gate a step computes (a gate that several readers compute
+    counts once)."""
+    gates = set()
+    extra = 0
+    for template, workload, gate in steps:
+        get = workload.get if isinstance(workload, dict) else lambda k, d=None, w=workload: getattr(w, k, d)
+        extra += EXTRA_COMPUTE_LAYERS.get(template or "", 0)
+        if any(get(k, 0) for k in GATE_FIELDS):
+            gates.add(gate)
+    return extra + 2 * len(gates)
+
+
+def _gate_of(node) -> str:
+    """What names the gate an artifact node computes: the row sums a reader binds as ``S``, or the node itself."""
+    if (node.workload or {}).get("in_gate"):
+        call = node.calls[0]
+        return next((a for p, a in zip(call.signature, call.args) if p.name == "S"), node.name)
+    return node.name
 MODELS = ("tv_efficientnet_b0", "tv_mobilenet_v3_large", "tv_shufflenet_v2_x1_0", "tv_regnet_y_400mf",
           "poolformer_s12", "style_in", "gn32_resnet", "tv_convnext_tiny")
 
@@ -278,7 +294,7 @@ def cmd_ours(args) -> int:
         except Exception as e:  # noqa: BLE001 - a tree or machine without the native runtime: said, not fatal
             print(f"{name} [{args.tree}]: no native timing: {e}", flush=True)
         r = out[name]
-        r["compute_nodes"] += sum(extra_layers(n.template, n.workload or {}) for n in mod.spec.nodes)
+        r["compute_nodes"] += extra_layers((n.template, n.workload or {}, _gate_of(n)) for n in mod.spec.nodes)
         print(f"{name} [{args.tree}]: err {err:.1e}, latency {r['latency_s'] * 1e3:.3f} ms "
               f"(native {r.get('native_latency_s', float('nan')) * 1e3:.3f}), kernels "
               f"{r['kernel_total_s'] * 1e3:.3f} ms (compute {r['compute_s'] * 1e3:.3f}, reduction "
@@ -430,7 +446,8 @@ def cmd_plans(args) -> int:
         ops = [s.op for s in plan.steps]
         glue = {op: ops.count(op) for op in dict.fromkeys(ops) if op not in COMPUTE + REDUCTIONS}
         reductions = {op: ops.count(op) for op in dict.fromkeys(ops) if op in REDUCTIONS}
-        layers = sum(op in COMPUTE for op in ops) + sum(extra_layers(s.op, s.workload) for s in plan.steps)
+        layers = sum(op in COMPUTE for op in ops) + extra_layers(
+            (s.op, s.workload, s.inputs.get("S") if getattr(s.workload, "in_gate", 0) else s.name) for s in plan.steps)
         print(f"{name}: {len(ops)} kernels for {layers} compute layers ({len(ops) / max(layers, 1):.2f}): "
               f"reductions {reductions}, glue {sum(glue.values())} {glue}")
         if args.patterns:

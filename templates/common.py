@@ -531,10 +531,10 @@ class Conv2dWorkload:
         set_("gate_activation", canonical(self.gate_activation))
         if self.in_gate and (self.in_gate < 0 or not self.in_scale or self.scale_rows or self.in_response
                              or self.in_layer_norm or self.in_group_norm or self.in_norm or self.in_read
-                             or "prelu" in (self.gate_act1, self.gate_activation)):
+                             or self.out_norm or self.out_stats or "prelu" in (self.gate_act1, self.gate_activation)):
             raise ValueError(f"in_gate {self.in_gate}: the squeeze channels (> 0) of a gate computed from the row sums "
-                             "S (in_scale, not scale_rows), with no in_response, norm as read or in_read, and "
-                             "activations without parameters")
+                             "S (in_scale, not scale_rows), with no in_response, norm as read, in_read, out_norm or "
+                             "out_stats (their local memory is counted apart), and activations without parameters")
         if not self.in_gate and (self.gate_act1, self.gate_activation) != ("none", "none"):
             raise ValueError("gate_act1 and gate_activation are in_gate's activations: they need in_gate")
         if self.in_layer_norm:

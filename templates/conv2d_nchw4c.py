@@ -383,6 +383,13 @@ def gate_local_bytes(wl, L: int) -> int:
     return 32 * C4 + shared_gate_bytes(L, wl.in_gate, C4) + (16 * L if row_spread(L, C4, wl.data[2]) > 1 else 0)
 
 
+def gate_local_bound(wl, L: int) -> int:
+    """The space's count of ``gate_local_bytes`` (``gate_local`` in conv2d.toml, which cannot call the sharing
+    rule): the trees and the row sums at their most, a float and two float4s a work-item; 0 without ``in_gate``.
+    The fallback sizes its work-group and split by it, so that its config lies in the space."""
+    return 32 * -(-wl.data[1] // 4) + 4 * wl.in_gate + 36 * L if wl.in_gate else 0
+
+
 def response_gate(b, wl, Sc, Rg, n):
     """``in_response``: the gate of channel block ``cb`` computed from the response norm's statistics ``S`` (G, each
     channel's L2 norm over its map) as it is read -- ``Rg[C4 + cb] + Rg[cb] * G / (mean_c(G) + eps)``, the mean over
@@ -641,12 +648,17 @@ def fallback(wl: Conv2dWorkload, info) -> Conv2dConfig:
     while items(tile_oc, tile_ow) < target and (tile_ow > 1 or tile_oc > 1):
         tile_ow, tile_oc = (tile_ow // 2, tile_oc) if tile_ow > 1 else (tile_ow, 1)
     wg_w, wg_h = fit_work_group(-(-v["OW"] // tile_ow), v["OH"], info, *((32, 2) if cpu else ()))
+    while gate_local_bound(wl, wg_w * wg_h) > info.local_mem_bytes and wg_w * wg_h > 1:  # in_gate: a smaller group
+        wg_w, wg_h = (wg_w // 2, wg_h) if wg_w >= wg_h else (wg_w, wg_h // 2)
+    if gate_local_bound(wl, wg_w * wg_h) > info.local_mem_bytes:
+        raise ValueError(f"in_gate: the gate of {wl.data[1]} channels ({gate_local_bound(wl, 1)} bytes of local "
+                         f"memory with one work-item) exceeds this device's {info.local_mem_bytes}")
     split_k = 1
     while items(tile_oc, tile_ow) * split_k < target and split_k < 32 and not wl.in_norm:
         k = split_k * 2  # the space's limits: channel steps, work-group size, __local partial sums
         if k > v["CG4"] or k > info.max_work_item_sizes[2] or wg_w * wg_h * k > info.max_work_group_size \
                 or k * wg_w * wg_h * (tile_oc * tile_ow * 16 + split_norm_bytes(wl, (1, tile_ow))) \
-                + gate_local_bytes(wl, k * wg_w * wg_h) > info.local_mem_bytes:
+                + gate_local_bound(wl, k * wg_w * wg_h) > info.local_mem_bytes:
             break
         split_k = k
     return Conv2dConfig(tile_oc=tile_oc, tile_oh=1, tile_ow=tile_ow, wg_w=wg_w, wg_h=wg_h, split_c=1,

@@ -19,7 +19,7 @@ from tuner.graph.reference import random_inputs, run_graph_numpy
 from tuner.runtime.opencl.launch import build
 from tuner.templates import get_template
 from tuner.templates.common import Conv2dWorkload
-from tuner.templates.conv2d_nchw4c import Conv2dConfig, conv2d_nchw4c, gate_local_bytes
+from tuner.templates.conv2d_nchw4c import Conv2dConfig, conv2d_nchw4c, gate_local_bound, gate_local_bytes
 
 BUFFERS = scopes("buffer")
 HSIGMOID = "hardsigmoid(0.1666666716337204)"
@@ -93,6 +93,8 @@ def test_what_a_gate_needs_is_refused_otherwise():
         Conv2dWorkload((1, 8, 4, 4), (8, 8, 1, 1), in_scale=True, scale_rows=True, in_gate=2)
     with pytest.raises(ValueError, match="in_gate"):
         Conv2dWorkload((1, 8, 4, 4), (8, 8, 1, 1), in_scale=True, in_gate=2, gate_act1="prelu")
+    with pytest.raises(ValueError, match="in_gate"):  # their local memory is counted apart from the gate's
+        Conv2dWorkload((1, 8, 4, 4), (8, 8, 1, 1), in_scale=True, in_gate=2, out_stats=1)
     with pytest.raises(ValueError, match="gate_act1"):
         Conv2dWorkload((1, 8, 4, 4), (8, 8, 1, 1), in_scale=True, gate_act1="relu")
 
@@ -104,11 +106,36 @@ def test_what_a_gate_needs_is_refused_otherwise():
 ], ids=["1152-channels", "split", "staged-tile"])
 def test_the_space_counts_the_gates_local_memory(device, fields, fixed):
     """Every sampled config declares no more local memory than ``gate_local`` counts: on a device with one byte
-    less than it declares, the space refuses it."""
+    less than it declares, the space refuses it. The gate's own arrays are ``gate_local_bytes``, at most the
+    space's bound (``gate_local_bound``), by which the fallback sizes its work-group."""
+    import re
     from test_norm_stats_in_producers import _local_memory_refusals
-    for cfg, _, used, refused in _local_memory_refusals(device, "conv2d", fields, 0, 6, **fixed):
-        assert used >= gate_local_bytes(get_template("conv2d").workload(**fields), 1)
+    wl = get_template("conv2d").workload(**fields)
+    gate_arrays = {"igate", "ipooled", "ihidden", "ired1", "ired2", "ipart"}
+    for cfg, src, used, refused in _local_memory_refusals(device, "conv2d", fields, 0, 6, **fixed):
+        L = cfg.wg_w * cfg.wg_h * cfg.split_k
+        gate = sum({"float4": 16, "float": 4}[ty] * int(n) for ty, name, n in
+                   re.findall(r"__local (\w+) (\w+)\[(\d+)\];", src) if name in gate_arrays)
+        assert gate == gate_local_bytes(wl, L) <= gate_local_bound(wl, L), cfg
         assert "gate_local" in refused, (cfg, used, refused)
+
+
+@pytest.mark.parametrize("local_kib", [48, 32, 16])
+def test_the_fallback_fits_the_gate_or_says_it_cannot(local_kib):
+    """On GPU profiles of 48, 32 and 16 KiB of local memory, each gate's fallback lies in the space, its work-group
+    shrunk or its split held where the gate's arrays take the room; where even one work-item's do not fit, a
+    ValueError names in_gate."""
+    from conftest import profile
+    info = profile(name=f"gpu-{local_kib}k", local_mem_bytes=local_kib * 1024)
+    t = get_template("conv2d")
+    for C, S, HW, O in [(96, 4, 56, 24), (1152, 48, 7, 320), (2304, 96, 7, 384), (3840, 160, 7, 640)]:
+        wl = t.workload(data=(1, C, HW, HW), kernel=(O, C, 1, 1), **GATED, in_gate=S)
+        if gate_local_bound(wl, 1) > info.local_mem_bytes:
+            with pytest.raises(ValueError, match="in_gate"):
+                t.fallback(wl, info)
+            continue
+        cfg = t.fallback(wl, info)
+        assert not t.space(wl, info).violations(t.config_values(wl, cfg)), (C, local_kib, cfg)
 
 
 def _se_net_graph(tmp_path):
@@ -199,3 +226,50 @@ def test_each_gate_goes_where_its_kernels_measured_faster(tmp_path, monkeypatch)
     assert where(out["auto+some-gates-in-readers"], "in_gate") == {a}
     both = out["auto+gates-in-producers-and-readers"]
     assert where(both, "in_gate") == {a} and b in where(both, "gate") and a not in where(both, "gate")
+
+
+def test_a_plan_this_device_cannot_run_is_left_out(tmp_path, monkeypatch):
+    """Where the readers' plans cannot be compiled for the device (a gate its local memory cannot hold: the fallback's
+    ValueError), the step leaves them out and times the others."""
+    from types import SimpleNamespace
+    import tuner.compile.compiler as C
+    _, g = _se_net_graph(tmp_path)
+
+    def compile_(mode, graph):
+        if any(n.attrs.get("in_gate") for n in graph.nodes):
+            raise ValueError("in_gate: the gate exceeds this device's local memory")
+        return SimpleNamespace(graph=graph, spec=SimpleNamespace(nodes=[SimpleNamespace(name=n.name, template=n.op)
+                                                                        for n in graph.nodes]))
+    monkeypatch.setattr(C, "_random_inputs", lambda m: SimpleNamespace(profile=lambda repeats: {"rows": [
+        {"node": n.name, "median_s": 1e-5} for n in m.graph.nodes]}))
+    monkeypatch.setattr(C, "GATES_IN_PRODUCERS_MISCOMPILED", ())
+    names = [name for name, _, _ in C._refine_squeeze_excite(compile_("auto", g), "auto", g, compile_, 1,
+                                                              SimpleNamespace(platform_tag="nvidia"))]
+    assert "auto+gates-in-producers" in names and not any("readers" in n for n in names), names
+
+
+def test_a_gate_read_with_another_map_stays_apart():
+    """A gate that pools the row sums of one depthwise output but multiplies another (a stride-2 branch): the reader
+    would pool its own input's rows, so the pass leaves the gate where it is."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    C, S = 8, 2
+    param = lambda name, *shape: numpy_helper.from_array(  # noqa: E731
+        (0.5 * rng.standard_normal(shape)).astype(np.float32), name)
+    nodes = [helper.make_node("Conv", ["x", "wd"], ["d0"], group=C, pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["d0"], ["d"]),
+             helper.make_node("Conv", ["x", "we"], ["e0"], group=C, pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Relu", ["e0"], ["e"]),
+             helper.make_node("GlobalAveragePool", ["d"], ["p"]),
+             helper.make_node("Conv", ["p", "w1", "b1"], ["q0"]), helper.make_node("Relu", ["q0"], ["q"]),
+             helper.make_node("Conv", ["q", "w2", "b2"], ["g0"]), helper.make_node("Sigmoid", ["g0"], ["g"]),
+             helper.make_node("Mul", ["e", "g"], ["m"]), helper.make_node("Conv", ["m", "wo"], ["y"])]
+    graph = helper.make_graph(nodes, "gate_elsewhere", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                      [1, C, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 4, 4])],
+                              [param("wd", C, 1, 3, 3), param("we", C, 1, 3, 3), param("w1", S, C, 1, 1),
+                               param("b1", S), param("w2", C, S, 1, 1), param("b2", C), param("wo", 8, C, 1, 1)])
+    g = load_graph(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]))
+    gate = next(n for n in g.nodes if n.op == "se_gate")
+    assert "pixels" in gate.attrs  # it pools the row sums of d: a candidate but for its reader
+    assert gates_in_readers(g) is g

@@ -833,14 +833,23 @@ def _refine_squeeze_excite(mod: M.Module, mode: str, graph, compile_, repeats: i
     if maps is not graph:
         out.append((f"{mode}+map-se", compile_(mode, graph=maps), maps))
     rows = [{r["node"]: r["median_s"] for r in _random_inputs(m).profile(repeats)["rows"]} for m in (mod, first)]
+    def attempt(name: str, g):  # the plan, or None where this device cannot run it (a gate its local memory
+        try:  # cannot hold, in its readers)
+            m = compile_(mode, graph=g)
+        except (TunerError, ValueError):
+            return None
+        out.append((name, m, g))
+        return m
+
     saved = {}  # where a gate goes -> {gate: the kernel time saved there, as profiled}
     for where, rewrite, attr in (("producers", gates_in_depthwise, "gate"), ("readers", gates_in_readers, "in_gate")):
         gated = rewrite(graph) if where == "readers" or info.platform_tag not in GATES_IN_PRODUCERS_MISCOMPILED \
             else graph
         if gated is graph:
             continue
-        inside = compile_(mode, graph=gated)
-        out.append((f"{mode}+gates-in-{where}", inside, gated))
+        inside = attempt(f"{mode}+gates-in-{where}", gated)
+        if inside is None:
+            continue
         times = {r["node"]: r["median_s"] for r in _random_inputs(inside).profile(repeats)["rows"]}
         hosts = {}  # gate -> the nodes that compute it now
         for n in gated.nodes:
@@ -850,8 +859,7 @@ def _refine_squeeze_excite(mod: M.Module, mode: str, graph, compile_, repeats: i
                         for gate, names in hosts.items() if all(h in times for h in names)}
         faster = {gate for gate, s in saved[where].items() if s > 0}
         if faster and len(faster) < len(hosts):
-            some = rewrite(graph, faster)
-            out.append((f"{mode}+some-gates-in-{where}", compile_(mode, graph=some), some))
+            attempt(f"{mode}+some-gates-in-{where}", rewrite(graph, faster))
     if len(saved) == 2:  # each gate where it saves the more, where both places save some
         best = {}
         for where, gates in saved.items():
@@ -860,8 +868,8 @@ def _refine_squeeze_excite(mod: M.Module, mode: str, graph, compile_, repeats: i
                     best[gate] = (where, s)
         split = {where: {g for g, (w, _) in best.items() if w == where} for where in saved}
         if split["producers"] and split["readers"]:
-            both = gates_in_depthwise(gates_in_readers(graph, split["readers"]), split["producers"])
-            out.append((f"{mode}+gates-in-producers-and-readers", compile_(mode, graph=both), both))
+            attempt(f"{mode}+gates-in-producers-and-readers",
+                    gates_in_depthwise(gates_in_readers(graph, split["readers"]), split["producers"]))
     slower = {n for n in fused
               if rows[0].get(n, 0.0) > sum(rows[1].get(k, 0.0) for k in (n, f"{n}.squeeze", f"{n}.excite"))}
     if slower and len(slower) < len(fused):

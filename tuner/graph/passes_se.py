@@ -181,16 +181,18 @@ def _move_row_gates(graph: Graph, names, move) -> Graph:
 def _gate_readers(g: Graph, n: Node) -> list | None:
     """The convolutions that read ``se_gate`` node ``n``'s gate as their input's ``in_scale`` and could compute it
     themselves (``Conv2dWorkload.in_gate``): every reader of the gate, each a convolution of one group (not
-    depthwise) that reads the gate once, a gate a channel (not a row), with no other gate or norm computed as it
+    depthwise) whose input is the map the gate pools the row sums of (the kernel pools its own input's rows) and
+    that reads the gate once, a gate a channel (not a row), with no other gate or norm computed as it
     reads (``in_response``, ``in_norm``, ``in_group_norm``, ``in_layer_norm``, ``in_view``); None where any reader
     is not such a one, or the precision guard kept one of them in float32 and not the other."""
-    s = n.outputs[0]
+    s, x = n.outputs[0], g.producer(n.inputs[0]).outputs[0]  # the gate, and the map whose row sums it pools
     readers = [r for r in g.nodes if s in r.inputs]
     if not readers or s in g.outputs:
         return None
     for r in readers:
         a = r.attrs
         if r.op != "conv2d" or a.get("in_scale") != s or r.inputs.count(s) != 1 or a.get("groups", 1) != 1 \
+                or r.inputs[0] != x \
                 or any(a.get(k) for k in ("in_response", "in_norm", "in_group_norm", "in_layer_norm", "in_view",
                                           "in_gate")) \
                 or g.shapes[s][2] != 1 or (r.name in g.float32) != (n.name in g.float32):
