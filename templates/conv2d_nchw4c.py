@@ -34,9 +34,7 @@ from tuner.templates.common import (EPILOGUE_ARGS, MODEL_KNOBS, PAD_MODE_ARG, WI
                                     fit_work_group, gpu_fill_target, input_pixel, is_depthwise, node_epilogue, pixel,
                                     input_parts, padded, padded_tap, params_of, random_inputs, read_parts_numpy,
                                     reference, response_gate_numpy, scale_operand, scale_shape, scope_layout,
-                                    split_sums,
-                                    store_tile, texture_scopes,
-                                    value, window_features, window_fields)
+                                    split_sums, store_tile, texture_scopes, value, window_features, window_fields)
 
 
 @dataclass(frozen=True)
@@ -627,7 +625,8 @@ def fallback(wl: Conv2dWorkload, info) -> Conv2dConfig:
     benchmark's convolutions on Intel's CPU runtime, and 0.47x the kernel time of the 4-column fallback on
     ResNet-18 at 224 (``bench/fallbacks.py``, 2026-11-26). A row-major model input (``plain_input``) is read one
     channel at a time (``vec_load`` 1: a 4-lane gather from the planes ran 1.9x slower on that runtime, 173 against
-    89 us for a 9x9 stem)."""
+    89 us for a 9x9 stem). A convolution that computes its input's gate (``in_gate``) takes a work-group and a
+    split whose local memory holds the gate's arrays (``gate_local_bound``), or a ValueError where none does."""
     v = space_vars(wl)
     scope = texture_scopes(wl, info, [("nchw4c", wl.data), ("nchw4c", wl.out_shape), ("oihw4o", wl.kernel)])
     if wl.out_norm:
