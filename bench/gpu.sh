@@ -37,8 +37,9 @@
 #   glue_tune  the same models exported, then the reduction tasks of their plans in $GLUE_SCOPES (auto; e.g.
 #           auto,texture,buffer) tuned ($TRIALS each, 24; until $DEADLINE s; GLUE_UNTUNED=1: also any other task the
 #           logs have no record of; GLUE_TEMPLATES=depthwise_conv2d,se_gate: only those templates' tasks;
-#           GLUE_AGAIN=1: those the logs hold records of too; GLUE_REWRITE=gates-in-producers, stats-in-producers
-#           or norms-as-read+stats-in-producers: only the tasks of that plan that the graph's own plan lacks --
+#           GLUE_AGAIN=1: those the logs hold records of too; GLUE_REWRITE=gates-in-producers, gates-in-readers,
+#           stats-in-producers, norms-as-read or norms-as-read+stats-in-producers: only the tasks of that plan that
+#           the graph's own plan lacks --
 #           convolutions, so with GLUE_TEMPLATES=depthwise_conv2d or conv2d; GLUE_SCOPES=auto,buffer: the scopes
 #           the compile plans those candidates in)
 #           into logs/glue_tuned.jsonl (beside the device's logs: later stages of the call read it), copied to
