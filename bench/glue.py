@@ -49,6 +49,8 @@ REDUCTIONS = ("spatial_reduce", "group_norm", "layer_norm", "softmax", "se_gate"
 # it reads (``in_gate``): ``extra_layers``
 EXTRA_COMPUTE_LAYERS = {"se_gate": 2}
 GATE_FIELDS = ("gate", "in_gate")
+MODELS = ("tv_efficientnet_b0", "tv_mobilenet_v3_large", "tv_shufflenet_v2_x1_0", "tv_regnet_y_400mf",
+          "poolformer_s12", "style_in", "gn32_resnet", "tv_convnext_tiny")
 
 
 def extra_layers(steps) -> int:
@@ -71,8 +73,6 @@ def _gate_of(node) -> str:
         call = node.calls[0]
         return next((a for p, a in zip(call.signature, call.args) if p.name == "S"), node.name)
     return node.name
-MODELS = ("tv_efficientnet_b0", "tv_mobilenet_v3_large", "tv_shufflenet_v2_x1_0", "tv_regnet_y_400mf",
-          "poolformer_s12", "style_in", "gn32_resnet", "tv_convnext_tiny")
 
 
 # -- torch side -----------------------------------------------------------------------------------------------

@@ -22,13 +22,13 @@ from tuner.ir.kernel import Program
 from tuner.ir.gather import gather_pixel
 from tuner.ir.schedule import cache_read
 from tuner.templates.reduction import (StagedTile, add_shifted, as_float as _as_float, as_stored, channel_blocks,
-                                       hsum, packed, last_group_statistics, last_group_unit_statistics, local_tree,
+                                       hsum, last_group_statistics, last_group_unit_statistics, local_tree,
                                        norm_units, pow2_ceil, read_norm_operands, shifted_moments, start_shifted,
                                        stats_workspaces, sum_partials, unit_factors, unit_blocks, unit_first_block,
                                        unit_normed, unit_statistics, unit_statistics_layout, unit_stats_workspaces)
-from tuner.templates.se_gate import (GateSteps, SEGateWorkload, gate_params, row_spread, shared_gate_bytes,
-                                     shared_gate_rule)
-from tuner.templates.se_gate import random_inputs as gate_inputs, reference as gate_reference
+from tuner.templates.se_gate import (GateSteps, SEGateWorkload, gate_params, gate_weight_inputs, gate_weights,
+                                     row_spread, shared_gate_bytes, shared_gate_rule)
+from tuner.templates.se_gate import reference as gate_reference
 from tuner.templates.common import (EPILOGUE_ARGS, MODEL_KNOBS, PAD_MODE_ARG, WINDOW_ARGS, Arithmetic,
                                     Conv2dWorkload, LocalTile, clamp, Template, WorkloadArg, _log2, declare_operands,
                                     fit_work_group, gpu_fill_target, input_pixel, is_depthwise, node_epilogue, pixel,
@@ -84,7 +84,7 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
     Na = buffer("Na", (2 * OB, 4), "float32", "global") if wl.out_norm else None
     Rs = buffer("Rs", (OB, 4), "float32", "global") if wl.residual_scale else None
     St = buffer("St", (N * norm_units(O, int(wl.out_stats)) * 2, 4), "float32", "global") if wl.out_stats else None
-    Gw = gate_weights(wl)  # in_gate's squeeze and excite weights (W1, B1, W2, B2)
+    Gw = gate_weights(wl.in_gate, C, wl.dtype) if wl.in_gate else ()  # in_gate's squeeze and excite weights
     operands = (*params_of(X), Sc, Rg, Wt, B, Res, Y, Xs, P, Q, A, Na, Rs, St, *Gw)
     if wl.in_read and cfg.cache_input:
         raise ValueError("cache_input copies one input buffer; an input read in parts (in_read) has several")
@@ -336,16 +336,6 @@ def gated(pixel, Sc, n, cb, arith, ih):
     if callable(Sc):
         return pixel * arith.load(Sc(cb))
     return pixel * arith.load(Sc[n, Ramp(cb * 4, as_expr(1), 4), gate_row(Sc, ih), 0])
-
-
-def gate_weights(wl) -> tuple:
-    """``in_gate``'s weights as ``se_gate`` takes them (W1 and W2 (S, C) packed by 4 along C, B1 (S,), B2 (C,)),
-    global buffers in every scope; () without it."""
-    if not wl.in_gate:
-        return ()
-    S, C = wl.in_gate, wl.data[1]
-    return (packed("W1", (S, C), wl.dtype, "buffer"), buffer("B1", (S,), wl.dtype, "global", "bias4_buffer"),
-            packed("W2", (S, C), wl.dtype, "buffer"), buffer("B2", (C,), wl.dtype, "global", "bias4_buffer"))
 
 
 def input_gate(b, wl, rows, weights, n, lid, L: int):
@@ -713,9 +703,6 @@ def _reference(wl: Conv2dWorkload, inputs: dict):
     return {"Y": y, "St": unit_statistics(y, int(wl.out_stats))} if wl.out_stats else y
 
 
-GATE_INPUTS = ("W1", "B1", "W2", "B2")  # ``in_gate``'s weights, as ``se_gate`` takes them
-
-
 def _random_inputs(wl: Conv2dWorkload, rng) -> dict:
     """``common.random_inputs``; with ``in_gate`` S the row sums of the maps of X (as a depthwise producer writes
     them) and the squeeze's and excite's weights as ``se_gate``'s tests draw them."""
@@ -724,9 +711,8 @@ def _random_inputs(wl: Conv2dWorkload, rng) -> dict:
         x = inputs["X"].astype(np.float64) + 0.5  # a pool of post-activation values: a mean off zero
         inputs["X"] = x.astype(wl.dtype)
         inputs["S"] = x.sum(axis=3, keepdims=True).astype(wl.dtype)
-        drawn = gate_inputs(SEGateWorkload(scale_shape(wl), wl.in_gate, wl.gate_act1, wl.gate_activation, wl.dtype),
-                            rng)
-        inputs.update({k: drawn[k] for k in GATE_INPUTS})
+        inputs.update(gate_weight_inputs(SEGateWorkload(scale_shape(wl), wl.in_gate, wl.gate_act1,
+                                                        wl.gate_activation, wl.dtype), rng))
     return inputs
 
 
@@ -803,8 +789,8 @@ def lower(ctx, node, ins):
         extra.update(gate_extra)
         inputs.update(gate_inputs)
         fields["gate_act1"], fields["gate_activation"] = node.attrs["in_gate_acts"]
+    # a gate a channel and row (N, C, H, 1); in_gate's S is row sums, not a gate
     rows = "S" in inputs and ctx.shape(node.attrs["in_scale"])[2] > 1 and not node.attrs.get("in_gate")
-    # a gate a channel and row (N, C, H, 1)
     wl = Conv2dWorkload(data=data, kernel=w_shape, groups=groups, residual="Res" in inputs, in_scale="S" in inputs,
                         scale_rows=rows,
                         pad_mode=node.attrs.get("pad_mode", "zeros"), **window_fields(node), **fields)

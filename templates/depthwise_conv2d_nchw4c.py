@@ -26,9 +26,10 @@ from tuner.templates.common import (MODEL_KNOBS, Arithmetic, Conv2dWorkload, Loc
                                            window_fields,
                                            padded_windows, random_inputs, reference_epilogue, scope_layout,
                                            store_tile, texture_scopes, window_features)
-from tuner.templates.reduction import SLOT_ALIGN, global_fence, packed
-from tuner.templates.se_gate import GateSteps, SEGateWorkload, gate_params, shared_gate_rule
-from tuner.templates.se_gate import random_inputs as gate_inputs, reference as gate_reference
+from tuner.templates.reduction import SLOT_ALIGN, global_fence
+from tuner.templates.se_gate import (GATE_INPUTS, GateSteps, SEGateWorkload, gate_params, gate_weight_inputs,
+                                     gate_weights, shared_gate_rule)
+from tuner.templates.se_gate import reference as gate_reference
 
 
 @dataclass(frozen=True)
@@ -159,10 +160,7 @@ def depthwise_conv2d_nchw4c(wl: DepthwiseWorkload, cfg: DepthwiseConfig):
     Q = buffer("Q", wl.rows_shape if wl.row_sums else (N, C, 1, 1), wl.dtype,
                *scope_layout(cfg.output_scope, cfg.act_layout, "nchw4c_buffer")) if wl.whole_rows else None
     Qr = buffer("Qr", gate_rows_shape(wl), "float32", "global", "nchw4c_buffer") if wl.gate else Q  # row sums
-    gate_in = [packed("W1", (wl.gate, C), wl.dtype, "buffer"), buffer("B1", (wl.gate,), wl.dtype, "global",
-                                                                       "bias4_buffer"),
-               packed("W2", (wl.gate, C), wl.dtype, "buffer"), buffer("B2", (C,), wl.dtype, "global",
-                                                                       "bias4_buffer")] if wl.gate else []
+    gate_in = list(gate_weights(wl.gate, C, wl.dtype)) if wl.gate else []
     A = buffer("A", (N, wl.in_add[0], H, W), wl.dtype,
                *scope_layout(cfg.input_scope, cfg.act_layout, "nchw4c_buffer")) if wl.in_add else None
     operands = (X, Wt, B, Res, Y, Q, A, *gate_in)
@@ -407,7 +405,6 @@ def _reference(wl, inputs):
                      {k: inputs[k] for k in GATE_INPUTS} if wl.gate else None)
 
 
-GATE_INPUTS = ("W1", "B1", "W2", "B2")  # ``gate``'s weights, as ``se_gate`` takes them
 
 
 def _random_inputs(wl, rng) -> dict:
@@ -415,8 +412,8 @@ def _random_inputs(wl, rng) -> dict:
     draw them."""
     inputs = random_inputs(wl, rng)
     if wl.gate:
-        drawn = gate_inputs(SEGateWorkload(wl.out_shape, wl.gate, wl.gate_act1, wl.gate_activation, wl.dtype), rng)
-        inputs.update({k: drawn[k] for k in GATE_INPUTS})
+        inputs.update(gate_weight_inputs(SEGateWorkload(wl.out_shape, wl.gate, wl.gate_act1, wl.gate_activation,
+                                                        wl.dtype), rng))
     return inputs
 
 

@@ -122,6 +122,24 @@ class SEGateConfig:
     output_scope: str = "texture"
 
 
+GATE_INPUTS = ("W1", "B1", "W2", "B2")  # the squeeze's and the excite's weights, wherever a gate is computed
+
+
+def gate_weights(S: int, C: int, dtype: str) -> tuple:
+    """A gate's weights as its kernels take them, global buffers in every scope: W1 and W2 (S, C) packed by 4
+    along C (W2 the excite's weights transposed), B1 (S,) and B2 (C,) padded to blocks of 4; in ``GATE_INPUTS``'
+    order."""
+    return (packed("W1", (S, C), dtype, "buffer"), buffer("B1", (S,), dtype, "global", "bias4_buffer"),
+            packed("W2", (S, C), dtype, "buffer"), buffer("B2", (C,), dtype, "global", "bias4_buffer"))
+
+
+def gate_weight_inputs(wl: SEGateWorkload, rng) -> dict:
+    """``random_inputs``' weights of the gate ``wl`` (``GATE_INPUTS``), for a kernel that computes the gate of a
+    tensor it writes or reads."""
+    drawn = random_inputs(wl, rng)
+    return {k: drawn[k] for k in GATE_INPUTS}
+
+
 def shared_gate_rule(L: int, S: int, CB: int) -> tuple:
     """A gate's squeeze and excite run by a work-group of ``L`` work-items that another kernel sized (a depthwise
     convolution's last work-group, every work-group of a convolution reading the gate): ``(K, E, loop)`` -- the
@@ -321,9 +339,7 @@ def se_gate(wl: SEGateWorkload, cfg: SEGateConfig):
     weights_loop = "unrolled" if cfg.unroll else "serial"
     X = packed("X", wl.data, wl.dtype, cfg.input_scope)
     Y = packed("Y", wl.out_shape, wl.dtype, cfg.output_scope)
-    W1, W2 = (packed(name, (S, C), wl.dtype, "buffer") for name in ("W1", "W2"))
-    B1 = buffer("B1", (S,), wl.dtype, "global", "bias4_buffer")
-    B2 = buffer("B2", (C,), wl.dtype, "global", "bias4_buffer")
+    W1, B1, W2, B2 = gate_weights(S, C, wl.dtype)
     vec = Ramp(as_expr(0), as_expr(1), 4)
     chunk = ceil_div(HW, T)  # pixels of one pool work-group
     sums = buffer("part", (N * T * CB, 4), "float32", "global") if T > 1 else None

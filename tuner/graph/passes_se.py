@@ -155,8 +155,7 @@ def gates_in_depthwise(graph: Graph, names=None) -> Graph:
             return False
         p.outputs[p.outputs.index(rows)] = n.outputs[0]
         p.attrs.pop("row_sums", None)
-        p.attrs["gate"], p.attrs["gate_node"] = list(params), n.name
-        p.attrs["gate_acts"] = [n.attrs.get("act1", "none"), n.attrs.get("activation", "none")]
+        p.attrs["gate"], p.attrs["gate_node"], p.attrs["gate_acts"] = list(params), n.name, _gate_acts(n)
         p.inputs = p.inputs + list(params)
         g.shapes.pop(rows, None)
         return True
@@ -167,15 +166,21 @@ def _move_row_gates(graph: Graph, names, move) -> Graph:
     """``graph`` with each ``se_gate`` that pools row sums (``pool_rows_in_depthwise``; of ``names``, None: every
     one) handed to the nodes that compute it instead: ``move(g, gate)`` rewrites the copy ``g`` and says whether it
     did, and the gates it moved go. ``graph`` itself where none moved."""
-    if not any(n.op == "se_gate" and "pixels" in n.attrs and (names is None or n.name in names) for n in graph.nodes):
+    wanted = {n.name for n in graph.nodes if n.op == "se_gate" and "pixels" in n.attrs
+              and (names is None or n.name in names)}
+    if not wanted:
         return graph
     g = graph.copy()
-    drop = {id(n) for n in list(g.nodes) if n.op == "se_gate" and "pixels" in n.attrs
-            and (names is None or n.name in names) and move(g, n)}
+    drop = {id(n) for n in list(g.nodes) if n.op == "se_gate" and n.name in wanted and move(g, n)}
     if not drop:
         return graph
     g.nodes = [nd for nd in g.nodes if id(nd) not in drop]
     return g.validate()
+
+
+def _gate_acts(n: Node) -> list:
+    """An ``se_gate`` node's activations, [act1, the gate's], as the node that computes the gate instead keeps them."""
+    return [n.attrs.get("act1", "none"), n.attrs.get("activation", "none")]
 
 
 def _gate_readers(g: Graph, n: Node) -> list | None:
@@ -218,7 +223,7 @@ def gates_in_readers(graph: Graph, names=None) -> Graph:
         for r in readers:
             r.inputs = [rows if t == s else t for t in r.inputs] + list(params)
             r.attrs["in_scale"], r.attrs["in_gate"], r.attrs["gate_node"] = rows, list(params), n.name
-            r.attrs["in_gate_acts"] = [n.attrs.get("act1", "none"), n.attrs.get("activation", "none")]
+            r.attrs["in_gate_acts"] = _gate_acts(n)
         g.shapes.pop(s, None)
         return True
     return _move_row_gates(graph, names, move)

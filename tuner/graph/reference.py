@@ -64,14 +64,21 @@ def side_outputs(node: Node, out: np.ndarray, env: dict) -> dict:
     if node.attrs.get("row_sums"):
         return {node.outputs[1]: out.sum(axis=3, keepdims=True)}
     if node.attrs.get("gate"):
-        act1, act = node.attrs["gate_acts"]
-        gate = se_gate(Node("se_gate", node.name, [], [], {"act1": act1}), out,
-                       *(env[t] for t in node.attrs["gate"]))
-        return {node.outputs[1]: apply_numpy(act, gate)}
+        return {node.outputs[1]: _computed_gate(node, node.attrs["gate_acts"], out,
+                                                [env[t] for t in node.attrs["gate"]])}
     if node.attrs.get("out_stats"):
         from tuner.templates.reduction import unit_statistics  # (tuner.templates imports tuner.graph)
         return {node.outputs[1]: unit_statistics(out, int(node.attrs["out_stats"])).reshape(out.shape[0], -1)}
     return {}
+
+
+def _computed_gate(node: Node, acts, x, params, pixels: int = 0) -> np.ndarray:
+    """The squeeze-excite gate a node computes (``passes_se``: a depthwise convolution its output's, from ``x`` its
+    map; a reader its input's, from ``x`` the map's row sums over ``pixels``): ``se_gate`` with ``acts`` (act1, the
+    gate's activation) and ``params`` (w1, b1, w2, b2)."""
+    act1, act = acts
+    attrs = {"act1": act1, **({"pixels": pixels} if pixels else {})}
+    return apply_numpy(act, se_gate(Node("se_gate", node.name, [], [], attrs), x, *params))
 
 
 # The fused epilogues (and in-place reads) the passes give each op, beyond its own attributes: what its kernel
@@ -125,11 +132,8 @@ def _evaluate(graph: Graph, node: Node, fn, env: dict) -> np.ndarray:
         from tuner.templates.common import response_gate_numpy
         ins[0] = ins[0] * response_gate_numpy(extra["in_scale"], extra["response_affine"], a["in_response"])
     elif "in_scale" in extra and a.get("in_gate"):  # passes_se.gates_in_readers: the gate from the maps' row sums
-        act1, act = a["in_gate_acts"]
-        x = ins[0]
-        g = se_gate(Node("se_gate", node.name, [], [], {"act1": act1, "pixels": x.shape[2] * x.shape[3]}),
-                    extra["in_scale"], *(env[t] for t in gate))
-        ins[0] = x * apply_numpy(act, g)
+        ins[0] = ins[0] * _computed_gate(node, a["in_gate_acts"], extra["in_scale"], [env[t] for t in gate],
+                                         ins[0].shape[2] * ins[0].shape[3])
     elif "in_scale" in extra:
         ins[0] = ins[0] * extra["in_scale"]
     if a.get("in_norm") and "in_norm" in fused_ok:  # passes_layer_norm: the input normalized over its channels,
