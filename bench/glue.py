@@ -363,6 +363,7 @@ def cmd_tune(args) -> int:
         done = [t for t in tasks if history.query(t.template, t.workload, dev.fingerprint, t.scopes, t.fixed)]
         tasks = [t for t in tasks if t not in done]
         print(f"{len(done)} tasks tuned before (in --log)", flush=True)
+    pinned = _pinned(args.fix)
     start = time.perf_counter()
     print(f"{len(tasks)} tasks to tune", flush=True)
     for i, t in enumerate(tasks):
@@ -373,11 +374,24 @@ def cmd_tune(args) -> int:
         if args.again and logs:
             rec = history.query(t.template, t.workload, dev.fingerprint, t.scopes, t.fixed)
             before = f" (the log's best: {rec.median_s * 1e6:.1f} us, {rec.config})" if rec is not None else ""
-        r = tune(t.template, t.workload, dev, trials=args.trials, log=args.out_log, scopes=t.scopes, fixed=t.fixed,
-                 fallback_first=True, progress=False)
+        r = tune(t.template, t.workload, dev, trials=args.trials, log=args.out_log, scopes=t.scopes,
+                 fixed={**t.fixed, **pinned}, fallback_first=not pinned, progress=False)
         print(f"[{i + 1}/{len(tasks)}] {t.template} {t.label}: best {r.best.median_s * 1e6:.1f} us {r.best.config}"
               f"{before}" if r.best else f"[{i + 1}/{len(tasks)}] {t.label}: no valid config", flush=True)
     return 0
+
+
+def _pinned(text: str) -> dict:
+    """``--fix``'s knobs: ``KNOB=VALUE`` pairs, comma-separated; true, false and integers as such."""
+    pinned = {}
+    for pair in filter(None, text.split(",")):
+        knob, sep, value = pair.partition("=")
+        if not sep or not knob.strip():
+            raise SystemExit(f"--fix {pair!r}: want KNOB=VALUE, e.g. last_group=true")
+        value = value.strip()
+        number = value.lstrip("-").isdigit()
+        pinned[knob.strip()] = {"true": True, "false": False}.get(value.lower(), int(value) if number else value)
+    return pinned
 
 
 # -- other models, and plans ---------------------------------------------------------------------------------
@@ -525,6 +539,9 @@ def main(argv=None) -> int:
                    "whose space grew a knob), tuned afresh into --out-log (the fallback first)")
     p.add_argument("--templates", default="", help="tune: only the tasks of these templates (comma-separated) that "
                    "--log has no record of (with --again: all of them), e.g. depthwise_conv2d,se_gate")
+    p.add_argument("--fix", default="", help="tune: knobs pinned in every task's search, KNOB=VALUE comma-separated "
+                   "(e.g. partial_squeeze=true,last_group=true,excite_groups=1: a new variant's configs measured "
+                   "where the sampler would rarely reach them)")
     p.add_argument("--rewrite", default="", choices=("", "gates-in-producers", "gates-in-readers", "stats-in-producers",
                                                      "norms-as-read", "norms-as-read+stats-in-producers"),
                    help="tune, plans: the tasks "

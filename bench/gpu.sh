@@ -37,7 +37,8 @@
 #   glue_tune  the same models exported, then the reduction tasks of their plans in $GLUE_SCOPES (auto; e.g.
 #           auto,texture,buffer) tuned ($TRIALS each, 24; until $DEADLINE s; GLUE_UNTUNED=1: also any other task the
 #           logs have no record of; GLUE_TEMPLATES=depthwise_conv2d,se_gate: only those templates' tasks;
-#           GLUE_AGAIN=1: those the logs hold records of too; GLUE_REWRITE=gates-in-producers, gates-in-readers,
+#           GLUE_AGAIN=1: those the logs hold records of too; GLUE_FIX=knob=value,...: those knobs pinned;
+#           GLUE_REWRITE=gates-in-producers, gates-in-readers,
 #           stats-in-producers, norms-as-read or norms-as-read+stats-in-producers: only the tasks of that plan that
 #           the graph's own plan lacks --
 #           convolutions, so with GLUE_TEMPLATES=depthwise_conv2d or conv2d; GLUE_SCOPES=auto,buffer: the scopes
@@ -163,7 +164,7 @@ for stage in "$@"; do
       python3 "$REPO/bench/glue.py" tune --work /tmp/gw --device nvidia --log "$REPO/logs/*.jsonl" --trials "${TRIALS:-24}" \
         --deadline "${DEADLINE:-400}" --out-log "$REPO/logs/glue_tuned.jsonl" ${GLUE_MODELS:+--models "$GLUE_MODELS"} \
         --scopes "${GLUE_SCOPES:-auto}" ${GLUE_UNTUNED:+--untuned} \
-        ${GLUE_TEMPLATES:+--templates "$GLUE_TEMPLATES"} ${GLUE_AGAIN:+--again} ${GLUE_REWRITE:+--rewrite "$GLUE_REWRITE"} 2>&1 \
+        ${GLUE_TEMPLATES:+--templates "$GLUE_TEMPLATES"} ${GLUE_AGAIN:+--again} ${GLUE_REWRITE:+--rewrite "$GLUE_REWRITE"} ${GLUE_FIX:+--fix "$GLUE_FIX"} 2>&1 \
         | grep -v "Warning\|warn(" | tail -40
       cp "$REPO/logs/glue_tuned.jsonl" "$OUT/" 2>/dev/null ;;
     stats_epilogue)  # what a convolution's norm-statistics epilogue costs, config by config (issue 55), under each
