@@ -315,8 +315,30 @@ def _rewrite(name: str):
     return {"": None, "gates-in-producers": gates_in_depthwise, "gates-in-readers": gates_in_readers,
             "stats-in-producers": norm_statistics_into_producers,
             "norms-as-read": norms_applied_as_read,
-            "norms-as-read+stats-in-producers": lambda g: norm_statistics_into_producers(norms_applied_as_read(g))
-            }[name]
+            "norms-as-read+stats-in-producers": lambda g: norm_statistics_into_producers(norms_applied_as_read(g)),
+            "pools-in-dense": lambda g: g}[name]
+
+
+def _pooled_dense_tasks(graph, dev, scope: str, logs) -> list:
+    """``--rewrite pools-in-dense``: each dense of the plan that reads a global average pool, as the task that reads
+    the pool's maps itself (``DenseWorkload.in_pool``; a wide one, ImageNet's 1000 classes, is fused only where
+    the log has measured it faster than the two apart: ``input_views._staged_pool_pays``)."""
+    import dataclasses
+    from tuner.compile.compiler import plan_model
+    from tuner.plan.input_views import pooled_rows
+    from tuner.plan.io_views import readers_of
+    from tuner.plan.types import FIXED
+    from tuner.task import TuningTask
+    plan = plan_model(graph, dev, scope, logs)
+    producer, readers = {s.output: s for s in plan.steps}, readers_of(plan)
+    tasks = []
+    for s in plan.steps:
+        found = pooled_rows(plan, s, producer, readers) if s.op == "dense" and s.tuned and \
+            not s.workload.in_pool else None
+        if found is not None:
+            wl = dataclasses.replace(s.workload, in_pool=tuple(plan.tensors[found[0]].shape[2:]))
+            tasks.append(TuningTask("dense", wl, dict(s.scopes), FIXED["dense"]))
+    return tasks
 
 
 def cmd_tune(args) -> int:
@@ -331,7 +353,8 @@ def cmd_tune(args) -> int:
     (``passes_se.gates_in_depthwise``); ``gates-in-readers``: by the convolutions that read it
     (``passes_se.gates_in_readers``); ``stats-in-producers``: each GroupNorm(1)'s statistics written by its
     producer (``passes_layer_norm.norm_statistics_into_producers``); ``norms-as-read+stats-in-producers``: every
-    norm applied by its readers, its statistics (an InstanceNorm's, a GroupNorm's) by its producer. A convolution
+    norm applied by its readers, its statistics (an InstanceNorm's, a GroupNorm's) by its producer;
+    ``pools-in-dense``: each classifier's dense reading its global average pool's maps. A convolution
     that writes statistics keeps its plain key (``Conv2dWorkload.out_stats``: the records apply), so of those two
     only the readers that normalize are new tasks."""
     from tuner.compile.compiler import load_graph, model_tasks
@@ -345,11 +368,12 @@ def cmd_tune(args) -> int:
         onnx_path = Path(args.work) / "models" / f"{name}.onnx"
         if onnx_path.exists():
             graph = load_graph(str(onnx_path))
-            own = set() if rewrite is None else \
+            own = set() if rewrite is None or args.rewrite == "pools-in-dense" else \
                 {t.key() for scope in args.scopes.split(",") for t in model_tasks(graph, dev, scope=scope, log=logs)}
-            graph = graph if rewrite is None else rewrite(graph)
+            graph = graph if rewrite is None or args.rewrite == "pools-in-dense" else rewrite(graph)
             for scope in args.scopes.split(","):  # auto's plan, and the uniform ones auto may switch to
-                for t in model_tasks(graph, dev, scope=scope, log=logs):
+                for t in (_pooled_dense_tasks(graph, dev, scope, logs) if args.rewrite == "pools-in-dense" else
+                          model_tasks(graph, dev, scope=scope, log=logs)):
                     wanted = t.template in args.templates.split(",") if args.templates else \
                         t.template in REDUCTIONS or args.untuned
                     if wanted and t.key() not in seen and t.key() not in own:
@@ -543,7 +567,8 @@ def main(argv=None) -> int:
                    "(e.g. partial_squeeze=true,last_group=true,excite_groups=1: a new variant's configs measured "
                    "where the sampler would rarely reach them)")
     p.add_argument("--rewrite", default="", choices=("", "gates-in-producers", "gates-in-readers", "stats-in-producers",
-                                                     "norms-as-read", "norms-as-read+stats-in-producers"),
+                                                     "norms-as-read", "norms-as-read+stats-in-producers",
+                                                     "pools-in-dense"),
                    help="tune, plans: the tasks "
                    "or the plan of this rewrite of each model's graph (a plan the compile times beside its own)")
     p.add_argument("--out", default=str(HERE / "results" / "glue"))

@@ -97,6 +97,11 @@ class DenseWorkload:
                                   and (k not in ("in_pool", "in_norm", "norm_partials", "norm_hw") or v)}}
 
 
+# in_pool: a dense of at most this many output blocks of 4 has each work-item pool the blocks it reads; a wider one
+# (a classifier of many classes) pools its maps into local memory once a work-group by default (``pool_stage``)
+POOL_ITEM_BLOCKS = 4
+
+
 @dataclass(frozen=True)
 class DenseConfig:
     """One value per knob of ``search_space/dense.toml``."""
@@ -108,6 +113,9 @@ class DenseConfig:
     vec_load: int = 4  # buffer input loads: float4 per 4 features, or one scalar per feature (4o only)
     weight_pack: str = "4o"  # weights packed by 4 along outputs (4o) or the reduction (4i)
     compute: str = "float32"  # float32; half: half4 loads and products, float32 sums; half_acc: half sums too
+    pool_stage: bool = False  # with in_pool: the work-group pools its rows' maps into local memory once, before the
+    # reduction loop, and the work-items read the means there -- a classifier of many outputs (ImageNet's 1000),
+    # whose work-items would each pool every block they read again
     input_scope: str = "texture"
     weight_scope: str = "texture"
     output_scope: str = "texture"
@@ -129,6 +137,8 @@ def dense(wl: DenseWorkload, cfg: DenseConfig):
                                                               else ("row4", "row4_buffer")))
     if wl.in_pool and cfg.vec_load != 4:
         raise ValueError("in_pool reads whole pixels of X's maps: vec_load 4")
+    if cfg.pool_stage and not wl.in_pool:
+        raise ValueError("pool_stage pools X's maps into local memory: it needs in_pool")
     if wl.in_norm and cfg.vec_load != 4:
         raise ValueError("in_norm sums each row's features from whole pixels: vec_load 4")
     Wt = _declare("Wt", wl.weight, wl.dtype, cfg.weight_scope, w_layout, f"{w_layout}_buffer", weight=True)
@@ -150,11 +160,15 @@ def dense(wl: DenseWorkload, cfg: DenseConfig):
         mt, n0 = gm * cfg.wg_m + tm, gn * t_n
         lanes_acc = 4 if cfg.weight_pack == "4i" else 1  # 4i: one float4 of products per output
         acc = arith.accumulators(b, len(tiles) * lanes_acc)
-        pooled = b.allocate("pooled", (t_n,), "float32x4", "private") if wl.in_pool else None
+        pooled = b.allocate("pooled", (t_n,), "float32x4", "private") if wl.in_pool and not cfg.pool_stage else None
         st = b.allocate("st", (3 * t_n,), "float32", "private") if wl.in_norm else None
+        means = stage_pools(b, X, wl, cfg, n0, tk * cfg.wg_m + tm if sk > 1 else tm) if cfg.pool_stage else None
 
         def row_block(y, n, kb):
-            """Row ``n``'s features 4kb..4kb+3: X's pixel, or with ``in_pool`` the mean of X's maps there."""
+            """Row ``n``'s features 4kb..4kb+3: X's pixel, or with ``in_pool`` the mean of X's maps there (with
+            ``pool_stage`` from the work-group's local means)."""
+            if means is not None:
+                return means[y * KB + kb]
             if pooled is None:
                 return X[n, Ramp(kb * 4, as_expr(1), 4)]
             H, W = wl.in_pool
@@ -250,6 +264,28 @@ def dense(wl: DenseWorkload, cfg: DenseConfig):
     return b.kernel("dense", params)
 
 
+def stage_pools(b: Builder, X, wl: DenseWorkload, cfg: DenseConfig, n0, i):
+    """``pool_stage``: the means of the work-group's ``tile_n`` rows' maps (rows from ``n0``, clamped to N), every
+    block of 4 features, in a local array (row-major: y * KB + kb), the ``wg_m x split_k`` work-items (flat id
+    ``i``) taking every L-th entry and the H x W pixels of its maps; then the barrier."""
+    (N, K), (H, W) = wl.data, wl.in_pool
+    KB, L, entries = -(-K // 4), cfg.wg_m * cfg.split_k, cfg.tile_n * -(-K // 4)
+    means = b.allocate("means", (entries,), "float32x4", "local")
+    rounds = -(-entries // L)
+    with b.loop("pr", rounds, "serial") if rounds > 1 else nullcontext(as_expr(0)) as r:
+        j = b.let("pj", r * L + i if rounds > 1 else i)
+        with b.if_(j < entries) if rounds * L != entries else nullcontext():
+            y, kb = (b.let("py", j // KB), b.let("pkb", j % KB)) if cfg.tile_n > 1 else (as_expr(0), j)
+            n = min_(n0 + y, N - 1) if cfg.tile_n > 1 or N > 1 else n0
+            acc = b.allocate("pacc", (1,), "float32x4", "private")
+            b.store(acc, 0, 0.0)
+            with b.loop("sph", H, "serial") as h, b.loop("spw", W, "serial") as w:
+                b.store(acc, 0, acc[0] + X[n, Ramp(kb * 4, as_expr(1), 4), h, w])
+            b.store(means, j, acc[0] * (1.0 / (H * W)))
+    b.barrier()
+    return means
+
+
 def _hsum(v):
     return ExtractLane(v, 0) + ExtractLane(v, 1) + ExtractLane(v, 2) + ExtractLane(v, 3)
 
@@ -324,13 +360,17 @@ def fallback(wl: DenseWorkload, info) -> DenseConfig:
     while v["N"] == 1 and split_k * 2 <= v["KB"] // 8 and split_k * 2 <= info.max_work_item_sizes[1] and \
             (split_k < 8 or (split_k < 16 and v["MB"] * split_k < target)):
         split_k *= 2
+    stage = bool(wl.in_pool) and v["MB"] > POOL_ITEM_BLOCKS  # each work-group pools the maps: few, wide groups
+    means = v["KB"] * 16 if stage else 0
     wg_m = 1
     while wg_m < 64 and wg_m < v["MB"] and wg_m * 2 * split_k <= info.max_work_group_size \
-            and wg_m * 2 * split_k * (16 + (8 if wl.in_norm else 0)) <= info.local_mem_bytes \
-            and (not target or -(-v["MB"] // (wg_m * 2)) >= info.compute_units):
+            and means + wg_m * 2 * split_k * (16 + (8 if wl.in_norm else 0)) <= info.local_mem_bytes \
+            and (stage or not target or -(-v["MB"] // (wg_m * 2)) >= info.compute_units):
         wg_m *= 2
+    stage = stage and means + (wg_m * split_k * (16 + (8 if wl.in_norm else 0)) if split_k > 1 else 0) \
+        <= info.local_mem_bytes and -(-v["KB"] // (wg_m * split_k)) * wl.in_pool[0] * wl.in_pool[1] <= 1280
     return DenseConfig(tile_m=1, tile_n=1, wg_m=wg_m, split_k=split_k, unroll_k=1, vec_load=4, weight_pack="4o",
-                       input_scope=scope, weight_scope=scope, output_scope=scope)
+                       pool_stage=stage, input_scope=scope, weight_scope=scope, output_scope=scope)
 
 
 def _reference(wl, inputs):

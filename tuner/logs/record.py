@@ -60,7 +60,7 @@ MAX_REPLACES = 64  # timestamps a redone measurement names (``replaces``: the re
 # knob means a damaged or hand-made record, which must not be deployed with a default it was never measured
 # with.
 LATE_KNOBS = {"conv2d": ("local_input", "compute", "split_k"), "depthwise_conv2d": ("local_input", "compute"),
-              "dense": ("compute",), "winograd2": ("split_k",), "winograd4": ("split_k",),
+              "dense": ("compute", "pool_stage"), "winograd2": ("split_k",), "winograd4": ("split_k",),
               "se_gate": ("excite_split", "unroll", "partial_squeeze", "last_group")}
 
 # Characters that have no place in a log's text and can disguise it on a terminal or in a report: C0 and C1

@@ -41,6 +41,8 @@ import numpy as np
 from tuner.plan.io_views import readers_of
 from tuner.plan.tuned_configs import loses_tuned
 from tuner.plan.types import Plan, Step
+from tuner.templates import get_template
+from tuner.templates.dense import POOL_ITEM_BLOCKS
 
 MAX_PARTS = 4  # Conv2dWorkload's MAX_IN_PARTS
 # a pool is read through a view by a convolution of at least this many output channels per window tap: every
@@ -50,8 +52,10 @@ MAX_PARTS = 4  # Conv2dWorkload's MAX_IN_PARTS
 POOL_OUTPUTS_PER_TAP = 4
 # a global average pool is read in place by the dense after it (``DenseWorkload.in_pool``) when the dense has at most
 # this many output blocks of 4 (each work-item of an output block re-reads the whole maps: a classifier of a few
-# classes, not ImageNet's 1000) and the maps at most ``MAX_POOLED_PIXELS`` pixels
-MAX_POOL_DENSE_BLOCKS = 4
+# classes, not ImageNet's 1000) and the maps at most ``MAX_POOLED_PIXELS`` pixels; a wider one (its work-groups
+# pooling the maps into local memory once: ``DenseConfig.pool_stage``) only where the log measured it faster than
+# the dense and the pool apart (``_staged_pool_pays``)
+MAX_POOL_DENSE_BLOCKS = POOL_ITEM_BLOCKS
 MAX_POOLED_PIXELS = 1024
 
 
@@ -133,7 +137,7 @@ def _parts(plan: Plan, conv: Step, producer: dict, readers: dict):
     return None
 
 
-def _pooled_rows(plan: Plan, dense: Step, producer: dict, readers: dict):
+def pooled_rows(plan: Plan, dense: Step, producer: dict, readers: dict):
     """``(maps tensor, pool step)`` when ``dense``'s input rows are a plain global average pool (spatial_reduce: a
     mean over H, W to (N, C) rows, nothing fused) of a tensor it alone reads; else None."""
     x = dense.inputs.get("X")
@@ -146,9 +150,23 @@ def _pooled_rows(plan: Plan, dense: Step, producer: dict, readers: dict):
         return None
     src = plan.tensors[p.inputs["X"]]
     N, C, H, W = wl.data
-    if src.kind != "nchw" or -(-dense.workload.weight[0] // 4) > MAX_POOL_DENSE_BLOCKS or H * W > MAX_POOLED_PIXELS:
+    if src.kind != "nchw" or H * W > MAX_POOLED_PIXELS:
         return None
     return src.name, p
+
+
+def _staged_pool_pays(history, info, dense: Step, pool: Step, workload) -> bool:
+    """Whether the log holds a valid record of ``dense`` as ``workload`` (reading the pool's maps) that ran faster
+    than the dense and the pool apart (their best records, where the log has both): each kernel's time profiled, one
+    launch's overhead included in each."""
+    if history is None or info is None or not hasattr(history, "best_valid"):
+        return False
+    best = lambda step, wl: history.best_valid(get_template(step.op), wl, info, step.scopes,  # noqa: E731
+                                               get_template(step.op).model_knobs)
+    fused, apart = best(dense, workload), [best(dense, dense.workload), best(pool, pool.workload)]
+    if fused is None:
+        return False
+    return None in apart or fused.median_s < sum(r.median_s for r in apart)
 
 
 def _slice_source(plan: Plan, step: Step | None):
@@ -240,11 +258,13 @@ def read_inputs_through_views(plan: Plan, info=None, history=None) -> Plan:
                               f"channels {d.attrs['channels'][0]}.. of {d.inputs['X']}") + ")")
             continue
         if s.op == "dense" and s.tuned and not s.workload.in_pool:  # a classifier reading its global pool
-            found = _pooled_rows(plan, s, producer, readers)
+            found = pooled_rows(plan, s, producer, readers)
             if found is None or (plan.tensors[found[0]].dtype or plan.dtype) != s.workload.dtype:
                 continue
             wl = dataclasses.replace(s.workload, in_pool=tuple(plan.tensors[found[0]].shape[2:]))
             if info is not None and loses_tuned(history, info, s, wl, None):
+                continue
+            if -(-wl.weight[0] // 4) > MAX_POOL_DENSE_BLOCKS and not _staged_pool_pays(history, info, s, found[1], wl):
                 continue
             new[s.name] = dataclasses.replace(s, workload=wl, inputs={**s.inputs, "X": found[0]}, alternatives=[])
             dropped[found[1].name] = found[1]
