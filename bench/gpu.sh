@@ -41,7 +41,8 @@
 #           GLUE_REWRITE=gates-in-producers, gates-in-readers,
 #           stats-in-producers, norms-as-read or norms-as-read+stats-in-producers: only the tasks of that plan that
 #           the graph's own plan lacks --
-#           convolutions, so with GLUE_TEMPLATES=depthwise_conv2d or conv2d; GLUE_SCOPES=auto,buffer: the scopes
+#           convolutions, so with GLUE_TEMPLATES=depthwise_conv2d or conv2d; pools-in-dense (GLUE_TEMPLATES=dense):
+#           each classifier's dense reading its global pool's maps; GLUE_SCOPES=auto,buffer: the scopes
 #           the compile plans those candidates in)
 #           into logs/glue_tuned.jsonl (beside the device's logs: later stages of the call read it), copied to
 #           $OUT/glue_tuned.jsonl, to append to the device's log under logs/
