@@ -357,9 +357,11 @@ def cmd_tune(args) -> int:
     ``pools-in-dense``: each classifier's dense reading its global average pool's maps. A convolution
     that writes statistics keeps its plain key (``Conv2dWorkload.out_stats``: the records apply), so of those two
     only the readers that normalize are new tasks."""
+    import dataclasses
     from tuner.compile.compiler import load_graph, model_tasks
     from tuner.runtime.opencl.device import open_device
     from tuner.search.tune import tune
+    from tuner.templates import get_template
     dev = open_device(args.device)
     logs = _logs(args.log)
     rewrite = _rewrite(args.rewrite)
@@ -383,11 +385,16 @@ def cmd_tune(args) -> int:
     if logs:
         from tuner.logs.best import ApplyHistoryBest
         history = ApplyHistoryBest(logs)
+    pinned = _pinned(args.fix)
+
+    def knobs(t) -> dict:
+        """The task's fixed knobs and those of ``--fix`` its template has."""
+        own = {f.name for f in dataclasses.fields(get_template(t.template).config)}
+        return {**t.fixed, **{k: v for k, v in pinned.items() if k in own}}
     if logs and not args.again:  # a task this device's logs already hold a record of is not tuned again
-        done = [t for t in tasks if history.query(t.template, t.workload, dev.fingerprint, t.scopes, t.fixed)]
+        done = [t for t in tasks if history.query(t.template, t.workload, dev.fingerprint, t.scopes, knobs(t))]
         tasks = [t for t in tasks if t not in done]
         print(f"{len(done)} tasks tuned before (in --log)", flush=True)
-    pinned = _pinned(args.fix)
     start = time.perf_counter()
     print(f"{len(tasks)} tasks to tune", flush=True)
     for i, t in enumerate(tasks):
@@ -399,7 +406,7 @@ def cmd_tune(args) -> int:
             rec = history.query(t.template, t.workload, dev.fingerprint, t.scopes, t.fixed)
             before = f" (the log's best: {rec.median_s * 1e6:.1f} us, {rec.config})" if rec is not None else ""
         r = tune(t.template, t.workload, dev, trials=args.trials, log=args.out_log, scopes=t.scopes,
-                 fixed={**t.fixed, **pinned}, fallback_first=not pinned, progress=False)
+                 fixed=knobs(t), fallback_first=knobs(t) == t.fixed, progress=False)
         print(f"[{i + 1}/{len(tasks)}] {t.template} {t.label}: best {r.best.median_s * 1e6:.1f} us {r.best.config}"
               f"{before}" if r.best else f"[{i + 1}/{len(tasks)}] {t.label}: no valid config", flush=True)
     return 0
@@ -469,6 +476,9 @@ def cmd_plans(args) -> int:
     from tuner.compile.compiler import device_history, as_history, load_graph, plan_graph
     from tuner.plan.views import write_views
     from tuner.runtime.opencl.device import open_device
+    if args.rewrite == "pools-in-dense":
+        raise SystemExit("plans --rewrite pools-in-dense: a plan's views, not a graph rewrite; the plan fuses a wide "
+                         "head's pool where the log measured it faster (tune it with tune --rewrite pools-in-dense)")
     dev = open_device(args.device)
     rewrite = _rewrite(args.rewrite)
     for name in args.models.split(","):

@@ -360,15 +360,23 @@ def fallback(wl: DenseWorkload, info) -> DenseConfig:
     while v["N"] == 1 and split_k * 2 <= v["KB"] // 8 and split_k * 2 <= info.max_work_item_sizes[1] and \
             (split_k < 8 or (split_k < 16 and v["MB"] * split_k < target)):
         split_k *= 2
+    partials = 16 + (8 if wl.in_norm else 0)  # local bytes a work-item's partial sums take with a split
+
+    def widest(stage: bool) -> int:
+        """The work-group along the outputs: as wide as 64 while a GPU still gets a work-group per compute unit,
+        or with ``stage`` (each work-group pools the maps) as wide as fits beside the means."""
+        means, wg_m = (v["KB"] * 16 if stage else 0), 1
+        while wg_m < 64 and wg_m < v["MB"] and wg_m * 2 * split_k <= info.max_work_group_size \
+                and means + wg_m * 2 * split_k * partials <= info.local_mem_bytes \
+                and (stage or not target or -(-v["MB"] // (wg_m * 2)) >= info.compute_units):
+            wg_m *= 2
+        return wg_m
+
     stage = bool(wl.in_pool) and v["MB"] > POOL_ITEM_BLOCKS  # each work-group pools the maps: few, wide groups
-    means = v["KB"] * 16 if stage else 0
-    wg_m = 1
-    while wg_m < 64 and wg_m < v["MB"] and wg_m * 2 * split_k <= info.max_work_group_size \
-            and means + wg_m * 2 * split_k * (16 + (8 if wl.in_norm else 0)) <= info.local_mem_bytes \
-            and (stage or not target or -(-v["MB"] // (wg_m * 2)) >= info.compute_units):
-        wg_m *= 2
-    stage = stage and means + (wg_m * split_k * (16 + (8 if wl.in_norm else 0)) if split_k > 1 else 0) \
-        <= info.local_mem_bytes and -(-v["KB"] // (wg_m * split_k)) * wl.in_pool[0] * wl.in_pool[1] <= 1280
+    wg_m = widest(stage)
+    if stage and (v["KB"] * 16 + (wg_m * split_k * partials if split_k > 1 else 0) > info.local_mem_bytes
+                  or -(-v["KB"] // (wg_m * split_k)) * wl.in_pool[0] * wl.in_pool[1] > 1280):
+        stage, wg_m = False, widest(False)
     return DenseConfig(tile_m=1, tile_n=1, wg_m=wg_m, split_k=split_k, unroll_k=1, vec_load=4, weight_pack="4o",
                        pool_stage=stage, input_scope=scope, weight_scope=scope, output_scope=scope)
 
@@ -387,7 +395,8 @@ def features(v: dict, k: dict) -> dict:
     return {"work_per_item": log2(tile), "wg_size": log2(wg), "items": log2(items), "groups": log2(items / wg),
             "bytes_per_mac": 16 * reads / (16 * tile),
             "registers": 4 * tile * (4 if k["weight_pack"] == "4i" else 1) + 4 * reads,
-            "half": float(k.get("compute", "float32") != "float32")}
+            "half": float(k.get("compute", "float32") != "float32"),
+            "pool_stage": float(bool(k.get("pool_stage")))}
 
 
 

@@ -39,7 +39,9 @@ CASES = [
 @pytest.mark.parametrize("fields,knobs", CASES, ids=["ragged", "split", "1152-rows", "unrolled"])
 def test_the_last_work_group_computes_the_gate(device, fields, knobs, scope):
     """One kernel, its workspaces the partial dots (each image's on a 128-byte line of its own) and the arrival
-    counters; three launches on new inputs each match NumPy, and a gate off by a tenth fails the check."""
+    counters; three launches on new inputs each match NumPy, a gate off by a tenth fails the check, and after a
+    launch every image's counter is back at zero (the runtime zeroes counters when it requests a workspace, not
+    between the launches of one request: a run of several launches would compute no gate after the first)."""
     if scope == "texture" and not device.info.image_support:
         pytest.skip("no images")
     t = get_template("se_gate")
@@ -57,6 +59,20 @@ def test_the_last_work_group_computes_the_gate(device, fields, knobs, scope):
         out = run(**inputs)
         assert t.check(wl, out, inputs) < 1e-4
     assert t.check(wl, dict(out, Y=out["Y"] * 1.1), inputs) > 1e-4
+    assert (run._with_scratch(run.upload_inputs(**inputs), _counters_after_launch) == 0).all()
+
+
+def _counters_after_launch(calls) -> np.ndarray:
+    """``Executable._with_scratch``'s body: the one kernel launched, then its last parameter (the arrival counters,
+    int32) read back before the workspace is released."""
+    import pyopencl as cl
+    (kernel, global_size, local_size, args), = calls
+    queue = cl.CommandQueue(kernel.context)
+    kernel(queue, global_size, local_size, *args)
+    counters = np.full(args[-1].size // 4, -1, np.int32)
+    cl.enqueue_copy(queue, counters, args[-1])
+    queue.finish()
+    return counters
 
 
 def test_what_pocl_builds_wrongly_when_it_optimizes_is_right_on_intels_runtime():

@@ -27,8 +27,10 @@ pixels of its source read at its offset (the slice dropped) where every other re
 elementwise kernel, which then reads the source at that offset too (``in_views``).
 
 A classifier's global average pool to (N, C) rows read only by the ``dense`` after it is read in place the same way
-(``DenseWorkload.in_pool``: each input feature the mean of its map, computed as the dense reads it) where the dense
-has at most ``MAX_POOL_DENSE_BLOCKS`` output blocks and the maps at most ``MAX_POOLED_PIXELS`` pixels.
+(``DenseWorkload.in_pool``: each input feature the mean of its map, computed as the dense reads it) where the maps
+have at most ``MAX_POOLED_PIXELS`` pixels and the dense at most ``MAX_POOL_DENSE_BLOCKS`` output blocks -- or more,
+its work-groups pooling the maps into local memory (``DenseConfig.pool_stage``), where the log measured that faster
+than the dense and the pool apart in one scope (``_staged_pool_pays``).
 
 ``Plan.fused`` names each step dropped and the convolution that reads through it. The direct convolution's
 alternatives (Winograd) are dropped where the input is read through a view: they read one packed input."""
@@ -39,7 +41,7 @@ import dataclasses
 import numpy as np
 
 from tuner.plan.io_views import readers_of
-from tuner.plan.tuned_configs import loses_tuned
+from tuner.plan.tuned_configs import loses_tuned, uniform_scopes
 from tuner.plan.types import Plan, Step
 from tuner.templates import get_template
 from tuner.templates.dense import POOL_ITEM_BLOCKS
@@ -156,17 +158,22 @@ def pooled_rows(plan: Plan, dense: Step, producer: dict, readers: dict):
 
 
 def _staged_pool_pays(history, info, dense: Step, pool: Step, workload) -> bool:
-    """Whether the log holds a valid record of ``dense`` as ``workload`` (reading the pool's maps) that ran faster
-    than the dense and the pool apart (their best records, where the log has both): each kernel's time profiled, one
-    launch's overhead included in each."""
+    """Whether the log holds valid records of ``dense`` as ``workload`` (reading the pool's maps), of the dense and
+    of the pool, all three in one set of scopes (either uniform one, or the fused kernel's best record's), where the
+    fused kernel ran faster than the two apart: each kernel's time profiled, one launch's overhead in each. Without
+    all three, a wide classifier keeps its pool's launch."""
     if history is None or info is None or not hasattr(history, "best_valid"):
         return False
-    best = lambda step, wl: history.best_valid(get_template(step.op), wl, info, step.scopes,  # noqa: E731
-                                               get_template(step.op).model_knobs)
-    fused, apart = best(dense, workload), [best(dense, dense.workload), best(pool, pool.workload)]
-    if fused is None:
-        return False
-    return None in apart or fused.median_s < sum(r.median_s for r in apart)
+
+    def best(step, wl, scopes):
+        t = get_template(step.op)
+        return history.best_valid(t, wl, info, scopes, t.model_knobs)
+    anywhere = best(dense, workload, None)
+    for scopes in [uniform_scopes("texture"), uniform_scopes("buffer")] + ([anywhere.scopes] if anywhere else []):
+        records = [best(dense, workload, scopes), best(dense, dense.workload, scopes), best(pool, pool.workload, scopes)]
+        if None not in records and records[0].median_s < records[1].median_s + records[2].median_s:
+            return True
+    return False
 
 
 def _slice_source(plan: Plan, step: Step | None):
