@@ -316,29 +316,22 @@ def _rewrite(name: str):
             "stats-in-producers": norm_statistics_into_producers,
             "norms-as-read": norms_applied_as_read,
             "norms-as-read+stats-in-producers": lambda g: norm_statistics_into_producers(norms_applied_as_read(g)),
-            "pools-in-dense": lambda g: g}[name]
+            "pools-in-dense": None}[name]  # a plan's views, not a graph rewrite: ``_pooled_dense_tasks``
 
 
 def _pooled_dense_tasks(graph, dev, scope: str, logs) -> list:
     """``--rewrite pools-in-dense``: each dense of the plan that reads a global average pool, as the task that reads
     the pool's maps itself (``DenseWorkload.in_pool``; a wide one, ImageNet's 1000 classes, is fused only where
     the log has measured it faster than the two apart: ``input_views._staged_pool_pays``)."""
-    import dataclasses
     from tuner.compile.compiler import plan_model
-    from tuner.plan.input_views import pooled_rows
+    from tuner.plan.input_views import pooled_dense
     from tuner.plan.io_views import readers_of
     from tuner.plan.types import FIXED
     from tuner.task import TuningTask
     plan = plan_model(graph, dev, scope, logs)
     producer, readers = {s.output: s for s in plan.steps}, readers_of(plan)
-    tasks = []
-    for s in plan.steps:
-        found = pooled_rows(plan, s, producer, readers) if s.op == "dense" and s.tuned and \
-            not s.workload.in_pool else None
-        if found is not None:
-            wl = dataclasses.replace(s.workload, in_pool=tuple(plan.tensors[found[0]].shape[2:]))
-            tasks.append(TuningTask("dense", wl, dict(s.scopes), FIXED["dense"]))
-    return tasks
+    fused = [(s, pooled_dense(plan, s, producer, readers)) for s in plan.steps]
+    return [TuningTask("dense", found[0], dict(s.scopes), FIXED["dense"]) for s, found in fused if found is not None]
 
 
 def cmd_tune(args) -> int:
@@ -370,9 +363,9 @@ def cmd_tune(args) -> int:
         onnx_path = Path(args.work) / "models" / f"{name}.onnx"
         if onnx_path.exists():
             graph = load_graph(str(onnx_path))
-            own = set() if rewrite is None or args.rewrite == "pools-in-dense" else \
+            own = set() if rewrite is None else \
                 {t.key() for scope in args.scopes.split(",") for t in model_tasks(graph, dev, scope=scope, log=logs)}
-            graph = graph if rewrite is None or args.rewrite == "pools-in-dense" else rewrite(graph)
+            graph = graph if rewrite is None else rewrite(graph)
             for scope in args.scopes.split(","):  # auto's plan, and the uniform ones auto may switch to
                 for t in (_pooled_dense_tasks(graph, dev, scope, logs) if args.rewrite == "pools-in-dense" else
                           model_tasks(graph, dev, scope=scope, log=logs)):

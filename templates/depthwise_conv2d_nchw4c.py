@@ -6,7 +6,6 @@ With the window unrolled, each work-item loads every input pixel of a filter row
 all the taps and output columns of its tile that read it (MACE's depthwise schedule)."""
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -14,7 +13,7 @@ import numpy as np
 from tuner.ir.buffer import buffer
 from tuner.ir.builder import Builder
 from tuner.ir.activations import canonical
-from tuner.ir.expr import Ramp, as_expr, call, min_, select
+from tuner.ir.expr import Ramp, as_expr, min_
 from tuner.ir.kernel import Program
 from tuner.ir.schedule import cache_read
 from tuner.templates.common import EPILOGUE_ARGS, WINDOW_ARGS, Template, WorkloadArg, node_epilogue
@@ -26,7 +25,7 @@ from tuner.templates.common import (MODEL_KNOBS, Arithmetic, Conv2dWorkload, Loc
                                            window_fields,
                                            padded_windows, random_inputs, reference_epilogue, scope_layout,
                                            store_tile, texture_scopes, window_features)
-from tuner.templates.reduction import SLOT_ALIGN, global_fence
+from tuner.templates.reduction import SLOT_ALIGN, last_to_arrive
 from tuner.templates.se_gate import (GATE_INPUTS, GateSteps, SEGateWorkload, gate_params, gate_weight_inputs,
                                      gate_weights, shared_gate_rule)
 from tuner.templates.se_gate import reference as gate_reference
@@ -281,17 +280,10 @@ def gate_in_last_group(b, wl, cfg, weights, Qr, Q, n, lid, groups: int) -> list:
     hidden = b.allocate("ghidden", (S,), "float32", "local")
     red1 = b.allocate("gred1", (L,), "float32", "local") if K > 1 else None
     red2 = b.allocate("gred2", (L,), "float32x4", "local") if E > 1 else None
-    global_fence(b)  # every work-item's row sums stored before the work-group counts
-    b.barrier("global")
-    with b.if_(lid.equal(0)) if L > 1 else nullcontext():
-        b.store(last, 0, select(call("atomic_inc", [Sn[n]], "int32").equal(groups - 1), as_expr(1), as_expr(0)))
-    b.barrier("global")
-    with b.if_(last[0].equal(1)):  # the same for the whole work-group
+    with last_to_arrive(b, last, Sn, n, groups, lid, L):  # the image's row sums all stored
         steps.pool_rows(b, n, lid, Qr, OH * OW, pooled)
         steps.squeeze(b, lid, red1, hidden, CB, steps.dot_w1(pooled))
         steps.excite(b, n, as_expr(0), lid, hidden, red2)
-        with b.if_(lid.equal(0)) if L > 1 else nullcontext():
-            b.store(Sn, n, 0)
     return [Qr, Sn]
 
 

@@ -439,6 +439,27 @@ def global_fence(b: Builder) -> None:
     b.evaluate(call("mem_fence", [Var("CLK_GLOBAL_MEM_FENCE", DType("int32"))], "int32"))
 
 
+@contextmanager
+def last_to_arrive(b: Builder, last, counters, n, groups: int, lid, size: int):
+    """CUDA's threadFenceReduction, for a launch whose ``groups`` work-groups each store a part of image ``n``'s
+    result in a workspace: every work-item fences its stores, work-item 0 of the ``size`` (flat id ``lid``) counts
+    the work-group in ``counters[n]`` (int32, zero between launches) and notes in ``last`` (a local int32 array of
+    one, allocated by the caller) whether it was the last to arrive. The body runs in that work-group only (the
+    same for the whole work-group, so its barriers are reached by all), then returns the counter to zero for the
+    next launch. ``merge_group_statistics`` counts the same way from work-item 0 alone, which stores the parts."""
+    first = (lambda: b.if_(lid.equal(0))) if size > 1 else nullcontext
+    global_fence(b)  # every work-item's part stored before the work-group counts
+    b.barrier("global")
+    with first():
+        b.store(last, 0, select(call("atomic_inc", [counters[n]], "int32").equal(groups - 1), as_expr(1),
+                                as_expr(0)))
+    b.barrier("global")
+    with b.if_(last[0].equal(1)):
+        yield
+        with first():
+            b.store(counters, n, 0)
+
+
 SLOT_ALIGN = 8  # float4 slots: an image's slots start on a 128-byte line, so that no cache line holds two images'
 
 

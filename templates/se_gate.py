@@ -57,8 +57,8 @@ from tuner.ir.builder import Builder
 from tuner.ir.expr import Broadcast, Ramp, as_expr, call, min_, select
 from tuner.ir.kernel import Program
 from tuner.templates.common import Template, WorkloadArg, texture_scopes
-from tuner.templates.reduction import (MAX_TEXELS_PER_ITEM, SLOT_ALIGN, ceil_div, global_fence, packed, pow2_ceil,
-                                      pow2_floor, unravel)
+from tuner.templates.reduction import (MAX_TEXELS_PER_ITEM, SLOT_ALIGN, ceil_div, last_to_arrive, packed,
+                                      pow2_ceil, pow2_floor, unravel)
 
 
 @dataclass(frozen=True)
@@ -436,17 +436,9 @@ def se_gate(wl: SEGateWorkload, cfg: SEGateConfig):
             slot = n * stride + (cg * T + t if T > 1 else cg) * S if cfg.last_group else gi * S
             shared_sums(b, i, red1, Lc, term, lambda s, total: b.store(dots, slot + s, total))
             if cfg.last_group:
-                global_fence(b)  # every work-item's dots stored before the work-group counts
-                b.barrier("global")
-                with b.if_(i.equal(0)) if L > 1 else nullcontext():
-                    b.store(last, 0, select(call("atomic_inc", [Sn[n]], "int32").equal(P - 1), as_expr(1),
-                                            as_expr(0)))
-                b.barrier("global")
-                with b.if_(last[0].equal(1)):  # the same for the whole work-group
+                with last_to_arrive(b, last, Sn, n, P, i, L):  # the image's dots all stored
                     squeeze(b, i, red1, hidden, P, lambda s, j: dots[n * stride + j * S + s])
                     excite(b, n, as_expr(0), i, hidden, red2)
-                    with b.if_(i.equal(0)) if L > 1 else nullcontext():
-                        b.store(Sn, n, 0)
         if cfg.last_group:
             kernel = b.kernel("se_gate", [X, W1, B1, W2, B2, Y, dots, Sn])
             return Program("se_gate", (kernel,), (X, W1, B1, W2, B2, Y), (dots, Sn))

@@ -139,7 +139,7 @@ def _parts(plan: Plan, conv: Step, producer: dict, readers: dict):
     return None
 
 
-def pooled_rows(plan: Plan, dense: Step, producer: dict, readers: dict):
+def _pooled_rows(plan: Plan, dense: Step, producer: dict, readers: dict):
     """``(maps tensor, pool step)`` when ``dense``'s input rows are a plain global average pool (spatial_reduce: a
     mean over H, W to (N, C) rows, nothing fused) of a tensor it alone reads; else None."""
     x = dense.inputs.get("X")
@@ -157,6 +157,18 @@ def pooled_rows(plan: Plan, dense: Step, producer: dict, readers: dict):
     return src.name, p
 
 
+def pooled_dense(plan: Plan, dense: Step, producer: dict, readers: dict):
+    """``(workload, maps tensor, pool step)``: ``dense`` as the kernel that reads its global pool's maps itself
+    (``DenseWorkload.in_pool``), where it is a tuned dense not doing so yet whose input rows are such a pool of its
+    dtype (``_pooled_rows``); else None. Whether it pays is its caller's to decide."""
+    if dense.op != "dense" or not dense.tuned or dense.workload.in_pool:
+        return None
+    found = _pooled_rows(plan, dense, producer, readers)
+    if found is None or (plan.tensors[found[0]].dtype or plan.dtype) != dense.workload.dtype:
+        return None
+    return dataclasses.replace(dense.workload, in_pool=tuple(plan.tensors[found[0]].shape[2:])), *found
+
+
 def _staged_pool_pays(history, info, dense: Step, pool: Step, workload) -> bool:
     """Whether the log holds valid records of ``dense`` as ``workload`` (reading the pool's maps), of the dense and
     of the pool, all three in one set of scopes (either uniform one, or the fused kernel's best record's), where the
@@ -170,7 +182,8 @@ def _staged_pool_pays(history, info, dense: Step, pool: Step, workload) -> bool:
         return history.best_valid(t, wl, info, scopes, t.model_knobs)
     anywhere = best(dense, workload, None)
     for scopes in [uniform_scopes("texture"), uniform_scopes("buffer")] + ([anywhere.scopes] if anywhere else []):
-        records = [best(dense, workload, scopes), best(dense, dense.workload, scopes), best(pool, pool.workload, scopes)]
+        records = [best(dense, workload, scopes), best(dense, dense.workload, scopes),
+                   best(pool, pool.workload, scopes)]
         if None not in records and records[0].median_s < records[1].median_s + records[2].median_s:
             return True
     return False
@@ -264,19 +277,19 @@ def read_inputs_through_views(plan: Plan, info=None, history=None) -> Plan:
                              ("its parts read as they are" if d.op == "concat" else
                               f"channels {d.attrs['channels'][0]}.. of {d.inputs['X']}") + ")")
             continue
-        if s.op == "dense" and s.tuned and not s.workload.in_pool:  # a classifier reading its global pool
-            found = pooled_rows(plan, s, producer, readers)
-            if found is None or (plan.tensors[found[0]].dtype or plan.dtype) != s.workload.dtype:
+        if s.op == "dense":  # a classifier reading its global pool
+            found = pooled_dense(plan, s, producer, readers)
+            if found is None:
                 continue
-            wl = dataclasses.replace(s.workload, in_pool=tuple(plan.tensors[found[0]].shape[2:]))
+            wl, maps, pool = found
             if info is not None and loses_tuned(history, info, s, wl, None):
                 continue
-            if -(-wl.weight[0] // 4) > MAX_POOL_DENSE_BLOCKS and not _staged_pool_pays(history, info, s, found[1], wl):
+            if -(-wl.weight[0] // 4) > MAX_POOL_DENSE_BLOCKS and not _staged_pool_pays(history, info, s, pool, wl):
                 continue
-            new[s.name] = dataclasses.replace(s, workload=wl, inputs={**s.inputs, "X": found[0]}, alternatives=[])
-            dropped[found[1].name] = found[1]
-            notes.append(f"{found[1].name}: no kernel; {s.name} reads {found[1].output} through a view (the mean of "
-                         f"each map of {found[0]})")
+            new[s.name] = dataclasses.replace(s, workload=wl, inputs={**s.inputs, "X": maps}, alternatives=[])
+            dropped[pool.name] = pool
+            notes.append(f"{pool.name}: no kernel; {s.name} reads {pool.output} through a view (the mean of "
+                         f"each map of {maps})")
             continue
         if s.op != "conv2d" or not s.tuned or s.workload.groups != 1 or s.workload.plain_input \
                 or s.workload.in_read or "S" in s.inputs:
