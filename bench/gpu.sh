@@ -60,6 +60,8 @@
 #           norm statistics, for the log's config and its neighbours in $SE_KNOBS (split_k,wg_w,wg_h,tile_oc; none);
 #           SE_ABLATE=1: also with parts of the epilogue left out; each of bench/_trees/{$SE_TREES} (new), $SE_CALLS
 #           (1) processes each, alternating -> $OUT/stats_epilogue_<tree>_<call>/
+#   norm_readers  bench/norm_readers.py: each of $NR_PRESETS' (gn32) readers (a norm applied as read) against the
+#           plain convolution, for the log's config and its neighbours in $NR_KNOBS -> $OUT/norm_readers/
 #   profile  where a measurement's seconds go (bench/measure_profile.py): phases in one process, the Measurer's rate
 #   table   gpu_summary.md from the files under $OUT and the log: per layer against cuDNN and the roofline bound
 # usage: OUT=/tmp/out bench/gpu.sh test tune
@@ -176,6 +178,11 @@ for stage in "$@"; do
           --log "$REPO/logs/*.jsonl" --knobs "${SE_KNOBS:-split_k,wg_w,wg_h,tile_oc}" --device nvidia \
           --out "$OUT/stats_epilogue_${tree}_$r" 2>&1 | grep -v "Warning\|warn(" | sed "s/^/[$tree $r] /" | tail -60
       done; done ;;
+    norm_readers)  # what a convolution normalizing what it reads costs, config by config (issue 55; --ablate:
+      # without its statistics' factors), for $NR_PRESETS (gn32)
+      python3 "$REPO/bench/norm_readers.py" $(for p in ${NR_PRESETS:-gn32}; do echo --preset "$p"; done) --ablate \
+        --log "$REPO/logs/*.jsonl" --knobs "${NR_KNOBS:-vec_load,tile_oc,split_k,split_c,local_input}" \
+        --device nvidia --out "$OUT/norm_readers" 2>&1 | grep -v "Warning\|warn(" | tail -60 ;;
     peers) python3 "$REPO/bench/runtimes_gpu.py" all --out "$OUT" --new-tree "$REPO/bench/_trees/new" \
              $([ -d "$REPO/bench/_trees/old/tuner" ] && echo --old-tree "$REPO/bench/_trees/old") \
              --only-variants "${VARIANTS:-relabeled}" --mnn-src "$REPO/.mnn/mnn-src.tgz" \

@@ -912,11 +912,13 @@ def read_parts_numpy(wl, inputs: dict):
     return np.concatenate(out, axis=1)
 
 
-def input_pixel(X, n, cb, ih, iw, H, W, arith, pad_mode: str = "zeros"):
+def input_pixel(X, n, cb, ih, iw, H, W, arith, pad_mode: str = "zeros", norm=None):
     """The RGBA pixel of channel block ``cb`` at input row ``ih``, column ``iw`` (zero in the padding, or what
-    ``pad_mode`` reads there)."""
+    ``pad_mode`` reads there); ``norm``: a function applied to the pixel read (a norm), before the padding's
+    zeros."""
     inside, ih, iw = padded_tap(ih, iw, H, W, pad_mode)
-    return padded(inside, arith.load(pixel(X, n, cb, ih, iw)))
+    v = pixel(X, n, cb, ih, iw)
+    return padded(inside, arith.load(v if norm is None else norm(v)))
 
 
 class LocalTile:

@@ -104,9 +104,6 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
     if cfg.local_input and wl.in_layer_norm:
         raise ValueError("local_input and in_layer_norm: the staged tile holds raw values and the padding's zeros; "
                          "the norm is applied to each pixel read")
-    if cfg.local_input and wl.in_group_norm and wl.pad_mode == "zeros" and any(wl.padding):
-        raise ValueError("local_input and in_group_norm with zero padding: the staged tile holds the padding's "
-                         "zeros, which the norm would move")
     b = Builder()
     with b.loop("nb", N * n_ob, "group.2") as nb, b.loop("tk", sk, "local.2") as tk, \
             b.loop("gh", g_h, "group.1") as gh, b.loop("th", cfg.wg_h, "local.1") as th, \
@@ -131,14 +128,16 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
                     if steps > 1:
                         b.barrier()  # every work-item is done reading the previous step's tile
                     base = grp * CG4 + cbo * cfg.split_c if G > 1 else cbo * cfg.split_c
-                    tile.load(lambda k, ih, iw: gated(input_pixel(X, n, base + k, ih, iw, H, W, arith, wl.pad_mode),
+                    staged = staged_norm(b, wl, X, Q, A, n, base, cfg.split_c) if Q else None
+                    tile.load(lambda k, ih, iw: gated(input_pixel(X, n, base + k, ih, iw, H, W, arith, wl.pad_mode,
+                                                                  None if staged is None else staged(k)),
                                                       gate,
                                                       n, base + k, arith, clamp(ih, H)),
                               (gh * cfg.wg_h * t_oh * sh - pt, gw * cfg.wg_w * t_ow * sw - pl), th * cfg.wg_w + tw)
                 with b.loop("cbi", cfg.split_c, "unrolled") as cbi:
                     cbl = cbo * cfg.split_c + cbi
-                    cn = group_norm_factors(b, wl, X, Q, A, n, grp * CG4 + cbl if G > 1 else cbl) if Q else \
-                        None if ln is None else (ln, b.let("lg", A[cbl, Ramp(as_expr(0), as_expr(1), 4)]),
+                    cn = group_norm_factors(b, wl, X, Q, A, n, grp * CG4 + cbl if G > 1 else cbl) \
+                        if Q and tile is None else None if ln is None else (ln, b.let("lg", A[cbl, Ramp(as_expr(0), as_expr(1), 4)]),
                                                b.let("lb", A[C4 + cbl, Ramp(as_expr(0), as_expr(1), 4)]))
                     with b.loop("r", R, window) as r, b.loop("s", S, window) as s:
                         conv_step(b, cfg, wl, (X, gate), Wt, acc, arith, tile, vector_input, n, grp, obb, oh0, ow0,
@@ -398,11 +397,27 @@ def response_gate(b, wl, Sc, Rg, n):
         Broadcast(inv, 4)
 
 
-def group_norm_factors(b, wl, X, Q, A, n, cb) -> tuple:
+def group_norm_factors(b, wl, X, Q, A, n, cb, tag: str = "") -> tuple:
     """``in_group_norm``'s (mean, rstd * gamma, beta) of channel block ``cb`` of image ``n`` (``unit_factors``)."""
     G, T, epsilon, _ = wl.in_group_norm
     first = pixel(X, n, unit_first_block(wl.data[1], G, cb), 0, 0)
-    return unit_factors(b, Q, A, first, n, cb, wl.data, G, T, epsilon)
+    return unit_factors(b, Q, A, first, n, cb, wl.data, G, T, epsilon, tag)
+
+
+def staged_norm(b, wl, X, Q, A, n, base, blocks: int):
+    """``in_group_norm`` for a staged tile (``local_input``): the factors of the step's ``blocks`` channel blocks
+    from ``base`` (``group_norm_factors``), and a function of the tile's block ``k`` (an expression) to the norm of
+    a pixel of that block, for ``input_pixel`` to normalize each pixel once as it is staged -- the padding's zeros
+    after the norm, as the convolution pads the normalized input -- where each work-item would normalize every tap
+    it reads."""
+    factors = [group_norm_factors(b, wl, X, Q, A, n, base + k, f"_{k}") for k in range(blocks)]
+
+    def of(k):
+        chosen = factors[-1]
+        for j in range(blocks - 2, -1, -1):  # a select chain over the step's blocks (split_c: 1, 2 or 4)
+            chosen = tuple(select(k.equal(j), a, c) for a, c in zip(factors[j], chosen))
+        return lambda v: unit_normed(v, chosen, wl.in_group_norm[3])
+    return of
 
 
 def gate_row(Sc, ih):
@@ -517,7 +532,7 @@ def conv_step(b, cfg, wl, inputs, Wt, acc, arith, tile, vector_input, n, grp, ob
     """One input-channel block (``cbo * split_c + cbi``) and window tap (r, s) of a work-item's tile: 4 lanes
     of every input pixel times 4-output weight pixels, accumulated. ``inputs``: (X, the gate Sc or None); ``cn``:
     the block's ``in_group_norm`` factors (``group_norm_factors``), applied to each value read before its
-    padding of zeros (a staged tile holds no such padding: the space)."""
+    padding of zeros (None with a staged tile: its pixels were normalized as staged, ``staged_norm``)."""
     def normed(v, lane=None, yx=None):  # a value read, in the compute type
         if cn is not None and wl.in_layer_norm:  # the tap's input pixel's (mean, rstd), then gamma and beta
             ln, g, bt = cn

@@ -184,26 +184,26 @@ def unit_first_block(C: int, groups: int, cb):
     return cb if groups == C else (cb // unit_blocks(C, groups)) * unit_blocks(C, groups)
 
 
-def unit_factors(b, Q, A, first, n, cb, shape, groups: int, chunks: int, epsilon: float) -> tuple:
+def unit_factors(b, Q, A, first, n, cb, shape, groups: int, chunks: int, epsilon: float, tag: str = "") -> tuple:
     """A GroupNorm's or InstanceNorm's (mean, rstd * gamma, beta) of channel block ``cb`` of image ``n`` of an NCHW
     ``shape``, float4s, for a kernel that normalizes what it reads: its unit's ``chunks`` chunk partials in ``Q``
     (``group_norm``'s ``stats``) added up (``sum_partials``), ``first`` the pixel at (0, 0) of ``unit_first_block``
     (the partials' shift K) -- per lane for an InstanceNorm; else the group's lanes and blocks added up, K its first
-    element. ``A``: (2 * C4, 4) float32, gamma's blocks then beta's."""
+    element. ``A``: (2 * C4, 4) float32, gamma's blocks then beta's. ``tag`` ends its names (several in a scope)."""
     _, C, H, W = shape
     C4, vec = -(-C // 4), Ramp(as_expr(0), as_expr(1), 4)
     per_lane, blocks = groups == C, C4 // groups  # blocks of a group (whole blocks, or one group of them all)
     unit = n * C4 + cb if per_lane else n * groups + cb // blocks
-    acc = sum_partials(b, Q, unit, chunks, "gt", "gacc")
+    acc = sum_partials(b, Q, unit, chunks, f"gt{tag}", f"gacc{tag}")
     s, q = acc[0], acc[1]
     count = H * W if per_lane else (C // groups) * H * W
     first = as_float(first)
     if not per_lane:  # the group's sums over its lanes, its shift the first lane's
         s, q, first = Broadcast(hsum(s), 4), Broadcast(hsum(q), 4), Broadcast(ExtractLane(first, 0), 4)
-    m = b.let("gm", s * (1.0 / count))
-    mean = b.let("gmean", first + m)
+    m = b.let(f"gm{tag}", s * (1.0 / count))
+    mean = b.let(f"gmean{tag}", first + m)
     rstd = call("rsqrt", [max_(q * (1.0 / count) - m * m, 0.0) + epsilon], "float32x4")
-    return mean, b.let("gscale", rstd * A[cb, vec]), b.let("gshift", A[C4 + cb, vec])
+    return mean, b.let(f"gscale{tag}", rstd * A[cb, vec]), b.let(f"gshift{tag}", A[C4 + cb, vec])
 
 
 def unit_normed(v, factors, activation: str, lane=None):
