@@ -111,6 +111,8 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
         n, obb = nb // n_ob, nb % n_ob
         gate = input_gate(b, wl, Sc, Gw, n, (tk * cfg.wg_h + th) * cfg.wg_w + tw, cfg.wg_w * cfg.wg_h * sk) \
             if wl.in_gate else Sc  # computed by the work-group first: its barriers before any guarded code
+        norm_of = group_norm_source(b, wl, X, Q, A, n, (tk * cfg.wg_h + th) * cfg.wg_w + tw,
+                                    cfg.wg_w * cfg.wg_h * sk) if Q else None  # (the same: its barrier first)
         grp = (obb * t_oc) // OBG if G > 1 else 0  # a tile's output blocks are all in one group
         oh0, ow0 = (gh * cfg.wg_h + th) * t_oh, (gw * cfg.wg_w + tw) * t_ow
         acc = arith.accumulators(b, t_oc * t_oh * t_ow)
@@ -128,7 +130,7 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
                     if steps > 1:
                         b.barrier()  # every work-item is done reading the previous step's tile
                     base = grp * CG4 + cbo * cfg.split_c if G > 1 else cbo * cfg.split_c
-                    staged = staged_norm(b, wl, X, Q, A, n, base, cfg.split_c) if Q else None
+                    staged = staged_norm(wl, norm_of, base, cfg.split_c) if Q else None
                     tile.load(lambda k, ih, iw: gated(input_pixel(X, n, base + k, ih, iw, H, W, arith, wl.pad_mode,
                                                                   None if staged is None else staged(k)),
                                                       gate,
@@ -136,8 +138,8 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
                               (gh * cfg.wg_h * t_oh * sh - pt, gw * cfg.wg_w * t_ow * sw - pl), th * cfg.wg_w + tw)
                 with b.loop("cbi", cfg.split_c, "unrolled") as cbi:
                     cbl = cbo * cfg.split_c + cbi
-                    cn = group_norm_factors(b, wl, X, Q, A, n, grp * CG4 + cbl if G > 1 else cbl) \
-                        if Q and tile is None else None if ln is None else (ln, b.let("lg", A[cbl, Ramp(as_expr(0), as_expr(1), 4)]),
+                    cn = norm_of(grp * CG4 + cbl if G > 1 else cbl) if Q and tile is None else \
+                        None if ln is None else (ln, b.let("lg", A[cbl, Ramp(as_expr(0), as_expr(1), 4)]),
                                                b.let("lb", A[C4 + cbl, Ramp(as_expr(0), as_expr(1), 4)]))
                     with b.loop("r", R, window) as r, b.loop("s", S, window) as s:
                         conv_step(b, cfg, wl, (X, gate), Wt, acc, arith, tile, vector_input, n, grp, obb, oh0, ow0,
@@ -404,19 +406,54 @@ def group_norm_factors(b, wl, X, Q, A, n, cb, tag: str = "") -> tuple:
     return unit_factors(b, Q, A, first, n, cb, wl.data, G, T, epsilon, tag)
 
 
-def staged_norm(b, wl, X, Q, A, n, base, blocks: int):
-    """``in_group_norm`` for a staged tile (``local_input``): the factors of the step's ``blocks`` channel blocks
-    from ``base`` (``group_norm_factors``), and a function of the tile's block ``k`` (an expression) to the norm of
-    a pixel of that block, for ``input_pixel`` to normalize each pixel once as it is staged -- the padding's zeros
-    after the norm, as the convolution pads the normalized input -- where each work-item would normalize every tap
-    it reads."""
-    factors = [group_norm_factors(b, wl, X, Q, A, n, base + k, f"_{k}") for k in range(blocks)]
+NORM_FACTORS_BLOCKS = 256  # in_group_norm: input channel blocks whose factors a work-group keeps in local memory
+
+
+def norm_factors_local(wl) -> int:
+    """Bytes of local memory ``in_group_norm``'s factors take where the work-group computes them once
+    (``group_norm_source``): a (mean, scale, shift) of float4s a block, up to ``NORM_FACTORS_BLOCKS`` blocks; else
+    0."""
+    C4 = -(-wl.data[1] // 4)
+    return 48 * C4 if wl.in_group_norm and C4 <= NORM_FACTORS_BLOCKS else 0
+
+
+def group_norm_source(b, wl, X, Q, A, n, lid, L: int):
+    """``in_group_norm``'s factors (``group_norm_factors``) as a function of a channel block, with a tag for its
+    names. Where they fit (``norm_factors_local``), the work-group's ``L`` work-items (flat id ``lid``) compute
+    every block's once into local memory before the reduction (a barrier: called before any guarded code), and a
+    block's are three local loads; where each work-item computed the factors of each block it reads, their
+    statistics' loads, sums and rsqrt cost more than their normalization of the taps (H100, 2026-12-05:
+    ``bench/norm_readers.py``). Else each call computes them."""
+    if not norm_factors_local(wl):
+        return lambda cb, tag="": group_norm_factors(b, wl, X, Q, A, n, cb, tag)
+    C4 = -(-wl.data[1] // 4)
+    F = b.allocate("gnf", (3 * C4,), "float32x4", "local")
+    with b.loop("gf", -(-C4 // L)) as j:
+        cb = b.let("gcb", j * L + lid)
+        with b.if_(cb < C4) if C4 % L else nullcontext():
+            for i, f in enumerate(group_norm_factors(b, wl, X, Q, A, n, cb)):
+                b.store(F, i * C4 + cb, f)
+    b.barrier()
+    return lambda cb, tag="": tuple(b.let(f"{name}{tag}", F[i * C4 + cb])
+                                    for i, name in enumerate(("gmean", "gscale", "gshift")))
+
+
+def staged_norm(wl, norm_of, base, blocks: int):
+    """``in_group_norm`` for a staged tile (``local_input``): a function of the tile's block ``k`` (an expression)
+    to the norm of a pixel of that block, for ``input_pixel`` to normalize each pixel once as it is staged -- the
+    padding's zeros after the norm, as the convolution pads the normalized input -- where each work-item would
+    normalize every tap it reads. ``norm_of``: ``group_norm_source``'s; the factors of the step's ``blocks`` blocks
+    from ``base``, chosen by a select chain where they are not in local memory."""
+    act = wl.in_group_norm[3]
+    if norm_factors_local(wl):
+        return lambda k: lambda v: unit_normed(v, norm_of(base + k, "_s"), act)
+    factors = [norm_of(base + k, f"_{k}") for k in range(blocks)]
 
     def of(k):
         chosen = factors[-1]
         for j in range(blocks - 2, -1, -1):  # a select chain over the step's blocks (split_c: 1, 2 or 4)
             chosen = tuple(select(k.equal(j), a, c) for a, c in zip(factors[j], chosen))
-        return lambda v: unit_normed(v, chosen, wl.in_group_norm[3])
+        return lambda v: unit_normed(v, chosen, act)
     return of
 
 
@@ -607,7 +644,7 @@ def space_vars(wl: Conv2dWorkload) -> dict:
                 stride=wl.stride, dilation=wl.dilation, plain_input=wl.plain_input, plain_output=wl.plain_output,
                 in_read=wl.in_read, in_norm=wl.in_norm, norm_partials=wl.norm_partials,
                 in_group_norm=bool(wl.in_group_norm), zero_padding=wl.pad_mode == "zeros" and any(wl.padding),
-                in_layer_norm=bool(wl.in_layer_norm),
+                in_layer_norm=bool(wl.in_layer_norm), norm_local=norm_factors_local(wl),
                 out_norm=bool(wl.out_norm), norm_blocks=out_norm_blocks(wl) if wl.out_norm else 1,
                 out_stats=bool(wl.out_stats), stats_blocks=stats_blocks(wl), in_gate=wl.in_gate)
 
@@ -662,7 +699,7 @@ def fallback(wl: Conv2dWorkload, info) -> Conv2dConfig:
         k = split_k * 2  # the space's limits: channel steps, work-group size, __local partial sums
         if k > v["CG4"] or k > info.max_work_item_sizes[2] or wg_w * wg_h * k > info.max_work_group_size \
                 or k * wg_w * wg_h * (tile_oc * tile_ow * 16 + split_norm_bytes(wl, (1, tile_ow))) \
-                + gate_local_bound(wl, k * wg_w * wg_h) > info.local_mem_bytes:
+                + gate_local_bound(wl, k * wg_w * wg_h) + norm_factors_local(wl) > info.local_mem_bytes:
             break
         split_k = k
     return Conv2dConfig(tile_oc=tile_oc, tile_oh=1, tile_ow=tile_ow, wg_w=wg_w, wg_h=wg_h, split_c=1,
@@ -698,7 +735,7 @@ def _out_norm_fallback(wl: Conv2dWorkload, v: dict, info, scope: str) -> Conv2dC
     while True:
         k = split_k * 2
         local = items * k * (32 * cfg.tile_oc + cfg.tile_oc * tile_oh * tile_ow * 16
-                             + split_norm_bytes(wl, (tile_oh, tile_ow)))
+                             + split_norm_bytes(wl, (tile_oh, tile_ow))) + norm_factors_local(wl)
         if items * k > most or k > v["CG4"] or k > 32 or k > info.max_work_item_sizes[2] \
                 or local > info.local_mem_bytes:
             break
@@ -840,6 +877,7 @@ VARIABLES = dict(N="batch", C="input channels", H="input height", W="input width
                  in_group_norm="the input group-normalized (and its affine and activation) as it is read",
                  in_layer_norm="the input layer-normalized over its channels at each pixel as it is read",
                  zero_padding="the padding reads zeros (pad_mode zeros and some padding)",
+                 norm_local="bytes of local memory in_group_norm's factors take (computed once by the work-group)",
                  out_norm="the output group-normalized in the epilogue (a work-group holds whole groups)",
                  norm_blocks="with out_norm: output blocks a tile holds together (a group's)",
                  out_stats="the output's norm statistics written too (a local tree a work-group)",
