@@ -62,6 +62,8 @@
 #           (1) processes each, alternating -> $OUT/stats_epilogue_<tree>_<call>/
 #   norm_readers  bench/norm_readers.py: each of $NR_PRESETS' (gn32) readers (a norm applied as read) against the
 #           plain convolution, for the log's config and its neighbours in $NR_KNOBS -> $OUT/norm_readers/
+#   norm_plans  bench/norm_plans_profile.py: each of $GLUE_MODELS' norms-step plans (plain, as read, the candidate)
+#           profiled node by node, under each of bench/_trees/{$TREES} (new) -> $OUT/norm_plans_<model>_<tree>.json
 #   profile  where a measurement's seconds go (bench/measure_profile.py): phases in one process, the Measurer's rate
 #   table   gpu_summary.md from the files under $OUT and the log: per layer against cuDNN and the roofline bound
 # usage: OUT=/tmp/out bench/gpu.sh test tune
@@ -178,11 +180,18 @@ for stage in "$@"; do
           --log "$REPO/logs/*.jsonl" --knobs "${SE_KNOBS:-split_k,wg_w,wg_h,tile_oc}" --device nvidia \
           --out "$OUT/stats_epilogue_${tree}_$r" 2>&1 | grep -v "Warning\|warn(" | sed "s/^/[$tree $r] /" | tail -60
       done; done ;;
-    norm_readers)  # what a convolution normalizing what it reads costs, config by config (issue 55; --ablate:
-      # without its statistics' factors), for $NR_PRESETS (gn32)
-      python3 "$REPO/bench/norm_readers.py" $(for p in ${NR_PRESETS:-gn32}; do echo --preset "$p"; done) --ablate \
+    norm_readers)  # what a convolution normalizing what it reads costs, config by config (issue 55; each_block: the
+      # factors per block read, as before they were kept in local memory), for $NR_PRESETS (gn32)
+      python3 "$REPO/bench/norm_readers.py" $(for p in ${NR_PRESETS:-gn32}; do echo --preset "$p"; done) \
         --log "$REPO/logs/*.jsonl" --knobs "${NR_KNOBS:-vec_load,tile_oc,split_k,split_c,local_input}" \
         --device nvidia --out "$OUT/norm_readers" 2>&1 | grep -v "Warning\|warn(" | tail -60 ;;
+    norm_plans)  # bench/norm_plans_profile.py: $GLUE_MODELS' norms-step plans node by node, under bench/_trees/{$TREES}
+      python3 "$REPO/bench/glue.py" export --work /tmp/gw ${GLUE_MODELS:+--models "$GLUE_MODELS"} 2>&1 | grep "exported"
+      for m in ${GLUE_MODELS//,/ }; do for tree in ${TREES:-new}; do
+        PYTHONPATH="$REPO/bench/_trees/$tree:/tmp/site" python3 "$REPO/bench/norm_plans_profile.py" \
+          "/tmp/gw/models/$m.onnx" --log "$REPO/logs/*.jsonl" --device nvidia --scope "${GLUE_SCOPE:-buffer}" \
+          --repeats 20 --out "$OUT/norm_plans_${m}_$tree.json" 2>&1 | grep -v "Warning\|warn(" | tail -40
+      done; done ;;
     peers) python3 "$REPO/bench/runtimes_gpu.py" all --out "$OUT" --new-tree "$REPO/bench/_trees/new" \
              $([ -d "$REPO/bench/_trees/old/tuner" ] && echo --old-tree "$REPO/bench/_trees/old") \
              --only-variants "${VARIANTS:-relabeled}" --mnn-src "$REPO/.mnn/mnn-src.tgz" \
