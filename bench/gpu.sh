@@ -180,8 +180,8 @@ for stage in "$@"; do
           --log "$REPO/logs/*.jsonl" --knobs "${SE_KNOBS:-split_k,wg_w,wg_h,tile_oc}" --device nvidia \
           --out "$OUT/stats_epilogue_${tree}_$r" 2>&1 | grep -v "Warning\|warn(" | sed "s/^/[$tree $r] /" | tail -60
       done; done ;;
-    norm_readers)  # what a convolution normalizing what it reads costs, config by config (issue 55; each_block: the
-      # factors per block read, as before they were kept in local memory), for $NR_PRESETS (gn32)
+    norm_readers)  # what a convolution normalizing what it reads costs, config by config (issue 55; with its
+      # factors kept in local memory too: keep_norm_factors), for $NR_PRESETS (gn32)
       python3 "$REPO/bench/norm_readers.py" $(for p in ${NR_PRESETS:-gn32}; do echo --preset "$p"; done) \
         --log "$REPO/logs/*.jsonl" --knobs "${NR_KNOBS:-vec_load,tile_oc,split_k,split_c,local_input}" \
         --device nvidia --out "$OUT/norm_readers" 2>&1 | grep -v "Warning\|warn(" | tail -60 ;;

@@ -6,11 +6,11 @@ other round), ``--repeats`` profiled runs a round, in one process: a config's ti
 medians. On the H200 (2026-12-04) gn32_resnet's six readers cost 38.5 us more than the plain convolutions with
 the same configs, 7.5-9.9 us each in layers 3 and 4: this table says which part and which configs.
 
-Each config is also timed with the factors of the norm (the unit's mean, rstd * gamma and beta, from the
-statistics) computed by each work-item for each channel block it reads (``each_block``), as before the work-group
-computed them once into local memory (``conv2d_nchw4c.group_norm_source``): the same process's A/B of that change.
-A first version of this script (a910ea5, H100) replaced the factors by two loads of the affine array instead
-(``cheap_factors``): that removed most of a reader's cost at the plan's configs, so the factors were what cost.
+Each config is also timed with the norm's factors (each input block's mean, rstd * gamma and beta, from the
+statistics) kept by the work-group in local memory (``kept``: ``Conv2dConfig.keep_norm_factors``), where each
+work-item computes them for each block it reads (``reader``). A first version of this script (a910ea5, H100)
+replaced the factors by two loads of the affine array (``cheap_factors``): that removed most of a reader's cost
+at the plan's configs, so the factors were what cost.
 
 Workloads: ``--preset gn32`` (gn32_resnet's readers: GroupNorm(32) and its ReLU applied as read, the statistics
 in one chunk as a producer writes them) or ``--workload`` JSON fields (repeatable).
@@ -39,27 +39,30 @@ KNOBS = {"vec_load": (1, 4), "tile_oc": (1, 2, 4), "split_k": (4, 8, 16, 32), "s
 BUFFER = {"input": "buffer", "weight": "buffer", "output": "buffer"}
 
 
-def configs_of(t, reader, plain, info, history, knobs) -> dict:
+def configs_of(t, reader, plain, info, history, knobs, given=()) -> dict:
     """name -> config: the reader's pick from the log (``plan``: the plain convolution's record, an epilogue
-    apart), then each neighbour along ``knobs`` (one knob changed), valid for both workloads."""
+    apart), then each neighbour along ``knobs`` (one knob changed), then the ``given`` knob dicts (over the plan's
+    config: ``given1``, ...), each valid for both workloads."""
     from tuner.logs.best import invalid_config
     from tuner.logs.record import scope_knobs
     fixed = {**scope_knobs(BUFFER), **t.model_knobs}
     rec = history.best_valid(t, reader, info, BUFFER, fixed) if history is not None else None
     base = t.config(**{**rec.config, **fixed}) if rec is not None else t.fallback_with(reader, info, **fixed)
     out = {"plan": base}
+    candidates = {}  # name -> config, before the validity check
     for knob, values in KNOBS.items():
         for v in values if knob in knobs else ():
             cfg = dataclasses.replace(base, **{knob: v})
-            variants = {f"{knob}={v}": cfg}
+            candidates[f"{knob}={v}"] = cfg
             if knob == "local_input":  # staged (no split), also with one output block and row a work-item
-                cfg = dataclasses.replace(cfg, split_k=1, vec_load=4)
-                variants = {f"{knob}={v}": cfg,
-                            f"{knob}={v},tile 1": dataclasses.replace(cfg, tile_oc=1, tile_oh=1, tile_ow=1)}
-            for name, cfg in variants.items():
-                valid = all(invalid_config(t, w, info, dataclasses.asdict(cfg)) is None for w in (plain, reader))
-                if valid and cfg not in out.values():
-                    out[name] = cfg
+                cfg = candidates[f"{knob}={v}"] = dataclasses.replace(cfg, split_k=1, vec_load=4)
+                candidates[f"{knob}={v},tile 1"] = dataclasses.replace(cfg, tile_oc=1, tile_oh=1, tile_ow=1)
+    for i, g in enumerate(given, 1):
+        candidates[f"given{i}"] = dataclasses.replace(base, **g)
+    for name, cfg in candidates.items():
+        valid = all(invalid_config(t, w, info, dataclasses.asdict(cfg)) is None for w in (plain, reader))
+        if valid and cfg not in out.values():
+            out[name] = cfg
     return out
 
 
@@ -72,40 +75,39 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="nvidia")
     p.add_argument("--knobs", default=",".join(KNOBS),
                    help="the knobs whose neighbours are timed too (comma-separated; none: only the plan's config)")
+    p.add_argument("--config", action="append", default=[],
+                   help="knobs as JSON over the plan's config, timed too where valid (repeatable)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--out", default=".")
     args = p.parse_args(argv)
-    from tuner.logs.best import ApplyHistoryBest
+    from tuner.logs.best import ApplyHistoryBest, invalid_config
     from tuner.op import prepared_op
     from tuner.runtime.opencl.device import open_device
-    from tuner.templates import conv2d_nchw4c as conv2d, get_template
+    from tuner.templates import get_template
     dev = open_device(args.device)
     t = get_template("conv2d")
     history = ApplyHistoryBest(args.log.split(",")) if args.log else None
     fields = [f for name in args.preset for f in PRESETS[name]] + [json.loads(w) for w in args.workload]
     if not fields:
         p.error("give --preset or --workload")
-    modes = ("plain", "reader", "each_block")
+    modes = ("plain", "reader", "kept")
     rows = []
     for f in fields:
         reader = t.workload(**f)
         plain = dataclasses.replace(reader, in_group_norm=())
-        configs = configs_of(t, reader, plain, dev.info, history, args.knobs.split(","))
+        configs = configs_of(t, reader, plain, dev.info, history, args.knobs.split(","),
+                             [json.loads(c) for c in args.config])
         timers = {}
+        kept = [c for c in (dataclasses.replace(c, keep_norm_factors=True) for c in configs.values())
+                if invalid_config(t, reader, dev.info, dataclasses.asdict(c)) is None]  # where the factors fit
         for name, cfg in configs.items():
             for mode in modes:
                 w = plain if mode == "plain" else reader
-                if mode == "each_block":  # the factors computed per block read (none kept in local memory)
-                    whole, conv2d.NORM_FACTORS_BLOCKS = conv2d.NORM_FACTORS_BLOCKS, 0
-                    try:
-                        res, timers[(name, mode)] = prepared_op(t, w, cfg, dev)
-                    finally:
-                        conv2d.NORM_FACTORS_BLOCKS = whole
-                    if not res.ok:
-                        print(f"{t.label(w)} {name} {mode}: max relative error {res.max_rel_error}", file=sys.stderr)
+                if mode == "kept" and not dataclasses.replace(cfg, keep_norm_factors=True) in kept:
                     continue
-                res, timers[(name, mode)] = prepared_op(t, w, cfg, dev)  # built and checked once
+                res, timers[(name, mode)] = prepared_op(t, w, dataclasses.replace(cfg, keep_norm_factors=True)
+                                                        if mode == "kept" else cfg, dev)  # built and checked once
                 if not res.ok:
                     print(f"{t.label(w)} {name} {mode}: max relative error {res.max_rel_error}", file=sys.stderr)
         times = {k: [] for k in timers}
@@ -114,15 +116,16 @@ def main(argv=None) -> int:
             for key in (order if rnd % 2 == 0 else order[::-1]):
                 times[key].append(statistics.median(timers[key](args.repeats)))
         for name, cfg in configs.items():
-            us = {m: round(statistics.median(times[(name, m)]) * 1e6, 2) for m in modes}
-            rows.append({"workload": t.label(reader), "config": name, **{f"{m}_us": us[m] for m in modes},
+            us = {m: round(statistics.median(times[(name, m)]) * 1e6, 2) if (name, m) in times else None for m in modes}
+            rows.append({"workload": t.label(reader), "config": name,
+                         **{f"{m}_us": us[m] if us[m] is not None else "" for m in modes},
                          "read_norm_us": round(us["reader"] - us["plain"], 2),
-                         "kept_factors_save_us": round(us["each_block"] - us["reader"], 2),
+                         "kept_saves_us": round(us["reader"] - us["kept"], 2) if us["kept"] is not None else "",
                          "knobs": json.dumps({k: getattr(cfg, k) for k in ("tile_oc", "tile_oh", "tile_ow", "wg_w",
                                                                           "wg_h", "split_c", "split_k", "vec_load",
                                                                           "local_input")})})
             r = rows[-1]
-            print(f"{r['workload']} [{name}]: " + ", ".join(f"{m} {us[m]}" for m in modes) +
+            print(f"{r['workload']} [{name}]: " + ", ".join(f"{m} {us[m]}" for m in modes if us[m] is not None) +
                   f" us ({r['read_norm_us']:+}) {r['knobs']}", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

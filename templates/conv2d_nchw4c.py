@@ -57,6 +57,8 @@ class Conv2dConfig:
     local_input: bool = False  # a work-group stages its input tile (window halo included) in __local memory
     compute: str = "float32"  # float32; half: half4 loads and products, float32 sums; half_acc: half sums too
     split_k: int = 1  # work-items of a work-group sharing each tile's reduction, partial sums summed in __local
+    keep_norm_factors: bool = False  # in_group_norm: the work-group computes every input block's factors once into
+    # __local memory, or each work-item those of each block it reads
 
 
 def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
@@ -101,6 +103,8 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
         raise ValueError("split_k > 1 and in_norm: each work-item sums its pixels' statistics over every channel")
     if wl.out_norm:
         out_norm_fits(wl, cfg)
+    if cfg.keep_norm_factors and not wl.in_group_norm:
+        raise ValueError("keep_norm_factors keeps in_group_norm's factors in local memory: it needs in_group_norm")
     if cfg.local_input and wl.in_layer_norm:
         raise ValueError("local_input and in_layer_norm: the staged tile holds raw values and the padding's zeros; "
                          "the norm is applied to each pixel read")
@@ -112,7 +116,7 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
         gate = input_gate(b, wl, Sc, Gw, n, (tk * cfg.wg_h + th) * cfg.wg_w + tw, cfg.wg_w * cfg.wg_h * sk) \
             if wl.in_gate else Sc  # computed by the work-group first: its barriers before any guarded code
         norm_of = group_norm_source(b, wl, X, Q, A, n, (tk * cfg.wg_h + th) * cfg.wg_w + tw,
-                                    cfg.wg_w * cfg.wg_h * sk) if Q else None  # (the same: its barrier first)
+                                    cfg.wg_w * cfg.wg_h * sk, cfg.keep_norm_factors) if Q else None  # (barrier first)
         grp = (obb * t_oc) // OBG if G > 1 else 0  # a tile's output blocks are all in one group
         oh0, ow0 = (gh * cfg.wg_h + th) * t_oh, (gw * cfg.wg_w + tw) * t_ow
         acc = arith.accumulators(b, t_oc * t_oh * t_ow)
@@ -130,7 +134,7 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
                     if steps > 1:
                         b.barrier()  # every work-item is done reading the previous step's tile
                     base = grp * CG4 + cbo * cfg.split_c if G > 1 else cbo * cfg.split_c
-                    staged = staged_norm(wl, norm_of, base, cfg.split_c) if Q else None
+                    staged = staged_norm(wl, norm_of, base, cfg.split_c, cfg.keep_norm_factors) if Q else None
                     tile.load(lambda k, ih, iw: gated(input_pixel(X, n, base + k, ih, iw, H, W, arith, wl.pad_mode,
                                                                   None if staged is None else staged(k)),
                                                       gate,
@@ -406,25 +410,20 @@ def group_norm_factors(b, wl, X, Q, A, n, cb, tag: str = "") -> tuple:
     return unit_factors(b, Q, A, first, n, cb, wl.data, G, T, epsilon, tag)
 
 
-NORM_FACTORS_BLOCKS = 256  # in_group_norm: input channel blocks whose factors a work-group keeps in local memory
-
-
 def norm_factors_local(wl) -> int:
-    """Bytes of local memory ``in_group_norm``'s factors take where the work-group computes them once
-    (``group_norm_source``): a (mean, scale, shift) of float4s a block, up to ``NORM_FACTORS_BLOCKS`` blocks; else
-    0."""
-    C4 = -(-wl.data[1] // 4)
-    return 48 * C4 if wl.in_group_norm and C4 <= NORM_FACTORS_BLOCKS else 0
+    """Bytes of local memory ``in_group_norm``'s factors take where the work-group keeps them
+    (``keep_norm_factors``): a (mean, scale, shift) of float4s an input block."""
+    return 48 * -(-wl.data[1] // 4) if wl.in_group_norm else 0
 
 
-def group_norm_source(b, wl, X, Q, A, n, lid, L: int):
+def group_norm_source(b, wl, X, Q, A, n, lid, L: int, keep: bool):
     """``in_group_norm``'s factors (``group_norm_factors``) as a function of a channel block, with a tag for its
-    names. Where they fit (``norm_factors_local``), the work-group's ``L`` work-items (flat id ``lid``) compute
-    every block's once into local memory before the reduction (a barrier: called before any guarded code), and a
-    block's are three local loads; where each work-item computed the factors of each block it reads, their
-    statistics' loads, sums and rsqrt cost more than their normalization of the taps (H100, 2026-12-05:
-    ``bench/norm_readers.py``). Else each call computes them."""
-    if not norm_factors_local(wl):
+    names. With ``keep`` (``keep_norm_factors``), the work-group's ``L`` work-items (flat id ``lid``) compute every
+    block's once into local memory before the reduction (a barrier: called before any guarded code), and a block's
+    are three local loads; else each call computes them, each work-item for each block it reads. On the H100
+    (2026-12-05, ``bench/norm_readers.py``) keeping them saved 1-3 us on most of gn32_resnet's readers' configs and
+    cost 6 us on the one its plan ran in layer 3 (a barrier before the reduction of 512 work-items): a knob."""
+    if not keep:
         return lambda cb, tag="": group_norm_factors(b, wl, X, Q, A, n, cb, tag)
     C4 = -(-wl.data[1] // 4)
     F = b.allocate("gnf", (3 * C4,), "float32x4", "local")
@@ -438,14 +437,14 @@ def group_norm_source(b, wl, X, Q, A, n, lid, L: int):
                                     for i, name in enumerate(("gmean", "gscale", "gshift")))
 
 
-def staged_norm(wl, norm_of, base, blocks: int):
+def staged_norm(wl, norm_of, base, blocks: int, kept: bool):
     """``in_group_norm`` for a staged tile (``local_input``): a function of the tile's block ``k`` (an expression)
     to the norm of a pixel of that block, for ``input_pixel`` to normalize each pixel once as it is staged -- the
     padding's zeros after the norm, as the convolution pads the normalized input -- where each work-item would
     normalize every tap it reads. ``norm_of``: ``group_norm_source``'s; the factors of the step's ``blocks`` blocks
-    from ``base``, chosen by a select chain where they are not in local memory."""
+    from ``base``, chosen by a select chain where they are not ``kept`` in local memory."""
     act = wl.in_group_norm[3]
-    if norm_factors_local(wl):
+    if kept:
         return lambda k: lambda v: unit_normed(v, norm_of(base + k, "_s"), act)
     factors = [norm_of(base + k, f"_{k}") for k in range(blocks)]
 
@@ -699,7 +698,7 @@ def fallback(wl: Conv2dWorkload, info) -> Conv2dConfig:
         k = split_k * 2  # the space's limits: channel steps, work-group size, __local partial sums
         if k > v["CG4"] or k > info.max_work_item_sizes[2] or wg_w * wg_h * k > info.max_work_group_size \
                 or k * wg_w * wg_h * (tile_oc * tile_ow * 16 + split_norm_bytes(wl, (1, tile_ow))) \
-                + gate_local_bound(wl, k * wg_w * wg_h) + norm_factors_local(wl) > info.local_mem_bytes:
+                + gate_local_bound(wl, k * wg_w * wg_h) > info.local_mem_bytes:
             break
         split_k = k
     return Conv2dConfig(tile_oc=tile_oc, tile_oh=1, tile_ow=tile_ow, wg_w=wg_w, wg_h=wg_h, split_c=1,
@@ -735,7 +734,7 @@ def _out_norm_fallback(wl: Conv2dWorkload, v: dict, info, scope: str) -> Conv2dC
     while True:
         k = split_k * 2
         local = items * k * (32 * cfg.tile_oc + cfg.tile_oc * tile_oh * tile_ow * 16
-                             + split_norm_bytes(wl, (tile_oh, tile_ow))) + norm_factors_local(wl)
+                             + split_norm_bytes(wl, (tile_oh, tile_ow)))
         if items * k > most or k > v["CG4"] or k > 32 or k > info.max_work_item_sizes[2] \
                 or local > info.local_mem_bytes:
             break
@@ -772,7 +771,8 @@ def features(v: dict, k: dict) -> dict:
     f = window_features(v, k, k["tile_oc"], v["OB"], 16)
     split = _log2(k.get("split_k", 1))  # work-items per tile: more of them, each with a shorter reduction
     return {**f, "items": f["items"] + split, "wg_size": f["wg_size"] + split, "split_k": split,
-            "steps_per_item": _log2(v["CG4"] * v["R"] * v["S"] / k.get("split_k", 1))}
+            "steps_per_item": _log2(v["CG4"] * v["R"] * v["S"] / k.get("split_k", 1)),
+            "keep_norm_factors": float(bool(k.get("keep_norm_factors")))}
 
 
 def lower(ctx, node, ins):
@@ -877,7 +877,7 @@ VARIABLES = dict(N="batch", C="input channels", H="input height", W="input width
                  in_group_norm="the input group-normalized (and its affine and activation) as it is read",
                  in_layer_norm="the input layer-normalized over its channels at each pixel as it is read",
                  zero_padding="the padding reads zeros (pad_mode zeros and some padding)",
-                 norm_local="bytes of local memory in_group_norm's factors take (computed once by the work-group)",
+                 norm_local="bytes of local memory in_group_norm's factors take where kept (keep_norm_factors)",
                  out_norm="the output group-normalized in the epilogue (a work-group holds whole groups)",
                  norm_blocks="with out_norm: output blocks a tile holds together (a group's)",
                  out_stats="the output's norm statistics written too (a local tree a work-group)",

@@ -327,35 +327,37 @@ def test_input_group_norm_is_applied_as_read(device, rng, knobs, pad_mode, chann
         Conv2dWorkload((1, 8, 4, 4), (8, 8, 1, 1), in_group_norm=(4, 2, 1e-5, "relu"))
 
 
-@pytest.mark.parametrize("once", [True, False], ids=["factors once a work-group", "factors each block read"])
+@pytest.mark.parametrize("kept", [True, False], ids=["factors kept by the work-group", "factors each block read"])
 @pytest.mark.parametrize("knobs,groups", [
     (dict(wg_w=2, wg_h=2, split_k=2, tile_oc=2), 10), (dict(**BUFFERS, vec_load=1, wg_w=4, wg_h=1), 5),
     (dict(local_input=True, wg_w=2, wg_h=2, split_c=2), 5)], ids=["split_k", "scalar loads", "local tile split_c 2"])
-def test_input_group_norm_factors_once_or_each(device, rng, monkeypatch, knobs, groups, once):
-    """``in_group_norm``'s factors (mean, rstd * gamma, beta of each input block): computed once by the work-group
-    into local memory (``group_norm_source``: 40 channels, 10 blocks over 4 or 8 work-items, the last pass
-    guarded) or, past ``NORM_FACTORS_BLOCKS``, by each work-item for each block it reads -- both against NumPy, in
-    split, scalar and staged reads; the space counts the local memory (``norm_local``)."""
-    import tuner.templates.conv2d_nchw4c as conv
+def test_input_group_norm_factors_kept_or_each(device, rng, knobs, groups, kept):
+    """``in_group_norm``'s factors (mean, rstd * gamma, beta of each input block): kept by the work-group in local
+    memory (``keep_norm_factors``: 40 channels, 10 blocks over 4 or 8 work-items, the last pass guarded) or
+    computed by each work-item for each block it reads -- both against NumPy, in split, scalar and staged reads;
+    the space counts the local memory (``norm_local``) and keeps the knob to readers of a norm."""
     from tuner.codegen.generate import generate
     from tuner.templates import get_template
     from tuner.templates.common import random_inputs
     from tuner.templates.reduction import chunk_statistics
-    if not once:
-        monkeypatch.setattr(conv, "NORM_FACTORS_BLOCKS", 0)
     wl = Conv2dWorkload((2, 40, 6, 7), (8, 40, 3, 3), padding=1, in_group_norm=(groups, 3, 1e-5, "relu"))
     inputs = random_inputs(wl, rng)
     inputs["X"] = (inputs["X"] * 0.3 + rng.uniform(-20, 20, (1, 40, 1, 1))).astype(np.float32)
     inputs["Q"] = chunk_statistics(inputs["X"], 3, groups).astype(np.float32)
-    cfg = Conv2dConfig(**knobs)
+    cfg = Conv2dConfig(**knobs, keep_norm_factors=kept)
     ref = reference(wl, inputs["X"], inputs["Wt"], None, affine=inputs["A"])
     y = build(conv2d_nchw4c(wl, cfg), device)(**inputs)["Y"]
     assert np.abs(y - ref).max() / np.abs(ref).max() < 1e-4
-    assert ("__local float4 gnf[30]" in generate(conv2d_nchw4c(wl, cfg))[1]) == once
+    assert ("__local float4 gnf[30]" in generate(conv2d_nchw4c(wl, cfg))[1]) == kept
     t = get_template("conv2d")
-    assert t.space_vars(wl)["norm_local"] == (480 if once else 0)
+    assert t.space_vars(wl)["norm_local"] == 480
     short = type(device.info)(**{**vars(device.info), "local_mem_bytes": 479})
-    assert any("norm_factors_local" in v for v in t.space(wl, short).violations(t.config_values(wl, cfg))) == once
+    assert any("norm_factors_local" in v for v in t.space(wl, short).violations(t.config_values(wl, cfg))) == kept
+    plain = Conv2dWorkload((2, 40, 6, 7), (8, 40, 3, 3), padding=1)
+    misplaced = t.space(plain, device).violations(t.config_values(plain, Conv2dConfig(keep_norm_factors=True)))
+    assert any("keep_norm_factors_needed" in v for v in misplaced)
+    with pytest.raises(ValueError, match="keep_norm_factors"):
+        conv2d_nchw4c(plain, Conv2dConfig(keep_norm_factors=True))
 
 
 def test_input_norm_with_a_per_channel_prelu(device, rng):
