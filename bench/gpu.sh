@@ -61,7 +61,8 @@
 #           SE_ABLATE=1: also with parts of the epilogue left out; each of bench/_trees/{$SE_TREES} (new), $SE_CALLS
 #           (1) processes each, alternating -> $OUT/stats_epilogue_<tree>_<call>/
 #   norm_readers  bench/norm_readers.py: each of $NR_PRESETS' (gn32) readers (a norm applied as read) against the
-#           plain convolution, for the log's config and its neighbours in $NR_KNOBS -> $OUT/norm_readers/
+#           plain convolution, for the log's config, its neighbours in $NR_KNOBS and the knob dicts of $NR_CONFIGS
+#           (JSON, ';' between) -> $OUT/norm_readers/
 #   norm_plans  bench/norm_plans_profile.py: each of $GLUE_MODELS' norms-step plans (plain, as read, the candidate)
 #           profiled node by node, under each of bench/_trees/{$TREES} (new) -> $OUT/norm_plans_<model>_<tree>.json
 #   profile  where a measurement's seconds go (bench/measure_profile.py): phases in one process, the Measurer's rate
@@ -182,7 +183,8 @@ for stage in "$@"; do
       done; done ;;
     norm_readers)  # what a convolution normalizing what it reads costs, config by config (issue 55; with its
       # factors kept in local memory too: keep_norm_factors), for $NR_PRESETS (gn32)
-      python3 "$REPO/bench/norm_readers.py" $(for p in ${NR_PRESETS:-gn32}; do echo --preset "$p"; done) \
+      given=(); IFS=';' read -ra cfgs <<< "${NR_CONFIGS:-}"; for c in "${cfgs[@]}"; do given+=(--config "$c"); done
+      python3 "$REPO/bench/norm_readers.py" $(for p in ${NR_PRESETS:-gn32}; do echo --preset "$p"; done) "${given[@]}" \
         --log "$REPO/logs/*.jsonl" --knobs "${NR_KNOBS:-vec_load,tile_oc,split_k,split_c,local_input}" \
         --device nvidia --out "$OUT/norm_readers" 2>&1 | grep -v "Warning\|warn(" | tail -60 ;;
     norm_plans)  # bench/norm_plans_profile.py: $GLUE_MODELS' norms-step plans node by node, under bench/_trees/{$TREES}
