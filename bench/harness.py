@@ -1,7 +1,7 @@
 """What the whole-model benchmarks share (``bench/runtimes_gpu.py``, ``bench/peers.py``): a job with a deadline,
 a log file and a shell that keeps the compiler noise out of it; medians that skip missing values; relative
-errors; JSON state and CSV tables written atomically, markdown tables (also ``bench/se_gate_ab.py``,
-``bench/stats_epilogue.py``)."""
+errors; JSON state and CSV tables written atomically, markdown tables; builds timed in alternating rounds (also
+``bench/se_gate_ab.py``, ``bench/stats_epilogue.py``, ``bench/norm_readers.py``)."""
 from __future__ import annotations
 
 import json
@@ -15,6 +15,17 @@ from pathlib import Path
 import numpy as np
 
 NOISE = re.compile(r"CompilerWarning|lambda: self\._prg|_create_built|prg\.build|warn\(text, CompilerWarning\)")
+
+
+def alternating_medians(timers: dict, rounds: int, repeats: int) -> dict:
+    """key -> seconds: each of ``timers`` (``key -> time(repeats)``, a build's profiled runs:
+    ``tuner.op.prepared_op``) timed in ``rounds`` rounds, the order reversed every other round (the same
+    conditions for each), ``repeats`` runs a round; a key's time is the median of its rounds' medians."""
+    order, times = list(timers), {k: [] for k in timers}
+    for rnd in range(rounds):
+        for key in (order if rnd % 2 == 0 else order[::-1]):
+            times[key].append(statistics.median(timers[key](repeats)))
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def median(xs):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -57,11 +56,7 @@ def main(argv=None) -> int:
             res, timers[m] = prepared_op(t, wl, cfg, dev)
             if not res.ok:
                 print(f"{t.label(wl)} {m}: error {res.max_rel_error}", file=sys.stderr)
-        medians = {m: [] for m in configs}
-        for rnd in range(args.rounds):
-            for m in (list(configs) if rnd % 2 == 0 else list(configs)[::-1]):
-                medians[m].append(statistics.median(timers[m](args.repeats)))
-        us = {m: statistics.median(v) * 1e6 for m, v in medians.items()}
+        us = {m: v * 1e6 for m, v in harness.alternating_medians(timers, args.rounds, args.repeats).items()}
         row = {"task": t.label(wl), "scope": scopes.get("input"), **{f"{m}_us": round(v, 2) for m, v in us.items()},
                "after_vs_before": round(us["before"] / us["after"], 3),
                "before_config": json.dumps({k: v for k, v in configs["before"].__dict__.items() if "scope" not in k}),

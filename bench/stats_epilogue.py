@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -156,19 +155,15 @@ def main(argv=None) -> int:
                     timers[(name, part)] = prepared_op(t, wl, cfg, dev, check=False)[1]
                 finally:
                     setattr(conv2d, function, whole)
-        times = {k: [] for k in timers}
-        order = list(timers)
-        for rnd in range(args.rounds):
-            for key in (order if rnd % 2 == 0 else order[::-1]):
-                times[key].append(statistics.median(timers[key](args.repeats)))
+        times = harness.alternating_medians(timers, args.rounds, args.repeats)
         for name, cfg in configs.items():
-            us = {w: statistics.median(times[(name, w)]) * 1e6 if (name, w) in times else None
+            us = {w: times[(name, w)] * 1e6 if (name, w) in times else None
                   for w in ("plain", "stats")}
             rows.append({"workload": t.label(wl), "config": name,
                          "plain_us": round(us["plain"], 2) if us["plain"] is not None else "",
                          "stats_us": round(us["stats"], 2),
                          "epilogue_us": round(us["stats"] - us["plain"], 2) if us["plain"] is not None else "",
-                         **{f"{part}_us": round(statistics.median(times[(name, part)]) * 1e6, 2)
+                         **{f"{part}_us": round(times[(name, part)] * 1e6, 2)
                             if (name, part) in times else "" for part in (PARTS if args.ablate else ())},
                          "knobs": json.dumps({k: getattr(cfg, k) for k in ("tile_oc", "tile_oh", "tile_ow", "wg_w",
                                                                           "wg_h", "split_c", "split_k")})})

@@ -115,9 +115,10 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
         n, obb = nb // n_ob, nb % n_ob
         gate = input_gate(b, wl, Sc, Gw, n, (tk * cfg.wg_h + th) * cfg.wg_w + tw, cfg.wg_w * cfg.wg_h * sk) \
             if wl.in_gate else Sc  # computed by the work-group first: its barriers before any guarded code
-        norm_of = group_norm_source(b, wl, X, Q, A, n, (tk * cfg.wg_h + th) * cfg.wg_w + tw,
-                                    cfg.wg_w * cfg.wg_h * sk, cfg.keep_norm_factors) if Q else None  # (barrier first)
         grp = (obb * t_oc) // OBG if G > 1 else 0  # a tile's output blocks are all in one group
+        norm_of = group_norm_source(b, wl, X, Q, A, n, (tk * cfg.wg_h + th) * cfg.wg_w + tw,
+                                    cfg.wg_w * cfg.wg_h * sk, cfg.keep_norm_factors,
+                                    (grp * CG4, CG4)) if Q else None  # (first: its barrier)
         oh0, ow0 = (gh * cfg.wg_h + th) * t_oh, (gw * cfg.wg_w + tw) * t_ow
         acc = arith.accumulators(b, t_oc * t_oh * t_ow)
         stats = norm_stats(b, X, n, oh0, ow0, (t_oh, t_ow), (H, W), P is not None) if wl.in_norm else None
@@ -412,28 +413,30 @@ def group_norm_factors(b, wl, X, Q, A, n, cb, tag: str = "") -> tuple:
 
 def norm_factors_local(wl) -> int:
     """Bytes of local memory ``in_group_norm``'s factors take where the work-group keeps them
-    (``keep_norm_factors``): a (mean, scale, shift) of float4s an input block."""
-    return 48 * -(-wl.data[1] // 4) if wl.in_group_norm else 0
+    (``keep_norm_factors``): a (mean, scale, shift) of float4s an input block of the work-group's group (CG4)."""
+    C, G = wl.data[1], wl.groups
+    return 48 * (C // G // 4 if G > 1 else -(-C // 4)) if wl.in_group_norm else 0
 
 
-def group_norm_source(b, wl, X, Q, A, n, lid, L: int, keep: bool):
+def group_norm_source(b, wl, X, Q, A, n, lid, L: int, keep: bool, blocks: tuple):
     """``in_group_norm``'s factors (``group_norm_factors``) as a function of a channel block, with a tag for its
-    names. With ``keep`` (``keep_norm_factors``), the work-group's ``L`` work-items (flat id ``lid``) compute every
-    block's once into local memory before the reduction (a barrier: called before any guarded code), and a block's
-    are three local loads; else each call computes them, each work-item for each block it reads. On the H100
+    names. With ``keep`` (``keep_norm_factors``), the work-group's ``L`` work-items (flat id ``lid``) compute the
+    factors of the input blocks it reads -- ``blocks``: (the first, how many: its group's) -- once into local memory
+    before the reduction (a barrier: called before any guarded code), and a block's are three local loads; else
+    each call computes them, each work-item for each block it reads. On the H100
     (2026-12-05, ``bench/norm_readers.py``) keeping them saved 1-3 us on most of gn32_resnet's readers' configs and
     cost 6 us on the one its plan ran in layer 3 (a barrier before the reduction of 512 work-items): a knob."""
     if not keep:
         return lambda cb, tag="": group_norm_factors(b, wl, X, Q, A, n, cb, tag)
-    C4 = -(-wl.data[1] // 4)
-    F = b.allocate("gnf", (3 * C4,), "float32x4", "local")
-    with b.loop("gf", -(-C4 // L)) as j:
-        cb = b.let("gcb", j * L + lid)
-        with b.if_(cb < C4) if C4 % L else nullcontext():
-            for i, f in enumerate(group_norm_factors(b, wl, X, Q, A, n, cb)):
-                b.store(F, i * C4 + cb, f)
+    first, K = blocks
+    F = b.allocate("gnf", (3 * K,), "float32x4", "local")
+    with b.loop("gf", -(-K // L)) as j:
+        k = b.let("gk", j * L + lid)
+        with b.if_(k < K) if K % L else nullcontext():
+            for i, f in enumerate(group_norm_factors(b, wl, X, Q, A, n, first + k)):
+                b.store(F, i * K + k, f)
     b.barrier()
-    return lambda cb, tag="": tuple(b.let(f"{name}{tag}", F[i * C4 + cb])
+    return lambda cb, tag="": tuple(b.let(f"{name}{tag}", F[i * K + cb - first])
                                     for i, name in enumerate(("gmean", "gscale", "gshift")))
 
 
@@ -771,8 +774,7 @@ def features(v: dict, k: dict) -> dict:
     f = window_features(v, k, k["tile_oc"], v["OB"], 16)
     split = _log2(k.get("split_k", 1))  # work-items per tile: more of them, each with a shorter reduction
     return {**f, "items": f["items"] + split, "wg_size": f["wg_size"] + split, "split_k": split,
-            "steps_per_item": _log2(v["CG4"] * v["R"] * v["S"] / k.get("split_k", 1)),
-            "keep_norm_factors": float(bool(k.get("keep_norm_factors")))}
+            "steps_per_item": _log2(v["CG4"] * v["R"] * v["S"] / k.get("split_k", 1))}
 
 
 def lower(ctx, node, ins):

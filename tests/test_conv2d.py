@@ -360,6 +360,27 @@ def test_input_group_norm_factors_kept_or_each(device, rng, knobs, groups, kept)
         conv2d_nchw4c(plain, Conv2dConfig(keep_norm_factors=True))
 
 
+@pytest.mark.parametrize("kept", [True, False])
+def test_kept_norm_factors_count_beside_a_staged_tile_and_a_split(device, kept):
+    """The kept factors' local memory (``norm_local``: 48 bytes a block of the work-group's group) is counted
+    beside a staged tile (``local_tile``) and a split's partial sums (``split_k_partials``): on a device with one
+    byte less than both, each constraint refuses the config if and only if the factors are kept."""
+    from tuner.templates import get_template
+    from tuner.templates.common import LocalTile
+    t = get_template("conv2d")
+    wl = Conv2dWorkload((1, 40, 6, 7), (8, 40, 3, 3), padding=1, in_group_norm=(5, 1, 1e-5, "relu"))
+    grouped = Conv2dWorkload((1, 64, 6, 6), (32, 16, 3, 3), groups=4, padding=1, in_group_norm=(16, 1, 1e-5, "none"))
+    assert t.space_vars(grouped)["norm_local"] == 48 * 4  # the group's 4 blocks, not the 16 of the input
+    staged = Conv2dConfig(local_input=True, wg_w=2, wg_h=2, split_c=2, keep_norm_factors=kept)
+    split = Conv2dConfig(wg_w=2, wg_h=2, split_k=4, tile_oc=2, keep_norm_factors=kept)
+    needs = {"local_tile": (staged, LocalTile.bytes(staged, (2, 1, 2), (1, 1), (1, 1), (3, 3))),
+             "split_k_partials": (split, 4 * 2 * 2 * 2 * 2 * 16)}
+    for constraint, (cfg, own) in needs.items():
+        short = type(device.info)(**{**vars(device.info), "local_mem_bytes": own + 480 - 1})
+        refused = [v for v in t.space(wl, short).violations(t.config_values(wl, cfg)) if constraint in v]
+        assert bool(refused) == kept, (constraint, refused)
+
+
 def test_input_norm_with_a_per_channel_prelu(device, rng):
     """``in_norm`` beside a per-channel PReLU: B holds the biases, the slopes, then the weights' sums (three padded
     vectors, ``bias_length``), against NumPy; the slopes change the answer."""

@@ -157,6 +157,28 @@ CASES += [{"label": f"{name} sampled config with local_input, {scope} scopes", "
            "sample": {"seed": 3, "fixed": {"local_input": True,
                                            **{f"{k}_scope": scope for k in ("input", "weight", "output")}}}}
           for name, wl in SAMPLED_WORKLOADS.items() if name != "dense" for scope in ("texture", "buffer")]
+# a convolution normalizing its input as read (in_group_norm): the factors kept by the work-group (a barrier first,
+# the last pass guarded; a grouped convolution's own group's blocks), a staged tile normalized as staged
+GN = (5, 3, 1e-5, "relu")
+CASES += [
+    {"label": "conv2d buffer: GroupNorm(5) as read, factors kept, 10 blocks over 4 work-items, batch 2",
+     "template": "conv2d", "workload": {"data": (2, 40, 6, 7), "kernel": (8, 40, 3, 3), "padding": 1,
+                                        "in_group_norm": GN},
+     "config": {"tile_oc": 2, "wg_w": 4, "wg_h": 1, "keep_norm_factors": True, **BUFFERS}},
+    {"label": "conv2d buffer: GroupNorm(10) as read, factors kept, split_k=4 over 10 blocks",
+     "template": "conv2d", "workload": {"data": (2, 40, 6, 7), "kernel": (8, 40, 3, 3), "padding": 1,
+                                        "in_group_norm": (10, 3, 1e-5, "relu")},
+     "config": {"wg_w": 2, "wg_h": 2, "split_k": 4, "keep_norm_factors": True, **BUFFERS}},
+    {"label": "conv2d buffer: 4 groups, GroupNorm(16) as read, staged tile, factors kept, batch 2",
+     "template": "conv2d", "workload": {"data": (2, 64, 6, 6), "kernel": (32, 16, 3, 3), "groups": 4, "padding": 1,
+                                        "in_group_norm": (16, 1, 1e-5, "relu")},
+     "config": {"local_input": True, "wg_w": 2, "wg_h": 2, "split_c": 2, "tile_oc": 2, "keep_norm_factors": True,
+                **BUFFERS}},
+    {"label": "conv2d buffer: GroupNorm(8) as read, staged tile, split_c=4, stride 2, batch 2",
+     "template": "conv2d", "workload": {"data": (2, 32, 9, 9), "kernel": (8, 32, 3, 3), "padding": 1, "stride": 2,
+                                        "in_group_norm": (8, 2, 1e-5, "relu")},
+     "config": {"local_input": True, "wg_w": 4, "wg_h": 2, "split_c": 4, **BUFFERS}},
+]
 
 # Oclgrind's diagnostics (the first line of each report). Everything else it prints for a kernel carries a
 # "Kernel:" line and is treated as a failure too (UNKNOWN).

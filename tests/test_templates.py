@@ -23,7 +23,7 @@ EPILOGUE = dict(bias=st.booleans(), activation=st.sampled_from(["none", "relu", 
 
 
 @st.composite
-def conv_fields(draw, depthwise=False):
+def conv_fields(draw, depthwise=False, norm=False):
     k = draw(st.sampled_from([1, 3, 5, 7]))
     stride, dilation = draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 1, 2]))
     pad = tuple(draw(st.integers(0, k // 2 + 1)) for _ in range(4))
@@ -31,8 +31,12 @@ def conv_fields(draw, depthwise=False):
     h, w = draw(st.integers(1, 12)), draw(st.integers(1, 12))
     assume(h + pad[0] + pad[2] >= dilation * (k - 1) + 1 and w + pad[1] + pad[3] >= dilation * (k - 1) + 1)
     kernel = (c, 1, k, k) if depthwise else (draw(st.integers(1, 11)), c, k, k)
+    # norm: the input group-normalized as read (an InstanceNorm, a GroupNorm(1) or one of whole blocks of 4)
+    groups = draw(st.sampled_from([c, 1] + ([c // 4] if c % 4 == 0 else []))) if norm else 0
+    read_norm = {"in_group_norm": (groups, draw(st.integers(1, 3)), 1e-5, draw(st.sampled_from(["none", "relu"])))} \
+        if norm else {}
     return dict(data=(n, c, h, w), kernel=kernel, stride=stride, padding=pad, dilation=dilation,
-                residual=draw(st.booleans()), **{f: draw(s) for f, s in EPILOGUE.items()})
+                residual=draw(st.booleans()), **{f: draw(s) for f, s in EPILOGUE.items()}, **read_norm)
 
 
 @st.composite
@@ -127,6 +131,21 @@ def test_random_workload_and_config_match_numpy(device, name, scope, dtype):
     @given(fields=FIELDS[name], seed=st.integers(0, 2**32 - 1))
     def check(fields, seed):
         assert check_random_config(device, t.name, fields, dtype, seed, **scopes(scope)) is not None
+    check()
+
+
+@pytest.mark.parametrize("fixed", [{"keep_norm_factors": True}, {"local_input": True},
+                                   {"local_input": True, "keep_norm_factors": True}],
+                         ids=["factors kept", "staged tile", "staged tile, factors kept"])
+@pytest.mark.parametrize("scope", ["texture", "buffer"])
+def test_random_reader_of_a_norm_matches_numpy(device, scope, fixed):
+    """A convolution normalizing its input as read (``in_group_norm``), random workloads and configs with the
+    norm's factors kept by the work-group, a staged tile normalized as staged, or both."""
+    @given(fields=conv_fields(norm=True), seed=st.integers(0, 2**32 - 1))
+    def check(fields, seed):
+        _, _, OH, OW = get_template("conv2d").workload(**fields).out_shape
+        assume(OH * OW > 1 or "local_input" not in fixed)  # a staged tile is shared: a work-group of 2 or more
+        assert check_random_config(device, "conv2d", fields, "float32", seed, **scopes(scope), **fixed) is not None
     check()
 
 

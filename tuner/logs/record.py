@@ -59,7 +59,8 @@ MAX_REPLACES = 64  # timestamps a redone measurement names (``replaces``: the re
 # default still builds (the config dataclass's default), so it is read with that default; any other missing
 # knob means a damaged or hand-made record, which must not be deployed with a default it was never measured
 # with.
-LATE_KNOBS = {"conv2d": ("local_input", "compute", "split_k", "keep_norm_factors"), "depthwise_conv2d": ("local_input", "compute"),
+LATE_KNOBS = {"conv2d": ("local_input", "compute", "split_k", "keep_norm_factors"),
+              "depthwise_conv2d": ("local_input", "compute"),
               "dense": ("compute", "pool_stage"), "winograd2": ("split_k",), "winograd4": ("split_k",),
               "se_gate": ("excite_split", "unroll", "partial_squeeze", "last_group")}
 
