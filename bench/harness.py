@@ -17,6 +17,37 @@ import numpy as np
 NOISE = re.compile(r"CompilerWarning|lambda: self\._prg|_create_built|prg\.build|warn\(text, CompilerWarning\)")
 
 
+def add_round_args(p, rounds: int = 3, repeats: int = 30) -> None:
+    """``--rounds``, ``--repeats`` and ``--out`` of a script timing builds in alternating rounds
+    (``alternating_medians``)."""
+    p.add_argument("--rounds", type=int, default=rounds, help="alternating rounds")
+    p.add_argument("--repeats", type=int, default=repeats, help="profiled runs a round")
+    p.add_argument("--out", default=".", help="the folder to write the CSV and markdown tables to")
+
+
+def conv2d_bench(p, args, presets: dict) -> tuple:
+    """``(device, the conv2d template, the logs' ApplyHistoryBest or None, the workloads' fields)`` of a script
+    timing convolutions per config (``--device``, ``--log``, ``--preset`` names of ``presets``, ``--workload``
+    JSON); ``p.error`` (exit 2) where no workload is given."""
+    from tuner.logs.best import ApplyHistoryBest
+    from tuner.runtime.opencl.device import open_device
+    from tuner.templates import get_template
+    fields = [f for name in args.preset for f in presets[name]] + [json.loads(w) for w in args.workload]
+    if not fields:
+        p.error("give --preset or --workload")
+    return (open_device(args.device), get_template("conv2d"),
+            ApplyHistoryBest(args.log.split(",")) if args.log else None, fields)
+
+
+def write_round_tables(stem: Path, rows: list, dev, args, what: str) -> None:
+    """``<stem>.csv`` and ``<stem>.md`` of ``rows`` timed by ``alternating_medians``, the markdown headed by the
+    device, the rounds and repeats (``args``) and ``what`` was timed."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    write_csv(Path(f"{stem}.csv"), rows)
+    Path(f"{stem}.md").write_text(f"{dev.info.name}: {args.rounds} alternating rounds, median of {args.repeats} "
+                                  f"profiled runs each, {what}\n\n" + "\n".join(md_table(rows, list(rows[0]))) + "\n")
+
+
 def alternating_medians(timers: dict, rounds: int, repeats: int) -> dict:
     """key -> seconds: each of ``timers`` (``key -> time(repeats)``, a build's profiled runs:
     ``tuner.op.prepared_op``) timed in ``rounds`` rounds, the order reversed every other round (the same

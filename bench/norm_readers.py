@@ -78,20 +78,11 @@ def main(argv=None) -> int:
                    help="the knobs whose neighbours are timed too (comma-separated; none: only the plan's config)")
     p.add_argument("--config", action="append", default=[],
                    help="knobs as JSON over the plan's config, timed too where valid (repeatable)")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--repeats", type=int, default=30)
-    p.add_argument("--out", default=".")
+    harness.add_round_args(p)
     args = p.parse_args(argv)
-    from tuner.logs.best import ApplyHistoryBest, invalid_config
+    from tuner.logs.best import invalid_config
     from tuner.op import prepared_op
-    from tuner.runtime.opencl.device import open_device
-    from tuner.templates import get_template
-    dev = open_device(args.device)
-    t = get_template("conv2d")
-    history = ApplyHistoryBest(args.log.split(",")) if args.log else None
-    fields = [f for name in args.preset for f in PRESETS[name]] + [json.loads(w) for w in args.workload]
-    if not fields:
-        p.error("give --preset or --workload")
+    dev, t, history, fields = harness.conv2d_bench(p, args, PRESETS)
     modes = ("plain", "reader", "kept")
     rows = []
     for f in fields:
@@ -129,13 +120,8 @@ def main(argv=None) -> int:
             r = rows[-1]
             print(f"{r['workload']} [{name}]: " + ", ".join(f"{m} {us[m] if us[m] is not None else '-'}"
                                                            for m in modes) + f" us {r['knobs']}", flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"norm_readers_{dev.info.name.replace(' ', '_')}"
-    harness.write_csv(Path(f"{stem}.csv"), rows)
-    lines = harness.md_table(rows, list(rows[0]))
-    Path(f"{stem}.md").write_text(f"{dev.info.name}: {args.rounds} alternating rounds, median of {args.repeats} "
-                                  f"profiled runs each, buffer scope\n\n" + "\n".join(lines) + "\n")
+    harness.write_round_tables(Path(args.out) / f"norm_readers_{dev.info.name.replace(' ', '_')}", rows, dev, args,
+                               "buffer scope")
     return 0
 
 

@@ -26,9 +26,7 @@ def main(argv=None) -> int:
     p.add_argument("--before", required=True, help="logs (comma-separated globs): the configs before")
     p.add_argument("--after", required=True, help="logs (comma-separated globs): the configs after")
     p.add_argument("--device", default="nvidia")
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--repeats", type=int, default=50)
-    p.add_argument("--out", default=".")
+    harness.add_round_args(p, 5, 50)
     args = p.parse_args(argv)
     from tuner.logs.best import ApplyHistoryBest
     from tuner.op import make_config, make_workload, prepared_op

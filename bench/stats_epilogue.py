@@ -120,20 +120,11 @@ def main(argv=None) -> int:
     p.add_argument("--knobs", default=",".join(KNOBS),
                    help="the knobs whose neighbours are timed too (comma-separated; none: only the plans' configs)")
     p.add_argument("--ablate", action="store_true", help="also time the epilogue with parts of it left out")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--repeats", type=int, default=30)
-    p.add_argument("--out", default=".")
+    harness.add_round_args(p)
     args = p.parse_args(argv)
-    from tuner.logs.best import ApplyHistoryBest
     from tuner.op import prepared_op
-    from tuner.runtime.opencl.device import open_device
-    from tuner.templates import conv2d_nchw4c as conv2d, get_template
-    dev = open_device(args.device)
-    t = get_template("conv2d")
-    history = ApplyHistoryBest(args.log.split(",")) if args.log else None
-    fields = [f for name in args.preset for f in PRESETS[name]] + [json.loads(w) for w in args.workload]
-    if not fields:
-        p.error("give --preset or --workload")
+    from tuner.templates import conv2d_nchw4c as conv2d
+    dev, t, history, fields = harness.conv2d_bench(p, args, PRESETS)
     rows = []
     for f in fields:
         wl = t.workload(**f)
@@ -171,13 +162,8 @@ def main(argv=None) -> int:
             parts = "".join(f", {part} {r[f'{part}_us']}" for part in PARTS if r.get(f"{part}_us", "") != "")
             print(f"{r['workload']} [{name}]: plain {r['plain_us']} us, with statistics {r['stats_us']} us "
                   f"({r['epilogue_us']}){parts} {r['knobs']}", flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"stats_epilogue_{dev.info.name.replace(' ', '_')}"
-    harness.write_csv(Path(f"{stem}.csv"), rows)
-    lines = harness.md_table(rows, list(rows[0]))
-    Path(f"{stem}.md").write_text(f"{dev.info.name}: {args.rounds} alternating rounds, median of {args.repeats} "
-                                  f"profiled runs each, buffer scope\n\n" + "\n".join(lines) + "\n")
+    harness.write_round_tables(Path(args.out) / f"stats_epilogue_{dev.info.name.replace(' ', '_')}", rows, dev, args,
+                               "buffer scope")
     return 0
 
 
