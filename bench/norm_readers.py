@@ -91,15 +91,13 @@ def main(argv=None) -> int:
         configs = configs_of(t, reader, plain, dev.info, history, args.knobs.split(","),
                              [json.loads(c) for c in args.config])
         timers = {}
-        kept = [c for c in (dataclasses.replace(c, keep_norm_factors=True) for c in configs.values())
-                if invalid_config(t, reader, dev.info, dataclasses.asdict(c)) is None]  # where the factors fit
         for name, cfg in configs.items():
-            for mode in modes:
-                w = plain if mode == "plain" else reader
-                if mode == "kept" and not dataclasses.replace(cfg, keep_norm_factors=True) in kept:
-                    continue
-                res, timer = prepared_op(t, w, dataclasses.replace(cfg, keep_norm_factors=True)
-                                         if mode == "kept" else cfg, dev)  # built and checked once
+            kept = dataclasses.replace(cfg, keep_norm_factors=True)
+            builds = {"plain": (plain, cfg), "reader": (reader, cfg), "kept": (reader, kept)}
+            if invalid_config(t, reader, dev.info, dataclasses.asdict(kept)) is not None:
+                del builds["kept"]  # the factors do not fit beside the config's own local memory
+            for mode, (w, c) in builds.items():
+                res, timer = prepared_op(t, w, c, dev)  # built and checked once
                 if res.ok:
                     timers[(name, mode)] = timer
                 else:  # not timed: its row says so

@@ -113,11 +113,11 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
             b.loop("gh", g_h, "group.1") as gh, b.loop("th", cfg.wg_h, "local.1") as th, \
             b.loop("gw", g_w, "group.0") as gw, b.loop("tw", cfg.wg_w, "local.0") as tw:
         n, obb = nb // n_ob, nb % n_ob
-        gate = input_gate(b, wl, Sc, Gw, n, (tk * cfg.wg_h + th) * cfg.wg_w + tw, cfg.wg_w * cfg.wg_h * sk) \
+        lid, items = (tk * cfg.wg_h + th) * cfg.wg_w + tw, cfg.wg_w * cfg.wg_h * sk  # flat id, work-group size
+        gate = input_gate(b, wl, Sc, Gw, n, lid, items) \
             if wl.in_gate else Sc  # computed by the work-group first: its barriers before any guarded code
         grp = (obb * t_oc) // OBG if G > 1 else 0  # a tile's output blocks are all in one group
-        norm_of = group_norm_source(b, wl, X, Q, A, n, (tk * cfg.wg_h + th) * cfg.wg_w + tw,
-                                    cfg.wg_w * cfg.wg_h * sk, cfg.keep_norm_factors,
+        norm_of = group_norm_source(b, wl, X, Q, A, n, lid, items, cfg.keep_norm_factors,
                                     (grp * CG4, CG4)) if Q else None  # (first: its barrier)
         oh0, ow0 = (gh * cfg.wg_h + th) * t_oh, (gw * cfg.wg_w + tw) * t_ow
         acc = arith.accumulators(b, t_oc * t_oh * t_ow)
@@ -156,28 +156,27 @@ def conv2d_nchw4c(wl: Conv2dWorkload, cfg: Conv2dConfig):
         norm = None if stats is None else norm_factors(b, stats, C, wl.in_norm, t_oh * t_ow) if P is None \
             else image_norm_factors(b, P, n, wl) * (t_oh * t_ow)
         normed = out_norm_factors(b, wl, acc, B, Na, obb, oh0, ow0, (t_oc, t_oh, t_ow), owner,
-                                  (tk * cfg.wg_h + th) * cfg.wg_w + tw, cfg.wg_w * cfg.wg_h * sk) if Na else None
+                                  lid, items) if Na else None
         keep = b.allocate("kept", (t_oc * t_oh * t_ow,), "float32x4", "private") if St is not None else None
         if keep is not None:
             for i in range(t_oc * t_oh * t_ow):
                 b.store(keep, i, Broadcast(as_expr(0.0), 4))
         store_tile(b, acc, Y, n, obb, oh0, ow0, (t_oc, t_oh, t_ow), (OB, OH, OW), wl, B, Res, owner, norm,
                    out_norm=normed, Rs=Rs, keep=keep)
-        lid = (tk * cfg.wg_h + th) * cfg.wg_w + tw
         if St is not None and int(wl.out_stats) > 1:  # a GroupNorm's or InstanceNorm's units
             layout = unit_statistics_layout(OB, int(wl.out_stats), O, t_oc, g_h * g_w)
             work = [Sp, Sn] = unit_stats_workspaces(N, layout)
             firsts = [(holds_first(obb, oh0, ow0, owner, k * t_oh * t_ow) & (obb * t_oc + k < OB),
                        as_stored(keep[k * t_oh * t_ow], wl.dtype)) for k in range(t_oc)]
             last_group_unit_statistics(b, staged_tile(keep, owner, th, tw, oh0, ow0, cfg, (OH, OW)), firsts,
-                                       lid, cfg.wg_w * cfg.wg_h * sk, n, obb, gh * g_w + gw, layout,
+                                       lid, items, n, obb, gh * g_w + gw, layout,
                                        (OB, int(wl.out_stats), O), Sp, Sn, St)
         elif St is not None:
             work = [Sp, Sn] = stats_workspaces(N, n_ob * g_h * g_w)
             slot = (obb * g_h + gh) * g_w + gw  # of the work-groups writing image n
             last_group_statistics(b, kept_values(keep, owner, obb, oh0, ow0, (t_oc, t_oh, t_ow), (OB, OH, OW)),
                                   (holds_first(obb, oh0, ow0, owner), as_stored(keep[0], wl.dtype)), lid,
-                                  cfg.wg_w * cfg.wg_h * sk, n, slot, n_ob * g_h * g_w, Sp, Sn, St)
+                                  items, n, slot, n_ob * g_h * g_w, Sp, Sn, St)
         if Xs is not None:
             side_copy(b, wl, Xs, Y, n, obb, n_ob, oh0, ow0, (t_oh, t_ow), tk if sk > 1 else None)
     kernel = b.kernel("conv2d_nchw4c", [p for p in operands if p is not None] + (work if St is not None else []))
@@ -411,21 +410,15 @@ def group_norm_factors(b, wl, X, Q, A, n, cb, tag: str = "") -> tuple:
     return unit_factors(b, Q, A, first, n, cb, wl.data, G, T, epsilon, tag)
 
 
-def norm_factors_local(wl) -> int:
-    """Bytes of local memory ``in_group_norm``'s factors take where the work-group keeps them
-    (``keep_norm_factors``): a (mean, scale, shift) of float4s an input block of the work-group's group (CG4)."""
-    C, G = wl.data[1], wl.groups
-    return 48 * (C // G // 4 if G > 1 else -(-C // 4)) if wl.in_group_norm else 0
-
-
 def group_norm_source(b, wl, X, Q, A, n, lid, L: int, keep: bool, blocks: tuple):
     """``in_group_norm``'s factors (``group_norm_factors``) as a function of a channel block, with a tag for its
     names. With ``keep`` (``keep_norm_factors``), the work-group's ``L`` work-items (flat id ``lid``) compute the
     factors of the input blocks it reads -- ``blocks``: (the first, how many: its group's) -- once into local memory
     before the reduction (a barrier: called before any guarded code), and a block's are three local loads; else
-    each call computes them, each work-item for each block it reads. On the H100
-    (2026-12-05, ``bench/norm_readers.py``) keeping them saved 1-3 us on most of gn32_resnet's readers' configs and
-    cost 6 us on the one its plan ran in layer 3 (a barrier before the reduction of 512 work-items): a knob."""
+    each call computes them, each work-item for each block it reads. On the H100 (2026-12-05,
+    ``bench/norm_readers.py``) keeping them was faster on 23 of 26 configs of gn32_resnet's readers (1.5 us at the
+    median) and 3-10 us slower on two its plan runs (256-512 work-items waiting at the barrier): a knob. The space
+    counts the local memory: ``norm_local``, 48 bytes a block of the work-group's group."""
     if not keep:
         return lambda cb, tag="": group_norm_factors(b, wl, X, Q, A, n, cb, tag)
     first, K = blocks
@@ -640,13 +633,14 @@ def space_vars(wl: Conv2dWorkload) -> dict:
     (N, C, H, W), (O, _, R, S) = wl.data, wl.kernel
     _, _, OH, OW = wl.out_shape
     G = wl.groups
-    return dict(N=N, C=C, H=H, W=W, O=O, R=R, S=S, OH=OH, OW=OW, C4=-(-C // 4), OB=-(-O // 4), G=G,
-                CG4=C // G // 4 if G > 1 else -(-C // 4), OBG=O // G // 4 if G > 1 else -(-O // 4),
+    CG4 = C // G // 4 if G > 1 else -(-C // 4)
+    return dict(N=N, C=C, H=H, W=W, O=O, R=R, S=S, OH=OH, OW=OW, C4=-(-C // 4), OB=-(-O // 4), G=G, CG4=CG4,
+                OBG=O // G // 4 if G > 1 else -(-O // 4),
                 data=wl.data, kernel=wl.kernel, out=wl.out_shape, bias=wl.bias, residual=wl.residual,
                 stride=wl.stride, dilation=wl.dilation, plain_input=wl.plain_input, plain_output=wl.plain_output,
                 in_read=wl.in_read, in_norm=wl.in_norm, norm_partials=wl.norm_partials,
-                in_group_norm=bool(wl.in_group_norm), zero_padding=wl.pad_mode == "zeros" and any(wl.padding),
-                in_layer_norm=bool(wl.in_layer_norm), norm_local=norm_factors_local(wl),
+                in_group_norm=bool(wl.in_group_norm), in_layer_norm=bool(wl.in_layer_norm),
+                norm_local=48 * CG4 if wl.in_group_norm else 0,  # keep_norm_factors: group_norm_source
                 out_norm=bool(wl.out_norm), norm_blocks=out_norm_blocks(wl) if wl.out_norm else 1,
                 out_stats=bool(wl.out_stats), stats_blocks=stats_blocks(wl), in_gate=wl.in_gate)
 
@@ -878,7 +872,6 @@ VARIABLES = dict(N="batch", C="input channels", H="input height", W="input width
                  "(over the image), 0 for a LayerNorm",
                  in_group_norm="the input group-normalized (and its affine and activation) as it is read",
                  in_layer_norm="the input layer-normalized over its channels at each pixel as it is read",
-                 zero_padding="the padding reads zeros (pad_mode zeros and some padding)",
                  norm_local="bytes of local memory in_group_norm's factors take where kept (keep_norm_factors)",
                  out_norm="the output group-normalized in the epilogue (a work-group holds whole groups)",
                  norm_blocks="with out_norm: output blocks a tile holds together (a group's)",
